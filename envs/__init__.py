@@ -1,0 +1,1 @@
+"""Environments shipped with quaero (OpenEnv Environment / MCPEnvironment subclasses)."""

@@ -1,0 +1,155 @@
+"""`quaero` command line: train, check, review, bench, env serve.
+
+Heavy imports (torch models, vLLM, unsloth) happen only inside the command that needs them, so a
+bad config fails in well under a second, with one line and exit status 1.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="TOML config, e.g. envs/toolbench.toml")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override any config field (repeatable), e.g. --set training.steps=3")
+
+
+def _sampler_backend(cfg) -> str:
+    import importlib.util
+
+    if cfg.sampler.backend != "auto":
+        return cfg.sampler.backend
+    import torch
+
+    return "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf"
+
+
+def plan_lines(cfg, source: str) -> list[str]:
+    from trainers.registry import BACKENDS
+
+    caps = BACKENDS[cfg.backend.backend]
+    o = cfg.backend.options
+    env_src = cfg.env.url if cfg.env.launcher == "remote" else cfg.env.entry
+    lines = [
+        f"config      {source}",
+        f"run         {cfg.run.name} -> {cfg.run_dir} (seed {cfg.run.seed}, device {cfg.run.device})",
+        f"model       {cfg.model.name} ({cfg.model.dtype}), renderer {cfg.model.renderer!r}, "
+        f"thinking={cfg.model.enable_thinking}",
+        f"env         {env_src} via {cfg.env.launcher} (train split {cfg.env.train_split!r}, eval "
+        f"{cfg.env.eval_split!r}, max_turns {cfg.env.max_turns}, step timeout {cfg.env.step_timeout_s}s, "
+        f"retries {cfg.env.max_retries})",
+        f"sampler     {_sampler_backend(cfg)} (T={cfg.sampler.temperature}, top_p={cfg.sampler.top_p}, "
+        f"max_tokens={cfg.sampler.max_tokens})",
+        f"backend     {cfg.backend.backend}: strict_shared_forward={caps.strict_shared_forward}, "
+        f"selective_logits={caps.selective_logits}, lora={caps.lora} (enabled={cfg.backend.lora}), "
+        f"devices={'/'.join(caps.devices)}",
+        f"selective   train_selective_suffix_logits={o.train_selective_suffix_logits}, "
+        f"train_logprob_chunk_size={o.train_logprob_chunk_size}, "
+        f"train_compile_selective_ce={o.train_compile_selective_ce!r} "
+        f"(min tokens {o.train_compile_selective_ce_min_tokens})",
+        f"memory      train_save_on_cpu={o.train_save_on_cpu} (pin={o.train_save_on_cpu_pin_memory}, "
+        f"min_numel={o.train_save_on_cpu_min_numel}), "
+        f"train_supervised_context_tokens={o.train_supervised_context_tokens}"
+        + (" (APPROXIMATION: rows cropped)" if o.train_supervised_context_tokens else " (exact full context)"),
+        f"echo        enabled={cfg.echo.enabled}, weight={cfg.echo.weight}, "
+        f"include_scaffold={cfg.echo.include_scaffold}",
+        f"training    steps={cfg.training.steps} x {cfg.training.tasks_per_step} tasks x group "
+        f"{cfg.training.group_size}, warmup_sft_steps={cfg.training.warmup_sft_steps}, "
+        f"clip_eps={cfg.training.clip_eps}, lr={cfg.backend.lr}, packing={cfg.training.packing}, "
+        f"checkpoint_every={cfg.training.checkpoint_every}, eval_every={cfg.training.eval_every}",
+    ]
+    return lines
+
+
+def cmd_check(args) -> int:
+    from quaero.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    print("\n".join(plan_lines(cfg, args.config)))
+    print("config OK")
+    return 0
+
+
+def cmd_train(args) -> int:
+    from quaero.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    from quaero.train import train
+
+    train(cfg, resume=args.resume, source=args.config)
+    return 0
+
+
+def cmd_review(args) -> int:
+    from quaero.review import main as review_main
+
+    return review_main(args)
+
+
+def cmd_bench(args) -> int:
+    from quaero.bench import main as bench_main
+
+    return bench_main(args.bench_args)
+
+
+def cmd_env_serve(args) -> int:
+    from quaero.envs import serve
+
+    serve(args.entry, host=args.host, port=args.port, max_concurrent_envs=args.max_concurrent_envs)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="quaero", description="RL + ECHO training of LLM agents on OpenEnv")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="run the training job a config describes")
+    _add_config_args(p)
+    p.add_argument("--resume", action="store_true", help="continue from the run's last good checkpoint")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("check", help="validate a config and print the plan, without training")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("review", help="review a run's metrics: table, proofs, plots")
+    p.add_argument("run_dir", nargs="?", help="runs/NAME (the folder holding events.jsonl)")
+    p.add_argument("--require-proof", action="store_true", help="exit 1 when a proof fails")
+    p.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
+    p.add_argument("--json", action="store_true", help="print the review as JSON")
+    p.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"), help="two runs side by side")
+    p.set_defaults(func=cmd_review)
+
+    p = sub.add_parser("bench", help="benchmarks: `quaero bench echo ...`, `quaero bench step ...`",
+                       add_help=False)
+    p.add_argument("bench_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_bench)
+
+    env = sub.add_parser("env", help="environment tools").add_subparsers(dest="env_command", required=True)
+    p = env.add_parser("serve", help="serve any OpenEnv env (module:Class) on 127.0.0.1")
+    p.add_argument("entry", help="package.module:Class (an Environment/MCPEnvironment or factory)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-concurrent-envs", type=int, default=16)
+    p.set_defaults(func=cmd_env_serve)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from quaero.config import ConfigError
+    from quaero.model import ModelNotFound
+
+    try:
+        return int(args.func(args) or 0)
+    except (ConfigError, ModelNotFound) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

