@@ -1,0 +1,110 @@
+"""Config schema: valid configs load; bad ones fail before anything heavy, with one clean line."""
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from quaero.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+MAIN = ROOT / "envs" / "toolbench.toml"
+
+
+def write(tmp_path, body: str) -> Path:
+    p = tmp_path / "job.toml"
+    p.write_text(textwrap.dedent(body))
+    return p
+
+
+def test_main_job_config_loads_with_seed_defaults():
+    cfg = load_config(MAIN)
+    opts = cfg.backend.options
+    assert cfg.backend.backend == "local"
+    assert opts.train_selective_suffix_logits is True
+    assert opts.train_compile_selective_ce_min_tokens == 128
+    assert opts.train_supervised_context_tokens == 0
+    assert opts.train_save_on_cpu_min_numel == 1048576
+
+
+def test_override_sets_any_field_with_toml_types():
+    cfg = load_config(MAIN, ["training.steps=3", "run.name=smoke", "backend.options.train_logprob_chunk_size=256",
+                             "echo.weight=0.5"])
+    assert (cfg.training.steps, cfg.run.name) == (3, "smoke")
+    assert cfg.backend.options.train_logprob_chunk_size == 256 and cfg.echo.weight == 0.5
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("training.stepz=3", "[training] stepz: unknown key; did you mean 'steps'?"),
+    ("backend.options.train_selective_sufix_logits=true", "did you mean 'train_selective_suffix_logits'?"),
+    ("training.steps='many'", "[training] steps='many'"),
+    ("echo.weight=-1", "[echo] weight=-1"),
+    ("backend.options.train_compile_selective_ce='sometimes'", "train_compile_selective_ce='sometimes'"),
+    ("backend.backend='tinker'", "unknown backend; use one of local, unsloth"),
+])
+def test_bad_values_name_file_section_key_and_value(override, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config(MAIN, [override])
+    msg = str(e.value)
+    assert needle in msg and str(MAIN) in msg and "\n" not in msg
+
+
+def test_echo_needs_strict_shared_forward(monkeypatch):
+    from trainers import registry
+
+    weak = registry.Capabilities(False, False, False, ("cpu",), "trainers.local:LocalBackend")
+    monkeypatch.setitem(registry.BACKENDS, "loose", weak)
+    with pytest.raises(ConfigError, match="ECHO needs strict shared-forward; use 'local' or 'unsloth'"):
+        load_config(MAIN, ["backend.backend='loose'"])
+    assert load_config(MAIN, ["backend.backend='loose'", "echo.enabled=false"]).echo.enabled is False
+
+
+def test_compiled_ce_require_needs_cuda():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA, so 'require' is legal here")
+    with pytest.raises(ConfigError, match="needs CUDA"):
+        load_config(MAIN, ["backend.options.train_compile_selective_ce='require'"])
+
+
+def test_env_source_rules(tmp_path):
+    p = write(tmp_path, """
+        [env]
+        url = "ws://127.0.0.1:9"
+    """)
+    assert load_config(p).env.launcher == "remote"
+    p = write(tmp_path, """
+        [env]
+        launcher = "local-server"
+    """)
+    with pytest.raises(ConfigError, match="needs entry"):
+        load_config(p)
+    p = write(tmp_path, "[run]\nname = 'x'\n")
+    with pytest.raises(ConfigError, match=r"\[\(top level\)\] env: required"):
+        load_config(p)
+
+
+def test_invalid_toml_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(write(tmp_path, "[run\n"))
+    with pytest.raises(ConfigError, match="file not found"):
+        load_config(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize("override", ["training.stepz=3", "training.steps=-1", "backend.backend='tinker'"])
+def test_cli_check_exits_1_with_one_line_and_no_traceback(override):
+    r = subprocess.run([sys.executable, "-m", "quaero.cli", "check", str(MAIN), "--set", override],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 1
+    assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_cli_check_prints_plan():
+    r = subprocess.run([sys.executable, "-m", "quaero.cli", "check", str(MAIN)], capture_output=True, text=True,
+                       cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    for needle in ("renderer 'qwen3'", "strict_shared_forward=True", "train_selective_suffix_logits=True",
+                   "config OK"):
+        assert needle in r.stdout

@@ -1,0 +1,42 @@
+"""The run log: valid JSON lines with stable fields, flushed per event, torn lines tolerated."""
+import json
+
+from quaero import metrics
+
+
+def test_events_are_json_lines_with_stable_fields(tmp_path):
+    metrics.configure(console="none")
+    log = metrics.get_logger("test")
+    with metrics.RunLog(tmp_path, run_id="abc123") as run:
+        metrics.set_step(3)
+        log.info("train_step", loss=1.5, local_train_selective_hidden_logprob_batches=2)
+        # flushed per event: readable before the run closes
+        lines = run.path.read_text().splitlines()
+        assert len(lines) == 1
+        metrics.set_step(4)
+        log.warning("env_episode_dropped", reason="timeout")
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["train_step", "env_episode_dropped"]
+    for e in events:
+        assert {"run_id", "step", "event", "timestamp", "level"} <= set(e)
+        assert e["run_id"] == "abc123"
+    assert events[0]["step"] == 3 and events[1]["step"] == 4
+    assert events[0]["local_train_selective_hidden_logprob_batches"] == 2
+
+
+def test_read_events_skips_a_torn_last_line(tmp_path):
+    p = tmp_path / "events.jsonl"
+    p.write_text('{"event": "a", "step": 1}\n{"event": "b", "st')
+    assert [e["event"] for e in metrics.read_events(p)] == ["a"]
+
+
+def test_cumulative_rules():
+    c = metrics.Cumulative()
+    c.add({"local_train_selective_hidden_logprob_batches": 2, "peak_mem_mb": 10.0, "loss": 1.0,
+           "local_train_compile_selective_ce_mode": "auto", "local_train_selective_suffix_logits": True})
+    tot = c.add({"local_train_selective_hidden_logprob_batches": 3, "peak_mem_mb": 7.0, "loss": 0.5,
+                 "local_train_compile_selective_ce_mode": "off"})
+    assert tot["local_train_selective_hidden_logprob_batches"] == 5
+    assert tot["peak_mem_mb"] == 10.0 and "loss" not in tot
+    assert tot["local_train_compile_selective_ce_mode"] == "off"
+    assert tot["local_train_selective_suffix_logits"] is True
