@@ -72,6 +72,19 @@ class _ConsoleGate:
         return {k: v for k, v in event_dict.items() if k not in ("run_id",)}
 
 
+class _ProgressSafeStderr:
+    """Console lines go through tqdm.write so they do not tear the progress bar."""
+
+    def write(self, text: str) -> None:
+        if text.strip():
+            from tqdm.auto import tqdm
+
+            tqdm.write(text.rstrip("\n"), file=sys.stderr)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 _sink = _JsonLinesSink()
 _console = _ConsoleGate()
 _configured_level: str | None = None
@@ -93,7 +106,7 @@ def configure(level: str = "info", console: str = "pretty") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_ProgressSafeStderr()),
         cache_logger_on_first_use=False,
     )
     _configured_level = level
