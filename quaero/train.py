@@ -164,6 +164,10 @@ def _resume(c: Components) -> int:
 
 def train(cfg: QuaeroConfig, *, resume: bool = False, source: str = "config") -> Path:
     """Run the job; returns the run folder. Ctrl-C checkpoints, shuts everything down, re-raises."""
+    if cfg.backend.backend == "unsloth":
+        from trainers.registry import backend_class
+
+        backend_class("unsloth")  # unsloth must be imported before transformers to patch it
     import torch
     from tqdm.auto import tqdm
 
