@@ -1,0 +1,170 @@
+"""Exact selective log-probs: the LM head and cross entropy only where a loss reads.
+
+The transformer has already run over the whole row (`hidden` [B, L, H] is conditioned on the full
+context and stays in the autograd graph). This module turns those hidden states into the dense
+shifted log-prob tensor `[B, L-1]` the losses read: column j holds
+`log_softmax(transform(lm_head(hidden[:, j])) / T)[input_ids[:, j+1]]` where `target_mask[:, j+1]`,
+and exactly 0 elsewhere. Branches (all exact, see `SelectiveInfo.branch`):
+
+- "suffix": the selected tokens are dense in a short suffix -> one LM head over the suffix (the
+  `logits_to_keep` shape), unselected suffix positions masked to 0.
+- "hidden": sparse (or a big suffix) -> gather the selected hidden states [S, H] -> LM head ->
+  class-index `F.cross_entropy(reduction="none")` -> negate -> scatter into the dense tensor.
+- "hidden_chunked": `chunk_size` set -> the same, through `ChunkedSelectedLogprobs`, which saves only
+  hidden states and targets and recomputes each chunk's logits in backward: O(chunk x V) memory.
+- "compiled": `torch.compile`d CE on the selected rows (CUDA, plain `nn.Linear` head, >= min tokens).
+- "none": no targets -> no LM-head work at all (a zero tensor, not a full-vocabulary fallback).
+The sparse/dense choice reads per-row density and the bytes the suffix logits would take, not
+fixed token counts (the seed's fixed 2048-slot / 25% guard mixed a batch count with a row length).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from trainers.chunked_ce import ChunkedSelectedLogprobs, LogitTransform, checkpointed_selected_logprobs
+from trainers.compiled_ce import compiled_selected_logprobs
+
+BRANCHES = ("suffix", "hidden", "hidden_chunked", "compiled", "none", "fallback", "dense")
+DEFAULT_DENSE_MIN_DENSITY = 0.5  # each row's targets fill >= half of its suffix slots
+DEFAULT_SUFFIX_MAX_BYTES = 64 * 2**20  # fp32 suffix logits above this never take the suffix shortcut
+_THRESHOLDS = {"dense_min_density": DEFAULT_DENSE_MIN_DENSITY, "suffix_max_bytes": DEFAULT_SUFFIX_MAX_BYTES}
+
+
+@dataclass
+class SelectiveInfo:
+    """Which branch produced the log-probs, and the figures the decision read."""
+
+    branch: str = "none"
+    sparse_suffix_skip: bool = False  # the suffix shortcut was declined as sparse or too big
+    compiled: bool = False
+    fallback_reason: str = ""  # why compiled CE did not run (compile_mode="auto"); "" otherwise
+    selected_tokens: int = 0  # S, targets in the shifted mask
+    suffix_slots: int = 0  # positions the suffix shortcut would cover per row
+    suffix_bytes: int = 0  # fp32 bytes of the [B, suffix_slots, V] logits it would take
+    min_row_density: float = 0.0  # min over rows of selected / suffix_slots
+    chunk_impl: str = ""  # "recompute" (custom autograd) | "checkpoint" (non-Linear head)
+    extra: dict = field(default_factory=dict)
+
+
+def _parse_thresholds(thresholds: dict) -> dict:
+    out = dict(_THRESHOLDS)
+    for key, value in thresholds.items():
+        short = key.removeprefix("train_selective_")
+        if short not in out:
+            raise TypeError(f"selected_logprobs: unknown threshold {key!r}; valid: {', '.join(_THRESHOLDS)}")
+        out[short] = value
+    return out
+
+
+def selected_logprobs(
+    hidden: Tensor,  # [B, L, H]
+    lm_head: nn.Module,
+    input_ids: Tensor,  # [B, L]
+    target_mask: Tensor,  # [B, L] bool, True at tokens that are targets (EchoRow convention)
+    *,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    compile_mode: str = "off",
+    compile_min_tokens: int = 128,
+    logit_transform: LogitTransform | None = None,
+    **thresholds,
+) -> tuple[Tensor, SelectiveInfo]:  # [B, L-1] fp32, 0 where not selected
+    """Dense shifted target log-probs at the selected positions, computed only there.
+
+    `thresholds`: `dense_min_density` (default 0.5) and `suffix_max_bytes` (default 64 MiB), also
+    accepted with the `train_selective_` prefix of their config option names.
+    `logit_transform`: what the model's own forward does to `lm_head(h)` (scale, soft-cap), applied
+    before the temperature so these log-probs match the model's and the sampler's.
+    """
+    if compile_mode not in ("off", "auto", "require"):
+        raise ValueError(f"compile_mode={compile_mode!r}: use 'off', 'auto' or 'require'")
+    th = _parse_thresholds(thresholds)
+    transform = logit_transform or LogitTransform()
+    B, L, _ = hidden.shape
+    shifted = target_mask[:, 1:].to(torch.bool)  # [B, L-1]: column j scores token j+1
+    info = SelectiveInfo(selected_tokens=int(shifted.sum()))
+    out_shape = (B, max(L - 1, 0))
+    if info.selected_tokens == 0:
+        return hidden.new_zeros(out_shape, dtype=torch.float32), info
+
+    vocab = _vocab_size(lm_head)
+    per_row = shifted.sum(dim=1)  # [B]
+    live = (per_row > 0).nonzero(as_tuple=True)[0]  # rows with targets; the others get no LM head at all
+    first = int(shifted[live].float().argmax(dim=1).min())  # earliest selected column over those rows
+    info.suffix_slots = (L - 1) - first
+    info.suffix_bytes = live.numel() * info.suffix_slots * vocab * 4
+    info.min_row_density = float(per_row[live].min()) / info.suffix_slots
+    if chunk_size is None:  # an explicit chunk size forces the hidden path (as in the seed)
+        dense = info.min_row_density >= th["dense_min_density"] and info.suffix_bytes <= th["suffix_max_bytes"]
+        if dense:
+            info.branch = "suffix"
+            lp = _suffix_logprobs(hidden[live], lm_head, input_ids[live], shifted[live], first, temperature,
+                                  transform)
+            out = lp.new_zeros(out_shape).index_copy(0, live, lp) if live.numel() < B else lp
+            return out, info
+        info.sparse_suffix_skip = True
+
+    rows, cols = shifted.nonzero(as_tuple=True)  # [S], [S]
+    h = hidden[rows, cols]  # [S, H]: the hidden state that predicts token cols + 1
+    targets = input_ids[rows, cols + 1]  # [S]
+    lp = None
+    if compile_mode != "off":
+        lp, reason = compiled_selected_logprobs(h, lm_head, targets, temperature, transform, compile_min_tokens)
+        if lp is None:
+            if compile_mode == "require":
+                raise RuntimeError(f"train_compile_selective_ce='require': compiled CE could not run ({reason}); "
+                                   "use 'auto' to fall back to eager CE with the reason recorded")
+            info.fallback_reason = reason
+        else:
+            info.branch, info.compiled = "compiled", True
+    if lp is None and chunk_size is not None:
+        info.branch = "hidden_chunked"
+        if type(lm_head) is nn.Linear:
+            info.chunk_impl = "recompute"
+            lp = ChunkedSelectedLogprobs.apply(h, lm_head.weight, lm_head.bias, targets, chunk_size,
+                                               temperature, transform)
+        else:  # wrapped/custom heads: the same recompute-in-backward bound through activation checkpointing
+            info.chunk_impl = "checkpoint"
+            lp = checkpointed_selected_logprobs(h, lm_head, targets, chunk_size, temperature, transform)
+    elif lp is None:
+        info.branch = "hidden"
+        logits = transform.apply(lm_head(h).float()) / temperature  # [S, V]
+        lp = -F.cross_entropy(logits, targets, reduction="none")
+    out = lp.new_zeros(out_shape).index_put((rows, cols), lp.float())  # differentiable scatter
+    return out, info
+
+
+def _suffix_logprobs(hidden, lm_head, input_ids, shifted, first, temperature, transform) -> Tensor:
+    """The `logits_to_keep` shape: LM head over every suffix column [first, L-1), masked to the targets."""
+    B, L, _ = hidden.shape
+    logits = transform.apply(lm_head(hidden[:, first:L - 1]).float()) / temperature  # [B, K, V]
+    targets = input_ids[:, first + 1:]  # [B, K]
+    lp = -F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view(B, -1)
+    lp = torch.where(shifted[:, first:], lp, torch.zeros_like(lp))
+    return F.pad(lp, (first, 0))  # [B, L-1]
+
+
+def full_logprobs(
+    logits: Tensor,  # [B, L, V], the model's own output logits (its transforms already applied)
+    input_ids: Tensor,  # [B, L]
+    target_mask: Tensor | None,  # [B, L] bool, or None for every position
+    *,
+    temperature: float = 1.0,
+) -> Tensor:  # [B, L-1] fp32
+    """Full-vocabulary log-probs from model logits: the non-selective ("dense") and "fallback" paths."""
+    lp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    lp = lp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    if target_mask is None:
+        return lp
+    return torch.where(target_mask[:, 1:].to(torch.bool), lp, torch.zeros_like(lp))
+
+
+def _vocab_size(lm_head: nn.Module) -> int:
+    weight = getattr(lm_head, "weight", None)
+    if isinstance(weight, Tensor):
+        return weight.shape[0]
+    return int(lm_head.out_features)
