@@ -1,0 +1,169 @@
+"""`quaero bench echo`: the seed's ECHO LM-head/loss-region benchmark, plus quaero's chunked path.
+
+    quaero bench echo --device cpu --seq-len 4096 --early-target-pos 16 --selected-tokens 16 \\
+        --vocab-size 8192 --hidden-size 64 --repeats 7
+
+Prints one JSON document (fields as the seed's script, documented in benchmarks/README.md) on
+stdout and a short table on stderr; `--json PATH` also writes the document to PATH. Each region
+is value-checked against a float64 full-vocabulary reference before it is timed (see
+echo_regions.py), then timed (forward + backward, median after a warm-up) and its peak memory
+measured (see measure.py). `echo_train_smoke` runs real `LocalBackend.train_step`s on the same
+shape and reports the runtime metrics that prove which branch ran.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import torch
+
+from quaero.bench import echo_regions as er
+from quaero.bench.measure import (environment, measure_regions, ratio, resolve_bench_device,
+                                  resolve_bench_dtype)
+
+MIB = 2**20
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="quaero bench echo", description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="auto", help="auto (cuda:0 if available, else cpu), cpu, cuda:0, ...")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="hidden states and LM head dtype; auto = float16 on CUDA, float32 on CPU")
+    p.add_argument("--seq-len", type=int, default=4096)
+    p.add_argument("--early-target-pos", type=int, default=16,
+                   help="hidden position of the first selected target (the suffix starts here)")
+    p.add_argument("--selected-tokens", type=int, default=16)
+    p.add_argument("--vocab-size", type=int, default=8192)
+    p.add_argument("--hidden-size", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--memory-repeats", type=int, default=3, help="CPU: profiled memory runs per region")
+    p.add_argument("--min-sample-s", type=float, default=0.05,
+                   help="a timing sample repeats a fast region until it lasts this long (timeit-style)")
+    p.add_argument("--chunk-size", type=int, default=256, help="selected rows per chunk (chunked path)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--compile-selective-ce", default="off", choices=["off", "auto", "require"])
+    p.add_argument("--compile-selective-ce-min-tokens", type=int, default=128)
+    p.add_argument("--skip", action="append", default=[], metavar="REGION",
+                   help="leave a region out (e.g. suffix_path at very large shapes); repeatable")
+    p.add_argument("--no-smoke", action="store_true", help="skip echo_train_smoke")
+    p.add_argument("--seed", type=int, default=123)
+    p.add_argument("--json", metavar="PATH", help="also write the JSON document here")
+    return p
+
+
+def regions(args) -> list[tuple[str, er.Region, str | None, bool]]:
+    """(name, region, branch it must run, fallback allowed) in report order."""
+    out: list[tuple[str, er.Region, str | None, bool]] = [
+        ("suffix_path", er.suffix_path, None, False),
+        ("selected_logsoftmax_path", er.selected_logsoftmax_path, None, False),
+        ("selected_cross_entropy_path", er.trainer_region(), "hidden", False),
+        ("selected_chunked_recompute_path", er.trainer_region(chunk_size=args.chunk_size), "hidden_chunked",
+         False),
+    ]
+    if args.compile_selective_ce != "off":
+        out.append(("selected_compiled_ce_path",
+                    er.trainer_region(compile_mode=args.compile_selective_ce,
+                                      compile_min_tokens=args.compile_selective_ce_min_tokens),
+                    "compiled", args.compile_selective_ce == "auto"))
+    unknown = set(args.skip) - {name for name, *_ in out}
+    if unknown:
+        raise SystemExit(f"--skip {sorted(unknown)}: not a region here; regions: {[n for n, *_ in out]}")
+    return [r for r in out if r[0] not in args.skip]
+
+
+def region_benchmark(args, device: torch.device, dtype: torch.dtype) -> tuple[dict, dict]:
+    x = er.make_inputs(seq_len=args.seq_len, early_target_pos=args.early_target_pos,
+                       selected_tokens=args.selected_tokens, vocab_size=args.vocab_size,
+                       hidden_size=args.hidden_size, device=device, dtype=dtype, seed=args.seed)
+    x.temperature = args.temperature
+    slots = args.seq_len - 1 - args.early_target_pos
+    n_sel = int(x.positions.numel())
+    bench: dict[str, Any] = {
+        "suffix_slots": slots,
+        "selected_positions_first_last": [int(x.positions[0]), int(x.positions[-1])],
+        "suffix_logits_elements": slots * args.vocab_size,
+        "selected_logits_elements": n_sel * args.vocab_size,
+        "element_ratio": round(slots / n_sel, 3),
+        "suffix_logits_approx_mib_fp32": round(slots * args.vocab_size * 4 / MIB, 3),
+        "selected_logits_approx_mib_fp32": round(n_sel * args.vocab_size * 4 / MIB, 3),
+        "chunk_logits_approx_mib_fp32": round(min(args.chunk_size, n_sel) * args.vocab_size * 4 / MIB, 3),
+    }
+    todo = regions(args)
+    # 1. every region must agree with the full-vocabulary reference before anything is timed
+    ref = er.reference(x)
+    checks = {name: er.check_region(name, region, x, ref, expect, fallback)
+              for name, region, expect, fallback in todo}
+    del ref
+    # 2. time and memory, interleaved across regions
+    stats = measure_regions({name: (lambda r=region: er.run_region(r, x)) for name, region, _, _ in todo},
+                            device, repeats=args.repeats, memory_repeats=args.memory_repeats,
+                            before=x.clear_grads, min_sample_s=args.min_sample_s)
+    for name, *_ in todo:
+        bench[name] = {**stats[name], "branch": checks[name]["branch"], "info": checks[name]["info"]}
+        print(f"  {name:34s} {stats[name]['median_s'] * 1e3:10.3f} ms "
+              f"{stats[name]['median_peak_allocated_mb']:10.3f} MiB  branch={checks[name]['branch']}",
+              file=sys.stderr)
+    _add_ratios(bench)
+    return bench, checks
+
+
+def _add_ratios(bench: dict) -> None:
+    """Speedups (other time / this time) and memory ratios (other peak / this peak) between regions."""
+    def t(name):
+        return bench.get(name, {}).get("median_s")
+
+    def m(name):
+        return bench.get(name, {}).get("median_peak_allocated_mb")
+
+    for name, stats in list(bench.items()):
+        if isinstance(stats, dict) and name != "suffix_path" and "median_s" in stats:
+            stats["speedup_vs_suffix"] = ratio(t("suffix_path"), t(name))
+            stats["memory_ratio_vs_suffix"] = ratio(m("suffix_path"), m(name))
+    ce = "selected_cross_entropy_path"
+    bench["selected_ce_speedup_vs_logsoftmax"] = ratio(t("selected_logsoftmax_path"), t(ce))
+    bench["selected_ce_speedup_vs_suffix"] = ratio(t("suffix_path"), t(ce))
+    bench["selected_ce_memory_ratio_vs_suffix"] = ratio(m("suffix_path"), m(ce))
+    bench["selected_chunked_time_ratio_vs_eager_ce"] = ratio(t("selected_chunked_recompute_path"), t(ce))
+    bench["selected_chunked_memory_ratio_vs_eager_ce"] = ratio(m(ce), m("selected_chunked_recompute_path"))
+    if "selected_compiled_ce_path" in bench:
+        bench["selected_compiled_ce_speedup_vs_eager_ce"] = ratio(t(ce), t("selected_compiled_ce_path"))
+        bench["selected_compiled_ce_memory_ratio_vs_eager_ce"] = ratio(m(ce), m("selected_compiled_ce_path"))
+
+
+def run(args) -> dict[str, Any]:
+    device = resolve_bench_device(args.device)
+    dtype = resolve_bench_dtype(args.dtype, device)
+    torch.manual_seed(args.seed)
+    doc: dict[str, Any] = environment(device, dtype)
+    doc["config"] = {k: getattr(args, k) for k in (
+        "seq_len", "early_target_pos", "selected_tokens", "vocab_size", "hidden_size", "repeats",
+        "memory_repeats", "min_sample_s", "chunk_size", "temperature", "compile_selective_ce",
+        "compile_selective_ce_min_tokens", "seed")}
+    print(f"quaero bench echo on {device} ({doc['dtype']}):", file=sys.stderr)
+    doc["region_benchmark"], doc["value_check"] = region_benchmark(args, device, dtype)
+    if not args.no_smoke:
+        from quaero.bench.smoke import echo_train_smoke
+
+        doc["echo_train_smoke"] = echo_train_smoke(args, device)
+    return doc
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        doc = run(args)
+    except er.BenchValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    text = json.dumps(doc, indent=2, sort_keys=True)
+    print(text)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    smoke = doc.get("echo_train_smoke") or {}
+    if smoke.get("proof_ok") is False:
+        print(f"error: echo_train_smoke proof failed: {smoke.get('proof')}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,222 @@
+"""The LM-head/loss regions `quaero bench echo` compares, and the value check that guards them.
+
+Every region takes the same inputs, the backbone's hidden states over a whole row `[1, L, H]` and a
+plain `nn.Linear` LM head `[V, H]`, and returns the log-probabilities of the S selected target
+tokens `[S]`; the benchmark runs forward and backward of `-mean(selected)`.
+
+- `suffix_path`: the old long-suffix shape: LM head over every slot from the first target to the
+  end (`L - 1 - early_target_pos` rows), full fp32 log-softmax, then the selected rows.
+- `selected_logsoftmax_path`: the seed's previous implementation: selected hidden rows -> LM head ->
+  full log-softmax -> gather the target class.
+- `selected_cross_entropy_path`, `selected_chunked_recompute_path`, `selected_compiled_ce_path`:
+  the real `trainers.selective.selected_logprobs` (eager selected CE; chunked custom-autograd
+  recompute; `torch.compile`d CE), so the figures are those of the code users run.
+
+Before anything is timed, `check_region` compares each region's log-probs and its gradients
+(hidden states and LM-head weight) with a float64 full-vocabulary reference; a region that is
+wrong, or that ran a different branch than the one it is named after, raises `BenchValueError`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+
+class BenchValueError(RuntimeError):
+    """A benchmark region whose values disagree with the reference: an error, never a figure."""
+
+
+@dataclass
+class EchoInputs:
+    hidden: torch.Tensor            # [1, L, H] leaf, requires_grad
+    lm_head: torch.nn.Linear        # weight [V, H], no bias
+    input_ids: torch.Tensor         # [1, L]
+    target_mask: torch.Tensor       # [1, L] bool: True at target tokens (positions + 1)
+    positions: torch.Tensor         # [S] hidden positions that score a target (shifted index)
+    targets: torch.Tensor           # [S] = input_ids[0, positions + 1]
+    early_target_pos: int
+    temperature: float = 1.0
+
+    def clear_grads(self) -> None:
+        self.hidden.grad = None
+        self.lm_head.weight.grad = None
+
+
+@dataclass
+class RegionOut:
+    selected: torch.Tensor          # [S] log-probs of the target tokens, with grad
+    dense: torch.Tensor | None = None   # [1, L-1] shifted tensor when the region returns one
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+Region = Callable[[EchoInputs], RegionOut]
+
+
+def selected_positions(seq_len: int, early_target_pos: int, selected_tokens: int) -> list[int]:
+    """S hidden positions spread evenly from `early_target_pos` to the last one (`seq_len - 2`)."""
+    slots = seq_len - 1 - early_target_pos
+    if early_target_pos < 0 or slots < 1:
+        raise SystemExit(f"--seq-len {seq_len} must exceed --early-target-pos {early_target_pos} + 1")
+    if not 0 < selected_tokens <= slots:
+        raise SystemExit(f"--selected-tokens {selected_tokens} must be in 1..{slots} (the suffix slots)")
+    if selected_tokens == 1:
+        return [early_target_pos]
+    pos = torch.linspace(early_target_pos, seq_len - 2, selected_tokens, dtype=torch.float64).round().long()
+    pos = torch.unique(pos)
+    if pos.numel() < selected_tokens:  # rounding collided; fill from the start of the suffix
+        free = sorted(set(range(early_target_pos, seq_len - 1)) - set(pos.tolist()))
+        pos = torch.tensor(sorted(pos.tolist() + free[:selected_tokens - pos.numel()]))
+    return pos.tolist()
+
+
+def make_inputs(*, seq_len: int, early_target_pos: int, selected_tokens: int, vocab_size: int,
+                hidden_size: int, device: torch.device, dtype: torch.dtype, seed: int = 123) -> EchoInputs:
+    gen = torch.Generator().manual_seed(seed)
+    positions = torch.tensor(selected_positions(seq_len, early_target_pos, selected_tokens))
+    input_ids = torch.randint(0, vocab_size, (1, seq_len), generator=gen)
+    target_mask = torch.zeros(1, seq_len, dtype=torch.bool)
+    target_mask[0, positions + 1] = True
+    lm_head = torch.nn.Linear(hidden_size, vocab_size, bias=False)
+    with torch.no_grad():
+        lm_head.weight.copy_(torch.randn(vocab_size, hidden_size, generator=gen) * 0.02)
+    hidden = torch.randn(1, seq_len, hidden_size, generator=gen)
+    return EchoInputs(
+        hidden=hidden.to(device=device, dtype=dtype).requires_grad_(),
+        lm_head=lm_head.to(device=device, dtype=dtype),
+        input_ids=input_ids.to(device), target_mask=target_mask.to(device),
+        positions=positions.to(device), targets=input_ids[0, positions + 1].to(device),
+        early_target_pos=early_target_pos)
+
+
+# ---- reference implementations (the seed's old regions live here, in the benchmark) ----
+
+def suffix_path(x: EchoInputs) -> RegionOut:
+    h = x.hidden[0, x.early_target_pos:-1]                                   # [slots, H]
+    logp = torch.log_softmax(x.lm_head(h).float() / x.temperature, dim=-1)   # [slots, V]
+    rows = logp[x.positions - x.early_target_pos]                            # [S, V]
+    return RegionOut(rows.gather(-1, x.targets[:, None]).squeeze(-1))
+
+
+def selected_logsoftmax_path(x: EchoInputs) -> RegionOut:
+    logits = x.lm_head(x.hidden[0, x.positions])                             # [S, V]
+    logp = torch.log_softmax(logits.float() / x.temperature, dim=-1)
+    return RegionOut(logp.gather(-1, x.targets[:, None]).squeeze(-1))
+
+
+# ---- the trainer's code, as users run it ----
+
+def trainer_region(*, chunk_size: int | None = None, compile_mode: str = "off",
+                   compile_min_tokens: int = 128) -> Region:
+    from trainers.selective import selected_logprobs
+
+    def region(x: EchoInputs) -> RegionOut:
+        dense, info = selected_logprobs(x.hidden, x.lm_head, x.input_ids, x.target_mask,
+                                        temperature=x.temperature, chunk_size=chunk_size,
+                                        compile_mode=compile_mode, compile_min_tokens=compile_min_tokens)
+        info = dataclasses.asdict(info) if dataclasses.is_dataclass(info) else dict(info or {})
+        return RegionOut(dense[0, x.positions], dense, info)
+
+    return region
+
+
+def region_loss(out: RegionOut) -> torch.Tensor:
+    """`-mean` of the selected log-probs; a dense region is summed whole (it is 0 elsewhere), as a
+    loss reads it, rather than gathered again."""
+    n = out.selected.numel()
+    if out.dense is not None:
+        return -out.dense.sum() / n
+    return -out.selected.float().sum() / n
+
+
+def run_region(region: Region, x: EchoInputs) -> float:
+    """One forward + backward of the region; returns the loss value."""
+    loss = region_loss(region(x))
+    loss.backward()
+    return float(loss.detach())
+
+
+def branch_of(info: dict[str, Any]) -> str | None:
+    """The branch name a `selected_logprobs` info dict reports."""
+    for key in ("branch", "path", "mode"):
+        if isinstance(info.get(key), str):
+            return info[key]
+    return None
+
+
+# ---- the value check ----
+
+TOLERANCES = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (5e-2, 5e-2), torch.float16: (2e-2, 2e-2)}
+
+
+@dataclass
+class Reference:
+    logprobs: torch.Tensor          # [S] float64
+    grad_hidden: torch.Tensor       # [1, L, H] float64
+    grad_weight: torch.Tensor       # [V, H] float64
+
+
+def reference(x: EchoInputs, rows_per_chunk: int = 256) -> Reference:
+    """float64 full-vocabulary log_softmax at each selected position, and the gradients of
+    `-mean(selected)`; chunked over rows only to bound memory (each row is exact)."""
+    h = x.hidden.detach()[0, x.positions].double().requires_grad_()
+    w = x.lm_head.weight.detach().double().requires_grad_()
+    n = x.positions.numel()
+    out = []
+    for start in range(0, n, rows_per_chunk):
+        sl = slice(start, start + rows_per_chunk)
+        logp = torch.log_softmax(F.linear(h[sl], w) / x.temperature, dim=-1)
+        sel = logp.gather(-1, x.targets[sl, None]).squeeze(-1)
+        (-sel.sum() / n).backward()
+        out.append(sel.detach())
+    grad_hidden = torch.zeros(x.hidden.shape, dtype=torch.float64, device=h.device)
+    grad_hidden[0, x.positions] = h.grad
+    return Reference(torch.cat(out), grad_hidden, w.grad)
+
+
+def _rel(a: torch.Tensor | None, ref: torch.Tensor) -> float:
+    if a is None:
+        return float("inf")
+    scale = ref.abs().max().clamp_min(1e-30)
+    return float(((a.double() - ref).abs().max() / scale))
+
+
+def check_region(name: str, region: Region, x: EchoInputs, ref: Reference,
+                 expect_branch: str | None = None, allow_fallback: bool = False) -> dict[str, Any]:
+    """Run `region` once and compare with `ref`; raise BenchValueError on any disagreement."""
+    x.clear_grads()
+    out = region(x)
+    region_loss(out).backward()
+    lp_tol, grad_tol = TOLERANCES[x.hidden.dtype]
+    lp_err = float((out.selected.detach().double() - ref.logprobs).abs().max())
+    g_h, g_w = _rel(x.hidden.grad, ref.grad_hidden), _rel(x.lm_head.weight.grad, ref.grad_weight)
+    unselected = 0
+    if out.dense is not None:
+        keep = torch.ones(out.dense.shape[-1], dtype=torch.bool, device=out.dense.device)
+        keep[x.positions] = False
+        unselected = int((out.dense.detach()[0, keep] != 0).sum())
+    branch = branch_of(out.info)
+    x.clear_grads()
+    result = {"max_abs_logprob_err": lp_err, "max_rel_grad_err_hidden": g_h, "max_rel_grad_err_weight": g_w,
+              "nonzero_unselected": unselected, "logprob_tol": lp_tol, "grad_rel_tol": grad_tol,
+              "branch": branch, "info": {k: v if isinstance(v, (str, int, float, bool, type(None))) else str(v)
+                                          for k, v in out.info.items()}}
+    problems = []
+    if not lp_err <= lp_tol:
+        problems.append(f"max |logprob - reference| = {lp_err:.3g} > {lp_tol}")
+    if not g_h <= grad_tol:
+        problems.append(f"hidden-state gradient rel. error {g_h:.3g} > {grad_tol}")
+    if not g_w <= grad_tol:
+        problems.append(f"LM-head gradient rel. error {g_w:.3g} > {grad_tol}")
+    if unselected:
+        problems.append(f"{unselected} unselected positions are not 0")
+    if expect_branch and branch != expect_branch and not allow_fallback:
+        problems.append(f"ran branch {branch!r}, expected {expect_branch!r} (info={out.info})")
+    if problems:
+        raise BenchValueError(f"region {name} fails the value check against the full-vocabulary "
+                              f"reference: {'; '.join(problems)}")
+    result["ok"] = True
+    return result
