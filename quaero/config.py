@@ -64,6 +64,9 @@ class EnvConfig(_Section):
     max_retries: int = Field(2, ge=0)
     retry_backoff_s: float = Field(0.2, ge=0)
     server_start_timeout_s: float = Field(60.0, gt=0)
+    # A session lost mid-episode cannot resume: "replay" reopens one and replays the episode's actions
+    # (checked against the recorded observations; for deterministic envs), "drop" drops the episode.
+    on_session_loss: Literal["replay", "drop"] = "replay"
 
     @model_validator(mode="before")
     @classmethod

@@ -1,0 +1,142 @@
+"""Resolve `[env] entry = "package.module:Class"` to an OpenEnv environment and its types, and build
+its server app. A user's env is named, never edited into quaero.
+
+Plain envs declare their types the OpenEnv way, `class MyEnv(Environment[MyAction, MyObs, MyState])`
+(or with annotations on `step`/`reset`); MCP envs always speak CallToolAction/CallToolObservation.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import typing
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from quaero.config import ConfigError
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    entry: str
+    factory: Callable[[], Any]  # called once per session, like create_app's factory
+    env_cls: type
+    is_mcp: bool
+    action_cls: type
+    observation_cls: type
+    state_cls: type
+    supports_concurrency: bool
+
+    def action_schema(self) -> dict:
+        return self.action_cls.model_json_schema()
+
+
+def _import_attr(entry: str, key: str = "entry") -> Any:
+    if ":" not in entry:
+        raise ConfigError(f"[env] {key}={entry!r}: expected 'package.module:Name' (a colon before the name), "
+                          "e.g. 'envs.toolbench:ToolBenchEnv'")
+    module_name, attr = entry.split(":", 1)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"[env] {key}={entry!r}: cannot import module {module_name!r} ({e}); "
+                          "make sure its package is installed or on PYTHONPATH") from None
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            from openenv.core.env_server.interfaces import Environment
+
+            found = [n for n, v in vars(module).items()
+                     if inspect.isclass(v) and issubclass(v, Environment) and v is not Environment]
+            raise ConfigError(f"[env] {key}={entry!r}: module {module_name!r} has no attribute {attr!r}"
+                              + (f"; environments there: {', '.join(found)}" if found else ""))
+        obj = getattr(obj, part)
+    return obj
+
+
+def _generic_types(env_cls: type) -> tuple[Any, Any, Any]:
+    """(Action, Observation, State) from `Environment[A, O, S]` in the class's bases, if concrete."""
+    from openenv.core.env_server.interfaces import Environment
+
+    for klass in env_cls.__mro__:
+        for base in getattr(klass, "__orig_bases__", ()):
+            origin = typing.get_origin(base)
+            if isinstance(origin, type) and issubclass(origin, Environment):
+                args = [a if isinstance(a, type) else None for a in typing.get_args(base)]
+                if any(args):
+                    return tuple((args + [None, None, None])[:3])  # type: ignore[return-value]
+    return None, None, None
+
+
+def _annotated_types(env_cls: type) -> tuple[Any, Any]:
+    action = obs = None
+    try:
+        hints = typing.get_type_hints(env_cls.step)
+        params = list(inspect.signature(env_cls.step).parameters)
+        if len(params) > 1 and isinstance(hints.get(params[1]), type):
+            action = hints[params[1]]
+        obs = hints.get("return") if isinstance(hints.get("return"), type) else None
+    except Exception:  # unresolvable forward references: fall back to the error below
+        pass
+    return action, obs
+
+
+def load_entry(entry: str) -> EnvSpec:
+    """Import `entry` (an Environment/MCPEnvironment subclass or a factory returning one)."""
+    from openenv.core.env_server.interfaces import Environment
+    from openenv.core.env_server.mcp_environment import MCPEnvironment
+    from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
+    from openenv.core.env_server.types import Action, Observation, State
+
+    obj = _import_attr(entry)
+    if inspect.isclass(obj) and issubclass(obj, Environment):
+        env_cls, factory = obj, obj
+    elif callable(obj) and not inspect.isclass(obj):
+        probe = obj()  # a factory: build one instance to learn its class
+        if not isinstance(probe, Environment):
+            raise ConfigError(f"[env] entry={entry!r}: the factory returned {type(probe).__name__}, "
+                              "not an openenv Environment")
+        env_cls, factory = type(probe), obj
+        probe.close()
+    else:
+        raise ConfigError(f"[env] entry={entry!r}: {obj!r} is neither an openenv Environment subclass nor a "
+                          "factory function returning one")
+    action, obs, state = _generic_types(env_cls)
+    is_mcp = issubclass(env_cls, MCPEnvironment)
+    if is_mcp:
+        action, obs = CallToolAction, CallToolObservation
+    elif action is None or obs is None:
+        ann_action, ann_obs = _annotated_types(env_cls)
+        action, obs = action or ann_action, obs or ann_obs
+    if not (isinstance(action, type) and issubclass(action, Action)):
+        raise ConfigError(f"[env] entry={entry!r}: cannot tell {env_cls.__name__}'s Action class; declare it as "
+                          f"`class {env_cls.__name__}(Environment[MyAction, MyObservation, MyState])`")
+    if not (isinstance(obs, type) and issubclass(obs, Observation)):
+        obs = Observation
+    if state is None and isinstance(getattr(env_cls, "state", None), property):
+        try:
+            state = typing.get_type_hints(env_cls.state.fget).get("return")
+        except Exception:  # unresolvable annotation: the base State below
+            state = None
+    if not (isinstance(state, type) and issubclass(state, State)):
+        state = State  # /schema needs one
+    return EnvSpec(entry=entry, factory=factory, env_cls=env_cls, is_mcp=is_mcp, action_cls=action,
+                   observation_cls=obs, state_cls=state,
+                   supports_concurrency=bool(getattr(env_cls, "SUPPORTS_CONCURRENT_SESSIONS", False)))
+
+
+def build_app(spec: EnvSpec, max_concurrent_envs: int) -> Any:
+    """OpenEnv's own FastAPI app for the env (WebSocket /ws, /health, /schema, /mcp, ...)."""
+    from openenv.core.env_server.http_server import create_app
+
+    env_name = spec.env_cls.__name__.lower()
+    return create_app(spec.factory, spec.action_cls, spec.observation_cls, env_name=env_name,
+                      max_concurrent_envs=max_concurrent_envs, state_cls=spec.state_cls)
+
+
+def check_concurrency(spec: EnvSpec, n: int, where: str = "[env]") -> None:
+    if n > 1 and not spec.supports_concurrency:
+        raise ConfigError(
+            f"{where} entry={spec.entry!r}: {spec.env_cls.__name__} does not support concurrent sessions "
+            f"(SUPPORTS_CONCURRENT_SESSIONS is False) but this run needs {n} (tasks_per_step x group_size); "
+            "set SUPPORTS_CONCURRENT_SESSIONS = True if its instances share no global state, "
+            "or set [training] tasks_per_step = 1 and group_size = 1")

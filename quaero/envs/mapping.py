@@ -1,0 +1,156 @@
+"""Chat <-> OpenEnv mapping, independent of any model or transport.
+
+MCP envs: tool list -> OpenAI-style `tools`; a parsed assistant tool call -> CallToolAction dict
+(validated against the tool's JSON schema first, so a bad call never reaches the env); a
+CallToolObservation -> a `tool` message. Plain envs: model text -> Action dict (JSON, fences
+stripped, or wrapped for a single string field); observation -> user message via a formatter.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Callable
+
+_FENCE = re.compile(r"^```[\w-]*\s*\n?(.*?)\n?```$", re.DOTALL)
+_TOOL_ERROR_PREFIX = re.compile(r"^Error calling tool '[^']*': ")
+QUESTION_KEYS = ("question", "prompt", "task", "instruction", "message", "text")
+
+
+class Malformed(Exception):
+    """The model's action cannot be sent; str(self) is the corrective message for the model."""
+
+
+# -- MCP tool envs -----------------------------------------------------------------------------------
+def tool_specs(tools: list[dict]) -> list[dict]:
+    """OpenEnv Tool dicts (name, description, input_schema) -> OpenAI-style function specs."""
+    return [{"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
+                                              "parameters": t.get("input_schema") or {"type": "object"}}}
+            for t in tools]
+
+
+def _call_parts(call: Any) -> tuple[str, Any]:
+    func = call.get("function", call) if isinstance(call, dict) else {}
+    return str(func.get("name") or ""), func.get("arguments", {})
+
+
+def parse_tool_calls(assistant: dict, specs: list[dict]) -> list[tuple[str, dict]]:
+    """Validated (tool_name, arguments) pairs, or Malformed with a short corrective message."""
+    import jsonschema
+
+    by_name = {s["function"]["name"]: s["function"] for s in specs}
+    calls = assistant.get("tool_calls") or []
+    if not calls:
+        raise Malformed("Your last message did not call a tool. Call a tool; when you know the answer, "
+                        "call submit_answer.")
+    parsed = []
+    for call in calls:
+        name, args = _call_parts(call)
+        if name not in by_name:
+            raise Malformed(f"Unknown tool {name!r}. Available tools: {', '.join(by_name)}.")
+        if isinstance(args, str):  # some parsers keep raw argument text
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError:
+                raise Malformed(f"Arguments of {name} are not valid JSON; give a JSON object.") from None
+        if not isinstance(args, dict):
+            raise Malformed(f"Arguments of {name} must be a JSON object, got {type(args).__name__}.")
+        schema = by_name[name]["parameters"]
+        error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(args))
+        if error is not None:
+            where = ".".join(map(str, error.absolute_path)) or "arguments"
+            props = ", ".join(f"{k}: {v.get('type', 'any')}" for k, v in schema.get("properties", {}).items())
+            raise Malformed(f"Invalid arguments for {name} ({where}: {error.message}). Expected {{{props}}}.")
+        parsed.append((name, args))
+    return parsed
+
+
+def render_tool_result(observation: dict) -> str:
+    """A CallToolObservation payload -> tool message text: the result's text, JSON of its data, or
+    'Error: ...'."""
+    error = observation.get("error")
+    if error:
+        message = error.get("message", str(error)) if isinstance(error, dict) else str(error)
+        return "Error: " + _TOOL_ERROR_PREFIX.sub("", message)
+    result = observation.get("result")
+    if isinstance(result, dict):
+        texts = [c.get("text", "") for c in result.get("content") or [] if isinstance(c, dict) and c.get("type") == "text"]
+        if result.get("is_error"):
+            return "Error: " + " ".join(texts)
+        if texts:
+            return "\n".join(texts)
+        if result.get("data") is not None:
+            return json.dumps(result["data"], ensure_ascii=False)
+        return json.dumps(result.get("structured_content"), ensure_ascii=False)
+    return result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
+
+
+# -- plain envs --------------------------------------------------------------------------------------
+def model_action_schema(schema: dict) -> dict:
+    """The action JSON schema the model sees: without OpenEnv's internal `metadata` field and titles."""
+    def clean(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: clean(v) for k, v in node.items() if k != "title"}
+        return [clean(v) for v in node] if isinstance(node, list) else node
+
+    out = clean(schema)
+    out.get("properties", {}).pop("metadata", None)
+    return out
+
+
+def _single_string_field(schema: dict) -> str | None:
+    props = schema.get("properties", {})
+    strings = [k for k, v in props.items() if v.get("type") == "string"]
+    required = [k for k in schema.get("required", []) if k in props]
+    if len(required) == 1 and required[0] in strings:
+        return required[0]
+    return strings[0] if len(props) == 1 and strings else None
+
+
+def parse_plain_action(text: str, schema: dict) -> dict:
+    """Model text -> action dict: one JSON object (a surrounding ``` fence is stripped), or the raw
+    text wrapped as {field: text} when the action has a single string field."""
+    stripped = (text or "").strip()
+    if m := _FENCE.match(stripped):
+        stripped = m.group(1).strip()
+    try:
+        value = json.loads(stripped)
+    except json.JSONDecodeError:
+        value = None
+    if isinstance(value, dict):
+        return value
+    if (field := _single_string_field(schema)) is not None and stripped:
+        return {field: stripped}
+    raise Malformed("Your last message was not a valid action. Reply with exactly one JSON object "
+                    f"matching the action schema: {json.dumps(schema, separators=(',', ':'))}")
+
+
+def default_formatter(observation: dict, context: str = "step") -> str:
+    """Observation dict -> user message text. On reset: its question/prompt text if it has one; else
+    (and on every step) compact JSON of its non-empty fields."""
+    meta = observation.get("metadata") or {}
+    if context == "reset":
+        for source in (observation, meta):
+            for key in QUESTION_KEYS:
+                if isinstance(source.get(key), str) and source[key].strip():
+                    return source[key]
+    fields = {k: v for k, v in observation.items() if v not in (None, "", [], {}) and k != "metadata"}
+    return json.dumps(fields, ensure_ascii=False, separators=(", ", ": "))
+
+
+def load_formatter(path: str | None) -> Callable[[dict, str], str]:
+    """`[env] formatter = "pkg.mod:fn"`: fn(observation) -> str, or fn(observation, context) where context
+    is "reset" or "step"; the default is `default_formatter`."""
+    if not path:
+        return default_formatter
+    import inspect
+
+    from .loading import _import_attr
+
+    fn = _import_attr(path, key="formatter")
+    if not callable(fn):
+        from quaero.config import ConfigError
+
+        raise ConfigError(f"[env] formatter={path!r}: not a function (observation: dict) -> str")
+    if "context" in inspect.signature(fn).parameters:
+        return fn
+    return lambda observation, context="step": fn(observation)

@@ -1,0 +1,163 @@
+"""open_envs: N ChatEnv sessions over the configured launcher, their counters, and the lifetime of
+any server quaero launched (stopped by pid on close, at exit, and when the parent dies)."""
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+from typing import TYPE_CHECKING
+
+from quaero.config import ConfigError
+from quaero.metrics import get_logger
+
+from .loading import EnvSpec, check_concurrency, load_entry
+from .mapping import load_formatter, model_action_schema, tool_specs
+from .server import LocalServer
+from .session import ChatEnv, EpisodeDropped
+from .transport import EnvFault, InProcessTransport, WebSocketTransport
+
+if TYPE_CHECKING:
+    from quaero.config import EnvConfig
+
+log = get_logger(__name__)
+COUNTERS = ("env_steps", "env_resets", "env_retries", "env_timeouts", "env_restarts", "env_episodes_dropped",
+            "env_malformed_actions", "env_tool_errors", "env_truncated", "env_replayed_steps")
+
+
+class EnvCounters:
+    """Thread-safe per-step counts; the training loop logs `snapshot_and_reset()` every step."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(COUNTERS, 0)
+        self.totals = dict.fromkeys(COUNTERS, 0)
+
+    def inc(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[name] = self._counts.get(name, 0) + n
+            self.totals[name] = self.totals.get(name, 0) + n
+
+    def snapshot_and_reset(self) -> dict[str, int]:
+        with self._lock:
+            snap, self._counts = self._counts, dict.fromkeys(COUNTERS, 0)
+        return snap
+
+
+class InProcessBackend:
+    def __init__(self, spec: EnvSpec) -> None:
+        self.spec = spec
+
+    def connect(self) -> InProcessTransport:
+        return InProcessTransport(self.spec)
+
+    def recover(self) -> None:
+        pass  # a stuck or failed in-process env was already abandoned; the next connect builds a new one
+
+
+class ServerBackend:
+    """Sessions on an OpenEnv server: quaero's own LocalServer (restarted when it dies) or a remote URL."""
+
+    def __init__(self, ws_url: str, open_timeout_s: float, counters: EnvCounters,
+                 server: LocalServer | None = None) -> None:
+        self.ws_url, self.open_timeout_s, self.counters, self.server = ws_url, open_timeout_s, counters, server
+
+    def connect(self) -> WebSocketTransport:
+        return WebSocketTransport(self.ws_url, self.open_timeout_s)
+
+    def recover(self) -> None:
+        if self.server is not None and self.server.ensure_alive():
+            self.counters.inc("env_restarts")
+
+
+def _urls(url: str) -> tuple[str, str]:
+    """Any of ws://h:p, ws://h:p/ws, http://h:p -> (http base, ws endpoint)."""
+    base = url.rstrip("/").removesuffix("/ws")
+    if base.startswith("ws"):
+        base = "http" + base[2:]
+    if not base.startswith("http"):
+        raise ConfigError(f"[env] url={url!r}: expected ws://HOST:PORT or http://HOST:PORT")
+    return base, "ws" + base[4:] + "/ws"
+
+
+def _fetch_schema(http_url: str, timeout_s: float) -> dict:
+    try:
+        with urllib.request.urlopen(f"{http_url}/schema", timeout=timeout_s) as r:
+            return json.loads(r.read())["action"]
+    except OSError as e:
+        raise ConfigError(f"[env] url={http_url!r}: no OpenEnv server answers there ({e}); start one with "
+                          "`quaero env serve module:Class --port PORT`") from None
+
+
+class EnvPool:
+    def __init__(self, sessions: list[ChatEnv], counters: EnvCounters, server: LocalServer | None) -> None:
+        self.sessions, self.counters, self.server = sessions, counters, server
+
+    def close(self) -> None:
+        for s in self.sessions:
+            s.close()
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def __enter__(self) -> "EnvPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _list_tools(backend) -> list[dict]:
+    transport = backend.connect()
+    try:
+        payload = transport.step({"type": "list_tools"}, 60.0)
+    finally:
+        transport.close()
+    return tool_specs(payload["observation"].get("tools", []))
+
+
+def open_envs(cfg: "EnvConfig", n: int) -> EnvPool:
+    """N sessions of the configured env. Config problems raise ConfigError here, before any episode."""
+    counters, server = EnvCounters(), None
+    spec = None if cfg.launcher == "remote" else load_entry(cfg.entry)
+    if spec is not None:
+        check_concurrency(spec, n)
+    try:
+        if cfg.launcher == "inprocess":
+            backend = InProcessBackend(spec)
+            is_mcp, schema = spec.is_mcp, spec.action_schema()
+        else:
+            if cfg.launcher == "local-server":
+                # headroom: a session abandoned after a timeout holds its slot until its step returns
+                server = LocalServer(cfg.entry, cfg.host, max_concurrent_envs=2 * n + 1 if spec.supports_concurrency
+                                     else 1, start_timeout_s=cfg.server_start_timeout_s).start()
+                http_url, ws_url = server.http_url, server.ws_url
+            else:
+                http_url, ws_url = _urls(cfg.url)
+            backend = ServerBackend(ws_url, cfg.reset_timeout_s, counters, server)
+            schema = _fetch_schema(http_url, cfg.reset_timeout_s)
+            is_mcp = {"tool_name", "arguments"} <= set(schema.get("properties", {}))
+        tools = _list_tools(backend) if is_mcp else None
+        sessions = [ChatEnv(cfg, backend, counters, tools=tools, action_schema=None if is_mcp else
+                            model_action_schema(schema), formatter=load_formatter(cfg.formatter)) for _ in range(n)]
+        pool = EnvPool(sessions, counters, server)
+        for s in sessions:  # open all sessions now: a server that cannot hold n of them fails here, clearly
+            s.connect()
+    except EnvFault as e:
+        if server is not None:
+            server.stop()
+        where = cfg.url or cfg.entry
+        if e.kind == "capacity":
+            raise ConfigError(f"[env] {where}: the server cannot hold {n} sessions ({e}); raise its "
+                              "max_concurrent_envs (quaero env serve --max-concurrent-envs) or lower "
+                              "[training] tasks_per_step x group_size") from None
+        raise ConfigError(f"[env] {where}: cannot open sessions: {e}") from None
+    except BaseException:
+        if server is not None:
+            server.stop()
+        raise
+    log.info("env_pool_opened", launcher=cfg.launcher, source=cfg.url or cfg.entry, sessions=n, mcp=is_mcp,
+             tools=[t["function"]["name"] for t in tools or []])
+    return pool
+
+
+__all__ = ["EnvCounters", "EnvPool", "open_envs", "EpisodeDropped"]

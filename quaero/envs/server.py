@@ -1,0 +1,158 @@
+"""Serving OpenEnv envs: `serve` (blocking, for `quaero env serve`) and `LocalServer` (the
+`local-server` launcher: a uvicorn subprocess of this interpreter on 127.0.0.1).
+
+LocalServer binds the listening socket itself and hands it to the child, so the port is known
+without a race and survives restarts: a client reconnecting during a restart just waits in the
+backlog for the new server. The child is stopped by its pid at close, at exit, and (Linux) when
+the parent dies.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from quaero.metrics import get_logger
+
+from .loading import build_app, load_entry
+
+log = get_logger(__name__)
+_LIVE: set["LocalServer"] = set()
+
+
+def _block_gradio() -> None:
+    # openenv imports gradio (about 2.5 s) only for its optional web UI; servers never need it
+    if os.environ.get("ENABLE_WEB_INTERFACE", "").lower() not in ("1", "true"):
+        sys.modules.setdefault("gradio", None)  # type: ignore[arg-type]
+
+
+def serve(entry: str, host: str = "127.0.0.1", port: int = 8000, max_concurrent_envs: int = 16,
+          fd: int | None = None) -> None:
+    """Serve any OpenEnv env (`module:Class`) with OpenEnv's own app; blocks until stopped."""
+    _block_gradio()
+    import uvicorn
+
+    spec = load_entry(entry)
+    if max_concurrent_envs > 1 and not spec.supports_concurrency:
+        log.warning("env_serve_single_session", entry=entry, requested=max_concurrent_envs,
+                    reason="SUPPORTS_CONCURRENT_SESSIONS is False; serving one session at a time")
+        max_concurrent_envs = 1
+    app = build_app(spec, max_concurrent_envs)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", ws_ping_interval=None)
+    server = uvicorn.Server(config)
+    if fd is None:
+        server.run()
+    else:
+        server.run(sockets=[socket.socket(fileno=fd)])
+
+
+def _die_with_parent() -> None:  # runs in the child before exec (Linux only)
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class ServerStartError(RuntimeError):
+    pass
+
+
+class LocalServer:
+    def __init__(self, entry: str, host: str = "127.0.0.1", max_concurrent_envs: int = 16,
+                 start_timeout_s: float = 60.0) -> None:
+        self.entry, self.host = entry, host
+        self.max_concurrent_envs, self.start_timeout_s = max_concurrent_envs, start_timeout_s
+        self._sock = socket.create_server((host, 0), backlog=256)
+        self._sock.set_inheritable(True)
+        self.port = self._sock.getsockname()[1]
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+        self._lock = threading.Lock()
+        self._log_path = Path(tempfile.mkstemp(prefix="quaero-env-server-", suffix=".log")[1])
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://{self.host}:{self.port}/ws"
+
+    def start(self) -> "LocalServer":
+        with self._lock:
+            self._spawn()
+        _LIVE.add(self)
+        return self
+
+    def _spawn(self) -> None:
+        env = dict(os.environ)
+        # the child must import whatever the parent can (tests add folders to sys.path)
+        env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        cmd = [sys.executable, "-m", "quaero.envs", "serve", self.entry, "--fd", str(self._sock.fileno()),
+               "--host", self.host, "--port", str(self.port), "--max-concurrent-envs", str(self.max_concurrent_envs)]
+        with self._log_path.open("ab") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                         pass_fds=(self._sock.fileno(),), stdin=subprocess.DEVNULL,
+                                         preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        self._wait_healthy()
+        log.info("env_server_started", entry=self.entry, url=self.http_url, pid=self.proc.pid)
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = self._log_path.read_text(errors="replace")[-2000:]
+                raise ServerStartError(f"env server for {self.entry!r} exited with {self.proc.returncode} "
+                                       f"before becoming healthy; its log ({self._log_path}):\n{tail}")
+            try:
+                with urllib.request.urlopen(f"{self.http_url}/health", timeout=1.0) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self._kill()
+        raise ServerStartError(f"env server for {self.entry!r} not healthy after {self.start_timeout_s}s "
+                               f"([env] server_start_timeout_s); log: {self._log_path}")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def ensure_alive(self) -> bool:
+        """Restart the server if it died (once, however many sessions notice); True if it restarted."""
+        with self._lock:
+            if self.alive() or self.proc is None:
+                return False
+            log.warning("env_server_died", entry=self.entry, pid=self.proc.pid, returncode=self.proc.returncode)
+            self._spawn()
+            self.restarts += 1
+            return True
+
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._kill()
+            self.proc = None
+        self._sock.close()
+        _LIVE.discard(self)
+
+
+@atexit.register
+def _stop_all() -> None:
+    for server in list(_LIVE):
+        server.stop()

@@ -1,0 +1,217 @@
+"""ChatEnv: one env session seen as a chat. reset -> the opening messages; step(assistant message) ->
+the messages to append, the reward and done. Faults are retried here, so the episode driver only
+ever sees ChatReset/ChatStep or EpisodeDropped.
+
+A lost session (timeout, server death, dropped socket, server error) cannot resume: the retry opens
+a new session and, by default, replays the episode's accepted actions from the same reset, checking
+that every replayed observation equals the recorded one (`[env] on_session_loss = "replay"`); an env
+that is not deterministic should use "drop", which drops the episode at the first loss.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from quaero.metrics import get_logger
+
+from .mapping import Malformed, parse_plain_action, parse_tool_calls, render_tool_result
+from .transport import ActionRejected, EnvFault
+
+log = get_logger(__name__)
+DEFAULT_SYSTEM_PROMPT = "You are an agent acting in an environment. Solve the task."
+
+
+@dataclass
+class ChatReset:
+    messages: list[dict]  # [system, user(task)]
+    info: dict  # task_id, split, index, seed + the env's reset metadata
+
+
+@dataclass
+class ChatStep:
+    messages: list[dict]  # tool messages (MCP), a user message (plain), or ONE corrective user message
+    reward: float
+    done: bool
+    malformed: bool  # messages is quaero's corrective message: never an ECHO target
+    info: dict = field(default_factory=dict)
+
+
+class EpisodeDropped(Exception):
+    """Retries exhausted (or the episode could not be replayed): the driver drops the episode."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Transport(Protocol):
+    def reset(self, kwargs: dict, timeout_s: float) -> dict: ...
+    def step(self, action: dict, timeout_s: float) -> dict: ...
+    def close(self) -> None: ...
+
+
+class Backend(Protocol):
+    def connect(self) -> Transport: ...  # a new session
+    def recover(self) -> None: ...  # after a fault: restart what died (local server), if anything
+
+
+def _reward(payload: dict) -> float:
+    value = payload.get("reward")
+    return 0.0 if value is None else float(value)
+
+
+class ChatEnv:
+    def __init__(self, cfg, backend: Backend, counters, *, tools: list[dict] | None, action_schema: dict | None,
+                 formatter: Callable[..., str]) -> None:
+        self.cfg, self.backend, self.counters = cfg, backend, counters
+        self.tools = tools  # OpenAI-style specs for MCP envs, None for plain envs
+        self.action_schema = action_schema  # model-facing Action schema (plain envs)
+        self.formatter = formatter
+        self._transport: Transport | None = None
+        self._reset_kwargs: dict | None = None
+        self._history: list[tuple[dict, dict]] = []  # (action, payload) accepted in this episode
+        self._turns = 0
+        self._done = True
+
+    # -- sessions and retries -----------------------------------------------------------------------
+    def connect(self) -> None:
+        if self._transport is None:
+            self._transport = self.backend.connect()
+
+    def _drop_transport(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None
+
+    def _replay(self, transport: Transport) -> None:
+        """Rebuild the episode on a fresh session: same reset, same accepted actions, same results."""
+        transport.reset(self._reset_kwargs, self.cfg.reset_timeout_s)
+        for action, recorded in self._history:
+            payload = transport.step(action, self.cfg.step_timeout_s)
+            self.counters.inc("env_replayed_steps")
+            if payload != recorded:
+                raise EpisodeDropped(f"replay diverged at {action}: the env is not deterministic; "
+                                     "set [env] on_session_loss = 'drop'")
+
+    def _call(self, what: str, fn: Callable[[Transport], dict]) -> dict:
+        """Run fn on a live session; on a fault reconnect (replaying the episode so far), with
+        exponential backoff, up to cfg.max_retries times; then EpisodeDropped."""
+        lost = False
+        for attempt in range(self.cfg.max_retries + 1):
+            try:
+                fresh = self._transport is None
+                self.connect()
+                if fresh and lost and what == "step":
+                    self._replay(self._transport)
+                return fn(self._transport)
+            except (ActionRejected, EpisodeDropped):
+                raise
+            except Exception as e:  # noqa: BLE001 - every env/transport failure is a counted fault
+                fault = e if isinstance(e, EnvFault) else EnvFault("connection", f"{type(e).__name__}: {e}")
+                if fault.kind == "timeout":
+                    self.counters.inc("env_timeouts")
+                self._drop_transport()
+                lost = True
+                self.backend.recover()
+                if what == "step" and self.cfg.on_session_loss == "drop":
+                    raise EpisodeDropped(f"{what}: session lost ({fault}); on_session_loss='drop'") from None
+                if attempt == self.cfg.max_retries:
+                    raise EpisodeDropped(f"{what} failed {attempt + 1} times, last: {fault}") from None
+                self.counters.inc("env_retries")
+                log.warning("env_retry", what=what, attempt=attempt + 1, fault=str(fault))
+                time.sleep(self.cfg.retry_backoff_s * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def _dropped(self, e: EpisodeDropped) -> EpisodeDropped:
+        self.counters.inc("env_episodes_dropped")
+        self._done = True
+        log.warning("env_episode_dropped", reason=e.reason, task=(self._reset_kwargs or {}).get("index"))
+        return e
+
+    # -- the chat API -------------------------------------------------------------------------------
+    def reset(self, seed: int, split: str | None = None, index: int | None = None) -> ChatReset:
+        split = split or self.cfg.train_split
+        kwargs: dict[str, Any] = {**self.cfg.reset_kwargs, "seed": seed, "split": split}
+        if index is not None:
+            kwargs["index"] = index
+        self._reset_kwargs, self._history, self._turns, self._done = kwargs, [], 0, False
+        try:
+            # a fresh session per episode would cost a connect; reusing it is safe since reset rebuilds state
+            payload = self._call("reset", lambda t: t.reset(kwargs, self.cfg.reset_timeout_s))
+        except EpisodeDropped as e:
+            raise self._dropped(e) from None
+        self.counters.inc("env_resets")
+        obs = payload.get("observation", {})
+        meta = obs.get("metadata") or {}
+        info = {"seed": seed, "split": split, "index": index if index is not None else seed, **meta}
+        info.setdefault("task_id", f"{split}/{info['index']}")
+        system = self.cfg.system_prompt or meta.get("system_prompt") or DEFAULT_SYSTEM_PROMPT
+        if self.tools is None and self.action_schema is not None:
+            import json
+
+            system += ("\n\nRespond with exactly one JSON object matching this action schema: "
+                       + json.dumps(self.action_schema, separators=(",", ":")))
+        messages = [{"role": "system", "content": system},
+                    {"role": "user", "content": self.formatter(obs, context="reset")}]
+        return ChatReset(messages=messages, info=info)
+
+    def step(self, assistant: dict) -> ChatStep:
+        if self._reset_kwargs is None or self._done:
+            raise RuntimeError("ChatEnv.step called before reset or after the episode ended (done=True)")
+        self._turns += 1
+        try:
+            result = self._step_tools(assistant) if self.tools is not None else self._step_plain(assistant)
+        except Malformed as m:
+            self.counters.inc("env_malformed_actions")
+            result = ChatStep([{"role": "user", "content": str(m)}], 0.0, False, True, {"malformed_reason": str(m)})
+        except EpisodeDropped as e:
+            raise self._dropped(e) from None
+        if not result.done and self._turns >= self.cfg.max_turns:
+            result.done, result.info["truncated"] = True, True  # quaero's turn limit ends runaway episodes
+            self.counters.inc("env_truncated")
+        self._done = result.done
+        return result
+
+    def _send(self, action: dict) -> dict:
+        payload = self._call("step", lambda t: t.step(action, self.cfg.step_timeout_s))
+        self._history.append((action, payload))
+        self.counters.inc("env_steps")
+        return payload
+
+    def _step_tools(self, assistant: dict) -> ChatStep:
+        calls = parse_tool_calls(assistant, self.tools)  # all validated before any is sent
+        messages, reward, done, metas = [], 0.0, False, []
+        for name, arguments in calls:
+            try:
+                payload = self._send({"type": "call_tool", "tool_name": name, "arguments": arguments})
+            except ActionRejected as e:  # schema passed here but the server refused: show the model why
+                self.counters.inc("env_malformed_actions")
+                messages.append({"role": "tool", "content": f"Error: invalid call: {e}"})
+                continue
+            obs = payload.get("observation", {})
+            if obs.get("error"):
+                self.counters.inc("env_tool_errors")
+            messages.append({"role": "tool", "content": render_tool_result(obs)})
+            reward += _reward(payload)
+            metas.append(obs.get("metadata") or {})
+            if payload.get("done"):
+                done = True
+                break  # calls after the episode ended are not sent
+        info = {"tool_calls": [n for n, _ in calls], **{k: v for m in metas for k, v in m.items()}}
+        return ChatStep(messages, reward, done, False, info)
+
+    def _step_plain(self, assistant: dict) -> ChatStep:
+        action = parse_plain_action(assistant.get("content") or "", self.action_schema or {})
+        try:
+            payload = self._send(action)
+        except ActionRejected as e:
+            raise Malformed(f"Your last message was not a valid action ({e}). Reply with exactly one JSON "
+                            "object matching the action schema.") from None
+        obs = payload.get("observation", {})
+        content = self.formatter(obs, context="step")
+        return ChatStep([{"role": "user", "content": content}], _reward(payload), bool(payload.get("done")),
+                        False, dict(obs.get("metadata") or {}))
+
+    def close(self) -> None:
+        self._drop_transport()

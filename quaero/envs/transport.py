@@ -1,0 +1,193 @@
+"""Transports: one OpenEnv session each, speaking the dict protocol of OpenEnv's WebSocket server.
+
+Every transport returns the server's observation payload, `{"observation": {...}, "reward", "done"}`,
+so the three launchers are interchangeable: `InProcessTransport` runs the same code path as the
+server (signature-filtered reset kwargs, `deserialize_action`, `step_async` when overridden, the
+same JSON serialization); `WebSocketTransport` talks to a real server on /ws.
+
+Faults raise `EnvFault` (the session is gone: reconnect); a rejected action raises `ActionRejected`
+(the session is intact, the env state unchanged).
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import json
+import threading
+from typing import Any
+
+from .loading import EnvSpec
+
+
+class EnvFault(Exception):
+    """The session is lost or unusable (timeout, dropped connection, server error frame)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind  # timeout | connection | server_error | capacity
+
+
+class ActionRejected(Exception):
+    """The env refused the action before running it (schema validation); the session is intact."""
+
+
+def _valid_kwargs(fn: Any, kwargs: dict) -> dict:
+    """What the server does: keep only kwargs the method accepts (all of them with **kwargs)."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(kwargs)
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+class InProcessTransport:
+    """The env object in this process. Its calls run on a private event loop thread (MCP envs inside
+    one open `mcp_session`, sync env methods on one worker thread, as the server does), so a hanging
+    step can be abandoned after its timeout."""
+
+    def __init__(self, spec: EnvSpec) -> None:
+        from openenv.core.env_server.interfaces import Environment
+
+        self.spec = spec
+        self._environment_base = Environment
+        self._loop = asyncio.new_event_loop()
+        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="quaero-env")
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="quaero-env-loop")
+        self._thread.start()
+        self._requests: asyncio.Queue = asyncio.Queue()  # binds to the loop on first use (3.10+)
+        self._session = asyncio.run_coroutine_threadsafe(self._serve(), self._loop)
+        self._closed = False
+
+    async def _serve(self) -> None:
+        """One session, like the server's WebSocket handler: the MCP session stays open throughout."""
+        from contextlib import AsyncExitStack
+
+        env = await self._loop.run_in_executor(self._worker, self.spec.factory)
+        try:
+            async with AsyncExitStack() as stack:
+                if self.spec.is_mcp:
+                    await stack.enter_async_context(env.mcp_session())
+                while (request := await self._requests.get()) is not None:
+                    kind, data, future = request
+                    try:
+                        future.set_result(await self._handle(env, kind, data))
+                    except BaseException as e:  # noqa: BLE001 - delivered to the caller
+                        future.set_exception(e)
+        finally:
+            await self._loop.run_in_executor(self._worker, env.close)
+
+    async def _handle(self, env: Any, kind: str, data: dict) -> dict:
+        from openenv.core.env_server._utils import overrides_method
+        from openenv.core.env_server.serialization import deserialize_action, serialize_observation
+        from openenv.core.env_server.types import WSObservationResponse
+        from pydantic import ValidationError
+
+        base = self._environment_base
+        if kind == "reset":
+            if overrides_method(env.reset_async, base.reset_async):
+                obs = await env.reset_async(**_valid_kwargs(env.reset_async, data))
+            else:
+                kwargs = _valid_kwargs(env.reset, data)
+                obs = await self._loop.run_in_executor(self._worker, lambda: env.reset(**kwargs))
+        else:
+            try:
+                action = deserialize_action(data, self.spec.action_cls)
+            except ValidationError as e:
+                raise ActionRejected(str(e)) from None
+            if overrides_method(env.step_async, base.step_async):
+                obs = await env.step_async(action)
+            else:
+                obs = await self._loop.run_in_executor(self._worker, env.step, action)
+        # the server's exact serialization, JSON round trip included
+        return json.loads(WSObservationResponse(data=serialize_observation(obs)).model_dump_json())["data"]
+
+    def _call(self, kind: str, data: dict, timeout_s: float) -> dict:
+        if self._session.done() and not self._closed:
+            error = self._session.exception()  # the factory (or the MCP session) failed
+            raise EnvFault("server_error", f"in-process env session ended: {type(error).__name__}: {error}")
+        if self._closed:
+            raise EnvFault("connection", "in-process session is closed")
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._loop.call_soon_threadsafe(self._requests.put_nowait, (kind, data, future))
+        try:
+            return future.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            self.close()  # the env is stuck mid-call: abandon it, the next session gets a fresh env
+            raise EnvFault("timeout", f"{kind} took longer than {timeout_s}s") from None
+        except ActionRejected:
+            raise
+        except Exception as e:  # the env raised: the server would answer EXECUTION_ERROR
+            raise EnvFault("server_error", f"{kind} raised {type(e).__name__}: {e}") from None
+
+    def reset(self, kwargs: dict, timeout_s: float) -> dict:
+        return self._call("reset", kwargs, timeout_s)
+
+    def step(self, action: dict, timeout_s: float) -> dict:
+        return self._call("step", action, timeout_s)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._loop.call_soon_threadsafe(self._requests.put_nowait, None)
+        try:
+            self._session.result(timeout=2.0)
+        except Exception:  # noqa: BLE001 - a stuck env cannot be joined; its daemon thread is abandoned
+            pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._worker.shutdown(wait=False)
+
+
+class WebSocketTransport:
+    """One OpenEnv WebSocket session (`/ws`) on a real server; a message timeout drops the socket, as
+    OpenEnv's own client does, because a late reply would desynchronise the stream."""
+
+    def __init__(self, ws_url: str, open_timeout_s: float) -> None:
+        from websockets.exceptions import WebSocketException
+        from websockets.sync.client import connect
+
+        self._ws_errors = (WebSocketException, OSError, EOFError)
+        try:
+            # no client keepalive: a slow LLM turn must not kill the session (the server still pings)
+            self._ws = connect(ws_url, open_timeout=open_timeout_s, ping_interval=None,
+                               max_size=100 * 2**20, close_timeout=1.0)
+        except TimeoutError:
+            raise EnvFault("timeout", f"connecting to {ws_url} took longer than {open_timeout_s}s") from None
+        except self._ws_errors as e:
+            raise EnvFault("connection", f"cannot connect to {ws_url}: {e}") from None
+        self.url = ws_url
+
+    def _exchange(self, message: dict, timeout_s: float) -> dict:
+        try:
+            self._ws.send(json.dumps(message))
+            raw = self._ws.recv(timeout=timeout_s)
+        except TimeoutError:
+            self.close()
+            raise EnvFault("timeout", f"{message['type']} took longer than {timeout_s}s") from None
+        except self._ws_errors as e:
+            self.close()
+            raise EnvFault("connection", f"{message['type']} on {self.url}: {type(e).__name__}: {e}") from None
+        reply = json.loads(raw)
+        if reply.get("type") == "observation":
+            return reply["data"]
+        data = reply.get("data") or {}
+        code, text = data.get("code", "?"), data.get("message", raw[:300])
+        if code == "VALIDATION_ERROR" and message["type"] == "step":
+            detail = "; ".join(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg')}" for e in data.get("errors", []))
+            raise ActionRejected(detail or text)
+        if code == "CAPACITY_REACHED":
+            self.close()
+            raise EnvFault("capacity", f"{text} (server max_sessions={data.get('max_sessions')})")
+        raise EnvFault("server_error", f"{code}: {text}")
+
+    def reset(self, kwargs: dict, timeout_s: float) -> dict:
+        return self._exchange({"type": "reset", "data": kwargs}, timeout_s)
+
+    def step(self, action: dict, timeout_s: float) -> dict:
+        return self._exchange({"type": "step", "data": action}, timeout_s)
+
+    def close(self) -> None:
+        try:
+            self._ws.close()
+        except Exception:  # noqa: BLE001 - closing a dead socket
+            pass
