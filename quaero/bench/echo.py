@@ -132,6 +132,35 @@ def _add_ratios(bench: dict) -> None:
         bench["selected_compiled_ce_memory_ratio_vs_eager_ce"] = ratio(m(ce), m("selected_compiled_ce_path"))
 
 
+def echo_train_smoke(args, device: torch.device) -> dict[str, Any]:
+    """`min(repeats, 3)` real `local` train steps on one row of the benchmark's shape: a tiny Qwen3
+    (vocab, hidden) and the region benchmark's selected targets (the last one an action with RL
+    advantage, the others environment tokens with ECHO weight), proving which branch ran."""
+    import statistics
+
+    from quaero.bench import trainstep as ts
+
+    positions = er.selected_positions(args.seq_len, args.early_target_pos, args.selected_tokens)
+    targets = [p + 1 for p in positions]
+    ids = torch.randint(0, args.vocab_size, (args.seq_len,), generator=torch.Generator().manual_seed(args.seed))
+    row = ts.row_with_targets(ids.tolist(), env_targets=targets[:-1], action_targets=targets[-1:])
+    cfg = ts.backend_config(ts.bench_model_dir(args.vocab_size, args.hidden_size), device, seq_len=args.seq_len,
+                            dtype="bfloat16" if args.dtype == "bfloat16" else "float32",
+                            compile_mode=args.compile_selective_ce,
+                            compile_min_tokens=args.compile_selective_ce_min_tokens, temperature=args.temperature)
+    backend = ts.make_backend(cfg, device)
+    times, metrics = ts.timed_steps(backend, [row], min(args.repeats, 3), device)
+    runtime = ts.cumulative(metrics)
+    checks = ts.proof(runtime, args.compile_selective_ce)
+    print(f"  echo_train_smoke: {len(times)} local train steps, proof "
+          f"{'OK' if all(checks.values()) else 'FAILED'} {checks}", file=sys.stderr)
+    return {"steps": len(times), "median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
+            "value": metrics[-1]["loss"], "row_layout": f"one row of {args.seq_len} tokens; ECHO targets at "
+            f"tokens {targets[:-1][:3]}...; RL action target at token {targets[-1]}",
+            "runtime_metrics": runtime, "last_step_metrics": metrics[-1], "proof": checks,
+            "proof_ok": all(checks.values())}
+
+
 def run(args) -> dict[str, Any]:
     device = resolve_bench_device(args.device)
     dtype = resolve_bench_dtype(args.dtype, device)
@@ -144,8 +173,6 @@ def run(args) -> dict[str, Any]:
     print(f"quaero bench echo on {device} ({doc['dtype']}):", file=sys.stderr)
     doc["region_benchmark"], doc["value_check"] = region_benchmark(args, device, dtype)
     if not args.no_smoke:
-        from quaero.bench.smoke import echo_train_smoke
-
         doc["echo_train_smoke"] = echo_train_smoke(args, device)
     return doc
 

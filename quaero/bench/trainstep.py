@@ -1,0 +1,163 @@
+"""Real backend train steps for the benchmarks: a tiny Qwen3 of a chosen shape, sparse target rows.
+
+Both `echo_train_smoke` (quaero bench echo) and `quaero bench step` run the `local` backend's own
+`train_step` (trainers/step.py: one forward, RL + ECHO losses, one backward, AdamW), built from a
+`QuaeroConfig` in code, on a random-init Qwen3 saved once into `$QUAERO_CACHE/bench/` (2 layers,
+head_dim 16, untied LM head), so what is measured is what `quaero train` runs.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from quaero.rows import EchoRow, Span
+
+PROOF_COUNTERS = ("local_train_selective_sparse_suffix_skips", "local_train_selective_hidden_logprob_batches",
+                  "local_train_selective_fallback_logprob_batches", "local_train_selective_compiled_ce_batches",
+                  "local_train_selective_suffix_logprob_batches")
+
+
+def bench_model_dir(vocab_size: int, hidden_size: int, layers: int = 2, seed: int = 0) -> Path:
+    """A random-init Qwen3 folder (vocab, hidden, `layers`), built once and reused (atomic rename)."""
+    from quaero.model import cache_dir
+
+    target = cache_dir() / "bench" / f"qwen3-v{vocab_size}-h{hidden_size}-l{layers}-s{seed}"
+    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        return target
+    import shutil
+    import tempfile
+
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    heads = max(1, hidden_size // 16)
+    cfg = Qwen3Config(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=4 * hidden_size,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
+                      head_dim=16, max_position_embeddings=131072, tie_word_embeddings=False, dtype="float32",
+                      bos_token_id=None, eos_token_id=0, pad_token_id=0)
+    gen = torch.Generator().manual_seed(seed)
+    model = Qwen3ForCausalLM(cfg)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            p.copy_(torch.ones_like(p) if name.endswith("norm.weight") else
+                    torch.randn(p.shape, generator=gen) * 0.02 if p.dim() >= 2 else torch.zeros_like(p))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".bench-model-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process won the race; theirs is identical
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def row_with_targets(input_ids: list[int], env_targets: list[int], action_targets: list[int], *,
+                     advantage: float = 1.0, echo_weight: float = 1.0) -> EchoRow:
+    """An EchoRow whose ECHO targets are `env_targets` and RL targets `action_targets` (token indices);
+    runs of one kind become spans, everything between them is prompt."""
+    kind = ["prompt"] * len(input_ids)
+    for i in env_targets:
+        kind[i] = "env"
+    for i in action_targets:
+        kind[i] = "action"
+    spans, start = [], 0
+    for i in range(1, len(kind) + 1):
+        if i == len(kind) or kind[i] != kind[start]:
+            spans.append(Span(kind[start], start, i))
+            start = i
+    adv = [advantage if k == "action" else 0.0 for k in kind]
+    echo = [echo_weight if k == "env" else 0.0 for k in kind]
+    sampler_lp = [-10.0 if k == "action" else 0.0 for k in kind]  # ~ log(1/V): a plausible sampled token
+    return EchoRow(list(input_ids), spans, adv, echo, sampler_lp)
+
+
+TRACE_LAYOUT = ("one row of L token ids; {turns} turns spread evenly over it, each an action of {a} tokens "
+                "(RL advantage +1) followed by an environment response of {e} tokens (ECHO weight 1); "
+                "every other token is prompt/context (no loss)")
+
+
+def trace_row(length: int, targets: int, vocab_size: int, *, turns: int = 4, seed: int = 0) -> tuple[EchoRow, str]:
+    """A long tool-trace row with `targets` loss tokens (a quarter actions, the rest env responses)."""
+    turns = max(1, min(turns, targets))
+    per_turn = targets // turns
+    a = max(1, per_turn // 4)
+    e = per_turn - a
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab_size, (length,), generator=gen).tolist()
+    env, act = [], []
+    gap = length // turns
+    for t in range(turns):
+        end = length if t == turns - 1 else (t + 1) * gap  # turns end at the row's end, spread evenly
+        start = end - per_turn
+        act += list(range(start, start + a))
+        env += list(range(start + a, end))
+    if min(act + env) < 1:
+        raise SystemExit(f"row of {length} tokens cannot hold {targets} targets in {turns} turns")
+    return row_with_targets(ids, env, act), TRACE_LAYOUT.format(turns=turns, a=a, e=e)
+
+
+def backend_config(model_dir: Path, device: torch.device, *, seq_len: int, dtype: str = "float32",
+                   selective: bool = True, chunk_size: int | None = None, compile_mode: str = "off",
+                   compile_min_tokens: int = 128, temperature: float = 1.0):
+    from quaero.config import QuaeroConfig
+
+    return QuaeroConfig.model_validate({
+        "run": {"name": "bench", "device": device.type},
+        "model": {"name": str(model_dir), "dtype": dtype, "max_seq_len": max(64, seq_len)},
+        "env": {"entry": "envs.toolbench:ToolBenchEnv"},
+        "sampler": {"temperature": temperature},
+        "backend": {"backend": "local", "micro_batch_tokens": max(seq_len, 1),
+                    "options": {"train_selective_suffix_logits": selective,
+                                "train_logprob_chunk_size": chunk_size,
+                                "train_compile_selective_ce": compile_mode,
+                                "train_compile_selective_ce_min_tokens": compile_min_tokens}},
+        "echo": {"enabled": True, "weight": 0.2},
+    })
+
+
+def make_backend(cfg, device: torch.device):
+    from trainers.local import LocalBackend
+
+    return LocalBackend(cfg, str(device))
+
+
+def timed_steps(backend, rows: list[EchoRow], steps: int, device: torch.device) -> tuple[list[float], list[dict]]:
+    """Run `steps` train steps; seconds per step and the metrics each returned."""
+    from quaero.bench.measure import sync
+
+    times, metrics = [], []
+    for _ in range(steps):
+        sync(device)
+        t0 = time.perf_counter()
+        metrics.append(backend.train_step(rows))
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return times, metrics
+
+
+def cumulative(metrics: list[dict]) -> dict[str, Any]:
+    """The seed's runtime metrics accumulated over the steps (counters summed, strings/bools latest)."""
+    from quaero.metrics import Cumulative
+
+    totals = Cumulative()
+    for m in metrics:
+        totals.add({k: v for k, v in m.items() if k.startswith("local_train_")})
+    return totals.totals
+
+
+def proof(runtime: dict[str, Any], compile_mode: str) -> dict[str, bool]:
+    """The seed's expected proof for sparse ECHO rows (and for a compiled-CE `require` run)."""
+    checks = {
+        "sparse_suffix_skips > 0": runtime.get("local_train_selective_sparse_suffix_skips", 0) > 0,
+        "hidden_logprob_batches > 0": runtime.get("local_train_selective_hidden_logprob_batches", 0) > 0,
+        "fallback_logprob_batches == 0": runtime.get("local_train_selective_fallback_logprob_batches", 1) == 0,
+    }
+    if compile_mode == "require":
+        checks["compiled_ce_batches > 0"] = runtime.get("local_train_selective_compiled_ce_batches", 0) > 0
+        checks["compile_fallback_reason == ''"] = runtime.get("local_train_compile_selective_ce_fallback_reason") == ""
+    return checks
