@@ -1,0 +1,243 @@
+"""The local backend's train step: strict shared forward, loss normalisation, clipping, branches, LoRA."""
+import math
+
+import pytest
+import torch
+
+from quaero.config import QuaeroConfig
+from quaero.rows import EchoRow
+from trainers.forward import CausalLMParts, LogitTransformError, SharedForwardError
+from trainers.local import LocalBackend
+from trainers.smoke import PROOF_KEYS, sparse_row, sparse_rows
+
+V = 512
+
+
+@pytest.fixture(scope="session")
+def small_model_dir(tmp_path_factory):
+    """A random Qwen3 with vocab 512: the real architecture, small enough for many steps."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, tie_word_embeddings=True)
+    path = tmp_path_factory.mktemp("small-qwen3")
+    Qwen3ForCausalLM(cfg).save_pretrained(path)
+    return str(path)
+
+
+def make_cfg(model, *, echo=True, options=None, **backend):
+    return QuaeroConfig.model_validate({
+        "env": {"entry": "envs.toolbench:ToolBenchEnv"}, "model": {"name": model},
+        "echo": {"enabled": echo, "weight": 0.3}, "training": {"clip_eps": 0.2},
+        "backend": {"micro_batch_tokens": 10**6, "lr": 1e-3, **backend, "options": options or {}}})
+
+
+def rows(n=4, context=120):
+    return sparse_rows(n, vocab=V, context=context)
+
+
+def test_sparse_rows_prove_the_seed_metrics_with_one_forward_per_microbatch(small_model_dir):
+    b = LocalBackend(make_cfg(small_model_dir, micro_batch_tokens=200), "cpu")  # one row each
+    before = {k: v.clone() for k, v in b.model.state_dict().items()}
+    m = b.train_step(rows())
+    assert set(PROOF_KEYS) <= set(m)
+    assert m["microbatches"] == 4 and m["forward_passes"] == 4 and m["forward_passes_per_microbatch"] == 1
+    assert m["local_train_selective_sparse_suffix_skips"] == 4
+    assert m["local_train_selective_hidden_logprob_batches"] == 4
+    assert m["local_train_selective_fallback_logprob_batches"] == 0
+    assert m["local_train_selective_suffix_logprob_batches"] == 0
+    assert m["action_tokens"] == 4 * 14 and m["echo_tokens"] == 4 * 22
+    assert m["echo_loss"] > 0 and math.isfinite(m["rl_loss"]) and m["optimizer_stepped"]
+    assert any(not torch.equal(before[k], v) for k, v in b.model.state_dict().items())
+
+
+def test_a_second_forward_in_a_microbatch_is_refused(small_model_dir, monkeypatch):
+    """Fault injection: an ECHO term computed from its own forward must fail the step."""
+    from trainers import step
+
+    b = LocalBackend(make_cfg(small_model_dir), "cpu")
+    real = step.microbatch_logprobs
+
+    def separate_echo_forward(backend, mb):
+        backend.parts.hidden_states(mb.input_ids, mb.attention_mask)  # a second, separate forward
+        return real(backend, mb)
+
+    monkeypatch.setattr(step, "microbatch_logprobs", separate_echo_forward)
+    with pytest.raises(SharedForwardError, match="2 forward passes"):
+        b.train_step(rows(2))
+
+
+def _losses(model_dir, rs, **kw):
+    b = LocalBackend(make_cfg(model_dir, **kw), "cpu")
+    m = b.train_step(rs)
+    return m, b
+
+
+@pytest.mark.parametrize("variant", [
+    {"micro_batch_tokens": 200},  # one row per microbatch
+    {"options": {"train_logprob_chunk_size": 5}},  # chunked recompute
+    {"options": {"train_selective_suffix_logits": False}},  # full logits, no selection
+    {"options": {"train_compile_selective_ce": "auto", "train_compile_selective_ce_min_tokens": 1}},
+    {"options": {"train_selective_dense_min_density": 0.01, "train_selective_suffix_max_bytes": 2**40}},
+])
+def test_every_path_and_split_gives_the_same_step(small_model_dir, variant):
+    rs = rows(3)
+    ref, _ = _losses(small_model_dir, rs)
+    got, _ = _losses(small_model_dir, rs, **variant)
+    for key in ("rl_loss", "echo_loss", "grad_norm"):
+        assert got[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-7), key
+    opts = variant.get("options", {})
+    if opts.get("train_selective_suffix_logits") is False:
+        assert got["local_train_selective_dense_logprob_batches"] == got["microbatches"]
+    if "train_logprob_chunk_size" in opts:
+        assert got["local_train_selective_chunked_logprob_batches"] == got["microbatches"]
+    if opts.get("train_compile_selective_ce") == "auto":
+        assert got["local_train_compile_selective_ce_fallback_reason"] == "non_cuda"
+        assert got["local_train_selective_compiled_ce_batches"] == 0
+    if "train_selective_dense_min_density" in opts:
+        assert got["local_train_selective_suffix_logprob_batches"] == got["microbatches"]
+        assert got["local_train_selective_sparse_suffix_skips"] == 0
+
+
+def test_each_term_is_normalised_by_its_own_token_count(small_model_dir):
+    b = LocalBackend(make_cfg(small_model_dir), "cpu")
+    rs = rows(2)
+    lps = b.logprobs(rs)
+    # on-policy rows (sampler logprobs = the trainer's) make the ratio exactly 1
+    on_policy = [EchoRow(r.input_ids, r.spans, r.advantages, r.echo_weights,
+                         [lp if a else 0.0 for lp, a in zip(lps[i], r.action_mask)]) for i, r in enumerate(rs)]
+    rl_tok = [(r.advantages[j], lps[i][j]) for i, r in enumerate(rs) for j in range(len(r)) if r.advantages[j]]
+    echo_tok = [lps[i][j] for i, r in enumerate(rs) for j in range(len(r)) if r.echo_weights[j] > 0]
+    m = b.train_step(on_policy)
+    assert m["sampler_logprob_gap_max"] < 1e-5 and m["importance_ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert m["rl_loss"] == pytest.approx(-sum(a for a, _ in rl_tok) / len(rl_tok), abs=1e-6)
+    assert m["echo_loss"] == pytest.approx(0.3 * -sum(echo_tok) / len(echo_tok), rel=1e-5)
+    # ECHO on or off, the RL term is the same (its own denominator)
+    b2 = LocalBackend(make_cfg(small_model_dir, echo=False), "cpu")
+    m2 = b2.train_step(on_policy)
+    assert m2["rl_loss"] == pytest.approx(m["rl_loss"], rel=1e-6) and m2["echo_loss"] == 0.0
+
+
+def test_sft_mode_trains_action_nll_and_keeps_echo(small_model_dir):
+    b = LocalBackend(make_cfg(small_model_dir), "cpu")
+    demo = [sparse_row(i, 0.0, vocab=V, context=60) for i in range(2)]  # oracle demos: no advantage
+    lps = b.logprobs(demo)
+    act = [lps[i][j] for i, r in enumerate(demo) for j in range(len(r)) if r.action_mask[j]]
+    m = b.train_step(demo, sft=True)
+    assert m["sft_loss"] == pytest.approx(-sum(act) / len(act), rel=1e-5)
+    assert m["rl_loss"] == 0.0 and m["echo_loss"] > 0 and m["sampler_logprob_gap_max"] == 0.0
+
+
+def test_grad_norm_clipping_is_honoured(small_model_dir):
+    b = LocalBackend(make_cfg(small_model_dir, max_grad_norm=1e-3), "cpu")
+    seen = []
+    real_step = b.optimizer.step
+
+    def spy(*a, **k):
+        seen.append(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in b.trainable if p.grad is not None])))
+        return real_step(*a, **k)
+
+    b.optimizer.step = spy
+    m = b.train_step(rows(2))
+    assert m["grad_clipped"] and m["grad_norm"] > 1e-3
+    assert seen and float(seen[0]) <= 1e-3 * (1 + 1e-4)
+
+
+def test_microbatch_without_targets_does_no_forward(small_model_dir):
+    b = LocalBackend(make_cfg(small_model_dir, echo=False, micro_batch_tokens=200), "cpu")
+    flat = [sparse_row(i, 0.0, vocab=V, context=40) for i in range(2)]  # uniform group, ECHO off
+    m = b.train_step(flat)
+    assert m["forward_passes"] == 0 and m["lm_head_skipped_microbatches"] == m["microbatches"] == 2
+    assert m["local_train_selective_fallback_logprob_batches"] == 0 and m["grad_norm"] == 0.0
+
+
+def test_context_crop_and_save_on_cpu_options(small_model_dir):
+    b = LocalBackend(make_cfg(small_model_dir, options={"train_supervised_context_tokens": 8,
+                                                        "train_save_on_cpu": True}), "cpu")
+    m = b.train_step(rows(2))
+    assert m["context_rows_cropped"] == 2 and m["context_tokens_removed"] == 2 * (32 - 8)
+    assert m["local_train_save_on_cpu"] and m["save_on_cpu_offloaded_tensors"] == 0  # CPU: a no-op
+
+
+def test_lora_export_merges_and_state_round_trips(small_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    b = LocalBackend(make_cfg(small_model_dir, lora=True, lora_r=4, lr=1e-2), "cpu")
+    assert b.is_lora and all("lora_" in n for n, p in b.model.named_parameters() if p.requires_grad)
+    b.train_step(rows(2))
+    state = b.state_dict()
+    plain = AutoModelForCausalLM.from_pretrained(small_model_dir)
+    plain.load_state_dict(b.export_weights())
+    ids = torch.tensor([rows(1)[0].input_ids[:50]])
+    b.model.eval()
+    with torch.no_grad():
+        assert torch.allclose(plain(ids).logits, b.model(ids).logits, atol=1e-5)
+        assert not torch.allclose(AutoModelForCausalLM.from_pretrained(small_model_dir)(ids).logits,
+                                  b.model(ids).logits, atol=1e-4)  # the adapter did train
+    b2 = LocalBackend(make_cfg(small_model_dir, lora=True, lora_r=4, lr=1e-2), "cpu")
+    b2.load_state_dict(state)
+    assert b2.logprobs(rows(1))[0] == pytest.approx(b.logprobs(rows(1))[0], abs=1e-6)
+    m1, m2 = b.train_step(rows(2)), b2.train_step(rows(2))  # optimizer state resumed too
+    assert m2["loss"] == pytest.approx(m1["loss"], rel=1e-6)
+
+
+def test_full_finetune_state_round_trip(small_model_dir):
+    b = LocalBackend(make_cfg(small_model_dir), "cpu")
+    b.train_step(rows(2))
+    b2 = LocalBackend(make_cfg(small_model_dir), "cpu")
+    b2.load_state_dict(b.state_dict())
+    m1, m2 = b.train_step(rows(2)), b2.train_step(rows(2))
+    assert m2["loss"] == pytest.approx(m1["loss"], rel=1e-6)
+    assert m2["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-5)
+
+
+class ScaledLogits(torch.nn.Module):
+    """A fault: a causal LM whose forward scales its logits without declaring it in its config."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.config = inner, inner.config
+
+    def get_decoder(self):
+        return self.inner.model
+
+    def get_output_embeddings(self):
+        return self.inner.lm_head
+
+    def forward(self, **kw):
+        out = self.inner(**kw)
+        out.logits = out.logits * 2.0
+        return out
+
+
+def test_undeclared_logit_transform_is_refused_and_declared_one_is_applied(small_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    inner = AutoModelForCausalLM.from_pretrained(small_model_dir)
+    with pytest.raises(LogitTransformError, match="train_selective_suffix_logits = false"):
+        CausalLMParts(ScaledLogits(inner), "scaled").verify_transform()
+    inner.config.logit_scale = 2.0  # declared (Cohere-style): now the selective path reproduces it
+    parts = CausalLMParts(ScaledLogits(inner), "scaled")
+    parts.verify_transform()
+    assert parts.transform.scale == 2.0
+
+
+def test_bfloat16_step_runs(small_model_dir):
+    b = LocalBackend(make_cfg(small_model_dir), "cpu")
+    b.cfg.model.dtype = "bfloat16"
+    b = LocalBackend(b.cfg, "cpu")
+    assert next(b.model.parameters()).dtype == torch.bfloat16
+    m = b.train_step(rows(2))
+    assert math.isfinite(m["loss"]) and m["local_train_selective_hidden_logprob_batches"] > 0
+
+
+def test_tiny_qwen3_smoke_local(tiny_model_dir):
+    """The embedded default (vocab 151,936) on CPU: the seed's sparse proof on real-vocab rows."""
+    from trainers.smoke import run
+
+    m = run("local")
+    assert m["local_train_selective_sparse_suffix_skips"] > 0
+    assert m["local_train_selective_hidden_logprob_batches"] > 0
+    assert m["local_train_selective_fallback_logprob_batches"] == 0
+    assert m["forward_passes"] == m["microbatches"] and m["forward_passes_per_microbatch"] == 1

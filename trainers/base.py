@@ -1,0 +1,131 @@
+"""The trainer-backend protocol and the code both backends share.
+
+A backend owns a causal LM, its optimizer and scheduler. `BackendBase` implements everything but
+model loading: the strict shared-forward train step (trainers/step.py), audit log-probs, weight
+export for the sampler (LoRA merged) and checkpoint state. `local` and `unsloth` differ only in
+`_load_model`. Capabilities are declared in trainers/registry.py and enforced here at run time: the
+step counts backbone forwards per microbatch and raises `SharedForwardError` unless it is exactly one.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from quaero.config import QuaeroConfig
+from quaero.metrics import get_logger
+from quaero.rows import EchoRow
+from trainers import registry, step
+from trainers.forward import CausalLMParts, SharedForwardError  # noqa: F401 (re-exported)
+from trainers.registry import Capabilities
+
+log = get_logger(__name__)
+
+
+@runtime_checkable
+class TrainerBackend(Protocol):
+    capabilities: Capabilities
+    model: nn.Module  # the HF causal LM being trained (PEFT-wrapped with LoRA)
+
+    def train_step(self, rows: list[EchoRow], *, sft: bool = False) -> dict[str, Any]: ...
+    def logprobs(self, rows: list[EchoRow]) -> list[list[float]]: ...
+    def export_weights(self) -> dict[str, torch.Tensor]: ...
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class BackendBase:
+    """Shared backend: subclasses set `name` and implement `_load_model() -> nn.Module`."""
+
+    name = "base"
+
+    def __init__(self, cfg: QuaeroConfig, device: str) -> None:
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.capabilities = registry.BACKENDS[self.name]
+        if self.device.type not in self.capabilities.devices:
+            raise ValueError(f"[backend] backend={self.name!r} runs on {self.capabilities.devices}, not {device!r}")
+        torch.manual_seed(cfg.run.seed)
+        self.model = self._load_model()
+        self.model.config.use_cache = False
+        self.parts = CausalLMParts(self.model, cfg.model.name)
+        if cfg.backend.options.train_selective_suffix_logits:
+            self.parts.verify_transform()
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        b = cfg.backend
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=b.lr, betas=b.betas, weight_decay=b.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)  # constant lr
+        self.steps_done = 0
+        log.info("backend_ready", backend=self.name, model=cfg.model.name, device=str(self.device),
+                 dtype=cfg.model.dtype, lora=b.lora, trainable_params=sum(p.numel() for p in self.trainable),
+                 selective=cfg.backend.options.train_selective_suffix_logits,
+                 logit_transform=str(self.parts.transform))
+
+    def _load_model(self) -> nn.Module:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def is_lora(self) -> bool:
+        return hasattr(self.model, "peft_config")
+
+    def train_step(self, rows: list[EchoRow], *, sft: bool = False) -> dict[str, Any]:
+        """One optimizer step over all rows; see trainers/step.py for the losses and metrics."""
+        metrics = step.train_step(self, rows, sft=sft)
+        self.steps_done += 1
+        return metrics
+
+    @torch.no_grad()
+    def logprobs(self, rows: list[EchoRow]) -> list[list[float]]:
+        """Per-token target log-probs (length L; targets = action and ECHO tokens; 0 elsewhere)."""
+        return step.audit_logprobs(self, rows)
+
+    @torch.no_grad()
+    def export_weights(self) -> dict[str, torch.Tensor]:
+        """The full model state for a sampler, LoRA deltas merged (the live model is not modified).
+
+        Tensors alias the live parameters where no merge is needed: consume them before the next step.
+        """
+        if not self.is_lora:
+            return {k: v.detach() for k, v in self.model.state_dict().items()}
+        base = self.model.get_base_model()
+        merged = {}
+        for name, module in base.named_modules():
+            if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):
+                w = module.base_layer.weight
+                for adapter in module.active_adapters:
+                    w = w + module.get_delta_weight(adapter).to(w.dtype)
+                merged[f"{name}.weight"] = w.detach()
+        out = {}
+        for key, value in base.state_dict().items():
+            if "lora_" in key:
+                continue
+            key = key.replace(".base_layer.", ".")
+            out[key] = merged.get(key, value.detach())
+        return out
+
+    def state_dict(self) -> dict:
+        """Model (the adapter only, with LoRA) + optimizer + scheduler, for checkpoint/resume."""
+        if self.is_lora:
+            from peft import get_peft_model_state_dict
+
+            model_state = get_peft_model_state_dict(self.model)
+        else:
+            model_state = self.model.state_dict()
+        return {"backend": self.name, "lora": self.is_lora, "steps_done": self.steps_done,
+                "model": {k: v.detach().cpu().clone() for k, v in model_state.items()},
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("lora", False) != self.is_lora:
+            raise ValueError(f"checkpoint lora={state.get('lora')} but this backend has lora={self.is_lora}; "
+                             "resume with the [backend] lora setting the run was started with")
+        if self.is_lora:
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(self.model, state["model"])
+        else:
+            self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.steps_done = state.get("steps_done", 0)

@@ -1,0 +1,72 @@
+"""The RL, SFT and ECHO loss terms, read from one shifted log-prob tensor.
+
+All inputs are shifted `[B, L-1]` (column j scores token j + 1). Each term returns the *sum* of its
+per-token losses over this microbatch divided by its own step-wide token count `n` (all microbatches
+together), so summing the microbatch values gives the step's mean, gradient accumulation is exact,
+and adding ECHO never changes the RL term's effective per-token learning rate.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class PolicyStats:
+    """Per-microbatch sums over RL tokens (the caller turns them into step means)."""
+
+    tokens: int = 0
+    ratio_sum: float = 0.0
+    clipped: int = 0
+    gap_sum: float = 0.0  # sum |trainer logprob - sampler logprob|
+    gap_max: float = 0.0
+
+
+def policy_gradient_loss(
+    logprobs: Tensor,  # [B, L-1] fp32, trainer log-probs (with grad)
+    sampler_logprobs: Tensor,  # [B, L-1] fp32, behaviour policy's log-probs of the same tokens
+    advantages: Tensor,  # [B, L-1] fp32, group-relative, per token
+    mask: Tensor,  # [B, L-1] bool, action tokens with non-zero advantage
+    n_tokens: int,  # the step's total RL tokens (denominator)
+    clip_eps: float | None,
+) -> tuple[Tensor, PolicyStats]:
+    """Token-level policy gradient with importance ratio r = exp(logp - sampler_logp).
+
+    Per token: -r * A, or with PPO clipping -min(r * A, clip(r, 1 - eps, 1 + eps) * A).
+    Normalisation: sum over RL tokens / n_tokens (the step's count of action tokens with A != 0).
+    """
+    log_ratio = torch.where(mask, logprobs - sampler_logprobs, torch.zeros_like(logprobs))
+    ratio = torch.exp(log_ratio)
+    per_token = -ratio * advantages
+    if clip_eps is not None:
+        clipped = -torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
+        per_token = torch.maximum(per_token, clipped)
+    loss = torch.where(mask, per_token, torch.zeros_like(per_token)).sum() / max(n_tokens, 1)
+    stats = PolicyStats(tokens=int(mask.sum()))
+    if stats.tokens:
+        with torch.no_grad():
+            r, gap = ratio[mask], log_ratio[mask].abs()
+            stats.ratio_sum = float(r.sum())
+            if clip_eps is not None:
+                stats.clipped = int(((r < 1.0 - clip_eps) | (r > 1.0 + clip_eps)).sum())
+            stats.gap_sum, stats.gap_max = float(gap.sum()), float(gap.max())
+    return loss, stats
+
+
+def nll_loss(
+    logprobs: Tensor,  # [B, L-1] fp32
+    mask: Tensor,  # [B, L-1] bool, tokens to train
+    n_tokens: int,  # the step's total count of such tokens (denominator)
+    weights: Tensor | None = None,  # [B, L-1] fp32 per-token weights, or None for 1
+    scale: float = 1.0,
+) -> Tensor:
+    """scale * sum(weights * -logp over mask) / n_tokens.
+
+    SFT warm start: weights None, scale 1 -> mean NLL over the step's action tokens.
+    ECHO: weights = the rows' per-token ECHO weights, scale = `[echo] weight`, n_tokens = the step's
+    count of ECHO tokens (weight > 0): a weighted mean over environment-response tokens.
+    """
+    per_token = -logprobs if weights is None else -logprobs * weights
+    return scale * torch.where(mask, per_token, torch.zeros_like(per_token)).sum() / max(n_tokens, 1)

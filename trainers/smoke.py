@@ -1,0 +1,74 @@
+"""A backend smoke: one RL + ECHO train step on sparse agent-trace rows, printing the seed's proof.
+
+    python -m trainers.smoke --backend local      # or unsloth (imported first, before transformers)
+
+Rows look like packed tool traces: two short actions and two short environment responses inside a
+long context, so the selected targets are sparse in a long suffix (the seed's sparse ECHO case).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+
+from quaero.rows import EchoRow, Span
+
+PROOF_KEYS = ("local_train_selective_suffix_logits", "local_train_selective_sparse_suffix_skips",
+              "local_train_selective_hidden_logprob_batches", "local_train_selective_suffix_logprob_batches",
+              "local_train_selective_fallback_logprob_batches", "local_train_selective_compiled_ce_batches",
+              "local_train_compile_selective_ce_mode", "local_train_compile_selective_ce_fallback_reason",
+              "forward_passes", "microbatches", "forward_passes_per_microbatch", "lm_head_skipped_microbatches",
+              "loss", "rl_loss", "echo_loss", "action_tokens", "echo_tokens", "row_tokens", "grad_norm",
+              "sampler_logprob_gap_max", "peak_mem_mb", "peak_mem_source", "step_time_s")
+
+
+def sparse_row(seed: int, advantage: float, *, vocab: int = 151936, context: int = 240) -> EchoRow:
+    """[prompt 32][action 8][env 8][context `context`][action 6][env 14]: 36 targets over ~300 slots."""
+    rng = random.Random(seed)
+    layout = [("prompt", 32), ("action", 8), ("env", 8), ("prompt", context), ("action", 6), ("env", 14)]
+    spans, ids, adv, echo = [], [], [], []
+    for kind, n in layout:
+        spans.append(Span(kind, len(ids), len(ids) + n))
+        ids += [rng.randrange(vocab) for _ in range(n)]
+        adv += [advantage if kind == "action" else 0.0] * n
+        echo += [1.0 if kind == "env" else 0.0] * n
+    sampler_lp = [-rng.uniform(5.0, 15.0) if kind == "action" else 0.0
+                  for kind, n in layout for _ in range(n)]
+    return EchoRow(ids, spans, adv, echo, sampler_lp)
+
+
+def sparse_rows(n: int = 4, **kw) -> list[EchoRow]:
+    """A group of n rows with group-relative advantages (+/-), all carrying ECHO targets."""
+    return [sparse_row(i, 1.0 if i % 2 else -1.0, **kw) for i in range(n)]
+
+
+def smoke_config(backend: str, **backend_kw):
+    from quaero.config import QuaeroConfig
+
+    return QuaeroConfig.model_validate({"env": {"entry": "envs.toolbench:ToolBenchEnv"},
+                                        "backend": {"backend": backend, "micro_batch_tokens": 700, **backend_kw}})
+
+
+def run(backend_name: str, steps: int = 1, **backend_kw) -> dict:
+    if backend_name == "unsloth":
+        import trainers.unsloth_backend  # noqa: F401 - unsloth before transformers
+    from trainers.registry import backend_class
+
+    cfg = smoke_config(backend_name, **backend_kw)
+    backend = backend_class(backend_name)(cfg, "cpu")
+    rows = sparse_rows()
+    for _ in range(steps):
+        metrics = backend.train_step(rows)
+    return {k: metrics[k] for k in PROOF_KEYS}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--backend", default="local", choices=["local", "unsloth"])
+    p.add_argument("--lora", action="store_true")
+    args = p.parse_args()
+    print(json.dumps(run(args.backend, lora=args.lora)))
+
+
+if __name__ == "__main__":
+    main()
