@@ -63,7 +63,7 @@ class HFSampler:
             ids[i, width - len(p):] = torch.tensor(p, device=dev)
             attn[i, width - len(p):] = 1
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
         stop = torch.tensor(self.stop_token_ids, device=dev)
         done = torch.zeros(B, dtype=torch.bool, device=dev)
         tokens: list[list[int]] = [[] for _ in range(B)]
@@ -84,7 +84,7 @@ class HFSampler:
             attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=dev)], dim=1)
             pos = pos[:, -1:] + 1
             out = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=pos,
-                             past_key_values=out.past_key_values, use_cache=True)
+                             past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1)
         return tokens, logprobs
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
