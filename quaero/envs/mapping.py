@@ -108,7 +108,8 @@ def _single_string_field(schema: dict) -> str | None:
 
 def parse_plain_action(text: str, schema: dict) -> dict:
     """Model text -> action dict: one JSON object (a surrounding ``` fence is stripped), or the raw
-    text wrapped as {field: text} when the action has a single string field."""
+    text wrapped as {field: text} when the action has a single string field, or a bare JSON number
+    wrapped when the action has a single required field."""
     stripped = (text or "").strip()
     if m := _FENCE.match(stripped):
         stripped = m.group(1).strip()
@@ -120,6 +121,9 @@ def parse_plain_action(text: str, schema: dict) -> dict:
         return value
     if (field := _single_string_field(schema)) is not None and stripped:
         return {field: stripped}
+    required = schema.get("required", [])
+    if len(required) == 1 and isinstance(value, (int, float, bool)):  # `7` for {"guess": int}
+        return {required[0]: value}
     raise Malformed("Your last message was not a valid action. Reply with exactly one JSON object "
                     f"matching the action schema: {json.dumps(schema, separators=(',', ':'))}")
 

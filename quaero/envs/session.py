@@ -126,7 +126,9 @@ class ChatEnv:
     def _dropped(self, e: EpisodeDropped) -> EpisodeDropped:
         self.counters.inc("env_episodes_dropped")
         self._done = True
-        log.warning("env_episode_dropped", reason=e.reason, task=(self._reset_kwargs or {}).get("index"))
+        kw = self._reset_kwargs or {}
+        log.warning("env_episode_dropped", reason=e.reason, seed=kw.get("seed"), split=kw.get("split"),
+                    index=kw.get("index"))
         return e
 
     # -- the chat API -------------------------------------------------------------------------------

@@ -32,6 +32,11 @@ class ActionRejected(Exception):
     """The env refused the action before running it (schema validation); the session is intact."""
 
 
+def validation_detail(errors: list[dict]) -> str:
+    """pydantic errors -> 'guess: Input should be a valid integer' (the same text on every launcher)."""
+    return "; ".join(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg')}" for e in errors)
+
+
 def _valid_kwargs(fn: Any, kwargs: dict) -> dict:
     """What the server does: keep only kwargs the method accepts (all of them with **kwargs)."""
     params = inspect.signature(fn).parameters
@@ -59,22 +64,27 @@ class InProcessTransport:
         self._closed = False
 
     async def _serve(self) -> None:
-        """One session, like the server's WebSocket handler: the MCP session stays open throughout."""
+        """One session, like the server's WebSocket handler: the MCP session stays open throughout.
+        The loop thread ends with the session (for an abandoned session: once its stuck call returns)."""
         from contextlib import AsyncExitStack
 
-        env = await self._loop.run_in_executor(self._worker, self.spec.factory)
         try:
-            async with AsyncExitStack() as stack:
-                if self.spec.is_mcp:
-                    await stack.enter_async_context(env.mcp_session())
-                while (request := await self._requests.get()) is not None:
-                    kind, data, future = request
-                    try:
-                        future.set_result(await self._handle(env, kind, data))
-                    except BaseException as e:  # noqa: BLE001 - delivered to the caller
-                        future.set_exception(e)
+            env = await self._loop.run_in_executor(self._worker, self.spec.factory)
+            try:
+                async with AsyncExitStack() as stack:
+                    if self.spec.is_mcp:
+                        await stack.enter_async_context(env.mcp_session())
+                    while (request := await self._requests.get()) is not None:
+                        kind, data, future = request
+                        try:
+                            future.set_result(await self._handle(env, kind, data))
+                        except Exception as e:  # noqa: BLE001 - delivered to the caller
+                            future.set_exception(e)
+            finally:
+                await self._loop.run_in_executor(self._worker, env.close)
         finally:
-            await self._loop.run_in_executor(self._worker, env.close)
+            self._worker.shutdown(wait=False)
+            self._loop.call_soon(self._loop.stop)
 
     async def _handle(self, env: Any, kind: str, data: dict) -> dict:
         from openenv.core.env_server._utils import overrides_method
@@ -93,7 +103,7 @@ class InProcessTransport:
             try:
                 action = deserialize_action(data, self.spec.action_cls)
             except ValidationError as e:
-                raise ActionRejected(str(e)) from None
+                raise ActionRejected(validation_detail(e.errors())) from None
             if overrides_method(env.step_async, base.step_async):
                 obs = await env.step_async(action)
             else:
@@ -112,7 +122,8 @@ class InProcessTransport:
         try:
             return future.result(timeout=timeout_s)
         except concurrent.futures.TimeoutError:
-            self.close()  # the env is stuck mid-call: abandon it, the next session gets a fresh env
+            self._closed = True
+            self._session.cancel()  # the env is stuck mid-call: abandon it; the next session gets a fresh env
             raise EnvFault("timeout", f"{kind} took longer than {timeout_s}s") from None
         except ActionRejected:
             raise
@@ -131,11 +142,9 @@ class InProcessTransport:
         self._closed = True
         self._loop.call_soon_threadsafe(self._requests.put_nowait, None)
         try:
-            self._session.result(timeout=2.0)
-        except Exception:  # noqa: BLE001 - a stuck env cannot be joined; its daemon thread is abandoned
+            self._session.result(timeout=5.0)
+        except Exception:  # noqa: BLE001 - env.close failed or is slow: the daemon loop thread finishes it
             pass
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._worker.shutdown(wait=False)
 
 
 class WebSocketTransport:
@@ -173,8 +182,7 @@ class WebSocketTransport:
         data = reply.get("data") or {}
         code, text = data.get("code", "?"), data.get("message", raw[:300])
         if code == "VALIDATION_ERROR" and message["type"] == "step":
-            detail = "; ".join(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg')}" for e in data.get("errors", []))
-            raise ActionRejected(detail or text)
+            raise ActionRejected(validation_detail(data.get("errors", [])) or text)
         if code == "CAPACITY_REACHED":
             self.close()
             raise EnvFault("capacity", f"{text} (server max_sessions={data.get('max_sessions')})")

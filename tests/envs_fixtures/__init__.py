@@ -1,0 +1,50 @@
+"""Test-only OpenEnv environments, outside quaero, plugged in by dotted name or URL, plus a helper
+that serves one with the real `quaero env serve` CLI."""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+TESTS_DIR = Path(__file__).resolve().parent.parent
+REPO_DIR = TESTS_DIR.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def served(entry: str, max_concurrent_envs: int = 8, timeout_s: float = 60.0):
+    """`quaero env serve ENTRY` in a subprocess on 127.0.0.1; yields (url, proc); killed by pid."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), str(REPO_DIR), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "quaero.cli", "env", "serve", entry, "--port", str(port),
+                             "--max-concurrent-envs", str(max_concurrent_envs)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"quaero env serve {entry} exited: {proc.stderr.read().decode()[-2000:]}")
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        yield f"ws://127.0.0.1:{port}", proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
