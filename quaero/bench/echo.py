@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave a region out (e.g. suffix_path at very large shapes); repeatable")
     p.add_argument("--no-smoke", action="store_true", help="skip echo_train_smoke")
     p.add_argument("--seed", type=int, default=123)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's); 1 steadies timings on a busy shared machine")
     p.add_argument("--json", metavar="PATH", help="also write the JSON document here")
     return p
 
@@ -162,6 +164,8 @@ def echo_train_smoke(args, device: torch.device) -> dict[str, Any]:
 
 
 def run(args) -> dict[str, Any]:
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = resolve_bench_device(args.device)
     dtype = resolve_bench_dtype(args.dtype, device)
     torch.manual_seed(args.seed)

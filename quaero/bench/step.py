@@ -1,0 +1,301 @@
+"""`quaero bench step`: a whole train step on long rows, full-logits baseline vs the selective paths.
+
+    quaero bench step --device cpu --seq-len 8192 --targets 64 --vocab-size 151936 --budget-gb 8
+
+Each path is the `local` backend's real `train_step` (one forward, RL + ECHO losses, one backward,
+grad clipping, AdamW) configured as a user would configure it:
+- `full_logits`: `train_selective_suffix_logits = false`: the model's full [L, V] logits ->
+  log_softmax -> gather (the baseline every non-selective trainer pays);
+- `selective_ce`: the seed-style exact path: selected hidden states -> LM head -> eager class-index CE;
+- `chunked_recompute`: quaero's `train_logprob_chunk_size` path (recompute-in-backward, O(chunk x V)).
+The model is a random-init Qwen3 with a real vocabulary (151,936) and a small hidden size, so that, as
+in long-row training of real models, the vocabulary-sized LM-head region dominates memory.
+
+Memory per step: `resident_mb` (parameters, buffers, AdamW state, measured when the step starts;
+gradients are freed between steps) + `peak_step_mb` (the step's own peak allocations, see
+measure.py) = `peak_total_mb`, after one warm-up step. `--budget-gb` finds, per path, the longest row
+whose `peak_total_mb` fits, by probing lengths (a linear model of memory vs length picks the probes,
+and no length predicted to exceed the machine's available memory is ever run).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+from quaero.bench import trainstep as ts
+from quaero.bench.measure import (MIB, cpu_peak_bytes, environment, ratio, resolve_bench_device,
+                                  resolve_bench_dtype, sync)
+
+PATHS = {  # name -> backend options
+    "full_logits": {"selective": False},
+    "selective_ce": {"selective": True},
+    "chunked_recompute": {"selective": True, "chunk": True},
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="quaero bench step", description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="model dtype; auto = float32 on CPU, bfloat16 on CUDA")
+    p.add_argument("--seq-len", type=int, default=8192, help="row length of the side-by-side comparison")
+    p.add_argument("--targets", type=int, default=64, help="loss tokens per row (1/4 actions, 3/4 env)")
+    p.add_argument("--turns", type=int, default=4, help="turns the targets are spread over")
+    p.add_argument("--vocab-size", type=int, default=151936)
+    p.add_argument("--hidden-size", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--chunk-size", type=int, default=256)
+    p.add_argument("--compile-selective-ce", default="off", choices=["off", "auto", "require"],
+                   help="also run a compiled_ce path (CUDA)")
+    p.add_argument("--steps", type=int, default=3, help="timed steps per path (after one warm-up step)")
+    p.add_argument("--paths", default=",".join(PATHS), help="comma-separated subset of " + ",".join(PATHS))
+    p.add_argument("--budget-gb", type=float, default=None, help="find the longest row each path fits")
+    p.add_argument("--min-len", type=int, default=1024, help="budget search: shortest probe")
+    p.add_argument("--max-len", type=int, default=32768, help="budget search: longest probe (search cap)")
+    p.add_argument("--len-step", type=int, default=512, help="budget search: length granularity")
+    p.add_argument("--mem-fraction", type=float, default=0.75,
+                   help="never run a probe predicted to need more than this fraction of available memory")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's); 1 steadies timings on a busy shared machine")
+    p.add_argument("--json", metavar="PATH")
+    return p
+
+
+def available_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free
+    with open("/proc/meminfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 1 << 62
+
+
+class StepBench:
+    def __init__(self, args, device: torch.device, dtype: torch.dtype) -> None:
+        self.args, self.device = args, device
+        self.dtype_name = str(dtype).removeprefix("torch.")
+        self.model_dir = ts.bench_model_dir(args.vocab_size, args.hidden_size, args.layers)
+        self.probes: dict[tuple[str, int], dict[str, Any]] = {}
+        self.layout = ""
+        self.paths = dict(PATHS)
+        if args.compile_selective_ce != "off":
+            self.paths["compiled_ce"] = {"selective": True, "compile": args.compile_selective_ce}
+
+    def backend(self, path: str, seq_len: int):
+        opts = self.paths[path]
+        cfg = ts.backend_config(self.model_dir, self.device, seq_len=seq_len, dtype=self.dtype_name,
+                                selective=opts["selective"],
+                                chunk_size=self.args.chunk_size if opts.get("chunk") else None,
+                                compile_mode=opts.get("compile", "off"), compile_min_tokens=1)
+        return ts.make_backend(cfg, self.device)
+
+    def rows(self, seq_len: int):
+        row, self.layout = ts.trace_row(seq_len, self.args.targets, self.args.vocab_size, turns=self.args.turns,
+                                        seed=self.args.seed)
+        return [row]
+
+    def resident_bytes(self, backend) -> int:
+        if self.device.type == "cuda":
+            return torch.cuda.memory_allocated(self.device)
+        seen, total = set(), 0
+        tensors = list(backend.model.parameters()) + list(backend.model.buffers())
+        for state in backend.optimizer.state.values():
+            tensors += [t for t in state.values() if isinstance(t, torch.Tensor)]
+        for t in tensors + [p.grad for p in backend.model.parameters() if p.grad is not None]:
+            key = t.untyped_storage().data_ptr()
+            if key not in seen:
+                seen.add(key)
+                total += t.untyped_storage().nbytes()
+        return total
+
+    def measure(self, path: str, seq_len: int, timed_steps: int = 0) -> dict[str, Any]:
+        """Warm-up step, one memory-measured step, then `timed_steps` timed steps, on a fresh backend."""
+        key = (path, seq_len)
+        if key in self.probes and self.probes[key].get("steps", 0) >= timed_steps:
+            return self.probes[key]
+        rows = self.rows(seq_len)
+        backend = self.backend(path, seq_len)
+        backend.train_step(rows)  # warm-up: AdamW state exists from here on
+        gc.collect()
+        resident = self.resident_bytes(backend)
+        if self.device.type == "cuda":
+            _, peak, _, seconds = _cuda_step(backend, rows, self.device)
+        else:
+            _, peak = cpu_peak_bytes(lambda: backend.train_step(rows))
+        times, metrics = ts.timed_steps(backend, rows, timed_steps, self.device)
+        last = metrics[-1] if metrics else {}
+        result = {
+            "seq_len": seq_len, "resident_mb": round(resident / MIB, 1), "peak_step_mb": round(peak / MIB, 1),
+            "peak_total_mb": round((resident + peak) / MIB, 1), "steps": len(times),
+        }
+        if times:
+            result.update(median_step_s=statistics.median(times), min_step_s=min(times), max_step_s=max(times),
+                          loss=last.get("loss"),
+                          branch_counters={k: v for k, v in ts.cumulative(metrics).items()
+                                           if k.endswith(("_batches", "_skips"))})
+        del backend
+        gc.collect()
+        self.probes[key] = result
+        print(f"  {path:18s} L={seq_len:6d}  peak {result['peak_total_mb']:10.1f} MiB"
+              + (f"  {result['median_step_s']:8.3f} s/step" if times else ""), file=sys.stderr)
+        return result
+
+    # ---- memory model and safety ----
+
+    def predict_bytes(self, path: str, seq_len: int) -> float | None:
+        """Peak total bytes at `seq_len` from the line through this path's probes (None without two)."""
+        line = self.line(path)
+        if line is None:
+            return None
+        l1, m1, slope = line
+        return m1 + max(slope, 0.0) * (seq_len - l1)
+
+    def safe(self, path: str, seq_len: int) -> bool:
+        predicted = self.predict_bytes(path, seq_len)
+        return predicted is None or predicted <= self.args.mem_fraction * available_bytes(self.device)
+
+    def comparison_len(self) -> tuple[int, str]:
+        """--seq-len, or the longest multiple of --len-step the full-logits path safely fits here."""
+        want, step = self.args.seq_len, self.args.len_step
+        if "full_logits" not in self.selected_paths():
+            return want, ""
+        for L in (min(self.args.min_len, want), min(2 * self.args.min_len, want)):
+            self.measure("full_logits", L)
+        if self.safe("full_logits", want):
+            return want, ""
+        L = want
+        while L > step and not self.safe("full_logits", L):
+            L -= step
+        return L, (f"--seq-len {want}: the full-logits step is predicted to need "
+                   f"{self.predict_bytes('full_logits', want) / 2**30:.1f} GiB, more than {self.args.mem_fraction:.0%} "
+                   f"of available memory; compared at {L} instead")
+
+    def selected_paths(self) -> list[str]:
+        names = [p.strip() for p in self.args.paths.split(",") if p.strip()]
+        if "compiled_ce" in self.paths and "compiled_ce" not in names:
+            names.append("compiled_ce")
+        unknown = set(names) - set(self.paths)
+        if unknown:
+            raise SystemExit(f"--paths: unknown {sorted(unknown)}; choose from {', '.join(self.paths)}")
+        return names
+
+    # ---- budget search ----
+
+    def longest_fit(self, path: str, budget: float) -> dict[str, Any]:
+        """Longest row (a multiple of --len-step in [--min-len, --max-len]) whose step fits `budget`:
+        two short probes fit a line, the line's guess is probed, then growth or bisection."""
+        a, step = self.args, self.args.len_step
+        lo, hi, unsafe = 0, None, set()
+
+        def probe(L: int) -> None:
+            nonlocal lo, hi
+            if not self.safe(path, L):
+                unsafe.add(L)
+                ok = False
+            else:
+                ok = self.measure(path, L)["peak_total_mb"] * MIB <= budget
+            if ok:
+                lo = max(lo, L)
+            else:
+                hi = L if hi is None else min(hi, L)
+
+        probe(a.min_len)
+        if lo and 2 * a.min_len <= a.max_len:
+            probe(2 * a.min_len)
+        line = self.line(path)
+        guess = None
+        if lo and line:
+            l1, m1, slope = line
+            guess = int(l1 + (budget - m1) / max(slope, 1.0))
+            L = max(a.min_len, min(a.max_len, guess // step * step))
+            if L > lo and (hi is None or L < hi):
+                probe(L)
+        while lo and hi is None and lo < a.max_len:  # grow by a quarter until a probe does not fit
+            probe(min(a.max_len, (lo + max(step, lo // 4)) // step * step))
+        while hi is not None and hi - lo > step and lo:  # bisect between the last fit and the first miss
+            mid = lo + (hi - lo) // 2 // step * step
+            if mid <= lo:
+                break
+            probe(mid)
+        limited = ("search cap (--max-len)" if hi is None else
+                   "machine memory (probe predicted over the safe limit; not run)" if hi in unsafe else "budget")
+        probes = [{"seq_len": L, "peak_total_mb": r["peak_total_mb"], "fits": r["peak_total_mb"] * MIB <= budget}
+                  for (p, L), r in sorted(self.probes.items()) if p == path]
+        out = {"longest_fit_tokens": lo, "limited_by": limited, "probes": probes}
+        if guess is not None:
+            out["linear_model_fit_tokens"] = guess
+        return out
+
+    def line(self, path: str) -> tuple[int, float, float] | None:
+        """(length, bytes, bytes per token) from this path's two longest probes."""
+        pts = sorted((L, r["peak_total_mb"] * MIB) for (p, L), r in self.probes.items() if p == path)
+        if len(pts) < 2:
+            return None
+        (l0, m0), (l1, m1) = pts[-2], pts[-1]
+        return l1, m1, (m1 - m0) / (l1 - l0)
+
+
+def _cuda_step(backend, rows, device):
+    sync(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    t0 = time.perf_counter()
+    out = backend.train_step(rows)
+    sync(device)
+    return out, torch.cuda.max_memory_allocated(device) - base, None, time.perf_counter() - t0
+
+
+def run(args) -> dict[str, Any]:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = resolve_bench_device(args.device)
+    dtype = torch.float32 if args.dtype == "auto" and device.type == "cpu" else (
+        torch.bfloat16 if args.dtype == "auto" else resolve_bench_dtype(args.dtype, device))
+    doc: dict[str, Any] = environment(device, dtype)
+    doc["config"] = {k: getattr(args, k) for k in (
+        "seq_len", "targets", "turns", "vocab_size", "hidden_size", "layers", "chunk_size", "compile_selective_ce",
+        "steps", "paths", "budget_gb", "min_len", "max_len", "len_step", "mem_fraction", "seed")}
+    bench = StepBench(args, device, dtype)
+    doc["model"] = (f"random-init Qwen3: vocab {args.vocab_size}, hidden {args.hidden_size}, {args.layers} layers, "
+                    f"{max(1, args.hidden_size // 16)} heads x head_dim 16, MLP {4 * args.hidden_size}, untied LM head, "
+                    f"{doc['dtype']}, AdamW")
+    print(f"quaero bench step on {device} ({doc['dtype']}):", file=sys.stderr)
+    length, note = bench.comparison_len()
+    paths = bench.selected_paths()
+    comparison = {"seq_len": length, "seq_len_note": note}
+    for path in paths:
+        comparison[path] = bench.measure(path, length, timed_steps=args.steps)
+    comparison["row_layout"] = bench.layout
+    full = comparison.get("full_logits")
+    for path in paths:
+        if full and path != "full_logits":
+            r = comparison[path]
+            r["memory_ratio_vs_full_logits"] = ratio(full["peak_total_mb"], r["peak_total_mb"])
+            r["step_memory_ratio_vs_full_logits"] = ratio(full["peak_step_mb"], r["peak_step_mb"])
+            r["speedup_vs_full_logits"] = ratio(full.get("median_step_s"), r.get("median_step_s"))
+    doc["comparison"] = comparison
+    if args.budget_gb:
+        budget = args.budget_gb * 2**30
+        doc["budget"] = {"budget_gb": args.budget_gb, **{p: bench.longest_fit(p, budget) for p in paths}}
+    return doc
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    doc = run(args)
+    text = json.dumps(doc, indent=2, sort_keys=True)
+    print(text)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    return 0
