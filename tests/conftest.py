@@ -35,3 +35,22 @@ def pytest_runtest_makereport(item, call):
             and any(item.get_closest_marker(m) for m in ("vllm", "unsloth"))):
         report.outcome = "failed"
         report.longrepr = f"engine tier skipped in CI: {report.longrepr}"
+
+
+# --- environments (quaero.envs, envs/toolbench) ---------------------------------------------------
+@pytest.fixture(scope="session")
+def toolbench_url():
+    """A toolbench server started with the real `quaero env serve` CLI on 127.0.0.1 (killed by pid)."""
+    from envs_fixtures import served
+
+    with served("envs.toolbench:ToolBenchEnv", max_concurrent_envs=16) as (url, _proc):
+        yield url
+
+
+@pytest.fixture(scope="session")
+def guess_url():
+    """The test-only plain env (tests/envs_fixtures/guess.py), served by `quaero env serve`."""
+    from envs_fixtures import served
+
+    with served("envs_fixtures.guess:GuessEnv", max_concurrent_envs=8) as (url, _proc):
+        yield url

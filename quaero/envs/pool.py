@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.request
 from typing import TYPE_CHECKING
 
@@ -115,9 +116,20 @@ def _list_tools(backend) -> list[dict]:
     return tool_specs(payload["observation"].get("tools", []))
 
 
+def _open_session(session: ChatEnv, cfg: "EnvConfig") -> None:
+    """Connect, waiting out a full server briefly (sessions of a previous pool may still be closing)."""
+    for attempt in range(cfg.max_retries + 1):
+        try:
+            return session.connect()
+        except EnvFault as e:
+            if e.kind != "capacity" or attempt == cfg.max_retries:
+                raise
+            time.sleep(cfg.retry_backoff_s * 2**attempt)
+
+
 def open_envs(cfg: "EnvConfig", n: int) -> EnvPool:
     """N sessions of the configured env. Config problems raise ConfigError here, before any episode."""
-    counters, server = EnvCounters(), None
+    counters, server, sessions = EnvCounters(), None, []
     spec = None if cfg.launcher == "remote" else load_entry(cfg.entry)
     if spec is not None:
         check_concurrency(spec, n)
@@ -141,8 +153,10 @@ def open_envs(cfg: "EnvConfig", n: int) -> EnvPool:
                             model_action_schema(schema), formatter=load_formatter(cfg.formatter)) for _ in range(n)]
         pool = EnvPool(sessions, counters, server)
         for s in sessions:  # open all sessions now: a server that cannot hold n of them fails here, clearly
-            s.connect()
+            _open_session(s, cfg)
     except EnvFault as e:
+        for s in sessions:
+            s.close()
         if server is not None:
             server.stop()
         where = cfg.url or cfg.entry
@@ -152,6 +166,8 @@ def open_envs(cfg: "EnvConfig", n: int) -> EnvPool:
                               "[training] tasks_per_step x group_size") from None
         raise ConfigError(f"[env] {where}: cannot open sessions: {e}") from None
     except BaseException:
+        for s in sessions:
+            s.close()
         if server is not None:
             server.stop()
         raise

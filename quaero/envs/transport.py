@@ -165,11 +165,25 @@ class WebSocketTransport:
         except self._ws_errors as e:
             raise EnvFault("connection", f"cannot connect to {ws_url}: {e}") from None
         self.url = ws_url
+        self._probe(open_timeout_s)
+
+    def _probe(self, timeout_s: float) -> None:
+        """The server creates the session after accepting the socket and reports failure (capacity,
+        factory error) in a frame, so ask for the state once: a refused session fails here, at connect."""
+        try:
+            self._exchange({"type": "state"}, timeout_s)
+        except EnvFault as e:
+            if e.kind != "server_error" or "EXECUTION_ERROR" not in str(e):
+                raise  # an env whose `state` fails before reset still has a live session
 
     def _exchange(self, message: dict, timeout_s: float) -> dict:
         try:
-            self._ws.send(json.dumps(message))
-            raw = self._ws.recv(timeout=timeout_s)
+            try:
+                self._ws.send(json.dumps(message))
+            except self._ws_errors:
+                raw = self._ws.recv(timeout=0)  # what the server said before closing (e.g. CAPACITY_REACHED)
+            else:
+                raw = self._ws.recv(timeout=timeout_s)
         except TimeoutError:
             self.close()
             raise EnvFault("timeout", f"{message['type']} took longer than {timeout_s}s") from None
@@ -177,7 +191,7 @@ class WebSocketTransport:
             self.close()
             raise EnvFault("connection", f"{message['type']} on {self.url}: {type(e).__name__}: {e}") from None
         reply = json.loads(raw)
-        if reply.get("type") == "observation":
+        if reply.get("type") in ("observation", "state"):
             return reply["data"]
         data = reply.get("data") or {}
         code, text = data.get("code", "?"), data.get("message", raw[:300])
