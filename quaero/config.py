@@ -123,6 +123,8 @@ class BackendConfig(_Section):
     lora_r: int = Field(16, ge=1)
     lora_alpha: int = Field(32, ge=1)
     gradient_checkpointing: bool = False
+    # unsloth on CUDA only: load unsloth's vLLM engine next to the model (backend.vllm_engine) for sampling.
+    unsloth_fast_inference: bool = False
     options: BackendOptions = Field(default_factory=BackendOptions)
 
 

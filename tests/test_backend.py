@@ -76,6 +76,7 @@ def _losses(model_dir, rs, **kw):
 
 @pytest.mark.parametrize("variant", [
     {"micro_batch_tokens": 200},  # one row per microbatch
+    {"gradient_checkpointing": True},  # recomputes layers in backward, still one counted forward
     {"options": {"train_logprob_chunk_size": 5}},  # chunked recompute
     {"options": {"train_selective_suffix_logits": False}},  # full logits, no selection
     {"options": {"train_compile_selective_ce": "auto", "train_compile_selective_ce_min_tokens": 1}},
@@ -132,13 +133,8 @@ def test_sft_mode_trains_action_nll_and_keeps_echo(small_model_dir):
 def test_grad_norm_clipping_is_honoured(small_model_dir):
     b = LocalBackend(make_cfg(small_model_dir, max_grad_norm=1e-3), "cpu")
     seen = []
-    real_step = b.optimizer.step
-
-    def spy(*a, **k):
-        seen.append(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in b.trainable if p.grad is not None])))
-        return real_step(*a, **k)
-
-    b.optimizer.step = spy
+    b.optimizer.register_step_pre_hook(lambda opt, args, kwargs: seen.append(torch.linalg.vector_norm(
+        torch.stack([p.grad.norm() for p in b.trainable if p.grad is not None]))))
     m = b.train_step(rows(2))
     assert m["grad_clipped"] and m["grad_norm"] > 1e-3
     assert seen and float(seen[0]) <= 1e-3 * (1 + 1e-4)
@@ -209,6 +205,19 @@ class ScaledLogits(torch.nn.Module):
         out = self.inner(**kw)
         out.logits = out.logits * 2.0
         return out
+
+
+def test_echo_needs_a_strict_shared_forward_backend(monkeypatch):
+    from quaero.config import ConfigError, check_rules
+    from trainers import registry
+
+    monkeypatch.setitem(registry.BACKENDS, "declared-only",
+                        registry.Capabilities(False, True, True, ("cpu",), "trainers.local:LocalBackend"))
+    cfg = make_cfg("tiny-qwen3", backend="declared-only")
+    with pytest.raises(ConfigError, match="strict shared-forward"):
+        check_rules(cfg)
+    cfg.echo.enabled = False
+    check_rules(cfg)
 
 
 def test_undeclared_logit_transform_is_refused_and_declared_one_is_applied(small_model_dir):

@@ -45,7 +45,7 @@ print("RESULT " + json.dumps(out, default=str))
 def unsloth_run(tiny_model_dir):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "UNSLOTH_DISABLE_CPU_FALLBACK": "0"}
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True, text=True, check=False,
                           timeout=600)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]

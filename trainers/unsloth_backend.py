@@ -20,11 +20,11 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("[backend] backend='unsloth' needs unsloth: pip install 'quaero[unsloth]' "
                       f"(caps transformers<=5.17.0), or use backend='local' ({e})") from e
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
+import torch
+from torch import nn
 
-from quaero.model import resolve_model, torch_dtype  # noqa: E402
-from trainers.base import BackendBase  # noqa: E402
+from quaero.model import resolve_model, torch_dtype
+from trainers.base import BackendBase
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -34,7 +34,7 @@ class UnslothBackend(BackendBase):
 
     def _load_model(self) -> nn.Module:
         cfg, b = self.cfg, self.cfg.backend
-        fast = bool(getattr(b, "unsloth_fast_inference", False))
+        fast = b.unsloth_fast_inference
         if fast and self.device.type != "cuda":
             raise ValueError("[backend] unsloth_fast_inference=true needs a GPU (unsloth's vLLM engine); "
                              "set it to false on CPU, where the hf sampler is used")
