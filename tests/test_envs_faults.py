@@ -1,0 +1,194 @@
+"""Faults never end a run: a server killed mid-episode, a step that hangs past its timeout, an env that
+raises (error frames), a dropped connection, malformed actions, a tool that raises. Each is counted,
+only EpisodeDropped ever leaves ChatEnv, and the next episode runs. The faults are injected by real
+means (SIGKILL, a sleeping step, a raising tool) except the dropped socket, closed under the session."""
+import os
+import signal
+import time
+
+import pytest
+import structlog
+
+from envs.toolbench import oracle_policy
+from quaero.config import EnvConfig
+from quaero.envs import EpisodeDropped, open_envs
+
+FAST = dict(max_retries=1, retry_backoff_s=0.01)
+
+
+def _call(name, **arguments):
+    return {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+                                                                "function": {"name": name, "arguments": arguments}}]}
+
+
+def _finish_with_oracle(env, start, chat, step=None):
+    policy = oracle_policy(start.info)
+    while step is None or not step.done:
+        action = policy(chat)
+        step = env.step(action)
+        chat += [action, *step.messages]
+    return step
+
+
+def test_server_killed_mid_episode_is_restarted_and_the_episode_replayed():
+    cfg = EnvConfig(entry="envs.toolbench:ToolBenchEnv", launcher="local-server", reset_kwargs={"difficulty": 4},
+                    **FAST)
+    with open_envs(cfg, 1) as pool:
+        env, server = pool.sessions[0], pool.server
+        start = env.reset(seed=0, split="eval", index=2)
+        policy, chat = oracle_policy(start.info), list(start.messages)
+        first = policy(chat)
+        chat += [first, *env.step(first).messages]
+        old_pid = server.proc.pid
+        os.kill(old_pid, signal.SIGKILL)
+        server.proc.wait(timeout=5)
+        final = _finish_with_oracle(env, start, chat)
+        assert final.reward == 1.0  # the episode survived: new server, same episode replayed
+        assert server.alive() and server.proc.pid != old_pid
+        counts = pool.counters.snapshot_and_reset()
+        assert counts["env_restarts"] == 1 and counts["env_retries"] >= 1 and counts["env_replayed_steps"] == 1
+        assert counts["env_episodes_dropped"] == 0
+
+        # with on_session_loss="drop" the same fault drops the episode instead; the next one runs
+        env.cfg.on_session_loss = "drop"
+        env.reset(seed=0, split="eval", index=3)
+        os.kill(server.proc.pid, signal.SIGKILL)
+        server.proc.wait(timeout=5)
+        with structlog.testing.capture_logs() as logs:
+            with pytest.raises(EpisodeDropped, match="session lost"):
+                env.step(_call("calculate", expression="1+1"))
+        assert any(e["event"] == "env_episode_dropped" and "session lost" in e["reason"] for e in logs)
+        start = env.reset(seed=0, split="eval", index=4)
+        assert _finish_with_oracle(env, start, list(start.messages)).reward == 1.0
+        counts = pool.counters.snapshot_and_reset()
+        assert counts["env_restarts"] == 1 and counts["env_episodes_dropped"] == 1
+
+
+@pytest.mark.parametrize("launcher", ["inprocess", "remote"])
+def test_a_step_that_hangs_past_its_timeout_is_retried_then_dropped(launcher, guess_url):
+    source = {"url": guess_url} if launcher == "remote" else {"entry": "envs_fixtures.guess:GuessEnv"}
+    with open_envs(EnvConfig(launcher=launcher, step_timeout_s=0.4, **source, **FAST), 1) as pool:
+        env = pool.sessions[0]
+        env.reset(seed=1)
+        assert not env.step({"role": "assistant", "content": '{"guess": 30}'}).done
+        began = time.monotonic()
+        with structlog.testing.capture_logs() as logs:
+            with pytest.raises(EpisodeDropped, match="timeout") as e:
+                env.step({"role": "assistant", "content": '{"guess": -1}'})  # sleeps 3 s in the env
+        assert time.monotonic() - began < 2.5  # two timeouts of 0.4 s, not the 3 s hang (twice)
+        assert e.value.reason and any(ev["event"] == "env_episode_dropped" for ev in logs)
+        env.reset(seed=2)  # the run goes on with a fresh session
+        assert env.step({"role": "assistant", "content": '{"guess": 10}'}).malformed is False
+        counts = pool.counters.snapshot_and_reset()
+        assert counts["env_timeouts"] == 2 and counts["env_retries"] == 1 and counts["env_episodes_dropped"] == 1
+        assert counts["env_replayed_steps"] == 1  # the retry replayed the accepted guess first
+
+
+@pytest.mark.parametrize("launcher", ["inprocess", "remote"])
+def test_an_env_that_raises_is_retried_then_dropped(launcher, guess_url):
+    source = {"url": guess_url} if launcher == "remote" else {"entry": "envs_fixtures.guess:GuessEnv"}
+    with open_envs(EnvConfig(launcher=launcher, **source, max_retries=2, retry_backoff_s=0.01), 1) as pool:
+        env = pool.sessions[0]
+        env.reset(seed=1)
+        with pytest.raises(EpisodeDropped, match="crashed on purpose"):
+            env.step({"role": "assistant", "content": '{"guess": -2}'})
+        env.reset(seed=1)
+        assert env.step({"role": "assistant", "content": '{"guess": 3}'}).reward in (0.0, 1.0)
+        counts = pool.counters.snapshot_and_reset()
+        assert counts["env_retries"] == 2 and counts["env_episodes_dropped"] == 1 and counts["env_steps"] == 1
+
+
+def test_a_dropped_connection_is_retried_and_the_episode_continues(toolbench_url):
+    with open_envs(EnvConfig(url=toolbench_url, **FAST), 1) as pool:
+        env = pool.sessions[0]
+        start = env.reset(seed=0, split="eval", index=8)
+        chat = list(start.messages)
+        action = oracle_policy(start.info)(chat)
+        chat += [action, *env.step(action).messages]
+        env._transport._ws.close()  # fault injection: the socket goes away under the session
+        assert _finish_with_oracle(env, start, chat).reward == 1.0
+        counts = pool.counters.snapshot_and_reset()
+        assert counts["env_retries"] == 1 and counts["env_replayed_steps"] == 1 and counts["env_restarts"] == 0
+
+
+def test_a_remote_server_that_is_gone_drops_episodes_without_raising_anything_else():
+    from envs_fixtures import served
+
+    with served("envs.toolbench:ToolBenchEnv") as (url, proc):
+        pool = open_envs(EnvConfig(url=url, reset_timeout_s=1.0, **FAST), 1)
+    # the server is stopped now; nothing can restart a remote server
+    env = pool.sessions[0]
+    for _ in range(2):
+        with pytest.raises(EpisodeDropped):
+            env.reset(seed=0)
+    assert pool.counters.snapshot_and_reset()["env_episodes_dropped"] == 2
+    pool.close()
+
+
+def test_malformed_actions_are_counted_corrected_and_never_sent():
+    with open_envs(EnvConfig(entry="envs.toolbench:ToolBenchEnv", max_turns=10), 1) as pool:
+        env = pool.sessions[0]
+        start = env.reset(seed=0, split="eval", index=5)
+        chat = list(start.messages)
+        bad = [{"role": "assistant", "content": "the answer is 4", "tool_calls": None}, _call("fly_to_moon"),
+               _call("add_days", date="2024-01-01", days="three")]
+        for action in bad:
+            step = env.step(action)
+            assert step.malformed and step.reward == 0.0 and not step.done
+            assert len(step.messages) == 1 and step.messages[0]["role"] == "user"
+            chat += [action, *step.messages]
+        assert pool.counters.snapshot_and_reset()["env_steps"] == 0  # nothing reached the env
+        # the oracle counts assistant turns, so start it on a clean chat: the episode still completes
+        assert _finish_with_oracle(env, start, list(start.messages)).reward == 1.0
+
+
+def test_a_tool_that_raises_is_a_counted_tool_error_not_a_fault():
+    with open_envs(EnvConfig(entry="envs_fixtures.faulty_mcp:FaultyMCPEnv"), 1) as pool:
+        env = pool.sessions[0]
+        start = env.reset(seed=0)
+        assert start.messages[1]["content"] == "Say hi with echo, then submit."
+        boom = env.step(_call("explode"))
+        assert boom.messages == [{"role": "tool", "content": "Error: kaboom"}] and not boom.malformed
+        assert env.step(_call("echo", text="hi")).messages[0]["content"] == "hi"
+        assert env.step(_call("submit_answer", answer="hi")).reward == 1.0
+        counts = pool.counters.snapshot_and_reset()
+        assert counts["env_tool_errors"] == 1 and counts["env_retries"] == 0 and counts["env_steps"] == 3
+
+
+def test_turn_limit_ends_an_episode_that_never_submits():
+    with open_envs(EnvConfig(entry="envs.toolbench:ToolBenchEnv", max_turns=3), 1) as pool:
+        env = pool.sessions[0]
+        env.reset(seed=0)
+        steps = [env.step(_call("calculate", expression="1+1")) for _ in range(3)]
+        assert [s.done for s in steps] == [False, False, True] and steps[-1].info["truncated"]
+        with pytest.raises(RuntimeError, match="after the episode ended"):
+            env.step(_call("calculate", expression="1+1"))
+        assert pool.counters.snapshot_and_reset()["env_truncated"] == 1
+
+
+def test_a_run_of_episodes_with_every_fault_keeps_going():
+    """A driver-shaped loop: faults in the middle of a run drop single episodes, the rest score."""
+    cfg = EnvConfig(entry="envs_fixtures.guess:GuessEnv", step_timeout_s=0.3, **FAST)
+    plan = ['{"guess": -2}', '{"guess": -1}', "not json", None, '{"guess": -2}', None]
+    results = []
+    with open_envs(cfg, 1) as pool:
+        env = pool.sessions[0]
+        for seed, fault in enumerate(plan):
+            try:
+                env.reset(seed=seed)
+                if fault is not None:
+                    env.step({"role": "assistant", "content": fault})
+                lo, hi = 1, 20
+                while True:
+                    guess = (lo + hi) // 2
+                    step = env.step({"role": "assistant", "content": str(guess)})
+                    if step.done:
+                        results.append(step.reward)
+                        break
+                    lo, hi = (guess + 1, hi) if "higher" in step.messages[0]["content"] else (lo, guess - 1)
+            except EpisodeDropped:
+                results.append("dropped")
+        counts = pool.counters.snapshot_and_reset()
+    assert results == ["dropped", "dropped", 1.0, 1.0, "dropped", 1.0]
+    assert counts["env_episodes_dropped"] == 3 and counts["env_malformed_actions"] == 1
+    assert counts["env_timeouts"] == 2
