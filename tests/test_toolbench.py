@@ -2,6 +2,8 @@
 import asyncio
 
 import pytest
+
+import quaero.envs  # noqa: F401  - first: it keeps openenv's optional gradio UI out of the process (4 s)
 from openenv.core.env_server.mcp_types import CallToolAction, ListToolsAction
 
 from envs.toolbench import NUM_TASKS, TEMPLATES, ToolBenchEnv, check_answer, make_task, oracle_policy

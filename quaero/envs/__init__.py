@@ -9,9 +9,13 @@ Modules: loading (entry -> env types, server app), transport (in-process and Web
 server (serve, LocalServer), mapping (chat <-> actions/observations), session (ChatEnv, retries),
 pool (open_envs, counters).
 """
-from .pool import COUNTERS, EnvCounters, EnvPool, open_envs
-from .server import LocalServer, serve
-from .session import ChatEnv, ChatReset, ChatStep, EpisodeDropped
+from .loading import block_gradio
+
+block_gradio()  # before anything imports openenv
+
+from .pool import COUNTERS, EnvCounters, EnvPool, open_envs  # noqa: E402
+from .server import LocalServer, serve  # noqa: E402
+from .session import ChatEnv, ChatReset, ChatStep, EpisodeDropped  # noqa: E402
 
 EnvSession = ChatEnv  # DESIGN.md's name for one session
 

@@ -28,16 +28,9 @@ log = get_logger(__name__)
 _LIVE: set["LocalServer"] = set()
 
 
-def _block_gradio() -> None:
-    # openenv imports gradio (about 2.5 s) only for its optional web UI; servers never need it
-    if os.environ.get("ENABLE_WEB_INTERFACE", "").lower() not in ("1", "true"):
-        sys.modules.setdefault("gradio", None)  # type: ignore[arg-type]
-
-
 def serve(entry: str, host: str = "127.0.0.1", port: int = 8000, max_concurrent_envs: int = 16,
           fd: int | None = None) -> None:
     """Serve any OpenEnv env (`module:Class`) with OpenEnv's own app; blocks until stopped."""
-    _block_gradio()
     import uvicorn
 
     spec = load_entry(entry)
