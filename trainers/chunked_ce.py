@@ -51,9 +51,15 @@ class LogitTransform:
 
 
 def _chunk_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: float,
-                  transform: LogitTransform) -> tuple[Tensor, Tensor]:  # raw [c, V] fp32, z [c, V] fp32
+                  transform: LogitTransform) -> tuple[Tensor | None, Tensor]:  # raw [c, V] | None, z [c, V] fp32
+    """z = f(h W^T + b) / T in fp32; `raw` (the pre-transform logits) only when f'(raw) is needed.
+
+    In-place where it is safe, so a chunk costs one [c, V] buffer (plus one for a soft-cap)."""
     raw = F.linear(h, weight, bias).float()
-    return raw, transform.apply(raw) / temperature
+    if transform.softcap is None:
+        z = raw.mul_(transform.scale / temperature) if transform.scale != 1.0 or temperature != 1.0 else raw
+        return None, z
+    return raw, transform.apply(raw).div_(temperature)
 
 
 class ChunkedSelectedLogprobs(torch.autograd.Function):
@@ -67,7 +73,8 @@ class ChunkedSelectedLogprobs(torch.autograd.Function):
         lp = torch.empty(h.shape[0], dtype=torch.float32, device=h.device)
         for s in range(0, h.shape[0], chunk):
             _, z = _chunk_logits(h[s:s + chunk], weight, bias, temperature, transform)
-            lp[s:s + chunk] = -F.cross_entropy(z, targets[s:s + chunk], reduction="none")
+            yc = targets[s:s + chunk]
+            lp[s:s + chunk] = z.gather(1, yc[:, None]).squeeze(1) - torch.logsumexp(z, dim=-1)
         ctx.save_for_backward(h, weight, bias, targets)  # no [*, V] tensor is saved
         ctx.chunk, ctx.temperature, ctx.transform = chunk, temperature, transform
         return lp
@@ -82,11 +89,15 @@ class ChunkedSelectedLogprobs(torch.autograd.Function):
         for s in range(0, h.shape[0], ctx.chunk):
             hc, yc, gc = h[s:s + ctx.chunk], targets[s:s + ctx.chunk], grad_lp[s:s + ctx.chunk].float()
             raw, z = _chunk_logits(hc, weight, bias, ctx.temperature, ctx.transform)
-            dz = torch.softmax(z, dim=-1).neg_()  # d lp / d z = onehot - softmax
+            dz = z.sub_(torch.logsumexp(z, dim=-1, keepdim=True)).exp_().neg_()  # d lp / d z = onehot - softmax
             dz[torch.arange(yc.shape[0], device=yc.device), yc] += 1.0
             dz.mul_(gc[:, None])
-            da = dz.mul_(ctx.transform.derivative(raw)).div_(ctx.temperature)  # [c, V] fp32
-            del raw, z
+            if raw is not None:
+                dz.mul_(ctx.transform.derivative(raw))
+                del raw
+            elif ctx.transform.scale != 1.0:
+                dz.mul_(ctx.transform.scale)
+            da = dz.div_(ctx.temperature)  # [c, V] fp32: d lp / d (h W^T + b)
             if need_h:
                 grad_h[s:s + ctx.chunk] = (da.to(weight.dtype) @ weight).to(h.dtype)
             if need_w:
