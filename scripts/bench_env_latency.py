@@ -21,8 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from quaero.config import EnvConfig  # noqa: E402
-from quaero.envs import open_envs  # noqa: E402
+from quaero.config import EnvConfig
+from quaero.envs import open_envs
 
 ENTRY = "envs.toolbench:ToolBenchEnv"
 ACTION = {"role": "assistant", "content": "", "tool_calls": [
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object per launcher")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    common = dict(reset_kwargs={"max_steps": 10**9}, max_turns=10**9)  # one long episode
+    common = {"reset_kwargs": {"max_steps": 10**9}, "max_turns": 10**9}  # one long episode
     rows = [bench(EnvConfig(entry=ENTRY, launcher="inprocess", **common), args.steps, args.warmup),
             bench(EnvConfig(entry=ENTRY, launcher="local-server", **common), args.steps, args.warmup)]
     from socket import socket

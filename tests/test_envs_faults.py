@@ -13,7 +13,7 @@ from envs.toolbench import oracle_policy
 from quaero.config import EnvConfig
 from quaero.envs import EpisodeDropped, open_envs
 
-FAST = dict(max_retries=1, retry_backoff_s=0.01)
+FAST = {"max_retries": 1, "retry_backoff_s": 0.01}
 
 
 def _call(name, **arguments):
@@ -30,6 +30,7 @@ def _finish_with_oracle(env, start, chat, step=None):
     return step
 
 
+@pytest.mark.slow
 def test_server_killed_mid_episode_is_restarted_and_the_episode_replayed():
     cfg = EnvConfig(entry="envs.toolbench:ToolBenchEnv", launcher="local-server", reset_kwargs={"difficulty": 4},
                     **FAST)
@@ -54,9 +55,8 @@ def test_server_killed_mid_episode_is_restarted_and_the_episode_replayed():
         env.reset(seed=0, split="eval", index=3)
         os.kill(server.proc.pid, signal.SIGKILL)
         server.proc.wait(timeout=5)
-        with structlog.testing.capture_logs() as logs:
-            with pytest.raises(EpisodeDropped, match="session lost"):
-                env.step(_call("calculate", expression="1+1"))
+        with structlog.testing.capture_logs() as logs, pytest.raises(EpisodeDropped, match="session lost"):
+            env.step(_call("calculate", expression="1+1"))
         assert any(e["event"] == "env_episode_dropped" and "session lost" in e["reason"] for e in logs)
         start = env.reset(seed=0, split="eval", index=4)
         assert _finish_with_oracle(env, start, list(start.messages)).reward == 1.0
@@ -72,9 +72,8 @@ def test_a_step_that_hangs_past_its_timeout_is_retried_then_dropped(launcher, gu
         env.reset(seed=1)
         assert not env.step({"role": "assistant", "content": '{"guess": 30}'}).done
         began = time.monotonic()
-        with structlog.testing.capture_logs() as logs:
-            with pytest.raises(EpisodeDropped, match="timeout") as e:
-                env.step({"role": "assistant", "content": '{"guess": -1}'})  # sleeps 3 s in the env
+        with structlog.testing.capture_logs() as logs, pytest.raises(EpisodeDropped, match="timeout") as e:
+            env.step({"role": "assistant", "content": '{"guess": -1}'})  # sleeps 3 s in the env
         assert time.monotonic() - began < 2.5  # two timeouts of 0.4 s, not the 3 s hang (twice)
         assert e.value.reason and any(ev["event"] == "env_episode_dropped" for ev in logs)
         env.reset(seed=2)  # the run goes on with a fresh session
@@ -114,7 +113,7 @@ def test_a_dropped_connection_is_retried_and_the_episode_continues(toolbench_url
 def test_a_remote_server_that_is_gone_drops_episodes_without_raising_anything_else():
     from envs_fixtures import served
 
-    with served("envs.toolbench:ToolBenchEnv") as (url, proc):
+    with served("envs.toolbench:ToolBenchEnv") as (url, _proc):
         pool = open_envs(EnvConfig(url=url, reset_timeout_s=1.0, **FAST), 1)
     # the server is stopped now; nothing can restart a remote server
     env = pool.sessions[0]

@@ -151,3 +151,37 @@ def test_the_main_job_config_opens_toolbench():
         start = pool.sessions[0].reset(seed=0, split=cfg.env.eval_split, index=0)
         assert start.info["split"] == "eval" and start.info["difficulty"] == cfg.env.reset_kwargs["difficulty"]
         assert [m["role"] for m in start.messages] == ["system", "user"]
+
+
+@pytest.mark.slow
+def test_launched_servers_stop_with_their_run_even_when_it_is_killed():
+    """pool.close() stops the server by pid; a run killed with SIGKILL (no atexit) leaves no server behind."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from envs_fixtures import REPO_DIR, TESTS_DIR
+
+    with open_envs(EnvConfig(entry="envs_fixtures.guess:GuessEnv", launcher="local-server"), 1) as pool:
+        proc = pool.server.proc
+    assert proc.poll() is not None  # stopped at close
+
+    script = ("from quaero.config import EnvConfig; from quaero.envs import open_envs; import time\n"
+              "pool = open_envs(EnvConfig(entry='envs_fixtures.guess:GuessEnv', launcher='local-server'), 1)\n"
+              "print(pool.server.proc.pid, flush=True); time.sleep(120)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), str(REPO_DIR)])}
+    run = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    server_pid = int(run.stdout.readline())
+    run.send_signal(signal.SIGKILL)
+    run.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(server_pid, 0)
+        except ProcessLookupError:
+            return  # the orphaned server noticed its parent was gone and exited
+        time.sleep(0.1)
+    os.kill(server_pid, signal.SIGKILL)
+    raise AssertionError("the env server outlived the run that launched it")

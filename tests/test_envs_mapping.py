@@ -2,8 +2,15 @@
 plain actions and observation formatting."""
 import pytest
 
-from quaero.envs.mapping import (Malformed, default_formatter, model_action_schema, parse_plain_action,
-                                 parse_tool_calls, render_tool_result, tool_specs)
+from quaero.envs.mapping import (
+    Malformed,
+    default_formatter,
+    model_action_schema,
+    parse_plain_action,
+    parse_tool_calls,
+    render_tool_result,
+    tool_specs,
+)
 
 TOOLS = tool_specs([
     {"name": "add_days", "description": "Add days.", "input_schema": {

@@ -6,5 +6,5 @@ from .environment import SYSTEM_PROMPT, ToolBenchEnv, ToolBenchState
 from .oracle import oracle_policy
 from .tasks import MAX_DIFFICULTY, NUM_TASKS, TEMPLATES, Task, check_answer, make_task
 
-__all__ = ["ToolBenchEnv", "ToolBenchState", "SYSTEM_PROMPT", "oracle_policy", "make_task", "check_answer",
-           "Task", "TEMPLATES", "NUM_TASKS", "MAX_DIFFICULTY"]
+__all__ = ["MAX_DIFFICULTY", "NUM_TASKS", "SYSTEM_PROMPT", "TEMPLATES", "Task", "ToolBenchEnv",
+           "ToolBenchState", "check_answer", "make_task", "oracle_policy"]

@@ -5,7 +5,7 @@ tool outputs; its messages have the shape of a renderer-parsed assistant turn (u
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from .tasks import MAX_DIFFICULTY, make_task
 

@@ -161,5 +161,5 @@ def check_answer(task: Task, answer: object) -> bool:
     if task.kind == "number":
         found = _NUMBER.findall(text.replace(",", ""))
         return len(found) == 1 and abs(float(found[0]) - float(task.answer)) <= 0.011
-    norm = lambda s: re.sub(r"[^\w\-]", "", s).casefold()  # noqa: E731
+    norm = lambda s: re.sub(r"[^\w\-]", "", s).casefold()
     return norm(text) == norm(task.answer)

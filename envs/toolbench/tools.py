@@ -10,12 +10,14 @@ import datetime as dt
 import logging
 import math
 import operator
-from typing import Callable
+from collections.abc import Callable
+from typing import TypeVar
 
 from fastmcp.exceptions import ToolError
 
 from .world import TIER_DISCOUNT, World
 
+T = TypeVar("T")
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
@@ -95,6 +97,14 @@ def money(x: float) -> str:
     return f"${x:.2f}"
 
 
+def by_id(find: Callable[[str], T | None], kind: str, raw: str) -> T:
+    """Look an id up case-insensitively (P3, O104, C2); an unknown id is a tool error the model sees."""
+    found = find(raw.strip().upper())
+    if found is None:
+        raise BadToolInput(f"unknown {kind}_id {raw!r}")
+    return found
+
+
 def register_tools(mcp, world: Callable[[], World]) -> None:
     """Register the 9 tools plus submit_answer on `mcp`; `world()` returns the episode's world."""
 
@@ -108,9 +118,7 @@ def register_tools(mcp, world: Callable[[], World]) -> None:
     @mcp.tool
     def get_product(product_id: str) -> str:
         """Details of one product by id (e.g. P3)."""
-        p = world().product(product_id.strip().upper())
-        if p is None:
-            raise BadToolInput(f"unknown product_id {product_id!r}")
+        p = by_id(world().product, "product", product_id)
         return f"{p.id} {p.name}: {money(p.price)}, stock {p.stock}, {p.weight_kg} kg, {p.category}"
 
     @mcp.tool
@@ -125,18 +133,13 @@ def register_tools(mcp, world: Callable[[], World]) -> None:
     @mcp.tool
     def list_orders(customer_id: str) -> str:
         """A customer's orders, oldest first."""
-        w = world()
-        cid = customer_id.strip().upper()
-        if w.customer(cid) is None:
-            raise BadToolInput(f"unknown customer_id {customer_id!r}")
-        return "; ".join(f"{o.id} {o.product_id} x{o.qty} on {o.date}" for o in w.orders_of(cid))
+        c = by_id(world().customer, "customer", customer_id)
+        return "; ".join(f"{o.id} {o.product_id} x{o.qty} on {o.date}" for o in world().orders_of(c.id))
 
     @mcp.tool
     def get_order(order_id: str) -> str:
         """One order by id (e.g. O104)."""
-        o = world().order(order_id.strip().upper())
-        if o is None:
-            raise BadToolInput(f"unknown order_id {order_id!r}")
+        o = by_id(world().order, "order", order_id)
         return f"{o.id}: {o.customer_id} bought {o.qty} x {o.product_id} on {o.date}"
 
     @mcp.tool

@@ -92,7 +92,7 @@ def make_world(rng: random.Random, split: str) -> World:
     numbers = rng.sample(_ORDER_NUMBERS[split], sum(counts))
     orders, k = [], 0
     for c, count in zip(customers, counts):
-        days = sorted(rng.sample(range(0, 360), count))  # distinct dates per customer
+        days = sorted(rng.sample(range(360), count))  # distinct dates per customer
         for day in days:
             date = (_YEAR_START + dt.timedelta(days=day)).isoformat()
             orders.append(Order(id=f"O{numbers[k]}", customer_id=c.id, product_id=rng.choice(products).id,

@@ -13,11 +13,11 @@ from .loading import block_gradio
 
 block_gradio()  # before anything imports openenv
 
-from .pool import COUNTERS, EnvCounters, EnvPool, open_envs  # noqa: E402
-from .server import LocalServer, serve  # noqa: E402
-from .session import ChatEnv, ChatReset, ChatStep, EpisodeDropped  # noqa: E402
+from .pool import COUNTERS, EnvCounters, EnvPool, open_envs
+from .server import LocalServer, serve
+from .session import ChatEnv, ChatReset, ChatStep, EpisodeDropped
 
 EnvSession = ChatEnv  # DESIGN.md's name for one session
 
-__all__ = ["ChatEnv", "ChatReset", "ChatStep", "EpisodeDropped", "EnvCounters", "EnvPool", "open_envs", "serve",
-           "LocalServer", "EnvSession", "COUNTERS"]
+__all__ = ["COUNTERS", "ChatEnv", "ChatReset", "ChatStep", "EnvCounters", "EnvPool", "EnvSession",
+           "EpisodeDropped", "LocalServer", "open_envs", "serve"]

@@ -11,5 +11,7 @@ p.add_argument("--host", default="127.0.0.1")
 p.add_argument("--port", type=int, default=8000)
 p.add_argument("--fd", type=int, default=None, help="serve on this inherited listening socket")
 p.add_argument("--max-concurrent-envs", type=int, default=16)
+p.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
 args = ap.parse_args()
-serve(args.entry, host=args.host, port=args.port, max_concurrent_envs=args.max_concurrent_envs, fd=args.fd)
+serve(args.entry, host=args.host, port=args.port, max_concurrent_envs=args.max_concurrent_envs, fd=args.fd,
+      parent_pid=args.parent_pid)

@@ -11,8 +11,9 @@ import inspect
 import os
 import sys
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from quaero.config import ConfigError
 
@@ -85,7 +86,7 @@ def _annotated_types(env_cls: type) -> tuple[Any, Any]:
         if len(params) > 1 and isinstance(hints.get(params[1]), type):
             action = hints[params[1]]
         obs = hints.get("return") if isinstance(hints.get("return"), type) else None
-    except Exception:  # unresolvable forward references: fall back to the error below
+    except Exception:  # noqa: BLE001, S110 - unresolvable forward references: fall back to the error below
         pass
     return action, obs
 
@@ -125,7 +126,7 @@ def load_entry(entry: str) -> EnvSpec:
     if state is None and isinstance(getattr(env_cls, "state", None), property):
         try:
             state = typing.get_type_hints(env_cls.state.fget).get("return")
-        except Exception:  # unresolvable annotation: the base State below
+        except Exception:  # noqa: BLE001 - unresolvable annotation: the base State below
             state = None
     if not (isinstance(state, type) and issubclass(state, State)):
         state = State  # /schema needs one

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _FENCE = re.compile(r"^```[\w-]*\s*\n?(.*?)\n?```$", re.DOTALL)
 _TOOL_ERROR_PREFIX = re.compile(r"^Error calling tool '[^']*': ")

@@ -100,7 +100,7 @@ class EnvPool:
             self.server.stop()
             self.server = None
 
-    def __enter__(self) -> "EnvPool":
+    def __enter__(self) -> EnvPool:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -116,7 +116,7 @@ def _list_tools(backend) -> list[dict]:
     return tool_specs(payload["observation"].get("tools", []))
 
 
-def _open_session(session: ChatEnv, cfg: "EnvConfig") -> None:
+def _open_session(session: ChatEnv, cfg: EnvConfig) -> None:
     """Connect, waiting out a full server briefly (sessions of a previous pool may still be closing)."""
     for attempt in range(cfg.max_retries + 1):
         try:
@@ -127,7 +127,7 @@ def _open_session(session: ChatEnv, cfg: "EnvConfig") -> None:
             time.sleep(cfg.retry_backoff_s * 2**attempt)
 
 
-def open_envs(cfg: "EnvConfig", n: int) -> EnvPool:
+def open_envs(cfg: EnvConfig, n: int) -> EnvPool:
     """N sessions of the configured env. Config problems raise ConfigError here, before any episode."""
     counters, server, sessions = EnvCounters(), None, []
     spec = None if cfg.launcher == "remote" else load_entry(cfg.entry)
@@ -176,4 +176,4 @@ def open_envs(cfg: "EnvConfig", n: int) -> EnvPool:
     return pool
 
 
-__all__ = ["EnvCounters", "EnvPool", "open_envs", "EpisodeDropped"]
+__all__ = ["EnvCounters", "EnvPool", "EpisodeDropped", "open_envs"]

@@ -3,14 +3,13 @@
 
 LocalServer binds the listening socket itself and hands it to the child, so the port is known
 without a race and survives restarts: a client reconnecting during a restart just waits in the
-backlog for the new server. The child is stopped by its pid at close, at exit, and (Linux) when
-the parent dies.
+backlog for the new server. The child is stopped by its pid at close and at exit, and exits by
+itself when the parent process is gone.
 """
 from __future__ import annotations
 
 import atexit
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -25,12 +24,15 @@ from quaero.metrics import get_logger
 from .loading import build_app, load_entry
 
 log = get_logger(__name__)
-_LIVE: set["LocalServer"] = set()
+_LIVE: set[LocalServer] = set()
 
 
 def serve(entry: str, host: str = "127.0.0.1", port: int = 8000, max_concurrent_envs: int = 16,
-          fd: int | None = None) -> None:
-    """Serve any OpenEnv env (`module:Class`) with OpenEnv's own app; blocks until stopped."""
+          fd: int | None = None, parent_pid: int | None = None) -> None:
+    """Serve any OpenEnv env (`module:Class`) with OpenEnv's own app; blocks until stopped. fd: serve on an
+    inherited listening socket; parent_pid: exit when that process is gone (both for LocalServer)."""
+    if parent_pid is not None:
+        _exit_with_parent(parent_pid)
     import uvicorn
 
     spec = load_entry(entry)
@@ -47,10 +49,16 @@ def serve(entry: str, host: str = "127.0.0.1", port: int = 8000, max_concurrent_
         server.run(sockets=[socket.socket(fileno=fd)])
 
 
-def _die_with_parent() -> None:  # runs in the child before exec (Linux only)
-    import ctypes
+def _exit_with_parent(parent_pid: int) -> None:
+    """In the server child: exit when the process that launched it is gone (even after SIGKILL, when no
+    atexit runs). Polling the parent pid, unlike PR_SET_PDEATHSIG, ties the child to the parent process,
+    not to the thread that happened to start it."""
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(0)
 
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    threading.Thread(target=watch, daemon=True, name="quaero-parent-watch").start()
 
 
 class ServerStartError(RuntimeError):
@@ -78,7 +86,7 @@ class LocalServer:
     def ws_url(self) -> str:
         return f"ws://{self.host}:{self.port}/ws"
 
-    def start(self) -> "LocalServer":
+    def start(self) -> LocalServer:
         with self._lock:
             self._spawn()
         _LIVE.add(self)
@@ -89,11 +97,11 @@ class LocalServer:
         # the child must import whatever the parent can (tests add folders to sys.path)
         env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         cmd = [sys.executable, "-m", "quaero.envs", "serve", self.entry, "--fd", str(self._sock.fileno()),
-               "--host", self.host, "--port", str(self.port), "--max-concurrent-envs", str(self.max_concurrent_envs)]
+               "--host", self.host, "--port", str(self.port), "--max-concurrent-envs", str(self.max_concurrent_envs),
+               "--parent-pid", str(os.getpid())]
         with self._log_path.open("ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                         pass_fds=(self._sock.fileno(),), stdin=subprocess.DEVNULL,
-                                         preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                                         pass_fds=(self._sock.fileno(),), stdin=subprocess.DEVNULL)
         self._wait_healthy()
         log.info("env_server_started", entry=self.entry, url=self.http_url, pid=self.proc.pid)
 

@@ -10,8 +10,9 @@ that is not deterministic should use "drop", which drops the episode at the firs
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from quaero.metrics import get_logger
 

@@ -127,7 +127,7 @@ class InProcessTransport:
             raise EnvFault("timeout", f"{kind} took longer than {timeout_s}s") from None
         except ActionRejected:
             raise
-        except Exception as e:  # the env raised: the server would answer EXECUTION_ERROR
+        except Exception as e:  # noqa: BLE001 - the env raised: the server would answer EXECUTION_ERROR
             raise EnvFault("server_error", f"{kind} raised {type(e).__name__}: {e}") from None
 
     def reset(self, kwargs: dict, timeout_s: float) -> dict:
@@ -143,7 +143,7 @@ class InProcessTransport:
         self._loop.call_soon_threadsafe(self._requests.put_nowait, None)
         try:
             self._session.result(timeout=5.0)
-        except Exception:  # noqa: BLE001 - env.close failed or is slow: the daemon loop thread finishes it
+        except Exception:  # noqa: BLE001, S110 - env.close failed or is slow: the daemon loop thread finishes it
             pass
 
 
@@ -211,5 +211,5 @@ class WebSocketTransport:
     def close(self) -> None:
         try:
             self._ws.close()
-        except Exception:  # noqa: BLE001 - closing a dead socket
+        except Exception:  # noqa: BLE001, S110 - closing a dead socket
             pass

@@ -1,8 +1,6 @@
 """A test-only MCP env whose tools misbehave on purpose: one raises, one blocks."""
 from __future__ import annotations
 
-import time
-
 from fastmcp import FastMCP
 from openenv.core.env_server.mcp_environment import MCPEnvironment
 from openenv.core.env_server.mcp_types import CallToolAction

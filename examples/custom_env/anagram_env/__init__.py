@@ -1,4 +1,4 @@
 """anagram_env: a user's own OpenEnv environment, trained by quaero without touching quaero's code."""
 from .env import AnagramAction, AnagramEnv, AnagramObservation, AnagramState
 
-__all__ = ["AnagramEnv", "AnagramAction", "AnagramObservation", "AnagramState"]
+__all__ = ["AnagramAction", "AnagramEnv", "AnagramObservation", "AnagramState"]
