@@ -169,8 +169,8 @@ class StepBench:
         want, step = self.args.seq_len, self.args.len_step
         if "full_logits" not in self.selected_paths():
             return want, ""
-        for L in (min(self.args.min_len, want), min(2 * self.args.min_len, want)):
-            self.measure("full_logits", L)
+        for L in sorted({min(self.args.min_len, want), min(2 * self.args.min_len, want)}):
+            self.measure("full_logits", L, timed_steps=self.args.steps if L == want else 0)
         if self.safe("full_logits", want):
             return want, ""
         L = want

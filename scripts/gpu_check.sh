@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# One command on a CUDA machine (under 8 minutes on one GPU): install what is missing, run both
+# benchmarks on CUDA at the seed's two shapes (the compiled-CE `require` proof included), the
+# GPU-marked tests and a short `quaero train` with the vLLM sampler; every figure lands as JSON in
+# one folder:
+#
+#     scripts/gpu_check.sh [OUT_DIR]          # default gpu-check-YYYYmmdd-HHMMSS
+#
+# OUT_DIR/summary.json lists each step's exit status and seconds; the script exits 1 if any failed.
+# Environment: PYTHON (interpreter to use), DEVICE (default cuda:0), QUICK=1 (tiny shapes: a
+# plumbing check that also runs on a CPU with DEVICE=cpu; its figures mean nothing).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+OUT="${1:-gpu-check-$(date +%Y%m%d-%H%M%S)}"
+DEVICE="${DEVICE:-cuda:0}"
+QUICK="${QUICK:-0}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}" TOKENIZERS_PARALLELISM=false
+export QUAERO_CACHE="${QUAERO_CACHE:-$PWD/.cache/quaero}"
+
+if [ -n "${PYTHON:-}" ]; then PY="$PYTHON"
+elif [ -x .venv/bin/python ] && .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() or '$DEVICE' == 'cpu' else 1)" 2>/dev/null; then PY=.venv/bin/python
+else PY=python3
+fi
+
+SUMMARY="$OUT/summary.jsonl"
+: > "$SUMMARY"
+START=$(date +%s)
+
+# step NAME TIMEOUT_S CMD...: run with a time limit, stdout+stderr to OUT/NAME.log, record rc and seconds
+step() {
+    local name=$1 limit=$2; shift 2
+    local t0=$(date +%s) rc
+    echo "== $name (limit ${limit}s): $*"
+    timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+    rc=$?
+    local secs=$(( $(date +%s) - t0 ))
+    printf '{"step": "%s", "rc": %d, "seconds": %d}\n' "$name" "$rc" "$secs" >> "$SUMMARY"
+    if [ "$rc" -ne 0 ]; then
+        echo "   FAILED rc=$rc after ${secs}s (see $OUT/$name.log)"; tail -n 5 "$OUT/$name.log" | sed 's/^/   | /'
+    else
+        echo "   ok in ${secs}s"
+    fi
+    return 0
+}
+
+# 1. install what is missing (the machine may be offline: then whatever is there must do)
+if ! "$PY" -c "import quaero, pytest, structlog, renderers, openenv" 2>/dev/null; then
+    step install 240 "$PY" -m pip install -e ".[dev]"
+fi
+if [ "$DEVICE" != "cpu" ] && ! "$PY" -c "import vllm" 2>/dev/null; then
+    step install_vllm 240 "$PY" -m pip install -e ".[vllm]"
+fi
+{ nvidia-smi 2>&1 || true; "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available())"; } > "$OUT/machine.txt" 2>&1
+
+QC=("$PY" -m quaero.cli)
+if [ "$QUICK" = 1 ]; then
+    S1=(--seq-len 256 --early-target-pos 16 --selected-tokens 16 --vocab-size 1024 --hidden-size 64 --repeats 2)
+    S2=(--seq-len 512 --early-target-pos 16 --selected-tokens 256 --vocab-size 2048 --hidden-size 64 --repeats 2)
+    S3=(--seq-len 512 --early-target-pos 16 --selected-tokens 256 --vocab-size 4096 --hidden-size 64 --repeats 2)
+    STEP=(--seq-len 512 --targets 64 --vocab-size 4096 --budget-gb 0.1 --min-len 256 --max-len 1024 --len-step 256)
+    COMPILE=auto
+else
+    S1=(--seq-len 4096 --early-target-pos 16 --selected-tokens 16 --vocab-size 8192 --hidden-size 64 --repeats 7)
+    S2=(--seq-len 4096 --early-target-pos 16 --selected-tokens 256 --vocab-size 32768 --hidden-size 256 --repeats 11)
+    S3=(--seq-len 4096 --early-target-pos 16 --selected-tokens 2048 --vocab-size 151936 --hidden-size 64 --repeats 7)
+    STEP=(--seq-len 16384 --targets 64 --vocab-size 151936 --budget-gb 8 --max-len 131072 --len-step 1024)
+    COMPILE=require
+fi
+[ "$DEVICE" = cpu ] && COMPILE=auto   # `require` fails closed off CUDA, by design
+
+# 2. benchmarks: the seed's first shape with the compiled-CE require proof (min tokens 1, as the seed's
+#    proof run), its second shape as the seed ran it (auto, min tokens 128), and the chunked shape
+step echo_shape1 150 "${QC[@]}" bench echo --device "$DEVICE" "${S1[@]}" \
+    --compile-selective-ce "$COMPILE" --compile-selective-ce-min-tokens 1 --json "$OUT/echo_shape1.json"
+step echo_shape2 150 "${QC[@]}" bench echo --device "$DEVICE" "${S2[@]}" \
+    --compile-selective-ce auto --compile-selective-ce-min-tokens 128 --json "$OUT/echo_shape2.json"
+step echo_chunked_2048 90 "${QC[@]}" bench echo --device "$DEVICE" "${S3[@]}" --chunk-size 256 --no-smoke \
+    --json "$OUT/echo_chunked_2048.json"
+step bench_step 150 "${QC[@]}" bench step --device "$DEVICE" "${STEP[@]}" --json "$OUT/step.json"
+
+# 3. GPU-marked tests (none collected = rc 5, recorded as such)
+step pytest_gpu 150 "$PY" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/pytest_gpu.xml"
+
+# 4. a short training run with the vLLM sampler on the embedded tiny model, then its proofs
+if [ "$DEVICE" != cpu ]; then
+    step train_vllm 240 "${QC[@]}" train envs/toolbench.toml --set sampler.backend=vllm --set training.steps=2 \
+        --set run.name=gpu-check --set "run.output_dir=\"$OUT/runs\"" --set run.device=cuda \
+        --set sampler.gpu_memory_utilization=0.3
+    step review 60 sh -c "\"$PY\" -m quaero.cli review \"$OUT/runs/gpu-check\" --json > \"$OUT/review.json\" && \
+        \"$PY\" -m quaero.cli review \"$OUT/runs/gpu-check\" --require-proof"
+fi
+
+"$PY" - "$SUMMARY" "$OUT/summary.json" "$START" <<'EOF'
+import json, sys, time
+steps = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+doc = {"steps": steps, "total_seconds": int(time.time()) - int(sys.argv[3]),
+       "failed": [s["step"] for s in steps if s["rc"] != 0 and not (s["step"] == "pytest_gpu" and s["rc"] == 5)]}
+json.dump(doc, open(sys.argv[2], "w"), indent=2)
+print(json.dumps(doc, indent=2))
+EOF
+echo "figures: $OUT/*.json"
+"$PY" -c "import json,sys; sys.exit(1 if json.load(open('$OUT/summary.json'))['failed'] else 0)"
