@@ -72,7 +72,7 @@ def test_sixty_toolbench_episodes_are_exact(toolbench, render, tiny_sampler, tin
                                                            for ep in sampled for t in ep.transitions)
     # packing changes no target's log-prob (same tokens, same left context)
     worst = 0.0
-    for ep in packed[::8] + sampled[:2]:
+    for ep in packed[::10] + sampled[:1]:
         a = target_logprobs(tiny_model, build_rows(ep.transitions, packing=True))
         b = target_logprobs(tiny_model, build_rows(ep.transitions, packing=False))
         assert a.keys() == b.keys()

@@ -1,0 +1,69 @@
+"""EchoRow contract and the two layouts (per-transition, packed) built from transitions."""
+from __future__ import annotations
+
+import pytest
+
+from quaero.rows import EchoRow, RowError, Span, Transition, build_rows, per_transition_tokens
+
+
+def row(n=6, spans=None, adv=None, echo=None):
+    spans = spans or [Span("prompt", 0, 2), Span("action", 2, 4), Span("env", 4, 6)]
+    return EchoRow(list(range(n)), spans, adv or [0.0] * n, echo or [0.0] * n, [0.0] * n)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(adv=[0, 0, 0, 0, 1.0, 0]), "advantage 1.0 on a env token"),
+    (dict(echo=[0, 0, 1.0, 0, 0, 0]), "ECHO weight 1.0 on a action token"),
+    (dict(echo=[0, 0, 0, 0, float("nan"), 0]), "non-finite"),
+    (dict(spans=[Span("prompt", 0, 3), Span("action", 2, 6)]), "overlaps"),
+    (dict(spans=[Span("prompt", 0, 7)]), "outside"),
+])
+def test_row_rejects_broken_contracts(bad, match):
+    with pytest.raises(RowError, match=match):
+        row(**bad)
+
+
+def test_row_round_trips_with_turns_and_sets_advantages_on_actions_only():
+    r = row(spans=[Span("prompt", 0, 2, 0), Span("action", 2, 4, 0), Span("env", 4, 6, 0)], echo=[0, 0, 0, 0, 1, 1])
+    assert EchoRow.from_dict(r.to_dict()) == r
+    assert EchoRow.from_dict({**r.to_dict(), "spans": [["prompt", 0, 2], ["action", 2, 6]],
+                              "echo_weights": [0.0] * 6}).spans[0].turn == -1  # 3-field spans still load
+    assert r.with_advantage(0.5).advantages == [0, 0, 0.5, 0.5, 0, 0]
+    assert r.target_mask == [False] * 4 + [True] * 2
+
+
+def transition(turn, prompt, action, response, kinds):
+    return Transition(turn, prompt, action, [-0.5] * len(action), response, kinds)
+
+
+# turn 1's prompt extends turn 0's prompt + action + response with a generation prompt [9]
+T0 = transition(0, [1, 2, 3], [4, 5], [6, 7, 8], ["scaffold", "env", "scaffold"])
+T1 = transition(1, [1, 2, 3, 4, 5, 6, 7, 8, 9], [10], [11, 12], ["scaffold", "corrective"])
+T2 = transition(2, [1, 2, 3, 99, 9], [13], [14], ["env"])  # history re-rendered differently: not an extension
+
+
+def test_packed_layout_extends_only_on_exact_token_extension():
+    rows = build_rows([T0, T1, T2], packing=True)
+    assert [r.meta for r in rows] == [{"turns": [0, 1], "layout": "packed"}, {"turns": [2], "layout": "transition"}]
+    a = rows[0]
+    assert a.input_ids == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+    assert [(s.kind, s.start, s.end, s.turn) for s in a.spans] == [
+        ("prompt", 0, 3, 0), ("action", 3, 5, 0), ("scaffold", 5, 6, 0), ("env", 6, 7, 0), ("scaffold", 7, 8, 0),
+        ("prompt", 8, 9, 1), ("action", 9, 10, 1), ("scaffold", 10, 11, 1), ("corrective", 11, 12, 1)]
+    assert a.echo_weights == [0] * 6 + [1.0] + [0] * 5  # env content only; corrective never
+    assert a.sampler_logprobs == [0, 0, 0, -0.5, -0.5, 0, 0, 0, 0, -0.5, 0, 0]
+    assert sum(len(r) for r in rows) < per_transition_tokens([T0, T1, T2])
+
+
+def test_per_transition_layout_and_scaffold_option():
+    rows = build_rows([T0, T1, T2], packing=False)
+    assert [r.input_ids for r in rows] == [T0.ids, T1.ids, T2.ids]
+    assert sum(len(r) for r in rows) == per_transition_tokens([T0, T1, T2])
+    scaffolded = build_rows([T0], packing=False, include_scaffold=True)[0]
+    assert scaffolded.echo_weights == [0, 0, 0, 0, 0, 1.0, 1.0, 1.0]
+
+
+def test_first_token_never_carries_echo_weight():
+    t = transition(0, [], [4], [6, 7], ["env", "env"])
+    r = build_rows([Transition(0, [], [], [], [6, 7], ["env", "env"])])[0]
+    assert r.echo_weights == [0.0, 1.0] and len(build_rows([t])[0]) == 3
