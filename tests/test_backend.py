@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from quaero.config import QuaeroConfig
+from quaero.metrics import SELECTIVE_METRICS
 from quaero.rows import EchoRow
 from trainers.forward import CausalLMParts, LogitTransformError, SharedForwardError
 from trainers.local import LocalBackend
@@ -41,7 +42,9 @@ def test_sparse_rows_prove_the_seed_metrics_with_one_forward_per_microbatch(smal
     b = LocalBackend(make_cfg(small_model_dir, micro_batch_tokens=200), "cpu")  # one row each
     before = {k: v.clone() for k, v in b.model.state_dict().items()}
     m = b.train_step(rows())
-    assert set(PROOF_KEYS) <= set(m)
+    assert set(PROOF_KEYS) <= set(m) and set(SELECTIVE_METRICS) <= set(m)
+    assert isinstance(m["local_train_selective_suffix_logits"], bool)
+    assert m["local_train_compile_selective_ce_mode"] == "off" and m["local_train_compile_selective_ce_fallback_reason"] == ""
     assert m["microbatches"] == 4 and m["forward_passes"] == 4 and m["forward_passes_per_microbatch"] == 1
     assert m["local_train_selective_sparse_suffix_skips"] == 4
     assert m["local_train_selective_hidden_logprob_batches"] == 4
@@ -250,3 +253,28 @@ def test_tiny_qwen3_smoke_local(tiny_model_dir):
     assert m["local_train_selective_hidden_logprob_batches"] > 0
     assert m["local_train_selective_fallback_logprob_batches"] == 0
     assert m["forward_passes"] == m["microbatches"] and m["forward_passes_per_microbatch"] == 1
+
+
+class NoSplitLM(torch.nn.Module):
+    """A fault: a causal LM that exposes neither its backbone nor its head (only full logits)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.wrapped, self.config = inner, inner.config
+
+    def forward(self, **kw):
+        return self.wrapped(**kw)
+
+
+def test_model_without_backbone_split_falls_back_and_is_counted(small_model_dir):
+    class NoSplitBackend(LocalBackend):
+        def _load_model(self):
+            return NoSplitLM(super()._load_model())
+
+    rs = rows(2)
+    ref = LocalBackend(make_cfg(small_model_dir), "cpu").train_step(rs)
+    m = NoSplitBackend(make_cfg(small_model_dir), "cpu").train_step(rs)
+    assert m["local_train_selective_fallback_logprob_batches"] == m["microbatches"] == m["forward_passes"]
+    assert m["local_train_selective_hidden_logprob_batches"] == 0
+    for key in ("rl_loss", "echo_loss", "grad_norm"):
+        assert m[key] == pytest.approx(ref[key], rel=1e-5), key

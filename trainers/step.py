@@ -5,6 +5,11 @@ the RL (or SFT) term and the ECHO term both read `lp` -> ONE backward. Gradients
 microbatches; then grad-norm clipping (`[backend] max_grad_norm`, always applied when set) and ONE
 optimizer step. Each term is normalised by its own step-wide token count (trainers/loss.py), so the
 microbatch split never changes the result. A microbatch without targets does no forward at all.
+
+Temperature: `lp` is log_softmax(logits / T) with T = `[sampler] temperature`, so the importance ratio
+compares the trainer with the distribution the sampler drew from. The ECHO and SFT terms read the
+same tensor (one LM-head pass), so at T != 1 they train the tempered distribution too; at the
+default T = 1 all three are the model's own distribution.
 """
 from __future__ import annotations
 
