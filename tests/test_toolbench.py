@@ -130,3 +130,18 @@ def test_check_answer_normalizes_numbers_and_text():
     assert not check_answer(num, f"{value + 1:.2f}") and not check_answer(num, f"P3 {value}")
     city = next(t for t in (make_task("train", i, 1) for i in range(50)) if t.template == "city")
     assert check_answer(city, city.answer.upper() + ".") and not check_answer(city, "Atlantis")
+
+
+def test_task_listing_over_the_openenv_task_api(toolbench_url):
+    """OpenEnv's TaskProvider routes on the real server list splits and tasks, never answers."""
+    import json
+    import urllib.request
+
+    base = toolbench_url.replace("ws://", "http://")
+    with urllib.request.urlopen(f"{base}/toolbenchenv/splits", timeout=5) as r:
+        assert [s["name"] for s in json.loads(r.read())] == ["train", "eval"]
+    req = urllib.request.Request(f"{base}/toolbenchenv/task", data=json.dumps({"split": "eval", "index": 3}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        task = json.loads(r.read())["task"]
+    assert task["question"] == make_task("eval", 3, 4).question and "answer" not in task

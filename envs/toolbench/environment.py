@@ -87,6 +87,24 @@ class ToolBenchEnv(MCPEnvironment):
     def state(self) -> ToolBenchState:
         return self._state
 
+    # -- OpenEnv's optional TaskProvider protocol (GET /{env}/splits, POST /{env}/task, ...) ------------
+    def list_splits(self) -> list[str]:
+        return list(SPLITS)
+
+    def num_tasks(self, split: str) -> int:
+        return NUM_TASKS[split]
+
+    def get_task(self, split: str, index: int) -> dict:
+        """A task's public description (never its answer)."""
+        if not 0 <= index < NUM_TASKS.get(split, 0):
+            raise IndexError(index)
+        t = make_task(split, index, self.default_difficulty)
+        return {"task_id": t.task_id, "split": split, "index": index, "difficulty": t.difficulty,
+                "template": t.template, "question": t.question}
+
+    def get_task_range(self, split: str, start: int, stop: int) -> list[dict]:
+        return [self.get_task(split, i) for i in range(start, min(stop, start + 1000, NUM_TASKS[split]))]
+
     # -- reward and termination --------------------------------------------------------------------
     def _over(self, action) -> Observation | None:
         """After the episode ended, tool calls are refused (as a tool error, not an exception)."""

@@ -107,10 +107,10 @@ class EnvPool:
         self.close()
 
 
-def _list_tools(backend) -> list[dict]:
+def _list_tools(backend, timeout_s: float) -> list[dict]:
     transport = backend.connect()
     try:
-        payload = transport.step({"type": "list_tools"}, 60.0)
+        payload = transport.step({"type": "list_tools"}, timeout_s)
     finally:
         transport.close()
     return tool_specs(payload["observation"].get("tools", []))
@@ -148,7 +148,7 @@ def open_envs(cfg: EnvConfig, n: int) -> EnvPool:
             backend = ServerBackend(ws_url, cfg.reset_timeout_s, counters, server)
             schema = _fetch_schema(http_url, cfg.reset_timeout_s)
             is_mcp = {"tool_name", "arguments"} <= set(schema.get("properties", {}))
-        tools = _list_tools(backend) if is_mcp else None
+        tools = _list_tools(backend, cfg.reset_timeout_s) if is_mcp else None
         sessions = [ChatEnv(cfg, backend, counters, tools=tools, action_schema=None if is_mcp else
                             model_action_schema(schema), formatter=load_formatter(cfg.formatter)) for _ in range(n)]
         pool = EnvPool(sessions, counters, server)

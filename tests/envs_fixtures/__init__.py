@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -26,14 +27,16 @@ def served(entry: str, max_concurrent_envs: int = 8, timeout_s: float = 60.0):
     """`quaero env serve ENTRY` in a subprocess on 127.0.0.1; yields (url, proc); killed by pid."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), str(REPO_DIR), os.environ.get("PYTHONPATH", "")])}
+    log = tempfile.TemporaryFile()  # not a pipe: a chatty server must never block on a full pipe
     proc = subprocess.Popen([sys.executable, "-m", "quaero.cli", "env", "serve", entry, "--port", str(port),
                              "--max-concurrent-envs", str(max_concurrent_envs)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + timeout_s
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"quaero env serve {entry} exited: {proc.stderr.read().decode()[-2000:]}")
+                log.seek(0)
+                raise RuntimeError(f"quaero env serve {entry} exited: {log.read().decode()[-2000:]}")
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).close()
                 break
@@ -48,3 +51,4 @@ def served(entry: str, max_concurrent_envs: int = 8, timeout_s: float = 60.0):
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             proc.kill()
+        log.close()
