@@ -191,3 +191,24 @@ def test_a_run_of_episodes_with_every_fault_keeps_going():
     assert results == ["dropped", "dropped", 1.0, 1.0, "dropped", 1.0]
     assert counts["env_episodes_dropped"] == 3 and counts["env_malformed_actions"] == 1
     assert counts["env_timeouts"] == 2
+
+
+def test_a_failed_recovery_drops_the_episode_instead_of_raising():
+    """Fault injection by a fake backend: every connect fails and the server cannot be restarted."""
+    from quaero.envs import ChatEnv, EnvCounters
+    from quaero.envs.mapping import default_formatter
+    from quaero.envs.transport import EnvFault
+
+    class DeadBackend:
+        def connect(self):
+            raise EnvFault("connection", "connection refused")
+
+        def recover(self):
+            raise RuntimeError("env server exited with 1 before becoming healthy")
+
+    counters = EnvCounters()
+    env = ChatEnv(EnvConfig(entry="envs.toolbench:ToolBenchEnv", **FAST), DeadBackend(), counters, tools=None,
+                  action_schema={}, formatter=default_formatter)
+    with pytest.raises(EpisodeDropped, match="recovery failed: env server exited"):
+        env.reset(seed=0)
+    assert counters.snapshot_and_reset()["env_episodes_dropped"] == 1

@@ -114,7 +114,10 @@ class ChatEnv:
                     self.counters.inc("env_timeouts")
                 self._drop_transport()
                 lost = True
-                self.backend.recover()
+                try:
+                    self.backend.recover()
+                except Exception as err:  # noqa: BLE001 - e.g. the env server cannot start again
+                    raise EpisodeDropped(f"{what}: {fault}; recovery failed: {err}") from None
                 if what == "step" and self.cfg.on_session_loss == "drop":
                     raise EpisodeDropped(f"{what}: session lost ({fault}); on_session_loss='drop'") from None
                 if attempt == self.cfg.max_retries:

@@ -27,28 +27,31 @@ def served(entry: str, max_concurrent_envs: int = 8, timeout_s: float = 60.0):
     """`quaero env serve ENTRY` in a subprocess on 127.0.0.1; yields (url, proc); killed by pid."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), str(REPO_DIR), os.environ.get("PYTHONPATH", "")])}
-    log = tempfile.TemporaryFile()  # not a pipe: a chatty server must never block on a full pipe
-    proc = subprocess.Popen([sys.executable, "-m", "quaero.cli", "env", "serve", entry, "--port", str(port),
-                             "--max-concurrent-envs", str(max_concurrent_envs)], env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                log.seek(0)
-                raise RuntimeError(f"quaero env serve {entry} exited: {log.read().decode()[-2000:]}")
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        yield f"ws://127.0.0.1:{port}", proc
-    finally:
-        proc.terminate()
+    with tempfile.TemporaryFile() as log:  # not a pipe: a chatty server must never block on a full pipe
+        proc = subprocess.Popen([sys.executable, "-m", "quaero.cli", "env", "serve", entry, "--port", str(port),
+                                 "--max-concurrent-envs", str(max_concurrent_envs)], env=env,
+                                stdout=log, stderr=subprocess.STDOUT)
         try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+            _wait_healthy(proc, port, log, timeout_s)
+            yield f"ws://127.0.0.1:{port}", proc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _wait_healthy(proc: subprocess.Popen, port: int, log, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"quaero env serve exited: {log.read().decode()[-2000:]}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
