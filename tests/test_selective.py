@@ -219,3 +219,16 @@ def test_full_logprobs_dense_reference_is_exact():
     logits = head(hidden)
     want = F.log_softmax(logits[:, :-1] / 0.5, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
     assert torch.equal(full_logprobs(logits, ids, None, temperature=0.5), want)
+
+
+@pytest.mark.slow
+def test_compiled_branch_is_exact_when_compile_runs(monkeypatch):
+    """The real torch.compile'd CE (Inductor on CPU; production allows it on CUDA only)."""
+    import trainers.compiled_ce as compiled_ce
+
+    monkeypatch.setattr(compiled_ce, "compile_unavailable_reason",
+                        lambda device, head, selected, min_tokens: "" if selected >= min_tokens else "below_min_tokens")
+    hidden, head, ids, mask = _case(12, B=2, L=24, V=64, H=8, bias=True, density=0.7)
+    info = _assert_exact(hidden, head, ids, mask, T=0.7, transform=LogitTransform(softcap=4.0),
+                         compile_mode="require", compile_min_tokens=1, suffix_max_bytes=0, expect="compiled")
+    assert info.compiled and info.fallback_reason == ""

@@ -6,6 +6,8 @@ back (`auto`) or fails closed (`require`). Unlike the seed we compile with `dyna
 default mode, not `reduce-overhead`: selected-token counts vary every step, and CUDA-graph output
 buffers are reused across calls, which is a hazard for a tensor that lives until backward.
 A compile failure is remembered (per process) so it is not retried on every microbatch.
+It runs all S selected rows at once, also when `train_logprob_chunk_size` is set (the compiled
+region is Inductor-fused, but not chunk-bounded): a memory-bound run keeps compile off and chunks.
 """
 from __future__ import annotations
 
