@@ -224,7 +224,7 @@ def test_full_logprobs_dense_reference_is_exact():
 @pytest.mark.slow
 def test_compiled_branch_is_exact_when_compile_runs(monkeypatch):
     """The real torch.compile'd CE (Inductor on CPU; production allows it on CUDA only)."""
-    import trainers.compiled_ce as compiled_ce
+    from trainers import compiled_ce
 
     monkeypatch.setattr(compiled_ce, "compile_unavailable_reason",
                         lambda device, head, selected, min_tokens: "" if selected >= min_tokens else "below_min_tokens")
