@@ -69,3 +69,12 @@ def vllm_engine(tiny_model_dir):
     llm = make_engine(str(tiny_model_dir), dtype="float32", max_model_len=4096, max_num_seqs=16)
     yield llm
     del llm
+
+
+# --- trainer backends (trainers/) ---------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def local_smoke_metrics(tiny_model_dir):
+    """One `local` RL + ECHO step on tiny-qwen3 over the sparse smoke rows (trainers/smoke.py), once."""
+    from trainers.smoke import run
+
+    return run("local")

@@ -61,11 +61,9 @@ def test_unsloth_full_finetune_step_proves_sparse_selective_path(unsloth_run):
     assert m["echo_loss"] > 0
 
 
-def test_unsloth_matches_local_on_the_same_rows(unsloth_run):
+def test_unsloth_matches_local_on_the_same_rows(unsloth_run, local_smoke_metrics):
     """Same weights, same rows, same shared step: the losses and gradient norm agree with `local`."""
-    from trainers.smoke import run
-
-    local = run("local")
+    local = local_smoke_metrics
     for key in ("rl_loss", "echo_loss", "grad_norm"):
         assert unsloth_run["full"][key] == pytest.approx(local[key], rel=1e-5), key
 
