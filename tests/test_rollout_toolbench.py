@@ -4,6 +4,7 @@ captured (terminal included), prefix mismatches 0, packed rows reproducing per-t
 from __future__ import annotations
 
 import pytest
+import torch
 from test_rollout import IM_END, assert_exact, make_cfg, target_logprobs
 from test_rollout import render, tiny_model, tiny_sampler  # noqa: F401  (module fixtures)
 
@@ -83,3 +84,25 @@ def test_sixty_toolbench_episodes_are_exact(toolbench, render, tiny_sampler, tin
           f"packed-vs-per-transition max |dlogp| {worst:.2e}, trained tokens/episode "
           f"packed {a1['trained_tokens_per_episode']:.0f} vs per-transition "
           f"{a1['trained_tokens_per_transition_layout'] / a1['episodes']:.0f}")
+
+
+@pytest.mark.vllm
+def test_vllm_driven_toolbench_episodes_are_exact(toolbench, render, tiny_model, tiny_model_dir, vllm_engine):
+    from quaero.sampling.vllm import VLLMSampler
+
+    cfg, _ = toolbench
+    sampler = VLLMSampler(str(tiny_model_dir), cfg.sampler, stop_token_ids=render.stop_token_ids, llm=vllm_engine)
+    tasks = [{"seed": i, "split": "train", "index": i} for i in range(4)]
+    episodes, audit = run(toolbench, render, tasks, 2, max_turns=2, sampler=sampler)
+    assert len(episodes) == 8 and audit["prefix_mismatches"] == 0
+    assert audit["env_responses"] == audit["env_responses_captured"] == audit["turns"] == 16
+    for ep in episodes:
+        assert_exact(render, ep)
+    rows = [r for ep in episodes for r in ep.rows]
+    trainer = []
+    for row in rows:  # the trainer's no-grad log-probs of each row (shifted: entry j scores token j + 1)
+        with torch.no_grad():
+            lp = tiny_model(torch.tensor([row.input_ids])).logits[0, :-1].log_softmax(-1)
+        trainer.append(lp.gather(-1, torch.tensor(row.input_ids[1:])[:, None]).squeeze(-1).tolist())
+    gap = ExactnessAudit().record_logprob_gap(rows, trainer)
+    assert gap["max"] < 1e-4
