@@ -232,8 +232,10 @@ class StepBench:
         probes = [{"seq_len": L, "peak_total_mb": r["peak_total_mb"], "fits": r["peak_total_mb"] * MIB <= budget}
                   for (p, L), r in sorted(self.probes.items()) if p == path]
         out = {"longest_fit_tokens": lo, "limited_by": limited, "probes": probes}
-        if guess is not None:
-            out["linear_model_fit_tokens"] = guess
+        line = self.line(path)
+        if line:  # where the line through the two longest probes crosses the budget (beyond the cap too)
+            l1, m1, slope = line
+            out["linear_model_fit_tokens"] = int(l1 + (budget - m1) / max(slope, 1.0))
         return out
 
     def line(self, path: str) -> tuple[int, float, float] | None:
