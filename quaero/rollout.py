@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
 
 from quaero.render import BridgeFailure, RenderAdapter
 from quaero.rows import EchoRow, Transition, build_rows, per_transition_tokens

@@ -101,7 +101,7 @@ class EchoRow:
     def num_echo_tokens(self) -> int:
         return sum(1 for w in self.echo_weights if w > 0.0)
 
-    def with_advantage(self, advantage: float) -> "EchoRow":
+    def with_advantage(self, advantage: float) -> EchoRow:
         """The same row with `advantage` on every sampled action token (group-relative RL)."""
         mask = self.action_mask
         return replace(self, advantages=[advantage if m else 0.0 for m in mask])
@@ -112,7 +112,7 @@ class EchoRow:
                 "sampler_logprobs": self.sampler_logprobs, "meta": self.meta}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "EchoRow":
+    def from_dict(cls, d: dict) -> EchoRow:
         return cls(d["input_ids"], [Span(*s) for s in d["spans"]], d["advantages"],
                    d["echo_weights"], d["sampler_logprobs"], d.get("meta", {}))
 

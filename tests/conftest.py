@@ -7,7 +7,7 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("QUAERO_CACHE", os.path.join(tempfile.gettempdir(), "quaero-test-cache"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture(scope="session")
@@ -78,3 +78,30 @@ def local_smoke_metrics(tiny_model_dir):
     from trainers.smoke import run
 
     return run("local")
+
+
+# --- rollout (quaero.render, quaero.rollout) --------------------------------------------------------
+@pytest.fixture(scope="session")
+def qwen3_render(qwen3_tokenizer):
+    """RenderAdapter: the real Qwen3 renderer (renderers 0.1.7, thinking on) over the offline Qwen tokenizer."""
+    from quaero.config import ModelConfig
+    from quaero.render import RenderAdapter
+
+    return RenderAdapter(qwen3_tokenizer, ModelConfig())
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tiny_model_dir):
+    """tiny-qwen3 as a transformers module in eval mode (the rollout tests' policy and log-prob reference)."""
+    from quaero.model import load_causal_lm
+
+    return load_causal_lm("tiny-qwen3").eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_sampler(tiny_lm):
+    """HFSampler over tiny_lm: temperature 1, 8 tokens max (a random model: completions truncate)."""
+    from quaero.config import SamplerConfig
+    from quaero.sampling.hf import HFSampler
+
+    return HFSampler(tiny_lm, SamplerConfig(max_tokens=8, temperature=1.0), stop_token_ids=[151645, 151643])

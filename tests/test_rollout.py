@@ -7,7 +7,6 @@ import torch
 from test_rollout_toyenv import ToyChatEnv, oracle
 
 from quaero.config import QuaeroConfig
-from quaero.render import RenderAdapter
 from quaero.rollout import EpisodeDriver, ExactnessAudit, ExactnessError, _episode_dropped
 from quaero.rows import build_rows
 
@@ -20,25 +19,6 @@ def make_cfg(**over) -> QuaeroConfig:
         section, name = key.split("__")
         data.setdefault(section, {})[name] = value
     return QuaeroConfig.model_validate(data)
-
-
-@pytest.fixture(scope="module")
-def tiny_model():
-    from quaero.model import load_causal_lm
-
-    return load_causal_lm("tiny-qwen3").eval()
-
-
-@pytest.fixture(scope="module")
-def tiny_sampler(tiny_model):
-    from quaero.sampling.hf import HFSampler
-
-    return HFSampler(tiny_model, make_cfg().sampler, stop_token_ids=[IM_END, 151643])
-
-
-@pytest.fixture(scope="module")
-def render(qwen3_tokenizer):
-    return RenderAdapter(qwen3_tokenizer, make_cfg().model)
 
 
 def drive(render, *, envs=None, tasks=3, group=1, policy=oracle, sampler=None, audit=None, **cfg):
@@ -76,57 +56,57 @@ def assert_exact(render, ep):
             assert all((w > 0) == (s.kind == "env") for w in row.echo_weights[s.start:s.end])
 
 
-def test_thinking_tool_cycle_packs_into_one_row(render):
-    eps, audit = drive(render, tasks=3)
+def test_thinking_tool_cycle_packs_into_one_row(qwen3_render):
+    eps, audit = drive(qwen3_render, tasks=3)
     for ep in eps:
         assert ep.success and ep.reward == 1.0
         assert len(ep.rows) == 1 and ep.rows[0].meta["layout"] == "packed"
-        assert_exact(render, ep)
+        assert_exact(qwen3_render, ep)
         row = ep.rows[0]
         # earlier turns' sampled thinking stays in the row (the full render keeps it inside a tool cycle)
-        assert "<think>\nI need the price of" in text(render, row, spans_of(ep, "action", 0)[0][1])
+        assert "<think>\nI need the price of" in text(qwen3_render, row, spans_of(ep, "action", 0)[0][1])
         (last_row, last), = spans_of(ep, "env", ep.turns - 1)
-        assert text(render, last_row, last) == "correct"  # the terminal response is an ECHO target
+        assert text(qwen3_render, last_row, last) == "correct"  # the terminal response is an ECHO target
         assert ep.info["trained_tokens"] < ep.info["trained_tokens_per_transition_layout"]
     assert audit["prefix_mismatches"] == 0 and audit["bridge_fallbacks"] == 0 and audit["packing_breaks"] == 0
     assert audit["env_responses"] == audit["env_responses_captured"] == audit["turns"] == 9
     assert audit["terminal_responses"] == 3 and audit["rows_packed"] == 3 and audit["rows_transition"] == 0
 
 
-def test_empty_thinking_is_dropped_by_qwen3_so_every_turn_starts_a_row(render):
+def test_empty_thinking_is_dropped_by_qwen3_so_every_turn_starts_a_row(qwen3_render):
     """Qwen3 renders an empty <think></think> only on the last assistant turn: the next full render is not an
     extension, so packing must fall back to one row per transition (counted)."""
-    eps, audit = drive(render, tasks=2, policy=lambda info: oracle(info, reasoning=False))
+    eps, audit = drive(qwen3_render, tasks=2, policy=lambda info: oracle(info, reasoning=False))
     for ep in eps:
         assert len(ep.rows) == ep.turns and all(r.meta["layout"] == "transition" for r in ep.rows)
-        assert_exact(render, ep)
+        assert_exact(qwen3_render, ep)
     assert audit["packing_breaks"] == sum(ep.turns - 1 for ep in eps) and audit["prefix_mismatches"] == 0
 
 
-def test_new_user_turn_breaks_packing_and_is_counted(render):
-    eps, audit = drive(render, tasks=2, envs=[ToyChatEnv("followup")])
+def test_new_user_turn_breaks_packing_and_is_counted(qwen3_render):
+    eps, audit = drive(qwen3_render, tasks=2, envs=[ToyChatEnv("followup")])
     for ep in eps:
         assert ep.success
-        assert_exact(render, ep)
+        assert_exact(qwen3_render, ep)
         # the follow-up question is model-visible env content of turn 0, weighted
-        assert any("two of each" in text(render, r, s) for r, s in spans_of(ep, "env", 0))
+        assert any("two of each" in text(qwen3_render, r, s) for r, s in spans_of(ep, "env", 0))
         # Qwen3 drops earlier reasoning after a new user query: turn 1's prompt is not an extension
         assert len(ep.rows) >= 2 and ep.rows[0].meta["turns"] == [0]
     assert audit["packing_breaks"] >= 2 and audit["prefix_mismatches"] == 0
 
 
-def test_consecutive_tool_messages_are_two_env_spans_in_one_block(render):
-    eps, audit = drive(render, tasks=3, policy=lambda info: oracle(info, parallel=True))
+def test_consecutive_tool_messages_are_two_env_spans_in_one_block(qwen3_render):
+    eps, audit = drive(qwen3_render, tasks=3, policy=lambda info: oracle(info, parallel=True))
     ep = eps[2]  # three items: three tool results after one assistant turn
     spans = spans_of(ep, "env", 0)
-    assert [text(render, r, s) for r, s in spans] == [m["content"] for m in ep.messages if m["role"] == "tool"][:3]
+    assert [text(qwen3_render, r, s) for r, s in spans] == [m["content"] for m in ep.messages if m["role"] == "tool"][:3]
     row = spans[0][0]
     response = row.input_ids[spans_of(ep, "action", 0)[0][1].end:spans_of(ep, "prompt", 1)[0][1].start]
-    assert render.tokenizer.decode(response).count("<|im_start|>user") == 1
+    assert qwen3_render.tokenizer.decode(response).count("<|im_start|>user") == 1
     assert audit["prefix_mismatches"] == 0 and all(len(e.rows) == 1 for e in eps)
 
 
-def test_malformed_tool_call_gets_a_corrective_message_never_weighted(render):
+def test_malformed_tool_call_gets_a_corrective_message_never_weighted(qwen3_render):
     def policy(info):
         good = oracle(info)
 
@@ -137,21 +117,21 @@ def test_malformed_tool_call_gets_a_corrective_message_never_weighted(render):
             return good(messages)
         return act
 
-    eps, audit = drive(render, tasks=2, policy=policy)
+    eps, audit = drive(qwen3_render, tasks=2, policy=policy)
     for ep in eps:
         assert ep.success and ep.messages[2]["tool_calls"] is None
         (row, corr), = spans_of(ep, "corrective")
-        assert "no valid tool call" in text(render, row, corr) and corr.turn == 0
+        assert "no valid tool call" in text(qwen3_render, row, corr) and corr.turn == 0
         assert set(row.echo_weights[corr.start:corr.end]) == {0.0}
-        assert_exact(render, ep)
+        assert_exact(qwen3_render, ep)
     assert audit["malformed_actions"] == 2
 
 
-def test_truncated_completion_is_kept_verbatim_and_bridged(render, tiny_sampler):
-    eps, audit = drive(render, tasks=2, group=2, policy=None, sampler=tiny_sampler, env__max_turns=2)
+def test_truncated_completion_is_kept_verbatim_and_bridged(qwen3_render, tiny_hf_sampler):
+    eps, audit = drive(qwen3_render, tasks=2, group=2, policy=None, sampler=tiny_hf_sampler, env__max_turns=2)
     for ep in eps:
         assert ep.turns == 2 and not ep.success
-        assert_exact(render, ep)
+        assert_exact(qwen3_render, ep)
         for t in ep.transitions:
             assert t.finish_reason == "length" and len(t.action_ids) == 8 and IM_END not in t.action_ids
             # the bridge closes the truncated turn with a synthetic <|im_end|>: scaffold, never an action token
@@ -161,27 +141,27 @@ def test_truncated_completion_is_kept_verbatim_and_bridged(render, tiny_sampler)
     assert audit["prefix_mismatches"] == 0
 
 
-def test_bridge_that_alters_the_prefix_is_counted_and_strict_raises(render, monkeypatch):
-    real = render.renderer.bridge_to_next_turn
+def test_bridge_that_alters_the_prefix_is_counted_and_strict_raises(qwen3_render, monkeypatch):
+    real = qwen3_render.renderer.bridge_to_next_turn
 
     def corrupt(prompt, completion, messages, **kw):  # a fault: a renderer that re-tokenized the action
         out = real(prompt, completion, messages, **kw)
         out.token_ids[len(prompt)] += 1
         return out
 
-    monkeypatch.setattr(render.renderer, "bridge_to_next_turn", corrupt)
-    eps, audit = drive(render, tasks=1)
+    monkeypatch.setattr(qwen3_render.renderer, "bridge_to_next_turn", corrupt)
+    eps, audit = drive(qwen3_render, tasks=1)
     assert audit["prefix_mismatches"] == audit["bridge_fallbacks"] == audit["turns"] == 2
     assert audit["bridge_fallback_reason_prefix_mismatch"] == 2
     for t in eps[0].transitions:  # action-only fallback: the sampled ids still train, no env target
         assert t.response_ids == [] and t.action_ids
     with pytest.raises(ExactnessError, match="prefix_mismatch"):
-        drive(render, tasks=1, strict=True)
+        drive(qwen3_render, tasks=1, strict=True)
 
 
-def test_dropped_episode_is_marked_and_has_no_rows(render):
+def test_dropped_episode_is_marked_and_has_no_rows(qwen3_render):
     envs = [ToyChatEnv(drop_at=2, dropped_exc=_episode_dropped()), ToyChatEnv()]
-    eps, audit = drive(render, envs=envs, tasks=2, group=2)
+    eps, audit = drive(qwen3_render, envs=envs, tasks=2, group=2)
     dropped = [ep for ep in eps if ep.dropped]
     assert dropped and all(ep.rows == [] and "server died" in ep.drop_reason for ep in dropped)
     assert audit["episodes_dropped"] == len(dropped) and audit["episodes"] == 4
@@ -207,26 +187,26 @@ def target_logprobs(model, rows) -> dict:
     return out
 
 
-def test_packing_reproduces_per_transition_target_logprobs(render, tiny_model):
-    eps, _ = drive(render, tasks=3)
-    eps += drive(render, tasks=2, envs=[ToyChatEnv("followup")])[0]
+def test_packing_reproduces_per_transition_target_logprobs(qwen3_render, tiny_lm):
+    eps, _ = drive(qwen3_render, tasks=3)
+    eps += drive(qwen3_render, tasks=2, envs=[ToyChatEnv("followup")])[0]
     for ep in eps:
         packed = build_rows(ep.transitions, packing=True)
         flat = build_rows(ep.transitions, packing=False)
         assert len(packed) <= len(flat)
-        a, b = target_logprobs(tiny_model, packed), target_logprobs(tiny_model, flat)
+        a, b = target_logprobs(tiny_lm, packed), target_logprobs(tiny_lm, flat)
         assert a.keys() == b.keys() and len(a) > 50
         assert max(abs(a[k] - b[k]) for k in a) < 1e-6
 
 
-def test_sampler_vs_trainer_logprob_gap_is_recorded(render, tiny_sampler, tiny_model):
+def test_sampler_vs_trainer_logprob_gap_is_recorded(qwen3_render, tiny_hf_sampler, tiny_lm):
     audit = ExactnessAudit()
-    eps, _ = drive(render, tasks=1, group=2, policy=None, sampler=tiny_sampler, env__max_turns=2, audit=audit)
+    eps, _ = drive(qwen3_render, tasks=1, group=2, policy=None, sampler=tiny_hf_sampler, env__max_turns=2, audit=audit)
     rows = [r for ep in eps for r in ep.rows]
     trainer = []
     for row in rows:
         with torch.no_grad():
-            lp = tiny_model(torch.tensor([row.input_ids])).logits[0, :-1].log_softmax(-1)
+            lp = tiny_lm(torch.tensor([row.input_ids])).logits[0, :-1].log_softmax(-1)
         trainer.append(lp.gather(-1, torch.tensor(row.input_ids[1:])[:, None]).squeeze(-1).tolist())
     gap = audit.record_logprob_gap(rows, trainer)
     snap = audit.snapshot_and_reset()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 from test_rollout import IM_END, assert_exact, make_cfg, target_logprobs
-from test_rollout import render, tiny_model, tiny_sampler  # noqa: F401  (module fixtures)
 
 from quaero.rollout import EpisodeDriver, ExactnessAudit
 from quaero.rows import build_rows
@@ -37,32 +36,32 @@ def toolbench():
         yield cfg, pool
 
 
-def run(toolbench, render, tasks, group, max_turns=8, **kw):
+def run(toolbench, qwen3_render, tasks, group, max_turns=8, **kw):
     cfg, pool = toolbench
     cfg = cfg.model_copy(update={"env": cfg.env.model_copy(update={"max_turns": max_turns})})
     audit = ExactnessAudit(strict=True)  # any mismatch raises
-    driver = EpisodeDriver(render, kw.pop("sampler", None), cfg, audit)
+    driver = EpisodeDriver(qwen3_render, kw.pop("sampler", None), cfg, audit)
     groups = driver.run(pool.sessions, tasks, group_size=group, **kw)
     return [ep for g in groups for ep in g], audit.snapshot_and_reset()
 
 
-def test_sixty_toolbench_episodes_are_exact(toolbench, render, tiny_sampler, tiny_model):
+def test_sixty_toolbench_episodes_are_exact(toolbench, qwen3_render, tiny_hf_sampler, tiny_lm):
     from envs.toolbench import oracle_policy
 
     tasks = [{"seed": i, "split": "train", "index": i} for i in range(20)]
-    packed, a1 = run(toolbench, render, tasks, 2, policy=reasoned(oracle_policy))
-    verbatim, a2 = run(toolbench, render, tasks[:12], 1, policy=oracle_policy)
-    sampled, a3 = run(toolbench, render, tasks[:4], 2, max_turns=2, sampler=tiny_sampler)
+    packed, a1 = run(toolbench, qwen3_render, tasks, 2, policy=reasoned(oracle_policy))
+    verbatim, a2 = run(toolbench, qwen3_render, tasks[:12], 1, policy=oracle_policy)
+    sampled, a3 = run(toolbench, qwen3_render, tasks[:4], 2, max_turns=2, sampler=tiny_hf_sampler)
     episodes = packed + verbatim + sampled
     assert len(episodes) == 60 and not any(ep.dropped for ep in episodes)
     for ep in episodes:
-        assert_exact(render, ep)
+        assert_exact(qwen3_render, ep)
     for ep in packed + verbatim:
         assert ep.success and ep.reward == 1.0
         assert ep.messages[-1]["role"] == "tool"  # the terminal response is in the transcript...
         (row, s), = [(r, s) for r in ep.rows for s in r.spans if s.kind == "env" and s.turn == ep.turns - 1]
         # ...and trained (".\n" is one Qwen token: a boundary token merged with content counts as content)
-        assert render.tokenizer.decode(row.input_ids[s.start:s.end]).strip() == ep.messages[-1]["content"]
+        assert qwen3_render.tokenizer.decode(row.input_ids[s.start:s.end]).strip() == ep.messages[-1]["content"]
     for audit, eps in ((a1, packed), (a2, verbatim), (a3, sampled)):
         assert audit["prefix_mismatches"] == 0 and audit["bridge_fallbacks"] == 0
         assert audit["env_responses"] == audit["env_responses_captured"] == audit["turns"] == sum(e.turns for e in eps)
@@ -74,8 +73,8 @@ def test_sixty_toolbench_episodes_are_exact(toolbench, render, tiny_sampler, tin
     # packing changes no target's log-prob (same tokens, same left context)
     worst = 0.0
     for ep in packed[::10] + sampled[:1]:
-        a = target_logprobs(tiny_model, build_rows(ep.transitions, packing=True))
-        b = target_logprobs(tiny_model, build_rows(ep.transitions, packing=False))
+        a = target_logprobs(tiny_lm, build_rows(ep.transitions, packing=True))
+        b = target_logprobs(tiny_lm, build_rows(ep.transitions, packing=False))
         assert a.keys() == b.keys()
         worst = max(worst, max(abs(a[k] - b[k]) for k in a))
     assert worst < 1e-6
@@ -87,22 +86,22 @@ def test_sixty_toolbench_episodes_are_exact(toolbench, render, tiny_sampler, tin
 
 
 @pytest.mark.vllm
-def test_vllm_driven_toolbench_episodes_are_exact(toolbench, render, tiny_model, tiny_model_dir, vllm_engine):
+def test_vllm_driven_toolbench_episodes_are_exact(toolbench, qwen3_render, tiny_lm, tiny_model_dir, vllm_engine):
     from quaero.sampling.vllm import VLLMSampler
 
     cfg, _ = toolbench
-    sampler = VLLMSampler(str(tiny_model_dir), cfg.sampler, stop_token_ids=render.stop_token_ids, llm=vllm_engine)
+    sampler = VLLMSampler(str(tiny_model_dir), cfg.sampler, stop_token_ids=qwen3_render.stop_token_ids, llm=vllm_engine)
     tasks = [{"seed": i, "split": "train", "index": i} for i in range(4)]
-    episodes, audit = run(toolbench, render, tasks, 2, max_turns=2, sampler=sampler)
+    episodes, audit = run(toolbench, qwen3_render, tasks, 2, max_turns=2, sampler=sampler)
     assert len(episodes) == 8 and audit["prefix_mismatches"] == 0
     assert audit["env_responses"] == audit["env_responses_captured"] == audit["turns"] == 16
     for ep in episodes:
-        assert_exact(render, ep)
+        assert_exact(qwen3_render, ep)
     rows = [r for ep in episodes for r in ep.rows]
     trainer = []
     for row in rows:  # the trainer's no-grad log-probs of each row (shifted: entry j scores token j + 1)
         with torch.no_grad():
-            lp = tiny_model(torch.tensor([row.input_ids])).logits[0, :-1].log_softmax(-1)
+            lp = tiny_lm(torch.tensor([row.input_ids])).logits[0, :-1].log_softmax(-1)
         trainer.append(lp.gather(-1, torch.tensor(row.input_ids[1:])[:, None]).squeeze(-1).tolist())
     gap = ExactnessAudit().record_logprob_gap(rows, trainer)
     assert gap["max"] < 1e-4

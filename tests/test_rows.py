@@ -12,11 +12,11 @@ def row(n=6, spans=None, adv=None, echo=None):
 
 
 @pytest.mark.parametrize("bad, match", [
-    (dict(adv=[0, 0, 0, 0, 1.0, 0]), "advantage 1.0 on a env token"),
-    (dict(echo=[0, 0, 1.0, 0, 0, 0]), "ECHO weight 1.0 on a action token"),
-    (dict(echo=[0, 0, 0, 0, float("nan"), 0]), "non-finite"),
-    (dict(spans=[Span("prompt", 0, 3), Span("action", 2, 6)]), "overlaps"),
-    (dict(spans=[Span("prompt", 0, 7)]), "outside"),
+    ({"adv": [0, 0, 0, 0, 1.0, 0]}, "advantage 1.0 on a env token"),
+    ({"echo": [0, 0, 1.0, 0, 0, 0]}, "ECHO weight 1.0 on a action token"),
+    ({"echo": [0, 0, 0, 0, float("nan"), 0]}, "non-finite"),
+    ({"spans": [Span("prompt", 0, 3), Span("action", 2, 6)]}, "overlaps"),
+    ({"spans": [Span("prompt", 0, 7)]}, "outside"),
 ])
 def test_row_rejects_broken_contracts(bad, match):
     with pytest.raises(RowError, match=match):

@@ -26,9 +26,9 @@ def make_engine(model_path: str, *, dtype: str = "float32", max_model_len: int =
     on_cpu = not torch.cuda.is_available()
     if on_cpu:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    kwargs = dict(model=model_path, dtype=dtype if dtype != "auto" else "auto", max_model_len=max_model_len,
-                  seed=seed, max_num_seqs=max_num_seqs, enable_prefix_caching=enable_prefix_caching,
-                  logprobs_mode="processed_logprobs", disable_log_stats=True)
+    kwargs = {"model": model_path, "dtype": dtype if dtype != "auto" else "auto", "max_model_len": max_model_len,
+                  "seed": seed, "max_num_seqs": max_num_seqs, "enable_prefix_caching": enable_prefix_caching,
+                  "logprobs_mode": "processed_logprobs", "disable_log_stats": True}
     if on_cpu:
         kwargs["enforce_eager"] = True  # no CUDA graphs / compile on the CPU build
     else:
