@@ -166,11 +166,17 @@ class EpisodeDriver:
         self.sampler = sampler
         self.cfg = cfg
         self.audit = audit
+        self._seed = cfg.run.seed
         self._sample_calls = 0
 
     def run(self, envs: list, tasks: list[dict], *, group_size: int, greedy: bool = False,
-            policy: Policy | None = None) -> list[list[Episode]]:
-        """G episodes per task, one group per task (in task order). Dropped episodes are marked, not trained."""
+            policy: Policy | None = None, seed: int | None = None) -> list[list[Episode]]:
+        """G episodes per task, one group per task (in task order). Dropped episodes are marked, not trained.
+
+        seed: the sampler seeds of this call derive from it alone (a resumed run replays a step exactly);
+        None continues the driver's own sequence from `cfg.run.seed`."""
+        if seed is not None:
+            self._seed, self._sample_calls = seed, 0
         pending = deque((ti, g) for ti in range(len(tasks)) for g in range(group_size))
         free = list(envs)
         live: list[_Live] = []
@@ -218,7 +224,7 @@ class EpisodeDriver:
                 out[i] = Completion(ids, [0.0] * len(ids), "stop")
         sampled = [i for i, s in enumerate(scripted) if not s]
         if sampled:
-            seed = self.cfg.run.seed * 100_003 + self._sample_calls
+            seed = self._seed * 100_003 + self._sample_calls
             self._sample_calls += 1
             comps = self.sampler.generate([prompts[i] for i in sampled], n=1, greedy=greedy, seed=seed)
             for i, c in zip(sampled, comps):

@@ -211,3 +211,14 @@ def test_sampler_vs_trainer_logprob_gap_is_recorded(qwen3_render, tiny_hf_sample
     gap = audit.record_logprob_gap(rows, trainer)
     snap = audit.snapshot_and_reset()
     assert 0 < snap["logprob_gap_max"] == gap["max"] < 1e-4 and snap["logprob_gap_mean"] == gap["mean"] > 0
+
+
+def test_run_seed_makes_sampled_episodes_reproducible(qwen3_render, tiny_hf_sampler):
+    def actions(seed):
+        driver = EpisodeDriver(qwen3_render, tiny_hf_sampler, make_cfg(env__max_turns=2), ExactnessAudit())
+        groups = driver.run([ToyChatEnv(), ToyChatEnv()], [{"index": 0}], group_size=2, seed=seed)
+        return [t.action_ids for ep in groups[0] for t in ep.transitions]
+
+    first = actions(5)
+    assert first == actions(5) and first != actions(6)
+    assert first[0] != first[2]  # the G episodes of one task sample differently from the same prompt

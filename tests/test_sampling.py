@@ -110,5 +110,5 @@ def test_make_sampler_shares_the_trainer_module(model):
 
     cfg = QuaeroConfig.model_validate({"env": {"entry": "x:y"}, "sampler": {"backend": "hf"}})
     s = make_sampler(cfg, model=model, stop_token_ids=STOP, device="cpu")
-    assert s.model is model
+    assert s.model is model and s.shares_model
     s.update_weights(model.state_dict())  # shared tensors: a no-op, not a copy

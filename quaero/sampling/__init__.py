@@ -30,6 +30,8 @@ class Sampler(Protocol):
         """For each prompt, n completions (n distinct samples; greedy gives n copies of the argmax path)."""
         ...
 
+    shares_model: bool  # True when the sampler runs the trainer's own module (no weight sync needed)
+
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None: ...
 
     def close(self) -> None: ...
@@ -68,6 +70,7 @@ def make_sampler(cfg, *, model=None, stop_token_ids: list[int], device: str) -> 
                            dtype=cfg.model.dtype, max_model_len=cfg.model.max_seq_len, seed=cfg.run.seed)
     from quaero.sampling.hf import HFSampler
 
+    shares = model is not None
     if model is None:
         model = load_causal_lm(cfg.model.name, cfg.model.dtype, device)
-    return HFSampler(model, cfg.sampler, stop_token_ids=stop_token_ids)
+    return HFSampler(model, cfg.sampler, stop_token_ids=stop_token_ids, shares_model=shares)

@@ -27,8 +27,10 @@ def processed_logprobs(logits: torch.Tensor, temperature: float, top_p: float, g
 
 
 class HFSampler:
-    def __init__(self, model, cfg: SamplerConfig, *, stop_token_ids: list[int], pad_token_id: int | None = None):
+    def __init__(self, model, cfg: SamplerConfig, *, stop_token_ids: list[int], pad_token_id: int | None = None,
+                 shares_model: bool = False):
         self.model = model
+        self.shares_model = shares_model  # the trainer's own module: weight sync is a no-op
         self.cfg = cfg
         self.stop_token_ids = list(stop_token_ids)
         self.pad_token_id = pad_token_id if pad_token_id is not None else self.stop_token_ids[-1]

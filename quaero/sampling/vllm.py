@@ -41,6 +41,7 @@ class VLLMSampler:
                  max_model_len: int = 4096, seed: int = 0, llm=None):
         self.cfg = cfg
         self.stop_token_ids = list(stop_token_ids)
+        self.shares_model = False  # weights arrive through update_weights
         self._owns_llm = llm is None
         self.llm = llm if llm is not None else make_engine(
             model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
