@@ -196,7 +196,11 @@ class EpisodeDriver:
                 if running:
                     prompts = [self.render.prompt_ids(ep.messages, ep.tools) for ep in running]
                     actions = self._act(running, prompts, greedy)
-                    list(pool.map(lambda a: self._step(*a), zip(running, prompts, actions)))
+                    assistants = [self.render.parse(c.token_ids) for c in actions]
+                    # env steps run concurrently (servers, tools); tokenizer work stays on this thread
+                    steps = list(pool.map(self._env_step, running, assistants))
+                    for args in zip(running, prompts, actions, assistants, steps):
+                        self._capture(*args)
                 for ep in [ep for ep in live if ep.done]:
                     live.remove(ep)
                     free.append(ep.env)
@@ -231,17 +235,20 @@ class EpisodeDriver:
                 out[i] = c[0]
         return out  # type: ignore[return-value]
 
-    def _step(self, ep: _Live, prompt: list[int], comp: Completion) -> None:
+    def _env_step(self, ep: _Live, assistant: dict):
+        try:
+            return ep.env.step(assistant)
+        except _episode_dropped() as e:
+            ep.done, ep.dropped = True, f"step {len(ep.transitions)}: {getattr(e, 'reason', e)}"
+            return None
+
+    def _capture(self, ep: _Live, prompt: list[int], comp: Completion, assistant: dict, res) -> None:
+        """Bridge this step's env response (the terminal one included) onto the exact prompt + sampled ids."""
+        if res is None:  # dropped
+            return
         turn = len(ep.transitions)
         if comp.finish_reason != "stop":
             self.audit.add("truncated_completions")  # still parsed and stepped: the env judges it
-        assistant = self.render.parse(comp.token_ids)
-        try:
-            res = ep.env.step(assistant)
-        except _episode_dropped() as e:
-            ep.done, ep.dropped = True, f"step {turn}: {getattr(e, 'reason', e)}"
-            return
-        # capture now, terminal step included: this step's messages are its env response
         response, kinds = [], []
         if res.messages:
             self.audit.add("env_responses")
