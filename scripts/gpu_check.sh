@@ -4,7 +4,7 @@
 # GPU-marked tests and a short `quaero train` with the vLLM sampler; every figure lands as JSON in
 # one folder:
 #
-#     scripts/gpu_check.sh [OUT_DIR]          # default gpu-check-YYYYmmdd-HHMMSS
+#     scripts/gpu_check.sh [OUT_DIR]          # default bench_out/gpu-check-YYYYmmdd-HHMMSS
 #
 # OUT_DIR/summary.json lists each step's exit status and seconds; the script exits 1 if any failed.
 # Environment: PYTHON (interpreter to use), DEVICE (default cuda:0), QUICK=1 (tiny shapes: a
@@ -12,13 +12,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-OUT="${1:-gpu-check-$(date +%Y%m%d-%H%M%S)}"
+OUT="${1:-bench_out/gpu-check-$(date +%Y%m%d-%H%M%S)}"
 DEVICE="${DEVICE:-cuda:0}"
 QUICK="${QUICK:-0}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}" TOKENIZERS_PARALLELISM=false
-export QUAERO_CACHE="${QUAERO_CACHE:-$PWD/.cache/quaero}"
 
 if [ -n "${PYTHON:-}" ]; then PY="$PYTHON"
 elif [ -x .venv/bin/python ] && .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() or '$DEVICE' == 'cpu' else 1)" 2>/dev/null; then PY=.venv/bin/python

@@ -14,7 +14,7 @@ from quaero.bench.measure import cpu_peak_bytes
 
 TINY_ECHO = ["echo", "--device", "cpu", "--seq-len", "96", "--early-target-pos", "4", "--selected-tokens", "6",
              "--vocab-size", "256", "--hidden-size", "32", "--repeats", "2", "--memory-repeats", "1",
-             "--chunk-size", "4", "--min-sample-s", "0"]
+             "--chunk-size", "4", "--min-sample-s", "0", "--threads", "1"]
 
 REGION_FIELDS = {"median_s", "min_s", "max_s", "inner_calls", "value", "median_peak_allocated_mb", "branch"}
 
@@ -80,7 +80,7 @@ def _wrong(region):
 @pytest.mark.parametrize("name", ["selected_cross_entropy_path", "selected_chunked_recompute_path",
                                   "suffix_path"])
 def test_bench_echo_value_check_rejects_a_wrong_region(monkeypatch, capsys, name):
-    import quaero.bench.echo as echo
+    from quaero.bench import echo
 
     real = echo.regions
 
@@ -117,7 +117,7 @@ def test_cpu_peak_bytes_sees_the_region_allocations():
 def test_bench_step_fields_and_budget(tmp_path, capsys):
     doc = _run(["step", "--device", "cpu", "--seq-len", "256", "--targets", "8", "--turns", "2",
                 "--vocab-size", "512", "--hidden-size", "32", "--steps", "1", "--budget-gb", "0.004",
-                "--min-len", "128", "--max-len", "384", "--len-step", "128"], tmp_path, capsys)
+                "--min-len", "128", "--max-len", "384", "--len-step", "128", "--threads", "1"], tmp_path, capsys)
     cmp = doc["comparison"]
     assert cmp["seq_len"] == 256 and "row_layout" in cmp
     for path in ("full_logits", "selective_ce", "chunked_recompute"):

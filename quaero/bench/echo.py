@@ -20,8 +20,14 @@ from typing import Any
 import torch
 
 from quaero.bench import echo_regions as er
-from quaero.bench.measure import (environment, measure_regions, ratio, resolve_bench_device,
-                                  resolve_bench_dtype)
+from quaero.bench.measure import (
+    environment,
+    measure_regions,
+    ratio,
+    resolve_bench_device,
+    resolve_bench_dtype,
+    torch_threads,
+)
 
 MIB = 2**20
 
@@ -164,8 +170,6 @@ def echo_train_smoke(args, device: torch.device) -> dict[str, Any]:
 
 
 def run(args) -> dict[str, Any]:
-    if args.threads:
-        torch.set_num_threads(args.threads)
     device = resolve_bench_device(args.device)
     dtype = resolve_bench_dtype(args.dtype, device)
     torch.manual_seed(args.seed)
@@ -183,6 +187,11 @@ def run(args) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    with torch_threads(args.threads):
+        return _main(args)
+
+
+def _main(args) -> int:
     try:
         doc = run(args)
     except er.BenchValueError as e:

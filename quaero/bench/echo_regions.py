@@ -19,8 +19,9 @@ wrong, or that ran a different branch than the one it is named after, raises `Be
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -181,7 +182,7 @@ def _rel(a: torch.Tensor | None, ref: torch.Tensor) -> float:
     if a is None:
         return float("inf")
     scale = ref.abs().max().clamp_min(1e-30)
-    return float(((a.double() - ref).abs().max() / scale))
+    return float((a.double() - ref).abs().max() / scale)
 
 
 def check_region(name: str, region: Region, x: EchoInputs, ref: Reference,

@@ -18,14 +18,16 @@ On CUDA the peak is read per timing sample; a sample of several calls reports th
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # keep kineto's start/stop lines off stderr
 
-import torch  # noqa: E402
+import torch
 
 MIB = 2**20
 CPU_MEMORY_METHOD = ("cpu: torch.profiler(profile_memory=True) CPU-allocator events replayed in order; "
@@ -57,6 +59,18 @@ def cpu_peak_bytes(fn: Callable[[], Any]) -> tuple[Any, int]:
         current += e.nbytes()
         peak = max(peak, current)
     return result, peak
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None):
+    """`torch.set_num_threads(n)` for the duration (None: leave as is)."""
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _mb(nbytes: float) -> float:

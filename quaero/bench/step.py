@@ -24,14 +24,21 @@ import gc
 import json
 import statistics
 import sys
-import time
 from typing import Any
 
 import torch
 
 from quaero.bench import trainstep as ts
-from quaero.bench.measure import (MIB, cpu_peak_bytes, environment, ratio, resolve_bench_device,
-                                  resolve_bench_dtype, sync)
+from quaero.bench.measure import (
+    MIB,
+    cpu_peak_bytes,
+    environment,
+    ratio,
+    resolve_bench_device,
+    resolve_bench_dtype,
+    sync,
+    torch_threads,
+)
 
 PATHS = {  # name -> backend options
     "full_logits": {"selective": False},
@@ -71,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def available_bytes(device: torch.device) -> int:
     if device.type == "cuda":
+        torch.cuda.empty_cache()  # blocks cached from earlier probes are available too
         free, _ = torch.cuda.mem_get_info(device)
         return free
     with open("/proc/meminfo", encoding="utf-8") as f:
@@ -128,10 +136,11 @@ class StepBench:
         backend.train_step(rows)  # warm-up: AdamW state exists from here on
         gc.collect()
         resident = self.resident_bytes(backend)
+        train_step = backend.train_step
         if self.device.type == "cuda":
-            _, peak, _, seconds = _cuda_step(backend, rows, self.device)
+            peak = _cuda_peak(train_step, rows, self.device)
         else:
-            _, peak = cpu_peak_bytes(lambda: backend.train_step(rows))
+            _, peak = cpu_peak_bytes(lambda: train_step(rows))
         times, metrics = ts.timed_steps(backend, rows, timed_steps, self.device)
         last = metrics[-1] if metrics else {}
         result = {
@@ -247,19 +256,17 @@ class StepBench:
         return l1, m1, (m1 - m0) / (l1 - l0)
 
 
-def _cuda_step(backend, rows, device):
+def _cuda_peak(train_step, rows, device) -> int:
+    """Peak CUDA bytes allocated by one step above what was allocated when it started."""
     sync(device)
     torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device)
-    t0 = time.perf_counter()
-    out = backend.train_step(rows)
+    train_step(rows)
     sync(device)
-    return out, torch.cuda.max_memory_allocated(device) - base, None, time.perf_counter() - t0
+    return torch.cuda.max_memory_allocated(device) - base
 
 
 def run(args) -> dict[str, Any]:
-    if args.threads:
-        torch.set_num_threads(args.threads)
     device = resolve_bench_device(args.device)
     dtype = torch.float32 if args.dtype == "auto" and device.type == "cpu" else (
         torch.bfloat16 if args.dtype == "auto" else resolve_bench_dtype(args.dtype, device))
@@ -294,6 +301,11 @@ def run(args) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    with torch_threads(args.threads):
+        return _main(args)
+
+
+def _main(args) -> int:
     doc = run(args)
     text = json.dumps(doc, indent=2, sort_keys=True)
     print(text)
