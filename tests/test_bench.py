@@ -73,7 +73,7 @@ def test_bench_echo_compiled_auto_on_cpu_falls_back_with_reason(tmp_path, capsys
 def _wrong(region):
     def shifted(x):
         out = region(x)
-        return er.RegionOut(out.selected + 1e-3, None if out.dense is None else out.dense + 1e-3, out.info)
+        return er.RegionOut(out.dense + 1e-3 * x.target_mask[:, 1:], out.info)
     return shifted
 
 
@@ -100,7 +100,8 @@ def test_value_check_rejects_wrong_gradient_and_wrong_branch():
 
     def detached_weight(x):  # right values, no LM-head gradient
         logits = torch.nn.functional.linear(x.hidden[0, x.positions], x.lm_head.weight.detach())
-        return er.RegionOut(torch.log_softmax(logits, -1).gather(-1, x.targets[:, None]).squeeze(-1))
+        lp = torch.log_softmax(logits, -1).gather(-1, x.targets[:, None]).squeeze(-1)
+        return er.RegionOut(lp.new_zeros(1, x.hidden.shape[1] - 1).index_put((x.positions * 0, x.positions), lp))
 
     with pytest.raises(er.BenchValueError, match="LM-head gradient"):
         er.check_region("detached", detached_weight, x, ref)

@@ -1,13 +1,14 @@
 """The LM-head/loss regions `quaero bench echo` compares, and the value check that guards them.
 
-Every region takes the same inputs, the backbone's hidden states over a whole row `[1, L, H]` and a
-plain `nn.Linear` LM head `[V, H]`, and returns the log-probabilities of the S selected target
-tokens `[S]`; the benchmark runs forward and backward of `-mean(selected)`.
+Every region has the trainer's contract: it takes the backbone's hidden states over a whole row
+`[1, L, H]`, a plain `nn.Linear` LM head `[V, H]`, the input ids and the target mask, and returns
+the dense shifted log-prob tensor `[1, L-1]` (0 off the targets); the benchmark runs forward and
+backward of `-sum / S`. So every region also pays for finding its targets in the mask.
 
 - `suffix_path`: the old long-suffix shape: LM head over every slot from the first target to the
-  end (`L - 1 - early_target_pos` rows), full fp32 log-softmax, then the selected rows.
+  end (`L - 1 - early_target_pos` rows), full fp32 log-softmax, gather, mask.
 - `selected_logsoftmax_path`: the seed's previous implementation: selected hidden rows -> LM head ->
-  full log-softmax -> gather the target class.
+  full log-softmax -> gather the target class -> scatter.
 - `selected_cross_entropy_path`, `selected_chunked_recompute_path`, `selected_compiled_ce_path`:
   the real `trainers.selective.selected_logprobs` (eager selected CE; chunked custom-autograd
   recompute; `torch.compile`d CE), so the figures are those of the code users run.
@@ -49,8 +50,7 @@ class EchoInputs:
 
 @dataclass
 class RegionOut:
-    selected: torch.Tensor          # [S] log-probs of the target tokens, with grad
-    dense: torch.Tensor | None = None   # [1, L-1] shifted tensor when the region returns one
+    dense: torch.Tensor             # [1, L-1] shifted target log-probs, 0 off the targets, with grad
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -95,17 +95,34 @@ def make_inputs(*, seq_len: int, early_target_pos: int, selected_tokens: int, vo
 
 # ---- reference implementations (the seed's old regions live here, in the benchmark) ----
 
+def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits / T, skipped at T = 1 (the seed's regions had no temperature; a divide is a full pass)."""
+    return logits if temperature == 1.0 else logits / temperature
+
+
+def _targets(x: EchoInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What any selective implementation reads off the mask: shifted mask, rows, columns, classes."""
+    shifted = x.target_mask[:, 1:]                                            # [1, L-1]
+    rows, cols = shifted.nonzero(as_tuple=True)                               # [S], [S]
+    return shifted, rows, cols, x.input_ids[rows, cols + 1]
+
+
 def suffix_path(x: EchoInputs) -> RegionOut:
-    h = x.hidden[0, x.early_target_pos:-1]                                   # [slots, H]
-    logp = torch.log_softmax(x.lm_head(h).float() / x.temperature, dim=-1)   # [slots, V]
-    rows = logp[x.positions - x.early_target_pos]                            # [S, V]
-    return RegionOut(rows.gather(-1, x.targets[:, None]).squeeze(-1))
+    shifted, _, cols, _ = _targets(x)
+    first = int(cols.min())
+    L = x.hidden.shape[1]
+    logp = torch.log_softmax(_scaled(x.lm_head(x.hidden[:, first:L - 1]).float(), x.temperature), dim=-1)
+    lp = logp.gather(-1, x.input_ids[:, first + 1:, None]).squeeze(-1)       # [1, slots]
+    lp = torch.where(shifted[:, first:], lp, torch.zeros_like(lp))
+    return RegionOut(F.pad(lp, (first, 0)))
 
 
 def selected_logsoftmax_path(x: EchoInputs) -> RegionOut:
-    logits = x.lm_head(x.hidden[0, x.positions])                             # [S, V]
-    logp = torch.log_softmax(logits.float() / x.temperature, dim=-1)
-    return RegionOut(logp.gather(-1, x.targets[:, None]).squeeze(-1))
+    shifted, rows, cols, targets = _targets(x)
+    logits = x.lm_head(x.hidden[rows, cols])                                  # [S, V]
+    logp = torch.log_softmax(_scaled(logits.float(), x.temperature), dim=-1)
+    lp = logp.gather(-1, targets[:, None]).squeeze(-1)                        # [S]
+    return RegionOut(lp.new_zeros(shifted.shape).index_put((rows, cols), lp))
 
 
 # ---- the trainer's code, as users run it ----
@@ -119,23 +136,19 @@ def trainer_region(*, chunk_size: int | None = None, compile_mode: str = "off",
                                         temperature=x.temperature, chunk_size=chunk_size,
                                         compile_mode=compile_mode, compile_min_tokens=compile_min_tokens)
         info = dataclasses.asdict(info) if dataclasses.is_dataclass(info) else dict(info or {})
-        return RegionOut(dense[0, x.positions], dense, info)
+        return RegionOut(dense, info)
 
     return region
 
 
-def region_loss(out: RegionOut) -> torch.Tensor:
-    """`-mean` of the selected log-probs; a dense region is summed whole (it is 0 elsewhere), as a
-    loss reads it, rather than gathered again."""
-    n = out.selected.numel()
-    if out.dense is not None:
-        return -out.dense.sum() / n
-    return -out.selected.float().sum() / n
+def region_loss(out: RegionOut, n_selected: int) -> torch.Tensor:
+    """`-sum / S` of the dense log-probs (0 off the targets): `-mean` of the selected ones."""
+    return -out.dense.sum() / n_selected
 
 
 def run_region(region: Region, x: EchoInputs) -> float:
     """One forward + backward of the region; returns the loss value."""
-    loss = region_loss(region(x))
+    loss = region_loss(region(x), x.positions.numel())
     loss.backward()
     return float(loss.detach())
 
@@ -190,15 +203,13 @@ def check_region(name: str, region: Region, x: EchoInputs, ref: Reference,
     """Run `region` once and compare with `ref`; raise BenchValueError on any disagreement."""
     x.clear_grads()
     out = region(x)
-    region_loss(out).backward()
+    region_loss(out, x.positions.numel()).backward()
     lp_tol, grad_tol = TOLERANCES[x.hidden.dtype]
-    lp_err = float((out.selected.detach().double() - ref.logprobs).abs().max())
+    lp_err = float((out.dense.detach()[0, x.positions].double() - ref.logprobs).abs().max())
     g_h, g_w = _rel(x.hidden.grad, ref.grad_hidden), _rel(x.lm_head.weight.grad, ref.grad_weight)
-    unselected = 0
-    if out.dense is not None:
-        keep = torch.ones(out.dense.shape[-1], dtype=torch.bool, device=out.dense.device)
-        keep[x.positions] = False
-        unselected = int((out.dense.detach()[0, keep] != 0).sum())
+    keep = torch.ones(out.dense.shape[-1], dtype=torch.bool, device=out.dense.device)
+    keep[x.positions] = False
+    unselected = int((out.dense.detach()[0, keep] != 0).sum())
     branch = branch_of(out.info)
     x.clear_grads()
     result = {"max_abs_logprob_err": lp_err, "max_rel_grad_err_hidden": g_h, "max_rel_grad_err_weight": g_w,
