@@ -112,3 +112,12 @@ def test_make_sampler_shares_the_trainer_module(model):
     s = make_sampler(cfg, model=model, stop_token_ids=STOP, device="cpu")
     assert s.model is model and s.shares_model
     s.update_weights(model.state_dict())  # shared tensors: a no-op, not a copy
+
+
+def test_top_p_keeps_the_smallest_nucleus_and_renormalises():
+    from quaero.sampling.hf import processed_logprobs
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    lp = processed_logprobs(logits, temperature=1.0, top_p=0.7, greedy=False)
+    assert torch.isinf(lp[0, 2:]).all() and torch.allclose(lp[0, :2].exp(), torch.tensor([0.625, 0.375]))
+    assert torch.allclose(processed_logprobs(logits, 2.0, 1.0, False).exp().sum(), torch.tensor(1.0))
