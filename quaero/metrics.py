@@ -62,6 +62,14 @@ class _JsonLinesSink:
         return event_dict
 
 
+# The console shows a step's headline; events.jsonl keeps every field.
+CONSOLE_STEP_KEYS = ("event", "step", "phase", "reward_mean", "success_rate", "rl_loss", "echo_loss", "sft_loss",
+                     "action_tokens", "echo_tokens", "row_tokens", "tokens_per_s", "total_step_time_s",
+                     "episodes_dropped", "prefix_mismatches", "local_train_selective_hidden_logprob_batches",
+                     "local_train_selective_fallback_logprob_batches", "timestamp", "level")
+_CONSOLE_HIDDEN = ("run_id", "cumulative", "config")
+
+
 class _ConsoleGate:
     def __init__(self) -> None:
         self.enabled = True
@@ -69,7 +77,13 @@ class _ConsoleGate:
     def __call__(self, logger, method_name, event_dict):
         if not self.enabled:
             raise structlog.DropEvent
-        return {k: v for k, v in event_dict.items() if k not in ("run_id",)}
+        if event_dict.get("event") == "train_step":
+            return {k: _round(event_dict[k]) for k in CONSOLE_STEP_KEYS if k in event_dict}
+        return {k: _round(v) for k, v in event_dict.items() if k not in _CONSOLE_HIDDEN}
+
+
+def _round(value: Any) -> Any:
+    return round(value, 4) if isinstance(value, float) else value
 
 
 class _ProgressSafeStderr:
