@@ -13,16 +13,16 @@ from quaero.rows import build_rows
 pytest.importorskip("envs.toolbench")
 
 
-def reasoned(policy):
-    """The oracle plus one line of reasoning per turn, as a thinking model writes it. Qwen3 keeps non-empty
-    reasoning inside a tool cycle, so these episodes pack; the oracle verbatim (no reasoning) cannot."""
+def reasoned(policy, thought=lambda name: f"Next I call {name}."):
+    """The oracle with its reasoning replaced. Qwen3 keeps non-empty reasoning inside a tool cycle, so such
+    episodes pack; without reasoning (thought -> None) the empty <think> block is dropped and they cannot."""
     def make(info):
         act = policy(info)
 
         def step(messages):
             msg = act(messages)
             name = msg["tool_calls"][0]["function"]["name"]
-            return {**msg, "reasoning_content": f"Next I call {name}."}
+            return {**msg, "reasoning_content": thought(name)}
         return step
     return make
 
@@ -50,7 +50,7 @@ def test_sixty_toolbench_episodes_are_exact(toolbench, qwen3_render, tiny_hf_sam
 
     tasks = [{"seed": i, "split": "train", "index": i} for i in range(20)]
     packed, a1 = run(toolbench, qwen3_render, tasks, 2, policy=reasoned(oracle_policy))
-    verbatim, a2 = run(toolbench, qwen3_render, tasks[:12], 1, policy=oracle_policy)
+    verbatim, a2 = run(toolbench, qwen3_render, tasks[:12], 1, policy=reasoned(oracle_policy, lambda name: None))
     sampled, a3 = run(toolbench, qwen3_render, tasks[:4], 2, max_turns=2, sampler=tiny_hf_sampler)
     episodes = packed + verbatim + sampled
     assert len(episodes) == 60 and not any(ep.dropped for ep in episodes)

@@ -19,7 +19,10 @@ def oracle_policy(info: dict) -> Callable[[list[dict]], dict]:
     def policy(messages: list[dict]) -> dict:
         turn = min(sum(1 for m in messages if m.get("role") == "assistant"), len(plan) - 1)
         name, arguments = plan[turn]
-        return {"role": "assistant", "content": "", "reasoning_content": None,
+        # One line of reasoning per turn: Qwen3 keeps a non-empty think block in later history, so the
+        # next prompt extends this row (packing), and SFT teaches the model the same stream shape.
+        thought = f"I submit {task.answer}." if name == "submit_answer" else f"I call {name}."
+        return {"role": "assistant", "content": "", "reasoning_content": thought,
                 "tool_calls": [{"type": "function", "function": {"name": name, "arguments": dict(arguments)}}]}
 
     return policy
