@@ -118,8 +118,12 @@ def evaluate(c: Components, step: int) -> None:
     eps = [e for g in groups for e in g if not e.dropped]
     reward = statistics.fmean([e.reward for e in eps]) if eps else None
     success = statistics.fmean([float(e.success) for e in eps]) if eps else None
+    # eval's own exactness and env counters, kept out of the next train step's
+    audit, env = c.audit.snapshot_and_reset(), c.pool.counters.snapshot_and_reset()
     log.info("eval", eval_reward=reward, eval_success_rate=success, eval_episodes=len(eps),
-             eval_dropped=sum(len(g) for g in groups) - len(eps), eval_time_s=round(time.perf_counter() - t0, 2))
+             eval_dropped=sum(len(g) for g in groups) - len(eps), eval_time_s=round(time.perf_counter() - t0, 2),
+             prefix_mismatches=audit.get("prefix_mismatches", 0), bridge_fallbacks=audit.get("bridge_fallbacks", 0),
+             env_retries=env.get("env_retries", 0), env_episodes_dropped=env.get("env_episodes_dropped", 0))
 
 
 def train_step(c: Components, step: int, *, sft: bool) -> dict:
@@ -162,8 +166,61 @@ def _resume(c: Components) -> int:
     return state["step"]
 
 
+class StopRequest:
+    """First Ctrl-C: finish the current step, checkpoint it, stop cleanly. Second Ctrl-C: abort now
+    (the last periodic checkpoint stays the resume point: a half-done step is never saved)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self):  # noqa: ANN204
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        log.warning("stop_requested", note="finishing this step, then checkpointing; Ctrl-C again aborts")
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def _loop(c: Components, stop: StopRequest, tqdm, run_id: str) -> None:
+    cfg = c.cfg
+    start = _resume(c)
+    total = cfg.training.warmup_sft_steps + cfg.training.steps
+    if start == 0 and cfg.training.eval_every:
+        evaluate(c, 0)
+    bar = tqdm(range(start + 1, total + 1), initial=start, total=total, desc="train", unit="step",
+               disable=not cfg.logging.progress)
+    for step in bar:
+        set_step(step)
+        m = train_step(c, step, sft=step <= cfg.training.warmup_sft_steps)
+        log.info("train_step", **m, cumulative=c.cumulative.add(m))
+        bar.set_postfix(reward=m.get("reward_mean"), echo=m.get("echo_loss"), rl=m.get("rl_loss"))
+        if step % cfg.training.checkpoint_every == 0 or step == total or stop.requested:
+            _save(c, step)
+        if stop.requested:
+            log.info("run_end", status="interrupted", steps=step, run_id=run_id)
+            raise KeyboardInterrupt
+        if cfg.training.eval_every and (step % cfg.training.eval_every == 0 or step == total):
+            evaluate(c, step)
+    log.info("run_end", status="finished", steps=total, run_id=run_id)
+
+
 def train(cfg: QuaeroConfig, *, resume: bool = False, source: str = "config") -> Path:
-    """Run the job; returns the run folder. Ctrl-C checkpoints, shuts everything down, re-raises."""
+    """Run the job; returns the run folder. Ctrl-C finishes the step, checkpoints, shuts down env servers
+    and the sampler, and raises KeyboardInterrupt (the CLI exits 130)."""
     if cfg.backend.backend == "unsloth":
         from trainers.registry import backend_class
 
@@ -185,38 +242,12 @@ def train(cfg: QuaeroConfig, *, resume: bool = False, source: str = "config") ->
                     value=cfg.backend.options.train_supervised_context_tokens,
                     note="rows are cropped before their first target: not exact full-context training")
     n_sessions = cfg.training.tasks_per_step * cfg.training.group_size
-    with RunLog(run_dir) as run, open_envs(cfg.env, max(n_sessions, 1)) as pool:
+    with RunLog(run_dir) as run, open_envs(cfg.env, max(n_sessions, 1)) as pool, StopRequest() as stop:
         (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
         log.info("run_start", source=source, run_dir=str(run_dir), config=cfg.model_dump(mode="json"))
         c = build(cfg, pool)
-        start = _resume(c)
-        total = cfg.training.warmup_sft_steps + cfg.training.steps
-        completed = start
         try:
-            if start == 0 and cfg.training.eval_every:
-                evaluate(c, 0)
-            bar = tqdm(range(start + 1, total + 1), initial=start, total=total, desc="train", unit="step",
-                       disable=not cfg.logging.progress)
-            for step in bar:
-                set_step(step)
-                cursor_before = c.cursor
-                m = train_step(c, step, sft=step <= cfg.training.warmup_sft_steps)
-                completed = step
-                log.info("train_step", **m, cumulative=c.cumulative.add(m))
-                bar.set_postfix(reward=m.get("reward_mean"), echo=m.get("echo_loss"), rl=m.get("rl_loss"))
-                if step % cfg.training.checkpoint_every == 0 or step == total:
-                    _save(c, step)
-                if cfg.training.eval_every and (step % cfg.training.eval_every == 0 or step == total):
-                    evaluate(c, step)
-            log.info("run_end", status="finished", steps=total, run_id=run.run_id)
-        except KeyboardInterrupt:
-            log.warning("interrupted", completed_step=completed, note="checkpointing the last completed step")
-            if completed > start:
-                if c.cursor != cursor_before and completed != step:
-                    c.cursor = cursor_before  # the interrupted step's tasks are redone on resume
-                _save(c, completed)
-            log.info("run_end", status="interrupted", steps=completed)
-            raise
+            _loop(c, stop, tqdm, run.run_id)
         finally:
             c.sampler.close()
     return run_dir
