@@ -118,12 +118,20 @@ def evaluate(c: Components, step: int) -> None:
     eps = [e for g in groups for e in g if not e.dropped]
     reward = statistics.fmean([e.reward for e in eps]) if eps else None
     success = statistics.fmean([float(e.success) for e in eps]) if eps else None
+    sample = [_brief(m) for m in eps[0].messages[1:]] if eps else []  # what the model does, for humans
     # eval's own exactness and env counters, kept out of the next train step's
     audit, env = c.audit.snapshot_and_reset(), c.pool.counters.snapshot_and_reset()
     log.info("eval", eval_reward=reward, eval_success_rate=success, eval_episodes=len(eps),
              eval_dropped=sum(len(g) for g in groups) - len(eps), eval_time_s=round(time.perf_counter() - t0, 2),
              prefix_mismatches=audit.get("prefix_mismatches", 0), bridge_fallbacks=audit.get("bridge_fallbacks", 0),
-             env_retries=env.get("env_retries", 0), env_episodes_dropped=env.get("env_episodes_dropped", 0))
+             env_retries=env.get("env_retries", 0), env_episodes_dropped=env.get("env_episodes_dropped", 0),
+             sample_transcript=sample)
+
+
+def _brief(message: dict, limit: int = 160) -> str:
+    calls = [f"{c['function']['name']}({c['function'].get('arguments')})" for c in message.get("tool_calls") or []]
+    text = " ".join(filter(None, [message.get("content") or "", *calls]))
+    return f"{message.get('role')}: {text[:limit]}"
 
 
 def train_step(c: Components, step: int, *, sft: bool) -> dict:
@@ -176,7 +184,7 @@ class StopRequest:
         self.requested = False
         self._previous = None
 
-    def __enter__(self):  # noqa: ANN204
+    def __enter__(self):
         import signal
         import threading
 
