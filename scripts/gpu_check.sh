@@ -37,7 +37,9 @@ step() {
     rc=$?
     local secs=$(( $(date +%s) - t0 ))
     printf '{"step": "%s", "rc": %d, "seconds": %d}\n' "$name" "$rc" "$secs" >> "$SUMMARY"
-    if [ "$rc" -ne 0 ]; then
+    if [ "$name" = pytest_gpu ] && [ "$rc" -eq 5 ]; then
+        echo "   no GPU-marked tests collected"
+    elif [ "$rc" -ne 0 ]; then
         echo "   FAILED rc=$rc after ${secs}s (see $OUT/$name.log)"; tail -n 5 "$OUT/$name.log" | sed 's/^/   | /'
     else
         echo "   ok in ${secs}s"
@@ -57,8 +59,8 @@ fi
 QC=("$PY" -m quaero.cli)
 if [ "$QUICK" = 1 ]; then
     S1=(--seq-len 256 --early-target-pos 16 --selected-tokens 16 --vocab-size 1024 --hidden-size 64 --repeats 2)
-    S2=(--seq-len 512 --early-target-pos 16 --selected-tokens 256 --vocab-size 2048 --hidden-size 64 --repeats 2)
-    S3=(--seq-len 512 --early-target-pos 16 --selected-tokens 256 --vocab-size 4096 --hidden-size 64 --repeats 2)
+    S2=(--seq-len 512 --early-target-pos 16 --selected-tokens 64 --vocab-size 2048 --hidden-size 64 --repeats 2)
+    S3=(--seq-len 1024 --early-target-pos 16 --selected-tokens 256 --vocab-size 4096 --hidden-size 64 --repeats 2)
     STEP=(--seq-len 512 --targets 64 --vocab-size 4096 --budget-gb 0.1 --min-len 256 --max-len 1024 --len-step 256)
     COMPILE=auto
 else

@@ -129,12 +129,17 @@ def selected_logsoftmax_path(x: EchoInputs) -> RegionOut:
 
 def trainer_region(*, chunk_size: int | None = None, compile_mode: str = "off",
                    compile_min_tokens: int = 128) -> Region:
+    """`selected_logprobs` as users call it, with `suffix_max_bytes=0` (the user option
+    `train_selective_suffix_max_bytes = 0`) so it never takes the suffix shortcut: a region named
+    after the selected-token path measures that path at every shape. Which branch the default
+    decision picks is what `echo_train_smoke` shows."""
     from trainers.selective import selected_logprobs
 
     def region(x: EchoInputs) -> RegionOut:
         dense, info = selected_logprobs(x.hidden, x.lm_head, x.input_ids, x.target_mask,
                                         temperature=x.temperature, chunk_size=chunk_size,
-                                        compile_mode=compile_mode, compile_min_tokens=compile_min_tokens)
+                                        compile_mode=compile_mode, compile_min_tokens=compile_min_tokens,
+                                        suffix_max_bytes=0)
         info = dataclasses.asdict(info) if dataclasses.is_dataclass(info) else dict(info or {})
         return RegionOut(dense, info)
 
