@@ -13,7 +13,6 @@ shape and reports the runtime metrics that prove which branch ran.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
@@ -21,6 +20,7 @@ import torch
 
 from quaero.bench import echo_regions as er
 from quaero.bench.measure import (
+    emit,
     environment,
     measure_regions,
     ratio,
@@ -187,21 +187,13 @@ def run(args) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    with torch_threads(args.threads):
-        return _main(args)
-
-
-def _main(args) -> int:
     try:
-        doc = run(args)
+        with torch_threads(args.threads):
+            doc = run(args)
     except er.BenchValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    text = json.dumps(doc, indent=2, sort_keys=True)
-    print(text)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+    emit(doc, args.json)
     smoke = doc.get("echo_train_smoke") or {}
     if smoke.get("proof_ok") is False:
         print(f"error: echo_train_smoke proof failed: {smoke.get('proof')}", file=sys.stderr)

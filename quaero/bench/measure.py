@@ -19,6 +19,7 @@ On CUDA the peak is read per timing sample; a sample of several calls reports th
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import statistics
 import time
@@ -177,6 +178,15 @@ def environment(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
         "cpu_model": _cpu_model(),
         "memory_method": memory_method(device),
     }
+
+
+def emit(doc: dict[str, Any], path: str | None) -> None:
+    """Print the JSON document on stdout and, with `--json PATH`, write it there too."""
+    text = json.dumps(doc, indent=2, sort_keys=True)
+    print(text)
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
 
 
 def _cpu_model() -> str | None:

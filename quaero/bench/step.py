@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import statistics
 import sys
 from typing import Any
@@ -32,6 +31,7 @@ from quaero.bench import trainstep as ts
 from quaero.bench.measure import (
     MIB,
     cpu_peak_bytes,
+    emit,
     environment,
     ratio,
     resolve_bench_device,
@@ -302,14 +302,5 @@ def run(args) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     with torch_threads(args.threads):
-        return _main(args)
-
-
-def _main(args) -> int:
-    doc = run(args)
-    text = json.dumps(doc, indent=2, sort_keys=True)
-    print(text)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+        emit(run(args), args.json)
     return 0
