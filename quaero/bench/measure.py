@@ -22,11 +22,10 @@ import contextlib
 import json
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
-
-os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # keep kineto's start/stop lines off stderr
 
 import torch
 
@@ -46,12 +45,33 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silence file descriptor 2 (C++ logging included) for the duration."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(devnull)
+        os.close(saved)
+
+
 def cpu_peak_bytes(fn: Callable[[], Any]) -> tuple[Any, int]:
     """Run `fn` under the profiler; return its result and the peak net CPU-allocator bytes."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False)
+    with _quiet_stderr():  # kineto prints a line on every start and stop
+        prof.start()
+    try:
         result = fn()
+    finally:
+        with _quiet_stderr():
+            prof.stop()
     cpu = torch._C._autograd.DeviceType.CPU
     events = [e for e in prof.profiler.kineto_results.events()
               if e.name() == "[memory]" and e.device_type() == cpu]
