@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_review)
 
     p = sub.add_parser("bench", help="benchmarks: `quaero bench echo ...`, `quaero bench step ...`",
-                       add_help=False)
+                       add_help=False)  # `quaero bench [echo|step] --help` is answered by quaero.bench
     p.add_argument("bench_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_bench)
 
@@ -137,6 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:  # everything after `bench` belongs to the benchmark's own parser
+        from quaero.bench import main as bench_main
+
+        return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     from quaero.config import ConfigError
     from quaero.model import ModelNotFound

@@ -71,17 +71,19 @@ class ChunkedSelectedLogprobs(torch.autograd.Function):
         if chunk < 1:
             raise ValueError(f"train_logprob_chunk_size={chunk}: must be >= 1")
         lp = torch.empty(h.shape[0], dtype=torch.float32, device=h.device)
+        lse = torch.empty_like(lp)  # [S]: saved so backward need not recompute the logsumexp
         for s in range(0, h.shape[0], chunk):
             _, z = _chunk_logits(h[s:s + chunk], weight, bias, temperature, transform)
             yc = targets[s:s + chunk]
-            lp[s:s + chunk] = z.gather(1, yc[:, None]).squeeze(1) - torch.logsumexp(z, dim=-1)
-        ctx.save_for_backward(h, weight, bias, targets)  # no [*, V] tensor is saved
+            lse[s:s + chunk] = torch.logsumexp(z, dim=-1)
+            lp[s:s + chunk] = z.gather(1, yc[:, None]).squeeze(1) - lse[s:s + chunk]
+        ctx.save_for_backward(h, weight, bias, targets, lse)  # no [*, V] tensor is saved
         ctx.chunk, ctx.temperature, ctx.transform = chunk, temperature, transform
         return lp
 
     @staticmethod
     def backward(ctx, grad_lp: Tensor):  # grad_lp [S]
-        h, weight, bias, targets = ctx.saved_tensors
+        h, weight, bias, targets, lse = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.empty_like(h) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
@@ -89,15 +91,15 @@ class ChunkedSelectedLogprobs(torch.autograd.Function):
         for s in range(0, h.shape[0], ctx.chunk):
             hc, yc, gc = h[s:s + ctx.chunk], targets[s:s + ctx.chunk], grad_lp[s:s + ctx.chunk].float()
             raw, z = _chunk_logits(hc, weight, bias, ctx.temperature, ctx.transform)
-            dz = z.sub_(torch.logsumexp(z, dim=-1, keepdim=True)).exp_().neg_()  # d lp / d z = onehot - softmax
-            dz[torch.arange(yc.shape[0], device=yc.device), yc] += 1.0
-            dz.mul_(gc[:, None])
-            if raw is not None:
-                dz.mul_(ctx.transform.derivative(raw))
-                del raw
-            elif ctx.transform.scale != 1.0:
-                dz.mul_(ctx.transform.scale)
-            da = dz.div_(ctx.temperature)  # [c, V] fp32: d lp / d (h W^T + b)
+            # d lp / d a = (onehot(y) - softmax(z)) * f'(a) / T, times the incoming gradient gc: the
+            # per-row constant gc * s / T is folded into one pass over the [c, V] block
+            const = ctx.transform.scale if raw is None else 1.0
+            row = gc * (const / ctx.temperature)  # [c]
+            da = z.sub_(lse[s:s + ctx.chunk, None]).exp_().mul_(-row[:, None])  # -softmax * row
+            da[torch.arange(yc.shape[0], device=yc.device), yc] += row  # + onehot * row
+            if raw is not None:  # soft-cap: f'(a) varies per element
+                da.mul_(ctx.transform.derivative(raw))
+                del raw  # [c, V] fp32 now holds d lp / d (h W^T + b)
             if need_h:
                 grad_h[s:s + ctx.chunk] = (da.to(weight.dtype) @ weight).to(h.dtype)
             if need_w:
@@ -120,7 +122,9 @@ def checkpointed_selected_logprobs(h: Tensor, lm_head: nn.Module, targets: Tenso
         raise ValueError(f"train_logprob_chunk_size={chunk}: must be >= 1")
 
     def one_chunk(hc: Tensor, yc: Tensor) -> Tensor:
-        z = transform.apply(lm_head(hc).float()) / temperature
+        z = transform.apply(lm_head(hc).float())
+        if temperature != 1.0:
+            z = z / temperature
         return -F.cross_entropy(z, yc, reduction="none")
 
     parts = [checkpoint(one_chunk, h[s:s + chunk], targets[s:s + chunk], use_reentrant=False)
