@@ -77,10 +77,9 @@ def steps_by_number(run_dir):
     return {e["step"]: e for e in events_of(run_dir, "train_step")}
 
 
-def no_children_left():
+def alive(pids):
     time.sleep(0.5)
-    return [p for p in psutil.Process().children(recursive=True) if p.is_running()
-            and p.status() != psutil.STATUS_ZOMBIE]
+    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
 def test_main_job_short_run_logs_proofs_and_cleans_up(tmp_path):
@@ -109,7 +108,8 @@ def test_main_job_short_run_logs_proofs_and_cleans_up(tmp_path):
     assert json.loads((run_dir / "config.json").read_text())["run"]["name"] == "e2e"
     args = SimpleNamespace(run_dir=str(run_dir), require_proof=True, plots=None, json=False, compare=None)
     assert review.main(args) == 0
-    assert not no_children_left()  # the env server quaero started is gone
+    server_pids = [e["pid"] for e in events_of(run_dir, "env_server_started")]
+    assert server_pids and not alive(server_pids)  # the env server quaero started is gone
 
 
 @pytest.mark.slow
@@ -131,8 +131,7 @@ def test_ctrl_c_then_resume_equals_uninterrupted(tmp_path):
     out, _ = proc.communicate(timeout=240)
     assert proc.returncode == 130, out
     server_pids = [e["pid"] for e in events_of(cfg.run_dir, "env_server_started")]
-    assert server_pids and not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                                   for p in server_pids)
+    assert server_pids and not alive(server_pids)
     (end,) = events_of(cfg.run_dir, "run_end")
     k = end["steps"]
     assert end["status"] == "interrupted" and 1 <= k < 5
