@@ -86,18 +86,20 @@ def selected_logprobs(
     transform = logit_transform or LogitTransform()
     B, L, _ = hidden.shape
     shifted = target_mask[:, 1:].to(torch.bool)  # [B, L-1]: column j scores token j+1
-    info = SelectiveInfo(selected_tokens=int(shifted.sum()))
+    # one nonzero answers every bookkeeping question (one host sync on CUDA, few tiny ops on CPU)
+    rows, cols = shifted.nonzero(as_tuple=True)  # [S], [S]
+    info = SelectiveInfo(selected_tokens=rows.numel())
     out_shape = (B, max(L - 1, 0))
     if info.selected_tokens == 0:
         return hidden.new_zeros(out_shape, dtype=torch.float32), info
 
     vocab = _vocab_size(lm_head)
-    per_row = shifted.sum(dim=1)  # [B]
-    live = (per_row > 0).nonzero(as_tuple=True)[0]  # rows with targets; the others get no LM head at all
-    first = int(shifted[live].float().argmax(dim=1).min())  # earliest selected column over those rows
-    info.suffix_slots = (L - 1) - first
+    per_row = torch.bincount(rows, minlength=B)  # [B]
+    live = per_row.nonzero(as_tuple=True)[0]  # rows with targets; the others get no LM head at all
+    first, fewest = (int(v) for v in torch.stack([cols.min(), per_row[live].min()]).tolist())
+    info.suffix_slots = (L - 1) - first  # from the earliest selected column over the live rows
     info.suffix_bytes = live.numel() * info.suffix_slots * vocab * 4
-    info.min_row_density = float(per_row[live].min()) / info.suffix_slots
+    info.min_row_density = fewest / info.suffix_slots
     if chunk_size is None:  # an explicit chunk size forces the hidden path (as in the seed)
         dense = info.min_row_density >= th["dense_min_density"] and info.suffix_bytes <= th["suffix_max_bytes"]
         if dense:
@@ -108,7 +110,6 @@ def selected_logprobs(
             return out, info
         info.sparse_suffix_skip = True
 
-    rows, cols = shifted.nonzero(as_tuple=True)  # [S], [S]
     h = hidden[rows, cols]  # [S, H]: the hidden state that predicts token cols + 1
     targets = input_ids[rows, cols + 1]  # [S]
     lp = None
