@@ -10,6 +10,7 @@ a run interrupted after step k and resumed from its checkpoint reproduces step k
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -212,7 +213,7 @@ def _loop(c: Components, stop: StopRequest, tqdm, run_id: str) -> None:
     if start == 0 and cfg.training.eval_every:
         evaluate(c, 0)
     bar = tqdm(range(start + 1, total + 1), initial=start, total=total, desc="train", unit="step",
-               disable=not cfg.logging.progress)
+               disable=not cfg.logging.progress or not sys.stderr.isatty())  # no bar in a log file
     for step in bar:
         set_step(step)
         m = train_step(c, step, sft=step <= cfg.training.warmup_sft_steps)
