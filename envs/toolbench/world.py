@@ -2,7 +2,9 @@
 
 Each episode gets its own world, so sessions never share state. Train and eval worlds draw product
 adjectives, customer first names and order numbers from disjoint pools, so no eval question can
-appear in the train split (every question names a product, a customer or an order).
+appear in the train split (every question names a product, a customer or an order). The train pools
+are several times larger than the eval ones, so a model cannot get by on memorized names: it has to
+copy the name in the question into its tool call, which is what eval (unseen names) tests.
 """
 from __future__ import annotations
 
@@ -12,11 +14,18 @@ from dataclasses import dataclass
 
 SPLITS = ("train", "eval")
 _ADJECTIVES = {
-    "train": ["red", "blue", "green", "black", "white", "silver", "golden", "tiny", "large", "smart"],
+    "train": ["red", "blue", "green", "black", "white", "silver", "golden", "tiny", "large", "smart",
+              "pink", "yellow", "gray", "brown", "navy", "beige", "mini", "big", "compact", "classic",
+              "modern", "vintage", "wooden", "steel", "glass", "plastic", "metal", "retro", "deluxe", "quiet",
+              "portable", "bright", "dark", "soft", "slim", "heavy", "electric", "royal", "rustic", "sturdy"],
     "eval": ["purple", "orange", "amber", "ivory", "bronze", "copper", "teal", "crimson"],
 }
 _FIRST_NAMES = {
-    "train": ["Ana", "Ben", "Chloe", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivan", "Jade"],
+    "train": ["Ana", "Ben", "Chloe", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivan", "Jade",
+              "Liam", "Emma", "Noah", "Olivia", "Lucas", "Mia", "Ethan", "Zoe", "Leo", "Ella",
+              "Max", "Ivy", "Sam", "Lily", "Finn", "Ada", "Theo", "Iris", "Hugo", "Maya",
+              "Oscar", "Ruby", "Felix", "Carmen", "Jonas", "Vera", "Tomas", "Elsa", "Marco", "Lara",
+              "Yuki", "Aisha", "Ravi", "Sofia", "Pablo", "Nina", "Arjun", "Mei", "Tariq", "Ingrid"],
     "eval": ["Kai", "Lena", "Milo", "Nora", "Omar", "Pia", "Quinn", "Rosa"],
 }
 _ORDER_NUMBERS = {"train": range(100, 500), "eval": range(500, 1000)}
