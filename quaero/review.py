@@ -74,7 +74,8 @@ def _head_tail(values: list[float], k: int = 3) -> tuple[float | None, float | N
 def summarize(run: dict) -> dict[str, Any]:
     steps, evals = run["steps"], run["evals"]
     rl = [s for s in steps if s.get("phase", "rl") == "rl"]
-    echo_first, echo_last = _head_tail(_series(steps, "echo_loss"))
+    # a step without ECHO targets logs echo_loss 0: not a point of the ECHO learning curve
+    echo_first, echo_last = _head_tail(_series([st for st in steps if st.get("echo_tokens", 1)], "echo_loss"))
     rl_first, rl_last = _head_tail(_series(rl, "rl_loss"))
     rew_first, rew_last = _head_tail(_series(rl, "reward_mean"))
     eval_rewards = [e.get("eval_reward") for e in evals if e.get("eval_reward") is not None]
@@ -102,8 +103,10 @@ def summarize(run: dict) -> dict[str, Any]:
         "sampler_logprob_gap_max": max(gap, default=None),
         "local_train_selective_suffix_logits": _last(steps, "local_train_selective_suffix_logits"),
         "local_train_compile_selective_ce_mode": _last(steps, "local_train_compile_selective_ce_mode", ""),
+        # the latest reason given (a step with no targets attempts no compile and gives none)
         "local_train_compile_selective_ce_fallback_reason":
-            _last(steps, "local_train_compile_selective_ce_fallback_reason", ""),
+            _last([st for st in steps if st.get("local_train_compile_selective_ce_fallback_reason")],
+                  "local_train_compile_selective_ce_fallback_reason", ""),
         **{k: _sum(steps, k) for k in ("local_train_selective_sparse_suffix_skips",
                                         "local_train_selective_hidden_logprob_batches",
                                         "local_train_selective_compiled_ce_batches",

@@ -56,6 +56,15 @@ def test_table_values_and_passing_proofs(tmp_path, capsys):
     assert "[PASS] sparse ECHO proof" in out and "[PASS] ECHO loss falling" in out
 
 
+def test_echo_curve_skips_steps_without_echo_targets_and_reason_keeps_latest(tmp_path):
+    steps = good_steps()
+    steps[-1].update(echo_loss=0.0, echo_tokens=0, local_train_compile_selective_ce_fallback_reason="")
+    record(tmp_path, steps)
+    s = review.summarize(review.load_run(tmp_path))
+    assert (s["echo_loss_first"], s["echo_loss_last"]) == (5.0, 3.0)  # the 0.0 of the target-free step is not a point
+    assert s["local_train_compile_selective_ce_fallback_reason"] == "cpu device"
+
+
 def test_fallback_batches_fail_the_sparse_proof(tmp_path, capsys):
     steps = good_steps()
     steps[2]["local_train_selective_fallback_logprob_batches"] = 1
