@@ -15,20 +15,13 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
                    help="override any config field (repeatable), e.g. --set training.steps=3")
 
 
-def _sampler_backend(cfg) -> str:
-    import importlib.util
-
-    if cfg.sampler.backend != "auto":
-        return cfg.sampler.backend
-    import torch
-
-    return "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf"
-
-
 def plan_lines(cfg, source: str) -> list[str]:
+    from quaero.model import resolve_device
+    from quaero.sampling import resolve_backend
     from trainers.registry import BACKENDS
 
     caps = BACKENDS[cfg.backend.backend]
+    sampler = resolve_backend(cfg.sampler.backend, resolve_device(cfg.run.device))  # what train will build
     o = cfg.backend.options
     env_src = cfg.env.url if cfg.env.launcher == "remote" else cfg.env.entry
     lines = [
@@ -39,7 +32,7 @@ def plan_lines(cfg, source: str) -> list[str]:
         f"env         {env_src} via {cfg.env.launcher} (train split {cfg.env.train_split!r}, eval "
         f"{cfg.env.eval_split!r}, max_turns {cfg.env.max_turns}, step timeout {cfg.env.step_timeout_s}s, "
         f"retries {cfg.env.max_retries})",
-        f"sampler     {_sampler_backend(cfg)} (T={cfg.sampler.temperature}, top_p={cfg.sampler.top_p}, "
+        f"sampler     {sampler} (T={cfg.sampler.temperature}, top_p={cfg.sampler.top_p}, "
         f"max_tokens={cfg.sampler.max_tokens})",
         f"backend     {cfg.backend.backend}: strict_shared_forward={caps.strict_shared_forward}, "
         f"selective_logits={caps.selective_logits}, lora={caps.lora} (enabled={cfg.backend.lora}), "
