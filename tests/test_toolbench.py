@@ -10,7 +10,7 @@ from openenv.core.env_server.mcp_types import CallToolAction, ListToolsAction
 
 from envs.toolbench import NUM_TASKS, TEMPLATES, ToolBenchEnv, check_answer, make_task, oracle_policy
 from envs.toolbench.tools import safe_eval
-from envs.toolbench.world import _ADJECTIVES, _FIRST_NAMES
+from envs.toolbench.world import CUSTOMER_NAMES, PRODUCT_NAMES
 
 
 def test_tasks_are_deterministic_and_need_1_to_4_calls():
@@ -25,14 +25,34 @@ def test_tasks_are_deterministic_and_need_1_to_4_calls():
 
 
 def test_train_and_eval_splits_are_disjoint():
-    assert not set(_ADJECTIVES["train"]) & set(_ADJECTIVES["eval"])
-    assert not set(_FIRST_NAMES["train"]) & set(_FIRST_NAMES["eval"])
+    for names in (PRODUCT_NAMES, CUSTOMER_NAMES):
+        assert not set(names["train"]) & set(names["eval"])
+        assert len(names["eval"]) > 100 and len(names["train"]) > 3 * len(names["eval"])
+        # compositional: every word of an eval name also occurs in train names
+        words = lambda split: {w for name in names[split] for w in name.split()}  # noqa: E731
+        assert words("eval") <= words("train")
+    worlds = lambda split: [make_task(split, i, 4).world for i in range(300)]  # noqa: E731
+    for split in ("train", "eval"):
+        assert {p.name for w in worlds(split) for p in w.products} <= set(PRODUCT_NAMES[split])
+        assert {c.name for w in worlds(split) for c in w.customers} <= set(CUSTOMER_NAMES[split])
     eval_q = {make_task("eval", i, d).question for i in range(NUM_TASKS["eval"]) for d in (2, 4)}
     train_q = {make_task("train", i, d).question for i in range(1500) for d in (2, 4)}
     assert len(eval_q) > 300 and not eval_q & train_q
     with pytest.raises(ValueError, match="out of range"):
         make_task("eval", NUM_TASKS["eval"])
 
+
+
+def test_one_word_keys_find_exactly_one_record():
+    """The oracle searches by a product's noun and a customer's last name; in every world that word
+    matches one record only (the tools match substrings, case-insensitively)."""
+    for split in ("train", "eval"):
+        for i in range(300):
+            w = make_task(split, i, 4).world
+            for p in w.products:
+                assert [q.id for q in w.products if p.key.lower() in q.name.lower()] == [p.id]
+            for c in w.customers:
+                assert [d.id for d in w.customers if c.key.lower() in d.name.lower()] == [c.id]
 
 def _run_episode(env: ToolBenchEnv, info: dict, answer_override=None):
     """Drive the env through step_async, as the WebSocket server does; returns (rewards, dones, texts)."""

@@ -85,7 +85,7 @@ def alive(pids):
 def test_main_job_short_run_logs_proofs_and_cleans_up(tmp_path):
     from quaero.train import train
 
-    _, cfg = make_config(tmp_path)
+    _, cfg = make_config(tmp_path, extra=["training.warmup_sft_lr=3e-3"])
     run_dir = train(cfg)
     names = [e["event"] for e in read_events(run_dir / "events.jsonl")]
     assert names[0] != "run_end" and names[-1] == "run_end" and "run_start" in names
@@ -93,6 +93,7 @@ def test_main_job_short_run_logs_proofs_and_cleans_up(tmp_path):
     assert [e["step"] for e in evals] == [0, 3]  # the untrained baseline, then the end
     steps = events_of(run_dir, "train_step")
     assert [(s["step"], s["phase"]) for s in steps] == [(1, "sft"), (2, "rl"), (3, "rl")]
+    assert [s["lr"] for s in steps] == [3e-3, 1e-3, 1e-3]  # warm start at warmup_sft_lr, RL at [backend] lr
     for s in steps:
         assert set(SELECTIVE_METRICS) <= set(s)
         assert s["prefix_mismatches"] == 0 and s["bridge_fallbacks"] == 0

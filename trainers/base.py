@@ -52,9 +52,13 @@ class BackendBase:
         self.parts = CausalLMParts(self.model, cfg.model.name)
         if cfg.backend.options.train_selective_suffix_logits:
             self.parts.verify_transform()
+        if cfg.backend.freeze_embeddings:
+            self.model.get_input_embeddings().weight.requires_grad_(False)
+            self.model.get_output_embeddings().weight.requires_grad_(False)  # the same tensor when tied
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         b = cfg.backend
-        self.optimizer = torch.optim.AdamW(self.trainable, lr=b.lr, betas=b.betas, weight_decay=b.weight_decay)
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=b.lr, betas=b.betas, eps=b.eps,
+                                           weight_decay=b.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)  # constant lr
         self.steps_done = 0
         log.info("backend_ready", backend=self.name, model=cfg.model.name, device=str(self.device),
@@ -68,6 +72,12 @@ class BackendBase:
     @property
     def is_lora(self) -> bool:
         return hasattr(self.model, "peft_config")
+
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the following steps (the recipe's phases use different ones)."""
+        self.scheduler.base_lrs = [lr] * len(self.optimizer.param_groups)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
 
     def train_step(self, rows: list[EchoRow], *, sft: bool = False) -> dict[str, Any]:
         """One optimizer step over all rows; see trainers/step.py for the losses and metrics."""

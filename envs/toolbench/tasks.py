@@ -4,10 +4,11 @@ exact tool calls that solve them (the oracle's plan).
 `difficulty` d in 1..4 draws a template needing between 1 and d tool calls (before submit_answer).
 Expected answers are computed with the same functions the tools use, so the oracle's plan scores 1.0.
 
-Questions quote product and customer names ("purple kettle") so the name in the question tokenizes
-exactly as it does inside a tool call's JSON string argument: Qwen's BPE splits ` Quinn` (after a space)
-and `Quinn` (after a quote) into different tokens, and a model that never saw an eval name could not
-learn that mapping; with the quotes, passing the name on is a token-for-token copy.
+Questions quote product and customer names ("purple kettle") so a name in the question tokenizes
+exactly as it does inside a tool call's JSON string argument (Qwen's BPE splits ` Quinn`, after a
+space, and `Quinn`, after a quote, differently). The plans look records up by their one-word key (a
+product's noun, a customer's last name; unique within a world), as a person would type into a search
+box; the tools also accept the full name or any other unique part of it.
 """
 from __future__ import annotations
 
@@ -40,30 +41,30 @@ class Task:
 
 def _price_task(w: World, rng: random.Random):
     p = rng.choice(w.products)
-    return f'How much does the "{p.name}" cost?', [("search_products", {"query": p.name})], p.price, "number"
+    return f'How much does the "{p.name}" cost?', [("search_products", {"query": p.key})], p.price, "number"
 
 
 def _city_task(w: World, rng: random.Random):
     c = rng.choice(w.customers)
-    return f'Which city does "{c.name}" live in?', [("find_customer", {"name": c.name})], c.city, "text"
+    return f'Which city does "{c.name}" live in?', [("find_customer", {"name": c.key})], c.city, "text"
 
 
 def _stock_task(w: World, rng: random.Random):
     p = rng.choice(w.products)
-    calls = [("search_products", {"query": p.name}), ("get_product", {"product_id": p.id})]
+    calls = [("search_products", {"query": p.key}), ("get_product", {"product_id": p.id})]
     return f'How many "{p.name}" units are in stock?', calls, p.stock, "number"
 
 
 def _order_count_task(w: World, rng: random.Random):
     c = rng.choice(w.customers)
-    calls = [("find_customer", {"name": c.name}), ("list_orders", {"customer_id": c.id})]
+    calls = [("find_customer", {"name": c.key}), ("list_orders", {"customer_id": c.id})]
     return f'How many orders has "{c.name}" placed?', calls, len(w.orders_of(c.id)), "number"
 
 
 def _total_price_task(w: World, rng: random.Random):
     p, q = rng.choice(w.products), rng.randint(2, 9)
     expr = f"{p.price:.2f}*{q}"
-    calls = [("search_products", {"query": p.name}), ("calculate", {"expression": expr})]
+    calls = [("search_products", {"query": p.key}), ("calculate", {"expression": expr})]
     return f'What do {q} "{p.name}" units cost in total?', calls, safe_eval(expr), "number"
 
 
@@ -77,14 +78,14 @@ def _delivery_task(w: World, rng: random.Random):
 def _weight_lb_task(w: World, rng: random.Random):
     p = rng.choice(w.products)
     args = {"value": p.weight_kg, "from_unit": "kg", "to_unit": "lb"}
-    calls = [("search_products", {"query": p.name}), ("get_product", {"product_id": p.id}), ("convert_units", args)]
+    calls = [("search_products", {"query": p.key}), ("get_product", {"product_id": p.id}), ("convert_units", args)]
     return f'How many pounds does the "{p.name}" weigh?', calls, convert(p.weight_kg, "kg", "lb"), "number"
 
 
 def _discount_task(w: World, rng: random.Random):
     c, p = rng.choice(w.customers), rng.choice(w.products)
     expr = f"{p.price:.2f}*(100-{TIER_DISCOUNT[c.tier]})/100"
-    calls = [("find_customer", {"name": c.name}), ("search_products", {"query": p.name}),
+    calls = [("find_customer", {"name": c.key}), ("search_products", {"query": p.key}),
              ("calculate", {"expression": expr})]
     return f'What does "{c.name}" pay for the "{p.name}" after their tier discount?', calls, safe_eval(expr), "number"
 
@@ -95,7 +96,7 @@ def _order_span_task(w: World, rng: random.Random):
         return _order_count_task(w, rng)
     c = rng.choice(repeat)
     first, last = w.orders_of(c.id)[0], w.orders_of(c.id)[-1]
-    calls = [("find_customer", {"name": c.name}), ("list_orders", {"customer_id": c.id}),
+    calls = [("find_customer", {"name": c.key}), ("list_orders", {"customer_id": c.id}),
              ("days_between", {"start": first.date, "end": last.date})]
     days = (parse_date(last.date) - parse_date(first.date)).days
     return f'How many days passed between the first and last order of "{c.name}"?', calls, days, "number"
@@ -125,7 +126,7 @@ def _last_order_cost_task(w: World, rng: random.Random):
     o = w.orders_of(c.id)[-1]
     p = w.product(o.product_id)
     expr = f"{p.price:.2f}*{o.qty}"
-    calls = [("find_customer", {"name": c.name}), ("list_orders", {"customer_id": c.id}),
+    calls = [("find_customer", {"name": c.key}), ("list_orders", {"customer_id": c.id}),
              ("get_product", {"product_id": p.id}), ("calculate", {"expression": expr})]
     return f'What did the most recent order of "{c.name}" cost?', calls, safe_eval(expr), "number"
 
