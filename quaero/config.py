@@ -117,17 +117,12 @@ class BackendConfig(_Section):
     lr: float = Field(1e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = Field(1e-8, gt=0)  # AdamW's eps
     max_grad_norm: float | None = Field(1.0, gt=0)
     micro_batch_tokens: int = Field(8192, ge=1)
     lora: bool = False
     lora_r: int = Field(16, ge=1)
     lora_alpha: int = Field(32, ge=1)
     gradient_checkpointing: bool = False
-    # Train everything but the token embeddings (and a tied LM head). For small data on a large
-    # vocabulary: Adam moves every embedding row each step (the softmax pushes all logits), so rows
-    # of rare tokens drift together and the model can no longer tell them apart.
-    freeze_embeddings: bool = False
     # unsloth on CUDA only: load unsloth's vLLM engine next to the model (backend.vllm_engine) for sampling.
     unsloth_fast_inference: bool = False
     options: BackendOptions = Field(default_factory=BackendOptions)

@@ -52,13 +52,9 @@ class BackendBase:
         self.parts = CausalLMParts(self.model, cfg.model.name)
         if cfg.backend.options.train_selective_suffix_logits:
             self.parts.verify_transform()
-        if cfg.backend.freeze_embeddings:
-            self.model.get_input_embeddings().weight.requires_grad_(False)
-            self.model.get_output_embeddings().weight.requires_grad_(False)  # the same tensor when tied
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         b = cfg.backend
-        self.optimizer = torch.optim.AdamW(self.trainable, lr=b.lr, betas=b.betas, eps=b.eps,
-                                           weight_decay=b.weight_decay)
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=b.lr, betas=b.betas, weight_decay=b.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)  # constant lr
         self.steps_done = 0
         log.info("backend_ready", backend=self.name, model=cfg.model.name, device=str(self.device),
