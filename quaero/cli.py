@@ -6,6 +6,7 @@ bad config fails in well under a second, with one line and exit status 1.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 
@@ -86,10 +87,21 @@ def cmd_bench(args) -> int:
     return bench_main(args.bench_args)
 
 
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object, e.g. '{\"difficulty\": 1}'")
+    return value
+
+
 def cmd_env_serve(args) -> int:
     from quaero.envs import serve
 
-    serve(args.entry, host=args.host, port=args.port, max_concurrent_envs=args.max_concurrent_envs)
+    serve(args.entry, host=args.host, port=args.port, max_concurrent_envs=args.max_concurrent_envs,
+          kwargs=args.kwargs)
     return 0
 
 
@@ -125,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-concurrent-envs", type=int, default=16)
+    p.add_argument("--kwargs", type=_json_object, default={}, metavar="JSON",
+                   help='keyword arguments for the entry, e.g. \'{"difficulty": 1}\'')
     p.set_defaults(func=cmd_env_serve)
     return ap
 

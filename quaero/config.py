@@ -50,6 +50,8 @@ class EnvConfig(_Section):
     # and url ("ws://host:port" or "http://host:port" of a running OpenEnv server).
     entry: str | None = None
     url: str | None = None
+    # keyword arguments for the entry (class or factory), for envs quaero starts (inprocess, local-server)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
     launcher: Literal["inprocess", "local-server", "remote"] = "inprocess"
     host: str = "127.0.0.1"
     train_split: str = "train"
@@ -77,11 +79,14 @@ class EnvConfig(_Section):
         return data
 
     @model_validator(mode="after")
-    def _one_source(self) -> "EnvConfig":
+    def _one_source(self) -> EnvConfig:
         if self.launcher == "remote" and not self.url:
             raise ValueError("launcher='remote' needs url = \"ws://HOST:PORT\"")
         if self.launcher != "remote" and not self.entry:
             raise ValueError(f"launcher={self.launcher!r} needs entry = \"package.module:Class\"")
+        if self.launcher == "remote" and self.kwargs:
+            raise ValueError("kwargs construct envs quaero starts; a remote server was started with its own "
+                             "arguments: remove kwargs, or start that server with them")
         return self
 
 

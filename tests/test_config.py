@@ -81,6 +81,13 @@ def test_env_source_rules(tmp_path):
     """)
     with pytest.raises(ConfigError, match="needs entry"):
         load_config(p)
+    p = write(tmp_path, """
+        [env]
+        url = "ws://127.0.0.1:9"
+        kwargs = { difficulty = 1 }
+    """)
+    with pytest.raises(ConfigError, match="kwargs construct envs quaero starts"):
+        load_config(p)
     p = write(tmp_path, "[run]\nname = 'x'\n")
     with pytest.raises(ConfigError, match=r"\[\(top level\)\] env: required"):
         load_config(p)

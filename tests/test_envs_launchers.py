@@ -145,12 +145,27 @@ def test_unreachable_url_is_a_clear_error():
         open_envs(EnvConfig(url=f"ws://127.0.0.1:{free_port()}", reset_timeout_s=2), 1)
 
 
-def test_the_main_job_config_opens_toolbench():
-    cfg = load_config("envs/toolbench.toml", ["env.launcher='inprocess'"])
+@pytest.mark.parametrize("launcher", ["inprocess", "local-server"])
+def test_the_main_job_config_opens_toolbench_with_its_kwargs(launcher):
+    """[env] kwargs = {difficulty = 1} reaches the env's constructor, in this process and in the server."""
+    cfg = load_config("envs/toolbench.toml", [f"env.launcher='{launcher}'"])
+    assert cfg.env.kwargs == {"difficulty": 1}
     with open_envs(cfg.env, 1) as pool:
-        start = pool.sessions[0].reset(seed=0, split=cfg.env.eval_split, index=0)
-        assert start.info["split"] == "eval" and start.info["difficulty"] == cfg.env.reset_kwargs["difficulty"]
+        env = pool.sessions[0]
+        assert [t["function"]["name"] for t in env.tools] == ["search_products", "find_customer", "submit_answer"]
+        start = env.reset(seed=0, split=cfg.env.eval_split, index=0)
+        assert start.info["split"] == "eval" and start.info["difficulty"] == 1
         assert [m["role"] for m in start.messages] == ["system", "user"]
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"difficulty": 1, "colour": "red"}, "unexpected keyword argument 'colour'"),
+    ({"dificulty": 1}, "unexpected keyword argument 'dificulty'"),
+])
+def test_bad_env_kwargs_fail_before_any_session_naming_the_parameters(kwargs, needle):
+    with pytest.raises(ConfigError, match=r"\[env\] kwargs=") as e:
+        open_envs(EnvConfig(entry=TOOLBENCH, kwargs=kwargs), 1)
+    assert needle in str(e.value) and "its parameters: difficulty, max_steps" in str(e.value)
 
 
 @pytest.mark.slow

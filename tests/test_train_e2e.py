@@ -4,11 +4,9 @@ Covers the event log's contents and proofs, resume after a Ctrl-C equal to an un
 an env server killed mid-step, and the same job with vLLM's CPU build as the sampler.
 """
 import json
-import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -34,7 +32,7 @@ name = "tiny-qwen3"
 [env]
 entry = "{entry}"
 launcher = "local-server"
-reset_kwargs = {{difficulty = 1}}
+kwargs = {{difficulty = 1}}
 max_turns = 2
 on_session_loss = "{on_loss}"
 
@@ -109,6 +107,8 @@ def test_main_job_short_run_logs_proofs_and_cleans_up(tmp_path):
     assert json.loads((run_dir / "config.json").read_text())["run"]["name"] == "e2e"
     args = SimpleNamespace(run_dir=str(run_dir), require_proof=True, plots=None, json=False, compare=None)
     assert review.main(args) == 0
+    opened = events_of(run_dir, "env_pool_opened")[0]  # [env] kwargs reached the server's env
+    assert opened["tools"] == ["search_products", "find_customer", "submit_answer"]
     server_pids = [e["pid"] for e in events_of(run_dir, "env_server_started")]
     assert server_pids and not alive(server_pids)  # the env server quaero started is gone
 

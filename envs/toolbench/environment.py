@@ -13,7 +13,7 @@ from openenv.core.env_server.mcp_environment import MCPEnvironment
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation, ToolError, ToolErrorType
 from openenv.core.env_server.types import Observation, State
 
-from .tasks import MAX_DIFFICULTY, NUM_TASKS, Task, check_answer, make_task
+from .tasks import MAX_DIFFICULTY, NUM_TASKS, Task, check_answer, make_task, tools_for
 from .tools import BadToolInput, register_tools
 from .world import SPLITS, World
 
@@ -32,13 +32,20 @@ class ToolBenchState(State):
 
 
 class ToolBenchEnv(MCPEnvironment):
-    """Seeded shop worlds, 9 typed tools and submit_answer; reward 1.0 for a correct answer, else 0.0."""
+    """Seeded shop worlds, typed tools and submit_answer; reward 1.0 for a correct answer, else 0.0.
+
+    `difficulty` d (1-4) is the most tool calls a task needs; the env lists only the tools such tasks
+    use (`tasks.tools_for(d)`): 3 at d=1, all 10 from d=3. A reset may ask for an easier task, not a
+    harder one (its tools would be missing).
+    """
 
     SUPPORTS_CONCURRENT_SESSIONS = True  # every instance owns its world; nothing is shared
 
     def __init__(self, difficulty: int = MAX_DIFFICULTY, max_steps: int = 10) -> None:
+        if not 1 <= int(difficulty) <= MAX_DIFFICULTY:
+            raise ValueError(f"toolbench difficulty={difficulty}: use 1..{MAX_DIFFICULTY} (max tool calls per task)")
         mcp = FastMCP("toolbench")
-        register_tools(mcp, self._world_or_raise)
+        register_tools(mcp, self._world_or_raise, tools_for(int(difficulty)))
         super().__init__(mcp)
         self.default_difficulty = difficulty
         self.default_max_steps = max_steps
@@ -59,7 +66,12 @@ class ToolBenchEnv(MCPEnvironment):
             raise ValueError(f"toolbench reset split={split!r}: use one of {SPLITS}")
         if index is None:
             index = (seed or 0) % NUM_TASKS[split]
-        task = make_task(split, int(index), int(difficulty or self.default_difficulty))
+        difficulty = int(difficulty or self.default_difficulty)
+        if difficulty > self.default_difficulty:
+            raise ValueError(f"toolbench reset difficulty={difficulty}: this env was built for difficulty "
+                             f"{self.default_difficulty} and lists only its tools; build it with "
+                             f"difficulty={difficulty} ([env] kwargs = {{difficulty = {difficulty}}})")
+        task = make_task(split, int(index), difficulty)
         self._task = task
         self._state = ToolBenchState(
             episode_id=episode_id or str(uuid.uuid4()), step_count=0, task_id=task.task_id, split=split,

@@ -140,6 +140,25 @@ TEMPLATES = {
     "order_cost": (3, _order_cost_task),
     "order_weight": (4, _order_weight_task), "last_order_cost": (4, _last_order_cost_task),
 }
+# template name -> the tools its plan calls (the order_span fallback, order_count, calls a subset)
+TEMPLATE_TOOLS = {
+    "price": ("search_products",), "city": ("find_customer",),
+    "stock": ("search_products", "get_product"), "order_count": ("find_customer", "list_orders"),
+    "total_price": ("search_products", "calculate"), "delivery": ("get_order", "add_days"),
+    "weight_lb": ("search_products", "get_product", "convert_units"),
+    "discount": ("find_customer", "search_products", "calculate"),
+    "order_span": ("find_customer", "list_orders", "days_between"),
+    "order_cost": ("get_order", "get_product", "calculate"),
+    "order_weight": ("get_order", "get_product", "calculate", "convert_units"),
+    "last_order_cost": ("find_customer", "list_orders", "get_product", "calculate"),
+}
+
+
+def tools_for(difficulty: int) -> list[str]:
+    """The tools that tasks of up to `difficulty` calls need, plus submit_answer: what an env built for
+    that difficulty lists (fewer tools, a shorter system prompt: 3 tools at difficulty 1, 10 at 3-4)."""
+    names = {t for name, (calls, _) in TEMPLATES.items() if calls <= difficulty for t in TEMPLATE_TOOLS[name]}
+    return sorted(names) + ["submit_answer"]
 
 
 def make_task(split: str = "train", index: int = 0, difficulty: int = MAX_DIFFICULTY) -> Task:

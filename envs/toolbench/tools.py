@@ -10,7 +10,7 @@ import datetime as dt
 import logging
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TypeVar
 
 from fastmcp.exceptions import ToolError
@@ -105,23 +105,29 @@ def by_id(find: Callable[[str], T | None], kind: str, raw: str) -> T:
     return found
 
 
-def register_tools(mcp, world: Callable[[], World]) -> None:
-    """Register the 9 tools plus submit_answer on `mcp`; `world()` returns the episode's world."""
+def register_tools(mcp, world: Callable[[], World], names: Collection[str] | None = None) -> None:
+    """Register the 9 tools plus submit_answer on `mcp` (only `names`, when given); `world()` returns
+    the episode's world."""
 
-    @mcp.tool
+    def tool(fn):
+        if names is None or fn.__name__ in names:
+            mcp.tool(fn)
+        return fn
+
+    @tool
     def search_products(query: str) -> str:
         """Find products whose name contains the query. Returns id, name, price."""
         q = query.strip().lower()
         hits = [p for p in world().products if q and q in p.name]
         return "; ".join(f"{p.id} {p.name} {money(p.price)}" for p in hits[:4]) or f"No product matches {query!r}."
 
-    @mcp.tool
+    @tool
     def get_product(product_id: str) -> str:
         """Details of one product by id (e.g. P3)."""
         p = by_id(world().product, "product", product_id)
         return f"{p.id} {p.name}: {money(p.price)}, stock {p.stock}, {p.weight_kg} kg, {p.category}"
 
-    @mcp.tool
+    @tool
     def find_customer(name: str) -> str:
         """Find a customer by (part of) their name. Returns id, city, tier."""
         q = name.strip().lower()
@@ -130,39 +136,39 @@ def register_tools(mcp, world: Callable[[], World]) -> None:
             raise BadToolInput(f"no customer named {name!r}")
         return "; ".join(f"{c.id} {c.name}, {c.city}, {c.tier} tier ({TIER_DISCOUNT[c.tier]}% off)" for c in hits)
 
-    @mcp.tool
+    @tool
     def list_orders(customer_id: str) -> str:
         """A customer's orders, oldest first."""
         c = by_id(world().customer, "customer", customer_id)
         return "; ".join(f"{o.id} {o.product_id} x{o.qty} on {o.date}" for o in world().orders_of(c.id))
 
-    @mcp.tool
+    @tool
     def get_order(order_id: str) -> str:
         """One order by id (e.g. O104)."""
         o = by_id(world().order, "order", order_id)
         return f"{o.id}: {o.customer_id} bought {o.qty} x {o.product_id} on {o.date}"
 
-    @mcp.tool
+    @tool
     def calculate(expression: str) -> str:
         """Evaluate arithmetic, e.g. 12.5*3 or (40-4)/2."""
         return fmt_number(safe_eval(expression))
 
-    @mcp.tool
+    @tool
     def days_between(start: str, end: str) -> str:
         """Number of days from start to end (dates as YYYY-MM-DD)."""
         return str((parse_date(end) - parse_date(start)).days)
 
-    @mcp.tool
+    @tool
     def add_days(date: str, days: int) -> str:
         """The date that is `days` days after `date` (YYYY-MM-DD)."""
         return (parse_date(date) + dt.timedelta(days=days)).isoformat()
 
-    @mcp.tool
+    @tool
     def convert_units(value: float, from_unit: str, to_unit: str) -> str:
         """Convert between kg, g, lb, oz or m, km, mi, ft."""
         return fmt_number(convert(value, from_unit, to_unit))
 
-    @mcp.tool
+    @tool
     def submit_answer(answer: str) -> str:
         """Submit the final answer (just the value, e.g. 42 or Lyon). Ends the episode."""
         return "Answer submitted."

@@ -1,5 +1,6 @@
 """`python -m quaero.envs serve module:Class [--host H] [--port P] [--fd N]`: the local-server child."""
 import argparse
+import json
 
 from .server import serve
 
@@ -12,6 +13,7 @@ p.add_argument("--port", type=int, default=8000)
 p.add_argument("--fd", type=int, default=None, help="serve on this inherited listening socket")
 p.add_argument("--max-concurrent-envs", type=int, default=16)
 p.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
+p.add_argument("--kwargs", type=json.loads, default={}, help="JSON keyword arguments for the entry")
 args = ap.parse_args()
 serve(args.entry, host=args.host, port=args.port, max_concurrent_envs=args.max_concurrent_envs, fd=args.fd,
-      parent_pid=args.parent_pid)
+      parent_pid=args.parent_pid, kwargs=args.kwargs)

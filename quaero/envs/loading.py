@@ -6,6 +6,7 @@ Plain envs declare their types the OpenEnv way, `class MyEnv(Environment[MyActio
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import os
@@ -103,8 +104,25 @@ def _annotated_types(env_cls: type) -> tuple[Any, Any]:
     return action, obs
 
 
-def load_entry(entry: str) -> EnvSpec:
-    """Import `entry` (an Environment/MCPEnvironment subclass or a factory returning one)."""
+def _bind(obj: Callable, entry: str, kwargs: dict[str, Any]) -> Callable[[], Any]:
+    """`obj` called with `kwargs` ([env] kwargs), checked against its signature now, not per session."""
+    if not kwargs:
+        return obj
+    try:
+        signature = inspect.signature(obj)
+    except ValueError:  # no signature to check (a builtin): the first call reports
+        return functools.partial(obj, **kwargs)
+    try:
+        signature.bind(**kwargs)
+    except TypeError as e:
+        raise ConfigError(f"[env] kwargs={kwargs!r}: {entry} does not take them ({e}); its parameters: "
+                          f"{', '.join(signature.parameters) or 'none'}") from None
+    return functools.partial(obj, **kwargs)
+
+
+def load_entry(entry: str, kwargs: dict[str, Any] | None = None) -> EnvSpec:
+    """Import `entry` (an Environment/MCPEnvironment subclass or a factory returning one); each
+    session's env is `entry(**kwargs)`."""
     require_openenv()
     from openenv.core.env_server.interfaces import Environment
     from openenv.core.env_server.mcp_environment import MCPEnvironment
@@ -113,13 +131,14 @@ def load_entry(entry: str) -> EnvSpec:
 
     obj = _import_attr(entry)
     if inspect.isclass(obj) and issubclass(obj, Environment):
-        env_cls, factory = obj, obj
+        env_cls, factory = obj, _bind(obj, entry, kwargs or {})
     elif callable(obj) and not inspect.isclass(obj):
-        probe = obj()  # a factory: build one instance to learn its class
+        factory = _bind(obj, entry, kwargs or {})
+        probe = factory()  # a factory: build one instance to learn its class
         if not isinstance(probe, Environment):
             raise ConfigError(f"[env] entry={entry!r}: the factory returned {type(probe).__name__}, "
                               "not an openenv Environment")
-        env_cls, factory = type(probe), obj
+        env_cls = type(probe)
         probe.close()
     else:
         raise ConfigError(f"[env] entry={entry!r}: {obj!r} is neither an openenv Environment subclass nor a "

@@ -131,7 +131,7 @@ def open_envs(cfg: EnvConfig, n: int) -> EnvPool:
     """N sessions of the configured env. Config problems raise ConfigError here, before any episode."""
     require_openenv()
     counters, server, sessions = EnvCounters(), None, []
-    spec = None if cfg.launcher == "remote" else load_entry(cfg.entry)
+    spec = None if cfg.launcher == "remote" else load_entry(cfg.entry, cfg.kwargs)
     if spec is not None:
         check_concurrency(spec, n)
     try:
@@ -142,7 +142,8 @@ def open_envs(cfg: EnvConfig, n: int) -> EnvPool:
             if cfg.launcher == "local-server":
                 # headroom: a session abandoned after a timeout holds its slot until its step returns
                 server = LocalServer(cfg.entry, cfg.host, max_concurrent_envs=2 * n + 1 if spec.supports_concurrency
-                                     else 1, start_timeout_s=cfg.server_start_timeout_s).start()
+                                     else 1, start_timeout_s=cfg.server_start_timeout_s,
+                                     kwargs=cfg.kwargs).start()
                 http_url, ws_url = server.http_url, server.ws_url
             else:
                 http_url, ws_url = _urls(cfg.url)

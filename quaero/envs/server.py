@@ -9,6 +9,7 @@ itself when the parent process is gone.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import socket
 import subprocess
@@ -28,14 +29,14 @@ _LIVE: set[LocalServer] = set()
 
 
 def serve(entry: str, host: str = "127.0.0.1", port: int = 8000, max_concurrent_envs: int = 16,
-          fd: int | None = None, parent_pid: int | None = None) -> None:
+          fd: int | None = None, parent_pid: int | None = None, kwargs: dict | None = None) -> None:
     """Serve any OpenEnv env (`module:Class`) with OpenEnv's own app; blocks until stopped. fd: serve on an
     inherited listening socket; parent_pid: exit when that process is gone (both for LocalServer)."""
     if parent_pid is not None:
         _exit_with_parent(parent_pid)
     import uvicorn
 
-    spec = load_entry(entry)
+    spec = load_entry(entry, kwargs)
     if max_concurrent_envs > 1 and not spec.supports_concurrency:
         log.warning("env_serve_single_session", entry=entry, requested=max_concurrent_envs,
                     reason="SUPPORTS_CONCURRENT_SESSIONS is False; serving one session at a time")
@@ -67,8 +68,8 @@ class ServerStartError(RuntimeError):
 
 class LocalServer:
     def __init__(self, entry: str, host: str = "127.0.0.1", max_concurrent_envs: int = 16,
-                 start_timeout_s: float = 60.0) -> None:
-        self.entry, self.host = entry, host
+                 start_timeout_s: float = 60.0, kwargs: dict | None = None) -> None:
+        self.entry, self.host, self.kwargs = entry, host, dict(kwargs or {})
         self.max_concurrent_envs, self.start_timeout_s = max_concurrent_envs, start_timeout_s
         self._sock = socket.create_server((host, 0), backlog=256)
         self._sock.set_inheritable(True)
@@ -98,7 +99,7 @@ class LocalServer:
         env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         cmd = [sys.executable, "-m", "quaero.envs", "serve", self.entry, "--fd", str(self._sock.fileno()),
                "--host", self.host, "--port", str(self.port), "--max-concurrent-envs", str(self.max_concurrent_envs),
-               "--parent-pid", str(os.getpid())]
+               "--parent-pid", str(os.getpid()), "--kwargs", json.dumps(self.kwargs)]
         with self._log_path.open("ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                          pass_fds=(self._sock.fileno(),), stdin=subprocess.DEVNULL)
