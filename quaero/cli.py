@@ -25,6 +25,8 @@ def plan_lines(cfg, source: str) -> list[str]:
     sampler = resolve_backend(cfg.sampler.backend, resolve_device(cfg.run.device))  # what train will build
     o = cfg.backend.options
     env_src = cfg.env.url if cfg.env.launcher == "remote" else cfg.env.entry
+    if cfg.env.kwargs:
+        env_src += "(" + ", ".join(f"{k}={v!r}" for k, v in cfg.env.kwargs.items()) + ")"
     lines = [
         f"config      {source}",
         f"run         {cfg.run.name} -> {cfg.run_dir} (seed {cfg.run.seed}, device {cfg.run.device})",
