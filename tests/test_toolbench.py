@@ -9,6 +9,7 @@ import quaero.envs  # noqa: F401  - first: it keeps openenv's optional gradio UI
 from openenv.core.env_server.mcp_types import CallToolAction, ListToolsAction
 
 from envs.toolbench import NUM_TASKS, TEMPLATES, ToolBenchEnv, check_answer, make_task, oracle_policy
+from envs.toolbench.tasks import MAX_DIFFICULTY, tools_for
 from envs.toolbench.tools import safe_eval
 from envs.toolbench.world import CUSTOMER_NAMES, PRODUCT_NAMES
 
@@ -42,6 +43,18 @@ def test_train_and_eval_splits_are_disjoint():
         make_task("eval", NUM_TASKS["eval"])
 
 
+
+
+def test_an_env_lists_exactly_the_tools_its_difficulty_needs():
+    for d in range(1, MAX_DIFFICULTY + 1):
+        used = {name for i in range(400) for name, _ in make_task("train", i, d).calls}
+        assert used | {"submit_answer"} == set(tools_for(d))  # every needed tool, and no other
+        env = ToolBenchEnv(difficulty=d)
+        listed = asyncio.run(env.mcp_server.list_tools())
+        assert sorted(t.name for t in listed) == sorted(tools_for(d))
+    assert len(tools_for(1)) == 3 and len(tools_for(4)) == 10
+    with pytest.raises(ValueError, match="built for difficulty 1"):
+        ToolBenchEnv(difficulty=1).reset(split="eval", index=0, difficulty=2)
 
 def test_one_word_keys_find_exactly_one_record():
     """The oracle searches by a product's noun and a customer's last name; in every world that word
