@@ -30,12 +30,12 @@ def test_train_and_eval_splits_are_disjoint():
         assert not set(names["train"]) & set(names["eval"])
         assert len(names["eval"]) > 100 and len(names["train"]) > 3 * len(names["eval"])
         # compositional: every word of an eval name also occurs in train names
-        words = lambda split: {w for name in names[split] for w in name.split()}  # noqa: E731
-        assert words("eval") <= words("train")
-    worlds = lambda split: [make_task(split, i, 4).world for i in range(300)]  # noqa: E731
+        words = {split: {w for name in names[split] for w in name.split()} for split in ("train", "eval")}
+        assert words["eval"] <= words["train"]
     for split in ("train", "eval"):
-        assert {p.name for w in worlds(split) for p in w.products} <= set(PRODUCT_NAMES[split])
-        assert {c.name for w in worlds(split) for c in w.customers} <= set(CUSTOMER_NAMES[split])
+        worlds = [make_task(split, i, 4).world for i in range(300)]
+        assert {p.name for w in worlds for p in w.products} <= set(PRODUCT_NAMES[split])
+        assert {c.name for w in worlds for c in w.customers} <= set(CUSTOMER_NAMES[split])
     eval_q = {make_task("eval", i, d).question for i in range(NUM_TASKS["eval"]) for d in (2, 4)}
     train_q = {make_task("train", i, d).question for i in range(1500) for d in (2, 4)}
     assert len(eval_q) > 300 and not eval_q & train_q
