@@ -52,7 +52,8 @@ def plan_lines(cfg, source: str) -> list[str]:
         f"include_scaffold={cfg.echo.include_scaffold}",
         f"training    steps={cfg.training.steps} x {cfg.training.tasks_per_step} tasks x group "
         f"{cfg.training.group_size}, warmup_sft_steps={cfg.training.warmup_sft_steps} "
-        f"(lr {cfg.training.warmup_sft_lr or cfg.backend.lr}), clip_eps={cfg.training.clip_eps}, lr={cfg.backend.lr}, packing={cfg.training.packing}, "
+        f"(lr {cfg.lr_for(sft=True)}), clip_eps={cfg.training.clip_eps}, lr={cfg.lr_for(sft=False)}, "
+        f"packing={cfg.training.packing}, "
         f"checkpoint_every={cfg.training.checkpoint_every}, eval_every={cfg.training.eval_every}",
     ]
     return lines

@@ -177,6 +177,10 @@ class QuaeroConfig(_Section):
     def run_dir(self) -> Path:
         return Path(self.run.output_dir) / self.run.name
 
+    def lr_for(self, *, sft: bool) -> float:
+        """The learning rate of a warm-start (sft) or RL step."""
+        return (self.training.warmup_sft_lr or self.backend.lr) if sft else self.backend.lr
+
 
 def _closest(key: str, model: type[BaseModel]) -> str:
     match = difflib.get_close_matches(key, list(model.model_fields), n=1, cutoff=0.5)

@@ -141,8 +141,7 @@ def train_step(c: Components, step: int, *, sft: bool) -> dict:
     t_rollout = time.perf_counter() - t0
     metrics = {"phase": "sft" if sft else "rl", **stats, "rows": len(rows), "rollout_time_s": round(t_rollout, 3)}
     if rows:
-        t = c.cfg.training
-        c.backend.set_lr(t.warmup_sft_lr if sft and t.warmup_sft_lr else c.cfg.backend.lr)
+        c.backend.set_lr(c.cfg.lr_for(sft=sft))
         metrics.update(c.backend.train_step(rows, sft=sft))
         if not c.shares_model:
             t_sync = time.perf_counter()

@@ -50,6 +50,11 @@ class LogitTransform:
         return self.scale * (1.0 - t * t)
 
 
+def tempered(logits: Tensor, temperature: float) -> Tensor:
+    """logits / T, skipped at T = 1: the divide is a full extra pass over [*, V] forward and backward."""
+    return logits if temperature == 1.0 else logits / temperature
+
+
 def _chunk_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: float,
                   transform: LogitTransform) -> tuple[Tensor | None, Tensor]:  # raw [c, V] | None, z [c, V] fp32
     """z = f(h W^T + b) / T in fp32; `raw` (the pre-transform logits) only when f'(raw) is needed.
@@ -122,9 +127,7 @@ def checkpointed_selected_logprobs(h: Tensor, lm_head: nn.Module, targets: Tenso
         raise ValueError(f"train_logprob_chunk_size={chunk}: must be >= 1")
 
     def one_chunk(hc: Tensor, yc: Tensor) -> Tensor:
-        z = transform.apply(lm_head(hc).float())
-        if temperature != 1.0:
-            z = z / temperature
+        z = tempered(transform.apply(lm_head(hc).float()), temperature)
         return -F.cross_entropy(z, yc, reduction="none")
 
     parts = [checkpoint(one_chunk, h[s:s + chunk], targets[s:s + chunk], use_reentrant=False)

@@ -25,7 +25,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from trainers.chunked_ce import ChunkedSelectedLogprobs, LogitTransform, checkpointed_selected_logprobs
+from trainers.chunked_ce import (
+    ChunkedSelectedLogprobs,
+    LogitTransform,
+    checkpointed_selected_logprobs,
+    tempered,
+)
 from trainers.compiled_ce import compiled_selected_logprobs
 
 BRANCHES = ("suffix", "hidden", "hidden_chunked", "compiled", "none", "fallback", "dense")
@@ -133,7 +138,7 @@ def selected_logprobs(
             lp = checkpointed_selected_logprobs(h, lm_head, targets, chunk_size, temperature, transform)
     elif lp is None:
         info.branch = "hidden"
-        logits = _tempered(transform.apply(lm_head(h).float()), temperature)  # [S, V]
+        logits = tempered(transform.apply(lm_head(h).float()), temperature)  # [S, V]
         lp = -F.cross_entropy(logits, targets, reduction="none")
     out = lp.new_zeros(out_shape).index_put((rows, cols), lp.float())  # differentiable scatter
     return out, info
@@ -142,16 +147,11 @@ def selected_logprobs(
 def _suffix_logprobs(hidden, lm_head, input_ids, shifted, first, temperature, transform) -> Tensor:
     """The `logits_to_keep` shape: LM head over every suffix column [first, L-1), masked to the targets."""
     B, L, _ = hidden.shape
-    logits = _tempered(transform.apply(lm_head(hidden[:, first:L - 1]).float()), temperature)  # [B, K, V]
+    logits = tempered(transform.apply(lm_head(hidden[:, first:L - 1]).float()), temperature)  # [B, K, V]
     targets = input_ids[:, first + 1:]  # [B, K]
     lp = -F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view(B, -1)
     lp = torch.where(shifted[:, first:], lp, torch.zeros_like(lp))
     return F.pad(lp, (first, 0))  # [B, L-1]
-
-
-def _tempered(logits: Tensor, temperature: float) -> Tensor:
-    """logits / T, skipped at T = 1: the divide is a full extra pass over [*, V] forward and backward."""
-    return logits if temperature == 1.0 else logits / temperature
 
 
 def full_logprobs(
@@ -162,7 +162,7 @@ def full_logprobs(
     temperature: float = 1.0,
 ) -> Tensor:  # [B, L-1] fp32
     """Full-vocabulary log-probs from model logits: the non-selective ("dense") and "fallback" paths."""
-    lp = torch.log_softmax(_tempered(logits[:, :-1].float(), temperature), dim=-1)
+    lp = torch.log_softmax(tempered(logits[:, :-1].float(), temperature), dim=-1)
     lp = lp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     if target_mask is None:
         return lp

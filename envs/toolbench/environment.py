@@ -42,10 +42,11 @@ class ToolBenchEnv(MCPEnvironment):
     SUPPORTS_CONCURRENT_SESSIONS = True  # every instance owns its world; nothing is shared
 
     def __init__(self, difficulty: int = MAX_DIFFICULTY, max_steps: int = 10) -> None:
-        if not 1 <= int(difficulty) <= MAX_DIFFICULTY:
+        difficulty = int(difficulty)
+        if not 1 <= difficulty <= MAX_DIFFICULTY:
             raise ValueError(f"toolbench difficulty={difficulty}: use 1..{MAX_DIFFICULTY} (max tool calls per task)")
         mcp = FastMCP("toolbench")
-        register_tools(mcp, self._world_or_raise, tools_for(int(difficulty)))
+        register_tools(mcp, self._world_or_raise, tools_for(difficulty))
         super().__init__(mcp)
         self.default_difficulty = difficulty
         self.default_max_steps = max_steps

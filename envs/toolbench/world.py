@@ -35,6 +35,11 @@ _NOUNS = {"kettle": "kitchen", "mug": "kitchen", "blender": "kitchen", "toaster"
 _LAST_NAMES = ["Diaz", "Okoro", "Smith", "Kim", "Novak", "Silva", "Ito", "Berg"]
 
 
+def key_of(name: str) -> str:
+    """A record's one-word key: a product's noun, a customer's last name (unique within a world)."""
+    return name.split()[-1]
+
+
 def split_of(name: str) -> str:
     """The split a product or customer name belongs to: a stable fifth of all names is eval's."""
     return "eval" if zlib.crc32(name.encode()) % 5 == 0 else "train"
@@ -61,7 +66,7 @@ class Product:
     @property
     def key(self) -> str:
         """The noun ("kettle"): no two products of a world share it, so it alone finds the product."""
-        return self.name.split()[-1]
+        return key_of(self.name)
 
 
 @dataclass(frozen=True)
@@ -74,7 +79,7 @@ class Customer:
     @property
     def key(self) -> str:
         """The last name: no two customers of a world share it, so it alone finds the customer."""
-        return self.name.split()[-1]
+        return key_of(self.name)
 
 
 @dataclass(frozen=True)
@@ -109,7 +114,7 @@ def _distinct_keys(rng: random.Random, pool: list[str], k: int) -> list[str]:
     """k names from `pool` with k different last words (each record has its own one-word key)."""
     by_key: dict[str, list[str]] = {}
     for name in pool:
-        by_key.setdefault(name.split()[-1], []).append(name)
+        by_key.setdefault(key_of(name), []).append(name)
     return [rng.choice(by_key[key]) for key in rng.sample(sorted(by_key), k)]
 
 
@@ -120,7 +125,7 @@ def make_world(rng: random.Random, split: str) -> World:
     names = _distinct_keys(rng, PRODUCT_NAMES[split], 6)
     products = tuple(
         Product(id=f"P{i + 1}", name=name, price=round(rng.uniform(3, 200), 2), stock=rng.randint(0, 50),
-                weight_kg=round(rng.uniform(0.2, 9.0), 1), category=_NOUNS[name.split()[1]])
+                weight_kg=round(rng.uniform(0.2, 9.0), 1), category=_NOUNS[key_of(name)])
         for i, name in enumerate(names))
     people = _distinct_keys(rng, CUSTOMER_NAMES[split], 4)
     customers = tuple(Customer(id=f"C{i + 1}", name=name, city=rng.choice(_CITIES),
