@@ -101,7 +101,7 @@ def _json_object(text: str) -> dict:
 
 
 def cmd_env_serve(args) -> int:
-    from quaero.envs import serve
+    from quaero.openenv_client import serve
 
     serve(args.entry, host=args.host, port=args.port, max_concurrent_envs=args.max_concurrent_envs,
           kwargs=args.kwargs)

@@ -145,7 +145,7 @@ class RunLog:
         self.path = self.run_dir / "events.jsonl"
         self.run_id = run_id or uuid.uuid4().hex[:12]
 
-    def __enter__(self) -> "RunLog":
+    def __enter__(self) -> RunLog:
         if _configured_level is None:
             configure()
         _sink.file = self.path.open("a", encoding="utf-8")

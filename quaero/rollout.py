@@ -24,7 +24,7 @@ Policy = Callable[[dict], Callable[[list[dict]], dict]]
 def _episode_dropped() -> type[BaseException]:
     """The env layer's EpisodeDropped (retries exhausted); imported late so rollout stays light."""
     try:
-        from quaero.envs import EpisodeDropped
+        from quaero.openenv_client import EpisodeDropped
     except ImportError:  # env layer absent: nothing can raise it
         class EpisodeDropped(Exception):  # type: ignore[no-redef]
             pass

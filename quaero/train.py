@@ -240,7 +240,7 @@ def train(cfg: QuaeroConfig, *, resume: bool = False, source: str = "config") ->
     import torch
     from tqdm.auto import tqdm
 
-    from quaero.envs import open_envs
+    from quaero.openenv_client import open_envs
 
     configure(cfg.logging.level, cfg.logging.console)
     run_dir = cfg.run_dir

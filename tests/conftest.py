@@ -37,11 +37,11 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"engine tier skipped in CI: {report.longrepr}"
 
 
-# --- environments (quaero.envs, envs/toolbench) ---------------------------------------------------
+# --- environments (quaero.openenv_client, envs/toolbench) ---------------------------------------------------
 @pytest.fixture(scope="session")
 def toolbench_url():
     """A toolbench server started with the real `quaero env serve` CLI on 127.0.0.1 (killed by pid)."""
-    from envs_fixtures import served
+    from fixtures import served
 
     with served("envs.toolbench:ToolBenchEnv", max_concurrent_envs=16) as (url, _proc):
         yield url
@@ -49,10 +49,10 @@ def toolbench_url():
 
 @pytest.fixture(scope="session")
 def guess_url():
-    """The test-only plain env (tests/envs_fixtures/guess.py), served by `quaero env serve`."""
-    from envs_fixtures import served
+    """The test-only plain env (tests/fixtures/guess.py), served by `quaero env serve`."""
+    from fixtures import served
 
-    with served("envs_fixtures.guess:GuessEnv", max_concurrent_envs=8) as (url, _proc):
+    with served("fixtures.guess:GuessEnv", max_concurrent_envs=8) as (url, _proc):
         yield url
 
 
@@ -74,8 +74,8 @@ def vllm_engine(tiny_model_dir):
 # --- trainer backends (trainers/) ---------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def local_smoke_metrics(tiny_model_dir):
-    """One `local` RL + ECHO step on tiny-qwen3 over the sparse smoke rows (trainers/smoke.py), once."""
-    from trainers.smoke import run
+    """One `local` RL + ECHO step on tiny-qwen3 over the sparse smoke rows (quaero/bench/smoke.py), once."""
+    from quaero.bench.smoke import run
 
     return run("local")
 

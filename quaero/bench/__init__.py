@@ -1,18 +1,25 @@
-"""`quaero bench`: reproducible benchmarks (`echo`: the LM-head/loss regions; `step`: a whole train step).
+"""`quaero bench`: every reproducible benchmark of quaero lives in this package; this is its CLI.
 
 `main(argv)` is what `quaero bench ...` calls, e.g. `main(["echo", "--seq-len", "4096"])`.
+Results and their tables are kept in benchmarks/ (README.md documents every JSON field).
 """
 from __future__ import annotations
 
+import importlib
 import sys
 
-USAGE = """usage: quaero bench {echo,step} [options]
+# name -> (module, one-line description); each module has `main(argv) -> int | None`
+BENCHMARKS = {
+    "echo": ("quaero.bench.echo", "the seed's ECHO LM-head/loss-region benchmark (+ quaero's chunked-recompute path)"),
+    "step": ("quaero.bench.step", "a whole train step (forward, losses, backward, optimizer) on long rows, per path"),
+    "smoke": ("quaero.bench.smoke", "one RL + ECHO step of a trainer on sparse agent-trace rows, with its proof"),
+    "env-latency": ("quaero.bench.env_latency", "toolbench step latency per env launcher (transport overhead)"),
+    "packing": ("quaero.bench.packing_figure", "trained tokens per episode: packed rows vs one row per transition"),
+}
 
-  echo   the seed's ECHO LM-head/loss-region benchmark (+ quaero's chunked-recompute path)
-  step   a whole train step (forward, losses, backward, optimizer) on long rows, per logprob path
-
-`quaero bench echo --help` / `quaero bench step --help` list the options; benchmarks/README.md
-documents every JSON field."""
+USAGE = "usage: quaero bench {" + ",".join(BENCHMARKS) + "} [options]\n\n" + "\n".join(
+    f"  {name:<12} {text}" for name, (_, text) in BENCHMARKS.items()) + (
+    "\n\n`quaero bench NAME --help` lists a benchmark's options; benchmarks/README.md documents the fields.")
 
 
 def main(argv: list[str]) -> int:
@@ -20,13 +27,7 @@ def main(argv: list[str]) -> int:
         print(USAGE)
         return 0 if argv else 2
     command, rest = argv[0], list(argv[1:])
-    if command == "echo":
-        from quaero.bench.echo import main as echo_main
-
-        return echo_main(rest)
-    if command == "step":
-        from quaero.bench.step import main as step_main
-
-        return step_main(rest)
-    print(f"quaero bench: unknown benchmark {command!r}\n\n{USAGE}", file=sys.stderr)
-    return 2
+    if command not in BENCHMARKS:
+        print(f"quaero bench: unknown benchmark {command!r}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    return importlib.import_module(BENCHMARKS[command][0]).main(rest) or 0

@@ -1,6 +1,6 @@
 """Trained tokens per 8-turn toolbench episode: packed rows vs per-transition rows (the seed's layout).
 
-    PYTHONPATH=. python scripts/packing_figure.py [--episodes 6] [--turns 8]
+    quaero bench packing [--episodes 6] [--turns 8]
 
 Drives the real toolbench env in-process with its scripted oracle, padded to `turns` turns by repeating the
 oracle's first lookup, with one line of reasoning per turn (a thinking model's output; Qwen3 keeps non-empty
@@ -38,15 +38,15 @@ def eight_turns(turns: int, reasoning: bool):
     return make
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="quaero bench smoke", description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=int, default=6)
     ap.add_argument("--turns", type=int, default=8)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     from quaero.config import QuaeroConfig
-    from quaero.envs import open_envs
     from quaero.model import load_tokenizer
+    from quaero.openenv_client import open_envs
     from quaero.render import RenderAdapter
     from quaero.rollout import EpisodeDriver, ExactnessAudit
 

@@ -20,7 +20,7 @@ import json, sys
 assert "transformers" not in sys.modules  # so unsloth below really is imported first
 import trainers.unsloth_backend  # first: unsloth patches transformers on import
 import torch
-from trainers.smoke import run, smoke_config, sparse_rows
+from quaero.bench.smoke import run, smoke_config, sparse_rows
 from trainers.registry import backend_class
 
 out = {"full": run("unsloth")}
@@ -44,7 +44,7 @@ print("RESULT " + json.dumps(out, default=str))
 @pytest.fixture(scope="module")
 def unsloth_run(tiny_model_dir):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "UNSLOTH_DISABLE_CPU_FALLBACK": "0"}
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True, text=True, check=False,
                           timeout=600)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]

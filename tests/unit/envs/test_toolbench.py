@@ -3,7 +3,7 @@ import asyncio
 
 import pytest
 
-import quaero.envs  # noqa: F401  - first: it keeps openenv's optional gradio UI out of the process (4 s)
+import quaero.openenv_client  # noqa: F401  - first: it keeps openenv's optional gradio UI out of the process (4 s)
 
 # isort: split
 from openenv.core.env_server.mcp_types import CallToolAction, ListToolsAction

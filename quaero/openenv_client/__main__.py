@@ -1,10 +1,10 @@
-"""`python -m quaero.envs serve module:Class [--host H] [--port P] [--fd N]`: the local-server child."""
+"""`python -m quaero.openenv_client serve module:Class [--host H] [--port P] [--fd N]`: the local-server child."""
 import argparse
 import json
 
 from .server import serve
 
-ap = argparse.ArgumentParser(prog="python -m quaero.envs")
+ap = argparse.ArgumentParser(prog="python -m quaero.openenv_client")
 sub = ap.add_subparsers(dest="command", required=True)
 p = sub.add_parser("serve")
 p.add_argument("entry")

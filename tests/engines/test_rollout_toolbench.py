@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_rollout import IM_END, assert_exact, make_cfg, target_logprobs
+from fixtures.rollout import IM_END, assert_exact, make_cfg, target_logprobs
 
 from quaero.rollout import EpisodeDriver, ExactnessAudit
 from quaero.rows import build_rows
@@ -29,7 +29,7 @@ def reasoned(policy, thought=lambda name: f"Next I call {name}."):
 
 @pytest.fixture(scope="module")
 def toolbench():
-    from quaero.envs import open_envs
+    from quaero.openenv_client import open_envs
 
     cfg = make_cfg(env__entry="envs.toolbench:ToolBenchEnv", env__launcher="inprocess", env__max_turns=8)
     with open_envs(cfg.env, 4) as pool:

@@ -4,12 +4,12 @@ import math
 import pytest
 import torch
 
+from quaero.bench.smoke import PROOF_KEYS, sparse_row, sparse_rows
 from quaero.config import QuaeroConfig
 from quaero.metrics import SELECTIVE_METRICS
 from quaero.rows import EchoRow
 from trainers.forward import CausalLMParts, LogitTransformError, SharedForwardError
 from trainers.local import LocalBackend
-from trainers.smoke import PROOF_KEYS, sparse_row, sparse_rows
 
 V = 512
 

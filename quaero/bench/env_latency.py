@@ -1,6 +1,6 @@
 """Step latency of toolbench per launcher, so quaero's transport overhead is known.
 
-    .venv/bin/python scripts/bench_env_latency.py [--steps 500] [--sessions 1] [--json]
+    quaero bench env-latency [--steps 500] [--sessions 1] [--json]
 
 Each launcher runs the full ChatEnv path (tool-call validation, CallToolAction, the env's MCP tool,
 rendering of the tool message) on one `calculate` call per step; the figure is the median (and p90)
@@ -18,11 +18,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+REPO = Path(__file__).resolve().parents[2]  # envs.toolbench is importable from the repo root
 
 from quaero.config import EnvConfig
-from quaero.envs import open_envs
+from quaero.openenv_client import open_envs
 
 ENTRY = "envs.toolbench:ToolBenchEnv"
 ACTION = {"role": "assistant", "content": "", "tool_calls": [
@@ -62,7 +61,7 @@ def bench(cfg: EnvConfig, steps: int, warmup: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="quaero bench env-latency", description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--json", action="store_true", help="print one JSON object per launcher")

@@ -97,7 +97,7 @@ class LocalServer:
         env = dict(os.environ)
         # the child must import whatever the parent can (tests add folders to sys.path)
         env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-        cmd = [sys.executable, "-m", "quaero.envs", "serve", self.entry, "--fd", str(self._sock.fileno()),
+        cmd = [sys.executable, "-m", "quaero.openenv_client", "serve", self.entry, "--fd", str(self._sock.fileno()),
                "--host", self.host, "--port", str(self.port), "--max-concurrent-envs", str(self.max_concurrent_envs),
                "--parent-pid", str(os.getpid()), "--kwargs", json.dumps(self.kwargs)]
         with self._log_path.open("ab") as out:

@@ -1,6 +1,6 @@
-"""quaero.envs over real launchers: in-process, a launched uvicorn server, and a remote URL served by
+"""quaero.openenv_client over real launchers: in-process, a launched uvicorn server, and a remote URL served by
 `quaero env serve` on 127.0.0.1 (no mocks). Also the plug-in path for a user env that lives only in
-tests/envs_fixtures, by dotted name and by URL."""
+tests/fixtures, by dotted name and by URL."""
 import json
 import threading
 
@@ -8,7 +8,7 @@ import pytest
 
 from envs.toolbench import oracle_policy
 from quaero.config import ConfigError, EnvConfig, load_config
-from quaero.envs import open_envs
+from quaero.openenv_client import open_envs
 
 TOOLBENCH = "envs.toolbench:ToolBenchEnv"
 
@@ -87,9 +87,9 @@ def _play_guess(env, seed):
         lo, hi = (guess + 1, hi) if "higher" in hint else (lo, guess - 1)
 
 
-@pytest.mark.parametrize("launcher,entry", [("inprocess", "envs_fixtures.guess:GuessEnv"),
-                                            ("inprocess", "envs_fixtures.guess:make_guess_env"),
-                                            ("local-server", "envs_fixtures.guess:GuessEnv")])
+@pytest.mark.parametrize("launcher,entry", [("inprocess", "fixtures.guess:GuessEnv"),
+                                            ("inprocess", "fixtures.guess:make_guess_env"),
+                                            ("local-server", "fixtures.guess:GuessEnv")])
 def test_custom_env_plugs_in_by_dotted_name(launcher, entry):
     cfg = EnvConfig(entry=entry, launcher=launcher, max_turns=10)
     with open_envs(cfg, 2) as pool:
@@ -100,7 +100,7 @@ def test_custom_env_plugs_in_by_dotted_name(launcher, entry):
 
 
 def test_custom_env_plugs_in_by_url_with_a_custom_formatter(guess_url):
-    cfg = EnvConfig(url=guess_url, formatter="envs_fixtures.guess:hint_formatter")
+    cfg = EnvConfig(url=guess_url, formatter="fixtures.guess:hint_formatter")
     assert cfg.launcher == "remote"
     with open_envs(cfg, 1) as pool:
         env = pool.sessions[0]
@@ -111,15 +111,15 @@ def test_custom_env_plugs_in_by_url_with_a_custom_formatter(guess_url):
 
 def test_non_concurrent_env_with_several_sessions_is_a_clear_error():
     with pytest.raises(ConfigError, match="SUPPORTS_CONCURRENT_SESSIONS"):
-        open_envs(EnvConfig(entry="envs_fixtures.guess:SoloGuessEnv"), 2)
-    with open_envs(EnvConfig(entry="envs_fixtures.guess:SoloGuessEnv"), 1) as pool:
+        open_envs(EnvConfig(entry="fixtures.guess:SoloGuessEnv"), 2)
+    with open_envs(EnvConfig(entry="fixtures.guess:SoloGuessEnv"), 1) as pool:
         assert _play_guess(pool.sessions[0], 1)[0] == 1.0
 
 
 def test_a_server_without_room_for_n_sessions_is_a_clear_error():
-    from envs_fixtures import served
+    from fixtures import served
 
-    with served("envs_fixtures.guess:GuessEnv", max_concurrent_envs=2) as (url, _):
+    with served("fixtures.guess:GuessEnv", max_concurrent_envs=2) as (url, _):
         with pytest.raises(ConfigError, match="cannot hold 3 sessions"):
             open_envs(EnvConfig(url=url), 3)
         with open_envs(EnvConfig(url=url), 2) as pool:  # the failed attempt released its sessions
@@ -139,7 +139,7 @@ def test_bad_entries_name_the_key_value_and_fix(entry, needle):
 
 
 def test_unreachable_url_is_a_clear_error():
-    from envs_fixtures import free_port
+    from fixtures import free_port
 
     with pytest.raises(ConfigError, match="no OpenEnv server answers there"):
         open_envs(EnvConfig(url=f"ws://127.0.0.1:{free_port()}", reset_timeout_s=2), 1)
@@ -177,14 +177,14 @@ def test_launched_servers_stop_with_their_run_even_when_it_is_killed():
     import sys
     import time
 
-    from envs_fixtures import REPO_DIR, TESTS_DIR
+    from fixtures import REPO_DIR, TESTS_DIR
 
-    with open_envs(EnvConfig(entry="envs_fixtures.guess:GuessEnv", launcher="local-server"), 1) as pool:
+    with open_envs(EnvConfig(entry="fixtures.guess:GuessEnv", launcher="local-server"), 1) as pool:
         proc = pool.server.proc
     assert proc.poll() is not None  # stopped at close
 
-    script = ("from quaero.config import EnvConfig; from quaero.envs import open_envs; import time\n"
-              "pool = open_envs(EnvConfig(entry='envs_fixtures.guess:GuessEnv', launcher='local-server'), 1)\n"
+    script = ("from quaero.config import EnvConfig; from quaero.openenv_client import open_envs; import time\n"
+              "pool = open_envs(EnvConfig(entry='fixtures.guess:GuessEnv', launcher='local-server'), 1)\n"
               "print(pool.server.proc.pid, flush=True); time.sleep(120)\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), str(REPO_DIR)])}
     run = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)

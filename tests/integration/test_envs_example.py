@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "custom_env"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_env"
 
 
 @pytest.fixture
@@ -14,7 +14,7 @@ def example_on_path(monkeypatch):
 
 def test_example_config_trains_env_over_its_configured_launcher(example_on_path):
     from quaero.config import load_config
-    from quaero.envs import open_envs
+    from quaero.openenv_client import open_envs
 
     cfg = load_config(EXAMPLE / "anagram.toml")
     assert cfg.env.launcher == "local-server" and cfg.env.entry == "anagram_env:AnagramEnv"

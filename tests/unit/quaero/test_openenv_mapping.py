@@ -2,7 +2,7 @@
 plain actions and observation formatting."""
 import pytest
 
-from quaero.envs.mapping import (
+from quaero.openenv_client.mapping import (
     Malformed,
     default_formatter,
     model_action_schema,

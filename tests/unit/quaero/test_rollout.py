@@ -4,56 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_rollout_toyenv import ToyChatEnv, oracle
+from fixtures.rollout import IM_END, assert_exact, drive, make_cfg, spans_of, target_logprobs, text
+from fixtures.toyenv import ToyChatEnv, oracle
 
-from quaero.config import QuaeroConfig
 from quaero.rollout import EpisodeDriver, ExactnessAudit, ExactnessError, _episode_dropped
 from quaero.rows import build_rows
-
-IM_END = 151645
-
-
-def make_cfg(**over) -> QuaeroConfig:
-    data = {"env": {"entry": "tests:toy", "max_turns": 6}, "sampler": {"max_tokens": 8, "temperature": 1.0}}
-    for key, value in over.items():
-        section, name = key.split("__")
-        data.setdefault(section, {})[name] = value
-    return QuaeroConfig.model_validate(data)
-
-
-def drive(render, *, envs=None, tasks=3, group=1, policy=oracle, sampler=None, audit=None, **cfg):
-    audit = audit or ExactnessAudit(strict=cfg.pop("strict", False))
-    driver = EpisodeDriver(render, sampler, make_cfg(**cfg), audit)
-    groups = driver.run(envs or [ToyChatEnv(), ToyChatEnv()], [{"seed": 0, "split": "train", "index": i}
-                                                                 for i in range(tasks)],
-                        group_size=group, policy=policy)
-    return [ep for g in groups for ep in g], audit.snapshot_and_reset()
-
-
-def spans_of(ep, kind, turn=None):
-    return [(row, s) for row in ep.rows for s in row.spans if s.kind == kind and (turn is None or s.turn == turn)]
-
-
-def text(render, row, span) -> str:
-    return render.tokenizer.decode(row.input_ids[span.start:span.end])
-
-
-def assert_exact(render, ep):
-    """Invariants 1-3 on one episode: sampled ids verbatim after their exact prompt; every step's env
-    response captured (terminal included) as ECHO targets; nothing else weighted."""
-    for t in ep.transitions:
-        (row, a), = spans_of(ep, "action", t.turn)
-        assert row.input_ids[:a.start] == t.prompt_ids and row.input_ids[a.start:a.end] == t.action_ids
-        assert row.sampler_logprobs[a.start:a.end] == t.action_logprobs
-    tool_msgs = [m["content"] for m in ep.messages if m["role"] == "tool"]
-    env_text = "".join(text(render, r, s) for r, s in spans_of(ep, "env"))
-    for content in tool_msgs:
-        assert content in env_text
-    for row in ep.rows:
-        kinds = {s.kind for s in row.spans}
-        assert kinds <= {"prompt", "action", "env", "scaffold", "corrective"}
-        for s in row.spans:
-            assert all((w > 0) == (s.kind == "env") for w in row.echo_weights[s.start:s.end])
 
 
 def test_thinking_tool_cycle_packs_into_one_row(qwen3_render):
@@ -165,26 +120,6 @@ def test_dropped_episode_is_marked_and_has_no_rows(qwen3_render):
     dropped = [ep for ep in eps if ep.dropped]
     assert dropped and all(ep.rows == [] and "server died" in ep.drop_reason for ep in dropped)
     assert audit["episodes_dropped"] == len(dropped) and audit["episodes"] == 4
-
-
-def target_logprobs(model, rows) -> dict:
-    """log p(token | left context) of every action and ECHO target, keyed by (turn, kind, offset in span)."""
-    out = {}
-    for row in rows:
-        keys, pos = [], []
-        for s in row.spans:
-            if s.kind == "action" or any(w > 0 for w in row.echo_weights[s.start:s.end]):
-                for j in range(max(s.start, 1), s.end):
-                    keys.append((s.turn, s.kind, j - s.start))
-                    pos.append(j)
-        with torch.no_grad():
-            hidden = model.model(torch.tensor([row.input_ids])).last_hidden_state[0]
-            for c in range(0, len(pos), 256):  # lm head on the targets only, in chunks (V = 151,936)
-                p = torch.tensor(pos[c:c + 256])
-                lp = model.lm_head(hidden[p - 1]).double().log_softmax(-1)
-                tgt = torch.tensor(row.input_ids)[p]
-                out.update(zip(keys[c:c + 256], lp.gather(-1, tgt[:, None]).squeeze(-1).tolist()))
-    return out
 
 
 def test_packing_reproduces_per_transition_target_logprobs(qwen3_render, tiny_lm):

@@ -48,7 +48,7 @@ def test_tiny_model_loads_and_is_qwen3(tiny_model_dir):
 
 def test_build_is_byte_identical(tmp_path, tiny_model_dir):
     qm._build_tiny_qwen3(tmp_path / "a")
-    digest = lambda p: hashlib.sha256((p / "model.safetensors").read_bytes()).hexdigest()  # noqa: E731
+    digest = lambda p: hashlib.sha256((p / "model.safetensors").read_bytes()).hexdigest()
     assert digest(tmp_path / "a") == digest(tiny_model_dir)
 
 

@@ -1,6 +1,6 @@
 """A backend smoke: one RL + ECHO train step on sparse agent-trace rows, printing the seed's proof.
 
-    python -m trainers.smoke --backend local      # or unsloth (imported first, before transformers)
+    quaero bench smoke --backend local      # or unsloth (imported first, before transformers)
 
 Rows look like packed tool traces: two short actions and two short environment responses inside a
 long context, so the selected targets are sparse in a long suffix (the seed's sparse ECHO case).
@@ -62,11 +62,11 @@ def run(backend_name: str, steps: int = 1, **backend_kw) -> dict:
     return {k: metrics[k] for k in PROOF_KEYS}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="quaero bench smoke", description=__doc__.splitlines()[0])
     p.add_argument("--backend", default="local", choices=["local", "unsloth"])
     p.add_argument("--lora", action="store_true")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     print(json.dumps(run(args.backend, lora=args.lora)))
 
 

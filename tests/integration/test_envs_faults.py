@@ -11,7 +11,7 @@ import structlog
 
 from envs.toolbench import oracle_policy
 from quaero.config import EnvConfig
-from quaero.envs import EpisodeDropped, open_envs
+from quaero.openenv_client import EpisodeDropped, open_envs
 
 FAST = {"max_retries": 1, "retry_backoff_s": 0.01}
 
@@ -66,7 +66,7 @@ def test_server_killed_mid_episode_is_restarted_and_the_episode_replayed():
 
 @pytest.mark.parametrize("launcher", ["inprocess", "remote"])
 def test_a_step_that_hangs_past_its_timeout_is_retried_then_dropped(launcher, guess_url):
-    source = {"url": guess_url} if launcher == "remote" else {"entry": "envs_fixtures.guess:GuessEnv"}
+    source = {"url": guess_url} if launcher == "remote" else {"entry": "fixtures.guess:GuessEnv"}
     with open_envs(EnvConfig(launcher=launcher, step_timeout_s=0.4, **source, **FAST), 1) as pool:
         env = pool.sessions[0]
         env.reset(seed=1)
@@ -85,7 +85,7 @@ def test_a_step_that_hangs_past_its_timeout_is_retried_then_dropped(launcher, gu
 
 @pytest.mark.parametrize("launcher", ["inprocess", "remote"])
 def test_an_env_that_raises_is_retried_then_dropped(launcher, guess_url):
-    source = {"url": guess_url} if launcher == "remote" else {"entry": "envs_fixtures.guess:GuessEnv"}
+    source = {"url": guess_url} if launcher == "remote" else {"entry": "fixtures.guess:GuessEnv"}
     with open_envs(EnvConfig(launcher=launcher, **source, max_retries=2, retry_backoff_s=0.01), 1) as pool:
         env = pool.sessions[0]
         env.reset(seed=1)
@@ -111,7 +111,7 @@ def test_a_dropped_connection_is_retried_and_the_episode_continues(toolbench_url
 
 
 def test_a_remote_server_that_is_gone_drops_episodes_without_raising_anything_else():
-    from envs_fixtures import served
+    from fixtures import served
 
     with served("envs.toolbench:ToolBenchEnv") as (url, _proc):
         pool = open_envs(EnvConfig(url=url, reset_timeout_s=1.0, **FAST), 1)
@@ -142,7 +142,7 @@ def test_malformed_actions_are_counted_corrected_and_never_sent():
 
 
 def test_a_tool_that_raises_is_a_counted_tool_error_not_a_fault():
-    with open_envs(EnvConfig(entry="envs_fixtures.faulty_mcp:FaultyMCPEnv"), 1) as pool:
+    with open_envs(EnvConfig(entry="fixtures.faulty_mcp:FaultyMCPEnv"), 1) as pool:
         env = pool.sessions[0]
         start = env.reset(seed=0)
         assert start.messages[1]["content"] == "Say hi with echo, then submit."
@@ -167,7 +167,7 @@ def test_turn_limit_ends_an_episode_that_never_submits():
 
 def test_a_run_of_episodes_with_every_fault_keeps_going():
     """A driver-shaped loop: faults in the middle of a run drop single episodes, the rest score."""
-    cfg = EnvConfig(entry="envs_fixtures.guess:GuessEnv", step_timeout_s=0.3, **FAST)
+    cfg = EnvConfig(entry="fixtures.guess:GuessEnv", step_timeout_s=0.3, **FAST)
     plan = ['{"guess": -2}', '{"guess": -1}', "not json", None, '{"guess": -2}', None]
     results = []
     with open_envs(cfg, 1) as pool:
@@ -195,9 +195,9 @@ def test_a_run_of_episodes_with_every_fault_keeps_going():
 
 def test_a_failed_recovery_drops_the_episode_instead_of_raising():
     """Fault injection by a fake backend: every connect fails and the server cannot be restarted."""
-    from quaero.envs import ChatEnv, EnvCounters
-    from quaero.envs.mapping import default_formatter
-    from quaero.envs.transport import EnvFault
+    from quaero.openenv_client import ChatEnv, EnvCounters
+    from quaero.openenv_client.mapping import default_formatter
+    from quaero.openenv_client.transport import EnvFault
 
     class DeadBackend:
         def connect(self):

@@ -18,7 +18,7 @@ from quaero import review
 from quaero.config import load_config
 from quaero.metrics import SELECTIVE_METRICS, read_events
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 BASE = """
 [run]
@@ -151,7 +151,7 @@ def test_env_server_killed_mid_step_drops_the_episode_and_the_run_goes_on(tmp_pa
 
     monkeypatch.setenv("QUAERO_TEST_CRASH_MARKER", str(tmp_path / "crashed"))
     _, cfg = make_config(tmp_path, "crash", steps=1, warmup=2, eval_every=0, eval_tasks=0,
-                         entry="envs_fixtures.crashing:CrashOnceToolBench", on_loss="drop")
+                         entry="fixtures.crashing:CrashOnceToolBench", on_loss="drop")
     run_dir = train(cfg)
     assert (tmp_path / "crashed").exists()  # the server really died
     steps = events_of(run_dir, "train_step")
