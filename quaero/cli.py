@@ -123,7 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("review", help="review a run's metrics: table, proofs, plots")
     p.add_argument("run_dir", nargs="?", help="runs/NAME (the folder holding events.jsonl)")
-    p.add_argument("--require-proof", action="store_true", help="exit 1 when a proof fails")
+    p.add_argument("--require-proof", action="store_true",
+                   help="exit 1 when a required proof that applies to the run fails")
+    p.add_argument("--require", action="append", default=[], metavar="CHECK",
+                   help="exit 1 unless the named check passes (repeatable; n/a does not pass), "
+                        "e.g. --require 'ECHO loss falling'")
     p.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
     p.add_argument("--json", action="store_true", help="print the review as JSON")
     p.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"), help="two runs side by side")

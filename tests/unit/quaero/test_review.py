@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from quaero import metrics, review
+from quaero import metrics, proofs, review
 
 SPARSE = {"local_train_selective_suffix_logits": True, "local_train_selective_sparse_suffix_skips": 2,
           "local_train_selective_hidden_logprob_batches": 2, "local_train_selective_fallback_logprob_batches": 0,
@@ -32,8 +32,8 @@ def record(run_dir, steps, *, end=True, torn=False, evals=()):
 
 
 def args(run_dir=None, **kw):
-    base = dict(run_dir=str(run_dir) if run_dir else None, require_proof=False, plots=None, json=False,
-                compare=None)
+    base = {"run_dir": str(run_dir) if run_dir else None, "require_proof": False, "require": [], "plots": None,
+            "json": False, "compare": None}
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -78,7 +78,7 @@ def test_compiled_ce_proof_only_in_require_mode(tmp_path):
     steps = [dict(s, local_train_compile_selective_ce_mode="require",
                   local_train_compile_selective_ce_fallback_reason="") for s in good_steps()]
     record(tmp_path, steps)
-    names = {c["name"]: c for c in review.proofs(review.summarize(review.load_run(tmp_path)))}
+    names = {c["name"]: c for c in proofs.run_checks(review.summarize(review.load_run(tmp_path)))}
     assert names["compiled CE proof"]["passed"] is False  # no compiled batches ran
     assert review.main(args(tmp_path, require_proof=True)) == 1
 
