@@ -134,7 +134,7 @@ class RunLog:
         self.path = self.run_dir / "events.jsonl"
         self.run_id = run_id or uuid.uuid4().hex[:12]
 
-    def __enter__(self) -> RunLog:
+    def __enter__(self):
         if _configured_level is None:
             configure()
         _sink.file = self.path.open("a", encoding="utf-8")
@@ -178,7 +178,7 @@ class Cumulative:
 
     def add(self, metrics: dict[str, Any]) -> dict[str, Any]:
         for k, v in metrics.items():
-            if isinstance(v, bool) or isinstance(v, str):
+            if isinstance(v, (bool, str)):
                 self.totals[k] = v
             elif "peak" in k and isinstance(v, (int, float)):
                 self.totals[k] = max(self.totals.get(k, v), v)
