@@ -64,7 +64,7 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _number(v: Any) -> float | None:
+def _number(v: Any) -> int | float | None:
     """A finite number, or None for anything else (a mistyped or non-finite field is not a value)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         return None
