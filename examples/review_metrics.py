@@ -5,14 +5,14 @@ your own (here: the ECHO share of trained tokens and the worst sampler-vs-traine
 """
 import sys
 
-from quaero import review
+from quaero import proofs, review
 
 
 def main(run_dir: str) -> int:
     run = review.load_run(run_dir)
     summary = review.summarize(run)
-    for check in review.proofs(summary):
-        print(f"{'PASS' if check['passed'] else 'FAIL'}  {check['name']}: {check['detail']}")
+    for check in proofs.run_checks(summary):
+        print(f"{check['status'].upper():4s}  {check['name']}: {check['detail']}")
     trained = summary["action_tokens"] + summary["echo_tokens"]
     if summary["row_tokens"]:
         print(f"targets are {trained / summary['row_tokens']:.1%} of row tokens "

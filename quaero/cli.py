@@ -30,31 +30,31 @@ def plan_lines(cfg, source: str) -> list[str]:
     lines = [
         f"config      {source}",
         f"run         {cfg.run.name} -> {cfg.run_dir} (seed {cfg.run.seed}, device {cfg.run.device})",
-        f"model       {cfg.model.name} ({cfg.model.dtype}), renderer {cfg.model.renderer!r}, "
-        f"thinking={cfg.model.enable_thinking}",
-        f"env         {env_src} via {cfg.env.launcher} (train split {cfg.env.train_split!r}, eval "
-        f"{cfg.env.eval_split!r}, max_turns {cfg.env.max_turns}, step timeout {cfg.env.step_timeout_s}s, "
-        f"retries {cfg.env.max_retries})",
-        f"sampler     {sampler} (T={cfg.sampler.temperature}, top_p={cfg.sampler.top_p}, "
-        f"max_tokens={cfg.sampler.max_tokens})",
-        f"backend     {cfg.backend.backend}: strict_shared_forward={caps.strict_shared_forward}, "
-        f"selective_logits={caps.selective_logits}, lora={caps.lora} (enabled={cfg.backend.lora}), "
-        f"devices={'/'.join(caps.devices)}",
-        f"selective   train_selective_suffix_logits={o.train_selective_suffix_logits}, "
-        f"train_logprob_chunk_size={o.train_logprob_chunk_size}, "
-        f"train_compile_selective_ce={o.train_compile_selective_ce!r} "
-        f"(min tokens {o.train_compile_selective_ce_min_tokens})",
+        (f"model       {cfg.model.name} ({cfg.model.dtype}), renderer {cfg.model.renderer!r}, "
+         f"thinking={cfg.model.enable_thinking}"),
+        (f"env         {env_src} via {cfg.env.launcher} (train split {cfg.env.train_split!r}, eval "
+         f"{cfg.env.eval_split!r}, max_turns {cfg.env.max_turns}, step timeout {cfg.env.step_timeout_s}s, "
+         f"retries {cfg.env.max_retries})"),
+        (f"sampler     {sampler} (T={cfg.sampler.temperature}, top_p={cfg.sampler.top_p}, "
+         f"max_tokens={cfg.sampler.max_tokens})"),
+        (f"backend     {cfg.backend.backend}: strict_shared_forward={caps.strict_shared_forward}, "
+         f"selective_logits={caps.selective_logits}, lora={caps.lora} (enabled={cfg.backend.lora}), "
+         f"devices={'/'.join(caps.devices)}"),
+        (f"selective   train_selective_suffix_logits={o.train_selective_suffix_logits}, "
+         f"train_logprob_chunk_size={o.train_logprob_chunk_size}, "
+         f"train_compile_selective_ce={o.train_compile_selective_ce!r} "
+         f"(min tokens {o.train_compile_selective_ce_min_tokens})"),
         f"memory      train_save_on_cpu={o.train_save_on_cpu} (pin={o.train_save_on_cpu_pin_memory}, "
         f"min_numel={o.train_save_on_cpu_min_numel}), "
         f"train_supervised_context_tokens={o.train_supervised_context_tokens}"
         + (" (APPROXIMATION: rows cropped)" if o.train_supervised_context_tokens else " (exact full context)"),
-        f"echo        enabled={cfg.echo.enabled}, weight={cfg.echo.weight}, "
-        f"include_scaffold={cfg.echo.include_scaffold}",
-        f"training    steps={cfg.training.steps} x {cfg.training.tasks_per_step} tasks x group "
-        f"{cfg.training.group_size}, warmup_sft_steps={cfg.training.warmup_sft_steps} "
-        f"(lr {cfg.lr_for(sft=True)}), clip_eps={cfg.training.clip_eps}, lr={cfg.lr_for(sft=False)}, "
-        f"packing={cfg.training.packing}, "
-        f"checkpoint_every={cfg.training.checkpoint_every}, eval_every={cfg.training.eval_every}",
+        (f"echo        enabled={cfg.echo.enabled}, weight={cfg.echo.weight}, "
+         f"include_scaffold={cfg.echo.include_scaffold}"),
+        (f"training    steps={cfg.training.steps} x {cfg.training.tasks_per_step} tasks x group "
+         f"{cfg.training.group_size}, warmup_sft_steps={cfg.training.warmup_sft_steps} "
+         f"(lr {cfg.lr_for(sft=True)}), clip_eps={cfg.training.clip_eps}, lr={cfg.lr_for(sft=False)}, "
+         f"packing={cfg.training.packing}, "
+         f"checkpoint_every={cfg.training.checkpoint_every}, eval_every={cfg.training.eval_every}"),
     ]
     return lines
 
@@ -123,7 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("review", help="review a run's metrics: table, proofs, plots")
     p.add_argument("run_dir", nargs="?", help="runs/NAME (the folder holding events.jsonl)")
-    p.add_argument("--require-proof", action="store_true", help="exit 1 when a proof fails")
+    p.add_argument("--require-proof", action="store_true",
+                   help="exit 1 when a required proof that applies to the run fails")
+    p.add_argument("--require", action="append", default=[], metavar="CHECK",
+                   help="exit 1 unless the named check passes (repeatable; n/a does not pass), "
+                        "e.g. --require 'ECHO loss falling'")
     p.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
     p.add_argument("--json", action="store_true", help="print the review as JSON")
     p.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"), help="two runs side by side")

@@ -20,17 +20,7 @@ from typing import IO, Any
 
 import structlog
 
-# The seed's metric names, exactly (DESIGN.md "Metrics").
-SELECTIVE_METRICS = (
-    "local_train_selective_suffix_logits",
-    "local_train_selective_sparse_suffix_skips",
-    "local_train_selective_hidden_logprob_batches",
-    "local_train_selective_compiled_ce_batches",
-    "local_train_selective_suffix_logprob_batches",
-    "local_train_selective_fallback_logprob_batches",
-    "local_train_compile_selective_ce_mode",
-    "local_train_compile_selective_ce_fallback_reason",
-)
+from quaero.proofs import FALLBACK_BATCHES, HIDDEN_BATCHES
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
@@ -65,8 +55,7 @@ class _JsonLinesSink:
 # The console shows a step's headline; events.jsonl keeps every field.
 CONSOLE_STEP_KEYS = ("event", "step", "phase", "reward_mean", "success_rate", "rl_loss", "echo_loss", "sft_loss",
                      "action_tokens", "echo_tokens", "row_tokens", "tokens_per_s", "total_step_time_s",
-                     "episodes_dropped", "prefix_mismatches", "local_train_selective_hidden_logprob_batches",
-                     "local_train_selective_fallback_logprob_batches", "timestamp", "level")
+                     "episodes_dropped", "prefix_mismatches", HIDDEN_BATCHES, FALLBACK_BATCHES, "timestamp", "level")
 _CONSOLE_HIDDEN = ("run_id", "cumulative", "config")
 
 
@@ -145,7 +134,7 @@ class RunLog:
         self.path = self.run_dir / "events.jsonl"
         self.run_id = run_id or uuid.uuid4().hex[:12]
 
-    def __enter__(self) -> RunLog:
+    def __enter__(self):
         if _configured_level is None:
             configure()
         _sink.file = self.path.open("a", encoding="utf-8")
@@ -159,19 +148,26 @@ class RunLog:
             _sink.file = None
 
 
-def read_events(path: str | Path) -> list[dict]:
-    """Read an events file, skipping a torn last line (a run that crashed mid-write)."""
-    events = []
-    with Path(path).open(encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
+def read_events(path: str | Path) -> tuple[list[dict], int]:
+    """The events of an events file, and how many non-blank lines could not be read.
+
+    A line that is not UTF-8, not JSON, or JSON but not an object (a torn last line of a run that
+    crashed mid-write, a damaged file) is skipped and counted, so a reader can say so. OSError
+    (a missing file, a directory) is the caller's to report."""
+    events, unreadable = [], 0
+    with Path(path).open("rb") as f:
+        for raw in f:
+            if not raw.strip():
                 continue
             try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return events
+                value = json.loads(raw.decode("utf-8"))
+            except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+                value = None
+            if isinstance(value, dict):
+                events.append(value)
+            else:
+                unreadable += 1
+    return events, unreadable
 
 
 class Cumulative:
@@ -182,7 +178,7 @@ class Cumulative:
 
     def add(self, metrics: dict[str, Any]) -> dict[str, Any]:
         for k, v in metrics.items():
-            if isinstance(v, bool) or isinstance(v, str):
+            if isinstance(v, (bool, str)):
                 self.totals[k] = v
             elif "peak" in k and isinstance(v, (int, float)):
                 self.totals[k] = max(self.totals.get(k, v), v)

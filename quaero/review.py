@@ -1,56 +1,78 @@
-"""`quaero review RUN_DIR`: read a run's events.jsonl and prove which optimized branch ran.
+"""`quaero review RUN_DIR`: read a run's events.jsonl, summarise it and judge its checks.
 
 Works on a finished run, a resumed run (a step that was re-run after a resume counts once: the
-latest record wins) and a run that crashed halfway (a torn last line is skipped).
-
-Proofs (the seed's "Metrics to check", computed from the per-step counters summed over steps):
-  sparse ECHO   local_train_selective_sparse_suffix_skips > 0,
-                local_train_selective_hidden_logprob_batches > 0,
-                local_train_selective_fallback_logprob_batches = 0
-  compiled CE   only when local_train_compile_selective_ce_mode = require:
-                local_train_selective_compiled_ce_batches > 0 and an empty fallback reason
-  exactness     prefix_mismatches = 0 (invariant 2 of DESIGN.md)
-Signals (reported, not required): ECHO loss falling; eval reward above the untrained baseline.
+latest record wins) and a run that crashed halfway (a torn last line is skipped). A line it cannot
+read (not UTF-8, not a JSON object, a train/eval event whose step is not an integer) is left out and
+counted; a file with no readable line is an error. The checks and the metric names they read live in
+quaero/proofs.py.
 """
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
+from quaero import proofs
 from quaero.metrics import read_events
 
 PLOT_SERIES = {
     "reward": ["reward_mean", "eval_reward"],
     "losses": ["rl_loss", "echo_loss", "sft_loss"],
     "memory": ["peak_mem_mb"],
-    "branches": ["local_train_selective_hidden_logprob_batches", "local_train_selective_sparse_suffix_skips",
-                 "local_train_selective_suffix_logprob_batches", "local_train_selective_fallback_logprob_batches",
-                 "local_train_selective_compiled_ce_batches"],
+    "branches": list(proofs.BRANCH_COUNTERS),
 }
+
+
+class ReviewError(Exception):
+    """A run that cannot be reviewed; the message is one line naming the path and the fix."""
 
 
 def load_run(run_dir: str | Path) -> dict[str, Any]:
     path = Path(run_dir) / "events.jsonl"
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no events.jsonl here; pass the run folder, e.g. runs/toolbench")
-    events = read_events(path)
+        raise ReviewError(f"{path}: no events.jsonl here; pass the run folder, e.g. runs/toolbench")
+    try:
+        events, unreadable = read_events(path)
+    except OSError as e:
+        raise ReviewError(f"{path}: cannot read it ({e.strerror or e}); pass the run folder holding a readable "
+                          "events.jsonl") from None
+    if not events:
+        raise ReviewError(f"{path}: no readable event in {unreadable} line(s) (not UTF-8 or not JSON objects); "
+                          "pass the events.jsonl a quaero run wrote")
     steps: dict[tuple, dict] = {}
     evals: dict[int, dict] = {}
     for e in events:
-        if e.get("event") == "train_step":
-            steps[(e.get("phase", "rl"), e.get("step"))] = e  # a re-run step after resume: latest wins
-        elif e.get("event") == "eval":
-            evals[e.get("step")] = e
-    ordered = sorted(steps.values(), key=lambda e: (e.get("step", 0), e.get("phase") != "sft"))
-    return {"path": str(path), "events": events, "steps": ordered,
+        kind = e.get("event")
+        if kind not in ("train_step", "eval"):
+            continue
+        step, phase = e.get("step"), e.get("phase", "rl")
+        if not _is_int(step) or not isinstance(phase, str):
+            unreadable += 1  # cannot be placed on the step axis
+        elif kind == "train_step":
+            steps[(phase, step)] = e  # a re-run step after resume: latest wins
+        else:
+            evals[step] = e
+    ordered = sorted(steps.values(), key=lambda e: (e["step"], e.get("phase") != "sft"))
+    return {"path": str(path), "events": events, "steps": ordered, "unreadable": unreadable,
             "evals": [evals[k] for k in sorted(evals)], "ended": any(e.get("event") == "run_end" for e in events)}
 
 
-def _sum(steps: list[dict], key: str) -> int | float:
-    return sum(s.get(key) or 0 for s in steps if isinstance(s.get(key), (int, float)))
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v: Any) -> int | float | None:
+    """A finite number, or None for anything else (a mistyped or non-finite field is not a value)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return v
+
+
+def _sum(records: list[dict], key: str) -> int | float:
+    return sum(v for r in records if (v := _number(r.get(key))) is not None)
 
 
 def _last(steps: list[dict], key: str, default: Any = None) -> Any:
@@ -60,8 +82,8 @@ def _last(steps: list[dict], key: str, default: Any = None) -> Any:
     return default
 
 
-def _series(steps: list[dict], key: str) -> list[float]:
-    return [float(s[key]) for s in steps if isinstance(s.get(key), (int, float)) and not isinstance(s[key], bool)]
+def _series(records: list[dict], key: str) -> list[float]:
+    return [float(v) for r in records if (v := _number(r.get(key))) is not None]
 
 
 def _head_tail(values: list[float], k: int = 3) -> tuple[float | None, float | None]:
@@ -78,12 +100,13 @@ def summarize(run: dict) -> dict[str, Any]:
     echo_first, echo_last = _head_tail(_series([st for st in steps if st.get("echo_tokens", 1)], "echo_loss"))
     rl_first, rl_last = _head_tail(_series(rl, "rl_loss"))
     rew_first, rew_last = _head_tail(_series(rl, "reward_mean"))
-    eval_rewards = [e.get("eval_reward") for e in evals if e.get("eval_reward") is not None]
+    eval_rewards = _series(evals, "eval_reward")
     times = _series(steps, "step_time_s")
     gap = _series(rl, "sampler_logprob_gap_max")
     return {
         "steps": len(steps), "sft_steps": len(steps) - len(rl), "rl_steps": len(rl),
         "last_step": steps[-1].get("step") if steps else None, "finished": run["ended"],
+        "unreadable_lines": run["unreadable"],
         "train_reward_first": rew_first, "train_reward_last": rew_last,
         "train_success_last": _last(rl, "success_rate"),
         "eval_reward_baseline": eval_rewards[0] if eval_rewards else None,
@@ -91,6 +114,7 @@ def summarize(run: dict) -> dict[str, Any]:
         "eval_success_last": evals[-1].get("eval_success_rate") if evals else None,
         "rl_loss_first": rl_first, "rl_loss_last": rl_last,
         "echo_loss_first": echo_first, "echo_loss_last": echo_last,
+        "rows": _sum(steps, "rows"),
         "action_tokens": _sum(steps, "action_tokens"), "echo_tokens": _sum(steps, "echo_tokens"),
         "row_tokens": _sum(steps, "row_tokens"),
         "step_time_median_s": statistics.median(times) if times else None,
@@ -101,49 +125,13 @@ def summarize(run: dict) -> dict[str, Any]:
         "prefix_mismatches": _sum(steps + evals, "prefix_mismatches"),
         "rows_packed": _sum(steps, "rows_packed"), "rows_transition": _sum(steps, "rows_transition"),
         "sampler_logprob_gap_max": max(gap, default=None),
-        "local_train_selective_suffix_logits": _last(steps, "local_train_selective_suffix_logits"),
-        "local_train_compile_selective_ce_mode": _last(steps, "local_train_compile_selective_ce_mode", ""),
+        proofs.SELECTIVE_SUFFIX_LOGITS: _last(steps, proofs.SELECTIVE_SUFFIX_LOGITS),
+        proofs.COMPILE_MODE: _last(steps, proofs.COMPILE_MODE, ""),
         # the latest reason given (a step with no targets attempts no compile and gives none)
-        "local_train_compile_selective_ce_fallback_reason":
-            _last([st for st in steps if st.get("local_train_compile_selective_ce_fallback_reason")],
-                  "local_train_compile_selective_ce_fallback_reason", ""),
-        **{k: _sum(steps, k) for k in ("local_train_selective_sparse_suffix_skips",
-                                        "local_train_selective_hidden_logprob_batches",
-                                        "local_train_selective_compiled_ce_batches",
-                                        "local_train_selective_suffix_logprob_batches",
-                                        "local_train_selective_fallback_logprob_batches")},
+        proofs.COMPILE_FALLBACK_REASON:
+            _last([st for st in steps if st.get(proofs.COMPILE_FALLBACK_REASON)], proofs.COMPILE_FALLBACK_REASON, ""),
+        **{k: _sum(steps, k) for k in proofs.BRANCH_COUNTERS},
     }
-
-
-def proofs(s: dict) -> list[dict]:
-    """Each check: name, passed, required (counts for --require-proof), detail."""
-    sparse = (s["local_train_selective_sparse_suffix_skips"] > 0 and s["local_train_selective_hidden_logprob_batches"] > 0
-              and s["local_train_selective_fallback_logprob_batches"] == 0)
-    checks = [
-        {"name": "sparse ECHO proof", "required": True, "passed": bool(sparse),
-         "detail": f"sparse_suffix_skips={s['local_train_selective_sparse_suffix_skips']} > 0, "
-                   f"hidden_logprob_batches={s['local_train_selective_hidden_logprob_batches']} > 0, "
-                   f"fallback_logprob_batches={s['local_train_selective_fallback_logprob_batches']} = 0"},
-        {"name": "exact rows (prefix mismatches)", "required": True, "passed": s["prefix_mismatches"] == 0,
-         "detail": f"prefix_mismatches={s['prefix_mismatches']} = 0"},
-        {"name": "trained at least one step", "required": True, "passed": s["steps"] > 0,
-         "detail": f"steps={s['steps']}"},
-    ]
-    if s["local_train_compile_selective_ce_mode"] == "require":
-        ok = (s["local_train_selective_compiled_ce_batches"] > 0
-              and s["local_train_compile_selective_ce_fallback_reason"] == "")
-        checks.append({"name": "compiled CE proof", "required": True, "passed": bool(ok),
-                       "detail": f"mode=require, compiled_ce_batches={s['local_train_selective_compiled_ce_batches']}"
-                                 f" > 0, fallback_reason={s['local_train_compile_selective_ce_fallback_reason']!r}"})
-    if s["echo_loss_first"] is not None:
-        checks.append({"name": "ECHO loss falling", "required": False,
-                       "passed": s["echo_loss_last"] < s["echo_loss_first"],
-                       "detail": f"{s['echo_loss_first']:.4f} -> {s['echo_loss_last']:.4f}"})
-    if s["eval_reward_baseline"] is not None and s["eval_reward_last"] is not None:
-        checks.append({"name": "eval reward above untrained", "required": False,
-                       "passed": s["eval_reward_last"] > s["eval_reward_baseline"],
-                       "detail": f"{s['eval_reward_baseline']:.3f} -> {s['eval_reward_last']:.3f}"})
-    return checks
 
 
 def _fmt(v: Any) -> str:
@@ -175,10 +163,9 @@ def write_plots(run: dict, out_dir: str | Path) -> list[Path]:
     for name, keys in PLOT_SERIES.items():
         fig, ax = plt.subplots(figsize=(6, 3.5))
         for key in keys:
-            pts = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))
-                   and not isinstance(r.get(key), bool)]
+            pts = [(r["step"], v) for r in records if (v := _number(r.get(key))) is not None]
             if pts:
-                ax.plot(*zip(*sorted(pts)), marker="o", ms=3, label=key.replace("local_train_selective_", ""))
+                ax.plot(*zip(*sorted(pts)), marker="o", ms=3, label=proofs.short(key))
         ax.set_xlabel("step")
         ax.set_title(name)
         if ax.get_legend_handles_labels()[0]:
@@ -191,8 +178,31 @@ def write_plots(run: dict, out_dir: str | Path) -> list[Path]:
     return written
 
 
+_TAGS = {proofs.PASS: "PASS", proofs.NA: "N/A"}
+
+
+def _tag(check: dict) -> str:
+    return _TAGS.get(check["status"], "FAIL" if check["required"] else "WARN")
+
+
 def main(args) -> int:
+    require = list(args.require)
+    unknown = [n for n in require if n not in proofs.CHECKS]
+    if unknown:
+        print(f"error: --require {unknown[0]!r} is not a check; valid: "
+              + ", ".join(repr(n) for n in proofs.CHECKS), file=sys.stderr)
+        return 1
+    try:
+        return _review(args, require)
+    except ReviewError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+def _review(args, require: list[str]) -> int:
     if args.compare:
+        if require or args.require_proof:
+            raise ReviewError("--require/--require-proof judge one run; drop them or --compare")
         a, b = (summarize(load_run(d)) for d in args.compare)
         if args.json:
             print(json.dumps({"a": a, "b": b}, indent=2))
@@ -200,17 +210,14 @@ def main(args) -> int:
             print(render_table([(k, [a[k], b[k]]) for k in a], ["metric", *args.compare]))
         return 0
     if not args.run_dir:
-        print("error: quaero review RUN_DIR (or --compare RUN_A RUN_B)", file=sys.stderr)
-        return 1
-    try:
-        run = load_run(args.run_dir)
-    except FileNotFoundError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        raise ReviewError("quaero review RUN_DIR (or --compare RUN_A RUN_B)")
+    run = load_run(args.run_dir)
     s = summarize(run)
-    checks = proofs(s)
+    checks = proofs.run_checks(s)
     plots = [str(p) for p in write_plots(run, args.plots)] if args.plots else []
-    failed = [c for c in checks if c["required"] and not c["passed"]]
+    if s["unreadable_lines"]:
+        print(f"warning: {run['path']}: {s['unreadable_lines']} line(s) could not be read (not UTF-8, not a JSON "
+              "object, or a step that is not an integer) and are left out", file=sys.stderr)
     if args.json:
         print(json.dumps({"summary": s, "checks": checks, "plots": plots}, indent=2))
     else:
@@ -218,8 +225,10 @@ def main(args) -> int:
         print(render_table([(k, [v]) for k, v in s.items() if k != "finished"], ["metric", "value"]))
         print()
         for c in checks:
-            tag = "PASS" if c["passed"] else ("FAIL" if c["required"] else "WARN")
-            print(f"[{tag}] {c['name']}: {c['detail']}")
+            print(f"[{_tag(c)}] {c['name']}: {c['detail']}")
         for p in plots:
             print(f"plot {p}")
-    return 1 if (args.require_proof and failed) else 0
+    missed = proofs.unmet(checks, require_proof=args.require_proof, names=require)
+    for line in missed:
+        print(f"error: required check {line}", file=sys.stderr)
+    return 1 if missed else 0

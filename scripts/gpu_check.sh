@@ -90,8 +90,8 @@ if [ "$DEVICE" != cpu ]; then
     step train_vllm 240 "${QC[@]}" train envs/toolbench.toml --set sampler.backend=vllm --set training.steps=2 \
         --set training.warmup_sft_steps=20 --set training.eval_tasks=8 --set run.name=gpu-check --set "run.output_dir=\"$OUT/runs\"" --set run.device=cuda \
         --set sampler.gpu_memory_utilization=0.3
-    step review 60 sh -c "\"$PY\" -m quaero.cli review \"$OUT/runs/gpu-check\" --json > \"$OUT/review.json\" && \
-        \"$PY\" -m quaero.cli review \"$OUT/runs/gpu-check\" --require-proof"
+    step review 60 sh -c "\"$PY\" -m quaero.cli review \"$OUT/runs/gpu-check\" --require-proof --json \
+        > \"$OUT/review.json\""
 fi
 
 "$PY" - "$SUMMARY" "$OUT/summary.json" "$START" <<'EOF'

@@ -33,7 +33,6 @@ from trainers.chunked_ce import (
 )
 from trainers.compiled_ce import compiled_selected_logprobs
 
-BRANCHES = ("suffix", "hidden", "hidden_chunked", "compiled", "none", "fallback", "dense")
 DEFAULT_DENSE_MIN_DENSITY = 0.5  # each row's targets fill >= half of its suffix slots
 DEFAULT_SUFFIX_MAX_BYTES = 64 * 2**20  # fp32 suffix logits above this never take the suffix shortcut
 _THRESHOLDS = {"dense_min_density": DEFAULT_DENSE_MIN_DENSITY, "suffix_max_bytes": DEFAULT_SUFFIX_MAX_BYTES}

@@ -20,15 +20,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from quaero.proofs import BRANCH_COUNTERS, COMPILE_FALLBACK_REASON, COMPILE_MODE, SELECTIVE_SUFFIX_LOGITS
 from quaero.rows import EchoRow
 from trainers.batch import Microbatch, build_microbatches
 from trainers.forward import SharedForwardError
 from trainers.loss import PolicyStats, nll_loss, policy_gradient_loss
 from trainers.memory import OffloadStats, peak_mem_mb, reset_peak, saved_tensors_offload
 from trainers.selective import SelectiveInfo, full_logprobs, selected_logprobs
-
-_COUNTERS = ("sparse_suffix_skips", "hidden_logprob_batches", "compiled_ce_batches", "suffix_logprob_batches",
-             "fallback_logprob_batches", "chunked_logprob_batches", "dense_logprob_batches")
 
 
 def microbatch_logprobs(backend, mb: Microbatch) -> tuple[Tensor, SelectiveInfo]:  # [B, L-1] fp32
@@ -50,13 +48,8 @@ def microbatch_logprobs(backend, mb: Microbatch) -> tuple[Tensor, SelectiveInfo]
 
 
 def _count_branch(counts: dict, info: SelectiveInfo) -> None:
-    counts["sparse_suffix_skips"] += int(info.sparse_suffix_skip)
-    counts["hidden_logprob_batches"] += int(info.branch in ("hidden", "hidden_chunked", "compiled"))
-    counts["compiled_ce_batches"] += int(info.compiled)
-    counts["suffix_logprob_batches"] += int(info.branch == "suffix")
-    counts["fallback_logprob_batches"] += int(info.branch == "fallback")
-    counts["chunked_logprob_batches"] += int(info.branch == "hidden_chunked")
-    counts["dense_logprob_batches"] += int(info.branch == "dense")
+    for name, counted in BRANCH_COUNTERS.items():
+        counts[name] += int(counted(info))
 
 
 def train_step(backend, rows: list[EchoRow], *, sft: bool) -> dict[str, Any]:
@@ -71,7 +64,7 @@ def train_step(backend, rows: list[EchoRow], *, sft: bool) -> dict[str, Any]:
                                    device=backend.device)
     n_rl = sum(int(mb.rl_mask.sum()) for mb in mbs)
     n_echo = sum(int(mb.echo_mask.sum()) for mb in mbs)
-    counts = dict.fromkeys(_COUNTERS, 0)
+    counts = dict.fromkeys(BRANCH_COUNTERS, 0)
     totals = {"rl": 0.0, "echo": 0.0}
     pg = PolicyStats()
     fallback_reason, forwards, skipped = "", 0, 0
@@ -120,10 +113,8 @@ def train_step(backend, rows: list[EchoRow], *, sft: bool) -> dict[str, Any]:
     model.train(was_training)
     peak, source = peak_mem_mb(backend.device)
     return {
-        "local_train_selective_suffix_logits": bool(opts.train_selective_suffix_logits),
-        **{f"local_train_selective_{k}": v for k, v in counts.items()},
-        "local_train_compile_selective_ce_mode": opts.train_compile_selective_ce,
-        "local_train_compile_selective_ce_fallback_reason": fallback_reason,
+        SELECTIVE_SUFFIX_LOGITS: bool(opts.train_selective_suffix_logits), **counts,
+        COMPILE_MODE: opts.train_compile_selective_ce, COMPILE_FALLBACK_REASON: fallback_reason,
         "loss": totals["rl"] + totals["echo"],
         "rl_loss": 0.0 if sft else totals["rl"], "sft_loss": totals["rl"] if sft else 0.0,
         "echo_loss": totals["echo"],

@@ -1,9 +1,9 @@
-"""A backend smoke: one RL + ECHO train step on sparse agent-trace rows, printing the seed's proof.
+"""A backend smoke: one RL + ECHO train step on sparse agent-trace rows, printing its proof metrics.
 
     quaero bench smoke --backend local      # or unsloth (imported first, before transformers)
 
 Rows look like packed tool traces: two short actions and two short environment responses inside a
-long context, so the selected targets are sparse in a long suffix (the seed's sparse ECHO case).
+long context, so the selected targets are sparse in a long suffix (the sparse ECHO case).
 """
 from __future__ import annotations
 
@@ -11,15 +11,12 @@ import argparse
 import json
 import random
 
+from quaero.proofs import STEP_PROOF_METRICS
 from quaero.rows import EchoRow, Span
 
-PROOF_KEYS = ("local_train_selective_suffix_logits", "local_train_selective_sparse_suffix_skips",
-              "local_train_selective_hidden_logprob_batches", "local_train_selective_suffix_logprob_batches",
-              "local_train_selective_fallback_logprob_batches", "local_train_selective_compiled_ce_batches",
-              "local_train_compile_selective_ce_mode", "local_train_compile_selective_ce_fallback_reason",
-              "forward_passes", "microbatches", "forward_passes_per_microbatch", "lm_head_skipped_microbatches",
-              "loss", "rl_loss", "echo_loss", "action_tokens", "echo_tokens", "row_tokens", "grad_norm",
-              "sampler_logprob_gap_max", "peak_mem_mb", "peak_mem_source", "step_time_s")
+# the step's proof metrics (quaero/proofs.py), then the figures a smoke reader wants next to them
+SMOKE_KEYS = (*STEP_PROOF_METRICS, "loss", "rl_loss", "echo_loss", "action_tokens", "echo_tokens", "row_tokens",
+              "grad_norm", "sampler_logprob_gap_max", "peak_mem_mb", "peak_mem_source", "step_time_s")
 
 
 def sparse_row(seed: int, advantage: float, *, vocab: int = 151936, context: int = 240) -> EchoRow:
@@ -50,6 +47,7 @@ def smoke_config(backend: str, **backend_kw):
 
 
 def run(backend_name: str, steps: int = 1, **backend_kw) -> dict:
+    """`steps` train steps of `backend_name` on `sparse_rows()`; the last step's metrics, every key."""
     if backend_name == "unsloth":
         import trainers.unsloth_backend  # noqa: F401 - unsloth before transformers
     from trainers.registry import backend_class
@@ -59,7 +57,7 @@ def run(backend_name: str, steps: int = 1, **backend_kw) -> dict:
     rows = sparse_rows()
     for _ in range(steps):
         metrics = backend.train_step(rows)
-    return {k: metrics[k] for k in PROOF_KEYS}
+    return metrics
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", default="local", choices=["local", "unsloth"])
     p.add_argument("--lora", action="store_true")
     args = p.parse_args(argv)
-    print(json.dumps(run(args.backend, lora=args.lora)))
+    metrics = run(args.backend, lora=args.lora)
+    print(json.dumps({k: metrics[k] for k in SMOKE_KEYS}))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from quaero import proofs
 from quaero.bench import trainstep as ts
 from quaero.bench.measure import (
     MIB,
@@ -151,7 +152,7 @@ class StepBench:
             result.update(median_step_s=statistics.median(times), min_step_s=min(times), max_step_s=max(times),
                           loss=last.get("loss"),
                           branch_counters={k: v for k, v in ts.cumulative(metrics).items()
-                                           if k.endswith(("_batches", "_skips"))})
+                                           if k in proofs.BRANCH_COUNTERS})
         del backend
         gc.collect()
         self.probes[key] = result

@@ -15,10 +15,6 @@ import torch
 
 from quaero.rows import EchoRow, Span
 
-PROOF_COUNTERS = ("local_train_selective_sparse_suffix_skips", "local_train_selective_hidden_logprob_batches",
-                  "local_train_selective_fallback_logprob_batches", "local_train_selective_compiled_ce_batches",
-                  "local_train_selective_suffix_logprob_batches")
-
 
 def bench_model_dir(vocab_size: int, hidden_size: int, layers: int = 2, seed: int = 0) -> Path:
     """A random-init Qwen3 folder (vocab, hidden, `layers`), built once and reused (atomic rename)."""
@@ -148,16 +144,3 @@ def cumulative(metrics: list[dict]) -> dict[str, Any]:
     for m in metrics:
         totals.add({k: v for k, v in m.items() if k.startswith("local_train_")})
     return totals.totals
-
-
-def proof(runtime: dict[str, Any], compile_mode: str) -> dict[str, bool]:
-    """The seed's expected proof for sparse ECHO rows (and for a compiled-CE `require` run)."""
-    checks = {
-        "sparse_suffix_skips > 0": runtime.get("local_train_selective_sparse_suffix_skips", 0) > 0,
-        "hidden_logprob_batches > 0": runtime.get("local_train_selective_hidden_logprob_batches", 0) > 0,
-        "fallback_logprob_batches == 0": runtime.get("local_train_selective_fallback_logprob_batches", 1) == 0,
-    }
-    if compile_mode == "require":
-        checks["compiled_ce_batches > 0"] = runtime.get("local_train_selective_compiled_ce_batches", 0) > 0
-        checks["compile_fallback_reason == ''"] = runtime.get("local_train_compile_selective_ce_fallback_reason") == ""
-    return checks

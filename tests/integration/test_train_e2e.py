@@ -16,7 +16,8 @@ import pytest
 
 from quaero import review
 from quaero.config import load_config
-from quaero.metrics import SELECTIVE_METRICS, read_events
+from quaero.metrics import read_events
+from quaero.proofs import SELECTIVE_METRICS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,7 +69,7 @@ def make_config(tmp_path, name="e2e", *, steps=2, warmup=1, eval_every=3, eval_t
 
 
 def events_of(run_dir, name):
-    return [e for e in read_events(Path(run_dir) / "events.jsonl") if e["event"] == name]
+    return [e for e in read_events(Path(run_dir) / "events.jsonl")[0] if e["event"] == name]
 
 
 def steps_by_number(run_dir):
@@ -85,7 +86,7 @@ def test_main_job_short_run_logs_proofs_and_cleans_up(tmp_path):
 
     _, cfg = make_config(tmp_path, extra=["training.warmup_sft_lr=3e-3"])
     run_dir = train(cfg)
-    names = [e["event"] for e in read_events(run_dir / "events.jsonl")]
+    names = [e["event"] for e in read_events(run_dir / "events.jsonl")[0]]
     assert names[0] != "run_end" and names[-1] == "run_end" and "run_start" in names
     evals = events_of(run_dir, "eval")
     assert [e["step"] for e in evals] == [0, 3]  # the untrained baseline, then the end
@@ -105,7 +106,8 @@ def test_main_job_short_run_logs_proofs_and_cleans_up(tmp_path):
     assert steps[-1]["cumulative"]["local_train_selective_hidden_logprob_batches"] >= 1
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000002", "step-000003"]
     assert json.loads((run_dir / "config.json").read_text())["run"]["name"] == "e2e"
-    args = SimpleNamespace(run_dir=str(run_dir), require_proof=True, plots=None, json=False, compare=None)
+    args = SimpleNamespace(run_dir=str(run_dir), require_proof=True, require=[], plots=None, json=False,
+                           compare=None)
     assert review.main(args) == 0
     opened = events_of(run_dir, "env_pool_opened")[0]  # [env] kwargs reached the server's env
     assert opened["tools"] == ["search_products", "find_customer", "submit_answer"]

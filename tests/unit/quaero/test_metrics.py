@@ -27,7 +27,16 @@ def test_events_are_json_lines_with_stable_fields(tmp_path):
 def test_read_events_skips_a_torn_last_line(tmp_path):
     p = tmp_path / "events.jsonl"
     p.write_text('{"event": "a", "step": 1}\n{"event": "b", "st')
-    assert [e["event"] for e in metrics.read_events(p)] == ["a"]
+    events, unreadable = metrics.read_events(p)
+    assert [e["event"] for e in events] == ["a"] and unreadable == 1
+
+
+def test_read_events_counts_lines_that_are_not_utf8_json_objects(tmp_path):
+    p = tmp_path / "events.jsonl"
+    p.write_bytes(b'{"event": "a"}\n\xff\xfe{"event": "b"}\n[1, 2]\n"text"\nnull\n\n   \n' + b"[" * 100_000
+                  + b'\n{"event": "c"}\n')
+    events, unreadable = metrics.read_events(p)
+    assert [e["event"] for e in events] == ["a", "c"] and unreadable == 5  # blank lines are not counted
 
 
 def test_cumulative_rules():

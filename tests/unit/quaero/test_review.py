@@ -1,10 +1,11 @@
-"""`quaero review` on recorded logs: table values, proofs pass and fail, plots, crashed runs."""
+"""`quaero review` on recorded logs: table values, proofs pass, fail and n/a, --require, plots, crashed runs,
+damaged files."""
 import json
 from types import SimpleNamespace
 
 import pytest
 
-from quaero import metrics, review
+from quaero import cli, metrics, proofs, review
 
 SPARSE = {"local_train_selective_suffix_logits": True, "local_train_selective_sparse_suffix_skips": 2,
           "local_train_selective_hidden_logprob_batches": 2, "local_train_selective_fallback_logprob_batches": 0,
@@ -32,15 +33,15 @@ def record(run_dir, steps, *, end=True, torn=False, evals=()):
 
 
 def args(run_dir=None, **kw):
-    base = dict(run_dir=str(run_dir) if run_dir else None, require_proof=False, plots=None, json=False,
-                compare=None)
+    base = {"run_dir": str(run_dir) if run_dir else None, "require_proof": False, "require": [], "plots": None,
+            "json": False, "compare": None}
     return SimpleNamespace(**{**base, **kw})
 
 
 def good_steps(n=4):
     return [dict(SPARSE, rl_loss=0.1 * i, echo_loss=5.0 - i, reward_mean=0.1 * i, action_tokens=10, echo_tokens=20,
                  row_tokens=100, step_time_s=1.0, peak_mem_mb=100.0 + i, prefix_mismatches=0, env_retries=1,
-                 sampler_logprob_gap_max=1e-6) for i in range(n)]
+                 sampler_logprob_gap_max=1e-6, rows=4) for i in range(n)]
 
 
 def test_table_values_and_passing_proofs(tmp_path, capsys):
@@ -78,7 +79,7 @@ def test_compiled_ce_proof_only_in_require_mode(tmp_path):
     steps = [dict(s, local_train_compile_selective_ce_mode="require",
                   local_train_compile_selective_ce_fallback_reason="") for s in good_steps()]
     record(tmp_path, steps)
-    names = {c["name"]: c for c in review.proofs(review.summarize(review.load_run(tmp_path)))}
+    names = {c["name"]: c for c in proofs.run_checks(review.summarize(review.load_run(tmp_path)))}
     assert names["compiled CE proof"]["passed"] is False  # no compiled batches ran
     assert review.main(args(tmp_path, require_proof=True)) == 1
 
@@ -126,6 +127,124 @@ def test_compare_side_by_side(tmp_path, capsys):
 def test_missing_run_dir_is_a_clean_error(tmp_path, capsys):
     assert review.main(args(tmp_path / "nope")) == 1
     assert "no events.jsonl" in capsys.readouterr().err
+
+
+def review_cli(*argv):
+    return cli.main(["review", *map(str, argv)])
+
+
+def dense_steps(n=4, **over):
+    """Steps whose ECHO rows were dense: every microbatch took the exact suffix branch."""
+    return [dict(s, **{proofs.SPARSE_SUFFIX_SKIPS: 0, proofs.HIDDEN_BATCHES: 0, proofs.SUFFIX_BATCHES: 2}, **over)
+            for s in good_steps(n)]
+
+
+def test_dense_rows_make_the_sparse_proof_na_not_a_failure(tmp_path, capsys):
+    record(tmp_path, dense_steps())
+    assert review_cli(tmp_path, "--require-proof") == 0
+    captured = capsys.readouterr()
+    assert "[N/A] sparse ECHO proof: dense rows took the exact suffix branch: suffix batches 8\n" in captured.out
+    assert captured.err == ""
+    assert review_cli(tmp_path, "--json") == 0
+    check = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}["sparse ECHO proof"]
+    assert (check["status"], check["passed"]) == ("n/a", None)
+    # named explicitly, a check must pass: n/a does not
+    assert review_cli(tmp_path, "--require", "sparse ECHO proof") == 1
+    assert capsys.readouterr().err == ("error: required check sparse ECHO proof: N/A (dense rows took the exact "
+                                       "suffix branch: suffix batches 8)\n")
+
+
+def test_dense_rows_with_a_fallback_batch_still_fail(tmp_path, capsys):
+    steps = dense_steps()
+    steps[1][proofs.FALLBACK_BATCHES] = 1
+    record(tmp_path, steps)
+    assert review_cli(tmp_path, "--require-proof") == 1
+    out, err = capsys.readouterr()
+    assert "[FAIL] sparse ECHO proof: sparse_suffix_skips=0 > 0, hidden_logprob_batches=0 > 0, " \
+           "fallback_logprob_batches=1 = 0\n" in out
+    assert err.startswith("error: required check sparse ECHO proof: FAIL (")
+
+
+def test_zero_trained_rows_never_pass_a_learning_proof(tmp_path, capsys):
+    # every episode dropped: the steps ran, logged token counts, but no row reached the trainer
+    steps = [dict(s, rows=0) for s in good_steps()]
+    record(tmp_path, steps, evals=[(0, 0.0), (4, 0.5)])
+    assert review_cli(tmp_path) == 0  # reported, not required
+    out = capsys.readouterr().out
+    assert "[FAIL] trained at least one step: steps=4 > 0, rows=0 > 0, action+echo tokens=120 > 0\n" in out
+    untrained = "0 rows trained (steps=4, rows=0): nothing learned to judge"
+    assert f"[WARN] ECHO loss falling: {untrained}\n" in out
+    assert f"[WARN] eval reward above untrained: {untrained}\n" in out
+    assert review_cli(tmp_path, "--require-proof") == 1
+    assert review_cli(tmp_path, "--require", "eval reward above untrained") == 1
+
+
+def test_require_named_checks(tmp_path, capsys):
+    record(tmp_path / "a", good_steps(), evals=[(0, 0.0), (4, 0.5)])
+    assert review_cli(tmp_path / "a", "--require-proof", "--require", "ECHO loss falling",
+                      "--require", "eval reward above untrained") == 0
+    assert capsys.readouterr().err == ""
+    record(tmp_path / "b", good_steps())  # no eval events: the eval check cannot pass
+    assert review_cli(tmp_path / "b", "--require", "ECHO loss falling") == 0
+    assert review_cli(tmp_path / "b", "--require", "eval reward above untrained") == 1
+    assert capsys.readouterr().err == "error: required check eval reward above untrained: N/A (no eval event)\n"
+    steps = good_steps()
+    steps[-1]["echo_loss"] = 9.0  # ECHO loss rises at the end
+    record(tmp_path / "c", steps)
+    assert review_cli(tmp_path / "c", "--require-proof") == 0  # a signal, not a required proof
+    assert review_cli(tmp_path / "c", "--require", "ECHO loss falling") == 1
+    assert capsys.readouterr().err.startswith("error: required check ECHO loss falling: FAIL (")
+
+
+def test_require_an_unknown_check_lists_the_valid_names(tmp_path, capsys):
+    record(tmp_path, good_steps())
+    assert review_cli(tmp_path, "--require", "ECHO loss fallin") == 1
+    err = capsys.readouterr().err
+    assert err == ("error: --require 'ECHO loss fallin' is not a check; valid: 'sparse ECHO proof', "
+                   "'compiled CE proof', 'exact rows (prefix mismatches)', 'trained at least one step', "
+                   "'ECHO loss falling', 'eval reward above untrained'\n")
+
+
+def test_unreadable_lines_are_counted_not_fatal(tmp_path, capsys):
+    record(tmp_path, good_steps(3))
+    with open(tmp_path / "events.jsonl", "ab") as f:
+        f.write(b'\xff\xfe not utf-8\n')  # 1
+        f.write(b'[1, 2, 3]\n')  # 2: JSON, not an object
+        f.write(b'{"event": "train_step", "step": "x", "echo_loss": 1.0}\n')  # 3: a step that is not an integer
+        f.write(b'{"event": "train_step", "step": 5, "phase": ["rl"]}\n')  # 4: a phase that is not a string
+        f.write(b'{"event": "eval", "step": true, "eval_reward": 1.0}\n')  # 5: a boolean step
+        # mistyped counters and values in a placeable step: ignored, never summed or compared
+        f.write(b'{"event": "train_step", "step": 4, "rows": "4", "action_tokens": "many", '
+                b'"local_train_selective_hidden_logprob_batches": "2", "echo_loss": "low", "peak_mem_mb": NaN}\n')
+        f.write(b'{"event": "eval", "step": 4, "eval_reward": "high"}\n')
+    assert review_cli(tmp_path, "--json", "--require-proof") == 0
+    out, err = capsys.readouterr()
+    s = json.loads(out)["summary"]
+    assert s["unreadable_lines"] == 5 and s["steps"] == 4
+    assert s["rows"] == 12 and s["action_tokens"] == 30 and s[proofs.HIDDEN_BATCHES] == 6
+    assert s["peak_mem_mb"] == 102.0 and s["eval_reward_last"] is None
+    assert err == (f"warning: {tmp_path / 'events.jsonl'}: 5 line(s) could not be read (not UTF-8, not a JSON "
+                   "object, or a step that is not an integer) and are left out\n")
+    assert review_cli(tmp_path, "--plots", tmp_path / "plots") == 0
+    assert len(list((tmp_path / "plots").glob("*.png"))) == 4
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n", b"\xff\xfe\x00garbage\n[1]\n42\n{\"torn"])
+def test_a_file_with_no_readable_line_is_a_one_line_error(tmp_path, capsys, content):
+    (tmp_path / "events.jsonl").write_bytes(content)
+    assert review_cli(tmp_path) == 1
+    lines = content.strip().count(b"\n") + 1 if content.strip() else 0
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'events.jsonl'}: no readable event in {lines} line(s) "
+                                       "(not UTF-8 or not JSON objects); pass the events.jsonl a quaero run wrote\n")
+
+
+def test_events_path_that_is_a_directory_is_a_one_line_error(tmp_path, capsys):
+    (tmp_path / "events.jsonl").mkdir()
+    assert review_cli(tmp_path) == 1
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'events.jsonl'}: cannot read it (Is a directory); pass "
+                                       "the run folder holding a readable events.jsonl\n")
+    assert review_cli("--compare", tmp_path, tmp_path) == 1  # --compare reads runs the same way
+    assert capsys.readouterr().err.count("\n") == 1
 
 
 @pytest.fixture(autouse=True)

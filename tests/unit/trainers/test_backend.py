@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-from quaero.bench.smoke import PROOF_KEYS, sparse_row, sparse_rows
+from quaero.bench.smoke import SMOKE_KEYS, sparse_row, sparse_rows
 from quaero.config import QuaeroConfig
-from quaero.metrics import SELECTIVE_METRICS
+from quaero.proofs import SELECTIVE_METRICS
 from quaero.rows import EchoRow
 from trainers.forward import CausalLMParts, LogitTransformError, SharedForwardError
 from trainers.local import LocalBackend
@@ -42,7 +42,7 @@ def test_sparse_rows_prove_the_seed_metrics_with_one_forward_per_microbatch(smal
     b = LocalBackend(make_cfg(small_model_dir, micro_batch_tokens=200), "cpu")  # one row each
     before = {k: v.clone() for k, v in b.model.state_dict().items()}
     m = b.train_step(rows())
-    assert set(PROOF_KEYS) <= set(m) and set(SELECTIVE_METRICS) <= set(m)
+    assert set(SMOKE_KEYS) <= set(m) and set(SELECTIVE_METRICS) <= set(m)
     assert isinstance(m["local_train_selective_suffix_logits"], bool)
     assert m["local_train_compile_selective_ce_mode"] == "off" and m["local_train_compile_selective_ce_fallback_reason"] == ""
     assert m["microbatches"] == 4 and m["forward_passes"] == 4 and m["forward_passes_per_microbatch"] == 1

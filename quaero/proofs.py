@@ -1,0 +1,132 @@
+"""Metric names and the proofs read from them: the one owner of both.
+
+The trainer step counts its branches with `BRANCH_COUNTERS`; `quaero review`, `quaero bench` and CI
+judge a run with the checks below (`quaero review RUN --require NAME`). Adding a branch counter is one
+line in `BRANCH_COUNTERS`; every list of names elsewhere derives from it. No torch here: `trainers/`
+imports this module.
+
+A check is a dict `{name, required, status, passed, detail}`: status "pass" | "fail" | "n/a" (the check
+does not apply to this run, `detail` says why), `passed` True | False | None to match, `required`
+whether `--require-proof` counts it.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+# retrain's ECHO metric names, kept exactly so a quaero run reads like a retrain run
+SELECTIVE_SUFFIX_LOGITS = "local_train_selective_suffix_logits"  # the selective target-mask mode is on
+SPARSE_SUFFIX_SKIPS = "local_train_selective_sparse_suffix_skips"
+HIDDEN_BATCHES = "local_train_selective_hidden_logprob_batches"
+COMPILED_CE_BATCHES = "local_train_selective_compiled_ce_batches"
+SUFFIX_BATCHES = "local_train_selective_suffix_logprob_batches"
+FALLBACK_BATCHES = "local_train_selective_fallback_logprob_batches"
+COMPILE_MODE = "local_train_compile_selective_ce_mode"
+COMPILE_FALLBACK_REASON = "local_train_compile_selective_ce_fallback_reason"
+SELECTIVE_METRICS = (SELECTIVE_SUFFIX_LOGITS, SPARSE_SUFFIX_SKIPS, HIDDEN_BATCHES, COMPILED_CE_BATCHES,
+                     SUFFIX_BATCHES, FALLBACK_BATCHES, COMPILE_MODE, COMPILE_FALLBACK_REASON)
+
+# Each branch counter and the microbatches it counts, read from a `trainers.selective.SelectiveInfo`.
+# Per step these are microbatch counts; review sums them over steps.
+BRANCH_COUNTERS: dict[str, Callable[[Any], bool]] = {
+    SPARSE_SUFFIX_SKIPS: lambda info: info.sparse_suffix_skip,  # the suffix shortcut was declined
+    HIDDEN_BATCHES: lambda info: info.branch in ("hidden", "hidden_chunked", "compiled"),
+    COMPILED_CE_BATCHES: lambda info: info.compiled,
+    SUFFIX_BATCHES: lambda info: info.branch == "suffix",
+    FALLBACK_BATCHES: lambda info: info.branch == "fallback",  # selective asked for, full logits ran
+    "local_train_selective_chunked_logprob_batches": lambda info: info.branch == "hidden_chunked",
+    "local_train_selective_dense_logprob_batches": lambda info: info.branch == "dense",  # selective off
+}
+
+# What one trainer step's proof reads: its branch metrics and the shared-forward figures.
+STEP_PROOF_METRICS = (SELECTIVE_SUFFIX_LOGITS, *BRANCH_COUNTERS, COMPILE_MODE, COMPILE_FALLBACK_REASON,
+                      "forward_passes", "microbatches", "forward_passes_per_microbatch",
+                      "lm_head_skipped_microbatches")
+
+
+def short(metric: str) -> str:
+    """A branch metric without its `local_train_selective_` prefix (labels, details)."""
+    return metric.removeprefix("local_train_selective_")
+
+
+PASS, FAIL, NA = "pass", "fail", "n/a"
+SPARSE_ECHO = "sparse ECHO proof"
+COMPILED_CE = "compiled CE proof"
+EXACT_ROWS = "exact rows (prefix mismatches)"
+TRAINED = "trained at least one step"
+ECHO_FALLING = "ECHO loss falling"
+EVAL_ABOVE_UNTRAINED = "eval reward above untrained"
+CHECKS = (SPARSE_ECHO, COMPILED_CE, EXACT_ROWS, TRAINED, ECHO_FALLING, EVAL_ABOVE_UNTRAINED)
+
+
+def _check(name: str, required: bool, status: str, detail: str) -> dict[str, Any]:
+    return {"name": name, "required": required, "status": status,
+            "passed": {PASS: True, FAIL: False, NA: None}[status], "detail": detail}
+
+
+def _judged(name: str, required: bool, ok: bool, detail: str) -> dict[str, Any]:
+    return _check(name, required, PASS if ok else FAIL, detail)
+
+
+def sparse_echo(totals: Mapping[str, Any]) -> dict[str, Any]:
+    """Sparse ECHO rows took the selected-hidden path: skips > 0, hidden > 0, fallback = 0.
+
+    Judged only when some microbatch was sparse (a skip or a hidden batch): rows whose targets are dense
+    take the exact suffix branch, which is the right branch for them, so there is nothing to prove.
+    A fallback batch fails it whatever the rows were."""
+    skips, hidden = totals.get(SPARSE_SUFFIX_SKIPS, 0), totals.get(HIDDEN_BATCHES, 0)
+    fallback, suffix = totals.get(FALLBACK_BATCHES, 0), totals.get(SUFFIX_BATCHES, 0)
+    detail = f"sparse_suffix_skips={skips} > 0, hidden_logprob_batches={hidden} > 0, " \
+             f"fallback_logprob_batches={fallback} = 0"
+    if fallback == 0 and skips == 0 and hidden == 0 and suffix > 0:
+        return _check(SPARSE_ECHO, True, NA, f"dense rows took the exact suffix branch: suffix batches {suffix}")
+    return _judged(SPARSE_ECHO, True, skips > 0 and hidden > 0 and fallback == 0, detail)
+
+
+def compiled_ce(totals: Mapping[str, Any]) -> dict[str, Any]:
+    """With `train_compile_selective_ce = "require"`: compiled batches > 0 and no fallback reason."""
+    mode, compiled = totals.get(COMPILE_MODE, ""), totals.get(COMPILED_CE_BATCHES, 0)
+    if mode != "require":
+        return _check(COMPILED_CE, True, NA, f"mode={mode!r}: judged only with train_compile_selective_ce='require'")
+    reason = totals.get(COMPILE_FALLBACK_REASON, "")
+    return _judged(COMPILED_CE, True, compiled > 0 and reason == "",
+                   f"mode=require, compiled_ce_batches={compiled} > 0, fallback_reason={reason!r}")
+
+
+def branch_checks(totals: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The checks a trainer step's branch counters prove (summed over steps)."""
+    return [sparse_echo(totals), compiled_ce(totals)]
+
+
+def run_checks(s: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every check of a reviewed run, in `CHECKS` order, from `quaero.review.summarize`'s summary."""
+    rows, tokens = s["rows"], s["action_tokens"] + s["echo_tokens"]
+    trained = s["steps"] > 0 and rows > 0 and tokens > 0
+    untrained = f"0 rows trained (steps={s['steps']}, rows={rows}): nothing learned to judge"
+    checks = [
+        *branch_checks(s),
+        _judged(EXACT_ROWS, True, s["prefix_mismatches"] == 0, f"prefix_mismatches={s['prefix_mismatches']} = 0"),
+        _judged(TRAINED, True, trained, f"steps={s['steps']} > 0, rows={rows} > 0, action+echo tokens={tokens} > 0"),
+    ]
+    first, last = s["echo_loss_first"], s["echo_loss_last"]
+    if first is None:
+        checks.append(_check(ECHO_FALLING, False, NA, "no step with ECHO targets"))
+    else:
+        checks.append(_judged(ECHO_FALLING, False, trained and last < first,
+                              f"{first:.4f} -> {last:.4f}" if trained else untrained))
+    base, last = s["eval_reward_baseline"], s["eval_reward_last"]
+    if base is None or last is None:
+        checks.append(_check(EVAL_ABOVE_UNTRAINED, False, NA, "no eval event"))
+    else:
+        checks.append(_judged(EVAL_ABOVE_UNTRAINED, False, trained and last > base,
+                              f"{base:.3f} -> {last:.3f}" if trained else untrained))
+    return checks
+
+
+def unmet(checks: list[dict[str, Any]], *, require_proof: bool, names: Iterable[str] = ()) -> list[str]:
+    """One line per requirement the checks miss. `require_proof`: every required check that applies
+    passes (n/a is fine: the check does not apply). `names`: each named check passes (n/a is not)."""
+    by_name = {c["name"]: c for c in checks}
+    wanted = [c for c in checks if require_proof and c["required"] and c["status"] == FAIL]
+    wanted += [by_name[n] for n in dict.fromkeys(names) if by_name[n]["status"] != PASS and by_name[n] not in wanted]
+    return [f"{c['name']}: {c['status'].upper()} ({c['detail']})" for c in wanted]

@@ -1,0 +1,76 @@
+"""quaero/proofs.py: the names a real trainer step emits are the ones it declares; each check's verdict."""
+import subprocess
+import sys
+
+import pytest
+
+from quaero import proofs, review
+
+
+def test_trainer_step_emits_exactly_the_declared_counter_names(local_smoke_metrics):
+    emitted = set(local_smoke_metrics)
+    assert {k for k in emitted if k.startswith("local_train_selective_")} == {proofs.SELECTIVE_SUFFIX_LOGITS,
+                                                                              *proofs.BRANCH_COUNTERS}
+    assert {k for k in emitted if k.startswith("local_train_compile_")} == {proofs.COMPILE_MODE,
+                                                                            proofs.COMPILE_FALLBACK_REASON}
+    assert set(proofs.SELECTIVE_METRICS) <= emitted and set(proofs.STEP_PROOF_METRICS) <= emitted
+    # the smoke's rows are sparse by construction: the proof passes on the real step's counters
+    assert [c["status"] for c in proofs.branch_checks(local_smoke_metrics)] == ["pass", "n/a"]
+
+
+def test_a_counter_added_to_proofs_is_emitted_and_reviewed(monkeypatch, tiny_model_dir, tmp_path):
+    from quaero.bench.smoke import run
+
+    name = "local_train_selective_probe_batches"
+    monkeypatch.setitem(proofs.BRANCH_COUNTERS, name, lambda info: info.branch == "hidden")
+    m = run("local")
+    assert m[name] == m[proofs.HIDDEN_BATCHES] > 0
+    run_log = {"steps": [{"step": 1, name: m[name]}, {"step": 2, name: 3}], "evals": [], "ended": True,
+               "unreadable": 0}
+    assert review.summarize(run_log)[name] == m[name] + 3
+
+
+def test_proofs_module_stays_light():
+    """trainers/ import it; importing it must not pull torch (or any quaero module) in."""
+    code = ("import sys, quaero.proofs; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'quaero', 'trainers')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['quaero', 'quaero.proofs']"
+
+
+def counters(skips=0, hidden=0, suffix=0, fallback=0, **kw):
+    return {proofs.SPARSE_SUFFIX_SKIPS: skips, proofs.HIDDEN_BATCHES: hidden, proofs.SUFFIX_BATCHES: suffix,
+            proofs.FALLBACK_BATCHES: fallback, **kw}
+
+
+@pytest.mark.parametrize(("totals", "status"), [
+    (counters(skips=2, hidden=2), "pass"),
+    (counters(skips=2, hidden=2, suffix=3), "pass"),  # some rows sparse, some dense
+    (counters(suffix=3), "n/a"),  # every row dense: the exact suffix branch is the right one
+    (counters(suffix=3, fallback=1), "fail"),  # a fallback fails whatever the rows were
+    (counters(skips=2, hidden=2, fallback=1), "fail"),
+    (counters(hidden=2), "fail"),  # hidden path without a sparse skip (an explicit chunk size forces it)
+    (counters(skips=2), "fail"),  # declined the suffix shortcut but the hidden path never ran
+    (counters(), "fail"),  # no selective branch ran at all
+])
+def test_sparse_echo_verdicts(totals, status):
+    check = proofs.sparse_echo(totals)
+    assert (check["status"], check["passed"]) == (status, {"pass": True, "fail": False, "n/a": None}[status])
+
+
+def test_compiled_ce_is_judged_only_in_require_mode():
+    assert proofs.compiled_ce({proofs.COMPILE_MODE: "auto"})["status"] == "n/a"
+    ok = {proofs.COMPILE_MODE: "require", proofs.COMPILED_CE_BATCHES: 3, proofs.COMPILE_FALLBACK_REASON: ""}
+    assert proofs.compiled_ce(ok)["status"] == "pass"
+    assert proofs.compiled_ce({**ok, proofs.COMPILED_CE_BATCHES: 0})["status"] == "fail"
+    assert proofs.compiled_ce({**ok, proofs.COMPILE_FALLBACK_REASON: "cpu device"})["status"] == "fail"
+
+
+def test_unmet_counts_na_only_for_named_checks():
+    checks = proofs.branch_checks(counters(suffix=3))  # sparse n/a, compiled n/a
+    assert proofs.unmet(checks, require_proof=True) == []
+    assert proofs.unmet(checks, require_proof=True, names=[proofs.SPARSE_ECHO, proofs.SPARSE_ECHO]) == [
+        "sparse ECHO proof: N/A (dense rows took the exact suffix branch: suffix batches 3)"]
+    failed = proofs.branch_checks(counters(suffix=3, fallback=1))
+    assert len(proofs.unmet(failed, require_proof=True, names=[proofs.SPARSE_ECHO])) == 1  # listed once
+    assert proofs.unmet(failed, require_proof=False) == []
