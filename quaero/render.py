@@ -8,15 +8,22 @@
   content (boundary tokens that BPE merged with content included). Everything else the bridge
   added is template scaffolding.
 - The next turn's generation prompt is stripped from the response: it is not the environment's.
+- Text is text: system, user and tool messages and the tool specs are defused before they reach the
+  template, so a special-token string written by an environment, a tool or a user never becomes a
+  special id (see `defuse`).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Any
 
 from quaero.config import ModelConfig
 
 # Two sentinels: when real content starts/ends with the same token as one, the other still differs.
 _SENTINELS = ("A", "Z")
+# U+2060 WORD JOINER: invisible, kept by NFC, and in no added token, so it splits any of them.
+WORD_JOINER = "\u2060"
 
 
 class BridgeFailure(Exception):
@@ -65,10 +72,36 @@ def _changed_range(full: list[int], other: list[int]) -> tuple[int, int]:
     return start, len(full) - suffix
 
 
+def added_token_pattern(tokenizer) -> re.Pattern:
+    """Matches any added-token string of the tokenizer (longest first), special or not: Qwen3's
+    `<tool_call>` and `<think>` are not special but still encode to their single ids. A one-character
+    token cannot be split, so it is left out (Qwen's added tokens are all longer)."""
+    tokens = sorted((t for t in tokenizer.get_added_vocab() if len(t) > 1), key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, tokens)) or r"(?!)")
+
+
+def defuse(text: str, pattern: re.Pattern) -> str:
+    """`text` with a WORD JOINER after the first character of every added-token string in it, so the
+    tokenizer's added-token matcher finds none and the string tokenizes as ordinary text.
+
+    Why this and not `split_special_tokens`: the renderer encodes message text in the same call as
+    template text that relies on added-token matching (the tools block's literal `<tool_call>`, the
+    `<think>` block), so the tokenizer cannot tell content from template; the text must change
+    before it reaches the template. The transform is a pure function of the text, the identity on
+    text without added-token strings, and applied on every render path (sampling prompt, scripted
+    action, bridge), so the bridge's exact prefix and the packed-row extension hold as on clean text.
+    Removing the joiners gives the original text back. Repeated until nothing matches, because
+    breaking one match could expose an overlapping one."""
+    while pattern.search(text):
+        text = pattern.sub(lambda m: m[0][0] + WORD_JOINER + m[0][1:], text)
+    return text
+
+
 class RenderAdapter:
     def __init__(self, tokenizer, model_cfg: ModelConfig):
         self.tokenizer = tokenizer
         self.renderer = create_renderer(tokenizer, model_cfg)
+        self._added = added_token_pattern(tokenizer)
         self.stop_token_ids: list[int] = list(self.renderer.get_stop_token_ids())
         probe = [{"role": "user", "content": "x"}]
         bare = self.renderer.render_ids(probe)
@@ -76,9 +109,28 @@ class RenderAdapter:
         assert with_gen[:len(bare)] == bare, "renderer's generation prompt is not an append"
         self.generation_prompt: list[int] = with_gen[len(bare):]
 
+    def _defused(self, value: Any) -> Any:
+        """`value` (a message, tool specs) with every string defused, keys included (tool specs are
+        dumped as JSON)."""
+        if isinstance(value, str):
+            return defuse(value, self._added)
+        if isinstance(value, dict):
+            return {self._defused(k): self._defused(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self._defused(v) for v in value]
+        return value
+
+    def _text(self, messages: list[dict]) -> list[dict]:
+        """Messages as the template may see them: system, user and tool messages (written by the
+        environment, its tools or a user) defused. Assistant messages stay as parsed: they come from
+        the model's sampled ids, where an added token is one the model emitted, so rendering it back
+        keeps the next prompt an extension of the sampled row."""
+        return [m if m.get("role") == "assistant" else self._defused(m) for m in messages]
+
     def prompt_ids(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
         """The sampling prompt: the full chat render with the generation prompt."""
-        return list(self.renderer.render_ids(messages, tools=tools or None, add_generation_prompt=True))
+        return list(self.renderer.render_ids(self._text(messages), tools=self._defused(tools) or None,
+                                             add_generation_prompt=True))
 
     def parse(self, completion_ids: list[int]) -> dict:
         """Sampled ids -> the assistant message that goes into the history and to the environment."""
@@ -91,7 +143,7 @@ class RenderAdapter:
         """Token ids a model would have sampled to produce `assistant` after `messages` (scripted policies):
         the rendered assistant turn after the generation prompt, through its close token."""
         prompt = self.prompt_ids(messages, tools)
-        full = list(self.renderer.render_ids([*messages, assistant], tools=tools or None))
+        full = list(self.renderer.render_ids(self._text([*messages, assistant]), tools=self._defused(tools) or None))
         if full[:len(prompt)] != prompt:
             raise ValueError("encode_assistant: the assistant turn does not extend the generation prompt "
                              "(e.g. reasoning with enable_thinking=false)")
@@ -120,6 +172,7 @@ class RenderAdapter:
         """Append `messages` (the env response to this action) to the exact prompt + action ids.
 
         `content_kind` labels the messages' content tokens: "env" (ECHO target) or "corrective"."""
+        messages, tools = self._text(messages), self._defused(tools)
         full = self._bridge_ids(prompt_ids, action_ids, messages, tools)
         start = len(prompt_ids) + len(action_ids)
         kinds = ["scaffold"] * (len(full) - start)

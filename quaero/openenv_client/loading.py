@@ -169,8 +169,13 @@ def load_entry(entry: str, kwargs: dict[str, Any] | None = None) -> EnvSpec:
 
 def build_app(spec: EnvSpec, max_concurrent_envs: int) -> Any:
     """OpenEnv's own FastAPI app for the env (WebSocket /ws, /health, /schema, /mcp, ...)."""
+    from openenv.core.env_server import http_server
     from openenv.core.env_server.http_server import create_app
 
+    from .transport import observation_reply_model
+
+    # the app looks its frame model up by this name: NaN/inf rewards then reach clients as such, not as null
+    http_server.WSObservationResponse = observation_reply_model()
     env_name = spec.env_cls.__name__.lower()
     return create_app(spec.factory, spec.action_cls, spec.observation_cls, env_name=env_name,
                       max_concurrent_envs=max_concurrent_envs, state_cls=spec.state_cls)

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 COUNTERS = ("env_steps", "env_resets", "env_retries", "env_timeouts", "env_restarts", "env_episodes_dropped",
-            "env_malformed_actions", "env_tool_errors", "env_truncated", "env_replayed_steps")
+            "env_malformed_actions", "env_tool_errors", "env_truncated", "env_replayed_steps",
+            "env_invalid_replies")
 
 
 class EnvCounters:

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from quaero.metrics import get_logger
 
 from .mapping import Malformed, parse_plain_action, parse_tool_calls, render_tool_result
-from .transport import ActionRejected, EnvFault
+from .transport import ActionRejected, EnvFault, InvalidReply
 
 log = get_logger(__name__)
 DEFAULT_SYSTEM_PROMPT = "You are an agent acting in an environment. Solve the task."
@@ -58,6 +58,7 @@ class Backend(Protocol):
 
 
 def _reward(payload: dict) -> float:
+    """The reward of a reply that passed `check_reply`: a finite number, or 0 when the env gave none (null)."""
     value = payload.get("reward")
     return 0.0 if value is None else float(value)
 
@@ -97,7 +98,8 @@ class ChatEnv:
 
     def _call(self, what: str, fn: Callable[[Transport], dict]) -> dict:
         """Run fn on a live session; on a fault reconnect (replaying the episode so far), with
-        exponential backoff, up to cfg.max_retries times; then EpisodeDropped."""
+        exponential backoff, up to cfg.max_retries times; then EpisodeDropped. An invalid reply drops
+        the episode at once."""
         lost = False
         for attempt in range(self.cfg.max_retries + 1):
             try:
@@ -108,6 +110,9 @@ class ChatEnv:
                 return fn(self._transport)
             except (ActionRejected, EpisodeDropped):
                 raise
+            except InvalidReply as e:  # the env's answer itself is unusable: asking again gets the same
+                self.counters.inc("env_invalid_replies")
+                raise EpisodeDropped(f"{what}: invalid env reply: {e}") from None
             except Exception as e:  # noqa: BLE001 - every env/transport failure is a counted fault
                 fault = e if isinstance(e, EnvFault) else EnvFault("connection", f"{type(e).__name__}: {e}")
                 if fault.kind == "timeout":

@@ -6,14 +6,17 @@ server (signature-filtered reset kwargs, `deserialize_action`, `step_async` when
 same JSON serialization); `WebSocketTransport` talks to a real server on /ws.
 
 Faults raise `EnvFault` (the session is gone: reconnect); a rejected action raises `ActionRejected`
-(the session is intact, the env state unchanged).
+(the session is intact, the env state unchanged); a reply that is not a usable observation raises
+`InvalidReply` (`check_reply`, on every launcher).
 """
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import inspect
 import json
+import math
 import threading
 from typing import Any
 
@@ -30,6 +33,52 @@ class EnvFault(Exception):
 
 class ActionRejected(Exception):
     """The env refused the action before running it (schema validation); the session is intact."""
+
+
+class InvalidReply(Exception):
+    """The env answered, but not with a usable observation; the message names the field and value.
+    Asking again gets the same answer, so the episode is dropped, not retried."""
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check_reply(payload: Any) -> dict:
+    """`payload` if it is an OpenEnv observation reply, `{"observation": {...}, "reward": a finite number
+    or null (no reward), "done": true|false}`; else InvalidReply. A NaN or infinite reward is refused, never
+    read as 0 (quaero's own server and the in-process launcher keep it as NaN/Infinity on the wire)."""
+    if not isinstance(payload, dict):
+        raise InvalidReply(f"reply={_shown(payload)} is not a JSON object")
+    observation = payload.get("observation")
+    if not isinstance(observation, dict):
+        raise InvalidReply(f"observation={_shown(observation)} is not a JSON object")
+    if not isinstance(observation.get("metadata") or {}, dict):
+        raise InvalidReply(f"observation.metadata={_shown(observation['metadata'])} is not a JSON object")
+    if "done" not in payload:
+        raise InvalidReply("done is missing")
+    if not isinstance(payload["done"], bool):
+        raise InvalidReply(f"done={_shown(payload['done'])} is not a boolean")
+    reward = payload.get("reward")
+    if reward is not None and not isinstance(reward, (int, float)):
+        raise InvalidReply(f"reward={_shown(reward)} is not a number")
+    if reward is not None and not math.isfinite(reward):
+        raise InvalidReply(f"reward={reward} is not finite")
+    return payload
+
+
+@functools.cache
+def observation_reply_model() -> type:
+    """OpenEnv's observation frame, except that NaN and +-inf go on the wire as NaN/Infinity instead of
+    null (pydantic's default), which a client would read as "no reward"; `check_reply` refuses them."""
+    from openenv.core.env_server.types import WSObservationResponse
+    from pydantic import ConfigDict
+
+    class ObservationReply(WSObservationResponse):
+        model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+    return ObservationReply
 
 
 def validation_detail(errors: list[dict]) -> str:
@@ -89,7 +138,7 @@ class InProcessTransport:
     async def _handle(self, env: Any, kind: str, data: dict) -> dict:
         from openenv.core.env_server._utils import overrides_method
         from openenv.core.env_server.serialization import deserialize_action, serialize_observation
-        from openenv.core.env_server.types import WSObservationResponse
+        from openenv.core.env_server.types import Observation
         from pydantic import ValidationError
 
         base = self._environment_base
@@ -108,8 +157,11 @@ class InProcessTransport:
                 obs = await env.step_async(action)
             else:
                 obs = await self._loop.run_in_executor(self._worker, env.step, action)
-        # the server's exact serialization, JSON round trip included
-        return json.loads(WSObservationResponse(data=serialize_observation(obs)).model_dump_json())["data"]
+        if not isinstance(obs, Observation):
+            raise InvalidReply(f"observation={_shown(obs)}: {type(env).__name__}.{kind} returned "
+                               f"{type(obs).__name__}, not an openenv Observation")
+        # quaero's server's exact serialization, JSON round trip included
+        return json.loads(observation_reply_model()(data=serialize_observation(obs)).model_dump_json())["data"]
 
     def _call(self, kind: str, data: dict, timeout_s: float) -> dict:
         if self._session.done() and not self._closed:
@@ -125,16 +177,16 @@ class InProcessTransport:
             self._closed = True
             self._session.cancel()  # the env is stuck mid-call: abandon it; the next session gets a fresh env
             raise EnvFault("timeout", f"{kind} took longer than {timeout_s}s") from None
-        except ActionRejected:
+        except (ActionRejected, InvalidReply):
             raise
         except Exception as e:  # noqa: BLE001 - the env raised: the server would answer EXECUTION_ERROR
             raise EnvFault("server_error", f"{kind} raised {type(e).__name__}: {e}") from None
 
     def reset(self, kwargs: dict, timeout_s: float) -> dict:
-        return self._call("reset", kwargs, timeout_s)
+        return check_reply(self._call("reset", kwargs, timeout_s))
 
     def step(self, action: dict, timeout_s: float) -> dict:
-        return self._call("step", action, timeout_s)
+        return check_reply(self._call("step", action, timeout_s))
 
     def close(self) -> None:
         if self._closed:
@@ -190,9 +242,14 @@ class WebSocketTransport:
         except self._ws_errors as e:
             self.close()
             raise EnvFault("connection", f"{message['type']} on {self.url}: {type(e).__name__}: {e}") from None
-        reply = json.loads(raw)
+        try:
+            reply = json.loads(raw)  # NaN/Infinity parse as floats, for check_reply to refuse
+        except json.JSONDecodeError:
+            raise InvalidReply(f"frame={_shown(raw)} is not JSON") from None
+        if not isinstance(reply, dict):
+            raise InvalidReply(f"frame={_shown(reply)} is not a JSON object")
         if reply.get("type") in ("observation", "state"):
-            return reply["data"]
+            return reply.get("data")
         data = reply.get("data") or {}
         code, text = data.get("code", "?"), data.get("message", raw[:300])
         if code == "VALIDATION_ERROR" and message["type"] == "step":
@@ -203,10 +260,10 @@ class WebSocketTransport:
         raise EnvFault("server_error", f"{code}: {text}")
 
     def reset(self, kwargs: dict, timeout_s: float) -> dict:
-        return self._exchange({"type": "reset", "data": kwargs}, timeout_s)
+        return check_reply(self._exchange({"type": "reset", "data": kwargs}, timeout_s))
 
     def step(self, action: dict, timeout_s: float) -> dict:
-        return self._exchange({"type": "step", "data": action}, timeout_s)
+        return check_reply(self._exchange({"type": "step", "data": action}, timeout_s))
 
     def close(self) -> None:
         try:

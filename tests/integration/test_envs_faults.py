@@ -1,7 +1,9 @@
 """Faults never end a run: a server killed mid-episode, a step that hangs past its timeout, an env that
-raises (error frames), a dropped connection, malformed actions, a tool that raises. Each is counted,
+raises (error frames), a dropped connection, malformed actions, a tool that raises, a reply that is not a
+usable observation (bad reward, non-object observation, no `done`). Each is counted,
 only EpisodeDropped ever leaves ChatEnv, and the next episode runs. The faults are injected by real
 means (SIGKILL, a sleeping step, a raising tool) except the dropped socket, closed under the session."""
+import json
 import os
 import signal
 import time
@@ -212,3 +214,55 @@ def test_a_failed_recovery_drops_the_episode_instead_of_raising():
     with pytest.raises(EpisodeDropped, match="recovery failed: env server exited"):
         env.reset(seed=0)
     assert counters.snapshot_and_reset()["env_episodes_dropped"] == 1
+
+
+# -- replies that are not usable observations: dropped at once with the field and value, never read as 0 ----
+def _reply(shape: str) -> dict:
+    return {"role": "assistant", "content": json.dumps({"reply": shape})}
+
+
+def _drops_with_reasons(pool, reasons: dict) -> None:
+    """Each shape drops its episode with `reasons[shape]`; the episode after it finishes on the same session."""
+    env = pool.sessions[0]
+    for shape, reason in reasons.items():
+        env.reset(seed=0)
+        with structlog.testing.capture_logs() as logs, pytest.raises(EpisodeDropped) as e:
+            env.step(_reply(shape))
+        assert e.value.reason == f"step: invalid env reply: {reason}"
+        assert [ev["reason"] for ev in logs if ev["event"] == "env_episode_dropped"] == [e.value.reason]
+        env.reset(seed=1)
+        final = env.step(_reply("ok"))
+        assert final.done and final.reward == 1.0
+    counts = pool.counters.snapshot_and_reset()
+    assert counts["env_invalid_replies"] == counts["env_episodes_dropped"] == len(reasons)
+    assert counts["env_retries"] == 0 and counts["env_steps"] == len(reasons)  # no retry; only "ok" steps count
+
+
+BAD_REWARDS = {"string": "reward='high' is not a number", "nan": "reward=nan is not finite",
+               "inf": "reward=inf is not finite", "-inf": "reward=-inf is not finite"}
+
+
+@pytest.mark.parametrize("launcher", ["inprocess", "local-server"])
+def test_a_non_numeric_or_non_finite_reward_drops_the_episode_and_the_run_goes_on(launcher):
+    cfg = EnvConfig(entry="fixtures.badreply:BadReplyEnv", launcher=launcher, **FAST)
+    with open_envs(cfg, 1) as pool:
+        _drops_with_reasons(pool, BAD_REWARDS)
+
+
+def test_an_in_process_env_that_returns_no_observation_drops_the_episode():
+    with open_envs(EnvConfig(entry="fixtures.badreply:BadReplyEnv", **FAST), 1) as pool:
+        _drops_with_reasons(pool, {
+            "none": "observation=None: BadReplyEnv.step returned NoneType, not an openenv Observation",
+            "dict": "observation={'reward': 1.0}: BadReplyEnv.step returned dict, not an openenv Observation"})
+
+
+def test_a_remote_server_s_malformed_replies_drop_episodes_with_their_reason():
+    from fixtures.badreply import raw_server
+
+    with raw_server() as url, open_envs(EnvConfig(url=url, **FAST), 1) as pool:
+        _drops_with_reasons(pool, {
+            "nan": "reward=nan is not finite", "inf": "reward=-inf is not finite",
+            "string": "reward='1.0' is not a number",
+            "list": "observation=['not', 'an', 'object'] is not a JSON object",
+            "missing_done": "done is missing", "string_done": "done='false' is not a boolean",
+            "metadata": "observation.metadata=[1, 2] is not a JSON object"})
