@@ -1,9 +1,9 @@
-"""A backend smoke: one RL + ECHO train step on sparse agent-trace rows, printing the seed's proof.
+"""A trainer smoke: one RL + ECHO train step on sparse agent-trace rows, printing its proof metrics.
 
     quaero bench smoke --backend local      # or unsloth (imported first, before transformers)
 
 Rows look like packed tool traces: two short actions and two short environment responses inside a
-long context, so the selected targets are sparse in a long suffix (the seed's sparse ECHO case).
+long context, so the selected targets are sparse in a long suffix (the sparse ECHO case).
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import json
 import random
 
 from quaero.rows import EchoRow, Span
+from trainers.spec import TrainerSpec
 
 PROOF_KEYS = ("local_train_selective_suffix_logits", "local_train_selective_sparse_suffix_skips",
               "local_train_selective_hidden_logprob_batches", "local_train_selective_suffix_logprob_batches",
@@ -42,23 +43,20 @@ def sparse_rows(n: int = 4, **kw) -> list[EchoRow]:
     return [sparse_row(i, 1.0 if i % 2 else -1.0, **kw) for i in range(n)]
 
 
-def smoke_config(backend: str, **backend_kw):
-    from quaero.config import QuaeroConfig
-
-    return QuaeroConfig.model_validate({"env": {"entry": "envs.toolbench:ToolBenchEnv"},
-                                        "backend": {"backend": backend, "micro_batch_tokens": 700, **backend_kw}})
+def smoke_spec(**spec_kw) -> TrainerSpec:
+    """The smoke's trainer spec: the defaults (tiny-qwen3), one or two rows per microbatch."""
+    return TrainerSpec(**{"micro_batch_tokens": 700, **spec_kw})
 
 
-def run(backend_name: str, steps: int = 1, **backend_kw) -> dict:
-    if backend_name == "unsloth":
-        import trainers.unsloth_backend  # noqa: F401 - unsloth before transformers
-    from trainers.registry import backend_class
+def run(trainer_name: str, steps: int = 1, **spec_kw) -> dict:
+    if trainer_name == "unsloth":
+        import trainers.unsloth_trainer  # noqa: F401 - unsloth before transformers
+    from trainers.registry import trainer_class
 
-    cfg = smoke_config(backend_name, **backend_kw)
-    backend = backend_class(backend_name)(cfg, "cpu")
+    trainer = trainer_class(trainer_name)(smoke_spec(**spec_kw), "cpu")
     rows = sparse_rows()
     for _ in range(steps):
-        metrics = backend.train_step(rows)
+        metrics = trainer.train_step(rows)
     return {k: metrics[k] for k in PROOF_KEYS}
 
 
