@@ -4,7 +4,7 @@ Per microbatch: ONE backbone forward -> one shifted log-prob tensor `lp` [B, L-1
 the RL (or SFT) term and the ECHO term both read `lp` -> ONE backward. Gradients accumulate over the
 microbatches; then grad-norm clipping (`max_grad_norm`, always applied when set) and ONE
 optimizer step. Each term is normalised by its own step-wide token count (trainers/loss.py), so the
-microbatch split never changes the result. A microbatch without targets does no forward at all.
+microbatch split never changes the result. A microbatch no loss reads does no forward at all.
 
 Temperature: `lp` is log_softmax(logits / T) with T = the sampler's temperature, so the importance ratio
 compares the trainer with the distribution the sampler drew from. The ECHO and SFT terms read the
