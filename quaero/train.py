@@ -51,21 +51,23 @@ def _task(cfg: QuaeroConfig, split: str, index: int) -> dict:
 
 def build(cfg: QuaeroConfig, pool) -> Components:
     from quaero.model import load_tokenizer, resolve_device
+    from quaero.plan import check_components, trainer_spec
     from quaero.render import RenderAdapter
     from quaero.rollout import EpisodeDriver, ExactnessAudit
     from quaero.sampling import make_sampler
-    from trainers.registry import backend_class
+    from trainers.registry import trainer_class
 
+    check_components(cfg)  # before any model loads, also when train() is called without the CLI
     device = resolve_device(cfg.run.device)
-    backend = backend_class(cfg.backend.backend)(cfg, device)  # unsloth is imported first inside, if chosen
+    trainer = trainer_class(cfg.backend.backend)(trainer_spec(cfg), device)  # unsloth is imported first inside
     render = RenderAdapter(load_tokenizer(cfg.model.name), cfg.model)
-    sampler = make_sampler(cfg, model=backend.model, stop_token_ids=render.stop_token_ids, device=device)
+    sampler = make_sampler(cfg, model=trainer.model, stop_token_ids=render.stop_token_ids, device=device)
     audit = ExactnessAudit(strict=cfg.training.strict)
     driver = EpisodeDriver(render, sampler, cfg, audit)
     oracle = None
     if cfg.training.warmup_sft_steps:
         oracle = _oracle_for(cfg)
-    return Components(cfg, backend, sampler, render, driver, audit, pool,
+    return Components(cfg, trainer, sampler, render, driver, audit, pool,
                       shares_model=getattr(sampler, "shares_model", False), oracle=oracle)
 
 
@@ -234,9 +236,9 @@ def train(cfg: QuaeroConfig, *, resume: bool = False, source: str = "config") ->
     """Run the job; returns the run folder. Ctrl-C finishes the step, checkpoints, shuts down env servers
     and the sampler, and raises KeyboardInterrupt (the CLI exits 130)."""
     if cfg.backend.backend == "unsloth":
-        from trainers.registry import backend_class
+        from trainers.registry import trainer_class
 
-        backend_class("unsloth")  # unsloth must be imported before transformers to patch it
+        trainer_class("unsloth")  # unsloth must be imported before transformers to patch it
     import torch
     from tqdm.auto import tqdm
 

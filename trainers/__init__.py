@@ -1,1 +1,1 @@
-"""quaero trainer backends: the compute (shared forward, selective log-probs, RL + ECHO losses)."""
+"""quaero trainers: the compute (shared forward, selective log-probs, RL + ECHO losses)."""

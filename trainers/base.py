@@ -1,66 +1,52 @@
-"""The trainer-backend protocol and the code both backends share.
+"""The trainer: a causal LM, its optimizer and scheduler, and the code every trainer shares.
 
-A backend owns a causal LM, its optimizer and scheduler. `BackendBase` implements everything but
-model loading: the strict shared-forward train step (trainers/step.py), audit log-probs, weight
-export for the sampler (LoRA merged) and checkpoint state. `local` and `unsloth` differ only in
-`_load_model`. Capabilities are declared in trainers/registry.py and enforced here at run time: the
-step counts backbone forwards per microbatch and raises `SharedForwardError` unless it is exactly one.
+`Trainer` implements everything but model loading: the strict shared-forward step (trainers/step.py),
+audit log-probs, weight export for the sampler (LoRA merged) and checkpoint state. `local` and
+`unsloth` differ only in `_load_model`. A trainer reads a `TrainerSpec` (trainers/spec.py), never the
+app config. Capabilities are declared in trainers/registry.py and enforced here at run time: the step
+counts backbone forwards per microbatch and raises `SharedForwardError` unless it is exactly one.
 """
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 from torch import nn
 
-from quaero.config import QuaeroConfig
 from quaero.metrics import get_logger
 from quaero.rows import EchoRow
 from trainers import registry, step
 from trainers.forward import CausalLMParts, SharedForwardError  # noqa: F401 (re-exported)
-from trainers.registry import Capabilities
+from trainers.spec import TrainerSpec
 
 log = get_logger(__name__)
 
 
-@runtime_checkable
-class TrainerBackend(Protocol):
-    capabilities: Capabilities
-    model: nn.Module  # the HF causal LM being trained (PEFT-wrapped with LoRA)
-
-    def train_step(self, rows: list[EchoRow], *, sft: bool = False) -> dict[str, Any]: ...
-    def logprobs(self, rows: list[EchoRow]) -> list[list[float]]: ...
-    def export_weights(self) -> dict[str, torch.Tensor]: ...
-    def state_dict(self) -> dict: ...
-    def load_state_dict(self, state: dict) -> None: ...
-
-
-class BackendBase:
-    """Shared backend: subclasses set `name` and implement `_load_model() -> nn.Module`."""
+class Trainer:
+    """Shared trainer: subclasses set `name` (their registry key) and implement `_load_model() -> nn.Module`."""
 
     name = "base"
 
-    def __init__(self, cfg: QuaeroConfig, device: str) -> None:
-        self.cfg = cfg
+    def __init__(self, spec: TrainerSpec, device: str) -> None:
+        self.spec = spec
         self.device = torch.device(device)
-        self.capabilities = registry.BACKENDS[self.name]
+        self.capabilities = registry.TRAINERS[self.name]
         if self.device.type not in self.capabilities.devices:
             raise ValueError(f"[backend] backend={self.name!r} runs on {self.capabilities.devices}, not {device!r}")
-        torch.manual_seed(cfg.run.seed)
+        torch.manual_seed(spec.seed)
         self.model = self._load_model()
         self.model.config.use_cache = False
-        self.parts = CausalLMParts(self.model, cfg.model.name)
-        if cfg.backend.options.train_selective_suffix_logits:
+        self.parts = CausalLMParts(self.model, spec.model)
+        if spec.selective_logits:
             self.parts.verify_transform()
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
-        b = cfg.backend
-        self.optimizer = torch.optim.AdamW(self.trainable, lr=b.lr, betas=b.betas, weight_decay=b.weight_decay)
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=spec.lr, betas=spec.betas,
+                                           weight_decay=spec.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)  # constant lr
         self.steps_done = 0
-        log.info("backend_ready", backend=self.name, model=cfg.model.name, device=str(self.device),
-                 dtype=cfg.model.dtype, lora=b.lora, trainable_params=sum(p.numel() for p in self.trainable),
-                 selective=cfg.backend.options.train_selective_suffix_logits,
-                 logit_transform=str(self.parts.transform))
+        log.info("trainer_ready", trainer=self.name, model=spec.model, device=str(self.device),
+                 dtype=spec.dtype, lora=spec.lora, trainable_params=sum(p.numel() for p in self.trainable),
+                 selective=spec.selective_logits, logit_transform=str(self.parts.transform))
 
     def _load_model(self) -> nn.Module:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -77,7 +63,7 @@ class BackendBase:
 
     def train_step(self, rows: list[EchoRow], *, sft: bool = False) -> dict[str, Any]:
         """One optimizer step over all rows; see trainers/step.py for the losses and metrics."""
-        metrics = step.train_step(self, rows, sft=sft)
+        metrics = step.shared_forward_step(self, rows, sft=sft)
         self.steps_done += 1
         return metrics
 
@@ -124,7 +110,7 @@ class BackendBase:
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("lora", False) != self.is_lora:
-            raise ValueError(f"checkpoint lora={state.get('lora')} but this backend has lora={self.is_lora}; "
+            raise ValueError(f"checkpoint lora={state.get('lora')} but this trainer has lora={self.is_lora}; "
                              "resume with the [backend] lora setting the run was started with")
         if self.is_lora:
             from peft import set_peft_model_state_dict

@@ -29,8 +29,15 @@ class Microbatch:
     row_index: list[int]  # positions of these rows in the step's row list
 
     @property
+    def trains(self) -> bool:
+        """Whether any loss reads this microbatch (else it needs no forward at all)."""
+        return bool((self.rl_mask | self.echo_mask).any())
+
+    @property
     def target_mask(self) -> Tensor:  # [B, L] bool: the selective path's targets
-        return self.rl_mask | self.echo_mask
+        """The loss targets, and every sampled action token: the sampler gap is measured on all of them,
+        also where the advantage is 0 (those log-probs get no gradient: no loss reads them)."""
+        return self.rl_mask | self.echo_mask | self.action_mask
 
     @property
     def tokens(self) -> int:

@@ -1,8 +1,7 @@
 """Selected-token log-probs with O(chunk x vocab) memory: recompute each chunk's logits in backward.
 
-The seed's eager chunking ran `lm_head(h[chunk])` + cross entropy per chunk under autograd, so every
-chunk's [chunk, V] activations stayed alive until backward: saved memory ~ S x V however small the
-chunks. `ChunkedSelectedLogprobs` saves only the selected hidden states [S, H] and targets [S]; forward
+Eager chunking (`lm_head(h[chunk])` + cross entropy per chunk under autograd) keeps every chunk's
+[chunk, V] activations alive until backward: saved memory ~ S x V however small the chunks. `ChunkedSelectedLogprobs` saves only the selected hidden states [S, H] and targets [S]; forward
 and backward each walk the chunks, materialising one [chunk, V] block at a time. The weight gradient
 [V, H] is parameter-sized and accumulated in place across chunks.
 

@@ -1,9 +1,9 @@
-"""`torch.compile`d selected cross entropy (the seed's `train_compile_selective_ce`).
+"""`torch.compile`d selected cross entropy (`[backend.options] train_compile_selective_ce`).
 
 Runs only for a plain `nn.Linear` head (it calls the weight/bias linear directly), on CUDA, with at
 least `min_tokens` selected rows. It returns `(None, reason)` when it cannot run; the caller falls
-back (`auto`) or fails closed (`require`). Unlike the seed we compile with `dynamic=True` and the
-default mode, not `reduce-overhead`: selected-token counts vary every step, and CUDA-graph output
+back (`auto`) or fails closed (`require`). It compiles with `dynamic=True` and the default mode,
+not `reduce-overhead`: selected-token counts vary every step, and CUDA-graph output
 buffers are reused across calls, which is a hazard for a tensor that lives until backward.
 A compile failure is remembered (per process) so it is not retried on every microbatch.
 It runs all S selected rows at once, also when `train_logprob_chunk_size` is set (the compiled

@@ -3,7 +3,7 @@
 `CausalLMParts` finds the backbone and head of a transformers causal LM (through a PEFT wrapper),
 reads the logit transform its forward applies (`final_logit_softcapping`, `logit_scale`,
 `logits_scaling`) and *verifies* it once on a short probe: the selective path must reproduce the
-model's own logits, or the backend refuses with a message naming the fix. `ForwardCounter` counts
+model's own logits, or the trainer refuses with a message naming the fix. `ForwardCounter` counts
 backbone forwards, so a step can prove the RL and ECHO terms came from one forward.
 """
 from __future__ import annotations

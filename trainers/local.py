@@ -1,8 +1,8 @@
 """`local`: a transformers causal LM trained in this process (optionally LoRA through peft).
 
-Loads `[model] name` through quaero.model (the embedded tiny default, a local folder or a hub id) in
-`[model] dtype`; `[backend] lora` wraps it with peft LoRA on every linear layer but the LM head;
-`[backend] gradient_checkpointing` turns on transformers' (non-reentrant) activation checkpointing.
+Loads the spec's model through quaero.model (the embedded tiny default, a local folder or a hub id)
+in its dtype; `lora` wraps it with peft LoRA on every linear layer but the LM head;
+`gradient_checkpointing` turns on transformers' (non-reentrant) activation checkpointing.
 The step itself is trainers/step.py, shared with `unsloth`.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from torch import nn
 
 from quaero.model import load_causal_lm
-from trainers.base import BackendBase
+from trainers.base import Trainer
 
 
 def add_lora(model: nn.Module, r: int, alpha: int) -> nn.Module:
@@ -20,14 +20,14 @@ def add_lora(model: nn.Module, r: int, alpha: int) -> nn.Module:
     return get_peft_model(model, config)
 
 
-class LocalBackend(BackendBase):
+class LocalTrainer(Trainer):
     name = "local"
 
     def _load_model(self) -> nn.Module:
-        b = self.cfg.backend
-        model = load_causal_lm(self.cfg.model.name, self.cfg.model.dtype, str(self.device))
-        if b.gradient_checkpointing:
+        spec = self.spec
+        model = load_causal_lm(spec.model, spec.dtype, str(self.device))
+        if spec.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if b.lora:
-            model = add_lora(model, b.lora_r, b.lora_alpha)
+        if spec.lora:
+            model = add_lora(model, spec.lora_r, spec.lora_alpha)
         return model

@@ -15,13 +15,46 @@ from torch import Tensor
 
 @dataclass
 class PolicyStats:
-    """Per-microbatch sums over RL tokens (the caller turns them into step means)."""
+    """Sums over RL tokens (the caller turns them into step means)."""
 
     tokens: int = 0
     ratio_sum: float = 0.0
     clipped: int = 0
-    gap_sum: float = 0.0  # sum |trainer logprob - sampler logprob|
-    gap_max: float = 0.0
+
+    def add(self, other: PolicyStats) -> None:
+        self.tokens += other.tokens
+        self.ratio_sum += other.ratio_sum
+        self.clipped += other.clipped
+
+
+@dataclass
+class LogprobGap:
+    """|trainer log-prob - sampler log-prob| over sampled action tokens: how far the two engines disagree."""
+
+    tokens: int = 0
+    total: float = 0.0
+    max: float = 0.0
+
+    def add(self, other: LogprobGap) -> None:
+        self.tokens += other.tokens
+        self.total += other.total
+        self.max = max(self.max, other.max)
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.tokens if self.tokens else 0.0
+
+
+@torch.no_grad()
+def logprob_gap(
+    logprobs: Tensor,  # [B, L-1] fp32, trainer log-probs
+    sampler_logprobs: Tensor,  # [B, L-1] fp32, the sampler's log-probs of the same tokens
+    mask: Tensor,  # [B, L-1] bool, every sampled action token (whatever its advantage)
+) -> LogprobGap:
+    gap = (logprobs - sampler_logprobs)[mask].abs()
+    if not gap.numel():
+        return LogprobGap()
+    return LogprobGap(tokens=gap.numel(), total=float(gap.sum()), max=float(gap.max()))
 
 
 def policy_gradient_loss(
@@ -47,11 +80,10 @@ def policy_gradient_loss(
     stats = PolicyStats(tokens=int(mask.sum()))
     if stats.tokens:
         with torch.no_grad():
-            r, gap = ratio[mask], log_ratio[mask].abs()
+            r = ratio[mask]
             stats.ratio_sum = float(r.sum())
             if clip_eps is not None:
                 stats.clipped = int(((r < 1.0 - clip_eps) | (r > 1.0 + clip_eps)).sum())
-            stats.gap_sum, stats.gap_max = float(gap.sum()), float(gap.max())
     return loss, stats
 
 

@@ -1,7 +1,7 @@
-"""Backend names and declared capabilities, importable without torch models or optional extras.
+"""Trainer names (the `[backend] backend` values) and declared capabilities, importable without torch.
 
-`quaero check` judges configs against these declarations before anything heavy loads; each
-backend also *enforces* its declaration at run time (see trainers/base.py).
+quaero/plan.py judges configs against these declarations before anything heavy loads; each
+trainer also *enforces* its declaration at run time (see trainers/base.py).
 """
 from __future__ import annotations
 
@@ -15,19 +15,19 @@ class Capabilities:
     selective_logits: bool
     lora: bool
     devices: tuple[str, ...]
-    module: str  # "package.module:Class" that implements the backend
+    module: str  # "package.module:Class" that implements the trainer
     extra: str | None = None  # pip extra needed, for the one-line "install X" error
 
 
-BACKENDS: dict[str, Capabilities] = {
-    "local": Capabilities(True, True, True, ("cpu", "cuda"), "trainers.local:LocalBackend"),
-    "unsloth": Capabilities(True, True, True, ("cpu", "cuda"), "trainers.unsloth_backend:UnslothBackend",
+TRAINERS: dict[str, Capabilities] = {
+    "local": Capabilities(True, True, True, ("cpu", "cuda"), "trainers.local:LocalTrainer"),
+    "unsloth": Capabilities(True, True, True, ("cpu", "cuda"), "trainers.unsloth_trainer:UnslothTrainer",
                             extra="unsloth"),
 }
 
 
-def backend_class(name: str):
-    """Import and return the backend class for `name` (lazy: optional extras load only here)."""
-    caps = BACKENDS[name]
+def trainer_class(name: str):
+    """Import and return the trainer class for `name` (lazy: optional extras load only here)."""
+    caps = TRAINERS[name]
     module, _, cls = caps.module.partition(":")
     return getattr(importlib.import_module(module), cls)

@@ -15,7 +15,7 @@ and exactly 0 elsewhere. Branches (all exact, see `SelectiveInfo.branch`):
 - "compiled": `torch.compile`d CE on the selected rows (CUDA, plain `nn.Linear` head, >= min tokens).
 - "none": no targets -> no LM-head work at all (a zero tensor, not a full-vocabulary fallback).
 The sparse/dense choice reads per-row density and the bytes the suffix logits would take, not
-fixed token counts (the seed's fixed 2048-slot / 25% guard mixed a batch count with a row length).
+fixed token counts (a fixed slot count or fraction would mix a batch count with a row length).
 """
 from __future__ import annotations
 
@@ -32,10 +32,9 @@ from trainers.chunked_ce import (
     tempered,
 )
 from trainers.compiled_ce import compiled_selected_logprobs
+from trainers.spec import SelectivePolicy
 
-DEFAULT_DENSE_MIN_DENSITY = 0.5  # each row's targets fill >= half of its suffix slots
-DEFAULT_SUFFIX_MAX_BYTES = 64 * 2**20  # fp32 suffix logits above this never take the suffix shortcut
-_THRESHOLDS = {"dense_min_density": DEFAULT_DENSE_MIN_DENSITY, "suffix_max_bytes": DEFAULT_SUFFIX_MAX_BYTES}
+_DEFAULT_POLICY = SelectivePolicy()
 
 
 @dataclass
@@ -54,14 +53,21 @@ class SelectiveInfo:
     extra: dict = field(default_factory=dict)
 
 
-def _parse_thresholds(thresholds: dict) -> dict:
-    out = dict(_THRESHOLDS)
-    for key, value in thresholds.items():
-        short = key.removeprefix("train_selective_")
-        if short not in out:
-            raise TypeError(f"selected_logprobs: unknown threshold {key!r}; valid: {', '.join(_THRESHOLDS)}")
-        out[short] = value
-    return out
+def choose_branch(policy: SelectivePolicy, info: SelectiveInfo) -> str:
+    """The branch to run, from the policy and the figures in `info` (selected tokens, density, bytes).
+
+    "compiled" is an attempt: when it cannot run, the selected-hidden path falls back to
+    "hidden_chunked" or "hidden" (see `_selected_hidden_logprobs`).
+    """
+    if info.selected_tokens == 0:
+        return "none"
+    # an explicit chunk size forces the selected-hidden path
+    if (policy.chunk_size is None and info.min_row_density >= policy.dense_min_density
+            and info.suffix_bytes <= policy.suffix_max_bytes):
+        return "suffix"
+    if policy.compile_mode != "off":
+        return "compiled"
+    return "hidden" if policy.chunk_size is None else "hidden_chunked"
 
 
 def selected_logprobs(
@@ -71,22 +77,16 @@ def selected_logprobs(
     target_mask: Tensor,  # [B, L] bool, True at tokens that are targets (EchoRow convention)
     *,
     temperature: float = 1.0,
-    chunk_size: int | None = None,
-    compile_mode: str = "off",
-    compile_min_tokens: int = 128,
+    policy: SelectivePolicy = _DEFAULT_POLICY,
     logit_transform: LogitTransform | None = None,
-    **thresholds,
 ) -> tuple[Tensor, SelectiveInfo]:  # [B, L-1] fp32, 0 where not selected
     """Dense shifted target log-probs at the selected positions, computed only there.
 
-    `thresholds`: `dense_min_density` (default 0.5) and `suffix_max_bytes` (default 64 MiB), also
-    accepted with the `train_selective_` prefix of their config option names.
-    `logit_transform`: what the model's own forward does to `lm_head(h)` (scale, soft-cap), applied
-    before the temperature so these log-probs match the model's and the sampler's.
+    `policy`: the branch thresholds (trainers/spec.py). `logit_transform`: what the model's own
+    forward does to `lm_head(h)` (scale, soft-cap), applied before the temperature so these
+    log-probs match the model's and the sampler's.
     """
-    if compile_mode not in ("off", "auto", "require"):
-        raise ValueError(f"compile_mode={compile_mode!r}: use 'off', 'auto' or 'require'")
-    th = _parse_thresholds(thresholds)
+    _check_target_mask(target_mask, input_ids, hidden.shape[:2])
     transform = logit_transform or LogitTransform()
     B, L, _ = hidden.shape
     shifted = target_mask[:, 1:].to(torch.bool)  # [B, L-1]: column j scores token j+1
@@ -97,50 +97,57 @@ def selected_logprobs(
     if info.selected_tokens == 0:
         return hidden.new_zeros(out_shape, dtype=torch.float32), info
 
-    vocab = _vocab_size(lm_head)
     per_row = torch.bincount(rows, minlength=B)  # [B]
     live = per_row.nonzero(as_tuple=True)[0]  # rows with targets; the others get no LM head at all
     first, fewest = (int(v) for v in torch.stack([cols.min(), per_row[live].min()]).tolist())
     info.suffix_slots = (L - 1) - first  # from the earliest selected column over the live rows
-    info.suffix_bytes = live.numel() * info.suffix_slots * vocab * 4
+    info.suffix_bytes = live.numel() * info.suffix_slots * _vocab_size(lm_head) * 4
     info.min_row_density = fewest / info.suffix_slots
-    if chunk_size is None:  # an explicit chunk size forces the hidden path (as in the seed)
-        dense = info.min_row_density >= th["dense_min_density"] and info.suffix_bytes <= th["suffix_max_bytes"]
-        if dense:
-            info.branch = "suffix"
-            lp = _suffix_logprobs(hidden[live], lm_head, input_ids[live], shifted[live], first, temperature,
-                                  transform)
-            out = lp.new_zeros(out_shape).index_copy(0, live, lp) if live.numel() < B else lp
-            return out, info
-        info.sparse_suffix_skip = True
+    info.branch = choose_branch(policy, info)
+    if info.branch == "suffix":
+        lp = _suffix_logprobs(hidden[live], lm_head, input_ids[live], shifted[live], first, temperature, transform)
+        return (lp.new_zeros(out_shape).index_copy(0, live, lp) if live.numel() < B else lp), info
+    info.sparse_suffix_skip = policy.chunk_size is None
 
     h = hidden[rows, cols]  # [S, H]: the hidden state that predicts token cols + 1
     targets = input_ids[rows, cols + 1]  # [S]
-    lp = None
-    if compile_mode != "off":
-        lp, reason = compiled_selected_logprobs(h, lm_head, targets, temperature, transform, compile_min_tokens)
-        if lp is None:
-            if compile_mode == "require":
-                raise RuntimeError(f"train_compile_selective_ce='require': compiled CE could not run ({reason}); "
-                                   "use 'auto' to fall back to eager CE with the reason recorded")
-            info.fallback_reason = reason
-        else:
-            info.branch, info.compiled = "compiled", True
-    if lp is None and chunk_size is not None:
-        info.branch = "hidden_chunked"
+    lp = _selected_hidden_logprobs(h, lm_head, targets, temperature, transform, policy, info)
+    return lp.new_zeros(out_shape).index_put((rows, cols), lp.float()), info  # differentiable scatter
+
+
+def _check_target_mask(target_mask: Tensor, input_ids: Tensor, hidden_bl: torch.Size) -> None:
+    """A mask of another shape ([B, L-1], say) would be shifted a second time: refuse it."""
+    if tuple(input_ids.shape) != tuple(hidden_bl) or tuple(target_mask.shape) != tuple(input_ids.shape):
+        raise ValueError(f"target_mask {list(target_mask.shape)}, input_ids {list(input_ids.shape)} and hidden "
+                         f"{list(hidden_bl)} x H must share [B, L]: the mask marks target tokens (EchoRow "
+                         "convention, unshifted); pass the [B, L] mask, not a shifted [B, L-1] one")
+
+
+def _selected_hidden_logprobs(h: Tensor, lm_head: nn.Module, targets: Tensor, temperature: float,
+                              transform: LogitTransform, policy: SelectivePolicy,
+                              info: SelectiveInfo) -> Tensor:  # h [S, H] -> lp [S]
+    """The selected rows' log-probs: compiled CE when asked and able, else chunked or eager CE."""
+    if info.branch == "compiled":
+        lp, reason = compiled_selected_logprobs(h, lm_head, targets, temperature, transform,
+                                                policy.compile_min_tokens)
+        if lp is not None:
+            info.compiled = True
+            return lp
+        if policy.compile_mode == "require":
+            raise RuntimeError(f"train_compile_selective_ce='require': compiled CE could not run ({reason}); "
+                               "use 'auto' to fall back to eager CE with the reason recorded")
+        info.fallback_reason = reason
+        info.branch = "hidden" if policy.chunk_size is None else "hidden_chunked"
+    if info.branch == "hidden_chunked":
         if type(lm_head) is nn.Linear:
             info.chunk_impl = "recompute"
-            lp = ChunkedSelectedLogprobs.apply(h, lm_head.weight, lm_head.bias, targets, chunk_size,
-                                               temperature, transform)
-        else:  # wrapped/custom heads: the same recompute-in-backward bound through activation checkpointing
-            info.chunk_impl = "checkpoint"
-            lp = checkpointed_selected_logprobs(h, lm_head, targets, chunk_size, temperature, transform)
-    elif lp is None:
-        info.branch = "hidden"
-        logits = tempered(transform.apply(lm_head(h).float()), temperature)  # [S, V]
-        lp = -F.cross_entropy(logits, targets, reduction="none")
-    out = lp.new_zeros(out_shape).index_put((rows, cols), lp.float())  # differentiable scatter
-    return out, info
+            return ChunkedSelectedLogprobs.apply(h, lm_head.weight, lm_head.bias, targets, policy.chunk_size,
+                                                 temperature, transform)
+        # wrapped/custom heads: the same recompute-in-backward bound through activation checkpointing
+        info.chunk_impl = "checkpoint"
+        return checkpointed_selected_logprobs(h, lm_head, targets, policy.chunk_size, temperature, transform)
+    logits = tempered(transform.apply(lm_head(h).float()), temperature)  # [S, V]
+    return -F.cross_entropy(logits, targets, reduction="none")
 
 
 def _suffix_logprobs(hidden, lm_head, input_ids, shifted, first, temperature, transform) -> Tensor:
@@ -161,6 +168,8 @@ def full_logprobs(
     temperature: float = 1.0,
 ) -> Tensor:  # [B, L-1] fp32
     """Full-vocabulary log-probs from model logits: the non-selective ("dense") and "fallback" paths."""
+    if target_mask is not None:
+        _check_target_mask(target_mask, input_ids, logits.shape[:2])
     lp = torch.log_softmax(tempered(logits[:, :-1].float(), temperature), dim=-1)
     lp = lp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     if target_mask is None:

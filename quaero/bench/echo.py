@@ -7,7 +7,7 @@ Prints one JSON document (fields as the seed's script, documented in benchmarks/
 stdout and a short table on stderr; `--json PATH` also writes the document to PATH. Each region
 is value-checked against a float64 full-vocabulary reference before it is timed (see
 echo_regions.py), then timed (forward + backward, median after a warm-up) and its peak memory
-measured (see measure.py). `echo_train_smoke` runs real `LocalBackend.train_step`s on the same
+measured (see measure.py). `echo_train_smoke` runs real `LocalTrainer.train_step`s on the same
 shape and reports the runtime metrics that prove which branch ran.
 """
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 from quaero import proofs
 from quaero.bench import echo_regions as er
 from quaero.bench.measure import (
+    MIB,
     emit,
     environment,
     measure_regions,
@@ -29,8 +30,6 @@ from quaero.bench.measure import (
     resolve_bench_dtype,
     torch_threads,
 )
-
-MIB = 2**20
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -153,12 +152,12 @@ def echo_train_smoke(args, device: torch.device) -> dict[str, Any]:
     targets = [p + 1 for p in positions]
     ids = torch.randint(0, args.vocab_size, (args.seq_len,), generator=torch.Generator().manual_seed(args.seed))
     row = ts.row_with_targets(ids.tolist(), env_targets=targets[:-1], action_targets=targets[-1:])
-    cfg = ts.backend_config(ts.bench_model_dir(args.vocab_size, args.hidden_size), device, seq_len=args.seq_len,
-                            dtype="bfloat16" if args.dtype == "bfloat16" else "float32",
-                            compile_mode=args.compile_selective_ce,
-                            compile_min_tokens=args.compile_selective_ce_min_tokens, temperature=args.temperature)
-    backend = ts.make_backend(cfg, device)
-    times, metrics = ts.timed_steps(backend, [row], min(args.repeats, 3), device)
+    spec = ts.bench_spec(ts.bench_model_dir(args.vocab_size, args.hidden_size), seq_len=args.seq_len,
+                         dtype="bfloat16" if args.dtype == "bfloat16" else "float32",
+                         compile_mode=args.compile_selective_ce,
+                         compile_min_tokens=args.compile_selective_ce_min_tokens, temperature=args.temperature)
+    trainer = ts.make_trainer(spec, device)
+    times, metrics = ts.timed_steps(trainer, [row], min(args.repeats, 3), device)
     runtime = ts.cumulative(metrics)
     checks = proofs.branch_checks(runtime)
     # the row is sparse by construction, so the sparse proof must pass here (n/a is a failure)

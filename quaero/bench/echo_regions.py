@@ -27,6 +27,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from trainers.chunked_ce import tempered
+from trainers.spec import SelectivePolicy
+
 
 class BenchValueError(RuntimeError):
     """A benchmark region whose values disagree with the reference: an error, never a figure."""
@@ -95,11 +98,6 @@ def make_inputs(*, seq_len: int, early_target_pos: int, selected_tokens: int, vo
 
 # ---- reference implementations (the seed's old regions live here, in the benchmark) ----
 
-def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """logits / T, skipped at T = 1 (the seed's regions had no temperature; a divide is a full pass)."""
-    return logits if temperature == 1.0 else logits / temperature
-
-
 def _targets(x: EchoInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """What any selective implementation reads off the mask: shifted mask, rows, columns, classes."""
     shifted = x.target_mask[:, 1:]                                            # [1, L-1]
@@ -111,7 +109,7 @@ def suffix_path(x: EchoInputs) -> RegionOut:
     shifted, _, cols, _ = _targets(x)
     first = int(cols.min())
     L = x.hidden.shape[1]
-    logp = torch.log_softmax(_scaled(x.lm_head(x.hidden[:, first:L - 1]).float(), x.temperature), dim=-1)
+    logp = torch.log_softmax(tempered(x.lm_head(x.hidden[:, first:L - 1]).float(), x.temperature), dim=-1)
     lp = logp.gather(-1, x.input_ids[:, first + 1:, None]).squeeze(-1)       # [1, slots]
     lp = torch.where(shifted[:, first:], lp, torch.zeros_like(lp))
     return RegionOut(F.pad(lp, (first, 0)))
@@ -120,7 +118,7 @@ def suffix_path(x: EchoInputs) -> RegionOut:
 def selected_logsoftmax_path(x: EchoInputs) -> RegionOut:
     shifted, rows, cols, targets = _targets(x)
     logits = x.lm_head(x.hidden[rows, cols])                                  # [S, V]
-    logp = torch.log_softmax(_scaled(logits.float(), x.temperature), dim=-1)
+    logp = torch.log_softmax(tempered(logits.float(), x.temperature), dim=-1)
     lp = logp.gather(-1, targets[:, None]).squeeze(-1)                        # [S]
     return RegionOut(lp.new_zeros(shifted.shape).index_put((rows, cols), lp))
 
@@ -135,11 +133,12 @@ def trainer_region(*, chunk_size: int | None = None, compile_mode: str = "off",
     decision picks is what `echo_train_smoke` shows."""
     from trainers.selective import selected_logprobs
 
+    policy = SelectivePolicy(suffix_max_bytes=0, chunk_size=chunk_size, compile_mode=compile_mode,
+                             compile_min_tokens=compile_min_tokens)
+
     def region(x: EchoInputs) -> RegionOut:
         dense, info = selected_logprobs(x.hidden, x.lm_head, x.input_ids, x.target_mask,
-                                        temperature=x.temperature, chunk_size=chunk_size,
-                                        compile_mode=compile_mode, compile_min_tokens=compile_min_tokens,
-                                        suffix_max_bytes=0)
+                                        temperature=x.temperature, policy=policy)
         info = dataclasses.asdict(info) if dataclasses.is_dataclass(info) else dict(info or {})
         return RegionOut(dense, info)
 

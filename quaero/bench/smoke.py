@@ -1,4 +1,4 @@
-"""A backend smoke: one RL + ECHO train step on sparse agent-trace rows, printing its proof metrics.
+"""A trainer smoke: one RL + ECHO train step on sparse agent-trace rows, printing its proof metrics.
 
     quaero bench smoke --backend local      # or unsloth (imported first, before transformers)
 
@@ -13,6 +13,7 @@ import random
 
 from quaero.proofs import STEP_PROOF_METRICS
 from quaero.rows import EchoRow, Span
+from trainers.spec import TrainerSpec
 
 # the step's proof metrics (quaero/proofs.py), then the figures a smoke reader wants next to them
 SMOKE_KEYS = (*STEP_PROOF_METRICS, "loss", "rl_loss", "echo_loss", "action_tokens", "echo_tokens", "row_tokens",
@@ -39,24 +40,21 @@ def sparse_rows(n: int = 4, **kw) -> list[EchoRow]:
     return [sparse_row(i, 1.0 if i % 2 else -1.0, **kw) for i in range(n)]
 
 
-def smoke_config(backend: str, **backend_kw):
-    from quaero.config import QuaeroConfig
-
-    return QuaeroConfig.model_validate({"env": {"entry": "envs.toolbench:ToolBenchEnv"},
-                                        "backend": {"backend": backend, "micro_batch_tokens": 700, **backend_kw}})
+def smoke_spec(**spec_kw) -> TrainerSpec:
+    """The smoke's trainer spec: the defaults (tiny-qwen3), one or two rows per microbatch."""
+    return TrainerSpec(**{"micro_batch_tokens": 700, **spec_kw})
 
 
-def run(backend_name: str, steps: int = 1, **backend_kw) -> dict:
-    """`steps` train steps of `backend_name` on `sparse_rows()`; the last step's metrics, every key."""
-    if backend_name == "unsloth":
-        import trainers.unsloth_backend  # noqa: F401 - unsloth before transformers
-    from trainers.registry import backend_class
+def run(trainer_name: str, steps: int = 1, **spec_kw) -> dict:
+    """`steps` train steps of `trainer_name` on `sparse_rows()`; the last step's metrics, every key."""
+    if trainer_name == "unsloth":
+        import trainers.unsloth_trainer  # noqa: F401 - unsloth before transformers
+    from trainers.registry import trainer_class
 
-    cfg = smoke_config(backend_name, **backend_kw)
-    backend = backend_class(backend_name)(cfg, "cpu")
+    trainer = trainer_class(trainer_name)(smoke_spec(**spec_kw), "cpu")
     rows = sparse_rows()
     for _ in range(steps):
-        metrics = backend.train_step(rows)
+        metrics = trainer.train_step(rows)
     return metrics
 
 

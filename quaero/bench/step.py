@@ -2,7 +2,7 @@
 
     quaero bench step --device cpu --seq-len 8192 --targets 64 --vocab-size 151936 --budget-gb 8
 
-Each path is the `local` backend's real `train_step` (one forward, RL + ECHO losses, one backward,
+Each path is the `local` trainer's real `train_step` (one forward, RL + ECHO losses, one backward,
 grad clipping, AdamW) configured as a user would configure it:
 - `full_logits`: `train_selective_suffix_logits = false`: the model's full [L, V] logits ->
   log_softmax -> gather (the baseline every non-selective trainer pays);
@@ -41,7 +41,7 @@ from quaero.bench.measure import (
     torch_threads,
 )
 
-PATHS = {  # name -> backend options
+PATHS = {  # name -> trainer options
     "full_logits": {"selective": False},
     "selective_ce": {"selective": True},
     "chunked_recompute": {"selective": True, "chunk": True},
@@ -100,27 +100,26 @@ class StepBench:
         if args.compile_selective_ce != "off":
             self.paths["compiled_ce"] = {"selective": True, "compile": args.compile_selective_ce}
 
-    def backend(self, path: str, seq_len: int):
+    def trainer(self, path: str, seq_len: int):
         opts = self.paths[path]
-        cfg = ts.backend_config(self.model_dir, self.device, seq_len=seq_len, dtype=self.dtype_name,
-                                selective=opts["selective"],
-                                chunk_size=self.args.chunk_size if opts.get("chunk") else None,
-                                compile_mode=opts.get("compile", "off"), compile_min_tokens=1)
-        return ts.make_backend(cfg, self.device)
+        spec = ts.bench_spec(self.model_dir, seq_len=seq_len, dtype=self.dtype_name, selective=opts["selective"],
+                             chunk_size=self.args.chunk_size if opts.get("chunk") else None,
+                             compile_mode=opts.get("compile", "off"), compile_min_tokens=1)
+        return ts.make_trainer(spec, self.device)
 
     def rows(self, seq_len: int):
         row, self.layout = ts.trace_row(seq_len, self.args.targets, self.args.vocab_size, turns=self.args.turns,
                                         seed=self.args.seed)
         return [row]
 
-    def resident_bytes(self, backend) -> int:
+    def resident_bytes(self, trainer) -> int:
         if self.device.type == "cuda":
             return torch.cuda.memory_allocated(self.device)
         seen, total = set(), 0
-        tensors = list(backend.model.parameters()) + list(backend.model.buffers())
-        for state in backend.optimizer.state.values():
+        tensors = list(trainer.model.parameters()) + list(trainer.model.buffers())
+        for state in trainer.optimizer.state.values():
             tensors += [t for t in state.values() if isinstance(t, torch.Tensor)]
-        for t in tensors + [p.grad for p in backend.model.parameters() if p.grad is not None]:
+        for t in tensors + [p.grad for p in trainer.model.parameters() if p.grad is not None]:
             key = t.untyped_storage().data_ptr()
             if key not in seen:
                 seen.add(key)
@@ -128,21 +127,21 @@ class StepBench:
         return total
 
     def measure(self, path: str, seq_len: int, timed_steps: int = 0) -> dict[str, Any]:
-        """Warm-up step, one memory-measured step, then `timed_steps` timed steps, on a fresh backend."""
+        """Warm-up step, one memory-measured step, then `timed_steps` timed steps, on a fresh trainer."""
         key = (path, seq_len)
         if key in self.probes and self.probes[key].get("steps", 0) >= timed_steps:
             return self.probes[key]
         rows = self.rows(seq_len)
-        backend = self.backend(path, seq_len)
-        backend.train_step(rows)  # warm-up: AdamW state exists from here on
+        trainer = self.trainer(path, seq_len)
+        trainer.train_step(rows)  # warm-up: AdamW state exists from here on
         gc.collect()
-        resident = self.resident_bytes(backend)
-        train_step = backend.train_step
+        resident = self.resident_bytes(trainer)
+        train_step = trainer.train_step
         if self.device.type == "cuda":
             peak = _cuda_peak(train_step, rows, self.device)
         else:
             _, peak = cpu_peak_bytes(lambda: train_step(rows))
-        times, metrics = ts.timed_steps(backend, rows, timed_steps, self.device)
+        times, metrics = ts.timed_steps(trainer, rows, timed_steps, self.device)
         last = metrics[-1] if metrics else {}
         result = {
             "seq_len": seq_len, "resident_mb": round(resident / MIB, 1), "peak_step_mb": round(peak / MIB, 1),
@@ -153,7 +152,7 @@ class StepBench:
                           loss=last.get("loss"),
                           branch_counters={k: v for k, v in ts.cumulative(metrics).items()
                                            if k in proofs.BRANCH_COUNTERS})
-        del backend
+        del trainer
         gc.collect()
         self.probes[key] = result
         print(f"  {path:18s} L={seq_len:6d}  peak {result['peak_total_mb']:10.1f} MiB"

@@ -1,8 +1,8 @@
-"""Real backend train steps for the benchmarks: a tiny Qwen3 of a chosen shape, sparse target rows.
+"""Real train steps for the benchmarks: a tiny Qwen3 of a chosen shape, sparse target rows.
 
-Both `echo_train_smoke` (quaero bench echo) and `quaero bench step` run the `local` backend's own
+Both `echo_train_smoke` (quaero bench echo) and `quaero bench step` run the `local` trainer's own
 `train_step` (trainers/step.py: one forward, RL + ECHO losses, one backward, AdamW), built from a
-`QuaeroConfig` in code, on a random-init Qwen3 saved once into `$QUAERO_CACHE/bench/` (2 layers,
+`TrainerSpec` in code, on a random-init Qwen3 saved once into `$QUAERO_CACHE/bench/` (2 layers,
 head_dim 16, untied LM head), so what is measured is what `quaero train` runs.
 """
 from __future__ import annotations
@@ -14,42 +14,17 @@ from typing import Any
 import torch
 
 from quaero.rows import EchoRow, Span
+from trainers.spec import SelectivePolicy, TrainerSpec
 
 
 def bench_model_dir(vocab_size: int, hidden_size: int, layers: int = 2, seed: int = 0) -> Path:
-    """A random-init Qwen3 folder (vocab, hidden, `layers`), built once and reused (atomic rename)."""
-    from quaero.model import cache_dir
+    """A random-init Qwen3 folder (vocab, hidden, `layers`; head_dim 16, untied LM head), built once."""
+    from quaero.model import cache_dir, materialize_folder, random_qwen3
 
-    target = cache_dir() / "bench" / f"qwen3-v{vocab_size}-h{hidden_size}-l{layers}-s{seed}"
-    if (target / "config.json").exists() and (target / "model.safetensors").exists():
-        return target
-    import shutil
-    import tempfile
+    def build(out: Path) -> None:
+        random_qwen3(vocab_size, hidden_size, layers=layers, seed=seed).save_pretrained(out)
 
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    heads = max(1, hidden_size // 16)
-    cfg = Qwen3Config(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=4 * hidden_size,
-                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
-                      head_dim=16, max_position_embeddings=131072, tie_word_embeddings=False, dtype="float32",
-                      bos_token_id=None, eos_token_id=0, pad_token_id=0)
-    gen = torch.Generator().manual_seed(seed)
-    model = Qwen3ForCausalLM(cfg)
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters()):
-            p.copy_(torch.ones_like(p) if name.endswith("norm.weight") else
-                    torch.randn(p.shape, generator=gen) * 0.02 if p.dim() >= 2 else torch.zeros_like(p))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".bench-model-", dir=target.parent))
-    try:
-        model.save_pretrained(tmp)
-        try:
-            tmp.rename(target)
-        except OSError:  # another process won the race; theirs is identical
-            pass
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return materialize_folder(cache_dir() / "bench" / f"qwen3-v{vocab_size}-h{hidden_size}-l{layers}-s{seed}", build)
 
 
 def row_with_targets(input_ids: list[int], env_targets: list[int], action_targets: list[int], *,
@@ -97,32 +72,24 @@ def trace_row(length: int, targets: int, vocab_size: int, *, turns: int = 4, see
     return row_with_targets(ids, env, act), TRACE_LAYOUT.format(turns=turns, a=a, e=e)
 
 
-def backend_config(model_dir: Path, device: torch.device, *, seq_len: int, dtype: str = "float32",
-                   selective: bool = True, chunk_size: int | None = None, compile_mode: str = "off",
-                   compile_min_tokens: int = 128, temperature: float = 1.0):
-    from quaero.config import QuaeroConfig
-
-    return QuaeroConfig.model_validate({
-        "run": {"name": "bench", "device": device.type},
-        "model": {"name": str(model_dir), "dtype": dtype, "max_seq_len": max(64, seq_len)},
-        "env": {"entry": "envs.toolbench:ToolBenchEnv"},
-        "sampler": {"temperature": temperature},
-        "backend": {"backend": "local", "micro_batch_tokens": max(seq_len, 1),
-                    "options": {"train_selective_suffix_logits": selective,
-                                "train_logprob_chunk_size": chunk_size,
-                                "train_compile_selective_ce": compile_mode,
-                                "train_compile_selective_ce_min_tokens": compile_min_tokens}},
-        "echo": {"enabled": True, "weight": 0.2},
-    })
+def bench_spec(model_dir: Path, *, seq_len: int, dtype: str = "float32", selective: bool = True,
+               chunk_size: int | None = None, compile_mode: str = "off", compile_min_tokens: int = 128,
+               temperature: float = 1.0) -> TrainerSpec:
+    """The trainer spec of a benchmark step: one microbatch per row of `seq_len`, ECHO weight 0.2."""
+    return TrainerSpec(model=str(model_dir), dtype=dtype, max_seq_len=max(64, seq_len),
+                       micro_batch_tokens=max(seq_len, 1), temperature=temperature, echo_weight=0.2,
+                       selective_logits=selective,
+                       selective=SelectivePolicy(chunk_size=chunk_size, compile_mode=compile_mode,
+                                                 compile_min_tokens=compile_min_tokens))
 
 
-def make_backend(cfg, device: torch.device):
-    from trainers.local import LocalBackend
+def make_trainer(spec: TrainerSpec, device: torch.device):
+    from trainers.local import LocalTrainer
 
-    return LocalBackend(cfg, str(device))
+    return LocalTrainer(spec, str(device))
 
 
-def timed_steps(backend, rows: list[EchoRow], steps: int, device: torch.device) -> tuple[list[float], list[dict]]:
+def timed_steps(trainer, rows: list[EchoRow], steps: int, device: torch.device) -> tuple[list[float], list[dict]]:
     """Run `steps` train steps; seconds per step and the metrics each returned."""
     from quaero.bench.measure import sync
 
@@ -130,7 +97,7 @@ def timed_steps(backend, rows: list[EchoRow], steps: int, device: torch.device) 
     for _ in range(steps):
         sync(device)
         t0 = time.perf_counter()
-        metrics.append(backend.train_step(rows))
+        metrics.append(trainer.train_step(rows))
         sync(device)
         times.append(time.perf_counter() - t0)
     return times, metrics

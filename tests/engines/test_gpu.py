@@ -1,9 +1,10 @@
 """CUDA-only checks (run by scripts/gpu_check.sh): every selective branch exact on the GPU, the
-compiled CE path really compiled under `require`, and a backend step proving the branch that ran."""
+compiled CE path really compiled under `require`, and a trainer step proving the branch that ran."""
 import pytest
 import torch
 
 from trainers.selective import full_logprobs, selected_logprobs
+from trainers.spec import SelectivePolicy
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run scripts/gpu_check.sh)")]
@@ -43,7 +44,7 @@ def test_selective_branches_exact_on_cuda(kw, branch, T):
     ref, ref_g, _ = _values_and_grads(
         lambda h: (full_logprobs(head(h).float(), ids, mask, temperature=T), None), hidden, head)
     got, got_g, info = _values_and_grads(
-        lambda h: selected_logprobs(h, head, ids, mask, temperature=T, **kw), hidden, head)
+        lambda h: selected_logprobs(h, head, ids, mask, temperature=T, policy=SelectivePolicy(**kw)), hidden, head)
     assert info.branch == branch and info.compiled == (branch == "compiled")
     assert (got - ref).abs().max().item() <= 1e-4  # TF32/fused-kernel tolerance on GPU
     for g, r in zip(got_g, ref_g):
@@ -52,8 +53,8 @@ def test_selective_branches_exact_on_cuda(kw, branch, T):
 
 def test_compiled_auto_below_threshold_records_reason_on_cuda():
     hidden, head, ids, mask = _case(1, density=0.01)
-    _, info = selected_logprobs(hidden, head, ids, mask, compile_mode="auto", compile_min_tokens=10**6,
-                                suffix_max_bytes=0)
+    _, info = selected_logprobs(hidden, head, ids, mask, policy=SelectivePolicy(
+        compile_mode="auto", compile_min_tokens=10**6, suffix_max_bytes=0))
     assert info.branch == "hidden" and info.fallback_reason == "below_min_tokens"
 
 

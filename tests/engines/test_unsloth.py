@@ -1,4 +1,4 @@
-"""The unsloth backend on CPU (unsloth's CPU fallback): same shared step, same proofs as `local`.
+"""The unsloth trainer on CPU (unsloth's CPU fallback): same shared step, same proofs as `local`.
 
 unsloth must be imported before transformers in its process, so the unsloth side runs in a fresh
 subprocess; this pytest process (which has imported transformers already) stays clean.
@@ -18,13 +18,13 @@ pytestmark = [pytest.mark.unsloth, pytest.mark.skipif(importlib.util.find_spec("
 SCRIPT = r"""
 import json, sys
 assert "transformers" not in sys.modules  # so unsloth below really is imported first
-import trainers.unsloth_backend  # first: unsloth patches transformers on import
+import trainers.unsloth_trainer  # first: unsloth patches transformers on import
 import torch
-from quaero.bench.smoke import run, smoke_config, sparse_rows
-from trainers.registry import backend_class
+from quaero.bench.smoke import run, smoke_spec, sparse_rows
+from trainers.registry import trainer_class
 
 out = {"full": run("unsloth")}
-b = backend_class("unsloth")(smoke_config("unsloth", lora=True), "cpu")
+b = trainer_class("unsloth")(smoke_spec(lora=True), "cpu")
 out["lora_type"] = type(b.model).__name__
 out["lora"] = b.train_step(sparse_rows())
 w = b.export_weights()

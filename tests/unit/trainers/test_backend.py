@@ -1,15 +1,16 @@
-"""The local backend's train step: strict shared forward, loss normalisation, clipping, branches, LoRA."""
+"""The local trainer's step: strict shared forward, loss normalisation, clipping, branches, LoRA, sampler gap."""
 import math
 
 import pytest
 import torch
 
 from quaero.bench.smoke import SMOKE_KEYS, sparse_row, sparse_rows
-from quaero.config import QuaeroConfig
+from quaero.model import random_qwen3
 from quaero.proofs import SELECTIVE_METRICS
 from quaero.rows import EchoRow
 from trainers.forward import CausalLMParts, LogitTransformError, SharedForwardError
-from trainers.local import LocalBackend
+from trainers.local import LocalTrainer
+from trainers.spec import MemoryPolicy, SelectivePolicy, TrainerSpec
 
 V = 512
 
@@ -17,21 +18,16 @@ V = 512
 @pytest.fixture(scope="session")
 def small_model_dir(tmp_path_factory):
     """A random Qwen3 with vocab 512: the real architecture, small enough for many steps."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, tie_word_embeddings=True)
     path = tmp_path_factory.mktemp("small-qwen3")
-    Qwen3ForCausalLM(cfg).save_pretrained(path)
+    random_qwen3(V, 32, intermediate_size=64, tie_word_embeddings=True).save_pretrained(path)
     return str(path)
 
 
-def make_cfg(model, *, echo=True, options=None, **backend):
-    return QuaeroConfig.model_validate({
-        "env": {"entry": "envs.toolbench:ToolBenchEnv"}, "model": {"name": model},
-        "echo": {"enabled": echo, "weight": 0.3}, "training": {"clip_eps": 0.2},
-        "backend": {"micro_batch_tokens": 10**6, "lr": 1e-3, **backend, "options": options or {}}})
+def make_spec(model, *, selective=None, memory=None, **kw):
+    """A trainer spec built in code: no app config, no environment settings."""
+    return TrainerSpec(**{"model": model, "echo_weight": 0.3, "clip_eps": 0.2, "micro_batch_tokens": 10**6,
+                          "lr": 1e-3, **kw}, selective=SelectivePolicy(**(selective or {})),
+                       memory=MemoryPolicy(**(memory or {})))
 
 
 def rows(n=4, context=120):
@@ -39,7 +35,7 @@ def rows(n=4, context=120):
 
 
 def test_sparse_rows_prove_the_seed_metrics_with_one_forward_per_microbatch(small_model_dir):
-    b = LocalBackend(make_cfg(small_model_dir, micro_batch_tokens=200), "cpu")  # one row each
+    b = LocalTrainer(make_spec(small_model_dir, micro_batch_tokens=200), "cpu")  # one row each
     before = {k: v.clone() for k, v in b.model.state_dict().items()}
     m = b.train_step(rows())
     assert set(SMOKE_KEYS) <= set(m) and set(SELECTIVE_METRICS) <= set(m)
@@ -59,12 +55,12 @@ def test_a_second_forward_in_a_microbatch_is_refused(small_model_dir, monkeypatc
     """Fault injection: an ECHO term computed from its own forward must fail the step."""
     from trainers import step
 
-    b = LocalBackend(make_cfg(small_model_dir), "cpu")
+    b = LocalTrainer(make_spec(small_model_dir), "cpu")
     real = step.microbatch_logprobs
 
-    def separate_echo_forward(backend, mb):
-        backend.parts.hidden_states(mb.input_ids, mb.attention_mask)  # a second, separate forward
-        return real(backend, mb)
+    def separate_echo_forward(trainer, mb):
+        trainer.parts.hidden_states(mb.input_ids, mb.attention_mask)  # a second, separate forward
+        return real(trainer, mb)
 
     monkeypatch.setattr(step, "microbatch_logprobs", separate_echo_forward)
     with pytest.raises(SharedForwardError, match="2 forward passes"):
@@ -72,7 +68,7 @@ def test_a_second_forward_in_a_microbatch_is_refused(small_model_dir, monkeypatc
 
 
 def _losses(model_dir, rs, **kw):
-    b = LocalBackend(make_cfg(model_dir, **kw), "cpu")
+    b = LocalTrainer(make_spec(model_dir, **kw), "cpu")
     m = b.train_step(rs)
     return m, b
 
@@ -80,10 +76,10 @@ def _losses(model_dir, rs, **kw):
 @pytest.mark.parametrize("variant", [
     {"micro_batch_tokens": 200},  # one row per microbatch
     {"gradient_checkpointing": True},  # recomputes layers in backward, still one counted forward
-    {"options": {"train_logprob_chunk_size": 5}},  # chunked recompute
-    {"options": {"train_selective_suffix_logits": False}},  # full logits, no selection
-    {"options": {"train_compile_selective_ce": "auto", "train_compile_selective_ce_min_tokens": 1}},
-    {"options": {"train_selective_dense_min_density": 0.01, "train_selective_suffix_max_bytes": 2**40}},
+    {"selective": {"chunk_size": 5}},  # chunked recompute
+    {"selective_logits": False},  # full logits, no selection
+    {"selective": {"compile_mode": "auto", "compile_min_tokens": 1}},
+    {"selective": {"dense_min_density": 0.01, "suffix_max_bytes": 2**40}},
 ])
 def test_every_path_and_split_gives_the_same_step(small_model_dir, variant):
     rs = rows(3)
@@ -91,21 +87,21 @@ def test_every_path_and_split_gives_the_same_step(small_model_dir, variant):
     got, _ = _losses(small_model_dir, rs, **variant)
     for key in ("rl_loss", "echo_loss", "grad_norm"):
         assert got[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-7), key
-    opts = variant.get("options", {})
-    if opts.get("train_selective_suffix_logits") is False:
+    policy = variant.get("selective", {})
+    if variant.get("selective_logits") is False:
         assert got["local_train_selective_dense_logprob_batches"] == got["microbatches"]
-    if "train_logprob_chunk_size" in opts:
+    if "chunk_size" in policy:
         assert got["local_train_selective_chunked_logprob_batches"] == got["microbatches"]
-    if opts.get("train_compile_selective_ce") == "auto":
+    if policy.get("compile_mode") == "auto":
         assert got["local_train_compile_selective_ce_fallback_reason"] == "non_cuda"
         assert got["local_train_selective_compiled_ce_batches"] == 0
-    if "train_selective_dense_min_density" in opts:
+    if "dense_min_density" in policy:
         assert got["local_train_selective_suffix_logprob_batches"] == got["microbatches"]
         assert got["local_train_selective_sparse_suffix_skips"] == 0
 
 
 def test_each_term_is_normalised_by_its_own_token_count(small_model_dir):
-    b = LocalBackend(make_cfg(small_model_dir), "cpu")
+    b = LocalTrainer(make_spec(small_model_dir), "cpu")
     rs = rows(2)
     lps = b.logprobs(rs)
     # on-policy rows (sampler logprobs = the trainer's) make the ratio exactly 1
@@ -118,13 +114,13 @@ def test_each_term_is_normalised_by_its_own_token_count(small_model_dir):
     assert m["rl_loss"] == pytest.approx(-sum(a for a, _ in rl_tok) / len(rl_tok), abs=1e-6)
     assert m["echo_loss"] == pytest.approx(0.3 * -sum(echo_tok) / len(echo_tok), rel=1e-5)
     # ECHO on or off, the RL term is the same (its own denominator)
-    b2 = LocalBackend(make_cfg(small_model_dir, echo=False), "cpu")
+    b2 = LocalTrainer(make_spec(small_model_dir, echo=False), "cpu")
     m2 = b2.train_step(on_policy)
     assert m2["rl_loss"] == pytest.approx(m["rl_loss"], rel=1e-6) and m2["echo_loss"] == 0.0
 
 
 def test_sft_mode_trains_action_nll_and_keeps_echo(small_model_dir):
-    b = LocalBackend(make_cfg(small_model_dir), "cpu")
+    b = LocalTrainer(make_spec(small_model_dir), "cpu")
     demo = [sparse_row(i, 0.0, vocab=V, context=60) for i in range(2)]  # oracle demos: no advantage
     lps = b.logprobs(demo)
     act = [lps[i][j] for i, r in enumerate(demo) for j in range(len(r)) if r.action_mask[j]]
@@ -134,7 +130,7 @@ def test_sft_mode_trains_action_nll_and_keeps_echo(small_model_dir):
 
 
 def test_grad_norm_clipping_is_honoured(small_model_dir):
-    b = LocalBackend(make_cfg(small_model_dir, max_grad_norm=1e-3), "cpu")
+    b = LocalTrainer(make_spec(small_model_dir, max_grad_norm=1e-3), "cpu")
     seen = []
     b.optimizer.register_step_pre_hook(lambda opt, args, kwargs: seen.append(torch.linalg.vector_norm(
         torch.stack([p.grad.norm() for p in b.trainable if p.grad is not None]))))
@@ -144,7 +140,7 @@ def test_grad_norm_clipping_is_honoured(small_model_dir):
 
 
 def test_microbatch_without_targets_does_no_forward(small_model_dir):
-    b = LocalBackend(make_cfg(small_model_dir, echo=False, micro_batch_tokens=200), "cpu")
+    b = LocalTrainer(make_spec(small_model_dir, echo=False, micro_batch_tokens=200), "cpu")
     flat = [sparse_row(i, 0.0, vocab=V, context=40) for i in range(2)]  # uniform group, ECHO off
     m = b.train_step(flat)
     assert m["forward_passes"] == 0 and m["lm_head_skipped_microbatches"] == m["microbatches"] == 2
@@ -152,8 +148,8 @@ def test_microbatch_without_targets_does_no_forward(small_model_dir):
 
 
 def test_context_crop_and_save_on_cpu_options(small_model_dir):
-    b = LocalBackend(make_cfg(small_model_dir, options={"train_supervised_context_tokens": 8,
-                                                        "train_save_on_cpu": True}), "cpu")
+    b = LocalTrainer(make_spec(small_model_dir, memory={"supervised_context_tokens": 8, "save_on_cpu": True}),
+                     "cpu")
     m = b.train_step(rows(2))
     assert m["context_rows_cropped"] == 2 and m["context_tokens_removed"] == 2 * (32 - 8)
     assert m["local_train_save_on_cpu"] and m["save_on_cpu_offloaded_tensors"] == 0  # CPU: a no-op
@@ -162,7 +158,7 @@ def test_context_crop_and_save_on_cpu_options(small_model_dir):
 def test_lora_export_merges_and_state_round_trips(small_model_dir):
     from transformers import AutoModelForCausalLM
 
-    b = LocalBackend(make_cfg(small_model_dir, lora=True, lora_r=4, lr=1e-2), "cpu")
+    b = LocalTrainer(make_spec(small_model_dir, lora=True, lora_r=4, lr=1e-2), "cpu")
     assert b.is_lora and all("lora_" in n for n, p in b.model.named_parameters() if p.requires_grad)
     b.train_step(rows(2))
     state = b.state_dict()
@@ -174,7 +170,7 @@ def test_lora_export_merges_and_state_round_trips(small_model_dir):
         assert torch.allclose(plain(ids).logits, b.model(ids).logits, atol=1e-5)
         assert not torch.allclose(AutoModelForCausalLM.from_pretrained(small_model_dir)(ids).logits,
                                   b.model(ids).logits, atol=1e-4)  # the adapter did train
-    b2 = LocalBackend(make_cfg(small_model_dir, lora=True, lora_r=4, lr=1e-2), "cpu")
+    b2 = LocalTrainer(make_spec(small_model_dir, lora=True, lora_r=4, lr=1e-2), "cpu")
     b2.load_state_dict(state)
     assert b2.logprobs(rows(1))[0] == pytest.approx(b.logprobs(rows(1))[0], abs=1e-6)
     m1, m2 = b.train_step(rows(2)), b2.train_step(rows(2))  # optimizer state resumed too
@@ -182,9 +178,9 @@ def test_lora_export_merges_and_state_round_trips(small_model_dir):
 
 
 def test_full_finetune_state_round_trip(small_model_dir):
-    b = LocalBackend(make_cfg(small_model_dir), "cpu")
+    b = LocalTrainer(make_spec(small_model_dir), "cpu")
     b.train_step(rows(2))
-    b2 = LocalBackend(make_cfg(small_model_dir), "cpu")
+    b2 = LocalTrainer(make_spec(small_model_dir), "cpu")
     b2.load_state_dict(b.state_dict())
     m1, m2 = b.train_step(rows(2)), b2.train_step(rows(2))
     assert m2["loss"] == pytest.approx(m1["loss"], rel=1e-6)
@@ -210,19 +206,6 @@ class ScaledLogits(torch.nn.Module):
         return out
 
 
-def test_echo_needs_a_strict_shared_forward_backend(monkeypatch):
-    from quaero.config import ConfigError, check_rules
-    from trainers import registry
-
-    monkeypatch.setitem(registry.BACKENDS, "declared-only",
-                        registry.Capabilities(False, True, True, ("cpu",), "trainers.local:LocalBackend"))
-    cfg = make_cfg("tiny-qwen3", backend="declared-only")
-    with pytest.raises(ConfigError, match="strict shared-forward"):
-        check_rules(cfg)
-    cfg.echo.enabled = False
-    check_rules(cfg)
-
-
 def test_undeclared_logit_transform_is_refused_and_declared_one_is_applied(small_model_dir):
     from transformers import AutoModelForCausalLM
 
@@ -236,9 +219,7 @@ def test_undeclared_logit_transform_is_refused_and_declared_one_is_applied(small
 
 
 def test_bfloat16_step_runs(small_model_dir):
-    b = LocalBackend(make_cfg(small_model_dir), "cpu")
-    b.cfg.model.dtype = "bfloat16"
-    b = LocalBackend(b.cfg, "cpu")
+    b = LocalTrainer(make_spec(small_model_dir, dtype="bfloat16"), "cpu")
     assert next(b.model.parameters()).dtype == torch.bfloat16
     m = b.train_step(rows(2))
     assert math.isfinite(m["loss"]) and m["local_train_selective_hidden_logprob_batches"] > 0
@@ -265,14 +246,50 @@ class NoSplitLM(torch.nn.Module):
 
 
 def test_model_without_backbone_split_falls_back_and_is_counted(small_model_dir):
-    class NoSplitBackend(LocalBackend):
+    class NoSplitTrainer(LocalTrainer):
         def _load_model(self):
             return NoSplitLM(super()._load_model())
 
     rs = rows(2)
-    ref = LocalBackend(make_cfg(small_model_dir), "cpu").train_step(rs)
-    m = NoSplitBackend(make_cfg(small_model_dir), "cpu").train_step(rs)
+    ref = LocalTrainer(make_spec(small_model_dir), "cpu").train_step(rs)
+    m = NoSplitTrainer(make_spec(small_model_dir), "cpu").train_step(rs)
     assert m["local_train_selective_fallback_logprob_batches"] == m["microbatches"] == m["forward_passes"]
     assert m["local_train_selective_hidden_logprob_batches"] == 0
     for key in ("rl_loss", "echo_loss", "grad_norm"):
         assert m[key] == pytest.approx(ref[key], rel=1e-5), key
+
+
+def test_trainer_imports_no_app_config():
+    """A trainer is built from a TrainerSpec alone: importing every trainer module loads no quaero.config."""
+    import subprocess
+    import sys
+
+    code = ("import sys, trainers.base, trainers.local, trainers.step, trainers.registry; "
+            "print('quaero.config' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def _with_sampler_logprobs(rs, lps, offset):
+    """The rows with sampler log-probs = the trainer's own + `offset` on action tokens."""
+    return [EchoRow(r.input_ids, r.spans, r.advantages, r.echo_weights,
+                    [lp + offset if a else 0.0 for lp, a in zip(lps[i], r.action_mask)]) for i, r in enumerate(rs)]
+
+
+def test_sampler_gap_covers_action_tokens_whose_advantage_is_zero(small_model_dir):
+    """An all-equal group trains only ECHO; the sampler-vs-trainer gap still reads every sampled action token."""
+    b = LocalTrainer(make_spec(small_model_dir), "cpu")
+    flat = [sparse_row(i, 0.0, vocab=V, context=60) for i in range(2)]  # every advantage 0
+    lps = b.logprobs(flat)
+    before = {k: v.clone() for k, v in b.model.state_dict().items()}
+    m = b.train_step(_with_sampler_logprobs(flat, lps, -0.5))
+    assert m["action_tokens"] == 0 and m["rl_loss"] == 0.0 and m["echo_loss"] > 0
+    assert m["sampler_logprob_gap_mean"] == pytest.approx(0.5, abs=1e-4)
+    assert m["sampler_logprob_gap_max"] == pytest.approx(0.5, abs=1e-4)
+    # the sampler log-probs of zero-advantage tokens never reach the weights: on-policy ones give the same step
+    b2 = LocalTrainer(make_spec(small_model_dir), "cpu")
+    b2.model.load_state_dict(before)
+    m2 = b2.train_step(_with_sampler_logprobs(flat, lps, 0.0))
+    assert m2["sampler_logprob_gap_max"] < 1e-5
+    assert m2["echo_loss"] == pytest.approx(m["echo_loss"], rel=1e-6)
+    assert all(torch.equal(v, b2.model.state_dict()[k]) for k, v in b.model.state_dict().items())

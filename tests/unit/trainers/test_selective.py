@@ -5,7 +5,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainers.chunked_ce import LogitTransform
-from trainers.selective import full_logprobs, selected_logprobs
+from trainers.selective import SelectiveInfo, choose_branch, full_logprobs, selected_logprobs
+from trainers.spec import SelectivePolicy
 
 VALUE_ATOL = 1e-5
 GRAD_RTOL = 1e-5  # relative to the gradient's largest entry
@@ -53,10 +54,11 @@ def _grads(fn, hidden, head, seed=0):
                          for gr, x in zip(grads, [hidden, *head.parameters()])], info
 
 
-def _assert_exact(hidden, head, ids, mask, *, T=1.0, transform=IDENTITY, expect=None, **kw):
+def _assert_exact(hidden, head, ids, mask, *, T=1.0, transform=IDENTITY, expect=None, **policy):
     ref, ref_grads, _ = _grads(lambda h: (_reference(h, head, ids, mask, T, transform), None), hidden, head)
     got, got_grads, info = _grads(
-        lambda h: selected_logprobs(h, head, ids, mask, temperature=T, logit_transform=transform, **kw),
+        lambda h: selected_logprobs(h, head, ids, mask, temperature=T, logit_transform=transform,
+                                    policy=SelectivePolicy(**policy)),
         hidden, head)
     assert got.shape == (ids.shape[0], ids.shape[1] - 1)
     assert (got - ref).abs().max().item() <= VALUE_ATOL if got.numel() else True
@@ -132,9 +134,10 @@ def test_logit_transforms_applied_on_every_branch(branch, transform):
     mask[1, 3] = True
     _assert_exact(hidden, head, ids, mask, T=0.9, transform=transform, **BRANCH_KW[branch])
     # and the transform matters: without it the values differ
-    plain, _ = selected_logprobs(hidden, head, ids, mask, temperature=0.9, **BRANCH_KW[branch])
+    policy = SelectivePolicy(**BRANCH_KW[branch])
+    plain, _ = selected_logprobs(hidden, head, ids, mask, temperature=0.9, policy=policy)
     transformed, _ = selected_logprobs(hidden, head, ids, mask, temperature=0.9, logit_transform=transform,
-                                       **BRANCH_KW[branch])
+                                       policy=policy)
     assert (plain - transformed).abs().max() > 1e-3
 
 
@@ -154,7 +157,7 @@ def test_no_targets_does_no_lm_head_work():
     calls = []
     head.register_forward_hook(lambda *a: calls.append(1))
     for kw in BRANCH_KW.values():
-        lp, info = selected_logprobs(hidden, head, ids, mask, **kw)
+        lp, info = selected_logprobs(hidden, head, ids, mask, policy=SelectivePolicy(**kw))
         assert info.branch == "none" and info.selected_tokens == 0 and not info.sparse_suffix_skip
         assert lp.shape == (2, 15) and torch.all(lp == 0)
     assert calls == []
@@ -171,10 +174,8 @@ def test_sparse_dense_decision_reads_per_row_density_and_bytes():
     _, info = selected_logprobs(hidden, head, ids, mask)
     assert info.branch == "hidden" and info.sparse_suffix_skip and info.min_row_density == 1 / 16
     mask[1, 17:] = True
-    _, info = selected_logprobs(hidden, head, ids, mask, train_selective_suffix_max_bytes=2 * 16 * 512 * 4 - 1)
+    _, info = selected_logprobs(hidden, head, ids, mask, policy=SelectivePolicy(suffix_max_bytes=2 * 16 * 512 * 4 - 1))
     assert info.branch == "hidden" and info.sparse_suffix_skip  # dense, but over the byte budget
-    with pytest.raises(TypeError, match="unknown threshold"):
-        selected_logprobs(hidden, head, ids, mask, dense_density=0.1)
 
 
 def test_chunked_recompute_saves_no_vocab_sized_activation():
@@ -192,7 +193,7 @@ def test_chunked_recompute_saves_no_vocab_sized_activation():
             return t
         h = hidden.clone().requires_grad_(True)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            lp, _ = selected_logprobs(h, head, ids, mask, suffix_max_bytes=0, **kw)
+            lp, _ = selected_logprobs(h, head, ids, mask, policy=SelectivePolicy(suffix_max_bytes=0, **kw))
         lp.sum().backward()
         return [n for n, is_param in sizes if not is_param]
 
@@ -202,16 +203,16 @@ def test_chunked_recompute_saves_no_vocab_sized_activation():
 
 def test_compile_require_fails_closed_on_cpu_and_auto_records_reason():
     hidden, head, ids, mask = _case(8, B=1, L=300, V=64, H=8, density=0.9)
+    def run(**policy):
+        return selected_logprobs(hidden, head, ids, mask, policy=SelectivePolicy(suffix_max_bytes=0, **policy))[1]
+
     with pytest.raises(RuntimeError, match="non_cuda"):
-        selected_logprobs(hidden, head, ids, mask, compile_mode="require", compile_min_tokens=1, suffix_max_bytes=0)
-    _, info = selected_logprobs(hidden, head, ids, mask, compile_mode="auto", compile_min_tokens=1,
-                                suffix_max_bytes=0)
+        run(compile_mode="require", compile_min_tokens=1)
+    info = run(compile_mode="auto", compile_min_tokens=1)
     assert info.branch == "hidden" and info.fallback_reason == "non_cuda" and not info.compiled
-    _, info = selected_logprobs(hidden, head, ids, mask, compile_mode="auto", compile_min_tokens=10**6,
-                                suffix_max_bytes=0)
-    assert info.fallback_reason == "below_min_tokens"
-    _, info = selected_logprobs(hidden, head, ids, mask, compile_mode="off", suffix_max_bytes=0)
-    assert info.fallback_reason == ""
+    assert run(compile_mode="auto", compile_min_tokens=10**6).fallback_reason == "below_min_tokens"
+    assert run(compile_mode="auto", compile_min_tokens=1, chunk_size=4).branch == "hidden_chunked"
+    assert run(compile_mode="off").fallback_reason == ""
 
 
 def test_full_logprobs_dense_reference_is_exact():
@@ -232,3 +233,35 @@ def test_compiled_branch_is_exact_when_compile_runs(monkeypatch):
     info = _assert_exact(hidden, head, ids, mask, T=0.7, transform=LogitTransform(softcap=4.0),
                          compile_mode="require", compile_min_tokens=1, suffix_max_bytes=0, expect="compiled")
     assert info.compiled and info.fallback_reason == ""
+
+
+def test_a_target_mask_of_another_shape_is_refused():
+    """A shifted [B, L-1] mask would be shifted again and misalign every value: a clear error instead."""
+    hidden, head, ids, mask = _case(13, B=2, L=10, V=64, H=8, density=0.5)
+    for bad in (mask[:, 1:], mask[:1], mask[:, :, None]):
+        with pytest.raises(ValueError, match=r"target_mask \[.*must share \[B, L\]"):
+            selected_logprobs(hidden, head, ids, bad)
+        with pytest.raises(ValueError, match="not a shifted"):
+            full_logprobs(head(hidden), ids, bad)
+
+
+@pytest.mark.parametrize("policy, figures, branch", [
+    (SelectivePolicy(), {"selected_tokens": 0}, "none"),
+    (SelectivePolicy(), {"selected_tokens": 8, "min_row_density": 0.5, "suffix_bytes": 64 * 2**20}, "suffix"),
+    (SelectivePolicy(), {"selected_tokens": 8, "min_row_density": 0.49, "suffix_bytes": 1}, "hidden"),
+    (SelectivePolicy(), {"selected_tokens": 8, "min_row_density": 1.0, "suffix_bytes": 64 * 2**20 + 1}, "hidden"),
+    (SelectivePolicy(chunk_size=4), {"selected_tokens": 8, "min_row_density": 1.0}, "hidden_chunked"),
+    (SelectivePolicy(compile_mode="auto"), {"selected_tokens": 8, "min_row_density": 0.1}, "compiled"),
+    (SelectivePolicy(compile_mode="auto"), {"selected_tokens": 8, "min_row_density": 1.0}, "suffix"),
+])
+def test_branch_decision_reads_only_the_policy_and_the_figures(policy, figures, branch):
+    assert choose_branch(policy, SelectiveInfo(**figures)) == branch
+
+
+def test_selective_policy_rejects_bad_values():
+    with pytest.raises(ValueError, match="compile_mode='sometimes'"):
+        SelectivePolicy(compile_mode="sometimes")
+    with pytest.raises(ValueError, match="chunk_size=0"):
+        SelectivePolicy(chunk_size=0)
+    with pytest.raises(TypeError):
+        SelectivePolicy(dense_density=0.1)  # a misspelt threshold is not silently ignored

@@ -1,7 +1,7 @@
 """`unsloth`: the same shared step (trainers/step.py) over a model loaded by unsloth's FastLanguageModel.
 
 unsloth patches transformers when it is imported, so this module imports it first: import this
-module (or `trainers.registry.backend_class("unsloth")`) before anything imports transformers.
+module (or `trainers.registry.trainer_class("unsloth")`) before anything imports transformers.
 On a machine without a GPU unsloth trains through its official CPU fallback (no fast inference).
 On CUDA, `[backend] unsloth_fast_inference = true` loads unsloth's vLLM engine next to the model
 (`self.vllm_engine`, usable as the sampler). Without LoRA the model is fully fine-tuned.
@@ -24,34 +24,34 @@ import torch
 from torch import nn
 
 from quaero.model import resolve_model, torch_dtype
-from trainers.base import BackendBase
+from trainers.base import Trainer
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-class UnslothBackend(BackendBase):
+class UnslothTrainer(Trainer):
     name = "unsloth"
 
     def _load_model(self) -> nn.Module:
-        cfg, b = self.cfg, self.cfg.backend
-        fast = b.unsloth_fast_inference
+        spec = self.spec
+        fast = spec.unsloth_fast_inference
         if fast and self.device.type != "cuda":
             raise ValueError("[backend] unsloth_fast_inference=true needs a GPU (unsloth's vLLM engine); "
                              "set it to false on CPU, where the hf sampler is used")
-        dtype = torch_dtype(cfg.model.dtype)
+        dtype = torch_dtype(spec.dtype)
         model, _tok = FastLanguageModel.from_pretrained(
-            str(resolve_model(cfg.model.name)), max_seq_length=cfg.model.max_seq_len,
-            dtype=None if dtype == "auto" else dtype, load_in_4bit=False, full_finetuning=not b.lora,
-            fast_inference=fast, random_state=cfg.run.seed)
+            str(resolve_model(spec.model)), max_seq_length=spec.max_seq_len,
+            dtype=None if dtype == "auto" else dtype, load_in_4bit=False, full_finetuning=not spec.lora,
+            fast_inference=fast, random_state=spec.seed)
         self.vllm_engine = getattr(model, "vllm_engine", None)
-        if b.lora:
+        if spec.lora:
             model = FastLanguageModel.get_peft_model(
-                model, r=b.lora_r, lora_alpha=b.lora_alpha, lora_dropout=0.0, target_modules=LORA_TARGETS,
-                use_gradient_checkpointing="unsloth" if b.gradient_checkpointing else False,
-                random_state=cfg.run.seed)
-        elif b.gradient_checkpointing:
+                model, r=spec.lora_r, lora_alpha=spec.lora_alpha, lora_dropout=0.0, target_modules=LORA_TARGETS,
+                use_gradient_checkpointing="unsloth" if spec.gradient_checkpointing else False,
+                random_state=spec.seed)
+        elif spec.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if next(model.parameters()).device != self.device:
             model = model.to(self.device)
-        torch.manual_seed(cfg.run.seed)
+        torch.manual_seed(spec.seed)
         return model

@@ -1,0 +1,86 @@
+"""A config judged against the installed components, and the trainer spec built from it."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from quaero.config import ConfigError, QuaeroConfig, load_config
+from quaero.plan import check_components, load_checked, trainer_spec
+from trainers import registry
+from trainers.spec import MemoryPolicy, SelectivePolicy, TrainerSpec
+
+ROOT = Path(__file__).resolve().parents[3]
+MAIN = ROOT / "envs" / "toolbench.toml"
+
+
+def test_unknown_trainer_names_file_key_value_and_choices():
+    with pytest.raises(ConfigError) as e:
+        load_checked(MAIN, ["backend.backend='tinker'"])
+    msg = str(e.value)
+    assert msg.startswith(f"{MAIN} [backend] backend='tinker': unknown backend; use one of local, unsloth")
+    assert "\n" not in msg
+
+
+def test_echo_needs_strict_shared_forward(monkeypatch):
+    weak = registry.Capabilities(False, False, False, ("cpu",), "trainers.local:LocalTrainer")
+    monkeypatch.setitem(registry.TRAINERS, "loose", weak)
+    with pytest.raises(ConfigError, match="ECHO needs strict shared-forward; use 'local' or 'unsloth'"):
+        load_checked(MAIN, ["backend.backend='loose'"])
+    assert load_checked(MAIN, ["backend.backend='loose'", "echo.enabled=false"]).echo.enabled is False
+    with pytest.raises(ConfigError, match="has no LoRA support"):
+        load_checked(MAIN, ["backend.backend='loose'", "echo.enabled=false", "backend.lora=true"])
+
+
+def test_compiled_ce_require_needs_cuda():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA, so 'require' is legal here")
+    with pytest.raises(ConfigError, match="needs CUDA"):
+        load_checked(MAIN, ["backend.options.train_compile_selective_ce='require'"])
+
+
+def test_component_rules_are_not_config_rules():
+    """load_config reads the schema only; the recipe checks the components before any model loads."""
+    cfg = load_config(MAIN, ["backend.backend='tinker'"])
+    with pytest.raises(ConfigError, match="unknown backend"):
+        check_components(cfg)
+    from quaero.train import build
+
+    with pytest.raises(ConfigError, match="unknown backend"):
+        build(cfg, pool=None)  # fails before the trainer, the tokenizer or the sampler is built
+
+
+def test_config_module_does_not_import_the_trainer_registry():
+    code = "import sys, quaero.config; print('trainers.registry' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_default_config_gives_the_default_spec():
+    """TrainerSpec's defaults and the config's are one set of values."""
+    assert trainer_spec(QuaeroConfig.model_validate({"env": {"entry": "x:y"}})) == TrainerSpec()
+
+
+def test_every_trainer_option_reaches_the_spec():
+    cfg = load_config(MAIN, [
+        "model.name='m'", "model.dtype='bfloat16'", "model.max_seq_len=512", "run.seed=7", "backend.lr=0.5",
+        "backend.betas=[0.8, 0.9]", "backend.weight_decay=0.1", "backend.max_grad_norm=2.0",
+        "backend.micro_batch_tokens=99", "backend.lora=true", "backend.lora_r=4", "backend.lora_alpha=8",
+        "backend.gradient_checkpointing=true", "backend.unsloth_fast_inference=true", "sampler.temperature=0.7",
+        "training.clip_eps=0.3", "echo.enabled=false", "echo.weight=0.4",
+        "backend.options.train_selective_suffix_logits=false", "backend.options.train_logprob_chunk_size=16",
+        "backend.options.train_compile_selective_ce='auto'", "backend.options.train_compile_selective_ce_min_tokens=3",
+        "backend.options.train_selective_dense_min_density=0.25", "backend.options.train_selective_suffix_max_bytes=5",
+        "backend.options.train_save_on_cpu=true", "backend.options.train_save_on_cpu_pin_memory=true",
+        "backend.options.train_save_on_cpu_min_numel=11", "backend.options.train_supervised_context_tokens=6"])
+    assert trainer_spec(cfg) == TrainerSpec(
+        model="m", dtype="bfloat16", max_seq_len=512, seed=7, lr=0.5, betas=(0.8, 0.9), weight_decay=0.1,
+        max_grad_norm=2.0, micro_batch_tokens=99, lora=True, lora_r=4, lora_alpha=8, gradient_checkpointing=True,
+        unsloth_fast_inference=True, temperature=0.7, clip_eps=0.3, echo=False, echo_weight=0.4,
+        selective_logits=False,
+        selective=SelectivePolicy(dense_min_density=0.25, suffix_max_bytes=5, chunk_size=16, compile_mode="auto",
+                                  compile_min_tokens=3),
+        memory=MemoryPolicy(save_on_cpu=True, save_on_cpu_pin_memory=True, save_on_cpu_min_numel=11,
+                            supervised_context_tokens=6))

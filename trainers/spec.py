@@ -1,0 +1,82 @@
+"""What a trainer is told: the model, the optimizer, the step's options. Nothing about environments.
+
+The recipe builds a `TrainerSpec` from the app config (quaero/plan.py: `trainer_spec`); tests and
+benchmarks build one directly. Plain frozen dataclasses without torch, so quaero/config.py can read
+the option defaults from here (`SelectivePolicy`, `MemoryPolicy`: one definition each) and a bad
+config still fails before torch is imported. The other defaults equal the config's; a test
+(tests/unit/quaero/test_plan.py) holds the default config's spec equal to `TrainerSpec()`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+CompileMode = Literal["off", "auto", "require"]
+
+
+@dataclass(frozen=True)
+class SelectivePolicy:
+    """How `selected_logprobs` chooses its branch (trainers/selective.py).
+
+    The suffix shortcut runs only when every row's targets fill at least `dense_min_density` of the
+    suffix they span AND the fp32 suffix logits take at most `suffix_max_bytes`; `chunk_size` forces
+    the selected-hidden path, `chunk_size` rows of logits at a time; `compile_mode` tries the
+    `torch.compile`d CE on at least `compile_min_tokens` selected rows ("require" fails closed).
+    """
+
+    dense_min_density: float = 0.5
+    suffix_max_bytes: int = 64 * 2**20
+    chunk_size: int | None = None
+    compile_mode: CompileMode = "off"
+    compile_min_tokens: int = 128
+
+    def __post_init__(self) -> None:
+        if self.compile_mode not in ("off", "auto", "require"):
+            raise ValueError(f"SelectivePolicy compile_mode={self.compile_mode!r}: use 'off', 'auto' or 'require'")
+        if self.chunk_size is not None and self.chunk_size < 1:
+            raise ValueError(f"SelectivePolicy chunk_size={self.chunk_size}: must be >= 1, or None to not chunk")
+
+
+@dataclass(frozen=True)
+class MemoryPolicy:
+    """Memory controls: saved-tensor CPU offload (trainers/memory.py) and the context crop (trainers/batch.py).
+
+    `supervised_context_tokens` = K > 0 keeps K tokens before each row's first target: an
+    approximation; 0 is exact full-context training.
+    """
+
+    save_on_cpu: bool = False
+    save_on_cpu_pin_memory: bool = False
+    save_on_cpu_min_numel: int = 1048576
+    supervised_context_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """Everything `Trainer` (trainers/base.py) and its step read."""
+
+    # the model: a name quaero.model resolves (the embedded default, a local folder or a hub id)
+    model: str = "tiny-qwen3"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
+    max_seq_len: int = 4096  # unsloth sizes its kernels with it
+    seed: int = 0
+    # the optimizer (AdamW, constant lr set per phase by the recipe) and the step
+    lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    max_grad_norm: float | None = 1.0  # None: never clip (the norm is still measured)
+    micro_batch_tokens: int = 8192
+    lora: bool = False
+    lora_r: int = 16
+    lora_alpha: int = 32
+    gradient_checkpointing: bool = False
+    unsloth_fast_inference: bool = False  # unsloth on CUDA: load its vLLM engine next to the model
+    # the losses: the importance ratio compares with the sampler's tempered distribution
+    temperature: float = 1.0
+    clip_eps: float | None = 0.2  # None: no PPO clipping
+    echo: bool = True
+    echo_weight: float = 0.1
+    # the selective-logit path and its memory controls
+    selective_logits: bool = True
+    selective: SelectivePolicy = field(default_factory=SelectivePolicy)
+    memory: MemoryPolicy = field(default_factory=MemoryPolicy)
