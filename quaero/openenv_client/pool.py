@@ -18,6 +18,8 @@ from .session import ChatEnv, EpisodeDropped
 from .transport import EnvFault, InProcessTransport, WebSocketTransport
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from quaero.config import EnvConfig
 
 log = get_logger(__name__)
@@ -81,7 +83,7 @@ class EnvPool:
             self.server.stop()
             self.server = None
 
-    def __enter__(self) -> EnvPool:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
