@@ -174,20 +174,21 @@ def run_step(c: Components, step: int, *, sft: bool) -> dict[str, Any]:
     return _disjoint({"phase": "sft" if sft else "rl"}, c.stats.snapshot_and_reset(), trained, synced, timing)
 
 
-def _check_not_empty(c: Components, step: int, m: dict[str, Any]) -> None:
-    """Count consecutive steps without a trained row; after `max_empty_steps` of them, stop the run."""
+def _empty_run(c: Components, step: int, m: dict[str, Any]) -> str | None:
+    """Count consecutive steps without a trained row; after `max_empty_steps` of them, why the run stops."""
     if m["rows"]:
         c.empty_steps, c.empty_drops = 0, {}
-        return
+        return None
     c.empty_steps += 1
     for kind, n in drop_reasons(m).items():
         c.empty_drops[kind] = c.empty_drops.get(kind, 0) + n
     limit = c.cfg.training.max_empty_steps
-    if c.empty_steps >= limit:
-        reasons = ", ".join(f"{n}x {kind}" for kind, n in sorted(c.empty_drops.items())) or "none dropped"
-        raise EmptyRunError(f"steps {step - limit + 1}-{step} trained no row ([training] max_empty_steps={limit}); "
-                            f"dropped episodes by reason: {reasons}; the env_episode_dropped events in "
-                            f"{c.cfg.run_dir / 'events.jsonl'} say why")
+    if c.empty_steps < limit:
+        return None
+    steps = f"steps {step - limit + 1}-{step}" if limit > 1 else f"step {step}"
+    reasons = ", ".join(f"{n}x {kind}" for kind, n in sorted(c.empty_drops.items())) or "none dropped"
+    return (f"{steps} trained no row ([training] max_empty_steps={limit}); dropped episodes by reason: "
+            f"{reasons}; the env_episode_dropped events in {c.cfg.run_dir / 'events.jsonl'} say why")
 
 
 def _save(c: Components, step: int) -> Path:
@@ -254,12 +255,10 @@ def _loop(c: Components, stop: StopRequest, tqdm, run_id: str) -> None:
         set_step(step)
         m = run_step(c, step, sft=step <= cfg.training.warmup_sft_steps)
         log.info("train_step", **m, cumulative=c.cumulative.add(m))
-        try:
-            _check_not_empty(c, step, m)
-        except EmptyRunError as e:
-            log.error("run_end", status="failed", steps=step, run_id=run_id, error=str(e),
-                      drop_reasons=dict(c.empty_drops))
-            raise
+        empty = _empty_run(c, step, m)
+        if empty:
+            log.error("run_end", status="failed", steps=step, run_id=run_id, error=empty, drop_reasons=c.empty_drops)
+            raise EmptyRunError(empty)
         bar.set_postfix(reward=m.get("reward_mean"), echo=m.get("echo_loss"), rl=m.get("rl_loss"))
         if step % cfg.training.checkpoint_every == 0 or step == total or stop.requested:
             _save(c, step)
