@@ -72,9 +72,13 @@ def cmd_train(args) -> int:
     from quaero.plan import load_checked
 
     cfg = load_checked(args.config, args.overrides)
-    from quaero.train import train
+    from quaero.train import EmptyRunError, train
 
-    train(cfg, resume=args.resume, source=args.config)
+    try:
+        train(cfg, resume=args.resume, source=args.config)
+    except EmptyRunError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -160,6 +160,8 @@ class TrainingConfig(_Section):
     packing: bool = True
     # strict = any exactness mismatch (prefix, bridge) is an error instead of a counted fallback.
     strict: bool = False
+    # this many consecutive steps without a trained row (every episode dropped) end the run with exit 1
+    max_empty_steps: int = Field(3, ge=1)
 
 
 class LoggingConfig(_Section):

@@ -4,31 +4,25 @@ Every turn samples on the normal full chat render (what message-based evaluation
 `step` returns, its messages, the terminal step's included, are bridged onto the exact prompt + sampled
 ids, so no env response is ever lost. Episodes run concurrently, one per env session; each turn, the
 prompts of all running episodes go to the sampler as one batch, and env steps run in threads.
-Exactness is counted in `ExactnessAudit`; `strict` turns any mismatch into an error.
+
+The driver owns the turn limit (`[env] max_turns`): it judges episodes, so it is where a cut episode
+becomes truncated and never a success (quaero/rollout_stats.py). Everything is counted in one
+RolloutStats; `[training] strict` turns any exactness mismatch into an error.
 """
 from __future__ import annotations
 
-import threading
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from quaero.openenv_client import EpisodeDropped
 from quaero.render import BridgeFailure, RenderAdapter
+from quaero.rollout_stats import RolloutStats
 from quaero.rows import EchoRow, Transition, build_rows, per_transition_tokens
 from quaero.sampling import Completion, Sampler
 
 Policy = Callable[[dict], Callable[[list[dict]], dict]]
-
-
-def _episode_dropped() -> type[BaseException]:
-    """The env layer's EpisodeDropped (retries exhausted); imported late so rollout stays light."""
-    try:
-        from quaero.openenv_client import EpisodeDropped
-    except ImportError:  # env layer absent: nothing can raise it
-        class EpisodeDropped(Exception):  # type: ignore[no-redef]
-            pass
-    return EpisodeDropped
 
 
 class ExactnessError(RuntimeError):
@@ -52,83 +46,6 @@ def token_identity_errors(rows: list[EchoRow], transitions: list[Transition]) ->
     return errors
 
 
-class ExactnessAudit:
-    """Counters of the exactness invariants, read (and reset) once per training step.
-
-    prefix_mismatches must stay 0: a bridge that altered a sampled/prompt token. bridge_fallbacks
-    (with reasons) are turns whose env response could not be appended exactly; they train as action-only.
-    packing_breaks: turns whose full-render prompt did not extend the row (a new row was started).
-    """
-
-    def __init__(self, strict: bool = False):
-        self.strict = strict
-        self._lock = threading.Lock()
-        self._c: Counter = Counter()
-        self._gap_sum = 0.0
-        self._gap_max = 0.0
-
-    def add(self, name: str, k: float = 1) -> None:
-        with self._lock:
-            self._c[name] += k
-
-    def bridge_failed(self, failure: BridgeFailure) -> None:
-        if failure.reason == "prefix_mismatch":
-            self.add("prefix_mismatches")
-        self.add("bridge_fallbacks")
-        self.add(f"bridge_fallback_reason_{failure.reason}")
-        if self.strict:
-            raise ExactnessError(f"strict exactness: bridge failed ({failure}); set [training] strict=false "
-                                 "to count it and train the action only") from failure
-
-    def record_rows(self, rows: list[EchoRow], transitions: list[Transition]) -> None:
-        """Count the layout and check invariant 1 on the built rows: each turn's prompt and sampled ids
-        (and sampler log-probs) sit in its row exactly as the sampler saw and returned them."""
-        bad = token_identity_errors(rows, transitions)
-        if bad:
-            self.add("prefix_mismatches", len(bad))
-            if self.strict:
-                raise ExactnessError(f"strict exactness: {bad[0]}")
-        self.add("rows_packed", sum(1 for r in rows if r.meta.get("layout") == "packed"))
-        self.add("rows_transition", sum(1 for r in rows if r.meta.get("layout") != "packed"))
-        self.add("packing_breaks", max(len(rows) - 1, 0))
-        self.add("trained_tokens", sum(len(r) for r in rows))
-        self.add("trained_tokens_per_transition_layout", per_transition_tokens(transitions))
-        self.add("action_tokens", sum(r.num_action_tokens for r in rows))
-        self.add("echo_tokens", sum(r.num_echo_tokens for r in rows))
-
-    def record_logprob_gap(self, rows: list[EchoRow], trainer_logprobs: list[list[float]]) -> dict:
-        """Sampler-vs-trainer log-prob gap on action tokens. `trainer_logprobs[i]` is aligned to row i's
-        tokens (len L, entry j scores token j) or shifted (len L-1, entry j scores token j + 1)."""
-        gaps = []
-        for row, lps in zip(rows, trainer_logprobs):
-            lps = list(lps)
-            if len(lps) == len(row) - 1:
-                lps = [0.0] + lps
-            if len(lps) != len(row):
-                raise ValueError(f"trainer log-probs have {len(lps)} entries for a {len(row)}-token row")
-            gaps += [abs(lps[j] - row.sampler_logprobs[j]) for j, m in enumerate(row.action_mask) if m]
-        with self._lock:
-            self._c["logprob_gap_tokens"] += len(gaps)
-            self._gap_sum += sum(gaps)
-            self._gap_max = max([self._gap_max, *gaps])
-        return {"mean": sum(gaps) / len(gaps) if gaps else 0.0, "max": max(gaps, default=0.0)}
-
-    def snapshot_and_reset(self) -> dict:
-        with self._lock:
-            out = {k: 0 for k in ("episodes", "episodes_dropped", "turns", "env_responses", "terminal_responses",
-                                  "bridge_fallbacks", "prefix_mismatches", "packing_breaks", "rows_packed",
-                                  "rows_transition", "trained_tokens", "trained_tokens_per_transition_layout",
-                                  "env_responses_captured", "truncated_completions", "malformed_actions", "action_tokens", "echo_tokens")}
-            out.update(self._c)
-            n = out.pop("logprob_gap_tokens", 0)
-            out["logprob_gap_mean"] = self._gap_sum / n if n else 0.0
-            out["logprob_gap_max"] = self._gap_max
-            out["trained_tokens_per_episode"] = out["trained_tokens"] / out["episodes"] if out["episodes"] else 0.0
-            self._c.clear()
-            self._gap_sum = self._gap_max = 0.0
-        return out
-
-
 @dataclass
 class Episode:
     rows: list[EchoRow]
@@ -140,6 +57,7 @@ class Episode:
     dropped: bool = False
     drop_reason: str = ""
     transitions: list[Transition] = field(default_factory=list)
+    truncated: bool = False  # cut by the turn limit or marked truncated by the env: never a success
 
 
 @dataclass
@@ -156,16 +74,19 @@ class _Live:
     transitions: list[Transition] = field(default_factory=list)
     reward: float = 0.0
     success: bool = False
+    truncated: bool = False
     done: bool = False
     dropped: str = ""
+    drop_kind: str = ""
 
 
 class EpisodeDriver:
-    def __init__(self, render: RenderAdapter, sampler: Sampler, cfg, audit: ExactnessAudit):
+    def __init__(self, render: RenderAdapter, sampler: Sampler, cfg, stats: RolloutStats):
         self.render = render
         self.sampler = sampler
         self.cfg = cfg
-        self.audit = audit
+        self.stats = stats
+        self.strict = cfg.training.strict
         self._seed = cfg.run.seed
         self._sample_calls = 0
 
@@ -212,8 +133,8 @@ class EpisodeDriver:
     def _reset(self, ep: _Live, policy: Policy | None) -> None:
         try:
             r = ep.env.reset(seed=ep.task.get("seed"), split=ep.task.get("split"), index=ep.task.get("index"))
-        except _episode_dropped() as e:
-            ep.done, ep.dropped = True, f"reset: {getattr(e, 'reason', e)}"
+        except EpisodeDropped as e:
+            ep.done, ep.dropped, ep.drop_kind = True, f"reset: {e.reason}", e.kind
             return
         ep.messages, ep.info = list(r.messages), dict(r.info)
         ep.tools = getattr(ep.env, "tools", None)
@@ -238,8 +159,8 @@ class EpisodeDriver:
     def _env_step(self, ep: _Live, assistant: dict):
         try:
             return ep.env.step(assistant)
-        except _episode_dropped() as e:
-            ep.done, ep.dropped = True, f"step {len(ep.transitions)}: {getattr(e, 'reason', e)}"
+        except EpisodeDropped as e:
+            ep.done, ep.dropped, ep.drop_kind = True, f"step {len(ep.transitions)}: {e.reason}", e.kind
             return None
 
     def _capture(self, ep: _Live, prompt: list[int], comp: Completion, assistant: dict, res) -> None:
@@ -248,39 +169,54 @@ class EpisodeDriver:
             return
         turn = len(ep.transitions)
         if comp.finish_reason != "stop":
-            self.audit.add("truncated_completions")  # still parsed and stepped: the env judges it
+            self.stats.add("truncated_completions")  # still parsed and stepped: the env judges it
         response, kinds = [], []
         if res.messages:
-            self.audit.add("env_responses")
-            self.audit.add("terminal_responses", int(res.done))
+            self.stats.add("env_responses")
+            self.stats.add("terminal_responses", int(res.done))
             try:
                 b = self.render.bridge(prompt, comp.token_ids, res.messages, ep.tools,
                                        content_kind="corrective" if res.malformed else "env")
                 response, kinds = b.response_ids, b.response_kinds
-                self.audit.add("env_responses_captured")
+                self.stats.add("env_responses_captured")
             except BridgeFailure as f:
-                self.audit.bridge_failed(f)  # falls back to an action-only transition
+                self.stats.bridge_fallback(f.reason)  # falls back to an action-only transition
+                if self.strict:
+                    raise ExactnessError(f"strict exactness: bridge failed ({f}); set [training] strict=false "
+                                         "to count it and train the action only") from f
         ep.transitions.append(Transition(turn, prompt, list(comp.token_ids), list(comp.logprobs), response, kinds,
                                          comp.finish_reason))
-        self.audit.add("turns")
-        self.audit.add("malformed_actions", int(res.malformed))
+        self.stats.add("turns")
+        self.stats.add("malformed_actions", int(res.malformed))
         ep.messages += [assistant, *res.messages]
         ep.reward += float(res.reward)
-        if res.done:
-            ep.success = bool(res.info.get("success", res.reward > 0))
+        at_limit = not res.done and len(ep.transitions) >= self.cfg.env.max_turns
+        ep.truncated = at_limit or bool(res.info.get("truncated"))
+        if res.done and not ep.truncated:
+            ep.success = bool(res.info["success"]) if "success" in res.info else res.reward > 0
         ep.info.update({k: v for k, v in res.info.items() if k not in ("success",)})
-        ep.done = res.done or len(ep.transitions) >= self.cfg.env.max_turns
+        ep.done = res.done or at_limit
 
     def _finish(self, ep: _Live) -> Episode:
-        self.audit.add("episodes")
         if ep.dropped:
-            self.audit.add("episodes_dropped")
+            self.stats.episode_dropped(ep.drop_kind)
             return Episode([], 0.0, False, len(ep.transitions), ep.info, ep.messages, True, ep.dropped,
                            ep.transitions)
         rows = build_rows(ep.transitions, packing=self.cfg.training.packing,
                           include_scaffold=self.cfg.echo.include_scaffold)
-        self.audit.record_rows(rows, ep.transitions)
-        info = {**ep.info, "trained_tokens": sum(len(r) for r in rows),
-                "trained_tokens_per_transition_layout": per_transition_tokens(ep.transitions)}
+        bad = token_identity_errors(rows, ep.transitions)  # invariant 1 on the built rows
+        if bad:
+            self.stats.add("prefix_mismatches", len(bad))
+            if self.strict:
+                raise ExactnessError(f"strict exactness: {bad[0]}")
+        row_tokens, flat_tokens = sum(len(r) for r in rows), per_transition_tokens(ep.transitions)
+        packed = sum(1 for r in rows if r.meta.get("layout") == "packed")
+        self.stats.rows_built(packed=packed, transition=len(rows) - packed, row_tokens=row_tokens,
+                              per_transition_tokens=flat_tokens,
+                              action_tokens=sum(r.num_action_tokens for r in rows),
+                              echo_tokens=sum(r.num_echo_tokens for r in rows))
+        self.stats.episode_finished(reward=ep.reward, success=ep.success, truncated=ep.truncated,
+                                    turns=len(ep.transitions))
+        info = {**ep.info, "trained_tokens": row_tokens, "trained_tokens_per_transition_layout": flat_tokens}
         return Episode(rows, ep.reward, ep.success, len(ep.transitions), info, ep.messages,
-                       transitions=ep.transitions)
+                       transitions=ep.transitions, truncated=ep.truncated)

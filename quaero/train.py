@@ -1,4 +1,4 @@
-"""The main job, as a recipe: rollout -> rows -> backend step -> weight sync -> checkpoint -> log.
+"""The main job, as a recipe: rollout -> rows -> trainer step -> weight sync -> checkpoint -> log.
 
 Step numbering is global: steps 1..W are warm-start SFT on the environment's oracle demonstrations
 (when `[training] warmup_sft_steps = W`), steps W+1..W+N are RL + ECHO. Evaluation (greedy, eval
@@ -6,6 +6,9 @@ split) runs before the first step (the untrained baseline) and every `eval_every
 
 Determinism: the sampler seed of step k and the tasks of step k are functions of (run seed, k), so
 a run interrupted after step k and resumed from its checkpoint reproduces step k+1 exactly.
+
+A run that trains nothing stops: `[training] max_empty_steps` consecutive steps without a trained row
+(every episode dropped) end it with EmptyRunError, naming the drop reasons.
 """
 from __future__ import annotations
 
@@ -14,12 +17,27 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from quaero import checkpoint
 from quaero.config import QuaeroConfig
 from quaero.metrics import Cumulative, RunLog, configure, get_logger, set_step
+from quaero.rollout_stats import drop_reasons
+
+if TYPE_CHECKING:
+    from quaero.openenv_client import EnvPool
+    from quaero.render import RenderAdapter
+    from quaero.rollout import EpisodeDriver, Policy
+    from quaero.rollout_stats import RolloutStats
+    from quaero.rows import EchoRow
+    from quaero.sampling import Sampler
+    from trainers.base import Trainer
 
 log = get_logger(__name__)
+
+
+class EmptyRunError(RuntimeError):
+    """`[training] max_empty_steps` consecutive steps trained no row."""
 
 
 def group_advantages(rewards: list[float]) -> list[float]:
@@ -33,27 +51,29 @@ def group_advantages(rewards: list[float]) -> list[float]:
 @dataclass
 class Components:
     cfg: QuaeroConfig
-    backend: object
-    sampler: object
-    render: object
-    driver: object
-    audit: object
-    pool: object
+    trainer: Trainer
+    sampler: Sampler
+    render: RenderAdapter
+    driver: EpisodeDriver
+    stats: RolloutStats  # the pool's: sessions and driver count into it
+    pool: EnvPool
     shares_model: bool
-    oracle: object = None
+    oracle: Policy | None = None
     cumulative: Cumulative = field(default_factory=Cumulative)
     cursor: int = 0  # next train task index
+    empty_steps: int = 0  # consecutive steps that trained no row
+    empty_drops: dict[str, int] = field(default_factory=dict)  # their drop reasons, counted
 
 
 def _task(cfg: QuaeroConfig, split: str, index: int) -> dict:
     return {"seed": cfg.run.seed * 1_000_003 + index, "split": split, "index": index}
 
 
-def build(cfg: QuaeroConfig, pool) -> Components:
+def build(cfg: QuaeroConfig, pool: EnvPool) -> Components:
     from quaero.model import load_tokenizer, resolve_device
     from quaero.plan import check_components, trainer_spec
     from quaero.render import RenderAdapter
-    from quaero.rollout import EpisodeDriver, ExactnessAudit
+    from quaero.rollout import EpisodeDriver
     from quaero.sampling import make_sampler
     from trainers.registry import trainer_class
 
@@ -62,16 +82,15 @@ def build(cfg: QuaeroConfig, pool) -> Components:
     trainer = trainer_class(cfg.backend.backend)(trainer_spec(cfg), device)  # unsloth is imported first inside
     render = RenderAdapter(load_tokenizer(cfg.model.name), cfg.model)
     sampler = make_sampler(cfg, model=trainer.model, stop_token_ids=render.stop_token_ids, device=device)
-    audit = ExactnessAudit(strict=cfg.training.strict)
-    driver = EpisodeDriver(render, sampler, cfg, audit)
+    driver = EpisodeDriver(render, sampler, cfg, pool.stats)
     oracle = None
     if cfg.training.warmup_sft_steps:
         oracle = _oracle_for(cfg)
-    return Components(cfg, trainer, sampler, render, driver, audit, pool,
+    return Components(cfg, trainer, sampler, render, driver, pool.stats, pool,
                       shares_model=getattr(sampler, "shares_model", False), oracle=oracle)
 
 
-def _oracle_for(cfg: QuaeroConfig):
+def _oracle_for(cfg: QuaeroConfig) -> Policy:
     """The env package's `oracle_policy(info)`, found next to the env entry point."""
     import importlib
 
@@ -85,30 +104,23 @@ def _oracle_for(cfg: QuaeroConfig):
     return policy
 
 
-def _collect(c: Components, step: int, *, sft: bool):
-    """Run one batch of groups; return (rows, episode stats)."""
+def _collect(c: Components, step: int, *, sft: bool) -> list[EchoRow]:
+    """Run one batch of groups; return the kept episodes' rows with their advantages (c.stats counts)."""
     cfg = c.cfg
     n_tasks = cfg.training.tasks_per_step
     tasks = [_task(cfg, cfg.env.train_split, c.cursor + i) for i in range(n_tasks)]
     c.cursor += n_tasks
     groups = c.driver.run(c.pool.sessions, tasks, group_size=1 if sft else cfg.training.group_size,
                           policy=c.oracle if sft else None, seed=cfg.run.seed * 7919 + step)
-    rows, rewards, successes, dropped = [], [], [], 0
+    rows = []
     for group in groups:
         kept = [e for e in group if not e.dropped]
-        dropped += len(group) - len(kept)
         if not kept:
             continue
         advs = [1.0] * len(kept) if sft else group_advantages([e.reward for e in kept])
         for ep, adv in zip(kept, advs):
             rows.extend(r.with_advantage(adv) for r in ep.rows)
-            rewards.append(ep.reward)
-            successes.append(float(ep.success))
-    stats = {"episodes": sum(len(g) for g in groups), "episodes_dropped": dropped,
-             "reward_mean": statistics.fmean(rewards) if rewards else None,
-             "success_rate": statistics.fmean(successes) if successes else None,
-             "turns_mean": statistics.fmean([e.turns for g in groups for e in g if not e.dropped] or [0])}
-    return rows, stats
+    return rows
 
 
 def evaluate(c: Components, step: int) -> None:
@@ -119,16 +131,13 @@ def evaluate(c: Components, step: int) -> None:
     tasks = [_task(cfg, cfg.env.eval_split, i) for i in range(cfg.training.eval_tasks)]
     groups = c.driver.run(c.pool.sessions, tasks, group_size=1, greedy=True, seed=cfg.run.seed)
     eps = [e for g in groups for e in g if not e.dropped]
-    reward = statistics.fmean([e.reward for e in eps]) if eps else None
-    success = statistics.fmean([float(e.success) for e in eps]) if eps else None
     sample = [_brief(m) for m in eps[0].messages[1:]] if eps else []  # what the model does, for humans
-    # eval's own exactness and env counters, kept out of the next train step's
-    audit, env = c.audit.snapshot_and_reset(), c.pool.counters.snapshot_and_reset()
-    log.info("eval", eval_reward=reward, eval_success_rate=success, eval_episodes=len(eps),
-             eval_dropped=sum(len(g) for g in groups) - len(eps), eval_time_s=round(time.perf_counter() - t0, 2),
-             prefix_mismatches=audit.get("prefix_mismatches", 0), bridge_fallbacks=audit.get("bridge_fallbacks", 0),
-             env_retries=env.get("env_retries", 0), env_episodes_dropped=env.get("env_episodes_dropped", 0),
-             sample_transcript=sample)
+    s = c.stats.snapshot_and_reset()  # eval's own counts, kept out of the next train step's
+    log.info("eval", eval_reward=s["reward_mean"], eval_success_rate=s["success_rate"], eval_episodes=len(eps),
+             eval_dropped=s["episodes_dropped"], eval_truncated=s["episodes_truncated"],
+             eval_time_s=round(time.perf_counter() - t0, 2), prefix_mismatches=s["prefix_mismatches"],
+             bridge_fallbacks=s["bridge_fallbacks"], env_retries=s["env_retries"],
+             eval_drop_reasons=drop_reasons(s), sample_transcript=sample)
 
 
 def _brief(message: dict, limit: int = 160) -> str:
@@ -137,28 +146,55 @@ def _brief(message: dict, limit: int = 160) -> str:
     return f"{message.get('role')}: {text[:limit]}"
 
 
-def train_step(c: Components, step: int, *, sft: bool) -> dict:
+def _disjoint(*parts: dict[str, Any]) -> dict[str, Any]:
+    """Merge metric dicts that must not share a name: a later dict never silently overwrites a fact."""
+    out: dict[str, Any] = {}
+    for part in parts:
+        clash = out.keys() & part.keys()
+        if clash:
+            raise ValueError(f"step metrics {sorted(clash)} come from two owners; give one of them another name")
+        out.update(part)
+    return out
+
+
+def run_step(c: Components, step: int, *, sft: bool) -> dict[str, Any]:
+    """One step of the recipe: rollout -> rows -> trainer step -> weight sync; returns its metrics."""
     t0 = time.perf_counter()
-    rows, stats = _collect(c, step, sft=sft)
+    rows = _collect(c, step, sft=sft)
     t_rollout = time.perf_counter() - t0
-    metrics = {"phase": "sft" if sft else "rl", **stats, "rows": len(rows), "rollout_time_s": round(t_rollout, 3)}
+    trained, synced = {"rows": 0}, {}
     if rows:
-        c.backend.set_lr(c.cfg.lr_for(sft=sft))
-        metrics.update(c.backend.train_step(rows, sft=sft))
+        c.trainer.set_lr(c.cfg.lr_for(sft=sft))
+        trained = c.trainer.train_step(rows, sft=sft)
         if not c.shares_model:
             t_sync = time.perf_counter()
-            c.sampler.update_weights(c.backend.export_weights())
-            metrics.update(weights_pushed=1, weight_sync_s=round(time.perf_counter() - t_sync, 3))
-    metrics.update(c.pool.counters.snapshot_and_reset())
-    metrics.update(c.audit.snapshot_and_reset())
+            c.sampler.update_weights(c.trainer.export_weights())
+            synced = {"weights_pushed": 1, "weight_sync_s": round(time.perf_counter() - t_sync, 3)}
     total = time.perf_counter() - t0
-    metrics["total_step_time_s"] = round(total, 3)
-    metrics["tokens_per_s"] = round(metrics.get("row_tokens", 0) / total, 1) if total > 0 else 0.0
-    return metrics
+    timing = {"rollout_time_s": round(t_rollout, 3), "total_step_time_s": round(total, 3),
+              "tokens_per_s": round(trained.get("row_tokens", 0) / total, 1) if total > 0 else 0.0}
+    return _disjoint({"phase": "sft" if sft else "rl"}, c.stats.snapshot_and_reset(), trained, synced, timing)
+
+
+def _empty_run(c: Components, step: int, m: dict[str, Any]) -> str | None:
+    """Count consecutive steps without a trained row; after `max_empty_steps` of them, why the run stops."""
+    if m["rows"]:
+        c.empty_steps, c.empty_drops = 0, {}
+        return None
+    c.empty_steps += 1
+    for kind, n in drop_reasons(m).items():
+        c.empty_drops[kind] = c.empty_drops.get(kind, 0) + n
+    limit = c.cfg.training.max_empty_steps
+    if c.empty_steps < limit:
+        return None
+    steps = f"steps {step - limit + 1}-{step}" if limit > 1 else f"step {step}"
+    reasons = ", ".join(f"{n}x {kind}" for kind, n in sorted(c.empty_drops.items())) or "none dropped"
+    return (f"{steps} trained no row ([training] max_empty_steps={limit}); dropped episodes by reason: "
+            f"{reasons}; the env_episode_dropped events in {c.cfg.run_dir / 'events.jsonl'} say why")
 
 
 def _save(c: Components, step: int) -> Path:
-    state = {"step": step, "cursor": c.cursor, "backend": c.backend.state_dict(),
+    state = {"step": step, "cursor": c.cursor, "backend": c.trainer.state_dict(),
              "rng": checkpoint.rng_state(), "cumulative": c.cumulative.totals}
     path = checkpoint.save(c.cfg.run_dir / "checkpoints", step, state, keep=c.cfg.training.keep_checkpoints)
     log.info("checkpoint_saved", path=str(path))
@@ -170,9 +206,9 @@ def _resume(c: Components) -> int:
     if found is None:
         return 0
     path, state = found
-    c.backend.load_state_dict(state["backend"])
+    c.trainer.load_state_dict(state["backend"])
     if not c.shares_model:
-        c.sampler.update_weights(c.backend.export_weights())
+        c.sampler.update_weights(c.trainer.export_weights())
     checkpoint.set_rng_state(state["rng"])
     c.cursor = state["cursor"]
     c.cumulative = Cumulative(state["cumulative"])
@@ -219,8 +255,12 @@ def _loop(c: Components, stop: StopRequest, tqdm, run_id: str) -> None:
                disable=not cfg.logging.progress or not sys.stderr.isatty())  # no bar in a log file
     for step in bar:
         set_step(step)
-        m = train_step(c, step, sft=step <= cfg.training.warmup_sft_steps)
+        m = run_step(c, step, sft=step <= cfg.training.warmup_sft_steps)
         log.info("train_step", **m, cumulative=c.cumulative.add(m))
+        empty = _empty_run(c, step, m)
+        if empty:
+            log.error("run_end", status="failed", steps=step, run_id=run_id, error=empty, drop_reasons=c.empty_drops)
+            raise EmptyRunError(empty)
         bar.set_postfix(reward=m.get("reward_mean"), echo=m.get("echo_loss"), rl=m.get("rl_loss"))
         if step % cfg.training.checkpoint_every == 0 or step == total or stop.requested:
             _save(c, step)

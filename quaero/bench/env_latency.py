@@ -54,7 +54,7 @@ def bench(cfg: EnvConfig, steps: int, warmup: int) -> dict:
             if i >= warmup:
                 times.append((time.perf_counter() - t) * 1e3)
             assert step.messages[0]["content"] == "37.5" and not step.malformed
-        counts = pool.counters.snapshot_and_reset()
+        counts = pool.stats.snapshot_and_reset()
     times.sort()
     return {"launcher": cfg.launcher, "median_ms": statistics.median(times), "p90_ms": times[int(0.9 * len(times))],
             "open_s": open_s, "steps": steps, "retries": counts["env_retries"]}
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object per launcher")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    common = {"reset_kwargs": {"max_steps": 10**9}, "max_turns": 10**9}  # one long episode
+    common = {"reset_kwargs": {"max_steps": 10**9}}  # one long episode (sessions set no turn limit)
     rows = [bench(EnvConfig(entry=ENTRY, launcher="inprocess", **common), args.steps, args.warmup),
             bench(EnvConfig(entry=ENTRY, launcher="local-server", **common), args.steps, args.warmup)]
     from socket import socket

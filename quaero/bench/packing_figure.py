@@ -48,19 +48,18 @@ def main(argv: list[str] | None = None) -> int:
     from quaero.model import load_tokenizer
     from quaero.openenv_client import open_envs
     from quaero.render import RenderAdapter
-    from quaero.rollout import EpisodeDriver, ExactnessAudit
+    from quaero.rollout import EpisodeDriver
 
     cfg = QuaeroConfig.model_validate({"env": {"entry": "envs.toolbench:ToolBenchEnv", "launcher": "inprocess",
-                                               "max_turns": args.turns}})
+                                               "max_turns": args.turns}, "training": {"strict": True}})
     render = RenderAdapter(load_tokenizer(cfg.model.name), cfg.model)
     tasks = [{"seed": i, "split": "train", "index": i} for i in range(args.episodes)]
     with open_envs(cfg.env, min(args.episodes, 4)) as pool:
         results = {}
         for reasoning in (True, False):
-            audit = ExactnessAudit(strict=True)
-            groups = EpisodeDriver(render, None, cfg, audit).run(pool.sessions, tasks, group_size=1,
-                                                                  policy=eight_turns(args.turns, reasoning))
-            results[reasoning] = ([g[0] for g in groups], audit.snapshot_and_reset())
+            groups = EpisodeDriver(render, None, cfg, pool.stats).run(pool.sessions, tasks, group_size=1,
+                                                                       policy=eight_turns(args.turns, reasoning))
+            results[reasoning] = ([g[0] for g in groups], pool.stats.snapshot_and_reset())
 
     eps, audit = results[True]
     plain_eps, plain_audit = results[False]
@@ -74,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
               f"  {plain.info['trained_tokens']:>7} ({len(plain.rows)} rows)")
         print(f"{'':>7} per-transition |{'#' * round(width * flat / top):<{width}}|")
         print(f"{'':>7} packed         |{'#' * round(width * packed / top):<{width}}|")
-    flat_mean = audit["trained_tokens_per_transition_layout"] / audit["episodes"]
-    packed_mean = audit["trained_tokens_per_episode"]
+    flat_mean = audit["rollout_row_tokens_per_transition_layout"] / audit["episodes"]
+    packed_mean = audit["rollout_row_tokens_per_episode"]
     print(f"\nmean per episode: per-transition {flat_mean:.0f} tokens, packed {packed_mean:.0f} tokens, "
           f"ratio {flat_mean / packed_mean:.2f}x "
           f"({audit['rows_packed']} packed rows, {audit['rows_transition']} per-transition rows, "

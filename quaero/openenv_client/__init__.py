@@ -7,17 +7,14 @@
 
 Modules: loading (entry -> env types, server app), transport (in-process and WebSocket sessions),
 server (serve, LocalServer), mapping (chat <-> actions/observations), session (ChatEnv, retries),
-pool (open_envs, counters).
+pool (open_envs, the in-process and server connectors).
 """
 from .loading import block_gradio
 
 block_gradio()  # before anything imports openenv
 
-from .pool import COUNTERS, EnvCounters, EnvPool, open_envs
+from .pool import EnvPool, open_envs
 from .server import LocalServer, serve
 from .session import ChatEnv, ChatReset, ChatStep, EpisodeDropped
 
-EnvSession = ChatEnv  # DESIGN.md's name for one session
-
-__all__ = ["COUNTERS", "ChatEnv", "ChatReset", "ChatStep", "EnvCounters", "EnvPool", "EnvSession",
-           "EpisodeDropped", "LocalServer", "open_envs", "serve"]
+__all__ = ["ChatEnv", "ChatReset", "ChatStep", "EnvPool", "EpisodeDropped", "LocalServer", "open_envs", "serve"]

@@ -1,15 +1,15 @@
-"""open_envs: N ChatEnv sessions over the configured launcher, their counters, and the lifetime of
-any server quaero launched (stopped by pid on close, at exit, and when the parent dies)."""
+"""open_envs: N ChatEnv sessions over the configured launcher, counting into one RolloutStats, and the
+lifetime of any server quaero launched (stopped by pid on close, at exit, and when the parent dies)."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.request
 from typing import TYPE_CHECKING
 
 from quaero.config import ConfigError
 from quaero.metrics import get_logger
+from quaero.rollout_stats import RolloutStats
 
 from .loading import EnvSpec, check_concurrency, load_entry, require_openenv
 from .mapping import load_formatter, model_action_schema, tool_specs
@@ -18,34 +18,16 @@ from .session import ChatEnv, EpisodeDropped
 from .transport import EnvFault, InProcessTransport, WebSocketTransport
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from quaero.config import EnvConfig
 
 log = get_logger(__name__)
-COUNTERS = ("env_steps", "env_resets", "env_retries", "env_timeouts", "env_restarts", "env_episodes_dropped",
-            "env_malformed_actions", "env_tool_errors", "env_truncated", "env_replayed_steps",
-            "env_invalid_replies")
 
 
-class EnvCounters:
-    """Thread-safe per-step counts; the training loop logs `snapshot_and_reset()` every step."""
+class InProcessConnector:
+    """Sessions on env instances built in this process."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts = dict.fromkeys(COUNTERS, 0)
-        self.totals = dict.fromkeys(COUNTERS, 0)
-
-    def inc(self, name: str, n: int = 1) -> None:
-        with self._lock:
-            self._counts[name] = self._counts.get(name, 0) + n
-            self.totals[name] = self.totals.get(name, 0) + n
-
-    def snapshot_and_reset(self) -> dict[str, int]:
-        with self._lock:
-            snap, self._counts = self._counts, dict.fromkeys(COUNTERS, 0)
-        return snap
-
-
-class InProcessBackend:
     def __init__(self, spec: EnvSpec) -> None:
         self.spec = spec
 
@@ -56,19 +38,19 @@ class InProcessBackend:
         pass  # a stuck or failed in-process env was already abandoned; the next connect builds a new one
 
 
-class ServerBackend:
+class ServerConnector:
     """Sessions on an OpenEnv server: quaero's own LocalServer (restarted when it dies) or a remote URL."""
 
-    def __init__(self, ws_url: str, open_timeout_s: float, counters: EnvCounters,
+    def __init__(self, ws_url: str, open_timeout_s: float, stats: RolloutStats,
                  server: LocalServer | None = None) -> None:
-        self.ws_url, self.open_timeout_s, self.counters, self.server = ws_url, open_timeout_s, counters, server
+        self.ws_url, self.open_timeout_s, self.stats, self.server = ws_url, open_timeout_s, stats, server
 
     def connect(self) -> WebSocketTransport:
         return WebSocketTransport(self.ws_url, self.open_timeout_s)
 
     def recover(self) -> None:
         if self.server is not None and self.server.ensure_alive():
-            self.counters.inc("env_restarts")
+            self.stats.add("env_restarts")
 
 
 def _urls(url: str) -> tuple[str, str]:
@@ -91,8 +73,8 @@ def _fetch_schema(http_url: str, timeout_s: float) -> dict:
 
 
 class EnvPool:
-    def __init__(self, sessions: list[ChatEnv], counters: EnvCounters, server: LocalServer | None) -> None:
-        self.sessions, self.counters, self.server = sessions, counters, server
+    def __init__(self, sessions: list[ChatEnv], stats: RolloutStats, server: LocalServer | None) -> None:
+        self.sessions, self.stats, self.server = sessions, stats, server
 
     def close(self) -> None:
         for s in self.sessions:
@@ -101,15 +83,15 @@ class EnvPool:
             self.server.stop()
             self.server = None
 
-    def __enter__(self) -> EnvPool:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
 
-def _list_tools(backend, timeout_s: float) -> list[dict]:
-    transport = backend.connect()
+def _list_tools(connector: InProcessConnector | ServerConnector, timeout_s: float) -> list[dict]:
+    transport = connector.connect()
     try:
         payload = transport.step({"type": "list_tools"}, timeout_s)
     finally:
@@ -128,16 +110,18 @@ def _open_session(session: ChatEnv, cfg: EnvConfig) -> None:
             time.sleep(cfg.retry_backoff_s * 2**attempt)
 
 
-def open_envs(cfg: EnvConfig, n: int) -> EnvPool:
-    """N sessions of the configured env. Config problems raise ConfigError here, before any episode."""
+def open_envs(cfg: EnvConfig, n: int, stats: RolloutStats | None = None) -> EnvPool:
+    """N sessions of the configured env, counting into `stats` (a new one by default; `pool.stats`).
+    Config problems raise ConfigError here, before any episode."""
     require_openenv()
-    counters, server, sessions = EnvCounters(), None, []
+    stats = RolloutStats() if stats is None else stats
+    server, sessions = None, []
     spec = None if cfg.launcher == "remote" else load_entry(cfg.entry, cfg.kwargs)
     if spec is not None:
         check_concurrency(spec, n)
     try:
         if cfg.launcher == "inprocess":
-            backend = InProcessBackend(spec)
+            connector = InProcessConnector(spec)
             is_mcp, schema = spec.is_mcp, spec.action_schema()
         else:
             if cfg.launcher == "local-server":
@@ -148,13 +132,13 @@ def open_envs(cfg: EnvConfig, n: int) -> EnvPool:
                 http_url, ws_url = server.http_url, server.ws_url
             else:
                 http_url, ws_url = _urls(cfg.url)
-            backend = ServerBackend(ws_url, cfg.reset_timeout_s, counters, server)
+            connector = ServerConnector(ws_url, cfg.reset_timeout_s, stats, server)
             schema = _fetch_schema(http_url, cfg.reset_timeout_s)
             is_mcp = {"tool_name", "arguments"} <= set(schema.get("properties", {}))
-        tools = _list_tools(backend, cfg.reset_timeout_s) if is_mcp else None
-        sessions = [ChatEnv(cfg, backend, counters, tools=tools, action_schema=None if is_mcp else
+        tools = _list_tools(connector, cfg.reset_timeout_s) if is_mcp else None
+        sessions = [ChatEnv(cfg, connector, stats, tools=tools, action_schema=None if is_mcp else
                             model_action_schema(schema), formatter=load_formatter(cfg.formatter)) for _ in range(n)]
-        pool = EnvPool(sessions, counters, server)
+        pool = EnvPool(sessions, stats, server)
         for s in sessions:  # open all sessions now: a server that cannot hold n of them fails here, clearly
             _open_session(s, cfg)
     except EnvFault as e:
@@ -179,4 +163,4 @@ def open_envs(cfg: EnvConfig, n: int) -> EnvPool:
     return pool
 
 
-__all__ = ["EnvCounters", "EnvPool", "EpisodeDropped", "open_envs"]
+__all__ = ["EnvPool", "EpisodeDropped", "open_envs"]

@@ -75,7 +75,6 @@ class LocalServer:
         self._sock.set_inheritable(True)
         self.port = self._sock.getsockname()[1]
         self.proc: subprocess.Popen | None = None
-        self.restarts = 0
         self._lock = threading.Lock()
         self._log_path = Path(tempfile.mkstemp(prefix="quaero-env-server-", suffix=".log")[1])
 
@@ -134,7 +133,6 @@ class LocalServer:
                 return False
             log.warning("env_server_died", entry=self.entry, pid=self.proc.pid, returncode=self.proc.returncode)
             self._spawn()
-            self.restarts += 1
             return True
 
     def _kill(self) -> None:

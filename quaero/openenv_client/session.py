@@ -12,12 +12,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from quaero.metrics import get_logger
 
 from .mapping import Malformed, parse_plain_action, parse_tool_calls, render_tool_result
 from .transport import ActionRejected, EnvFault, InvalidReply
+
+if TYPE_CHECKING:
+    from quaero.rollout_stats import RolloutStats
 
 log = get_logger(__name__)
 DEFAULT_SYSTEM_PROMPT = "You are an agent acting in an environment. Solve the task."
@@ -39,11 +42,15 @@ class ChatStep:
 
 
 class EpisodeDropped(Exception):
-    """Retries exhausted (or the episode could not be replayed): the driver drops the episode."""
+    """Retries exhausted (or the episode could not be replayed): the driver drops the episode.
 
-    def __init__(self, reason: str) -> None:
+    kind: a short slug the drop is counted under (`drop_reason_<kind>`): an EnvFault kind (timeout,
+    connection, server_error, capacity), recovery_failed, replay_diverged, else env_error. reason: the
+    full story, logged."""
+
+    def __init__(self, reason: str, kind: str = "env_error") -> None:
         super().__init__(reason)
-        self.reason = reason
+        self.reason, self.kind = reason, kind
 
 
 class Transport(Protocol):
@@ -52,7 +59,9 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-class Backend(Protocol):
+class Connector(Protocol):
+    """How sessions of one env are opened: in-process or on an OpenEnv server (pool.py)."""
+
     def connect(self) -> Transport: ...  # a new session
     def recover(self) -> None: ...  # after a fault: restart what died (local server), if anything
 
@@ -64,22 +73,24 @@ def _reward(payload: dict) -> float:
 
 
 class ChatEnv:
-    def __init__(self, cfg, backend: Backend, counters, *, tools: list[dict] | None, action_schema: dict | None,
-                 formatter: Callable[..., str]) -> None:
-        self.cfg, self.backend, self.counters = cfg, backend, counters
+    """One session. The turn limit is not enforced here: the episode driver owns it (quaero/rollout.py),
+    since what a cut episode means (truncated, never a success) is decided where episodes are judged."""
+
+    def __init__(self, cfg, connector: Connector, stats: RolloutStats, *, tools: list[dict] | None,
+                 action_schema: dict | None, formatter: Callable[..., str]) -> None:
+        self.cfg, self.connector, self.stats = cfg, connector, stats
         self.tools = tools  # OpenAI-style specs for MCP envs, None for plain envs
         self.action_schema = action_schema  # model-facing Action schema (plain envs)
         self.formatter = formatter
         self._transport: Transport | None = None
         self._reset_kwargs: dict | None = None
         self._history: list[tuple[dict, dict]] = []  # (action, payload) accepted in this episode
-        self._turns = 0
         self._done = True
 
     # -- sessions and retries -----------------------------------------------------------------------
     def connect(self) -> None:
         if self._transport is None:
-            self._transport = self.backend.connect()
+            self._transport = self.connector.connect()
 
     def _drop_transport(self) -> None:
         if self._transport is not None:
@@ -91,10 +102,10 @@ class ChatEnv:
         transport.reset(self._reset_kwargs, self.cfg.reset_timeout_s)
         for action, recorded in self._history:
             payload = transport.step(action, self.cfg.step_timeout_s)
-            self.counters.inc("env_replayed_steps")
+            self.stats.add("env_replayed_steps")
             if payload != recorded:
                 raise EpisodeDropped(f"replay diverged at {action}: the env is not deterministic; "
-                                     "set [env] on_session_loss = 'drop'")
+                                     "set [env] on_session_loss = 'drop'", "replay_diverged")
 
     def _call(self, what: str, fn: Callable[[Transport], dict]) -> dict:
         """Run fn on a live session; on a fault reconnect (replaying the episode so far), with
@@ -111,33 +122,34 @@ class ChatEnv:
             except (ActionRejected, EpisodeDropped):
                 raise
             except InvalidReply as e:  # the env's answer itself is unusable: asking again gets the same
-                self.counters.inc("env_invalid_replies")
-                raise EpisodeDropped(f"{what}: invalid env reply: {e}") from None
+                self.stats.add("env_invalid_replies")
+                raise EpisodeDropped(f"{what}: invalid env reply: {e}", "invalid_reply") from None
             except Exception as e:  # noqa: BLE001 - every env/transport failure is a counted fault
                 fault = e if isinstance(e, EnvFault) else EnvFault("connection", f"{type(e).__name__}: {e}")
                 if fault.kind == "timeout":
-                    self.counters.inc("env_timeouts")
+                    self.stats.add("env_timeouts")
                 self._drop_transport()
                 lost = True
                 try:
-                    self.backend.recover()
+                    self.connector.recover()
                 except Exception as err:  # noqa: BLE001 - e.g. the env server cannot start again
-                    raise EpisodeDropped(f"{what}: {fault}; recovery failed: {err}") from None
+                    raise EpisodeDropped(f"{what}: {fault}; recovery failed: {err}", "recovery_failed") from None
                 if what == "step" and self.cfg.on_session_loss == "drop":
-                    raise EpisodeDropped(f"{what}: session lost ({fault}); on_session_loss='drop'") from None
+                    raise EpisodeDropped(f"{what}: session lost ({fault}); on_session_loss='drop'",
+                                         fault.kind) from None
                 if attempt == self.cfg.max_retries:
-                    raise EpisodeDropped(f"{what} failed {attempt + 1} times, last: {fault}") from None
-                self.counters.inc("env_retries")
+                    raise EpisodeDropped(f"{what} failed {attempt + 1} times, last: {fault}", fault.kind) from None
+                self.stats.add("env_retries")
                 log.warning("env_retry", what=what, attempt=attempt + 1, fault=str(fault))
                 time.sleep(self.cfg.retry_backoff_s * 2**attempt)
         raise AssertionError("unreachable")
 
     def _dropped(self, e: EpisodeDropped) -> EpisodeDropped:
-        self.counters.inc("env_episodes_dropped")
+        """Log the drop where its context is known; the driver, which drops the episode, counts it."""
         self._done = True
         kw = self._reset_kwargs or {}
-        log.warning("env_episode_dropped", reason=e.reason, seed=kw.get("seed"), split=kw.get("split"),
-                    index=kw.get("index"))
+        log.warning("env_episode_dropped", reason=e.reason, kind=e.kind, seed=kw.get("seed"),
+                    split=kw.get("split"), index=kw.get("index"))
         return e
 
     # -- the chat API -------------------------------------------------------------------------------
@@ -146,13 +158,13 @@ class ChatEnv:
         kwargs: dict[str, Any] = {**self.cfg.reset_kwargs, "seed": seed, "split": split}
         if index is not None:
             kwargs["index"] = index
-        self._reset_kwargs, self._history, self._turns, self._done = kwargs, [], 0, False
+        self._reset_kwargs, self._history, self._done = kwargs, [], False
         try:
             # a fresh session per episode would cost a connect; reusing it is safe since reset rebuilds state
             payload = self._call("reset", lambda t: t.reset(kwargs, self.cfg.reset_timeout_s))
         except EpisodeDropped as e:
             raise self._dropped(e) from None
-        self.counters.inc("env_resets")
+        self.stats.add("env_resets")
         obs = payload.get("observation", {})
         meta = obs.get("metadata") or {}
         info = {"seed": seed, "split": split, "index": index if index is not None else seed, **meta}
@@ -170,24 +182,19 @@ class ChatEnv:
     def step(self, assistant: dict) -> ChatStep:
         if self._reset_kwargs is None or self._done:
             raise RuntimeError("ChatEnv.step called before reset or after the episode ended (done=True)")
-        self._turns += 1
         try:
             result = self._step_tools(assistant) if self.tools is not None else self._step_plain(assistant)
-        except Malformed as m:
-            self.counters.inc("env_malformed_actions")
+        except Malformed as m:  # counted by the driver, which sees ChatStep.malformed
             result = ChatStep([{"role": "user", "content": str(m)}], 0.0, False, True, {"malformed_reason": str(m)})
         except EpisodeDropped as e:
             raise self._dropped(e) from None
-        if not result.done and self._turns >= self.cfg.max_turns:
-            result.done, result.info["truncated"] = True, True  # quaero's turn limit ends runaway episodes
-            self.counters.inc("env_truncated")
         self._done = result.done
         return result
 
     def _send(self, action: dict) -> dict:
         payload = self._call("step", lambda t: t.step(action, self.cfg.step_timeout_s))
         self._history.append((action, payload))
-        self.counters.inc("env_steps")
+        self.stats.add("env_steps")
         return payload
 
     def _step_tools(self, assistant: dict) -> ChatStep:
@@ -197,12 +204,12 @@ class ChatEnv:
             try:
                 payload = self._send({"type": "call_tool", "tool_name": name, "arguments": arguments})
             except ActionRejected as e:  # schema passed here but the server refused: show the model why
-                self.counters.inc("env_malformed_actions")
+                self.stats.add("env_rejected_calls")
                 messages.append({"role": "tool", "content": f"Error: invalid call: {e}"})
                 continue
             obs = payload.get("observation", {})
             if obs.get("error"):
-                self.counters.inc("env_tool_errors")
+                self.stats.add("env_tool_errors")
             messages.append({"role": "tool", "content": render_tool_result(obs)})
             reward += _reward(payload)
             metas.append(obs.get("metadata") or {})

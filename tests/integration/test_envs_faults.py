@@ -1,8 +1,9 @@
 """Faults never end a run: a server killed mid-episode, a step that hangs past its timeout, an env that
 raises (error frames), a dropped connection, malformed actions, a tool that raises, a reply that is not a
-usable observation (bad reward, non-object observation, no `done`). Each is counted,
-only EpisodeDropped ever leaves ChatEnv, and the next episode runs. The faults are injected by real
-means (SIGKILL, a sleeping step, a raising tool) except the dropped socket, closed under the session."""
+usable observation (bad reward, non-object observation, no `done`). Each is counted, only EpisodeDropped
+(with the kind its drop is counted under) ever leaves ChatEnv, and the next episode runs. The faults are
+injected by real means (SIGKILL, a sleeping step, a raising tool) except the dropped socket, closed under
+the session."""
 import json
 import os
 import signal
@@ -48,22 +49,21 @@ def test_server_killed_mid_episode_is_restarted_and_the_episode_replayed():
         final = _finish_with_oracle(env, start, chat)
         assert final.reward == 1.0  # the episode survived: new server, same episode replayed
         assert server.alive() and server.proc.pid != old_pid
-        counts = pool.counters.snapshot_and_reset()
+        counts = pool.stats.snapshot_and_reset()
         assert counts["env_restarts"] == 1 and counts["env_retries"] >= 1 and counts["env_replayed_steps"] == 1
-        assert counts["env_episodes_dropped"] == 0
 
         # with on_session_loss="drop" the same fault drops the episode instead; the next one runs
         env.cfg.on_session_loss = "drop"
         env.reset(seed=0, split="eval", index=3)
         os.kill(server.proc.pid, signal.SIGKILL)
         server.proc.wait(timeout=5)
-        with structlog.testing.capture_logs() as logs, pytest.raises(EpisodeDropped, match="session lost"):
+        with structlog.testing.capture_logs() as logs, pytest.raises(EpisodeDropped, match="session lost") as e:
             env.step(_call("calculate", expression="1+1"))
-        assert any(e["event"] == "env_episode_dropped" and "session lost" in e["reason"] for e in logs)
+        assert any(ev["event"] == "env_episode_dropped" and "session lost" in ev["reason"]
+                   and ev["kind"] == e.value.kind == "connection" for ev in logs)
         start = env.reset(seed=0, split="eval", index=4)
         assert _finish_with_oracle(env, start, list(start.messages)).reward == 1.0
-        counts = pool.counters.snapshot_and_reset()
-        assert counts["env_restarts"] == 1 and counts["env_episodes_dropped"] == 1
+        assert pool.stats.snapshot_and_reset()["env_restarts"] == 1
 
 
 @pytest.mark.parametrize("launcher", ["inprocess", "remote"])
@@ -77,11 +77,11 @@ def test_a_step_that_hangs_past_its_timeout_is_retried_then_dropped(launcher, gu
         with structlog.testing.capture_logs() as logs, pytest.raises(EpisodeDropped, match="timeout") as e:
             env.step({"role": "assistant", "content": '{"guess": -1}'})  # sleeps 3 s in the env
         assert time.monotonic() - began < 2.5  # two timeouts of 0.4 s, not the 3 s hang (twice)
-        assert e.value.reason and any(ev["event"] == "env_episode_dropped" for ev in logs)
+        assert e.value.kind == "timeout" and any(ev["event"] == "env_episode_dropped" for ev in logs)
         env.reset(seed=2)  # the run goes on with a fresh session
         assert env.step({"role": "assistant", "content": '{"guess": 10}'}).malformed is False
-        counts = pool.counters.snapshot_and_reset()
-        assert counts["env_timeouts"] == 2 and counts["env_retries"] == 1 and counts["env_episodes_dropped"] == 1
+        counts = pool.stats.snapshot_and_reset()
+        assert counts["env_timeouts"] == 2 and counts["env_retries"] == 1
         assert counts["env_replayed_steps"] == 1  # the retry replayed the accepted guess first
 
 
@@ -91,12 +91,13 @@ def test_an_env_that_raises_is_retried_then_dropped(launcher, guess_url):
     with open_envs(EnvConfig(launcher=launcher, **source, max_retries=2, retry_backoff_s=0.01), 1) as pool:
         env = pool.sessions[0]
         env.reset(seed=1)
-        with pytest.raises(EpisodeDropped, match="crashed on purpose"):
+        with pytest.raises(EpisodeDropped, match="crashed on purpose") as e:
             env.step({"role": "assistant", "content": '{"guess": -2}'})
+        assert e.value.kind == "server_error"
         env.reset(seed=1)
         assert env.step({"role": "assistant", "content": '{"guess": 3}'}).reward in (0.0, 1.0)
-        counts = pool.counters.snapshot_and_reset()
-        assert counts["env_retries"] == 2 and counts["env_episodes_dropped"] == 1 and counts["env_steps"] == 1
+        counts = pool.stats.snapshot_and_reset()
+        assert counts["env_retries"] == 2 and counts["env_steps"] == 1
 
 
 def test_a_dropped_connection_is_retried_and_the_episode_continues(toolbench_url):
@@ -108,7 +109,7 @@ def test_a_dropped_connection_is_retried_and_the_episode_continues(toolbench_url
         chat += [action, *env.step(action).messages]
         env._transport._ws.close()  # fault injection: the socket goes away under the session
         assert _finish_with_oracle(env, start, chat).reward == 1.0
-        counts = pool.counters.snapshot_and_reset()
+        counts = pool.stats.snapshot_and_reset()
         assert counts["env_retries"] == 1 and counts["env_replayed_steps"] == 1 and counts["env_restarts"] == 0
 
 
@@ -120,9 +121,10 @@ def test_a_remote_server_that_is_gone_drops_episodes_without_raising_anything_el
     # the server is stopped now; nothing can restart a remote server
     env = pool.sessions[0]
     for _ in range(2):
-        with pytest.raises(EpisodeDropped):
+        with pytest.raises(EpisodeDropped) as e:
             env.reset(seed=0)
-    assert pool.counters.snapshot_and_reset()["env_episodes_dropped"] == 2
+        assert e.value.kind == "connection"
+    assert pool.stats.snapshot_and_reset()["env_retries"] == 2
     pool.close()
 
 
@@ -138,7 +140,7 @@ def test_malformed_actions_are_counted_corrected_and_never_sent():
             assert step.malformed and step.reward == 0.0 and not step.done
             assert len(step.messages) == 1 and step.messages[0]["role"] == "user"
             chat += [action, *step.messages]
-        assert pool.counters.snapshot_and_reset()["env_steps"] == 0  # nothing reached the env
+        assert pool.stats.snapshot_and_reset()["env_steps"] == 0  # nothing reached the env
         # the oracle counts assistant turns, so start it on a clean chat: the episode still completes
         assert _finish_with_oracle(env, start, list(start.messages)).reward == 1.0
 
@@ -152,19 +154,27 @@ def test_a_tool_that_raises_is_a_counted_tool_error_not_a_fault():
         assert boom.messages == [{"role": "tool", "content": "Error: kaboom"}] and not boom.malformed
         assert env.step(_call("echo", text="hi")).messages[0]["content"] == "hi"
         assert env.step(_call("submit_answer", answer="hi")).reward == 1.0
-        counts = pool.counters.snapshot_and_reset()
+        counts = pool.stats.snapshot_and_reset()
         assert counts["env_tool_errors"] == 1 and counts["env_retries"] == 0 and counts["env_steps"] == 3
 
 
-def test_turn_limit_ends_an_episode_that_never_submits():
-    with open_envs(EnvConfig(entry="envs.toolbench:ToolBenchEnv", max_turns=3), 1) as pool:
-        env = pool.sessions[0]
-        env.reset(seed=0)
-        steps = [env.step(_call("calculate", expression="1+1")) for _ in range(3)]
-        assert [s.done for s in steps] == [False, False, True] and steps[-1].info["truncated"]
-        with pytest.raises(RuntimeError, match="after the episode ended"):
-            env.step(_call("calculate", expression="1+1"))
-        assert pool.counters.snapshot_and_reset()["env_truncated"] == 1
+def test_the_driver_turn_limit_ends_an_episode_that_never_submits(qwen3_render):
+    """The driver owns the turn limit: a real session runs the episode's steps and nothing more; the cut
+    episode is truncated and no success."""
+    from fixtures.rollout import make_cfg
+
+    from quaero.rollout import EpisodeDriver
+
+    def never_submits(info):
+        return lambda messages: _call("calculate", expression="1+1")
+
+    cfg = make_cfg(env__entry="envs.toolbench:ToolBenchEnv", env__launcher="inprocess", env__max_turns=3)
+    with open_envs(cfg.env, 1) as pool:
+        (ep,), = EpisodeDriver(qwen3_render, None, cfg, pool.stats).run(pool.sessions, [{"seed": 0}], group_size=1,
+                                                                        policy=never_submits)
+        counts = pool.stats.snapshot_and_reset()
+    assert ep.turns == 3 and ep.truncated and not ep.success and not ep.dropped
+    assert counts["env_steps"] == 3 and counts["episodes_truncated"] == 1 and counts["success_rate"] == 0.0
 
 
 def test_a_run_of_episodes_with_every_fault_keeps_going():
@@ -187,33 +197,33 @@ def test_a_run_of_episodes_with_every_fault_keeps_going():
                         results.append(step.reward)
                         break
                     lo, hi = (guess + 1, hi) if "higher" in step.messages[0]["content"] else (lo, guess - 1)
-            except EpisodeDropped:
-                results.append("dropped")
-        counts = pool.counters.snapshot_and_reset()
-    assert results == ["dropped", "dropped", 1.0, 1.0, "dropped", 1.0]
-    assert counts["env_episodes_dropped"] == 3 and counts["env_malformed_actions"] == 1
-    assert counts["env_timeouts"] == 2
+            except EpisodeDropped as e:
+                results.append(e.kind)
+        counts = pool.stats.snapshot_and_reset()
+    assert results == ["server_error", "timeout", 1.0, 1.0, "server_error", 1.0]
+    assert counts["env_timeouts"] == 2 and counts["env_resets"] == 6
 
 
 def test_a_failed_recovery_drops_the_episode_instead_of_raising():
-    """Fault injection by a fake backend: every connect fails and the server cannot be restarted."""
-    from quaero.openenv_client import ChatEnv, EnvCounters
+    """Fault injection by a fake connector: every connect fails and the server cannot be restarted."""
+    from quaero.openenv_client import ChatEnv
     from quaero.openenv_client.mapping import default_formatter
     from quaero.openenv_client.transport import EnvFault
+    from quaero.rollout_stats import RolloutStats
 
-    class DeadBackend:
+    class DeadConnector:
         def connect(self):
             raise EnvFault("connection", "connection refused")
 
         def recover(self):
             raise RuntimeError("env server exited with 1 before becoming healthy")
 
-    counters = EnvCounters()
-    env = ChatEnv(EnvConfig(entry="envs.toolbench:ToolBenchEnv", **FAST), DeadBackend(), counters, tools=None,
+    stats = RolloutStats()
+    env = ChatEnv(EnvConfig(entry="envs.toolbench:ToolBenchEnv", **FAST), DeadConnector(), stats, tools=None,
                   action_schema={}, formatter=default_formatter)
-    with pytest.raises(EpisodeDropped, match="recovery failed: env server exited"):
+    with pytest.raises(EpisodeDropped, match="recovery failed: env server exited") as e:
         env.reset(seed=0)
-    assert counters.snapshot_and_reset()["env_episodes_dropped"] == 1
+    assert e.value.kind == "recovery_failed" and stats.snapshot_and_reset()["env_retries"] == 0
 
 
 # -- replies that are not usable observations: dropped at once with the field and value, never read as 0 ----
@@ -233,8 +243,8 @@ def _drops_with_reasons(pool, reasons: dict) -> None:
         env.reset(seed=1)
         final = env.step(_reply("ok"))
         assert final.done and final.reward == 1.0
-    counts = pool.counters.snapshot_and_reset()
-    assert counts["env_invalid_replies"] == counts["env_episodes_dropped"] == len(reasons)
+    counts = pool.stats.snapshot_and_reset()
+    assert counts["env_invalid_replies"] == len(reasons) and e.value.kind == "invalid_reply"
     assert counts["env_retries"] == 0 and counts["env_steps"] == len(reasons)  # no retry; only "ok" steps count
 
 

@@ -4,6 +4,7 @@ Covers the event log's contents and proofs, resume after a Ctrl-C equal to an un
 an env server killed mid-step, and the same job with vLLM's CPU build as the sampler.
 """
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -103,6 +104,10 @@ def test_main_job_short_run_logs_proofs_and_cleans_up(tmp_path):
     sft = steps[0]
     assert sft["local_train_selective_sparse_suffix_skips"] > 0 and sft["local_train_selective_hidden_logprob_batches"] > 0
     assert sft["echo_tokens"] > 0 and sft["sft_loss"] > 0 and sft["reward_mean"] == 1.0  # oracle demos solve
+    assert sft["success_rate"] == 1.0 and sft["episodes_truncated"] == 0
+    # the trainer's token counts are its loss denominators; the rollout's have their own names
+    assert sft["action_tokens"] == sft["rollout_action_tokens"] > 0  # SFT trains every sampled action token
+    assert all(s["rows"] > 0 and s["episodes"] == 2 * (1 if s["phase"] == "sft" else 2) for s in steps)
     assert steps[-1]["cumulative"]["local_train_selective_hidden_logprob_batches"] >= 1
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000002", "step-000003"]
     assert json.loads((run_dir / "config.json").read_text())["run"]["name"] == "e2e"
@@ -159,11 +164,34 @@ def test_env_server_killed_mid_step_drops_the_episode_and_the_run_goes_on(tmp_pa
     steps = events_of(run_dir, "train_step")
     assert [s["step"] for s in steps] == [1, 2, 3]
     first = steps[0]
-    assert first["env_restarts"] >= 1 and first["env_episodes_dropped"] >= 1
-    assert first["episodes_dropped"] == first["env_episodes_dropped"]
-    assert all(s["env_episodes_dropped"] == 0 for s in steps[1:])
+    assert first["env_restarts"] >= 1 and first["episodes_dropped"] >= 1
+    assert first["episodes_dropped"] == sum(v for k, v in first.items() if k.startswith("drop_reason_"))
+    assert all(s["episodes_dropped"] == 0 for s in steps[1:])
     assert events_of(run_dir, "env_episode_dropped")
     assert events_of(run_dir, "run_end")[0]["status"] == "finished"
+
+
+def test_a_run_that_trains_nothing_exits_1_naming_the_drop_reasons(tmp_path):
+    """Every reset raises: every episode drops, no step has a row; the real CLI stops after
+    [training] max_empty_steps such steps with one line, and the event log keeps the counted reasons."""
+    path, cfg = make_config(tmp_path, "empty", steps=5, warmup=0, eval_every=0, eval_tasks=0,
+                            entry="fixtures.crashing:AlwaysCrashingToolBench")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
+    proc = subprocess.run([sys.executable, "-m", "quaero.cli", "train", str(path), "--set", "env.launcher=inprocess",
+                           "--set", "env.max_retries=0", "--set", "training.max_empty_steps=2"],
+                          check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in proc.stderr
+    assert last.startswith("error: steps 1-2 trained no row ([training] max_empty_steps=2)") and "8x server_error" in last
+    steps = events_of(cfg.run_dir, "train_step")
+    assert [(s["step"], s["rows"], s["episodes_dropped"], s["drop_reason_server_error"]) for s in steps] == [
+        (1, 0, 4, 4), (2, 0, 4, 4)]
+    assert "action_tokens" not in steps[0] and steps[0]["rollout_action_tokens"] == 0  # nothing trained, nothing claimed
+    (end,) = events_of(cfg.run_dir, "run_end")
+    assert end["status"] == "failed" and end["drop_reasons"] == {"server_error": 8} and end["steps"] == 2
+    assert len(events_of(cfg.run_dir, "env_episode_dropped")) == 8
+    assert not (cfg.run_dir / "checkpoints").exists()
 
 
 @pytest.mark.vllm

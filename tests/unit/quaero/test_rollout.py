@@ -1,15 +1,17 @@
 """Episode driver on the real Qwen3 renderer + offline Qwen tokenizer: exact rows, capture after step, packing,
-and Qwen3's awkward cases (thinking in earlier turns, a new user turn, truncation, malformed and parallel calls)."""
+Qwen3's awkward cases (thinking in earlier turns, a new user turn, truncation, malformed and parallel calls),
+and what the driver judges: the turn limit, success, drops."""
 from __future__ import annotations
 
 import pytest
-import torch
 from fixtures.rollout import IM_END, assert_exact, drive, make_cfg, spans_of, target_logprobs, text
 from fixtures.toyenv import HostileToyEnv, ToyChatEnv, oracle
 
 from quaero.model import QWEN3_ADDED
+from quaero.openenv_client import EpisodeDropped
 from quaero.render import WORD_JOINER, defuse
-from quaero.rollout import EpisodeDriver, ExactnessAudit, ExactnessError, _episode_dropped
+from quaero.rollout import EpisodeDriver, ExactnessError
+from quaero.rollout_stats import RolloutStats
 from quaero.rows import build_rows
 
 
@@ -113,15 +115,39 @@ def test_bridge_that_alters_the_prefix_is_counted_and_strict_raises(qwen3_render
     for t in eps[0].transitions:  # action-only fallback: the sampled ids still train, no env target
         assert t.response_ids == [] and t.action_ids
     with pytest.raises(ExactnessError, match="prefix_mismatch"):
-        drive(qwen3_render, tasks=1, strict=True)
+        drive(qwen3_render, tasks=1, training__strict=True)
 
 
 def test_dropped_episode_is_marked_and_has_no_rows(qwen3_render):
-    envs = [ToyChatEnv(drop_at=2, dropped_exc=_episode_dropped()), ToyChatEnv()]
-    eps, audit = drive(qwen3_render, envs=envs, tasks=2, group=2)
+    envs = [ToyChatEnv(drop_at=2, dropped_exc=EpisodeDropped), ToyChatEnv()]
+    eps, stats = drive(qwen3_render, envs=envs, tasks=2, group=2)
     dropped = [ep for ep in eps if ep.dropped]
     assert dropped and all(ep.rows == [] and "server died" in ep.drop_reason for ep in dropped)
-    assert audit["episodes_dropped"] == len(dropped) and audit["episodes"] == 4
+    assert stats["episodes_dropped"] == stats["drop_reason_connection"] == len(dropped) and stats["episodes"] == 4
+    kept = [ep for ep in eps if not ep.dropped]  # the means are over kept episodes only
+    assert stats["reward_mean"] == sum(ep.reward for ep in kept) / len(kept) == 1.0
+    assert stats["turns_mean"] == sum(ep.turns for ep in kept) / len(kept)
+
+
+def _lookups_only(info):
+    """A policy that looks a price up every turn and never submits."""
+    call = {"type": "function", "function": {"name": "get_price", "arguments": {"item": info["items"][0]}}}
+    return lambda messages: {"role": "assistant", "content": "", "reasoning_content": "Check the price.",
+                             "tool_calls": [call]}
+
+
+def test_an_episode_cut_by_the_turn_limit_is_truncated_and_never_a_success(qwen3_render):
+    """Partial credit every turn (reward > 0) but never ended by the env: the driver's turn limit cuts it."""
+    shaped = [ToyChatEnv("shaped"), ToyChatEnv("shaped")]
+    eps, stats = drive(qwen3_render, envs=shaped, tasks=2, policy=_lookups_only, env__max_turns=3)
+    for ep in eps:
+        assert ep.turns == 3 and ep.reward == 1.5 and ep.truncated and not ep.success
+        assert_exact(qwen3_render, ep)  # the cut turn's env response is still captured
+    assert stats["episodes_truncated"] == 2 and stats["success_rate"] == 0.0 and stats["reward_mean"] == 1.5
+    # the same env solved within the limit: the env's success flag decides, nothing is truncated
+    eps, stats = drive(qwen3_render, envs=shaped, tasks=2, env__max_turns=6)
+    assert all(ep.success and not ep.truncated for ep in eps)
+    assert stats["episodes_truncated"] == 0 and stats["success_rate"] == 1.0
 
 
 def test_packing_reproduces_per_transition_target_logprobs(qwen3_render, tiny_lm):
@@ -136,23 +162,23 @@ def test_packing_reproduces_per_transition_target_logprobs(qwen3_render, tiny_lm
         assert max(abs(a[k] - b[k]) for k in a) < 1e-6
 
 
-def test_sampler_vs_trainer_logprob_gap_is_recorded(qwen3_render, tiny_hf_sampler, tiny_lm):
-    audit = ExactnessAudit()
-    eps, _ = drive(qwen3_render, tasks=1, group=2, policy=None, sampler=tiny_hf_sampler, env__max_turns=2, audit=audit)
-    rows = [r for ep in eps for r in ep.rows]
-    trainer = []
-    for row in rows:
-        with torch.no_grad():
-            lp = tiny_lm(torch.tensor([row.input_ids])).logits[0, :-1].log_softmax(-1)
-        trainer.append(lp.gather(-1, torch.tensor(row.input_ids[1:])[:, None]).squeeze(-1).tolist())
-    gap = audit.record_logprob_gap(rows, trainer)
-    snap = audit.snapshot_and_reset()
-    assert 0 < snap["logprob_gap_max"] == gap["max"] < 1e-4 and snap["logprob_gap_mean"] == gap["mean"] > 0
+def test_the_trainer_measures_the_sampler_vs_trainer_logprob_gap_of_sampled_rows(qwen3_render, tiny_hf_sampler):
+    """Rows sampled by the HF sampler, trained by the `local` trainer on the same weights: the trainer's
+    sampler_logprob_gap_* is measured, non-zero (two different forwards) and tiny (the same model)."""
+    from quaero.plan import trainer_spec
+    from trainers.local import LocalTrainer
+
+    eps, stats = drive(qwen3_render, tasks=1, group=2, policy=None, sampler=tiny_hf_sampler, env__max_turns=2)
+    rows = [r.with_advantage(1.0 if i % 2 else -1.0) for i, ep in enumerate(eps) for r in ep.rows]
+    m = LocalTrainer(trainer_spec(make_cfg(model__name="tiny-qwen3")), "cpu").train_step(rows)
+    assert 0 < m["sampler_logprob_gap_mean"] <= m["sampler_logprob_gap_max"] < 1e-4
+    # the trainer's token counts are its loss denominators; the rollout's are its own names
+    assert m["action_tokens"] == stats["rollout_action_tokens"] == sum(r.num_action_tokens for r in rows)
 
 
 def test_run_seed_makes_sampled_episodes_reproducible(qwen3_render, tiny_hf_sampler):
     def actions(seed):
-        driver = EpisodeDriver(qwen3_render, tiny_hf_sampler, make_cfg(env__max_turns=2), ExactnessAudit())
+        driver = EpisodeDriver(qwen3_render, tiny_hf_sampler, make_cfg(env__max_turns=2), RolloutStats())
         groups = driver.run([ToyChatEnv(), ToyChatEnv()], [{"index": 0}], group_size=2, seed=seed)
         return [t.action_ids for ep in groups[0] for t in ep.transitions]
 
