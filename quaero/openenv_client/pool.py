@@ -18,6 +18,8 @@ from .session import ChatEnv, EpisodeDropped
 from .transport import EnvFault, InProcessTransport, WebSocketTransport
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from quaero.config import EnvConfig
 
 log = get_logger(__name__)
@@ -127,8 +129,9 @@ def _open_session(session: ChatEnv, cfg: EnvConfig) -> None:
             time.sleep(cfg.retry_backoff_s * 2**attempt)
 
 
-def open_envs(cfg: EnvConfig, n: int) -> EnvPool:
-    """N sessions of the configured env. Config problems raise ConfigError here, before any episode."""
+def open_envs(cfg: EnvConfig, n: int, log_dir: Path | None = None) -> EnvPool:
+    """N sessions of the configured env. Config problems raise ConfigError here, before any episode.
+    log_dir: where a local server's log goes (a run's `env-servers/`; a temp file when None)."""
     require_openenv()
     counters, server, sessions = EnvCounters(), None, []
     spec = None if cfg.launcher == "remote" else load_entry(cfg.entry, cfg.kwargs)
@@ -143,7 +146,7 @@ def open_envs(cfg: EnvConfig, n: int) -> EnvPool:
                 # headroom: a session abandoned after a timeout holds its slot until its step returns
                 server = LocalServer(cfg.entry, cfg.host, max_concurrent_envs=2 * n + 1 if spec.supports_concurrency
                                      else 1, start_timeout_s=cfg.server_start_timeout_s,
-                                     kwargs=cfg.kwargs).start()
+                                     kwargs=cfg.kwargs, log_dir=log_dir).start()
                 http_url, ws_url = server.http_url, server.ws_url
             else:
                 http_url, ws_url = _urls(cfg.url)
