@@ -79,7 +79,7 @@ def _encode(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
         name = path or "tensor"
         while name in tensors:  # a key holding '/' could spell the same path as a nesting
             name += "'"
-        tensors[name] = value.detach().cpu().contiguous().clone()  # own storage: safetensors refuses shared
+        tensors[name] = value.detach().cpu().contiguous()
         return {"__tensor__": name}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
@@ -96,6 +96,19 @@ def _encode(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
         return {"__dict__": [[_encode(k, f"{path}/key", {}), v] for k, v in items]}
     raise TypeError(f"checkpoint state at {path or '/'}: cannot store a {type(value).__name__}; "
                     "states hold dicts, lists, tuples, numbers, strings, bytes and tensors")
+
+
+def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors refuses tensors that share memory (tied weights, views): copy only those, so a
+    large optimizer state is not held twice while it is written."""
+    seen: set[int] = set()
+    out = {}
+    for name, t in tensors.items():
+        storage = t.untyped_storage()
+        shared = storage.data_ptr() in seen or storage.nbytes() != t.numel() * t.element_size()
+        out[name] = t.clone() if shared else t
+        seen.add(storage.data_ptr())
+    return out
 
 
 def _decode(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
@@ -148,7 +161,7 @@ def save(ckpt_root: Path, step: int, state: dict[str, Any], keep: int = 2) -> Pa
     final, tmp, writing = ckpt_root / f"step-{step:06d}", None, TENSORS
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".step-{step:06d}-", dir=ckpt_root))
-        save_file(tensors, tmp / TENSORS)
+        save_file(_unshared(tensors), tmp / TENSORS)
         writing = STATE
         (tmp / STATE).write_text(text, encoding="utf-8")
         writing = MANIFEST
@@ -255,5 +268,8 @@ def set_aside(ckpt_root: Path, stamp: str) -> Path | None:
     if not ckpt_root.exists():
         return None
     aside = ckpt_root.with_name(f"{ckpt_root.name}.before-restart-{stamp}")
+    n = 1
+    while aside.exists():  # two restarts within one stamp
+        aside, n = ckpt_root.with_name(f"{ckpt_root.name}.before-restart-{stamp}-{n}"), n + 1
     ckpt_root.rename(aside)
     return aside

@@ -45,7 +45,9 @@ def same(a, b) -> bool:
 
 def test_round_trip_is_exact_and_the_files_are_data_only(tmp_path):
     state = trained_state()
-    state["odd"] = {(1, 2): b"\x00\xff", "nested": [(1.5, None, True)], "one": {"__tensor__": "not a tag"}}
+    tied = torch.randn(3, 3)
+    state["odd"] = {(1, 2): b"\x00\xff", "nested": [(1.5, None, True)], "one": {"__tensor__": "not a tag"},
+                    "tied": [tied, tied, tied[1]]}  # shared memory and a view, as tied weights give
     path = checkpoint.save(tmp_path, 3, state)
     assert sorted(p.name for p in path.iterdir()) == ["manifest.json", "state.json", "tensors.safetensors"]
     loaded_path, loaded = checkpoint.load_latest(tmp_path)
