@@ -1,14 +1,27 @@
-"""Atomic checkpoints with integrity checks, and resume from the last good one.
+"""Checkpoints that hold data, never code: written atomically, verified before use, pruned safely.
 
-Layout: `runs/NAME/checkpoints/step-000008/{state.pt, manifest.json}`. A checkpoint is written into a
-temporary folder and renamed into place, so a crash mid-write leaves no half checkpoint under a
-final name. The manifest holds the SHA-256 of state.pt; a checkpoint whose file is missing, torn or
-does not match its manifest is skipped (logged) and the previous one is used.
+Layout: `runs/NAME/checkpoints/step-000008/{tensors.safetensors, state.json, manifest.json}`.
+
+A state is any nesting of dicts, lists, tuples, strings, numbers, bytes and tensors (the backend's
+state_dict with its optimizer and scheduler, RNG states, counters). Every tensor goes into
+tensors.safetensors, named by the `/`-joined keys that reach it (`backend/optimizer/state/0/exp_avg`);
+state.json holds the rest of the tree with `{"__tensor__": name}` in each tensor's place, and tagged
+forms for what JSON lacks (`__tuple__`, `__dict__` for non-string keys such as the optimizer's int
+param ids, `__bytes__`). Loading parses JSON and safetensors only, so a crafted checkpoint can be
+wrong but cannot run code; a pickle from an older quaero (`state.pt`) is never opened.
+
+A checkpoint is written into a `.step-*` temporary folder and renamed into place, so a crash or a
+full disk mid-write leaves no half checkpoint under a final name; such orphans are removed at the next
+start. The manifest holds the SHA-256 of each file: a missing, torn or mismatched file makes the
+checkpoint skipped (with the reason) and the previous one used. Pruning counts intact checkpoints
+only, so a corrupt newer folder never pushes out the checkpoint a resume needs.
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import os
 import random
 import shutil
 import tempfile
@@ -16,16 +29,34 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
 from quaero.metrics import get_logger
 
 log = get_logger(__name__)
+FORMAT = "quaero-checkpoint-2"
+TENSORS, STATE, MANIFEST = "tensors.safetensors", "state.json", "manifest.json"
+_TAGS = ("__tensor__", "__tuple__", "__dict__", "__bytes__")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written, or a run folder holds checkpoints of which none is intact."""
+
+
+class NoIntactCheckpoint(CheckpointError):
+    def __init__(self, ckpt_root: Path, skipped: list[tuple[Path, str]]) -> None:
+        self.skipped = skipped
+        listed = "; ".join(f"{p.name}: {why}" for p, why in skipped)
+        super().__init__(f"{ckpt_root}: no intact checkpoint to resume from ({listed})")
 
 
 def rng_state() -> dict[str, Any]:
     import numpy as np
 
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {"python": random.getstate(), "numpy": [name, keys.tolist(), pos, has_gauss, gauss],
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -35,10 +66,71 @@ def set_rng_state(state: dict[str, Any]) -> None:
     import numpy as np
 
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _encode(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
+    """`value` as JSON, its tensors moved into `tensors` (see the module docstring for the tags)."""
+    if isinstance(value, torch.Tensor):
+        name = path or "tensor"
+        while name in tensors:  # a key holding '/' could spell the same path as a nesting
+            name += "'"
+        tensors[name] = value.detach().cpu().contiguous()
+        return {"__tensor__": name}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, bytes):
+        return {"__bytes__": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, list):
+        return [_encode(v, f"{path}/{i}", tensors) for i, v in enumerate(value)]
+    if isinstance(value, tuple):
+        return {"__tuple__": [_encode(v, f"{path}/{i}", tensors) for i, v in enumerate(value)]}
+    if isinstance(value, dict):
+        items = [(k, _encode(v, f"{path}/{k}".lstrip("/"), tensors)) for k, v in value.items()]
+        if all(isinstance(k, str) for k in value) and not (len(value) == 1 and next(iter(value)) in _TAGS):
+            return dict(items)
+        return {"__dict__": [[_encode(k, f"{path}/key", {}), v] for k, v in items]}
+    raise TypeError(f"checkpoint state at {path or '/'}: cannot store a {type(value).__name__}; "
+                    "states hold dicts, lists, tuples, numbers, strings, bytes and tensors")
+
+
+def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors refuses tensors that share memory (tied weights, views): copy only those, so a
+    large optimizer state is not held twice while it is written."""
+    seen: set[int] = set()
+    out = {}
+    for name, t in tensors.items():
+        storage = t.untyped_storage()
+        shared = storage.data_ptr() in seen or storage.nbytes() != t.numel() * t.element_size()
+        out[name] = t.clone() if shared else t
+        seen.add(storage.data_ptr())
+    return out
+
+
+def _decode(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(value, list):
+        return [_decode(v, tensors) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if len(value) == 1:
+        (tag, inner), = value.items()
+        if tag == "__tensor__":
+            return tensors[inner]
+        if tag == "__tuple__":
+            return tuple(_decode(v, tensors) for v in inner)
+        if tag == "__bytes__":
+            return base64.b64decode(inner, validate=True)
+        if tag == "__dict__":
+            return {_freeze(_decode(k, tensors)): _decode(v, tensors) for k, v in inner}
+    return {k: _decode(v, tensors) for k, v in value.items()}
+
+
+def _freeze(key: Any) -> Any:
+    return tuple(_freeze(k) for k in key) if isinstance(key, (list, tuple)) else key
 
 
 def _sha256(path: Path) -> str:
@@ -49,43 +141,135 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def save(ckpt_root: Path, step: int, state: dict[str, Any], keep: int = 2) -> Path:
-    """Write `state` for `step` atomically; prune to the newest `keep` checkpoints."""
+    """Write `state` for `step` atomically, then prune to the newest `keep` intact checkpoints.
+
+    A failed write (a full disk) removes its temporary folder and raises CheckpointError in one line
+    naming the path and the bytes needed; the checkpoints already there are untouched."""
     ckpt_root.mkdir(parents=True, exist_ok=True)
-    final = ckpt_root / f"step-{step:06d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".step-{step:06d}-", dir=ckpt_root))
-    torch.save(state, tmp / "state.pt")
-    (tmp / "manifest.json").write_text(json.dumps({"step": step, "sha256": _sha256(tmp / "state.pt")}))
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
-    for old in sorted(ckpt_root.glob("step-*"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    tensors: dict[str, torch.Tensor] = {}
+    text = json.dumps({"format": FORMAT, "state": _encode(state, "", tensors)})
+    needed = sum(t.numel() * t.element_size() for t in tensors.values()) + len(text)
+    final, tmp, writing = ckpt_root / f"step-{step:06d}", None, TENSORS
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".step-{step:06d}-", dir=ckpt_root))
+        save_file(_unshared(tensors), tmp / TENSORS)
+        writing = STATE
+        (tmp / STATE).write_text(text, encoding="utf-8")
+        writing = MANIFEST
+        hashes = {name: _sha256(tmp / name) for name in (TENSORS, STATE)}
+        (tmp / MANIFEST).write_text(json.dumps({"format": FORMAT, "step": step, "sha256": hashes}))
+        for name in (TENSORS, STATE, MANIFEST, "."):
+            _fsync(tmp / name)
+        writing = "the final rename"
+        if final.exists():  # set aside first: the folder name never points at half a checkpoint
+            old = Path(tempfile.mkdtemp(prefix=f".step-{step:06d}-old-", dir=ckpt_root))
+            final.rename(old)
+            tmp.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(final)
+        _fsync(ckpt_root)
+    except (OSError, SafetensorError) as e:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        free = shutil.disk_usage(ckpt_root).free
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+        raise CheckpointError(f"checkpoint {final} not written ({writing}: {why}); it needs {needed} bytes, "
+                              f"{free} are free there; the checkpoints already in {ckpt_root} are untouched: "
+                              "free space and resume with `quaero train CONFIG --resume`") from None
+    prune(ckpt_root, keep)
     return final
 
 
-def _verify(path: Path) -> str | None:
-    """None when the checkpoint is intact, else why it is not."""
+def remove_orphans(ckpt_root: Path) -> list[Path]:
+    """Remove `.step-*` temporary folders a killed or failed write left behind (only one run writes
+    here: the caller holds the run folder's lock)."""
+    orphans = sorted(p for p in ckpt_root.glob(".step-*") if p.is_dir()) if ckpt_root.is_dir() else []
+    for path in orphans:
+        shutil.rmtree(path, ignore_errors=True)
+        log.warning("checkpoint_orphan_removed", path=str(path))
+    return orphans
+
+
+def prune(ckpt_root: Path, keep: int) -> None:
+    """Keep the newest `keep` intact checkpoints; delete older intact ones. A corrupt folder is never
+    counted as kept and never deleted here (it is left for inspection, and a run that reaches its step
+    overwrites it)."""
+    intact = 0
+    for path in sorted(ckpt_root.glob("step-*"), reverse=True):
+        reason = verify(path)
+        if reason is not None:
+            log.warning("checkpoint_corrupt_left", path=str(path), reason=reason)
+        elif intact < max(keep, 1):
+            intact += 1
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def verify(path: Path) -> str | None:
+    """None when the checkpoint's files are all there and match its manifest, else why not."""
     try:
-        manifest = json.loads((path / "manifest.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        return f"manifest unreadable ({type(e).__name__})"
-    state = path / "state.pt"
-    if not state.exists():
-        return "state.pt missing"
-    if _sha256(state) != manifest.get("sha256"):
-        return "state.pt does not match its manifest hash (torn or corrupt)"
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        return f"{MANIFEST} unreadable ({type(e).__name__})"
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        if (path / "state.pt").exists():
+            return "state.pt is a pickle written by an older quaero; it is never loaded (a pickle can run code)"
+        return f"{MANIFEST} is not a {FORMAT} manifest"
+    hashes = manifest.get("sha256")
+    for name in (TENSORS, STATE):
+        if not (path / name).is_file():
+            return f"{name} missing"
+        if not isinstance(hashes, dict) or _sha256(path / name) != hashes.get(name):
+            return f"{name} does not match its manifest hash (torn or corrupt)"
     return None
+
+
+def _load(path: Path) -> dict[str, Any]:
+    doc = json.loads((path / STATE).read_text(encoding="utf-8"))
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ValueError(f"{STATE} is not a {FORMAT} state")
+    state = _decode(doc["state"], load_file(path / TENSORS))
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise TypeError(f"{STATE} has no integer 'step'")
+    return state
 
 
 def load_latest(ckpt_root: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The newest intact checkpoint and its state, or None when there is none."""
+    """The newest intact checkpoint and its state; None when there are no checkpoints at all.
+    Raises NoIntactCheckpoint, naming each folder and why it was skipped, when none is usable."""
+    skipped: list[tuple[Path, str]] = []
     for path in sorted(ckpt_root.glob("step-*"), reverse=True):
-        reason = _verify(path)
+        reason = verify(path)
         if reason is None:
             try:
-                return path, torch.load(path / "state.pt", weights_only=False)
-            except Exception as e:  # a hash-valid file that still fails to load: skip it as well
-                reason = f"load failed ({type(e).__name__}: {e})"
+                return path, _load(path)
+            except (OSError, ValueError, KeyError, TypeError, RecursionError, SafetensorError) as e:
+                # hash-valid but malformed (a crafted file): skip it as well
+                reason = f"unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
         log.warning("checkpoint_skipped", path=str(path), reason=reason)
+        skipped.append((path, reason))
+    if skipped:
+        raise NoIntactCheckpoint(ckpt_root, skipped)
     return None
+
+
+def set_aside(ckpt_root: Path, stamp: str) -> Path | None:
+    """Rename the checkpoints folder out of the way (a restart keeps what was there); its new path."""
+    if not ckpt_root.exists():
+        return None
+    aside = ckpt_root.with_name(f"{ckpt_root.name}.before-restart-{stamp}")
+    n = 1
+    while aside.exists():  # two restarts within one stamp
+        aside, n = ckpt_root.with_name(f"{ckpt_root.name}.before-restart-{stamp}-{n}"), n + 1
+    ckpt_root.rename(aside)
+    return aside

@@ -72,11 +72,13 @@ def cmd_train(args) -> int:
     from quaero.plan import load_checked
 
     cfg = load_checked(args.config, args.overrides)
+    from quaero.checkpoint import CheckpointError
+    from quaero.runlock import RunFolderLocked
     from quaero.train import EmptyRunError, train
 
     try:
-        train(cfg, resume=args.resume, source=args.config)
-    except EmptyRunError as e:
+        train(cfg, resume=args.resume, restart=args.restart, source=args.config)
+    except (CheckpointError, RunFolderLocked, EmptyRunError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0
@@ -118,7 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="run the training job a config describes")
     _add_config_args(p)
-    p.add_argument("--resume", action="store_true", help="continue from the run's last good checkpoint")
+    start = p.add_mutually_exclusive_group()
+    start.add_argument("--resume", action="store_true", help="continue from the run's last intact checkpoint "
+                       "(also the default when the run folder has checkpoints)")
+    start.add_argument("--restart", action="store_true", help="start over at step 1; the run's checkpoints "
+                       "folder is renamed aside (checkpoints.before-restart-TIME), not deleted")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("check", help="validate a config and print the plan, without training")

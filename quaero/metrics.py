@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import sys
 import uuid
 from pathlib import Path
@@ -40,13 +41,43 @@ def _jsonable(value: Any) -> Any:
 
 
 class _JsonLinesSink:
-    """structlog processor: append the event as one JSON line to the run's events file, then flush."""
+    """structlog processor: append the event as one JSON line to the run's events file, then flush.
+
+    Before each write one stat() checks that the path still names the open file: an events file
+    deleted or replaced mid-run is recreated, starting with an `events_file_recreated` line, instead
+    of every later event going to an unlinked inode."""
 
     def __init__(self) -> None:
         self.file: IO[str] | None = None
+        self.path: Path | None = None
+
+    def open(self, path: Path) -> None:
+        self.path = path
+        self.file = path.open("a", encoding="utf-8")
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        self.file = self.path = None
+
+    def _moved(self) -> bool:
+        try:
+            on_disk = os.stat(self.path)
+        except FileNotFoundError:
+            return True
+        ours = os.fstat(self.file.fileno())
+        return (on_disk.st_dev, on_disk.st_ino) != (ours.st_dev, ours.st_ino)
 
     def __call__(self, logger, method_name, event_dict):
         if self.file is not None:
+            if self._moved():
+                self.file.close()
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.file = self.path.open("a", encoding="utf-8")
+                notice = {k: event_dict[k] for k in ("run_id", "step", "timestamp") if k in event_dict}
+                self.file.write(json.dumps({"event": "events_file_recreated", "level": "warning", **notice,
+                                            "path": str(self.path), "note": "the events file was deleted or "
+                                            "replaced mid-run; earlier events of this run are not in it"}) + "\n")
             self.file.write(json.dumps(_jsonable(event_dict), sort_keys=False) + "\n")
             self.file.flush()
         return event_dict
@@ -137,15 +168,13 @@ class RunLog:
     def __enter__(self):
         if _configured_level is None:
             configure()
-        _sink.file = self.path.open("a", encoding="utf-8")
+        _sink.open(self.path)
         structlog.contextvars.bind_contextvars(run_id=self.run_id, step=0)
         return self
 
     def __exit__(self, *exc) -> None:
         structlog.contextvars.unbind_contextvars("run_id", "step")
-        if _sink.file is not None:
-            _sink.file.close()
-            _sink.file = None
+        _sink.close()
 
 
 def read_events(path: str | Path) -> tuple[list[dict], int]:

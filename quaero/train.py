@@ -196,13 +196,40 @@ def _empty_run(c: Components, step: int, m: dict[str, Any]) -> str | None:
 def _save(c: Components, step: int) -> Path:
     state = {"step": step, "cursor": c.cursor, "backend": c.trainer.state_dict(),
              "rng": checkpoint.rng_state(), "cumulative": c.cumulative.totals}
-    path = checkpoint.save(c.cfg.run_dir / "checkpoints", step, state, keep=c.cfg.training.keep_checkpoints)
+    try:
+        path = checkpoint.save(c.cfg.run_dir / "checkpoints", step, state, keep=c.cfg.training.keep_checkpoints)
+    except checkpoint.CheckpointError as e:
+        log.error("checkpoint_failed", error=str(e))
+        raise
     log.info("checkpoint_saved", path=str(path))
     return path
 
 
-def _resume(c: Components) -> int:
-    found = checkpoint.load_latest(c.cfg.run_dir / "checkpoints")
+def _resume_point(cfg: QuaeroConfig, *, resume: bool, restart: bool) -> tuple[Path, dict] | None:
+    """The newest intact checkpoint of the run folder, or None to start at step 1. A folder whose
+    checkpoints are all unusable is refused (starting over would overwrite them) unless `restart`,
+    which renames the checkpoints folder aside and starts over."""
+    root = cfg.run_dir / "checkpoints"
+    checkpoint.remove_orphans(root)
+    if restart:
+        aside = checkpoint.set_aside(root, time.strftime("%Y%m%dT%H%M%S"))
+        if aside is not None:
+            log.warning("restart", note="starting over at step 1", previous_checkpoints=str(aside))
+        return None
+    try:
+        found = checkpoint.load_latest(root)
+    except checkpoint.NoIntactCheckpoint as e:
+        raise checkpoint.CheckpointError(f"{e}; repair or remove them, or pass --restart to start over at "
+                                         "step 1 (the old checkpoints are kept, renamed aside)") from None
+    if found is not None and not resume:
+        log.info("auto_resume", run_dir=str(cfg.run_dir), note="existing checkpoints found; resuming "
+                 "(use a new [run] name, or --restart to start over)")
+    if found is None and resume:
+        log.warning("resume_without_checkpoint", path=str(root), note="nothing to resume; starting at step 1")
+    return found
+
+
+def _resume(c: Components, found: tuple[Path, dict] | None) -> int:
     if found is None:
         return 0
     path, state = found
@@ -245,9 +272,9 @@ class StopRequest:
             signal.signal(signal.SIGINT, self._previous)
 
 
-def _loop(c: Components, stop: StopRequest, tqdm, run_id: str) -> None:
+def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path, dict] | None) -> None:
     cfg = c.cfg
-    start = _resume(c)
+    start = _resume(c, found)
     total = cfg.training.warmup_sft_steps + cfg.training.steps
     if start == 0 and cfg.training.eval_every:
         evaluate(c, 0)
@@ -272,9 +299,11 @@ def _loop(c: Components, stop: StopRequest, tqdm, run_id: str) -> None:
     log.info("run_end", status="finished", steps=total, run_id=run_id)
 
 
-def train(cfg: QuaeroConfig, *, resume: bool = False, source: str = "config") -> Path:
+def train(cfg: QuaeroConfig, *, resume: bool = False, restart: bool = False, source: str = "config") -> Path:
     """Run the job; returns the run folder. Ctrl-C finishes the step, checkpoints, shuts down env servers
-    and the sampler, and raises KeyboardInterrupt (the CLI exits 130)."""
+    and the sampler, and raises KeyboardInterrupt (the CLI exits 130). A run folder with checkpoints is
+    resumed from its newest intact one; `restart` starts over at step 1 instead (see _resume_point).
+    Raises RunFolderLocked when another process trains in the same run folder."""
     if cfg.backend.backend == "unsloth":
         from trainers.registry import trainer_class
 
@@ -283,25 +312,29 @@ def train(cfg: QuaeroConfig, *, resume: bool = False, source: str = "config") ->
     from tqdm.auto import tqdm
 
     from quaero.openenv_client import open_envs
+    from quaero.runlock import RunLock
 
     configure(cfg.logging.level, cfg.logging.console)
     run_dir = cfg.run_dir
-    has_ckpt = any((run_dir / "checkpoints").glob("step-*"))
-    if has_ckpt and not resume:
-        log.info("auto_resume", run_dir=str(run_dir), note="existing checkpoints found; resuming "
-                 "(use a new [run] name or delete the folder to start over)")
     torch.manual_seed(cfg.run.seed)
     if cfg.backend.options.train_supervised_context_tokens:
         log.warning("approximation", option="train_supervised_context_tokens",
                     value=cfg.backend.options.train_supervised_context_tokens,
                     note="rows are cropped before their first target: not exact full-context training")
     n_sessions = cfg.training.tasks_per_step * cfg.training.group_size
-    with RunLog(run_dir) as run, open_envs(cfg.env, max(n_sessions, 1)) as pool, StopRequest() as stop:
-        (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
-        log.info("run_start", source=source, run_dir=str(run_dir), config=cfg.model_dump(mode="json"))
-        c = build(cfg, pool)
-        try:
-            _loop(c, stop, tqdm, run.run_id)
-        finally:
-            c.sampler.close()
+    # the lock comes first: a second process must not append to this run's events or touch its checkpoints
+    with RunLock(run_dir) as lock, RunLog(run_dir) as run:
+        if lock.stale_pid is not None:
+            log.warning("run_lock_taken_over", lock=str(lock.path), stale_pid=lock.stale_pid,
+                        note="that process died holding the run folder's lock")
+        found = _resume_point(cfg, resume=resume, restart=restart)
+        with open_envs(cfg.env, max(n_sessions, 1), log_dir=run_dir / "env-servers") as pool, \
+                StopRequest() as stop:
+            (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+            log.info("run_start", source=source, run_dir=str(run_dir), config=cfg.model_dump(mode="json"))
+            c = build(cfg, pool)
+            try:
+                _loop(c, stop, tqdm, run.run_id, found)
+            finally:
+                c.sampler.close()
     return run_dir

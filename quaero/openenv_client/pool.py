@@ -18,6 +18,8 @@ from .session import ChatEnv, EpisodeDropped
 from .transport import EnvFault, InProcessTransport, WebSocketTransport
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from typing_extensions import Self
 
     from quaero.config import EnvConfig
@@ -110,9 +112,10 @@ def _open_session(session: ChatEnv, cfg: EnvConfig) -> None:
             time.sleep(cfg.retry_backoff_s * 2**attempt)
 
 
-def open_envs(cfg: EnvConfig, n: int, stats: RolloutStats | None = None) -> EnvPool:
+def open_envs(cfg: EnvConfig, n: int, stats: RolloutStats | None = None, log_dir: Path | None = None) -> EnvPool:
     """N sessions of the configured env, counting into `stats` (a new one by default; `pool.stats`).
-    Config problems raise ConfigError here, before any episode."""
+    Config problems raise ConfigError here, before any episode. log_dir: where a local server's log goes
+    (a run's `env-servers/`; a temp file when None)."""
     require_openenv()
     stats = RolloutStats() if stats is None else stats
     server, sessions = None, []
@@ -128,7 +131,7 @@ def open_envs(cfg: EnvConfig, n: int, stats: RolloutStats | None = None) -> EnvP
                 # headroom: a session abandoned after a timeout holds its slot until its step returns
                 server = LocalServer(cfg.entry, cfg.host, max_concurrent_envs=2 * n + 1 if spec.supports_concurrency
                                      else 1, start_timeout_s=cfg.server_start_timeout_s,
-                                     kwargs=cfg.kwargs).start()
+                                     kwargs=cfg.kwargs, log_dir=log_dir).start()
                 http_url, ws_url = server.http_url, server.ws_url
             else:
                 http_url, ws_url = _urls(cfg.url)

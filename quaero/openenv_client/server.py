@@ -68,7 +68,7 @@ class ServerStartError(RuntimeError):
 
 class LocalServer:
     def __init__(self, entry: str, host: str = "127.0.0.1", max_concurrent_envs: int = 16,
-                 start_timeout_s: float = 60.0, kwargs: dict | None = None) -> None:
+                 start_timeout_s: float = 60.0, kwargs: dict | None = None, log_dir: Path | None = None) -> None:
         self.entry, self.host, self.kwargs = entry, host, dict(kwargs or {})
         self.max_concurrent_envs, self.start_timeout_s = max_concurrent_envs, start_timeout_s
         self._sock = socket.create_server((host, 0), backlog=256)
@@ -76,7 +76,14 @@ class LocalServer:
         self.port = self._sock.getsockname()[1]
         self.proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
-        self._log_path = Path(tempfile.mkstemp(prefix="quaero-env-server-", suffix=".log")[1])
+        # a run keeps its servers' logs (runs/NAME/env-servers/); without a run folder the log is a temp file,
+        # removed at stop (a failed start names it in its error, and that path never reaches stop)
+        self._temp_log = log_dir is None
+        if log_dir is None:
+            self._log_path = Path(tempfile.mkstemp(prefix="quaero-env-server-", suffix=".log")[1])
+        else:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+            self._log_path = Path(log_dir) / f"server-{self.port}.log"
 
     @property
     def http_url(self) -> str:
@@ -150,6 +157,8 @@ class LocalServer:
             self.proc = None
         self._sock.close()
         _LIVE.discard(self)
+        if self._temp_log:
+            self._log_path.unlink(missing_ok=True)
 
 
 @atexit.register

@@ -9,77 +9,14 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
-import psutil
 import pytest
+from fixtures.runs import ROOT, alive, events_of, make_config, steps_by_number
 
 from quaero import review
-from quaero.config import load_config
 from quaero.metrics import read_events
 from quaero.proofs import SELECTIVE_METRICS
-
-ROOT = Path(__file__).resolve().parents[2]
-
-BASE = """
-[run]
-name = "{name}"
-seed = 0
-output_dir = "{out}"
-
-[model]
-name = "tiny-qwen3"
-
-[env]
-entry = "{entry}"
-launcher = "local-server"
-kwargs = {{difficulty = 1}}
-max_turns = 2
-on_session_loss = "{on_loss}"
-
-[sampler]
-backend = "{sampler}"
-max_tokens = 8
-
-[backend]
-backend = "local"
-lr = 1e-3
-
-[training]
-steps = {steps}
-warmup_sft_steps = {warmup}
-tasks_per_step = 2
-group_size = 2
-eval_every = {eval_every}
-eval_tasks = {eval_tasks}
-checkpoint_every = 2
-
-[logging]
-console = "none"
-progress = false
-"""
-
-
-def make_config(tmp_path, name="e2e", *, steps=2, warmup=1, eval_every=3, eval_tasks=2, sampler="hf",
-                entry="envs.toolbench:ToolBenchEnv", on_loss="replay", extra=()):
-    p = tmp_path / f"{name}.toml"
-    p.write_text(BASE.format(name=name, out=tmp_path / "runs", steps=steps, warmup=warmup, eval_every=eval_every,
-                             eval_tasks=eval_tasks, sampler=sampler, entry=entry, on_loss=on_loss))
-    return p, load_config(p, list(extra))
-
-
-def events_of(run_dir, name):
-    return [e for e in read_events(Path(run_dir) / "events.jsonl")[0] if e["event"] == name]
-
-
-def steps_by_number(run_dir):
-    return {e["step"]: e for e in events_of(run_dir, "train_step")}
-
-
-def alive(pids):
-    time.sleep(0.5)
-    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
 def test_main_job_short_run_logs_proofs_and_cleans_up(tmp_path):

@@ -24,6 +24,28 @@ def test_events_are_json_lines_with_stable_fields(tmp_path):
     assert events[0]["local_train_selective_hidden_logprob_batches"] == 2
 
 
+def test_a_deleted_or_replaced_events_file_is_recreated_with_a_notice(tmp_path):
+    metrics.configure(console="none")
+    log = metrics.get_logger("test")
+    with metrics.RunLog(tmp_path, run_id="abc123") as run:
+        metrics.set_step(1)
+        log.info("train_step", loss=1.0)
+        run.path.unlink()  # `rm events.jsonl` while the run goes on
+        metrics.set_step(2)
+        log.info("train_step", loss=0.5)
+        log.info("train_step", loss=0.25)  # one notice, not one per event
+        run.path.rename(tmp_path / "moved.jsonl")  # replaced: a new file under the same name
+        run.path.write_text("")
+        log.info("eval", eval_reward=1.0)
+    events, _ = metrics.read_events(run.path)
+    assert [e["event"] for e in events] == ["events_file_recreated", "eval"]
+    moved, _ = metrics.read_events(tmp_path / "moved.jsonl")
+    assert [e["event"] for e in moved] == ["events_file_recreated", "train_step", "train_step"]
+    notice = moved[0]
+    assert notice["run_id"] == "abc123" and notice["step"] == 2 and notice["level"] == "warning"
+    assert [e["loss"] for e in moved[1:]] == [0.5, 0.25]
+
+
 def test_read_events_skips_a_torn_last_line(tmp_path):
     p = tmp_path / "events.jsonl"
     p.write_text('{"event": "a", "step": 1}\n{"event": "b", "st')

@@ -1,0 +1,54 @@
+"""One `quaero train` per run folder: an exclusive flock on `runs/NAME/train.lock`, the holder's pid inside.
+
+The kernel releases an flock when its process dies, however it dies (SIGKILL included), so a lock
+file left behind by a dead run is never mistaken for a live one: the next run takes it over and says
+whose it was. The pid in the file is only for the messages; the flock is the lock.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+LOCK_FILE = "train.lock"
+
+
+class RunFolderLocked(RuntimeError):
+    pass
+
+
+def _read_pid(fd: int) -> int | None:
+    text = os.pread(fd, 64, 0).decode("ascii", errors="replace").strip()
+    return int(text) if text.isdigit() else None
+
+
+class RunLock:
+    """Held for the whole run. `stale_pid`: the pid of a previous holder that died holding it."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / LOCK_FILE
+        self.stale_pid: int | None = None
+        self._fd: int | None = None
+
+    def __enter__(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_pid(fd)
+            os.close(fd)
+            raise RunFolderLocked(f"{self.path.parent}: another `quaero train` (pid {holder or 'unknown'}) holds "
+                                  f"{self.path}; wait for it or stop it, or use another [run] name") from None
+        previous = _read_pid(fd)  # a clean exit empties the file: a pid here died holding the lock
+        self.stale_pid = previous if previous != os.getpid() else None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            os.close(self._fd)  # releases the flock
+            self._fd = None

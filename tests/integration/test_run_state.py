@@ -1,0 +1,165 @@
+"""Run-state faults on the real main job (tiny-qwen3, toolbench server on 127.0.0.1, the `quaero` CLI):
+a crafted checkpoint never runs, unusable checkpoints are refused rather than overwritten, a full disk
+and a killed write are survived, one process per run folder, a deleted events file is recreated."""
+import errno
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fixtures.runs import ROOT, alive, events_of, make_config
+
+from quaero import checkpoint
+from quaero.metrics import read_events
+
+
+class _Payload:
+    """What an attacker puts in a checkpoint: unpickling it creates `marker`."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def quaero_train(config: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "quaero.cli", "train", str(config), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def wait_for(predicate, timeout: float = 240, what: str = "") -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_crafted_checkpoint_never_runs_and_unusable_checkpoints_are_refused(tmp_path):
+    from quaero.train import train
+
+    path, cfg = make_config(tmp_path, "crafted", steps=0, warmup=2, eval_every=0, eval_tasks=0,
+                            extra=["training.checkpoint_every=1"])
+    run_dir = train(cfg)
+    assert list((run_dir / "env-servers").glob("server-*.log"))  # the env server logged into the run folder
+    ckpts = sorted((run_dir / "checkpoints").glob("step-*"))
+    assert [p.name for p in ckpts] == ["step-000001", "step-000002"]
+
+    marker = tmp_path / "code-ran"
+    payload = pickle.dumps(_Payload(marker))
+    for folder in ckpts:  # every file a pickle (the old loader's state.pt too), the manifest vouching for each
+        manifest = json.loads((folder / "manifest.json").read_text())
+        for name in ("tensors.safetensors", "state.json", "state.pt"):
+            (folder / name).write_bytes(payload)
+            manifest["sha256"][name] = checkpoint._sha256(folder / name)
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+
+    for flags in (["--resume"], []):  # explicit and automatic resume: both refuse to start over
+        proc = quaero_train(path, *flags)
+        assert proc.returncode == 1, proc.stderr
+        assert not marker.exists()
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.startswith(f"error: {run_dir / 'checkpoints'}: no intact checkpoint to resume from")
+        assert "step-000002: unreadable" in line and "step-000001: unreadable" in line and "--restart" in line
+    skipped = events_of(run_dir, "checkpoint_skipped")
+    assert {Path(e["path"]).name for e in skipped} == {"step-000001", "step-000002"}
+    pickle.loads(payload)  # the payload is live: had anything unpickled it, the marker would exist
+    assert marker.exists()
+
+
+@pytest.mark.slow
+def test_restart_starts_over_and_keeps_the_unusable_checkpoints_aside(tmp_path):
+    from quaero.train import train
+
+    _, cfg = make_config(tmp_path, "restart", steps=0, warmup=1, eval_every=0, eval_tasks=0)
+    torn = cfg.run_dir / "checkpoints" / "step-000004"
+    torn.mkdir(parents=True)
+    (torn / "manifest.json").write_text("{")
+    with pytest.raises(checkpoint.CheckpointError, match=r"step-000004: manifest.json unreadable"):
+        train(cfg)
+    train(cfg, restart=True)
+    (aside,) = cfg.run_dir.glob("checkpoints.before-restart-*")
+    assert [p.name for p in aside.iterdir()] == ["step-000004"]
+    assert checkpoint.load_latest(cfg.run_dir / "checkpoints")[0].name == "step-000001"
+    assert [e["step"] for e in events_of(cfg.run_dir, "train_step")] == [1]
+
+
+@pytest.mark.slow
+def test_a_full_disk_stops_the_run_in_one_line_and_a_killed_write_does_not_block_resume(tmp_path, monkeypatch):
+    from quaero.train import train
+
+    _, cfg = make_config(tmp_path, "disk", steps=0, warmup=2, eval_every=0, eval_tasks=0,
+                         extra=["training.checkpoint_every=1"])
+    real_save_file, calls = checkpoint.save_file, []
+
+    def disk_fills_at_step_2(tensors, filename):
+        calls.append(filename)
+        if len(calls) == 2:
+            Path(filename).write_bytes(b"partial")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_save_file(tensors, filename)
+
+    monkeypatch.setattr(checkpoint, "save_file", disk_fills_at_step_2)
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        train(cfg)
+    message = str(e.value)
+    assert "\n" not in message and "step-000002 not written" in message and " bytes, " in message
+    ckpt_root = cfg.run_dir / "checkpoints"
+    assert [p.name for p in ckpt_root.iterdir()] == ["step-000001"]  # no temp folder left behind
+    assert events_of(cfg.run_dir, "checkpoint_failed")
+    monkeypatch.undo()
+
+    orphan = ckpt_root / ".step-000002-killed"  # what SIGKILL mid-write leaves
+    orphan.mkdir()
+    (orphan / "tensors.safetensors").write_bytes(b"half")
+    train(cfg, resume=True)
+    assert not orphan.exists()
+    assert [e["step"] for e in events_of(cfg.run_dir, "resumed")] == [1]
+    assert [e["step"] for e in events_of(cfg.run_dir, "train_step")] == [1, 2, 2]  # step 2 trained again
+    assert sorted(p.name for p in ckpt_root.iterdir()) == ["step-000001", "step-000002"]
+    assert checkpoint.verify(ckpt_root / "step-000002") is None
+
+
+@pytest.mark.slow
+def test_one_train_per_run_folder_stale_lock_taken_over_and_a_deleted_events_file_recreated(tmp_path):
+    from quaero.train import train
+
+    path, cfg = make_config(tmp_path, "shared", steps=0, warmup=200, eval_every=0, eval_tasks=0,
+                            extra=["training.checkpoint_every=1000"])
+    first = subprocess.Popen([sys.executable, "-m", "quaero.cli", "train", str(path)], cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    events = cfg.run_dir / "events.jsonl"
+    try:
+        wait_for(lambda: events.exists() and '"train_step"' in events.read_text(), what="the first run's step")
+        run_id = read_events(events)[0][0]["run_id"]
+        first_server = [e["pid"] for e in events_of(cfg.run_dir, "env_server_started")]
+
+        t0 = time.time()
+        second = quaero_train(path)
+        assert second.returncode == 1 and time.time() - t0 < 60, second.stderr
+        (line,) = second.stderr.strip().splitlines()
+        assert f"another `quaero train` (pid {first.pid}) holds" in line
+        assert {e["run_id"] for e in read_events(events)[0]} == {run_id}  # the refused run wrote nothing here
+
+        events.unlink()  # `rm events.jsonl` mid-run
+        wait_for(lambda: events.exists() and '"train_step"' in events.read_text(), what="the recreated events")
+        recreated, _ = read_events(events)
+        assert recreated[0]["event"] == "events_file_recreated" and recreated[0]["run_id"] == run_id
+        assert first.poll() is None
+    finally:
+        first.send_signal(signal.SIGKILL)  # dies holding the lock: no cleanup runs
+        first.wait(timeout=30)
+    assert (cfg.run_dir / "train.lock").read_text().strip() == str(first.pid)
+
+    _, small = make_config(tmp_path, "shared", steps=0, warmup=1, eval_every=0, eval_tasks=0)
+    train(small)
+    (taken,) = events_of(cfg.run_dir, "run_lock_taken_over")
+    assert taken["stale_pid"] == first.pid
+    assert events_of(cfg.run_dir, "run_end")[-1]["status"] == "finished"
+    assert first_server and not alive(first_server)  # the killed run's env server exited with it
+    assert os.path.getsize(cfg.run_dir / "train.lock") == 0  # a clean exit leaves no pid behind

@@ -1,0 +1,191 @@
+"""Checkpoints: an exact round trip without pickle, verified pruning, orphans, failed writes."""
+import errno
+import json
+import pickle
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from quaero import checkpoint
+from quaero.checkpoint import CheckpointError, NoIntactCheckpoint
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def trained_state(step: int = 3) -> dict:
+    """A backend-shaped state: a model, AdamW with int-keyed per-param state and tuple betas, a scheduler."""
+    torch.manual_seed(step)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)).to(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    for _ in range(2):
+        model(torch.randn(5, 4, dtype=torch.bfloat16)).float().pow(2).mean().backward()
+        opt.step()
+        sched.step()
+    return {"step": step, "cursor": 4 * step, "rng": checkpoint.rng_state(), "cumulative": {"env_steps": 7, "mode": "off"},
+            "backend": {"backend": "local", "lora": False, "model": {k: v.clone() for k, v in model.state_dict().items()},
+                        "optimizer": opt.state_dict(), "scheduler": sched.state_dict()}}
+
+
+def same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def test_round_trip_is_exact_and_the_files_are_data_only(tmp_path):
+    state = trained_state()
+    tied = torch.randn(3, 3)
+    state["odd"] = {(1, 2): b"\x00\xff", "nested": [(1.5, None, True)], "one": {"__tensor__": "not a tag"},
+                    "tied": [tied, tied, tied[1]]}  # shared memory and a view, as tied weights give
+    path = checkpoint.save(tmp_path, 3, state)
+    assert sorted(p.name for p in path.iterdir()) == ["manifest.json", "state.json", "tensors.safetensors"]
+    loaded_path, loaded = checkpoint.load_latest(tmp_path)
+    assert loaded_path == path and same(state, loaded)
+    assert list(loaded["backend"]["optimizer"]["state"]) == [0, 1, 2, 3]  # int param ids restored
+    assert loaded["backend"]["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.95)
+    from safetensors.torch import load_file
+
+    names = set(load_file(path / "tensors.safetensors"))
+    assert "backend/optimizer/state/0/exp_avg" in names and "rng/torch" in names
+    with pytest.raises(pickle.UnpicklingError):  # nothing in the folder is a pickle
+        pickle.loads((path / "state.json").read_bytes())
+
+
+def test_restored_rng_replays_the_same_draws(tmp_path):
+    checkpoint.save(tmp_path, 1, {"step": 1, "rng": checkpoint.rng_state()})
+    expected = (random.random(), np.random.rand(), torch.rand(3))
+    random.random(), np.random.rand(), torch.rand(3)  # move on, as a run does
+    _, state = checkpoint.load_latest(tmp_path)
+    checkpoint.set_rng_state(state["rng"])
+    got = (random.random(), np.random.rand(), torch.rand(3))
+    assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
+
+
+def test_a_hash_valid_pickle_is_skipped_without_running(tmp_path):
+    """Whoever can write a checkpoint can write its manifest: the hashes are no defence, the format is."""
+    marker = tmp_path / "pwned"
+    checkpoint.save(tmp_path, 1, trained_state(1))
+    bad = checkpoint.save(tmp_path, 2, trained_state(2))
+    payload = pickle.dumps(_Payload(str(marker)))
+    manifest = json.loads((bad / "manifest.json").read_text())
+    for name in ("tensors.safetensors", "state.json"):
+        (bad / name).write_bytes(payload)
+        manifest["sha256"][name] = checkpoint._sha256(bad / name)
+    (bad / "manifest.json").write_text(json.dumps(manifest))
+    assert checkpoint.verify(bad) is None  # the manifest vouches for the payload
+    path, state = checkpoint.load_latest(tmp_path)
+    assert path.name == "step-000001" and state["step"] == 1
+    assert not marker.exists()
+    pickle.loads(payload)  # the payload is live: unpickling it is what would have run it
+    assert marker.exists()
+
+
+class _Payload:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
+def test_an_older_pickle_checkpoint_is_never_opened(tmp_path):
+    old = tmp_path / "step-000004"
+    old.mkdir()
+    (old / "state.pt").write_bytes(pickle.dumps({"step": 4}))
+    (old / "manifest.json").write_text(json.dumps({"step": 4, "sha256": checkpoint._sha256(old / "state.pt")}))
+    with pytest.raises(NoIntactCheckpoint) as e:
+        checkpoint.load_latest(tmp_path)
+    assert "step-000004: state.pt is a pickle written by an older quaero" in str(e.value)
+
+
+def test_all_corrupt_names_every_folder_and_why(tmp_path):
+    a = checkpoint.save(tmp_path, 2, trained_state(2))
+    b = checkpoint.save(tmp_path, 4, trained_state(4))
+    (a / "tensors.safetensors").write_bytes(b"torn")
+    (b / "state.json").unlink()
+    with pytest.raises(NoIntactCheckpoint) as e:
+        checkpoint.load_latest(tmp_path)
+    assert str(e.value).count("\n") == 0
+    assert "step-000004: state.json missing" in str(e.value)
+    assert "step-000002: tensors.safetensors does not match its manifest hash" in str(e.value)
+    assert checkpoint.load_latest(tmp_path / "none") is None  # no checkpoints at all: a fresh start
+
+
+def test_pruning_counts_only_intact_checkpoints(tmp_path):
+    """A run resumed from step 4 past corrupt 6 and 8 saves step 5: 5 and 4 are kept, not 6 and 8."""
+    for step in (2, 4, 6, 8):
+        checkpoint.save(tmp_path, step, trained_state(step), keep=10)
+    for step in (6, 8):
+        (tmp_path / f"step-{step:06d}" / "tensors.safetensors").write_bytes(b"torn")
+    checkpoint.save(tmp_path, 5, trained_state(5), keep=2)
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000004", "step-000005", "step-000006",
+                                                                "step-000008"]
+    path, state = checkpoint.load_latest(tmp_path)
+    assert path.name == "step-000005" and state["step"] == 5
+    checkpoint.save(tmp_path, 6, trained_state(6), keep=2)  # reaching a corrupt step overwrites it
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000005", "step-000006", "step-000008"]
+    assert checkpoint.verify(tmp_path / "step-000006") is None
+
+
+def test_orphan_temp_folders_are_removed(tmp_path):
+    checkpoint.save(tmp_path, 1, trained_state(1))
+    orphan = tmp_path / ".step-000002-abc123"
+    orphan.mkdir()
+    (orphan / "tensors.safetensors").write_bytes(b"half")
+    assert checkpoint.remove_orphans(tmp_path) == [orphan]
+    assert not orphan.exists() and checkpoint.load_latest(tmp_path)[1]["step"] == 1
+
+
+def test_a_full_disk_is_one_line_and_the_previous_checkpoint_stays(tmp_path, monkeypatch):
+    checkpoint.save(tmp_path, 1, trained_state(1))
+
+    def full_disk(tensors, filename):
+        Path(filename).write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "save_file", full_disk)
+    with pytest.raises(CheckpointError) as e:
+        checkpoint.save(tmp_path, 2, trained_state(2))
+    msg = str(e.value)
+    assert "\n" not in msg and str(tmp_path / "step-000002") in msg and "No space left on device" in msg
+    needed = int(msg.split(" needs ")[1].split(" bytes")[0])
+    assert needed > sum(t.numel() * t.element_size() for t in trained_state(2)["backend"]["model"].values())
+    assert not list(tmp_path.glob(".step-*")) and not (tmp_path / "step-000002").exists()
+    path, state = checkpoint.load_latest(tmp_path)
+    assert path.name == "step-000001" and same(state["backend"]["model"], trained_state(1)["backend"]["model"])
+
+
+def test_a_real_write_failure_is_caught(tmp_path):
+    """A real failing write (the file size limit, EFBIG) in a child process, not a patched function."""
+    code = textwrap.dedent(f"""
+        import resource, signal, sys
+        from pathlib import Path
+        import torch
+        from quaero import checkpoint
+        root = Path({str(tmp_path)!r})
+        checkpoint.save(root, 1, {{"step": 1, "w": torch.zeros(10)}})
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, resource.RLIM_INFINITY))
+        try:
+            checkpoint.save(root, 2, {{"step": 2, "w": torch.zeros(1_000_000)}})
+        except checkpoint.CheckpointError as e:
+            print(e)
+            sys.exit(3)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert "step-000002 not written" in proc.stdout and "4000" in proc.stdout  # names the bytes needed
+    assert not list(tmp_path.glob(".step-*"))
+    assert checkpoint.load_latest(tmp_path)[1]["step"] == 1

@@ -1,0 +1,34 @@
+"""The run-folder lock: one holder, named in the refusal; a dead holder's lock is taken over."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from quaero.runlock import RunFolderLocked, RunLock
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_a_second_holder_is_refused_with_the_first_ones_pid(tmp_path):
+    with RunLock(tmp_path) as first:
+        assert first.stale_pid is None
+        assert first.path.read_text().strip() == str(os.getpid())
+        with pytest.raises(RunFolderLocked, match=rf"\(pid {os.getpid()}\) holds .*train.lock"):
+            RunLock(tmp_path).__enter__()
+    with RunLock(tmp_path) as again:  # released at exit, and a clean exit leaves no pid behind
+        assert again.stale_pid is None
+
+
+def test_a_lock_whose_holder_was_killed_is_taken_over(tmp_path):
+    code = (f"import time; from quaero.runlock import RunLock; RunLock({str(tmp_path)!r}).__enter__(); "
+            "print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(RunFolderLocked, match=rf"pid {holder.pid}\b"):
+        RunLock(tmp_path).__enter__()
+    holder.kill()  # SIGKILL: no cleanup runs, its pid stays in the file
+    holder.wait(timeout=10)
+    with RunLock(tmp_path) as lock:
+        assert lock.stale_pid == holder.pid
