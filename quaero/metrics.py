@@ -20,6 +20,8 @@ from typing import IO, Any
 
 import structlog
 
+from quaero.sinks import mirror
+
 # The seed's metric names, exactly (DESIGN.md "Metrics").
 SELECTIVE_METRICS = (
     "local_train_selective_suffix_logits",
@@ -116,6 +118,7 @@ def configure(level: str = "info", console: str = "pretty") -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True, key="timestamp"),
             _sink,
+            mirror,  # TensorBoard / W&B / trackio copies ([logging] report_to)
             _console,
             renderer,
         ],

@@ -241,6 +241,7 @@ def train(cfg: QuaeroConfig, *, resume: bool = False, source: str = "config") ->
     from tqdm.auto import tqdm
 
     from quaero.openenv_client import open_envs
+    from quaero.sinks import open_sinks
 
     configure(cfg.logging.level, cfg.logging.console)
     run_dir = cfg.run_dir
@@ -254,7 +255,8 @@ def train(cfg: QuaeroConfig, *, resume: bool = False, source: str = "config") ->
                     value=cfg.backend.options.train_supervised_context_tokens,
                     note="rows are cropped before their first target: not exact full-context training")
     n_sessions = cfg.training.tasks_per_step * cfg.training.group_size
-    with RunLog(run_dir) as run, open_envs(cfg.env, max(n_sessions, 1)) as pool, StopRequest() as stop:
+    sinks = open_sinks(cfg.logging.report_to, run_dir, cfg.run.name, cfg.model_dump(mode="json"))
+    with RunLog(run_dir) as run, sinks, open_envs(cfg.env, max(n_sessions, 1)) as pool, StopRequest() as stop:
         (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
         log.info("run_start", source=source, run_dir=str(run_dir), config=cfg.model_dump(mode="json"))
         c = build(cfg, pool)
