@@ -1,4 +1,4 @@
-"""`quaero` command line: train, check, review, bench, env serve.
+"""`quaero` command line: train, check, review, bench, env serve, doctor.
 
 Heavy imports (torch models, vLLM, unsloth) happen only inside the command that needs them, so a
 bad config fails in well under a second, with one line and exit status 1.
@@ -96,6 +96,12 @@ def cmd_bench(args) -> int:
     return bench_main(args.bench_args)
 
 
+def cmd_doctor(args) -> int:
+    from quaero.doctor import main as doctor_main
+
+    return doctor_main(args)
+
+
 def _json_object(text: str) -> dict:
     try:
         value = json.loads(text)
@@ -147,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
                        add_help=False)  # `quaero bench [echo|step] --help` is answered by quaero.bench
     p.add_argument("bench_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("doctor", help="facts about this machine's stack (torch, CUDA, openenv, engines, disk); "
+                       "exit 1 when a problem is found")
+    p.add_argument("--json", action="store_true", help="print the facts as JSON")
+    p.set_defaults(func=cmd_doctor)
 
     env = sub.add_parser("env", help="environment tools").add_subparsers(dest="env_command", required=True)
     p = env.add_parser("serve", help="serve any OpenEnv env (module:Class) on 127.0.0.1")

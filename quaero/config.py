@@ -168,6 +168,8 @@ class LoggingConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     console: Literal["pretty", "plain", "none"] = "pretty"
     progress: bool = True
+    # mirrors of train_step / eval scalars: any of "tensorboard", "wandb", "trackio" (quaero/sinks.py)
+    report_to: list[str] = Field(default_factory=list)
 
 
 class QuaeroConfig(_Section):

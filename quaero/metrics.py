@@ -22,6 +22,7 @@ from typing import IO, Any
 import structlog
 
 from quaero.proofs import FALLBACK_BATCHES, HIDDEN_BATCHES
+from quaero.sinks import mirror
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
@@ -136,6 +137,7 @@ def configure(level: str = "info", console: str = "pretty") -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True, key="timestamp"),
             _sink,
+            mirror,  # TensorBoard / W&B / trackio copies ([logging] report_to)
             _console,
             renderer,
         ],

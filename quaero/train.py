@@ -313,6 +313,7 @@ def train(cfg: QuaeroConfig, *, resume: bool = False, restart: bool = False, sou
 
     from quaero.openenv_client import open_envs
     from quaero.runlock import RunLock
+    from quaero.sinks import open_sinks
 
     configure(cfg.logging.level, cfg.logging.console)
     run_dir = cfg.run_dir
@@ -323,7 +324,8 @@ def train(cfg: QuaeroConfig, *, resume: bool = False, restart: bool = False, sou
                     note="rows are cropped before their first target: not exact full-context training")
     n_sessions = cfg.training.tasks_per_step * cfg.training.group_size
     # the lock comes first: a second process must not append to this run's events or touch its checkpoints
-    with RunLock(run_dir) as lock, RunLog(run_dir) as run:
+    with RunLock(run_dir) as lock, RunLog(run_dir) as run, \
+            open_sinks(cfg.logging.report_to, run_dir, cfg.run.name, cfg.model_dump(mode="json")):
         if lock.stale_pid is not None:
             log.warning("run_lock_taken_over", lock=str(lock.path), stale_pid=lock.stale_pid,
                         note="that process died holding the run folder's lock")

@@ -1,0 +1,63 @@
+"""A real tiny training run with `[logging] report_to = ["tensorboard"]`: what TensorBoard holds equals
+the train_step and eval events of events.jsonl, at the same steps."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fixtures.sink_readers import tensorboard_scalars
+
+from quaero.metrics import read_events
+from quaero.sinks import scalars_of
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CONFIG = """
+[run]
+name = "sinks"
+output_dir = "{out}"
+
+[env]
+entry = "envs.toolbench:ToolBenchEnv"
+kwargs = {{difficulty = 1}}
+max_turns = 2
+
+[sampler]
+backend = "hf"
+max_tokens = 8
+
+[training]
+tasks_per_step = 1
+group_size = 2
+
+[logging]
+console = "none"
+progress = false
+report_to = ["tensorboard"]
+"""
+
+
+def test_training_run_mirrors_its_scalars_into_tensorboard(tmp_path):
+    pytest.importorskip("tensorboard", reason="tensorboard is not installed: pip install 'quaero[tensorboard]'")
+    path = tmp_path / "sinks.toml"
+    path.write_text(CONFIG.format(out=tmp_path / "runs"))
+    cmd = [sys.executable, "-m", "quaero.cli", "train", str(path), "--set", "training.steps=1",
+           "--set", "training.eval_every=1", "--set", "training.eval_tasks=1"]
+    out = subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "sinks"
+    events = [e for e in read_events(run_dir / "events.jsonl")[0] if e["event"] in ("train_step", "eval")]
+    assert [(e["event"], e["step"]) for e in events] == [("eval", 0), ("train_step", 1), ("eval", 1)]
+    expected: dict[str, list[tuple[int, float]]] = {}
+    for e in events:
+        for tag, value in scalars_of(e).items():
+            expected.setdefault(tag, []).append((e["step"], value))
+    assert {"train/loss", "train/rows", "train/echo_tokens", "eval/reward"} <= set(expected)
+    scalars = tensorboard_scalars(run_dir / "tensorboard")
+    assert set(scalars) == set(expected)
+    for tag, points in expected.items():
+        assert [step for step, _ in scalars[tag]] == [step for step, _ in points], tag
+        # TensorBoard stores float32
+        assert [v for _, v in scalars[tag]] == pytest.approx([v for _, v in points], rel=1e-6, abs=1e-6), tag
