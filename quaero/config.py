@@ -8,11 +8,12 @@ Errors are `ConfigError`s whose message names the file, section, key, value and 
 from __future__ import annotations
 
 import difflib
+import re
 import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainers.spec import MemoryPolicy, SelectivePolicy
 
@@ -27,7 +28,8 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # inf/nan are never meaningful settings (a weight of inf trains nothing but NaNs)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class RunConfig(_Section):
@@ -35,6 +37,15 @@ class RunConfig(_Section):
     seed: int = 0
     output_dir: str = "runs"
     device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    @field_validator("name")
+    @classmethod
+    def _one_folder(cls, name: str) -> str:
+        # one folder name under output_dir: a run never writes outside it
+        if not re.fullmatch(r"[A-Za-z0-9._+=@-]{1,200}", name) or name in (".", ".."):
+            raise ValueError(f"name={name!r} must be one folder name (letters, digits, . _ + = @ -; not '.' "
+                             "or '..'): the run folder is output_dir/name")
+        return name
 
 
 class ModelConfig(_Section):
@@ -240,6 +251,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise ConfigError(f"--set {text!r}: expected section.key=value, e.g. --set training.steps=3")
     path, raw = text.split("=", 1)
+    if not path.strip() or any(not part.strip() for part in path.split(".")):
+        raise ConfigError(f"--set {text!r}: the key is empty; expected section.key=value, e.g. --set training.steps=3")
     try:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
@@ -252,9 +265,15 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
     path = Path(path)
     source = str(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{source}: file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{source}: is a folder; pass a TOML file, e.g. envs/toolbench.toml") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{source}: not UTF-8 text (byte {e.start}); save the config as UTF-8") from None
+    except OSError as e:
+        raise ConfigError(f"{source}: cannot read it ({e.strerror})") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{source}: not valid TOML: {e}") from None
     for text in overrides:
@@ -275,6 +294,18 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
 
 def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
     """Rules judged from the config alone (quaero/plan.py judges it against the installed components)."""
+    if cfg.env.url and cfg.env.entry:
+        raise ConfigError(f"{source} [env] entry={cfg.env.entry!r} and url={cfg.env.url!r} are both set: quaero "
+                          "either starts the env (entry) or connects to a running server (url); remove one")
     if cfg.env.url and cfg.env.launcher != "remote":
         raise ConfigError(f"{source} [env] url is set but launcher={cfg.env.launcher!r}; "
                           "set launcher='remote' or remove url")
+    t = cfg.training
+    if t.steps and t.group_size < 2:
+        raise ConfigError(f"{source} [training] group_size={t.group_size} with steps={t.steps}: a group of one "
+                          "episode has advantage 0 (reward minus its own mean), so RL learns nothing; "
+                          "use group_size >= 2 (or steps = 0 for a warm start only)")
+    if t.steps and cfg.sampler.top_p < 1:
+        raise ConfigError(f"{source} [sampler] top_p={cfg.sampler.top_p} with [training] steps={t.steps}: the "
+                          "sampler's log-probs are renormalised over the nucleus and the trainer's are not, so "
+                          "the importance ratio is biased; use top_p = 1 for RL (top_p < 1 is fine for eval)")

@@ -9,6 +9,7 @@ before it builds anything, so a config that cannot run fails before any model lo
 from __future__ import annotations
 
 import importlib.util
+import tempfile
 from pathlib import Path
 
 from quaero.config import ConfigError, QuaeroConfig, load_config
@@ -45,10 +46,58 @@ def check_components(cfg: QuaeroConfig, source: str = "config") -> None:
             raise ConfigError(f"{source} [logging] report_to={sink!r}: {reason}")
 
 
+def check_run_folder(cfg: QuaeroConfig, source: str = "config") -> None:
+    """The run folder can be created under `[run] output_dir` (probed with a temp folder, then removed)."""
+    out = Path(cfg.run.output_dir).expanduser()
+    existing = next((p for p in (out, *out.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise ConfigError(f"{source} [run] output_dir={cfg.run.output_dir!r}: {existing} is a file, not a folder; "
+                          "point output_dir at a folder")
+    try:
+        tempfile.TemporaryDirectory(dir=existing, prefix=".quaero-probe-").cleanup()
+    except OSError as e:
+        raise ConfigError(f"{source} [run] output_dir={cfg.run.output_dir!r}: cannot create folders in {existing} "
+                          f"({e.strerror}); choose a writable output_dir") from None
+
+
+def check_model_and_renderer(cfg: QuaeroConfig, source: str = "config") -> None:
+    """The model folder exists and the renderer works with its tokenizer: it renders a prompt, encodes an
+    action and, when packing, bridges an env response exactly. Loads the tokenizer, never the weights."""
+    from quaero.model import ModelNotFound, load_tokenizer, resolve_model
+    from quaero.render import BridgeFailure, RenderAdapter
+
+    name = cfg.model.name
+    try:
+        resolve_model(name)
+        tokenizer = load_tokenizer(name)
+    except (ModelNotFound, OSError, ValueError) as e:
+        raise ConfigError(f"{source} [model] name={name!r}: {e}") from None
+    renderer = cfg.model.renderer
+    messages = [{"role": "system", "content": "probe"}, {"role": "user", "content": "probe"}]
+    try:
+        render = RenderAdapter(tokenizer, cfg.model)
+        prompt = render.prompt_ids(messages, None)
+        action = render.encode_assistant(messages, None, {"role": "assistant", "content": "probe"})
+    except (AssertionError, ValueError, KeyError) as e:
+        raise ConfigError(f"{source} [model] renderer={renderer!r} does not fit the tokenizer of {name!r} "
+                          f"({str(e)[:160]}); name the renderer of this model family, e.g. 'qwen3'") from None
+    if cfg.training.packing and cfg.echo.enabled:
+        try:
+            render.bridge(prompt, action, [{"role": "user", "content": "probe"}], None)
+        except BridgeFailure as e:
+            raise ConfigError(f"{source} [model] renderer={renderer!r} cannot append an env response exactly "
+                              f"({e}), so no ECHO row could be built; use a renderer that bridges (e.g. 'qwen3'), "
+                              "or set [echo] enabled = false") from None
+
+
 def load_checked(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
-    """`load_config`, then `check_components`: what `quaero check` and `quaero train` run first."""
+    """`load_config`, then everything that depends on what is installed and on disk: what `quaero check` and
+    `quaero train` run first, so a config that cannot run fails before any model loads."""
     cfg = load_config(path, overrides)
-    check_components(cfg, str(path))
+    source = str(path)
+    check_components(cfg, source)
+    check_run_folder(cfg, source)
+    check_model_and_renderer(cfg, source)
     return cfg
 
 

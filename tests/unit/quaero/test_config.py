@@ -82,16 +82,50 @@ def test_invalid_toml_and_missing_file(tmp_path):
 
 @pytest.mark.parametrize("override", ["training.stepz=3", "training.steps=-1", "backend.backend='tinker'"])
 def test_cli_check_exits_1_with_one_line_and_no_traceback(override):
-    r = subprocess.run([sys.executable, "-m", "quaero.cli", "check", str(MAIN), "--set", override],
+    r = subprocess.run(check=False, args=[sys.executable, "-m", "quaero.cli", "check", str(MAIN), "--set", override],
                        capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 1
     assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
 
 
 def test_cli_check_prints_plan():
-    r = subprocess.run([sys.executable, "-m", "quaero.cli", "check", str(MAIN)], capture_output=True, text=True,
+    r = subprocess.run(check=False, args=[sys.executable, "-m", "quaero.cli", "check", str(MAIN)], capture_output=True, text=True,
                        cwd=ROOT)
     assert r.returncode == 0, r.stderr
     for needle in ("renderer 'qwen3'", "strict_shared_forward=True", "train_selective_suffix_logits=True",
                    "config OK"):
         assert needle in r.stdout
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("run.name='../../x'", "[run.name]: name='../../x' must be one folder name"),
+    ("run.name='/abs'", "must be one folder name"),
+    ('run.name="a\\u0000b"', "must be one folder name"),
+    ("echo.weight=inf", "[echo] weight=inf: Input should be a finite number"),
+    ("backend.lr=nan", "[backend] lr=nan"),
+    ("training.group_size=1", "[training] group_size=1 with steps=6: a group of one episode has advantage 0"),
+    ("sampler.top_p=0.5", "[sampler] top_p=0.5 with [training] steps=6: the sampler's log-probs are renormalised"),
+    ("env.url='ws://127.0.0.1:9'", "[env] entry='envs.toolbench:ToolBenchEnv' and url='ws://127.0.0.1:9' are both"),
+])
+def test_meaningless_settings_are_refused_before_anything_loads(override, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config(MAIN, [override])
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_settings_that_only_matter_for_rl_are_fine_without_rl_steps():
+    cfg = load_config(MAIN, ["training.steps=0", "training.group_size=1", "sampler.top_p=0.5"])
+    assert cfg.training.group_size == 1 and cfg.sampler.top_p == 0.5
+
+
+def test_unreadable_config_files_are_one_line_errors(tmp_path):
+    bad = tmp_path / "latin1.toml"
+    bad.write_bytes(b"\xff\xfe[run]\n")
+    with pytest.raises(ConfigError, match=r"latin1.toml: not UTF-8 text \(byte 0\); save the config as UTF-8"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="is a folder; pass a TOML file"):
+        load_config(tmp_path)
+    with pytest.raises(ConfigError, match=r"--set '=3': the key is empty"):
+        load_config(MAIN, ["=3"])
+    with pytest.raises(ConfigError, match=r"--set 'training.=3': the key is empty"):
+        load_config(MAIN, ["training.=3"])

@@ -84,3 +84,27 @@ def test_every_trainer_option_reaches_the_spec():
                                   compile_min_tokens=3),
         memory=MemoryPolicy(save_on_cpu=True, save_on_cpu_pin_memory=True, save_on_cpu_min_numel=11,
                             supervised_context_tokens=6))
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("model.renderer='nope'", "[model] renderer='nope' does not fit the tokenizer of 'tiny-qwen3' (Unknown renderer"),
+    ("model.renderer='gpt-oss'", "Special token '<|start|>' not found in tokenizer vocabulary"),
+    ("model.renderer='default'", "[model] renderer='default' cannot append an env response exactly"),
+    ("model.name='/no/such/model'", "[model] name='/no/such/model': model '/no/such/model': not a local folder"),
+    ("run.output_dir='/proc/quaero-runs'", "[run] output_dir='/proc/quaero-runs': cannot create folders in /proc"),
+])
+def test_check_probes_the_model_renderer_and_run_folder_before_any_model_loads(override, needle):
+    with pytest.raises(ConfigError) as e:
+        load_checked(MAIN, [override])
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_renderer_that_cannot_bridge_is_fine_without_echo():
+    assert load_checked(MAIN, ["model.renderer='default'", "echo.enabled=false"]).model.renderer == "default"
+
+
+def test_output_dir_under_a_file_is_refused(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="is a file, not a folder"):
+        load_checked(MAIN, [f"run.output_dir='{tmp_path / 'file' / 'runs'}'"])
+    assert not any(p.name.startswith(".quaero-probe-") for p in tmp_path.iterdir())  # the probe cleans up
