@@ -187,7 +187,7 @@ def build_rows(transitions: list[Transition], *, packing: bool = True,
                include_scaffold: bool = False) -> list[EchoRow]:
     """Lay an episode's transitions out as rows.
 
-    Per-transition (the seed's layout): one row per turn, [prompt | action | env response].
+    Per-transition (retrain's layout): one row per turn, [prompt | action | env response].
     Packed: when a turn's sampling prompt is an exact token extension of the current row, the turn is
     appended to it (only the prompt's new suffix is added), so a T-turn episode costs O(T) tokens instead
     of O(T^2). Every target keeps exactly the same tokens to its left, so its log-prob is unchanged;

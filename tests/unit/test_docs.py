@@ -33,9 +33,8 @@ def named_paths(text: str) -> set[str]:
     for span in _code_spans(text):
         for token in span.split():
             token = token.split(":")[0].rstrip(",.;)")
-            if token.startswith(TOP) and re.fullmatch(r"[\w./-]+", token) and "NAME" not in token:
-                found.add(token)
-            elif token in ROOT_FILES:
+            is_path = token.startswith(TOP) and re.fullmatch(r"[\w./-]+", token) and "NAME" not in token
+            if is_path or token in ROOT_FILES:
                 found.add(token)
     return found
 

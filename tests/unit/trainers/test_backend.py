@@ -226,7 +226,7 @@ def test_bfloat16_step_runs(small_model_dir):
 
 
 def test_tiny_qwen3_smoke_local(local_smoke_metrics):
-    """The embedded default (vocab 151,936) on CPU: the seed's sparse proof on real-vocab rows."""
+    """The embedded default (vocab 151,936) on CPU: the sparse ECHO proof on real-vocab rows."""
     m = local_smoke_metrics
     assert m["local_train_selective_sparse_suffix_skips"] > 0
     assert m["local_train_selective_hidden_logprob_batches"] > 0
