@@ -115,7 +115,8 @@ def evaluate(c: Components, step: int) -> None:
         return
     t0 = time.perf_counter()
     tasks = [_task(cfg, cfg.env.eval_split, i) for i in range(cfg.training.eval_tasks)]
-    groups = c.driver.run(c.pool.sessions, tasks, group_size=1, greedy=True, seed=cfg.run.seed)
+    groups = c.driver.run(c.pool.sessions, tasks, group_size=1, greedy=True, seed=cfg.run.seed,
+                          on_group_done=_progress("eval_progress", len(tasks)))
     eps = [e for g in groups for e in g if not e.dropped]
     reward = statistics.fmean([e.reward for e in eps]) if eps else None
     success = statistics.fmean([float(e.success) for e in eps]) if eps else None
@@ -127,6 +128,22 @@ def evaluate(c: Components, step: int) -> None:
              prefix_mismatches=audit.get("prefix_mismatches", 0), bridge_fallbacks=audit.get("bridge_fallbacks", 0),
              env_retries=env.get("env_retries", 0), env_episodes_dropped=env.get("env_episodes_dropped", 0),
              sample_transcript=sample)
+
+
+def _progress(event: str, total: int, every_s: float = 5.0):
+    """A driver callback logging `event` now (0 done), at the first finished group, every `every_s` seconds
+    and at the last: a long CPU rollout is never silent."""
+    t0 = last = time.perf_counter()
+    log.info(event, done=0, tasks=total, elapsed_s=0.0)
+
+    def report(done: int, tasks: int) -> None:
+        nonlocal last
+        now = time.perf_counter()
+        if done in (1, tasks) or now - last >= every_s:
+            last = now
+            log.info(event, done=done, tasks=tasks, elapsed_s=round(now - t0, 1))
+
+    return report
 
 
 def _brief(message: dict, limit: int = 160) -> str:

@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING
 from quaero.config import ConfigError
 from quaero.metrics import get_logger
 
-from .loading import EnvSpec, check_concurrency, load_entry, require_openenv
+from .loading import (
+    EnvSpec,
+    action_fields,
+    check_concurrency,
+    ignored_reset_params,
+    load_entry,
+    require_openenv,
+)
 from .mapping import load_formatter, model_action_schema, tool_specs
 from .server import LocalServer
 from .session import ChatEnv, EpisodeDropped
@@ -84,10 +91,35 @@ def _urls(url: str) -> tuple[str, str]:
 def _fetch_schema(http_url: str, timeout_s: float) -> dict:
     try:
         with urllib.request.urlopen(f"{http_url}/schema", timeout=timeout_s) as r:
-            return json.loads(r.read())["action"]
+            schema = json.loads(r.read())["action"]
     except OSError as e:
         raise ConfigError(f"[env] url={http_url!r}: no OpenEnv server answers there ({e}); start one with "
                           "`quaero env serve module:Class --port PORT`") from None
+    if not action_fields(schema):  # MCP servers publish CallToolAction, which has fields
+        raise ConfigError(f"[env] url={http_url!r}: the server's /schema publishes an Action without fields (its app "
+                          "was built with the base Action), so it rejects every action; build its app with the env's "
+                          "Action class, create_app(Env, MyAction, MyObservation), or let quaero start the env "
+                          "([env] entry = \"module:Class\" and, if needed, action = \"module:ActionClass\")")
+    return schema
+
+
+def _replayable(cfg: EnvConfig, spec: EnvSpec | None) -> bool:
+    """Say once which task parameters the env's reset drops, and what that means; False when a reset cannot
+    be repeated (no seed, no index), so a lost session drops the episode instead of replaying it."""
+    if spec is None:
+        log.info("env_reset_params_unknown", url=cfg.url, note="a remote server's reset signature cannot be "
+                 "inspected: if it ignores seed/split/index, eval tasks come from the train distribution and "
+                 "replay after a lost session diverges (counted as dropped episodes)")
+        return True
+    ignored = ignored_reset_params(spec)
+    replayable = not {"seed", "index"} <= set(ignored)
+    if ignored:
+        log.warning("env_reset_params_ignored", entry=spec.entry, ignored=ignored, note=(
+            f"{spec.env_cls.__name__}.reset takes no {'/'.join(ignored)}: "
+            + ("the eval split is the train distribution; " if "split" in ignored else "")
+            + ("tasks are not reproducible and a lost session drops the episode instead of replaying it"
+               if not replayable else "tasks stay reproducible")))
+    return replayable
 
 
 class EnvPool:
@@ -132,7 +164,7 @@ def open_envs(cfg: EnvConfig, n: int) -> EnvPool:
     """N sessions of the configured env. Config problems raise ConfigError here, before any episode."""
     require_openenv()
     counters, server, sessions = EnvCounters(), None, []
-    spec = None if cfg.launcher == "remote" else load_entry(cfg.entry, cfg.kwargs)
+    spec = None if cfg.launcher == "remote" else load_entry(cfg.entry, cfg.kwargs, cfg.action)
     if spec is not None:
         check_concurrency(spec, n)
     try:
@@ -144,7 +176,7 @@ def open_envs(cfg: EnvConfig, n: int) -> EnvPool:
                 # headroom: a session abandoned after a timeout holds its slot until its step returns
                 server = LocalServer(cfg.entry, cfg.host, max_concurrent_envs=2 * n + 1 if spec.supports_concurrency
                                      else 1, start_timeout_s=cfg.server_start_timeout_s,
-                                     kwargs=cfg.kwargs).start()
+                                     kwargs=cfg.kwargs, action=cfg.action).start()
                 http_url, ws_url = server.http_url, server.ws_url
             else:
                 http_url, ws_url = _urls(cfg.url)
@@ -152,8 +184,10 @@ def open_envs(cfg: EnvConfig, n: int) -> EnvPool:
             schema = _fetch_schema(http_url, cfg.reset_timeout_s)
             is_mcp = {"tool_name", "arguments"} <= set(schema.get("properties", {}))
         tools = _list_tools(backend, cfg.reset_timeout_s) if is_mcp else None
+        replayable = _replayable(cfg, spec)
         sessions = [ChatEnv(cfg, backend, counters, tools=tools, action_schema=None if is_mcp else
-                            model_action_schema(schema), formatter=load_formatter(cfg.formatter)) for _ in range(n)]
+                            model_action_schema(schema), formatter=load_formatter(cfg.formatter),
+                            replayable=replayable) for _ in range(n)]
         pool = EnvPool(sessions, counters, server)
         for s in sessions:  # open all sessions now: a server that cannot hold n of them fails here, clearly
             _open_session(s, cfg)
@@ -175,7 +209,8 @@ def open_envs(cfg: EnvConfig, n: int) -> EnvPool:
             server.stop()
         raise
     log.info("env_pool_opened", launcher=cfg.launcher, source=cfg.url or cfg.entry, sessions=n, mcp=is_mcp,
-             tools=[t["function"]["name"] for t in tools or []])
+             tools=[t["function"]["name"] for t in tools or []],
+             action=spec.action_source if spec is not None else f"{cfg.url}/schema")
     return pool
 
 

@@ -5,7 +5,8 @@ ever sees ChatReset/ChatStep or EpisodeDropped.
 A lost session (timeout, server death, dropped socket, server error) cannot resume: the retry opens
 a new session and, by default, replays the episode's accepted actions from the same reset, checking
 that every replayed observation equals the recorded one (`[env] on_session_loss = "replay"`); an env
-that is not deterministic should use "drop", which drops the episode at the first loss.
+that is not deterministic should use "drop", which drops the episode at the first loss. An env whose reset
+takes neither seed nor index cannot be replayed, so it is dropped at the first loss whatever the setting.
 """
 from __future__ import annotations
 
@@ -65,8 +66,9 @@ def _reward(payload: dict) -> float:
 
 class ChatEnv:
     def __init__(self, cfg, backend: Backend, counters, *, tools: list[dict] | None, action_schema: dict | None,
-                 formatter: Callable[..., str]) -> None:
+                 formatter: Callable[..., str], replayable: bool = True) -> None:
         self.cfg, self.backend, self.counters = cfg, backend, counters
+        self.replayable = replayable  # False: reset takes no seed or index, so a replay is not the same episode
         self.tools = tools  # OpenAI-style specs for MCP envs, None for plain envs
         self.action_schema = action_schema  # model-facing Action schema (plain envs)
         self.formatter = formatter
@@ -125,6 +127,9 @@ class ChatEnv:
                     raise EpisodeDropped(f"{what}: {fault}; recovery failed: {err}") from None
                 if what == "step" and self.cfg.on_session_loss == "drop":
                     raise EpisodeDropped(f"{what}: session lost ({fault}); on_session_loss='drop'") from None
+                if what == "step" and not self.replayable:
+                    raise EpisodeDropped(f"{what}: session lost ({fault}); not replayable: the env's reset takes "
+                                         "no seed or index") from None
                 if attempt == self.cfg.max_retries:
                     raise EpisodeDropped(f"{what} failed {attempt + 1} times, last: {fault}") from None
                 self.counters.inc("env_retries")
@@ -175,7 +180,8 @@ class ChatEnv:
             result = self._step_tools(assistant) if self.tools is not None else self._step_plain(assistant)
         except Malformed as m:
             self.counters.inc("env_malformed_actions")
-            result = ChatStep([{"role": "user", "content": str(m)}], 0.0, False, True, {"malformed_reason": str(m)})
+            result = ChatStep([{"role": "user", "content": str(m)}], self.cfg.malformed_reward, False, True,
+                              {"malformed_reason": str(m)})
         except EpisodeDropped as e:
             raise self._dropped(e) from None
         if not result.done and self._turns >= self.cfg.max_turns:
@@ -191,7 +197,7 @@ class ChatEnv:
         return payload
 
     def _step_tools(self, assistant: dict) -> ChatStep:
-        calls = parse_tool_calls(assistant, self.tools)  # all validated before any is sent
+        calls = parse_tool_calls(assistant, self.tools, self.cfg.no_tool_call_message)  # all validated first
         messages, reward, done, metas = [], 0.0, False, []
         for name, arguments in calls:
             try:
