@@ -300,7 +300,7 @@ def describe_env(cfg: Any) -> list[str]:
         action = f"{spec.action_cls.__name__} {{{fields}}} (from {spec.action_source})"
     ignored = ignored_reset_params(spec)
     reset = (f"reset drops {'/'.join(ignored)} (see the warning when sessions open)" if ignored
-             else "reset takes seed, split and index")
+             else "reset accepts seed, split and index")
     return [f"env action  {action}; {reset}"]
 
 
