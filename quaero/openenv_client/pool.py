@@ -91,16 +91,29 @@ def _urls(url: str) -> tuple[str, str]:
 def _fetch_schema(http_url: str, timeout_s: float) -> dict:
     try:
         with urllib.request.urlopen(f"{http_url}/schema", timeout=timeout_s) as r:
-            schema = json.loads(r.read())["action"]
+            return json.loads(r.read())["action"]
     except OSError as e:
         raise ConfigError(f"[env] url={http_url!r}: no OpenEnv server answers there ({e}); start one with "
                           "`quaero env serve module:Class --port PORT`") from None
-    if not action_fields(schema):  # MCP servers publish CallToolAction, which has fields
-        raise ConfigError(f"[env] url={http_url!r}: the server's /schema publishes an Action without fields (its app "
-                          "was built with the base Action), so it rejects every action; build its app with the env's "
-                          "Action class, create_app(Env, MyAction, MyObservation), or let quaero start the env "
-                          "([env] entry = \"module:Class\" and, if needed, action = \"module:ActionClass\")")
-    return schema
+
+
+def _serves_tools(schema: dict, http_url: str, backend: ServerBackend, timeout_s: float) -> bool:
+    """Whether the server is an MCP env: its /schema is CallToolAction's, or it publishes the base Action (an
+    app built with it still takes MCP actions) and answers list_tools. A plain env's server that publishes
+    the base Action rejects every action the model could write: a ConfigError."""
+    if {"tool_name", "arguments"} <= set(schema.get("properties", {})):
+        return True
+    if action_fields(schema):
+        return False
+    try:
+        if _list_tools(backend, timeout_s):
+            return True
+    except Exception:  # noqa: BLE001, S110 - a plain env cannot list tools: the error below says what to do
+        pass
+    raise ConfigError(f"[env] url={http_url!r}: the server's /schema publishes an Action without fields (its app "
+                      "was built with the base Action), so it rejects every action; build its app with the env's "
+                      "Action class, create_app(Env, MyAction, MyObservation), or let quaero start the env "
+                      "([env] entry = \"module:Class\" and, if needed, action = \"module:ActionClass\")")
 
 
 def _replayable(cfg: EnvConfig, spec: EnvSpec | None) -> bool:
@@ -182,7 +195,7 @@ def open_envs(cfg: EnvConfig, n: int) -> EnvPool:
                 http_url, ws_url = _urls(cfg.url)
             backend = ServerBackend(ws_url, cfg.reset_timeout_s, counters, server)
             schema = _fetch_schema(http_url, cfg.reset_timeout_s)
-            is_mcp = {"tool_name", "arguments"} <= set(schema.get("properties", {}))
+            is_mcp = _serves_tools(schema, http_url, backend, cfg.reset_timeout_s)
         tools = _list_tools(backend, cfg.reset_timeout_s) if is_mcp else None
         replayable = _replayable(cfg, spec)
         sessions = [ChatEnv(cfg, backend, counters, tools=tools, action_schema=None if is_mcp else

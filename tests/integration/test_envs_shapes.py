@@ -71,6 +71,18 @@ def test_a_server_publishing_the_base_action_is_a_config_error():
         pass
 
 
+def test_an_mcp_server_publishing_the_base_action_still_trains_as_mcp():
+    from fixtures import served_app
+
+    with served_app("fixtures.faulty_mcp:base_action_app", factory=True) as (url, _proc), \
+            open_envs(EnvConfig(url=url), 1) as pool:
+        env = pool.sessions[0]
+        assert [t["function"]["name"] for t in env.tools][:2] == ["echo", "explode"]
+        env.reset(seed=0)
+        call = {"type": "function", "function": {"name": "echo", "arguments": {"text": "hi"}}}
+        assert env.step({"role": "assistant", "content": "", "tool_calls": [call]}).messages[0]["content"] == "hi"
+
+
 def test_a_reset_without_seed_split_or_index_is_named_once_and_never_replayed():
     cfg = EnvConfig(entry="fixtures.basegame.env:SeedlessPickEnv", on_session_loss="replay", max_retries=1,
                     retry_backoff_s=0.0)
