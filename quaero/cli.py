@@ -55,8 +55,22 @@ def plan_lines(cfg, source: str) -> list[str]:
          f"(lr {cfg.lr_for(sft=True)}), clip_eps={cfg.training.clip_eps}, lr={cfg.lr_for(sft=False)}, "
          f"packing={cfg.training.packing}, "
          f"checkpoint_every={cfg.training.checkpoint_every}, eval_every={cfg.training.eval_every}"),
+        work_line(cfg),
     ]
     return lines
+
+
+def work_line(cfg) -> str:
+    """The sampling work the config asks for, at most: episodes x turns x max_tokens, for train and eval."""
+    t, turns, tokens = cfg.training, cfg.env.max_turns, cfg.sampler.max_tokens
+    total = t.warmup_sft_steps + t.steps
+    evals = (1 + sum(1 for k in range(1, total + 1) if k % t.eval_every == 0 or k == total)
+             if t.eval_every and t.eval_tasks else 0)
+    train_eps, eval_eps = t.steps * t.tasks_per_step * t.group_size, evals * t.eval_tasks
+    return (f"work        train {train_eps} episodes ({t.steps} steps x {t.tasks_per_step} x {t.group_size}), "
+            f"eval {eval_eps} ({evals} evals x {t.eval_tasks}); each <= {turns} turns x {tokens} tokens: <= "
+            f"{train_eps * turns * tokens:,} + {eval_eps * turns * tokens:,} sampled tokens"
+            + (f"; warm start {t.warmup_sft_steps * t.tasks_per_step} oracle episodes" if t.warmup_sft_steps else ""))
 
 
 def cmd_check(args) -> int:
@@ -64,6 +78,9 @@ def cmd_check(args) -> int:
 
     cfg = load_checked(args.config, args.overrides)
     print("\n".join(plan_lines(cfg, args.config)))
+    from quaero.openenv_client.loading import describe_env
+
+    print("\n".join(describe_env(cfg.env)))  # imports the env: its Action problems fail here, before any model
     print("config OK")
     return 0
 
@@ -116,7 +133,7 @@ def cmd_env_serve(args) -> int:
     from quaero.openenv_client import serve
 
     serve(args.entry, host=args.host, port=args.port, max_concurrent_envs=args.max_concurrent_envs,
-          kwargs=args.kwargs)
+          kwargs=args.kwargs, action=args.action)
     return 0
 
 
@@ -167,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-concurrent-envs", type=int, default=16)
     p.add_argument("--kwargs", type=_json_object, default={}, metavar="JSON",
                    help='keyword arguments for the entry, e.g. \'{"difficulty": 1}\'')
+    p.add_argument("--action", metavar="MODULE:CLASS", help="the Action class, for an env whose step takes the base Action")
     p.set_defaults(func=cmd_env_serve)
     return ap
 

@@ -73,6 +73,15 @@ class EnvConfig(_Section):
     system_prompt: str | None = None
     # "package.module:function(observation_dict) -> str", for plain (non-MCP) environments.
     formatter: str | None = None
+    # "package.module:ActionClass": the Action of a plain env that does not declare one (its step takes the
+    # base Action and no server app of its package names one); used only when the env itself says nothing.
+    action: str | None = None
+    # The reward of a malformed reply (the turn quaero answers with a corrective message). 0.0 is neutral for
+    # envs whose rewards are >= 0; an env with penalties sets it at or below its own (e.g. -1 for an illegal move)
+    # so invalid output never outscores legal play.
+    malformed_reward: float = 0.0
+    # MCP envs: the corrective message when the model's reply calls no tool (default: names the env's tools).
+    no_tool_call_message: str | None = None
     max_turns: int = Field(8, ge=1)
     step_timeout_s: float = Field(30.0, gt=0)
     reset_timeout_s: float = Field(30.0, gt=0)
@@ -100,6 +109,9 @@ class EnvConfig(_Section):
         if self.launcher == "remote" and self.kwargs:
             raise ValueError("kwargs construct envs quaero starts; a remote server was started with its own "
                              "arguments: remove kwargs, or start that server with them")
+        if self.launcher == "remote" and self.action:
+            raise ValueError("action names the Action of an env quaero starts; a remote server accepts the Action "
+                             "its app was built with (read from its /schema): remove action")
         return self
 
 
@@ -157,7 +169,8 @@ class EchoConfig(_Section):
 
 
 class TrainingConfig(_Section):
-    steps: int = Field(10, ge=0)
+    # small first-run defaults: `quaero check` prints the work they mean (episodes x turns x max_tokens)
+    steps: int = Field(5, ge=0)
     tasks_per_step: int = Field(4, ge=1)
     group_size: int = Field(4, ge=1)
     clip_eps: float | None = Field(0.2, gt=0)
@@ -167,7 +180,7 @@ class TrainingConfig(_Section):
     checkpoint_every: int = Field(5, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     eval_every: int = Field(5, ge=0)
-    eval_tasks: int = Field(16, ge=0)
+    eval_tasks: int = Field(4, ge=0)
     packing: bool = True
     # strict = any exactness mismatch (prefix, bridge) is an error instead of a counted fallback.
     strict: bool = False

@@ -91,11 +91,13 @@ class EpisodeDriver:
         self._sample_calls = 0
 
     def run(self, envs: list, tasks: list[dict], *, group_size: int, greedy: bool = False,
-            policy: Policy | None = None, seed: int | None = None) -> list[list[Episode]]:
+            policy: Policy | None = None, seed: int | None = None,
+            on_group_done: Callable[[int, int], None] | None = None) -> list[list[Episode]]:
         """G episodes per task, one group per task (in task order). Dropped episodes are marked, not trained.
 
         seed: the sampler seeds of this call derive from it alone (a resumed run replays a step exactly);
-        None continues the driver's own sequence from `cfg.run.seed`."""
+        None continues the driver's own sequence from `cfg.run.seed`. on_group_done(done, total) is called
+        each time a task's whole group has finished (progress for long rollouts)."""
         if seed is not None:
             self._seed, self._sample_calls = seed, 0
         pending = deque((ti, g) for ti in range(len(tasks)) for g in range(group_size))
@@ -103,6 +105,7 @@ class EpisodeDriver:
         live: list[_Live] = []
         finished: dict[tuple[int, int], Episode] = {}
         order: dict[int, tuple[int, int]] = {}
+        groups_done = 0
         with ThreadPoolExecutor(max_workers=max(len(envs), 1)) as pool:
             while pending or live:
                 starting = []
@@ -126,6 +129,11 @@ class EpisodeDriver:
                     live.remove(ep)
                     free.append(ep.env)
                     finished[order[id(ep)]] = self._finish(ep)
+                    task = order[id(ep)][0]
+                    if all((task, g) in finished for g in range(group_size)):
+                        groups_done += 1
+                        if on_group_done is not None:
+                            on_group_done(groups_done, len(tasks))
         return [[finished[(ti, g)] for g in range(group_size)] for ti in range(len(tasks))]
 
     # ── one episode's lifecycle ──────────────────────────────────────────────────────────────────

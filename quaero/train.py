@@ -129,7 +129,8 @@ def evaluate(c: Components, step: int) -> None:
         return
     t0 = time.perf_counter()
     tasks = [_task(cfg, cfg.env.eval_split, i) for i in range(cfg.training.eval_tasks)]
-    groups = c.driver.run(c.pool.sessions, tasks, group_size=1, greedy=True, seed=cfg.run.seed)
+    groups = c.driver.run(c.pool.sessions, tasks, group_size=1, greedy=True, seed=cfg.run.seed,
+                          on_group_done=_progress("eval_progress", len(tasks)))
     eps = [e for g in groups for e in g if not e.dropped]
     sample = [_brief(m) for m in eps[0].messages[1:]] if eps else []  # what the model does, for humans
     s = c.stats.snapshot_and_reset()  # eval's own counts, kept out of the next train step's
@@ -138,6 +139,22 @@ def evaluate(c: Components, step: int) -> None:
              eval_time_s=round(time.perf_counter() - t0, 2), prefix_mismatches=s["prefix_mismatches"],
              bridge_fallbacks=s["bridge_fallbacks"], env_retries=s["env_retries"],
              eval_drop_reasons=drop_reasons(s), sample_transcript=sample)
+
+
+def _progress(event: str, total: int, every_s: float = 5.0):
+    """A driver callback logging `event` now (0 done), at the first finished group, every `every_s` seconds
+    and at the last: a long CPU rollout is never silent."""
+    t0 = last = time.perf_counter()
+    log.info(event, done=0, tasks=total, elapsed_s=0.0)
+
+    def report(done: int, tasks: int) -> None:
+        nonlocal last
+        now = time.perf_counter()
+        if done in (1, tasks) or now - last >= every_s:
+            last = now
+            log.info(event, done=done, tasks=tasks, elapsed_s=round(now - t0, 1))
+
+    return report
 
 
 def _brief(message: dict, limit: int = 160) -> str:

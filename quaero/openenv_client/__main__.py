@@ -14,6 +14,7 @@ p.add_argument("--fd", type=int, default=None, help="serve on this inherited lis
 p.add_argument("--max-concurrent-envs", type=int, default=16)
 p.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
 p.add_argument("--kwargs", type=json.loads, default={}, help="JSON keyword arguments for the entry")
+p.add_argument("--action", default=None, help="module:ActionClass, for an env that names no Action itself")
 args = ap.parse_args()
 serve(args.entry, host=args.host, port=args.port, max_concurrent_envs=args.max_concurrent_envs, fd=args.fd,
-      parent_pid=args.parent_pid, kwargs=args.kwargs)
+      parent_pid=args.parent_pid, kwargs=args.kwargs, action=args.action)

@@ -3,17 +3,21 @@ its server app. A user's env is named, never edited into quaero.
 
 Plain envs declare their types the OpenEnv way, `class MyEnv(Environment[MyAction, MyObs, MyState])`
 (or with annotations on `step`/`reset`); MCP envs always speak CallToolAction/CallToolObservation.
+An env whose `step` takes the base `Action` has its Action resolved, never guessed empty: from the
+env's own server app (what its /schema publishes), else from `[env] action = "module:Class"`.
 """
 from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import inspect
 import os
 import sys
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from quaero.config import ConfigError
@@ -49,6 +53,7 @@ class EnvSpec:
     observation_cls: type
     state_cls: type
     supports_concurrency: bool
+    action_source: str = ""  # where the Action class came from, for `quaero check` and the pool log
 
     def action_schema(self) -> dict:
         return self.action_cls.model_json_schema()
@@ -120,14 +125,14 @@ def _bind(obj: Callable, entry: str, kwargs: dict[str, Any]) -> Callable[[], Any
     return functools.partial(obj, **kwargs)
 
 
-def load_entry(entry: str, kwargs: dict[str, Any] | None = None) -> EnvSpec:
+def load_entry(entry: str, kwargs: dict[str, Any] | None = None, action: str | None = None) -> EnvSpec:
     """Import `entry` (an Environment/MCPEnvironment subclass or a factory returning one); each
-    session's env is `entry(**kwargs)`."""
+    session's env is `entry(**kwargs)`. `action` is `[env] action`, used when the env names no Action."""
     require_openenv()
     from openenv.core.env_server.interfaces import Environment
     from openenv.core.env_server.mcp_environment import MCPEnvironment
     from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
-    from openenv.core.env_server.types import Action, Observation, State
+    from openenv.core.env_server.types import Observation, State
 
     obj = _import_attr(entry)
     if inspect.isclass(obj) and issubclass(obj, Environment):
@@ -143,16 +148,14 @@ def load_entry(entry: str, kwargs: dict[str, Any] | None = None) -> EnvSpec:
     else:
         raise ConfigError(f"[env] entry={entry!r}: {obj!r} is neither an openenv Environment subclass nor a "
                           "factory function returning one")
-    action, obs, state = _generic_types(env_cls)
+    generic_action, obs, state = _generic_types(env_cls)
     is_mcp = issubclass(env_cls, MCPEnvironment)
     if is_mcp:
-        action, obs = CallToolAction, CallToolObservation
-    elif action is None or obs is None:
-        ann_action, ann_obs = _annotated_types(env_cls)
-        action, obs = action or ann_action, obs or ann_obs
-    if not (isinstance(action, type) and issubclass(action, Action)):
-        raise ConfigError(f"[env] entry={entry!r}: cannot tell {env_cls.__name__}'s Action class; declare it as "
-                          f"`class {env_cls.__name__}(Environment[MyAction, MyObservation, MyState])`")
+        action_cls, source, obs = CallToolAction, "MCP", CallToolObservation
+    else:
+        action_cls, source = resolve_action(env_cls, entry, generic_action, action)
+        if obs is None or obs is Observation:
+            obs = _annotated_types(env_cls)[1] or obs
     if not (isinstance(obs, type) and issubclass(obs, Observation)):
         obs = Observation
     if state is None and isinstance(getattr(env_cls, "state", None), property):
@@ -162,9 +165,143 @@ def load_entry(entry: str, kwargs: dict[str, Any] | None = None) -> EnvSpec:
             state = None
     if not (isinstance(state, type) and issubclass(state, State)):
         state = State  # /schema needs one
-    return EnvSpec(entry=entry, factory=factory, env_cls=env_cls, is_mcp=is_mcp, action_cls=action,
-                   observation_cls=obs, state_cls=state,
+    return EnvSpec(entry=entry, factory=factory, env_cls=env_cls, is_mcp=is_mcp, action_cls=action_cls,
+                   observation_cls=obs, state_cls=state, action_source=source,
                    supports_concurrency=bool(getattr(env_cls, "SUPPORTS_CONCURRENT_SESSIONS", False)))
+
+
+# -- the Action class of a plain env ----------------------------------------------------------------------
+def action_fields(schema: dict) -> list[str]:
+    """The fields a model can fill: the schema's properties but OpenEnv's internal `metadata`."""
+    return [k for k in schema.get("properties", {}) if k != "metadata"]
+
+
+def resolve_action(env_cls: type, entry: str, generic: Any, configured: str | None) -> tuple[type, str]:
+    """(Action class, where it came from), in order: the env's type parameters or step annotation when they
+    name a proper subclass of Action; else the Action of the env's own server app; else `[env] action`.
+    An Action without fields is a ConfigError: the server would reject every action the model writes."""
+    from openenv.core.env_server.types import Action
+
+    def proper(a: Any) -> bool:
+        return isinstance(a, type) and issubclass(a, Action) and a is not Action
+
+    annotated = _annotated_types(env_cls)[0]
+    found = ((generic, "its type parameters") if proper(generic) else
+             (annotated, "its step annotation") if proper(annotated) else _own_app_action(env_cls))
+    named = _import_attr(configured, key="action") if configured else None
+    if named is not None and not proper(named):
+        raise ConfigError(f"[env] action={configured!r}: not a subclass of openenv's Action; name the class the "
+                          "env's step accepts, e.g. 'my_env.models:MoveAction'")
+    if found is not None and named is not None and found[0] is not named:
+        raise ConfigError(f"[env] action={configured!r}: {env_cls.__name__} already names its Action, "
+                          f"{found[0].__module__}:{found[0].__qualname__} (from {found[1]}); remove [env] action")
+    action_cls, source = found or ((named, "[env] action") if named is not None else (None, ""))
+    fix = 'name its Action class: [env] action = "module:ActionClass"'
+    if action_cls is None:
+        raise ConfigError(f"[env] entry={entry!r}: {env_cls.__name__}.step takes the base Action (no fields) and "
+                          f"no server app of its package publishes another; {fix}, or declare it as "
+                          f"`class {env_cls.__name__}(Environment[MyAction, MyObservation, MyState])`")
+    if not action_fields(action_cls.model_json_schema()):
+        raise ConfigError(f"[env] entry={entry!r}: its Action {action_cls.__name__} (from {source}) has no fields, "
+                          f"so every action would be rejected; {fix}")
+    return action_cls, source
+
+
+def _app_candidates(module_name: str) -> list[tuple[str, str]]:
+    """(module, attribute) where an env's own server app may live: its package's openenv.yaml `app`, then
+    the OpenEnv layouts `server/app.py`, `server.py`, `app.py`, from the innermost package out."""
+    parts = module_name.split(".")
+    packages = [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
+    found: list[tuple[str, str]] = []
+    for package in packages:
+        path = getattr(sys.modules.get(package), "__path__", None)
+        manifest = next((Path(p) / "openenv.yaml" for p in path or [] if (Path(p) / "openenv.yaml").is_file()), None)
+        if manifest is not None:
+            import yaml
+
+            app = str((yaml.safe_load(manifest.read_text()) or {}).get("app") or "")
+            module, _, attr = app.partition(":")
+            if module:  # relative to the manifest's package (upstream envs), or absolute
+                found += [(f"{package}.{module}", attr or "app"), (module, attr or "app")]
+    for package in packages:
+        if hasattr(sys.modules.get(package), "__path__"):
+            found += [(f"{package}.server.app", "app"), (f"{package}.server", "app"), (f"{package}.app", "app")]
+    return list(dict.fromkeys(found))
+
+
+def _own_app_action(env_cls: type) -> tuple[type, str] | None:
+    """The Action class whose schema the env's own server app publishes at /schema (read without a socket)."""
+    for module_name, attr in _app_candidates(env_cls.__module__):
+        try:
+            if importlib.util.find_spec(module_name) is None:
+                continue
+            app = getattr(importlib.import_module(module_name), attr, None)
+            if app is None:
+                continue
+            from starlette.testclient import TestClient
+
+            schema = TestClient(app).get("/schema").json()["action"]
+        except Exception:  # noqa: BLE001, S112 - not an importable OpenEnv app: try the next place
+            continue
+        if (action_cls := _action_class_with_schema(schema)) is not None:
+            return action_cls, f"the env's own server app {module_name}:{attr}"
+    return None
+
+
+def _action_class_with_schema(schema: dict) -> type | None:
+    """The imported Action subclass whose JSON schema is exactly `schema` (its title is the class name)."""
+    from openenv.core.env_server.types import Action
+
+    if not action_fields(schema):
+        return None
+    pending, matches = list(Action.__subclasses__()), []
+    while pending:
+        klass = pending.pop()
+        pending += klass.__subclasses__()
+        if klass.__name__ == schema.get("title"):
+            try:
+                if klass.model_json_schema() == schema:
+                    matches.append(klass)
+            except Exception:  # noqa: BLE001, S112 - a class pydantic cannot describe is not this one
+                continue
+    return matches[0] if len(matches) == 1 else None
+
+
+# -- reset parameters ---------------------------------------------------------------------------------------
+TASK_RESET_PARAMS = ("seed", "split", "index")
+
+
+def ignored_reset_params(spec: EnvSpec) -> list[str]:
+    """Which of seed/split/index the env's reset does not take (OpenEnv drops them silently). A reset with
+    **kwargs takes them all, as far as anyone outside the env can tell."""
+    from openenv.core.env_server._utils import overrides_method
+    from openenv.core.env_server.interfaces import Environment
+
+    reset = spec.env_cls.reset_async if overrides_method(spec.env_cls.reset_async, Environment.reset_async) \
+        else spec.env_cls.reset
+    params = inspect.signature(reset).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return []
+    return [name for name in TASK_RESET_PARAMS if name not in params]
+
+
+def describe_env(cfg: Any) -> list[str]:
+    """`quaero check`'s view of the env: the entry imported and its types resolved (a ConfigError now, before
+    any model loads, when its Action is unknown or empty), no session opened. cfg: an EnvConfig."""
+    if cfg.launcher == "remote":
+        return [(f"env action  read from {cfg.url} /schema when sessions open (an Action without fields is an "
+                 "error then); the reset parameters of a remote env cannot be inspected")]
+    spec = load_entry(cfg.entry, cfg.kwargs, cfg.action)
+    if spec.is_mcp:
+        action = "MCP tool calls (its tools become the chat tools when sessions open)"
+    else:
+        schema = spec.action_cls.model_json_schema()
+        fields = ", ".join(f"{k}: {schema['properties'][k].get('type', 'any')}" for k in action_fields(schema))
+        action = f"{spec.action_cls.__name__} {{{fields}}} (from {spec.action_source})"
+    ignored = ignored_reset_params(spec)
+    reset = (f"reset drops {'/'.join(ignored)} (see the warning when sessions open)" if ignored
+             else "reset accepts seed, split and index")
+    return [f"env action  {action}; {reset}"]
 
 
 def build_app(spec: EnvSpec, max_concurrent_envs: int) -> Any:

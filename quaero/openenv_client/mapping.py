@@ -34,15 +34,16 @@ def _call_parts(call: Any) -> tuple[str, Any]:
     return str(func.get("name") or ""), func.get("arguments", {})
 
 
-def parse_tool_calls(assistant: dict, specs: list[dict]) -> list[tuple[str, dict]]:
-    """Validated (tool_name, arguments) pairs, or Malformed with a short corrective message."""
+def parse_tool_calls(assistant: dict, specs: list[dict], no_call_message: str | None = None) -> list[tuple[str, dict]]:
+    """Validated (tool_name, arguments) pairs, or Malformed with a short corrective message. A reply without
+    a tool call gets `no_call_message` ([env] no_tool_call_message), by default one naming the env's tools."""
     import jsonschema
 
     by_name = {s["function"]["name"]: s["function"] for s in specs}
     calls = assistant.get("tool_calls") or []
     if not calls:
-        raise Malformed("Your last message did not call a tool. Call a tool; when you know the answer, "
-                        "call submit_answer.")
+        raise Malformed(no_call_message or "Your last message did not call a tool. Call one of the tools: "
+                        f"{', '.join(by_name)}.")
     parsed = []
     for call in calls:
         name, args = _call_parts(call)
@@ -129,17 +130,27 @@ def parse_plain_action(text: str, schema: dict) -> dict:
                     f"matching the action schema: {json.dumps(schema, separators=(',', ':'))}")
 
 
+# OpenEnv's base Observation fields: reward and done travel beside the text, metadata is bookkeeping
+BOOKKEEPING_FIELDS = ("done", "reward", "metadata")
+
+
+def _field_line(name: str, value: Any) -> str:
+    if isinstance(value, str):
+        return f"{name}:\n{value}" if "\n" in value else f"{name}: {value}"
+    return f"{name}: {json.dumps(value, ensure_ascii=False, separators=(', ', ': '))}"
+
+
 def default_formatter(observation: dict, context: str = "step") -> str:
-    """Observation dict -> user message text. On reset: its question/prompt text if it has one; else
-    (and on every step) compact JSON of its non-empty fields."""
+    """Observation dict -> user message text: its question-like field first (on reset, else the one in
+    `metadata`), then every other non-empty field but the bookkeeping ones as `name: value` lines, in the
+    observation's declaration order (JSON for structured values), so a reset's trial data reaches the model."""
+    fields = {k: v for k, v in observation.items() if k not in BOOKKEEPING_FIELDS and v not in (None, "", [], {})}
+    question_key = next((k for k in QUESTION_KEYS if isinstance(fields.get(k), str) and fields[k].strip()), None)
+    lines = [fields.pop(question_key)] if question_key else []
     meta = observation.get("metadata") or {}
-    if context == "reset":
-        for source in (observation, meta):
-            for key in QUESTION_KEYS:
-                if isinstance(source.get(key), str) and source[key].strip():
-                    return source[key]
-    fields = {k: v for k, v in observation.items() if v not in (None, "", [], {}) and k != "metadata"}
-    return json.dumps(fields, ensure_ascii=False, separators=(", ", ": "))
+    if not lines and context == "reset" and isinstance(meta, dict):
+        lines += [meta[k] for k in QUESTION_KEYS if isinstance(meta.get(k), str) and meta[k].strip()][:1]
+    return "\n".join(lines + [_field_line(k, v) for k, v in fields.items()])
 
 
 def load_formatter(path: str | None) -> Callable[[dict, str], str]:

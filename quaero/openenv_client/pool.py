@@ -11,7 +11,14 @@ from quaero.config import ConfigError
 from quaero.metrics import get_logger
 from quaero.rollout_stats import RolloutStats
 
-from .loading import EnvSpec, check_concurrency, load_entry, require_openenv
+from .loading import (
+    EnvSpec,
+    action_fields,
+    check_concurrency,
+    ignored_reset_params,
+    load_entry,
+    require_openenv,
+)
 from .mapping import load_formatter, model_action_schema, tool_specs
 from .server import LocalServer
 from .session import ChatEnv, EpisodeDropped
@@ -74,6 +81,44 @@ def _fetch_schema(http_url: str, timeout_s: float) -> dict:
                           "`quaero env serve module:Class --port PORT`") from None
 
 
+def _serves_tools(schema: dict, http_url: str, connector: ServerConnector, timeout_s: float) -> bool:
+    """Whether the server is an MCP env: its /schema is CallToolAction's, or it publishes the base Action (an
+    app built with it still takes MCP actions) and answers list_tools. A plain env's server that publishes
+    the base Action rejects every action the model could write: a ConfigError."""
+    if {"tool_name", "arguments"} <= set(schema.get("properties", {})):
+        return True
+    if action_fields(schema):
+        return False
+    try:
+        if _list_tools(connector, timeout_s):
+            return True
+    except Exception:  # noqa: BLE001, S110 - a plain env cannot list tools: the error below says what to do
+        pass
+    raise ConfigError(f"[env] url={http_url!r}: the server's /schema publishes an Action without fields (its app "
+                      "was built with the base Action), so it rejects every action; build its app with the env's "
+                      "Action class, create_app(Env, MyAction, MyObservation), or let quaero start the env "
+                      "([env] entry = \"module:Class\" and, if needed, action = \"module:ActionClass\")")
+
+
+def _replayable(cfg: EnvConfig, spec: EnvSpec | None) -> bool:
+    """Say once which task parameters the env's reset drops, and what that means; False when a reset cannot
+    be repeated (no seed, no index), so a lost session drops the episode instead of replaying it."""
+    if spec is None:
+        log.info("env_reset_params_unknown", url=cfg.url, note="a remote server's reset signature cannot be "
+                 "inspected: if it ignores seed/split/index, eval tasks come from the train distribution and "
+                 "replay after a lost session diverges (counted as dropped episodes)")
+        return True
+    ignored = ignored_reset_params(spec)
+    replayable = not {"seed", "index"} <= set(ignored)
+    if ignored:
+        log.warning("env_reset_params_ignored", entry=spec.entry, ignored=ignored, note=(
+            f"{spec.env_cls.__name__}.reset takes no {'/'.join(ignored)}: "
+            + ("the eval split is the train distribution; " if "split" in ignored else "")
+            + ("tasks are not reproducible and a lost session drops the episode instead of replaying it"
+               if not replayable else "tasks stay reproducible")))
+    return replayable
+
+
 class EnvPool:
     def __init__(self, sessions: list[ChatEnv], stats: RolloutStats, server: LocalServer | None) -> None:
         self.sessions, self.stats, self.server = sessions, stats, server
@@ -119,7 +164,7 @@ def open_envs(cfg: EnvConfig, n: int, stats: RolloutStats | None = None, log_dir
     require_openenv()
     stats = RolloutStats() if stats is None else stats
     server, sessions = None, []
-    spec = None if cfg.launcher == "remote" else load_entry(cfg.entry, cfg.kwargs)
+    spec = None if cfg.launcher == "remote" else load_entry(cfg.entry, cfg.kwargs, cfg.action)
     if spec is not None:
         check_concurrency(spec, n)
     try:
@@ -131,16 +176,18 @@ def open_envs(cfg: EnvConfig, n: int, stats: RolloutStats | None = None, log_dir
                 # headroom: a session abandoned after a timeout holds its slot until its step returns
                 server = LocalServer(cfg.entry, cfg.host, max_concurrent_envs=2 * n + 1 if spec.supports_concurrency
                                      else 1, start_timeout_s=cfg.server_start_timeout_s,
-                                     kwargs=cfg.kwargs, log_dir=log_dir).start()
+                                     kwargs=cfg.kwargs, action=cfg.action, log_dir=log_dir).start()
                 http_url, ws_url = server.http_url, server.ws_url
             else:
                 http_url, ws_url = _urls(cfg.url)
             connector = ServerConnector(ws_url, cfg.reset_timeout_s, stats, server)
             schema = _fetch_schema(http_url, cfg.reset_timeout_s)
-            is_mcp = {"tool_name", "arguments"} <= set(schema.get("properties", {}))
+            is_mcp = _serves_tools(schema, http_url, connector, cfg.reset_timeout_s)
         tools = _list_tools(connector, cfg.reset_timeout_s) if is_mcp else None
+        replayable = _replayable(cfg, spec)
         sessions = [ChatEnv(cfg, connector, stats, tools=tools, action_schema=None if is_mcp else
-                            model_action_schema(schema), formatter=load_formatter(cfg.formatter)) for _ in range(n)]
+                            model_action_schema(schema), formatter=load_formatter(cfg.formatter),
+                            replayable=replayable) for _ in range(n)]
         pool = EnvPool(sessions, stats, server)
         for s in sessions:  # open all sessions now: a server that cannot hold n of them fails here, clearly
             _open_session(s, cfg)
@@ -162,7 +209,8 @@ def open_envs(cfg: EnvConfig, n: int, stats: RolloutStats | None = None, log_dir
             server.stop()
         raise
     log.info("env_pool_opened", launcher=cfg.launcher, source=cfg.url or cfg.entry, sessions=n, mcp=is_mcp,
-             tools=[t["function"]["name"] for t in tools or []])
+             tools=[t["function"]["name"] for t in tools or []],
+             action=spec.action_source if spec is not None else f"{cfg.url}/schema")
     return pool
 
 

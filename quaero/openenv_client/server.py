@@ -29,14 +29,16 @@ _LIVE: set[LocalServer] = set()
 
 
 def serve(entry: str, host: str = "127.0.0.1", port: int = 8000, max_concurrent_envs: int = 16,
-          fd: int | None = None, parent_pid: int | None = None, kwargs: dict | None = None) -> None:
+          fd: int | None = None, parent_pid: int | None = None, kwargs: dict | None = None,
+          action: str | None = None) -> None:
     """Serve any OpenEnv env (`module:Class`) with OpenEnv's own app; blocks until stopped. fd: serve on an
-    inherited listening socket; parent_pid: exit when that process is gone (both for LocalServer)."""
+    inherited listening socket; parent_pid: exit when that process is gone (both for LocalServer); action:
+    `[env] action`, for an env that names no Action class itself."""
     if parent_pid is not None:
         _exit_with_parent(parent_pid)
     import uvicorn
 
-    spec = load_entry(entry, kwargs)
+    spec = load_entry(entry, kwargs, action)
     if max_concurrent_envs > 1 and not spec.supports_concurrency:
         log.warning("env_serve_single_session", entry=entry, requested=max_concurrent_envs,
                     reason="SUPPORTS_CONCURRENT_SESSIONS is False; serving one session at a time")
@@ -68,8 +70,9 @@ class ServerStartError(RuntimeError):
 
 class LocalServer:
     def __init__(self, entry: str, host: str = "127.0.0.1", max_concurrent_envs: int = 16,
-                 start_timeout_s: float = 60.0, kwargs: dict | None = None, log_dir: Path | None = None) -> None:
-        self.entry, self.host, self.kwargs = entry, host, dict(kwargs or {})
+                 start_timeout_s: float = 60.0, kwargs: dict | None = None, action: str | None = None,
+                 log_dir: Path | None = None) -> None:
+        self.entry, self.host, self.kwargs, self.action = entry, host, dict(kwargs or {}), action
         self.max_concurrent_envs, self.start_timeout_s = max_concurrent_envs, start_timeout_s
         self._sock = socket.create_server((host, 0), backlog=256)
         self._sock.set_inheritable(True)
@@ -106,6 +109,8 @@ class LocalServer:
         cmd = [sys.executable, "-m", "quaero.openenv_client", "serve", self.entry, "--fd", str(self._sock.fileno()),
                "--host", self.host, "--port", str(self.port), "--max-concurrent-envs", str(self.max_concurrent_envs),
                "--parent-pid", str(os.getpid()), "--kwargs", json.dumps(self.kwargs)]
+        if self.action:
+            cmd += ["--action", self.action]
         with self._log_path.open("ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                          pass_fds=(self._sock.fileno(),), stdin=subprocess.DEVNULL)

@@ -5,7 +5,8 @@ ever sees ChatReset/ChatStep or EpisodeDropped.
 A lost session (timeout, server death, dropped socket, server error) cannot resume: the retry opens
 a new session and, by default, replays the episode's accepted actions from the same reset, checking
 that every replayed observation equals the recorded one (`[env] on_session_loss = "replay"`); an env
-that is not deterministic should use "drop", which drops the episode at the first loss.
+that is not deterministic should use "drop", which drops the episode at the first loss. An env whose reset
+takes neither seed nor index cannot be replayed, so it is dropped at the first loss whatever the setting.
 """
 from __future__ import annotations
 
@@ -77,8 +78,9 @@ class ChatEnv:
     since what a cut episode means (truncated, never a success) is decided where episodes are judged."""
 
     def __init__(self, cfg, connector: Connector, stats: RolloutStats, *, tools: list[dict] | None,
-                 action_schema: dict | None, formatter: Callable[..., str]) -> None:
+                 action_schema: dict | None, formatter: Callable[..., str], replayable: bool = True) -> None:
         self.cfg, self.connector, self.stats = cfg, connector, stats
+        self.replayable = replayable  # False: reset takes no seed or index, so a replay is not the same episode
         self.tools = tools  # OpenAI-style specs for MCP envs, None for plain envs
         self.action_schema = action_schema  # model-facing Action schema (plain envs)
         self.formatter = formatter
@@ -137,6 +139,9 @@ class ChatEnv:
                 if what == "step" and self.cfg.on_session_loss == "drop":
                     raise EpisodeDropped(f"{what}: session lost ({fault}); on_session_loss='drop'",
                                          fault.kind) from None
+                if what == "step" and not self.replayable:
+                    raise EpisodeDropped(f"{what}: session lost ({fault}); not replayable: the env's reset takes "
+                                         "no seed or index", "not_replayable") from None
                 if attempt == self.cfg.max_retries:
                     raise EpisodeDropped(f"{what} failed {attempt + 1} times, last: {fault}", fault.kind) from None
                 self.stats.add("env_retries")
@@ -185,7 +190,8 @@ class ChatEnv:
         try:
             result = self._step_tools(assistant) if self.tools is not None else self._step_plain(assistant)
         except Malformed as m:  # counted by the driver, which sees ChatStep.malformed
-            result = ChatStep([{"role": "user", "content": str(m)}], 0.0, False, True, {"malformed_reason": str(m)})
+            result = ChatStep([{"role": "user", "content": str(m)}], self.cfg.malformed_reward, False, True,
+                              {"malformed_reason": str(m)})
         except EpisodeDropped as e:
             raise self._dropped(e) from None
         self._done = result.done
@@ -198,7 +204,7 @@ class ChatEnv:
         return payload
 
     def _step_tools(self, assistant: dict) -> ChatStep:
-        calls = parse_tool_calls(assistant, self.tools)  # all validated before any is sent
+        calls = parse_tool_calls(assistant, self.tools, self.cfg.no_tool_call_message)  # all validated first
         messages, reward, done, metas = [], 0.0, False, []
         for name, arguments in calls:
             try:

@@ -96,8 +96,93 @@ def test_unparseable_plain_actions_are_malformed(text):
         parse_plain_action(text, SCHEMA)
 
 
-def test_default_formatter_uses_the_question_on_reset_and_json_on_step():
-    obs = {"prompt": "Guess a number.", "hint": "", "metadata": {}}
-    assert default_formatter(obs, context="reset") == "Guess a number."
-    assert default_formatter({"prompt": "", "hint": "higher", "metadata": {}}) == '{"hint": "higher"}'
-    assert default_formatter({"metadata": {"question": "Q?"}}, context="reset") == "Q?"
+def test_default_formatter_puts_the_question_first_then_every_informative_field():
+    obs = {"metadata": {"seed": 3}, "question": "Which position holds the largest card?", "context": "cards: 4 9 2",
+           "legal_moves": [0, 1, 2], "scores": {"a": 1}, "board": "X O\n. X", "empty": "", "none": None,
+           "count": 0}
+    assert default_formatter(obs, context="reset") == (
+        "Which position holds the largest card?\ncontext: cards: 4 9 2\nlegal_moves: [0, 1, 2]\n"
+        'scores: {"a": 1}\nboard:\nX O\n. X\ncount: 0')  # declaration order; bookkeeping and empties left out
+    assert default_formatter({"prompt": "Guess a number.", "hint": "", "metadata": {}}, context="reset") == \
+        "Guess a number."
+    assert default_formatter({"prompt": "", "hint": "higher", "metadata": {}}) == "hint: higher"
+
+
+def test_default_formatter_reads_a_metadata_question_on_reset_only():
+    assert default_formatter({"metadata": {"question": "Q?", "task_id": "t1"}}, context="reset") == "Q?"
+    assert default_formatter({"metadata": {"question": "Q?"}, "result": "ok"}, context="step") == "result: ok"
+
+
+def test_a_multi_field_reset_observation_reaches_the_rendered_prompt(qwen3_render):
+    obs = {"question": "Which position holds the largest card?", "context": "cards: 41 97 23 8", "legal_moves": [0, 1]}
+    messages = [{"role": "system", "content": "Play."}, {"role": "user", "content": default_formatter(obs, "reset")}]
+    prompt = qwen3_render.tokenizer.decode(qwen3_render.prompt_ids(messages, None))
+    assert "largest card?\ncontext: cards: 41 97 23 8\nlegal_moves: [0, 1]" in prompt
+
+
+def test_a_reply_without_a_tool_call_names_this_env_s_tools_or_the_configured_message():
+    with pytest.raises(Malformed) as e:
+        parse_tool_calls(_assistant(content="42"), TOOLS[:1])
+    assert str(e.value) == "Your last message did not call a tool. Call one of the tools: add_days."
+    with pytest.raises(Malformed, match="^Call a tool, then finish.$"):
+        parse_tool_calls(_assistant(content="42"), TOOLS, "Call a tool, then finish.")
+
+
+# -- the Action class of a plain env (quaero/openenv_client/loading.py) ------------------------------------------
+def test_action_comes_from_type_parameters_or_a_step_annotation():
+    from fixtures.basegame.models import PickAction
+
+    from quaero.openenv_client.loading import load_entry
+
+    assert load_entry("fixtures.guess:GuessEnv").action_source == "its type parameters"
+    spec = load_entry("fixtures.untyped:AnnotatedPickEnv")
+    assert spec.action_cls is PickAction and spec.action_source == "its step annotation"
+
+
+def test_a_base_action_env_takes_the_action_its_own_server_app_publishes():
+    from fixtures.basegame.models import PickAction, PickObservation
+
+    from quaero.openenv_client.loading import load_entry
+
+    spec = load_entry("fixtures.basegame:PickEnv")
+    assert spec.action_cls is PickAction and spec.observation_cls is PickObservation
+    assert spec.action_source == "the env's own server app fixtures.basegame.server:app"
+
+
+def test_a_base_action_env_without_a_server_app_needs_env_action():
+    from fixtures.basegame.models import PickAction
+
+    from quaero.config import ConfigError
+    from quaero.openenv_client.loading import load_entry
+
+    with pytest.raises(ConfigError, match=r"BarePickEnv.step takes the base Action .* \[env\] action = "):
+        load_entry("fixtures.untyped:BarePickEnv")
+    spec = load_entry("fixtures.untyped:BarePickEnv", action="fixtures.basegame.models:PickAction")
+    assert spec.action_cls is PickAction and spec.action_source == "[env] action"
+    with pytest.raises(ConfigError, match="not a subclass of openenv's Action"):
+        load_entry("fixtures.untyped:BarePickEnv", action="fixtures.guess:GuessState")
+    with pytest.raises(ConfigError, match="GuessEnv already names its Action, fixtures.guess:GuessAction"):
+        load_entry("fixtures.guess:GuessEnv", action="fixtures.basegame.models:PickAction")
+
+
+def test_an_action_without_fields_is_an_error_naming_the_fix(monkeypatch):
+    import fixtures.untyped
+    from openenv.core.env_server.types import Action
+
+    from quaero.config import ConfigError
+    from quaero.openenv_client.loading import load_entry
+
+    class Noop(Action):
+        pass
+
+    monkeypatch.setattr(fixtures.untyped, "Noop", Noop, raising=False)
+    with pytest.raises(ConfigError, match=r"its Action Noop \(from \[env\] action\) has no fields.*"
+                                          r"\[env\] action = \"module:ActionClass\""):
+        load_entry("fixtures.untyped:BarePickEnv", action="fixtures.untyped:Noop")
+
+
+def test_reset_parameters_the_env_does_not_take_are_named():
+    from quaero.openenv_client.loading import ignored_reset_params, load_entry
+
+    assert ignored_reset_params(load_entry("fixtures.basegame:PickEnv")) == []
+    assert ignored_reset_params(load_entry("fixtures.basegame.env:SeedlessPickEnv")) == ["seed", "split", "index"]
