@@ -89,3 +89,11 @@ def load_latest(ckpt_root: Path) -> tuple[Path, dict[str, Any]] | None:
                 reason = f"load failed ({type(e).__name__}: {e})"
         log.warning("checkpoint_skipped", path=str(path), reason=reason)
     return None
+
+
+def load(path: Path) -> dict[str, Any]:
+    """The state of the checkpoint at `path` (`.../step-000008`); ValueError, naming why, if it is not intact."""
+    reason = _verify(path)
+    if reason is not None:
+        raise ValueError(f"{path}: {reason}; use another step (or none: the newest intact one)")
+    return torch.load(path / "state.pt", weights_only=False)

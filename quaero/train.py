@@ -227,6 +227,9 @@ def _loop(c: Components, stop: StopRequest, tqdm, run_id: str) -> None:
             raise KeyboardInterrupt
         if cfg.training.eval_every and (step % cfg.training.eval_every == 0 or step == total):
             evaluate(c, step)
+    from quaero.export import save_final
+
+    save_final(c.backend, cfg)  # runs/NAME/final/: the model a user takes away, a standard HF folder
     log.info("run_end", status="finished", steps=total, run_id=run_id)
 
 
