@@ -92,7 +92,9 @@ def cmd_bench(args) -> int:
 
 def cmd_export(args) -> int:
     from quaero.export import ExportError, export_run
+    from quaero.metrics import configure
 
+    configure("warning")  # the printed line is the output; warnings still show
     try:
         out = export_run(args.run_dir, args.out, step=args.step, merge=args.merge)
     except ExportError as e:

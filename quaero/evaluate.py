@@ -24,10 +24,14 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from quaero.config import QuaeroConfig
 from quaero.export import ExportError, export_run, is_adapter, load_model
 from quaero.stats import mcnemar_exact, paired_bootstrap, wilson_interval
+
+if TYPE_CHECKING:
+    from quaero.rollout import Policy
 
 _POLICY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -40,7 +44,7 @@ class EvalError(RuntimeError):
 class Contestant:
     label: str  # what the user named
     folder: Path | None = None  # a model or adapter folder (None: scripted policy or the config's model)
-    policy: object = None  # a scripted policy factory: info -> (messages -> assistant message)
+    policy: Policy | None = None  # scripted: info -> (messages -> assistant message)
     home: Path | None = None  # where its eval folder goes by default
 
 

@@ -186,7 +186,9 @@ def test_eval_rejects_an_unknown_model_in_one_line(tmp_path, capsys):
 
 # ── whole runs ───────────────────────────────────────────────────────────────────────────────────────
 
-TINY_RUN = ["training.steps=1", "training.warmup_sft_steps=0", "training.tasks_per_step=1", "training.group_size=2",
+# one warm-start step on the oracle's demos: unlike an RL step on a random model (all rewards 0, malformed
+# actions), it always moves the weights
+TINY_RUN = ["training.steps=0", "training.warmup_sft_steps=1", "training.tasks_per_step=1", "training.group_size=1",
             "training.eval_every=0", "training.eval_tasks=0", "training.checkpoint_every=1", "sampler.max_tokens=8",
             "env.max_turns=2", "env.launcher=inprocess", "logging.console=none", "logging.progress=false"]
 
