@@ -273,3 +273,11 @@ def set_aside(ckpt_root: Path, stamp: str) -> Path | None:
         aside, n = ckpt_root.with_name(f"{ckpt_root.name}.before-restart-{stamp}-{n}"), n + 1
     ckpt_root.rename(aside)
     return aside
+
+
+def load(path: Path) -> dict[str, Any]:
+    """The state of the checkpoint at `path` (`.../step-000008`); ValueError, naming why, if it is not intact."""
+    reason = verify(path)
+    if reason is not None:
+        raise ValueError(f"{path}: {reason}; use another step (or none: the newest intact one)")
+    return _load(path)

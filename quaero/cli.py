@@ -1,4 +1,4 @@
-"""`quaero` command line: train, check, review, bench, env serve, doctor.
+"""`quaero` command line: train, check, review, export, eval, bench, env serve, doctor.
 
 Heavy imports (torch models, vLLM, unsloth) happen only inside the command that needs them, so a
 bad config fails in well under a second, with one line and exit status 1.
@@ -119,6 +119,38 @@ def cmd_doctor(args) -> int:
     return doctor_main(args)
 
 
+def cmd_export(args) -> int:
+    from quaero.export import ExportError, export_run
+    from quaero.metrics import configure
+
+    configure("warning")  # the printed line is the output; warnings still show
+    try:
+        out = export_run(args.run_dir, args.out, step=args.step, merge=args.merge)
+    except ExportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"exported {args.run_dir} -> {out}: {', '.join(sorted(p.name for p in out.iterdir()))}")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from quaero.config import load_config
+    from quaero.evaluate import EvalError, EvalPlan, evaluate, report_lines
+    from quaero.metrics import configure
+
+    cfg = load_config(args.config, args.overrides)
+    configure("warning", cfg.logging.console)  # the report is the output; warnings still show
+    plan = EvalPlan(tasks=args.tasks or cfg.training.eval_tasks or 64, split=args.split or cfg.env.eval_split,
+                    seeds=args.seeds, greedy=not args.sample, out=args.out)
+    try:
+        out, summary = evaluate(cfg, list(args.compare) if args.compare else [args.model], plan)
+    except EvalError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print("\n".join(report_lines(summary, out)))
+    return 0
+
+
 def _json_object(text: str) -> dict:
     try:
         value = json.loads(text)
@@ -175,6 +207,26 @@ def build_parser() -> argparse.ArgumentParser:
                        "exit 1 when a problem is found")
     p.add_argument("--json", action="store_true", help="print the facts as JSON")
     p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("export", help="a run's checkpoint as a Hugging Face folder (or PEFT adapter folder)")
+    p.add_argument("run_dir", metavar="RUN", help="runs/NAME")
+    p.add_argument("out", metavar="OUT", help="the folder to write (must be new or empty)")
+    p.add_argument("--step", type=int, help="the checkpoint's step (default: the newest intact one)")
+    p.add_argument("--merge", action="store_true", help="LoRA runs: merge the adapter into a full folder")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("eval", help="evaluate a model on the env's eval split; --compare A B, paired")
+    _add_config_args(p)
+    who = p.add_mutually_exclusive_group()
+    who.add_argument("--model", metavar="PATH|RUN", help="a model/adapter folder, a run folder (its final/), "
+                     "or a scripted policy package.module:function (default: the config's [model])")
+    who.add_argument("--compare", nargs=2, metavar=("A", "B"), help="two models on the same tasks and seeds")
+    p.add_argument("--tasks", type=int, help="tasks per seed (default: [training] eval_tasks, else 64)")
+    p.add_argument("--split", help="env split (default: [env] eval_split)")
+    p.add_argument("--seeds", type=int, default=1, help="repeat every task under K seeds")
+    p.add_argument("--sample", action="store_true", help="sample at [sampler] temperature instead of greedy")
+    p.add_argument("--out", help="eval folder (default: RUN/eval-TIMESTAMP, or next to the model folder)")
+    p.set_defaults(func=cmd_eval)
 
     env = sub.add_parser("env", help="environment tools").add_subparsers(dest="env_command", required=True)
     p = env.add_parser("serve", help="serve any OpenEnv env (module:Class) on 127.0.0.1")

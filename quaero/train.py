@@ -65,7 +65,9 @@ class Components:
     empty_drops: dict[str, int] = field(default_factory=dict)  # their drop reasons, counted
 
 
-def _task(cfg: QuaeroConfig, split: str, index: int) -> dict:
+def make_task(cfg: QuaeroConfig, split: str, index: int) -> dict:
+    """Task `index` of `split`: its reset seed derives from the run seed alone (train, eval and `quaero eval`
+    agree on it)."""
     return {"seed": cfg.run.seed * 1_000_003 + index, "split": split, "index": index}
 
 
@@ -108,7 +110,7 @@ def _collect(c: Components, step: int, *, sft: bool) -> list[EchoRow]:
     """Run one batch of groups; return the kept episodes' rows with their advantages (c.stats counts)."""
     cfg = c.cfg
     n_tasks = cfg.training.tasks_per_step
-    tasks = [_task(cfg, cfg.env.train_split, c.cursor + i) for i in range(n_tasks)]
+    tasks = [make_task(cfg, cfg.env.train_split, c.cursor + i) for i in range(n_tasks)]
     c.cursor += n_tasks
     groups = c.driver.run(c.pool.sessions, tasks, group_size=1 if sft else cfg.training.group_size,
                           policy=c.oracle if sft else None, seed=cfg.run.seed * 7919 + step)
@@ -128,7 +130,7 @@ def evaluate(c: Components, step: int) -> None:
     if not cfg.training.eval_tasks:
         return
     t0 = time.perf_counter()
-    tasks = [_task(cfg, cfg.env.eval_split, i) for i in range(cfg.training.eval_tasks)]
+    tasks = [make_task(cfg, cfg.env.eval_split, i) for i in range(cfg.training.eval_tasks)]
     groups = c.driver.run(c.pool.sessions, tasks, group_size=1, greedy=True, seed=cfg.run.seed,
                           on_group_done=_progress("eval_progress", len(tasks)))
     eps = [e for g in groups for e in g if not e.dropped]
@@ -313,6 +315,9 @@ def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path
             raise KeyboardInterrupt
         if cfg.training.eval_every and (step % cfg.training.eval_every == 0 or step == total):
             evaluate(c, step)
+    from quaero.export import save_final
+
+    save_final(c.trainer, cfg)  # runs/NAME/final/: the model a user takes away, a standard HF folder
     log.info("run_end", status="finished", steps=total, run_id=run_id)
 
 

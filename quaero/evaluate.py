@@ -1,0 +1,249 @@
+"""`quaero eval`: a model (or a scripted policy) on the env's eval split, with intervals, and
+`--compare A B` on identical episodes with the paired difference.
+
+Episodes run through the EpisodeDriver that training evaluation uses, one episode per (task, seed):
+task i of repetition r is training evaluation's task i under run seed + r, and the driver's sampler
+seed is run seed + r, so r = 0 greedy reproduces the run's own eval events. Success rates count
+episodes that finished (dropped ones are reported, not scored), as in training evaluation.
+
+A contestant (`--model`, each side of `--compare`) is one of:
+- a run folder (runs/NAME): its final/ folder, else its newest checkpoint, exported to a temporary folder;
+- a model folder `quaero export` wrote (config.json), or a PEFT adapter folder (adapter_config.json);
+- `package.module:function`, a scripted policy `function(info) -> (messages -> assistant message)`
+  (the env's `oracle_policy`, say: the ceiling of a task set);
+- nothing: the config's own [model] (the untrained baseline).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import re
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from quaero.config import QuaeroConfig
+from quaero.export import ExportError, export_run, is_adapter, load_model
+from quaero.stats import mcnemar_exact, paired_bootstrap, wilson_interval
+
+if TYPE_CHECKING:
+    from quaero.rollout import Policy
+
+_POLICY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class EvalError(RuntimeError):
+    """A --model/--compare value or option that cannot be evaluated; one line for the user."""
+
+
+@dataclass
+class Contestant:
+    label: str  # what the user named
+    folder: Path | None = None  # a model or adapter folder (None: scripted policy or the config's model)
+    policy: Policy | None = None  # scripted: info -> (messages -> assistant message)
+    home: Path | None = None  # where its eval folder goes by default
+
+
+@dataclass
+class Result:
+    """One contestant's episodes (in (repeat, task) order) and the counters the driver kept."""
+
+    label: str
+    records: list[dict]
+    malformed_actions: int
+
+    @property
+    def finished(self) -> list[dict]:
+        return [r for r in self.records if not r["dropped"]]
+
+    def summary(self) -> dict:
+        done = self.finished
+        wins = sum(r["success"] for r in done)
+        low, high = wilson_interval(wins, len(done))
+        return {"model": self.label, "episodes": len(self.records), "finished": len(done),
+                "dropped": len(self.records) - len(done), "successes": wins,
+                "success_rate": wins / len(done) if done else None, "success_ci95": [low, high],
+                "reward_mean": _mean([r["reward"] for r in done]), "turns_mean": _mean([r["turns"] for r in done]),
+                "malformed_actions": self.malformed_actions}
+
+
+def _mean(xs: list[float]) -> float | None:
+    return statistics.fmean(xs) if xs else None
+
+
+@dataclass
+class EvalPlan:
+    tasks: int
+    split: str
+    seeds: int = 1
+    greedy: bool = True
+    out: Path | None = None
+    stamp: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S"))
+
+
+# ── contestants ─────────────────────────────────────────────────────────────────────────────────────
+
+def resolve(spec: str | None, cfg: QuaeroConfig, scratch: contextlib.ExitStack) -> Contestant:
+    """What `--model SPEC` names (see the module docstring). `scratch` owns any temporary export."""
+    if spec is None:
+        return Contestant(cfg.model.name, home=cfg.run_dir)
+    path = Path(spec).expanduser()
+    if path.is_dir() and ((path / "checkpoints").is_dir() or (path / "final").is_dir()):
+        return _run_contestant(spec, path, scratch)  # a run folder (its config.json is quaero's, not HF's)
+    if path.is_dir() and ((path / "config.json").exists() or is_adapter(path)):
+        return Contestant(spec, folder=path, home=path.parent)
+    if not path.exists() and _POLICY.match(spec):
+        module, _, name = spec.partition(":")
+        try:
+            return Contestant(spec, policy=getattr(importlib.import_module(module), name), home=cfg.run_dir)
+        except (ImportError, AttributeError) as e:
+            raise EvalError(f"--model {spec}: cannot import the policy ({type(e).__name__}: {e})") from None
+    raise EvalError(f"--model {spec}: not a run folder (runs/NAME), a model folder (config.json or "
+                    "adapter_config.json) or a scripted policy package.module:function")
+
+
+def _run_contestant(spec: str, run: Path, scratch: contextlib.ExitStack) -> Contestant:
+    if (run / "final").is_dir():
+        return Contestant(spec, folder=run / "final", home=run)
+    tmp = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="quaero-eval-"))) / "model"
+    try:  # an interrupted run has no final/: its newest checkpoint is what it has
+        export_run(run, tmp, merge=True)
+    except ExportError as e:
+        raise EvalError(f"--model {spec}: {e}") from None
+    return Contestant(spec, folder=tmp, home=run)
+
+
+def _with(cfg: QuaeroConfig, section: str, **fields) -> QuaeroConfig:
+    return cfg.model_copy(update={section: getattr(cfg, section).model_copy(update=fields)})
+
+
+def _tokenizer(cfg: QuaeroConfig, who: Contestant):
+    """An exported folder carries the tokenizer it was trained with; anything else uses the config's."""
+    from quaero.model import load_tokenizer
+
+    if who.folder is not None and (who.folder / "tokenizer_config.json").exists():
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(who.folder)
+    return load_tokenizer(cfg.model.name)
+
+
+def _sampler(cfg: QuaeroConfig, who: Contestant, stop_token_ids: list[int]):
+    from quaero.model import resolve_device
+    from quaero.sampling import make_sampler, resolve_backend
+
+    if who.policy is not None:
+        return None  # a scripted policy never samples
+    device = resolve_device(cfg.run.device)
+    if who.folder is None:
+        return make_sampler(cfg, stop_token_ids=stop_token_ids, device=device)
+    model = None
+    if is_adapter(who.folder):
+        if resolve_backend(cfg.sampler.backend, device) == "vllm":
+            raise EvalError(f"--model {who.label}: a LoRA adapter folder and [sampler] backend='vllm'; export "
+                            "a merged folder (quaero export RUN --merge OUT) or use --set sampler.backend=hf")
+        model = load_model(who.folder, cfg.model.dtype, device)
+    return make_sampler(_with(cfg, "model", name=str(who.folder)), model=model, stop_token_ids=stop_token_ids,
+                        device=device)
+
+
+# ── running ─────────────────────────────────────────────────────────────────────────────────────────
+
+def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan) -> Result:
+    """All (repeat, task) episodes of one contestant through the training evaluation's driver."""
+    from quaero.render import RenderAdapter
+    from quaero.rollout import EpisodeDriver
+    from quaero.train import make_task
+
+    render = RenderAdapter(_tokenizer(cfg, who), cfg.model)
+    sampler = _sampler(cfg, who, render.stop_token_ids)
+    pool.stats.snapshot_and_reset()  # this contestant's counts only
+    driver = EpisodeDriver(render, sampler, cfg, pool.stats)
+    records = []
+    try:
+        for r in range(plan.seeds):
+            seed = cfg.run.seed + r
+            tasks = [make_task(_with(cfg, "run", seed=seed), plan.split, i) for i in range(plan.tasks)]
+            groups = driver.run(pool.sessions, tasks, group_size=1, greedy=plan.greedy, policy=who.policy,
+                                seed=seed)
+            for task, (ep,) in zip(tasks, groups):
+                records.append({"task": task["index"], "split": task["split"], "seed": task["seed"], "repeat": r,
+                                "reward": ep.reward, "success": bool(ep.success), "turns": ep.turns,
+                                "dropped": ep.dropped, "drop_reason": ep.drop_reason, "messages": ep.messages})
+    finally:
+        if sampler is not None:
+            sampler.close()
+    return Result(who.label, records, int(pool.stats.snapshot_and_reset()["malformed_actions"]))
+
+
+def paired(a: Result, b: Result, seed: int = 0) -> dict:
+    """A - B on the episodes both finished: success (McNemar exact) and reward (paired bootstrap)."""
+    b_by = {(r["repeat"], r["task"]): r for r in b.finished}
+    pairs = [(r, b_by[r["repeat"], r["task"]]) for r in a.finished if (r["repeat"], r["task"]) in b_by]
+    a_only = sum(x["success"] and not y["success"] for x, y in pairs)
+    b_only = sum(y["success"] and not x["success"] for x, y in pairs)
+    diff, low, high = paired_bootstrap([x["reward"] for x, _ in pairs], [y["reward"] for _, y in pairs],
+                                       seed=seed)
+    n = len(pairs)
+    return {"pairs": n, "success_diff": (a_only - b_only) / n if n else None, "a_only": a_only, "b_only": b_only,
+            "mcnemar_p": mcnemar_exact(a_only, b_only), "reward_diff": diff if n else None,
+            "reward_diff_ci95": [low, high] if n else None, "bootstrap_seed": seed}
+
+
+def evaluate(cfg: QuaeroConfig, specs: list[str | None], plan: EvalPlan) -> tuple[Path, dict]:
+    """Evaluate one contestant, or two on identical episodes (then the paired difference). Writes
+    `transcripts[-a|-b].jsonl` and `summary.json` into the eval folder; returns (folder, summary)."""
+    from quaero.openenv_client import open_envs
+
+    n_sessions = max(1, min(plan.tasks, cfg.training.tasks_per_step * cfg.training.group_size))
+    with contextlib.ExitStack() as scratch:
+        who = [resolve(s, cfg, scratch) for s in specs]
+        home = who[0].home if len(who) == 1 else cfg.run_dir
+        out = Path(plan.out) if plan.out else home / f"eval-{plan.stamp}"
+        with open_envs(cfg.env, n_sessions) as pool:
+            results = [run_contestant(cfg, w, pool, plan) for w in who]
+    out.mkdir(parents=True, exist_ok=True)
+    names = ["transcripts.jsonl"] if len(results) == 1 else ["transcripts-a.jsonl", "transcripts-b.jsonl"]
+    for name, result in zip(names, results):
+        with (out / name).open("w", encoding="utf-8") as f:
+            for r in result.records:
+                f.write(json.dumps(r, default=str) + "\n")
+    summary = {"config": {"split": plan.split, "tasks": plan.tasks, "seeds": plan.seeds,
+                          "greedy": plan.greedy, "run_seed": cfg.run.seed},
+               "results": [r.summary() for r in results]}
+    if len(results) == 2:
+        summary["paired"] = paired(*results, seed=cfg.run.seed)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return out, summary
+
+
+# ── the report ──────────────────────────────────────────────────────────────────────────────────────
+
+def _num(x, fmt: str = ".3f") -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def report_lines(summary: dict, out: Path) -> list[str]:
+    c = summary["config"]
+    mode = "greedy" if c["greedy"] else "sampled"
+    lines = [f"eval on split {c['split']!r}: {c['tasks']} tasks x {c['seeds']} seed(s), {mode}"]
+    tags = ["A ", "B "] if len(summary["results"]) == 2 else [""]
+    for tag, s in zip(tags, summary["results"]):
+        low, high = s["success_ci95"]
+        lines.append(f"{tag}{s['model']}: success {s['successes']}/{s['finished']} = {_num(s['success_rate'])} "
+                     f"(Wilson 95% {low:.3f}-{high:.3f}), reward {_num(s['reward_mean'])}, "
+                     f"turns {_num(s['turns_mean'], '.2f')}, malformed actions {s['malformed_actions']}, "
+                     f"dropped {s['dropped']}")
+    p = summary.get("paired")
+    if p:
+        ci = p["reward_diff_ci95"] or [None, None]
+        lines.append(f"A - B on {p['pairs']} paired episodes: success {_num(p['success_diff'], '+.3f')} "
+                     f"(A only {p['a_only']}, B only {p['b_only']}; McNemar exact p = {p['mcnemar_p']:.4g}), "
+                     f"reward {_num(p['reward_diff'], '+.3f')} (paired bootstrap 95% {_num(ci[0], '+.3f')} to "
+                     f"{_num(ci[1], '+.3f')})")
+    lines.append(f"transcripts and summary.json in {out}")
+    return lines

@@ -1,0 +1,166 @@
+"""What a run leaves for the world: a Hugging Face model folder, or a PEFT adapter folder.
+
+- Full fine-tune: config.json, model.safetensors (sharded above 5GB), generation_config.json, the
+  tokenizer files and chat template: `AutoModelForCausalLM.from_pretrained(OUT)` loads it, vLLM serves it.
+- LoRA: adapter_config.json + adapter_model.safetensors (+ the tokenizer):
+  `PeftModel.from_pretrained(base, OUT)` loads it; `merge` folds the adapter into the base weights and
+  writes a full folder instead.
+
+`runs/NAME/final/` is written this way at the end of every finished run; `quaero export RUN [--step N]`
+writes any kept checkpoint. A folder is written under a temporary name and renamed into place, so a crash
+never leaves half a model under the final name.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from quaero.config import QuaeroConfig
+from quaero.metrics import get_logger
+
+log = get_logger(__name__)
+
+MAX_SHARD_SIZE = "5GB"  # the Hub's usual shard size; transformers, PEFT and vLLM read shards alike
+
+
+class ExportError(RuntimeError):
+    """A run or checkpoint that cannot be exported; the message is one line for the user."""
+
+
+def base_reference(model_name: str) -> str:
+    """How an adapter folder names its base model: the hub id as written, or a local folder's absolute
+    path (the embedded `tiny-qwen3` is such a folder, in quaero's cache)."""
+    from quaero.model import TINY_QWEN3, resolve_model
+
+    if model_name == TINY_QWEN3 or Path(model_name).expanduser().exists():
+        return str(resolve_model(model_name).resolve())
+    return model_name
+
+
+def save_model(model, tokenizer, out: Path, *, base_name: str, merge: bool = False, replace: bool = False) -> Path:
+    """Write `model` (a transformers causal LM, PEFT-wrapped for LoRA) and `tokenizer` to `out`.
+
+    merge: fold a LoRA adapter into the base weights (in place: `model` is spent) and write a full folder.
+    replace: overwrite an existing `out` (run folders' final/); otherwise an existing, non-empty `out`
+    is refused so an export never mixes two models' files."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not replace:
+        raise ExportError(f"{out}: folder exists and is not empty; choose a new output folder or delete it")
+    is_lora = hasattr(model, "peft_config")
+    if is_lora and merge:
+        model, is_lora = model.merge_and_unload(), False
+    if is_lora:
+        for adapter in model.peft_config.values():
+            adapter.base_model_name_or_path = base_reference(base_name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    config = model.config  # a PEFT model forwards to its base model's
+    use_cache = config.use_cache
+    config.use_cache = True  # training turns the KV cache off; whoever loads the folder generates with it
+    try:
+        if is_lora:
+            # only LoRA weights train (the embeddings stay the base's), so the adapter is all there is to save
+            model.save_pretrained(tmp, save_embedding_layers=False)
+        else:
+            model.save_pretrained(tmp, max_shard_size=MAX_SHARD_SIZE)
+        tokenizer.save_pretrained(tmp)
+        _move_into_place(tmp, out)
+    finally:
+        config.use_cache = use_cache
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    old = None
+    if out.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}-old-", dir=out.parent))
+        out.rename(old / out.name)
+    tmp.rename(out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def save_final(trainer, cfg: QuaeroConfig) -> Path:
+    """`runs/NAME/final/` from the live trainer at the end of a finished run (the adapter for LoRA)."""
+    from quaero.model import load_tokenizer
+
+    out = save_model(trainer.model, load_tokenizer(cfg.model.name), cfg.run_dir / "final",
+                     base_name=cfg.model.name, replace=True)
+    log.info("final_saved", path=str(out), lora=hasattr(trainer.model, "peft_config"))
+    return out
+
+
+def run_config(run_dir: Path) -> QuaeroConfig:
+    """The resolved config a run was started with (`runs/NAME/config.json`)."""
+    path = Path(run_dir) / "config.json"
+    if not path.exists():
+        raise ExportError(f"{path}: not found; RUN must be a run folder that `quaero train` wrote (runs/NAME)")
+    try:
+        return QuaeroConfig.model_validate_json(path.read_text())
+    except ValueError:  # pydantic's ValidationError: a model folder's config.json, say
+        raise ExportError(f"{path}: not a quaero run config; RUN must be a run folder that `quaero train` "
+                          "wrote (runs/NAME)") from None
+
+
+def load_checkpoint(run_dir: Path, step: int | None = None) -> tuple[int, dict]:
+    """(step, state) of the run's checkpoint at `step`, or of its newest intact one."""
+    from quaero import checkpoint
+
+    root = Path(run_dir) / "checkpoints"
+    kept = sorted(p.name for p in root.glob("step-*"))
+    if step is None:
+        found = checkpoint.load_latest(root)
+        if found is None:
+            raise ExportError(f"{root}: no intact checkpoint; train the run first (quaero train CONFIG)")
+        return found[1]["step"], found[1]
+    path = root / f"step-{step:06d}"
+    if not path.exists():
+        raise ExportError(f"{run_dir} --step {step}: no such checkpoint; kept: {', '.join(kept) or 'none'}")
+    try:
+        return step, checkpoint.load(path)
+    except ValueError as e:
+        raise ExportError(str(e)) from None
+
+
+def build_trainer(cfg: QuaeroConfig):
+    """The run's trainer as quaero/train.py builds it, on the CPU: exporting needs no accelerator."""
+    from quaero.plan import trainer_spec
+    from trainers.registry import trainer_class
+
+    return trainer_class(cfg.backend.backend)(trainer_spec(cfg), "cpu")
+
+
+def export_run(run_dir: Path, out: Path, *, step: int | None = None, merge: bool = False) -> Path:
+    """A run's checkpoint (`step`, default the newest) as a model folder at `out`."""
+    from quaero.model import load_tokenizer
+
+    cfg = run_config(run_dir)
+    step, state = load_checkpoint(run_dir, step)
+    trainer = build_trainer(cfg)
+    trainer.load_state_dict(state["backend"])
+    save_model(trainer.model, load_tokenizer(cfg.model.name), out, base_name=cfg.model.name, merge=merge)
+    log.info("exported", run_dir=str(run_dir), step=step, out=str(out), lora=cfg.backend.lora and not merge)
+    return Path(out)
+
+
+def is_adapter(folder: Path) -> bool:
+    return (Path(folder) / "adapter_config.json").exists()
+
+
+def load_model(folder: Path, dtype: str = "float32", device: str = "cpu"):
+    """The inverse of save_model: a full folder, or an adapter folder merged onto its base, as a plain
+    transformers causal LM."""
+    from quaero.model import load_causal_lm
+
+    folder = Path(folder)
+    if not is_adapter(folder):
+        return load_causal_lm(str(folder), dtype, device)
+    import json
+
+    from peft import PeftModel
+
+    base_name = json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"]
+    base = load_causal_lm(base_name, dtype, device)
+    return PeftModel.from_pretrained(base, folder).merge_and_unload()

@@ -1,0 +1,63 @@
+"""The statistics `quaero eval` reports: a success rate's interval and a paired comparison's.
+
+- `wilson_interval`: the Wilson score interval of k successes in n trials. Unlike the normal
+  approximation it stays inside [0, 1] and keeps its coverage at 0/n and n/n, which small evals hit.
+- `mcnemar_exact`: two policies on the same episodes; only the discordant pairs carry information
+  about which succeeds more often, and under "no difference" each is a fair coin (exact binomial).
+- `paired_bootstrap`: the mean of per-episode reward differences A - B with a percentile interval,
+  resampling episode pairs (not the two sides separately) so the pairing's variance reduction is kept.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+Z_95 = 1.959963984540054  # the standard normal's 97.5% quantile
+
+
+def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
+    """(low, high) of the Wilson score interval; (0, 1) when n = 0 (nothing is known)."""
+    if not 0 <= successes <= n:
+        raise ValueError(f"wilson_interval: successes={successes} must lie in 0..n={n}")
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    z2 = z * z
+    center = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    low = 0.0 if successes == 0 else center - half  # exact at the edges, where rounding would miss 0 or 1
+    high = 1.0 if successes == n else center + half
+    return low, high
+
+
+def mcnemar_exact(a_only: int, b_only: int) -> float:
+    """Two-sided exact McNemar p-value from the discordant pairs: `a_only` episodes that A solved and B
+    did not, `b_only` the reverse. 1.0 when there are none."""
+    n = a_only + b_only
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(a_only, b_only) + 1))
+    return min(1.0, 2 * tail / 2**n)  # exact integer arithmetic until this one division
+
+
+def paired_bootstrap(a: Sequence[float], b: Sequence[float], *, resamples: int = 10_000, seed: int = 0,
+                     level: float = 0.95) -> tuple[float, float, float]:
+    """(mean of a - b, low, high): the percentile bootstrap interval of the mean paired difference.
+
+    a[i] and b[i] are the same episode (task, seed) under two policies. Seeded, so a report reproduces."""
+    import numpy as np
+
+    if len(a) != len(b):
+        raise ValueError(f"paired_bootstrap: {len(a)} values for A but {len(b)} for B; pairs must line up")
+    diff = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    if diff.size == 0:
+        return math.nan, math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    means = np.empty(resamples)
+    chunk = max(1, 1_000_000 // diff.size)  # bounded memory: chunk x n indices at a time
+    for start in range(0, resamples, chunk):
+        stop = min(start + chunk, resamples)
+        means[start:stop] = diff[rng.integers(0, diff.size, size=(stop - start, diff.size))].mean(axis=1)
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return float(diff.mean()), float(low), float(high)

@@ -1,0 +1,52 @@
+"""quaero.stats against known values and the definitions they come from."""
+import math
+
+import pytest
+
+from quaero.stats import Z_95, mcnemar_exact, paired_bootstrap, wilson_interval
+
+
+def test_wilson_39_of_64_known_value_and_defining_equation():
+    low, high = wilson_interval(39, 64)
+    assert low == pytest.approx(0.48692, abs=1e-5) and high == pytest.approx(0.71944, abs=1e-5)
+    # the Wilson bounds are the two roots p of (k/n - p)^2 = z^2 p (1 - p) / n
+    for p in (low, high):
+        assert (39 / 64 - p) ** 2 == pytest.approx(Z_95**2 * p * (1 - p) / 64, rel=1e-9)
+
+
+def test_wilson_edges_stay_in_unit_interval():
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    low, high = wilson_interval(0, 10)
+    assert low == 0.0 and high == pytest.approx(0.27754, abs=1e-5)  # not the normal approximation's [0, 0]
+    low, high = wilson_interval(10, 10)
+    assert high == 1.0 and low == pytest.approx(1 - 0.27754, abs=1e-5)
+    with pytest.raises(ValueError, match="successes=5 must lie in 0..n=4"):
+        wilson_interval(5, 4)
+
+
+def test_mcnemar_exact_known_values():
+    assert mcnemar_exact(10, 2) == pytest.approx(158 / 4096)  # 2 * (C(12,0) + C(12,1) + C(12,2)) / 2^12
+    assert mcnemar_exact(2, 10) == mcnemar_exact(10, 2)  # two-sided: symmetric
+    assert mcnemar_exact(5, 0) == pytest.approx(2 / 32)
+    assert mcnemar_exact(3, 3) == 1.0 and mcnemar_exact(0, 0) == 1.0
+    assert 0 < mcnemar_exact(600, 400) < 1e-9  # large n stays exact (integer arithmetic), no overflow
+
+
+def test_paired_bootstrap_keeps_the_pairing_and_reproduces():
+    import random
+
+    rng = random.Random(0)
+    b = [rng.random() for _ in range(50)]  # noisy per-episode rewards
+    a = [x + 0.1 for x in b]  # A is exactly 0.1 better on every episode
+    diff, low, high = paired_bootstrap(a, b, seed=3)
+    assert diff == pytest.approx(0.1) and low == pytest.approx(0.1) and high == pytest.approx(0.1)
+    # unpaired noise: an interval around the mean that reproduces under the same seed
+    c = [rng.random() for _ in range(50)]
+    first = paired_bootstrap(c, b, seed=7)
+    assert first == paired_bootstrap(c, b, seed=7) != paired_bootstrap(c, b, seed=8)
+    diff, low, high = first
+    assert low < diff < high and high - low > 0.1
+    assert diff == pytest.approx(sum(c) / 50 - sum(b) / 50)
+    assert all(math.isnan(x) for x in paired_bootstrap([], []))
+    with pytest.raises(ValueError, match="3 values for A but 2 for B"):
+        paired_bootstrap([1, 2, 3], [1, 2])
