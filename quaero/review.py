@@ -150,6 +150,34 @@ def render_table(rows: list[tuple[str, list[Any]]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
+def plot_points(run: dict, key: str) -> list[tuple[int, float]]:
+    """(step, value) of one plotted series. The warm start's `reward_mean` is the oracle's demonstrations'
+    reward (always the oracle's), not what the policy earned: the train-reward series is RL steps only."""
+    records = run["steps"] + run["evals"]
+    if key == "reward_mean":
+        records = [r for r in run["steps"] if r.get("phase", "rl") == "rl"]
+    return sorted((r["step"], v) for r in records if (v := _number(r.get(key))) is not None)
+
+
+def eval_success_intervals(run: dict) -> list[tuple[int, float, float, float]]:
+    """(step, success rate, Wilson 95% low, high) of each eval with a known episode count."""
+    from quaero.stats import wilson_interval
+
+    out = []
+    for e in run["evals"]:
+        rate, n = _number(e.get("eval_success_rate")), _number(e.get("eval_episodes"))
+        if rate is not None and n:
+            low, high = wilson_interval(round(rate * n), int(n))
+            out.append((e["step"], rate, low, high))
+    return out
+
+
+def sft_span(run: dict) -> tuple[int, int] | None:
+    """First and last warm-start (SFT) step, shaded on every plot so the two phases read apart."""
+    sft = [s["step"] for s in run["steps"] if s.get("phase") == "sft"]
+    return (min(sft), max(sft)) if sft else None
+
+
 def write_plots(run: dict, out_dir: str | Path) -> list[Path]:
     import matplotlib
 
@@ -158,18 +186,27 @@ def write_plots(run: dict, out_dir: str | Path) -> list[Path]:
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    records = run["steps"] + run["evals"]
+    span = sft_span(run)
     written = []
     for name, keys in PLOT_SERIES.items():
         fig, ax = plt.subplots(figsize=(6, 3.5))
+        if span:
+            ax.axvspan(span[0] - 0.5, span[1] + 0.5, color="0.9", label="warm start (SFT)")
         for key in keys:
-            pts = [(r["step"], v) for r in records if (v := _number(r.get(key))) is not None]
+            pts = plot_points(run, key)
             if pts:
-                ax.plot(*zip(*sorted(pts)), marker="o", ms=3, label=proofs.short(key))
+                label = "train reward (RL steps)" if key == "reward_mean" else proofs.short(key)
+                ax.plot(*zip(*pts), marker="o", ms=3, label=label)
+        if name == "reward":
+            for step, rate, low, high in eval_success_intervals(run):
+                ax.errorbar([step], [rate], yerr=[[rate - low], [high - rate]], fmt="s", ms=4, capsize=3,
+                            color="tab:green", label="eval success (Wilson 95%)")
         ax.set_xlabel("step")
         ax.set_title(name)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
+        handles, labels = ax.get_legend_handles_labels()
+        if handles:
+            unique = dict(zip(labels, handles))  # one legend entry per series (eval points repeat theirs)
+            ax.legend(unique.values(), unique.keys(), fontsize=7)
         fig.tight_layout()
         path = out / f"{name}.png"
         fig.savefig(path, dpi=90)

@@ -116,6 +116,22 @@ def test_plots_are_valid_pngs(tmp_path):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 1000
 
 
+def test_plots_keep_the_warm_start_demo_reward_out_of_train_reward_and_give_eval_intervals(tmp_path):
+    steps = [dict(s, phase="sft", reward_mean=1.0) for s in good_steps(3)] + good_steps(2)  # demos: the oracle's 1.0
+    record(tmp_path, steps, evals=[(0, 0.0), (5, 0.5)])
+    metrics.configure(console="none")
+    with metrics.RunLog(tmp_path, run_id="r1"):
+        metrics.set_step(6)
+        metrics.get_logger("test").info("eval", eval_reward=0.609, eval_success_rate=39 / 64, eval_episodes=64)
+    run = review.load_run(tmp_path)
+    assert review.plot_points(run, "reward_mean") == [(4, 0.0), (5, 0.1)]  # RL steps only
+    assert review.sft_span(run) == (1, 3)
+    (step, rate, low, high), = review.eval_success_intervals(run)  # the evals without a count carry none
+    assert step == 6 and rate == 39 / 64 and (round(low, 4), round(high, 4)) == (0.4869, 0.7194)
+    assert review.main(args(tmp_path, plots=str(tmp_path / "plots"))) == 0
+    assert (tmp_path / "plots" / "reward.png").stat().st_size > 1000
+
+
 def test_compare_side_by_side(tmp_path, capsys):
     record(tmp_path / "a", good_steps(2))
     record(tmp_path / "b", good_steps(4))
