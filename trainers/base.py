@@ -15,7 +15,7 @@ from torch import nn
 
 from quaero.metrics import get_logger
 from quaero.rows import EchoRow
-from trainers import registry, step
+from trainers import distributed, registry, step
 from trainers.forward import CausalLMParts, SharedForwardError  # noqa: F401 (re-exported)
 from trainers.spec import TrainerSpec
 
@@ -29,22 +29,28 @@ class Trainer:
 
     def __init__(self, spec: TrainerSpec, device: str) -> None:
         self.spec = spec
-        self.device = torch.device(device)
         self.capabilities = registry.TRAINERS[self.name]
-        if self.device.type not in self.capabilities.devices:
+        if torch.device(device).type not in self.capabilities.devices:
             raise ValueError(f"[backend] backend={self.name!r} runs on {self.capabilities.devices}, not {device!r}")
+        self.device = distributed.setup(spec.distributed, torch.device(device))
         torch.manual_seed(spec.seed)
         self.model = self._load_model()
         self.model.config.use_cache = False
         self.parts = CausalLMParts(self.model, spec.model)
         if spec.selective_logits:
-            self.parts.verify_transform()
+            self.parts.verify_transform()  # on the whole model, before any sharding
+        # every step's forward goes through this module (wrapped for DDP or FSDP2 under torchrun);
+        # `self.model` stays the causal LM itself (under FSDP2 its parameters become shards)
+        layers = list(getattr(self.parts.backbone, "layers", []))
+        self.forward = distributed.wrap_model(step.MicrobatchForward(self.parts, spec), spec.distributed,
+                                              self.device, layers)
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.trainable, lr=spec.lr, betas=spec.betas,
                                            weight_decay=spec.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)  # constant lr
         self.steps_done = 0
         log.info("trainer_ready", trainer=self.name, model=spec.model, device=str(self.device),
+                 distributed=spec.distributed, rank=distributed.rank(), ranks=distributed.world_size(),
                  dtype=spec.dtype, lora=spec.lora, trainable_params=sum(p.numel() for p in self.trainable),
                  selective=spec.selective_logits, logit_transform=str(self.parts.transform))
 
@@ -78,8 +84,8 @@ class Trainer:
 
         Tensors alias the live parameters where no merge is needed: consume them before the next step.
         """
-        if not self.is_lora:
-            return {k: v.detach() for k, v in self.model.state_dict().items()}
+        if not self.is_lora:  # under FSDP2 every rank gathers the full tensors (a collective)
+            return {k: _full(v).detach() for k, v in self.model.state_dict().items()}
         base = self.model.get_base_model()
         merged = {}
         for name, module in base.named_modules():
@@ -121,3 +127,8 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.steps_done = state.get("steps_done", 0)
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of an FSDP2 shard (gathered from every rank), or `t` itself."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
