@@ -60,7 +60,7 @@ def rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def _sum_allreduce_hook(group, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def _sum_allreduce_hook(group, bucket):  # unannotated: DDP checks the annotation objects, not their strings
     """DDP's reduction without its division by the world size: the summed gradient."""
     work = dist.all_reduce(bucket.buffer(), group=group, async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0])
@@ -69,8 +69,8 @@ def _sum_allreduce_hook(group, bucket: dist.GradBucket) -> torch.futures.Future[
 def wrap_model(module: nn.Module, strategy: Strategy, device: torch.device, layers: list[nn.Module]) -> nn.Module:
     """`module` wrapped for `strategy` across the process group (unchanged with one rank).
 
-    DDP: one replica per rank, gradients summed by `_sum_allreduce_hook`. Buffers are not broadcast in
-    forward (they are constant here, and a broadcast per forward is one more collective to keep aligned).
+    DDP: one replica per rank, gradients summed by `_sum_allreduce_hook`. Buffers are synced once, not
+    in every forward (they are constant here, and a sync per forward is one more collective to align).
     FSDP2: each decoder layer in `layers` is its own shard unit and `module` the root, which owns the
     embeddings, the final norm and the LM head. The root unshards its parameters in its own forward and
     keeps them until backward, so the selective path, which calls the head apart from the backbone
@@ -80,7 +80,7 @@ def wrap_model(module: nn.Module, strategy: Strategy, device: torch.device, laye
         return module
     if strategy == "ddp":
         ddp = nn.parallel.DistributedDataParallel(
-            module, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
+            module, device_ids=[device.index] if device.type == "cuda" else None, forward_sync_buffers=False)
         ddp.register_comm_hook(None, _sum_allreduce_hook)
         return ddp
     from torch.distributed.device_mesh import init_device_mesh
@@ -93,6 +93,7 @@ def wrap_model(module: nn.Module, strategy: Strategy, device: torch.device, laye
     for unit in module.modules():
         if isinstance(unit, FSDPModule):
             unit.set_gradient_divide_factor(1.0)  # sum, not mean, over ranks
+            unit.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no pre-multiplied sum)
     return module
 
 
