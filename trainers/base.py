@@ -42,8 +42,8 @@ class Trainer:
         # every step's forward goes through this module (wrapped for DDP or FSDP2 under torchrun);
         # `self.model` stays the causal LM itself (under FSDP2 its parameters become shards)
         layers = list(getattr(self.parts.backbone, "layers", []))
-        self.forward = distributed.wrap_model(step.MicrobatchForward(self.parts, spec), spec.distributed,
-                                              self.device, layers)
+        self.microbatch_forward = distributed.wrap_model(step.MicrobatchForward(self.parts, spec),
+                                                         spec.distributed, self.device, layers)
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.trainable, lr=spec.lr, betas=spec.betas,
                                            weight_decay=spec.weight_decay)

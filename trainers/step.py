@@ -70,7 +70,7 @@ class MicrobatchForward(nn.Module):
 
 def microbatch_logprobs(trainer: Trainer, mb: Microbatch) -> tuple[Tensor, SelectiveInfo]:  # [B, L-1] fp32
     """The microbatch's one forward and its target log-probs (selective when enabled and possible)."""
-    return trainer.forward(mb.input_ids, mb.attention_mask, mb.target_mask)
+    return trainer.microbatch_forward(mb.input_ids, mb.attention_mask, mb.target_mask)
 
 
 def padding_backward(trainer: Trainer) -> None:
@@ -81,7 +81,7 @@ def padding_backward(trainer: Trainer) -> None:
     """
     ids = torch.zeros(1, 2, dtype=torch.long, device=trainer.device)
     target = torch.tensor([[False, True]], device=trainer.device)
-    lp, _ = trainer.forward(ids, torch.ones_like(ids), target)
+    lp, _ = trainer.microbatch_forward(ids, torch.ones_like(ids), target)
     (lp.sum() * 0.0).backward()
 
 
@@ -177,7 +177,7 @@ def accumulate_gradients(trainer: Trainer, mbs: list[Microbatch], totals: StepTo
     totals.padding = passes - len(trained)
     counter.take()
     for k in range(passes):
-        with distributed.set_gradient_sync(trainer.forward, k == passes - 1):
+        with distributed.set_gradient_sync(trainer.microbatch_forward, k == passes - 1):
             if k >= len(trained):
                 padding_backward(trainer)
                 counter.take()
