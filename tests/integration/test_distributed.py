@@ -33,7 +33,20 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def one_process(model_dir):
-    return run_scenarios(model_dir, "none")
+    """The one-process reference per chunk size (computed once each), on one thread like the ranks: the
+    thread count changes the order of CPU reductions, hence the last bits."""
+    cache = {}
+
+    def reference(chunk_size):
+        if chunk_size not in cache:
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                cache[chunk_size] = run_scenarios(model_dir, "none", chunk_size)
+            finally:
+                torch.set_num_threads(threads)
+        return cache[chunk_size]
+    return reference
 
 
 def free_port() -> int:
@@ -42,21 +55,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(model_dir: str, strategy: str, out: Path) -> None:
+def torchrun(model_dir: str, strategy: str, chunk_size: int | None, out: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), str(ROOT / "tests/fixtures/dist_step.py"), model_dir, strategy, str(out)]
+           "--master-port", str(free_port()), str(ROOT / "tests/fixtures/dist_step.py"), model_dir, strategy, str(out),
+           str(chunk_size).lower()]
     proc = subprocess.run(cmd, check=False, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
-def test_two_rank_step_equals_the_one_process_step(model_dir, one_process, strategy, tmp_path):
+@pytest.mark.parametrize("strategy,chunk_size", [
+    ("ddp", None), ("fsdp2", None),
+    ("fsdp2", 5),  # the chunked head recomputes its logits in backward: the head must be whole there too
+])
+def test_two_rank_step_equals_the_one_process_step(model_dir, one_process, strategy, chunk_size, tmp_path):
     from safetensors.torch import load_file
 
-    torchrun(model_dir, strategy, tmp_path)
-    want_metrics, want_weights = one_process
+    torchrun(model_dir, strategy, chunk_size, tmp_path)
+    want_metrics, want_weights = one_process(chunk_size)
     rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert rank0 == rank1  # every rank returns the same metrics, so rank 0 can log them alone
     for name, want_steps in want_metrics.items():
@@ -67,11 +84,15 @@ def test_two_rank_step_equals_the_one_process_step(model_dir, one_process, strat
                 assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), (name, key)
             assert got["ranks"] == 2 and sum(got["rank_rows"]) == want["rows"]
             assert sum(got["rank_forward_passes"]) == want["forward_passes"]
-        weights = load_file(str(tmp_path / f"{name}.safetensors"))
-        assert sorted(weights) == sorted(want_weights[name])
-        for key, w in weights.items():
-            assert w.shape == want_weights[name][key].shape
-            torch.testing.assert_close(w, want_weights[name][key], rtol=0, atol=1e-6, msg=f"{name} {key}")
+    for key, want_state in want_weights.items():
+        state = load_file(str(tmp_path / f"{key}.safetensors"))
+        assert sorted(state) == sorted(want_state)
+        # After one AdamW step: 1e-6. A second step divides by sqrt(v) + eps, so where a gradient is
+        # near eps (1e-8) a last-bit difference in the summed gradient or the clip's global norm
+        # moves the update by up to lr * |dg| / eps: 1e-5 bounds that second step.
+        atol = 1e-6 if key.endswith(".step1") else 1e-5
+        for name, w in state.items():
+            torch.testing.assert_close(w, want_state[name], rtol=0, atol=atol, msg=f"{key} {name}")
     uneven, one_row = rank0["uneven"][0], rank0["one_row"][0]
     assert uneven["rank_rows"] == [3, 2] and uneven["rank_padding_microbatches"] == [0, 1]
     assert one_row["rank_rows"] == [1, 0] and one_row["rank_forward_passes"] == [1, 0]
