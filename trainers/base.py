@@ -104,6 +104,7 @@ class Trainer:
 
     def state_dict(self) -> dict:
         """Model (the adapter only, with LoRA) + optimizer + scheduler, for checkpoint/resume."""
+        self._refuse_sharded_checkpoint()
         if self.is_lora:
             from peft import get_peft_model_state_dict
 
@@ -114,7 +115,15 @@ class Trainer:
                 "model": {k: v.detach().cpu().clone() for k, v in model_state.items()},
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 
+    def _refuse_sharded_checkpoint(self) -> None:
+        # FSDP2 parameters and optimizer state are shards (DTensors): saving them needs
+        # torch.distributed.checkpoint, which this trainer does not do yet
+        if self.spec.distributed == "fsdp2" and distributed.world_size() > 1:
+            raise NotImplementedError("[distributed] strategy='fsdp2': checkpoints of a sharded trainer are not "
+                                      "built yet; use strategy = 'ddp' to checkpoint, or run without checkpoints")
+
     def load_state_dict(self, state: dict) -> None:
+        self._refuse_sharded_checkpoint()
         if state.get("lora", False) != self.is_lora:
             raise ValueError(f"checkpoint lora={state.get('lora')} but this trainer has lora={self.is_lora}; "
                              "resume with the [backend] lora setting the run was started with")

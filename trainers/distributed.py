@@ -38,7 +38,7 @@ def setup(strategy: Strategy, device: torch.device) -> torch.device:
 
     gloo on CPU, nccl on CUDA; a CUDA rank takes the GPU of its LOCAL_RANK.
     """
-    ranks = launched_ranks()
+    ranks = dist.get_world_size() if dist.is_initialized() else launched_ranks()
     if ranks > 1 and strategy == "none":
         raise ValueError(f"running under a launcher with {ranks} ranks but [distributed] strategy='none': every "
                          "rank would train on all rows alone; set strategy = 'ddp' or 'fsdp2'")
@@ -53,6 +53,7 @@ def setup(strategy: Strategy, device: torch.device) -> torch.device:
 
 
 def world_size() -> int:
+    """The ranks the step splits rows over (`setup` refuses a process group of several with strategy "none")."""
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
