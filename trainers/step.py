@@ -193,7 +193,7 @@ def accumulate_gradients(trainer: Trainer, mbs: list[Microbatch], totals: StepTo
                 raise SharedForwardError(f"trainer {trainer.name!r}: the RL and ECHO terms of a microbatch came "
                                          f"from {forwards} forward passes; strict shared forward needs exactly 1")
             (loss.rl + loss.echo).backward()
-        totals.add(loss, info, spec.selective.compile_mode)
+            totals.add(loss, info, spec.selective.compile_mode)
 
 
 def optimizer_step(trainer: Trainer) -> tuple[float, bool]:
