@@ -196,6 +196,12 @@ class LoggingConfig(_Section):
     report_to: list[str] = Field(default_factory=list)
 
 
+class DistributedConfig(_Section):
+    # Data parallelism when launched by torchrun (trainers/distributed.py): "ddp" replicates the model,
+    # "fsdp2" shards it; both give the one-process step on the same rows. "none": one process.
+    strategy: Literal["none", "ddp", "fsdp2"] = "none"
+
+
 class QuaeroConfig(_Section):
     run: RunConfig = Field(default_factory=RunConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -205,6 +211,7 @@ class QuaeroConfig(_Section):
     echo: EchoConfig = Field(default_factory=EchoConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
 
     @property
     def run_dir(self) -> Path:

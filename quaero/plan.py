@@ -119,4 +119,5 @@ def trainer_spec(cfg: QuaeroConfig) -> TrainerSpec:
         memory=MemoryPolicy(
             save_on_cpu=o.train_save_on_cpu, save_on_cpu_pin_memory=o.train_save_on_cpu_pin_memory,
             save_on_cpu_min_numel=o.train_save_on_cpu_min_numel,
-            supervised_context_tokens=o.train_supervised_context_tokens))
+            supervised_context_tokens=o.train_supervised_context_tokens),
+        distributed=cfg.distributed.strategy)

@@ -15,7 +15,7 @@ from torch import nn
 
 from quaero.metrics import get_logger
 from quaero.rows import EchoRow
-from trainers import registry, step
+from trainers import distributed, registry, step
 from trainers.forward import CausalLMParts, SharedForwardError  # noqa: F401 (re-exported)
 from trainers.spec import TrainerSpec
 
@@ -29,22 +29,28 @@ class Trainer:
 
     def __init__(self, spec: TrainerSpec, device: str) -> None:
         self.spec = spec
-        self.device = torch.device(device)
         self.capabilities = registry.TRAINERS[self.name]
-        if self.device.type not in self.capabilities.devices:
+        if torch.device(device).type not in self.capabilities.devices:
             raise ValueError(f"[backend] backend={self.name!r} runs on {self.capabilities.devices}, not {device!r}")
+        self.device = distributed.setup(spec.distributed, torch.device(device))
         torch.manual_seed(spec.seed)
         self.model = self._load_model()
         self.model.config.use_cache = False
         self.parts = CausalLMParts(self.model, spec.model)
         if spec.selective_logits:
-            self.parts.verify_transform()
+            self.parts.verify_transform()  # on the whole model, before any sharding
+        # every step's forward goes through this module (wrapped for DDP or FSDP2 under torchrun);
+        # `self.model` stays the causal LM itself (under FSDP2 its parameters become shards)
+        layers = list(getattr(self.parts.backbone, "layers", []))
+        self.microbatch_forward = distributed.wrap_model(step.MicrobatchForward(self.parts, spec),
+                                                         spec.distributed, self.device, layers)
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.trainable, lr=spec.lr, betas=spec.betas,
                                            weight_decay=spec.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)  # constant lr
         self.steps_done = 0
         log.info("trainer_ready", trainer=self.name, model=spec.model, device=str(self.device),
+                 distributed=spec.distributed, rank=distributed.rank(), ranks=distributed.world_size(),
                  dtype=spec.dtype, lora=spec.lora, trainable_params=sum(p.numel() for p in self.trainable),
                  selective=spec.selective_logits, logit_transform=str(self.parts.transform))
 
@@ -78,8 +84,8 @@ class Trainer:
 
         Tensors alias the live parameters where no merge is needed: consume them before the next step.
         """
-        if not self.is_lora:
-            return {k: v.detach() for k, v in self.model.state_dict().items()}
+        if not self.is_lora:  # under FSDP2 every rank gathers the full tensors (a collective)
+            return {k: _full(v).detach() for k, v in self.model.state_dict().items()}
         base = self.model.get_base_model()
         merged = {}
         for name, module in base.named_modules():
@@ -98,6 +104,7 @@ class Trainer:
 
     def state_dict(self) -> dict:
         """Model (the adapter only, with LoRA) + optimizer + scheduler, for checkpoint/resume."""
+        self._refuse_sharded_checkpoint()
         if self.is_lora:
             from peft import get_peft_model_state_dict
 
@@ -108,7 +115,15 @@ class Trainer:
                 "model": {k: v.detach().cpu().clone() for k, v in model_state.items()},
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 
+    def _refuse_sharded_checkpoint(self) -> None:
+        # FSDP2 parameters and optimizer state are shards (DTensors): saving them needs
+        # torch.distributed.checkpoint, which this trainer does not do yet
+        if self.spec.distributed == "fsdp2" and distributed.world_size() > 1:
+            raise NotImplementedError("[distributed] strategy='fsdp2': checkpoints of a sharded trainer are not "
+                                      "built yet; use strategy = 'ddp' to checkpoint, or run without checkpoints")
+
     def load_state_dict(self, state: dict) -> None:
+        self._refuse_sharded_checkpoint()
         if state.get("lora", False) != self.is_lora:
             raise ValueError(f"checkpoint lora={state.get('lora')} but this trainer has lora={self.is_lora}; "
                              "resume with the [backend] lora setting the run was started with")
@@ -121,3 +136,8 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.steps_done = state.get("steps_done", 0)
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of an FSDP2 shard (gathered from every rank), or `t` itself."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t

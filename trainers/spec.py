@@ -80,3 +80,5 @@ class TrainerSpec:
     selective_logits: bool = True
     selective: SelectivePolicy = field(default_factory=SelectivePolicy)
     memory: MemoryPolicy = field(default_factory=MemoryPolicy)
+    # data parallelism under torchrun (trainers/distributed.py); "none" is one process
+    distributed: Literal["none", "ddp", "fsdp2"] = "none"

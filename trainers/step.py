@@ -13,6 +13,11 @@ default T = 1 all three are the model's own distribution.
 
 The sampler-vs-trainer gap is measured on every sampled action token of a microbatch that trains,
 whatever its advantage (the selective path computes those log-probs too; no loss reads them).
+
+Under `torchrun` (trainers/distributed.py) each rank trains its token-balanced share of the rows with
+the step-wide denominators summed over ranks and gradients summed over ranks: the step is the
+one-process step on all rows. Its metrics are every rank's figures summed (maxima where a maximum is
+meant), identical on every rank, with the per-rank forward counts beside them.
 """
 from __future__ import annotations
 
@@ -22,12 +27,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from quaero.proofs import BRANCH_COUNTERS, COMPILE_FALLBACK_REASON, COMPILE_MODE, SELECTIVE_SUFFIX_LOGITS
 from quaero.rows import EchoRow
+from trainers import distributed
 from trainers.batch import CropStats, Microbatch, build_microbatches
-from trainers.forward import SharedForwardError
+from trainers.forward import CausalLMParts, SharedForwardError
 from trainers.loss import LogprobGap, PolicyStats, logprob_gap, nll_loss, policy_gradient_loss
 from trainers.memory import OffloadStats, peak_mem_mb, reset_peak, saved_tensors_offload
 from trainers.selective import SelectiveInfo, full_logprobs, selected_logprobs
@@ -37,18 +43,46 @@ if TYPE_CHECKING:  # trainers/base.py imports this module
     from trainers.base import Trainer
 
 
+class MicrobatchForward(nn.Module):
+    """A microbatch's one forward and its target log-probs, as one module call.
+
+    The backbone and the LM head run inside one `forward`, so a DDP or FSDP2 wrapper of this module
+    sees the whole computation: its hooks run around it, and FSDP2 unshards the head it owns here.
+    """
+
+    def __init__(self, parts: CausalLMParts, spec: TrainerSpec) -> None:
+        super().__init__()
+        self.lm = parts.model  # registered, so a wrapper of this module holds every parameter
+        self.parts, self.spec = parts, spec
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, target_mask: Tensor
+                ) -> tuple[Tensor, SelectiveInfo]:  # [B, L-1] fp32, selective when enabled and possible
+        spec, parts = self.spec, self.parts
+        if not spec.selective_logits or not parts.selective_ok:
+            # the model's own full logits: "dense" by choice, "fallback" when selective was asked for
+            logits = parts.logits(input_ids, attention_mask)
+            branch = "fallback" if spec.selective_logits else "dense"
+            return full_logprobs(logits, input_ids, target_mask, temperature=spec.temperature), SelectiveInfo(branch)
+        hidden = parts.hidden_states(input_ids, attention_mask)
+        return selected_logprobs(hidden, parts.lm_head, input_ids, target_mask, temperature=spec.temperature,
+                                 policy=spec.selective, logit_transform=parts.transform)
+
+
 def microbatch_logprobs(trainer: Trainer, mb: Microbatch) -> tuple[Tensor, SelectiveInfo]:  # [B, L-1] fp32
     """The microbatch's one forward and its target log-probs (selective when enabled and possible)."""
-    spec, parts = trainer.spec, trainer.parts
-    if not spec.selective_logits or not parts.selective_ok:
-        # the model's own full logits: "dense" by choice, "fallback" when selective was asked for
-        logits = parts.logits(mb.input_ids, mb.attention_mask)
-        branch = "fallback" if spec.selective_logits else "dense"
-        lp = full_logprobs(logits, mb.input_ids, mb.target_mask, temperature=spec.temperature)
-        return lp, SelectiveInfo(branch=branch)
-    hidden = parts.hidden_states(mb.input_ids, mb.attention_mask)
-    return selected_logprobs(hidden, parts.lm_head, mb.input_ids, mb.target_mask, temperature=spec.temperature,
-                             policy=spec.selective, logit_transform=parts.transform)
+    return trainer.microbatch_forward(mb.input_ids, mb.attention_mask, mb.target_mask)
+
+
+def padding_backward(trainer: Trainer) -> None:
+    """A zero-loss forward and backward through every parameter, for a rank with fewer microbatches.
+
+    One selected token makes the LM head run too, so each parameter gets a (zero) gradient and the
+    rank takes part in every collective its busier peers run; nothing is counted as training.
+    """
+    ids = torch.zeros(1, 2, dtype=torch.long, device=trainer.device)
+    target = torch.tensor([[False, True]], device=trainer.device)
+    lp, _ = trainer.microbatch_forward(ids, torch.ones_like(ids), target)
+    (lp.sum() * 0.0).backward()
 
 
 def _count_branch(counts: dict, info: SelectiveInfo) -> None:
@@ -70,8 +104,14 @@ class MicrobatchLoss:
 class StepTotals:
     """What one step accumulates over its microbatches."""
 
-    rl_tokens: int  # the RL (or SFT) term's denominator
-    echo_tokens: int  # the ECHO term's denominator
+    rl_tokens: int  # the RL (or SFT) term's denominator, over all ranks
+    echo_tokens: int  # the ECHO term's denominator, over all ranks
+    rows: int = 0
+    microbatches: int = 0
+    row_tokens: int = 0
+    padded_tokens: int = 0
+    crop: CropStats = field(default_factory=CropStats)
+    padding: int = 0  # zero-loss forwards that keep this rank in step with the others (trainers/distributed.py)
     rl_loss: float = 0.0
     echo_loss: float = 0.0
     forward_passes: int = 0
@@ -92,6 +132,25 @@ class StepTotals:
         if compile_mode != "off" and info.branch != "none":
             self.fallback_reason = info.fallback_reason  # last writer this step; "" once compiled CE ran
 
+    @classmethod
+    def of_ranks(cls, ranks: list[StepTotals]) -> StepTotals:
+        """The step's totals from every rank's, in rank order: counts and losses add up, maxima stay maxima."""
+        out = cls(ranks[0].rl_tokens, ranks[0].echo_tokens)  # the denominators are already global
+        for t in ranks:
+            for name in ("rows", "microbatches", "row_tokens", "padded_tokens", "padding", "rl_loss", "echo_loss",
+                         "forward_passes", "skipped"):
+                setattr(out, name, getattr(out, name) + getattr(t, name))
+            out.crop = CropStats(out.crop.rows_cropped + t.crop.rows_cropped,
+                                 out.crop.tokens_removed + t.crop.tokens_removed)
+            out.fallback_reason = out.fallback_reason or t.fallback_reason  # any rank's reason is worth reading
+            for name, n in t.branches.items():
+                out.branches[name] += n
+            out.policy.add(t.policy)
+            out.gap.add(t.gap)
+            out.offload.tensors += t.offload.tensors
+            out.offload.bytes += t.offload.bytes
+        return out
+
 
 def microbatch_loss(spec: TrainerSpec, mb: Microbatch, lp: Tensor, totals: StepTotals, *, sft: bool) -> MicrobatchLoss:
     """The RL (or SFT) and ECHO terms of one microbatch, both read from its log-prob tensor `lp` [B, L-1]."""
@@ -106,30 +165,42 @@ def microbatch_loss(spec: TrainerSpec, mb: Microbatch, lp: Tensor, totals: StepT
 
 
 def accumulate_gradients(trainer: Trainer, mbs: list[Microbatch], totals: StepTotals, *, sft: bool) -> None:
-    """Per microbatch: one forward, both loss terms, one backward; gradients add up across microbatches."""
+    """Per microbatch: one forward, both loss terms, one backward; gradients add up across microbatches.
+
+    With several ranks every rank runs as many backwards as the busiest one (zero-loss padding on the
+    others) and gradients are reduced across ranks in the last one only.
+    """
     spec, counter = trainer.spec, trainer.parts.counter
+    trained = [mb for mb in mbs if mb.trains]
+    totals.skipped += len(mbs) - len(trained)
+    passes = distributed.all_max(len(trained))
+    totals.padding = passes - len(trained)
     counter.take()
-    for mb in mbs:
-        if not mb.trains:
-            totals.skipped += 1
-            continue
-        with saved_tensors_offload(trainer.device, enabled=spec.memory.save_on_cpu,
-                                   pin_memory=spec.memory.save_on_cpu_pin_memory,
-                                   min_numel=spec.memory.save_on_cpu_min_numel, stats=totals.offload):
-            lp, info = microbatch_logprobs(trainer, mb)
-            loss = microbatch_loss(spec, mb, lp, totals, sft=sft)
-        forwards = counter.take()
-        if forwards != 1:
-            raise SharedForwardError(f"trainer {trainer.name!r}: the RL and ECHO terms of a microbatch came from "
-                                     f"{forwards} forward passes; strict shared forward needs exactly 1")
-        (loss.rl + loss.echo).backward()
-        totals.add(loss, info, spec.selective.compile_mode)
+    for k in range(passes):
+        with distributed.set_gradient_sync(trainer.microbatch_forward, k == passes - 1):
+            if k >= len(trained):
+                padding_backward(trainer)
+                counter.take()
+                continue
+            mb = trained[k]
+            with saved_tensors_offload(trainer.device, enabled=spec.memory.save_on_cpu,
+                                       pin_memory=spec.memory.save_on_cpu_pin_memory,
+                                       min_numel=spec.memory.save_on_cpu_min_numel, stats=totals.offload):
+                lp, info = microbatch_logprobs(trainer, mb)
+                loss = microbatch_loss(spec, mb, lp, totals, sft=sft)
+            forwards = counter.take()
+            if forwards != 1:
+                raise SharedForwardError(f"trainer {trainer.name!r}: the RL and ECHO terms of a microbatch came "
+                                         f"from {forwards} forward passes; strict shared forward needs exactly 1")
+            (loss.rl + loss.echo).backward()
+            totals.add(loss, info, spec.selective.compile_mode)
 
 
 def optimizer_step(trainer: Trainer) -> tuple[float, bool]:
     """Clip the accumulated gradient and step, unless its norm is not finite: (grad norm, stepped)."""
     max_norm = trainer.spec.max_grad_norm
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(trainer.trainable, max_norm if max_norm else math.inf))
+    norm = torch.nn.utils.clip_grad_norm_(trainer.trainable, max_norm if max_norm else math.inf)
+    grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: the global norm
     stepped = math.isfinite(grad_norm)
     if stepped:  # a non-finite gradient never reaches the weights
         trainer.optimizer.step()
@@ -139,49 +210,65 @@ def optimizer_step(trainer: Trainer) -> tuple[float, bool]:
 
 
 def shared_forward_step(trainer: Trainer, rows: list[EchoRow], *, sft: bool) -> dict[str, Any]:
-    """One optimizer step over `rows` (RL + ECHO, or SFT + ECHO); returns the step's metrics."""
+    """One optimizer step over `rows` (RL + ECHO, or SFT + ECHO); returns the step's metrics.
+
+    With several ranks, every rank passes the same `rows` and trains its share of them.
+    """
     spec, model = trainer.spec, trainer.model
     t0 = time.perf_counter()
     reset_peak(trainer.device)
     was_training = model.training
     model.train()
-    mbs, crop = build_microbatches(rows, micro_batch_tokens=spec.micro_batch_tokens, sft=sft, echo=spec.echo,
-                                   context_tokens=spec.memory.supervised_context_tokens, device=trainer.device)
-    totals = StepTotals(rl_tokens=sum(int(mb.rl_mask.sum()) for mb in mbs),
-                        echo_tokens=sum(int(mb.echo_mask.sum()) for mb in mbs))
+    share = distributed.split_rows([len(r) for r in rows], distributed.world_size())[distributed.rank()]
+    mbs, crop = build_microbatches([rows[i] for i in share], micro_batch_tokens=spec.micro_batch_tokens, sft=sft,
+                                   echo=spec.echo, context_tokens=spec.memory.supervised_context_tokens,
+                                   device=trainer.device)
+    rl_tokens, echo_tokens = distributed.all_sum([sum(int(mb.rl_mask.sum()) for mb in mbs),
+                                                  sum(int(mb.echo_mask.sum()) for mb in mbs)])
+    totals = StepTotals(rl_tokens=rl_tokens, echo_tokens=echo_tokens, rows=len(share), microbatches=len(mbs),
+                        row_tokens=sum(mb.tokens for mb in mbs), padded_tokens=sum(mb.input_ids.numel() for mb in mbs),
+                        crop=crop)
     trainer.optimizer.zero_grad(set_to_none=True)
     accumulate_gradients(trainer, mbs, totals, sft=sft)
     grad_norm, stepped = optimizer_step(trainer)
     model.train(was_training)
-    return step_metrics(trainer, totals, mbs, crop, rows=len(rows), sft=sft, grad_norm=grad_norm,
-                        stepped=stepped, seconds=time.perf_counter() - t0)
+    peak = peak_mem_mb(trainer.device)
+    ranks = distributed.gather((totals, peak, time.perf_counter() - t0))
+    return step_metrics(trainer, [t for t, _, _ in ranks], sft=sft, grad_norm=grad_norm, stepped=stepped,
+                        peaks=[p for _, p, _ in ranks], seconds=max(s for _, _, s in ranks))
 
 
-def step_metrics(trainer: Trainer, t: StepTotals, mbs: list[Microbatch], crop: CropStats, *, rows: int, sft: bool,
-                 grad_norm: float, stepped: bool, seconds: float) -> dict[str, Any]:
-    """The step's event fields; the `local_train_*` names are retrain's, kept for compatibility."""
+def step_metrics(trainer: Trainer, ranks: list[StepTotals], *, sft: bool, grad_norm: float, stepped: bool,
+                 peaks: list[tuple[float, str]], seconds: float) -> dict[str, Any]:
+    """The step's event fields from every rank's totals; the `local_train_*` names are retrain's, kept for
+    compatibility. Per-rank figures (`rank_*`) appear when there is more than one rank."""
     spec = trainer.spec
-    peak, source = peak_mem_mb(trainer.device)
-    pg, trained = t.policy, len(mbs) - t.skipped
+    t = StepTotals.of_ranks(ranks)
+    peak, source = max(peaks)
+    pg, trained = t.policy, t.microbatches - t.skipped
+    per_rank = {} if len(ranks) == 1 else {
+        "ranks": len(ranks), "rank_rows": [r.rows for r in ranks], "rank_row_tokens": [r.row_tokens for r in ranks],
+        "rank_forward_passes": [r.forward_passes for r in ranks],
+        "rank_padding_microbatches": [r.padding for r in ranks], "rank_peak_mem_mb": [p for p, _ in peaks]}
     return {
         SELECTIVE_SUFFIX_LOGITS: bool(spec.selective_logits), **t.branches,
         COMPILE_MODE: spec.selective.compile_mode, COMPILE_FALLBACK_REASON: t.fallback_reason,
         "loss": t.rl_loss + t.echo_loss,
         "rl_loss": 0.0 if sft else t.rl_loss, "sft_loss": t.rl_loss if sft else 0.0, "echo_loss": t.echo_loss,
-        "action_tokens": t.rl_tokens, "echo_tokens": t.echo_tokens, "rows": rows,
-        "row_tokens": sum(mb.tokens for mb in mbs), "padded_tokens": sum(mb.input_ids.numel() for mb in mbs),
+        "action_tokens": t.rl_tokens, "echo_tokens": t.echo_tokens, "rows": t.rows,
+        "row_tokens": t.row_tokens, "padded_tokens": t.padded_tokens,
         "grad_norm": grad_norm, "grad_clipped": bool(spec.max_grad_norm is not None and grad_norm > spec.max_grad_norm),
         "optimizer_stepped": stepped, "nonfinite_grad_skips": int(not stepped),
         "lr": trainer.scheduler.get_last_lr()[0],
-        "forward_passes": t.forward_passes, "microbatches": len(mbs), "lm_head_skipped_microbatches": t.skipped,
+        "forward_passes": t.forward_passes, "microbatches": t.microbatches, "lm_head_skipped_microbatches": t.skipped,
         "forward_passes_per_microbatch": t.forward_passes / max(trained, 1),
         "sampler_logprob_gap_mean": t.gap.mean, "sampler_logprob_gap_max": t.gap.max,
         "importance_ratio_mean": pg.ratio_sum / pg.tokens if pg.tokens else 1.0,
         "clip_fraction": pg.clipped / pg.tokens if pg.tokens else 0.0,
-        "context_rows_cropped": crop.rows_cropped, "context_tokens_removed": crop.tokens_removed,
+        "context_rows_cropped": t.crop.rows_cropped, "context_tokens_removed": t.crop.tokens_removed,
         "local_train_save_on_cpu": bool(spec.memory.save_on_cpu),
         "save_on_cpu_offloaded_tensors": t.offload.tensors, "save_on_cpu_offloaded_mb": t.offload.bytes / 2**20,
-        "step_time_s": seconds, "peak_mem_mb": peak, "peak_mem_source": source,
+        "step_time_s": seconds, "peak_mem_mb": peak, "peak_mem_source": source, **per_rank,
     }
 
 

@@ -74,7 +74,8 @@ def test_every_trainer_option_reaches_the_spec():
         "backend.options.train_compile_selective_ce='auto'", "backend.options.train_compile_selective_ce_min_tokens=3",
         "backend.options.train_selective_dense_min_density=0.25", "backend.options.train_selective_suffix_max_bytes=5",
         "backend.options.train_save_on_cpu=true", "backend.options.train_save_on_cpu_pin_memory=true",
-        "backend.options.train_save_on_cpu_min_numel=11", "backend.options.train_supervised_context_tokens=6"])
+        "backend.options.train_save_on_cpu_min_numel=11", "backend.options.train_supervised_context_tokens=6",
+        "distributed.strategy='fsdp2'"])
     assert trainer_spec(cfg) == TrainerSpec(
         model="m", dtype="bfloat16", max_seq_len=512, seed=7, lr=0.5, betas=(0.8, 0.9), weight_decay=0.1,
         max_grad_norm=2.0, micro_batch_tokens=99, lora=True, lora_r=4, lora_alpha=8, gradient_checkpointing=True,
@@ -83,7 +84,15 @@ def test_every_trainer_option_reaches_the_spec():
         selective=SelectivePolicy(dense_min_density=0.25, suffix_max_bytes=5, chunk_size=16, compile_mode="auto",
                                   compile_min_tokens=3),
         memory=MemoryPolicy(save_on_cpu=True, save_on_cpu_pin_memory=True, save_on_cpu_min_numel=11,
-                            supervised_context_tokens=6))
+                            supervised_context_tokens=6),
+        distributed="fsdp2")
+
+
+def test_an_unknown_distributed_strategy_is_refused_with_the_choices():
+    with pytest.raises(ConfigError) as e:
+        load_config(MAIN, ["distributed.strategy='zero3'"])
+    assert str(e.value).startswith(f"{MAIN} [distributed] strategy='zero3': ")
+    assert "'none', 'ddp' or 'fsdp2'" in str(e.value)
 
 
 @pytest.mark.parametrize("override,needle", [

@@ -1,0 +1,75 @@
+"""The pieces of data parallelism that run in one process: the row split, the launcher guard, the identity."""
+import pytest
+import torch
+
+from trainers import distributed
+
+
+def test_split_is_balanced_by_tokens_deterministic_and_covers_every_row():
+    lengths = [72, 80, 88, 96, 104]
+    shares = distributed.split_rows(lengths, 2)
+    assert shares == [[0, 1, 4], [2, 3]]  # 104+80+72 = 256 and 96+88 = 184
+    assert sorted(i for s in shares for i in s) == list(range(5))
+    assert distributed.split_rows(lengths, 2) == shares
+    assert distributed.split_rows([10] * 4, 3) == [[0, 3], [1], [2]]  # ties: lower index to lower rank
+    assert distributed.split_rows([50], 2) == [[0], []]  # a rank may get nothing and still takes part
+
+
+def test_split_keeps_the_heaviest_rank_near_the_mean():
+    lengths = [17, 300, 41, 95, 95, 260, 8, 120, 33]
+    shares = distributed.split_rows(lengths, 3)
+    loads = [sum(lengths[i] for i in s) for s in shares]
+    assert max(loads) - min(loads) <= max(lengths)  # greedy longest-first bound
+
+
+def test_a_launcher_with_strategy_none_is_refused(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match=r"2 ranks but \[distributed\] strategy='none'.*'ddp' or 'fsdp2'"):
+        distributed.setup("none", torch.device("cpu"))
+
+
+def test_one_process_is_the_identity(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    module = torch.nn.Linear(2, 2)
+    assert distributed.setup("fsdp2", torch.device("cpu")) == torch.device("cpu")
+    assert distributed.wrap_model(module, "fsdp2", torch.device("cpu"), []) is module
+    assert distributed.all_sum([3, 4]) == [3, 4] and distributed.all_max(5) == 5 and distributed.gather("x") == ["x"]
+
+
+def test_ranks_totals_add_up_and_keep_their_maxima():
+    from quaero.proofs import HIDDEN_BATCHES
+    from trainers.batch import CropStats
+    from trainers.loss import LogprobGap, PolicyStats
+    from trainers.step import StepTotals
+
+    a = StepTotals(10, 20, rows=3, microbatches=2, row_tokens=256, padded_tokens=300, crop=CropStats(1, 4),
+                   rl_loss=0.5, echo_loss=0.25, forward_passes=2, policy=PolicyStats(6, 6.5, 1),
+                   gap=LogprobGap(6, 0.6, 0.3))
+    b = StepTotals(10, 20, rows=2, microbatches=1, row_tokens=184, padded_tokens=192, padding=1,
+                   rl_loss=-0.125, echo_loss=0.5, forward_passes=1, fallback_reason="no CUDA",
+                   policy=PolicyStats(4, 3.5, 0), gap=LogprobGap(4, 0.2, 0.5))
+    a.branches[HIDDEN_BATCHES], b.branches[HIDDEN_BATCHES] = 2, 1
+    t = StepTotals.of_ranks([a, b])
+    assert (t.rl_tokens, t.echo_tokens) == (10, 20)  # the denominators are global already: never summed
+    assert (t.rows, t.microbatches, t.row_tokens, t.padded_tokens, t.padding) == (5, 3, 440, 492, 1)
+    assert (t.rl_loss, t.echo_loss, t.forward_passes) == (0.375, 0.75, 3)
+    assert (t.crop.rows_cropped, t.crop.tokens_removed) == (1, 4) and t.fallback_reason == "no CUDA"
+    assert t.branches[HIDDEN_BATCHES] == 3
+    assert (t.policy.tokens, t.policy.ratio_sum, t.policy.clipped) == (10, 10.0, 1)
+    assert (t.gap.tokens, t.gap.max) == (10, 0.5) and t.gap.mean == pytest.approx(0.08)
+
+
+def test_a_sharded_trainer_refuses_to_checkpoint_with_the_fix(tiny_model_dir, monkeypatch):
+    from dataclasses import replace
+
+    from trainers.local import LocalTrainer
+    from trainers.spec import TrainerSpec
+
+    trainer = LocalTrainer(TrainerSpec(), "cpu")
+    assert trainer.state_dict()["steps_done"] == 0  # one process: checkpoints as before
+    trainer.spec = replace(trainer.spec, distributed="fsdp2")
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    with pytest.raises(NotImplementedError, match="strategy='fsdp2': checkpoints .* use strategy = 'ddp'"):
+        trainer.state_dict()
+    with pytest.raises(NotImplementedError, match="strategy='fsdp2'"):
+        trainer.load_state_dict({})
