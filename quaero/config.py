@@ -83,6 +83,8 @@ class EnvConfig(_Section):
     # MCP envs: the corrective message when the model's reply calls no tool (default: names the env's tools).
     no_tool_call_message: str | None = None
     max_turns: int = Field(8, ge=1)
+    # an env message longer than this is cut, with a marker saying how much (unset: half of [model] max_seq_len)
+    max_observation_tokens: int | None = Field(None, ge=64)
     step_timeout_s: float = Field(30.0, gt=0)
     reset_timeout_s: float = Field(30.0, gt=0)
     max_retries: int = Field(2, ge=0)
@@ -217,6 +219,11 @@ class QuaeroConfig(_Section):
     def run_dir(self) -> Path:
         return Path(self.run.output_dir) / self.run.name
 
+    @property
+    def observation_token_limit(self) -> int:
+        """Tokens one env message may hold: `[env] max_observation_tokens`, else half the context."""
+        return self.env.max_observation_tokens or self.model.max_seq_len // 2
+
     def lr_for(self, *, sft: bool) -> float:
         """The learning rate of a warm-start (sft) or RL step."""
         return (self.training.warmup_sft_lr or self.backend.lr) if sft else self.backend.lr
@@ -329,3 +336,12 @@ def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
         raise ConfigError(f"{source} [sampler] top_p={cfg.sampler.top_p} with [training] steps={t.steps}: the "
                           "sampler's log-probs are renormalised over the nucleus and the trainer's are not, so "
                           "the importance ratio is biased; use top_p = 1 for RL (top_p < 1 is fine for eval)")
+    # a turn starts only when its prompt leaves room for max_tokens (quaero/rollout.py)
+    ctx = cfg.model.max_seq_len
+    if cfg.sampler.max_tokens >= ctx:
+        raise ConfigError(f"{source} [sampler] max_tokens={cfg.sampler.max_tokens} >= [model] max_seq_len={ctx}: "
+                          "no room is left for a prompt; set max_tokens well below max_seq_len")
+    if cfg.env.max_observation_tokens is not None and cfg.env.max_observation_tokens >= ctx:
+        raise ConfigError(f"{source} [env] max_observation_tokens={cfg.env.max_observation_tokens} >= [model] "
+                          f"max_seq_len={ctx}: one observation would fill the context; set it well below "
+                          "max_seq_len or remove it (default: half of max_seq_len)")

@@ -11,6 +11,8 @@
 - Text is text: system, user and tool messages and the tool specs are defused before they reach the
   template, so a special-token string written by an environment, a tool or a user never becomes a
   special id (see `defuse`).
+- Long text is cut: the episode driver bounds each environment message with `bound_text` before the
+  message enters the history, so the prompt and the bridge render the same cut text.
 """
 from __future__ import annotations
 
@@ -95,6 +97,39 @@ def defuse(text: str, pattern: re.Pattern) -> str:
     while pattern.search(text):
         text = pattern.sub(lambda m: m[0][0] + WORD_JOINER + m[0][1:], text)
     return text
+
+
+def truncation_marker(dropped_chars: int) -> str:
+    return f" … [truncated: {dropped_chars} more characters]"
+
+
+def bound_text(text: str, max_tokens: int, tokenizer) -> str:
+    """`text` itself when it tokenizes to at most `max_tokens` tokens; else its longest token-aligned
+    prefix that, with `truncation_marker` appended, still does.
+
+    Only a window of the text is tokenized (doubled until it holds more than `max_tokens` tokens or the
+    whole text), so a megabyte observation costs what a few thousand tokens cost. The marker counts the
+    dropped characters: counting dropped tokens would tokenize everything this avoids. Counted as the
+    tokenizer reads the raw text; `defuse` later adds a few tokens per added-token string in it."""
+    encode = tokenizer.backend_tokenizer.encode  # the Rust tokenizer: offsets, and no padding state to set
+    if len(text.encode()) <= max_tokens:  # every token holds at least one byte
+        return text
+    window = 8 * max_tokens
+    while True:
+        enc = encode(text[:window], add_special_tokens=False)
+        if len(enc.ids) > max_tokens:
+            break
+        if window >= len(text):
+            return text
+        window *= 2
+    keep = max_tokens - len(encode(truncation_marker(len(text)), add_special_tokens=False).ids)
+    while keep > 0:
+        cut = enc.offsets[keep - 1][1]
+        out = text[:cut] + truncation_marker(len(text) - cut)
+        if len(encode(out, add_special_tokens=False).ids) <= max_tokens:
+            return out
+        keep -= 1  # a merge across the cut made it longer: give up one more token
+    return truncation_marker(len(text)).strip()
 
 
 class RenderAdapter:

@@ -8,6 +8,13 @@ prompts of all running episodes go to the sampler as one batch, and env steps ru
 The driver owns the turn limit (`[env] max_turns`): it judges episodes, so it is where a cut episode
 becomes truncated and never a success (quaero/rollout_stats.py). Everything is counted in one
 RolloutStats; `[training] strict` turns any exactness mismatch into an error.
+
+It also owns lengths, so that no row exceeds `[model] max_seq_len`: each env message is cut to
+`[env] max_observation_tokens` (`bound_text`) before it enters the history, so the prompt and the bridge
+render the same cut text; a turn starts only when its prompt leaves room for `[sampler] max_tokens`,
+else the episode ends truncated (`context_exhausted`); a scripted action and a bridged env response are
+cut at the context's end. A transition then fits the context, and so does every row (a packed row is as
+long as its last transition).
 """
 from __future__ import annotations
 
@@ -17,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from quaero.openenv_client import EpisodeDropped
-from quaero.render import BridgeFailure, RenderAdapter
+from quaero.render import BridgeFailure, RenderAdapter, bound_text
 from quaero.rollout_stats import RolloutStats
 from quaero.rows import EchoRow, Transition, build_rows, per_transition_tokens
 from quaero.sampling import Completion, Sampler
@@ -57,7 +64,7 @@ class Episode:
     dropped: bool = False
     drop_reason: str = ""
     transitions: list[Transition] = field(default_factory=list)
-    truncated: bool = False  # cut by the turn limit or marked truncated by the env: never a success
+    truncated: bool = False  # cut by the turn limit or the context, or marked truncated by the env: never a success
 
 
 @dataclass
@@ -115,10 +122,13 @@ class EpisodeDriver:
                     order[id(ep)] = key
                     starting.append(ep)
                 list(pool.map(lambda ep: self._reset(ep, policy), starting))
+                for ep in starting:  # tokenizer work stays on this thread
+                    ep.messages = self._bounded(ep.messages)
                 live += starting
                 running = [ep for ep in live if not ep.done]
+                prompts = [self.render.prompt_ids(ep.messages, ep.tools) for ep in running]
+                running, prompts = self._with_room(running, prompts)
                 if running:
-                    prompts = [self.render.prompt_ids(ep.messages, ep.tools) for ep in running]
                     actions = self._act(running, prompts, greedy)
                     assistants = [self.render.parse(c.token_ids) for c in actions]
                     # env steps run concurrently (servers, tools); tokenizer work stays on this thread
@@ -148,13 +158,39 @@ class EpisodeDriver:
         ep.tools = getattr(ep.env, "tools", None)
         ep.act = policy(ep.info) if policy is not None else None
 
+    def _bounded(self, messages: list[dict]) -> list[dict]:
+        """Env messages with every text content cut to `[env] max_observation_tokens` (counted)."""
+        limit, out = self.cfg.observation_token_limit, []
+        for m in messages:
+            content = m.get("content")
+            if isinstance(content, str):
+                cut = bound_text(content, limit, self.render.tokenizer)
+                if cut is not content:
+                    self.stats.add("observations_truncated")
+                    m = {**m, "content": cut}
+            out.append(m)
+        return out
+
+    def _with_room(self, running: list[_Live], prompts: list[list[int]]) -> tuple[list[_Live], list[list[int]]]:
+        """The episodes whose prompt leaves room for a full completion; the others end truncated, never a
+        success: a completion cut by the context rather than by the model is not a turn worth judging."""
+        keep = []
+        for ep, prompt in zip(running, prompts):
+            if len(prompt) + self.cfg.sampler.max_tokens <= self.cfg.model.max_seq_len:
+                keep.append((ep, prompt))
+            else:
+                ep.done, ep.truncated, ep.success = True, True, False
+                self.stats.add("context_exhausted")
+        return [ep for ep, _ in keep], [p for _, p in keep]
+
     def _act(self, running: list[_Live], prompts: list[list[int]], greedy: bool) -> list[Completion]:
         scripted = [ep.act is not None for ep in running]
         out: list[Completion | None] = [None] * len(running)
         for i, ep in enumerate(running):
             if ep.act is not None:  # scripted policy: the ids a model would have sampled, log-prob 0
                 ids = self.render.encode_assistant(ep.messages, ep.tools, ep.act(list(ep.messages)))
-                out[i] = Completion(ids, [0.0] * len(ids), "stop")
+                room = self.cfg.model.max_seq_len - len(prompts[i])  # where a sampler would have stopped
+                out[i] = Completion(ids[:room], [0.0] * len(ids[:room]), "stop" if len(ids) <= room else "length")
         sampled = [i for i, s in enumerate(scripted) if not s]
         if sampled:
             seed = self._seed * 100_003 + self._sample_calls
@@ -179,13 +215,17 @@ class EpisodeDriver:
         if comp.finish_reason != "stop":
             self.stats.add("truncated_completions")  # still parsed and stepped: the env judges it
         response, kinds = [], []
-        if res.messages:
+        messages = self._bounded(res.messages)
+        if messages:
             self.stats.add("env_responses")
             self.stats.add("terminal_responses", int(res.done))
             try:
-                b = self.render.bridge(prompt, comp.token_ids, res.messages, ep.tools,
+                b = self.render.bridge(prompt, comp.token_ids, messages, ep.tools,
                                        content_kind="corrective" if res.malformed else "env")
-                response, kinds = b.response_ids, b.response_kinds
+                room = max(self.cfg.model.max_seq_len - len(prompt) - len(comp.token_ids), 0)
+                if len(b.response_ids) > room:  # the tail past the context is lost; the tokens kept are exact
+                    self.stats.add("env_responses_clipped")
+                response, kinds = b.response_ids[:room], b.response_kinds[:room]
                 self.stats.add("env_responses_captured")
             except BridgeFailure as f:
                 self.stats.bridge_fallback(f.reason)  # falls back to an action-only transition
@@ -196,7 +236,7 @@ class EpisodeDriver:
                                          comp.finish_reason))
         self.stats.add("turns")
         self.stats.add("malformed_actions", int(res.malformed))
-        ep.messages += [assistant, *res.messages]
+        ep.messages += [assistant, *messages]
         ep.reward += float(res.reward)
         at_limit = not res.done and len(ep.transitions) >= self.cfg.env.max_turns
         ep.truncated = at_limit or bool(res.info.get("truncated"))
@@ -211,7 +251,7 @@ class EpisodeDriver:
             return Episode([], 0.0, False, len(ep.transitions), ep.info, ep.messages, True, ep.dropped,
                            ep.transitions)
         rows = build_rows(ep.transitions, packing=self.cfg.training.packing,
-                          include_scaffold=self.cfg.echo.include_scaffold)
+                          include_scaffold=self.cfg.echo.include_scaffold, max_seq_len=self.cfg.model.max_seq_len)
         bad = token_identity_errors(rows, ep.transitions)  # invariant 1 on the built rows
         if bad:
             self.stats.add("prefix_mismatches", len(bad))

@@ -10,7 +10,8 @@ denominators (what a step trained); the rollout's counts of the tokens its rows 
 
 Success: an episode succeeds only when the env ended it (`done`) and it was not truncated; then the env's
 `success` flag in the terminal step's info decides when the env gives one, else the terminal step's
-reward > 0. An episode cut by quaero's turn limit (or marked truncated by the env) is never a success.
+reward > 0. An episode cut by quaero's turn limit or by the context (or marked truncated by the env) is never
+a success.
 """
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ COUNTERS = (
     # episodes (the driver); drops also count `drop_reason_<kind>`
     "episodes", "episodes_dropped", "episodes_truncated", "episodes_succeeded",
     "turns", "malformed_actions", "truncated_completions",
+    # lengths (the driver): env messages cut to max_observation_tokens, bridged responses cut at the
+    # context's end, episodes ended (truncated) because the next prompt left no room to sample
+    "observations_truncated", "env_responses_clipped", "context_exhausted",
     # exactness (the driver); bridge fallbacks also count `bridge_fallback_reason_<reason>`
     "env_responses", "env_responses_captured", "terminal_responses", "bridge_fallbacks", "prefix_mismatches",
     # rows (the driver)

@@ -183,8 +183,8 @@ class _RowBuilder:
                        meta={"turns": list(self.turns), "layout": layout})
 
 
-def build_rows(transitions: list[Transition], *, packing: bool = True,
-               include_scaffold: bool = False) -> list[EchoRow]:
+def build_rows(transitions: list[Transition], *, packing: bool = True, include_scaffold: bool = False,
+               max_seq_len: int | None = None) -> list[EchoRow]:
     """Lay an episode's transitions out as rows.
 
     Per-transition (retrain's layout): one row per turn, [prompt | action | env response].
@@ -192,10 +192,16 @@ def build_rows(transitions: list[Transition], *, packing: bool = True,
     appended to it (only the prompt's new suffix is added), so a T-turn episode costs O(T) tokens instead
     of O(T^2). Every target keeps exactly the same tokens to its left, so its log-prob is unchanged;
     otherwise a new row starts. Advantages are 0 here; `EchoRow.with_advantage` sets them.
+
+    Lengths: a packed row is exactly as long as its last transition (that turn's prompt holds the whole
+    row before it), so when every transition fits `max_seq_len` every row does; the episode driver cuts
+    transitions to fit, and a longer one is a RowError here.
     """
     rows: list[EchoRow] = []
     cur: _RowBuilder | None = None
     for t in transitions:
+        if max_seq_len is not None and len(t.ids) > max_seq_len:
+            raise RowError(f"turn {t.turn} holds {len(t.ids)} tokens, more than max_seq_len={max_seq_len}")
         extends = cur is not None and packing and t.prompt_ids[:len(cur.ids)] == cur.ids
         if not extends:
             if cur is not None:

@@ -4,7 +4,8 @@
   it may share the trainer's module, so weight sync is free.
 - `vllm`: vLLM's `LLM` with `TokensPrompt` (token-in/token-out, never text), GPU or the CPU build.
 
-Both return, per sampled token, the log-prob under the distribution it was sampled from
+Both cap each completion at `[sampler] max_tokens` and at the context the prompt leaves under
+`[model] max_seq_len`. Both return, per sampled token, the log-prob under the distribution it was sampled from
 (after temperature and top-p), so the trainer's `log_softmax(logits / T)` matches it at top_p = 1.
 The stop token that ended a completion is part of `token_ids` (the bridge cuts after it).
 """
@@ -43,6 +44,15 @@ def request_seed(seed: int, prompt_index: int, n: int) -> int:
     return (seed * 1_000_003 + prompt_index) * max(n, 1)
 
 
+def completion_budget(prompt_len: int, max_tokens: int, max_seq_len: int) -> int:
+    """Tokens a completion of this prompt may have: `max_tokens`, capped by the context left after the prompt."""
+    room = max_seq_len - prompt_len
+    if room < 1:
+        raise ValueError(f"a prompt of {prompt_len} tokens leaves no room under [model] max_seq_len={max_seq_len}; "
+                         "the episode driver ends such episodes before sampling (context_exhausted)")
+    return min(max_tokens, room)
+
+
 def finish_reason(token_ids: list[int], stop_token_ids: list[int]) -> str:
     return "stop" if token_ids and token_ids[-1] in stop_token_ids else "length"
 
@@ -73,4 +83,5 @@ def make_sampler(cfg, *, model=None, stop_token_ids: list[int], device: str) -> 
     shares = model is not None
     if model is None:
         model = load_causal_lm(cfg.model.name, cfg.model.dtype, device)
-    return HFSampler(model, cfg.sampler, stop_token_ids=stop_token_ids, shares_model=shares)
+    return HFSampler(model, cfg.sampler, stop_token_ids=stop_token_ids, shares_model=shares,
+                     max_seq_len=cfg.model.max_seq_len)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from quaero.config import SamplerConfig
-from quaero.sampling import Completion, finish_reason
+from quaero.sampling import Completion, completion_budget, finish_reason
 
 
 def processed_logprobs(logits: torch.Tensor, temperature: float, top_p: float, greedy: bool) -> torch.Tensor:
@@ -28,10 +28,12 @@ def processed_logprobs(logits: torch.Tensor, temperature: float, top_p: float, g
 
 class HFSampler:
     def __init__(self, model, cfg: SamplerConfig, *, stop_token_ids: list[int], pad_token_id: int | None = None,
-                 shares_model: bool = False):
+                 shares_model: bool = False, max_seq_len: int | None = None):
         self.model = model
         self.shares_model = shares_model  # the trainer's own module: weight sync is a no-op
         self.cfg = cfg
+        # prompt + completion never exceed it; unset: the positions the model was built for
+        self.max_seq_len = max_seq_len or model.config.max_position_embeddings
         self.stop_token_ids = list(stop_token_ids)
         self.pad_token_id = pad_token_id if pad_token_id is not None else self.stop_token_ids[-1]
 
@@ -44,19 +46,20 @@ class HFSampler:
         if not prompts:
             return []
         flat = [p for p in prompts for _ in range(n)]
+        budgets = [completion_budget(len(p), self.cfg.max_tokens, self.max_seq_len) for p in flat]
         gen = torch.Generator(device=self.device)
         gen.manual_seed(seed if seed is not None else torch.seed())
         was_training = self.model.training
         self.model.eval()  # no dropout; gradient checkpointing would also switch the KV cache off
         try:
-            tokens, logprobs = self._sample(flat, greedy, gen)
+            tokens, logprobs = self._sample(flat, budgets, greedy, gen)
         finally:
             self.model.train(was_training)
         out = [Completion(t, lp, finish_reason(t, self.stop_token_ids)) for t, lp in zip(tokens, logprobs)]
         return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
 
     @torch.no_grad()
-    def _sample(self, prompts: list[list[int]], greedy: bool, gen: torch.Generator):
+    def _sample(self, prompts: list[list[int]], budgets: list[int], greedy: bool, gen: torch.Generator):
         dev, B = self.device, len(prompts)
         width = max(len(p) for p in prompts)
         ids = torch.full((B, width), self.pad_token_id, dtype=torch.long, device=dev)
@@ -68,9 +71,10 @@ class HFSampler:
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
         stop = torch.tensor(self.stop_token_ids, device=dev)
         done = torch.zeros(B, dtype=torch.bool, device=dev)
+        budget = torch.tensor(budgets, device=dev)
         tokens: list[list[int]] = [[] for _ in range(B)]
         logprobs: list[list[float]] = [[] for _ in range(B)]
-        for _ in range(self.cfg.max_tokens):
+        for step in range(max(budgets)):
             lp = processed_logprobs(out.logits[:, -1], self.cfg.temperature, self.cfg.top_p, greedy)
             if greedy:
                 tok = lp.argmax(-1)
@@ -80,7 +84,7 @@ class HFSampler:
             for i in (~done).nonzero().flatten().tolist():
                 tokens[i].append(int(tok[i]))
                 logprobs[i].append(float(tok_lp[i]))
-            done |= torch.isin(tok, stop)
+            done |= torch.isin(tok, stop) | (budget <= step + 1)
             if bool(done.all()):
                 break
             attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=dev)], dim=1)

@@ -15,7 +15,7 @@ import tempfile
 import torch
 
 from quaero.config import SamplerConfig
-from quaero.sampling import Completion, finish_reason, request_seed
+from quaero.sampling import Completion, completion_budget, finish_reason, request_seed
 
 
 def make_engine(model_path: str, *, dtype: str = "float32", max_model_len: int = 4096, seed: int = 0,
@@ -43,14 +43,15 @@ class VLLMSampler:
         self.stop_token_ids = list(stop_token_ids)
         self.shares_model = False  # weights arrive through update_weights
         self._owns_llm = llm is None
+        self.max_model_len = max_model_len  # prompt + completion never exceed it (a shared llm is built with it)
         self.llm = llm if llm is not None else make_engine(
             model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
             gpu_memory_utilization=cfg.gpu_memory_utilization, enable_prefix_caching=cfg.enable_prefix_caching)
 
-    def _params(self, n: int, greedy: bool, seed: int | None):
+    def _params(self, n: int, greedy: bool, seed: int | None, max_tokens: int):
         from vllm import SamplingParams
 
-        return SamplingParams(n=n, max_tokens=self.cfg.max_tokens, temperature=0.0 if greedy else self.cfg.temperature,
+        return SamplingParams(n=n, max_tokens=max_tokens, temperature=0.0 if greedy else self.cfg.temperature,
                               top_p=1.0 if greedy else self.cfg.top_p, top_k=0 if greedy else -1, seed=seed,
                               logprobs=0, stop_token_ids=self.stop_token_ids, skip_special_tokens=False,
                               detokenize=False)
@@ -61,8 +62,9 @@ class VLLMSampler:
 
         if not prompts:
             return []
-        params = [self._params(n, greedy, None if seed is None else request_seed(seed, i, n))
-                  for i in range(len(prompts))]
+        params = [self._params(n, greedy, None if seed is None else request_seed(seed, i, n),
+                               completion_budget(len(p), self.cfg.max_tokens, self.max_model_len))
+                  for i, p in enumerate(prompts)]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         result = []
         for out in outs:

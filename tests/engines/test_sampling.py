@@ -26,15 +26,15 @@ def model():
 @pytest.fixture(params=BACKENDS)
 def make(request, model, tiny_model_dir):
     """make(stop=..., **SamplerConfig fields) -> a sampler of this backend over tiny-qwen3."""
-    def build(stop=STOP, **cfg):
+    def build(stop=STOP, max_seq_len=4096, **cfg):
         sc = SamplerConfig(**{"temperature": 0.7, "max_tokens": 12, **cfg})
         if request.param == "hf":
             from quaero.sampling.hf import HFSampler
 
-            return HFSampler(model, sc, stop_token_ids=stop)
+            return HFSampler(model, sc, stop_token_ids=stop, max_seq_len=max_seq_len)
         from quaero.sampling.vllm import VLLMSampler
 
-        return VLLMSampler(str(tiny_model_dir), sc, stop_token_ids=stop,
+        return VLLMSampler(str(tiny_model_dir), sc, stop_token_ids=stop, max_model_len=max_seq_len,
                            llm=request.getfixturevalue("vllm_engine"))
     return build
 
@@ -44,6 +44,16 @@ def reference(model, prompt: list[int], comp: list[int], temperature: float) -> 
     with torch.no_grad():
         logits = model(torch.tensor([prompt + comp])).logits[0, len(prompt) - 1:-1].float() / temperature
     return logits.log_softmax(-1).gather(-1, torch.tensor(comp)[:, None]).squeeze(-1)
+
+
+def test_completions_stop_at_the_context_the_prompt_leaves(make):
+    s = make(max_seq_len=15)  # prompts of 9 and 12 tokens leave 6 and 3 of the 12 max_tokens
+    for prompt, (c,) in zip(PROMPTS, s.generate(PROMPTS, seed=3)):
+        room = 15 - len(prompt)
+        assert len(c.token_ids) <= room
+        assert c.finish_reason == "stop" or (len(c.token_ids) == room and c.finish_reason == "length")
+    with pytest.raises(ValueError, match="leaves no room"):
+        s.generate([PROMPTS[1] + [9707] * 3])
 
 
 def test_completions_are_valid_seeded_and_distinct(make):

@@ -67,3 +67,10 @@ def test_first_token_never_carries_echo_weight():
     t = transition(0, [], [4], [6, 7], ["env", "env"])
     r = build_rows([Transition(0, [], [], [], [6, 7], ["env", "env"])])[0]
     assert r.echo_weights == [0.0, 1.0] and len(build_rows([t])[0]) == 3
+
+
+def test_build_rows_refuses_a_transition_past_max_seq_len():
+    with pytest.raises(RowError, match="turn 1 holds 12 tokens, more than max_seq_len=11"):
+        build_rows([T0, T1, T2], max_seq_len=11)
+    # a packed row is exactly as long as its last transition, so transitions that fit make rows that fit
+    assert [len(r) for r in build_rows([T0, T1, T2], max_seq_len=12)] == [len(T1.ids), len(T2.ids)]
