@@ -7,7 +7,10 @@ grad clipping, AdamW) configured as a user would configure it:
 - `full_logits`: `train_selective_suffix_logits = false`: the model's full [L, V] logits ->
   log_softmax -> gather (the baseline every non-selective trainer pays);
 - `selective_ce`: the seed-style exact path: selected hidden states -> LM head -> eager class-index CE;
-- `chunked_recompute`: quaero's `train_logprob_chunk_size` path (recompute-in-backward, O(chunk x V)).
+- `chunked_recompute`: quaero's `train_logprob_chunk_size` path (recompute-in-backward, O(chunk x V));
+- `chunked_all_positions`: the peers' method (prime-rl, verl, NeMo-RL): log-probs at every position,
+  chunked with recompute in backward (`--peer-chunk-size`), masked by the loss (quaero/bench/peers.py);
+- `backbone_only`: the same step with no LM head at all, the floor every LM-head method sits above.
 The model is a random-init Qwen3 with a real vocabulary (151,936) and a small hidden size, so that, as
 in long-row training of real models, the vocabulary-sized LM-head region dominates memory.
 
@@ -15,7 +18,9 @@ Memory per step: `resident_mb` (parameters, buffers, AdamW state, measured when 
 gradients are freed between steps) + `peak_step_mb` (the step's own peak allocations, see
 measure.py) = `peak_total_mb`, after one warm-up step. `--budget-gb` finds, per path, the longest row
 whose `peak_total_mb` fits, by probing lengths (a linear model of memory vs length picks the probes,
-and no length predicted to exceed the machine's available memory is ever run).
+and no length predicted to exceed the machine's available memory is ever run). `--sweep` measures
+`--sweep-paths` over a grid of row lengths x target densities, with each selective path's overhead
+above `backbone_only`.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ from typing import Any
 
 import torch
 
+from quaero.bench import peers
 from quaero.bench import trainstep as ts
 from quaero.bench.measure import (
     MIB,
@@ -44,6 +50,13 @@ PATHS = {  # name -> backend options
     "full_logits": {"selective": False},
     "selective_ce": {"selective": True},
     "chunked_recompute": {"selective": True, "chunk": True},
+    "chunked_all_positions": {"selective": True, "peer": "chunked_all_positions"},
+    "backbone_only": {"selective": True, "peer": "backbone_only"},
+}
+FLOOR = "backbone_only"
+SWEEP_DEFAULTS = {  # device type -> (lengths, densities); a 32k step takes minutes on a CPU
+    "cpu": ("2048,4096", "0.01,0.1,0.5"),
+    "cuda": ("2048,4096,8192,16384,32768", "0.01,0.05,0.1,0.25,0.5"),
 }
 
 
@@ -59,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden-size", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--chunk-size", type=int, default=256)
+    p.add_argument("--peer-chunk-size", type=int, default=peers.DEFAULT_PEER_CHUNK,
+                   help="chunk of the chunked_all_positions comparator (verl's default 512)")
     p.add_argument("--compile-selective-ce", default="off", choices=["off", "auto", "require"],
                    help="also run a compiled_ce path (CUDA)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per path (after one warm-up step)")
@@ -69,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--len-step", type=int, default=512, help="budget search: length granularity")
     p.add_argument("--mem-fraction", type=float, default=0.75,
                    help="never run a probe predicted to need more than this fraction of available memory")
+    p.add_argument("--sweep", action="store_true", help="also measure --sweep-paths over lengths x densities")
+    p.add_argument("--sweep-lengths", default=None, help="comma-separated row lengths (default: "
+                   + "; ".join(f"{d} {v[0]}" for d, v in SWEEP_DEFAULTS.items()) + ")")
+    p.add_argument("--sweep-densities", default=None, help="comma-separated targets / row length (default: "
+                   + "; ".join(f"{d} {v[1]}" for d, v in SWEEP_DEFAULTS.items()) + ")")
+    p.add_argument("--sweep-paths", default="selective_ce,chunked_all_positions,backbone_only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's); 1 steadies timings on a busy shared machine")
@@ -94,6 +115,7 @@ class StepBench:
         self.dtype_name = str(dtype).removeprefix("torch.")
         self.model_dir = ts.bench_model_dir(args.vocab_size, args.hidden_size, args.layers)
         self.probes: dict[tuple[str, int], dict[str, Any]] = {}
+        self.cells: dict[tuple[str, int, int], dict[str, Any]] = {}
         self.layout = ""
         self.paths = dict(PATHS)
         if args.compile_selective_ce != "off":
@@ -105,11 +127,14 @@ class StepBench:
                                 selective=opts["selective"],
                                 chunk_size=self.args.chunk_size if opts.get("chunk") else None,
                                 compile_mode=opts.get("compile", "off"), compile_min_tokens=1)
-        return ts.make_backend(cfg, self.device)
+        backend = ts.make_backend(cfg, self.device)
+        if opts.get("peer"):
+            peers.with_peer(backend, opts["peer"], chunk_size=self.args.peer_chunk_size)
+        return backend
 
-    def rows(self, seq_len: int):
-        row, self.layout = ts.trace_row(seq_len, self.args.targets, self.args.vocab_size, turns=self.args.turns,
-                                        seed=self.args.seed)
+    def rows(self, seq_len: int, targets: int | None = None):
+        row, self.layout = ts.trace_row(seq_len, targets or self.args.targets, self.args.vocab_size,
+                                        turns=self.args.turns, seed=self.args.seed)
         return [row]
 
     def resident_bytes(self, backend) -> int:
@@ -126,12 +151,13 @@ class StepBench:
                 total += t.untyped_storage().nbytes()
         return total
 
-    def measure(self, path: str, seq_len: int, timed_steps: int = 0) -> dict[str, Any]:
+    def measure(self, path: str, seq_len: int, timed_steps: int = 0, targets: int | None = None) -> dict[str, Any]:
         """Warm-up step, one memory-measured step, then `timed_steps` timed steps, on a fresh backend."""
-        key = (path, seq_len)
-        if key in self.probes and self.probes[key].get("steps", 0) >= timed_steps:
-            return self.probes[key]
-        rows = self.rows(seq_len)
+        # sweep cells (an explicit target count) are kept apart from the budget search's probes
+        store, key = (self.probes, (path, seq_len)) if targets is None else (self.cells, (path, seq_len, targets))
+        if key in store and store[key].get("steps", 0) >= timed_steps:
+            return store[key]
+        rows = self.rows(seq_len, targets)
         backend = self.backend(path, seq_len)
         backend.train_step(rows)  # warm-up: AdamW state exists from here on
         gc.collect()
@@ -152,10 +178,12 @@ class StepBench:
                           loss=last.get("loss"),
                           branch_counters={k: v for k, v in ts.cumulative(metrics).items()
                                            if k.endswith(("_batches", "_skips"))})
+            if "peer_logprob_batches" in last:
+                result["peer_logprob_batches"] = sum(m["peer_logprob_batches"] for m in metrics)
         del backend
         gc.collect()
-        self.probes[key] = result
-        print(f"  {path:18s} L={seq_len:6d}  peak {result['peak_total_mb']:10.1f} MiB"
+        store[key] = result
+        print(f"  {path:21s} L={seq_len:6d}" + (f" S={targets:5d}" if targets else "") + "  peak {result['peak_total_mb']:10.1f} MiB"
               + (f"  {result['median_step_s']:8.3f} s/step" if times else ""), file=sys.stderr)
         return result
 
@@ -273,7 +301,8 @@ def run(args) -> dict[str, Any]:
     doc: dict[str, Any] = environment(device, dtype)
     doc["config"] = {k: getattr(args, k) for k in (
         "seq_len", "targets", "turns", "vocab_size", "hidden_size", "layers", "chunk_size", "compile_selective_ce",
-        "steps", "paths", "budget_gb", "min_len", "max_len", "len_step", "mem_fraction", "seed")}
+        "steps", "paths", "budget_gb", "min_len", "max_len", "len_step", "mem_fraction", "seed", "peer_chunk_size",
+        "sweep", "sweep_lengths", "sweep_densities", "sweep_paths")}
     bench = StepBench(args, device, dtype)
     doc["model"] = (f"random-init Qwen3: vocab {args.vocab_size}, hidden {args.hidden_size}, {args.layers} layers, "
                     f"{max(1, args.hidden_size // 16)} heads x head_dim 16, MLP {4 * args.hidden_size}, untied LM head, "
@@ -292,11 +321,60 @@ def run(args) -> dict[str, Any]:
             r["memory_ratio_vs_full_logits"] = ratio(full["peak_total_mb"], r["peak_total_mb"])
             r["step_memory_ratio_vs_full_logits"] = ratio(full["peak_step_mb"], r["peak_step_mb"])
             r["speedup_vs_full_logits"] = ratio(full.get("median_step_s"), r.get("median_step_s"))
+    against_peers(comparison, paths)
     doc["comparison"] = comparison
+    if args.sweep:
+        doc["sweep"] = sweep(bench, args, device)
     if args.budget_gb:
         budget = args.budget_gb * 2**30
         doc["budget"] = {"budget_gb": args.budget_gb, **{p: bench.longest_fit(p, budget) for p in paths}}
     return doc
+
+
+def against_peers(cell: dict[str, Any], paths: list[str]) -> None:
+    """Each selective path beside the floor (`backbone_only`) and the peers' `chunked_all_positions`:
+    overhead = this / floor - 1 (time, total peak, step peak); ratios = chunked_all_positions / this."""
+    floor, peer = cell.get(FLOOR), cell.get("chunked_all_positions")
+    for path in paths:
+        r = cell[path]
+        if path in ("full_logits", FLOOR, "chunked_all_positions") or not r.get("median_step_s"):
+            continue
+        if floor:
+            r["overhead_vs_backbone_time"] = _overhead(r["median_step_s"], floor.get("median_step_s"))
+            r["overhead_vs_backbone_memory"] = _overhead(r["peak_total_mb"], floor["peak_total_mb"])
+            r["step_overhead_vs_backbone_memory"] = _overhead(r["peak_step_mb"], floor["peak_step_mb"])
+        if peer:
+            r["speedup_vs_chunked_all_positions"] = ratio(peer.get("median_step_s"), r["median_step_s"])
+            r["memory_ratio_vs_chunked_all_positions"] = ratio(peer["peak_total_mb"], r["peak_total_mb"])
+            r["step_memory_ratio_vs_chunked_all_positions"] = ratio(peer["peak_step_mb"], r["peak_step_mb"])
+
+
+def _overhead(value: float | None, floor: float | None) -> float | None:
+    return round(value / floor - 1, 4) if value and floor else None
+
+
+def sweep(bench: StepBench, args, device: torch.device) -> dict[str, Any]:
+    """`--sweep-paths` at every (row length, target density): targets = density x length (>= --turns)."""
+    lengths_default, densities_default = SWEEP_DEFAULTS["cuda" if device.type == "cuda" else "cpu"]
+    lengths = [int(v) for v in (args.sweep_lengths or lengths_default).split(",")]
+    densities = [float(v) for v in (args.sweep_densities or densities_default).split(",")]
+    paths = [p.strip() for p in args.sweep_paths.split(",") if p.strip()]
+    unknown = set(paths) - set(bench.paths)
+    if unknown:
+        raise SystemExit(f"--sweep-paths: unknown {sorted(unknown)}; choose from {', '.join(bench.paths)}")
+    bad = [d for d in densities if not 0 < d < 1]
+    if bad:
+        raise SystemExit(f"--sweep-densities: {bad} is not in (0, 1); e.g. --sweep-densities 0.01,0.1,0.5")
+    cells = []
+    for length in lengths:
+        for density in densities:
+            targets = max(args.turns, round(density * length))
+            cell: dict[str, Any] = {"seq_len": length, "density": density, "targets": targets}
+            for path in paths:
+                cell[path] = bench.measure(path, length, timed_steps=args.steps, targets=targets)
+            against_peers(cell, paths)
+            cells.append(cell)
+    return {"paths": paths, "lengths": lengths, "densities": densities, "cells": cells}
 
 
 def main(argv: list[str]) -> int:
