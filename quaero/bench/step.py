@@ -183,7 +183,7 @@ class StepBench:
         del backend
         gc.collect()
         store[key] = result
-        print(f"  {path:21s} L={seq_len:6d}" + (f" S={targets:5d}" if targets else "") + "  peak {result['peak_total_mb']:10.1f} MiB"
+        print(f"  {path:21s} L={seq_len:6d}" + (f" S={targets:5d}" if targets else "") + f"  peak {result['peak_total_mb']:10.1f} MiB"
               + (f"  {result['median_step_s']:8.3f} s/step" if times else ""), file=sys.stderr)
         return result
 
