@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-selective-ce", default="off", choices=["off", "auto", "require"],
                    help="also run a compiled_ce path (CUDA)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per path (after one warm-up step)")
+    p.add_argument("--interleave", action="store_true",
+                   help="time the comparison's paths in turns (step r of each, then r + 1): fair under background "
+                        "load; every path's model stays resident")
     p.add_argument("--paths", default=",".join(PATHS), help="comma-separated subset of " + ",".join(PATHS))
     p.add_argument("--budget-gb", type=float, default=None, help="find the longest row each path fits")
     p.add_argument("--min-len", type=int, default=1024, help="budget search: shortest probe")
@@ -116,6 +119,7 @@ class StepBench:
         self.model_dir = ts.bench_model_dir(args.vocab_size, args.hidden_size, args.layers)
         self.probes: dict[tuple[str, int], dict[str, Any]] = {}
         self.cells: dict[tuple[str, int, int], dict[str, Any]] = {}
+        self.live: dict[str, Any] = {}  # path -> backend kept for interleaved timing
         self.layout = ""
         self.paths = dict(PATHS)
         if args.compile_selective_ce != "off":
@@ -138,7 +142,7 @@ class StepBench:
         return [row]
 
     def resident_bytes(self, backend) -> int:
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and not self.live:  # kept backends would count in memory_allocated
             return torch.cuda.memory_allocated(self.device)
         seen, total = set(), 0
         tensors = list(backend.model.parameters()) + list(backend.model.buffers())
@@ -151,11 +155,13 @@ class StepBench:
                 total += t.untyped_storage().nbytes()
         return total
 
-    def measure(self, path: str, seq_len: int, timed_steps: int = 0, targets: int | None = None) -> dict[str, Any]:
-        """Warm-up step, one memory-measured step, then `timed_steps` timed steps, on a fresh backend."""
+    def measure(self, path: str, seq_len: int, timed_steps: int = 0, targets: int | None = None,
+                keep: bool = False) -> dict[str, Any]:
+        """Warm-up step, one memory-measured step, then `timed_steps` timed steps, on a fresh backend
+        (kept in `self.live` with `keep`, for `interleaved`)."""
         # sweep cells (an explicit target count) are kept apart from the budget search's probes
         store, key = (self.probes, (path, seq_len)) if targets is None else (self.cells, (path, seq_len, targets))
-        if key in store and store[key].get("steps", 0) >= timed_steps:
+        if not keep and key in store and store[key].get("steps", 0) >= timed_steps:
             return store[key]
         rows = self.rows(seq_len, targets)
         backend = self.backend(path, seq_len)
@@ -168,24 +174,37 @@ class StepBench:
         else:
             _, peak = cpu_peak_bytes(lambda: train_step(rows))
         times, metrics = ts.timed_steps(backend, rows, timed_steps, self.device)
-        last = metrics[-1] if metrics else {}
         result = {
             "seq_len": seq_len, "resident_mb": round(resident / MIB, 1), "peak_step_mb": round(peak / MIB, 1),
-            "peak_total_mb": round((resident + peak) / MIB, 1), "steps": len(times),
+            "peak_total_mb": round((resident + peak) / MIB, 1), **timing_fields(times, metrics),
         }
-        if times:
-            result.update(median_step_s=statistics.median(times), min_step_s=min(times), max_step_s=max(times),
-                          loss=last.get("loss"),
-                          branch_counters={k: v for k, v in ts.cumulative(metrics).items()
-                                           if k.endswith(("_batches", "_skips"))})
-            if "peer_logprob_batches" in last:
-                result["peer_logprob_batches"] = sum(m["peer_logprob_batches"] for m in metrics)
+        if keep:
+            self.live[path] = backend
         del backend
         gc.collect()
         store[key] = result
-        print(f"  {path:21s} L={seq_len:6d}" + (f" S={targets:5d}" if targets else "") + f"  peak {result['peak_total_mb']:10.1f} MiB"
+        print(f"  {path:21s} L={seq_len:6d}" + (f" S={targets:5d}" if targets else "")
+              + f"  peak {result['peak_total_mb']:10.1f} MiB"
               + (f"  {result['median_step_s']:8.3f} s/step" if times else ""), file=sys.stderr)
         return result
+
+    def interleaved(self, paths: list[str], seq_len: int, steps: int) -> None:
+        """Time step r of every kept backend, then step r + 1, so background load on a shared machine
+        falls on every path alike; the figures replace the paths' sequential ones."""
+        rows = self.rows(seq_len)
+        times: dict[str, list[float]] = {p: [] for p in paths}
+        metrics: dict[str, list[dict]] = {p: [] for p in paths}
+        for _ in range(steps):
+            for path in paths:
+                t, m = ts.timed_steps(self.live[path], rows, 1, self.device)
+                times[path] += t
+                metrics[path] += m
+        for path in paths:
+            self.probes[(path, seq_len)].update(timing_fields(times[path], metrics[path]), interleaved=True)
+            print(f"  {path:21s} L={seq_len:6d}  interleaved {statistics.median(times[path]):8.3f} s/step",
+                  file=sys.stderr)
+            del self.live[path]
+        gc.collect()
 
     # ---- memory model and safety ----
 
@@ -284,6 +303,19 @@ class StepBench:
         return l1, m1, (m1 - m0) / (l1 - l0)
 
 
+def timing_fields(times: list[float], metrics: list[dict]) -> dict[str, Any]:
+    """Step-time figures and branch counters of timed steps (none: just `steps: 0`)."""
+    if not times:
+        return {"steps": 0}
+    last = metrics[-1]
+    out = {"steps": len(times), "median_step_s": statistics.median(times), "min_step_s": min(times),
+           "max_step_s": max(times), "loss": last.get("loss"),
+           "branch_counters": {k: v for k, v in ts.cumulative(metrics).items() if k.endswith(("_batches", "_skips"))}}
+    if "peer_logprob_batches" in last:
+        out["peer_logprob_batches"] = sum(m["peer_logprob_batches"] for m in metrics)
+    return out
+
+
 def _cuda_peak(train_step, rows, device) -> int:
     """Peak CUDA bytes allocated by one step above what was allocated when it started."""
     sync(device)
@@ -302,7 +334,7 @@ def run(args) -> dict[str, Any]:
     doc["config"] = {k: getattr(args, k) for k in (
         "seq_len", "targets", "turns", "vocab_size", "hidden_size", "layers", "chunk_size", "compile_selective_ce",
         "steps", "paths", "budget_gb", "min_len", "max_len", "len_step", "mem_fraction", "seed", "peer_chunk_size",
-        "sweep", "sweep_lengths", "sweep_densities", "sweep_paths")}
+        "interleave", "sweep", "sweep_lengths", "sweep_densities", "sweep_paths")}
     bench = StepBench(args, device, dtype)
     doc["model"] = (f"random-init Qwen3: vocab {args.vocab_size}, hidden {args.hidden_size}, {args.layers} layers, "
                     f"{max(1, args.hidden_size // 16)} heads x head_dim 16, MLP {4 * args.hidden_size}, untied LM head, "
@@ -312,7 +344,10 @@ def run(args) -> dict[str, Any]:
     paths = bench.selected_paths()
     comparison = {"seq_len": length, "seq_len_note": note}
     for path in paths:
-        comparison[path] = bench.measure(path, length, timed_steps=args.steps)
+        comparison[path] = bench.measure(path, length, timed_steps=0 if args.interleave else args.steps,
+                                         keep=args.interleave)
+    if args.interleave:
+        bench.interleaved(paths, length, args.steps)
     comparison["row_layout"] = bench.layout
     full = comparison.get("full_logits")
     for path in paths:

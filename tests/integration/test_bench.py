@@ -146,13 +146,14 @@ TINY_STEP = ["step", "--device", "cpu", "--seq-len", "256", "--targets", "8", "-
 
 
 def test_bench_step_peers_and_floor(tmp_path, capsys):
-    doc = _run(TINY_STEP + ["--paths", "selective_ce,chunked_all_positions,backbone_only", "--sweep",
+    doc = _run(TINY_STEP + ["--paths", "selective_ce,chunked_all_positions,backbone_only", "--interleave", "--sweep",
                             "--sweep-lengths", "128", "--sweep-densities", "0.1,0.5"], tmp_path, capsys)
     cmp = doc["comparison"]
     for path in ("chunked_all_positions", "backbone_only"):
         assert cmp[path]["peer_logprob_batches"] == 1  # the timed step ran the peer's log-prob function
         assert cmp[path]["branch_counters"]["local_train_selective_hidden_logprob_batches"] == 0
     sel = cmp["selective_ce"]
+    assert all(cmp[p]["interleaved"] and cmp[p]["steps"] == 1 for p in ("selective_ce", "backbone_only"))
     for key in ("overhead_vs_backbone_time", "overhead_vs_backbone_memory", "step_overhead_vs_backbone_memory",
                 "speedup_vs_chunked_all_positions", "memory_ratio_vs_chunked_all_positions"):
         assert isinstance(sel[key], float), key
