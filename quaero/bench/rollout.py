@@ -15,6 +15,8 @@ Env time is part of every figure (a tool call per turn); both samplers pay the s
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
 import sys
 import time
@@ -112,8 +114,24 @@ def faster_sampler(results: dict[str, Any]) -> str | None:
     return max(rates, key=rates.get) if rates else None
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """File descriptor 1 -> 2 for the duration: vLLM logs to stdout (its engine process too, which
+    inherits the descriptor), and stdout carries only the JSON document."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    with torch_threads(args.threads):
-        emit(run(args), args.json)
+    with torch_threads(args.threads), _stdout_to_stderr():
+        doc = run(args)
+    emit(doc, args.json)
     return 0
