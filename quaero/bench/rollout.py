@@ -89,10 +89,12 @@ def run(args) -> dict[str, Any]:
     print(f"quaero bench rollout: {args.episodes} toolbench episodes per sampler and mode on {device}", file=sys.stderr)
     with open_envs(cfg.env, args.episodes) as pool:
         for name in samplers:
+            t0 = time.perf_counter()
             c = build(cfg.model_copy(update={"sampler": cfg.sampler.model_copy(update={"backend": name})}), pool)
             try:
                 rollout_figures(c, pool, tasks[:1], greedy=True, seed=args.seed)  # warm-up
-                results[name] = {}
+                # paid once per run: trainer + sampler construction (vLLM's engine) and the warm-up episode
+                results[name] = {"startup_s": round(time.perf_counter() - t0, 1)}
                 for mode in modes:
                     r = rollout_figures(c, pool, tasks, greedy=mode == "greedy", seed=args.seed)
                     results[name][mode] = r

@@ -271,4 +271,5 @@ def test_bench_rollout_two_episodes(sampler, tmp_path, capsys):
         assert 0 < r["generated_tokens"] <= 2 * 2 * 6 and r["generated_tokens_per_s"] > 0
         assert r["logprob_gap_tokens"] == r["generated_tokens"]
         assert 0 <= r["logprob_gap_max"] < 1e-3  # the sampler's log-probs are the trainer's
+    assert doc["samplers"][sampler]["startup_s"] > 0
     assert doc["auto_on_cpu"] == sampler
