@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One command on a CUDA machine (under 8 minutes on one GPU): install what is missing, run both
+# One command on a CUDA machine (under 15 minutes on one GPU): install what is missing, run both
 # benchmarks on CUDA at the seed's two shapes (the compiled-CE `require` proof included), the
-# GPU-marked tests and a short `quaero train` with the vLLM sampler; every figure lands as JSON in
-# one folder:
+# comparisons with the peers' methods (step, crossover; Liger where it installs), rollout throughput
+# per sampler, the GPU-marked tests and a short `quaero train` with the vLLM sampler; every figure
+# lands as JSON in one folder:
 #
 #     scripts/gpu_check.sh [OUT_DIR]          # default bench_out/gpu-check-YYYYmmdd-HHMMSS
 #
@@ -54,6 +55,10 @@ fi
 if [ "$DEVICE" != "cpu" ] && ! "$PY" -c "import vllm" 2>/dev/null; then
     step install_vllm 240 "$PY" -m pip install -e ".[vllm]"
 fi
+# Liger's fused linear CE is an optional comparator of `bench crossover`: a failed install skips it
+if [ "$DEVICE" != "cpu" ] && ! "$PY" -c "import liger_kernel" 2>/dev/null; then
+    timeout 120 "$PY" -m pip install liger-kernel > "$OUT/install_liger.log" 2>&1 || echo "   liger-kernel not installed (optional)"
+fi
 { nvidia-smi 2>&1 || true; "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available())"; } > "$OUT/machine.txt" 2>&1
 
 QC=("$PY" -m quaero.cli)
@@ -62,12 +67,18 @@ if [ "$QUICK" = 1 ]; then
     S2=(--seq-len 512 --early-target-pos 16 --selected-tokens 64 --vocab-size 2048 --hidden-size 64 --repeats 2)
     S3=(--seq-len 1024 --early-target-pos 16 --selected-tokens 256 --vocab-size 4096 --hidden-size 64 --repeats 2)
     STEP=(--seq-len 512 --targets 64 --vocab-size 4096 --budget-gb 0.1 --min-len 256 --max-len 1024 --len-step 256)
+    PEERS=(--seq-len 512 --targets 64 --vocab-size 4096 --sweep --sweep-lengths 256,512 --sweep-densities 0.1,0.5)
+    CROSS=(--lengths 256 --vocab-sizes 1024,4096 --densities 0.1,0.9 --repeats 2)
+    ROLL=(--episodes 2 --set sampler.max_tokens=8 --set env.max_turns=2)
     COMPILE=auto
 else
     S1=(--seq-len 4096 --early-target-pos 16 --selected-tokens 16 --vocab-size 8192 --hidden-size 64 --repeats 7)
     S2=(--seq-len 4096 --early-target-pos 16 --selected-tokens 256 --vocab-size 32768 --hidden-size 256 --repeats 11)
     S3=(--seq-len 4096 --early-target-pos 16 --selected-tokens 2048 --vocab-size 151936 --hidden-size 64 --repeats 7)
     STEP=(--seq-len 16384 --targets 64 --vocab-size 151936 --budget-gb 8 --max-len 131072 --len-step 1024)
+    PEERS=(--seq-len 8192 --targets 64 --vocab-size 151936 --sweep)   # sweep: 2k-32k x 1%-50% on CUDA
+    CROSS=(--lengths 2048,8192,32768 --vocab-sizes 32768,151936,262144 --densities 0.01,0.1,0.25,0.5,0.9)
+    ROLL=(--episodes 16)
     COMPILE=require
 fi
 [ "$DEVICE" = cpu ] && COMPILE=auto   # `require` fails closed off CUDA, by design
@@ -81,6 +92,14 @@ step echo_shape2 150 "${QC[@]}" bench echo --device "$DEVICE" "${S2[@]}" \
 step echo_chunked_2048 90 "${QC[@]}" bench echo --device "$DEVICE" "${S3[@]}" --chunk-size 256 --no-smoke \
     --json "$OUT/echo_chunked_2048.json"
 step bench_step 150 "${QC[@]}" bench step --device "$DEVICE" "${STEP[@]}" --json "$OUT/step.json"
+# the peers' method (chunked LM head over every position) and the no-LM-head floor, on the same step
+step bench_step_peers 300 "${QC[@]}" bench step --device "$DEVICE" "${PEERS[@]}" \
+    --paths selective_ce,chunked_recompute,chunked_all_positions,backbone_only --json "$OUT/step_peers.json"
+step bench_crossover 240 "${QC[@]}" bench crossover --device "$DEVICE" "${CROSS[@]}" --json "$OUT/crossover.json"
+if [ "$DEVICE" != cpu ]; then
+    step bench_rollout 300 "${QC[@]}" bench rollout envs/toolbench.toml --samplers hf,vllm "${ROLL[@]}" \
+        --set run.device=cuda --set sampler.gpu_memory_utilization=0.3 --json "$OUT/rollout.json"
+fi
 
 # 3. GPU-marked tests (none collected = rc 5, recorded as such)
 step pytest_gpu 150 "$PY" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/pytest_gpu.xml"

