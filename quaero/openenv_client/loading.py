@@ -16,6 +16,7 @@ import sys
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
 
 from quaero.config import ConfigError
@@ -44,6 +45,17 @@ def require_openenv() -> None:
             "Fix: pip install 'mcp>=1.24,<2'") from e
 
 
+def file_matches_record(path: metadata.PackagePath) -> bool:
+    """True when the file on disk is the one its distribution's RECORD lists (same sha256)."""
+    if path.hash is None or path.hash.mode != "sha256":
+        return False
+    try:
+        digest = hashlib.sha256(path.locate().read_bytes()).digest()
+    except OSError:
+        return False
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode() == path.hash.value
+
+
 @functools.cache
 def _overwritten_openenv() -> str | None:
     """The fix when openenv's files were overwritten by openenv-core, else None.
@@ -53,20 +65,12 @@ def _overwritten_openenv() -> str | None:
     pinned openenv's, leaving a mix that `pip check` accepts but whose server API differs (create_app
     has no state_cls; observation metadata is dropped from the wire). The files' hashes against
     openenv's own RECORD tell a mixed install from an intact one, whatever was installed last."""
-    from importlib import metadata
-
     try:
         core, ours = metadata.distribution("openenv-core"), metadata.distribution("openenv")
     except metadata.PackageNotFoundError:
         return None
     for record in ours.files or []:
-        if record.hash is None or record.suffix != ".py" or record.parts[0] != "openenv":
-            continue
-        try:
-            digest = hashlib.sha256(record.locate().read_bytes()).digest()
-        except OSError:
-            continue
-        if base64.urlsafe_b64encode(digest).rstrip(b"=").decode() != record.hash.value:
+        if record.suffix == ".py" and record.parts[0] == "openenv" and not file_matches_record(record):
             return (f"openenv {ours.version}'s files ({record}) were overwritten by openenv-core {core.version}, "
                     "which an env package depends on (both install the `openenv` package); restore them with: "
                     f"pip install --force-reinstall --no-deps openenv=={ours.version}")
