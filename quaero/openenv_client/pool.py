@@ -118,10 +118,7 @@ class EnvPool:
         self.sessions, self.stats, self.servers = sessions, stats, servers
 
     def close(self) -> None:
-        for s in self.sessions:
-            s.close()
-        for server in self.servers:
-            server.stop()
+        _close(self.sessions, self.servers)
         self.servers = []
 
     def __enter__(self) -> Self:

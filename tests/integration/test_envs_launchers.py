@@ -176,12 +176,12 @@ def test_launched_servers_stop_with_their_run_even_when_it_is_killed():
     from fixtures import REPO_DIR, TESTS_DIR
 
     with open_envs(EnvConfig(entry="fixtures.guess:GuessEnv", launcher="local-server"), 1) as pool:
-        proc = pool.server.proc
+        proc = pool.servers[0].proc
     assert proc.poll() is not None  # stopped at close
 
     script = ("from quaero.config import EnvConfig; from quaero.openenv_client import open_envs; import time\n"
               "pool = open_envs(EnvConfig(entry='fixtures.guess:GuessEnv', launcher='local-server'), 1)\n"
-              "print(pool.server.proc.pid, flush=True); time.sleep(120)\n")
+              "print(pool.servers[0].proc.pid, flush=True); time.sleep(120)\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), str(REPO_DIR)])}
     run = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
     server_pid = int(run.stdout.readline())

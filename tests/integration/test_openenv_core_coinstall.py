@@ -8,7 +8,6 @@ import textwrap
 from importlib import metadata
 
 import pytest
-
 from fixtures import REPO_DIR, TESTS_DIR
 
 PACKAGE = TESTS_DIR / "fixtures" / "openenv_core_env"
@@ -29,7 +28,7 @@ PLAY = textwrap.dedent("""
 
 def _run(*cmd, cwd=None):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=900)
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, cwd=cwd, timeout=900)
 
 
 def _ok(result):
