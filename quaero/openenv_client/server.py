@@ -163,8 +163,8 @@ class LocalServer:
 
 
 def start_servers(servers: list[LocalServer]) -> list[LocalServer]:
-    """Launch every server, then wait for each to be healthy: N servers start in about the time of one.
-    If one fails, all are stopped (the failed one's log is kept: its error names it)."""
+    """Launch every server, then wait for each to be healthy: the servers boot in parallel, not one after
+    another. If one fails, all are stopped (the failed one's log is kept: its error names it)."""
     waiting = None
     try:
         for server in servers:
