@@ -24,7 +24,7 @@ def plan_lines(cfg, source: str) -> list[str]:
     caps = TRAINERS[cfg.backend.backend]
     sampler = resolve_backend(cfg.sampler.backend, resolve_device(cfg.run.device))  # what train will build
     o = cfg.backend.options
-    env_src = cfg.env.url if cfg.env.launcher == "remote" else cfg.env.entry
+    env_src = ", ".join(cfg.env.server_urls) if cfg.env.launcher == "remote" else cfg.env.entry
     if cfg.env.kwargs:
         env_src += "(" + ", ".join(f"{k}={v!r}" for k, v in cfg.env.kwargs.items()) + ")"
     lines = [

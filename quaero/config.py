@@ -59,10 +59,12 @@ class ModelConfig(_Section):
 
 
 class EnvConfig(_Section):
-    # Exactly one of entry ("package.module:Class", an OpenEnv Environment/MCPEnvironment or factory)
-    # and url ("ws://host:port" or "http://host:port" of a running OpenEnv server).
+    # Exactly one of entry ("package.module:Class", an OpenEnv Environment/MCPEnvironment or factory),
+    # url ("ws://host:port" or "http://host:port" of a running OpenEnv server) and urls (several
+    # servers of one env; sessions spread over them).
     entry: str | None = None
     url: str | None = None
+    urls: list[str] = Field(default_factory=list)
     # keyword arguments for the entry (class or factory), for envs quaero starts (inprocess, local-server)
     kwargs: dict[str, Any] = Field(default_factory=dict)
     launcher: Literal["inprocess", "local-server", "remote"] = "inprocess"
@@ -98,14 +100,16 @@ class EnvConfig(_Section):
     @classmethod
     def _default_launcher(cls, data: Any) -> Any:
         # a url alone means a remote server: [env] url = "ws://..." is enough
-        if isinstance(data, dict) and data.get("url") and "launcher" not in data:
+        if isinstance(data, dict) and (data.get("url") or data.get("urls")) and "launcher" not in data:
             data = {**data, "launcher": "remote"}
         return data
 
     @model_validator(mode="after")
     def _one_source(self) -> EnvConfig:
-        if self.launcher == "remote" and not self.url:
-            raise ValueError("launcher='remote' needs url = \"ws://HOST:PORT\"")
+        if self.launcher == "remote" and not self.url and not self.urls:
+            raise ValueError("launcher='remote' needs url = \"ws://HOST:PORT\" (or urls = [...] for several)")
+        if self.url and self.urls:
+            raise ValueError("set url (one server) or urls (several), not both: put every server in urls")
         if self.launcher != "remote" and not self.entry:
             raise ValueError(f"launcher={self.launcher!r} needs entry = \"package.module:Class\"")
         if self.launcher == "remote" and self.kwargs:
@@ -115,6 +119,11 @@ class EnvConfig(_Section):
             raise ValueError("action names the Action of an env quaero starts; a remote server accepts the Action "
                              "its app was built with (read from its /schema): remove action")
         return self
+
+    @property
+    def server_urls(self) -> list[str]:
+        """The remote servers ([env] url or urls)."""
+        return list(self.urls) or ([self.url] if self.url else [])
 
 
 class SamplerConfig(_Section):
@@ -321,12 +330,13 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
 
 def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
     """Rules judged from the config alone (quaero/plan.py judges it against the installed components)."""
-    if cfg.env.url and cfg.env.entry:
-        raise ConfigError(f"{source} [env] entry={cfg.env.entry!r} and url={cfg.env.url!r} are both set: quaero "
-                          "either starts the env (entry) or connects to a running server (url); remove one")
-    if cfg.env.url and cfg.env.launcher != "remote":
-        raise ConfigError(f"{source} [env] url is set but launcher={cfg.env.launcher!r}; "
-                          "set launcher='remote' or remove url")
+    if cfg.env.server_urls and cfg.env.entry:
+        raise ConfigError(f"{source} [env] entry={cfg.env.entry!r} and url/urls={cfg.env.server_urls!r} are both "
+                          "set: quaero either starts the env (entry) or connects to running servers (url/urls); "
+                          "remove one")
+    if cfg.env.server_urls and cfg.env.launcher != "remote":
+        raise ConfigError(f"{source} [env] url/urls is set but launcher={cfg.env.launcher!r}; "
+                          "set launcher='remote' or remove url/urls")
     t = cfg.training
     if t.steps and t.group_size < 2:
         raise ConfigError(f"{source} [training] group_size={t.group_size} with steps={t.steps}: a group of one "

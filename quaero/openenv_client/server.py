@@ -1,5 +1,6 @@
 """Serving OpenEnv envs: `serve` (blocking, for `quaero env serve`) and `LocalServer` (the
-`local-server` launcher: a uvicorn subprocess of this interpreter on 127.0.0.1).
+`local-server` launcher: a uvicorn subprocess of this interpreter on 127.0.0.1; `start_servers` starts
+a pool of them at once).
 
 LocalServer binds the listening socket itself and hands it to the child, so the port is known
 without a race and survives restarts: a client reconnecting during a restart just waits in the
@@ -97,12 +98,13 @@ class LocalServer:
         return f"ws://{self.host}:{self.port}/ws"
 
     def start(self) -> LocalServer:
-        with self._lock:
-            self._spawn()
-        _LIVE.add(self)
-        return self
+        return start_servers([self])[0]
 
     def _spawn(self) -> None:
+        self._launch()
+        self._wait_healthy()
+
+    def _launch(self) -> None:
         env = dict(os.environ)
         # the child must import whatever the parent can (tests add folders to sys.path)
         env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -114,8 +116,6 @@ class LocalServer:
         with self._log_path.open("ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                          pass_fds=(self._sock.fileno(),), stdin=subprocess.DEVNULL)
-        self._wait_healthy()
-        log.info("env_server_started", entry=self.entry, url=self.http_url, pid=self.proc.pid)
 
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s
@@ -127,6 +127,7 @@ class LocalServer:
             try:
                 with urllib.request.urlopen(f"{self.http_url}/health", timeout=1.0) as r:
                     if r.status == 200:
+                        log.info("env_server_started", entry=self.entry, url=self.http_url, pid=self.proc.pid)
                         return
             except OSError:
                 pass
@@ -156,14 +157,32 @@ class LocalServer:
                 self.proc.kill()
                 self.proc.wait(timeout=5)
 
-    def stop(self) -> None:
+    def stop(self, keep_log: bool = False) -> None:
         with self._lock:
             self._kill()
             self.proc = None
         self._sock.close()
         _LIVE.discard(self)
-        if self._temp_log:
+        if self._temp_log and not keep_log:
             self._log_path.unlink(missing_ok=True)
+
+
+def start_servers(servers: list[LocalServer]) -> list[LocalServer]:
+    """Launch every server, then wait for each to be healthy: the servers boot in parallel, not one after
+    another. If one fails, all are stopped (the failed one's log is kept: its error names it)."""
+    waiting = None
+    try:
+        for server in servers:
+            with server._lock:
+                server._launch()
+            _LIVE.add(server)
+        for waiting in servers:
+            waiting._wait_healthy()
+    except BaseException:
+        for server in servers:
+            server.stop(keep_log=server is waiting)
+        raise
+    return servers
 
 
 @atexit.register

@@ -38,7 +38,7 @@ def test_server_killed_mid_episode_is_restarted_and_the_episode_replayed():
     cfg = EnvConfig(entry="envs.toolbench:ToolBenchEnv", launcher="local-server", reset_kwargs={"difficulty": 4},
                     **FAST)
     with open_envs(cfg, 1) as pool:
-        env, server = pool.sessions[0], pool.server
+        env, server = pool.sessions[0], pool.servers[0]
         start = env.reset(seed=0, split="eval", index=2)
         policy, chat = oracle_policy(start.info), list(start.messages)
         first = policy(chat)

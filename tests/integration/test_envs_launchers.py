@@ -109,19 +109,15 @@ def test_custom_env_plugs_in_by_url_with_a_custom_formatter(guess_url):
         assert step.messages[0]["content"] in ("higher", "correct")  # the user's formatter, not JSON
 
 
-def test_non_concurrent_env_with_several_sessions_is_a_clear_error():
-    with pytest.raises(ConfigError, match="SUPPORTS_CONCURRENT_SESSIONS"):
-        open_envs(EnvConfig(entry="fixtures.guess:SoloGuessEnv"), 2)
-    with open_envs(EnvConfig(entry="fixtures.guess:SoloGuessEnv"), 1) as pool:
-        assert _play_guess(pool.sessions[0], 1)[0] == 1.0
-
-
 def test_a_server_without_room_for_n_sessions_is_a_clear_error():
     from fixtures import served
 
     with served("fixtures.guess:GuessEnv", max_concurrent_envs=2) as (url, _):
-        with pytest.raises(ConfigError, match="cannot hold 3 sessions"):
+        with pytest.raises(ConfigError, match="hold fewer than the 3 sessions") as e:
             open_envs(EnvConfig(url=url), 3)
+        # someone else's server: no `quaero env serve` flag, and never group_size = 1 (no group advantage)
+        assert "add servers to [env] urls" in str(e.value) and "quaero env serve" not in str(e.value)
+        assert "group_size = 1" not in str(e.value)
         with open_envs(EnvConfig(url=url), 2) as pool:  # the failed attempt released its sessions
             assert _play_guess(pool.sessions[1], 2)[0] == 1.0
 
@@ -180,12 +176,12 @@ def test_launched_servers_stop_with_their_run_even_when_it_is_killed():
     from fixtures import REPO_DIR, TESTS_DIR
 
     with open_envs(EnvConfig(entry="fixtures.guess:GuessEnv", launcher="local-server"), 1) as pool:
-        proc = pool.server.proc
+        proc = pool.servers[0].proc
     assert proc.poll() is not None  # stopped at close
 
     script = ("from quaero.config import EnvConfig; from quaero.openenv_client import open_envs; import time\n"
               "pool = open_envs(EnvConfig(entry='fixtures.guess:GuessEnv', launcher='local-server'), 1)\n"
-              "print(pool.server.proc.pid, flush=True); time.sleep(120)\n")
+              "print(pool.servers[0].proc.pid, flush=True); time.sleep(120)\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), str(REPO_DIR)])}
     run = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
     server_pid = int(run.stdout.readline())

@@ -73,6 +73,27 @@ def test_env_source_rules(tmp_path):
         load_config(p)
 
 
+def test_env_urls_mean_remote_servers_and_exclude_url(tmp_path):
+    cfg = load_config(write(tmp_path, """
+        [env]
+        urls = ["ws://h1:8000", "ws://h2:8000"]
+    """)).env
+    assert (cfg.launcher, cfg.server_urls) == ("remote", ["ws://h1:8000", "ws://h2:8000"])
+    with pytest.raises(ConfigError, match="not both"):
+        load_config(write(tmp_path, """
+            [env]
+            url = "ws://h1:8000"
+            urls = ["ws://h2:8000"]
+        """))
+    with pytest.raises(ConfigError, match="url/urls is set but launcher='inprocess'"):
+        load_config(write(tmp_path, """
+            [env]
+            entry = "envs.toolbench:ToolBenchEnv"
+            launcher = "inprocess"
+            urls = ["ws://h2:8000"]
+        """))
+
+
 def test_invalid_toml_and_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(write(tmp_path, "[run\n"))
