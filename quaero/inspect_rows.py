@@ -16,6 +16,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import sys
 from pathlib import Path
 
 from quaero.metrics import get_logger
@@ -140,6 +141,8 @@ def verify_record(rec: dict, specials: set[int]) -> list[str]:
             bad = sorted({i for i in ids[start:end] if i in specials})
             if bad:
                 problems.append(f"{span}: special token id(s) {bad} inside environment text")
+    action_turns = {turn for kind, _, _, turn in rec["spans"] if kind == "action"}
+    problems += [f"{where}: turn {t}'s sampled action ids have no action span" for t in sampled if t not in action_turns]
     for i in range(n):
         if adv[i] != 0.0 and kind_of[i] != "action":
             problems.append(f"{where} token {i}: advantage {adv[i]} on a {kind_of[i] or 'unlabelled'} token")
@@ -208,8 +211,6 @@ def render_html(records: list[dict], tokenizer, title: str) -> str:
 
 def main(args) -> int:
     """`quaero inspect rows`: render (terminal, --html) or --verify; exit 1 on problems or a missing folder."""
-    import sys
-
     try:
         records = load_rows(args.run_dir, args.step)
         tokenizer = run_tokenizer(args.run_dir)

@@ -10,7 +10,7 @@ from fixtures.runs import ROOT
 
 from quaero import cli
 from quaero.config import LoggingConfig
-from quaero.inspect_rows import save_step_rows, step_file
+from quaero.inspect_rows import render_terminal, save_step_rows, special_ids, step_file, verify_record
 
 STEP = 3
 IM_START = 151644
@@ -115,3 +115,14 @@ def test_render_without_a_tty_marks_spans_and_html_has_one_element_per_span(run_
 def test_a_step_that_was_not_saved_is_an_error_naming_the_saved_ones(run_dir, capsys):
     assert cli.main(["inspect", "rows", str(run_dir), "--step", "7"]) == 1
     assert f"step 7 was not saved; saved: step-{STEP:06d}" in capsys.readouterr().err
+
+
+def test_a_relabelled_action_span_is_caught_and_a_tty_gets_colours(run_dir, qwen3_tokenizer):
+    rec = saved(run_dir)[0]
+    k = next(i for i, s in enumerate(rec["spans"]) if s[0] == "action")
+    rec["spans"][k][0] = "prompt"  # the sampled turn now hides as context
+    rec["advantages"] = [0.0] * len(rec["input_ids"])
+    assert verify_record(rec, special_ids(qwen3_tokenizer)) == [
+        f"step {STEP} row 0: turn {rec['spans'][k][3]}'s sampled action ids have no action span"]
+    shown = render_terminal(saved(run_dir)[:1], qwen3_tokenizer, color=True)
+    assert "\x1b[1;32m<think>" in shown and "[action]" not in shown and shown.splitlines()[-1].startswith("legend:")
