@@ -1,4 +1,4 @@
-"""`quaero` command line: train, check, review, export, eval, bench, env serve, doctor.
+"""`quaero` command line: train, check, review, export, eval, inspect, bench, env serve, doctor.
 
 Heavy imports (torch models, vLLM, unsloth) happen only inside the command that needs them, so a
 bad config fails in well under a second, with one line and exit status 1.
@@ -151,6 +151,12 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_inspect_rows(args) -> int:
+    from quaero.inspect_rows import main as inspect_main
+
+    return inspect_main(args)
+
+
 def _json_object(text: str) -> dict:
     try:
         value = json.loads(text)
@@ -227,6 +233,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample", action="store_true", help="sample at [sampler] temperature instead of greedy")
     p.add_argument("--out", help="eval folder (default: RUN/eval-TIMESTAMP, or next to the model folder)")
     p.set_defaults(func=cmd_eval)
+
+    inspect = sub.add_parser("inspect", help="look at what a run trained").add_subparsers(dest="inspect_command",
+                                                                                     required=True)
+    p = inspect.add_parser("rows", help="a run's saved rows ([logging] save_rows), coloured by span kind; "
+                           "--verify re-checks them offline (exit 1 on a problem)")
+    p.add_argument("run_dir", metavar="RUN", help="runs/NAME")
+    p.add_argument("--step", type=int, help="only this step's rows (default: every saved step)")
+    p.add_argument("--html", metavar="OUT.html", help="also write a self-contained HTML page")
+    p.add_argument("--verify", action="store_true", help="check action ids, special tokens in env text, "
+                   "advantage and ECHO placement instead of rendering")
+    p.set_defaults(func=cmd_inspect_rows)
 
     env = sub.add_parser("env", help="environment tools").add_subparsers(dest="env_command", required=True)
     p = env.add_parser("serve", help="serve any OpenEnv env (module:Class) on 127.0.0.1")

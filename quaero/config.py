@@ -205,6 +205,9 @@ class LoggingConfig(_Section):
     progress: bool = True
     # mirrors of train_step / eval scalars: any of "tensorboard", "wandb", "trackio" (quaero/sinks.py)
     report_to: list[str] = Field(default_factory=list)
+    # trained rows written to runs/NAME/rows/step-N.jsonl for `quaero inspect rows` (quaero/inspect_rows.py);
+    # "sample": the first 2 rows of each step
+    save_rows: Literal["none", "sample", "all"] = "sample"
 
 
 class DistributedConfig(_Section):

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from quaero import checkpoint
 from quaero.config import QuaeroConfig
+from quaero.inspect_rows import save_step_rows
 from quaero.metrics import Cumulative, RunLog, configure, get_logger, set_step
 from quaero.rollout_stats import drop_reasons
 
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from quaero.render import RenderAdapter
     from quaero.rollout import EpisodeDriver, Policy
     from quaero.rollout_stats import RolloutStats
-    from quaero.rows import EchoRow
+    from quaero.rows import EchoRow, Transition
     from quaero.sampling import Sampler
     from trainers.base import Trainer
 
@@ -106,8 +107,9 @@ def _oracle_for(cfg: QuaeroConfig) -> Policy:
     return policy
 
 
-def _collect(c: Components, step: int, *, sft: bool) -> list[EchoRow]:
-    """Run one batch of groups; return the kept episodes' rows with their advantages (c.stats counts)."""
+def _collect(c: Components, step: int, *, sft: bool) -> list[tuple[EchoRow, list[Transition]]]:
+    """Run one batch of groups; return the kept episodes' rows with their advantages, each with its episode's
+    transitions (the sampler's own record, for saved rows; c.stats counts)."""
     cfg = c.cfg
     n_tasks = cfg.training.tasks_per_step
     tasks = [make_task(cfg, cfg.env.train_split, c.cursor + i) for i in range(n_tasks)]
@@ -121,7 +123,7 @@ def _collect(c: Components, step: int, *, sft: bool) -> list[EchoRow]:
             continue
         advs = [1.0] * len(kept) if sft else group_advantages([e.reward for e in kept])
         for ep, adv in zip(kept, advs):
-            rows.extend(r.with_advantage(adv) for r in ep.rows)
+            rows.extend((r.with_advantage(adv), ep.transitions) for r in ep.rows)
     return rows
 
 
@@ -179,8 +181,10 @@ def _disjoint(*parts: dict[str, Any]) -> dict[str, Any]:
 def run_step(c: Components, step: int, *, sft: bool) -> dict[str, Any]:
     """One step of the recipe: rollout -> rows -> trainer step -> weight sync; returns its metrics."""
     t0 = time.perf_counter()
-    rows = _collect(c, step, sft=sft)
+    collected = _collect(c, step, sft=sft)
+    rows = [row for row, _ in collected]
     t_rollout = time.perf_counter() - t0
+    saved = save_step_rows(c.cfg.run_dir, c.cfg.logging.save_rows, step, collected, phase="sft" if sft else "rl")
     trained, synced = {"rows": 0}, {}
     if rows:
         c.trainer.set_lr(c.cfg.lr_for(sft=sft))
@@ -192,7 +196,8 @@ def run_step(c: Components, step: int, *, sft: bool) -> dict[str, Any]:
     total = time.perf_counter() - t0
     timing = {"rollout_time_s": round(t_rollout, 3), "total_step_time_s": round(total, 3),
               "tokens_per_s": round(trained.get("row_tokens", 0) / total, 1) if total > 0 else 0.0}
-    return _disjoint({"phase": "sft" if sft else "rl"}, c.stats.snapshot_and_reset(), trained, synced, timing)
+    return _disjoint({"phase": "sft" if sft else "rl"}, c.stats.snapshot_and_reset(), trained, synced, saved,
+                     timing)
 
 
 def _empty_run(c: Components, step: int, m: dict[str, Any]) -> str | None:

@@ -1,0 +1,237 @@
+"""Rows you can look at: the trained rows of each step saved into the run folder, rendered, and verified offline.
+
+`[logging] save_rows` ("none" | "sample": the first SAMPLE_ROWS rows of each step | "all") writes
+`runs/NAME/rows/step-000123.jsonl`, one JSON object per row: its `EchoRow.to_dict()` fields plus the step,
+the row's index in the step, the phase (sft/rl), the policy version (the step number of the weights that
+sampled it: the step before this step's update) and `sampled_actions`: each turn's action ids as the
+sampler returned them, copied from the episode's `Transition`s. That copy is the independent record
+`--verify` checks the row's action spans against; the row alone could not prove its own tokens.
+
+`quaero inspect rows RUN [--step N] [--html OUT] [--verify]` renders the rows with each span coloured
+by kind (decoded with the run's tokenizer) or re-checks them. It reads the saved dicts, never
+`EchoRow.from_dict`: a corrupted row must be reported, not refused on construction.
+"""
+from __future__ import annotations
+
+import html
+import json
+import os
+import sys
+from pathlib import Path
+
+from quaero.metrics import get_logger
+from quaero.rows import ECHO_KINDS, EchoRow, Transition
+
+log = get_logger(__name__)
+
+SAMPLE_ROWS = 2  # rows per step under save_rows = "sample"
+KINDS = ("prompt", "action", "env", "scaffold", "corrective")
+ANSI = {"prompt": "2", "action": "1;32", "env": "36", "scaffold": "33", "corrective": "1;31", "": "35"}
+CSS = {"prompt": "#888", "action": "#1a7f37", "env": "#0969da", "scaffold": "#9a6700", "corrective": "#cf222e",
+       "": "#8250df"}
+
+
+# ── saving (called by the recipe, quaero/train.py) ─────────────────────────────────────────────
+
+
+def rows_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "rows"
+
+
+def step_file(run_dir: Path, step: int) -> Path:
+    return rows_dir(run_dir) / f"step-{step:06d}.jsonl"
+
+
+def row_record(row: EchoRow, transitions: list[Transition], *, step: int, index: int, phase: str) -> dict:
+    """One saved line: the row, where it was trained, and the sampler's action ids of the turns it holds."""
+    turns = {s.turn for s in row.spans if s.kind == "action"}
+    sampled = [{"turn": t.turn, "action_ids": list(t.action_ids)} for t in transitions if t.turn in turns]
+    return {"step": step, "row": index, "phase": phase, "policy_version": step - 1, **row.to_dict(),
+            "sampled_actions": sampled}
+
+
+def save_step_rows(run_dir: Path, mode: str, step: int, rows: list[tuple[EchoRow, list[Transition]]], *,
+                   phase: str) -> dict[str, int]:
+    """Write a step's rows (each with its episode's transitions) as `rows/step-NNNNNN.jsonl`; returns the
+    step metrics `rows_saved` and `rows_save_failures`. The file is written beside and renamed into place,
+    so a replayed (resumed) step replaces it and a reader never sees half a file. A failure is logged and
+    counted, never raised: looking at rows must not cost the run."""
+    if mode == "none" or not rows:
+        return {}
+    chosen = rows[:SAMPLE_ROWS] if mode == "sample" else rows
+    path = step_file(run_dir, step)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".jsonl.tmp")
+        with tmp.open("w") as f:
+            for i, (row, transitions) in enumerate(chosen):
+                f.write(json.dumps(row_record(row, transitions, step=step, index=i, phase=phase)) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except (OSError, TypeError, ValueError) as e:
+        log.warning("rows_save_failed", path=str(path), error=str(e), note="training continues; rows not saved")
+        return {"rows_saved": 0, "rows_save_failures": 1}
+    return {"rows_saved": len(chosen), "rows_save_failures": 0}
+
+
+# ── reading ────────────────────────────────────────────────────────────────────────────────────
+
+
+class InspectError(ValueError):
+    """A run folder without saved rows, or a step that was not saved."""
+
+
+def load_rows(run_dir: Path, step: int | None = None) -> list[dict]:
+    folder = rows_dir(run_dir)
+    files = sorted(folder.glob("step-*.jsonl"))
+    if not files:
+        raise InspectError(f"{folder}: no saved rows; train with [logging] save_rows = \"sample\" or \"all\"")
+    if step is not None:
+        files = [f for f in files if f.name == step_file(run_dir, step).name]
+        if not files:
+            raise InspectError(f"{folder}: step {step} was not saved; saved: "
+                               f"{', '.join(f.stem for f in sorted(folder.glob('step-*.jsonl')))}")
+    return [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]
+
+
+def run_tokenizer(run_dir: Path):
+    """The run's tokenizer, named by its config.json's [model] name."""
+    from quaero.model import load_tokenizer
+
+    cfg = Path(run_dir) / "config.json"
+    if not cfg.exists():
+        raise InspectError(f"{cfg}: missing; inspect needs the run's config to find its tokenizer")
+    return load_tokenizer(json.loads(cfg.read_text())["model"]["name"])
+
+
+def special_ids(tokenizer) -> set[int]:
+    """Ids no environment text may encode to: the tokenizer's special ids and its added special tokens."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return set(tokenizer.all_special_ids) | {i for i, tok in added.items() if getattr(tok, "special", False)}
+
+
+# ── verify ─────────────────────────────────────────────────────────────────────────────────────
+
+
+def verify_record(rec: dict, specials: set[int]) -> list[str]:
+    """The problems of one saved row, each naming its step, row and span."""
+    where = f"step {rec.get('step')} row {rec.get('row')}"
+    ids, adv, w = rec["input_ids"], rec["advantages"], rec["echo_weights"]
+    n = len(ids)
+    if not len(adv) == len(w) == len(rec["sampler_logprobs"]) == n:
+        return [f"{where}: per-token lists differ in length from input_ids ({n})"]
+    sampled = {a["turn"]: a["action_ids"] for a in rec.get("sampled_actions", [])}
+    kind_of = [""] * n
+    problems = []
+    for k, (kind, start, end, turn) in enumerate(rec["spans"]):
+        span = f"{where} span {k} ({kind} [{start},{end}) turn {turn})"
+        if not 0 <= start <= end <= n:
+            problems.append(f"{span}: outside the row's {n} tokens")
+            continue
+        kind_of[start:end] = [kind] * (end - start)
+        if kind == "action":
+            if turn not in sampled:
+                problems.append(f"{span}: no sampled action ids saved for turn {turn}")
+            elif ids[start:end] != sampled[turn]:
+                at = next((j for j, (a, b) in enumerate(zip(ids[start:end], sampled[turn])) if a != b),
+                          min(end - start, len(sampled[turn])))
+                problems.append(f"{span}: ids differ from the sampler's action ids at offset {at}")
+        if kind == "env":  # scaffold spans hold the template's own special tokens (<|im_start|>) by design
+            bad = sorted({i for i in ids[start:end] if i in specials})
+            if bad:
+                problems.append(f"{span}: special token id(s) {bad} inside environment text")
+    action_turns = {turn for kind, _, _, turn in rec["spans"] if kind == "action"}
+    problems += [f"{where}: turn {t}'s sampled action ids have no action span" for t in sampled if t not in action_turns]
+    for i in range(n):
+        if adv[i] != 0.0 and kind_of[i] != "action":
+            problems.append(f"{where} token {i}: advantage {adv[i]} on a {kind_of[i] or 'unlabelled'} token")
+        if w[i] != 0.0 and kind_of[i] not in ECHO_KINDS:
+            problems.append(f"{where} token {i}: ECHO weight {w[i]} on a {kind_of[i] or 'unlabelled'} token")
+    return problems
+
+
+def verify(records: list[dict], tokenizer) -> list[str]:
+    specials = special_ids(tokenizer)
+    return [p for rec in records for p in verify_record(rec, specials)]
+
+
+# ── render ─────────────────────────────────────────────────────────────────────────────────────
+
+
+def pieces(rec: dict, tokenizer) -> list[tuple[str, str, str]]:
+    """(kind, label, decoded text) per span in token order; tokens no span covers come out with kind ''."""
+    ids, out, pos = rec["input_ids"], [], 0
+    for kind, start, end, turn in sorted(rec["spans"], key=lambda s: s[1]):
+        if start > pos:
+            out.append(("", f"unlabelled [{pos},{start})", tokenizer.decode(ids[pos:start])))
+        out.append((kind, f"{kind} turn {turn} [{start},{end})", tokenizer.decode(ids[start:end])))
+        pos = max(pos, end)
+    if pos < len(ids):
+        out.append(("", f"unlabelled [{pos},{len(ids)})", tokenizer.decode(ids[pos:])))
+    return out
+
+
+def header(rec: dict) -> str:
+    adv = next((a for a in rec["advantages"] if a != 0.0), 0.0)
+    return (f"── step {rec['step']} row {rec['row']} · {rec['phase']} · policy v{rec['policy_version']} · "
+            f"{len(rec['input_ids'])} tokens · {len(rec['spans'])} spans · advantage {adv:+.3f} · "
+            f"ECHO tokens {sum(1 for w in rec['echo_weights'] if w > 0)}")
+
+
+def render_terminal(records: list[dict], tokenizer, *, color: bool) -> str:
+    """ANSI colours by span kind on a terminal; `[kind]...[/kind]` markers otherwise (pipes, files)."""
+    lines = []
+    for rec in records:
+        lines.append(header(rec))
+        text = []
+        for kind, _, piece in pieces(rec, tokenizer):
+            name = kind or "unlabelled"
+            text.append(f"\x1b[{ANSI[kind]}m{piece}\x1b[0m" if color else f"[{name}]{piece}[/{name}]")
+        lines.append("".join(text))
+    if color:
+        lines.append("legend: " + " ".join(f"\x1b[{ANSI[k]}m{k}\x1b[0m" for k in KINDS))
+    return "\n".join(lines)
+
+
+def render_html(records: list[dict], tokenizer, title: str) -> str:
+    """A self-contained page: one <span class="span KIND"> per span, its range in the title attribute."""
+    style = "".join(f".span.{k or 'unlabelled'}{{color:{c}}}" for k, c in CSS.items())
+    legend = " ".join(f'<b class="legend" style="color:{CSS[k]}">{k}</b>' for k in KINDS)
+    body = []
+    for rec in records:
+        spans = "".join(f'<span class="span {kind or "unlabelled"}" title="{html.escape(label)}">'
+                        f"{html.escape(piece)}</span>" for kind, label, piece in pieces(rec, tokenizer))
+        body.append(f"<h3>{html.escape(header(rec))}</h3><pre>{spans}</pre>")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>body{{font-family:sans-serif}}pre{{white-space:pre-wrap;background:#f6f8fa;padding:8px}}"
+            f".span.action{{font-weight:bold}}{style}</style></head><body><h2>{html.escape(title)}</h2>"
+            f"<p>legend: {legend}</p>{''.join(body)}</body></html>\n")
+
+
+def main(args) -> int:
+    """`quaero inspect rows`: render (terminal, --html) or --verify; exit 1 on problems or a missing folder."""
+    try:
+        records = load_rows(args.run_dir, args.step)
+        tokenizer = run_tokenizer(args.run_dir)
+    except InspectError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if args.verify:
+        problems = verify(records, tokenizer)
+        for p in problems:
+            print(p)
+        steps = len({r["step"] for r in records})
+        if problems:
+            print(f"{len(problems)} problem(s) in {len(records)} rows of {steps} step(s)", file=sys.stderr)
+            return 1
+        spans = sum(len(r["spans"]) for r in records)
+        print(f"verified {len(records)} rows of {steps} step(s), {spans} spans: action ids equal the sampler's, "
+              "no special token in environment text, advantages only on actions, ECHO weights only on env/scaffold")
+        return 0
+    if args.html:
+        Path(args.html).write_text(render_html(records, tokenizer, f"rows of {args.run_dir}"))
+    print(render_terminal(records, tokenizer, color=sys.stdout.isatty()))
+    if args.html:
+        print(f"wrote {args.html}")
+    return 0
