@@ -286,7 +286,7 @@ def open_envs(cfg: EnvConfig, n: int, stats: RolloutStats | None = None, log_dir
     log.info("env_pool_opened", launcher=cfg.launcher, source=cfg.entry or ", ".join(cfg.server_urls), sessions=n,
              servers=len(servers) or len(cfg.server_urls), spread=dict(spread) if len(spread) > 1 else None,
              mcp=is_mcp, tools=[t["function"]["name"] for t in tools or []],
-             action=spec.action_source if spec is not None else "the server's /schema")
+             action=spec.action_source if spec is not None else f"{cfg.server_urls[0]}/schema")
     return pool
 
 
