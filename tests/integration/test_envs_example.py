@@ -75,7 +75,7 @@ def test_tictactoe_trains_as_it_is_with_an_oracle_warm_start(tictactoe_on_path, 
     assert sft["phase"] == "sft" and rl["phase"] == "rl" and sft["rows"] > 0 and rl["rows"] > 0
     assert sft["malformed_actions"] == 0 and 0.0 <= sft["reward_mean"] <= 1.0  # the oracle never loses
     # every malformed reply scores [env] malformed_reward = -1; the env's own rewards lie within [-1, 1]
-    env_reward = rl["reward_mean"] - cfg.env.malformed_reward * rl["malformed_actions"]
+    env_reward = rl["reward_mean"] - cfg.env.malformed_reward * rl["malformed_actions"] / rl["episodes"]
     assert -1.0 <= env_reward <= 1.0
     (opened,) = [e for e in events if e["event"] == "env_pool_opened"]
-    assert opened["action"] == "its type parameters" and opened["sessions"] == 1
+    assert opened["action"] == "its type parameters" and opened["sessions"] == 2 and opened["servers"] == 2
