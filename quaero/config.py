@@ -333,13 +333,13 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
 
 def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
     """Rules judged from the config alone (quaero/plan.py judges it against the installed components)."""
-    if cfg.env.server_urls and cfg.env.entry:
-        raise ConfigError(f"{source} [env] entry={cfg.env.entry!r} and url/urls={cfg.env.server_urls!r} are both "
-                          "set: quaero either starts the env (entry) or connects to running servers (url/urls); "
-                          "remove one")
     if cfg.env.server_urls and cfg.env.launcher != "remote":
         raise ConfigError(f"{source} [env] url/urls is set but launcher={cfg.env.launcher!r}; "
                           "set launcher='remote' or remove url/urls")
+    if cfg.env.server_urls and cfg.env.entry:
+        servers = f"url={cfg.env.url!r}" if cfg.env.url else f"urls={cfg.env.urls!r}"
+        raise ConfigError(f"{source} [env] entry={cfg.env.entry!r} and {servers} are both set: quaero either "
+                          "starts the env (entry) or connects to running servers (url/urls); remove one")
     t = cfg.training
     if t.steps and t.group_size < 2:
         raise ConfigError(f"{source} [training] group_size={t.group_size} with steps={t.steps}: a group of one "

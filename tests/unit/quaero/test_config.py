@@ -126,12 +126,18 @@ def test_cli_check_prints_plan():
     ("backend.lr=nan", "[backend] lr=nan"),
     ("training.group_size=1", "[training] group_size=1 with steps=6: a group of one episode has advantage 0"),
     ("sampler.top_p=0.5", "[sampler] top_p=0.5 with [training] steps=6: the sampler's log-probs are renormalised"),
-    ("env.url='ws://127.0.0.1:9'", "[env] entry='envs.toolbench:ToolBenchEnv' and url='ws://127.0.0.1:9' are both"),
+    ("env.url='ws://127.0.0.1:9'", "[env] url/urls is set but launcher='local-server'; set launcher='remote'"),
+    ("env.launcher='remote'", "[env]: launcher='remote' needs url"),
 ])
 def test_meaningless_settings_are_refused_before_anything_loads(override, needle):
     with pytest.raises(ConfigError) as e:
         load_config(MAIN, [override])
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_entry_beside_a_server_url_is_refused_not_silently_ignored():
+    with pytest.raises(ConfigError, match=r"entry='envs.toolbench:ToolBenchEnv' and url='ws://127.0.0.1:9' are both set"):
+        load_config(MAIN, ["env.url='ws://127.0.0.1:9'", "env.launcher='remote'", "env.kwargs={}"])
 
 
 def test_settings_that_only_matter_for_rl_are_fine_without_rl_steps():
