@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from quaero.model import cache_dir
-from quaero.openenv_client.loading import file_matches_record
+from quaero.openenv_client.loading import file_matches_record, openenv_repair_command
 
 PINNED = ("torch", "transformers", "renderers", "openenv")
 ENGINES = ("vllm", "unsloth")
@@ -145,11 +145,15 @@ def _openenv(problems: list[dict]) -> dict:
                            "files_on_disk_from_it": on_disk})
     if any(o["distribution"] == "openenv-core" for o in owners):
         core = next(o for o in owners if o["distribution"] == "openenv-core")
+        ours = next((o for o in owners if o["distribution"] == "openenv"), None)
+        intact = ours is not None and ours["files_on_disk_from_it"] == ours["openenv_py_files"]
+        repair = ("openenv's files are intact; keep them so by installing env packages with pip install "
+                  "--no-deps (a package that depends on openenv-core overwrites them)" if intact else
+                  openenv_repair_command(ours["version"]) if ours else "pip install 'openenv>=0.10,<0.11'")
         winner = max(owners, key=lambda o: o["files_on_disk_from_it"])
         _problem(problems, f"openenv-core {core['version']} is installed next to openenv and also owns the "
                  f"`openenv` package ({core['openenv_py_files']} .py files); {winner['distribution']} "
-                 f"{winner['version']} wins on disk ({winner['files_on_disk_from_it']} files)",
-                 "pip uninstall -y openenv-core openenv && pip install 'openenv>=0.10,<0.11'")
+                 f"{winner['version']} wins on disk ({winner['files_on_disk_from_it']} files)", repair)
     return {"distributions": owners}
 
 

@@ -77,8 +77,13 @@ def _overwritten_openenv() -> str | None:
         if record.suffix == ".py" and record.parts[0] == "openenv" and not file_matches_record(record):
             return (f"openenv {ours.version}'s files ({record}) were overwritten by openenv-core {core.version}, "
                     "which an env package depends on (both install the `openenv` package); restore them with: "
-                    f"pip install --force-reinstall --no-deps openenv=={ours.version}")
+                    + openenv_repair_command(ours.version))
     return None
+
+
+def openenv_repair_command(version: str) -> str:
+    """The one line that puts openenv's own files back over openenv-core's, touching nothing else."""
+    return f"pip install --force-reinstall --no-deps openenv=={version}"
 
 
 @dataclass(frozen=True)

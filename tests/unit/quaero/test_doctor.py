@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from quaero import cli, doctor
+from quaero.openenv_client.loading import openenv_repair_command
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -93,7 +94,13 @@ def test_openenv_core_co_install_is_a_problem_naming_which_wins(tmp_path, monkey
     assert problem["problem"] == ("openenv-core 0.2.3 is installed next to openenv and also owns the `openenv` "
                                   f"package (2 .py files); openenv {importlib.metadata.version('openenv')} wins "
                                   f"on disk ({owners['openenv']['files_on_disk_from_it']} files)")
-    assert problem["fix"] == "pip uninstall -y openenv-core openenv && pip install 'openenv>=0.10,<0.11'"
+    assert problem["fix"] == ("openenv's files are intact; keep them so by installing env packages with pip "
+                              "install --no-deps (a package that depends on openenv-core overwrites them)")
+    # once openenv's own files are overwritten, the fix is the same repair line quaero's refusal prints
+    monkeypatch.setattr(doctor, "file_matches_record", lambda record: False)
+    (problem,) = [p for p in doctor.collect(tmp_path / "runs")["problems"] if "openenv-core" in p["problem"]]
+    assert problem["fix"] == openenv_repair_command(importlib.metadata.version("openenv"))
+    assert problem["fix"] == f"pip install --force-reinstall --no-deps openenv=={importlib.metadata.version('openenv')}"
 
 
 @pytest.mark.parametrize("body, error", [
