@@ -17,6 +17,7 @@ import importlib.util
 import math
 import numbers
 import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,8 @@ class TensorBoardSink:
 
 
 class WandbSink:
-    """A W&B run in project `$WANDB_PROJECT` (default "quaero"), files under `runs/NAME/wandb/`."""
+    """A W&B run in project `$WANDB_PROJECT` (default "quaero"), files under `runs/NAME/wandb/`; the
+    run folder keeps its W&B id, so a resumed run logs into the same W&B run."""
 
     package = "wandb"
 
@@ -70,8 +72,16 @@ class WandbSink:
         import wandb
 
         self.wandb = wandb
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT") or "quaero", name=run_name,
-                              dir=str(run_dir), config=config, mode=os.environ.get("WANDB_MODE") or "offline")
+        # one W&B run per run folder: a resumed run continues the W&B run it started (its id is kept here)
+        id_file = run_dir / "wandb" / "quaero-run-id"
+        run_id = id_file.read_text().strip() if id_file.is_file() else None
+        if not run_id:
+            run_id = uuid.uuid4().hex[:12]  # W&B ids: letters and digits
+            id_file.parent.mkdir(parents=True, exist_ok=True)
+            id_file.write_text(run_id + "\n")
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT") or "quaero", name=run_name, id=run_id,
+                              resume="allow", dir=str(run_dir), config=config,
+                              mode=os.environ.get("WANDB_MODE") or "offline")
 
     def log(self, scalars: dict[str, float], step: int) -> None:
         self.run.log(scalars, step=step)
@@ -92,7 +102,8 @@ class TrackioSink:
         import trackio
 
         self.trackio = trackio
-        self.run = trackio.init(project="quaero", name=run_name, config=config, embed=False,
+        # resume="allow": a resumed run appends to the trackio run of its name instead of starting another
+        self.run = trackio.init(project="quaero", name=run_name, config=config, resume="allow", embed=False,
                                 auto_log_gpu=False, auto_log_cpu=False)
 
     def log(self, scalars: dict[str, float], step: int) -> None:

@@ -84,6 +84,20 @@ def test_wandb_is_offline_by_default_and_its_run_file_holds_the_scalars(tmp_path
     assert not any(key.endswith(("phase", "cumulative", "sample_transcript")) for h in history for key in h)
 
 
+def test_a_resumed_run_logs_into_the_same_wandb_run(tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="wandb is not installed: pip install 'quaero[wandb]'")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    log_three_events(tmp_path, ["wandb"])
+    log_three_events(tmp_path, ["wandb"])  # the same run folder again: a resume
+    run_id = (tmp_path / "wandb" / "quaero-run-id").read_text().strip()
+    runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(r.name.endswith("-" + run_id) for r in runs)  # `wandb sync` joins them
+    other = tmp_path / "other"
+    log_three_events(other, ["wandb"])  # another run folder is another W&B run
+    assert (other / "wandb" / "quaero-run-id").read_text().strip() != run_id
+
+
 TRACKIO_SCRIPT = """
 import json, sys
 from quaero import metrics
@@ -93,6 +107,9 @@ log = metrics.get_logger("test")
 with metrics.RunLog(sys.argv[1]), open_sinks(["trackio"], sys.argv[1], "sinks-test", {}):
     metrics.set_step(3)
     log.info("train_step", loss=1.5, phase="rl")
+with metrics.RunLog(sys.argv[1]), open_sinks(["trackio"], sys.argv[1], "sinks-test", {}):  # resumed
+    metrics.set_step(4)
+    log.info("train_step", loss=0.5, phase="rl")
 from trackio.sqlite_storage import SQLiteStorage
 rows = SQLiteStorage.get_logs("quaero", "sinks-test")
 print("LOGS", json.dumps([{"step": r["step"], "train/loss": r.get("train/loss")} for r in rows]))
@@ -101,14 +118,15 @@ print("LOGS", json.dumps([{"step": r["step"], "train/loss": r.get("train/loss")}
 
 @pytest.mark.skipif(importlib.util.find_spec("trackio") is None,
                     reason="trackio is not installed: pip install 'quaero[trackio]'")
-def test_trackio_stores_the_scalars(tmp_path):
+def test_trackio_stores_the_scalars_and_a_resume_appends(tmp_path):
     # a subprocess: trackio fixes its storage folder ($TRACKIO_DIR) when it is imported
     env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio"), "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", TRACKIO_SCRIPT, str(tmp_path / "run")], check=False, env=env,
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     line = next(x for x in out.stdout.splitlines() if x.startswith("LOGS "))
-    assert json.loads(line[5:]) == [{"step": 3, "train/loss": 1.5}]
+    # the resumed run appended to the same trackio run
+    assert json.loads(line[5:]) == [{"step": 3, "train/loss": 1.5}, {"step": 4, "train/loss": 0.5}]
 
 
 def test_check_names_the_pip_command_for_a_missing_sink_and_rejects_unknown_ones(monkeypatch):
