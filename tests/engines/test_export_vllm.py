@@ -1,7 +1,10 @@
-"""An exported run served by vLLM (the CPU build in CI): two real train steps move tiny-qwen3 off its
-init, `quaero export` writes the folder, and quaero's vLLM sampler, built from that folder the way
-`quaero eval --model FOLDER --set sampler.backend=vllm` builds it, continues greedily exactly as
-transformers does on the same folder, with the trainer's own log-probs of those tokens."""
+"""Exported runs served by vLLM (the CPU build in CI). Two real train steps move tiny-qwen3 off its init
+(every weight, or a LoRA adapter), `quaero export` writes the folder (`--merge` for the adapter), and
+quaero's vLLM sampler on it continues greedily exactly as transformers does on the same folder, with the
+trainer's own log-probs of those tokens. Each folder gets one engine, built the way
+`quaero eval --model FOLDER --set sampler.backend=vllm` builds it, not one engine reloaded through
+`update_weights`: when tiny-qwen3's tied embedding moves, vLLM 0.32's CPU build then serves neither the new
+weights nor the old."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,31 +26,31 @@ MAX_TOKENS = 16
 QUESTIONS = ["Which customer ordered P3?", "What is the price of apple?", "Hello", "List the tools you have."]
 
 
-def trained_run(root: Path, name: str, *, lora: bool):
-    """A run folder (config.json + the checkpoint of step 2) after two RL + ECHO steps on the smoke rows."""
-    cfg = load_config(TOOLBENCH, [f"run.output_dir={root}", f"run.name={name}", f"backend.lora={str(lora).lower()}",
-                                  "backend.lr=1e-3"])
+def exported_run(root: Path, *, lora: bool):
+    """(config, trainer, folder): two RL + ECHO steps on the smoke rows, checkpointed in a run folder and
+    exported with the real CLI (a LoRA run with --merge)."""
+    name = "lora" if lora else "full"
+    cfg = load_config(TOOLBENCH, [f"run.output_dir={root / 'runs'}", f"run.name={name}",
+                                  f"backend.lora={str(lora).lower()}", "backend.lr=1e-3"])
     trainer = build_trainer(cfg)
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     for _ in range(2):
         trainer.train_step(sparse_rows())
-    after = trainer.model.state_dict()
-    moved = [k for k in before if not torch.equal(before[k], after[k])]
+    moved = [k for k, v in trainer.model.state_dict().items() if not torch.equal(before[k], v)]
     assert moved and all("lora_" in k for k in moved) == lora, moved  # the steps trained what they should
     cfg.run_dir.mkdir(parents=True)
     (cfg.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
     checkpoint.save(cfg.run_dir / "checkpoints", 2, {"step": 2, "cursor": 0, "backend": trainer.state_dict(),
                                                       "rng": checkpoint.rng_state(), "cumulative": {}})
-    return cfg, trainer
+    out = root / f"exported-{name}"
+    assert cli.main(["export", str(cfg.run_dir), str(out), *(["--merge"] if lora else [])]) == 0
+    assert (out / "model.safetensors").exists() and not (out / "adapter_config.json").exists()
+    return cfg, trainer, out
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    """(config, trainer, folder): the full fine-tune exported with the real CLI."""
-    root = tmp_path_factory.mktemp("export-vllm")
-    cfg, trainer = trained_run(root / "runs", "full", lora=False)
-    assert cli.main(["export", str(cfg.run_dir), str(root / "exported")]) == 0
-    return cfg, trainer, root / "exported"
+@pytest.fixture(scope="module", params=["full", "lora"], ids=["full", "lora-merged"])
+def exported(request, tmp_path_factory):
+    return exported_run(tmp_path_factory.mktemp("export-vllm"), lora=request.param == "lora")
 
 
 @pytest.fixture(scope="module")
@@ -66,14 +69,6 @@ def served(exported):
     sampler = make_sampler(cfg, stop_token_ids=STOP, device="cpu")
     yield sampler
     sampler.close()
-
-
-def prompts_of(folder: Path) -> list[list[int]]:
-    """The questions as chat prompts, encoded by the exported tokenizer."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(folder)
-    return [tok.encode(f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n") for q in QUESTIONS]
 
 
 def transformers_greedy(folder: Path, prompts: list[list[int]]) -> list[list[int]]:
@@ -99,14 +94,27 @@ def trainer_logprobs(trainer, prompt: list[int], action: list[int]) -> torch.Ten
     return torch.tensor(trainer.logprobs([row])[0][len(prompt):])
 
 
-def test_vllm_serves_the_exported_folder_with_transformers_greedy_and_the_trainers_logprobs(exported, served):
+def assert_served_like_trained(sampler, trainer, folder: Path, tiny_lm) -> None:
+    """Greedy ids equal transformers' on `folder`; log-probs equal the trainer's, not the untrained model's."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)  # the exported tokenizer encodes the prompts
+    prompts = [tok.encode(f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n") for q in QUESTIONS]
+    served = [c for (c,) in sampler.generate(prompts, greedy=True)]
+    assert [c.token_ids for c in served] == transformers_greedy(folder, prompts)
+    gap, moved = 0.0, 0.0
+    for prompt, c in zip(prompts, served):
+        lps = torch.tensor(c.logprobs)
+        gap = max(gap, (lps - trainer_logprobs(trainer, prompt, c.token_ids)).abs().max().item())
+        with torch.no_grad():
+            untrained = tiny_lm(torch.tensor([prompt + c.token_ids])).logits[0, len(prompt) - 1:-1].log_softmax(-1)
+        moved = max(moved, (lps - untrained.gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]).abs().max().item())
+    print(f"\n{folder.name}: {sum(len(c.token_ids) for c in served)} greedy tokens over {len(prompts)} prompts equal "
+          f"transformers'; max |logprob diff| vs the trainer {gap:.2e}, vs the untrained model {moved:.2e}")
+    assert gap < 1e-4  # the sampler contract's tolerance (tests/engines/test_sampling.py)
+    assert moved > 1e-3  # what is served is the trained model
+
+
+def test_vllm_serves_the_exported_folder(exported, served, tiny_lm):
     _, trainer, folder = exported
-    prompts = prompts_of(folder)
-    gaps = []
-    for prompt, (c,), expected in zip(prompts, served.generate(prompts, greedy=True),
-                                      transformers_greedy(folder, prompts)):
-        assert c.token_ids == expected
-        gaps.append((torch.tensor(c.logprobs) - trainer_logprobs(trainer, prompt, c.token_ids)).abs().max())
-    print(f"vLLM vs trainer: {len(prompts)} greedy continuations equal transformers'; "
-          f"max |logprob diff| {max(gaps):.2e}")
-    assert max(gaps) < 1e-4  # the sampler contract's tolerance (tests/engines/test_sampling.py)
+    assert_served_like_trained(served, trainer, folder, tiny_lm)
