@@ -3,8 +3,8 @@
 quaero's vLLM sampler on it continues greedily exactly as transformers does on the same folder, with the
 trainer's own log-probs of those tokens. Each folder gets one engine, built the way
 `quaero eval --model FOLDER --set sampler.backend=vllm` builds it, not one engine reloaded through
-`update_weights`: when tiny-qwen3's tied embedding moves, vLLM 0.32's CPU build then serves neither the new
-weights nor the old."""
+`update_weights`: after an in-place reload that moves tiny-qwen3's tied embedding, vLLM 0.32's CPU build
+serves neither the new weights nor the old (its LM head computes with a copy packed at load time)."""
 from __future__ import annotations
 
 from pathlib import Path
