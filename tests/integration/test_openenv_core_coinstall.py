@@ -65,7 +65,6 @@ tasks_per_step = 2
 group_size = 2
 eval_every = 0
 eval_tasks = 0
-checkpoint_every = 0
 
 [logging]
 console = "none"
