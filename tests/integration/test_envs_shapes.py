@@ -1,7 +1,13 @@
-"""Third-party env shapes trained as they are: a plain env whose step takes the base Action (its Action
-resolved by its own server app, by `[env] action`, or by the /schema of its own app under uvicorn), with
-a penalty (-1 illegal move), a multi-field reset observation (the cards sit in `context`), and a reset
-without seed/split/index. Each launcher: the rendered prompt and the rewards; whole runs are `slow`."""
+"""Third-party env shapes trained as they are.
+
+Sessions (fast): a plain env whose step takes the base Action (its Action resolved by its own server app, by
+`[env] action`, or by the /schema of its own app under uvicorn), with a penalty (-1 illegal move), a multi-field
+reset observation (the cards sit in `context`), and a reset without seed/split/index; each launcher: the
+rendered prompt and the rewards.
+Whole runs (`slow`): one env with all four shapes (not concurrent, base-Action step, a -1 penalty, a multi-field
+reset observation) trained at tasks_per_step x group_size = 2 x 2 through `inprocess`, `local-server` and
+`urls` of its own app under uvicorn: the events, the review's proofs and the trained prompt.
+"""
 import json
 
 import pytest
@@ -204,5 +210,5 @@ def card_app_servers():
     not concurrent, so its app holds one session, and a 2 x 2 run spreads its four sessions over four."""
     from fixtures import served_apps
 
-    with served_apps("fixtures.cardgame.server:app", 4) as servers:
+    with served_apps("fixtures.cardgame.server:app", 4, timeout_s=120) as servers:
         yield servers
