@@ -1,7 +1,13 @@
-"""Third-party env shapes trained as they are: a plain env whose step takes the base Action (its Action
-resolved by its own server app, by `[env] action`, or by the /schema of its own app under uvicorn), with
-a penalty (-1 illegal move), a multi-field reset observation (the cards sit in `context`), and a reset
-without seed/split/index. Each launcher: the rendered prompt and the rewards; whole runs are `slow`."""
+"""Third-party env shapes trained as they are.
+
+Sessions (fast): a plain env whose step takes the base Action (its Action resolved by its own server app, by
+`[env] action`, or by the /schema of its own app under uvicorn), with a penalty (-1 illegal move), a multi-field
+reset observation (the cards sit in `context`), and a reset without seed/split/index; each launcher: the
+rendered prompt and the rewards.
+Whole runs (`slow`): one env with all four shapes (not concurrent, base-Action step, a -1 penalty, a multi-field
+reset observation) trained at tasks_per_step x group_size = 2 x 2 through `inprocess`, `local-server` and
+`urls` of its own app under uvicorn: the events, the review's proofs and the trained prompt.
+"""
 import json
 
 import pytest
@@ -107,7 +113,14 @@ def test_a_remote_env_s_reset_parameters_are_said_to_be_unknown_once(pick_app_ur
     assert [e["event"] for e in logs].count("env_reset_params_unknown") == 1
 
 
-# -- whole runs: tiny-qwen3, 1 step at tasks_per_step x group_size = 1 x 2 --------------------------------------
+# -- whole runs: all four shapes in one env, tiny-qwen3, 1 step at tasks_per_step x group_size = 2 x 2 ---------------
+# CardEnv (fixtures/cardgame) is not concurrent, its step takes the base Action, an answer that is no suit costs
+# -1, and its reset observation carries the question, the cards and the choices.
+CARDS = {  # the [env] lines and where the Action comes from
+    "inprocess": ('entry = "fixtures.cardgame:CardEnv"', "the env's own server app fixtures.cardgame.server:app"),
+    "local-server": ('entry = "fixtures.untyped:BareCardEnv"\naction = "fixtures.cardgame.models:SuitAction"\n'
+                     + 'launcher = "local-server"', "[env] action"),
+}
 RUN = """
 [run]
 name = "{name}"
@@ -127,7 +140,7 @@ max_tokens = 6
 
 [training]
 steps = 1
-tasks_per_step = 1
+tasks_per_step = 2
 group_size = 2
 eval_every = 1
 eval_tasks = 1
@@ -140,25 +153,62 @@ progress = false
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["inprocess", "local-server", "remote"])
-def test_base_action_env_trains_on_every_launcher(launcher, tmp_path, pick_app_url):
+def test_a_non_concurrent_base_action_env_with_penalties_and_context_trains_2x2_on_every_launcher(
+        launcher, tmp_path, request, qwen3_tokenizer):
+    from types import SimpleNamespace
+
+    from quaero import review
     from quaero.metrics import read_events
     from quaero.train import train
 
-    source = {"inprocess": 'entry = "fixtures.basegame:PickEnv"',
-              "local-server": f'entry = "{BARE["entry"]}"\naction = "{BARE["action"]}"\nlauncher = "local-server"',
-              "remote": f'url = "{pick_app_url}"'}[launcher]
-    path = tmp_path / "pick.toml"
+    if launcher == "remote":  # the env's own app under uvicorn, one session each: one server per session
+        urls = [url for url, _ in request.getfixturevalue("card_app_servers")]
+        source, action = f"urls = {json.dumps(urls)}", f"{urls[0]}/schema"
+    else:
+        source, action = CARDS[launcher]
+    path = tmp_path / "cards.toml"
     path.write_text(RUN.format(name=launcher, out=tmp_path / "runs", env=source))
-    events = read_events(train(load_config(path)) / "events.jsonl")[0]
-    (step,) = [e for e in events if e["event"] == "train_step"]
-    assert step["rows"] > 0 and step["episodes"] == 2
-    # each turn scores -1 (malformed or illegal), 0 or +1, and an episode ends at its first legal move
-    assert -2.0 <= step["reward_mean"] <= 1.0
+    run_dir = train(load_config(path))
+    events = read_events(run_dir / "events.jsonl")[0]
+
     (opened,) = [e for e in events if e["event"] == "env_pool_opened"]
-    assert opened["action"] == {"inprocess": "the env's own server app fixtures.basegame.server:app",
-                                "local-server": "[env] action", "remote": f"{pick_app_url}/schema"}[launcher]
+    servers = 0 if launcher == "inprocess" else 4  # quaero's pool of four, or the four running apps
+    assert (opened["sessions"], opened["servers"], len(opened["spread"] or {})) == (4, servers, servers)
+    assert opened["action"] == action
+    warned = [e for e in events if e["event"] == "env_inprocess_not_concurrent"]
+    assert len(warned) == (launcher == "inprocess")  # four instances in one process: said, then trained
+    (step,) = [e for e in events if e["event"] == "train_step"]
+    assert step["phase"] == "rl" and step["episodes"] == 4 and step["episodes_dropped"] == 0
+    # No reply names a suit: each turn is malformed ([env] malformed_reward) or an illegal answer (the env's -1,
+    # which ends the episode), so the rewards sum to -(malformed + env steps), within [-2, -1] per episode.
+    assert step["env_steps"] > 0 and step["reward_mean"] * 4 == -(step["malformed_actions"] + step["env_steps"])
+    # the env's responses are trained (ECHO), in one shared forward per microbatch with targets
+    assert step["rows"] > 0 and step["echo_tokens"] > 0 and step["forward_passes"] > 0
+    assert step["prefix_mismatches"] == 0 and step["bridge_fallbacks"] == 0
+    args = SimpleNamespace(run_dir=str(run_dir), require_proof=True, require=["trained at least one step"],
+                           plots=None, json=False, compare=None)
+    assert review.main(args) == 0
+
+    rows = [json.loads(x) for x in (run_dir / "rows" / "step-000001.jsonl").read_text().splitlines()]
+    prompt = next(qwen3_tokenizer.decode(rows[0]["input_ids"][a:b]) for kind, a, b, _ in rows[0]["spans"]
+                  if kind == "prompt")
+    assert "Which suit holds the highest card?\ncontext: cards: " in prompt  # the trial data reached it
+    assert 'choices: ["clubs", "diamonds", "hearts", "spades"]' in prompt
+    assert '"suit":{"type":"string"}' in prompt  # the Action the base annotation hid
+    assert any("result: illegal answer" in qwen3_tokenizer.decode(r["input_ids"][a:b])
+               for r in rows for kind, a, b, _ in r["spans"] if kind == "env")  # the penalty's response, trained
     evals = [e for e in events if e["event"] == "eval"]
     assert [e["step"] for e in evals] == [0, 1]
-    assert evals[0]["sample_transcript"][0].startswith("user: Which position holds the largest card?\ncontext: cards:")
+    assert evals[0]["sample_transcript"][0].startswith("user: Which suit holds the highest card?\ncontext: cards:")
     progress = [e for e in events if e["event"] == "eval_progress"]
     assert [(p["done"], p["tasks"]) for p in progress] == [(0, 1), (1, 1)] * 2  # from its first second
+
+
+@pytest.fixture
+def card_app_servers():
+    """CardEnv's own server app (fixtures/cardgame/server.py) under uvicorn, as its authors serve it: the env is
+    not concurrent, so its app holds one session, and a 2 x 2 run spreads its four sessions over four."""
+    from fixtures import served_apps
+
+    with served_apps("fixtures.cardgame.server:app", 4, timeout_s=120) as servers:
+        yield servers
