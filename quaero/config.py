@@ -186,6 +186,9 @@ class TrainingConfig(_Section):
     group_size: int = Field(4, ge=1)
     clip_eps: float | None = Field(0.2, gt=0)
     warmup_sft_steps: int = Field(0, ge=0)
+    # the warm start's demonstrator, "package.module:function" (oracle_policy(info) -> policy); unset =
+    # `oracle_policy` in the [env] entry's module. Required for a warm start against url/urls servers.
+    oracle: str | None = None
     # learning rate of the warm-start SFT steps; unset = [backend] lr (which the RL steps always use)
     warmup_sft_lr: float | None = Field(None, gt=0)
     checkpoint_every: int = Field(5, ge=1)
@@ -341,6 +344,12 @@ def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
         raise ConfigError(f"{source} [env] entry={cfg.env.entry!r} and {servers} are both set: quaero either "
                           "starts the env (entry) or connects to running servers (url/urls); remove one")
     t = cfg.training
+    if t.warmup_sft_steps and not (t.oracle or cfg.env.entry):
+        raise ConfigError(f"{source} [training] warmup_sft_steps={t.warmup_sft_steps} with a remote env: quaero "
+                          "finds oracle_policy next to [env] entry, and there is none; set [training] oracle = "
+                          "\"package.module:oracle_policy\" (importable here), or warmup_sft_steps = 0")
+    if t.oracle is not None and ":" not in t.oracle:
+        raise ConfigError(f"{source} [training] oracle={t.oracle!r}: write it as \"package.module:function\"")
     if t.steps and t.group_size < 2:
         raise ConfigError(f"{source} [training] group_size={t.group_size} with steps={t.steps}: a group of one "
                           "episode has advantage 0 (reward minus its own mean), so RL learns nothing; "

@@ -46,6 +46,34 @@ def check_components(cfg: QuaeroConfig, source: str = "config") -> None:
             raise ConfigError(f"{source} [logging] report_to={sink!r}: {reason}")
 
 
+def resolve_oracle(cfg: QuaeroConfig, source: str = "config"):
+    """The warm start's `oracle_policy(info)`: `[training] oracle`, else the one in the env entry's module."""
+    import importlib
+
+    where = cfg.training.oracle or f"{(cfg.env.entry or '').partition(':')[0]}:oracle_policy"
+    key = "[training] oracle" if cfg.training.oracle else "[env] entry"
+    module_name, _, attr = where.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"{source} {key}: cannot import {module_name!r} for the warm start's oracle ({e}); "
+                          "make it importable here, or set [training] warmup_sft_steps = 0") from None
+    policy = getattr(module, attr, None)
+    if not callable(policy):
+        raise ConfigError(f"{source} [training] warmup_sft_steps={cfg.training.warmup_sft_steps}: {module_name!r} "
+                          f"has no {attr}(info) function; write one (README: Warm start), point [training] "
+                          "oracle at one, or set warmup_sft_steps = 0")
+    return policy
+
+
+def check_openenv_install(source: str = "config") -> None:
+    """openenv's own files are on disk (not overwritten by openenv-core), judged before anything loads."""
+    from quaero.openenv_client.loading import overwritten_openenv
+
+    if fix := overwritten_openenv():
+        raise ConfigError(f"{source}: {fix}")
+
+
 def check_run_folder(cfg: QuaeroConfig, source: str = "config") -> None:
     """The run folder can be created under `[run] output_dir` (probed with a temp folder, then removed)."""
     out = Path(cfg.run.output_dir).expanduser()
@@ -96,6 +124,9 @@ def load_checked(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
     cfg = load_config(path, overrides)
     source = str(path)
     check_components(cfg, source)
+    check_openenv_install(source)
+    if cfg.training.warmup_sft_steps:
+        resolve_oracle(cfg, source)
     check_run_folder(cfg, source)
     check_model_and_renderer(cfg, source)
     return cfg

@@ -72,7 +72,8 @@ def sparse_echo(totals: Mapping[str, Any]) -> dict[str, Any]:
     """Sparse ECHO rows took the selected-hidden path: skips > 0, hidden > 0, fallback = 0.
 
     Judged only when some microbatch was sparse (a skip or a hidden batch): rows whose targets are dense
-    take the exact suffix branch, which is the right branch for them, so there is nothing to prove.
+    take the exact suffix branch, which is the right branch for them, so there is nothing to prove; nor is
+    there when no microbatch was trained (the "trained at least one step" check fails such a run).
     A fallback batch fails it whatever the rows were."""
     skips, hidden = totals.get(SPARSE_SUFFIX_SKIPS, 0), totals.get(HIDDEN_BATCHES, 0)
     fallback, suffix = totals.get(FALLBACK_BATCHES, 0), totals.get(SUFFIX_BATCHES, 0)
@@ -80,6 +81,8 @@ def sparse_echo(totals: Mapping[str, Any]) -> dict[str, Any]:
              f"fallback_logprob_batches={fallback} = 0"
     if fallback == 0 and skips == 0 and hidden == 0 and suffix > 0:
         return _check(SPARSE_ECHO, True, NA, f"dense rows took the exact suffix branch: suffix batches {suffix}")
+    if not any(totals.get(name, 0) for name in BRANCH_COUNTERS):
+        return _check(SPARSE_ECHO, True, NA, "no microbatch was trained (every branch counter is 0)")
     return _judged(SPARSE_ECHO, True, skips > 0 and hidden > 0 and fallback == 0, detail)
 
 

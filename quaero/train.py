@@ -74,37 +74,21 @@ def make_task(cfg: QuaeroConfig, split: str, index: int) -> dict:
 
 def build(cfg: QuaeroConfig, pool: EnvPool) -> Components:
     from quaero.model import load_tokenizer, resolve_device
-    from quaero.plan import check_components, trainer_spec
+    from quaero.plan import check_components, resolve_oracle, trainer_spec
     from quaero.render import RenderAdapter
     from quaero.rollout import EpisodeDriver
     from quaero.sampling import make_sampler
     from trainers.registry import trainer_class
 
     check_components(cfg)  # before any model loads, also when train() is called without the CLI
+    oracle = resolve_oracle(cfg) if cfg.training.warmup_sft_steps else None
     device = resolve_device(cfg.run.device)
     trainer = trainer_class(cfg.backend.backend)(trainer_spec(cfg), device)  # unsloth is imported first inside
     render = RenderAdapter(load_tokenizer(cfg.model.name), cfg.model)
     sampler = make_sampler(cfg, model=trainer.model, stop_token_ids=render.stop_token_ids, device=device)
     driver = EpisodeDriver(render, sampler, cfg, pool.stats)
-    oracle = None
-    if cfg.training.warmup_sft_steps:
-        oracle = _oracle_for(cfg)
     return Components(cfg, trainer, sampler, render, driver, pool.stats, pool,
                       shares_model=getattr(sampler, "shares_model", False), oracle=oracle)
-
-
-def _oracle_for(cfg: QuaeroConfig) -> Policy:
-    """The env package's `oracle_policy(info)`, found next to the env entry point."""
-    import importlib
-
-    module = importlib.import_module((cfg.env.entry or "").partition(":")[0])
-    policy = getattr(module, "oracle_policy", None)
-    if policy is None:
-        from quaero.config import ConfigError
-
-        raise ConfigError(f"[training] warmup_sft_steps={cfg.training.warmup_sft_steps}: env module "
-                          f"{module.__name__!r} has no oracle_policy(info); set warmup_sft_steps = 0")
-    return policy
 
 
 def _collect(c: Components, step: int, *, sft: bool) -> list[tuple[EchoRow, list[Transition]]]:

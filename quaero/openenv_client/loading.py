@@ -37,7 +37,7 @@ def block_gradio() -> None:
 def require_openenv() -> None:
     """Import openenv's server side once, turning the known install conflicts into their fixes."""
     block_gradio()
-    overwritten = _overwritten_openenv()
+    overwritten = overwritten_openenv()
     if overwritten:
         raise ConfigError(overwritten)
     try:
@@ -61,7 +61,7 @@ def file_matches_record(path: metadata.PackagePath) -> bool:
 
 
 @functools.cache
-def _overwritten_openenv() -> str | None:
+def overwritten_openenv() -> str | None:
     """The fix when openenv's files were overwritten by openenv-core, else None.
 
     openenv-core (the old distribution name, frozen at 0.3) installs the same `openenv` package, and

@@ -27,16 +27,16 @@ def site(tmp_path, monkeypatch):
     (site / "openenv" / "core" / "http_server.py").write_bytes(ORIGINAL)
     _dist(site, "openenv", "0.10.0", {"openenv/core/http_server.py": ORIGINAL})
     monkeypatch.syspath_prepend(str(site))
-    loading._overwritten_openenv.cache_clear()
+    loading.overwritten_openenv.cache_clear()
     yield site
-    loading._overwritten_openenv.cache_clear()
+    loading.overwritten_openenv.cache_clear()
 
 
 def test_openenv_alone_and_openenv_core_installed_first_are_fine(site):
-    assert loading._overwritten_openenv() is None
-    loading._overwritten_openenv.cache_clear()
+    assert loading.overwritten_openenv() is None
+    loading.overwritten_openenv.cache_clear()
     _dist(site, "openenv-core", "0.3.0", {"openenv/core/http_server.py": b"old\n"})  # then openenv over it
-    assert loading._overwritten_openenv() is None
+    assert loading.overwritten_openenv() is None
 
 
 def test_openenv_core_written_over_openenv_is_refused_with_the_line_to_run(site):

@@ -117,3 +117,41 @@ def test_output_dir_under_a_file_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="is a file, not a folder"):
         load_checked(MAIN, [f"run.output_dir='{tmp_path / 'file' / 'runs'}'"])
     assert not any(p.name.startswith(".quaero-probe-") for p in tmp_path.iterdir())  # the probe cleans up
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    # a remote env has no entry module to find oracle_policy in
+    (["env.entry=''", "env.kwargs={}", "env.launcher='remote'", "env.url='http://127.0.0.1:9'"],
+     "[training] warmup_sft_steps=500 with a remote env: quaero finds oracle_policy next to [env] entry"),
+    (["training.oracle='envs.toolbench.oracle'"], "[training] oracle='envs.toolbench.oracle': write it as"),
+    (["training.oracle='no_such_pkg.oracle:oracle_policy'"],
+     "[training] oracle: cannot import 'no_such_pkg.oracle' for the warm start's oracle"),
+    (["training.oracle='envs.toolbench.oracle:no_such_function'"],
+     "'envs.toolbench.oracle' has no no_such_function(info) function"),
+    (["env.entry='fixtures.guess:GuessEnv'"], "'fixtures.guess' has no oracle_policy(info) function"),
+])
+def test_a_warm_start_without_a_demonstrator_fails_at_check(overrides, needle):
+    with pytest.raises(ConfigError) as e:
+        load_checked(MAIN, overrides)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_warm_start_oracle_comes_from_the_entry_or_from_training_oracle():
+    from envs.toolbench.oracle import oracle_policy
+    from quaero.plan import resolve_oracle
+
+    assert resolve_oracle(load_checked(MAIN)) is oracle_policy
+    remote = load_checked(MAIN, ["env.entry=''", "env.kwargs={}", "env.launcher='remote'", "env.url='http://127.0.0.1:9'",
+                                 "training.oracle='envs.toolbench.oracle:oracle_policy'"])
+    assert resolve_oracle(remote) is oracle_policy
+
+
+def test_an_openenv_overwritten_by_openenv_core_fails_at_check(monkeypatch):
+    from quaero.openenv_client import loading
+
+    fix = "openenv 0.10.0's files (openenv/x.py) were overwritten by openenv-core 0.3.0 ...; restore them with: " \
+          + loading.openenv_repair_command("0.10.0")
+    monkeypatch.setattr(loading, "overwritten_openenv", lambda: fix)
+    with pytest.raises(ConfigError) as e:
+        load_checked(MAIN)
+    assert str(e.value).endswith("pip install --force-reinstall --no-deps openenv==0.10.0")

@@ -51,7 +51,8 @@ def counters(skips=0, hidden=0, suffix=0, fallback=0, **kw):
     (counters(skips=2, hidden=2, fallback=1), "fail"),
     (counters(hidden=2), "fail"),  # hidden path without a sparse skip (an explicit chunk size forces it)
     (counters(skips=2), "fail"),  # declined the suffix shortcut but the hidden path never ran
-    (counters(), "fail"),  # no selective branch ran at all
+    (counters(), "n/a"),  # no microbatch trained: "trained at least one step" fails that run, not this proof
+    (counters(local_train_selective_dense_logprob_batches=2), "fail"),  # trained with selective off
 ])
 def test_sparse_echo_verdicts(totals, status):
     check = proofs.sparse_echo(totals)
@@ -74,3 +75,8 @@ def test_unmet_counts_na_only_for_named_checks():
     failed = proofs.branch_checks(counters(suffix=3, fallback=1))
     assert len(proofs.unmet(failed, require_proof=True, names=[proofs.SPARSE_ECHO])) == 1  # listed once
     assert proofs.unmet(failed, require_proof=False) == []
+
+
+def test_sparse_echo_is_not_applicable_when_no_microbatch_was_trained():
+    check = proofs.sparse_echo(counters())
+    assert check["status"] == "n/a" and "no microbatch was trained" in check["detail"]
