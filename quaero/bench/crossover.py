@@ -76,7 +76,7 @@ def branch_region(branch: str, chunk_size: int) -> er.Region:
     from trainers.spec import SelectivePolicy
 
     policy = {"suffix": SelectivePolicy(dense_min_density=0.0, suffix_max_bytes=2**62),
-              "hidden": SelectivePolicy(suffix_max_bytes=0),
+              "hidden": SelectivePolicy(suffix_max_bytes=0, hidden_max_bytes=2**62),
               "hidden_chunked": SelectivePolicy(chunk_size=chunk_size)}[branch]
 
     def region(x: er.EchoInputs) -> er.RegionOut:
