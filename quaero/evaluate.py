@@ -134,7 +134,7 @@ def _tokenizer(cfg: QuaeroConfig, who: Contestant):
 
 def _sampler(cfg: QuaeroConfig, who: Contestant, stop_token_ids: list[int]):
     from quaero.model import resolve_device
-    from quaero.sampling import make_sampler, resolve_backend
+    from quaero.sampling import make_sampler
 
     if who.policy is not None:
         return None  # a scripted policy never samples
@@ -143,9 +143,10 @@ def _sampler(cfg: QuaeroConfig, who: Contestant, stop_token_ids: list[int]):
         return make_sampler(cfg, stop_token_ids=stop_token_ids, device=device)
     model = None
     if is_adapter(who.folder):
-        if resolve_backend(cfg.sampler.backend, device) == "vllm":
+        if cfg.sampler.backend == "vllm":
             raise EvalError(f"--model {who.label}: a LoRA adapter folder and [sampler] backend='vllm'; export "
                             "a merged folder (quaero export RUN --merge OUT) or use --set sampler.backend=hf")
+        cfg = _with(cfg, "sampler", backend="hf")  # `auto`: the one sampler that runs the adapter merged at load
         model = load_model(who.folder, cfg.model.dtype, device)
     return make_sampler(_with(cfg, "model", name=str(who.folder)), model=model, stop_token_ids=stop_token_ids,
                         device=device)

@@ -25,9 +25,11 @@ class SelectivePolicy:
 
     `hidden_max_bytes`: when the selected-hidden path's fp32 `[S, V]` logits would take more, it runs
     chunked (`chunk_size` rows at a time, 256 when unset) with recompute in backward: the same values,
-    memory O(chunk x V) instead of O(S x V). Measured on CPU at V 151,936 (benchmarks/README.md) the
-    chunked path's time was within the eager one's noise at S = 252 and 504 (paired ratios on both
-    sides of 1), 1.13x at S = 2048, while its peak fell 1.5x, 2.7x and 10.6x.
+    memory O(chunk x V) instead of O(S x V). Measured on CPU (benchmarks/README.md, crossover): below
+    ~25 MiB of logits chunking cost 1.35-1.39x in every interleaved repeat; from 46 MiB (V 32,768) and
+    146 MiB (V 151,936, S = 252 and 504) its time was within the eager path's noise (paired ratios on
+    both sides of 1; 1.13x at S = 2048) while its peak fell 1.5-10.6x. 128 MiB sits above every
+    block where it cost time, at the default model's vocabulary (S > 220 at V 151,936).
 
     `dense_min_density` = 1.0: the suffix computes the LM head over every suffix slot, the hidden
     path over the S targets only, so below full density the suffix does 1/density times the work for
