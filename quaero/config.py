@@ -151,9 +151,12 @@ class BackendOptions(_Section):
     # 0 = exact full context. K > 0 crops each row to K tokens before its first target (approximation).
     train_supervised_context_tokens: int = Field(_MEMORY.supervised_context_tokens, ge=0)
     # Sparse/dense decision: the suffix shortcut runs only when the selected tokens fill at least this
-    # fraction of the suffix they span AND the suffix logits would take at most this many bytes.
+    # fraction of the suffix they span (default 1.0: every slot; see trainers/spec.py) AND the suffix
+    # logits would take at most this many bytes.
     train_selective_dense_min_density: float = Field(_SELECTIVE.dense_min_density, gt=0, le=1)
     train_selective_suffix_max_bytes: int = Field(_SELECTIVE.suffix_max_bytes, ge=0)
+    # Eager/chunked decision: above this many bytes of selected [S, V] logits the hidden path runs chunked.
+    train_selective_hidden_max_bytes: int = Field(_SELECTIVE.hidden_max_bytes, ge=0)
 
 
 class BackendConfig(_Section):

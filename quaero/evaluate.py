@@ -134,7 +134,7 @@ def _tokenizer(cfg: QuaeroConfig, who: Contestant):
 
 def _sampler(cfg: QuaeroConfig, who: Contestant, stop_token_ids: list[int]):
     from quaero.model import resolve_device
-    from quaero.sampling import make_sampler, resolve_backend
+    from quaero.sampling import make_sampler
 
     if who.policy is not None:
         return None  # a scripted policy never samples
@@ -143,7 +143,7 @@ def _sampler(cfg: QuaeroConfig, who: Contestant, stop_token_ids: list[int]):
         return make_sampler(cfg, stop_token_ids=stop_token_ids, device=device)
     model = None
     if is_adapter(who.folder):
-        if resolve_backend(cfg.sampler.backend, device) == "vllm":
+        if cfg.sampler.backend == "vllm":
             raise EvalError(f"--model {who.label}: a LoRA adapter folder and [sampler] backend='vllm'; export "
                             "a merged folder (quaero export RUN --merge OUT) or use --set sampler.backend=hf")
         model = load_model(who.folder, cfg.model.dtype, device)
@@ -202,6 +202,9 @@ def evaluate(cfg: QuaeroConfig, specs: list[str | None], plan: EvalPlan) -> tupl
     n_sessions = max(1, min(plan.tasks, cfg.training.tasks_per_step * cfg.training.group_size))
     with contextlib.ExitStack() as scratch:
         who = [resolve(s, cfg, scratch) for s in specs]
+        if cfg.sampler.backend == "auto" and any(w.folder is not None and is_adapter(w.folder) for w in who):
+            # hf is the sampler that runs an adapter (merged at load); every contestant samples alike
+            cfg = _with(cfg, "sampler", backend="hf")
         home = who[0].home if len(who) == 1 else cfg.run_dir
         out = Path(plan.out) if plan.out else home / f"eval-{plan.stamp}"
         with open_envs(cfg.env, n_sessions) as pool:

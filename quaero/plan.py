@@ -145,6 +145,7 @@ def trainer_spec(cfg: QuaeroConfig) -> TrainerSpec:
         selective_logits=o.train_selective_suffix_logits,
         selective=SelectivePolicy(
             dense_min_density=o.train_selective_dense_min_density, suffix_max_bytes=o.train_selective_suffix_max_bytes,
+            hidden_max_bytes=o.train_selective_hidden_max_bytes,
             chunk_size=o.train_logprob_chunk_size, compile_mode=o.train_compile_selective_ce,
             compile_min_tokens=o.train_compile_selective_ce_min_tokens),
         memory=MemoryPolicy(

@@ -10,12 +10,15 @@ and exactly 0 elsewhere. Branches (all exact, see `SelectiveInfo.branch`):
   `logits_to_keep` shape), unselected suffix positions masked to 0.
 - "hidden": sparse (or a big suffix) -> gather the selected hidden states [S, H] -> LM head ->
   class-index `F.cross_entropy(reduction="none")` -> negate -> scatter into the dense tensor.
-- "hidden_chunked": `chunk_size` set -> the same, through `ChunkedSelectedLogprobs`, which saves only
-  hidden states and targets and recomputes each chunk's logits in backward: O(chunk x V) memory.
+- "hidden_chunked": `chunk_size` set, or the [S, V] logits above `hidden_max_bytes` -> the same, through
+  `ChunkedSelectedLogprobs`, which saves only hidden states and targets and recomputes each chunk's
+  logits in backward: O(chunk x V) memory.
 - "compiled": `torch.compile`d CE on the selected rows (CUDA, plain `nn.Linear` head, >= min tokens).
 - "none": no targets -> no LM-head work at all (a zero tensor, not a full-vocabulary fallback).
 The sparse/dense choice reads per-row density and the bytes the suffix logits would take, not
-fixed token counts (a fixed slot count or fraction would mix a batch count with a row length).
+fixed token counts (a fixed slot count or fraction would mix a batch count with a row length); the
+eager/chunked choice reads the bytes of the selected logits. The thresholds and the CPU measurements
+behind them are in `trainers/spec.py` (`SelectivePolicy`).
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ from trainers.compiled_ce import compiled_selected_logprobs
 from trainers.spec import SelectivePolicy
 
 _DEFAULT_POLICY = SelectivePolicy()
+AUTO_CHUNK_ROWS = 256  # rows per chunk when `hidden_max_bytes` chunks and `chunk_size` is unset (the measured chunk)
 
 
 @dataclass
@@ -48,6 +52,7 @@ class SelectiveInfo:
     selected_tokens: int = 0  # S, targets in the shifted mask
     suffix_slots: int = 0  # positions the suffix shortcut would cover per row
     suffix_bytes: int = 0  # fp32 bytes of the [B, suffix_slots, V] logits it would take
+    hidden_bytes: int = 0  # fp32 bytes of the [S, V] logits the eager selected-hidden path would take
     min_row_density: float = 0.0  # min over rows of selected / suffix_slots
     chunk_impl: str = ""  # "recompute" (custom autograd) | "checkpoint" (non-Linear head)
     extra: dict = field(default_factory=dict)
@@ -67,7 +72,15 @@ def choose_branch(policy: SelectivePolicy, info: SelectiveInfo) -> str:
         return "suffix"
     if policy.compile_mode != "off":
         return "compiled"
-    return "hidden" if policy.chunk_size is None else "hidden_chunked"
+    return hidden_branch(policy, info)
+
+
+def hidden_branch(policy: SelectivePolicy, info: SelectiveInfo) -> str:
+    """Eager or chunked selected-hidden CE: chunked when asked (`chunk_size`) or when the eager [S, V]
+    logits would take more than `hidden_max_bytes` (same values, memory bounded by one chunk)."""
+    if policy.chunk_size is not None or info.hidden_bytes > policy.hidden_max_bytes:
+        return "hidden_chunked"
+    return "hidden"
 
 
 def selected_logprobs(
@@ -103,6 +116,7 @@ def selected_logprobs(
     info.suffix_slots = (L - 1) - first  # from the earliest selected column over the live rows
     info.suffix_bytes = live.numel() * info.suffix_slots * _vocab_size(lm_head) * 4
     info.min_row_density = fewest / info.suffix_slots
+    info.hidden_bytes = info.selected_tokens * _vocab_size(lm_head) * 4
     info.branch = choose_branch(policy, info)
     if info.branch == "suffix":
         lp = _suffix_logprobs(hidden[live], lm_head, input_ids[live], shifted[live], first, temperature, transform)
@@ -137,15 +151,16 @@ def _selected_hidden_logprobs(h: Tensor, lm_head: nn.Module, targets: Tensor, te
             raise RuntimeError(f"train_compile_selective_ce='require': compiled CE could not run ({reason}); "
                                "use 'auto' to fall back to eager CE with the reason recorded")
         info.fallback_reason = reason
-        info.branch = "hidden" if policy.chunk_size is None else "hidden_chunked"
+        info.branch = hidden_branch(policy, info)
     if info.branch == "hidden_chunked":
+        chunk = policy.chunk_size or AUTO_CHUNK_ROWS
         if type(lm_head) is nn.Linear:
             info.chunk_impl = "recompute"
-            return ChunkedSelectedLogprobs.apply(h, lm_head.weight, lm_head.bias, targets, policy.chunk_size,
+            return ChunkedSelectedLogprobs.apply(h, lm_head.weight, lm_head.bias, targets, chunk,
                                                  temperature, transform)
         # wrapped/custom heads: the same recompute-in-backward bound through activation checkpointing
         info.chunk_impl = "checkpoint"
-        return checkpointed_selected_logprobs(h, lm_head, targets, policy.chunk_size, temperature, transform)
+        return checkpointed_selected_logprobs(h, lm_head, targets, chunk, temperature, transform)
     logits = tempered(transform.apply(lm_head(h).float()), temperature)  # [S, V]
     return -F.cross_entropy(logits, targets, reduction="none")
 

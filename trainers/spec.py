@@ -22,10 +22,24 @@ class SelectivePolicy:
     suffix they span AND the fp32 suffix logits take at most `suffix_max_bytes`; `chunk_size` forces
     the selected-hidden path, `chunk_size` rows of logits at a time; `compile_mode` tries the
     `torch.compile`d CE on at least `compile_min_tokens` selected rows ("require" fails closed).
+
+    `hidden_max_bytes`: when the selected-hidden path's fp32 `[S, V]` logits would take more, it runs
+    chunked (`chunk_size` rows at a time, 256 when unset) with recompute in backward: the same values,
+    memory O(chunk x V) instead of O(S x V). Measured on CPU (benchmarks/README.md, crossover): below
+    ~25 MiB of logits chunking cost 1.35-1.39x in every interleaved repeat; from 46 MiB (V 32,768) and
+    146 MiB (V 151,936, S = 252 and 504) its time was within the eager path's noise (paired ratios on
+    both sides of 1; 1.13x at S = 2048) while its peak fell 1.5-10.6x. 128 MiB sits above every
+    block where it cost time, at the default model's vocabulary (S > 220 at V 151,936).
+
+    `dense_min_density` = 1.0: the suffix computes the LM head over every suffix slot, the hidden
+    path over the S targets only, so below full density the suffix does 1/density times the work for
+    nothing; measured (benchmarks/README.md, crossover) it lost in every interleaved repeat at
+    density 0.5 and 0.75 (1.3-3.3x slower) and tied at 1.0.
     """
 
-    dense_min_density: float = 0.5
+    dense_min_density: float = 1.0
     suffix_max_bytes: int = 64 * 2**20
+    hidden_max_bytes: int = 128 * 2**20
     chunk_size: int | None = None
     compile_mode: CompileMode = "off"
     compile_min_tokens: int = 128

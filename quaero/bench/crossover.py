@@ -21,6 +21,7 @@ check of `quaero bench echo` on the grid's first cell before anything is timed.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from typing import Any
 
@@ -31,6 +32,7 @@ from quaero.bench import peers
 from quaero.bench.measure import (
     emit,
     environment,
+    load_average,
     measure_regions,
     ratio,
     resolve_bench_device,
@@ -54,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden-size", type=int, default=64)
     p.add_argument("--chunk-size", type=int, default=256, help="hidden_chunked's chunk")
     p.add_argument("--peer-chunk-size", type=int, default=peers.DEFAULT_PEER_CHUNK)
+    p.add_argument("--regions", default=",".join((*QUAERO_BRANCHES, "chunked_all_positions")),
+                   help="comma-separated regions to time and value-check (the default branch is read either way)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--memory-repeats", type=int, default=1, help="CPU profiled runs (exact counts: 1 is enough)")
     p.add_argument("--min-sample-s", type=float, default=0.05)
@@ -72,7 +76,7 @@ def branch_region(branch: str, chunk_size: int) -> er.Region:
     from trainers.spec import SelectivePolicy
 
     policy = {"suffix": SelectivePolicy(dense_min_density=0.0, suffix_max_bytes=2**62),
-              "hidden": SelectivePolicy(suffix_max_bytes=0),
+              "hidden": SelectivePolicy(suffix_max_bytes=0, hidden_max_bytes=2**62),
               "hidden_chunked": SelectivePolicy(chunk_size=chunk_size)}[branch]
 
     def region(x: er.EchoInputs) -> er.RegionOut:
@@ -136,7 +140,7 @@ def measure_cell(x: er.EchoInputs, regions: dict, args, device) -> dict[str, Any
         fns[name] = region if name == "liger_fused_linear_ce" else (lambda r=region: er.run_region(r, x))
     measured = measure_regions(fns, device, repeats=args.repeats, memory_repeats=args.memory_repeats,
                                before=x.clear_grads, min_sample_s=args.min_sample_s)
-    out = {name: {"median_s": r["median_s"], "min_s": r["min_s"], "max_s": r["max_s"],
+    out = {name: {"median_s": r["median_s"], "min_s": r["min_s"], "max_s": r["max_s"], "samples_s": r["samples_s"],
                   "peak_mb": r["median_peak_allocated_mb"], "loss": r["value"]} for name, r in measured.items()}
     out.update({name: {"skipped": why} for name, why in skipped.items()})
     return out
@@ -155,6 +159,7 @@ def verdict(cell: dict[str, Any]) -> dict[str, Any]:
     if mine is None:
         return out
     out["default_is_fastest"] = mine["median_s"] <= NEAR * timed[out["fastest_branch"]]["median_s"]
+    out["default_vs_branch_paired"] = {b: paired_ratio(mine, r) for b, r in timed.items() if b != default}
     if "median_s" in peer:
         out["default_speedup_vs_chunked_all_positions"] = ratio(peer["median_s"], mine["median_s"])
         out["default_memory_ratio_vs_chunked_all_positions"] = ratio(peer["peak_mb"], mine["peak_mb"])
@@ -163,6 +168,17 @@ def verdict(cell: dict[str, Any]) -> dict[str, Any]:
         best = timed[out["fastest_branch"]]
         out["best_branch_wins_time"] = best["median_s"] < peer["median_s"]
     return out
+
+
+def paired_ratio(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
+    """a's time / b's time, repeat by repeat (samples taken back to back share the machine's load):
+    median, min, max, and `separated` when every repeat agrees on the side of 1 (with 7 repeats a
+    sign test's chance of that under no difference is 2/128)."""
+    pairs = [x / y for x, y in zip(a.get("samples_s", []), b.get("samples_s", [])) if y > 0]
+    if not pairs:
+        return None
+    return {"median": round(statistics.median(pairs), 3), "min": round(min(pairs), 3), "max": round(max(pairs), 3),
+            "repeats": len(pairs), "separated": min(pairs) > 1 or max(pairs) < 1}
 
 
 def crossover_summary(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -201,8 +217,14 @@ def run(args) -> dict[str, Any]:
         raise SystemExit(f"--densities {args.densities}: each must be in (0, 1], e.g. 0.05,0.25,0.5,0.9")
     doc = environment(device, dtype)
     doc["config"] = {k: v for k, v in vars(args).items() if k != "json"}
-    regions: dict[str, Any] = {b: branch_region(b, args.chunk_size) for b in QUAERO_BRANCHES}
-    regions["chunked_all_positions"] = peer_region(args.peer_chunk_size)
+    wanted = [r.strip() for r in args.regions.split(",") if r.strip()]
+    unknown = sorted(set(wanted) - {*QUAERO_BRANCHES, "chunked_all_positions"})
+    if unknown:
+        raise SystemExit(f"--regions {args.regions}: unknown {unknown}; choose from "
+                         f"{', '.join((*QUAERO_BRANCHES, 'chunked_all_positions'))}")
+    regions: dict[str, Any] = {b: branch_region(b, args.chunk_size) for b in QUAERO_BRANCHES if b in wanted}
+    if "chunked_all_positions" in wanted:
+        regions["chunked_all_positions"] = peer_region(args.peer_chunk_size)
     liger = liger_region() if device.type == "cuda" else None
     if liger is not None:
         regions["liger_fused_linear_ce"] = liger
@@ -223,16 +245,18 @@ def run(args) -> dict[str, Any]:
                     checked = {n: er.check_region(n, r, x, ref, expect_branch=n if n in QUAERO_BRANCHES else None)
                                for n, r in regions.items() if n != "liger_fused_linear_ce"}
                 cell = {"vocab_size": V, "seq_len": L, "density": d, "targets": S,
-                        "default_branch": default_branch(x), **measure_cell(x, regions, args, device)}
+                        "default_branch": default_branch(x), **measure_cell(x, regions, args, device),
+                        "load_average": load_average()}
                 cell["verdict"] = verdict(cell)
                 cells.append(cell)
                 print(f"{V:7d} {L:6d} {d:5.2f} {S:6d} {cell['default_branch']:>14s} | ms: "
                       + " ".join(_ms(cell[n]) for n in regions) + " | MiB: "
-                      + " ".join(_mb(cell[n]) for n in regions), file=sys.stderr)
+                      + " ".join(_mb(cell[n]) for n in regions) + f" | load {cell['load_average']}", file=sys.stderr)
                 del x
     doc["value_check"] = checked
     doc["cells"] = cells
     doc["crossover"] = crossover_summary(cells)
+    doc["load_average_end"] = load_average()
     return doc
 
 

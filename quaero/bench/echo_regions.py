@@ -128,13 +128,14 @@ def selected_logsoftmax_path(x: EchoInputs) -> RegionOut:
 def trainer_region(*, chunk_size: int | None = None, compile_mode: str = "off",
                    compile_min_tokens: int = 128) -> Region:
     """`selected_logprobs` as users call it, with `suffix_max_bytes=0` (the user option
-    `train_selective_suffix_max_bytes = 0`) so it never takes the suffix shortcut: a region named
-    after the selected-token path measures that path at every shape. Which branch the default
-    decision picks is what `echo_train_smoke` shows."""
+    `train_selective_suffix_max_bytes = 0`) so it never takes the suffix shortcut, and without the
+    auto-chunk budget unless `chunk_size` asks for chunks: a region named after the selected-token
+    path measures that path at every shape. Which branch the default decision picks is what
+    `echo_train_smoke` shows."""
     from trainers.selective import selected_logprobs
 
-    policy = SelectivePolicy(suffix_max_bytes=0, chunk_size=chunk_size, compile_mode=compile_mode,
-                             compile_min_tokens=compile_min_tokens)
+    policy = SelectivePolicy(suffix_max_bytes=0, hidden_max_bytes=2**62, chunk_size=chunk_size,
+                             compile_mode=compile_mode, compile_min_tokens=compile_min_tokens)
 
     def region(x: EchoInputs) -> RegionOut:
         dense, info = selected_logprobs(x.hidden, x.lm_head, x.input_ids, x.target_mask,

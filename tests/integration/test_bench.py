@@ -232,13 +232,14 @@ def test_peer_step_is_the_real_step_with_only_the_log_probs_swapped(tiny_model_d
 
 def test_bench_crossover_fields_and_value_check(tmp_path, capsys):
     doc = _run(["crossover", "--device", "cpu", "--lengths", "96", "--vocab-sizes", "256,1024",
-                "--densities", "0.1,0.9", "--hidden-size", "32", "--chunk-size", "4", "--peer-chunk-size", "16",
+                "--densities", "0.1,0.9,1.0", "--hidden-size", "32", "--chunk-size", "4", "--peer-chunk-size", "16",
                 "--repeats", "1", "--min-sample-s", "0", "--threads", "1"], tmp_path, capsys)
     assert all(doc["value_check"][n]["ok"] for n in ("suffix", "hidden", "hidden_chunked", "chunked_all_positions"))
-    assert len(doc["cells"]) == 4
+    assert len(doc["cells"]) == 6
     by = {(c["vocab_size"], c["density"]): c for c in doc["cells"]}
     assert by[(256, 0.1)]["default_branch"] == "hidden"  # sparse: the selected rows only
-    assert by[(256, 0.9)]["default_branch"] == "suffix"  # dense and small: the logits_to_keep shape
+    assert by[(256, 0.9)]["default_branch"] == "hidden"  # the suffix would compute slots no loss reads
+    assert by[(256, 1.0)]["default_branch"] == "suffix"  # every slot a target, small: the logits_to_keep shape
     for cell in doc["cells"]:
         for name in ("suffix", "hidden", "hidden_chunked", "chunked_all_positions"):
             assert {"median_s", "peak_mb", "loss"} <= set(cell[name]), name
@@ -246,12 +247,16 @@ def test_bench_crossover_fields_and_value_check(tmp_path, capsys):
         v = cell["verdict"]
         assert v["fastest_branch"] in ("suffix", "hidden", "hidden_chunked")
         assert {"default_is_fastest", "default_wins_time", "default_wins_memory"} <= set(v)
+        paired = v["default_vs_branch_paired"]
+        assert set(paired) == {"suffix", "hidden", "hidden_chunked"} - {cell["default_branch"]}
+        assert all(p["repeats"] == 1 and p["min"] <= p["median"] <= p["max"] for p in paired.values())
+        assert len(cell["load_average"]) == 3
     assert [(s["vocab_size"], s["seq_len"]) for s in doc["crossover"]] == [(256, 96), (1024, 96)]
     assert doc["liger"].startswith("not available")
 
 
 ROLLOUT = ["rollout", "envs/toolbench.toml", "--episodes", "2", "--set", "sampler.max_tokens=6",
-           "--set", "env.max_turns=2", "--threads", "1"]
+           "--set", "env.max_turns=2", "--threads", "1", "--repeats", "2"]
 
 
 @pytest.mark.parametrize("sampler", ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow])])
@@ -271,5 +276,9 @@ def test_bench_rollout_two_episodes(sampler, tmp_path, capsys):
         assert 0 < r["generated_tokens"] <= 2 * 2 * 6 and r["generated_tokens_per_s"] > 0
         assert r["logprob_gap_tokens"] == r["generated_tokens"]
         assert 0 <= r["logprob_gap_max"] < 1e-3  # the sampler's log-probs are the trainer's
+        assert len(r["rounds"]) == 2  # --repeats 2: every round kept beside the median
     assert doc["samplers"][sampler]["startup_s"] > 0
+    sync_s = doc["samplers"][sampler]["weight_sync_s"]
+    assert sync_s == 0 if sampler == "hf" else sync_s > 0  # hf shares the trainer's module
     assert doc["auto_on_cpu"] == sampler
+    assert doc["cpu_kernels"]["vllm_cpu_kernels"] in ("_C", "_C_AVX512", "_C_AVX2")

@@ -145,8 +145,10 @@ def test_eval_compare_oracle_vs_wrong_answers_on_toolbench(tmp_path, capsys):
 
 
 def test_eval_an_exported_folder_end_to_end(full_export, capsys):
-    """`quaero eval --model <folder quaero export wrote>`: greedy tiny-qwen3 on 2 tasks x 2 seeds."""
+    """`quaero eval --model <folder quaero export wrote>`: greedy tiny-qwen3 on 2 tasks x 2 seeds. The eval is
+    under test, not the sampler: hf, since `auto` is vLLM wherever it imports (tests/engines/ test vLLM)."""
     code = cli.main(["eval", TOOLBENCH, "--set", "sampler.max_tokens=12", "--set", "env.max_turns=2",
+                     "--set", "sampler.backend=hf",
                      "--model", str(full_export), "--tasks", "2", "--seeds", "2"])
     printed = capsys.readouterr().out
     assert code == 0, printed
@@ -165,7 +167,8 @@ def test_eval_an_exported_folder_end_to_end(full_export, capsys):
 
 def test_eval_adapter_folder_equals_its_run(lora_run, tmp_path, capsys):
     """An adapter folder (merged onto its base at load) and the run it came from (no final/: its newest
-    checkpoint, exported on the fly) are one model: every paired episode agrees."""
+    checkpoint, exported on the fly) are one model: every paired episode agrees. The config's sampler is
+    `auto`: with an adapter among the contestants both sample with hf, vLLM installed or not."""
     run_dir, _ = lora_run
     export_run(run_dir, tmp_path / "adapter")
     code = cli.main(["eval", TOOLBENCH, "--set", "sampler.max_tokens=12", "--set", "env.max_turns=1",
@@ -187,9 +190,10 @@ def test_eval_rejects_an_unknown_model_in_one_line(tmp_path, capsys):
 # ── whole runs ───────────────────────────────────────────────────────────────────────────────────────
 
 # one warm-start step on the oracle's demos: unlike an RL step on a random model (all rewards 0, malformed
-# actions), it always moves the weights
+# actions), it always moves the weights; nothing samples, so hf (`auto` would start vLLM's engine where it imports)
 TINY_RUN = ["training.steps=0", "training.warmup_sft_steps=1", "training.tasks_per_step=1", "training.group_size=1",
             "training.eval_every=0", "training.eval_tasks=0", "training.checkpoint_every=1", "sampler.max_tokens=8",
+            "sampler.backend=hf",
             "env.max_turns=2", "env.launcher=inprocess", "logging.console=none", "logging.progress=false"]
 
 

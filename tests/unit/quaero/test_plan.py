@@ -73,6 +73,7 @@ def test_every_trainer_option_reaches_the_spec():
         "backend.options.train_selective_suffix_logits=false", "backend.options.train_logprob_chunk_size=16",
         "backend.options.train_compile_selective_ce='auto'", "backend.options.train_compile_selective_ce_min_tokens=3",
         "backend.options.train_selective_dense_min_density=0.25", "backend.options.train_selective_suffix_max_bytes=5",
+        "backend.options.train_selective_hidden_max_bytes=9",
         "backend.options.train_save_on_cpu=true", "backend.options.train_save_on_cpu_pin_memory=true",
         "backend.options.train_save_on_cpu_min_numel=11", "backend.options.train_supervised_context_tokens=6",
         "distributed.strategy='fsdp2'"])
@@ -81,8 +82,8 @@ def test_every_trainer_option_reaches_the_spec():
         max_grad_norm=2.0, micro_batch_tokens=99, lora=True, lora_r=4, lora_alpha=8, gradient_checkpointing=True,
         unsloth_fast_inference=True, temperature=0.7, clip_eps=0.3, echo=False, echo_weight=0.4,
         selective_logits=False,
-        selective=SelectivePolicy(dense_min_density=0.25, suffix_max_bytes=5, chunk_size=16, compile_mode="auto",
-                                  compile_min_tokens=3),
+        selective=SelectivePolicy(dense_min_density=0.25, suffix_max_bytes=5, hidden_max_bytes=9, chunk_size=16,
+                                  compile_mode="auto", compile_min_tokens=3),
         memory=MemoryPolicy(save_on_cpu=True, save_on_cpu_pin_memory=True, save_on_cpu_min_numel=11,
                             supervised_context_tokens=6),
         distributed="fsdp2")

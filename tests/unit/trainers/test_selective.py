@@ -178,6 +178,18 @@ def test_sparse_dense_decision_reads_per_row_density_and_bytes():
     assert info.branch == "hidden" and info.sparse_suffix_skip  # dense, but over the byte budget
 
 
+def test_selected_logits_above_the_budget_run_chunked_and_stay_exact():
+    """[S, V] fp32 logits over `hidden_max_bytes` take the chunked branch (AUTO_CHUNK_ROWS rows a chunk when
+    `chunk_size` is unset): values and gradients equal the full log_softmax reference."""
+    hidden, head, ids, mask = _case(5, B=2, L=40, V=512, H=8, density=0.6)
+    S = int(mask[:, 1:].sum())
+    info = _assert_exact(hidden, head, ids, mask, T=0.9, suffix_max_bytes=0, hidden_max_bytes=S * 512 * 4 - 1,
+                         expect="hidden_chunked")
+    assert info.hidden_bytes == S * 512 * 4 and info.chunk_impl == "recompute" and info.sparse_suffix_skip
+    info = _assert_exact(hidden, head, ids, mask, T=0.9, suffix_max_bytes=0, hidden_max_bytes=S * 512 * 4,
+                         expect="hidden")
+
+
 def test_chunked_recompute_saves_no_vocab_sized_activation():
     """The chunked path keeps only hidden states and targets for backward; eager CE keeps [S, V]."""
     S_rows, L, V, H = 2, 41, 4096, 8
@@ -247,10 +259,21 @@ def test_a_target_mask_of_another_shape_is_refused():
 
 @pytest.mark.parametrize("policy, figures, branch", [
     (SelectivePolicy(), {"selected_tokens": 0}, "none"),
-    (SelectivePolicy(), {"selected_tokens": 8, "min_row_density": 0.5, "suffix_bytes": 64 * 2**20}, "suffix"),
-    (SelectivePolicy(), {"selected_tokens": 8, "min_row_density": 0.49, "suffix_bytes": 1}, "hidden"),
+    # the suffix shortcut only where every suffix slot is a target: below that it computes logits no loss
+    # reads, and the CPU crossover (benchmarks/README.md) measured it slower at density 0.5 and 0.75
+    (SelectivePolicy(), {"selected_tokens": 8, "min_row_density": 1.0, "suffix_bytes": 64 * 2**20}, "suffix"),
+    (SelectivePolicy(), {"selected_tokens": 8, "min_row_density": 0.99, "suffix_bytes": 1}, "hidden"),
+    (SelectivePolicy(), {"selected_tokens": 8, "min_row_density": 0.75, "suffix_bytes": 1}, "hidden"),
+    (SelectivePolicy(), {"selected_tokens": 8, "min_row_density": 0.5, "suffix_bytes": 1}, "hidden"),
+    (SelectivePolicy(dense_min_density=0.5), {"selected_tokens": 8, "min_row_density": 0.5}, "suffix"),
+    (SelectivePolicy(dense_min_density=0.5), {"selected_tokens": 8, "min_row_density": 0.49}, "hidden"),
     (SelectivePolicy(), {"selected_tokens": 8, "min_row_density": 1.0, "suffix_bytes": 64 * 2**20 + 1}, "hidden"),
     (SelectivePolicy(chunk_size=4), {"selected_tokens": 8, "min_row_density": 1.0}, "hidden_chunked"),
+    # eager CE until the [S, V] logits pass hidden_max_bytes, then chunked (same values, one chunk's memory):
+    # on the CPU crossover chunked time stayed within eager's noise while its peak fell 1.5-10x
+    (SelectivePolicy(), {"selected_tokens": 8, "hidden_bytes": 128 * 2**20}, "hidden"),
+    (SelectivePolicy(), {"selected_tokens": 8, "hidden_bytes": 128 * 2**20 + 1}, "hidden_chunked"),
+    (SelectivePolicy(hidden_max_bytes=2**62), {"selected_tokens": 8, "hidden_bytes": 2**40}, "hidden"),
     (SelectivePolicy(compile_mode="auto"), {"selected_tokens": 8, "min_row_density": 0.1}, "compiled"),
     (SelectivePolicy(compile_mode="auto"), {"selected_tokens": 8, "min_row_density": 1.0}, "suffix"),
 ])
