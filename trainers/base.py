@@ -137,14 +137,14 @@ class Trainer:
         """Every rank writes its shards of the model and optimizer into `folder` (a collective)."""
         import torch.distributed.checkpoint as dcp
 
-        dcp.save(self._dcp_state(), checkpoint_id=str(folder))
+        dcp.save(self._dcp_state(), checkpoint_id=str(folder), no_dist=distributed.world_size() == 1)
 
     def _load_shards(self, folder) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
         state = self._dcp_state()  # the layout to read into: this trainer's (any number of ranks)
-        dcp.load(state, checkpoint_id=str(folder))
+        dcp.load(state, checkpoint_id=str(folder), no_dist=distributed.world_size() == 1)
         set_state_dict(self.microbatch_forward, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
 
