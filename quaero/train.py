@@ -329,7 +329,7 @@ def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path
     if start == 0 and cfg.training.eval_every:
         evaluate(c, 0)
     bar = tqdm(range(start + 1, total + 1), initial=start, total=total, desc="train", unit="step",
-               disable=not cfg.logging.progress or not sys.stderr.isatty())  # no bar in a log file
+               disable=not cfg.logging.progress or not sys.stderr.isatty() or not ranks.is_main())  # no bar in a log file
     for step in bar:
         set_step(step)
         m = run_step(c, step, sft=step <= cfg.training.warmup_sft_steps)

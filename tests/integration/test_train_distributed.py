@@ -84,3 +84,28 @@ def test_fsdp2_stopped_and_resumed_from_shards_equals_uninterrupted(tmp_path):
     worst = max(float((got[n] - w).abs().max()) for n, w in want.items())
     assert worst <= 1e-6, worst
     print(json.dumps({"step3_loss": [ref[3]["loss"], resumed[3]["loss"]], "max_weight_diff": worst}))
+
+
+@pytest.mark.slow
+def test_a_locked_run_folder_ends_every_rank_with_the_lock_error(tmp_path):
+    """Rank 0 cannot take the run lock: every rank stops with its message (none waits in a collective)."""
+    from quaero.runlock import RunLock
+
+    path, cfg = make_config(tmp_path, "locked", steps=1, warmup=0, eval_every=0, eval_tasks=0)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    with RunLock(cfg.run_dir):
+        proc = subprocess.run([sys.executable, "-m", "quaero.cli", "train", str(with_strategy(path, "ddp")),
+                               "--nproc", "2"], check=False, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=600)
+    assert proc.returncode == 1
+    assert proc.stderr.count("error: ") == 2 and proc.stderr.count(f"holds {cfg.run_dir / 'train.lock'}") == 2
+    assert not (cfg.run_dir / "events.jsonl").exists()
+
+
+def test_nproc_with_strategy_none_is_refused_before_any_launch(tmp_path, capsys):
+    from quaero import cli
+
+    path, _ = make_config(tmp_path, "none", steps=1, warmup=0)
+    assert cli.main(["train", str(path), "--nproc", "2"]) == 1
+    assert f"{path} [distributed] strategy='none' with --nproc 2: set strategy = 'ddp' or 'fsdp2'" in \
+        capsys.readouterr().err
