@@ -1,6 +1,9 @@
 """Checkpoints that hold data, never code: written atomically, verified before use, pruned safely.
 
-Layout: `runs/NAME/checkpoints/step-000008/{tensors.safetensors, state.json, manifest.json}`.
+Layout: `runs/NAME/checkpoints/step-000008/{tensors.safetensors, state.json, manifest.json}`, plus
+`shards/` for a sharded (FSDP2) trainer: its model and optimizer as torch.distributed.checkpoint
+writes them, one file per rank and a `.metadata` (tensor data and JSON-like metadata; DCP's loader
+reads the metadata file with pickle, so only load shards of a checkpoint whose manifest verifies).
 
 A state is any nesting of dicts, lists, tuples, strings, numbers, bytes and tensors (the backend's
 state_dict with its optimizer and scheduler, RNG states, counters). Every tensor goes into
@@ -37,6 +40,7 @@ from quaero.metrics import get_logger
 log = get_logger(__name__)
 FORMAT = "quaero-checkpoint-2"
 TENSORS, STATE, MANIFEST = "tensors.safetensors", "state.json", "manifest.json"
+SHARDS = "shards"  # a sharded trainer's own files (trainers/base.py: save_shards), hashed like the rest
 _TAGS = ("__tensor__", "__tuple__", "__dict__", "__bytes__")
 
 
@@ -149,25 +153,40 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def save(ckpt_root: Path, step: int, state: dict[str, Any], keep: int = 2) -> Path:
+def temp_folder(ckpt_root: Path, step: int) -> Path:
+    """A new temporary folder for `step`'s checkpoint, for files written before `save` (a sharded trainer's
+    `shards/`, by every rank); `save(..., folder=it)` finishes it, and an unfinished one is an orphan."""
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".step-{step:06d}-", dir=ckpt_root))
+
+
+def _shard_files(tmp: Path) -> list[str]:
+    root = tmp / SHARDS
+    return sorted(str(p.relative_to(tmp)) for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
+
+
+def save(ckpt_root: Path, step: int, state: dict[str, Any], keep: int = 2, folder: Path | None = None) -> Path:
     """Write `state` for `step` atomically, then prune to the newest `keep` intact checkpoints.
 
+    folder: a `temp_folder` already holding `shards/`; they are hashed into the manifest with the rest.
     A failed write (a full disk) removes its temporary folder and raises CheckpointError in one line
     naming the path and the bytes needed; the checkpoints already there are untouched."""
     ckpt_root.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
     text = json.dumps({"format": FORMAT, "state": _encode(state, "", tensors)})
     needed = sum(t.numel() * t.element_size() for t in tensors.values()) + len(text)
-    final, tmp, writing = ckpt_root / f"step-{step:06d}", None, TENSORS
+    final, tmp, writing = ckpt_root / f"step-{step:06d}", folder, TENSORS
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".step-{step:06d}-", dir=ckpt_root))
+        if tmp is None:
+            tmp = Path(tempfile.mkdtemp(prefix=f".step-{step:06d}-", dir=ckpt_root))
         save_file(_unshared(tensors), tmp / TENSORS)
         writing = STATE
         (tmp / STATE).write_text(text, encoding="utf-8")
         writing = MANIFEST
-        hashes = {name: _sha256(tmp / name) for name in (TENSORS, STATE)}
+        files = (TENSORS, STATE, *_shard_files(tmp))
+        hashes = {name: _sha256(tmp / name) for name in files}
         (tmp / MANIFEST).write_text(json.dumps({"format": FORMAT, "step": step, "sha256": hashes}))
-        for name in (TENSORS, STATE, MANIFEST, "."):
+        for name in (*files, MANIFEST, *([SHARDS] if (tmp / SHARDS).is_dir() else []), "."):
             _fsync(tmp / name)
         writing = "the final rename"
         if final.exists():  # set aside first: the folder name never points at half a checkpoint
@@ -226,7 +245,12 @@ def verify(path: Path) -> str | None:
             return "state.pt is a pickle written by an older quaero; it is never loaded (a pickle can run code)"
         return f"{MANIFEST} is not a {FORMAT} manifest"
     hashes = manifest.get("sha256")
-    for name in (TENSORS, STATE):
+    names = [TENSORS, STATE]
+    if isinstance(hashes, dict):
+        names += [n for n in hashes if n not in names]
+    for name in names:
+        if not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts:
+            return f"{MANIFEST} names a file outside the checkpoint ({name!r})"
         if not (path / name).is_file():
             return f"{name} missing"
         if not isinstance(hashes, dict) or _sha256(path / name) != hashes.get(name):

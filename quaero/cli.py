@@ -85,10 +85,36 @@ def cmd_check(args) -> int:
     return 0
 
 
+def launch_ranks(args, cfg) -> int:
+    """`quaero train --nproc N`: this same command under torchrun (torch.distributed.run) on N local
+    ranks, one process each; its exit status. A node of a multi-node job is launched by torchrun itself:
+    `torchrun --nnodes ... -m quaero.cli train CONFIG`."""
+    import os
+    import subprocess
+
+    from quaero.config import ConfigError
+
+    if args.nproc < 1:
+        raise ConfigError(f"--nproc {args.nproc}: the number of ranks must be >= 1")
+    if cfg.distributed.strategy == "none":
+        raise ConfigError(f"{args.config} [distributed] strategy='none' with --nproc {args.nproc}: set strategy = "
+                          "'ddp' or 'fsdp2' (or --set distributed.strategy=ddp)")
+    if "WORLD_SIZE" in os.environ:
+        raise ConfigError(f"--nproc {args.nproc} under a launcher already (WORLD_SIZE={os.environ['WORLD_SIZE']}): "
+                          "drop --nproc, the launcher started the ranks")
+    again = [args.config, *(f"--set={o}" for o in args.overrides), *(["--resume"] if args.resume else []),
+             *(["--restart"] if args.restart else [])]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
+           "-m", "quaero.cli", "train", *again]
+    return subprocess.run(cmd, check=False).returncode
+
+
 def cmd_train(args) -> int:
     from quaero.plan import load_checked
 
     cfg = load_checked(args.config, args.overrides)
+    if args.nproc is not None:
+        return launch_ranks(args, cfg)
     from quaero.checkpoint import CheckpointError
     from quaero.runlock import RunFolderLocked
     from quaero.train import EmptyRunError, train
@@ -186,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "(also the default when the run folder has checkpoints)")
     start.add_argument("--restart", action="store_true", help="start over at step 1; the run's checkpoints "
                        "folder is renamed aside (checkpoints.before-restart-TIME), not deleted")
+    p.add_argument("--nproc", type=int, metavar="N", help="run N ranks on this machine under torchrun "
+                   "([distributed] strategy = 'ddp' or 'fsdp2'); rank 0 writes the run folder")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("check", help="validate a config and print the plan, without training")

@@ -217,8 +217,10 @@ class LoggingConfig(_Section):
 
 
 class DistributedConfig(_Section):
-    # Data parallelism when launched by torchrun (trainers/distributed.py): "ddp" replicates the model,
-    # "fsdp2" shards it; both give the one-process step on the same rows. "none": one process.
+    # Data parallelism when launched by torchrun (`quaero train --nproc N`, or torchrun -m quaero.cli train;
+    # trainers/distributed.py, quaero/ranks.py): "ddp" replicates the model, "fsdp2" shards it (and its
+    # checkpoints, through torch.distributed.checkpoint); both give the one-process step on the same rows.
+    # "none": one process.
     strategy: Literal["none", "ddp", "fsdp2"] = "none"
 
 
@@ -361,6 +363,10 @@ def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
         raise ConfigError(f"{source} [sampler] top_p={cfg.sampler.top_p} with [training] steps={t.steps}: the "
                           "sampler's log-probs are renormalised over the nucleus and the trainer's are not, so "
                           "the importance ratio is biased; use top_p = 1 for RL (top_p < 1 is fine for eval)")
+    if cfg.distributed.strategy == "fsdp2" and cfg.backend.lora:
+        raise ConfigError(f"{source} [distributed] strategy='fsdp2' with [backend] lora=true: sharded LoRA "
+                          "checkpoints and exports are not built; use strategy = 'ddp' (the adapter is small: "
+                          "replicating it costs little) or lora = false")
     # a turn starts only when its prompt leaves room for max_tokens (quaero/rollout.py)
     ctx = cfg.model.max_seq_len
     if cfg.sampler.max_tokens >= ctx:

@@ -82,11 +82,23 @@ def _move_into_place(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def save_final(trainer, cfg: QuaeroConfig) -> Path:
-    """`runs/NAME/final/` from the live trainer at the end of a finished run (the adapter for LoRA)."""
-    from quaero.model import load_tokenizer
+def save_final(trainer, cfg: QuaeroConfig) -> Path | None:
+    """`runs/NAME/final/` from the live trainer at the end of a finished run (the adapter for LoRA).
 
-    out = save_model(trainer.model, load_tokenizer(cfg.model.name), cfg.run_dir / "final",
+    Under torchrun every rank calls it and rank 0 writes (None elsewhere); a sharded (FSDP2) trainer's
+    whole weights are gathered first (a collective) into a plain copy of the model."""
+    from quaero import ranks
+    from quaero.model import load_causal_lm, load_tokenizer
+
+    model = trainer.model
+    if trainer.sharded:
+        weights = trainer.export_weights()
+        if ranks.is_main():
+            model = load_causal_lm(cfg.model.name, cfg.model.dtype, "cpu")
+            model.load_state_dict(weights)
+    if not ranks.is_main():
+        return None
+    out = save_model(model, load_tokenizer(cfg.model.name), cfg.run_dir / "final",
                      base_name=cfg.model.name, replace=True)
     log.info("final_saved", path=str(out), lora=hasattr(trainer.model, "peft_config"))
     return out
@@ -105,7 +117,8 @@ def run_config(run_dir: Path) -> QuaeroConfig:
 
 
 def load_checkpoint(run_dir: Path, step: int | None = None) -> tuple[int, dict]:
-    """(step, state) of the run's checkpoint at `step`, or of its newest intact one."""
+    """(step, state) of the run's checkpoint at `step`, or of its newest intact one (`checkpoint_path`
+    names its folder, where a sharded checkpoint keeps its shards)."""
     from quaero import checkpoint
 
     root = Path(run_dir) / "checkpoints"
@@ -124,6 +137,10 @@ def load_checkpoint(run_dir: Path, step: int | None = None) -> tuple[int, dict]:
         raise ExportError(str(e)) from None
 
 
+def checkpoint_path(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"step-{step:06d}"
+
+
 def build_trainer(cfg: QuaeroConfig):
     """The run's trainer as quaero/train.py builds it, on the CPU: exporting needs no accelerator."""
     from quaero.plan import trainer_spec
@@ -134,12 +151,13 @@ def build_trainer(cfg: QuaeroConfig):
 
 def export_run(run_dir: Path, out: Path, *, step: int | None = None, merge: bool = False) -> Path:
     """A run's checkpoint (`step`, default the newest) as a model folder at `out`."""
+    from quaero import checkpoint
     from quaero.model import load_tokenizer
 
     cfg = run_config(run_dir)
     step, state = load_checkpoint(run_dir, step)
-    trainer = build_trainer(cfg)
-    trainer.load_state_dict(state["backend"])
+    trainer = build_trainer(cfg)  # one process: a sharded checkpoint's shards are read whole (gathered)
+    trainer.load_state_dict(state["backend"], shards=checkpoint_path(run_dir, step) / checkpoint.SHARDS)
     save_model(trainer.model, load_tokenizer(cfg.model.name), out, base_name=cfg.model.name, merge=merge)
     log.info("exported", run_dir=str(run_dir), step=step, out=str(out), lora=cfg.backend.lora and not merge)
     return Path(out)

@@ -9,6 +9,7 @@ before it builds anything, so a config that cannot run fails before any model lo
 from __future__ import annotations
 
 import importlib.util
+import os
 import tempfile
 from pathlib import Path
 
@@ -29,6 +30,10 @@ def check_components(cfg: QuaeroConfig, source: str = "config") -> None:
                           "use 'local' or 'unsloth' (or set [echo] enabled=false)")
     if cfg.backend.lora and not caps.lora:
         raise ConfigError(f"{source} [backend] lora=true: backend {name!r} has no LoRA support")
+    launched = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; trainers/distributed.py joins its group
+    if launched > 1 and cfg.distributed.strategy == "none":
+        raise ConfigError(f"{source} [distributed] strategy='none' under a launcher with {launched} ranks: every "
+                          "rank would train on all rows alone; set strategy = 'ddp' or 'fsdp2'")
     opts = cfg.backend.options
     if opts.train_compile_selective_ce == "require" and cfg.run.device != "cuda":
         import torch

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 COUNTERS = (
@@ -36,6 +37,7 @@ COUNTERS = (
     "env_tool_errors", "env_rejected_calls", "env_invalid_replies",
 )
 DROP_REASON = "drop_reason_"
+Combine = Callable[[Counter, float], tuple[Counter, float]]
 BRIDGE_FALLBACK_REASON = "bridge_fallback_reason_"
 
 
@@ -84,12 +86,17 @@ class RolloutStats:
             self._c["rollout_action_tokens"] += action_tokens
             self._c["rollout_echo_tokens"] += echo_tokens
 
-    def snapshot_and_reset(self) -> dict[str, Any]:
+    def snapshot_and_reset(self, combine: Combine | None = None) -> dict[str, Any]:
         """Every counter (0 when nothing happened), the reason counters seen, and the kept episodes'
-        means (None without a kept episode: a mean of nothing is not 0)."""
+        means (None without a kept episode: a mean of nothing is not 0).
+
+        combine: turns this process's (counts, reward sum) into the run's, before any mean is taken
+        (under torchrun, the sums over ranks: quaero/ranks.py)."""
         with self._lock:
             c, reward_sum = self._c, self._reward_sum
             self._c, self._reward_sum = Counter(), 0.0
+        if combine is not None:
+            c, reward_sum = combine(c, reward_sum)
         kept_turns = c.pop("kept_turns", 0)
         out: dict[str, Any] = {name: c.pop(name, 0) for name in COUNTERS}
         out.update(sorted(c.items()))  # the reason counters

@@ -7,11 +7,15 @@ split) runs before the first step (the untrained baseline) and every `eval_every
 Determinism: the sampler seed of step k and the tasks of step k are functions of (run seed, k), so
 a run interrupted after step k and resumed from its checkpoint reproduces step k+1 exactly.
 
+Under torchrun (`quaero train --nproc N`) every rank runs this recipe on its share of each step's
+tasks; rank 0 alone writes the run folder (quaero/ranks.py says who does what).
+
 A run that trains nothing stops: `[training] max_empty_steps` consecutive steps without a trained row
 (every episode dropped) end it with EmptyRunError, naming the drop reasons.
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import sys
 import time
@@ -19,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quaero import checkpoint
+from quaero import checkpoint, ranks
 from quaero.config import QuaeroConfig
 from quaero.inspect_rows import save_step_rows
 from quaero.metrics import Cumulative, RunLog, configure, get_logger, set_step
@@ -85,7 +89,10 @@ def build(cfg: QuaeroConfig, pool: EnvPool) -> Components:
     device = resolve_device(cfg.run.device)
     trainer = trainer_class(cfg.backend.backend)(trainer_spec(cfg), device)  # unsloth is imported first inside
     render = RenderAdapter(load_tokenizer(cfg.model.name), cfg.model)
-    sampler = make_sampler(cfg, model=trainer.model, stop_token_ids=render.stop_token_ids, device=device)
+    # an FSDP2 trainer's module holds shards and gathers them in collectives: sampling, which runs a
+    # different number of forwards on each rank, needs a whole model of its own (synced every step)
+    shared = None if trainer.sharded else trainer.model
+    sampler = make_sampler(cfg, model=shared, stop_token_ids=render.stop_token_ids, device=str(trainer.device))
     driver = EpisodeDriver(render, sampler, cfg, pool.stats)
     return Components(cfg, trainer, sampler, render, driver, pool.stats, pool,
                       shares_model=getattr(sampler, "shares_model", False), oracle=oracle)
@@ -96,10 +103,10 @@ def _collect(c: Components, step: int, *, sft: bool) -> list[tuple[EchoRow, list
     transitions (the sampler's own record, for saved rows; c.stats counts)."""
     cfg = c.cfg
     n_tasks = cfg.training.tasks_per_step
-    tasks = [make_task(cfg, cfg.env.train_split, c.cursor + i) for i in range(n_tasks)]
+    tasks = [make_task(cfg, cfg.env.train_split, c.cursor + i) for i in ranks.task_share(n_tasks)]
     c.cursor += n_tasks
     groups = c.driver.run(c.pool.sessions, tasks, group_size=1 if sft else cfg.training.group_size,
-                          policy=c.oracle if sft else None, seed=cfg.run.seed * 7919 + step)
+                          policy=c.oracle if sft else None, seed=ranks.rank_seed(cfg.run.seed * 7919 + step))
     rows = []
     for group in groups:
         kept = [e for e in group if not e.dropped]
@@ -108,7 +115,7 @@ def _collect(c: Components, step: int, *, sft: bool) -> list[tuple[EchoRow, list
         advs = [1.0] * len(kept) if sft else group_advantages([e.reward for e in kept])
         for ep, adv in zip(kept, advs):
             rows.extend((r.with_advantage(adv), ep.transitions) for r in ep.rows)
-    return rows
+    return ranks.gather_rows(rows)  # every rank's, in rank order: the step's whole row list
 
 
 def evaluate(c: Components, step: int) -> None:
@@ -116,13 +123,14 @@ def evaluate(c: Components, step: int) -> None:
     if not cfg.training.eval_tasks:
         return
     t0 = time.perf_counter()
-    tasks = [make_task(cfg, cfg.env.eval_split, i) for i in range(cfg.training.eval_tasks)]
-    groups = c.driver.run(c.pool.sessions, tasks, group_size=1, greedy=True, seed=cfg.run.seed,
+    tasks = [make_task(cfg, cfg.env.eval_split, i) for i in ranks.task_share(cfg.training.eval_tasks)]
+    groups = c.driver.run(c.pool.sessions, tasks, group_size=1, greedy=True, seed=ranks.rank_seed(cfg.run.seed),
                           on_group_done=_progress("eval_progress", len(tasks)))
     eps = [e for g in groups for e in g if not e.dropped]
     sample = [_brief(m) for m in eps[0].messages[1:]] if eps else []  # what the model does, for humans
-    s = c.stats.snapshot_and_reset()  # eval's own counts, kept out of the next train step's
-    log.info("eval", eval_reward=s["reward_mean"], eval_success_rate=s["success_rate"], eval_episodes=len(eps),
+    s = ranks.rollout_snapshot(c.stats)  # eval's own counts, kept out of the next train step's
+    log.info("eval", eval_reward=s["reward_mean"], eval_success_rate=s["success_rate"],
+             eval_episodes=ranks.total(len(eps)),
              eval_dropped=s["episodes_dropped"], eval_truncated=s["episodes_truncated"],
              eval_time_s=round(time.perf_counter() - t0, 2), prefix_mismatches=s["prefix_mismatches"],
              bridge_fallbacks=s["bridge_fallbacks"], env_retries=s["env_retries"],
@@ -167,8 +175,9 @@ def run_step(c: Components, step: int, *, sft: bool) -> dict[str, Any]:
     t0 = time.perf_counter()
     collected = _collect(c, step, sft=sft)
     rows = [row for row, _ in collected]
-    t_rollout = time.perf_counter() - t0
-    saved = save_step_rows(c.cfg.run_dir, c.cfg.logging.save_rows, step, collected, phase="sft" if sft else "rl")
+    t_rollout = ranks.largest(time.perf_counter() - t0)
+    saved = (save_step_rows(c.cfg.run_dir, c.cfg.logging.save_rows, step, collected, phase="sft" if sft else "rl")
+             if ranks.is_main() else {})
     trained, synced = {"rows": 0}, {}
     if rows:
         c.trainer.set_lr(c.cfg.lr_for(sft=sft))
@@ -180,7 +189,7 @@ def run_step(c: Components, step: int, *, sft: bool) -> dict[str, Any]:
     total = time.perf_counter() - t0
     timing = {"rollout_time_s": round(t_rollout, 3), "total_step_time_s": round(total, 3),
               "tokens_per_s": round(trained.get("row_tokens", 0) / total, 1) if total > 0 else 0.0}
-    return _disjoint({"phase": "sft" if sft else "rl"}, c.stats.snapshot_and_reset(), trained, synced, saved,
+    return _disjoint({"phase": "sft" if sft else "rl"}, ranks.rollout_snapshot(c.stats), trained, synced, saved,
                      timing)
 
 
@@ -202,10 +211,25 @@ def _empty_run(c: Components, step: int, m: dict[str, Any]) -> str | None:
 
 
 def _save(c: Components, step: int) -> Path:
-    state = {"step": step, "cursor": c.cursor, "backend": c.trainer.state_dict(),
-             "rng": checkpoint.rng_state(), "cumulative": c.cumulative.totals}
+    """Rank 0 writes the checkpoint; an FSDP2 trainer's shards are written by every rank into it first
+    (torch.distributed.checkpoint), and every rank's RNG state is kept beside rank 0's."""
+    root, rank_rng = c.cfg.run_dir / "checkpoints", None
+    if ranks.world_size() > 1:
+        rank_rng = ranks.gather(checkpoint.rng_state())
+    shards = None
+    if c.trainer.sharded:
+        shards = ranks.from_rank0(lambda: checkpoint.temp_folder(root, step))
+        c.trainer.save_shards(shards / checkpoint.SHARDS)
+
+    def write() -> Path:
+        state = {"step": step, "cursor": c.cursor, "backend": c.trainer.state_dict(),
+                 "rng": checkpoint.rng_state(), "cumulative": c.cumulative.totals}
+        if rank_rng is not None:
+            state["rank_rng"] = rank_rng
+        return checkpoint.save(root, step, state, keep=c.cfg.training.keep_checkpoints, folder=shards)
+
     try:
-        path = checkpoint.save(c.cfg.run_dir / "checkpoints", step, state, keep=c.cfg.training.keep_checkpoints)
+        path = ranks.from_rank0(write)
     except checkpoint.CheckpointError as e:
         log.error("checkpoint_failed", error=str(e))
         raise
@@ -218,7 +242,7 @@ def _resume_point(cfg: QuaeroConfig, *, resume: bool, restart: bool) -> tuple[Pa
     checkpoints are all unusable is refused (starting over would overwrite them) unless `restart`,
     which renames the checkpoints folder aside and starts over."""
     root = cfg.run_dir / "checkpoints"
-    checkpoint.remove_orphans(root)
+    checkpoint.remove_orphans(root)  # rank 0 only, holding the lock: other ranks may be writing nothing yet
     if restart:
         aside = checkpoint.set_aside(root, time.strftime("%Y%m%dT%H%M%S"))
         if aside is not None:
@@ -241,10 +265,12 @@ def _resume(c: Components, found: tuple[Path, dict] | None) -> int:
     if found is None:
         return 0
     path, state = found
-    c.trainer.load_state_dict(state["backend"])
+    c.trainer.load_state_dict(state["backend"], shards=path / checkpoint.SHARDS)
     if not c.shares_model:
         c.sampler.update_weights(c.trainer.export_weights())
-    checkpoint.set_rng_state(state["rng"])
+    rank_rng = state.get("rank_rng")
+    same_ranks = rank_rng is not None and len(rank_rng) == ranks.world_size()
+    checkpoint.set_rng_state(rank_rng[ranks.rank()] if same_ranks else state["rng"])
     c.cursor = state["cursor"]
     c.cumulative = Cumulative(state["cumulative"])
     log.info("resumed", path=str(path), step=state["step"])
@@ -287,34 +313,68 @@ def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path
     if start == 0 and cfg.training.eval_every:
         evaluate(c, 0)
     bar = tqdm(range(start + 1, total + 1), initial=start, total=total, desc="train", unit="step",
-               disable=not cfg.logging.progress or not sys.stderr.isatty())  # no bar in a log file
+               disable=not cfg.logging.progress or not sys.stderr.isatty() or not ranks.is_main())  # no bar in a log file
     for step in bar:
         set_step(step)
         m = run_step(c, step, sft=step <= cfg.training.warmup_sft_steps)
+        stopping = ranks.any_rank(stop.requested)  # every rank checkpoints and stops at the same step
         log.info("train_step", **m, cumulative=c.cumulative.add(m))
         empty = _empty_run(c, step, m)
         if empty:
             log.error("run_end", status="failed", steps=step, run_id=run_id, error=empty, drop_reasons=c.empty_drops)
             raise EmptyRunError(empty)
         bar.set_postfix(reward=m.get("reward_mean"), echo=m.get("echo_loss"), rl=m.get("rl_loss"))
-        if step % cfg.training.checkpoint_every == 0 or step == total or stop.requested:
+        if step % cfg.training.checkpoint_every == 0 or step == total or stopping:
             _save(c, step)
-        if stop.requested:
+        if stopping:
             log.info("run_end", status="interrupted", steps=step, run_id=run_id)
             raise KeyboardInterrupt
         if cfg.training.eval_every and (step % cfg.training.eval_every == 0 or step == total):
             evaluate(c, step)
     from quaero.export import save_final
 
-    save_final(c.trainer, cfg)  # runs/NAME/final/: the model a user takes away, a standard HF folder
+    save_final(c.trainer, cfg)  # runs/NAME/final/: the model a user takes away, a standard HF folder (rank 0)
     log.info("run_end", status="finished", steps=total, run_id=run_id)
+
+
+def _open_run_folder(stack: contextlib.ExitStack, cfg: QuaeroConfig) -> str:
+    """Take the run lock, open events.jsonl and the sinks (held by `stack`); the run id. Rank 0 only."""
+    from quaero.runlock import RunLock
+    from quaero.sinks import open_sinks
+
+    # the lock comes first: a second process must not append to this run's events or touch its checkpoints
+    lock = stack.enter_context(RunLock(cfg.run_dir))
+    run = stack.enter_context(RunLog(cfg.run_dir))
+    stack.enter_context(open_sinks(cfg.logging.report_to, cfg.run_dir, cfg.run.name, cfg.model_dump(mode="json")))
+    if lock.stale_pid is not None:
+        log.warning("run_lock_taken_over", lock=str(lock.path), stale_pid=lock.stale_pid,
+                    note="that process died holding the run folder's lock")
+    return run.run_id
+
+
+def _agreed_resume_point(cfg: QuaeroConfig, *, resume: bool, restart: bool) -> tuple[Path, dict] | None:
+    """`_resume_point`, judged by rank 0 (it alone removes orphans and sets folders aside); the other
+    ranks load the checkpoint it picked."""
+    found = None
+
+    def pick() -> Path | None:
+        nonlocal found
+        found = _resume_point(cfg, resume=resume, restart=restart)
+        return None if found is None else found[0]
+
+    path = ranks.from_rank0(pick)
+    if path is None or found is not None:
+        return found
+    return path, checkpoint.load(path)
 
 
 def train(cfg: QuaeroConfig, *, resume: bool = False, restart: bool = False, source: str = "config") -> Path:
     """Run the job; returns the run folder. Ctrl-C finishes the step, checkpoints, shuts down env servers
     and the sampler, and raises KeyboardInterrupt (the CLI exits 130). A run folder with checkpoints is
     resumed from its newest intact one; `restart` starts over at step 1 instead (see _resume_point).
-    Raises RunFolderLocked when another process trains in the same run folder."""
+    Raises RunFolderLocked when another process trains in the same run folder.
+
+    Under torchrun every rank calls this; it joins the process group first and leaves it at the end."""
     if cfg.backend.backend == "unsloth":
         from trainers.registry import trainer_class
 
@@ -322,32 +382,37 @@ def train(cfg: QuaeroConfig, *, resume: bool = False, restart: bool = False, sou
     import torch
     from tqdm.auto import tqdm
 
+    from quaero.model import resolve_device
     from quaero.openenv_client import open_envs
-    from quaero.runlock import RunLock
-    from quaero.sinks import open_sinks
+    from trainers import distributed
 
-    configure(cfg.logging.level, cfg.logging.console)
+    joins = not torch.distributed.is_initialized()
+    distributed.setup(cfg.distributed.strategy, torch.device(resolve_device(cfg.run.device)))
+    configure(cfg.logging.level, cfg.logging.console if ranks.is_main() else "none")  # rank 0 speaks for all
     run_dir = cfg.run_dir
     torch.manual_seed(cfg.run.seed)
     if cfg.backend.options.train_supervised_context_tokens:
         log.warning("approximation", option="train_supervised_context_tokens",
                     value=cfg.backend.options.train_supervised_context_tokens,
                     note="rows are cropped before their first target: not exact full-context training")
-    n_sessions = cfg.training.tasks_per_step * cfg.training.group_size
-    # the lock comes first: a second process must not append to this run's events or touch its checkpoints
-    with RunLock(run_dir) as lock, RunLog(run_dir) as run, \
-            open_sinks(cfg.logging.report_to, run_dir, cfg.run.name, cfg.model_dump(mode="json")):
-        if lock.stale_pid is not None:
-            log.warning("run_lock_taken_over", lock=str(lock.path), stale_pid=lock.stale_pid,
-                        note="that process died holding the run folder's lock")
-        found = _resume_point(cfg, resume=resume, restart=restart)
-        with open_envs(cfg.env, max(n_sessions, 1), log_dir=run_dir / "env-servers") as pool, \
-                StopRequest() as stop:
-            (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
-            log.info("run_start", source=source, run_dir=str(run_dir), config=cfg.model_dump(mode="json"))
-            c = build(cfg, pool)
-            try:
-                _loop(c, stop, tqdm, run.run_id, found)
-            finally:
-                c.sampler.close()
+    n_sessions = len(ranks.task_share(cfg.training.tasks_per_step)) * cfg.training.group_size
+    try:
+        with contextlib.ExitStack() as held:
+            run_id = ranks.from_rank0(lambda: _open_run_folder(held, cfg))
+            found = _agreed_resume_point(cfg, resume=resume, restart=restart)
+            with open_envs(cfg.env, max(n_sessions, 1), log_dir=run_dir / "env-servers") as pool, \
+                    StopRequest() as stop:
+                if ranks.is_main():
+                    (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+                    spread = {"ranks": ranks.world_size()} if ranks.world_size() > 1 else {}
+                    log.info("run_start", source=source, run_dir=str(run_dir), config=cfg.model_dump(mode="json"),
+                             **spread)
+                c = build(cfg, pool)
+                try:
+                    _loop(c, stop, tqdm, run_id, found)
+                finally:
+                    c.sampler.close()
+    finally:
+        if joins:
+            distributed.shutdown()
     return run_dir

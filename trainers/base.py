@@ -102,9 +102,19 @@ class Trainer:
             out[key] = merged.get(key, value.detach())
         return out
 
+    @property
+    def sharded(self) -> bool:
+        """Parameters and optimizer state are FSDP2 shards: checkpoints hold them through `save_shards`."""
+        return self.spec.distributed == "fsdp2" and distributed.world_size() > 1
+
     def state_dict(self) -> dict:
-        """Model (the adapter only, with LoRA) + optimizer + scheduler, for checkpoint/resume."""
-        self._refuse_sharded_checkpoint()
+        """Model (the adapter only, with LoRA) + optimizer + scheduler, for checkpoint/resume.
+
+        A sharded trainer's model and optimizer are not in it (`"shards": "dcp"` says where they are):
+        every rank writes its own with `save_shards`."""
+        if self.sharded:
+            return {"backend": self.name, "lora": self.is_lora, "steps_done": self.steps_done, "shards": "dcp",
+                    "scheduler": self.scheduler.state_dict()}
         if self.is_lora:
             from peft import get_peft_model_state_dict
 
@@ -115,18 +125,41 @@ class Trainer:
                 "model": {k: v.detach().cpu().clone() for k, v in model_state.items()},
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 
-    def _refuse_sharded_checkpoint(self) -> None:
-        # FSDP2 parameters and optimizer state are shards (DTensors): saving them needs
-        # torch.distributed.checkpoint, which this trainer does not do yet
-        if self.spec.distributed == "fsdp2" and distributed.world_size() > 1:
-            raise NotImplementedError("[distributed] strategy='fsdp2': checkpoints of a sharded trainer are not "
-                                      "built yet; use strategy = 'ddp' to checkpoint, or run without checkpoints")
+    def _dcp_state(self) -> dict:
+        """Model and optimizer state keyed by parameter name, as torch.distributed.checkpoint saves and loads
+        them: DTensor shards under FSDP2, whole tensors in one process (so one process reads any shards)."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    def load_state_dict(self, state: dict) -> None:
-        self._refuse_sharded_checkpoint()
+        model, optimizer = get_state_dict(self.microbatch_forward, self.optimizer)
+        return {"model": model, "optimizer": optimizer}
+
+    def save_shards(self, folder) -> None:
+        """Every rank writes its shards of the model and optimizer into `folder` (a collective)."""
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._dcp_state(), checkpoint_id=str(folder), no_dist=distributed.world_size() == 1)
+
+    def _load_shards(self, folder) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        state = self._dcp_state()  # the layout to read into: this trainer's (any number of ranks)
+        dcp.load(state, checkpoint_id=str(folder), no_dist=distributed.world_size() == 1)
+        set_state_dict(self.microbatch_forward, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
+
+    def load_state_dict(self, state: dict, shards=None) -> None:
+        """`state` from `state_dict()`; `shards`: the folder `save_shards` wrote, for a sharded checkpoint."""
         if state.get("lora", False) != self.is_lora:
             raise ValueError(f"checkpoint lora={state.get('lora')} but this trainer has lora={self.is_lora}; "
                              "resume with the [backend] lora setting the run was started with")
+        if state.get("shards") == "dcp":
+            if shards is None:
+                raise ValueError("a sharded checkpoint's model and optimizer are in its shards/ folder: pass it")
+            self._load_shards(shards)
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.steps_done = state.get("steps_done", 0)
+            return
         if self.is_lora:
             from peft import set_peft_model_state_dict
 

@@ -19,6 +19,7 @@ identity, so one code path serves both.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -140,6 +141,47 @@ def all_max(value: int) -> int:
     t = torch.tensor([value], dtype=torch.int64, device=_comm_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
+
+
+def from_rank0(work: Callable[[], Any]) -> Any:
+    """`work()` run on rank 0 alone, its result (or its exception) given to every rank.
+
+    For what one process must do for all (take the run lock, pick the checkpoint to resume, write one):
+    the other ranks wait here, then return the same value or raise the same error, so a failure on
+    rank 0 ends every rank with its message instead of leaving them in a collective.
+    """
+    if world_size() == 1:
+        return work()
+    outcome: list[Any] = [None]
+    error: Exception | None = None
+    if rank() == 0:
+        try:
+            outcome[0] = ("ok", work())
+        except Exception as e:  # noqa: BLE001 - whatever it is, every rank must raise it, not wait
+            error, outcome[0] = e, ("error", _portable(e))
+    dist.broadcast_object_list(outcome, src=0)
+    kind, value = outcome[0]
+    if error is not None:
+        raise error
+    if kind == "error":
+        raise value
+    return value
+
+
+def _portable(error: Exception) -> Exception:
+    """`error` if it survives pickling (a one-message exception does), else a RuntimeError saying the same."""
+    import pickle
+
+    try:
+        return pickle.loads(pickle.dumps(error))
+    except Exception:  # noqa: BLE001 - any pickling failure: send the message instead
+        return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+def shutdown() -> None:
+    """Leave the process group (a no-op without one)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def gather(obj: Any) -> list[Any]:

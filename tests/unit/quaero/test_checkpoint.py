@@ -189,3 +189,31 @@ def test_a_real_write_failure_is_caught(tmp_path):
     assert "step-000002 not written" in proc.stdout and "4000" in proc.stdout  # names the bytes needed
     assert not list(tmp_path.glob(".step-*"))
     assert checkpoint.load_latest(tmp_path)[1]["step"] == 1
+
+
+def test_shard_files_written_first_are_hashed_and_verified(tmp_path):
+    """A sharded trainer's files (written into `temp_folder` by every rank) join the manifest: a torn or
+    missing shard makes the checkpoint skipped like a torn tensors file."""
+    root = tmp_path / "checkpoints"
+    first = checkpoint.save(root, 1, {"step": 1})
+    folder = checkpoint.temp_folder(root, 2)
+    (folder / checkpoint.SHARDS).mkdir()
+    (folder / checkpoint.SHARDS / "__0_0.distcp").write_bytes(b"rank 0")
+    (folder / checkpoint.SHARDS / ".metadata").write_bytes(b"meta")
+    path = checkpoint.save(root, 2, {"step": 2}, folder=folder)
+    assert not folder.exists() and checkpoint.verify(path) is None
+    hashed = json.loads((path / checkpoint.MANIFEST).read_text())["sha256"]
+    assert sorted(hashed) == sorted([checkpoint.TENSORS, checkpoint.STATE, "shards/.metadata", "shards/__0_0.distcp"])
+    (path / checkpoint.SHARDS / "__0_0.distcp").write_bytes(b"torn")
+    assert "shards/__0_0.distcp does not match" in checkpoint.verify(path)
+    assert checkpoint.load_latest(root)[0] == first
+    (path / checkpoint.SHARDS / "__0_0.distcp").unlink()
+    assert checkpoint.verify(path) == "shards/__0_0.distcp missing"
+
+
+def test_a_manifest_naming_a_file_outside_its_folder_is_refused(tmp_path):
+    path = checkpoint.save(tmp_path, 1, {"step": 1})
+    manifest = json.loads((path / checkpoint.MANIFEST).read_text())
+    manifest["sha256"]["../outside"] = "0" * 64
+    (path / checkpoint.MANIFEST).write_text(json.dumps(manifest))
+    assert "outside the checkpoint" in checkpoint.verify(path)

@@ -76,7 +76,7 @@ def test_every_trainer_option_reaches_the_spec():
         "backend.options.train_selective_hidden_max_bytes=9",
         "backend.options.train_save_on_cpu=true", "backend.options.train_save_on_cpu_pin_memory=true",
         "backend.options.train_save_on_cpu_min_numel=11", "backend.options.train_supervised_context_tokens=6",
-        "distributed.strategy='fsdp2'"])
+        "distributed.strategy='ddp'"])
     assert trainer_spec(cfg) == TrainerSpec(
         model="m", dtype="bfloat16", max_seq_len=512, seed=7, lr=0.5, betas=(0.8, 0.9), weight_decay=0.1,
         max_grad_norm=2.0, micro_batch_tokens=99, lora=True, lora_r=4, lora_alpha=8, gradient_checkpointing=True,
@@ -86,7 +86,21 @@ def test_every_trainer_option_reaches_the_spec():
                                   compile_mode="auto", compile_min_tokens=3),
         memory=MemoryPolicy(save_on_cpu=True, save_on_cpu_pin_memory=True, save_on_cpu_min_numel=11,
                             supervised_context_tokens=6),
-        distributed="fsdp2")
+        distributed="ddp")
+
+
+def test_fsdp2_with_lora_is_refused_naming_the_fix():
+    with pytest.raises(ConfigError) as e:
+        load_config(MAIN, ["distributed.strategy='fsdp2'", "backend.lora=true"])
+    assert str(e.value).startswith(f"{MAIN} [distributed] strategy='fsdp2' with [backend] lora=true: ")
+    assert "use strategy = 'ddp'" in str(e.value)
+
+
+def test_strategy_none_under_a_launcher_is_refused_at_check(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=r"\[distributed\] strategy='none' under a launcher with 2 ranks"):
+        check_components(load_config(MAIN), MAIN)
+    check_components(load_config(MAIN, ["distributed.strategy='ddp'"]), MAIN)
 
 
 def test_an_unknown_distributed_strategy_is_refused_with_the_choices():

@@ -59,17 +59,45 @@ def test_ranks_totals_add_up_and_keep_their_maxima():
     assert (t.gap.tokens, t.gap.max) == (10, 0.5) and t.gap.mean == pytest.approx(0.08)
 
 
-def test_a_sharded_trainer_refuses_to_checkpoint_with_the_fix(tiny_model_dir, monkeypatch):
+def test_shards_written_by_one_trainer_load_whole_into_another(tiny_model_dir, monkeypatch, tmp_path):
+    """torch.distributed.checkpoint's files read back into a one-process trainer (what `quaero export` and a
+    resume on another number of ranks do): weights, optimizer moments and scheduler equal the writer's."""
+    from quaero.bench.smoke import sparse_row
+    from trainers.local import LocalTrainer
+    from trainers.spec import TrainerSpec
+
+    rows = [sparse_row(i, 1.0 if i % 2 else -1.0, vocab=256, context=6 + 4 * i) for i in range(3)]
+    writer = LocalTrainer(TrainerSpec(lr=1e-3), "cpu")
+    writer.train_step(rows)
+    writer.save_shards(tmp_path / "shards")
+    state = {k: v for k, v in writer.state_dict().items() if k not in ("model", "optimizer")} | {"shards": "dcp"}
+    reader = LocalTrainer(TrainerSpec(lr=1e-3), "cpu")
+    with pytest.raises(ValueError, match="shards/ folder"):
+        reader.load_state_dict(state)
+    reader.load_state_dict(state, shards=tmp_path / "shards")
+    for name, w in writer.model.state_dict().items():
+        torch.testing.assert_close(reader.model.state_dict()[name], w, rtol=0, atol=0, msg=name)
+    want, got = writer.optimizer.state_dict(), reader.optimizer.state_dict()
+    for pid, moments in want["state"].items():
+        for key, value in moments.items():
+            torch.testing.assert_close(got["state"][pid][key], value, rtol=0, atol=0)
+    assert reader.steps_done == writer.steps_done == 1
+    writer.train_step(rows)  # the next step is the same step
+    reader.train_step(rows)
+    for name, w in writer.model.state_dict().items():
+        torch.testing.assert_close(reader.model.state_dict()[name], w, rtol=0, atol=0, msg=name)
+
+
+def test_a_sharded_trainer_keeps_model_and_optimizer_out_of_its_state(tiny_model_dir, monkeypatch):
     from dataclasses import replace
 
     from trainers.local import LocalTrainer
     from trainers.spec import TrainerSpec
 
     trainer = LocalTrainer(TrainerSpec(), "cpu")
-    assert trainer.state_dict()["steps_done"] == 0  # one process: checkpoints as before
+    assert "model" in trainer.state_dict() and not trainer.sharded  # one process: checkpoints as before
     trainer.spec = replace(trainer.spec, distributed="fsdp2")
     monkeypatch.setattr(distributed, "world_size", lambda: 2)
-    with pytest.raises(NotImplementedError, match="strategy='fsdp2': checkpoints .* use strategy = 'ddp'"):
-        trainer.state_dict()
-    with pytest.raises(NotImplementedError, match="strategy='fsdp2'"):
-        trainer.load_state_dict({})
+    assert trainer.sharded
+    state = trainer.state_dict()
+    assert state["shards"] == "dcp" and "model" not in state and "optimizer" not in state
