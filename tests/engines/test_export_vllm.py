@@ -2,9 +2,8 @@
 (every weight, or a LoRA adapter), `quaero export` writes the folder (`--merge` for the adapter), and
 quaero's vLLM sampler on it continues greedily exactly as transformers does on the same folder, with the
 trainer's own log-probs of those tokens. Each folder gets one engine, built the way
-`quaero eval --model FOLDER --set sampler.backend=vllm` builds it, not one engine reloaded through
-`update_weights`: after an in-place reload that moves tiny-qwen3's tied embedding, vLLM 0.32's CPU build
-serves neither the new weights nor the old (its LM head computes with a copy packed at load time)."""
+`quaero eval --model FOLDER --set sampler.backend=vllm` builds it (an engine reloaded through
+`update_weights` is test_sampling's subject)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -91,9 +91,12 @@ def test_stop_ids_and_finish_reasons(make):
 
 
 def test_update_weights_reaches_the_sampler(make, model):
+    """A push moves layer 0 and the embedding; tiny-qwen3 ties its LM head to the embedding, so the head must
+    follow it (vLLM's CPU build computes the head with a packed copy that the in-place reload alone keeps)."""
     trained = copy.deepcopy(model)
+    assert trained.lm_head.weight is trained.model.embed_tokens.weight
     with torch.no_grad():
-        for p in trained.model.layers[0].parameters():
+        for p in [*trained.model.layers[0].parameters(), trained.model.embed_tokens.weight]:
             p.add_(0.05 * torch.randn_like(p))
     s = make(temperature=1.0)
     original = {k: v.clone() for k, v in model.state_dict().items()}
@@ -102,10 +105,12 @@ def test_update_weights_reaches_the_sampler(make, model):
     try:
         s.update_weights(trained.state_dict())
         c = s.generate(PROMPTS[:1], seed=2)[0][0]
-        assert (torch.tensor(c.logprobs) - reference(trained, PROMPTS[0], c.token_ids, 1.0)).abs().max() < 1e-4
-        assert (torch.tensor(c.logprobs) - reference(model, PROMPTS[0], c.token_ids, 1.0)).abs().max() > 1e-3
     finally:
         s.update_weights(original)  # the vLLM engine is shared by the session
+    assert (torch.tensor(c.logprobs) - reference(trained, PROMPTS[0], c.token_ids, 1.0)).abs().max() < 1e-4
+    assert (torch.tensor(c.logprobs) - reference(model, PROMPTS[0], c.token_ids, 1.0)).abs().max() > 1e-3
+    back = s.generate(PROMPTS[:1], seed=2)[0][0]  # and the push back reaches it too
+    assert (torch.tensor(back.logprobs) - reference(model, PROMPTS[0], back.token_ids, 1.0)).abs().max() < 1e-4
 
 
 def test_backend_choice_and_request_seeds(monkeypatch):
