@@ -30,6 +30,10 @@ def check_components(cfg: QuaeroConfig, source: str = "config") -> None:
                           "use 'local' or 'unsloth' (or set [echo] enabled=false)")
     if cfg.backend.lora and not caps.lora:
         raise ConfigError(f"{source} [backend] lora=true: backend {name!r} has no LoRA support")
+    if cfg.distributed.strategy not in caps.strategies:
+        raise ConfigError(f"{source} [distributed] strategy={cfg.distributed.strategy!r}: backend {name!r} is built "
+                          f"for {', '.join(map(repr, caps.strategies))} only; use backend='local' for more than "
+                          "one process, or strategy='none'")
     launched = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; trainers/distributed.py joins its group
     if launched > 1 and cfg.distributed.strategy == "none":
         raise ConfigError(f"{source} [distributed] strategy='none' under a launcher with {launched} ranks: every "

@@ -17,10 +17,12 @@ class Capabilities:
     devices: tuple[str, ...]
     module: str  # "package.module:Class" that implements the trainer
     extra: str | None = None  # pip extra needed, for the one-line "install X" error
+    strategies: tuple[str, ...] = ("none",)  # [distributed] strategies it is built and tested for
 
 
 TRAINERS: dict[str, Capabilities] = {
-    "local": Capabilities(True, True, True, ("cpu", "cuda"), "trainers.local:LocalTrainer"),
+    "local": Capabilities(True, True, True, ("cpu", "cuda"), "trainers.local:LocalTrainer",
+                          strategies=("none", "ddp", "fsdp2")),
     "unsloth": Capabilities(True, True, True, ("cpu", "cuda"), "trainers.unsloth_trainer:UnslothTrainer",
                             extra="unsloth"),
 }

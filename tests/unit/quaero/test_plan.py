@@ -170,3 +170,12 @@ def test_an_openenv_overwritten_by_openenv_core_fails_at_check(monkeypatch):
     with pytest.raises(ConfigError) as e:
         load_checked(MAIN)
     assert str(e.value).endswith("pip install --force-reinstall --no-deps openenv==0.10.0")
+
+
+def test_a_trainer_runs_only_the_distributed_strategies_it_is_built_for():
+    with pytest.raises(ConfigError) as e:
+        load_checked(MAIN, ["backend.backend='unsloth'", "distributed.strategy='ddp'"])
+    assert "[distributed] strategy='ddp': backend 'unsloth' is built for 'none' only; use backend='local'" \
+        in str(e.value)
+    for strategy in ("none", "ddp", "fsdp2"):
+        assert strategy in registry.TRAINERS["local"].strategies
