@@ -11,8 +11,9 @@
 - Text is text: system, user and tool messages and the tool specs are defused before they reach the
   template, so a special-token string written by an environment, a tool or a user never becomes a
   special id (see `defuse`).
-- Long text is cut: the episode driver bounds each environment message with `bound_text` before the
-  message enters the history, so the prompt and the bridge render the same cut text.
+- Long text is cut: the episode driver bounds each environment message with `bound` (its tokens as the
+  template sees them, defused) before the message enters the history, so the prompt and the bridge
+  render the same cut text.
 """
 from __future__ import annotations
 
@@ -103,20 +104,42 @@ def truncation_marker(dropped_chars: int) -> str:
     return f" … [truncated: {dropped_chars} more characters]"
 
 
-def bound_text(text: str, max_tokens: int, tokenizer) -> str:
+def _raw_length(raw: str, defused: str, n: int) -> int:
+    """How many characters of `raw` the first `n` characters of `defuse(raw)` hold: defuse only inserts
+    joiners, and an inserted one is followed by an added token's second character, never by a joiner of
+    `raw`, so a greedy walk matches them exactly."""
+    i = 0
+    for ch in defused[:n]:
+        if i < len(raw) and ch == raw[i]:
+            i += 1
+    return i
+
+
+def bound_text(text: str, max_tokens: int, tokenizer, pattern: re.Pattern | None = None) -> str:
     """`text` itself when it tokenizes to at most `max_tokens` tokens; else its longest token-aligned
     prefix that, with `truncation_marker` appended, still does.
 
+    With `pattern` (the tokenizer's added tokens) the text is counted as the template will see it,
+    defused: an added-token string is one token raw but several defused, so a bound counted on raw text
+    let a flood of `<|im_end|>` through at about seven times the bound.
+
     Only a window of the text is tokenized (doubled until it holds more than `max_tokens` tokens or the
     whole text), so a megabyte observation costs what a few thousand tokens cost. The marker counts the
-    dropped characters: counting dropped tokens would tokenize everything this avoids. Counted as the
-    tokenizer reads the raw text; `defuse` later adds a few tokens per added-token string in it."""
+    dropped characters: counting dropped tokens would tokenize everything this avoids."""
     encode = tokenizer.backend_tokenizer.encode  # the Rust tokenizer: offsets, and no padding state to set
-    if len(text.encode()) <= max_tokens:  # every token holds at least one byte
+
+    def seen(s: str) -> str:
+        return s if pattern is None else defuse(s, pattern)
+
+    def fits(s: str) -> bool:
+        return len(encode(seen(s), add_special_tokens=False).ids) <= max_tokens
+
+    if len(text.encode()) <= max_tokens and (pattern is None or fits(text)):  # every token holds a byte
         return text
     window = 8 * max_tokens
     while True:
-        enc = encode(text[:window], add_special_tokens=False)
+        view = seen(text[:window])
+        enc = encode(view, add_special_tokens=False)
         if len(enc.ids) > max_tokens:
             break
         if window >= len(text):
@@ -124,9 +147,9 @@ def bound_text(text: str, max_tokens: int, tokenizer) -> str:
         window *= 2
     keep = max_tokens - len(encode(truncation_marker(len(text)), add_special_tokens=False).ids)
     while keep > 0:
-        cut = enc.offsets[keep - 1][1]
+        cut = _raw_length(text, view, enc.offsets[keep - 1][1])
         out = text[:cut] + truncation_marker(len(text) - cut)
-        if len(encode(out, add_special_tokens=False).ids) <= max_tokens:
+        if fits(out):
             return out
         keep -= 1  # a merge across the cut made it longer: give up one more token
     return truncation_marker(len(text)).strip()
@@ -143,6 +166,10 @@ class RenderAdapter:
         with_gen = self.renderer.render_ids(probe, add_generation_prompt=True)
         assert with_gen[:len(bare)] == bare, "renderer's generation prompt is not an append"
         self.generation_prompt: list[int] = with_gen[len(bare):]
+
+    def bound(self, text: str, max_tokens: int) -> str:
+        """`text` cut to `max_tokens` tokens as the template will see it (`bound_text` on defused text)."""
+        return bound_text(text, max_tokens, self.tokenizer, self._added)
 
     def _defused(self, value: Any) -> Any:
         """`value` (a message, tool specs) with every string defused, keys included (tool specs are
