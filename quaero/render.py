@@ -8,9 +8,10 @@
   content (boundary tokens that BPE merged with content included). Everything else the bridge
   added is template scaffolding.
 - The next turn's generation prompt is stripped from the response: it is not the environment's.
-- Text is text: system, user and tool messages and the tool specs are defused before they reach the
-  template, so a special-token string written by an environment, a tool or a user never becomes a
-  special id (see `defuse`).
+- Text is text: system, user and tool messages, the tool specs and scripted assistant messages are
+  defused before they reach the template, and sampled text that spells an added token is parsed
+  defused, so a special-token string written by an environment, a tool, a user or a policy never
+  becomes a special id (see `defuse`).
 - Long text is cut: the episode driver bounds each environment message with `bound` (its tokens as the
   template sees them, defused) before the message enters the history, so the prompt and the bridge
   render the same cut text.
@@ -160,6 +161,7 @@ class RenderAdapter:
         self.tokenizer = tokenizer
         self.renderer = create_renderer(tokenizer, model_cfg)
         self._added = added_token_pattern(tokenizer)
+        self._added_ids = set(tokenizer.get_added_vocab().values())
         self.stop_token_ids: list[int] = list(self.renderer.get_stop_token_ids())
         probe = [{"role": "user", "content": "x"}]
         bare = self.renderer.render_ids(probe)
@@ -194,18 +196,43 @@ class RenderAdapter:
         return list(self.renderer.render_ids(self._text(messages), tools=self._defused(tools) or None,
                                              add_generation_prompt=True))
 
+    def _spelled_defused(self, ids: list[int]) -> list[int]:
+        """`ids` with each run of ordinary tokens whose text spells an added token (the model wrote
+        `<`, `|im`, `_start`, `|>`, not the id) re-encoded defused: its text then renders back as text,
+        while an added token the model did emit stays that id."""
+        out: list[int] = []
+        run: list[int] = []
+        for t in [*ids, None]:
+            if t is not None and t not in self._added_ids:
+                run.append(t)
+                continue
+            text = self.tokenizer.decode(run) if run else ""
+            if self._added.search(text):
+                out += self.tokenizer.encode(defuse(text, self._added), add_special_tokens=False)
+            else:
+                out += run
+            run = []
+            if t is not None:
+                out.append(t)
+        return out
+
     def parse(self, completion_ids: list[int]) -> dict:
-        """Sampled ids -> the assistant message that goes into the history and to the environment."""
-        parsed = self.renderer.parse_response(list(completion_ids))
+        """Sampled ids -> the assistant message that goes into the history and to the environment.
+        Text the model spelled like an added token is defused (`_spelled_defused`), so the next sampling
+        prompt holds no special id the model did not sample; the env receives it with the joiner."""
+        parsed = self.renderer.parse_response(self._spelled_defused(list(completion_ids)))
         calls = [{"type": "function", "function": tc.get("function", tc)} for tc in parsed.tool_calls or []]
         return {"role": "assistant", "content": parsed.content or "",
                 "reasoning_content": parsed.reasoning_content or None, "tool_calls": calls or None}
 
     def encode_assistant(self, messages: list[dict], tools: list[dict] | None, assistant: dict) -> list[int]:
         """Token ids a model would have sampled to produce `assistant` after `messages` (scripted policies):
-        the rendered assistant turn after the generation prompt, through its close token."""
+        the rendered assistant turn after the generation prompt, through its close token. The message is
+        defused: a scripted policy copies env text (a tool result into an answer), and an `<|im_end|>`
+        in it would end the demonstrated turn mid-call."""
         prompt = self.prompt_ids(messages, tools)
-        full = list(self.renderer.render_ids(self._text([*messages, assistant]), tools=self._defused(tools) or None))
+        full = list(self.renderer.render_ids(self._text(messages) + [self._defused(assistant)],
+                                             tools=self._defused(tools) or None))
         if full[:len(prompt)] != prompt:
             raise ValueError("encode_assistant: the assistant turn does not extend the generation prompt "
                              "(e.g. reasoning with enable_thinking=false)")
