@@ -276,6 +276,7 @@ def _with_sampler_logprobs(rs, lps, offset):
                     [lp + offset if a else 0.0 for lp, a in zip(lps[i], r.action_mask)]) for i, r in enumerate(rs)]
 
 
+@pytest.mark.hostile
 def test_sampler_gap_covers_action_tokens_whose_advantage_is_zero(small_model_dir):
     """An all-equal group trains only ECHO; the sampler-vs-trainer gap still reads every sampled action token."""
     b = LocalTrainer(make_spec(small_model_dir), "cpu")
