@@ -250,7 +250,7 @@ def _drops_with_reasons(pool, reasons: dict) -> None:
     assert counts["env_retries"] == 0 and counts["env_steps"] == len(reasons)  # no retry; only "ok" steps count
 
 
-DEEP_FRAME = '{"type": "observation", "data": %s}' % RAW_REPLIES["deep"]
+DEEP_FRAME = '{"type": "observation", "data": ' + RAW_REPLIES["deep"] + "}"
 BAD_REWARDS = {"string": "reward='high' is not a number", "nan": "reward=nan is not finite",
                "inf": "reward=inf is not finite", "-inf": "reward=-inf is not finite"}
 
