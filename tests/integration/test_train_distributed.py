@@ -102,6 +102,41 @@ def test_a_locked_run_folder_ends_every_rank_with_the_lock_error(tmp_path):
     assert not (cfg.run_dir / "events.jsonl").exists()
 
 
+@pytest.mark.slow
+def test_ctrl_c_on_two_ranks_checkpoints_the_step_stops_every_process_and_resumes(tmp_path):
+    """A terminal's Ctrl-C (SIGINT to the whole foreground process group) on `quaero train --nproc 2`: the
+    ranks finish their step, rank 0 checkpoints it, and `quaero` returns 130 only once every process it
+    started is gone; the run then resumes from that step."""
+    import signal
+    import time
+
+    import psutil
+
+    path, cfg = make_config(tmp_path, "ctrlc", steps=0, warmup=40, eval_every=0, eval_tasks=0)
+    with_strategy(path, "ddp")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    proc = subprocess.Popen([sys.executable, "-m", "quaero.cli", "train", str(path), "--nproc", "2"], cwd=ROOT,
+                            env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    events = cfg.run_dir / "events.jsonl"
+    deadline = time.time() + 600
+    while time.time() < deadline and not (events.exists() and '"train_step"' in events.read_text()):
+        time.sleep(0.2)
+    started = psutil.Process(proc.pid).children(recursive=True)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal does: quaero, torchrun's agent, and not the ranks
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 130, out[-3000:]
+    assert [p.pid for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+    (end,) = events_of(cfg.run_dir, "run_end")
+    k = end["steps"]
+    assert end["status"] == "interrupted" and 1 <= k < 40
+    assert (cfg.run_dir / "checkpoints" / f"step-{k:06d}").is_dir()
+    quaero("train", path, "--nproc", 2, "--set", f"training.warmup_sft_steps={k + 1}")
+    assert [e["step"] for e in events_of(cfg.run_dir, "resumed")] == [k]
+    assert [e["step"] for e in events_of(cfg.run_dir, "train_step")][-1] == k + 1
+    assert events_of(cfg.run_dir, "run_end")[-1]["status"] == "finished"
+
+
 def test_nproc_with_strategy_none_is_refused_before_any_launch(tmp_path, capsys):
     from quaero import cli
 
