@@ -1,4 +1,4 @@
-"""Trained tokens per 8-turn toolbench episode: packed rows vs per-transition rows (the seed's layout).
+"""Trained tokens per 8-turn toolbench episode: packed rows vs one row per transition.
 
     quaero bench packing [--episodes 6] [--turns 8]
 
