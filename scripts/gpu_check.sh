@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One command on a CUDA machine (under 15 minutes on one GPU): install what is missing, run both
-# benchmarks on CUDA at the seed's two shapes (the compiled-CE `require` proof included), the
-# comparisons with the peers' methods (step, crossover; Liger where it installs), rollout throughput
-# per sampler, the GPU-marked tests and a short `quaero train` with the vLLM sampler; every figure
-# lands as JSON in one folder:
+# benchmarks on CUDA at two shapes, few and many selected tokens (the compiled-CE `require` proof
+# included), the comparisons with the peers' methods (step, crossover; Liger where it installs),
+# rollout throughput per sampler, the GPU-marked tests and a short `quaero train` with the vLLM
+# sampler; every figure lands as JSON in one folder:
 #
 #     scripts/gpu_check.sh [OUT_DIR]          # default bench_out/gpu-check-YYYYmmdd-HHMMSS
 #
@@ -83,8 +83,8 @@ else
 fi
 [ "$DEVICE" = cpu ] && COMPILE=auto   # `require` fails closed off CUDA, by design
 
-# 2. benchmarks: the seed's first shape with the compiled-CE require proof (min tokens 1, as the seed's
-#    proof run), its second shape as the seed ran it (auto, min tokens 128), and the chunked shape
+# 2. benchmarks: 16 selected tokens with the compiled-CE require proof (min tokens 1, so the compiled
+#    branch must run even there), 256 selected with the default gate (auto, min tokens 128), and the chunked shape
 step echo_shape1 150 "${QC[@]}" bench echo --device "$DEVICE" "${S1[@]}" \
     --compile-selective-ce "$COMPILE" --compile-selective-ce-min-tokens 1 --json "$OUT/echo_shape1.json"
 step echo_shape2 150 "${QC[@]}" bench echo --device "$DEVICE" "${S2[@]}" \

@@ -10,7 +10,7 @@ import sys
 
 # name -> (module, one-line description); each module has `main(argv) -> int | None`
 BENCHMARKS = {
-    "echo": ("quaero.bench.echo", "the seed's ECHO LM-head/loss-region benchmark (+ quaero's chunked-recompute path)"),
+    "echo": ("quaero.bench.echo", "time and peak memory of each ECHO LM-head/loss region, value-checked first"),
     "step": ("quaero.bench.step", "a whole train step (forward, losses, backward, optimizer) on long rows, per path"),
     "crossover": ("quaero.bench.crossover", "selective LM head vs the peers' chunked one, per density/length/vocab"),
     "rollout": ("quaero.bench.rollout", "toolbench episodes/s and tokens/s per sampler, and the log-prob gap"),
