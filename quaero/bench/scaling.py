@@ -168,10 +168,16 @@ def main(argv: list[str] | None = None) -> int:
         rows = [predict(costs, work, trainers=n, samplers=s, off_policy_steps=args.off_policy_steps,
                         env_s_per_step=args.env_ms_per_step / 1e3, allreduce_gb_s=args.allreduce_gb_s)
                 for n in args.trainers for s in args.samplers]
+        own = predict(costs, work, trainers=work.measured_ranks, samplers=0)["step_s"]
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    if abs(own - work.measured_step_s) > 1e-6 * max(1.0, work.measured_step_s):
+        print(f"error: the model at the run's own shape gives {own:.6f} s, the run measured "
+              f"{work.measured_step_s:.6f} s: the model and measure() disagree", file=sys.stderr)
+        return 1
     doc = {"run_dir": str(args.run_dir), "measured": {"costs": asdict(costs), "workload": asdict(work)},
+           "own_shape_step_s": own,
            "assumptions": {"off_policy_steps": args.off_policy_steps, "env_ms_per_step": args.env_ms_per_step,
                            "allreduce_gb_s": args.allreduce_gb_s},
            "predictions": rows}
