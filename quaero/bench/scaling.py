@@ -163,12 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         costs, work = measure(args.run_dir, args.env_ms_per_step / 1e3)
+        own = predict(costs, work, trainers=work.measured_ranks, samplers=0,
+                      env_s_per_step=args.env_ms_per_step / 1e3)["step_s"]
         if args.push_s_per_gb is not None:
             costs = replace(costs, push_s_per_gb=args.push_s_per_gb)
         rows = [predict(costs, work, trainers=n, samplers=s, off_policy_steps=args.off_policy_steps,
                         env_s_per_step=args.env_ms_per_step / 1e3, allreduce_gb_s=args.allreduce_gb_s)
                 for n in args.trainers for s in args.samplers]
-        own = predict(costs, work, trainers=work.measured_ranks, samplers=0)["step_s"]
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
