@@ -7,7 +7,7 @@ predicting the RL step time and its bottleneck for given numbers of trainer and 
 Measured (from the run's RL `train_step` events, means over its RL steps, on the machine that ran it;
 a run of R ranks measures R devices at once, so its throughputs are divided by R):
 - sampler generated tokens/s on one device: `rollout_action_tokens / (rollout_time_s - weight_sync_s
-  - env time)`, the env time being `env_steps x --env-ms-per-step` when given (else 0: env latency then
+  - env time)`, the env time being `env_steps / ranks x --env-ms-per-step` when given (else 0: env latency then
   counts as sampling time, which is what the run measured);
 - trainer row tokens/s on one device: `row_tokens / (total_step_time_s - rollout_time_s)`;
 - weight push seconds per GB: `weight_sync_s / model GB` (the model's size on disk in `final/` or the
@@ -106,7 +106,7 @@ def measure(run_dir: Path, env_s_per_step: float = 0.0) -> tuple[Costs, Workload
     ranks = int(rl[-1].get("ranks") or 1)  # a step's time is its slowest rank's; its counts are all ranks'
     sync, rollout, total = mean("weight_sync_s"), mean("rollout_time_s"), mean("total_step_time_s")
     env_steps = mean("env_steps")
-    sample_s = rollout - sync - env_steps * env_s_per_step
+    sample_s = rollout - sync - env_steps / ranks * env_s_per_step
     train_s = total - rollout
     if sample_s <= 0 or train_s <= 0:
         raise ValueError(f"{run_dir}: the measured sampling ({sample_s:.3f} s) and training ({train_s:.3f} s) "

@@ -67,3 +67,12 @@ def test_a_run_without_rl_steps_is_one_line(tmp_path, capsys):
     assert err.startswith("error: ") and "no RL train_step" in err and err.count("\n") == 1
     assert scaling.main([str(tmp_path / "missing")]) == 1
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_env_latency_moves_time_out_of_sampling_and_back_at_the_runs_shape(tmp_path):
+    run = make_run(tmp_path, ranks=2)
+    costs, work = scaling.measure(run, env_s_per_step=0.05)
+    got = scaling.predict(costs, work, trainers=2, samplers=0, env_s_per_step=0.05)
+    assert got["step_s"] == pytest.approx(12.0)
+    bare, _ = scaling.measure(run)
+    assert costs.sampler_tokens_per_s > bare.sampler_tokens_per_s  # the env's share is not sampling
