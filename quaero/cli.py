@@ -85,11 +85,15 @@ def cmd_check(args) -> int:
     return 0
 
 
+RANK_SHUTDOWN_TIMEOUT_S = 900  # how long torchrun's agent lets the ranks finish a step after a Ctrl-C
+
+
 def launch_ranks(args, cfg) -> int:
     """`quaero train --nproc N`: this same command under torchrun (torch.distributed.run) on N local
     ranks, one process each; its exit status. A node of a multi-node job is launched by torchrun itself:
     `torchrun --nnodes ... -m quaero.cli train CONFIG`."""
     import os
+    import signal
     import subprocess
 
     from quaero.config import ConfigError
@@ -104,9 +108,27 @@ def launch_ranks(args, cfg) -> int:
                           "drop --nproc, the launcher started the ranks")
     again = [args.config, *(f"--set={o}" for o in args.overrides), *(["--resume"] if args.resume else []),
              *(["--restart"] if args.restart else [])]
+    # A terminal's Ctrl-C reaches this process and torchrun's agent, which forwards it once to every rank
+    # (each in a session of its own): the ranks finish the step, checkpoint it and stop. This process
+    # waits for them instead of killing the agent (what subprocess.run does on KeyboardInterrupt), and the
+    # agent waits for them up to --shutdown-timeout before it kills them.
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-           "-m", "quaero.cli", "train", *again]
-    return subprocess.run(cmd, check=False).returncode
+           f"--shutdown-timeout={RANK_SHUTDOWN_TIMEOUT_S}", "-m", "quaero.cli", "train", *again]
+    interrupted = False
+
+    def note_interrupt(signum, frame) -> None:
+        nonlocal interrupted
+        interrupted = True
+
+    previous = signal.signal(signal.SIGINT, note_interrupt)
+    try:
+        returncode = subprocess.Popen(cmd).wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if interrupted:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return returncode
 
 
 def cmd_train(args) -> int:

@@ -23,6 +23,7 @@ SUFFIX_BATCHES = "local_train_selective_suffix_logprob_batches"
 FALLBACK_BATCHES = "local_train_selective_fallback_logprob_batches"
 COMPILE_MODE = "local_train_compile_selective_ce_mode"
 COMPILE_FALLBACK_REASON = "local_train_compile_selective_ce_fallback_reason"
+SAVE_ON_CPU = "local_train_save_on_cpu"  # saved-tensor CPU offload is on
 SELECTIVE_METRICS = (SELECTIVE_SUFFIX_LOGITS, SPARSE_SUFFIX_SKIPS, HIDDEN_BATCHES, COMPILED_CE_BATCHES,
                      SUFFIX_BATCHES, FALLBACK_BATCHES, COMPILE_MODE, COMPILE_FALLBACK_REASON)
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from quaero.openenv_client import EpisodeDropped
+from quaero.openenv_client import ChatEnv, EpisodeDropped
 from quaero.render import BridgeFailure, RenderAdapter
 from quaero.rollout_stats import RolloutStats
 from quaero.rows import EchoRow, Transition, build_rows, per_transition_tokens
@@ -73,7 +73,7 @@ class _Live:
     """One running episode bound to one env session."""
 
     task_index: int
-    env: object
+    env: ChatEnv  # or any object with its reset/step (the tests' toy envs)
     task: dict
     messages: list[dict] = field(default_factory=list)
     tools: list[dict] | None = None

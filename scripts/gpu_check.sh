@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One command on a CUDA machine (under 15 minutes on one GPU): install what is missing, run both
-# benchmarks on CUDA at the seed's two shapes (the compiled-CE `require` proof included), the
-# comparisons with the peers' methods (step, crossover; Liger where it installs), rollout throughput
-# per sampler, the GPU-marked tests and a short `quaero train` with the vLLM sampler; every figure
-# lands as JSON in one folder:
+# benchmarks on CUDA at two shapes, few and many selected tokens (the compiled-CE `require` proof
+# included), the comparisons with the peers' methods (step, crossover; Liger where it installs),
+# rollout throughput per sampler, the GPU-marked tests, a short `quaero train` with the vLLM
+# sampler and, with two GPUs or more, 2-rank DDP and FSDP2 runs (NCCL); every figure lands as JSON in
+# one folder:
 #
 #     scripts/gpu_check.sh [OUT_DIR]          # default bench_out/gpu-check-YYYYmmdd-HHMMSS
 #
@@ -83,8 +84,8 @@ else
 fi
 [ "$DEVICE" = cpu ] && COMPILE=auto   # `require` fails closed off CUDA, by design
 
-# 2. benchmarks: the seed's first shape with the compiled-CE require proof (min tokens 1, as the seed's
-#    proof run), its second shape as the seed ran it (auto, min tokens 128), and the chunked shape
+# 2. benchmarks: 16 selected tokens with the compiled-CE require proof (min tokens 1, so the compiled
+#    branch must run even there), 256 selected with the default gate (auto, min tokens 128), and the chunked shape
 step echo_shape1 150 "${QC[@]}" bench echo --device "$DEVICE" "${S1[@]}" \
     --compile-selective-ce "$COMPILE" --compile-selective-ce-min-tokens 1 --json "$OUT/echo_shape1.json"
 step echo_shape2 150 "${QC[@]}" bench echo --device "$DEVICE" "${S2[@]}" \
@@ -111,6 +112,23 @@ if [ "$DEVICE" != cpu ]; then
         --set sampler.gpu_memory_utilization=0.3
     step review 60 sh -c "\"$PY\" -m quaero.cli review \"$OUT/runs/gpu-check\" --require-proof --json \
         > \"$OUT/review.json\""
+fi
+
+# 5. more than one GPU: the main job's recipe on 2 ranks (NCCL), DDP and FSDP2, each judged by its proofs
+#    (the 2-rank step equals the one-process step: tests/integration/test_distributed.py, gloo on CPU).
+#    The hf sampler: these runs check the trainer's NCCL path, not a vLLM engine per rank.
+GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+if [ "$DEVICE" != cpu ] && [ "${GPUS:-0}" -ge 2 ]; then
+    for strategy in ddp fsdp2; do
+        step "train_${strategy}_2gpu" 300 "${QC[@]}" train envs/toolbench.toml --nproc 2 \
+            --set distributed.strategy=$strategy --set training.steps=2 --set training.warmup_sft_steps=20 \
+            --set training.eval_tasks=8 --set run.name=gpu-check-$strategy --set "run.output_dir=\"$OUT/runs\"" \
+            --set run.device=cuda --set sampler.backend=hf
+        step "review_${strategy}_2gpu" 60 sh -c "\"$PY\" -m quaero.cli review \"$OUT/runs/gpu-check-$strategy\" \
+            --require-proof --json > \"$OUT/review_${strategy}_2gpu.json\""
+    done
+else
+    echo "== multi-GPU checks skipped: ${GPUS:-0} CUDA device(s)"
 fi
 
 "$PY" - "$SUMMARY" "$OUT/summary.json" "$START" <<'EOF'

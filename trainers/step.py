@@ -29,7 +29,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from quaero.proofs import BRANCH_COUNTERS, COMPILE_FALLBACK_REASON, COMPILE_MODE, SELECTIVE_SUFFIX_LOGITS
+from quaero.proofs import (
+    BRANCH_COUNTERS,
+    COMPILE_FALLBACK_REASON,
+    COMPILE_MODE,
+    SAVE_ON_CPU,
+    SELECTIVE_SUFFIX_LOGITS,
+)
 from quaero.rows import EchoRow
 from trainers import distributed
 from trainers.batch import CropStats, Microbatch, build_microbatches
@@ -240,8 +246,8 @@ def shared_forward_step(trainer: Trainer, rows: list[EchoRow], *, sft: bool) -> 
 
 def step_metrics(trainer: Trainer, ranks: list[StepTotals], *, sft: bool, grad_norm: float, stepped: bool,
                  peaks: list[tuple[float, str]], seconds: float) -> dict[str, Any]:
-    """The step's event fields from every rank's totals; the `local_train_*` names are retrain's, kept for
-    compatibility. Per-rank figures (`rank_*`) appear when there is more than one rank."""
+    """The step's event fields from every rank's totals (the `local_train_*` names come from quaero/proofs.py).
+    Per-rank figures (`rank_*`) appear when there is more than one rank."""
     spec = trainer.spec
     t = StepTotals.of_ranks(ranks)
     peak, source = max(peaks)
@@ -269,7 +275,7 @@ def step_metrics(trainer: Trainer, ranks: list[StepTotals], *, sft: bool, grad_n
         "importance_ratio_mean": pg.ratio_sum / pg.tokens if pg.tokens else None,
         "clip_fraction": pg.clipped / pg.tokens if pg.tokens else None,
         "context_rows_cropped": t.crop.rows_cropped, "context_tokens_removed": t.crop.tokens_removed,
-        "local_train_save_on_cpu": bool(spec.memory.save_on_cpu),
+        SAVE_ON_CPU: bool(spec.memory.save_on_cpu),
         "save_on_cpu_offloaded_tensors": t.offload.tensors, "save_on_cpu_offloaded_mb": t.offload.bytes / 2**20,
         "step_time_s": seconds, "peak_mem_mb": peak, "peak_mem_source": source, **per_rank,
     }

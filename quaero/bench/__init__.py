@@ -10,12 +10,13 @@ import sys
 
 # name -> (module, one-line description); each module has `main(argv) -> int | None`
 BENCHMARKS = {
-    "echo": ("quaero.bench.echo", "the seed's ECHO LM-head/loss-region benchmark (+ quaero's chunked-recompute path)"),
+    "echo": ("quaero.bench.echo", "time and peak memory of each ECHO LM-head/loss region, value-checked first"),
     "step": ("quaero.bench.step", "a whole train step (forward, losses, backward, optimizer) on long rows, per path"),
     "crossover": ("quaero.bench.crossover", "selective LM head vs the peers' chunked one, per density/length/vocab"),
     "rollout": ("quaero.bench.rollout", "toolbench episodes/s and tokens/s per sampler, and the log-prob gap"),
     "smoke": ("quaero.bench.smoke", "one RL + ECHO step of a trainer on sparse agent-trace rows, with its proof"),
     "env-latency": ("quaero.bench.env_latency", "toolbench step latency per env launcher (transport overhead)"),
+    "scaling": ("quaero.bench.scaling", "a run's measured costs -> predicted step time and bottleneck per device count"),
     "packing": ("quaero.bench.packing_figure", "trained tokens per episode: packed rows vs one row per transition"),
 }
 

@@ -5,10 +5,10 @@ Every region has the trainer's contract: it takes the backbone's hidden states o
 the dense shifted log-prob tensor `[1, L-1]` (0 off the targets); the benchmark runs forward and
 backward of `-sum / S`. So every region also pays for finding its targets in the mask.
 
-- `suffix_path`: the old long-suffix shape: LM head over every slot from the first target to the
+- `suffix_path`: the long-suffix shape (`logits_to_keep`): LM head over every slot from the first target to the
   end (`L - 1 - early_target_pos` rows), full fp32 log-softmax, gather, mask.
-- `selected_logsoftmax_path`: the seed's previous implementation: selected hidden rows -> LM head ->
-  full log-softmax -> gather the target class -> scatter.
+- `selected_logsoftmax_path`: the plain selected path: selected hidden rows -> LM head ->
+  full log-softmax -> gather the target class -> scatter (what selected CE is measured against).
 - `selected_cross_entropy_path`, `selected_chunked_recompute_path`, `selected_compiled_ce_path`:
   the real `trainers.selective.selected_logprobs` (eager selected CE; chunked custom-autograd
   recompute; `torch.compile`d CE), so the figures are those of the code users run.
@@ -96,7 +96,7 @@ def make_inputs(*, seq_len: int, early_target_pos: int, selected_tokens: int, vo
         early_target_pos=early_target_pos)
 
 
-# ---- reference implementations (the seed's old regions live here, in the benchmark) ----
+# ---- reference implementations: shapes no trainer branch runs, kept here as the baselines ----
 
 def _targets(x: EchoInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """What any selective implementation reads off the mask: shifted mask, rows, columns, classes."""

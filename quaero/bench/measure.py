@@ -243,7 +243,7 @@ def resolve_bench_device(name: str) -> torch.device:
 
 
 def resolve_bench_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto` is float16 on CUDA (as the seed's benchmark) and float32 on CPU."""
+    """`auto` is float16 on CUDA (the precision long-row training runs at) and float32 on CPU."""
     if name == "auto":
         return torch.float16 if device.type == "cuda" else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]

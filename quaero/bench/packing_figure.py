@@ -1,4 +1,4 @@
-"""Trained tokens per 8-turn toolbench episode: packed rows vs per-transition rows (the seed's layout).
+"""Trained tokens per 8-turn toolbench episode: packed rows vs one row per transition.
 
     quaero bench packing [--episodes 6] [--turns 8]
 
@@ -39,7 +39,7 @@ def eight_turns(turns: int, reasoning: bool):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="quaero bench smoke", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="quaero bench packing", description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=int, default=6)
     ap.add_argument("--turns", type=int, default=8)
     args = ap.parse_args(argv)
@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                        policy=eight_turns(args.turns, reasoning))
             results[reasoning] = ([g[0] for g in groups], pool.stats.snapshot_and_reset())
 
-    eps, audit = results[True]
-    plain_eps, plain_audit = results[False]
+    eps, counts = results[True]
+    plain_eps, plain_counts = results[False]
     width = 48
     top = max(ep.info["trained_tokens_per_transition_layout"] for ep in eps)
     print(f"\nTrained tokens per {args.turns}-turn toolbench episode (Qwen3 renderer, real Qwen vocabulary)\n")
@@ -73,14 +73,14 @@ def main(argv: list[str] | None = None) -> int:
               f"  {plain.info['trained_tokens']:>7} ({len(plain.rows)} rows)")
         print(f"{'':>7} per-transition |{'#' * round(width * flat / top):<{width}}|")
         print(f"{'':>7} packed         |{'#' * round(width * packed / top):<{width}}|")
-    flat_mean = audit["rollout_row_tokens_per_transition_layout"] / audit["episodes"]
-    packed_mean = audit["rollout_row_tokens_per_episode"]
+    flat_mean = counts["rollout_row_tokens_per_transition_layout"] / counts["episodes"]
+    packed_mean = counts["rollout_row_tokens_per_episode"]
     print(f"\nmean per episode: per-transition {flat_mean:.0f} tokens, packed {packed_mean:.0f} tokens, "
           f"ratio {flat_mean / packed_mean:.2f}x "
-          f"({audit['rows_packed']} packed rows, {audit['rows_transition']} per-transition rows, "
-          f"prefix mismatches {audit['prefix_mismatches']}, bridge fallbacks {audit['bridge_fallbacks']})")
-    print(f"episodes solved: {sum(ep.success for ep in eps)}/{len(eps)}; oracle verbatim (empty thinking): {plain_audit['rows_packed']} packed rows, "
-          f"{plain_audit['rows_transition']} per-transition rows, packing breaks {plain_audit['packing_breaks']}")
+          f"({counts['rows_packed']} packed rows, {counts['rows_transition']} per-transition rows, "
+          f"prefix mismatches {counts['prefix_mismatches']}, bridge fallbacks {counts['bridge_fallbacks']})")
+    print(f"episodes solved: {sum(ep.success for ep in eps)}/{len(eps)}; oracle verbatim (empty thinking): {plain_counts['rows_packed']} packed rows, "
+          f"{plain_counts['rows_transition']} per-transition rows, packing breaks {plain_counts['packing_breaks']}")
 
 
 if __name__ == "__main__":

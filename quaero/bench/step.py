@@ -6,7 +6,7 @@ Each path is the `local` trainer's real `train_step` (one forward, RL + ECHO los
 grad clipping, AdamW) configured as a user would configure it:
 - `full_logits`: `train_selective_suffix_logits = false`: the model's full [L, V] logits ->
   log_softmax -> gather (the baseline every non-selective trainer pays);
-- `selective_ce`: the seed-style exact path: selected hidden states -> LM head -> eager class-index CE;
+- `selective_ce`: the eager exact path: selected hidden states -> LM head -> class-index CE;
 - `chunked_recompute`: quaero's `train_logprob_chunk_size` path (recompute-in-backward, O(chunk x V));
 - `chunked_all_positions`: the peers' method (prime-rl, verl, NeMo-RL): log-probs at every position,
   chunked with recompute in backward (`--peer-chunk-size`), masked by the loss (quaero/bench/peers.py);

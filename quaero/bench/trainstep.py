@@ -104,7 +104,7 @@ def timed_steps(trainer, rows: list[EchoRow], steps: int, device: torch.device) 
 
 
 def cumulative(metrics: list[dict]) -> dict[str, Any]:
-    """The seed's runtime metrics accumulated over the steps (counters summed, strings/bools latest)."""
+    """The trainer's `local_train_*` metrics accumulated over the steps (counters summed, strings/bools latest)."""
     from quaero.metrics import Cumulative
 
     totals = Cumulative()

@@ -62,9 +62,9 @@ def test_sixty_toolbench_episodes_are_exact(toolbench, qwen3_render, tiny_hf_sam
         (row, s), = [(r, s) for r in ep.rows for s in r.spans if s.kind == "env" and s.turn == ep.turns - 1]
         # ...and trained (".\n" is one Qwen token: a boundary token merged with content counts as content)
         assert qwen3_render.tokenizer.decode(row.input_ids[s.start:s.end]).strip() == ep.messages[-1]["content"]
-    for audit, eps in ((a1, packed), (a2, verbatim), (a3, sampled)):
-        assert audit["prefix_mismatches"] == 0 and audit["bridge_fallbacks"] == 0
-        assert audit["env_responses"] == audit["env_responses_captured"] == audit["turns"] == sum(e.turns for e in eps)
+    for counts, eps in ((a1, packed), (a2, verbatim), (a3, sampled)):
+        assert counts["prefix_mismatches"] == 0 and counts["bridge_fallbacks"] == 0
+        assert counts["env_responses"] == counts["env_responses_captured"] == counts["turns"] == sum(e.turns for e in eps)
     assert a1["terminal_responses"] == 40 and a2["terminal_responses"] == 12
     assert a1["rows_packed"] == 40 and a1["rows_transition"] == 0  # one row per episode
     assert a2["rows_packed"] == 0 and a2["rows_transition"] == a2["turns"]  # empty <think> is not kept by Qwen3
@@ -92,9 +92,9 @@ def test_vllm_driven_toolbench_episodes_are_exact(toolbench, qwen3_render, tiny_
     cfg, _ = toolbench
     sampler = VLLMSampler(str(tiny_model_dir), cfg.sampler, stop_token_ids=qwen3_render.stop_token_ids, llm=vllm_engine)
     tasks = [{"seed": i, "split": "train", "index": i} for i in range(4)]
-    episodes, audit = run(toolbench, qwen3_render, tasks, 2, max_turns=2, sampler=sampler)
-    assert len(episodes) == 8 and audit["prefix_mismatches"] == 0
-    assert audit["env_responses"] == audit["env_responses_captured"] == audit["turns"] == 16
+    episodes, counts = run(toolbench, qwen3_render, tasks, 2, max_turns=2, sampler=sampler)
+    assert len(episodes) == 8 and counts["prefix_mismatches"] == 0
+    assert counts["env_responses"] == counts["env_responses_captured"] == counts["turns"] == 16
     for ep in episodes:
         assert_exact(qwen3_render, ep)
     rows = [r for ep in episodes for r in ep.rows]

@@ -102,6 +102,41 @@ def test_a_locked_run_folder_ends_every_rank_with_the_lock_error(tmp_path):
     assert not (cfg.run_dir / "events.jsonl").exists()
 
 
+@pytest.mark.slow
+def test_ctrl_c_on_two_ranks_checkpoints_the_step_stops_every_process_and_resumes(tmp_path):
+    """A terminal's Ctrl-C (SIGINT to the whole foreground process group) on `quaero train --nproc 2`: the
+    ranks finish their step, rank 0 checkpoints it, and `quaero` returns 130 only once every process it
+    started is gone; the run then resumes from that step."""
+    import signal
+    import time
+
+    import psutil
+
+    path, cfg = make_config(tmp_path, "ctrlc", steps=0, warmup=40, eval_every=0, eval_tasks=0)
+    with_strategy(path, "ddp")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    proc = subprocess.Popen([sys.executable, "-m", "quaero.cli", "train", str(path), "--nproc", "2"], cwd=ROOT,
+                            env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    events = cfg.run_dir / "events.jsonl"
+    deadline = time.time() + 600
+    while time.time() < deadline and not (events.exists() and '"train_step"' in events.read_text()):
+        time.sleep(0.2)
+    started = psutil.Process(proc.pid).children(recursive=True)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal does: quaero, torchrun's agent, and not the ranks
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 130, out[-3000:]
+    assert [p.pid for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+    (end,) = events_of(cfg.run_dir, "run_end")
+    k = end["steps"]
+    assert end["status"] == "interrupted" and 1 <= k < 40
+    assert (cfg.run_dir / "checkpoints" / f"step-{k:06d}").is_dir()
+    quaero("train", path, "--nproc", 2, "--set", f"training.warmup_sft_steps={k + 1}")
+    assert [e["step"] for e in events_of(cfg.run_dir, "resumed")] == [k]
+    assert [e["step"] for e in events_of(cfg.run_dir, "train_step")][-1] == k + 1
+    assert events_of(cfg.run_dir, "run_end")[-1]["status"] == "finished"
+
+
 def test_nproc_with_strategy_none_is_refused_before_any_launch(tmp_path, capsys):
     from quaero import cli
 
@@ -109,3 +144,60 @@ def test_nproc_with_strategy_none_is_refused_before_any_launch(tmp_path, capsys)
     assert cli.main(["train", str(path), "--nproc", "2"]) == 1
     assert f"{path} [distributed] strategy='none' with --nproc 2: set strategy = 'ddp' or 'fsdp2'" in \
         capsys.readouterr().err
+
+
+SCHEDULER_STANDINS = {
+    # SLURM itself does not run here: `scontrol` names this host as the job's one node list, and `srun`
+    # starts its command once per "node" (SLURM_NNODES of them, all on 127.0.0.1), as srun does with one
+    # task per node. Everything after srun's own options is the script's real command line.
+    "scontrol": '#!/usr/bin/env bash\necho 127.0.0.1\n',
+    "srun": ('#!/usr/bin/env bash\nwhile [ "${1#--}" != "$1" ]; do shift; done\n'
+             'pids=()\nfor node in $(seq 0 $((SLURM_NNODES - 1))); do\n'
+             '  SLURM_NODEID=$node SLURM_PROCID=$node "$@" > "$SRUN_LOGS/node$node.log" 2>&1 &\n'
+             '  pids+=($!)\ndone\nrc=0\nfor p in "${pids[@]}"; do wait "$p" || rc=$?; done\nexit $rc\n'),
+}
+
+
+@pytest.mark.slow
+def test_the_slurm_script_trains_over_two_nodes_through_torchrun_rendezvous(tmp_path):
+    """scripts/slurm_train.sbatch's own command line, one torchrun agent per node meeting through the c10d
+    rendezvous (two agents on this host stand in for two nodes): one run, written once, every proof."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in SCHEDULER_STANDINS.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    path, cfg = make_config(tmp_path, "nodes", steps=1, warmup=1, eval_every=0, eval_tasks=0)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+           "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHON": sys.executable, "SRUN_LOGS": str(tmp_path),
+           "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_NNODES": "2",
+           "QUAERO_RDZV_PORT": str(_free_port())}
+    env.pop("SLURM_GPUS_ON_NODE", None)
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "slurm_train.sbatch"), str(with_strategy(path, "ddp"))],
+                          check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    logs = "".join((tmp_path / f"node{n}.log").read_text()[-2000:] for n in (0, 1))
+    assert proc.returncode == 0, proc.stderr[-2000:] + logs
+    count = Counter(e["event"] for e in read_events(cfg.run_dir / "events.jsonl")[0])
+    assert count["run_start"] == 1 and count["train_step"] == 2 and count["run_end"] == 1
+    assert events_of(cfg.run_dir, "run_start")[0]["ranks"] == 2
+    assert all(s["ranks"] == 2 and len(s["rank_rows"]) == 2 for s in events_of(cfg.run_dir, "train_step"))
+    assert events_of(cfg.run_dir, "run_end")[0]["status"] == "finished"
+    quaero("review", cfg.run_dir, "--require-proof")
+
+
+def test_the_slurm_script_needs_a_config_and_a_job():
+    script = str(ROOT / "scripts" / "slurm_train.sbatch")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    usage = subprocess.run(["bash", script], check=False, env=env, capture_output=True, text=True)
+    assert usage.returncode == 2 and "usage: sbatch" in usage.stderr
+    no_job = subprocess.run(["bash", script, "envs/toolbench.toml"], check=False, env=env, capture_output=True,
+                            text=True)
+    assert no_job.returncode != 0 and "run me with sbatch" in no_job.stderr
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

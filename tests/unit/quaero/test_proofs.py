@@ -14,6 +14,9 @@ def test_trainer_step_emits_exactly_the_declared_counter_names(local_smoke_metri
     assert {k for k in emitted if k.startswith("local_train_compile_")} == {proofs.COMPILE_MODE,
                                                                             proofs.COMPILE_FALLBACK_REASON}
     assert set(proofs.SELECTIVE_METRICS) <= emitted and set(proofs.STEP_PROOF_METRICS) <= emitted
+    # every retrain `local_train_*` name the step emits is declared in quaero/proofs.py
+    assert {k for k in emitted if k.startswith("local_train_")} == {*proofs.SELECTIVE_METRICS,
+                                                                  *proofs.BRANCH_COUNTERS, proofs.SAVE_ON_CPU}
     # the smoke's rows are sparse by construction: the proof passes on the real step's counters
     assert [c["status"] for c in proofs.branch_checks(local_smoke_metrics)] == ["pass", "n/a"]
 

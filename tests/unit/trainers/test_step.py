@@ -34,7 +34,7 @@ def rows(n=4, context=120):
     return sparse_rows(n, vocab=V, context=context)
 
 
-def test_sparse_rows_prove_the_seed_metrics_with_one_forward_per_microbatch(small_model_dir):
+def test_sparse_rows_prove_the_branch_metrics_with_one_forward_per_microbatch(small_model_dir):
     b = LocalTrainer(make_spec(small_model_dir, micro_batch_tokens=200), "cpu")  # one row each
     before = {k: v.clone() for k, v in b.model.state_dict().items()}
     m = b.train_step(rows())
