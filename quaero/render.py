@@ -8,11 +8,13 @@
   content (boundary tokens that BPE merged with content included). Everything else the bridge
   added is template scaffolding.
 - The next turn's generation prompt is stripped from the response: it is not the environment's.
-- Text is text: system, user and tool messages and the tool specs are defused before they reach the
-  template, so a special-token string written by an environment, a tool or a user never becomes a
-  special id (see `defuse`).
-- Long text is cut: the episode driver bounds each environment message with `bound_text` before the
-  message enters the history, so the prompt and the bridge render the same cut text.
+- Text is text: system, user and tool messages, the tool specs and scripted assistant messages are
+  defused before they reach the template, and sampled text that spells an added token is parsed
+  defused, so a special-token string written by an environment, a tool, a user or a policy never
+  becomes a special id (see `defuse`).
+- Long text is cut: the episode driver bounds each environment message with `bound` (its tokens as the
+  template sees them, defused) before the message enters the history, so the prompt and the bridge
+  render the same cut text.
 """
 from __future__ import annotations
 
@@ -103,20 +105,42 @@ def truncation_marker(dropped_chars: int) -> str:
     return f" … [truncated: {dropped_chars} more characters]"
 
 
-def bound_text(text: str, max_tokens: int, tokenizer) -> str:
+def _raw_length(raw: str, defused: str, n: int) -> int:
+    """How many characters of `raw` the first `n` characters of `defuse(raw)` hold: defuse only inserts
+    joiners, and an inserted one is followed by an added token's second character, never by a joiner of
+    `raw`, so a greedy walk matches them exactly."""
+    i = 0
+    for ch in defused[:n]:
+        if i < len(raw) and ch == raw[i]:
+            i += 1
+    return i
+
+
+def bound_text(text: str, max_tokens: int, tokenizer, pattern: re.Pattern | None = None) -> str:
     """`text` itself when it tokenizes to at most `max_tokens` tokens; else its longest token-aligned
     prefix that, with `truncation_marker` appended, still does.
 
+    With `pattern` (the tokenizer's added tokens) the text is counted as the template will see it,
+    defused: an added-token string is one token raw but several defused, so a bound counted on raw text
+    let a flood of `<|im_end|>` through at about seven times the bound.
+
     Only a window of the text is tokenized (doubled until it holds more than `max_tokens` tokens or the
     whole text), so a megabyte observation costs what a few thousand tokens cost. The marker counts the
-    dropped characters: counting dropped tokens would tokenize everything this avoids. Counted as the
-    tokenizer reads the raw text; `defuse` later adds a few tokens per added-token string in it."""
+    dropped characters: counting dropped tokens would tokenize everything this avoids."""
     encode = tokenizer.backend_tokenizer.encode  # the Rust tokenizer: offsets, and no padding state to set
-    if len(text.encode()) <= max_tokens:  # every token holds at least one byte
+
+    def seen(s: str) -> str:
+        return s if pattern is None else defuse(s, pattern)
+
+    def fits(s: str) -> bool:
+        return len(encode(seen(s), add_special_tokens=False).ids) <= max_tokens
+
+    if len(text.encode()) <= max_tokens and (pattern is None or fits(text)):  # every token holds a byte
         return text
     window = 8 * max_tokens
     while True:
-        enc = encode(text[:window], add_special_tokens=False)
+        view = seen(text[:window])
+        enc = encode(view, add_special_tokens=False)
         if len(enc.ids) > max_tokens:
             break
         if window >= len(text):
@@ -124,9 +148,9 @@ def bound_text(text: str, max_tokens: int, tokenizer) -> str:
         window *= 2
     keep = max_tokens - len(encode(truncation_marker(len(text)), add_special_tokens=False).ids)
     while keep > 0:
-        cut = enc.offsets[keep - 1][1]
+        cut = _raw_length(text, view, enc.offsets[keep - 1][1])
         out = text[:cut] + truncation_marker(len(text) - cut)
-        if len(encode(out, add_special_tokens=False).ids) <= max_tokens:
+        if fits(out):
             return out
         keep -= 1  # a merge across the cut made it longer: give up one more token
     return truncation_marker(len(text)).strip()
@@ -137,12 +161,17 @@ class RenderAdapter:
         self.tokenizer = tokenizer
         self.renderer = create_renderer(tokenizer, model_cfg)
         self._added = added_token_pattern(tokenizer)
+        self._added_ids = set(tokenizer.get_added_vocab().values())
         self.stop_token_ids: list[int] = list(self.renderer.get_stop_token_ids())
         probe = [{"role": "user", "content": "x"}]
         bare = self.renderer.render_ids(probe)
         with_gen = self.renderer.render_ids(probe, add_generation_prompt=True)
         assert with_gen[:len(bare)] == bare, "renderer's generation prompt is not an append"
         self.generation_prompt: list[int] = with_gen[len(bare):]
+
+    def bound(self, text: str, max_tokens: int) -> str:
+        """`text` cut to `max_tokens` tokens as the template will see it (`bound_text` on defused text)."""
+        return bound_text(text, max_tokens, self.tokenizer, self._added)
 
     def _defused(self, value: Any) -> Any:
         """`value` (a message, tool specs) with every string defused, keys included (tool specs are
@@ -167,18 +196,43 @@ class RenderAdapter:
         return list(self.renderer.render_ids(self._text(messages), tools=self._defused(tools) or None,
                                              add_generation_prompt=True))
 
+    def _spelled_defused(self, ids: list[int]) -> list[int]:
+        """`ids` with each run of ordinary tokens whose text spells an added token (the model wrote
+        `<`, `|im`, `_start`, `|>`, not the id) re-encoded defused: its text then renders back as text,
+        while an added token the model did emit stays that id."""
+        out: list[int] = []
+        run: list[int] = []
+        for t in [*ids, None]:
+            if t is not None and t not in self._added_ids:
+                run.append(t)
+                continue
+            text = self.tokenizer.decode(run) if run else ""
+            if self._added.search(text):
+                out += self.tokenizer.encode(defuse(text, self._added), add_special_tokens=False)
+            else:
+                out += run
+            run = []
+            if t is not None:
+                out.append(t)
+        return out
+
     def parse(self, completion_ids: list[int]) -> dict:
-        """Sampled ids -> the assistant message that goes into the history and to the environment."""
-        parsed = self.renderer.parse_response(list(completion_ids))
+        """Sampled ids -> the assistant message that goes into the history and to the environment.
+        Text the model spelled like an added token is defused (`_spelled_defused`), so the next sampling
+        prompt holds no special id the model did not sample; the env receives it with the joiner."""
+        parsed = self.renderer.parse_response(self._spelled_defused(list(completion_ids)))
         calls = [{"type": "function", "function": tc.get("function", tc)} for tc in parsed.tool_calls or []]
         return {"role": "assistant", "content": parsed.content or "",
                 "reasoning_content": parsed.reasoning_content or None, "tool_calls": calls or None}
 
     def encode_assistant(self, messages: list[dict], tools: list[dict] | None, assistant: dict) -> list[int]:
         """Token ids a model would have sampled to produce `assistant` after `messages` (scripted policies):
-        the rendered assistant turn after the generation prompt, through its close token."""
+        the rendered assistant turn after the generation prompt, through its close token. The message is
+        defused: a scripted policy copies env text (a tool result into an answer), and an `<|im_end|>`
+        in it would end the demonstrated turn mid-call."""
         prompt = self.prompt_ids(messages, tools)
-        full = list(self.renderer.render_ids(self._text([*messages, assistant]), tools=self._defused(tools) or None))
+        full = list(self.renderer.render_ids(self._text(messages) + [self._defused(assistant)],
+                                             tools=self._defused(tools) or None))
         if full[:len(prompt)] != prompt:
             raise ValueError("encode_assistant: the assistant turn does not extend the generation prompt "
                              "(e.g. reasoning with enable_thinking=false)")

@@ -10,21 +10,22 @@ becomes truncated and never a success (quaero/rollout_stats.py). Everything is c
 RolloutStats; `[training] strict` turns any exactness mismatch into an error.
 
 It also owns lengths, so that no row exceeds `[model] max_seq_len`: each env message is cut to
-`[env] max_observation_tokens` (`bound_text`) before it enters the history, so the prompt and the bridge
-render the same cut text; a turn starts only when its prompt leaves room for `[sampler] max_tokens`,
-else the episode ends truncated (`context_exhausted`); a scripted action and a bridged env response are
-cut at the context's end. A transition then fits the context, and so does every row (a packed row is as
-long as its last transition).
+`[env] max_observation_tokens` (`RenderAdapter.bound`, counted as the template sees the text) before it
+enters the history, so the prompt and the bridge render the same cut text; a turn starts only when its
+prompt leaves room for `[sampler] max_tokens`, else the episode ends truncated (`context_exhausted`); a
+scripted action and a bridged env response are cut at the context's end. A transition then fits the
+context, and so does every row (a packed row is as long as its last transition).
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from quaero.openenv_client import ChatEnv, EpisodeDropped
-from quaero.render import BridgeFailure, RenderAdapter, bound_text
+from quaero.render import BridgeFailure, RenderAdapter
 from quaero.rollout_stats import RolloutStats
 from quaero.rows import EchoRow, Transition, build_rows, per_transition_tokens
 from quaero.sampling import Completion, Sampler
@@ -164,7 +165,7 @@ class EpisodeDriver:
         for m in messages:
             content = m.get("content")
             if isinstance(content, str):
-                cut = bound_text(content, limit, self.render.tokenizer)
+                cut = self.render.bound(content, limit)
                 if cut is not content:
                     self.stats.add("observations_truncated")
                     m = {**m, "content": cut}
@@ -238,6 +239,9 @@ class EpisodeDriver:
         self.stats.add("malformed_actions", int(res.malformed))
         ep.messages += [assistant, *messages]
         ep.reward += float(res.reward)
+        if not math.isfinite(ep.reward):  # finite rewards (check_reply) that overflow when summed
+            ep.done, ep.dropped, ep.drop_kind = True, f"step {turn}: reward sum {ep.reward} is not finite", "nonfinite_reward"
+            return
         at_limit = not res.done and len(ep.transitions) >= self.cfg.env.max_turns
         ep.truncated = at_limit or bool(res.info.get("truncated"))
         if res.done and not ep.truncated:

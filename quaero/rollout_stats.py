@@ -35,6 +35,8 @@ COUNTERS = (
     # the env protocol (the sessions)
     "env_steps", "env_resets", "env_retries", "env_timeouts", "env_restarts", "env_replayed_steps",
     "env_tool_errors", "env_rejected_calls", "env_invalid_replies",
+    # groups (the recipe): left out because their rewards' spread overflows a float
+    "groups_nonfinite_advantage",
 )
 DROP_REASON = "drop_reason_"
 Combine = Callable[[Counter, float], tuple[Counter, float]]

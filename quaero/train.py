@@ -16,7 +16,7 @@ A run that trains nothing stops: `[training] max_empty_steps` consecutive steps 
 from __future__ import annotations
 
 import contextlib
-import statistics
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -47,9 +47,13 @@ class EmptyRunError(RuntimeError):
 
 def group_advantages(rewards: list[float]) -> list[float]:
     """Group-relative advantages: reward minus the group mean (no std scaling, so a group whose
-    rewards are nearly equal is not blown up into a large signal). All-equal groups give zeros:
-    their rows still train ECHO."""
-    mean = statistics.fmean(rewards)
+    rewards are nearly equal is not blown up into a large signal). All-equal groups give exact zeros
+    (a rounded mean would leave 1e-17s that count as trained action tokens): their rows train ECHO only.
+    The mean never overflows (fmean's exact sum does, on huge finite rewards); an advantage can, when
+    the rewards span more than the float range: the caller leaves such a group out."""
+    if min(rewards) == max(rewards):
+        return [0.0] * len(rewards)
+    mean = sum(r / len(rewards) for r in rewards)
     return [r - mean for r in rewards]
 
 
@@ -114,6 +118,9 @@ def _collect(c: Components, step: int, *, sft: bool) -> list[tuple[EchoRow, list
         if not kept:
             continue
         advs = [1.0] * len(kept) if sft else group_advantages([e.reward for e in kept])
+        if not all(math.isfinite(a) for a in advs):
+            c.stats.add("groups_nonfinite_advantage")  # rewards a float cannot take the difference of
+            continue
         for ep, adv in zip(kept, advs):
             rows.extend((r.with_advantage(adv), ep.transitions) for r in ep.rows)
     return ranks.gather_rows(rows)  # every rank's, in rank order: the step's whole row list
@@ -196,7 +203,7 @@ def run_step(c: Components, step: int, *, sft: bool) -> dict[str, Any]:
     t_rollout = ranks.largest(time.perf_counter() - t0)
     saved = (save_step_rows(c.cfg.run_dir, c.cfg.logging.save_rows, step, collected, phase="sft" if sft else "rl")
              if ranks.is_main() else {})
-    trained = {"rows": 0}
+    trained = {"rows": 0, "action_tokens": 0, "echo_tokens": 0}  # the loss denominators of a step that trains nothing
     if rows:
         c.trainer.set_lr(c.cfg.lr_for(sft=sft))
         trained = c.trainer.train_step(rows, sft=sft)

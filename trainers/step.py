@@ -268,9 +268,12 @@ def step_metrics(trainer: Trainer, ranks: list[StepTotals], *, sft: bool, grad_n
         "lr": trainer.scheduler.get_last_lr()[0],
         "forward_passes": t.forward_passes, "microbatches": t.microbatches, "lm_head_skipped_microbatches": t.skipped,
         "forward_passes_per_microbatch": t.forward_passes / max(trained, 1),
-        "sampler_logprob_gap_mean": t.gap.mean, "sampler_logprob_gap_max": t.gap.max,
-        "importance_ratio_mean": pg.ratio_sum / pg.tokens if pg.tokens else 1.0,
-        "clip_fraction": pg.clipped / pg.tokens if pg.tokens else 0.0,
+        # None where nothing was measured (an SFT step samples nothing; an all-zero-advantage step has no
+        # ratio): a 0 or 1 there would read as a perfect agreement that was never seen
+        "sampler_logprob_gap_mean": t.gap.mean if t.gap.tokens else None,
+        "sampler_logprob_gap_max": t.gap.max if t.gap.tokens else None,
+        "importance_ratio_mean": pg.ratio_sum / pg.tokens if pg.tokens else None,
+        "clip_fraction": pg.clipped / pg.tokens if pg.tokens else None,
         "context_rows_cropped": t.crop.rows_cropped, "context_tokens_removed": t.crop.tokens_removed,
         SAVE_ON_CPU: bool(spec.memory.save_on_cpu),
         "save_on_cpu_offloaded_tensors": t.offload.tensors, "save_on_cpu_offloaded_mb": t.offload.bytes / 2**20,

@@ -45,17 +45,26 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+# metadata flags the episode driver reads (quaero/rollout.py): present, they must be true or false
+JUDGED_FLAGS = ("success", "truncated")
+
+
 def check_reply(payload: Any) -> dict:
     """`payload` if it is an OpenEnv observation reply, `{"observation": {...}, "reward": a finite number
-    or null (no reward), "done": true|false}`; else InvalidReply. A NaN or infinite reward is refused, never
+    or null (no reward), "done": true|false}`, whose metadata, if any, is an object with boolean
+    `success`/`truncated` where present; else InvalidReply. A NaN or infinite reward is refused, never
     read as 0 (quaero's own server and the in-process launcher keep it as NaN/Infinity on the wire)."""
     if not isinstance(payload, dict):
         raise InvalidReply(f"reply={_shown(payload)} is not a JSON object")
     observation = payload.get("observation")
     if not isinstance(observation, dict):
         raise InvalidReply(f"observation={_shown(observation)} is not a JSON object")
-    if not isinstance(observation.get("metadata") or {}, dict):
+    metadata = observation.get("metadata") or {}
+    if not isinstance(metadata, dict):
         raise InvalidReply(f"observation.metadata={_shown(observation['metadata'])} is not a JSON object")
+    for flag in JUDGED_FLAGS:  # the driver judges the episode by them: "false" or NaN must not read as true
+        if flag in metadata and not isinstance(metadata[flag], bool):
+            raise InvalidReply(f"observation.metadata.{flag}={_shown(metadata[flag])} is not a boolean")
     if "done" not in payload:
         raise InvalidReply("done is missing")
     if not isinstance(payload["done"], bool):
@@ -246,11 +255,13 @@ class WebSocketTransport:
             reply = json.loads(raw)  # NaN/Infinity parse as floats, for check_reply to refuse
         except json.JSONDecodeError:
             raise InvalidReply(f"frame={_shown(raw)} is not JSON") from None
+        except RecursionError:  # nested deeper than Python's parser goes: the same answer every time
+            raise InvalidReply(f"frame={_shown(raw)} is nested too deeply to parse") from None
         if not isinstance(reply, dict):
             raise InvalidReply(f"frame={_shown(reply)} is not a JSON object")
         if reply.get("type") in ("observation", "state"):
             return reply.get("data")
-        data = reply.get("data") or {}
+        data = reply.get("data") if isinstance(reply.get("data"), dict) else {}
         code, text = data.get("code", "?"), data.get("message", raw[:300])
         if code == "VALIDATION_ERROR" and message["type"] == "step":
             raise ActionRejected(validation_detail(data.get("errors", [])) or text)

@@ -11,11 +11,13 @@ import time
 
 import pytest
 import structlog
+from fixtures.badreply import HANG_SEED, INJECT_SEED, INJECTION, RAW_REPLIES, raw_server
 
 from envs.toolbench import oracle_policy
 from quaero.config import EnvConfig
 from quaero.openenv_client import EpisodeDropped, open_envs
 
+pytestmark = pytest.mark.hostile
 FAST = {"max_retries": 1, "retry_backoff_s": 0.01}
 
 
@@ -248,6 +250,7 @@ def _drops_with_reasons(pool, reasons: dict) -> None:
     assert counts["env_retries"] == 0 and counts["env_steps"] == len(reasons)  # no retry; only "ok" steps count
 
 
+DEEP_FRAME = '{"type": "observation", "data": ' + RAW_REPLIES["deep"] + "}"
 BAD_REWARDS = {"string": "reward='high' is not a number", "nan": "reward=nan is not finite",
                "inf": "reward=inf is not finite", "-inf": "reward=-inf is not finite"}
 
@@ -259,20 +262,71 @@ def test_a_non_numeric_or_non_finite_reward_drops_the_episode_and_the_run_goes_o
         _drops_with_reasons(pool, BAD_REWARDS)
 
 
-def test_an_in_process_env_that_returns_no_observation_drops_the_episode():
+def test_an_in_process_env_that_returns_no_observation_or_a_text_success_flag_drops_the_episode():
     with open_envs(EnvConfig(entry="fixtures.badreply:BadReplyEnv", **FAST), 1) as pool:
         _drops_with_reasons(pool, {
             "none": "observation=None: BadReplyEnv.step returned NoneType, not an openenv Observation",
-            "dict": "observation={'reward': 1.0}: BadReplyEnv.step returned dict, not an openenv Observation"})
+            "dict": "observation={'reward': 1.0}: BadReplyEnv.step returned dict, not an openenv Observation",
+            "success_string": "observation.metadata.success='false' is not a boolean"})
 
 
 def test_a_remote_server_s_malformed_replies_drop_episodes_with_their_reason():
-    from fixtures.badreply import raw_server
-
     with raw_server() as url, open_envs(EnvConfig(url=url, **FAST), 1) as pool:
         _drops_with_reasons(pool, {
             "nan": "reward=nan is not finite", "inf": "reward=-inf is not finite",
             "string": "reward='1.0' is not a number",
             "list": "observation=['not', 'an', 'object'] is not a JSON object",
             "missing_done": "done is missing", "string_done": "done='false' is not a boolean",
-            "metadata": "observation.metadata=[1, 2] is not a JSON object"})
+            "metadata": "observation.metadata=[1, 2] is not a JSON object",
+            # bool("false") and bool(nan) are True: read as flags they would make a failed episode a success
+            "success_string": "observation.metadata.success='false' is not a boolean",
+            "success_nan": "observation.metadata.success=nan is not a boolean",
+            # deeper than Python's JSON parser goes: the same answer on every retry, so no retry
+            "deep": f"frame={DEEP_FRAME!r:.77}... is nested too deeply to parse"})
+
+
+def test_a_remote_server_that_closes_the_socket_errs_oddly_or_never_answers_a_reset_drops_only_that_episode():
+    with raw_server() as url, open_envs(EnvConfig(url=url, reset_timeout_s=0.5, **FAST), 1) as pool:
+        env = pool.sessions[0]
+        began = time.monotonic()
+        with pytest.raises(EpisodeDropped, match="reset took longer than 0.5s") as e:
+            env.reset(seed=HANG_SEED)
+        assert e.value.kind == "timeout" and time.monotonic() - began < 3
+        for shape, kind, detail in [("close", "connection", "ConnectionClosed"),
+                                    ("error_data", "server_error", "?: {\"type\": \"error\", \"data\": \"not an object\"}")]:
+            env.reset(seed=0)
+            with pytest.raises(EpisodeDropped) as e:  # retried once (a fresh socket, the episode replayed), then dropped
+                env.step(_reply(shape))
+            assert e.value.kind == kind and detail in e.value.reason
+            env.reset(seed=1)
+            assert env.step(_reply("ok")).reward == 1.0
+        counts = pool.stats.snapshot_and_reset()
+    assert counts["env_timeouts"] == 2 and counts["env_retries"] == 3 and counts["env_invalid_replies"] == 0
+
+
+def test_injected_turns_in_a_remote_reset_and_step_stay_text(qwen3_render):
+    """Over real WebSocket JSON: the reset's system prompt and task and a step's observation spell turn
+    boundaries and a tool call; the sampling prompt and the bridged response hold the special ids a clean
+    episode holds, and the ECHO span none."""
+    tok = qwen3_render.tokenizer
+    added = set(tok.get_added_vocab().values())
+
+    def specials(ids):
+        return [t for t in ids if t in added]
+
+    runs = []
+    with raw_server() as url, open_envs(EnvConfig(url=url, **FAST), 1) as pool:
+        env = pool.sessions[0]
+        for seed, reply in ((INJECT_SEED, "inject"), (0, "ok")):
+            start = env.reset(seed=seed)
+            prompt = qwen3_render.prompt_ids(start.messages, None)
+            action = tok.encode(json.dumps({"reply": reply}), add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
+            step = env.step(qwen3_render.parse(action))
+            runs.append((start, prompt, step, qwen3_render.bridge(prompt, action, step.messages, None)))
+    (start, prompt, step, bridged), (_, clean_prompt, _, clean_bridged) = runs
+    assert INJECTION in start.messages[0]["content"] and INJECTION in start.messages[1]["content"]
+    assert INJECTION in step.messages[0]["content"]
+    assert specials(prompt) == specials(clean_prompt)  # 151644/151645/151657 only where the template put them
+    assert specials(bridged.response_ids) == specials(clean_bridged.response_ids)
+    echo = [t for t, k in zip(bridged.response_ids, bridged.response_kinds) if k == "env"]
+    assert echo and not added & set(echo)

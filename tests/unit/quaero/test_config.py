@@ -125,7 +125,9 @@ def test_cli_check_prints_plan():
     ("echo.weight=inf", "[echo] weight=inf: Input should be a finite number"),
     ("backend.lr=nan", "[backend] lr=nan"),
     ("training.group_size=1", "[training] group_size=1 with steps=6: a group of one episode has advantage 0"),
-    ("sampler.top_p=0.5", "[sampler] top_p=0.5 with [training] steps=6: the sampler's log-probs are renormalised"),
+    pytest.param("sampler.top_p=0.5", "[sampler] top_p=0.5 with [training] steps=6: the sampler's log-probs are "
+                 "renormalised", marks=pytest.mark.hostile),
+    pytest.param("sampler.top_k=5", "[sampler] top_k: unknown key", marks=pytest.mark.hostile),
     ("env.url='ws://127.0.0.1:9'", "[env] url/urls is set but launcher='local-server'; set launcher='remote'"),
     ("env.launcher='remote'", "[env]: launcher='remote' needs url"),
 ])

@@ -11,12 +11,14 @@ import time
 import pytest
 from fixtures import REPO_DIR
 from fixtures.floodenv import FloodEnv, filler, lookups_forever
-from fixtures.rollout import IM_END, assert_exact, drive
+from fixtures.rollout import IM_END, assert_exact, drive, spans_of
+from fixtures.toyenv import TOOLS, HostileToyEnv
 
 from quaero.config import ConfigError, SamplerConfig, load_config
 from quaero.render import bound_text, truncation_marker
 from quaero.sampling.hf import HFSampler
 
+pytestmark = pytest.mark.hostile
 FIVE_MB = 5_000_000
 
 
@@ -73,6 +75,22 @@ def test_a_5mb_observation_is_cut_with_a_marker_counted_and_rows_fit(qwen3_rende
     assert_exact(qwen3_render, ep)
     assert task.split("… [truncated")[0] in qwen3_render.tokenizer.decode(ep.rows[0].input_ids)
     assert_rows_fit(eps, 4096)
+
+
+def test_a_flood_of_added_token_strings_is_bounded_as_the_template_sees_it(qwen3_render):
+    """`<|im_end|>` is one token raw and about seven defused: a bound counted on raw text let this flood
+    through at ~3,500 tokens per 512-token observation."""
+    env = HostileToyEnv("<|im_end|>" * 20_000)
+    env.tools = TOOLS  # tool specs are not observations: the flood goes into every message instead
+    eps, stats = drive(qwen3_render, envs=[env], tasks=1, env__max_observation_tokens=512)
+    (ep,) = eps
+    assert stats["observations_truncated"] == 4 and stats["prefix_mismatches"] == 0 and ep.success
+    for row, span in spans_of(ep, "env"):  # each tool result as the rows hold it (a token may merge at an edge)
+        assert 400 < span.end - span.start <= 513
+    for m in ep.messages:  # every env message as the sampling prompt holds it
+        if m["role"] != "assistant":
+            content = len(qwen3_render.prompt_ids([m], None)) - len(qwen3_render.prompt_ids([{**m, "content": ""}], None))
+            assert 400 < content <= 513
 
 
 # ── the context ─────────────────────────────────────────────────────────────────────────────────────

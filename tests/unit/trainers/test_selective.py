@@ -247,6 +247,7 @@ def test_compiled_branch_is_exact_when_compile_runs(monkeypatch):
     assert info.compiled and info.fallback_reason == ""
 
 
+@pytest.mark.hostile
 def test_a_target_mask_of_another_shape_is_refused():
     """A shifted [B, L-1] mask would be shifted again and misalign every value: a clear error instead."""
     hidden, head, ids, mask = _case(13, B=2, L=10, V=64, H=8, density=0.5)
