@@ -280,13 +280,19 @@ def _resume(c: Components, found: tuple[Path, dict] | None) -> int:
     if found is None:
         return 0
     path, state = found
-    c.trainer.load_state_dict(state["backend"], shards=path / checkpoint.SHARDS)
+    try:  # the manifest vouches for the bytes, not for what they hold (a crafted or foreign state)
+        c.trainer.load_state_dict(state["backend"], shards=path / checkpoint.SHARDS)
+        rank_rng = state.get("rank_rng")
+        same_ranks = isinstance(rank_rng, list) and len(rank_rng) == ranks.world_size()
+        checkpoint.set_rng_state(rank_rng[ranks.rank()] if same_ranks else state["rng"])
+        c.cursor = int(state["cursor"])
+        c.cumulative = Cumulative(dict(state["cumulative"]))
+    except Exception as e:  # noqa: BLE001 - any failure here means: this checkpoint cannot be resumed
+        why = (str(e).splitlines() or [""])[0][:300]
+        raise checkpoint.CheckpointError(
+            f"{path}: verified but cannot be loaded into this run ({type(e).__name__}: {why}); move that folder "
+            "aside to resume from the one before it, or pass --restart to start over at step 1") from None
     c.sampler_behind = not c.shares_model  # pushed before the sampler's next use
-    rank_rng = state.get("rank_rng")
-    same_ranks = rank_rng is not None and len(rank_rng) == ranks.world_size()
-    checkpoint.set_rng_state(rank_rng[ranks.rank()] if same_ranks else state["rng"])
-    c.cursor = state["cursor"]
-    c.cumulative = Cumulative(state["cumulative"])
     log.info("resumed", path=str(path), step=state["step"])
     return state["step"]
 
