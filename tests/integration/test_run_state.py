@@ -40,7 +40,8 @@ def wait_for(predicate, timeout: float = 240, what: str = "") -> None:
         time.sleep(0.2)
 
 
-def test_crafted_checkpoint_never_runs_and_unusable_checkpoints_are_refused(tmp_path):
+@pytest.mark.hostile
+def test_crafted_checkpoint_never_runs_and_unusable_checkpoints_are_refused(tmp_path, capsys):
     from quaero.train import train
 
     path, cfg = make_config(tmp_path, "crafted", steps=0, warmup=2, eval_every=0, eval_tasks=0,
@@ -52,6 +53,7 @@ def test_crafted_checkpoint_never_runs_and_unusable_checkpoints_are_refused(tmp_
 
     marker = tmp_path / "code-ran"
     payload = pickle.dumps(_Payload(marker))
+    intact = {name: (ckpts[-1] / name).read_bytes() for name in ("tensors.safetensors", "state.json")}
     for folder in ckpts:  # every file a pickle (the old loader's state.pt too), the manifest vouching for each
         manifest = json.loads((folder / "manifest.json").read_text())
         for name in ("tensors.safetensors", "state.json", "state.pt"):
@@ -68,6 +70,31 @@ def test_crafted_checkpoint_never_runs_and_unusable_checkpoints_are_refused(tmp_
         assert "step-000002: unreadable" in line and "step-000001: unreadable" in line and "--restart" in line
     skipped = events_of(run_dir, "checkpoint_skipped")
     assert {Path(e["path"]).name for e in skipped} == {"step-000001", "step-000002"}
+
+    # a sharded checkpoint's shards/.metadata is what torch.distributed.checkpoint reads with pickle: a real
+    # state that says its model is in shards/, a payload there, the manifest vouching for both
+    newest = ckpts[-1]
+    doc = json.loads(intact["state.json"])
+    backend = doc["state"]["backend"]
+    doc["state"]["backend"] = {"backend": backend["backend"], "lora": False, "steps_done": 2, "shards": "dcp",
+                               "scheduler": backend["scheduler"]}
+    (newest / "state.pt").unlink()
+    (newest / "tensors.safetensors").write_bytes(intact["tensors.safetensors"])
+    (newest / "state.json").write_text(json.dumps(doc))
+    (newest / "shards").mkdir()
+    (newest / "shards" / ".metadata").write_bytes(payload)
+    hashes = {n: checkpoint._sha256(newest / n) for n in ("tensors.safetensors", "state.json", "shards/.metadata")}
+    (newest / "manifest.json").write_text(json.dumps({"format": checkpoint.FORMAT, "step": 2, "sha256": hashes}))
+    assert checkpoint.verify(newest) is None
+    from quaero.cli import main  # in this process: the imports are paid for already
+
+    capsys.readouterr()
+    assert main(["train", str(path), "--resume"]) == 1 and not marker.exists()
+    assert main(["export", str(run_dir), str(tmp_path / "out")]) == 1 and not marker.exists()
+    train_line, export_line = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
+    assert train_line.startswith(f"error: {newest}: verified but cannot be loaded into this run (UnpicklingError: "
+                                 "shard metadata names pathlib.Path.touch, which is not checkpoint metadata")
+    assert export_line.startswith(f"error: {newest}: verified but cannot be loaded into 'tiny-qwen3'")
     pickle.loads(payload)  # the payload is live: had anything unpickled it, the marker would exist
     assert marker.exists()
 
