@@ -110,13 +110,22 @@ def launch_ranks(args, cfg) -> int:
 
 
 def cmd_train(args) -> int:
-    from quaero.plan import load_checked
+    import os
 
+    from quaero.config import load_config
+    from quaero.plan import load_checked
+    from quaero.runlock import RunFolderLocked, refuse_if_held
+
+    try:
+        if "WORLD_SIZE" not in os.environ:  # under torchrun, rank 0 takes the lock in train() (the others never do)
+            refuse_if_held(load_config(args.config, args.overrides).run_dir)  # at once, before anything loads
+    except RunFolderLocked as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     cfg = load_checked(args.config, args.overrides)
     if args.nproc is not None:
         return launch_ranks(args, cfg)
     from quaero.checkpoint import CheckpointError
-    from quaero.runlock import RunFolderLocked
     from quaero.train import EmptyRunError, train
 
     try:

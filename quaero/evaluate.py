@@ -196,7 +196,8 @@ def paired(a: Result, b: Result, seed: int = 0) -> dict:
 
 def evaluate(cfg: QuaeroConfig, specs: list[str | None], plan: EvalPlan) -> tuple[Path, dict]:
     """Evaluate one contestant, or two on identical episodes (then the paired difference). Writes
-    `transcripts[-a|-b].jsonl` and `summary.json` into the eval folder; returns (folder, summary)."""
+    `transcripts[-a|-b].jsonl`, `summary.json` and `env-servers/` (local servers' logs) into the eval folder;
+    returns (folder, summary)."""
     from quaero.openenv_client import open_envs
 
     n_sessions = max(1, min(plan.tasks, cfg.training.tasks_per_step * cfg.training.group_size))
@@ -207,7 +208,7 @@ def evaluate(cfg: QuaeroConfig, specs: list[str | None], plan: EvalPlan) -> tupl
             cfg = _with(cfg, "sampler", backend="hf")
         home = who[0].home if len(who) == 1 else cfg.run_dir
         out = Path(plan.out) if plan.out else home / f"eval-{plan.stamp}"
-        with open_envs(cfg.env, n_sessions) as pool:
+        with open_envs(cfg.env, n_sessions, log_dir=out / "env-servers") as pool:  # logs beside the results
             results = [run_contestant(cfg, w, pool, plan) for w in who]
     out.mkdir(parents=True, exist_ok=True)
     names = ["transcripts.jsonl"] if len(results) == 1 else ["transcripts-a.jsonl", "transcripts-b.jsonl"]

@@ -22,6 +22,28 @@ def _read_pid(fd: int) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+def _held(path: Path, holder: int | None) -> str:
+    return (f"{path.parent}: another `quaero train` (pid {holder or 'unknown'}) holds {path}; wait for it or "
+            "stop it, or use another [run] name")
+
+
+def refuse_if_held(run_dir: Path) -> None:
+    """Raise RunFolderLocked now when another process holds the run folder's lock: `quaero train` asks
+    before anything loads, so a second run is refused at once. Only a peek (released at once): RunLock
+    takes the lock itself."""
+    path = Path(run_dir) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # no lock file (or no folder) yet: nobody holds it
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise RunFolderLocked(_held(path, _read_pid(fd))) from None
+    finally:
+        os.close(fd)
+
+
 class RunLock:
     """Held for the whole run. `stale_pid`: the pid of a previous holder that died holding it."""
 
@@ -38,8 +60,7 @@ class RunLock:
         except BlockingIOError:
             holder = _read_pid(fd)
             os.close(fd)
-            raise RunFolderLocked(f"{self.path.parent}: another `quaero train` (pid {holder or 'unknown'}) holds "
-                                  f"{self.path}; wait for it or stop it, or use another [run] name") from None
+            raise RunFolderLocked(_held(self.path, holder)) from None
         previous = _read_pid(fd)  # a clean exit empties the file: a pid here died holding the lock
         self.stale_pid = previous if previous != os.getpid() else None
         os.ftruncate(fd, 0)

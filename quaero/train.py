@@ -298,32 +298,36 @@ def _resume(c: Components, found: tuple[Path, dict] | None) -> int:
 
 
 class StopRequest:
-    """First Ctrl-C: finish the current step, checkpoint it, stop cleanly. Second Ctrl-C: abort now
-    (the last periodic checkpoint stays the resume point: a half-done step is never saved)."""
+    """First Ctrl-C or SIGTERM (what `timeout`, a scheduler or a container stop sends): finish the current
+    step, checkpoint it, stop cleanly. A second one: abort now (the last periodic checkpoint stays the
+    resume point: a half-done step is never saved)."""
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous = None
+        self._previous: dict = {}
 
     def __enter__(self):
         import signal
         import threading
 
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
         return self
 
     def _handle(self, signum, frame) -> None:
+        import signal
+
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        log.warning("stop_requested", note="finishing this step, then checkpointing; Ctrl-C again aborts")
+        log.warning("stop_requested", signal=signal.Signals(signum).name,
+                    note="finishing this step, then checkpointing; a second Ctrl-C or SIGTERM aborts")
 
     def __exit__(self, *exc) -> None:
         import signal
 
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
 
 
 def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path, dict] | None) -> None:
@@ -389,8 +393,8 @@ def _agreed_resume_point(cfg: QuaeroConfig, *, resume: bool, restart: bool) -> t
 
 
 def train(cfg: QuaeroConfig, *, resume: bool = False, restart: bool = False, source: str = "config") -> Path:
-    """Run the job; returns the run folder. Ctrl-C finishes the step, checkpoints, shuts down env servers
-    and the sampler, and raises KeyboardInterrupt (the CLI exits 130). A run folder with checkpoints is
+    """Run the job; returns the run folder. Ctrl-C (or SIGTERM) finishes the step, checkpoints, shuts down env
+    servers and the sampler, and raises KeyboardInterrupt (the CLI exits 130). A run folder with checkpoints is
     resumed from its newest intact one; `restart` starts over at step 1 instead (see _resume_point).
     Raises RunFolderLocked when another process trains in the same run folder.
 

@@ -102,6 +102,7 @@ def test_lora_export_is_a_peft_adapter_and_merge_gives_the_same_logits(lora_run,
     torch.testing.assert_close(merged, adapter_logits, atol=1e-5, rtol=0)
 
 
+@pytest.mark.hostile
 def test_export_refuses_a_used_folder_and_names_the_kept_steps(full_run, full_export, capsys):
     run_dir, _ = full_run
     assert cli.main(["export", str(run_dir), str(full_export)]) == 1
@@ -117,6 +118,7 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.hostile
 def test_eval_compare_oracle_vs_wrong_answers_on_toolbench(tmp_path, capsys):
     """The known-good (the env's oracle) and known-bad (same lookups, wrong answer) policies through
     the same driver and scoring: A wins every pair, so the paired difference is exactly +1."""
@@ -125,6 +127,7 @@ def test_eval_compare_oracle_vs_wrong_answers_on_toolbench(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert code == 0, printed
     out = next((tmp_path / "toolbench").glob("eval-*"))  # the default: the config's run folder
+    assert list((out / "env-servers").glob("server-*.log"))  # the env server's log is kept beside the results
     summary = json.loads((out / "summary.json").read_text())
     good, bad = summary["results"]
     assert (good["successes"], good["finished"], good["reward_mean"]) == (6, 6, 1.0)
@@ -181,6 +184,7 @@ def test_eval_adapter_folder_equals_its_run(lora_run, tmp_path, capsys):
     assert paired["a_only"] == paired["b_only"] == 0 and paired["mcnemar_p"] == 1.0
 
 
+@pytest.mark.hostile
 def test_eval_rejects_an_unknown_model_in_one_line(tmp_path, capsys):
     assert cli.main(["eval", TOOLBENCH, "--model", str(tmp_path / "nowhere")]) == 1
     err = capsys.readouterr().err

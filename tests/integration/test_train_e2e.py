@@ -58,6 +58,7 @@ def test_main_job_short_run_logs_proofs_and_cleans_up(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.hostile
 def test_ctrl_c_then_resume_equals_uninterrupted(tmp_path):
     from quaero.train import train
 

@@ -218,6 +218,30 @@ def test_a_real_write_failure_is_caught(tmp_path):
 
 
 @pytest.mark.hostile
+def test_a_process_killed_mid_write_leaves_nothing_that_blocks_resume(tmp_path):
+    """A real SIGKILL of the writing process, after the files are written and before the rename."""
+    code = textwrap.dedent(f"""
+        import os, signal
+        from pathlib import Path
+        import torch
+        from quaero import checkpoint
+        root = Path({str(tmp_path)!r})
+        checkpoint.save(root, 1, {{"step": 1, "w": torch.ones(10)}})
+        checkpoint._fsync = lambda path: os.kill(os.getpid(), signal.SIGKILL)
+        checkpoint.save(root, 2, {{"step": 2, "w": torch.zeros(10)}})
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    (orphan,) = tmp_path.glob(".step-000002-*")
+    assert (orphan / "tensors.safetensors").exists() and not (tmp_path / "step-000002").exists()
+    assert checkpoint.load_latest(tmp_path)[1]["step"] == 1
+    assert checkpoint.remove_orphans(tmp_path) == [orphan] and not orphan.exists()
+    checkpoint.save(tmp_path, 2, {"step": 2, "w": torch.zeros(10)})
+    assert checkpoint.load_latest(tmp_path)[1]["step"] == 2
+
+
+@pytest.mark.hostile
 def test_shard_files_written_first_are_hashed_and_verified(tmp_path):
     """A sharded trainer's files (written into `temp_folder` by every rank) join the manifest: a torn or
     missing shard makes the checkpoint skipped like a torn tensors file."""
