@@ -64,8 +64,8 @@ def work_line(cfg) -> str:
     """The sampling work the config asks for, at most: episodes x turns x max_tokens, for train and eval."""
     t, turns, tokens = cfg.training, cfg.env.max_turns, cfg.sampler.max_tokens
     total = t.warmup_sft_steps + t.steps
-    evals = (1 + sum(1 for k in range(1, total + 1) if k % t.eval_every == 0 or k == total)
-             if t.eval_every and t.eval_tasks else 0)
+    # the untrained one, every eval_every-th step, and the last step (counted, not enumerated: steps may be huge)
+    evals = (1 + total // t.eval_every + (total % t.eval_every != 0) if t.eval_every and t.eval_tasks else 0)
     train_eps, eval_eps = t.steps * t.tasks_per_step * t.group_size, evals * t.eval_tasks
     return (f"work        train {train_eps} episodes ({t.steps} steps x {t.tasks_per_step} x {t.group_size}), "
             f"eval {eval_eps} ({evals} evals x {t.eval_tasks}); each <= {turns} turns x {tokens} tokens: <= "
