@@ -1,6 +1,8 @@
 """The run log: valid JSON lines with stable fields, flushed per event, torn lines tolerated."""
 import json
 
+import pytest
+
 from quaero import metrics
 
 
@@ -24,6 +26,7 @@ def test_events_are_json_lines_with_stable_fields(tmp_path):
     assert events[0]["local_train_selective_hidden_logprob_batches"] == 2
 
 
+@pytest.mark.hostile
 def test_a_deleted_or_replaced_events_file_is_recreated_with_a_notice(tmp_path):
     metrics.configure(console="none")
     log = metrics.get_logger("test")
@@ -46,6 +49,7 @@ def test_a_deleted_or_replaced_events_file_is_recreated_with_a_notice(tmp_path):
     assert [e["loss"] for e in moved[1:]] == [0.5, 0.25]
 
 
+@pytest.mark.hostile
 def test_read_events_skips_a_torn_last_line(tmp_path):
     p = tmp_path / "events.jsonl"
     p.write_text('{"event": "a", "step": 1}\n{"event": "b", "st')
@@ -53,6 +57,7 @@ def test_read_events_skips_a_torn_last_line(tmp_path):
     assert [e["event"] for e in events] == ["a"] and unreadable == 1
 
 
+@pytest.mark.hostile
 def test_read_events_counts_lines_that_are_not_utf8_json_objects(tmp_path):
     p = tmp_path / "events.jsonl"
     p.write_bytes(b'{"event": "a"}\n\xff\xfe{"event": "b"}\n[1, 2]\n"text"\nnull\n\n   \n' + b"[" * 100_000
