@@ -69,6 +69,7 @@ class Components:
     cursor: int = 0  # next train task index
     empty_steps: int = 0  # consecutive steps that trained no row
     empty_drops: dict[str, int] = field(default_factory=dict)  # their drop reasons, counted
+    empty_exhausted: int = 0  # their episodes that ended with no room left for a turn
 
 
 def make_task(cfg: QuaeroConfig, split: str, index: int) -> dict:
@@ -211,18 +212,23 @@ def run_step(c: Components, step: int, *, sft: bool) -> dict[str, Any]:
 def _empty_run(c: Components, step: int, m: dict[str, Any]) -> str | None:
     """Count consecutive steps without a trained row; after `max_empty_steps` of them, why the run stops."""
     if m["rows"]:
-        c.empty_steps, c.empty_drops = 0, {}
+        c.empty_steps, c.empty_drops, c.empty_exhausted = 0, {}, 0
         return None
     c.empty_steps += 1
     for kind, n in drop_reasons(m).items():
         c.empty_drops[kind] = c.empty_drops.get(kind, 0) + n
+    c.empty_exhausted += m.get("context_exhausted", 0)
     limit = c.cfg.training.max_empty_steps
     if c.empty_steps < limit:
         return None
     steps = f"steps {step - limit + 1}-{step}" if limit > 1 else f"step {step}"
     reasons = ", ".join(f"{n}x {kind}" for kind, n in sorted(c.empty_drops.items())) or "none dropped"
+    exhausted = (f"; {c.empty_exhausted} episode(s) ended with no room for a turn (context_exhausted): [sampler] "
+                 f"max_tokens={c.cfg.sampler.max_tokens} leaves too little of [model] max_seq_len="
+                 f"{c.cfg.model.max_seq_len} for the prompt; lower max_tokens or raise max_seq_len"
+                 if c.empty_exhausted else "")
     return (f"{steps} trained no row ([training] max_empty_steps={limit}); dropped episodes by reason: "
-            f"{reasons}; the env_episode_dropped events in {c.cfg.run_dir / 'events.jsonl'} say why")
+            f"{reasons}{exhausted}; the env_episode_dropped events in {c.cfg.run_dir / 'events.jsonl'} say why")
 
 
 def _save(c: Components, step: int) -> Path:
