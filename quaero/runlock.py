@@ -6,6 +6,7 @@ whose it was. The pid in the file is only for the messages; the flock is the loc
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from pathlib import Path
@@ -54,7 +55,13 @@ class RunLock:
 
     def __enter__(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # never through a link: truncating the lock file would truncate whatever it points at
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            raise RunFolderLocked(f"{self.path} is a link to {os.path.realpath(self.path)}; a run folder holds no "
+                                  "links: remove it") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

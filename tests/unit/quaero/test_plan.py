@@ -199,3 +199,31 @@ def test_check_imports_and_inspects_the_env_entry(entry, needle, capsys):
                  "--set", "training.warmup_sft_steps=0"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and needle in err and err.count("\n") == 1, err
+
+
+@pytest.mark.hostile
+def test_a_run_folder_that_is_a_file_a_link_outside_or_holds_a_link_is_refused(tmp_path):
+    out, elsewhere = tmp_path / "runs", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (elsewhere / "precious.txt").write_text("precious")
+
+    def refusal(name: str) -> str:
+        with pytest.raises(ConfigError) as e:
+            load_checked(MAIN, [f"run.output_dir='{out}'", f"run.name='{name}'"])
+        assert "\n" not in str(e.value)
+        return str(e.value)
+
+    (out / "afile").write_text("x")
+    assert f"[run] name='afile': {out / 'afile'} is a file, not a run folder" in refusal("afile")
+    (out / "away").symlink_to(elsewhere)  # checkpoints would be written, renamed and pruned over there
+    assert f"{out / 'away'} is a link to {elsewhere}, outside output_dir" in refusal("away")
+    (out / "trap" / "checkpoints").mkdir(parents=True)  # a planted link: quaero would write through it
+    (out / "trap" / "checkpoints" / "train.lock").symlink_to(elsewhere / "precious.txt")
+    assert f"{out / 'trap' / 'checkpoints' / 'train.lock'} is a link to {elsewhere / 'precious.txt'}; quaero would " \
+           "write through it" in refusal("trap")
+    assert (elsewhere / "precious.txt").read_text() == "precious"
+    (out / "alias").symlink_to(out / "afile2", target_is_directory=True)  # a link that stays in output_dir is fine
+    (out / "afile2").mkdir()
+    assert load_checked(MAIN, [f"run.output_dir='{out}'", "run.name='alias'"]).run_dir == out / "alias"
+    assert load_config(MAIN, ["run.output_dir='~/q'"]).run_dir == Path.home() / "q" / "toolbench"  # as check judges

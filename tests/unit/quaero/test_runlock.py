@@ -51,3 +51,13 @@ def test_a_second_quaero_train_is_refused_before_anything_loads(tmp_path):
     assert proc.stderr == (f"error: {tmp_path / 'run'}: another `quaero train` (pid {os.getpid()}) holds "
                            f"{tmp_path / 'run' / 'train.lock'}; wait for it or stop it, or use another [run] name\n")
     refuse_if_held(tmp_path / "run")  # released: the peek never holds it
+
+
+@pytest.mark.hostile
+def test_a_lock_file_that_is_a_link_is_never_written_through(tmp_path):
+    (tmp_path / "precious.txt").write_text("precious")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "train.lock").symlink_to(tmp_path / "precious.txt")
+    with pytest.raises(RunFolderLocked, match=r"train.lock is a link to .*precious.txt; a run folder holds no links"):
+        RunLock(tmp_path / "run").__enter__()
+    assert (tmp_path / "precious.txt").read_text() == "precious"
