@@ -189,6 +189,14 @@ def test_eval_rejects_an_unknown_model_in_one_line(tmp_path, capsys):
     assert cli.main(["eval", TOOLBENCH, "--model", str(tmp_path / "nowhere")]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"error: --model {tmp_path / 'nowhere'}: not a run folder") and err.count("\n") == 1
+    for name, text in (("config.json", "[1"), ("adapter_config.json", '{"x": 1}')):  # foreign model folders
+        folder = tmp_path / name.split(".")[0]
+        folder.mkdir()
+        (folder / name).write_text(text)
+        assert cli.main(["eval", TOOLBENCH, "--model", str(folder)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: --model {folder}: {folder / name} is not a Hugging Face model config (")
+        assert err.count("\n") == 1
 
 
 # ── whole runs ───────────────────────────────────────────────────────────────────────────────────────
