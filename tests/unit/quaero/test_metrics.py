@@ -76,3 +76,39 @@ def test_cumulative_rules():
     assert tot["peak_mem_mb"] == 10.0 and "loss" not in tot
     assert tot["local_train_compile_selective_ce_mode"] == "off"
     assert tot["local_train_selective_suffix_logits"] is True
+
+
+@pytest.mark.hostile
+def test_a_full_disk_loses_only_the_events_it_could_not_write_and_never_ends_the_run(tmp_path):
+    """A real failing write (the file size limit, EFBIG) in a child process: the run's logging goes on, the torn
+    line is closed, and an `events_lost` line counts what is missing once writing works again."""
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    code = textwrap.dedent(f"""
+        import resource, signal
+        from pathlib import Path
+        from quaero import metrics
+        run = Path({str(tmp_path)!r})
+        metrics.configure(console="none")
+        log = metrics.get_logger("t")
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        with metrics.RunLog(run, run_id="r"):
+            log.info("run_start")
+            limit = (run / "events.jsonl").stat().st_size + 200
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+            for i in range(5):
+                log.info("train_step", pad="y" * 150)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+            log.info("run_end")
+    """)
+    root = Path(__file__).resolve().parents[3]
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("cannot append events") == 1  # said once, not per event
+    events, unreadable = metrics.read_events(tmp_path / "events.jsonl")
+    assert [e["event"] for e in events] == ["run_start", "events_lost", "run_end"] and unreadable == 1  # the torn one
+    assert events[1]["events"] == 5
