@@ -112,6 +112,15 @@ def test_export_refuses_a_used_folder_and_names_the_kept_steps(full_run, full_ex
     assert "--step 7: no such checkpoint; kept: step-000003" in err and err.count("\n") == 1
     assert cli.main(["export", str(full_export), str(full_export.parent / "x")]) == 1  # not a run folder
     assert "config.json: not a quaero run config" in capsys.readouterr().err
+    import shutil
+
+    torn = shutil.copytree(run_dir, full_export.parent / "torn-run")  # every checkpoint corrupt
+    (torn / "checkpoints" / "step-000003" / "tensors.safetensors").write_bytes(b"torn")
+    assert cli.main(["export", str(torn), str(full_export.parent / "y")]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert err == [(f"error: {torn / 'checkpoints'}: no intact checkpoint to resume from (step-000003: "
+                    "tensors.safetensors does not match its manifest hash (torn or corrupt)); train the run again "
+                    "(quaero train CONFIG --restart)")]
 
 
 def read_jsonl(path: Path) -> list[dict]:
