@@ -17,7 +17,8 @@ A checkpoint is written into a `.step-*` temporary folder and renamed into place
 full disk mid-write leaves no half checkpoint under a final name; such orphans are removed at the next
 start. The manifest holds the SHA-256 of each file: a missing, torn or mismatched file makes the
 checkpoint skipped (with the reason) and the previous one used. Pruning counts intact checkpoints
-only, so a corrupt newer folder never pushes out the checkpoint a resume needs.
+up to the step just written, so a corrupt or unloadable newer folder never pushes out the checkpoint a
+resume needs.
 """
 from __future__ import annotations
 
@@ -205,7 +206,7 @@ def save(ckpt_root: Path, step: int, state: dict[str, Any], keep: int = 2, folde
         raise CheckpointError(f"checkpoint {final} not written ({writing}: {why}); it needs {needed} bytes, "
                               f"{free} are free there; the checkpoints already in {ckpt_root} are untouched: "
                               "free space and resume with `quaero train CONFIG --resume`") from None
-    prune(ckpt_root, keep)
+    prune(ckpt_root, keep, step)
     return final
 
 
@@ -219,15 +220,20 @@ def remove_orphans(ckpt_root: Path) -> list[Path]:
     return orphans
 
 
-def prune(ckpt_root: Path, keep: int) -> None:
-    """Keep the newest `keep` intact checkpoints; delete older intact ones. A corrupt folder is never
-    counted as kept and never deleted here (it is left for inspection, and a run that reaches its step
-    overwrites it)."""
+def prune(ckpt_root: Path, keep: int, step: int) -> None:
+    """Keep the newest `keep` intact checkpoints up to `step` (the one just written); delete older intact ones.
+    A corrupt folder is never counted as kept and never deleted here (it is left for inspection, and a run
+    that reaches its step overwrites it). Neither is one past `step`: the run resumed before it, so it is
+    unusable even if its hashes match (a hash-valid file that is not a quaero state), and counting it
+    would push out the checkpoint just written."""
     intact = 0
     for path in sorted(ckpt_root.glob("step-*"), reverse=True):
         reason = verify(path)
         if reason is not None:
             log.warning("checkpoint_corrupt_left", path=str(path), reason=reason)
+        elif path.name > f"step-{step:06d}":
+            log.warning("checkpoint_newer_left", path=str(path), step=step,
+                        reason="past the step this run resumed from (it could not be loaded)")
         elif intact < max(keep, 1):
             intact += 1
         else:

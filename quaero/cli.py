@@ -64,8 +64,8 @@ def work_line(cfg) -> str:
     """The sampling work the config asks for, at most: episodes x turns x max_tokens, for train and eval."""
     t, turns, tokens = cfg.training, cfg.env.max_turns, cfg.sampler.max_tokens
     total = t.warmup_sft_steps + t.steps
-    evals = (1 + sum(1 for k in range(1, total + 1) if k % t.eval_every == 0 or k == total)
-             if t.eval_every and t.eval_tasks else 0)
+    # the untrained one, every eval_every-th step, and the last step (counted, not enumerated: steps may be huge)
+    evals = (1 + total // t.eval_every + (total % t.eval_every != 0) if t.eval_every and t.eval_tasks else 0)
     train_eps, eval_eps = t.steps * t.tasks_per_step * t.group_size, evals * t.eval_tasks
     return (f"work        train {train_eps} episodes ({t.steps} steps x {t.tasks_per_step} x {t.group_size}), "
             f"eval {eval_eps} ({evals} evals x {t.eval_tasks}); each <= {turns} turns x {tokens} tokens: <= "
@@ -132,13 +132,22 @@ def launch_ranks(args, cfg) -> int:
 
 
 def cmd_train(args) -> int:
-    from quaero.plan import load_checked
+    import os
 
+    from quaero.config import load_config
+    from quaero.plan import load_checked
+    from quaero.runlock import RunFolderLocked, refuse_if_held
+
+    try:
+        if "WORLD_SIZE" not in os.environ:  # under torchrun, rank 0 takes the lock in train() (the others never do)
+            refuse_if_held(load_config(args.config, args.overrides).run_dir)  # at once, before anything loads
+    except RunFolderLocked as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     cfg = load_checked(args.config, args.overrides)
     if args.nproc is not None:
         return launch_ranks(args, cfg)
     from quaero.checkpoint import CheckpointError
-    from quaero.runlock import RunFolderLocked
     from quaero.train import EmptyRunError, train
 
     try:

@@ -237,7 +237,7 @@ class QuaeroConfig(_Section):
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.run.output_dir) / self.run.name
+        return Path(self.run.output_dir).expanduser() / self.run.name  # "~/runs" is the home's, as check judges it
 
     @property
     def observation_token_limit(self) -> int:
@@ -290,7 +290,13 @@ def _format_error(source: str, data: dict, err: dict) -> str:
     if err["type"] == "value_error":
         msg = msg.removeprefix("Value error, ")
         return f"{source} [{'.'.join(str(p) for p in loc) or 'config'}]: {msg}"
-    return f"{where}={value!r}: {msg}"
+    return f"{where}={_brief(value)}: {msg}"
+
+
+def _brief(value: Any, limit: int = 200) -> str:
+    """`repr(value)`, cut to `limit` characters: an error line stays one readable line whatever was pasted in."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -304,6 +310,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw.strip()  # a bare word is a string: --set run.name=smoke
+    except RecursionError:
+        raise ConfigError(f"--set {path.strip()}=...: the value nests too deeply to read; a setting nests a few "
+                          "levels at most") from None
     return path.strip().split("."), value
 
 
@@ -323,6 +332,9 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
         raise ConfigError(f"{source}: cannot read it ({e.strerror})") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{source}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: nests arrays or tables too deeply to read; a config nests a few levels "
+                          "at most") from None
     for text in overrides:
         keys, value = parse_override(text)
         node = data
@@ -335,6 +347,8 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
         cfg = QuaeroConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_format_error(source, data, e.errors()[0])) from None
+    except RecursionError:
+        raise ConfigError(f"{source}: a value nests too deeply to check; a config nests a few levels at most") from None
     check_rules(cfg, source)
     return cfg
 

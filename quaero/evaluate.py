@@ -95,6 +95,7 @@ def resolve(spec: str | None, cfg: QuaeroConfig, scratch: contextlib.ExitStack) 
     if path.is_dir() and ((path / "checkpoints").is_dir() or (path / "final").is_dir()):
         return _run_contestant(spec, path, scratch)  # a run folder (its config.json is quaero's, not HF's)
     if path.is_dir() and ((path / "config.json").exists() or is_adapter(path)):
+        _check_model_folder(spec, path)
         return Contestant(spec, folder=path, home=path.parent)
     if not path.exists() and _POLICY.match(spec):
         module, _, name = spec.partition(":")
@@ -104,6 +105,23 @@ def resolve(spec: str | None, cfg: QuaeroConfig, scratch: contextlib.ExitStack) 
             raise EvalError(f"--model {spec}: cannot import the policy ({type(e).__name__}: {e})") from None
     raise EvalError(f"--model {spec}: not a run folder (runs/NAME), a model folder (config.json or "
                     "adapter_config.json) or a scripted policy package.module:function")
+
+
+def _check_model_folder(spec: str, folder: Path) -> None:
+    """The folder's config is a Hugging Face (or PEFT adapter) config: a foreign folder fails here, in one
+    line, before any env server starts."""
+    name = "adapter_config.json" if is_adapter(folder) else "config.json"
+    try:
+        if name == "config.json":
+            from transformers import AutoConfig
+
+            AutoConfig.from_pretrained(folder)
+        elif not isinstance(json.loads((folder / name).read_text(encoding="utf-8"))["base_model_name_or_path"], str):
+            raise TypeError("base_model_name_or_path is not a string")
+    except Exception as e:  # noqa: BLE001 - whatever a foreign file makes the parser raise
+        why = (str(e).splitlines() or [""])[0][:200]
+        raise EvalError(f"--model {spec}: {folder / name} is not a Hugging Face model config ({type(e).__name__}: "
+                        f"{why}); pass a folder `quaero export` wrote, a run folder or a hub model") from None
 
 
 def _run_contestant(spec: str, run: Path, scratch: contextlib.ExitStack) -> Contestant:
@@ -196,7 +214,8 @@ def paired(a: Result, b: Result, seed: int = 0) -> dict:
 
 def evaluate(cfg: QuaeroConfig, specs: list[str | None], plan: EvalPlan) -> tuple[Path, dict]:
     """Evaluate one contestant, or two on identical episodes (then the paired difference). Writes
-    `transcripts[-a|-b].jsonl` and `summary.json` into the eval folder; returns (folder, summary)."""
+    `transcripts[-a|-b].jsonl`, `summary.json` and `env-servers/` (local servers' logs) into the eval folder;
+    returns (folder, summary)."""
     from quaero.openenv_client import open_envs
 
     n_sessions = max(1, min(plan.tasks, cfg.training.tasks_per_step * cfg.training.group_size))
@@ -207,7 +226,7 @@ def evaluate(cfg: QuaeroConfig, specs: list[str | None], plan: EvalPlan) -> tupl
             cfg = _with(cfg, "sampler", backend="hf")
         home = who[0].home if len(who) == 1 else cfg.run_dir
         out = Path(plan.out) if plan.out else home / f"eval-{plan.stamp}"
-        with open_envs(cfg.env, n_sessions) as pool:
+        with open_envs(cfg.env, n_sessions, log_dir=out / "env-servers") as pool:  # logs beside the results
             results = [run_contestant(cfg, w, pool, plan) for w in who]
     out.mkdir(parents=True, exist_ok=True)
     names = ["transcripts.jsonl"] if len(results) == 1 else ["transcripts-a.jsonl", "transcripts-b.jsonl"]

@@ -124,7 +124,10 @@ def load_checkpoint(run_dir: Path, step: int | None = None) -> tuple[int, dict]:
     root = Path(run_dir) / "checkpoints"
     kept = sorted(p.name for p in root.glob("step-*"))
     if step is None:
-        found = checkpoint.load_latest(root)
+        try:
+            found = checkpoint.load_latest(root)
+        except checkpoint.NoIntactCheckpoint as e:
+            raise ExportError(f"{e}; train the run again (quaero train CONFIG --restart)") from None
         if found is None:
             raise ExportError(f"{root}: no intact checkpoint; train the run first (quaero train CONFIG)")
         return found[1]["step"], found[1]
@@ -157,7 +160,13 @@ def export_run(run_dir: Path, out: Path, *, step: int | None = None, merge: bool
     cfg = run_config(run_dir)
     step, state = load_checkpoint(run_dir, step)
     trainer = build_trainer(cfg)  # one process: a sharded checkpoint's shards are read whole (gathered)
-    trainer.load_state_dict(state["backend"], shards=checkpoint_path(run_dir, step) / checkpoint.SHARDS)
+    path = checkpoint_path(run_dir, step)
+    try:  # the manifest vouches for the bytes, not for what they hold (a crafted or foreign state)
+        trainer.load_state_dict(state["backend"], shards=path / checkpoint.SHARDS)
+    except Exception as e:  # noqa: BLE001 - any failure here means: this checkpoint cannot be exported
+        why = (str(e).splitlines() or [""])[0][:300]
+        raise ExportError(f"{path}: verified but cannot be loaded into {cfg.model.name!r} ({type(e).__name__}: "
+                          f"{why}); export another step with --step") from None
     save_model(trainer.model, load_tokenizer(cfg.model.name), out, base_name=cfg.model.name, merge=merge)
     log.info("exported", run_dir=str(run_dir), step=step, out=str(out), lora=cfg.backend.lora and not merge)
     return Path(out)

@@ -82,7 +82,9 @@ class InspectError(ValueError):
     """A run folder without saved rows, or a step that was not saved."""
 
 
-def load_rows(run_dir: Path, step: int | None = None) -> list[dict]:
+def load_rows(run_dir: Path, step: int | None = None) -> tuple[list[dict], int]:
+    """The saved rows of the run (of one step) and how many lines were not saved rows (not UTF-8 JSON, or
+    not a row's shape: a torn, edited or foreign file); InspectError when no row is readable."""
     folder = rows_dir(run_dir)
     files = sorted(folder.glob("step-*.jsonl"))
     if not files:
@@ -92,7 +94,49 @@ def load_rows(run_dir: Path, step: int | None = None) -> list[dict]:
         if not files:
             raise InspectError(f"{folder}: step {step} was not saved; saved: "
                                f"{', '.join(f.stem for f in sorted(folder.glob('step-*.jsonl')))}")
-    return [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]
+    records, unreadable = [], 0
+    for f in files:
+        try:
+            lines = f.read_bytes().splitlines()
+        except OSError as e:
+            raise InspectError(f"{f}: cannot read it ({e.strerror or e})") from None
+        for line in filter(bytes.strip, lines):
+            try:
+                rec = json.loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError, RecursionError):
+                rec = None
+            if _is_row(rec):
+                records.append(rec)
+            else:
+                unreadable += 1
+    if not records:
+        raise InspectError(f"{folder}: no readable row in {unreadable} line(s) (not UTF-8 JSON rows that quaero "
+                           "saved); pass a run folder that `quaero train` wrote")
+    return records, unreadable
+
+
+def _ints(values) -> bool:
+    return isinstance(values, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+
+def _numbers(values) -> bool:
+    return isinstance(values, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+def _is_row(rec) -> bool:
+    """The shape `row_record` writes and render and verify read."""
+    if not isinstance(rec, dict) or not _ints(rec.get("input_ids")) or not isinstance(rec.get("spans"), list):
+        return False
+    if not all(_numbers(rec.get(k)) for k in ("advantages", "echo_weights", "sampler_logprobs")):
+        return False
+    if not all(isinstance(sp, list) and len(sp) == 4 and sp[0] in KINDS and _ints(sp[1:])
+               for sp in rec["spans"]):
+        return False
+    sampled = rec.get("sampled_actions", [])
+    return (isinstance(sampled, list) and all(isinstance(a, dict) and isinstance(a.get("turn"), int)
+                                              and _ints(a.get("action_ids")) for a in sampled)
+            and isinstance(rec.get("phase"), str) and _ints([rec.get("step"), rec.get("row"),
+                                                            rec.get("policy_version")]))
 
 
 def run_tokenizer(run_dir: Path):
@@ -102,7 +146,14 @@ def run_tokenizer(run_dir: Path):
     cfg = Path(run_dir) / "config.json"
     if not cfg.exists():
         raise InspectError(f"{cfg}: missing; inspect needs the run's config to find its tokenizer")
-    return load_tokenizer(json.loads(cfg.read_text())["model"]["name"])
+    try:
+        name = json.loads(cfg.read_bytes().decode("utf-8"))["model"]["name"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        raise InspectError(f"{cfg}: not a quaero run config (no [model] name); pass a run folder that "
+                           "`quaero train` wrote") from None
+    if not isinstance(name, str):
+        raise InspectError(f"{cfg}: [model] name={name!r} is not a model name")
+    return load_tokenizer(name)
 
 
 def special_ids(tokenizer) -> set[int]:
@@ -212,13 +263,16 @@ def render_html(records: list[dict], tokenizer, title: str) -> str:
 def main(args) -> int:
     """`quaero inspect rows`: render (terminal, --html) or --verify; exit 1 on problems or a missing folder."""
     try:
-        records = load_rows(args.run_dir, args.step)
+        records, unreadable = load_rows(args.run_dir, args.step)
         tokenizer = run_tokenizer(args.run_dir)
     except InspectError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    if unreadable:
+        print(f"warning: {rows_dir(args.run_dir)}: {unreadable} line(s) are not saved rows (not UTF-8 JSON rows) "
+              "and are left out", file=sys.stderr)
     if args.verify:
-        problems = verify(records, tokenizer)
+        problems = verify(records, tokenizer) + ([f"{unreadable} unreadable line(s)"] if unreadable else [])
         for p in problems:
             print(p)
         steps = len({r["step"] for r in records})

@@ -10,6 +10,7 @@ take the maximum, strings and booleans keep the latest value, other floats are p
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
@@ -46,15 +47,19 @@ class _JsonLinesSink:
 
     Before each write one stat() checks that the path still names the open file: an events file
     deleted or replaced mid-run is recreated, starting with an `events_file_recreated` line, instead
-    of every later event going to an unlinked inode."""
+    of every later event going to an unlinked inode. A write that fails (a full disk) is counted, said
+    once on stderr and reported by an `events_lost` line when writing works again: it never ends a run
+    (the checkpoint write, which needs far more room, stops it in one line naming the bytes needed)."""
 
     def __init__(self) -> None:
-        self.file: IO[str] | None = None
+        self.file: IO[bytes] | None = None  # unbuffered: one write(2) per line, so a failed one loses only itself
         self.path: Path | None = None
+        self.lost = 0  # events not written since the last write that worked (a full disk)
+        self.torn = False  # the last write stopped mid-line: the next one ends that line first
 
     def open(self, path: Path) -> None:
         self.path = path
-        self.file = path.open("a", encoding="utf-8")
+        self.file = path.open("ab", buffering=0)
 
     def close(self) -> None:
         if self.file is not None:
@@ -71,17 +76,36 @@ class _JsonLinesSink:
 
     def __call__(self, logger, method_name, event_dict):
         if self.file is not None:
-            if self._moved():
-                self.file.close()
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self.file = self.path.open("a", encoding="utf-8")
-                notice = {k: event_dict[k] for k in ("run_id", "step", "timestamp") if k in event_dict}
-                self.file.write(json.dumps({"event": "events_file_recreated", "level": "warning", **notice,
-                                            "path": str(self.path), "note": "the events file was deleted or "
-                                            "replaced mid-run; earlier events of this run are not in it"}) + "\n")
-            self.file.write(json.dumps(_jsonable(event_dict), sort_keys=False) + "\n")
-            self.file.flush()
+            try:
+                self._write(event_dict)
+            except OSError as e:  # a full disk must not end the run mid-step: the checkpoint says so, in one line
+                if not self.lost:
+                    print(f"warning: {self.path}: cannot append events ({e.strerror or e}); the run goes on and "
+                          "counts the events it could not write", file=sys.stderr)
+                self.lost += 1
         return event_dict
+
+    def _write(self, event_dict) -> None:
+        notice = {k: event_dict[k] for k in ("run_id", "step", "timestamp") if k in event_dict}
+        if self._moved():
+            self.file.close()
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.file, self.torn = self.path.open("ab", buffering=0), False
+            self._append({"event": "events_file_recreated", "level": "warning", **notice, "path": str(self.path),
+                          "note": "the events file was deleted or replaced mid-run; earlier events of this run "
+                          "are not in it"})
+        if self.lost:
+            self._append({"event": "events_lost", "level": "warning", **notice, "events": self.lost,
+                          "note": "events that could not be written (a full disk?)"})
+            self.lost = 0
+        self._append(_jsonable(event_dict))
+
+    def _append(self, record: dict) -> None:
+        data = (b"\n" if self.torn else b"") + (json.dumps(record) + "\n").encode("utf-8")
+        self.torn = True  # until the whole line is down
+        if self.file.write(data) != len(data):
+            raise OSError(errno.ENOSPC, "short write")
+        self.torn = False
 
 
 # The console shows a step's headline; events.jsonl keeps every field.

@@ -95,6 +95,28 @@ def check_run_folder(cfg: QuaeroConfig, source: str = "config") -> None:
     except OSError as e:
         raise ConfigError(f"{source} [run] output_dir={cfg.run.output_dir!r}: cannot create folders in {existing} "
                           f"({e.strerror}); choose a writable output_dir") from None
+    run_dir = cfg.run_dir
+    if run_dir.is_symlink() and not run_dir.resolve().is_relative_to(out.resolve()):
+        # a link planted in output_dir would have checkpoints written, renamed and pruned wherever it points
+        raise ConfigError(f"{source} [run] name={cfg.run.name!r}: {run_dir} is a link to {run_dir.resolve()}, "
+                          "outside output_dir; a run writes only under output_dir: set output_dir to where runs "
+                          "should go, or remove the link")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"{source} [run] name={cfg.run.name!r}: {run_dir} is a file, not a run folder; "
+                          "choose another [run] name or move the file")
+    if link := _first_link(run_dir):
+        raise ConfigError(f"{source} [run] name={cfg.run.name!r}: {link} is a link to {os.path.realpath(link)}; "
+                          "quaero would write through it (train.lock, config.json, events, checkpoints): a run "
+                          "folder holds no links; remove it")
+
+
+def _first_link(run_dir: Path) -> Path | None:
+    """A symbolic link inside the run folder (not followed), if there is one."""
+    for root, dirs, files in os.walk(run_dir):  # os.walk never descends into linked folders
+        for name in sorted(dirs + files):
+            if os.path.islink(os.path.join(root, name)):
+                return Path(root) / name
+    return None
 
 
 def check_model_and_renderer(cfg: QuaeroConfig, source: str = "config") -> None:

@@ -31,7 +31,8 @@ class ReviewError(Exception):
 
 
 def load_run(run_dir: str | Path) -> dict[str, Any]:
-    path = Path(run_dir) / "events.jsonl"
+    path = Path(run_dir)
+    path = path if path.is_file() else path / "events.jsonl"  # the run folder, or its events file itself
     if not path.exists():
         raise ReviewError(f"{path}: no events.jsonl here; pass the run folder, e.g. runs/toolbench")
     try:

@@ -6,6 +6,7 @@ whose it was. The pid in the file is only for the messages; the flock is the loc
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from pathlib import Path
@@ -22,6 +23,28 @@ def _read_pid(fd: int) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+def _held(path: Path, holder: int | None) -> str:
+    return (f"{path.parent}: another `quaero train` (pid {holder or 'unknown'}) holds {path}; wait for it or "
+            "stop it, or use another [run] name")
+
+
+def refuse_if_held(run_dir: Path) -> None:
+    """Raise RunFolderLocked now when another process holds the run folder's lock: `quaero train` asks
+    before anything loads, so a second run is refused at once. Only a peek (released at once): RunLock
+    takes the lock itself."""
+    path = Path(run_dir) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # no lock file (or no folder) yet: nobody holds it
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise RunFolderLocked(_held(path, _read_pid(fd))) from None
+    finally:
+        os.close(fd)
+
+
 class RunLock:
     """Held for the whole run. `stale_pid`: the pid of a previous holder that died holding it."""
 
@@ -32,14 +55,19 @@ class RunLock:
 
     def __enter__(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # never through a link: truncating the lock file would truncate whatever it points at
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            raise RunFolderLocked(f"{self.path} is a link to {os.path.realpath(self.path)}; a run folder holds no "
+                                  "links: remove it") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _read_pid(fd)
             os.close(fd)
-            raise RunFolderLocked(f"{self.path.parent}: another `quaero train` (pid {holder or 'unknown'}) holds "
-                                  f"{self.path}; wait for it or stop it, or use another [run] name") from None
+            raise RunFolderLocked(_held(self.path, holder)) from None
         previous = _read_pid(fd)  # a clean exit empties the file: a pid here died holding the lock
         self.stale_pid = previous if previous != os.getpid() else None
         os.ftruncate(fd, 0)

@@ -73,6 +73,7 @@ class Components:
     cursor: int = 0  # next train task index
     empty_steps: int = 0  # consecutive steps that trained no row
     empty_drops: dict[str, int] = field(default_factory=dict)  # their drop reasons, counted
+    empty_exhausted: int = 0  # their episodes that ended with no room left for a turn
 
 
 def make_task(cfg: QuaeroConfig, split: str, index: int) -> dict:
@@ -218,18 +219,23 @@ def run_step(c: Components, step: int, *, sft: bool) -> dict[str, Any]:
 def _empty_run(c: Components, step: int, m: dict[str, Any]) -> str | None:
     """Count consecutive steps without a trained row; after `max_empty_steps` of them, why the run stops."""
     if m["rows"]:
-        c.empty_steps, c.empty_drops = 0, {}
+        c.empty_steps, c.empty_drops, c.empty_exhausted = 0, {}, 0
         return None
     c.empty_steps += 1
     for kind, n in drop_reasons(m).items():
         c.empty_drops[kind] = c.empty_drops.get(kind, 0) + n
+    c.empty_exhausted += m.get("context_exhausted", 0)
     limit = c.cfg.training.max_empty_steps
     if c.empty_steps < limit:
         return None
     steps = f"steps {step - limit + 1}-{step}" if limit > 1 else f"step {step}"
     reasons = ", ".join(f"{n}x {kind}" for kind, n in sorted(c.empty_drops.items())) or "none dropped"
+    exhausted = (f"; {c.empty_exhausted} episode(s) ended with no room for a turn (context_exhausted): [sampler] "
+                 f"max_tokens={c.cfg.sampler.max_tokens} leaves too little of [model] max_seq_len="
+                 f"{c.cfg.model.max_seq_len} for the prompt; lower max_tokens or raise max_seq_len"
+                 if c.empty_exhausted else "")
     return (f"{steps} trained no row ([training] max_empty_steps={limit}); dropped episodes by reason: "
-            f"{reasons}; the env_episode_dropped events in {c.cfg.run_dir / 'events.jsonl'} say why")
+            f"{reasons}{exhausted}; the env_episode_dropped events in {c.cfg.run_dir / 'events.jsonl'} say why")
 
 
 def _save(c: Components, step: int) -> Path:
@@ -287,44 +293,54 @@ def _resume(c: Components, found: tuple[Path, dict] | None) -> int:
     if found is None:
         return 0
     path, state = found
-    c.trainer.load_state_dict(state["backend"], shards=path / checkpoint.SHARDS)
+    try:  # the manifest vouches for the bytes, not for what they hold (a crafted or foreign state)
+        c.trainer.load_state_dict(state["backend"], shards=path / checkpoint.SHARDS)
+        rank_rng = state.get("rank_rng")
+        same_ranks = isinstance(rank_rng, list) and len(rank_rng) == ranks.world_size()
+        checkpoint.set_rng_state(rank_rng[ranks.rank()] if same_ranks else state["rng"])
+        c.cursor = int(state["cursor"])
+        c.cumulative = Cumulative(dict(state["cumulative"]))
+    except Exception as e:  # noqa: BLE001 - any failure here means: this checkpoint cannot be resumed
+        why = (str(e).splitlines() or [""])[0][:300]
+        raise checkpoint.CheckpointError(
+            f"{path}: verified but cannot be loaded into this run ({type(e).__name__}: {why}); move that folder "
+            "aside to resume from the one before it, or pass --restart to start over at step 1") from None
     c.sampler_behind = not c.shares_model  # pushed before the sampler's next use
-    rank_rng = state.get("rank_rng")
-    same_ranks = rank_rng is not None and len(rank_rng) == ranks.world_size()
-    checkpoint.set_rng_state(rank_rng[ranks.rank()] if same_ranks else state["rng"])
-    c.cursor = state["cursor"]
-    c.cumulative = Cumulative(state["cumulative"])
     log.info("resumed", path=str(path), step=state["step"])
     return state["step"]
 
 
 class StopRequest:
-    """First Ctrl-C: finish the current step, checkpoint it, stop cleanly. Second Ctrl-C: abort now
-    (the last periodic checkpoint stays the resume point: a half-done step is never saved)."""
+    """First Ctrl-C or SIGTERM (what `timeout`, a scheduler or a container stop sends): finish the current
+    step, checkpoint it, stop cleanly. A second one: abort now (the last periodic checkpoint stays the
+    resume point: a half-done step is never saved)."""
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous = None
+        self._previous: dict = {}
 
     def __enter__(self):
         import signal
         import threading
 
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
         return self
 
     def _handle(self, signum, frame) -> None:
+        import signal
+
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        log.warning("stop_requested", note="finishing this step, then checkpointing; Ctrl-C again aborts")
+        log.warning("stop_requested", signal=signal.Signals(signum).name,
+                    note="finishing this step, then checkpointing; a second Ctrl-C or SIGTERM aborts")
 
     def __exit__(self, *exc) -> None:
         import signal
 
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
 
 
 def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path, dict] | None) -> None:
@@ -390,8 +406,8 @@ def _agreed_resume_point(cfg: QuaeroConfig, *, resume: bool, restart: bool) -> t
 
 
 def train(cfg: QuaeroConfig, *, resume: bool = False, restart: bool = False, source: str = "config") -> Path:
-    """Run the job; returns the run folder. Ctrl-C finishes the step, checkpoints, shuts down env servers
-    and the sampler, and raises KeyboardInterrupt (the CLI exits 130). A run folder with checkpoints is
+    """Run the job; returns the run folder. Ctrl-C (or SIGTERM) finishes the step, checkpoints, shuts down env
+    servers and the sampler, and raises KeyboardInterrupt (the CLI exits 130). A run folder with checkpoints is
     resumed from its newest intact one; `restart` starts over at step 1 instead (see _resume_point).
     Raises RunFolderLocked when another process trains in the same run folder.
 

@@ -143,8 +143,16 @@ class Trainer:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
+        from trainers.shard_reader import SafeLoadPlanner, SafeShardReader
+
         state = self._dcp_state()  # the layout to read into: this trainer's (any number of ranks)
-        dcp.load(state, checkpoint_id=str(folder), no_dist=distributed.world_size() == 1)
+        # DCP's default reader unpickles: a crafted shards/ folder would run code (trainers/shard_reader.py)
+        reader = SafeShardReader(folder)
+        reader.read_metadata()  # a refused or missing metadata file fails here, as itself
+        try:
+            dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=distributed.world_size() == 1)
+        except dcp.CheckpointException as e:  # a BaseException: make it an error callers catch
+            raise ValueError(f"shards in {folder} cannot be read: {e}") from None
         set_state_dict(self.microbatch_forward, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
 

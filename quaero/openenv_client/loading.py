@@ -182,7 +182,12 @@ def load_entry(entry: str, kwargs: dict[str, Any] | None = None, action: str | N
         env_cls, factory = obj, _bind(obj, entry, kwargs or {})
     elif callable(obj) and not inspect.isclass(obj):
         factory = _bind(obj, entry, kwargs or {})
-        probe = factory()  # a factory: build one instance to learn its class
+        try:
+            probe = factory()  # a factory: build one instance to learn its class
+        except Exception as e:  # noqa: BLE001 - an entry that is not an env factory (json:dumps) fails any way
+            raise ConfigError(f"[env] entry={entry!r}: calling it with [env] kwargs={kwargs or {}!r} failed "
+                              f"({type(e).__name__}: {str(e)[:160]}); name an openenv Environment subclass or a "
+                              "function returning one") from None
         if not isinstance(probe, Environment):
             raise ConfigError(f"[env] entry={entry!r}: the factory returned {type(probe).__name__}, "
                               "not an openenv Environment")

@@ -113,9 +113,12 @@ class LocalServer:
                "--parent-pid", str(os.getpid()), "--kwargs", json.dumps(self.kwargs)]
         if self.action:
             cmd += ["--action", self.action]
+        # a session of its own: a terminal's Ctrl-C (sent to the whole foreground group) is for quaero, which
+        # finishes the step on these servers and then stops them; they still exit with their parent (--parent-pid)
         with self._log_path.open("ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                         pass_fds=(self._sock.fileno(),), stdin=subprocess.DEVNULL)
+                                         pass_fds=(self._sock.fileno(),), stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
 
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s

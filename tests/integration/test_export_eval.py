@@ -102,6 +102,7 @@ def test_lora_export_is_a_peft_adapter_and_merge_gives_the_same_logits(lora_run,
     torch.testing.assert_close(merged, adapter_logits, atol=1e-5, rtol=0)
 
 
+@pytest.mark.hostile
 def test_export_refuses_a_used_folder_and_names_the_kept_steps(full_run, full_export, capsys):
     run_dir, _ = full_run
     assert cli.main(["export", str(run_dir), str(full_export)]) == 1
@@ -111,12 +112,22 @@ def test_export_refuses_a_used_folder_and_names_the_kept_steps(full_run, full_ex
     assert "--step 7: no such checkpoint; kept: step-000003" in err and err.count("\n") == 1
     assert cli.main(["export", str(full_export), str(full_export.parent / "x")]) == 1  # not a run folder
     assert "config.json: not a quaero run config" in capsys.readouterr().err
+    import shutil
+
+    torn = shutil.copytree(run_dir, full_export.parent / "torn-run")  # every checkpoint corrupt
+    (torn / "checkpoints" / "step-000003" / "tensors.safetensors").write_bytes(b"torn")
+    assert cli.main(["export", str(torn), str(full_export.parent / "y")]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert err == [(f"error: {torn / 'checkpoints'}: no intact checkpoint to resume from (step-000003: "
+                    "tensors.safetensors does not match its manifest hash (torn or corrupt)); train the run again "
+                    "(quaero train CONFIG --restart)")]
 
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.hostile
 def test_eval_compare_oracle_vs_wrong_answers_on_toolbench(tmp_path, capsys):
     """The known-good (the env's oracle) and known-bad (same lookups, wrong answer) policies through
     the same driver and scoring: A wins every pair, so the paired difference is exactly +1."""
@@ -125,6 +136,7 @@ def test_eval_compare_oracle_vs_wrong_answers_on_toolbench(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert code == 0, printed
     out = next((tmp_path / "toolbench").glob("eval-*"))  # the default: the config's run folder
+    assert list((out / "env-servers").glob("server-*.log"))  # the env server's log is kept beside the results
     summary = json.loads((out / "summary.json").read_text())
     good, bad = summary["results"]
     assert (good["successes"], good["finished"], good["reward_mean"]) == (6, 6, 1.0)
@@ -181,10 +193,19 @@ def test_eval_adapter_folder_equals_its_run(lora_run, tmp_path, capsys):
     assert paired["a_only"] == paired["b_only"] == 0 and paired["mcnemar_p"] == 1.0
 
 
+@pytest.mark.hostile
 def test_eval_rejects_an_unknown_model_in_one_line(tmp_path, capsys):
     assert cli.main(["eval", TOOLBENCH, "--model", str(tmp_path / "nowhere")]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"error: --model {tmp_path / 'nowhere'}: not a run folder") and err.count("\n") == 1
+    for name, text in (("config.json", "[1"), ("adapter_config.json", '{"x": 1}')):  # foreign model folders
+        folder = tmp_path / name.split(".")[0]
+        folder.mkdir()
+        (folder / name).write_text(text)
+        assert cli.main(["eval", TOOLBENCH, "--model", str(folder)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: --model {folder}: {folder / name} is not a Hugging Face model config (")
+        assert err.count("\n") == 1
 
 
 # ── whole runs ───────────────────────────────────────────────────────────────────────────────────────

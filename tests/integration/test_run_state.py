@@ -40,7 +40,8 @@ def wait_for(predicate, timeout: float = 240, what: str = "") -> None:
         time.sleep(0.2)
 
 
-def test_crafted_checkpoint_never_runs_and_unusable_checkpoints_are_refused(tmp_path):
+@pytest.mark.hostile
+def test_crafted_checkpoint_never_runs_and_unusable_checkpoints_are_refused(tmp_path, capsys):
     from quaero.train import train
 
     path, cfg = make_config(tmp_path, "crafted", steps=0, warmup=2, eval_every=0, eval_tasks=0,
@@ -52,6 +53,7 @@ def test_crafted_checkpoint_never_runs_and_unusable_checkpoints_are_refused(tmp_
 
     marker = tmp_path / "code-ran"
     payload = pickle.dumps(_Payload(marker))
+    intact = {name: (ckpts[-1] / name).read_bytes() for name in ("tensors.safetensors", "state.json")}
     for folder in ckpts:  # every file a pickle (the old loader's state.pt too), the manifest vouching for each
         manifest = json.loads((folder / "manifest.json").read_text())
         for name in ("tensors.safetensors", "state.json", "state.pt"):
@@ -68,11 +70,37 @@ def test_crafted_checkpoint_never_runs_and_unusable_checkpoints_are_refused(tmp_
         assert "step-000002: unreadable" in line and "step-000001: unreadable" in line and "--restart" in line
     skipped = events_of(run_dir, "checkpoint_skipped")
     assert {Path(e["path"]).name for e in skipped} == {"step-000001", "step-000002"}
+
+    # a sharded checkpoint's shards/.metadata is what torch.distributed.checkpoint reads with pickle: a real
+    # state that says its model is in shards/, a payload there, the manifest vouching for both
+    newest = ckpts[-1]
+    doc = json.loads(intact["state.json"])
+    backend = doc["state"]["backend"]
+    doc["state"]["backend"] = {"backend": backend["backend"], "lora": False, "steps_done": 2, "shards": "dcp",
+                               "scheduler": backend["scheduler"]}
+    (newest / "state.pt").unlink()
+    (newest / "tensors.safetensors").write_bytes(intact["tensors.safetensors"])
+    (newest / "state.json").write_text(json.dumps(doc))
+    (newest / "shards").mkdir()
+    (newest / "shards" / ".metadata").write_bytes(payload)
+    hashes = {n: checkpoint._sha256(newest / n) for n in ("tensors.safetensors", "state.json", "shards/.metadata")}
+    (newest / "manifest.json").write_text(json.dumps({"format": checkpoint.FORMAT, "step": 2, "sha256": hashes}))
+    assert checkpoint.verify(newest) is None
+    from quaero.cli import main  # in this process: the imports are paid for already
+
+    capsys.readouterr()
+    assert main(["train", str(path), "--resume"]) == 1 and not marker.exists()
+    assert main(["export", str(run_dir), str(tmp_path / "out")]) == 1 and not marker.exists()
+    train_line, export_line = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
+    assert train_line.startswith(f"error: {newest}: verified but cannot be loaded into this run (UnpicklingError: "
+                                 "shard metadata names pathlib.Path.touch, which is not checkpoint metadata")
+    assert export_line.startswith(f"error: {newest}: verified but cannot be loaded into 'tiny-qwen3'")
     pickle.loads(payload)  # the payload is live: had anything unpickled it, the marker would exist
     assert marker.exists()
 
 
 @pytest.mark.slow
+@pytest.mark.hostile
 def test_restart_starts_over_and_keeps_the_unusable_checkpoints_aside(tmp_path):
     from quaero.train import train
 
@@ -90,6 +118,7 @@ def test_restart_starts_over_and_keeps_the_unusable_checkpoints_aside(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.hostile
 def test_a_full_disk_stops_the_run_in_one_line_and_a_killed_write_does_not_block_resume(tmp_path, monkeypatch):
     from quaero.train import train
 
@@ -126,6 +155,7 @@ def test_a_full_disk_stops_the_run_in_one_line_and_a_killed_write_does_not_block
 
 
 @pytest.mark.slow
+@pytest.mark.hostile
 def test_one_train_per_run_folder_stale_lock_taken_over_and_a_deleted_events_file_recreated(tmp_path):
     from quaero.train import train
 
@@ -162,3 +192,36 @@ def test_one_train_per_run_folder_stale_lock_taken_over_and_a_deleted_events_fil
     assert events_of(cfg.run_dir, "run_end")[-1]["status"] == "finished"
     assert first_server and not alive(first_server)  # the killed run's env server exited with it
     assert os.path.getsize(cfg.run_dir / "train.lock") == 0  # a clean exit leaves no pid behind
+
+
+@pytest.mark.slow
+@pytest.mark.hostile
+def test_a_terminal_ctrl_c_and_a_sigterm_each_finish_the_step_checkpoint_it_and_resume(tmp_path):
+    """Ctrl-C in a terminal reaches the whole foreground process group (the env servers too); SIGTERM is what
+    `timeout`, schedulers and container stops send. Each: the step in progress finishes on live servers, is
+    checkpointed, and the next run resumes from it."""
+    path, cfg = make_config(tmp_path, "signals", steps=0, warmup=200, eval_every=0, eval_tasks=0,
+                            extra=["training.checkpoint_every=1000"])
+    events = cfg.run_dir / "events.jsonl"
+    ends = []
+    for stop in ("SIGINT to the group", "SIGTERM"):
+        trained = len(events_of(cfg.run_dir, "train_step")) if events.exists() else 0
+        proc = subprocess.Popen([sys.executable, "-m", "quaero.cli", "train", str(path)], cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        wait_for(lambda seen=trained: events.exists() and len(events_of(cfg.run_dir, "train_step")) > seen,
+                 what=f"a train step before the {stop}")
+        if stop == "SIGTERM":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=240)
+        assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted", err
+        ends.append(events_of(cfg.run_dir, "run_end")[-1])
+        assert ends[-1]["status"] == "interrupted"
+        assert (cfg.run_dir / "checkpoints" / f"step-{ends[-1]['steps']:06d}").is_dir()
+    assert [e["signal"] for e in events_of(cfg.run_dir, "stop_requested")] == ["SIGINT", "SIGTERM"]
+    assert [e["step"] for e in events_of(cfg.run_dir, "resumed")] == [ends[0]["steps"]]
+    assert ends[1]["steps"] > ends[0]["steps"]
+    assert not events_of(cfg.run_dir, "env_server_died") and not events_of(cfg.run_dir, "env_retry")
+    server_pids = [e["pid"] for e in events_of(cfg.run_dir, "env_server_started")]
+    assert len(server_pids) == 2 and not alive(server_pids)

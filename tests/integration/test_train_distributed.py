@@ -87,18 +87,24 @@ def test_fsdp2_stopped_and_resumed_from_shards_equals_uninterrupted(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.hostile
 def test_a_locked_run_folder_ends_every_rank_with_the_lock_error(tmp_path):
-    """Rank 0 cannot take the run lock: every rank stops with its message (none waits in a collective)."""
+    """`--nproc` refuses a locked run folder before it launches any rank; ranks torchrun launched itself stop
+    when rank 0 cannot take the lock: every rank with its message (none waits in a collective)."""
     from quaero.runlock import RunLock
 
     path, cfg = make_config(tmp_path, "locked", steps=1, warmup=0, eval_every=0, eval_tasks=0)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    config = str(with_strategy(path, "ddp"))
     with RunLock(cfg.run_dir):
-        proc = subprocess.run([sys.executable, "-m", "quaero.cli", "train", str(with_strategy(path, "ddp")),
-                               "--nproc", "2"], check=False, cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=600)
-    assert proc.returncode == 1
-    assert proc.stderr.count("error: ") == 2 and proc.stderr.count(f"holds {cfg.run_dir / 'train.lock'}") == 2
+        launcher = subprocess.run([sys.executable, "-m", "quaero.cli", "train", config, "--nproc", "2"], check=False,
+                                  cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        ranks = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                                "-m", "quaero.cli", "train", config], check=False, cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=600)
+    assert launcher.returncode == 1 and launcher.stderr.count(f"holds {cfg.run_dir / 'train.lock'}") == 1
+    assert ranks.returncode == 1
+    assert ranks.stderr.count("error: ") == 2 and ranks.stderr.count(f"holds {cfg.run_dir / 'train.lock'}") == 2
     assert not (cfg.run_dir / "events.jsonl").exists()
 
 

@@ -58,6 +58,7 @@ def test_main_job_short_run_logs_proofs_and_cleans_up(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.hostile
 def test_ctrl_c_then_resume_equals_uninterrupted(tmp_path):
     from quaero.train import train
 
@@ -131,6 +132,24 @@ def test_a_run_that_trains_nothing_exits_1_naming_the_drop_reasons(tmp_path):
     assert end["status"] == "failed" and end["drop_reasons"] == {"server_error": 8} and end["steps"] == 2
     assert len(events_of(cfg.run_dir, "env_episode_dropped")) == 8
     assert not (cfg.run_dir / "checkpoints").exists()
+
+
+@pytest.mark.hostile
+def test_a_run_whose_prompts_never_fit_stops_naming_the_context_budget(tmp_path):
+    """[sampler] max_tokens leaves no room of [model] max_seq_len for the first prompt: every episode ends
+    truncated (context_exhausted, nothing dropped), no row is built, and the error says which settings to change."""
+    from quaero.train import EmptyRunError, train
+
+    _, cfg = make_config(tmp_path, "budget", steps=3, warmup=0, eval_every=0, eval_tasks=0,
+                         extra=["model.max_seq_len=256", "sampler.max_tokens=200", "env.launcher='inprocess'",
+                                "training.max_empty_steps=2"])
+    with pytest.raises(EmptyRunError) as e:
+        train(cfg)
+    assert str(e.value).startswith("steps 1-2 trained no row ([training] max_empty_steps=2); dropped episodes by "
+                                   "reason: none dropped; 8 episode(s) ended with no room for a turn "
+                                   "(context_exhausted): [sampler] max_tokens=200 leaves too little of [model] "
+                                   "max_seq_len=256 for the prompt; lower max_tokens or raise max_seq_len")
+    assert [s["context_exhausted"] for s in events_of(cfg.run_dir, "train_step")] == [4, 4]
 
 
 @pytest.mark.vllm

@@ -72,6 +72,7 @@ def test_restored_rng_replays_the_same_draws(tmp_path):
     assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
 
 
+@pytest.mark.hostile
 def test_a_hash_valid_pickle_is_skipped_without_running(tmp_path):
     """Whoever can write a checkpoint can write its manifest: the hashes are no defence, the format is."""
     marker = tmp_path / "pwned"
@@ -99,6 +100,7 @@ class _Payload:
         return (Path.touch, (Path(self.marker),))
 
 
+@pytest.mark.hostile
 def test_an_older_pickle_checkpoint_is_never_opened(tmp_path):
     old = tmp_path / "step-000004"
     old.mkdir()
@@ -109,6 +111,7 @@ def test_an_older_pickle_checkpoint_is_never_opened(tmp_path):
     assert "step-000004: state.pt is a pickle written by an older quaero" in str(e.value)
 
 
+@pytest.mark.hostile
 def test_all_corrupt_names_every_folder_and_why(tmp_path):
     a = checkpoint.save(tmp_path, 2, trained_state(2))
     b = checkpoint.save(tmp_path, 4, trained_state(4))
@@ -122,6 +125,7 @@ def test_all_corrupt_names_every_folder_and_why(tmp_path):
     assert checkpoint.load_latest(tmp_path / "none") is None  # no checkpoints at all: a fresh start
 
 
+@pytest.mark.hostile
 def test_pruning_counts_only_intact_checkpoints(tmp_path):
     """A run resumed from step 4 past corrupt 6 and 8 saves step 5: 5 and 4 are kept, not 6 and 8."""
     for step in (2, 4, 6, 8):
@@ -138,6 +142,26 @@ def test_pruning_counts_only_intact_checkpoints(tmp_path):
     assert checkpoint.verify(tmp_path / "step-000006") is None
 
 
+@pytest.mark.hostile
+def test_pruning_never_counts_a_newer_folder_whose_hashes_match_but_which_cannot_load(tmp_path):
+    """Resumed from step 4 past 6 and 8 (their state.json a pickle, the manifest updated: hash-valid, unloadable):
+    saving step 5 must not count 6 and 8 as the two kept and delete 5 and 4."""
+    for step in (2, 4, 6, 8):
+        checkpoint.save(tmp_path, step, trained_state(step), keep=10)
+    for step in (6, 8):
+        folder = tmp_path / f"step-{step:06d}"
+        manifest = json.loads((folder / "manifest.json").read_text())
+        (folder / "state.json").write_bytes(pickle.dumps({"step": step}))
+        manifest["sha256"]["state.json"] = checkpoint._sha256(folder / "state.json")
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+    assert checkpoint.load_latest(tmp_path)[0].name == "step-000004"
+    checkpoint.save(tmp_path, 5, trained_state(5), keep=2)
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000004", "step-000005", "step-000006",
+                                                                "step-000008"]
+    assert checkpoint.load_latest(tmp_path)[0].name == "step-000005"
+
+
+@pytest.mark.hostile
 def test_orphan_temp_folders_are_removed(tmp_path):
     checkpoint.save(tmp_path, 1, trained_state(1))
     orphan = tmp_path / ".step-000002-abc123"
@@ -147,6 +171,7 @@ def test_orphan_temp_folders_are_removed(tmp_path):
     assert not orphan.exists() and checkpoint.load_latest(tmp_path)[1]["step"] == 1
 
 
+@pytest.mark.hostile
 def test_a_full_disk_is_one_line_and_the_previous_checkpoint_stays(tmp_path, monkeypatch):
     checkpoint.save(tmp_path, 1, trained_state(1))
 
@@ -166,6 +191,7 @@ def test_a_full_disk_is_one_line_and_the_previous_checkpoint_stays(tmp_path, mon
     assert path.name == "step-000001" and same(state["backend"]["model"], trained_state(1)["backend"]["model"])
 
 
+@pytest.mark.hostile
 def test_a_real_write_failure_is_caught(tmp_path):
     """A real failing write (the file size limit, EFBIG) in a child process, not a patched function."""
     code = textwrap.dedent(f"""
@@ -191,6 +217,31 @@ def test_a_real_write_failure_is_caught(tmp_path):
     assert checkpoint.load_latest(tmp_path)[1]["step"] == 1
 
 
+@pytest.mark.hostile
+def test_a_process_killed_mid_write_leaves_nothing_that_blocks_resume(tmp_path):
+    """A real SIGKILL of the writing process, after the files are written and before the rename."""
+    code = textwrap.dedent(f"""
+        import os, signal
+        from pathlib import Path
+        import torch
+        from quaero import checkpoint
+        root = Path({str(tmp_path)!r})
+        checkpoint.save(root, 1, {{"step": 1, "w": torch.ones(10)}})
+        checkpoint._fsync = lambda path: os.kill(os.getpid(), signal.SIGKILL)
+        checkpoint.save(root, 2, {{"step": 2, "w": torch.zeros(10)}})
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    (orphan,) = tmp_path.glob(".step-000002-*")
+    assert (orphan / "tensors.safetensors").exists() and not (tmp_path / "step-000002").exists()
+    assert checkpoint.load_latest(tmp_path)[1]["step"] == 1
+    assert checkpoint.remove_orphans(tmp_path) == [orphan] and not orphan.exists()
+    checkpoint.save(tmp_path, 2, {"step": 2, "w": torch.zeros(10)})
+    assert checkpoint.load_latest(tmp_path)[1]["step"] == 2
+
+
+@pytest.mark.hostile
 def test_shard_files_written_first_are_hashed_and_verified(tmp_path):
     """A sharded trainer's files (written into `temp_folder` by every rank) join the manifest: a torn or
     missing shard makes the checkpoint skipped like a torn tensors file."""
@@ -211,6 +262,7 @@ def test_shard_files_written_first_are_hashed_and_verified(tmp_path):
     assert checkpoint.verify(path) == "shards/__0_0.distcp missing"
 
 
+@pytest.mark.hostile
 def test_a_manifest_naming_a_file_outside_its_folder_is_refused(tmp_path):
     path = checkpoint.save(tmp_path, 1, {"step": 1})
     manifest = json.loads((path / checkpoint.MANIFEST).read_text())

@@ -42,6 +42,7 @@ def test_override_sets_any_field_with_toml_types():
     ("echo.weight=-1", "[echo] weight=-1"),
     ("backend.options.train_compile_selective_ce='sometimes'", "train_compile_selective_ce='sometimes'"),
 ])
+@pytest.mark.hostile
 def test_bad_values_name_file_section_key_and_value(override, needle):
     with pytest.raises(ConfigError) as e:
         load_config(MAIN, [override])
@@ -94,6 +95,7 @@ def test_env_urls_mean_remote_servers_and_exclude_url(tmp_path):
         """))
 
 
+@pytest.mark.hostile
 def test_invalid_toml_and_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(write(tmp_path, "[run\n"))
@@ -102,6 +104,7 @@ def test_invalid_toml_and_missing_file(tmp_path):
 
 
 @pytest.mark.parametrize("override", ["training.stepz=3", "training.steps=-1", "backend.backend='tinker'"])
+@pytest.mark.hostile
 def test_cli_check_exits_1_with_one_line_and_no_traceback(override):
     r = subprocess.run(check=False, args=[sys.executable, "-m", "quaero.cli", "check", str(MAIN), "--set", override],
                        capture_output=True, text=True, cwd=ROOT)
@@ -131,12 +134,14 @@ def test_cli_check_prints_plan():
     ("env.url='ws://127.0.0.1:9'", "[env] url/urls is set but launcher='local-server'; set launcher='remote'"),
     ("env.launcher='remote'", "[env]: launcher='remote' needs url"),
 ])
+@pytest.mark.hostile
 def test_meaningless_settings_are_refused_before_anything_loads(override, needle):
     with pytest.raises(ConfigError) as e:
         load_config(MAIN, [override])
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.hostile
 def test_an_entry_beside_a_server_url_is_refused_not_silently_ignored():
     with pytest.raises(ConfigError, match=r"entry='envs.toolbench:ToolBenchEnv' and url='ws://127.0.0.1:9' are both set"):
         load_config(MAIN, ["env.url='ws://127.0.0.1:9'", "env.launcher='remote'", "env.kwargs={}"])
@@ -147,6 +152,7 @@ def test_settings_that_only_matter_for_rl_are_fine_without_rl_steps():
     assert cfg.training.group_size == 1 and cfg.sampler.top_p == 0.5
 
 
+@pytest.mark.hostile
 def test_unreadable_config_files_are_one_line_errors(tmp_path):
     bad = tmp_path / "latin1.toml"
     bad.write_bytes(b"\xff\xfe[run]\n")
@@ -158,3 +164,34 @@ def test_unreadable_config_files_are_one_line_errors(tmp_path):
         load_config(MAIN, ["=3"])
     with pytest.raises(ConfigError, match=r"--set 'training.=3': the key is empty"):
         load_config(MAIN, ["training.=3"])
+
+
+@pytest.mark.hostile
+def test_a_config_or_override_nested_thousands_deep_is_one_line(tmp_path):
+    deep = "[" * 5000 + "]" * 5000
+    p = tmp_path / "deep.toml"
+    p.write_text(MAIN.read_text() + f"\n[logging]\nreport_to = {deep}\n")
+    with pytest.raises(ConfigError, match=r"deep.toml: nests arrays or tables too deeply to read"):
+        load_config(p)
+    with pytest.raises(ConfigError, match=r"^--set env.kwargs=\.\.\.: the value nests too deeply to read"):
+        load_config(MAIN, [f"env.kwargs={deep}"])
+
+
+@pytest.mark.hostile
+def test_a_pasted_huge_value_is_cut_in_its_error_line():
+    with pytest.raises(ConfigError) as e:
+        load_config(MAIN, [f"training.steps='{'x' * 100_000}'"])
+    assert "[training] steps='xxx" in str(e.value) and "... (100002 characters)" in str(e.value)
+    assert len(str(e.value)) < 500
+
+
+@pytest.mark.hostile
+def test_the_plan_of_a_huge_step_count_is_counted_not_enumerated():
+    from quaero.cli import work_line
+
+    line = work_line(load_config(MAIN, ["training.steps=10000000000000000000000", "training.eval_every=7"]))
+    assert work_line(load_config(MAIN, ["training.steps=9", "training.warmup_sft_steps=0", "training.eval_every=4"])) \
+        .split("eval ")[1].startswith("256 (4 evals x 64)")  # 0, 4, 8 and the last, 9
+    total = 500 + 10**22  # the main job's warm start, then the RL steps
+    evals = 1 + total // 7 + (total % 7 != 0)  # untrained, every 7th step, and the last
+    assert "(10000000000000000000000 steps x 4 x 4)" in line and f"({evals} evals x 64)" in line

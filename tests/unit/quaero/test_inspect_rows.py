@@ -126,3 +126,26 @@ def test_a_relabelled_action_span_is_caught_and_a_tty_gets_colours(run_dir, qwen
         f"step {STEP} row 0: turn {rec['spans'][k][3]}'s sampled action ids have no action span"]
     shown = render_terminal(saved(run_dir)[:1], qwen3_tokenizer, color=True)
     assert "\x1b[1;32m<think>" in shown and "[action]" not in shown and shown.splitlines()[-1].startswith("legend:")
+
+
+@pytest.mark.hostile
+def test_unreadable_or_foreign_lines_are_counted_and_a_foreign_folder_is_one_line(run_dir, tmp_path, capsys):
+    with step_file(run_dir, STEP).open("ab") as f:  # a torn, a non-UTF-8, a non-row and a wrong-shaped line
+        f.write(b'{"torn\n\xff\xfe\n[1, 2]\n{"input_ids": [1], "spans": [["weird", 0, 1, 0]]}\n')
+    assert cli.main(["inspect", "rows", str(run_dir)]) == 0
+    assert capsys.readouterr().err == (f"warning: {run_dir / 'rows'}: 4 line(s) are not saved rows (not UTF-8 JSON "
+                                       "rows) and are left out\n")
+    assert cli.main(["inspect", "rows", str(run_dir), "--verify"]) == 1  # integrity: an unreadable line is a problem
+    assert "1 problem(s) in 3 rows" in capsys.readouterr().err
+
+    foreign = tmp_path / "foreign"
+    (foreign / "rows").mkdir(parents=True)
+    (foreign / "rows" / "step-000001.jsonl").write_bytes(b'\xff\n{"x": 1}\n')
+    (foreign / "config.json").write_text('{"model": 3}')
+    assert cli.main(["inspect", "rows", str(foreign), "--verify"]) == 1
+    assert capsys.readouterr().err == (f"error: {foreign / 'rows'}: no readable row in 2 line(s) (not UTF-8 JSON rows "
+                                       "that quaero saved); pass a run folder that `quaero train` wrote\n")
+    (foreign / "rows" / "step-000001.jsonl").write_bytes(step_file(run_dir, STEP).read_bytes())
+    assert cli.main(["inspect", "rows", str(foreign)]) == 1
+    assert capsys.readouterr().err.endswith(f"error: {foreign / 'config.json'}: not a quaero run config (no [model] "
+                                            "name); pass a run folder that `quaero train` wrote\n")

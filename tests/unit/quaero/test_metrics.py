@@ -1,6 +1,8 @@
 """The run log: valid JSON lines with stable fields, flushed per event, torn lines tolerated."""
 import json
 
+import pytest
+
 from quaero import metrics
 
 
@@ -24,6 +26,7 @@ def test_events_are_json_lines_with_stable_fields(tmp_path):
     assert events[0]["local_train_selective_hidden_logprob_batches"] == 2
 
 
+@pytest.mark.hostile
 def test_a_deleted_or_replaced_events_file_is_recreated_with_a_notice(tmp_path):
     metrics.configure(console="none")
     log = metrics.get_logger("test")
@@ -46,6 +49,7 @@ def test_a_deleted_or_replaced_events_file_is_recreated_with_a_notice(tmp_path):
     assert [e["loss"] for e in moved[1:]] == [0.5, 0.25]
 
 
+@pytest.mark.hostile
 def test_read_events_skips_a_torn_last_line(tmp_path):
     p = tmp_path / "events.jsonl"
     p.write_text('{"event": "a", "step": 1}\n{"event": "b", "st')
@@ -53,6 +57,7 @@ def test_read_events_skips_a_torn_last_line(tmp_path):
     assert [e["event"] for e in events] == ["a"] and unreadable == 1
 
 
+@pytest.mark.hostile
 def test_read_events_counts_lines_that_are_not_utf8_json_objects(tmp_path):
     p = tmp_path / "events.jsonl"
     p.write_bytes(b'{"event": "a"}\n\xff\xfe{"event": "b"}\n[1, 2]\n"text"\nnull\n\n   \n' + b"[" * 100_000
@@ -71,3 +76,39 @@ def test_cumulative_rules():
     assert tot["peak_mem_mb"] == 10.0 and "loss" not in tot
     assert tot["local_train_compile_selective_ce_mode"] == "off"
     assert tot["local_train_selective_suffix_logits"] is True
+
+
+@pytest.mark.hostile
+def test_a_full_disk_loses_only_the_events_it_could_not_write_and_never_ends_the_run(tmp_path):
+    """A real failing write (the file size limit, EFBIG) in a child process: the run's logging goes on, the torn
+    line is closed, and an `events_lost` line counts what is missing once writing works again."""
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    code = textwrap.dedent(f"""
+        import resource, signal
+        from pathlib import Path
+        from quaero import metrics
+        run = Path({str(tmp_path)!r})
+        metrics.configure(console="none")
+        log = metrics.get_logger("t")
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        with metrics.RunLog(run, run_id="r"):
+            log.info("run_start")
+            limit = (run / "events.jsonl").stat().st_size + 200
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+            for i in range(5):
+                log.info("train_step", pad="y" * 150)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+            log.info("run_end")
+    """)
+    root = Path(__file__).resolve().parents[3]
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("cannot append events") == 1  # said once, not per event
+    events, unreadable = metrics.read_events(tmp_path / "events.jsonl")
+    assert [e["event"] for e in events] == ["run_start", "events_lost", "run_end"] and unreadable == 1  # the torn one
+    assert events[1]["events"] == 5

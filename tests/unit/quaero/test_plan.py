@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[3]
 MAIN = ROOT / "envs" / "toolbench.toml"
 
 
+@pytest.mark.hostile
 def test_unknown_trainer_names_file_key_value_and_choices():
     with pytest.raises(ConfigError) as e:
         load_checked(MAIN, ["backend.backend='tinker'"])
@@ -89,6 +90,7 @@ def test_every_trainer_option_reaches_the_spec():
         distributed="ddp")
 
 
+@pytest.mark.hostile
 def test_fsdp2_with_lora_is_refused_naming_the_fix():
     with pytest.raises(ConfigError) as e:
         load_config(MAIN, ["distributed.strategy='fsdp2'", "backend.lora=true"])
@@ -117,6 +119,7 @@ def test_an_unknown_distributed_strategy_is_refused_with_the_choices():
     ("model.name='/no/such/model'", "[model] name='/no/such/model': model '/no/such/model': not a local folder"),
     ("run.output_dir='/proc/quaero-runs'", "[run] output_dir='/proc/quaero-runs': cannot create folders in /proc"),
 ])
+@pytest.mark.hostile
 def test_check_probes_the_model_renderer_and_run_folder_before_any_model_loads(override, needle):
     with pytest.raises(ConfigError) as e:
         load_checked(MAIN, [override])
@@ -127,6 +130,7 @@ def test_a_renderer_that_cannot_bridge_is_fine_without_echo():
     assert load_checked(MAIN, ["model.renderer='default'", "echo.enabled=false"]).model.renderer == "default"
 
 
+@pytest.mark.hostile
 def test_output_dir_under_a_file_is_refused(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ConfigError, match="is a file, not a folder"):
@@ -145,6 +149,7 @@ def test_output_dir_under_a_file_is_refused(tmp_path):
      "'envs.toolbench.oracle' has no no_such_function(info) function"),
     (["env.entry='fixtures.guess:GuessEnv'"], "'fixtures.guess' has no oracle_policy(info) function"),
 ])
+@pytest.mark.hostile
 def test_a_warm_start_without_a_demonstrator_fails_at_check(overrides, needle):
     with pytest.raises(ConfigError) as e:
         load_checked(MAIN, overrides)
@@ -179,3 +184,46 @@ def test_a_trainer_runs_only_the_distributed_strategies_it_is_built_for():
         in str(e.value)
     for strategy in ("none", "ddp", "fsdp2"):
         assert strategy in registry.TRAINERS["local"].strategies
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("entry,needle", [
+    ("json:dumps", "[env] entry='json:dumps': calling it with [env] kwargs={} failed (TypeError: dumps() missing"),
+    ("json:loads", "[env] entry='json:loads': calling it with [env] kwargs={} failed (TypeError"),
+    ("json", "[env] entry='json': expected 'package.module:Name'"),
+])
+def test_check_imports_and_inspects_the_env_entry(entry, needle, capsys):
+    from quaero.cli import main
+
+    assert main(["check", str(MAIN), "--set", f"env.entry='{entry}'", "--set", "env.kwargs={}",
+                 "--set", "training.warmup_sft_steps=0"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and needle in err and err.count("\n") == 1, err
+
+
+@pytest.mark.hostile
+def test_a_run_folder_that_is_a_file_a_link_outside_or_holds_a_link_is_refused(tmp_path):
+    out, elsewhere = tmp_path / "runs", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (elsewhere / "precious.txt").write_text("precious")
+
+    def refusal(name: str) -> str:
+        with pytest.raises(ConfigError) as e:
+            load_checked(MAIN, [f"run.output_dir='{out}'", f"run.name='{name}'"])
+        assert "\n" not in str(e.value)
+        return str(e.value)
+
+    (out / "afile").write_text("x")
+    assert f"[run] name='afile': {out / 'afile'} is a file, not a run folder" in refusal("afile")
+    (out / "away").symlink_to(elsewhere)  # checkpoints would be written, renamed and pruned over there
+    assert f"{out / 'away'} is a link to {elsewhere}, outside output_dir" in refusal("away")
+    (out / "trap" / "checkpoints").mkdir(parents=True)  # a planted link: quaero would write through it
+    (out / "trap" / "checkpoints" / "train.lock").symlink_to(elsewhere / "precious.txt")
+    assert f"{out / 'trap' / 'checkpoints' / 'train.lock'} is a link to {elsewhere / 'precious.txt'}; quaero would " \
+           "write through it" in refusal("trap")
+    assert (elsewhere / "precious.txt").read_text() == "precious"
+    (out / "alias").symlink_to(out / "afile2", target_is_directory=True)  # a link that stays in output_dir is fine
+    (out / "afile2").mkdir()
+    assert load_checked(MAIN, [f"run.output_dir='{out}'", "run.name='alias'"]).run_dir == out / "alias"
+    assert load_config(MAIN, ["run.output_dir='~/q'"]).run_dir == Path.home() / "q" / "toolbench"  # as check judges

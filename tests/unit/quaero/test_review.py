@@ -91,6 +91,7 @@ def test_prefix_mismatch_fails(tmp_path):
     assert review.main(args(tmp_path, require_proof=True)) == 1
 
 
+@pytest.mark.hostile
 def test_crashed_run_with_torn_line_is_reviewed(tmp_path, capsys):
     record(tmp_path, good_steps(3), end=False, torn=True)
     assert review.main(args(tmp_path, json=True)) == 0
@@ -140,9 +141,16 @@ def test_compare_side_by_side(tmp_path, capsys):
     assert "steps" in out and str(tmp_path / "b") in out
 
 
+@pytest.mark.hostile
 def test_missing_run_dir_is_a_clean_error(tmp_path, capsys):
     assert review.main(args(tmp_path / "nope")) == 1
     assert "no events.jsonl" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert review.main(args(tmp_path / "empty")) == 1
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'empty' / 'events.jsonl'}: no events.jsonl here; pass "
+                                       "the run folder, e.g. runs/toolbench\n")
+    record(tmp_path, good_steps())
+    assert review.main(args(tmp_path / "events.jsonl")) == 0  # the events file itself, as a careless user passes it
 
 
 def review_cli(*argv):
@@ -181,6 +189,7 @@ def test_dense_rows_with_a_fallback_batch_still_fail(tmp_path, capsys):
     assert err.startswith("error: required check sparse ECHO proof: FAIL (")
 
 
+@pytest.mark.hostile
 def test_zero_trained_rows_never_pass_a_learning_proof(tmp_path, capsys):
     # every episode dropped: the steps ran, logged token counts, but no row reached the trainer
     steps = [dict(s, rows=0) for s in good_steps()]
@@ -221,6 +230,7 @@ def test_require_an_unknown_check_lists_the_valid_names(tmp_path, capsys):
                    "'ECHO loss falling', 'eval reward above untrained'\n")
 
 
+@pytest.mark.hostile
 def test_unreadable_lines_are_counted_not_fatal(tmp_path, capsys):
     record(tmp_path, good_steps(3))
     with open(tmp_path / "events.jsonl", "ab") as f:
@@ -246,6 +256,7 @@ def test_unreadable_lines_are_counted_not_fatal(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("content", [b"", b"\n\n", b"\xff\xfe\x00garbage\n[1]\n42\n{\"torn"])
+@pytest.mark.hostile
 def test_a_file_with_no_readable_line_is_a_one_line_error(tmp_path, capsys, content):
     (tmp_path / "events.jsonl").write_bytes(content)
     assert review_cli(tmp_path) == 1
@@ -254,6 +265,7 @@ def test_a_file_with_no_readable_line_is_a_one_line_error(tmp_path, capsys, cont
                                        "(not UTF-8 or not JSON objects); pass the events.jsonl a quaero run wrote\n")
 
 
+@pytest.mark.hostile
 def test_events_path_that_is_a_directory_is_a_one_line_error(tmp_path, capsys):
     (tmp_path / "events.jsonl").mkdir()
     assert review_cli(tmp_path) == 1
