@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from quaero.config import QuaeroConfig
 from quaero.export import ExportError, export_run, is_adapter, load_model
-from quaero.stats import mcnemar_exact, paired_bootstrap, wilson_interval
+from quaero.stats import mcnemar_exact, paired_bootstrap, safe_mean, wilson_interval
 
 if TYPE_CHECKING:
     from quaero.rollout import Policy
@@ -71,8 +71,7 @@ class Result:
 
 
 def _mean(xs: list[float]) -> float | None:
-    """Never raises: fmean's exact sum overflows (OverflowError) on huge finite env rewards."""
-    return sum(x / len(xs) for x in xs) if xs else None
+    return safe_mean(xs) if xs else None
 
 
 @dataclass

@@ -28,6 +28,7 @@ from quaero.config import QuaeroConfig
 from quaero.inspect_rows import save_step_rows
 from quaero.metrics import Cumulative, RunLog, configure, get_logger, set_step
 from quaero.rollout_stats import drop_reasons
+from quaero.stats import safe_mean
 
 if TYPE_CHECKING:
     from quaero.openenv_client import EnvPool
@@ -49,11 +50,11 @@ def group_advantages(rewards: list[float]) -> list[float]:
     """Group-relative advantages: reward minus the group mean (no std scaling, so a group whose
     rewards are nearly equal is not blown up into a large signal). All-equal groups give exact zeros
     (a rounded mean would leave 1e-17s that count as trained action tokens): their rows train ECHO only.
-    The mean never overflows (fmean's exact sum does, on huge finite rewards); an advantage can, when
-    the rewards span more than the float range: the caller leaves such a group out."""
+    The mean never overflows (`safe_mean`); an advantage can, when the rewards span more than the float
+    range: the caller leaves such a group out."""
     if min(rewards) == max(rewards):
         return [0.0] * len(rewards)
-    mean = sum(r / len(rewards) for r in rewards)
+    mean = safe_mean(rewards)
     return [r - mean for r in rewards]
 
 

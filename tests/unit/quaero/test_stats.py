@@ -1,5 +1,6 @@
 """quaero.stats against known values and the definitions they come from."""
 import math
+import statistics
 
 import pytest
 
@@ -50,3 +51,12 @@ def test_paired_bootstrap_keeps_the_pairing_and_reproduces():
     assert all(math.isnan(x) for x in paired_bootstrap([], []))
     with pytest.raises(ValueError, match="3 values for A but 2 for B"):
         paired_bootstrap([1, 2, 3], [1, 2])
+
+
+def test_safe_mean_is_fmean_and_survives_huge_finite_values():
+    from quaero.stats import safe_mean
+
+    assert safe_mean([1.0] * 6) == 1.0 and safe_mean([0.1, 0.2, 0.3]) == statistics.fmean([0.1, 0.2, 0.3])
+    assert safe_mean([1e308, 1e308]) == 1e308  # fmean's exact sum overflows here
+    with pytest.raises(ValueError):
+        safe_mean([])
