@@ -3,6 +3,7 @@ with each tool's reader; events.jsonl unchanged; a missing sink package is a `qu
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -92,7 +93,9 @@ def test_a_resumed_run_logs_into_the_same_wandb_run(tmp_path, monkeypatch):
     log_three_events(tmp_path, ["wandb"])  # the same run folder again: a resume
     run_id = (tmp_path / "wandb" / "quaero-run-id").read_text().strip()
     runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2 and all(r.name.endswith("-" + run_id) for r in runs)  # `wandb sync` joins them
+    # `wandb sync` joins them; two starts within one second get a "-1" after the id (the same stamp)
+    assert len(runs) == 2 and all(re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{run_id}(-\d+)?", r.name)
+                                  for r in runs), [r.name for r in runs]
     other = tmp_path / "other"
     log_three_events(other, ["wandb"])  # another run folder is another W&B run
     assert (other / "wandb" / "quaero-run-id").read_text().strip() != run_id
