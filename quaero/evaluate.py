@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from quaero.config import QuaeroConfig
+from quaero.config import QuaeroConfig, error_line
 from quaero.export import ExportError, export_run, is_adapter, load_model
 from quaero.stats import mcnemar_exact, paired_bootstrap, safe_mean, wilson_interval
 
@@ -118,9 +118,9 @@ def _check_model_folder(spec: str, folder: Path) -> None:
         elif not isinstance(json.loads((folder / name).read_text(encoding="utf-8"))["base_model_name_or_path"], str):
             raise TypeError("base_model_name_or_path is not a string")
     except Exception as e:  # noqa: BLE001 - whatever a foreign file makes the parser raise
-        why = (str(e).splitlines() or [""])[0][:200]
-        raise EvalError(f"--model {spec}: {folder / name} is not a Hugging Face model config ({type(e).__name__}: "
-                        f"{why}); pass a folder `quaero export` wrote, a run folder or a hub model") from None
+        raise EvalError(f"--model {spec}: {folder / name} is not a Hugging Face model config "
+                        f"({error_line(e, 200)}); pass a folder `quaero export` wrote, a run folder or a hub "
+                        "model") from None
 
 
 def _run_contestant(spec: str, run: Path, scratch: contextlib.ExitStack) -> Contestant:

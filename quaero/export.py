@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from quaero.config import QuaeroConfig
+from quaero.config import QuaeroConfig, error_line
 from quaero.metrics import get_logger
 
 log = get_logger(__name__)
@@ -164,9 +164,8 @@ def export_run(run_dir: Path, out: Path, *, step: int | None = None, merge: bool
     try:  # the manifest vouches for the bytes, not for what they hold (a crafted or foreign state)
         trainer.load_state_dict(state["backend"], shards=path / checkpoint.SHARDS)
     except Exception as e:  # noqa: BLE001 - any failure here means: this checkpoint cannot be exported
-        why = (str(e).splitlines() or [""])[0][:300]
-        raise ExportError(f"{path}: verified but cannot be loaded into {cfg.model.name!r} ({type(e).__name__}: "
-                          f"{why}); export another step with --step") from None
+        raise ExportError(f"{path}: verified but cannot be loaded into {cfg.model.name!r} ({error_line(e)}); "
+                          "export another step with --step") from None
     save_model(trainer.model, load_tokenizer(cfg.model.name), out, base_name=cfg.model.name, merge=merge)
     log.info("exported", run_dir=str(run_dir), step=step, out=str(out), lora=cfg.backend.lora and not merge)
     return Path(out)

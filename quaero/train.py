@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quaero import checkpoint, ranks
-from quaero.config import QuaeroConfig
+from quaero.config import QuaeroConfig, error_line
 from quaero.inspect_rows import save_step_rows
 from quaero.metrics import Cumulative, RunLog, configure, get_logger, set_step
 from quaero.rollout_stats import drop_reasons
@@ -302,9 +302,8 @@ def _resume(c: Components, found: tuple[Path, dict] | None) -> int:
         c.cursor = int(state["cursor"])
         c.cumulative = Cumulative(dict(state["cumulative"]))
     except Exception as e:  # noqa: BLE001 - any failure here means: this checkpoint cannot be resumed
-        why = (str(e).splitlines() or [""])[0][:300]
         raise checkpoint.CheckpointError(
-            f"{path}: verified but cannot be loaded into this run ({type(e).__name__}: {why}); move that folder "
+            f"{path}: verified but cannot be loaded into this run ({error_line(e)}); move that folder "
             "aside to resume from the one before it, or pass --restart to start over at step 1") from None
     c.sampler_behind = not c.shares_model  # pushed before the sampler's next use
     log.info("resumed", path=str(path), step=state["step"])

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from dataclasses import asdict, dataclass, replace
@@ -132,16 +133,9 @@ def _model_size(run_dir: Path) -> tuple[int, int]:
             params = 0
             for f in files:
                 with safe_open(f, framework="pt") as st:
-                    params += sum(_numel(st.get_slice(k).get_shape()) for k in st.keys())  # noqa: SIM118 (a safe_open handle is not iterable)
+                    params += sum(math.prod(st.get_slice(k).get_shape()) for k in st.keys())  # noqa: SIM118 (a safe_open handle is not iterable)
             return sum(f.stat().st_size for f in files), params
     raise ValueError(f"{run_dir}: no weights in final/ or checkpoints/ to size the weight push")
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
 
 
 def _ints(text: str) -> list[int]:
