@@ -99,7 +99,8 @@ def build(cfg: QuaeroConfig, pool: EnvPool) -> Components:
     # an FSDP2 trainer's module holds shards and gathers them in collectives: sampling, which runs a
     # different number of forwards on each rank, needs a whole model of its own (synced before it samples)
     shared = None if trainer.sharded else trainer.model
-    sampler = make_sampler(cfg, model=shared, stop_token_ids=render.stop_token_ids, device=str(trainer.device))
+    sampler = make_sampler(cfg, model=shared, stop_token_ids=render.stop_token_ids, device=str(trainer.device),
+                           log_dir=cfg.run_dir / "sampler-servers")
     driver = EpisodeDriver(render, sampler, cfg, pool.stats)
     return Components(cfg, trainer, sampler, render, driver, pool.stats, pool,
                       shares_model=getattr(sampler, "shares_model", False), oracle=oracle)

