@@ -81,8 +81,9 @@ class ServedProcess:
                     if r.status == 200:
                         from quaero.metrics import get_logger
 
-                        get_logger(__name__).info("sampler_server_started", name=self.name, url=self.url, pid=self.proc.pid,
-                                 start_s=round(time.monotonic() - t0, 1), log=str(self.log_path))
+                        get_logger(__name__).info("sampler_server_started", name=self.name, url=self.url,
+                                                  pid=self.proc.pid, start_s=round(time.monotonic() - t0, 1),
+                                                  log=str(self.log_path))
                         return
             except OSError:
                 pass

