@@ -133,6 +133,12 @@ class SamplerConfig(_Section):
     max_tokens: int = Field(256, ge=1)
     gpu_memory_utilization: float = Field(0.4, gt=0, lt=1)
     enable_prefix_caching: bool = True
+    # "colocated": vLLM's engine inside the trainer process; "server": `vllm serve` processes spoken to over
+    # HTTP (quaero/sampling/server.py). quaero starts `servers` of them per rank, or connects to `urls`.
+    mode: Literal["colocated", "server"] = "colocated"
+    servers: int = Field(1, ge=1)
+    urls: list[str] = []
+    server_start_timeout_s: float = Field(600.0, gt=0)
 
 
 _SELECTIVE, _MEMORY = SelectivePolicy(), MemoryPolicy()  # the option defaults, defined in trainers/spec.py
@@ -387,6 +393,20 @@ def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
         raise ConfigError(f"{source} [distributed] strategy='fsdp2' with [backend] lora=true: sharded LoRA "
                           "checkpoints and exports are not built; use strategy = 'ddp' (the adapter is small: "
                           "replicating it costs little) or lora = false")
+    sm = cfg.sampler
+    if sm.mode == "server" and sm.backend == "hf":
+        raise ConfigError(f"{source} [sampler] mode='server' with backend='hf': server mode runs `vllm serve`; "
+                          "set backend = 'vllm' (or 'auto'), or mode = 'colocated'")
+    if sm.urls and sm.mode != "server":
+        raise ConfigError(f"{source} [sampler] urls={sm.urls!r} with mode={sm.mode!r}: urls name running vLLM "
+                          "servers; set mode = 'server' or remove urls")
+    if sm.urls and sm.servers != 1:
+        raise ConfigError(f"{source} [sampler] servers={sm.servers} and urls={sm.urls!r} are both set: quaero "
+                          "either starts servers (servers) or connects to running ones (urls); remove one")
+    for url in sm.urls:
+        if not re.fullmatch(r"https?://[^/\s]+/?", url):
+            raise ConfigError(f"{source} [sampler] urls: {url!r} is not a server address; write it as "
+                              "\"http://host:port\"")
     # a turn starts only when its prompt leaves room for max_tokens (quaero/rollout.py)
     ctx = cfg.model.max_seq_len
     if cfg.sampler.max_tokens >= ctx:

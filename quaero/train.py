@@ -83,7 +83,7 @@ def make_task(cfg: QuaeroConfig, split: str, index: int) -> dict:
     return {"seed": cfg.run.seed * 1_000_003 + index, "split": split, "index": index}
 
 
-def build(cfg: QuaeroConfig, pool: EnvPool) -> Components:
+def build(cfg: QuaeroConfig, pool: EnvPool, sampler_log_dir: Path | None = None) -> Components:
     from quaero.model import load_tokenizer, resolve_device
     from quaero.plan import check_components, resolve_oracle, trainer_spec
     from quaero.render import RenderAdapter
@@ -99,7 +99,8 @@ def build(cfg: QuaeroConfig, pool: EnvPool) -> Components:
     # an FSDP2 trainer's module holds shards and gathers them in collectives: sampling, which runs a
     # different number of forwards on each rank, needs a whole model of its own (synced before it samples)
     shared = None if trainer.sharded else trainer.model
-    sampler = make_sampler(cfg, model=shared, stop_token_ids=render.stop_token_ids, device=str(trainer.device))
+    sampler = make_sampler(cfg, model=shared, stop_token_ids=render.stop_token_ids, device=str(trainer.device),
+                           log_dir=sampler_log_dir)
     driver = EpisodeDriver(render, sampler, cfg, pool.stats)
     return Components(cfg, trainer, sampler, render, driver, pool.stats, pool,
                       shares_model=getattr(sampler, "shares_model", False), oracle=oracle)
@@ -444,7 +445,7 @@ def train(cfg: QuaeroConfig, *, resume: bool = False, restart: bool = False, sou
                     spread = {"ranks": ranks.world_size()} if ranks.world_size() > 1 else {}
                     log.info("run_start", source=source, run_dir=str(run_dir), config=cfg.model_dump(mode="json"),
                              **spread)
-                c = build(cfg, pool)
+                c = build(cfg, pool, sampler_log_dir=run_dir / "sampler-servers")
                 try:
                     _loop(c, stop, tqdm, run_id, found)
                 finally:

@@ -2,8 +2,8 @@
 # One command on a CUDA machine (under 15 minutes on one GPU): install what is missing, run both
 # benchmarks on CUDA at two shapes, few and many selected tokens (the compiled-CE `require` proof
 # included), the comparisons with the peers' methods (step, crossover; Liger where it installs),
-# rollout throughput per sampler, the GPU-marked tests, a short `quaero train` with the vLLM
-# sampler and, with two GPUs or more, 2-rank DDP and FSDP2 runs (NCCL); every figure lands as JSON in
+# rollout throughput per sampler, the GPU-marked tests, short `quaero train` runs with the vLLM
+# sampler (colocated, and as a `vllm serve` server) and, with two GPUs or more, 2-rank DDP and FSDP2 runs (NCCL); every figure lands as JSON in
 # one folder:
 #
 #     scripts/gpu_check.sh [OUT_DIR]          # default bench_out/gpu-check-YYYYmmdd-HHMMSS
@@ -112,6 +112,16 @@ if [ "$DEVICE" != cpu ]; then
         --set sampler.gpu_memory_utilization=0.3
     step review 60 sh -c "\"$PY\" -m quaero.cli review \"$OUT/runs/gpu-check\" --require-proof --json \
         > \"$OUT/review.json\""
+    # [sampler] mode = "server": a `vllm serve` on the same GPU, weights pushed by file + `reload_weights`
+    # (the GPU branch of quaero/sampling/server.py, which CPU CI cannot reach; the contract suite's server
+    # tests run on CUDA in pytest_vllm_server)
+    step pytest_vllm_server 300 "$PY" -m pytest tests/engines/test_sampling.py -k server -q -p no:cacheprovider
+    step train_vllm_server 300 "${QC[@]}" train envs/toolbench.toml --set sampler.backend=vllm \
+        --set sampler.mode=server --set training.steps=2 --set training.warmup_sft_steps=20 \
+        --set training.eval_tasks=8 --set run.name=gpu-check-server --set "run.output_dir=\"$OUT/runs\"" \
+        --set run.device=cuda --set sampler.gpu_memory_utilization=0.3
+    step review_vllm_server 60 sh -c "\"$PY\" -m quaero.cli review \"$OUT/runs/gpu-check-server\" \
+        --require-proof --json > \"$OUT/review_vllm_server.json\""
 fi
 
 # 5. more than one GPU: the main job's recipe on 2 ranks (NCCL), DDP and FSDP2, each judged by its proofs

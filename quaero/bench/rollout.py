@@ -31,12 +31,15 @@ import torch
 from quaero.bench.measure import emit, environment, load_average, torch_threads
 
 MODES = ("greedy", "sampled")
+# each --samplers name, as the [sampler] settings it runs with (vllm-server: one `vllm serve` over HTTP)
+SAMPLERS = {"hf": {"backend": "hf"}, "vllm": {"backend": "vllm"},
+            "vllm-server": {"backend": "vllm", "mode": "server"}}
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="quaero bench rollout", description=__doc__.split("\n\n")[0])
     p.add_argument("config", nargs="?", default="envs/toolbench.toml")
-    p.add_argument("--samplers", default="hf,vllm", help="comma-separated: hf, vllm")
+    p.add_argument("--samplers", default="hf,vllm", help=f"comma-separated: {', '.join(SAMPLERS)}")
     p.add_argument("--episodes", type=int, default=16, help="episodes per sampler and mode (one env session each)")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated: greedy, sampled")
     p.add_argument("--seed", type=int, default=0, help="the driver's sampler seed (the same for every sampler)")
@@ -115,9 +118,10 @@ def run(args) -> dict[str, Any]:
 
     samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = sorted(set(samplers) - {"hf", "vllm"}) + sorted(set(modes) - set(MODES))
+    bad = sorted(set(samplers) - set(SAMPLERS)) + sorted(set(modes) - set(MODES))
     if bad:
-        raise SystemExit(f"--samplers/--modes: unknown {bad}; samplers are hf, vllm and modes {', '.join(MODES)}")
+        raise SystemExit(f"--samplers/--modes: unknown {bad}; samplers are {', '.join(SAMPLERS)} and modes "
+                         f"{', '.join(MODES)}")
     # no warm start here: the oracle is for training, and every sampler runs the same untrained model
     cfg = load_config(args.config, [*args.overrides, "training.warmup_sft_steps=0"])
     device = torch.device(resolve_device(cfg.run.device))
@@ -134,7 +138,7 @@ def run(args) -> dict[str, Any]:
         built = {}
         for name in samplers:
             t0 = time.perf_counter()
-            c = build(cfg.model_copy(update={"sampler": cfg.sampler.model_copy(update={"backend": name})}), pool)
+            c = build(cfg.model_copy(update={"sampler": cfg.sampler.model_copy(update=SAMPLERS[name])}), pool)
             stack.callback(c.sampler.close)
             built[name] = c
             rollout_figures(c, pool, tasks[:1], greedy=True, seed=args.seed)  # warm-up

@@ -1,9 +1,11 @@
-"""Samplers: token ids in, `Completion`s out. One protocol, two engines.
+"""Samplers: token ids in, `Completion`s out. One protocol, two engines, vLLM in two modes.
 
 - `hf`: a plain transformers forward loop with a KV cache (the test reference, and `auto` where vLLM is
   not installed, cannot start, or on CPU ranks under torchrun); it may share the trainer's module, so
   weight sync is free.
-- `vllm`: vLLM's `LLM` with `TokensPrompt` (token-in/token-out, never text), GPU or the CPU build.
+- `vllm`: vLLM's `LLM` with `TokensPrompt` (token-in/token-out, never text), GPU or the CPU build
+  (`[sampler] mode = "colocated"`, quaero/sampling/vllm.py), or `vllm serve` processes over HTTP, token ids
+  both ways (`mode = "server"`, quaero/sampling/server.py).
 
 Both cap each completion at `[sampler] max_tokens` and at the context the prompt leaves under
 `[model] max_seq_len`. Both return, per sampled token, the log-prob under the distribution it was sampled from
@@ -66,7 +68,9 @@ def resolve_backend(name: str, device: str) -> str:
     terminal's Ctrl-C with the whole foreground group.
 
     Measured on CPU (benchmarks/README.md, `quaero bench rollout`): vLLM samples the toolbench episodes
-    faster than hf, engine start included; the main job passes every proof with it.
+    faster than hf, engine start included; the main job passes every proof with it. `[sampler] mode =
+    "server"` keeps the engines out of the terminal's signals under torchrun too (its servers run in a
+    session of their own), at the price of a server start (60-160 s measured on a 2-core machine).
     """
     if name != "auto":
         return name
@@ -82,11 +86,14 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def make_sampler(cfg, *, model=None, stop_token_ids: list[int], device: str) -> Sampler:
-    """The sampler `cfg.sampler.backend` names. `model` (the trainer's module) is shared by `hf` only."""
+def make_sampler(cfg, *, model=None, stop_token_ids: list[int], device: str, log_dir=None) -> Sampler:
+    """The sampler `cfg.sampler.backend` and `mode` name. `model` (the trainer's module) is shared by `hf` only;
+    `log_dir` keeps the logs of the vLLM servers server mode starts (else temp files)."""
     from quaero.model import load_causal_lm, resolve_device
 
     device = resolve_device(device)
+    if cfg.sampler.mode == "server":
+        return _make_server_sampler(cfg, stop_token_ids, log_dir)
     backend = resolve_backend(cfg.sampler.backend, device)
     if backend == "vllm":
         from quaero.config import error_line
@@ -110,3 +117,21 @@ def make_sampler(cfg, *, model=None, stop_token_ids: list[int], device: str) -> 
         model = load_causal_lm(cfg.model.name, cfg.model.dtype, device)
     return HFSampler(model, cfg.sampler, stop_token_ids=stop_token_ids, shares_model=shares,
                      max_seq_len=cfg.model.max_seq_len)
+
+
+def _make_server_sampler(cfg, stop_token_ids: list[int], log_dir) -> Sampler:
+    """`[sampler] mode = "server"`: connect to `urls`, or start `servers` vLLM servers for this process (each
+    torchrun rank starts its own)."""
+    from quaero.sampling.server import VLLMServerSampler, start_servers
+
+    sc = cfg.sampler
+    if sc.urls:
+        return VLLMServerSampler(sc.urls, sc, stop_token_ids=stop_token_ids, max_model_len=cfg.model.max_seq_len)
+    from quaero.model import resolve_model
+    from trainers.distributed import rank
+
+    procs = start_servers(str(resolve_model(cfg.model.name)), sc, count=sc.servers, log_dir=log_dir,
+                          name=f"vllm-rank{rank()}", dtype=cfg.model.dtype, max_model_len=cfg.model.max_seq_len,
+                          seed=cfg.run.seed)
+    return VLLMServerSampler([p.url for p in procs], sc, stop_token_ids=stop_token_ids,
+                             max_model_len=cfg.model.max_seq_len, processes=procs)

