@@ -64,8 +64,8 @@ def test_k1_trains_rows_one_version_old_and_every_proof_passes(tmp_path, first_t
     steps = events_of(run_dir, "train_step")
     assert [(s["step"], s["phase"], s.get("policy_staleness")) for s in steps] == [
         (1, "sft", None), (2, "rl", 0), (3, "rl", 1), (4, "rl", 1)]  # the first RL step samples on-policy
-    for s in steps[1:]:
-        assert s["rows"] > 0 and s["importance_ratio_mean"] is not None and s["clip_fraction"] is not None
+    for s in steps[1:]:  # the ratio and clip fraction are None in a step whose groups all had equal rewards
+        assert s["rows"] > 0 and {"importance_ratio_mean", "clip_fraction"} <= set(s)
         assert s["episodes"] == 4 and s["prefix_mismatches"] == 0 and s["rollout_wait_s"] >= 0
     assert steps[1]["weights_pushed"] == 1  # the sampler has its own copy: weights reach it by pushes
     # step 4 was sampled while step 3 trained and waited through step 3's evaluation: neither counts the other
