@@ -71,7 +71,7 @@ def test_k1_trains_rows_one_version_old_and_every_proof_passes(tmp_path, first_t
     # step 4 was sampled while step 3 trained and waited through step 3's evaluation: neither counts the other
     assert [(e["step"], e["eval_episodes"]) for e in events_of(run_dir, "eval")] == [(0, 2), (3, 2), (4, 2)]
     assert first_tasks == {1: 0, 2: 2, 3: 4, 4: 6}  # the tasks of an on-policy run
-    assert reviewed(run_dir) == 0
+    assert reviewed(run_dir) == 0 and review.summarize(review.load_run(run_dir))["policy_staleness_max"] == 1
     assert not alive([e["pid"] for e in events_of(run_dir, "env_server_started")])
 
 
