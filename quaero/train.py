@@ -166,9 +166,9 @@ def _rollout_ahead(c: Components, step: int, ahead: RolloutsAhead) -> tuple[Roll
         rollout = _sample_ahead(c, step, c.cursor, step - 1)
         waited = time.perf_counter() - t0
     c.cursor += n_tasks  # the step's tasks are used; a checkpoint of this step resumes after them
-    if ahead.idle():
+    last = min(step + cfg.training.max_off_policy_steps, cfg.training.warmup_sft_steps + cfg.training.steps)
+    if ahead.idle() and last > step:  # the run's last step launches nothing: no push either
         synced = sync_sampler(c) or synced
-        last = min(step + cfg.training.max_off_policy_steps, cfg.training.warmup_sft_steps + cfg.training.steps)
         for t in range(step + 1, last + 1):
             first_task = c.cursor + (t - step - 1) * n_tasks
             ahead.launch(t, lambda t=t, first_task=first_task: _sample_ahead(c, t, first_task, step - 1))
