@@ -209,6 +209,10 @@ class TrainingConfig(_Section):
     strict: bool = False
     # this many consecutive steps without a trained row (every episode dropped) end the run with exit 1
     max_empty_steps: int = Field(3, ge=1)
+    # asynchronous rollouts: the next steps' rollouts are sampled while a step trains, each at most this many
+    # policy versions behind the weights it trains (quaero/ahead.py); 0 = sample each step's rollout right
+    # before it trains. >= 1 gives the hf sampler a copy of the model of its own.
+    max_off_policy_steps: int = Field(0, ge=0)
 
 
 class LoggingConfig(_Section):

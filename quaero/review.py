@@ -126,6 +126,9 @@ def summarize(run: dict) -> dict[str, Any]:
         "prefix_mismatches": _sum(steps + evals, "prefix_mismatches"),
         "rows_packed": _sum(steps, "rows_packed"), "rows_transition": _sum(steps, "rows_transition"),
         "sampler_logprob_gap_max": max(gap, default=None),
+        # rows sampled ahead ([training] max_off_policy_steps): how old they got, how much clipping held
+        "policy_staleness_max": max(_series(rl, "policy_staleness"), default=None),
+        "clip_fraction_max": max(_series(rl, "clip_fraction"), default=None),
         proofs.SELECTIVE_SUFFIX_LOGITS: _last(steps, proofs.SELECTIVE_SUFFIX_LOGITS),
         proofs.COMPILE_MODE: _last(steps, proofs.COMPILE_MODE, ""),
         # the latest reason given (a step with no targets attempts no compile and gives none)

@@ -88,6 +88,16 @@ class RolloutStats:
             self._c["rollout_action_tokens"] += action_tokens
             self._c["rollout_echo_tokens"] += echo_tokens
 
+    def take(self) -> RolloutStats:
+        """A RolloutStats holding every count so far; this one starts over. A rollout sampled ahead on another
+        thread (quaero/ahead.py) takes its own counts when it ends, so the evaluation that runs before its step
+        trains never counts them."""
+        taken = RolloutStats()
+        with self._lock:
+            taken._c, taken._reward_sum = self._c, self._reward_sum
+            self._c, self._reward_sum = Counter(), 0.0
+        return taken
+
     def snapshot_and_reset(self, combine: Combine | None = None) -> dict[str, Any]:
         """Every counter (0 when nothing happened), the reason counters seen, and the kept episodes'
         means (None without a kept episode: a mean of nothing is not 0).

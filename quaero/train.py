@@ -7,6 +7,12 @@ split) runs before the first step (the untrained baseline) and every `eval_every
 Determinism: the sampler seed of step k and the tasks of step k are functions of (run seed, k), so
 a run interrupted after step k and resumed from its checkpoint reproduces step k+1 exactly.
 
+Asynchronous rollouts (`[training] max_off_policy_steps = k >= 1`, quaero/ahead.py): while an RL step
+trains, a worker thread samples the rollouts of the next k steps with the weights the step started from,
+so a step trains rows up to k policy versions old (`policy_staleness`). The first RL step (after a warm
+start, or after a resume: the rollouts in flight are not checkpointed) samples on-policy, now. k = 0 is the
+loop above, unchanged: no thread, the sampler sharing the trainer's module.
+
 Under torchrun (`quaero train --nproc N`) every rank runs this recipe on its share of each step's
 tasks; rank 0 alone writes the run folder (quaero/ranks.py says who does what).
 
@@ -24,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quaero import checkpoint, ranks
+from quaero.ahead import Rollout, RolloutsAhead
 from quaero.config import QuaeroConfig, error_line
 from quaero.inspect_rows import save_step_rows
 from quaero.metrics import Cumulative, RunLog, configure, get_logger, set_step
@@ -97,8 +104,9 @@ def build(cfg: QuaeroConfig, pool: EnvPool, sampler_log_dir: Path | None = None)
     trainer = trainer_class(cfg.backend.backend)(trainer_spec(cfg), device)  # unsloth is imported first inside
     render = RenderAdapter(load_tokenizer(cfg.model.name), cfg.model)
     # an FSDP2 trainer's module holds shards and gathers them in collectives: sampling, which runs a
-    # different number of forwards on each rank, needs a whole model of its own (synced before it samples)
-    shared = None if trainer.sharded else trainer.model
+    # different number of forwards on each rank, needs a whole model of its own (synced before it samples);
+    # so does sampling ahead, which runs while the trainer updates its module
+    shared = None if trainer.sharded or cfg.training.max_off_policy_steps else trainer.model
     sampler = make_sampler(cfg, model=shared, stop_token_ids=render.stop_token_ids, device=str(trainer.device),
                            log_dir=sampler_log_dir)
     driver = EpisodeDriver(render, sampler, cfg, pool.stats)
@@ -109,10 +117,16 @@ def build(cfg: QuaeroConfig, pool: EnvPool, sampler_log_dir: Path | None = None)
 def _collect(c: Components, step: int, *, sft: bool) -> list[tuple[EchoRow, list[Transition]]]:
     """Run one batch of groups; return the kept episodes' rows with their advantages, each with its episode's
     transitions (the sampler's own record, for saved rows; c.stats counts)."""
+    first_task = c.cursor
+    c.cursor += c.cfg.training.tasks_per_step
+    return ranks.gather_rows(_roll_out(c, step, first_task, sft=sft))  # every rank's, in rank order
+
+
+def _roll_out(c: Components, step: int, first_task: int, *, sft: bool) -> list[tuple[EchoRow, list[Transition]]]:
+    """This rank's share of the step's groups, from train task `first_task` on: its kept rows with their
+    advantages. No collective: a rollout sampled ahead runs it on a worker thread."""
     cfg = c.cfg
-    n_tasks = cfg.training.tasks_per_step
-    tasks = [make_task(cfg, cfg.env.train_split, c.cursor + i) for i in ranks.task_share(n_tasks)]
-    c.cursor += n_tasks
+    tasks = [make_task(cfg, cfg.env.train_split, first_task + i) for i in ranks.task_share(cfg.training.tasks_per_step)]
     groups = c.driver.run(c.pool.sessions, tasks, group_size=1 if sft else cfg.training.group_size,
                           policy=c.oracle if sft else None, seed=ranks.rank_seed(cfg.run.seed * 7919 + step))
     rows = []
@@ -126,7 +140,40 @@ def _collect(c: Components, step: int, *, sft: bool) -> list[tuple[EchoRow, list
             continue
         for ep, adv in zip(kept, advs):
             rows.extend((r.with_advantage(adv), ep.transitions) for r in ep.rows)
-    return ranks.gather_rows(rows)  # every rank's, in rank order: the step's whole row list
+    return rows
+
+
+def _sample_ahead(c: Components, step: int, first_task: int, version: int) -> Rollout:
+    """Step `step`'s rollout with the sampler's weights of policy `version`, its counts taken apart; runs
+    on the worker thread (or inline, on-policy, for a step nothing was launched for)."""
+    set_step(step)  # the events logged while it samples carry the step they sample for
+    t0 = time.perf_counter()
+    collected = _roll_out(c, step, first_task, sft=False)
+    return Rollout(step, version, collected, c.stats.take(), time.perf_counter() - t0)
+
+
+def _rollout_ahead(c: Components, step: int, ahead: RolloutsAhead) -> tuple[Rollout, dict[str, Any], float]:
+    """RL step `step`'s rollout (launched earlier, or sampled now when none was), then the launch of the next
+    steps' rollouts; also the weight push's metrics and the seconds waited for the rollout.
+
+    The sampler takes the weights of version step - 1 only while no rollout is pending, and every rollout
+    launched then shares them: the steps up to step + k, so none trains rows more than k versions old."""
+    cfg, n_tasks = c.cfg, c.cfg.training.tasks_per_step
+    rollout, waited = ahead.take(step)
+    synced: dict[str, Any] = {}
+    if rollout is None:  # the first RL step (of the run, or since a resume): on-policy
+        t0 = time.perf_counter()
+        synced = sync_sampler(c)
+        rollout = _sample_ahead(c, step, c.cursor, step - 1)
+        waited = time.perf_counter() - t0
+    c.cursor += n_tasks  # the step's tasks are used; a checkpoint of this step resumes after them
+    last = min(step + cfg.training.max_off_policy_steps, cfg.training.warmup_sft_steps + cfg.training.steps)
+    if ahead.idle() and last > step:  # the run's last step launches nothing: no push either
+        synced = sync_sampler(c) or synced
+        for t in range(step + 1, last + 1):
+            first_task = c.cursor + (t - step - 1) * n_tasks
+            ahead.launch(t, lambda t=t, first_task=first_task: _sample_ahead(c, t, first_task, step - 1))
+    return rollout, synced, waited
 
 
 def sync_sampler(c: Components) -> dict[str, Any]:
@@ -196,14 +243,23 @@ def _disjoint(*parts: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run_step(c: Components, step: int, *, sft: bool) -> dict[str, Any]:
+def run_step(c: Components, step: int, *, sft: bool, ahead: RolloutsAhead | None = None) -> dict[str, Any]:
     """One step of the recipe: (weight sync, when it samples) -> rollout -> rows -> trainer step; returns its
-    metrics."""
+    metrics. With `ahead` (max_off_policy_steps >= 1) an RL step trains the rollout sampled ahead for it and
+    launches the next ones first."""
     t0 = time.perf_counter()
-    synced = {} if sft else sync_sampler(c)  # a warm-start step plays the oracle: it does not sample
-    collected = _collect(c, step, sft=sft)
+    if ahead is None or sft:
+        synced = {} if sft else sync_sampler(c)  # a warm-start step plays the oracle: it does not sample
+        collected = _collect(c, step, sft=sft)
+        t_rollout = ranks.largest(time.perf_counter() - t0)
+        counts, lag = c.stats, ({} if sft else {"policy_staleness": 0})
+    else:
+        rollout, synced, waited = _rollout_ahead(c, step, ahead)
+        collected = ranks.gather_rows(rollout.collected)
+        t_rollout = ranks.largest(rollout.seconds)
+        counts = rollout.stats
+        lag = {"policy_staleness": step - 1 - rollout.version, "rollout_wait_s": round(ranks.largest(waited), 3)}
     rows = [row for row, _ in collected]
-    t_rollout = ranks.largest(time.perf_counter() - t0)
     saved = (save_step_rows(c.cfg.run_dir, c.cfg.logging.save_rows, step, collected, phase="sft" if sft else "rl")
              if ranks.is_main() else {})
     trained = {"rows": 0, "action_tokens": 0, "echo_tokens": 0}  # the loss denominators of a step that trains nothing
@@ -214,8 +270,8 @@ def run_step(c: Components, step: int, *, sft: bool) -> dict[str, Any]:
     total = time.perf_counter() - t0
     timing = {"rollout_time_s": round(t_rollout, 3), "total_step_time_s": round(total, 3),
               "tokens_per_s": round(trained.get("row_tokens", 0) / total, 1) if total > 0 else 0.0}
-    return _disjoint({"phase": "sft" if sft else "rl"}, ranks.rollout_snapshot(c.stats), trained, synced, saved,
-                     timing)
+    return _disjoint({"phase": "sft" if sft else "rl"}, ranks.rollout_snapshot(counts), trained, synced, saved,
+                     timing, lag)
 
 
 def _empty_run(c: Components, step: int, m: dict[str, Any]) -> str | None:
@@ -352,9 +408,20 @@ def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path
         evaluate(c, 0)
     bar = tqdm(range(start + 1, total + 1), initial=start, total=total, desc="train", unit="step",
                disable=not cfg.logging.progress or not sys.stderr.isatty() or not ranks.is_main())  # no bar in a log file
+    with RolloutsAhead() if cfg.training.max_off_policy_steps else contextlib.nullcontext() as ahead:
+        _steps(c, stop, bar, run_id, ahead)
+    from quaero.export import save_final
+
+    save_final(c.trainer, cfg)  # runs/NAME/final/: the model a user takes away, a standard HF folder (rank 0)
+    log.info("run_end", status="finished", steps=total, run_id=run_id)
+
+
+def _steps(c: Components, stop: StopRequest, bar, run_id: str, ahead: RolloutsAhead | None) -> None:
+    cfg = c.cfg
+    total = cfg.training.warmup_sft_steps + cfg.training.steps
     for step in bar:
         set_step(step)
-        m = run_step(c, step, sft=step <= cfg.training.warmup_sft_steps)
+        m = run_step(c, step, sft=step <= cfg.training.warmup_sft_steps, ahead=ahead)
         stopping = ranks.any_rank(stop.requested)  # every rank checkpoints and stops at the same step
         log.info("train_step", **m, cumulative=c.cumulative.add(m))
         empty = _empty_run(c, step, m)
@@ -368,11 +435,9 @@ def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path
             log.info("run_end", status="interrupted", steps=step, run_id=run_id)
             raise KeyboardInterrupt
         if cfg.training.eval_every and (step % cfg.training.eval_every == 0 or step == total):
+            if ahead is not None:
+                ahead.wait()  # evaluation never shares the sampler or the env pool with a rollout sampled ahead
             evaluate(c, step)
-    from quaero.export import save_final
-
-    save_final(c.trainer, cfg)  # runs/NAME/final/: the model a user takes away, a standard HF folder (rank 0)
-    log.info("run_end", status="finished", steps=total, run_id=run_id)
 
 
 def _open_run_folder(stack: contextlib.ExitStack, cfg: QuaeroConfig) -> str:

@@ -52,6 +52,7 @@ def test_table_values_and_passing_proofs(tmp_path, capsys):
     assert s["action_tokens"] == 40 and s["env_retries"] == 4 and s["peak_mem_mb"] == 103.0
     assert s["eval_reward_baseline"] == 0.0 and s["eval_reward_last"] == 0.5
     assert s["echo_loss_last"] < s["echo_loss_first"]
+    assert s["policy_staleness_max"] is None and s["clip_fraction_max"] is None  # the steps logged neither
     assert review.main(args(tmp_path, require_proof=True)) == 0
     out = capsys.readouterr().out
     assert "[PASS] sparse ECHO proof" in out and "[PASS] ECHO loss falling" in out

@@ -69,6 +69,18 @@ def test_a_run_without_rl_steps_is_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("error: ")
 
 
+def test_a_run_that_sampled_ahead_is_refused_in_one_line(tmp_path, capsys):
+    """Its steps overlapped sampling and training: total - rollout is no training time."""
+    run = make_run(tmp_path)
+    events = run / "events.jsonl"
+    lines = [json.loads(line) for line in events.read_text().splitlines()]
+    lines[-1].update(rollout_wait_s=0.0, policy_staleness=1)
+    events.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    assert scaling.main([str(run)]) == 1
+    err = capsys.readouterr().err
+    assert "max_off_policy_steps = 0" in err and err.count("\n") == 1
+
+
 def test_env_latency_moves_time_out_of_sampling_and_back_at_the_runs_shape(tmp_path):
     run = make_run(tmp_path, ranks=2)
     costs, work = scaling.measure(run, env_s_per_step=0.05)
