@@ -211,10 +211,16 @@ class VLLMSampler:
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:
-        """Shut the engine down now (an in-process engine's finalizers run at collection, and its process
-        group and KV cache must not outlive the run)."""
+        """Shut the engine down now, not when the last reference to it goes: an in-process engine's shutdown
+        tears down the process group it made, which must happen before the run leaves its own (else vLLM's
+        exit-time finalizer fails on the destroyed group)."""
         if self._owns_llm and self.llm is not None:
             import gc
 
-            self.llm = None
+            llm, self.llm = self.llm, None
+            client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+            if client is not None:
+                client.shutdown()
+            _in_process_engines.discard(llm)
+            del llm
             gc.collect()

