@@ -48,7 +48,7 @@ def test_k0_is_the_synchronous_loop_sharing_the_trainer_module(tmp_path, monkeyp
     monkeypatch.setattr(train, "RolloutsAhead", refuse)
     built = []
     build = train.build
-    monkeypatch.setattr(train, "build", lambda cfg, pool: built.append(build(cfg, pool)) or built[-1])
+    monkeypatch.setattr(train, "build", lambda *a, **kw: built.append(build(*a, **kw)) or built[-1])
     run_dir = train.train(written)
     assert built[0].shares_model and built[0].sampler.model is built[0].trainer.model
     (step,) = events_of(run_dir, "train_step")
