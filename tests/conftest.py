@@ -65,7 +65,10 @@ def vllm_engine(tiny_model_dir):
     require_vllm()
     from quaero.sampling.vllm import make_engine
 
-    llm = make_engine(str(tiny_model_dir), dtype="float32", max_model_len=4096, max_num_seqs=16)
+    # in a child process: an in-process engine would hold a process group of its own in the test process for
+    # the whole session, and a test of the launcher's group would read its world size (the in-process engine
+    # is what quaero train builds; test_train_e2e, test_train_ahead and test_bench build it)
+    llm = make_engine(str(tiny_model_dir), dtype="float32", max_model_len=4096, max_num_seqs=16, in_process=False)
     yield llm
     del llm
 
