@@ -15,13 +15,13 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
 from quaero.metrics import get_logger
+from quaero.processes import ServerStartError, child_env, log_file, start_together
 
 from .loading import build_app, load_entry
 
@@ -65,10 +65,6 @@ def _exit_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, daemon=True, name="quaero-parent-watch").start()
 
 
-class ServerStartError(RuntimeError):
-    pass
-
-
 class LocalServer:
     def __init__(self, entry: str, host: str = "127.0.0.1", max_concurrent_envs: int = 16,
                  start_timeout_s: float = 60.0, kwargs: dict | None = None, action: str | None = None,
@@ -82,12 +78,7 @@ class LocalServer:
         self._lock = threading.Lock()
         # a run keeps its servers' logs (runs/NAME/env-servers/); without a run folder the log is a temp file,
         # removed at stop (a failed start names it in its error, and that path never reaches stop)
-        self._temp_log = log_dir is None
-        if log_dir is None:
-            self._log_path = Path(tempfile.mkstemp(prefix="quaero-env-server-", suffix=".log")[1])
-        else:
-            Path(log_dir).mkdir(parents=True, exist_ok=True)
-            self._log_path = Path(log_dir) / f"server-{self.port}.log"
+        self._log_path, self._temp_log = log_file(log_dir, f"server-{self.port}")
 
     @property
     def http_url(self) -> str:
@@ -105,9 +96,7 @@ class LocalServer:
         self._wait_healthy()
 
     def _launch(self) -> None:
-        env = dict(os.environ)
-        # the child must import whatever the parent can (tests add folders to sys.path)
-        env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        env = child_env()  # the child must import whatever the parent can (tests add folders to sys.path)
         cmd = [sys.executable, "-m", "quaero.openenv_client", "serve", self.entry, "--fd", str(self._sock.fileno()),
                "--host", self.host, "--port", str(self.port), "--max-concurrent-envs", str(self.max_concurrent_envs),
                "--parent-pid", str(os.getpid()), "--kwargs", json.dumps(self.kwargs)]
@@ -119,6 +108,11 @@ class LocalServer:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                          pass_fds=(self._sock.fileno(),), stdin=subprocess.DEVNULL,
                                          start_new_session=True)
+
+    def _launch_tracked(self) -> None:
+        with self._lock:
+            self._launch()
+        _LIVE.add(self)
 
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s
@@ -171,21 +165,9 @@ class LocalServer:
 
 
 def start_servers(servers: list[LocalServer]) -> list[LocalServer]:
-    """Launch every server, then wait for each to be healthy: the servers boot in parallel, not one after
-    another. If one fails, all are stopped (the failed one's log is kept: its error names it)."""
-    waiting = None
-    try:
-        for server in servers:
-            with server._lock:
-                server._launch()
-            _LIVE.add(server)
-        for waiting in servers:
-            waiting._wait_healthy()
-    except BaseException:
-        for server in servers:
-            server.stop(keep_log=server is waiting)
-        raise
-    return servers
+    """Launch every server, then wait for each to be healthy (`start_together`): they boot in parallel."""
+    return start_together(servers, launch=LocalServer._launch_tracked, wait=LocalServer._wait_healthy,
+                          stop=LocalServer.stop)
 
 
 @atexit.register

@@ -3,7 +3,7 @@
 Each server runs under a small supervisor, `python quaero/sampling/launch.py --parent-pid PID -- PROGRAM...`,
 in a session of its own: a terminal's Ctrl-C (sent to the whole foreground group) is for quaero, which
 finishes its step and then stops the servers, and it cannot reach vLLM's engine processes mid-step (the
-reason `auto` keeps the colocated engine off on CPU, quaero/sampling/__init__.py). The supervisor stops its
+colocated engine is kept out of it by running in quaero's process, quaero/sampling/vllm.py). The supervisor stops its
 whole process group when the parent is gone, also after a SIGKILL that leaves no atexit to run; `close()`
 stops the group too, so vLLM's engine-core and worker children never outlive the run.
 """
@@ -15,17 +15,14 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
+from quaero.processes import ServerStartError, child_env, log_file, start_together
+
 _LIVE: set[ServedProcess] = set()
-
-
-class ServerStartError(RuntimeError):
-    pass
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -42,21 +39,10 @@ class ServedProcess:
                  env: dict[str, str] | None = None) -> None:
         self.argv, self.url, self.name, self.env = list(argv), url.rstrip("/"), name, env
         self.proc: subprocess.Popen | None = None
-        # a run keeps the log (runs/NAME/sampler-servers/); otherwise a temp file, removed at close unless
-        # the start failed (the error names it)
-        self._temp_log = log_dir is None
-        if log_dir is None:
-            fd, path = tempfile.mkstemp(prefix=f"quaero-{name}-", suffix=".log")
-            os.close(fd)
-            self.log_path = Path(path)
-        else:
-            Path(log_dir).mkdir(parents=True, exist_ok=True)
-            self.log_path = Path(log_dir) / f"{name}.log"
+        self.log_path, self._temp_log = log_file(log_dir, name)  # runs/NAME/sampler-servers/ in a run
 
     def launch(self) -> None:
-        env = dict(os.environ if self.env is None else self.env)
-        # the server imports quaero (vLLM's worker extension) from wherever this process does
-        env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        env = child_env(self.env)  # the server imports quaero (vLLM's worker extension) from where this process does
         # run as a file: the supervisor stays a small process (the package would import torch)
         cmd = [sys.executable, os.path.abspath(__file__), "--parent-pid", str(os.getpid()), "--", *self.argv]
         with self.log_path.open("ab") as out:
@@ -130,19 +116,9 @@ def _group_alive(pgid: int) -> bool:
 
 
 def start_all(procs: list[ServedProcess], timeout_s: float) -> list[ServedProcess]:
-    """Launch every server, then wait for each: they boot in parallel. If one fails, all are stopped (the
-    failed one keeps its log: the error names it)."""
-    waiting = None
-    try:
-        for p in procs:
-            p.launch()
-        for waiting in procs:
-            waiting.wait_ready(timeout_s)
-    except BaseException:
-        for p in procs:
-            p.close(keep_log=p is waiting)
-        raise
-    return procs
+    """Launch every server, then wait for each (`start_together`): they boot in parallel."""
+    return start_together(procs, launch=ServedProcess.launch, wait=lambda p: p.wait_ready(timeout_s),
+                          stop=ServedProcess.close)
 
 
 @atexit.register
