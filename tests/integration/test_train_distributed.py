@@ -36,15 +36,16 @@ def test_two_ranks_finish_the_main_job_write_once_and_pass_review(tmp_path, stra
     """FSDP2 with rollouts sampled ahead (`max_off_policy_steps = 1`): each rank samples on a worker thread of
     its own while the collectives stay on the main thread."""
     rl_steps = 1 + ahead  # the first RL step samples on-policy: the second is the one sampled ahead
-    path, cfg = make_config(tmp_path, strategy, steps=rl_steps, warmup=2, eval_every=3, eval_tasks=2,
-                            extra=[f"training.max_off_policy_steps={ahead}"])
+    path, cfg = make_config(tmp_path, strategy, steps=rl_steps, warmup=2, eval_every=3, eval_tasks=2)
+    path.write_text(path.read_text().replace("checkpoint_every = 2", f"checkpoint_every = 2\nmax_off_policy_steps = {ahead}"))
     quaero("train", with_strategy(path, strategy), "--nproc", 2)
     run_dir = cfg.run_dir
     events, unreadable = read_events(run_dir / "events.jsonl")
     count = Counter(e["event"] for e in events)
     assert unreadable == 0 and count["run_start"] == 1 and count["run_end"] == 1 and count["trainer_ready"] == 1
     assert count["train_step"] == 2 + rl_steps and count["eval"] == 2 + ahead  # once each, by rank 0
-    assert events_of(run_dir, "run_start")[0]["ranks"] == 2
+    (start,) = events_of(run_dir, "run_start")
+    assert start["ranks"] == 2 and start["config"]["training"]["max_off_policy_steps"] == ahead
     steps = events_of(run_dir, "train_step")
     for s in steps:
         # every rank's episodes are counted: 2 tasks x group 1 (warm start) or 2 (RL), split 1 + 1 over the ranks
@@ -57,8 +58,8 @@ def test_two_ranks_finish_the_main_job_write_once_and_pass_review(tmp_path, stra
     assert steps[-1]["cumulative"]["episodes"] == 2 + 2 + 4 * rl_steps
     assert events_of(run_dir, "run_end")[0]["status"] == "finished"
     last = 2 + rl_steps
-    assert [p.name for p in sorted((run_dir / "checkpoints").iterdir())] == [f"step-{last - 1:06d}",
-                                                                           f"step-{last:06d}"]
+    kept = sorted({s for s in range(2, last + 1, 2)} | {last})[-2:]  # checkpoint_every = 2, the last, 2 kept
+    assert [p.name for p in sorted((run_dir / "checkpoints").iterdir())] == [f"step-{s:06d}" for s in kept]
     assert (run_dir / "checkpoints" / f"step-{last:06d}" / "shards").is_dir() == (strategy == "fsdp2")
     quaero("review", run_dir, "--require-proof")  # exit 0: every required proof passes on the totals
     # one process exports the last checkpoint (FSDP2: its shards read whole): the weights of final/
