@@ -42,16 +42,18 @@ def step_file(run_dir: Path, step: int) -> Path:
     return rows_dir(run_dir) / f"step-{step:06d}.jsonl"
 
 
-def row_record(row: EchoRow, transitions: list[Transition], *, step: int, index: int, phase: str) -> dict:
-    """One saved line: the row, where it was trained, and the sampler's action ids of the turns it holds."""
+def row_record(row: EchoRow, transitions: list[Transition], *, step: int, index: int, phase: str,
+               policy_version: int | None) -> dict:
+    """One saved line: the row, where it was trained, the policy version that sampled it (trainer steps its
+    weights had seen; None for a warm start's oracle demos) and the sampler's action ids of its turns."""
     turns = {s.turn for s in row.spans if s.kind == "action"}
     sampled = [{"turn": t.turn, "action_ids": list(t.action_ids)} for t in transitions if t.turn in turns]
-    return {"step": step, "row": index, "phase": phase, "policy_version": step - 1, **row.to_dict(),
+    return {"step": step, "row": index, "phase": phase, "policy_version": policy_version, **row.to_dict(),
             "sampled_actions": sampled}
 
 
 def save_step_rows(run_dir: Path, mode: str, step: int, rows: list[tuple[EchoRow, list[Transition]]], *,
-                   phase: str) -> dict[str, int]:
+                   phase: str, policy_version: int | None) -> dict[str, int]:
     """Write a step's rows (each with its episode's transitions) as `rows/step-NNNNNN.jsonl`; returns the
     step metrics `rows_saved` and `rows_save_failures`. The file is written beside and renamed into place,
     so a replayed (resumed) step replaces it and a reader never sees half a file. A failure is logged and
@@ -65,7 +67,8 @@ def save_step_rows(run_dir: Path, mode: str, step: int, rows: list[tuple[EchoRow
         tmp = path.with_suffix(".jsonl.tmp")
         with tmp.open("w") as f:
             for i, (row, transitions) in enumerate(chosen):
-                f.write(json.dumps(row_record(row, transitions, step=step, index=i, phase=phase)) + "\n")
+                f.write(json.dumps(row_record(row, transitions, step=step, index=i, phase=phase,
+                                                    policy_version=policy_version)) + "\n")
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -135,8 +138,8 @@ def _is_row(rec) -> bool:
     sampled = rec.get("sampled_actions", [])
     return (isinstance(sampled, list) and all(isinstance(a, dict) and isinstance(a.get("turn"), int)
                                               and _ints(a.get("action_ids")) for a in sampled)
-            and isinstance(rec.get("phase"), str) and _ints([rec.get("step"), rec.get("row"),
-                                                            rec.get("policy_version")]))
+            and isinstance(rec.get("phase"), str) and _ints([rec.get("step"), rec.get("row")])
+            and (rec.get("policy_version") is None or _ints([rec.get("policy_version")])))
 
 
 def run_tokenizer(run_dir: Path):
@@ -223,9 +226,14 @@ def pieces(rec: dict, tokenizer) -> list[tuple[str, str, str]]:
     return out
 
 
+def _sampled_by(rec: dict) -> str:
+    version = rec.get("policy_version")
+    return "oracle demo" if version is None else f"policy v{version}"
+
+
 def header(rec: dict) -> str:
     adv = next((a for a in rec["advantages"] if a != 0.0), 0.0)
-    return (f"── step {rec['step']} row {rec['row']} · {rec['phase']} · policy v{rec['policy_version']} · "
+    return (f"── step {rec['step']} row {rec['row']} · {rec['phase']} · {_sampled_by(rec)} · "
             f"{len(rec['input_ids'])} tokens · {len(rec['spans'])} spans · advantage {adv:+.3f} · "
             f"ECHO tokens {sum(1 for w in rec['echo_weights'] if w > 0)}")
 

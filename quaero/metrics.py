@@ -6,7 +6,7 @@ The console gets structlog's human renderer. Modules log with `get_logger(__name
 and bind the step with `set_step(k)`.
 
 Counters accumulate across steps with `Cumulative`: integer counters are summed, `*peak*` values
-take the maximum, strings and booleans keep the latest value, other floats are per-step only.
+and levels that are not counts (`policy_staleness`) take the maximum, strings and booleans keep the latest value, other floats are per-step only.
 """
 from __future__ import annotations
 
@@ -225,6 +225,9 @@ def read_events(path: str | Path) -> tuple[list[dict], int]:
     return events, unreadable
 
 
+_LEVELS_TAKE_MAX = ("policy_staleness",)  # integers that are levels, not counts: their sum means nothing
+
+
 class Cumulative:
     """Running totals of step metrics (see module docstring for the rules)."""
 
@@ -235,7 +238,7 @@ class Cumulative:
         for k, v in metrics.items():
             if isinstance(v, (bool, str)):
                 self.totals[k] = v
-            elif "peak" in k and isinstance(v, (int, float)):
+            elif ("peak" in k or k in _LEVELS_TAKE_MAX) and isinstance(v, (int, float)):
                 self.totals[k] = max(self.totals.get(k, v), v)
             elif isinstance(v, int):
                 self.totals[k] = self.totals.get(k, 0) + v

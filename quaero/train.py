@@ -253,15 +253,16 @@ def run_step(c: Components, step: int, *, sft: bool, ahead: RolloutsAhead | None
         collected = _collect(c, step, sft=sft)
         t_rollout = ranks.largest(time.perf_counter() - t0)
         counts, lag = c.stats, ({} if sft else {"policy_staleness": 0})
+        version = None if sft else step - 1
     else:
         rollout, synced, waited = _rollout_ahead(c, step, ahead)
         collected = ranks.gather_rows(rollout.collected)
         t_rollout = ranks.largest(rollout.seconds)
-        counts = rollout.stats
+        counts, version = rollout.stats, rollout.version
         lag = {"policy_staleness": step - 1 - rollout.version, "rollout_wait_s": round(ranks.largest(waited), 3)}
     rows = [row for row, _ in collected]
-    saved = (save_step_rows(c.cfg.run_dir, c.cfg.logging.save_rows, step, collected, phase="sft" if sft else "rl")
-             if ranks.is_main() else {})
+    saved = (save_step_rows(c.cfg.run_dir, c.cfg.logging.save_rows, step, collected, phase="sft" if sft else "rl",
+                            policy_version=version) if ranks.is_main() else {})
     trained = {"rows": 0, "action_tokens": 0, "echo_tokens": 0}  # the loss denominators of a step that trains nothing
     if rows:
         c.trainer.set_lr(c.cfg.lr_for(sft=sft))

@@ -17,10 +17,10 @@ def test_a_tiny_run_saves_rows_that_verify(tmp_path):
     run_dir = train(cfg)
     saved = {p.name: [json.loads(x) for x in p.read_text().splitlines()] for p in (run_dir / "rows").iterdir()}
     assert sorted(saved) == ["step-000001.jsonl", "step-000002.jsonl"]
-    for step, phase in ((1, "sft"), (2, "rl")):
+    for step, phase, version in ((1, "sft", None), (2, "rl", 1)):  # a warm start's rows are the oracle's
         recs = saved[f"step-{step:06d}.jsonl"]
         assert [(r["step"], r["row"], r["phase"], r["policy_version"]) for r in recs] == [
-            (step, 0, phase, step - 1), (step, 1, phase, step - 1)]
+            (step, 0, phase, version), (step, 1, phase, version)]
         assert all(r["sampled_actions"] for r in recs)
     steps = events_of(run_dir, "train_step")
     assert [(s["rows_saved"], s["rows_save_failures"]) for s in steps] == [(2, 0), (2, 0)]

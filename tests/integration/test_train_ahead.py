@@ -1,5 +1,6 @@
 """Asynchronous rollouts (`[training] max_off_policy_steps`, quaero/ahead.py) on the main job: real toolbench
 server on 127.0.0.1, real tiny-qwen3, real trainer and hf sampler; a fake only for the injected fault."""
+import json
 import signal
 import threading
 from types import SimpleNamespace
@@ -75,6 +76,9 @@ def test_k1_trains_rows_one_version_old_and_every_proof_passes(tmp_path, first_t
     # step 4 was sampled while step 3 trained and waited through step 3's evaluation: neither counts the other
     assert [(e["step"], e["eval_episodes"]) for e in events_of(run_dir, "eval")] == [(0, 2), (3, 2), (4, 2)]
     assert first_tasks == {1: 0, 2: 2, 3: 4, 4: 6}  # the tasks of an on-policy run
+    saved = {s: {json.loads(line)["policy_version"] for line in (run_dir / "rows" / f"step-{s:06d}.jsonl").open()}
+             for s in (1, 2, 3, 4)}
+    assert saved == {1: {None}, 2: {1}, 3: {1}, 4: {2}}  # each row names the weights that sampled it
     assert reviewed(run_dir) == 0 and review.summarize(review.load_run(run_dir))["policy_staleness_max"] == 1
     assert not alive([e["pid"] for e in events_of(run_dir, "env_server_started")])
 

@@ -1,7 +1,7 @@
 """`quaero train --nproc 2` end to end: the main job's recipe on 2 ranks (torchrun, gloo, CPU) on the real
 toolbench env and tiny-qwen3. Rank 0 alone writes the run folder; the events hold the ranks' totals; an
-FSDP2 run checkpoints in shards, `quaero export` reads them whole, and a run stopped after step k and
-resumed equals the uninterrupted run at step k + 1.
+FSDP2 run checkpoints in shards, `quaero export` reads them whole, and a run stopped by a Ctrl-C after step k
+and resumed equals the uninterrupted run at step k + 1.
 """
 import json
 import os
@@ -31,16 +31,21 @@ def quaero(*args, timeout=900):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
-def test_two_ranks_finish_the_main_job_write_once_and_pass_review(tmp_path, strategy):
-    path, cfg = make_config(tmp_path, strategy, steps=1, warmup=2, eval_every=3, eval_tasks=2)
+@pytest.mark.parametrize(("strategy", "ahead"), [("ddp", 0), ("fsdp2", 1)])
+def test_two_ranks_finish_the_main_job_write_once_and_pass_review(tmp_path, strategy, ahead):
+    """FSDP2 with rollouts sampled ahead (`max_off_policy_steps = 1`): each rank samples on a worker thread of
+    its own while the collectives stay on the main thread."""
+    rl_steps = 1 + ahead  # the first RL step samples on-policy: the second is the one sampled ahead
+    path, cfg = make_config(tmp_path, strategy, steps=rl_steps, warmup=2, eval_every=3, eval_tasks=2)
+    path.write_text(path.read_text().replace("checkpoint_every = 2", f"checkpoint_every = 2\nmax_off_policy_steps = {ahead}"))
     quaero("train", with_strategy(path, strategy), "--nproc", 2)
     run_dir = cfg.run_dir
     events, unreadable = read_events(run_dir / "events.jsonl")
     count = Counter(e["event"] for e in events)
     assert unreadable == 0 and count["run_start"] == 1 and count["run_end"] == 1 and count["trainer_ready"] == 1
-    assert count["train_step"] == 3 and count["eval"] == 2  # once each, by rank 0
-    assert events_of(run_dir, "run_start")[0]["ranks"] == 2
+    assert count["train_step"] == 2 + rl_steps and count["eval"] == 2 + ahead  # once each, by rank 0
+    (start,) = events_of(run_dir, "run_start")
+    assert start["ranks"] == 2 and start["config"]["training"]["max_off_policy_steps"] == ahead
     steps = events_of(run_dir, "train_step")
     for s in steps:
         # every rank's episodes are counted: 2 tasks x group 1 (warm start) or 2 (RL), split 1 + 1 over the ranks
@@ -48,12 +53,14 @@ def test_two_ranks_finish_the_main_job_write_once_and_pass_review(tmp_path, stra
         assert s["ranks"] == 2 and sum(s["rank_rows"]) == s["rows"] > 0
         assert s["env_responses"] == s["env_responses_captured"] and s["prefix_mismatches"] == 0
         assert s["forward_passes"] == s["microbatches"] - s["lm_head_skipped_microbatches"]
-    assert [e["eval_episodes"] for e in events_of(run_dir, "eval")] == [2, 2]
-    assert steps[-1]["cumulative"]["episodes"] == 2 + 2 + 4
+    assert [s.get("policy_staleness") for s in steps] == [None, None, 0] + [1] * ahead
+    assert [e["eval_episodes"] for e in events_of(run_dir, "eval")] == [2] * (2 + ahead)
+    assert steps[-1]["cumulative"]["episodes"] == 2 + 2 + 4 * rl_steps
     assert events_of(run_dir, "run_end")[0]["status"] == "finished"
-    assert [p.name for p in sorted((run_dir / "checkpoints").iterdir())] == ["step-000002", "step-000003"]
-    last = run_dir / "checkpoints" / "step-000003"
-    assert (last / "shards").is_dir() == (strategy == "fsdp2")
+    last = 2 + rl_steps
+    kept = sorted({s for s in range(2, last + 1, 2)} | {last})[-2:]  # checkpoint_every = 2, the last, 2 kept
+    assert [p.name for p in sorted((run_dir / "checkpoints").iterdir())] == [f"step-{s:06d}" for s in kept]
+    assert (run_dir / "checkpoints" / f"step-{last:06d}" / "shards").is_dir() == (strategy == "fsdp2")
     quaero("review", run_dir, "--require-proof")  # exit 0: every required proof passes on the totals
     # one process exports the last checkpoint (FSDP2: its shards read whole): the weights of final/
     quaero("export", run_dir, tmp_path / "exported")
@@ -62,28 +69,11 @@ def test_two_ranks_finish_the_main_job_write_once_and_pass_review(tmp_path, stra
     assert sorted(final) == sorted(exported)
     for name, w in final.items():
         torch.testing.assert_close(exported[name], w, rtol=0, atol=0, msg=name)
-
-
-@pytest.mark.slow
-def test_fsdp2_stopped_and_resumed_from_shards_equals_uninterrupted(tmp_path):
-    """Warm-start steps (the env's oracle: the same rows every time): 3 steps straight through, against
-    2 steps, then the same run folder resumed from its sharded step-2 checkpoint for step 3."""
-    compare = ("loss", "sft_loss", "echo_loss", "grad_norm", "row_tokens", "action_tokens", "echo_tokens")
-    ref_path, ref_cfg = make_config(tmp_path, "ref", steps=0, warmup=3, eval_every=0, eval_tasks=0)
-    quaero("train", with_strategy(ref_path, "fsdp2"), "--nproc", 2)
-    path, cfg = make_config(tmp_path, "cut", steps=0, warmup=2, eval_every=0, eval_tasks=0)
-    quaero("train", with_strategy(path, "fsdp2"), "--nproc", 2)
-    assert (cfg.run_dir / "checkpoints" / "step-000002" / "shards").is_dir()
-    quaero("train", path, "--nproc", 2, "--set", "training.warmup_sft_steps=3")
-    assert [e["step"] for e in events_of(cfg.run_dir, "resumed")] == [2]
-    ref, resumed = steps_by_number(ref_cfg.run_dir), steps_by_number(cfg.run_dir)
-    for key in compare:
-        assert resumed[3][key] == pytest.approx(ref[3][key], rel=1e-6, abs=1e-9), key
-    want = load_file(ref_cfg.run_dir / "final" / "model.safetensors")
-    got = load_file(cfg.run_dir / "final" / "model.safetensors")
-    worst = max(float((got[n] - w).abs().max()) for n, w in want.items())
-    assert worst <= 1e-6, worst
-    print(json.dumps({"step3_loss": [ref[3]["loss"], resumed[3]["loss"]], "max_weight_diff": worst}))
+    if strategy == "ddp":  # a DDP checkpoint (rank 0's whole state) resumes on both ranks: one more RL step
+        quaero("train", path, "--nproc", 2, "--set", f"training.steps={rl_steps + 1}")
+        assert [e["step"] for e in events_of(run_dir, "resumed")] == [last]
+        assert steps_by_number(run_dir)[last + 1]["rows"] > 0
+        assert events_of(run_dir, "run_end")[-1]["status"] == "finished"
 
 
 @pytest.mark.slow
@@ -109,17 +99,20 @@ def test_a_locked_run_folder_ends_every_rank_with_the_lock_error(tmp_path):
 
 
 @pytest.mark.slow
-def test_ctrl_c_on_two_ranks_checkpoints_the_step_stops_every_process_and_resumes(tmp_path):
-    """A terminal's Ctrl-C (SIGINT to the whole foreground process group) on `quaero train --nproc 2`: the
-    ranks finish their step, rank 0 checkpoints it, and `quaero` returns 130 only once every process it
-    started is gone; the run then resumes from that step."""
+@pytest.mark.hostile
+def test_fsdp2_ctrl_c_on_two_ranks_checkpoints_shards_and_the_resumed_run_equals_uninterrupted(tmp_path):
+    """A terminal's Ctrl-C (SIGINT to the whole foreground process group) on `quaero train --nproc 2` with FSDP2:
+    the ranks finish their step k, every rank writes its shards of it, and `quaero` returns 130 only once every
+    process it started is gone. Resumed from the shards for step k + 1, the run equals k + 1 steps straight
+    through. Warm-start steps (the env's oracle: the same rows every time), so the rows are the same too."""
     import signal
     import time
 
     import psutil
 
-    path, cfg = make_config(tmp_path, "ctrlc", steps=0, warmup=40, eval_every=0, eval_tasks=0)
-    with_strategy(path, "ddp")
+    compare = ("loss", "sft_loss", "echo_loss", "grad_norm", "row_tokens", "action_tokens", "echo_tokens")
+    path, cfg = make_config(tmp_path, "cut", steps=0, warmup=40, eval_every=0, eval_tasks=0)
+    with_strategy(path, "fsdp2")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     proc = subprocess.Popen([sys.executable, "-m", "quaero.cli", "train", str(path), "--nproc", "2"], cwd=ROOT,
                             env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -136,11 +129,23 @@ def test_ctrl_c_on_two_ranks_checkpoints_the_step_stops_every_process_and_resume
     (end,) = events_of(cfg.run_dir, "run_end")
     k = end["steps"]
     assert end["status"] == "interrupted" and 1 <= k < 40
-    assert (cfg.run_dir / "checkpoints" / f"step-{k:06d}").is_dir()
+    assert (cfg.run_dir / "checkpoints" / f"step-{k:06d}" / "shards").is_dir()
     quaero("train", path, "--nproc", 2, "--set", f"training.warmup_sft_steps={k + 1}")
     assert [e["step"] for e in events_of(cfg.run_dir, "resumed")] == [k]
-    assert [e["step"] for e in events_of(cfg.run_dir, "train_step")][-1] == k + 1
     assert events_of(cfg.run_dir, "run_end")[-1]["status"] == "finished"
+
+    ref_path, ref_cfg = make_config(tmp_path, "ref", steps=0, warmup=k + 1, eval_every=0, eval_tasks=0)
+    quaero("train", with_strategy(ref_path, "fsdp2"), "--nproc", 2)
+    ref, resumed = steps_by_number(ref_cfg.run_dir), steps_by_number(cfg.run_dir)
+    assert max(resumed) == k + 1
+    for key in compare:
+        assert resumed[k + 1][key] == pytest.approx(ref[k + 1][key], rel=1e-6, abs=1e-9), key
+    want = load_file(ref_cfg.run_dir / "final" / "model.safetensors")
+    got = load_file(cfg.run_dir / "final" / "model.safetensors")
+    worst = max(float((got[n] - w).abs().max()) for n, w in want.items())
+    assert worst <= 1e-6, worst
+    print(json.dumps({"stopped_after": k, "loss": [ref[k + 1]["loss"], resumed[k + 1]["loss"]],
+                      "max_weight_diff": worst}))
 
 
 def test_nproc_with_strategy_none_is_refused_before_any_launch(tmp_path, capsys):

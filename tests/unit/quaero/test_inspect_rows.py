@@ -10,7 +10,7 @@ from fixtures.runs import ROOT
 
 from quaero import cli
 from quaero.config import LoggingConfig
-from quaero.inspect_rows import render_terminal, save_step_rows, special_ids, step_file, verify_record
+from quaero.inspect_rows import header, render_terminal, save_step_rows, special_ids, step_file, verify_record
 
 STEP = 3
 IM_START = 151644
@@ -29,7 +29,7 @@ def run_dir(tmp_path, collected):
     run = tmp_path / "runs" / "toy"
     run.mkdir(parents=True)
     (run / "config.json").write_text(make_cfg().model_dump_json(indent=2))
-    assert save_step_rows(run, "all", STEP, collected, phase="rl") == {"rows_saved": 3, "rows_save_failures": 0}
+    assert save_step_rows(run, "all", STEP, collected, phase="rl", policy_version=STEP - 1) == {"rows_saved": 3, "rows_save_failures": 0}
     return run
 
 
@@ -56,9 +56,11 @@ def test_saved_rows_hold_the_row_and_the_samplers_own_action_ids(run_dir, collec
 
 def test_sample_mode_is_the_default_and_keeps_two_rows_none_writes_nothing(tmp_path, collected):
     assert LoggingConfig().save_rows == "sample"
-    assert save_step_rows(tmp_path, "sample", 1, collected, phase="sft")["rows_saved"] == 2
-    assert [json.loads(x)["phase"] for x in step_file(tmp_path, 1).read_text().splitlines()] == ["sft", "sft"]
-    assert save_step_rows(tmp_path, "none", 2, collected, phase="rl") == {}
+    assert save_step_rows(tmp_path, "sample", 1, collected, phase="sft", policy_version=None)["rows_saved"] == 2
+    sft = [json.loads(x) for x in step_file(tmp_path, 1).read_text().splitlines()]
+    assert [(r["phase"], r["policy_version"]) for r in sft] == [("sft", None), ("sft", None)]  # the oracle's demos
+    assert header(sft[0]).startswith("── step 1 row 0 · sft · oracle demo · ")
+    assert save_step_rows(tmp_path, "none", 2, collected, phase="rl", policy_version=1) == {}
     assert not step_file(tmp_path, 2).exists()
 
 
@@ -66,7 +68,7 @@ def test_a_save_failure_is_counted_not_raised(tmp_path, collected):
     blocked = tmp_path / "run"
     blocked.mkdir()
     (blocked / "rows").write_text("a file where the rows folder should be")
-    assert save_step_rows(blocked, "all", 1, collected, phase="rl") == {"rows_saved": 0, "rows_save_failures": 1}
+    assert save_step_rows(blocked, "all", 1, collected, phase="rl", policy_version=0) == {"rows_saved": 0, "rows_save_failures": 1}
 
 
 def test_verify_passes_on_real_rows(run_dir):

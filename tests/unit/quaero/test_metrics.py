@@ -69,10 +69,12 @@ def test_read_events_counts_lines_that_are_not_utf8_json_objects(tmp_path):
 def test_cumulative_rules():
     c = metrics.Cumulative()
     c.add({"local_train_selective_hidden_logprob_batches": 2, "peak_mem_mb": 10.0, "loss": 1.0,
-           "local_train_compile_selective_ce_mode": "auto", "local_train_selective_suffix_logits": True})
+           "local_train_compile_selective_ce_mode": "auto", "local_train_selective_suffix_logits": True,
+           "policy_staleness": 1})
     tot = c.add({"local_train_selective_hidden_logprob_batches": 3, "peak_mem_mb": 7.0, "loss": 0.5,
-                 "local_train_compile_selective_ce_mode": "off"})
+                 "local_train_compile_selective_ce_mode": "off", "policy_staleness": 1})
     assert tot["local_train_selective_hidden_logprob_batches"] == 5
+    assert tot["policy_staleness"] == 1  # a level, not a count: the run's largest, never a sum
     assert tot["peak_mem_mb"] == 10.0 and "loss" not in tot
     assert tot["local_train_compile_selective_ce_mode"] == "off"
     assert tot["local_train_selective_suffix_logits"] is True
