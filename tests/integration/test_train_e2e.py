@@ -166,6 +166,7 @@ def test_main_job_with_vllm_cpu_sampler(tmp_path):
     *sft, rl = steps
     # trainer -> running vLLM engine once, right before the RL step samples: the warm start plays the oracle
     assert all("weights_pushed" not in s for s in sft) and rl["weights_pushed"] == 1
+    assert rl["weight_transfer"] == "file"  # the colocated engine reloads a safetensors folder
     assert rl["prefix_mismatches"] == 0 and rl["bridge_fallbacks"] == 0 and rl["turns"] > 0
     if rl["microbatches"] > rl["lm_head_skipped_microbatches"]:  # some action tokens were scored
         # vLLM sampled with the weights pushed after the SFT step: its log-probs equal the trainer's
