@@ -22,8 +22,8 @@ def plan_lines(cfg, source: str) -> list[str]:
     from trainers.registry import TRAINERS
 
     caps = TRAINERS[cfg.backend.backend]
-    sampler = ("vllm, server mode" if cfg.sampler.mode == "server"  # what train will build
-               else resolve_backend(cfg.sampler.backend, resolve_device(cfg.run.device)))
+    sampler = (f"vllm, server mode, weights by {cfg.sampler.weight_transfer}" if cfg.sampler.mode == "server"
+               else resolve_backend(cfg.sampler.backend, resolve_device(cfg.run.device)))  # what train will build
     o = cfg.backend.options
     env_src = ", ".join(cfg.env.server_urls) if cfg.env.launcher == "remote" else cfg.env.entry
     if cfg.env.kwargs:

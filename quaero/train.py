@@ -187,7 +187,8 @@ def sync_sampler(c: Components) -> dict[str, Any]:
     t_sync = time.perf_counter()
     c.sampler.update_weights(c.trainer.export_weights())
     c.sampler_behind = False
-    return {"weights_pushed": 1, "weight_sync_s": round(time.perf_counter() - t_sync, 3)}
+    return {"weights_pushed": 1, "weight_sync_s": round(time.perf_counter() - t_sync, 3),
+            "weight_transfer": c.sampler.weight_transfer}
 
 
 def evaluate(c: Components, step: int) -> None:

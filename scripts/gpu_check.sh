@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# One command on a CUDA machine (under 15 minutes on one GPU): install what is missing, run both
+# One command on a CUDA machine (under 15 minutes on one GPU before the weight-transfer steps were
+# added, not yet timed with them): install what is missing, run both
 # benchmarks on CUDA at two shapes, few and many selected tokens (the compiled-CE `require` proof
 # included), the comparisons with the peers' methods (step, crossover; Liger where it installs),
 # rollout throughput per sampler, the GPU-marked tests, short `quaero train` runs with the vLLM
-# sampler (colocated, and as a `vllm serve` server) and, with two GPUs or more, 2-rank DDP and FSDP2 runs (NCCL); every figure lands as JSON in
-# one folder:
+# sampler (colocated, and as a `vllm serve` server with weights pushed by file and by vLLM's CUDA IPC
+# engine) and, with two GPUs or more, a server run on GPU 1 pushed to by vLLM's NCCL engine and 2-rank
+# DDP and FSDP2 runs (NCCL); every figure lands as JSON in one folder:
 #
 #     scripts/gpu_check.sh [OUT_DIR]          # default bench_out/gpu-check-YYYYmmdd-HHMMSS
 #
@@ -103,7 +105,9 @@ if [ "$DEVICE" != cpu ]; then
 fi
 
 # 3. GPU-marked tests (none collected = rc 5, recorded as such)
-step pytest_gpu 150 "$PY" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/pytest_gpu.xml"
+#    (the weight-transfer tests start vLLM servers: their own step below)
+step pytest_gpu 150 "$PY" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/pytest_gpu.xml" \
+    --ignore=tests/engines/test_weight_transfer.py
 
 # 4. a short training run with the vLLM sampler on the embedded tiny model, then its proofs
 if [ "$DEVICE" != cpu ]; then
@@ -116,12 +120,22 @@ if [ "$DEVICE" != cpu ]; then
     # (the GPU branch of quaero/sampling/server.py, which CPU CI cannot reach; the contract suite's server
     # tests run on CUDA in pytest_vllm_server)
     step pytest_vllm_server 300 "$PY" -m pytest tests/engines/test_sampling.py -k server -q -p no:cacheprovider
+    # a push through vLLM's IPC engine (and, on 2+ GPUs, its NCCL engine to a server on GPU 1) reaches the server
+    step pytest_weight_transfer 300 "$PY" -m pytest tests/engines/test_weight_transfer.py -q -p no:cacheprovider
     step train_vllm_server 300 "${QC[@]}" train envs/toolbench.toml --set sampler.backend=vllm \
         --set sampler.mode=server --set training.steps=2 --set training.warmup_sft_steps=20 \
         --set training.eval_tasks=8 --set run.name=gpu-check-server --set "run.output_dir=\"$OUT/runs\"" \
         --set run.device=cuda --set sampler.gpu_memory_utilization=0.3
     step review_vllm_server 60 sh -c "\"$PY\" -m quaero.cli review \"$OUT/runs/gpu-check-server\" \
         --require-proof --json > \"$OUT/review_vllm_server.json\""
+    # the same run with vLLM's CUDA IPC weight transfer (the server on the trainer's GPU); its review's
+    # summary names the transfer that ran ("weight_transfer": "ipc")
+    step train_vllm_server_ipc 300 "${QC[@]}" train envs/toolbench.toml --set sampler.backend=vllm \
+        --set sampler.mode=server --set 'sampler.weight_transfer="ipc"' --set training.steps=2 \
+        --set training.warmup_sft_steps=20 --set training.eval_tasks=8 --set run.name=gpu-check-server-ipc \
+        --set "run.output_dir=\"$OUT/runs\"" --set run.device=cuda --set sampler.gpu_memory_utilization=0.3
+    step review_vllm_server_ipc 60 sh -c "\"$PY\" -m quaero.cli review \"$OUT/runs/gpu-check-server-ipc\" \
+        --require-proof --json > \"$OUT/review_vllm_server_ipc.json\""
 fi
 
 # 5. more than one GPU: the main job's recipe on 2 ranks (NCCL), DDP and FSDP2, each judged by its proofs
@@ -129,6 +143,14 @@ fi
 #    The hf sampler: these runs check the trainer's NCCL path, not a vLLM engine per rank.
 GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 if [ "$DEVICE" != cpu ] && [ "${GPUS:-0}" -ge 2 ]; then
+    # vLLM's NCCL weight transfer: the trainer on GPU 0 broadcasts to a server on GPU 1 of its own
+    step train_vllm_server_nccl 300 "${QC[@]}" train envs/toolbench.toml --set sampler.backend=vllm \
+        --set sampler.mode=server --set 'sampler.weight_transfer="nccl"' --set 'sampler.server_devices=[1]' \
+        --set training.steps=2 --set training.warmup_sft_steps=20 --set training.eval_tasks=8 \
+        --set run.name=gpu-check-server-nccl --set "run.output_dir=\"$OUT/runs\"" --set run.device=cuda \
+        --set sampler.gpu_memory_utilization=0.3
+    step review_vllm_server_nccl 60 sh -c "\"$PY\" -m quaero.cli review \"$OUT/runs/gpu-check-server-nccl\" \
+        --require-proof --json > \"$OUT/review_vllm_server_nccl.json\""
     for strategy in ddp fsdp2; do
         step "train_${strategy}_2gpu" 300 "${QC[@]}" train envs/toolbench.toml --nproc 2 \
             --set distributed.strategy=$strategy --set training.steps=2 --set training.warmup_sft_steps=20 \

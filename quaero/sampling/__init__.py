@@ -35,6 +35,7 @@ class Sampler(Protocol):
         ...
 
     shares_model: bool  # True when the sampler runs the trainer's own module (no weight sync needed)
+    weight_transfer: str  # how update_weights reaches it: "copy" (hf), "file" (vLLM), "nccl" / "ipc" (servers)
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None: ...
 
@@ -121,7 +122,7 @@ def make_sampler(cfg, *, model=None, stop_token_ids: list[int], device: str, log
 
 def _make_server_sampler(cfg, stop_token_ids: list[int], log_dir) -> Sampler:
     """`[sampler] mode = "server"`: connect to `urls`, or start `servers` vLLM servers for this process (each
-    torchrun rank starts its own)."""
+    torchrun rank starts its own, on its devices: quaero/sampling/server.py `server_devices`)."""
     from quaero.sampling.server import VLLMServerSampler, start_servers
 
     sc = cfg.sampler
@@ -133,5 +134,10 @@ def _make_server_sampler(cfg, stop_token_ids: list[int], log_dir) -> Sampler:
     procs = start_servers(str(resolve_model(cfg.model.name)), sc, count=sc.servers, log_dir=log_dir,
                           name=f"vllm-rank{rank()}", dtype=cfg.model.dtype, max_model_len=cfg.model.max_seq_len,
                           seed=cfg.run.seed)
-    return VLLMServerSampler([p.url for p in procs], sc, stop_token_ids=stop_token_ids,
-                             max_model_len=cfg.model.max_seq_len, processes=procs)
+    try:
+        return VLLMServerSampler([p.url for p in procs], sc, stop_token_ids=stop_token_ids,
+                                 max_model_len=cfg.model.max_seq_len, processes=procs)
+    except BaseException:
+        for p in procs:
+            p.close(keep_log=True)
+        raise

@@ -31,6 +31,7 @@ class HFSampler:
                  shares_model: bool = False, max_seq_len: int | None = None):
         self.model = model
         self.shares_model = shares_model  # the trainer's own module: weight sync is a no-op
+        self.weight_transfer = "copy"  # else update_weights copies into its own module
         self.cfg = cfg
         # prompt + completion never exceed it; unset: the positions the model was built for
         self.max_seq_len = max_seq_len or model.config.max_position_embeddings

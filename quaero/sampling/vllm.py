@@ -105,15 +105,21 @@ def make_engine(model_path: str, *, dtype: str = "float32", max_model_len: int =
     return llm
 
 
-@contextlib.contextmanager
-def saved_weights(state_dict: dict[str, torch.Tensor], parent: str | None = None) -> Iterator[str]:
-    """The trainer's weights as a safetensors folder that vLLM's `reload_weights(weights_path=...)` reads,
-    removed on exit. A tied LM head is left out (safetensors refuses shared storage; vLLM ties it again)."""
-    from safetensors.torch import save_file
-
+def pushed_tensors(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors a weight push sends, where they are: the state dict, detached, a tied LM head left out
+    (safetensors refuses shared storage; vLLM ties the head to the embedding again when it loads)."""
     tied = "lm_head.weight" in state_dict and "model.embed_tokens.weight" in state_dict and \
         state_dict["lm_head.weight"].data_ptr() == state_dict["model.embed_tokens.weight"].data_ptr()
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items() if not (tied and k == "lm_head.weight")}
+    return {k: v.detach() for k, v in state_dict.items() if not (tied and k == "lm_head.weight")}
+
+
+@contextlib.contextmanager
+def saved_weights(state_dict: dict[str, torch.Tensor], parent: str | None = None) -> Iterator[str]:
+    """The trainer's weights (`pushed_tensors`) as a safetensors folder that vLLM's
+    `reload_weights(weights_path=...)` reads, removed on exit."""
+    from safetensors.torch import save_file
+
+    tensors = {k: v.to("cpu").contiguous() for k, v in pushed_tensors(state_dict).items()}
     folder = tempfile.mkdtemp(prefix="quaero-weights-", dir=parent)
     try:
         save_file(tensors, os.path.join(folder, "model.safetensors"))
@@ -167,6 +173,7 @@ class VLLMSampler:
         self.cfg = cfg
         self.stop_token_ids = list(stop_token_ids)
         self.shares_model = False  # weights arrive through update_weights
+        self.weight_transfer = "file"  # a safetensors folder the engine reloads
         self._owns_llm = llm is None
         self.max_model_len = max_model_len  # prompt + completion never exceed it (a shared llm is built with it)
         self.llm = llm if llm is not None else make_engine(

@@ -27,14 +27,16 @@ def model():
 
 @pytest.fixture(scope="module")
 def vllm_server(tiny_model_dir):
-    """One `vllm serve` process on tiny-qwen3 for this module (about a minute to start on CPU)."""
+    """One `vllm serve` process on tiny-qwen3 for this module (about a minute to start on CPU), started with
+    vLLM's IPC weight-transfer engine too (`[sampler] weight_transfer = "ipc"`'s command and environment):
+    the samplers here push by file, and the weight-sync client's routes are checked against it."""
     from fixtures import require_vllm
 
     require_vllm()
     from quaero.sampling.server import start_servers
 
-    (proc,) = start_servers(str(tiny_model_dir), SamplerConfig(), count=1, dtype="float32", max_model_len=4096,
-                            max_num_seqs=16)
+    (proc,) = start_servers(str(tiny_model_dir), SamplerConfig(mode="server", weight_transfer="ipc"), count=1,
+                            dtype="float32", max_model_len=4096, max_num_seqs=16)
     yield proc
     proc.close()
 
@@ -140,6 +142,50 @@ def test_update_weights_reaches_the_sampler(make, model):
     assert (torch.tensor(c.logprobs) - reference(model, PROMPTS[0], c.token_ids, 1.0)).abs().max() > 1e-3
     back = s.generate(PROMPTS[:1], seed=2)[0][0]  # and the push back reaches it too
     assert (torch.tensor(back.logprobs) - reference(model, PROMPTS[0], back.token_ids, 1.0)).abs().max() < 1e-4
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_weight_sync_client_drives_the_servers_weight_transfer_routes(vllm_server):
+    """quaero's `VLLMWeightSyncClient` against a real server with `--weight-transfer-config ipc`: each call is the
+    route and JSON body vLLM's HTTP router takes (IPC handles pickled, which the server accepts only with the
+    VLLM_ALLOW_INSECURE_SERIALIZATION that `server_env` sets), and the server answers all four. The CPU build
+    moves no weights by IPC: the update here is empty, and the model is unchanged by the round."""
+    import base64
+    import pickle
+
+    from quaero.sampling.server import ServerError, VLLMServerSampler
+    from quaero.sampling.transfer import ServerWeightSync
+
+    sampler = VLLMServerSampler([vllm_server.url], SamplerConfig(max_tokens=6), stop_token_ids=STOP)
+    calls = []
+
+    def post(url, path, body):  # the sampler's own _post, recorded
+        calls.append((path, body))
+        return sampler._post(url, path, body)
+
+    before = sampler.generate(PROMPTS[:1], greedy=True)[0][0]
+    client = ServerWeightSync(vllm_server.url, post)
+    client.init_weight_transfer_engine({"packed": False})
+    client.start_weight_update()
+    client.update_weights({"names": [], "dtype_names": [], "shapes": [], "ipc_handles": []})
+    client.finish_weight_update()
+    pickled = base64.b64encode(pickle.dumps([])).decode()
+    assert calls == [("/init_weight_transfer_engine", {"init_info": {"packed": False}}),
+                     ("/start_weight_update", None),
+                     ("/update_weights", {"update_info": {"names": [], "dtype_names": [], "shapes": [],
+                                                          "ipc_handles_pickled": pickled}}),
+                     ("/finish_weight_update", None)]
+    after = sampler.generate(PROMPTS[:1], greedy=True)[0][0]
+    assert after.token_ids == before.token_ids and after.logprobs == before.logprobs
+    # a fault: vLLM's worker refuses a finish without a start; quaero's error names the route and the reason
+    with pytest.raises(ServerError, match=r"/finish_weight_update answered 500: .*finish_weight_update called "
+                                          r"without a matching start_weight_update"):
+        client.finish_weight_update("v1")
+    assert calls[-1] == ("/finish_weight_update", {"weight_version": "v1"})
+    assert sampler.generate(PROMPTS[:1], greedy=True)[0][0].token_ids == before.token_ids  # the server lives on
+    with pytest.raises(ServerError, match=r"/update_weights answered 4\d\d"):  # a body vLLM's router refuses
+        sampler._post(vllm_server.url, "/update_weights", {"update_info": "not a payload"})
 
 
 def test_backend_choice_and_request_seeds(monkeypatch):

@@ -196,6 +196,7 @@ def test_terminal_ctrl_c_stops_a_vllm_sampled_run_at_a_checkpoint(tmp_path):
     # trainer -> engine right before an RL step samples (the warm start plays the oracle); the resumed run's new
     # engine loads the base model and gets the checkpoint's weights before its first step samples
     assert "weights_pushed" not in steps[1] and steps[2]["weights_pushed"] == 1
+    assert steps[2]["weight_transfer"] == "file"  # the colocated engine reloads a safetensors folder
     assert steps[end["steps"] + 1]["weights_pushed"] == 1
     for rl in (steps[s] for s in (2, 3, 4)):
         assert rl["prefix_mismatches"] == 0 and rl["bridge_fallbacks"] == 0 and rl["turns"] > 0

@@ -58,6 +58,18 @@ def test_table_values_and_passing_proofs(tmp_path, capsys):
     assert "[PASS] sparse ECHO proof" in out and "[PASS] ECHO loss falling" in out
 
 
+def test_the_summary_names_the_weight_transfer_that_ran(tmp_path, capsys):
+    steps = good_steps()
+    steps[1].update(weights_pushed=1, weight_transfer="nccl")
+    steps[3].update(weights_pushed=1, weight_transfer="nccl")
+    record(tmp_path, steps)
+    assert review.summarize(review.load_run(tmp_path))["weight_transfer"] == "nccl"
+    assert review.main(args(tmp_path)) == 0
+    assert any(line.split() == ["weight_transfer", "nccl"] for line in capsys.readouterr().out.splitlines())
+    record(tmp_path / "none", good_steps())  # nothing pushed (a shared module): no transfer to name
+    assert review.summarize(review.load_run(tmp_path / "none"))["weight_transfer"] is None
+
+
 def test_echo_curve_skips_steps_without_echo_targets_and_reason_keeps_latest(tmp_path):
     steps = good_steps()
     steps[-1].update(echo_loss=0.0, echo_tokens=0, local_train_compile_selective_ce_fallback_reason="")

@@ -1,15 +1,20 @@
-"""Server mode without vLLM: the config rules, and the server process's fault paths (a server that dies
-at startup names its log; close() leaves no process of its group behind)."""
+"""Server mode without a server: the config rules, the servers' command and environment (weight transfer,
+devices), the weight-transfer source against the file push, and the server process's fault paths (a server
+that dies at startup names its log; close() leaves no process of its group behind)."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
 
 import pytest
+import torch
 
-from quaero.config import ConfigError, QuaeroConfig, check_rules
+from quaero.config import ConfigError, QuaeroConfig, SamplerConfig, check_rules
+from quaero.plan import check_server_devices
 from quaero.sampling.launch import ServedProcess, ServerStartError, free_port, start_all
+from quaero.sampling.server import serve_argv, server_devices, server_env
 
 
 def _cfg(**sampler) -> QuaeroConfig:
@@ -31,6 +36,162 @@ def test_server_mode_config_accepts_auto_vllm_and_urls():
     for sampler in ({"mode": "server"}, {"mode": "server", "backend": "vllm", "servers": 2},
                     {"mode": "server", "urls": ["http://127.0.0.1:8000", "http://10.0.0.2:8001/"]}):
         check_rules(_cfg(**sampler), "run.toml")
+
+
+SERVER = {"mode": "server"}
+
+
+@pytest.mark.parametrize("sampler, match", [
+    ({"weight_transfer": "nccl"}, r"\[sampler\] weight_transfer='nccl' with mode='colocated'.*set mode = 'server'"),
+    ({"weight_transfer": "ipc"}, r"weight_transfer='ipc' with mode='colocated'"),
+    ({"server_devices": [1]}, r"server_devices=\[1\] with mode='colocated'.*set mode = 'server'"),
+    ({**SERVER, "server_devices": [1], "urls": ["http://127.0.0.1:8000"]},
+     r"server_devices=\[1\] and urls=.*both set.*remove server_devices"),
+    ({**SERVER, "servers": 2, "server_devices": [1, 1]}, r"server_devices=\[1, 1\] names a device twice"),
+    ({**SERVER, "weight_transfer": "nccl", "urls": ["http://127.0.0.1:8000"]},
+     r"weight_transfer='nccl' with urls=.*remove urls and set servers and server_devices"),
+    ({**SERVER, "weight_transfer": "nccl"}, (r"weight_transfer='nccl' without server_devices.*NCCL refuses two "
+                                            r"ranks on one device; set server_devices = \[1\]")),
+    ({**SERVER, "weight_transfer": "ipc", "server_devices": [1]},
+     r"weight_transfer='ipc' with server_devices=\[1\].*on the trainer's GPU; remove server_devices"),
+])
+def test_weight_transfer_and_server_devices_config_rules(sampler, match):
+    with pytest.raises(ConfigError, match=match):
+        check_rules(_cfg(**sampler), "run.toml")
+
+
+def test_weight_transfer_config_accepts_the_working_combinations():
+    for sampler in ({**SERVER, "weight_transfer": "file"}, {**SERVER, "server_devices": [1, 2], "servers": 2},
+                    {**SERVER, "weight_transfer": "ipc"},
+                    {**SERVER, "weight_transfer": "ipc", "urls": ["http://127.0.0.1:8000"]},
+                    {**SERVER, "weight_transfer": "nccl", "server_devices": [1]}):
+        check_rules(_cfg(**sampler), "run.toml")
+    assert SamplerConfig().weight_transfer == "file" and SamplerConfig().server_devices == []
+
+
+@pytest.mark.parametrize("sampler, match", [
+    ({**SERVER, "weight_transfer": "nccl", "server_devices": [1]},
+     r"weight_transfer='nccl': vLLM's NCCL/IPC weight transfer needs CUDA and none is available.*'file'"),
+    ({**SERVER, "weight_transfer": "ipc"}, r"weight_transfer='ipc': .*needs CUDA"),
+    ({**SERVER, "server_devices": [1]}, r"server_devices=\[1\]: CUDA device indices, and no CUDA device"),
+])
+def test_weight_transfer_is_refused_without_cuda(monkeypatch, sampler, match):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on this CPU machine, also on a GPU one
+    with pytest.raises(ConfigError, match=match):
+        check_server_devices(_cfg(**sampler), "run.toml")
+    check_server_devices(_cfg(**SERVER), "run.toml")  # file, no devices: today's server mode
+
+
+@pytest.fixture
+def four_gpus(monkeypatch):
+    """This machine's CUDA inventory as a 4-GPU one: the device rules are plain arithmetic over it."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    for var in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+@pytest.mark.parametrize("ranks, sampler, match", [
+    (1, {"servers": 2, "server_devices": [1]}, (r"lists 1 device\(s\) for servers=2: one device per started "
+                                               r"server; list 2")),
+    (2, {"server_devices": [2]}, (r"for servers=1 x 2 local ranks \(each starts its own; local rank l takes "
+                                 r"entries l\*servers \.\.\).*list 2")),
+    (1, {"server_devices": [4]}, r"device 4 does not exist here \(4 CUDA device\(s\): 0\.\.3\)"),
+    (1, {"weight_transfer": "nccl", "server_devices": [0]}, r"cuda:0 is a trainer rank's device.*from 1\.\.3"),
+    (2, {"weight_transfer": "nccl", "server_devices": [2, 1]}, r"cuda:1 is a trainer rank's device.*from 2\.\.3"),
+    (1, {"weight_transfer": "ipc", "server_devices": []}, None),
+    (1, {"weight_transfer": "nccl", "server_devices": [3]}, None),
+    (2, {"weight_transfer": "nccl", "servers": 2, "server_devices": [2, 3, 4, 5]}, r"device 4 does not exist"),
+    (2, {"weight_transfer": "file", "server_devices": [0, 1]}, None),  # file: a server may share its rank's GPU
+])
+def test_server_devices_against_the_gpus_and_the_ranks(four_gpus, ranks, sampler, match):
+    four_gpus.setenv("WORLD_SIZE", str(ranks))
+    four_gpus.setenv("LOCAL_WORLD_SIZE", str(ranks))
+    cfg = _cfg(**SERVER, **sampler)
+    if match is None:
+        check_server_devices(cfg, "run.toml")
+    else:
+        with pytest.raises(ConfigError, match=r"run.toml \[sampler\] .*" + match):
+            check_server_devices(cfg, "run.toml")
+
+
+def test_weight_transfer_needs_the_trainer_on_cuda(four_gpus):
+    cfg = QuaeroConfig.model_validate({"env": {"entry": "x:y"}, "run": {"device": "cpu"},
+                                       "sampler": {**SERVER, "weight_transfer": "ipc"}})
+    with pytest.raises(ConfigError, match=r"weight_transfer='ipc' with \[run\] device='cpu'.*set device = 'cuda'"):
+        check_server_devices(cfg, "run.toml")
+
+
+def test_serve_argv_and_env_carry_the_weight_transfer(monkeypatch):
+    monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
+    for backend in ("nccl", "ipc"):
+        sc = SamplerConfig(mode="server", weight_transfer=backend)
+        argv = serve_argv("/m", sc, port=8000, on_cpu=False)
+        flag = argv.index("--weight-transfer-config")
+        assert json.loads(argv[flag + 1]) == {"backend": backend}  # vLLM's engine arg (EngineArgs)
+        env = server_env(sc, device=None, on_cpu=False)
+        assert env["VLLM_SERVER_DEV_MODE"] == "1"  # the weight-transfer routes are dev routes
+        assert env.get("VLLM_ALLOW_INSECURE_SERIALIZATION") == ("1" if backend == "ipc" else None)
+    file = SamplerConfig(mode="server")
+    assert "--weight-transfer-config" not in serve_argv("/m", file, port=8000, on_cpu=True)
+    assert "VLLM_ALLOW_INSECURE_SERIALIZATION" not in server_env(file, device=None, on_cpu=True)
+
+
+def test_each_started_server_gets_its_device(monkeypatch):
+    for var in ("WORLD_SIZE", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(var, raising=False)
+    sc = SamplerConfig(mode="server", servers=2, server_devices=[1, 2])
+    assert server_devices(sc, 2, on_cpu=False) == [1, 2]
+    envs = [server_env(sc, device=d, on_cpu=False) for d in server_devices(sc, 2, on_cpu=False)]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["1", "2"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")  # indices are this process's: cuda:1 is GPU 5
+    assert server_env(sc, device=1, on_cpu=False)["CUDA_VISIBLE_DEVICES"] == "5"
+    assert server_env(sc, device=None, on_cpu=False)["CUDA_VISIBLE_DEVICES"] == "4,5,6"  # inherited: today's
+    monkeypatch.setenv("WORLD_SIZE", "2")  # torchrun: local rank l takes entries l*servers ..
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    node = SamplerConfig(mode="server", servers=2, server_devices=[2, 3, 4, 5])
+    assert server_devices(node, 2, on_cpu=False) == [4, 5]
+    assert server_devices(SamplerConfig(mode="server", servers=2), 2, on_cpu=False) == [1, 1]  # the rank's GPU
+    assert server_devices(SamplerConfig(mode="server"), 1, on_cpu=True) == [None]  # CPU: nothing to place
+
+
+@pytest.mark.vllm
+def test_the_weight_source_is_what_the_file_push_writes(tiny_lm):
+    """The NCCL/IPC engines send the names, dtypes and shapes the file push saves, for the real tiny model
+    (its tied LM head left out of both), in the order vLLM's NCCL engine checks iteration against."""
+    from safetensors import safe_open
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerWeightTransferEngine
+
+    from quaero.sampling.transfer import StateDictSource
+    from quaero.sampling.vllm import saved_weights
+
+    state = tiny_lm.state_dict()
+    assert "lm_head.weight" in state  # tied: the same storage as the embedding
+    with saved_weights(state) as folder, safe_open(f"{folder}/model.safetensors", "pt") as f:
+        saved = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
+    source = StateDictSource(state)
+    meta = source.metadata()
+    assert {m.name: (m.dtype, m.shape) for m in meta} == {k: (v.dtype, tuple(v.shape)) for k, v in saved.items()}
+    assert len(meta) == len(saved) == len(state) - 1 and "lm_head.weight" not in saved
+    pairs = list(NCCLTrainerWeightTransferEngine._checked_iter(source, meta))  # vLLM's own agreement check
+    assert [n for n, _ in pairs] == [m.name for m in meta] == [k for k in state if k != "lm_head.weight"]
+    assert all(torch.equal(t, saved[n]) and t.data_ptr() == state[n].data_ptr() for n, t in pairs)  # no copy
+    assert [n for names, _ in source.iter_groups() for n in names] == [m.name for m in meta]
+    source.set({k: v * 2 for k, v in state.items()})  # the next push: fresh tensors, same names
+    assert torch.equal(dict(source)["model.norm.weight"], 2 * state["model.norm.weight"])
+
+
+@pytest.mark.vllm
+def test_a_server_sampler_refuses_nccl_and_ipc_without_cuda(monkeypatch):
+    from quaero.sampling.server import VLLMServerSampler
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on this CPU machine, also on a GPU one
+
+    for backend in ("nccl", "ipc"):
+        with pytest.raises(RuntimeError, match=rf"weight_transfer='{backend}': .*needs CUDA and none is available"):
+            VLLMServerSampler(["http://127.0.0.1:9"], SamplerConfig(mode="server", weight_transfer=backend),
+                              stop_token_ids=[0])
 
 
 def _alive(pid: int) -> bool:
