@@ -22,8 +22,11 @@ def plan_lines(cfg, source: str) -> list[str]:
     from trainers.registry import TRAINERS
 
     caps = TRAINERS[cfg.backend.backend]
+    device = resolve_device(cfg.run.device)
     sampler = (f"vllm, server mode, weights by {cfg.sampler.weight_transfer}" if cfg.sampler.mode == "server"
-               else resolve_backend(cfg.sampler.backend, resolve_device(cfg.run.device)))  # what train will build
+               else resolve_backend(cfg.sampler.backend, device))  # what train will build in one process
+    if cfg.sampler.mode != "server" and cfg.sampler.backend == "auto" and sampler == "vllm" and not device.startswith("cuda"):
+        sampler += ", hf on each rank of `quaero train --nproc N`"
     o = cfg.backend.options
     env_src = ", ".join(cfg.env.server_urls) if cfg.env.launcher == "remote" else cfg.env.entry
     if cfg.env.kwargs:
