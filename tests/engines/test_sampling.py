@@ -188,6 +188,22 @@ def test_weight_sync_client_drives_the_servers_weight_transfer_routes(vllm_serve
         sampler._post(vllm_server.url, "/update_weights", {"update_info": "not a payload"})
 
 
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_real_server_passes_the_urls_check_and_says_what_it_lacks(vllm_server):
+    """`[sampler] urls` servers are asked what they are before any model loads (quaero/plan.py
+    check_server_urls): the server quaero starts passes; asked for what it was not started with, it is
+    refused naming the flag (tests/unit/quaero/test_sampler_server.py has the other refusals)."""
+    from quaero.sampling.server import server_problem
+
+    assert server_problem(vllm_server.url, SamplerConfig(mode="server"), max_seq_len=4096) is None
+    assert server_problem(vllm_server.url, SamplerConfig(mode="server", weight_transfer="ipc"), max_seq_len=4096) is None
+    nccl = server_problem(vllm_server.url, SamplerConfig(mode="server", weight_transfer="nccl"), max_seq_len=4096)
+    assert nccl.startswith("was started with weight transfer 'ipc' and [sampler] weight_transfer='nccl'")
+    longer = server_problem(vllm_server.url, SamplerConfig(mode="server"), max_seq_len=8192)
+    assert longer.startswith("holds 4096 tokens per sequence and [model] max_seq_len=8192")
+
+
 def test_backend_choice_and_request_seeds(monkeypatch):
     import quaero.sampling
 

