@@ -28,6 +28,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -36,12 +37,16 @@ from pathlib import Path
 import torch
 
 from quaero.config import SamplerConfig
+from quaero.metrics import get_logger
 from quaero.sampling import Completion, completion_budget, finish_reason, request_seed
 from quaero.sampling.launch import ServedProcess, free_port, start_all
 from quaero.sampling.vllm import cpu_whole_prefill, saved_weights
 from trainers.distributed import launched_ranks
 
+log = get_logger(__name__)
+
 REQUEST_TIMEOUT_S = 3600.0  # one prompt's n completions; a dead server fails sooner (connection refused)
+RETRY_WAITS_S = (1.0, 4.0, 15.0)  # a dropped connection to a server (a flaky network): wait, then send again
 CPU_RELOAD = "reload_and_repack_cpu_gemms"  # quaero.sampling.vllm.CPUWeightSync
 CPU_WORKER_EXTENSION = "quaero.sampling.vllm.CPUWeightSync"  # the CPU build's worker extension (serve_argv)
 
@@ -207,10 +212,12 @@ class VLLMServerSampler:
                   for i, p in enumerate(prompts)]
         jobs = [(self.urls[i % len(self.urls)], b) for i, b in enumerate(bodies)]
         with ThreadPoolExecutor(max_workers=min(len(jobs), 64), thread_name_prefix="quaero-sampler") as pool:
-            replies = list(pool.map(lambda job: self._post(job[0], "/v1/completions", job[1]), jobs))
+            replies = list(pool.map(lambda job: self._post(job[0], "/v1/completions", job[1], retry=True), jobs))
         return [self._completions(r, n) for r in replies]
 
     def _completions(self, reply: dict, n: int) -> list[Completion]:
+        if not isinstance(reply.get("choices"), list):
+            raise ServerError(f"vLLM server replied to /v1/completions without choices: {json.dumps(reply)[:300]}")
         choices = sorted(reply["choices"], key=lambda c: c["index"])
         if len(choices) != n:
             raise ServerError(f"vLLM server returned {len(choices)} completions for n={n}")
@@ -231,24 +238,39 @@ class VLLMServerSampler:
                 method = CPU_RELOAD if self.on_cpu else "reload_weights"
                 with saved_weights(state_dict) as folder:
                     body = {"method": method, "kwargs": {"weights_path": folder}}
-                    list(pool.map(lambda url: self._post(url, "/collective_rpc", body), self.urls))
-            resets = list(pool.map(lambda url: self._post(url, "/reset_prefix_cache", None), self.urls))
+                    list(pool.map(lambda url: self._post(url, "/collective_rpc", body, retry=True), self.urls))
+            resets = list(pool.map(lambda url: self._post(url, "/reset_prefix_cache", None, retry=True), self.urls))
         failed = [u for u, r in zip(self.urls, resets) if r.get("success") is False]
         if failed:  # vLLM refuses while requests run; none do between quaero's steps
             raise ServerError(f"vLLM servers {failed} did not reset their prefix cache after the weight push")
 
-    def _post(self, url: str, path: str, body: dict | None) -> dict:
+    def _post(self, url: str, path: str, body: dict | None, *, retry: bool = False) -> dict:
+        """POST `body` as JSON; the reply's JSON. With `retry` (requests that may be sent again: a seeded
+        completion, a reload from the same folder, a cache reset), a dropped connection or a gateway's
+        502/503/504 is retried after each wait of RETRY_WAITS_S, unless a server quaero started has exited."""
         data = b"" if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(url + path, data=data, method="POST",
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
-                text = r.read()
-        except urllib.error.HTTPError as e:
-            detail = e.read().decode(errors="replace")[:2000]
-            raise ServerError(f"vLLM server {url}{path} answered {e.code}: {detail}{self._hint(url)}") from None
-        except OSError as e:
-            raise ServerError(f"vLLM server {url}{path} unreachable ({e}){self._hint(url)}") from None
+        waits, tries = (list(RETRY_WAITS_S) if retry else []), 0
+        while True:
+            req = urllib.request.Request(url + path, data=data, method="POST",
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
+                    text = r.read()
+                break
+            except urllib.error.HTTPError as e:
+                detail = e.read().decode(errors="replace")[:2000]
+                fault, transient = f"answered {e.code}: {detail}", e.code in (502, 503, 504)
+            except OSError as e:  # refused or reset: nothing came back; a request past its timeout is not sent again
+                timed_out = isinstance(e, TimeoutError) or isinstance(getattr(e, "reason", None), TimeoutError)
+                fault, transient = f"unreachable ({e})", not timed_out
+            hint = self._hint(url)
+            if not (transient and waits) or hint:
+                after = f" (after {tries} retries)" if tries else ""
+                raise ServerError(f"vLLM server {url}{path} {fault}{after}{hint}") from None
+            tries, wait = tries + 1, waits.pop(0)
+            log.warning("sampler_request_retried", url=url, path=path, error=fault[:300], wait_s=wait,
+                        retries_left=len(waits))
+            time.sleep(wait)
         return json.loads(text) if text else {}
 
     def _hint(self, url: str) -> str:

@@ -341,3 +341,60 @@ def test_a_wrong_address_fails_the_config_before_any_model_loads(http_server):
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith(f"error: envs/toolbench.toml [sampler] urls: {foreign} is not a vLLM OpenAI "
                                   "server (GET /v1/models answered 200 without a vLLM model)")
+
+
+@pytest.mark.hostile
+def test_a_dropped_connection_is_sent_again_and_a_lasting_one_names_the_retries(monkeypatch):
+    """A flaky network between quaero and its servers: a completion whose connection drops is sent again
+    (same seed, same reply); a server that keeps dropping it ends in one error naming the retries. The fault
+    is a local server that closes the first connections without a reply."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import structlog
+
+    from quaero.sampling import server as server_mod
+    from quaero.sampling.server import ServerError, VLLMServerSampler
+
+    monkeypatch.setattr(server_mod, "RETRY_WAITS_S", (0.01, 0.01, 0.01))
+    drops = {"left": 2, "seen": 0}
+    reply = {"choices": [{"index": 0, "token_ids": [9707, 151645], "logprobs": {"token_logprobs": [-0.5, -0.25]}}]}
+
+    class Flaky(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            drops["seen"] += 1
+            if drops["left"]:
+                drops["left"] -= 1
+                self.close_connection = True  # no status line: the client sees the connection drop
+                return
+            data = json.dumps(reply).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        sampler = VLLMServerSampler([url], SamplerConfig(mode="server", max_tokens=4), stop_token_ids=[151645])
+        with structlog.testing.capture_logs() as logs:
+            (c,), = sampler.generate([[151644, 872]], seed=1)
+        assert (c.token_ids, c.logprobs, c.finish_reason) == ([9707, 151645], [-0.5, -0.25], "stop")
+        assert drops["seen"] == 3  # two dropped, the third answered
+        retried = [e for e in logs if e["event"] == "sampler_request_retried"]
+        assert [(e["path"], e["retries_left"]) for e in retried] == [("/v1/completions", 2), ("/v1/completions", 1)]
+        drops.update(left=10, seen=0)
+        with pytest.raises(ServerError, match=rf"vLLM server {url}/v1/completions unreachable \(.*\) \(after 3 retries\)"):
+            sampler.generate([[151644, 872]], seed=1)
+        assert drops["seen"] == 4
+        drops.update(left=1, seen=0)  # a weight push's control calls are not sent again (vLLM's engines rendezvous)
+        with pytest.raises(ServerError, match=r"/start_weight_update unreachable"):
+            sampler._post(url, "/start_weight_update", None)
+        assert drops["seen"] == 1
+    finally:
+        httpd.shutdown()
