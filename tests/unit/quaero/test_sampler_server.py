@@ -398,3 +398,23 @@ def test_a_dropped_connection_is_sent_again_and_a_lasting_one_names_the_retries(
         assert drops["seen"] == 1
     finally:
         httpd.shutdown()
+
+
+@pytest.mark.hostile
+def test_a_vllm_server_failing_mid_run_ends_quaero_train_in_one_error(monkeypatch, tmp_path, capsys):
+    """`quaero train`: a server that fails during the run (the fault, raised where the recipe would meet it)
+    ends the command with `error: ...` naming the server, exit 1, no traceback; its checkpoints stay."""
+    import quaero.train
+    from quaero import cli
+    from quaero.sampling.server import ServerError
+
+    def failing(cfg, **kwargs):
+        raise ServerError("vLLM server http://127.0.0.1:9/v1/completions unreachable (refused) (after 3 retries)")
+
+    monkeypatch.setattr(quaero.train, "train", failing)
+    from fixtures.runs import ROOT
+
+    code = cli.main(["train", str(ROOT / "envs" / "toolbench.toml"), "--set", f"run.output_dir='{tmp_path}'"])
+    err = capsys.readouterr().err
+    assert code == 1 and err == ("error: vLLM server http://127.0.0.1:9/v1/completions unreachable (refused) "
+                                 "(after 3 retries)\n")
