@@ -96,8 +96,9 @@ def check_server_devices(cfg: QuaeroConfig, source: str = "config") -> None:
                           "weight_transfer = 'file'")
     if not sm.server_devices:
         return
-    launched = int(os.environ.get("WORLD_SIZE", "1"))
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if launched > 1 else 1
+    from trainers.distributed import local_ranks
+
+    local = local_ranks()
     if len(sm.server_devices) != sm.servers * local:
         per_node = f" x {local} local ranks (each starts its own; local rank l takes entries l*servers ..)" \
             if local > 1 else ""

@@ -34,6 +34,16 @@ def launched_ranks() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def local_ranks() -> int:
+    """How many ranks the launcher started on this node; 1 outside a launcher."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if launched_ranks() > 1 else 1
+
+
+def local_rank() -> int:
+    """This rank's index on its node (its CUDA device); 0 outside a launcher."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
 def setup(strategy: Strategy, device: torch.device) -> torch.device:
     """Join the launcher's process group (from its environment variables) and return this rank's device.
 
@@ -46,7 +56,7 @@ def setup(strategy: Strategy, device: torch.device) -> torch.device:
     if ranks == 1 or strategy == "none":
         return device
     if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        device = torch.device("cuda", local_rank())
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
