@@ -30,6 +30,15 @@ _SENTINELS = ("A", "Z")
 WORD_JOINER = "\u2060"
 
 
+class UnparsableAction(Exception):
+    """The renderer's parser raised on a sampled reply; `.message` is the reply as plain assistant text
+    (no tool calls), which the env session answers with its corrective message like any malformed action."""
+
+    def __init__(self, detail: str, message: dict):
+        super().__init__(detail)
+        self.message = message
+
+
 class BridgeFailure(Exception):
     """The renderer could not append the env response exactly; `.reason` is a short metric label."""
 
@@ -218,9 +227,17 @@ class RenderAdapter:
 
     def parse(self, completion_ids: list[int]) -> dict:
         """Sampled ids -> the assistant message that goes into the history and to the environment.
+        Raises UnparsableAction (carrying the reply as plain text) when the renderer's parser fails.
         Text the model spelled like an added token is defused (`_spelled_defused`), so the next sampling
         prompt holds no special id the model did not sample; the env receives it with the joiner."""
-        parsed = self.renderer.parse_response(self._spelled_defused(list(completion_ids)))
+        ids = self._spelled_defused(list(completion_ids))
+        try:
+            parsed = self.renderer.parse_response(ids)
+        except Exception as e:
+            # `<tool_call>5</tool_call>` (valid JSON, not an object); any parser error is a malformed reply
+            text = self.tokenizer.decode([t for t in ids if t not in self.stop_token_ids])
+            raise UnparsableAction(f"{type(e).__name__}: {e}", {"role": "assistant", "content": text,
+                                                                 "reasoning_content": None, "tool_calls": None}) from e
         calls = [{"type": "function", "function": tc.get("function", tc)} for tc in parsed.tool_calls or []]
         return {"role": "assistant", "content": parsed.content or "",
                 "reasoning_content": parsed.reasoning_content or None, "tool_calls": calls or None}

@@ -24,11 +24,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from quaero.metrics import get_logger
 from quaero.openenv_client import ChatEnv, EpisodeDropped
-from quaero.render import BridgeFailure, RenderAdapter
+from quaero.render import BridgeFailure, RenderAdapter, UnparsableAction
 from quaero.rollout_stats import RolloutStats
 from quaero.rows import EchoRow, Transition, build_rows, per_transition_tokens
 from quaero.sampling import Completion, Sampler
+
+log = get_logger(__name__)
 
 Policy = Callable[[dict], Callable[[list[dict]], dict]]
 
@@ -131,7 +134,7 @@ class EpisodeDriver:
                 running, prompts = self._with_room(running, prompts)
                 if running:
                     actions = self._act(running, prompts, greedy)
-                    assistants = [self.render.parse(c.token_ids) for c in actions]
+                    assistants = [self._parse(c.token_ids) for c in actions]
                     # env steps run concurrently (servers, tools); tokenizer work stays on this thread
                     steps = list(pool.map(self._env_step, running, assistants))
                     for args in zip(running, prompts, actions, assistants, steps):
@@ -200,6 +203,17 @@ class EpisodeDriver:
             for i, c in zip(sampled, comps):
                 out[i] = c[0]
         return out  # type: ignore[return-value]
+
+    def _parse(self, ids: list[int]) -> dict:
+        """The assistant message of sampled ids; a reply the renderer's parser raises on is counted
+        (`unparsable_actions`) and goes to the env as text without a tool call: a malformed action with its
+        corrective message, never the end of a run."""
+        try:
+            return self.render.parse(ids)
+        except UnparsableAction as e:
+            self.stats.add("unparsable_actions")
+            log.warning("unparsable_action", error=str(e)[:200])
+            return e.message
 
     def _env_step(self, ep: _Live, assistant: dict):
         try:

@@ -21,9 +21,10 @@ from collections.abc import Callable
 from typing import Any
 
 COUNTERS = (
-    # episodes (the driver); drops also count `drop_reason_<kind>`
+    # episodes (the driver); drops also count `drop_reason_<kind>`; unparsable_actions: replies the
+    # renderer's parser raised on (also counted in malformed_actions: the env answered them with a corrective)
     "episodes", "episodes_dropped", "episodes_truncated", "episodes_succeeded",
-    "turns", "malformed_actions", "truncated_completions",
+    "turns", "malformed_actions", "unparsable_actions", "truncated_completions",
     # lengths (the driver): env messages cut to max_observation_tokens, bridged responses cut at the
     # context's end, episodes ended (truncated) because the next prompt left no room to sample
     "observations_truncated", "env_responses_clipped", "context_exhausted",

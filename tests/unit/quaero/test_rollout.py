@@ -287,3 +287,34 @@ def test_an_episode_whose_rewards_overflow_when_summed_is_dropped_and_counted(qw
     assert [ep.dropped for ep in eps] == [False, True, True] and eps[0].reward == 1e308 and eps[0].success
     assert all(ep.drop_reason == "step 1: reward sum inf is not finite" and ep.rows == [] for ep in eps[1:])
     assert stats["drop_reason_nonfinite_reward"] == stats["episodes_dropped"] == 2
+
+
+class _RepliesSampler:
+    """A fault: a sampler whose every reply is the same token ids (what a weak policy wrote)."""
+
+    def __init__(self, ids: list[int]):
+        self.ids = ids
+
+    def generate(self, prompts, n=1, greedy=False, seed=None):
+        from quaero.sampling import Completion
+
+        return [[Completion(list(self.ids), [-0.5] * len(self.ids), "stop")] for _ in prompts]
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("body", ["5", "[1, 2]", '"get_price"', "null"])
+def test_a_reply_the_parser_raises_on_is_a_malformed_action_not_the_end_of_the_run(qwen3_render, body):
+    """renderers 0.1.7's Qwen3 parser raises AttributeError on a tool call whose JSON is not an object
+    (`<tool_call>\\n5\\n</tool_call>`, 12 tokens): the driver answers it with the corrective message."""
+    ids = qwen3_render.tokenizer.encode(f"<tool_call>\n{body}\n</tool_call><|im_end|>", add_special_tokens=False)
+    with pytest.raises(Exception) as raised:  # the renderer's own behaviour, which the driver must survive
+        qwen3_render.renderer.parse_response(ids)
+    assert not isinstance(raised.value, SyntaxError)
+    eps, audit = drive(qwen3_render, tasks=2, group=2, policy=None, sampler=_RepliesSampler(ids), env__max_turns=2)
+    assert audit["unparsable_actions"] == audit["malformed_actions"] == audit["turns"] == 8
+    for ep in eps:
+        assert not ep.dropped and not ep.success and ep.turns == 2
+        assert ep.messages[2]["tool_calls"] is None and body in ep.messages[2]["content"]
+        assert_exact(qwen3_render, ep)
+        corrective = spans_of(ep, "corrective")
+        assert corrective and all(set(r.echo_weights[s.start:s.end]) == {0.0} for r, s in corrective)
