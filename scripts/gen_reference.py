@@ -1,0 +1,431 @@
+"""Render the options and metrics tables of docs/reference.md from the code that owns them.
+
+    python scripts/gen_reference.py           # rewrite the generated blocks of docs/reference.md
+    python scripts/gen_reference.py --check   # exit 1 when they differ from the code
+
+Options: every field of `QuaeroConfig` (quaero/config.py): section, key, type and default read from the
+schema; the meaning from the field's `description=` when it has one, else from OPTION_MEANINGS below.
+Metrics: the names their owners emit: the branch counters (quaero/proofs.py), the trainer step
+(`trainers/step.py` `step_metrics`, called on an empty step), the rollout (`RolloutStats` in
+quaero/rollout_stats.py, an empty snapshot), and the few names the recipe writes itself (each checked to
+be a string in the file named). A config key or metric without a meaning, or a meaning whose name is gone,
+is an error: tests/unit/test_docs.py runs `--check`, so the tables cannot drift from the code.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = ROOT / "docs" / "reference.md"
+
+OPTION_MEANINGS = {
+    "run.name": "the run folder's name: the run writes `output_dir/name` and nothing outside it",
+    "run.seed": "tasks, sampler seeds and the embedded model's init derive from it: a rerun repeats the run",
+    "run.output_dir": "the folder of run folders (for several nodes: on a filesystem every node sees)",
+    "run.device": "`auto`: CUDA when available, else CPU",
+    "model.name": "`tiny-qwen3` (the embedded default, built offline), a hub id or a local folder",
+    "model.dtype": "the trainer's weights (`auto`: the checkpoint's own)",
+    "model.renderer": "the `renderers==0.1.7` registry name, chosen explicitly (never by fuzzy name matching)",
+    "model.enable_thinking": "render prompts with the chat template's thinking on",
+    "model.max_seq_len": "the context: no sampler generates past it and no row is longer",
+    "env.entry": "`package.module:Class` of an OpenEnv `Environment` / `MCPEnvironment` (or a factory); "
+                 "exactly one of entry, url and urls",
+    "env.url": "`ws://host:port` of a running OpenEnv server (implies `launcher = \"remote\"`)",
+    "env.urls": "several running servers of one env; sessions spread over them",
+    "env.kwargs": "keyword arguments of the entry in every session quaero starts, checked against its signature",
+    "env.launcher": "`inprocess`, `local-server` (uvicorn on 127.0.0.1) or `remote`",
+    "env.host": "the address local env servers listen on",
+    "env.train_split": "the reset `split` of training tasks",
+    "env.eval_split": "the reset `split` of evaluation tasks",
+    "env.reset_kwargs": "more keyword arguments of every `reset`",
+    "env.system_prompt": "the system prompt (else the reset observation's `metadata[\"system_prompt\"]`, "
+                         "else a generic line)",
+    "env.formatter": "`package.module:function(observation_dict) -> str` for a plain env's observations",
+    "env.action": "`package.module:ActionClass` for a plain env that declares no Action",
+    "env.malformed_reward": "the reward of a reply that is no valid action (docs/environments.md)",
+    "env.no_tool_call_message": "MCP envs: the corrective message when a reply calls no tool (default: names "
+                                "the tools)",
+    "env.max_turns": "turns per episode; an episode cut here is truncated, never a success",
+    "env.max_observation_tokens": "an env message longer than this is cut, with a marker (unset: half of "
+                                  "`max_seq_len`)",
+    "env.step_timeout_s": "seconds an env step may take before it counts as a fault",
+    "env.reset_timeout_s": "seconds an env reset may take before it counts as a fault",
+    "env.max_retries": "retries of a faulted step or reset before the episode is dropped",
+    "env.retry_backoff_s": "the wait before retry k is this times 2^k",
+    "env.server_start_timeout_s": "seconds a local env server may take to start",
+    "env.on_session_loss": "`replay` the episode's actions on a new session (deterministic envs) or `drop` it",
+    "sampler.backend": "`auto`: vLLM where it imports and can start the model (not on CPU ranks under "
+                       "torchrun), else `hf`",
+    "sampler.temperature": "sampling temperature; the trainer's log-probs use the same one",
+    "sampler.top_p": "nucleus sampling; RL needs 1 (`check` refuses less with RL steps)",
+    "sampler.max_tokens": "tokens per action; a turn starts only when the prompt leaves room for them",
+    "sampler.gpu_memory_utilization": "vLLM's share of the device memory",
+    "sampler.enable_prefix_caching": "vLLM's prefix cache (reset after each weight push)",
+    "sampler.mode": "`colocated` (vLLM inside the trainer process) or `server` (docs/scaling.md)",
+    "sampler.servers": "vLLM servers quaero starts per rank in server mode",
+    "sampler.urls": "running vLLM servers to sample from instead (docs/scaling.md)",
+    "sampler.server_start_timeout_s": "seconds a vLLM server may take to start",
+    "sampler.weight_transfer": "how server mode pushes weights: `file`, `nccl` or `ipc` (docs/scaling.md)",
+    "sampler.server_devices": "a CUDA device per server quaero starts; the placement rule is in docs/scaling.md",
+    "backend.backend": "the trainer: `local` or `unsloth` (trainers/registry.py)",
+    "backend.lr": "the RL steps' learning rate (and the warm start's unless `warmup_sft_lr`)",
+    "backend.weight_decay": "AdamW weight decay",
+    "backend.betas": "AdamW betas",
+    "backend.max_grad_norm": "gradient-norm clip (unset: no clip); a non-finite norm skips the step",
+    "backend.micro_batch_tokens": "padded tokens per microbatch (a longer row gets one of its own)",
+    "backend.lora": "train a LoRA adapter (peft) instead of every weight",
+    "backend.lora_r": "LoRA rank",
+    "backend.lora_alpha": "LoRA alpha",
+    "backend.gradient_checkpointing": "recompute activations in backward",
+    "backend.unsloth_fast_inference": "unsloth on CUDA: load unsloth's vLLM engine next to the model",
+    "backend.options.train_selective_suffix_logits": "build a target mask from tokens with RL advantage or "
+        "positive ECHO weight and compute LM head + CE only there",
+    "backend.options.train_logprob_chunk_size": "force hidden/chunked log-probs, this many rows of logits at "
+        "a time (recomputed in backward: peak memory one chunk x vocab)",
+    "backend.options.train_compile_selective_ce": "route selected LM-head/CE through `torch.compile` (plain "
+        "`nn.Linear` head only); `auto` falls back with a recorded reason, `require` fails closed",
+    "backend.options.train_compile_selective_ce_min_tokens": "below this many selected tokens the eager path "
+        "runs",
+    "backend.options.train_save_on_cpu": "saved-tensor CPU offload for very long rows (a logged no-op on CPU)",
+    "backend.options.train_save_on_cpu_pin_memory": "pin the offloaded tensors",
+    "backend.options.train_save_on_cpu_min_numel": "offload only tensors at least this large",
+    "backend.options.train_supervised_context_tokens": "0: exact full context; K > 0 crops rows to K tokens "
+        "before the first target (an approximation, logged as such)",
+    "backend.options.train_selective_dense_min_density": "quaero: the suffix shortcut runs only when targets "
+        "fill at least this fraction of the suffix they span...",
+    "backend.options.train_selective_suffix_max_bytes": "...and its logits would take at most this many bytes",
+    "backend.options.train_selective_hidden_max_bytes": "quaero: above this many bytes of selected `[S, V]` "
+        "fp32 logits the hidden path runs chunked (exact; memory one chunk x vocab)",
+    "echo.enabled": "train the ECHO term",
+    "echo.weight": "the ECHO term's weight",
+    "echo.include_scaffold": "also train ECHO on template scaffolding (`<|im_start|>user`, tool-response wrappers)",
+    "training.steps": "RL steps (after the warm start)",
+    "training.tasks_per_step": "tasks sampled per RL step",
+    "training.group_size": "episodes per task; advantages are group-relative, so at least 2 for RL",
+    "training.clip_eps": "importance-ratio clip (unset: no clip)",
+    "training.warmup_sft_steps": "warm-start SFT steps on the env's oracle demos, before RL",
+    "training.oracle": "the warm start's demonstrator `package.module:function` (unset: `oracle_policy` "
+                       "beside the entry)",
+    "training.warmup_sft_lr": "the warm start's learning rate (unset: `[backend] lr`)",
+    "training.checkpoint_every": "checkpoint every this many steps (and at the end)",
+    "training.keep_checkpoints": "checkpoints kept; older ones are pruned",
+    "training.eval_every": "evaluate every this many steps (0: never); also before the first and after the "
+                           "last step",
+    "training.eval_tasks": "held-out tasks per evaluation (greedy)",
+    "training.packing": "one row per episode when turns extend each other exactly, else one per transition",
+    "training.strict": "an exactness mismatch (prefix, bridge) is an error instead of a counted fallback",
+    "training.max_empty_steps": "this many consecutive steps without a trained row end the run (exit 1)",
+    "training.max_off_policy_steps": "asynchronous rollouts: sample up to k steps ahead while a step trains "
+                                     "(docs/environments.md)",
+    "logging.level": "the console's and the event log's level",
+    "logging.console": "`pretty`, `plain` or `none`",
+    "logging.progress": "a progress bar on a terminal",
+    "logging.report_to": "mirror scalars to `tensorboard`, `wandb`, `trackio` (docs/after-training.md)",
+    "logging.save_rows": "trained rows kept for `quaero inspect rows`: `none`, `sample` (2 a step) or `all`",
+    "distributed.strategy": "data parallelism under torchrun: `none`, `ddp` or `fsdp2` (docs/scaling.md)",
+}
+
+# Metric groups: (title, owner file, meanings). The owner's names are read from the code (metric_names below).
+BRANCH = {
+    "local_train_selective_suffix_logits": "the selective target-mask mode is enabled",
+    "local_train_selective_sparse_suffix_skips": "microbatches whose sparse long suffix skipped the "
+                                                 "suffix-logits shortcut",
+    "local_train_selective_hidden_logprob_batches": "microbatches on the exact selected-hidden-token path",
+    "local_train_selective_compiled_ce_batches": "of those, microbatches whose CE ran through `torch.compile`",
+    "local_train_selective_suffix_logprob_batches": "microbatches on the suffix `logits_to_keep` shortcut",
+    "local_train_selective_fallback_logprob_batches": "microbatches where selective was asked for and full "
+                                                      "logits ran",
+    "local_train_selective_chunked_logprob_batches": "hidden-path microbatches that ran chunked",
+    "local_train_selective_dense_logprob_batches": "microbatches with selective off (full logits by choice)",
+    "local_train_compile_selective_ce_mode": "`off`, `auto` or `require`",
+    "local_train_compile_selective_ce_fallback_reason": "why compiled CE did not run in `auto` mode",
+    "local_train_save_on_cpu": "saved-tensor CPU offload is on",
+}
+STEP = {
+    "loss": "RL (or SFT) term + ECHO term",
+    "rl_loss": "the policy-gradient term (0 on warm-start steps)",
+    "sft_loss": "the warm start's NLL term (0 on RL steps)",
+    "echo_loss": "the ECHO term",
+    "action_tokens": "the RL/SFT term's denominator: action tokens trained (0 when nothing trained)",
+    "echo_tokens": "the ECHO term's denominator: environment tokens trained",
+    "rows": "rows trained",
+    "row_tokens": "tokens of the trained rows",
+    "padded_tokens": "tokens of the microbatches, padding included",
+    "grad_norm": "the gradient norm before clipping",
+    "grad_clipped": "the norm exceeded `max_grad_norm`",
+    "optimizer_stepped": "the optimizer stepped (false on a non-finite gradient)",
+    "nonfinite_grad_skips": "1 when a non-finite gradient skipped the step",
+    "lr": "the learning rate of the step",
+    "forward_passes": "backbone forwards",
+    "microbatches": "microbatches built",
+    "lm_head_skipped_microbatches": "microbatches no loss reads: no forward at all",
+    "forward_passes_per_microbatch": "the shared-forward invariant: 1",
+    "sampler_logprob_gap_mean": "mean absolute sampler-vs-trainer log-prob gap on sampled action tokens",
+    "sampler_logprob_gap_max": "its maximum",
+    "importance_ratio_mean": "mean trainer/sampler probability ratio on trained action tokens",
+    "clip_fraction": "fraction of those tokens whose ratio was clipped",
+    "context_rows_cropped": "rows cropped by `train_supervised_context_tokens`",
+    "context_tokens_removed": "tokens those crops removed",
+    "save_on_cpu_offloaded_tensors": "tensors offloaded to CPU",
+    "save_on_cpu_offloaded_mb": "MiB offloaded to CPU",
+    "step_time_s": "the trainer step's seconds",
+    "peak_mem_mb": "peak memory of the step",
+    "peak_mem_source": "what measured it: `cuda_max_allocated` or `process_peak_rss`",
+    "ranks": "torchrun ranks (more than one only)",
+    "rank_rows": "rows per rank",
+    "rank_row_tokens": "row tokens per rank",
+    "rank_forward_passes": "forwards per rank",
+    "rank_padding_microbatches": "zero-loss forwards per rank that keep it in step with the others",
+    "rank_peak_mem_mb": "peak memory per rank",
+}
+ROLLOUT = {
+    "episodes": "episodes run (dropped ones included)",
+    "episodes_dropped": "episodes dropped (also counted as `drop_reason_<kind>`)",
+    "episodes_truncated": "episodes cut by `max_turns` or the context: never a success",
+    "episodes_succeeded": "successful episodes",
+    "turns": "assistant turns",
+    "malformed_actions": "replies that are no valid action (answered with a corrective message)",
+    "unparsable_actions": "of those, replies the renderer's parser raised on",
+    "truncated_completions": "completions cut by `max_tokens`",
+    "observations_truncated": "env messages cut to `max_observation_tokens`",
+    "env_responses_clipped": "bridged responses cut at the context's end",
+    "context_exhausted": "episodes ended because the next prompt left no room to sample",
+    "env_responses": "environment responses",
+    "env_responses_captured": "of those, captured in a row right after `step` (terminal included)",
+    "terminal_responses": "terminal responses",
+    "bridge_fallbacks": "turns the renderer could not bridge exactly: trained action-only "
+                        "(also `bridge_fallback_reason_<reason>`)",
+    "prefix_mismatches": "turns whose prompt was not an exact extension of the previous row",
+    "rows_packed": "rows holding a whole episode",
+    "rows_transition": "rows holding one transition",
+    "packing_breaks": "places where an episode needed a new row",
+    "rollout_row_tokens": "tokens the rows hold",
+    "rollout_row_tokens_per_transition_layout": "tokens one row per transition would have held",
+    "rollout_action_tokens": "action tokens the rows hold",
+    "rollout_echo_tokens": "ECHO tokens the rows hold",
+    "env_steps": "env `step` calls",
+    "env_resets": "env `reset` calls",
+    "env_retries": "retried env calls",
+    "env_timeouts": "env calls past their timeout",
+    "env_restarts": "env servers restarted",
+    "env_replayed_steps": "steps replayed on a new session",
+    "env_tool_errors": "MCP tool calls that returned an error",
+    "env_rejected_calls": "MCP tool calls the server refused (the model is shown why)",
+    "env_invalid_replies": "env replies that failed validation (the episode drops)",
+    "groups_nonfinite_advantage": "groups left out: their rewards' spread overflows a float",
+    "reward_mean": "mean reward of the kept episodes",
+    "success_rate": "success rate of the kept episodes",
+    "turns_mean": "mean turns of the kept episodes",
+    "rollout_row_tokens_per_episode": "row tokens per kept episode",
+    "drop_reason_<kind>": "dropped episodes by reason (e.g. `timeout`, `nonfinite_reward`)",
+    "bridge_fallback_reason_<reason>": "bridge fallbacks by reason",
+}
+RECIPE = {
+    "phase": "`sft` (warm start) or `rl`",
+    "weights_pushed": "1 when the weights were pushed to the sampler before it sampled",
+    "weight_sync_s": "the push's seconds",
+    "weight_transfer": "how it went (`file`, `nccl`, `ipc`, or the engine's own)",
+    "rollout_time_s": "the rollout's seconds",
+    "total_step_time_s": "the whole step's seconds",
+    "tokens_per_s": "trained row tokens per second of the whole step",
+    "policy_staleness": "policy versions between the weights that sampled the rows and the trained ones "
+                        "(0 on-policy; cumulatively the run's largest)",
+    "rollout_wait_s": "with `max_off_policy_steps >= 1`: how long the step waited for its rollout",
+}
+ROWS = {
+    "rows_saved": "rows written to `runs/NAME/rows/`",
+    "rows_save_failures": "1 when writing them failed (a warning, never a stopped run)",
+}
+EVAL = {
+    "eval_reward": "mean reward of the evaluation's episodes",
+    "eval_success_rate": "their success rate",
+    "eval_episodes": "episodes evaluated",
+    "eval_dropped": "episodes dropped",
+    "eval_truncated": "episodes truncated",
+    "eval_time_s": "the evaluation's seconds",
+    "eval_drop_reasons": "dropped episodes by reason",
+    "sample_transcript": "the first episode's messages, shortened",
+}
+# (title, owner, meanings, how the owner's names are read)
+GROUPS = (
+    ("Branch counters (retrain's names, kept for compatibility)", "quaero/proofs.py", BRANCH, "proofs"),
+    ("Trainer step", "trainers/step.py", STEP, "step"),
+    ("Rollout", "quaero/rollout_stats.py", ROLLOUT, "rollout"),
+    ("Recipe, per step", "quaero/train.py", RECIPE, "literals"),
+    ("Saved rows, per step", "quaero/inspect_rows.py", ROWS, "literals"),
+    ("Evaluation (`eval` events)", "quaero/train.py", EVAL, "literals"),
+)
+
+
+def _type(annotation: Any) -> str:
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        return " \\| ".join(str(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return " \\| ".join(_type(a) for a in inner) + (" or unset" if len(inner) < len(args) else "")
+    if origin is typing.Annotated:
+        return _type(args[0])
+    if origin in (list, tuple):
+        return f"{origin.__name__}[{', '.join(_type(a) for a in args)}]"
+    if origin is dict:
+        return "table"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _toml(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{}" if not value else "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, int) and value >= 2**20 and value % 2**20 == 0:
+        return f"{value} ({value // 2**20} MiB)"
+    return str(value)
+
+
+def option_rows(model: type[BaseModel] | None = None, section: str = "") -> list[tuple[str, str, str, str, str]]:
+    """(section, key, type, default, meaning) of every config field, in schema order."""
+    if model is None:
+        from quaero.config import QuaeroConfig
+        rows = []
+        for name, field in QuaeroConfig.model_fields.items():
+            rows += option_rows(field.annotation, name)
+        return rows
+    rows = []
+    for key, field in model.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            continue  # a sub-section, listed after this one
+        default = "required" if field.is_required() else _toml(field.get_default(call_default_factory=True))
+        meaning = field.description or OPTION_MEANINGS.get(f"{section}.{key}", "")
+        rows.append((section, key, _type(field.annotation), default, meaning))
+    for key, field in model.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            rows += option_rows(field.annotation, f"{section}.{key}")
+    return rows
+
+
+def _literals(path: Path) -> set[str]:
+    """The strings and keyword-argument names a file spells out (`"policy_staleness"`, `eval_reward=`)."""
+    tree = ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+    return {n.value if isinstance(n, ast.Constant) else n.arg for n in tree
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) or isinstance(n, ast.keyword) and n.arg}
+
+
+def _step_names() -> list[str]:
+    """The keys `step_metrics` writes, read by calling it on an empty two-rank step (no model)."""
+    from trainers.spec import TrainerSpec
+    from trainers.step import StepTotals, step_metrics
+    trainer = types.SimpleNamespace(spec=TrainerSpec(), scheduler=types.SimpleNamespace(get_last_lr=lambda: [0.0]))
+    ranks = [StepTotals(rl_tokens=0, echo_tokens=0), StepTotals(rl_tokens=0, echo_tokens=0)]
+    return list(step_metrics(trainer, ranks, sft=False, grad_norm=0.0, stepped=True,
+                             peaks=[(0.0, "cpu"), (0.0, "cpu")], seconds=0.0))
+
+
+def metric_names(how: str, owner: str, meanings: dict[str, str]) -> list[str]:
+    """The names a group's owner emits (for `literals`: the documented names the owner file spells out)."""
+    from quaero import proofs, rollout_stats
+    if how == "proofs":
+        return [*proofs.SELECTIVE_METRICS, *(n for n in proofs.BRANCH_COUNTERS if n not in proofs.SELECTIVE_METRICS),
+                proofs.SAVE_ON_CPU]
+    if how == "step":
+        branch = set(metric_names("proofs", "", {}))
+        return [n for n in _step_names() if n not in branch]
+    if how == "rollout":
+        snap = rollout_stats.RolloutStats().snapshot_and_reset()
+        return [*snap, f"{rollout_stats.DROP_REASON}<kind>", f"{rollout_stats.BRIDGE_FALLBACK_REASON}<reason>"]
+    spelled = _literals(ROOT / owner)
+    return [n for n in meanings if n in spelled]
+
+
+def problems() -> list[str]:
+    """Every config key or metric without a meaning, and every meaning whose name is gone."""
+    out = []
+    rows = option_rows()
+    out += [f"quaero/config.py [{s}] {k}: no meaning; add description= or an OPTION_MEANINGS entry in "
+            f"scripts/gen_reference.py" for s, k, _, _, m in rows if not m]
+    keys = {f"{s}.{k}" for s, k, *_ in rows}
+    out += [f"scripts/gen_reference.py OPTION_MEANINGS[{k!r}]: no such config key" for k in OPTION_MEANINGS
+            if k not in keys]
+    for title, owner, meanings, how in GROUPS:
+        names = metric_names(how, owner, meanings)
+        out += [f"{owner}: metric {n!r} has no meaning in scripts/gen_reference.py ({title})"
+                for n in names if n not in meanings]
+        out += [f"scripts/gen_reference.py ({title}): {n!r} is not emitted by {owner}"
+                for n in meanings if n not in names]
+    return out
+
+
+def options_table() -> str:
+    lines = ["| section | key | type | default | meaning |", "|---|---|---|---|---|"]
+    for section, key, typ, default, meaning in option_rows():
+        lines.append(f"| `[{section}]` | `{key}` | {typ} | `{default}` | {meaning} |")
+    return "\n".join(lines)
+
+
+def metrics_table() -> str:
+    parts = []
+    for title, owner, meanings, how in GROUPS:
+        names = metric_names(how, owner, meanings)
+        parts += [f"**{title}** (`{owner}`)", "", "| metric | meaning |", "|---|---|"]
+        parts += [f"| `{n}` | {meanings.get(n, '')} |" for n in names]
+        parts.append("")
+    return "\n".join(parts).rstrip()
+
+
+BLOCKS = {"options": options_table, "metrics": metrics_table}
+
+
+def _markers(name: str) -> tuple[str, str]:
+    return (f"<!-- generated: {name} (python scripts/gen_reference.py); do not edit by hand -->",
+            f"<!-- end generated: {name} -->")
+
+
+def render(text: str) -> str:
+    """`text` with every generated block replaced by what the code says now."""
+    for name, table in BLOCKS.items():
+        begin, end = _markers(name)
+        head, sep, rest = text.partition(begin)
+        _, sep2, tail = rest.partition(end)
+        if not sep or not sep2:
+            raise SystemExit(f"{REFERENCE.relative_to(ROOT)}: the markers of block {name!r} are missing")
+        text = f"{head}{begin}\n{table()}\n{end}{tail}"
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 when docs/reference.md differs from the code")
+    args = parser.parse_args(argv)
+    found = problems()
+    for line in found:
+        print(f"error: {line}", file=sys.stderr)
+    current = REFERENCE.read_text(encoding="utf-8")
+    wanted = render(current)
+    if args.check:
+        if wanted != current:
+            print("error: docs/reference.md's generated tables differ from the code; run "
+                  "python scripts/gen_reference.py", file=sys.stderr)
+        return int(bool(found) or wanted != current)
+    if found:
+        return 1
+    REFERENCE.write_text(wanted, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    sys.exit(main())
