@@ -131,8 +131,8 @@ def resolve_oracle(cfg: QuaeroConfig, source: str = "config"):
     policy = getattr(module, attr, None)
     if not callable(policy):
         raise ConfigError(f"{source} [training] warmup_sft_steps={cfg.training.warmup_sft_steps}: {module_name!r} "
-                          f"has no {attr}(info) function; write one (README: Warm start), point [training] "
-                          "oracle at one, or set warmup_sft_steps = 0")
+                          f"has no {attr}(info) function; write one (docs/environments.md: Warm start), point "
+                          "[training] oracle at one, or set warmup_sft_steps = 0")
     return policy
 
 

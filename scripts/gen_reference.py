@@ -100,10 +100,12 @@ OPTION_MEANINGS = {
     "backend.options.train_supervised_context_tokens": "0: exact full context; K > 0 crops rows to K tokens "
         "before the first target (an approximation, logged as such)",
     "backend.options.train_selective_dense_min_density": "quaero: the suffix shortcut runs only when targets "
-        "fill at least this fraction of the suffix they span...",
+        "fill at least this fraction of the suffix they span (below 1.0 it computes logits no loss reads; the "
+        "CPU crossover measured it slower there)...",
     "backend.options.train_selective_suffix_max_bytes": "...and its logits would take at most this many bytes",
     "backend.options.train_selective_hidden_max_bytes": "quaero: above this many bytes of selected `[S, V]` "
-        "fp32 logits the hidden path runs chunked (exact; memory one chunk x vocab)",
+        "fp32 logits the hidden path runs chunked (256 rows, recompute in backward; exact): memory one chunk x "
+        "vocab, time within the eager path's noise on the CPU crossover",
     "echo.enabled": "train the ECHO term",
     "echo.weight": "the ECHO term's weight",
     "echo.include_scaffold": "also train ECHO on template scaffolding (`<|im_start|>user`, tool-response wrappers)",
@@ -124,7 +126,7 @@ OPTION_MEANINGS = {
     "training.strict": "an exactness mismatch (prefix, bridge) is an error instead of a counted fallback",
     "training.max_empty_steps": "this many consecutive steps without a trained row end the run (exit 1)",
     "training.max_off_policy_steps": "asynchronous rollouts: sample up to k steps ahead while a step trains "
-                                     "(docs/environments.md)",
+                                     "(docs/scaling.md)",
     "logging.level": "the console's and the event log's level",
     "logging.console": "`pretty`, `plain` or `none`",
     "logging.progress": "a progress bar on a terminal",
@@ -236,8 +238,9 @@ RECIPE = {
     "rollout_time_s": "the rollout's seconds",
     "total_step_time_s": "the whole step's seconds",
     "tokens_per_s": "trained row tokens per second of the whole step",
-    "policy_staleness": "policy versions between the weights that sampled the rows and the trained ones "
-                        "(0 on-policy; cumulatively the run's largest)",
+    "policy_staleness": "how many policy versions older than the trained weights the weights that sampled "
+                        "the rows were (0 on-policy; cumulatively the run's largest); `importance_ratio_mean` "
+                        "and `clip_fraction` show what the lag did to the ratio",
     "rollout_wait_s": "with `max_off_policy_steps >= 1`: how long the step waited for its rollout",
 }
 ROWS = {

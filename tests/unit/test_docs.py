@@ -1,14 +1,16 @@
-"""The docs name only things that exist: every repository path and quaero module written in
-`docs/architecture.md` and `README.md` (in backticks) is checked against the tree."""
+"""The docs name only things that exist and say what the code says: every repository path and quaero
+module written in README.md and docs/*.md (in backticks) is checked against the tree, and the generated
+reference tables of docs/reference.md against the config schema and the metric names' owners."""
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ["docs/architecture.md", "README.md"]
+DOCS = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))]
 TOP = ("quaero/", "trainers/", "envs/", "tests/", "examples/", "docs/", "benchmarks/", "scripts/", ".ci/")
 ROOT_FILES = ("README.md", "pyproject.toml")
 PACKAGES = ("quaero", "trainers", "envs")
@@ -69,3 +71,55 @@ def test_the_checker_catches_a_missing_path():
     assert named_paths(text) == {"quaero/no_such_module.py"}
     assert not (ROOT / "quaero/no_such_module.py").exists()
     assert _module_path("trainers.nothing_here") is None
+
+
+def test_the_docs_pages_are_all_checked():
+    assert {"README.md", "docs/architecture.md", "docs/reference.md", "docs/environments.md",
+            "docs/scaling.md", "docs/after-training.md"} <= set(DOCS)
+
+
+def _gen_reference():
+    spec = importlib.util.spec_from_file_location("gen_reference", ROOT / "scripts" / "gen_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_config_key_and_metric_has_a_meaning():
+    assert _gen_reference().problems() == []
+
+
+def test_the_generated_reference_tables_match_the_code():
+    gen = _gen_reference()
+    current = gen.REFERENCE.read_text(encoding="utf-8")
+    assert gen.render(current) == current, "docs/reference.md drifted from the code: run python scripts/gen_reference.py"
+
+
+def test_the_reference_lists_every_config_key():
+    from quaero.config import QuaeroConfig
+
+    text = (ROOT / "docs/reference.md").read_text(encoding="utf-8")
+    for section, field in QuaeroConfig.model_fields.items():
+        for key in field.annotation.model_fields:
+            assert f"| `[{section}]` | `{key}` |" in text or key == "options", f"[{section}] {key} missing"
+
+
+def test_the_drift_check_catches_a_stale_table(tmp_path, monkeypatch):
+    gen = _gen_reference()
+    stale = gen.REFERENCE.read_text(encoding="utf-8").replace("| `[run]` | `seed` | int | `0` |",
+                                                               "| `[run]` | `seed` | int | `1` |")
+    assert gen.render(stale) != stale
+    page = tmp_path / "reference.md"
+    page.write_text(stale, encoding="utf-8")
+    monkeypatch.setattr(gen, "REFERENCE", page)
+    assert gen.main(["--check"]) == 1
+    assert gen.main([]) == 0 and gen.main(["--check"]) == 0
+
+
+def test_a_metric_without_a_meaning_is_a_problem(monkeypatch):
+    gen = _gen_reference()
+    monkeypatch.delitem(gen.ROLLOUT, "env_retries")
+    monkeypatch.setitem(gen.RECIPE, "no_such_metric", "gone")
+    found = gen.problems()
+    assert any("'env_retries' has no meaning" in p for p in found)
+    assert any("'no_such_metric' is not emitted by quaero/train.py" in p for p in found)
