@@ -222,7 +222,8 @@ ROLLOUT = {
     "env_tool_errors": "MCP tool calls that returned an error",
     "env_rejected_calls": "MCP tool calls the server refused (the model is shown why)",
     "env_invalid_replies": "env replies that failed validation (the episode drops)",
-    "groups_nonfinite_advantage": "groups left out: their rewards' spread overflows a float",
+    "groups_nonfinite_advantage": "groups left out: their rewards' spread overflows a float (an episode whose "
+                                  "rewards overflow when summed drops as `nonfinite_reward`)",
     "reward_mean": "mean reward of the kept episodes",
     "success_rate": "success rate of the kept episodes",
     "turns_mean": "mean turns of the kept episodes",
