@@ -343,9 +343,9 @@ def test_rl_improved_pairs_only_shared_tasks_and_says_why_it_is_na(tmp_path):
             for name in ("noeval", "norl", "nowarm")}
     assert whys == {"noeval": "no eval at the warm start's last step 3", "norl": "no RL step",
                     "nowarm": "no warm start"}
-    for name in whys:
+    for name, why in whys.items():
         check = proofs.run_checks(review.summarize(review.load_run(tmp_path / name)))[-1]
-        assert check["status"] == proofs.NA and check["detail"] == whys[name]
+        assert check["status"] == proofs.NA and check["detail"] == why
 
 
 def test_eval_reward_intervals_come_from_per_task_results(tmp_path):
