@@ -52,11 +52,16 @@ def plan_lines(cfg, source: str) -> list[str]:
         f"min_numel={o.train_save_on_cpu_min_numel}), "
         f"train_supervised_context_tokens={o.train_supervised_context_tokens}"
         + (" (APPROXIMATION: rows cropped)" if o.train_supervised_context_tokens else " (exact full context)"),
-        (f"echo        enabled={cfg.echo.enabled}, weight={cfg.echo.weight}, "
-         f"include_scaffold={cfg.echo.include_scaffold}"),
+        (f"echo        enabled={cfg.echo.enabled}, weight (world_model_coeff)={cfg.echo.weight} "
+         f"schedule={cfg.echo.schedule!r}" + (f" over {cfg.echo.schedule_steps} steps" if cfg.echo.schedule_steps else "")
+         + f", normalization={cfg.echo.normalization!r}, target={cfg.echo.world_loss_target!r} "
+         f"(include_scaffold={cfg.echo.include_scaffold})"),
         (f"training    steps={cfg.training.steps} x {cfg.training.tasks_per_step} tasks x group "
          f"{cfg.training.group_size}, warmup_sft_steps={cfg.training.warmup_sft_steps} "
          f"(lr {cfg.lr_for(sft=True)}), clip_eps={cfg.training.clip_eps}, lr={cfg.lr_for(sft=False)}, "
+         f"loss_aggregation={cfg.training.loss_aggregation!r}, dynamic_sampling={cfg.training.dynamic_sampling}"
+         + (f" (<= {cfg.training.dynamic_sampling_max_groups:g}x groups)" if cfg.training.dynamic_sampling else "")
+         + ", "
          f"packing={cfg.training.packing}, "
          f"checkpoint_every={cfg.training.checkpoint_every}, eval_every={cfg.training.eval_every}"),
         work_line(cfg),

@@ -189,9 +189,31 @@ class BackendConfig(_Section):
 
 class EchoConfig(_Section):
     enabled: bool = True
+    # λ, OpenEnv RFC 010's `world_model_coeff`: the ECHO term's coefficient (the RL term's is 1)
     weight: float = Field(0.1, ge=0)
-    # Train ECHO on template scaffolding (<|im_start|>user\n, <tool_response> wrappers) too.
+    # λ over the RL steps (the warm start uses `weight`): "constant"; "warmup" = weight * min(1, k / S);
+    # "decay" = weight * max(0, 1 - (k - 1) / S); k = the RL step (1, 2, ...), S = schedule_steps (0: all RL steps)
+    schedule: Literal["constant", "warmup", "decay"] = "constant"
+    schedule_steps: int = Field(0, ge=0)
+    # the ECHO term's average (trainers/aggregation.py): "token" = over the step's ECHO tokens; "sequence" =
+    # per episode over its observation tokens, then over episodes (the ECHO paper's full_observation_tokens)
+    normalization: Literal["token", "sequence"] = "token"
+    # RFC 010's `world_loss_target`: false = "env_only" (the env's own tokens), true = "all" (template
+    # scaffolding such as <|im_start|>user\n and <tool_response> wrappers too)
     include_scaffold: bool = False
+
+    @property
+    def world_loss_target(self) -> str:
+        return "all" if self.include_scaffold else "env_only"
+
+    def weight_at(self, rl_step: int, rl_steps: int) -> float:
+        """λ at RL step `rl_step` (1-based) of `rl_steps`."""
+        span = self.schedule_steps or max(rl_steps, 1)
+        if self.schedule == "warmup":
+            return self.weight * min(1.0, rl_step / span)
+        if self.schedule == "decay":
+            return self.weight * max(0.0, 1.0 - (rl_step - 1) / span)
+        return self.weight
 
 
 class TrainingConfig(_Section):
@@ -219,6 +241,14 @@ class TrainingConfig(_Section):
     # policy versions behind the weights it trains (quaero/ahead.py); 0 = sample each step's rollout right
     # before it trains. >= 1 gives the hf sampler a copy of the model of its own.
     max_off_policy_steps: int = Field(0, ge=0)
+    # the RL term's average (trainers/aggregation.py): "token_mean" (DAPO), "sequence_mean" (GRPO: per episode,
+    # then over episodes), "constant" (Dr. GRPO: / tasks_per_step x group_size x max_turns x max_tokens)
+    loss_aggregation: Literal["token_mean", "sequence_mean", "constant"] = "token_mean"
+    # DAPO-style dynamic sampling: while fewer than tasks_per_step groups have reward spread (a non-zero
+    # advantage), sample groups of further tasks, at most dynamic_sampling_max_groups x tasks_per_step groups
+    # in all per step; all-equal groups still train ECHO
+    dynamic_sampling: bool = False
+    dynamic_sampling_max_groups: float = Field(3.0, ge=1.0)
 
 
 class LoggingConfig(_Section):
@@ -420,6 +450,10 @@ def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
         raise ConfigError(f"{source} [training] warmup_sft_steps={t.warmup_sft_steps} with a remote env: quaero "
                           "finds oracle_policy next to [env] entry, and there is none; set [training] oracle = "
                           "\"package.module:oracle_policy\" (importable here), or warmup_sft_steps = 0")
+    if t.dynamic_sampling and t.max_off_policy_steps:
+        raise ConfigError(f"{source} [training] dynamic_sampling=true with max_off_policy_steps="
+                          f"{t.max_off_policy_steps}: a step sampled ahead cannot know how many tasks the steps "
+                          "before it used; set one of them off")
     if t.oracle is not None and ":" not in t.oracle:
         raise ConfigError(f"{source} [training] oracle={t.oracle!r}: write it as \"package.module:function\"")
     if t.steps and t.group_size < 2:

@@ -224,6 +224,12 @@ def load_checked(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
     return cfg
 
 
+def rl_loss_constant(cfg: QuaeroConfig) -> int:
+    """Dr. GRPO's normaliser: the most action tokens an RL step can sample (tasks x group x turns x max_tokens)."""
+    t = cfg.training
+    return t.tasks_per_step * t.group_size * cfg.env.max_turns * cfg.sampler.max_tokens
+
+
 def trainer_spec(cfg: QuaeroConfig) -> TrainerSpec:
     """The part of the config a trainer reads."""
     b, o = cfg.backend, cfg.backend.options
@@ -233,7 +239,8 @@ def trainer_spec(cfg: QuaeroConfig) -> TrainerSpec:
         micro_batch_tokens=b.micro_batch_tokens, lora=b.lora, lora_r=b.lora_r, lora_alpha=b.lora_alpha,
         gradient_checkpointing=b.gradient_checkpointing, unsloth_fast_inference=b.unsloth_fast_inference,
         temperature=cfg.sampler.temperature, clip_eps=cfg.training.clip_eps,
-        echo=cfg.echo.enabled, echo_weight=cfg.echo.weight,
+        loss_aggregation=cfg.training.loss_aggregation, loss_constant=rl_loss_constant(cfg),
+        echo=cfg.echo.enabled, echo_weight=cfg.echo.weight, echo_normalization=cfg.echo.normalization,
         selective_logits=o.train_selective_suffix_logits,
         selective=SelectivePolicy(
             dense_min_density=o.train_selective_dense_min_density, suffix_max_bytes=o.train_selective_suffix_max_bytes,

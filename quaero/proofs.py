@@ -57,7 +57,9 @@ EXACT_ROWS = "exact rows (prefix mismatches)"
 TRAINED = "trained at least one step"
 ECHO_FALLING = "ECHO loss falling"
 EVAL_ABOVE_UNTRAINED = "eval reward above untrained"
-CHECKS = (SPARSE_ECHO, COMPILED_CE, EXACT_ROWS, TRAINED, ECHO_FALLING, EVAL_ABOVE_UNTRAINED)
+RL_IMPROVED = "RL improved eval over warm start"
+CHECKS = (SPARSE_ECHO, COMPILED_CE, EXACT_ROWS, TRAINED, ECHO_FALLING, EVAL_ABOVE_UNTRAINED, RL_IMPROVED)
+RL_IMPROVED_P = 0.05  # McNemar exact p on the success pairs, or the reward difference's 95% interval above 0
 
 
 def _check(name: str, required: bool, status: str, detail: str) -> dict[str, Any]:
@@ -124,7 +126,23 @@ def run_checks(s: Mapping[str, Any]) -> list[dict[str, Any]]:
     else:
         checks.append(_judged(EVAL_ABOVE_UNTRAINED, False, trained and last > base,
                               f"{base:.3f} -> {last:.3f}" if trained else untrained))
+    checks.append(rl_improved(s["rl_vs_warm_start"]))
     return checks
+
+
+def rl_improved(c: Mapping[str, Any]) -> dict[str, Any]:
+    """The eval after RL beats the eval at the warm start's end on the tasks both finished: more tasks solved
+    only after RL than only before with McNemar exact p < 0.05, or the paired bootstrap 95% interval of the
+    reward difference above 0. N/A without a warm start, an RL step, or per-task results in both evals."""
+    if c.get("why"):
+        return _check(RL_IMPROVED, False, NA, c["why"])
+    low, high = c["reward_diff_ci95"]
+    by_success = c["improved"] > c["worsened"] and c["mcnemar_p"] < RL_IMPROVED_P
+    detail = (f"steps {c['warm_start_step']} -> {c['end_step']} on {c['pairs']} shared tasks: success "
+              f"{c['warm_start_success']:.3f} -> {c['end_success']:.3f} (solved only after RL {c['improved']}, "
+              f"only before {c['worsened']}; McNemar exact p = {c['mcnemar_p']:.3g} < {RL_IMPROVED_P}), reward "
+              f"{c['reward_diff']:+.3f} (paired bootstrap 95% {low:+.3f} to {high:+.3f}; > 0)")
+    return _judged(RL_IMPROVED, False, by_success or low > 0, detail)
 
 
 def unmet(checks: list[dict[str, Any]], *, require_proof: bool, names: Iterable[str] = ()) -> list[str]:

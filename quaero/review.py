@@ -94,6 +94,45 @@ def _head_tail(values: list[float], k: int = 3) -> tuple[float | None, float | N
     return statistics.fmean(values[:k]), statistics.fmean(values[-k:])
 
 
+def _eval_outcomes(e: dict) -> dict[int, tuple[int, float]] | None:
+    """{task index: (success, reward)} of an eval event's per-task results, or None when it has none readable."""
+    out = {}
+    for item in e.get("eval_results") or []:
+        if isinstance(item, list) and len(item) == 3 and _is_int(item[0]) and (r := _number(item[2])) is not None:
+            out[item[0]] = (int(bool(item[1])), float(r))
+    return out or None
+
+
+def rl_over_warm_start(run: dict) -> dict[str, Any]:
+    """The last eval after RL against the eval at the end of the warm start, paired on the tasks both finished:
+    McNemar exact p on success, paired bootstrap 95% interval of the reward difference (end - warm start).
+    `why` says what is missing when there is nothing to compare."""
+    from quaero.stats import mcnemar_exact, paired_bootstrap
+
+    sft = [s["step"] for s in run["steps"] if s.get("phase") == "sft"]
+    rl = [s["step"] for s in run["steps"] if s.get("phase", "rl") == "rl"]
+    if not sft or not rl:
+        return {"why": "no warm start" if not sft else "no RL step"}
+    warm_end = max(sft)
+    start = next((e for e in run["evals"] if e["step"] == warm_end), None)
+    end = next((e for e in reversed(run["evals"]) if e["step"] > warm_end), None)
+    if start is None or end is None:
+        return {"why": f"no eval at the warm start's last step {warm_end}" if start is None else "no eval after RL"}
+    a, b = _eval_outcomes(end), _eval_outcomes(start)
+    if a is None or b is None:
+        return {"why": "the evals carry no per-task results (eval_results)"}
+    shared = sorted(a.keys() & b.keys())
+    if not shared:
+        return {"why": "the two evals share no task"}
+    improved = sum(1 for k in shared if a[k][0] and not b[k][0])
+    worsened = sum(1 for k in shared if b[k][0] and not a[k][0])
+    diff, low, high = paired_bootstrap([a[k][1] for k in shared], [b[k][1] for k in shared])
+    return {"why": "", "warm_start_step": warm_end, "end_step": end["step"], "pairs": len(shared),
+            "warm_start_success": sum(b[k][0] for k in shared) / len(shared),
+            "end_success": sum(a[k][0] for k in shared) / len(shared), "improved": improved, "worsened": worsened,
+            "mcnemar_p": mcnemar_exact(improved, worsened), "reward_diff": diff, "reward_diff_ci95": [low, high]}
+
+
 def summarize(run: dict) -> dict[str, Any]:
     steps, evals = run["steps"], run["evals"]
     rl = [s for s in steps if s.get("phase", "rl") == "rl"]
@@ -138,6 +177,9 @@ def summarize(run: dict) -> dict[str, Any]:
         proofs.COMPILE_FALLBACK_REASON:
             _last([st for st in steps if st.get(proofs.COMPILE_FALLBACK_REASON)], proofs.COMPILE_FALLBACK_REASON, ""),
         **{k: _sum(steps, k) for k in proofs.BRANCH_COUNTERS},
+        # RL's own signal: groups whose rewards were all equal (advantage 0), and eval after RL vs the warm start
+        "groups": _sum(rl, "groups"), "groups_zero_advantage": _sum(rl, "groups_zero_advantage"),
+        "rl_vs_warm_start": rl_over_warm_start(run),
     }
 
 
@@ -179,6 +221,19 @@ def eval_success_intervals(run: dict) -> list[tuple[int, float, float, float]]:
     return out
 
 
+def eval_reward_intervals(run: dict) -> list[tuple[int, float, float, float]]:
+    """(step, mean eval reward, normal 95% low, high) of each eval that logged its per-task results."""
+    from quaero.stats import Z_95
+
+    out = []
+    for e in run["evals"]:
+        rewards = [r for _, r in (_eval_outcomes(e) or {}).values()]
+        if len(rewards) >= 2:
+            mean, half = statistics.fmean(rewards), Z_95 * statistics.stdev(rewards) / math.sqrt(len(rewards))
+            out.append((e["step"], mean, mean - half, mean + half))
+    return out
+
+
 def sft_span(run: dict) -> tuple[int, int] | None:
     """First and last warm-start (SFT) step, shaded on every plot so the two phases read apart."""
     sft = [s["step"] for s in run["steps"] if s.get("phase") == "sft"]
@@ -205,6 +260,9 @@ def write_plots(run: dict, out_dir: str | Path) -> list[Path]:
                 label = "train reward (RL steps)" if key == "reward_mean" else proofs.short(key)
                 ax.plot(*zip(*pts), marker="o", ms=3, label=label)
         if name == "reward":
+            for step, mean, low, high in eval_reward_intervals(run):
+                ax.errorbar([step], [mean], yerr=[[mean - low], [high - mean]], fmt="D", ms=4, capsize=3,
+                            color="tab:purple", label="eval reward (95%, per-task results)")
             for step, rate, low, high in eval_success_intervals(run):
                 ax.errorbar([step], [rate], yerr=[[rate - low], [high - rate]], fmt="s", ms=4, capsize=3,
                             color="tab:green", label="eval success (Wilson 95%)")
@@ -251,7 +309,7 @@ def _review(args, require: list[str]) -> int:
         if args.json:
             print(json.dumps({"a": a, "b": b}, indent=2))
         else:
-            print(render_table([(k, [a[k], b[k]]) for k in a], ["metric", *args.compare]))
+            print(render_table([(k, [a[k], b[k]]) for k in a if not isinstance(a[k], dict)], ["metric", *args.compare]))
         return 0
     if not args.run_dir:
         raise ReviewError("quaero review RUN_DIR (or --compare RUN_A RUN_B)")
@@ -266,7 +324,8 @@ def _review(args, require: list[str]) -> int:
         print(json.dumps({"summary": s, "checks": checks, "plots": plots}, indent=2))
     else:
         print(f"run {args.run_dir} ({'finished' if s['finished'] else 'INCOMPLETE: no run_end event'})")
-        print(render_table([(k, [v]) for k, v in s.items() if k != "finished"], ["metric", "value"]))
+        print(render_table([(k, [v]) for k, v in s.items() if k != "finished" and not isinstance(v, dict)],
+                           ["metric", "value"]))  # rl_vs_warm_start is read in its check's line
         print()
         for c in checks:
             print(f"[{_tag(c)}] {c['name']}: {c['detail']}")

@@ -36,8 +36,11 @@ COUNTERS = (
     # the env protocol (the sessions)
     "env_steps", "env_resets", "env_retries", "env_timeouts", "env_restarts", "env_replayed_steps",
     "env_tool_errors", "env_rejected_calls", "env_invalid_replies",
-    # groups (the recipe): left out because their rewards' spread overflows a float
-    "groups_nonfinite_advantage",
+    # groups (the recipe, RL steps): kept groups, those whose rewards are all equal (every advantage 0: no
+    # RL signal, ECHO only), those left out because their rewards' spread overflows a float; dynamic sampling's
+    # further groups and the steps its bound cut short of tasks_per_step groups with spread
+    "groups", "groups_zero_advantage", "groups_nonfinite_advantage", "groups_resampled",
+    "dynamic_sampling_bound_hits",
 )
 DROP_REASON = "drop_reason_"
 Combine = Callable[[Counter, float], tuple[Counter, float]]
@@ -118,6 +121,7 @@ class RolloutStats:
         out["success_rate"] = out["episodes_succeeded"] / kept if kept else None
         out["turns_mean"] = kept_turns / kept if kept else None
         out["rollout_row_tokens_per_episode"] = out["rollout_row_tokens"] / kept if kept else None
+        out["groups_zero_advantage_share"] = out["groups_zero_advantage"] / out["groups"] if out["groups"] else None
         return out
 
 

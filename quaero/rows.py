@@ -101,10 +101,12 @@ class EchoRow:
     def num_echo_tokens(self) -> int:
         return sum(1 for w in self.echo_weights if w > 0.0)
 
-    def with_advantage(self, advantage: float) -> EchoRow:
-        """The same row with `advantage` on every sampled action token (group-relative RL)."""
+    def with_advantage(self, advantage: float, episode: str | None = None) -> EchoRow:
+        """The same row with `advantage` on every sampled action token (group-relative RL); `episode` names
+        the episode it belongs to (`meta["episode"]`: the rows a sequence-mean loss averages together)."""
         mask = self.action_mask
-        return replace(self, advantages=[advantage if m else 0.0 for m in mask])
+        meta = self.meta if episode is None else {**self.meta, "episode": episode}
+        return replace(self, advantages=[advantage if m else 0.0 for m in mask], meta=meta)
 
     def to_dict(self) -> dict:
         return {"input_ids": self.input_ids, "spans": [[s.kind, s.start, s.end, s.turn] for s in self.spans],

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from quaero import checkpoint, ranks
 from quaero.ahead import Rollout, RolloutsAhead
-from quaero.config import QuaeroConfig, error_line
+from quaero.config import ConfigError, QuaeroConfig, error_line
 from quaero.inspect_rows import save_step_rows
 from quaero.metrics import Cumulative, RunLog, configure, get_logger, set_step
 from quaero.rollout_stats import drop_reasons
@@ -99,6 +99,9 @@ def build(cfg: QuaeroConfig, pool: EnvPool, sampler_log_dir: Path | None = None)
     from trainers.registry import trainer_class
 
     check_components(cfg)  # before any model loads, also when train() is called without the CLI
+    if cfg.training.dynamic_sampling and ranks.world_size() > 1:
+        raise ConfigError(f"[training] dynamic_sampling=true under torchrun ({ranks.world_size()} ranks): each "
+                          "rank would sample a different number of further tasks; it is built for one process")
     oracle = resolve_oracle(cfg) if cfg.training.warmup_sft_steps else None
     device = resolve_device(cfg.run.device)
     trainer = trainer_class(cfg.backend.backend)(trainer_spec(cfg), device)  # unsloth is imported first inside
@@ -119,18 +122,47 @@ def _collect(c: Components, step: int, *, sft: bool) -> list[tuple[EchoRow, list
     transitions (the sampler's own record, for saved rows; c.stats counts)."""
     first_task = c.cursor
     c.cursor += c.cfg.training.tasks_per_step
-    return ranks.gather_rows(_roll_out(c, step, first_task, sft=sft))  # every rank's, in rank order
+    rows, extra_tasks = _roll_out(c, step, first_task, sft=sft)
+    c.cursor += extra_tasks  # dynamic sampling's further tasks are used too: a resume continues after them
+    return ranks.gather_rows(rows)  # every rank's, in rank order
 
 
-def _roll_out(c: Components, step: int, first_task: int, *, sft: bool) -> list[tuple[EchoRow, list[Transition]]]:
+def _roll_out(c: Components, step: int, first_task: int, *, sft: bool
+              ) -> tuple[list[tuple[EchoRow, list[Transition]]], int]:
     """This rank's share of the step's groups, from train task `first_task` on: its kept rows with their
-    advantages. No collective: a rollout sampled ahead runs it on a worker thread."""
+    advantages, and how many tasks past the step's own dynamic sampling used. No collective: a rollout
+    sampled ahead runs it on a worker thread.
+
+    Dynamic sampling (`[training] dynamic_sampling`, one process, never with rollouts sampled ahead): while
+    fewer than tasks_per_step groups have reward spread, the groups of the next tasks are sampled, at most
+    dynamic_sampling_max_groups x tasks_per_step groups in all; the all-equal groups still train ECHO."""
+    cfg, n = c.cfg, c.cfg.training.tasks_per_step
+    seed = ranks.rank_seed(cfg.run.seed * 7919 + step)
+    rows, spread = _rows_of(c, step, first_task, ranks.task_share(n), seed, sft=sft)
+    if sft or not cfg.training.dynamic_sampling:
+        return rows, 0
+    bound, sampled = int(cfg.training.dynamic_sampling_max_groups * n), n
+    while spread < n and sampled < bound:
+        more = min(n - spread, bound - sampled)
+        got, new_spread = _rows_of(c, step, first_task + sampled, range(more), seed + 104_729 * sampled, sft=False)
+        rows += got
+        spread += new_spread
+        sampled += more
+    c.stats.add("groups_resampled", sampled - n)
+    c.stats.add("dynamic_sampling_bound_hits", int(spread < n))
+    return rows, sampled - n
+
+
+def _rows_of(c: Components, step: int, first_task: int, offsets: range, seed: int, *, sft: bool
+             ) -> tuple[list[tuple[EchoRow, list[Transition]]], int]:
+    """The groups of train tasks `first_task + offsets`: their kept rows with advantages (each row naming its
+    episode) and how many groups have reward spread (a non-zero advantage)."""
     cfg = c.cfg
-    tasks = [make_task(cfg, cfg.env.train_split, first_task + i) for i in ranks.task_share(cfg.training.tasks_per_step)]
+    tasks = [make_task(cfg, cfg.env.train_split, first_task + i) for i in offsets]
     groups = c.driver.run(c.pool.sessions, tasks, group_size=1 if sft else cfg.training.group_size,
-                          policy=c.oracle if sft else None, seed=ranks.rank_seed(cfg.run.seed * 7919 + step))
-    rows = []
-    for group in groups:
+                          policy=c.oracle if sft else None, seed=seed)
+    rows, spread = [], 0
+    for task, group in zip(tasks, groups):
         kept = [e for e in group if not e.dropped]
         if not kept:
             continue
@@ -138,9 +170,15 @@ def _roll_out(c: Components, step: int, first_task: int, *, sft: bool) -> list[t
         if not all(math.isfinite(a) for a in advs):
             c.stats.add("groups_nonfinite_advantage")  # rewards a float cannot take the difference of
             continue
-        for ep, adv in zip(kept, advs):
-            rows.extend((r.with_advantage(adv), ep.transitions) for r in ep.rows)
-    return rows
+        if not sft:
+            c.stats.add("groups")
+            zero = not any(advs)
+            c.stats.add("groups_zero_advantage", int(zero))
+            spread += not zero
+        for g, (ep, adv) in enumerate(zip(kept, advs)):
+            episode = f"{step}/{task['index']}/{g}"
+            rows.extend((r.with_advantage(adv, episode), ep.transitions) for r in ep.rows)
+    return rows, spread
 
 
 def _sample_ahead(c: Components, step: int, first_task: int, version: int) -> Rollout:
@@ -148,7 +186,7 @@ def _sample_ahead(c: Components, step: int, first_task: int, version: int) -> Ro
     on the worker thread (or inline, on-policy, for a step nothing was launched for)."""
     set_step(step)  # the events logged while it samples carry the step they sample for
     t0 = time.perf_counter()
-    collected = _roll_out(c, step, first_task, sft=False)
+    collected, _ = _roll_out(c, step, first_task, sft=False)  # no dynamic sampling ahead (config rule)
     return Rollout(step, version, collected, c.stats.take(), time.perf_counter() - t0)
 
 
@@ -201,6 +239,9 @@ def evaluate(c: Components, step: int) -> None:
     groups = c.driver.run(c.pool.sessions, tasks, group_size=1, greedy=True, seed=ranks.rank_seed(cfg.run.seed),
                           on_group_done=_progress("eval_progress", len(tasks)))
     eps = [e for g in groups for e in g if not e.dropped]
+    # per task, for paired comparisons of two evaluations (quaero review): [index, success, reward]
+    results = ranks.gather_rows([[t["index"], int(e.success), e.reward]
+                                 for t, g in zip(tasks, groups) for e in g if not e.dropped])
     sample = [_brief(m) for m in eps[0].messages[1:]] if eps else []  # what the model does, for humans
     s = ranks.rollout_snapshot(c.stats)  # eval's own counts, kept out of the next train step's
     log.info("eval", eval_reward=s["reward_mean"], eval_success_rate=s["success_rate"],
@@ -208,7 +249,7 @@ def evaluate(c: Components, step: int) -> None:
              eval_dropped=s["episodes_dropped"], eval_truncated=s["episodes_truncated"],
              eval_time_s=round(time.perf_counter() - t0, 2), prefix_mismatches=s["prefix_mismatches"],
              bridge_fallbacks=s["bridge_fallbacks"], env_retries=s["env_retries"],
-             eval_drop_reasons=drop_reasons(s), sample_transcript=sample, **synced)
+             eval_drop_reasons=drop_reasons(s), eval_results=results, sample_transcript=sample, **synced)
 
 
 def _progress(event: str, total: int, every_s: float = 5.0):
@@ -267,7 +308,9 @@ def run_step(c: Components, step: int, *, sft: bool, ahead: RolloutsAhead | None
     trained = {"rows": 0, "action_tokens": 0, "echo_tokens": 0}  # the loss denominators of a step that trains nothing
     if rows:
         c.trainer.set_lr(c.cfg.lr_for(sft=sft))
-        trained = c.trainer.train_step(rows, sft=sft)
+        rl_step, rl_steps = step - c.cfg.training.warmup_sft_steps, c.cfg.training.steps
+        echo_weight = c.cfg.echo.weight if sft else c.cfg.echo.weight_at(rl_step, rl_steps)
+        trained = c.trainer.train_step(rows, sft=sft, echo_weight=echo_weight)
         c.sampler_behind = not c.shares_model
     total = time.perf_counter() - t0
     timing = {"rollout_time_s": round(t_rollout, 3), "total_step_time_s": round(total, 3),

@@ -67,9 +67,11 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr * self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
 
-    def train_step(self, rows: list[EchoRow], *, sft: bool = False) -> dict[str, Any]:
-        """One optimizer step over all rows; see trainers/step.py for the losses and metrics."""
-        metrics = step.shared_forward_step(self, rows, sft=sft)
+    def train_step(self, rows: list[EchoRow], *, sft: bool = False, echo_weight: float | None = None
+                   ) -> dict[str, Any]:
+        """One optimizer step over all rows (`echo_weight`: this step's λ, else the spec's); see
+        trainers/step.py for the losses and metrics."""
+        metrics = step.shared_forward_step(self, rows, sft=sft, echo_weight=echo_weight)
         self.steps_done += 1
         return metrics
 

@@ -27,6 +27,8 @@ class Microbatch:
     rl_mask: Tensor  # bool, tokens the policy-gradient (or SFT NLL) term reads
     echo_mask: Tensor  # bool, tokens the ECHO term reads
     row_index: list[int]  # positions of these rows in the step's row list
+    rl_scale: Tensor  # fp32 [B, 1]: each row's RL-term token factor, denominator included (trainers/aggregation.py)
+    echo_scale: Tensor  # fp32 [B, 1]: each row's ECHO-term token factor, likewise
 
     @property
     def trains(self) -> bool:
@@ -81,10 +83,14 @@ def plan_microbatches(lengths: list[int], micro_batch_tokens: int) -> list[list[
 
 
 def build_microbatches(rows: list[EchoRow], *, micro_batch_tokens: int, sft: bool, echo: bool,
-                       context_tokens: int = 0, device: str | torch.device = "cpu"
+                       context_tokens: int = 0, device: str | torch.device = "cpu",
+                       rl_scales: list[float] | None = None, echo_scales: list[float] | None = None,
                        ) -> tuple[list[Microbatch], CropStats]:
     """Pack rows into microbatches. `sft`: every action token is an RL-side target (plain NLL);
-    otherwise action tokens with non-zero advantage. `echo`: positive ECHO weights are targets."""
+    otherwise action tokens with non-zero advantage. `echo`: positive ECHO weights are targets.
+    `rl_scales`/`echo_scales`: per row, the loss terms' token factors (1.0 when not given)."""
+    rl_scales = rl_scales or [1.0] * len(rows)
+    echo_scales = echo_scales or [1.0] * len(rows)
     starts = [crop_start(r, context_tokens, sft=sft, echo=echo) for r in rows]
     crop = CropStats(sum(s > 0 for s in starts), sum(starts))
     lengths = [len(r) - s for r, s in zip(rows, starts)]
@@ -108,6 +114,9 @@ def build_microbatches(rows: list[EchoRow], *, micro_batch_tokens: int, sft: boo
         rl_mask[:, 0] = False  # token 0 has no left context (also after a crop)
         echo_mask = ew > 0
         echo_mask[:, 0] = False
+        rl_scale = torch.tensor([[rl_scales[i]] for i in group], dtype=torch.float32)
+        echo_scale = torch.tensor([[echo_scales[i]] for i in group], dtype=torch.float32)
         out.append(Microbatch(ids.to(device), attn.to(device), adv.to(device), ew.to(device), old.to(device),
-                              act.to(device), rl_mask.to(device), echo_mask.to(device), group))
+                              act.to(device), rl_mask.to(device), echo_mask.to(device), group,
+                              rl_scale.to(device), echo_scale.to(device)))
     return out, crop

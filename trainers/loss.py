@@ -1,9 +1,10 @@
 """The RL, SFT and ECHO loss terms, read from one shifted log-prob tensor.
 
-All inputs are shifted `[B, L-1]` (column j scores token j + 1). Each term returns the *sum* of its
-per-token losses over this microbatch divided by its own step-wide token count `n` (all microbatches
-together), so summing the microbatch values gives the step's mean, gradient accumulation is exact,
-and adding ECHO never changes the RL term's effective per-token learning rate.
+All inputs are shifted `[B, L-1]` (column j scores token j + 1). Each term returns the sum over this
+microbatch of its per-token losses times the rows' `scale` [B, 1], which already holds the term's
+step-wide denominator (trainers/aggregation.py: a token mean, a sequence mean or a constant), so
+summing the microbatch values gives the step's loss, gradient accumulation is exact, and adding ECHO
+never changes the RL term's effective per-token learning rate (each term has its own denominator).
 """
 from __future__ import annotations
 
@@ -62,13 +63,14 @@ def policy_gradient_loss(
     sampler_logprobs: Tensor,  # [B, L-1] fp32, behaviour policy's log-probs of the same tokens
     advantages: Tensor,  # [B, L-1] fp32, group-relative, per token
     mask: Tensor,  # [B, L-1] bool, action tokens with non-zero advantage
-    n_tokens: int,  # the step's total RL tokens (denominator)
+    scale: Tensor,  # [B, 1] fp32, each row's token factor (the step's denominator included)
     clip_eps: float | None,
 ) -> tuple[Tensor, PolicyStats]:
     """Token-level policy gradient with importance ratio r = exp(logp - sampler_logp).
 
     Per token: -r * A, or with PPO clipping -min(r * A, clip(r, 1 - eps, 1 + eps) * A).
-    Normalisation: sum over RL tokens / n_tokens (the step's count of action tokens with A != 0).
+    Aggregation: sum over RL tokens of scale * per-token loss (token_mean: scale = 1 / the step's count
+    of action tokens with A != 0; trainers/aggregation.py has the others).
     """
     log_ratio = torch.where(mask, logprobs - sampler_logprobs, torch.zeros_like(logprobs))
     ratio = torch.exp(log_ratio)
@@ -76,7 +78,7 @@ def policy_gradient_loss(
     if clip_eps is not None:
         clipped = -torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
         per_token = torch.maximum(per_token, clipped)
-    loss = torch.where(mask, per_token, torch.zeros_like(per_token)).sum() / max(n_tokens, 1)
+    loss = (torch.where(mask, per_token, torch.zeros_like(per_token)) * scale).sum()
     stats = PolicyStats(tokens=int(mask.sum()))
     if stats.tokens:
         with torch.no_grad():
@@ -90,15 +92,16 @@ def policy_gradient_loss(
 def nll_loss(
     logprobs: Tensor,  # [B, L-1] fp32
     mask: Tensor,  # [B, L-1] bool, tokens to train
-    n_tokens: int,  # the step's total count of such tokens (denominator)
+    scale: Tensor,  # [B, 1] fp32, each row's token factor (the step's denominator included)
     weights: Tensor | None = None,  # [B, L-1] fp32 per-token weights, or None for 1
-    scale: float = 1.0,
+    coef: float = 1.0,
 ) -> Tensor:
-    """scale * sum(weights * -logp over mask) / n_tokens.
+    """coef * sum over mask of scale * weights * -logp.
 
-    SFT warm start: weights None, scale 1 -> mean NLL over the step's action tokens.
-    ECHO: weights = the rows' per-token ECHO weights, scale = `[echo] weight`, n_tokens = the step's
-    count of ECHO tokens (weight > 0): a weighted mean over environment-response tokens.
+    SFT warm start: weights None, coef 1, scale 1 / the step's action tokens -> mean NLL over them.
+    ECHO: weights = the rows' per-token ECHO weights, coef = λ (`[echo] weight` at this step), scale =
+    1 / the step's ECHO tokens (a weighted mean over environment-response tokens) or per episode
+    (`[echo] normalization = "sequence"`, trainers/aggregation.py).
     """
     per_token = -logprobs if weights is None else -logprobs * weights
-    return scale * torch.where(mask, per_token, torch.zeros_like(per_token)).sum() / max(n_tokens, 1)
+    return coef * (torch.where(mask, per_token, torch.zeros_like(per_token)) * scale).sum()

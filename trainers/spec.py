@@ -88,8 +88,12 @@ class TrainerSpec:
     # the losses: the importance ratio compares with the sampler's tempered distribution
     temperature: float = 1.0
     clip_eps: float | None = 0.2  # None: no PPO clipping
+    # how each term averages over the step (trainers/aggregation.py); loss_constant: Dr. GRPO's normaliser
+    loss_aggregation: Literal["token_mean", "sequence_mean", "constant"] = "token_mean"
+    loss_constant: int = 0
     echo: bool = True
-    echo_weight: float = 0.1
+    echo_weight: float = 0.1  # λ; a step may be given another (a schedule: `train_step(echo_weight=...)`)
+    echo_normalization: Literal["token", "sequence"] = "token"
     # the selective-logit path and its memory controls
     selective_logits: bool = True
     selective: SelectivePolicy = field(default_factory=SelectivePolicy)

@@ -37,7 +37,7 @@ from quaero.proofs import (
     SELECTIVE_SUFFIX_LOGITS,
 )
 from quaero.rows import EchoRow
-from trainers import distributed
+from trainers import aggregation, distributed
 from trainers.batch import CropStats, Microbatch, build_microbatches
 from trainers.forward import CausalLMParts, SharedForwardError
 from trainers.loss import LogprobGap, PolicyStats, logprob_gap, nll_loss, policy_gradient_loss
@@ -158,19 +158,20 @@ class StepTotals:
         return out
 
 
-def microbatch_loss(spec: TrainerSpec, mb: Microbatch, lp: Tensor, totals: StepTotals, *, sft: bool) -> MicrobatchLoss:
+def microbatch_loss(spec: TrainerSpec, mb: Microbatch, lp: Tensor, *, sft: bool, echo_weight: float
+                    ) -> MicrobatchLoss:
     """The RL (or SFT) and ECHO terms of one microbatch, both read from its log-prob tensor `lp` [B, L-1]."""
     rl_mask, echo_mask = mb.rl_mask[:, 1:], mb.echo_mask[:, 1:]
-    echo = nll_loss(lp, echo_mask, totals.echo_tokens, weights=mb.echo_weights[:, 1:], scale=spec.echo_weight)
+    echo = nll_loss(lp, echo_mask, mb.echo_scale, weights=mb.echo_weights[:, 1:], coef=echo_weight)
     if sft:  # demonstrations were not sampled: no ratio, no sampler gap
-        return MicrobatchLoss(nll_loss(lp, rl_mask, totals.rl_tokens), echo, PolicyStats(), LogprobGap())
+        return MicrobatchLoss(nll_loss(lp, rl_mask, mb.rl_scale), echo, PolicyStats(), LogprobGap())
     sampler_lp = mb.sampler_logprobs[:, 1:]
-    rl, policy = policy_gradient_loss(lp, sampler_lp, mb.advantages[:, 1:], rl_mask, totals.rl_tokens,
-                                      spec.clip_eps)
+    rl, policy = policy_gradient_loss(lp, sampler_lp, mb.advantages[:, 1:], rl_mask, mb.rl_scale, spec.clip_eps)
     return MicrobatchLoss(rl, echo, policy, logprob_gap(lp, sampler_lp, mb.action_mask[:, 1:]))
 
 
-def accumulate_gradients(trainer: Trainer, mbs: list[Microbatch], totals: StepTotals, *, sft: bool) -> None:
+def accumulate_gradients(trainer: Trainer, mbs: list[Microbatch], totals: StepTotals, *, sft: bool,
+                         echo_weight: float) -> None:
     """Per microbatch: one forward, both loss terms, one backward; gradients add up across microbatches.
 
     With several ranks every rank runs as many backwards as the busiest one (zero-loss padding on the
@@ -193,7 +194,7 @@ def accumulate_gradients(trainer: Trainer, mbs: list[Microbatch], totals: StepTo
                                        pin_memory=spec.memory.save_on_cpu_pin_memory,
                                        min_numel=spec.memory.save_on_cpu_min_numel, stats=totals.offload):
                 lp, info = microbatch_logprobs(trainer, mb)
-                loss = microbatch_loss(spec, mb, lp, totals, sft=sft)
+                loss = microbatch_loss(spec, mb, lp, sft=sft, echo_weight=echo_weight)
             forwards = counter.take()
             if forwards != 1:
                 raise SharedForwardError(f"trainer {trainer.name!r}: the RL and ECHO terms of a microbatch came "
@@ -215,12 +216,18 @@ def optimizer_step(trainer: Trainer) -> tuple[float, bool]:
     return grad_norm, stepped
 
 
-def shared_forward_step(trainer: Trainer, rows: list[EchoRow], *, sft: bool) -> dict[str, Any]:
+def shared_forward_step(trainer: Trainer, rows: list[EchoRow], *, sft: bool, echo_weight: float | None = None
+                        ) -> dict[str, Any]:
     """One optimizer step over `rows` (RL + ECHO, or SFT + ECHO); returns the step's metrics.
+    `echo_weight`: this step's λ (a schedule's value), else the spec's.
 
-    With several ranks, every rank passes the same `rows` and trains its share of them.
+    With several ranks, every rank passes the same `rows` and trains its share of them; the loss scales
+    come from all of them (trainers/aggregation.py), so every rank's denominators agree.
     """
     spec, model = trainer.spec, trainer.model
+    echo_weight = spec.echo_weight if echo_weight is None else echo_weight
+    rl_scale = aggregation.rl_scales(rows, sft=sft, aggregation=spec.loss_aggregation, constant=spec.loss_constant)
+    echo_scale = aggregation.echo_scales(rows, echo=spec.echo, normalization=spec.echo_normalization)
     t0 = time.perf_counter()
     reset_peak(trainer.device)
     was_training = model.training
@@ -228,24 +235,25 @@ def shared_forward_step(trainer: Trainer, rows: list[EchoRow], *, sft: bool) -> 
     share = distributed.split_rows([len(r) for r in rows], distributed.world_size())[distributed.rank()]
     mbs, crop = build_microbatches([rows[i] for i in share], micro_batch_tokens=spec.micro_batch_tokens, sft=sft,
                                    echo=spec.echo, context_tokens=spec.memory.supervised_context_tokens,
-                                   device=trainer.device)
+                                   device=trainer.device, rl_scales=[rl_scale[i] for i in share],
+                                   echo_scales=[echo_scale[i] for i in share])
     rl_tokens, echo_tokens = distributed.all_sum([sum(int(mb.rl_mask.sum()) for mb in mbs),
                                                   sum(int(mb.echo_mask.sum()) for mb in mbs)])
     totals = StepTotals(rl_tokens=rl_tokens, echo_tokens=echo_tokens, rows=len(share), microbatches=len(mbs),
                         row_tokens=sum(mb.tokens for mb in mbs), padded_tokens=sum(mb.input_ids.numel() for mb in mbs),
                         crop=crop)
     trainer.optimizer.zero_grad(set_to_none=True)
-    accumulate_gradients(trainer, mbs, totals, sft=sft)
+    accumulate_gradients(trainer, mbs, totals, sft=sft, echo_weight=echo_weight)
     grad_norm, stepped = optimizer_step(trainer)
     model.train(was_training)
     peak = peak_mem_mb(trainer.device)
     ranks = distributed.gather((totals, peak, time.perf_counter() - t0))
     return step_metrics(trainer, [t for t, _, _ in ranks], sft=sft, grad_norm=grad_norm, stepped=stepped,
-                        peaks=[p for _, p, _ in ranks], seconds=max(s for _, _, s in ranks))
+                        peaks=[p for _, p, _ in ranks], seconds=max(s for _, _, s in ranks), echo_weight=echo_weight)
 
 
 def step_metrics(trainer: Trainer, ranks: list[StepTotals], *, sft: bool, grad_norm: float, stepped: bool,
-                 peaks: list[tuple[float, str]], seconds: float) -> dict[str, Any]:
+                 peaks: list[tuple[float, str]], seconds: float, echo_weight: float) -> dict[str, Any]:
     """The step's event fields from every rank's totals (the `local_train_*` names come from quaero/proofs.py).
     Per-rank figures (`rank_*`) appear when there is more than one rank."""
     spec = trainer.spec
@@ -262,6 +270,9 @@ def step_metrics(trainer: Trainer, ranks: list[StepTotals], *, sft: bool, grad_n
         "loss": t.rl_loss + t.echo_loss,
         "rl_loss": 0.0 if sft else t.rl_loss, "sft_loss": t.rl_loss if sft else 0.0, "echo_loss": t.echo_loss,
         "action_tokens": t.rl_tokens, "echo_tokens": t.echo_tokens, "rows": t.rows,
+        "echo_weight": echo_weight if spec.echo else 0.0,
+        "loss_aggregation": "token_mean" if sft else spec.loss_aggregation,
+        "echo_normalization": spec.echo_normalization,
         "row_tokens": t.row_tokens, "padded_tokens": t.padded_tokens,
         "grad_norm": grad_norm, "grad_clipped": bool(spec.max_grad_norm is not None and grad_norm > spec.max_grad_norm),
         "optimizer_stepped": stepped, "nonfinite_grad_skips": int(not stepped),

@@ -200,3 +200,16 @@ def test_the_plan_of_a_huge_step_count_is_counted_not_enumerated():
     total = 500 + 10**22  # the main job's warm start, then the RL steps
     evals = 1 + total // 7 + (total % 7 != 0)  # untrained, every 7th step, and the last
     assert "(10000000000000000000000 steps x 4 x 4)" in line and f"({evals} evals x 64)" in line
+
+
+@pytest.mark.hostile
+def test_dynamic_sampling_with_rollouts_sampled_ahead_is_refused():
+    with pytest.raises(ConfigError) as e:
+        load_config(MAIN, ["training.dynamic_sampling=true", "training.max_off_policy_steps=1"])
+    assert "[training] dynamic_sampling=true with max_off_policy_steps=1" in str(e.value)
+    for bad, needle in [("echo.schedule='cosine'", "[echo] schedule='cosine'"),
+                        ("training.loss_aggregation='mean'", "[training] loss_aggregation='mean'"),
+                        ("training.dynamic_sampling_max_groups=0.5", "[training] dynamic_sampling_max_groups=0.5")]:
+        with pytest.raises(ConfigError) as e:
+            load_config(MAIN, [bad])
+        assert needle in str(e.value) and "\n" not in str(e.value)

@@ -240,7 +240,7 @@ def test_require_an_unknown_check_lists_the_valid_names(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err == ("error: --require 'ECHO loss fallin' is not a check; valid: 'sparse ECHO proof', "
                    "'compiled CE proof', 'exact rows (prefix mismatches)', 'trained at least one step', "
-                   "'ECHO loss falling', 'eval reward above untrained'\n")
+                   "'ECHO loss falling', 'eval reward above untrained', 'RL improved eval over warm start'\n")
 
 
 @pytest.mark.hostile
@@ -292,3 +292,66 @@ def test_events_path_that_is_a_directory_is_a_one_line_error(tmp_path, capsys):
 def _reset_structlog():
     yield
     metrics.configure(console="none")
+
+
+def _record_phases(run_dir, *, warm: list[int] | None, end: list[int] | None, sft=3, rl=2, warm_step=None):
+    """A warm start of `sft` steps and `rl` RL steps; evals at 0, at the warm start's end and at the end, each with
+    per-task results [index, success, reward] (successes given as 0/1 lists; None: no such eval)."""
+    steps = [dict(s, phase="sft") for s in good_steps(sft)] + good_steps(rl)
+    metrics.configure(console="none")
+    log = metrics.get_logger("test")
+    evals = [(0, [0] * 64), (warm_step or sft, warm), (sft + rl, end)]
+    with metrics.RunLog(run_dir, run_id="r1"):
+        for i, fields in enumerate(steps, start=1):
+            metrics.set_step(i)
+            log.info("train_step", phase=fields.pop("phase", "rl"), **fields)
+        for step, wins in evals:
+            if wins is None:
+                continue
+            metrics.set_step(step)
+            log.info("eval", eval_reward=sum(wins) / len(wins), eval_success_rate=sum(wins) / len(wins),
+                     eval_episodes=len(wins), eval_results=[[i, w, float(w)] for i, w in enumerate(wins)])
+        log.info("run_end", status="finished")
+
+
+@pytest.mark.parametrize("warm,end,status", [
+    ([1] * 20 + [0] * 44, [1] * 34 + [0] * 30, proofs.PASS),  # 14 solved only after RL, none only before
+    ([1] * 20 + [0] * 44, [1] * 20 + [0] * 44, proofs.FAIL),  # the same tasks solved: no evidence
+    ([1] * 20 + [0] * 44, [0] * 10 + [1] * 12 + [0] * 42, proofs.FAIL),  # 2 more solved, 10 lost: worse
+    ([1] * 20 + [0] * 44, [0] * 2 + [1] * 23 + [0] * 39, proofs.FAIL),  # +3 net: p = 0.45, interval spans 0
+])
+def test_rl_improved_eval_over_warm_start_is_paired(tmp_path, capsys, warm, end, status):
+    _record_phases(tmp_path, warm=warm, end=end)
+    s = review.summarize(review.load_run(tmp_path))
+    check = next(c for c in proofs.run_checks(s) if c["name"] == proofs.RL_IMPROVED)
+    assert check["status"] == status, check["detail"]
+    c = s["rl_vs_warm_start"]
+    assert c["pairs"] == 64 and c["warm_start_step"] == 3 and c["end_step"] == 5
+    rc = review.main(args(tmp_path, require=[proofs.RL_IMPROVED]))
+    assert rc == (0 if status == proofs.PASS else 1)
+    assert f"[{'PASS' if status == proofs.PASS else 'WARN'}] {proofs.RL_IMPROVED}" in capsys.readouterr().out
+
+
+def test_rl_improved_pairs_only_shared_tasks_and_says_why_it_is_na(tmp_path):
+    _record_phases(tmp_path / "shared", warm=[0] * 64, end=[1] * 20 + [0] * 44)
+    ok = review.summarize(review.load_run(tmp_path / "shared"))["rl_vs_warm_start"]
+    assert ok["improved"] == 20 and ok["worsened"] == 0 and ok["mcnemar_p"] < 1e-5
+    _record_phases(tmp_path / "noeval", warm=None, end=[1] * 64)
+    _record_phases(tmp_path / "norl", warm=[0] * 64, end=[1] * 64, rl=0)
+    _record_phases(tmp_path / "nowarm", warm=[0] * 64, end=[1] * 64, sft=0, warm_step=1)
+    whys = {name: review.summarize(review.load_run(tmp_path / name))["rl_vs_warm_start"]["why"]
+            for name in ("noeval", "norl", "nowarm")}
+    assert whys == {"noeval": "no eval at the warm start's last step 3", "norl": "no RL step",
+                    "nowarm": "no warm start"}
+    for name, why in whys.items():
+        check = proofs.run_checks(review.summarize(review.load_run(tmp_path / name)))[-1]
+        assert check["status"] == proofs.NA and check["detail"] == why
+
+
+def test_eval_reward_intervals_come_from_per_task_results(tmp_path):
+    _record_phases(tmp_path, warm=[1] * 32 + [0] * 32, end=[1] * 48 + [0] * 16)
+    pts = review.eval_reward_intervals(review.load_run(tmp_path))
+    assert [(s, m) for s, m, _, _ in pts] == [(0, 0.0), (3, 0.5), (5, 0.75)]
+    _, mean, low, high = pts[1]
+    assert low < mean < high and high - low == pytest.approx(2 * 1.96 * 0.5039 / 8, rel=1e-3)
+    assert review.main(args(tmp_path, plots=str(tmp_path / "plots"))) == 0

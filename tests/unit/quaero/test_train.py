@@ -33,3 +33,52 @@ def test_a_group_whose_advantages_overflow_is_left_out_and_counted():
                         driver=SimpleNamespace(run=run), pool=SimpleNamespace(sessions=[]), stats=stats)
     assert _collect(c, 1, sft=False) == []
     assert stats.snapshot_and_reset()["groups_nonfinite_advantage"] == 1
+
+
+def _scripted_recipe(rewards_of_task, **training):
+    """The recipe's rollout over a driver whose groups' rewards are given per train task index (the recipe's
+    arithmetic only: no model, no env); records which tasks and seeds each driver call got."""
+    stats, calls = RolloutStats(), []
+
+    def run(sessions, tasks, *, group_size, policy=None, seed=None):
+        calls.append(([t["index"] for t in tasks], seed))
+        return [[Episode([], r, r > 0, 1, {}, []) for r in rewards_of_task(t["index"])[:group_size]] for t in tasks]
+
+    cfg = make_cfg(**{f"training__{k}": v for k, v in {"tasks_per_step": 4, "group_size": 2, **training}.items()})
+    c = SimpleNamespace(cfg=cfg, cursor=0, oracle=None, driver=SimpleNamespace(run=run),
+                        pool=SimpleNamespace(sessions=[]), stats=stats)
+    return c, calls
+
+
+def test_dynamic_sampling_samples_further_groups_until_enough_have_spread():
+    # tasks 0-3: only task 1 has spread; tasks 4-6: 5 and 6 have spread; task 7 too
+    spread = {1, 5, 6, 7}
+    c, calls = _scripted_recipe(lambda i: [1.0, 0.0] if i in spread else [0.0, 0.0], dynamic_sampling=True,
+                                dynamic_sampling_max_groups=3.0)
+    _collect(c, 1, sft=False)
+    s = c.stats.snapshot_and_reset()
+    # 1 of 4 had spread -> 3 more (tasks 4-6: 2 with spread, 3 in all) -> 1 more (task 7) -> 4: enough
+    assert [ids for ids, _ in calls] == [[0, 1, 2, 3], [4, 5, 6], [7]]
+    assert len({seed for _, seed in calls}) == 3  # each further call samples with a seed of its own
+    assert (s["groups"], s["groups_zero_advantage"], s["groups_resampled"], s["dynamic_sampling_bound_hits"]) == \
+        (8, 4, 4, 0)
+    assert s["groups_zero_advantage_share"] == 0.5
+    assert c.cursor == 8  # the next step starts after every task this one used
+
+
+def test_dynamic_sampling_stops_at_its_bound_and_counts_the_cut():
+    c, calls = _scripted_recipe(lambda i: [0.0, 0.0], dynamic_sampling=True, dynamic_sampling_max_groups=2.5)
+    _collect(c, 1, sft=False)
+    s = c.stats.snapshot_and_reset()
+    assert [ids for ids, _ in calls] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]  # 10 = 2.5 x 4 groups, never more
+    assert (s["groups"], s["groups_zero_advantage"], s["groups_resampled"], s["dynamic_sampling_bound_hits"]) == \
+        (10, 10, 6, 1)
+    assert c.cursor == 10
+
+
+def test_without_dynamic_sampling_zero_advantage_groups_are_counted_and_nothing_more_is_sampled():
+    c, calls = _scripted_recipe(lambda i: [0.0, 0.0] if i % 2 else [1.0, 0.5])
+    rows = _collect(c, 1, sft=False)
+    s = c.stats.snapshot_and_reset()
+    assert [ids for ids, _ in calls] == [[0, 1, 2, 3]] and rows == [] and c.cursor == 4
+    assert (s["groups"], s["groups_zero_advantage"], s["groups_resampled"]) == (4, 2, 0)

@@ -3,31 +3,13 @@ import math
 
 import pytest
 import torch
+from fixtures.small_model import V, make_spec
 
 from quaero.bench.smoke import SMOKE_KEYS, sparse_row, sparse_rows
-from quaero.model import random_qwen3
 from quaero.proofs import SELECTIVE_METRICS
 from quaero.rows import EchoRow
 from trainers.forward import CausalLMParts, LogitTransformError, SharedForwardError
 from trainers.local import LocalTrainer
-from trainers.spec import MemoryPolicy, SelectivePolicy, TrainerSpec
-
-V = 512
-
-
-@pytest.fixture(scope="session")
-def small_model_dir(tmp_path_factory):
-    """A random Qwen3 with vocab 512: the real architecture, small enough for many steps."""
-    path = tmp_path_factory.mktemp("small-qwen3")
-    random_qwen3(V, 32, intermediate_size=64, tie_word_embeddings=True).save_pretrained(path)
-    return str(path)
-
-
-def make_spec(model, *, selective=None, memory=None, **kw):
-    """A trainer spec built in code: no app config, no environment settings."""
-    return TrainerSpec(**{"model": model, "echo_weight": 0.3, "clip_eps": 0.2, "micro_batch_tokens": 10**6,
-                          "lr": 1e-3, **kw}, selective=SelectivePolicy(**(selective or {})),
-                       memory=MemoryPolicy(**(memory or {})))
 
 
 def rows(n=4, context=120):
