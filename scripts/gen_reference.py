@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import inspect
 import sys
 import types
 import typing
@@ -108,6 +109,11 @@ OPTION_MEANINGS = {
         "vocab, time within the eager path's noise on the CPU crossover",
     "echo.enabled": "train the ECHO term",
     "echo.weight": "the ECHO term's weight",
+    "echo.schedule": "the weight over the RL steps k: `constant`, `warmup` (weight x min(1, k / S)) or `decay` "
+                     "(weight x max(0, 1 - (k - 1) / S)), S = `schedule_steps`; the warm start uses `weight`",
+    "echo.schedule_steps": "S of the schedule (0: all RL steps)",
+    "echo.normalization": "the ECHO term's average: `token` (over the step's ECHO tokens) or `sequence` (per "
+                          "episode over its observation tokens, then over episodes)",
     "echo.include_scaffold": "also train ECHO on template scaffolding (`<|im_start|>user`, tool-response wrappers)",
     "training.steps": "RL steps (after the warm start)",
     "training.tasks_per_step": "tasks sampled per RL step",
@@ -127,6 +133,11 @@ OPTION_MEANINGS = {
     "training.max_empty_steps": "this many consecutive steps without a trained row end the run (exit 1)",
     "training.max_off_policy_steps": "asynchronous rollouts: sample up to k steps ahead while a step trains "
                                      "(docs/scaling.md)",
+    "training.loss_aggregation": "the RL term's average: `token_mean` (DAPO), `sequence_mean` (GRPO: per "
+                                 "episode, then over episodes) or `constant` (Dr. GRPO)",
+    "training.dynamic_sampling": "while fewer than `tasks_per_step` groups have reward spread, sample groups of "
+                                 "further tasks (DAPO); all-equal groups still train ECHO",
+    "training.dynamic_sampling_max_groups": "the bound: at most this many x `tasks_per_step` groups per step",
     "logging.level": "the console's and the event log's level",
     "logging.console": "`pretty`, `plain` or `none`",
     "logging.progress": "a progress bar on a terminal",
@@ -159,6 +170,9 @@ STEP = {
     "action_tokens": "the RL/SFT term's denominator: action tokens trained (0 when nothing trained)",
     "echo_tokens": "the ECHO term's denominator: environment tokens trained",
     "rows": "rows trained",
+    "echo_weight": "the ECHO weight of the step (after `[echo] schedule`; 0 with ECHO off)",
+    "loss_aggregation": "the RL term's average (`token_mean` on warm-start steps)",
+    "echo_normalization": "the ECHO term's average",
     "row_tokens": "tokens of the trained rows",
     "padded_tokens": "tokens of the microbatches, padding included",
     "grad_norm": "the gradient norm before clipping",
@@ -224,6 +238,11 @@ ROLLOUT = {
     "env_invalid_replies": "env replies that failed validation (the episode drops)",
     "groups_nonfinite_advantage": "groups left out: their rewards' spread overflows a float (an episode whose "
                                   "rewards overflow when summed drops as `nonfinite_reward`)",
+    "groups": "kept groups (RL steps)",
+    "groups_zero_advantage": "of those, groups whose rewards are all equal: no RL signal, ECHO only",
+    "groups_zero_advantage_share": "their share of the groups",
+    "groups_resampled": "dynamic sampling's further groups",
+    "dynamic_sampling_bound_hits": "steps its bound cut short of `tasks_per_step` groups with spread",
     "reward_mean": "mean reward of the kept episodes",
     "success_rate": "success rate of the kept episodes",
     "turns_mean": "mean turns of the kept episodes",
@@ -256,6 +275,7 @@ EVAL = {
     "eval_truncated": "episodes truncated",
     "eval_time_s": "the evaluation's seconds",
     "eval_drop_reasons": "dropped episodes by reason",
+    "eval_results": "per task, for paired comparisons (`quaero review`): `[index, success, reward]`",
     "sample_transcript": "the first episode's messages, shortened",
 }
 # (title, owner, meanings, how the owner's names are read)
@@ -330,13 +350,16 @@ def _literals(path: Path) -> set[str]:
 
 
 def _step_names() -> list[str]:
-    """The keys `step_metrics` writes, read by calling it on an empty two-rank step (no model)."""
+    """The keys `step_metrics` writes, read by calling it on an empty two-rank step (no model). A scalar it
+    takes beyond these (e.g. `echo_weight`) gets 0.0: only the names are read, never the values."""
     from trainers.spec import TrainerSpec
     from trainers.step import StepTotals, step_metrics
     trainer = types.SimpleNamespace(spec=TrainerSpec(), scheduler=types.SimpleNamespace(get_last_lr=lambda: [0.0]))
     ranks = [StepTotals(rl_tokens=0, echo_tokens=0), StepTotals(rl_tokens=0, echo_tokens=0)]
-    return list(step_metrics(trainer, ranks, sft=False, grad_norm=0.0, stepped=True,
-                             peaks=[(0.0, "cpu"), (0.0, "cpu")], seconds=0.0))
+    given = {"sft": False, "grad_norm": 0.0, "stepped": True, "peaks": [(0.0, "cpu"), (0.0, "cpu")], "seconds": 0.0}
+    scalars = {name: 0.0 for name, p in inspect.signature(step_metrics).parameters.items()
+               if p.kind is p.KEYWORD_ONLY and p.default is p.empty and name not in given}
+    return list(step_metrics(trainer, ranks, **given, **scalars))
 
 
 def metric_names(how: str, owner: str, meanings: dict[str, str]) -> list[str]:
