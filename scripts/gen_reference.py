@@ -396,10 +396,15 @@ def problems() -> list[str]:
     return out
 
 
+def _cell(text: str) -> str:
+    """A table cell: a `|` (also inside a code span) would end the cell, so it is escaped."""
+    return text.replace("|", "\\|")
+
+
 def options_table() -> str:
     lines = ["| section | key | type | default | meaning |", "|---|---|---|---|---|"]
     for section, key, typ, default, meaning in option_rows():
-        lines.append(f"| `[{section}]` | `{key}` | {typ} | `{default}` | {meaning} |")
+        lines.append(f"| `[{section}]` | `{key}` | {typ} | `{_cell(default)}` | {_cell(meaning)} |")
     return "\n".join(lines)
 
 
@@ -408,7 +413,7 @@ def metrics_table() -> str:
     for title, owner, meanings, how in GROUPS:
         names = metric_names(how, owner, meanings)
         parts += [f"**{title}** (`{owner}`)", "", "| metric | meaning |", "|---|---|"]
-        parts += [f"| `{n}` | {meanings.get(n, '')} |" for n in names]
+        parts += [f"| `{n}` | {_cell(meanings.get(n, ''))} |" for n in names]
         parts.append("")
     return "\n".join(parts).rstrip()
 
