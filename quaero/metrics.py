@@ -112,7 +112,7 @@ class _JsonLinesSink:
 CONSOLE_STEP_KEYS = ("event", "step", "phase", "reward_mean", "success_rate", "rl_loss", "echo_loss", "sft_loss",
                      "action_tokens", "echo_tokens", "row_tokens", "tokens_per_s", "total_step_time_s",
                      "episodes_dropped", "prefix_mismatches", HIDDEN_BATCHES, FALLBACK_BATCHES, "timestamp", "level")
-_CONSOLE_HIDDEN = ("run_id", "cumulative", "config")
+_CONSOLE_HIDDEN = ("run_id", "cumulative", "config", "eval_results")  # eval_results: one entry per task
 
 
 class _ConsoleGate:
