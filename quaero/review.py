@@ -94,7 +94,7 @@ def _head_tail(values: list[float], k: int = 3) -> tuple[float | None, float | N
     return statistics.fmean(values[:k]), statistics.fmean(values[-k:])
 
 
-def _eval_outcomes(e: dict) -> dict[int, tuple[int, float]] | None:
+def eval_outcomes(e: dict) -> dict[int, tuple[int, float]] | None:
     """{task index: (success, reward)} of an eval event's per-task results, or None when it has none readable."""
     out = {}
     for item in e.get("eval_results") or []:
@@ -118,7 +118,7 @@ def rl_over_warm_start(run: dict) -> dict[str, Any]:
     end = next((e for e in reversed(run["evals"]) if e["step"] > warm_end), None)
     if start is None or end is None:
         return {"why": f"no eval at the warm start's last step {warm_end}" if start is None else "no eval after RL"}
-    a, b = _eval_outcomes(end), _eval_outcomes(start)
+    a, b = eval_outcomes(end), eval_outcomes(start)
     if a is None or b is None:
         return {"why": "the evals carry no per-task results (eval_results)"}
     shared = sorted(a.keys() & b.keys())
@@ -227,7 +227,7 @@ def eval_reward_intervals(run: dict) -> list[tuple[int, float, float, float]]:
 
     out = []
     for e in run["evals"]:
-        rewards = [r for _, r in (_eval_outcomes(e) or {}).values()]
+        rewards = [r for _, r in (eval_outcomes(e) or {}).values()]
         if len(rewards) >= 2:
             mean, half = statistics.fmean(rewards), Z_95 * statistics.stdev(rewards) / math.sqrt(len(rewards))
             out.append((e["step"], mean, mean - half, mean + half))

@@ -1,0 +1,40 @@
+"""`quaero bench ablation`'s pairing: per seed on the tasks both runs' last evals finished, pooled over seeds."""
+import pytest
+
+from quaero import metrics
+from quaero.bench import ablation
+
+
+def _run(path, wins, *, stale=None):
+    metrics.configure(console="none")
+    log = metrics.get_logger("test")
+    with metrics.RunLog(path, run_id="r"):
+        for step, w in ((1, stale), (2, wins)):
+            if w is None:
+                continue
+            metrics.set_step(step)
+            log.info("eval", eval_reward=sum(w) / len(w), eval_results=[[i, x, float(x)] for i, x in enumerate(w)])
+    return path
+
+
+def test_pairs_per_task_on_the_last_eval_and_pools_over_seeds(tmp_path):
+    a0 = ablation.final_outcomes(_run(tmp_path / "a0", [1] * 10 + [0] * 6, stale=[0] * 16))  # the last eval counts
+    b0 = ablation.final_outcomes(_run(tmp_path / "b0", [1] * 4 + [0] * 12))
+    c = ablation.compare(a0, b0)
+    assert (c["pairs"], c["a_only"], c["b_only"], c["a_success"], c["b_success"]) == (16, 6, 0, 10 / 16, 4 / 16)
+    assert c["mcnemar_p"] == pytest.approx(2 / 2**6) and c["reward_diff"] == pytest.approx(6 / 16)
+    b1 = {k: v for k, v in b0.items() if k < 8}  # a run that finished only half the tasks: pairs are the shared ones
+    assert ablation.compare(a0, b1)["pairs"] == 8
+    pooled = ablation.compare({(s, k): v for s in (0, 1) for k, v in a0.items()},
+                              {(s, k): v for s in (0, 1) for k, v in b0.items()})
+    assert (pooled["pairs"], pooled["a_only"]) == (32, 12) and pooled["mcnemar_p"] < c["mcnemar_p"]
+    text = ablation.table([("0", c), ("pooled", pooled)], "echo.enabled=true", "echo.enabled=false")
+    assert "| 0 | 16 | 0.625 | 0.250 | 6 | 0 | 0.0312 | +0.375" in text and "| pooled | 32 |" in text
+
+
+def test_a_run_without_per_task_results_is_a_one_line_error(tmp_path):
+    metrics.configure(console="none")
+    with metrics.RunLog(tmp_path, run_id="r"):
+        metrics.get_logger("t").info("eval", eval_reward=0.5)
+    with pytest.raises(SystemExit, match="no per-task results"):
+        ablation.final_outcomes(tmp_path)
