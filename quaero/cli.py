@@ -85,6 +85,9 @@ def cmd_check(args) -> int:
     from quaero.openenv_client.loading import describe_env
 
     print("\n".join(describe_env(cfg.env)))  # imports the env: its Action problems fail here, before any model
+    from quaero.openenv_client.tasks import check_lines
+
+    print("\n".join(check_lines(cfg, args.config)))  # the env's splits, when it has OpenEnv's Task API
     print("config OK")
     return 0
 

@@ -34,6 +34,7 @@ from quaero.ahead import Rollout, RolloutsAhead
 from quaero.config import QuaeroConfig, error_line
 from quaero.inspect_rows import save_step_rows
 from quaero.metrics import Cumulative, RunLog, configure, get_logger, set_step
+from quaero.openenv_client.tasks import TaskCatalog, check_splits, eval_indices, task_index
 from quaero.rollout_stats import drop_reasons
 from quaero.stats import safe_mean
 
@@ -84,9 +85,10 @@ class Components:
     empty_exhausted: int = 0  # their episodes that ended with no room left for a turn
 
 
-def make_task(cfg: QuaeroConfig, split: str, index: int) -> dict:
+def make_task(cfg: QuaeroConfig, split: str, index: int, catalog: TaskCatalog | None = None) -> dict:
     """Task `index` of `split`: its reset seed derives from the run seed alone (train, eval and `quaero eval`
-    agree on it)."""
+    agree on it); with the env's Task API (`catalog`) the index wraps round the split's range."""
+    index = task_index(catalog, split, index)
     return {"seed": cfg.run.seed * 1_000_003 + index, "split": split, "index": index}
 
 
@@ -99,6 +101,8 @@ def build(cfg: QuaeroConfig, pool: EnvPool, sampler_log_dir: Path | None = None)
     from trainers.registry import trainer_class
 
     check_components(cfg)  # before any model loads, also when train() is called without the CLI
+    t = cfg.training
+    check_splits(pool.tasks, cfg.env, train=bool(t.steps or t.warmup_sft_steps), evaluate=bool(t.eval_tasks))
     oracle = resolve_oracle(cfg) if cfg.training.warmup_sft_steps else None
     device = resolve_device(cfg.run.device)
     trainer = trainer_class(cfg.backend.backend)(trainer_spec(cfg), device)  # unsloth is imported first inside
@@ -126,7 +130,8 @@ def _roll_out(c: Components, step: int, first_task: int, *, sft: bool) -> list[t
     """This rank's share of the step's groups, from train task `first_task` on: its kept rows with their
     advantages. No collective: a rollout sampled ahead runs it on a worker thread."""
     cfg = c.cfg
-    tasks = [make_task(cfg, cfg.env.train_split, first_task + i) for i in ranks.task_share(cfg.training.tasks_per_step)]
+    tasks = [make_task(cfg, cfg.env.train_split, first_task + i, getattr(c.pool, "tasks", None))
+             for i in ranks.task_share(cfg.training.tasks_per_step)]
     groups = c.driver.run(c.pool.sessions, tasks, group_size=1 if sft else cfg.training.group_size,
                           policy=c.oracle if sft else None, seed=ranks.rank_seed(cfg.run.seed * 7919 + step))
     rows = []
@@ -197,7 +202,8 @@ def evaluate(c: Components, step: int) -> None:
         return
     synced = sync_sampler(c)
     t0 = time.perf_counter()
-    tasks = [make_task(cfg, cfg.env.eval_split, i) for i in ranks.task_share(cfg.training.eval_tasks)]
+    indices = eval_indices(c.pool.tasks, cfg.env.eval_split, cfg.training.eval_tasks)  # the env's eval split
+    tasks = [make_task(cfg, cfg.env.eval_split, indices[i]) for i in ranks.task_share(len(indices))]
     groups = c.driver.run(c.pool.sessions, tasks, group_size=1, greedy=True, seed=ranks.rank_seed(cfg.run.seed),
                           on_group_done=_progress("eval_progress", len(tasks)))
     eps = [e for g in groups for e in g if not e.dropped]

@@ -27,6 +27,7 @@ from .loading import EnvSpec, action_fields, ignored_reset_params, load_entry, r
 from .mapping import load_formatter, model_action_schema, tool_specs
 from .server import LocalServer, start_servers
 from .session import ChatEnv, EpisodeDropped
+from .tasks import TaskCatalog, catalog_of_spec, catalog_over_http
 from .transport import EnvFault, InProcessTransport, WebSocketTransport
 
 if TYPE_CHECKING:
@@ -152,8 +153,10 @@ def _replayable(cfg: EnvConfig, spec: EnvSpec | None) -> bool:
 
 
 class EnvPool:
-    def __init__(self, sessions: list[ChatEnv], stats: RolloutStats, servers: list[LocalServer]) -> None:
+    def __init__(self, sessions: list[ChatEnv], stats: RolloutStats, servers: list[LocalServer],
+                 tasks: TaskCatalog | None = None) -> None:
         self.sessions, self.stats, self.servers = sessions, stats, servers
+        self.tasks = tasks  # the env's Task API (splits and sizes), None when it has none
 
     def close(self) -> None:
         _close(self.sessions, self.servers)
@@ -259,6 +262,7 @@ def open_envs(cfg: EnvConfig, n: int, stats: RolloutStats | None = None, log_dir
         if cfg.launcher == "inprocess":
             connectors = _inprocess(spec, n)
             is_mcp, schema = spec.is_mcp, spec.action_schema()
+            tasks = catalog_of_spec(spec)
         else:
             if cfg.launcher == "local-server":
                 connectors, servers = _local_servers(cfg, spec, n, stats, log_dir)
@@ -266,12 +270,13 @@ def open_envs(cfg: EnvConfig, n: int, stats: RolloutStats | None = None, log_dir
             else:
                 connectors, http_urls = _remote(cfg, n, stats)
             schema = _action_schema(http_urls, cfg.reset_timeout_s)
+            tasks = catalog_over_http(http_urls[0], cfg.reset_timeout_s)
             is_mcp = _serves_tools(schema, http_urls[0], connectors[0], cfg.reset_timeout_s)
         tools = _list_tools(connectors[0], cfg.reset_timeout_s) if is_mcp else None
         replayable = _replayable(cfg, spec)
         sessions = [ChatEnv(cfg, c, stats, tools=tools, action_schema=None if is_mcp else model_action_schema(schema),
                             formatter=load_formatter(cfg.formatter), replayable=replayable) for c in connectors]
-        pool = EnvPool(sessions, stats, servers)
+        pool = EnvPool(sessions, stats, servers, tasks)
         for s in sessions:  # open all sessions now: servers that cannot hold n of them fail here, clearly
             _open_session(s, cfg)
     except EnvFault as e:
@@ -286,7 +291,8 @@ def open_envs(cfg: EnvConfig, n: int, stats: RolloutStats | None = None, log_dir
     log.info("env_pool_opened", launcher=cfg.launcher, source=cfg.entry or ", ".join(cfg.server_urls), sessions=n,
              servers=len(servers) or len(cfg.server_urls), spread=dict(spread) if len(spread) > 1 else None,
              mcp=is_mcp, tools=[t["function"]["name"] for t in tools or []],
-             action=spec.action_source if spec is not None else f"{cfg.server_urls[0]}/schema")
+             action=spec.action_source if spec is not None else f"{cfg.server_urls[0]}/schema",
+             task_splits=tasks.splits if tasks is not None else None)
     return pool
 
 
