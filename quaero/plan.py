@@ -217,7 +217,7 @@ def load_checked(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
     source = str(path)
     check_components(cfg, source)
     check_openenv_install(source)
-    if cfg.training.warmup_sft_steps:
+    if cfg.training.warmup_sft_steps and not cfg.data.traces:  # [data] traces replace the oracle's demos
         resolve_oracle(cfg, source)
     check_run_folder(cfg, source)
     check_model_and_renderer(cfg, source)

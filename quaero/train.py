@@ -37,6 +37,7 @@ from quaero.metrics import Cumulative, RunLog, configure, get_logger, set_step
 from quaero.openenv_client.tasks import TaskCatalog, check_splits, eval_indices, task_index
 from quaero.rollout_stats import drop_reasons
 from quaero.stats import safe_mean
+from quaero.traces import trace_batch, warm_start_rows
 
 if TYPE_CHECKING:
     from quaero.openenv_client import EnvPool
@@ -77,6 +78,7 @@ class Components:
     pool: EnvPool
     shares_model: bool
     oracle: Policy | None = None
+    traces: list[EchoRow] | None = None  # [data] traces: the warm start's rows, instead of the oracle's demos
     sampler_behind: bool = False  # the trainer changed since the sampler last got its weights
     cumulative: Cumulative = field(default_factory=Cumulative)
     cursor: int = 0  # next train task index
@@ -103,7 +105,7 @@ def build(cfg: QuaeroConfig, pool: EnvPool, sampler_log_dir: Path | None = None)
     check_components(cfg)  # before any model loads, also when train() is called without the CLI
     t = cfg.training
     check_splits(pool.tasks, cfg.env, train=bool(t.steps or t.warmup_sft_steps), evaluate=bool(t.eval_tasks))
-    oracle = resolve_oracle(cfg) if cfg.training.warmup_sft_steps else None
+    oracle = resolve_oracle(cfg) if cfg.training.warmup_sft_steps and not cfg.data.traces else None
     device = resolve_device(cfg.run.device)
     trainer = trainer_class(cfg.backend.backend)(trainer_spec(cfg), device)  # unsloth is imported first inside
     render = RenderAdapter(load_tokenizer(cfg.model.name), cfg.model)
@@ -114,13 +116,17 @@ def build(cfg: QuaeroConfig, pool: EnvPool, sampler_log_dir: Path | None = None)
     sampler = make_sampler(cfg, model=shared, stop_token_ids=render.stop_token_ids, device=str(trainer.device),
                            log_dir=sampler_log_dir)
     driver = EpisodeDriver(render, sampler, cfg, pool.stats)
+    traces = warm_start_rows(cfg)[0] if cfg.data.traces else None
     return Components(cfg, trainer, sampler, render, driver, pool.stats, pool,
-                      shares_model=getattr(sampler, "shares_model", False), oracle=oracle)
+                      shares_model=getattr(sampler, "shares_model", False), oracle=oracle, traces=traces)
 
 
 def _collect(c: Components, step: int, *, sft: bool) -> list[tuple[EchoRow, list[Transition]]]:
     """Run one batch of groups; return the kept episodes' rows with their advantages, each with its episode's
     transitions (the sampler's own record, for saved rows; c.stats counts)."""
+    if sft and c.traces is not None:  # recorded episodes: no rollout, no transitions of a sampler to save
+        per_step = c.cfg.training.tasks_per_step
+        return ranks.gather_rows([(r, []) for r in trace_batch(c.traces, step, per_step, ranks.task_share(per_step))])
     first_task = c.cursor
     c.cursor += c.cfg.training.tasks_per_step
     return ranks.gather_rows(_roll_out(c, step, first_task, sft=sft))  # every rank's, in rank order
