@@ -35,6 +35,7 @@ from quaero.config import QuaeroConfig, error_line
 from quaero.inspect_rows import save_step_rows
 from quaero.metrics import Cumulative, RunLog, configure, get_logger, set_step
 from quaero.openenv_client.tasks import TaskCatalog, check_splits, eval_indices, task_index
+from quaero.outcomes import SignalWatch
 from quaero.rollout_stats import drop_reasons
 from quaero.stats import safe_mean
 from quaero.traces import trace_batch, warm_start_rows
@@ -78,6 +79,7 @@ class Components:
     pool: EnvPool
     shares_model: bool
     oracle: Policy | None = None
+    signal: SignalWatch = field(default_factory=SignalWatch)  # whether RL steps carried a learning signal
     traces: list[EchoRow] | None = None  # [data] traces: the warm start's rows, instead of the oracle's demos
     sampler_behind: bool = False  # the trainer changed since the sampler last got its weights
     cumulative: Cumulative = field(default_factory=Cumulative)
@@ -427,6 +429,7 @@ def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path
     from quaero.export import save_final
 
     save_final(c.trainer, cfg)  # runs/NAME/final/: the model a user takes away, a standard HF folder (rank 0)
+    c.signal.finish()
     log.info("run_end", status="finished", steps=total, run_id=run_id)
 
 
@@ -438,6 +441,7 @@ def _steps(c: Components, stop: StopRequest, bar, run_id: str, ahead: RolloutsAh
         m = run_step(c, step, sft=step <= cfg.training.warmup_sft_steps, ahead=ahead)
         stopping = ranks.any_rank(stop.requested)  # every rank checkpoints and stops at the same step
         log.info("train_step", **m, cumulative=c.cumulative.add(m))
+        c.signal.step(step, m)
         empty = _empty_run(c, step, m)
         if empty:
             log.error("run_end", status="failed", steps=step, run_id=run_id, error=empty, drop_reasons=c.empty_drops)

@@ -88,6 +88,7 @@ def test_a_run_warm_starts_from_another_runs_trace_file_and_passes_review(source
     assert len(refused) == 1 and f":{bad_line}: turn 1's prompt is not an extension" in refused[0]["reason"]
     steps = events_of(warm, "train_step")
     assert steps[0]["phase"] == "sft" and steps[0]["rows"] == 2 and steps[0]["echo_tokens"] > 0
+    assert "of 1 RL steps trained action tokens" in events_of(warm, "rl_signal")[0]["note"]  # said at the end
     assert cli.main(["review", str(warm), "--require-proof"]) == 0
 
 
