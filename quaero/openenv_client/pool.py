@@ -114,11 +114,22 @@ def _fetch_schema(http_url: str, timeout_s: float) -> dict:
                           "`quaero env serve module:Class --port PORT`") from None
 
 
+MCP_ACTION_FIELDS = frozenset({"type", "tool_name", "arguments", "metadata"})  # CallToolAction's
+
+
+def mcp_schema(schema: dict) -> bool:
+    """Whether an Action schema is MCP's CallToolAction: tool_name and arguments and nothing else a model must
+    fill. A plain Action that merely has such fields (calendar_env's {action_type, tool_name, arguments}) is
+    not: its server rejects a CallToolAction."""
+    props, required = set(schema.get("properties", {})), set(schema.get("required", []))
+    return {"tool_name", "arguments"} <= props <= MCP_ACTION_FIELDS and required <= {"tool_name", "arguments"}
+
+
 def _serves_tools(schema: dict, http_url: str, connector: ServerConnector, timeout_s: float) -> bool:
     """Whether the server is an MCP env: its /schema is CallToolAction's, or it publishes the base Action (an
     app built with it still takes MCP actions) and answers list_tools. A plain env's server that publishes
     the base Action rejects every action the model could write: a ConfigError."""
-    if {"tool_name", "arguments"} <= set(schema.get("properties", {})):
+    if mcp_schema(schema):
         return True
     if action_fields(schema):
         return False
@@ -148,7 +159,8 @@ def _replayable(cfg: EnvConfig, spec: EnvSpec | None) -> bool:
             f"{spec.env_cls.__name__}.reset takes no {'/'.join(ignored)}: "
             + ("the eval split is the train distribution; " if "split" in ignored else "")
             + ("tasks are not reproducible and a lost session drops the episode instead of replaying it"
-               if not replayable else "tasks stay reproducible")))
+               if not replayable else "it takes seed or index, but whether the same seed gives the same task is "
+               "unverified (an env may ignore them, e.g. reasoning_gym without a dataset_name)")))
     return replayable
 
 
@@ -238,8 +250,10 @@ def _capacity_error(cfg: EnvConfig, n: int, fault: EnvFault) -> ConfigError:
              "group-relative advantage)")
     if cfg.launcher == "remote":
         return ConfigError(f"[env] {_where(cfg)}: the servers hold fewer than the {n} sessions this run needs "
-                           f"([training] tasks_per_step x group_size) ({fault}); add servers to [env] urls, "
-                           f"or restart them with room for more sessions, {lower}")
+                           f"([training] tasks_per_step x group_size) ({fault}); add servers to [env] urls (an env's "
+                           "own `uvicorn server.app:app` holds 1 session: start one per session), or, for an env "
+                           "that supports concurrent sessions, serve it with `quaero env serve module:Class "
+                           f"--max-concurrent-envs {n}`, {lower}")
     return ConfigError(f"[env] {_where(cfg)}: quaero's local server refused a session ({fault}); sessions of an "
                        f"earlier pool may still be closing: raise [env] max_retries, {lower}")
 
@@ -271,7 +285,9 @@ def open_envs(cfg: EnvConfig, n: int, stats: RolloutStats | None = None, log_dir
                 connectors, http_urls = _remote(cfg, n, stats)
             schema = _action_schema(http_urls, cfg.reset_timeout_s)
             tasks = catalog_over_http(http_urls[0], cfg.reset_timeout_s)
-            is_mcp = _serves_tools(schema, http_urls[0], connectors[0], cfg.reset_timeout_s)
+            # an env quaero starts is MCP when its class is (as in process); a remote one when its schema says so
+            is_mcp = spec.is_mcp if spec is not None else _serves_tools(schema, http_urls[0], connectors[0],
+                                                                         cfg.reset_timeout_s)
         tools = _list_tools(connectors[0], cfg.reset_timeout_s) if is_mcp else None
         replayable = _replayable(cfg, spec)
         sessions = [ChatEnv(cfg, c, stats, tools=tools, action_schema=None if is_mcp else model_action_schema(schema),

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from quaero.metrics import get_logger
 
-from .mapping import Malformed, parse_plain_action, parse_tool_calls, render_tool_result
+from .mapping import Malformed, action_instructions, parse_plain_action, parse_tool_calls, render_tool_result
 from .transport import ActionRejected, EnvFault, InvalidReply
 
 if TYPE_CHECKING:
@@ -176,10 +176,7 @@ class ChatEnv:
         info.setdefault("task_id", f"{split}/{info['index']}")
         system = self.cfg.system_prompt or meta.get("system_prompt") or DEFAULT_SYSTEM_PROMPT
         if self.tools is None and self.action_schema is not None:
-            import json
-
-            system += ("\n\nRespond with exactly one JSON object matching this action schema: "
-                       + json.dumps(self.action_schema, separators=(",", ":")))
+            system += action_instructions(self.action_schema)
         messages = [{"role": "system", "content": system},
                     {"role": "user", "content": self.formatter(obs, context="reset")}]
         return ChatReset(messages=messages, info=info)

@@ -81,10 +81,12 @@ def _http_json(url: str, timeout_s: float, body: dict | None = None) -> Any:
 
 def catalog_over_http(http_url: str, timeout_s: float = 10.0) -> TaskCatalog | None:
     """The Task API of a running OpenEnv server (`GET /list_environments`, `GET /{env}/splits`, `POST
-    /{env}/num_tasks`), or None when it serves none (404 from an older server, 501 from an env without it)."""
+    /{env}/num_tasks`), or None when it serves none (no such routes, or 501 from an env without the methods)."""
     try:
-        names = _http_json(f"{http_url}/list_environments", timeout_s)
-        env_name = names[0]
+        env_name = _http_json(f"{http_url}/list_environments", timeout_s)[0]
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None  # not OpenEnv's HTTP server (an older one, a WebSocket-only server): no Task API to read
+    try:
         splits = [split_name(s) for s in _http_json(f"{http_url}/{env_name}/splits", timeout_s)]
         counts = {s: int(_http_json(f"{http_url}/{env_name}/num_tasks", timeout_s, {"split": s})["num_tasks"])
                   for s in splits}
@@ -172,7 +174,11 @@ def check_lines(cfg: Any, source: str = "config") -> list[str]:
 
 def catalog_of_spec(spec: Any) -> TaskCatalog | None:
     """The Task API of a fresh instance of an EnvSpec's env, closed afterwards."""
-    env = spec.factory()
+    try:
+        env = spec.factory()
+    except Exception as e:  # noqa: BLE001 - an env that cannot be built is named in one line, not a traceback
+        raise ConfigError(f"[env] entry={spec.entry!r}: building the env raised {error_line(e)}; fix its setup "
+                          "(a dataset, file or [env] kwargs it needs?)") from None
     try:
         return catalog_of(env)
     finally:
