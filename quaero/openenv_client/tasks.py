@@ -5,7 +5,7 @@ An env may implement task discovery (`list_splits()`, `num_tasks(split)`, `get_t
 and select a task with `reset(split=..., index=...)`. When it does, quaero uses the env's own splits: `[env]
 train_split`/`eval_split` must name one of them (`quaero check` says which exist), training draws indices from
 the train split's range (wrapping round it), and evaluation plays the eval split's tasks (all of them, or
-`[training] eval_tasks` of them spread evenly over the split, by index). An env without it keeps quaero's own
+the first `[training] eval_tasks` of them, by index). An env without it keeps quaero's own
 numbering: task i of a split is index i, seed derived from the run seed.
 
 Discovery is side-effect free and works on a fresh instance (the protocol says so), so in process quaero builds
@@ -127,14 +127,11 @@ def task_index(catalog: TaskCatalog | None, split: str, i: int) -> int:
 
 
 def eval_indices(catalog: TaskCatalog | None, split: str, eval_tasks: int) -> list[int]:
-    """The indices evaluation plays: 0..eval_tasks-1 without a Task API; with one, every task of the split when
-    eval_tasks covers it, else eval_tasks indices spread evenly over it (deterministic: the same on every run)."""
+    """The indices evaluation plays: the first eval_tasks (the same on every run, and what quaero played
+    before it read the Task API), never past the end of the env's split: every task of it when eval_tasks
+    covers it, each once."""
     n = catalog.size(split) if catalog is not None else None
-    if not n:
-        return list(range(eval_tasks))
-    if eval_tasks >= n:
-        return list(range(n))
-    return [k * n // eval_tasks for k in range(eval_tasks)]
+    return list(range(min(eval_tasks, n) if n else eval_tasks))
 
 
 def plan_line(catalog: TaskCatalog | None, env_cfg: Any, eval_tasks: int) -> str:
@@ -145,7 +142,7 @@ def plan_line(catalog: TaskCatalog | None, env_cfg: Any, eval_tasks: int) -> str
     n_eval = catalog.size(env_cfg.eval_split) or 0
     played = len(eval_indices(catalog, env_cfg.eval_split, eval_tasks))
     cover = ("all of them" if played >= n_eval else
-             f"{played} spread over them (set [training] eval_tasks = {n_eval} for all)")
+             f"the first {played} (set [training] eval_tasks = {n_eval} for all)")
     return (f"tasks       splits {catalog.describe()}; train draws from {env_cfg.train_split!r}, eval plays "
             f"{env_cfg.eval_split!r}: {cover}")
 
