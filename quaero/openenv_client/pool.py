@@ -26,7 +26,7 @@ from quaero.rollout_stats import RolloutStats
 from .loading import EnvSpec, action_fields, ignored_reset_params, load_entry, require_openenv
 from .mapping import load_formatter, model_action_schema, tool_specs
 from .server import LocalServer, start_servers
-from .session import ChatEnv, EpisodeDropped
+from .session import ChatEnv, EpisodeDropped, ResetWitness
 from .tasks import TaskCatalog, catalog_of_spec, catalog_over_http
 from .transport import EnvFault, InProcessTransport, WebSocketTransport
 
@@ -160,7 +160,8 @@ def _replayable(cfg: EnvConfig, spec: EnvSpec | None) -> bool:
             + ("the eval split is the train distribution; " if "split" in ignored else "")
             + ("tasks are not reproducible and a lost session drops the episode instead of replaying it"
                if not replayable else "it takes seed or index, but whether the same seed gives the same task is "
-               "unverified (an env may ignore them, e.g. reasoning_gym without a dataset_name)")))
+               "unverified until two resets of one task are compared (env_resets_reproducible or "
+               "env_resets_not_reproducible; reasoning_gym ignores its seed without a dataset_name)")))
     return replayable
 
 
@@ -290,8 +291,10 @@ def open_envs(cfg: EnvConfig, n: int, stats: RolloutStats | None = None, log_dir
                                                                          cfg.reset_timeout_s)
         tools = _list_tools(connectors[0], cfg.reset_timeout_s) if is_mcp else None
         replayable = _replayable(cfg, spec)
+        witness = ResetWitness()
         sessions = [ChatEnv(cfg, c, stats, tools=tools, action_schema=None if is_mcp else model_action_schema(schema),
-                            formatter=load_formatter(cfg.formatter), replayable=replayable) for c in connectors]
+                            formatter=load_formatter(cfg.formatter), replayable=replayable, witness=witness)
+                    for c in connectors]
         pool = EnvPool(sessions, stats, servers, tasks)
         for s in sessions:  # open all sessions now: servers that cannot hold n of them fail here, clearly
             _open_session(s, cfg)

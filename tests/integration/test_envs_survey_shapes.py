@@ -80,8 +80,14 @@ def test_enum_and_optional_fields_show_at_check_and_a_bare_enum_value_is_an_acti
         assert env.step(_reply("RIGHT")).reward == 1.0  # was malformed: a bare enum value for the one field
 
 
-def test_a_reset_that_takes_a_seed_is_not_claimed_reproducible():
-    with structlog.testing.capture_logs() as logs, open_envs(EnvConfig(entry=f"{SHAPES}:SeedOnlyEnv"), 1):
-        pass
-    (warning,) = [e for e in logs if e["event"] == "env_reset_params_ignored"]
-    assert "unverified" in warning["note"] and "tasks stay reproducible" not in warning["note"]
+@pytest.mark.parametrize("entry, verdict", [("SeedOnlyEnv", "env_resets_not_reproducible"),
+                                            ("CalendarLikeEnv", "env_resets_reproducible")])
+def test_tasks_are_called_reproducible_only_once_two_resets_of_one_task_agreed(entry, verdict):
+    with structlog.testing.capture_logs() as logs, open_envs(EnvConfig(entry=f"{SHAPES}:{entry}"), 1) as pool:
+        if entry == "SeedOnlyEnv":  # reasoning_gym's shape: takes a seed, so only seeing it tells
+            (warning,) = [e for e in logs if e["event"] == "env_reset_params_ignored"]
+            assert "unverified" in warning["note"] and "tasks stay reproducible" not in warning["note"]
+        for _ in range(3):  # as evaluation does at each eval: the same task again
+            pool.sessions[0].reset(seed=5, split="eval", index=0)
+    said = [e["event"] for e in logs if e["event"].startswith("env_resets_")]
+    assert said == [verdict]  # said once
