@@ -79,7 +79,9 @@ def work_line(cfg) -> str:
     return (f"work        train {train_eps} episodes ({t.steps} steps x {t.tasks_per_step} x {t.group_size}), "
             f"eval {eval_eps} ({evals} evals x {t.eval_tasks}); each <= {turns} turns x {tokens} tokens: <= "
             f"{train_eps * turns * tokens:,} + {eval_eps * turns * tokens:,} sampled tokens"
-            + (f"; warm start {t.warmup_sft_steps * t.tasks_per_step} oracle episodes" if t.warmup_sft_steps else ""))
+            + (f"; warm start {t.warmup_sft_steps * t.tasks_per_step} "
+               + ("recorded rows ([data] traces)" if cfg.data.traces else "oracle episodes") if t.warmup_sft_steps
+               else ""))
 
 
 def cmd_check(args) -> int:
@@ -90,6 +92,13 @@ def cmd_check(args) -> int:
     from quaero.openenv_client.loading import describe_env
 
     print("\n".join(describe_env(cfg.env)))  # imports the env: its Action problems fail here, before any model
+    from quaero.openenv_client.tasks import check_lines
+
+    print("\n".join(check_lines(cfg, args.config)))  # the env's splits, when it has OpenEnv's Task API
+    if cfg.data.traces:
+        from quaero.traces import trace_line
+
+        print(trace_line(cfg, args.config))
     print("config OK")
     return 0
 
@@ -312,6 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--html", metavar="OUT.html", help="also write a self-contained HTML page")
     p.add_argument("--verify", action="store_true", help="check action ids, special tokens in env text, "
                    "advantage and ECHO placement instead of rendering")
+    p.add_argument("--export", nargs=2, metavar=("FORMAT", "OUT.jsonl"),
+                   help="write the rows as OpenEnv records instead of rendering: FORMAT 'rfc010' (RFC 010 role "
+                   "masks) or 'openenv-trace' (TrainingTrace, validated by OpenEnv's model)")
     p.set_defaults(func=cmd_inspect_rows)
 
     env = sub.add_parser("env", help="environment tools").add_subparsers(dest="env_command", required=True)

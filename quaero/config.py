@@ -251,6 +251,12 @@ class TrainingConfig(_Section):
     dynamic_sampling_max_groups: float = Field(3.0, ge=1.0)
 
 
+class DataConfig(_Section):
+    # recorded episodes (RFC 010 records and/or OpenEnv TrainingTrace lines, quaero/traces.py) trained as the
+    # warm start's SFT + ECHO steps instead of the oracle's demos; rows rebuilt from their ids, never re-tokenized
+    traces: str | None = None
+
+
 class LoggingConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     console: Literal["pretty", "plain", "none"] = "pretty"
@@ -278,6 +284,7 @@ class QuaeroConfig(_Section):
     backend: BackendConfig = Field(default_factory=BackendConfig)
     echo: EchoConfig = Field(default_factory=EchoConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
 
@@ -446,7 +453,11 @@ def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
         raise ConfigError(f"{source} [env] entry={cfg.env.entry!r} and {servers} are both set: quaero either "
                           "starts the env (entry) or connects to running servers (url/urls); remove one")
     t = cfg.training
-    if t.warmup_sft_steps and not (t.oracle or cfg.env.entry):
+    if cfg.data.traces and not t.warmup_sft_steps:
+        raise ConfigError(f"{source} [data] traces={cfg.data.traces!r} with [training] warmup_sft_steps=0: recorded "
+                          "episodes train as warm-start steps; set warmup_sft_steps >= 1 (each takes "
+                          "tasks_per_step rows) or remove traces")
+    if t.warmup_sft_steps and not (t.oracle or cfg.env.entry or cfg.data.traces):
         raise ConfigError(f"{source} [training] warmup_sft_steps={t.warmup_sft_steps} with a remote env: quaero "
                           "finds oracle_policy next to [env] entry, and there is none; set [training] oracle = "
                           "\"package.module:oracle_policy\" (importable here), or warmup_sft_steps = 0")

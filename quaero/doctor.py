@@ -133,7 +133,7 @@ def _packages(problems: list[dict]) -> dict:
     return facts
 
 
-def _openenv(problems: list[dict]) -> dict:
+def _openenv(problems: list[dict], notes: list[dict]) -> dict:
     """Which distributions install the `openenv` import package, and whose files are on disk."""
     owners = []
     for dist in importlib.metadata.distributions():
@@ -147,13 +147,17 @@ def _openenv(problems: list[dict]) -> dict:
         core = next(o for o in owners if o["distribution"] == "openenv-core")
         ours = next((o for o in owners if o["distribution"] == "openenv"), None)
         intact = ours is not None and ours["files_on_disk_from_it"] == ours["openenv_py_files"]
-        repair = ("openenv's files are intact; keep them so by installing env packages with pip install "
-                  "--no-deps (a package that depends on openenv-core overwrites them)" if intact else
-                  openenv_repair_command(ours["version"]) if ours else "pip install 'openenv>=0.10,<0.11'")
         winner = max(owners, key=lambda o: o["files_on_disk_from_it"])
-        _problem(problems, f"openenv-core {core['version']} is installed next to openenv and also owns the "
-                 f"`openenv` package ({core['openenv_py_files']} .py files); {winner['distribution']} "
-                 f"{winner['version']} wins on disk ({winner['files_on_disk_from_it']} files)", repair)
+        what = (f"openenv-core {core['version']} is installed next to openenv and also owns the `openenv` package "
+                f"({core['openenv_py_files']} .py files); {winner['distribution']} {winner['version']} wins on disk "
+                f"({winner['files_on_disk_from_it']} files)")
+        if intact:  # repaired (or never overwritten): nothing to fix now, so doctor exits 0; say how to keep it so
+            notes.append({"note": what, "advice": "openenv's files are intact; keep them so by installing env "
+                          "packages with pip install --no-deps (a package that depends on openenv-core overwrites "
+                          "them)"})
+        else:
+            _problem(problems, what, openenv_repair_command(ours["version"]) if ours
+                     else "pip install 'openenv>=0.10,<0.11'")
     return {"distributions": owners}
 
 
@@ -186,15 +190,16 @@ def _folder(path: Path, label: str, problems: list[dict], *, size: bool) -> dict
 def collect(runs_dir: str | Path = "runs") -> dict:
     """Every fact, plus `problems`: a list of {"problem", "fix"} (empty when nothing is wrong)."""
     problems: list[dict] = []
+    notes: list[dict] = []  # facts worth knowing that need no fix now (exit 0)
     engines = _start_engine_imports()
     facts = {"python": {"version": sys.version.split()[0], "executable": sys.executable},
-             "torch": _torch(problems), "packages": _packages(problems), "openenv": _openenv(problems)}
+             "torch": _torch(problems), "packages": _packages(problems), "openenv": _openenv(problems, notes)}
     facts["cache"] = {**_folder(cache_dir(), "cache", problems, size=True),
                       "source": "QUAERO_CACHE" if os.environ.get("QUAERO_CACHE") else "default"}
     facts["runs"] = _folder(Path(runs_dir), "runs folder", problems, size=False)
     facts["hf_hub_offline"] = os.environ.get("HF_HUB_OFFLINE")
     facts["engines"] = _finish_engine_imports(engines, problems)
-    facts["problems"] = problems
+    facts["problems"], facts["notes"] = problems, notes
     return facts
 
 
@@ -237,6 +242,7 @@ def render(facts: dict) -> str:
         f"runs          {r['path']}" + (f", {_human(r['free_bytes'])} free" if "free_bytes" in r else ""),
         f"HF_HUB_OFFLINE {facts['hf_hub_offline'] or '(unset: models may download from the hub)'}",
     ]
+    lines += [f"note: {n['note']}; {n['advice']}" for n in facts.get("notes", [])]
     lines += [f"problem: {p['problem']}; fix: {p['fix']}" for p in facts["problems"]] or ["no problems found"]
     return "\n".join(lines)
 

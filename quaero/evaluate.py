@@ -172,6 +172,7 @@ def _sampler(cfg: QuaeroConfig, who: Contestant, stop_token_ids: list[int]):
 
 def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan) -> Result:
     """All (repeat, task) episodes of one contestant through the training evaluation's driver."""
+    from quaero.openenv_client.tasks import eval_indices
     from quaero.render import RenderAdapter
     from quaero.rollout import EpisodeDriver
     from quaero.train import make_task
@@ -184,7 +185,8 @@ def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan) -> 
     try:
         for r in range(plan.seeds):
             seed = cfg.run.seed + r
-            tasks = [make_task(_with(cfg, "run", seed=seed), plan.split, i) for i in range(plan.tasks)]
+            indices = eval_indices(pool.tasks, plan.split, plan.tasks)  # the env's split, with a Task API
+            tasks = [make_task(_with(cfg, "run", seed=seed), plan.split, i) for i in indices]
             groups = driver.run(pool.sessions, tasks, group_size=1, greedy=plan.greedy, policy=who.policy,
                                 seed=seed)
             for task, (ep,) in zip(tasks, groups):
@@ -216,6 +218,7 @@ def evaluate(cfg: QuaeroConfig, specs: list[str | None], plan: EvalPlan) -> tupl
     `transcripts[-a|-b].jsonl`, `summary.json` and `env-servers/` (local servers' logs) into the eval folder;
     returns (folder, summary)."""
     from quaero.openenv_client import open_envs
+    from quaero.openenv_client.tasks import check_splits
 
     n_sessions = max(1, min(plan.tasks, cfg.training.tasks_per_step * cfg.training.group_size))
     with contextlib.ExitStack() as scratch:
@@ -226,6 +229,7 @@ def evaluate(cfg: QuaeroConfig, specs: list[str | None], plan: EvalPlan) -> tupl
         home = who[0].home if len(who) == 1 else cfg.run_dir
         out = Path(plan.out) if plan.out else home / f"eval-{plan.stamp}"
         with open_envs(cfg.env, n_sessions, log_dir=out / "env-servers") as pool:  # logs beside the results
+            check_splits(pool.tasks, _with(cfg, "env", eval_split=plan.split).env, train=False, evaluate=True)
             results = [run_contestant(cfg, w, pool, plan) for w in who]
     out.mkdir(parents=True, exist_ok=True)
     names = ["transcripts.jsonl"] if len(results) == 1 else ["transcripts-a.jsonl", "transcripts-b.jsonl"]

@@ -272,13 +272,15 @@ def main(args) -> int:
     """`quaero inspect rows`: render (terminal, --html) or --verify; exit 1 on problems or a missing folder."""
     try:
         records, unreadable = load_rows(args.run_dir, args.step)
-        tokenizer = run_tokenizer(args.run_dir)
+        tokenizer = None if getattr(args, "export", None) else run_tokenizer(args.run_dir)
     except InspectError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if unreadable:
         print(f"warning: {rows_dir(args.run_dir)}: {unreadable} line(s) are not saved rows (not UTF-8 JSON rows) "
               "and are left out", file=sys.stderr)
+    if getattr(args, "export", None):
+        return export_main(args.run_dir, records, *args.export)
     if args.verify:
         problems = verify(records, tokenizer) + ([f"{unreadable} unreadable line(s)"] if unreadable else [])
         for p in problems:
@@ -296,4 +298,18 @@ def main(args) -> int:
     print(render_terminal(records, tokenizer, color=sys.stdout.isatty()))
     if args.html:
         print(f"wrote {args.html}")
+    return 0
+
+
+def export_main(run_dir: str, records: list[dict], fmt: str, out: str) -> int:
+    """`--export FORMAT OUT.jsonl` (quaero/traces.py): one line per saved row; exit 1 on an unknown format."""
+    from quaero.traces import export_rows
+
+    if fmt not in ("rfc010", "openenv-trace"):
+        print(f"error: --export {fmt!r}: expected 'rfc010' or 'openenv-trace'", file=sys.stderr)
+        return 1
+    written, skipped = export_rows(records, Path(run_dir), fmt, Path(out))
+    for reason in skipped:
+        print(f"skipped {reason}", file=sys.stderr)
+    print(f"wrote {written} {fmt} record(s) of {len(records)} saved rows to {out}")
     return 0

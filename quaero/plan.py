@@ -217,7 +217,7 @@ def load_checked(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
     source = str(path)
     check_components(cfg, source)
     check_openenv_install(source)
-    if cfg.training.warmup_sft_steps:
+    if cfg.training.warmup_sft_steps and not cfg.data.traces:  # [data] traces replace the oracle's demos
         resolve_oracle(cfg, source)
     check_run_folder(cfg, source)
     check_model_and_renderer(cfg, source)
@@ -239,7 +239,8 @@ def trainer_spec(cfg: QuaeroConfig) -> TrainerSpec:
         micro_batch_tokens=b.micro_batch_tokens, lora=b.lora, lora_r=b.lora_r, lora_alpha=b.lora_alpha,
         gradient_checkpointing=b.gradient_checkpointing, unsloth_fast_inference=b.unsloth_fast_inference,
         temperature=cfg.sampler.temperature, clip_eps=cfg.training.clip_eps,
-        loss_aggregation=cfg.training.loss_aggregation, loss_constant=rl_loss_constant(cfg),
+        loss_aggregation=cfg.training.loss_aggregation,
+        loss_constant=rl_loss_constant(cfg) if cfg.training.loss_aggregation == "constant" else 0,
         echo=cfg.echo.enabled, echo_weight=cfg.echo.weight, echo_normalization=cfg.echo.normalization,
         selective_logits=o.train_selective_suffix_logits,
         selective=SelectivePolicy(

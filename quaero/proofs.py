@@ -57,8 +57,11 @@ EXACT_ROWS = "exact rows (prefix mismatches)"
 TRAINED = "trained at least one step"
 ECHO_FALLING = "ECHO loss falling"
 EVAL_ABOVE_UNTRAINED = "eval reward above untrained"
+RL_TRAINED = "RL trained (action tokens with advantage)"
+ECHO_TRAINED = "ECHO trained (env tokens)"
 RL_IMPROVED = "RL improved eval over warm start"
-CHECKS = (SPARSE_ECHO, COMPILED_CE, EXACT_ROWS, TRAINED, ECHO_FALLING, EVAL_ABOVE_UNTRAINED, RL_IMPROVED)
+CHECKS = (SPARSE_ECHO, COMPILED_CE, EXACT_ROWS, TRAINED, RL_TRAINED, ECHO_TRAINED, ECHO_FALLING,
+          EVAL_ABOVE_UNTRAINED, RL_IMPROVED)
 RL_IMPROVED_P = 0.05  # McNemar exact p on the success pairs, or the reward difference's 95% interval above 0
 
 
@@ -113,6 +116,7 @@ def run_checks(s: Mapping[str, Any]) -> list[dict[str, Any]]:
         *branch_checks(s),
         _judged(EXACT_ROWS, True, s["prefix_mismatches"] == 0, f"prefix_mismatches={s['prefix_mismatches']} = 0"),
         _judged(TRAINED, True, trained, f"steps={s['steps']} > 0, rows={rows} > 0, action+echo tokens={tokens} > 0"),
+        *training_apart(s),
     ]
     first, last = s["echo_loss_first"], s["echo_loss_last"]
     if first is None:
@@ -143,6 +147,44 @@ def rl_improved(c: Mapping[str, Any]) -> dict[str, Any]:
               f"only before {c['worsened']}; McNemar exact p = {c['mcnemar_p']:.3g} < {RL_IMPROVED_P}), reward "
               f"{c['reward_diff']:+.3f} (paired bootstrap 95% {low:+.3f} to {high:+.3f}; > 0)")
     return _judged(RL_IMPROVED, False, by_success or low > 0, detail)
+
+
+NO_SIGNAL_FIX = ("warm-start from demonstrations ([training] warmup_sft_steps with the env's oracle_policy, or "
+                 "recorded episodes in [data] traces), or use a model that already writes valid actions "
+                 "([model] name)")
+
+
+def _groups_with_spread(t: Mapping[str, Any]) -> str:
+    if "groups" not in t:
+        return ""
+    return f", {t['groups'] - t.get('groups_zero_advantage', 0)} of {t['groups']} groups had rewards that differ"
+
+
+def describe_rl_signal(t: Mapping[str, Any]) -> str:
+    """One line on RL totals: steps, rl_steps_with_signal, action_tokens, actions, valid_actions[, groups,
+    groups_zero_advantage]."""
+    head = (f"{t['rl_steps_with_signal']} of {t['rl_steps']} RL steps trained action tokens "
+            f"({t['action_tokens']} with an advantage); {t['valid_actions']} of {t['actions']} actions were valid"
+            f"{_groups_with_spread(t)}")
+    if t["action_tokens"]:
+        return head
+    return f"{head}; every advantage was 0, so only ECHO trained: RL learned nothing. Fix: {NO_SIGNAL_FIX}"
+
+
+def training_apart(s: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """RL and ECHO judged apart ("trained at least one step" passes on either): reported, not required, since a
+    run may rightly be ECHO-only; quaero/outcomes.py says the same during the run."""
+    if not s.get("rl_steps"):
+        rl = _check(RL_TRAINED, False, NA, "no RL step")
+    else:
+        t = {"rl_steps": s["rl_steps"], "rl_steps_with_signal": s["rl_steps_with_signal"],
+             "action_tokens": s["rl_action_tokens"], "actions": s["rl_actions"], "valid_actions": s["rl_valid_actions"],
+             **({"groups": s["rl_groups"], "groups_zero_advantage": s["rl_groups_zero_advantage"]}
+                if "rl_groups" in s else {})}
+        rl = _judged(RL_TRAINED, False, s["rl_action_tokens"] > 0, describe_rl_signal(t))
+    echo = _judged(ECHO_TRAINED, False, s["echo_tokens"] > 0, f"echo tokens={s['echo_tokens']} > 0 "
+                   f"({s.get('rl_echo_tokens', 0)} in RL steps)")
+    return [rl, echo]
 
 
 def unmet(checks: list[dict[str, Any]], *, require_proof: bool, names: Iterable[str] = ()) -> list[str]:

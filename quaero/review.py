@@ -156,6 +156,12 @@ def summarize(run: dict) -> dict[str, Any]:
         "echo_loss_first": echo_first, "echo_loss_last": echo_last,
         "rows": _sum(steps, "rows"),
         "action_tokens": _sum(steps, "action_tokens"), "echo_tokens": _sum(steps, "echo_tokens"),
+        # RL apart from the warm start: quaero/outcomes.py's totals, judged by proofs "RL trained"
+        "rl_steps_with_signal": sum(1 for st in rl if (_number(st.get("action_tokens")) or 0) > 0),
+        "rl_action_tokens": _sum(rl, "action_tokens"), "rl_echo_tokens": _sum(rl, "echo_tokens"),
+        "rl_actions": _sum(rl, "turns"), "rl_valid_actions": _sum(rl, "turns") - _sum(rl, "malformed_actions"),
+        **({"rl_groups": _sum(rl, "groups"), "rl_groups_zero_advantage": _sum(rl, "groups_zero_advantage")}
+           if any("groups" in st for st in rl) else {}),
         "row_tokens": _sum(steps, "row_tokens"),
         "step_time_median_s": statistics.median(times) if times else None,
         "peak_mem_mb": max(_series(steps, "peak_mem_mb"), default=None),
@@ -177,8 +183,7 @@ def summarize(run: dict) -> dict[str, Any]:
         proofs.COMPILE_FALLBACK_REASON:
             _last([st for st in steps if st.get(proofs.COMPILE_FALLBACK_REASON)], proofs.COMPILE_FALLBACK_REASON, ""),
         **{k: _sum(steps, k) for k in proofs.BRANCH_COUNTERS},
-        # RL's own signal: groups whose rewards were all equal (advantage 0), and eval after RL vs the warm start
-        "groups": _sum(rl, "groups"), "groups_zero_advantage": _sum(rl, "groups_zero_advantage"),
+        # eval after RL against the eval at the warm start's end, paired per task
         "rl_vs_warm_start": rl_over_warm_start(run),
     }
 

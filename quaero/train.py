@@ -34,8 +34,11 @@ from quaero.ahead import Rollout, RolloutsAhead
 from quaero.config import ConfigError, QuaeroConfig, error_line
 from quaero.inspect_rows import save_step_rows
 from quaero.metrics import Cumulative, RunLog, configure, get_logger, set_step
+from quaero.openenv_client.tasks import TaskCatalog, check_splits, eval_indices, task_index
+from quaero.outcomes import SignalWatch
 from quaero.rollout_stats import drop_reasons
 from quaero.stats import safe_mean
+from quaero.traces import trace_batch, warm_start_rows
 
 if TYPE_CHECKING:
     from quaero.openenv_client import EnvPool
@@ -76,6 +79,8 @@ class Components:
     pool: EnvPool
     shares_model: bool
     oracle: Policy | None = None
+    signal: SignalWatch = field(default_factory=SignalWatch)  # whether RL steps carried a learning signal
+    traces: list[EchoRow] | None = None  # [data] traces: the warm start's rows, instead of the oracle's demos
     sampler_behind: bool = False  # the trainer changed since the sampler last got its weights
     cumulative: Cumulative = field(default_factory=Cumulative)
     cursor: int = 0  # next train task index
@@ -84,9 +89,10 @@ class Components:
     empty_exhausted: int = 0  # their episodes that ended with no room left for a turn
 
 
-def make_task(cfg: QuaeroConfig, split: str, index: int) -> dict:
+def make_task(cfg: QuaeroConfig, split: str, index: int, catalog: TaskCatalog | None = None) -> dict:
     """Task `index` of `split`: its reset seed derives from the run seed alone (train, eval and `quaero eval`
-    agree on it)."""
+    agree on it); with the env's Task API (`catalog`) the index wraps round the split's range."""
+    index = task_index(catalog, split, index)
     return {"seed": cfg.run.seed * 1_000_003 + index, "split": split, "index": index}
 
 
@@ -102,7 +108,9 @@ def build(cfg: QuaeroConfig, pool: EnvPool, sampler_log_dir: Path | None = None)
     if cfg.training.dynamic_sampling and ranks.world_size() > 1:
         raise ConfigError(f"[training] dynamic_sampling=true under torchrun ({ranks.world_size()} ranks): each "
                           "rank would sample a different number of further tasks; it is built for one process")
-    oracle = resolve_oracle(cfg) if cfg.training.warmup_sft_steps else None
+    t = cfg.training
+    check_splits(pool.tasks, cfg.env, train=bool(t.steps or t.warmup_sft_steps), evaluate=bool(t.eval_tasks))
+    oracle = resolve_oracle(cfg) if cfg.training.warmup_sft_steps and not cfg.data.traces else None
     device = resolve_device(cfg.run.device)
     trainer = trainer_class(cfg.backend.backend)(trainer_spec(cfg), device)  # unsloth is imported first inside
     render = RenderAdapter(load_tokenizer(cfg.model.name), cfg.model)
@@ -113,13 +121,17 @@ def build(cfg: QuaeroConfig, pool: EnvPool, sampler_log_dir: Path | None = None)
     sampler = make_sampler(cfg, model=shared, stop_token_ids=render.stop_token_ids, device=str(trainer.device),
                            log_dir=sampler_log_dir)
     driver = EpisodeDriver(render, sampler, cfg, pool.stats)
+    traces = warm_start_rows(cfg)[0] if cfg.data.traces else None
     return Components(cfg, trainer, sampler, render, driver, pool.stats, pool,
-                      shares_model=getattr(sampler, "shares_model", False), oracle=oracle)
+                      shares_model=getattr(sampler, "shares_model", False), oracle=oracle, traces=traces)
 
 
 def _collect(c: Components, step: int, *, sft: bool) -> list[tuple[EchoRow, list[Transition]]]:
     """Run one batch of groups; return the kept episodes' rows with their advantages, each with its episode's
     transitions (the sampler's own record, for saved rows; c.stats counts)."""
+    if sft and c.traces is not None:  # recorded episodes: no rollout, no transitions of a sampler to save
+        per_step = c.cfg.training.tasks_per_step
+        return ranks.gather_rows([(r, []) for r in trace_batch(c.traces, step, per_step, ranks.task_share(per_step))])
     first_task = c.cursor
     c.cursor += c.cfg.training.tasks_per_step
     rows, extra_tasks = _roll_out(c, step, first_task, sft=sft)
@@ -158,7 +170,7 @@ def _rows_of(c: Components, step: int, first_task: int, offsets: range, seed: in
     """The groups of train tasks `first_task + offsets`: their kept rows with advantages (each row naming its
     episode) and how many groups have reward spread (a non-zero advantage)."""
     cfg = c.cfg
-    tasks = [make_task(cfg, cfg.env.train_split, first_task + i) for i in offsets]
+    tasks = [make_task(cfg, cfg.env.train_split, first_task + i, getattr(c.pool, "tasks", None)) for i in offsets]
     groups = c.driver.run(c.pool.sessions, tasks, group_size=1 if sft else cfg.training.group_size,
                           policy=c.oracle if sft else None, seed=seed)
     rows, spread = [], 0
@@ -235,7 +247,8 @@ def evaluate(c: Components, step: int) -> None:
         return
     synced = sync_sampler(c)
     t0 = time.perf_counter()
-    tasks = [make_task(cfg, cfg.env.eval_split, i) for i in ranks.task_share(cfg.training.eval_tasks)]
+    indices = eval_indices(c.pool.tasks, cfg.env.eval_split, cfg.training.eval_tasks)  # the env's eval split
+    tasks = [make_task(cfg, cfg.env.eval_split, indices[i]) for i in ranks.task_share(len(indices))]
     groups = c.driver.run(c.pool.sessions, tasks, group_size=1, greedy=True, seed=ranks.rank_seed(cfg.run.seed),
                           on_group_done=_progress("eval_progress", len(tasks)))
     eps = [e for g in groups for e in g if not e.dropped]
@@ -458,6 +471,7 @@ def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path
     from quaero.export import save_final
 
     save_final(c.trainer, cfg)  # runs/NAME/final/: the model a user takes away, a standard HF folder (rank 0)
+    c.signal.finish()
     log.info("run_end", status="finished", steps=total, run_id=run_id)
 
 
@@ -469,6 +483,7 @@ def _steps(c: Components, stop: StopRequest, bar, run_id: str, ahead: RolloutsAh
         m = run_step(c, step, sft=step <= cfg.training.warmup_sft_steps, ahead=ahead)
         stopping = ranks.any_rank(stop.requested)  # every rank checkpoints and stops at the same step
         log.info("train_step", **m, cumulative=c.cumulative.add(m))
+        c.signal.step(step, m)
         empty = _empty_run(c, step, m)
         if empty:
             log.error("run_end", status="failed", steps=step, run_id=run_id, error=empty, drop_reasons=c.empty_drops)

@@ -138,6 +138,9 @@ OPTION_MEANINGS = {
     "training.dynamic_sampling": "while fewer than `tasks_per_step` groups have reward spread, sample groups of "
                                  "further tasks (DAPO); all-equal groups still train ECHO",
     "training.dynamic_sampling_max_groups": "the bound: at most this many x `tasks_per_step` groups per step",
+    "data.traces": "a JSONL file of recorded episodes (RFC 010 records or OpenEnv TrainingTraces) the warm "
+                   "start trains on (SFT + ECHO) instead of the oracle's demos; rows rebuilt from their ids, "
+                   "inexact records refused one line each",
     "logging.level": "the console's and the event log's level",
     "logging.console": "`pretty`, `plain` or `none`",
     "logging.progress": "a progress bar on a terminal",

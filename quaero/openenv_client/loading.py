@@ -23,7 +23,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from quaero.config import ConfigError
+from quaero.config import ConfigError, error_line
 
 
 def block_gradio() -> None:
@@ -112,6 +112,10 @@ def _import_attr(entry: str, key: str = "entry") -> Any:
     except ImportError as e:
         raise ConfigError(f"[env] {key}={entry!r}: cannot import module {module_name!r} ({e}); "
                           "make sure its package is installed or on PYTHONPATH") from None
+    except Exception as e:  # noqa: BLE001 - the module's own code failed on import (a dataset it loads is missing)
+        raise ConfigError(f"[env] {key}={entry!r}: importing {module_name!r} raised {error_line(e)}; the module's "
+                          "own setup failed (a dataset, file or setting it needs?): fix that, then run quaero "
+                          "check again") from None
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -336,6 +340,8 @@ def ignored_reset_params(spec: EnvSpec) -> list[str]:
 def describe_env(cfg: Any) -> list[str]:
     """`quaero check`'s view of the env: the entry imported and its types resolved (a ConfigError now, before
     any model loads, when its Action is unknown or empty), no session opened. cfg: an EnvConfig."""
+    from .mapping import field_type
+
     if cfg.launcher == "remote":
         return [(f"env action  read from {cfg.url} /schema when sessions open (an Action without fields is an "
                  "error then); the reset parameters of a remote env cannot be inspected")]
@@ -344,7 +350,7 @@ def describe_env(cfg: Any) -> list[str]:
         action = "MCP tool calls (its tools become the chat tools when sessions open)"
     else:
         schema = spec.action_cls.model_json_schema()
-        fields = ", ".join(f"{k}: {schema['properties'][k].get('type', 'any')}" for k in action_fields(schema))
+        fields = ", ".join(f"{k}: {field_type(schema, k)}" for k in action_fields(schema))
         action = f"{spec.action_cls.__name__} {{{fields}}} (from {spec.action_source})"
     ignored = ignored_reset_params(spec)
     reset = (f"reset drops {'/'.join(ignored)} (see the warning when sessions open)" if ignored

@@ -99,13 +99,57 @@ def model_action_schema(schema: dict) -> dict:
     return out
 
 
+def resolve_field(schema: dict, prop: dict) -> dict:
+    """A property's own schema: a `$ref` into `$defs` followed (pydantic writes enums so), Optional's
+    `anyOf [X, null]` unwrapped with `nullable` set."""
+    ref = prop.get("$ref", "")
+    if ref.startswith("#/$defs/"):
+        target = schema.get("$defs", {}).get(ref.rsplit("/", 1)[1], {})
+        prop = {**target, **{k: v for k, v in prop.items() if k != "$ref"}}
+    real = [o for o in prop.get("anyOf", []) if o.get("type") != "null"]
+    if len(real) == 1:
+        return {**resolve_field(schema, real[0]), "nullable": len(real) < len(prop["anyOf"])}
+    return prop
+
+
+def field_type(schema: dict, name: str) -> str:
+    """A field's type for people (`quaero check`): `string`, `one of "UP", "RIGHT"`, `integer or null`, ..."""
+    p = resolve_field(schema, schema["properties"][name])
+    if "enum" in p:
+        text = "one of " + ", ".join(json.dumps(v) for v in p["enum"])
+    elif "const" in p:
+        text = json.dumps(p["const"])
+    elif "anyOf" in p:
+        text = " or ".join(resolve_field(schema, o).get("type", "any") for o in p["anyOf"])
+    elif p.get("type") == "array":
+        text = f"array of {resolve_field(schema, p.get('items', {})).get('type', 'any')}"
+    else:
+        text = p.get("type", "any")
+    return f"{text} or null" if p.get("nullable") else text
+
+
 def _single_string_field(schema: dict) -> str | None:
+    """The field raw reply text fills: the one required field, or the only field, when it takes a string
+    (an enum of strings too: `RIGHT` for {"direction": "UP" | "RIGHT" | ...})."""
     props = schema.get("properties", {})
-    strings = [k for k, v in props.items() if v.get("type") == "string"]
+    strings = [k for k, v in props.items() if resolve_field(schema, v).get("type") == "string"]
     required = [k for k in schema.get("required", []) if k in props]
     if len(required) == 1 and required[0] in strings:
         return required[0]
     return strings[0] if len(props) == 1 and strings else None
+
+
+def action_instructions(schema: dict) -> str:
+    """What the system prompt asks of a plain env's replies (schema: `model_action_schema`'s). An Action whose
+    one field takes text gets its reply as plain text (textarena's "[5]"), not a JSON object around it."""
+    field, text = _single_string_field(schema), json.dumps(schema, separators=(",", ":"))
+    if field is not None and list(schema.get("properties", {})) == [field]:
+        return (f"\n\nReply with the action itself as plain text: your whole reply becomes its `{field}` field "
+                f"({field_type(schema, field)}).")
+    if field is not None:
+        return (f"\n\nReply with one JSON object matching this action schema: {text}; or with plain text, which "
+                f"becomes its `{field}` field.")
+    return f"\n\nRespond with exactly one JSON object matching this action schema: {text}"
 
 
 def parse_plain_action(text: str, schema: dict) -> dict:
@@ -150,7 +194,26 @@ def default_formatter(observation: dict, context: str = "step") -> str:
     meta = observation.get("metadata") or {}
     if not lines and context == "reset" and isinstance(meta, dict):
         lines += [meta[k] for k in QUESTION_KEYS if isinstance(meta.get(k), str) and meta[k].strip()][:1]
-    return "\n".join(lines + [_field_line(k, v) for k, v in fields.items()])
+    for k, v in fields.items():
+        if not _repeats(v, "\n".join(lines)):
+            lines.append(_field_line(k, v))
+    return "\n".join(lines)
+
+
+def _texts(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else []
+    return [t for item in items for t in _texts(item)]
+
+
+def _repeats(value: Any, shown: str, min_chars: int = 16) -> bool:
+    """A structured field whose every long text is already shown (textarena's `messages` repeat its `prompt`):
+    left out, so the model reads the text once."""
+    if isinstance(value, str):
+        return False
+    long = [t.strip() for t in _texts(value) if len(t.strip()) >= min_chars]
+    return bool(long) and all(t in shown for t in long)
 
 
 def load_formatter(path: str | None) -> Callable[[dict, str], str]:

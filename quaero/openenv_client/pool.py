@@ -26,7 +26,8 @@ from quaero.rollout_stats import RolloutStats
 from .loading import EnvSpec, action_fields, ignored_reset_params, load_entry, require_openenv
 from .mapping import load_formatter, model_action_schema, tool_specs
 from .server import LocalServer, start_servers
-from .session import ChatEnv, EpisodeDropped
+from .session import ChatEnv, EpisodeDropped, ResetWitness
+from .tasks import TaskCatalog, catalog_of_spec, catalog_over_http
 from .transport import EnvFault, InProcessTransport, WebSocketTransport
 
 if TYPE_CHECKING:
@@ -113,11 +114,22 @@ def _fetch_schema(http_url: str, timeout_s: float) -> dict:
                           "`quaero env serve module:Class --port PORT`") from None
 
 
+MCP_ACTION_FIELDS = frozenset({"type", "tool_name", "arguments", "metadata"})  # CallToolAction's
+
+
+def mcp_schema(schema: dict) -> bool:
+    """Whether an Action schema is MCP's CallToolAction: tool_name and arguments and nothing else a model must
+    fill. A plain Action that merely has such fields (calendar_env's {action_type, tool_name, arguments}) is
+    not: its server rejects a CallToolAction."""
+    props, required = set(schema.get("properties", {})), set(schema.get("required", []))
+    return {"tool_name", "arguments"} <= props <= MCP_ACTION_FIELDS and required <= {"tool_name", "arguments"}
+
+
 def _serves_tools(schema: dict, http_url: str, connector: ServerConnector, timeout_s: float) -> bool:
     """Whether the server is an MCP env: its /schema is CallToolAction's, or it publishes the base Action (an
     app built with it still takes MCP actions) and answers list_tools. A plain env's server that publishes
     the base Action rejects every action the model could write: a ConfigError."""
-    if {"tool_name", "arguments"} <= set(schema.get("properties", {})):
+    if mcp_schema(schema):
         return True
     if action_fields(schema):
         return False
@@ -147,13 +159,17 @@ def _replayable(cfg: EnvConfig, spec: EnvSpec | None) -> bool:
             f"{spec.env_cls.__name__}.reset takes no {'/'.join(ignored)}: "
             + ("the eval split is the train distribution; " if "split" in ignored else "")
             + ("tasks are not reproducible and a lost session drops the episode instead of replaying it"
-               if not replayable else "tasks stay reproducible")))
+               if not replayable else "it takes seed or index, but whether the same seed gives the same task is "
+               "unverified until two resets of one task are compared (env_resets_reproducible or "
+               "env_resets_not_reproducible; reasoning_gym ignores its seed without a dataset_name)")))
     return replayable
 
 
 class EnvPool:
-    def __init__(self, sessions: list[ChatEnv], stats: RolloutStats, servers: list[LocalServer]) -> None:
+    def __init__(self, sessions: list[ChatEnv], stats: RolloutStats, servers: list[LocalServer],
+                 tasks: TaskCatalog | None = None) -> None:
         self.sessions, self.stats, self.servers = sessions, stats, servers
+        self.tasks = tasks  # the env's Task API (splits and sizes), None when it has none
 
     def close(self) -> None:
         _close(self.sessions, self.servers)
@@ -235,8 +251,10 @@ def _capacity_error(cfg: EnvConfig, n: int, fault: EnvFault) -> ConfigError:
              "group-relative advantage)")
     if cfg.launcher == "remote":
         return ConfigError(f"[env] {_where(cfg)}: the servers hold fewer than the {n} sessions this run needs "
-                           f"([training] tasks_per_step x group_size) ({fault}); add servers to [env] urls, "
-                           f"or restart them with room for more sessions, {lower}")
+                           f"([training] tasks_per_step x group_size) ({fault}); add servers to [env] urls (an env's "
+                           "own `uvicorn server.app:app` holds 1 session: start one per session), or, for an env "
+                           "that supports concurrent sessions, serve it with `quaero env serve module:Class "
+                           f"--max-concurrent-envs {n}`, {lower}")
     return ConfigError(f"[env] {_where(cfg)}: quaero's local server refused a session ({fault}); sessions of an "
                        f"earlier pool may still be closing: raise [env] max_retries, {lower}")
 
@@ -259,6 +277,7 @@ def open_envs(cfg: EnvConfig, n: int, stats: RolloutStats | None = None, log_dir
         if cfg.launcher == "inprocess":
             connectors = _inprocess(spec, n)
             is_mcp, schema = spec.is_mcp, spec.action_schema()
+            tasks = catalog_of_spec(spec)
         else:
             if cfg.launcher == "local-server":
                 connectors, servers = _local_servers(cfg, spec, n, stats, log_dir)
@@ -266,12 +285,17 @@ def open_envs(cfg: EnvConfig, n: int, stats: RolloutStats | None = None, log_dir
             else:
                 connectors, http_urls = _remote(cfg, n, stats)
             schema = _action_schema(http_urls, cfg.reset_timeout_s)
-            is_mcp = _serves_tools(schema, http_urls[0], connectors[0], cfg.reset_timeout_s)
+            tasks = catalog_over_http(http_urls[0], cfg.reset_timeout_s)
+            # an env quaero starts is MCP when its class is (as in process); a remote one when its schema says so
+            is_mcp = spec.is_mcp if spec is not None else _serves_tools(schema, http_urls[0], connectors[0],
+                                                                         cfg.reset_timeout_s)
         tools = _list_tools(connectors[0], cfg.reset_timeout_s) if is_mcp else None
         replayable = _replayable(cfg, spec)
+        witness = ResetWitness()
         sessions = [ChatEnv(cfg, c, stats, tools=tools, action_schema=None if is_mcp else model_action_schema(schema),
-                            formatter=load_formatter(cfg.formatter), replayable=replayable) for c in connectors]
-        pool = EnvPool(sessions, stats, servers)
+                            formatter=load_formatter(cfg.formatter), replayable=replayable, witness=witness)
+                    for c in connectors]
+        pool = EnvPool(sessions, stats, servers, tasks)
         for s in sessions:  # open all sessions now: servers that cannot hold n of them fail here, clearly
             _open_session(s, cfg)
     except EnvFault as e:
@@ -286,7 +310,8 @@ def open_envs(cfg: EnvConfig, n: int, stats: RolloutStats | None = None, log_dir
     log.info("env_pool_opened", launcher=cfg.launcher, source=cfg.entry or ", ".join(cfg.server_urls), sessions=n,
              servers=len(servers) or len(cfg.server_urls), spread=dict(spread) if len(spread) > 1 else None,
              mcp=is_mcp, tools=[t["function"]["name"] for t in tools or []],
-             action=spec.action_source if spec is not None else f"{cfg.server_urls[0]}/schema")
+             action=spec.action_source if spec is not None else f"{cfg.server_urls[0]}/schema",
+             task_splits=tasks.splits if tasks is not None else None)
     return pool
 
 

@@ -10,6 +10,8 @@ takes neither seed nor index cannot be replayed, so it is dropped at the first l
 """
 from __future__ import annotations
 
+import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from quaero.metrics import get_logger
 
-from .mapping import Malformed, parse_plain_action, parse_tool_calls, render_tool_result
+from .mapping import Malformed, action_instructions, parse_plain_action, parse_tool_calls, render_tool_result
 from .transport import ActionRejected, EnvFault, InvalidReply
 
 if TYPE_CHECKING:
@@ -73,13 +75,52 @@ def _reward(payload: dict) -> float:
     return 0.0 if value is None else float(value)
 
 
+class ResetWitness:
+    """Whether two resets of one task (same seed, split and index) gave the same observation, said once
+    each way: `env_resets_reproducible` the first time they agree, `env_resets_not_reproducible` the first
+    time they differ (an env that ignores its seed: eval scores then compare different tasks, and a replay after
+    a lost session diverges). Evaluation resets its tasks again at every eval, so a run with two sees it. Shared
+    by a pool's sessions; remembers the first `MAX_TASKS` tasks only."""
+
+    MAX_TASKS = 4096
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: dict[str, str] = {}
+        self._said: set[bool] = set()
+
+    def saw(self, kwargs: dict, observation: dict) -> None:
+        key = json.dumps(kwargs, sort_keys=True, default=str)
+        value = json.dumps(observation, sort_keys=True, default=str)
+        with self._lock:
+            previous = self._seen.get(key)
+            if previous is None:
+                if len(self._seen) < self.MAX_TASKS:
+                    self._seen[key] = value
+                return
+            same = previous == value
+            if same in self._said:
+                return
+            self._said.add(same)
+        if same:
+            log.info("env_resets_reproducible", task=key, note="two resets of this task gave the same observation")
+        else:
+            log.warning("env_resets_not_reproducible", task=key, note=(
+                "two resets of this task gave different observations: the env does not seed itself from "
+                "seed/split/index (or its reset includes something that changes), so eval scores compare "
+                "different tasks and a replay after a lost session diverges; set [env] on_session_loss = 'drop' "
+                "or pass the env what it seeds from in [env] reset_kwargs"))
+
+
 class ChatEnv:
     """One session. The turn limit is not enforced here: the episode driver owns it (quaero/rollout.py),
     since what a cut episode means (truncated, never a success) is decided where episodes are judged."""
 
     def __init__(self, cfg, connector: Connector, stats: RolloutStats, *, tools: list[dict] | None,
-                 action_schema: dict | None, formatter: Callable[..., str], replayable: bool = True) -> None:
+                 action_schema: dict | None, formatter: Callable[..., str], replayable: bool = True,
+                 witness: ResetWitness | None = None) -> None:
         self.cfg, self.connector, self.stats = cfg, connector, stats
+        self.witness = witness  # the pool's: did two resets of one task agree?
         self.replayable = replayable  # False: reset takes no seed or index, so a replay is not the same episode
         self.tools = tools  # OpenAI-style specs for MCP envs, None for plain envs
         self.action_schema = action_schema  # model-facing Action schema (plain envs)
@@ -171,15 +212,14 @@ class ChatEnv:
             raise self._dropped(e) from None
         self.stats.add("env_resets")
         obs = payload.get("observation", {})
+        if self.witness is not None:
+            self.witness.saw(kwargs, obs)
         meta = obs.get("metadata") or {}
         info = {"seed": seed, "split": split, "index": index if index is not None else seed, **meta}
         info.setdefault("task_id", f"{split}/{info['index']}")
         system = self.cfg.system_prompt or meta.get("system_prompt") or DEFAULT_SYSTEM_PROMPT
         if self.tools is None and self.action_schema is not None:
-            import json
-
-            system += ("\n\nRespond with exactly one JSON object matching this action schema: "
-                       + json.dumps(self.action_schema, separators=(",", ":")))
+            system += action_instructions(self.action_schema)
         messages = [{"role": "system", "content": system},
                     {"role": "user", "content": self.formatter(obs, context="reset")}]
         return ChatReset(messages=messages, info=info)

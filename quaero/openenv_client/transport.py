@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import inspect
 import json
 import math
+import re
 import threading
 from typing import Any
 
@@ -103,6 +105,17 @@ def _valid_kwargs(fn: Any, kwargs: dict) -> dict:
     return {k: v for k, v in kwargs.items() if k in params}
 
 
+def contract_broken(method: str, returned: str) -> str:
+    """The one line for an env whose reset/step returns something else than an Observation (dipg_safety_env's
+    step returned the client-side StepResult): every episode would fail the same way."""
+    return (f"the env broke OpenEnv's Environment contract: {method} returned {returned}, not an openenv "
+            f"Observation; make it return its Observation (reward and done are fields of it)")
+
+
+# what OpenEnv's server answers when an env's reset/step returned a non-Observation it cannot serialise
+_UNSERIALISABLE = re.compile(r"'(\w+)' object has no attribute 'model_dump'")
+
+
 class InProcessTransport:
     """The env object in this process. Its calls run on a private event loop thread (MCP envs inside
     one open `mcp_session`, sync env methods on one worker thread, as the server does), so a hanging
@@ -167,8 +180,8 @@ class InProcessTransport:
             else:
                 obs = await self._loop.run_in_executor(self._worker, env.step, action)
         if not isinstance(obs, Observation):
-            raise InvalidReply(f"observation={_shown(obs)}: {type(env).__name__}.{kind} returned "
-                               f"{type(obs).__name__}, not an openenv Observation")
+            raise InvalidReply(f"observation={_shown(obs)}: "
+                               + contract_broken(f"{type(env).__name__}.{kind}", type(obs).__name__))
         # quaero's server's exact serialization, JSON round trip included
         return json.loads(observation_reply_model()(data=serialize_observation(obs)).model_dump_json())["data"]
 
@@ -217,10 +230,12 @@ class WebSocketTransport:
         from websockets.sync.client import connect
 
         self._ws_errors = (WebSocketException, OSError, EOFError)
+        self._held = contextlib.ExitStack()
         try:
             # no client keepalive: a slow LLM turn must not kill the session (the server still pings)
-            self._ws = connect(ws_url, open_timeout=open_timeout_s, ping_interval=None,
-                               max_size=100 * 2**20, close_timeout=1.0)
+            # entered as the context manager it is (websockets' documented use); close() leaves it
+            self._ws = self._held.enter_context(connect(ws_url, open_timeout=open_timeout_s, ping_interval=None,
+                                                        max_size=100 * 2**20, close_timeout=1.0))
         except TimeoutError:
             raise EnvFault("timeout", f"connecting to {ws_url} took longer than {open_timeout_s}s") from None
         except self._ws_errors as e:
@@ -265,6 +280,8 @@ class WebSocketTransport:
         code, text = data.get("code", "?"), data.get("message", raw[:300])
         if code == "VALIDATION_ERROR" and message["type"] == "step":
             raise ActionRejected(validation_detail(data.get("errors", [])) or text)
+        if code == "EXECUTION_ERROR" and (m := _UNSERIALISABLE.search(str(text))):
+            raise InvalidReply(contract_broken(f"the server's env {message['type']}", m.group(1)))
         if code == "CAPACITY_REACHED":
             self.close()
             raise EnvFault("capacity", f"{text} (server max_sessions={data.get('max_sessions')})")
@@ -278,6 +295,6 @@ class WebSocketTransport:
 
     def close(self) -> None:
         try:
-            self._ws.close()
+            self._held.close()  # the connection's __exit__: closes the socket
         except Exception:  # noqa: BLE001, S110 - closing a dead socket
             pass

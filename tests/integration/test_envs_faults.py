@@ -16,6 +16,7 @@ from fixtures.badreply import HANG_SEED, INJECT_SEED, INJECTION, RAW_REPLIES, ra
 from envs.toolbench import oracle_policy
 from quaero.config import EnvConfig
 from quaero.openenv_client import EpisodeDropped, open_envs
+from quaero.openenv_client.transport import contract_broken
 
 pytestmark = pytest.mark.hostile
 FAST = {"max_retries": 1, "retry_backoff_s": 0.01}
@@ -265,8 +266,8 @@ def test_a_non_numeric_or_non_finite_reward_drops_the_episode_and_the_run_goes_o
 def test_an_in_process_env_that_returns_no_observation_or_a_text_success_flag_drops_the_episode():
     with open_envs(EnvConfig(entry="fixtures.badreply:BadReplyEnv", **FAST), 1) as pool:
         _drops_with_reasons(pool, {
-            "none": "observation=None: BadReplyEnv.step returned NoneType, not an openenv Observation",
-            "dict": "observation={'reward': 1.0}: BadReplyEnv.step returned dict, not an openenv Observation",
+            "none": "observation=None: " + contract_broken("BadReplyEnv.step", "NoneType"),
+            "dict": "observation={'reward': 1.0}: " + contract_broken("BadReplyEnv.step", "dict"),
             "success_string": "observation.metadata.success='false' is not a boolean"})
 
 

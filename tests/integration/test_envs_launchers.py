@@ -115,8 +115,8 @@ def test_a_server_without_room_for_n_sessions_is_a_clear_error():
     with served("fixtures.guess:GuessEnv", max_concurrent_envs=2) as (url, _):
         with pytest.raises(ConfigError, match="hold fewer than the 3 sessions") as e:
             open_envs(EnvConfig(url=url), 3)
-        # someone else's server: no `quaero env serve` flag, and never group_size = 1 (no group advantage)
-        assert "add servers to [env] urls" in str(e.value) and "quaero env serve" not in str(e.value)
+        # the two fixes (one server per session, or a server with room for them), never group_size = 1
+        assert "add servers to [env] urls" in str(e.value) and "--max-concurrent-envs 3" in str(e.value)
         assert "group_size = 1" not in str(e.value)
         with open_envs(EnvConfig(url=url), 2) as pool:  # the failed attempt released its sessions
             assert _play_guess(pool.sessions[1], 2)[0] == 1.0

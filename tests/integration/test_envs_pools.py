@@ -88,7 +88,7 @@ def test_urls_spread_sessions_over_servers_started_with_quaero_env_serve(qwen3_r
             open_envs(cfg.env, 3)
     message = str(e.value)
     assert "hold fewer than the 3 sessions" in message and "add servers to [env] urls" in message
-    assert "quaero env serve" not in message and "group_size = 1" not in message
+    assert "quaero env serve module:Class --max-concurrent-envs 3" in message and "group_size = 1" not in message
 
 
 def test_a_lost_host_replays_its_episode_on_another():

@@ -194,7 +194,7 @@ def test_a_non_concurrent_base_action_env_with_penalties_and_context_trains_2x2_
                   if kind == "prompt")
     assert "Which suit holds the highest card?\ncontext: cards: " in prompt  # the trial data reached it
     assert 'choices: ["clubs", "diamonds", "hearts", "spades"]' in prompt
-    assert '"suit":{"type":"string"}' in prompt  # the Action the base annotation hid
+    assert "your whole reply becomes its `suit` field (string)" in prompt  # the Action the base annotation hid
     assert any("result: illegal answer" in qwen3_tokenizer.decode(r["input_ids"][a:b])
                for r in rows for kind, a, b, _ in r["spans"] if kind == "env")  # the penalty's response, trained
     evals = [e for e in events if e["event"] == "eval"]

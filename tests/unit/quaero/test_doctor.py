@@ -77,7 +77,8 @@ def _fake_openenv_core(site: Path, shared: Path) -> None:
     (site / "openenv" / "__init__.py").write_bytes(shared.read_bytes())
 
 
-def test_openenv_core_co_install_is_a_problem_naming_which_wins(tmp_path, monkeypatch, no_engines):
+def test_openenv_core_co_install_is_a_problem_naming_which_wins_until_repaired(tmp_path, monkeypatch, no_engines,
+                                                                               capsys):
     import openenv
 
     site = tmp_path / "site"
@@ -90,12 +91,15 @@ def test_openenv_core_co_install_is_a_problem_naming_which_wins(tmp_path, monkey
     assert owners["openenv-core"] == {"distribution": "openenv-core", "version": "0.2.3", "openenv_py_files": 2,
                                       "files_on_disk_from_it": 1}
     assert owners["openenv"]["files_on_disk_from_it"] > 1  # the real package's files are its own
-    (problem,) = [p for p in facts["problems"] if "openenv-core" in p["problem"]]
-    assert problem["problem"] == ("openenv-core 0.2.3 is installed next to openenv and also owns the `openenv` "
-                                  f"package (2 .py files); openenv {importlib.metadata.version('openenv')} wins "
-                                  f"on disk ({owners['openenv']['files_on_disk_from_it']} files)")
-    assert problem["fix"] == ("openenv's files are intact; keep them so by installing env packages with pip "
+    # openenv's own files intact (as after doctor's own repair line): a note, not a problem, so exit 0
+    assert not [p for p in facts["problems"] if "openenv-core" in p["problem"]]
+    (note,) = facts["notes"]
+    assert note["note"] == ("openenv-core 0.2.3 is installed next to openenv and also owns the `openenv` "
+                            f"package (2 .py files); openenv {importlib.metadata.version('openenv')} wins "
+                            f"on disk ({owners['openenv']['files_on_disk_from_it']} files)")
+    assert note["advice"] == ("openenv's files are intact; keep them so by installing env packages with pip "
                               "install --no-deps (a package that depends on openenv-core overwrites them)")
+    assert f"note: {note['note']}; {note['advice']}" in doctor.render(facts)
     # once openenv's own files are overwritten, the fix is the same repair line quaero's refusal prints
     monkeypatch.setattr(doctor, "file_matches_record", lambda record: False)
     (problem,) = [p for p in doctor.collect(tmp_path / "runs")["problems"] if "openenv-core" in p["problem"]]

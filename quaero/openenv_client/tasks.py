@@ -1,0 +1,182 @@
+"""OpenEnv's Task API, read by quaero: an env's splits and their task counts, and the tasks a run plays.
+
+An env may implement task discovery (`list_splits()`, `num_tasks(split)`, `get_task(split, index)`; OpenEnv
+0.10's `TaskProvider` protocol, served by its HTTP server as `GET /{env}/splits` and `POST /{env}/num_tasks`)
+and select a task with `reset(split=..., index=...)`. When it does, quaero uses the env's own splits: `[env]
+train_split`/`eval_split` must name one of them (`quaero check` says which exist), training draws indices from
+the train split's range (wrapping round it), and evaluation plays the eval split's tasks (all of them, or
+the first `[training] eval_tasks` of them, by index). An env without it keeps quaero's own
+numbering: task i of a split is index i, seed derived from the run seed.
+
+Discovery is side-effect free and works on a fresh instance (the protocol says so), so in process quaero builds
+one instance for it and closes it.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from quaero.config import ConfigError, error_line
+
+
+@dataclass(frozen=True)
+class TaskCatalog:
+    """An env's splits (in the env's order) and how many tasks each holds; `source` says where they were read."""
+
+    splits: dict[str, int]
+    source: str
+
+    def size(self, split: str) -> int | None:
+        return self.splits.get(split)
+
+    def describe(self) -> str:
+        listed = ", ".join(f"{name!r} ({n} tasks)" for name, n in self.splits.items())
+        return f"{listed} (the env's Task API, {self.source})"
+
+
+def _awaited(value: Any) -> Any:
+    """The protocol lets each method be sync or async."""
+    return asyncio.run(value) if inspect.isawaitable(value) else value
+
+
+def split_name(split: Any) -> str:
+    """A split descriptor (a string, a dict or a pydantic model with `name`) -> its name, as OpenEnv's server
+    normalises it."""
+    if isinstance(split, str):
+        return split
+    if hasattr(split, "model_dump"):
+        split = split.model_dump()
+    if isinstance(split, dict) and "name" in split:
+        return str(split["name"])
+    return str(split)
+
+
+def catalog_of(env: Any, source: str = "in process") -> TaskCatalog | None:
+    """The Task API of an env instance, or None when it has none (no methods, or they raise
+    NotImplementedError, as OpenEnv's server answers 501)."""
+    list_splits, num_tasks = getattr(env, "list_splits", None), getattr(env, "num_tasks", None)
+    if not (callable(list_splits) and callable(num_tasks)):
+        return None
+    try:
+        names = [split_name(s) for s in _awaited(list_splits())]
+        return TaskCatalog({name: int(_awaited(num_tasks(name))) for name in names}, source)
+    except NotImplementedError:
+        return None
+    except Exception as e:  # noqa: BLE001 - an env whose discovery fails is named in one line, not a traceback
+        raise ConfigError(f"{type(env).__name__}.list_splits/num_tasks (OpenEnv's Task API) failed: "
+                          f"{error_line(e)}; fix the env's task discovery or remove those methods") from None
+
+
+def _http_json(url: str, timeout_s: float, body: dict | None = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout_s) as r:
+        return json.loads(r.read())
+
+
+def catalog_over_http(http_url: str, timeout_s: float = 10.0) -> TaskCatalog | None:
+    """The Task API of a running OpenEnv server (`GET /list_environments`, `GET /{env}/splits`, `POST
+    /{env}/num_tasks`), or None when it serves none (no such routes, or 501 from an env without the methods)."""
+    try:
+        env_name = _http_json(f"{http_url}/list_environments", timeout_s)[0]
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None  # not OpenEnv's HTTP server (an older one, a WebSocket-only server): no Task API to read
+    try:
+        splits = [split_name(s) for s in _http_json(f"{http_url}/{env_name}/splits", timeout_s)]
+        counts = {s: int(_http_json(f"{http_url}/{env_name}/num_tasks", timeout_s, {"split": s})["num_tasks"])
+                  for s in splits}
+    except urllib.error.HTTPError as e:
+        if e.code in (404, 405, 501):
+            return None
+        raise ConfigError(f"[env] {http_url}: its Task API answered HTTP {e.code} ({e.reason}); fix the env's "
+                          "list_splits/num_tasks") from None
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+        raise ConfigError(f"[env] {http_url}: cannot read its Task API ({error_line(e)}); is an OpenEnv server "
+                          "running there?") from None
+    return TaskCatalog(counts, http_url)
+
+
+def check_splits(catalog: TaskCatalog | None, env_cfg: Any, *, train: bool, evaluate: bool,
+                 source: str = "config") -> None:
+    """`[env] train_split`/`eval_split` against the env's own splits (nothing to check without a Task API);
+    train/evaluate: whether the run reads that split at all."""
+    if catalog is None:
+        return
+    for key, split, used in (("train_split", env_cfg.train_split, train), ("eval_split", env_cfg.eval_split, evaluate)):
+        if not used:
+            continue
+        n = catalog.size(split)
+        if n is None:
+            raise ConfigError(f"{source} [env] {key}={split!r}: the env has no such split; its splits: "
+                              f"{catalog.describe()}; set {key} to one of them")
+        if n <= 0:
+            raise ConfigError(f"{source} [env] {key}={split!r}: the split holds no task; its splits: "
+                              f"{catalog.describe()}")
+
+
+def task_index(catalog: TaskCatalog | None, split: str, i: int) -> int:
+    """The env index of the i-th task quaero draws from `split`: i itself without a Task API, else i wrapped
+    round the split (a run longer than the split plays it again, in the same order)."""
+    n = catalog.size(split) if catalog is not None else None
+    return i % n if n else i
+
+
+def eval_indices(catalog: TaskCatalog | None, split: str, eval_tasks: int) -> list[int]:
+    """The indices evaluation plays: the first eval_tasks (the same on every run, and what quaero played
+    before it read the Task API), never past the end of the env's split: every task of it when eval_tasks
+    covers it, each once."""
+    n = catalog.size(split) if catalog is not None else None
+    return list(range(min(eval_tasks, n) if n else eval_tasks))
+
+
+def plan_line(catalog: TaskCatalog | None, env_cfg: Any, eval_tasks: int) -> str:
+    """`quaero check`'s tasks line."""
+    if catalog is None:
+        return ("tasks       the env has no Task API (list_splits/num_tasks): task i of a split is reset with "
+                "index i and a seed derived from [run] seed")
+    n_eval = catalog.size(env_cfg.eval_split) or 0
+    played = len(eval_indices(catalog, env_cfg.eval_split, eval_tasks))
+    cover = ("all of them" if played >= n_eval else
+             f"the first {played} (set [training] eval_tasks = {n_eval} for all)")
+    return (f"tasks       splits {catalog.describe()}; train draws from {env_cfg.train_split!r}, eval plays "
+            f"{env_cfg.eval_split!r}: {cover}")
+
+
+def check_lines(cfg: Any, source: str = "config") -> list[str]:
+    """`quaero check`'s tasks line, the configured splits judged against the env's (a ConfigError when one is
+    missing): read from a fresh instance of [env] entry, or from the first [env] url's routes when it is up."""
+    env_cfg, t = cfg.env, cfg.training
+    if env_cfg.launcher == "remote":
+        from .pool import _urls
+
+        http_url = _urls(env_cfg.server_urls[0])[0]
+        try:
+            urllib.request.urlopen(f"{http_url}/health", timeout=2).close()
+        except OSError:
+            return [f"tasks       read from {http_url}'s Task API routes when sessions open (not reachable now)"]
+        catalog = catalog_over_http(http_url)
+    else:
+        from .loading import load_entry
+
+        catalog = catalog_of_spec(load_entry(env_cfg.entry, env_cfg.kwargs, env_cfg.action))
+    check_splits(catalog, env_cfg, train=bool(t.steps or t.warmup_sft_steps), evaluate=bool(t.eval_tasks),
+                 source=source)
+    return [plan_line(catalog, env_cfg, t.eval_tasks)]
+
+
+def catalog_of_spec(spec: Any) -> TaskCatalog | None:
+    """The Task API of a fresh instance of an EnvSpec's env, closed afterwards."""
+    try:
+        env = spec.factory()
+    except Exception as e:  # noqa: BLE001 - an env that cannot be built is named in one line, not a traceback
+        raise ConfigError(f"[env] entry={spec.entry!r}: building the env raised {error_line(e)}; fix its setup "
+                          "(a dataset, file or [env] kwargs it needs?)") from None
+    try:
+        return catalog_of(env)
+    finally:
+        env.close()

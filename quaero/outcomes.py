@@ -1,0 +1,52 @@
+"""Whether a run's RL steps carried a learning signal, said during the run and at its end.
+
+An RL step trains its action tokens only where a group's rewards differ (group-relative advantage). When no
+action is valid, or every episode of a group earns the same reward, every advantage is 0: the step trains
+ECHO alone, and a run of such steps learns nothing about acting, however cleanly it finishes. A new env with a
+random-init or too-small model does exactly this. `SignalWatch` counts, per RL step, the action tokens that
+carried an advantage (the trainer's `action_tokens`), the valid actions (turns minus malformed ones) and, when
+the recipe logs them, the groups and the groups whose advantages were all zero (`groups`,
+`groups_zero_advantage`); it warns at the first RL step without signal (and every 10th after) and logs
+`rl_signal` at the end. `quaero review` judges the same totals (`quaero/proofs.py`: "RL trained" and "ECHO
+trained" are reported apart).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from quaero.metrics import get_logger
+from quaero.proofs import describe_rl_signal
+
+log = get_logger(__name__)
+
+WARN_EVERY = 10  # RL steps without signal between two warnings
+
+
+class SignalWatch:
+    """RL-signal totals over a run's RL steps (from this process's start: a resumed run counts from its resume)."""
+
+    def __init__(self) -> None:
+        self.totals: Counter = Counter()
+
+    def step(self, step: int, m: Mapping[str, Any]) -> None:
+        """Count one train_step's metrics; warn when an RL step carried no signal."""
+        if m.get("phase") != "rl":
+            return
+        one = {"rl_steps": 1, "rl_steps_with_signal": int(m.get("action_tokens", 0) > 0),
+               "action_tokens": m.get("action_tokens", 0), "actions": m.get("turns", 0),
+               "valid_actions": m.get("turns", 0) - m.get("malformed_actions", 0)}
+        one.update({k: m[k] for k in ("groups", "groups_zero_advantage") if k in m})
+        self.totals.update(one)
+        silent = self.totals["rl_steps"] - self.totals["rl_steps_with_signal"]
+        if not one["rl_steps_with_signal"] and silent % WARN_EVERY == 1:
+            log.warning("rl_no_signal", step=step, rl_steps_without_signal=silent, note=describe_rl_signal(one))
+
+    def finish(self) -> dict[str, Any]:
+        """Log `rl_signal` (a warning when no RL step carried signal) and return its totals."""
+        t = dict(self.totals)
+        if not t:
+            return {}
+        (log.info if t["action_tokens"] else log.warning)("rl_signal", **t, note=describe_rl_signal(t))
+        return t

@@ -1,0 +1,43 @@
+"""Honest outcomes (quaero/outcomes.py, quaero/proofs.py): RL steps that carried no signal are said to have
+none during the run and at its end, with the fix, and `quaero review` reports RL and ECHO training apart."""
+from fixtures.runs import events_of
+
+from quaero import cli, metrics, review
+from quaero.outcomes import SignalWatch
+
+SILENT = {"phase": "rl", "action_tokens": 0, "echo_tokens": 40, "turns": 8, "malformed_actions": 8, "rows": 4,
+          "groups": 2, "groups_zero_advantage": 2}
+
+
+def test_rl_steps_without_signal_are_said_so_during_the_run_and_at_its_end(tmp_path):
+    metrics.configure(console="none")
+    watch = SignalWatch()
+    with metrics.RunLog(tmp_path, run_id="r1"):
+        watch.step(1, {"phase": "sft", "action_tokens": 30, "turns": 2})  # a warm start is not RL
+        for step in range(2, 14):
+            watch.step(step, SILENT)
+        totals = watch.finish()
+    warned = events_of(tmp_path, "rl_no_signal")
+    assert [w["step"] for w in warned] == [2, 12]  # the first, then every 10th
+    assert "0 of 8 actions were valid, 0 of 2 groups had rewards that differ" in warned[0]["note"]
+    end = events_of(tmp_path, "rl_signal")[0]
+    assert end["level"] == "warning" and totals["rl_steps"] == 12 and totals["rl_steps_with_signal"] == 0
+    assert "only ECHO trained: RL learned nothing. Fix: warm-start from demonstrations" in end["note"]
+
+
+def test_review_reports_rl_and_echo_training_apart(tmp_path, capsys):
+    metrics.configure(console="none")
+    log = metrics.get_logger("test")
+    with metrics.RunLog(tmp_path, run_id="r1"):
+        for step, m in enumerate([{"phase": "sft", "action_tokens": 30, "echo_tokens": 20, "rows": 2, "turns": 2},
+                                  SILENT, SILENT], start=1):
+            metrics.set_step(step)
+            log.info("train_step", **m)
+        log.info("run_end", status="finished")
+    assert cli.main(["review", str(tmp_path), "--require-proof"]) == 0  # reported, not required: ECHO-only is a choice
+    out = capsys.readouterr().out
+    assert "[PASS] trained at least one step" in out and "[PASS] ECHO trained (env tokens)" in out
+    assert "[WARN] RL trained (action tokens with advantage)" in out
+    assert "0 of 2 RL steps trained action tokens (0 with an advantage); 0 of 16 actions were valid" in out
+    summary = review.summarize(review.load_run(tmp_path))
+    assert (summary["rl_action_tokens"], summary["rl_groups"], summary["rl_groups_zero_advantage"]) == (0, 4, 4)
