@@ -35,6 +35,7 @@ from quaero.config import QuaeroConfig, error_line
 from quaero.inspect_rows import save_step_rows
 from quaero.metrics import Cumulative, RunLog, configure, get_logger, set_step
 from quaero.rollout_stats import drop_reasons
+from quaero.sampling.wire import STOP_REQUESTED
 from quaero.stats import safe_mean
 
 if TYPE_CHECKING:
@@ -384,6 +385,7 @@ class StopRequest:
 
         if threading.current_thread() is threading.main_thread():
             self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        STOP_REQUESTED.clear()
         return self
 
     def _handle(self, signum, frame) -> None:
@@ -392,6 +394,7 @@ class StopRequest:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
+        STOP_REQUESTED.set()  # a wait on a vLLM server ends STOP_GRACE_S later (quaero/sampling/wire.py)
         log.warning("stop_requested", signal=signal.Signals(signum).name,
                     note="finishing this step, then checkpointing; a second Ctrl-C or SIGTERM aborts")
 
@@ -400,6 +403,7 @@ class StopRequest:
 
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
+        STOP_REQUESTED.clear()
 
 
 def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path, dict] | None) -> None:
