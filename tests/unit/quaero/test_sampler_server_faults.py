@@ -121,8 +121,8 @@ def _choice(**changes) -> dict:
     ({"choices": [_choice(logprobs={"token_logprobs": [None, -0.25]})]}, r"log-prob None"),
     ({"choices": [_choice(logprobs=None)]}, r"a choice without token_ids and logprobs.token_logprobs lists"),
     ({"choices": [_choice(logprobs={"token_logprobs": [-0.5]})]}, r"2 token ids and 1 log-probs"),
-    ({"choices": [_choice(token_ids=[1_000_000_000, 151645])]}, r"token id 1000000000 \(token ids are integers in "
-                                                                r"0\.\.151936\)"),
+    ({"choices": [_choice(token_ids=[1_000_000_000, 151645])]}, (r"token id 1000000000 \(token ids are integers in "
+                                                                r"0\.\.151936\)")),
     ({"choices": [_choice(token_ids=[-5, 151645])]}, r"token id -5"),
     ({"choices": [_choice(token_ids=[9707.7, 151645])]}, r"token id 9707.7"),
     ({"choices": [_choice(token_ids=[True, 151645])]}, r"token id True"),
