@@ -240,6 +240,7 @@ def test_require_an_unknown_check_lists_the_valid_names(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err == ("error: --require 'ECHO loss fallin' is not a check; valid: 'sparse ECHO proof', "
                    "'compiled CE proof', 'exact rows (prefix mismatches)', 'trained at least one step', "
+                   "'sampler log-probs agree with the trainer', "
                    "'ECHO loss falling', 'eval reward above untrained'\n")
 
 
