@@ -1,4 +1,5 @@
 """A config judged against the installed components, and the trainer spec built from it."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -227,3 +228,21 @@ def test_a_run_folder_that_is_a_file_a_link_outside_or_holds_a_link_is_refused(t
     (out / "afile2").mkdir()
     assert load_checked(MAIN, [f"run.output_dir='{out}'", "run.name='alias'"]).run_dir == out / "alias"
     assert load_config(MAIN, ["run.output_dir='~/q'"]).run_dir == Path.home() / "q" / "toolbench"  # as check judges
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("name", ["train.lock", "config.json", "events.jsonl", "rows/step-000001.jsonl"])
+def test_a_run_folder_file_that_is_a_hard_link_is_refused(tmp_path, name):
+    """A hard link is another name for a file elsewhere: truncating train.lock, replacing config.json or
+    appending to events.jsonl would write that file. `quaero check` (and so `train`) refuses it in one line."""
+    out, elsewhere = tmp_path / "runs", tmp_path / "elsewhere"
+    (out / "trap" / "rows").mkdir(parents=True)
+    elsewhere.mkdir()
+    (elsewhere / "precious.txt").write_text("precious")
+    os.link(elsewhere / "precious.txt", out / "trap" / name)
+    with pytest.raises(ConfigError) as e:
+        load_checked(MAIN, [f"run.output_dir='{out}'", "run.name='trap'"])
+    assert str(e.value) == (f"{MAIN} [run] name='trap': {out / 'trap' / name} is a hard link (2 names for one "
+                            "file); quaero would write through it (train.lock, config.json, events, checkpoints): a "
+                            "run folder holds no links; remove it (or replace it by a copy)")
+    assert (elsewhere / "precious.txt").read_text() == "precious"
