@@ -269,8 +269,16 @@ def _load(path: Path) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ValueError(f"{STATE} is not a {FORMAT} state")
     state = _decode(doc["state"], load_file(path / TENSORS))
-    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+    if not isinstance(state, dict) or type(state.get("step")) is not int:
         raise TypeError(f"{STATE} has no integer 'step'")
+    step = state["step"]
+    try:
+        listed = json.loads((path / MANIFEST).read_text(encoding="utf-8")).get("step")
+    except (OSError, ValueError, AttributeError):
+        listed = None
+    if step < 1 or path.name != f"step-{step:06d}" or listed != step:  # a rehashed state.json: never trusted
+        raise ValueError(f"{STATE} says step {step} in folder {path.name} whose {MANIFEST} says step {listed!r}; "
+                         "a checkpoint's step is its folder's")
     return state
 
 
