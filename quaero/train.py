@@ -59,11 +59,16 @@ def group_advantages(rewards: list[float]) -> list[float]:
     rewards are nearly equal is not blown up into a large signal). All-equal groups give exact zeros
     (a rounded mean would leave 1e-17s that count as trained action tokens): their rows train ECHO only.
     The mean never overflows (`safe_mean`); an advantage can, when the rewards span more than the float
-    range: the caller leaves such a group out."""
+    range, and one past MAX_ABS_ADVANTAGE overflows the fp32 loss (rewards of +-1e308 gave a NaN rl_loss):
+    such a group's advantages come back as inf, and the caller leaves it out (groups_nonfinite_advantage)."""
     if min(rewards) == max(rewards):
         return [0.0] * len(rewards)
     mean = safe_mean(rewards)
-    return [r - mean for r in rewards]
+    advs = [r - mean for r in rewards]
+    return advs if all(abs(a) <= MAX_ABS_ADVANTAGE for a in advs) else [math.inf] * len(advs)
+
+
+MAX_ABS_ADVANTAGE = 1e30  # fp32 holds 3.4e38: room for the loss's sum over 1e8 tokens at clipped ratios
 
 
 @dataclass
