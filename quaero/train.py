@@ -421,6 +421,13 @@ def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path
                disable=not cfg.logging.progress or not sys.stderr.isatty() or not ranks.is_main())  # no bar in a log file
     with RolloutsAhead() if cfg.training.max_off_policy_steps else contextlib.nullcontext() as ahead:
         _steps(c, stop, bar, run_id, ahead)
+    if total and not c.cumulative.totals.get("rows"):  # fewer steps than max_empty_steps, every one empty
+        dropped = drop_reasons(c.cumulative.totals)
+        why = (f"the run's {total} step(s) trained no row; dropped episodes by reason: "
+               f"{', '.join(f'{n}x {k}' for k, n in sorted(dropped.items())) or 'none dropped'}; the "
+               f"env_episode_dropped events in {cfg.run_dir / 'events.jsonl'} say why")
+        log.error("run_end", status="failed", steps=total, run_id=run_id, error=why, drop_reasons=dropped)
+        raise EmptyRunError(why)  # no final/: there is no trained model to hand over
     from quaero.export import save_final
 
     save_final(c.trainer, cfg)  # runs/NAME/final/: the model a user takes away, a standard HF folder (rank 0)

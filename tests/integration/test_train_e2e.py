@@ -137,6 +137,23 @@ def test_a_run_that_trains_nothing_exits_1_naming_the_drop_reasons(tmp_path):
 
 
 @pytest.mark.hostile
+def test_a_run_shorter_than_max_empty_steps_that_trains_nothing_does_not_finish(tmp_path):
+    """One step, every episode dropped (max_empty_steps=3 never reached): the run ends "failed" naming the
+    drop reasons, with no final/ (there is no trained model to hand over), not "finished"."""
+    from quaero.train import EmptyRunError, train
+
+    _, cfg = make_config(tmp_path, "none", steps=1, warmup=0, eval_every=0, eval_tasks=0,
+                         entry="fixtures.crashing:AlwaysCrashingToolBench",
+                         extra=["env.launcher='inprocess'", "env.max_retries=0"])
+    with pytest.raises(EmptyRunError, match=r"^the run's 1 step\(s\) trained no row; dropped episodes by reason: "
+                                            r"4x server_error; the env_episode_dropped events in "):
+        train(cfg)
+    (end,) = events_of(cfg.run_dir, "run_end")
+    assert end["status"] == "failed" and end["drop_reasons"] == {"server_error": 4}
+    assert not (cfg.run_dir / "final").exists()
+
+
+@pytest.mark.hostile
 def test_a_run_whose_prompts_never_fit_stops_naming_the_context_budget(tmp_path):
     """[sampler] max_tokens leaves no room of [model] max_seq_len for the first prompt: every episode ends
     truncated (context_exhausted, nothing dropped), no row is built, and the error says which settings to change."""
