@@ -200,3 +200,18 @@ def test_the_plan_of_a_huge_step_count_is_counted_not_enumerated():
     total = 500 + 10**22  # the main job's warm start, then the RL steps
     evals = 1 + total // 7 + (total % 7 != 0)  # untrained, every 7th step, and the last
     assert "(10000000000000000000000 steps x 4 x 4)" in line and f"({evals} evals x 64)" in line
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("url", ["ftp://127.0.0.1:21", "127.0.0.1:8000", "file:///etc/passwd"])
+def test_an_env_url_train_would_refuse_is_refused_by_check(url):
+    """`quaero check` and `quaero train` agree: an [env] url the remote launcher cannot speak to is a config
+    error before anything loads (it was accepted by check, refused by train)."""
+    with pytest.raises(ConfigError) as e:
+        load_config(MAIN, [f"env.url='{url}'", "env.launcher='remote'", "env.entry=''", "env.kwargs={}",
+                           "training.warmup_sft_steps=0"])
+    assert str(e.value) == (f"{MAIN} [env] url: {url!r} is not an OpenEnv server address; write it as "
+                            "\"ws://host:port\" or \"http://host:port\"")
+    for good in ("ws://127.0.0.1:9", "http://10.0.0.2:8000/", "wss://env.example.org/ws"):
+        load_config(MAIN, [f"env.url='{good}'", "env.launcher='remote'", "env.entry=''", "env.kwargs={}",
+                           "training.warmup_sft_steps=0"])
