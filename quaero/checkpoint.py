@@ -23,6 +23,7 @@ resume needs.
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import json
 import os
@@ -201,8 +202,12 @@ def save(ckpt_root: Path, step: int, state: dict[str, Any], keep: int = 2, folde
     except (OSError, SafetensorError) as e:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-        free = shutil.disk_usage(ckpt_root).free
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+        if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):  # not a space problem
+            raise CheckpointError(f"checkpoint {final} not written ({writing}: {why}): {ckpt_root} is not writable "
+                                  "by this process; fix its permissions (chattr -i, chmod u+w, a read-write mount) "
+                                  "and resume with `quaero train CONFIG --resume`") from None
+        free = shutil.disk_usage(ckpt_root).free
         raise CheckpointError(f"checkpoint {final} not written ({writing}: {why}); it needs {needed} bytes, "
                               f"{free} are free there; the checkpoints already in {ckpt_root} are untouched: "
                               "free space and resume with `quaero train CONFIG --resume`") from None

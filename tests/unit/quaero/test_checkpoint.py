@@ -1,6 +1,7 @@
 """Checkpoints: an exact round trip without pickle, verified pruning, orphans, failed writes."""
 import errno
 import json
+import os
 import pickle
 import random
 import subprocess
@@ -295,3 +296,22 @@ def test_a_rehashed_state_step_is_checked_against_its_folder_and_manifest(tmp_pa
                                          rf"says step {forged if manifest_too else 6}; a checkpoint's step is its "
                                          "folder's"):
         checkpoint.load(folder)
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("code", [errno.EPERM, errno.EACCES, errno.EROFS])
+def test_an_unwritable_checkpoints_folder_is_named_as_such_not_as_a_full_disk(tmp_path, monkeypatch, code):
+    """An immutable (chattr +i: EPERM), read-only (EACCES) or read-only-mounted (EROFS) checkpoints/ folder: the
+    error names permissions, not free space (the fault: the write raising what such a folder raises)."""
+    checkpoint.save(tmp_path, 1, trained_state(1))
+
+    def refused(tensors, filename):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(checkpoint, "save_file", refused)
+    with pytest.raises(CheckpointError) as e:
+        checkpoint.save(tmp_path, 2, trained_state(2))
+    assert str(e.value) == (f"checkpoint {tmp_path / 'step-000002'} not written (tensors.safetensors: "
+                            f"{os.strerror(code)}): {tmp_path} is not writable by this process; fix its permissions "
+                            "(chattr -i, chmod u+w, a read-write mount) and resume with `quaero train CONFIG --resume`")
+    assert checkpoint.load_latest(tmp_path)[0].name == "step-000001"
