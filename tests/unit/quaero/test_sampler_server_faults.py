@@ -162,3 +162,14 @@ def test_a_server_info_with_sections_of_the_wrong_shape_is_a_problem_not_a_crash
                        "/server_info?config_format=json": (200, {"vllm_config": {"model_config": [1, 2]}})})
     found = server_problem(url, SamplerConfig(mode="server"), max_seq_len=4096)
     assert found is not None and "log-probs as None" in found
+
+
+def test_the_bounded_client_reads_a_real_uvicorn_server(toolbench_url):
+    """quaero's own HTTP client against a real ASGI server (uvicorn, as `vllm serve` runs): GET and POST replies
+    read whole with `Connection: close`, and an error status comes back as such."""
+    status, body = wire.exchange("GET", toolbench_url.replace("ws://", "http://") + "/health")
+    assert status == 200 and json.loads(body)
+    status, body = wire.exchange("POST", toolbench_url.replace("ws://", "http://") + "/reset", b"{}")
+    assert status == 200 and "observation" in json.loads(body)
+    status, _ = wire.exchange("GET", toolbench_url.replace("ws://", "http://") + "/no-such-route")
+    assert status == 404
