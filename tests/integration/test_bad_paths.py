@@ -51,3 +51,27 @@ def test_a_command_from_a_deleted_working_directory_is_one_line(tmp_path):
                           cwd=tmp_path, check=False)
     assert proc.returncode == 1 and proc.stderr == (
         "error: the working directory was deleted; cd to an existing folder and run it again\n"), proc.stderr
+
+
+def test_train_with_an_env_servers_path_it_cannot_use_is_one_line(tmp_path, capsys):
+    """runs/NAME/env-servers a file (as an unwritable folder would be): the local env server's log cannot be
+    made; one line naming it."""
+    run = tmp_path / "runs" / "toolbench"
+    run.mkdir(parents=True)
+    (run / "env-servers").write_text("not a folder")
+    err = one_error(capsys, ["train", str(ROOT / "envs" / "toolbench.toml"), "--set", f"run.output_dir='{tmp_path / 'runs'}'",
+                             "--set", "env.launcher='local-server'"])
+    assert err.startswith(f"error: {run / 'env-servers'}") and "fix that path" in err
+
+
+def test_train_with_a_final_folder_it_cannot_write_is_one_line_and_keeps_its_checkpoint(tmp_path, capsys):
+    """One warm-start step, then final/ cannot be written (a file below runs/NAME/final's place: its parent
+    chain holds a file): one line naming final/, the step's checkpoint kept."""
+    from fixtures.runs import make_config
+
+    path, cfg = make_config(tmp_path, "final", steps=0, warmup=1, eval_every=0, eval_tasks=0)
+    cfg.run_dir.mkdir(parents=True)
+    (cfg.run_dir / "final").write_text("a file where the model folder goes")
+    err = one_error(capsys, ["train", str(path), "--set", "env.launcher='inprocess'", "--set", "sampler.backend='hf'"])
+    assert err.startswith(f"error: {cfg.run_dir / 'final'}: a file, not a folder; name a new folder")
+    assert (cfg.run_dir / "checkpoints" / "step-000001").is_dir()
