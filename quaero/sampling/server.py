@@ -125,7 +125,7 @@ PROBE_TIMEOUT_S = 10.0
 
 def _get_json(url: str) -> tuple[int, object]:
     """(HTTP status, parsed JSON or None) of a GET; OSError when nothing answers."""
-    status, text = exchange("GET", url, first_byte_s=PROBE_TIMEOUT_S)
+    status, text = exchange("GET", url, first_byte_s=PROBE_TIMEOUT_S, reply_s=PROBE_TIMEOUT_S)
     try:
         return status, json.loads(text)
     except ValueError:

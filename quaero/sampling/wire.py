@@ -37,9 +37,10 @@ class ReplyTimeout(TimeoutError):
 
 
 def exchange(method: str, url: str, body: bytes | None = None, *, abort: threading.Event | None = None,
-             first_byte_s: float | None = None) -> tuple[int, bytes]:
+             first_byte_s: float | None = None, reply_s: float | None = None) -> tuple[int, bytes]:
     """(HTTP status, body) of one request to `url`; OSError when nothing usable came back (ReplyTimeout when a
-    bound ran out), KeyboardInterrupt when a stop request or `abort` ended the wait."""
+    bound ran out), KeyboardInterrupt when a stop request or `abort` ended the wait. `first_byte_s` and
+    `reply_s` replace FIRST_BYTE_TIMEOUT_S and REPLY_TIMEOUT_S (a probe waits seconds, not an hour)."""
     parts = urllib.parse.urlsplit(url)
     host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
@@ -54,7 +55,8 @@ def exchange(method: str, url: str, body: bytes | None = None, *, abort: threadi
         if parts.scheme == "https":
             sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
         sock.sendall(head + data)
-        raw = _read_reply(sock, abort, FIRST_BYTE_TIMEOUT_S if first_byte_s is None else first_byte_s, url)
+        raw = _read_reply(sock, abort, FIRST_BYTE_TIMEOUT_S if first_byte_s is None else first_byte_s,
+                          REPLY_TIMEOUT_S if reply_s is None else reply_s, url)
     if not raw:
         raise ConnectionResetError("the connection closed without a reply")
     reply = http.client.HTTPResponse(_Received(raw))
@@ -65,7 +67,8 @@ def exchange(method: str, url: str, body: bytes | None = None, *, abort: threadi
         raise ConnectionError(f"an unreadable HTTP reply ({type(e).__name__}: {str(e)[:100]})") from None
 
 
-def _read_reply(sock: socket.socket, abort: threading.Event | None, first_byte_s: float, url: str) -> bytes:
+def _read_reply(sock: socket.socket, abort: threading.Event | None, first_byte_s: float, reply_s: float,
+                url: str) -> bytes:
     sock.settimeout(POLL_S)
     chunks, size = [], 0
     start = time.monotonic()
@@ -82,8 +85,8 @@ def _read_reply(sock: socket.socket, abort: threading.Event | None, first_byte_s
                 raise KeyboardInterrupt
         if first is None and now - start > first_byte_s:
             raise ReplyTimeout(f"no reply within {first_byte_s:g}s")
-        if first is not None and now - first > REPLY_TIMEOUT_S:
-            raise ReplyTimeout(f"a reply still incomplete {REPLY_TIMEOUT_S:g}s after its first byte "
+        if first is not None and now - first > reply_s:
+            raise ReplyTimeout(f"a reply still incomplete {reply_s:g}s after its first byte "
                                f"({size} bytes came)")
         try:
             chunk = sock.recv(1 << 16)

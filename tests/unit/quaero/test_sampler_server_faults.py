@@ -173,3 +173,18 @@ def test_the_bounded_client_reads_a_real_uvicorn_server(toolbench_url):
     assert status == 200 and "observation" in json.loads(body)
     status, _ = wire.exchange("GET", toolbench_url.replace("ws://", "http://") + "/no-such-route")
     assert status == 404
+
+
+def test_a_probe_of_a_silent_or_trickling_server_fails_the_check_in_seconds(monkeypatch, raw_server):
+    """`quaero check` asks a [sampler] urls server what it is: one that never answers, or trickles, is "does not
+    answer" within PROBE_TIMEOUT_S, not an hour."""
+    from quaero.sampling import server as server_mod
+
+    monkeypatch.setattr(server_mod, "PROBE_TIMEOUT_S", 0.4)
+    monkeypatch.setattr(wire, "POLL_S", 0.05)
+    for talk, why in ((_silent, "no reply within 0.4s"), (_trickle, "a reply still incomplete 0.4s after its first")):
+        url = raw_server(talk)
+        t0 = time.monotonic()
+        found = server_problem(url, SamplerConfig(mode="server"), max_seq_len=4096)
+        assert found.startswith(f"does not answer ({why}") and found.endswith("start it or fix the address")
+        assert time.monotonic() - t0 < 3
