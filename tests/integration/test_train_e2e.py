@@ -247,3 +247,48 @@ def test_a_terminal_ctrl_c_stops_a_server_mode_run_after_its_step(tmp_path):
     assert all(s["phase"] == "rl" and s["turns"] > 0 for s in events_of(cfg.run_dir, "train_step"))
     servers = [e["pid"] for e in events_of(cfg.run_dir, "sampler_server_started")]
     assert len(servers) == 1 and not alive(servers)
+
+
+@pytest.mark.hostile
+def test_sigterm_ends_a_training_step_that_waits_on_a_silent_vllm_server(tmp_path, monkeypatch, http_server):
+    """`[sampler] urls` names a server that answers what it is and then never answers a completion: a SIGTERM
+    (the stop request) ends the wait STOP_GRACE_S later (0.5 s here, 30 s by default) and the run stops as
+    interrupted, instead of holding `quaero train` for the hour-long request bound until a SIGKILL."""
+    import threading
+
+    from quaero.sampling import wire
+    from quaero.train import train
+
+    recorded = json.loads((ROOT / "tests" / "fixtures" / "vllm_server_info.json").read_text())
+    release = threading.Event()
+
+    def silent_on_posts(method, path, body):
+        if method == "GET":
+            return {"/v1/models": (200, recorded["models"]),
+                    "/server_info?config_format=json": (200, recorded["server_info"])}.get(path, (404, b""))
+        release.wait(120)  # the fault: a completion that never comes
+        return None
+
+    url = http_server(silent_on_posts)
+    monkeypatch.setattr(wire, "STOP_GRACE_S", 0.5)
+    _, cfg = make_config(tmp_path, "silent", steps=1, warmup=0, eval_every=0, eval_tasks=0, extra=[
+        "env.launcher='inprocess'", "sampler.mode='server'", "sampler.backend='vllm'", f"sampler.urls=['{url}']"])
+    events = cfg.run_dir / "events.jsonl"
+
+    def stop_once_started():
+        deadline = time.time() + 120
+        while time.time() < deadline and not (events.exists() and '"run_start"' in events.read_text()):
+            time.sleep(0.2)
+        time.sleep(1.0)  # into the step's first completion request
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=stop_once_started, daemon=True).start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train(cfg)
+    finally:
+        release.set()
+    assert time.monotonic() - t0 < 120
+    stopped = [e for e in read_events(events)[0] if e["event"] == "sampler_wait_stopped"]
+    assert stopped and stopped[0]["url"].startswith(url + "/v1/completions")
