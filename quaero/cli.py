@@ -91,6 +91,21 @@ def cmd_check(args) -> int:
 
 
 RANK_SHUTDOWN_TIMEOUT_S = 900  # how long torchrun's agent lets the ranks finish a step after a Ctrl-C
+# torchrun (torch.distributed.run) without its `@record` main: a failed rank has said why in its own error line
+# (or traceback, for a bug); torchrun's ChildFailedError traceback and failure table after it say nothing more.
+# A rank ended by a signal (an OOM kill) printed nothing: that gets one line. The exit status is the rank's.
+_TORCHRUN = """import signal, sys
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.run import parse_args, run
+try:
+    run(parse_args(sys.argv[1:]))
+except ChildFailedError as e:
+    codes = [f.exitcode for f in e.failures.values()]
+    for rank, f in sorted(e.failures.items()):
+        if f.exitcode < 0:
+            print(f"error: rank {rank} was ended by {signal.Signals(-f.exitcode).name}", file=sys.stderr)
+    sys.exit(next((c for c in codes if c > 0), 1))
+"""
 
 
 def launch_ranks(args, cfg) -> int:
@@ -116,7 +131,7 @@ def launch_ranks(args, cfg) -> int:
     # (each in a session of its own): the ranks finish the step, checkpoint it and stop. This process
     # waits for them instead of killing the agent (what subprocess.run does on KeyboardInterrupt), and the
     # agent waits for them up to --shutdown-timeout before it kills them.
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
+    cmd = [sys.executable, "-c", _TORCHRUN, "--standalone", f"--nproc-per-node={args.nproc}",
            f"--shutdown-timeout={RANK_SHUTDOWN_TIMEOUT_S}", "-m", "quaero.cli", "train", *again]
     interrupted = False
 
