@@ -23,6 +23,7 @@ resume needs.
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import json
 import os
@@ -201,8 +202,12 @@ def save(ckpt_root: Path, step: int, state: dict[str, Any], keep: int = 2, folde
     except (OSError, SafetensorError) as e:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-        free = shutil.disk_usage(ckpt_root).free
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+        if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):  # not a space problem
+            raise CheckpointError(f"checkpoint {final} not written ({writing}: {why}): {ckpt_root} is not writable "
+                                  "by this process; fix its permissions (chattr -i, chmod u+w, a read-write mount) "
+                                  "and resume with `quaero train CONFIG --resume`") from None
+        free = shutil.disk_usage(ckpt_root).free
         raise CheckpointError(f"checkpoint {final} not written ({writing}: {why}); it needs {needed} bytes, "
                               f"{free} are free there; the checkpoints already in {ckpt_root} are untouched: "
                               "free space and resume with `quaero train CONFIG --resume`") from None
@@ -269,8 +274,16 @@ def _load(path: Path) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ValueError(f"{STATE} is not a {FORMAT} state")
     state = _decode(doc["state"], load_file(path / TENSORS))
-    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+    if not isinstance(state, dict) or type(state.get("step")) is not int:
         raise TypeError(f"{STATE} has no integer 'step'")
+    step = state["step"]
+    try:
+        listed = json.loads((path / MANIFEST).read_text(encoding="utf-8")).get("step")
+    except (OSError, ValueError, AttributeError):
+        listed = None
+    if step < 1 or path.name != f"step-{step:06d}" or listed != step:  # a rehashed state.json: never trusted
+        raise ValueError(f"{STATE} says step {step} in folder {path.name} whose {MANIFEST} says step {listed!r}; "
+                         "a checkpoint's step is its folder's")
     return state
 
 

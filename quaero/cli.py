@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -104,13 +105,27 @@ def cmd_check(args) -> int:
 
 
 RANK_SHUTDOWN_TIMEOUT_S = 900  # how long torchrun's agent lets the ranks finish a step after a Ctrl-C
+# torchrun (torch.distributed.run) without its `@record` main: a failed rank has said why in its own error line
+# (or traceback, for a bug); torchrun's ChildFailedError traceback and failure table after it say nothing more.
+# A rank ended by a signal (an OOM kill) printed nothing: that gets one line. The exit status is the rank's.
+_TORCHRUN = """import signal, sys
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.run import parse_args, run
+try:
+    run(parse_args(sys.argv[1:]))
+except ChildFailedError as e:
+    codes = [f.exitcode for f in e.failures.values()]
+    for rank, f in sorted(e.failures.items()):
+        if f.exitcode < 0:
+            print(f"error: rank {rank} was ended by {signal.Signals(-f.exitcode).name}", file=sys.stderr)
+    sys.exit(next((c for c in codes if c > 0), 1))
+"""
 
 
 def launch_ranks(args, cfg) -> int:
     """`quaero train --nproc N`: this same command under torchrun (torch.distributed.run) on N local
     ranks, one process each; its exit status. A node of a multi-node job is launched by torchrun itself:
     `torchrun --nnodes ... -m quaero.cli train CONFIG`."""
-    import os
     import signal
     import subprocess
 
@@ -130,7 +145,7 @@ def launch_ranks(args, cfg) -> int:
     # (each in a session of its own): the ranks finish the step, checkpoint it and stop. This process
     # waits for them instead of killing the agent (what subprocess.run does on KeyboardInterrupt), and the
     # agent waits for them up to --shutdown-timeout before it kills them.
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
+    cmd = [sys.executable, "-c", _TORCHRUN, "--standalone", f"--nproc-per-node={args.nproc}",
            f"--shutdown-timeout={RANK_SHUTDOWN_TIMEOUT_S}", "-m", "quaero.cli", "train", *again]
     interrupted = False
 
@@ -150,8 +165,6 @@ def launch_ranks(args, cfg) -> int:
 
 
 def cmd_train(args) -> int:
-    import os
-
     from quaero.config import load_config
     from quaero.plan import load_checked
     from quaero.runlock import RunFolderLocked, refuse_if_held
@@ -166,12 +179,13 @@ def cmd_train(args) -> int:
     if args.nproc is not None:
         return launch_ranks(args, cfg)
     from quaero.checkpoint import CheckpointError
+    from quaero.export import ExportError
     from quaero.sampling.server import ServerError
     from quaero.train import EmptyRunError, train
 
     try:
         train(cfg, resume=args.resume, restart=args.restart, source=args.config)
-    except (CheckpointError, RunFolderLocked, EmptyRunError, ServerError) as e:  # ServerError: a vLLM server failed, in its words
+    except (CheckpointError, RunFolderLocked, EmptyRunError, ServerError, ExportError) as e:  # ServerError: a vLLM server failed, in its words; ExportError: final/ could not be written
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0
@@ -216,7 +230,7 @@ def cmd_eval(args) -> int:
 
     cfg = load_config(args.config, args.overrides)
     configure("warning", cfg.logging.console)  # the report is the output; warnings still show
-    plan = EvalPlan(tasks=args.tasks or cfg.training.eval_tasks or 64, split=args.split or cfg.env.eval_split,
+    plan = EvalPlan(tasks=args.tasks if args.tasks is not None else (cfg.training.eval_tasks or 64), split=args.split or cfg.env.eval_split,
                     seeds=args.seeds, greedy=not args.sample, out=args.out)
     try:
         out, summary = evaluate(cfg, list(args.compare) if args.compare else [args.model], plan)
@@ -341,6 +355,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        os.getcwd()
+    except FileNotFoundError:  # before torch imports: MKL aborts the process (exit 2) in a deleted folder
+        print("error: the working directory was deleted; cd to an existing folder and run it again", file=sys.stderr)
+        return 1
     if argv[:1] == ["bench"]:  # everything after `bench` belongs to the benchmark's own parser
         from quaero.bench import main as bench_main
 
@@ -357,6 +376,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except OSError as e:  # a path the command had to write or read: a permission, a full disk, a file for a folder
+        if not e.filename:
+            raise
+        print(f"error: {e.filename}: {e.strerror or e}; fix that path (its permissions, free space, or a file "
+              "where a folder belongs) or choose another", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import json
 import re
 import tempfile
@@ -44,7 +45,7 @@ class Contestant:
     label: str  # what the user named
     folder: Path | None = None  # a model or adapter folder (None: scripted policy or the config's model)
     policy: Policy | None = None  # scripted: info -> (messages -> assistant message)
-    home: Path | None = None  # where its eval folder goes by default
+    home: Path | None = None  # where its eval folder goes by default (a run folder; never a folder it only reads)
 
 
 @dataclass
@@ -95,13 +96,17 @@ def resolve(spec: str | None, cfg: QuaeroConfig, scratch: contextlib.ExitStack) 
         return _run_contestant(spec, path, scratch)  # a run folder (its config.json is quaero's, not HF's)
     if path.is_dir() and ((path / "config.json").exists() or is_adapter(path)):
         _check_model_folder(spec, path)
-        return Contestant(spec, folder=path, home=path.parent)
+        return Contestant(spec, folder=path, home=cfg.run_dir)  # never beside a folder the user only reads
     if not path.exists() and _POLICY.match(spec):
         module, _, name = spec.partition(":")
         try:
-            return Contestant(spec, policy=getattr(importlib.import_module(module), name), home=cfg.run_dir)
+            policy = getattr(importlib.import_module(module), name)
         except (ImportError, AttributeError) as e:
             raise EvalError(f"--model {spec}: cannot import the policy ({type(e).__name__}: {e})") from None
+        if not inspect.isfunction(policy):  # os:system, a class, a constant: never called with an episode's info
+            raise EvalError(f"--model {spec}: {type(policy).__name__} {name!r} is not a Python function; a scripted "
+                            "policy is `def policy(info) -> (messages -> assistant message)`")
+        return Contestant(spec, policy=policy, home=cfg.run_dir)
     raise EvalError(f"--model {spec}: not a run folder (runs/NAME), a model folder (config.json or "
                     "adapter_config.json) or a scripted policy package.module:function")
 
@@ -114,7 +119,7 @@ def _check_model_folder(spec: str, folder: Path) -> None:
         if name == "config.json":
             from transformers import AutoConfig
 
-            AutoConfig.from_pretrained(folder)
+            AutoConfig.from_pretrained(folder, trust_remote_code=False)  # never run (or offer to run) its code
         elif not isinstance(json.loads((folder / name).read_text(encoding="utf-8"))["base_model_name_or_path"], str):
             raise TypeError("base_model_name_or_path is not a string")
     except Exception as e:  # noqa: BLE001 - whatever a foreign file makes the parser raise
@@ -145,7 +150,7 @@ def _tokenizer(cfg: QuaeroConfig, who: Contestant):
     if who.folder is not None and (who.folder / "tokenizer_config.json").exists():
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(who.folder)
+        return AutoTokenizer.from_pretrained(who.folder, trust_remote_code=False)
     return load_tokenizer(cfg.model.name)
 
 
@@ -170,25 +175,38 @@ def _sampler(cfg: QuaeroConfig, who: Contestant, stop_token_ids: list[int]):
 
 # ── running ─────────────────────────────────────────────────────────────────────────────────────────
 
-def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan) -> Result:
-    """All (repeat, task) episodes of one contestant through the training evaluation's driver."""
+def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan, kept: list | None = None) -> Result:
+    """All (repeat, task) episodes of one contestant through the training evaluation's driver; each repeat's
+    records are appended to `kept` as they finish (an interrupted eval writes those)."""
     from quaero.openenv_client.tasks import eval_indices
     from quaero.render import RenderAdapter
     from quaero.rollout import EpisodeDriver
     from quaero.train import make_task
 
-    render = RenderAdapter(_tokenizer(cfg, who), cfg.model)
-    sampler = _sampler(cfg, who, render.stop_token_ids)
+    try:
+        render = RenderAdapter(_tokenizer(cfg, who), cfg.model)
+        sampler = _sampler(cfg, who, render.stop_token_ids)
+    except EvalError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a truncated safetensors, a pickle-only folder, a foreign tokenizer
+        raise EvalError(f"--model {who.label}: cannot load it ({error_line(e, 200)}); pass a folder `quaero export` "
+                        "wrote (safetensors), a run folder or a hub model") from None
     pool.stats.snapshot_and_reset()  # this contestant's counts only
     driver = EpisodeDriver(render, sampler, cfg, pool.stats)
-    records = []
+    records = [] if kept is None else kept
     try:
         for r in range(plan.seeds):
             seed = cfg.run.seed + r
             indices = eval_indices(pool.tasks, plan.split, plan.tasks)  # the env's split, with a Task API
             tasks = [make_task(_with(cfg, "run", seed=seed), plan.split, i) for i in indices]
-            groups = driver.run(pool.sessions, tasks, group_size=1, greedy=plan.greedy, policy=who.policy,
-                                seed=seed)
+            try:
+                groups = driver.run(pool.sessions, tasks, group_size=1, greedy=plan.greedy, policy=who.policy,
+                                    seed=seed)
+            except Exception as e:
+                if who.policy is None:
+                    raise
+                raise EvalError(f"--model {who.label}: the scripted policy raised ({error_line(e, 200)}); fix "
+                                "the policy") from None
             for task, (ep,) in zip(tasks, groups):
                 records.append({"task": task["index"], "split": task["split"], "seed": task["seed"], "repeat": r,
                                 "reward": ep.reward, "success": bool(ep.success), "turns": ep.turns,
@@ -220,7 +238,12 @@ def evaluate(cfg: QuaeroConfig, specs: list[str | None], plan: EvalPlan) -> tupl
     from quaero.openenv_client import open_envs
     from quaero.openenv_client.tasks import check_splits
 
+    for option, value in (("--tasks", plan.tasks), ("--seeds", plan.seeds)):
+        if type(value) is not int or value < 1:
+            raise EvalError(f"{option} {value}: at least 1 (an eval of no episode reports nothing)")
     n_sessions = max(1, min(plan.tasks, cfg.training.tasks_per_step * cfg.training.group_size))
+    names = ["transcripts.jsonl"] if len(specs) == 1 else ["transcripts-a.jsonl", "transcripts-b.jsonl"]
+    kept: list[list[dict]] = [[] for _ in specs]
     with contextlib.ExitStack() as scratch:
         who = [resolve(s, cfg, scratch) for s in specs]
         if cfg.sampler.backend == "auto" and any(w.folder is not None and is_adapter(w.folder) for w in who):
@@ -228,15 +251,15 @@ def evaluate(cfg: QuaeroConfig, specs: list[str | None], plan: EvalPlan) -> tupl
             cfg = _with(cfg, "sampler", backend="hf")
         home = who[0].home if len(who) == 1 else cfg.run_dir
         out = Path(plan.out) if plan.out else home / f"eval-{plan.stamp}"
-        with open_envs(cfg.env, n_sessions, log_dir=out / "env-servers") as pool:  # logs beside the results
-            check_splits(pool.tasks, _with(cfg, "env", eval_split=plan.split).env, train=False, evaluate=True)
-            results = [run_contestant(cfg, w, pool, plan) for w in who]
-    out.mkdir(parents=True, exist_ok=True)
-    names = ["transcripts.jsonl"] if len(results) == 1 else ["transcripts-a.jsonl", "transcripts-b.jsonl"]
-    for name, result in zip(names, results):
-        with (out / name).open("w", encoding="utf-8") as f:
-            for r in result.records:
-                f.write(json.dumps(r, default=str) + "\n")
+        _writable_folder(out, "--out" if plan.out else "the eval folder")
+        try:
+            with open_envs(cfg.env, n_sessions, log_dir=out / "env-servers") as pool:  # logs beside the results
+                check_splits(pool.tasks, _with(cfg, "env", eval_split=plan.split).env, train=False, evaluate=True)
+                results = [run_contestant(cfg, w, pool, plan, kept=k) for w, k in zip(who, kept)]
+        finally:  # an interrupted or failed eval keeps the episodes that finished
+            for name, records in zip(names, kept):
+                if records:
+                    _write_jsonl(out / name, records)
     summary = {"config": {"split": plan.split, "tasks": plan.tasks, "seeds": plan.seeds,
                           "greedy": plan.greedy, "run_seed": cfg.run.seed},
                "results": [r.summary() for r in results]}
@@ -244,6 +267,24 @@ def evaluate(cfg: QuaeroConfig, specs: list[str | None], plan: EvalPlan) -> tupl
         summary["paired"] = paired(*results, seed=cfg.run.seed)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return out, summary
+
+
+def _writable_folder(out: Path, what: str) -> None:
+    """`out` is a folder this process can write (created if missing), checked before any episode runs."""
+    if out.exists() and not out.is_dir():
+        raise EvalError(f"{what} {out}: a file, not a folder; name a new folder for the transcripts")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out).close()
+    except OSError as e:
+        raise EvalError(f"{what} {out}: cannot write there ({e.strerror or e}); choose a writable folder "
+                        "(--out DIR)") from None
+
+
+def _write_jsonl(path: Path, records: list[dict]) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r, default=str) + "\n")
 
 
 # ── the report ──────────────────────────────────────────────────────────────────────────────────────

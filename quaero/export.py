@@ -45,20 +45,19 @@ def save_model(model, tokenizer, out: Path, *, base_name: str, merge: bool = Fal
     replace: overwrite an existing `out` (run folders' final/); otherwise an existing, non-empty `out`
     is refused so an export never mixes two models' files."""
     out = Path(out)
-    if out.exists() and any(out.iterdir()) and not replace:
-        raise ExportError(f"{out}: folder exists and is not empty; choose a new output folder or delete it")
+    check_destination(out, replace=replace)
     is_lora = hasattr(model, "peft_config")
     if is_lora and merge:
         model, is_lora = model.merge_and_unload(), False
     if is_lora:
         for adapter in model.peft_config.values():
             adapter.base_model_name_or_path = base_reference(base_name)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     config = model.config  # a PEFT model forwards to its base model's
-    use_cache = config.use_cache
+    use_cache, tmp = config.use_cache, None
     config.use_cache = True  # training turns the KV cache off; whoever loads the folder generates with it
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
         if is_lora:
             # only LoRA weights train (the embeddings stay the base's), so the adapter is all there is to save
             model.save_pretrained(tmp, save_embedding_layers=False)
@@ -66,10 +65,25 @@ def save_model(model, tokenizer, out: Path, *, base_name: str, merge: bool = Fal
             model.save_pretrained(tmp, max_shard_size=MAX_SHARD_SIZE)
         tokenizer.save_pretrained(tmp)
         _move_into_place(tmp, out)
+    except OSError as e:  # a read-only or full filesystem, a parent that is a file: nothing half-written stays
+        raise ExportError(f"{out}: cannot write the model there ({e.strerror or e}"
+                          f"{f': {e.filename}' if e.filename else ''}); choose a writable folder with room for "
+                          "it") from None
     finally:
         config.use_cache = use_cache
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def check_destination(out: Path, *, replace: bool = False) -> None:
+    """`out` can take an export: not a file, and empty unless `replace`; before any model loads."""
+    existing = next((p for p in (out, *out.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        where = "" if existing == out else f" ({existing})"
+        raise ExportError(f"{out}: a file{where}, not a folder; name a new folder for the export")
+    if out.exists() and any(out.iterdir()) and not replace:
+        raise ExportError(f"{out}: folder exists and is not empty; choose a new output folder or delete it")
 
 
 def _move_into_place(tmp: Path, out: Path) -> None:
@@ -159,6 +173,7 @@ def export_run(run_dir: Path, out: Path, *, step: int | None = None, merge: bool
 
     cfg = run_config(run_dir)
     step, state = load_checkpoint(run_dir, step)
+    check_destination(Path(out))
     trainer = build_trainer(cfg)  # one process: a sharded checkpoint's shards are read whole (gathered)
     path = checkpoint_path(run_dir, step)
     try:  # the manifest vouches for the bytes, not for what they hold (a crafted or foreign state)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -238,14 +239,26 @@ def header(rec: dict) -> str:
             f"ECHO tokens {sum(1 for w in rec['echo_weights'] if w > 0)}")
 
 
+# C0 controls but newline and tab, DEL, C1 controls, and the bidi overrides that reorder what a terminal shows
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_safe(text: str) -> str:
+    """`text` with every control character written as its escape (`\\x1b`, `\\r`, `\\u202e`): env text in a
+    row is the env's, and an ANSI/OSC sequence in it (clear screen, window title, hyperlink) or a carriage
+    return (overwrite the line) must not reach the terminal as a command."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
 def render_terminal(records: list[dict], tokenizer, *, color: bool) -> str:
-    """ANSI colours by span kind on a terminal; `[kind]...[/kind]` markers otherwise (pipes, files)."""
+    """ANSI colours by span kind on a terminal; `[kind]...[/kind]` markers otherwise (pipes, files). The
+    rows' own text is escaped (`terminal_safe`) either way."""
     lines = []
     for rec in records:
-        lines.append(header(rec))
+        lines.append(terminal_safe(header(rec)))
         text = []
         for kind, _, piece in pieces(rec, tokenizer):
-            name = kind or "unlabelled"
+            name, piece = kind or "unlabelled", terminal_safe(piece)
             text.append(f"\x1b[{ANSI[kind]}m{piece}\x1b[0m" if color else f"[{name}]{piece}[/{name}]")
         lines.append("".join(text))
     if color:
@@ -284,7 +297,7 @@ def main(args) -> int:
     if args.verify:
         problems = verify(records, tokenizer) + ([f"{unreadable} unreadable line(s)"] if unreadable else [])
         for p in problems:
-            print(p)
+            print(terminal_safe(p))
         steps = len({r["step"] for r in records})
         if problems:
             print(f"{len(problems)} problem(s) in {len(records)} rows of {steps} step(s)", file=sys.stderr)
@@ -294,7 +307,12 @@ def main(args) -> int:
               "no special token in environment text, advantages only on actions, ECHO weights only on env/scaffold")
         return 0
     if args.html:
-        Path(args.html).write_text(render_html(records, tokenizer, f"rows of {args.run_dir}"))
+        try:
+            Path(args.html).write_text(render_html(records, tokenizer, f"rows of {args.run_dir}"))
+        except OSError as e:
+            print(f"error: --html {args.html}: cannot write it ({e.strerror or e}); name a file in a writable "
+                  "folder", file=sys.stderr)
+            return 1
     print(render_terminal(records, tokenizer, color=sys.stdout.isatty()))
     if args.html:
         print(f"wrote {args.html}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -165,18 +166,24 @@ def check_run_folder(cfg: QuaeroConfig, source: str = "config") -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"{source} [run] name={cfg.run.name!r}: {run_dir} is a file, not a run folder; "
                           "choose another [run] name or move the file")
-    if link := _first_link(run_dir):
-        raise ConfigError(f"{source} [run] name={cfg.run.name!r}: {link} is a link to {os.path.realpath(link)}; "
-                          "quaero would write through it (train.lock, config.json, events, checkpoints): a run "
-                          "folder holds no links; remove it")
+    if found := _first_link(run_dir):
+        link, what = found
+        raise ConfigError(f"{source} [run] name={cfg.run.name!r}: {link} is {what}; quaero would write through it "
+                          "(train.lock, config.json, events, checkpoints): a run folder holds no links; remove it "
+                          "(or replace it by a copy)")
 
 
-def _first_link(run_dir: Path) -> Path | None:
-    """A symbolic link inside the run folder (not followed), if there is one."""
+def _first_link(run_dir: Path) -> tuple[Path, str] | None:
+    """A link inside the run folder (not followed), if there is one, and what it is: a symbolic link, or a
+    hard link (a file with another name elsewhere, st_nlink > 1: writing it writes that file too)."""
     for root, dirs, files in os.walk(run_dir):  # os.walk never descends into linked folders
         for name in sorted(dirs + files):
-            if os.path.islink(os.path.join(root, name)):
-                return Path(root) / name
+            path = os.path.join(root, name)
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                return Path(path), f"a link to {os.path.realpath(path)}"
+            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                return Path(path), f"a hard link ({st.st_nlink} names for one file)"
     return None
 
 

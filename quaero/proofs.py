@@ -59,10 +59,20 @@ ECHO_FALLING = "ECHO loss falling"
 EVAL_ABOVE_UNTRAINED = "eval reward above untrained"
 RL_TRAINED = "RL trained (action tokens with advantage)"
 ECHO_TRAINED = "ECHO trained (env tokens)"
+LOGPROB_GAP = "sampler log-probs agree with the trainer"
 RL_IMPROVED = "RL improved eval over warm start"
-CHECKS = (SPARSE_ECHO, COMPILED_CE, EXACT_ROWS, TRAINED, RL_TRAINED, ECHO_TRAINED, ECHO_FALLING,
+CHECKS = (SPARSE_ECHO, COMPILED_CE, EXACT_ROWS, TRAINED, LOGPROB_GAP, RL_TRAINED, ECHO_TRAINED, ECHO_FALLING,
           EVAL_ABOVE_UNTRAINED, RL_IMPROVED)
 RL_IMPROVED_P = 0.05  # McNemar exact p on the success pairs, or the reward difference's 95% interval above 0
+
+# |sampler log-prob - trainer log-prob| of a sampled token, on-policy (nats). Measured: fp32 on CPU at most
+# 3.4e-4 (README); bf16 kernels differ by a few tenths on a rare token. Past these the importance ratios
+# train on noise (a sampler +50 nats off gave ratios of 2e-27 and a clip fraction of 1.0).
+LOGPROB_GAP_MAX_NATS = 2.0  # any one token of an on-policy step
+LOGPROB_GAP_MEAN_NATS = 0.1  # a step's mean over its sampled tokens
+# A sampled token's log-prob above this is impossible (log p <= 0; fp32 rounding stays far below it): the
+# episode that holds it is dropped and counted (quaero/rollout.py), never trained on.
+MAX_SAMPLER_LOGPROB = 1e-3
 
 
 def _check(name: str, required: bool, status: str, detail: str) -> dict[str, Any]:
@@ -102,6 +112,19 @@ def compiled_ce(totals: Mapping[str, Any]) -> dict[str, Any]:
                    f"mode=require, compiled_ce_batches={compiled} > 0, fallback_reason={reason!r}")
 
 
+def logprob_gap(s: Mapping[str, Any]) -> dict[str, Any]:
+    """On-policy RL steps (rows sampled by the weights being trained: policy_staleness 0) measured a sampler-vs-
+    trainer gap within LOGPROB_GAP_MAX_NATS per token and LOGPROB_GAP_MEAN_NATS per step's mean. Steps trained on
+    rows sampled ahead are left out: their gap includes the policy's own change."""
+    worst, mean, steps = s.get("onpolicy_logprob_gap_max"), s.get("onpolicy_logprob_gap_mean_max"), \
+        s.get("onpolicy_gap_steps", 0)
+    if not steps or worst is None:
+        return _check(LOGPROB_GAP, True, NA, "no on-policy RL step measured a gap (SFT steps sample nothing)")
+    return _judged(LOGPROB_GAP, True, worst <= LOGPROB_GAP_MAX_NATS and (mean or 0.0) <= LOGPROB_GAP_MEAN_NATS,
+                   f"over {steps} on-policy step(s): max {worst:.3g} <= {LOGPROB_GAP_MAX_NATS:g} nats, worst step "
+                   f"mean {mean or 0.0:.3g} <= {LOGPROB_GAP_MEAN_NATS:g} nats")
+
+
 def branch_checks(totals: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The checks a trainer step's branch counters prove (summed over steps)."""
     return [sparse_echo(totals), compiled_ce(totals)]
@@ -118,6 +141,7 @@ def run_checks(s: Mapping[str, Any]) -> list[dict[str, Any]]:
         _judged(TRAINED, True, trained, f"steps={s['steps']} > 0, rows={rows} > 0, action+echo tokens={tokens} > 0"),
         *training_apart(s),
     ]
+    checks.append(logprob_gap(s))
     first, last = s["echo_loss_first"], s["echo_loss_last"]
     if first is None:
         checks.append(_check(ECHO_FALLING, False, NA, "no step with ECHO targets"))

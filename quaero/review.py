@@ -143,6 +143,7 @@ def summarize(run: dict) -> dict[str, Any]:
     eval_rewards = _series(evals, "eval_reward")
     times = _series(steps, "step_time_s")
     gap = _series(rl, "sampler_logprob_gap_max")
+    onpolicy = [st for st in rl if not st.get("policy_staleness") and _number(st.get("sampler_logprob_gap_max")) is not None]
     return {
         "steps": len(steps), "sft_steps": len(steps) - len(rl), "rl_steps": len(rl),
         "last_step": steps[-1].get("step") if steps else None, "finished": run["ended"],
@@ -171,6 +172,10 @@ def summarize(run: dict) -> dict[str, Any]:
         "prefix_mismatches": _sum(steps + evals, "prefix_mismatches"),
         "rows_packed": _sum(steps, "rows_packed"), "rows_transition": _sum(steps, "rows_transition"),
         "sampler_logprob_gap_max": max(gap, default=None),
+        # what the log-prob gap proof judges: steps whose rows the trained weights sampled (quaero/proofs.py)
+        "onpolicy_gap_steps": len(onpolicy),
+        "onpolicy_logprob_gap_max": max(_series(onpolicy, "sampler_logprob_gap_max"), default=None),
+        "onpolicy_logprob_gap_mean_max": max(_series(onpolicy, "sampler_logprob_gap_mean"), default=None),
         # how the pushes reached the sampler (quaero/train.py sync_sampler): "file", "nccl", "ipc", "copy"
         "weight_transfer": ",".join(sorted({str(r["weight_transfer"]) for r in steps + evals
                                             if r.get("weight_transfer")})) or None,

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from quaero.metrics import get_logger
 from quaero.openenv_client import ChatEnv, EpisodeDropped
+from quaero.proofs import MAX_SAMPLER_LOGPROB
 from quaero.render import BridgeFailure, RenderAdapter, UnparsableAction
 from quaero.rollout_stats import RolloutStats
 from quaero.rows import EchoRow, Transition, build_rows, per_transition_tokens
@@ -227,6 +228,11 @@ class EpisodeDriver:
         if res is None:  # dropped
             return
         turn = len(ep.transitions)
+        impossible = [lp for lp in comp.logprobs if not (math.isfinite(lp) and lp <= MAX_SAMPLER_LOGPROB)]
+        if impossible:  # a sampler (a foreign server, a broken kernel) whose ratios would train on noise
+            ep.done, ep.dropped, ep.drop_kind = True, (f"step {turn}: sampler log-prob {impossible[0]} is impossible "
+                                                       f"(log p <= 0)"), "impossible_logprobs"
+            return
         if comp.finish_reason != "stop":
             self.stats.add("truncated_completions")  # still parsed and stepped: the env judges it
         response, kinds = [], []

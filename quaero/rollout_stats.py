@@ -43,6 +43,9 @@ COUNTERS = (
     "dynamic_sampling_bound_hits",
 )
 DROP_REASON = "drop_reason_"
+# The reward sum is kept scaled by 2**-64 (exact: a power of two), so huge finite rewards (1e308 twice) sum
+# without overflowing to inf and reward_mean stays their mean.
+REWARD_SCALE = 2.0 ** -64
 Combine = Callable[[Counter, float], tuple[Counter, float]]
 BRIDGE_FALLBACK_REASON = "bridge_fallback_reason_"
 
@@ -78,7 +81,7 @@ class RolloutStats:
             self._c["episodes_succeeded"] += success
             self._c["episodes_truncated"] += truncated
             self._c["kept_turns"] += turns
-            self._reward_sum += reward
+            self._reward_sum += reward * REWARD_SCALE
 
     def rows_built(self, *, packed: int, transition: int, row_tokens: int, per_transition_tokens: int,
                    action_tokens: int, echo_tokens: int) -> None:
@@ -117,7 +120,7 @@ class RolloutStats:
         out: dict[str, Any] = {name: c.pop(name, 0) for name in COUNTERS}
         out.update(sorted(c.items()))  # the reason counters
         kept = out["episodes"] - out["episodes_dropped"]
-        out["reward_mean"] = reward_sum / kept if kept else None
+        out["reward_mean"] = reward_sum / kept / REWARD_SCALE if kept else None
         out["success_rate"] = out["episodes_succeeded"] / kept if kept else None
         out["turns_mean"] = kept_turns / kept if kept else None
         out["rollout_row_tokens_per_episode"] = out["rollout_row_tokens"] / kept if kept else None

@@ -126,11 +126,75 @@ def unavailable_reason(name: str) -> str | None:
     return None
 
 
+SINK_QUEUE_EVENTS = 256  # events a sink may fall behind by; past it (a sink that hangs) they are dropped, counted
+SINK_CLOSE_TIMEOUT_S = 60.0  # how long the end of a run waits for a sink to take its last events
+
+
+class GuardedSink:
+    """One sink, kept apart from the run: its `log` runs on a thread of its own, fed by a bounded queue, so a
+    sink that hangs holds neither a step nor a stop request (its events past SINK_QUEUE_EVENTS are dropped and
+    counted); an exception from it is counted and reported by a warning (quaero's `SinkMirror`), never raised
+    into the run. events.jsonl, the checkpoints and `run_end` do not depend on any sink."""
+
+    def __init__(self, name: str, sink) -> None:
+        import queue
+        import threading
+
+        self.name, self.sink = name, sink
+        self.errors, self.dropped = 0, 0
+        self.failures: list[str] = []  # not yet reported (the mirror reports them on the logging thread)
+        self._lock = threading.Lock()
+        self._queue: queue.Queue = queue.Queue(SINK_QUEUE_EVENTS)
+        self._worker = threading.Thread(target=self._drain, name=f"quaero-sink-{name}", daemon=True)
+        self._worker.start()
+
+    def failed(self, call: str, error: BaseException) -> None:
+        from quaero.config import error_line
+
+        with self._lock:
+            self.errors += 1
+            self.failures.append(f"{call}: {error_line(error)}"[:300])
+
+    def _drain(self) -> None:
+        while (item := self._queue.get()) is not None:
+            try:
+                self.sink.log(*item)
+            except Exception as e:  # noqa: BLE001 - a sink's failure is the sink's, never the run's
+                self.failed("log", e)
+
+    def log(self, scalars: dict[str, float], step: int) -> None:
+        import queue
+
+        try:
+            self._queue.put_nowait((scalars, step))
+        except queue.Full:
+            self.dropped += 1
+
+    def close(self) -> bool:
+        """Let the sink take its queued events and finish; False when it did not within SINK_CLOSE_TIMEOUT_S
+        (it hangs: it is left behind on its daemon thread, unfinished)."""
+        import queue
+
+        try:
+            self._queue.put(None, timeout=SINK_CLOSE_TIMEOUT_S)
+        except queue.Full:
+            return False
+        self._worker.join(SINK_CLOSE_TIMEOUT_S)
+        if self._worker.is_alive():
+            return False
+        try:
+            self.sink.close()
+        except Exception as e:  # noqa: BLE001
+            self.failed("close", e)
+        return True
+
+
 class SinkMirror:
-    """structlog processor: hand each mirrored event's scalars to the open sinks; the event passes on."""
+    """structlog processor: hand each mirrored event's scalars to the open sinks; the event passes on. A sink's
+    failures since the last event are reported here, as `sink_failed` warnings, on the logging thread."""
 
     def __init__(self) -> None:
-        self.sinks: list = []
+        self.sinks: list[GuardedSink] = []
 
     def __call__(self, logger, method_name, event_dict):
         if self.sinks:
@@ -138,22 +202,55 @@ class SinkMirror:
             if scalars:
                 for sink in self.sinks:
                     sink.log(scalars, int(event_dict.get("step") or 0))
+            if event_dict.get("event") != "sink_failed":
+                report_failures(self.sinks)
         return event_dict
 
 
 mirror = SinkMirror()
 
 
+def report_failures(sinks: list[GuardedSink], *, final: bool = False) -> None:
+    """A `sink_failed` warning per sink failure not yet reported; at the run's end (`final`), `sink_summary`
+    with each failing sink's counts: errors (exceptions it raised) and events dropped (it fell behind)."""
+    from quaero.metrics import get_logger
+
+    log = get_logger(__name__)
+    for sink in sinks:
+        with sink._lock:
+            failures, sink.failures = sink.failures, []
+        for failure in failures:
+            log.warning("sink_failed", sink=sink.name, error=failure, sink_errors=sink.errors,
+                        note="the run goes on; events.jsonl keeps every event")
+        if final and (sink.errors or sink.dropped):
+            log.warning("sink_summary", sink=sink.name, sink_errors=sink.errors, sink_events_dropped=sink.dropped)
+
+
 @contextlib.contextmanager
 def open_sinks(report_to: list[str], run_dir: str | Path, run_name: str, config: dict) -> Iterator[list]:
-    """Open the named sinks for a run; they are closed (flushed) when it ends, by error or Ctrl-C too."""
+    """Open the named sinks for a run; they are closed (flushed) when it ends, by error or Ctrl-C too. A sink
+    that cannot open is a warning and the run goes on without it (events.jsonl is the run's record)."""
+    from quaero.metrics import get_logger
+
+    log = get_logger(__name__)
     opened = []
     try:
         for name in report_to:
-            opened.append(SINKS[name](Path(run_dir), run_name, config))
+            try:
+                sink = SINKS[name](Path(run_dir), run_name, config)
+            except Exception as e:  # noqa: BLE001 - the run does not need its mirrors
+                from quaero.config import error_line
+
+                log.warning("sink_failed", sink=name, error=f"open: {error_line(e)}"[:300], sink_errors=1,
+                            note="the run goes on without this sink; events.jsonl keeps every event")
+                continue
+            opened.append(GuardedSink(name, sink))
         mirror.sinks = opened
         yield opened
     finally:
         mirror.sinks = []
         for sink in reversed(opened):
-            sink.close()
+            if not sink.close():
+                log.warning("sink_hung", sink=sink.name, waited_s=SINK_CLOSE_TIMEOUT_S,
+                            note="the sink did not take its last events; left unfinished")
+        report_failures(opened, final=True)

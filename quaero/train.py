@@ -37,6 +37,7 @@ from quaero.metrics import Cumulative, RunLog, configure, get_logger, set_step
 from quaero.openenv_client.tasks import TaskCatalog, check_splits, eval_indices, task_index
 from quaero.outcomes import SignalWatch
 from quaero.rollout_stats import drop_reasons
+from quaero.sampling.wire import STOP_REQUESTED
 from quaero.stats import safe_mean
 from quaero.traces import trace_batch, warm_start_rows
 
@@ -61,11 +62,16 @@ def group_advantages(rewards: list[float]) -> list[float]:
     rewards are nearly equal is not blown up into a large signal). All-equal groups give exact zeros
     (a rounded mean would leave 1e-17s that count as trained action tokens): their rows train ECHO only.
     The mean never overflows (`safe_mean`); an advantage can, when the rewards span more than the float
-    range: the caller leaves such a group out."""
+    range, and one past MAX_ABS_ADVANTAGE overflows the fp32 loss (rewards of +-1e308 gave a NaN rl_loss):
+    such a group's advantages come back as inf, and the caller leaves it out (groups_nonfinite_advantage)."""
     if min(rewards) == max(rewards):
         return [0.0] * len(rewards)
     mean = safe_mean(rewards)
-    return [r - mean for r in rewards]
+    advs = [r - mean for r in rewards]
+    return advs if all(abs(a) <= MAX_ABS_ADVANTAGE for a in advs) else [math.inf] * len(advs)
+
+
+MAX_ABS_ADVANTAGE = 1e30  # fp32 holds 3.4e38: room for the loss's sum over 1e8 tokens at clipped ratios
 
 
 @dataclass
@@ -440,6 +446,7 @@ class StopRequest:
 
         if threading.current_thread() is threading.main_thread():
             self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        STOP_REQUESTED.clear()
         return self
 
     def _handle(self, signum, frame) -> None:
@@ -448,6 +455,7 @@ class StopRequest:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
+        STOP_REQUESTED.set()  # a wait on a vLLM server ends STOP_GRACE_S later (quaero/sampling/wire.py)
         log.warning("stop_requested", signal=signal.Signals(signum).name,
                     note="finishing this step, then checkpointing; a second Ctrl-C or SIGTERM aborts")
 
@@ -456,6 +464,7 @@ class StopRequest:
 
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
+        STOP_REQUESTED.clear()
 
 
 def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path, dict] | None) -> None:
@@ -468,6 +477,13 @@ def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path
                disable=not cfg.logging.progress or not sys.stderr.isatty() or not ranks.is_main())  # no bar in a log file
     with RolloutsAhead() if cfg.training.max_off_policy_steps else contextlib.nullcontext() as ahead:
         _steps(c, stop, bar, run_id, ahead)
+    if total and not c.cumulative.totals.get("rows"):  # fewer steps than max_empty_steps, every one empty
+        dropped = drop_reasons(c.cumulative.totals)
+        why = (f"the run's {total} step(s) trained no row; dropped episodes by reason: "
+               f"{', '.join(f'{n}x {k}' for k, n in sorted(dropped.items())) or 'none dropped'}; the "
+               f"env_episode_dropped events in {cfg.run_dir / 'events.jsonl'} say why")
+        log.error("run_end", status="failed", steps=total, run_id=run_id, error=why, drop_reasons=dropped)
+        raise EmptyRunError(why)  # no final/: there is no trained model to hand over
     from quaero.export import save_final
 
     save_final(c.trainer, cfg)  # runs/NAME/final/: the model a user takes away, a standard HF folder (rank 0)

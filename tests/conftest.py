@@ -1,4 +1,6 @@
-"""Shared test setup: offline hub, one model cache for the session, the real tiny-qwen3 and tokenizer."""
+"""Shared test setup: offline hub, one model cache for the session, the real tiny-qwen3 and tokenizer, and the
+local stand-ins for a misconfigured, flaky or hostile vLLM server."""
+import json
 import os
 import tempfile
 
@@ -107,3 +109,83 @@ def tiny_hf_sampler(tiny_lm):
     from quaero.sampling.hf import HFSampler
 
     return HFSampler(tiny_lm, SamplerConfig(max_tokens=8, temperature=1.0), stop_token_ids=[151645, 151643])
+
+
+@pytest.fixture
+def http_server():
+    """serve(replies) -> url of a local HTTP server: a stand-in for a misconfigured, foreign or flaky server
+    (the fault under test). `replies` is {path: (status, JSON-able body or raw bytes)} for GETs (the others
+    404), or a function (method, path, body bytes) -> (status, body), or None to drop the connection."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    servers = []
+
+    def serve(replies) -> str:
+        def respond(method, path, body):
+            if callable(replies):
+                return replies(method, path, body)
+            return replies.get(path, (404, b"<html>Not Found</html>")) if method == "GET" else (404, b"")
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self, method):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                reply = respond(method, self.path, body)
+                if reply is None:
+                    self.close_connection = True  # no status line: the client sees the connection drop
+                    return
+                status, payload = reply
+                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self._answer("GET")
+
+            def do_POST(self):
+                self._answer("POST")
+
+            def log_message(self, *args):
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield serve
+    for server in servers:
+        server.shutdown()
+
+
+@pytest.fixture
+def raw_server():
+    """serve(talk) -> url of a local TCP server whose every connection is handed to `talk(conn, done)`: a
+    server that never answers or trickles its reply (the fault under test). `done` is set at teardown."""
+    import socket
+    import threading
+
+    done, listeners = threading.Event(), []
+
+    def serve(talk) -> str:
+        listener = socket.create_server(("127.0.0.1", 0))
+        listener.settimeout(0.2)
+        listeners.append(listener)
+
+        def accept():
+            while not done.is_set():
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    continue
+                threading.Thread(target=talk, args=(conn, done), daemon=True).start()
+
+        threading.Thread(target=accept, daemon=True).start()
+        return f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+    yield serve
+    done.set()
+    for listener in listeners:
+        listener.close()

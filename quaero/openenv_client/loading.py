@@ -172,9 +172,16 @@ def _bind(obj: Callable, entry: str, kwargs: dict[str, Any]) -> Callable[[], Any
     return functools.partial(obj, **kwargs)
 
 
-def load_entry(entry: str, kwargs: dict[str, Any] | None = None, action: str | None = None) -> EnvSpec:
+class FactoryNotCalled(Exception):
+    """`load_entry(..., call_factory=False)` met a factory whose return annotation names no env class."""
+
+
+def load_entry(entry: str, kwargs: dict[str, Any] | None = None, action: str | None = None, *,
+               call_factory: bool = True) -> EnvSpec:
     """Import `entry` (an Environment/MCPEnvironment subclass or a factory returning one); each
-    session's env is `entry(**kwargs)`. `action` is `[env] action`, used when the env names no Action."""
+    session's env is `entry(**kwargs)`. `action` is `[env] action`, used when the env names no Action.
+    A factory is called once to learn its env class, unless `call_factory` is False (`quaero check` runs no
+    code of the config's but imports): then its return annotation must name the class, else FactoryNotCalled."""
     require_openenv()
     from openenv.core.env_server.interfaces import Environment
     from openenv.core.env_server.mcp_environment import MCPEnvironment
@@ -184,6 +191,14 @@ def load_entry(entry: str, kwargs: dict[str, Any] | None = None, action: str | N
     obj = _import_attr(entry)
     if inspect.isclass(obj) and issubclass(obj, Environment):
         env_cls, factory = obj, _bind(obj, entry, kwargs or {})
+    elif callable(obj) and not inspect.isclass(obj) and not call_factory:
+        try:
+            env_cls = typing.get_type_hints(obj).get("return")
+        except Exception:  # noqa: BLE001 - a builtin, an unresolvable annotation: nothing to read
+            env_cls = None
+        if not (inspect.isclass(env_cls) and issubclass(env_cls, Environment)):
+            raise FactoryNotCalled(entry)
+        factory = _bind(obj, entry, kwargs or {})
     elif callable(obj) and not inspect.isclass(obj):
         factory = _bind(obj, entry, kwargs or {})
         try:
@@ -339,13 +354,19 @@ def ignored_reset_params(spec: EnvSpec) -> list[str]:
 
 def describe_env(cfg: Any) -> list[str]:
     """`quaero check`'s view of the env: the entry imported and its types resolved (a ConfigError now, before
-    any model loads, when its Action is unknown or empty), no session opened. cfg: an EnvConfig."""
+    any model loads, when its Action is unknown or empty), no session opened and no factory called: a class is
+    inspected, a factory function only through its return annotation. cfg: an EnvConfig."""
     from .mapping import field_type
 
     if cfg.launcher == "remote":
         return [(f"env action  read from {cfg.url} /schema when sessions open (an Action without fields is an "
                  "error then); the reset parameters of a remote env cannot be inspected")]
-    spec = load_entry(cfg.entry, cfg.kwargs, cfg.action)
+    try:
+        spec = load_entry(cfg.entry, cfg.kwargs, cfg.action, call_factory=False)
+    except FactoryNotCalled:
+        return [(f"env action  {cfg.entry} is a factory function: not called here (it would run with [env] kwargs); "
+                "its env class and Action are learned when sessions open (annotate its return type, "
+                "`-> MyEnv`, to check them now)")]
     if spec.is_mcp:
         action = "MCP tool calls (its tools become the chat tools when sessions open)"
     else:

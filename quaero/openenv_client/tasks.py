@@ -149,7 +149,8 @@ def plan_line(catalog: TaskCatalog | None, env_cfg: Any, eval_tasks: int) -> str
 
 def check_lines(cfg: Any, source: str = "config") -> list[str]:
     """`quaero check`'s tasks line, the configured splits judged against the env's (a ConfigError when one is
-    missing): read from a fresh instance of [env] entry, or from the first [env] url's routes when it is up."""
+    missing): read from a fresh instance of an [env] entry that is an Environment class (a factory function is
+    never called here), or from the first [env] url's routes when it is up."""
     env_cfg, t = cfg.env, cfg.training
     if env_cfg.launcher == "remote":
         from .pool import _urls
@@ -161,9 +162,14 @@ def check_lines(cfg: Any, source: str = "config") -> list[str]:
             return [f"tasks       read from {http_url}'s Task API routes when sessions open (not reachable now)"]
         catalog = catalog_over_http(http_url)
     else:
-        from .loading import load_entry
+        from .loading import FactoryNotCalled, load_entry
 
-        catalog = catalog_of_spec(load_entry(env_cfg.entry, env_cfg.kwargs, env_cfg.action))
+        try:  # an Environment class is built once (what every session does); a factory function is never called
+            spec = load_entry(env_cfg.entry, env_cfg.kwargs, env_cfg.action, call_factory=False)
+        except FactoryNotCalled:
+            return [("tasks       read from the env's Task API when sessions open (a factory function is not "
+                     "called at check)")]
+        catalog = catalog_of_spec(spec)
     check_splits(catalog, env_cfg, train=bool(t.steps or t.warmup_sft_steps), evaluate=bool(t.eval_tasks),
                  source=source)
     return [plan_line(catalog, env_cfg, t.eval_tasks)]

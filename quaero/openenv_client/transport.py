@@ -72,7 +72,7 @@ def check_reply(payload: Any) -> dict:
     if not isinstance(payload["done"], bool):
         raise InvalidReply(f"done={_shown(payload['done'])} is not a boolean")
     reward = payload.get("reward")
-    if reward is not None and not isinstance(reward, (int, float)):
+    if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):  # True is no reward
         raise InvalidReply(f"reward={_shown(reward)} is not a number")
     if reward is not None and not math.isfinite(reward):
         raise InvalidReply(f"reward={reward} is not finite")

@@ -123,20 +123,20 @@ def make_sampler(cfg, *, model=None, stop_token_ids: list[int], device: str, log
 def _make_server_sampler(cfg, stop_token_ids: list[int], log_dir) -> Sampler:
     """`[sampler] mode = "server"`: connect to `urls`, or start `servers` vLLM servers for this process (each
     torchrun rank starts its own, on its devices: quaero/sampling/server.py `server_devices`)."""
-    from quaero.sampling.server import VLLMServerSampler, start_servers
-
-    sc = cfg.sampler
-    if sc.urls:
-        return VLLMServerSampler(sc.urls, sc, stop_token_ids=stop_token_ids, max_model_len=cfg.model.max_seq_len)
     from quaero.model import resolve_model
+    from quaero.sampling.server import VLLMServerSampler, model_vocab_size, start_servers
     from trainers.distributed import rank
 
-    procs = start_servers(str(resolve_model(cfg.model.name)), sc, count=sc.servers, log_dir=log_dir,
+    sc, folder = cfg.sampler, resolve_model(cfg.model.name)
+    if sc.urls:
+        return VLLMServerSampler(sc.urls, sc, stop_token_ids=stop_token_ids, max_model_len=cfg.model.max_seq_len,
+                                 vocab_size=model_vocab_size(folder))
+    procs = start_servers(str(folder), sc, count=sc.servers, log_dir=log_dir,
                           name=f"vllm-rank{rank()}", dtype=cfg.model.dtype, max_model_len=cfg.model.max_seq_len,
                           seed=cfg.run.seed)
     try:
         return VLLMServerSampler([p.url for p in procs], sc, stop_token_ids=stop_token_ids,
-                                 max_model_len=cfg.model.max_seq_len, processes=procs)
+                                 max_model_len=cfg.model.max_seq_len, processes=procs, vocab_size=model_vocab_size(folder))
     except BaseException:
         for p in procs:
             p.close(keep_log=True)

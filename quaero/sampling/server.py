@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import sys
+import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -41,11 +41,11 @@ from quaero.metrics import get_logger
 from quaero.sampling import Completion, completion_budget, finish_reason, request_seed
 from quaero.sampling.launch import ServedProcess, free_port, start_all
 from quaero.sampling.vllm import cpu_whole_prefill, saved_weights
+from quaero.sampling.wire import exchange
 from trainers import distributed
 
 log = get_logger(__name__)
 
-REQUEST_TIMEOUT_S = 3600.0  # one prompt's n completions; a dead server fails sooner (connection refused)
 RETRY_WAITS_S = (1.0, 4.0, 15.0)  # a dropped connection to a server (a flaky network): wait, then send again
 CPU_RELOAD = "reload_and_repack_cpu_gemms"  # quaero.sampling.vllm.CPUWeightSync
 CPU_WORKER_EXTENSION = "quaero.sampling.vllm.CPUWeightSync"  # the CPU build's worker extension (serve_argv)
@@ -125,11 +125,7 @@ PROBE_TIMEOUT_S = 10.0
 
 def _get_json(url: str) -> tuple[int, object]:
     """(HTTP status, parsed JSON or None) of a GET; OSError when nothing answers."""
-    try:
-        with urllib.request.urlopen(url, timeout=PROBE_TIMEOUT_S) as r:
-            status, text = r.status, r.read()
-    except urllib.error.HTTPError as e:
-        status, text = e.code, e.read()
+    status, text = exchange("GET", url, first_byte_s=PROBE_TIMEOUT_S, reply_s=PROBE_TIMEOUT_S)
     try:
         return status, json.loads(text)
     except ValueError:
@@ -156,18 +152,22 @@ def server_problem(url: str, cfg: SamplerConfig, *, max_seq_len: int) -> str | N
     if status != 200 or not isinstance(vc, dict):
         return (f"answers without vLLM's dev routes (GET /server_info: {status}); quaero pushes weights through "
                 "them: restart it with VLLM_SERVER_DEV_MODE=1 in its environment")
-    model, parallel = vc.get("model_config") or {}, vc.get("parallel_config") or {}
+    model, parallel = _section(vc, "model_config"), _section(vc, "parallel_config")
     if model.get("logprobs_mode") != "processed_logprobs":
         return (f"reports log-probs as {model.get('logprobs_mode')!r}: quaero's importance ratios need them after "
                 "temperature; restart it with --logprobs-mode processed_logprobs")
-    if int(model.get("max_model_len") or 0) < max_seq_len:
+    held = model.get("max_model_len")
+    if type(held) is not int:
+        return (f"reports max_model_len={str(held)[:40]!r} in GET /server_info, not a number of tokens: name a "
+                f"`vllm serve` server started with --max-model-len {max_seq_len}")
+    if held < max_seq_len:
         return (f"holds {model.get('max_model_len')} tokens per sequence and [model] max_seq_len={max_seq_len}: "
                 f"restart it with --max-model-len {max_seq_len}, or lower max_seq_len")
-    cpu = (vc.get("device_config") or {}).get("device") == "cpu"
+    cpu = _section(vc, "device_config").get("device") == "cpu"
     if cfg.weight_transfer == "file" and cpu and parallel.get("worker_extension_cls") != CPU_WORKER_EXTENSION:
         return (f"runs vLLM's CPU build without quaero's weight reload; restart it with --worker-extension-cls "
                 f"{CPU_WORKER_EXTENSION}")
-    backend = (vc.get("weight_transfer_config") or {}).get("backend")
+    backend = _section(vc, "weight_transfer_config").get("backend")
     if cfg.weight_transfer != "file" and backend != cfg.weight_transfer:
         return (f"was started with weight transfer {backend!r} and [sampler] weight_transfer="
                 f"{cfg.weight_transfer!r}: restart it with --weight-transfer-config "
@@ -175,20 +175,39 @@ def server_problem(url: str, cfg: SamplerConfig, *, max_seq_len: int) -> str | N
     return None
 
 
+def model_vocab_size(folder: Path) -> int | None:
+    """The vocabulary size in a model folder's config.json (a multimodal model's text_config too); None when it
+    does not say (the sampled ids are then checked for sign and type only)."""
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+        size = config.get("vocab_size") or _section(config, "text_config").get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return size if type(size) is int and size > 0 else None
+
+
+def _section(config: dict, name: str) -> dict:
+    value = config.get(name)
+    return value if isinstance(value, dict) else {}
+
+
 class VLLMServerSampler:
     def __init__(self, urls: list[str], cfg: SamplerConfig, *, stop_token_ids: list[int], max_model_len: int = 4096,
-                 processes: list[ServedProcess] | None = None, on_cpu: bool | None = None):
+                 processes: list[ServedProcess] | None = None, on_cpu: bool | None = None,
+                 vocab_size: int | None = None):
         if not urls:
             raise ValueError("VLLMServerSampler needs at least one server url")
         self.urls = [u.rstrip("/") for u in urls]
         self.cfg = cfg
         self.stop_token_ids = list(stop_token_ids)
         self.max_model_len = max_model_len
+        self.vocab_size = vocab_size  # a sampled id at or past it is refused at the boundary (None: unchecked)
         self.shares_model = False  # weights arrive through update_weights
         self.processes = list(processes or [])  # the servers this sampler started (and stops at close)
         # urls servers share this machine's filesystem (see the module docstring), so its device decides
         self.on_cpu = (not torch.cuda.is_available()) if on_cpu is None else on_cpu
         self.weight_transfer = cfg.weight_transfer  # logged with each push (quaero/train.py sync_sampler)
+        self._abort = threading.Event()  # set when the caller is interrupted: the requests in flight end
         self.transfer = None
         if cfg.weight_transfer != "file":
             from quaero.sampling.transfer import WeightTransfer
@@ -211,35 +230,66 @@ class VLLMServerSampler:
                              completion_budget(len(p), self.cfg.max_tokens, self.max_model_len))
                   for i, p in enumerate(prompts)]
         jobs = [(self.urls[i % len(self.urls)], b) for i, b in enumerate(bodies)]
-        with ThreadPoolExecutor(max_workers=min(len(jobs), 64), thread_name_prefix="quaero-sampler") as pool:
-            replies = list(pool.map(lambda job: self._post(job[0], "/v1/completions", job[1], retry=True), jobs))
-        return [self._completions(r, n) for r in replies]
+        replies = self._in_parallel(lambda job: self._post(job[0], "/v1/completions", job[1], retry=True), jobs)
+        return [self._completions(r, job, n) for r, job in zip(replies, jobs)]
 
-    def _completions(self, reply: dict, n: int) -> list[Completion]:
-        if not isinstance(reply.get("choices"), list):
-            raise ServerError(f"vLLM server replied to /v1/completions without choices: {json.dumps(reply)[:300]}")
-        choices = sorted(reply["choices"], key=lambda c: c["index"])
-        if len(choices) != n:
-            raise ServerError(f"vLLM server returned {len(choices)} completions for n={n}")
+    def _in_parallel(self, call, items: list) -> list:
+        """`call` over `items` on threads; when one fails or this thread is interrupted (a second Ctrl-C), the
+        requests still in flight end at their next poll instead of holding the process until they time out."""
+        pool = ThreadPoolExecutor(max_workers=min(len(items), 64), thread_name_prefix="quaero-sampler")
+        try:
+            return list(pool.map(call, items))
+        except BaseException:
+            self._abort.set()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            self._abort.clear()
+
+    def _completions(self, reply: dict, job: tuple[str, dict], n: int) -> list[Completion]:
+        """The reply's n completions, each checked at the boundary: a reply the trainer could not use (ids out
+        of the vocabulary, impossible log-probs, more tokens than asked for) is a one-line ServerError."""
+        url, body = job
+
+        def bad(what: str) -> ServerError:
+            return ServerError(f"vLLM server {url}/v1/completions replied {what}: {json.dumps(reply)[:200]}; is it "
+                               "a `vllm serve` server of [model] name (a proxy or another program)?")
+
+        choices = reply.get("choices")
+        if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+            raise bad("without a list of choices")
+        indices = sorted(c.get("index") if type(c.get("index")) is int else -1 for c in choices)
+        if indices != list(range(n)):
+            raise bad(f"{len(choices)} choices indexed {indices[:8]} for n={n} (0..{n - 1} expected)")
         out = []
-        for c in choices:
-            ids = [int(t) for t in c["token_ids"]]
-            lps = [float(lp) for lp in c["logprobs"]["token_logprobs"]]
+        for c in sorted(choices, key=lambda c: c["index"]):
+            ids, lps = c.get("token_ids"), c.get("logprobs")
+            lps = lps.get("token_logprobs") if isinstance(lps, dict) else None
+            if not isinstance(ids, list) or not isinstance(lps, list):
+                raise bad("a choice without token_ids and logprobs.token_logprobs lists")
+            if len(ids) > body["max_tokens"]:
+                raise bad(f"{len(ids)} tokens for max_tokens={body['max_tokens']}")
+            vocab = self.vocab_size
+            wrong = [t for t in ids if type(t) is not int or t < 0 or (vocab is not None and t >= vocab)]
+            if wrong:
+                raise bad(f"token id {str(wrong[0])[:30]} (token ids are integers in 0..{vocab or 'vocab'})")
+            impossible = [lp for lp in lps if type(lp) not in (int, float) or not math.isfinite(lp)]
+            if impossible:
+                raise bad(f"log-prob {str(impossible[0])[:30]} (finite numbers expected)")
             if len(lps) != len(ids):
-                raise ServerError(f"vLLM server returned {len(ids)} token ids and {len(lps)} log-probs")
-            out.append(Completion(ids, lps, finish_reason(ids, self.stop_token_ids)))
+                raise bad(f"{len(ids)} token ids and {len(lps)} log-probs")
+            out.append(Completion(ids, [float(lp) for lp in lps], finish_reason(ids, self.stop_token_ids)))
         return out
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        with ThreadPoolExecutor(len(self.urls)) as pool:
-            if self.transfer is not None:
-                self.transfer.push(state_dict)
-            else:
-                method = CPU_RELOAD if self.on_cpu else "reload_weights"
-                with saved_weights(state_dict) as folder:
-                    body = {"method": method, "kwargs": {"weights_path": folder}}
-                    list(pool.map(lambda url: self._post(url, "/collective_rpc", body, retry=True), self.urls))
-            resets = list(pool.map(lambda url: self._post(url, "/reset_prefix_cache", None, retry=True), self.urls))
+        if self.transfer is not None:
+            self.transfer.push(state_dict)
+        else:
+            method = CPU_RELOAD if self.on_cpu else "reload_weights"
+            with saved_weights(state_dict) as folder:
+                body = {"method": method, "kwargs": {"weights_path": folder}}
+                self._in_parallel(lambda url: self._post(url, "/collective_rpc", body, retry=True), self.urls)
+        resets = self._in_parallel(lambda url: self._post(url, "/reset_prefix_cache", None, retry=True), self.urls)
         failed = [u for u, r in zip(self.urls, resets) if r.get("success") is False]
         if failed:  # vLLM refuses while requests run; none do between quaero's steps
             raise ServerError(f"vLLM servers {failed} did not reset their prefix cache after the weight push")
@@ -251,18 +301,15 @@ class VLLMServerSampler:
         data = b"" if body is None else json.dumps(body).encode()
         waits, tries = (list(RETRY_WAITS_S) if retry else []), 0
         while True:
-            req = urllib.request.Request(url + path, data=data, method="POST",
-                                         headers={"Content-Type": "application/json"})
-            try:
-                with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
-                    text = r.read()
-                break
-            except urllib.error.HTTPError as e:
-                detail = e.read().decode(errors="replace")[:2000]
-                fault, transient = f"answered {e.code}: {detail}", e.code in (502, 503, 504)
-            except OSError as e:  # refused or reset: nothing came back; a request past its timeout is not sent again
-                timed_out = isinstance(e, TimeoutError) or isinstance(getattr(e, "reason", None), TimeoutError)
-                fault, transient = f"unreachable ({e})", not timed_out
+            try:  # every wait bounded, and a stop request ends it (quaero/sampling/wire.py)
+                status, text = exchange("POST", url + path, data, abort=self._abort)
+            except OSError as e:  # refused, reset or dropped: nothing came back; a bound that ran out is not retried
+                timed_out = isinstance(e, TimeoutError)
+                fault, transient = f"{'timed out' if timed_out else 'unreachable'} ({e})", not timed_out
+            else:
+                if 200 <= status < 300:
+                    break
+                fault, transient = f"answered {status}: {text.decode(errors='replace')[:2000]}", status in (502, 503, 504)
             hint = self._hint(url)
             if not (transient and waits) or hint:
                 after = f" (after {tries} retries)" if tries else ""
@@ -271,7 +318,7 @@ class VLLMServerSampler:
             log.warning("sampler_request_retried", url=url, path=path, error=fault[:300], wait_s=wait,
                         retries_left=len(waits))
             time.sleep(wait)
-        return json.loads(text) if text else {}
+        return _json_object(f"{url}{path}", text)
 
     def _hint(self, url: str) -> str:
         for p in self.processes:
@@ -285,3 +332,16 @@ class VLLMServerSampler:
         for p in self.processes:
             p.close()
         self.processes = []
+
+
+def _json_object(where: str, text: bytes) -> dict:
+    """A reply's JSON object ({} for an empty body); anything else is a one-line ServerError."""
+    try:
+        value = json.loads(text) if text.strip() else {}
+    except ValueError:
+        raise ServerError(f"vLLM server {where} replied with a body that is not JSON: {text[:120]!r}; is the "
+                          "address a `vllm serve` server?") from None
+    if not isinstance(value, dict):
+        raise ServerError(f"vLLM server {where} replied with a JSON {type(value).__name__}, not an object: "
+                          f"{json.dumps(value)[:120]}; is the address a `vllm serve` server?")
+    return value

@@ -253,7 +253,8 @@ def _drops_with_reasons(pool, reasons: dict) -> None:
 
 DEEP_FRAME = '{"type": "observation", "data": ' + RAW_REPLIES["deep"] + "}"
 BAD_REWARDS = {"string": "reward='high' is not a number", "nan": "reward=nan is not finite",
-               "inf": "reward=inf is not finite", "-inf": "reward=-inf is not finite"}
+               "inf": "reward=inf is not finite", "-inf": "reward=-inf is not finite",
+               "bool": "reward=True is not a number"}  # True would train as 1.0; strings were already refused
 
 
 @pytest.mark.parametrize("launcher", ["inprocess", "local-server"])
@@ -275,7 +276,7 @@ def test_a_remote_server_s_malformed_replies_drop_episodes_with_their_reason():
     with raw_server() as url, open_envs(EnvConfig(url=url, **FAST), 1) as pool:
         _drops_with_reasons(pool, {
             "nan": "reward=nan is not finite", "inf": "reward=-inf is not finite",
-            "string": "reward='1.0' is not a number",
+            "string": "reward='1.0' is not a number", "bool": "reward=True is not a number",
             "list": "observation=['not', 'an', 'object'] is not a JSON object",
             "missing_done": "done is missing", "string_done": "done='false' is not a boolean",
             "metadata": "observation.metadata=[1, 2] is not a JSON object",

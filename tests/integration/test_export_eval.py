@@ -123,6 +123,34 @@ def test_export_refuses_a_used_folder_and_names_the_kept_steps(full_run, full_ex
                     "(quaero train CONFIG --restart)")]
 
 
+@pytest.mark.hostile
+def test_export_to_a_file_a_path_below_a_file_or_a_full_disk_is_one_line(full_run, tmp_path, capsys, monkeypatch):
+    """Bad destinations: a file (also /dev/full), a folder below a file, a disk that fills mid-write (the fault:
+    save_pretrained raising ENOSPC). Each is `error: OUT: ...` naming the fix; no temporary folder stays."""
+    import errno
+
+    run_dir, _ = full_run
+    taken = tmp_path / "taken"
+    taken.write_text("mine")
+    for out, why in ((taken, "a file, not a folder; name a new folder for the export"),
+                     (Path("/dev/full"), "a file, not a folder; name a new folder for the export"),
+                     (taken / "below", f"a file ({taken}), not a folder; name a new folder for the export")):
+        assert cli.main(["export", str(run_dir), str(out)]) == 1
+        assert capsys.readouterr().err == f"error: {out}: {why}\n"  # before any model loads
+    assert taken.read_text() == "mine"
+    from transformers import PreTrainedModel
+
+    def full(self, folder, **kwargs):
+        (Path(folder) / "model.safetensors").write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", full)
+    assert cli.main(["export", str(run_dir), str(tmp_path / "out")]) == 1
+    assert capsys.readouterr().err.endswith(f"\nerror: {tmp_path / 'out'}: cannot write the model there (No space "
+                                            "left on device); choose a writable folder with room for it\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # no .out-* temporary folder left
+
+
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -156,15 +184,16 @@ def test_eval_compare_oracle_vs_wrong_answers_on_toolbench(tmp_path, capsys):
     assert "A - B on 6 paired episodes: success +1.000 (A only 6, B only 0; McNemar exact p = 0.03125)" in printed
 
 
-def test_eval_an_exported_folder_end_to_end(full_export, capsys):
+def test_eval_an_exported_folder_end_to_end(full_export, tmp_path, capsys):
     """`quaero eval --model <folder quaero export wrote>`: greedy tiny-qwen3 on 2 tasks x 2 seeds. The eval is
     under test, not the sampler: hf, since `auto` is vLLM wherever it imports (tests/engines/ test vLLM)."""
     code = cli.main(["eval", TOOLBENCH, "--set", "sampler.max_tokens=12", "--set", "env.max_turns=2",
-                     "--set", "sampler.backend=hf",
+                     "--set", "sampler.backend=hf", "--set", f"run.output_dir={tmp_path}",
                      "--model", str(full_export), "--tasks", "2", "--seeds", "2"])
     printed = capsys.readouterr().out
     assert code == 0, printed
-    out = next(full_export.parent.glob("eval-*"))  # next to the model folder
+    assert not list(full_export.parent.glob("eval-*"))  # never beside the model folder it only reads
+    out = next((tmp_path / "toolbench").glob("eval-*"))  # the config's run folder
     records = read_jsonl(out / "transcripts.jsonl")
     assert [(r["repeat"], r["task"]) for r in records] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     for r in records:

@@ -234,3 +234,22 @@ def test_two_ranks_with_vllm_server_samplers_finish_the_main_job_and_pass_review
     logs = sorted(p.name for p in (run_dir / "sampler-servers").iterdir())
     assert logs == ["vllm-rank0-0.log", "vllm-rank1-0.log"]  # one server per rank, its log kept with the run
     quaero("review", run_dir, "--require-proof")
+
+
+@pytest.mark.slow
+@pytest.mark.hostile
+def test_a_failing_rank_ends_quaero_train_nproc_with_its_error_lines_and_no_torchrun_traceback(tmp_path):
+    """Every checkpoint of the run folder torn: each rank says so in one line (rank 0's error given to all),
+    exit 1, and torchrun's own ChildFailedError traceback and failure table do not follow."""
+    path, cfg = make_config(tmp_path, "torn", steps=1, warmup=0, eval_every=0, eval_tasks=0)
+    torn = cfg.run_dir / "checkpoints" / "step-000001"
+    torn.mkdir(parents=True)
+    (torn / "manifest.json").write_text("{")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    proc = subprocess.run([sys.executable, "-m", "quaero.cli", "train", str(with_strategy(path, "ddp")), "--nproc",
+                           "2", "--resume"], check=False, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 2 and all("no intact checkpoint" in line for line in errors), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr, proc.stderr[-3000:]

@@ -137,6 +137,23 @@ def test_a_run_that_trains_nothing_exits_1_naming_the_drop_reasons(tmp_path):
 
 
 @pytest.mark.hostile
+def test_a_run_shorter_than_max_empty_steps_that_trains_nothing_does_not_finish(tmp_path):
+    """One step, every episode dropped (max_empty_steps=3 never reached): the run ends "failed" naming the
+    drop reasons, with no final/ (there is no trained model to hand over), not "finished"."""
+    from quaero.train import EmptyRunError, train
+
+    _, cfg = make_config(tmp_path, "none", steps=1, warmup=0, eval_every=0, eval_tasks=0,
+                         entry="fixtures.crashing:AlwaysCrashingToolBench",
+                         extra=["env.launcher='inprocess'", "env.max_retries=0"])
+    with pytest.raises(EmptyRunError, match=r"^the run's 1 step\(s\) trained no row; dropped episodes by reason: "
+                                            r"4x server_error; the env_episode_dropped events in "):
+        train(cfg)
+    (end,) = events_of(cfg.run_dir, "run_end")
+    assert end["status"] == "failed" and end["drop_reasons"] == {"server_error": 4}
+    assert not (cfg.run_dir / "final").exists()
+
+
+@pytest.mark.hostile
 def test_a_run_whose_prompts_never_fit_stops_naming_the_context_budget(tmp_path):
     """[sampler] max_tokens leaves no room of [model] max_seq_len for the first prompt: every episode ends
     truncated (context_exhausted, nothing dropped), no row is built, and the error says which settings to change."""
@@ -230,3 +247,48 @@ def test_a_terminal_ctrl_c_stops_a_server_mode_run_after_its_step(tmp_path):
     assert all(s["phase"] == "rl" and s["turns"] > 0 for s in events_of(cfg.run_dir, "train_step"))
     servers = [e["pid"] for e in events_of(cfg.run_dir, "sampler_server_started")]
     assert len(servers) == 1 and not alive(servers)
+
+
+@pytest.mark.hostile
+def test_sigterm_ends_a_training_step_that_waits_on_a_silent_vllm_server(tmp_path, monkeypatch, http_server):
+    """`[sampler] urls` names a server that answers what it is and then never answers a completion: a SIGTERM
+    (the stop request) ends the wait STOP_GRACE_S later (0.5 s here, 30 s by default) and the run stops as
+    interrupted, instead of holding `quaero train` for the hour-long request bound until a SIGKILL."""
+    import threading
+
+    from quaero.sampling import wire
+    from quaero.train import train
+
+    recorded = json.loads((ROOT / "tests" / "fixtures" / "vllm_server_info.json").read_text())
+    release = threading.Event()
+
+    def silent_on_posts(method, path, body):
+        if method == "GET":
+            return {"/v1/models": (200, recorded["models"]),
+                    "/server_info?config_format=json": (200, recorded["server_info"])}.get(path, (404, b""))
+        release.wait(120)  # the fault: a completion that never comes
+        return None
+
+    url = http_server(silent_on_posts)
+    monkeypatch.setattr(wire, "STOP_GRACE_S", 0.5)
+    _, cfg = make_config(tmp_path, "silent", steps=1, warmup=0, eval_every=0, eval_tasks=0, extra=[
+        "env.launcher='inprocess'", "sampler.mode='server'", "sampler.backend='vllm'", f"sampler.urls=['{url}']"])
+    events = cfg.run_dir / "events.jsonl"
+
+    def stop_once_started():
+        deadline = time.time() + 120
+        while time.time() < deadline and not (events.exists() and '"run_start"' in events.read_text()):
+            time.sleep(0.2)
+        time.sleep(1.0)  # into the step's first completion request
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=stop_once_started, daemon=True).start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train(cfg)
+    finally:
+        release.set()
+    assert time.monotonic() - t0 < 120
+    stopped = [e for e in read_events(events)[0] if e["event"] == "sampler_wait_stopped"]
+    assert stopped and stopped[0]["url"].startswith(url + "/v1/completions")

@@ -61,3 +61,31 @@ def test_training_run_mirrors_its_scalars_into_tensorboard(tmp_path):
         assert [step for step, _ in scalars[tag]] == [step for step, _ in points], tag
         # TensorBoard stores float32
         assert [v for _, v in scalars[tag]] == pytest.approx([v for _, v in points], rel=1e-6, abs=1e-6), tag
+
+
+# ── a sink that fails never costs the run its own record (the other faults: tests/unit/quaero/test_sinks.py) ──
+
+
+@pytest.mark.slow
+@pytest.mark.hostile
+def test_a_sink_that_raises_mid_run_is_a_warning_and_every_step_is_checkpointed(tmp_path, monkeypatch):
+    """A real tiny run whose sink raises from step 2 on: the run finishes, every step is in events.jsonl and
+    checkpointed, `run_end` is written, and the sink's failures are warnings with a count."""
+    from fixtures.runs import events_of, make_config
+    from fixtures.sink_faults import FaultySink
+
+    from quaero import sinks
+    from quaero.train import train
+
+    monkeypatch.setattr(FaultySink, "fault", "log")  # from step 2 on
+    monkeypatch.setitem(sinks.SINKS, "faulty", FaultySink)
+    _, cfg = make_config(tmp_path, "sink-log", steps=1, warmup=2, eval_every=0, eval_tasks=0, extra=[
+        "env.launcher='inprocess'", "logging.report_to=['faulty']", "training.checkpoint_every=1"])
+    run_dir = train(cfg)
+    assert [e["step"] for e in events_of(run_dir, "train_step")] == [1, 2, 3]
+    assert [e["step"] for e in events_of(run_dir, "checkpoint_saved")] == [1, 2, 3]
+    (end,) = events_of(run_dir, "run_end")
+    assert end["status"] == "finished" and (run_dir / "final").is_dir()
+    assert [e["error"] for e in events_of(run_dir, "sink_failed")] == ["log: ValueError: sink down"] * 2
+    (summary,) = events_of(run_dir, "sink_summary")
+    assert (summary["sink"], summary["sink_errors"], summary["sink_events_dropped"]) == ("faulty", 2, 0)

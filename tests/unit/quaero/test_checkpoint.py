@@ -1,6 +1,7 @@
 """Checkpoints: an exact round trip without pickle, verified pruning, orphans, failed writes."""
 import errno
 import json
+import os
 import pickle
 import random
 import subprocess
@@ -269,3 +270,48 @@ def test_a_manifest_naming_a_file_outside_its_folder_is_refused(tmp_path):
     manifest["sha256"]["../outside"] = "0" * 64
     (path / checkpoint.MANIFEST).write_text(json.dumps(manifest))
     assert "outside the checkpoint" in checkpoint.verify(path)
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("forged, manifest_too", [(999999, False), (999999, True), (-3, True), (4, True)])
+def test_a_rehashed_state_step_is_checked_against_its_folder_and_manifest(tmp_path, forged, manifest_too):
+    """state.json's step rewritten and the manifest rehashed (999999: a run that would "resume" past its end
+    and train nothing; -3: a run that would redo its warm start and write step--00001): the folder is skipped,
+    naming why, and the one before it resumes."""
+    for step in (4, 6):
+        checkpoint.save(tmp_path, step, trained_state(step), keep=10)
+    folder = tmp_path / "step-000006"
+    doc = json.loads((folder / "state.json").read_text())
+    doc["state"]["step"] = forged
+    (folder / "state.json").write_text(json.dumps(doc))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["sha256"]["state.json"] = checkpoint._sha256(folder / "state.json")
+    if manifest_too:
+        manifest["step"] = forged
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    assert checkpoint.verify(folder) is None  # the hashes match: only the cross-check catches it
+    path, state = checkpoint.load_latest(tmp_path)
+    assert (path.name, state["step"]) == ("step-000004", 4)
+    with pytest.raises(ValueError, match=rf"state.json says step {forged} in folder step-000006 whose manifest.json "
+                                         rf"says step {forged if manifest_too else 6}; a checkpoint's step is its "
+                                         "folder's"):
+        checkpoint.load(folder)
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("code", [errno.EPERM, errno.EACCES, errno.EROFS])
+def test_an_unwritable_checkpoints_folder_is_named_as_such_not_as_a_full_disk(tmp_path, monkeypatch, code):
+    """An immutable (chattr +i: EPERM), read-only (EACCES) or read-only-mounted (EROFS) checkpoints/ folder: the
+    error names permissions, not free space (the fault: the write raising what such a folder raises)."""
+    checkpoint.save(tmp_path, 1, trained_state(1))
+
+    def refused(tensors, filename):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(checkpoint, "save_file", refused)
+    with pytest.raises(CheckpointError) as e:
+        checkpoint.save(tmp_path, 2, trained_state(2))
+    assert str(e.value) == (f"checkpoint {tmp_path / 'step-000002'} not written (tensors.safetensors: "
+                            f"{os.strerror(code)}): {tmp_path} is not writable by this process; fix its permissions "
+                            "(chattr -i, chmod u+w, a read-write mount) and resume with `quaero train CONFIG --resume`")
+    assert checkpoint.load_latest(tmp_path)[0].name == "step-000001"

@@ -213,3 +213,18 @@ def test_dynamic_sampling_with_rollouts_sampled_ahead_is_refused():
         with pytest.raises(ConfigError) as e:
             load_config(MAIN, [bad])
         assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("url", ["ftp://127.0.0.1:21", "127.0.0.1:8000", "file:///etc/passwd"])
+def test_an_env_url_train_would_refuse_is_refused_by_check(url):
+    """`quaero check` and `quaero train` agree: an [env] url the remote launcher cannot speak to is a config
+    error before anything loads (it was accepted by check, refused by train)."""
+    with pytest.raises(ConfigError) as e:
+        load_config(MAIN, [f"env.url='{url}'", "env.launcher='remote'", "env.entry=''", "env.kwargs={}",
+                           "training.warmup_sft_steps=0"])
+    assert str(e.value) == (f"{MAIN} [env] url: {url!r} is not an OpenEnv server address; write it as "
+                            "\"ws://host:port\" or \"http://host:port\"")
+    for good in ("ws://127.0.0.1:9", "http://10.0.0.2:8000/", "wss://env.example.org/ws"):
+        load_config(MAIN, [f"env.url='{good}'", "env.launcher='remote'", "env.entry=''", "env.kwargs={}",
+                           "training.warmup_sft_steps=0"])

@@ -151,3 +151,32 @@ def test_unreadable_or_foreign_lines_are_counted_and_a_foreign_folder_is_one_lin
     assert cli.main(["inspect", "rows", str(foreign)]) == 1
     assert capsys.readouterr().err.endswith(f"error: {foreign / 'config.json'}: not a quaero run config (no [model] "
                                             "name); pass a run folder that `quaero train` wrote\n")
+
+
+HOSTILE_TEXT = "\x1b]0;pwned\x07\x1b[2J\x1b]8;;http://evil\x1b\\link\x1b]8;;\x1b\\\rOVERWRITE\u202eevil\x9b31m"
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("color", [False, True])
+def test_env_text_with_terminal_escapes_is_shown_escaped(run_dir, qwen3_tokenizer, color, capsys):
+    """ANSI/OSC sequences (window title, clear screen, hyperlink), a carriage return, a bidi override and a C1
+    CSI in a row's env text reach the terminal as visible escapes, piped or on a terminal."""
+    rec = saved(run_dir)[0]
+    rec["input_ids"] += qwen3_tokenizer.encode(HOSTILE_TEXT, add_special_tokens=False)
+    shown = render_terminal([rec], qwen3_tokenizer, color=color)
+    assert "\r" not in shown and "\x07" not in shown and "\u202e" not in shown and "\x9b" not in shown
+    assert "\\x1b]0;pwned\\x07\\x1b[2J\\x1b]8;;http://evil\\x1b\\link" in shown and "\\rOVERWRITE\\u202eevil" in shown
+    if not color:
+        assert "\x1b" not in shown  # the markers' own colours are the only escapes on a terminal
+        step_file(run_dir, STEP).write_text(json.dumps(rec) + "\n")
+        assert cli.main(["inspect", "rows", str(run_dir)]) == 0
+        assert "\x1b" not in capsys.readouterr().out
+    else:
+        assert shown.replace("\x1b[0m", "").count("\x1b[") == shown.count("\x1b[0m")  # one colour per reset
+
+
+@pytest.mark.hostile
+def test_html_to_a_folder_is_one_error_line(run_dir, tmp_path, capsys):
+    assert cli.main(["inspect", "rows", str(run_dir), "--html", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"error: --html {tmp_path}: cannot write it (Is a directory); name a file in a writable folder\n"

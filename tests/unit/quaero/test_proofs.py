@@ -83,3 +83,28 @@ def test_unmet_counts_na_only_for_named_checks():
 def test_sparse_echo_is_not_applicable_when_no_microbatch_was_trained():
     check = proofs.sparse_echo(counters())
     assert check["status"] == "n/a" and "no microbatch was trained" in check["detail"]
+
+
+def _gap_run(*steps) -> dict:
+    """An event log of RL steps (gap max, gap mean, policy staleness) for `quaero review`'s summary."""
+    return {"steps": [{"step": i + 1, "phase": "rl", "rows": 2, "action_tokens": 8, "echo_tokens": 4,
+                       "sampler_logprob_gap_max": worst, "sampler_logprob_gap_mean": mean, "policy_staleness": stale}
+                      for i, (worst, mean, stale) in enumerate(steps)], "evals": [], "ended": True, "unreadable": 0}
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("steps, status", [
+    ([(3.4e-4, 1e-5, 0)], "pass"),  # the CPU main job's measured gap
+    ([(62.0, 50.0, 0)], "fail"),  # a sampler +50 nats off (ratios ~2e-27, clip fraction 1.0)
+    ([(10.6, 0.05, 0)], "fail"),  # one token 10.6 nats off
+    ([(1.5, 0.3, 0)], "fail"),  # every token a little off: the mean says so
+    ([(None, None, 0)], "n/a"),  # no RL token measured (all-SFT, or every advantage 0)
+    ([(0.0, 0.0, 0), (9.0, 2.0, 1)], "pass"),  # sampled ahead: that gap includes the policy's change
+])
+def test_the_logprob_gap_proof_fails_past_its_tolerance(steps, status):
+    s = review.summarize(_gap_run(*steps))
+    (check,) = [c for c in proofs.run_checks(s) if c["name"] == proofs.LOGPROB_GAP]
+    assert check["status"] == status and check["required"], check
+    missed = proofs.unmet(proofs.run_checks(s), require_proof=True)
+    assert any(line.startswith(f"{proofs.LOGPROB_GAP}: FAIL (over 1 on-policy step(s): max") for line in missed) \
+        == (status == "fail")

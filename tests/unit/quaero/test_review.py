@@ -240,8 +240,9 @@ def test_require_an_unknown_check_lists_the_valid_names(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err == ("error: --require 'ECHO loss fallin' is not a check; valid: 'sparse ECHO proof', "
                    "'compiled CE proof', 'exact rows (prefix mismatches)', 'trained at least one step', "
-                   "'RL trained (action tokens with advantage)', 'ECHO trained (env tokens)', 'ECHO loss falling', "
-                   "'eval reward above untrained', 'RL improved eval over warm start'\n")
+                   "'sampler log-probs agree with the trainer', 'RL trained (action tokens with advantage)', "
+                   "'ECHO trained (env tokens)', 'ECHO loss falling', 'eval reward above untrained', "
+                   "'RL improved eval over warm start'\n")
 
 
 @pytest.mark.hostile

@@ -318,3 +318,28 @@ def test_a_reply_the_parser_raises_on_is_a_malformed_action_not_the_end_of_the_r
         assert_exact(qwen3_render, ep)
         corrective = spans_of(ep, "corrective")
         assert corrective and all(set(r.echo_weights[s.start:s.end]) == {0.0} for r, s in corrective)
+
+
+class _LogprobSampler(_RepliesSampler):
+    """A fault: a sampler whose log-probs are `lp` (positive, or not finite)."""
+
+    def __init__(self, ids: list[int], lp: float):
+        super().__init__(ids)
+        self.lp = lp
+
+    def generate(self, prompts, n=1, greedy=False, seed=None):
+        from quaero.sampling import Completion
+
+        return [[Completion(list(self.ids), [self.lp] * len(self.ids), "stop")] for _ in prompts]
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("lp", [50.0, 0.01, float("nan"), float("-inf")])
+def test_an_episode_with_impossible_sampler_logprobs_is_dropped_and_counted(qwen3_render, lp):
+    """log p > 0 (or not finite) cannot come from a distribution: the episode is dropped, counted under
+    drop_reason_impossible_logprobs, and none of its tokens reach a row."""
+    ids = qwen3_render.tokenizer.encode("hello<|im_end|>", add_special_tokens=False)
+    eps, stats = drive(qwen3_render, tasks=2, group=1, policy=None, sampler=_LogprobSampler(ids, lp))
+    assert all(ep.dropped and ep.rows == [] for ep in eps)
+    assert eps[0].drop_reason == f"step 0: sampler log-prob {lp} is impossible (log p <= 0)"
+    assert stats["drop_reason_impossible_logprobs"] == stats["episodes_dropped"] == 2

@@ -43,3 +43,15 @@ def test_step_metrics_from_two_owners_under_one_name_are_refused():
     assert _disjoint({"rows": 0}, {"episodes": 4}) == {"rows": 0, "episodes": 4}
     with pytest.raises(ValueError, match=r"\['action_tokens'\] come from two owners"):
         _disjoint({"action_tokens": 768}, {"action_tokens": 0})
+
+
+@pytest.mark.hostile
+def test_the_reward_mean_of_huge_finite_rewards_is_their_mean_not_inf():
+    """Rewards of 1e308 (finite, accepted): their sum overflowed and the console showed reward_mean=inf."""
+    stats = RolloutStats()
+    for reward in (1e308, 1e308, 1e308):
+        stats.episode_finished(reward=reward, success=True, truncated=False, turns=1)
+    assert stats.snapshot_and_reset()["reward_mean"] == 1e308
+    stats.episode_finished(reward=0.1, success=True, truncated=False, turns=1)
+    stats.episode_finished(reward=0.2, success=True, truncated=False, turns=1)
+    assert stats.snapshot_and_reset()["reward_mean"] == (0.1 + 0.2) / 2  # the scaling is exact

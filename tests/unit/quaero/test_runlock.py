@@ -61,3 +61,14 @@ def test_a_lock_file_that_is_a_link_is_never_written_through(tmp_path):
     with pytest.raises(RunFolderLocked, match=r"train.lock is a link to .*precious.txt; a run folder holds no links"):
         RunLock(tmp_path / "run").__enter__()
     assert (tmp_path / "precious.txt").read_text() == "precious"
+
+
+@pytest.mark.hostile
+def test_a_lock_file_that_is_a_hard_link_is_never_truncated(tmp_path):
+    (tmp_path / "precious.txt").write_text("precious")
+    (tmp_path / "run").mkdir()
+    os.link(tmp_path / "precious.txt", tmp_path / "run" / "train.lock")
+    with pytest.raises(RunFolderLocked, match=r"train.lock is a hard link \(2 names for one file\); a run folder "
+                                              r"holds no links: remove it$"):
+        RunLock(tmp_path / "run").__enter__()
+    assert (tmp_path / "precious.txt").read_text() == "precious"

@@ -247,55 +247,6 @@ def test_close_stops_the_server_and_its_children(tmp_path):
 # ── [sampler] urls: a running server is asked what it is before any model loads ──────────────────────────
 
 
-@pytest.fixture
-def http_server():
-    """serve(replies) -> url of a local HTTP server: a stand-in for a misconfigured, foreign or flaky server
-    (the fault under test). `replies` is {path: (status, JSON-able body or raw bytes)} for GETs (the others
-    404), or a function (method, path, body bytes) -> (status, body), or None to drop the connection."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    servers = []
-
-    def serve(replies) -> str:
-        def respond(method, path, body):
-            if callable(replies):
-                return replies(method, path, body)
-            return replies.get(path, (404, b"<html>Not Found</html>")) if method == "GET" else (404, b"")
-
-        class Handler(BaseHTTPRequestHandler):
-            def _answer(self, method):
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                reply = respond(method, self.path, body)
-                if reply is None:
-                    self.close_connection = True  # no status line: the client sees the connection drop
-                    return
-                status, payload = reply
-                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self):
-                self._answer("GET")
-
-            def do_POST(self):
-                self._answer("POST")
-
-            def log_message(self, *args):
-                pass
-
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}"
-
-    yield serve
-    for server in servers:
-        server.shutdown()
-
-
 def _vllm_replies(**changes) -> dict:
     """A vLLM server's /v1/models and /server_info replies, its engine settings changed by `changes`
     ({"model_config.logprobs_mode": "raw_logprobs", ...}; None for /server_info = dev routes off)."""

@@ -67,7 +67,7 @@ def test_sinks_are_closed_and_flushed_when_the_run_is_interrupted(tmp_path):
         log.info("train_step", loss=2.0)
         raise KeyboardInterrupt
     assert mirror.sinks == []
-    assert sinks[0].writer.file_writer is None  # SummaryWriter.close() ran
+    assert sinks[0].sink.writer.file_writer is None  # SummaryWriter.close() ran
     assert tensorboard_scalars(tmp_path / "tensorboard") == {"train/loss": [(7, 2.0)]}
 
 
@@ -155,3 +155,49 @@ def test_check_does_not_import_the_sink_packages():
         pytest.skip(f"a sink package is missing here: {out.stderr.strip().splitlines()[-1]}")
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("fault, warned, counts", [
+    ("log", [("sink_failed", "log: ValueError: sink down")] * 3, (3, 0)),
+    ("open", [("sink_failed", "open: RuntimeError: wandb.errors.CommError: could not reach the server")], None),
+    ("close", [("sink_failed", "close: OSError: disk quota exceeded")], (1, 0)),
+    ("hang", [("sink_hung", None)], (0, 2)),
+])
+def test_a_failing_or_hanging_sink_is_a_warning_and_the_run_log_keeps_every_event(tmp_path, monkeypatch, fault,
+                                                                                   warned, counts):
+    """A sink that raises in open, log or close, or hangs in log: the run's events all reach events.jsonl,
+    nothing is raised into the run, and the sink's trouble is a warning with counts (`sink_summary`). A
+    hanging sink holds nothing: its queue (1 event here) fills and the rest are dropped and counted."""
+    import threading
+    import time
+
+    from fixtures.sink_faults import FaultySink
+
+    from quaero import sinks
+
+    monkeypatch.setattr(FaultySink, "fault", fault)
+    monkeypatch.setattr(FaultySink, "release", threading.Event())
+    monkeypatch.setitem(sinks.SINKS, "faulty", FaultySink)
+    monkeypatch.setattr(sinks, "SINK_QUEUE_EVENTS", 1)
+    monkeypatch.setattr(sinks, "SINK_CLOSE_TIMEOUT_S", 0.3)
+    metrics.configure(console="none")
+    log = metrics.get_logger("test")
+    t0 = time.monotonic()
+    try:
+        with metrics.RunLog(tmp_path), open_sinks(["faulty"], tmp_path, "faulty", {}):
+            for step in (1, 2, 3, 4):
+                metrics.set_step(step)
+                log.info("train_step", loss=1.0 / step)
+                time.sleep(0.05)  # the sink's thread takes the event (or fails on it)
+            log.info("run_end", status="finished")
+    finally:
+        FaultySink.release.set()
+    assert time.monotonic() - t0 < 5
+    events = metrics.read_events(tmp_path / "events.jsonl")[0]
+    assert [e["step"] for e in events if e["event"] == "train_step"] == [1, 2, 3, 4]
+    assert [e["event"] for e in events].count("run_end") == 1
+    assert [(e["event"], e.get("error")) for e in events if e["event"] in ("sink_failed", "sink_hung")] == warned
+    summary = [(e["sink_errors"], e["sink_events_dropped"]) for e in events if e["event"] == "sink_summary"]
+    assert summary == ([] if counts is None else [counts])
+    assert mirror.sinks == []
