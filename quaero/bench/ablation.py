@@ -9,6 +9,8 @@ warm start), so the arms differ only after it: the RL phase, where the ECHO pape
 
     quaero bench ablation envs/toolbench.toml --seeds 0,1,2 --out bench_out/ablation
     quaero bench ablation my_env.toml --arm-a echo.enabled=true --arm-b echo.enabled=false --set training.steps=40
+    quaero bench ablation envs/toolbench.toml --from runs/toolbench --from-step 400 \
+        --set training.warmup_sft_steps=400 --set training.steps=12 ...   # the RL phase only
 """
 from __future__ import annotations
 
@@ -44,23 +46,31 @@ def compare(a: dict[int, tuple[int, float]], b: dict[int, tuple[int, float]], se
             "mcnemar_p": mcnemar_exact(a_only, b_only), "reward_diff": diff, "reward_diff_ci95": [low, high]}
 
 
-def _seed_start(source: Path, run_dir: Path) -> None:
-    """Put `source`'s latest checkpoint into a fresh run folder: the run resumes from it."""
+def _seed_start(source: Path, run_dir: Path, step: int | None) -> None:
+    """Put `source`'s checkpoint of `step` (else its latest) into a fresh run folder: the run resumes from it."""
     from quaero import checkpoint
 
-    found = checkpoint.load_latest(source / "checkpoints")
-    if found is None:
+    root = source / "checkpoints"
+    if step is None:
+        found = checkpoint.load_latest(root)
+        path = found[0] if found else None
+    else:
+        path = root / f"step-{step:06d}"
+        problem = checkpoint.verify(path) if path.is_dir() else "no such folder"
+        if problem:
+            raise SystemExit(f"error: --from {source} --from-step {step}: {path} is unusable ({problem})")
+    if path is None:
         raise SystemExit(f"error: --from {source}: no checkpoint to start from; train it first")
     shutil.rmtree(run_dir, ignore_errors=True)
     (run_dir / "checkpoints").mkdir(parents=True)
-    shutil.copytree(found[0], run_dir / "checkpoints" / found[0].name)
+    shutil.copytree(path, run_dir / "checkpoints" / path.name)
 
 
 def train_arm(config: str, out: Path, name: str, seed: int, arm: list[str], common: list[str],
-              source: Path | None) -> Path:
+              source: Path | None, from_step: int | None = None) -> Path:
     run_dir = out / name
     if source is not None:
-        _seed_start(source, run_dir)
+        _seed_start(source, run_dir, from_step)
     sets = [f"run.name={name}", f"run.output_dir={out}", f"run.seed={seed}", "logging.console=none", *common, *arm]
     cmd = [sys.executable, "-m", "quaero.cli", "train", config] + [x for s in sets for x in ("--set", s)]
     print("$ " + " ".join(cmd[2:]), file=sys.stderr, flush=True)
@@ -90,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", dest="common", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="overrides for both arms")
     p.add_argument("--from", dest="source", type=Path, help="start every arm from this run's latest checkpoint")
+    p.add_argument("--from-step", type=int, help="with --from: that run's checkpoint of this step instead")
     p.add_argument("--out", type=Path, default=Path("bench_out/ablation"))
     args = p.parse_args(argv)
     arm_a, arm_b = args.arm_a or ["echo.enabled=true"], args.arm_b or ["echo.enabled=false"]
@@ -97,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     per_seed, pooled_a, pooled_b = [], {}, {}
     for seed in seeds:
-        runs = [train_arm(args.config, args.out, f"{tag}-s{seed}", seed, arm, args.common, args.source)
+        runs = [train_arm(args.config, args.out, f"{tag}-s{seed}", seed, arm, args.common, args.source, args.from_step)
                 for tag, arm in (("a", arm_a), ("b", arm_b))]
         a, b = (final_outcomes(r) for r in runs)
         per_seed.append((str(seed), compare(a, b, seed=seed)))

@@ -38,3 +38,17 @@ def test_a_run_without_per_task_results_is_a_one_line_error(tmp_path):
         metrics.get_logger("t").info("eval", eval_reward=0.5)
     with pytest.raises(SystemExit, match="no per-task results"):
         ablation.final_outcomes(tmp_path)
+
+
+def test_arms_start_from_a_chosen_or_the_latest_checkpoint_of_a_shared_run(tmp_path):
+    from quaero import checkpoint
+
+    root = tmp_path / "warm" / "checkpoints"
+    for step in (400, 450):
+        checkpoint.save(root, step, {"step": step, "cursor": step * 4}, keep=5)
+    ablation._seed_start(tmp_path / "warm", tmp_path / "arm", 400)
+    assert [p.name for p in (tmp_path / "arm" / "checkpoints").iterdir()] == ["step-000400"]
+    ablation._seed_start(tmp_path / "warm", tmp_path / "arm", None)  # a fresh folder each time: the latest only
+    assert [p.name for p in (tmp_path / "arm" / "checkpoints").iterdir()] == ["step-000450"]
+    with pytest.raises(SystemExit, match="--from-step 7: .* is unusable"):
+        ablation._seed_start(tmp_path / "warm", tmp_path / "arm", 7)
