@@ -18,6 +18,7 @@ BENCHMARKS = {
     "env-latency": ("quaero.bench.env_latency", "toolbench step latency per env launcher (transport overhead)"),
     "scaling": ("quaero.bench.scaling", "a run's measured costs -> predicted step time and bottleneck per device count"),
     "packing": ("quaero.bench.packing_figure", "trained tokens per episode: packed rows vs one row per transition"),
+    "peers-trl": ("quaero.bench.peers_trl", "quaero beside TRL's GRPOTrainer on the same job (the [peers] extra)"),
 }
 
 USAGE = "usage: quaero bench {" + ",".join(BENCHMARKS) + "} [options]\n\n" + "\n".join(
