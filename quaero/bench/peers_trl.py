@@ -21,6 +21,7 @@ weights (sha256 of the parameters), reset the same tasks each step and run group
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import shutil
 import statistics
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--out", default=None, help="working folder (default: a temporary one, removed)")
     p.add_argument("--json", metavar="PATH")
+    p.add_argument("--summarize", metavar="PATH", help="recompute the summary and table of a saved JSON; run nothing")
     return p
 
 
@@ -165,12 +167,13 @@ def summarize(repeats: list[dict]) -> dict[str, Any]:
     for name in SIDES:
         steps = [s for r in repeats for s in r["steps"][name]]
         for s in steps:
-            s["tokens_per_s"] = round(s["trained_tokens"] / s["step_s"], 1) if s["step_s"] else None
+            s["tokens_per_s"] = round(s["row_tokens"] / s["step_s"], 1) if s["step_s"] else None
+            s["trained_tokens_per_s"] = round(s["trained_tokens"] / s["step_s"], 1) if s["step_s"] else None
         drift = {k: sum(s["drift"][k] for s in steps) for k in steps[0]["drift"]} if steps else {}
         out[name] = {
             **{key: _stats([s.get(key) for s in steps]) for key in
-               ("step_s", "rollout_s", "generate_s", "env_s", "train_s", "tokens_per_s", "row_tokens",
-                "trained_tokens", "action_tokens", "reward_mean")},
+               ("step_s", "rollout_s", "generate_s", "env_s", "train_s", "tokens_per_s", "trained_tokens_per_s",
+                "row_tokens", "trained_tokens", "action_tokens", "reward_mean", "turns_mean", "tool_calls_mean")},
             "peak_rss_mb": _stats([r["final"][name]["peak_rss_mb"] for r in repeats]),
             "rss_ready_mb": _stats([r["ready"][name]["rss_ready_mb"] for r in repeats]),
             "drift": drift, "first_prompt_tokens": steps[0].get("first_prompt_tokens") if steps else None,
@@ -178,8 +181,8 @@ def summarize(repeats: list[dict]) -> dict[str, Any]:
     q, t = out["quaero"], out["trl"]
     paired = [(a, b) for r in repeats for a, b in zip(r["steps"]["quaero"], r["steps"]["trl"])]
     out["ratios_quaero_over_trl"] = {
-        key: ratio(q[key]["median"], t[key]["median"]) for key in ("step_s", "train_s", "rollout_s", "tokens_per_s",
-                                                                   "peak_rss_mb")}
+        key: ratio(q[key]["median"], t[key]["median"])
+        for key in ("step_s", "train_s", "rollout_s", "tokens_per_s", "trained_tokens_per_s", "peak_rss_mb")}
     out["paired_step_time_ratios"] = _stats([ratio(a["step_s"], b["step_s"]) for a, b in paired])
     return out
 
@@ -193,16 +196,30 @@ def table(summary: dict[str, Any]) -> str:
 
     lines = [f"{'':<22}{'quaero':>26}{'TRL':>26}{'quaero/TRL':>12}"]
     for key, label in (("step_s", "step s"), ("rollout_s", "rollout s"), ("generate_s", "  generate s"),
-                       ("env_s", "  env s"), ("train_s", "train s"), ("tokens_per_s", "trained tokens/s"),
-                       ("peak_rss_mb", "peak RSS MiB")):
+                       ("env_s", "  env s"), ("train_s", "train s"), ("tokens_per_s", "step tokens/s"),
+                       ("trained_tokens_per_s", "trained tokens/s"), ("peak_rss_mb", "peak RSS MiB"),
+                       ("reward_mean", "reward")):
         lines.append(f"{label:<22}{cell(q, key):>26}{cell(t, key):>26}{r.get(key, '')!s:>12}")
     for key in ("rows", "rows_drifted", "differ", "not_scored", "scored_not_sampled"):
         lines.append(f"{'drift ' + key:<22}{q['drift'].get(key, 0):>26}{t['drift'].get(key, 0):>26}")
     return "\n".join(lines)
 
 
+def _report(doc: dict[str, Any], path: str | None) -> int:
+    emit(doc, path)
+    print(table(doc["summary"]), file=sys.stderr)
+    if not doc["invariants"]["ok"]:
+        print(f"error: the comparison's invariants do not hold: {doc['invariants']}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if args.summarize:
+        doc = json.loads(Path(args.summarize).read_text())
+        doc.update(summary=summarize(doc["runs"]), invariants=invariants(doc["runs"]))
+        return _report(doc, args.json)
     try:
         import trl  # noqa: F401
     except ImportError:
@@ -237,9 +254,4 @@ def main(argv: list[str]) -> int:
                    "max_tokens": cfg.sampler.max_tokens, "max_turns": cfg.env.max_turns, "lr": cfg.backend.lr},
            "invariants": checks, "summary": summary,
            "runs": [{"ready": r["ready"], "final": r["final"], "steps": r["steps"]} for r in repeats]}
-    emit(doc, args.json)
-    print(table(summary), file=sys.stderr)
-    if not checks["ok"]:
-        print(f"error: the comparison's invariants do not hold: {checks}", file=sys.stderr)
-        return 1
-    return 0
+    return _report(doc, args.json)

@@ -46,8 +46,9 @@ class EnvTimes:
 
 
 def _tool_method(name: str, description: str, schema: dict):
-    """A method `name(self, **arguments) -> str` whose signature, annotations and docstring give
-    transformers' `get_json_schema` the tool's parameters; calling it steps the env."""
+    """A method `name(self, **arguments)` whose signature, annotations and docstring give transformers'
+    `get_json_schema` the tool's parameters (each described by its name: the docstring must describe every
+    argument); calling it steps the env and returns the tool message text."""
     props, required = schema.get("properties") or {}, set(schema.get("required") or [])
     params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     annotations: dict[str, Any] = {}
@@ -56,16 +57,15 @@ def _tool_method(name: str, description: str, schema: dict):
         default = inspect.Parameter.empty if arg in required else None
         params.append(inspect.Parameter(arg, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=kind))
         annotations[arg] = kind
-    annotations["return"] = str
 
     def method(self, **arguments):
         return self._call_tool(name, arguments)
 
     method.__name__ = method.__qualname__ = name
-    method.__signature__ = inspect.Signature(params, return_annotation=str)
+    method.__signature__ = inspect.Signature(params)  # no return type: TRL would list it in the tool's schema
     method.__annotations__ = annotations
     args_doc = "".join(f"\n    {arg}: {arg}" for arg in props)
-    method.__doc__ = description + ("\n\nArgs:" + args_doc if props else "") + "\n\nReturns:\n    the tool's result"
+    method.__doc__ = description + ("\n\nArgs:" + args_doc if props else "")
     return method
 
 
