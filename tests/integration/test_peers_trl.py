@@ -9,8 +9,9 @@ SMALL_JOB = ["training.tasks_per_step=1", "training.group_size=2", "sampler.max_
 
 
 def test_one_step_of_each_side_on_the_same_job(tmp_path, tiny_model_dir):
-    pytest.importorskip("trl", reason='TRL is not installed; pip install -e ".[peers]"')
-    from quaero.bench.peers_trl import invariants, prepare_model, run_repeat
+    from quaero.bench.peers_trl import MIN_TRL, invariants, prepare_model, run_repeat
+
+    pytest.importorskip("trl", minversion=MIN_TRL, reason=f'needs TRL >= {MIN_TRL}; pip install -e ".[peers]"')
 
     model = prepare_model("tiny-qwen3", tmp_path)
     setup = {"config": "envs/toolbench.toml", "overrides": SMALL_JOB, "model": str(model), "steps": 1, "seed": 0,
