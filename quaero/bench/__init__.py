@@ -19,6 +19,7 @@ BENCHMARKS = {
     "scaling": ("quaero.bench.scaling", "a run's measured costs -> predicted step time and bottleneck per device count"),
     "packing": ("quaero.bench.packing_figure", "trained tokens per episode: packed rows vs one row per transition"),
     "ablation": ("quaero.bench.ablation", "ECHO on vs off (or two arms) over run seeds, paired per task, pooled"),
+    "peers-trl": ("quaero.bench.peers_trl", "quaero beside TRL's GRPOTrainer on the same job (the [peers] extra)"),
 }
 
 USAGE = "usage: quaero bench {" + ",".join(BENCHMARKS) + "} [options]\n\n" + "\n".join(

@@ -1,0 +1,267 @@
+"""The two sides of `quaero bench peers-trl`, each in a process of its own (its own peak RSS), stepped in turns.
+
+A side is `run(setup, conn)`: it builds its framework on the shared `setup` (the same HF model folder, the
+same config, tasks, group size, max tokens and turn limit), sends one `ready` message (initial-weight hash,
+RSS), then, for each "step" it receives, runs one RL step and sends that step's figures; "stop" ends it.
+
+- quaero: `quaero.train.build` + `run_step` (the recipe `quaero train` runs), rows saved and read back.
+- TRL: `GRPOTrainer(environment_factory=...)` over the same env served on 127.0.0.1 (quaero.bench.trl_env),
+  driven by its own `train()`; a callback holds each step until the coordinator sends "step". A subclass
+  only observes: it records every sampler call and every batch `_compute_loss` scores, then calls TRL's own.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import resource
+import time
+from typing import Any
+
+from transformers import TrainerCallback
+
+from quaero.bench.token_drift import generation_drift, saved_row_drift
+
+
+def rss_mb() -> float:
+    """Current resident set size (Linux /proc), MiB."""
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return round(pages * resource.getpagesize() / 2**20, 1)
+
+
+def peak_rss_mb() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
+
+
+def weights_sha(model) -> str:
+    """sha256 over every parameter (name and fp32 bytes, in name order; a tied weight once)."""
+    h = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        h.update(name.encode())
+        h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def quaero_config(setup: dict):
+    from quaero.config import load_config
+
+    return load_config(setup["config"], setup["overrides"] + [
+        f"model.name={json.dumps(setup['model'])}", "echo.enabled=false", "training.warmup_sft_steps=0",
+        f"training.steps={setup['steps']}", "training.eval_every=0", "training.eval_tasks=0",
+        'logging.save_rows="all"', 'logging.console="none"', "logging.progress=false",
+        f"run.output_dir={json.dumps(setup['out'])}", 'run.name="quaero"', f"run.seed={setup['seed']}"])
+
+
+def _ready(conn, model, extra: dict) -> None:
+    conn.send({"ready": True, "weights_sha": weights_sha(model), "rss_ready_mb": rss_mb(), **extra})
+
+
+# ── quaero ───────────────────────────────────────────────────────────────────────────────────────
+
+
+def run_quaero(setup: dict, conn) -> None:
+    import torch
+
+    from quaero.metrics import configure
+    from quaero.openenv_client import open_envs
+    from quaero.train import build, run_step
+
+    torch.set_num_threads(setup["threads"])
+    cfg = quaero_config(setup)
+    configure("warning", "none")
+    torch.manual_seed(cfg.run.seed)
+    n_sessions = cfg.training.tasks_per_step * cfg.training.group_size
+    with open_envs(cfg.env, n_sessions, log_dir=cfg.run_dir / "env-servers") as pool:
+        resets: list[tuple] = []
+        for s in pool.sessions:  # record what each episode really resets to
+            s.reset = _recording(s.reset, resets)
+        c = build(cfg, pool)
+        try:
+            _ready(conn, c.trainer.model, {"sampler": type(c.sampler).__name__})
+            step = 0
+            while conn.recv() == "step":
+                step += 1
+                resets.clear()
+                t0 = time.perf_counter()
+                m = run_step(c, step, sft=False)
+                total = time.perf_counter() - t0
+                conn.send(_quaero_figures(cfg, step, m, total, resets))
+        finally:
+            c.sampler.close()
+    conn.send({"peak_rss_mb": peak_rss_mb()})
+
+
+def _recording(reset, out: list):
+    def recorded(seed, split=None, index=None):
+        out.append((seed, split, index))
+        return reset(seed, split, index)
+    return recorded
+
+
+def _quaero_figures(cfg, step: int, m: dict[str, Any], total: float, resets: list[tuple]) -> dict[str, Any]:
+    from quaero.inspect_rows import step_file
+
+    path = step_file(cfg.run_dir, step)
+    records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    rollout = float(m.get("rollout_time_s", 0.0))
+    return {
+        "step_s": round(total, 3), "rollout_s": round(rollout, 3), "train_s": round(total - rollout, 3),
+        "env_s": m.get("env_time_s"), "generate_s": m.get("sampler_time_s"),
+        "row_tokens": int(m.get("row_tokens", 0)), "action_tokens": int(m.get("action_tokens", 0)),
+        "trained_tokens": sum(len(r["input_ids"]) for r in records if any(r["advantages"])),
+        "rows": int(m.get("rows", 0)), "episodes": len(resets), "reward_mean": m.get("reward_mean"),
+        "turns_mean": m.get("turns_mean"), "rss_mb": rss_mb(), "peak_rss_mb": peak_rss_mb(),
+        "first_prompt_tokens": _first_prompt_tokens(records),
+        "tasks": sorted({(s, sp, i) for s, sp, i in resets}), "group_sizes": _group_sizes(resets),
+        "drift": saved_row_drift(records).as_dict(), "metrics": {k: v for k, v in m.items() if _scalar(v)},
+    }
+
+
+def _first_prompt_tokens(records: list[dict]) -> int | None:
+    starts = [end for kind, _, end, _ in records[0]["spans"] if kind == "prompt"] if records else []
+    return min(starts) if starts else None
+
+
+def _group_sizes(resets: list[tuple]) -> list[int]:
+    counts: dict[tuple, int] = {}
+    for r in resets:
+        counts[r] = counts.get(r, 0) + 1
+    return sorted(counts.values())
+
+
+def _scalar(v) -> bool:
+    return isinstance(v, (int, float, str, bool)) or v is None
+
+
+# ── TRL ─────────────────────────────────────────────────────────────────────────────────────────
+
+
+def trl_args(setup: dict, cfg, output_dir: str):
+    """GRPOConfig for the job quaero runs: the same group size, tasks per step, per-turn max tokens, turn
+    limit, temperature, lr (constant), clip, grad clip; advantages reward - group mean (no std scaling), no
+    KL, one optimizer step per generation, fp32 on CPU, no gradient checkpointing (quaero's default)."""
+    from trl import GRPOConfig
+
+    t = cfg.training
+    return GRPOConfig(
+        output_dir=output_dir, use_cpu=True, bf16=False, seed=cfg.run.seed, max_steps=setup["steps"],
+        per_device_train_batch_size=t.tasks_per_step * t.group_size, gradient_accumulation_steps=1,
+        num_generations=t.group_size, shuffle_dataset=False,
+        generation_kwargs={"max_new_tokens": cfg.sampler.max_tokens},  # per turn, as quaero's max_tokens
+        max_completion_length=setup["trl_max_completion_length"],  # the whole episode's budget (TRL's meaning)
+        max_tool_calling_iterations=cfg.env.max_turns - 1, temperature=cfg.sampler.temperature,
+        top_p=cfg.sampler.top_p, learning_rate=cfg.backend.lr, lr_scheduler_type="constant",
+        weight_decay=cfg.backend.weight_decay, max_grad_norm=cfg.backend.max_grad_norm,
+        adam_beta1=cfg.backend.betas[0], adam_beta2=cfg.backend.betas[1], epsilon=t.clip_eps or 0.2,
+        scale_rewards="none", loss_type="dapo", beta=0.0, num_iterations=1, gradient_checkpointing=False,
+        logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True,
+        model_init_kwargs={"dtype": "float32"})
+
+
+def run_trl(setup: dict, conn) -> None:
+    import torch
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    from quaero.bench.trl_env import EnvTimes, trl_environment
+    from quaero.openenv_client.server import LocalServer
+    from quaero.train import make_task
+
+    torch.set_num_threads(setup["threads"])
+    cfg = quaero_config(setup)
+    t = cfg.training
+    server = LocalServer(cfg.env.entry, cfg.env.host, max_concurrent_envs=2 * t.tasks_per_step * t.group_size + 1,
+                         kwargs=cfg.env.kwargs, action=cfg.env.action).start()
+    try:
+        env_cls = trl_environment(server.http_url, timeout_s=cfg.env.step_timeout_s)
+        tasks = [make_task(cfg, cfg.env.train_split, i) for i in range(setup["steps"] * t.tasks_per_step)]
+        system = [{"role": "system", "content": env_cls.system_prompt}] if env_cls.system_prompt else []
+        data = Dataset.from_list([{"prompt": system + [{"role": "user", "content": ""}], **task} for task in tasks])
+        resets: list[tuple] = []
+        env_cls.reset = _recording_trl_reset(env_cls.reset, resets)
+        record: dict[str, list] = {"calls": [], "rows": [], "generate_s": [0.0], "rollout_s": [0.0], "episodes": []}
+
+        class Observed(GRPOTrainer):
+            def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+                t0 = time.perf_counter()
+                completion_ids, logprobs = super()._generate_single_turn(prompt_ids, *args, **kwargs)
+                record["generate_s"][0] += time.perf_counter() - t0
+                record["calls"] += [(list(p), list(c)) for p, c in zip(prompt_ids, completion_ids)]
+                return completion_ids, logprobs
+
+            def _generate_and_score_completions(self, inputs):
+                t0 = time.perf_counter()
+                out = super()._generate_and_score_completions(inputs)
+                record["rollout_s"][0] += time.perf_counter() - t0
+                record["episodes"] += [(e.reward, e.tool_calls) for e in self.environments]
+                return out
+
+            def _compute_loss(self, model, inputs):
+                record["rows"] += _scored_rows(inputs)
+                return super()._compute_loss(model, inputs)
+
+        trainer = Observed(model=setup["model"], args=trl_args(setup, cfg, f"{setup['out']}/trl"), train_dataset=data,
+                           environment_factory=env_cls)
+        trainer.add_callback(_Turns(conn, record, resets, env_cls, EnvTimes))
+        _ready(conn, trainer.model, {"sampler": "transformers.generate"})
+        trainer.train()
+        if conn.recv() != "stop":
+            raise RuntimeError("peers-trl: the coordinator asked for more steps than max_steps")
+    finally:
+        server.stop()
+    conn.send({"peak_rss_mb": peak_rss_mb()})
+
+
+def _recording_trl_reset(reset, out: list):
+    def recorded(self, **row):
+        out.append((row["seed"], row["split"], row["index"]))
+        return reset(self, **row)
+    return recorded
+
+
+def _scored_rows(inputs: dict) -> list[tuple[list[int], list[bool], bool]]:
+    """(ids, action mask, has a non-zero advantage) of each row `_compute_loss` scores: the prompt's real
+    tokens, then the completion's, the mask being completion_mask x tool_mask (what TRL's loss reads)."""
+    mask = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
+    rows = []
+    for p, pm, c, cm, m, a in zip(inputs["prompt_ids"], inputs["prompt_mask"], inputs["completion_ids"],
+                                  inputs["completion_mask"], mask, inputs["advantages"]):
+        prompt = p[pm.bool()].tolist()
+        n = int(cm.sum())  # right-padded: the real completion tokens come first
+        rows.append((prompt + c[:n].tolist(), [False] * len(prompt) + [bool(x) for x in m[:n].tolist()],
+                     bool(a.abs().sum() > 0)))
+    return rows
+
+
+class _Turns(TrainerCallback):
+    """Holds each TRL step until the coordinator says "step"; after it, sends the step's figures."""
+
+    def __init__(self, conn, record, resets, env_cls, env_times) -> None:
+        self.conn, self.record, self.resets, self.env_cls, self.env_times = conn, record, resets, env_cls, env_times
+        self.t0 = 0.0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.conn.recv() != "step":
+            raise RuntimeError("peers-trl: stopped before TRL's max_steps")
+        self.resets.clear()
+        self.record.update(calls=[], rows=[], generate_s=[0.0], rollout_s=[0.0], episodes=[])
+        self.env_times.take()
+        self.t0 = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        total = time.perf_counter() - self.t0
+        env_s, _ = self.env_times.take()
+        rows, calls, episodes = self.record["rows"], self.record["calls"], self.record["episodes"]
+        rollout = self.record["rollout_s"][0]
+        self.conn.send({
+            "step_s": round(total, 3), "rollout_s": round(rollout, 3), "train_s": round(total - rollout, 3),
+            "env_s": round(env_s, 3), "generate_s": round(self.record["generate_s"][0], 3),
+            "row_tokens": sum(len(ids) for ids, _, _ in rows), "action_tokens": sum(sum(m) for _, m, _ in rows),
+            "trained_tokens": sum(len(ids) for ids, _, signal in rows if signal),
+            "rows": len(rows), "episodes": len(self.resets), "rss_mb": rss_mb(), "peak_rss_mb": peak_rss_mb(),
+            "reward_mean": sum(r for r, _ in episodes) / len(episodes) if episodes else None,
+            "tool_calls_mean": sum(n for _, n in episodes) / len(episodes) if episodes else None,
+            "sampler_calls": len(calls), "first_prompt_tokens": len(calls[0][0]) if calls else None,
+            "tasks": sorted(set(self.resets)), "group_sizes": _group_sizes(self.resets),
+            "drift": generation_drift(calls, [(ids, m) for ids, m, _ in rows]).as_dict(),
+        })

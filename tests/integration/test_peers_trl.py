@@ -1,0 +1,27 @@
+"""`quaero bench peers-trl` at the smallest job: one RL step of quaero and one of TRL's GRPOTrainer, and the
+comparison's own invariants (same initial weights, same tasks, same group shapes). Timings are reported by
+the benchmark, never tested. Needs TRL (`pip install -e ".[peers]"`); skipped with that reason elsewhere."""
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SMALL_JOB = ["training.tasks_per_step=1", "training.group_size=2", "sampler.max_tokens=8", "env.max_turns=2"]
+
+
+def test_one_step_of_each_side_on_the_same_job(tmp_path, tiny_model_dir):
+    from quaero.bench.peers_trl import MIN_TRL, invariants, prepare_model, run_repeat
+
+    pytest.importorskip("trl", minversion=MIN_TRL, reason=f'needs TRL >= {MIN_TRL}; pip install -e ".[peers]"')
+
+    model = prepare_model("tiny-qwen3", tmp_path)
+    setup = {"config": "envs/toolbench.toml", "overrides": SMALL_JOB, "model": str(model), "steps": 1, "seed": 0,
+             "threads": 1, "out": str(tmp_path / "run"), "trl_max_completion_length": 64}
+    run = run_repeat(setup, 0)
+    checks = invariants([run])
+    assert checks["ok"], checks
+    q, t = run["steps"]["quaero"][0], run["steps"]["trl"][0]
+    assert q["tasks"] == t["tasks"] and len(q["tasks"]) == 1  # one task, reset with the same seed, split, index
+    assert q["group_sizes"] == t["group_sizes"] == [2]
+    assert t["drift"]["rows"] == 2 and t["drift"]["unmatched_calls"] == 0  # every sampler call found its row
+    assert q["drift"]["rows"] >= 1 and q["drift"]["rows_drifted"] == 0  # quaero's rows are exact by construction
+    assert run["final"]["quaero"]["peak_rss_mb"] > 0 and run["final"]["trl"]["peak_rss_mb"] > 0
