@@ -27,7 +27,8 @@ def test_example_config_trains_env_over_its_configured_launcher(example_on_path)
             start = env.reset(seed=seed)
             scrambled = start.messages[1]["content"].rsplit(" ", 1)[-1]
             assert start.messages[0]["content"].startswith("You unscramble words.")
-            assert '"word"' in start.messages[0]["content"]  # the action schema reached the prompt
+            # one text field: the action is the reply itself (a JSON object is still read), and the prompt says so
+            assert "your whole reply becomes its `word` field" in start.messages[0]["content"]
             wrong = env.step({"role": "assistant", "content": '{"word": "zzzzzz"}'})
             assert wrong.messages[0]["content"].startswith("Feedback: ") and wrong.reward == 0.0
             answer = next(w for w in WORDS if sorted(w) == sorted(scrambled))
