@@ -107,7 +107,8 @@ def cmd_check(args) -> int:
 RANK_SHUTDOWN_TIMEOUT_S = 900  # how long torchrun's agent lets the ranks finish a step after a Ctrl-C
 # torchrun (torch.distributed.run) without its `@record` main: a failed rank has said why in its own error line
 # (or traceback, for a bug); torchrun's ChildFailedError traceback and failure table after it say nothing more.
-# A rank ended by a signal (an OOM kill) printed nothing: that gets one line. The exit status is the rank's.
+# A rank ended by a signal (an OOM kill) printed nothing: that gets one line, unless another rank failed with
+# its own error first (torchrun then SIGTERMs the rest: their signal says nothing). The exit status is the rank's.
 _TORCHRUN = """import signal, sys
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
@@ -115,10 +116,11 @@ try:
     run(parse_args(sys.argv[1:]))
 except ChildFailedError as e:
     codes = [f.exitcode for f in e.failures.values()]
+    own = next((c for c in codes if c > 0), None)
     for rank, f in sorted(e.failures.items()):
-        if f.exitcode < 0:
+        if f.exitcode < 0 and own is None:
             print(f"error: rank {rank} was ended by {signal.Signals(-f.exitcode).name}", file=sys.stderr)
-    sys.exit(next((c for c in codes if c > 0), 1))
+    sys.exit(own or 1)
 """
 
 
