@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from quaero.config import QuaeroConfig, error_line
 from quaero.export import ExportError, export_run, is_adapter, load_model
-from quaero.stats import mcnemar_exact, paired_bootstrap, safe_mean, wilson_interval
+from quaero.stats import paired_outcomes, safe_mean, wilson_interval
 
 if TYPE_CHECKING:
     from quaero.rollout import Policy
@@ -219,16 +219,12 @@ def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan, kep
 
 def paired(a: Result, b: Result, seed: int = 0) -> dict:
     """A - B on the episodes both finished: success (McNemar exact) and reward (paired bootstrap)."""
-    b_by = {(r["repeat"], r["task"]): r for r in b.finished}
-    pairs = [(r, b_by[r["repeat"], r["task"]]) for r in a.finished if (r["repeat"], r["task"]) in b_by]
-    a_only = sum(x["success"] and not y["success"] for x, y in pairs)
-    b_only = sum(y["success"] and not x["success"] for x, y in pairs)
-    diff, low, high = paired_bootstrap([x["reward"] for x, _ in pairs], [y["reward"] for _, y in pairs],
-                                       seed=seed)
-    n = len(pairs)
-    return {"pairs": n, "success_diff": (a_only - b_only) / n if n else None, "a_only": a_only, "b_only": b_only,
-            "mcnemar_p": mcnemar_exact(a_only, b_only), "reward_diff": diff if n else None,
-            "reward_diff_ci95": [low, high] if n else None, "bootstrap_seed": seed}
+    a_by, b_by = ({(r["repeat"], r["task"]): (r["success"], r["reward"]) for r in x.finished} for x in (a, b))
+    p = paired_outcomes(a_by, b_by, seed=seed)
+    n = p["pairs"]
+    return {"pairs": n, "success_diff": (p["a_only"] - p["b_only"]) / n if n else None, "a_only": p["a_only"],
+            "b_only": p["b_only"], "mcnemar_p": p["mcnemar_p"], "reward_diff": p["reward_diff"] if n else None,
+            "reward_diff_ci95": p["reward_diff_ci95"] if n else None, "bootstrap_seed": seed}
 
 
 def evaluate(cfg: QuaeroConfig, specs: list[str | None], plan: EvalPlan) -> tuple[Path, dict]:

@@ -107,7 +107,7 @@ def rl_over_warm_start(run: dict) -> dict[str, Any]:
     """The last eval after RL against the eval at the end of the warm start, paired on the tasks both finished:
     McNemar exact p on success, paired bootstrap 95% interval of the reward difference (end - warm start).
     `why` says what is missing when there is nothing to compare."""
-    from quaero.stats import mcnemar_exact, paired_bootstrap
+    from quaero.stats import paired_outcomes
 
     sft = [s["step"] for s in run["steps"] if s.get("phase") == "sft"]
     rl = [s["step"] for s in run["steps"] if s.get("phase", "rl") == "rl"]
@@ -121,16 +121,13 @@ def rl_over_warm_start(run: dict) -> dict[str, Any]:
     a, b = eval_outcomes(end), eval_outcomes(start)
     if a is None or b is None:
         return {"why": "the evals carry no per-task results (eval_results)"}
-    shared = sorted(a.keys() & b.keys())
-    if not shared:
+    p = paired_outcomes(a, b)
+    if not p["pairs"]:
         return {"why": "the two evals share no task"}
-    improved = sum(1 for k in shared if a[k][0] and not b[k][0])
-    worsened = sum(1 for k in shared if b[k][0] and not a[k][0])
-    diff, low, high = paired_bootstrap([a[k][1] for k in shared], [b[k][1] for k in shared])
-    return {"why": "", "warm_start_step": warm_end, "end_step": end["step"], "pairs": len(shared),
-            "warm_start_success": sum(b[k][0] for k in shared) / len(shared),
-            "end_success": sum(a[k][0] for k in shared) / len(shared), "improved": improved, "worsened": worsened,
-            "mcnemar_p": mcnemar_exact(improved, worsened), "reward_diff": diff, "reward_diff_ci95": [low, high]}
+    return {"why": "", "warm_start_step": warm_end, "end_step": end["step"], "pairs": p["pairs"],
+            "warm_start_success": p["b_success"], "end_success": p["a_success"], "improved": p["a_only"],
+            "worsened": p["b_only"], "mcnemar_p": p["mcnemar_p"], "reward_diff": p["reward_diff"],
+            "reward_diff_ci95": p["reward_diff_ci95"]}
 
 
 def summarize(run: dict) -> dict[str, Any]:

@@ -74,3 +74,18 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], *, resamples: int =
     tail = (1 - level) / 2 * 100
     low, high = np.percentile(means, [tail, 100 - tail])
     return float(diff.mean()), float(low), float(high)
+
+
+def paired_outcomes(a: dict, b: dict, *, seed: int = 0) -> dict:
+    """A vs B on the keys both have, each value (success, reward): the success rates, the discordant pairs
+    (`a_only`: A succeeded and B did not), McNemar's exact p on them and the paired bootstrap of the reward
+    difference A - B. `quaero eval --compare`, `quaero review`'s RL check and `quaero bench ablation` pair
+    through here. With no shared key the rates are 0 and the bootstrap figures NaN."""
+    shared = [k for k in a if k in b]
+    a_only = sum(1 for k in shared if a[k][0] and not b[k][0])
+    b_only = sum(1 for k in shared if b[k][0] and not a[k][0])
+    diff, low, high = paired_bootstrap([a[k][1] for k in shared], [b[k][1] for k in shared], seed=seed)
+    n = len(shared)
+    return {"pairs": n, "a_success": sum(bool(a[k][0]) for k in shared) / n if n else 0.0,
+            "b_success": sum(bool(b[k][0]) for k in shared) / n if n else 0.0, "a_only": a_only, "b_only": b_only,
+            "mcnemar_p": mcnemar_exact(a_only, b_only), "reward_diff": diff, "reward_diff_ci95": [low, high]}

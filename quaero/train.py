@@ -176,7 +176,7 @@ def _rows_of(c: Components, step: int, first_task: int, offsets: range, seed: in
     """The groups of train tasks `first_task + offsets`: their kept rows with advantages (each row naming its
     episode) and how many groups have reward spread (a non-zero advantage)."""
     cfg = c.cfg
-    tasks = [make_task(cfg, cfg.env.train_split, first_task + i, getattr(c.pool, "tasks", None)) for i in offsets]
+    tasks = [make_task(cfg, cfg.env.train_split, first_task + i, c.pool.tasks) for i in offsets]
     groups = c.driver.run(c.pool.sessions, tasks, group_size=1 if sft else cfg.training.group_size,
                           policy=c.oracle if sft else None, seed=seed)
     rows, spread = [], 0

@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from quaero.stats import mcnemar_exact, paired_bootstrap
+from quaero.stats import paired_outcomes
 
 
 def final_outcomes(run_dir: Path) -> dict[int, tuple[int, float]]:
@@ -33,17 +33,6 @@ def final_outcomes(run_dir: Path) -> dict[int, tuple[int, float]]:
     if not outcomes:
         raise SystemExit(f"error: {run_dir}: its last eval has no per-task results; set [training] eval_tasks > 0")
     return outcomes
-
-
-def compare(a: dict[int, tuple[int, float]], b: dict[int, tuple[int, float]], seed: int = 0) -> dict:
-    """A vs B on the tasks both finished (keys may be (seed, task) pairs when pooled)."""
-    shared = sorted(a.keys() & b.keys())
-    a_only = sum(1 for k in shared if a[k][0] and not b[k][0])
-    b_only = sum(1 for k in shared if b[k][0] and not a[k][0])
-    diff, low, high = paired_bootstrap([a[k][1] for k in shared], [b[k][1] for k in shared], seed=seed)
-    return {"pairs": len(shared), "a_success": sum(a[k][0] for k in shared) / max(len(shared), 1),
-            "b_success": sum(b[k][0] for k in shared) / max(len(shared), 1), "a_only": a_only, "b_only": b_only,
-            "mcnemar_p": mcnemar_exact(a_only, b_only), "reward_diff": diff, "reward_diff_ci95": [low, high]}
 
 
 def _seed_start(source: Path, run_dir: Path, step: int | None) -> None:
@@ -111,10 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         runs = [train_arm(args.config, args.out, f"{tag}-s{seed}", seed, arm, args.common, args.source, args.from_step)
                 for tag, arm in (("a", arm_a), ("b", arm_b))]
         a, b = (final_outcomes(r) for r in runs)
-        per_seed.append((str(seed), compare(a, b, seed=seed)))
+        per_seed.append((str(seed), paired_outcomes(a, b, seed=seed)))
         pooled_a.update({(seed, k): v for k, v in a.items()})
         pooled_b.update({(seed, k): v for k, v in b.items()})
-    rows = per_seed + [("pooled", compare(pooled_a, pooled_b))]
+    rows = per_seed + [("pooled", paired_outcomes(pooled_a, pooled_b))]
     result = {"config": args.config, "arm_a": arm_a, "arm_b": arm_b, "common": args.common,
               "from": str(args.source) if args.source else None, "seeds": seeds, "rows": dict(rows)}
     (args.out / "ablation.json").write_text(json.dumps(result, indent=2))

@@ -3,6 +3,7 @@ import pytest
 
 from quaero import metrics
 from quaero.bench import ablation
+from quaero.stats import paired_outcomes
 
 
 def _run(path, wins, *, stale=None):
@@ -20,12 +21,12 @@ def _run(path, wins, *, stale=None):
 def test_pairs_per_task_on_the_last_eval_and_pools_over_seeds(tmp_path):
     a0 = ablation.final_outcomes(_run(tmp_path / "a0", [1] * 10 + [0] * 6, stale=[0] * 16))  # the last eval counts
     b0 = ablation.final_outcomes(_run(tmp_path / "b0", [1] * 4 + [0] * 12))
-    c = ablation.compare(a0, b0)
+    c = paired_outcomes(a0, b0)
     assert (c["pairs"], c["a_only"], c["b_only"], c["a_success"], c["b_success"]) == (16, 6, 0, 10 / 16, 4 / 16)
     assert c["mcnemar_p"] == pytest.approx(2 / 2**6) and c["reward_diff"] == pytest.approx(6 / 16)
     b1 = {k: v for k, v in b0.items() if k < 8}  # a run that finished only half the tasks: pairs are the shared ones
-    assert ablation.compare(a0, b1)["pairs"] == 8
-    pooled = ablation.compare({(s, k): v for s in (0, 1) for k, v in a0.items()},
+    assert paired_outcomes(a0, b1)["pairs"] == 8
+    pooled = paired_outcomes({(s, k): v for s in (0, 1) for k, v in a0.items()},
                               {(s, k): v for s in (0, 1) for k, v in b0.items()})
     assert (pooled["pairs"], pooled["a_only"]) == (32, 12) and pooled["mcnemar_p"] < c["mcnemar_p"]
     text = ablation.table([("0", c), ("pooled", pooled)], "echo.enabled=true", "echo.enabled=false")

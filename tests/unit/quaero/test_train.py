@@ -32,7 +32,7 @@ def test_a_group_whose_advantages_overflow_is_left_out_and_counted(huge):
         return [[Episode([], r, False, 1, {}, []) for r in rewards] for rewards in (huge, [1.0, 0.0, 0.0])]
 
     c = SimpleNamespace(cfg=make_cfg(training__tasks_per_step=2, training__group_size=3), cursor=0, oracle=None,
-                        driver=SimpleNamespace(run=run), pool=SimpleNamespace(sessions=[]), stats=stats)
+                        driver=SimpleNamespace(run=run), pool=SimpleNamespace(sessions=[], tasks=None), stats=stats)
     assert _collect(c, 1, sft=False) == []
     assert stats.snapshot_and_reset()["groups_nonfinite_advantage"] == 1
 
@@ -48,7 +48,7 @@ def _scripted_recipe(rewards_of_task, **training):
 
     cfg = make_cfg(**{f"training__{k}": v for k, v in {"tasks_per_step": 4, "group_size": 2, **training}.items()})
     c = SimpleNamespace(cfg=cfg, cursor=0, oracle=None, driver=SimpleNamespace(run=run),
-                        pool=SimpleNamespace(sessions=[]), stats=stats)
+                        pool=SimpleNamespace(sessions=[], tasks=None), stats=stats)
     return c, calls
 
 
