@@ -35,7 +35,7 @@ EchoNormalization = Literal["token", "sequence"]
 
 def rl_token_counts(rows: list[EchoRow], *, sft: bool) -> list[int]:
     """Per row: the tokens the RL (or SFT) term reads."""
-    return [sum(1 for i in range(1, len(r)) if r.action_mask[i] and (sft or r.advantages[i] != 0.0)) for r in rows]
+    return [sum(1 for m, a in zip(r.action_mask[1:], r.advantages[1:]) if m and (sft or a != 0.0)) for r in rows]
 
 
 def echo_token_counts(rows: list[EchoRow], *, echo: bool) -> list[int]:
