@@ -228,6 +228,10 @@ class TrainingConfig(_Section):
     oracle: str | None = None
     # learning rate of the warm-start SFT steps; unset = [backend] lr (which the RL steps always use)
     warmup_sft_lr: float | None = Field(None, gt=0)
+    # the first RL step starts AdamW afresh (moments zeroed): the warm start's momentum would otherwise keep
+    # moving the weights along the SFT gradient for ~10 RL steps (beta1 0.9) and its second moment, sized by
+    # SFT's larger gradients, would damp RL's updates for ~1000 (beta2 0.999)
+    reset_optimizer_after_warmup: bool = False
     checkpoint_every: int = Field(5, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     eval_every: int = Field(5, ge=0)

@@ -325,6 +325,9 @@ def run_step(c: Components, step: int, *, sft: bool, ahead: RolloutsAhead | None
     saved = (save_step_rows(c.cfg.run_dir, c.cfg.logging.save_rows, step, collected, phase="sft" if sft else "rl",
                             policy_version=version) if ranks.is_main() else {})
     trained = {"rows": 0, "action_tokens": 0, "echo_tokens": 0}  # the loss denominators of a step that trains nothing
+    t = c.cfg.training
+    if not sft and step == t.warmup_sft_steps + 1 and t.warmup_sft_steps and t.reset_optimizer_after_warmup:
+        c.trainer.reset_optimizer()  # RL starts without the warm start's moments (a resume past here keeps RL's)
     if rows:
         c.trainer.set_lr(c.cfg.lr_for(sft=sft))
         rl_step, rl_steps = step - c.cfg.training.warmup_sft_steps, c.cfg.training.steps

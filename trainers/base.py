@@ -67,6 +67,10 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr * self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
 
+    def reset_optimizer(self) -> None:
+        """Forget the optimizer's moments (AdamW's step counts restart too): the next step starts afresh."""
+        self.optimizer.state.clear()
+
     def train_step(self, rows: list[EchoRow], *, sft: bool = False, echo_weight: float | None = None
                    ) -> dict[str, Any]:
         """One optimizer step over all rows (`echo_weight`: this step's λ, else the spec's); see

@@ -84,3 +84,21 @@ def test_without_dynamic_sampling_zero_advantage_groups_are_counted_and_nothing_
     s = c.stats.snapshot_and_reset()
     assert [ids for ids, _ in calls] == [[0, 1, 2, 3]] and rows == [] and c.cursor == 4
     assert (s["groups"], s["groups_zero_advantage"], s["groups_resampled"]) == (4, 2, 0)
+
+
+@pytest.mark.parametrize("reset", [True, False])
+def test_the_first_rl_step_after_a_warm_start_resets_the_optimizer_when_configured(monkeypatch, tmp_path, reset):
+    import quaero.train as recipe
+
+    calls = []
+    trainer = SimpleNamespace(reset_optimizer=lambda: calls.append("reset"), set_lr=lambda lr: None,
+                              train_step=lambda rows, **kw: calls.append("step") or {"rows": len(rows)})
+    cfg = make_cfg(training__warmup_sft_steps=2, training__steps=3, training__reset_optimizer_after_warmup=reset,
+                   run__output_dir=str(tmp_path), logging__save_rows="none")
+    c = SimpleNamespace(cfg=cfg, trainer=trainer, stats=RolloutStats(), shares_model=True)
+    monkeypatch.setattr(recipe, "sync_sampler", lambda c: {})
+    monkeypatch.setattr(recipe, "_collect", lambda c, step, sft: [(object(), [])])
+    for step in range(1, 6):
+        calls.append(step)
+        recipe.run_step(c, step, sft=step <= 2)
+    assert calls == [1, "step", 2, "step", 3, *(["reset"] if reset else []), "step", 4, "step", 5, "step"]

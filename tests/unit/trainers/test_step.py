@@ -279,3 +279,19 @@ def test_sampler_gap_covers_action_tokens_whose_advantage_is_zero(small_model_di
     assert m2["sampler_logprob_gap_max"] < 1e-5
     assert m2["echo_loss"] == pytest.approx(m["echo_loss"], rel=1e-6)
     assert all(torch.equal(v, b2.model.state_dict()[k]) for k, v in b.model.state_dict().items())
+
+
+def test_reset_optimizer_makes_the_next_step_the_step_of_a_fresh_optimizer(small_model_dir):
+    warm = LocalTrainer(make_spec(small_model_dir), "cpu")
+    demo = [sparse_row(i, 0.0, vocab=V, context=60) for i in range(2)]
+    warm.train_step(demo, sft=True)  # the warm start leaves AdamW moments behind
+    fresh, kept = LocalTrainer(make_spec(small_model_dir), "cpu"), LocalTrainer(make_spec(small_model_dir), "cpu")
+    fresh.model.load_state_dict(warm.model.state_dict())  # the weights only: an optimizer that never stepped
+    kept.load_state_dict(warm.state_dict())  # the weights and the warm start's moments
+    warm.reset_optimizer()
+    rl = rows(2)
+    for t in (warm, fresh, kept):
+        t.train_step(rl)
+    after = [dict(t.model.named_parameters()) for t in (warm, fresh, kept)]
+    assert all(torch.equal(p, after[1][n]) for n, p in after[0].items())
+    assert any(not torch.equal(p, after[2][n]) for n, p in after[0].items())  # the moments did matter
