@@ -228,10 +228,11 @@ class TrainingConfig(_Section):
     oracle: str | None = None
     # learning rate of the warm-start SFT steps; unset = [backend] lr (which the RL steps always use)
     warmup_sft_lr: float | None = Field(None, gt=0)
-    # the first RL step starts AdamW afresh (moments zeroed): the warm start's momentum would otherwise keep
-    # moving the weights along the SFT gradient for ~10 RL steps (beta1 0.9) and its second moment, sized by
-    # SFT's larger gradients, would damp RL's updates for ~1000 (beta2 0.999)
-    reset_optimizer_after_warmup: bool = False
+    # AdamW's state at the first RL step after a warm start: "continue" keeps the warm start's moments (its
+    # momentum keeps moving the weights along the SFT gradient for ~10 RL steps, beta1 0.9); "reset_momentum"
+    # zeroes the first moment only (RL's updates ramp up from 0, still scaled by the warm start's second
+    # moment); "reset" zeroes both (AdamW's first steps are then sign-like, lr on every weight with a gradient)
+    rl_optimizer_start: Literal["continue", "reset_momentum", "reset"] = "continue"
     checkpoint_every: int = Field(5, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     eval_every: int = Field(5, ge=0)

@@ -326,8 +326,9 @@ def run_step(c: Components, step: int, *, sft: bool, ahead: RolloutsAhead | None
                             policy_version=version) if ranks.is_main() else {})
     trained = {"rows": 0, "action_tokens": 0, "echo_tokens": 0}  # the loss denominators of a step that trains nothing
     t = c.cfg.training
-    if not sft and step == t.warmup_sft_steps + 1 and t.warmup_sft_steps and t.reset_optimizer_after_warmup:
-        c.trainer.reset_optimizer()  # RL starts without the warm start's moments (a resume past here keeps RL's)
+    if not sft and step == t.warmup_sft_steps + 1 and t.warmup_sft_steps and t.rl_optimizer_start != "continue":
+        # RL starts without the warm start's momentum (a resume past here keeps RL's own)
+        c.trainer.reset_optimizer(momentum_only=t.rl_optimizer_start == "reset_momentum")
     if rows:
         c.trainer.set_lr(c.cfg.lr_for(sft=sft))
         rl_step, rl_steps = step - c.cfg.training.warmup_sft_steps, c.cfg.training.steps

@@ -123,8 +123,8 @@ OPTION_MEANINGS = {
     "training.oracle": "the warm start's demonstrator `package.module:function` (unset: `oracle_policy` "
                        "beside the entry)",
     "training.warmup_sft_lr": "the warm start's learning rate (unset: `[backend] lr`)",
-    "training.reset_optimizer_after_warmup": "the first RL step starts AdamW afresh (the warm start's moments "
-                                             "zeroed), so RL's updates are RL's alone",
+    "training.rl_optimizer_start": "AdamW's state at the first RL step after a warm start: `continue`, "
+                                   "`reset_momentum` (first moment zeroed) or `reset` (both moments zeroed)",
     "training.checkpoint_every": "checkpoint every this many steps (and at the end)",
     "training.keep_checkpoints": "checkpoints kept; older ones are pruned",
     "training.eval_every": "evaluate every this many steps (0: never); also before the first and after the "

@@ -67,9 +67,15 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr * self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
 
-    def reset_optimizer(self) -> None:
-        """Forget the optimizer's moments (AdamW's step counts restart too): the next step starts afresh."""
-        self.optimizer.state.clear()
+    def reset_optimizer(self, *, momentum_only: bool = False) -> None:
+        """Forget the optimizer's moments (AdamW's step counts restart too): the next step starts afresh. With
+        `momentum_only`, zero the first moment and keep the second and the step counts."""
+        if not momentum_only:
+            self.optimizer.state.clear()
+            return
+        for state in self.optimizer.state.values():
+            if "exp_avg" in state:
+                state["exp_avg"].zero_()
 
     def train_step(self, rows: list[EchoRow], *, sft: bool = False, echo_weight: float | None = None
                    ) -> dict[str, Any]:

@@ -86,14 +86,15 @@ def test_without_dynamic_sampling_zero_advantage_groups_are_counted_and_nothing_
     assert (s["groups"], s["groups_zero_advantage"], s["groups_resampled"]) == (4, 2, 0)
 
 
-@pytest.mark.parametrize("reset", [True, False])
-def test_the_first_rl_step_after_a_warm_start_resets_the_optimizer_when_configured(monkeypatch, tmp_path, reset):
+@pytest.mark.parametrize("start", ["continue", "reset_momentum", "reset"])
+def test_the_first_rl_step_after_a_warm_start_resets_the_optimizer_when_configured(monkeypatch, tmp_path, start):
     import quaero.train as recipe
 
     calls = []
-    trainer = SimpleNamespace(reset_optimizer=lambda: calls.append("reset"), set_lr=lambda lr: None,
+    trainer = SimpleNamespace(reset_optimizer=lambda momentum_only: calls.append(("reset", momentum_only)),
+                              set_lr=lambda lr: None,
                               train_step=lambda rows, **kw: calls.append("step") or {"rows": len(rows)})
-    cfg = make_cfg(training__warmup_sft_steps=2, training__steps=3, training__reset_optimizer_after_warmup=reset,
+    cfg = make_cfg(training__warmup_sft_steps=2, training__steps=3, training__rl_optimizer_start=start,
                    run__output_dir=str(tmp_path), logging__save_rows="none")
     c = SimpleNamespace(cfg=cfg, trainer=trainer, stats=RolloutStats(), shares_model=True)
     monkeypatch.setattr(recipe, "sync_sampler", lambda c: {})
@@ -101,4 +102,5 @@ def test_the_first_rl_step_after_a_warm_start_resets_the_optimizer_when_configur
     for step in range(1, 6):
         calls.append(step)
         recipe.run_step(c, step, sft=step <= 2)
-    assert calls == [1, "step", 2, "step", 3, *(["reset"] if reset else []), "step", 4, "step", 5, "step"]
+    reset = [] if start == "continue" else [("reset", start == "reset_momentum")]
+    assert calls == [1, "step", 2, "step", 3, *reset, "step", 4, "step", 5, "step"]

@@ -295,3 +295,13 @@ def test_reset_optimizer_makes_the_next_step_the_step_of_a_fresh_optimizer(small
     after = [dict(t.model.named_parameters()) for t in (warm, fresh, kept)]
     assert all(torch.equal(p, after[1][n]) for n, p in after[0].items())
     assert any(not torch.equal(p, after[2][n]) for n, p in after[0].items())  # the moments did matter
+
+
+def test_reset_momentum_zeroes_the_first_moment_and_keeps_the_second(small_model_dir):
+    t = LocalTrainer(make_spec(small_model_dir), "cpu")
+    t.train_step([sparse_row(i, 0.0, vocab=V, context=60) for i in range(2)], sft=True)
+    before = {id(p): (s["exp_avg_sq"].clone(), int(s["step"])) for p, s in t.optimizer.state.items()}
+    t.reset_optimizer(momentum_only=True)
+    assert before and all(not s["exp_avg"].any() for s in t.optimizer.state.values())
+    assert all(torch.equal(s["exp_avg_sq"], before[id(p)][0]) and int(s["step"]) == before[id(p)][1]
+               for p, s in t.optimizer.state.items())
