@@ -276,7 +276,7 @@ def open_envs(cfg: EnvConfig, n: int, stats: RolloutStats | None = None, log_dir
     try:
         if cfg.launcher == "inprocess":
             connectors = _inprocess(spec, n)
-            is_mcp, schema = spec.is_mcp, spec.action_schema()
+            is_mcp, schema = spec.speaks_tools, spec.action_schema()
             tasks = catalog_of_spec(spec)
         else:
             if cfg.launcher == "local-server":
@@ -287,7 +287,7 @@ def open_envs(cfg: EnvConfig, n: int, stats: RolloutStats | None = None, log_dir
             schema = _action_schema(http_urls, cfg.reset_timeout_s)
             tasks = catalog_over_http(http_urls[0], cfg.reset_timeout_s)
             # an env quaero starts is MCP when its class is (as in process); a remote one when its schema says so
-            is_mcp = spec.is_mcp if spec is not None else _serves_tools(schema, http_urls[0], connectors[0],
+            is_mcp = spec.speaks_tools if spec is not None else _serves_tools(schema, http_urls[0], connectors[0],
                                                                          cfg.reset_timeout_s)
         tools = _list_tools(connectors[0], cfg.reset_timeout_s) if is_mcp else None
         replayable = _replayable(cfg, spec)
