@@ -8,6 +8,7 @@
   `[env] reset_kwargs` names a dataset (what examples/imported/openenv_reasoning_gym.toml does).
 The real packages ran through the same configs: examples/imported/README.md."""
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -51,10 +52,12 @@ def _call(name: str, **arguments) -> dict:
         "name": name, "arguments": arguments}}]}
 
 
-def test_the_importers_verifiers_wrapper_speaks_tool_calls_and_shows_its_tasks_prompt(imported):
+@pytest.mark.parametrize("launcher", ["inprocess", "local-server"])
+def test_the_importers_verifiers_wrapper_speaks_tool_calls_and_shows_its_tasks_prompt(imported, launcher, monkeypatch):
     app = (imported / NAME / "server" / "app.py").read_text()
     assert "CallToolAction" in app and "max_concurrent_envs=1" in app  # the shape quaero meets
-    cfg = EnvConfig(entry=ENTRY)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(imported), os.environ.get("PYTHONPATH", "")]))
+    cfg = EnvConfig(entry=ENTRY, launcher=launcher)
     (line,) = describe_env(cfg)
     assert "MCP tool calls" in line and "Action is CallToolAction (from the env's own server app" in line
     with open_envs(cfg, 1) as pool:
