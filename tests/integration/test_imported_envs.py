@@ -17,7 +17,7 @@ import structlog
 from fixtures.runs import ROOT, events_of
 
 from quaero import cli
-from quaero.config import EnvConfig, load_config
+from quaero.config import ConfigError, EnvConfig, load_config
 from quaero.openenv_client import open_envs
 from quaero.openenv_client.loading import describe_env
 
@@ -77,6 +77,18 @@ def test_the_importers_verifiers_wrapper_speaks_tool_calls_and_shows_its_tasks_p
         assert "state" not in shown and "What is" not in tool["content"]  # the score dict, not the task again
         env.reset(seed=0, split="train", index=0)
         assert env.step({"role": "assistant", "content": "42"}).malformed  # no tool call: told the tools
+
+
+def test_an_env_that_raises_inside_quaeros_server_is_one_line_naming_its_log(imported, monkeypatch):
+    """The real legacy Verifiers env installs signal handlers when built, which Python refuses on the server's
+    worker thread (examples/imported/verifiers_shim.py is the user's fix): the error says so, not just HTTP 500."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(imported), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("VERIFIERS_STANDIN_SIGNALS", "1")
+    with pytest.raises(ConfigError) as e:
+        open_envs(EnvConfig(entry=ENTRY, launcher="local-server"), 1)
+    message = str(e.value)
+    assert "\n" not in message and "its Task API answered HTTP 500" in message
+    assert "ends in: ValueError: signal only works in main thread" in message and "server-" in message
 
 
 def _config(tmp_path, name, env: str, training: str) -> Path:
