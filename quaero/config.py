@@ -258,8 +258,13 @@ class TrainingConfig(_Section):
 
 class DataConfig(_Section):
     # recorded episodes (RFC 010 records and/or OpenEnv TrainingTrace lines, quaero/traces.py) trained as the
-    # warm start's SFT + ECHO steps instead of the oracle's demos; rows rebuilt from their ids, never re-tokenized
+    # warm start's steps (with traces_loss's loss) instead of the oracle's demos; rows rebuilt from their ids,
+    # never re-tokenized
     traces: str | None = None
+    # the loss those rows train with: "sft" (SFT + ECHO, a warm start from demonstrations) or "rl" (the RL loss
+    # off-policy, its importance ratio over the records' own sampler log-probs, + ECHO; records need an
+    # `advantage`, or a `reward` and a `group`, and log-probs on their action tokens; the others are refused)
+    traces_loss: Literal["sft", "rl"] = "sft"
 
 
 class LoggingConfig(_Section):

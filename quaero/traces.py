@@ -22,6 +22,7 @@ and completion, roles that disagree with the loss mask.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,15 @@ def _origin(rec: dict, run: str) -> dict:
             "policy_version": rec.get("policy_version")}
 
 
+def _group(rec: dict, run: str) -> dict:
+    """The row's group (its task's episodes sampled together: `meta["episode"]` is "step/task/member"), when
+    the row names its episode; `[data] traces_loss = "rl"` computes group-relative advantages over it."""
+    episode = rec.get("meta", {}).get("episode")
+    if not isinstance(episode, str) or episode.count("/") != 2:
+        return {}
+    return {"group": f"{run}/{episode.rsplit('/', 1)[0]}"}
+
+
 def to_rfc010(rec: dict, run_cfg: dict, run: str) -> dict:
     """A saved row (inspect_rows.row_record's dict) as an RFC 010 record."""
     kinds = token_kinds(len(rec["input_ids"]), rec["spans"])
@@ -111,7 +121,8 @@ def to_rfc010(rec: dict, run_cfg: dict, run: str) -> dict:
     return {"input_ids": rec["input_ids"], "action_mask": mask("action"), "obs_mask": mask("env"),
             "warning_mask": mask("corrective"), "logprobs": [lp if k == "action" else 0.0 for lp, k in
                                                              zip(rec["sampler_logprobs"], kinds)],
-            **_scalars(rec, run_cfg), "quaero": {**_origin(rec, run), "scaffold_mask": mask("scaffold")}}
+            **_scalars(rec, run_cfg), **_group(rec, run),
+            "quaero": {**_origin(rec, run), "scaffold_mask": mask("scaffold")}}
 
 
 def to_training_trace(rec: dict, run_cfg: dict, run: str) -> dict:
@@ -129,7 +140,7 @@ def to_training_trace(rec: dict, run_cfg: dict, run: str) -> dict:
               "loss_mask": [0] * start + [1] * (end - start), "metadata": {"turn": turn}}
              for k, (_, start, end, turn) in enumerate(actions)]
     turns[-1]["metadata"]["quaero"] = {
-        **_origin(rec, run), **_scalars(rec, run_cfg), "tail_token_ids": ids[actions[-1][2]:],
+        **_origin(rec, run), **_scalars(rec, run_cfg), **_group(rec, run), "tail_token_ids": ids[actions[-1][2]:],
         "roles": run_length(token_kinds(len(ids), rec["spans"]))}
     return TrainingTrace.model_validate({"schema_version": 1, "turns": turns}).model_dump(mode="json")
 
@@ -172,8 +183,6 @@ def _mask(rec: dict, key: str, n: int) -> list[int]:
 
 
 def _logprobs(values: Any, n: int, name: str) -> list[float]:
-    import math
-
     if values is None:
         return [0.0] * n
     if (not isinstance(values, list) or len(values) != n
@@ -196,8 +205,9 @@ def rfc010_row(rec: dict, vocab_size: int, include_scaffold: bool) -> EchoRow:
         kinds.append(on[0] if on else "prompt")
     if "action" not in kinds and "env" not in kinds:
         raise TraceRefused("no action or obs token: nothing to train")
+    quaero = rec.get("quaero") if isinstance(rec.get("quaero"), dict) else {}
     return _row_from_kinds(ids, kinds, _logprobs(rec.get("logprobs"), n, "logprobs"), include_scaffold=include_scaffold,
-                           meta={"source": "rfc010", **{k: rec.get(k) for k in ("reward", "advantage") if k in rec}})
+                           meta={"source": "rfc010", **_rl_fields({**quaero, **rec})})
 
 
 def trace_row(rec: dict, vocab_size: int, include_scaffold: bool) -> EchoRow:
@@ -235,15 +245,18 @@ def trace_row(rec: dict, vocab_size: int, include_scaffold: bool) -> EchoRow:
         if [r == "action" for r in roles[:len(kinds)]] != [k == "action" for k in kinds]:
             raise TraceRefused("quaero roles disagree with the turns' loss_mask about which tokens are actions")
         kinds = roles
+    last = trace.turns[-1].metadata
+    fields = {**last, **quaero} if isinstance(quaero, dict) else dict(last)
     return _row_from_kinds(ids, kinds, logprobs, include_scaffold=include_scaffold,
-                           meta={"source": "openenv-trace", "node_id": trace.turns[-1].node_id})
+                           meta={"source": "openenv-trace", "node_id": trace.turns[-1].node_id, **_rl_fields(fields)})
 
 
 def load_traces(path: str | Path, vocab_size: int, *, include_scaffold: bool = False,
-                max_len: int | None = None) -> tuple[list[EchoRow], list[str]]:
+                max_len: int | None = None, loss: str = "sft") -> tuple[list[EchoRow], list[str]]:
     """Rows rebuilt from a file of RFC 010 records and/or TrainingTraces, and one reason per refused line
-    ("path:LINE: reason"). OSError when the file cannot be read."""
-    rows, refused = [], []
+    ("path:LINE: reason"). OSError when the file cannot be read. loss="rl" ([data] traces_loss): each row also
+    gets the advantage the RL loss reads (`rl_rows`), and a record that cannot have one is refused."""
+    rows, refused, lines = [], [], []
     with Path(path).open("rb") as f:
         for number, raw in enumerate(f, 1):
             if not raw.strip():
@@ -262,9 +275,75 @@ def load_traces(path: str | Path, vocab_size: int, *, include_scaffold: bool = F
                 if max_len is not None and len(rows[-1]) > max_len:
                     rows.pop()
                     raise TraceRefused(f"longer than [model] max_seq_len={max_len}")
+                lines.append(number)
             except (TraceRefused, RowError) as e:
                 refused.append(f"{path}:{number}: {e}")
+    if loss == "rl":
+        rows, rl_refused = rl_rows(rows, [f"{path}:{n}" for n in lines])
+        refused += rl_refused
     return rows, refused
+
+
+# ── off-policy RL on recorded rows ([data] traces_loss = "rl") ──────────────────────────────────
+
+
+def _finite(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def _rl_fields(fields: dict) -> dict:
+    """What a record says for the RL loss: its `advantage`, its `reward` and its `group` (the records of one
+    task sampled together, whose rewards give group-relative advantages), where it says them."""
+    out = {k: fields[k] for k in ("advantage", "reward") if k in fields}
+    if isinstance(fields.get("group"), (str, int)) and not isinstance(fields.get("group"), bool):
+        out["group"] = str(fields["group"])
+    return out
+
+
+def rl_rows(rows: list[EchoRow], where: list[str]) -> tuple[list[EchoRow], list[str]]:
+    """Rows for the off-policy RL loss: each with its advantage on its action tokens (the record's own
+    `advantage`, else its reward minus its group's mean reward, as quaero's rollouts do) and the recorded
+    sampler log-probs it already holds (the importance ratio's denominator). Refused in one line each (where[i]:
+    reason): a row whose action tokens carry no sampler log-prob (all 0.0: an oracle demo, or a record without
+    `logprobs`) or a positive one; one with no advantage and no reward with a group; a group of one record."""
+    from quaero.train import group_advantages  # the rollouts' own rule
+
+    refused: list[str] = []
+    ready: list[tuple[int, float]] = []
+    groups: dict[str, list[tuple[int, float]]] = {}
+    for i, row in enumerate(rows):
+        action = [lp for lp, m in zip(row.sampler_logprobs, row.action_mask) if m]
+        advantage, reward, group = _finite(row.meta.get("advantage")), _finite(row.meta.get("reward")), \
+            row.meta.get("group")
+        if not action or all(lp == 0.0 for lp in action):
+            refused.append(f"{where[i]}: its action tokens carry no sampler log-probs (all 0.0: an oracle demo, or "
+                           "no `logprobs`/`per_token_logps`), so the RL loss has no importance ratio; train it with "
+                           '[data] traces_loss = "sft"')
+        elif any(lp > 0.0 for lp in action):
+            refused.append(f"{where[i]}: a sampler log-prob above 0 on an action token: not a log-probability")
+        elif advantage is not None:
+            ready.append((i, advantage))
+        elif reward is not None and group is not None:
+            groups.setdefault(group, []).append((i, reward))
+        else:
+            refused.append(f"{where[i]}: no `advantage`, and no `reward` with a `group` (the records of one task "
+                           "sampled together): nothing for the RL loss to weigh its actions by")
+    for group, members in groups.items():
+        if len(members) < 2:
+            refused.append(f"{where[members[0][0]]}: the only record of group {group!r}: a group-relative "
+                           "advantage needs two or more")
+            continue
+        ready += zip([i for i, _ in members], group_advantages([r for _, r in members]))
+    out = []
+    for i, advantage in sorted(ready):
+        if not math.isfinite(advantage):
+            refused.append(f"{where[i]}: its group's rewards give no finite advantage")
+            continue
+        row = rows[i]
+        out.append(row.with_advantage(advantage, episode=row.meta.get("group") or where[i]))
+    return out, refused
+
 
 
 # ── the warm start (quaero/train.py) ────────────────────────────────────────────────────────────
@@ -289,7 +368,7 @@ def warm_start_rows(cfg: Any, source: str = "config") -> tuple[list[EchoRow], li
     path, vocab_size = cfg.data.traces, vocab_size_of(cfg.model.name)
     try:
         rows, refused = load_traces(path, vocab_size, include_scaffold=cfg.echo.include_scaffold,
-                                    max_len=cfg.model.max_seq_len)
+                                    max_len=cfg.model.max_seq_len, loss=cfg.data.traces_loss)
     except OSError as e:
         raise ConfigError(f"{source} [data] traces={path!r}: cannot read it ({e.strerror or e})") from None
     for reason in refused:
@@ -306,8 +385,10 @@ def trace_line(cfg: Any, source: str = "config") -> str:
     """`quaero check`'s data line."""
     rows, refused = warm_start_rows(cfg, source)
     t = cfg.training
-    return (f"data        traces {cfg.data.traces}: {len(rows)} exact rows, trained as {t.warmup_sft_steps} SFT + "
-            f"ECHO warm-start steps of {t.tasks_per_step} rows; {len(refused)} line(s) refused"
+    loss = ("off-policy RL (importance ratio over the recorded log-probs) + ECHO" if cfg.data.traces_loss == "rl"
+            else "SFT + ECHO")
+    return (f"data        traces {cfg.data.traces}: {len(rows)} exact rows, trained as {t.warmup_sft_steps} {loss} "
+            f"warm-start steps of {t.tasks_per_step} rows; {len(refused)} line(s) refused"
             + (f" (first: {refused[0]})" if refused else ""))
 
 

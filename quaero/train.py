@@ -333,7 +333,10 @@ def run_step(c: Components, step: int, *, sft: bool, ahead: RolloutsAhead | None
         c.trainer.set_lr(c.cfg.lr_for(sft=sft))
         rl_step, rl_steps = step - c.cfg.training.warmup_sft_steps, c.cfg.training.steps
         echo_weight = c.cfg.echo.weight if sft else c.cfg.echo.weight_at(rl_step, rl_steps)
-        trained = c.trainer.train_step(rows, sft=sft, echo_weight=echo_weight)
+        # [data] traces_loss = "rl": the warm start's recorded rows train the RL loss off-policy (their advantages,
+        # the ratio over their recorded sampler log-probs), not SFT
+        as_demos = sft and not (c.traces is not None and c.cfg.data.traces_loss == "rl")
+        trained = c.trainer.train_step(rows, sft=as_demos, echo_weight=echo_weight)
         c.sampler_behind = not c.shares_model
     total = time.perf_counter() - t0
     timing = {"rollout_time_s": round(t_rollout, 3), "total_step_time_s": round(total, 3),

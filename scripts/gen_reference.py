@@ -141,8 +141,11 @@ OPTION_MEANINGS = {
                                  "further tasks (DAPO); all-equal groups still train ECHO",
     "training.dynamic_sampling_max_groups": "the bound: at most this many x `tasks_per_step` groups per step",
     "data.traces": "a JSONL file of recorded episodes (RFC 010 records or OpenEnv TrainingTraces) the warm "
-                   "start trains on (SFT + ECHO) instead of the oracle's demos; rows rebuilt from their ids, "
+                   "start trains on (SFT + ECHO, or RL with `traces_loss`) instead of the oracle's demos; rows rebuilt from their ids, "
                    "inexact records refused one line each",
+    "data.traces_loss": "`sft` (those rows are demonstrations: SFT + ECHO) or `rl` (the RL loss off-policy, the "
+                        "importance ratio over each record's own sampler log-probs, + ECHO; a record needs an "
+                        "`advantage`, or a `reward` and a `group`, and log-probs on its actions, else refused)",
     "logging.level": "the console's and the event log's level",
     "logging.console": "`pretty`, `plain` or `none`",
     "logging.progress": "a progress bar on a terminal",

@@ -101,6 +101,14 @@ class EnvSpec:
     def action_schema(self) -> dict:
         return self.action_cls.model_json_schema()
 
+    @property
+    def speaks_tools(self) -> bool:
+        """Whether the model acts through MCP tool calls: an MCPEnvironment, or a plain Environment whose own
+        server app takes CallToolAction (what `openenv import` writes for a Verifiers env: a `submit` tool)."""
+        from openenv.core.env_server.mcp_types import CallToolAction
+
+        return self.is_mcp or issubclass(self.action_cls, CallToolAction)
+
 
 def _import_attr(entry: str, key: str = "entry") -> Any:
     if ":" not in entry:
@@ -367,8 +375,10 @@ def describe_env(cfg: Any) -> list[str]:
         return [(f"env action  {cfg.entry} is a factory function: not called here (it would run with [env] kwargs); "
                 "its env class and Action are learned when sessions open (annotate its return type, "
                 "`-> MyEnv`, to check them now)")]
-    if spec.is_mcp:
+    if spec.speaks_tools:
         action = "MCP tool calls (its tools become the chat tools when sessions open)"
+        if not spec.is_mcp:  # a plain env whose own app takes CallToolAction (`openenv import`'s Verifiers wrapper)
+            action += f": {spec.env_cls.__name__}'s Action is CallToolAction (from {spec.action_source})"
     else:
         schema = spec.action_cls.model_json_schema()
         fields = ", ".join(f"{k}: {field_type(schema, k)}" for k in action_fields(schema))

@@ -66,14 +66,19 @@ def parse_tool_calls(assistant: dict, specs: list[dict], no_call_message: str | 
     return parsed
 
 
-def render_tool_result(observation: dict) -> str:
+def render_tool_result(observation: dict, shown: str = "") -> str:
     """A CallToolObservation payload -> tool message text: the result's text, JSON of its data, or
-    'Error: ...'."""
+    'Error: ...'. A result that is a plain dict, not FastMCP's CallToolResult (`openenv import`'s Verifiers
+    wrapper returns its score dict), is JSON of its fields but those whose long texts the model already saw
+    (`shown`: the task and its own reply; the wrapper's `state` repeats the whole prompt)."""
     error = observation.get("error")
     if error:
         message = error.get("message", str(error)) if isinstance(error, dict) else str(error)
         return "Error: " + _TOOL_ERROR_PREFIX.sub("", message)
     result = observation.get("result")
+    if isinstance(result, dict) and not {"content", "data", "structured_content"} & set(result):
+        kept = {k: v for k, v in result.items() if not _repeats(v, shown)}
+        return json.dumps(kept, ensure_ascii=False, separators=(", ", ": "))
     if isinstance(result, dict):
         texts = [c.get("text", "") for c in result.get("content") or [] if isinstance(c, dict) and c.get("type") == "text"]
         if result.get("is_error"):
@@ -184,6 +189,20 @@ def _field_line(name: str, value: Any) -> str:
     return f"{name}: {json.dumps(value, ensure_ascii=False, separators=(', ', ': '))}"
 
 
+def prompt_messages(meta: Any) -> list[dict]:
+    """A reset's task as chat messages in `metadata["prompt"]` ([{"role", "content"}], what `openenv import`
+    writes for a Verifiers task), else []."""
+    prompt = meta.get("prompt") if isinstance(meta, dict) else None
+    if not isinstance(prompt, list):
+        return []
+    return [m for m in prompt if isinstance(m, dict) and isinstance(m.get("content"), str) and m["content"].strip()]
+
+
+def prompt_system(meta: Any) -> str | None:
+    """The system message of a reset's chat prompt (`prompt_messages`), if it has one."""
+    return next((m["content"] for m in prompt_messages(meta) if m.get("role") == "system"), None)
+
+
 def default_formatter(observation: dict, context: str = "step") -> str:
     """Observation dict -> user message text: its question-like field first (on reset, else the one in
     `metadata`), then every other non-empty field but the bookkeeping ones as `name: value` lines, in the
@@ -194,6 +213,8 @@ def default_formatter(observation: dict, context: str = "step") -> str:
     meta = observation.get("metadata") or {}
     if not lines and context == "reset" and isinstance(meta, dict):
         lines += [meta[k] for k in QUESTION_KEYS if isinstance(meta.get(k), str) and meta[k].strip()][:1]
+        if not lines:  # a chat prompt (Verifiers tasks): its non-system messages; the system one is the system prompt
+            lines += [m["content"] for m in prompt_messages(meta) if m.get("role") != "system"]
     for k, v in fields.items():
         if not _repeats(v, "\n".join(lines)):
             lines.append(_field_line(k, v))

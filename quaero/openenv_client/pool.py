@@ -276,7 +276,7 @@ def open_envs(cfg: EnvConfig, n: int, stats: RolloutStats | None = None, log_dir
     try:
         if cfg.launcher == "inprocess":
             connectors = _inprocess(spec, n)
-            is_mcp, schema = spec.is_mcp, spec.action_schema()
+            is_mcp, schema = spec.speaks_tools, spec.action_schema()
             tasks = catalog_of_spec(spec)
         else:
             if cfg.launcher == "local-server":
@@ -285,9 +285,12 @@ def open_envs(cfg: EnvConfig, n: int, stats: RolloutStats | None = None, log_dir
             else:
                 connectors, http_urls = _remote(cfg, n, stats)
             schema = _action_schema(http_urls, cfg.reset_timeout_s)
-            tasks = catalog_over_http(http_urls[0], cfg.reset_timeout_s)
+            try:
+                tasks = catalog_over_http(http_urls[0], cfg.reset_timeout_s)
+            except ConfigError as e:  # the env raised in the server: its log holds the reason
+                raise ConfigError(f"{e}{servers[0].log_hint() if servers else ''}") from None
             # an env quaero starts is MCP when its class is (as in process); a remote one when its schema says so
-            is_mcp = spec.is_mcp if spec is not None else _serves_tools(schema, http_urls[0], connectors[0],
+            is_mcp = spec.speaks_tools if spec is not None else _serves_tools(schema, http_urls[0], connectors[0],
                                                                          cfg.reset_timeout_s)
         tools = _list_tools(connectors[0], cfg.reset_timeout_s) if is_mcp else None
         replayable = _replayable(cfg, spec)
@@ -302,7 +305,8 @@ def open_envs(cfg: EnvConfig, n: int, stats: RolloutStats | None = None, log_dir
         _close(sessions, servers)
         if e.kind == "capacity":
             raise _capacity_error(cfg, n, e) from None
-        raise ConfigError(f"[env] {_where(cfg)}: cannot open sessions: {e}") from None
+        raise ConfigError(f"[env] {_where(cfg)}: cannot open sessions: {e}"
+                          f"{servers[0].log_hint() if servers else ''}") from None
     except BaseException:
         _close(sessions, servers)
         raise

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -63,6 +64,9 @@ def _exit_with_parent(parent_pid: int) -> None:
         os._exit(0)
 
     threading.Thread(target=watch, daemon=True, name="quaero-parent-watch").start()
+
+
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception)\b.*:")  # "ValueError: signal only works in ..."
 
 
 class LocalServer:
@@ -135,6 +139,23 @@ class LocalServer:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def log_hint(self, wait_s: float = 2.0) -> str:
+        """"; its log (PATH) ends in: <the last exception line>", for a one-line error about a request this server
+        answered with a failure (the env raised inside it: the reason is only in its log); "" without one. The
+        server logs the traceback after it has answered: up to `wait_s` for it to arrive."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                text = self._log_path.read_text(errors="replace")
+            except OSError:
+                return ""
+            found = [line.strip() for line in text.splitlines() if _EXCEPTION_LINE.match(line)]
+            if found:
+                return f"; its log ({self._log_path}) ends in: {found[-1][:300]}"
+            if time.monotonic() > deadline:
+                return ""
+            time.sleep(0.05)
 
     def ensure_alive(self) -> bool:
         """Restart the server if it died (once, however many sessions notice); True if it restarted."""

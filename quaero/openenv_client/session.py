@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from quaero.metrics import get_logger
 
-from .mapping import Malformed, action_instructions, parse_plain_action, parse_tool_calls, render_tool_result
+from .mapping import (
+    Malformed,
+    action_instructions,
+    parse_plain_action,
+    parse_tool_calls,
+    prompt_system,
+    render_tool_result,
+)
 from .transport import ActionRejected, EnvFault, InvalidReply
 
 if TYPE_CHECKING:
@@ -128,6 +135,7 @@ class ChatEnv:
         self._transport: Transport | None = None
         self._reset_kwargs: dict | None = None
         self._history: list[tuple[dict, dict]] = []  # (action, payload) accepted in this episode
+        self._task_text = ""  # the reset's system and user text
         self._done = True
 
     # -- sessions and retries -----------------------------------------------------------------------
@@ -217,11 +225,12 @@ class ChatEnv:
         meta = obs.get("metadata") or {}
         info = {"seed": seed, "split": split, "index": index if index is not None else seed, **meta}
         info.setdefault("task_id", f"{split}/{info['index']}")
-        system = self.cfg.system_prompt or meta.get("system_prompt") or DEFAULT_SYSTEM_PROMPT
+        system = self.cfg.system_prompt or meta.get("system_prompt") or prompt_system(meta) or DEFAULT_SYSTEM_PROMPT
         if self.tools is None and self.action_schema is not None:
             system += action_instructions(self.action_schema)
         messages = [{"role": "system", "content": system},
                     {"role": "user", "content": self.formatter(obs, context="reset")}]
+        self._task_text = "\n".join(m["content"] for m in messages)  # what a tool result need not repeat
         return ChatReset(messages=messages, info=info)
 
     def step(self, assistant: dict) -> ChatStep:
@@ -256,7 +265,8 @@ class ChatEnv:
             obs = payload.get("observation", {})
             if obs.get("error"):
                 self.stats.add("env_tool_errors")
-            messages.append({"role": "tool", "content": render_tool_result(obs)})
+            shown = "\n".join([self._task_text, assistant.get("content") or "", json.dumps(arguments)])
+            messages.append({"role": "tool", "content": render_tool_result(obs, shown)})
             reward += _reward(payload)
             metas.append(obs.get("metadata") or {})
             if payload.get("done"):

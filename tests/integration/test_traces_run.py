@@ -117,3 +117,34 @@ def test_each_kind_of_inexact_record_is_refused_in_one_line(tmp_path):
                                           "quaero roles disagree", "not a valid OpenEnv TrainingTrace",
                                           "neither an RFC 010 record", "not a UTF-8 JSON object"]):
         assert reason.startswith(expected) and "\n" not in reason, reason
+
+
+def test_recorded_rl_rows_train_the_rl_loss_off_policy_with_traces_loss_rl(source_run, tmp_path, capsys):
+    """[data] traces_loss = "rl": the source run's RL rows (sampled, with the sampler's log-probs), exported as
+    RFC 010 records with a group each, train the RL term (action tokens, an importance ratio) in the warm-start
+    steps; its warm-start (oracle demo) rows have no sampler log-probs and are refused one line each."""
+    run_dir, _ = source_run
+    out = tmp_path / "rows.rfc010.jsonl"
+    records = _export(run_dir, "rfc010", out)
+    rl = [r for r in records if r["quaero"]["phase"] == "rl"]
+    assert rl and all(r.get("group") for r in rl)  # the export names each row's group
+    # the random-init model's groups have equal rewards (advantage 0): give the records a reward spread, as a
+    # capable policy's would have
+    for k, r in enumerate(rl):
+        r["reward"], r["group"] = float(k % 2), "spread"
+        r.pop("advantage")
+    demos = [r for r in records if r["quaero"]["phase"] == "sft"]
+    out.write_text("".join(json.dumps(r) + "\n" for r in rl + demos))
+    path, _ = make_config(tmp_path, "offpolicy", steps=1, warmup=1, eval_every=0, eval_tasks=0,
+                          extra=["env.launcher=inprocess"])
+    path.write_text(path.read_text().replace('launcher = "local-server"', 'launcher = "inprocess"')
+                    + f'\n[data]\ntraces = "{out}"\ntraces_loss = "rl"\n')
+    assert cli.main(["check", str(path)]) == 0
+    assert "off-policy RL (importance ratio over the recorded log-probs)" in capsys.readouterr().out
+    assert cli.main(["train", str(path)]) == 0
+    run = tmp_path / "runs" / "offpolicy"
+    refused = events_of(run, "trace_record_refused")
+    assert len(refused) == len(demos) and all("no sampler log-probs" in e["reason"] for e in refused)
+    warm = events_of(run, "train_step")[0]
+    assert warm["phase"] == "sft" and warm["action_tokens"] > 0 and warm["rl_loss"] != 0.0
+    assert warm["sft_loss"] == 0.0 and warm["importance_ratio_mean"] is not None
