@@ -54,7 +54,7 @@ def plan_lines(cfg, source: str) -> list[str]:
         f"train_supervised_context_tokens={o.train_supervised_context_tokens}"
         + (" (APPROXIMATION: rows cropped)" if o.train_supervised_context_tokens else " (exact full context)"),
         (f"echo        enabled={cfg.echo.enabled}, weight (world_model_coeff)={cfg.echo.weight} "
-         f"schedule={cfg.echo.schedule!r}" + (f" over {cfg.echo.schedule_steps} steps" if cfg.echo.schedule_steps else "")
+         + (f"(RL steps {cfg.echo.rl_weight}) " if cfg.echo.rl_weight is not None else "") + f"schedule={cfg.echo.schedule!r}" + (f" over {cfg.echo.schedule_steps} steps" if cfg.echo.schedule_steps else "")
          + f", normalization={cfg.echo.normalization!r}, target={cfg.echo.world_loss_target!r} "
          f"(include_scaffold={cfg.echo.include_scaffold})"),
         (f"training    steps={cfg.training.steps} x {cfg.training.tasks_per_step} tasks x group "

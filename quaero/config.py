@@ -191,6 +191,8 @@ class EchoConfig(_Section):
     enabled: bool = True
     # λ, OpenEnv RFC 010's `world_model_coeff`: the ECHO term's coefficient (the RL term's is 1)
     weight: float = Field(0.1, ge=0)
+    # λ of the RL steps (unset: `weight`; the warm start always uses `weight`), which `schedule` then scales
+    rl_weight: float | None = Field(None, ge=0)
     # λ over the RL steps (the warm start uses `weight`): "constant"; "warmup" = weight * min(1, k / S);
     # "decay" = weight * max(0, 1 - (k - 1) / S); k = the RL step (1, 2, ...), S = schedule_steps (0: all RL steps)
     schedule: Literal["constant", "warmup", "decay"] = "constant"
@@ -209,11 +211,12 @@ class EchoConfig(_Section):
     def weight_at(self, rl_step: int, rl_steps: int) -> float:
         """λ at RL step `rl_step` (1-based) of `rl_steps`."""
         span = self.schedule_steps or max(rl_steps, 1)
+        weight = self.weight if self.rl_weight is None else self.rl_weight
         if self.schedule == "warmup":
-            return self.weight * min(1.0, rl_step / span)
+            return weight * min(1.0, rl_step / span)
         if self.schedule == "decay":
-            return self.weight * max(0.0, 1.0 - (rl_step - 1) / span)
-        return self.weight
+            return weight * max(0.0, 1.0 - (rl_step - 1) / span)
+        return weight
 
 
 class TrainingConfig(_Section):

@@ -109,6 +109,7 @@ OPTION_MEANINGS = {
         "vocab, time within the eager path's noise on the CPU crossover",
     "echo.enabled": "train the ECHO term",
     "echo.weight": "the ECHO term's weight",
+    "echo.rl_weight": "the ECHO term's weight in the RL steps (unset: `weight`); the warm start keeps `weight`",
     "echo.schedule": "the weight over the RL steps k: `constant`, `warmup` (weight x min(1, k / S)) or `decay` "
                      "(weight x max(0, 1 - (k - 1) / S)), S = `schedule_steps`; the warm start uses `weight`",
     "echo.schedule_steps": "S of the schedule (0: all RL steps)",

@@ -152,3 +152,10 @@ def test_sequence_mean_gradient_equals_float64_reference(small_model_dir):
         ref += trainer.parts.lm_head.weight.grad
     got = captured["g"].double()
     assert ref.norm() > 0 and float((got - ref).norm() / ref.norm()) < 1e-5  # fp32 step vs float64 reference
+
+
+@pytest.mark.parametrize("schedule,expected", [("constant", [0.02] * 4), ("decay", [0.02, 0.015, 0.01, 0.005])])
+def test_echo_rl_weight_replaces_the_weight_of_the_rl_steps_only(schedule, expected):
+    cfg = EchoConfig(weight=0.2, rl_weight=0.02, schedule=schedule)
+    assert [cfg.weight_at(k, 4) for k in range(1, 5)] == pytest.approx(expected, rel=1e-12)
+    assert cfg.weight == 0.2  # what the warm start's steps use (quaero/train.py: run_step)
