@@ -1,9 +1,10 @@
 """`quaero bench peers-trl` at the smallest job: one RL step of quaero and one of TRL's GRPOTrainer, and the
 comparison's own invariants (same initial weights, same tasks, same group shapes). Timings are reported by
-the benchmark, never tested. Needs TRL (`pip install -e ".[peers]"`); skipped with that reason elsewhere."""
+the benchmark, never tested. Needs TRL (`pip install -e ".[peers]"`); skipped with that reason elsewhere
+(CI runs it in a venv of its own: `.ci/run`)."""
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.peers]
 
 SMALL_JOB = ["training.tasks_per_step=1", "training.group_size=2", "sampler.max_tokens=8", "env.max_turns=2"]
 
