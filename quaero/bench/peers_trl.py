@@ -264,21 +264,29 @@ def main(argv: list[str]) -> int:
                      "trl_max_completion_length": args.trl_max_completion_length,
                      "save_final": final_dir(args.save_final, r, args.repeats)}
             repeats.append(run_repeat(setup, r))
+            if args.json and r + 1 < args.repeats:  # a long run stopped later keeps the repeats it finished
+                partial = document(args, cfg, repeats)
+                Path(args.json).write_text(json.dumps(partial, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     finally:
         if args.out is None:
             shutil.rmtree(out, ignore_errors=True)
+    return _report(document(args, cfg, repeats), args.json)
+
+
+def document(args, cfg, repeats: list[dict]) -> dict[str, Any]:
+    """The JSON document of the finished repeats (`repeats_done` of `repeats`)."""
     import torch
 
     from quaero.bench.measure import environment
 
     summary = summarize(repeats)
     checks = invariants(repeats)
-    doc = {"benchmark": "peers-trl", **environment(torch.device("cpu"), torch.float32), "versions": versions(),
+    return {"benchmark": "peers-trl", **environment(torch.device("cpu"), torch.float32), "versions": versions(),
            "config": args.config, "model": args.model or cfg.model.name, "steps": args.steps,
-           "repeats": args.repeats, "threads": args.threads, "save_final": args.save_final,
+           "repeats": args.repeats, "repeats_done": len(repeats), "threads": args.threads,
+           "save_final": args.save_final,
            "echo": "off on both sides (TRL has no ECHO)",
            "job": {"tasks_per_step": cfg.training.tasks_per_step, "group_size": cfg.training.group_size,
                    "max_tokens": cfg.sampler.max_tokens, "max_turns": cfg.env.max_turns, "lr": cfg.backend.lr},
            "invariants": checks, "summary": summary,
            "runs": [{"ready": r["ready"], "final": r["final"], "steps": r["steps"]} for r in repeats]}
-    return _report(doc, args.json)
