@@ -30,11 +30,13 @@ def qwen3_tokenizer(tiny_model_dir):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """In CI (QUAERO_REQUIRE_ENGINES=1) a vllm/unsloth-tier test that skips is a failure: the engine
-    was supposed to be installed, so a skip would hide a broken tier."""
+    was supposed to be installed, so a skip would hide a broken tier. Likewise a peers-tier test under
+    QUAERO_REQUIRE_PEERS=1 (CI's own venv with the [peers] extra)."""
     outcome = yield
     report = outcome.get_result()
-    if (report.skipped and os.environ.get("QUAERO_REQUIRE_ENGINES") == "1"
-            and any(item.get_closest_marker(m) for m in ("vllm", "unsloth"))):
+    required = (("vllm", "unsloth") if os.environ.get("QUAERO_REQUIRE_ENGINES") == "1" else ()) + (
+        ("peers",) if os.environ.get("QUAERO_REQUIRE_PEERS") == "1" else ())
+    if report.skipped and any(item.get_closest_marker(m) for m in required):
         report.outcome = "failed"
         report.longrepr = f"engine tier skipped in CI: {report.longrepr}"
 

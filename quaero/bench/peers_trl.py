@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="TRL's whole-episode completion budget (tool results included); quaero has none")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--out", default=None, help="working folder (default: a temporary one, removed)")
+    p.add_argument("--save-final", metavar="DIR", default=None,
+                   help="write each side's weights after its last step as an HF folder: DIR/SIDE "
+                        "(DIR/repeat-R/SIDE with --repeats > 1), for `quaero eval --compare`")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--summarize", metavar="PATH", help="recompute the summary and table of a saved JSON; run nothing")
     return p
@@ -68,6 +71,13 @@ def prepare_model(name: str, out: Path) -> Path:
     tok.chat_template = qwen3_chat_template
     tok.save_pretrained(folder)
     return folder
+
+
+def final_dir(root: str | None, repeat: int, repeats: int) -> str | None:
+    """Where a repeat's sides write their final weights (`<dir>/SIDE`), or None."""
+    if root is None:
+        return None
+    return str(Path(root) / f"repeat-{repeat}") if repeats > 1 else root
 
 
 def versions() -> dict[str, str | None]:
@@ -237,6 +247,12 @@ def main(argv: list[str]) -> int:
     from quaero.config import load_config
 
     cfg = load_config(args.config, args.overrides)
+    if args.save_final:  # refused before any step runs, not after the last one
+        from quaero.export import check_destination
+
+        for r in range(args.repeats):
+            for name in SIDES:
+                check_destination(Path(final_dir(args.save_final, r, args.repeats)) / name)
     out = Path(args.out or tempfile.mkdtemp(prefix="quaero-peers-trl-"))
     out.mkdir(parents=True, exist_ok=True)
     try:
@@ -245,22 +261,32 @@ def main(argv: list[str]) -> int:
         for r in range(args.repeats):
             setup = {"config": args.config, "overrides": args.overrides, "model": str(model), "steps": args.steps,
                      "seed": cfg.run.seed, "threads": args.threads, "out": str(out / f"repeat-{r}"),
-                     "trl_max_completion_length": args.trl_max_completion_length}
+                     "trl_max_completion_length": args.trl_max_completion_length,
+                     "save_final": final_dir(args.save_final, r, args.repeats)}
             repeats.append(run_repeat(setup, r))
+            if args.json and r + 1 < args.repeats:  # a long run stopped later keeps the repeats it finished
+                partial = document(args, cfg, repeats)
+                Path(args.json).write_text(json.dumps(partial, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     finally:
         if args.out is None:
             shutil.rmtree(out, ignore_errors=True)
+    return _report(document(args, cfg, repeats), args.json)
+
+
+def document(args, cfg, repeats: list[dict]) -> dict[str, Any]:
+    """The JSON document of the finished repeats (`repeats_done` of `repeats`)."""
     import torch
 
     from quaero.bench.measure import environment
 
     summary = summarize(repeats)
     checks = invariants(repeats)
-    doc = {"benchmark": "peers-trl", **environment(torch.device("cpu"), torch.float32), "versions": versions(),
+    return {"benchmark": "peers-trl", **environment(torch.device("cpu"), torch.float32), "versions": versions(),
            "config": args.config, "model": args.model or cfg.model.name, "steps": args.steps,
-           "repeats": args.repeats, "threads": args.threads, "echo": "off on both sides (TRL has no ECHO)",
+           "repeats": args.repeats, "repeats_done": len(repeats), "threads": args.threads,
+           "save_final": args.save_final,
+           "echo": "off on both sides (TRL has no ECHO)",
            "job": {"tasks_per_step": cfg.training.tasks_per_step, "group_size": cfg.training.group_size,
                    "max_tokens": cfg.sampler.max_tokens, "max_turns": cfg.env.max_turns, "lr": cfg.backend.lr},
            "invariants": checks, "summary": summary,
            "runs": [{"ready": r["ready"], "final": r["final"], "steps": r["steps"]} for r in repeats]}
-    return _report(doc, args.json)

@@ -52,6 +52,20 @@ def quaero_config(setup: dict):
         f"run.output_dir={json.dumps(setup['out'])}", 'run.name="quaero"', f"run.seed={setup['seed']}"])
 
 
+def save_final(setup: dict, name: str, model) -> dict:
+    """With `setup["save_final"]`: the side's weights after its last step as an HF folder (quaero's export
+    format, the tokenizer of the shared starting folder), for `quaero eval --compare`."""
+    if not setup.get("save_final"):
+        return {}
+    from pathlib import Path
+
+    from quaero.export import save_model
+    from quaero.model import load_tokenizer
+
+    out = save_model(model, load_tokenizer(setup["model"]), Path(setup["save_final"]) / name, base_name=setup["model"])
+    return {"final_weights": str(out), "final_weights_sha": weights_sha(model)}
+
+
 def _ready(conn, model, extra: dict) -> None:
     conn.send({"ready": True, "weights_sha": weights_sha(model), "rss_ready_mb": rss_mb(), **extra})
 
@@ -86,9 +100,10 @@ def run_quaero(setup: dict, conn) -> None:
                 m = run_step(c, step, sft=False)
                 total = time.perf_counter() - t0
                 conn.send(_quaero_figures(cfg, step, m, total, resets))
+            saved = save_final(setup, "quaero", c.trainer.model)
         finally:
             c.sampler.close()
-    conn.send({"peak_rss_mb": peak_rss_mb()})
+    conn.send({"peak_rss_mb": peak_rss_mb(), **saved})
 
 
 def _recording(reset, out: list):
@@ -207,9 +222,10 @@ def run_trl(setup: dict, conn) -> None:
         trainer.train()
         if conn.recv() != "stop":
             raise RuntimeError("peers-trl: the coordinator asked for more steps than max_steps")
+        saved = save_final(setup, "trl", trainer.accelerator.unwrap_model(trainer.model))
     finally:
         server.stop()
-    conn.send({"peak_rss_mb": peak_rss_mb()})
+    conn.send({"peak_rss_mb": peak_rss_mb(), **saved})
 
 
 def _recording_trl_reset(reset, out: list):

@@ -1,9 +1,10 @@
 """`quaero bench peers-trl` at the smallest job: one RL step of quaero and one of TRL's GRPOTrainer, and the
 comparison's own invariants (same initial weights, same tasks, same group shapes). Timings are reported by
-the benchmark, never tested. Needs TRL (`pip install -e ".[peers]"`); skipped with that reason elsewhere."""
+the benchmark, never tested. Needs TRL (`pip install -e ".[peers]"`); skipped with that reason elsewhere
+(CI runs it in a venv of its own: `.ci/run`)."""
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.peers]
 
 SMALL_JOB = ["training.tasks_per_step=1", "training.group_size=2", "sampler.max_tokens=8", "env.max_turns=2"]
 
@@ -15,7 +16,8 @@ def test_one_step_of_each_side_on_the_same_job(tmp_path, tiny_model_dir):
 
     model = prepare_model("tiny-qwen3", tmp_path)
     setup = {"config": "envs/toolbench.toml", "overrides": SMALL_JOB, "model": str(model), "steps": 1, "seed": 0,
-             "threads": 1, "out": str(tmp_path / "run"), "trl_max_completion_length": 64}
+             "threads": 1, "out": str(tmp_path / "run"), "trl_max_completion_length": 64,
+             "save_final": str(tmp_path / "final")}
     run = run_repeat(setup, 0)
     checks = invariants([run])
     assert checks["ok"], checks
@@ -25,3 +27,9 @@ def test_one_step_of_each_side_on_the_same_job(tmp_path, tiny_model_dir):
     assert t["drift"]["rows"] == 2 and t["drift"]["unmatched_calls"] == 0  # every sampler call found its row
     assert q["drift"]["rows"] >= 1 and q["drift"]["rows_drifted"] == 0  # quaero's rows are exact by construction
     assert run["final"]["quaero"]["peak_rss_mb"] > 0 and run["final"]["trl"]["peak_rss_mb"] > 0
+    for name in ("quaero", "trl"):  # --save-final: each side's last weights as an HF folder quaero eval loads
+        final = run["final"][name]
+        assert final["final_weights"] == str(tmp_path / "final" / name)
+        assert (tmp_path / "final" / name / "config.json").exists()
+        assert (tmp_path / "final" / name / "model.safetensors").exists()
+        assert (tmp_path / "final" / name / "tokenizer_config.json").exists()
