@@ -5,7 +5,8 @@ your own (here: the ECHO share of trained tokens and the worst sampler-vs-traine
 """
 import sys
 
-from quaero import proofs, review
+from quaero import review
+from quaero.telemetry import proofs
 
 
 def main(run_dir: str) -> int:

@@ -24,7 +24,7 @@ from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from quaero.metrics import get_logger
+from quaero.telemetry.runlog import get_logger
 
 if TYPE_CHECKING:
     from quaero.rollout_stats import RolloutStats

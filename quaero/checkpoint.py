@@ -37,7 +37,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from quaero.metrics import get_logger
+from quaero.telemetry import names
+from quaero.telemetry.runlog import get_logger
 
 log = get_logger(__name__)
 FORMAT = "quaero-checkpoint-2"
@@ -159,7 +160,7 @@ def temp_folder(ckpt_root: Path, step: int) -> Path:
     """A new temporary folder for `step`'s checkpoint, for files written before `save` (a sharded trainer's
     `shards/`, by every rank); `save(..., folder=it)` finishes it, and an unfinished one is an orphan."""
     ckpt_root.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".step-{step:06d}-", dir=ckpt_root))
+    return Path(tempfile.mkdtemp(prefix=f".{names.step_folder_name(step)}-", dir=ckpt_root))
 
 
 def _shard_files(tmp: Path) -> list[str]:
@@ -177,10 +178,10 @@ def save(ckpt_root: Path, step: int, state: dict[str, Any], keep: int = 2, folde
     tensors: dict[str, torch.Tensor] = {}
     text = json.dumps({"format": FORMAT, "state": _encode(state, "", tensors)})
     needed = sum(t.numel() * t.element_size() for t in tensors.values()) + len(text)
-    final, tmp, writing = ckpt_root / f"step-{step:06d}", folder, TENSORS
+    final, tmp, writing = ckpt_root / names.step_folder_name(step), folder, TENSORS
     try:
         if tmp is None:
-            tmp = Path(tempfile.mkdtemp(prefix=f".step-{step:06d}-", dir=ckpt_root))
+            tmp = Path(tempfile.mkdtemp(prefix=f".{names.step_folder_name(step)}-", dir=ckpt_root))
         save_file(_unshared(tensors), tmp / TENSORS)
         writing = STATE
         (tmp / STATE).write_text(text, encoding="utf-8")
@@ -192,7 +193,7 @@ def save(ckpt_root: Path, step: int, state: dict[str, Any], keep: int = 2, folde
             _fsync(tmp / name)
         writing = "the final rename"
         if final.exists():  # set aside first: the folder name never points at half a checkpoint
-            old = Path(tempfile.mkdtemp(prefix=f".step-{step:06d}-old-", dir=ckpt_root))
+            old = Path(tempfile.mkdtemp(prefix=f".{names.step_folder_name(step)}-old-", dir=ckpt_root))
             final.rename(old)
             tmp.rename(final)
             shutil.rmtree(old, ignore_errors=True)
@@ -236,7 +237,7 @@ def prune(ckpt_root: Path, keep: int, step: int) -> None:
         reason = verify(path)
         if reason is not None:
             log.warning("checkpoint_corrupt_left", path=str(path), reason=reason)
-        elif path.name > f"step-{step:06d}":
+        elif path.name > names.step_folder_name(step):
             log.warning("checkpoint_newer_left", path=str(path), step=step,
                         reason="past the step this run resumed from (it could not be loaded)")
         elif intact < max(keep, 1):
@@ -281,7 +282,7 @@ def _load(path: Path) -> dict[str, Any]:
         listed = json.loads((path / MANIFEST).read_text(encoding="utf-8")).get("step")
     except (OSError, ValueError, AttributeError):
         listed = None
-    if step < 1 or path.name != f"step-{step:06d}" or listed != step:  # a rehashed state.json: never trusted
+    if step < 1 or path.name != names.step_folder_name(step) or listed != step:  # a rehashed state.json: never trusted
         raise ValueError(f"{STATE} says step {step} in folder {path.name} whose {MANIFEST} says step {listed!r}; "
                          "a checkpoint's step is its folder's")
     return state

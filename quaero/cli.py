@@ -213,7 +213,7 @@ def cmd_doctor(args) -> int:
 
 def cmd_export(args) -> int:
     from quaero.export import ExportError, export_run
-    from quaero.metrics import configure
+    from quaero.telemetry.runlog import configure
 
     configure("warning")  # the printed line is the output; warnings still show
     try:
@@ -228,7 +228,7 @@ def cmd_export(args) -> int:
 def cmd_eval(args) -> int:
     from quaero.config import load_config
     from quaero.evaluate import EvalError, EvalPlan, evaluate, report_lines
-    from quaero.metrics import configure
+    from quaero.telemetry.runlog import configure
 
     cfg = load_config(args.config, args.overrides)
     configure("warning", cfg.logging.console)  # the report is the output; warnings still show

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from trainers.spec import MemoryPolicy, SelectivePolicy
+from trainers.spec import TrainerSpec
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -32,9 +32,14 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
+# The trainer's options take their defaults from TrainerSpec (trainers/spec.py): one definition each, torch-free.
+_SPEC = TrainerSpec()
+_SELECTIVE, _MEMORY = _SPEC.selective, _SPEC.memory
+
+
 class RunConfig(_Section):
     name: str = "run"
-    seed: int = 0
+    seed: int = _SPEC.seed
     output_dir: str = "runs"
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
@@ -50,12 +55,12 @@ class RunConfig(_Section):
 
 class ModelConfig(_Section):
     # "tiny-qwen3" is the embedded default (built offline); otherwise a hub id or a local folder.
-    name: str = "tiny-qwen3"
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
+    name: str = _SPEC.model
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = _SPEC.dtype
     # renderers==0.1.7 registry name, chosen explicitly (never by fuzzy name matching).
     renderer: str = "qwen3"
     enable_thinking: bool = True
-    max_seq_len: int = Field(4096, ge=64)
+    max_seq_len: int = Field(_SPEC.max_seq_len, ge=64)
 
 
 class EnvConfig(_Section):
@@ -128,7 +133,7 @@ class EnvConfig(_Section):
 
 class SamplerConfig(_Section):
     backend: Literal["auto", "hf", "vllm"] = "auto"
-    temperature: float = Field(1.0, gt=0)
+    temperature: float = Field(_SPEC.temperature, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int = Field(256, ge=1)
     gpu_memory_utilization: float = Field(0.4, gt=0, lt=1)
@@ -147,13 +152,10 @@ class SamplerConfig(_Section):
     server_devices: list[Annotated[int, Field(ge=0)]] = []
 
 
-_SELECTIVE, _MEMORY = SelectivePolicy(), MemoryPolicy()  # the option defaults, defined in trainers/spec.py
-
-
 class BackendOptions(_Section):
     """retrain's option names and meanings, kept for compatibility, plus quaero's documented thresholds."""
 
-    train_selective_suffix_logits: bool = True
+    train_selective_suffix_logits: bool = _SPEC.selective_logits
     train_logprob_chunk_size: int | None = Field(_SELECTIVE.chunk_size, ge=1)
     train_compile_selective_ce: Literal["off", "auto", "require"] = _SELECTIVE.compile_mode
     train_compile_selective_ce_min_tokens: int = Field(_SELECTIVE.compile_min_tokens, ge=1)
@@ -173,31 +175,31 @@ class BackendOptions(_Section):
 
 class BackendConfig(_Section):
     backend: str = "local"
-    lr: float = Field(1e-4, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    max_grad_norm: float | None = Field(1.0, gt=0)
-    micro_batch_tokens: int = Field(8192, ge=1)
-    lora: bool = False
-    lora_r: int = Field(16, ge=1)
-    lora_alpha: int = Field(32, ge=1)
-    gradient_checkpointing: bool = False
+    lr: float = Field(_SPEC.lr, gt=0)
+    weight_decay: float = Field(_SPEC.weight_decay, ge=0)
+    betas: tuple[float, float] = _SPEC.betas
+    max_grad_norm: float | None = Field(_SPEC.max_grad_norm, gt=0)
+    micro_batch_tokens: int = Field(_SPEC.micro_batch_tokens, ge=1)
+    lora: bool = _SPEC.lora
+    lora_r: int = Field(_SPEC.lora_r, ge=1)
+    lora_alpha: int = Field(_SPEC.lora_alpha, ge=1)
+    gradient_checkpointing: bool = _SPEC.gradient_checkpointing
     # unsloth on CUDA only: load unsloth's vLLM engine next to the model (backend.vllm_engine) for sampling.
-    unsloth_fast_inference: bool = False
+    unsloth_fast_inference: bool = _SPEC.unsloth_fast_inference
     options: BackendOptions = Field(default_factory=BackendOptions)
 
 
 class EchoConfig(_Section):
-    enabled: bool = True
+    enabled: bool = _SPEC.echo
     # λ, OpenEnv RFC 010's `world_model_coeff`: the ECHO term's coefficient (the RL term's is 1)
-    weight: float = Field(0.1, ge=0)
+    weight: float = Field(_SPEC.echo_weight, ge=0)
     # λ over the RL steps (the warm start uses `weight`): "constant"; "warmup" = weight * min(1, k / S);
     # "decay" = weight * max(0, 1 - (k - 1) / S); k = the RL step (1, 2, ...), S = schedule_steps (0: all RL steps)
     schedule: Literal["constant", "warmup", "decay"] = "constant"
     schedule_steps: int = Field(0, ge=0)
     # the ECHO term's average (trainers/aggregation.py): "token" = over the step's ECHO tokens; "sequence" =
     # per episode over its observation tokens, then over episodes (the ECHO paper's full_observation_tokens)
-    normalization: Literal["token", "sequence"] = "token"
+    normalization: Literal["token", "sequence"] = _SPEC.echo_normalization
     # RFC 010's `world_loss_target`: false = "env_only" (the env's own tokens), true = "all" (template
     # scaffolding such as <|im_start|>user\n and <tool_response> wrappers too)
     include_scaffold: bool = False
@@ -221,7 +223,7 @@ class TrainingConfig(_Section):
     steps: int = Field(5, ge=0)
     tasks_per_step: int = Field(4, ge=1)
     group_size: int = Field(4, ge=1)
-    clip_eps: float | None = Field(0.2, gt=0)
+    clip_eps: float | None = Field(_SPEC.clip_eps, gt=0)
     warmup_sft_steps: int = Field(0, ge=0)
     # the warm start's demonstrator, "package.module:function" (oracle_policy(info) -> policy); unset =
     # `oracle_policy` in the [env] entry's module. Required for a warm start against url/urls servers.
@@ -243,7 +245,7 @@ class TrainingConfig(_Section):
     max_off_policy_steps: int = Field(0, ge=0)
     # the RL term's average (trainers/aggregation.py): "token_mean" (DAPO), "sequence_mean" (GRPO: per episode,
     # then over episodes), "constant" (Dr. GRPO: / tasks_per_step x group_size x max_turns x max_tokens)
-    loss_aggregation: Literal["token_mean", "sequence_mean", "constant"] = "token_mean"
+    loss_aggregation: Literal["token_mean", "sequence_mean", "constant"] = _SPEC.loss_aggregation
     # DAPO-style dynamic sampling: while fewer than tasks_per_step groups have reward spread (a non-zero
     # advantage), sample groups of further tasks, at most dynamic_sampling_max_groups x tasks_per_step groups
     # in all per step; all-equal groups still train ECHO
@@ -261,7 +263,7 @@ class LoggingConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     console: Literal["pretty", "plain", "none"] = "pretty"
     progress: bool = True
-    # mirrors of train_step / eval scalars: any of "tensorboard", "wandb", "trackio" (quaero/sinks.py)
+    # mirrors of train_step / eval scalars: any of "tensorboard", "wandb", "trackio" (quaero/telemetry/sinks.py)
     report_to: list[str] = Field(default_factory=list)
     # trained rows written to runs/NAME/rows/step-N.jsonl for `quaero inspect rows` (quaero/inspect_rows.py);
     # "sample": the first 2 rows of each step
@@ -273,7 +275,7 @@ class DistributedConfig(_Section):
     # trainers/distributed.py, quaero/ranks.py): "ddp" replicates the model, "fsdp2" shards it (and its
     # checkpoints, through torch.distributed.checkpoint); both give the one-process step on the same rows.
     # "none": one process.
-    strategy: Literal["none", "ddp", "fsdp2"] = "none"
+    strategy: Literal["none", "ddp", "fsdp2"] = _SPEC.distributed
 
 
 class QuaeroConfig(_Section):

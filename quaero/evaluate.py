@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from quaero.config import QuaeroConfig, error_line
 from quaero.export import ExportError, export_run, is_adapter, load_model
 from quaero.stats import paired_outcomes, safe_mean, wilson_interval
+from quaero.telemetry import names
 
 if TYPE_CHECKING:
     from quaero.rollout import Policy
@@ -92,7 +93,7 @@ def resolve(spec: str | None, cfg: QuaeroConfig, scratch: contextlib.ExitStack) 
     if spec is None:
         return Contestant(cfg.model.name, home=cfg.run_dir)
     path = Path(spec).expanduser()
-    if path.is_dir() and ((path / "checkpoints").is_dir() or (path / "final").is_dir()):
+    if path.is_dir() and ((path / names.CHECKPOINTS).is_dir() or (path / names.FINAL).is_dir()):
         return _run_contestant(spec, path, scratch)  # a run folder (its config.json is quaero's, not HF's)
     if path.is_dir() and ((path / "config.json").exists() or is_adapter(path)):
         _check_model_folder(spec, path)
@@ -129,8 +130,8 @@ def _check_model_folder(spec: str, folder: Path) -> None:
 
 
 def _run_contestant(spec: str, run: Path, scratch: contextlib.ExitStack) -> Contestant:
-    if (run / "final").is_dir():
-        return Contestant(spec, folder=run / "final", home=run)
+    if (run / names.FINAL).is_dir():
+        return Contestant(spec, folder=run / names.FINAL, home=run)
     tmp = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="quaero-eval-"))) / "model"
     try:  # an interrupted run has no final/: its newest checkpoint is what it has
         export_run(run, tmp, merge=True)
@@ -249,7 +250,7 @@ def evaluate(cfg: QuaeroConfig, specs: list[str | None], plan: EvalPlan) -> tupl
         out = Path(plan.out) if plan.out else home / f"eval-{plan.stamp}"
         _writable_folder(out, "--out" if plan.out else "the eval folder")
         try:
-            with open_envs(cfg.env, n_sessions, log_dir=out / "env-servers") as pool:  # logs beside the results
+            with open_envs(cfg.env, n_sessions, log_dir=out / names.ENV_SERVERS) as pool:  # logs beside the results
                 check_splits(pool.tasks, _with(cfg, "env", eval_split=plan.split).env, train=False, evaluate=True)
                 results = [run_contestant(cfg, w, pool, plan, kept=k) for w, k in zip(who, kept)]
         finally:  # an interrupted or failed eval keeps the episodes that finished

@@ -17,7 +17,8 @@ import tempfile
 from pathlib import Path
 
 from quaero.config import QuaeroConfig, error_line
-from quaero.metrics import get_logger
+from quaero.telemetry import names
+from quaero.telemetry.runlog import get_logger
 
 log = get_logger(__name__)
 
@@ -112,7 +113,7 @@ def save_final(trainer, cfg: QuaeroConfig) -> Path | None:
             model.load_state_dict(weights)
     if not ranks.is_main():
         return None
-    out = save_model(model, load_tokenizer(cfg.model.name), cfg.run_dir / "final",
+    out = save_model(model, load_tokenizer(cfg.model.name), cfg.run_dir / names.FINAL,
                      base_name=cfg.model.name, replace=True)
     log.info("final_saved", path=str(out), lora=hasattr(trainer.model, "peft_config"))
     return out
@@ -120,7 +121,7 @@ def save_final(trainer, cfg: QuaeroConfig) -> Path | None:
 
 def run_config(run_dir: Path) -> QuaeroConfig:
     """The resolved config a run was started with (`runs/NAME/config.json`)."""
-    path = Path(run_dir) / "config.json"
+    path = Path(run_dir) / names.CONFIG
     if not path.exists():
         raise ExportError(f"{path}: not found; RUN must be a run folder that `quaero train` wrote (runs/NAME)")
     try:
@@ -135,7 +136,7 @@ def load_checkpoint(run_dir: Path, step: int | None = None) -> tuple[int, dict]:
     names its folder, where a sharded checkpoint keeps its shards)."""
     from quaero import checkpoint
 
-    root = Path(run_dir) / "checkpoints"
+    root = Path(run_dir) / names.CHECKPOINTS
     kept = sorted(p.name for p in root.glob("step-*"))
     if step is None:
         try:
@@ -145,7 +146,7 @@ def load_checkpoint(run_dir: Path, step: int | None = None) -> tuple[int, dict]:
         if found is None:
             raise ExportError(f"{root}: no intact checkpoint; train the run first (quaero train CONFIG)")
         return found[1]["step"], found[1]
-    path = root / f"step-{step:06d}"
+    path = root / names.step_folder_name(step)
     if not path.exists():
         raise ExportError(f"{run_dir} --step {step}: no such checkpoint; kept: {', '.join(kept) or 'none'}")
     try:
@@ -155,7 +156,7 @@ def load_checkpoint(run_dir: Path, step: int | None = None) -> tuple[int, dict]:
 
 
 def checkpoint_path(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / "checkpoints" / f"step-{step:06d}"
+    return Path(run_dir) / names.CHECKPOINTS / names.step_folder_name(step)
 
 
 def build_trainer(cfg: QuaeroConfig):

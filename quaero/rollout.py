@@ -24,13 +24,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from quaero.metrics import get_logger
 from quaero.openenv_client import ChatEnv, EpisodeDropped
-from quaero.proofs import MAX_SAMPLER_LOGPROB
 from quaero.render import BridgeFailure, RenderAdapter, UnparsableAction
 from quaero.rollout_stats import RolloutStats
 from quaero.rows import EchoRow, Transition, build_rows, per_transition_tokens
 from quaero.sampling import Completion, Sampler
+from quaero.telemetry import names
+from quaero.telemetry.proofs import MAX_SAMPLER_LOGPROB
+from quaero.telemetry.runlog import get_logger
 
 log = get_logger(__name__)
 
@@ -171,7 +172,7 @@ class EpisodeDriver:
             if isinstance(content, str):
                 cut = self.render.bound(content, limit)
                 if cut is not content:
-                    self.stats.add("observations_truncated")
+                    self.stats.add(names.OBSERVATIONS_TRUNCATED)
                     m = {**m, "content": cut}
             out.append(m)
         return out
@@ -185,7 +186,7 @@ class EpisodeDriver:
                 keep.append((ep, prompt))
             else:
                 ep.done, ep.truncated, ep.success = True, True, False
-                self.stats.add("context_exhausted")
+                self.stats.add(names.CONTEXT_EXHAUSTED)
         return [ep for ep, _ in keep], [p for _, p in keep]
 
     def _act(self, running: list[_Live], prompts: list[list[int]], greedy: bool) -> list[Completion]:
@@ -212,7 +213,7 @@ class EpisodeDriver:
         try:
             return self.render.parse(ids)
         except UnparsableAction as e:
-            self.stats.add("unparsable_actions")
+            self.stats.add(names.UNPARSABLE_ACTIONS)
             log.warning("unparsable_action", error=str(e)[:200])
             return e.message
 
@@ -234,20 +235,20 @@ class EpisodeDriver:
                                                        f"(log p <= 0)"), "impossible_logprobs"
             return
         if comp.finish_reason != "stop":
-            self.stats.add("truncated_completions")  # still parsed and stepped: the env judges it
+            self.stats.add(names.TRUNCATED_COMPLETIONS)  # still parsed and stepped: the env judges it
         response, kinds = [], []
         messages = self._bounded(res.messages)
         if messages:
-            self.stats.add("env_responses")
-            self.stats.add("terminal_responses", int(res.done))
+            self.stats.add(names.ENV_RESPONSES)
+            self.stats.add(names.TERMINAL_RESPONSES, int(res.done))
             try:
                 b = self.render.bridge(prompt, comp.token_ids, messages, ep.tools,
                                        content_kind="corrective" if res.malformed else "env")
                 room = max(self.cfg.model.max_seq_len - len(prompt) - len(comp.token_ids), 0)
                 if len(b.response_ids) > room:  # the tail past the context is lost; the tokens kept are exact
-                    self.stats.add("env_responses_clipped")
+                    self.stats.add(names.ENV_RESPONSES_CLIPPED)
                 response, kinds = b.response_ids[:room], b.response_kinds[:room]
-                self.stats.add("env_responses_captured")
+                self.stats.add(names.ENV_RESPONSES_CAPTURED)
             except BridgeFailure as f:
                 self.stats.bridge_fallback(f.reason)  # falls back to an action-only transition
                 if self.strict:
@@ -255,8 +256,8 @@ class EpisodeDriver:
                                          "to count it and train the action only") from f
         ep.transitions.append(Transition(turn, prompt, list(comp.token_ids), list(comp.logprobs), response, kinds,
                                          comp.finish_reason))
-        self.stats.add("turns")
-        self.stats.add("malformed_actions", int(res.malformed))
+        self.stats.add(names.TURNS)
+        self.stats.add(names.MALFORMED_ACTIONS, int(res.malformed))
         ep.messages += [assistant, *messages]
         ep.reward += float(res.reward)
         if not math.isfinite(ep.reward):  # finite rewards (check_reply) that overflow when summed
@@ -278,7 +279,7 @@ class EpisodeDriver:
                           include_scaffold=self.cfg.echo.include_scaffold, max_seq_len=self.cfg.model.max_seq_len)
         bad = token_identity_errors(rows, ep.transitions)  # invariant 1 on the built rows
         if bad:
-            self.stats.add("prefix_mismatches", len(bad))
+            self.stats.add(names.PREFIX_MISMATCHES, len(bad))
             if self.strict:
                 raise ExactnessError(f"strict exactness: {bad[0]}")
         row_tokens, flat_tokens = sum(len(r) for r in rows), per_transition_tokens(ep.transitions)

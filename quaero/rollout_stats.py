@@ -2,7 +2,8 @@
 
 The env sessions (quaero/openenv_client) and the episode driver (quaero/rollout.py) add to one object;
 the recipe (quaero/train.py) takes one snapshot per train step and one per evaluation, so every count
-lands in exactly one event under exactly one name.
+lands in exactly one event under exactly one name. The counters, with their meanings, are declared in
+quaero/telemetry/names.py (`ROLLOUT_COUNTERS`, in the order a snapshot lists them).
 
 Names never collide with the trainer's: `action_tokens`/`echo_tokens` are the trainer's loss
 denominators (what a step trained); the rollout's counts of the tokens its rows hold are
@@ -20,34 +21,12 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-COUNTERS = (
-    # episodes (the driver); drops also count `drop_reason_<kind>`; unparsable_actions: replies the
-    # renderer's parser raised on (also counted in malformed_actions: the env answered them with a corrective)
-    "episodes", "episodes_dropped", "episodes_truncated", "episodes_succeeded",
-    "turns", "malformed_actions", "unparsable_actions", "truncated_completions",
-    # lengths (the driver): env messages cut to max_observation_tokens, bridged responses cut at the
-    # context's end, episodes ended (truncated) because the next prompt left no room to sample
-    "observations_truncated", "env_responses_clipped", "context_exhausted",
-    # exactness (the driver); bridge fallbacks also count `bridge_fallback_reason_<reason>`
-    "env_responses", "env_responses_captured", "terminal_responses", "bridge_fallbacks", "prefix_mismatches",
-    # rows (the driver)
-    "rows_packed", "rows_transition", "packing_breaks", "rollout_row_tokens",
-    "rollout_row_tokens_per_transition_layout", "rollout_action_tokens", "rollout_echo_tokens",
-    # the env protocol (the sessions)
-    "env_steps", "env_resets", "env_retries", "env_timeouts", "env_restarts", "env_replayed_steps",
-    "env_tool_errors", "env_rejected_calls", "env_invalid_replies",
-    # groups (the recipe, RL steps): kept groups, those whose rewards are all equal (every advantage 0: no
-    # RL signal, ECHO only), those left out because their rewards' spread overflows a float; dynamic sampling's
-    # further groups and the steps its bound cut short of tasks_per_step groups with spread
-    "groups", "groups_zero_advantage", "groups_nonfinite_advantage", "groups_resampled",
-    "dynamic_sampling_bound_hits",
-)
-DROP_REASON = "drop_reason_"
+from quaero.telemetry import names
+
 # The reward sum is kept scaled by 2**-64 (exact: a power of two), so huge finite rewards (1e308 twice) sum
 # without overflowing to inf and reward_mean stays their mean.
 REWARD_SCALE = 2.0 ** -64
 Combine = Callable[[Counter, float], tuple[Counter, float]]
-BRIDGE_FALLBACK_REASON = "bridge_fallback_reason_"
 
 
 class RolloutStats:
@@ -65,21 +44,21 @@ class RolloutStats:
     def bridge_fallback(self, reason: str) -> None:
         """A turn whose env response could not be appended exactly: it trains as action-only."""
         with self._lock:
-            self._c["prefix_mismatches"] += reason == "prefix_mismatch"
-            self._c["bridge_fallbacks"] += 1
-            self._c[BRIDGE_FALLBACK_REASON + reason] += 1
+            self._c[names.PREFIX_MISMATCHES] += reason == "prefix_mismatch"
+            self._c[names.BRIDGE_FALLBACKS] += 1
+            self._c[names.BRIDGE_FALLBACK_REASON + reason] += 1
 
     def episode_dropped(self, kind: str) -> None:
         with self._lock:
-            self._c["episodes"] += 1
-            self._c["episodes_dropped"] += 1
-            self._c[DROP_REASON + kind] += 1
+            self._c[names.EPISODES] += 1
+            self._c[names.EPISODES_DROPPED] += 1
+            self._c[names.DROP_REASON + kind] += 1
 
     def episode_finished(self, *, reward: float, success: bool, truncated: bool, turns: int) -> None:
         with self._lock:
-            self._c["episodes"] += 1
-            self._c["episodes_succeeded"] += success
-            self._c["episodes_truncated"] += truncated
+            self._c[names.EPISODES] += 1
+            self._c[names.EPISODES_SUCCEEDED] += success
+            self._c[names.EPISODES_TRUNCATED] += truncated
             self._c["kept_turns"] += turns
             self._reward_sum += reward * REWARD_SCALE
 
@@ -87,13 +66,13 @@ class RolloutStats:
                    action_tokens: int, echo_tokens: int) -> None:
         """One kept episode's rows; a packed episode has len(rows) - 1 packing breaks."""
         with self._lock:
-            self._c["rows_packed"] += packed
-            self._c["rows_transition"] += transition
-            self._c["packing_breaks"] += max(packed + transition - 1, 0)
-            self._c["rollout_row_tokens"] += row_tokens
-            self._c["rollout_row_tokens_per_transition_layout"] += per_transition_tokens
-            self._c["rollout_action_tokens"] += action_tokens
-            self._c["rollout_echo_tokens"] += echo_tokens
+            self._c[names.ROWS_PACKED] += packed
+            self._c[names.ROWS_TRANSITION] += transition
+            self._c[names.PACKING_BREAKS] += max(packed + transition - 1, 0)
+            self._c[names.ROLLOUT_ROW_TOKENS] += row_tokens
+            self._c[names.ROLLOUT_ROW_TOKENS_PER_TRANSITION_LAYOUT] += per_transition_tokens
+            self._c[names.ROLLOUT_ACTION_TOKENS] += action_tokens
+            self._c[names.ROLLOUT_ECHO_TOKENS] += echo_tokens
 
     def take(self) -> RolloutStats:
         """A RolloutStats holding every count so far; this one starts over. A rollout sampled ahead on another
@@ -117,17 +96,17 @@ class RolloutStats:
         if combine is not None:
             c, reward_sum = combine(c, reward_sum)
         kept_turns = c.pop("kept_turns", 0)
-        out: dict[str, Any] = {name: c.pop(name, 0) for name in COUNTERS}
+        out: dict[str, Any] = {name: c.pop(name, 0) for name in names.ROLLOUT_COUNTERS}
         out.update(sorted(c.items()))  # the reason counters
-        kept = out["episodes"] - out["episodes_dropped"]
-        out["reward_mean"] = reward_sum / kept / REWARD_SCALE if kept else None
-        out["success_rate"] = out["episodes_succeeded"] / kept if kept else None
-        out["turns_mean"] = kept_turns / kept if kept else None
-        out["rollout_row_tokens_per_episode"] = out["rollout_row_tokens"] / kept if kept else None
-        out["groups_zero_advantage_share"] = out["groups_zero_advantage"] / out["groups"] if out["groups"] else None
+        kept = out[names.EPISODES] - out[names.EPISODES_DROPPED]
+        out[names.REWARD_MEAN] = reward_sum / kept / REWARD_SCALE if kept else None
+        out[names.SUCCESS_RATE] = out[names.EPISODES_SUCCEEDED] / kept if kept else None
+        out[names.TURNS_MEAN] = kept_turns / kept if kept else None
+        out[names.ROLLOUT_ROW_TOKENS_PER_EPISODE] = out[names.ROLLOUT_ROW_TOKENS] / kept if kept else None
+        out[names.GROUPS_ZERO_ADVANTAGE_SHARE] = out[names.GROUPS_ZERO_ADVANTAGE] / out[names.GROUPS] if out[names.GROUPS] else None
         return out
 
 
 def drop_reasons(snapshot: dict[str, Any]) -> dict[str, int]:
     """{kind: count} of a snapshot's (or summed snapshots') dropped episodes."""
-    return {k.removeprefix(DROP_REASON): v for k, v in snapshot.items() if k.startswith(DROP_REASON) and v}
+    return {k.removeprefix(names.DROP_REASON): v for k, v in snapshot.items() if k.startswith(names.DROP_REASON) and v}

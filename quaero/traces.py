@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from quaero.config import ConfigError
-from quaero.metrics import get_logger
 from quaero.rows import EchoRow, RowError, Span
+from quaero.telemetry import names
+from quaero.telemetry.runlog import get_logger
 
 log = get_logger(__name__)
 
@@ -136,7 +137,7 @@ def to_training_trace(rec: dict, run_cfg: dict, run: str) -> dict:
 
 def export_rows(records: list[dict], run_dir: Path, fmt: str, out: Path) -> tuple[int, list[str]]:
     """Write `records` (saved rows) to `out` in `fmt` ("rfc010" | "openenv-trace"); (written, skipped reasons)."""
-    run_cfg = json.loads((Path(run_dir) / "config.json").read_text())
+    run_cfg = json.loads((Path(run_dir) / names.CONFIG).read_text())
     convert = to_rfc010 if fmt == "rfc010" else to_training_trace
     written, skipped = 0, []
     with Path(out).open("w", encoding="utf-8") as f:

@@ -33,12 +33,13 @@ from quaero import checkpoint, ranks
 from quaero.ahead import Rollout, RolloutsAhead
 from quaero.config import ConfigError, QuaeroConfig, error_line
 from quaero.inspect_rows import save_step_rows
-from quaero.metrics import Cumulative, RunLog, configure, get_logger, set_step
 from quaero.openenv_client.tasks import TaskCatalog, check_splits, eval_indices, task_index
-from quaero.outcomes import SignalWatch
 from quaero.rollout_stats import drop_reasons
 from quaero.sampling.wire import STOP_REQUESTED
 from quaero.stats import safe_mean
+from quaero.telemetry import names
+from quaero.telemetry.outcomes import SignalWatch
+from quaero.telemetry.runlog import Cumulative, RunLog, configure, get_logger, set_step
 from quaero.traces import trace_batch, warm_start_rows
 
 if TYPE_CHECKING:
@@ -166,8 +167,8 @@ def _roll_out(c: Components, step: int, first_task: int, *, sft: bool
         rows += got
         spread += new_spread
         sampled += more
-    c.stats.add("groups_resampled", sampled - n)
-    c.stats.add("dynamic_sampling_bound_hits", int(spread < n))
+    c.stats.add(names.GROUPS_RESAMPLED, sampled - n)
+    c.stats.add(names.DYNAMIC_SAMPLING_BOUND_HITS, int(spread < n))
     return rows, sampled - n
 
 
@@ -186,12 +187,12 @@ def _rows_of(c: Components, step: int, first_task: int, offsets: range, seed: in
             continue
         advs = [1.0] * len(kept) if sft else group_advantages([e.reward for e in kept])
         if not all(math.isfinite(a) for a in advs):
-            c.stats.add("groups_nonfinite_advantage")  # rewards a float cannot take the difference of
+            c.stats.add(names.GROUPS_NONFINITE_ADVANTAGE)  # rewards a float cannot take the difference of
             continue
         if not sft:
-            c.stats.add("groups")
+            c.stats.add(names.GROUPS)
             zero = not any(advs)
-            c.stats.add("groups_zero_advantage", int(zero))
+            c.stats.add(names.GROUPS_ZERO_ADVANTAGE, int(zero))
             spread += not zero
         for g, (ep, adv) in enumerate(zip(kept, advs)):
             episode = f"{step}/{task['index']}/{g}"
@@ -243,8 +244,8 @@ def sync_sampler(c: Components) -> dict[str, Any]:
     t_sync = time.perf_counter()
     c.sampler.update_weights(c.trainer.export_weights())
     c.sampler_behind = False
-    return {"weights_pushed": 1, "weight_sync_s": round(time.perf_counter() - t_sync, 3),
-            "weight_transfer": c.sampler.weight_transfer}
+    return {names.WEIGHTS_PUSHED: 1, names.WEIGHT_SYNC_S: round(time.perf_counter() - t_sync, 3),
+            names.WEIGHT_TRANSFER: c.sampler.weight_transfer}
 
 
 def evaluate(c: Components, step: int) -> None:
@@ -263,12 +264,13 @@ def evaluate(c: Components, step: int) -> None:
                                  for t, g in zip(tasks, groups) for e in g if not e.dropped])
     sample = [_brief(m) for m in eps[0].messages[1:]] if eps else []  # what the model does, for humans
     s = ranks.rollout_snapshot(c.stats)  # eval's own counts, kept out of the next train step's
-    log.info("eval", eval_reward=s["reward_mean"], eval_success_rate=s["success_rate"],
-             eval_episodes=ranks.total(len(eps)),
-             eval_dropped=s["episodes_dropped"], eval_truncated=s["episodes_truncated"],
-             eval_time_s=round(time.perf_counter() - t0, 2), prefix_mismatches=s["prefix_mismatches"],
-             bridge_fallbacks=s["bridge_fallbacks"], env_retries=s["env_retries"],
-             eval_drop_reasons=drop_reasons(s), eval_results=results, sample_transcript=sample, **synced)
+    log.info(names.EVAL_EVENT, **{
+        names.EVAL_REWARD: s[names.REWARD_MEAN], names.EVAL_SUCCESS_RATE: s[names.SUCCESS_RATE],
+        names.EVAL_EPISODES: ranks.total(len(eps)), names.EVAL_DROPPED: s[names.EPISODES_DROPPED],
+        names.EVAL_TRUNCATED: s[names.EPISODES_TRUNCATED], names.EVAL_TIME_S: round(time.perf_counter() - t0, 2),
+        names.PREFIX_MISMATCHES: s[names.PREFIX_MISMATCHES], names.BRIDGE_FALLBACKS: s[names.BRIDGE_FALLBACKS],
+        names.ENV_RETRIES: s[names.ENV_RETRIES], names.EVAL_DROP_REASONS: drop_reasons(s),
+        names.EVAL_RESULTS: results, names.SAMPLE_TRANSCRIPT: sample, **synced})
 
 
 def _progress(event: str, total: int, every_s: float = 5.0):
@@ -313,18 +315,20 @@ def run_step(c: Components, step: int, *, sft: bool, ahead: RolloutsAhead | None
         synced = {} if sft else sync_sampler(c)  # a warm-start step plays the oracle: it does not sample
         collected = _collect(c, step, sft=sft)
         t_rollout = ranks.largest(time.perf_counter() - t0)
-        counts, lag = c.stats, ({} if sft else {"policy_staleness": 0})
+        counts, lag = c.stats, ({} if sft else {names.POLICY_STALENESS: 0})
         version = None if sft else step - 1
     else:
         rollout, synced, waited = _rollout_ahead(c, step, ahead)
         collected = ranks.gather_rows(rollout.collected)
         t_rollout = ranks.largest(rollout.seconds)
         counts, version = rollout.stats, rollout.version
-        lag = {"policy_staleness": step - 1 - rollout.version, "rollout_wait_s": round(ranks.largest(waited), 3)}
+        lag = {names.POLICY_STALENESS: step - 1 - rollout.version,
+               names.ROLLOUT_WAIT_S: round(ranks.largest(waited), 3)}
     rows = [row for row, _ in collected]
     saved = (save_step_rows(c.cfg.run_dir, c.cfg.logging.save_rows, step, collected, phase="sft" if sft else "rl",
                             policy_version=version) if ranks.is_main() else {})
-    trained = {"rows": 0, "action_tokens": 0, "echo_tokens": 0}  # the loss denominators of a step that trains nothing
+    # the loss denominators of a step that trains nothing
+    trained = {names.ROWS: 0, names.ACTION_TOKENS: 0, names.ECHO_TOKENS: 0}
     if rows:
         c.trainer.set_lr(c.cfg.lr_for(sft=sft))
         rl_step, rl_steps = step - c.cfg.training.warmup_sft_steps, c.cfg.training.steps
@@ -332,21 +336,21 @@ def run_step(c: Components, step: int, *, sft: bool, ahead: RolloutsAhead | None
         trained = c.trainer.train_step(rows, sft=sft, echo_weight=echo_weight)
         c.sampler_behind = not c.shares_model
     total = time.perf_counter() - t0
-    timing = {"rollout_time_s": round(t_rollout, 3), "total_step_time_s": round(total, 3),
-              "tokens_per_s": round(trained.get("row_tokens", 0) / total, 1) if total > 0 else 0.0}
-    return _disjoint({"phase": "sft" if sft else "rl"}, ranks.rollout_snapshot(counts), trained, synced, saved,
-                     timing, lag)
+    timing = {names.ROLLOUT_TIME_S: round(t_rollout, 3), names.TOTAL_STEP_TIME_S: round(total, 3),
+              names.TOKENS_PER_S: round(trained.get(names.ROW_TOKENS, 0) / total, 1) if total > 0 else 0.0}
+    return _disjoint({names.PHASE: "sft" if sft else "rl"}, ranks.rollout_snapshot(counts), trained, synced,
+                     saved, timing, lag)
 
 
 def _empty_run(c: Components, step: int, m: dict[str, Any]) -> str | None:
     """Count consecutive steps without a trained row; after `max_empty_steps` of them, why the run stops."""
-    if m["rows"]:
+    if m[names.ROWS]:
         c.empty_steps, c.empty_drops, c.empty_exhausted = 0, {}, 0
         return None
     c.empty_steps += 1
     for kind, n in drop_reasons(m).items():
         c.empty_drops[kind] = c.empty_drops.get(kind, 0) + n
-    c.empty_exhausted += m.get("context_exhausted", 0)
+    c.empty_exhausted += m.get(names.CONTEXT_EXHAUSTED, 0)
     limit = c.cfg.training.max_empty_steps
     if c.empty_steps < limit:
         return None
@@ -357,13 +361,13 @@ def _empty_run(c: Components, step: int, m: dict[str, Any]) -> str | None:
                  f"{c.cfg.model.max_seq_len} for the prompt; lower max_tokens or raise max_seq_len"
                  if c.empty_exhausted else "")
     return (f"{steps} trained no row ([training] max_empty_steps={limit}); dropped episodes by reason: "
-            f"{reasons}{exhausted}; the env_episode_dropped events in {c.cfg.run_dir / 'events.jsonl'} say why")
+            f"{reasons}{exhausted}; the env_episode_dropped events in {c.cfg.run_dir / names.EVENTS} say why")
 
 
 def _save(c: Components, step: int) -> Path:
     """Rank 0 writes the checkpoint; an FSDP2 trainer's shards are written by every rank into it first
     (torch.distributed.checkpoint), and every rank's RNG state is kept beside rank 0's."""
-    root, rank_rng = c.cfg.run_dir / "checkpoints", None
+    root, rank_rng = c.cfg.run_dir / names.CHECKPOINTS, None
     if ranks.world_size() > 1:
         rank_rng = ranks.gather(checkpoint.rng_state())
     shards = None
@@ -391,7 +395,7 @@ def _resume_point(cfg: QuaeroConfig, *, resume: bool, restart: bool) -> tuple[Pa
     """The newest intact checkpoint of the run folder, or None to start at step 1. A folder whose
     checkpoints are all unusable is refused (starting over would overwrite them) unless `restart`,
     which renames the checkpoints folder aside and starts over."""
-    root = cfg.run_dir / "checkpoints"
+    root = cfg.run_dir / names.CHECKPOINTS
     checkpoint.remove_orphans(root)  # rank 0 only, holding the lock: other ranks may be writing nothing yet
     if restart:
         aside = checkpoint.set_aside(root, time.strftime("%Y%m%dT%H%M%S"))
@@ -477,18 +481,18 @@ def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path
                disable=not cfg.logging.progress or not sys.stderr.isatty() or not ranks.is_main())  # no bar in a log file
     with RolloutsAhead() if cfg.training.max_off_policy_steps else contextlib.nullcontext() as ahead:
         _steps(c, stop, bar, run_id, ahead)
-    if total and not c.cumulative.totals.get("rows"):  # fewer steps than max_empty_steps, every one empty
+    if total and not c.cumulative.totals.get(names.ROWS):  # fewer steps than max_empty_steps, every one empty
         dropped = drop_reasons(c.cumulative.totals)
         why = (f"the run's {total} step(s) trained no row; dropped episodes by reason: "
                f"{', '.join(f'{n}x {k}' for k, n in sorted(dropped.items())) or 'none dropped'}; the "
-               f"env_episode_dropped events in {cfg.run_dir / 'events.jsonl'} say why")
-        log.error("run_end", status="failed", steps=total, run_id=run_id, error=why, drop_reasons=dropped)
+               f"env_episode_dropped events in {cfg.run_dir / names.EVENTS} say why")
+        log.error(names.RUN_END_EVENT, status="failed", steps=total, run_id=run_id, error=why, drop_reasons=dropped)
         raise EmptyRunError(why)  # no final/: there is no trained model to hand over
     from quaero.export import save_final
 
     save_final(c.trainer, cfg)  # runs/NAME/final/: the model a user takes away, a standard HF folder (rank 0)
     c.signal.finish()
-    log.info("run_end", status="finished", steps=total, run_id=run_id)
+    log.info(names.RUN_END_EVENT, status="finished", steps=total, run_id=run_id)
 
 
 def _steps(c: Components, stop: StopRequest, bar, run_id: str, ahead: RolloutsAhead | None) -> None:
@@ -498,17 +502,17 @@ def _steps(c: Components, stop: StopRequest, bar, run_id: str, ahead: RolloutsAh
         set_step(step)
         m = run_step(c, step, sft=step <= cfg.training.warmup_sft_steps, ahead=ahead)
         stopping = ranks.any_rank(stop.requested)  # every rank checkpoints and stops at the same step
-        log.info("train_step", **m, cumulative=c.cumulative.add(m))
+        log.info(names.TRAIN_STEP_EVENT, **m, cumulative=c.cumulative.add(m))
         c.signal.step(step, m)
         empty = _empty_run(c, step, m)
         if empty:
-            log.error("run_end", status="failed", steps=step, run_id=run_id, error=empty, drop_reasons=c.empty_drops)
+            log.error(names.RUN_END_EVENT, status="failed", steps=step, run_id=run_id, error=empty, drop_reasons=c.empty_drops)
             raise EmptyRunError(empty)
-        bar.set_postfix(reward=m.get("reward_mean"), echo=m.get("echo_loss"), rl=m.get("rl_loss"))
+        bar.set_postfix(reward=m.get(names.REWARD_MEAN), echo=m.get(names.ECHO_LOSS), rl=m.get(names.RL_LOSS))
         if step % cfg.training.checkpoint_every == 0 or step == total or stopping:
             _save(c, step)
         if stopping:
-            log.info("run_end", status="interrupted", steps=step, run_id=run_id)
+            log.info(names.RUN_END_EVENT, status="interrupted", steps=step, run_id=run_id)
             raise KeyboardInterrupt
         if cfg.training.eval_every and (step % cfg.training.eval_every == 0 or step == total):
             if ahead is not None:
@@ -519,7 +523,7 @@ def _steps(c: Components, stop: StopRequest, bar, run_id: str, ahead: RolloutsAh
 def _open_run_folder(stack: contextlib.ExitStack, cfg: QuaeroConfig) -> str:
     """Take the run lock, open events.jsonl and the sinks (held by `stack`); the run id. Rank 0 only."""
     from quaero.runlock import RunLock
-    from quaero.sinks import open_sinks
+    from quaero.telemetry.sinks import open_sinks
 
     # the lock comes first: a second process must not append to this run's events or touch its checkpoints
     lock = stack.enter_context(RunLock(cfg.run_dir))
@@ -579,14 +583,14 @@ def train(cfg: QuaeroConfig, *, resume: bool = False, restart: bool = False, sou
         with contextlib.ExitStack() as held:
             run_id = ranks.from_rank0(lambda: _open_run_folder(held, cfg))
             found = _agreed_resume_point(cfg, resume=resume, restart=restart)
-            with open_envs(cfg.env, max(n_sessions, 1), log_dir=run_dir / "env-servers") as pool, \
+            with open_envs(cfg.env, max(n_sessions, 1), log_dir=run_dir / names.ENV_SERVERS) as pool, \
                     StopRequest() as stop:
                 if ranks.is_main():
-                    (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
-                    spread = {"ranks": ranks.world_size()} if ranks.world_size() > 1 else {}
+                    (run_dir / names.CONFIG).write_text(cfg.model_dump_json(indent=2))
+                    spread = {names.RANKS: ranks.world_size()} if ranks.world_size() > 1 else {}
                     log.info("run_start", source=source, run_dir=str(run_dir), config=cfg.model_dump(mode="json"),
                              **spread)
-                c = build(cfg, pool, sampler_log_dir=run_dir / "sampler-servers")
+                c = build(cfg, pool, sampler_log_dir=run_dir / names.SAMPLER_SERVERS)
                 try:
                     _loop(c, stop, tqdm, run_id, found)
                 finally:

@@ -29,14 +29,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from quaero.proofs import (
-    BRANCH_COUNTERS,
-    COMPILE_FALLBACK_REASON,
-    COMPILE_MODE,
-    SAVE_ON_CPU,
-    SELECTIVE_SUFFIX_LOGITS,
-)
 from quaero.rows import EchoRow
+from quaero.telemetry import names
+from quaero.telemetry.proofs import BRANCH_COUNTERS
 from trainers import aggregation, distributed
 from trainers.batch import CropStats, Microbatch, build_microbatches
 from trainers.forward import CausalLMParts, SharedForwardError
@@ -254,41 +249,45 @@ def shared_forward_step(trainer: Trainer, rows: list[EchoRow], *, sft: bool, ech
 
 def step_metrics(trainer: Trainer, ranks: list[StepTotals], *, sft: bool, grad_norm: float, stepped: bool,
                  peaks: list[tuple[float, str]], seconds: float, echo_weight: float) -> dict[str, Any]:
-    """The step's event fields from every rank's totals (the `local_train_*` names come from quaero/proofs.py).
+    """The step's event fields from every rank's totals (every name declared in quaero/telemetry/names.py).
     Per-rank figures (`rank_*`) appear when there is more than one rank."""
     spec = trainer.spec
     t = StepTotals.of_ranks(ranks)
     peak, source = max(peaks)
     pg, trained = t.policy, t.microbatches - t.skipped
     per_rank = {} if len(ranks) == 1 else {
-        "ranks": len(ranks), "rank_rows": [r.rows for r in ranks], "rank_row_tokens": [r.row_tokens for r in ranks],
-        "rank_forward_passes": [r.forward_passes for r in ranks],
-        "rank_padding_microbatches": [r.padding for r in ranks], "rank_peak_mem_mb": [p for p, _ in peaks]}
+        names.RANKS: len(ranks), names.RANK_ROWS: [r.rows for r in ranks],
+        names.RANK_ROW_TOKENS: [r.row_tokens for r in ranks], names.RANK_FORWARD_PASSES: [r.forward_passes for r in ranks],
+        names.RANK_PADDING_MICROBATCHES: [r.padding for r in ranks], names.RANK_PEAK_MEM_MB: [p for p, _ in peaks]}
     return {
-        SELECTIVE_SUFFIX_LOGITS: bool(spec.selective_logits), **t.branches,
-        COMPILE_MODE: spec.selective.compile_mode, COMPILE_FALLBACK_REASON: t.fallback_reason,
-        "loss": t.rl_loss + t.echo_loss,
-        "rl_loss": 0.0 if sft else t.rl_loss, "sft_loss": t.rl_loss if sft else 0.0, "echo_loss": t.echo_loss,
-        "action_tokens": t.rl_tokens, "echo_tokens": t.echo_tokens, "rows": t.rows,
-        "echo_weight": echo_weight if spec.echo else 0.0,
-        "loss_aggregation": "token_mean" if sft else spec.loss_aggregation,
-        "echo_normalization": spec.echo_normalization,
-        "row_tokens": t.row_tokens, "padded_tokens": t.padded_tokens,
-        "grad_norm": grad_norm, "grad_clipped": bool(spec.max_grad_norm is not None and grad_norm > spec.max_grad_norm),
-        "optimizer_stepped": stepped, "nonfinite_grad_skips": int(not stepped),
-        "lr": trainer.scheduler.get_last_lr()[0],
-        "forward_passes": t.forward_passes, "microbatches": t.microbatches, "lm_head_skipped_microbatches": t.skipped,
-        "forward_passes_per_microbatch": t.forward_passes / max(trained, 1),
+        names.SELECTIVE_SUFFIX_LOGITS: bool(spec.selective_logits), **t.branches,
+        names.COMPILE_MODE: spec.selective.compile_mode, names.COMPILE_FALLBACK_REASON: t.fallback_reason,
+        names.LOSS: t.rl_loss + t.echo_loss,
+        names.RL_LOSS: 0.0 if sft else t.rl_loss, names.SFT_LOSS: t.rl_loss if sft else 0.0,
+        names.ECHO_LOSS: t.echo_loss,
+        names.ACTION_TOKENS: t.rl_tokens, names.ECHO_TOKENS: t.echo_tokens, names.ROWS: t.rows,
+        names.ECHO_WEIGHT: echo_weight if spec.echo else 0.0,
+        names.LOSS_AGGREGATION: "token_mean" if sft else spec.loss_aggregation,
+        names.ECHO_NORMALIZATION: spec.echo_normalization,
+        names.ROW_TOKENS: t.row_tokens, names.PADDED_TOKENS: t.padded_tokens,
+        names.GRAD_NORM: grad_norm,
+        names.GRAD_CLIPPED: bool(spec.max_grad_norm is not None and grad_norm > spec.max_grad_norm),
+        names.OPTIMIZER_STEPPED: stepped, names.NONFINITE_GRAD_SKIPS: int(not stepped),
+        names.LR: trainer.scheduler.get_last_lr()[0],
+        names.FORWARD_PASSES: t.forward_passes, names.MICROBATCHES: t.microbatches,
+        names.LM_HEAD_SKIPPED_MICROBATCHES: t.skipped,
+        names.FORWARD_PASSES_PER_MICROBATCH: t.forward_passes / max(trained, 1),
         # None where nothing was measured (an SFT step samples nothing; an all-zero-advantage step has no
         # ratio): a 0 or 1 there would read as a perfect agreement that was never seen
-        "sampler_logprob_gap_mean": t.gap.mean if t.gap.tokens else None,
-        "sampler_logprob_gap_max": t.gap.max if t.gap.tokens else None,
-        "importance_ratio_mean": pg.ratio_sum / pg.tokens if pg.tokens else None,
-        "clip_fraction": pg.clipped / pg.tokens if pg.tokens else None,
-        "context_rows_cropped": t.crop.rows_cropped, "context_tokens_removed": t.crop.tokens_removed,
-        SAVE_ON_CPU: bool(spec.memory.save_on_cpu),
-        "save_on_cpu_offloaded_tensors": t.offload.tensors, "save_on_cpu_offloaded_mb": t.offload.bytes / 2**20,
-        "step_time_s": seconds, "peak_mem_mb": peak, "peak_mem_source": source, **per_rank,
+        names.SAMPLER_LOGPROB_GAP_MEAN: t.gap.mean if t.gap.tokens else None,
+        names.SAMPLER_LOGPROB_GAP_MAX: t.gap.max if t.gap.tokens else None,
+        names.IMPORTANCE_RATIO_MEAN: pg.ratio_sum / pg.tokens if pg.tokens else None,
+        names.CLIP_FRACTION: pg.clipped / pg.tokens if pg.tokens else None,
+        names.CONTEXT_ROWS_CROPPED: t.crop.rows_cropped, names.CONTEXT_TOKENS_REMOVED: t.crop.tokens_removed,
+        names.SAVE_ON_CPU: bool(spec.memory.save_on_cpu),
+        names.SAVE_ON_CPU_OFFLOADED_TENSORS: t.offload.tensors,
+        names.SAVE_ON_CPU_OFFLOADED_MB: t.offload.bytes / 2**20,
+        names.STEP_TIME_S: seconds, names.PEAK_MEM_MB: peak, names.PEAK_MEM_SOURCE: source, **per_rank,
     }
 
 

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from quaero.stats import paired_outcomes
+from quaero.telemetry import names
 
 
 def final_outcomes(run_dir: Path) -> dict[int, tuple[int, float]]:
@@ -39,20 +40,20 @@ def _seed_start(source: Path, run_dir: Path, step: int | None) -> None:
     """Put `source`'s checkpoint of `step` (else its latest) into a fresh run folder: the run resumes from it."""
     from quaero import checkpoint
 
-    root = source / "checkpoints"
+    root = source / names.CHECKPOINTS
     if step is None:
         found = checkpoint.load_latest(root)
         path = found[0] if found else None
     else:
-        path = root / f"step-{step:06d}"
+        path = root / names.step_folder_name(step)
         problem = checkpoint.verify(path) if path.is_dir() else "no such folder"
         if problem:
             raise SystemExit(f"error: --from {source} --from-step {step}: {path} is unusable ({problem})")
     if path is None:
         raise SystemExit(f"error: --from {source}: no checkpoint to start from; train it first")
     shutil.rmtree(run_dir, ignore_errors=True)
-    (run_dir / "checkpoints").mkdir(parents=True)
-    shutil.copytree(path, run_dir / "checkpoints" / path.name)
+    (run_dir / names.CHECKPOINTS).mkdir(parents=True)
+    shutil.copytree(path, run_dir / names.CHECKPOINTS / path.name)
 
 
 def train_arm(config: str, out: Path, name: str, seed: int, arm: list[str], common: list[str],

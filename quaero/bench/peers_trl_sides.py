@@ -20,6 +20,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from quaero.bench.token_drift import generation_drift, saved_row_drift
+from quaero.telemetry import names
 
 
 def rss_mb() -> float:
@@ -62,8 +63,8 @@ def _ready(conn, model, extra: dict) -> None:
 def run_quaero(setup: dict, conn) -> None:
     import torch
 
-    from quaero.metrics import configure
     from quaero.openenv_client import open_envs
+    from quaero.telemetry.runlog import configure
     from quaero.train import build, run_step
 
     torch.set_num_threads(setup["threads"])
@@ -71,7 +72,7 @@ def run_quaero(setup: dict, conn) -> None:
     configure("warning", "none")
     torch.manual_seed(cfg.run.seed)
     n_sessions = cfg.training.tasks_per_step * cfg.training.group_size
-    with open_envs(cfg.env, n_sessions, log_dir=cfg.run_dir / "env-servers") as pool:
+    with open_envs(cfg.env, n_sessions, log_dir=cfg.run_dir / names.ENV_SERVERS) as pool:
         resets: list[tuple] = []
         for s in pool.sessions:  # record what each episode really resets to
             s.reset = _recording(s.reset, resets)

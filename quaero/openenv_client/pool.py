@@ -20,8 +20,9 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from quaero.config import ConfigError
-from quaero.metrics import get_logger
 from quaero.rollout_stats import RolloutStats
+from quaero.telemetry import names
+from quaero.telemetry.runlog import get_logger
 
 from .loading import EnvSpec, action_fields, ignored_reset_params, load_entry, require_openenv
 from .mapping import load_formatter, model_action_schema, tool_specs
@@ -67,7 +68,7 @@ class ServerConnector:
 
     def recover(self) -> None:
         if self.server is not None and self.server.ensure_alive():
-            self.stats.add("env_restarts")
+            self.stats.add(names.ENV_RESTARTS)
 
 
 class SpreadConnector:

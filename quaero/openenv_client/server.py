@@ -20,8 +20,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from quaero.metrics import get_logger
 from quaero.processes import ServerStartError, child_env, log_file, start_together
+from quaero.telemetry.runlog import get_logger
 
 from .loading import build_app, load_entry
 

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from quaero.metrics import get_logger
+from quaero.telemetry import names
+from quaero.telemetry.runlog import get_logger
 
 from .mapping import Malformed, action_instructions, parse_plain_action, parse_tool_calls, render_tool_result
 from .transport import ActionRejected, EnvFault, InvalidReply
@@ -145,7 +146,7 @@ class ChatEnv:
         transport.reset(self._reset_kwargs, self.cfg.reset_timeout_s)
         for action, recorded in self._history:
             payload = transport.step(action, self.cfg.step_timeout_s)
-            self.stats.add("env_replayed_steps")
+            self.stats.add(names.ENV_REPLAYED_STEPS)
             if payload != recorded:
                 raise EpisodeDropped(f"replay diverged at {action}: the env is not deterministic; "
                                      "set [env] on_session_loss = 'drop'", "replay_diverged")
@@ -165,12 +166,12 @@ class ChatEnv:
             except (ActionRejected, EpisodeDropped):
                 raise
             except InvalidReply as e:  # the env's answer itself is unusable: asking again gets the same
-                self.stats.add("env_invalid_replies")
+                self.stats.add(names.ENV_INVALID_REPLIES)
                 raise EpisodeDropped(f"{what}: invalid env reply: {e}", "invalid_reply") from None
             except Exception as e:  # noqa: BLE001 - every env/transport failure is a counted fault
                 fault = e if isinstance(e, EnvFault) else EnvFault("connection", f"{type(e).__name__}: {e}")
                 if fault.kind == "timeout":
-                    self.stats.add("env_timeouts")
+                    self.stats.add(names.ENV_TIMEOUTS)
                 self._drop_transport()
                 lost = True
                 try:
@@ -185,7 +186,7 @@ class ChatEnv:
                                          "no seed or index", "not_replayable") from None
                 if attempt == self.cfg.max_retries:
                     raise EpisodeDropped(f"{what} failed {attempt + 1} times, last: {fault}", fault.kind) from None
-                self.stats.add("env_retries")
+                self.stats.add(names.ENV_RETRIES)
                 log.warning("env_retry", what=what, attempt=attempt + 1, fault=str(fault))
                 time.sleep(self.cfg.retry_backoff_s * 2**attempt)
         raise AssertionError("unreachable")
@@ -210,7 +211,7 @@ class ChatEnv:
             payload = self._call("reset", lambda t: t.reset(kwargs, self.cfg.reset_timeout_s))
         except EpisodeDropped as e:
             raise self._dropped(e) from None
-        self.stats.add("env_resets")
+        self.stats.add(names.ENV_RESETS)
         obs = payload.get("observation", {})
         if self.witness is not None:
             self.witness.saw(kwargs, obs)
@@ -240,7 +241,7 @@ class ChatEnv:
     def _send(self, action: dict) -> dict:
         payload = self._call("step", lambda t: t.step(action, self.cfg.step_timeout_s))
         self._history.append((action, payload))
-        self.stats.add("env_steps")
+        self.stats.add(names.ENV_STEPS)
         return payload
 
     def _step_tools(self, assistant: dict) -> ChatStep:
@@ -250,12 +251,12 @@ class ChatEnv:
             try:
                 payload = self._send({"type": "call_tool", "tool_name": name, "arguments": arguments})
             except ActionRejected as e:  # schema passed here but the server refused: show the model why
-                self.stats.add("env_rejected_calls")
+                self.stats.add(names.ENV_REJECTED_CALLS)
                 messages.append({"role": "tool", "content": f"Error: invalid call: {e}"})
                 continue
             obs = payload.get("observation", {})
             if obs.get("error"):
-                self.stats.add("env_tool_errors")
+                self.stats.add(names.ENV_TOOL_ERRORS)
             messages.append({"role": "tool", "content": render_tool_result(obs)})
             reward += _reward(payload)
             metas.append(obs.get("metadata") or {})

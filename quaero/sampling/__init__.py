@@ -98,9 +98,9 @@ def make_sampler(cfg, *, model=None, stop_token_ids: list[int], device: str, log
     backend = resolve_backend(cfg.sampler.backend, device)
     if backend == "vllm":
         from quaero.config import error_line
-        from quaero.metrics import get_logger
         from quaero.model import resolve_model
         from quaero.sampling.vllm import VLLMSampler
+        from quaero.telemetry.runlog import get_logger
 
         try:
             return VLLMSampler(str(resolve_model(cfg.model.name)), cfg.sampler, stop_token_ids=stop_token_ids,

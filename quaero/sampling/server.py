@@ -37,11 +37,11 @@ from pathlib import Path
 import torch
 
 from quaero.config import SamplerConfig
-from quaero.metrics import get_logger
 from quaero.sampling import Completion, completion_budget, finish_reason, request_seed
 from quaero.sampling.launch import ServedProcess, free_port, start_all
 from quaero.sampling.vllm import cpu_whole_prefill, saved_weights
 from quaero.sampling.wire import exchange
+from quaero.telemetry.runlog import get_logger
 from trainers import distributed
 
 log = get_logger(__name__)

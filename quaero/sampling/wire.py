@@ -19,7 +19,7 @@ import threading
 import time
 import urllib.parse
 
-from quaero.metrics import get_logger
+from quaero.telemetry.runlog import get_logger
 
 log = get_logger(__name__)
 

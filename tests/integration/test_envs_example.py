@@ -65,7 +65,7 @@ def test_tictactoe_prompt_shows_the_board_and_penalties_hold(tictactoe_on_path, 
 
 @pytest.mark.slow
 def test_tictactoe_trains_as_it_is_with_an_oracle_warm_start(tictactoe_on_path, tmp_path):
-    from quaero.metrics import read_events
+    from quaero.telemetry.runlog import read_events
     from quaero.train import train
 
     cfg = load_config(TICTACTOE / "tictactoe.toml", [

@@ -158,7 +158,7 @@ def test_a_non_concurrent_base_action_env_with_penalties_and_context_trains_2x2_
     from types import SimpleNamespace
 
     from quaero import review
-    from quaero.metrics import read_events
+    from quaero.telemetry.runlog import read_events
     from quaero.train import train
 
     if launcher == "remote":  # the env's own app under uvicorn, one session each: one server per session

@@ -254,7 +254,7 @@ def test_a_finished_run_leaves_final_equal_to_its_last_checkpoint(tmp_path, prom
     from transformers import AutoModelForCausalLM
 
     from quaero.export import load_checkpoint
-    from quaero.metrics import read_events
+    from quaero.telemetry.runlog import read_events
     from quaero.train import train
 
     cfg = load_config(TOOLBENCH, [f"run.output_dir={tmp_path}", f"backend.lora={str(lora).lower()}", *TINY_RUN])

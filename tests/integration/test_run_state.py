@@ -15,7 +15,7 @@ import pytest
 from fixtures.runs import ROOT, alive, events_of, make_config
 
 from quaero import checkpoint
-from quaero.metrics import read_events
+from quaero.telemetry.runlog import read_events
 
 
 class _Payload:

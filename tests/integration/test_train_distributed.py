@@ -14,7 +14,7 @@ import torch
 from fixtures.runs import ROOT, events_of, make_config, steps_by_number
 from safetensors.torch import load_file
 
-from quaero.metrics import read_events
+from quaero.telemetry.runlog import read_events
 
 
 def with_strategy(path, strategy):

@@ -17,8 +17,8 @@ import pytest
 from fixtures.runs import ROOT, alive, events_of, make_config, steps_by_number
 
 from quaero import review
-from quaero.metrics import read_events
-from quaero.proofs import SELECTIVE_METRICS
+from quaero.telemetry.names import SELECTIVE_METRICS
+from quaero.telemetry.runlog import read_events
 
 
 def test_main_job_short_run_logs_proofs_and_cleans_up(tmp_path):

@@ -4,7 +4,8 @@ import threading
 
 import pytest
 
-from quaero.rollout_stats import COUNTERS, RolloutStats, drop_reasons
+from quaero.rollout_stats import RolloutStats, drop_reasons
+from quaero.telemetry.names import ROLLOUT_COUNTERS
 from quaero.train import _disjoint
 
 
@@ -13,7 +14,7 @@ def test_a_snapshot_has_every_counter_and_no_mean_of_nothing():
     stats.episode_dropped("timeout")
     stats.episode_dropped("server_error")
     snap = stats.snapshot_and_reset()
-    assert set(COUNTERS) <= set(snap) and snap["episodes"] == snap["episodes_dropped"] == 2
+    assert set(ROLLOUT_COUNTERS) <= set(snap) and snap["episodes"] == snap["episodes_dropped"] == 2
     assert snap["reward_mean"] is None and snap["success_rate"] is None and snap["turns_mean"] is None
     assert drop_reasons(snap) == {"timeout": 1, "server_error": 1}
     assert stats.snapshot_and_reset()["episodes"] == 0 and drop_reasons(stats.snapshot_and_reset()) == {}

@@ -37,7 +37,7 @@ def test_one_process_is_the_identity(monkeypatch):
 
 
 def test_ranks_totals_add_up_and_keep_their_maxima():
-    from quaero.proofs import HIDDEN_BATCHES
+    from quaero.telemetry.names import HIDDEN_BATCHES
     from trainers.batch import CropStats
     from trainers.loss import LogprobGap, PolicyStats
     from trainers.step import StepTotals

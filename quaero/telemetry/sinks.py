@@ -213,7 +213,7 @@ mirror = SinkMirror()
 def report_failures(sinks: list[GuardedSink], *, final: bool = False) -> None:
     """A `sink_failed` warning per sink failure not yet reported; at the run's end (`final`), `sink_summary`
     with each failing sink's counts: errors (exceptions it raised) and events dropped (it fell behind)."""
-    from quaero.metrics import get_logger
+    from quaero.telemetry.runlog import get_logger
 
     log = get_logger(__name__)
     for sink in sinks:
@@ -230,7 +230,7 @@ def report_failures(sinks: list[GuardedSink], *, final: bool = False) -> None:
 def open_sinks(report_to: list[str], run_dir: str | Path, run_name: str, config: dict) -> Iterator[list]:
     """Open the named sinks for a run; they are closed (flushed) when it ends, by error or Ctrl-C too. A sink
     that cannot open is a warning and the run goes on without it (events.jsonl is the run's record)."""
-    from quaero.metrics import get_logger
+    from quaero.telemetry.runlog import get_logger
 
     log = get_logger(__name__)
     opened = []
