@@ -86,7 +86,7 @@ def work_line(cfg) -> str:
 
 
 def cmd_check(args) -> int:
-    from quaero.plan import load_checked
+    from quaero.recipe.plan import load_checked
 
     cfg = load_checked(args.config, args.overrides)
     print("\n".join(plan_lines(cfg, args.config)))
@@ -168,8 +168,8 @@ def launch_ranks(args, cfg) -> int:
 
 def cmd_train(args) -> int:
     from quaero.config import load_config
-    from quaero.plan import load_checked
-    from quaero.runlock import RunFolderLocked, refuse_if_held
+    from quaero.recipe.plan import load_checked
+    from quaero.recipe.runlock import RunFolderLocked, refuse_if_held
 
     try:
         if "WORLD_SIZE" not in os.environ:  # under torchrun, rank 0 takes the lock in train() (the others never do)
@@ -180,10 +180,10 @@ def cmd_train(args) -> int:
     cfg = load_checked(args.config, args.overrides)
     if args.nproc is not None:
         return launch_ranks(args, cfg)
-    from quaero.checkpoint import CheckpointError
-    from quaero.export import ExportError
+    from quaero.recipe.checkpoint import CheckpointError
+    from quaero.recipe.model_folder import ExportError
+    from quaero.recipe.train import EmptyRunError, train
     from quaero.sampling.server import ServerError
-    from quaero.train import EmptyRunError, train
 
     try:
         train(cfg, resume=args.resume, restart=args.restart, source=args.config)
@@ -194,7 +194,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_review(args) -> int:
-    from quaero.review import main as review_main
+    from quaero.tools.review import main as review_main
 
     return review_main(args)
 
@@ -206,14 +206,15 @@ def cmd_bench(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    from quaero.doctor import main as doctor_main
+    from quaero.tools.doctor import main as doctor_main
 
     return doctor_main(args)
 
 
 def cmd_export(args) -> int:
-    from quaero.export import ExportError, export_run
+    from quaero.recipe.model_folder import ExportError
     from quaero.telemetry.runlog import configure
+    from quaero.tools.export import export_run
 
     configure("warning")  # the printed line is the output; warnings still show
     try:
@@ -227,8 +228,8 @@ def cmd_export(args) -> int:
 
 def cmd_eval(args) -> int:
     from quaero.config import load_config
-    from quaero.evaluate import EvalError, EvalPlan, evaluate, report_lines
     from quaero.telemetry.runlog import configure
+    from quaero.tools.evaluate import EvalError, EvalPlan, evaluate, report_lines
 
     cfg = load_config(args.config, args.overrides)
     configure("warning", cfg.logging.console)  # the report is the output; warnings still show
@@ -244,7 +245,7 @@ def cmd_eval(args) -> int:
 
 
 def cmd_inspect_rows(args) -> int:
-    from quaero.inspect_rows import main as inspect_main
+    from quaero.tools.inspect_rows import main as inspect_main
 
     return inspect_main(args)
 

@@ -2,7 +2,7 @@
 
 Judged here, before anything heavy is imported: unknown keys (with the closest valid key), wrong
 types, out-of-range values, and the rules the config alone decides. What depends on the installed
-components (a known trainer, its capabilities, CUDA, vLLM) is judged in quaero/plan.py.
+components (a known trainer, its capabilities, CUDA, vLLM) is judged in quaero/recipe/plan.py.
 Errors are `ConfigError`s whose message names the file, section, key, value and the fix.
 """
 from __future__ import annotations
@@ -240,7 +240,7 @@ class TrainingConfig(_Section):
     # this many consecutive steps without a trained row (every episode dropped) end the run with exit 1
     max_empty_steps: int = Field(3, ge=1)
     # asynchronous rollouts: the next steps' rollouts are sampled while a step trains, each at most this many
-    # policy versions behind the weights it trains (quaero/ahead.py); 0 = sample each step's rollout right
+    # policy versions behind the weights it trains (quaero/recipe/ahead.py); 0 = sample each step's rollout right
     # before it trains. >= 1 gives the hf sampler a copy of the model of its own.
     max_off_policy_steps: int = Field(0, ge=0)
     # the RL term's average (trainers/aggregation.py): "token_mean" (DAPO), "sequence_mean" (GRPO: per episode,
@@ -265,14 +265,14 @@ class LoggingConfig(_Section):
     progress: bool = True
     # mirrors of train_step / eval scalars: any of "tensorboard", "wandb", "trackio" (quaero/telemetry/sinks.py)
     report_to: list[str] = Field(default_factory=list)
-    # trained rows written to runs/NAME/rows/step-N.jsonl for `quaero inspect rows` (quaero/inspect_rows.py);
+    # trained rows written to runs/NAME/rows/step-N.jsonl for `quaero inspect rows` (quaero/recipe/saved_rows.py);
     # "sample": the first 2 rows of each step
     save_rows: Literal["none", "sample", "all"] = "sample"
 
 
 class DistributedConfig(_Section):
     # Data parallelism when launched by torchrun (`quaero train --nproc N`, or torchrun -m quaero.cli train;
-    # trainers/distributed.py, quaero/ranks.py): "ddp" replicates the model, "fsdp2" shards it (and its
+    # trainers/distributed.py, quaero/recipe/ranks.py): "ddp" replicates the model, "fsdp2" shards it (and its
     # checkpoints, through torch.distributed.checkpoint); both give the one-process step on the same rows.
     # "none": one process.
     strategy: Literal["none", "ddp", "fsdp2"] = _SPEC.distributed
@@ -415,7 +415,7 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
 
 
 def _check_weight_transfer(sm: SamplerConfig, source: str) -> None:
-    """[sampler] weight_transfer and server_devices, judged from the config alone (quaero/plan.py judges them
+    """[sampler] weight_transfer and server_devices, judged from the config alone (quaero/recipe/plan.py judges them
     against this machine's CUDA devices and the launcher's ranks)."""
     wt = sm.weight_transfer
     if wt != "file" and sm.mode != "server":
@@ -446,7 +446,7 @@ def _check_weight_transfer(sm: SamplerConfig, source: str) -> None:
 
 
 def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
-    """Rules judged from the config alone (quaero/plan.py judges it against the installed components)."""
+    """Rules judged from the config alone (quaero/recipe/plan.py judges it against the installed components)."""
     if cfg.env.server_urls and cfg.env.launcher != "remote":
         raise ConfigError(f"{source} [env] url/urls is set but launcher={cfg.env.launcher!r}; "
                           "set launcher='remote' or remove url/urls")

@@ -1,7 +1,7 @@
 """RolloutStats: the one owner of what rollouts count.
 
 The env sessions (quaero/openenv_client) and the episode driver (quaero/rollout.py) add to one object;
-the recipe (quaero/train.py) takes one snapshot per train step and one per evaluation, so every count
+the recipe (quaero/recipe/train.py) takes one snapshot per train step and one per evaluation, so every count
 lands in exactly one event under exactly one name. The counters, with their meanings, are declared in
 quaero/telemetry/names.py (`ROLLOUT_COUNTERS`, in the order a snapshot lists them).
 
@@ -76,7 +76,7 @@ class RolloutStats:
 
     def take(self) -> RolloutStats:
         """A RolloutStats holding every count so far; this one starts over. A rollout sampled ahead on another
-        thread (quaero/ahead.py) takes its own counts when it ends, so the evaluation that runs before its step
+        thread (quaero/recipe/ahead.py) takes its own counts when it ends, so the evaluation that runs before its step
         trains never counts them."""
         taken = RolloutStats()
         with self._lock:
@@ -89,7 +89,7 @@ class RolloutStats:
         means (None without a kept episode: a mean of nothing is not 0).
 
         combine: turns this process's (counts, reward sum) into the run's, before any mean is taken
-        (under torchrun, the sums over ranks: quaero/ranks.py)."""
+        (under torchrun, the sums over ranks: quaero/recipe/ranks.py)."""
         with self._lock:
             c, reward_sum = self._c, self._reward_sum
             self._c, self._reward_sum = Counter(), 0.0

@@ -106,7 +106,7 @@ def _origin(rec: dict, run: str) -> dict:
 
 
 def to_rfc010(rec: dict, run_cfg: dict, run: str) -> dict:
-    """A saved row (inspect_rows.row_record's dict) as an RFC 010 record."""
+    """A saved row (quaero/recipe/saved_rows.py `row_record`'s dict) as an RFC 010 record."""
     kinds = token_kinds(len(rec["input_ids"]), rec["spans"])
     mask = lambda kind: [int(k == kind) for k in kinds]
     return {"input_ids": rec["input_ids"], "action_mask": mask("action"), "obs_mask": mask("env"),
@@ -268,7 +268,7 @@ def load_traces(path: str | Path, vocab_size: int, *, include_scaffold: bool = F
     return rows, refused
 
 
-# ── the warm start (quaero/train.py) ────────────────────────────────────────────────────────────
+# ── the warm start (quaero/recipe/train.py) ────────────────────────────────────────────────────────────
 
 
 def vocab_size_of(model_name: str) -> int:

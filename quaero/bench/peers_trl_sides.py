@@ -4,7 +4,7 @@ A side is `run(setup, conn)`: it builds its framework on the shared `setup` (the
 same config, tasks, group size, max tokens and turn limit), sends one `ready` message (initial-weight hash,
 RSS), then, for each "step" it receives, runs one RL step and sends that step's figures; "stop" ends it.
 
-- quaero: `quaero.train.build` + `run_step` (the recipe `quaero train` runs), rows saved and read back.
+- quaero: `quaero.recipe.train.build` + `run_step` (the recipe `quaero train` runs), rows saved and read back.
 - TRL: `GRPOTrainer(environment_factory=...)` over the same env served on 127.0.0.1 (quaero.bench.trl_env),
   driven by its own `train()`; a callback holds each step until the coordinator sends "step". A subclass
   only observes: it records every sampler call and every batch `_compute_loss` scores, then calls TRL's own.
@@ -64,8 +64,8 @@ def run_quaero(setup: dict, conn) -> None:
     import torch
 
     from quaero.openenv_client import open_envs
+    from quaero.recipe.train import build, run_step
     from quaero.telemetry.runlog import configure
-    from quaero.train import build, run_step
 
     torch.set_num_threads(setup["threads"])
     cfg = quaero_config(setup)
@@ -100,7 +100,7 @@ def _recording(reset, out: list):
 
 
 def _quaero_figures(cfg, step: int, m: dict[str, Any], total: float, resets: list[tuple]) -> dict[str, Any]:
-    from quaero.inspect_rows import step_file
+    from quaero.recipe.saved_rows import step_file
 
     path = step_file(cfg.run_dir, step)
     records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -166,7 +166,7 @@ def run_trl(setup: dict, conn) -> None:
 
     from quaero.bench.trl_env import EnvTimes, trl_environment
     from quaero.openenv_client.server import LocalServer
-    from quaero.train import make_task
+    from quaero.recipe.train import make_task
 
     torch.set_num_threads(setup["threads"])
     cfg = quaero_config(setup)

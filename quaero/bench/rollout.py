@@ -3,7 +3,7 @@
     quaero bench rollout envs/toolbench.toml --samplers hf,vllm --episodes 16
 
 Each sampler runs the same episodes (the config's env, the same train tasks, the same seeds) through
-`quaero train`'s own components (`quaero.train.build`: trainer, renderer, sampler, episode driver),
+`quaero train`'s own components (`quaero.recipe.train.build`: trainer, renderer, sampler, episode driver),
 greedy and sampled, after one warm-up episode (vLLM's first call builds its graphs and caches).
 Every sampler is built first; then `--repeats` rounds each run every mode on every sampler, the
 samplers taken in turns (A B, then B A), so background load on a shared machine falls on both alike.
@@ -114,7 +114,7 @@ def run(args) -> dict[str, Any]:
     from quaero.config import load_config
     from quaero.model import resolve_device
     from quaero.openenv_client import open_envs
-    from quaero.train import build, make_task
+    from quaero.recipe.train import build, make_task
 
     samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]

@@ -90,7 +90,7 @@ def server_env(cfg: SamplerConfig, *, device: int | None, on_cpu: bool) -> dict[
 
 def server_devices(cfg: SamplerConfig, count: int, *, on_cpu: bool) -> list[int | None]:
     """The CUDA device of each of the `count` servers this process starts: its local rank's slice of
-    `[sampler] server_devices` (quaero/plan.py checked one entry per server of every local rank), else, on a
+    `[sampler] server_devices` (quaero/recipe/plan.py checked one entry per server of every local rank), else, on a
     CUDA rank under torchrun, the rank's own device (cuda:LOCAL_RANK, the trainer's), else None."""
     local_rank = distributed.local_rank()
     if cfg.server_devices:
@@ -206,7 +206,7 @@ class VLLMServerSampler:
         self.processes = list(processes or [])  # the servers this sampler started (and stops at close)
         # urls servers share this machine's filesystem (see the module docstring), so its device decides
         self.on_cpu = (not torch.cuda.is_available()) if on_cpu is None else on_cpu
-        self.weight_transfer = cfg.weight_transfer  # logged with each push (quaero/train.py sync_sampler)
+        self.weight_transfer = cfg.weight_transfer  # logged with each push (quaero/recipe/train.py sync_sampler)
         self._abort = threading.Event()  # set when the caller is interrupted: the requests in flight end
         self.transfer = None
         if cfg.weight_transfer != "file":

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 EVENTS = "events.jsonl"  # the run log, one JSON object per line (quaero/telemetry/runlog.py)
 CONFIG = "config.json"  # the resolved config the run was started with
-CHECKPOINTS = "checkpoints"  # checkpoints/step-NNNNNN/ (quaero/checkpoint.py)
-FINAL = "final"  # the model a finished run hands over, a Hugging Face folder (quaero/export.py)
-ROWS_DIR = "rows"  # saved rows, rows/step-NNNNNN.jsonl ([logging] save_rows; quaero/inspect_rows.py)
+CHECKPOINTS = "checkpoints"  # checkpoints/step-NNNNNN/ (quaero/recipe/checkpoint.py)
+FINAL = "final"  # the model a finished run hands over, a Hugging Face folder (quaero/recipe/model_folder.py)
+ROWS_DIR = "rows"  # saved rows, rows/step-NNNNNN.jsonl ([logging] save_rows; quaero/recipe/saved_rows.py)
 ENV_SERVERS = "env-servers"  # logs of the env servers quaero starts
 SAMPLER_SERVERS = "sampler-servers"  # logs of the vLLM servers quaero starts
 
@@ -240,9 +240,9 @@ DROP_REASON = _rollout.count_family("drop_reason_", "kind",
                                     "dropped episodes by reason (e.g. `timeout`, `nonfinite_reward`)")
 BRIDGE_FALLBACK_REASON = _rollout.count_family("bridge_fallback_reason_", "reason", "bridge fallbacks by reason")
 
-# ── the recipe, per step (quaero/train.py) ─────────────────────────────────────────────────────────────
+# ── the recipe, per step (quaero/recipe/train.py) ─────────────────────────────────────────────────────────────
 
-_recipe = _table("Recipe, per step", "quaero/train.py")
+_recipe = _table("Recipe, per step", "quaero/recipe/train.py")
 PHASE = _recipe.latest("phase", "`sft` (warm start) or `rl`")
 WEIGHTS_PUSHED = _recipe.count("weights_pushed", "1 when the weights were pushed to the sampler before it sampled")
 WEIGHT_SYNC_S = _recipe.per_step("weight_sync_s", "the push's seconds")
@@ -257,15 +257,15 @@ POLICY_STALENESS = _recipe.largest("policy_staleness", "how many policy versions
 ROLLOUT_WAIT_S = _recipe.per_step("rollout_wait_s",
                                   "with `max_off_policy_steps >= 1`: how long the step waited for its rollout")
 
-# ── saved rows, per step (quaero/inspect_rows.py) ────────────────────────────────────────────────────────
+# ── saved rows, per step (quaero/recipe/saved_rows.py) ────────────────────────────────────────────────────────
 
-_rows = _table("Saved rows, per step", "quaero/inspect_rows.py")
+_rows = _table("Saved rows, per step", "quaero/recipe/saved_rows.py")
 ROWS_SAVED = _rows.count("rows_saved", "rows written to `runs/NAME/rows/`")
 ROWS_SAVE_FAILURES = _rows.count("rows_save_failures", "1 when writing them failed (a warning, never a stopped run)")
 
-# ── evaluation (`eval` events, quaero/train.py) ───────────────────────────────────────────────────────
+# ── evaluation (`eval` events, quaero/recipe/train.py) ───────────────────────────────────────────────────────
 
-_eval = _table("Evaluation (`eval` events)", "quaero/train.py")
+_eval = _table("Evaluation (`eval` events)", "quaero/recipe/train.py")
 EVAL_REWARD = _eval.per_step("eval_reward", "mean reward of the evaluation's episodes")
 EVAL_SUCCESS_RATE = _eval.per_step("eval_success_rate", "their success rate")
 EVAL_EPISODES = _eval.per_step("eval_episodes", "episodes evaluated")

@@ -134,7 +134,7 @@ def branch_checks(totals: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def run_checks(s: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Every check of a reviewed run, in `CHECKS` order, from `quaero.review.summarize`'s summary."""
+    """Every check of a reviewed run, in `CHECKS` order, from `quaero.tools.review.summarize`'s summary."""
     rows, tokens = s["rows"], s["action_tokens"] + s["echo_tokens"]
     trained = s["steps"] > 0 and rows > 0 and tokens > 0
     untrained = f"0 rows trained (steps={s['steps']}, rows={rows}): nothing learned to judge"

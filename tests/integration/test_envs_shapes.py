@@ -157,9 +157,9 @@ def test_a_non_concurrent_base_action_env_with_penalties_and_context_trains_2x2_
         launcher, tmp_path, request, qwen3_tokenizer):
     from types import SimpleNamespace
 
-    from quaero import review
+    from quaero.recipe.train import train
     from quaero.telemetry.runlog import read_events
-    from quaero.train import train
+    from quaero.tools import review
 
     if launcher == "remote":  # the env's own app under uvicorn, one session each: one server per session
         urls = [url for url, _ in request.getfixturevalue("card_app_servers")]

@@ -11,7 +11,7 @@ from quaero import cli
 from quaero.config import EnvConfig
 from quaero.openenv_client import open_envs
 from quaero.openenv_client.tasks import TaskCatalog, catalog_over_http, eval_indices, task_index
-from quaero.train import make_task
+from quaero.recipe.train import make_task
 
 SUM = "fixtures.taskenv:SumEnv"
 

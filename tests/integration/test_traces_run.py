@@ -9,7 +9,7 @@ from fixtures.runs import events_of, make_config
 from openenv.core.harness.training import TrainingTrace
 
 from quaero import cli
-from quaero.inspect_rows import load_rows
+from quaero.tools.inspect_rows import load_rows
 from quaero.traces import load_traces, rfc010_row, token_kinds, trace_row, vocab_size_of
 
 ROLE_MASKS = {"action_mask": "action", "obs_mask": "env", "warning_mask": "corrective"}
@@ -17,7 +17,7 @@ ROLE_MASKS = {"action_mask": "action", "obs_mask": "env", "warning_mask": "corre
 
 @pytest.fixture(scope="module")
 def source_run(tmp_path_factory):
-    from quaero.train import train
+    from quaero.recipe.train import train
 
     tmp = tmp_path_factory.mktemp("traces")
     _, cfg = make_config(tmp, "source", steps=1, warmup=1, eval_every=0, eval_tasks=0,

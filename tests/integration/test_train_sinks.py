@@ -74,8 +74,8 @@ def test_a_sink_that_raises_mid_run_is_a_warning_and_every_step_is_checkpointed(
     from fixtures.runs import events_of, make_config
     from fixtures.sink_faults import FaultySink
 
+    from quaero.recipe.train import train
     from quaero.telemetry import sinks
-    from quaero.train import train
 
     monkeypatch.setattr(FaultySink, "fault", "log")  # from step 2 on
     monkeypatch.setitem(sinks.SINKS, "faulty", FaultySink)

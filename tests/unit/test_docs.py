@@ -126,4 +126,4 @@ def test_an_undeclared_or_unemitted_metric_is_a_problem(monkeypatch):
     monkeypatch.setitem(names.METRICS, "no_such_metric", names.Metric("no_such_metric", names.SUM, "gone", recipe.title))
     found = gen.problems()
     assert any("'env_retries' is not declared in quaero/telemetry/names.py" in p for p in found)
-    assert any("'no_such_metric' is not emitted by quaero/train.py" in p for p in found)
+    assert any("'no_such_metric' is not emitted by quaero/recipe/train.py" in p for p in found)

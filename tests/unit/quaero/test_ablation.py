@@ -2,8 +2,8 @@
 import pytest
 
 from quaero.bench import ablation
-from quaero.stats import paired_outcomes
 from quaero.telemetry import runlog
+from quaero.tools.significance import paired_outcomes
 
 
 def _run(path, wins, *, stale=None):
@@ -42,7 +42,7 @@ def test_a_run_without_per_task_results_is_a_one_line_error(tmp_path):
 
 
 def test_arms_start_from_a_chosen_or_the_latest_checkpoint_of_a_shared_run(tmp_path):
-    from quaero import checkpoint
+    from quaero.recipe import checkpoint
 
     root = tmp_path / "warm" / "checkpoints"
     for step in (400, 450):

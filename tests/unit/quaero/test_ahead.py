@@ -1,4 +1,4 @@
-"""RolloutsAhead (quaero/ahead.py): a rollout's error is the taking step's error, leaving waits for the one in
+"""RolloutsAhead (quaero/recipe/ahead.py): a rollout's error is the taking step's error, leaving waits for the one in
 flight and drops the queued ones, and no worker thread outlives it; RolloutStats.take keeps a rollout's
 counts apart."""
 import threading
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from quaero.ahead import Rollout, RolloutsAhead
+from quaero.recipe.ahead import Rollout, RolloutsAhead
 from quaero.rollout_stats import RolloutStats
 
 

@@ -2,9 +2,10 @@
 none during the run and at its end, with the fix, and `quaero review` reports RL and ECHO training apart."""
 from fixtures.runs import events_of
 
-from quaero import cli, review
+from quaero import cli
 from quaero.telemetry import runlog
 from quaero.telemetry.outcomes import SignalWatch
+from quaero.tools import review
 
 SILENT = {"phase": "rl", "action_tokens": 0, "echo_tokens": 40, "turns": 8, "malformed_actions": 8, "rows": 4,
           "groups": 2, "groups_zero_advantage": 2}

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from quaero import review
 from quaero.telemetry import names, proofs
+from quaero.tools import review
 
 
 def test_trainer_step_emits_exactly_the_declared_counter_names(local_smoke_metrics):

@@ -3,7 +3,7 @@ from collections import Counter
 
 import pytest
 
-from quaero import ranks
+from quaero.recipe import ranks
 from quaero.rollout_stats import RolloutStats
 from trainers import distributed
 

@@ -5,8 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from quaero import cli, review
+from quaero import cli
 from quaero.telemetry import names, proofs, runlog
+from quaero.tools import review
 
 SPARSE = {"local_train_selective_suffix_logits": True, "local_train_selective_sparse_suffix_skips": 2,
           "local_train_selective_hidden_logprob_batches": 2, "local_train_selective_fallback_logprob_batches": 0,
@@ -93,8 +94,8 @@ def test_compiled_ce_proof_only_in_require_mode(tmp_path):
     steps = [dict(s, local_train_compile_selective_ce_mode="require",
                   local_train_compile_selective_ce_fallback_reason="") for s in good_steps()]
     record(tmp_path, steps)
-    names = {c["name"]: c for c in proofs.run_checks(review.summarize(review.load_run(tmp_path)))}
-    assert names["compiled CE proof"]["passed"] is False  # no compiled batches ran
+    checks = {c["name"]: c for c in proofs.run_checks(review.summarize(review.load_run(tmp_path)))}
+    assert checks["compiled CE proof"]["passed"] is False  # no compiled batches ran
     assert review.main(args(tmp_path, require_proof=True)) == 1
 
 

@@ -170,7 +170,7 @@ def test_packing_reproduces_per_transition_target_logprobs(qwen3_render, tiny_lm
 def test_the_trainer_measures_the_sampler_vs_trainer_logprob_gap_of_sampled_rows(qwen3_render, tiny_hf_sampler):
     """Rows sampled by the HF sampler, trained by the `local` trainer on the same weights: the trainer's
     sampler_logprob_gap_* is measured, non-zero (two different forwards) and tiny (the same model)."""
-    from quaero.plan import trainer_spec
+    from quaero.recipe.plan import trainer_spec
     from trainers.local import LocalTrainer
 
     eps, stats = drive(qwen3_render, tasks=1, group=2, policy=None, sampler=tiny_hf_sampler, env__max_turns=2)

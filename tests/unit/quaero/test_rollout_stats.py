@@ -4,9 +4,9 @@ import threading
 
 import pytest
 
+from quaero.recipe.train import _disjoint
 from quaero.rollout_stats import RolloutStats, drop_reasons
 from quaero.telemetry.names import ROLLOUT_COUNTERS
-from quaero.train import _disjoint
 
 
 def test_a_snapshot_has_every_counter_and_no_mean_of_nothing():

@@ -1,4 +1,4 @@
-"""The recipe's own arithmetic (quaero/train.py): group-relative advantages from whatever rewards an env sends."""
+"""The recipe's own arithmetic (quaero/recipe/train.py): group-relative advantages from whatever rewards an env sends."""
 from __future__ import annotations
 
 import math
@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 from fixtures.rollout import make_cfg
 
+from quaero.recipe.train import _collect, group_advantages
 from quaero.rollout import Episode
 from quaero.rollout_stats import RolloutStats
-from quaero.train import _collect, group_advantages
 
 
 @pytest.mark.hostile

@@ -19,6 +19,9 @@ start. The manifest holds the SHA-256 of each file: a missing, torn or mismatche
 checkpoint skipped (with the reason) and the previous one used. Pruning counts intact checkpoints
 up to the step just written, so a corrupt or unloadable newer folder never pushes out the checkpoint a
 resume needs.
+
+What a run's checkpoint holds is `RunState`, the one schema the recipe writes and a resume, `quaero export`
+and `quaero bench ablation` read.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import os
 import random
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -257,10 +261,10 @@ def verify(path: Path) -> str | None:
             return "state.pt is a pickle written by an older quaero; it is never loaded (a pickle can run code)"
         return f"{MANIFEST} is not a {FORMAT} manifest"
     hashes = manifest.get("sha256")
-    names = [TENSORS, STATE]
+    files = [TENSORS, STATE]
     if isinstance(hashes, dict):
-        names += [n for n in hashes if n not in names]
-    for name in names:
+        files += [n for n in hashes if n not in files]
+    for name in files:
         if not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts:
             return f"{MANIFEST} names a file outside the checkpoint ({name!r})"
         if not (path / name).is_file():
@@ -325,3 +329,50 @@ def load(path: Path) -> dict[str, Any]:
     if reason is not None:
         raise ValueError(f"{path}: {reason}; use another step (or none: the newest intact one)")
     return _load(path)
+
+
+# ── what a run's checkpoint holds ────────────────────────────────────────────────────────────────────────────
+
+
+def run_checkpoints(run_dir: Path) -> Path:
+    """A run folder's checkpoints folder (`runs/NAME/checkpoints`)."""
+    return Path(run_dir) / names.CHECKPOINTS
+
+
+def run_checkpoint(run_dir: Path, step: int) -> Path:
+    """The folder of a run's checkpoint of `step` (`runs/NAME/checkpoints/step-000008`); a sharded trainer's
+    shards are in its `SHARDS` subfolder."""
+    return run_checkpoints(run_dir) / names.step_folder_name(step)
+
+
+@dataclass
+class RunState:
+    """A run's state at the end of a step: what a checkpoint holds and a resume restores.
+
+    The keys on disk are the ones checkpoints have always had (`backend` holds the trainer's state), so a
+    checkpoint of an earlier quaero still loads."""
+
+    step: int
+    cursor: int  # the next train task index
+    trainer: dict[str, Any]  # `Trainer.state_dict()`: model (or adapter), optimizer, scheduler
+    rng: dict[str, Any]  # rank 0's RNG state (`rng_state()`)
+    cumulative: dict[str, Any]  # the run's metric totals so far (quaero/telemetry/runlog.py Cumulative)
+    rank_rng: list[dict[str, Any]] | None = None  # under torchrun: every rank's RNG state, in rank order
+
+    def to_state(self) -> dict[str, Any]:
+        state = {"step": self.step, "cursor": self.cursor, "backend": self.trainer, "rng": self.rng,
+                 "cumulative": self.cumulative}
+        if self.rank_rng is not None:
+            state["rank_rng"] = self.rank_rng
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> RunState:
+        """KeyError or TypeError for a state that is not a run's (a crafted or foreign checkpoint)."""
+        return cls(step=int(state["step"]), cursor=int(state["cursor"]), trainer=state["backend"], rng=state["rng"],
+                   cumulative=dict(state["cumulative"]), rank_rng=state.get("rank_rng"))
+
+    def rng_of_rank(self, rank: int, world_size: int) -> dict[str, Any]:
+        """This rank's RNG state when the checkpoint was written by as many ranks, else rank 0's."""
+        same_ranks = isinstance(self.rank_rng, list) and len(self.rank_rng) == world_size
+        return self.rank_rng[rank] if same_ranks else self.rng

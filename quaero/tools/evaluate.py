@@ -27,9 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quaero.config import QuaeroConfig, error_line
-from quaero.export import ExportError, export_run, is_adapter, load_model
-from quaero.stats import paired_outcomes, safe_mean, wilson_interval
+from quaero.recipe.model_folder import ExportError
+from quaero.recipe.train import safe_mean
 from quaero.telemetry import names
+from quaero.tools.export import export_run, is_adapter, load_model
+from quaero.tools.significance import paired_outcomes, wilson_interval
 
 if TYPE_CHECKING:
     from quaero.rollout import Policy
@@ -180,9 +182,9 @@ def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan, kep
     """All (repeat, task) episodes of one contestant through the training evaluation's driver; each repeat's
     records are appended to `kept` as they finish (an interrupted eval writes those)."""
     from quaero.openenv_client.tasks import eval_indices
+    from quaero.recipe.train import make_task
     from quaero.render import RenderAdapter
     from quaero.rollout import EpisodeDriver
-    from quaero.train import make_task
 
     try:
         render = RenderAdapter(_tokenizer(cfg, who), cfg.model)
@@ -239,7 +241,7 @@ def evaluate(cfg: QuaeroConfig, specs: list[str | None], plan: EvalPlan) -> tupl
         if type(value) is not int or value < 1:
             raise EvalError(f"{option} {value}: at least 1 (an eval of no episode reports nothing)")
     n_sessions = max(1, min(plan.tasks, cfg.training.tasks_per_step * cfg.training.group_size))
-    names = ["transcripts.jsonl"] if len(specs) == 1 else ["transcripts-a.jsonl", "transcripts-b.jsonl"]
+    transcripts = ["transcripts.jsonl"] if len(specs) == 1 else ["transcripts-a.jsonl", "transcripts-b.jsonl"]
     kept: list[list[dict]] = [[] for _ in specs]
     with contextlib.ExitStack() as scratch:
         who = [resolve(s, cfg, scratch) for s in specs]
@@ -254,7 +256,7 @@ def evaluate(cfg: QuaeroConfig, specs: list[str | None], plan: EvalPlan) -> tupl
                 check_splits(pool.tasks, _with(cfg, "env", eval_split=plan.split).env, train=False, evaluate=True)
                 results = [run_contestant(cfg, w, pool, plan, kept=k) for w, k in zip(who, kept)]
         finally:  # an interrupted or failed eval keeps the episodes that finished
-            for name, records in zip(names, kept):
+            for name, records in zip(transcripts, kept):
                 if records:
                     _write_jsonl(out / name, records)
     summary = {"config": {"split": plan.split, "tasks": plan.tasks, "seeds": plan.seeds,

@@ -7,14 +7,14 @@ split) runs before the first step (the untrained baseline) and every `eval_every
 Determinism: the sampler seed of step k and the tasks of step k are functions of (run seed, k), so
 a run interrupted after step k and resumed from its checkpoint reproduces step k+1 exactly.
 
-Asynchronous rollouts (`[training] max_off_policy_steps = k >= 1`, quaero/ahead.py): while an RL step
+Asynchronous rollouts (`[training] max_off_policy_steps = k >= 1`, quaero/recipe/ahead.py): while an RL step
 trains, a worker thread samples the rollouts of the next k steps with the weights the step started from,
 so a step trains rows up to k policy versions old (`policy_staleness`). The first RL step (after a warm
 start, or after a resume: the rollouts in flight are not checkpointed) samples on-policy, now. k = 0 is the
 loop above, unchanged: no thread, the sampler sharing the trainer's module.
 
 Under torchrun (`quaero train --nproc N`) every rank runs this recipe on its share of each step's
-tasks; rank 0 alone writes the run folder (quaero/ranks.py says who does what).
+tasks; rank 0 alone writes the run folder (quaero/recipe/ranks.py says who does what).
 
 A run that trains nothing stops: `[training] max_empty_steps` consecutive steps without a trained row
 (every episode dropped) end it with EmptyRunError, naming the drop reasons.
@@ -23,20 +23,21 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quaero import checkpoint, ranks
-from quaero.ahead import Rollout, RolloutsAhead
 from quaero.config import ConfigError, QuaeroConfig, error_line
-from quaero.inspect_rows import save_step_rows
 from quaero.openenv_client.tasks import TaskCatalog, check_splits, eval_indices, task_index
+from quaero.recipe import checkpoint, ranks
+from quaero.recipe.ahead import Rollout, RolloutsAhead
+from quaero.recipe.saved_rows import save_step_rows
 from quaero.rollout_stats import drop_reasons
 from quaero.sampling.wire import STOP_REQUESTED
-from quaero.stats import safe_mean
 from quaero.telemetry import names
 from quaero.telemetry.outcomes import SignalWatch
 from quaero.telemetry.runlog import Cumulative, RunLog, configure, get_logger, set_step
@@ -56,6 +57,18 @@ log = get_logger(__name__)
 
 class EmptyRunError(RuntimeError):
     """`[training] max_empty_steps` consecutive steps trained no row."""
+
+
+def safe_mean(xs: Sequence[float]) -> float:
+    """The mean of `xs`: `statistics.fmean`'s correctly rounded value, or, where its exact sum overflows
+    (finite values near the float limit, e.g. a hostile env's rewards), the mean of the scaled values,
+    which cannot overflow. Raises ValueError on an empty sequence."""
+    if not xs:
+        raise ValueError("safe_mean of an empty sequence")
+    try:
+        return statistics.fmean(xs)
+    except OverflowError:
+        return sum(x / len(xs) for x in xs)
 
 
 def group_advantages(rewards: list[float]) -> list[float]:
@@ -105,7 +118,7 @@ def make_task(cfg: QuaeroConfig, split: str, index: int, catalog: TaskCatalog | 
 
 def build(cfg: QuaeroConfig, pool: EnvPool, sampler_log_dir: Path | None = None) -> Components:
     from quaero.model import load_tokenizer, resolve_device
-    from quaero.plan import check_components, resolve_oracle, trainer_spec
+    from quaero.recipe.plan import check_components, resolve_oracle, trainer_spec
     from quaero.render import RenderAdapter
     from quaero.rollout import EpisodeDriver
     from quaero.sampling import make_sampler
@@ -367,7 +380,7 @@ def _empty_run(c: Components, step: int, m: dict[str, Any]) -> str | None:
 def _save(c: Components, step: int) -> Path:
     """Rank 0 writes the checkpoint; an FSDP2 trainer's shards are written by every rank into it first
     (torch.distributed.checkpoint), and every rank's RNG state is kept beside rank 0's."""
-    root, rank_rng = c.cfg.run_dir / names.CHECKPOINTS, None
+    root, rank_rng = checkpoint.run_checkpoints(c.cfg.run_dir), None
     if ranks.world_size() > 1:
         rank_rng = ranks.gather(checkpoint.rng_state())
     shards = None
@@ -376,11 +389,9 @@ def _save(c: Components, step: int) -> Path:
         c.trainer.save_shards(shards / checkpoint.SHARDS)
 
     def write() -> Path:
-        state = {"step": step, "cursor": c.cursor, "backend": c.trainer.state_dict(),
-                 "rng": checkpoint.rng_state(), "cumulative": c.cumulative.totals}
-        if rank_rng is not None:
-            state["rank_rng"] = rank_rng
-        return checkpoint.save(root, step, state, keep=c.cfg.training.keep_checkpoints, folder=shards)
+        state = checkpoint.RunState(step=step, cursor=c.cursor, trainer=c.trainer.state_dict(),
+                                    rng=checkpoint.rng_state(), cumulative=c.cumulative.totals, rank_rng=rank_rng)
+        return checkpoint.save(root, step, state.to_state(), keep=c.cfg.training.keep_checkpoints, folder=shards)
 
     try:
         path = ranks.from_rank0(write)
@@ -395,7 +406,7 @@ def _resume_point(cfg: QuaeroConfig, *, resume: bool, restart: bool) -> tuple[Pa
     """The newest intact checkpoint of the run folder, or None to start at step 1. A folder whose
     checkpoints are all unusable is refused (starting over would overwrite them) unless `restart`,
     which renames the checkpoints folder aside and starts over."""
-    root = cfg.run_dir / names.CHECKPOINTS
+    root = checkpoint.run_checkpoints(cfg.run_dir)
     checkpoint.remove_orphans(root)  # rank 0 only, holding the lock: other ranks may be writing nothing yet
     if restart:
         aside = checkpoint.set_aside(root, time.strftime("%Y%m%dT%H%M%S"))
@@ -418,21 +429,20 @@ def _resume_point(cfg: QuaeroConfig, *, resume: bool, restart: bool) -> tuple[Pa
 def _resume(c: Components, found: tuple[Path, dict] | None) -> int:
     if found is None:
         return 0
-    path, state = found
+    path, saved = found
     try:  # the manifest vouches for the bytes, not for what they hold (a crafted or foreign state)
-        c.trainer.load_state_dict(state["backend"], shards=path / checkpoint.SHARDS)
-        rank_rng = state.get("rank_rng")
-        same_ranks = isinstance(rank_rng, list) and len(rank_rng) == ranks.world_size()
-        checkpoint.set_rng_state(rank_rng[ranks.rank()] if same_ranks else state["rng"])
-        c.cursor = int(state["cursor"])
-        c.cumulative = Cumulative(dict(state["cumulative"]))
+        state = checkpoint.RunState.from_state(saved)
+        c.trainer.load_state_dict(state.trainer, shards=path / checkpoint.SHARDS)
+        checkpoint.set_rng_state(state.rng_of_rank(ranks.rank(), ranks.world_size()))
+        c.cursor = state.cursor
+        c.cumulative = Cumulative(state.cumulative)
     except Exception as e:  # noqa: BLE001 - any failure here means: this checkpoint cannot be resumed
         raise checkpoint.CheckpointError(
             f"{path}: verified but cannot be loaded into this run ({error_line(e)}); move that folder "
             "aside to resume from the one before it, or pass --restart to start over at step 1") from None
     c.sampler_behind = not c.shares_model  # pushed before the sampler's next use
-    log.info("resumed", path=str(path), step=state["step"])
-    return state["step"]
+    log.info("resumed", path=str(path), step=state.step)
+    return state.step
 
 
 class StopRequest:
@@ -488,7 +498,7 @@ def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path
                f"env_episode_dropped events in {cfg.run_dir / names.EVENTS} say why")
         log.error(names.RUN_END_EVENT, status="failed", steps=total, run_id=run_id, error=why, drop_reasons=dropped)
         raise EmptyRunError(why)  # no final/: there is no trained model to hand over
-    from quaero.export import save_final
+    from quaero.recipe.model_folder import save_final
 
     save_final(c.trainer, cfg)  # runs/NAME/final/: the model a user takes away, a standard HF folder (rank 0)
     c.signal.finish()
@@ -522,7 +532,7 @@ def _steps(c: Components, stop: StopRequest, bar, run_id: str, ahead: RolloutsAh
 
 def _open_run_folder(stack: contextlib.ExitStack, cfg: QuaeroConfig) -> str:
     """Take the run lock, open events.jsonl and the sinks (held by `stack`); the run id. Rank 0 only."""
-    from quaero.runlock import RunLock
+    from quaero.recipe.runlock import RunLock
     from quaero.telemetry.sinks import open_sinks
 
     # the lock comes first: a second process must not append to this run's events or touch its checkpoints

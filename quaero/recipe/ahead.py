@@ -2,7 +2,7 @@
 
 While the main thread trains step s, one worker thread samples the rollouts of the next RL steps, with the
 weights the trainer had before step s. What runs there is only this rank's own work: the driver's
-episodes and the rows built from them (`quaero/train.py` `_roll_out`). Every collective (gathering rows,
+episodes and the rows built from them (`quaero/recipe/train.py` `_roll_out`). Every collective (gathering rows,
 summing counters, the trainer's own) stays on the main thread, in the same order on every rank: under
 torchrun a collective issued from a second thread would deadlock or pair with the wrong one.
 

@@ -107,7 +107,7 @@ def rl_over_warm_start(run: dict) -> dict[str, Any]:
     """The last eval after RL against the eval at the end of the warm start, paired on the tasks both finished:
     McNemar exact p on success, paired bootstrap 95% interval of the reward difference (end - warm start).
     `why` says what is missing when there is nothing to compare."""
-    from quaero.stats import paired_outcomes
+    from quaero.tools.significance import paired_outcomes
 
     sft = [s["step"] for s in run["steps"] if s.get(names.PHASE) == "sft"]
     rl = [s["step"] for s in run["steps"] if s.get(names.PHASE, "rl") == "rl"]
@@ -173,7 +173,7 @@ def summarize(run: dict) -> dict[str, Any]:
         "onpolicy_gap_steps": len(onpolicy),
         "onpolicy_logprob_gap_max": max(_series(onpolicy, names.SAMPLER_LOGPROB_GAP_MAX), default=None),
         "onpolicy_logprob_gap_mean_max": max(_series(onpolicy, names.SAMPLER_LOGPROB_GAP_MEAN), default=None),
-        # how the pushes reached the sampler (quaero/train.py sync_sampler): "file", "nccl", "ipc", "copy"
+        # how the pushes reached the sampler (quaero/recipe/train.py sync_sampler): "file", "nccl", "ipc", "copy"
         names.WEIGHT_TRANSFER: ",".join(sorted({str(r[names.WEIGHT_TRANSFER]) for r in steps + evals
                                             if r.get(names.WEIGHT_TRANSFER)})) or None,
         # rows sampled ahead ([training] max_off_policy_steps): how old they got, how much clipping held
@@ -217,7 +217,7 @@ def plot_points(run: dict, key: str) -> list[tuple[int, float]]:
 
 def eval_success_intervals(run: dict) -> list[tuple[int, float, float, float]]:
     """(step, success rate, Wilson 95% low, high) of each eval with a known episode count."""
-    from quaero.stats import wilson_interval
+    from quaero.tools.significance import wilson_interval
 
     out = []
     for e in run["evals"]:
@@ -230,7 +230,7 @@ def eval_success_intervals(run: dict) -> list[tuple[int, float, float, float]]:
 
 def eval_reward_intervals(run: dict) -> list[tuple[int, float, float, float]]:
     """(step, mean eval reward, normal 95% low, high) of each eval that logged its per-task results."""
-    from quaero.stats import Z_95
+    from quaero.tools.significance import Z_95
 
     out = []
     for e in run["evals"]:

@@ -1,7 +1,7 @@
 """The recipe across torchrun ranks: who rolls out which tasks, who writes, what is summed.
 
 Under `torchrun` (`quaero train --nproc N`, `[distributed] strategy = "ddp" | "fsdp2"`) every rank runs
-the same recipe (quaero/train.py), with the same number of steps and collectives:
+the same recipe (quaero/recipe/train.py), with the same number of steps and collectives:
 - a step's tasks are split in contiguous blocks (`task_share`), so their union, in rank order, is the
   one-process step's task list; each rank samples with a seed of its own (`rank_seed`), rank 0 with
   the one-process seed;
