@@ -97,7 +97,7 @@ def cmd_check(args) -> int:
 
     print("\n".join(check_lines(cfg, args.config)))  # the env's splits, when it has OpenEnv's Task API
     if cfg.data.traces:
-        from quaero.traces import trace_line
+        from quaero.rollout.traces import trace_line
 
         print(trace_line(cfg, args.config))
     print("config OK")

@@ -254,7 +254,7 @@ class TrainingConfig(_Section):
 
 
 class DataConfig(_Section):
-    # recorded episodes (RFC 010 records and/or OpenEnv TrainingTrace lines, quaero/traces.py) trained as the
+    # recorded episodes (RFC 010 records and/or OpenEnv TrainingTrace lines, quaero/rollout/traces.py) trained as the
     # warm start's SFT + ECHO steps instead of the oracle's demos; rows rebuilt from their ids, never re-tokenized
     traces: str | None = None
 
@@ -500,7 +500,7 @@ def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
         if not re.fullmatch(r"https?://[^/\s]+/?", url):
             raise ConfigError(f"{source} [sampler] urls: {url!r} is not a server address; write it as "
                               "\"http://host:port\"")
-    # a turn starts only when its prompt leaves room for max_tokens (quaero/rollout.py)
+    # a turn starts only when its prompt leaves room for max_tokens (quaero/rollout/driver.py)
     ctx = cfg.model.max_seq_len
     if cfg.sampler.max_tokens >= ctx:
         raise ConfigError(f"{source} [sampler] max_tokens={cfg.sampler.max_tokens} >= [model] max_seq_len={ctx}: "

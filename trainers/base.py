@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from quaero.rows import EchoRow
+from quaero.rollout.rows import EchoRow
 from quaero.telemetry.runlog import get_logger
 from trainers import distributed, registry, step
 from trainers.forward import CausalLMParts, SharedForwardError  # noqa: F401 (re-exported)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from quaero.rows import EchoRow
+from quaero.rollout.rows import EchoRow
 from quaero.telemetry import names
 from quaero.telemetry.proofs import BRANCH_COUNTERS
 from trainers import aggregation, distributed

@@ -114,7 +114,8 @@ def run(args) -> dict[str, Any]:
     from quaero.config import load_config
     from quaero.model import resolve_device
     from quaero.openenv_client import open_envs
-    from quaero.recipe.train import build, make_task
+    from quaero.recipe.train import build
+    from quaero.rollout.tasks import task_reset
 
     samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -131,7 +132,7 @@ def run(args) -> dict[str, Any]:
                      "env": cfg.env.entry, "env_kwargs": cfg.env.kwargs, "launcher": cfg.env.launcher,
                      "max_turns": cfg.env.max_turns, "max_tokens": cfg.sampler.max_tokens,
                      "temperature": cfg.sampler.temperature}
-    tasks = [make_task(cfg, cfg.env.train_split, i) for i in range(args.episodes)]
+    tasks = [task_reset(cfg, cfg.env.train_split, i) for i in range(args.episodes)]
     results: dict[str, Any] = {}
     print(f"quaero bench rollout: {args.episodes} toolbench episodes per sampler and mode on {device}", file=sys.stderr)
     with open_envs(cfg.env, args.episodes) as pool, contextlib.ExitStack() as stack:

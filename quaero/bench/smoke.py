@@ -11,7 +11,7 @@ import argparse
 import json
 import random
 
-from quaero.rows import EchoRow, Span
+from quaero.rollout.rows import EchoRow, Span
 from quaero.telemetry.proofs import STEP_PROOF_METRICS
 from trainers.spec import TrainerSpec
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from quaero.rows import EchoRow, Span
+from quaero.rollout.rows import EchoRow, Span
 from trainers.spec import SelectivePolicy, TrainerSpec
 
 

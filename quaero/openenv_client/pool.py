@@ -20,7 +20,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from quaero.config import ConfigError
-from quaero.rollout_stats import RolloutStats
+from quaero.rollout.counts import RolloutStats
 from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
 

@@ -24,7 +24,7 @@ from .mapping import Malformed, action_instructions, parse_plain_action, parse_t
 from .transport import ActionRejected, EnvFault, InvalidReply
 
 if TYPE_CHECKING:
-    from quaero.rollout_stats import RolloutStats
+    from quaero.rollout.counts import RolloutStats
 
 log = get_logger(__name__)
 DEFAULT_SYSTEM_PROMPT = "You are an agent acting in an environment. Solve the task."
@@ -114,7 +114,7 @@ class ResetWitness:
 
 
 class ChatEnv:
-    """One session. The turn limit is not enforced here: the episode driver owns it (quaero/rollout.py),
+    """One session. The turn limit is not enforced here: the episode driver owns it (quaero/rollout/driver.py),
     since what a cut episode means (truncated, never a success) is decided where episodes are judged."""
 
     def __init__(self, cfg, connector: Connector, stats: RolloutStats, *, tools: list[dict] | None,

@@ -47,7 +47,7 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-# metadata flags the episode driver reads (quaero/rollout.py): present, they must be true or false
+# metadata flags the episode driver reads (quaero/rollout/driver.py): present, they must be true or false
 JUDGED_FLAGS = ("success", "truncated")
 
 

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 from quaero.telemetry.runlog import get_logger
 
 if TYPE_CHECKING:
-    from quaero.rollout_stats import RolloutStats
-    from quaero.rows import EchoRow, Transition
+    from quaero.rollout.counts import RolloutStats
+    from quaero.rollout.rows import EchoRow, Transition
 
 log = get_logger(__name__)
 

@@ -191,7 +191,7 @@ def check_model_and_renderer(cfg: QuaeroConfig, source: str = "config") -> None:
     """The model folder exists and the renderer works with its tokenizer: it renders a prompt, encodes an
     action and, when packing, bridges an env response exactly. Loads the tokenizer, never the weights."""
     from quaero.model import ModelNotFound, load_tokenizer, resolve_model
-    from quaero.render import BridgeFailure, RenderAdapter
+    from quaero.rollout.render import BridgeFailure, RenderAdapter
 
     name = cfg.model.name
     try:

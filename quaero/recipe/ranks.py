@@ -59,7 +59,7 @@ def _sum_over_ranks(counts: Counter, reward_sum: float) -> tuple[Counter, float]
 
 
 def rollout_snapshot(stats) -> dict[str, Any]:
-    """`stats.snapshot_and_reset()` with every rank's counts summed (quaero/rollout_stats.py)."""
+    """`stats.snapshot_and_reset()` with every rank's counts summed (quaero/rollout/counts.py)."""
     return stats.snapshot_and_reset(_sum_over_ranks if distributed.world_size() > 1 else None)
 
 

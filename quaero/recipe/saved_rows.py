@@ -1,5 +1,5 @@
 """Saved rows: `[logging] save_rows` keeps each step's trained rows in the run folder, for `quaero inspect rows`
-(quaero/tools/inspect_rows.py) and OpenEnv's token formats (quaero/traces.py).
+(quaero/tools/inspect_rows.py) and OpenEnv's token formats (quaero/rollout/traces.py).
 
 `[logging] save_rows` ("none" | "sample": the first SAMPLE_ROWS rows of each step | "all") writes
 `runs/NAME/rows/step-000123.jsonl`, one JSON object per row: its `EchoRow.to_dict()` fields plus the step,
@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from quaero.rows import EchoRow, Transition
+from quaero.rollout.rows import EchoRow, Transition
 from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
 

@@ -32,23 +32,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quaero.config import ConfigError, QuaeroConfig, error_line
-from quaero.openenv_client.tasks import TaskCatalog, check_splits, eval_indices, task_index
+from quaero.openenv_client.tasks import check_splits, eval_indices
 from quaero.recipe import checkpoint, ranks
 from quaero.recipe.ahead import Rollout, RolloutsAhead
 from quaero.recipe.saved_rows import save_step_rows
-from quaero.rollout_stats import drop_reasons
+from quaero.rollout.counts import drop_reasons
+from quaero.rollout.tasks import task_reset
+from quaero.rollout.traces import trace_batch, warm_start_rows
 from quaero.sampling.wire import STOP_REQUESTED
 from quaero.telemetry import names
 from quaero.telemetry.outcomes import SignalWatch
 from quaero.telemetry.runlog import Cumulative, RunLog, configure, get_logger, set_step
-from quaero.traces import trace_batch, warm_start_rows
 
 if TYPE_CHECKING:
     from quaero.openenv_client import EnvPool
-    from quaero.render import RenderAdapter
-    from quaero.rollout import EpisodeDriver, Policy
-    from quaero.rollout_stats import RolloutStats
-    from quaero.rows import EchoRow, Transition
+    from quaero.rollout.counts import RolloutStats
+    from quaero.rollout.driver import EpisodeDriver, Policy
+    from quaero.rollout.render import RenderAdapter
+    from quaero.rollout.rows import EchoRow, Transition
     from quaero.sampling import Sampler
     from trainers.base import Trainer
 
@@ -109,18 +110,11 @@ class Components:
     empty_exhausted: int = 0  # their episodes that ended with no room left for a turn
 
 
-def make_task(cfg: QuaeroConfig, split: str, index: int, catalog: TaskCatalog | None = None) -> dict:
-    """Task `index` of `split`: its reset seed derives from the run seed alone (train, eval and `quaero eval`
-    agree on it); with the env's Task API (`catalog`) the index wraps round the split's range."""
-    index = task_index(catalog, split, index)
-    return {"seed": cfg.run.seed * 1_000_003 + index, "split": split, "index": index}
-
-
 def build(cfg: QuaeroConfig, pool: EnvPool, sampler_log_dir: Path | None = None) -> Components:
     from quaero.model import load_tokenizer, resolve_device
     from quaero.recipe.plan import check_components, resolve_oracle, trainer_spec
-    from quaero.render import RenderAdapter
-    from quaero.rollout import EpisodeDriver
+    from quaero.rollout.driver import EpisodeDriver
+    from quaero.rollout.render import RenderAdapter
     from quaero.sampling import make_sampler
     from trainers.registry import trainer_class
 
@@ -190,7 +184,7 @@ def _rows_of(c: Components, step: int, first_task: int, offsets: range, seed: in
     """The groups of train tasks `first_task + offsets`: their kept rows with advantages (each row naming its
     episode) and how many groups have reward spread (a non-zero advantage)."""
     cfg = c.cfg
-    tasks = [make_task(cfg, cfg.env.train_split, first_task + i, c.pool.tasks) for i in offsets]
+    tasks = [task_reset(cfg, cfg.env.train_split, first_task + i, c.pool.tasks) for i in offsets]
     groups = c.driver.run(c.pool.sessions, tasks, group_size=1 if sft else cfg.training.group_size,
                           policy=c.oracle if sft else None, seed=seed)
     rows, spread = [], 0
@@ -268,7 +262,7 @@ def evaluate(c: Components, step: int) -> None:
     synced = sync_sampler(c)
     t0 = time.perf_counter()
     indices = eval_indices(c.pool.tasks, cfg.env.eval_split, cfg.training.eval_tasks)  # the env's eval split
-    tasks = [make_task(cfg, cfg.env.eval_split, indices[i]) for i in ranks.task_share(len(indices))]
+    tasks = [task_reset(cfg, cfg.env.eval_split, indices[i]) for i in ranks.task_share(len(indices))]
     groups = c.driver.run(c.pool.sessions, tasks, group_size=1, greedy=True, seed=ranks.rank_seed(cfg.run.seed),
                           on_group_done=_progress("eval_progress", len(tasks)))
     eps = [e for g in groups for e in g if not e.dropped]

@@ -74,7 +74,7 @@ RL_IMPROVED_P = 0.05  # McNemar exact p on the success pairs, or the reward diff
 LOGPROB_GAP_MAX_NATS = 2.0  # any one token of an on-policy step
 LOGPROB_GAP_MEAN_NATS = 0.1  # a step's mean over its sampled tokens
 # A sampled token's log-prob above this is impossible (log p <= 0; fp32 rounding stays far below it): the
-# episode that holds it is dropped and counted (quaero/rollout.py), never trained on.
+# episode that holds it is dropped and counted (quaero/rollout/driver.py), never trained on.
 MAX_SAMPLER_LOGPROB = 1e-3
 
 

@@ -34,7 +34,7 @@ from quaero.tools.export import export_run, is_adapter, load_model
 from quaero.tools.significance import paired_outcomes, wilson_interval
 
 if TYPE_CHECKING:
-    from quaero.rollout import Policy
+    from quaero.rollout.driver import Policy
 
 _POLICY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -182,9 +182,9 @@ def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan, kep
     """All (repeat, task) episodes of one contestant through the training evaluation's driver; each repeat's
     records are appended to `kept` as they finish (an interrupted eval writes those)."""
     from quaero.openenv_client.tasks import eval_indices
-    from quaero.recipe.train import make_task
-    from quaero.render import RenderAdapter
-    from quaero.rollout import EpisodeDriver
+    from quaero.rollout.driver import EpisodeDriver
+    from quaero.rollout.render import RenderAdapter
+    from quaero.rollout.tasks import task_reset
 
     try:
         render = RenderAdapter(_tokenizer(cfg, who), cfg.model)
@@ -201,7 +201,7 @@ def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan, kep
         for r in range(plan.seeds):
             seed = cfg.run.seed + r
             indices = eval_indices(pool.tasks, plan.split, plan.tasks)  # the env's split, with a Task API
-            tasks = [make_task(_with(cfg, "run", seed=seed), plan.split, i) for i in indices]
+            tasks = [task_reset(_with(cfg, "run", seed=seed), plan.split, i) for i in indices]
             try:
                 groups = driver.run(pool.sessions, tasks, group_size=1, greedy=plan.greedy, policy=who.policy,
                                     seed=seed)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from quaero.recipe.saved_rows import rows_dir, step_file
-from quaero.rows import ECHO_KINDS
+from quaero.rollout.rows import ECHO_KINDS
 from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
 
@@ -269,8 +269,8 @@ def main(args) -> int:
 
 
 def export_main(run_dir: str, records: list[dict], fmt: str, out: str) -> int:
-    """`--export FORMAT OUT.jsonl` (quaero/traces.py): one line per saved row; exit 1 on an unknown format."""
-    from quaero.traces import export_rows
+    """`--export FORMAT OUT.jsonl` (quaero/rollout/traces.py): one line per saved row; exit 1 on an unknown format."""
+    from quaero.rollout.traces import export_rows
 
     if fmt not in ("rfc010", "openenv-trace"):
         print(f"error: --export {fmt!r}: expected 'rfc010' or 'openenv-trace'", file=sys.stderr)

@@ -7,8 +7,8 @@ import pytest
 import torch
 from fixtures.rollout import IM_END, assert_exact, make_cfg, target_logprobs
 
-from quaero.rollout import EpisodeDriver
-from quaero.rows import build_rows
+from quaero.rollout.driver import EpisodeDriver
+from quaero.rollout.rows import build_rows
 
 pytest.importorskip("envs.toolbench")
 

@@ -166,7 +166,7 @@ def test_the_driver_turn_limit_ends_an_episode_that_never_submits(qwen3_render):
     episode is truncated and no success."""
     from fixtures.rollout import make_cfg
 
-    from quaero.rollout import EpisodeDriver
+    from quaero.rollout.driver import EpisodeDriver
 
     def never_submits(info):
         return lambda messages: _call("calculate", expression="1+1")
@@ -212,7 +212,7 @@ def test_a_failed_recovery_drops_the_episode_instead_of_raising():
     from quaero.openenv_client import ChatEnv
     from quaero.openenv_client.mapping import default_formatter
     from quaero.openenv_client.transport import EnvFault
-    from quaero.rollout_stats import RolloutStats
+    from quaero.rollout.counts import RolloutStats
 
     class DeadConnector:
         def connect(self):

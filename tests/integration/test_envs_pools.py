@@ -12,7 +12,7 @@ from fixtures.rollout import make_cfg
 
 from quaero.config import ConfigError, EnvConfig
 from quaero.openenv_client import open_envs
-from quaero.rollout import EpisodeDriver
+from quaero.rollout.driver import EpisodeDriver
 
 BOARD = "fixtures.board:BoardEnv"
 TASKS = [{"seed": 2, "split": "train", "index": 0}, {"seed": 3, "split": "train", "index": 1}]

@@ -1,5 +1,5 @@
 """OpenEnv's token formats over a real tiny run (toolbench in process, tiny-qwen3, the local trainer;
-quaero/traces.py): saved rows -> RFC 010 records and TrainingTraces (validated by OpenEnv's own model) -> rows
+quaero/rollout/traces.py): saved rows -> RFC 010 records and TrainingTraces (validated by OpenEnv's own model) -> rows
 with the same ids and span kinds; a second run warm-started from the first one's trace file passes
 `quaero review --require-proof`; inexact records are refused one line each and never trained."""
 import json
@@ -9,8 +9,8 @@ from fixtures.runs import events_of, make_config
 from openenv.core.harness.training import TrainingTrace
 
 from quaero import cli
+from quaero.rollout.traces import load_traces, rfc010_row, token_kinds, trace_row, vocab_size_of
 from quaero.tools.inspect_rows import load_rows
-from quaero.traces import load_traces, rfc010_row, token_kinds, trace_row, vocab_size_of
 
 ROLE_MASKS = {"action_mask": "action", "obs_mask": "env", "warning_mask": "corrective"}
 

@@ -21,7 +21,7 @@ def _code_spans(text: str) -> list[str]:
 
 
 def _module_path(dotted: str) -> Path | None:
-    """quaero.rows -> quaero/rows.py (or a package folder); None when neither exists."""
+    """quaero.rollout.rows -> quaero/rollout/rows.py (or a package folder); None when neither exists."""
     base = ROOT.joinpath(*dotted.split("."))
     for candidate in (base.with_suffix(".py"), base / "__init__.py"):
         if candidate.exists():
@@ -42,7 +42,7 @@ def named_paths(text: str) -> set[str]:
 
 
 def named_modules(text: str) -> set[str]:
-    """Dotted module names of quaero's packages, e.g. `quaero.rows` or `envs.toolbench:ToolBenchEnv`."""
+    """Dotted module names of quaero's packages, e.g. `quaero.rollout.rows` or `envs.toolbench:ToolBenchEnv`."""
     found = set()
     for span in _code_spans(text):
         for token in re.findall(r"\b((?:quaero|trainers|envs)(?:\.\w+)+)(?::\w+)?", span):

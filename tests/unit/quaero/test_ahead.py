@@ -7,7 +7,7 @@ import time
 import pytest
 
 from quaero.recipe.ahead import Rollout, RolloutsAhead
-from quaero.rollout_stats import RolloutStats
+from quaero.rollout.counts import RolloutStats
 
 
 def workers() -> list[threading.Thread]:

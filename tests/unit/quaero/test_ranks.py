@@ -4,7 +4,7 @@ from collections import Counter
 import pytest
 
 from quaero.recipe import ranks
-from quaero.rollout_stats import RolloutStats
+from quaero.rollout.counts import RolloutStats
 from trainers import distributed
 
 

@@ -8,8 +8,8 @@ import pytest
 from fixtures.rollout import make_cfg
 
 from quaero.recipe.train import _collect, group_advantages
-from quaero.rollout import Episode
-from quaero.rollout_stats import RolloutStats
+from quaero.rollout.counts import RolloutStats
+from quaero.rollout.driver import Episode
 
 
 @pytest.mark.hostile

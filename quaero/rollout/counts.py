@@ -1,6 +1,6 @@
 """RolloutStats: the one owner of what rollouts count.
 
-The env sessions (quaero/openenv_client) and the episode driver (quaero/rollout.py) add to one object;
+The env sessions (quaero/openenv_client) and the episode driver (quaero/rollout/driver.py) add to one object;
 the recipe (quaero/recipe/train.py) takes one snapshot per train step and one per evaluation, so every count
 lands in exactly one event under exactly one name. The counters, with their meanings, are declared in
 quaero/telemetry/names.py (`ROLLOUT_COUNTERS`, in the order a snapshot lists them).

@@ -5,7 +5,7 @@ import threading
 import pytest
 
 from quaero.recipe.train import _disjoint
-from quaero.rollout_stats import RolloutStats, drop_reasons
+from quaero.rollout.counts import RolloutStats, drop_reasons
 from quaero.telemetry.names import ROLLOUT_COUNTERS
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from quaero.config import ConfigError
-from quaero.rows import EchoRow, RowError, Span
+from quaero.rollout.rows import EchoRow, RowError, Span
 from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
 
