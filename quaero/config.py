@@ -492,7 +492,7 @@ def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
         raise ConfigError(f"{source} [sampler] servers={sm.servers} and urls={sm.urls!r} are both set: quaero "
                           "either starts servers (servers) or connects to running ones (urls); remove one")
     _check_weight_transfer(sm, source)
-    for url in cfg.env.server_urls:  # what the remote launcher accepts (quaero/openenv_client/pool.py _urls)
+    for url in cfg.env.server_urls:  # what the remote launcher accepts (quaero/openenv_client/transport.py endpoints)
         if not re.fullmatch(r"(wss?|https?)://[^/\s]+(/\S*)?", url):
             raise ConfigError(f"{source} [env] url: {url!r} is not an OpenEnv server address; write it as "
                               "\"ws://host:port\" or \"http://host:port\"")

@@ -24,11 +24,12 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
 
+from quaero import process_group
 from quaero.rollout.rows import EchoRow
 from quaero.telemetry import names
 from quaero.telemetry.proofs import BRANCH_COUNTERS
@@ -40,8 +41,21 @@ from trainers.memory import OffloadStats, peak_mem_mb, reset_peak, saved_tensors
 from trainers.selective import SelectiveInfo, full_logprobs, selected_logprobs
 from trainers.spec import TrainerSpec
 
-if TYPE_CHECKING:  # trainers/base.py imports this module
-    from trainers.base import Trainer
+
+class TrainerView(Protocol):
+    """What the step reads of a trainer (trainers/base.py `Trainer` is one; this module never imports it): the
+    spec, the model and its parts, the device, the step's forward (DDP- or FSDP2-wrapped under torchrun), the
+    trainable parameters, the optimizer and its scheduler."""
+
+    name: str
+    spec: TrainerSpec
+    model: nn.Module
+    parts: CausalLMParts
+    device: torch.device
+    microbatch_forward: nn.Module
+    trainable: list[nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
 
 
 class MicrobatchForward(nn.Module):
@@ -69,12 +83,12 @@ class MicrobatchForward(nn.Module):
                                  policy=spec.selective, logit_transform=parts.transform)
 
 
-def microbatch_logprobs(trainer: Trainer, mb: Microbatch) -> tuple[Tensor, SelectiveInfo]:  # [B, L-1] fp32
+def microbatch_logprobs(trainer: TrainerView, mb: Microbatch) -> tuple[Tensor, SelectiveInfo]:  # [B, L-1] fp32
     """The microbatch's one forward and its target log-probs (selective when enabled and possible)."""
     return trainer.microbatch_forward(mb.input_ids, mb.attention_mask, mb.target_mask)
 
 
-def padding_backward(trainer: Trainer) -> None:
+def padding_backward(trainer: TrainerView) -> None:
     """A zero-loss forward and backward through every parameter, for a rank with fewer microbatches.
 
     One selected token makes the LM head run too, so each parameter gets a (zero) gradient and the
@@ -165,7 +179,7 @@ def microbatch_loss(spec: TrainerSpec, mb: Microbatch, lp: Tensor, *, sft: bool,
     return MicrobatchLoss(rl, echo, policy, logprob_gap(lp, sampler_lp, mb.action_mask[:, 1:]))
 
 
-def accumulate_gradients(trainer: Trainer, mbs: list[Microbatch], totals: StepTotals, *, sft: bool,
+def accumulate_gradients(trainer: TrainerView, mbs: list[Microbatch], totals: StepTotals, *, sft: bool,
                          echo_weight: float) -> None:
     """Per microbatch: one forward, both loss terms, one backward; gradients add up across microbatches.
 
@@ -175,7 +189,7 @@ def accumulate_gradients(trainer: Trainer, mbs: list[Microbatch], totals: StepTo
     spec, counter = trainer.spec, trainer.parts.counter
     trained = [mb for mb in mbs if mb.trains]
     totals.skipped += len(mbs) - len(trained)
-    passes = distributed.all_max(len(trained))
+    passes = process_group.all_max(len(trained))
     totals.padding = passes - len(trained)
     counter.take()
     for k in range(passes):
@@ -198,7 +212,7 @@ def accumulate_gradients(trainer: Trainer, mbs: list[Microbatch], totals: StepTo
             totals.add(loss, info, spec.selective.compile_mode)
 
 
-def optimizer_step(trainer: Trainer) -> tuple[float, bool]:
+def optimizer_step(trainer: TrainerView) -> tuple[float, bool]:
     """Clip the accumulated gradient and step, unless its norm is not finite: (grad norm, stepped)."""
     max_norm = trainer.spec.max_grad_norm
     norm = torch.nn.utils.clip_grad_norm_(trainer.trainable, max_norm if max_norm else math.inf)
@@ -211,7 +225,7 @@ def optimizer_step(trainer: Trainer) -> tuple[float, bool]:
     return grad_norm, stepped
 
 
-def shared_forward_step(trainer: Trainer, rows: list[EchoRow], *, sft: bool, echo_weight: float | None = None
+def shared_forward_step(trainer: TrainerView, rows: list[EchoRow], *, sft: bool, echo_weight: float | None = None
                         ) -> dict[str, Any]:
     """One optimizer step over `rows` (RL + ECHO, or SFT + ECHO); returns the step's metrics.
     `echo_weight`: this step's λ (a schedule's value), else the spec's.
@@ -227,12 +241,12 @@ def shared_forward_step(trainer: Trainer, rows: list[EchoRow], *, sft: bool, ech
     reset_peak(trainer.device)
     was_training = model.training
     model.train()
-    share = distributed.split_rows([len(r) for r in rows], distributed.world_size())[distributed.rank()]
+    share = distributed.split_rows([len(r) for r in rows], process_group.world_size())[process_group.rank()]
     mbs, crop = build_microbatches([rows[i] for i in share], micro_batch_tokens=spec.micro_batch_tokens, sft=sft,
                                    echo=spec.echo, context_tokens=spec.memory.supervised_context_tokens,
                                    device=trainer.device, rl_scales=[rl_scale[i] for i in share],
                                    echo_scales=[echo_scale[i] for i in share])
-    rl_tokens, echo_tokens = distributed.all_sum([sum(int(mb.rl_mask.sum()) for mb in mbs),
+    rl_tokens, echo_tokens = process_group.all_sum([sum(int(mb.rl_mask.sum()) for mb in mbs),
                                                   sum(int(mb.echo_mask.sum()) for mb in mbs)])
     totals = StepTotals(rl_tokens=rl_tokens, echo_tokens=echo_tokens, rows=len(share), microbatches=len(mbs),
                         row_tokens=sum(mb.tokens for mb in mbs), padded_tokens=sum(mb.input_ids.numel() for mb in mbs),
@@ -242,12 +256,12 @@ def shared_forward_step(trainer: Trainer, rows: list[EchoRow], *, sft: bool, ech
     grad_norm, stepped = optimizer_step(trainer)
     model.train(was_training)
     peak = peak_mem_mb(trainer.device)
-    ranks = distributed.gather((totals, peak, time.perf_counter() - t0))
+    ranks = process_group.gather((totals, peak, time.perf_counter() - t0))
     return step_metrics(trainer, [t for t, _, _ in ranks], sft=sft, grad_norm=grad_norm, stepped=stepped,
                         peaks=[p for _, p, _ in ranks], seconds=max(s for _, _, s in ranks), echo_weight=echo_weight)
 
 
-def step_metrics(trainer: Trainer, ranks: list[StepTotals], *, sft: bool, grad_norm: float, stepped: bool,
+def step_metrics(trainer: TrainerView, ranks: list[StepTotals], *, sft: bool, grad_norm: float, stepped: bool,
                  peaks: list[tuple[float, str]], seconds: float, echo_weight: float) -> dict[str, Any]:
     """The step's event fields from every rank's totals (every name declared in quaero/telemetry/names.py).
     Per-rank figures (`rank_*`) appear when there is more than one rank."""
@@ -291,7 +305,7 @@ def step_metrics(trainer: Trainer, ranks: list[StepTotals], *, sft: bool, grad_n
     }
 
 
-def audit_logprobs(trainer: Trainer, rows: list[EchoRow]) -> list[list[float]]:
+def audit_logprobs(trainer: TrainerView, rows: list[EchoRow]) -> list[list[float]]:
     """No-grad per-token log-probs of every action and ECHO token (0.0 elsewhere), in row order."""
     model = trainer.model
     was_training = model.training

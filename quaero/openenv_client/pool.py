@@ -24,12 +24,12 @@ from quaero.rollout.counts import RolloutStats
 from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
 
-from .loading import EnvSpec, action_fields, ignored_reset_params, load_entry, require_openenv
-from .mapping import load_formatter, model_action_schema, tool_specs
+from .loading import EnvSpec, action_fields, ignored_reset_params, load_entry, load_formatter, require_openenv
+from .mapping import model_action_schema, tool_specs
 from .server import LocalServer, start_servers
 from .session import ChatEnv, EpisodeDropped, ResetWitness
 from .tasks import TaskCatalog, catalog_of_spec, catalog_over_http
-from .transport import EnvFault, InProcessTransport, WebSocketTransport
+from .transport import EnvFault, InProcessTransport, WebSocketTransport, endpoints
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -94,16 +94,6 @@ class SpreadConnector:
 
     def recover(self) -> None:
         pass  # remote servers are not quaero's to restart
-
-
-def _urls(url: str) -> tuple[str, str]:
-    """Any of ws://h:p, ws://h:p/ws, http://h:p -> (http base, ws endpoint)."""
-    base = url.rstrip("/").removesuffix("/ws")
-    if base.startswith("ws"):
-        base = "http" + base[2:]
-    if not base.startswith("http"):
-        raise ConfigError(f"[env] url={url!r}: expected ws://HOST:PORT or http://HOST:PORT")
-    return base, "ws" + base[4:] + "/ws"
 
 
 def _fetch_schema(http_url: str, timeout_s: float) -> dict:
@@ -230,7 +220,7 @@ def _local_servers(cfg: EnvConfig, spec: EnvSpec, n: int, stats: RolloutStats,
 
 def _remote(cfg: EnvConfig, n: int, stats: RolloutStats) -> tuple[list[Connector], list[str]]:
     """Connectors over [env] url/urls, and the servers' http bases; every server must serve the same env."""
-    bases = [_urls(u) for u in cfg.server_urls]
+    bases = [endpoints(u) for u in cfg.server_urls]
     hosts = [ServerConnector(ws, cfg.reset_timeout_s, stats) for _, ws in bases]
     if len(hosts) == 1:
         return hosts * n, [bases[0][0]]

@@ -19,14 +19,28 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from quaero.processes import ServerStartError, child_env, log_file, start_together
 from quaero.telemetry.runlog import get_logger
 
-from .loading import build_app, load_entry
+from .loading import EnvSpec, load_entry
+from .transport import observation_reply_model
 
 log = get_logger(__name__)
 _LIVE: set[LocalServer] = set()
+
+
+def build_app(spec: EnvSpec, max_concurrent_envs: int) -> Any:
+    """OpenEnv's own FastAPI app for the env (WebSocket /ws, /health, /schema, /mcp, ...)."""
+    from openenv.core.env_server import http_server
+    from openenv.core.env_server.http_server import create_app
+
+    # the app looks its frame model up by this name: NaN/inf rewards then reach clients as such, not as null
+    http_server.WSObservationResponse = observation_reply_model()
+    env_name = spec.env_cls.__name__.lower()
+    return create_app(spec.factory, spec.action_cls, spec.observation_cls, env_name=env_name,
+                      max_concurrent_envs=max_concurrent_envs, state_cls=spec.state_cls)
 
 
 def serve(entry: str, host: str = "127.0.0.1", port: int = 8000, max_concurrent_envs: int = 16,

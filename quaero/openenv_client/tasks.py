@@ -153,9 +153,9 @@ def check_lines(cfg: Any, source: str = "config") -> list[str]:
     never called here), or from the first [env] url's routes when it is up."""
     env_cfg, t = cfg.env, cfg.training
     if env_cfg.launcher == "remote":
-        from .pool import _urls
+        from .transport import endpoints
 
-        http_url = _urls(env_cfg.server_urls[0])[0]
+        http_url = endpoints(env_cfg.server_urls[0])[0]
         try:
             urllib.request.urlopen(f"{http_url}/health", timeout=2).close()
         except OSError:

@@ -22,7 +22,19 @@ import re
 import threading
 from typing import Any
 
+from quaero.config import ConfigError
+
 from .loading import EnvSpec
+
+
+def endpoints(url: str) -> tuple[str, str]:
+    """An OpenEnv server's (http base, ws endpoint) from any of ws://h:p, ws://h:p/ws, http://h:p."""
+    base = url.rstrip("/").removesuffix("/ws")
+    if base.startswith("ws"):
+        base = "http" + base[2:]
+    if not base.startswith("http"):
+        raise ConfigError(f"[env] url={url!r}: expected ws://HOST:PORT or http://HOST:PORT")
+    return base, "ws" + base[4:] + "/ws"
 
 
 class EnvFault(Exception):

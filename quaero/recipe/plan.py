@@ -36,7 +36,7 @@ def check_components(cfg: QuaeroConfig, source: str = "config") -> None:
         raise ConfigError(f"{source} [distributed] strategy={cfg.distributed.strategy!r}: backend {name!r} is built "
                           f"for {', '.join(map(repr, caps.strategies))} only; use backend='local' for more than "
                           "one process, or strategy='none'")
-    launched = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; trainers/distributed.py joins its group
+    launched = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; quaero/process_group.py joins its group
     if launched > 1 and cfg.distributed.strategy == "none":
         raise ConfigError(f"{source} [distributed] strategy='none' under a launcher with {launched} ranks: every "
                           "rank would train on all rows alone; set strategy = 'ddp' or 'fsdp2'")
@@ -97,7 +97,7 @@ def check_server_devices(cfg: QuaeroConfig, source: str = "config") -> None:
                           "weight_transfer = 'file'")
     if not sm.server_devices:
         return
-    from trainers.distributed import local_ranks
+    from quaero.process_group import local_ranks
 
     local = local_ranks()
     if len(sm.server_devices) != sm.servers * local:
@@ -110,7 +110,7 @@ def check_server_devices(cfg: QuaeroConfig, source: str = "config") -> None:
     if missing := [d for d in sm.server_devices if d >= count]:
         raise ConfigError(f"{source} [sampler] server_devices={sm.server_devices}: device {missing[0]} does not exist "
                           f"here ({count} CUDA device(s): 0..{count - 1})")
-    trainers = set(range(local))  # cuda:LOCAL_RANK (trainers/distributed.py); one process: cuda:0
+    trainers = set(range(local))  # cuda:LOCAL_RANK (quaero/process_group.py setup); one process: cuda:0
     if sm.weight_transfer == "nccl" and (shared := sorted(trainers & set(sm.server_devices))):
         raise ConfigError(f"{source} [sampler] weight_transfer='nccl' with server_devices={sm.server_devices}: "
                           f"cuda:{shared[0]} is a trainer rank's device and NCCL refuses two ranks on one device; "

@@ -569,12 +569,12 @@ def train(cfg: QuaeroConfig, *, resume: bool = False, restart: bool = False, sou
     import torch
     from tqdm.auto import tqdm
 
+    from quaero import process_group
     from quaero.model import resolve_device
     from quaero.openenv_client import open_envs
-    from trainers import distributed
 
     joins = not torch.distributed.is_initialized()
-    distributed.setup(cfg.distributed.strategy, torch.device(resolve_device(cfg.run.device)))
+    process_group.setup(cfg.distributed.strategy, torch.device(resolve_device(cfg.run.device)))
     configure(cfg.logging.level, cfg.logging.console if ranks.is_main() else "none")  # rank 0 speaks for all
     run_dir = cfg.run_dir
     torch.manual_seed(cfg.run.seed)
@@ -601,5 +601,5 @@ def train(cfg: QuaeroConfig, *, resume: bool = False, restart: bool = False, sou
                     c.sampler.close()
     finally:
         if joins:
-            distributed.shutdown()
+            process_group.shutdown()
     return run_dir

@@ -77,7 +77,7 @@ def resolve_backend(name: str, device: str) -> str:
         return name
     if not vllm_installed():
         return "hf"
-    from trainers.distributed import launched_ranks
+    from quaero.process_group import launched_ranks
 
     return "vllm" if device.startswith("cuda") or launched_ranks() == 1 else "hf"
 
@@ -124,8 +124,8 @@ def _make_server_sampler(cfg, stop_token_ids: list[int], log_dir) -> Sampler:
     """`[sampler] mode = "server"`: connect to `urls`, or start `servers` vLLM servers for this process (each
     torchrun rank starts its own, on its devices: quaero/sampling/server.py `server_devices`)."""
     from quaero.model import resolve_model
+    from quaero.process_group import rank
     from quaero.sampling.server import VLLMServerSampler, model_vocab_size, start_servers
-    from trainers.distributed import rank
 
     sc, folder = cfg.sampler, resolve_model(cfg.model.name)
     if sc.urls:

@@ -36,13 +36,13 @@ from pathlib import Path
 
 import torch
 
+from quaero import process_group
 from quaero.config import SamplerConfig
 from quaero.sampling import Completion, completion_budget, finish_reason, request_seed
 from quaero.sampling.launch import ServedProcess, free_port, start_all
 from quaero.sampling.vllm import cpu_whole_prefill, saved_weights
 from quaero.sampling.wire import exchange
 from quaero.telemetry.runlog import get_logger
-from trainers import distributed
 
 log = get_logger(__name__)
 
@@ -92,10 +92,10 @@ def server_devices(cfg: SamplerConfig, count: int, *, on_cpu: bool) -> list[int 
     """The CUDA device of each of the `count` servers this process starts: its local rank's slice of
     `[sampler] server_devices` (quaero/recipe/plan.py checked one entry per server of every local rank), else, on a
     CUDA rank under torchrun, the rank's own device (cuda:LOCAL_RANK, the trainer's), else None."""
-    local_rank = distributed.local_rank()
+    local_rank = process_group.local_rank()
     if cfg.server_devices:
         return list(cfg.server_devices[local_rank * count:(local_rank + 1) * count])
-    if not on_cpu and distributed.launched_ranks() > 1:
+    if not on_cpu and process_group.launched_ranks() > 1:
         return [local_rank] * count
     return [None] * count
 

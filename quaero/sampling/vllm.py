@@ -41,7 +41,7 @@ def engine_in_process() -> bool:
     Not beside a live in-process engine: the two would share vLLM's module-level parallel state, and
     closing either tears it down under the other (reproduced); the second engine gets a child process.
     """
-    from trainers.distributed import launched_ranks
+    from quaero.process_group import launched_ranks
 
     if MULTIPROCESSING in os.environ:
         return os.environ[MULTIPROCESSING].strip() == "0"

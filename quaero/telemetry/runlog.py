@@ -23,7 +23,6 @@ from typing import IO, Any
 import structlog
 
 from quaero.telemetry import names
-from quaero.telemetry.sinks import mirror
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
@@ -145,7 +144,31 @@ class _ProgressSafeStderr:
         sys.stderr.flush()
 
 
+class _Mirrors:
+    """structlog processor: the run log's copies elsewhere, plugged in while they are open (`[logging]
+    report_to`: quaero/telemetry/sinks.py `open_sinks` adds its mirror); each one passes the event on."""
+
+    def __init__(self) -> None:
+        self.processors: list = []
+
+    def __call__(self, logger, method_name, event_dict):
+        for processor in self.processors:
+            event_dict = processor(logger, method_name, event_dict)
+        return event_dict
+
+
+def add_mirror(processor) -> None:
+    """Hand every event to `processor` too (after events.jsonl has it), until `remove_mirror`."""
+    _mirrors.processors.append(processor)
+
+
+def remove_mirror(processor) -> None:
+    if processor in _mirrors.processors:
+        _mirrors.processors.remove(processor)
+
+
 _sink = _JsonLinesSink()
+_mirrors = _Mirrors()
 _console = _ConsoleGate()
 _configured_level: str | None = None
 
@@ -162,7 +185,7 @@ def configure(level: str = "info", console: str = "pretty") -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True, key="timestamp"),
             _sink,
-            mirror,  # TensorBoard / W&B / trackio copies ([logging] report_to)
+            _mirrors,  # TensorBoard / W&B / trackio copies ([logging] report_to)
             _console,
             renderer,
         ],

@@ -3,17 +3,17 @@ from collections import Counter
 
 import pytest
 
+from quaero import process_group
 from quaero.recipe import ranks
 from quaero.rollout.counts import RolloutStats
-from trainers import distributed
 
 
 @pytest.mark.parametrize("n_tasks,world", [(4, 2), (5, 2), (7, 3), (1, 2), (0, 2)])
 def test_task_shares_are_contiguous_and_their_union_is_the_step(monkeypatch, n_tasks, world):
-    monkeypatch.setattr(distributed, "world_size", lambda: world)
+    monkeypatch.setattr(process_group, "world_size", lambda: world)
     shares = []
     for r in range(world):
-        monkeypatch.setattr(distributed, "rank", lambda r=r: r)
+        monkeypatch.setattr(process_group, "rank", lambda r=r: r)
         shares.append(list(ranks.task_share(n_tasks)))
     assert [t for share in shares for t in share] == list(range(n_tasks))
     assert max(map(len, shares)) - min(map(len, shares)) <= 1
