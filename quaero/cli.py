@@ -29,7 +29,7 @@ def plan_lines(cfg, source: str) -> list[str]:
     if cfg.sampler.mode != "server" and cfg.sampler.backend == "auto" and sampler == "vllm" and not device.startswith("cuda"):
         sampler += ", hf on each rank of `quaero train --nproc N`"
     o = cfg.backend.options
-    env_src = ", ".join(cfg.env.server_urls) if cfg.env.launcher == "remote" else cfg.env.entry
+    env_src = cfg.env.entry if cfg.env.starts_env else ", ".join(cfg.env.server_urls)
     if cfg.env.kwargs:
         env_src += "(" + ", ".join(f"{k}={v!r}" for k, v in cfg.env.kwargs.items()) + ")"
     lines = [

@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from quaero.openenv_client import launchers
+from quaero.sampling import registry as samplers
 from trainers.spec import TrainerSpec
 
 if sys.version_info >= (3, 11):
@@ -72,7 +74,7 @@ class EnvConfig(_Section):
     urls: list[str] = Field(default_factory=list)
     # keyword arguments for the entry (class or factory), for envs quaero starts (inprocess, local-server)
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    launcher: Literal["inprocess", "local-server", "remote"] = "inprocess"
+    launcher: Literal[tuple(launchers.LAUNCHERS)] = launchers.DEFAULT  # quaero/openenv_client/launchers.py
     host: str = "127.0.0.1"
     train_split: str = "train"
     eval_split: str = "eval"
@@ -106,24 +108,29 @@ class EnvConfig(_Section):
     def _default_launcher(cls, data: Any) -> Any:
         # a url alone means a remote server: [env] url = "ws://..." is enough
         if isinstance(data, dict) and (data.get("url") or data.get("urls")) and "launcher" not in data:
-            data = {**data, "launcher": "remote"}
+            data = {**data, "launcher": launchers.CONNECTING[0]}
         return data
 
     @model_validator(mode="after")
     def _one_source(self) -> EnvConfig:
-        if self.launcher == "remote" and not self.url and not self.urls:
-            raise ValueError("launcher='remote' needs url = \"ws://HOST:PORT\" (or urls = [...] for several)")
+        if not self.starts_env and not self.url and not self.urls:
+            raise ValueError(f"launcher={self.launcher!r} needs url = \"ws://HOST:PORT\" (or urls = [...] for several)")
         if self.url and self.urls:
             raise ValueError("set url (one server) or urls (several), not both: put every server in urls")
-        if self.launcher != "remote" and not self.entry:
+        if self.starts_env and not self.entry:
             raise ValueError(f"launcher={self.launcher!r} needs entry = \"package.module:Class\"")
-        if self.launcher == "remote" and self.kwargs:
+        if not self.starts_env and self.kwargs:
             raise ValueError("kwargs construct envs quaero starts; a remote server was started with its own "
                              "arguments: remove kwargs, or start that server with them")
-        if self.launcher == "remote" and self.action:
+        if not self.starts_env and self.action:
             raise ValueError("action names the Action of an env quaero starts; a remote server accepts the Action "
                              "its app was built with (read from its /schema): remove action")
         return self
+
+    @property
+    def starts_env(self) -> bool:
+        """quaero starts the env from `entry` (its launcher does); else it connects to `url`/`urls`."""
+        return launchers.LAUNCHERS[self.launcher].starts_env
 
     @property
     def server_urls(self) -> list[str]:
@@ -132,7 +139,7 @@ class EnvConfig(_Section):
 
 
 class SamplerConfig(_Section):
-    backend: Literal["auto", "hf", "vllm"] = "auto"
+    backend: Literal[samplers.BACKENDS] = samplers.AUTO  # the engines of quaero/sampling/registry.py, or auto
     temperature: float = Field(_SPEC.temperature, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int = Field(256, ge=1)
@@ -140,7 +147,7 @@ class SamplerConfig(_Section):
     enable_prefix_caching: bool = True
     # "colocated": vLLM's engine inside the trainer process; "server": `vllm serve` processes spoken to over
     # HTTP (quaero/sampling/server.py). quaero starts `servers` of them per rank, or connects to `urls`.
-    mode: Literal["colocated", "server"] = "colocated"
+    mode: Literal[samplers.MODES] = "colocated"
     servers: int = Field(1, ge=1)
     urls: list[str] = []
     server_start_timeout_s: float = Field(600.0, gt=0)
@@ -447,9 +454,9 @@ def _check_weight_transfer(sm: SamplerConfig, source: str) -> None:
 
 def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
     """Rules judged from the config alone (quaero/recipe/plan.py judges it against the installed components)."""
-    if cfg.env.server_urls and cfg.env.launcher != "remote":
+    if cfg.env.server_urls and cfg.env.starts_env:
         raise ConfigError(f"{source} [env] url/urls is set but launcher={cfg.env.launcher!r}; "
-                          "set launcher='remote' or remove url/urls")
+                          f"set launcher={launchers.CONNECTING[0]!r} or remove url/urls")
     if cfg.env.server_urls and cfg.env.entry:
         servers = f"url={cfg.env.url!r}" if cfg.env.url else f"urls={cfg.env.urls!r}"
         raise ConfigError(f"{source} [env] entry={cfg.env.entry!r} and {servers} are both set: quaero either "
@@ -482,9 +489,10 @@ def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
                           "checkpoints and exports are not built; use strategy = 'ddp' (the adapter is small: "
                           "replicating it costs little) or lora = false")
     sm = cfg.sampler
-    if sm.mode == "server" and sm.backend == "hf":
-        raise ConfigError(f"{source} [sampler] mode='server' with backend='hf': server mode runs `vllm serve`; "
-                          "set backend = 'vllm' (or 'auto'), or mode = 'colocated'")
+    if sm.backend != samplers.AUTO and sm.mode not in samplers.SAMPLERS[sm.backend].modes:
+        serving = " or ".join(repr(n) for n in samplers.serving(sm.mode))
+        raise ConfigError(f"{source} [sampler] mode={sm.mode!r} with backend={sm.backend!r}: {sm.backend} does not "
+                          f"run in {sm.mode} mode; set backend = {serving} (or 'auto'), or mode = 'colocated'")
     if sm.urls and sm.mode != "server":
         raise ConfigError(f"{source} [sampler] urls={sm.urls!r} with mode={sm.mode!r}: urls name running vLLM "
                           "servers; set mode = 'server' or remove urls")

@@ -44,7 +44,6 @@ OPTION_MEANINGS = {
     "env.url": "`ws://host:port` of a running OpenEnv server (implies `launcher = \"remote\"`)",
     "env.urls": "several running servers of one env; sessions spread over them",
     "env.kwargs": "keyword arguments of the entry in every session quaero starts, checked against its signature",
-    "env.launcher": "`inprocess`, `local-server` (uvicorn on 127.0.0.1) or `remote`",
     "env.host": "the address local env servers listen on",
     "env.train_split": "the reset `split` of training tasks",
     "env.eval_split": "the reset `split` of evaluation tasks",
@@ -65,8 +64,6 @@ OPTION_MEANINGS = {
     "env.retry_backoff_s": "the wait before retry k is this times 2^k",
     "env.server_start_timeout_s": "seconds a local env server may take to start",
     "env.on_session_loss": "`replay` the episode's actions on a new session (deterministic envs) or `drop` it",
-    "sampler.backend": "`auto`: vLLM where it imports and can start the model (not on CPU ranks under "
-                       "torchrun), else `hf`",
     "sampler.temperature": "sampling temperature; the trainer's log-probs use the same one",
     "sampler.top_p": "nucleus sampling; RL needs 1 (`check` refuses less with RL steps)",
     "sampler.max_tokens": "tokens per action; a turn starts only when the prompt leaves room for them",
@@ -192,6 +189,20 @@ def _toml(value: Any) -> str:
     return str(value)
 
 
+def registry_meanings() -> dict[str, str]:
+    """The meanings of the options whose values are registry names, read from the registries: a new launcher or
+    sampler engine documents itself."""
+    from quaero.openenv_client.launchers import LAUNCHERS
+    from quaero.sampling.registry import SAMPLERS
+    return {
+        "env.launcher": "; ".join(f"`{name}`: {launcher.about}" for name, launcher in LAUNCHERS.items())
+                        + " (quaero/openenv_client/launchers.py)",
+        "sampler.backend": "`auto`: vLLM where it imports and can start the model (not on CPU ranks under "
+                           "torchrun), else `hf`; " + "; ".join(f"`{name}`: {e.about}" for name, e in SAMPLERS.items())
+                           + " (quaero/sampling/registry.py)",
+    }
+
+
 def option_rows(model: type[BaseModel] | None = None, section: str = "") -> list[tuple[str, str, str, str, str]]:
     """(section, key, type, default, meaning) of every config field, in schema order."""
     if model is None:
@@ -205,7 +216,7 @@ def option_rows(model: type[BaseModel] | None = None, section: str = "") -> list
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
             continue  # a sub-section, listed after this one
         default = "required" if field.is_required() else _toml(field.get_default(call_default_factory=True))
-        meaning = field.description or OPTION_MEANINGS.get(f"{section}.{key}", "")
+        meaning = field.description or {**OPTION_MEANINGS, **registry_meanings()}.get(f"{section}.{key}", "")
         rows.append((section, key, _type(field.annotation), default, meaning))
     for key, field in model.model_fields.items():
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):

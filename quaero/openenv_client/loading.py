@@ -14,7 +14,6 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
-import os
 import sys
 import typing
 from collections.abc import Callable
@@ -25,15 +24,8 @@ from typing import Any
 
 from quaero.config import ConfigError, error_line
 
+from . import block_gradio
 from .mapping import default_formatter, field_type
-
-
-def block_gradio() -> None:
-    """openenv imports gradio only for its optional web UI (/web), which quaero never serves; keeping
-    it out makes `import openenv.core` take ~1 s instead of ~5 s, in trainers and env servers alike.
-    ENABLE_WEB_INTERFACE=1 (openenv's own switch) keeps it."""
-    if os.environ.get("ENABLE_WEB_INTERFACE", "").lower() not in ("1", "true"):
-        sys.modules.setdefault("gradio", None)  # type: ignore[arg-type]
 
 
 def require_openenv() -> None:
@@ -358,7 +350,7 @@ def describe_env(cfg: Any) -> list[str]:
     """`quaero check`'s view of the env: the entry imported and its types resolved (a ConfigError now, before
     any model loads, when its Action is unknown or empty), no session opened and no factory called: a class is
     inspected, a factory function only through its return annotation. cfg: an EnvConfig."""
-    if cfg.launcher == "remote":
+    if not cfg.starts_env:
         return [(f"env action  read from {cfg.url} /schema when sessions open (an Action without fields is an "
                  "error then); the reset parameters of a remote env cannot be inspected")]
     try:

@@ -17,6 +17,7 @@ import json
 import time
 import urllib.request
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from quaero.config import ConfigError
@@ -24,6 +25,7 @@ from quaero.rollout.counts import RolloutStats
 from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
 
+from .launchers import LAUNCHERS, opener
 from .loading import EnvSpec, action_fields, ignored_reset_params, load_entry, load_formatter, require_openenv
 from .mapping import model_action_schema, tool_specs
 from .server import LocalServer, start_servers
@@ -193,17 +195,28 @@ def _open_session(session: ChatEnv, cfg: EnvConfig) -> None:
             time.sleep(cfg.retry_backoff_s * 2**attempt)
 
 
-def _inprocess(spec: EnvSpec, n: int) -> list[Connector]:
+@dataclass
+class Launched:
+    """What a launcher (quaero/openenv_client/launchers.py) opens for a pool: a connector per session, the servers
+    quaero started (stopped when the pool closes) and the http bases of the servers the sessions reach (none
+    in process: the env's schema, tools and tasks are then read from its class)."""
+
+    connectors: list[Connector]
+    servers: list[LocalServer] = field(default_factory=list)
+    http_urls: list[str] = field(default_factory=list)
+
+
+def open_inprocess(cfg: EnvConfig, spec: EnvSpec, n: int, stats: RolloutStats, log_dir: Path | None) -> Launched:
+    """An env instance per session, built in this process."""
     if n > 1 and not spec.supports_concurrency:
         log.warning("env_inprocess_not_concurrent", entry=spec.entry, sessions=n,
                     risk=f"{spec.env_cls.__name__} does not declare SUPPORTS_CONCURRENT_SESSIONS: each session "
                          "has its own instance, but instances that share module-level state corrupt each other",
                     fix='[env] launcher = "local-server" runs one server process per session')
-    return [InProcessConnector(spec)] * n
+    return Launched([InProcessConnector(spec)] * n)
 
 
-def _local_servers(cfg: EnvConfig, spec: EnvSpec, n: int, stats: RolloutStats,
-                   log_dir: Path | None) -> tuple[list[Connector], list[LocalServer]]:
+def open_local_servers(cfg: EnvConfig, spec: EnvSpec, n: int, stats: RolloutStats, log_dir: Path | None) -> Launched:
     """One server for a concurrent env; one one-session server per session otherwise."""
     def server(max_concurrent_envs: int) -> LocalServer:
         return LocalServer(cfg.entry, cfg.host, max_concurrent_envs=max_concurrent_envs,
@@ -213,18 +226,20 @@ def _local_servers(cfg: EnvConfig, spec: EnvSpec, n: int, stats: RolloutStats,
     if spec.supports_concurrency:
         # headroom: a session abandoned after a timeout holds its slot until its step returns
         servers = start_servers([server(2 * n + 1)])
-        return [ServerConnector(servers[0].ws_url, cfg.reset_timeout_s, stats, servers[0])] * n, servers
+        return Launched([ServerConnector(servers[0].ws_url, cfg.reset_timeout_s, stats, servers[0])] * n, servers,
+                        [servers[0].http_url])
     servers = start_servers([server(1) for _ in range(n)])
-    return [ServerConnector(s.ws_url, cfg.reset_timeout_s, stats, s) for s in servers], servers
+    return Launched([ServerConnector(s.ws_url, cfg.reset_timeout_s, stats, s) for s in servers], servers,
+                    [servers[0].http_url])
 
 
-def _remote(cfg: EnvConfig, n: int, stats: RolloutStats) -> tuple[list[Connector], list[str]]:
-    """Connectors over [env] url/urls, and the servers' http bases; every server must serve the same env."""
+def open_remote(cfg: EnvConfig, spec: None, n: int, stats: RolloutStats, log_dir: Path | None) -> Launched:
+    """Connectors over [env] url/urls and the servers' http bases; every server must serve the same env."""
     bases = [endpoints(u) for u in cfg.server_urls]
     hosts = [ServerConnector(ws, cfg.reset_timeout_s, stats) for _, ws in bases]
     if len(hosts) == 1:
-        return hosts * n, [bases[0][0]]
-    return [SpreadConnector(hosts, i % len(hosts)) for i in range(n)], [http for http, _ in bases]
+        return Launched(hosts * n, http_urls=[bases[0][0]])
+    return Launched([SpreadConnector(hosts, i % len(hosts)) for i in range(n)], http_urls=[http for http, _ in bases])
 
 
 def _action_schema(http_urls: list[str], timeout_s: float) -> dict:
@@ -240,7 +255,7 @@ def _capacity_error(cfg: EnvConfig, n: int, fault: EnvFault) -> ConfigError:
     """The fixes that apply to the launcher in use (never group_size = 1: it zeroes every group advantage)."""
     lower = ("or lower [training] tasks_per_step (keep group_size >= 2: a group of one has no "
              "group-relative advantage)")
-    if cfg.launcher == "remote":
+    if not cfg.starts_env:
         return ConfigError(f"[env] {_where(cfg)}: the servers hold fewer than the {n} sessions this run needs "
                            f"([training] tasks_per_step x group_size) ({fault}); add servers to [env] urls (an env's "
                            "own `uvicorn server.app:app` holds 1 session: start one per session), or, for an env "
@@ -251,7 +266,7 @@ def _capacity_error(cfg: EnvConfig, n: int, fault: EnvFault) -> ConfigError:
 
 
 def _where(cfg: EnvConfig) -> str:
-    if cfg.launcher != "remote":
+    if cfg.starts_env:
         return f"entry={cfg.entry!r}"
     return f"url={cfg.url!r}" if cfg.url else f"urls={cfg.urls!r}"
 
@@ -263,18 +278,14 @@ def open_envs(cfg: EnvConfig, n: int, stats: RolloutStats | None = None, log_dir
     require_openenv()
     stats = RolloutStats() if stats is None else stats
     servers, sessions = [], []
-    spec = None if cfg.launcher == "remote" else load_entry(cfg.entry, cfg.kwargs, cfg.action)
+    spec = load_entry(cfg.entry, cfg.kwargs, cfg.action) if LAUNCHERS[cfg.launcher].starts_env else None
     try:
-        if cfg.launcher == "inprocess":
-            connectors = _inprocess(spec, n)
+        launched = opener(cfg.launcher)(cfg, spec, n, stats, log_dir)
+        connectors, servers, http_urls = launched.connectors, launched.servers, launched.http_urls
+        if not http_urls:  # in process: the env's class says what it takes
             is_mcp, schema = spec.is_mcp, spec.action_schema()
             tasks = catalog_of_spec(spec)
         else:
-            if cfg.launcher == "local-server":
-                connectors, servers = _local_servers(cfg, spec, n, stats, log_dir)
-                http_urls = [servers[0].http_url]
-            else:
-                connectors, http_urls = _remote(cfg, n, stats)
             schema = _action_schema(http_urls, cfg.reset_timeout_s)
             tasks = catalog_over_http(http_urls[0], cfg.reset_timeout_s)
             # an env quaero starts is MCP when its class is (as in process); a remote one when its schema says so

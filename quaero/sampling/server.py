@@ -345,3 +345,25 @@ def _json_object(where: str, text: bytes) -> dict:
         raise ServerError(f"vLLM server {where} replied with a JSON {type(value).__name__}, not an object: "
                           f"{json.dumps(value)[:120]}; is the address a `vllm serve` server?")
     return value
+
+
+def build(cfg, *, model=None, stop_token_ids: list[int], device: str, log_dir=None) -> VLLMServerSampler:
+    """The `vllm` engine for `cfg` in `[sampler] mode = "server"` (quaero/sampling/registry.py): connect to `urls`,
+    or start `servers` vLLM servers for this process (each torchrun rank starts its own, on its devices:
+    `server_devices`); `log_dir` keeps their logs. It never shares the trainer's module (`model`)."""
+    from quaero.model import resolve_model
+
+    sc, folder = cfg.sampler, resolve_model(cfg.model.name)
+    if sc.urls:
+        return VLLMServerSampler(sc.urls, sc, stop_token_ids=stop_token_ids, max_model_len=cfg.model.max_seq_len,
+                                 vocab_size=model_vocab_size(folder))
+    procs = start_servers(str(folder), sc, count=sc.servers, log_dir=log_dir, name=f"vllm-rank{process_group.rank()}",
+                          dtype=cfg.model.dtype, max_model_len=cfg.model.max_seq_len, seed=cfg.run.seed)
+    try:
+        return VLLMServerSampler([p.url for p in procs], sc, stop_token_ids=stop_token_ids,
+                                 max_model_len=cfg.model.max_seq_len, processes=procs,
+                                 vocab_size=model_vocab_size(folder))
+    except BaseException:
+        for p in procs:
+            p.close(keep_log=True)
+        raise
