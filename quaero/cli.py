@@ -139,8 +139,8 @@ def launch_ranks(args, cfg) -> int:
         raise ConfigError(f"{args.config} [distributed] strategy='none' with --nproc {args.nproc}: set strategy = "
                           "'ddp' or 'fsdp2' (or --set distributed.strategy=ddp)")
     if "WORLD_SIZE" in os.environ:
-        raise ConfigError(f"--nproc {args.nproc} under a launcher already (WORLD_SIZE={os.environ['WORLD_SIZE']}): "
-                          "drop --nproc, the launcher started the ranks")
+        raise ConfigError(f"--nproc {args.nproc} under torchrun already (WORLD_SIZE={os.environ['WORLD_SIZE']}): "
+                          "drop --nproc, torchrun started the ranks")
     again = [args.config, *(f"--set={o}" for o in args.overrides), *(["--resume"] if args.resume else []),
              *(["--restart"] if args.restart else [])]
     # A terminal's Ctrl-C reaches this process and torchrun's agent, which forwards it once to every rank

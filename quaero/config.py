@@ -423,7 +423,7 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
 
 def _check_weight_transfer(sm: SamplerConfig, source: str) -> None:
     """[sampler] weight_transfer and server_devices, judged from the config alone (quaero/recipe/plan.py judges them
-    against this machine's CUDA devices and the launcher's ranks)."""
+    against this machine's CUDA devices and torchrun's ranks)."""
     wt = sm.weight_transfer
     if wt != "file" and sm.mode != "server":
         raise ConfigError(f"{source} [sampler] weight_transfer={wt!r} with mode={sm.mode!r}: vLLM's weight-transfer "

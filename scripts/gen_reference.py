@@ -7,7 +7,7 @@ Options: every field of `QuaeroConfig` (quaero/config.py): section, key, type an
 schema; the meaning from the field's `description=` when it has one, else from OPTION_MEANINGS below.
 Metrics: the tables quaero/telemetry/names.py declares (each name with its meaning and how it totals), listed
 as their owners emit them: the branch counters (quaero/telemetry/proofs.py), the trainer step
-(`trainers/step.py` `step_metrics`, called on an empty step), the rollout (`RolloutStats` in
+(`trainers/step.py` `step_metrics`, called on an empty step), the rollout (`RolloutCounts` in
 quaero/rollout/counts.py, an empty snapshot), and the few names the recipe writes itself (each checked to
 be written by the file named). A config key without a meaning, a metric emitted but not declared, or a
 declared one no longer emitted is an error: tests/unit/test_docs.py runs `--check`, so the tables cannot drift
@@ -263,7 +263,7 @@ def metric_names(how: str, owner: str, declared: list[str]) -> list[str]:
         branch = set(metric_names("proofs", "", []))
         return [n for n in _step_names() if n not in branch]
     if how == "rollout":
-        snap = counts.RolloutStats().snapshot_and_reset()
+        snap = counts.RolloutCounts().snapshot_and_reset()
         return [*snap, *(m.name for m in names.FAMILIES.values() if m.table == "Rollout")]
     spelled = _literals(ROOT / owner)
     return [n for n in declared if n in spelled]

@@ -68,7 +68,7 @@ def rollout_figures(c, pool, tasks: list[dict], *, greedy: bool, seed: int) -> d
     tokens = sum(len(t.action_ids) for e in episodes for t in e.transitions)
     rows = [r for e in episodes for r in e.rows]
     gap = logprob_gap(rows, c.trainer.logprobs(rows)) if rows else {"mean": None, "max": None}
-    c.stats.snapshot_and_reset()
+    c.counts.snapshot_and_reset()
     return {
         "episodes": len(episodes), "episodes_dropped": sum(len(g) for g in groups) - len(episodes),
         "seconds": round(seconds, 3), "episodes_per_s": round(len(episodes) / seconds, 3),

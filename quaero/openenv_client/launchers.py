@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Launcher:
-    # "package.module:function": open(cfg, spec, n, stats, log_dir) -> Launched (quaero/openenv_client/pool.py);
+    # "package.module:function": open(cfg, spec, n, counts, log_dir) -> Launched (quaero/openenv_client/pool.py);
     # spec is the loaded [env] entry, None for a launcher that does not start the env
     open: str
     starts_env: bool  # quaero starts the env from [env] entry (kwargs, action); else it connects to url/urls

@@ -1,4 +1,4 @@
-"""open_envs: N ChatEnv sessions over the configured launcher, counting into one RolloutStats, and the
+"""open_envs: N ChatEnv sessions over the configured launcher, counting into one RolloutCounts, and the
 lifetime of any server quaero launched (stopped by pid on close, at exit, and when the parent dies).
 
 Each session gets an env of its own:
@@ -21,14 +21,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from quaero.config import ConfigError
-from quaero.rollout.counts import RolloutStats
+from quaero.rollout.counts import RolloutCounts
 from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
 
 from .launchers import LAUNCHERS, opener
 from .loading import EnvSpec, action_fields, ignored_reset_params, load_entry, load_formatter, require_openenv
 from .mapping import model_action_schema, tool_specs
-from .server import LocalServer, start_servers
+from .server import LocalServer, start_env_servers
 from .session import ChatEnv, EpisodeDropped, ResetWitness
 from .tasks import TaskCatalog, catalog_of_spec, catalog_over_http
 from .transport import EnvFault, InProcessTransport, WebSocketTransport, endpoints
@@ -61,16 +61,16 @@ class InProcessConnector:
 class ServerConnector:
     """Sessions on an OpenEnv server: quaero's own LocalServer (restarted when it dies) or a remote URL."""
 
-    def __init__(self, ws_url: str, open_timeout_s: float, stats: RolloutStats,
+    def __init__(self, ws_url: str, open_timeout_s: float, counts: RolloutCounts,
                  server: LocalServer | None = None) -> None:
-        self.ws_url, self.open_timeout_s, self.stats, self.server = ws_url, open_timeout_s, stats, server
+        self.ws_url, self.open_timeout_s, self.counts, self.server = ws_url, open_timeout_s, counts, server
 
     def connect(self) -> WebSocketTransport:
         return WebSocketTransport(self.ws_url, self.open_timeout_s)
 
     def recover(self) -> None:
         if self.server is not None and self.server.ensure_alive():
-            self.stats.add(names.ENV_RESTARTS)
+            self.counts.add(names.ENV_RESTARTS)
 
 
 class SpreadConnector:
@@ -159,9 +159,9 @@ def _replayable(cfg: EnvConfig, spec: EnvSpec | None) -> bool:
 
 
 class EnvPool:
-    def __init__(self, sessions: list[ChatEnv], stats: RolloutStats, servers: list[LocalServer],
+    def __init__(self, sessions: list[ChatEnv], counts: RolloutCounts, servers: list[LocalServer],
                  tasks: TaskCatalog | None = None) -> None:
-        self.sessions, self.stats, self.servers = sessions, stats, servers
+        self.sessions, self.counts, self.servers = sessions, counts, servers
         self.tasks = tasks  # the env's Task API (splits and sizes), None when it has none
 
     def close(self) -> None:
@@ -206,7 +206,7 @@ class Launched:
     http_urls: list[str] = field(default_factory=list)
 
 
-def open_inprocess(cfg: EnvConfig, spec: EnvSpec, n: int, stats: RolloutStats, log_dir: Path | None) -> Launched:
+def open_inprocess(cfg: EnvConfig, spec: EnvSpec, n: int, counts: RolloutCounts, log_dir: Path | None) -> Launched:
     """An env instance per session, built in this process."""
     if n > 1 and not spec.supports_concurrency:
         log.warning("env_inprocess_not_concurrent", entry=spec.entry, sessions=n,
@@ -216,7 +216,7 @@ def open_inprocess(cfg: EnvConfig, spec: EnvSpec, n: int, stats: RolloutStats, l
     return Launched([InProcessConnector(spec)] * n)
 
 
-def open_local_servers(cfg: EnvConfig, spec: EnvSpec, n: int, stats: RolloutStats, log_dir: Path | None) -> Launched:
+def open_local_servers(cfg: EnvConfig, spec: EnvSpec, n: int, counts: RolloutCounts, log_dir: Path | None) -> Launched:
     """One server for a concurrent env; one one-session server per session otherwise."""
     def server(max_concurrent_envs: int) -> LocalServer:
         return LocalServer(cfg.entry, cfg.host, max_concurrent_envs=max_concurrent_envs,
@@ -225,18 +225,18 @@ def open_local_servers(cfg: EnvConfig, spec: EnvSpec, n: int, stats: RolloutStat
 
     if spec.supports_concurrency:
         # headroom: a session abandoned after a timeout holds its slot until its step returns
-        servers = start_servers([server(2 * n + 1)])
-        return Launched([ServerConnector(servers[0].ws_url, cfg.reset_timeout_s, stats, servers[0])] * n, servers,
+        servers = start_env_servers([server(2 * n + 1)])
+        return Launched([ServerConnector(servers[0].ws_url, cfg.reset_timeout_s, counts, servers[0])] * n, servers,
                         [servers[0].http_url])
-    servers = start_servers([server(1) for _ in range(n)])
-    return Launched([ServerConnector(s.ws_url, cfg.reset_timeout_s, stats, s) for s in servers], servers,
+    servers = start_env_servers([server(1) for _ in range(n)])
+    return Launched([ServerConnector(s.ws_url, cfg.reset_timeout_s, counts, s) for s in servers], servers,
                     [servers[0].http_url])
 
 
-def open_remote(cfg: EnvConfig, spec: None, n: int, stats: RolloutStats, log_dir: Path | None) -> Launched:
+def open_remote(cfg: EnvConfig, spec: None, n: int, counts: RolloutCounts, log_dir: Path | None) -> Launched:
     """Connectors over [env] url/urls and the servers' http bases; every server must serve the same env."""
     bases = [endpoints(u) for u in cfg.server_urls]
-    hosts = [ServerConnector(ws, cfg.reset_timeout_s, stats) for _, ws in bases]
+    hosts = [ServerConnector(ws, cfg.reset_timeout_s, counts) for _, ws in bases]
     if len(hosts) == 1:
         return Launched(hosts * n, http_urls=[bases[0][0]])
     return Launched([SpreadConnector(hosts, i % len(hosts)) for i in range(n)], http_urls=[http for http, _ in bases])
@@ -271,16 +271,16 @@ def _where(cfg: EnvConfig) -> str:
     return f"url={cfg.url!r}" if cfg.url else f"urls={cfg.urls!r}"
 
 
-def open_envs(cfg: EnvConfig, n: int, stats: RolloutStats | None = None, log_dir: Path | None = None) -> EnvPool:
-    """N sessions of the configured env, counting into `stats` (a new one by default; `pool.stats`).
+def open_envs(cfg: EnvConfig, n: int, counts: RolloutCounts | None = None, log_dir: Path | None = None) -> EnvPool:
+    """N sessions of the configured env, counting into `counts` (a new one by default; `pool.counts`).
     Config problems raise ConfigError here, before any episode. log_dir: where local servers' logs go
     (a run's `env-servers/`; temp files when None)."""
     require_openenv()
-    stats = RolloutStats() if stats is None else stats
+    counts = RolloutCounts() if counts is None else counts
     servers, sessions = [], []
     spec = load_entry(cfg.entry, cfg.kwargs, cfg.action) if LAUNCHERS[cfg.launcher].starts_env else None
     try:
-        launched = opener(cfg.launcher)(cfg, spec, n, stats, log_dir)
+        launched = opener(cfg.launcher)(cfg, spec, n, counts, log_dir)
         connectors, servers, http_urls = launched.connectors, launched.servers, launched.http_urls
         if not http_urls:  # in process: the env's class says what it takes
             is_mcp, schema = spec.is_mcp, spec.action_schema()
@@ -294,10 +294,10 @@ def open_envs(cfg: EnvConfig, n: int, stats: RolloutStats | None = None, log_dir
         tools = _list_tools(connectors[0], cfg.reset_timeout_s) if is_mcp else None
         replayable = _replayable(cfg, spec)
         witness = ResetWitness()
-        sessions = [ChatEnv(cfg, c, stats, tools=tools, action_schema=None if is_mcp else model_action_schema(schema),
+        sessions = [ChatEnv(cfg, c, counts, tools=tools, action_schema=None if is_mcp else model_action_schema(schema),
                             formatter=load_formatter(cfg.formatter), replayable=replayable, witness=witness)
                     for c in connectors]
-        pool = EnvPool(sessions, stats, servers, tasks)
+        pool = EnvPool(sessions, counts, servers, tasks)
         for s in sessions:  # open all sessions now: servers that cannot hold n of them fail here, clearly
             _open_session(s, cfg)
     except EnvFault as e:

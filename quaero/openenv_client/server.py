@@ -1,5 +1,5 @@
 """Serving OpenEnv envs: `serve` (blocking, for `quaero env serve`) and `LocalServer` (the
-`local-server` launcher: a uvicorn subprocess of this interpreter on 127.0.0.1; `start_servers` starts
+`local-server` launcher: a uvicorn subprocess of this interpreter on 127.0.0.1; `start_env_servers` starts
 a pool of them at once).
 
 LocalServer binds the listening socket itself and hands it to the child, so the port is known
@@ -103,7 +103,7 @@ class LocalServer:
         return f"ws://{self.host}:{self.port}/ws"
 
     def start(self) -> LocalServer:
-        return start_servers([self])[0]
+        return start_env_servers([self])[0]
 
     def _spawn(self) -> None:
         self._launch()
@@ -178,7 +178,7 @@ class LocalServer:
             self._log_path.unlink(missing_ok=True)
 
 
-def start_servers(servers: list[LocalServer]) -> list[LocalServer]:
+def start_env_servers(servers: list[LocalServer]) -> list[LocalServer]:
     """Launch every server, then wait for each to be healthy (`start_together`): they boot in parallel."""
     return start_together(servers, launch=LocalServer._launch_tracked, wait=LocalServer._wait_healthy,
                           stop=LocalServer.stop)

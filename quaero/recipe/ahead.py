@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from quaero.telemetry.runlog import get_logger
 
 if TYPE_CHECKING:
-    from quaero.rollout.counts import RolloutStats
+    from quaero.rollout.counts import RolloutCounts
     from quaero.rollout.rows import EchoRow, Transition
 
 log = get_logger(__name__)
@@ -39,7 +39,7 @@ class Rollout:
     step: int
     version: int  # the policy version that sampled every row of it: trainer steps its weights had seen
     collected: list[tuple[EchoRow, list[Transition]]]  # this rank's kept rows, each with its episode's transitions
-    stats: RolloutStats  # its counts, taken out of the pool's when it ended
+    counts: RolloutCounts  # its counts, taken out of the pool's when it ended
     seconds: float  # how long it sampled
 
 

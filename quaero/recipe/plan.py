@@ -38,7 +38,7 @@ def check_components(cfg: QuaeroConfig, source: str = "config") -> None:
                           "one process, or strategy='none'")
     launched = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; quaero/process_group.py joins its group
     if launched > 1 and cfg.distributed.strategy == "none":
-        raise ConfigError(f"{source} [distributed] strategy='none' under a launcher with {launched} ranks: every "
+        raise ConfigError(f"{source} [distributed] strategy='none' under torchrun with {launched} ranks: every "
                           "rank would train on all rows alone; set strategy = 'ddp' or 'fsdp2'")
     opts = cfg.backend.options
     if opts.train_compile_selective_ce == "require" and cfg.run.device != "cuda":
@@ -74,7 +74,7 @@ def check_server_urls(cfg: QuaeroConfig, source: str = "config") -> None:
 
 
 def check_server_devices(cfg: QuaeroConfig, source: str = "config") -> None:
-    """[sampler] weight_transfer and server_devices against this machine's CUDA devices and the launcher.
+    """[sampler] weight_transfer and server_devices against this machine's CUDA devices and torchrun's ranks.
 
     Under torchrun each rank starts its own `servers`; `server_devices` lists those of every local rank of a
     node, local rank l taking entries l*servers .. (l+1)*servers - 1 (`quaero/sampling/server.py`

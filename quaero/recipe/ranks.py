@@ -25,7 +25,7 @@ from quaero.process_group import from_rank0, gather, rank, world_size  # noqa: F
 
 
 def is_main() -> bool:
-    """The rank that writes the run folder (rank 0; the only one without a launcher)."""
+    """The rank that writes the run folder (rank 0; the only one outside torchrun)."""
     return process_group.rank() == 0
 
 
@@ -43,7 +43,7 @@ def rank_seed(seed: int) -> int:
 
 
 def gather_rows(items: list[Any]) -> list[Any]:
-    """Every rank's list, concatenated in rank order (this rank's own list without a launcher)."""
+    """Every rank's list, concatenated in rank order (this rank's own list outside torchrun)."""
     if process_group.world_size() == 1:
         return items
     return [item for part in process_group.gather(items) for item in part]
@@ -58,9 +58,9 @@ def _sum_over_ranks(counts: Counter, reward_sum: float) -> tuple[Counter, float]
     return total, reward
 
 
-def rollout_snapshot(stats) -> dict[str, Any]:
-    """`stats.snapshot_and_reset()` with every rank's counts summed (quaero/rollout/counts.py)."""
-    return stats.snapshot_and_reset(_sum_over_ranks if process_group.world_size() > 1 else None)
+def rollout_snapshot(counts) -> dict[str, Any]:
+    """`counts.snapshot_and_reset()` with every rank's counts summed (quaero/rollout/counts.py)."""
+    return counts.snapshot_and_reset(_sum_over_ranks if process_group.world_size() > 1 else None)
 
 
 def any_rank(flag: bool) -> bool:

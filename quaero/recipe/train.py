@@ -46,7 +46,7 @@ from quaero.telemetry.runlog import Cumulative, RunLog, configure, get_logger, s
 
 if TYPE_CHECKING:
     from quaero.openenv_client import EnvPool
-    from quaero.rollout.counts import RolloutStats
+    from quaero.rollout.counts import RolloutCounts
     from quaero.rollout.driver import EpisodeDriver, Policy
     from quaero.rollout.render import RenderAdapter
     from quaero.rollout.rows import EchoRow, Transition
@@ -96,7 +96,7 @@ class Components:
     sampler: Sampler
     render: RenderAdapter
     driver: EpisodeDriver
-    stats: RolloutStats  # the pool's: sessions and driver count into it
+    counts: RolloutCounts  # the pool's: sessions and driver count into it
     pool: EnvPool
     shares_model: bool
     oracle: Policy | None = None
@@ -134,15 +134,15 @@ def build(cfg: QuaeroConfig, pool: EnvPool, sampler_log_dir: Path | None = None)
     shared = None if trainer.sharded or cfg.training.max_off_policy_steps else trainer.model
     sampler = make_sampler(cfg, model=shared, stop_token_ids=render.stop_token_ids, device=str(trainer.device),
                            log_dir=sampler_log_dir)
-    driver = EpisodeDriver(render, sampler, cfg, pool.stats)
+    driver = EpisodeDriver(render, sampler, cfg, pool.counts)
     traces = warm_start_rows(cfg)[0] if cfg.data.traces else None
-    return Components(cfg, trainer, sampler, render, driver, pool.stats, pool,
+    return Components(cfg, trainer, sampler, render, driver, pool.counts, pool,
                       shares_model=getattr(sampler, "shares_model", False), oracle=oracle, traces=traces)
 
 
 def _collect(c: Components, step: int, *, sft: bool) -> list[tuple[EchoRow, list[Transition]]]:
     """Run one batch of groups; return the kept episodes' rows with their advantages, each with its episode's
-    transitions (the sampler's own record, for saved rows; c.stats counts)."""
+    transitions (the sampler's own record, for saved rows; c.counts counts)."""
     if sft and c.traces is not None:  # recorded episodes: no rollout, no transitions of a sampler to save
         per_step = c.cfg.training.tasks_per_step
         return ranks.gather_rows([(r, []) for r in trace_batch(c.traces, step, per_step, ranks.task_share(per_step))])
@@ -174,8 +174,8 @@ def _roll_out(c: Components, step: int, first_task: int, *, sft: bool
         rows += got
         spread += new_spread
         sampled += more
-    c.stats.add(names.GROUPS_RESAMPLED, sampled - n)
-    c.stats.add(names.DYNAMIC_SAMPLING_BOUND_HITS, int(spread < n))
+    c.counts.add(names.GROUPS_RESAMPLED, sampled - n)
+    c.counts.add(names.DYNAMIC_SAMPLING_BOUND_HITS, int(spread < n))
     return rows, sampled - n
 
 
@@ -194,12 +194,12 @@ def _rows_of(c: Components, step: int, first_task: int, offsets: range, seed: in
             continue
         advs = [1.0] * len(kept) if sft else group_advantages([e.reward for e in kept])
         if not all(math.isfinite(a) for a in advs):
-            c.stats.add(names.GROUPS_NONFINITE_ADVANTAGE)  # rewards a float cannot take the difference of
+            c.counts.add(names.GROUPS_NONFINITE_ADVANTAGE)  # rewards a float cannot take the difference of
             continue
         if not sft:
-            c.stats.add(names.GROUPS)
+            c.counts.add(names.GROUPS)
             zero = not any(advs)
-            c.stats.add(names.GROUPS_ZERO_ADVANTAGE, int(zero))
+            c.counts.add(names.GROUPS_ZERO_ADVANTAGE, int(zero))
             spread += not zero
         for g, (ep, adv) in enumerate(zip(kept, advs)):
             episode = f"{step}/{task['index']}/{g}"
@@ -213,7 +213,7 @@ def _sample_ahead(c: Components, step: int, first_task: int, version: int) -> Ro
     set_step(step)  # the events logged while it samples carry the step they sample for
     t0 = time.perf_counter()
     collected, _ = _roll_out(c, step, first_task, sft=False)  # no dynamic sampling ahead (config rule)
-    return Rollout(step, version, collected, c.stats.take(), time.perf_counter() - t0)
+    return Rollout(step, version, collected, c.counts.take(), time.perf_counter() - t0)
 
 
 def _rollout_ahead(c: Components, step: int, ahead: RolloutsAhead) -> tuple[Rollout, dict[str, Any], float]:
@@ -255,7 +255,9 @@ def sync_sampler(c: Components) -> dict[str, Any]:
             names.WEIGHT_TRANSFER: c.sampler.weight_transfer}
 
 
-def evaluate(c: Components, step: int) -> None:
+def eval_at(c: Components, step: int) -> None:
+    """The evaluation at `step` (0: the untrained baseline): greedy episodes on the eval split's first
+    `[training] eval_tasks` tasks, logged as one `eval` event. (`quaero eval` is quaero/tools/evaluate.py.)"""
     cfg = c.cfg
     if not cfg.training.eval_tasks:
         return
@@ -270,7 +272,7 @@ def evaluate(c: Components, step: int) -> None:
     results = ranks.gather_rows([[t["index"], int(e.success), e.reward]
                                  for t, g in zip(tasks, groups) for e in g if not e.dropped])
     sample = [_brief(m) for m in eps[0].messages[1:]] if eps else []  # what the model does, for humans
-    s = ranks.rollout_snapshot(c.stats)  # eval's own counts, kept out of the next train step's
+    s = ranks.rollout_snapshot(c.counts)  # eval's own counts, kept out of the next train step's
     log.info(names.EVAL_EVENT, **{
         names.EVAL_REWARD: s[names.REWARD_MEAN], names.EVAL_SUCCESS_RATE: s[names.SUCCESS_RATE],
         names.EVAL_EPISODES: ranks.total(len(eps)), names.EVAL_DROPPED: s[names.EPISODES_DROPPED],
@@ -322,13 +324,13 @@ def run_step(c: Components, step: int, *, sft: bool, ahead: RolloutsAhead | None
         synced = {} if sft else sync_sampler(c)  # a warm-start step plays the oracle: it does not sample
         collected = _collect(c, step, sft=sft)
         t_rollout = ranks.largest(time.perf_counter() - t0)
-        counts, lag = c.stats, ({} if sft else {names.POLICY_STALENESS: 0})
+        counts, lag = c.counts, ({} if sft else {names.POLICY_STALENESS: 0})
         version = None if sft else step - 1
     else:
         rollout, synced, waited = _rollout_ahead(c, step, ahead)
         collected = ranks.gather_rows(rollout.collected)
         t_rollout = ranks.largest(rollout.seconds)
-        counts, version = rollout.stats, rollout.version
+        counts, version = rollout.counts, rollout.version
         lag = {names.POLICY_STALENESS: step - 1 - rollout.version,
                names.ROLLOUT_WAIT_S: round(ranks.largest(waited), 3)}
     rows = [row for row, _ in collected]
@@ -480,7 +482,7 @@ def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path
     start = _resume(c, found)
     total = cfg.training.warmup_sft_steps + cfg.training.steps
     if start == 0 and cfg.training.eval_every:
-        evaluate(c, 0)
+        eval_at(c, 0)
     bar = tqdm(range(start + 1, total + 1), initial=start, total=total, desc="train", unit="step",
                disable=not cfg.logging.progress or not sys.stderr.isatty() or not ranks.is_main())  # no bar in a log file
     with RolloutsAhead() if cfg.training.max_off_policy_steps else contextlib.nullcontext() as ahead:
@@ -521,7 +523,7 @@ def _steps(c: Components, stop: StopRequest, bar, run_id: str, ahead: RolloutsAh
         if cfg.training.eval_every and (step % cfg.training.eval_every == 0 or step == total):
             if ahead is not None:
                 ahead.wait()  # evaluation never shares the sampler or the env pool with a rollout sampled ahead
-            evaluate(c, step)
+            eval_at(c, step)
 
 
 def _open_run_folder(stack: contextlib.ExitStack, cfg: QuaeroConfig) -> str:

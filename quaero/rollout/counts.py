@@ -1,4 +1,4 @@
-"""RolloutStats: the one owner of what rollouts count.
+"""RolloutCounts: the one owner of what rollouts count.
 
 The env sessions (quaero/openenv_client) and the episode driver (quaero/rollout/driver.py) add to one object;
 the recipe (quaero/recipe/train.py) takes one snapshot per train step and one per evaluation, so every count
@@ -29,7 +29,7 @@ REWARD_SCALE = 2.0 ** -64
 Combine = Callable[[Counter, float], tuple[Counter, float]]
 
 
-class RolloutStats:
+class RolloutCounts:
     """Thread-safe counters (env steps run in threads) plus the kept episodes' reward and turn sums."""
 
     def __init__(self) -> None:
@@ -74,11 +74,11 @@ class RolloutStats:
             self._c[names.ROLLOUT_ACTION_TOKENS] += action_tokens
             self._c[names.ROLLOUT_ECHO_TOKENS] += echo_tokens
 
-    def take(self) -> RolloutStats:
-        """A RolloutStats holding every count so far; this one starts over. A rollout sampled ahead on another
+    def take(self) -> RolloutCounts:
+        """A RolloutCounts holding every count so far; this one starts over. A rollout sampled ahead on another
         thread (quaero/recipe/ahead.py) takes its own counts when it ends, so the evaluation that runs before its step
         trains never counts them."""
-        taken = RolloutStats()
+        taken = RolloutCounts()
         with self._lock:
             taken._c, taken._reward_sum = self._c, self._reward_sum
             self._c, self._reward_sum = Counter(), 0.0

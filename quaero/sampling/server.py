@@ -39,7 +39,7 @@ import torch
 from quaero import process_group
 from quaero.config import SamplerConfig
 from quaero.sampling import Completion, completion_budget, finish_reason, request_seed
-from quaero.sampling.launch import ServedProcess, free_port, start_all
+from quaero.sampling.supervisor import ServedProcess, free_port, start_all
 from quaero.sampling.vllm import cpu_whole_prefill, saved_weights
 from quaero.sampling.wire import exchange
 from quaero.telemetry.runlog import get_logger
@@ -100,7 +100,7 @@ def server_devices(cfg: SamplerConfig, count: int, *, on_cpu: bool) -> list[int 
     return [None] * count
 
 
-def start_servers(model_path: str, cfg: SamplerConfig, *, count: int, log_dir: Path | None = None,
+def start_vllm_servers(model_path: str, cfg: SamplerConfig, *, count: int, log_dir: Path | None = None,
                   name: str = "vllm", **engine) -> list[ServedProcess]:
     """`count` vLLM servers on 127.0.0.1, started together; returns once every one answers /health."""
     if importlib.util.find_spec("vllm") is None:
@@ -357,7 +357,7 @@ def build(cfg, *, model=None, stop_token_ids: list[int], device: str, log_dir=No
     if sc.urls:
         return VLLMServerSampler(sc.urls, sc, stop_token_ids=stop_token_ids, max_model_len=cfg.model.max_seq_len,
                                  vocab_size=model_vocab_size(folder))
-    procs = start_servers(str(folder), sc, count=sc.servers, log_dir=log_dir, name=f"vllm-rank{process_group.rank()}",
+    procs = start_vllm_servers(str(folder), sc, count=sc.servers, log_dir=log_dir, name=f"vllm-rank{process_group.rank()}",
                           dtype=cfg.model.dtype, max_model_len=cfg.model.max_seq_len, seed=cfg.run.seed)
     try:
         return VLLMServerSampler([p.url for p in procs], sc, stop_token_ids=stop_token_ids,

@@ -194,8 +194,8 @@ def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan, kep
     except Exception as e:  # noqa: BLE001 - a truncated safetensors, a pickle-only folder, a foreign tokenizer
         raise EvalError(f"--model {who.label}: cannot load it ({error_line(e, 200)}); pass a folder `quaero export` "
                         "wrote (safetensors), a run folder or a hub model") from None
-    pool.stats.snapshot_and_reset()  # this contestant's counts only
-    driver = EpisodeDriver(render, sampler, cfg, pool.stats)
+    pool.counts.snapshot_and_reset()  # this contestant's counts only
+    driver = EpisodeDriver(render, sampler, cfg, pool.counts)
     records = [] if kept is None else kept
     try:
         for r in range(plan.seeds):
@@ -217,7 +217,7 @@ def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan, kep
     finally:
         if sampler is not None:
             sampler.close()
-    return Result(who.label, records, int(pool.stats.snapshot_and_reset()["malformed_actions"]))
+    return Result(who.label, records, int(pool.counts.snapshot_and_reset()["malformed_actions"]))
 
 
 def paired(a: Result, b: Result, seed: int = 0) -> dict:

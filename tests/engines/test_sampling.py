@@ -33,9 +33,9 @@ def vllm_server(tiny_model_dir):
     from fixtures import require_vllm
 
     require_vllm()
-    from quaero.sampling.server import start_servers
+    from quaero.sampling.server import start_vllm_servers
 
-    (proc,) = start_servers(str(tiny_model_dir), SamplerConfig(mode="server", weight_transfer="ipc"), count=1,
+    (proc,) = start_vllm_servers(str(tiny_model_dir), SamplerConfig(mode="server", weight_transfer="ipc"), count=1,
                             dtype="float32", max_model_len=4096, max_num_seqs=16)
     yield proc
     proc.close()

@@ -104,7 +104,7 @@ def test_a_reset_without_seed_split_or_index_is_named_once_and_never_replayed():
         with pytest.raises(EpisodeDropped, match="not replayable: the env's reset takes no seed or index") as e:
             env.step(_say('{"move": 0}'))
         assert e.value.kind == "not_replayable"
-        assert pool.stats.snapshot_and_reset()["env_replayed_steps"] == 0
+        assert pool.counts.snapshot_and_reset()["env_replayed_steps"] == 0
 
 
 def test_a_remote_env_s_reset_parameters_are_said_to_be_unknown_once(pick_app_url):

@@ -103,7 +103,7 @@ def test_fsdp2_with_lora_is_refused_naming_the_fix():
 
 def test_strategy_none_under_a_launcher_is_refused_at_check(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ConfigError, match=r"\[distributed\] strategy='none' under a launcher with 2 ranks"):
+    with pytest.raises(ConfigError, match=r"\[distributed\] strategy='none' under torchrun with 2 ranks"):
         check_components(load_config(MAIN), MAIN)
     check_components(load_config(MAIN, ["distributed.strategy='ddp'"]), MAIN)
 

@@ -5,7 +5,7 @@ import pytest
 
 from quaero import process_group
 from quaero.recipe import ranks
-from quaero.rollout.counts import RolloutStats
+from quaero.rollout.counts import RolloutCounts
 
 
 @pytest.mark.parametrize("n_tasks,world", [(4, 2), (5, 2), (7, 3), (1, 2), (0, 2)])
@@ -24,13 +24,13 @@ def test_one_process_is_the_identity():
     items = [object()]
     assert ranks.gather_rows(items) is items and ranks.total(3) == 3 and ranks.largest(0.5) == 0.5
     assert ranks.from_rank0(lambda: "x") == "x" and not ranks.any_rank(False)
-    stats = RolloutStats()
+    stats = RolloutCounts()
     stats.episode_finished(reward=1.0, success=True, truncated=False, turns=2)
     assert ranks.rollout_snapshot(stats)["reward_mean"] == 1.0
 
 
 def test_rollout_counts_are_summed_before_any_mean():
-    stats = RolloutStats()
+    stats = RolloutCounts()
     stats.episode_finished(reward=1.0, success=True, truncated=False, turns=2)
     other = (Counter(episodes=3, episodes_succeeded=0, kept_turns=3), 0.0)  # another rank: 3 kept, reward 0
 

@@ -15,8 +15,8 @@ import torch
 
 from quaero.config import ConfigError, QuaeroConfig, SamplerConfig, check_rules
 from quaero.recipe.plan import check_server_devices
-from quaero.sampling.launch import ServedProcess, ServerStartError, free_port, start_all
 from quaero.sampling.server import serve_argv, server_devices, server_env
+from quaero.sampling.supervisor import ServedProcess, ServerStartError, free_port, start_all
 
 
 def _cfg(**sampler) -> QuaeroConfig:

@@ -8,7 +8,7 @@ import pytest
 from fixtures.rollout import make_cfg
 
 from quaero.recipe.train import _collect, group_advantages
-from quaero.rollout.counts import RolloutStats
+from quaero.rollout.counts import RolloutCounts
 from quaero.rollout.driver import Episode
 
 
@@ -26,21 +26,21 @@ def test_group_advantages_are_exact_zeros_for_equal_rewards_and_the_mean_never_o
 @pytest.mark.hostile
 @pytest.mark.parametrize("huge", [[1.7e308, -1.7e308, -1.7e308], [1e308, -1e308, 0.0]])
 def test_a_group_whose_advantages_overflow_is_left_out_and_counted(huge):
-    stats = RolloutStats()
+    counts = RolloutCounts()
 
     def run(*args, **kwargs):  # one group of rewards a float (or the fp32 loss) cannot hold, one ordinary group
         return [[Episode([], r, False, 1, {}, []) for r in rewards] for rewards in (huge, [1.0, 0.0, 0.0])]
 
     c = SimpleNamespace(cfg=make_cfg(training__tasks_per_step=2, training__group_size=3), cursor=0, oracle=None,
-                        driver=SimpleNamespace(run=run), pool=SimpleNamespace(sessions=[], tasks=None), stats=stats)
+                        driver=SimpleNamespace(run=run), pool=SimpleNamespace(sessions=[], tasks=None), counts=counts)
     assert _collect(c, 1, sft=False) == []
-    assert stats.snapshot_and_reset()["groups_nonfinite_advantage"] == 1
+    assert counts.snapshot_and_reset()["groups_nonfinite_advantage"] == 1
 
 
 def _scripted_recipe(rewards_of_task, **training):
     """The recipe's rollout over a driver whose groups' rewards are given per train task index (the recipe's
     arithmetic only: no model, no env); records which tasks and seeds each driver call got."""
-    stats, calls = RolloutStats(), []
+    counts, calls = RolloutCounts(), []
 
     def run(sessions, tasks, *, group_size, policy=None, seed=None):
         calls.append(([t["index"] for t in tasks], seed))
@@ -48,7 +48,7 @@ def _scripted_recipe(rewards_of_task, **training):
 
     cfg = make_cfg(**{f"training__{k}": v for k, v in {"tasks_per_step": 4, "group_size": 2, **training}.items()})
     c = SimpleNamespace(cfg=cfg, cursor=0, oracle=None, driver=SimpleNamespace(run=run),
-                        pool=SimpleNamespace(sessions=[], tasks=None), stats=stats)
+                        pool=SimpleNamespace(sessions=[], tasks=None), counts=counts)
     return c, calls
 
 
@@ -58,7 +58,7 @@ def test_dynamic_sampling_samples_further_groups_until_enough_have_spread():
     c, calls = _scripted_recipe(lambda i: [1.0, 0.0] if i in spread else [0.0, 0.0], dynamic_sampling=True,
                                 dynamic_sampling_max_groups=3.0)
     _collect(c, 1, sft=False)
-    s = c.stats.snapshot_and_reset()
+    s = c.counts.snapshot_and_reset()
     # 1 of 4 had spread -> 3 more (tasks 4-6: 2 with spread, 3 in all) -> 1 more (task 7) -> 4: enough
     assert [ids for ids, _ in calls] == [[0, 1, 2, 3], [4, 5, 6], [7]]
     assert len({seed for _, seed in calls}) == 3  # each further call samples with a seed of its own
@@ -71,7 +71,7 @@ def test_dynamic_sampling_samples_further_groups_until_enough_have_spread():
 def test_dynamic_sampling_stops_at_its_bound_and_counts_the_cut():
     c, calls = _scripted_recipe(lambda i: [0.0, 0.0], dynamic_sampling=True, dynamic_sampling_max_groups=2.5)
     _collect(c, 1, sft=False)
-    s = c.stats.snapshot_and_reset()
+    s = c.counts.snapshot_and_reset()
     assert [ids for ids, _ in calls] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]  # 10 = 2.5 x 4 groups, never more
     assert (s["groups"], s["groups_zero_advantage"], s["groups_resampled"], s["dynamic_sampling_bound_hits"]) == \
         (10, 10, 6, 1)
@@ -81,6 +81,6 @@ def test_dynamic_sampling_stops_at_its_bound_and_counts_the_cut():
 def test_without_dynamic_sampling_zero_advantage_groups_are_counted_and_nothing_more_is_sampled():
     c, calls = _scripted_recipe(lambda i: [0.0, 0.0] if i % 2 else [1.0, 0.5])
     rows = _collect(c, 1, sft=False)
-    s = c.stats.snapshot_and_reset()
+    s = c.counts.snapshot_and_reset()
     assert [ids for ids, _ in calls] == [[0, 1, 2, 3]] and rows == [] and c.cursor == 4
     assert (s["groups"], s["groups_zero_advantage"], s["groups_resampled"]) == (4, 2, 0)

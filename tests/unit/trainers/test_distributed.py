@@ -1,4 +1,4 @@
-"""The pieces of data parallelism that run in one process: the row split, the launcher guard, the identity."""
+"""The pieces of data parallelism that run in one process: the row split, the torchrun guard, the identity."""
 import pytest
 import torch
 
@@ -23,7 +23,7 @@ def test_split_keeps_the_heaviest_rank_near_the_mean():
     assert max(loads) - min(loads) <= max(lengths)  # greedy longest-first bound
 
 
-def test_a_launcher_with_strategy_none_is_refused(monkeypatch):
+def test_torchrun_with_strategy_none_is_refused(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match=r"2 ranks but \[distributed\] strategy='none'.*'ddp' or 'fsdp2'"):
         process_group.setup("none", torch.device("cpu"))
