@@ -5,7 +5,8 @@ your own (here: the ECHO share of trained tokens and the worst sampler-vs-traine
 """
 import sys
 
-from quaero import proofs, review
+from quaero.telemetry import proofs
+from quaero.tools import review
 
 
 def main(run_dir: str) -> int:

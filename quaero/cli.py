@@ -29,7 +29,7 @@ def plan_lines(cfg, source: str) -> list[str]:
     if cfg.sampler.mode != "server" and cfg.sampler.backend == "auto" and sampler == "vllm" and not device.startswith("cuda"):
         sampler += ", hf on each rank of `quaero train --nproc N`"
     o = cfg.backend.options
-    env_src = ", ".join(cfg.env.server_urls) if cfg.env.launcher == "remote" else cfg.env.entry
+    env_src = cfg.env.entry if cfg.env.starts_env else ", ".join(cfg.env.server_urls)
     if cfg.env.kwargs:
         env_src += "(" + ", ".join(f"{k}={v!r}" for k, v in cfg.env.kwargs.items()) + ")"
     lines = [
@@ -86,7 +86,7 @@ def work_line(cfg) -> str:
 
 
 def cmd_check(args) -> int:
-    from quaero.plan import load_checked
+    from quaero.recipe.plan import load_checked
 
     cfg = load_checked(args.config, args.overrides)
     print("\n".join(plan_lines(cfg, args.config)))
@@ -97,7 +97,7 @@ def cmd_check(args) -> int:
 
     print("\n".join(check_lines(cfg, args.config)))  # the env's splits, when it has OpenEnv's Task API
     if cfg.data.traces:
-        from quaero.traces import trace_line
+        from quaero.rollout.traces import trace_line
 
         print(trace_line(cfg, args.config))
     print("config OK")
@@ -139,8 +139,8 @@ def launch_ranks(args, cfg) -> int:
         raise ConfigError(f"{args.config} [distributed] strategy='none' with --nproc {args.nproc}: set strategy = "
                           "'ddp' or 'fsdp2' (or --set distributed.strategy=ddp)")
     if "WORLD_SIZE" in os.environ:
-        raise ConfigError(f"--nproc {args.nproc} under a launcher already (WORLD_SIZE={os.environ['WORLD_SIZE']}): "
-                          "drop --nproc, the launcher started the ranks")
+        raise ConfigError(f"--nproc {args.nproc} under torchrun already (WORLD_SIZE={os.environ['WORLD_SIZE']}): "
+                          "drop --nproc, torchrun started the ranks")
     again = [args.config, *(f"--set={o}" for o in args.overrides), *(["--resume"] if args.resume else []),
              *(["--restart"] if args.restart else [])]
     # A terminal's Ctrl-C reaches this process and torchrun's agent, which forwards it once to every rank
@@ -168,8 +168,8 @@ def launch_ranks(args, cfg) -> int:
 
 def cmd_train(args) -> int:
     from quaero.config import load_config
-    from quaero.plan import load_checked
-    from quaero.runlock import RunFolderLocked, refuse_if_held
+    from quaero.recipe.plan import load_checked
+    from quaero.recipe.runlock import RunFolderLocked, refuse_if_held
 
     try:
         if "WORLD_SIZE" not in os.environ:  # under torchrun, rank 0 takes the lock in train() (the others never do)
@@ -180,10 +180,10 @@ def cmd_train(args) -> int:
     cfg = load_checked(args.config, args.overrides)
     if args.nproc is not None:
         return launch_ranks(args, cfg)
-    from quaero.checkpoint import CheckpointError
-    from quaero.export import ExportError
+    from quaero.recipe.checkpoint import CheckpointError
+    from quaero.recipe.model_folder import ExportError
+    from quaero.recipe.train import EmptyRunError, train
     from quaero.sampling.server import ServerError
-    from quaero.train import EmptyRunError, train
 
     try:
         train(cfg, resume=args.resume, restart=args.restart, source=args.config)
@@ -194,7 +194,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_review(args) -> int:
-    from quaero.review import main as review_main
+    from quaero.tools.review import main as review_main
 
     return review_main(args)
 
@@ -206,14 +206,15 @@ def cmd_bench(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    from quaero.doctor import main as doctor_main
+    from quaero.tools.doctor import main as doctor_main
 
     return doctor_main(args)
 
 
 def cmd_export(args) -> int:
-    from quaero.export import ExportError, export_run
-    from quaero.metrics import configure
+    from quaero.recipe.model_folder import ExportError
+    from quaero.telemetry.runlog import configure
+    from quaero.tools.export import export_run
 
     configure("warning")  # the printed line is the output; warnings still show
     try:
@@ -227,8 +228,8 @@ def cmd_export(args) -> int:
 
 def cmd_eval(args) -> int:
     from quaero.config import load_config
-    from quaero.evaluate import EvalError, EvalPlan, evaluate, report_lines
-    from quaero.metrics import configure
+    from quaero.telemetry.runlog import configure
+    from quaero.tools.evaluate import EvalError, EvalPlan, evaluate, report_lines
 
     cfg = load_config(args.config, args.overrides)
     configure("warning", cfg.logging.console)  # the report is the output; warnings still show
@@ -244,7 +245,7 @@ def cmd_eval(args) -> int:
 
 
 def cmd_inspect_rows(args) -> int:
-    from quaero.inspect_rows import main as inspect_main
+    from quaero.tools.inspect_rows import main as inspect_main
 
     return inspect_main(args)
 

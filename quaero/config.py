@@ -2,7 +2,7 @@
 
 Judged here, before anything heavy is imported: unknown keys (with the closest valid key), wrong
 types, out-of-range values, and the rules the config alone decides. What depends on the installed
-components (a known trainer, its capabilities, CUDA, vLLM) is judged in quaero/plan.py.
+components (a known trainer, its capabilities, CUDA, vLLM) is judged in quaero/recipe/plan.py.
 Errors are `ConfigError`s whose message names the file, section, key, value and the fix.
 """
 from __future__ import annotations
@@ -15,7 +15,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from trainers.spec import MemoryPolicy, SelectivePolicy
+from quaero.openenv_client import launchers
+from quaero.sampling import registry as samplers
+from trainers.spec import TrainerSpec
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -32,9 +34,14 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
+# The trainer's options take their defaults from TrainerSpec (trainers/spec.py): one definition each, torch-free.
+_SPEC = TrainerSpec()
+_SELECTIVE, _MEMORY = _SPEC.selective, _SPEC.memory
+
+
 class RunConfig(_Section):
     name: str = "run"
-    seed: int = 0
+    seed: int = _SPEC.seed
     output_dir: str = "runs"
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
@@ -50,12 +57,12 @@ class RunConfig(_Section):
 
 class ModelConfig(_Section):
     # "tiny-qwen3" is the embedded default (built offline); otherwise a hub id or a local folder.
-    name: str = "tiny-qwen3"
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
+    name: str = _SPEC.model
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = _SPEC.dtype
     # renderers==0.1.7 registry name, chosen explicitly (never by fuzzy name matching).
     renderer: str = "qwen3"
     enable_thinking: bool = True
-    max_seq_len: int = Field(4096, ge=64)
+    max_seq_len: int = Field(_SPEC.max_seq_len, ge=64)
 
 
 class EnvConfig(_Section):
@@ -67,7 +74,7 @@ class EnvConfig(_Section):
     urls: list[str] = Field(default_factory=list)
     # keyword arguments for the entry (class or factory), for envs quaero starts (inprocess, local-server)
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    launcher: Literal["inprocess", "local-server", "remote"] = "inprocess"
+    launcher: Literal[tuple(launchers.LAUNCHERS)] = launchers.DEFAULT  # quaero/openenv_client/launchers.py
     host: str = "127.0.0.1"
     train_split: str = "train"
     eval_split: str = "eval"
@@ -101,24 +108,29 @@ class EnvConfig(_Section):
     def _default_launcher(cls, data: Any) -> Any:
         # a url alone means a remote server: [env] url = "ws://..." is enough
         if isinstance(data, dict) and (data.get("url") or data.get("urls")) and "launcher" not in data:
-            data = {**data, "launcher": "remote"}
+            data = {**data, "launcher": launchers.CONNECTING[0]}
         return data
 
     @model_validator(mode="after")
     def _one_source(self) -> EnvConfig:
-        if self.launcher == "remote" and not self.url and not self.urls:
-            raise ValueError("launcher='remote' needs url = \"ws://HOST:PORT\" (or urls = [...] for several)")
+        if not self.starts_env and not self.url and not self.urls:
+            raise ValueError(f"launcher={self.launcher!r} needs url = \"ws://HOST:PORT\" (or urls = [...] for several)")
         if self.url and self.urls:
             raise ValueError("set url (one server) or urls (several), not both: put every server in urls")
-        if self.launcher != "remote" and not self.entry:
+        if self.starts_env and not self.entry:
             raise ValueError(f"launcher={self.launcher!r} needs entry = \"package.module:Class\"")
-        if self.launcher == "remote" and self.kwargs:
+        if not self.starts_env and self.kwargs:
             raise ValueError("kwargs construct envs quaero starts; a remote server was started with its own "
                              "arguments: remove kwargs, or start that server with them")
-        if self.launcher == "remote" and self.action:
+        if not self.starts_env and self.action:
             raise ValueError("action names the Action of an env quaero starts; a remote server accepts the Action "
                              "its app was built with (read from its /schema): remove action")
         return self
+
+    @property
+    def starts_env(self) -> bool:
+        """quaero starts the env from `entry` (its launcher does); else it connects to `url`/`urls`."""
+        return launchers.LAUNCHERS[self.launcher].starts_env
 
     @property
     def server_urls(self) -> list[str]:
@@ -127,15 +139,15 @@ class EnvConfig(_Section):
 
 
 class SamplerConfig(_Section):
-    backend: Literal["auto", "hf", "vllm"] = "auto"
-    temperature: float = Field(1.0, gt=0)
+    backend: Literal[samplers.BACKENDS] = samplers.AUTO  # the engines of quaero/sampling/registry.py, or auto
+    temperature: float = Field(_SPEC.temperature, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int = Field(256, ge=1)
     gpu_memory_utilization: float = Field(0.4, gt=0, lt=1)
     enable_prefix_caching: bool = True
     # "colocated": vLLM's engine inside the trainer process; "server": `vllm serve` processes spoken to over
     # HTTP (quaero/sampling/server.py). quaero starts `servers` of them per rank, or connects to `urls`.
-    mode: Literal["colocated", "server"] = "colocated"
+    mode: Literal[samplers.MODES] = "colocated"
     servers: int = Field(1, ge=1)
     urls: list[str] = []
     server_start_timeout_s: float = Field(600.0, gt=0)
@@ -147,13 +159,10 @@ class SamplerConfig(_Section):
     server_devices: list[Annotated[int, Field(ge=0)]] = []
 
 
-_SELECTIVE, _MEMORY = SelectivePolicy(), MemoryPolicy()  # the option defaults, defined in trainers/spec.py
-
-
 class BackendOptions(_Section):
     """retrain's option names and meanings, kept for compatibility, plus quaero's documented thresholds."""
 
-    train_selective_suffix_logits: bool = True
+    train_selective_suffix_logits: bool = _SPEC.selective_logits
     train_logprob_chunk_size: int | None = Field(_SELECTIVE.chunk_size, ge=1)
     train_compile_selective_ce: Literal["off", "auto", "require"] = _SELECTIVE.compile_mode
     train_compile_selective_ce_min_tokens: int = Field(_SELECTIVE.compile_min_tokens, ge=1)
@@ -173,24 +182,24 @@ class BackendOptions(_Section):
 
 class BackendConfig(_Section):
     backend: str = "local"
-    lr: float = Field(1e-4, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    max_grad_norm: float | None = Field(1.0, gt=0)
-    micro_batch_tokens: int = Field(8192, ge=1)
-    lora: bool = False
-    lora_r: int = Field(16, ge=1)
-    lora_alpha: int = Field(32, ge=1)
-    gradient_checkpointing: bool = False
+    lr: float = Field(_SPEC.lr, gt=0)
+    weight_decay: float = Field(_SPEC.weight_decay, ge=0)
+    betas: tuple[float, float] = _SPEC.betas
+    max_grad_norm: float | None = Field(_SPEC.max_grad_norm, gt=0)
+    micro_batch_tokens: int = Field(_SPEC.micro_batch_tokens, ge=1)
+    lora: bool = _SPEC.lora
+    lora_r: int = Field(_SPEC.lora_r, ge=1)
+    lora_alpha: int = Field(_SPEC.lora_alpha, ge=1)
+    gradient_checkpointing: bool = _SPEC.gradient_checkpointing
     # unsloth on CUDA only: load unsloth's vLLM engine next to the model (backend.vllm_engine) for sampling.
-    unsloth_fast_inference: bool = False
+    unsloth_fast_inference: bool = _SPEC.unsloth_fast_inference
     options: BackendOptions = Field(default_factory=BackendOptions)
 
 
 class EchoConfig(_Section):
-    enabled: bool = True
+    enabled: bool = _SPEC.echo
     # λ, OpenEnv RFC 010's `world_model_coeff`: the ECHO term's coefficient (the RL term's is 1)
-    weight: float = Field(0.1, ge=0)
+    weight: float = Field(_SPEC.echo_weight, ge=0)
     # λ of the RL steps (unset: `weight`; the warm start always uses `weight`), which `schedule` then scales
     rl_weight: float | None = Field(None, ge=0)
     # λ over the RL steps (the warm start uses `weight`): "constant"; "warmup" = weight * min(1, k / S);
@@ -199,7 +208,7 @@ class EchoConfig(_Section):
     schedule_steps: int = Field(0, ge=0)
     # the ECHO term's average (trainers/aggregation.py): "token" = over the step's ECHO tokens; "sequence" =
     # per episode over its observation tokens, then over episodes (the ECHO paper's full_observation_tokens)
-    normalization: Literal["token", "sequence"] = "token"
+    normalization: Literal["token", "sequence"] = _SPEC.echo_normalization
     # RFC 010's `world_loss_target`: false = "env_only" (the env's own tokens), true = "all" (template
     # scaffolding such as <|im_start|>user\n and <tool_response> wrappers too)
     include_scaffold: bool = False
@@ -224,7 +233,7 @@ class TrainingConfig(_Section):
     steps: int = Field(5, ge=0)
     tasks_per_step: int = Field(4, ge=1)
     group_size: int = Field(4, ge=1)
-    clip_eps: float | None = Field(0.2, gt=0)
+    clip_eps: float | None = Field(_SPEC.clip_eps, gt=0)
     warmup_sft_steps: int = Field(0, ge=0)
     # the warm start's demonstrator, "package.module:function" (oracle_policy(info) -> policy); unset =
     # `oracle_policy` in the [env] entry's module. Required for a warm start against url/urls servers.
@@ -246,12 +255,12 @@ class TrainingConfig(_Section):
     # this many consecutive steps without a trained row (every episode dropped) end the run with exit 1
     max_empty_steps: int = Field(3, ge=1)
     # asynchronous rollouts: the next steps' rollouts are sampled while a step trains, each at most this many
-    # policy versions behind the weights it trains (quaero/ahead.py); 0 = sample each step's rollout right
+    # policy versions behind the weights it trains (quaero/recipe/ahead.py); 0 = sample each step's rollout right
     # before it trains. >= 1 gives the hf sampler a copy of the model of its own.
     max_off_policy_steps: int = Field(0, ge=0)
     # the RL term's average (trainers/aggregation.py): "token_mean" (DAPO), "sequence_mean" (GRPO: per episode,
     # then over episodes), "constant" (Dr. GRPO: / tasks_per_step x group_size x max_turns x max_tokens)
-    loss_aggregation: Literal["token_mean", "sequence_mean", "constant"] = "token_mean"
+    loss_aggregation: Literal["token_mean", "sequence_mean", "constant"] = _SPEC.loss_aggregation
     # DAPO-style dynamic sampling: while fewer than tasks_per_step groups have reward spread (a non-zero
     # advantage), sample groups of further tasks, at most dynamic_sampling_max_groups x tasks_per_step groups
     # in all per step; all-equal groups still train ECHO
@@ -260,8 +269,8 @@ class TrainingConfig(_Section):
 
 
 class DataConfig(_Section):
-    # recorded episodes (RFC 010 records and/or OpenEnv TrainingTrace lines, quaero/traces.py) trained as the
-    # warm start's steps (with traces_loss's loss) instead of the oracle's demos; rows rebuilt from their ids,
+    # recorded episodes (RFC 010 records and/or OpenEnv TrainingTrace lines, quaero/rollout/traces.py) trained as
+    # the warm start's steps (with traces_loss's loss) instead of the oracle's demos; rows rebuilt from their ids,
     # never re-tokenized
     traces: str | None = None
     # the loss those rows train with: "sft" (SFT + ECHO, a warm start from demonstrations) or "rl" (the RL loss
@@ -274,19 +283,19 @@ class LoggingConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     console: Literal["pretty", "plain", "none"] = "pretty"
     progress: bool = True
-    # mirrors of train_step / eval scalars: any of "tensorboard", "wandb", "trackio" (quaero/sinks.py)
+    # mirrors of train_step / eval scalars: any of "tensorboard", "wandb", "trackio" (quaero/telemetry/sinks.py)
     report_to: list[str] = Field(default_factory=list)
-    # trained rows written to runs/NAME/rows/step-N.jsonl for `quaero inspect rows` (quaero/inspect_rows.py);
+    # trained rows written to runs/NAME/rows/step-N.jsonl for `quaero inspect rows` (quaero/recipe/saved_rows.py);
     # "sample": the first 2 rows of each step
     save_rows: Literal["none", "sample", "all"] = "sample"
 
 
 class DistributedConfig(_Section):
     # Data parallelism when launched by torchrun (`quaero train --nproc N`, or torchrun -m quaero.cli train;
-    # trainers/distributed.py, quaero/ranks.py): "ddp" replicates the model, "fsdp2" shards it (and its
+    # trainers/distributed.py, quaero/recipe/ranks.py): "ddp" replicates the model, "fsdp2" shards it (and its
     # checkpoints, through torch.distributed.checkpoint); both give the one-process step on the same rows.
     # "none": one process.
-    strategy: Literal["none", "ddp", "fsdp2"] = "none"
+    strategy: Literal["none", "ddp", "fsdp2"] = _SPEC.distributed
 
 
 class QuaeroConfig(_Section):
@@ -426,8 +435,8 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
 
 
 def _check_weight_transfer(sm: SamplerConfig, source: str) -> None:
-    """[sampler] weight_transfer and server_devices, judged from the config alone (quaero/plan.py judges them
-    against this machine's CUDA devices and the launcher's ranks)."""
+    """[sampler] weight_transfer and server_devices, judged from the config alone (quaero/recipe/plan.py judges them
+    against this machine's CUDA devices and torchrun's ranks)."""
     wt = sm.weight_transfer
     if wt != "file" and sm.mode != "server":
         raise ConfigError(f"{source} [sampler] weight_transfer={wt!r} with mode={sm.mode!r}: vLLM's weight-transfer "
@@ -457,10 +466,10 @@ def _check_weight_transfer(sm: SamplerConfig, source: str) -> None:
 
 
 def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
-    """Rules judged from the config alone (quaero/plan.py judges it against the installed components)."""
-    if cfg.env.server_urls and cfg.env.launcher != "remote":
+    """Rules judged from the config alone (quaero/recipe/plan.py judges it against the installed components)."""
+    if cfg.env.server_urls and cfg.env.starts_env:
         raise ConfigError(f"{source} [env] url/urls is set but launcher={cfg.env.launcher!r}; "
-                          "set launcher='remote' or remove url/urls")
+                          f"set launcher={launchers.CONNECTING[0]!r} or remove url/urls")
     if cfg.env.server_urls and cfg.env.entry:
         servers = f"url={cfg.env.url!r}" if cfg.env.url else f"urls={cfg.env.urls!r}"
         raise ConfigError(f"{source} [env] entry={cfg.env.entry!r} and {servers} are both set: quaero either "
@@ -493,9 +502,10 @@ def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
                           "checkpoints and exports are not built; use strategy = 'ddp' (the adapter is small: "
                           "replicating it costs little) or lora = false")
     sm = cfg.sampler
-    if sm.mode == "server" and sm.backend == "hf":
-        raise ConfigError(f"{source} [sampler] mode='server' with backend='hf': server mode runs `vllm serve`; "
-                          "set backend = 'vllm' (or 'auto'), or mode = 'colocated'")
+    if sm.backend != samplers.AUTO and sm.mode not in samplers.SAMPLERS[sm.backend].modes:
+        serving = " or ".join(repr(n) for n in samplers.serving(sm.mode))
+        raise ConfigError(f"{source} [sampler] mode={sm.mode!r} with backend={sm.backend!r}: {sm.backend} does not "
+                          f"run in {sm.mode} mode; set backend = {serving} (or 'auto'), or mode = 'colocated'")
     if sm.urls and sm.mode != "server":
         raise ConfigError(f"{source} [sampler] urls={sm.urls!r} with mode={sm.mode!r}: urls name running vLLM "
                           "servers; set mode = 'server' or remove urls")
@@ -503,7 +513,7 @@ def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
         raise ConfigError(f"{source} [sampler] servers={sm.servers} and urls={sm.urls!r} are both set: quaero "
                           "either starts servers (servers) or connects to running ones (urls); remove one")
     _check_weight_transfer(sm, source)
-    for url in cfg.env.server_urls:  # what the remote launcher accepts (quaero/openenv_client/pool.py _urls)
+    for url in cfg.env.server_urls:  # what the remote launcher accepts (quaero/openenv_client/transport.py endpoints)
         if not re.fullmatch(r"(wss?|https?)://[^/\s]+(/\S*)?", url):
             raise ConfigError(f"{source} [env] url: {url!r} is not an OpenEnv server address; write it as "
                               "\"ws://host:port\" or \"http://host:port\"")
@@ -511,7 +521,7 @@ def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
         if not re.fullmatch(r"https?://[^/\s]+/?", url):
             raise ConfigError(f"{source} [sampler] urls: {url!r} is not a server address; write it as "
                               "\"http://host:port\"")
-    # a turn starts only when its prompt leaves room for max_tokens (quaero/rollout.py)
+    # a turn starts only when its prompt leaves room for max_tokens (quaero/rollout/driver.py)
     ctx = cfg.model.max_seq_len
     if cfg.sampler.max_tokens >= ctx:
         raise ConfigError(f"{source} [sampler] max_tokens={cfg.sampler.max_tokens} >= [model] max_seq_len={ctx}: "

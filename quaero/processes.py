@@ -1,6 +1,6 @@
 """Server processes quaero starts and owns: env servers (`quaero/openenv_client/server.py`) and vLLM servers
-(`quaero/sampling/launch.py`). What both do alike: the child's import path, the log file, and starting
-several at once. Imports nothing heavy: the vLLM servers' supervisor runs launch.py as a small script.
+(`quaero/sampling/supervisor.py`). What both do alike: the child's import path, the log file, and starting
+several at once. Imports nothing heavy: the vLLM servers' supervisor runs supervisor.py as a small script.
 """
 from __future__ import annotations
 

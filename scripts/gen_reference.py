@@ -5,11 +5,13 @@
 
 Options: every field of `QuaeroConfig` (quaero/config.py): section, key, type and default read from the
 schema; the meaning from the field's `description=` when it has one, else from OPTION_MEANINGS below.
-Metrics: the names their owners emit: the branch counters (quaero/proofs.py), the trainer step
-(`trainers/step.py` `step_metrics`, called on an empty step), the rollout (`RolloutStats` in
-quaero/rollout_stats.py, an empty snapshot), and the few names the recipe writes itself (each checked to
-be a string in the file named). A config key or metric without a meaning, or a meaning whose name is gone,
-is an error: tests/unit/test_docs.py runs `--check`, so the tables cannot drift from the code.
+Metrics: the tables quaero/telemetry/names.py declares (each name with its meaning and how it totals), listed
+as their owners emit them: the branch counters (quaero/telemetry/proofs.py), the trainer step
+(`trainers/step.py` `step_metrics`, called on an empty step), the rollout (`RolloutCounts` in
+quaero/rollout/counts.py, an empty snapshot), and the few names the recipe writes itself (each checked to
+be written by the file named). A config key without a meaning, a metric emitted but not declared, or a
+declared one no longer emitted is an error: tests/unit/test_docs.py runs `--check`, so the tables cannot drift
+from the code.
 """
 from __future__ import annotations
 
@@ -42,7 +44,6 @@ OPTION_MEANINGS = {
     "env.url": "`ws://host:port` of a running OpenEnv server (implies `launcher = \"remote\"`)",
     "env.urls": "several running servers of one env; sessions spread over them",
     "env.kwargs": "keyword arguments of the entry in every session quaero starts, checked against its signature",
-    "env.launcher": "`inprocess`, `local-server` (uvicorn on 127.0.0.1) or `remote`",
     "env.host": "the address local env servers listen on",
     "env.train_split": "the reset `split` of training tasks",
     "env.eval_split": "the reset `split` of evaluation tasks",
@@ -63,8 +64,6 @@ OPTION_MEANINGS = {
     "env.retry_backoff_s": "the wait before retry k is this times 2^k",
     "env.server_start_timeout_s": "seconds a local env server may take to start",
     "env.on_session_loss": "`replay` the episode's actions on a new session (deterministic envs) or `drop` it",
-    "sampler.backend": "`auto`: vLLM where it imports and can start the model (not on CPU ranks under "
-                       "torchrun), else `hf`",
     "sampler.temperature": "sampling temperature; the trainer's log-probs use the same one",
     "sampler.top_p": "nucleus sampling; RL needs 1 (`check` refuses less with RL steps)",
     "sampler.max_tokens": "tokens per action; a turn starts only when the prompt leaves room for them",
@@ -155,147 +154,13 @@ OPTION_MEANINGS = {
     "distributed.strategy": "data parallelism under torchrun: `none`, `ddp` or `fsdp2` (docs/scaling.md)",
 }
 
-# Metric groups: (title, owner file, meanings). The owner's names are read from the code (metric_names below).
-BRANCH = {
-    "local_train_selective_suffix_logits": "the selective target-mask mode is enabled",
-    "local_train_selective_sparse_suffix_skips": "microbatches whose sparse long suffix skipped the "
-                                                 "suffix-logits shortcut",
-    "local_train_selective_hidden_logprob_batches": "microbatches on the exact selected-hidden-token path",
-    "local_train_selective_compiled_ce_batches": "of those, microbatches whose CE ran through `torch.compile`",
-    "local_train_selective_suffix_logprob_batches": "microbatches on the suffix `logits_to_keep` shortcut",
-    "local_train_selective_fallback_logprob_batches": "microbatches where selective was asked for and full "
-                                                      "logits ran",
-    "local_train_selective_chunked_logprob_batches": "hidden-path microbatches that ran chunked",
-    "local_train_selective_dense_logprob_batches": "microbatches with selective off (full logits by choice)",
-    "local_train_compile_selective_ce_mode": "`off`, `auto` or `require`",
-    "local_train_compile_selective_ce_fallback_reason": "why compiled CE did not run in `auto` mode",
-    "local_train_save_on_cpu": "saved-tensor CPU offload is on",
+# How each metric table's names are read from the code that emits them (quaero/telemetry/names.py declares
+# the tables, their names, meanings and totals): by title.
+READ_BY = {
+    "Branch counters (retrain's names, kept for compatibility)": "proofs",
+    "Trainer step": "step",
+    "Rollout": "rollout",
 }
-STEP = {
-    "loss": "RL (or SFT) term + ECHO term",
-    "rl_loss": "the policy-gradient term (0 on warm-start steps)",
-    "sft_loss": "the warm start's NLL term (0 on RL steps)",
-    "echo_loss": "the ECHO term",
-    "action_tokens": "the RL/SFT term's denominator: action tokens trained (0 when nothing trained)",
-    "echo_tokens": "the ECHO term's denominator: environment tokens trained",
-    "rows": "rows trained",
-    "echo_weight": "the ECHO weight of the step (after `[echo] schedule`; 0 with ECHO off)",
-    "loss_aggregation": "the RL term's average (`token_mean` on warm-start steps)",
-    "echo_normalization": "the ECHO term's average",
-    "row_tokens": "tokens of the trained rows",
-    "padded_tokens": "tokens of the microbatches, padding included",
-    "grad_norm": "the gradient norm before clipping",
-    "grad_clipped": "the norm exceeded `max_grad_norm`",
-    "optimizer_stepped": "the optimizer stepped (false on a non-finite gradient)",
-    "nonfinite_grad_skips": "1 when a non-finite gradient skipped the step",
-    "lr": "the learning rate of the step",
-    "forward_passes": "backbone forwards",
-    "microbatches": "microbatches built",
-    "lm_head_skipped_microbatches": "microbatches no loss reads: no forward at all",
-    "forward_passes_per_microbatch": "the shared-forward invariant: 1",
-    "sampler_logprob_gap_mean": "mean absolute sampler-vs-trainer log-prob gap on sampled action tokens",
-    "sampler_logprob_gap_max": "its maximum",
-    "importance_ratio_mean": "mean trainer/sampler probability ratio on trained action tokens",
-    "clip_fraction": "fraction of those tokens whose ratio was clipped",
-    "context_rows_cropped": "rows cropped by `train_supervised_context_tokens`",
-    "context_tokens_removed": "tokens those crops removed",
-    "save_on_cpu_offloaded_tensors": "tensors offloaded to CPU",
-    "save_on_cpu_offloaded_mb": "MiB offloaded to CPU",
-    "step_time_s": "the trainer step's seconds",
-    "peak_mem_mb": "peak memory of the step",
-    "peak_mem_source": "what measured it: `cuda_max_allocated` or `process_peak_rss`",
-    "ranks": "torchrun ranks (more than one only)",
-    "rank_rows": "rows per rank",
-    "rank_row_tokens": "row tokens per rank",
-    "rank_forward_passes": "forwards per rank",
-    "rank_padding_microbatches": "zero-loss forwards per rank that keep it in step with the others",
-    "rank_peak_mem_mb": "peak memory per rank",
-}
-ROLLOUT = {
-    "episodes": "episodes run (dropped ones included)",
-    "episodes_dropped": "episodes dropped (also counted as `drop_reason_<kind>`)",
-    "episodes_truncated": "episodes cut by `max_turns` or the context: never a success",
-    "episodes_succeeded": "successful episodes",
-    "turns": "assistant turns",
-    "malformed_actions": "replies that are no valid action (answered with a corrective message)",
-    "unparsable_actions": "of those, replies the renderer's parser raised on",
-    "truncated_completions": "completions cut by `max_tokens`",
-    "observations_truncated": "env messages cut to `max_observation_tokens`",
-    "env_responses_clipped": "bridged responses cut at the context's end",
-    "context_exhausted": "episodes ended because the next prompt left no room to sample",
-    "env_responses": "environment responses",
-    "env_responses_captured": "of those, captured in a row right after `step` (terminal included)",
-    "terminal_responses": "terminal responses",
-    "bridge_fallbacks": "turns the renderer could not bridge exactly: trained action-only "
-                        "(also `bridge_fallback_reason_<reason>`)",
-    "prefix_mismatches": "turns whose prompt was not an exact extension of the previous row",
-    "rows_packed": "rows holding a whole episode",
-    "rows_transition": "rows holding one transition",
-    "packing_breaks": "places where an episode needed a new row",
-    "rollout_row_tokens": "tokens the rows hold",
-    "rollout_row_tokens_per_transition_layout": "tokens one row per transition would have held",
-    "rollout_action_tokens": "action tokens the rows hold",
-    "rollout_echo_tokens": "ECHO tokens the rows hold",
-    "env_steps": "env `step` calls",
-    "env_resets": "env `reset` calls",
-    "env_retries": "retried env calls",
-    "env_timeouts": "env calls past their timeout",
-    "env_restarts": "env servers restarted",
-    "env_replayed_steps": "steps replayed on a new session",
-    "env_tool_errors": "MCP tool calls that returned an error",
-    "env_rejected_calls": "MCP tool calls the server refused (the model is shown why)",
-    "env_invalid_replies": "env replies that failed validation (the episode drops)",
-    "groups_nonfinite_advantage": "groups left out: their rewards' spread overflows a float (an episode whose "
-                                  "rewards overflow when summed drops as `nonfinite_reward`)",
-    "groups": "kept groups (RL steps)",
-    "groups_zero_advantage": "of those, groups whose rewards are all equal: no RL signal, ECHO only",
-    "groups_zero_advantage_share": "their share of the groups",
-    "groups_resampled": "dynamic sampling's further groups",
-    "dynamic_sampling_bound_hits": "steps its bound cut short of `tasks_per_step` groups with spread",
-    "reward_mean": "mean reward of the kept episodes",
-    "success_rate": "success rate of the kept episodes",
-    "turns_mean": "mean turns of the kept episodes",
-    "rollout_row_tokens_per_episode": "row tokens per kept episode",
-    "drop_reason_<kind>": "dropped episodes by reason (e.g. `timeout`, `nonfinite_reward`)",
-    "bridge_fallback_reason_<reason>": "bridge fallbacks by reason",
-}
-RECIPE = {
-    "phase": "`sft` (warm start) or `rl`",
-    "weights_pushed": "1 when the weights were pushed to the sampler before it sampled",
-    "weight_sync_s": "the push's seconds",
-    "weight_transfer": "how it went (`file`, `nccl`, `ipc`, or the engine's own)",
-    "rollout_time_s": "the rollout's seconds",
-    "total_step_time_s": "the whole step's seconds",
-    "tokens_per_s": "trained row tokens per second of the whole step",
-    "policy_staleness": "how many policy versions older than the trained weights the weights that sampled "
-                        "the rows were (0 on-policy; cumulatively the run's largest); `importance_ratio_mean` "
-                        "and `clip_fraction` show what the lag did to the ratio",
-    "rollout_wait_s": "with `max_off_policy_steps >= 1`: how long the step waited for its rollout",
-}
-ROWS = {
-    "rows_saved": "rows written to `runs/NAME/rows/`",
-    "rows_save_failures": "1 when writing them failed (a warning, never a stopped run)",
-}
-EVAL = {
-    "eval_reward": "mean reward of the evaluation's episodes",
-    "eval_success_rate": "their success rate",
-    "eval_episodes": "episodes evaluated",
-    "eval_dropped": "episodes dropped",
-    "eval_truncated": "episodes truncated",
-    "eval_time_s": "the evaluation's seconds",
-    "eval_drop_reasons": "dropped episodes by reason",
-    "eval_results": "per task, for paired comparisons (`quaero review`): `[index, success, reward]`",
-    "sample_transcript": "the first episode's messages, shortened",
-}
-# (title, owner, meanings, how the owner's names are read)
-GROUPS = (
-    ("Branch counters (retrain's names, kept for compatibility)", "quaero/proofs.py", BRANCH, "proofs"),
-    ("Trainer step", "trainers/step.py", STEP, "step"),
-    ("Rollout", "quaero/rollout_stats.py", ROLLOUT, "rollout"),
-    ("Recipe, per step", "quaero/train.py", RECIPE, "literals"),
-    ("Saved rows, per step", "quaero/inspect_rows.py", ROWS, "literals"),
-    ("Evaluation (`eval` events)", "quaero/train.py", EVAL, "literals"),
-)
 
 
 def _type(annotation: Any) -> str:
@@ -330,6 +195,20 @@ def _toml(value: Any) -> str:
     return str(value)
 
 
+def registry_meanings() -> dict[str, str]:
+    """The meanings of the options whose values are registry names, read from the registries: a new launcher or
+    sampler engine documents itself."""
+    from quaero.openenv_client.launchers import LAUNCHERS
+    from quaero.sampling.registry import SAMPLERS
+    return {
+        "env.launcher": "; ".join(f"`{name}`: {launcher.about}" for name, launcher in LAUNCHERS.items())
+                        + " (quaero/openenv_client/launchers.py)",
+        "sampler.backend": "`auto`: vLLM where it imports and can start the model (not on CPU ranks under "
+                           "torchrun), else `hf`; " + "; ".join(f"`{name}`: {e.about}" for name, e in SAMPLERS.items())
+                           + " (quaero/sampling/registry.py)",
+    }
+
+
 def option_rows(model: type[BaseModel] | None = None, section: str = "") -> list[tuple[str, str, str, str, str]]:
     """(section, key, type, default, meaning) of every config field, in schema order."""
     if model is None:
@@ -343,7 +222,7 @@ def option_rows(model: type[BaseModel] | None = None, section: str = "") -> list
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
             continue  # a sub-section, listed after this one
         default = "required" if field.is_required() else _toml(field.get_default(call_default_factory=True))
-        meaning = field.description or OPTION_MEANINGS.get(f"{section}.{key}", "")
+        meaning = field.description or {**OPTION_MEANINGS, **registry_meanings()}.get(f"{section}.{key}", "")
         rows.append((section, key, _type(field.annotation), default, meaning))
     for key, field in model.model_fields.items():
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
@@ -352,10 +231,18 @@ def option_rows(model: type[BaseModel] | None = None, section: str = "") -> list
 
 
 def _literals(path: Path) -> set[str]:
-    """The strings and keyword-argument names a file spells out (`"policy_staleness"`, `eval_reward=`)."""
-    tree = ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-    return {n.value if isinstance(n, ast.Constant) else n.arg for n in tree
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) or isinstance(n, ast.keyword) and n.arg}
+    """The metric names a file writes: the strings and keyword-argument names it spells out (`eval_reward=`) and
+    the names.py constants it reads (`names.POLICY_STALENESS`, or imported from quaero.telemetry.names)."""
+    from quaero.telemetry import names
+
+    tree = list(ast.walk(ast.parse(path.read_text(encoding="utf-8"))))
+    spelled = {n.value if isinstance(n, ast.Constant) else n.arg for n in tree
+               if isinstance(n, ast.Constant) and isinstance(n.value, str) or isinstance(n, ast.keyword) and n.arg}
+    constants = {n.attr for n in tree if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                 and n.value.id == "names"}
+    constants |= {a.name for n in tree if isinstance(n, ast.ImportFrom) and n.module == "quaero.telemetry.names"
+                  for a in n.names}
+    return spelled | {v for c in constants if isinstance(v := getattr(names, c, None), str)}
 
 
 def _step_names() -> list[str]:
@@ -371,20 +258,28 @@ def _step_names() -> list[str]:
     return list(step_metrics(trainer, ranks, **given, **scalars))
 
 
-def metric_names(how: str, owner: str, meanings: dict[str, str]) -> list[str]:
-    """The names a group's owner emits (for `literals`: the documented names the owner file spells out)."""
-    from quaero import proofs, rollout_stats
+def metric_names(how: str, owner: str, declared: list[str]) -> list[str]:
+    """The names a table's owner emits (for `literals`: the declared names the owner file writes)."""
+    from quaero.rollout import counts
+    from quaero.telemetry import names, proofs
     if how == "proofs":
-        return [*proofs.SELECTIVE_METRICS, *(n for n in proofs.BRANCH_COUNTERS if n not in proofs.SELECTIVE_METRICS),
-                proofs.SAVE_ON_CPU]
+        return [*names.SELECTIVE_METRICS, *(n for n in proofs.BRANCH_COUNTERS if n not in names.SELECTIVE_METRICS),
+                names.SAVE_ON_CPU]
     if how == "step":
-        branch = set(metric_names("proofs", "", {}))
+        branch = set(metric_names("proofs", "", []))
         return [n for n in _step_names() if n not in branch]
     if how == "rollout":
-        snap = rollout_stats.RolloutStats().snapshot_and_reset()
-        return [*snap, f"{rollout_stats.DROP_REASON}<kind>", f"{rollout_stats.BRIDGE_FALLBACK_REASON}<reason>"]
+        snap = counts.RolloutCounts().snapshot_and_reset()
+        return [*snap, *(m.name for m in names.FAMILIES.values() if m.table == "Rollout")]
     spelled = _literals(ROOT / owner)
-    return [n for n in meanings if n in spelled]
+    return [n for n in declared if n in spelled]
+
+
+def tables() -> list[tuple[str, str, dict[str, str], str]]:
+    """(title, owner, {name: meaning}, how its names are read) of every metric table names.py declares."""
+    from quaero.telemetry import names
+    return [(t.title, t.owner, {n: names.METRICS[n].meaning for n in t.names}, READ_BY.get(t.title, "literals"))
+            for t in names.TABLES]
 
 
 def problems() -> list[str]:
@@ -396,12 +291,12 @@ def problems() -> list[str]:
     keys = {f"{s}.{k}" for s, k, *_ in rows}
     out += [f"scripts/gen_reference.py OPTION_MEANINGS[{k!r}]: no such config key" for k in OPTION_MEANINGS
             if k not in keys]
-    for title, owner, meanings, how in GROUPS:
-        names = metric_names(how, owner, meanings)
-        out += [f"{owner}: metric {n!r} has no meaning in scripts/gen_reference.py ({title})"
-                for n in names if n not in meanings]
-        out += [f"scripts/gen_reference.py ({title}): {n!r} is not emitted by {owner}"
-                for n in meanings if n not in names]
+    for title, owner, meanings, how in tables():
+        emitted = metric_names(how, owner, list(meanings))
+        out += [f"{owner}: metric {n!r} is not declared in quaero/telemetry/names.py ({title})"
+                for n in emitted if n not in meanings]
+        out += [f"quaero/telemetry/names.py ({title}): {n!r} is not emitted by {owner}"
+                for n in meanings if n not in emitted]
     return out
 
 
@@ -419,10 +314,11 @@ def options_table() -> str:
 
 def metrics_table() -> str:
     parts = []
-    for title, owner, meanings, how in GROUPS:
-        names = metric_names(how, owner, meanings)
-        parts += [f"**{title}** (`{owner}`)", "", "| metric | meaning |", "|---|---|"]
-        parts += [f"| `{n}` | {_cell(meanings.get(n, ''))} |" for n in names]
+    from quaero.telemetry import names
+    for title, owner, meanings, how in tables():
+        parts += [f"**{title}** (`{owner}`)", "", "| metric | totals | meaning |", "|---|---|---|"]
+        parts += [f"| `{n}` | {names.METRICS[n].total if n in names.METRICS else ''} | {_cell(meanings.get(n, ''))} |"
+                  for n in metric_names(how, owner, list(meanings))]
         parts.append("")
     return "\n".join(parts).rstrip()
 

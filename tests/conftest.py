@@ -86,12 +86,12 @@ def local_smoke_metrics(tiny_model_dir):
     return run("local")
 
 
-# --- rollout (quaero.render, quaero.rollout) --------------------------------------------------------
+# --- rollout (quaero.rollout.render, quaero.rollout.driver) --------------------------------------------------------
 @pytest.fixture(scope="session")
 def qwen3_render(qwen3_tokenizer):
     """RenderAdapter: the real Qwen3 renderer (renderers 0.1.7, thinking on) over the offline Qwen tokenizer."""
     from quaero.config import ModelConfig
-    from quaero.render import RenderAdapter
+    from quaero.rollout.render import RenderAdapter
 
     return RenderAdapter(qwen3_tokenizer, ModelConfig())
 

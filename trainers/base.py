@@ -13,8 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from quaero.metrics import get_logger
-from quaero.rows import EchoRow
+from quaero import process_group
+from quaero.rollout.rows import EchoRow
+from quaero.telemetry.runlog import get_logger
 from trainers import distributed, registry, step
 from trainers.forward import CausalLMParts, SharedForwardError  # noqa: F401 (re-exported)
 from trainers.spec import TrainerSpec
@@ -32,7 +33,7 @@ class Trainer:
         self.capabilities = registry.TRAINERS[self.name]
         if torch.device(device).type not in self.capabilities.devices:
             raise ValueError(f"[backend] backend={self.name!r} runs on {self.capabilities.devices}, not {device!r}")
-        self.device = distributed.setup(spec.distributed, torch.device(device))
+        self.device = process_group.setup(spec.distributed, torch.device(device))
         torch.manual_seed(spec.seed)
         self.model = self._load_model()
         self.model.config.use_cache = False
@@ -50,7 +51,7 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)  # constant lr
         self.steps_done = 0
         log.info("trainer_ready", trainer=self.name, model=spec.model, device=str(self.device),
-                 distributed=spec.distributed, rank=distributed.rank(), ranks=distributed.world_size(),
+                 distributed=spec.distributed, rank=process_group.rank(), ranks=process_group.world_size(),
                  dtype=spec.dtype, lora=spec.lora, trainable_params=sum(p.numel() for p in self.trainable),
                  selective=spec.selective_logits, logit_transform=str(self.parts.transform))
 
@@ -117,7 +118,7 @@ class Trainer:
     @property
     def sharded(self) -> bool:
         """Parameters and optimizer state are FSDP2 shards: checkpoints hold them through `save_shards`."""
-        return self.spec.distributed == "fsdp2" and distributed.world_size() > 1
+        return self.spec.distributed == "fsdp2" and process_group.world_size() > 1
 
     def state_dict(self) -> dict:
         """Model (the adapter only, with LoRA) + optimizer + scheduler, for checkpoint/resume.
@@ -149,7 +150,7 @@ class Trainer:
         """Every rank writes its shards of the model and optimizer into `folder` (a collective)."""
         import torch.distributed.checkpoint as dcp
 
-        dcp.save(self._dcp_state(), checkpoint_id=str(folder), no_dist=distributed.world_size() == 1)
+        dcp.save(self._dcp_state(), checkpoint_id=str(folder), no_dist=process_group.world_size() == 1)
 
     def _load_shards(self, folder) -> None:
         import torch.distributed.checkpoint as dcp
@@ -162,7 +163,7 @@ class Trainer:
         reader = SafeShardReader(folder)
         reader.read_metadata()  # a refused or missing metadata file fails here, as itself
         try:
-            dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=distributed.world_size() == 1)
+            dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=process_group.world_size() == 1)
         except dcp.CheckpointException as e:  # a BaseException: make it an error callers catch
             raise ValueError(f"shards in {folder} cannot be read: {e}") from None
         set_state_dict(self.microbatch_forward, self.optimizer, model_state_dict=state["model"],

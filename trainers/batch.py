@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from quaero.rows import EchoRow
+from quaero.rollout.rows import EchoRow
 
 
 @dataclass

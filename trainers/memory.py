@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from quaero.metrics import get_logger
+from quaero.telemetry.runlog import get_logger
 
 log = get_logger(__name__)
 _noted_cpu_noop = False

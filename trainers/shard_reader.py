@@ -2,7 +2,7 @@
 
 DCP's own reader unpickles `.metadata` with `pickle.load`, and its default planner reads each non-tensor
 item with `torch.load(weights_only=False)`: either runs whatever a crafted file names. A checkpoint's
-manifest (quaero/checkpoint.py) says a file is the one listed, not that its writer was benign: whoever can
+manifest (quaero/recipe/checkpoint.py) says a file is the one listed, not that its writer was benign: whoever can
 write the folder can rewrite the manifest too. So shards are read here with an allowlist unpickler for
 the metadata (DCP's metadata dataclasses, torch.Size, dtypes, layouts, paths: data, never a callable that
 acts) and `weights_only=True` for the items, and every file the metadata names must lie in the shards

@@ -1,10 +1,10 @@
 """What a trainer is told: the model, the optimizer, the step's options. Nothing about environments.
 
-The recipe builds a `TrainerSpec` from the app config (quaero/plan.py: `trainer_spec`); tests and
-benchmarks build one directly. Plain frozen dataclasses without torch, so quaero/config.py can read
-the option defaults from here (`SelectivePolicy`, `MemoryPolicy`: one definition each) and a bad
-config still fails before torch is imported. The other defaults equal the config's; a test
-(tests/unit/quaero/test_plan.py) holds the default config's spec equal to `TrainerSpec()`.
+The recipe builds a `TrainerSpec` from the app config (quaero/recipe/plan.py: `trainer_spec`); tests and
+benchmarks build one directly. Plain frozen dataclasses without torch: the defaults written here are the
+config's too (quaero/config.py reads them, one definition each), and a bad config still fails before
+torch is imported. tests/unit/quaero/test_plan.py holds the default config's spec equal to `TrainerSpec()`
+(every option reaches the spec).
 """
 from __future__ import annotations
 

@@ -24,19 +24,15 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
 
-from quaero.proofs import (
-    BRANCH_COUNTERS,
-    COMPILE_FALLBACK_REASON,
-    COMPILE_MODE,
-    SAVE_ON_CPU,
-    SELECTIVE_SUFFIX_LOGITS,
-)
-from quaero.rows import EchoRow
+from quaero import process_group
+from quaero.rollout.rows import EchoRow
+from quaero.telemetry import names
+from quaero.telemetry.proofs import BRANCH_COUNTERS
 from trainers import aggregation, distributed
 from trainers.batch import CropStats, Microbatch, build_microbatches
 from trainers.forward import CausalLMParts, SharedForwardError
@@ -45,8 +41,21 @@ from trainers.memory import OffloadStats, peak_mem_mb, reset_peak, saved_tensors
 from trainers.selective import SelectiveInfo, full_logprobs, selected_logprobs
 from trainers.spec import TrainerSpec
 
-if TYPE_CHECKING:  # trainers/base.py imports this module
-    from trainers.base import Trainer
+
+class TrainerView(Protocol):
+    """What the step reads of a trainer (trainers/base.py `Trainer` is one; this module never imports it): the
+    spec, the model and its parts, the device, the step's forward (DDP- or FSDP2-wrapped under torchrun), the
+    trainable parameters, the optimizer and its scheduler."""
+
+    name: str
+    spec: TrainerSpec
+    model: nn.Module
+    parts: CausalLMParts
+    device: torch.device
+    microbatch_forward: nn.Module
+    trainable: list[nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
 
 
 class MicrobatchForward(nn.Module):
@@ -74,12 +83,12 @@ class MicrobatchForward(nn.Module):
                                  policy=spec.selective, logit_transform=parts.transform)
 
 
-def microbatch_logprobs(trainer: Trainer, mb: Microbatch) -> tuple[Tensor, SelectiveInfo]:  # [B, L-1] fp32
+def microbatch_logprobs(trainer: TrainerView, mb: Microbatch) -> tuple[Tensor, SelectiveInfo]:  # [B, L-1] fp32
     """The microbatch's one forward and its target log-probs (selective when enabled and possible)."""
     return trainer.microbatch_forward(mb.input_ids, mb.attention_mask, mb.target_mask)
 
 
-def padding_backward(trainer: Trainer) -> None:
+def padding_backward(trainer: TrainerView) -> None:
     """A zero-loss forward and backward through every parameter, for a rank with fewer microbatches.
 
     One selected token makes the LM head run too, so each parameter gets a (zero) gradient and the
@@ -170,7 +179,7 @@ def microbatch_loss(spec: TrainerSpec, mb: Microbatch, lp: Tensor, *, sft: bool,
     return MicrobatchLoss(rl, echo, policy, logprob_gap(lp, sampler_lp, mb.action_mask[:, 1:]))
 
 
-def accumulate_gradients(trainer: Trainer, mbs: list[Microbatch], totals: StepTotals, *, sft: bool,
+def accumulate_gradients(trainer: TrainerView, mbs: list[Microbatch], totals: StepTotals, *, sft: bool,
                          echo_weight: float) -> None:
     """Per microbatch: one forward, both loss terms, one backward; gradients add up across microbatches.
 
@@ -180,7 +189,7 @@ def accumulate_gradients(trainer: Trainer, mbs: list[Microbatch], totals: StepTo
     spec, counter = trainer.spec, trainer.parts.counter
     trained = [mb for mb in mbs if mb.trains]
     totals.skipped += len(mbs) - len(trained)
-    passes = distributed.all_max(len(trained))
+    passes = process_group.all_max(len(trained))
     totals.padding = passes - len(trained)
     counter.take()
     for k in range(passes):
@@ -203,7 +212,7 @@ def accumulate_gradients(trainer: Trainer, mbs: list[Microbatch], totals: StepTo
             totals.add(loss, info, spec.selective.compile_mode)
 
 
-def optimizer_step(trainer: Trainer) -> tuple[float, bool]:
+def optimizer_step(trainer: TrainerView) -> tuple[float, bool]:
     """Clip the accumulated gradient and step, unless its norm is not finite: (grad norm, stepped)."""
     max_norm = trainer.spec.max_grad_norm
     norm = torch.nn.utils.clip_grad_norm_(trainer.trainable, max_norm if max_norm else math.inf)
@@ -216,7 +225,7 @@ def optimizer_step(trainer: Trainer) -> tuple[float, bool]:
     return grad_norm, stepped
 
 
-def shared_forward_step(trainer: Trainer, rows: list[EchoRow], *, sft: bool, echo_weight: float | None = None
+def shared_forward_step(trainer: TrainerView, rows: list[EchoRow], *, sft: bool, echo_weight: float | None = None
                         ) -> dict[str, Any]:
     """One optimizer step over `rows` (RL + ECHO, or SFT + ECHO); returns the step's metrics.
     `echo_weight`: this step's λ (a schedule's value), else the spec's.
@@ -232,12 +241,12 @@ def shared_forward_step(trainer: Trainer, rows: list[EchoRow], *, sft: bool, ech
     reset_peak(trainer.device)
     was_training = model.training
     model.train()
-    share = distributed.split_rows([len(r) for r in rows], distributed.world_size())[distributed.rank()]
+    share = distributed.split_rows([len(r) for r in rows], process_group.world_size())[process_group.rank()]
     mbs, crop = build_microbatches([rows[i] for i in share], micro_batch_tokens=spec.micro_batch_tokens, sft=sft,
                                    echo=spec.echo, context_tokens=spec.memory.supervised_context_tokens,
                                    device=trainer.device, rl_scales=[rl_scale[i] for i in share],
                                    echo_scales=[echo_scale[i] for i in share])
-    rl_tokens, echo_tokens = distributed.all_sum([sum(int(mb.rl_mask.sum()) for mb in mbs),
+    rl_tokens, echo_tokens = process_group.all_sum([sum(int(mb.rl_mask.sum()) for mb in mbs),
                                                   sum(int(mb.echo_mask.sum()) for mb in mbs)])
     totals = StepTotals(rl_tokens=rl_tokens, echo_tokens=echo_tokens, rows=len(share), microbatches=len(mbs),
                         row_tokens=sum(mb.tokens for mb in mbs), padded_tokens=sum(mb.input_ids.numel() for mb in mbs),
@@ -247,52 +256,56 @@ def shared_forward_step(trainer: Trainer, rows: list[EchoRow], *, sft: bool, ech
     grad_norm, stepped = optimizer_step(trainer)
     model.train(was_training)
     peak = peak_mem_mb(trainer.device)
-    ranks = distributed.gather((totals, peak, time.perf_counter() - t0))
+    ranks = process_group.gather((totals, peak, time.perf_counter() - t0))
     return step_metrics(trainer, [t for t, _, _ in ranks], sft=sft, grad_norm=grad_norm, stepped=stepped,
                         peaks=[p for _, p, _ in ranks], seconds=max(s for _, _, s in ranks), echo_weight=echo_weight)
 
 
-def step_metrics(trainer: Trainer, ranks: list[StepTotals], *, sft: bool, grad_norm: float, stepped: bool,
+def step_metrics(trainer: TrainerView, ranks: list[StepTotals], *, sft: bool, grad_norm: float, stepped: bool,
                  peaks: list[tuple[float, str]], seconds: float, echo_weight: float) -> dict[str, Any]:
-    """The step's event fields from every rank's totals (the `local_train_*` names come from quaero/proofs.py).
+    """The step's event fields from every rank's totals (every name declared in quaero/telemetry/names.py).
     Per-rank figures (`rank_*`) appear when there is more than one rank."""
     spec = trainer.spec
     t = StepTotals.of_ranks(ranks)
     peak, source = max(peaks)
     pg, trained = t.policy, t.microbatches - t.skipped
     per_rank = {} if len(ranks) == 1 else {
-        "ranks": len(ranks), "rank_rows": [r.rows for r in ranks], "rank_row_tokens": [r.row_tokens for r in ranks],
-        "rank_forward_passes": [r.forward_passes for r in ranks],
-        "rank_padding_microbatches": [r.padding for r in ranks], "rank_peak_mem_mb": [p for p, _ in peaks]}
+        names.RANKS: len(ranks), names.RANK_ROWS: [r.rows for r in ranks],
+        names.RANK_ROW_TOKENS: [r.row_tokens for r in ranks], names.RANK_FORWARD_PASSES: [r.forward_passes for r in ranks],
+        names.RANK_PADDING_MICROBATCHES: [r.padding for r in ranks], names.RANK_PEAK_MEM_MB: [p for p, _ in peaks]}
     return {
-        SELECTIVE_SUFFIX_LOGITS: bool(spec.selective_logits), **t.branches,
-        COMPILE_MODE: spec.selective.compile_mode, COMPILE_FALLBACK_REASON: t.fallback_reason,
-        "loss": t.rl_loss + t.echo_loss,
-        "rl_loss": 0.0 if sft else t.rl_loss, "sft_loss": t.rl_loss if sft else 0.0, "echo_loss": t.echo_loss,
-        "action_tokens": t.rl_tokens, "echo_tokens": t.echo_tokens, "rows": t.rows,
-        "echo_weight": echo_weight if spec.echo else 0.0,
-        "loss_aggregation": "token_mean" if sft else spec.loss_aggregation,
-        "echo_normalization": spec.echo_normalization,
-        "row_tokens": t.row_tokens, "padded_tokens": t.padded_tokens,
-        "grad_norm": grad_norm, "grad_clipped": bool(spec.max_grad_norm is not None and grad_norm > spec.max_grad_norm),
-        "optimizer_stepped": stepped, "nonfinite_grad_skips": int(not stepped),
-        "lr": trainer.scheduler.get_last_lr()[0],
-        "forward_passes": t.forward_passes, "microbatches": t.microbatches, "lm_head_skipped_microbatches": t.skipped,
-        "forward_passes_per_microbatch": t.forward_passes / max(trained, 1),
+        names.SELECTIVE_SUFFIX_LOGITS: bool(spec.selective_logits), **t.branches,
+        names.COMPILE_MODE: spec.selective.compile_mode, names.COMPILE_FALLBACK_REASON: t.fallback_reason,
+        names.LOSS: t.rl_loss + t.echo_loss,
+        names.RL_LOSS: 0.0 if sft else t.rl_loss, names.SFT_LOSS: t.rl_loss if sft else 0.0,
+        names.ECHO_LOSS: t.echo_loss,
+        names.ACTION_TOKENS: t.rl_tokens, names.ECHO_TOKENS: t.echo_tokens, names.ROWS: t.rows,
+        names.ECHO_WEIGHT: echo_weight if spec.echo else 0.0,
+        names.LOSS_AGGREGATION: "token_mean" if sft else spec.loss_aggregation,
+        names.ECHO_NORMALIZATION: spec.echo_normalization,
+        names.ROW_TOKENS: t.row_tokens, names.PADDED_TOKENS: t.padded_tokens,
+        names.GRAD_NORM: grad_norm,
+        names.GRAD_CLIPPED: bool(spec.max_grad_norm is not None and grad_norm > spec.max_grad_norm),
+        names.OPTIMIZER_STEPPED: stepped, names.NONFINITE_GRAD_SKIPS: int(not stepped),
+        names.LR: trainer.scheduler.get_last_lr()[0],
+        names.FORWARD_PASSES: t.forward_passes, names.MICROBATCHES: t.microbatches,
+        names.LM_HEAD_SKIPPED_MICROBATCHES: t.skipped,
+        names.FORWARD_PASSES_PER_MICROBATCH: t.forward_passes / max(trained, 1),
         # None where nothing was measured (an SFT step samples nothing; an all-zero-advantage step has no
         # ratio): a 0 or 1 there would read as a perfect agreement that was never seen
-        "sampler_logprob_gap_mean": t.gap.mean if t.gap.tokens else None,
-        "sampler_logprob_gap_max": t.gap.max if t.gap.tokens else None,
-        "importance_ratio_mean": pg.ratio_sum / pg.tokens if pg.tokens else None,
-        "clip_fraction": pg.clipped / pg.tokens if pg.tokens else None,
-        "context_rows_cropped": t.crop.rows_cropped, "context_tokens_removed": t.crop.tokens_removed,
-        SAVE_ON_CPU: bool(spec.memory.save_on_cpu),
-        "save_on_cpu_offloaded_tensors": t.offload.tensors, "save_on_cpu_offloaded_mb": t.offload.bytes / 2**20,
-        "step_time_s": seconds, "peak_mem_mb": peak, "peak_mem_source": source, **per_rank,
+        names.SAMPLER_LOGPROB_GAP_MEAN: t.gap.mean if t.gap.tokens else None,
+        names.SAMPLER_LOGPROB_GAP_MAX: t.gap.max if t.gap.tokens else None,
+        names.IMPORTANCE_RATIO_MEAN: pg.ratio_sum / pg.tokens if pg.tokens else None,
+        names.CLIP_FRACTION: pg.clipped / pg.tokens if pg.tokens else None,
+        names.CONTEXT_ROWS_CROPPED: t.crop.rows_cropped, names.CONTEXT_TOKENS_REMOVED: t.crop.tokens_removed,
+        names.SAVE_ON_CPU: bool(spec.memory.save_on_cpu),
+        names.SAVE_ON_CPU_OFFLOADED_TENSORS: t.offload.tensors,
+        names.SAVE_ON_CPU_OFFLOADED_MB: t.offload.bytes / 2**20,
+        names.STEP_TIME_S: seconds, names.PEAK_MEM_MB: peak, names.PEAK_MEM_SOURCE: source, **per_rank,
     }
 
 
-def audit_logprobs(trainer: Trainer, rows: list[EchoRow]) -> list[list[float]]:
+def audit_logprobs(trainer: TrainerView, rows: list[EchoRow]) -> list[list[float]]:
     """No-grad per-token log-probs of every action and ECHO token (0.0 elsewhere), in row order."""
     model = trainer.model
     was_training = model.training

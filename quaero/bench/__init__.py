@@ -16,7 +16,7 @@ BENCHMARKS = {
     "rollout": ("quaero.bench.rollout", "toolbench episodes/s and tokens/s per sampler, and the log-prob gap"),
     "smoke": ("quaero.bench.smoke", "one RL + ECHO step of a trainer on sparse agent-trace rows, with its proof"),
     "env-latency": ("quaero.bench.env_latency", "toolbench step latency per env launcher (transport overhead)"),
-    "scaling": ("quaero.bench.scaling", "a run's measured costs -> predicted step time and bottleneck per device count"),
+    "scaling": ("quaero.tools.scaling", "a run's measured costs -> predicted step time and bottleneck per device count"),
     "packing": ("quaero.bench.packing_figure", "trained tokens per episode: packed rows vs one row per transition"),
     "ablation": ("quaero.bench.ablation", "ECHO on vs off (or two arms) over run seeds, paired per task, pooled"),
     "peers-trl": ("quaero.bench.peers_trl", "quaero beside TRL's GRPOTrainer on the same job (the [peers] extra)"),

@@ -21,12 +21,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from quaero.stats import paired_outcomes
+from quaero.tools.significance import paired_outcomes
 
 
 def final_outcomes(run_dir: Path) -> dict[int, tuple[int, float]]:
     """{task index: (success, reward)} of the run's last evaluation."""
-    from quaero.review import eval_outcomes, load_run
+    from quaero.tools.review import eval_outcomes, load_run
 
     evals = load_run(run_dir)["evals"]
     outcomes = eval_outcomes(evals[-1]) if evals else None
@@ -37,22 +37,22 @@ def final_outcomes(run_dir: Path) -> dict[int, tuple[int, float]]:
 
 def _seed_start(source: Path, run_dir: Path, step: int | None) -> None:
     """Put `source`'s checkpoint of `step` (else its latest) into a fresh run folder: the run resumes from it."""
-    from quaero import checkpoint
+    from quaero.recipe import checkpoint
 
-    root = source / "checkpoints"
+    root = checkpoint.run_checkpoints(source)
     if step is None:
         found = checkpoint.load_latest(root)
         path = found[0] if found else None
     else:
-        path = root / f"step-{step:06d}"
+        path = checkpoint.run_checkpoint(source, step)
         problem = checkpoint.verify(path) if path.is_dir() else "no such folder"
         if problem:
             raise SystemExit(f"error: --from {source} --from-step {step}: {path} is unusable ({problem})")
     if path is None:
         raise SystemExit(f"error: --from {source}: no checkpoint to start from; train it first")
     shutil.rmtree(run_dir, ignore_errors=True)
-    (run_dir / "checkpoints").mkdir(parents=True)
-    shutil.copytree(path, run_dir / "checkpoints" / path.name)
+    checkpoint.run_checkpoints(run_dir).mkdir(parents=True)
+    shutil.copytree(path, checkpoint.run_checkpoints(run_dir) / path.name)
 
 
 def train_arm(config: str, out: Path, name: str, seed: int, arm: list[str], common: list[str],

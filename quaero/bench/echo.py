@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from quaero import proofs
 from quaero.bench import echo_regions as er
 from quaero.bench.measure import (
     MIB,
@@ -30,6 +29,7 @@ from quaero.bench.measure import (
     resolve_bench_dtype,
     torch_threads,
 )
+from quaero.telemetry import proofs
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -54,7 +54,7 @@ def bench(cfg: EnvConfig, steps: int, warmup: int) -> dict:
             if i >= warmup:
                 times.append((time.perf_counter() - t) * 1e3)
             assert step.messages[0]["content"] == "37.5" and not step.malformed
-        counts = pool.stats.snapshot_and_reset()
+        counts = pool.counts.snapshot_and_reset()
     times.sort()
     return {"launcher": cfg.launcher, "median_ms": statistics.median(times), "p90_ms": times[int(0.9 * len(times))],
             "open_s": open_s, "steps": steps, "retries": counts["env_retries"]}

@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     from quaero.config import QuaeroConfig
     from quaero.model import load_tokenizer
     from quaero.openenv_client import open_envs
-    from quaero.render import RenderAdapter
-    from quaero.rollout import EpisodeDriver
+    from quaero.rollout.driver import EpisodeDriver
+    from quaero.rollout.render import RenderAdapter
 
     cfg = QuaeroConfig.model_validate({"env": {"entry": "envs.toolbench:ToolBenchEnv", "launcher": "inprocess",
                                                "max_turns": args.turns}, "training": {"strict": True}})

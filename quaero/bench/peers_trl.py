@@ -248,7 +248,7 @@ def main(argv: list[str]) -> int:
 
     cfg = load_config(args.config, args.overrides)
     if args.save_final:  # refused before any step runs, not after the last one
-        from quaero.export import check_destination
+        from quaero.recipe.model_folder import check_destination
 
         for r in range(args.repeats):
             for name in SIDES:

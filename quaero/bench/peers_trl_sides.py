@@ -4,7 +4,7 @@ A side is `run(setup, conn)`: it builds its framework on the shared `setup` (the
 same config, tasks, group size, max tokens and turn limit), sends one `ready` message (initial-weight hash,
 RSS), then, for each "step" it receives, runs one RL step and sends that step's figures; "stop" ends it.
 
-- quaero: `quaero.train.build` + `run_step` (the recipe `quaero train` runs), rows saved and read back.
+- quaero: `quaero.recipe.train.build` + `run_step` (the recipe `quaero train` runs), rows saved and read back.
 - TRL: `GRPOTrainer(environment_factory=...)` over the same env served on 127.0.0.1 (quaero.bench.trl_env),
   driven by its own `train()`; a callback holds each step until the coordinator sends "step". A subclass
   only observes: it records every sampler call and every batch `_compute_loss` scores, then calls TRL's own.
@@ -20,6 +20,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from quaero.bench.token_drift import generation_drift, saved_row_drift
+from quaero.telemetry import names
 
 
 def rss_mb() -> float:
@@ -59,8 +60,8 @@ def save_final(setup: dict, name: str, model) -> dict:
         return {}
     from pathlib import Path
 
-    from quaero.export import save_model
     from quaero.model import load_tokenizer
+    from quaero.recipe.model_folder import save_model
 
     out = save_model(model, load_tokenizer(setup["model"]), Path(setup["save_final"]) / name, base_name=setup["model"])
     return {"final_weights": str(out), "final_weights_sha": weights_sha(model)}
@@ -76,16 +77,16 @@ def _ready(conn, model, extra: dict) -> None:
 def run_quaero(setup: dict, conn) -> None:
     import torch
 
-    from quaero.metrics import configure
     from quaero.openenv_client import open_envs
-    from quaero.train import build, run_step
+    from quaero.recipe.train import build, run_step
+    from quaero.telemetry.runlog import configure
 
     torch.set_num_threads(setup["threads"])
     cfg = quaero_config(setup)
     configure("warning", "none")
     torch.manual_seed(cfg.run.seed)
     n_sessions = cfg.training.tasks_per_step * cfg.training.group_size
-    with open_envs(cfg.env, n_sessions, log_dir=cfg.run_dir / "env-servers") as pool:
+    with open_envs(cfg.env, n_sessions, log_dir=cfg.run_dir / names.ENV_SERVERS) as pool:
         resets: list[tuple] = []
         for s in pool.sessions:  # record what each episode really resets to
             s.reset = _recording(s.reset, resets)
@@ -114,7 +115,7 @@ def _recording(reset, out: list):
 
 
 def _quaero_figures(cfg, step: int, m: dict[str, Any], total: float, resets: list[tuple]) -> dict[str, Any]:
-    from quaero.inspect_rows import step_file
+    from quaero.recipe.saved_rows import step_file
 
     path = step_file(cfg.run_dir, step)
     records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -180,7 +181,7 @@ def run_trl(setup: dict, conn) -> None:
 
     from quaero.bench.trl_env import EnvTimes, trl_environment
     from quaero.openenv_client.server import LocalServer
-    from quaero.train import make_task
+    from quaero.rollout.tasks import task_reset
 
     torch.set_num_threads(setup["threads"])
     cfg = quaero_config(setup)
@@ -189,7 +190,7 @@ def run_trl(setup: dict, conn) -> None:
                          kwargs=cfg.env.kwargs, action=cfg.env.action).start()
     try:
         env_cls = trl_environment(server.http_url, timeout_s=cfg.env.step_timeout_s)
-        tasks = [make_task(cfg, cfg.env.train_split, i) for i in range(setup["steps"] * t.tasks_per_step)]
+        tasks = [task_reset(cfg, cfg.env.train_split, i) for i in range(setup["steps"] * t.tasks_per_step)]
         system = [{"role": "system", "content": env_cls.system_prompt}] if env_cls.system_prompt else []
         data = Dataset.from_list([{"prompt": system + [{"role": "user", "content": ""}], **task} for task in tasks])
         resets: list[tuple] = []

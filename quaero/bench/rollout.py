@@ -3,7 +3,7 @@
     quaero bench rollout envs/toolbench.toml --samplers hf,vllm --episodes 16
 
 Each sampler runs the same episodes (the config's env, the same train tasks, the same seeds) through
-`quaero train`'s own components (`quaero.train.build`: trainer, renderer, sampler, episode driver),
+`quaero train`'s own components (`quaero.recipe.train.build`: trainer, renderer, sampler, episode driver),
 greedy and sampled, after one warm-up episode (vLLM's first call builds its graphs and caches).
 Every sampler is built first; then `--repeats` rounds each run every mode on every sampler, the
 samplers taken in turns (A B, then B A), so background load on a shared machine falls on both alike.
@@ -68,7 +68,7 @@ def rollout_figures(c, pool, tasks: list[dict], *, greedy: bool, seed: int) -> d
     tokens = sum(len(t.action_ids) for e in episodes for t in e.transitions)
     rows = [r for e in episodes for r in e.rows]
     gap = logprob_gap(rows, c.trainer.logprobs(rows)) if rows else {"mean": None, "max": None}
-    c.stats.snapshot_and_reset()
+    c.counts.snapshot_and_reset()
     return {
         "episodes": len(episodes), "episodes_dropped": sum(len(g) for g in groups) - len(episodes),
         "seconds": round(seconds, 3), "episodes_per_s": round(len(episodes) / seconds, 3),
@@ -114,7 +114,8 @@ def run(args) -> dict[str, Any]:
     from quaero.config import load_config
     from quaero.model import resolve_device
     from quaero.openenv_client import open_envs
-    from quaero.train import build, make_task
+    from quaero.recipe.train import build
+    from quaero.rollout.tasks import task_reset
 
     samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -131,7 +132,7 @@ def run(args) -> dict[str, Any]:
                      "env": cfg.env.entry, "env_kwargs": cfg.env.kwargs, "launcher": cfg.env.launcher,
                      "max_turns": cfg.env.max_turns, "max_tokens": cfg.sampler.max_tokens,
                      "temperature": cfg.sampler.temperature}
-    tasks = [make_task(cfg, cfg.env.train_split, i) for i in range(args.episodes)]
+    tasks = [task_reset(cfg, cfg.env.train_split, i) for i in range(args.episodes)]
     results: dict[str, Any] = {}
     print(f"quaero bench rollout: {args.episodes} toolbench episodes per sampler and mode on {device}", file=sys.stderr)
     with open_envs(cfg.env, args.episodes) as pool, contextlib.ExitStack() as stack:

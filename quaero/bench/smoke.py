@@ -11,11 +11,11 @@ import argparse
 import json
 import random
 
-from quaero.proofs import STEP_PROOF_METRICS
-from quaero.rows import EchoRow, Span
+from quaero.rollout.rows import EchoRow, Span
+from quaero.telemetry.proofs import STEP_PROOF_METRICS
 from trainers.spec import TrainerSpec
 
-# the step's proof metrics (quaero/proofs.py), then the figures a smoke reader wants next to them
+# the step's proof metrics (quaero/telemetry/proofs.py), then the figures a smoke reader wants next to them
 SMOKE_KEYS = (*STEP_PROOF_METRICS, "loss", "rl_loss", "echo_loss", "action_tokens", "echo_tokens", "row_tokens",
               "grad_norm", "sampler_logprob_gap_max", "peak_mem_mb", "peak_mem_source", "step_time_s")
 

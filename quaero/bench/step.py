@@ -32,7 +32,6 @@ from typing import Any
 
 import torch
 
-from quaero import proofs
 from quaero.bench import peers
 from quaero.bench import trainstep as ts
 from quaero.bench.measure import (
@@ -46,6 +45,7 @@ from quaero.bench.measure import (
     sync,
     torch_threads,
 )
+from quaero.telemetry import proofs
 
 PATHS = {  # name -> trainer options
     "full_logits": {"selective": False},

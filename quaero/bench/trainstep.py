@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from quaero.rows import EchoRow, Span
+from quaero.rollout.rows import EchoRow, Span
 from trainers.spec import SelectivePolicy, TrainerSpec
 
 
@@ -105,7 +105,7 @@ def timed_steps(trainer, rows: list[EchoRow], steps: int, device: torch.device) 
 
 def cumulative(metrics: list[dict]) -> dict[str, Any]:
     """The trainer's `local_train_*` metrics accumulated over the steps (counters summed, strings/bools latest)."""
-    from quaero.metrics import Cumulative
+    from quaero.telemetry.runlog import Cumulative
 
     totals = Cumulative()
     for m in metrics:

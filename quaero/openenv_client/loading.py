@@ -14,7 +14,6 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
-import os
 import sys
 import typing
 from collections.abc import Callable
@@ -25,13 +24,8 @@ from typing import Any
 
 from quaero.config import ConfigError, error_line
 
-
-def block_gradio() -> None:
-    """openenv imports gradio only for its optional web UI (/web), which quaero never serves; keeping
-    it out makes `import openenv.core` take ~1 s instead of ~5 s, in trainers and env servers alike.
-    ENABLE_WEB_INTERFACE=1 (openenv's own switch) keeps it."""
-    if os.environ.get("ENABLE_WEB_INTERFACE", "").lower() not in ("1", "true"):
-        sys.modules.setdefault("gradio", None)  # type: ignore[arg-type]
+from . import block_gradio
+from .mapping import default_formatter, field_type
 
 
 def require_openenv() -> None:
@@ -364,9 +358,7 @@ def describe_env(cfg: Any) -> list[str]:
     """`quaero check`'s view of the env: the entry imported and its types resolved (a ConfigError now, before
     any model loads, when its Action is unknown or empty), no session opened and no factory called: a class is
     inspected, a factory function only through its return annotation. cfg: an EnvConfig."""
-    from .mapping import field_type
-
-    if cfg.launcher == "remote":
+    if not cfg.starts_env:
         return [(f"env action  read from {cfg.url} /schema when sessions open (an Action without fields is an "
                  "error then); the reset parameters of a remote env cannot be inspected")]
     try:
@@ -389,16 +381,14 @@ def describe_env(cfg: Any) -> list[str]:
     return [f"env action  {action}; {reset}"]
 
 
-def build_app(spec: EnvSpec, max_concurrent_envs: int) -> Any:
-    """OpenEnv's own FastAPI app for the env (WebSocket /ws, /health, /schema, /mcp, ...)."""
-    from openenv.core.env_server import http_server
-    from openenv.core.env_server.http_server import create_app
-
-    from .transport import observation_reply_model
-
-    # the app looks its frame model up by this name: NaN/inf rewards then reach clients as such, not as null
-    http_server.WSObservationResponse = observation_reply_model()
-    env_name = spec.env_cls.__name__.lower()
-    return create_app(spec.factory, spec.action_cls, spec.observation_cls, env_name=env_name,
-                      max_concurrent_envs=max_concurrent_envs, state_cls=spec.state_cls)
-
+def load_formatter(path: str | None) -> Callable[[dict, str], str]:
+    """`[env] formatter = "pkg.mod:fn"`: fn(observation) -> str, or fn(observation, context) where context
+    is "reset" or "step"; the default is `default_formatter`."""
+    if not path:
+        return default_formatter
+    fn = _import_attr(path, key="formatter")
+    if not callable(fn):
+        raise ConfigError(f"[env] formatter={path!r}: not a function (observation: dict) -> str")
+    if "context" in inspect.signature(fn).parameters:
+        return fn
+    return lambda observation, context="step": fn(observation)

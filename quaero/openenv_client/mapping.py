@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from typing import Any
 
 _FENCE = re.compile(r"^```[\w-]*\s*\n?(.*?)\n?```$", re.DOTALL)
@@ -235,22 +234,3 @@ def _repeats(value: Any, shown: str, min_chars: int = 16) -> bool:
         return False
     long = [t.strip() for t in _texts(value) if len(t.strip()) >= min_chars]
     return bool(long) and all(t in shown for t in long)
-
-
-def load_formatter(path: str | None) -> Callable[[dict, str], str]:
-    """`[env] formatter = "pkg.mod:fn"`: fn(observation) -> str, or fn(observation, context) where context
-    is "reset" or "step"; the default is `default_formatter`."""
-    if not path:
-        return default_formatter
-    import inspect
-
-    from .loading import _import_attr
-
-    fn = _import_attr(path, key="formatter")
-    if not callable(fn):
-        from quaero.config import ConfigError
-
-        raise ConfigError(f"[env] formatter={path!r}: not a function (observation: dict) -> str")
-    if "context" in inspect.signature(fn).parameters:
-        return fn
-    return lambda observation, context="step": fn(observation)

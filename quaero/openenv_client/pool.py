@@ -1,4 +1,4 @@
-"""open_envs: N ChatEnv sessions over the configured launcher, counting into one RolloutStats, and the
+"""open_envs: N ChatEnv sessions over the configured launcher, counting into one RolloutCounts, and the
 lifetime of any server quaero launched (stopped by pid on close, at exit, and when the parent dies).
 
 Each session gets an env of its own:
@@ -17,18 +17,21 @@ import json
 import time
 import urllib.request
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from quaero.config import ConfigError
-from quaero.metrics import get_logger
-from quaero.rollout_stats import RolloutStats
+from quaero.rollout.counts import RolloutCounts
+from quaero.telemetry import names
+from quaero.telemetry.runlog import get_logger
 
-from .loading import EnvSpec, action_fields, ignored_reset_params, load_entry, require_openenv
-from .mapping import load_formatter, model_action_schema, tool_specs
-from .server import LocalServer, start_servers
+from .launchers import LAUNCHERS, opener
+from .loading import EnvSpec, action_fields, ignored_reset_params, load_entry, load_formatter, require_openenv
+from .mapping import model_action_schema, tool_specs
+from .server import LocalServer, start_env_servers
 from .session import ChatEnv, EpisodeDropped, ResetWitness
 from .tasks import TaskCatalog, catalog_of_spec, catalog_over_http
-from .transport import EnvFault, InProcessTransport, WebSocketTransport
+from .transport import EnvFault, InProcessTransport, WebSocketTransport, endpoints
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -58,16 +61,16 @@ class InProcessConnector:
 class ServerConnector:
     """Sessions on an OpenEnv server: quaero's own LocalServer (restarted when it dies) or a remote URL."""
 
-    def __init__(self, ws_url: str, open_timeout_s: float, stats: RolloutStats,
+    def __init__(self, ws_url: str, open_timeout_s: float, counts: RolloutCounts,
                  server: LocalServer | None = None) -> None:
-        self.ws_url, self.open_timeout_s, self.stats, self.server = ws_url, open_timeout_s, stats, server
+        self.ws_url, self.open_timeout_s, self.counts, self.server = ws_url, open_timeout_s, counts, server
 
     def connect(self) -> WebSocketTransport:
         return WebSocketTransport(self.ws_url, self.open_timeout_s)
 
     def recover(self) -> None:
         if self.server is not None and self.server.ensure_alive():
-            self.stats.add("env_restarts")
+            self.counts.add(names.ENV_RESTARTS)
 
 
 class SpreadConnector:
@@ -93,16 +96,6 @@ class SpreadConnector:
 
     def recover(self) -> None:
         pass  # remote servers are not quaero's to restart
-
-
-def _urls(url: str) -> tuple[str, str]:
-    """Any of ws://h:p, ws://h:p/ws, http://h:p -> (http base, ws endpoint)."""
-    base = url.rstrip("/").removesuffix("/ws")
-    if base.startswith("ws"):
-        base = "http" + base[2:]
-    if not base.startswith("http"):
-        raise ConfigError(f"[env] url={url!r}: expected ws://HOST:PORT or http://HOST:PORT")
-    return base, "ws" + base[4:] + "/ws"
 
 
 def _fetch_schema(http_url: str, timeout_s: float) -> dict:
@@ -166,9 +159,9 @@ def _replayable(cfg: EnvConfig, spec: EnvSpec | None) -> bool:
 
 
 class EnvPool:
-    def __init__(self, sessions: list[ChatEnv], stats: RolloutStats, servers: list[LocalServer],
+    def __init__(self, sessions: list[ChatEnv], counts: RolloutCounts, servers: list[LocalServer],
                  tasks: TaskCatalog | None = None) -> None:
-        self.sessions, self.stats, self.servers = sessions, stats, servers
+        self.sessions, self.counts, self.servers = sessions, counts, servers
         self.tasks = tasks  # the env's Task API (splits and sizes), None when it has none
 
     def close(self) -> None:
@@ -202,17 +195,28 @@ def _open_session(session: ChatEnv, cfg: EnvConfig) -> None:
             time.sleep(cfg.retry_backoff_s * 2**attempt)
 
 
-def _inprocess(spec: EnvSpec, n: int) -> list[Connector]:
+@dataclass
+class Launched:
+    """What a launcher (quaero/openenv_client/launchers.py) opens for a pool: a connector per session, the servers
+    quaero started (stopped when the pool closes) and the http bases of the servers the sessions reach (none
+    in process: the env's schema, tools and tasks are then read from its class)."""
+
+    connectors: list[Connector]
+    servers: list[LocalServer] = field(default_factory=list)
+    http_urls: list[str] = field(default_factory=list)
+
+
+def open_inprocess(cfg: EnvConfig, spec: EnvSpec, n: int, counts: RolloutCounts, log_dir: Path | None) -> Launched:
+    """An env instance per session, built in this process."""
     if n > 1 and not spec.supports_concurrency:
         log.warning("env_inprocess_not_concurrent", entry=spec.entry, sessions=n,
                     risk=f"{spec.env_cls.__name__} does not declare SUPPORTS_CONCURRENT_SESSIONS: each session "
                          "has its own instance, but instances that share module-level state corrupt each other",
                     fix='[env] launcher = "local-server" runs one server process per session')
-    return [InProcessConnector(spec)] * n
+    return Launched([InProcessConnector(spec)] * n)
 
 
-def _local_servers(cfg: EnvConfig, spec: EnvSpec, n: int, stats: RolloutStats,
-                   log_dir: Path | None) -> tuple[list[Connector], list[LocalServer]]:
+def open_local_servers(cfg: EnvConfig, spec: EnvSpec, n: int, counts: RolloutCounts, log_dir: Path | None) -> Launched:
     """One server for a concurrent env; one one-session server per session otherwise."""
     def server(max_concurrent_envs: int) -> LocalServer:
         return LocalServer(cfg.entry, cfg.host, max_concurrent_envs=max_concurrent_envs,
@@ -221,19 +225,21 @@ def _local_servers(cfg: EnvConfig, spec: EnvSpec, n: int, stats: RolloutStats,
 
     if spec.supports_concurrency:
         # headroom: a session abandoned after a timeout holds its slot until its step returns
-        servers = start_servers([server(2 * n + 1)])
-        return [ServerConnector(servers[0].ws_url, cfg.reset_timeout_s, stats, servers[0])] * n, servers
-    servers = start_servers([server(1) for _ in range(n)])
-    return [ServerConnector(s.ws_url, cfg.reset_timeout_s, stats, s) for s in servers], servers
+        servers = start_env_servers([server(2 * n + 1)])
+        return Launched([ServerConnector(servers[0].ws_url, cfg.reset_timeout_s, counts, servers[0])] * n, servers,
+                        [servers[0].http_url])
+    servers = start_env_servers([server(1) for _ in range(n)])
+    return Launched([ServerConnector(s.ws_url, cfg.reset_timeout_s, counts, s) for s in servers], servers,
+                    [servers[0].http_url])
 
 
-def _remote(cfg: EnvConfig, n: int, stats: RolloutStats) -> tuple[list[Connector], list[str]]:
-    """Connectors over [env] url/urls, and the servers' http bases; every server must serve the same env."""
-    bases = [_urls(u) for u in cfg.server_urls]
-    hosts = [ServerConnector(ws, cfg.reset_timeout_s, stats) for _, ws in bases]
+def open_remote(cfg: EnvConfig, spec: None, n: int, counts: RolloutCounts, log_dir: Path | None) -> Launched:
+    """Connectors over [env] url/urls and the servers' http bases; every server must serve the same env."""
+    bases = [endpoints(u) for u in cfg.server_urls]
+    hosts = [ServerConnector(ws, cfg.reset_timeout_s, counts) for _, ws in bases]
     if len(hosts) == 1:
-        return hosts * n, [bases[0][0]]
-    return [SpreadConnector(hosts, i % len(hosts)) for i in range(n)], [http for http, _ in bases]
+        return Launched(hosts * n, http_urls=[bases[0][0]])
+    return Launched([SpreadConnector(hosts, i % len(hosts)) for i in range(n)], http_urls=[http for http, _ in bases])
 
 
 def _action_schema(http_urls: list[str], timeout_s: float) -> dict:
@@ -249,7 +255,7 @@ def _capacity_error(cfg: EnvConfig, n: int, fault: EnvFault) -> ConfigError:
     """The fixes that apply to the launcher in use (never group_size = 1: it zeroes every group advantage)."""
     lower = ("or lower [training] tasks_per_step (keep group_size >= 2: a group of one has no "
              "group-relative advantage)")
-    if cfg.launcher == "remote":
+    if not cfg.starts_env:
         return ConfigError(f"[env] {_where(cfg)}: the servers hold fewer than the {n} sessions this run needs "
                            f"([training] tasks_per_step x group_size) ({fault}); add servers to [env] urls (an env's "
                            "own `uvicorn server.app:app` holds 1 session: start one per session), or, for an env "
@@ -260,30 +266,26 @@ def _capacity_error(cfg: EnvConfig, n: int, fault: EnvFault) -> ConfigError:
 
 
 def _where(cfg: EnvConfig) -> str:
-    if cfg.launcher != "remote":
+    if cfg.starts_env:
         return f"entry={cfg.entry!r}"
     return f"url={cfg.url!r}" if cfg.url else f"urls={cfg.urls!r}"
 
 
-def open_envs(cfg: EnvConfig, n: int, stats: RolloutStats | None = None, log_dir: Path | None = None) -> EnvPool:
-    """N sessions of the configured env, counting into `stats` (a new one by default; `pool.stats`).
+def open_envs(cfg: EnvConfig, n: int, counts: RolloutCounts | None = None, log_dir: Path | None = None) -> EnvPool:
+    """N sessions of the configured env, counting into `counts` (a new one by default; `pool.counts`).
     Config problems raise ConfigError here, before any episode. log_dir: where local servers' logs go
     (a run's `env-servers/`; temp files when None)."""
     require_openenv()
-    stats = RolloutStats() if stats is None else stats
+    counts = RolloutCounts() if counts is None else counts
     servers, sessions = [], []
-    spec = None if cfg.launcher == "remote" else load_entry(cfg.entry, cfg.kwargs, cfg.action)
+    spec = load_entry(cfg.entry, cfg.kwargs, cfg.action) if LAUNCHERS[cfg.launcher].starts_env else None
     try:
-        if cfg.launcher == "inprocess":
-            connectors = _inprocess(spec, n)
+        launched = opener(cfg.launcher)(cfg, spec, n, counts, log_dir)
+        connectors, servers, http_urls = launched.connectors, launched.servers, launched.http_urls
+        if not http_urls:  # in process: the env's class says what it takes
             is_mcp, schema = spec.speaks_tools, spec.action_schema()
             tasks = catalog_of_spec(spec)
         else:
-            if cfg.launcher == "local-server":
-                connectors, servers = _local_servers(cfg, spec, n, stats, log_dir)
-                http_urls = [servers[0].http_url]
-            else:
-                connectors, http_urls = _remote(cfg, n, stats)
             schema = _action_schema(http_urls, cfg.reset_timeout_s)
             try:
                 tasks = catalog_over_http(http_urls[0], cfg.reset_timeout_s)
@@ -295,10 +297,10 @@ def open_envs(cfg: EnvConfig, n: int, stats: RolloutStats | None = None, log_dir
         tools = _list_tools(connectors[0], cfg.reset_timeout_s) if is_mcp else None
         replayable = _replayable(cfg, spec)
         witness = ResetWitness()
-        sessions = [ChatEnv(cfg, c, stats, tools=tools, action_schema=None if is_mcp else model_action_schema(schema),
+        sessions = [ChatEnv(cfg, c, counts, tools=tools, action_schema=None if is_mcp else model_action_schema(schema),
                             formatter=load_formatter(cfg.formatter), replayable=replayable, witness=witness)
                     for c in connectors]
-        pool = EnvPool(sessions, stats, servers, tasks)
+        pool = EnvPool(sessions, counts, servers, tasks)
         for s in sessions:  # open all sessions now: servers that cannot hold n of them fail here, clearly
             _open_session(s, cfg)
     except EnvFault as e:

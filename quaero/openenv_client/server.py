@@ -1,5 +1,5 @@
 """Serving OpenEnv envs: `serve` (blocking, for `quaero env serve`) and `LocalServer` (the
-`local-server` launcher: a uvicorn subprocess of this interpreter on 127.0.0.1; `start_servers` starts
+`local-server` launcher: a uvicorn subprocess of this interpreter on 127.0.0.1; `start_env_servers` starts
 a pool of them at once).
 
 LocalServer binds the listening socket itself and hands it to the child, so the port is known
@@ -20,14 +20,28 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
-from quaero.metrics import get_logger
 from quaero.processes import ServerStartError, child_env, log_file, start_together
+from quaero.telemetry.runlog import get_logger
 
-from .loading import build_app, load_entry
+from .loading import EnvSpec, load_entry
+from .transport import observation_reply_model
 
 log = get_logger(__name__)
 _LIVE: set[LocalServer] = set()
+
+
+def build_app(spec: EnvSpec, max_concurrent_envs: int) -> Any:
+    """OpenEnv's own FastAPI app for the env (WebSocket /ws, /health, /schema, /mcp, ...)."""
+    from openenv.core.env_server import http_server
+    from openenv.core.env_server.http_server import create_app
+
+    # the app looks its frame model up by this name: NaN/inf rewards then reach clients as such, not as null
+    http_server.WSObservationResponse = observation_reply_model()
+    env_name = spec.env_cls.__name__.lower()
+    return create_app(spec.factory, spec.action_cls, spec.observation_cls, env_name=env_name,
+                      max_concurrent_envs=max_concurrent_envs, state_cls=spec.state_cls)
 
 
 def serve(entry: str, host: str = "127.0.0.1", port: int = 8000, max_concurrent_envs: int = 16,
@@ -93,7 +107,7 @@ class LocalServer:
         return f"ws://{self.host}:{self.port}/ws"
 
     def start(self) -> LocalServer:
-        return start_servers([self])[0]
+        return start_env_servers([self])[0]
 
     def _spawn(self) -> None:
         self._launch()
@@ -185,7 +199,7 @@ class LocalServer:
             self._log_path.unlink(missing_ok=True)
 
 
-def start_servers(servers: list[LocalServer]) -> list[LocalServer]:
+def start_env_servers(servers: list[LocalServer]) -> list[LocalServer]:
     """Launch every server, then wait for each to be healthy (`start_together`): they boot in parallel."""
     return start_together(servers, launch=LocalServer._launch_tracked, wait=LocalServer._wait_healthy,
                           stop=LocalServer.stop)

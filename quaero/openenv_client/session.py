@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from quaero.metrics import get_logger
+from quaero.telemetry import names
+from quaero.telemetry.runlog import get_logger
 
 from .mapping import (
     Malformed,
@@ -30,7 +31,7 @@ from .mapping import (
 from .transport import ActionRejected, EnvFault, InvalidReply
 
 if TYPE_CHECKING:
-    from quaero.rollout_stats import RolloutStats
+    from quaero.rollout.counts import RolloutCounts
 
 log = get_logger(__name__)
 DEFAULT_SYSTEM_PROMPT = "You are an agent acting in an environment. Solve the task."
@@ -120,13 +121,13 @@ class ResetWitness:
 
 
 class ChatEnv:
-    """One session. The turn limit is not enforced here: the episode driver owns it (quaero/rollout.py),
+    """One session. The turn limit is not enforced here: the episode driver owns it (quaero/rollout/driver.py),
     since what a cut episode means (truncated, never a success) is decided where episodes are judged."""
 
-    def __init__(self, cfg, connector: Connector, stats: RolloutStats, *, tools: list[dict] | None,
+    def __init__(self, cfg, connector: Connector, counts: RolloutCounts, *, tools: list[dict] | None,
                  action_schema: dict | None, formatter: Callable[..., str], replayable: bool = True,
                  witness: ResetWitness | None = None) -> None:
-        self.cfg, self.connector, self.stats = cfg, connector, stats
+        self.cfg, self.connector, self.counts = cfg, connector, counts
         self.witness = witness  # the pool's: did two resets of one task agree?
         self.replayable = replayable  # False: reset takes no seed or index, so a replay is not the same episode
         self.tools = tools  # OpenAI-style specs for MCP envs, None for plain envs
@@ -153,7 +154,7 @@ class ChatEnv:
         transport.reset(self._reset_kwargs, self.cfg.reset_timeout_s)
         for action, recorded in self._history:
             payload = transport.step(action, self.cfg.step_timeout_s)
-            self.stats.add("env_replayed_steps")
+            self.counts.add(names.ENV_REPLAYED_STEPS)
             if payload != recorded:
                 raise EpisodeDropped(f"replay diverged at {action}: the env is not deterministic; "
                                      "set [env] on_session_loss = 'drop'", "replay_diverged")
@@ -173,12 +174,12 @@ class ChatEnv:
             except (ActionRejected, EpisodeDropped):
                 raise
             except InvalidReply as e:  # the env's answer itself is unusable: asking again gets the same
-                self.stats.add("env_invalid_replies")
+                self.counts.add(names.ENV_INVALID_REPLIES)
                 raise EpisodeDropped(f"{what}: invalid env reply: {e}", "invalid_reply") from None
             except Exception as e:  # noqa: BLE001 - every env/transport failure is a counted fault
                 fault = e if isinstance(e, EnvFault) else EnvFault("connection", f"{type(e).__name__}: {e}")
                 if fault.kind == "timeout":
-                    self.stats.add("env_timeouts")
+                    self.counts.add(names.ENV_TIMEOUTS)
                 self._drop_transport()
                 lost = True
                 try:
@@ -193,7 +194,7 @@ class ChatEnv:
                                          "no seed or index", "not_replayable") from None
                 if attempt == self.cfg.max_retries:
                     raise EpisodeDropped(f"{what} failed {attempt + 1} times, last: {fault}", fault.kind) from None
-                self.stats.add("env_retries")
+                self.counts.add(names.ENV_RETRIES)
                 log.warning("env_retry", what=what, attempt=attempt + 1, fault=str(fault))
                 time.sleep(self.cfg.retry_backoff_s * 2**attempt)
         raise AssertionError("unreachable")
@@ -218,7 +219,7 @@ class ChatEnv:
             payload = self._call("reset", lambda t: t.reset(kwargs, self.cfg.reset_timeout_s))
         except EpisodeDropped as e:
             raise self._dropped(e) from None
-        self.stats.add("env_resets")
+        self.counts.add(names.ENV_RESETS)
         obs = payload.get("observation", {})
         if self.witness is not None:
             self.witness.saw(kwargs, obs)
@@ -249,7 +250,7 @@ class ChatEnv:
     def _send(self, action: dict) -> dict:
         payload = self._call("step", lambda t: t.step(action, self.cfg.step_timeout_s))
         self._history.append((action, payload))
-        self.stats.add("env_steps")
+        self.counts.add(names.ENV_STEPS)
         return payload
 
     def _step_tools(self, assistant: dict) -> ChatStep:
@@ -259,12 +260,12 @@ class ChatEnv:
             try:
                 payload = self._send({"type": "call_tool", "tool_name": name, "arguments": arguments})
             except ActionRejected as e:  # schema passed here but the server refused: show the model why
-                self.stats.add("env_rejected_calls")
+                self.counts.add(names.ENV_REJECTED_CALLS)
                 messages.append({"role": "tool", "content": f"Error: invalid call: {e}"})
                 continue
             obs = payload.get("observation", {})
             if obs.get("error"):
-                self.stats.add("env_tool_errors")
+                self.counts.add(names.ENV_TOOL_ERRORS)
             shown = "\n".join([self._task_text, assistant.get("content") or "", json.dumps(arguments)])
             messages.append({"role": "tool", "content": render_tool_result(obs, shown)})
             reward += _reward(payload)

@@ -152,10 +152,10 @@ def check_lines(cfg: Any, source: str = "config") -> list[str]:
     missing): read from a fresh instance of an [env] entry that is an Environment class (a factory function is
     never called here), or from the first [env] url's routes when it is up."""
     env_cfg, t = cfg.env, cfg.training
-    if env_cfg.launcher == "remote":
-        from .pool import _urls
+    if not env_cfg.starts_env:
+        from .transport import endpoints
 
-        http_url = _urls(env_cfg.server_urls[0])[0]
+        http_url = endpoints(env_cfg.server_urls[0])[0]
         try:
             urllib.request.urlopen(f"{http_url}/health", timeout=2).close()
         except OSError:

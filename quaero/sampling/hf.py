@@ -108,3 +108,15 @@ class HFSampler:
 
     def close(self) -> None:
         pass
+
+
+def build(cfg, *, model=None, stop_token_ids: list[int], device: str, log_dir=None) -> HFSampler:
+    """The `hf` engine for `cfg` (quaero/sampling/registry.py): on the trainer's own module when given one
+    (`model`: weight sync is free), else on a model of its own."""
+    from quaero.model import load_causal_lm
+
+    shares = model is not None
+    if model is None:
+        model = load_causal_lm(cfg.model.name, cfg.model.dtype, device)
+    return HFSampler(model, cfg.sampler, stop_token_ids=stop_token_ids, shares_model=shares,
+                     max_seq_len=cfg.model.max_seq_len)

@@ -36,13 +36,13 @@ from pathlib import Path
 
 import torch
 
+from quaero import process_group
 from quaero.config import SamplerConfig
-from quaero.metrics import get_logger
 from quaero.sampling import Completion, completion_budget, finish_reason, request_seed
-from quaero.sampling.launch import ServedProcess, free_port, start_all
+from quaero.sampling.supervisor import ServedProcess, free_port, start_all
 from quaero.sampling.vllm import cpu_whole_prefill, saved_weights
 from quaero.sampling.wire import exchange
-from trainers import distributed
+from quaero.telemetry.runlog import get_logger
 
 log = get_logger(__name__)
 
@@ -90,17 +90,17 @@ def server_env(cfg: SamplerConfig, *, device: int | None, on_cpu: bool) -> dict[
 
 def server_devices(cfg: SamplerConfig, count: int, *, on_cpu: bool) -> list[int | None]:
     """The CUDA device of each of the `count` servers this process starts: its local rank's slice of
-    `[sampler] server_devices` (quaero/plan.py checked one entry per server of every local rank), else, on a
+    `[sampler] server_devices` (quaero/recipe/plan.py checked one entry per server of every local rank), else, on a
     CUDA rank under torchrun, the rank's own device (cuda:LOCAL_RANK, the trainer's), else None."""
-    local_rank = distributed.local_rank()
+    local_rank = process_group.local_rank()
     if cfg.server_devices:
         return list(cfg.server_devices[local_rank * count:(local_rank + 1) * count])
-    if not on_cpu and distributed.launched_ranks() > 1:
+    if not on_cpu and process_group.launched_ranks() > 1:
         return [local_rank] * count
     return [None] * count
 
 
-def start_servers(model_path: str, cfg: SamplerConfig, *, count: int, log_dir: Path | None = None,
+def start_vllm_servers(model_path: str, cfg: SamplerConfig, *, count: int, log_dir: Path | None = None,
                   name: str = "vllm", **engine) -> list[ServedProcess]:
     """`count` vLLM servers on 127.0.0.1, started together; returns once every one answers /health."""
     if importlib.util.find_spec("vllm") is None:
@@ -206,7 +206,7 @@ class VLLMServerSampler:
         self.processes = list(processes or [])  # the servers this sampler started (and stops at close)
         # urls servers share this machine's filesystem (see the module docstring), so its device decides
         self.on_cpu = (not torch.cuda.is_available()) if on_cpu is None else on_cpu
-        self.weight_transfer = cfg.weight_transfer  # logged with each push (quaero/train.py sync_sampler)
+        self.weight_transfer = cfg.weight_transfer  # logged with each push (quaero/recipe/train.py sync_sampler)
         self._abort = threading.Event()  # set when the caller is interrupted: the requests in flight end
         self.transfer = None
         if cfg.weight_transfer != "file":
@@ -345,3 +345,25 @@ def _json_object(where: str, text: bytes) -> dict:
         raise ServerError(f"vLLM server {where} replied with a JSON {type(value).__name__}, not an object: "
                           f"{json.dumps(value)[:120]}; is the address a `vllm serve` server?")
     return value
+
+
+def build(cfg, *, model=None, stop_token_ids: list[int], device: str, log_dir=None) -> VLLMServerSampler:
+    """The `vllm` engine for `cfg` in `[sampler] mode = "server"` (quaero/sampling/registry.py): connect to `urls`,
+    or start `servers` vLLM servers for this process (each torchrun rank starts its own, on its devices:
+    `server_devices`); `log_dir` keeps their logs. It never shares the trainer's module (`model`)."""
+    from quaero.model import resolve_model
+
+    sc, folder = cfg.sampler, resolve_model(cfg.model.name)
+    if sc.urls:
+        return VLLMServerSampler(sc.urls, sc, stop_token_ids=stop_token_ids, max_model_len=cfg.model.max_seq_len,
+                                 vocab_size=model_vocab_size(folder))
+    procs = start_vllm_servers(str(folder), sc, count=sc.servers, log_dir=log_dir, name=f"vllm-rank{process_group.rank()}",
+                          dtype=cfg.model.dtype, max_model_len=cfg.model.max_seq_len, seed=cfg.run.seed)
+    try:
+        return VLLMServerSampler([p.url for p in procs], sc, stop_token_ids=stop_token_ids,
+                                 max_model_len=cfg.model.max_seq_len, processes=procs,
+                                 vocab_size=model_vocab_size(folder))
+    except BaseException:
+        for p in procs:
+            p.close(keep_log=True)
+        raise

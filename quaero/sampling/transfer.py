@@ -25,7 +25,7 @@ from vllm.distributed.weight_transfer.base import ParamMeta, TrainerWeightTransf
 from vllm.distributed.weight_transfer.clients import _json_safe_update_payload
 from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
-from quaero.sampling.launch import free_port
+from quaero.sampling.supervisor import free_port
 from quaero.sampling.vllm import pushed_tensors
 
 Post = Callable[[str, str, "dict | None"], dict]  # (url, path, JSON body) -> reply: VLLMServerSampler._post

@@ -41,7 +41,7 @@ def engine_in_process() -> bool:
     Not beside a live in-process engine: the two would share vLLM's module-level parallel state, and
     closing either tears it down under the other (reproduced); the second engine gets a child process.
     """
-    from trainers.distributed import launched_ranks
+    from quaero.process_group import launched_ranks
 
     if MULTIPROCESSING in os.environ:
         return os.environ[MULTIPROCESSING].strip() == "0"
@@ -231,3 +231,12 @@ class VLLMSampler:
             _in_process_engines.discard(llm)
             del llm
             gc.collect()
+
+
+def build(cfg, *, model=None, stop_token_ids: list[int], device: str, log_dir=None) -> VLLMSampler:
+    """The `vllm` engine for `cfg` in this process (`[sampler] mode = "colocated"`; quaero/sampling/registry.py).
+    It never shares the trainer's module (`model`): weights are pushed to it."""
+    from quaero.model import resolve_model
+
+    return VLLMSampler(str(resolve_model(cfg.model.name)), cfg.sampler, stop_token_ids=stop_token_ids,
+                       dtype=cfg.model.dtype, max_model_len=cfg.model.max_seq_len, seed=cfg.run.seed)

@@ -12,11 +12,12 @@ import pytest
 import torch
 from fixtures import require_vllm
 
-from quaero import checkpoint, cli
+from quaero import cli
 from quaero.bench.smoke import sparse_rows
 from quaero.config import load_config
-from quaero.export import build_trainer
-from quaero.rows import EchoRow, Span
+from quaero.recipe import checkpoint
+from quaero.rollout.rows import EchoRow, Span
+from quaero.tools.export import build_trainer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # two engines of its own, built from folders
 

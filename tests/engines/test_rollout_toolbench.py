@@ -7,8 +7,8 @@ import pytest
 import torch
 from fixtures.rollout import IM_END, assert_exact, make_cfg, target_logprobs
 
-from quaero.rollout import EpisodeDriver
-from quaero.rows import build_rows
+from quaero.rollout.driver import EpisodeDriver
+from quaero.rollout.rows import build_rows
 
 pytest.importorskip("envs.toolbench")
 
@@ -40,9 +40,9 @@ def toolbench():
 def run(toolbench, qwen3_render, tasks, group, max_turns=8, **kw):
     cfg, pool = toolbench
     cfg = cfg.model_copy(update={"env": cfg.env.model_copy(update={"max_turns": max_turns})})
-    driver = EpisodeDriver(qwen3_render, kw.pop("sampler", None), cfg, pool.stats)
+    driver = EpisodeDriver(qwen3_render, kw.pop("sampler", None), cfg, pool.counts)
     groups = driver.run(pool.sessions, tasks, group_size=group, **kw)
-    return [ep for g in groups for ep in g], pool.stats.snapshot_and_reset()
+    return [ep for g in groups for ep in g], pool.counts.snapshot_and_reset()
 
 
 def test_sixty_toolbench_episodes_are_exact(toolbench, qwen3_render, tiny_hf_sampler, tiny_lm):

@@ -33,9 +33,9 @@ def vllm_server(tiny_model_dir):
     from fixtures import require_vllm
 
     require_vllm()
-    from quaero.sampling.server import start_servers
+    from quaero.sampling.server import start_vllm_servers
 
-    (proc,) = start_servers(str(tiny_model_dir), SamplerConfig(mode="server", weight_transfer="ipc"), count=1,
+    (proc,) = start_vllm_servers(str(tiny_model_dir), SamplerConfig(mode="server", weight_transfer="ipc"), count=1,
                             dtype="float32", max_model_len=4096, max_num_seqs=16)
     yield proc
     proc.close()
@@ -191,7 +191,7 @@ def test_weight_sync_client_drives_the_servers_weight_transfer_routes(vllm_serve
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_a_real_server_passes_the_urls_check_and_says_what_it_lacks(vllm_server):
-    """`[sampler] urls` servers are asked what they are before any model loads (quaero/plan.py
+    """`[sampler] urls` servers are asked what they are before any model loads (quaero/recipe/plan.py
     check_server_urls): the server quaero starts passes; asked for what it was not started with, it is
     refused naming the flag (tests/unit/quaero/test_sampler_server.py has the other refusals)."""
     from quaero.sampling.server import server_problem
@@ -205,15 +205,15 @@ def test_a_real_server_passes_the_urls_check_and_says_what_it_lacks(vllm_server)
 
 
 def test_backend_choice_and_request_seeds(monkeypatch):
-    import quaero.sampling
+    import quaero.sampling.registry
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     for installed in (True, False):  # `auto`: vLLM where it imports (benchmarks/README.md), else hf
-        monkeypatch.setattr(quaero.sampling, "vllm_installed", lambda ok=installed: ok)
+        monkeypatch.setattr(quaero.sampling.registry, "installed", lambda name, ok=installed: ok)
         for device in ("cpu", "cuda:0"):
             assert resolve_backend("auto", device) == ("vllm" if installed else "hf")
             assert resolve_backend("hf", device) == "hf" and resolve_backend("vllm", device) == "vllm"
-    monkeypatch.setattr(quaero.sampling, "vllm_installed", lambda: True)
+    monkeypatch.setattr(quaero.sampling.registry, "installed", lambda name: True)
     monkeypatch.setenv("WORLD_SIZE", "2")  # a torchrun rank: its CPU engine could not run in its process
     assert resolve_backend("auto", "cpu") == "hf" and resolve_backend("auto", "cuda:0") == "vllm"
     seeds = {request_seed(5, i, 4) + j for i in range(8) for j in range(4)}

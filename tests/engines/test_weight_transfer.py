@@ -36,12 +36,12 @@ def test_a_push_through_vllms_weight_transfer_reaches_the_server(tiny_model_dir,
 
     require_vllm()
     from quaero.model import load_causal_lm
-    from quaero.sampling.server import VLLMServerSampler, start_servers
+    from quaero.sampling.server import VLLMServerSampler, start_vllm_servers
 
     model = load_causal_lm("tiny-qwen3", "float32", "cuda").eval()
     sc = SamplerConfig(mode="server", weight_transfer=backend, server_devices=devices, temperature=1.0,
                        max_tokens=12, gpu_memory_utilization=0.2)
-    procs = start_servers(str(tiny_model_dir), sc, count=1, dtype="float32", max_model_len=4096, max_num_seqs=16)
+    procs = start_vllm_servers(str(tiny_model_dir), sc, count=1, dtype="float32", max_model_len=4096, max_num_seqs=16)
     sampler = VLLMServerSampler([p.url for p in procs], sc, stop_token_ids=STOP, processes=procs)
     try:
         trained = copy.deepcopy(model)

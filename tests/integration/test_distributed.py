@@ -16,7 +16,7 @@ import torch
 from fixtures.dist_step import VOCAB, run_scenarios
 
 from quaero.model import random_qwen3
-from quaero.proofs import BRANCH_COUNTERS
+from quaero.telemetry.proofs import BRANCH_COUNTERS
 
 ROOT = Path(__file__).resolve().parents[2]
 EQUAL_COUNTS = (*BRANCH_COUNTERS, "action_tokens", "echo_tokens", "rows", "row_tokens", "forward_passes",

@@ -65,8 +65,8 @@ def test_tictactoe_prompt_shows_the_board_and_penalties_hold(tictactoe_on_path, 
 
 @pytest.mark.slow
 def test_tictactoe_trains_as_it_is_with_an_oracle_warm_start(tictactoe_on_path, tmp_path):
-    from quaero.metrics import read_events
-    from quaero.train import train
+    from quaero.recipe.train import train
+    from quaero.telemetry.runlog import read_events
 
     cfg = load_config(TICTACTOE / "tictactoe.toml", [
         f"run.output_dir='{tmp_path}'", "training.warmup_sft_steps=1", "training.steps=1", "training.eval_every=0",

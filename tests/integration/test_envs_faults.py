@@ -52,7 +52,7 @@ def test_server_killed_mid_episode_is_restarted_and_the_episode_replayed():
         final = _finish_with_oracle(env, start, chat)
         assert final.reward == 1.0  # the episode survived: new server, same episode replayed
         assert server.alive() and server.proc.pid != old_pid
-        counts = pool.stats.snapshot_and_reset()
+        counts = pool.counts.snapshot_and_reset()
         assert counts["env_restarts"] == 1 and counts["env_retries"] >= 1 and counts["env_replayed_steps"] == 1
 
         # with on_session_loss="drop" the same fault drops the episode instead; the next one runs
@@ -66,7 +66,7 @@ def test_server_killed_mid_episode_is_restarted_and_the_episode_replayed():
                    and ev["kind"] == e.value.kind == "connection" for ev in logs)
         start = env.reset(seed=0, split="eval", index=4)
         assert _finish_with_oracle(env, start, list(start.messages)).reward == 1.0
-        assert pool.stats.snapshot_and_reset()["env_restarts"] == 1
+        assert pool.counts.snapshot_and_reset()["env_restarts"] == 1
 
 
 @pytest.mark.parametrize("launcher", ["inprocess", "remote"])
@@ -83,7 +83,7 @@ def test_a_step_that_hangs_past_its_timeout_is_retried_then_dropped(launcher, gu
         assert e.value.kind == "timeout" and any(ev["event"] == "env_episode_dropped" for ev in logs)
         env.reset(seed=2)  # the run goes on with a fresh session
         assert env.step({"role": "assistant", "content": '{"guess": 10}'}).malformed is False
-        counts = pool.stats.snapshot_and_reset()
+        counts = pool.counts.snapshot_and_reset()
         assert counts["env_timeouts"] == 2 and counts["env_retries"] == 1
         assert counts["env_replayed_steps"] == 1  # the retry replayed the accepted guess first
 
@@ -99,7 +99,7 @@ def test_an_env_that_raises_is_retried_then_dropped(launcher, guess_url):
         assert e.value.kind == "server_error"
         env.reset(seed=1)
         assert env.step({"role": "assistant", "content": '{"guess": 3}'}).reward in (0.0, 1.0)
-        counts = pool.stats.snapshot_and_reset()
+        counts = pool.counts.snapshot_and_reset()
         assert counts["env_retries"] == 2 and counts["env_steps"] == 1
 
 
@@ -112,7 +112,7 @@ def test_a_dropped_connection_is_retried_and_the_episode_continues(toolbench_url
         chat += [action, *env.step(action).messages]
         env._transport._ws.close()  # fault injection: the socket goes away under the session
         assert _finish_with_oracle(env, start, chat).reward == 1.0
-        counts = pool.stats.snapshot_and_reset()
+        counts = pool.counts.snapshot_and_reset()
         assert counts["env_retries"] == 1 and counts["env_replayed_steps"] == 1 and counts["env_restarts"] == 0
 
 
@@ -127,7 +127,7 @@ def test_a_remote_server_that_is_gone_drops_episodes_without_raising_anything_el
         with pytest.raises(EpisodeDropped) as e:
             env.reset(seed=0)
         assert e.value.kind == "connection"
-    assert pool.stats.snapshot_and_reset()["env_retries"] == 2
+    assert pool.counts.snapshot_and_reset()["env_retries"] == 2
     pool.close()
 
 
@@ -143,7 +143,7 @@ def test_malformed_actions_are_counted_corrected_and_never_sent():
             assert step.malformed and step.reward == 0.0 and not step.done
             assert len(step.messages) == 1 and step.messages[0]["role"] == "user"
             chat += [action, *step.messages]
-        assert pool.stats.snapshot_and_reset()["env_steps"] == 0  # nothing reached the env
+        assert pool.counts.snapshot_and_reset()["env_steps"] == 0  # nothing reached the env
         # the oracle counts assistant turns, so start it on a clean chat: the episode still completes
         assert _finish_with_oracle(env, start, list(start.messages)).reward == 1.0
 
@@ -157,7 +157,7 @@ def test_a_tool_that_raises_is_a_counted_tool_error_not_a_fault():
         assert boom.messages == [{"role": "tool", "content": "Error: kaboom"}] and not boom.malformed
         assert env.step(_call("echo", text="hi")).messages[0]["content"] == "hi"
         assert env.step(_call("submit_answer", answer="hi")).reward == 1.0
-        counts = pool.stats.snapshot_and_reset()
+        counts = pool.counts.snapshot_and_reset()
         assert counts["env_tool_errors"] == 1 and counts["env_retries"] == 0 and counts["env_steps"] == 3
 
 
@@ -166,16 +166,16 @@ def test_the_driver_turn_limit_ends_an_episode_that_never_submits(qwen3_render):
     episode is truncated and no success."""
     from fixtures.rollout import make_cfg
 
-    from quaero.rollout import EpisodeDriver
+    from quaero.rollout.driver import EpisodeDriver
 
     def never_submits(info):
         return lambda messages: _call("calculate", expression="1+1")
 
     cfg = make_cfg(env__entry="envs.toolbench:ToolBenchEnv", env__launcher="inprocess", env__max_turns=3)
     with open_envs(cfg.env, 1) as pool:
-        (ep,), = EpisodeDriver(qwen3_render, None, cfg, pool.stats).run(pool.sessions, [{"seed": 0}], group_size=1,
+        (ep,), = EpisodeDriver(qwen3_render, None, cfg, pool.counts).run(pool.sessions, [{"seed": 0}], group_size=1,
                                                                         policy=never_submits)
-        counts = pool.stats.snapshot_and_reset()
+        counts = pool.counts.snapshot_and_reset()
     assert ep.turns == 3 and ep.truncated and not ep.success and not ep.dropped
     assert counts["env_steps"] == 3 and counts["episodes_truncated"] == 1 and counts["success_rate"] == 0.0
 
@@ -202,7 +202,7 @@ def test_a_run_of_episodes_with_every_fault_keeps_going():
                     lo, hi = (guess + 1, hi) if "higher" in step.messages[0]["content"] else (lo, guess - 1)
             except EpisodeDropped as e:
                 results.append(e.kind)
-        counts = pool.stats.snapshot_and_reset()
+        counts = pool.counts.snapshot_and_reset()
     assert results == ["server_error", "timeout", 1.0, 1.0, "server_error", 1.0]
     assert counts["env_timeouts"] == 2 and counts["env_resets"] == 6
 
@@ -212,7 +212,7 @@ def test_a_failed_recovery_drops_the_episode_instead_of_raising():
     from quaero.openenv_client import ChatEnv
     from quaero.openenv_client.mapping import default_formatter
     from quaero.openenv_client.transport import EnvFault
-    from quaero.rollout_stats import RolloutStats
+    from quaero.rollout.counts import RolloutCounts
 
     class DeadConnector:
         def connect(self):
@@ -221,12 +221,12 @@ def test_a_failed_recovery_drops_the_episode_instead_of_raising():
         def recover(self):
             raise RuntimeError("env server exited with 1 before becoming healthy")
 
-    stats = RolloutStats()
-    env = ChatEnv(EnvConfig(entry="envs.toolbench:ToolBenchEnv", **FAST), DeadConnector(), stats, tools=None,
+    counts = RolloutCounts()
+    env = ChatEnv(EnvConfig(entry="envs.toolbench:ToolBenchEnv", **FAST), DeadConnector(), counts, tools=None,
                   action_schema={}, formatter=default_formatter)
     with pytest.raises(EpisodeDropped, match="recovery failed: env server exited") as e:
         env.reset(seed=0)
-    assert e.value.kind == "recovery_failed" and stats.snapshot_and_reset()["env_retries"] == 0
+    assert e.value.kind == "recovery_failed" and counts.snapshot_and_reset()["env_retries"] == 0
 
 
 # -- replies that are not usable observations: dropped at once with the field and value, never read as 0 ----
@@ -246,7 +246,7 @@ def _drops_with_reasons(pool, reasons: dict) -> None:
         env.reset(seed=1)
         final = env.step(_reply("ok"))
         assert final.done and final.reward == 1.0
-    counts = pool.stats.snapshot_and_reset()
+    counts = pool.counts.snapshot_and_reset()
     assert counts["env_invalid_replies"] == len(reasons) and e.value.kind == "invalid_reply"
     assert counts["env_retries"] == 0 and counts["env_steps"] == len(reasons)  # no retry; only "ok" steps count
 
@@ -302,7 +302,7 @@ def test_a_remote_server_that_closes_the_socket_errs_oddly_or_never_answers_a_re
             assert e.value.kind == kind and detail in e.value.reason
             env.reset(seed=1)
             assert env.step(_reply("ok")).reward == 1.0
-        counts = pool.stats.snapshot_and_reset()
+        counts = pool.counts.snapshot_and_reset()
     assert counts["env_timeouts"] == 2 and counts["env_retries"] == 3 and counts["env_invalid_replies"] == 0
 
 

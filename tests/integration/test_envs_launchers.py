@@ -41,7 +41,7 @@ def test_toolbench_is_identical_over_every_launcher(toolbench_url):
         with open_envs(EnvConfig(launcher=launcher, max_turns=12, **source), 1) as pool:
             env = pool.sessions[0]
             results[launcher] = {"tools": env.tools, "episodes": [_transcript(env, *c) for c in cases]}
-            assert pool.stats.snapshot_and_reset()["env_tool_errors"] == 3
+            assert pool.counts.snapshot_and_reset()["env_tool_errors"] == 3
     assert results["inprocess"] == results["local-server"] == results["remote"]
     episodes = results["inprocess"]["episodes"]
     assert [e["steps"][-1][1] for e in episodes] == [1.0, 0.0, 1.0]  # oracle right, wrong answer 0

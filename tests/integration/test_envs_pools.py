@@ -12,16 +12,16 @@ from fixtures.rollout import make_cfg
 
 from quaero.config import ConfigError, EnvConfig
 from quaero.openenv_client import open_envs
-from quaero.rollout import EpisodeDriver
+from quaero.rollout.driver import EpisodeDriver
 
 BOARD = "fixtures.board:BoardEnv"
 TASKS = [{"seed": 2, "split": "train", "index": 0}, {"seed": 3, "split": "train", "index": 1}]
 
 
 def _drive(render, cfg, pool):
-    groups = EpisodeDriver(render, None, cfg, pool.stats).run(pool.sessions, TASKS, group_size=2,
+    groups = EpisodeDriver(render, None, cfg, pool.counts).run(pool.sessions, TASKS, group_size=2,
                                                               policy=oracle_policy)
-    return [ep for g in groups for ep in g], pool.stats.snapshot_and_reset()
+    return [ep for g in groups for ep in g], pool.counts.snapshot_and_reset()
 
 
 def _opened(logs):
@@ -53,7 +53,7 @@ def test_a_dead_pool_server_is_restarted_and_its_episode_replayed():
         pool.servers[1].proc.wait(timeout=10)
         step = pool.sessions[1].step({"role": "assistant", "content": '{"cell": 1}'})
         other = pool.sessions[0].step({"role": "assistant", "content": '{"cell": 0}'})
-        counts = pool.stats.snapshot_and_reset()
+        counts = pool.counts.snapshot_and_reset()
         assert pool.servers[1].proc.pid != victim
     assert (step.reward, step.done, other.reward) == (1.0, True, 1.0)
     assert counts["env_restarts"] == 1 and counts["env_replayed_steps"] == 1
@@ -107,5 +107,5 @@ def test_a_lost_host_replays_its_episode_on_another():
             if step.done:
                 break
             lo, hi = (guess + 1, hi) if "higher" in step.messages[0]["content"] else (lo, guess - 1)
-        counts = pool.stats.snapshot_and_reset()
+        counts = pool.counts.snapshot_and_reset()
     assert step.reward == 1.0 and counts["env_replayed_steps"] >= 1 and counts["episodes_dropped"] == 0

@@ -104,7 +104,7 @@ def test_a_reset_without_seed_split_or_index_is_named_once_and_never_replayed():
         with pytest.raises(EpisodeDropped, match="not replayable: the env's reset takes no seed or index") as e:
             env.step(_say('{"move": 0}'))
         assert e.value.kind == "not_replayable"
-        assert pool.stats.snapshot_and_reset()["env_replayed_steps"] == 0
+        assert pool.counts.snapshot_and_reset()["env_replayed_steps"] == 0
 
 
 def test_a_remote_env_s_reset_parameters_are_said_to_be_unknown_once(pick_app_url):
@@ -157,9 +157,9 @@ def test_a_non_concurrent_base_action_env_with_penalties_and_context_trains_2x2_
         launcher, tmp_path, request, qwen3_tokenizer):
     from types import SimpleNamespace
 
-    from quaero import review
-    from quaero.metrics import read_events
-    from quaero.train import train
+    from quaero.recipe.train import train
+    from quaero.telemetry.runlog import read_events
+    from quaero.tools import review
 
     if launcher == "remote":  # the env's own app under uvicorn, one session each: one server per session
         urls = [url for url, _ in request.getfixturevalue("card_app_servers")]

@@ -54,7 +54,7 @@ def test_a_step_that_returns_a_step_result_is_named_a_broken_contract_not_retrie
             env.step(_reply('{"action_type": "ToolCall"}'))
         assert e.value.kind == "invalid_reply"  # was server_error, retried, on every episode
         assert "broke OpenEnv's Environment contract" in e.value.reason and "returned StepResult" in e.value.reason
-        assert pool.stats.snapshot_and_reset()["env_retries"] == 0
+        assert pool.counts.snapshot_and_reset()["env_retries"] == 0
 
 
 def test_a_one_text_field_action_is_asked_for_as_plain_text_and_the_prompt_is_shown_once():

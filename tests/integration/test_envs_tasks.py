@@ -11,7 +11,7 @@ from quaero import cli
 from quaero.config import EnvConfig
 from quaero.openenv_client import open_envs
 from quaero.openenv_client.tasks import TaskCatalog, catalog_over_http, eval_indices, task_index
-from quaero.train import make_task
+from quaero.rollout.tasks import task_reset
 
 SUM = "fixtures.taskenv:SumEnv"
 
@@ -45,7 +45,7 @@ def test_an_env_without_the_task_api_keeps_quaeros_numbering(guess_url):
     with open_envs(EnvConfig(url=guess_url), 1) as pool:
         assert pool.tasks is None
     assert catalog_over_http(guess_url.replace("ws", "http", 1)) is None
-    assert [make_task(make_cfg(), "train", i)["index"] for i in (0, 7)] == [0, 7]
+    assert [task_reset(make_cfg(), "train", i)["index"] for i in (0, 7)] == [0, 7]
     assert eval_indices(None, "eval", 4) == [0, 1, 2, 3]
 
 

@@ -91,7 +91,7 @@ def test_a_folder_with_remote_code_is_refused_without_an_offer_to_run_it(tmp_pat
 def test_finished_episodes_are_kept_when_the_eval_fails_later(tmp_path, capsys, monkeypatch):
     """An eval of 2 repeats whose second one fails (the fault: the driver raising, as a Ctrl-C would): the
     first repeat's transcripts are written."""
-    from quaero.rollout import EpisodeDriver
+    from quaero.rollout.driver import EpisodeDriver
 
     real, calls = EpisodeDriver.run, []
 

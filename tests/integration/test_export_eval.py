@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from quaero import checkpoint, cli
+from quaero import cli
 from quaero.config import load_config
-from quaero.export import build_trainer, export_run
+from quaero.recipe import checkpoint
+from quaero.tools.export import build_trainer, export_run
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLBENCH = str(ROOT / "envs" / "toolbench.toml")
@@ -253,9 +254,9 @@ def test_a_finished_run_leaves_final_equal_to_its_last_checkpoint(tmp_path, prom
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from quaero.export import load_checkpoint
-    from quaero.metrics import read_events
-    from quaero.train import train
+    from quaero.recipe.train import train
+    from quaero.telemetry.runlog import read_events
+    from quaero.tools.export import load_checkpoint
 
     cfg = load_config(TOOLBENCH, [f"run.output_dir={tmp_path}", f"backend.lora={str(lora).lower()}", *TINY_RUN])
     run_dir = train(cfg)

@@ -9,7 +9,7 @@ from fixtures.runs import ROOT, events_of, make_config
 
 
 def test_a_tiny_run_saves_rows_that_verify(tmp_path):
-    from quaero.train import train
+    from quaero.recipe.train import train
 
     _, cfg = make_config(tmp_path, "rows", steps=1, warmup=1, eval_every=0, eval_tasks=0,
                          extra=["env.launcher=inprocess"])

@@ -28,7 +28,8 @@ FIX = f"pip install --force-reinstall --no-deps openenv=={OPENENV}"
 PROBE = textwrap.dedent("""
     import inspect, json, sys
     from importlib import metadata
-    from quaero.openenv_client.loading import block_gradio, file_matches_record
+    from quaero.openenv_client import block_gradio
+    from quaero.openenv_client.loading import file_matches_record
     block_gradio()  # as quaero does: openenv's optional web UI is slow to import and not what is probed
     import openenv
     from openenv.core.env_server.http_server import create_app

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from fixtures.runs import ROOT, alive, events_of, make_config
 
-from quaero import checkpoint
-from quaero.metrics import read_events
+from quaero.recipe import checkpoint
+from quaero.telemetry.runlog import read_events
 
 
 class _Payload:
@@ -42,7 +42,7 @@ def wait_for(predicate, timeout: float = 240, what: str = "") -> None:
 
 @pytest.mark.hostile
 def test_crafted_checkpoint_never_runs_and_unusable_checkpoints_are_refused(tmp_path, capsys):
-    from quaero.train import train
+    from quaero.recipe.train import train
 
     path, cfg = make_config(tmp_path, "crafted", steps=0, warmup=2, eval_every=0, eval_tasks=0,
                             extra=["training.checkpoint_every=1"])
@@ -102,7 +102,7 @@ def test_crafted_checkpoint_never_runs_and_unusable_checkpoints_are_refused(tmp_
 @pytest.mark.slow
 @pytest.mark.hostile
 def test_restart_starts_over_and_keeps_the_unusable_checkpoints_aside(tmp_path):
-    from quaero.train import train
+    from quaero.recipe.train import train
 
     _, cfg = make_config(tmp_path, "restart", steps=0, warmup=1, eval_every=0, eval_tasks=0)
     torn = cfg.run_dir / "checkpoints" / "step-000004"
@@ -120,7 +120,7 @@ def test_restart_starts_over_and_keeps_the_unusable_checkpoints_aside(tmp_path):
 @pytest.mark.slow
 @pytest.mark.hostile
 def test_a_full_disk_stops_the_run_in_one_line_and_a_killed_write_does_not_block_resume(tmp_path, monkeypatch):
-    from quaero.train import train
+    from quaero.recipe.train import train
 
     _, cfg = make_config(tmp_path, "disk", steps=0, warmup=2, eval_every=0, eval_tasks=0,
                          extra=["training.checkpoint_every=1"])
@@ -157,7 +157,7 @@ def test_a_full_disk_stops_the_run_in_one_line_and_a_killed_write_does_not_block
 @pytest.mark.slow
 @pytest.mark.hostile
 def test_one_train_per_run_folder_stale_lock_taken_over_and_a_deleted_events_file_recreated(tmp_path):
-    from quaero.train import train
+    from quaero.recipe.train import train
 
     path, cfg = make_config(tmp_path, "shared", steps=0, warmup=200, eval_every=0, eval_tasks=0,
                             extra=["training.checkpoint_every=1000"])

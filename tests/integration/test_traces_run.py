@@ -1,5 +1,5 @@
 """OpenEnv's token formats over a real tiny run (toolbench in process, tiny-qwen3, the local trainer;
-quaero/traces.py): saved rows -> RFC 010 records and TrainingTraces (validated by OpenEnv's own model) -> rows
+quaero/rollout/traces.py): saved rows -> RFC 010 records and TrainingTraces (validated by OpenEnv's own model) -> rows
 with the same ids and span kinds; a second run warm-started from the first one's trace file passes
 `quaero review --require-proof`; inexact records are refused one line each and never trained."""
 import json
@@ -9,15 +9,15 @@ from fixtures.runs import events_of, make_config
 from openenv.core.harness.training import TrainingTrace
 
 from quaero import cli
-from quaero.inspect_rows import load_rows
-from quaero.traces import load_traces, rfc010_row, token_kinds, trace_row, vocab_size_of
+from quaero.rollout.traces import load_traces, rfc010_row, token_kinds, trace_row, vocab_size_of
+from quaero.tools.inspect_rows import load_rows
 
 ROLE_MASKS = {"action_mask": "action", "obs_mask": "env", "warning_mask": "corrective"}
 
 
 @pytest.fixture(scope="module")
 def source_run(tmp_path_factory):
-    from quaero.train import train
+    from quaero.recipe.train import train
 
     tmp = tmp_path_factory.mktemp("traces")
     _, cfg = make_config(tmp, "source", steps=1, warmup=1, eval_every=0, eval_tasks=0,

@@ -1,4 +1,4 @@
-"""Asynchronous rollouts (`[training] max_off_policy_steps`, quaero/ahead.py) on the main job: real toolbench
+"""Asynchronous rollouts (`[training] max_off_policy_steps`, quaero/recipe/ahead.py) on the main job: real toolbench
 server on 127.0.0.1, real tiny-qwen3, real trainer and hf sampler; a fake only for the injected fault."""
 import json
 import signal
@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 from fixtures.runs import alive, events_of, make_config, steps_by_number
 
-from quaero import review, train
+from quaero.recipe import train
+from quaero.tools import review
 
 AHEAD = "quaero-rollout-ahead"
 

@@ -14,7 +14,7 @@ import torch
 from fixtures.runs import ROOT, events_of, make_config, steps_by_number
 from safetensors.torch import load_file
 
-from quaero.metrics import read_events
+from quaero.telemetry.runlog import read_events
 
 
 def with_strategy(path, strategy):
@@ -81,7 +81,7 @@ def test_two_ranks_finish_the_main_job_write_once_and_pass_review(tmp_path, stra
 def test_a_locked_run_folder_ends_every_rank_with_the_lock_error(tmp_path):
     """`--nproc` refuses a locked run folder before it launches any rank; ranks torchrun launched itself stop
     when rank 0 cannot take the lock: every rank with its message (none waits in a collective)."""
-    from quaero.runlock import RunLock
+    from quaero.recipe.runlock import RunLock
 
     path, cfg = make_config(tmp_path, "locked", steps=1, warmup=0, eval_every=0, eval_tasks=0)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}

@@ -16,13 +16,13 @@ from types import SimpleNamespace
 import pytest
 from fixtures.runs import ROOT, alive, events_of, make_config, steps_by_number
 
-from quaero import review
-from quaero.metrics import read_events
-from quaero.proofs import SELECTIVE_METRICS
+from quaero.telemetry.names import SELECTIVE_METRICS
+from quaero.telemetry.runlog import read_events
+from quaero.tools import review
 
 
 def test_main_job_short_run_logs_proofs_and_cleans_up(tmp_path):
-    from quaero.train import train
+    from quaero.recipe.train import train
 
     _, cfg = make_config(tmp_path, extra=["training.warmup_sft_lr=3e-3"])
     run_dir = train(cfg)
@@ -62,7 +62,7 @@ def test_main_job_short_run_logs_proofs_and_cleans_up(tmp_path):
 @pytest.mark.slow
 @pytest.mark.hostile
 def test_ctrl_c_then_resume_equals_uninterrupted(tmp_path):
-    from quaero.train import train
+    from quaero.recipe.train import train
 
     compare = ("loss", "sft_loss", "echo_loss", "grad_norm", "row_tokens", "action_tokens", "echo_tokens")
     _, ref_cfg = make_config(tmp_path, "ref", steps=0, warmup=5, eval_every=0, eval_tasks=0)
@@ -94,7 +94,7 @@ def test_ctrl_c_then_resume_equals_uninterrupted(tmp_path):
 
 @pytest.mark.slow
 def test_env_server_killed_mid_step_drops_the_episode_and_the_run_goes_on(tmp_path, monkeypatch):
-    from quaero.train import train
+    from quaero.recipe.train import train
 
     monkeypatch.setenv("QUAERO_TEST_CRASH_MARKER", str(tmp_path / "crashed"))
     _, cfg = make_config(tmp_path, "crash", steps=1, warmup=2, eval_every=0, eval_tasks=0,
@@ -140,7 +140,7 @@ def test_a_run_that_trains_nothing_exits_1_naming_the_drop_reasons(tmp_path):
 def test_a_run_shorter_than_max_empty_steps_that_trains_nothing_does_not_finish(tmp_path):
     """One step, every episode dropped (max_empty_steps=3 never reached): the run ends "failed" naming the
     drop reasons, with no final/ (there is no trained model to hand over), not "finished"."""
-    from quaero.train import EmptyRunError, train
+    from quaero.recipe.train import EmptyRunError, train
 
     _, cfg = make_config(tmp_path, "none", steps=1, warmup=0, eval_every=0, eval_tasks=0,
                          entry="fixtures.crashing:AlwaysCrashingToolBench",
@@ -157,7 +157,7 @@ def test_a_run_shorter_than_max_empty_steps_that_trains_nothing_does_not_finish(
 def test_a_run_whose_prompts_never_fit_stops_naming_the_context_budget(tmp_path):
     """[sampler] max_tokens leaves no room of [model] max_seq_len for the first prompt: every episode ends
     truncated (context_exhausted, nothing dropped), no row is built, and the error says which settings to change."""
-    from quaero.train import EmptyRunError, train
+    from quaero.recipe.train import EmptyRunError, train
 
     _, cfg = make_config(tmp_path, "budget", steps=3, warmup=0, eval_every=0, eval_tasks=0,
                          extra=["model.max_seq_len=256", "sampler.max_tokens=200", "env.launcher='inprocess'",
@@ -256,8 +256,8 @@ def test_sigterm_ends_a_training_step_that_waits_on_a_silent_vllm_server(tmp_pat
     interrupted, instead of holding `quaero train` for the hour-long request bound until a SIGKILL."""
     import threading
 
+    from quaero.recipe.train import train
     from quaero.sampling import wire
-    from quaero.train import train
 
     recorded = json.loads((ROOT / "tests" / "fixtures" / "vllm_server_info.json").read_text())
     release = threading.Event()

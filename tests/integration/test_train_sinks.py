@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from fixtures.sink_readers import tensorboard_scalars
 
-from quaero.metrics import read_events
-from quaero.sinks import scalars_of
+from quaero.telemetry.runlog import read_events
+from quaero.telemetry.sinks import scalars_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,8 +74,8 @@ def test_a_sink_that_raises_mid_run_is_a_warning_and_every_step_is_checkpointed(
     from fixtures.runs import events_of, make_config
     from fixtures.sink_faults import FaultySink
 
-    from quaero import sinks
-    from quaero.train import train
+    from quaero.recipe.train import train
+    from quaero.telemetry import sinks
 
     monkeypatch.setattr(FaultySink, "fault", "log")  # from step 2 on
     monkeypatch.setitem(sinks.SINKS, "faulty", FaultySink)

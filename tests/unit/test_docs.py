@@ -21,7 +21,7 @@ def _code_spans(text: str) -> list[str]:
 
 
 def _module_path(dotted: str) -> Path | None:
-    """quaero.rows -> quaero/rows.py (or a package folder); None when neither exists."""
+    """quaero.rollout.rows -> quaero/rollout/rows.py (or a package folder); None when neither exists."""
     base = ROOT.joinpath(*dotted.split("."))
     for candidate in (base.with_suffix(".py"), base / "__init__.py"):
         if candidate.exists():
@@ -42,7 +42,7 @@ def named_paths(text: str) -> set[str]:
 
 
 def named_modules(text: str) -> set[str]:
-    """Dotted module names of quaero's packages, e.g. `quaero.rows` or `envs.toolbench:ToolBenchEnv`."""
+    """Dotted module names of quaero's packages, e.g. `quaero.rollout.rows` or `envs.toolbench:ToolBenchEnv`."""
     found = set()
     for span in _code_spans(text):
         for token in re.findall(r"\b((?:quaero|trainers|envs)(?:\.\w+)+)(?::\w+)?", span):
@@ -116,10 +116,14 @@ def test_the_drift_check_catches_a_stale_table(tmp_path, monkeypatch):
     assert gen.main([]) == 0 and gen.main(["--check"]) == 0
 
 
-def test_a_metric_without_a_meaning_is_a_problem(monkeypatch):
+def test_an_undeclared_or_unemitted_metric_is_a_problem(monkeypatch):
+    from quaero.telemetry import names
+
     gen = _gen_reference()
-    monkeypatch.delitem(gen.ROLLOUT, "env_retries")
-    monkeypatch.setitem(gen.RECIPE, "no_such_metric", "gone")
+    rollout, recipe = (next(t for t in names.TABLES if t.title == title) for title in ("Rollout", "Recipe, per step"))
+    monkeypatch.setattr(rollout, "names", [n for n in rollout.names if n != names.ENV_RETRIES])
+    monkeypatch.setattr(recipe, "names", [*recipe.names, "no_such_metric"])
+    monkeypatch.setitem(names.METRICS, "no_such_metric", names.Metric("no_such_metric", names.SUM, "gone", recipe.title))
     found = gen.problems()
-    assert any("'env_retries' has no meaning" in p for p in found)
-    assert any("'no_such_metric' is not emitted by quaero/train.py" in p for p in found)
+    assert any("'env_retries' is not declared in quaero/telemetry/names.py" in p for p in found)
+    assert any("'no_such_metric' is not emitted by quaero/recipe/train.py" in p for p in found)

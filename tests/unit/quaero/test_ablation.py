@@ -1,19 +1,19 @@
 """`quaero bench ablation`'s pairing: per seed on the tasks both runs' last evals finished, pooled over seeds."""
 import pytest
 
-from quaero import metrics
 from quaero.bench import ablation
-from quaero.stats import paired_outcomes
+from quaero.telemetry import runlog
+from quaero.tools.significance import paired_outcomes
 
 
 def _run(path, wins, *, stale=None):
-    metrics.configure(console="none")
-    log = metrics.get_logger("test")
-    with metrics.RunLog(path, run_id="r"):
+    runlog.configure(console="none")
+    log = runlog.get_logger("test")
+    with runlog.RunLog(path, run_id="r"):
         for step, w in ((1, stale), (2, wins)):
             if w is None:
                 continue
-            metrics.set_step(step)
+            runlog.set_step(step)
             log.info("eval", eval_reward=sum(w) / len(w), eval_results=[[i, x, float(x)] for i, x in enumerate(w)])
     return path
 
@@ -34,15 +34,15 @@ def test_pairs_per_task_on_the_last_eval_and_pools_over_seeds(tmp_path):
 
 
 def test_a_run_without_per_task_results_is_a_one_line_error(tmp_path):
-    metrics.configure(console="none")
-    with metrics.RunLog(tmp_path, run_id="r"):
-        metrics.get_logger("t").info("eval", eval_reward=0.5)
+    runlog.configure(console="none")
+    with runlog.RunLog(tmp_path, run_id="r"):
+        runlog.get_logger("t").info("eval", eval_reward=0.5)
     with pytest.raises(SystemExit, match="no per-task results"):
         ablation.final_outcomes(tmp_path)
 
 
 def test_arms_start_from_a_chosen_or_the_latest_checkpoint_of_a_shared_run(tmp_path):
-    from quaero import checkpoint
+    from quaero.recipe import checkpoint
 
     root = tmp_path / "warm" / "checkpoints"
     for step in (400, 450):

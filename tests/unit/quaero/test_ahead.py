@@ -1,13 +1,13 @@
-"""RolloutsAhead (quaero/ahead.py): a rollout's error is the taking step's error, leaving waits for the one in
-flight and drops the queued ones, and no worker thread outlives it; RolloutStats.take keeps a rollout's
+"""RolloutsAhead (quaero/recipe/ahead.py): a rollout's error is the taking step's error, leaving waits for the one in
+flight and drops the queued ones, and no worker thread outlives it; RolloutCounts.take keeps a rollout's
 counts apart."""
 import threading
 import time
 
 import pytest
 
-from quaero.ahead import Rollout, RolloutsAhead
-from quaero.rollout_stats import RolloutStats
+from quaero.recipe.ahead import Rollout, RolloutsAhead
+from quaero.rollout.counts import RolloutCounts
 
 
 def workers() -> list[threading.Thread]:
@@ -15,7 +15,7 @@ def workers() -> list[threading.Thread]:
 
 
 def rollout(step: int) -> Rollout:
-    return Rollout(step, step - 2, [], RolloutStats(), 0.0)
+    return Rollout(step, step - 2, [], RolloutCounts(), 0.0)
 
 
 def test_a_rollout_is_taken_once_and_an_error_raised_on_the_worker_is_raised_by_the_step_taking_it():
@@ -54,11 +54,11 @@ def test_leaving_waits_for_the_rollout_in_flight_and_drops_the_queued_ones():
 
 
 def test_take_moves_every_count_out_and_the_source_starts_over():
-    stats = RolloutStats()
-    stats.episode_finished(reward=1.0, success=True, truncated=False, turns=2)
-    stats.add("env_steps", 3)
-    taken = stats.take()
-    stats.episode_dropped("timeout")  # an evaluation counting after the rollout ended
-    mine, theirs = taken.snapshot_and_reset(), stats.snapshot_and_reset()
+    counts = RolloutCounts()
+    counts.episode_finished(reward=1.0, success=True, truncated=False, turns=2)
+    counts.add("env_steps", 3)
+    taken = counts.take()
+    counts.episode_dropped("timeout")  # an evaluation counting after the rollout ended
+    mine, theirs = taken.snapshot_and_reset(), counts.snapshot_and_reset()
     assert (mine["episodes"], mine["env_steps"], mine["reward_mean"]) == (1, 3, 1.0)
     assert (theirs["episodes"], theirs["env_steps"], theirs["episodes_dropped"]) == (1, 0, 1)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from quaero import checkpoint
-from quaero.checkpoint import CheckpointError, NoIntactCheckpoint
+from quaero.recipe import checkpoint
+from quaero.recipe.checkpoint import CheckpointError, NoIntactCheckpoint
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -199,7 +199,7 @@ def test_a_real_write_failure_is_caught(tmp_path):
         import resource, signal, sys
         from pathlib import Path
         import torch
-        from quaero import checkpoint
+        from quaero.recipe import checkpoint
         root = Path({str(tmp_path)!r})
         checkpoint.save(root, 1, {{"step": 1, "w": torch.zeros(10)}})
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -225,7 +225,7 @@ def test_a_process_killed_mid_write_leaves_nothing_that_blocks_resume(tmp_path):
         import os, signal
         from pathlib import Path
         import torch
-        from quaero import checkpoint
+        from quaero.recipe import checkpoint
         root = Path({str(tmp_path)!r})
         checkpoint.save(root, 1, {{"step": 1, "w": torch.ones(10)}})
         checkpoint._fsync = lambda path: os.kill(os.getpid(), signal.SIGKILL)

@@ -119,10 +119,10 @@ def test_cli_check_prints_plan():
     for needle in ("renderer 'qwen3'", "strict_shared_forward=True", "train_selective_suffix_logits=True",
                    "config OK"):
         assert needle in r.stdout
-    from quaero.sampling import vllm_installed
+    from quaero.sampling.registry import installed
 
     # `auto` on CPU: vLLM in one process, hf on each rank under torchrun (the line says both)
-    sampler = "vllm, hf on each rank of `quaero train --nproc N` (" if vllm_installed() else "hf ("
+    sampler = "vllm, hf on each rank of `quaero train --nproc N` (" if installed("vllm") else "hf ("
     assert f"\nsampler     {sampler}" in r.stdout
 
 
@@ -132,8 +132,8 @@ def test_cli_check_prints_plan():
     ('run.name="a\\u0000b"', "must be one folder name"),
     ("echo.weight=inf", "[echo] weight=inf: Input should be a finite number"),
     ("backend.lr=nan", "[backend] lr=nan"),
-    ("training.group_size=1", "[training] group_size=1 with steps=6: a group of one episode has advantage 0"),
-    pytest.param("sampler.top_p=0.5", "[sampler] top_p=0.5 with [training] steps=6: the sampler's log-probs are "
+    ("training.group_size=1", "[training] group_size=1 with steps=12: a group of one episode has advantage 0"),
+    pytest.param("sampler.top_p=0.5", "[sampler] top_p=0.5 with [training] steps=12: the sampler's log-probs are "
                  "renormalised", marks=pytest.mark.hostile),
     pytest.param("sampler.top_k=5", "[sampler] top_k: unknown key", marks=pytest.mark.hostile),
     ("env.url='ws://127.0.0.1:9'", "[env] url/urls is set but launcher='local-server'; set launcher='remote'"),

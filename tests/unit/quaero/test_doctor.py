@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from quaero import cli, doctor
+from quaero import cli
 from quaero.openenv_client.loading import openenv_repair_command
+from quaero.tools import doctor
 
 ROOT = Path(__file__).resolve().parents[3]
 

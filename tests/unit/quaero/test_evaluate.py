@@ -1,7 +1,7 @@
-"""`quaero eval`'s summary arithmetic (quaero/evaluate.py) on whatever rewards an env sends."""
+"""`quaero eval`'s summary arithmetic (quaero/tools/evaluate.py) on whatever rewards an env sends."""
 import pytest
 
-from quaero.evaluate import _mean
+from quaero.tools.evaluate import _mean
 
 
 @pytest.mark.hostile

@@ -1,4 +1,4 @@
-"""Saved rows (quaero/inspect_rows.py) from real driven episodes (toy env, real Qwen3 renderer, oracle policy),
+"""Saved rows (quaero/recipe/saved_rows.py, quaero/tools/inspect_rows.py) from real driven episodes (toy env, real Qwen3 renderer, oracle policy),
 checked and rendered by the real `quaero inspect rows` CLI in a subprocess."""
 import json
 import subprocess
@@ -10,7 +10,8 @@ from fixtures.runs import ROOT
 
 from quaero import cli
 from quaero.config import LoggingConfig
-from quaero.inspect_rows import header, render_terminal, save_step_rows, special_ids, step_file, verify_record
+from quaero.recipe.saved_rows import save_step_rows, step_file
+from quaero.tools.inspect_rows import header, render_terminal, special_ids, verify_record
 
 STEP = 3
 IM_START = 151644

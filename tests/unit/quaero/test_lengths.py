@@ -15,7 +15,7 @@ from fixtures.rollout import IM_END, assert_exact, drive, spans_of
 from fixtures.toyenv import TOOLS, HostileToyEnv
 
 from quaero.config import ConfigError, SamplerConfig, load_config
-from quaero.render import bound_text, truncation_marker
+from quaero.rollout.render import bound_text, truncation_marker
 from quaero.sampling.hf import HFSampler
 
 pytestmark = pytest.mark.hostile

@@ -1,18 +1,20 @@
-"""Honest outcomes (quaero/outcomes.py, quaero/proofs.py): RL steps that carried no signal are said to have
+"""Honest outcomes (quaero/telemetry/outcomes.py, quaero/telemetry/proofs.py): RL steps that carried no signal are said to have
 none during the run and at its end, with the fix, and `quaero review` reports RL and ECHO training apart."""
 from fixtures.runs import events_of
 
-from quaero import cli, metrics, review
-from quaero.outcomes import SignalWatch
+from quaero import cli
+from quaero.telemetry import runlog
+from quaero.telemetry.outcomes import SignalWatch
+from quaero.tools import review
 
 SILENT = {"phase": "rl", "action_tokens": 0, "echo_tokens": 40, "turns": 8, "malformed_actions": 8, "rows": 4,
           "groups": 2, "groups_zero_advantage": 2}
 
 
 def test_rl_steps_without_signal_are_said_so_during_the_run_and_at_its_end(tmp_path):
-    metrics.configure(console="none")
+    runlog.configure(console="none")
     watch = SignalWatch()
-    with metrics.RunLog(tmp_path, run_id="r1"):
+    with runlog.RunLog(tmp_path, run_id="r1"):
         watch.step(1, {"phase": "sft", "action_tokens": 30, "turns": 2})  # a warm start is not RL
         for step in range(2, 14):
             watch.step(step, SILENT)
@@ -26,12 +28,12 @@ def test_rl_steps_without_signal_are_said_so_during_the_run_and_at_its_end(tmp_p
 
 
 def test_review_reports_rl_and_echo_training_apart(tmp_path, capsys):
-    metrics.configure(console="none")
-    log = metrics.get_logger("test")
-    with metrics.RunLog(tmp_path, run_id="r1"):
+    runlog.configure(console="none")
+    log = runlog.get_logger("test")
+    with runlog.RunLog(tmp_path, run_id="r1"):
         for step, m in enumerate([{"phase": "sft", "action_tokens": 30, "echo_tokens": 20, "rows": 2, "turns": 2},
                                   SILENT, SILENT], start=1):
-            metrics.set_step(step)
+            runlog.set_step(step)
             log.info("train_step", **m)
         log.info("run_end", status="finished")
     assert cli.main(["review", str(tmp_path), "--require-proof"]) == 0  # reported, not required: ECHO-only is a choice

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from quaero.config import ConfigError, QuaeroConfig, load_config
-from quaero.plan import check_components, load_checked, trainer_spec
+from quaero.recipe.plan import check_components, load_checked, trainer_spec
 from trainers import registry
 from trainers.spec import MemoryPolicy, SelectivePolicy, TrainerSpec
 
@@ -48,7 +48,7 @@ def test_component_rules_are_not_config_rules():
     cfg = load_config(MAIN, ["backend.backend='tinker'"])
     with pytest.raises(ConfigError, match="unknown backend"):
         check_components(cfg)
-    from quaero.train import build
+    from quaero.recipe.train import build
 
     with pytest.raises(ConfigError, match="unknown backend"):
         build(cfg, pool=None)  # fails before the trainer, the tokenizer or the sampler is built
@@ -103,7 +103,7 @@ def test_fsdp2_with_lora_is_refused_naming_the_fix():
 
 def test_strategy_none_under_a_launcher_is_refused_at_check(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ConfigError, match=r"\[distributed\] strategy='none' under a launcher with 2 ranks"):
+    with pytest.raises(ConfigError, match=r"\[distributed\] strategy='none' under torchrun with 2 ranks"):
         check_components(load_config(MAIN), MAIN)
     check_components(load_config(MAIN, ["distributed.strategy='ddp'"]), MAIN)
 
@@ -161,7 +161,7 @@ def test_a_warm_start_without_a_demonstrator_fails_at_check(overrides, needle):
 
 def test_the_warm_start_oracle_comes_from_the_entry_or_from_training_oracle():
     from envs.toolbench.oracle import oracle_policy
-    from quaero.plan import resolve_oracle
+    from quaero.recipe.plan import resolve_oracle
 
     assert resolve_oracle(load_checked(MAIN)) is oracle_policy
     remote = load_checked(MAIN, ["env.entry=''", "env.kwargs={}", "env.launcher='remote'", "env.url='http://127.0.0.1:9'",

@@ -1,22 +1,23 @@
-"""quaero/proofs.py: the names a real trainer step emits are the ones it declares; each check's verdict."""
+"""quaero/telemetry/proofs.py: the names a real trainer step emits are the ones it declares; each check's verdict."""
 import subprocess
 import sys
 
 import pytest
 
-from quaero import proofs, review
+from quaero.telemetry import names, proofs
+from quaero.tools import review
 
 
 def test_trainer_step_emits_exactly_the_declared_counter_names(local_smoke_metrics):
     emitted = set(local_smoke_metrics)
-    assert {k for k in emitted if k.startswith("local_train_selective_")} == {proofs.SELECTIVE_SUFFIX_LOGITS,
+    assert {k for k in emitted if k.startswith("local_train_selective_")} == {names.SELECTIVE_SUFFIX_LOGITS,
                                                                               *proofs.BRANCH_COUNTERS}
-    assert {k for k in emitted if k.startswith("local_train_compile_")} == {proofs.COMPILE_MODE,
-                                                                            proofs.COMPILE_FALLBACK_REASON}
-    assert set(proofs.SELECTIVE_METRICS) <= emitted and set(proofs.STEP_PROOF_METRICS) <= emitted
-    # every retrain `local_train_*` name the step emits is declared in quaero/proofs.py
-    assert {k for k in emitted if k.startswith("local_train_")} == {*proofs.SELECTIVE_METRICS,
-                                                                  *proofs.BRANCH_COUNTERS, proofs.SAVE_ON_CPU}
+    assert {k for k in emitted if k.startswith("local_train_compile_")} == {names.COMPILE_MODE,
+                                                                            names.COMPILE_FALLBACK_REASON}
+    assert set(names.SELECTIVE_METRICS) <= emitted and set(proofs.STEP_PROOF_METRICS) <= emitted
+    # every retrain `local_train_*` name the step emits is declared in quaero/telemetry/names.py
+    assert {k for k in emitted if k.startswith("local_train_")} == {*names.SELECTIVE_METRICS,
+                                                                  *proofs.BRANCH_COUNTERS, names.SAVE_ON_CPU}
     # the smoke's rows are sparse by construction: the proof passes on the real step's counters
     assert [c["status"] for c in proofs.branch_checks(local_smoke_metrics)] == ["pass", "n/a"]
 
@@ -27,23 +28,23 @@ def test_a_counter_added_to_proofs_is_emitted_and_reviewed(monkeypatch, tiny_mod
     name = "local_train_selective_probe_batches"
     monkeypatch.setitem(proofs.BRANCH_COUNTERS, name, lambda info: info.branch == "hidden")
     m = run("local")
-    assert m[name] == m[proofs.HIDDEN_BATCHES] > 0
+    assert m[name] == m[names.HIDDEN_BATCHES] > 0
     run_log = {"steps": [{"step": 1, name: m[name]}, {"step": 2, name: 3}], "evals": [], "ended": True,
                "unreadable": 0}
     assert review.summarize(run_log)[name] == m[name] + 3
 
 
 def test_proofs_module_stays_light():
-    """trainers/ import it; importing it must not pull torch (or any quaero module) in."""
-    code = ("import sys, quaero.proofs; "
+    """trainers/ import it; importing it must not pull torch (or any quaero module but the names) in."""
+    code = ("import sys, quaero.telemetry.proofs; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'quaero', 'trainers')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['quaero', 'quaero.proofs']"
+    assert out.strip() == "['quaero', 'quaero.telemetry', 'quaero.telemetry.names', 'quaero.telemetry.proofs']"
 
 
 def counters(skips=0, hidden=0, suffix=0, fallback=0, **kw):
-    return {proofs.SPARSE_SUFFIX_SKIPS: skips, proofs.HIDDEN_BATCHES: hidden, proofs.SUFFIX_BATCHES: suffix,
-            proofs.FALLBACK_BATCHES: fallback, **kw}
+    return {names.SPARSE_SUFFIX_SKIPS: skips, names.HIDDEN_BATCHES: hidden, names.SUFFIX_BATCHES: suffix,
+            names.FALLBACK_BATCHES: fallback, **kw}
 
 
 @pytest.mark.parametrize(("totals", "status"), [
@@ -63,11 +64,11 @@ def test_sparse_echo_verdicts(totals, status):
 
 
 def test_compiled_ce_is_judged_only_in_require_mode():
-    assert proofs.compiled_ce({proofs.COMPILE_MODE: "auto"})["status"] == "n/a"
-    ok = {proofs.COMPILE_MODE: "require", proofs.COMPILED_CE_BATCHES: 3, proofs.COMPILE_FALLBACK_REASON: ""}
+    assert proofs.compiled_ce({names.COMPILE_MODE: "auto"})["status"] == "n/a"
+    ok = {names.COMPILE_MODE: "require", names.COMPILED_CE_BATCHES: 3, names.COMPILE_FALLBACK_REASON: ""}
     assert proofs.compiled_ce(ok)["status"] == "pass"
-    assert proofs.compiled_ce({**ok, proofs.COMPILED_CE_BATCHES: 0})["status"] == "fail"
-    assert proofs.compiled_ce({**ok, proofs.COMPILE_FALLBACK_REASON: "cpu device"})["status"] == "fail"
+    assert proofs.compiled_ce({**ok, names.COMPILED_CE_BATCHES: 0})["status"] == "fail"
+    assert proofs.compiled_ce({**ok, names.COMPILE_FALLBACK_REASON: "cpu device"})["status"] == "fail"
 
 
 def test_unmet_counts_na_only_for_named_checks():

@@ -5,7 +5,7 @@ import pytest
 from fixtures.badreply import INJECTION
 
 from quaero.config import ModelConfig
-from quaero.render import WORD_JOINER, BridgeFailure, RenderAdapter
+from quaero.rollout.render import WORD_JOINER, BridgeFailure, RenderAdapter
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
                                            "parameters": {"type": "object",

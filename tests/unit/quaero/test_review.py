@@ -5,7 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from quaero import cli, metrics, proofs, review
+from quaero import cli
+from quaero.telemetry import names, proofs, runlog
+from quaero.tools import review
 
 SPARSE = {"local_train_selective_suffix_logits": True, "local_train_selective_sparse_suffix_skips": 2,
           "local_train_selective_hidden_logprob_batches": 2, "local_train_selective_fallback_logprob_batches": 0,
@@ -15,15 +17,15 @@ SPARSE = {"local_train_selective_suffix_logits": True, "local_train_selective_sp
 
 
 def record(run_dir, steps, *, end=True, torn=False, evals=()):
-    metrics.configure(console="none")
-    log = metrics.get_logger("test")
-    with metrics.RunLog(run_dir, run_id="r1"):
+    runlog.configure(console="none")
+    log = runlog.get_logger("test")
+    with runlog.RunLog(run_dir, run_id="r1"):
         log.info("run_start")
         for i, fields in enumerate(steps, start=1):
-            metrics.set_step(i)
+            runlog.set_step(i)
             log.info("train_step", phase=fields.pop("phase", "rl"), **fields)
         for step, r in evals:
-            metrics.set_step(step)
+            runlog.set_step(step)
             log.info("eval", eval_reward=r, eval_success_rate=r)
         if end:
             log.info("run_end", status="finished")
@@ -92,8 +94,8 @@ def test_compiled_ce_proof_only_in_require_mode(tmp_path):
     steps = [dict(s, local_train_compile_selective_ce_mode="require",
                   local_train_compile_selective_ce_fallback_reason="") for s in good_steps()]
     record(tmp_path, steps)
-    names = {c["name"]: c for c in proofs.run_checks(review.summarize(review.load_run(tmp_path)))}
-    assert names["compiled CE proof"]["passed"] is False  # no compiled batches ran
+    checks = {c["name"]: c for c in proofs.run_checks(review.summarize(review.load_run(tmp_path)))}
+    assert checks["compiled CE proof"]["passed"] is False  # no compiled batches ran
     assert review.main(args(tmp_path, require_proof=True)) == 1
 
 
@@ -133,10 +135,10 @@ def test_plots_are_valid_pngs(tmp_path):
 def test_plots_keep_the_warm_start_demo_reward_out_of_train_reward_and_give_eval_intervals(tmp_path):
     steps = [dict(s, phase="sft", reward_mean=1.0) for s in good_steps(3)] + good_steps(2)  # demos: the oracle's 1.0
     record(tmp_path, steps, evals=[(0, 0.0), (5, 0.5)])
-    metrics.configure(console="none")
-    with metrics.RunLog(tmp_path, run_id="r1"):
-        metrics.set_step(6)
-        metrics.get_logger("test").info("eval", eval_reward=0.609, eval_success_rate=39 / 64, eval_episodes=64)
+    runlog.configure(console="none")
+    with runlog.RunLog(tmp_path, run_id="r1"):
+        runlog.set_step(6)
+        runlog.get_logger("test").info("eval", eval_reward=0.609, eval_success_rate=39 / 64, eval_episodes=64)
     run = review.load_run(tmp_path)
     assert review.plot_points(run, "reward_mean") == [(4, 0.0), (5, 0.1)]  # RL steps only
     assert review.sft_span(run) == (1, 3)
@@ -172,7 +174,7 @@ def review_cli(*argv):
 
 def dense_steps(n=4, **over):
     """Steps whose ECHO rows were dense: every microbatch took the exact suffix branch."""
-    return [dict(s, **{proofs.SPARSE_SUFFIX_SKIPS: 0, proofs.HIDDEN_BATCHES: 0, proofs.SUFFIX_BATCHES: 2}, **over)
+    return [dict(s, **{names.SPARSE_SUFFIX_SKIPS: 0, names.HIDDEN_BATCHES: 0, names.SUFFIX_BATCHES: 2}, **over)
             for s in good_steps(n)]
 
 
@@ -193,7 +195,7 @@ def test_dense_rows_make_the_sparse_proof_na_not_a_failure(tmp_path, capsys):
 
 def test_dense_rows_with_a_fallback_batch_still_fail(tmp_path, capsys):
     steps = dense_steps()
-    steps[1][proofs.FALLBACK_BATCHES] = 1
+    steps[1][names.FALLBACK_BATCHES] = 1
     record(tmp_path, steps)
     assert review_cli(tmp_path, "--require-proof") == 1
     out, err = capsys.readouterr()
@@ -262,7 +264,7 @@ def test_unreadable_lines_are_counted_not_fatal(tmp_path, capsys):
     out, err = capsys.readouterr()
     s = json.loads(out)["summary"]
     assert s["unreadable_lines"] == 5 and s["steps"] == 4
-    assert s["rows"] == 12 and s["action_tokens"] == 30 and s[proofs.HIDDEN_BATCHES] == 6
+    assert s["rows"] == 12 and s["action_tokens"] == 30 and s[names.HIDDEN_BATCHES] == 6
     assert s["peak_mem_mb"] == 102.0 and s["eval_reward_last"] is None
     assert err == (f"warning: {tmp_path / 'events.jsonl'}: 5 line(s) could not be read (not UTF-8, not a JSON "
                    "object, or a step that is not an integer) and are left out\n")
@@ -293,24 +295,24 @@ def test_events_path_that_is_a_directory_is_a_one_line_error(tmp_path, capsys):
 @pytest.fixture(autouse=True)
 def _reset_structlog():
     yield
-    metrics.configure(console="none")
+    runlog.configure(console="none")
 
 
 def _record_phases(run_dir, *, warm: list[int] | None, end: list[int] | None, sft=3, rl=2, warm_step=None):
     """A warm start of `sft` steps and `rl` RL steps; evals at 0, at the warm start's end and at the end, each with
     per-task results [index, success, reward] (successes given as 0/1 lists; None: no such eval)."""
     steps = [dict(s, phase="sft") for s in good_steps(sft)] + good_steps(rl)
-    metrics.configure(console="none")
-    log = metrics.get_logger("test")
+    runlog.configure(console="none")
+    log = runlog.get_logger("test")
     evals = [(0, [0] * 64), (warm_step or sft, warm), (sft + rl, end)]
-    with metrics.RunLog(run_dir, run_id="r1"):
+    with runlog.RunLog(run_dir, run_id="r1"):
         for i, fields in enumerate(steps, start=1):
-            metrics.set_step(i)
+            runlog.set_step(i)
             log.info("train_step", phase=fields.pop("phase", "rl"), **fields)
         for step, wins in evals:
             if wins is None:
                 continue
-            metrics.set_step(step)
+            runlog.set_step(step)
             log.info("eval", eval_reward=sum(wins) / len(wins), eval_success_rate=sum(wins) / len(wins),
                      eval_episodes=len(wins), eval_results=[[i, w, float(w)] for i, w in enumerate(wins)])
         log.info("run_end", status="finished")

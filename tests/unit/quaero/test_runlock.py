@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from quaero.runlock import RunFolderLocked, RunLock, refuse_if_held
+from quaero.recipe.runlock import RunFolderLocked, RunLock, refuse_if_held
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -24,7 +24,7 @@ def test_a_second_holder_is_refused_with_the_first_ones_pid(tmp_path):
 
 @pytest.mark.hostile
 def test_a_lock_whose_holder_was_killed_is_taken_over(tmp_path):
-    code = (f"import time; from quaero.runlock import RunLock; RunLock({str(tmp_path)!r}).__enter__(); "
+    code = (f"import time; from quaero.recipe.runlock import RunLock; RunLock({str(tmp_path)!r}).__enter__(); "
             "print('held', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"

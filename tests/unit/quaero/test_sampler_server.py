@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from quaero.config import ConfigError, QuaeroConfig, SamplerConfig, check_rules
-from quaero.plan import check_server_devices
-from quaero.sampling.launch import ServedProcess, ServerStartError, free_port, start_all
+from quaero.recipe.plan import check_server_devices
 from quaero.sampling.server import serve_argv, server_devices, server_env
+from quaero.sampling.supervisor import ServedProcess, ServerStartError, free_port, start_all
 
 
 def _cfg(**sampler) -> QuaeroConfig:
@@ -295,7 +295,7 @@ def test_a_running_server_is_judged_by_what_it_says_of_itself(http_server, chang
 def test_a_wrong_address_fails_the_config_before_any_model_loads(http_server):
     """Nothing listening, and a server that is not vLLM's: `quaero check` (and so `quaero train`) stops in one
     line naming the url, before a model or an env loads."""
-    from quaero.plan import check_server_urls
+    from quaero.recipe.plan import check_server_urls
 
     dead = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(ConfigError, match=rf"run.toml \[sampler\] urls: {dead} does not answer .*start it or fix"):
@@ -354,14 +354,14 @@ def test_a_dropped_connection_is_sent_again_and_a_lasting_one_names_the_retries(
 def test_a_vllm_server_failing_mid_run_ends_quaero_train_in_one_error(monkeypatch, tmp_path, capsys):
     """`quaero train`: a server that fails during the run (the fault, raised where the recipe would meet it)
     ends the command with `error: ...` naming the server, exit 1, no traceback; its checkpoints stay."""
-    import quaero.train
+    import quaero.recipe.train
     from quaero import cli
     from quaero.sampling.server import ServerError
 
     def failing(cfg, **kwargs):
         raise ServerError("vLLM server http://127.0.0.1:9/v1/completions unreachable (refused) (after 3 retries)")
 
-    monkeypatch.setattr(quaero.train, "train", failing)
+    monkeypatch.setattr(quaero.recipe.train, "train", failing)
     from fixtures.runs import ROOT
 
     code = cli.main(["train", str(ROOT / "envs" / "toolbench.toml"), "--set", f"run.output_dir='{tmp_path}'"])

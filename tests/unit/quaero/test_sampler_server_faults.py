@@ -77,9 +77,9 @@ def test_a_server_that_accepts_no_connection_is_a_bounded_wait(monkeypatch):
 
 
 def test_sigterm_ends_a_wait_on_a_silent_server(monkeypatch, raw_server):
-    """The stop request of `quaero train` (quaero/train.py StopRequest, a real SIGTERM to this process): the
+    """The stop request of `quaero train` (quaero/recipe/train.py StopRequest, a real SIGTERM to this process): the
     wait goes on for STOP_GRACE_S, then ends as an interrupted run (the CLI exits 130), not after the timeout."""
-    from quaero.train import StopRequest
+    from quaero.recipe.train import StopRequest
 
     monkeypatch.setattr(wire, "STOP_GRACE_S", 0.3)
     monkeypatch.setattr(wire, "POLL_S", 0.05)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from quaero.bench import scaling
+from quaero.tools import scaling
 
 
 def make_run(tmp_path, *, ranks=1, sync=0.0, steps=((10.0, 6.0), (14.0, 8.0))):

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from fixtures.sink_readers import tensorboard_scalars, wandb_offline_history
 
-from quaero import metrics
 from quaero.config import ConfigError
-from quaero.plan import load_checked
-from quaero.sinks import mirror, open_sinks, scalars_of
+from quaero.recipe.plan import load_checked
+from quaero.telemetry import runlog
+from quaero.telemetry.sinks import mirror, open_sinks, scalars_of
 
 ROOT = Path(__file__).resolve().parents[3]
 MAIN = ROOT / "envs" / "toolbench.toml"
@@ -22,11 +22,11 @@ MAIN = ROOT / "envs" / "toolbench.toml"
 
 def log_three_events(run_dir, report_to):
     """step 1 and 2 train_step, an eval at step 2, and an event that is not mirrored."""
-    metrics.configure(console="none")
-    log = metrics.get_logger("test")
-    with metrics.RunLog(run_dir), open_sinks(report_to, run_dir, "sinks-test", {"seed": 0}):
+    runlog.configure(console="none")
+    log = runlog.get_logger("test")
+    with runlog.RunLog(run_dir), open_sinks(report_to, run_dir, "sinks-test", {"seed": 0}):
         for step, loss in ((1, 1.5), (2, 0.75)):
-            metrics.set_step(step)
+            runlog.set_step(step)
             log.info("train_step", loss=loss, rows=4 * step, weights_pushed=True, phase="rl", reward_mean=None,
                      cumulative={"rows": 4})
         log.info("eval", eval_reward=0.25, eval_episodes=8, sample_transcript=["user: hi"])
@@ -51,7 +51,7 @@ def test_tensorboard_reads_back_the_scalars_at_the_event_steps(tmp_path):
                        "train/weights_pushed": [(1, 1.0), (2, 1.0)],
                        "eval/reward": [(2, 0.25)], "eval/episodes": [(2, 8.0)]}
     # the events file is still the whole record, strings and nested values included
-    events, _ = metrics.read_events(tmp_path / "events.jsonl")
+    events, _ = runlog.read_events(tmp_path / "events.jsonl")
     assert [e["event"] for e in events] == ["train_step", "train_step", "eval", "checkpoint_saved"]
     assert events[0]["phase"] == "rl" and events[0]["cumulative"] == {"rows": 4}
     assert mirror.sinks == []
@@ -59,11 +59,11 @@ def test_tensorboard_reads_back_the_scalars_at_the_event_steps(tmp_path):
 
 def test_sinks_are_closed_and_flushed_when_the_run_is_interrupted(tmp_path):
     pytest.importorskip("tensorboard", reason="tensorboard is not installed: pip install 'quaero[tensorboard]'")
-    metrics.configure(console="none")
-    log = metrics.get_logger("test")
-    with (pytest.raises(KeyboardInterrupt), metrics.RunLog(tmp_path),
+    runlog.configure(console="none")
+    log = runlog.get_logger("test")
+    with (pytest.raises(KeyboardInterrupt), runlog.RunLog(tmp_path),
           open_sinks(["tensorboard"], tmp_path, "cut", {}) as sinks):
-        metrics.set_step(7)
+        runlog.set_step(7)
         log.info("train_step", loss=2.0)
         raise KeyboardInterrupt
     assert mirror.sinks == []
@@ -103,15 +103,15 @@ def test_a_resumed_run_logs_into_the_same_wandb_run(tmp_path, monkeypatch):
 
 TRACKIO_SCRIPT = """
 import json, sys
-from quaero import metrics
-from quaero.sinks import open_sinks
-metrics.configure(console="none")
-log = metrics.get_logger("test")
-with metrics.RunLog(sys.argv[1]), open_sinks(["trackio"], sys.argv[1], "sinks-test", {}):
-    metrics.set_step(3)
+from quaero.telemetry import runlog
+from quaero.telemetry.sinks import open_sinks
+runlog.configure(console="none")
+log = runlog.get_logger("test")
+with runlog.RunLog(sys.argv[1]), open_sinks(["trackio"], sys.argv[1], "sinks-test", {}):
+    runlog.set_step(3)
     log.info("train_step", loss=1.5, phase="rl")
-with metrics.RunLog(sys.argv[1]), open_sinks(["trackio"], sys.argv[1], "sinks-test", {}):  # resumed
-    metrics.set_step(4)
+with runlog.RunLog(sys.argv[1]), open_sinks(["trackio"], sys.argv[1], "sinks-test", {}):  # resumed
+    runlog.set_step(4)
     log.info("train_step", loss=0.5, phase="rl")
 from trackio.sqlite_storage import SQLiteStorage
 rows = SQLiteStorage.get_logs("quaero", "sinks-test")
@@ -146,7 +146,7 @@ def test_check_names_the_pip_command_for_a_missing_sink_and_rejects_unknown_ones
 
 
 def test_check_does_not_import_the_sink_packages():
-    code = ("import sys; from quaero.plan import load_checked; "
+    code = ("import sys; from quaero.recipe.plan import load_checked; "
             f"load_checked({str(MAIN)!r}, ['logging.report_to=[\"tensorboard\", \"wandb\"]']); "
             "print(sorted(m for m in ('tensorboard', 'wandb', 'torch.utils.tensorboard') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120,
@@ -174,27 +174,27 @@ def test_a_failing_or_hanging_sink_is_a_warning_and_the_run_log_keeps_every_even
 
     from fixtures.sink_faults import FaultySink
 
-    from quaero import sinks
+    from quaero.telemetry import sinks
 
     monkeypatch.setattr(FaultySink, "fault", fault)
     monkeypatch.setattr(FaultySink, "release", threading.Event())
     monkeypatch.setitem(sinks.SINKS, "faulty", FaultySink)
     monkeypatch.setattr(sinks, "SINK_QUEUE_EVENTS", 1)
     monkeypatch.setattr(sinks, "SINK_CLOSE_TIMEOUT_S", 0.3)
-    metrics.configure(console="none")
-    log = metrics.get_logger("test")
+    runlog.configure(console="none")
+    log = runlog.get_logger("test")
     t0 = time.monotonic()
     try:
-        with metrics.RunLog(tmp_path), open_sinks(["faulty"], tmp_path, "faulty", {}):
+        with runlog.RunLog(tmp_path), open_sinks(["faulty"], tmp_path, "faulty", {}):
             for step in (1, 2, 3, 4):
-                metrics.set_step(step)
+                runlog.set_step(step)
                 log.info("train_step", loss=1.0 / step)
                 time.sleep(0.05)  # the sink's thread takes the event (or fails on it)
             log.info("run_end", status="finished")
     finally:
         FaultySink.release.set()
     assert time.monotonic() - t0 < 5
-    events = metrics.read_events(tmp_path / "events.jsonl")[0]
+    events = runlog.read_events(tmp_path / "events.jsonl")[0]
     assert [e["step"] for e in events if e["event"] == "train_step"] == [1, 2, 3, 4]
     assert [e["event"] for e in events].count("run_end") == 1
     assert [(e["event"], e.get("error")) for e in events if e["event"] in ("sink_failed", "sink_hung")] == warned

@@ -1,4 +1,4 @@
-"""`[data] traces_loss = "rl"` (quaero/traces.py `rl_rows`): recorded rows that carry an advantage, or a reward
+"""`[data] traces_loss = "rl"` (quaero/rollout/traces.py `rl_rows`): recorded rows that carry an advantage, or a reward
 and a group, and the sampler's log-probs train the RL loss off-policy. Rows keep the records' ids (never
 re-tokenized), records that cannot be used are refused one line each, and the trainer's importance ratio is
 taken over the recorded log-probs: the RL term is non-zero and moves with them."""
@@ -8,7 +8,7 @@ import math
 import pytest
 from fixtures.small_model import V, make_spec, save_small_model
 
-from quaero.traces import load_traces
+from quaero.rollout.traces import load_traces
 from trainers.local import LocalTrainer
 from trainers.step import audit_logprobs
 

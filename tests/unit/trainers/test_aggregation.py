@@ -10,7 +10,7 @@ import torch
 from fixtures.small_model import V, make_spec
 
 from quaero.config import EchoConfig
-from quaero.rows import EchoRow, Span
+from quaero.rollout.rows import EchoRow, Span
 from trainers.aggregation import echo_scales, rl_scales
 from trainers.local import LocalTrainer
 
@@ -158,4 +158,4 @@ def test_sequence_mean_gradient_equals_float64_reference(small_model_dir):
 def test_echo_rl_weight_replaces_the_weight_of_the_rl_steps_only(schedule, expected):
     cfg = EchoConfig(weight=0.2, rl_weight=0.02, schedule=schedule)
     assert [cfg.weight_at(k, 4) for k in range(1, 5)] == pytest.approx(expected, rel=1e-12)
-    assert cfg.weight == 0.2  # what the warm start's steps use (quaero/train.py: run_step)
+    assert cfg.weight == 0.2  # what the warm start's steps use (quaero/recipe/train.py: run_step)

@@ -1,7 +1,8 @@
-"""The pieces of data parallelism that run in one process: the row split, the launcher guard, the identity."""
+"""The pieces of data parallelism that run in one process: the row split, the torchrun guard, the identity."""
 import pytest
 import torch
 
+from quaero import process_group
 from trainers import distributed
 
 
@@ -22,22 +23,22 @@ def test_split_keeps_the_heaviest_rank_near_the_mean():
     assert max(loads) - min(loads) <= max(lengths)  # greedy longest-first bound
 
 
-def test_a_launcher_with_strategy_none_is_refused(monkeypatch):
+def test_torchrun_with_strategy_none_is_refused(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match=r"2 ranks but \[distributed\] strategy='none'.*'ddp' or 'fsdp2'"):
-        distributed.setup("none", torch.device("cpu"))
+        process_group.setup("none", torch.device("cpu"))
 
 
 def test_one_process_is_the_identity(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     module = torch.nn.Linear(2, 2)
-    assert distributed.setup("fsdp2", torch.device("cpu")) == torch.device("cpu")
+    assert process_group.setup("fsdp2", torch.device("cpu")) == torch.device("cpu")
     assert distributed.wrap_model(module, "fsdp2", torch.device("cpu"), []) is module
-    assert distributed.all_sum([3, 4]) == [3, 4] and distributed.all_max(5) == 5 and distributed.gather("x") == ["x"]
+    assert process_group.all_sum([3, 4]) == [3, 4] and process_group.all_max(5) == 5 and process_group.gather("x") == ["x"]
 
 
 def test_ranks_totals_add_up_and_keep_their_maxima():
-    from quaero.proofs import HIDDEN_BATCHES
+    from quaero.telemetry.names import HIDDEN_BATCHES
     from trainers.batch import CropStats
     from trainers.loss import LogprobGap, PolicyStats
     from trainers.step import StepTotals
@@ -97,7 +98,7 @@ def test_a_sharded_trainer_keeps_model_and_optimizer_out_of_its_state(tiny_model
     trainer = LocalTrainer(TrainerSpec(), "cpu")
     assert "model" in trainer.state_dict() and not trainer.sharded  # one process: checkpoints as before
     trainer.spec = replace(trainer.spec, distributed="fsdp2")
-    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    monkeypatch.setattr(process_group, "world_size", lambda: 2)
     assert trainer.sharded
     state = trainer.state_dict()
     assert state["shards"] == "dcp" and "model" not in state and "optimizer" not in state

@@ -27,11 +27,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quaero.config import QuaeroConfig, error_line
-from quaero.export import ExportError, export_run, is_adapter, load_model
-from quaero.stats import paired_outcomes, safe_mean, wilson_interval
+from quaero.recipe.model_folder import ExportError
+from quaero.recipe.train import safe_mean
+from quaero.telemetry import names
+from quaero.tools.export import export_run, is_adapter, load_model
+from quaero.tools.significance import paired_outcomes, wilson_interval
 
 if TYPE_CHECKING:
-    from quaero.rollout import Policy
+    from quaero.rollout.driver import Policy
 
 _POLICY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -92,7 +95,7 @@ def resolve(spec: str | None, cfg: QuaeroConfig, scratch: contextlib.ExitStack) 
     if spec is None:
         return Contestant(cfg.model.name, home=cfg.run_dir)
     path = Path(spec).expanduser()
-    if path.is_dir() and ((path / "checkpoints").is_dir() or (path / "final").is_dir()):
+    if path.is_dir() and ((path / names.CHECKPOINTS).is_dir() or (path / names.FINAL).is_dir()):
         return _run_contestant(spec, path, scratch)  # a run folder (its config.json is quaero's, not HF's)
     if path.is_dir() and ((path / "config.json").exists() or is_adapter(path)):
         _check_model_folder(spec, path)
@@ -129,8 +132,8 @@ def _check_model_folder(spec: str, folder: Path) -> None:
 
 
 def _run_contestant(spec: str, run: Path, scratch: contextlib.ExitStack) -> Contestant:
-    if (run / "final").is_dir():
-        return Contestant(spec, folder=run / "final", home=run)
+    if (run / names.FINAL).is_dir():
+        return Contestant(spec, folder=run / names.FINAL, home=run)
     tmp = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="quaero-eval-"))) / "model"
     try:  # an interrupted run has no final/: its newest checkpoint is what it has
         export_run(run, tmp, merge=True)
@@ -179,9 +182,9 @@ def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan, kep
     """All (repeat, task) episodes of one contestant through the training evaluation's driver; each repeat's
     records are appended to `kept` as they finish (an interrupted eval writes those)."""
     from quaero.openenv_client.tasks import eval_indices
-    from quaero.render import RenderAdapter
-    from quaero.rollout import EpisodeDriver
-    from quaero.train import make_task
+    from quaero.rollout.driver import EpisodeDriver
+    from quaero.rollout.render import RenderAdapter
+    from quaero.rollout.tasks import task_reset
 
     try:
         render = RenderAdapter(_tokenizer(cfg, who), cfg.model)
@@ -191,14 +194,14 @@ def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan, kep
     except Exception as e:  # noqa: BLE001 - a truncated safetensors, a pickle-only folder, a foreign tokenizer
         raise EvalError(f"--model {who.label}: cannot load it ({error_line(e, 200)}); pass a folder `quaero export` "
                         "wrote (safetensors), a run folder or a hub model") from None
-    pool.stats.snapshot_and_reset()  # this contestant's counts only
-    driver = EpisodeDriver(render, sampler, cfg, pool.stats)
+    pool.counts.snapshot_and_reset()  # this contestant's counts only
+    driver = EpisodeDriver(render, sampler, cfg, pool.counts)
     records = [] if kept is None else kept
     try:
         for r in range(plan.seeds):
             seed = cfg.run.seed + r
             indices = eval_indices(pool.tasks, plan.split, plan.tasks)  # the env's split, with a Task API
-            tasks = [make_task(_with(cfg, "run", seed=seed), plan.split, i) for i in indices]
+            tasks = [task_reset(_with(cfg, "run", seed=seed), plan.split, i) for i in indices]
             try:
                 groups = driver.run(pool.sessions, tasks, group_size=1, greedy=plan.greedy, policy=who.policy,
                                     seed=seed)
@@ -214,7 +217,7 @@ def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan, kep
     finally:
         if sampler is not None:
             sampler.close()
-    return Result(who.label, records, int(pool.stats.snapshot_and_reset()["malformed_actions"]))
+    return Result(who.label, records, int(pool.counts.snapshot_and_reset()["malformed_actions"]))
 
 
 def paired(a: Result, b: Result, seed: int = 0) -> dict:
@@ -238,7 +241,7 @@ def evaluate(cfg: QuaeroConfig, specs: list[str | None], plan: EvalPlan) -> tupl
         if type(value) is not int or value < 1:
             raise EvalError(f"{option} {value}: at least 1 (an eval of no episode reports nothing)")
     n_sessions = max(1, min(plan.tasks, cfg.training.tasks_per_step * cfg.training.group_size))
-    names = ["transcripts.jsonl"] if len(specs) == 1 else ["transcripts-a.jsonl", "transcripts-b.jsonl"]
+    transcripts = ["transcripts.jsonl"] if len(specs) == 1 else ["transcripts-a.jsonl", "transcripts-b.jsonl"]
     kept: list[list[dict]] = [[] for _ in specs]
     with contextlib.ExitStack() as scratch:
         who = [resolve(s, cfg, scratch) for s in specs]
@@ -249,11 +252,11 @@ def evaluate(cfg: QuaeroConfig, specs: list[str | None], plan: EvalPlan) -> tupl
         out = Path(plan.out) if plan.out else home / f"eval-{plan.stamp}"
         _writable_folder(out, "--out" if plan.out else "the eval folder")
         try:
-            with open_envs(cfg.env, n_sessions, log_dir=out / "env-servers") as pool:  # logs beside the results
+            with open_envs(cfg.env, n_sessions, log_dir=out / names.ENV_SERVERS) as pool:  # logs beside the results
                 check_splits(pool.tasks, _with(cfg, "env", eval_split=plan.split).env, train=False, evaluate=True)
                 results = [run_contestant(cfg, w, pool, plan, kept=k) for w, k in zip(who, kept)]
         finally:  # an interrupted or failed eval keeps the episodes that finished
-            for name, records in zip(names, kept):
+            for name, records in zip(transcripts, kept):
                 if records:
                     _write_jsonl(out / name, records)
     summary = {"config": {"split": plan.split, "tasks": plan.tasks, "seeds": plan.seeds,

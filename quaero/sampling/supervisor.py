@@ -1,6 +1,6 @@
 """Server processes a sampler owns (`[sampler] mode = "server"`): start, wait until healthy, stop.
 
-Each server runs under a small supervisor, `python quaero/sampling/launch.py --parent-pid PID -- PROGRAM...`,
+Each server runs under a small supervisor, `python quaero/sampling/supervisor.py --parent-pid PID -- PROGRAM...`,
 in a session of its own: a terminal's Ctrl-C (sent to the whole foreground group) is for quaero, which
 finishes its step and then stops the servers, and it cannot reach vLLM's engine processes mid-step (the
 colocated engine is kept out of it by running in quaero's process, quaero/sampling/vllm.py). The supervisor stops its
@@ -65,7 +65,7 @@ class ServedProcess:
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=2.0) as r:
                     if r.status == 200:
-                        from quaero.metrics import get_logger
+                        from quaero.telemetry.runlog import get_logger
 
                         get_logger(__name__).info("sampler_server_started", name=self.name, url=self.url,
                                                   pid=self.proc.pid, start_s=round(time.monotonic() - t0, 1),
@@ -146,7 +146,7 @@ def supervise(parent_pid: int, argv: list[str]) -> int:
 
 def main(args: list[str]) -> int:
     if len(args) < 4 or args[0] != "--parent-pid" or args[2] != "--":
-        print("usage: python quaero/sampling/launch.py --parent-pid PID -- PROGRAM [ARGS...]", file=sys.stderr)
+        print("usage: python quaero/sampling/supervisor.py --parent-pid PID -- PROGRAM [ARGS...]", file=sys.stderr)
         return 2
     return supervise(int(args[1]), args[3:])
 

@@ -1,9 +1,9 @@
-"""Metric names and the proofs read from them: the one owner of both.
+"""The proofs read from a run's metrics (their names are declared in quaero/telemetry/names.py).
 
 The trainer step counts its branches with `BRANCH_COUNTERS`; `quaero review`, `quaero bench` and CI
-judge a run with the checks below (`quaero review RUN --require NAME`). Adding a branch counter is one
-line in `BRANCH_COUNTERS`; every list of names elsewhere derives from it. No torch here: `trainers/`
-imports this module.
+judge a run with the checks below (`quaero review RUN --require NAME`). Adding a branch counter is its
+name in names.py and one line in `BRANCH_COUNTERS`; every list of names elsewhere derives from them. No
+torch here: `trainers/` imports this module.
 
 A check is a dict `{name, required, status, passed, detail}`: status "pass" | "fail" | "n/a" (the check
 does not apply to this run, `detail` says why), `passed` True | False | None to match, `required`
@@ -14,18 +14,22 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-# retrain's ECHO metric names, kept exactly so a quaero run reads like a retrain run
-SELECTIVE_SUFFIX_LOGITS = "local_train_selective_suffix_logits"  # the selective target-mask mode is on
-SPARSE_SUFFIX_SKIPS = "local_train_selective_sparse_suffix_skips"
-HIDDEN_BATCHES = "local_train_selective_hidden_logprob_batches"
-COMPILED_CE_BATCHES = "local_train_selective_compiled_ce_batches"
-SUFFIX_BATCHES = "local_train_selective_suffix_logprob_batches"
-FALLBACK_BATCHES = "local_train_selective_fallback_logprob_batches"
-COMPILE_MODE = "local_train_compile_selective_ce_mode"
-COMPILE_FALLBACK_REASON = "local_train_compile_selective_ce_fallback_reason"
-SAVE_ON_CPU = "local_train_save_on_cpu"  # saved-tensor CPU offload is on
-SELECTIVE_METRICS = (SELECTIVE_SUFFIX_LOGITS, SPARSE_SUFFIX_SKIPS, HIDDEN_BATCHES, COMPILED_CE_BATCHES,
-                     SUFFIX_BATCHES, FALLBACK_BATCHES, COMPILE_MODE, COMPILE_FALLBACK_REASON)
+from quaero.telemetry.names import (
+    CHUNKED_BATCHES,
+    COMPILE_FALLBACK_REASON,
+    COMPILE_MODE,
+    COMPILED_CE_BATCHES,
+    DENSE_BATCHES,
+    FALLBACK_BATCHES,
+    FORWARD_PASSES,
+    FORWARD_PASSES_PER_MICROBATCH,
+    HIDDEN_BATCHES,
+    LM_HEAD_SKIPPED_MICROBATCHES,
+    MICROBATCHES,
+    SELECTIVE_SUFFIX_LOGITS,
+    SPARSE_SUFFIX_SKIPS,
+    SUFFIX_BATCHES,
+)
 
 # Each branch counter and the microbatches it counts, read from a `trainers.selective.SelectiveInfo`.
 # Per step these are microbatch counts; review sums them over steps.
@@ -35,14 +39,13 @@ BRANCH_COUNTERS: dict[str, Callable[[Any], bool]] = {
     COMPILED_CE_BATCHES: lambda info: info.compiled,
     SUFFIX_BATCHES: lambda info: info.branch == "suffix",
     FALLBACK_BATCHES: lambda info: info.branch == "fallback",  # selective asked for, full logits ran
-    "local_train_selective_chunked_logprob_batches": lambda info: info.branch == "hidden_chunked",
-    "local_train_selective_dense_logprob_batches": lambda info: info.branch == "dense",  # selective off
+    CHUNKED_BATCHES: lambda info: info.branch == "hidden_chunked",
+    DENSE_BATCHES: lambda info: info.branch == "dense",  # selective off
 }
 
 # What one trainer step's proof reads: its branch metrics and the shared-forward figures.
 STEP_PROOF_METRICS = (SELECTIVE_SUFFIX_LOGITS, *BRANCH_COUNTERS, COMPILE_MODE, COMPILE_FALLBACK_REASON,
-                      "forward_passes", "microbatches", "forward_passes_per_microbatch",
-                      "lm_head_skipped_microbatches")
+                      FORWARD_PASSES, MICROBATCHES, FORWARD_PASSES_PER_MICROBATCH, LM_HEAD_SKIPPED_MICROBATCHES)
 
 
 def short(metric: str) -> str:
@@ -71,7 +74,7 @@ RL_IMPROVED_P = 0.05  # McNemar exact p on the success pairs, or the reward diff
 LOGPROB_GAP_MAX_NATS = 2.0  # any one token of an on-policy step
 LOGPROB_GAP_MEAN_NATS = 0.1  # a step's mean over its sampled tokens
 # A sampled token's log-prob above this is impossible (log p <= 0; fp32 rounding stays far below it): the
-# episode that holds it is dropped and counted (quaero/rollout.py), never trained on.
+# episode that holds it is dropped and counted (quaero/rollout/driver.py), never trained on.
 MAX_SAMPLER_LOGPROB = 1e-3
 
 
@@ -131,7 +134,7 @@ def branch_checks(totals: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def run_checks(s: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Every check of a reviewed run, in `CHECKS` order, from `quaero.review.summarize`'s summary."""
+    """Every check of a reviewed run, in `CHECKS` order, from `quaero.tools.review.summarize`'s summary."""
     rows, tokens = s["rows"], s["action_tokens"] + s["echo_tokens"]
     trained = s["steps"] > 0 and rows > 0 and tokens > 0
     untrained = f"0 rows trained (steps={s['steps']}, rows={rows}): nothing learned to judge"
@@ -197,7 +200,7 @@ def describe_rl_signal(t: Mapping[str, Any]) -> str:
 
 def training_apart(s: Mapping[str, Any]) -> list[dict[str, Any]]:
     """RL and ECHO judged apart ("trained at least one step" passes on either): reported, not required, since a
-    run may rightly be ECHO-only; quaero/outcomes.py says the same during the run."""
+    run may rightly be ECHO-only; quaero/telemetry/outcomes.py says the same during the run."""
     if not s.get("rl_steps"):
         rl = _check(RL_TRAINED, False, NA, "no RL step")
     else:

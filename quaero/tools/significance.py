@@ -10,22 +10,9 @@
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 
 Z_95 = 1.959963984540054  # the standard normal's 97.5% quantile
-
-
-def safe_mean(xs: Sequence[float]) -> float:
-    """The mean of `xs`: `statistics.fmean`'s correctly rounded value, or, where its exact sum overflows
-    (finite values near the float limit, e.g. a hostile env's rewards), the mean of the scaled values,
-    which cannot overflow. Raises ValueError on an empty sequence."""
-    if not xs:
-        raise ValueError("safe_mean of an empty sequence")
-    try:
-        return statistics.fmean(xs)
-    except OverflowError:
-        return sum(x / len(xs) for x in xs)
 
 
 def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:

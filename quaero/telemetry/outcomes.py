@@ -7,7 +7,7 @@ random-init or too-small model does exactly this. `SignalWatch` counts, per RL s
 carried an advantage (the trainer's `action_tokens`), the valid actions (turns minus malformed ones) and, when
 the recipe logs them, the groups and the groups whose advantages were all zero (`groups`,
 `groups_zero_advantage`); it warns at the first RL step without signal (and every 10th after) and logs
-`rl_signal` at the end. `quaero review` judges the same totals (`quaero/proofs.py`: "RL trained" and "ECHO
+`rl_signal` at the end. `quaero review` judges the same totals (`quaero/telemetry/proofs.py`: "RL trained" and "ECHO
 trained" are reported apart).
 """
 from __future__ import annotations
@@ -16,8 +16,9 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from quaero.metrics import get_logger
-from quaero.proofs import describe_rl_signal
+from quaero.telemetry import names
+from quaero.telemetry.proofs import describe_rl_signal
+from quaero.telemetry.runlog import get_logger
 
 log = get_logger(__name__)
 
@@ -32,11 +33,11 @@ class SignalWatch:
 
     def step(self, step: int, m: Mapping[str, Any]) -> None:
         """Count one train_step's metrics; warn when an RL step carried no signal."""
-        if m.get("phase") != "rl":
+        if m.get(names.PHASE) != "rl":
             return
-        one = {"rl_steps": 1, "rl_steps_with_signal": int(m.get("action_tokens", 0) > 0),
-               "action_tokens": m.get("action_tokens", 0), "actions": m.get("turns", 0),
-               "valid_actions": m.get("turns", 0) - m.get("malformed_actions", 0)}
+        one = {"rl_steps": 1, "rl_steps_with_signal": int(m.get(names.ACTION_TOKENS, 0) > 0),
+               names.ACTION_TOKENS: m.get(names.ACTION_TOKENS, 0), "actions": m.get(names.TURNS, 0),
+               "valid_actions": m.get(names.TURNS, 0) - m.get(names.MALFORMED_ACTIONS, 0)}
         one.update({k: m[k] for k in ("groups", "groups_zero_advantage") if k in m})
         self.totals.update(one)
         silent = self.totals["rl_steps"] - self.totals["rl_steps_with_signal"]
@@ -48,5 +49,5 @@ class SignalWatch:
         t = dict(self.totals)
         if not t:
             return {}
-        (log.info if t["action_tokens"] else log.warning)("rl_signal", **t, note=describe_rl_signal(t))
+        (log.info if t[names.ACTION_TOKENS] else log.warning)("rl_signal", **t, note=describe_rl_signal(t))
         return t

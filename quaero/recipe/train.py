@@ -7,14 +7,14 @@ split) runs before the first step (the untrained baseline) and every `eval_every
 Determinism: the sampler seed of step k and the tasks of step k are functions of (run seed, k), so
 a run interrupted after step k and resumed from its checkpoint reproduces step k+1 exactly.
 
-Asynchronous rollouts (`[training] max_off_policy_steps = k >= 1`, quaero/ahead.py): while an RL step
+Asynchronous rollouts (`[training] max_off_policy_steps = k >= 1`, quaero/recipe/ahead.py): while an RL step
 trains, a worker thread samples the rollouts of the next k steps with the weights the step started from,
 so a step trains rows up to k policy versions old (`policy_staleness`). The first RL step (after a warm
 start, or after a resume: the rollouts in flight are not checkpointed) samples on-policy, now. k = 0 is the
 loop above, unchanged: no thread, the sampler sharing the trainer's module.
 
 Under torchrun (`quaero train --nproc N`) every rank runs this recipe on its share of each step's
-tasks; rank 0 alone writes the run folder (quaero/ranks.py says who does what).
+tasks; rank 0 alone writes the run folder (quaero/recipe/ranks.py says who does what).
 
 A run that trains nothing stops: `[training] max_empty_steps` consecutive steps without a trained row
 (every episode dropped) end it with EmptyRunError, naming the drop reasons.
@@ -23,30 +23,33 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quaero import checkpoint, ranks
-from quaero.ahead import Rollout, RolloutsAhead
 from quaero.config import ConfigError, QuaeroConfig, error_line
-from quaero.inspect_rows import save_step_rows
-from quaero.metrics import Cumulative, RunLog, configure, get_logger, set_step
-from quaero.openenv_client.tasks import TaskCatalog, check_splits, eval_indices, task_index
-from quaero.outcomes import SignalWatch
-from quaero.rollout_stats import drop_reasons
+from quaero.openenv_client.tasks import check_splits, eval_indices
+from quaero.recipe import checkpoint, ranks
+from quaero.recipe.ahead import Rollout, RolloutsAhead
+from quaero.recipe.saved_rows import save_step_rows
+from quaero.rollout.counts import drop_reasons
+from quaero.rollout.tasks import task_reset
+from quaero.rollout.traces import trace_batch, warm_start_rows
 from quaero.sampling.wire import STOP_REQUESTED
-from quaero.stats import safe_mean
-from quaero.traces import trace_batch, warm_start_rows
+from quaero.telemetry import names
+from quaero.telemetry.outcomes import SignalWatch
+from quaero.telemetry.runlog import Cumulative, RunLog, configure, get_logger, set_step
 
 if TYPE_CHECKING:
     from quaero.openenv_client import EnvPool
-    from quaero.render import RenderAdapter
-    from quaero.rollout import EpisodeDriver, Policy
-    from quaero.rollout_stats import RolloutStats
-    from quaero.rows import EchoRow, Transition
+    from quaero.rollout.counts import RolloutCounts
+    from quaero.rollout.driver import EpisodeDriver, Policy
+    from quaero.rollout.render import RenderAdapter
+    from quaero.rollout.rows import EchoRow, Transition
     from quaero.sampling import Sampler
     from trainers.base import Trainer
 
@@ -55,6 +58,18 @@ log = get_logger(__name__)
 
 class EmptyRunError(RuntimeError):
     """`[training] max_empty_steps` consecutive steps trained no row."""
+
+
+def safe_mean(xs: Sequence[float]) -> float:
+    """The mean of `xs`: `statistics.fmean`'s correctly rounded value, or, where its exact sum overflows
+    (finite values near the float limit, e.g. a hostile env's rewards), the mean of the scaled values,
+    which cannot overflow. Raises ValueError on an empty sequence."""
+    if not xs:
+        raise ValueError("safe_mean of an empty sequence")
+    try:
+        return statistics.fmean(xs)
+    except OverflowError:
+        return sum(x / len(xs) for x in xs)
 
 
 def group_advantages(rewards: list[float]) -> list[float]:
@@ -81,7 +96,7 @@ class Components:
     sampler: Sampler
     render: RenderAdapter
     driver: EpisodeDriver
-    stats: RolloutStats  # the pool's: sessions and driver count into it
+    counts: RolloutCounts  # the pool's: sessions and driver count into it
     pool: EnvPool
     shares_model: bool
     oracle: Policy | None = None
@@ -95,18 +110,11 @@ class Components:
     empty_exhausted: int = 0  # their episodes that ended with no room left for a turn
 
 
-def make_task(cfg: QuaeroConfig, split: str, index: int, catalog: TaskCatalog | None = None) -> dict:
-    """Task `index` of `split`: its reset seed derives from the run seed alone (train, eval and `quaero eval`
-    agree on it); with the env's Task API (`catalog`) the index wraps round the split's range."""
-    index = task_index(catalog, split, index)
-    return {"seed": cfg.run.seed * 1_000_003 + index, "split": split, "index": index}
-
-
 def build(cfg: QuaeroConfig, pool: EnvPool, sampler_log_dir: Path | None = None) -> Components:
     from quaero.model import load_tokenizer, resolve_device
-    from quaero.plan import check_components, resolve_oracle, trainer_spec
-    from quaero.render import RenderAdapter
-    from quaero.rollout import EpisodeDriver
+    from quaero.recipe.plan import check_components, resolve_oracle, trainer_spec
+    from quaero.rollout.driver import EpisodeDriver
+    from quaero.rollout.render import RenderAdapter
     from quaero.sampling import make_sampler
     from trainers.registry import trainer_class
 
@@ -126,15 +134,15 @@ def build(cfg: QuaeroConfig, pool: EnvPool, sampler_log_dir: Path | None = None)
     shared = None if trainer.sharded or cfg.training.max_off_policy_steps else trainer.model
     sampler = make_sampler(cfg, model=shared, stop_token_ids=render.stop_token_ids, device=str(trainer.device),
                            log_dir=sampler_log_dir)
-    driver = EpisodeDriver(render, sampler, cfg, pool.stats)
+    driver = EpisodeDriver(render, sampler, cfg, pool.counts)
     traces = warm_start_rows(cfg)[0] if cfg.data.traces else None
-    return Components(cfg, trainer, sampler, render, driver, pool.stats, pool,
+    return Components(cfg, trainer, sampler, render, driver, pool.counts, pool,
                       shares_model=getattr(sampler, "shares_model", False), oracle=oracle, traces=traces)
 
 
 def _collect(c: Components, step: int, *, sft: bool) -> list[tuple[EchoRow, list[Transition]]]:
     """Run one batch of groups; return the kept episodes' rows with their advantages, each with its episode's
-    transitions (the sampler's own record, for saved rows; c.stats counts)."""
+    transitions (the sampler's own record, for saved rows; c.counts counts)."""
     if sft and c.traces is not None:  # recorded episodes: no rollout, no transitions of a sampler to save
         per_step = c.cfg.training.tasks_per_step
         return ranks.gather_rows([(r, []) for r in trace_batch(c.traces, step, per_step, ranks.task_share(per_step))])
@@ -166,8 +174,8 @@ def _roll_out(c: Components, step: int, first_task: int, *, sft: bool
         rows += got
         spread += new_spread
         sampled += more
-    c.stats.add("groups_resampled", sampled - n)
-    c.stats.add("dynamic_sampling_bound_hits", int(spread < n))
+    c.counts.add(names.GROUPS_RESAMPLED, sampled - n)
+    c.counts.add(names.DYNAMIC_SAMPLING_BOUND_HITS, int(spread < n))
     return rows, sampled - n
 
 
@@ -176,7 +184,7 @@ def _rows_of(c: Components, step: int, first_task: int, offsets: range, seed: in
     """The groups of train tasks `first_task + offsets`: their kept rows with advantages (each row naming its
     episode) and how many groups have reward spread (a non-zero advantage)."""
     cfg = c.cfg
-    tasks = [make_task(cfg, cfg.env.train_split, first_task + i, c.pool.tasks) for i in offsets]
+    tasks = [task_reset(cfg, cfg.env.train_split, first_task + i, c.pool.tasks) for i in offsets]
     groups = c.driver.run(c.pool.sessions, tasks, group_size=1 if sft else cfg.training.group_size,
                           policy=c.oracle if sft else None, seed=seed)
     rows, spread = [], 0
@@ -186,12 +194,12 @@ def _rows_of(c: Components, step: int, first_task: int, offsets: range, seed: in
             continue
         advs = [1.0] * len(kept) if sft else group_advantages([e.reward for e in kept])
         if not all(math.isfinite(a) for a in advs):
-            c.stats.add("groups_nonfinite_advantage")  # rewards a float cannot take the difference of
+            c.counts.add(names.GROUPS_NONFINITE_ADVANTAGE)  # rewards a float cannot take the difference of
             continue
         if not sft:
-            c.stats.add("groups")
+            c.counts.add(names.GROUPS)
             zero = not any(advs)
-            c.stats.add("groups_zero_advantage", int(zero))
+            c.counts.add(names.GROUPS_ZERO_ADVANTAGE, int(zero))
             spread += not zero
         for g, (ep, adv) in enumerate(zip(kept, advs)):
             episode = f"{step}/{task['index']}/{g}"
@@ -205,7 +213,7 @@ def _sample_ahead(c: Components, step: int, first_task: int, version: int) -> Ro
     set_step(step)  # the events logged while it samples carry the step they sample for
     t0 = time.perf_counter()
     collected, _ = _roll_out(c, step, first_task, sft=False)  # no dynamic sampling ahead (config rule)
-    return Rollout(step, version, collected, c.stats.take(), time.perf_counter() - t0)
+    return Rollout(step, version, collected, c.counts.take(), time.perf_counter() - t0)
 
 
 def _rollout_ahead(c: Components, step: int, ahead: RolloutsAhead) -> tuple[Rollout, dict[str, Any], float]:
@@ -243,18 +251,20 @@ def sync_sampler(c: Components) -> dict[str, Any]:
     t_sync = time.perf_counter()
     c.sampler.update_weights(c.trainer.export_weights())
     c.sampler_behind = False
-    return {"weights_pushed": 1, "weight_sync_s": round(time.perf_counter() - t_sync, 3),
-            "weight_transfer": c.sampler.weight_transfer}
+    return {names.WEIGHTS_PUSHED: 1, names.WEIGHT_SYNC_S: round(time.perf_counter() - t_sync, 3),
+            names.WEIGHT_TRANSFER: c.sampler.weight_transfer}
 
 
-def evaluate(c: Components, step: int) -> None:
+def eval_at(c: Components, step: int) -> None:
+    """The evaluation at `step` (0: the untrained baseline): greedy episodes on the eval split's first
+    `[training] eval_tasks` tasks, logged as one `eval` event. (`quaero eval` is quaero/tools/evaluate.py.)"""
     cfg = c.cfg
     if not cfg.training.eval_tasks:
         return
     synced = sync_sampler(c)
     t0 = time.perf_counter()
     indices = eval_indices(c.pool.tasks, cfg.env.eval_split, cfg.training.eval_tasks)  # the env's eval split
-    tasks = [make_task(cfg, cfg.env.eval_split, indices[i]) for i in ranks.task_share(len(indices))]
+    tasks = [task_reset(cfg, cfg.env.eval_split, indices[i]) for i in ranks.task_share(len(indices))]
     groups = c.driver.run(c.pool.sessions, tasks, group_size=1, greedy=True, seed=ranks.rank_seed(cfg.run.seed),
                           on_group_done=_progress("eval_progress", len(tasks)))
     eps = [e for g in groups for e in g if not e.dropped]
@@ -262,13 +272,14 @@ def evaluate(c: Components, step: int) -> None:
     results = ranks.gather_rows([[t["index"], int(e.success), e.reward]
                                  for t, g in zip(tasks, groups) for e in g if not e.dropped])
     sample = [_brief(m) for m in eps[0].messages[1:]] if eps else []  # what the model does, for humans
-    s = ranks.rollout_snapshot(c.stats)  # eval's own counts, kept out of the next train step's
-    log.info("eval", eval_reward=s["reward_mean"], eval_success_rate=s["success_rate"],
-             eval_episodes=ranks.total(len(eps)),
-             eval_dropped=s["episodes_dropped"], eval_truncated=s["episodes_truncated"],
-             eval_time_s=round(time.perf_counter() - t0, 2), prefix_mismatches=s["prefix_mismatches"],
-             bridge_fallbacks=s["bridge_fallbacks"], env_retries=s["env_retries"],
-             eval_drop_reasons=drop_reasons(s), eval_results=results, sample_transcript=sample, **synced)
+    s = ranks.rollout_snapshot(c.counts)  # eval's own counts, kept out of the next train step's
+    log.info(names.EVAL_EVENT, **{
+        names.EVAL_REWARD: s[names.REWARD_MEAN], names.EVAL_SUCCESS_RATE: s[names.SUCCESS_RATE],
+        names.EVAL_EPISODES: ranks.total(len(eps)), names.EVAL_DROPPED: s[names.EPISODES_DROPPED],
+        names.EVAL_TRUNCATED: s[names.EPISODES_TRUNCATED], names.EVAL_TIME_S: round(time.perf_counter() - t0, 2),
+        names.PREFIX_MISMATCHES: s[names.PREFIX_MISMATCHES], names.BRIDGE_FALLBACKS: s[names.BRIDGE_FALLBACKS],
+        names.ENV_RETRIES: s[names.ENV_RETRIES], names.EVAL_DROP_REASONS: drop_reasons(s),
+        names.EVAL_RESULTS: results, names.SAMPLE_TRANSCRIPT: sample, **synced})
 
 
 def _progress(event: str, total: int, every_s: float = 5.0):
@@ -313,18 +324,20 @@ def run_step(c: Components, step: int, *, sft: bool, ahead: RolloutsAhead | None
         synced = {} if sft else sync_sampler(c)  # a warm-start step plays the oracle: it does not sample
         collected = _collect(c, step, sft=sft)
         t_rollout = ranks.largest(time.perf_counter() - t0)
-        counts, lag = c.stats, ({} if sft else {"policy_staleness": 0})
+        counts, lag = c.counts, ({} if sft else {names.POLICY_STALENESS: 0})
         version = None if sft else step - 1
     else:
         rollout, synced, waited = _rollout_ahead(c, step, ahead)
         collected = ranks.gather_rows(rollout.collected)
         t_rollout = ranks.largest(rollout.seconds)
-        counts, version = rollout.stats, rollout.version
-        lag = {"policy_staleness": step - 1 - rollout.version, "rollout_wait_s": round(ranks.largest(waited), 3)}
+        counts, version = rollout.counts, rollout.version
+        lag = {names.POLICY_STALENESS: step - 1 - rollout.version,
+               names.ROLLOUT_WAIT_S: round(ranks.largest(waited), 3)}
     rows = [row for row, _ in collected]
     saved = (save_step_rows(c.cfg.run_dir, c.cfg.logging.save_rows, step, collected, phase="sft" if sft else "rl",
                             policy_version=version) if ranks.is_main() else {})
-    trained = {"rows": 0, "action_tokens": 0, "echo_tokens": 0}  # the loss denominators of a step that trains nothing
+    # the loss denominators of a step that trains nothing
+    trained = {names.ROWS: 0, names.ACTION_TOKENS: 0, names.ECHO_TOKENS: 0}
     t = c.cfg.training
     if not sft and step == t.warmup_sft_steps + 1 and t.warmup_sft_steps and t.rl_optimizer_start != "continue":
         # RL starts without the warm start's momentum (a resume past here keeps RL's own)
@@ -339,21 +352,21 @@ def run_step(c: Components, step: int, *, sft: bool, ahead: RolloutsAhead | None
         trained = c.trainer.train_step(rows, sft=as_demos, echo_weight=echo_weight)
         c.sampler_behind = not c.shares_model
     total = time.perf_counter() - t0
-    timing = {"rollout_time_s": round(t_rollout, 3), "total_step_time_s": round(total, 3),
-              "tokens_per_s": round(trained.get("row_tokens", 0) / total, 1) if total > 0 else 0.0}
-    return _disjoint({"phase": "sft" if sft else "rl"}, ranks.rollout_snapshot(counts), trained, synced, saved,
-                     timing, lag)
+    timing = {names.ROLLOUT_TIME_S: round(t_rollout, 3), names.TOTAL_STEP_TIME_S: round(total, 3),
+              names.TOKENS_PER_S: round(trained.get(names.ROW_TOKENS, 0) / total, 1) if total > 0 else 0.0}
+    return _disjoint({names.PHASE: "sft" if sft else "rl"}, ranks.rollout_snapshot(counts), trained, synced,
+                     saved, timing, lag)
 
 
 def _empty_run(c: Components, step: int, m: dict[str, Any]) -> str | None:
     """Count consecutive steps without a trained row; after `max_empty_steps` of them, why the run stops."""
-    if m["rows"]:
+    if m[names.ROWS]:
         c.empty_steps, c.empty_drops, c.empty_exhausted = 0, {}, 0
         return None
     c.empty_steps += 1
     for kind, n in drop_reasons(m).items():
         c.empty_drops[kind] = c.empty_drops.get(kind, 0) + n
-    c.empty_exhausted += m.get("context_exhausted", 0)
+    c.empty_exhausted += m.get(names.CONTEXT_EXHAUSTED, 0)
     limit = c.cfg.training.max_empty_steps
     if c.empty_steps < limit:
         return None
@@ -364,13 +377,13 @@ def _empty_run(c: Components, step: int, m: dict[str, Any]) -> str | None:
                  f"{c.cfg.model.max_seq_len} for the prompt; lower max_tokens or raise max_seq_len"
                  if c.empty_exhausted else "")
     return (f"{steps} trained no row ([training] max_empty_steps={limit}); dropped episodes by reason: "
-            f"{reasons}{exhausted}; the env_episode_dropped events in {c.cfg.run_dir / 'events.jsonl'} say why")
+            f"{reasons}{exhausted}; the env_episode_dropped events in {c.cfg.run_dir / names.EVENTS} say why")
 
 
 def _save(c: Components, step: int) -> Path:
     """Rank 0 writes the checkpoint; an FSDP2 trainer's shards are written by every rank into it first
     (torch.distributed.checkpoint), and every rank's RNG state is kept beside rank 0's."""
-    root, rank_rng = c.cfg.run_dir / "checkpoints", None
+    root, rank_rng = checkpoint.run_checkpoints(c.cfg.run_dir), None
     if ranks.world_size() > 1:
         rank_rng = ranks.gather(checkpoint.rng_state())
     shards = None
@@ -379,11 +392,9 @@ def _save(c: Components, step: int) -> Path:
         c.trainer.save_shards(shards / checkpoint.SHARDS)
 
     def write() -> Path:
-        state = {"step": step, "cursor": c.cursor, "backend": c.trainer.state_dict(),
-                 "rng": checkpoint.rng_state(), "cumulative": c.cumulative.totals}
-        if rank_rng is not None:
-            state["rank_rng"] = rank_rng
-        return checkpoint.save(root, step, state, keep=c.cfg.training.keep_checkpoints, folder=shards)
+        state = checkpoint.RunState(step=step, cursor=c.cursor, trainer=c.trainer.state_dict(),
+                                    rng=checkpoint.rng_state(), cumulative=c.cumulative.totals, rank_rng=rank_rng)
+        return checkpoint.save(root, step, state.to_state(), keep=c.cfg.training.keep_checkpoints, folder=shards)
 
     try:
         path = ranks.from_rank0(write)
@@ -398,7 +409,7 @@ def _resume_point(cfg: QuaeroConfig, *, resume: bool, restart: bool) -> tuple[Pa
     """The newest intact checkpoint of the run folder, or None to start at step 1. A folder whose
     checkpoints are all unusable is refused (starting over would overwrite them) unless `restart`,
     which renames the checkpoints folder aside and starts over."""
-    root = cfg.run_dir / "checkpoints"
+    root = checkpoint.run_checkpoints(cfg.run_dir)
     checkpoint.remove_orphans(root)  # rank 0 only, holding the lock: other ranks may be writing nothing yet
     if restart:
         aside = checkpoint.set_aside(root, time.strftime("%Y%m%dT%H%M%S"))
@@ -421,21 +432,20 @@ def _resume_point(cfg: QuaeroConfig, *, resume: bool, restart: bool) -> tuple[Pa
 def _resume(c: Components, found: tuple[Path, dict] | None) -> int:
     if found is None:
         return 0
-    path, state = found
+    path, saved = found
     try:  # the manifest vouches for the bytes, not for what they hold (a crafted or foreign state)
-        c.trainer.load_state_dict(state["backend"], shards=path / checkpoint.SHARDS)
-        rank_rng = state.get("rank_rng")
-        same_ranks = isinstance(rank_rng, list) and len(rank_rng) == ranks.world_size()
-        checkpoint.set_rng_state(rank_rng[ranks.rank()] if same_ranks else state["rng"])
-        c.cursor = int(state["cursor"])
-        c.cumulative = Cumulative(dict(state["cumulative"]))
+        state = checkpoint.RunState.from_state(saved)
+        c.trainer.load_state_dict(state.trainer, shards=path / checkpoint.SHARDS)
+        checkpoint.set_rng_state(state.rng_of_rank(ranks.rank(), ranks.world_size()))
+        c.cursor = state.cursor
+        c.cumulative = Cumulative(state.cumulative)
     except Exception as e:  # noqa: BLE001 - any failure here means: this checkpoint cannot be resumed
         raise checkpoint.CheckpointError(
             f"{path}: verified but cannot be loaded into this run ({error_line(e)}); move that folder "
             "aside to resume from the one before it, or pass --restart to start over at step 1") from None
     c.sampler_behind = not c.shares_model  # pushed before the sampler's next use
-    log.info("resumed", path=str(path), step=state["step"])
-    return state["step"]
+    log.info("resumed", path=str(path), step=state.step)
+    return state.step
 
 
 class StopRequest:
@@ -479,23 +489,23 @@ def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path
     start = _resume(c, found)
     total = cfg.training.warmup_sft_steps + cfg.training.steps
     if start == 0 and cfg.training.eval_every:
-        evaluate(c, 0)
+        eval_at(c, 0)
     bar = tqdm(range(start + 1, total + 1), initial=start, total=total, desc="train", unit="step",
                disable=not cfg.logging.progress or not sys.stderr.isatty() or not ranks.is_main())  # no bar in a log file
     with RolloutsAhead() if cfg.training.max_off_policy_steps else contextlib.nullcontext() as ahead:
         _steps(c, stop, bar, run_id, ahead)
-    if total and not c.cumulative.totals.get("rows"):  # fewer steps than max_empty_steps, every one empty
+    if total and not c.cumulative.totals.get(names.ROWS):  # fewer steps than max_empty_steps, every one empty
         dropped = drop_reasons(c.cumulative.totals)
         why = (f"the run's {total} step(s) trained no row; dropped episodes by reason: "
                f"{', '.join(f'{n}x {k}' for k, n in sorted(dropped.items())) or 'none dropped'}; the "
-               f"env_episode_dropped events in {cfg.run_dir / 'events.jsonl'} say why")
-        log.error("run_end", status="failed", steps=total, run_id=run_id, error=why, drop_reasons=dropped)
+               f"env_episode_dropped events in {cfg.run_dir / names.EVENTS} say why")
+        log.error(names.RUN_END_EVENT, status="failed", steps=total, run_id=run_id, error=why, drop_reasons=dropped)
         raise EmptyRunError(why)  # no final/: there is no trained model to hand over
-    from quaero.export import save_final
+    from quaero.recipe.model_folder import save_final
 
     save_final(c.trainer, cfg)  # runs/NAME/final/: the model a user takes away, a standard HF folder (rank 0)
     c.signal.finish()
-    log.info("run_end", status="finished", steps=total, run_id=run_id)
+    log.info(names.RUN_END_EVENT, status="finished", steps=total, run_id=run_id)
 
 
 def _steps(c: Components, stop: StopRequest, bar, run_id: str, ahead: RolloutsAhead | None) -> None:
@@ -505,28 +515,28 @@ def _steps(c: Components, stop: StopRequest, bar, run_id: str, ahead: RolloutsAh
         set_step(step)
         m = run_step(c, step, sft=step <= cfg.training.warmup_sft_steps, ahead=ahead)
         stopping = ranks.any_rank(stop.requested)  # every rank checkpoints and stops at the same step
-        log.info("train_step", **m, cumulative=c.cumulative.add(m))
+        log.info(names.TRAIN_STEP_EVENT, **m, cumulative=c.cumulative.add(m))
         c.signal.step(step, m)
         empty = _empty_run(c, step, m)
         if empty:
-            log.error("run_end", status="failed", steps=step, run_id=run_id, error=empty, drop_reasons=c.empty_drops)
+            log.error(names.RUN_END_EVENT, status="failed", steps=step, run_id=run_id, error=empty, drop_reasons=c.empty_drops)
             raise EmptyRunError(empty)
-        bar.set_postfix(reward=m.get("reward_mean"), echo=m.get("echo_loss"), rl=m.get("rl_loss"))
+        bar.set_postfix(reward=m.get(names.REWARD_MEAN), echo=m.get(names.ECHO_LOSS), rl=m.get(names.RL_LOSS))
         if step % cfg.training.checkpoint_every == 0 or step == total or stopping:
             _save(c, step)
         if stopping:
-            log.info("run_end", status="interrupted", steps=step, run_id=run_id)
+            log.info(names.RUN_END_EVENT, status="interrupted", steps=step, run_id=run_id)
             raise KeyboardInterrupt
         if cfg.training.eval_every and (step % cfg.training.eval_every == 0 or step == total):
             if ahead is not None:
                 ahead.wait()  # evaluation never shares the sampler or the env pool with a rollout sampled ahead
-            evaluate(c, step)
+            eval_at(c, step)
 
 
 def _open_run_folder(stack: contextlib.ExitStack, cfg: QuaeroConfig) -> str:
     """Take the run lock, open events.jsonl and the sinks (held by `stack`); the run id. Rank 0 only."""
-    from quaero.runlock import RunLock
-    from quaero.sinks import open_sinks
+    from quaero.recipe.runlock import RunLock
+    from quaero.telemetry.sinks import open_sinks
 
     # the lock comes first: a second process must not append to this run's events or touch its checkpoints
     lock = stack.enter_context(RunLock(cfg.run_dir))
@@ -568,12 +578,12 @@ def train(cfg: QuaeroConfig, *, resume: bool = False, restart: bool = False, sou
     import torch
     from tqdm.auto import tqdm
 
+    from quaero import process_group
     from quaero.model import resolve_device
     from quaero.openenv_client import open_envs
-    from trainers import distributed
 
     joins = not torch.distributed.is_initialized()
-    distributed.setup(cfg.distributed.strategy, torch.device(resolve_device(cfg.run.device)))
+    process_group.setup(cfg.distributed.strategy, torch.device(resolve_device(cfg.run.device)))
     configure(cfg.logging.level, cfg.logging.console if ranks.is_main() else "none")  # rank 0 speaks for all
     run_dir = cfg.run_dir
     torch.manual_seed(cfg.run.seed)
@@ -586,19 +596,19 @@ def train(cfg: QuaeroConfig, *, resume: bool = False, restart: bool = False, sou
         with contextlib.ExitStack() as held:
             run_id = ranks.from_rank0(lambda: _open_run_folder(held, cfg))
             found = _agreed_resume_point(cfg, resume=resume, restart=restart)
-            with open_envs(cfg.env, max(n_sessions, 1), log_dir=run_dir / "env-servers") as pool, \
+            with open_envs(cfg.env, max(n_sessions, 1), log_dir=run_dir / names.ENV_SERVERS) as pool, \
                     StopRequest() as stop:
                 if ranks.is_main():
-                    (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
-                    spread = {"ranks": ranks.world_size()} if ranks.world_size() > 1 else {}
+                    (run_dir / names.CONFIG).write_text(cfg.model_dump_json(indent=2))
+                    spread = {names.RANKS: ranks.world_size()} if ranks.world_size() > 1 else {}
                     log.info("run_start", source=source, run_dir=str(run_dir), config=cfg.model_dump(mode="json"),
                              **spread)
-                c = build(cfg, pool, sampler_log_dir=run_dir / "sampler-servers")
+                c = build(cfg, pool, sampler_log_dir=run_dir / names.SAMPLER_SERVERS)
                 try:
                     _loop(c, stop, tqdm, run_id, found)
                 finally:
                     c.sampler.close()
     finally:
         if joins:
-            distributed.shutdown()
+            process_group.shutdown()
     return run_dir

@@ -1,82 +1,31 @@
-"""Rows you can look at: the trained rows of each step saved into the run folder, rendered, and verified offline.
-
-`[logging] save_rows` ("none" | "sample": the first SAMPLE_ROWS rows of each step | "all") writes
-`runs/NAME/rows/step-000123.jsonl`, one JSON object per row: its `EchoRow.to_dict()` fields plus the step,
-the row's index in the step, the phase (sft/rl), the policy version (the step number of the weights that
-sampled it: the step before this step's update) and `sampled_actions`: each turn's action ids as the
-sampler returned them, copied from the episode's `Transition`s. That copy is the independent record
-`--verify` checks the row's action spans against; the row alone could not prove its own tokens.
+"""`quaero inspect rows`: the trained rows a run saved (quaero/recipe/saved_rows.py), rendered and verified
+offline.
 
 `quaero inspect rows RUN [--step N] [--html OUT] [--verify]` renders the rows with each span coloured
-by kind (decoded with the run's tokenizer) or re-checks them. It reads the saved dicts, never
-`EchoRow.from_dict`: a corrupted row must be reported, not refused on construction.
+by kind (decoded with the run's tokenizer) or re-checks them: `--verify` checks each row's action spans
+against `sampled_actions`, the sampler's own action ids saved beside it (the row alone could not prove its
+own tokens). It reads the saved dicts, never `EchoRow.from_dict`: a corrupted row must be reported, not
+refused on construction.
 """
 from __future__ import annotations
 
 import html
 import json
-import os
 import re
 import sys
 from pathlib import Path
 
-from quaero.metrics import get_logger
-from quaero.rows import ECHO_KINDS, EchoRow, Transition
+from quaero.recipe.saved_rows import rows_dir, step_file
+from quaero.rollout.rows import ECHO_KINDS
+from quaero.telemetry import names
+from quaero.telemetry.runlog import get_logger
 
 log = get_logger(__name__)
 
-SAMPLE_ROWS = 2  # rows per step under save_rows = "sample"
 KINDS = ("prompt", "action", "env", "scaffold", "corrective")
 ANSI = {"prompt": "2", "action": "1;32", "env": "36", "scaffold": "33", "corrective": "1;31", "": "35"}
 CSS = {"prompt": "#888", "action": "#1a7f37", "env": "#0969da", "scaffold": "#9a6700", "corrective": "#cf222e",
        "": "#8250df"}
-
-
-# ── saving (called by the recipe, quaero/train.py) ─────────────────────────────────────────────
-
-
-def rows_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / "rows"
-
-
-def step_file(run_dir: Path, step: int) -> Path:
-    return rows_dir(run_dir) / f"step-{step:06d}.jsonl"
-
-
-def row_record(row: EchoRow, transitions: list[Transition], *, step: int, index: int, phase: str,
-               policy_version: int | None) -> dict:
-    """One saved line: the row, where it was trained, the policy version that sampled it (trainer steps its
-    weights had seen; None for a warm start's oracle demos) and the sampler's action ids of its turns."""
-    turns = {s.turn for s in row.spans if s.kind == "action"}
-    sampled = [{"turn": t.turn, "action_ids": list(t.action_ids)} for t in transitions if t.turn in turns]
-    return {"step": step, "row": index, "phase": phase, "policy_version": policy_version, **row.to_dict(),
-            "sampled_actions": sampled}
-
-
-def save_step_rows(run_dir: Path, mode: str, step: int, rows: list[tuple[EchoRow, list[Transition]]], *,
-                   phase: str, policy_version: int | None) -> dict[str, int]:
-    """Write a step's rows (each with its episode's transitions) as `rows/step-NNNNNN.jsonl`; returns the
-    step metrics `rows_saved` and `rows_save_failures`. The file is written beside and renamed into place,
-    so a replayed (resumed) step replaces it and a reader never sees half a file. A failure is logged and
-    counted, never raised: looking at rows must not cost the run."""
-    if mode == "none" or not rows:
-        return {}
-    chosen = rows[:SAMPLE_ROWS] if mode == "sample" else rows
-    path = step_file(run_dir, step)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".jsonl.tmp")
-        with tmp.open("w") as f:
-            for i, (row, transitions) in enumerate(chosen):
-                f.write(json.dumps(row_record(row, transitions, step=step, index=i, phase=phase,
-                                                    policy_version=policy_version)) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except (OSError, TypeError, ValueError) as e:
-        log.warning("rows_save_failed", path=str(path), error=str(e), note="training continues; rows not saved")
-        return {"rows_saved": 0, "rows_save_failures": 1}
-    return {"rows_saved": len(chosen), "rows_save_failures": 0}
 
 
 # ── reading ────────────────────────────────────────────────────────────────────────────────────
@@ -147,7 +96,7 @@ def run_tokenizer(run_dir: Path):
     """The run's tokenizer, named by its config.json's [model] name."""
     from quaero.model import load_tokenizer
 
-    cfg = Path(run_dir) / "config.json"
+    cfg = Path(run_dir) / names.CONFIG
     if not cfg.exists():
         raise InspectError(f"{cfg}: missing; inspect needs the run's config to find its tokenizer")
     try:
@@ -320,8 +269,8 @@ def main(args) -> int:
 
 
 def export_main(run_dir: str, records: list[dict], fmt: str, out: str) -> int:
-    """`--export FORMAT OUT.jsonl` (quaero/traces.py): one line per saved row; exit 1 on an unknown format."""
-    from quaero.traces import export_rows
+    """`--export FORMAT OUT.jsonl` (quaero/rollout/traces.py): one line per saved row; exit 1 on an unknown format."""
+    from quaero.rollout.traces import export_rows
 
     if fmt not in ("rfc010", "openenv-trace"):
         print(f"error: --export {fmt!r}: expected 'rfc010' or 'openenv-trace'", file=sys.stderr)

@@ -40,6 +40,8 @@ import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from quaero.telemetry import names
+
 GB = 1e9
 
 
@@ -93,14 +95,14 @@ def predict(costs: Costs, work: Workload, *, trainers: int, samplers: int, off_p
 
 def measure(run_dir: Path, env_s_per_step: float = 0.0) -> tuple[Costs, Workload]:
     """Component costs and the per-step workload, from a run's RL train_step events and its model files."""
-    from quaero.metrics import read_events
+    from quaero.telemetry.runlog import read_events
 
-    events, _ = read_events(run_dir / "events.jsonl")
-    rl = [e for e in events if e.get("event") == "train_step" and e.get("phase") == "rl" and e.get("rows")]
+    events, _ = read_events(run_dir / names.EVENTS)
+    rl = [e for e in events if e.get("event") == names.TRAIN_STEP_EVENT and e.get(names.PHASE) == "rl" and e.get(names.ROWS)]
     if not rl:
-        raise ValueError(f"{run_dir / 'events.jsonl'}: no RL train_step with trained rows to measure "
+        raise ValueError(f"{run_dir / names.EVENTS}: no RL train_step with trained rows to measure "
                          "(a run with [training] steps >= 1 is needed)")
-    if any("rollout_wait_s" in e for e in rl):  # logged only when rollouts are sampled ahead
+    if any(names.ROLLOUT_WAIT_S in e for e in rl):  # logged only when rollouts are sampled ahead
         raise ValueError(f"{run_dir}: its rollouts were sampled while steps trained ([training] "
                          "max_off_policy_steps >= 1), so its sampling and training costs cannot be told apart; "
                          "measure a run with max_off_policy_steps = 0 and project k with --off-policy-steps")
@@ -108,21 +110,21 @@ def measure(run_dir: Path, env_s_per_step: float = 0.0) -> tuple[Costs, Workload
     def mean(key: str) -> float:
         return statistics.fmean(float(e.get(key) or 0.0) for e in rl)
 
-    ranks = int(rl[-1].get("ranks") or 1)  # a step's time is its slowest rank's; its counts are all ranks'
-    sync, rollout, total = mean("weight_sync_s"), mean("rollout_time_s"), mean("total_step_time_s")
-    env_steps = mean("env_steps")
+    ranks = int(rl[-1].get(names.RANKS) or 1)  # a step's time is its slowest rank's; its counts are all ranks'
+    sync, rollout, total = mean(names.WEIGHT_SYNC_S), mean(names.ROLLOUT_TIME_S), mean(names.TOTAL_STEP_TIME_S)
+    env_steps = mean(names.ENV_STEPS)
     sample_s = rollout - sync - env_steps / ranks * env_s_per_step
     train_s = total - rollout
     if sample_s <= 0 or train_s <= 0:
         raise ValueError(f"{run_dir}: the measured sampling ({sample_s:.3f} s) and training ({train_s:.3f} s) "
                          "times must be positive (is --env-ms-per-step larger than the run's env time?)")
     model_bytes, params = _model_size(run_dir)
-    costs = Costs(sampler_tokens_per_s=mean("rollout_action_tokens") / sample_s / ranks,
-                  trainer_tokens_per_s=mean("row_tokens") / train_s / ranks,
+    costs = Costs(sampler_tokens_per_s=mean(names.ROLLOUT_ACTION_TOKENS) / sample_s / ranks,
+                  trainer_tokens_per_s=mean(names.ROW_TOKENS) / train_s / ranks,
                   push_s_per_gb=sync / (model_bytes / GB), model_gb=model_bytes / GB,
                   bytes_per_param=model_bytes / params)
-    work = Workload(episodes=mean("episodes"), generated_tokens=mean("rollout_action_tokens"), env_steps=env_steps,
-                    row_tokens=mean("row_tokens"), measured_step_s=total, measured_ranks=ranks)
+    work = Workload(episodes=mean(names.EPISODES), generated_tokens=mean(names.ROLLOUT_ACTION_TOKENS), env_steps=env_steps,
+                    row_tokens=mean(names.ROW_TOKENS), measured_step_s=total, measured_ranks=ranks)
     return costs, work
 
 
@@ -130,7 +132,7 @@ def _model_size(run_dir: Path) -> tuple[int, int]:
     """(bytes, parameters) of the run's weights: final/, else the newest checkpoint."""
     from safetensors import safe_open
 
-    folders = [run_dir / "final", *sorted((run_dir / "checkpoints").glob("step-*"), reverse=True)]
+    folders = [run_dir / names.FINAL, *sorted((run_dir / names.CHECKPOINTS).glob("step-*"), reverse=True)]
     for folder in folders:
         files = sorted(folder.glob("*.safetensors"))
         if files:

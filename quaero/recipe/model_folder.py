@@ -6,9 +6,9 @@
   `PeftModel.from_pretrained(base, OUT)` loads it; `merge` folds the adapter into the base weights and
   writes a full folder instead.
 
-`runs/NAME/final/` is written this way at the end of every finished run; `quaero export RUN [--step N]`
-writes any kept checkpoint. A folder is written under a temporary name and renamed into place, so a crash
-never leaves half a model under the final name.
+`runs/NAME/final/` is written this way at the end of every finished run (`save_final`, called by the recipe);
+`quaero export RUN [--step N]` (quaero/tools/export.py) writes any kept checkpoint. A folder is written under
+a temporary name and renamed into place, so a crash never leaves half a model under the final name.
 """
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from quaero.config import QuaeroConfig, error_line
-from quaero.metrics import get_logger
+from quaero.config import QuaeroConfig
+from quaero.telemetry import names
+from quaero.telemetry.runlog import get_logger
 
 log = get_logger(__name__)
 
@@ -101,8 +102,8 @@ def save_final(trainer, cfg: QuaeroConfig) -> Path | None:
 
     Under torchrun every rank calls it and rank 0 writes (None elsewhere); a sharded (FSDP2) trainer's
     whole weights are gathered first (a collective) into a plain copy of the model."""
-    from quaero import ranks
     from quaero.model import load_causal_lm, load_tokenizer
+    from quaero.recipe import ranks
 
     model = trainer.model
     if trainer.sharded:
@@ -112,96 +113,7 @@ def save_final(trainer, cfg: QuaeroConfig) -> Path | None:
             model.load_state_dict(weights)
     if not ranks.is_main():
         return None
-    out = save_model(model, load_tokenizer(cfg.model.name), cfg.run_dir / "final",
+    out = save_model(model, load_tokenizer(cfg.model.name), cfg.run_dir / names.FINAL,
                      base_name=cfg.model.name, replace=True)
     log.info("final_saved", path=str(out), lora=hasattr(trainer.model, "peft_config"))
     return out
-
-
-def run_config(run_dir: Path) -> QuaeroConfig:
-    """The resolved config a run was started with (`runs/NAME/config.json`)."""
-    path = Path(run_dir) / "config.json"
-    if not path.exists():
-        raise ExportError(f"{path}: not found; RUN must be a run folder that `quaero train` wrote (runs/NAME)")
-    try:
-        return QuaeroConfig.model_validate_json(path.read_text())
-    except ValueError:  # pydantic's ValidationError: a model folder's config.json, say
-        raise ExportError(f"{path}: not a quaero run config; RUN must be a run folder that `quaero train` "
-                          "wrote (runs/NAME)") from None
-
-
-def load_checkpoint(run_dir: Path, step: int | None = None) -> tuple[int, dict]:
-    """(step, state) of the run's checkpoint at `step`, or of its newest intact one (`checkpoint_path`
-    names its folder, where a sharded checkpoint keeps its shards)."""
-    from quaero import checkpoint
-
-    root = Path(run_dir) / "checkpoints"
-    kept = sorted(p.name for p in root.glob("step-*"))
-    if step is None:
-        try:
-            found = checkpoint.load_latest(root)
-        except checkpoint.NoIntactCheckpoint as e:
-            raise ExportError(f"{e}; train the run again (quaero train CONFIG --restart)") from None
-        if found is None:
-            raise ExportError(f"{root}: no intact checkpoint; train the run first (quaero train CONFIG)")
-        return found[1]["step"], found[1]
-    path = root / f"step-{step:06d}"
-    if not path.exists():
-        raise ExportError(f"{run_dir} --step {step}: no such checkpoint; kept: {', '.join(kept) or 'none'}")
-    try:
-        return step, checkpoint.load(path)
-    except ValueError as e:
-        raise ExportError(str(e)) from None
-
-
-def checkpoint_path(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / "checkpoints" / f"step-{step:06d}"
-
-
-def build_trainer(cfg: QuaeroConfig):
-    """The run's trainer as quaero/train.py builds it, on the CPU: exporting needs no accelerator."""
-    from quaero.plan import trainer_spec
-    from trainers.registry import trainer_class
-
-    return trainer_class(cfg.backend.backend)(trainer_spec(cfg), "cpu")
-
-
-def export_run(run_dir: Path, out: Path, *, step: int | None = None, merge: bool = False) -> Path:
-    """A run's checkpoint (`step`, default the newest) as a model folder at `out`."""
-    from quaero import checkpoint
-    from quaero.model import load_tokenizer
-
-    cfg = run_config(run_dir)
-    step, state = load_checkpoint(run_dir, step)
-    check_destination(Path(out))
-    trainer = build_trainer(cfg)  # one process: a sharded checkpoint's shards are read whole (gathered)
-    path = checkpoint_path(run_dir, step)
-    try:  # the manifest vouches for the bytes, not for what they hold (a crafted or foreign state)
-        trainer.load_state_dict(state["backend"], shards=path / checkpoint.SHARDS)
-    except Exception as e:  # noqa: BLE001 - any failure here means: this checkpoint cannot be exported
-        raise ExportError(f"{path}: verified but cannot be loaded into {cfg.model.name!r} ({error_line(e)}); "
-                          "export another step with --step") from None
-    save_model(trainer.model, load_tokenizer(cfg.model.name), out, base_name=cfg.model.name, merge=merge)
-    log.info("exported", run_dir=str(run_dir), step=step, out=str(out), lora=cfg.backend.lora and not merge)
-    return Path(out)
-
-
-def is_adapter(folder: Path) -> bool:
-    return (Path(folder) / "adapter_config.json").exists()
-
-
-def load_model(folder: Path, dtype: str = "float32", device: str = "cpu"):
-    """The inverse of save_model: a full folder, or an adapter folder merged onto its base, as a plain
-    transformers causal LM."""
-    from quaero.model import load_causal_lm
-
-    folder = Path(folder)
-    if not is_adapter(folder):
-        return load_causal_lm(str(folder), dtype, device)
-    import json
-
-    from peft import PeftModel
-
-    base_name = json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"]
-    base = load_causal_lm(base_name, dtype, device)
-    return PeftModel.from_pretrained(base, folder).merge_and_unload()

@@ -2,7 +2,7 @@
 
 While the main thread trains step s, one worker thread samples the rollouts of the next RL steps, with the
 weights the trainer had before step s. What runs there is only this rank's own work: the driver's
-episodes and the rows built from them (`quaero/train.py` `_roll_out`). Every collective (gathering rows,
+episodes and the rows built from them (`quaero/recipe/train.py` `_roll_out`). Every collective (gathering rows,
 summing counters, the trainer's own) stays on the main thread, in the same order on every rank: under
 torchrun a collective issued from a second thread would deadlock or pair with the wrong one.
 
@@ -24,11 +24,11 @@ from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from quaero.metrics import get_logger
+from quaero.telemetry.runlog import get_logger
 
 if TYPE_CHECKING:
-    from quaero.rollout_stats import RolloutStats
-    from quaero.rows import EchoRow, Transition
+    from quaero.rollout.counts import RolloutCounts
+    from quaero.rollout.rows import EchoRow, Transition
 
 log = get_logger(__name__)
 
@@ -39,7 +39,7 @@ class Rollout:
     step: int
     version: int  # the policy version that sampled every row of it: trainer steps its weights had seen
     collected: list[tuple[EchoRow, list[Transition]]]  # this rank's kept rows, each with its episode's transitions
-    stats: RolloutStats  # its counts, taken out of the pool's when it ended
+    counts: RolloutCounts  # its counts, taken out of the pool's when it ended
     seconds: float  # how long it sampled
 
 

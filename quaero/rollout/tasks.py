@@ -1,0 +1,24 @@
+"""Which task an episode plays: the reset arguments of task `index` of a split.
+
+The env's own Task API (its splits and their sizes, read in process or over its server's routes) is
+quaero/openenv_client/tasks.py; this is quaero's side of it: the seed of every reset derives from the run
+seed and the task's index alone, so training, evaluation and `quaero eval` reset a task alike and a resumed
+run repeats its tasks.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from quaero.openenv_client.tasks import task_index
+
+if TYPE_CHECKING:
+    from quaero.config import QuaeroConfig
+    from quaero.openenv_client.tasks import TaskCatalog
+
+
+def task_reset(cfg: QuaeroConfig, split: str, index: int, catalog: TaskCatalog | None = None) -> dict:
+    """The reset arguments of task `index` of `split`: its reset seed derives from the run seed alone (train,
+    eval and `quaero eval` agree on it); with the env's Task API (`catalog`) the index wraps round the split's
+    range."""
+    index = task_index(catalog, split, index)
+    return {"seed": cfg.run.seed * 1_000_003 + index, "split": split, "index": index}

@@ -1,0 +1,284 @@
+"""The names a run's writers and readers share, each declared once: the run folder's files and folders, and
+every metric a step or an evaluation logs, with how it totals over a run and what it means.
+
+Writers (the trainer step, the rollout counts, the recipe) and readers (`quaero review`, the proofs, the
+console, the sinks) import a name from here instead of spelling it. docs/reference.md's metric tables are
+generated from these declarations (scripts/gen_reference.py), and its check fails when a name a writer emits
+is not declared here, or a declared one is no longer emitted. No torch here: `trainers/` imports this module.
+
+How a metric totals over a run (`Cumulative`, quaero/telemetry/runlog.py: the `cumulative` field of each
+`train_step` event, kept in checkpoints):
+- SUM: counts, summed over steps;
+- MAX: peaks and levels (`peak_mem_mb`, `policy_staleness`), the run's largest;
+- LATEST: settings and labels (strings, booleans), the latest value;
+- STEP: per-step figures (losses, means, seconds, per-rank lists), not totalled.
+A name declared nowhere (a test's, a benchmark's own) totals by its type: booleans and strings LATEST,
+integers SUM, anything else STEP.
+
+The `local_train_*` names are retrain's ECHO metric names, kept exactly so a quaero run reads like a retrain
+run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# ── the run folder (runs/NAME/) ─────────────────────────────────────────────────────────────────────────────
+
+EVENTS = "events.jsonl"  # the run log, one JSON object per line (quaero/telemetry/runlog.py)
+CONFIG = "config.json"  # the resolved config the run was started with
+CHECKPOINTS = "checkpoints"  # checkpoints/step-NNNNNN/ (quaero/recipe/checkpoint.py)
+FINAL = "final"  # the model a finished run hands over, a Hugging Face folder (quaero/recipe/model_folder.py)
+ROWS_DIR = "rows"  # saved rows, rows/step-NNNNNN.jsonl ([logging] save_rows; quaero/recipe/saved_rows.py)
+ENV_SERVERS = "env-servers"  # logs of the env servers quaero starts
+SAMPLER_SERVERS = "sampler-servers"  # logs of the vLLM servers quaero starts
+
+
+def step_folder_name(step: int) -> str:
+    """A checkpoint's folder (and a saved-rows file's stem): `step-000008`."""
+    return f"step-{step:06d}"
+
+
+# ── how metrics total ───────────────────────────────────────────────────────────────────────────────────────
+
+SUM, MAX, LATEST, STEP = "sum", "max", "latest", "step"
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str  # for a family, the pattern: `drop_reason_<kind>`
+    total: str  # SUM | MAX | LATEST | STEP
+    meaning: str  # docs/reference.md's
+    table: str  # the title of its reference table
+
+
+METRICS: dict[str, Metric] = {}
+FAMILIES: dict[str, Metric] = {}  # prefix -> the family's declaration (`drop_reason_` -> drop_reason_<kind>)
+
+
+class Table:
+    """The metrics one owner emits: one table of docs/reference.md."""
+
+    def __init__(self, title: str, owner: str) -> None:
+        self.title, self.owner, self.names = title, owner, []
+
+    def _declare(self, total: str, name: str, meaning: str) -> str:
+        if name in METRICS:
+            raise ValueError(f"metric {name!r} is declared twice (quaero/telemetry/names.py)")
+        METRICS[name] = Metric(name, total, meaning, self.title)
+        self.names.append(name)
+        return name
+
+    def count(self, name: str, meaning: str) -> str:
+        return self._declare(SUM, name, meaning)
+
+    def largest(self, name: str, meaning: str) -> str:
+        return self._declare(MAX, name, meaning)
+
+    def latest(self, name: str, meaning: str) -> str:
+        return self._declare(LATEST, name, meaning)
+
+    def per_step(self, name: str, meaning: str) -> str:
+        return self._declare(STEP, name, meaning)
+
+    def count_family(self, prefix: str, placeholder: str, meaning: str) -> str:
+        """Counters named `prefix + <placeholder>` (one per reason); returns the prefix."""
+        FAMILIES[prefix] = Metric(f"{prefix}<{placeholder}>", SUM, meaning, self.title)
+        self._declare(SUM, FAMILIES[prefix].name, meaning)
+        return prefix
+
+
+def total_of(name: str, value: object = None) -> str:
+    """How metric `name` totals over a run (see the module docstring; `value` decides for an undeclared name)."""
+    declared = METRICS.get(name) or next((m for p, m in FAMILIES.items() if name.startswith(p)), None)
+    if declared is not None:
+        return declared.total
+    if isinstance(value, (bool, str)):
+        return LATEST
+    return SUM if isinstance(value, int) else STEP
+
+
+TABLES: list[Table] = []
+
+
+def _table(title: str, owner: str) -> Table:
+    TABLES.append(Table(title, owner))
+    return TABLES[-1]
+
+
+# ── the trainer step's branch counters (retrain's names, kept for compatibility) ──────────────────────────────
+
+_branch = _table("Branch counters (retrain's names, kept for compatibility)", "quaero/telemetry/proofs.py")
+SELECTIVE_SUFFIX_LOGITS = _branch.latest("local_train_selective_suffix_logits",
+                                         "the selective target-mask mode is enabled")
+SPARSE_SUFFIX_SKIPS = _branch.count("local_train_selective_sparse_suffix_skips",
+                                    "microbatches whose sparse long suffix skipped the suffix-logits shortcut")
+HIDDEN_BATCHES = _branch.count("local_train_selective_hidden_logprob_batches",
+                               "microbatches on the exact selected-hidden-token path")
+COMPILED_CE_BATCHES = _branch.count("local_train_selective_compiled_ce_batches",
+                                    "of those, microbatches whose CE ran through `torch.compile`")
+SUFFIX_BATCHES = _branch.count("local_train_selective_suffix_logprob_batches",
+                               "microbatches on the suffix `logits_to_keep` shortcut")
+FALLBACK_BATCHES = _branch.count("local_train_selective_fallback_logprob_batches",
+                                 "microbatches where selective was asked for and full logits ran")
+CHUNKED_BATCHES = _branch.count("local_train_selective_chunked_logprob_batches",
+                                "hidden-path microbatches that ran chunked")
+DENSE_BATCHES = _branch.count("local_train_selective_dense_logprob_batches",
+                              "microbatches with selective off (full logits by choice)")
+COMPILE_MODE = _branch.latest("local_train_compile_selective_ce_mode", "`off`, `auto` or `require`")
+COMPILE_FALLBACK_REASON = _branch.latest("local_train_compile_selective_ce_fallback_reason",
+                                         "why compiled CE did not run in `auto` mode")
+SAVE_ON_CPU = _branch.latest("local_train_save_on_cpu", "saved-tensor CPU offload is on")
+SELECTIVE_METRICS = (SELECTIVE_SUFFIX_LOGITS, SPARSE_SUFFIX_SKIPS, HIDDEN_BATCHES, COMPILED_CE_BATCHES,
+                     SUFFIX_BATCHES, FALLBACK_BATCHES, COMPILE_MODE, COMPILE_FALLBACK_REASON)
+
+# ── the trainer step (trainers/step.py `step_metrics`) ────────────────────────────────────────────────────────
+
+_step = _table("Trainer step", "trainers/step.py")
+LOSS = _step.per_step("loss", "RL (or SFT) term + ECHO term")
+RL_LOSS = _step.per_step("rl_loss", "the policy-gradient term (0 on warm-start steps)")
+SFT_LOSS = _step.per_step("sft_loss", "the warm start's NLL term (0 on RL steps)")
+ECHO_LOSS = _step.per_step("echo_loss", "the ECHO term")
+ACTION_TOKENS = _step.count("action_tokens",
+                            "the RL/SFT term's denominator: action tokens trained (0 when nothing trained)")
+ECHO_TOKENS = _step.count("echo_tokens", "the ECHO term's denominator: environment tokens trained")
+ROWS = _step.count("rows", "rows trained")
+ECHO_WEIGHT = _step.per_step("echo_weight", "the ECHO weight of the step (after `[echo] schedule`; 0 with ECHO off)")
+LOSS_AGGREGATION = _step.latest("loss_aggregation", "the RL term's average (`token_mean` on warm-start steps)")
+ECHO_NORMALIZATION = _step.latest("echo_normalization", "the ECHO term's average")
+ROW_TOKENS = _step.count("row_tokens", "tokens of the trained rows")
+PADDED_TOKENS = _step.count("padded_tokens", "tokens of the microbatches, padding included")
+GRAD_NORM = _step.per_step("grad_norm", "the gradient norm before clipping")
+GRAD_CLIPPED = _step.latest("grad_clipped", "the norm exceeded `max_grad_norm`")
+OPTIMIZER_STEPPED = _step.latest("optimizer_stepped", "the optimizer stepped (false on a non-finite gradient)")
+NONFINITE_GRAD_SKIPS = _step.count("nonfinite_grad_skips", "1 when a non-finite gradient skipped the step")
+LR = _step.per_step("lr", "the learning rate of the step")
+FORWARD_PASSES = _step.count("forward_passes", "backbone forwards")
+MICROBATCHES = _step.count("microbatches", "microbatches built")
+LM_HEAD_SKIPPED_MICROBATCHES = _step.count("lm_head_skipped_microbatches",
+                                           "microbatches no loss reads: no forward at all")
+FORWARD_PASSES_PER_MICROBATCH = _step.per_step("forward_passes_per_microbatch", "the shared-forward invariant: 1")
+SAMPLER_LOGPROB_GAP_MEAN = _step.per_step("sampler_logprob_gap_mean", "mean absolute sampler-vs-trainer log-prob "
+                                          "gap on sampled action tokens")
+SAMPLER_LOGPROB_GAP_MAX = _step.per_step("sampler_logprob_gap_max", "its maximum")
+IMPORTANCE_RATIO_MEAN = _step.per_step("importance_ratio_mean",
+                                       "mean trainer/sampler probability ratio on trained action tokens")
+CLIP_FRACTION = _step.per_step("clip_fraction", "fraction of those tokens whose ratio was clipped")
+CONTEXT_ROWS_CROPPED = _step.count("context_rows_cropped", "rows cropped by `train_supervised_context_tokens`")
+CONTEXT_TOKENS_REMOVED = _step.count("context_tokens_removed", "tokens those crops removed")
+SAVE_ON_CPU_OFFLOADED_TENSORS = _step.count("save_on_cpu_offloaded_tensors", "tensors offloaded to CPU")
+SAVE_ON_CPU_OFFLOADED_MB = _step.per_step("save_on_cpu_offloaded_mb", "MiB offloaded to CPU")
+STEP_TIME_S = _step.per_step("step_time_s", "the trainer step's seconds")
+PEAK_MEM_MB = _step.largest("peak_mem_mb", "peak memory of the step")
+PEAK_MEM_SOURCE = _step.latest("peak_mem_source", "what measured it: `cuda_max_allocated` or `process_peak_rss`")
+RANKS = _step.latest("ranks", "torchrun ranks (more than one only)")
+RANK_ROWS = _step.per_step("rank_rows", "rows per rank")
+RANK_ROW_TOKENS = _step.per_step("rank_row_tokens", "row tokens per rank")
+RANK_FORWARD_PASSES = _step.per_step("rank_forward_passes", "forwards per rank")
+RANK_PADDING_MICROBATCHES = _step.per_step("rank_padding_microbatches",
+                                           "zero-loss forwards per rank that keep it in step with the others")
+RANK_PEAK_MEM_MB = _step.per_step("rank_peak_mem_mb", "peak memory per rank")
+
+# ── the rollout (quaero/rollout/counts.py `RolloutCounts`: the sessions and the driver count into it) ──────────
+
+_rollout = _table("Rollout", "quaero/rollout/counts.py")
+EPISODES = _rollout.count("episodes", "episodes run (dropped ones included)")
+EPISODES_DROPPED = _rollout.count("episodes_dropped", "episodes dropped (also counted as `drop_reason_<kind>`)")
+EPISODES_TRUNCATED = _rollout.count("episodes_truncated",
+                                    "episodes cut by `max_turns` or the context: never a success")
+EPISODES_SUCCEEDED = _rollout.count("episodes_succeeded", "successful episodes")
+TURNS = _rollout.count("turns", "assistant turns")
+MALFORMED_ACTIONS = _rollout.count("malformed_actions",
+                                   "replies that are no valid action (answered with a corrective message)")
+UNPARSABLE_ACTIONS = _rollout.count("unparsable_actions", "of those, replies the renderer's parser raised on")
+TRUNCATED_COMPLETIONS = _rollout.count("truncated_completions", "completions cut by `max_tokens`")
+OBSERVATIONS_TRUNCATED = _rollout.count("observations_truncated", "env messages cut to `max_observation_tokens`")
+ENV_RESPONSES_CLIPPED = _rollout.count("env_responses_clipped", "bridged responses cut at the context's end")
+CONTEXT_EXHAUSTED = _rollout.count("context_exhausted",
+                                   "episodes ended because the next prompt left no room to sample")
+ENV_RESPONSES = _rollout.count("env_responses", "environment responses")
+ENV_RESPONSES_CAPTURED = _rollout.count("env_responses_captured",
+                                        "of those, captured in a row right after `step` (terminal included)")
+TERMINAL_RESPONSES = _rollout.count("terminal_responses", "terminal responses")
+BRIDGE_FALLBACKS = _rollout.count("bridge_fallbacks", "turns the renderer could not bridge exactly: trained "
+                                  "action-only (also `bridge_fallback_reason_<reason>`)")
+PREFIX_MISMATCHES = _rollout.count("prefix_mismatches",
+                                   "turns whose prompt was not an exact extension of the previous row")
+ROWS_PACKED = _rollout.count("rows_packed", "rows holding a whole episode")
+ROWS_TRANSITION = _rollout.count("rows_transition", "rows holding one transition")
+PACKING_BREAKS = _rollout.count("packing_breaks", "places where an episode needed a new row")
+ROLLOUT_ROW_TOKENS = _rollout.count("rollout_row_tokens", "tokens the rows hold")
+ROLLOUT_ROW_TOKENS_PER_TRANSITION_LAYOUT = _rollout.count("rollout_row_tokens_per_transition_layout",
+                                                          "tokens one row per transition would have held")
+ROLLOUT_ACTION_TOKENS = _rollout.count("rollout_action_tokens", "action tokens the rows hold")
+ROLLOUT_ECHO_TOKENS = _rollout.count("rollout_echo_tokens", "ECHO tokens the rows hold")
+ENV_STEPS = _rollout.count("env_steps", "env `step` calls")
+ENV_RESETS = _rollout.count("env_resets", "env `reset` calls")
+ENV_RETRIES = _rollout.count("env_retries", "retried env calls")
+ENV_TIMEOUTS = _rollout.count("env_timeouts", "env calls past their timeout")
+ENV_RESTARTS = _rollout.count("env_restarts", "env servers restarted")
+ENV_REPLAYED_STEPS = _rollout.count("env_replayed_steps", "steps replayed on a new session")
+ENV_TOOL_ERRORS = _rollout.count("env_tool_errors", "MCP tool calls that returned an error")
+ENV_REJECTED_CALLS = _rollout.count("env_rejected_calls",
+                                    "MCP tool calls the server refused (the model is shown why)")
+ENV_INVALID_REPLIES = _rollout.count("env_invalid_replies", "env replies that failed validation (the episode drops)")
+GROUPS = _rollout.count("groups", "kept groups (RL steps)")
+GROUPS_ZERO_ADVANTAGE = _rollout.count("groups_zero_advantage", "of those, groups whose rewards are all equal: no "
+                                       "RL signal, ECHO only")
+GROUPS_NONFINITE_ADVANTAGE = _rollout.count("groups_nonfinite_advantage", "groups left out: their rewards' spread "
+                                            "overflows a float (an episode whose rewards overflow when summed "
+                                            "drops as `nonfinite_reward`)")
+GROUPS_RESAMPLED = _rollout.count("groups_resampled", "dynamic sampling's further groups")
+DYNAMIC_SAMPLING_BOUND_HITS = _rollout.count("dynamic_sampling_bound_hits", "steps its bound cut short of "
+                                             "`tasks_per_step` groups with spread")
+ROLLOUT_COUNTERS = tuple(_rollout.names)  # every counter above, in the order a snapshot lists them
+REWARD_MEAN = _rollout.per_step("reward_mean", "mean reward of the kept episodes")
+SUCCESS_RATE = _rollout.per_step("success_rate", "success rate of the kept episodes")
+TURNS_MEAN = _rollout.per_step("turns_mean", "mean turns of the kept episodes")
+ROLLOUT_ROW_TOKENS_PER_EPISODE = _rollout.per_step("rollout_row_tokens_per_episode", "row tokens per kept episode")
+GROUPS_ZERO_ADVANTAGE_SHARE = _rollout.per_step("groups_zero_advantage_share", "their share of the groups")
+DROP_REASON = _rollout.count_family("drop_reason_", "kind",
+                                    "dropped episodes by reason (e.g. `timeout`, `nonfinite_reward`)")
+BRIDGE_FALLBACK_REASON = _rollout.count_family("bridge_fallback_reason_", "reason", "bridge fallbacks by reason")
+
+# ── the recipe, per step (quaero/recipe/train.py) ─────────────────────────────────────────────────────────────
+
+_recipe = _table("Recipe, per step", "quaero/recipe/train.py")
+PHASE = _recipe.latest("phase", "`sft` (warm start) or `rl`")
+WEIGHTS_PUSHED = _recipe.count("weights_pushed", "1 when the weights were pushed to the sampler before it sampled")
+WEIGHT_SYNC_S = _recipe.per_step("weight_sync_s", "the push's seconds")
+WEIGHT_TRANSFER = _recipe.latest("weight_transfer", "how it went (`file`, `nccl`, `ipc`, or the engine's own)")
+ROLLOUT_TIME_S = _recipe.per_step("rollout_time_s", "the rollout's seconds")
+TOTAL_STEP_TIME_S = _recipe.per_step("total_step_time_s", "the whole step's seconds")
+TOKENS_PER_S = _recipe.per_step("tokens_per_s", "trained row tokens per second of the whole step")
+POLICY_STALENESS = _recipe.largest("policy_staleness", "how many policy versions older than the trained weights "
+                                   "the weights that sampled the rows were (0 on-policy; cumulatively the run's "
+                                   "largest); `importance_ratio_mean` and `clip_fraction` show what the lag did to "
+                                   "the ratio")
+ROLLOUT_WAIT_S = _recipe.per_step("rollout_wait_s",
+                                  "with `max_off_policy_steps >= 1`: how long the step waited for its rollout")
+
+# ── saved rows, per step (quaero/recipe/saved_rows.py) ────────────────────────────────────────────────────────
+
+_rows = _table("Saved rows, per step", "quaero/recipe/saved_rows.py")
+ROWS_SAVED = _rows.count("rows_saved", "rows written to `runs/NAME/rows/`")
+ROWS_SAVE_FAILURES = _rows.count("rows_save_failures", "1 when writing them failed (a warning, never a stopped run)")
+
+# ── evaluation (`eval` events, quaero/recipe/train.py) ───────────────────────────────────────────────────────
+
+_eval = _table("Evaluation (`eval` events)", "quaero/recipe/train.py")
+EVAL_REWARD = _eval.per_step("eval_reward", "mean reward of the evaluation's episodes")
+EVAL_SUCCESS_RATE = _eval.per_step("eval_success_rate", "their success rate")
+EVAL_EPISODES = _eval.per_step("eval_episodes", "episodes evaluated")
+EVAL_DROPPED = _eval.per_step("eval_dropped", "episodes dropped")
+EVAL_TRUNCATED = _eval.per_step("eval_truncated", "episodes truncated")
+EVAL_TIME_S = _eval.per_step("eval_time_s", "the evaluation's seconds")
+EVAL_DROP_REASONS = _eval.per_step("eval_drop_reasons", "dropped episodes by reason")
+EVAL_RESULTS = _eval.per_step("eval_results",
+                              "per task, for paired comparisons (`quaero review`): `[index, success, reward]`")
+SAMPLE_TRANSCRIPT = _eval.per_step("sample_transcript", "the first episode's messages, shortened")
+
+# ── event names (the `event` field) that readers select on ──────────────────────────────────────────────────
+
+TRAIN_STEP_EVENT = "train_step"
+EVAL_EVENT = "eval"
+RUN_END_EVENT = "run_end"
