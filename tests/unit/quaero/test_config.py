@@ -199,7 +199,7 @@ def test_the_plan_of_a_huge_step_count_is_counted_not_enumerated():
         .split("eval ")[1].startswith("256 (4 evals x 64)")  # 0, 4, 8 and the last, 9
     total = 500 + 10**22  # the main job's warm start, then the RL steps
     evals = 1 + total // 7 + (total % 7 != 0)  # untrained, every 7th step, and the last
-    assert "(10000000000000000000000 steps x 4 x 4)" in line and f"({evals} evals x 64)" in line
+    assert "(10000000000000000000000 steps x 4 x 8)" in line and f"({evals} evals x 64)" in line
 
 
 @pytest.mark.hostile
