@@ -25,6 +25,15 @@ def source_run(tmp_path_factory):
     return train(cfg), tmp
 
 
+def _traces_config(tmp_path, name, data):
+    """A one-warm-step, one-RL-step config in process whose [data] section is `data`."""
+    path, _ = make_config(tmp_path, name, steps=1, warmup=1, eval_every=0, eval_tasks=0,
+                          extra=["env.launcher=inprocess"])
+    path.write_text(path.read_text().replace('launcher = "local-server"', 'launcher = "inprocess"')
+                    + f"\n[data]\n{data}\n")
+    return path
+
+
 def _export(run_dir, fmt, out):
     assert cli.main(["inspect", "rows", str(run_dir), "--export", fmt, str(out)]) == 0
     return [json.loads(line) for line in out.read_text().splitlines()]
@@ -76,10 +85,7 @@ def test_a_run_warm_starts_from_another_runs_trace_file_and_passes_review(source
                       "per_token_logps": [-0.1], "loss_mask": [0, 0, 0, 1]}]}
     with traces.open("a") as f:
         f.write(json.dumps(bad) + "\n")
-    path, _ = make_config(tmp_path, "warm", steps=1, warmup=1, eval_every=0, eval_tasks=0,
-                          extra=["env.launcher=inprocess"])
-    path.write_text(path.read_text().replace('launcher = "local-server"', 'launcher = "inprocess"')
-                    + f'\n[data]\ntraces = "{traces}"\n')
+    path = _traces_config(tmp_path, "warm", f'traces = "{traces}"')
     assert cli.main(["check", str(path)]) == 0
     assert "data        traces" in capsys.readouterr().out
     assert cli.main(["train", str(path)]) == 0
@@ -135,10 +141,7 @@ def test_recorded_rl_rows_train_the_rl_loss_off_policy_with_traces_loss_rl(sourc
         r.pop("advantage")
     demos = [r for r in records if r["quaero"]["phase"] == "sft"]
     out.write_text("".join(json.dumps(r) + "\n" for r in rl + demos))
-    path, _ = make_config(tmp_path, "offpolicy", steps=1, warmup=1, eval_every=0, eval_tasks=0,
-                          extra=["env.launcher=inprocess"])
-    path.write_text(path.read_text().replace('launcher = "local-server"', 'launcher = "inprocess"')
-                    + f'\n[data]\ntraces = "{out}"\ntraces_loss = "rl"\n')
+    path = _traces_config(tmp_path, "offpolicy", f'traces = "{out}"\ntraces_loss = "rl"')
     assert cli.main(["check", str(path)]) == 0
     assert "off-policy RL (importance ratio over the recorded log-probs)" in capsys.readouterr().out
     assert cli.main(["train", str(path)]) == 0
