@@ -256,7 +256,7 @@ def test_bench_crossover_fields_and_value_check(tmp_path, capsys):
 
 
 ROLLOUT = ["rollout", "envs/toolbench.toml", "--episodes", "2", "--set", "sampler.max_tokens=6",
-           "--set", "env.max_turns=2", "--threads", "1", "--repeats", "2"]
+           "--set", "env.max_turns=2", "--set", "sampler.temperature=1.0", "--threads", "1", "--repeats", "2"]
 
 
 @pytest.mark.parametrize("sampler", ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow]),
