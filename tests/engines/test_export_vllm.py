@@ -32,7 +32,8 @@ def exported_run(root: Path, *, lora: bool):
     exported with the real CLI (a LoRA run with --merge)."""
     name = "lora" if lora else "full"
     cfg = load_config(TOOLBENCH, [f"run.output_dir={root / 'runs'}", f"run.name={name}",
-                                  f"backend.lora={str(lora).lower()}", "backend.lr=1e-3"])
+                                  f"backend.lora={str(lora).lower()}", "backend.lr=1e-3",
+                                  "sampler.temperature=1.0"])  # the trainer scores as the greedy server does
     trainer = build_trainer(cfg)
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     for _ in range(2):
