@@ -339,13 +339,13 @@ def run_step(c: Components, step: int, *, sft: bool, ahead: RolloutsAhead | None
     # the loss denominators of a step that trains nothing
     trained = {names.ROWS: 0, names.ACTION_TOKENS: 0, names.ECHO_TOKENS: 0}
     t = c.cfg.training
-    if not sft and step == t.warmup_sft_steps + 1 and t.warmup_sft_steps and t.rl_optimizer_start != "continue":
+    rl_step = step - t.warmup_sft_steps  # 1, 2, ... in the RL phase
+    if rl_step == 1 and t.warmup_sft_steps and t.rl_optimizer_start != "continue":
         # RL starts without the warm start's momentum (a resume past here keeps RL's own)
         c.trainer.reset_optimizer(momentum_only=t.rl_optimizer_start == "reset_momentum")
     if rows:
         c.trainer.set_lr(c.cfg.lr_for(sft=sft))
-        rl_step, rl_steps = step - c.cfg.training.warmup_sft_steps, c.cfg.training.steps
-        echo_weight = c.cfg.echo.weight if sft else c.cfg.echo.weight_at(rl_step, rl_steps)
+        echo_weight = c.cfg.echo.weight if sft else c.cfg.echo.weight_at(rl_step, t.steps)
         # [data] traces_loss = "rl": the warm start's recorded rows train the RL loss off-policy (their advantages,
         # the ratio over their recorded sampler log-probs), not SFT
         as_demos = sft and not (c.traces is not None and c.cfg.data.traces_loss == "rl")
