@@ -104,6 +104,19 @@ def cmd_check(args) -> int:
     return 0
 
 
+def say_error(message: str) -> None:
+    """`error: MESSAGE` on stderr in one write: the ranks of `--nproc` share one stderr pipe, and a `print`
+    (message, then newline) from two ranks at once ran their lines together."""
+    line = f"error: {message}\n"
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # a stderr without a file (pytest's capsys, an embedding host)
+        sys.stderr.write(line)
+        return
+    sys.stderr.flush()
+    os.write(fd, line.encode())
+
+
 RANK_SHUTDOWN_TIMEOUT_S = 900  # how long torchrun's agent lets the ranks finish a step after a Ctrl-C
 # torchrun (torch.distributed.run) without its `@record` main: a failed rank has said why in its own error line
 # (or traceback, for a bug); torchrun's ChildFailedError traceback and failure table after it say nothing more.
@@ -175,7 +188,7 @@ def cmd_train(args) -> int:
         if "WORLD_SIZE" not in os.environ:  # under torchrun, rank 0 takes the lock in train() (the others never do)
             refuse_if_held(load_config(args.config, args.overrides).run_dir)  # at once, before anything loads
     except RunFolderLocked as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_error(str(e))
         return 1
     cfg = load_checked(args.config, args.overrides)
     if args.nproc is not None:
@@ -188,7 +201,7 @@ def cmd_train(args) -> int:
     try:
         train(cfg, resume=args.resume, restart=args.restart, source=args.config)
     except (CheckpointError, RunFolderLocked, EmptyRunError, ServerError, ExportError) as e:  # ServerError: a vLLM server failed, in its words; ExportError: final/ could not be written
-        print(f"error: {e}", file=sys.stderr)
+        say_error(str(e))
         return 1
     return 0
 
@@ -220,7 +233,7 @@ def cmd_export(args) -> int:
     try:
         out = export_run(args.run_dir, args.out, step=args.step, merge=args.merge)
     except ExportError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_error(str(e))
         return 1
     print(f"exported {args.run_dir} -> {out}: {', '.join(sorted(p.name for p in out.iterdir()))}")
     return 0
@@ -238,7 +251,7 @@ def cmd_eval(args) -> int:
     try:
         out, summary = evaluate(cfg, list(args.compare) if args.compare else [args.model], plan)
     except EvalError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_error(str(e))
         return 1
     print("\n".join(report_lines(summary, out)))
     return 0
@@ -361,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         os.getcwd()
     except FileNotFoundError:  # before torch imports: MKL aborts the process (exit 2) in a deleted folder
-        print("error: the working directory was deleted; cd to an existing folder and run it again", file=sys.stderr)
+        say_error("the working directory was deleted; cd to an existing folder and run it again")
         return 1
     if argv[:1] == ["bench"]:  # everything after `bench` belongs to the benchmark's own parser
         from quaero.bench import main as bench_main
@@ -374,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (ConfigError, ModelNotFound) as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_error(str(e))
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -382,8 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # a path the command had to write or read: a permission, a full disk, a file for a folder
         if not e.filename:
             raise
-        print(f"error: {e.filename}: {e.strerror or e}; fix that path (its permissions, free space, or a file "
-              "where a folder belongs) or choose another", file=sys.stderr)
+        say_error(f"{e.filename}: {e.strerror or e}; fix that path (its permissions, free space, or a file where a "
+                  "folder belongs) or choose another")
         return 1
 
 
