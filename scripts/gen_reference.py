@@ -64,7 +64,7 @@ OPTION_MEANINGS = {
     "env.retry_backoff_s": "the wait before retry k is this times 2^k",
     "env.server_start_timeout_s": "seconds a local env server may take to start",
     "env.on_session_loss": "`replay` the episode's actions on a new session (deterministic envs) or `drop` it",
-    "sampler.temperature": "sampling temperature; the trainer's log-probs use the same one",
+    "sampler.temperature": "sampling temperature; an RL step's log-probs use the same one (an SFT step scores at 1)",
     "sampler.top_p": "nucleus sampling; RL needs 1 (`check` refuses less with RL steps)",
     "sampler.max_tokens": "tokens per action; a turn starts only when the prompt leaves room for them",
     "sampler.gpu_memory_utilization": "vLLM's share of the device memory",

@@ -32,7 +32,7 @@ from trainers.chunked_ce import ChunkedSelectedLogprobs, LogitTransform
 
 PEERS = ("chunked_all_positions", "backbone_only")
 DEFAULT_PEER_CHUNK = 512  # verl's FusedLinearForPPO chunk
-# the module whose global `microbatch_logprobs(trainer, mb) -> (lp [B, L-1], info)` the step calls
+# the module whose global `microbatch_logprobs(trainer, mb, temperature) -> (lp [B, L-1], info)` the step calls
 STEP_MODULE = "trainers.step"
 
 
@@ -92,7 +92,7 @@ def with_peer(trainer, name: str, *, chunk_size: int = DEFAULT_PEER_CHUNK, tempe
     logprobs = peer_logprobs(name, chunk_size=chunk_size, temperature=temperature)
     real_step = trainer.train_step
 
-    def microbatch_logprobs(trainer_, mb):
+    def microbatch_logprobs(trainer_, mb, _temperature):  # the peer's own temperature
         parts = trainer_.parts
         hidden = parts.hidden_states(mb.input_ids, mb.attention_mask)
         return logprobs(hidden, parts.lm_head, mb.input_ids, mb.target_mask, parts.transform), SelectiveInfo()
@@ -101,9 +101,9 @@ def with_peer(trainer, name: str, *, chunk_size: int = DEFAULT_PEER_CHUNK, tempe
     def train_step(rows, **kwargs):
         calls = [0]
 
-        def counted(trainer_, mb):
+        def counted(trainer_, mb, temperature):
             calls[0] += 1
-            return microbatch_logprobs(trainer_, mb)
+            return microbatch_logprobs(trainer_, mb, temperature)
 
         saved = step_module.microbatch_logprobs
         step_module.microbatch_logprobs = counted

@@ -40,9 +40,9 @@ def test_a_second_forward_in_a_microbatch_is_refused(small_model_dir, monkeypatc
     b = LocalTrainer(make_spec(small_model_dir), "cpu")
     real = step.microbatch_logprobs
 
-    def separate_echo_forward(trainer, mb):
+    def separate_echo_forward(trainer, mb, temperature):
         trainer.parts.hidden_states(mb.input_ids, mb.attention_mask)  # a second, separate forward
-        return real(trainer, mb)
+        return real(trainer, mb, temperature)
 
     monkeypatch.setattr(step, "microbatch_logprobs", separate_echo_forward)
     with pytest.raises(SharedForwardError, match="2 forward passes"):
@@ -112,6 +112,24 @@ def test_sft_mode_trains_action_nll_and_keeps_echo(small_model_dir):
     assert m["rl_loss"] == 0.0 and m["echo_loss"] > 0
     # nothing was sampled: no gap, no ratio measured, and none claimed
     assert m["sampler_logprob_gap_max"] is m["sampler_logprob_gap_mean"] is m["importance_ratio_mean"] is None
+
+
+def test_an_sft_step_scores_at_temperature_1_and_an_rl_step_at_the_samplers(small_model_dir):
+    """The sampler's temperature is the importance ratio's: it reaches RL steps only. The warm start's
+    loss at T 0.7 equals its loss at T 1 (at 0.7 it was the tempered NLL, a 1/0.7-times larger gradient)."""
+    demo = [sparse_row(i, 0.0, vocab=V, context=60) for i in range(2)]
+    cold = LocalTrainer(make_spec(small_model_dir, temperature=1.0), "cpu")
+    act = [lp for r, lps in zip(demo, cold.logprobs(demo)) for lp, a in zip(lps, r.action_mask) if a]
+    warm = LocalTrainer(make_spec(small_model_dir, temperature=0.7), "cpu")
+    sft = warm.train_step(demo, sft=True)
+    assert sft["sft_loss"] == pytest.approx(-sum(act) / len(act), rel=1e-5)
+    # rows "sampled" at T 0.7: their sampler log-probs are the T-0.7 trainer's own; its RL step sees no gap
+    sampled = [sparse_row(i, 1.0, vocab=V, context=60) for i in range(2)]
+    for r, lps in zip(sampled, LocalTrainer(make_spec(small_model_dir, temperature=0.7), "cpu").logprobs(sampled)):
+        r.sampler_logprobs = [lp if a else 0.0 for lp, a in zip(lps, r.action_mask)]
+    gaps = {t: LocalTrainer(make_spec(small_model_dir, temperature=t), "cpu").train_step(sampled)[
+        "sampler_logprob_gap_max"] for t in (0.7, 1.0)}
+    assert gaps[0.7] < 1e-4 and gaps[1.0] > 0.01, gaps
 
 
 def test_grad_norm_clipping_is_honoured(small_model_dir):
