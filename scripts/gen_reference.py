@@ -31,7 +31,9 @@ REFERENCE = ROOT / "docs" / "reference.md"
 
 OPTION_MEANINGS = {
     "run.name": "the run folder's name: the run writes `output_dir/name` and nothing outside it",
-    "run.seed": "tasks, sampler seeds and the embedded model's init derive from it: a rerun repeats the run",
+    "run.seed": "the train tasks (their order in a Task-API split, else their reset seeds) and the sampler's seeds "
+                "derive from it: a rerun repeats the run; a Task-API eval split and the embedded model's weights are the "
+                "same for every seed",
     "run.output_dir": "the folder of run folders (for several nodes: on a filesystem every node sees)",
     "run.device": "`auto`: CUDA when available, else CPU",
     "model.name": "`tiny-qwen3` (the embedded default, built offline), a hub id or a local folder",

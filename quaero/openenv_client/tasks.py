@@ -4,7 +4,8 @@ An env may implement task discovery (`list_splits()`, `num_tasks(split)`, `get_t
 0.10's `TaskProvider` protocol, served by its HTTP server as `GET /{env}/splits` and `POST /{env}/num_tasks`)
 and select a task with `reset(split=..., index=...)`. When it does, quaero uses the env's own splits: `[env]
 train_split`/`eval_split` must name one of them (`quaero check` says which exist), training draws indices from
-the train split's range (wrapping round it), and evaluation plays the eval split's tasks (all of them, or
+the train split's range in an order the run seed fixes (seed 0: 0, 1, 2, ...; another seed: a permutation of
+the split, so seeds train on different tasks; wrapping round it), and evaluation plays the eval split's tasks (all of them, or
 the first `[training] eval_tasks` of them, by index). An env without it keeps quaero's own
 numbering: task i of a split is index i, seed derived from the run seed.
 
@@ -16,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import math
+import random
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -119,11 +122,21 @@ def check_splits(catalog: TaskCatalog | None, env_cfg: Any, *, train: bool, eval
                               f"{catalog.describe()}")
 
 
-def task_index(catalog: TaskCatalog | None, split: str, i: int) -> int:
-    """The env index of the i-th task quaero draws from `split`: i itself without a Task API, else i wrapped
-    round the split (a run longer than the split plays it again, in the same order)."""
+def task_index(catalog: TaskCatalog | None, split: str, i: int, seed: int = 0) -> int:
+    """The env index of the i-th task quaero draws from `split`: i itself without a Task API (the reset seed
+    tells tasks apart there), else the i-th of the split's indices in the seed's order, wrapped round the
+    split (a run longer than the split plays it again, in the same order). Seed 0's order is 0, 1, 2, ...;
+    another seed's is the affine permutation i -> (a i + b) mod n, a coprime with n, both drawn from the seed."""
     n = catalog.size(split) if catalog is not None else None
-    return i % n if n else i
+    if not n:
+        return i
+    if seed == 0:
+        return i % n
+    draw = random.Random(f"task-order:{seed}:{n}")
+    a, b = draw.randrange(1, n) if n > 1 else 1, draw.randrange(n)
+    while math.gcd(a, n) != 1:
+        a = a % (n - 1) + 1
+    return (a * (i % n) + b) % n
 
 
 def eval_indices(catalog: TaskCatalog | None, split: str, eval_tasks: int) -> list[int]:

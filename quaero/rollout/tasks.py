@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 def task_reset(cfg: QuaeroConfig, split: str, index: int, catalog: TaskCatalog | None = None) -> dict:
     """The reset arguments of task `index` of `split`: its reset seed derives from the run seed alone (train,
-    eval and `quaero eval` agree on it); with the env's Task API (`catalog`) the index wraps round the split's
-    range."""
-    index = task_index(catalog, split, index)
+    eval and `quaero eval` agree on it); with the env's Task API (`catalog`, which training passes and
+    evaluation does not: every seed evaluates the same tasks) the run seed orders the split and the index
+    wraps round it."""
+    index = task_index(catalog, split, index, cfg.run.seed)
     return {"seed": cfg.run.seed * 1_000_003 + index, "split": split, "index": index}

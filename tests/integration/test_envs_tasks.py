@@ -68,6 +68,13 @@ def test_check_prints_the_splits_and_refuses_a_split_the_env_lacks(tmp_path, cap
 def test_train_wraps_round_the_split_and_eval_covers_the_eval_split(tmp_path, capsys):
     catalog = TaskCatalog(dict(SPLITS), "test")
     assert [task_index(catalog, "train", i) for i in range(7)] == [0, 1, 2, 3, 4, 0, 1]
+    # another run seed trains the split in another order: each task once per pass, the same order each pass
+    orders = {seed: [task_index(catalog, "train", i, seed) for i in range(10)] for seed in range(1, 6)}
+    assert all(sorted(o[:5]) == [0, 1, 2, 3, 4] and o[5:] == o[:5] for o in orders.values()), orders
+    assert len({tuple(o[:5]) for o in orders.values()}) > 1, orders
+    for n in (1, 2, 12, 1_000_000):  # a permutation whatever n's factors
+        big = TaskCatalog({"train": n}, "test")
+        assert len({task_index(big, "train", i, 7) for i in range(min(n, 1000))}) == min(n, 1000)
     assert eval_indices(catalog, "test", 64) == [0, 1, 2] and eval_indices(catalog, "test", 2) == [0, 1]
 
     # quaero eval with the env's oracle, eval_tasks far above the split: exactly the 3 test tasks, each once
