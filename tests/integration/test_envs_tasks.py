@@ -88,4 +88,4 @@ def test_train_wraps_round_the_split_and_eval_covers_the_eval_split(tmp_path, ca
 def test_toolbench_implements_the_task_api_and_check_names_its_splits(tmp_path, capsys):
     assert cli.main(["check", "envs/toolbench.toml", "--set", f"run.output_dir={str(tmp_path)!r}"]) == 0
     assert ("tasks       splits 'train' (1000000 tasks), 'eval' (500 tasks) (the env's Task API, in process); "
-            "train draws from 'train', eval plays 'eval': the first 64 (") in capsys.readouterr().out
+            "train draws from 'train', eval plays 'eval': the first 128 (") in capsys.readouterr().out

@@ -194,8 +194,10 @@ def test_a_pasted_huge_value_is_cut_in_its_error_line():
 def test_the_plan_of_a_huge_step_count_is_counted_not_enumerated():
     from quaero.cli import work_line
 
-    line = work_line(load_config(MAIN, ["training.steps=10000000000000000000000", "training.eval_every=7"]))
-    assert work_line(load_config(MAIN, ["training.steps=9", "training.warmup_sft_steps=0", "training.eval_every=4"])) \
+    line = work_line(load_config(MAIN, ["training.steps=10000000000000000000000", "training.eval_every=7",
+                                        "training.eval_tasks=64"]))
+    assert work_line(load_config(MAIN, ["training.steps=9", "training.warmup_sft_steps=0", "training.eval_every=4",
+                                        "training.eval_tasks=64"])) \
         .split("eval ")[1].startswith("256 (4 evals x 64)")  # 0, 4, 8 and the last, 9
     total = 500 + 10**22  # the main job's warm start, then the RL steps
     evals = 1 + total // 7 + (total % 7 != 0)  # untrained, every 7th step, and the last
