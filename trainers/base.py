@@ -87,9 +87,10 @@ class Trainer:
         return metrics
 
     @torch.no_grad()
-    def logprobs(self, rows: list[EchoRow]) -> list[list[float]]:
-        """Per-token target log-probs (length L; targets = action and ECHO tokens; 0 elsewhere)."""
-        return step.audit_logprobs(self, rows)
+    def logprobs(self, rows: list[EchoRow], *, temperature: float | None = None) -> list[list[float]]:
+        """Per-token target log-probs (length L; targets = action and ECHO tokens; 0 elsewhere), at
+        `temperature` (default: the sampler's, the one an RL step scores at)."""
+        return step.audit_logprobs(self, rows, self.spec.temperature if temperature is None else temperature)
 
     @torch.no_grad()
     def export_weights(self) -> dict[str, torch.Tensor]:

@@ -196,6 +196,7 @@ def accumulate_gradients(trainer: TrainerView, mbs: list[Microbatch], totals: St
     others) and gradients are reduced across ranks in the last one only.
     """
     spec, counter = trainer.spec, trainer.parts.counter
+    temperature = step_temperature(spec, sft=sft)
     trained = [mb for mb in mbs if mb.trains]
     totals.skipped += len(mbs) - len(trained)
     passes = process_group.all_max(len(trained))
@@ -211,7 +212,7 @@ def accumulate_gradients(trainer: TrainerView, mbs: list[Microbatch], totals: St
             with saved_tensors_offload(trainer.device, enabled=spec.memory.save_on_cpu,
                                        pin_memory=spec.memory.save_on_cpu_pin_memory,
                                        min_numel=spec.memory.save_on_cpu_min_numel, stats=totals.offload):
-                lp, info = microbatch_logprobs(trainer, mb, step_temperature(spec, sft=sft))
+                lp, info = microbatch_logprobs(trainer, mb, temperature)
                 loss = microbatch_loss(spec, mb, lp, sft=sft, echo_weight=echo_weight)
             forwards = counter.take()
             if forwards != 1:
@@ -314,8 +315,9 @@ def step_metrics(trainer: TrainerView, ranks: list[StepTotals], *, sft: bool, gr
     }
 
 
-def audit_logprobs(trainer: TrainerView, rows: list[EchoRow]) -> list[list[float]]:
-    """No-grad per-token log-probs of every action and ECHO token (0.0 elsewhere), in row order."""
+def audit_logprobs(trainer: TrainerView, rows: list[EchoRow], temperature: float) -> list[list[float]]:
+    """No-grad per-token log-probs at `temperature` of every action and ECHO token (0.0 elsewhere), in row
+    order."""
     model = trainer.model
     was_training = model.training
     model.eval()
@@ -324,7 +326,7 @@ def audit_logprobs(trainer: TrainerView, rows: list[EchoRow]) -> list[list[float
                                     echo=True, device=trainer.device)
         out: list[list[float]] = [[] for _ in rows]
         for mb in mbs:
-            lp, _ = microbatch_logprobs(trainer, mb, trainer.spec.temperature)  # the sampler's, as recorded
+            lp, _ = microbatch_logprobs(trainer, mb, temperature)
             for b, i in enumerate(mb.row_index):
                 out[i] = [0.0] + lp[b, :len(rows[i]) - 1].tolist()
         trainer.parts.counter.take()

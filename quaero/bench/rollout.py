@@ -67,10 +67,9 @@ def rollout_figures(c, pool, tasks: list[dict], *, greedy: bool, seed: int) -> d
     episodes = [e for g in groups for e in g if not e.dropped]
     tokens = sum(len(t.action_ids) for e in episodes for t in e.transitions)
     rows = [r for e in episodes for r in e.rows]
-    # the trainer scores at [sampler] temperature; a greedy sampler reports the raw (T = 1) log-prob of its
-    # argmax, so the two compare only at temperature 1
-    comparable = rows and (not greedy or c.cfg.sampler.temperature == 1.0)
-    gap = logprob_gap(rows, c.trainer.logprobs(rows)) if comparable else {"mean": None, "max": None}
+    # a greedy sampler reports the raw (T = 1) log-prob of its argmax: the trainer scores those at T 1 too
+    gap = (logprob_gap(rows, c.trainer.logprobs(rows, temperature=1.0 if greedy else None)) if rows
+           else {"mean": None, "max": None})
     c.counts.snapshot_and_reset()
     return {
         "episodes": len(episodes), "episodes_dropped": sum(len(g) for g in groups) - len(episodes),

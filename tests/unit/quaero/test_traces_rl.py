@@ -88,7 +88,7 @@ def _step(trainer, rows):
 def test_the_rl_term_is_non_zero_and_its_ratio_is_over_the_recorded_logprobs(tmp_path, trainer):
     records = [record(1, reward=1.0, group="g"), record(2, reward=0.0, group="g")]
     rows, _ = load_traces(write(tmp_path, records), V, loss="rl")
-    own = audit_logprobs(trainer, rows)  # the trainer's own log-probs of the action tokens, before the step
+    own = audit_logprobs(trainer, rows, trainer.spec.temperature)  # the trainer's own log-probs of the action tokens, before the step
     shift = 0.3
     for k, (row, lps) in enumerate(zip(rows, own)):  # recorded = the trainer's own, minus `shift`
         recorded = [lp - shift if a else 0.0 for lp, a in zip(lps, row.action_mask)]
