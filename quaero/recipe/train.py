@@ -334,7 +334,11 @@ def run_step(c: Components, step: int, *, sft: bool, ahead: RolloutsAhead | None
         lag = {names.POLICY_STALENESS: step - 1 - rollout.version,
                names.ROLLOUT_WAIT_S: round(ranks.largest(waited), 3)}
     rows = [row for row, _ in collected]
-    saved = (save_step_rows(c.cfg.run_dir, c.cfg.logging.save_rows, step, collected, phase="sft" if sft else "rl",
+    # [data] traces_loss = "rl": the warm start's recorded rows train the RL loss off-policy (their advantages,
+    # the ratio over their recorded sampler log-probs), not SFT
+    traces_rl = sft and c.traces is not None and c.cfg.data.traces_loss == "rl"
+    phase = names.PHASE_TRACES_RL if traces_rl else names.PHASE_SFT if sft else names.PHASE_RL
+    saved = (save_step_rows(c.cfg.run_dir, c.cfg.logging.save_rows, step, collected, phase=phase,
                             policy_version=version) if ranks.is_main() else {})
     # the loss denominators of a step that trains nothing
     trained = {names.ROWS: 0, names.ACTION_TOKENS: 0, names.ECHO_TOKENS: 0}
@@ -346,15 +350,12 @@ def run_step(c: Components, step: int, *, sft: bool, ahead: RolloutsAhead | None
     if rows:
         c.trainer.set_lr(c.cfg.lr_for(sft=sft))
         echo_weight = c.cfg.echo.weight if sft else c.cfg.echo.weight_at(rl_step, t.steps)
-        # [data] traces_loss = "rl": the warm start's recorded rows train the RL loss off-policy (their advantages,
-        # the ratio over their recorded sampler log-probs), not SFT
-        as_demos = sft and not (c.traces is not None and c.cfg.data.traces_loss == "rl")
-        trained = c.trainer.train_step(rows, sft=as_demos, echo_weight=echo_weight)
+        trained = c.trainer.train_step(rows, sft=phase == names.PHASE_SFT, echo_weight=echo_weight)
         c.sampler_behind = not c.shares_model
     total = time.perf_counter() - t0
     timing = {names.ROLLOUT_TIME_S: round(t_rollout, 3), names.TOTAL_STEP_TIME_S: round(total, 3),
               names.TOKENS_PER_S: round(trained.get(names.ROW_TOKENS, 0) / total, 1) if total > 0 else 0.0}
-    return _disjoint({names.PHASE: "sft" if sft else "rl"}, ranks.rollout_snapshot(counts), trained, synced,
+    return _disjoint({names.PHASE: phase}, ranks.rollout_snapshot(counts), trained, synced,
                      saved, timing, lag)
 
 

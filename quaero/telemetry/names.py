@@ -243,7 +243,11 @@ BRIDGE_FALLBACK_REASON = _rollout.count_family("bridge_fallback_reason_", "reaso
 # ── the recipe, per step (quaero/recipe/train.py) ─────────────────────────────────────────────────────────────
 
 _recipe = _table("Recipe, per step", "quaero/recipe/train.py")
-PHASE = _recipe.latest("phase", "`sft` (warm start) or `rl`")
+PHASE = _recipe.latest("phase", "`sft` (warm start on demos), `traces_rl` (warm start on recorded traces with the "
+                       "RL loss off-policy, `[data] traces_loss = \"rl\"`) or `rl` (the policy's own rollouts)")
+# a step's phase: what its rows are and which loss trains them (also each saved row's `phase`)
+PHASE_SFT, PHASE_TRACES_RL, PHASE_RL = "sft", "traces_rl", "rl"
+WARM_START_PHASES = (PHASE_SFT, PHASE_TRACES_RL)
 WEIGHTS_PUSHED = _recipe.count("weights_pushed", "1 when the weights were pushed to the sampler before it sampled")
 WEIGHT_SYNC_S = _recipe.per_step("weight_sync_s", "the push's seconds")
 WEIGHT_TRANSFER = _recipe.latest("weight_transfer", "how it went (`file`, `nccl`, `ipc`, or the engine's own)")

@@ -56,7 +56,7 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
             steps[(phase, step)] = e  # a re-run step after resume: latest wins
         else:
             evals[step] = e
-    ordered = sorted(steps.values(), key=lambda e: (e["step"], e.get(names.PHASE) != "sft"))
+    ordered = sorted(steps.values(), key=lambda e: (e["step"], e.get(names.PHASE) not in names.WARM_START_PHASES))
     return {"path": str(path), "events": events, "steps": ordered, "unreadable": unreadable,
             "evals": [evals[k] for k in sorted(evals)], "ended": any(e.get("event") == names.RUN_END_EVENT for e in events)}
 
@@ -109,7 +109,7 @@ def rl_over_warm_start(run: dict) -> dict[str, Any]:
     `why` says what is missing when there is nothing to compare."""
     from quaero.tools.significance import paired_outcomes
 
-    sft = [s["step"] for s in run["steps"] if s.get(names.PHASE) == "sft"]
+    sft = [s["step"] for s in run["steps"] if s.get(names.PHASE) in names.WARM_START_PHASES]
     rl = [s["step"] for s in run["steps"] if s.get(names.PHASE, "rl") == "rl"]
     if not sft or not rl:
         return {"why": "no warm start" if not sft else "no RL step"}
@@ -243,7 +243,7 @@ def eval_reward_intervals(run: dict) -> list[tuple[int, float, float, float]]:
 
 def sft_span(run: dict) -> tuple[int, int] | None:
     """First and last warm-start (SFT) step, shaded on every plot so the two phases read apart."""
-    sft = [s["step"] for s in run["steps"] if s.get(names.PHASE) == "sft"]
+    sft = [s["step"] for s in run["steps"] if s.get(names.PHASE) in names.WARM_START_PHASES]
     return (min(sft), max(sft)) if sft else None
 
 

@@ -149,5 +149,5 @@ def test_recorded_rl_rows_train_the_rl_loss_off_policy_with_traces_loss_rl(sourc
     refused = events_of(run, "trace_record_refused")
     assert len(refused) == len(demos) and all("no sampler log-probs" in e["reason"] for e in refused)
     warm = events_of(run, "train_step")[0]
-    assert warm["phase"] == "sft" and warm["action_tokens"] > 0 and warm["rl_loss"] != 0.0
+    assert warm["phase"] == "traces_rl" and warm["action_tokens"] > 0 and warm["rl_loss"] != 0.0
     assert warm["sft_loss"] == 0.0 and warm["importance_ratio_mean"] is not None

@@ -298,10 +298,12 @@ def _reset_structlog():
     runlog.configure(console="none")
 
 
-def _record_phases(run_dir, *, warm: list[int] | None, end: list[int] | None, sft=3, rl=2, warm_step=None):
-    """A warm start of `sft` steps and `rl` RL steps; evals at 0, at the warm start's end and at the end, each with
-    per-task results [index, success, reward] (successes given as 0/1 lists; None: no such eval)."""
-    steps = [dict(s, phase="sft") for s in good_steps(sft)] + good_steps(rl)
+def _record_phases(run_dir, *, warm: list[int] | None, end: list[int] | None, sft=3, rl=2, warm_step=None,
+                   warm_phase="sft"):
+    """A warm start of `sft` steps (phase `warm_phase`) and `rl` RL steps; evals at 0, at the warm start's end and
+    at the end, each with per-task results [index, success, reward] (successes given as 0/1 lists; None: no such
+    eval)."""
+    steps = [dict(s, phase=warm_phase) for s in good_steps(sft)] + good_steps(rl)
     runlog.configure(console="none")
     log = runlog.get_logger("test")
     evals = [(0, [0] * 64), (warm_step or sft, warm), (sft + rl, end)]
@@ -334,6 +336,15 @@ def test_rl_improved_eval_over_warm_start_is_paired(tmp_path, capsys, warm, end,
     rc = review.main(args(tmp_path, require=[proofs.RL_IMPROVED]))
     assert rc == (0 if status == proofs.PASS else 1)
     assert f"[{'PASS' if status == proofs.PASS else 'WARN'}] {proofs.RL_IMPROVED}" in capsys.readouterr().out
+
+
+def test_a_warm_start_on_recorded_traces_with_the_rl_loss_is_still_the_warm_start(tmp_path):
+    """[data] traces_loss = "rl" logs its warm-start steps as phase `traces_rl`: they end the warm start the RL
+    check pairs against, and are no RL step of the run's own."""
+    _record_phases(tmp_path, warm=[1] * 20 + [0] * 44, end=[1] * 34 + [0] * 30, warm_phase="traces_rl")
+    s = review.summarize(review.load_run(tmp_path))
+    assert s["rl_vs_warm_start"]["warm_start_step"] == 3 and s["rl_vs_warm_start"]["improved"] == 14
+    assert review.sft_span(review.load_run(tmp_path)) == (1, 3)
 
 
 def test_rl_improved_pairs_only_shared_tasks_and_says_why_it_is_na(tmp_path):
