@@ -252,9 +252,10 @@ def _step_names() -> list[str]:
     takes beyond these (e.g. `echo_weight`) gets 0.0: only the names are read, never the values."""
     from trainers.spec import TrainerSpec
     from trainers.step import StepTotals, step_metrics
+    from trainers.terms import TERMS, StepContext
     trainer = types.SimpleNamespace(spec=TrainerSpec(), scheduler=types.SimpleNamespace(get_last_lr=lambda: [0.0]))
-    ranks = [StepTotals(rl_tokens=0, echo_tokens=0), StepTotals(rl_tokens=0, echo_tokens=0)]
-    given = {"sft": False, "grad_norm": 0.0, "stepped": True, "peaks": [(0.0, "cpu"), (0.0, "cpu")], "seconds": 0.0}
+    ranks = [StepTotals.empty({t.name: 0 for t in TERMS}) for _ in range(2)]
+    given = {"ctx": StepContext(sft=False, echo_weight=0.0), "grad_norm": 0.0, "stepped": True, "peaks": [(0.0, "cpu"), (0.0, "cpu")], "seconds": 0.0}
     scalars = {name: 0.0 for name, p in inspect.signature(step_metrics).parameters.items()
                if p.kind is p.KEYWORD_ONLY and p.default is p.empty and name not in given}
     return list(step_metrics(trainer, ranks, **given, **scalars))

@@ -27,8 +27,9 @@ class Microbatch:
     rl_mask: Tensor  # bool, tokens the policy-gradient (or SFT NLL) term reads
     echo_mask: Tensor  # bool, tokens the ECHO term reads
     row_index: list[int]  # positions of these rows in the step's row list
-    rl_scale: Tensor  # fp32 [B, 1]: each row's RL-term token factor, denominator included (trainers/aggregation.py)
-    echo_scale: Tensor  # fp32 [B, 1]: each row's ECHO-term token factor, likewise
+    # per loss term (trainers/terms.py, by name): fp32 [B, 1], each row's token factor, the term's step-wide
+    # denominator included (trainers/aggregation.py)
+    scales: dict[str, Tensor]
 
     @property
     def trains(self) -> bool:
@@ -84,13 +85,11 @@ def plan_microbatches(lengths: list[int], micro_batch_tokens: int) -> list[list[
 
 def build_microbatches(rows: list[EchoRow], *, micro_batch_tokens: int, sft: bool, echo: bool,
                        context_tokens: int = 0, device: str | torch.device = "cpu",
-                       rl_scales: list[float] | None = None, echo_scales: list[float] | None = None,
-                       ) -> tuple[list[Microbatch], CropStats]:
+                       scales: dict[str, list[float]] | None = None) -> tuple[list[Microbatch], CropStats]:
     """Pack rows into microbatches. `sft`: every action token is an RL-side target (plain NLL);
     otherwise action tokens with non-zero advantage. `echo`: positive ECHO weights are targets.
-    `rl_scales`/`echo_scales`: per row, the loss terms' token factors (1.0 when not given)."""
-    rl_scales = rl_scales or [1.0] * len(rows)
-    echo_scales = echo_scales or [1.0] * len(rows)
+    `scales`: per loss term's name, per row, its token factors (none given: no term's)."""
+    scales = scales or {}
     starts = [crop_start(r, context_tokens, sft=sft, echo=echo) for r in rows]
     crop = CropStats(sum(s > 0 for s in starts), sum(starts))
     lengths = [len(r) - s for r, s in zip(rows, starts)]
@@ -114,9 +113,8 @@ def build_microbatches(rows: list[EchoRow], *, micro_batch_tokens: int, sft: boo
         rl_mask[:, 0] = False  # token 0 has no left context (also after a crop)
         echo_mask = ew > 0
         echo_mask[:, 0] = False
-        rl_scale = torch.tensor([[rl_scales[i]] for i in group], dtype=torch.float32)
-        echo_scale = torch.tensor([[echo_scales[i]] for i in group], dtype=torch.float32)
+        mb_scales = {name: torch.tensor([[per_row[i]] for i in group], dtype=torch.float32).to(device)
+                     for name, per_row in scales.items()}
         out.append(Microbatch(ids.to(device), attn.to(device), adv.to(device), ew.to(device), old.to(device),
-                              act.to(device), rl_mask.to(device), echo_mask.to(device), group,
-                              rl_scale.to(device), echo_scale.to(device)))
+                              act.to(device), rl_mask.to(device), echo_mask.to(device), group, mb_scales))
     return out, crop

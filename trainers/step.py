@@ -35,13 +35,13 @@ from quaero import process_group
 from quaero.rollout.rows import EchoRow
 from quaero.telemetry import names
 from quaero.telemetry.proofs import BRANCH_COUNTERS
-from trainers import aggregation, distributed
+from trainers import distributed
 from trainers.batch import CropStats, Microbatch, build_microbatches
 from trainers.forward import CausalLMParts, SharedForwardError
-from trainers.loss import LogprobGap, PolicyStats, logprob_gap, nll_loss, policy_gradient_loss
 from trainers.memory import OffloadStats, peak_mem_mb, reset_peak, saved_tensors_offload
 from trainers.selective import SelectiveInfo, full_logprobs, selected_logprobs
 from trainers.spec import TrainerSpec
+from trainers.terms import TERMS, Stats, StepContext, TermTotal
 
 
 class TrainerView(Protocol):
@@ -115,43 +115,32 @@ def _count_branch(counts: dict, info: SelectiveInfo) -> None:
 
 
 @dataclass
-class MicrobatchLoss:
-    """One microbatch's two loss terms (each already divided by its step-wide count) and its statistics."""
-
-    rl: Tensor  # scalar: the policy-gradient term, or the SFT NLL term
-    echo: Tensor  # scalar
-    policy: PolicyStats
-    gap: LogprobGap
-
-
-@dataclass
 class StepTotals:
-    """What one step accumulates over its microbatches."""
+    """What one step accumulates over its microbatches: the shape of its work, and per loss term
+    (trainers/terms.py, by name) its denominator, loss and statistics."""
 
-    rl_tokens: int  # the RL (or SFT) term's denominator, over all ranks
-    echo_tokens: int  # the ECHO term's denominator, over all ranks
+    terms: dict[str, TermTotal]
     rows: int = 0
     microbatches: int = 0
     row_tokens: int = 0
     padded_tokens: int = 0
     crop: CropStats = field(default_factory=CropStats)
     padding: int = 0  # zero-loss forwards that keep this rank in step with the others (trainers/distributed.py)
-    rl_loss: float = 0.0
-    echo_loss: float = 0.0
     forward_passes: int = 0
     skipped: int = 0  # microbatches no loss reads: no forward, no LM head, no backward
     fallback_reason: str = ""
     branches: dict[str, int] = field(default_factory=lambda: dict.fromkeys(BRANCH_COUNTERS, 0))
-    policy: PolicyStats = field(default_factory=PolicyStats)
-    gap: LogprobGap = field(default_factory=LogprobGap)
     offload: OffloadStats = field(default_factory=OffloadStats)
 
-    def add(self, loss: MicrobatchLoss, info: SelectiveInfo, compile_mode: str) -> None:
-        self.rl_loss += float(loss.rl.detach())
-        self.echo_loss += float(loss.echo.detach())
+    @classmethod
+    def empty(cls, tokens: dict[str, int], **fields: Any) -> StepTotals:
+        """Totals with every term of `TERMS` at zero; `tokens`: each term's step-wide denominator."""
+        return cls({t.name: TermTotal(tokens[t.name], t.new_stats()) for t in TERMS}, **fields)
+
+    def add(self, losses: dict[str, tuple[Tensor, Stats]], info: SelectiveInfo, compile_mode: str) -> None:
+        for name, (loss, stats) in losses.items():
+            self.terms[name].add(float(loss.detach()), stats)
         self.forward_passes += 1
-        self.policy.add(loss.policy)
-        self.gap.add(loss.gap)
         _count_branch(self.branches, info)
         if compile_mode != "off" and info.branch != "none":
             self.fallback_reason = info.fallback_reason  # last writer this step; "" once compiled CE ran
@@ -159,44 +148,37 @@ class StepTotals:
     @classmethod
     def of_ranks(cls, ranks: list[StepTotals]) -> StepTotals:
         """The step's totals from every rank's, in rank order: counts and losses add up, maxima stay maxima."""
-        out = cls(ranks[0].rl_tokens, ranks[0].echo_tokens)  # the denominators are already global
+        out = cls.empty({name: t.tokens for name, t in ranks[0].terms.items()})  # the denominators are global
         for t in ranks:
-            for name in ("rows", "microbatches", "row_tokens", "padded_tokens", "padding", "rl_loss", "echo_loss",
-                         "forward_passes", "skipped"):
+            for name in ("rows", "microbatches", "row_tokens", "padded_tokens", "padding", "forward_passes",
+                         "skipped"):
                 setattr(out, name, getattr(out, name) + getattr(t, name))
+            for name, term in t.terms.items():
+                out.terms[name].add(term.loss, term.stats)
             out.crop = CropStats(out.crop.rows_cropped + t.crop.rows_cropped,
                                  out.crop.tokens_removed + t.crop.tokens_removed)
             out.fallback_reason = out.fallback_reason or t.fallback_reason  # any rank's reason is worth reading
             for name, n in t.branches.items():
                 out.branches[name] += n
-            out.policy.add(t.policy)
-            out.gap.add(t.gap)
             out.offload.tensors += t.offload.tensors
             out.offload.bytes += t.offload.bytes
         return out
 
 
-def microbatch_loss(spec: TrainerSpec, mb: Microbatch, lp: Tensor, *, sft: bool, echo_weight: float
-                    ) -> MicrobatchLoss:
-    """The RL (or SFT) and ECHO terms of one microbatch, both read from its log-prob tensor `lp` [B, L-1]."""
-    rl_mask, echo_mask = mb.rl_mask[:, 1:], mb.echo_mask[:, 1:]
-    echo = nll_loss(lp, echo_mask, mb.echo_scale, weights=mb.echo_weights[:, 1:], coef=echo_weight)
-    if sft:  # demonstrations were not sampled: no ratio, no sampler gap
-        return MicrobatchLoss(nll_loss(lp, rl_mask, mb.rl_scale), echo, PolicyStats(), LogprobGap())
-    sampler_lp = mb.sampler_logprobs[:, 1:]
-    rl, policy = policy_gradient_loss(lp, sampler_lp, mb.advantages[:, 1:], rl_mask, mb.rl_scale, spec.clip_eps)
-    return MicrobatchLoss(rl, echo, policy, logprob_gap(lp, sampler_lp, mb.action_mask[:, 1:]))
+def microbatch_losses(spec: TrainerSpec, mb: Microbatch, lp: Tensor, ctx: StepContext
+                      ) -> dict[str, tuple[Tensor, Stats]]:
+    """Every loss term of one microbatch, each read from its log-prob tensor `lp` [B, L-1]."""
+    return {term.name: term.loss(spec, mb, lp, ctx) for term in TERMS}
 
 
-def accumulate_gradients(trainer: TrainerView, mbs: list[Microbatch], totals: StepTotals, *, sft: bool,
-                         echo_weight: float) -> None:
-    """Per microbatch: one forward, both loss terms, one backward; gradients add up across microbatches.
+def accumulate_gradients(trainer: TrainerView, mbs: list[Microbatch], totals: StepTotals, ctx: StepContext) -> None:
+    """Per microbatch: one forward, every loss term, one backward; gradients add up across microbatches.
 
     With several ranks every rank runs as many backwards as the busiest one (zero-loss padding on the
     others) and gradients are reduced across ranks in the last one only.
     """
     spec, counter = trainer.spec, trainer.parts.counter
-    temperature = step_temperature(spec, sft=sft)
+    temperature = step_temperature(spec, sft=ctx.sft)
     trained = [mb for mb in mbs if mb.trains]
     totals.skipped += len(mbs) - len(trained)
     passes = process_group.all_max(len(trained))
@@ -213,13 +195,14 @@ def accumulate_gradients(trainer: TrainerView, mbs: list[Microbatch], totals: St
                                        pin_memory=spec.memory.save_on_cpu_pin_memory,
                                        min_numel=spec.memory.save_on_cpu_min_numel, stats=totals.offload):
                 lp, info = microbatch_logprobs(trainer, mb, temperature)
-                loss = microbatch_loss(spec, mb, lp, sft=sft, echo_weight=echo_weight)
+                losses = microbatch_losses(spec, mb, lp, ctx)
             forwards = counter.take()
             if forwards != 1:
-                raise SharedForwardError(f"trainer {trainer.name!r}: the RL and ECHO terms of a microbatch came "
+                raise SharedForwardError(f"trainer {trainer.name!r}: the loss terms of a microbatch came "
                                          f"from {forwards} forward passes; strict shared forward needs exactly 1")
-            (loss.rl + loss.echo).backward()
-            totals.add(loss, info, spec.selective.compile_mode)
+            first, *rest = (loss for loss, _ in losses.values())
+            sum(rest, first).backward()
+            totals.add(losses, info, spec.selective.compile_mode)
 
 
 def optimizer_step(trainer: TrainerView) -> tuple[float, bool]:
@@ -244,9 +227,8 @@ def shared_forward_step(trainer: TrainerView, rows: list[EchoRow], *, sft: bool,
     come from all of them (trainers/aggregation.py), so every rank's denominators agree.
     """
     spec, model = trainer.spec, trainer.model
-    echo_weight = spec.echo_weight if echo_weight is None else echo_weight
-    rl_scale = aggregation.rl_scales(rows, sft=sft, aggregation=spec.loss_aggregation, constant=spec.loss_constant)
-    echo_scale = aggregation.echo_scales(rows, echo=spec.echo, normalization=spec.echo_normalization)
+    ctx = StepContext(sft=sft, echo_weight=spec.echo_weight if echo_weight is None else echo_weight)
+    scales = {term.name: term.row_scales(spec, rows, ctx) for term in TERMS}
     t0 = time.perf_counter()
     reset_peak(trainer.device)
     was_training = model.training
@@ -254,31 +236,30 @@ def shared_forward_step(trainer: TrainerView, rows: list[EchoRow], *, sft: bool,
     share = distributed.split_rows([len(r) for r in rows], process_group.world_size())[process_group.rank()]
     mbs, crop = build_microbatches([rows[i] for i in share], micro_batch_tokens=spec.micro_batch_tokens, sft=sft,
                                    echo=spec.echo, context_tokens=spec.memory.supervised_context_tokens,
-                                   device=trainer.device, rl_scales=[rl_scale[i] for i in share],
-                                   echo_scales=[echo_scale[i] for i in share])
-    rl_tokens, echo_tokens = process_group.all_sum([sum(int(mb.rl_mask.sum()) for mb in mbs),
-                                                  sum(int(mb.echo_mask.sum()) for mb in mbs)])
-    totals = StepTotals(rl_tokens=rl_tokens, echo_tokens=echo_tokens, rows=len(share), microbatches=len(mbs),
-                        row_tokens=sum(mb.tokens for mb in mbs), padded_tokens=sum(mb.input_ids.numel() for mb in mbs),
-                        crop=crop)
+                                   device=trainer.device,
+                                   scales={name: [per_row[i] for i in share] for name, per_row in scales.items()})
+    tokens = process_group.all_sum([sum(int(term.targets(mb).sum()) for mb in mbs) for term in TERMS])
+    totals = StepTotals.empty({term.name: n for term, n in zip(TERMS, tokens)}, rows=len(share),
+                              microbatches=len(mbs), row_tokens=sum(mb.tokens for mb in mbs),
+                              padded_tokens=sum(mb.input_ids.numel() for mb in mbs), crop=crop)
     trainer.optimizer.zero_grad(set_to_none=True)
-    accumulate_gradients(trainer, mbs, totals, sft=sft, echo_weight=echo_weight)
+    accumulate_gradients(trainer, mbs, totals, ctx)
     grad_norm, stepped = optimizer_step(trainer)
     model.train(was_training)
     peak = peak_mem_mb(trainer.device)
     ranks = process_group.gather((totals, peak, time.perf_counter() - t0))
-    return step_metrics(trainer, [t for t, _, _ in ranks], sft=sft, grad_norm=grad_norm, stepped=stepped,
-                        peaks=[p for _, p, _ in ranks], seconds=max(s for _, _, s in ranks), echo_weight=echo_weight)
+    return step_metrics(trainer, [t for t, _, _ in ranks], ctx=ctx, grad_norm=grad_norm, stepped=stepped,
+                        peaks=[p for _, p, _ in ranks], seconds=max(s for _, _, s in ranks))
 
 
-def step_metrics(trainer: TrainerView, ranks: list[StepTotals], *, sft: bool, grad_norm: float, stepped: bool,
-                 peaks: list[tuple[float, str]], seconds: float, echo_weight: float) -> dict[str, Any]:
-    """The step's event fields from every rank's totals (every name declared in quaero/telemetry/names.py).
-    Per-rank figures (`rank_*`) appear when there is more than one rank."""
+def step_metrics(trainer: TrainerView, ranks: list[StepTotals], *, ctx: StepContext, grad_norm: float,
+                 stepped: bool, peaks: list[tuple[float, str]], seconds: float) -> dict[str, Any]:
+    """The step's event fields from every rank's totals, each loss term's own metrics among them (every name
+    declared in quaero/telemetry/names.py). Per-rank figures (`rank_*`) appear when there is more than one rank."""
     spec = trainer.spec
     t = StepTotals.of_ranks(ranks)
     peak, source = max(peaks)
-    pg, trained = t.policy, t.microbatches - t.skipped
+    trained = t.microbatches - t.skipped
     per_rank = {} if len(ranks) == 1 else {
         names.RANKS: len(ranks), names.RANK_ROWS: [r.rows for r in ranks],
         names.RANK_ROW_TOKENS: [r.row_tokens for r in ranks], names.RANK_FORWARD_PASSES: [r.forward_passes for r in ranks],
@@ -286,13 +267,8 @@ def step_metrics(trainer: TrainerView, ranks: list[StepTotals], *, sft: bool, gr
     return {
         names.SELECTIVE_SUFFIX_LOGITS: bool(spec.selective_logits), **t.branches,
         names.COMPILE_MODE: spec.selective.compile_mode, names.COMPILE_FALLBACK_REASON: t.fallback_reason,
-        names.LOSS: t.rl_loss + t.echo_loss,
-        names.RL_LOSS: 0.0 if sft else t.rl_loss, names.SFT_LOSS: t.rl_loss if sft else 0.0,
-        names.ECHO_LOSS: t.echo_loss,
-        names.ACTION_TOKENS: t.rl_tokens, names.ECHO_TOKENS: t.echo_tokens, names.ROWS: t.rows,
-        names.ECHO_WEIGHT: echo_weight if spec.echo else 0.0,
-        names.LOSS_AGGREGATION: "token_mean" if sft else spec.loss_aggregation,
-        names.ECHO_NORMALIZATION: spec.echo_normalization,
+        names.LOSS: sum(term.loss for term in t.terms.values()), names.ROWS: t.rows,
+        **term_metrics(spec, t, ctx),
         names.ROW_TOKENS: t.row_tokens, names.PADDED_TOKENS: t.padded_tokens,
         names.GRAD_NORM: grad_norm,
         names.GRAD_CLIPPED: bool(spec.max_grad_norm is not None and grad_norm > spec.max_grad_norm),
@@ -301,18 +277,24 @@ def step_metrics(trainer: TrainerView, ranks: list[StepTotals], *, sft: bool, gr
         names.FORWARD_PASSES: t.forward_passes, names.MICROBATCHES: t.microbatches,
         names.LM_HEAD_SKIPPED_MICROBATCHES: t.skipped,
         names.FORWARD_PASSES_PER_MICROBATCH: t.forward_passes / max(trained, 1),
-        # None where nothing was measured (an SFT step samples nothing; an all-zero-advantage step has no
-        # ratio): a 0 or 1 there would read as a perfect agreement that was never seen
-        names.SAMPLER_LOGPROB_GAP_MEAN: t.gap.mean if t.gap.tokens else None,
-        names.SAMPLER_LOGPROB_GAP_MAX: t.gap.max if t.gap.tokens else None,
-        names.IMPORTANCE_RATIO_MEAN: pg.ratio_sum / pg.tokens if pg.tokens else None,
-        names.CLIP_FRACTION: pg.clipped / pg.tokens if pg.tokens else None,
         names.CONTEXT_ROWS_CROPPED: t.crop.rows_cropped, names.CONTEXT_TOKENS_REMOVED: t.crop.tokens_removed,
         names.SAVE_ON_CPU: bool(spec.memory.save_on_cpu),
         names.SAVE_ON_CPU_OFFLOADED_TENSORS: t.offload.tensors,
         names.SAVE_ON_CPU_OFFLOADED_MB: t.offload.bytes / 2**20,
         names.STEP_TIME_S: seconds, names.PEAK_MEM_MB: peak, names.PEAK_MEM_SOURCE: source, **per_rank,
     }
+
+
+def term_metrics(spec: TrainerSpec, totals: StepTotals, ctx: StepContext) -> dict[str, Any]:
+    """Every loss term's own metrics; two terms never write one name."""
+    out: dict[str, Any] = {}
+    for term in TERMS:
+        metrics = term.metrics(spec, totals.terms[term.name], ctx)
+        clash = out.keys() & metrics.keys()
+        if clash:
+            raise ValueError(f"loss term {term.name!r} writes metric(s) {sorted(clash)} another term writes")
+        out.update(metrics)
+    return out
 
 
 def audit_logprobs(trainer: TrainerView, rows: list[EchoRow], temperature: float) -> list[list[float]]:

@@ -131,9 +131,9 @@ SAVE_ON_CPU = _branch.latest("local_train_save_on_cpu", "saved-tensor CPU offloa
 SELECTIVE_METRICS = (SELECTIVE_SUFFIX_LOGITS, SPARSE_SUFFIX_SKIPS, HIDDEN_BATCHES, COMPILED_CE_BATCHES,
                      SUFFIX_BATCHES, FALLBACK_BATCHES, COMPILE_MODE, COMPILE_FALLBACK_REASON)
 
-# ── the trainer step (trainers/step.py `step_metrics`) ────────────────────────────────────────────────────────
+# ── the trainer step (trainers/step.py `step_metrics`, with each loss term's own: trainers/terms.py) ──────────
 
-_step = _table("Trainer step", "trainers/step.py")
+_step = _table("Trainer step", "trainers/step.py, trainers/terms.py")
 LOSS = _step.per_step("loss", "RL (or SFT) term + ECHO term")
 RL_LOSS = _step.per_step("rl_loss", "the policy-gradient term (0 on warm-start steps)")
 SFT_LOSS = _step.per_step("sft_loss", "the warm start's NLL term (0 on RL steps)")

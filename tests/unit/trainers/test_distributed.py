@@ -42,22 +42,28 @@ def test_ranks_totals_add_up_and_keep_their_maxima():
     from trainers.batch import CropStats
     from trainers.loss import LogprobGap, PolicyStats
     from trainers.step import StepTotals
+    from trainers.terms import NoStats, PolicyTermStats
 
-    a = StepTotals(10, 20, rows=3, microbatches=2, row_tokens=256, padded_tokens=300, crop=CropStats(1, 4),
-                   rl_loss=0.5, echo_loss=0.25, forward_passes=2, policy=PolicyStats(6, 6.5, 1),
-                   gap=LogprobGap(6, 0.6, 0.3))
-    b = StepTotals(10, 20, rows=2, microbatches=1, row_tokens=184, padded_tokens=192, padding=1,
-                   rl_loss=-0.125, echo_loss=0.5, forward_passes=1, fallback_reason="no CUDA",
-                   policy=PolicyStats(4, 3.5, 0), gap=LogprobGap(4, 0.2, 0.5))
+    tokens = {"policy": 10, "echo": 20}
+    a = StepTotals.empty(tokens, rows=3, microbatches=2, row_tokens=256, padded_tokens=300, crop=CropStats(1, 4),
+                         forward_passes=2)
+    a.terms["policy"].add(0.5, PolicyTermStats(PolicyStats(6, 6.5, 1), LogprobGap(6, 0.6, 0.3)))
+    a.terms["echo"].add(0.25, NoStats())
+    b = StepTotals.empty(tokens, rows=2, microbatches=1, row_tokens=184, padded_tokens=192, padding=1,
+                         forward_passes=1, fallback_reason="no CUDA")
+    b.terms["policy"].add(-0.125, PolicyTermStats(PolicyStats(4, 3.5, 0), LogprobGap(4, 0.2, 0.5)))
+    b.terms["echo"].add(0.5, NoStats())
     a.branches[HIDDEN_BATCHES], b.branches[HIDDEN_BATCHES] = 2, 1
     t = StepTotals.of_ranks([a, b])
-    assert (t.rl_tokens, t.echo_tokens) == (10, 20)  # the denominators are global already: never summed
+    policy, echo = t.terms["policy"], t.terms["echo"]
+    assert (policy.tokens, echo.tokens) == (10, 20)  # the denominators are global already: never summed
     assert (t.rows, t.microbatches, t.row_tokens, t.padded_tokens, t.padding) == (5, 3, 440, 492, 1)
-    assert (t.rl_loss, t.echo_loss, t.forward_passes) == (0.375, 0.75, 3)
+    assert (policy.loss, echo.loss, t.forward_passes) == (0.375, 0.75, 3)
     assert (t.crop.rows_cropped, t.crop.tokens_removed) == (1, 4) and t.fallback_reason == "no CUDA"
     assert t.branches[HIDDEN_BATCHES] == 3
-    assert (t.policy.tokens, t.policy.ratio_sum, t.policy.clipped) == (10, 10.0, 1)
-    assert (t.gap.tokens, t.gap.max) == (10, 0.5) and t.gap.mean == pytest.approx(0.08)
+    pg, gap = policy.stats.policy, policy.stats.gap
+    assert (pg.tokens, pg.ratio_sum, pg.clipped) == (10, 10.0, 1)
+    assert (gap.tokens, gap.max) == (10, 0.5) and gap.mean == pytest.approx(0.08)
 
 
 def test_shards_written_by_one_trainer_load_whole_into_another(tiny_model_dir, monkeypatch, tmp_path):

@@ -323,3 +323,44 @@ def test_reset_momentum_zeroes_the_first_moment_and_keeps_the_second(small_model
     assert before and all(not s["exp_avg"].any() for s in t.optimizer.state.values())
     assert all(torch.equal(s["exp_avg_sq"], before[id(p)][0]) and int(s["step"]) == before[id(p)][1]
                for p, s in t.optimizer.state.items())
+
+
+def test_a_new_loss_term_is_one_class_added_to_terms(small_model_dir, monkeypatch):
+    """trainers/terms.py: a term brings its targets, its row scales, its loss and its metrics; the step adds its
+    loss into the one backward (one forward still), totals it and logs its metrics, and the other terms' are
+    unchanged. Here: the mean NLL of the sampled action tokens at coefficient 0.5 (a term the step never named)."""
+    from trainers import loss, step, terms
+
+    class ActionNLL:
+        name = "action_nll"
+
+        def targets(self, mb):
+            return mb.action_mask
+
+        def row_scales(self, spec, rows, ctx):
+            n = sum(sum(r.action_mask[1:]) for r in rows)
+            return [1.0 / n] * len(rows)
+
+        def new_stats(self):
+            return terms.NoStats()
+
+        def loss(self, spec, mb, lp, ctx):
+            return loss.nll_loss(lp, mb.action_mask[:, 1:], mb.scales[self.name], coef=0.5), terms.NoStats()
+
+        def metrics(self, spec, total, ctx):
+            return {"action_nll_loss": total.loss, "action_nll_tokens": total.tokens}
+
+    rs = rows(2)
+    base = LocalTrainer(make_spec(small_model_dir), "cpu")
+    lps = base.logprobs(rs)
+    plain = base.train_step(rs)
+    monkeypatch.setattr(step, "TERMS", (*terms.TERMS, ActionNLL()))
+    b = LocalTrainer(make_spec(small_model_dir), "cpu")
+    m = b.train_step(rs)
+    action = [lps[i][j] for i, r in enumerate(rs) for j in range(1, len(r)) if r.action_mask[j]]
+    assert m["action_nll_tokens"] == len(action) and m["forward_passes_per_microbatch"] == 1
+    assert m["action_nll_loss"] == pytest.approx(0.5 * -sum(action) / len(action), rel=1e-5)
+    assert m["loss"] == pytest.approx(m["rl_loss"] + m["echo_loss"] + m["action_nll_loss"], rel=1e-6)
+    for name in ("rl_loss", "echo_loss", "action_tokens", "echo_tokens"):
+        assert m[name] == pytest.approx(plain[name], rel=1e-6), name
+    assert m["grad_norm"] != plain["grad_norm"]  # its gradient reached the weights

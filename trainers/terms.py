@@ -1,0 +1,156 @@
+"""The step's loss terms. Each reads the microbatch's one shifted log-prob tensor `lp` [B, L-1], returns its
+loss (already scaled by its step-wide denominator: trainers/aggregation.py) with statistics of its own, and
+turns the step's totals of those statistics into its own metrics.
+
+trainers/step.py runs every term of `TERMS` on every microbatch that trains, adds their losses into the one
+backward, totals each term's statistics over microbatches and ranks, and merges the terms' metrics: it names
+no term. A new term is a class here added to `TERMS` (its targets, its loss, its statistics, its metrics),
+the setting it reads (quaero/config.py, passed on by quaero/recipe/plan.py `trainer_spec` into
+trainers/spec.py), and its metric names declared in quaero/telemetry/names.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from torch import Tensor
+
+from quaero.rollout.rows import EchoRow
+from quaero.telemetry import names
+from trainers import aggregation
+from trainers.batch import Microbatch
+from trainers.loss import LogprobGap, PolicyStats, logprob_gap, nll_loss, policy_gradient_loss
+from trainers.spec import TrainerSpec
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What every term of one step reads beside the spec: an SFT step (demonstrations, scored at T 1) or an RL
+    one, and this step's ECHO weight λ (a schedule's value)."""
+
+    sft: bool
+    echo_weight: float
+
+
+class Stats(Protocol):
+    """A term's statistics: sums over its tokens that add up over microbatches and ranks."""
+
+    def add(self, other: Any) -> None: ...
+
+
+@dataclass
+class TermTotal:
+    """One term over a step: its denominator (targets over all ranks), its loss summed over microbatches and
+    ranks, and its statistics added likewise."""
+
+    tokens: int
+    stats: Stats
+    loss: float = 0.0
+
+    def add(self, loss: float, stats: Stats) -> None:
+        self.loss += loss
+        self.stats.add(stats)
+
+
+class LossTerm(Protocol):
+    name: str  # the key of its total in the step (not a metric name)
+
+    def targets(self, mb: Microbatch) -> Tensor:
+        """[B, L] bool: the tokens it trains; their count over the step's ranks is its `tokens`."""
+
+    def row_scales(self, spec: TrainerSpec, rows: list[EchoRow], ctx: StepContext) -> list[float]:
+        """Per row of the whole step (every rank's): the factor of each of its targets, its denominator
+        included (`Microbatch.scales[name]`)."""
+
+    def new_stats(self) -> Stats:
+        """Empty statistics."""
+
+    def loss(self, spec: TrainerSpec, mb: Microbatch, lp: Tensor, ctx: StepContext) -> tuple[Tensor, Stats]:
+        """Its scaled loss over the microbatch (a scalar with grad) and the microbatch's statistics."""
+
+    def metrics(self, spec: TrainerSpec, total: TermTotal, ctx: StepContext) -> dict[str, Any]:
+        """Its metrics from the step's total (every name declared in quaero/telemetry/names.py)."""
+
+
+@dataclass
+class PolicyTermStats:
+    policy: PolicyStats = field(default_factory=PolicyStats)
+    gap: LogprobGap = field(default_factory=LogprobGap)
+
+    def add(self, other: PolicyTermStats) -> None:
+        self.policy.add(other.policy)
+        self.gap.add(other.gap)
+
+
+class PolicyTerm:
+    """The RL term (token-level policy gradient with the importance ratio over the sampler's log-probs, PPO
+    clipping; the sampler-vs-trainer gap measured on every sampled action token), or on an SFT step the NLL of
+    the demonstrated actions (no ratio, no gap: nothing was sampled)."""
+
+    name = "policy"
+
+    def targets(self, mb: Microbatch) -> Tensor:
+        return mb.rl_mask
+
+    def row_scales(self, spec: TrainerSpec, rows: list[EchoRow], ctx: StepContext) -> list[float]:
+        return aggregation.rl_scales(rows, sft=ctx.sft, aggregation=spec.loss_aggregation, constant=spec.loss_constant)
+
+    def new_stats(self) -> PolicyTermStats:
+        return PolicyTermStats()
+
+    def loss(self, spec: TrainerSpec, mb: Microbatch, lp: Tensor, ctx: StepContext
+             ) -> tuple[Tensor, PolicyTermStats]:
+        mask = mb.rl_mask[:, 1:]
+        if ctx.sft:
+            return nll_loss(lp, mask, mb.scales[self.name]), PolicyTermStats()
+        sampler_lp = mb.sampler_logprobs[:, 1:]
+        loss, policy = policy_gradient_loss(lp, sampler_lp, mb.advantages[:, 1:], mask, mb.scales[self.name],
+                                            spec.clip_eps)
+        return loss, PolicyTermStats(policy, logprob_gap(lp, sampler_lp, mb.action_mask[:, 1:]))
+
+    def metrics(self, spec: TrainerSpec, total: TermTotal, ctx: StepContext) -> dict[str, Any]:
+        pg, gap = total.stats.policy, total.stats.gap
+        return {
+            names.RL_LOSS: 0.0 if ctx.sft else total.loss, names.SFT_LOSS: total.loss if ctx.sft else 0.0,
+            names.ACTION_TOKENS: total.tokens,
+            names.LOSS_AGGREGATION: "token_mean" if ctx.sft else spec.loss_aggregation,
+            # None where nothing was measured (an SFT step samples nothing; an all-zero-advantage step has no
+            # ratio): a 0 or 1 there would read as a perfect agreement that was never seen
+            names.SAMPLER_LOGPROB_GAP_MEAN: gap.mean if gap.tokens else None,
+            names.SAMPLER_LOGPROB_GAP_MAX: gap.max if gap.tokens else None,
+            names.IMPORTANCE_RATIO_MEAN: pg.ratio_sum / pg.tokens if pg.tokens else None,
+            names.CLIP_FRACTION: pg.clipped / pg.tokens if pg.tokens else None,
+        }
+
+
+class NoStats:
+    def add(self, other: NoStats) -> None:
+        pass
+
+
+class EchoTerm:
+    """ECHO: λ times the weighted NLL of the environment's response tokens, read from the same `lp`."""
+
+    name = "echo"
+
+    def targets(self, mb: Microbatch) -> Tensor:
+        return mb.echo_mask
+
+    def row_scales(self, spec: TrainerSpec, rows: list[EchoRow], ctx: StepContext) -> list[float]:
+        return aggregation.echo_scales(rows, echo=spec.echo, normalization=spec.echo_normalization)
+
+    def new_stats(self) -> NoStats:
+        return NoStats()
+
+    def loss(self, spec: TrainerSpec, mb: Microbatch, lp: Tensor, ctx: StepContext) -> tuple[Tensor, NoStats]:
+        loss = nll_loss(lp, mb.echo_mask[:, 1:], mb.scales[self.name], weights=mb.echo_weights[:, 1:],
+                        coef=ctx.echo_weight)
+        return loss, NoStats()
+
+    def metrics(self, spec: TrainerSpec, total: TermTotal, ctx: StepContext) -> dict[str, Any]:
+        return {names.ECHO_LOSS: total.loss, names.ECHO_TOKENS: total.tokens,
+                names.ECHO_WEIGHT: ctx.echo_weight if spec.echo else 0.0,
+                names.ECHO_NORMALIZATION: spec.echo_normalization}
+
+
+TERMS: tuple[LossTerm, ...] = (PolicyTerm(), EchoTerm())
