@@ -368,12 +368,6 @@ def _format_error(source: str, data: dict, err: dict) -> str:
     return f"{where}={_brief(value)}: {msg}"
 
 
-def error_line(e: BaseException, limit: int = 300) -> str:
-    """`TypeName: the first line of its message`, cut to `limit` characters: for one-line errors that wrap
-    whatever a crafted or foreign file made a parser raise."""
-    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:limit]}"
-
-
 def _brief(value: Any, limit: int = 200) -> str:
     """`repr(value)`, cut to `limit` characters: an error line stays one readable line whatever was pasted in."""
     text = repr(value)

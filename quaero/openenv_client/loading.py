@@ -22,7 +22,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from quaero.config import ConfigError, error_line
+from quaero.config import ConfigError
+from quaero.telemetry.runlog import error_line
 
 from . import block_gradio
 from .mapping import default_formatter, field_type

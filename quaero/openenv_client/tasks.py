@@ -24,7 +24,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from quaero.config import ConfigError, error_line
+from quaero.config import ConfigError
+from quaero.telemetry.runlog import error_line
 
 
 @dataclass(frozen=True)

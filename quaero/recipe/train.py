@@ -23,26 +23,25 @@ from __future__ import annotations
 
 import contextlib
 import math
-import statistics
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quaero.config import ConfigError, QuaeroConfig, error_line
+from quaero.config import ConfigError, QuaeroConfig
 from quaero.openenv_client.tasks import check_splits, eval_indices
 from quaero.recipe import checkpoint, ranks
 from quaero.recipe.ahead import Rollout, RolloutsAhead
 from quaero.recipe.saved_rows import save_step_rows
+from quaero.rollout.advantages import group_advantages
 from quaero.rollout.counts import drop_reasons
 from quaero.rollout.tasks import task_reset
 from quaero.rollout.traces import trace_batch, warm_start_rows
 from quaero.sampling.wire import STOP_REQUESTED
 from quaero.telemetry import names
 from quaero.telemetry.outcomes import SignalWatch
-from quaero.telemetry.runlog import Cumulative, RunLog, configure, get_logger, set_step
+from quaero.telemetry.runlog import Cumulative, RunLog, configure, error_line, get_logger, set_step
 
 if TYPE_CHECKING:
     from quaero.openenv_client import EnvPool
@@ -58,35 +57,6 @@ log = get_logger(__name__)
 
 class EmptyRunError(RuntimeError):
     """`[training] max_empty_steps` consecutive steps trained no row."""
-
-
-def safe_mean(xs: Sequence[float]) -> float:
-    """The mean of `xs`: `statistics.fmean`'s correctly rounded value, or, where its exact sum overflows
-    (finite values near the float limit, e.g. a hostile env's rewards), the mean of the scaled values,
-    which cannot overflow. Raises ValueError on an empty sequence."""
-    if not xs:
-        raise ValueError("safe_mean of an empty sequence")
-    try:
-        return statistics.fmean(xs)
-    except OverflowError:
-        return sum(x / len(xs) for x in xs)
-
-
-def group_advantages(rewards: list[float]) -> list[float]:
-    """Group-relative advantages: reward minus the group mean (no std scaling, so a group whose
-    rewards are nearly equal is not blown up into a large signal). All-equal groups give exact zeros
-    (a rounded mean would leave 1e-17s that count as trained action tokens): their rows train ECHO only.
-    The mean never overflows (`safe_mean`); an advantage can, when the rewards span more than the float
-    range, and one past MAX_ABS_ADVANTAGE overflows the fp32 loss (rewards of +-1e308 gave a NaN rl_loss):
-    such a group's advantages come back as inf, and the caller leaves it out (groups_nonfinite_advantage)."""
-    if min(rewards) == max(rewards):
-        return [0.0] * len(rewards)
-    mean = safe_mean(rewards)
-    advs = [r - mean for r in rewards]
-    return advs if all(abs(a) <= MAX_ABS_ADVANTAGE for a in advs) else [math.inf] * len(advs)
-
-
-MAX_ABS_ADVANTAGE = 1e30  # fp32 holds 3.4e38: room for the loss's sum over 1e8 tokens at clipped ratios
 
 
 @dataclass

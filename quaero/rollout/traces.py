@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from quaero.config import ConfigError
+from quaero.rollout.advantages import group_advantages
 from quaero.rollout.rows import EchoRow, RowError, Span
 from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
@@ -308,7 +309,6 @@ def rl_rows(rows: list[EchoRow], where: list[str]) -> tuple[list[EchoRow], list[
     sampler log-probs it already holds (the importance ratio's denominator). Refused in one line each (where[i]:
     reason): a row whose action tokens carry no sampler log-prob (all 0.0: an oracle demo, or a record without
     `logprobs`) or a positive one; one with no advantage and no reward with a group; a group of one record."""
-    from quaero.recipe.train import group_advantages  # the rollouts' own rule
 
     refused: list[str] = []
     ready: list[tuple[int, float]] = []

@@ -105,8 +105,7 @@ def make_sampler(cfg, *, model=None, stop_token_ids: list[int], device: str, log
         except Exception as e:
             if sc.backend != registry.AUTO:
                 raise
-            from quaero.config import error_line
-            from quaero.telemetry.runlog import get_logger
+            from quaero.telemetry.runlog import error_line, get_logger
 
             get_logger(__name__).warning("sampler_fallback", chosen=registry.FALLBACK, error=error_line(e),
                                          note=f"[sampler] backend='auto' could not start {name} for this model; "

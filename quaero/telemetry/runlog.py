@@ -266,3 +266,9 @@ class Cumulative:
             elif how == names.SUM and number:
                 self.totals[k] = self.totals.get(k, 0) + v
         return dict(self.totals)
+
+
+def error_line(e: BaseException, limit: int = 300) -> str:
+    """`TypeName: the first line of its message`, cut to `limit` characters: for one-line errors that wrap
+    whatever a crafted or foreign file made a parser raise."""
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:limit]}"

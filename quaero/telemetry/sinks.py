@@ -151,7 +151,7 @@ class GuardedSink:
         self._worker.start()
 
     def failed(self, call: str, error: BaseException) -> None:
-        from quaero.config import error_line
+        from quaero.telemetry.runlog import error_line
 
         with self._lock:
             self.errors += 1
@@ -237,7 +237,7 @@ def open_sinks(report_to: list[str], run_dir: str | Path, run_name: str, config:
             try:
                 sink = SINKS[name](Path(run_dir), run_name, config)
             except Exception as e:  # noqa: BLE001 - the run does not need its mirrors
-                from quaero.config import error_line
+                from quaero.telemetry.runlog import error_line
 
                 log.warning("sink_failed", sink=name, error=f"open: {error_line(e)}"[:300], sink_errors=1,
                             note="the run goes on without this sink; events.jsonl keeps every event")

@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from quaero.config import QuaeroConfig, error_line
+from quaero.config import QuaeroConfig
 from quaero.recipe.model_folder import ExportError
-from quaero.recipe.train import safe_mean
+from quaero.rollout.advantages import safe_mean
 from quaero.telemetry import names
+from quaero.telemetry.runlog import error_line
 from quaero.tools.export import export_run, is_adapter, load_model
 from quaero.tools.significance import paired_outcomes, wilson_interval
 

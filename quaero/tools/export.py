@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from quaero.config import QuaeroConfig, error_line
+from quaero.config import QuaeroConfig
 from quaero.recipe.model_folder import ExportError, check_destination, save_model
 from quaero.telemetry import names
-from quaero.telemetry.runlog import get_logger
+from quaero.telemetry.runlog import error_line, get_logger
 
 log = get_logger(__name__)
 

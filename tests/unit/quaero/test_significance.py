@@ -54,7 +54,7 @@ def test_paired_bootstrap_keeps_the_pairing_and_reproduces():
 
 
 def test_safe_mean_is_fmean_and_survives_huge_finite_values():
-    from quaero.recipe.train import safe_mean
+    from quaero.rollout.advantages import safe_mean
 
     assert safe_mean([1.0] * 6) == 1.0 and safe_mean([0.1, 0.2, 0.3]) == statistics.fmean([0.1, 0.2, 0.3])
     assert safe_mean([1e308, 1e308]) == 1e308  # fmean's exact sum overflows here

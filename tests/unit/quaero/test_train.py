@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import pytest
 from fixtures.rollout import make_cfg
 
-from quaero.recipe.train import _collect, group_advantages
+from quaero.recipe.train import _collect
+from quaero.rollout.advantages import group_advantages
 from quaero.rollout.counts import RolloutCounts
 from quaero.rollout.driver import Episode
 
