@@ -42,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="quaero bench peers-trl", description=__doc__.split("\n\n")[0])
     p.add_argument("config", nargs="?", default="envs/toolbench.toml")
     p.add_argument("--model", default=None, help="HF model folder both sides start from (default: the config's)")
+    p.add_argument("--from", dest="source", metavar="RUN",
+                   help="start both sides from this quaero run's checkpoint (its newest, or --from-step): its "
+                        "weights and its AdamW state, RL starting as [training] rl_optimizer_start says (the main "
+                        "job's RL phase after its warm start); instead of --model")
+    p.add_argument("--from-step", type=int, help="with --from: that run's checkpoint of this step")
     p.add_argument("--steps", type=int, default=3, help="RL steps per side and repeat")
     p.add_argument("--repeats", type=int, default=2, help="fresh pairs of processes, each from the same weights")
     p.add_argument("--threads", type=int, default=1, help="torch threads per side")
@@ -78,6 +83,29 @@ def final_dir(root: str | None, repeat: int, repeats: int) -> str | None:
     if root is None:
         return None
     return str(Path(root) / f"repeat-{repeat}") if repeats > 1 else root
+
+
+def start_checkpoint(args) -> Path | None:
+    """`--from RUN [--from-step N]`: the checkpoint folder both sides start from (None without --from); a bad
+    choice exits in one line before anything runs."""
+    from quaero.recipe import checkpoint
+
+    if args.source is None:
+        if args.from_step is not None:
+            raise SystemExit("error: --from-step needs --from RUN")
+        return None
+    if args.model is not None:
+        raise SystemExit("error: --from RUN and --model both name the starting weights; pass one")
+    if args.from_step is None:
+        found = checkpoint.load_latest(checkpoint.run_checkpoints(Path(args.source)))
+        if found is None:
+            raise SystemExit(f"error: --from {args.source}: no intact checkpoint to start from")
+        return found[0]
+    path = checkpoint.run_checkpoint(Path(args.source), args.from_step)
+    problem = checkpoint.verify(path) if path.is_dir() else "no such folder"
+    if problem:
+        raise SystemExit(f"error: --from {args.source} --from-step {args.from_step}: {path} is unusable ({problem})")
+    return path
 
 
 def versions() -> dict[str, str | None]:
@@ -158,11 +186,15 @@ def run_repeat(setup: dict, repeat: int) -> dict[str, Any]:
 def invariants(repeats: list[dict]) -> dict[str, Any]:
     """The comparison's own checks: same initial weights, same tasks per step, same group shapes."""
     same_weights = all(r["ready"]["quaero"]["weights_sha"] == r["ready"]["trl"]["weights_sha"] for r in repeats)
+    # with --from: both AdamW start from the checkpoint's state (TRL builds its own otherwise, at train())
+    optim = [(r["ready"]["quaero"].get("optimizer_sha"), r["ready"]["trl"].get("optimizer_sha")) for r in repeats]
+    same_optimizer = all(q == t for q, t in optim) if all(t for _, t in optim) else None
     pairs = [(q, t) for r in repeats for q, t in zip(r["steps"]["quaero"], r["steps"]["trl"])]
     same_tasks = all(q["tasks"] == t["tasks"] and q["tasks"] for q, t in pairs)
     same_groups = all(q["group_sizes"] == t["group_sizes"] and len(set(q["group_sizes"])) == 1 for q, t in pairs)
-    return {"same_initial_weights": same_weights, "same_tasks_per_step": same_tasks,
-            "same_group_shapes": same_groups, "ok": same_weights and same_tasks and same_groups}
+    return {"same_initial_weights": same_weights, "same_initial_optimizer": same_optimizer,
+            "same_tasks_per_step": same_tasks, "same_group_shapes": same_groups,
+            "ok": same_weights and same_tasks and same_groups and same_optimizer is not False}
 
 
 def _stats(values: list[float]) -> dict[str, float | None]:
@@ -253,16 +285,22 @@ def main(argv: list[str]) -> int:
         for r in range(args.repeats):
             for name in SIDES:
                 check_destination(Path(final_dir(args.save_final, r, args.repeats)) / name)
+    start = start_checkpoint(args)
     out = Path(args.out or tempfile.mkdtemp(prefix="quaero-peers-trl-"))
     out.mkdir(parents=True, exist_ok=True)
     try:
-        model = prepare_model(args.model or cfg.model.name, out)
+        if start is not None:  # the checkpoint's weights as the shared HF folder
+            from quaero.tools.export import export_run
+
+            export_run(Path(args.source), out / "start", step=int(start.name.split("-")[-1]))
+        model = prepare_model(str(out / "start") if start is not None else args.model or cfg.model.name, out)
         repeats = []
         for r in range(args.repeats):
             setup = {"config": args.config, "overrides": args.overrides, "model": str(model), "steps": args.steps,
                      "seed": cfg.run.seed, "threads": args.threads, "out": str(out / f"repeat-{r}"),
                      "trl_max_completion_length": args.trl_max_completion_length,
-                     "save_final": final_dir(args.save_final, r, args.repeats)}
+                     "save_final": final_dir(args.save_final, r, args.repeats),
+                     "optimizer_from": str(start) if start is not None else None}
             repeats.append(run_repeat(setup, r))
             if args.json and r + 1 < args.repeats:  # a long run stopped later keeps the repeats it finished
                 partial = document(args, cfg, repeats)
@@ -282,7 +320,8 @@ def document(args, cfg, repeats: list[dict]) -> dict[str, Any]:
     summary = summarize(repeats)
     checks = invariants(repeats)
     return {"benchmark": "peers-trl", **environment(torch.device("cpu"), torch.float32), "versions": versions(),
-           "config": args.config, "model": args.model or cfg.model.name, "steps": args.steps,
+           "config": args.config, "model": args.model or cfg.model.name, "from": args.source, "from_step": args.from_step,
+           "steps": args.steps,
            "repeats": args.repeats, "repeats_done": len(repeats), "threads": args.threads,
            "save_final": args.save_final,
            "echo": "off on both sides (TRL has no ECHO)",

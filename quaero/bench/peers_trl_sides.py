@@ -43,6 +43,49 @@ def weights_sha(model) -> str:
     return h.hexdigest()[:16]
 
 
+def optimizer_sha(model, optimizer) -> str:
+    """sha256 over each parameter's optimizer settings and state (name order: lr, betas, eps, weight decay, then
+    step, exp_avg, exp_avg_sq), whatever the optimizer's grouping: two AdamW that start alike hash alike."""
+    group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+    h = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        g = group_of[id(p)]
+        h.update(json.dumps([name, g["lr"], list(g["betas"]), g["eps"], g["weight_decay"]]).encode())
+        for key, value in sorted(optimizer.state.get(p, {}).items()):
+            h.update(key.encode())
+            h.update(value.detach().float().cpu().reshape(-1).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def start_optimizer(optimizer, setup: dict, cfg) -> None:
+    """With `setup["optimizer_from"]` (a quaero checkpoint folder, `--from RUN --from-step N`): load its AdamW
+    state into `optimizer` (over the same model's parameters, in the same order), set the RL lr, then start RL
+    as `[training] rl_optimizer_start` says (what the main job does after its warm start): `reset_momentum`
+    zeroes the first moments and keeps the second moments and step counts, `reset` forgets the state,
+    `continue` keeps it. Without it, both sides' AdamW start empty."""
+    if not setup.get("optimizer_from"):
+        return
+    from pathlib import Path
+
+    from quaero.recipe import checkpoint
+
+    state = checkpoint.RunState.from_state(checkpoint.load(Path(setup["optimizer_from"]))).trainer["optimizer"]
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    saved = state["state"]
+    if len(params) != sum(len(g["params"]) for g in state["param_groups"]) or any(
+            tuple(saved[i]["exp_avg"].shape) != tuple(p.shape) for i, p in enumerate(params) if i in saved):
+        raise ValueError(f"{setup['optimizer_from']}: its optimizer state does not fit this model's parameters")
+    optimizer.load_state_dict(state)
+    for group in optimizer.param_groups:
+        group["lr"] = group["initial_lr"] = cfg.backend.lr
+    start = cfg.training.rl_optimizer_start
+    if start == "reset":
+        optimizer.state.clear()
+    elif start == "reset_momentum":
+        for s in optimizer.state.values():
+            s["exp_avg"].zero_()
+
+
 def quaero_config(setup: dict):
     from quaero.config import load_config
 
@@ -92,7 +135,9 @@ def run_quaero(setup: dict, conn) -> None:
             s.reset = _recording(s.reset, resets)
         c = build(cfg, pool)
         try:
-            _ready(conn, c.trainer.model, {"sampler": type(c.sampler).__name__})
+            start_optimizer(c.trainer.optimizer, setup, cfg)
+            _ready(conn, c.trainer.model, {"sampler": type(c.sampler).__name__,
+                                           "optimizer_sha": optimizer_sha(c.trainer.model, c.trainer.optimizer)})
             step = 0
             while conn.recv() == "step":
                 step += 1
@@ -152,6 +197,13 @@ def _scalar(v) -> bool:
 # ── TRL ─────────────────────────────────────────────────────────────────────────────────────────
 
 
+# quaero's [training] loss_aggregation -> TRL's loss_type of the same shape. Each averages over a different set:
+# quaero over the step's RL tokens (A != 0) or episodes with such tokens, TRL over every completion token or
+# completion of the batch (a group with equal rewards adds zeros to the sum and to the count); the constant
+# differs too (quaero: tasks x group x max_turns x max_tokens, TRL: batch x max_completion_length).
+TRL_LOSS_TYPES = {"token_mean": "dapo", "sequence_mean": "grpo", "constant": "dr_grpo"}
+
+
 def trl_args(setup: dict, cfg, output_dir: str):
     """GRPOConfig for the job quaero runs: the same group size, tasks per step, per-turn max tokens, turn
     limit, temperature, lr (constant), clip, grad clip; advantages reward - group mean (no std scaling), no
@@ -169,7 +221,8 @@ def trl_args(setup: dict, cfg, output_dir: str):
         top_p=cfg.sampler.top_p, learning_rate=cfg.backend.lr, lr_scheduler_type="constant",
         weight_decay=cfg.backend.weight_decay, max_grad_norm=cfg.backend.max_grad_norm,
         adam_beta1=cfg.backend.betas[0], adam_beta2=cfg.backend.betas[1], epsilon=t.clip_eps or 0.2,
-        scale_rewards="none", loss_type="dapo", beta=0.0, num_iterations=1, gradient_checkpointing=False,
+        scale_rewards="none", loss_type=TRL_LOSS_TYPES[t.loss_aggregation], beta=0.0, num_iterations=1,
+        gradient_checkpointing=False,
         logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True,
         model_init_kwargs={"dtype": "float32"})
 
@@ -216,10 +269,23 @@ def run_trl(setup: dict, conn) -> None:
                 record["rows"] += _scored_rows(inputs)
                 return super()._compute_loss(model, inputs)
 
-        trainer = Observed(model=setup["model"], args=trl_args(setup, cfg, f"{setup['out']}/trl"), train_dataset=data,
-                           environment_factory=env_cls)
+        model, optimizers = setup["model"], (None, None)
+        if setup.get("optimizer_from"):  # TRL takes a model object and an optimizer over its parameters
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(setup["model"], dtype=torch.float32)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.backend.lr, betas=tuple(cfg.backend.betas),
+                                          weight_decay=cfg.backend.weight_decay)
+            start_optimizer(optimizer, setup, cfg)
+            optimizers = (optimizer, None)  # TRL's own scheduler (constant) on top of it
+        args = trl_args(setup, cfg, f"{setup['out']}/trl")
+        if not isinstance(model, str):
+            args.model_init_kwargs = None
+        trainer = Observed(model=model, args=args, train_dataset=data, environment_factory=env_cls,
+                           optimizers=optimizers)
         trainer.add_callback(_Turns(conn, record, resets, env_cls, EnvTimes))
-        _ready(conn, trainer.model, {"sampler": "transformers.generate"})
+        sha = optimizer_sha(trainer.model, trainer.optimizer) if trainer.optimizer is not None else None
+        _ready(conn, trainer.model, {"sampler": "transformers.generate", "optimizer_sha": sha})
         trainer.train()
         if conn.recv() != "stop":
             raise RuntimeError("peers-trl: the coordinator asked for more steps than max_steps")

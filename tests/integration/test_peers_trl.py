@@ -9,6 +9,20 @@ pytestmark = [pytest.mark.slow, pytest.mark.peers]
 SMALL_JOB = ["training.tasks_per_step=1", "training.group_size=2", "sampler.max_tokens=8", "env.max_turns=2"]
 
 
+def _trained_checkpoint(tmp_path):
+    """A checkpoint whose AdamW state is not empty (one step of the tiny model), as `--from RUN` passes it."""
+    from quaero.bench.smoke import sparse_rows
+    from quaero.recipe import checkpoint
+    from trainers.local import LocalTrainer
+    from trainers.spec import TrainerSpec
+
+    trainer = LocalTrainer(TrainerSpec(model="tiny-qwen3", lr=1e-3), "cpu")
+    trainer.train_step(sparse_rows(2, vocab=trainer.model.config.vocab_size, context=40))
+    state = checkpoint.RunState(step=1, cursor=0, trainer=trainer.state_dict(), rng=checkpoint.rng_state(),
+                                cumulative={})
+    return checkpoint.save(tmp_path / "warm" / "checkpoints", 1, state.to_state())
+
+
 def test_one_step_of_each_side_on_the_same_job(tmp_path, tiny_model_dir):
     from quaero.bench.peers_trl import MIN_TRL, invariants, prepare_model, run_repeat
 
@@ -17,10 +31,10 @@ def test_one_step_of_each_side_on_the_same_job(tmp_path, tiny_model_dir):
     model = prepare_model("tiny-qwen3", tmp_path)
     setup = {"config": "envs/toolbench.toml", "overrides": SMALL_JOB, "model": str(model), "steps": 1, "seed": 0,
              "threads": 1, "out": str(tmp_path / "run"), "trl_max_completion_length": 64,
-             "save_final": str(tmp_path / "final")}
+             "save_final": str(tmp_path / "final"), "optimizer_from": str(_trained_checkpoint(tmp_path))}
     run = run_repeat(setup, 0)
     checks = invariants([run])
-    assert checks["ok"], checks
+    assert checks["ok"] and checks["same_initial_optimizer"] is True, checks  # --from: one AdamW state on both
     q, t = run["steps"]["quaero"][0], run["steps"]["trl"][0]
     assert q["tasks"] == t["tasks"] and len(q["tasks"]) == 1  # one task, reset with the same seed, split, index
     assert q["group_sizes"] == t["group_sizes"] == [2]
