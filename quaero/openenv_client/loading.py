@@ -207,8 +207,9 @@ def load_entry(entry: str, kwargs: dict[str, Any] | None = None, action: str | N
         try:
             probe = factory()  # a factory: build one instance to learn its class
         except Exception as e:  # noqa: BLE001 - an entry that is not an env factory (json:dumps) fails any way
-            raise ConfigError(f"[env] entry={entry!r}: calling it with [env] kwargs={kwargs or {}!r} failed "
-                              f"({type(e).__name__}: {str(e)[:160]}); name an openenv Environment subclass or a "
+            raise ConfigError(f"[env] entry={entry!r}: calling it with [env] kwargs={kwargs or {}!r} raised "
+                              f"{error_line(e, 200)}; fix its setup (a download, dataset, file, environment "
+                              "variable or [env] kwargs it needs?), or name an openenv Environment subclass or a "
                               "function returning one") from None
         if not isinstance(probe, Environment):
             raise ConfigError(f"[env] entry={entry!r}: the factory returned {type(probe).__name__}, "

@@ -156,6 +156,18 @@ def action_instructions(schema: dict) -> str:
     return f"\n\nRespond with exactly one JSON object matching this action schema: {text}"
 
 
+def reply_instruction(schema: dict) -> str:
+    """The corrective message's ask, in the words `action_instructions` used: plain text for an Action whose
+    one field takes text (grid_world's bare `RIGHT`), else one JSON object."""
+    field = _single_string_field(schema)
+    if field is not None and list(schema.get("properties", {})) == [field]:
+        return (f"Reply with the action itself as plain text: your whole reply becomes its `{field}` field "
+                f"({field_type(schema, field)}).")
+    if field is not None:
+        return f"Reply with exactly one JSON object matching the action schema, or with plain text for its `{field}`."
+    return "Reply with exactly one JSON object matching the action schema."
+
+
 def parse_plain_action(text: str, schema: dict) -> dict:
     """Model text -> action dict: one JSON object (a surrounding ``` fence is stripped), or the raw
     text wrapped as {field: text} when the action has a single string field, or a bare JSON number

@@ -151,10 +151,12 @@ def _replayable(cfg: EnvConfig, spec: EnvSpec | None) -> bool:
         log.warning("env_reset_params_ignored", entry=spec.entry, ignored=ignored, note=(
             f"{spec.env_cls.__name__}.reset takes no {'/'.join(ignored)}: "
             + ("the eval split is the train distribution; " if "split" in ignored else "")
-            + ("tasks are not reproducible and a lost session drops the episode instead of replaying it"
+            + ("quaero cannot choose its tasks, so a lost session drops the episode instead of replaying it; "
+               "whether its resets repeat is unverified until two resets of one task are compared"
                if not replayable else "it takes seed or index, but whether the same seed gives the same task is "
-               "unverified until two resets of one task are compared (env_resets_reproducible or "
-               "env_resets_not_reproducible; reasoning_gym ignores its seed without a dataset_name)")))
+               "unverified until two resets of one task are compared")
+            + " (env_resets_reproducible or env_resets_not_reproducible; reasoning_gym ignores its seed "
+            "without a dataset_name)"))
     return replayable
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from quaero.processes import ServerStartError, child_env, log_file, start_together
-from quaero.telemetry.runlog import get_logger
+from quaero.telemetry.runlog import first_text_line, get_logger
 
 from .loading import EnvSpec, load_entry
 from .transport import observation_reply_model
@@ -164,9 +164,14 @@ class LocalServer:
                 text = self._log_path.read_text(errors="replace")
             except OSError:
                 return ""
-            found = [line.strip() for line in text.splitlines() if _EXCEPTION_LINE.match(line)]
+            lines = text.splitlines()
+            found = [i for i, line in enumerate(lines) if _EXCEPTION_LINE.match(line)]
             if found:
-                return f"; its log ({self._log_path}) ends in: {found[-1][:300]}"
+                line = lines[found[-1]].strip()
+                if line.endswith(":"):  # its message starts on the next lines (nltk's LookupError)
+                    rest = first_text_line("\n".join(lines[found[-1] + 1:]))
+                    line = f"{line} {rest}".rstrip()
+                return f"; its log ({self._log_path}) ends in: {line[:300]}"
             if time.monotonic() > deadline:
                 return ""
             time.sleep(0.05)

@@ -27,6 +27,7 @@ from .mapping import (
     parse_tool_calls,
     prompt_system,
     render_tool_result,
+    reply_instruction,
 )
 from .transport import ActionRejected, EnvFault, InvalidReply
 
@@ -84,34 +85,41 @@ def _reward(payload: dict) -> float:
 
 
 class ResetWitness:
-    """Whether two resets of one task (same seed, split and index) gave the same observation, said once
-    each way: `env_resets_reproducible` the first time they agree, `env_resets_not_reproducible` the first
-    time they differ (an env that ignores its seed: eval scores then compare different tasks, and a replay after
-    a lost session diverges). Evaluation resets its tasks again at every eval, so a run with two sees it. Shared
-    by a pool's sessions; remembers the first `MAX_TASKS` tasks only."""
+    """Whether two resets of one task (same seed, split and index) gave the same observation, said once each
+    way: `env_resets_not_reproducible` the first time they differ (an env that ignores its seed: eval scores
+    then compare different tasks, and a replay after a lost session diverges), `env_resets_reproducible` the
+    first time they agree where that shows something, and never after a difference was seen. Agreement counts
+    only between resets at different places of their env's history (`ordinal`, the env instance's reset
+    count): fresh sessions of an env that hands out tasks in order all start on its first one, whatever the
+    seed (reasoning_gym without a dataset_name), so a group's sessions agreeing on their first reset prove
+    nothing. Evaluation resets its tasks again later, so a run with an eval sees it. Shared by a pool's
+    sessions; remembers the first `MAX_TASKS` tasks only."""
 
     MAX_TASKS = 4096
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._seen: dict[str, str] = {}
+        self._seen: dict[str, tuple[str, int]] = {}
         self._said: set[bool] = set()
 
-    def saw(self, kwargs: dict, observation: dict) -> None:
+    def saw(self, kwargs: dict, observation: dict, ordinal: int = 0) -> None:
         key = json.dumps(kwargs, sort_keys=True, default=str)
         value = json.dumps(observation, sort_keys=True, default=str)
         with self._lock:
             previous = self._seen.get(key)
             if previous is None:
                 if len(self._seen) < self.MAX_TASKS:
-                    self._seen[key] = value
+                    self._seen[key] = (value, ordinal)
                 return
-            same = previous == value
+            same = previous[0] == value
+            if same and (previous[1] == ordinal or False in self._said):
+                return  # the same place in a fresh env's history, or a difference already seen
             if same in self._said:
                 return
             self._said.add(same)
         if same:
-            log.info("env_resets_reproducible", task=key, note="two resets of this task gave the same observation")
+            log.info("env_resets_reproducible", task=key, note="two resets of this task, at different points of "
+                     "their sessions, gave the same observation")
         else:
             log.warning("env_resets_not_reproducible", task=key, note=(
                 "two resets of this task gave different observations: the env does not seed itself from "
@@ -134,6 +142,7 @@ class ChatEnv:
         self.action_schema = action_schema  # model-facing Action schema (plain envs)
         self.formatter = formatter
         self._transport: Transport | None = None
+        self._resets = 0  # resets of the env behind this session's transport (ResetWitness's ordinal)
         self._reset_kwargs: dict | None = None
         self._history: list[tuple[dict, dict]] = []  # (action, payload) accepted in this episode
         self._task_text = ""  # the reset's system and user text
@@ -148,10 +157,12 @@ class ChatEnv:
         if self._transport is not None:
             self._transport.close()
             self._transport = None
+        self._resets = 0  # the next transport is a new session: a new env
 
     def _replay(self, transport: Transport) -> None:
         """Rebuild the episode on a fresh session: same reset, same accepted actions, same results."""
         transport.reset(self._reset_kwargs, self.cfg.reset_timeout_s)
+        self._resets += 1
         for action, recorded in self._history:
             payload = transport.step(action, self.cfg.step_timeout_s)
             self.counts.add(names.ENV_REPLAYED_STEPS)
@@ -220,9 +231,10 @@ class ChatEnv:
         except EpisodeDropped as e:
             raise self._dropped(e) from None
         self.counts.add(names.ENV_RESETS)
+        self._resets += 1
         obs = payload.get("observation", {})
         if self.witness is not None:
-            self.witness.saw(kwargs, obs)
+            self.witness.saw(kwargs, obs, self._resets)
         meta = obs.get("metadata") or {}
         info = {"seed": seed, "split": split, "index": index if index is not None else seed, **meta}
         info.setdefault("task_id", f"{split}/{info['index']}")
@@ -281,8 +293,8 @@ class ChatEnv:
         try:
             payload = self._send(action)
         except ActionRejected as e:
-            raise Malformed(f"Your last message was not a valid action ({e}). Reply with exactly one JSON "
-                            "object matching the action schema.") from None
+            raise Malformed(f"Your last message was not a valid action ({e}). "
+                            f"{reply_instruction(self.action_schema or {})}") from None
         obs = payload.get("observation", {})
         content = self.formatter(obs, context="step")
         return ChatStep([{"role": "user", "content": content}], _reward(payload), bool(payload.get("done")),

@@ -195,6 +195,9 @@ def describe_rl_signal(t: Mapping[str, Any]) -> str:
             f"{_groups_with_spread(t)}")
     if t["action_tokens"]:
         return head
+    if not t["actions"]:  # dipg_safety_env: every episode was dropped (its step broke the contract)
+        return (f"{head}; no episode was kept to train: every one was dropped (the env_episode_dropped events say "
+                "why), so RL learned nothing; fix what drops them")
     return f"{head}; every advantage was 0, so only ECHO trained: RL learned nothing. Fix: {NO_SIGNAL_FIX}"
 
 

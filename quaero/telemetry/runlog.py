@@ -268,7 +268,13 @@ class Cumulative:
         return dict(self.totals)
 
 
+def first_text_line(text: str) -> str:
+    """The first line of `text` that says something (a letter or digit in it), stripped; "" without one. A
+    message may open on a blank or a rule of stars: nltk's LookupError starts with a newline and `*****`."""
+    return next((line.strip() for line in text.splitlines() if any(c.isalnum() for c in line)), "")
+
+
 def error_line(e: BaseException, limit: int = 300) -> str:
-    """`TypeName: the first line of its message`, cut to `limit` characters: for one-line errors that wrap
-    whatever a crafted or foreign file made a parser raise."""
-    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:limit]}"
+    """`TypeName: the first line of its message that says something`, cut to `limit` characters: for one-line
+    errors that wrap whatever a crafted or foreign file made a parser raise, or an env's setup."""
+    return f"{type(e).__name__}: {first_text_line(str(e))[:limit]}"

@@ -7,7 +7,7 @@ import pytest
 import structlog
 
 from quaero import cli
-from quaero.config import EnvConfig
+from quaero.config import ConfigError, EnvConfig
 from quaero.openenv_client import EpisodeDropped, open_envs
 from quaero.openenv_client.loading import describe_env
 
@@ -91,3 +91,72 @@ def test_tasks_are_called_reproducible_only_once_two_resets_of_one_task_agreed(e
             pool.sessions[0].reset(seed=5, split="eval", index=0)
     said = [e["event"] for e in logs if e["event"].startswith("env_resets_")]
     assert said == [verdict]  # said once
+
+
+def test_a_groups_fresh_sessions_agreeing_on_their_first_reset_do_not_make_tasks_reproducible():
+    # the real reasoning_gym_env without a dataset_name, trained in groups: every fresh session starts on the
+    # env's first question whatever the seed, so a group's two sessions agreed and quaero said
+    # env_resets_reproducible; the env ignores the seed, which a later reset of the same task shows
+    with structlog.testing.capture_logs() as logs, open_envs(EnvConfig(entry=f"{SHAPES}:SeedOnlyEnv"), 2) as pool:
+        for env in pool.sessions:  # one group: the same task on each of its sessions
+            env.reset(seed=5, split="train", index=0)
+        assert [e["event"] for e in logs if e["event"].startswith("env_resets_")] == []
+        pool.sessions[0].reset(seed=5, split="train", index=0)  # later in its session, as eval does
+    assert [e["event"] for e in logs if e["event"].startswith("env_resets_")] == ["env_resets_not_reproducible"]
+
+
+def test_tasks_are_not_called_reproducible_after_two_resets_of_one_task_differed():
+    # the real chess_env (a random colour each reset): task 0 differed, then task 1 agreed by chance and quaero
+    # said both env_resets_not_reproducible and env_resets_reproducible
+    from quaero.openenv_client.session import ResetWitness
+
+    witness = ResetWitness()
+    with structlog.testing.capture_logs() as logs:
+        witness.saw({"seed": 0}, {"board": "white"}, 1)
+        witness.saw({"seed": 0}, {"board": "black"}, 2)
+        witness.saw({"seed": 1}, {"board": "white"}, 1)
+        witness.saw({"seed": 1}, {"board": "white"}, 2)
+    assert [e["event"] for e in logs] == ["env_resets_not_reproducible"]
+
+
+def test_an_env_whose_reset_takes_no_seed_is_not_called_unreproducible_before_it_is_seen():
+    # connect4 and grid_world take no seed and reset to one fixed start: the start warning said "tasks are not
+    # reproducible", then their resets agreed
+    with structlog.testing.capture_logs() as logs, open_envs(EnvConfig(entry=f"{SHAPES}:FixedStartEnv"), 1):
+        pass
+    (warning,) = [e for e in logs if e["event"] == "env_reset_params_ignored"]
+    assert "not reproducible" not in warning["note"] and "unverified" in warning["note"]
+
+
+@pytest.mark.parametrize("launcher", ["inprocess", "local-server"])
+def test_an_env_whose_error_message_opens_on_a_blank_line_is_named_by_its_first_words(launcher):
+    # the real textarena_env's Wordle offline: the error read "building the env raised LookupError: " (inprocess)
+    # or "its log ... ends in: LookupError:" (local-server), the message's first line being empty
+    with pytest.raises(ConfigError) as e:
+        open_envs(EnvConfig(entry=f"{SHAPES}:NltkLikeEnv", launcher=launcher), 1)
+    message = str(e.value)
+    assert "\n" not in message and "LookupError: Resource words not found." in message
+
+
+def test_a_factory_that_raises_is_one_line_that_says_to_fix_its_setup():
+    # the real chat_env offline: its factory's two-line OSError broke the error line, which only said to name
+    # an Environment subclass
+    with pytest.raises(ConfigError) as e:
+        open_envs(EnvConfig(entry=f"{SHAPES}:hub_factory"), 1)
+    message = str(e.value)
+    assert "\n" not in message and "OSError: We couldn't connect to 'https://huggingface.co'" in message
+    assert "fix its setup" in message
+
+
+@pytest.mark.parametrize("launcher", ["inprocess", "local-server"])
+def test_a_rejected_plain_text_action_is_corrected_in_plain_text_words(launcher):
+    # the real grid_world_env: the system prompt asked for the action as plain text, and a rejected "up" was
+    # told to reply with a JSON object
+    with open_envs(EnvConfig(entry=f"{SHAPES}:OneEnumFieldEnv", launcher=launcher), 1) as pool:
+        env = pool.sessions[0]
+        assert "as plain text" in env.reset(seed=0).messages[0]["content"]
+        (message,) = env.step(_reply("up")).messages
+        assert "not a valid action" in message["content"] and "JSON" not in message["content"]
+        assert "Reply with the action itself as plain text: your whole reply becomes its `action` field" in (
+            message["content"])
+        assert env.step(_reply("RIGHT")).reward == 1.0

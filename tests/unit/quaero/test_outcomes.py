@@ -27,6 +27,21 @@ def test_rl_steps_without_signal_are_said_so_during_the_run_and_at_its_end(tmp_p
     assert "only ECHO trained: RL learned nothing. Fix: warm-start from demonstrations" in end["note"]
 
 
+def test_rl_steps_whose_episodes_were_all_dropped_are_not_told_to_warm_start(tmp_path):
+    # the real dipg_safety_env (its step returns StepResult): every episode was dropped, and the note said "only
+    # ECHO trained" (nothing had) with the warm-start fix, which cannot help
+    runlog.configure(console="none")
+    watch = SignalWatch()
+    with runlog.RunLog(tmp_path, run_id="r1"):
+        watch.step(1, {"phase": "rl", "action_tokens": 0, "echo_tokens": 0, "turns": 0, "rows": 0,
+                       "episodes_dropped": 2})
+        watch.finish()
+    for event in ("rl_no_signal", "rl_signal"):
+        note = events_of(tmp_path, event)[0]["note"]
+        assert "0 of 0 actions were valid; no episode was kept to train: every one was dropped" in note
+        assert "only ECHO trained" not in note and "warm-start" not in note
+
+
 def test_review_reports_rl_and_echo_training_apart(tmp_path, capsys):
     runlog.configure(console="none")
     log = runlog.get_logger("test")
