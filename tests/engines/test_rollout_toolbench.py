@@ -45,6 +45,7 @@ def run(toolbench, qwen3_render, tasks, group, max_turns=8, **kw):
     return [ep for g in groups for ep in g], pool.counts.snapshot_and_reset()
 
 
+@pytest.mark.slow
 def test_sixty_toolbench_episodes_are_exact(toolbench, qwen3_render, tiny_hf_sampler, tiny_lm):
     from envs.toolbench import oracle_policy
 
@@ -86,6 +87,7 @@ def test_sixty_toolbench_episodes_are_exact(toolbench, qwen3_render, tiny_hf_sam
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_vllm_driven_toolbench_episodes_are_exact(toolbench, qwen3_render, tiny_lm, tiny_model_dir, vllm_engine):
     from quaero.sampling.vllm import VLLMSampler
 

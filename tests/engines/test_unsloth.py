@@ -52,6 +52,7 @@ def unsloth_run(tiny_model_dir):
     return json.loads(lines[-1].removeprefix("RESULT "))
 
 
+@pytest.mark.slow
 def test_unsloth_full_finetune_step_proves_sparse_selective_path(unsloth_run):
     m = unsloth_run["full"]
     assert m["local_train_selective_sparse_suffix_skips"] > 0

@@ -64,6 +64,7 @@ def test_train_with_an_env_servers_path_it_cannot_use_is_one_line(tmp_path, caps
     assert err.startswith(f"error: {run / 'env-servers'}") and "fix that path" in err
 
 
+@pytest.mark.slow
 def test_train_with_a_final_folder_it_cannot_write_is_one_line_and_keeps_its_checkpoint(tmp_path, capsys):
     """One warm-start step, then final/ cannot be written (a file below runs/NAME/final's place: its parent
     chain holds a file): one line naming final/, the step's checkpoint kept."""

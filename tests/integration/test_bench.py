@@ -115,6 +115,7 @@ def test_cpu_peak_bytes_sees_the_region_allocations():
     assert 4 * 2**20 <= peak < 5 * 2**20
 
 
+@pytest.mark.slow
 def test_bench_step_fields_and_budget(tmp_path, capsys):
     doc = _run(["step", "--device", "cpu", "--seq-len", "256", "--targets", "8", "--turns", "2",
                 "--vocab-size", "512", "--hidden-size", "32", "--steps", "1", "--budget-gb", "0.004",
@@ -145,6 +146,7 @@ TINY_STEP = ["step", "--device", "cpu", "--seq-len", "256", "--targets", "8", "-
              "--hidden-size", "32", "--steps", "1", "--threads", "1", "--peer-chunk-size", "48"]
 
 
+@pytest.mark.slow
 def test_bench_step_peers_and_floor(tmp_path, capsys):
     doc = _run(TINY_STEP + ["--paths", "selective_ce,chunked_all_positions,backbone_only", "--interleave", "--sweep",
                             "--sweep-lengths", "128", "--sweep-densities", "0.1,0.5"], tmp_path, capsys)

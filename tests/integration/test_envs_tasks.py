@@ -49,6 +49,7 @@ def test_an_env_without_the_task_api_keeps_quaeros_numbering(guess_url):
     assert eval_indices(None, "eval", 4) == [0, 1, 2, 3]
 
 
+@pytest.mark.slow
 def test_check_prints_the_splits_and_refuses_a_split_the_env_lacks(tmp_path, capsys, sum_url):
     good = _config(tmp_path, f'entry = "{SUM}"\neval_split = "test"', eval_tasks=2)
     assert cli.main(["check", good]) == 0

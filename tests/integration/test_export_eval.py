@@ -79,6 +79,7 @@ def test_full_finetune_export_is_a_standard_folder_with_the_trainers_logits(full
     assert tok.encode(PROMPT) == prompt_ids[0].tolist() and tok.chat_template
 
 
+@pytest.mark.slow
 def test_lora_export_is_a_peft_adapter_and_merge_gives_the_same_logits(lora_run, prompt_ids, tmp_path,
                                                                        tiny_model_dir):
     from peft import PeftModel
@@ -157,6 +158,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 @pytest.mark.hostile
+@pytest.mark.slow
 def test_eval_compare_oracle_vs_wrong_answers_on_toolbench(tmp_path, capsys):
     """The known-good (the env's oracle) and known-bad (same lookups, wrong answer) policies through
     the same driver and scoring: A wins every pair, so the paired difference is exactly +1."""
@@ -207,6 +209,7 @@ def test_eval_an_exported_folder_end_to_end(full_export, tmp_path, capsys):
     assert f"{s['model']}: success {s['successes']}/{s['finished']}" in printed
 
 
+@pytest.mark.slow
 def test_eval_adapter_folder_equals_its_run(lora_run, tmp_path, capsys):
     """An adapter folder (merged onto its base at load) and the run it came from (no final/: its newest
     checkpoint, exported on the fly) are one model: every paired episode agrees. The config's sampler is

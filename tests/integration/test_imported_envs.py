@@ -116,6 +116,7 @@ progress = false
     return path
 
 
+@pytest.mark.slow
 def test_the_imported_verifiers_env_trains_from_a_config_alone_and_passes_review(imported, tmp_path, capsys):
     path = _config(tmp_path, "vf", f'entry = "{ENTRY}"\nlauncher = "inprocess"\nmax_turns = 2',
                    'oracle = "fixtures.verifiers_source.oracle:oracle_policy"\nwarmup_sft_steps = 1\nsteps = 1')
@@ -148,6 +149,7 @@ def test_a_reasoning_gym_shaped_env_is_reproducible_only_when_reset_kwargs_name_
             assert step.reward == 1.0 and step.done and "correct_answer" in step.messages[0]["content"]
 
 
+@pytest.mark.slow
 def test_a_reasoning_gym_shaped_env_trains_from_the_examples_config_shape(tmp_path):
     path = _config(tmp_path, "rg", f'entry = "{RG}"\nlauncher = "local-server"\nmax_turns = 1\n'
                    'reset_kwargs = { dataset_name = "leg_counting", size = 1 }',

@@ -5,9 +5,11 @@ import os
 import subprocess
 import sys
 
+import pytest
 from fixtures.runs import ROOT, events_of, make_config
 
 
+@pytest.mark.slow
 def test_a_tiny_run_saves_rows_that_verify(tmp_path):
     from quaero.recipe.train import train
 

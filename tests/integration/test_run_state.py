@@ -41,6 +41,7 @@ def wait_for(predicate, timeout: float = 240, what: str = "") -> None:
 
 
 @pytest.mark.hostile
+@pytest.mark.slow
 def test_crafted_checkpoint_never_runs_and_unusable_checkpoints_are_refused(tmp_path, capsys):
     from quaero.recipe.train import train
 

@@ -48,6 +48,7 @@ def _assert_same_row(row, rec):
            [lp for lp, k in zip(rec["sampler_logprobs"], kinds) if k == "action"]
 
 
+@pytest.mark.slow
 def test_saved_rows_round_trip_through_rfc010_and_openenv_training_traces(source_run, tmp_path):
     run_dir, _ = source_run
     saved, _ = load_rows(run_dir)
@@ -74,6 +75,7 @@ def test_saved_rows_round_trip_through_rfc010_and_openenv_training_traces(source
         _assert_same_row(trace_row(trace, vocab, include_scaffold=False), row)
 
 
+@pytest.mark.slow
 def test_a_run_warm_starts_from_another_runs_trace_file_and_passes_review(source_run, tmp_path, capsys):
     run_dir, _ = source_run
     traces = tmp_path / "demos.trace.jsonl"  # the source run's warm-start rows: the oracle's demos
@@ -125,6 +127,7 @@ def test_each_kind_of_inexact_record_is_refused_in_one_line(tmp_path):
         assert reason.startswith(expected) and "\n" not in reason, reason
 
 
+@pytest.mark.slow
 def test_recorded_rl_rows_train_the_rl_loss_off_policy_with_traces_loss_rl(source_run, tmp_path, capsys):
     """[data] traces_loss = "rl": the source run's RL rows (sampled, with the sampler's log-probs), exported as
     RFC 010 records with a group each, train the RL term (action tokens, an importance ratio) in the warm-start

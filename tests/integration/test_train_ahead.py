@@ -37,6 +37,7 @@ def reviewed(run_dir) -> int:
                                        compare=None))
 
 
+@pytest.mark.slow
 def test_k0_is_the_synchronous_loop_sharing_the_trainer_module(tmp_path, monkeypatch):
     """k = 0, written or not, is the same config, and its run starts no thread and no copy of the model."""
     _, default = make_config(tmp_path, "k0", steps=1, warmup=0, eval_every=0, eval_tasks=0)

@@ -21,6 +21,7 @@ from quaero.telemetry.runlog import read_events
 from quaero.tools import review
 
 
+@pytest.mark.slow
 def test_main_job_short_run_logs_proofs_and_cleans_up(tmp_path):
     from quaero.recipe.train import train
 
@@ -112,6 +113,7 @@ def test_env_server_killed_mid_step_drops_the_episode_and_the_run_goes_on(tmp_pa
 
 
 @pytest.mark.hostile
+@pytest.mark.slow
 def test_a_run_that_trains_nothing_exits_1_naming_the_drop_reasons(tmp_path):
     """Every reset raises: every episode drops, no step has a row; the real CLI stops after
     [training] max_empty_steps such steps with one line, and the event log keeps the counted reasons."""

@@ -38,6 +38,7 @@ report_to = ["tensorboard"]
 """
 
 
+@pytest.mark.slow
 def test_training_run_mirrors_its_scalars_into_tensorboard(tmp_path):
     pytest.importorskip("tensorboard", reason="tensorboard is not installed: pip install 'quaero[tensorboard]'")
     path = tmp_path / "sinks.toml"

@@ -112,6 +112,7 @@ def test_cli_check_exits_1_with_one_line_and_no_traceback(override):
     assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_cli_check_prints_plan():
     r = subprocess.run(check=False, args=[sys.executable, "-m", "quaero.cli", "check", str(MAIN)], capture_output=True, text=True,
                        cwd=ROOT)

@@ -19,6 +19,7 @@ from quaero.tools import doctor
 ROOT = Path(__file__).resolve().parents[3]
 
 
+@pytest.mark.slow
 def test_doctor_json_reports_this_environment(tmp_path):
     import torch
     import transformers

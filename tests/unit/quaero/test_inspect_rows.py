@@ -72,12 +72,14 @@ def test_a_save_failure_is_counted_not_raised(tmp_path, collected):
     assert save_step_rows(blocked, "all", 1, collected, phase="rl", policy_version=0) == {"rows_saved": 0, "rows_save_failures": 1}
 
 
+@pytest.mark.slow
 def test_verify_passes_on_real_rows(run_dir):
     proc = inspect_rows(run_dir, "--verify")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("verified 3 rows of 1 step(s)")
 
 
+@pytest.mark.slow
 def test_verify_names_each_corruption_and_exits_1(run_dir):
     recs = saved(run_dir)
     kind_span = {k: next(i for i, s in enumerate(recs[0]["spans"]) if s[0] == k) for k in ("action", "env")}
@@ -99,6 +101,7 @@ def test_verify_names_each_corruption_and_exits_1(run_dir):
     assert "3 problem(s) in 3 rows" in proc.stderr
 
 
+@pytest.mark.slow
 def test_render_without_a_tty_marks_spans_and_html_has_one_element_per_span(run_dir, tmp_path):
     page = tmp_path / "rows.html"
     proc = inspect_rows(run_dir, "--step", str(STEP), "--html", str(page))
@@ -132,6 +135,7 @@ def test_a_relabelled_action_span_is_caught_and_a_tty_gets_colours(run_dir, qwen
 
 
 @pytest.mark.hostile
+@pytest.mark.slow
 def test_unreadable_or_foreign_lines_are_counted_and_a_foreign_folder_is_one_line(run_dir, tmp_path, capsys):
     with step_file(run_dir, STEP).open("ab") as f:  # a torn, a non-UTF-8, a non-row and a wrong-shaped line
         f.write(b'{"torn\n\xff\xfe\n[1, 2]\n{"input_ids": [1], "spans": [["weird", 0, 1, 0]]}\n')

@@ -123,6 +123,7 @@ def test_an_unknown_distributed_strategy_is_refused_with_the_choices():
     ("run.output_dir='/proc/quaero-runs'", "[run] output_dir='/proc/quaero-runs': cannot create folders in /proc"),
 ])
 @pytest.mark.hostile
+@pytest.mark.slow
 def test_check_probes_the_model_renderer_and_run_folder_before_any_model_loads(override, needle):
     with pytest.raises(ConfigError) as e:
         load_checked(MAIN, [override])

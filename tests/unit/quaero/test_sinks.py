@@ -145,6 +145,7 @@ def test_check_names_the_pip_command_for_a_missing_sink_and_rejects_unknown_ones
     assert load_checked(MAIN).logging.report_to == []
 
 
+@pytest.mark.slow
 def test_check_does_not_import_the_sink_packages():
     code = ("import sys; from quaero.recipe.plan import load_checked; "
             f"load_checked({str(MAIN)!r}, ['logging.report_to=[\"tensorboard\", \"wandb\"]']); "
