@@ -234,6 +234,7 @@ def run_trl(setup: dict, conn) -> None:
 
     from quaero.bench.trl_env import EnvTimes, trl_environment
     from quaero.openenv_client.server import LocalServer
+    from quaero.openenv_client.tasks import catalog_over_http
     from quaero.rollout.tasks import task_reset
 
     torch.set_num_threads(setup["threads"])
@@ -243,7 +244,9 @@ def run_trl(setup: dict, conn) -> None:
                          kwargs=cfg.env.kwargs, action=cfg.env.action).start()
     try:
         env_cls = trl_environment(server.http_url, timeout_s=cfg.env.step_timeout_s)
-        tasks = [task_reset(cfg, cfg.env.train_split, i) for i in range(setup["steps"] * t.tasks_per_step)]
+        # the env's Task API, as quaero's recipe reads it: a run seed other than 0 orders the train split
+        catalog = catalog_over_http(server.http_url, cfg.env.reset_timeout_s)
+        tasks = [task_reset(cfg, cfg.env.train_split, i, catalog) for i in range(setup["steps"] * t.tasks_per_step)]
         system = [{"role": "system", "content": env_cls.system_prompt}] if env_cls.system_prompt else []
         data = Dataset.from_list([{"prompt": system + [{"role": "user", "content": ""}], **task} for task in tasks])
         resets: list[tuple] = []
