@@ -132,6 +132,9 @@ def test_the_imported_verifiers_env_trains_from_a_config_alone_and_passes_review
 
 
 def test_a_reasoning_gym_shaped_env_is_reproducible_only_when_reset_kwargs_name_a_dataset():
+    from quaero.telemetry.runlog import configure
+
+    configure("info", console="none")  # a `quaero train` before this one left structlog filtering below warning
     for reset_kwargs, verdict in (({}, "env_resets_not_reproducible"),
                                   ({"dataset_name": "leg_counting", "size": 1}, "env_resets_reproducible")):
         with structlog.testing.capture_logs() as logs, \
