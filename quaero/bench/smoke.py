@@ -12,12 +12,14 @@ import json
 import random
 
 from quaero.rollout.rows import EchoRow, Span
+from quaero.telemetry import names
 from quaero.telemetry.proofs import STEP_PROOF_METRICS
 from trainers.spec import TrainerSpec
 
 # the step's proof metrics (quaero/telemetry/proofs.py), then the figures a smoke reader wants next to them
-SMOKE_KEYS = (*STEP_PROOF_METRICS, "loss", "rl_loss", "echo_loss", "action_tokens", "echo_tokens", "row_tokens",
-              "grad_norm", "sampler_logprob_gap_max", "peak_mem_mb", "peak_mem_source", "step_time_s")
+SMOKE_KEYS = (*STEP_PROOF_METRICS, names.LOSS, names.RL_LOSS, names.ECHO_LOSS, names.ACTION_TOKENS, names.ECHO_TOKENS,
+              names.ROW_TOKENS, names.GRAD_NORM, names.SAMPLER_LOGPROB_GAP_MAX, names.PEAK_MEM_MB,
+              names.PEAK_MEM_SOURCE, names.STEP_TIME_S)
 
 
 def sparse_row(seed: int, advantage: float, *, vocab: int = 151936, context: int = 240) -> EchoRow:
