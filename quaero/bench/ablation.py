@@ -35,21 +35,28 @@ def final_outcomes(run_dir: Path) -> dict[int, tuple[int, float]]:
     return outcomes
 
 
+def start_checkpoint(source: Path, step: int | None) -> tuple[Path, int]:
+    """`--from RUN [--from-step N]` (this bench and `bench peers-trl`): the folder and step of `source`'s
+    checkpoint of `step`, else of its newest intact one; a bad choice exits in one line before anything runs."""
+    from quaero.recipe import checkpoint
+
+    if step is None:
+        found = checkpoint.load_latest(checkpoint.run_checkpoints(source))
+        if found is None:
+            raise SystemExit(f"error: --from {source}: no checkpoint to start from; train it first")
+        return found[0], found[1]["step"]
+    path = checkpoint.run_checkpoint(source, step)
+    problem = checkpoint.verify(path) if path.is_dir() else "no such folder"
+    if problem:
+        raise SystemExit(f"error: --from {source} --from-step {step}: {path} is unusable ({problem})")
+    return path, step
+
+
 def _seed_start(source: Path, run_dir: Path, step: int | None) -> None:
     """Put `source`'s checkpoint of `step` (else its latest) into a fresh run folder: the run resumes from it."""
     from quaero.recipe import checkpoint
 
-    root = checkpoint.run_checkpoints(source)
-    if step is None:
-        found = checkpoint.load_latest(root)
-        path = found[0] if found else None
-    else:
-        path = checkpoint.run_checkpoint(source, step)
-        problem = checkpoint.verify(path) if path.is_dir() else "no such folder"
-        if problem:
-            raise SystemExit(f"error: --from {source} --from-step {step}: {path} is unusable ({problem})")
-    if path is None:
-        raise SystemExit(f"error: --from {source}: no checkpoint to start from; train it first")
+    path, _ = start_checkpoint(source, step)
     shutil.rmtree(run_dir, ignore_errors=True)
     checkpoint.run_checkpoints(run_dir).mkdir(parents=True)
     shutil.copytree(path, checkpoint.run_checkpoints(run_dir) / path.name)

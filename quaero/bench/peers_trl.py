@@ -85,10 +85,10 @@ def final_dir(root: str | None, repeat: int, repeats: int) -> str | None:
     return str(Path(root) / f"repeat-{repeat}") if repeats > 1 else root
 
 
-def start_checkpoint(args) -> Path | None:
-    """`--from RUN [--from-step N]`: the checkpoint folder both sides start from (None without --from); a bad
-    choice exits in one line before anything runs."""
-    from quaero.recipe import checkpoint
+def start_from(args) -> tuple[Path, int] | None:
+    """`--from RUN [--from-step N]`: the checkpoint folder and step both sides start from (None without
+    --from); a bad choice exits in one line before anything runs."""
+    from quaero.bench.ablation import start_checkpoint
 
     if args.source is None:
         if args.from_step is not None:
@@ -96,16 +96,7 @@ def start_checkpoint(args) -> Path | None:
         return None
     if args.model is not None:
         raise SystemExit("error: --from RUN and --model both name the starting weights; pass one")
-    if args.from_step is None:
-        found = checkpoint.load_latest(checkpoint.run_checkpoints(Path(args.source)))
-        if found is None:
-            raise SystemExit(f"error: --from {args.source}: no intact checkpoint to start from")
-        return found[0]
-    path = checkpoint.run_checkpoint(Path(args.source), args.from_step)
-    problem = checkpoint.verify(path) if path.is_dir() else "no such folder"
-    if problem:
-        raise SystemExit(f"error: --from {args.source} --from-step {args.from_step}: {path} is unusable ({problem})")
-    return path
+    return start_checkpoint(Path(args.source), args.from_step)
 
 
 def versions() -> dict[str, str | None]:
@@ -285,14 +276,14 @@ def main(argv: list[str]) -> int:
         for r in range(args.repeats):
             for name in SIDES:
                 check_destination(Path(final_dir(args.save_final, r, args.repeats)) / name)
-    start = start_checkpoint(args)
+    start = start_from(args)
     out = Path(args.out or tempfile.mkdtemp(prefix="quaero-peers-trl-"))
     out.mkdir(parents=True, exist_ok=True)
     try:
         if start is not None:  # the checkpoint's weights as the shared HF folder
             from quaero.tools.export import export_run
 
-            export_run(Path(args.source), out / "start", step=int(start.name.split("-")[-1]))
+            export_run(Path(args.source), out / "start", step=start[1])
         model = prepare_model(str(out / "start") if start is not None else args.model or cfg.model.name, out)
         repeats = []
         for r in range(args.repeats):
@@ -300,7 +291,7 @@ def main(argv: list[str]) -> int:
                      "seed": cfg.run.seed, "threads": args.threads, "out": str(out / f"repeat-{r}"),
                      "trl_max_completion_length": args.trl_max_completion_length,
                      "save_final": final_dir(args.save_final, r, args.repeats),
-                     "optimizer_from": str(start) if start is not None else None}
+                     "optimizer_from": str(start[0]) if start is not None else None}
             repeats.append(run_repeat(setup, r))
             if args.json and r + 1 < args.repeats:  # a long run stopped later keeps the repeats it finished
                 partial = document(args, cfg, repeats)

@@ -109,11 +109,11 @@ def rl_over_warm_start(run: dict) -> dict[str, Any]:
     `why` says what is missing when there is nothing to compare."""
     from quaero.tools.significance import paired_outcomes
 
-    sft = [s["step"] for s in run["steps"] if s.get(names.PHASE) in names.WARM_START_PHASES]
+    warm = sft_span(run)
     rl = [s["step"] for s in run["steps"] if s.get(names.PHASE, "rl") == "rl"]
-    if not sft or not rl:
-        return {"why": "no warm start" if not sft else "no RL step"}
-    warm_end = max(sft)
+    if not warm or not rl:
+        return {"why": "no warm start" if not warm else "no RL step"}
+    warm_end = warm[1]
     start = next((e for e in run["evals"] if e["step"] == warm_end), None)
     end = next((e for e in reversed(run["evals"]) if e["step"] > warm_end), None)
     if start is None or end is None:
