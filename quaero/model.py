@@ -244,6 +244,27 @@ def resolve_model(name: str) -> Path:
                             f"({type(e).__name__}); check the id and network, or use a local folder") from None
 
 
+def config_fields(name: str) -> dict | None:
+    """The model's config.json fields without building or loading it: a named model's table, a local
+    folder's config.json, or the hub cache's copy; None when none is at hand (a hub id not cached)."""
+    import json
+
+    if is_named(name):
+        return NAMED_SHAPES[name].config_fields()
+    path = Path(name).expanduser() / "config.json"
+    if not path.exists():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(name, "config.json")
+        except Exception:  # noqa: BLE001 - not a repo id: nothing cached under it
+            cached = None
+        if not isinstance(cached, str):
+            return None
+        path = Path(cached)
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
 def load_tokenizer(name: str):
     from transformers import AutoTokenizer
 
