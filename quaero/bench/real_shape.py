@@ -159,14 +159,14 @@ def make_trainer(model: str, args, spec_kw: dict):
                        gradient_checkpointing=spec_kw.get("gradient_checkpointing", False),
                        selective=SelectivePolicy(chunk_size=spec_kw.get("chunk_size")),
                        memory=MemoryPolicy(supervised_context_tokens=spec_kw.get("context_tokens", 0)))
-    return LocalTrainer(spec, "cpu")
+    return LocalTrainer(spec, args.device)
 
 
 def planned(fields: dict, args, plan_kw: dict):
     from quaero.recipe.memory_plan import ModelDims, StepShape, plan
 
     step = StepShape(tokens=args.rows * args.seq_len, targets=args.rows * args.targets,
-                     target_span=args.rows * args.span, dtype=args.dtype, device="cpu", **plan_kw)
+                     target_span=args.rows * args.span, dtype=args.dtype, device=args.device, **plan_kw)
     return plan(ModelDims.from_fields(fields), step)
 
 
@@ -181,7 +181,16 @@ def measure_case(name: str, model: str, fields: dict, args) -> dict[str, Any]:
     resident = resident_bytes(trainer)
     mark_optimizer(trainer)
     _reset_rss_peak()
-    peak, fwd_bwd, update = phase_peaks(lambda: trainer.train_step(rows))
+    if args.device.startswith("cuda"):  # the allocator's own peak over the step (not split at the update)
+        torch.cuda.synchronize()
+        resident = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        trainer.train_step(rows)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - resident
+        fwd_bwd = update = 0
+    else:
+        peak, fwd_bwd, update = phase_peaks(lambda: trainer.train_step(rows))
     rss = rss_peak()
     p = planned(fields, args, plan_kw)
     measured = resident + peak
@@ -264,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
                    "(default: a quarter of the row)")
     p.add_argument("--cases", default="selective", help=f"comma-separated, from {', '.join(CASES)}")
     p.add_argument("--phases", action="store_true", help="time load, step, checkpoint, export, weights folder")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (CUDA: the allocator's peak, not split)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--scratch", default=None, help="folder for checkpoint/export files (default: the temp dir)")
     p.add_argument("--json", metavar="PATH")
