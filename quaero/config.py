@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from quaero.openenv_client import launchers
-from quaero.sampling import registry as samplers
+from quaero import launcher_registry as launchers
+from quaero import sampler_registry as samplers
 from trainers.spec import TrainerSpec
 
 if sys.version_info >= (3, 11):
@@ -74,7 +74,7 @@ class EnvConfig(_Section):
     urls: list[str] = Field(default_factory=list)
     # keyword arguments for the entry (class or factory), for envs quaero starts (inprocess, local-server)
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    launcher: Literal[tuple(launchers.LAUNCHERS)] = launchers.DEFAULT  # quaero/openenv_client/launchers.py
+    launcher: Literal[tuple(launchers.LAUNCHERS)] = launchers.DEFAULT  # quaero/launcher_registry.py
     host: str = "127.0.0.1"
     train_split: str = "train"
     eval_split: str = "eval"
@@ -139,7 +139,7 @@ class EnvConfig(_Section):
 
 
 class SamplerConfig(_Section):
-    backend: Literal[samplers.BACKENDS] = samplers.AUTO  # the engines of quaero/sampling/registry.py, or auto
+    backend: Literal[samplers.BACKENDS] = samplers.AUTO  # the engines of quaero/sampler_registry.py, or auto
     temperature: float = Field(_SPEC.temperature, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int = Field(256, ge=1)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from quaero.telemetry.runlog import get_logger
 
 if TYPE_CHECKING:
-    from quaero.rollout.counts import RolloutCounts
+    from quaero.telemetry.counts import RolloutCounts
     from quaero.rollout.rows import EchoRow, Transition
 
 log = get_logger(__name__)

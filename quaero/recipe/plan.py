@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from quaero.config import ConfigError, QuaeroConfig, load_config
-from quaero.sampling import registry as samplers
+from quaero import sampler_registry as samplers
 from trainers import registry
 from trainers.spec import MemoryPolicy, SelectivePolicy, TrainerSpec
 

@@ -35,7 +35,7 @@ from quaero.recipe import checkpoint, ranks
 from quaero.recipe.ahead import Rollout, RolloutsAhead
 from quaero.recipe.saved_rows import save_step_rows
 from quaero.rollout.advantages import group_advantages
-from quaero.rollout.counts import drop_reasons
+from quaero.telemetry.counts import drop_reasons
 from quaero.rollout.tasks import task_reset
 from quaero.rollout.traces import trace_batch, warm_start_rows
 from quaero.sampling.wire import STOP_REQUESTED
@@ -45,7 +45,7 @@ from quaero.telemetry.runlog import Cumulative, RunLog, configure, error_line, g
 
 if TYPE_CHECKING:
     from quaero.openenv_client import EnvPool
-    from quaero.rollout.counts import RolloutCounts
+    from quaero.telemetry.counts import RolloutCounts
     from quaero.rollout.driver import EpisodeDriver, Policy
     from quaero.rollout.render import RenderAdapter
     from quaero.rollout.rows import EchoRow, Transition
