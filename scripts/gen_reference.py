@@ -263,8 +263,7 @@ def _step_names() -> list[str]:
 
 def metric_names(how: str, owner: str, declared: list[str]) -> list[str]:
     """The names a table's owner emits (for `literals`: the declared names the owner file writes)."""
-    from quaero.telemetry import counts
-    from quaero.telemetry import names, proofs
+    from quaero.telemetry import counts, names, proofs
     if how == "proofs":
         return [*names.SELECTIVE_METRICS, *(n for n in proofs.BRANCH_COUNTERS if n not in names.SELECTIVE_METRICS),
                 names.SAVE_ON_CPU]

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from quaero.config import ConfigError
-from quaero.telemetry.counts import RolloutCounts
+from quaero.launcher_registry import LAUNCHERS, opener
 from quaero.telemetry import names
+from quaero.telemetry.counts import RolloutCounts
 from quaero.telemetry.runlog import get_logger
 
-from quaero.launcher_registry import LAUNCHERS, opener
 from .loading import EnvSpec, action_fields, ignored_reset_params, load_entry, load_formatter, require_openenv
 from .mapping import model_action_schema, tool_specs
 from .server import LocalServer, start_env_servers

@@ -14,8 +14,8 @@ import stat
 import tempfile
 from pathlib import Path
 
-from quaero.config import ConfigError, QuaeroConfig, load_config
 from quaero import sampler_registry as samplers
+from quaero.config import ConfigError, QuaeroConfig, load_config
 from trainers import registry
 from trainers.spec import MemoryPolicy, SelectivePolicy, TrainerSpec
 

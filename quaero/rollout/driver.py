@@ -25,11 +25,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from quaero.openenv_client import ChatEnv, EpisodeDropped
-from quaero.telemetry.counts import RolloutCounts
 from quaero.rollout.render import BridgeFailure, RenderAdapter, UnparsableAction
 from quaero.rollout.rows import EchoRow, Transition, build_rows, per_transition_tokens
 from quaero.sampling import Completion, Sampler
 from quaero.telemetry import names
+from quaero.telemetry.counts import RolloutCounts
 from quaero.telemetry.proofs import MAX_SAMPLER_LOGPROB
 from quaero.telemetry.runlog import get_logger
 

@@ -19,9 +19,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from quaero import sampler_registry as samplers
 from quaero.model import cache_dir
 from quaero.openenv_client.loading import file_matches_record, openenv_repair_command
-from quaero import sampler_registry as samplers
 
 PINNED = ("torch", "transformers", "renderers", "openenv")
 # the optional engines whose import is checked: the sampler engines' packages (quaero/sampler_registry.py) and
