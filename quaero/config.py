@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from quaero import launcher_registry as launchers
 from quaero import sampler_registry as samplers
+from quaero.resolve import split_name
 from trainers.spec import TrainerSpec
 
 if sys.version_info >= (3, 11):
@@ -481,8 +482,9 @@ def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
         raise ConfigError(f"{source} [training] dynamic_sampling=true with max_off_policy_steps="
                           f"{t.max_off_policy_steps}: a step sampled ahead cannot know how many tasks the steps "
                           "before it used; set one of them off")
-    if t.oracle is not None and ":" not in t.oracle:
-        raise ConfigError(f"{source} [training] oracle={t.oracle!r}: write it as \"package.module:function\"")
+    if t.oracle is not None:
+        split_name(t.oracle, f"{source} [training] oracle", error=ConfigError,
+                   example="my_env.oracle:oracle_policy")
     if t.steps and t.group_size < 2:
         raise ConfigError(f"{source} [training] group_size={t.group_size} with steps={t.steps}: a group of one "
                           "episode has advantage 0 (reward minus its own mean), so RL learns nothing; "
