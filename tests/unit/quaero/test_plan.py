@@ -151,10 +151,10 @@ def test_output_dir_under_a_file_is_refused(tmp_path):
     (["training.oracle='no_such_pkg.oracle:oracle_policy'"],
      "[training] oracle='no_such_pkg.oracle:oracle_policy': cannot import module 'no_such_pkg.oracle'"),
     (["training.oracle='envs.toolbench.oracle:no_such_function'"],
-     "[training] oracle='envs.toolbench.oracle:no_such_function': module 'envs.toolbench.oracle' has no attribute "
-     "'no_such_function'; write oracle_policy(info)"),
-    (["env.entry='fixtures.guess:GuessEnv'"], "[training] oracle (unset: beside [env] entry)="
-     "'fixtures.guess:oracle_policy': module 'fixtures.guess' has no attribute 'oracle_policy'"),
+     ("[training] oracle='envs.toolbench.oracle:no_such_function': module 'envs.toolbench.oracle' has no attribute "
+     "'no_such_function'; write oracle_policy(info)")),
+    (["env.entry='fixtures.guess:GuessEnv'"], ("[training] oracle (unset: beside [env] entry)="
+     "'fixtures.guess:oracle_policy': module 'fixtures.guess' has no attribute 'oracle_policy'")),
 ])
 @pytest.mark.hostile
 def test_a_warm_start_without_a_demonstrator_fails_at_check(overrides, needle):
