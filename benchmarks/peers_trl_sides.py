@@ -5,7 +5,7 @@ same config, tasks, group size, max tokens and turn limit), sends one `ready` me
 RSS), then, for each "step" it receives, runs one RL step and sends that step's figures; "stop" ends it.
 
 - quaero: `quaero.recipe.train.build` + `run_step` (the recipe `quaero train` runs), rows saved and read back.
-- TRL: `GRPOTrainer(environment_factory=...)` over the same env served on 127.0.0.1 (quaero.bench.trl_env),
+- TRL: `GRPOTrainer(environment_factory=...)` over the same env served on 127.0.0.1 (benchmarks.trl_env),
   driven by its own `train()`; a callback holds each step until the coordinator sends "step". A subclass
   only observes: it records every sampler call and every batch `_compute_loss` scores, then calls TRL's own.
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from quaero.bench.token_drift import generation_drift, saved_row_drift
+from benchmarks.token_drift import generation_drift, saved_row_drift
 from quaero.telemetry import names
 
 
@@ -31,7 +31,10 @@ def rss_mb() -> float:
 
 
 def peak_rss_mb() -> float:
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
+    """The process's peak resident set size, MiB (the trainer's own CPU peak reading, trainers/memory.py)."""
+    from trainers.memory import peak_mem_mb
+
+    return round(peak_mem_mb("cpu")[0], 1)
 
 
 def weights_sha(model) -> str:
@@ -68,6 +71,7 @@ def start_optimizer(optimizer, setup: dict, cfg) -> None:
     from pathlib import Path
 
     from quaero.recipe import checkpoint
+    from trainers.base import reset_optimizer_state
 
     state = checkpoint.RunState.from_state(checkpoint.load(Path(setup["optimizer_from"]))).trainer["optimizer"]
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -79,11 +83,8 @@ def start_optimizer(optimizer, setup: dict, cfg) -> None:
     for group in optimizer.param_groups:
         group["lr"] = group["initial_lr"] = cfg.backend.lr
     start = cfg.training.rl_optimizer_start
-    if start == "reset":
-        optimizer.state.clear()
-    elif start == "reset_momentum":
-        for s in optimizer.state.values():
-            s["exp_avg"].zero_()
+    if start != "continue":  # what the recipe does at the first RL step (quaero/recipe/train.py)
+        reset_optimizer_state(optimizer, momentum_only=start == "reset_momentum")
 
 
 def quaero_config(setup: dict):
@@ -232,7 +233,7 @@ def run_trl(setup: dict, conn) -> None:
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    from quaero.bench.trl_env import EnvTimes, trl_environment
+    from benchmarks.trl_env import EnvTimes, trl_environment
     from quaero.openenv_client.server import LocalServer
     from quaero.openenv_client.tasks import catalog_over_http
     from quaero.rollout.tasks import task_reset

@@ -9,7 +9,7 @@ grad clipping, AdamW) configured as a user would configure it:
 - `selective_ce`: the eager exact path: selected hidden states -> LM head -> class-index CE;
 - `chunked_recompute`: quaero's `train_logprob_chunk_size` path (recompute-in-backward, O(chunk x V));
 - `chunked_all_positions`: the peers' method (prime-rl, verl, NeMo-RL): log-probs at every position,
-  chunked with recompute in backward (`--peer-chunk-size`), masked by the loss (quaero/bench/peers.py);
+  chunked with recompute in backward (`--peer-chunk-size`), masked by the loss (benchmarks/peers.py);
 - `backbone_only`: the same step with no LM head at all, the floor every LM-head method sits above.
 The model is a random-init Qwen3 with a real vocabulary (151,936) and a small hidden size, so that, as
 in long-row training of real models, the vocabulary-sized LM-head region dominates memory.
@@ -32,20 +32,21 @@ from typing import Any
 
 import torch
 
-from quaero.bench import peers
-from quaero.bench import trainstep as ts
-from quaero.bench.measure import (
+from benchmarks import peers
+from benchmarks import trainstep as ts
+from benchmarks.measure import (
     MIB,
+    available_bytes,
     cpu_peak_bytes,
-    emit,
     environment,
     ratio,
     resolve_bench_device,
     resolve_bench_dtype,
+    run_cli,
     sync,
-    torch_threads,
 )
-from quaero.telemetry import proofs
+from quaero.telemetry import names, proofs
+from trainers.memory import peak_mem_mb, reset_peak
 
 PATHS = {  # name -> trainer options
     "full_logits": {"selective": False},
@@ -101,18 +102,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def available_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        torch.cuda.empty_cache()  # blocks cached from earlier probes are available too
-        free, _ = torch.cuda.mem_get_info(device)
-        return free
-    with open("/proc/meminfo", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 1 << 62
-
-
 class StepBench:
     def __init__(self, args, device: torch.device, dtype: torch.dtype) -> None:
         self.args, self.device = args, device
@@ -127,14 +116,15 @@ class StepBench:
             self.paths["compiled_ce"] = {"selective": True, "compile": args.compile_selective_ce}
 
     def trainer(self, path: str, seq_len: int):
+        """A fresh `local` trainer for `path`; a peer's through the trainer's log-prob hook, its chunk as the
+        selective policy's `chunk_size` (benchmarks/peers.py)."""
         opts = self.paths[path]
+        peer = opts.get("peer")
+        chunk = self.args.peer_chunk_size if peer else self.args.chunk_size if opts.get("chunk") else None
         spec = ts.bench_spec(self.model_dir, seq_len=seq_len, dtype=self.dtype_name, selective=opts["selective"],
-                             chunk_size=self.args.chunk_size if opts.get("chunk") else None,
-                             compile_mode=opts.get("compile", "off"), compile_min_tokens=1)
-        trainer = ts.make_trainer(spec, self.device)
-        if opts.get("peer"):
-            peers.with_peer(trainer, opts["peer"], chunk_size=self.args.peer_chunk_size)
-        return trainer
+                             chunk_size=chunk, compile_mode=opts.get("compile", "off"), compile_min_tokens=1,
+                             logprob_fn=peers.peer_logprob_fn(peer) if peer else "")
+        return ts.make_trainer(spec, self.device)
 
     def rows(self, seq_len: int, targets: int | None = None):
         row, self.layout = ts.trace_row(seq_len, targets or self.args.targets, self.args.vocab_size,
@@ -176,7 +166,8 @@ class StepBench:
         times, metrics = ts.timed_steps(trainer, rows, timed_steps, self.device)
         result = {
             "seq_len": seq_len, "resident_mb": round(resident / MIB, 1), "peak_step_mb": round(peak / MIB, 1),
-            "peak_total_mb": round((resident + peak) / MIB, 1), **timing_fields(times, metrics),
+            "peak_total_mb": round((resident + peak) / MIB, 1),
+            **timing_fields(times, metrics, peer=self.paths[path].get("peer")),
         }
         if keep:
             self.live[path] = trainer
@@ -303,27 +294,33 @@ class StepBench:
         return l1, m1, (m1 - m0) / (l1 - l0)
 
 
-def timing_fields(times: list[float], metrics: list[dict]) -> dict[str, Any]:
-    """Step-time figures and branch counters of timed steps (none: just `steps: 0`)."""
+def timing_fields(times: list[float], metrics: list[dict], *, peer: str | None = None) -> dict[str, Any]:
+    """Step-time figures and branch counters of timed steps (none: just `steps: 0`). A peer's path also
+    proves the peer ran: `peer_logprob_batches`, its forward passes, with every selective branch counter 0."""
     if not times:
         return {"steps": 0}
-    last = metrics[-1]
+    runtime = ts.cumulative(metrics)
     out = {"steps": len(times), "median_step_s": statistics.median(times), "min_step_s": min(times),
-           "max_step_s": max(times), "loss": last.get("loss"),
-           "branch_counters": {k: v for k, v in ts.cumulative(metrics).items() if k in proofs.BRANCH_COUNTERS}}
-    if "peer_logprob_batches" in last:
-        out["peer_logprob_batches"] = sum(m["peer_logprob_batches"] for m in metrics)
+           "max_step_s": max(times), "loss": metrics[-1].get("loss"),
+           "branch_counters": {k: v for k, v in runtime.items() if k in proofs.BRANCH_COUNTERS}}
+    if peer:
+        ran = {k: v for k, v in out["branch_counters"].items() if v}
+        if ran:
+            raise RuntimeError(f"benchmarks/step.py: the {peer} path ran selective branches {ran}: the trainer "
+                               "did not use its log-prob hook (TrainerSpec.logprob_fn)")
+        out["peer_logprob_batches"] = sum(m[names.FORWARD_PASSES] for m in metrics)
     return out
 
 
 def _cuda_peak(train_step, rows, device) -> int:
-    """Peak CUDA bytes allocated by one step above what was allocated when it started."""
+    """Peak CUDA bytes allocated by one step above what was allocated when it started (the trainer's own
+    peak reading, trainers/memory.py, less the bytes already allocated)."""
     sync(device)
-    torch.cuda.reset_peak_memory_stats(device)
+    reset_peak(device)
     base = torch.cuda.memory_allocated(device)
     train_step(rows)
     sync(device)
-    return torch.cuda.max_memory_allocated(device) - base
+    return round(peak_mem_mb(device)[0] * MIB) - base
 
 
 def run(args) -> dict[str, Any]:
@@ -413,7 +410,4 @@ def sweep(bench: StepBench, args, device: torch.device) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    with torch_threads(args.threads):
-        emit(run(args), args.json)
-    return 0
+    return run_cli(build_parser, run, argv)

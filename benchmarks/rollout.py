@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from quaero.bench.measure import emit, environment, load_average, torch_threads
+from benchmarks.measure import emit, environment, load_average, torch_threads
 
 MODES = ("greedy", "sampled")
 # each --samplers name, as the [sampler] settings it runs with (vllm-server: one `vllm serve` over HTTP)

@@ -42,18 +42,20 @@ def sparse_rows(n: int = 4, **kw) -> list[EchoRow]:
     return [sparse_row(i, 1.0 if i % 2 else -1.0, **kw) for i in range(n)]
 
 
-def smoke_spec(**spec_kw) -> TrainerSpec:
-    """The smoke's trainer spec: the defaults (tiny-qwen3), one or two rows per microbatch."""
-    return TrainerSpec(**{"micro_batch_tokens": 700, **spec_kw})
+def smoke_spec(*, lora: bool = False) -> TrainerSpec:
+    """The smoke's trainer spec: the default config's (tiny-qwen3), one or two rows per microbatch."""
+    from benchmarks.trainstep import config_spec  # torch: after `run` has imported unsloth
+
+    return config_spec({"backend": {"micro_batch_tokens": 700, "lora": lora}})
 
 
-def run(trainer_name: str, steps: int = 1, **spec_kw) -> dict:
+def run(trainer_name: str, steps: int = 1, *, lora: bool = False) -> dict:
     """`steps` train steps of `trainer_name` on `sparse_rows()`; the last step's metrics, every key."""
     if trainer_name == "unsloth":
         import trainers.unsloth_trainer  # noqa: F401 - unsloth before transformers
     from trainers.registry import trainer_class
 
-    trainer = trainer_class(trainer_name)(smoke_spec(**spec_kw), "cpu")
+    trainer = trainer_class(trainer_name)(smoke_spec(lora=lora), "cpu")
     rows = sparse_rows()
     for _ in range(steps):
         metrics = trainer.train_step(rows)

@@ -5,10 +5,10 @@
 
 On one row of L hidden states [1, L, H] with S = density x (L - 1 - 16) targets spread evenly after a
 16-token prefix, each region runs the LM head, the log-probs and the backward of `-mean` (the
-`quaero bench echo` contract, quaero/bench/echo_regions.py). The backbone is left out: it is the same
+`quaero bench echo` contract, benchmarks/regions.py). The backbone is left out: it is the same
 for every method, so the region decides the step's difference. Regions:
 - `suffix`, `hidden`, `hidden_chunked`: each branch of `trainers.selective.selected_logprobs`, forced;
-- `chunked_all_positions`: the peers' method (quaero/bench/peers.py), every position, chunk 512;
+- `chunked_all_positions`: the peers' method (benchmarks/peers.py), every position, chunk 512;
 - `liger_fused_linear_ce` (CUDA, where `liger_kernel` imports): Liger's fused linear cross entropy
   over every position (targets elsewhere ignored); a scalar loss, not the per-token log-probs an RL
   ratio needs, so it is a lower bound on what Liger costs for RL.
@@ -27,19 +27,19 @@ from typing import Any
 
 import torch
 
-from quaero.bench import echo_regions as er
-from quaero.bench import peers
-from quaero.bench.measure import (
-    emit,
+from benchmarks import peers
+from benchmarks import regions as er
+from benchmarks.measure import (
+    available_bytes,
     environment,
     load_average,
     measure_regions,
     ratio,
     resolve_bench_device,
     resolve_bench_dtype,
-    torch_threads,
+    run_cli,
 )
-from quaero.bench.step import available_bytes
+from trainers.spec import SelectivePolicy
 
 PREFIX = 16  # tokens before the first target (a system prompt)
 QUAERO_BRANCHES = ("suffix", "hidden", "hidden_chunked")
@@ -68,40 +68,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", metavar="PATH")
     return p
-
-
-def branch_region(branch: str, chunk_size: int) -> er.Region:
-    """`selected_logprobs` forced onto one branch through its public options."""
-    from trainers.selective import selected_logprobs
-    from trainers.spec import SelectivePolicy
-
-    policy = {"suffix": SelectivePolicy(dense_min_density=0.0, suffix_max_bytes=2**62),
-              "hidden": SelectivePolicy(suffix_max_bytes=0, hidden_max_bytes=2**62),
-              "hidden_chunked": SelectivePolicy(chunk_size=chunk_size)}[branch]
-
-    def region(x: er.EchoInputs) -> er.RegionOut:
-        dense, info = selected_logprobs(x.hidden, x.lm_head, x.input_ids, x.target_mask,
-                                        temperature=x.temperature, policy=policy)
-        return er.RegionOut(dense, {"branch": info.branch})
-
-    return region
-
-
-def default_branch(x: er.EchoInputs) -> str:
-    """The branch `selected_logprobs` picks with no options (what `quaero train` runs by default)."""
-    from trainers.selective import selected_logprobs
-
-    with torch.no_grad():
-        return selected_logprobs(x.hidden, x.lm_head, x.input_ids, x.target_mask)[1].branch
-
-
-def peer_region(chunk_size: int) -> er.Region:
-    def region(x: er.EchoInputs) -> er.RegionOut:
-        dense = peers.chunked_all_positions_logprobs(x.hidden, x.lm_head, x.input_ids, x.target_mask,
-                                                     chunk_size=chunk_size, temperature=x.temperature)
-        return er.RegionOut(dense, {"branch": "chunked_all_positions"})
-
-    return region
 
 
 def liger_region() -> er.Region | None:
@@ -222,9 +188,11 @@ def run(args) -> dict[str, Any]:
     if unknown:
         raise SystemExit(f"--regions {args.regions}: unknown {unknown}; choose from "
                          f"{', '.join((*QUAERO_BRANCHES, 'chunked_all_positions'))}")
-    regions: dict[str, Any] = {b: branch_region(b, args.chunk_size) for b in QUAERO_BRANCHES if b in wanted}
-    if "chunked_all_positions" in wanted:
-        regions["chunked_all_positions"] = peer_region(args.peer_chunk_size)
+    regions: dict[str, Any] = {b: er.logprob_region(er.branch_policy(b, chunk_size=args.chunk_size))
+                               for b in QUAERO_BRANCHES if b in wanted}
+    if "chunked_all_positions" in wanted:  # the peer's chunk as the policy's chunk_size (benchmarks/peers.py)
+        regions["chunked_all_positions"] = er.logprob_region(SelectivePolicy(chunk_size=args.peer_chunk_size),
+                                                             peers.chunked_all_positions_logprobs)
     liger = liger_region() if device.type == "cuda" else None
     if liger is not None:
         regions["liger_fused_linear_ce"] = liger
@@ -245,7 +213,7 @@ def run(args) -> dict[str, Any]:
                     checked = {n: er.check_region(n, r, x, ref, expect_branch=n if n in QUAERO_BRANCHES else None)
                                for n, r in regions.items() if n != "liger_fused_linear_ce"}
                 cell = {"vocab_size": V, "seq_len": L, "density": d, "targets": S,
-                        "default_branch": default_branch(x), **measure_cell(x, regions, args, device),
+                        "default_branch": er.default_branch(x), **measure_cell(x, regions, args, device),
                         "load_average": load_average()}
                 cell["verdict"] = verdict(cell)
                 cells.append(cell)
@@ -261,7 +229,4 @@ def run(args) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    with torch_threads(args.threads):
-        emit(run(args), args.json)
-    return 0
+    return run_cli(build_parser, run, argv)

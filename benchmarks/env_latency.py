@@ -18,7 +18,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]  # envs.toolbench is importable from the repo root
+REPO = Path(__file__).resolve().parents[1]  # envs.toolbench is importable from the repo root
 
 from quaero.config import EnvConfig
 from quaero.openenv_client import open_envs

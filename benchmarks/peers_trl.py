@@ -8,13 +8,13 @@ with `quaero export`), copied once with Qwen3's tool-calling chat template on it
 with the tokenizer's template; quaero with its `renderers` qwen3 renderer), and run the config's job with
 ECHO off on both sides (TRL has no ECHO: PR #5832 is open): the same train tasks in the same order, group
 size, per-turn max tokens, turn limit, temperature, lr, clip and env (served on 127.0.0.1). Each side runs in
-a process of its own (quaero.bench.peers_trl_sides): its own peak RSS, and the coordinator steps them in
+a process of its own (benchmarks.peers_trl_sides): its own peak RSS, and the coordinator steps them in
 turns (quaero then TRL, then TRL then quaero), so load on a shared machine falls on both alike. A repeat
 is a fresh pair of processes from the same initial weights.
 
 Per step and side: wall time and its parts (rollout: sampling + env + row building; generate: the
 sampler's calls; env: time inside env calls; train: the rest), trained tokens (the real, unpadded tokens
-of the scored rows) per second of the step, action tokens, RSS, and token drift (quaero.bench.token_drift).
+of the scored rows) per second of the step, action tokens, RSS, and token drift (benchmarks.token_drift).
 Checked invariants (`invariants` in the JSON; a broken one exits 1): both sides start from the same
 weights (sha256 of the parameters), reset the same tasks each step and run groups of the same size.
 """
@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from quaero.bench.measure import emit, load_average, ratio
+from benchmarks.measure import emit, load_average, ratio
 
 SIDES = ("quaero", "trl")
 # the [peers] pin; older TRL (1.15.0) calls its Triton log-prob kernel on CPU tensors wherever Triton is installed
@@ -88,7 +88,7 @@ def final_dir(root: str | None, repeat: int, repeats: int) -> str | None:
 def start_from(args) -> tuple[Path, int] | None:
     """`--from RUN [--from-step N]`: the checkpoint folder and step both sides start from (None without
     --from); a bad choice exits in one line before anything runs."""
-    from quaero.bench.ablation import start_checkpoint
+    from benchmarks.ablation import start_checkpoint
 
     if args.source is None:
         if args.from_step is not None:
@@ -116,7 +116,7 @@ class Side:
     """One side's process and its end of the pipe."""
 
     def __init__(self, name: str, setup: dict) -> None:
-        from quaero.bench import peers_trl_sides
+        from benchmarks import peers_trl_sides
 
         ctx = multiprocessing.get_context("spawn")
         self.name, (self.conn, child) = name, ctx.Pipe()
@@ -306,7 +306,7 @@ def document(args, cfg, repeats: list[dict]) -> dict[str, Any]:
     """The JSON document of the finished repeats (`repeats_done` of `repeats`)."""
     import torch
 
-    from quaero.bench.measure import environment
+    from benchmarks.measure import environment
 
     summary = summarize(repeats)
     checks = invariants(repeats)
