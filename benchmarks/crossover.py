@@ -57,9 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-size", type=int, default=256, help="hidden_chunked's chunk")
     p.add_argument("--peer-chunk-size", type=int, default=peers.DEFAULT_PEER_CHUNK)
     p.add_argument("--regions", default=",".join((*QUAERO_BRANCHES, "chunked_all_positions")),
-                   help="comma-separated regions to time and value-check (the default branch is read either way)")
+                   help="comma-separated regions to time and value-check "
+                        "(the default branch is read either way)")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--memory-repeats", type=int, default=1, help="CPU profiled runs (exact counts: 1 is enough)")
+    p.add_argument("--memory-repeats", type=int, default=1,
+                   help="CPU profiled runs (exact counts: 1 is enough)")
     p.add_argument("--min-sample-s", type=float, default=0.05)
     p.add_argument("--mem-fraction", type=float, default=0.6,
                    help="skip a region predicted to need more than this fraction of available memory")
@@ -79,7 +81,8 @@ def liger_region() -> er.Region | None:
     loss_fn = LigerFusedLinearCrossEntropyLoss(reduction="sum")
 
     def run(x: er.EchoInputs) -> float:
-        labels = torch.where(x.target_mask[0, 1:], x.input_ids[0, 1:], torch.full_like(x.input_ids[0, 1:], -100))
+        labels = torch.where(x.target_mask[0, 1:], x.input_ids[0, 1:],
+                             torch.full_like(x.input_ids[0, 1:], -100))
         loss = loss_fn(x.lm_head.weight, x.hidden[0, :-1], labels) / x.positions.numel()
         loss.backward()
         return float(loss.detach())
@@ -91,7 +94,8 @@ def predicted_bytes(name: str, x: er.EchoInputs, args) -> int:
     """fp32 [rows, V] blocks the region holds at once (logits, log-softmax/grad, and one spare)."""
     L, V, S = x.hidden.shape[1], x.lm_head.weight.shape[0], x.positions.numel()
     rows = {"suffix": L - 1 - PREFIX, "hidden": S, "hidden_chunked": min(args.chunk_size, S),
-            "chunked_all_positions": args.peer_chunk_size, "liger_fused_linear_ce": args.peer_chunk_size}[name]
+            "chunked_all_positions": args.peer_chunk_size,
+            "liger_fused_linear_ce": args.peer_chunk_size}[name]
     return rows * V * 4 * 3
 
 
@@ -106,8 +110,10 @@ def measure_cell(x: er.EchoInputs, regions: dict, args, device) -> dict[str, Any
         fns[name] = region if name == "liger_fused_linear_ce" else (lambda r=region: er.run_region(r, x))
     measured = measure_regions(fns, device, repeats=args.repeats, memory_repeats=args.memory_repeats,
                                before=x.clear_grads, min_sample_s=args.min_sample_s)
-    out = {name: {"median_s": r["median_s"], "min_s": r["min_s"], "max_s": r["max_s"], "samples_s": r["samples_s"],
-                  "peak_mb": r["median_peak_allocated_mb"], "loss": r["value"]} for name, r in measured.items()}
+    out = {name: {"median_s": r["median_s"], "min_s": r["min_s"], "max_s": r["max_s"],
+                  "samples_s": r["samples_s"],
+                  "peak_mb": r["median_peak_allocated_mb"],
+                  "loss": r["value"]} for name, r in measured.items()}
     out.update({name: {"skipped": why} for name, why in skipped.items()})
     return out
 
@@ -143,7 +149,8 @@ def paired_ratio(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
     pairs = [x / y for x, y in zip(a.get("samples_s", []), b.get("samples_s", [])) if y > 0]
     if not pairs:
         return None
-    return {"median": round(statistics.median(pairs), 3), "min": round(min(pairs), 3), "max": round(max(pairs), 3),
+    return {"median": round(statistics.median(pairs), 3), "min": round(min(pairs), 3),
+            "max": round(max(pairs), 3),
             "repeats": len(pairs), "separated": min(pairs) > 1 or max(pairs) < 1}
 
 
@@ -151,7 +158,8 @@ def crossover_summary(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (vocab, length): the lowest density at which the default stops winning, in time and memory."""
     out = []
     for key in sorted({(c["vocab_size"], c["seq_len"]) for c in cells}):
-        group = sorted((c for c in cells if (c["vocab_size"], c["seq_len"]) == key), key=lambda c: c["density"])
+        group = sorted((c for c in cells if (c["vocab_size"], c["seq_len"]) == key),
+                       key=lambda c: c["density"])
 
         def first_loss(field: str, group: list = group) -> float | None:
             return next((c["density"] for c in group if c["verdict"].get(field) is False), None)
@@ -199,7 +207,8 @@ def run(args) -> dict[str, Any]:
     doc["liger"] = "measured" if liger is not None else "not available here (needs CUDA and liger_kernel)"
     cells, checked = [], None
     header = (f"{'V':>7s} {'L':>6s} {'dens':>5s} {'S':>6s} {'default':>14s} | ms: "
-              + " ".join(f"{n[:9]:>9s}" for n in regions) + " | MiB: " + " ".join(f"{n[:8]:>8s}" for n in regions))
+              + " ".join(f"{n[:9]:>9s}" for n in regions) + " | MiB: "
+              + " ".join(f"{n[:8]:>8s}" for n in regions))
     print(f"quaero bench crossover on {device} ({doc['dtype']}):\n{header}", file=sys.stderr)
     for V in vocabs:
         for L in lengths:
@@ -210,7 +219,8 @@ def run(args) -> dict[str, Any]:
                                    hidden_size=args.hidden_size, device=device, dtype=dtype, seed=args.seed)
                 if checked is None and not args.no_value_check:
                     ref = er.reference(x)
-                    checked = {n: er.check_region(n, r, x, ref, expect_branch=n if n in QUAERO_BRANCHES else None)
+                    checked = {n: er.check_region(n, r, x, ref,
+                                                  expect_branch=n if n in QUAERO_BRANCHES else None)
                                for n, r in regions.items() if n != "liger_fused_linear_ce"}
                 cell = {"vocab_size": V, "seq_len": L, "density": d, "targets": S,
                         "default_branch": er.default_branch(x), **measure_cell(x, regions, args, device),
@@ -219,7 +229,8 @@ def run(args) -> dict[str, Any]:
                 cells.append(cell)
                 print(f"{V:7d} {L:6d} {d:5.2f} {S:6d} {cell['default_branch']:>14s} | ms: "
                       + " ".join(_ms(cell[n]) for n in regions) + " | MiB: "
-                      + " ".join(_mb(cell[n]) for n in regions) + f" | load {cell['load_average']}", file=sys.stderr)
+                      + " ".join(_mb(cell[n]) for n in regions) + f" | load {cell['load_average']}",
+                      file=sys.stderr)
                 del x
     doc["value_check"] = checked
     doc["cells"] = cells

@@ -67,7 +67,8 @@ def regions(args) -> list[tuple[str, er.Region, str | None, bool]]:
         ("selected_logsoftmax_path", er.selected_logsoftmax_path, None, False),
         ("selected_cross_entropy_path", er.logprob_region(er.branch_policy("hidden")), "hidden", False),
         ("selected_chunked_recompute_path",
-         er.logprob_region(er.branch_policy("hidden_chunked", chunk_size=args.chunk_size)), "hidden_chunked", False),
+         er.logprob_region(er.branch_policy("hidden_chunked", chunk_size=args.chunk_size)), "hidden_chunked",
+         False),
     ]
     if args.compile_selective_ce != "off":
         policy = er.branch_policy("compiled", compile_mode=args.compile_selective_ce,
@@ -149,12 +150,14 @@ def echo_train_smoke(args, device: torch.device) -> dict[str, Any]:
 
     positions = er.selected_positions(args.seq_len, args.early_target_pos, args.selected_tokens)
     targets = [p + 1 for p in positions]
-    ids = torch.randint(0, args.vocab_size, (args.seq_len,), generator=torch.Generator().manual_seed(args.seed))
+    ids = torch.randint(0, args.vocab_size, (args.seq_len,),
+                        generator=torch.Generator().manual_seed(args.seed))
     row = ts.row_with_targets(ids.tolist(), env_targets=targets[:-1], action_targets=targets[-1:])
     spec = ts.bench_spec(ts.bench_model_dir(args.vocab_size, args.hidden_size), seq_len=args.seq_len,
                          dtype="bfloat16" if args.dtype == "bfloat16" else "float32",
                          compile_mode=args.compile_selective_ce,
-                         compile_min_tokens=args.compile_selective_ce_min_tokens, temperature=args.temperature)
+                         compile_min_tokens=args.compile_selective_ce_min_tokens,
+                         temperature=args.temperature)
     trainer = ts.make_trainer(spec, device)
     times, metrics = ts.timed_steps(trainer, [row], min(args.repeats, 3), device)
     runtime = ts.cumulative(metrics)
@@ -163,7 +166,8 @@ def echo_train_smoke(args, device: torch.device) -> dict[str, Any]:
     unmet = proofs.unmet(checks, require_proof=True, names=[proofs.SPARSE_ECHO])
     print(f"  echo_train_smoke: {len(times)} local train steps, proof "
           f"{'; '.join(unmet) if unmet else 'OK'}", file=sys.stderr)
-    return {"steps": len(times), "median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
+    return {"steps": len(times), "median_s": statistics.median(times), "min_s": min(times),
+            "max_s": max(times),
             "value": metrics[-1]["loss"], "row_layout": f"one row of {args.seq_len} tokens; ECHO targets at "
             f"tokens {targets[:-1][:3]}...; RL action target at token {targets[-1]}",
             "runtime_metrics": runtime, "last_step_metrics": metrics[-1], "proof": checks,

@@ -43,7 +43,7 @@ def chunked_all_positions_logprobs(
     target_mask: Tensor,  # [B, L] bool, True at target tokens
     *,
     temperature: float = 1.0,
-    policy: SelectivePolicy | None = None,  # its chunk_size is the peer's chunk (DEFAULT_PEER_CHUNK when unset)
+    policy: SelectivePolicy | None = None,  # its chunk_size: the peer's chunk (unset: DEFAULT_PEER_CHUNK)
     logit_transform: LogitTransform | None = None,
 ) -> tuple[Tensor, SelectiveInfo]:  # [B, L-1] fp32, 0 off the targets
     """Log-probs of the next token at every position (chunked, recomputed in backward), then masked."""

@@ -1,4 +1,5 @@
-"""The two sides of `quaero bench peers-trl`, each in a process of its own (its own peak RSS), stepped in turns.
+"""The two sides of `quaero bench peers-trl`, each in a process of its own (its own peak RSS), stepped in
+turns.
 
 A side is `run(setup, conn)`: it builds its framework on the shared `setup` (the same HF model folder, the
 same config, tasks, group size, max tokens and turn limit), sends one `ready` message (initial-weight hash,
@@ -47,7 +48,8 @@ def weights_sha(model) -> str:
 
 
 def optimizer_sha(model, optimizer) -> str:
-    """sha256 over each parameter's optimizer settings and state (name order: lr, betas, eps, weight decay, then
+    """sha256 over each parameter's optimizer settings and state (name order: lr, betas, eps, weight decay,
+    then
     step, exp_avg, exp_avg_sq), whatever the optimizer's grouping: two AdamW that start alike hash alike."""
     group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
     h = hashlib.sha256()
@@ -73,12 +75,14 @@ def start_optimizer(optimizer, setup: dict, cfg) -> None:
     from quaero.recipe import checkpoint
     from trainers.base import reset_optimizer_state
 
-    state = checkpoint.RunState.from_state(checkpoint.load(Path(setup["optimizer_from"]))).trainer["optimizer"]
+    saved_run = checkpoint.RunState.from_state(checkpoint.load(Path(setup["optimizer_from"])))
+    state = saved_run.trainer["optimizer"]
     params = [p for group in optimizer.param_groups for p in group["params"]]
     saved = state["state"]
     if len(params) != sum(len(g["params"]) for g in state["param_groups"]) or any(
             tuple(saved[i]["exp_avg"].shape) != tuple(p.shape) for i, p in enumerate(params) if i in saved):
-        raise ValueError(f"{setup['optimizer_from']}: its optimizer state does not fit this model's parameters")
+        raise ValueError(f"{setup['optimizer_from']}: its optimizer state does not fit this model's "
+                         "parameters")
     optimizer.load_state_dict(state)
     for group in optimizer.param_groups:
         group["lr"] = group["initial_lr"] = cfg.backend.lr
@@ -107,7 +111,8 @@ def save_final(setup: dict, name: str, model) -> dict:
     from quaero.model import load_tokenizer
     from quaero.recipe.model_folder import save_model
 
-    out = save_model(model, load_tokenizer(setup["model"]), Path(setup["save_final"]) / name, base_name=setup["model"])
+    out = save_model(model, load_tokenizer(setup["model"]), Path(setup["save_final"]) / name,
+                     base_name=setup["model"])
     return {"final_weights": str(out), "final_weights_sha": weights_sha(model)}
 
 
@@ -138,7 +143,8 @@ def run_quaero(setup: dict, conn) -> None:
         try:
             start_optimizer(c.trainer.optimizer, setup, cfg)
             _ready(conn, c.trainer.model, {"sampler": type(c.sampler).__name__,
-                                           "optimizer_sha": optimizer_sha(c.trainer.model, c.trainer.optimizer)})
+                                           "optimizer_sha": optimizer_sha(c.trainer.model,
+                                                                          c.trainer.optimizer)})
             step = 0
             while conn.recv() == "step":
                 step += 1
@@ -198,7 +204,8 @@ def _scalar(v) -> bool:
 # ── TRL ─────────────────────────────────────────────────────────────────────────────────────────
 
 
-# quaero's [training] loss_aggregation -> TRL's loss_type of the same shape. Each averages over a different set:
+# quaero's [training] loss_aggregation -> TRL's loss_type of the same shape. Each averages over a different
+# set:
 # quaero over the step's RL tokens (A != 0) or episodes with such tokens, TRL over every completion token or
 # completion of the batch (a group with equal rewards adds zeros to the sum and to the count); the constant
 # differs too (quaero: tasks x group x max_turns x max_tokens, TRL: batch x max_completion_length).
@@ -217,7 +224,8 @@ def trl_args(setup: dict, cfg, output_dir: str):
         per_device_train_batch_size=t.tasks_per_step * t.group_size, gradient_accumulation_steps=1,
         num_generations=t.group_size, shuffle_dataset=False,
         generation_kwargs={"max_new_tokens": cfg.sampler.max_tokens},  # per turn, as quaero's max_tokens
-        max_completion_length=setup["trl_max_completion_length"],  # the whole episode's budget (TRL's meaning)
+        # the whole episode's budget (TRL's meaning)
+        max_completion_length=setup["trl_max_completion_length"],
         max_tool_calling_iterations=cfg.env.max_turns - 1, temperature=cfg.sampler.temperature,
         top_p=cfg.sampler.top_p, learning_rate=cfg.backend.lr, lr_scheduler_type="constant",
         weight_decay=cfg.backend.weight_decay, max_grad_norm=cfg.backend.max_grad_norm,
@@ -241,18 +249,22 @@ def run_trl(setup: dict, conn) -> None:
     torch.set_num_threads(setup["threads"])
     cfg = quaero_config(setup)
     t = cfg.training
-    server = LocalServer(cfg.env.entry, cfg.env.host, max_concurrent_envs=2 * t.tasks_per_step * t.group_size + 1,
+    server = LocalServer(cfg.env.entry, cfg.env.host,
+                         max_concurrent_envs=2 * t.tasks_per_step * t.group_size + 1,
                          kwargs=cfg.env.kwargs, action=cfg.env.action).start()
     try:
         env_cls = trl_environment(server.http_url, timeout_s=cfg.env.step_timeout_s)
         # the env's Task API, as quaero's recipe reads it: a run seed other than 0 orders the train split
         catalog = catalog_over_http(server.http_url, cfg.env.reset_timeout_s)
-        tasks = [task_reset(cfg, cfg.env.train_split, i, catalog) for i in range(setup["steps"] * t.tasks_per_step)]
+        tasks = [task_reset(cfg, cfg.env.train_split, i,
+                            catalog) for i in range(setup["steps"] * t.tasks_per_step)]
         system = [{"role": "system", "content": env_cls.system_prompt}] if env_cls.system_prompt else []
-        data = Dataset.from_list([{"prompt": system + [{"role": "user", "content": ""}], **task} for task in tasks])
+        data = Dataset.from_list([{"prompt": system + [{"role": "user", "content": ""}],
+                                   **task} for task in tasks])
         resets: list[tuple] = []
         env_cls.reset = _recording_trl_reset(env_cls.reset, resets)
-        record: dict[str, list] = {"calls": [], "rows": [], "generate_s": [0.0], "rollout_s": [0.0], "episodes": []}
+        record: dict[str, list] = {"calls": [], "rows": [], "generate_s": [0.0], "rollout_s": [0.0],
+                                   "episodes": []}
 
         class Observed(GRPOTrainer):
             def _generate_single_turn(self, prompt_ids, *args, **kwargs):
@@ -278,7 +290,8 @@ def run_trl(setup: dict, conn) -> None:
             from transformers import AutoModelForCausalLM
 
             model = AutoModelForCausalLM.from_pretrained(setup["model"], dtype=torch.float32)
-            optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.backend.lr, betas=tuple(cfg.backend.betas),
+            optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.backend.lr,
+                                          betas=tuple(cfg.backend.betas),
                                           weight_decay=cfg.backend.weight_decay)
             start_optimizer(optimizer, setup, cfg)
             optimizers = (optimizer, None)  # TRL's own scheduler (constant) on top of it
@@ -309,7 +322,9 @@ def _recording_trl_reset(reset, out: list):
 def _scored_rows(inputs: dict) -> list[tuple[list[int], list[bool], bool]]:
     """(ids, action mask, has a non-zero advantage) of each row `_compute_loss` scores: the prompt's real
     tokens, then the completion's, the mask being completion_mask x tool_mask (what TRL's loss reads)."""
-    mask = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
+    mask = inputs["completion_mask"]
+    if "tool_mask" in inputs:
+        mask = mask * inputs["tool_mask"]
     rows = []
     for p, pm, c, cm, m, a in zip(inputs["prompt_ids"], inputs["prompt_mask"], inputs["completion_ids"],
                                   inputs["completion_mask"], mask, inputs["advantages"]):
@@ -324,7 +339,8 @@ class _Turns(TrainerCallback):
     """Holds each TRL step until the coordinator says "step"; after it, sends the step's figures."""
 
     def __init__(self, conn, record, resets, env_cls, env_times) -> None:
-        self.conn, self.record, self.resets, self.env_cls, self.env_times = conn, record, resets, env_cls, env_times
+        self.conn, self.record, self.resets = conn, record, resets
+        self.env_cls, self.env_times = env_cls, env_times
         self.t0 = 0.0
 
     def on_step_begin(self, args, state, control, **kwargs):
@@ -343,7 +359,8 @@ class _Turns(TrainerCallback):
         self.conn.send({
             "step_s": round(total, 3), "rollout_s": round(rollout, 3), "train_s": round(total - rollout, 3),
             "env_s": round(env_s, 3), "generate_s": round(self.record["generate_s"][0], 3),
-            "row_tokens": sum(len(ids) for ids, _, _ in rows), "action_tokens": sum(sum(m) for _, m, _ in rows),
+            "row_tokens": sum(len(ids) for ids, _, _ in rows),
+            "action_tokens": sum(sum(m) for _, m, _ in rows),
             "trained_tokens": sum(len(ids) for ids, _, signal in rows if signal),
             "rows": len(rows), "episodes": len(self.resets), "rss_mb": rss_mb(), "peak_rss_mb": peak_rss_mb(),
             "reward_mean": sum(r for r, _ in episodes) / len(episodes) if episodes else None,

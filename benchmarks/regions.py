@@ -226,7 +226,8 @@ def check_region(name: str, region: Region, x: EchoInputs, ref: Reference,
     x.clear_grads()
     result = {"max_abs_logprob_err": lp_err, "max_rel_grad_err_hidden": g_h, "max_rel_grad_err_weight": g_w,
               "nonzero_unselected": unselected, "logprob_tol": lp_tol, "grad_rel_tol": grad_tol,
-              "branch": branch, "info": {k: v if isinstance(v, (str, int, float, bool, type(None))) else str(v)
+              "branch": branch,
+              "info": {k: v if isinstance(v, (str, int, float, bool, type(None))) else str(v)
                                           for k, v in out.info.items()}}
     problems = []
     if not lp_err <= lp_tol:

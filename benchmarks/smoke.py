@@ -17,7 +17,8 @@ from quaero.telemetry.proofs import STEP_PROOF_METRICS
 from trainers.spec import TrainerSpec
 
 # the step's proof metrics (quaero/telemetry/proofs.py), then the figures a smoke reader wants next to them
-SMOKE_KEYS = (*STEP_PROOF_METRICS, names.LOSS, names.RL_LOSS, names.ECHO_LOSS, names.ACTION_TOKENS, names.ECHO_TOKENS,
+SMOKE_KEYS = (*STEP_PROOF_METRICS, names.LOSS, names.RL_LOSS, names.ECHO_LOSS, names.ACTION_TOKENS,
+              names.ECHO_TOKENS,
               names.ROW_TOKENS, names.GRAD_NORM, names.SAMPLER_LOGPROB_GAP_MAX, names.PEAK_MEM_MB,
               names.PEAK_MEM_SOURCE, names.STEP_TIME_S)
 

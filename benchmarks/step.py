@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also run a compiled_ce path (CUDA)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per path (after one warm-up step)")
     p.add_argument("--interleave", action="store_true",
-                   help="time the comparison's paths in turns (step r of each, then r + 1): fair under background "
+                   help="time the comparison's paths in turns (step r of each, then r + 1): fair under "
+                        "background "
                         "load; every path's model stays resident")
     p.add_argument("--paths", default=",".join(PATHS), help="comma-separated subset of " + ",".join(PATHS))
     p.add_argument("--budget-gb", type=float, default=None, help="find the longest row each path fits")
@@ -121,7 +122,8 @@ class StepBench:
         opts = self.paths[path]
         peer = opts.get("peer")
         chunk = self.args.peer_chunk_size if peer else self.args.chunk_size if opts.get("chunk") else None
-        spec = ts.bench_spec(self.model_dir, seq_len=seq_len, dtype=self.dtype_name, selective=opts["selective"],
+        spec = ts.bench_spec(self.model_dir, seq_len=seq_len, dtype=self.dtype_name,
+                             selective=opts["selective"],
                              chunk_size=chunk, compile_mode=opts.get("compile", "off"), compile_min_tokens=1,
                              logprob_fn=peers.peer_logprob_fn(peer) if peer else "")
         return ts.make_trainer(spec, self.device)
@@ -150,7 +152,8 @@ class StepBench:
         """Warm-up step, one memory-measured step, then `timed_steps` timed steps, on a fresh trainer
         (kept in `self.live` with `keep`, for `interleaved`)."""
         # sweep cells (an explicit target count) are kept apart from the budget search's probes
-        store, key = (self.probes, (path, seq_len)) if targets is None else (self.cells, (path, seq_len, targets))
+        store, key = (self.probes, (path, seq_len)) if targets is None else (self.cells,
+                                                                             (path, seq_len, targets))
         if not keep and key in store and store[key].get("steps", 0) >= timed_steps:
             return store[key]
         rows = self.rows(seq_len, targets)
@@ -191,7 +194,8 @@ class StepBench:
                 times[path] += t
                 metrics[path] += m
         for path in paths:
-            self.probes[(path, seq_len)].update(timing_fields(times[path], metrics[path]), interleaved=True)
+            self.probes[(path, seq_len)].update(
+                timing_fields(times[path], metrics[path], peer=self.paths[path].get("peer")), interleaved=True)
             print(f"  {path:21s} L={seq_len:6d}  interleaved {statistics.median(times[path]):8.3f} s/step",
                   file=sys.stderr)
             del self.live[path]
@@ -224,7 +228,8 @@ class StepBench:
         while L > step and not self.safe("full_logits", L):
             L -= step
         return L, (f"--seq-len {want}: the full-logits step is predicted to need "
-                   f"{self.predict_bytes('full_logits', want) / 2**30:.1f} GiB, more than {self.args.mem_fraction:.0%} "
+                   f"{self.predict_bytes('full_logits', want) / 2**30:.1f} GiB, more than "
+                   f"{self.args.mem_fraction:.0%} "
                    f"of available memory; compared at {L} instead")
 
     def selected_paths(self) -> list[str]:
@@ -275,8 +280,10 @@ class StepBench:
                 break
             probe(mid)
         limited = ("search cap (--max-len)" if hi is None else
-                   "machine memory (probe predicted over the safe limit; not run)" if hi in unsafe else "budget")
-        probes = [{"seq_len": L, "peak_total_mb": r["peak_total_mb"], "fits": r["peak_total_mb"] * MIB <= budget}
+                   "machine memory (probe predicted over the safe limit; not run)" if hi in unsafe
+                   else "budget")
+        probes = [{"seq_len": L, "peak_total_mb": r["peak_total_mb"],
+                   "fits": r["peak_total_mb"] * MIB <= budget}
                   for (p, L), r in sorted(self.probes.items()) if p == path]
         out = {"longest_fit_tokens": lo, "limited_by": limited, "probes": probes}
         line = self.line(path)
@@ -306,7 +313,8 @@ def timing_fields(times: list[float], metrics: list[dict], *, peer: str | None =
     if peer:
         ran = {k: v for k, v in out["branch_counters"].items() if v}
         if ran:
-            raise RuntimeError(f"benchmarks/step.py: the {peer} path ran selective branches {ran}: the trainer "
+            raise RuntimeError(f"benchmarks/step.py: the {peer} path ran selective branches {ran}: the "
+                               "trainer "
                                "did not use its log-prob hook (TrainerSpec.logprob_fn)")
         out["peer_logprob_batches"] = sum(m[names.FORWARD_PASSES] for m in metrics)
     return out
@@ -329,12 +337,15 @@ def run(args) -> dict[str, Any]:
         torch.bfloat16 if args.dtype == "auto" else resolve_bench_dtype(args.dtype, device))
     doc: dict[str, Any] = environment(device, dtype)
     doc["config"] = {k: getattr(args, k) for k in (
-        "seq_len", "targets", "turns", "vocab_size", "hidden_size", "layers", "chunk_size", "compile_selective_ce",
-        "steps", "paths", "budget_gb", "min_len", "max_len", "len_step", "mem_fraction", "seed", "peer_chunk_size",
+        "seq_len", "targets", "turns", "vocab_size", "hidden_size", "layers", "chunk_size",
+        "compile_selective_ce",
+        "steps", "paths", "budget_gb", "min_len", "max_len", "len_step", "mem_fraction", "seed",
+        "peer_chunk_size",
         "interleave", "sweep", "sweep_lengths", "sweep_densities", "sweep_paths")}
     bench = StepBench(args, device, dtype)
-    doc["model"] = (f"random-init Qwen3: vocab {args.vocab_size}, hidden {args.hidden_size}, {args.layers} layers, "
-                    f"{max(1, args.hidden_size // 16)} heads x head_dim 16, MLP {4 * args.hidden_size}, untied LM head, "
+    doc["model"] = (f"random-init Qwen3: vocab {args.vocab_size}, hidden {args.hidden_size}, "
+                    f"{args.layers} layers, {max(1, args.hidden_size // 16)} heads x head_dim 16, "
+                    f"MLP {4 * args.hidden_size}, untied LM head, "
                     f"{doc['dtype']}, AdamW")
     print(f"quaero bench step on {device} ({doc['dtype']}):", file=sys.stderr)
     length, note = bench.comparison_len()

@@ -27,7 +27,8 @@ def bench_model_dir(vocab_size: int, hidden_size: int, layers: int = 2, seed: in
     def build(out: Path) -> None:
         random_qwen3(vocab_size, hidden_size, layers=layers, seed=seed).save_pretrained(out)
 
-    return materialize_folder(cache_dir() / "bench" / f"qwen3-v{vocab_size}-h{hidden_size}-l{layers}-s{seed}", build)
+    return materialize_folder(cache_dir() / "bench" / f"qwen3-v{vocab_size}-h{hidden_size}-l{layers}-s{seed}",
+                              build)
 
 
 def row_with_targets(input_ids: list[int], env_targets: list[int], action_targets: list[int], *,
@@ -55,7 +56,8 @@ TRACE_LAYOUT = ("one row of L token ids; {turns} turns spread evenly over it, ea
                 "every other token is prompt/context (no loss)")
 
 
-def trace_row(length: int, targets: int, vocab_size: int, *, turns: int = 4, seed: int = 0) -> tuple[EchoRow, str]:
+def trace_row(length: int, targets: int, vocab_size: int, *, turns: int = 4, seed: int = 0) -> tuple[EchoRow,
+                                                                                                     str]:
     """A long tool-trace row with `targets` loss tokens (a quarter actions, the rest env responses)."""
     turns = max(1, min(turns, targets))
     per_turn = targets // turns
@@ -76,14 +78,16 @@ def trace_row(length: int, targets: int, vocab_size: int, *, turns: int = 4, see
 
 
 def config_spec(settings: dict[str, Any], *, logprob_fn: str = "") -> TrainerSpec:
-    """The trainer spec `quaero train` builds from a config with these settings (`quaero.recipe.plan.trainer_spec`,
+    """The trainer spec `quaero train` builds from a config with these settings
+    (`quaero.recipe.plan.trainer_spec`,
     the one place a config becomes a spec), e.g. `{"backend": {"lora": True}}`; `logprob_fn`: the trainer's
     log-prob hook (benchmarks/peers.py), a spec field no config key sets."""
     from quaero.config import QuaeroConfig
     from quaero.recipe.plan import trainer_spec
 
     # a config names an env; a trainer never reads it (no env starts here)
-    spec = trainer_spec(QuaeroConfig.model_validate({"env": {"entry": "envs.toolbench:ToolBenchEnv"}, **settings}))
+    spec = trainer_spec(QuaeroConfig.model_validate({"env": {"entry": "envs.toolbench:ToolBenchEnv"},
+                                                     **settings}))
     return dataclasses.replace(spec, logprob_fn=logprob_fn) if logprob_fn else spec
 
 
@@ -97,7 +101,8 @@ def bench_spec(model_dir: Path, *, seq_len: int, dtype: str = "float32", selecti
         "sampler": {"temperature": temperature},
         "backend": {"micro_batch_tokens": max(seq_len, 1), "options": {
             "train_selective_suffix_logits": selective, "train_logprob_chunk_size": chunk_size,
-            "train_compile_selective_ce": compile_mode, "train_compile_selective_ce_min_tokens": compile_min_tokens}},
+            "train_compile_selective_ce": compile_mode,
+            "train_compile_selective_ce_min_tokens": compile_min_tokens}},
         "echo": {"weight": 0.2}}, logprob_fn=logprob_fn)
 
 
@@ -107,7 +112,8 @@ def make_trainer(spec: TrainerSpec, device: torch.device):
     return LocalTrainer(spec, str(device))
 
 
-def timed_steps(trainer, rows: list[EchoRow], steps: int, device: torch.device) -> tuple[list[float], list[dict]]:
+def timed_steps(trainer, rows: list[EchoRow], steps: int, device: torch.device) -> tuple[list[float],
+                                                                                         list[dict]]:
     """Run `steps` train steps; seconds per step and the metrics each returned."""
     times, metrics = [], []
     for _ in range(steps):
@@ -120,7 +126,8 @@ def timed_steps(trainer, rows: list[EchoRow], steps: int, device: torch.device) 
 
 
 def cumulative(metrics: list[dict]) -> dict[str, Any]:
-    """The trainer's `local_train_*` metrics accumulated over the steps (counters summed, strings/bools latest)."""
+    """The trainer's `local_train_*` metrics accumulated over the steps (counters summed, strings/bools
+    latest)."""
     from quaero.telemetry.runlog import Cumulative
 
     totals = Cumulative()

@@ -22,7 +22,7 @@ def tiny_model_dir():
 
 @pytest.fixture(scope="session")
 def small_model_dir(tmp_path_factory):
-    """A random Qwen3 with vocab 512 (tests/fixtures/small_model.py): the trainer tests' and the benchmarks'."""
+    """A random Qwen3 with vocab 512 (tests/fixtures/small_model.py), for trainer and benchmark tests."""
     from fixtures.small_model import save_small_model
 
     return save_small_model(tmp_path_factory.mktemp("small-qwen3"))

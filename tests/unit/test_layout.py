@@ -1,8 +1,8 @@
-"""The house's import rules, read from the source (every import, lazy ones inside functions too): no module of
-quaero/, trainers/ or benchmarks/ reaches, through any chain of imports, back to itself; the run side never
-imports the tools users run after or beside training, nor the benchmarks; trainers/ never imports the recipe, the
-rollout driver or the tools; nothing in quaero/ or trainers/ imports the benchmarks but the CLI's `quaero bench`,
-lazily; and no code outside tests/ replaces a project function at run time."""
+"""The house's import rules, read from the source (every import, lazy ones inside functions too): no module
+of quaero/, trainers/ or benchmarks/ reaches, through any chain of imports, back to itself; the run side never
+imports the tools users run after or beside training, nor the benchmarks; trainers/ never imports the recipe,
+the rollout driver or the tools; nothing in quaero/ or trainers/ imports the benchmarks but the CLI's
+`quaero bench`, lazily; and no code outside tests/ replaces a project function at run time."""
 import ast
 from pathlib import Path
 
@@ -110,8 +110,8 @@ def module_level_imports(path: Path) -> set[str]:
 
 
 def test_only_the_cli_bench_dispatch_imports_the_benchmarks_and_lazily():
-    """quaero/ and trainers/ reach the benchmarks only through `quaero bench` (quaero/cli.py), inside the function
-    that dispatches it: importing quaero never loads them."""
+    """quaero/ and trainers/ reach the benchmarks only through `quaero bench` (quaero/cli.py), inside the
+    function that dispatches it: importing quaero never loads them."""
     arrows = _arrows_into_benchmarks(import_graph())
     assert arrows == [("quaero.cli", "benchmarks")]
     eager = {n for n in module_level_imports(ROOT / "quaero" / "cli.py") if n.split(".")[0] == "benchmarks"}
@@ -154,7 +154,8 @@ def runtime_replacements(source: str) -> list[str]:
                    if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
         hit = [t for t in targets if isinstance(t, ast.Attribute) and root(t) in modules]
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"
-                and node.args and (root(node.args[0]) in modules or "import_module" in ast.unparse(node.args[0]))):
+                and node.args
+                and (root(node.args[0]) in modules or "import_module" in ast.unparse(node.args[0]))):
             hit.append(node)
         if isinstance(node, ast.Name) and node.id == "monkeypatch":
             hit.append(node)
@@ -167,14 +168,17 @@ def test_no_code_outside_tests_replaces_a_project_function_at_run_time():
     swapping a function of a project module, which no reader and no import graph can see."""
     files = [p for top in (*PACKAGES, "envs", "scripts", "examples") for p in (ROOT / top).rglob("*.py")]
     assert len(files) > 100
-    found = {str(p.relative_to(ROOT)): hits for p in files if (hits := runtime_replacements(p.read_text("utf-8")))}
+    found = {str(p.relative_to(ROOT)): hits for p in files
+             if (hits := runtime_replacements(p.read_text("utf-8")))}
     assert found == {}
 
 
 def test_the_replacement_finder_finds_a_swap():
     swap = ("import importlib\nfrom trainers import step\nimport quaero.rollout.rows as rows\n"
-            "def f(fake):\n    m = importlib.import_module('trainers.step')\n    m.microbatch_logprobs = fake\n"
+            "def f(fake):\n    m = importlib.import_module('trainers.step')\n"
+            "    m.microbatch_logprobs = fake\n"
             "    step.shared_forward_step = fake\n    setattr(rows, 'EchoRow', fake)\n"
             "    setattr(importlib.import_module('trainers.step'), 'x', fake)\n"
             "    obj = object()\n    obj.attr = fake\n")
-    assert [hit.split(":")[0] for hit in runtime_replacements(swap)] == ["line 6", "line 7", "line 8", "line 9"]
+    found = [hit.split(":")[0] for hit in runtime_replacements(swap)]
+    assert found == ["line 6", "line 7", "line 8", "line 9"]
