@@ -220,6 +220,7 @@ def test_backbone_only_reaches_every_parameter_the_lm_head_paths_update():
     assert hidden.grad[0, mask[0, 1:].nonzero()[:, 0]].abs().min() > 0
 
 
+@pytest.mark.slow
 def test_peer_step_is_the_real_step_with_only_the_log_probs_swapped(tiny_model_dir):
     """One step with chunked_all_positions (through the trainer's log-prob hook, `TrainerSpec.logprob_fn`) and
     one with the selective path leave the same weights."""
