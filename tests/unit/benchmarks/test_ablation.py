@@ -1,7 +1,7 @@
 """`quaero bench ablation`'s pairing: per seed on the tasks both runs' last evals finished, pooled over seeds."""
 import pytest
 
-from quaero.bench import ablation
+from benchmarks import ablation
 from quaero.telemetry import runlog
 from quaero.tools.significance import paired_outcomes
 
