@@ -22,8 +22,9 @@ import random
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from quaero.config import ConfigError
 from quaero.telemetry.runlog import error_line

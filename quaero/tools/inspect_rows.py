@@ -93,6 +93,8 @@ def check_output(out: str, flag: str, run_dir: Path, *, force: bool) -> None:
     if run is not None:
         raise InspectError(f"{flag} {out}: inside the run folder {run}, whose files are the run's own; write "
                            "it outside any run folder")
+    if path.is_dir():
+        raise InspectError(f"{flag} {out}: a folder; name a file in a writable folder")
     if path.exists() and not force:
         raise InspectError(f"{flag} {out}: already exists; choose a new file or pass --force to overwrite it")
 
