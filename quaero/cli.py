@@ -274,10 +274,14 @@ def _json_object(text: str) -> dict:
 
 
 def cmd_env_serve(args) -> int:
-    from quaero.openenv_client import serve
+    from quaero.openenv_client.server import ServeError, serve
 
-    serve(args.entry, host=args.host, port=args.port, max_concurrent_envs=args.max_concurrent_envs,
-          kwargs=args.kwargs, action=args.action)
+    try:
+        serve(args.entry, host=args.host, port=args.port, max_concurrent_envs=args.max_concurrent_envs,
+              kwargs=args.kwargs, action=args.action)
+    except ServeError as e:
+        say_error(str(e))
+        return 1
     return 0
 
 
