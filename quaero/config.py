@@ -152,6 +152,11 @@ class SamplerConfig(_Section):
     servers: int = Field(1, ge=1)
     urls: list[str] = []
     server_start_timeout_s: float = Field(600.0, gt=0)
+    # server mode, each request: how long a server may sample before its reply's first byte (one prompt's n
+    # completions), and how long a wait goes on after a stop request (Ctrl-C, SIGTERM) before the run stops
+    # without that step (quaero/sampling/wire.py)
+    request_timeout_s: float = Field(900.0, gt=0)
+    stop_grace_s: float = Field(10.0, ge=0)
     # how server mode pushes weights: "file" = a safetensors folder every server reloads (any device, servers
     # on this filesystem); "nccl" / "ipc" = vLLM's weight-transfer engines (CUDA only; quaero/sampling/transfer.py)
     weight_transfer: Literal["file", "nccl", "ipc"] = "file"
@@ -264,9 +269,10 @@ class TrainingConfig(_Section):
     loss_aggregation: Literal["token_mean", "sequence_mean", "constant"] = _SPEC.loss_aggregation
     # DAPO-style dynamic sampling: while fewer than tasks_per_step groups have reward spread (a non-zero
     # advantage), sample groups of further tasks, at most dynamic_sampling_max_groups x tasks_per_step groups
-    # in all per step; all-equal groups still train ECHO
+    # in all per step (at most 100x: each round is logged, and a stop request ends the rounds); all-equal groups
+    # still train ECHO
     dynamic_sampling: bool = False
-    dynamic_sampling_max_groups: float = Field(3.0, ge=1.0)
+    dynamic_sampling_max_groups: float = Field(3.0, ge=1.0, le=100.0)
 
 
 class DataConfig(_Section):

@@ -75,6 +75,9 @@ OPTION_MEANINGS = {
     "sampler.servers": "vLLM servers quaero starts per rank in server mode",
     "sampler.urls": "running vLLM servers to sample from instead (docs/scaling.md)",
     "sampler.server_start_timeout_s": "seconds a vLLM server may take to start",
+    "sampler.request_timeout_s": "server mode: seconds a server may sample before its reply's first byte",
+    "sampler.stop_grace_s": "server mode: seconds a request goes on after a stop request (Ctrl-C, SIGTERM) "
+                            "before the run stops without that step",
     "sampler.weight_transfer": "how server mode pushes weights: `file`, `nccl` or `ipc` (docs/scaling.md)",
     "sampler.server_devices": "a CUDA device per server quaero starts; the placement rule is in docs/scaling.md",
     "backend.backend": "the trainer: `local` or `unsloth` (trainers/registry.py)",
