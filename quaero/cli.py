@@ -96,9 +96,12 @@ def work_line(cfg) -> str:
     total = t.warmup_sft_steps + t.steps
     # the untrained one, every eval_every-th step, and the last step (counted, not enumerated: steps may be huge)
     evals = (1 + total // t.eval_every + (total % t.eval_every != 0) if t.eval_every and t.eval_tasks else 0)
-    train_eps, eval_eps = t.steps * t.tasks_per_step * t.group_size, evals * t.eval_tasks
-    return (f"work        train {train_eps} episodes ({t.steps} steps x {t.tasks_per_step} x {t.group_size}), "
-            f"eval {eval_eps} ({evals} evals x {t.eval_tasks}); each <= {turns} turns x {tokens} tokens: <= "
+    shares, views = cfg.ratios(), cfg.views()  # a mixture's: its envs' group sizes by share, eval tasks summed
+    group = sum(shares[n] * v.training.group_size for n, v in views.items())
+    eval_tasks = sum(v.training.eval_tasks for v in views.values())
+    train_eps, eval_eps = round(t.steps * t.tasks_per_step * group), evals * eval_tasks
+    return (f"work        train {train_eps} episodes ({t.steps} steps x {t.tasks_per_step} x {group:g}), "
+            f"eval {eval_eps} ({evals} evals x {eval_tasks}); each <= {turns} turns x {tokens} tokens: <= "
             f"{train_eps * turns * tokens:,} + {eval_eps * turns * tokens:,} sampled tokens"
             + (f"; warm start {t.warmup_sft_steps * t.tasks_per_step} "
                + ("recorded rows ([data] traces)" if cfg.data.traces else "oracle episodes") if t.warmup_sft_steps

@@ -229,8 +229,9 @@ def signal_metrics(c: Components) -> dict[str, Any]:
         for e in envs:
             for pool, n in e.tasks.occupancy().items():
                 pools[pool] += n
-            played += e.tasks.played() or 0
-            size += e.tasks.view.size or 0
+            if e.tasks.played() is not None and e.tasks.view.size:  # sequential keeps no memory
+                played += e.tasks.played()
+                size += e.tasks.view.size
         out.update({names.TASKS_UNSEEN: pools["unseen"], names.TASKS_LEARNABLE: pools["learnable"],
                     names.TASKS_SATURATED: pools["saturated"], names.TASKS_HOPELESS: pools["hopeless"]})
         out[names.SPLIT_COVERAGE] = round(played / size, 9) if size else None

@@ -136,3 +136,16 @@ def test_a_mixture_stopped_and_resumed_reaches_the_same_weights_bit_for_bit(unin
     with pytest.raises(checkpoint.CheckpointError, match=r"another mixture \(env ratios tools: 2.0 -> 3.0\)") as e:
         train(load_config(mixture(tmp, "cut", steps=4, ratio=3)))
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_quaero_check_prints_every_env_and_the_mixture_as_fractions_of_a_step(capsys):
+    from quaero import cli
+
+    assert cli.main(["check", "envs/toolbench_mixture.toml"]) == 0
+    out = capsys.readouterr().out
+    assert "env 'd1'   envs.toolbench:ToolBenchEnv(difficulty=1) via local-server" in out
+    assert "env 'd2'   envs.toolbench:ToolBenchEnv(difficulty=2) via local-server" in out
+    assert "task sampler curriculum (key group, cost tokens" in out
+    assert "mixture     d1 75.0% (~3 of 4 groups a step), d2 25.0% (~1 of 4 groups a step)" in out
+    assert out.count("env action  MCP tool calls") == 2 and out.count("splits 'train' (1000000 tasks)") == 2
