@@ -15,8 +15,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from quaero.openenv_client import launchers
-from quaero.sampling import registry as samplers
+from quaero import launcher_registry as launchers
+from quaero import sampler_registry as samplers
+from quaero.resolve import split_name
 from trainers.spec import TrainerSpec
 
 if sys.version_info >= (3, 11):
@@ -116,7 +117,7 @@ class EnvConfig(_Section):
     urls: list[str] = Field(default_factory=list)
     # keyword arguments for the entry (class or factory), for envs quaero starts (inprocess, local-server)
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    launcher: Literal[tuple(launchers.LAUNCHERS)] = launchers.DEFAULT  # quaero/openenv_client/launchers.py
+    launcher: Literal[tuple(launchers.LAUNCHERS)] = launchers.DEFAULT  # quaero/launcher_registry.py
     host: str = "127.0.0.1"
     train_split: str = "train"
     eval_split: str = "eval"
@@ -208,7 +209,7 @@ class MixtureEnv(EnvConfig):
 
 
 class SamplerConfig(_Section):
-    backend: Literal[samplers.BACKENDS] = samplers.AUTO  # the engines of quaero/sampling/registry.py, or auto
+    backend: Literal[samplers.BACKENDS] = samplers.AUTO  # the engines of quaero/sampler_registry.py, or auto
     temperature: float = Field(_SPEC.temperature, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int = Field(256, ge=1)
@@ -607,8 +608,9 @@ def _check_one(cfg: QuaeroConfig, source: str) -> None:
         raise ConfigError(f"{source} [training] dynamic_sampling=true with max_off_policy_steps="
                           f"{t.max_off_policy_steps}: a step sampled ahead cannot know how many tasks the steps "
                           "before it used; set one of them off")
-    if t.oracle is not None and ":" not in t.oracle:
-        raise ConfigError(f"{source} [training] oracle={t.oracle!r}: write it as \"package.module:function\"")
+    if t.oracle is not None:
+        split_name(t.oracle, f"{source} [training] oracle", error=ConfigError,
+                   example="my_env.oracle:oracle_policy")
     if t.steps and t.group_size < 2:
         raise ConfigError(f"{source} [training] group_size={t.group_size} with steps={t.steps}: a group of one "
                           "episode has advantage 0 (reward minus its own mean), so RL learns nothing; "

@@ -35,23 +35,23 @@ from quaero.recipe import checkpoint, ranks
 from quaero.recipe.ahead import Rollout, RolloutsAhead
 from quaero.recipe.saved_rows import save_step_rows
 from quaero.rollout.advantages import group_advantages
-from quaero.rollout.counts import drop_reasons
 from quaero.rollout.mixture import Mixture, MixtureError
 from quaero.rollout.task_samplers import POOLS, EnvTasks, SplitView, TaskSamplerError, make_task_sampler
 from quaero.rollout.tasks import reset_args, task_reset
 from quaero.rollout.traces import trace_batch, warm_start_rows
 from quaero.sampling.wire import STOP_REQUESTED
 from quaero.telemetry import names
+from quaero.telemetry.counts import drop_reasons
 from quaero.telemetry.outcomes import SignalWatch
 from quaero.telemetry.runlog import Cumulative, RunLog, configure, error_line, get_logger, set_step
 
 if TYPE_CHECKING:
     from quaero.openenv_client import EnvPool
-    from quaero.rollout.counts import RolloutCounts
     from quaero.rollout.driver import EpisodeDriver, Policy
     from quaero.rollout.render import RenderAdapter
     from quaero.rollout.rows import EchoRow, Transition
     from quaero.sampling import Sampler
+    from quaero.telemetry.counts import RolloutCounts
     from trainers.base import Trainer
 
 log = get_logger(__name__)
@@ -804,7 +804,7 @@ def train(cfg: QuaeroConfig, *, resume: bool = False, restart: bool = False, sou
 
     from quaero import process_group
     from quaero.model import resolve_device
-    from quaero.rollout.counts import RolloutCounts
+    from quaero.telemetry.counts import RolloutCounts
 
     joins = not torch.distributed.is_initialized()
     process_group.setup(cfg.distributed.strategy, torch.device(resolve_device(cfg.run.device)))

@@ -316,14 +316,12 @@ def make_task_sampler(view: SplitView) -> EnvTasks:
     kind = view.settings.sampler
     if kind in SAMPLERS:
         return EnvTasks(view, SAMPLERS[kind](view))
-    import importlib
+    import inspect
 
-    module, _, attr = kind.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise TaskSamplerError(f"[env.tasks] sampler={kind!r} (env {view.env!r}): cannot import it ({e}); name a "
-                               "class as \"package.module:Class\" importable here") from None
+    from quaero.resolve import resolve_name
+
+    cls = resolve_name(kind, f"env {view.env!r} [env.tasks] sampler", want=inspect.isclass, wanted="a class",
+                       error=TaskSamplerError, example="mypkg.samplers:MySampler")
     missing = [m for m in ("sample", "update", "state_dict", "load_state_dict") if not callable(getattr(cls, m, None))]
     if missing:
         raise TaskSamplerError(f"[env.tasks] sampler={kind!r} (env {view.env!r}) lacks {', '.join(missing)}: a task "

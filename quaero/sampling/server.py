@@ -348,7 +348,7 @@ def _json_object(where: str, text: bytes) -> dict:
 
 
 def build(cfg, *, model=None, stop_token_ids: list[int], device: str, log_dir=None) -> VLLMServerSampler:
-    """The `vllm` engine for `cfg` in `[sampler] mode = "server"` (quaero/sampling/registry.py): connect to `urls`,
+    """The `vllm` engine for `cfg` in `[sampler] mode = "server"` (quaero/sampler_registry.py): connect to `urls`,
     or start `servers` vLLM servers for this process (each torchrun rank starts its own, on its devices:
     `server_devices`); `log_dir` keeps their logs. It never shares the trainer's module (`model`)."""
     from quaero.model import resolve_model

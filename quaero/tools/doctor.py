@@ -19,12 +19,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from quaero import sampler_registry as samplers
 from quaero.model import cache_dir
 from quaero.openenv_client.loading import file_matches_record, openenv_repair_command
-from quaero.sampling import registry as samplers
 
 PINNED = ("torch", "transformers", "renderers", "openenv")
-# the optional engines whose import is checked: the sampler engines' packages (quaero/sampling/registry.py) and
+# the optional engines whose import is checked: the sampler engines' packages (quaero/sampler_registry.py) and
 # unsloth's trainer; what `pip install` takes for each
 ENGINE_INSTALL = {**{e.package: e.install for e in samplers.SAMPLERS.values() if e.package},
                   "unsloth": "'quaero[unsloth]' (CUDA only)"}

@@ -9,9 +9,9 @@ from fixtures.rollout import make_cfg
 
 from quaero.recipe.train import EnvRun, _collect, env_tasks
 from quaero.rollout.advantages import group_advantages
-from quaero.rollout.counts import RolloutCounts
 from quaero.rollout.driver import Episode
 from quaero.rollout.mixture import Mixture
+from quaero.telemetry.counts import RolloutCounts
 
 
 def recipe_parts(cfg, run, counts):
