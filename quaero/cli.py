@@ -221,12 +221,14 @@ def cmd_train(args) -> int:
         return launch_ranks(args, cfg)
     from quaero.recipe.checkpoint import CheckpointError
     from quaero.recipe.model_folder import ExportError
-    from quaero.recipe.train import EmptyRunError, train
+    from quaero.recipe.train import EmptyRunError, EnvLostError, train
+    from quaero.rollout.task_samplers import TaskSamplerError
     from quaero.sampling.server import ServerError
 
     try:
         train(cfg, resume=args.resume, restart=args.restart, source=args.config)
-    except (CheckpointError, RunFolderLocked, EmptyRunError, ServerError, ExportError) as e:  # ServerError: a vLLM server failed, in its words; ExportError: final/ could not be written
+    except (CheckpointError, RunFolderLocked, EmptyRunError, EnvLostError, TaskSamplerError, ServerError,
+            ExportError) as e:  # ServerError: a vLLM server failed, in its words; ExportError: final/ could not be written
         say_error(str(e))
         return 1
     return 0

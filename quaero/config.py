@@ -324,6 +324,10 @@ class TrainingConfig(_Section):
     strict: bool = False
     # this many consecutive steps without a trained row (every episode dropped) end the run with exit 1
     max_empty_steps: int = Field(3, ge=1)
+    # an RL step whose env lost episodes (a server that died, timeouts past the retries; a lost episode is never
+    # trained): "continue" with the rest (counted, per env in a mixture's `by_env`), or "stop" the run before
+    # that step trains, naming the env (the last checkpoint stays the resume point)
+    on_env_loss: Literal["continue", "stop"] = "continue"
     # asynchronous rollouts: the next steps' rollouts are sampled while a step trains, each at most this many
     # policy versions behind the weights it trains (quaero/recipe/ahead.py); 0 = sample each step's rollout right
     # before it trains. >= 1 gives the hf sampler a copy of the model of its own.

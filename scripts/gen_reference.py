@@ -155,6 +155,8 @@ OPTION_MEANINGS = {
     "training.eval_tasks": "held-out tasks per evaluation (greedy)",
     "training.packing": "one row per episode when turns extend each other exactly, else one per transition",
     "training.strict": "an exactness mismatch (prefix, bridge) is an error instead of a counted fallback",
+    "training.on_env_loss": "an RL step whose env lost episodes (a dead server, timeouts past the retries; never "
+                           "trained): `continue` (counted per env) or `stop` the run before it trains, naming the env",
     "training.max_empty_steps": "this many consecutive steps without a trained row end the run (exit 1)",
     "training.max_off_policy_steps": "asynchronous rollouts: sample up to k steps ahead while a step trains "
                                      "(docs/scaling.md)",

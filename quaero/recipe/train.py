@@ -61,6 +61,26 @@ class EmptyRunError(RuntimeError):
     """`[training] max_empty_steps` consecutive steps trained no row."""
 
 
+class EnvLostError(RuntimeError):
+    """An env lost episodes under `[training] on_env_loss = "stop"`."""
+
+
+def _lost(c: Components, step: int) -> None:
+    """Under `[training] on_env_loss = "stop"`: an RL step whose env lost episodes (a dead server, timeouts past
+    the retries) ends the run before it trains (the last checkpoint stays the resume point), naming the env."""
+    lost: dict[str, int] = {}
+    for g in c.step_groups:
+        if g.dropped:
+            lost[g.env] = lost.get(g.env, 0) + g.dropped
+    if not lost or c.cfg.training.on_env_loss != "stop":
+        return
+    why = (f"step {step}: " + ", ".join(f"env {name!r} lost {n} episode(s)" for name, n in lost.items())
+           + " ([training] on_env_loss='stop'); the step was not trained; its env_episode_dropped events in "
+           f"{c.cfg.run_dir / names.EVENTS} say why; resume once the env is back, or set on_env_loss = 'continue'")
+    log.error(names.RUN_END_EVENT, status="failed", steps=step - 1, error=why)
+    raise EnvLostError(why)
+
+
 @dataclass
 class EnvRun:
     """One env of the run (a mixture's, or the one `[env]`): its view of the config (quaero/config.py `views`),
@@ -502,6 +522,8 @@ def run_step(c: Components, step: int, *, sft: bool, ahead: RolloutsAhead | None
         counts, version = rollout.counts, rollout.version
         lag = {names.POLICY_STALENESS: step - 1 - rollout.version,
                names.ROLLOUT_WAIT_S: round(ranks.largest(waited), 3)}
+    if not sft:
+        _lost(c, step)
     rows = [row for row, _ in collected]
     # [data] traces_loss = "rl": the warm start's recorded rows train the RL loss off-policy (their advantages,
     # the ratio over their recorded sampler log-probs), not SFT

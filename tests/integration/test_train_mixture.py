@@ -149,3 +149,34 @@ def test_quaero_check_prints_every_env_and_the_mixture_as_fractions_of_a_step(ca
     assert "task sampler curriculum (key group, cost tokens" in out
     assert "mixture     d1 75.0% (~3 of 4 groups a step), d2 25.0% (~1 of 4 groups a step)" in out
     assert out.count("env action  MCP tool calls") == 2 and out.count("splits 'train' (1000000 tasks)") == 2
+
+
+# A one-env run before mixtures and task samplers (main at 3495e64, seed 1, dynamic sampling): each step's
+# episodes (step/task index/member; steps 2-4 sample 3 further tasks each) and losses.
+BEFORE_EPISODES = {
+    1: [(50741, 0), (277910, 0)],
+    2: [(t, g) for t in (505079, 732248, 959417, 186586, 413755, 640924) for g in (0, 1)],
+    3: [(t, g) for t in (868093, 95262, 322431, 549600, 776769, 3938) for g in (0, 1)],
+    4: [(t, g) for t in (231107, 458276, 685445, 912614, 139783, 366952) for g in (0, 1)],
+}
+BEFORE_LOSSES = {1: (0.0, 1.232444167137146, 0), 2: (0.0, 0.0, 6), 3: (0.0, 0.0, 6), 4: (0.0, 0.0, 6)}
+
+
+@pytest.mark.slow
+def test_a_one_env_run_plays_the_tasks_and_losses_it_played_before_mixtures(tmp_path):
+    from fixtures.runs import make_config
+
+    from quaero.recipe.train import train
+
+    _, cfg = make_config(tmp_path, "one", steps=3, warmup=1, eval_every=0, eval_tasks=0,
+                         extra=["run.seed=1", "logging.save_rows='all'", "training.dynamic_sampling=true"])
+    run = train(cfg)
+    steps = steps_by_number(run)
+    for step, want in BEFORE_EPISODES.items():
+        rows = [json.loads(line) for line in (run / "rows" / f"step-{step:06d}.jsonl").read_text().splitlines()]
+        played = sorted({tuple(int(x) for x in r["meta"]["episode"].split("/")[1:]) for r in rows})
+        assert played == sorted(want), step
+        rl, echo, groups = BEFORE_LOSSES[step]
+        assert steps[step]["rl_loss"] == pytest.approx(rl, abs=1e-9)
+        assert steps[step]["echo_loss"] == pytest.approx(echo, rel=1e-6)
+        assert steps[step].get("groups", 0) == groups

@@ -117,3 +117,37 @@ def test_the_first_rl_step_after_a_warm_start_resets_the_optimizer_when_configur
         recipe.run_step(c, step, sft=step <= 2)
     reset = [] if start == "continue" else [("reset", start == "reset_momentum")]
     assert calls == [1, "step", 2, "step", 3, *reset, "step", 4, "step", 5, "step"]
+
+
+@pytest.mark.hostile
+def test_lost_episodes_are_never_trained_counted_per_env_and_stop_the_run_when_configured():
+    from quaero.recipe.train import EnvLostError, _lost
+
+    def run(sessions, tasks, *, group_size, policy=None, seed=None):  # member 0 of every group lost its server
+        return [[Episode([], float(g), g > 1, 1, {}, [], dropped=g == 0) for g in range(group_size)] for _ in tasks]
+
+    c = recipe_parts(make_cfg(training__tasks_per_step=2, training__group_size=3), run, RolloutCounts())
+    assert _collect(c, 2, sft=False) == []  # scripted episodes hold no rows; the lost ones are never kept
+    assert [(g.dropped, g.rewards) for g in c.step_groups] == [(1, [1.0, 2.0])] * 2
+    _lost(c, 2)  # on_env_loss = "continue": the run goes on
+    c.cfg = make_cfg(training__tasks_per_step=2, training__group_size=3, training__on_env_loss="stop")
+    with pytest.raises(EnvLostError, match=r"step 2: env 'env' lost 2 episode\(s\) \(\[training\] "
+                                           r"on_env_loss='stop'\); the step was not trained") as e:
+        _lost(c, 2)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.hostile
+def test_a_mixture_env_that_fails_to_start_is_named(tmp_path):
+    import contextlib
+
+    from quaero.config import QuaeroConfig
+    from quaero.recipe.train import open_pools
+
+    cfg = QuaeroConfig.model_validate({"run": {"output_dir": str(tmp_path)}, "envs": [
+        {"name": "sum", "entry": "fixtures.taskenv:SumEnv", "launcher": "inprocess"},
+        {"name": "bad", "entry": "fixtures.broken_import:Env", "launcher": "inprocess"}]})
+    with contextlib.ExitStack() as stack, pytest.raises(Exception, match=r"\[\[envs\]\] name='bad' failed to "
+                                                                          r"start: ") as e:
+        open_pools(stack, cfg, RolloutCounts())
+    assert "\n" not in str(e.value)
