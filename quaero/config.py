@@ -329,6 +329,10 @@ class TrainingConfig(_Section):
     strict: bool = False
     # this many consecutive steps without a trained row (every episode dropped) end the run with exit 1
     max_empty_steps: int = Field(3, ge=1)
+    # RL's budget of generated tokens (the action tokens of the kept episodes, summed over RL steps, resumes
+    # included): RL ends after the step that reaches it, `steps` its upper bound; unset, `steps` alone decides.
+    # Comparisons of task samplers hold it equal (one sampler's groups may cost more tokens than another's)
+    rl_token_budget: int | None = Field(None, gt=0)
     # an RL step whose env lost episodes (a server that died, timeouts past the retries; a lost episode is never
     # trained): "continue" with the rest (counted, per env in a mixture's `by_env`), or "stop" the run before
     # that step trains, naming the env (the last checkpoint stays the resume point)

@@ -180,6 +180,9 @@ OPTION_MEANINGS = {
     "logging.report_to": "mirror scalars to `tensorboard`, `wandb`, `trackio` (docs/after-training.md)",
     "logging.save_rows": "trained rows kept for `quaero inspect rows`: `none`, `sample` (2 a step) or `all`",
     "distributed.strategy": "data parallelism under torchrun: `none`, `ddp` or `fsdp2` (docs/scaling.md)",
+    "training.rl_token_budget": "RL's budget of generated tokens (kept episodes' action tokens, resumes included): "
+                                "RL ends after the step that reaches it (`steps` its bound; an `rl_token_budget_spent` "
+                                "line); what comparisons of task samplers hold equal",
 }
 
 # How each metric table's names are read from the code that emits them (quaero/telemetry/names.py declares

@@ -742,7 +742,7 @@ def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path
     bar = tqdm(range(start + 1, total + 1), initial=start, total=total, desc="train", unit="step",
                disable=not cfg.logging.progress or not sys.stderr.isatty() or not ranks.is_main())  # no bar in a log file
     with RolloutsAhead() if cfg.training.max_off_policy_steps else contextlib.nullcontext() as ahead:
-        _steps(c, stop, bar, run_id, ahead)
+        total = _steps(c, stop, bar, run_id, ahead)
     if total and not c.cumulative.totals.get(names.ROWS):  # fewer steps than max_empty_steps, every one empty
         dropped, totals = drop_reasons(c.cumulative.totals), c.cumulative.totals
         why = f"the run's {total} step(s) trained no row; " + why_no_rows(
@@ -756,7 +756,15 @@ def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path
     log.info(names.RUN_END_EVENT, status="finished", steps=total, run_id=run_id)
 
 
-def _steps(c: Components, stop: StopRequest, bar, run_id: str, ahead: RolloutsAhead | None) -> None:
+def _budget_spent(c: Components, step: int) -> bool:
+    """Whether RL step `step` spent `[training] rl_token_budget` (the run's generated tokens so far)."""
+    budget = c.cfg.training.rl_token_budget
+    return (budget is not None and step > c.cfg.training.warmup_sft_steps
+            and c.cumulative.totals.get(names.GENERATED_TOKENS, 0) >= budget)
+
+
+def _steps(c: Components, stop: StopRequest, bar, run_id: str, ahead: RolloutsAhead | None) -> int:
+    """Run the steps; the last one run: `warmup_sft_steps + steps`, or the RL step that spent the token budget."""
     cfg = c.cfg
     total = cfg.training.warmup_sft_steps + cfg.training.steps
     for step in bar:
@@ -770,6 +778,11 @@ def _steps(c: Components, stop: StopRequest, bar, run_id: str, ahead: RolloutsAh
             log.error(names.RUN_END_EVENT, status="failed", steps=step, run_id=run_id, error=empty, drop_reasons=c.empty_drops)
             raise EmptyRunError(empty)
         bar.set_postfix(reward=m.get(names.REWARD_MEAN), echo=m.get(names.ECHO_LOSS), rl=m.get(names.RL_LOSS))
+        spent = step < total and _budget_spent(c, step)
+        if spent:
+            log.info(names.RL_TOKEN_BUDGET_SPENT_EVENT, step=step, budget=cfg.training.rl_token_budget,
+                     generated_tokens=c.cumulative.totals.get(names.GENERATED_TOKENS), steps_left=total - step)
+            total = step  # this step is the run's last: checkpoint, evaluation, final/
         if step % cfg.training.checkpoint_every == 0 or step == total or stopping:
             _save(c, step)
         if stopping:
@@ -779,6 +792,9 @@ def _steps(c: Components, stop: StopRequest, bar, run_id: str, ahead: RolloutsAh
             if ahead is not None:
                 ahead.wait()  # evaluation never shares the sampler or the env pool with a rollout sampled ahead
             eval_at(c, step)
+        if spent:
+            break
+    return total
 
 
 def _open_run_folder(stack: contextlib.ExitStack, cfg: QuaeroConfig) -> str:
