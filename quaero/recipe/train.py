@@ -647,9 +647,17 @@ def load_task_state(c: Components, state: checkpoint.RunState) -> None:
         raise checkpoint.CheckpointError(f"the checkpoint was written by envs {theirs}, this config has {mine}; "
                                          "resume with the config it was saved with, or pass --restart")
     c.mixture.load_state_dict(saved["mixture"])
-    for e in c.envs:
-        e.tasks.load_state_dict(saved["samplers"][e.name])
     c.pending = {int(k): v for k, v in saved["pending"].items()}
+    for e in c.envs:
+        theirs, mine = saved["samplers"][e.name].get("sampler"), e.tasks.view.settings.sampler
+        if theirs != mine and state.step <= c.cfg.training.warmup_sft_steps:
+            # a warm start's checkpoint: RL has drawn nothing yet, so RL may start with another sampler (one
+            # warm start, several samplers compared on it: `quaero bench ablation --from`)
+            log.warning("task_sampler_changed", env=e.name, checkpoint=theirs, config=mine, step=state.step,
+                        note="a warm start's checkpoint: RL starts this sampler fresh")
+            c.pending = {}
+            continue
+        e.tasks.load_state_dict(saved["samplers"][e.name])
 
 
 def _resume_point(cfg: QuaeroConfig, *, resume: bool, restart: bool) -> tuple[Path, dict] | None:

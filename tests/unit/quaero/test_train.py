@@ -5,6 +5,7 @@ import math
 from types import SimpleNamespace
 
 import pytest
+import structlog
 from fixtures.rollout import make_cfg, recipe_parts
 
 from quaero.recipe.train import _collect
@@ -142,3 +143,24 @@ def test_a_mixture_env_that_fails_to_start_is_named(tmp_path):
                                                                           r"start: ") as e:
         open_pools(stack, cfg, RolloutCounts())
     assert "\n" not in str(e.value)
+
+
+def test_a_warm_start_checkpoint_may_start_rl_with_another_task_sampler_and_an_rl_one_may_not():
+    from quaero.recipe.train import load_task_state, task_state
+    from quaero.rollout.task_samplers import TaskSamplerError
+
+    def run(sessions, tasks, *, group_size, policy=None, seed=None):
+        return [[Episode([], 1.0, True, 1, {}, [])] * group_size for _ in tasks]
+
+    from quaero.openenv_client.tasks import TaskCatalog
+
+    catalog = TaskCatalog({"train": 50, "eval": 10}, "test")
+    saved = task_state(recipe_parts(make_cfg(training__warmup_sft_steps=2), run, RolloutCounts(), catalog))
+    cfg = make_cfg(training__warmup_sft_steps=2, env__tasks={"sampler": "uniform"})
+    c = recipe_parts(cfg, run, RolloutCounts(), catalog)
+    with structlog.testing.capture_logs() as logs:
+        load_task_state(c, SimpleNamespace(step=2, tasks=saved, cursor=8))  # the warm start's last step
+    assert [(e["checkpoint"], e["config"]) for e in logs if e["event"] == "task_sampler_changed"] == [
+        ("sequential", "uniform")]
+    with pytest.raises(TaskSamplerError, match=r"'sequential'.*this config's 'uniform'"):
+        load_task_state(c, SimpleNamespace(step=3, tasks=saved, cursor=8))  # RL drew with the other one
