@@ -142,16 +142,16 @@ if [ "$DEVICE" != cpu ]; then
         --require-proof --json > \"$OUT/review_vllm_server_ipc.json\""
 fi
 
-# 4b. the real shapes: a step per memory knob against `quaero check`'s plan (quaero/bench/real_shape.py), and
+# 4b. the real shapes: a step per memory knob against `quaero check`'s plan (benchmarks/real_shape.py), and
 #     a short `quaero train` (vLLM sampler, bfloat16) of the 0.6B shape and, with 40 GB or more, the 1.7B shape
-step real_shape_steps 600 "$PY" -m quaero.bench.real_shape --device "$DEVICE" "${REAL[@]}" \
+step real_shape_steps 600 "${QC[@]}" bench real-shape --device "$DEVICE" "${REAL[@]}" \
     --cases full,selective,checkpointing,crop,chunked --json "$OUT/real_shape_steps.json"
 if [ "$DEVICE" != cpu ]; then
     GPU_GB=$("$PY" -c "import torch; print(torch.cuda.get_device_properties(0).total_memory // 2**30)" 2>/dev/null || echo 0)
     SHAPES=(qwen3-0.6b-shape)
     if [ "${GPU_GB:-0}" -ge 40 ]; then   # the plan: ~85 GiB for a float32 8k step at full depth
         SHAPES+=(qwen3-1.7b-shape)
-        step real_shape_steps_1.7b 600 "$PY" -m quaero.bench.real_shape --device "$DEVICE" \
+        step real_shape_steps_1.7b 600 "${QC[@]}" bench real-shape --device "$DEVICE" \
             --model qwen3-1.7b-shape --seq-len 8192 --targets 64 --cases selective,checkpointing \
             --json "$OUT/real_shape_steps_1.7b.json"
     fi

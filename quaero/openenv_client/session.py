@@ -32,7 +32,7 @@ from .mapping import (
 from .transport import ActionRejected, EnvFault, InvalidReply
 
 if TYPE_CHECKING:
-    from quaero.rollout.counts import RolloutCounts
+    from quaero.telemetry.counts import RolloutCounts
 
 log = get_logger(__name__)
 DEFAULT_SYSTEM_PROMPT = "You are an agent acting in an environment. Solve the task."

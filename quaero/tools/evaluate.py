@@ -16,7 +16,6 @@ A contestant (`--model`, each side of `--compare`) is one of:
 from __future__ import annotations
 
 import contextlib
-import importlib
 import inspect
 import json
 import re
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from quaero.config import QuaeroConfig
 from quaero.recipe.model_folder import ExportError
+from quaero.resolve import resolve_name
 from quaero.rollout.advantages import safe_mean
 from quaero.telemetry import names
 from quaero.telemetry.runlog import error_line
@@ -102,14 +102,10 @@ def resolve(spec: str | None, cfg: QuaeroConfig, scratch: contextlib.ExitStack) 
         _check_model_folder(spec, path)
         return Contestant(spec, folder=path, home=cfg.run_dir)  # never beside a folder the user only reads
     if not path.exists() and _POLICY.match(spec):
-        module, _, name = spec.partition(":")
-        try:
-            policy = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as e:
-            raise EvalError(f"--model {spec}: cannot import the policy ({type(e).__name__}: {e})") from None
-        if not inspect.isfunction(policy):  # os:system, a class, a constant: never called with an episode's info
-            raise EvalError(f"--model {spec}: {type(policy).__name__} {name!r} is not a Python function; a scripted "
-                            "policy is `def policy(info) -> (messages -> assistant message)`")
+        # os:system, a class, a constant: never called with an episode's info
+        scripted = "a scripted policy is `def policy(info) -> (messages -> assistant message)`"
+        policy = resolve_name(spec, "--model", want=inspect.isfunction, wanted="a Python function", fix=scripted,
+                              error=EvalError, example="my_env.oracle:oracle_policy")
         return Contestant(spec, policy=policy, home=cfg.run_dir)
     raise EvalError(f"--model {spec}: not a run folder (runs/NAME), a model folder (config.json or "
                     "adapter_config.json) or a scripted policy package.module:function")
@@ -183,7 +179,7 @@ def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan, kep
     """All (repeat, task) episodes of one contestant through the training evaluation's driver; each repeat's
     records are appended to `kept` as they finish (an interrupted eval writes those)."""
     from quaero.openenv_client.tasks import eval_indices
-    from quaero.rollout.driver import EpisodeDriver
+    from quaero.rollout.driver import DriverSettings, EpisodeDriver
     from quaero.rollout.render import RenderAdapter
     from quaero.rollout.tasks import task_reset
 
@@ -196,7 +192,7 @@ def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan, kep
         raise EvalError(f"--model {who.label}: cannot load it ({error_line(e, 200)}); pass a folder `quaero export` "
                         "wrote (safetensors), a run folder or a hub model") from None
     pool.counts.snapshot_and_reset()  # this contestant's counts only
-    driver = EpisodeDriver(render, sampler, cfg, pool.counts)
+    driver = EpisodeDriver(render, sampler, DriverSettings.of(cfg), pool.counts)
     records = [] if kept is None else kept
     try:
         for r in range(plan.seeds):

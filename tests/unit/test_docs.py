@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))]
+DOCS = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")),
+        "benchmarks/README.md"]
 TOP = ("quaero/", "trainers/", "envs/", "tests/", "examples/", "docs/", "benchmarks/", "scripts/", ".ci/")
 ROOT_FILES = ("README.md", "pyproject.toml")
 PACKAGES = ("quaero", "trainers", "envs")
@@ -45,7 +46,7 @@ def named_modules(text: str) -> set[str]:
     """Dotted module names of quaero's packages, e.g. `quaero.rollout.rows` or `envs.toolbench:ToolBenchEnv`."""
     found = set()
     for span in _code_spans(text):
-        for token in re.findall(r"\b((?:quaero|trainers|envs)(?:\.\w+)+)(?::\w+)?", span):
+        for token in re.findall(r"\b((?:quaero|trainers|envs|benchmarks)(?:\.\w+)+)(?::\w+)?", span):
             found.add(token)
     return found
 
@@ -75,7 +76,7 @@ def test_the_checker_catches_a_missing_path():
 
 def test_the_docs_pages_are_all_checked():
     assert {"README.md", "docs/architecture.md", "docs/reference.md", "docs/environments.md",
-            "docs/scaling.md", "docs/after-training.md"} <= set(DOCS)
+            "docs/scaling.md", "docs/after-training.md", "benchmarks/README.md"} <= set(DOCS)
 
 
 def _gen_reference():
@@ -96,12 +97,17 @@ def test_the_generated_reference_tables_match_the_code():
 
 
 def test_the_reference_lists_every_config_key():
-    from quaero.config import QuaeroConfig
+    from quaero.config import EnvConfig, MixtureEnv, QuaeroConfig
 
     text = (ROOT / "docs/reference.md").read_text(encoding="utf-8")
     for section, field in QuaeroConfig.model_fields.items():
-        for key in field.annotation.model_fields:
-            assert f"| `[{section}]` | `{key}` |" in text or key == "options", f"[{section}] {key} missing"
+        model = {"env": EnvConfig, "envs": MixtureEnv}.get(section, field.annotation)
+        for key in model.model_fields:
+            if section == "envs" and key in EnvConfig.model_fields:
+                continue  # [[envs]] has every [env] key, listed under [env]
+            assert f"| `[{section}]` | `{key}` |" in text or key in ("options", "tasks"), f"[{section}] {key} missing"
+    for key in QuaeroConfig.model_fields["env"].annotation.__args__[0].model_fields["tasks"].annotation.model_fields:
+        assert f"| `[env.tasks]` | `{key}` |" in text, f"[env.tasks] {key} missing"
 
 
 def test_the_drift_check_catches_a_stale_table(tmp_path, monkeypatch):
