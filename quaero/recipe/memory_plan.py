@@ -18,8 +18,9 @@ longest row it adds up what one step of the `local` trainer holds at its peak:
 
 The step's peak is the resident state (weights + AdamW state) plus the larger of (activations + LM head +
 the LM head's weight gradient, which backward makes first) and the optimizer update: the whole gradient
-plus torch's foreach AdamW temporaries, two more trainable-sized sets (`OPTIMIZER_TEMPORARIES`; measured:
-at short rows this is the step's peak). When it exceeds the device (CPU: available RAM; CUDA: the device's memory) the plan names the
+plus AdamW's temporaries (`OPTIMIZER_TEMPORARIES` of them). torch's AdamW runs per tensor on a CPU (its
+temporaries are the largest parameter's size: the embedding) and with foreach kernels on CUDA (trainable-
+sized sets; not yet measured here). At short rows the update is the step's peak. When it exceeds the device (CPU: available RAM; CUDA: the device's memory) the plan names the
 first knob, in `KNOBS` order, that would make it fit.
 """
 from __future__ import annotations
@@ -32,7 +33,7 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # (two RMSNorms' inputs and outputs, q/k/v projections and their QK-norms, SDPA's inputs and output, the
 # o_proj input, the gated MLP's gate, up, act(gate) and product)
 SAVED_PER_TOKEN = {"hidden": 4, "intermediate": 4, "q": 5, "kv": 4}
-OPTIMIZER_TEMPORARIES = 2  # trainable-sized tensors torch.optim.AdamW(foreach) allocates inside step()
+OPTIMIZER_TEMPORARIES = 2  # tensors torch.optim.AdamW allocates inside step(): per parameter (CPU) or per set
 SUPPORTED_TYPES = ("qwen3", "qwen2", "llama", "mistral")
 # the knobs, tried in this order for the one line that says what would make an oversized plan fit
 KNOBS = ("backend.options.train_logprob_chunk_size", "backend.gradient_checkpointing",
@@ -78,6 +79,10 @@ class ModelDims:
         h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
         return self.layers * r * ((h + q) * 2 + (h + kv) * 2 + (h + i) * 3)
 
+    def largest_lora(self, r: int) -> int:
+        """Elements of the largest LoRA tensor (an MLP projection's A or B)."""
+        return r * max(self.hidden, self.intermediate, self.heads * self.head_dim)
+
     def saved_per_token(self) -> int:
         """Elements one decoder layer saves for backward per token (see SAVED_PER_TOKEN)."""
         c = SAVED_PER_TOKEN
@@ -120,11 +125,14 @@ class MemoryPlan:
     lm_head_selective: int
     head_grad: int
     tied_extra: int = 0
+    largest: int = 0  # bytes of the largest trainable tensor (the per-tensor AdamW's temporaries)
 
     @property
     def update(self) -> int:
-        """The optimizer step's transient: gradients plus AdamW's foreach temporaries."""
-        return self.gradients * (1 + OPTIMIZER_TEMPORARIES)
+        """The optimizer step's transient: gradients plus AdamW's temporaries (per tensor on a CPU, foreach on
+        CUDA)."""
+        each = self.gradients if self.step.device.startswith("cuda") else self.largest
+        return self.gradients + OPTIMIZER_TEMPORARIES * each
 
     @property
     def fwd_bwd(self) -> int:
@@ -170,7 +178,8 @@ def plan(dims: ModelDims, step: StepShape) -> MemoryPlan:
                       activations=acts, activations_exact=exact, host_activations=host,
                       lm_head=selective if step.selective else full, lm_head_full=full,
                       lm_head_selective=selective, head_grad=head_grad,
-                      tied_extra=2 * head_grad if dims.tied else 0)
+                      tied_extra=2 * head_grad if dims.tied else 0,
+                      largest=(dims.largest_lora(step.lora_r) if step.lora else dims.vocab * dims.hidden) * b)
 
 
 def fitting_knob(dims: ModelDims, step: StepShape, capacity: int) -> tuple[str, MemoryPlan] | None:

@@ -32,8 +32,12 @@ def test_weights_gradients_and_adamw_state_of_the_06b_shape():
     assert d.params() == 596_049_920  # what the built folder loads (benchmarks/README.md, Real shapes)
     p = mp.plan(d, mp.StepShape(tokens=512, targets=64, target_span=128))
     assert (p.weights, p.gradients, p.optimizer) == (596_049_920 * 4, 596_049_920 * 4, 2 * 596_049_920 * 4)
-    assert p.update == 3 * 596_049_920 * 4  # gradients + AdamW's two foreach temporaries
+    # gradients + AdamW's two temporaries: of the largest tensor (the embedding) per tensor on a CPU, of every
+    # parameter with CUDA's foreach kernels
+    assert p.update == 596_049_920 * 4 + 2 * V * 1024 * 4
     assert p.peak == p.weights + p.optimizer + p.update  # a short row: the update is the peak
+    cuda = mp.plan(d, mp.StepShape(tokens=512, targets=64, target_span=128, device="cuda"))
+    assert cuda.update == 3 * 596_049_920 * 4
     half = mp.plan(d, mp.StepShape(tokens=512, targets=64, target_span=128, dtype="bfloat16"))
     assert half.weights * 2 == p.weights and half.optimizer * 2 == p.optimizer
     auto = mp.plan(d, mp.StepShape(tokens=512, targets=64, target_span=128, dtype="auto"))
