@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--targets", type=int, default=64, help="loss tokens per row (a quarter RL, the rest ECHO)")
     p.add_argument("--span", type=int, default=None, help="the targets lie in the row's last SPAN tokens "
                    "(default: a quarter of the row)")
-    p.add_argument("--cases", default="selective", help=f"comma-separated, from {', '.join(CASES)}")
+    p.add_argument("--cases", default="selective", help=f"comma-separated, from {', '.join(CASES)} ('' for none)")
     p.add_argument("--phases", action="store_true", help="time load, step, checkpoint, export, weights folder")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (CUDA: the allocator's peak, not split)")
     p.add_argument("--threads", type=int, default=2)
@@ -285,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
                            "threads": args.threads, "date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:]}
     if args.phases:
         doc["phases"] = phases(model, fields, args)
-    else:
+        gc.collect()  # its trainer is gone before the cases' load
+    if args.cases:
         doc["cases"] = []
         for case in (c.strip() for c in args.cases.split(",") if c.strip()):
             doc["cases"].append(measure_case(case, model, fields, args))
