@@ -239,14 +239,16 @@ def phases(model: str, fields: dict, args) -> dict[str, Any]:
 
     trainer.optimizer.step = timed_step
     timed("train_step_first", lambda: trainer.train_step(rows))
-    timed("train_step", lambda: trainer.train_step(rows))
+    for _ in range(args.phase_steps - 1):
+        timed("train_step", lambda: trainer.train_step(rows))
     out["optimizer_step_s"] = [round(s, 1) for s in opt_s]
+    print("optimizer_step_s", out["optimizer_step_s"], file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="quaero-real-shape-", dir=args.scratch) as tmp:
         root = Path(tmp) / "checkpoints"
-        path = timed("checkpoint_write", lambda: checkpoint.save(root, 1, trainer.state_dict()))
+        path = timed("checkpoint_write", lambda: checkpoint.save(root, 1, {"step": 1, "trainer": trainer.state_dict()}))
         out["checkpoint_gib"] = round(sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / GIB, 2)
         state = timed("checkpoint_read", lambda: checkpoint.load(path))
-        timed("checkpoint_restore", lambda: trainer.load_state_dict(state))
+        timed("checkpoint_restore", lambda: trainer.load_state_dict(state["trainer"]))
         state = None
         gc.collect()
         tok = load_tokenizer(args.model)
@@ -274,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", default="selective", help=f"comma-separated, from {', '.join(CASES)} ('' for none)")
     p.add_argument("--phases", action="store_true", help="time load, step, checkpoint, export, weights folder")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (CUDA: the allocator's peak, not split)")
+    p.add_argument("--phase-steps", type=int, default=2, help="train steps --phases times (the first one apart)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--scratch", default=None, help="folder for checkpoint/export files (default: the temp dir)")
     p.add_argument("--json", metavar="PATH")

@@ -12,7 +12,7 @@ longest row it adds up what one step of the `local` trainer holds at its peak:
   measured steps in benchmarks/README.md, "Real shapes"); with `gradient_checkpointing` one layer's input
   per layer plus one layer recomputed; `train_save_on_cpu` moves them to host memory (CUDA only: on a CPU
   device it is a no-op); `train_supervised_context_tokens` shortens the row the backbone runs over;
-- the LM head: full logits `[tokens, vocab]` (log-softmax and its gradient beside them) against the
+- the LM head: full logits `[tokens, vocab]` (their fp32 log-softmax beside them) against the
   selective path's `[targets, vocab]`, chunked to `train_logprob_chunk_size` rows (or to
   trainers/selective.py's automatic chunk above `hidden_max_bytes`).
 
@@ -166,9 +166,11 @@ def plan(dims: ModelDims, step: StepShape) -> MemoryPlan:
     host = 0
     if step.save_on_cpu and step.device.startswith("cuda"):
         host, acts = acts, 0
-    # LM head: logits in the model dtype, their fp32 log-softmax (saved) and its gradient in backward
+    # LM head: the selective path's [targets, V] logits in the model dtype, their fp32 log-softmax (saved by
+    # the cross entropy) and its gradient; the full path's [tokens, V] logits and fp32 log-softmax at once
+    # (measured at the 0.6B shape's width, 1,024 tokens: benchmarks/README.md, Real shapes)
     per_row = dims.vocab * (b + 4 + 4)
-    full = tokens * per_row
+    full = tokens * dims.vocab * (b + 4)
     rows = step.targets
     if step.chunk_size or step.targets * dims.vocab * 4 > step.hidden_max_bytes:
         rows = min(step.targets, step.chunk_size or step.auto_chunk_rows)
