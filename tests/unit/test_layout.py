@@ -130,3 +130,12 @@ def test_the_run_side_never_imports_the_tools_and_trainers_never_import_the_app(
     assert [(a, b) for a, b in arrows if a.startswith(run_side) and b.startswith("quaero.tools")] == []
     app = ("quaero.recipe", "quaero.tools", "quaero.cli", "quaero.bench", "quaero.config")
     assert [(a, b) for a, b in arrows if a.startswith("trainers") and b.startswith(app)] == []
+
+
+def test_unit_tests_mirror_every_subpackage():
+    """tests/unit/quaero/ holds a folder per subpackage of quaero/, and no folder for one that is gone (the
+    benchmarks' tests stay beside the top-level modules' while quaero/bench/ is in the product)."""
+    packages = {p.parent.name for p in (ROOT / "quaero").glob("*/__init__.py")} - {"bench"}
+    unit = ROOT / "tests" / "unit" / "quaero"
+    mirrored = {p.name for p in unit.iterdir() if p.is_dir() and not p.name.startswith("_")}
+    assert packages == mirrored
