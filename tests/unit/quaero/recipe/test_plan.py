@@ -11,7 +11,7 @@ from quaero.recipe.plan import check_components, load_checked, trainer_spec
 from trainers import registry
 from trainers.spec import MemoryPolicy, SelectivePolicy, TrainerSpec
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 MAIN = ROOT / "envs" / "toolbench.toml"
 
 
