@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     from quaero.config import QuaeroConfig
     from quaero.model import load_tokenizer
     from quaero.openenv_client import open_envs
-    from quaero.rollout.driver import EpisodeDriver
+    from quaero.rollout.driver import DriverSettings, EpisodeDriver
     from quaero.rollout.render import RenderAdapter
 
     cfg = QuaeroConfig.model_validate({"env": {"entry": "envs.toolbench:ToolBenchEnv",
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     with open_envs(cfg.env, min(args.episodes, 4)) as pool:
         results = {}
         for reasoning in (True, False):
-            groups = EpisodeDriver(render, None, cfg, pool.stats).run(pool.sessions, tasks, group_size=1,
+            groups = EpisodeDriver(render, None, DriverSettings.of(cfg), pool.stats).run(pool.sessions, tasks, group_size=1,
                                                                        policy=eight_turns(args.turns,
                                                                                           reasoning))
             results[reasoning] = ([g[0] for g in groups], pool.stats.snapshot_and_reset())

@@ -179,7 +179,7 @@ def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan, kep
     """All (repeat, task) episodes of one contestant through the training evaluation's driver; each repeat's
     records are appended to `kept` as they finish (an interrupted eval writes those)."""
     from quaero.openenv_client.tasks import eval_indices
-    from quaero.rollout.driver import EpisodeDriver
+    from quaero.rollout.driver import DriverSettings, EpisodeDriver
     from quaero.rollout.render import RenderAdapter
     from quaero.rollout.tasks import task_reset
 
@@ -192,7 +192,7 @@ def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan, kep
         raise EvalError(f"--model {who.label}: cannot load it ({error_line(e, 200)}); pass a folder `quaero export` "
                         "wrote (safetensors), a run folder or a hub model") from None
     pool.counts.snapshot_and_reset()  # this contestant's counts only
-    driver = EpisodeDriver(render, sampler, cfg, pool.counts)
+    driver = EpisodeDriver(render, sampler, DriverSettings.of(cfg), pool.counts)
     records = [] if kept is None else kept
     try:
         for r in range(plan.seeds):

@@ -5,12 +5,16 @@ import math
 from types import SimpleNamespace
 
 import pytest
-from fixtures.rollout import make_cfg
+from fixtures.rollout import make_cfg, recipe_parts
 
 from quaero.recipe.train import _collect
 from quaero.rollout.advantages import group_advantages
 from quaero.rollout.driver import Episode
 from quaero.telemetry.counts import RolloutCounts
+
+
+def cursor(c) -> int:
+    return c.envs[0].tasks.sampler.cursor
 
 
 @pytest.mark.hostile
@@ -32,8 +36,7 @@ def test_a_group_whose_advantages_overflow_is_left_out_and_counted(huge):
     def run(*args, **kwargs):  # one group of rewards a float (or the fp32 loss) cannot hold, one ordinary group
         return [[Episode([], r, False, 1, {}, []) for r in rewards] for rewards in (huge, [1.0, 0.0, 0.0])]
 
-    c = SimpleNamespace(cfg=make_cfg(training__tasks_per_step=2, training__group_size=3), cursor=0, oracle=None,
-                        driver=SimpleNamespace(run=run), pool=SimpleNamespace(sessions=[], tasks=None), counts=counts)
+    c = recipe_parts(make_cfg(training__tasks_per_step=2, training__group_size=3), run, counts)
     assert _collect(c, 1, sft=False) == []
     assert counts.snapshot_and_reset()["groups_nonfinite_advantage"] == 1
 
@@ -48,8 +51,7 @@ def _scripted_recipe(rewards_of_task, **training):
         return [[Episode([], r, r > 0, 1, {}, []) for r in rewards_of_task(t["index"])[:group_size]] for t in tasks]
 
     cfg = make_cfg(**{f"training__{k}": v for k, v in {"tasks_per_step": 4, "group_size": 2, **training}.items()})
-    c = SimpleNamespace(cfg=cfg, cursor=0, oracle=None, driver=SimpleNamespace(run=run),
-                        pool=SimpleNamespace(sessions=[], tasks=None), counts=counts)
+    c = recipe_parts(cfg, run, counts)
     return c, calls
 
 
@@ -66,7 +68,7 @@ def test_dynamic_sampling_samples_further_groups_until_enough_have_spread():
     assert (s["groups"], s["groups_zero_advantage"], s["groups_resampled"], s["dynamic_sampling_bound_hits"]) == \
         (8, 4, 4, 0)
     assert s["groups_zero_advantage_share"] == 0.5
-    assert c.cursor == 8  # the next step starts after every task this one used
+    assert cursor(c) == 8  # the next step starts after every task this one used
 
 
 def test_dynamic_sampling_stops_at_its_bound_and_counts_the_cut():
@@ -76,14 +78,14 @@ def test_dynamic_sampling_stops_at_its_bound_and_counts_the_cut():
     assert [ids for ids, _ in calls] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]  # 10 = 2.5 x 4 groups, never more
     assert (s["groups"], s["groups_zero_advantage"], s["groups_resampled"], s["dynamic_sampling_bound_hits"]) == \
         (10, 10, 6, 1)
-    assert c.cursor == 10
+    assert cursor(c) == 10
 
 
 def test_without_dynamic_sampling_zero_advantage_groups_are_counted_and_nothing_more_is_sampled():
     c, calls = _scripted_recipe(lambda i: [0.0, 0.0] if i % 2 else [1.0, 0.5])
     rows = _collect(c, 1, sft=False)
     s = c.counts.snapshot_and_reset()
-    assert [ids for ids, _ in calls] == [[0, 1, 2, 3]] and rows == [] and c.cursor == 4
+    assert [ids for ids, _ in calls] == [[0, 1, 2, 3]] and rows == [] and cursor(c) == 4
     assert (s["groups"], s["groups_zero_advantage"], s["groups_resampled"]) == (4, 2, 0)
 
 
@@ -97,7 +99,8 @@ def test_the_first_rl_step_after_a_warm_start_resets_the_optimizer_when_configur
                               train_step=lambda rows, **kw: calls.append("step") or {"rows": len(rows)})
     cfg = make_cfg(training__warmup_sft_steps=2, training__steps=3, training__rl_optimizer_start=start,
                    run__output_dir=str(tmp_path), logging__save_rows="none")
-    c = SimpleNamespace(cfg=cfg, trainer=trainer, counts=RolloutCounts(), shares_model=True, traces=None)
+    c = recipe_parts(cfg, None, RolloutCounts())
+    c.trainer, c.shares_model = trainer, True
     monkeypatch.setattr(recipe, "sync_sampler", lambda c: {})
     monkeypatch.setattr(recipe, "_collect", lambda c, step, sft: [(object(), [])])
     for step in range(1, 6):
@@ -105,3 +108,37 @@ def test_the_first_rl_step_after_a_warm_start_resets_the_optimizer_when_configur
         recipe.run_step(c, step, sft=step <= 2)
     reset = [] if start == "continue" else [("reset", start == "reset_momentum")]
     assert calls == [1, "step", 2, "step", 3, *reset, "step", 4, "step", 5, "step"]
+
+
+@pytest.mark.hostile
+def test_lost_episodes_are_never_trained_counted_per_env_and_stop_the_run_when_configured():
+    from quaero.recipe.train import EnvLostError, _lost
+
+    def run(sessions, tasks, *, group_size, policy=None, seed=None):  # member 0 of every group lost its server
+        return [[Episode([], float(g), g > 1, 1, {}, [], dropped=g == 0) for g in range(group_size)] for _ in tasks]
+
+    c = recipe_parts(make_cfg(training__tasks_per_step=2, training__group_size=3), run, RolloutCounts())
+    assert _collect(c, 2, sft=False) == []  # scripted episodes hold no rows; the lost ones are never kept
+    assert [(g.dropped, g.rewards) for g in c.step_groups] == [(1, [1.0, 2.0])] * 2
+    _lost(c, 2)  # on_env_loss = "continue": the run goes on
+    c.cfg = make_cfg(training__tasks_per_step=2, training__group_size=3, training__on_env_loss="stop")
+    with pytest.raises(EnvLostError, match=r"step 2: env 'env' lost 2 episode\(s\) \(\[training\] "
+                                           r"on_env_loss='stop'\); the step was not trained") as e:
+        _lost(c, 2)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.hostile
+def test_a_mixture_env_that_fails_to_start_is_named(tmp_path):
+    import contextlib
+
+    from quaero.config import QuaeroConfig
+    from quaero.recipe.train import open_pools
+
+    cfg = QuaeroConfig.model_validate({"run": {"output_dir": str(tmp_path)}, "envs": [
+        {"name": "sum", "entry": "fixtures.taskenv:SumEnv", "launcher": "inprocess"},
+        {"name": "bad", "entry": "fixtures.broken_import:Env", "launcher": "inprocess"}]})
+    with contextlib.ExitStack() as stack, pytest.raises(Exception, match=r"\[\[envs\]\] name='bad' failed to "
+                                                                          r"start: ") as e:
+        open_pools(stack, cfg, RolloutCounts())
+    assert "\n" not in str(e.value)
