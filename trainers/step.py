@@ -23,7 +23,6 @@ meant), identical on every rank, with the per-rank forward counts beside them.
 """
 from __future__ import annotations
 
-import importlib
 import math
 import time
 from collections.abc import Callable
@@ -34,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from quaero import process_group
+from quaero.resolve import resolve_name
 from quaero.rollout.rows import EchoRow
 from quaero.telemetry import names
 from quaero.telemetry.proofs import BRANCH_COUNTERS
@@ -91,21 +91,12 @@ class MicrobatchForward(nn.Module):
 
 def logprob_function(name: str) -> Callable[..., tuple[Tensor, SelectiveInfo]]:
     """`TrainerSpec.logprob_fn`: "" is `selected_logprobs`; "package.module:function" names another function
-    of its signature (the benchmarks' peer LM-head methods), imported here once per trainer."""
+    of its signature (the benchmarks' peer LM-head methods), resolved here once per trainer."""
     if not name:
         return selected_logprobs
-    module, _, attr = name.partition(":")
-    fix = ("name a function as 'package.module:function' with the signature of "
-           "trainers.selective.selected_logprobs")
-    try:
-        if not (module and attr):
-            raise ImportError("no 'module:function' in it")
-        fn = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"TrainerSpec logprob_fn={name!r}: {e}; {fix}") from None
-    if not callable(fn):
-        raise TypeError(f"TrainerSpec logprob_fn={name!r}: not a function; {fix}")
-    return fn
+    return resolve_name(name, "TrainerSpec.logprob_fn", want=callable,
+                        wanted="a function with the signature of trainers.selective.selected_logprobs",
+                        example="benchmarks.peers:chunked_all_positions_logprobs")
 
 
 def microbatch_logprobs(trainer: TrainerView, mb: Microbatch, temperature: float
