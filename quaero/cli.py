@@ -148,11 +148,16 @@ RANK_SHUTDOWN_TIMEOUT_S = 900  # how long torchrun's agent lets the ranks finish
 # (or traceback, for a bug); torchrun's ChildFailedError traceback and failure table after it say nothing more.
 # A rank ended by a signal (an OOM kill) printed nothing: that gets one line, unless another rank failed with
 # its own error first (torchrun then SIGTERMs the rest: their signal says nothing). The exit status is the rank's.
+# A Ctrl-C or SIGTERM to the agent itself ends in its SignalException once the ranks have checkpointed and
+# stopped: the ranks said what happened, so the agent exits quietly with the signal's status (130 for SIGINT).
 _TORCHRUN = """import signal, sys
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
 try:
     run(parse_args(sys.argv[1:]))
+except SignalException as e:
+    sys.exit(128 + int(e.sigval))
 except ChildFailedError as e:
     codes = [f.exitcode for f in e.failures.values()]
     own = next((c for c in codes if c > 0), None)

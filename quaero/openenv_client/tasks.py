@@ -150,8 +150,9 @@ def catalog_over_http(http_url: str, timeout_s: float = 10.0) -> TaskCatalog | N
     except urllib.error.HTTPError as e:
         if e.code in (404, 405, 501):
             return None
-        raise ConfigError(f"[env] {http_url}: its Task API answered HTTP {e.code} ({e.reason}); fix the env's "
-                          "list_splits/num_tasks") from None
+        raise ConfigError(f"[env] {http_url}: its Task API answered HTTP {e.code} ({e.reason}): the env raised in "
+                          "the server, building an instance for the session or in list_splits/num_tasks; the "
+                          "server's log has the traceback") from None
     except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
         raise ConfigError(f"[env] {http_url}: cannot read its Task API ({error_line(e)}); is an OpenEnv server "
                           "running there?") from None
