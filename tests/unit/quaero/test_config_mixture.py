@@ -83,3 +83,15 @@ def test_a_mixture_envs_own_rule_names_the_env(tmp_path):
     text = MIXTURE.format(ratio=1, second="hard").replace('eval_tasks = 7', 'eval_tasks = 7\nurl = "ws://h:1"')
     with pytest.raises(ConfigError, match=r"\[\[envs\]\] #2 name='hard' \[envs\]: kwargs construct envs"):
         load_config(write(tmp_path, text))
+
+
+def test_set_overrides_reach_one_env_of_a_mixture_by_name(tmp_path):
+    path = write(tmp_path, MIXTURE.format(ratio=3, second="hard"))
+    cfg = load_config(path, ["envs.hard.tasks.sampler=difficulty_pools", "envs.easy.ratio=1"])
+    assert cfg.views()["hard"].env.tasks.sampler == "difficulty_pools" and cfg.ratios()["easy"] == 0.5
+    with pytest.raises(ConfigError, match=r"no \[\[envs\]\] entry is named 'nope'"):
+        load_config(path, ["envs.nope.ratio=2"])
+    with pytest.raises(ConfigError, match=r"write envs.NAME.key=value"):
+        load_config(path, ["envs.ratio=2"])
+    one = load_config("envs/toolbench.toml", ["env.tasks.sampler=curriculum", "env.tasks.key=group"])
+    assert (one.env.tasks.sampler, one.env.tasks.key) == ("curriculum", "group")
