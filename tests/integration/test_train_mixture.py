@@ -115,7 +115,7 @@ def test_a_mixture_run_shares_each_step_by_ratio_and_logs_per_env_figures(uninte
     for r in rl:
         members[r["meta"]["episode"].split("/")[1].split(":")[0]].add(r["meta"]["episode"].rsplit("/", 1)[1])
     assert members == {"tools": {"0", "1"}, "sum": {"0", "1", "2"}}
-    env_of = lambda r: r["meta"]["episode"].split("/")[1].split(":")[0]  # noqa: E731
+    env_of = lambda r: r["meta"]["episode"].split("/")[1].split(":")[0]
     assert not any(any(r["echo_weights"]) for r in rows if env_of(r) == "sum")
     assert any(any(r["echo_weights"]) for r in rows if env_of(r) == "tools")  # the oracle's demos' tool results
 
