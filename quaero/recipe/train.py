@@ -175,7 +175,7 @@ def build(cfg: QuaeroConfig, pool: EnvPool | dict[str, EnvPool], counts: Rollout
             for name, view in views.items()]
     traces = warm_start_rows(cfg)[0] if cfg.data.traces else None
     return Components(cfg, trainer, sampler, render, envs, counts, getattr(sampler, "shares_model", False),
-                      Mixture({e.name: r for e, r in zip(envs, cfg.ratios().values())}), traces=traces)
+                      Mixture({e.name: e.ratio for e in cfg.envs} or {SINGLE: 1.0}), traces=traces)
 
 
 def env_tasks(name: str, view: QuaeroConfig, pool: EnvPool) -> EnvTasks:
