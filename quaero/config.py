@@ -221,6 +221,11 @@ class SamplerConfig(_Section):
     servers: int = Field(1, ge=1)
     urls: list[str] = []
     server_start_timeout_s: float = Field(600.0, gt=0)
+    # server mode, each request: how long a server may sample before its reply's first byte (one prompt's n
+    # completions), and how long a wait goes on after a stop request (Ctrl-C, SIGTERM) before the run stops
+    # without that step (quaero/sampling/wire.py)
+    request_timeout_s: float = Field(900.0, gt=0)
+    stop_grace_s: float = Field(10.0, ge=0)
     # how server mode pushes weights: "file" = a safetensors folder every server reloads (any device, servers
     # on this filesystem); "nccl" / "ipc" = vLLM's weight-transfer engines (CUDA only; quaero/sampling/transfer.py)
     weight_transfer: Literal["file", "nccl", "ipc"] = "file"
@@ -324,6 +329,10 @@ class TrainingConfig(_Section):
     strict: bool = False
     # this many consecutive steps without a trained row (every episode dropped) end the run with exit 1
     max_empty_steps: int = Field(3, ge=1)
+    # RL's budget of generated tokens (the action tokens of the kept episodes, summed over RL steps, resumes
+    # included): RL ends after the step that reaches it, `steps` its upper bound; unset, `steps` alone decides.
+    # Comparisons of task samplers hold it equal (one sampler's groups may cost more tokens than another's)
+    rl_token_budget: int | None = Field(None, gt=0)
     # an RL step whose env lost episodes (a server that died, timeouts past the retries; a lost episode is never
     # trained): "continue" with the rest (counted, per env in a mixture's `by_env`), or "stop" the run before
     # that step trains, naming the env (the last checkpoint stays the resume point)
@@ -337,9 +346,10 @@ class TrainingConfig(_Section):
     loss_aggregation: Literal["token_mean", "sequence_mean", "constant"] = _SPEC.loss_aggregation
     # DAPO-style dynamic sampling: while fewer than tasks_per_step groups have reward spread (a non-zero
     # advantage), sample groups of further tasks, at most dynamic_sampling_max_groups x tasks_per_step groups
-    # in all per step; all-equal groups still train ECHO
+    # in all per step (at most 100x: each round is logged, and a stop request ends the rounds); all-equal groups
+    # still train ECHO
     dynamic_sampling: bool = False
-    dynamic_sampling_max_groups: float = Field(3.0, ge=1.0)
+    dynamic_sampling_max_groups: float = Field(3.0, ge=1.0, le=100.0)
 
 
 class DataConfig(_Section):
@@ -537,8 +547,8 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
             if isinstance(node, list):  # [[envs]]: --set envs.NAME.key=value picks the env named NAME
                 named = [e for e in node if isinstance(e, dict) and e.get("name") == k]
                 if not named:
-                    raise ConfigError(f"--set {text!r}: no [[envs]] entry is named {k!r}; write envs.NAME.key=value "
-                                      "with one of the mixture's names")
+                    raise ConfigError(f"--set {text!r}: no [[envs]] entry is named {k!r}; write "
+                                      "envs.NAME.key=value with one of the mixture's names")
                 node = named[0]
                 continue
             node = node.setdefault(k, {})

@@ -96,6 +96,9 @@ OPTION_MEANINGS = {
     "sampler.servers": "vLLM servers quaero starts per rank in server mode",
     "sampler.urls": "running vLLM servers to sample from instead (docs/scaling.md)",
     "sampler.server_start_timeout_s": "seconds a vLLM server may take to start",
+    "sampler.request_timeout_s": "server mode: seconds a server may sample before its reply's first byte",
+    "sampler.stop_grace_s": "server mode: seconds a request goes on after a stop request (Ctrl-C, SIGTERM) "
+                            "before the run stops without that step",
     "sampler.weight_transfer": "how server mode pushes weights: `file`, `nccl` or `ipc` (docs/scaling.md)",
     "sampler.server_devices": "a CUDA device per server quaero starts; the placement rule is in docs/scaling.md",
     "backend.backend": "the trainer: `local` or `unsloth` (trainers/registry.py)",
@@ -177,6 +180,9 @@ OPTION_MEANINGS = {
     "logging.report_to": "mirror scalars to `tensorboard`, `wandb`, `trackio` (docs/after-training.md)",
     "logging.save_rows": "trained rows kept for `quaero inspect rows`: `none`, `sample` (2 a step) or `all`",
     "distributed.strategy": "data parallelism under torchrun: `none`, `ddp` or `fsdp2` (docs/scaling.md)",
+    "training.rl_token_budget": "RL's budget of generated tokens (kept episodes' action tokens, resumes included): "
+                                "RL ends after the step that reaches it (`steps` its bound; an `rl_token_budget_spent` "
+                                "line); what comparisons of task samplers hold equal",
 }
 
 # How each metric table's names are read from the code that emits them (quaero/telemetry/names.py declares

@@ -292,7 +292,7 @@ def open_envs(cfg: EnvConfig, n: int, counts: RolloutCounts | None = None, log_d
         connectors, servers, http_urls = launched.connectors, launched.servers, launched.http_urls
         if not http_urls:  # in process: the env's class says what it takes
             is_mcp, schema = spec.speaks_tools, spec.action_schema()
-            tasks = catalog_of_spec(spec)
+            tasks = catalog_of_spec(spec, cfg.reset_timeout_s)
         else:
             schema = _action_schema(http_urls, cfg.reset_timeout_s)
             try:

@@ -126,6 +126,7 @@ class Components:
     empty_steps: int = 0  # consecutive steps that trained no row
     empty_drops: dict[str, int] = field(default_factory=dict)  # their drop reasons, counted
     empty_exhausted: int = 0  # their episodes that ended with no room left for a turn
+    empty_nonfinite: int = 0  # their groups left out for a non-finite advantage
 
     @property
     def driver(self) -> EpisodeDriver:
@@ -299,7 +300,13 @@ def _roll_out(c: Components, step: int, picks: list[list], *, sft: bool
     spread = sum(g.spread for g in groups)
     bound, sampled = int(cfg.training.dynamic_sampling_max_groups * n), n
     while spread < n and sampled < bound:
+        if STOP_REQUESTED.is_set():  # a stop request: this step trains what it has, then the run stops
+            log.warning("dynamic_sampling_stopped", groups=sampled, groups_with_spread=spread,
+                        note="a stop request came; training the groups sampled so far")
+            break
         more = min(n - spread, bound - sampled)
+        log.info("dynamic_sampling_round", groups=sampled, groups_with_spread=spread, wanted=n, sampling=more,
+                 bound=bound)
         lacking = [g.env for g in groups if not g.spread] or [e.name for e in c.envs]
         got, new = _rows_of(c, step, _further(c, lacking, more), sampled, seed + 104_729 * sampled, sft=False)
         rows += got
@@ -376,7 +383,7 @@ def _group_rows(c: Components, e: EnvRun, step: int, index: int, slot: int, grou
     rows = []
     for g, (ep, adv) in enumerate(zip(kept, advs)):
         for r in ep.rows:
-            r = r.with_advantage(adv, f"{step}/{label}/{g}")
+            r = r.with_advantage(adv, f"{step}/{label}/{g}", ep.reward)
             if echo_factor != 1.0:
                 r = replace(r, echo_weights=[w * echo_factor for w in r.echo_weights])
             rows.append((r, ep.transitions))
@@ -564,23 +571,37 @@ def run_step(c: Components, step: int, *, sft: bool, ahead: RolloutsAhead | None
 def _empty_run(c: Components, step: int, m: dict[str, Any]) -> str | None:
     """Count consecutive steps without a trained row; after `max_empty_steps` of them, why the run stops."""
     if m[names.ROWS]:
-        c.empty_steps, c.empty_drops, c.empty_exhausted = 0, {}, 0
+        c.empty_steps, c.empty_drops, c.empty_exhausted, c.empty_nonfinite = 0, {}, 0, 0
         return None
     c.empty_steps += 1
     for kind, n in drop_reasons(m).items():
         c.empty_drops[kind] = c.empty_drops.get(kind, 0) + n
     c.empty_exhausted += m.get(names.CONTEXT_EXHAUSTED, 0)
+    c.empty_nonfinite += m.get(names.GROUPS_NONFINITE_ADVANTAGE, 0)
     limit = c.cfg.training.max_empty_steps
     if c.empty_steps < limit:
         return None
     steps = f"steps {step - limit + 1}-{step}" if limit > 1 else f"step {step}"
-    reasons = ", ".join(f"{n}x {kind}" for kind, n in sorted(c.empty_drops.items())) or "none dropped"
-    exhausted = (f"; {c.empty_exhausted} episode(s) ended with no room for a turn (context_exhausted): [sampler] "
-                 f"max_tokens={c.cfg.sampler.max_tokens} leaves too little of [model] max_seq_len="
-                 f"{c.cfg.model.max_seq_len} for the prompt; lower max_tokens or raise max_seq_len"
-                 if c.empty_exhausted else "")
-    return (f"{steps} trained no row ([training] max_empty_steps={limit}); dropped episodes by reason: "
-            f"{reasons}{exhausted}; the env_episode_dropped events in {c.cfg.run_dir / names.EVENTS} say why")
+    return (f"{steps} trained no row ([training] max_empty_steps={limit}); "
+            + why_no_rows(c.cfg, c.empty_drops, c.empty_exhausted, c.empty_nonfinite))
+
+
+def why_no_rows(cfg: QuaeroConfig, drops: dict[str, int], exhausted: int, nonfinite: int) -> str:
+    """Why steps trained no row: their dropped episodes by reason, the episodes with no room for a turn and
+    the groups left out for a non-finite advantage (rewards too far apart for a float: ±1e308)."""
+    reasons = ", ".join(f"{n}x {kind}" for kind, n in sorted(drops.items())) or "none dropped"
+    out = f"dropped episodes by reason: {reasons}"
+    if exhausted:
+        out += (f"; {exhausted} episode(s) ended with no room for a turn (context_exhausted): [sampler] "
+                f"max_tokens={cfg.sampler.max_tokens} leaves too little of [model] max_seq_len="
+                f"{cfg.model.max_seq_len} for the prompt; lower max_tokens or raise max_seq_len")
+    if nonfinite:
+        out += (f"; {nonfinite} group(s) left out because their rewards give no finite advantage "
+                f"({names.GROUPS_NONFINITE_ADVANTAGE}: rewards too far apart for a float, e.g. ±1e308); "
+                "bound the env's rewards")
+    if drops:
+        out += f"; the env_episode_dropped events in {cfg.run_dir / names.EVENTS} say why"
+    return out
 
 
 def _save(c: Components, step: int) -> Path:
@@ -637,9 +658,17 @@ def load_task_state(c: Components, state: checkpoint.RunState) -> None:
         raise checkpoint.CheckpointError(f"the checkpoint was written by envs {theirs}, this config has {mine}; "
                                          "resume with the config it was saved with, or pass --restart")
     c.mixture.load_state_dict(saved["mixture"])
-    for e in c.envs:
-        e.tasks.load_state_dict(saved["samplers"][e.name])
     c.pending = {int(k): v for k, v in saved["pending"].items()}
+    for e in c.envs:
+        theirs, mine = saved["samplers"][e.name].get("sampler"), e.tasks.view.settings.sampler
+        if theirs != mine and state.step <= c.cfg.training.warmup_sft_steps:
+            # a warm start's checkpoint: RL has drawn nothing yet, so RL may start with another sampler (one
+            # warm start, several samplers compared on it: `quaero bench ablation --from`)
+            log.warning("task_sampler_changed", env=e.name, checkpoint=theirs, config=mine, step=state.step,
+                        note="a warm start's checkpoint: RL starts this sampler fresh")
+            c.pending = {}
+            continue
+        e.tasks.load_state_dict(saved["samplers"][e.name])
 
 
 def _resume_point(cfg: QuaeroConfig, *, resume: bool, restart: bool) -> tuple[Path, dict] | None:
@@ -711,7 +740,7 @@ class StopRequest:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        STOP_REQUESTED.set()  # a wait on a vLLM server ends STOP_GRACE_S later (quaero/sampling/wire.py)
+        STOP_REQUESTED.set()  # a wait on a vLLM server ends [sampler] stop_grace_s later (quaero/sampling/wire.py)
         log.warning("stop_requested", signal=signal.Signals(signum).name,
                     note="finishing this step, then checkpointing; a second Ctrl-C or SIGTERM aborts")
 
@@ -732,12 +761,11 @@ def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path
     bar = tqdm(range(start + 1, total + 1), initial=start, total=total, desc="train", unit="step",
                disable=not cfg.logging.progress or not sys.stderr.isatty() or not ranks.is_main())  # no bar in a log file
     with RolloutsAhead() if cfg.training.max_off_policy_steps else contextlib.nullcontext() as ahead:
-        _steps(c, stop, bar, run_id, ahead)
+        total = _steps(c, stop, bar, run_id, ahead)
     if total and not c.cumulative.totals.get(names.ROWS):  # fewer steps than max_empty_steps, every one empty
-        dropped = drop_reasons(c.cumulative.totals)
-        why = (f"the run's {total} step(s) trained no row; dropped episodes by reason: "
-               f"{', '.join(f'{n}x {k}' for k, n in sorted(dropped.items())) or 'none dropped'}; the "
-               f"env_episode_dropped events in {cfg.run_dir / names.EVENTS} say why")
+        dropped, totals = drop_reasons(c.cumulative.totals), c.cumulative.totals
+        why = f"the run's {total} step(s) trained no row; " + why_no_rows(
+            cfg, dropped, totals.get(names.CONTEXT_EXHAUSTED, 0), totals.get(names.GROUPS_NONFINITE_ADVANTAGE, 0))
         log.error(names.RUN_END_EVENT, status="failed", steps=total, run_id=run_id, error=why, drop_reasons=dropped)
         raise EmptyRunError(why)  # no final/: there is no trained model to hand over
     from quaero.recipe.model_folder import save_final
@@ -747,7 +775,15 @@ def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path
     log.info(names.RUN_END_EVENT, status="finished", steps=total, run_id=run_id)
 
 
-def _steps(c: Components, stop: StopRequest, bar, run_id: str, ahead: RolloutsAhead | None) -> None:
+def _budget_spent(c: Components, step: int) -> bool:
+    """Whether RL step `step` spent `[training] rl_token_budget` (the run's generated tokens so far)."""
+    budget = c.cfg.training.rl_token_budget
+    return (budget is not None and step > c.cfg.training.warmup_sft_steps
+            and c.cumulative.totals.get(names.GENERATED_TOKENS, 0) >= budget)
+
+
+def _steps(c: Components, stop: StopRequest, bar, run_id: str, ahead: RolloutsAhead | None) -> int:
+    """Run the steps; the last one run: `warmup_sft_steps + steps`, or the RL step that spent the token budget."""
     cfg = c.cfg
     total = cfg.training.warmup_sft_steps + cfg.training.steps
     for step in bar:
@@ -761,6 +797,11 @@ def _steps(c: Components, stop: StopRequest, bar, run_id: str, ahead: RolloutsAh
             log.error(names.RUN_END_EVENT, status="failed", steps=step, run_id=run_id, error=empty, drop_reasons=c.empty_drops)
             raise EmptyRunError(empty)
         bar.set_postfix(reward=m.get(names.REWARD_MEAN), echo=m.get(names.ECHO_LOSS), rl=m.get(names.RL_LOSS))
+        spent = step < total and _budget_spent(c, step)
+        if spent:
+            log.info(names.RL_TOKEN_BUDGET_SPENT_EVENT, step=step, budget=cfg.training.rl_token_budget,
+                     generated_tokens=c.cumulative.totals.get(names.GENERATED_TOKENS), steps_left=total - step)
+            total = step  # this step is the run's last: checkpoint, evaluation, final/
         if step % cfg.training.checkpoint_every == 0 or step == total or stopping:
             _save(c, step)
         if stopping:
@@ -770,6 +811,9 @@ def _steps(c: Components, stop: StopRequest, bar, run_id: str, ahead: RolloutsAh
             if ahead is not None:
                 ahead.wait()  # evaluation never shares the sampler or the env pool with a rollout sampled ahead
             eval_at(c, step)
+        if spent:
+            break
+    return total
 
 
 def _open_run_folder(stack: contextlib.ExitStack, cfg: QuaeroConfig) -> str:

@@ -311,4 +311,5 @@ TRAIN_STEP_EVENT = "train_step"
 EVAL_EVENT = "eval"
 RUN_END_EVENT = "run_end"
 TASKS_DRAWN_EVENT = "tasks_drawn"  # each step's tasks per env, with the weights they were drawn with
+RL_TOKEN_BUDGET_SPENT_EVENT = "rl_token_budget_spent"  # [training] rl_token_budget reached: this step is the last
 TASK_OUTCOMES_EVENT = "task_outcomes"  # each RL step's groups: env, task, spec group, successes, episodes, ...

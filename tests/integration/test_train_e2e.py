@@ -254,12 +254,11 @@ def test_a_terminal_ctrl_c_stops_a_server_mode_run_after_its_step(tmp_path):
 @pytest.mark.hostile
 def test_sigterm_ends_a_training_step_that_waits_on_a_silent_vllm_server(tmp_path, monkeypatch, http_server):
     """`[sampler] urls` names a server that answers what it is and then never answers a completion: a SIGTERM
-    (the stop request) ends the wait STOP_GRACE_S later (0.5 s here, 30 s by default) and the run stops as
-    interrupted, instead of holding `quaero train` for the hour-long request bound until a SIGKILL."""
+    (the stop request) ends the wait [sampler] stop_grace_s later (0.5 s here, 10 s by default) and the run stops as
+    interrupted, instead of holding `quaero train` for the request bound until a SIGKILL."""
     import threading
 
     from quaero.recipe.train import train
-    from quaero.sampling import wire
 
     recorded = json.loads((ROOT / "tests" / "fixtures" / "vllm_server_info.json").read_text())
     release = threading.Event()
@@ -272,9 +271,9 @@ def test_sigterm_ends_a_training_step_that_waits_on_a_silent_vllm_server(tmp_pat
         return None
 
     url = http_server(silent_on_posts)
-    monkeypatch.setattr(wire, "STOP_GRACE_S", 0.5)
     _, cfg = make_config(tmp_path, "silent", steps=1, warmup=0, eval_every=0, eval_tasks=0, extra=[
-        "env.launcher='inprocess'", "sampler.mode='server'", "sampler.backend='vllm'", f"sampler.urls=['{url}']"])
+        "env.launcher='inprocess'", "sampler.mode='server'", "sampler.backend='vllm'", f"sampler.urls=['{url}']",
+        "sampler.stop_grace_s=0.5"])
     events = cfg.run_dir / "events.jsonl"
 
     def stop_once_started():
@@ -294,3 +293,21 @@ def test_sigterm_ends_a_training_step_that_waits_on_a_silent_vllm_server(tmp_pat
     assert time.monotonic() - t0 < 120
     stopped = [e for e in read_events(events)[0] if e["event"] == "sampler_wait_stopped"]
     assert stopped and stopped[0]["url"].startswith(url + "/v1/completions")
+
+
+@pytest.mark.slow
+def test_rl_ends_at_the_step_that_spends_the_token_budget(tmp_path):
+    """[training] rl_token_budget: the first RL step generates more than 1 token, so it is the last step run:
+    checkpointed, evaluated and said so, with `steps` (3 RL steps) only the bound."""
+    from quaero.recipe.train import train
+
+    _, cfg = make_config(tmp_path, "budget", steps=3, eval_every=10, extra=["training.rl_token_budget=1"])
+    run_dir = train(cfg)
+    steps = events_of(run_dir, "train_step")
+    assert [(s["step"], s["phase"]) for s in steps] == [(1, "sft"), (2, "rl")]
+    spent = events_of(run_dir, "rl_token_budget_spent")
+    assert [(e["step"], e["budget"], e["steps_left"]) for e in spent] == [(2, 1, 2)]
+    assert spent[0]["generated_tokens"] == steps[-1]["cumulative"]["generated_tokens"] >= 1
+    assert [e["step"] for e in events_of(run_dir, "eval")] == [0, 2]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000002"]
+    assert events_of(run_dir, "run_end")[-1]["steps"] == 2 and (run_dir / "final").is_dir()

@@ -1,0 +1,383 @@
+"""`quaero review` on recorded logs: table values, proofs pass, fail and n/a, --require, plots, crashed runs,
+damaged files."""
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from quaero import cli
+from quaero.telemetry import names, proofs, runlog
+from quaero.tools import review
+
+SPARSE = {"local_train_selective_suffix_logits": True, "local_train_selective_sparse_suffix_skips": 2,
+          "local_train_selective_hidden_logprob_batches": 2, "local_train_selective_fallback_logprob_batches": 0,
+          "local_train_selective_suffix_logprob_batches": 0, "local_train_selective_compiled_ce_batches": 0,
+          "local_train_compile_selective_ce_mode": "auto",
+          "local_train_compile_selective_ce_fallback_reason": "cpu device"}
+
+
+def record(run_dir, steps, *, end=True, torn=False, evals=()):
+    runlog.configure(console="none")
+    log = runlog.get_logger("test")
+    with runlog.RunLog(run_dir, run_id="r1"):
+        log.info("run_start")
+        for i, fields in enumerate(steps, start=1):
+            runlog.set_step(i)
+            log.info("train_step", phase=fields.pop("phase", "rl"), **fields)
+        for step, r in evals:
+            runlog.set_step(step)
+            log.info("eval", eval_reward=r, eval_success_rate=r)
+        if end:
+            log.info("run_end", status="finished")
+    if torn:
+        with open(run_dir / "events.jsonl", "a") as f:
+            f.write('{"event": "train_step", "step": 99, "loc')
+
+
+def args(run_dir=None, **kw):
+    base = {"run_dir": str(run_dir) if run_dir else None, "require_proof": False, "require": [], "plots": None,
+            "json": False, "compare": None}
+    return SimpleNamespace(**{**base, **kw})
+
+
+def good_steps(n=4):
+    return [dict(SPARSE, rl_loss=0.1 * i, echo_loss=5.0 - i, reward_mean=0.1 * i, action_tokens=10, echo_tokens=20,
+                 row_tokens=100, step_time_s=1.0, peak_mem_mb=100.0 + i, prefix_mismatches=0, env_retries=1,
+                 sampler_logprob_gap_max=1e-6, rows=4) for i in range(n)]
+
+
+def test_table_values_and_passing_proofs(tmp_path, capsys):
+    record(tmp_path, good_steps(), evals=[(0, 0.0), (4, 0.5)])
+    run = review.load_run(tmp_path)
+    s = review.summarize(run)
+    assert s["steps"] == 4 and s["local_train_selective_hidden_logprob_batches"] == 8
+    assert s["action_tokens"] == 40 and s["env_retries"] == 4 and s["peak_mem_mb"] == 103.0
+    assert s["eval_reward_baseline"] == 0.0 and s["eval_reward_last"] == 0.5
+    assert s["echo_loss_last"] < s["echo_loss_first"]
+    assert s["policy_staleness_max"] is None and s["clip_fraction_max"] is None  # the steps logged neither
+    assert review.main(args(tmp_path, require_proof=True)) == 0
+    out = capsys.readouterr().out
+    assert "[PASS] sparse ECHO proof" in out and "[PASS] ECHO loss falling" in out
+
+
+def test_the_summary_names_the_weight_transfer_that_ran(tmp_path, capsys):
+    steps = good_steps()
+    steps[1].update(weights_pushed=1, weight_transfer="nccl")
+    steps[3].update(weights_pushed=1, weight_transfer="nccl")
+    record(tmp_path, steps)
+    assert review.summarize(review.load_run(tmp_path))["weight_transfer"] == "nccl"
+    assert review.main(args(tmp_path)) == 0
+    assert any(line.split() == ["weight_transfer", "nccl"] for line in capsys.readouterr().out.splitlines())
+    record(tmp_path / "none", good_steps())  # nothing pushed (a shared module): no transfer to name
+    assert review.summarize(review.load_run(tmp_path / "none"))["weight_transfer"] is None
+
+
+def test_echo_curve_skips_steps_without_echo_targets_and_reason_keeps_latest(tmp_path):
+    steps = good_steps()
+    steps[-1].update(echo_loss=0.0, echo_tokens=0, local_train_compile_selective_ce_fallback_reason="")
+    record(tmp_path, steps)
+    s = review.summarize(review.load_run(tmp_path))
+    assert (s["echo_loss_first"], s["echo_loss_last"]) == (5.0, 3.0)  # the 0.0 of the target-free step is not a point
+    assert s["local_train_compile_selective_ce_fallback_reason"] == "cpu device"
+
+
+def test_fallback_batches_fail_the_sparse_proof(tmp_path, capsys):
+    steps = good_steps()
+    steps[2]["local_train_selective_fallback_logprob_batches"] = 1
+    record(tmp_path, steps)
+    assert review.main(args(tmp_path)) == 0  # without --require-proof a failed proof is reported only
+    assert "[FAIL] sparse ECHO proof" in capsys.readouterr().out
+    assert review.main(args(tmp_path, require_proof=True)) == 1
+
+
+def test_compiled_ce_proof_only_in_require_mode(tmp_path):
+    steps = [dict(s, local_train_compile_selective_ce_mode="require",
+                  local_train_compile_selective_ce_fallback_reason="") for s in good_steps()]
+    record(tmp_path, steps)
+    checks = {c["name"]: c for c in proofs.run_checks(review.summarize(review.load_run(tmp_path)))}
+    assert checks["compiled CE proof"]["passed"] is False  # no compiled batches ran
+    assert review.main(args(tmp_path, require_proof=True)) == 1
+
+
+def test_prefix_mismatch_fails(tmp_path):
+    steps = good_steps()
+    steps[1]["prefix_mismatches"] = 2
+    record(tmp_path, steps)
+    assert review.main(args(tmp_path, require_proof=True)) == 1
+
+
+@pytest.mark.hostile
+def test_crashed_run_with_torn_line_is_reviewed(tmp_path, capsys):
+    record(tmp_path, good_steps(3), end=False, torn=True)
+    assert review.main(args(tmp_path, json=True)) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["summary"]["steps"] == 3 and out["summary"]["finished"] is False
+
+
+def test_resumed_step_counts_once(tmp_path):
+    record(tmp_path / "a", good_steps(3))
+    events = (tmp_path / "a" / "events.jsonl").read_text().splitlines()
+    step3 = [e for e in events if '"train_step"' in e][-1]
+    with open(tmp_path / "a" / "events.jsonl", "a") as f:  # step 3 re-run after a resume
+        f.write(step3 + "\n")
+    assert review.summarize(review.load_run(tmp_path / "a"))["steps"] == 3
+
+
+def test_plots_are_valid_pngs(tmp_path):
+    record(tmp_path, good_steps(), evals=[(0, 0.0), (4, 0.5)])
+    assert review.main(args(tmp_path, plots=str(tmp_path / "plots"))) == 0
+    pngs = sorted((tmp_path / "plots").glob("*.png"))
+    assert [p.stem for p in pngs] == ["branches", "losses", "memory", "reward"]
+    for p in pngs:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 1000
+
+
+def test_plots_keep_the_warm_start_demo_reward_out_of_train_reward_and_give_eval_intervals(tmp_path):
+    steps = [dict(s, phase="sft", reward_mean=1.0) for s in good_steps(3)] + good_steps(2)  # demos: the oracle's 1.0
+    record(tmp_path, steps, evals=[(0, 0.0), (5, 0.5)])
+    runlog.configure(console="none")
+    with runlog.RunLog(tmp_path, run_id="r1"):
+        runlog.set_step(6)
+        runlog.get_logger("test").info("eval", eval_reward=0.609, eval_success_rate=39 / 64, eval_episodes=64)
+    run = review.load_run(tmp_path)
+    assert review.plot_points(run, "reward_mean") == [(4, 0.0), (5, 0.1)]  # RL steps only
+    assert review.sft_span(run) == (1, 3)
+    (step, rate, low, high), = review.eval_success_intervals(run)  # the evals without a count carry none
+    assert step == 6 and rate == 39 / 64 and (round(low, 4), round(high, 4)) == (0.4869, 0.7194)
+    assert review.main(args(tmp_path, plots=str(tmp_path / "plots"))) == 0
+    assert (tmp_path / "plots" / "reward.png").stat().st_size > 1000
+
+
+def test_compare_side_by_side(tmp_path, capsys):
+    record(tmp_path / "a", good_steps(2))
+    record(tmp_path / "b", good_steps(4))
+    assert review.main(args(compare=[str(tmp_path / "a"), str(tmp_path / "b")])) == 0
+    out = capsys.readouterr().out
+    assert "steps" in out and str(tmp_path / "b") in out
+
+
+@pytest.mark.hostile
+def test_missing_run_dir_is_a_clean_error(tmp_path, capsys):
+    assert review.main(args(tmp_path / "nope")) == 1
+    assert "no events.jsonl" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert review.main(args(tmp_path / "empty")) == 1
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'empty' / 'events.jsonl'}: no events.jsonl here; pass "
+                                       "the run folder, e.g. runs/toolbench\n")
+    record(tmp_path, good_steps())
+    assert review.main(args(tmp_path / "events.jsonl")) == 0  # the events file itself, as a careless user passes it
+
+
+def review_cli(*argv):
+    return cli.main(["review", *map(str, argv)])
+
+
+def dense_steps(n=4, **over):
+    """Steps whose ECHO rows were dense: every microbatch took the exact suffix branch."""
+    return [dict(s, **{names.SPARSE_SUFFIX_SKIPS: 0, names.HIDDEN_BATCHES: 0, names.SUFFIX_BATCHES: 2}, **over)
+            for s in good_steps(n)]
+
+
+def test_dense_rows_make_the_sparse_proof_na_not_a_failure(tmp_path, capsys):
+    record(tmp_path, dense_steps())
+    assert review_cli(tmp_path, "--require-proof") == 0
+    captured = capsys.readouterr()
+    assert "[N/A] sparse ECHO proof: dense rows took the exact suffix branch: suffix batches 8\n" in captured.out
+    assert captured.err == ""
+    assert review_cli(tmp_path, "--json") == 0
+    check = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}["sparse ECHO proof"]
+    assert (check["status"], check["passed"]) == ("n/a", None)
+    # named explicitly, a check must pass: n/a does not
+    assert review_cli(tmp_path, "--require", "sparse ECHO proof") == 1
+    assert capsys.readouterr().err == ("error: required check sparse ECHO proof: N/A (dense rows took the exact "
+                                       "suffix branch: suffix batches 8)\n")
+
+
+def test_dense_rows_with_a_fallback_batch_still_fail(tmp_path, capsys):
+    steps = dense_steps()
+    steps[1][names.FALLBACK_BATCHES] = 1
+    record(tmp_path, steps)
+    assert review_cli(tmp_path, "--require-proof") == 1
+    out, err = capsys.readouterr()
+    assert "[FAIL] sparse ECHO proof: sparse_suffix_skips=0 > 0, hidden_logprob_batches=0 > 0, " \
+           "fallback_logprob_batches=1 = 0\n" in out
+    assert err.startswith("error: required check sparse ECHO proof: FAIL (")
+
+
+@pytest.mark.hostile
+def test_zero_trained_rows_never_pass_a_learning_proof(tmp_path, capsys):
+    # every episode dropped: the steps ran, logged token counts, but no row reached the trainer
+    steps = [dict(s, rows=0) for s in good_steps()]
+    record(tmp_path, steps, evals=[(0, 0.0), (4, 0.5)])
+    assert review_cli(tmp_path) == 0  # reported, not required
+    out = capsys.readouterr().out
+    assert "[FAIL] trained at least one step: steps=4 > 0, rows=0 > 0, action+echo tokens=120 > 0\n" in out
+    untrained = "0 rows trained (steps=4, rows=0): nothing learned to judge"
+    assert f"[WARN] ECHO loss falling: {untrained}\n" in out
+    assert f"[WARN] eval reward above untrained: {untrained}\n" in out
+    assert review_cli(tmp_path, "--require-proof") == 1
+    assert review_cli(tmp_path, "--require", "eval reward above untrained") == 1
+
+
+def test_require_named_checks(tmp_path, capsys):
+    record(tmp_path / "a", good_steps(), evals=[(0, 0.0), (4, 0.5)])
+    assert review_cli(tmp_path / "a", "--require-proof", "--require", "ECHO loss falling",
+                      "--require", "eval reward above untrained") == 0
+    assert capsys.readouterr().err == ""
+    record(tmp_path / "b", good_steps())  # no eval events: the eval check cannot pass
+    assert review_cli(tmp_path / "b", "--require", "ECHO loss falling") == 0
+    assert review_cli(tmp_path / "b", "--require", "eval reward above untrained") == 1
+    assert capsys.readouterr().err == "error: required check eval reward above untrained: N/A (no eval event)\n"
+    steps = good_steps()
+    steps[-1]["echo_loss"] = 9.0  # ECHO loss rises at the end
+    record(tmp_path / "c", steps)
+    assert review_cli(tmp_path / "c", "--require-proof") == 0  # a signal, not a required proof
+    assert review_cli(tmp_path / "c", "--require", "ECHO loss falling") == 1
+    assert capsys.readouterr().err.startswith("error: required check ECHO loss falling: FAIL (")
+
+
+def test_require_an_unknown_check_lists_the_valid_names(tmp_path, capsys):
+    record(tmp_path, good_steps())
+    assert review_cli(tmp_path, "--require", "ECHO loss fallin") == 1
+    err = capsys.readouterr().err
+    assert err == ("error: --require 'ECHO loss fallin' is not a check; valid: 'sparse ECHO proof', "
+                   "'compiled CE proof', 'exact rows (prefix mismatches)', 'trained at least one step', "
+                   "'sampler log-probs agree with the trainer', 'RL trained (action tokens with advantage)', "
+                   "'ECHO trained (env tokens)', 'ECHO loss falling', 'eval reward above untrained', "
+                   "'RL improved eval over warm start'\n")
+
+
+@pytest.mark.hostile
+def test_unreadable_lines_are_counted_not_fatal(tmp_path, capsys):
+    record(tmp_path, good_steps(3))
+    with open(tmp_path / "events.jsonl", "ab") as f:
+        f.write(b'\xff\xfe not utf-8\n')  # 1
+        f.write(b'[1, 2, 3]\n')  # 2: JSON, not an object
+        f.write(b'{"event": "train_step", "step": "x", "echo_loss": 1.0}\n')  # 3: a step that is not an integer
+        f.write(b'{"event": "train_step", "step": 5, "phase": ["rl"]}\n')  # 4: a phase that is not a string
+        f.write(b'{"event": "eval", "step": true, "eval_reward": 1.0}\n')  # 5: a boolean step
+        # mistyped counters and values in a placeable step: ignored, never summed or compared
+        f.write(b'{"event": "train_step", "step": 4, "rows": "4", "action_tokens": "many", '
+                b'"local_train_selective_hidden_logprob_batches": "2", "echo_loss": "low", "peak_mem_mb": NaN}\n')
+        f.write(b'{"event": "eval", "step": 4, "eval_reward": "high"}\n')
+    assert review_cli(tmp_path, "--json", "--require-proof") == 0
+    out, err = capsys.readouterr()
+    s = json.loads(out)["summary"]
+    assert s["unreadable_lines"] == 5 and s["steps"] == 4
+    assert s["rows"] == 12 and s["action_tokens"] == 30 and s[names.HIDDEN_BATCHES] == 6
+    assert s["peak_mem_mb"] == 102.0 and s["eval_reward_last"] is None
+    assert err == (f"warning: {tmp_path / 'events.jsonl'}: 5 line(s) could not be read (not UTF-8, not a JSON "
+                   "object, or a step that is not an integer) and are left out\n")
+    assert review_cli(tmp_path, "--plots", tmp_path / "plots") == 0
+    assert len(list((tmp_path / "plots").glob("*.png"))) == 4
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n", b"\xff\xfe\x00garbage\n[1]\n42\n{\"torn"])
+@pytest.mark.hostile
+def test_a_file_with_no_readable_line_is_a_one_line_error(tmp_path, capsys, content):
+    (tmp_path / "events.jsonl").write_bytes(content)
+    assert review_cli(tmp_path) == 1
+    lines = content.strip().count(b"\n") + 1 if content.strip() else 0
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'events.jsonl'}: no readable event in {lines} line(s) "
+                                       "(not UTF-8 or not JSON objects); pass the events.jsonl a quaero run wrote\n")
+
+
+@pytest.mark.hostile
+def test_events_path_that_is_a_directory_is_a_one_line_error(tmp_path, capsys):
+    (tmp_path / "events.jsonl").mkdir()
+    assert review_cli(tmp_path) == 1
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'events.jsonl'}: cannot read it (Is a directory); pass "
+                                       "the run folder holding a readable events.jsonl\n")
+    assert review_cli("--compare", tmp_path, tmp_path) == 1  # --compare reads runs the same way
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.fixture(autouse=True)
+def _reset_structlog():
+    yield
+    runlog.configure(console="none")
+
+
+def _record_phases(run_dir, *, warm: list[int] | None, end: list[int] | None, sft=3, rl=2, warm_step=None,
+                   warm_phase="sft", end_reward=None):
+    """A warm start of `sft` steps (phase `warm_phase`) and `rl` RL steps; evals at 0, at the warm start's end and
+    at the end, each with per-task results [index, success, reward] (successes given as 0/1 lists; None: no such
+    eval)."""
+    steps = [dict(s, phase=warm_phase) for s in good_steps(sft)] + good_steps(rl)
+    runlog.configure(console="none")
+    log = runlog.get_logger("test")
+    evals = [(0, [0] * 64), (warm_step or sft, warm), (sft + rl, end)]
+    with runlog.RunLog(run_dir, run_id="r1"):
+        for i, fields in enumerate(steps, start=1):
+            runlog.set_step(i)
+            log.info("train_step", phase=fields.pop("phase", "rl"), **fields)
+        for step, wins in evals:
+            if wins is None:
+                continue
+            runlog.set_step(step)
+            reward = end_reward if end_reward is not None and step == sft + rl else None
+            log.info("eval", eval_reward=sum(wins) / len(wins), eval_success_rate=sum(wins) / len(wins),
+                     eval_episodes=len(wins), eval_results=[[i, w, float(w) if reward is None else reward]
+                                                            for i, w in enumerate(wins)])
+        log.info("run_end", status="finished")
+
+
+@pytest.mark.parametrize("warm,end,status", [
+    ([1] * 20 + [0] * 44, [1] * 34 + [0] * 30, proofs.PASS),  # 14 solved only after RL, none only before
+    ([1] * 20 + [0] * 44, [1] * 20 + [0] * 44, proofs.FAIL),  # the same tasks solved: no evidence
+    ([1] * 20 + [0] * 44, [0] * 10 + [1] * 12 + [0] * 42, proofs.FAIL),  # 2 more solved, 10 lost: worse
+    ([1] * 20 + [0] * 44, [0] * 2 + [1] * 23 + [0] * 39, proofs.FAIL),  # +3 net: p = 0.45, interval spans 0
+])
+def test_rl_improved_eval_over_warm_start_is_paired(tmp_path, capsys, warm, end, status):
+    _record_phases(tmp_path, warm=warm, end=end)
+    s = review.summarize(review.load_run(tmp_path))
+    check = next(c for c in proofs.run_checks(s) if c["name"] == proofs.RL_IMPROVED)
+    assert check["status"] == status, check["detail"]
+    c = s["rl_vs_warm_start"]
+    assert c["pairs"] == 64 and c["warm_start_step"] == 3 and c["end_step"] == 5
+    rc = review.main(args(tmp_path, require=[proofs.RL_IMPROVED]))
+    assert rc == (0 if status == proofs.PASS else 1)
+    assert f"[{'PASS' if status == proofs.PASS else 'WARN'}] {proofs.RL_IMPROVED}" in capsys.readouterr().out
+
+
+def test_a_warm_start_on_recorded_traces_with_the_rl_loss_is_still_the_warm_start(tmp_path):
+    """[data] traces_loss = "rl" logs its warm-start steps as phase `traces_rl`: they end the warm start the RL
+    check pairs against, and are no RL step of the run's own."""
+    _record_phases(tmp_path, warm=[1] * 20 + [0] * 44, end=[1] * 34 + [0] * 30, warm_phase="traces_rl")
+    s = review.summarize(review.load_run(tmp_path))
+    assert s["rl_vs_warm_start"]["warm_start_step"] == 3 and s["rl_vs_warm_start"]["improved"] == 14
+    assert review.sft_span(review.load_run(tmp_path)) == (1, 3)
+
+
+def test_rl_improved_pairs_only_shared_tasks_and_says_why_it_is_na(tmp_path):
+    _record_phases(tmp_path / "shared", warm=[0] * 64, end=[1] * 20 + [0] * 44)
+    ok = review.summarize(review.load_run(tmp_path / "shared"))["rl_vs_warm_start"]
+    assert ok["improved"] == 20 and ok["worsened"] == 0 and ok["mcnemar_p"] < 1e-5
+    _record_phases(tmp_path / "noeval", warm=None, end=[1] * 64)
+    _record_phases(tmp_path / "norl", warm=[0] * 64, end=[1] * 64, rl=0)
+    _record_phases(tmp_path / "nowarm", warm=[0] * 64, end=[1] * 64, sft=0, warm_step=1)
+    whys = {name: review.summarize(review.load_run(tmp_path / name))["rl_vs_warm_start"]["why"]
+            for name in ("noeval", "norl", "nowarm")}
+    assert whys == {"noeval": "no eval at the warm start's last step 3", "norl": "no RL step",
+                    "nowarm": "no warm start"}
+    for name, why in whys.items():
+        check = proofs.run_checks(review.summarize(review.load_run(tmp_path / name)))[-1]
+        assert check["status"] == proofs.NA and check["detail"] == why
+
+
+def test_eval_reward_intervals_come_from_per_task_results(tmp_path):
+    _record_phases(tmp_path, warm=[1] * 32 + [0] * 32, end=[1] * 48 + [0] * 16)
+    pts = review.eval_reward_intervals(review.load_run(tmp_path))
+    assert [(s, m) for s, m, _, _ in pts] == [(0, 0.0), (3, 0.5), (5, 0.75)]
+    _, mean, low, high = pts[1]
+    assert low < mean < high and high - low == pytest.approx(2 * 1.96 * 0.5039 / 8, rel=1e-3)
+    assert review.main(args(tmp_path, plots=str(tmp_path / "plots"))) == 0
+
+
+@pytest.mark.hostile
+def test_eval_rewards_that_are_not_finite_are_said_so_not_called_missing(tmp_path):
+    """An env whose eval rewards are NaN: the paired check said "the evals carry no per-task results"."""
+    _record_phases(tmp_path, warm=[1] * 20 + [0] * 44, end=[1] * 34 + [0] * 30, end_reward=float("nan"))
+    why = review.summarize(review.load_run(tmp_path))["rl_vs_warm_start"]["why"]
+    assert why == ("the eval rewards of step(s) 5 are not finite (NaN or inf, null in eval_results): the env's "
+                   "rewards cannot be compared")
