@@ -287,7 +287,7 @@ def cmd_export(args) -> int:
 def cmd_eval(args) -> int:
     from quaero.config import load_config
     from quaero.telemetry.runlog import configure
-    from quaero.tools.evaluate import EvalError, EvalPlan, evaluate, report_lines
+    from quaero.tools.evaluate import EvalError, EvalPlan, evaluate, pooled_line, report_lines
 
     cfg = load_config(args.config, args.overrides)
     configure("warning", cfg.logging.console)  # the report is the output; warnings still show
@@ -295,6 +295,7 @@ def cmd_eval(args) -> int:
     if args.env is not None and args.env not in views:
         say_error(f"--env {args.env!r}: the config's envs are {', '.join(views)}; name one of them")
         return 1
+    outs = {}
     for name, view in views.items():  # a mixture's envs, each on its own eval split (or the one --env names)
         if args.env is not None and name != args.env:
             continue
@@ -310,6 +311,9 @@ def cmd_eval(args) -> int:
         if cfg.is_mixture:
             print(f"── env {name!r}")
         print("\n".join(report_lines(summary, out)))
+        outs[name] = out
+    if args.compare and len(outs) > 1 and (line := pooled_line(outs, cfg.run.seed)):
+        print(f"── all\n{line}")
     return 0
 
 

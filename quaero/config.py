@@ -544,9 +544,18 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
         keys, value = parse_override(text)
         node = data
         for k in keys[:-1]:
+            if isinstance(node, list):  # [[envs]]: --set envs.NAME.key=value picks the env named NAME
+                named = [e for e in node if isinstance(e, dict) and e.get("name") == k]
+                if not named:
+                    raise ConfigError(f"--set {text!r}: no [[envs]] entry is named {k!r}; write "
+                                      "envs.NAME.key=value with one of the mixture's names")
+                node = named[0]
+                continue
             node = node.setdefault(k, {})
-            if not isinstance(node, dict):
+            if not isinstance(node, (dict, list)):
                 raise ConfigError(f"--set {text!r}: {k!r} is not a section")
+        if isinstance(node, list):
+            raise ConfigError(f"--set {text!r}: [[envs]] holds several envs; write envs.NAME.key=value")
         node[keys[-1]] = value
     try:
         cfg = QuaeroConfig.model_validate(data)

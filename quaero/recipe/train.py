@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quaero.config import ConfigError, QuaeroConfig
+from quaero.config import SINGLE, ConfigError, QuaeroConfig
 from quaero.openenv_client.tasks import check_splits, eval_indices
 from quaero.recipe import checkpoint, ranks
 from quaero.recipe.ahead import Rollout, RolloutsAhead
@@ -132,11 +132,20 @@ class Components:
     saved_step: int = 0  # the last step checkpointed (a resume's step)
     updating_step: int = 0  # the step whose update of the trainer began last
 
+    @property
+    def driver(self) -> EpisodeDriver:
+        """The first env's driver (a one-env run's only one: what benchmarks drive)."""
+        return self.envs[0].driver
 
-def build(cfg: QuaeroConfig, pools: dict[str, EnvPool], counts: RolloutCounts,
+    @property
+    def pool(self) -> EnvPool:
+        return self.envs[0].pool
+
+
+def build(cfg: QuaeroConfig, pool: EnvPool | dict[str, EnvPool], counts: RolloutCounts | None = None,
           sampler_log_dir: Path | None = None) -> Components:
-    """The run's parts; `pools`: each env's sessions by name (quaero/config.py `views`), all counting into
-    `counts`."""
+    """The run's parts; `pool`: each env's sessions by name (quaero/config.py `views`), all counting into
+    `counts`, or a one-env run's pool (counting into its own)."""
     from quaero.model import load_tokenizer, resolve_device
     from quaero.recipe.plan import check_components, resolve_oracle, trainer_spec
     from quaero.rollout.driver import DriverSettings, EpisodeDriver
@@ -145,6 +154,8 @@ def build(cfg: QuaeroConfig, pools: dict[str, EnvPool], counts: RolloutCounts,
     from trainers.registry import trainer_class
 
     check_components(cfg)  # before any model loads, also when train() is called without the CLI
+    pools = pool if isinstance(pool, dict) else {SINGLE: pool}
+    counts = counts if counts is not None else next(iter(pools.values())).counts
     if cfg.training.dynamic_sampling and ranks.world_size() > 1:
         raise ConfigError(f"[training] dynamic_sampling=true under torchrun ({ranks.world_size()} ranks): each "
                           "rank would sample a different number of further tasks; it is built for one process")
@@ -169,7 +180,7 @@ def build(cfg: QuaeroConfig, pools: dict[str, EnvPool], counts: RolloutCounts,
             for name, view in views.items()]
     traces = warm_start_rows(cfg)[0] if cfg.data.traces else None
     return Components(cfg, trainer, sampler, render, envs, counts, getattr(sampler, "shares_model", False),
-                      Mixture({e.name: r for e, r in zip(envs, cfg.ratios().values())}), traces=traces)
+                      Mixture({e.name: e.ratio for e in cfg.envs} or {SINGLE: 1.0}), traces=traces)
 
 
 def env_tasks(name: str, view: QuaeroConfig, pool: EnvPool) -> EnvTasks:
