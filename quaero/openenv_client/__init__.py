@@ -31,8 +31,10 @@ def block_gradio() -> None:
 block_gradio()  # before anything imports openenv
 
 _EXPORTS = {"EnvPool": "pool", "open_envs": "pool", "LocalServer": "server", "serve": "server", "ChatEnv": "session",
-            "ChatReset": "session", "ChatStep": "session", "EpisodeDropped": "session"}
-__all__ = ["ChatEnv", "ChatReset", "ChatStep", "EnvPool", "EpisodeDropped", "LocalServer", "open_envs", "serve"]
+            "ChatReset": "session", "ChatStep": "session", "EpisodeDropped": "session",
+            "EpisodeEndedAtReset": "session"}
+__all__ = ["ChatEnv", "ChatReset", "ChatStep", "EnvPool", "EpisodeDropped", "EpisodeEndedAtReset",
+           "LocalServer", "open_envs", "serve"]
 
 
 def __getattr__(name: str):

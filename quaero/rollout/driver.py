@@ -24,7 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from quaero.openenv_client import ChatEnv, EpisodeDropped
+from quaero.openenv_client import ChatEnv, EpisodeDropped, EpisodeEndedAtReset
 from quaero.rollout.counts import RolloutCounts
 from quaero.rollout.render import BridgeFailure, RenderAdapter, UnparsableAction
 from quaero.rollout.rows import EchoRow, Transition, build_rows, per_transition_tokens
@@ -91,6 +91,7 @@ class _Live:
     done: bool = False
     dropped: str = ""
     drop_kind: str = ""
+    ended_at_reset: str = ""  # the env's reason when its reset answered done=True: no episode
 
 
 class EpisodeDriver:
@@ -102,6 +103,8 @@ class EpisodeDriver:
         self.strict = cfg.training.strict
         self._seed = cfg.run.seed
         self._sample_calls = 0
+        self.reset_end_reason = ""  # the latest reset that answered done=True, in the env's words
+        self._reset_end_said = False
 
     def run(self, envs: list, tasks: list[dict], *, group_size: int, greedy: bool = False,
             policy: Policy | None = None, seed: int | None = None,
@@ -159,6 +162,9 @@ class EpisodeDriver:
             r = ep.env.reset(seed=ep.task.get("seed"), split=ep.task.get("split"), index=ep.task.get("index"))
         except EpisodeDropped as e:
             ep.done, ep.dropped, ep.drop_kind = True, f"reset: {e.reason}", e.kind
+            return
+        except EpisodeEndedAtReset as e:
+            ep.done, ep.ended_at_reset = True, e.reason
             return
         ep.messages, ep.info = list(r.messages), dict(r.info)
         ep.tools = getattr(ep.env, "tools", None)
@@ -271,6 +277,15 @@ class EpisodeDriver:
         ep.done = res.done or at_limit
 
     def _finish(self, ep: _Live) -> Episode:
+        if ep.ended_at_reset:  # not an episode: counted apart, marked dropped so nothing trains or scores it
+            self.counts.add(names.EPISODES_ENDED_AT_RESET)
+            self.reset_end_reason = ep.ended_at_reset
+            if not self._reset_end_said:  # once per driver: every reset of a broken env says the same
+                self._reset_end_said = True
+                log.warning("env_reset_ended", task=ep.task, reason=ep.ended_at_reset,
+                            note="the env's reset answered done=True: no episode to play (never sampled or "
+                                 "trained; counted as episodes_ended_at_reset)")
+            return Episode([], 0.0, False, 0, ep.info, [], True, f"ended at reset: {ep.ended_at_reset}")
         if ep.dropped:
             self.counts.episode_dropped(ep.drop_kind)
             return Episode([], 0.0, False, len(ep.transitions), ep.info, ep.messages, True, ep.dropped,

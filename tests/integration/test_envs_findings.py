@@ -1,0 +1,125 @@
+"""What issue #33's eleven real environments showed, each on a test-only env of the same shape
+(tests/fixtures/findings.py) over real launchers: a reset that answers done=True, an action the env raises on,
+an observation far over the bound, a chat-shaped observation, the env's own instructions, an MCP env whose reset
+has no text."""
+import pytest
+from fixtures.findings import SANDBOX_MISSING
+
+from quaero.config import EnvConfig
+from quaero.openenv_client import EpisodeDropped, EpisodeEndedAtReset, open_envs
+
+F = "fixtures.findings"
+
+
+def _reply(text: str) -> dict:
+    return {"role": "assistant", "content": text}
+
+
+@pytest.mark.parametrize("launcher", ["inprocess", pytest.param("local-server", marks=pytest.mark.slow)])
+def test_a_reset_that_answers_done_is_no_episode_and_says_the_env_s_reason(launcher):
+    # coding_tools_env without its sandbox key: quaero showed an empty user turn, sampled, stepped the ended
+    # episode and trained ECHO on "Error: environment not reset"
+    with open_envs(EnvConfig(entry=f"{F}:EndsAtResetEnv", launcher=launcher), 1) as pool:
+        env = pool.sessions[0]
+        with pytest.raises(EpisodeEndedAtReset) as e:
+            env.reset(seed=0)
+        assert e.value.reason == SANDBOX_MISSING
+        with pytest.raises(RuntimeError, match="after the episode ended"):
+            env.step(_reply('{"code": "print(1)"}'))  # never stepped
+        assert pool.counts.snapshot_and_reset()["env_steps"] == 0
+
+
+@pytest.mark.parametrize("launcher", ["inprocess", pytest.param("local-server", marks=pytest.mark.slow)])
+def test_an_action_the_env_raises_on_is_an_invalid_action_with_the_env_s_words(launcher):
+    # atari_env: `Invalid action_id: 7` was retried three times as a server fault, then the episode dropped
+    cfg = EnvConfig(entry=f"{F}:small_arcade", launcher=launcher, malformed_reward=-0.5, retry_backoff_s=0)
+    with open_envs(cfg, 1) as pool:
+        env = pool.sessions[0]
+        env.reset(seed=0)
+        assert env.step(_reply('{"action_id": 1}')).reward == 0.0  # an accepted action the replay repeats
+        illegal = env.step(_reply('{"action_id": 7}'))
+        assert illegal.malformed and illegal.reward == -0.5 and not illegal.done
+        (message,) = illegal.messages
+        assert message["content"] == ("The environment rejected your last action: Invalid action_id: 7. "
+                                      "Valid range: [0, 2]")
+        won = env.step(_reply('{"action_id": 2}'))  # the episode goes on from its recorded state
+        assert won.reward == 1.0 and won.done
+        counts = pool.counts.snapshot_and_reset()
+        assert counts["env_rejected_actions"] == 1 and counts["env_retries"] == 1
+        assert counts["env_replayed_steps"] == 2  # the check's replay, then the fresh session's
+
+
+def test_an_env_error_that_does_not_repeat_stays_a_retried_fault():
+    cfg = EnvConfig(entry=f"{F}:FlakyArcadeEnv", launcher="inprocess", kwargs={"screen_chars": 30},
+                    retry_backoff_s=0)
+    with open_envs(cfg, 1) as pool:
+        env = pool.sessions[0]
+        env.reset(seed=0)
+        result = env.step(_reply('{"action_id": 2}'))
+        assert not result.malformed and result.reward == 1.0
+        counts = pool.counts.snapshot_and_reset()
+        assert counts["env_rejected_actions"] == 0 and counts["env_retries"] == 1
+
+
+@pytest.mark.slow
+def test_an_env_error_on_a_session_that_cannot_be_replayed_is_asked_again_on_the_same_session():
+    cfg = EnvConfig(entry=f"{F}:small_arcade", launcher="local-server", on_session_loss="drop", retry_backoff_s=0)
+    with open_envs(cfg, 1) as pool:
+        env = pool.sessions[0]
+        env.reset(seed=0)
+        assert env.step(_reply('{"action_id": 9}')).malformed  # was: dropped at the first "fault"
+        assert env.step(_reply('{"action_id": 2}')).reward == 1.0
+        counts = pool.counts.snapshot_and_reset()
+        assert counts["env_rejected_actions"] == 1 and counts["env_replayed_steps"] == 0
+
+
+def test_an_env_error_that_changes_every_time_still_drops_the_episode():
+    cfg = EnvConfig(entry=f"{F}:CountingFaultEnv", launcher="inprocess", max_retries=1, retry_backoff_s=0)
+    with open_envs(cfg, 1) as pool:
+        env = pool.sessions[0]
+        env.reset(seed=0)
+        with pytest.raises(EpisodeDropped) as e:
+            env.step(_reply('{"action_id": 2}'))
+        assert e.value.kind == "server_error" and "fault number" in e.value.reason
+        assert pool.counts.snapshot_and_reset()["env_rejected_actions"] == 0
+
+
+@pytest.mark.slow
+def test_a_run_whose_every_reset_answers_done_stops_in_one_line_without_sampling(tmp_path, capsys):
+    from fixtures.runs import events_of
+
+    from quaero import cli
+
+    path = tmp_path / "ended.toml"
+    path.write_text(f"""
+[run]
+name = "ended"
+output_dir = "{tmp_path / 'runs'}"
+[model]
+name = "tiny-qwen3"
+[env]
+entry = "{F}:EndsAtResetEnv"
+launcher = "inprocess"
+max_turns = 2
+[sampler]
+max_tokens = 8
+[training]
+steps = 3
+tasks_per_step = 2
+group_size = 2
+eval_tasks = 0
+eval_every = 0
+[logging]
+console = "none"
+progress = false
+""")
+    assert cli.main(["train", str(path)]) == 1  # was: `finished` with reward 1.0, ECHO trained on its error
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and "step 1: every reset (4) answered done=True" in err[0] and SANDBOX_MISSING in err[0]
+    run = tmp_path / "runs" / "ended"
+    (step,) = events_of(run, "train_step")
+    assert step["episodes_ended_at_reset"] == 4 and step["episodes"] == 0 and step["turns"] == 0
+    assert step["env_steps"] == 0 and step["rows"] == 0
+    (said,) = events_of(run, "env_reset_ended")
+    assert said["reason"] == SANDBOX_MISSING
+    assert events_of(run, "run_end")[0]["status"] == "failed"
