@@ -123,3 +123,19 @@ progress = false
     (said,) = events_of(run, "env_reset_ended")
     assert said["reason"] == SANDBOX_MISSING
     assert events_of(run, "run_end")[0]["status"] == "failed"
+
+
+def test_check_never_calls_a_factory_even_one_whose_return_annotation_names_its_class(tmp_path, capsys):
+    # openenv-dipg-safety: `quaero check` called the factory (it tried the Hub three times)
+    from fixtures import findings
+
+    from quaero import cli
+
+    path = tmp_path / "q.toml"
+    path.write_text(f'[env]\nentry = "{F}:hub_dataset_env"\n[run]\noutput_dir = "{tmp_path}"\n')
+    assert cli.main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert findings.HUB_CALLS == []
+    assert (f"tasks       read from InstructedEnv's Task API when sessions open: {F}:hub_dataset_env is a factory "
+            "function, not called at check") in out
+    assert "env action  GuessAction {guess: integer}" in out  # read from its annotation, without building
