@@ -92,7 +92,8 @@ def cmd_check(args) -> int:
     print("\n".join(plan_lines(cfg, args.config)))
     from quaero.openenv_client.loading import describe_env
 
-    print("\n".join(describe_env(cfg.env)))  # imports the env: its Action problems fail here, before any model
+    # imports the env: its Action problems fail here, before any model
+    print("\n".join(describe_env(cfg.env, cfg.observation_token_limit)))
     from quaero.openenv_client.tasks import check_lines
 
     print("\n".join(check_lines(cfg, args.config)))  # the env's splits, when it has OpenEnv's Task API

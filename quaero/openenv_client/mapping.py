@@ -214,22 +214,44 @@ def prompt_system(meta: Any) -> str | None:
     return next((m["content"] for m in prompt_messages(meta) if m.get("role") == "system"), None)
 
 
+class FieldText(str):
+    """A formatted observation that remembers its parts: `parts` are (field name or None, line) whose lines,
+    joined by newlines, are the text. The episode driver cuts an observation over `[env] max_observation_tokens`
+    part by part (quaero/rollout/driver.py `_bounded`): a huge field is shortened with its marker and the small
+    ones after it survive whole (atari's screen before `legal_actions` and `lives`). Everywhere else it is the
+    plain string it equals."""
+
+    parts: tuple[tuple[str | None, str], ...] = ()
+
+    @classmethod
+    def of(cls, parts: list[tuple[str | None, str]]) -> FieldText:
+        text = cls("\n".join(line for _, line in parts))
+        text.parts = tuple(parts)
+        return text
+
+
+def observation_parts(observation: dict, context: str = "step") -> list[tuple[str | None, str]]:
+    """`default_formatter`'s lines with the field each shows (None for a question taken from the metadata)."""
+    fields = {k: v for k, v in observation.items() if k not in BOOKKEEPING_FIELDS and v not in (None, "", [], {})}
+    question_key = next((k for k in QUESTION_KEYS if isinstance(fields.get(k), str) and fields[k].strip()), None)
+    parts: list[tuple[str | None, str]] = [(question_key, fields.pop(question_key))] if question_key else []
+    meta = observation.get("metadata") or {}
+    if not parts and context == "reset" and isinstance(meta, dict):
+        parts += [(None, meta[k]) for k in QUESTION_KEYS if isinstance(meta.get(k), str) and meta[k].strip()][:1]
+        if not parts:  # a chat prompt (Verifiers tasks): its non-system messages; the system one is the system prompt
+            parts += [(None, m["content"]) for m in prompt_messages(meta) if m.get("role") != "system"]
+    for k, v in fields.items():
+        if not _repeats(v, "\n".join(line for _, line in parts)):
+            parts.append((k, _field_line(k, v)))
+    return parts
+
+
 def default_formatter(observation: dict, context: str = "step") -> str:
     """Observation dict -> user message text: its question-like field first (on reset, else the one in
     `metadata`), then every other non-empty field but the bookkeeping ones as `name: value` lines, in the
-    observation's declaration order (JSON for structured values), so a reset's trial data reaches the model."""
-    fields = {k: v for k, v in observation.items() if k not in BOOKKEEPING_FIELDS and v not in (None, "", [], {})}
-    question_key = next((k for k in QUESTION_KEYS if isinstance(fields.get(k), str) and fields[k].strip()), None)
-    lines = [fields.pop(question_key)] if question_key else []
-    meta = observation.get("metadata") or {}
-    if not lines and context == "reset" and isinstance(meta, dict):
-        lines += [meta[k] for k in QUESTION_KEYS if isinstance(meta.get(k), str) and meta[k].strip()][:1]
-        if not lines:  # a chat prompt (Verifiers tasks): its non-system messages; the system one is the system prompt
-            lines += [m["content"] for m in prompt_messages(meta) if m.get("role") != "system"]
-    for k, v in fields.items():
-        if not _repeats(v, "\n".join(lines)):
-            lines.append(_field_line(k, v))
-    return "\n".join(lines)
+    observation's declaration order (JSON for structured values), so a reset's trial data reaches the model.
+    A FieldText: the driver can cut it field by field."""
+    return FieldText.of(observation_parts(observation, context))
 
 
 def _texts(value: Any) -> list[str]:

@@ -3,6 +3,7 @@
 an observation far over the bound, a chat-shaped observation, the env's own instructions, an MCP env whose reset
 has no text."""
 import pytest
+import structlog
 from fixtures.findings import SANDBOX_MISSING
 
 from quaero.config import EnvConfig
@@ -139,3 +140,43 @@ def test_check_never_calls_a_factory_even_one_whose_return_annotation_names_its_
     assert (f"tasks       read from InstructedEnv's Task API when sessions open: {F}:hub_dataset_env is a factory "
             "function, not called at check") in out
     assert "env action  GuessAction {guess: integer}" in out  # read from its annotation, without building
+
+
+def _scripted(text: str):
+    return lambda info: (lambda messages: _reply(text))
+
+
+def test_an_observation_over_the_bound_is_cut_per_field_so_later_fields_survive(qwen3_render):
+    # atari_env's default screen (~460k characters) was cut to the bound whole, and `legal_actions` and `lives`
+    # after it were lost without a word
+    from fixtures.rollout import make_cfg
+
+    from quaero.rollout.driver import EpisodeDriver
+
+    cfg = make_cfg(env__entry=f"{F}:ArcadeEnv", env__launcher="inprocess", env__max_observation_tokens=512)
+    with open_envs(cfg.env, 1) as pool, structlog.testing.capture_logs() as logs:
+        driver = EpisodeDriver(qwen3_render, None, cfg, pool.counts)
+        ((ep,),) = driver.run(pool.sessions, [{"seed": 0, "split": "train", "index": 0}], group_size=1,
+                              policy=_scripted('{"action_id": 2}'))
+        counts = pool.counts.snapshot_and_reset()
+    start, answer = ep.messages[1]["content"], ep.messages[3]["content"]
+    for text in (start, answer):
+        screen, legal, lives = text.split("\n")
+        assert screen.startswith("screen: [7, 7, 7") and screen.endswith("more characters]")
+        assert (legal, lives) == ("legal_actions: [0, 1, 2]", "lives: 3")  # the small fields whole
+        assert len(qwen3_render.tokenizer.encode(text, add_special_tokens=False)) <= 512
+    assert ep.reward == 1.0 and counts["observations_truncated"] == 2
+    (said,) = [e for e in logs if e["event"] == "observation_truncated"]  # the first truncation, once
+    assert said["log_level"] == "warning" and said["cut"].startswith("screen: 460,0")
+    assert "the other of its 3 fields kept whole" in said["note"]
+
+
+def test_check_names_the_observation_fields_that_can_exceed_the_bound(tmp_path, capsys):
+    from quaero import cli
+
+    path = tmp_path / "q.toml"
+    path.write_text(f'[env]\nentry = "{F}:ArcadeEnv"\nmax_observation_tokens = 512\n[run]\noutput_dir = "{tmp_path}"\n')
+    assert cli.main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert ("obs fields  screen (array), legal_actions (array) of ArcadeObservation have no size bound: an observation "
+            "over [env] max_observation_tokens=512 is cut field by field") in out  # lives (an integer) is bounded
