@@ -26,7 +26,7 @@ from quaero.config import ConfigError
 from quaero.telemetry.runlog import error_line
 
 from . import block_gradio
-from .mapping import BOOKKEEPING_FIELDS, default_formatter, field_type, resolve_field
+from .mapping import BOOKKEEPING_FIELDS, INSTRUCTION_KEYS, default_formatter, field_type, resolve_field
 
 
 def require_openenv() -> None:
@@ -382,13 +382,34 @@ def describe_env(cfg: Any, observation_limit: int | None = None) -> list[str]:
     ignored = ignored_reset_params(spec)
     reset = (f"reset drops {'/'.join(ignored)} (see the warning when sessions open)" if ignored
              else "reset accepts seed, split and index")
-    lines = [f"env action  {action}; {reset}"]
+    lines = [f"env action  {action}; {reset}", system_prompt_line(cfg, spec)]
     unbounded = [] if spec.speaks_tools else unbounded_fields(spec.observation_cls.model_json_schema())
     if unbounded and observation_limit:
         lines.append(f"obs fields  {', '.join(unbounded)} of {spec.observation_cls.__name__} have no size bound: an "
                      f"observation over [env] max_observation_tokens={observation_limit} is cut field by field (a long "
                      "field shortened with a marker, the others kept whole; said when it happens)")
     return lines
+
+
+def system_prompt_line(cfg: Any, spec: EnvSpec) -> str:
+    """Which text becomes the system prompt (quaero/openenv_client/session.py `ChatEnv._presented`), as far as
+    the config and the env's declared Observation tell without a reset."""
+    from .session import DEFAULT_SYSTEM_PROMPT
+
+    fields = set(spec.observation_cls.model_json_schema().get("properties", {}))
+    own = next((k for k in INSTRUCTION_KEYS if k in fields), None)
+    if cfg.system_prompt:
+        first = f"[env] system_prompt ({cfg.system_prompt[:60]!r}{'...' if len(cfg.system_prompt) > 60 else ''})"
+    elif own:
+        first = f"the reset's own `{own}` field (the reset metadata's system_prompt first, when it gives one)"
+    elif "messages" in fields and not spec.speaks_tools:
+        first = ("the system message of the reset's `messages` when they are a chat (the reset metadata's "
+                 "system_prompt or instructions first)")
+    else:
+        first = (f"the reset metadata's system_prompt or instructions when it gives them, else quaero's "
+                 f"{DEFAULT_SYSTEM_PROMPT!r}")
+    after = ("" if spec.speaks_tools else "; then the Action schema (not for a chat answered in plain text)")
+    return f"system      {first}{after}"
 
 
 def unbounded_fields(schema: dict) -> list[str]:

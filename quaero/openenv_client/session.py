@@ -21,13 +21,17 @@ from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
 
 from .mapping import (
+    INSTRUCTION_KEYS,
     Malformed,
     action_instructions,
+    chat_turns,
+    env_instructions,
     parse_plain_action,
     parse_tool_calls,
     prompt_system,
     render_tool_result,
     reply_instruction,
+    single_text_field,
 )
 from .transport import ActionRejected, EnvFault, EnvRaised, InvalidReply
 
@@ -188,6 +192,9 @@ class ChatEnv:
         self._task_text = ""  # the reset's system and user text
         self._done = True
         self._stale = False  # the session was let go after a refused action: the next step replays first
+        self._own_instructions: str | None = None  # the env's instructions the system prompt holds
+        self._chat_field: str | None = None  # a chat env's one text field: replies are plain text
+        self._chat_seen: list[dict] = []  # a chat env's last `messages` (it may send its whole history each step)
 
     # -- sessions and retries -----------------------------------------------------------------------
     def connect(self) -> None:
@@ -318,13 +325,57 @@ class ChatEnv:
         meta = obs.get("metadata") or {}
         info = {"seed": seed, "split": split, "index": index if index is not None else seed, **meta}
         info.setdefault("task_id", f"{split}/{info['index']}")
-        system = self.cfg.system_prompt or meta.get("system_prompt") or prompt_system(meta) or DEFAULT_SYSTEM_PROMPT
-        if self.tools is None and self.action_schema is not None:
-            system += action_instructions(self.action_schema)
-        messages = [{"role": "system", "content": system},
-                    {"role": "user", "content": self.formatter(obs, context="reset")}]
+        system, turns = self._presented(obs, meta)
+        messages = [{"role": "system", "content": system}, *turns]
         self._task_text = "\n".join(m["content"] for m in messages)  # what a tool result need not repeat
         return ChatReset(messages=messages, info=info)
+
+    def _presented(self, obs: dict, meta: dict) -> tuple[str, list[dict]]:
+        """The reset as the env's author wrote it: the system prompt and the opening turns.
+
+        System prompt, the first there is: `[env] system_prompt`; the reset metadata's `system_prompt` or its chat
+        prompt's system message (what `openenv import` writes); the env's own instructions (an `instructions` or
+        `system_prompt` field of the observation, else of its metadata); a chat observation's system message;
+        else DEFAULT_SYSTEM_PROMPT. A plain env's Action schema follows it, unless the observation is a chat and
+        the Action takes one text field (a chat is answered in plain text).
+        Turns: a chat observation's (`messages` with roles) as chat turns, its other fields as one more user turn;
+        else the formatted observation as one user turn, left out when it has no text (an MCP env whose reset
+        carries none: the tools and the system prompt are the task)."""
+        chat = chat_turns(obs) if self.tools is None else None
+        self._own_instructions, self._chat_seen = None, chat or []
+        key, own = env_instructions(obs)
+        chat_system = next((m["content"] for m in chat or [] if m["role"] == "system"), None)
+        system = (self.cfg.system_prompt or meta.get("system_prompt") or prompt_system(meta) or own or chat_system
+                  or DEFAULT_SYSTEM_PROMPT)
+        if own is not None and system is own and key in obs:  # in the system prompt: not in the user turn too
+            self._own_instructions, obs = own, {k: v for k, v in obs.items() if k != key}
+        self._chat_field = single_text_field(self.action_schema or {}) if chat is not None else None
+        if self.tools is None and self.action_schema is not None and self._chat_field is None:
+            system += action_instructions(self.action_schema)
+        if chat is None:
+            text = self.formatter(obs, context="reset")
+            return system, [{"role": "user", "content": text}] if text.strip() or self.tools is None else []
+        turns = [m for m in chat if m["role"] != "system" or m["content"] != system]
+        turns = [m if m["role"] != "system" else {"role": "user", "content": m["content"]} for m in turns]
+        rest = self.formatter({k: v for k, v in obs.items() if k != "messages"}, context="reset")
+        return system, turns + ([{"role": "user", "content": rest}] if rest.strip() else [])
+
+    def _observed(self, obs: dict) -> list[dict]:
+        """A plain env's step observation as the turns that answer the model: a chat observation's new messages
+        (the env's own assistant messages, the model's reply, left out), its other fields as one more user turn;
+        else the formatted observation, without the instructions the system prompt already holds."""
+        if self._own_instructions is not None:
+            obs = {k: v for k, v in obs.items() if not (k in INSTRUCTION_KEYS and v == self._own_instructions)}
+        chat = chat_turns(obs) if self._chat_seen else None
+        if chat is None:
+            return [{"role": "user", "content": self.formatter(obs, context="step")}]
+        seen, self._chat_seen = self._chat_seen, chat
+        new = chat[len(seen):] if chat[:len(seen)] == seen else chat  # an env that sends its whole history
+        new = [m for m in new if m["role"] != "assistant"]
+        rest = self.formatter({k: v for k, v in obs.items() if k != "messages"}, context="step")
+        turns = [{"role": "user", "content": m["content"]} for m in new]
+        turns += [{"role": "user", "content": rest}] if rest.strip() else []
+        return turns or [{"role": "user", "content": ""}]
 
     def step(self, assistant: dict) -> ChatStep:
         if self._reset_kwargs is None or self._done:
@@ -372,7 +423,11 @@ class ChatEnv:
         return ChatStep(messages, reward, done, False, info)
 
     def _step_plain(self, assistant: dict) -> ChatStep:
-        action = parse_plain_action(assistant.get("content") or "", self.action_schema or {})
+        text = assistant.get("content") or ""
+        if self._chat_field is not None and text.strip():  # a chat is answered in plain text, JSON-looking or not
+            action = {self._chat_field: text.strip()}
+        else:
+            action = parse_plain_action(text, self.action_schema or {})
         try:
             payload = self._send(action)
         except ActionRejected as e:
@@ -381,9 +436,8 @@ class ChatEnv:
         except ActionRefused as e:  # the right format, but illegal where the env stands: its own words
             raise Malformed(f"The environment rejected your last action: {one_line(str(e))}") from None
         obs = payload.get("observation", {})
-        content = self.formatter(obs, context="step")
-        return ChatStep([{"role": "user", "content": content}], _reward(payload), bool(payload.get("done")),
-                        False, dict(obs.get("metadata") or {}))
+        return ChatStep(self._observed(obs), _reward(payload), bool(payload.get("done")), False,
+                        dict(obs.get("metadata") or {}))
 
     def close(self) -> None:
         self._drop_transport()

@@ -180,3 +180,78 @@ def test_check_names_the_observation_fields_that_can_exceed_the_bound(tmp_path, 
     out = capsys.readouterr().out
     assert ("obs fields  screen (array), legal_actions (array) of ArcadeObservation have no size bound: an observation "
             "over [env] max_observation_tokens=512 is cut field by field") in out  # lives (an integer) is bounded
+
+
+def test_the_env_s_own_instructions_are_the_system_prompt_and_not_repeated(tmp_path, capsys):
+    from fixtures.findings import GUESS_RULES
+
+    from quaero import cli
+
+    with open_envs(EnvConfig(entry=f"{F}:InstructedEnv"), 1) as pool:
+        env = pool.sessions[0]
+        system, user = env.reset(seed=0).messages
+        assert system["content"].startswith(GUESS_RULES + "\n\n")  # was: "You are an agent acting in ..."
+        assert '"guess":{"type":"integer"}' in system["content"]  # the Action schema still follows
+        assert user == {"role": "user", "content": "feedback: No guess yet."}  # the rules once, in the system turn
+        wrong = env.step(_reply('{"guess": 3}'))
+        assert wrong.messages == [{"role": "user", "content": "feedback: wrong"}] and not wrong.done
+    path = tmp_path / "q.toml"
+    path.write_text(f'[env]\nentry = "{F}:InstructedEnv"\n[run]\noutput_dir = "{tmp_path}"\n')
+    assert cli.main(["check", str(path)]) == 0
+    assert ("system      the reset's own `instructions` field (the reset metadata's system_prompt first, when it "
+            "gives one); then the Action schema") in capsys.readouterr().out
+
+
+def test_a_corrective_turn_says_what_was_wrong_in_one_line_and_points_back_to_the_schema():
+    # carla: the whole Action schema (over 1,000 characters) was repeated after every invalid reply
+    with open_envs(EnvConfig(entry=f"{F}:InstructedEnv"), 1) as pool:
+        env = pool.sessions[0]
+        env.reset(seed=0)
+        (message,) = env.step(_reply("seven, I think")).messages
+        assert message["content"] == ("Your last message was not a valid action: it is not JSON. Reply with exactly "
+                                      "one JSON object matching the action schema in the system prompt.")
+
+
+def test_a_chat_shaped_env_is_shown_as_chat_turns_and_answered_in_plain_text(qwen3_render):
+    # korrel's export: its messages were a JSON list inside one user turn, and the reply had to be {"content": ...}
+    from fixtures.findings import KORREL_SYSTEM
+    from fixtures.rollout import make_cfg
+
+    from quaero.rollout.driver import EpisodeDriver
+
+    with open_envs(EnvConfig(entry=f"{F}:ChatShapedEnv"), 1) as pool:
+        start = pool.sessions[0].reset(seed=0)
+        assert start.messages == [{"role": "system", "content": KORREL_SYSTEM},
+                                  {"role": "user", "content": "Is 17 a prime number?"}]
+        assert pool.sessions[0].step(_reply("YES")).reward == 1.0
+        pool.sessions[0].reset(seed=0)
+        answer = pool.sessions[0].step(_reply('{"content": "YES"}'))  # plain text, even when it looks like JSON
+        assert not answer.malformed and answer.reward == 0.0 and answer.messages[0]["content"] == "Wrong."
+        cfg = make_cfg(env__entry=f"{F}:ChatShapedEnv")
+        driver = EpisodeDriver(qwen3_render, None, cfg, pool.counts)
+        ((ep,),) = driver.run(pool.sessions, [{"seed": 0, "split": "train", "index": 0}], group_size=1,
+                              policy=_scripted("YES"))
+        counts = pool.counts.snapshot_and_reset()
+    assert ep.reward == 1.0 and ep.messages[-1] == {"role": "user", "content": "Correct."}
+    assert counts["prefix_mismatches"] == 0 and counts["bridge_fallbacks"] == 0 and counts["env_responses_captured"] == 1
+
+
+def test_an_mcp_env_whose_reset_has_no_text_shows_no_empty_user_turn(qwen3_render):
+    from fixtures.rollout import make_cfg
+
+    from quaero.rollout.driver import EpisodeDriver
+
+    with open_envs(EnvConfig(entry=f"{F}:QuietMcpEnv"), 1) as pool:
+        (system,) = pool.sessions[0].reset(seed=0).messages  # was: [system, {"role": "user", "content": ""}]
+        assert system["role"] == "system"
+        call = {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "ping", "arguments": {"word": "hello"}}}]}
+        cfg = make_cfg(env__entry=f"{F}:QuietMcpEnv")
+        driver = EpisodeDriver(qwen3_render, None, cfg, pool.counts)
+        ((ep,),) = driver.run(pool.sessions, [{"seed": 0, "split": "train", "index": 0}], group_size=1,
+                              policy=lambda info: (lambda messages: call))
+        counts = pool.counts.snapshot_and_reset()
+    turns = cfg.env.max_turns  # ping never ends the episode
+    assert ep.messages[-1] == {"role": "tool", "content": "hello"} and len(ep.transitions) == turns
+    assert counts["prefix_mismatches"] == 0 and counts["bridge_fallbacks"] == 0
+    assert counts["env_responses_captured"] == turns
