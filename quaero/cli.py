@@ -214,9 +214,21 @@ def cmd_review(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from quaero.bench import main as bench_main
+    return run_benchmark(args.bench_args)
 
-    return bench_main(args.bench_args)
+
+def run_benchmark(argv: list[str]) -> int:
+    """`quaero bench NAME ...` through the benchmarks' registry (benchmarks/__init__.py), imported only here:
+    nothing else in quaero/ imports the benchmarks."""
+    try:
+        import benchmarks
+    except ModuleNotFoundError as e:
+        if e.name != "benchmarks":
+            raise
+        say_error("quaero bench: the benchmarks package is not importable here; run it from a quaero checkout, "
+                  "or install quaero from one (pip install -e .)")
+        return 1
+    return benchmarks.main(argv)
 
 
 def cmd_doctor(args) -> int:
@@ -275,10 +287,14 @@ def _json_object(text: str) -> dict:
 
 
 def cmd_env_serve(args) -> int:
-    from quaero.openenv_client import serve
+    from quaero.openenv_client.server import ServeError, serve
 
-    serve(args.entry, host=args.host, port=args.port, max_concurrent_envs=args.max_concurrent_envs,
-          kwargs=args.kwargs, action=args.action)
+    try:
+        serve(args.entry, host=args.host, port=args.port, max_concurrent_envs=args.max_concurrent_envs,
+              kwargs=args.kwargs, action=args.action)
+    except ServeError as e:
+        say_error(str(e))
+        return 1
     return 0
 
 
@@ -314,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_review)
 
     p = sub.add_parser("bench", help="benchmarks: `quaero bench echo ...`, `quaero bench step ...`",
-                       add_help=False)  # `quaero bench [echo|step] --help` is answered by quaero.bench
+                       add_help=False)  # `quaero bench [echo|step] --help` is answered by benchmarks/
     p.add_argument("bench_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_bench)
 
@@ -355,6 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--export", nargs=2, metavar=("FORMAT", "OUT.jsonl"),
                    help="write the rows as OpenEnv records instead of rendering: FORMAT 'rfc010' (RFC 010 role "
                    "masks) or 'openenv-trace' (TrainingTrace, validated by OpenEnv's model)")
+    p.add_argument("--force", action="store_true", help="let --html/--export overwrite an existing file (never "
+                   "a symlink or a file inside a run folder)")
     p.set_defaults(func=cmd_inspect_rows)
 
     env = sub.add_parser("env", help="environment tools").add_subparsers(dest="env_command", required=True)
@@ -378,9 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         say_error("the working directory was deleted; cd to an existing folder and run it again")
         return 1
     if argv[:1] == ["bench"]:  # everything after `bench` belongs to the benchmark's own parser
-        from quaero.bench import main as bench_main
-
-        return bench_main(argv[1:])
+        return run_benchmark(argv[1:])
     args = build_parser().parse_args(argv)
     from quaero.config import ConfigError
     from quaero.model import ModelNotFound

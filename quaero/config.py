@@ -15,8 +15,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from quaero.openenv_client import launchers
-from quaero.sampling import registry as samplers
+from quaero import launcher_registry as launchers
+from quaero import sampler_registry as samplers
+from quaero.resolve import split_name
 from trainers.spec import TrainerSpec
 
 if sys.version_info >= (3, 11):
@@ -74,7 +75,7 @@ class EnvConfig(_Section):
     urls: list[str] = Field(default_factory=list)
     # keyword arguments for the entry (class or factory), for envs quaero starts (inprocess, local-server)
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    launcher: Literal[tuple(launchers.LAUNCHERS)] = launchers.DEFAULT  # quaero/openenv_client/launchers.py
+    launcher: Literal[tuple(launchers.LAUNCHERS)] = launchers.DEFAULT  # quaero/launcher_registry.py
     host: str = "127.0.0.1"
     train_split: str = "train"
     eval_split: str = "eval"
@@ -139,7 +140,7 @@ class EnvConfig(_Section):
 
 
 class SamplerConfig(_Section):
-    backend: Literal[samplers.BACKENDS] = samplers.AUTO  # the engines of quaero/sampling/registry.py, or auto
+    backend: Literal[samplers.BACKENDS] = samplers.AUTO  # the engines of quaero/sampler_registry.py, or auto
     temperature: float = Field(_SPEC.temperature, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int = Field(256, ge=1)
@@ -151,6 +152,11 @@ class SamplerConfig(_Section):
     servers: int = Field(1, ge=1)
     urls: list[str] = []
     server_start_timeout_s: float = Field(600.0, gt=0)
+    # server mode, each request: how long a server may sample before its reply's first byte (one prompt's n
+    # completions), and how long a wait goes on after a stop request (Ctrl-C, SIGTERM) before the run stops
+    # without that step (quaero/sampling/wire.py)
+    request_timeout_s: float = Field(900.0, gt=0)
+    stop_grace_s: float = Field(10.0, ge=0)
     # how server mode pushes weights: "file" = a safetensors folder every server reloads (any device, servers
     # on this filesystem); "nccl" / "ipc" = vLLM's weight-transfer engines (CUDA only; quaero/sampling/transfer.py)
     weight_transfer: Literal["file", "nccl", "ipc"] = "file"
@@ -263,9 +269,10 @@ class TrainingConfig(_Section):
     loss_aggregation: Literal["token_mean", "sequence_mean", "constant"] = _SPEC.loss_aggregation
     # DAPO-style dynamic sampling: while fewer than tasks_per_step groups have reward spread (a non-zero
     # advantage), sample groups of further tasks, at most dynamic_sampling_max_groups x tasks_per_step groups
-    # in all per step; all-equal groups still train ECHO
+    # in all per step (at most 100x: each round is logged, and a stop request ends the rounds); all-equal groups
+    # still train ECHO
     dynamic_sampling: bool = False
-    dynamic_sampling_max_groups: float = Field(3.0, ge=1.0)
+    dynamic_sampling_max_groups: float = Field(3.0, ge=1.0, le=100.0)
 
 
 class DataConfig(_Section):
@@ -481,8 +488,9 @@ def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
         raise ConfigError(f"{source} [training] dynamic_sampling=true with max_off_policy_steps="
                           f"{t.max_off_policy_steps}: a step sampled ahead cannot know how many tasks the steps "
                           "before it used; set one of them off")
-    if t.oracle is not None and ":" not in t.oracle:
-        raise ConfigError(f"{source} [training] oracle={t.oracle!r}: write it as \"package.module:function\"")
+    if t.oracle is not None:
+        split_name(t.oracle, f"{source} [training] oracle", error=ConfigError,
+                   example="my_env.oracle:oracle_policy")
     if t.steps and t.group_size < 2:
         raise ConfigError(f"{source} [training] group_size={t.group_size} with steps={t.steps}: a group of one "
                           "episode has advantage 0 (reward minus its own mean), so RL learns nothing; "

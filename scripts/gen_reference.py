@@ -8,7 +8,7 @@ schema; the meaning from the field's `description=` when it has one, else from O
 Metrics: the tables quaero/telemetry/names.py declares (each name with its meaning and how it totals), listed
 as their owners emit them: the branch counters (quaero/telemetry/proofs.py), the trainer step
 (`trainers/step.py` `step_metrics`, called on an empty step), the rollout (`RolloutCounts` in
-quaero/rollout/counts.py, an empty snapshot), and the few names the recipe writes itself (each checked to
+quaero/telemetry/counts.py, an empty snapshot), and the few names the recipe writes itself (each checked to
 be written by the file named). A config key without a meaning, a metric emitted but not declared, or a
 declared one no longer emitted is an error: tests/unit/test_docs.py runs `--check`, so the tables cannot drift
 from the code.
@@ -76,6 +76,9 @@ OPTION_MEANINGS = {
     "sampler.servers": "vLLM servers quaero starts per rank in server mode",
     "sampler.urls": "running vLLM servers to sample from instead (docs/scaling.md)",
     "sampler.server_start_timeout_s": "seconds a vLLM server may take to start",
+    "sampler.request_timeout_s": "server mode: seconds a server may sample before its reply's first byte",
+    "sampler.stop_grace_s": "server mode: seconds a request goes on after a stop request (Ctrl-C, SIGTERM) "
+                            "before the run stops without that step",
     "sampler.weight_transfer": "how server mode pushes weights: `file`, `nccl` or `ipc` (docs/scaling.md)",
     "sampler.server_devices": "a CUDA device per server quaero starts; the placement rule is in docs/scaling.md",
     "backend.backend": "the trainer: `local` or `unsloth` (trainers/registry.py)",
@@ -201,14 +204,14 @@ def _toml(value: Any) -> str:
 def registry_meanings() -> dict[str, str]:
     """The meanings of the options whose values are registry names, read from the registries: a new launcher or
     sampler engine documents itself."""
-    from quaero.openenv_client.launchers import LAUNCHERS
-    from quaero.sampling.registry import SAMPLERS
+    from quaero.launcher_registry import LAUNCHERS
+    from quaero.sampler_registry import SAMPLERS
     return {
         "env.launcher": "; ".join(f"`{name}`: {launcher.about}" for name, launcher in LAUNCHERS.items())
-                        + " (quaero/openenv_client/launchers.py)",
+                        + " (quaero/launcher_registry.py)",
         "sampler.backend": "`auto`: vLLM where it imports and can start the model (not on CPU ranks under "
                            "torchrun), else `hf`; " + "; ".join(f"`{name}`: {e.about}" for name, e in SAMPLERS.items())
-                           + " (quaero/sampling/registry.py)",
+                           + " (quaero/sampler_registry.py)",
     }
 
 
@@ -264,8 +267,7 @@ def _step_names() -> list[str]:
 
 def metric_names(how: str, owner: str, declared: list[str]) -> list[str]:
     """The names a table's owner emits (for `literals`: the declared names the owner file writes)."""
-    from quaero.rollout import counts
-    from quaero.telemetry import names, proofs
+    from quaero.telemetry import counts, names, proofs
     if how == "proofs":
         return [*names.SELECTIVE_METRICS, *(n for n in proofs.BRANCH_COUNTERS if n not in names.SELECTIVE_METRICS),
                 names.SAVE_ON_CPU]

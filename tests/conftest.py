@@ -21,6 +21,14 @@ def tiny_model_dir():
 
 
 @pytest.fixture(scope="session")
+def small_model_dir(tmp_path_factory):
+    """A random Qwen3 with vocab 512 (tests/fixtures/small_model.py), for trainer and benchmark tests."""
+    from fixtures.small_model import save_small_model
+
+    return save_small_model(tmp_path_factory.mktemp("small-qwen3"))
+
+
+@pytest.fixture(scope="session")
 def qwen3_tokenizer(tiny_model_dir):
     from quaero.model import load_tokenizer
 
@@ -80,8 +88,8 @@ def vllm_engine(tiny_model_dir):
 # --- trainer backends (trainers/) ---------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def local_smoke_metrics(tiny_model_dir):
-    """One `local` RL + ECHO step on tiny-qwen3 over the sparse smoke rows (quaero/bench/smoke.py), once."""
-    from quaero.bench.smoke import run
+    """One `local` RL + ECHO step on tiny-qwen3 over the sparse smoke rows (benchmarks/smoke.py), once."""
+    from benchmarks.smoke import run
 
     return run("local")
 

@@ -23,6 +23,19 @@ from trainers.spec import TrainerSpec
 log = get_logger(__name__)
 
 
+def reset_optimizer_state(optimizer: torch.optim.Optimizer, *, momentum_only: bool = False) -> None:
+    """How RL starts after the warm start (`[training] rl_optimizer_start`), on any torch AdamW: forget its state
+    ("reset": moments and step counts), or with `momentum_only` zero the first moments and keep the second
+    moments and step counts ("reset_momentum"). `Trainer.reset_optimizer` is this on the trainer's optimizer;
+    `quaero bench peers-trl` applies it to TRL's AdamW too."""
+    if not momentum_only:
+        optimizer.state.clear()
+        return
+    for state in optimizer.state.values():
+        if "exp_avg" in state:
+            state["exp_avg"].zero_()
+
+
 class Trainer:
     """Shared trainer: subclasses set `name` (their registry key) and implement `_load_model() -> nn.Module`."""
 
@@ -71,12 +84,7 @@ class Trainer:
     def reset_optimizer(self, *, momentum_only: bool = False) -> None:
         """Forget the optimizer's moments (AdamW's step counts restart too): the next step starts afresh. With
         `momentum_only`, zero the first moment and keep the second and the step counts."""
-        if not momentum_only:
-            self.optimizer.state.clear()
-            return
-        for state in self.optimizer.state.values():
-            if "exp_avg" in state:
-                state["exp_avg"].zero_()
+        reset_optimizer_state(self.optimizer, momentum_only=momentum_only)
 
     def train_step(self, rows: list[EchoRow], *, sft: bool = False, echo_weight: float | None = None
                    ) -> dict[str, Any]:

@@ -5,8 +5,10 @@ trainer also *enforces* its declaration at run time (see trainers/base.py).
 """
 from __future__ import annotations
 
-import importlib
+import inspect
 from dataclasses import dataclass
+
+from quaero.resolve import resolve_name
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,5 @@ TRAINERS: dict[str, Capabilities] = {
 
 def trainer_class(name: str):
     """Import and return the trainer class for `name` (lazy: optional extras load only here)."""
-    caps = TRAINERS[name]
-    module, _, cls = caps.module.partition(":")
-    return getattr(importlib.import_module(module), cls)
+    return resolve_name(TRAINERS[name].module, f"trainers/registry.py TRAINERS[{name!r}].module",
+                        want=inspect.isclass, wanted="a class")

@@ -25,16 +25,14 @@ class SelectivePolicy:
 
     `hidden_max_bytes`: when the selected-hidden path's fp32 `[S, V]` logits would take more, it runs
     chunked (`chunk_size` rows at a time, 256 when unset) with recompute in backward: the same values,
-    memory O(chunk x V) instead of O(S x V). Measured on CPU (benchmarks/README.md, crossover): below
-    ~25 MiB of logits chunking cost 1.35-1.39x in every interleaved repeat; from 46 MiB (V 32,768) and
-    146 MiB (V 151,936, S = 252 and 504) its time was within the eager path's noise (paired ratios on
-    both sides of 1; 1.13x at S = 2048) while its peak fell 1.5-10.6x. 128 MiB sits above every
-    block where it cost time, at the default model's vocabulary (S > 220 at V 151,936).
+    memory O(chunk x V) instead of O(S x V). The default sits above every logits block where chunking
+    cost time in `quaero bench crossover`, and chunks from S > 220 targets at the default model's
+    vocabulary (151,936), where chunking cut the peak at no measured time cost (benchmarks/README.md,
+    crossover, with the figures, their date and command).
 
     `dense_min_density` = 1.0: the suffix computes the LM head over every suffix slot, the hidden
     path over the S targets only, so below full density the suffix does 1/density times the work for
-    nothing; measured (benchmarks/README.md, crossover) it lost in every interleaved repeat at
-    density 0.5 and 0.75 (1.3-3.3x slower) and tied at 1.0.
+    nothing; `quaero bench crossover` measured it slower at every density below 1 (benchmarks/README.md).
     """
 
     dense_min_density: float = 1.0
@@ -100,3 +98,7 @@ class TrainerSpec:
     memory: MemoryPolicy = field(default_factory=MemoryPolicy)
     # data parallelism under torchrun (trainers/distributed.py); "none" is one process
     distributed: Literal["none", "ddp", "fsdp2"] = "none"
+    # the hook a benchmark compares other LM-head methods through: "package.module:function" with the
+    # signature of trainers.selective.selected_logprobs, run on the backbone's hidden states in place of it
+    # (resolved once, when the trainer is built; trainers/step.py). "": the selective path itself.
+    logprob_fn: str = ""

@@ -23,8 +23,10 @@ meant), identical on every rank, with the per-rank forward counts beside them.
 """
 from __future__ import annotations
 
+import importlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -71,6 +73,7 @@ class MicrobatchForward(nn.Module):
         super().__init__()
         self.lm = parts.model  # registered, so a wrapper of this module holds every parameter
         self.parts, self.spec = parts, spec
+        self.selected_logprobs = logprob_function(spec.logprob_fn)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, target_mask: Tensor, temperature: float
                 ) -> tuple[Tensor, SelectiveInfo]:  # [B, L-1] fp32, selective when enabled and possible
@@ -81,8 +84,28 @@ class MicrobatchForward(nn.Module):
             branch = "fallback" if spec.selective_logits else "dense"
             return full_logprobs(logits, input_ids, target_mask, temperature=temperature), SelectiveInfo(branch)
         hidden = parts.hidden_states(input_ids, attention_mask)
-        return selected_logprobs(hidden, parts.lm_head, input_ids, target_mask, temperature=temperature,
-                                 policy=spec.selective, logit_transform=parts.transform)
+        return self.selected_logprobs(hidden, parts.lm_head, input_ids, target_mask,
+                                      temperature=temperature, policy=spec.selective,
+                                      logit_transform=parts.transform)
+
+
+def logprob_function(name: str) -> Callable[..., tuple[Tensor, SelectiveInfo]]:
+    """`TrainerSpec.logprob_fn`: "" is `selected_logprobs`; "package.module:function" names another function
+    of its signature (the benchmarks' peer LM-head methods), imported here once per trainer."""
+    if not name:
+        return selected_logprobs
+    module, _, attr = name.partition(":")
+    fix = ("name a function as 'package.module:function' with the signature of "
+           "trainers.selective.selected_logprobs")
+    try:
+        if not (module and attr):
+            raise ImportError("no 'module:function' in it")
+        fn = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"TrainerSpec logprob_fn={name!r}: {e}; {fix}") from None
+    if not callable(fn):
+        raise TypeError(f"TrainerSpec logprob_fn={name!r}: not a function; {fix}")
+    return fn
 
 
 def microbatch_logprobs(trainer: TrainerView, mb: Microbatch, temperature: float

@@ -211,6 +211,7 @@ def prompt_messages(meta: Any) -> list[dict]:
     return [m for m in prompt if isinstance(m, dict) and isinstance(m.get("content"), str) and m["content"].strip()]
 
 
+DEFAULT_SYSTEM_PROMPT = "You are an agent acting in an environment. Solve the task."  # when the env gives none
 INSTRUCTION_KEYS = ("instructions", "system_prompt")  # an observation's fields that are the env's own instructions
 
 

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from quaero.config import ConfigError
-from quaero.rollout.counts import RolloutCounts
+from quaero.launcher_registry import LAUNCHERS, opener
 from quaero.telemetry import names
+from quaero.telemetry.counts import RolloutCounts
 from quaero.telemetry.runlog import get_logger
 
-from .launchers import LAUNCHERS, opener
 from .loading import EnvSpec, action_fields, ignored_reset_params, load_entry, load_formatter, require_openenv
 from .mapping import model_action_schema, tool_specs
 from .server import LocalServer, start_env_servers
@@ -199,7 +199,7 @@ def _open_session(session: ChatEnv, cfg: EnvConfig) -> None:
 
 @dataclass
 class Launched:
-    """What a launcher (quaero/openenv_client/launchers.py) opens for a pool: a connector per session, the servers
+    """What a launcher (quaero/launcher_registry.py) opens for a pool: a connector per session, the servers
     quaero started (stopped when the pool closes) and the http bases of the servers the sessions reach (none
     in process: the env's schema, tools and tasks are then read from its class)."""
 
@@ -286,7 +286,7 @@ def open_envs(cfg: EnvConfig, n: int, counts: RolloutCounts | None = None, log_d
         connectors, servers, http_urls = launched.connectors, launched.servers, launched.http_urls
         if not http_urls:  # in process: the env's class says what it takes
             is_mcp, schema = spec.speaks_tools, spec.action_schema()
-            tasks = catalog_of_spec(spec)
+            tasks = catalog_of_spec(spec, cfg.reset_timeout_s)
         else:
             schema = _action_schema(http_urls, cfg.reset_timeout_s)
             try:

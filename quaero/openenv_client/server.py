@@ -10,6 +10,7 @@ itself when the parent process is gone.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import re
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from quaero.processes import ServerStartError, child_env, log_file, start_together
-from quaero.telemetry.runlog import first_text_line, get_logger
+from quaero.telemetry.runlog import error_line, first_text_line, get_logger
 
 from .loading import EnvSpec, load_entry
 from .transport import observation_reply_model
@@ -44,28 +45,67 @@ def build_app(spec: EnvSpec, max_concurrent_envs: int) -> Any:
                       max_concurrent_envs=max_concurrent_envs, state_cls=spec.state_cls)
 
 
+class ServeError(RuntimeError):
+    """`quaero env serve` cannot start: the env cannot be built, or the address cannot be listened on."""
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket on (host, port); ServeError naming the host or port when there is none."""
+    if not 0 <= port <= 65535:
+        raise ServeError(f"--port {port}: a TCP port is 0..65535 (0: any free port)")
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except socket.gaierror as e:
+        raise ServeError(f"--host {host!r}: cannot resolve it ({e.strerror}); use an address such as 127.0.0.1 or "
+                         "a name this machine resolves") from None
+    try:
+        return socket.create_server((host, port), family=family, backlog=256)
+    except OSError as e:
+        raise ServeError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e}); choose a free "
+                         "port or an address of this machine") from None
+
+
+def check_builds(spec: EnvSpec) -> None:
+    """Build one instance of the env (and close it): an env whose construction raises fails at start in one
+    line, not with a traceback per session, and never reaches a client as an HTTP 500."""
+    try:
+        env = spec.factory()
+    except Exception as e:  # noqa: BLE001 - the env's own failure, reported in one line
+        raise ServeError(f"{spec.entry}: building the env raised {error_line(e)}; fix its setup (a dataset, file, "
+                         "key or --kwargs it needs?)") from None
+    with contextlib.suppress(Exception):
+        env.close()
+
+
 def serve(entry: str, host: str = "127.0.0.1", port: int = 8000, max_concurrent_envs: int = 16,
           fd: int | None = None, parent_pid: int | None = None, kwargs: dict | None = None,
           action: str | None = None) -> None:
     """Serve any OpenEnv env (`module:Class`) with OpenEnv's own app; blocks until stopped. fd: serve on an
     inherited listening socket; parent_pid: exit when that process is gone (both for LocalServer); action:
-    `[env] action`, for an env that names no Action class itself."""
+    `[env] action`, for an env that names no Action class itself. One instance is built first (`check_builds`);
+    ServeError when it cannot be, or when (host, port) cannot be listened on."""
     if parent_pid is not None:
         _exit_with_parent(parent_pid)
     import uvicorn
 
+    sock = socket.socket(fileno=fd) if fd is not None else listen(host, port)
+    if fd is None and host not in LOOPBACK:
+        log.warning("env_serve_exposed", host=host, port=port,
+                    note="listening beyond this machine: anyone who reaches this address runs the env's code "
+                    "through its sessions; serve on 127.0.0.1 unless that is meant")
     spec = load_entry(entry, kwargs, action)
+    if fd is None:  # `quaero env serve`; a LocalServer's env was loaded by the run, whose sessions report failures
+        check_builds(spec)
     if max_concurrent_envs > 1 and not spec.supports_concurrency:
         log.warning("env_serve_single_session", entry=entry, requested=max_concurrent_envs,
                     reason="SUPPORTS_CONCURRENT_SESSIONS is False; serving one session at a time")
         max_concurrent_envs = 1
     app = build_app(spec, max_concurrent_envs)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", ws_ping_interval=None)
-    server = uvicorn.Server(config)
-    if fd is None:
-        server.run()
-    else:
-        server.run(sockets=[socket.socket(fileno=fd)])
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 def _exit_with_parent(parent_pid: int) -> None:

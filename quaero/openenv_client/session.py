@@ -21,6 +21,7 @@ from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
 
 from .mapping import (
+    DEFAULT_SYSTEM_PROMPT,
     INSTRUCTION_KEYS,
     Malformed,
     action_instructions,
@@ -36,10 +37,9 @@ from .mapping import (
 from .transport import ActionRejected, EnvFault, EnvRaised, InvalidReply
 
 if TYPE_CHECKING:
-    from quaero.rollout.counts import RolloutCounts
+    from quaero.telemetry.counts import RolloutCounts
 
 log = get_logger(__name__)
-DEFAULT_SYSTEM_PROMPT = "You are an agent acting in an environment. Solve the task."
 
 
 @dataclass

@@ -20,8 +20,10 @@ import inspect
 import json
 import math
 import random
+import threading
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,19 +63,68 @@ def split_name(split: Any) -> str:
     return str(split)
 
 
-def catalog_of(env: Any, source: str = "in process") -> TaskCatalog | None:
+class TaskCountError(ValueError):
+    """`num_tasks` answered something other than a non-negative int."""
+
+
+def task_count(value: Any, split: str) -> int:
+    """`num_tasks(split)`'s answer, strictly a non-negative int (2.7, "3", NaN or true are not counts)."""
+    if type(value) is not int or value < 0:
+        raise TaskCountError(f"num_tasks({split!r}) returned {value!r} ({type(value).__name__}), not a "
+                             "non-negative int; return the split's task count as an int")
+    return value
+
+
+class DiscoveryTimeout(ConfigError):
+    """An env's list_splits/num_tasks did not answer within the bound."""
+
+
+def _bounded(call: Callable[[], Any], what: str, timeout_s: float | None) -> Any:
+    """`call()` (an env's discovery method), waited for at most `timeout_s` seconds: it runs on a daemon thread,
+    abandoned (never joined) when it does not answer, so a blocking env cannot hold `quaero check` or a run."""
+    if timeout_s is None:
+        return call()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = e
+
+    worker = threading.Thread(target=run, daemon=True, name="quaero-task-discovery")
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise DiscoveryTimeout(f"{what} (OpenEnv's Task API) did not answer within {timeout_s:g}s ([env] "
+                               "reset_timeout_s bounds task discovery); fix the env's discovery (it must not "
+                               "block) or raise the bound")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def catalog_of(env: Any, source: str = "in process", timeout_s: float | None = None) -> TaskCatalog | None:
     """The Task API of an env instance, or None when it has none (no methods, or they raise
-    NotImplementedError, as OpenEnv's server answers 501)."""
+    NotImplementedError, as OpenEnv's server answers 501); each method waited for at most `timeout_s`."""
     list_splits, num_tasks = getattr(env, "list_splits", None), getattr(env, "num_tasks", None)
     if not (callable(list_splits) and callable(num_tasks)):
         return None
+    cls = type(env).__name__
     try:
-        names = [split_name(s) for s in _awaited(list_splits())]
-        return TaskCatalog({name: int(_awaited(num_tasks(name))) for name in names}, source)
+        listed = _bounded(lambda: _awaited(list_splits()), f"{cls}.list_splits()", timeout_s)
+        names = [split_name(s) for s in listed]
+        return TaskCatalog({name: task_count(_bounded(lambda name=name: _awaited(num_tasks(name)),
+                                                      f"{cls}.num_tasks({name!r})", timeout_s), name)
+                            for name in names}, source)
     except NotImplementedError:
         return None
+    except DiscoveryTimeout as e:
+        raise DiscoveryTimeout(f"[env] {cls}: {e}") from None
+    except TaskCountError as e:
+        raise ConfigError(f"[env] {cls}: {e}") from None
     except Exception as e:  # noqa: BLE001 - an env whose discovery fails is named in one line, not a traceback
-        raise ConfigError(f"{type(env).__name__}.list_splits/num_tasks (OpenEnv's Task API) failed: "
+        raise ConfigError(f"{cls}.list_splits/num_tasks (OpenEnv's Task API) failed: "
                           f"{error_line(e)}; fix the env's task discovery or remove those methods") from None
 
 
@@ -93,8 +144,10 @@ def catalog_over_http(http_url: str, timeout_s: float = 10.0) -> TaskCatalog | N
         return None  # not OpenEnv's HTTP server (an older one, a WebSocket-only server): no Task API to read
     try:
         splits = [split_name(s) for s in _http_json(f"{http_url}/{env_name}/splits", timeout_s)]
-        counts = {s: int(_http_json(f"{http_url}/{env_name}/num_tasks", timeout_s, {"split": s})["num_tasks"])
+        counts = {s: task_count(_http_json(f"{http_url}/{env_name}/num_tasks", timeout_s, {"split": s})["num_tasks"], s)
                   for s in splits}
+    except TaskCountError as e:
+        raise ConfigError(f"[env] {http_url}: its Task API's {e}") from None
     except urllib.error.HTTPError as e:
         if e.code in (404, 405, 501):
             return None
@@ -187,7 +240,7 @@ def check_lines(cfg: Any, source: str = "config") -> list[str]:
         if not builds_class(spec):  # a factory whose return annotation named its class: still never called
             return [(f"tasks       read from {spec.env_cls.__name__}'s Task API when sessions open: {spec.entry} is a "
                      "factory function, not called at check (its splits and task counts cannot be read without it)")]
-        catalog = catalog_of_spec(spec)
+        catalog = catalog_of_spec(spec, env_cfg.reset_timeout_s)
     check_splits(catalog, env_cfg, train=bool(t.steps or t.warmup_sft_steps), evaluate=bool(t.eval_tasks),
                  source=source)
     return [plan_line(catalog, env_cfg, t.eval_tasks)]
@@ -200,14 +253,20 @@ def builds_class(spec: Any) -> bool:
     return factory is spec.env_cls
 
 
-def catalog_of_spec(spec: Any) -> TaskCatalog | None:
-    """The Task API of a fresh instance of an EnvSpec's env, closed afterwards."""
+def catalog_of_spec(spec: Any, timeout_s: float | None = None) -> TaskCatalog | None:
+    """The Task API of a fresh instance of an EnvSpec's env, closed afterwards (abandoned, unclosed, when its
+    discovery did not answer within `timeout_s`: its thread is still inside it)."""
     try:
         env = spec.factory()
     except Exception as e:  # noqa: BLE001 - an env that cannot be built is named in one line, not a traceback
         raise ConfigError(f"[env] entry={spec.entry!r}: building the env raised {error_line(e)}; fix its setup "
                           "(a dataset, file or [env] kwargs it needs?)") from None
     try:
-        return catalog_of(env)
-    finally:
+        catalog = catalog_of(env, timeout_s=timeout_s)
+    except DiscoveryTimeout:
+        raise  # the instance is left to its stuck thread: closing it could block as well
+    except BaseException:
         env.close()
+        raise
+    env.close()
+    return catalog

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 from quaero.telemetry.runlog import get_logger
 
 if TYPE_CHECKING:
-    from quaero.rollout.counts import RolloutCounts
     from quaero.rollout.rows import EchoRow, Transition
+    from quaero.telemetry.counts import RolloutCounts
 
 log = get_logger(__name__)
 

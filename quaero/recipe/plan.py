@@ -14,8 +14,8 @@ import stat
 import tempfile
 from pathlib import Path
 
+from quaero import sampler_registry as samplers
 from quaero.config import ConfigError, QuaeroConfig, load_config
-from quaero.sampling import registry as samplers
 from trainers import registry
 from trainers.spec import MemoryPolicy, SelectivePolicy, TrainerSpec
 
@@ -121,22 +121,14 @@ def check_server_devices(cfg: QuaeroConfig, source: str = "config") -> None:
 
 def resolve_oracle(cfg: QuaeroConfig, source: str = "config"):
     """The warm start's `oracle_policy(info)`: `[training] oracle`, else the one in the env entry's module."""
-    import importlib
+    from quaero.resolve import resolve_name
 
     where = cfg.training.oracle or f"{(cfg.env.entry or '').partition(':')[0]}:oracle_policy"
-    key = "[training] oracle" if cfg.training.oracle else "[env] entry"
-    module_name, _, attr = where.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConfigError(f"{source} {key}: cannot import {module_name!r} for the warm start's oracle ({e}); "
-                          "make it importable here, or set [training] warmup_sft_steps = 0") from None
-    policy = getattr(module, attr, None)
-    if not callable(policy):
-        raise ConfigError(f"{source} [training] warmup_sft_steps={cfg.training.warmup_sft_steps}: {module_name!r} "
-                          f"has no {attr}(info) function; write one (docs/environments.md: Warm start), point "
-                          "[training] oracle at one, or set warmup_sft_steps = 0")
-    return policy
+    key = "[training] oracle" if cfg.training.oracle else "[training] oracle (unset: beside [env] entry)"
+    fix = (f"write oracle_policy(info) (docs/environments.md: Warm start), point [training] oracle at one, or "
+           f"set [training] warmup_sft_steps = 0 (now {cfg.training.warmup_sft_steps})")
+    return resolve_name(where, f"{source} {key}", want=callable, wanted="a function oracle_policy(info)",
+                        fix=fix, error=ConfigError, example="my_env.oracle:oracle_policy")
 
 
 def check_openenv_install(source: str = "config") -> None:

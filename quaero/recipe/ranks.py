@@ -59,7 +59,7 @@ def _sum_over_ranks(counts: Counter, reward_sum: float) -> tuple[Counter, float]
 
 
 def rollout_snapshot(counts) -> dict[str, Any]:
-    """`counts.snapshot_and_reset()` with every rank's counts summed (quaero/rollout/counts.py)."""
+    """`counts.snapshot_and_reset()` with every rank's counts summed (quaero/telemetry/counts.py)."""
     return counts.snapshot_and_reset(_sum_over_ranks if process_group.world_size() > 1 else None)
 
 

@@ -35,21 +35,21 @@ from quaero.recipe import checkpoint, ranks
 from quaero.recipe.ahead import Rollout, RolloutsAhead
 from quaero.recipe.saved_rows import save_step_rows
 from quaero.rollout.advantages import group_advantages
-from quaero.rollout.counts import drop_reasons
 from quaero.rollout.tasks import task_reset
 from quaero.rollout.traces import trace_batch, warm_start_rows
 from quaero.sampling.wire import STOP_REQUESTED
 from quaero.telemetry import names
+from quaero.telemetry.counts import drop_reasons
 from quaero.telemetry.outcomes import SignalWatch
 from quaero.telemetry.runlog import Cumulative, RunLog, configure, error_line, get_logger, set_step
 
 if TYPE_CHECKING:
     from quaero.openenv_client import EnvPool
-    from quaero.rollout.counts import RolloutCounts
     from quaero.rollout.driver import EpisodeDriver, Policy
     from quaero.rollout.render import RenderAdapter
     from quaero.rollout.rows import EchoRow, Transition
     from quaero.sampling import Sampler
+    from quaero.telemetry.counts import RolloutCounts
     from trainers.base import Trainer
 
 log = get_logger(__name__)
@@ -78,6 +78,7 @@ class Components:
     empty_steps: int = 0  # consecutive steps that trained no row
     empty_drops: dict[str, int] = field(default_factory=dict)  # their drop reasons, counted
     empty_exhausted: int = 0  # their episodes that ended with no room left for a turn
+    empty_nonfinite: int = 0  # their groups left out for a non-finite advantage
 
 
 def build(cfg: QuaeroConfig, pool: EnvPool, sampler_log_dir: Path | None = None) -> Components:
@@ -139,7 +140,13 @@ def _roll_out(c: Components, step: int, first_task: int, *, sft: bool
         return rows, 0
     bound, sampled = int(cfg.training.dynamic_sampling_max_groups * n), n
     while spread < n and sampled < bound:
+        if STOP_REQUESTED.is_set():  # a stop request: this step trains what it has, then the run stops
+            log.warning("dynamic_sampling_stopped", groups=sampled, groups_with_spread=spread,
+                        note="a stop request came; training the groups sampled so far")
+            break
         more = min(n - spread, bound - sampled)
+        log.info("dynamic_sampling_round", groups=sampled, groups_with_spread=spread, wanted=n, sampling=more,
+                 bound=bound)
         got, new_spread = _rows_of(c, step, first_task + sampled, range(more), seed + 104_729 * sampled, sft=False)
         rows += got
         spread += new_spread
@@ -173,7 +180,7 @@ def _rows_of(c: Components, step: int, first_task: int, offsets: range, seed: in
             spread += not zero
         for g, (ep, adv) in enumerate(zip(kept, advs)):
             episode = f"{step}/{task['index']}/{g}"
-            rows.extend((r.with_advantage(adv, episode), ep.transitions) for r in ep.rows)
+            rows.extend((r.with_advantage(adv, episode, ep.reward), ep.transitions) for r in ep.rows)
     return rows, spread
 
 
@@ -337,23 +344,37 @@ def _empty_run(c: Components, step: int, m: dict[str, Any]) -> str | None:
                 f"episode to play; the env said: {c.driver.reset_end_reason or 'nothing'}; fix what the env needs "
                 "(a key, a sandbox, a dataset)")
     if m[names.ROWS]:
-        c.empty_steps, c.empty_drops, c.empty_exhausted = 0, {}, 0
+        c.empty_steps, c.empty_drops, c.empty_exhausted, c.empty_nonfinite = 0, {}, 0, 0
         return None
     c.empty_steps += 1
     for kind, n in drop_reasons(m).items():
         c.empty_drops[kind] = c.empty_drops.get(kind, 0) + n
     c.empty_exhausted += m.get(names.CONTEXT_EXHAUSTED, 0)
+    c.empty_nonfinite += m.get(names.GROUPS_NONFINITE_ADVANTAGE, 0)
     limit = c.cfg.training.max_empty_steps
     if c.empty_steps < limit:
         return None
     steps = f"steps {step - limit + 1}-{step}" if limit > 1 else f"step {step}"
-    reasons = ", ".join(f"{n}x {kind}" for kind, n in sorted(c.empty_drops.items())) or "none dropped"
-    exhausted = (f"; {c.empty_exhausted} episode(s) ended with no room for a turn (context_exhausted): [sampler] "
-                 f"max_tokens={c.cfg.sampler.max_tokens} leaves too little of [model] max_seq_len="
-                 f"{c.cfg.model.max_seq_len} for the prompt; lower max_tokens or raise max_seq_len"
-                 if c.empty_exhausted else "")
-    return (f"{steps} trained no row ([training] max_empty_steps={limit}); dropped episodes by reason: "
-            f"{reasons}{exhausted}; the env_episode_dropped events in {c.cfg.run_dir / names.EVENTS} say why")
+    return (f"{steps} trained no row ([training] max_empty_steps={limit}); "
+            + why_no_rows(c.cfg, c.empty_drops, c.empty_exhausted, c.empty_nonfinite))
+
+
+def why_no_rows(cfg: QuaeroConfig, drops: dict[str, int], exhausted: int, nonfinite: int) -> str:
+    """Why steps trained no row: their dropped episodes by reason, the episodes with no room for a turn and
+    the groups left out for a non-finite advantage (rewards too far apart for a float: ±1e308)."""
+    reasons = ", ".join(f"{n}x {kind}" for kind, n in sorted(drops.items())) or "none dropped"
+    out = f"dropped episodes by reason: {reasons}"
+    if exhausted:
+        out += (f"; {exhausted} episode(s) ended with no room for a turn (context_exhausted): [sampler] "
+                f"max_tokens={cfg.sampler.max_tokens} leaves too little of [model] max_seq_len="
+                f"{cfg.model.max_seq_len} for the prompt; lower max_tokens or raise max_seq_len")
+    if nonfinite:
+        out += (f"; {nonfinite} group(s) left out because their rewards give no finite advantage "
+                f"({names.GROUPS_NONFINITE_ADVANTAGE}: rewards too far apart for a float, e.g. ±1e308); "
+                "bound the env's rewards")
+    if drops:
+        out += f"; the env_episode_dropped events in {cfg.run_dir / names.EVENTS} say why"
+    return out
 
 
 def _save(c: Components, step: int) -> Path:
@@ -448,7 +469,7 @@ class StopRequest:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        STOP_REQUESTED.set()  # a wait on a vLLM server ends STOP_GRACE_S later (quaero/sampling/wire.py)
+        STOP_REQUESTED.set()  # a wait on a vLLM server ends [sampler] stop_grace_s later (quaero/sampling/wire.py)
         log.warning("stop_requested", signal=signal.Signals(signum).name,
                     note="finishing this step, then checkpointing; a second Ctrl-C or SIGTERM aborts")
 
@@ -471,10 +492,9 @@ def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path
     with RolloutsAhead() if cfg.training.max_off_policy_steps else contextlib.nullcontext() as ahead:
         _steps(c, stop, bar, run_id, ahead)
     if total and not c.cumulative.totals.get(names.ROWS):  # fewer steps than max_empty_steps, every one empty
-        dropped = drop_reasons(c.cumulative.totals)
-        why = (f"the run's {total} step(s) trained no row; dropped episodes by reason: "
-               f"{', '.join(f'{n}x {k}' for k, n in sorted(dropped.items())) or 'none dropped'}; the "
-               f"env_episode_dropped events in {cfg.run_dir / names.EVENTS} say why")
+        dropped, totals = drop_reasons(c.cumulative.totals), c.cumulative.totals
+        why = f"the run's {total} step(s) trained no row; " + why_no_rows(
+            cfg, dropped, totals.get(names.CONTEXT_EXHAUSTED, 0), totals.get(names.GROUPS_NONFINITE_ADVANTAGE, 0))
         log.error(names.RUN_END_EVENT, status="failed", steps=total, run_id=run_id, error=why, drop_reasons=dropped)
         raise EmptyRunError(why)  # no final/: there is no trained model to hand over
     from quaero.recipe.model_folder import save_final

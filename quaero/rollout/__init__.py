@@ -2,6 +2,6 @@
 
 driver.py (`EpisodeDriver`: reset -> render -> sample -> parse -> step -> capture -> bridge), render.py (the
 renderer adapter: prompts, action parsing, the exact bridge), rows.py (`EchoRow` and how episodes become
-rows), counts.py (`RolloutCounts`, every rollout count), tasks.py (which task, split and seed an episode
-resets to) and traces.py (OpenEnv's token formats, rows in and out).
+rows), tasks.py (which task, split and seed an episode resets to) and traces.py (OpenEnv's token formats,
+rows in and out). What the rollout counts is quaero/telemetry/counts.py's.
 """

@@ -6,7 +6,7 @@ ids, so no env response is ever lost. Episodes run concurrently, one per env ses
 prompts of all running episodes go to the sampler as one batch, and env steps run in threads.
 
 The driver owns the turn limit (`[env] max_turns`): it judges episodes, so it is where a cut episode
-becomes truncated and never a success (quaero/rollout/counts.py). Everything is counted in one
+becomes truncated and never a success (quaero/telemetry/counts.py). Everything is counted in one
 RolloutCounts; `[training] strict` turns any exactness mismatch into an error.
 
 It also owns lengths, so that no row exceeds `[model] max_seq_len`: each env message is cut to
@@ -25,11 +25,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from quaero.openenv_client import ChatEnv, EpisodeDropped, EpisodeEndedAtReset
-from quaero.rollout.counts import RolloutCounts
 from quaero.rollout.render import BridgeFailure, RenderAdapter, UnparsableAction
 from quaero.rollout.rows import EchoRow, Transition, build_rows, per_transition_tokens
 from quaero.sampling import Completion, Sampler
 from quaero.telemetry import names
+from quaero.telemetry.counts import RolloutCounts
 from quaero.telemetry.proofs import MAX_SAMPLER_LOGPROB
 from quaero.telemetry.runlog import get_logger
 

@@ -101,11 +101,14 @@ class EchoRow:
     def num_echo_tokens(self) -> int:
         return sum(1 for w in self.echo_weights if w > 0.0)
 
-    def with_advantage(self, advantage: float, episode: str | None = None) -> EchoRow:
+    def with_advantage(self, advantage: float, episode: str | None = None, reward: float | None = None) -> EchoRow:
         """The same row with `advantage` on every sampled action token (group-relative RL); `episode` names
-        the episode it belongs to (`meta["episode"]`: the rows a sequence-mean loss averages together)."""
+        the episode it belongs to (`meta["episode"]`: the rows a sequence-mean loss averages together) and
+        `reward` is that episode's (`meta["reward"]`: what a saved row's export reports)."""
         mask = self.action_mask
         meta = self.meta if episode is None else {**self.meta, "episode": episode}
+        if reward is not None:
+            meta = {**meta, "reward": reward}
         return replace(self, advantages=[advantage if m else 0.0 for m in mask], meta=meta)
 
     def to_dict(self) -> dict:

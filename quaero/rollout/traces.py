@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from quaero.config import ConfigError
-from quaero.rollout.advantages import group_advantages
+from quaero.rollout.advantages import MAX_ABS_ADVANTAGE, group_advantages
 from quaero.rollout.rows import EchoRow, RowError, Span
 from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
@@ -308,7 +308,8 @@ def rl_rows(rows: list[EchoRow], where: list[str]) -> tuple[list[EchoRow], list[
     `advantage`, else its reward minus its group's mean reward, as quaero's rollouts do) and the recorded
     sampler log-probs it already holds (the importance ratio's denominator). Refused in one line each (where[i]:
     reason): a row whose action tokens carry no sampler log-prob (all 0.0: an oracle demo, or a record without
-    `logprobs`) or a positive one; one with no advantage and no reward with a group; a group of one record."""
+    `logprobs`) or a positive one; one with no advantage and no reward with a group; an advantage past
+    MAX_ABS_ADVANTAGE (recorded, or from its group's rewards); a group of one record."""
 
     refused: list[str] = []
     ready: list[tuple[int, float]] = []
@@ -323,6 +324,9 @@ def rl_rows(rows: list[EchoRow], where: list[str]) -> tuple[list[EchoRow], list[
                            '[data] traces_loss = "sft"')
         elif any(lp > 0.0 for lp in action):
             refused.append(f"{where[i]}: a sampler log-prob above 0 on an action token: not a log-probability")
+        elif advantage is not None and abs(advantage) > MAX_ABS_ADVANTAGE:
+            refused.append(f"{where[i]}: its advantage {advantage:g} is past +-{MAX_ABS_ADVANTAGE:g}, more than the "
+                           "fp32 loss holds (it would train nothing: a NaN loss); scale the record's advantages")
         elif advantage is not None:
             ready.append((i, advantage))
         elif reward is not None and group is not None:
@@ -367,6 +371,9 @@ def warm_start_rows(cfg: Any, source: str = "config") -> tuple[list[EchoRow], li
     """`[data] traces` read for training: (rows, refusals), each refusal logged in one line; a ConfigError when
     the file cannot be read or holds no exact record."""
     path, vocab_size = cfg.data.traces, vocab_size_of(cfg.model.name)
+    if Path(path).exists() and not Path(path).is_file():  # a FIFO would block the read until a writer came
+        raise ConfigError(f"{source} [data] traces={path!r}: not a regular file (a FIFO, a device or a folder); "
+                          "name a .jsonl file of records")
     try:
         rows, refused = load_traces(path, vocab_size, include_scaffold=cfg.echo.include_scaffold,
                                     max_len=cfg.model.max_seq_len, loss=cfg.data.traces_loss)

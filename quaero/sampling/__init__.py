@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from quaero.sampling import registry
+from quaero import sampler_registry as registry
 
 if TYPE_CHECKING:
     import torch
@@ -85,7 +85,7 @@ def resolve_backend(name: str, device: str) -> str:
 
 
 def make_sampler(cfg, *, model=None, stop_token_ids: list[int], device: str, log_dir=None) -> Sampler:
-    """The sampler `cfg.sampler.backend` and `mode` name, built by its engine's `build` (quaero/sampling/registry.py).
+    """The sampler `cfg.sampler.backend` and `mode` name, built by its engine's `build` (quaero/sampler_registry.py).
     `model` (the trainer's module) is shared by `hf` only; `log_dir` keeps the logs of the vLLM servers server
     mode starts (else temp files). `auto` promises a sampler that runs, not one engine at any price: when the
     engine it picked cannot start, it samples with `hf`, and says so."""

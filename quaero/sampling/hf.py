@@ -111,7 +111,7 @@ class HFSampler:
 
 
 def build(cfg, *, model=None, stop_token_ids: list[int], device: str, log_dir=None) -> HFSampler:
-    """The `hf` engine for `cfg` (quaero/sampling/registry.py): on the trainer's own module when given one
+    """The `hf` engine for `cfg` (quaero/sampler_registry.py): on the trainer's own module when given one
     (`model`: weight sync is free), else on a model of its own."""
     from quaero.model import load_causal_lm
 

@@ -302,7 +302,8 @@ class VLLMServerSampler:
         waits, tries = (list(RETRY_WAITS_S) if retry else []), 0
         while True:
             try:  # every wait bounded, and a stop request ends it (quaero/sampling/wire.py)
-                status, text = exchange("POST", url + path, data, abort=self._abort)
+                status, text = exchange("POST", url + path, data, abort=self._abort,
+                                        first_byte_s=self.cfg.request_timeout_s, stop_grace_s=self.cfg.stop_grace_s)
             except OSError as e:  # refused, reset or dropped: nothing came back; a bound that ran out is not retried
                 timed_out = isinstance(e, TimeoutError)
                 fault, transient = f"{'timed out' if timed_out else 'unreachable'} ({e})", not timed_out
@@ -348,7 +349,7 @@ def _json_object(where: str, text: bytes) -> dict:
 
 
 def build(cfg, *, model=None, stop_token_ids: list[int], device: str, log_dir=None) -> VLLMServerSampler:
-    """The `vllm` engine for `cfg` in `[sampler] mode = "server"` (quaero/sampling/registry.py): connect to `urls`,
+    """The `vllm` engine for `cfg` in `[sampler] mode = "server"` (quaero/sampler_registry.py): connect to `urls`,
     or start `servers` vLLM servers for this process (each torchrun rank starts its own, on its devices:
     `server_devices`); `log_dir` keeps their logs. It never shares the trainer's module (`model`)."""
     from quaero.model import resolve_model

@@ -234,7 +234,7 @@ class VLLMSampler:
 
 
 def build(cfg, *, model=None, stop_token_ids: list[int], device: str, log_dir=None) -> VLLMSampler:
-    """The `vllm` engine for `cfg` in this process (`[sampler] mode = "colocated"`; quaero/sampling/registry.py).
+    """The `vllm` engine for `cfg` in this process (`[sampler] mode = "colocated"`; quaero/sampler_registry.py).
     It never shares the trainer's module (`model`): weights are pushed to it."""
     from quaero.model import resolve_model
 

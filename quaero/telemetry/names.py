@@ -178,9 +178,9 @@ RANK_PADDING_MICROBATCHES = _step.per_step("rank_padding_microbatches",
                                            "zero-loss forwards per rank that keep it in step with the others")
 RANK_PEAK_MEM_MB = _step.per_step("rank_peak_mem_mb", "peak memory per rank")
 
-# ── the rollout (quaero/rollout/counts.py `RolloutCounts`: the sessions and the driver count into it) ──────────
+# ── the rollout (quaero/telemetry/counts.py `RolloutCounts`: the sessions and the driver count into it) ──────────
 
-_rollout = _table("Rollout", "quaero/rollout/counts.py")
+_rollout = _table("Rollout", "quaero/telemetry/counts.py")
 EPISODES = _rollout.count("episodes", "episodes run (dropped ones included)")
 EPISODES_DROPPED = _rollout.count("episodes_dropped", "episodes dropped (also counted as `drop_reason_<kind>`)")
 EPISODES_ENDED_AT_RESET = _rollout.count("episodes_ended_at_reset", "resets that answered done=True: no episode "

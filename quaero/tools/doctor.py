@@ -19,12 +19,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from quaero import sampler_registry as samplers
 from quaero.model import cache_dir
 from quaero.openenv_client.loading import file_matches_record, openenv_repair_command
-from quaero.sampling import registry as samplers
 
 PINNED = ("torch", "transformers", "renderers", "openenv")
-# the optional engines whose import is checked: the sampler engines' packages (quaero/sampling/registry.py) and
+# the optional engines whose import is checked: the sampler engines' packages (quaero/sampler_registry.py) and
 # unsloth's trainer; what `pip install` takes for each
 ENGINE_INSTALL = {**{e.package: e.install for e in samplers.SAMPLERS.values() if e.package},
                   "unsloth": "'quaero[unsloth]' (CUDA only)"}
@@ -179,13 +179,21 @@ def _folder(path: Path, label: str, problems: list[dict], *, size: bool) -> dict
                  f"remove or rename that file{', or set QUAERO_CACHE to a folder' if label == 'cache' else ''}")
         return facts
     base = _nearest_existing(path)
+    elsewhere = ", or set QUAERO_CACHE to another folder" if label == "cache" else ""
+    if not base.is_dir():  # a file on the way: the folder can never be made
+        _problem(problems, f"{label} {path} does not exist and cannot be created: {base} is a file",
+                 f"remove or rename that file{elsewhere}")
+        return facts
     if not os.access(base, os.W_OK):
         _problem(problems, f"{label} {path} is not writable (checked {base})",
                  f"make it writable{', or set QUAERO_CACHE to a writable folder' if label == 'cache' else ''}")
     facts["free_bytes"] = shutil.disk_usage(base).free
     if facts["free_bytes"] < MIN_FREE_BYTES:
-        _problem(problems, f"{label} {path}: only {_human(facts['free_bytes'])} free",
-                 f"free disk space (at least {_human(MIN_FREE_BYTES)}) or move it to a larger disk")
+        free = _human(facts["free_bytes"])
+        # a folder not made yet is measured where it would be made (a pseudo filesystem such as /proc: 0 B)
+        _problem(problems, f"{label} {path}: only {free} free" if base == path.absolute() else
+                 f"{label} {path} does not exist yet; {base}, where it would be made, has only {free} free",
+                 f"free disk space (at least {_human(MIN_FREE_BYTES)}) or choose a folder on a larger disk{elsewhere}")
     if size and path.is_dir():
         facts["size_bytes"] = sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
     return facts
@@ -234,7 +242,8 @@ def render(facts: dict) -> str:
         engines.append(f"{name:<14}" + ("not installed" if not e["installed"] else f"{e['version']}, imports"
                                         if e["imports"] else f"does not import: {e['error']}"))
     c, r = facts["cache"], facts["runs"]
-    cache = f"{c['path']} ({c['source']})" + (f", {_human(c['size_bytes'])}" if "size_bytes" in c else "")
+    cache = f"{c['path']} ({c['source']})" + (f", {_human(c['size_bytes'])}" if "size_bytes" in c else
+                                               "" if c["exists"] else ", not created yet")
     lines = [
         f"python        {facts['python']['version']} ({facts['python']['executable']})",
         f"torch         {torch_line}",

@@ -16,7 +16,6 @@ A contestant (`--model`, each side of `--compare`) is one of:
 from __future__ import annotations
 
 import contextlib
-import importlib
 import inspect
 import json
 import re
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from quaero.config import QuaeroConfig
 from quaero.recipe.model_folder import ExportError
+from quaero.resolve import resolve_name
 from quaero.rollout.advantages import safe_mean
 from quaero.telemetry import names
 from quaero.telemetry.runlog import error_line
@@ -102,14 +102,10 @@ def resolve(spec: str | None, cfg: QuaeroConfig, scratch: contextlib.ExitStack) 
         _check_model_folder(spec, path)
         return Contestant(spec, folder=path, home=cfg.run_dir)  # never beside a folder the user only reads
     if not path.exists() and _POLICY.match(spec):
-        module, _, name = spec.partition(":")
-        try:
-            policy = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as e:
-            raise EvalError(f"--model {spec}: cannot import the policy ({type(e).__name__}: {e})") from None
-        if not inspect.isfunction(policy):  # os:system, a class, a constant: never called with an episode's info
-            raise EvalError(f"--model {spec}: {type(policy).__name__} {name!r} is not a Python function; a scripted "
-                            "policy is `def policy(info) -> (messages -> assistant message)`")
+        # os:system, a class, a constant: never called with an episode's info
+        scripted = "a scripted policy is `def policy(info) -> (messages -> assistant message)`"
+        policy = resolve_name(spec, "--model", want=inspect.isfunction, wanted="a Python function", fix=scripted,
+                              error=EvalError, example="my_env.oracle:oracle_policy")
         return Contestant(spec, policy=policy, home=cfg.run_dir)
     raise EvalError(f"--model {spec}: not a run folder (runs/NAME), a model folder (config.json or "
                     "adapter_config.json) or a scripted policy package.module:function")

@@ -6,6 +6,10 @@ by kind (decoded with the run's tokenizer) or re-checks them: `--verify` checks 
 against `sampled_actions`, the sampler's own action ids saved beside it (the row alone could not prove its
 own tokens). It reads the saved dicts, never `EchoRow.from_dict`: a corrupted row must be reported, not
 refused on construction.
+
+What it writes (`--html OUT`, `--export FMT OUT`) is a new file of the user's: never a symlink, never a path
+inside a run folder (one holding events.jsonl or checkpoints/: a run's own files are not output), and an
+existing file only with `--force` (`check_output`).
 """
 from __future__ import annotations
 
@@ -68,6 +72,33 @@ def load_rows(run_dir: Path, step: int | None = None) -> tuple[list[dict], int]:
     return records, unreadable
 
 
+def run_folder_of(path: Path) -> Path | None:
+    """The run folder `path` (resolved) lies in: the nearest folder above it holding events.jsonl or
+    checkpoints/, or None."""
+    for folder in Path(path).resolve().parents:
+        if (folder / names.EVENTS).exists() or (folder / names.CHECKPOINTS).is_dir():
+            return folder
+    return None
+
+
+def check_output(out: str, flag: str, run_dir: Path, *, force: bool) -> None:
+    """`out` may take what `flag` writes: not a symlink, not inside a run folder (`run_dir`, the run read, or
+    any other), not an existing file unless `force`; InspectError naming the path otherwise (before anything
+    is written)."""
+    path = Path(out)
+    if path.is_symlink():
+        raise InspectError(f"{flag} {out}: a symlink (to {path.readlink()}); name a plain file path")
+    inside = Path(run_dir).resolve() in path.resolve().parents
+    run = Path(run_dir).resolve() if inside else run_folder_of(path)
+    if run is not None:
+        raise InspectError(f"{flag} {out}: inside the run folder {run}, whose files are the run's own; write "
+                           "it outside any run folder")
+    if path.is_dir():
+        raise InspectError(f"{flag} {out}: a folder; name a file in a writable folder")
+    if path.exists() and not force:
+        raise InspectError(f"{flag} {out}: already exists; choose a new file or pass --force to overwrite it")
+
+
 def _ints(values) -> bool:
     return isinstance(values, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
 
@@ -96,6 +127,11 @@ def run_tokenizer(run_dir: Path):
     """The run's tokenizer, named by its config.json's [model] name."""
     from quaero.model import load_tokenizer
 
+    return load_tokenizer(run_model_name(run_dir))
+
+
+def run_model_name(run_dir: Path) -> str:
+    """The run's config.json's [model] name."""
     cfg = Path(run_dir) / names.CONFIG
     if not cfg.exists():
         raise InspectError(f"{cfg}: missing; inspect needs the run's config to find its tokenizer")
@@ -106,7 +142,7 @@ def run_tokenizer(run_dir: Path):
                            "`quaero train` wrote") from None
     if not isinstance(name, str):
         raise InspectError(f"{cfg}: [model] name={name!r} is not a model name")
-    return load_tokenizer(name)
+    return name
 
 
 def special_ids(tokenizer) -> set[int]:
@@ -118,13 +154,17 @@ def special_ids(tokenizer) -> set[int]:
 # ── verify ─────────────────────────────────────────────────────────────────────────────────────
 
 
-def verify_record(rec: dict, specials: set[int]) -> list[str]:
-    """The problems of one saved row, each naming its step, row and span."""
+def verify_record(rec: dict, specials: set[int], vocab_size: int | None = None) -> list[str]:
+    """The problems of one saved row, each naming its step, row and span; `vocab_size`: the ids a row may hold
+    (the model's embedding rows), unchecked when None."""
     where = f"step {rec.get('step')} row {rec.get('row')}"
     ids, adv, w = rec["input_ids"], rec["advantages"], rec["echo_weights"]
     n = len(ids)
     if not len(adv) == len(w) == len(rec["sampler_logprobs"]) == n:
         return [f"{where}: per-token lists differ in length from input_ids ({n})"]
+    outside = next((i for i, t in enumerate(ids) if not 0 <= t < (vocab_size or t + 1)), None)
+    if outside is not None:
+        return [f"{where} token {outside}: id {ids[outside]} outside the model's vocabulary (0..{vocab_size - 1})"]
     sampled = {a["turn"]: a["action_ids"] for a in rec.get("sampled_actions", [])}
     kind_of = [""] * n
     problems = []
@@ -155,9 +195,10 @@ def verify_record(rec: dict, specials: set[int]) -> list[str]:
     return problems
 
 
-def verify(records: list[dict], tokenizer) -> list[str]:
-    specials = special_ids(tokenizer)
-    return [p for rec in records for p in verify_record(rec, specials)]
+def verify(records: list[dict], tokenizer, vocab_size: int | None = None) -> list[str]:
+    """Every record's problems; `vocab_size` defaults to the tokenizer's length."""
+    specials, vocab_size = special_ids(tokenizer), vocab_size or len(tokenizer)
+    return [p for rec in records for p in verify_record(rec, specials, vocab_size)]
 
 
 # ── render ─────────────────────────────────────────────────────────────────────────────────────
@@ -233,6 +274,9 @@ def render_html(records: list[dict], tokenizer, title: str) -> str:
 def main(args) -> int:
     """`quaero inspect rows`: render (terminal, --html) or --verify; exit 1 on problems or a missing folder."""
     try:
+        for flag, out in (("--html", args.html), ("--export", (getattr(args, "export", None) or [None, None])[1])):
+            if out is not None:
+                check_output(out, flag, args.run_dir, force=getattr(args, "force", False))
         records, unreadable = load_rows(args.run_dir, args.step)
         tokenizer = None if getattr(args, "export", None) else run_tokenizer(args.run_dir)
     except InspectError as e:
@@ -244,7 +288,11 @@ def main(args) -> int:
     if getattr(args, "export", None):
         return export_main(args.run_dir, records, *args.export)
     if args.verify:
-        problems = verify(records, tokenizer) + ([f"{unreadable} unreadable line(s)"] if unreadable else [])
+        from quaero.rollout.traces import vocab_size_of
+
+        vocab_size = vocab_size_of(run_model_name(args.run_dir))  # a sampler may return ids past the tokenizer's
+        problems = verify(records, tokenizer, vocab_size) + ([f"{unreadable} unreadable line(s)"] if unreadable
+                                                             else [])
         for p in problems:
             print(terminal_safe(p))
         steps = len({r["step"] for r in records})
@@ -275,7 +323,14 @@ def export_main(run_dir: str, records: list[dict], fmt: str, out: str) -> int:
     if fmt not in ("rfc010", "openenv-trace"):
         print(f"error: --export {fmt!r}: expected 'rfc010' or 'openenv-trace'", file=sys.stderr)
         return 1
-    written, skipped = export_rows(records, Path(run_dir), fmt, Path(out))
+    try:
+        written, skipped = export_rows(records, Path(run_dir), fmt, Path(out))
+    except OSError as e:  # a full disk (/dev/full), a folder that vanished, or the run's config.json unreadable
+        what = (f"{e.filename}: cannot read it" if e.filename and str(e.filename) != str(out)
+                else "cannot write it")
+        print(f"error: --export {out}: {what} ({e.strerror or e}); name a file in a writable folder with free space",
+              file=sys.stderr)
+        return 1
     for reason in skipped:
         print(f"skipped {reason}", file=sys.stderr)
     print(f"wrote {written} {fmt} record(s) of {len(records)} saved rows to {out}")

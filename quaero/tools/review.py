@@ -103,6 +103,14 @@ def eval_outcomes(e: dict) -> dict[int, tuple[int, float]] | None:
     return out or None
 
 
+def _nonfinite_rewards(e: dict) -> bool:
+    """Whether an eval event's per-task results hold a reward that is not finite: NaN or inf, which the run log
+    writes as null (or as such, in a foreign writer's file)."""
+    return any(isinstance(item, list) and len(item) == 3 and (item[2] is None or isinstance(item[2], float)
+                                                               and not math.isfinite(item[2]))
+               for item in e.get(names.EVAL_RESULTS) or [])
+
+
 def rl_over_warm_start(run: dict) -> dict[str, Any]:
     """The last eval after RL against the eval at the end of the warm start, paired on the tasks both finished:
     McNemar exact p on success, paired bootstrap 95% interval of the reward difference (end - warm start).
@@ -120,6 +128,10 @@ def rl_over_warm_start(run: dict) -> dict[str, Any]:
         return {"why": f"no eval at the warm start's last step {warm_end}" if start is None else "no eval after RL"}
     a, b = eval_outcomes(end), eval_outcomes(start)
     if a is None or b is None:
+        nonfinite = [e["step"] for e in (start, end) if _nonfinite_rewards(e)]
+        if nonfinite:
+            return {"why": f"the eval rewards of step(s) {', '.join(map(str, nonfinite))} are not finite (NaN or "
+                           "inf, null in eval_results): the env's rewards cannot be compared"}
         return {"why": "the evals carry no per-task results (eval_results)"}
     p = paired_outcomes(a, b)
     if not p["pairs"]:

@@ -12,8 +12,8 @@ import pytest
 import torch
 from fixtures import require_vllm
 
+from benchmarks.smoke import sparse_rows
 from quaero import cli
-from quaero.bench.smoke import sparse_rows
 from quaero.config import load_config
 from quaero.recipe import checkpoint
 from quaero.rollout.rows import EchoRow, Span

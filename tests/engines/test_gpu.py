@@ -61,7 +61,7 @@ def test_compiled_auto_below_threshold_records_reason_on_cuda():
 def test_bench_echo_compiled_require_proof_on_cuda(tmp_path):
     import json
 
-    from quaero.bench import main as bench_main
+    from benchmarks import main as bench_main
 
     out = tmp_path / "echo.json"
     rc = bench_main(["echo", "--device", "cuda:0", "--seq-len", "512", "--early-target-pos", "16",

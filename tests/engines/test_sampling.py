@@ -205,15 +205,15 @@ def test_a_real_server_passes_the_urls_check_and_says_what_it_lacks(vllm_server)
 
 
 def test_backend_choice_and_request_seeds(monkeypatch):
-    import quaero.sampling.registry
+    import quaero.sampler_registry
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     for installed in (True, False):  # `auto`: vLLM where it imports (benchmarks/README.md), else hf
-        monkeypatch.setattr(quaero.sampling.registry, "installed", lambda name, ok=installed: ok)
+        monkeypatch.setattr(quaero.sampler_registry, "installed", lambda name, ok=installed: ok)
         for device in ("cpu", "cuda:0"):
             assert resolve_backend("auto", device) == ("vllm" if installed else "hf")
             assert resolve_backend("hf", device) == "hf" and resolve_backend("vllm", device) == "vllm"
-    monkeypatch.setattr(quaero.sampling.registry, "installed", lambda name: True)
+    monkeypatch.setattr(quaero.sampler_registry, "installed", lambda name: True)
     monkeypatch.setenv("WORLD_SIZE", "2")  # a torchrun rank: its CPU engine could not run in its process
     assert resolve_backend("auto", "cpu") == "hf" and resolve_backend("auto", "cuda:0") == "vllm"
     seeds = {request_seed(5, i, 4) + j for i in range(8) for j in range(4)}

@@ -20,7 +20,7 @@ import json, sys
 assert "transformers" not in sys.modules  # so unsloth below really is imported first
 import trainers.unsloth_trainer  # first: unsloth patches transformers on import
 import torch
-from quaero.bench.smoke import run, smoke_spec, sparse_rows
+from benchmarks.smoke import run, smoke_spec, sparse_rows
 from trainers.registry import trainer_class
 
 out = {"full": run("unsloth")}

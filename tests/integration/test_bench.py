@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from quaero.bench import echo_regions as er
-from quaero.bench import main as bench_main
-from quaero.bench.measure import cpu_peak_bytes
+from benchmarks import main as bench_main
+from benchmarks import regions as er
+from benchmarks.measure import cpu_peak_bytes
 
 TINY_ECHO = ["echo", "--device", "cpu", "--seq-len", "96", "--early-target-pos", "4", "--selected-tokens", "6",
              "--vocab-size", "256", "--hidden-size", "32", "--repeats", "2", "--memory-repeats", "1",
@@ -39,6 +39,7 @@ def test_bench_echo_fields_and_smoke(tmp_path, capsys):
                  "selected_chunked_recompute_path"):
         assert REGION_FIELDS <= set(rb[name]), name
         assert doc["value_check"][name]["ok"] is True
+    assert rb["suffix_path"]["branch"] == "suffix"  # the trainer's own suffix branch, not a copy of it
     assert rb["selected_cross_entropy_path"]["branch"] == "hidden"
     assert rb["selected_chunked_recompute_path"]["branch"] == "hidden_chunked"
     for key in ("suffix_slots", "selected_positions_first_last", "suffix_logits_elements", "selected_logits_elements",
@@ -80,7 +81,7 @@ def _wrong(region):
 @pytest.mark.parametrize("name", ["selected_cross_entropy_path", "selected_chunked_recompute_path",
                                   "suffix_path"])
 def test_bench_echo_value_check_rejects_a_wrong_region(monkeypatch, capsys, name):
-    from quaero.bench import echo
+    from benchmarks import echo
 
     real = echo.regions
 
@@ -105,9 +106,10 @@ def test_value_check_rejects_wrong_gradient_and_wrong_branch():
 
     with pytest.raises(er.BenchValueError, match="LM-head gradient"):
         er.check_region("detached", detached_weight, x, ref)
+    ce = er.logprob_region(er.branch_policy("hidden"))
     with pytest.raises(er.BenchValueError, match="expected 'hidden_chunked'"):
-        er.check_region("ce", er.trainer_region(), x, ref, expect_branch="hidden_chunked")
-    assert er.check_region("ce", er.trainer_region(), x, ref, expect_branch="hidden")["ok"]
+        er.check_region("ce", ce, x, ref, expect_branch="hidden_chunked")
+    assert er.check_region("ce", ce, x, ref, expect_branch="hidden")["ok"]
 
 
 def test_cpu_peak_bytes_sees_the_region_allocations():
@@ -182,8 +184,9 @@ def _heads(seed=0, V=97, H=16, bias=True):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_chunked_all_positions_equals_selective_at_the_targets(temperature):
-    from quaero.bench.peers import chunked_all_positions_logprobs
+    from benchmarks.peers import chunked_all_positions_logprobs
     from trainers.selective import selected_logprobs
+    from trainers.spec import SelectivePolicy
 
     grads = []
     outs = []
@@ -193,7 +196,9 @@ def test_chunked_all_positions_equals_selective_at_the_targets(temperature):
             lp, info = selected_logprobs(hidden, head, ids, mask, temperature=temperature)
             assert info.branch == "hidden"
         else:  # chunk 7 does not divide the 78 positions: the last chunk is short
-            lp = chunked_all_positions_logprobs(hidden, head, ids, mask, chunk_size=7, temperature=temperature)
+            lp, info = chunked_all_positions_logprobs(hidden, head, ids, mask, temperature=temperature,
+                                                      policy=SelectivePolicy(chunk_size=7))
+            assert info.branch == "chunked_all_positions"
         weights = torch.linspace(0.5, 2.0, lp.numel()).view_as(lp)  # per-token weights, as RL advantages
         (lp * weights).sum().backward()
         outs.append(lp.detach())
@@ -205,28 +210,34 @@ def test_chunked_all_positions_equals_selective_at_the_targets(temperature):
 
 
 def test_backbone_only_reaches_every_parameter_the_lm_head_paths_update():
-    from quaero.bench.peers import backbone_only_logprobs
+    from benchmarks.peers import backbone_only_logprobs
 
     hidden, head, ids, mask = _heads(bias=False)
-    lp = backbone_only_logprobs(hidden, head, ids, mask)
+    lp, _ = backbone_only_logprobs(hidden, head, ids, mask)
     assert lp[~mask[:, 1:]].abs().max() == 0
     (-lp.sum()).backward()
     assert head.weight.grad is not None and head.weight.grad.abs().max() == 0  # zero, but AdamW steps it
     assert hidden.grad[0, mask[0, 1:].nonzero()[:, 0]].abs().min() > 0
 
 
+@pytest.mark.slow
 def test_peer_step_is_the_real_step_with_only_the_log_probs_swapped(tiny_model_dir):
-    """One step with chunked_all_positions and one with the selective path leave the same weights."""
-    from quaero.bench import peers
-    from quaero.bench import trainstep as ts
+    """One step with chunked_all_positions (through the trainer's log-prob hook, `TrainerSpec.logprob_fn`) and
+    one with the selective path leave the same weights."""
+    from benchmarks import peers
+    from benchmarks import trainstep as ts
+    from quaero.telemetry import proofs
 
     model_dir = ts.bench_model_dir(512, 32)
     row, _ = ts.trace_row(192, 8, 512, turns=2)
-    spec = ts.bench_spec(model_dir, seq_len=192)
-    selective, peer = ts.make_trainer(spec, torch.device("cpu")), ts.make_trainer(spec, torch.device("cpu"))
-    peers.with_peer(peer, "chunked_all_positions", chunk_size=48)
+    selective = ts.make_trainer(ts.bench_spec(model_dir, seq_len=192), torch.device("cpu"))
+    peer = ts.make_trainer(ts.bench_spec(model_dir, seq_len=192, chunk_size=48,
+                                         logprob_fn=peers.peer_logprob_fn("chunked_all_positions")),
+                           torch.device("cpu"))
     m_sel, m_peer = selective.train_step([row]), peer.train_step([row])
-    assert m_peer["peer_logprob_batches"] == 1 and m_peer["forward_passes"] == 1
+    assert m_sel["local_train_selective_hidden_logprob_batches"] == 1
+    # the peer's log-probs, after the one backbone forward: no selective branch ran
+    assert m_peer["forward_passes"] == 1 and not any(m_peer[k] for k in proofs.BRANCH_COUNTERS)
     assert m_peer["loss"] == pytest.approx(m_sel["loss"], abs=1e-6)
     for (name, a), b in zip(selective.model.named_parameters(), peer.model.parameters()):
         assert torch.allclose(a, b, atol=1e-6), name

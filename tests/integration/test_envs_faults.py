@@ -214,7 +214,7 @@ def test_a_failed_recovery_drops_the_episode_instead_of_raising():
     from quaero.openenv_client import ChatEnv
     from quaero.openenv_client.mapping import default_formatter
     from quaero.openenv_client.transport import EnvFault
-    from quaero.rollout.counts import RolloutCounts
+    from quaero.telemetry.counts import RolloutCounts
 
     class DeadConnector:
         def connect(self):

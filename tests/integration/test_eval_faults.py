@@ -46,7 +46,7 @@ def test_an_out_that_is_a_file_or_cannot_be_made_is_refused_before_any_episode(t
 
 def test_a_policy_that_is_not_a_function_or_raises_is_one_line(tmp_path, capsys):
     err = eval_error(capsys, "--set", f"run.output_dir={tmp_path}", "--model", "os:system")
-    assert err == ("error: --model os:system: builtin_function_or_method 'system' is not a Python function; a "
+    assert err == ("error: --model='os:system': 'system' is a builtin_function_or_method, not a Python function; a "
                    "scripted policy is `def policy(info) -> (messages -> assistant message)`")
     err = eval_error(capsys, "--set", f"run.output_dir={tmp_path}", "--model", "fixtures.scripted:raising_policy",
                      "--tasks", "1")

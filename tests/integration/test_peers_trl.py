@@ -11,7 +11,7 @@ SMALL_JOB = ["training.tasks_per_step=1", "training.group_size=2", "sampler.max_
 
 def _trained_checkpoint(tmp_path):
     """A checkpoint whose AdamW state is not empty (one step of the tiny model), as `--from RUN` passes it."""
-    from quaero.bench.smoke import sparse_rows
+    from benchmarks.smoke import sparse_rows
     from quaero.recipe import checkpoint
     from trainers.local import LocalTrainer
     from trainers.spec import TrainerSpec
@@ -24,7 +24,7 @@ def _trained_checkpoint(tmp_path):
 
 
 def test_one_step_of_each_side_on_the_same_job(tmp_path, tiny_model_dir):
-    from quaero.bench.peers_trl import MIN_TRL, invariants, prepare_model, run_repeat
+    from benchmarks.peers_trl import MIN_TRL, invariants, prepare_model, run_repeat
 
     pytest.importorskip("trl", minversion=MIN_TRL, reason=f'needs TRL >= {MIN_TRL}; pip install -e ".[peers]"')
 

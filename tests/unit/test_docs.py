@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))]
+DOCS = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")),
+        "benchmarks/README.md"]
 TOP = ("quaero/", "trainers/", "envs/", "tests/", "examples/", "docs/", "benchmarks/", "scripts/", ".ci/")
 ROOT_FILES = ("README.md", "pyproject.toml")
 PACKAGES = ("quaero", "trainers", "envs")
@@ -45,7 +46,7 @@ def named_modules(text: str) -> set[str]:
     """Dotted module names of quaero's packages, e.g. `quaero.rollout.rows` or `envs.toolbench:ToolBenchEnv`."""
     found = set()
     for span in _code_spans(text):
-        for token in re.findall(r"\b((?:quaero|trainers|envs)(?:\.\w+)+)(?::\w+)?", span):
+        for token in re.findall(r"\b((?:quaero|trainers|envs|benchmarks)(?:\.\w+)+)(?::\w+)?", span):
             found.add(token)
     return found
 
@@ -75,7 +76,7 @@ def test_the_checker_catches_a_missing_path():
 
 def test_the_docs_pages_are_all_checked():
     assert {"README.md", "docs/architecture.md", "docs/reference.md", "docs/environments.md",
-            "docs/scaling.md", "docs/after-training.md"} <= set(DOCS)
+            "docs/scaling.md", "docs/after-training.md", "benchmarks/README.md"} <= set(DOCS)
 
 
 def _gen_reference():

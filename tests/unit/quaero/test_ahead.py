@@ -7,7 +7,7 @@ import time
 import pytest
 
 from quaero.recipe.ahead import Rollout, RolloutsAhead
-from quaero.rollout.counts import RolloutCounts
+from quaero.telemetry.counts import RolloutCounts
 
 
 def workers() -> list[threading.Thread]:

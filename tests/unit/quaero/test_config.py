@@ -120,7 +120,7 @@ def test_cli_check_prints_plan():
     for needle in ("renderer 'qwen3'", "strict_shared_forward=True", "train_selective_suffix_logits=True",
                    "config OK"):
         assert needle in r.stdout
-    from quaero.sampling.registry import installed
+    from quaero.sampler_registry import installed
 
     # `auto` on CPU: vLLM in one process, hf on each rank under torchrun (the line says both)
     sampler = "vllm, hf on each rank of `quaero train --nproc N` (" if installed("vllm") else "hf ("

@@ -127,3 +127,24 @@ def test_a_broken_engine_is_reported_in_one_line_and_doctor_survives(tmp_path, m
     assert problem["problem"] == f"import brokenengine fails: {error}"
     assert "pip uninstall brokenengine" in problem["fix"]
     assert f"brokenengine  does not import: {error}" in doctor.render(facts)
+
+
+@pytest.mark.hostile
+def test_a_cache_not_made_yet_is_measured_where_it_would_be_made_and_said_so(tmp_path, monkeypatch, capsys,
+                                                                              no_engines):
+    """A QUAERO_CACHE that does not exist: under /proc (a pseudo filesystem, 0 B free) doctor said "only 0 B
+    free"; under a file it said nothing, though the folder can never be made."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("QUAERO_CACHE", "/proc/quaero-nope/cache")
+    assert cli.main(["doctor"]) == 1
+    out = capsys.readouterr().out
+    assert ("problem: cache /proc/quaero-nope/cache does not exist yet; /proc, where it would be made, has only "
+            "0 B free; fix: free disk space (at least 2.0 GiB) or choose a folder on a larger disk, or set "
+            "QUAERO_CACHE to another folder") in out.splitlines()
+    assert "cache         /proc/quaero-nope/cache (QUAERO_CACHE), not created yet, 0 B free" in out
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    monkeypatch.setenv("QUAERO_CACHE", str(blocker / "cache"))
+    assert cli.main(["doctor"]) == 1
+    assert (f"problem: cache {blocker / 'cache'} does not exist and cannot be created: {blocker} is a file; fix: "
+            "remove or rename that file, or set QUAERO_CACHE to another folder") in capsys.readouterr().out.splitlines()

@@ -184,4 +184,4 @@ def test_env_text_with_terminal_escapes_is_shown_escaped(run_dir, qwen3_tokenize
 def test_html_to_a_folder_is_one_error_line(run_dir, tmp_path, capsys):
     assert cli.main(["inspect", "rows", str(run_dir), "--html", str(tmp_path)]) == 1
     err = capsys.readouterr().err
-    assert err == f"error: --html {tmp_path}: cannot write it (Is a directory); name a file in a writable folder\n"
+    assert err == f"error: --html {tmp_path}: a folder; name a file in a writable folder\n"

@@ -146,12 +146,15 @@ def test_output_dir_under_a_file_is_refused(tmp_path):
     # a remote env has no entry module to find oracle_policy in
     (["env.entry=''", "env.kwargs={}", "env.launcher='remote'", "env.url='http://127.0.0.1:9'"],
      "[training] warmup_sft_steps=500 with a remote env: quaero finds oracle_policy next to [env] entry"),
-    (["training.oracle='envs.toolbench.oracle'"], "[training] oracle='envs.toolbench.oracle': write it as"),
+    (["training.oracle='envs.toolbench.oracle'"],
+     "[training] oracle='envs.toolbench.oracle': expected 'package.module:Name'"),
     (["training.oracle='no_such_pkg.oracle:oracle_policy'"],
-     "[training] oracle: cannot import 'no_such_pkg.oracle' for the warm start's oracle"),
+     "[training] oracle='no_such_pkg.oracle:oracle_policy': cannot import module 'no_such_pkg.oracle'"),
     (["training.oracle='envs.toolbench.oracle:no_such_function'"],
-     "'envs.toolbench.oracle' has no no_such_function(info) function"),
-    (["env.entry='fixtures.guess:GuessEnv'"], "'fixtures.guess' has no oracle_policy(info) function"),
+     ("[training] oracle='envs.toolbench.oracle:no_such_function': module 'envs.toolbench.oracle' has no attribute "
+     "'no_such_function'; write oracle_policy(info)")),
+    (["env.entry='fixtures.guess:GuessEnv'"], ("[training] oracle (unset: beside [env] entry)="
+     "'fixtures.guess:oracle_policy': module 'fixtures.guess' has no attribute 'oracle_policy'")),
 ])
 @pytest.mark.hostile
 def test_a_warm_start_without_a_demonstrator_fails_at_check(overrides, needle):

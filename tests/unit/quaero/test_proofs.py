@@ -23,7 +23,7 @@ def test_trainer_step_emits_exactly_the_declared_counter_names(local_smoke_metri
 
 
 def test_a_counter_added_to_proofs_is_emitted_and_reviewed(monkeypatch, tiny_model_dir, tmp_path):
-    from quaero.bench.smoke import run
+    from benchmarks.smoke import run
 
     name = "local_train_selective_probe_batches"
     monkeypatch.setitem(proofs.BRANCH_COUNTERS, name, lambda info: info.branch == "hidden")

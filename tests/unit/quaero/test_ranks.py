@@ -5,7 +5,7 @@ import pytest
 
 from quaero import process_group
 from quaero.recipe import ranks
-from quaero.rollout.counts import RolloutCounts
+from quaero.telemetry.counts import RolloutCounts
 
 
 @pytest.mark.parametrize("n_tasks,world", [(4, 2), (5, 2), (7, 3), (1, 2), (0, 2)])

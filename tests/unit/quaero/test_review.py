@@ -299,7 +299,7 @@ def _reset_structlog():
 
 
 def _record_phases(run_dir, *, warm: list[int] | None, end: list[int] | None, sft=3, rl=2, warm_step=None,
-                   warm_phase="sft"):
+                   warm_phase="sft", end_reward=None):
     """A warm start of `sft` steps (phase `warm_phase`) and `rl` RL steps; evals at 0, at the warm start's end and
     at the end, each with per-task results [index, success, reward] (successes given as 0/1 lists; None: no such
     eval)."""
@@ -315,8 +315,10 @@ def _record_phases(run_dir, *, warm: list[int] | None, end: list[int] | None, sf
             if wins is None:
                 continue
             runlog.set_step(step)
+            reward = end_reward if end_reward is not None and step == sft + rl else None
             log.info("eval", eval_reward=sum(wins) / len(wins), eval_success_rate=sum(wins) / len(wins),
-                     eval_episodes=len(wins), eval_results=[[i, w, float(w)] for i, w in enumerate(wins)])
+                     eval_episodes=len(wins), eval_results=[[i, w, float(w) if reward is None else reward]
+                                                            for i, w in enumerate(wins)])
         log.info("run_end", status="finished")
 
 
@@ -370,3 +372,12 @@ def test_eval_reward_intervals_come_from_per_task_results(tmp_path):
     _, mean, low, high = pts[1]
     assert low < mean < high and high - low == pytest.approx(2 * 1.96 * 0.5039 / 8, rel=1e-3)
     assert review.main(args(tmp_path, plots=str(tmp_path / "plots"))) == 0
+
+
+@pytest.mark.hostile
+def test_eval_rewards_that_are_not_finite_are_said_so_not_called_missing(tmp_path):
+    """An env whose eval rewards are NaN: the paired check said "the evals carry no per-task results"."""
+    _record_phases(tmp_path, warm=[1] * 20 + [0] * 44, end=[1] * 34 + [0] * 30, end_reward=float("nan"))
+    why = review.summarize(review.load_run(tmp_path))["rl_vs_warm_start"]["why"]
+    assert why == ("the eval rewards of step(s) 5 are not finite (NaN or inf, null in eval_results): the env's "
+                   "rewards cannot be compared")

@@ -10,10 +10,10 @@ from fixtures.toyenv import ChatStep, HostileToyEnv, ToyChatEnv, oracle
 
 from quaero.model import QWEN3_ADDED
 from quaero.openenv_client import EpisodeDropped
-from quaero.rollout.counts import RolloutCounts
 from quaero.rollout.driver import EpisodeDriver, ExactnessError
 from quaero.rollout.render import WORD_JOINER, defuse
 from quaero.rollout.rows import build_rows
+from quaero.telemetry.counts import RolloutCounts
 
 
 def test_thinking_tool_cycle_packs_into_one_row(qwen3_render):

@@ -5,7 +5,7 @@ import threading
 import pytest
 
 from quaero.recipe.train import _disjoint
-from quaero.rollout.counts import RolloutCounts, drop_reasons
+from quaero.telemetry.counts import RolloutCounts, drop_reasons
 from quaero.telemetry.names import ROLLOUT_COUNTERS
 
 

@@ -22,9 +22,9 @@ PROMPT = [151644, 872]
 GOOD = {"index": 0, "token_ids": [9707, 151645], "logprobs": {"token_logprobs": [-0.5, -0.25]}}
 
 
-def _sampler(url: str, **kw) -> VLLMServerSampler:
-    return VLLMServerSampler([url], SamplerConfig(mode="server", max_tokens=8), stop_token_ids=[151645],
-                             on_cpu=True, **kw)
+def _sampler(url: str, request_timeout_s: float = 900.0, stop_grace_s: float = 10.0, **kw) -> VLLMServerSampler:
+    cfg = SamplerConfig(mode="server", max_tokens=8, request_timeout_s=request_timeout_s, stop_grace_s=stop_grace_s)
+    return VLLMServerSampler([url], cfg, stop_token_ids=[151645], on_cpu=True, **kw)
 
 
 def _silent(conn, done):
@@ -49,17 +49,18 @@ def _trickle(conn, done):
 
 
 @pytest.mark.parametrize("talk, bound, match", [
-    (_silent, {"FIRST_BYTE_TIMEOUT_S": 0.5}, r"timed out \(no reply within 0.5s\)"),
+    (_silent, {}, r"timed out \(no reply within 0.5s \(\[sampler\] request_timeout_s\)\)"),
     (_trickle, {"REPLY_TIMEOUT_S": 0.5}, r"timed out \(a reply still incomplete 0.5s after its first byte \(\d+ bytes"),
 ])
 def test_a_server_that_never_answers_or_trickles_is_a_bounded_wait(monkeypatch, raw_server, talk, bound, match):
+    """The first byte's bound is `[sampler] request_timeout_s` (it was an hour, fixed in the code)."""
     for name, value in bound.items():
         monkeypatch.setattr(wire, name, value)
     monkeypatch.setattr(wire, "POLL_S", 0.05)
     url = raw_server(talk)
     t0 = time.monotonic()
     with pytest.raises(ServerError, match=rf"^vLLM server {url}/v1/completions {match}[^\n]*$"):
-        _sampler(url).generate([PROMPT], seed=1)
+        _sampler(url, request_timeout_s=0.5).generate([PROMPT], seed=1)
     assert time.monotonic() - t0 < 5  # a bound that ran out is not sent again
 
 
@@ -78,16 +79,15 @@ def test_a_server_that_accepts_no_connection_is_a_bounded_wait(monkeypatch):
 
 def test_sigterm_ends_a_wait_on_a_silent_server(monkeypatch, raw_server):
     """The stop request of `quaero train` (quaero/recipe/train.py StopRequest, a real SIGTERM to this process): the
-    wait goes on for STOP_GRACE_S, then ends as an interrupted run (the CLI exits 130), not after the timeout."""
+    wait goes on for [sampler] stop_grace_s, then ends as an interrupted run (the CLI exits 130), not after the timeout."""
     from quaero.recipe.train import StopRequest
 
-    monkeypatch.setattr(wire, "STOP_GRACE_S", 0.3)
     monkeypatch.setattr(wire, "POLL_S", 0.05)
     url = raw_server(_silent)
     threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
     t0 = time.monotonic()
     with StopRequest() as stop, pytest.raises(KeyboardInterrupt):
-        _sampler(url).generate([PROMPT, PROMPT], seed=1)
+        _sampler(url, stop_grace_s=0.3).generate([PROMPT, PROMPT], seed=1)
     assert stop.requested and time.monotonic() - t0 < 5
     assert not wire.STOP_REQUESTED.is_set()  # the next run starts without a stop request
 

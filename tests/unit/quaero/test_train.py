@@ -9,8 +9,8 @@ from fixtures.rollout import make_cfg
 
 from quaero.recipe.train import _collect
 from quaero.rollout.advantages import group_advantages
-from quaero.rollout.counts import RolloutCounts
 from quaero.rollout.driver import Episode
+from quaero.telemetry.counts import RolloutCounts
 
 
 @pytest.mark.hostile

@@ -69,7 +69,7 @@ def test_ranks_totals_add_up_and_keep_their_maxima():
 def test_shards_written_by_one_trainer_load_whole_into_another(tiny_model_dir, monkeypatch, tmp_path):
     """torch.distributed.checkpoint's files read back into a one-process trainer (what `quaero export` and a
     resume on another number of ranks do): weights, optimizer moments and scheduler equal the writer's."""
-    from quaero.bench.smoke import sparse_row
+    from benchmarks.smoke import sparse_row
     from trainers.local import LocalTrainer
     from trainers.spec import TrainerSpec
 

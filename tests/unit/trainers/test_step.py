@@ -5,7 +5,7 @@ import pytest
 import torch
 from fixtures.small_model import V, make_spec
 
-from quaero.bench.smoke import SMOKE_KEYS, sparse_row, sparse_rows
+from benchmarks.smoke import SMOKE_KEYS, sparse_row, sparse_rows
 from quaero.rollout.rows import EchoRow
 from quaero.telemetry.names import SELECTIVE_METRICS
 from trainers.forward import CausalLMParts, LogitTransformError, SharedForwardError

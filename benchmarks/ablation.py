@@ -8,7 +8,8 @@ the same over every (seed, task) pair. `--from RUN` starts every arm from RUN's 
 warm start), so the arms differ only after it: the RL phase, where the ECHO paper measures its effect.
 
     quaero bench ablation envs/toolbench.toml --seeds 0,1,2 --out bench_out/ablation
-    quaero bench ablation my_env.toml --arm-a echo.enabled=true --arm-b echo.enabled=false --set training.steps=40
+    quaero bench ablation my_env.toml --arm-a echo.enabled=true --arm-b echo.enabled=false \
+        --set training.steps=40
     quaero bench ablation envs/toolbench.toml --from runs/toolbench --from-step 400 \
         --set training.warmup_sft_steps=400 --set training.steps=12 ...   # the RL phase only
 """
@@ -31,13 +32,15 @@ def final_outcomes(run_dir: Path) -> dict[int, tuple[int, float]]:
     evals = load_run(run_dir)["evals"]
     outcomes = eval_outcomes(evals[-1]) if evals else None
     if not outcomes:
-        raise SystemExit(f"error: {run_dir}: its last eval has no per-task results; set [training] eval_tasks > 0")
+        raise SystemExit(f"error: {run_dir}: its last eval has no per-task results; "
+                         "set [training] eval_tasks > 0")
     return outcomes
 
 
 def start_checkpoint(source: Path, step: int | None) -> tuple[Path, int]:
     """`--from RUN [--from-step N]` (this bench and `bench peers-trl`): the folder and step of `source`'s
-    checkpoint of `step`, else of its newest intact one; a bad choice exits in one line before anything runs."""
+    checkpoint of `step`, else of its newest intact one; a bad choice exits in one line before anything
+    runs."""
     from quaero.recipe import checkpoint
 
     if step is None:
@@ -53,7 +56,8 @@ def start_checkpoint(source: Path, step: int | None) -> tuple[Path, int]:
 
 
 def _seed_start(source: Path, run_dir: Path, step: int | None) -> None:
-    """Put `source`'s checkpoint of `step` (else its latest) into a fresh run folder: the run resumes from it."""
+    """Put `source`'s checkpoint of `step` (else its latest) into a fresh run folder: the run resumes
+    from it."""
     from quaero.recipe import checkpoint
 
     path, _ = start_checkpoint(source, step)
@@ -67,7 +71,8 @@ def train_arm(config: str, out: Path, name: str, seed: int, arm: list[str], comm
     run_dir = out / name
     if source is not None:
         _seed_start(source, run_dir, from_step)
-    sets = [f"run.name={name}", f"run.output_dir={out}", f"run.seed={seed}", "logging.console=none", *common, *arm]
+    sets = [f"run.name={name}", f"run.output_dir={out}", f"run.seed={seed}", "logging.console=none", *common,
+            *arm]
     cmd = [sys.executable, "-m", "quaero.cli", "train", config] + [x for s in sets for x in ("--set", s)]
     print("$ " + " ".join(cmd[2:]), file=sys.stderr, flush=True)
     subprocess.run(cmd, check=True)
@@ -80,8 +85,9 @@ def table(rows: list[tuple[str, dict]], a: str, b: str) -> str:
     lines = [head]
     for label, c in rows:
         low, high = c["reward_diff_ci95"]
-        lines.append(f"| {label} | {c['pairs']} | {c['a_success']:.3f} | {c['b_success']:.3f} | {c['a_only']} | "
-                     f"{c['b_only']} | {c['mcnemar_p']:.3g} | {c['reward_diff']:+.3f} [{low:+.3f}, {high:+.3f}] |")
+        lines.append(f"| {label} | {c['pairs']} | {c['a_success']:.3f} | {c['b_success']:.3f} | "
+                     f"{c['a_only']} | {c['b_only']} | {c['mcnemar_p']:.3g} | "
+                     f"{c['reward_diff']:+.3f} [{low:+.3f}, {high:+.3f}] |")
     return "\n".join(lines)
 
 
@@ -95,16 +101,20 @@ def main(argv: list[str] | None = None) -> int:
                    help="arm B's overrides (default echo.enabled=false)")
     p.add_argument("--set", dest="common", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="overrides for both arms")
-    p.add_argument("--from", dest="source", type=Path, help="start every arm from this run's latest checkpoint")
+    p.add_argument("--from", dest="source", type=Path,
+                   help="start every arm from this run's latest checkpoint")
     p.add_argument("--from-step", type=int, help="with --from: that run's checkpoint of this step instead")
     p.add_argument("--out", type=Path, default=Path("bench_out/ablation"))
     args = p.parse_args(argv)
+    if args.from_step is not None and args.source is None:  # as bench peers-trl: never train from scratch silently
+        raise SystemExit("error: --from-step needs --from RUN")
     arm_a, arm_b = args.arm_a or ["echo.enabled=true"], args.arm_b or ["echo.enabled=false"]
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     args.out.mkdir(parents=True, exist_ok=True)
     per_seed, pooled_a, pooled_b = [], {}, {}
     for seed in seeds:
-        runs = [train_arm(args.config, args.out, f"{tag}-s{seed}", seed, arm, args.common, args.source, args.from_step)
+        runs = [train_arm(args.config, args.out, f"{tag}-s{seed}", seed, arm, args.common, args.source,
+                          args.from_step)
                 for tag, arm in (("a", arm_a), ("b", arm_b))]
         a, b = (final_outcomes(r) for r in runs)
         per_seed.append((str(seed), paired_outcomes(a, b, seed=seed)))

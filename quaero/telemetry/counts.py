@@ -75,9 +75,9 @@ class RolloutCounts:
             self._c[names.ROLLOUT_ECHO_TOKENS] += echo_tokens
 
     def take(self) -> RolloutCounts:
-        """A RolloutCounts holding every count so far; this one starts over. A rollout sampled ahead on another
-        thread (quaero/recipe/ahead.py) takes its own counts when it ends, so the evaluation that runs before its step
-        trains never counts them."""
+        """A RolloutCounts holding every count so far; this one starts over. A rollout sampled ahead on
+        another thread (quaero/recipe/ahead.py) takes its own counts when it ends, so the evaluation that runs
+        before its step trains never counts them."""
         taken = RolloutCounts()
         with self._lock:
             taken._c, taken._reward_sum = self._c, self._reward_sum
@@ -103,10 +103,12 @@ class RolloutCounts:
         out[names.SUCCESS_RATE] = out[names.EPISODES_SUCCEEDED] / kept if kept else None
         out[names.TURNS_MEAN] = kept_turns / kept if kept else None
         out[names.ROLLOUT_ROW_TOKENS_PER_EPISODE] = out[names.ROLLOUT_ROW_TOKENS] / kept if kept else None
-        out[names.GROUPS_ZERO_ADVANTAGE_SHARE] = out[names.GROUPS_ZERO_ADVANTAGE] / out[names.GROUPS] if out[names.GROUPS] else None
+        groups = out[names.GROUPS]
+        out[names.GROUPS_ZERO_ADVANTAGE_SHARE] = out[names.GROUPS_ZERO_ADVANTAGE] / groups if groups else None
         return out
 
 
 def drop_reasons(snapshot: dict[str, Any]) -> dict[str, int]:
     """{kind: count} of a snapshot's (or summed snapshots') dropped episodes."""
-    return {k.removeprefix(names.DROP_REASON): v for k, v in snapshot.items() if k.startswith(names.DROP_REASON) and v}
+    return {k.removeprefix(names.DROP_REASON): v for k, v in snapshot.items()
+            if k.startswith(names.DROP_REASON) and v}

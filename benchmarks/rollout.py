@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from quaero.bench.measure import emit, environment, load_average, torch_threads
+from benchmarks.measure import emit, environment, load_average, torch_threads
 
 MODES = ("greedy", "sampled")
 # each --samplers name, as the [sampler] settings it runs with (vllm-server: one `vllm serve` over HTTP)
@@ -40,10 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="quaero bench rollout", description=__doc__.split("\n\n")[0])
     p.add_argument("config", nargs="?", default="envs/toolbench.toml")
     p.add_argument("--samplers", default="hf,vllm", help=f"comma-separated: {', '.join(SAMPLERS)}")
-    p.add_argument("--episodes", type=int, default=16, help="episodes per sampler and mode (one env session each)")
+    p.add_argument("--episodes", type=int, default=16,
+                   help="episodes per sampler and mode (one env session each)")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated: greedy, sampled")
-    p.add_argument("--seed", type=int, default=0, help="the driver's sampler seed (the same for every sampler)")
-    p.add_argument("--repeats", type=int, default=1, help="rounds of every mode on every sampler, taken in turns")
+    p.add_argument("--seed", type=int, default=0,
+                   help="the driver's sampler seed (the same for every sampler)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="rounds of every mode on every sampler, taken in turns")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="config override, as in quaero train (repeatable)")
     p.add_argument("--threads", type=int, default=None)
@@ -84,7 +87,8 @@ def rollout_figures(c, pool, tasks: list[dict], *, greedy: bool, seed: int) -> d
 
 
 def weight_sync_seconds(c) -> float:
-    """One hand-over of the trainer's weights to the sampler, as a training step does it (0: shared module)."""
+    """One hand-over of the trainer's weights to the sampler, as a training step does it (0: shared
+    module)."""
     if c.shares_model:
         return 0.0
     t0 = time.perf_counter()
@@ -98,7 +102,8 @@ def median_figures(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     out = dict(ranked[(len(ranked) - 1) // 2])
     out["episodes_per_s"] = round(statistics.median(r["episodes_per_s"] for r in rounds), 3)
     out["generated_tokens_per_s"] = round(statistics.median(r["generated_tokens_per_s"] for r in rounds), 1)
-    out["rounds"] = [{k: r[k] for k in ("seconds", "episodes_per_s", "generated_tokens", "generated_tokens_per_s",
+    out["rounds"] = [{k: r[k] for k in ("seconds", "episodes_per_s", "generated_tokens",
+                                        "generated_tokens_per_s",
                                         "load_average")} for r in rounds]
     return out
 
@@ -108,7 +113,8 @@ def cpu_kernels() -> dict[str, Any]:
     from trainers.vllm_cpu_kernels import vllm_cpu_library
 
     return {"torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "avx512": bool(torch.cpu._is_avx512_supported()), "avx512_bf16": bool(torch.cpu._is_avx512_bf16_supported()),
+            "avx512": bool(torch.cpu._is_avx512_supported()),
+            "avx512_bf16": bool(torch.cpu._is_avx512_bf16_supported()),
             "vllm_cpu_kernels": vllm_cpu_library()}
 
 
@@ -130,13 +136,15 @@ def run(args) -> dict[str, Any]:
     device = torch.device(resolve_device(cfg.run.device))
     doc = environment(device, getattr(torch, cfg.model.dtype, torch.float32))
     doc["config"] = {"config": args.config, "overrides": args.overrides, "samplers": samplers, "modes": modes,
-                     "episodes": args.episodes, "repeats": args.repeats, "seed": args.seed, "model": cfg.model.name,
+                     "episodes": args.episodes, "repeats": args.repeats, "seed": args.seed,
+                     "model": cfg.model.name,
                      "env": cfg.env.entry, "env_kwargs": cfg.env.kwargs, "launcher": cfg.env.launcher,
                      "max_turns": cfg.env.max_turns, "max_tokens": cfg.sampler.max_tokens,
                      "temperature": cfg.sampler.temperature}
     tasks = [task_reset(cfg, cfg.env.train_split, i) for i in range(args.episodes)]
     results: dict[str, Any] = {}
-    print(f"quaero bench rollout: {args.episodes} toolbench episodes per sampler and mode on {device}", file=sys.stderr)
+    print(f"quaero bench rollout: {args.episodes} toolbench episodes per sampler and mode on {device}",
+          file=sys.stderr)
     with open_envs(cfg.env, args.episodes) as pool, contextlib.ExitStack() as stack:
         built = {}
         for name in samplers:
@@ -146,7 +154,8 @@ def run(args) -> dict[str, Any]:
             built[name] = c
             rollout_figures(c, pool, tasks[:1], greedy=True, seed=args.seed)  # warm-up
             # paid once per run: trainer + sampler construction (vLLM's engine) and the warm-up episode
-            results[name] = {"startup_s": round(time.perf_counter() - t0, 1), "weight_sync_s": weight_sync_seconds(c)}
+            results[name] = {"startup_s": round(time.perf_counter() - t0, 1),
+                             "weight_sync_s": weight_sync_seconds(c)}
         rounds: dict[str, dict[str, list]] = {name: {mode: [] for mode in modes} for name in samplers}
         for r in range(args.repeats):
             for mode in modes:

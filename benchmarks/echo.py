@@ -6,7 +6,7 @@
 Prints one JSON document (every field documented in benchmarks/README.md) on
 stdout and a short table on stderr; `--json PATH` also writes the document to PATH. Each region
 is value-checked against a float64 full-vocabulary reference before it is timed (see
-echo_regions.py), then timed (forward + backward, median after a warm-up) and its peak memory
+regions.py), then timed (forward + backward, median after a warm-up) and its peak memory
 measured (see measure.py). `echo_train_smoke` runs real `LocalTrainer.train_step`s on the same
 shape and reports the runtime metrics that prove which branch ran.
 """
@@ -18,16 +18,15 @@ from typing import Any
 
 import torch
 
-from quaero.bench import echo_regions as er
-from quaero.bench.measure import (
+from benchmarks import regions as er
+from benchmarks.measure import (
     MIB,
-    emit,
     environment,
     measure_regions,
     ratio,
     resolve_bench_device,
     resolve_bench_dtype,
-    torch_threads,
+    run_cli,
 )
 from quaero.telemetry import proofs
 
@@ -64,17 +63,18 @@ def build_parser() -> argparse.ArgumentParser:
 def regions(args) -> list[tuple[str, er.Region, str | None, bool]]:
     """(name, region, branch it must run, fallback allowed) in report order."""
     out: list[tuple[str, er.Region, str | None, bool]] = [
-        ("suffix_path", er.suffix_path, None, False),
+        ("suffix_path", er.logprob_region(er.branch_policy("suffix")), "suffix", False),
         ("selected_logsoftmax_path", er.selected_logsoftmax_path, None, False),
-        ("selected_cross_entropy_path", er.trainer_region(), "hidden", False),
-        ("selected_chunked_recompute_path", er.trainer_region(chunk_size=args.chunk_size), "hidden_chunked",
+        ("selected_cross_entropy_path", er.logprob_region(er.branch_policy("hidden")), "hidden", False),
+        ("selected_chunked_recompute_path",
+         er.logprob_region(er.branch_policy("hidden_chunked", chunk_size=args.chunk_size)), "hidden_chunked",
          False),
     ]
     if args.compile_selective_ce != "off":
-        out.append(("selected_compiled_ce_path",
-                    er.trainer_region(compile_mode=args.compile_selective_ce,
-                                      compile_min_tokens=args.compile_selective_ce_min_tokens),
-                    "compiled", args.compile_selective_ce == "auto"))
+        policy = er.branch_policy("compiled", compile_mode=args.compile_selective_ce,
+                                  compile_min_tokens=args.compile_selective_ce_min_tokens)
+        out.append(("selected_compiled_ce_path", er.logprob_region(policy), "compiled",
+                    args.compile_selective_ce == "auto"))
     unknown = set(args.skip) - {name for name, *_ in out}
     if unknown:
         raise SystemExit(f"--skip {sorted(unknown)}: not a region here; regions: {[n for n, *_ in out]}")
@@ -146,16 +146,18 @@ def echo_train_smoke(args, device: torch.device) -> dict[str, Any]:
     advantage, the others environment tokens with ECHO weight), proving which branch ran."""
     import statistics
 
-    from quaero.bench import trainstep as ts
+    from benchmarks import trainstep as ts
 
     positions = er.selected_positions(args.seq_len, args.early_target_pos, args.selected_tokens)
     targets = [p + 1 for p in positions]
-    ids = torch.randint(0, args.vocab_size, (args.seq_len,), generator=torch.Generator().manual_seed(args.seed))
+    ids = torch.randint(0, args.vocab_size, (args.seq_len,),
+                        generator=torch.Generator().manual_seed(args.seed))
     row = ts.row_with_targets(ids.tolist(), env_targets=targets[:-1], action_targets=targets[-1:])
     spec = ts.bench_spec(ts.bench_model_dir(args.vocab_size, args.hidden_size), seq_len=args.seq_len,
                          dtype="bfloat16" if args.dtype == "bfloat16" else "float32",
                          compile_mode=args.compile_selective_ce,
-                         compile_min_tokens=args.compile_selective_ce_min_tokens, temperature=args.temperature)
+                         compile_min_tokens=args.compile_selective_ce_min_tokens,
+                         temperature=args.temperature)
     trainer = ts.make_trainer(spec, device)
     times, metrics = ts.timed_steps(trainer, [row], min(args.repeats, 3), device)
     runtime = ts.cumulative(metrics)
@@ -164,7 +166,8 @@ def echo_train_smoke(args, device: torch.device) -> dict[str, Any]:
     unmet = proofs.unmet(checks, require_proof=True, names=[proofs.SPARSE_ECHO])
     print(f"  echo_train_smoke: {len(times)} local train steps, proof "
           f"{'; '.join(unmet) if unmet else 'OK'}", file=sys.stderr)
-    return {"steps": len(times), "median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
+    return {"steps": len(times), "median_s": statistics.median(times), "min_s": min(times),
+            "max_s": max(times),
             "value": metrics[-1]["loss"], "row_layout": f"one row of {args.seq_len} tokens; ECHO targets at "
             f"tokens {targets[:-1][:3]}...; RL action target at token {targets[-1]}",
             "runtime_metrics": runtime, "last_step_metrics": metrics[-1], "proof": checks,
@@ -187,17 +190,13 @@ def run(args) -> dict[str, Any]:
     return doc
 
 
-def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        with torch_threads(args.threads):
-            doc = run(args)
-    except er.BenchValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    emit(doc, args.json)
+def smoke_problem(doc: dict[str, Any]) -> str | None:
+    """Why `echo_train_smoke`'s proof failed (None when it held or did not run)."""
     smoke = doc.get("echo_train_smoke") or {}
     if smoke.get("proof_ok") is False:
-        print(f"error: echo_train_smoke proof failed: {'; '.join(smoke['proof_unmet'])}", file=sys.stderr)
-        return 1
-    return 0
+        return f"echo_train_smoke proof failed: {'; '.join(smoke['proof_unmet'])}"
+    return None
+
+
+def main(argv: list[str]) -> int:
+    return run_cli(build_parser, run, argv, verdict=smoke_problem)

@@ -8,13 +8,15 @@ here.
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
+
+from quaero.resolve import resolve_name
 
 
 @dataclass(frozen=True)
 class Launcher:
-    # "package.module:function": open(cfg, spec, n, counts, log_dir) -> Launched (quaero/openenv_client/pool.py);
+    # "package.module:function": open(cfg, spec, n, counts, log_dir) -> Launched
+    # (quaero/openenv_client/pool.py);
     # spec is the loaded [env] entry, None for a launcher that does not start the env
     open: str
     starts_env: bool  # quaero starts the env from [env] entry (kwargs, action); else it connects to url/urls
@@ -25,16 +27,17 @@ LAUNCHERS: dict[str, Launcher] = {
     "inprocess": Launcher("quaero.openenv_client.pool:open_inprocess", True,
                           "an env instance per session, in this process"),
     "local-server": Launcher("quaero.openenv_client.pool:open_local_servers", True,
-                             "env servers quaero starts (uvicorn on `host`), one per session for an env without "
-                             "concurrent sessions"),
+                             "env servers quaero starts (uvicorn on `host`), one per session for an env "
+                             "without concurrent sessions"),
     "remote": Launcher("quaero.openenv_client.pool:open_remote", False,
                        "running OpenEnv servers at `url` or `urls`, sessions spread over them"),
 }
 DEFAULT = "inprocess"
-CONNECTING = tuple(name for name, launcher in LAUNCHERS.items() if not launcher.starts_env)  # a url implies [0]
+# a url implies CONNECTING[0]
+CONNECTING = tuple(name for name, launcher in LAUNCHERS.items() if not launcher.starts_env)
 
 
 def opener(name: str):
     """Import and return launcher `name`'s open function."""
-    module, _, fn = LAUNCHERS[name].open.partition(":")
-    return getattr(importlib.import_module(module), fn)
+    return resolve_name(LAUNCHERS[name].open, f"quaero/launcher_registry.py LAUNCHERS[{name!r}].open",
+                        want=callable, wanted="a function")

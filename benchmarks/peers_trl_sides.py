@@ -1,11 +1,12 @@
-"""The two sides of `quaero bench peers-trl`, each in a process of its own (its own peak RSS), stepped in turns.
+"""The two sides of `quaero bench peers-trl`, each in a process of its own (its own peak RSS), stepped in
+turns.
 
 A side is `run(setup, conn)`: it builds its framework on the shared `setup` (the same HF model folder, the
 same config, tasks, group size, max tokens and turn limit), sends one `ready` message (initial-weight hash,
 RSS), then, for each "step" it receives, runs one RL step and sends that step's figures; "stop" ends it.
 
 - quaero: `quaero.recipe.train.build` + `run_step` (the recipe `quaero train` runs), rows saved and read back.
-- TRL: `GRPOTrainer(environment_factory=...)` over the same env served on 127.0.0.1 (quaero.bench.trl_env),
+- TRL: `GRPOTrainer(environment_factory=...)` over the same env served on 127.0.0.1 (benchmarks.trl_env),
   driven by its own `train()`; a callback holds each step until the coordinator sends "step". A subclass
   only observes: it records every sampler call and every batch `_compute_loss` scores, then calls TRL's own.
 """
@@ -19,7 +20,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from quaero.bench.token_drift import generation_drift, saved_row_drift
+from benchmarks.token_drift import generation_drift, saved_row_drift
 from quaero.telemetry import names
 
 
@@ -31,7 +32,10 @@ def rss_mb() -> float:
 
 
 def peak_rss_mb() -> float:
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
+    """The process's peak resident set size, MiB (the trainer's own CPU peak reading, trainers/memory.py)."""
+    from trainers.memory import peak_mem_mb
+
+    return round(peak_mem_mb("cpu")[0], 1)
 
 
 def weights_sha(model) -> str:
@@ -44,7 +48,8 @@ def weights_sha(model) -> str:
 
 
 def optimizer_sha(model, optimizer) -> str:
-    """sha256 over each parameter's optimizer settings and state (name order: lr, betas, eps, weight decay, then
+    """sha256 over each parameter's optimizer settings and state (name order: lr, betas, eps, weight decay,
+    then
     step, exp_avg, exp_avg_sq), whatever the optimizer's grouping: two AdamW that start alike hash alike."""
     group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
     h = hashlib.sha256()
@@ -68,22 +73,22 @@ def start_optimizer(optimizer, setup: dict, cfg) -> None:
     from pathlib import Path
 
     from quaero.recipe import checkpoint
+    from trainers.base import reset_optimizer_state
 
-    state = checkpoint.RunState.from_state(checkpoint.load(Path(setup["optimizer_from"]))).trainer["optimizer"]
+    saved_run = checkpoint.RunState.from_state(checkpoint.load(Path(setup["optimizer_from"])))
+    state = saved_run.trainer["optimizer"]
     params = [p for group in optimizer.param_groups for p in group["params"]]
     saved = state["state"]
     if len(params) != sum(len(g["params"]) for g in state["param_groups"]) or any(
             tuple(saved[i]["exp_avg"].shape) != tuple(p.shape) for i, p in enumerate(params) if i in saved):
-        raise ValueError(f"{setup['optimizer_from']}: its optimizer state does not fit this model's parameters")
+        raise ValueError(f"{setup['optimizer_from']}: its optimizer state does not fit this model's "
+                         "parameters")
     optimizer.load_state_dict(state)
     for group in optimizer.param_groups:
         group["lr"] = group["initial_lr"] = cfg.backend.lr
     start = cfg.training.rl_optimizer_start
-    if start == "reset":
-        optimizer.state.clear()
-    elif start == "reset_momentum":
-        for s in optimizer.state.values():
-            s["exp_avg"].zero_()
+    if start != "continue":  # what the recipe does at the first RL step (quaero/recipe/train.py)
+        reset_optimizer_state(optimizer, momentum_only=start == "reset_momentum")
 
 
 def quaero_config(setup: dict):
@@ -106,7 +111,8 @@ def save_final(setup: dict, name: str, model) -> dict:
     from quaero.model import load_tokenizer
     from quaero.recipe.model_folder import save_model
 
-    out = save_model(model, load_tokenizer(setup["model"]), Path(setup["save_final"]) / name, base_name=setup["model"])
+    out = save_model(model, load_tokenizer(setup["model"]), Path(setup["save_final"]) / name,
+                     base_name=setup["model"])
     return {"final_weights": str(out), "final_weights_sha": weights_sha(model)}
 
 
@@ -137,7 +143,8 @@ def run_quaero(setup: dict, conn) -> None:
         try:
             start_optimizer(c.trainer.optimizer, setup, cfg)
             _ready(conn, c.trainer.model, {"sampler": type(c.sampler).__name__,
-                                           "optimizer_sha": optimizer_sha(c.trainer.model, c.trainer.optimizer)})
+                                           "optimizer_sha": optimizer_sha(c.trainer.model,
+                                                                          c.trainer.optimizer)})
             step = 0
             while conn.recv() == "step":
                 step += 1
@@ -197,7 +204,8 @@ def _scalar(v) -> bool:
 # ── TRL ─────────────────────────────────────────────────────────────────────────────────────────
 
 
-# quaero's [training] loss_aggregation -> TRL's loss_type of the same shape. Each averages over a different set:
+# quaero's [training] loss_aggregation -> TRL's loss_type of the same shape. Each averages over a different
+# set:
 # quaero over the step's RL tokens (A != 0) or episodes with such tokens, TRL over every completion token or
 # completion of the batch (a group with equal rewards adds zeros to the sum and to the count); the constant
 # differs too (quaero: tasks x group x max_turns x max_tokens, TRL: batch x max_completion_length).
@@ -216,7 +224,8 @@ def trl_args(setup: dict, cfg, output_dir: str):
         per_device_train_batch_size=t.tasks_per_step * t.group_size, gradient_accumulation_steps=1,
         num_generations=t.group_size, shuffle_dataset=False,
         generation_kwargs={"max_new_tokens": cfg.sampler.max_tokens},  # per turn, as quaero's max_tokens
-        max_completion_length=setup["trl_max_completion_length"],  # the whole episode's budget (TRL's meaning)
+        # the whole episode's budget (TRL's meaning)
+        max_completion_length=setup["trl_max_completion_length"],
         max_tool_calling_iterations=cfg.env.max_turns - 1, temperature=cfg.sampler.temperature,
         top_p=cfg.sampler.top_p, learning_rate=cfg.backend.lr, lr_scheduler_type="constant",
         weight_decay=cfg.backend.weight_decay, max_grad_norm=cfg.backend.max_grad_norm,
@@ -232,7 +241,7 @@ def run_trl(setup: dict, conn) -> None:
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    from quaero.bench.trl_env import EnvTimes, trl_environment
+    from benchmarks.trl_env import EnvTimes, trl_environment
     from quaero.openenv_client.server import LocalServer
     from quaero.openenv_client.tasks import catalog_over_http
     from quaero.rollout.tasks import task_reset
@@ -240,18 +249,22 @@ def run_trl(setup: dict, conn) -> None:
     torch.set_num_threads(setup["threads"])
     cfg = quaero_config(setup)
     t = cfg.training
-    server = LocalServer(cfg.env.entry, cfg.env.host, max_concurrent_envs=2 * t.tasks_per_step * t.group_size + 1,
+    server = LocalServer(cfg.env.entry, cfg.env.host,
+                         max_concurrent_envs=2 * t.tasks_per_step * t.group_size + 1,
                          kwargs=cfg.env.kwargs, action=cfg.env.action).start()
     try:
         env_cls = trl_environment(server.http_url, timeout_s=cfg.env.step_timeout_s)
         # the env's Task API, as quaero's recipe reads it: a run seed other than 0 orders the train split
         catalog = catalog_over_http(server.http_url, cfg.env.reset_timeout_s)
-        tasks = [task_reset(cfg, cfg.env.train_split, i, catalog) for i in range(setup["steps"] * t.tasks_per_step)]
+        tasks = [task_reset(cfg, cfg.env.train_split, i,
+                            catalog) for i in range(setup["steps"] * t.tasks_per_step)]
         system = [{"role": "system", "content": env_cls.system_prompt}] if env_cls.system_prompt else []
-        data = Dataset.from_list([{"prompt": system + [{"role": "user", "content": ""}], **task} for task in tasks])
+        data = Dataset.from_list([{"prompt": system + [{"role": "user", "content": ""}],
+                                   **task} for task in tasks])
         resets: list[tuple] = []
         env_cls.reset = _recording_trl_reset(env_cls.reset, resets)
-        record: dict[str, list] = {"calls": [], "rows": [], "generate_s": [0.0], "rollout_s": [0.0], "episodes": []}
+        record: dict[str, list] = {"calls": [], "rows": [], "generate_s": [0.0], "rollout_s": [0.0],
+                                   "episodes": []}
 
         class Observed(GRPOTrainer):
             def _generate_single_turn(self, prompt_ids, *args, **kwargs):
@@ -277,7 +290,8 @@ def run_trl(setup: dict, conn) -> None:
             from transformers import AutoModelForCausalLM
 
             model = AutoModelForCausalLM.from_pretrained(setup["model"], dtype=torch.float32)
-            optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.backend.lr, betas=tuple(cfg.backend.betas),
+            optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.backend.lr,
+                                          betas=tuple(cfg.backend.betas),
                                           weight_decay=cfg.backend.weight_decay)
             start_optimizer(optimizer, setup, cfg)
             optimizers = (optimizer, None)  # TRL's own scheduler (constant) on top of it
@@ -308,7 +322,9 @@ def _recording_trl_reset(reset, out: list):
 def _scored_rows(inputs: dict) -> list[tuple[list[int], list[bool], bool]]:
     """(ids, action mask, has a non-zero advantage) of each row `_compute_loss` scores: the prompt's real
     tokens, then the completion's, the mask being completion_mask x tool_mask (what TRL's loss reads)."""
-    mask = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
+    mask = inputs["completion_mask"]
+    if "tool_mask" in inputs:
+        mask = mask * inputs["tool_mask"]
     rows = []
     for p, pm, c, cm, m, a in zip(inputs["prompt_ids"], inputs["prompt_mask"], inputs["completion_ids"],
                                   inputs["completion_mask"], mask, inputs["advantages"]):
@@ -323,7 +339,8 @@ class _Turns(TrainerCallback):
     """Holds each TRL step until the coordinator says "step"; after it, sends the step's figures."""
 
     def __init__(self, conn, record, resets, env_cls, env_times) -> None:
-        self.conn, self.record, self.resets, self.env_cls, self.env_times = conn, record, resets, env_cls, env_times
+        self.conn, self.record, self.resets = conn, record, resets
+        self.env_cls, self.env_times = env_cls, env_times
         self.t0 = 0.0
 
     def on_step_begin(self, args, state, control, **kwargs):
@@ -342,7 +359,8 @@ class _Turns(TrainerCallback):
         self.conn.send({
             "step_s": round(total, 3), "rollout_s": round(rollout, 3), "train_s": round(total - rollout, 3),
             "env_s": round(env_s, 3), "generate_s": round(self.record["generate_s"][0], 3),
-            "row_tokens": sum(len(ids) for ids, _, _ in rows), "action_tokens": sum(sum(m) for _, m, _ in rows),
+            "row_tokens": sum(len(ids) for ids, _, _ in rows),
+            "action_tokens": sum(sum(m) for _, m, _ in rows),
             "trained_tokens": sum(len(ids) for ids, _, signal in rows if signal),
             "rows": len(rows), "episodes": len(self.resets), "rss_mb": rss_mb(), "peak_rss_mb": peak_rss_mb(),
             "reward_mean": sum(r for r, _ in episodes) / len(episodes) if episodes else None,

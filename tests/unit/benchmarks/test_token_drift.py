@@ -1,5 +1,5 @@
-"""quaero.bench.token_drift: the drift counts of `quaero bench peers-trl`, on hand-made rows."""
-from quaero.bench.token_drift import generation_drift, saved_row_drift
+"""benchmarks.token_drift: the drift counts of `quaero bench peers-trl`, on hand-made rows."""
+from benchmarks.token_drift import generation_drift, saved_row_drift
 
 
 def test_exact_multi_turn_rows_do_not_drift():

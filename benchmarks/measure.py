@@ -1,10 +1,12 @@
-"""Time and peak memory of one benchmark region, the same way on every device.
+"""The LM-head benchmarks' harness (`quaero bench echo`, `step`, `crossover`): their command line, the machine
+fields their JSON starts with, and the time and peak memory of a region, the same way on every device.
 
 Peak memory is the region's *own* allocations: the highest net number of bytes allocated above
 what was allocated when the region started (inputs and weights that exist before it do not count).
 
-- CUDA: `torch.cuda.reset_peak_memory_stats()`, then `max_memory_allocated() - memory_allocated()`
-  at the start (reserved likewise), read in the same runs that are timed.
+- CUDA: the trainer's own peak reading (trainers/memory.py: `reset_peak`, then `peak_mem_mb`, the
+  allocator's `max_memory_allocated`) less `memory_allocated()` at the start (reserved likewise), read in
+  the same runs that are timed.
 - CPU: torch's CPU allocator reports every allocation and free to the profiler when
   `torch.profiler.profile(profile_memory=True)` is on. We replay those `[memory]` events in time
   order and take the highest running total. This counts every tensor, autograd buffer, gradient and
@@ -29,7 +31,46 @@ from typing import Any
 
 import torch
 
+from trainers.memory import peak_mem_mb, reset_peak
+
 MIB = 2**20
+
+
+class BenchValueError(RuntimeError):
+    """A benchmark region whose values disagree with the reference: an error, never a figure."""
+
+
+def run_cli(build_parser: Callable[[], Any], run: Callable[[Any], dict[str, Any]], argv: list[str], *,
+            verdict: Callable[[dict[str, Any]], str | None] | None = None) -> int:
+    """A benchmark's `main`: parse `argv`, run under `--threads`, print the JSON document (and write it to
+    `--json PATH`). Exit 1 without a document when a value check fails (`BenchValueError`), and after it when
+    `verdict(doc)` names a problem (a proof that did not hold)."""
+    args = build_parser().parse_args(argv)
+    try:
+        with torch_threads(args.threads):
+            doc = run(args)
+    except BenchValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    emit(doc, args.json)
+    problem = verdict(doc) if verdict else None
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def available_bytes(device: torch.device) -> int:
+    """Memory a benchmark may still take on `device`: CUDA's free bytes, else the host's MemAvailable."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # blocks cached from earlier probes are available too
+        free, _ = torch.cuda.mem_get_info(device)
+        return free
+    with open("/proc/meminfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 1 << 62
 CPU_MEMORY_METHOD = ("cpu: torch.profiler(profile_memory=True) CPU-allocator events replayed in order; "
                      "peak net bytes allocated above the region's start (runs separate from timing)")
 CUDA_MEMORY_METHOD = ("cuda: torch.cuda.max_memory_allocated() after reset_peak_memory_stats(), "
@@ -116,7 +157,7 @@ def _sample(fn: Callable[[], Any], before: Callable[[], None], device: torch.dev
     before()
     sync(device)
     if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+        reset_peak(device)
         base_alloc, base_res = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
     t0 = time.perf_counter()
     value = None
@@ -127,7 +168,7 @@ def _sample(fn: Callable[[], Any], before: Callable[[], None], device: torch.dev
     sync(device)
     seconds = (time.perf_counter() - t0) / inner
     if device.type == "cuda":
-        return (seconds, value, torch.cuda.max_memory_allocated(device) - base_alloc,
+        return (seconds, value, round(peak_mem_mb(device)[0] * MIB) - base_alloc,
                 torch.cuda.max_memory_reserved(device) - base_res)
     return seconds, value, None, None
 

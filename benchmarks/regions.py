@@ -1,17 +1,18 @@
-"""The LM-head/loss regions `quaero bench echo` compares, and the value check that guards them.
+"""The LM-head/loss regions the LM-head benchmarks share (`quaero bench echo`, `quaero bench crossover`), and
+the value check that guards them.
 
 Every region has the trainer's contract: it takes the backbone's hidden states over a whole row
 `[1, L, H]`, a plain `nn.Linear` LM head `[V, H]`, the input ids and the target mask, and returns
 the dense shifted log-prob tensor `[1, L-1]` (0 off the targets); the benchmark runs forward and
 backward of `-sum / S`. So every region also pays for finding its targets in the mask.
 
-- `suffix_path`: the long-suffix shape (`logits_to_keep`): LM head over every slot from the first target to the
-  end (`L - 1 - early_target_pos` rows), full fp32 log-softmax, gather, mask.
-- `selected_logsoftmax_path`: the plain selected path: selected hidden rows -> LM head ->
-  full log-softmax -> gather the target class -> scatter (what selected CE is measured against).
-- `selected_cross_entropy_path`, `selected_chunked_recompute_path`, `selected_compiled_ce_path`:
-  the real `trainers.selective.selected_logprobs` (eager selected CE; chunked custom-autograd
-  recompute; `torch.compile`d CE), so the figures are those of the code users run.
+- `logprob_region(branch_policy(BRANCH))`: the real `trainers.selective.selected_logprobs` held on one
+  branch through its public policy: "suffix" (the `logits_to_keep` shape: LM head over every slot from the
+  first target to the end), "hidden" (eager selected CE), "hidden_chunked" (chunked custom-autograd
+  recompute), "compiled" (`torch.compile`d CE), so the figures are those of the code users run;
+- `logprob_region(policy, peer)`: a peer's LM-head method (benchmarks/peers.py), the same way;
+- `selected_logsoftmax_path`: the plain selected path (LM head -> full log-softmax -> gather), the one
+  shape here that no trainer branch runs: the baseline selected CE is measured against.
 
 Before anything is timed, `check_region` compares each region's log-probs and its gradients
 (hidden states and LM-head weight) with a float64 full-vocabulary reference; a region that is
@@ -27,12 +28,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from benchmarks.measure import BenchValueError
 from trainers.chunked_ce import tempered
+from trainers.selective import AUTO_CHUNK_ROWS
 from trainers.spec import SelectivePolicy
-
-
-class BenchValueError(RuntimeError):
-    """A benchmark region whose values disagree with the reference: an error, never a figure."""
 
 
 @dataclass
@@ -96,54 +95,62 @@ def make_inputs(*, seq_len: int, early_target_pos: int, selected_tokens: int, vo
         early_target_pos=early_target_pos)
 
 
-# ---- reference implementations: shapes no trainer branch runs, kept here as the baselines ----
+# ---- the log-prob functions users run, and the peers', as regions ----
 
-def _targets(x: EchoInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """What any selective implementation reads off the mask: shifted mask, rows, columns, classes."""
-    shifted = x.target_mask[:, 1:]                                            # [1, L-1]
-    rows, cols = shifted.nonzero(as_tuple=True)                               # [S], [S]
-    return shifted, rows, cols, x.input_ids[rows, cols + 1]
-
-
-def suffix_path(x: EchoInputs) -> RegionOut:
-    shifted, _, cols, _ = _targets(x)
-    first = int(cols.min())
-    L = x.hidden.shape[1]
-    logp = torch.log_softmax(tempered(x.lm_head(x.hidden[:, first:L - 1]).float(), x.temperature), dim=-1)
-    lp = logp.gather(-1, x.input_ids[:, first + 1:, None]).squeeze(-1)       # [1, slots]
-    lp = torch.where(shifted[:, first:], lp, torch.zeros_like(lp))
-    return RegionOut(F.pad(lp, (first, 0)))
-
-
-def selected_logsoftmax_path(x: EchoInputs) -> RegionOut:
-    shifted, rows, cols, targets = _targets(x)
-    logits = x.lm_head(x.hidden[rows, cols])                                  # [S, V]
-    logp = torch.log_softmax(tempered(logits.float(), x.temperature), dim=-1)
-    lp = logp.gather(-1, targets[:, None]).squeeze(-1)                        # [S]
-    return RegionOut(lp.new_zeros(shifted.shape).index_put((rows, cols), lp))
+def branch_policy(branch: str, *, chunk_size: int | None = None, compile_mode: str = "off",
+                  compile_min_tokens: int = 128) -> SelectivePolicy:
+    """The `selected_logprobs` options that put it on `branch` at every shape, through its public policy:
+    "suffix" (the `logits_to_keep` shape, whatever the density), "hidden" (eager selected CE, never the
+    suffix shortcut nor the auto-chunk budget), "hidden_chunked" (`chunk_size` rows at a time), "compiled"
+    (`compile_mode` "auto" or "require"). A region named after a branch measures that branch; which one
+    the default policy picks is what `echo_train_smoke` and the crossover's `default_branch` show."""
+    if branch == "suffix":
+        return SelectivePolicy(dense_min_density=0.0, suffix_max_bytes=2**62)
+    if branch == "hidden_chunked":
+        return SelectivePolicy(chunk_size=chunk_size or AUTO_CHUNK_ROWS)
+    if branch in ("hidden", "compiled"):
+        return SelectivePolicy(suffix_max_bytes=0, hidden_max_bytes=2**62,
+                               compile_mode=compile_mode if branch == "compiled" else "off",
+                               compile_min_tokens=compile_min_tokens)
+    raise ValueError(f"branch {branch!r}: choose suffix, hidden, hidden_chunked or compiled")
 
 
-# ---- the trainer's code, as users run it ----
-
-def trainer_region(*, chunk_size: int | None = None, compile_mode: str = "off",
-                   compile_min_tokens: int = 128) -> Region:
-    """`selected_logprobs` as users call it, with `suffix_max_bytes=0` (the user option
-    `train_selective_suffix_max_bytes = 0`) so it never takes the suffix shortcut, and without the
-    auto-chunk budget unless `chunk_size` asks for chunks: a region named after the selected-token
-    path measures that path at every shape. Which branch the default decision picks is what
-    `echo_train_smoke` shows."""
+def logprob_region(policy: SelectivePolicy, logprob_fn: Callable | None = None) -> Region:
+    """A function of `selected_logprobs`' signature as a region: the trainer's own (`None`), forced onto a
+    branch by `policy` (`branch_policy`), or a peer's method (benchmarks/peers.py), so the figures are
+    those of the code a train step runs."""
     from trainers.selective import selected_logprobs
 
-    policy = SelectivePolicy(suffix_max_bytes=0, hidden_max_bytes=2**62, chunk_size=chunk_size,
-                             compile_mode=compile_mode, compile_min_tokens=compile_min_tokens)
+    fn = logprob_fn or selected_logprobs
 
     def region(x: EchoInputs) -> RegionOut:
-        dense, info = selected_logprobs(x.hidden, x.lm_head, x.input_ids, x.target_mask,
-                                        temperature=x.temperature, policy=policy)
+        dense, info = fn(x.hidden, x.lm_head, x.input_ids, x.target_mask, temperature=x.temperature,
+                         policy=policy)
         info = dataclasses.asdict(info) if dataclasses.is_dataclass(info) else dict(info or {})
         return RegionOut(dense, info)
 
     return region
+
+
+def default_branch(x: EchoInputs) -> str:
+    """The branch `selected_logprobs` picks with no options (what `quaero train` runs by default)."""
+    from trainers.selective import selected_logprobs
+
+    with torch.no_grad():
+        return selected_logprobs(x.hidden, x.lm_head, x.input_ids, x.target_mask)[1].branch
+
+
+# ---- a shape no trainer branch runs, kept as the baseline selected CE is measured against ----
+
+def selected_logsoftmax_path(x: EchoInputs) -> RegionOut:
+    """The plain selected path: selected hidden rows -> LM head -> full fp32 log-softmax -> gather ->
+    scatter (what `selected_cross_entropy_path`'s class-index CE is measured against)."""
+    shifted = x.target_mask[:, 1:]                                            # [1, L-1]
+    rows, cols = shifted.nonzero(as_tuple=True)                               # [S], [S]
+    logits = x.lm_head(x.hidden[rows, cols])                                  # [S, V]
+    logp = torch.log_softmax(tempered(logits.float(), x.temperature), dim=-1)
+    lp = logp.gather(-1, x.input_ids[rows, cols + 1][:, None]).squeeze(-1)    # [S]
+    return RegionOut(lp.new_zeros(shifted.shape).index_put((rows, cols), lp))
 
 
 def region_loss(out: RegionOut, n_selected: int) -> torch.Tensor:
@@ -219,7 +226,8 @@ def check_region(name: str, region: Region, x: EchoInputs, ref: Reference,
     x.clear_grads()
     result = {"max_abs_logprob_err": lp_err, "max_rel_grad_err_hidden": g_h, "max_rel_grad_err_weight": g_w,
               "nonzero_unselected": unselected, "logprob_tol": lp_tol, "grad_rel_tol": grad_tol,
-              "branch": branch, "info": {k: v if isinstance(v, (str, int, float, bool, type(None))) else str(v)
+              "branch": branch,
+              "info": {k: v if isinstance(v, (str, int, float, bool, type(None))) else str(v)
                                           for k, v in out.info.items()}}
     problems = []
     if not lp_err <= lp_tol:

@@ -42,7 +42,8 @@ class DriftCount:
         return asdict(self)
 
 
-def generation_drift(calls: list[tuple[list[int], list[int]]], rows: list[tuple[list[int], list[bool]]]) -> DriftCount:
+def generation_drift(calls: list[tuple[list[int], list[int]]],
+                     rows: list[tuple[list[int], list[bool]]]) -> DriftCount:
     """`calls`: (prompt ids, sampled ids) of every sampler call, in call order; `rows`: (ids, action mask)
     of every scored row. A call belongs to a row whose ids start with its prompt, preferring one that holds
     the sampled ids right after it (two rows of one group can share a prompt); each row takes at most

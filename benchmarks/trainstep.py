@@ -1,20 +1,23 @@
 """Real train steps for the benchmarks: a tiny Qwen3 of a chosen shape, sparse target rows.
 
 Both `echo_train_smoke` (quaero bench echo) and `quaero bench step` run the `local` trainer's own
-`train_step` (trainers/step.py: one forward, RL + ECHO losses, one backward, AdamW), built from a
-`TrainerSpec` in code, on a random-init Qwen3 saved once into `$QUAERO_CACHE/bench/` (2 layers,
-head_dim 16, untied LM head), so what is measured is what `quaero train` runs.
+`train_step` (trainers/step.py: one forward, RL + ECHO losses, one backward, AdamW), built from the
+`TrainerSpec` that `quaero train` builds from the same settings (`config_spec`), on a random-init Qwen3 saved
+once into `$QUAERO_CACHE/bench/` (2 layers, head_dim 16, untied LM head), so what is measured is what
+`quaero train` runs.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from benchmarks.measure import sync
 from quaero.rollout.rows import EchoRow, Span
-from trainers.spec import SelectivePolicy, TrainerSpec
+from trainers.spec import TrainerSpec
 
 
 def bench_model_dir(vocab_size: int, hidden_size: int, layers: int = 2, seed: int = 0) -> Path:
@@ -24,7 +27,8 @@ def bench_model_dir(vocab_size: int, hidden_size: int, layers: int = 2, seed: in
     def build(out: Path) -> None:
         random_qwen3(vocab_size, hidden_size, layers=layers, seed=seed).save_pretrained(out)
 
-    return materialize_folder(cache_dir() / "bench" / f"qwen3-v{vocab_size}-h{hidden_size}-l{layers}-s{seed}", build)
+    return materialize_folder(cache_dir() / "bench" / f"qwen3-v{vocab_size}-h{hidden_size}-l{layers}-s{seed}",
+                              build)
 
 
 def row_with_targets(input_ids: list[int], env_targets: list[int], action_targets: list[int], *,
@@ -52,7 +56,8 @@ TRACE_LAYOUT = ("one row of L token ids; {turns} turns spread evenly over it, ea
                 "every other token is prompt/context (no loss)")
 
 
-def trace_row(length: int, targets: int, vocab_size: int, *, turns: int = 4, seed: int = 0) -> tuple[EchoRow, str]:
+def trace_row(length: int, targets: int, vocab_size: int, *, turns: int = 4, seed: int = 0) -> tuple[EchoRow,
+                                                                                                     str]:
     """A long tool-trace row with `targets` loss tokens (a quarter actions, the rest env responses)."""
     turns = max(1, min(turns, targets))
     per_turn = targets // turns
@@ -72,15 +77,33 @@ def trace_row(length: int, targets: int, vocab_size: int, *, turns: int = 4, see
     return row_with_targets(ids, env, act), TRACE_LAYOUT.format(turns=turns, a=a, e=e)
 
 
+def config_spec(settings: dict[str, Any], *, logprob_fn: str = "") -> TrainerSpec:
+    """The trainer spec `quaero train` builds from a config with these settings
+    (`quaero.recipe.plan.trainer_spec`,
+    the one place a config becomes a spec), e.g. `{"backend": {"lora": True}}`; `logprob_fn`: the trainer's
+    log-prob hook (benchmarks/peers.py), a spec field no config key sets."""
+    from quaero.config import QuaeroConfig
+    from quaero.recipe.plan import trainer_spec
+
+    # a config names an env; a trainer never reads it (no env starts here)
+    spec = trainer_spec(QuaeroConfig.model_validate({"env": {"entry": "envs.toolbench:ToolBenchEnv"},
+                                                     **settings}))
+    return dataclasses.replace(spec, logprob_fn=logprob_fn) if logprob_fn else spec
+
+
 def bench_spec(model_dir: Path, *, seq_len: int, dtype: str = "float32", selective: bool = True,
                chunk_size: int | None = None, compile_mode: str = "off", compile_min_tokens: int = 128,
-               temperature: float = 1.0) -> TrainerSpec:
-    """The trainer spec of a benchmark step: one microbatch per row of `seq_len`, ECHO weight 0.2."""
-    return TrainerSpec(model=str(model_dir), dtype=dtype, max_seq_len=max(64, seq_len),
-                       micro_batch_tokens=max(seq_len, 1), temperature=temperature, echo_weight=0.2,
-                       selective_logits=selective,
-                       selective=SelectivePolicy(chunk_size=chunk_size, compile_mode=compile_mode,
-                                                 compile_min_tokens=compile_min_tokens))
+               temperature: float = 1.0, logprob_fn: str = "") -> TrainerSpec:
+    """The trainer spec of a benchmark step, configured as a user would: one microbatch per row of `seq_len`,
+    ECHO weight 0.2, the selective path's `[backend.options]`."""
+    return config_spec({
+        "model": {"name": str(model_dir), "dtype": dtype, "max_seq_len": max(64, seq_len)},
+        "sampler": {"temperature": temperature},
+        "backend": {"micro_batch_tokens": max(seq_len, 1), "options": {
+            "train_selective_suffix_logits": selective, "train_logprob_chunk_size": chunk_size,
+            "train_compile_selective_ce": compile_mode,
+            "train_compile_selective_ce_min_tokens": compile_min_tokens}},
+        "echo": {"weight": 0.2}}, logprob_fn=logprob_fn)
 
 
 def make_trainer(spec: TrainerSpec, device: torch.device):
@@ -89,10 +112,9 @@ def make_trainer(spec: TrainerSpec, device: torch.device):
     return LocalTrainer(spec, str(device))
 
 
-def timed_steps(trainer, rows: list[EchoRow], steps: int, device: torch.device) -> tuple[list[float], list[dict]]:
+def timed_steps(trainer, rows: list[EchoRow], steps: int, device: torch.device) -> tuple[list[float],
+                                                                                         list[dict]]:
     """Run `steps` train steps; seconds per step and the metrics each returned."""
-    from quaero.bench.measure import sync
-
     times, metrics = [], []
     for _ in range(steps):
         sync(device)
@@ -104,7 +126,8 @@ def timed_steps(trainer, rows: list[EchoRow], steps: int, device: torch.device) 
 
 
 def cumulative(metrics: list[dict]) -> dict[str, Any]:
-    """The trainer's `local_train_*` metrics accumulated over the steps (counters summed, strings/bools latest)."""
+    """The trainer's `local_train_*` metrics accumulated over the steps (counters summed, strings/bools
+    latest)."""
     from quaero.telemetry.runlog import Cumulative
 
     totals = Cumulative()

@@ -1,7 +1,7 @@
 """`quaero bench ablation`'s pairing: per seed on the tasks both runs' last evals finished, pooled over seeds."""
 import pytest
 
-from quaero.bench import ablation
+from benchmarks import ablation
 from quaero.telemetry import runlog
 from quaero.tools.significance import paired_outcomes
 
@@ -53,3 +53,11 @@ def test_arms_start_from_a_chosen_or_the_latest_checkpoint_of_a_shared_run(tmp_p
     assert [p.name for p in (tmp_path / "arm" / "checkpoints").iterdir()] == ["step-000450"]
     with pytest.raises(SystemExit, match="--from-step 7: .* is unusable"):
         ablation._seed_start(tmp_path / "warm", tmp_path / "arm", 7)
+
+
+@pytest.mark.hostile
+def test_from_step_without_from_is_refused_before_any_arm_trains(tmp_path, monkeypatch):
+    """`--from-step 1` without `--from` trained every arm from scratch without a word (peers-trl refuses it)."""
+    monkeypatch.setattr(ablation, "train_arm", lambda *a, **k: pytest.fail("an arm was trained"))
+    with pytest.raises(SystemExit, match=r"^error: --from-step needs --from RUN$"):
+        ablation.main(["envs/toolbench.toml", "--from-step", "1", "--out", str(tmp_path)])

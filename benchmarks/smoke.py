@@ -17,7 +17,8 @@ from quaero.telemetry.proofs import STEP_PROOF_METRICS
 from trainers.spec import TrainerSpec
 
 # the step's proof metrics (quaero/telemetry/proofs.py), then the figures a smoke reader wants next to them
-SMOKE_KEYS = (*STEP_PROOF_METRICS, names.LOSS, names.RL_LOSS, names.ECHO_LOSS, names.ACTION_TOKENS, names.ECHO_TOKENS,
+SMOKE_KEYS = (*STEP_PROOF_METRICS, names.LOSS, names.RL_LOSS, names.ECHO_LOSS, names.ACTION_TOKENS,
+              names.ECHO_TOKENS,
               names.ROW_TOKENS, names.GRAD_NORM, names.SAMPLER_LOGPROB_GAP_MAX, names.PEAK_MEM_MB,
               names.PEAK_MEM_SOURCE, names.STEP_TIME_S)
 
@@ -42,18 +43,20 @@ def sparse_rows(n: int = 4, **kw) -> list[EchoRow]:
     return [sparse_row(i, 1.0 if i % 2 else -1.0, **kw) for i in range(n)]
 
 
-def smoke_spec(**spec_kw) -> TrainerSpec:
-    """The smoke's trainer spec: the defaults (tiny-qwen3), one or two rows per microbatch."""
-    return TrainerSpec(**{"micro_batch_tokens": 700, **spec_kw})
+def smoke_spec(*, lora: bool = False) -> TrainerSpec:
+    """The smoke's trainer spec: the default config's (tiny-qwen3), one or two rows per microbatch."""
+    from benchmarks.trainstep import config_spec  # torch: after `run` has imported unsloth
+
+    return config_spec({"backend": {"micro_batch_tokens": 700, "lora": lora}})
 
 
-def run(trainer_name: str, steps: int = 1, **spec_kw) -> dict:
+def run(trainer_name: str, steps: int = 1, *, lora: bool = False) -> dict:
     """`steps` train steps of `trainer_name` on `sparse_rows()`; the last step's metrics, every key."""
     if trainer_name == "unsloth":
         import trainers.unsloth_trainer  # noqa: F401 - unsloth before transformers
     from trainers.registry import trainer_class
 
-    trainer = trainer_class(trainer_name)(smoke_spec(**spec_kw), "cpu")
+    trainer = trainer_class(trainer_name)(smoke_spec(lora=lora), "cpu")
     rows = sparse_rows()
     for _ in range(steps):
         metrics = trainer.train_step(rows)

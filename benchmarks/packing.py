@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     from quaero.rollout.driver import EpisodeDriver
     from quaero.rollout.render import RenderAdapter
 
-    cfg = QuaeroConfig.model_validate({"env": {"entry": "envs.toolbench:ToolBenchEnv", "launcher": "inprocess",
+    cfg = QuaeroConfig.model_validate({"env": {"entry": "envs.toolbench:ToolBenchEnv",
+                                               "launcher": "inprocess",
                                                "max_turns": args.turns}, "training": {"strict": True}})
     render = RenderAdapter(load_tokenizer(cfg.model.name), cfg.model)
     tasks = [{"seed": i, "split": "train", "index": i} for i in range(args.episodes)]
@@ -58,15 +59,18 @@ def main(argv: list[str] | None = None) -> int:
         results = {}
         for reasoning in (True, False):
             groups = EpisodeDriver(render, None, cfg, pool.stats).run(pool.sessions, tasks, group_size=1,
-                                                                       policy=eight_turns(args.turns, reasoning))
+                                                                       policy=eight_turns(args.turns,
+                                                                                          reasoning))
             results[reasoning] = ([g[0] for g in groups], pool.stats.snapshot_and_reset())
 
     eps, counts = results[True]
     plain_eps, plain_counts = results[False]
     width = 48
     top = max(ep.info["trained_tokens_per_transition_layout"] for ep in eps)
-    print(f"\nTrained tokens per {args.turns}-turn toolbench episode (Qwen3 renderer, real Qwen vocabulary)\n")
-    print(f"{'episode':>7} {'turns':>5} {'per-transition':>14} {'packed':>7} {'ratio':>6}  {'no-reasoning':>12}")
+    print(f"\nTrained tokens per {args.turns}-turn toolbench episode "
+          "(Qwen3 renderer, real Qwen vocabulary)\n")
+    print(f"{'episode':>7} {'turns':>5} {'per-transition':>14} {'packed':>7} {'ratio':>6}  "
+          f"{'no-reasoning':>12}")
     for ep, plain in zip(eps, plain_eps):
         flat, packed = ep.info["trained_tokens_per_transition_layout"], ep.info["trained_tokens"]
         print(f"{ep.info.get('index', '?'):>7} {ep.turns:>5} {flat:>14} {packed:>7} {flat / packed:>5.2f}x"
@@ -79,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
           f"ratio {flat_mean / packed_mean:.2f}x "
           f"({counts['rows_packed']} packed rows, {counts['rows_transition']} per-transition rows, "
           f"prefix mismatches {counts['prefix_mismatches']}, bridge fallbacks {counts['bridge_fallbacks']})")
-    print(f"episodes solved: {sum(ep.success for ep in eps)}/{len(eps)}; oracle verbatim (empty thinking): {plain_counts['rows_packed']} packed rows, "
+    print(f"episodes solved: {sum(ep.success for ep in eps)}/{len(eps)}; oracle verbatim (empty thinking): "
+          f"{plain_counts['rows_packed']} packed rows, "
           f"{plain_counts['rows_transition']} per-transition rows, packing breaks {plain_counts['packing_breaks']}")
 
 

@@ -5,10 +5,10 @@
 
 On one row of L hidden states [1, L, H] with S = density x (L - 1 - 16) targets spread evenly after a
 16-token prefix, each region runs the LM head, the log-probs and the backward of `-mean` (the
-`quaero bench echo` contract, quaero/bench/echo_regions.py). The backbone is left out: it is the same
+`quaero bench echo` contract, benchmarks/regions.py). The backbone is left out: it is the same
 for every method, so the region decides the step's difference. Regions:
 - `suffix`, `hidden`, `hidden_chunked`: each branch of `trainers.selective.selected_logprobs`, forced;
-- `chunked_all_positions`: the peers' method (quaero/bench/peers.py), every position, chunk 512;
+- `chunked_all_positions`: the peers' method (benchmarks/peers.py), every position, chunk 512;
 - `liger_fused_linear_ce` (CUDA, where `liger_kernel` imports): Liger's fused linear cross entropy
   over every position (targets elsewhere ignored); a scalar loss, not the per-token log-probs an RL
   ratio needs, so it is a lower bound on what Liger costs for RL.
@@ -27,19 +27,19 @@ from typing import Any
 
 import torch
 
-from quaero.bench import echo_regions as er
-from quaero.bench import peers
-from quaero.bench.measure import (
-    emit,
+from benchmarks import peers
+from benchmarks import regions as er
+from benchmarks.measure import (
+    available_bytes,
     environment,
     load_average,
     measure_regions,
     ratio,
     resolve_bench_device,
     resolve_bench_dtype,
-    torch_threads,
+    run_cli,
 )
-from quaero.bench.step import available_bytes
+from trainers.spec import SelectivePolicy
 
 PREFIX = 16  # tokens before the first target (a system prompt)
 QUAERO_BRANCHES = ("suffix", "hidden", "hidden_chunked")
@@ -57,9 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-size", type=int, default=256, help="hidden_chunked's chunk")
     p.add_argument("--peer-chunk-size", type=int, default=peers.DEFAULT_PEER_CHUNK)
     p.add_argument("--regions", default=",".join((*QUAERO_BRANCHES, "chunked_all_positions")),
-                   help="comma-separated regions to time and value-check (the default branch is read either way)")
+                   help="comma-separated regions to time and value-check "
+                        "(the default branch is read either way)")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--memory-repeats", type=int, default=1, help="CPU profiled runs (exact counts: 1 is enough)")
+    p.add_argument("--memory-repeats", type=int, default=1,
+                   help="CPU profiled runs (exact counts: 1 is enough)")
     p.add_argument("--min-sample-s", type=float, default=0.05)
     p.add_argument("--mem-fraction", type=float, default=0.6,
                    help="skip a region predicted to need more than this fraction of available memory")
@@ -68,40 +70,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", metavar="PATH")
     return p
-
-
-def branch_region(branch: str, chunk_size: int) -> er.Region:
-    """`selected_logprobs` forced onto one branch through its public options."""
-    from trainers.selective import selected_logprobs
-    from trainers.spec import SelectivePolicy
-
-    policy = {"suffix": SelectivePolicy(dense_min_density=0.0, suffix_max_bytes=2**62),
-              "hidden": SelectivePolicy(suffix_max_bytes=0, hidden_max_bytes=2**62),
-              "hidden_chunked": SelectivePolicy(chunk_size=chunk_size)}[branch]
-
-    def region(x: er.EchoInputs) -> er.RegionOut:
-        dense, info = selected_logprobs(x.hidden, x.lm_head, x.input_ids, x.target_mask,
-                                        temperature=x.temperature, policy=policy)
-        return er.RegionOut(dense, {"branch": info.branch})
-
-    return region
-
-
-def default_branch(x: er.EchoInputs) -> str:
-    """The branch `selected_logprobs` picks with no options (what `quaero train` runs by default)."""
-    from trainers.selective import selected_logprobs
-
-    with torch.no_grad():
-        return selected_logprobs(x.hidden, x.lm_head, x.input_ids, x.target_mask)[1].branch
-
-
-def peer_region(chunk_size: int) -> er.Region:
-    def region(x: er.EchoInputs) -> er.RegionOut:
-        dense = peers.chunked_all_positions_logprobs(x.hidden, x.lm_head, x.input_ids, x.target_mask,
-                                                     chunk_size=chunk_size, temperature=x.temperature)
-        return er.RegionOut(dense, {"branch": "chunked_all_positions"})
-
-    return region
 
 
 def liger_region() -> er.Region | None:
@@ -113,7 +81,8 @@ def liger_region() -> er.Region | None:
     loss_fn = LigerFusedLinearCrossEntropyLoss(reduction="sum")
 
     def run(x: er.EchoInputs) -> float:
-        labels = torch.where(x.target_mask[0, 1:], x.input_ids[0, 1:], torch.full_like(x.input_ids[0, 1:], -100))
+        labels = torch.where(x.target_mask[0, 1:], x.input_ids[0, 1:],
+                             torch.full_like(x.input_ids[0, 1:], -100))
         loss = loss_fn(x.lm_head.weight, x.hidden[0, :-1], labels) / x.positions.numel()
         loss.backward()
         return float(loss.detach())
@@ -125,7 +94,8 @@ def predicted_bytes(name: str, x: er.EchoInputs, args) -> int:
     """fp32 [rows, V] blocks the region holds at once (logits, log-softmax/grad, and one spare)."""
     L, V, S = x.hidden.shape[1], x.lm_head.weight.shape[0], x.positions.numel()
     rows = {"suffix": L - 1 - PREFIX, "hidden": S, "hidden_chunked": min(args.chunk_size, S),
-            "chunked_all_positions": args.peer_chunk_size, "liger_fused_linear_ce": args.peer_chunk_size}[name]
+            "chunked_all_positions": args.peer_chunk_size,
+            "liger_fused_linear_ce": args.peer_chunk_size}[name]
     return rows * V * 4 * 3
 
 
@@ -140,8 +110,10 @@ def measure_cell(x: er.EchoInputs, regions: dict, args, device) -> dict[str, Any
         fns[name] = region if name == "liger_fused_linear_ce" else (lambda r=region: er.run_region(r, x))
     measured = measure_regions(fns, device, repeats=args.repeats, memory_repeats=args.memory_repeats,
                                before=x.clear_grads, min_sample_s=args.min_sample_s)
-    out = {name: {"median_s": r["median_s"], "min_s": r["min_s"], "max_s": r["max_s"], "samples_s": r["samples_s"],
-                  "peak_mb": r["median_peak_allocated_mb"], "loss": r["value"]} for name, r in measured.items()}
+    out = {name: {"median_s": r["median_s"], "min_s": r["min_s"], "max_s": r["max_s"],
+                  "samples_s": r["samples_s"],
+                  "peak_mb": r["median_peak_allocated_mb"],
+                  "loss": r["value"]} for name, r in measured.items()}
     out.update({name: {"skipped": why} for name, why in skipped.items()})
     return out
 
@@ -177,7 +149,8 @@ def paired_ratio(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
     pairs = [x / y for x, y in zip(a.get("samples_s", []), b.get("samples_s", [])) if y > 0]
     if not pairs:
         return None
-    return {"median": round(statistics.median(pairs), 3), "min": round(min(pairs), 3), "max": round(max(pairs), 3),
+    return {"median": round(statistics.median(pairs), 3), "min": round(min(pairs), 3),
+            "max": round(max(pairs), 3),
             "repeats": len(pairs), "separated": min(pairs) > 1 or max(pairs) < 1}
 
 
@@ -185,7 +158,8 @@ def crossover_summary(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (vocab, length): the lowest density at which the default stops winning, in time and memory."""
     out = []
     for key in sorted({(c["vocab_size"], c["seq_len"]) for c in cells}):
-        group = sorted((c for c in cells if (c["vocab_size"], c["seq_len"]) == key), key=lambda c: c["density"])
+        group = sorted((c for c in cells if (c["vocab_size"], c["seq_len"]) == key),
+                       key=lambda c: c["density"])
 
         def first_loss(field: str, group: list = group) -> float | None:
             return next((c["density"] for c in group if c["verdict"].get(field) is False), None)
@@ -222,16 +196,19 @@ def run(args) -> dict[str, Any]:
     if unknown:
         raise SystemExit(f"--regions {args.regions}: unknown {unknown}; choose from "
                          f"{', '.join((*QUAERO_BRANCHES, 'chunked_all_positions'))}")
-    regions: dict[str, Any] = {b: branch_region(b, args.chunk_size) for b in QUAERO_BRANCHES if b in wanted}
-    if "chunked_all_positions" in wanted:
-        regions["chunked_all_positions"] = peer_region(args.peer_chunk_size)
+    regions: dict[str, Any] = {b: er.logprob_region(er.branch_policy(b, chunk_size=args.chunk_size))
+                               for b in QUAERO_BRANCHES if b in wanted}
+    if "chunked_all_positions" in wanted:  # the peer's chunk as the policy's chunk_size (benchmarks/peers.py)
+        regions["chunked_all_positions"] = er.logprob_region(SelectivePolicy(chunk_size=args.peer_chunk_size),
+                                                             peers.chunked_all_positions_logprobs)
     liger = liger_region() if device.type == "cuda" else None
     if liger is not None:
         regions["liger_fused_linear_ce"] = liger
     doc["liger"] = "measured" if liger is not None else "not available here (needs CUDA and liger_kernel)"
     cells, checked = [], None
     header = (f"{'V':>7s} {'L':>6s} {'dens':>5s} {'S':>6s} {'default':>14s} | ms: "
-              + " ".join(f"{n[:9]:>9s}" for n in regions) + " | MiB: " + " ".join(f"{n[:8]:>8s}" for n in regions))
+              + " ".join(f"{n[:9]:>9s}" for n in regions) + " | MiB: "
+              + " ".join(f"{n[:8]:>8s}" for n in regions))
     print(f"quaero bench crossover on {device} ({doc['dtype']}):\n{header}", file=sys.stderr)
     for V in vocabs:
         for L in lengths:
@@ -242,16 +219,18 @@ def run(args) -> dict[str, Any]:
                                    hidden_size=args.hidden_size, device=device, dtype=dtype, seed=args.seed)
                 if checked is None and not args.no_value_check:
                     ref = er.reference(x)
-                    checked = {n: er.check_region(n, r, x, ref, expect_branch=n if n in QUAERO_BRANCHES else None)
+                    checked = {n: er.check_region(n, r, x, ref,
+                                                  expect_branch=n if n in QUAERO_BRANCHES else None)
                                for n, r in regions.items() if n != "liger_fused_linear_ce"}
                 cell = {"vocab_size": V, "seq_len": L, "density": d, "targets": S,
-                        "default_branch": default_branch(x), **measure_cell(x, regions, args, device),
+                        "default_branch": er.default_branch(x), **measure_cell(x, regions, args, device),
                         "load_average": load_average()}
                 cell["verdict"] = verdict(cell)
                 cells.append(cell)
                 print(f"{V:7d} {L:6d} {d:5.2f} {S:6d} {cell['default_branch']:>14s} | ms: "
                       + " ".join(_ms(cell[n]) for n in regions) + " | MiB: "
-                      + " ".join(_mb(cell[n]) for n in regions) + f" | load {cell['load_average']}", file=sys.stderr)
+                      + " ".join(_mb(cell[n]) for n in regions) + f" | load {cell['load_average']}",
+                      file=sys.stderr)
                 del x
     doc["value_check"] = checked
     doc["cells"] = cells
@@ -261,7 +240,4 @@ def run(args) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    with torch_threads(args.threads):
-        emit(run(args), args.json)
-    return 0
+    return run_cli(build_parser, run, argv)

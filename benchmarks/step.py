@@ -9,7 +9,7 @@ grad clipping, AdamW) configured as a user would configure it:
 - `selective_ce`: the eager exact path: selected hidden states -> LM head -> class-index CE;
 - `chunked_recompute`: quaero's `train_logprob_chunk_size` path (recompute-in-backward, O(chunk x V));
 - `chunked_all_positions`: the peers' method (prime-rl, verl, NeMo-RL): log-probs at every position,
-  chunked with recompute in backward (`--peer-chunk-size`), masked by the loss (quaero/bench/peers.py);
+  chunked with recompute in backward (`--peer-chunk-size`), masked by the loss (benchmarks/peers.py);
 - `backbone_only`: the same step with no LM head at all, the floor every LM-head method sits above.
 The model is a random-init Qwen3 with a real vocabulary (151,936) and a small hidden size, so that, as
 in long-row training of real models, the vocabulary-sized LM-head region dominates memory.
@@ -32,20 +32,21 @@ from typing import Any
 
 import torch
 
-from quaero.bench import peers
-from quaero.bench import trainstep as ts
-from quaero.bench.measure import (
+from benchmarks import peers
+from benchmarks import trainstep as ts
+from benchmarks.measure import (
     MIB,
+    available_bytes,
     cpu_peak_bytes,
-    emit,
     environment,
     ratio,
     resolve_bench_device,
     resolve_bench_dtype,
+    run_cli,
     sync,
-    torch_threads,
 )
-from quaero.telemetry import proofs
+from quaero.telemetry import names, proofs
+from trainers.memory import peak_mem_mb, reset_peak
 
 PATHS = {  # name -> trainer options
     "full_logits": {"selective": False},
@@ -79,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also run a compiled_ce path (CUDA)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per path (after one warm-up step)")
     p.add_argument("--interleave", action="store_true",
-                   help="time the comparison's paths in turns (step r of each, then r + 1): fair under background "
+                   help="time the comparison's paths in turns (step r of each, then r + 1): fair under "
+                        "background "
                         "load; every path's model stays resident")
     p.add_argument("--paths", default=",".join(PATHS), help="comma-separated subset of " + ",".join(PATHS))
     p.add_argument("--budget-gb", type=float, default=None, help="find the longest row each path fits")
@@ -101,18 +103,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def available_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        torch.cuda.empty_cache()  # blocks cached from earlier probes are available too
-        free, _ = torch.cuda.mem_get_info(device)
-        return free
-    with open("/proc/meminfo", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 1 << 62
-
-
 class StepBench:
     def __init__(self, args, device: torch.device, dtype: torch.dtype) -> None:
         self.args, self.device = args, device
@@ -127,14 +117,16 @@ class StepBench:
             self.paths["compiled_ce"] = {"selective": True, "compile": args.compile_selective_ce}
 
     def trainer(self, path: str, seq_len: int):
+        """A fresh `local` trainer for `path`; a peer's through the trainer's log-prob hook, its chunk as the
+        selective policy's `chunk_size` (benchmarks/peers.py)."""
         opts = self.paths[path]
-        spec = ts.bench_spec(self.model_dir, seq_len=seq_len, dtype=self.dtype_name, selective=opts["selective"],
-                             chunk_size=self.args.chunk_size if opts.get("chunk") else None,
-                             compile_mode=opts.get("compile", "off"), compile_min_tokens=1)
-        trainer = ts.make_trainer(spec, self.device)
-        if opts.get("peer"):
-            peers.with_peer(trainer, opts["peer"], chunk_size=self.args.peer_chunk_size)
-        return trainer
+        peer = opts.get("peer")
+        chunk = self.args.peer_chunk_size if peer else self.args.chunk_size if opts.get("chunk") else None
+        spec = ts.bench_spec(self.model_dir, seq_len=seq_len, dtype=self.dtype_name,
+                             selective=opts["selective"],
+                             chunk_size=chunk, compile_mode=opts.get("compile", "off"), compile_min_tokens=1,
+                             logprob_fn=peers.peer_logprob_fn(peer) if peer else "")
+        return ts.make_trainer(spec, self.device)
 
     def rows(self, seq_len: int, targets: int | None = None):
         row, self.layout = ts.trace_row(seq_len, targets or self.args.targets, self.args.vocab_size,
@@ -160,7 +152,8 @@ class StepBench:
         """Warm-up step, one memory-measured step, then `timed_steps` timed steps, on a fresh trainer
         (kept in `self.live` with `keep`, for `interleaved`)."""
         # sweep cells (an explicit target count) are kept apart from the budget search's probes
-        store, key = (self.probes, (path, seq_len)) if targets is None else (self.cells, (path, seq_len, targets))
+        store, key = (self.probes, (path, seq_len)) if targets is None else (self.cells,
+                                                                             (path, seq_len, targets))
         if not keep and key in store and store[key].get("steps", 0) >= timed_steps:
             return store[key]
         rows = self.rows(seq_len, targets)
@@ -176,7 +169,8 @@ class StepBench:
         times, metrics = ts.timed_steps(trainer, rows, timed_steps, self.device)
         result = {
             "seq_len": seq_len, "resident_mb": round(resident / MIB, 1), "peak_step_mb": round(peak / MIB, 1),
-            "peak_total_mb": round((resident + peak) / MIB, 1), **timing_fields(times, metrics),
+            "peak_total_mb": round((resident + peak) / MIB, 1),
+            **timing_fields(times, metrics, peer=self.paths[path].get("peer")),
         }
         if keep:
             self.live[path] = trainer
@@ -200,7 +194,8 @@ class StepBench:
                 times[path] += t
                 metrics[path] += m
         for path in paths:
-            self.probes[(path, seq_len)].update(timing_fields(times[path], metrics[path]), interleaved=True)
+            self.probes[(path, seq_len)].update(
+                timing_fields(times[path], metrics[path], peer=self.paths[path].get("peer")), interleaved=True)
             print(f"  {path:21s} L={seq_len:6d}  interleaved {statistics.median(times[path]):8.3f} s/step",
                   file=sys.stderr)
             del self.live[path]
@@ -233,7 +228,8 @@ class StepBench:
         while L > step and not self.safe("full_logits", L):
             L -= step
         return L, (f"--seq-len {want}: the full-logits step is predicted to need "
-                   f"{self.predict_bytes('full_logits', want) / 2**30:.1f} GiB, more than {self.args.mem_fraction:.0%} "
+                   f"{self.predict_bytes('full_logits', want) / 2**30:.1f} GiB, more than "
+                   f"{self.args.mem_fraction:.0%} "
                    f"of available memory; compared at {L} instead")
 
     def selected_paths(self) -> list[str]:
@@ -284,8 +280,10 @@ class StepBench:
                 break
             probe(mid)
         limited = ("search cap (--max-len)" if hi is None else
-                   "machine memory (probe predicted over the safe limit; not run)" if hi in unsafe else "budget")
-        probes = [{"seq_len": L, "peak_total_mb": r["peak_total_mb"], "fits": r["peak_total_mb"] * MIB <= budget}
+                   "machine memory (probe predicted over the safe limit; not run)" if hi in unsafe
+                   else "budget")
+        probes = [{"seq_len": L, "peak_total_mb": r["peak_total_mb"],
+                   "fits": r["peak_total_mb"] * MIB <= budget}
                   for (p, L), r in sorted(self.probes.items()) if p == path]
         out = {"longest_fit_tokens": lo, "limited_by": limited, "probes": probes}
         line = self.line(path)
@@ -303,27 +301,34 @@ class StepBench:
         return l1, m1, (m1 - m0) / (l1 - l0)
 
 
-def timing_fields(times: list[float], metrics: list[dict]) -> dict[str, Any]:
-    """Step-time figures and branch counters of timed steps (none: just `steps: 0`)."""
+def timing_fields(times: list[float], metrics: list[dict], *, peer: str | None = None) -> dict[str, Any]:
+    """Step-time figures and branch counters of timed steps (none: just `steps: 0`). A peer's path also
+    proves the peer ran: `peer_logprob_batches`, its forward passes, with every selective branch counter 0."""
     if not times:
         return {"steps": 0}
-    last = metrics[-1]
+    runtime = ts.cumulative(metrics)
     out = {"steps": len(times), "median_step_s": statistics.median(times), "min_step_s": min(times),
-           "max_step_s": max(times), "loss": last.get("loss"),
-           "branch_counters": {k: v for k, v in ts.cumulative(metrics).items() if k in proofs.BRANCH_COUNTERS}}
-    if "peer_logprob_batches" in last:
-        out["peer_logprob_batches"] = sum(m["peer_logprob_batches"] for m in metrics)
+           "max_step_s": max(times), "loss": metrics[-1].get("loss"),
+           "branch_counters": {k: v for k, v in runtime.items() if k in proofs.BRANCH_COUNTERS}}
+    if peer:
+        ran = {k: v for k, v in out["branch_counters"].items() if v}
+        if ran:
+            raise RuntimeError(f"benchmarks/step.py: the {peer} path ran selective branches {ran}: the "
+                               "trainer "
+                               "did not use its log-prob hook (TrainerSpec.logprob_fn)")
+        out["peer_logprob_batches"] = sum(m[names.FORWARD_PASSES] for m in metrics)
     return out
 
 
 def _cuda_peak(train_step, rows, device) -> int:
-    """Peak CUDA bytes allocated by one step above what was allocated when it started."""
+    """Peak CUDA bytes allocated by one step above what was allocated when it started (the trainer's own
+    peak reading, trainers/memory.py, less the bytes already allocated)."""
     sync(device)
-    torch.cuda.reset_peak_memory_stats(device)
+    reset_peak(device)
     base = torch.cuda.memory_allocated(device)
     train_step(rows)
     sync(device)
-    return torch.cuda.max_memory_allocated(device) - base
+    return round(peak_mem_mb(device)[0] * MIB) - base
 
 
 def run(args) -> dict[str, Any]:
@@ -332,12 +337,15 @@ def run(args) -> dict[str, Any]:
         torch.bfloat16 if args.dtype == "auto" else resolve_bench_dtype(args.dtype, device))
     doc: dict[str, Any] = environment(device, dtype)
     doc["config"] = {k: getattr(args, k) for k in (
-        "seq_len", "targets", "turns", "vocab_size", "hidden_size", "layers", "chunk_size", "compile_selective_ce",
-        "steps", "paths", "budget_gb", "min_len", "max_len", "len_step", "mem_fraction", "seed", "peer_chunk_size",
+        "seq_len", "targets", "turns", "vocab_size", "hidden_size", "layers", "chunk_size",
+        "compile_selective_ce",
+        "steps", "paths", "budget_gb", "min_len", "max_len", "len_step", "mem_fraction", "seed",
+        "peer_chunk_size",
         "interleave", "sweep", "sweep_lengths", "sweep_densities", "sweep_paths")}
     bench = StepBench(args, device, dtype)
-    doc["model"] = (f"random-init Qwen3: vocab {args.vocab_size}, hidden {args.hidden_size}, {args.layers} layers, "
-                    f"{max(1, args.hidden_size // 16)} heads x head_dim 16, MLP {4 * args.hidden_size}, untied LM head, "
+    doc["model"] = (f"random-init Qwen3: vocab {args.vocab_size}, hidden {args.hidden_size}, "
+                    f"{args.layers} layers, {max(1, args.hidden_size // 16)} heads x head_dim 16, "
+                    f"MLP {4 * args.hidden_size}, untied LM head, "
                     f"{doc['dtype']}, AdamW")
     print(f"quaero bench step on {device} ({doc['dtype']}):", file=sys.stderr)
     length, note = bench.comparison_len()
@@ -413,7 +421,4 @@ def sweep(bench: StepBench, args, device: torch.device) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    with torch_threads(args.threads):
-        emit(run(args), args.json)
-    return 0
+    return run_cli(build_parser, run, argv)

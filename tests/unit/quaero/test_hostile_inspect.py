@@ -1,0 +1,92 @@
+"""`quaero inspect rows` (quaero/tools/inspect_rows.py) against hostile output paths and saved rows: what it
+writes (`--html`, `--export`) is a new file of the user's, never a run's own file, a symlink's target or an
+existing file without `--force`; a write that fails is one line; `--verify` catches ids outside the vocabulary.
+Real rows of the toy env (real Qwen3 renderer, oracle policy), the real CLI in process."""
+import json
+
+import pytest
+from fixtures.rollout import drive, make_cfg
+
+from quaero import cli
+from quaero.recipe.saved_rows import save_step_rows, step_file
+
+pytestmark = pytest.mark.hostile
+
+
+@pytest.fixture(scope="module")
+def collected(qwen3_render):
+    eps, _ = drive(qwen3_render, tasks=2)
+    return [(row.with_advantage(0.5), ep.transitions) for ep in eps for row in ep.rows]
+
+
+@pytest.fixture
+def run_dir(tmp_path, collected):
+    """A run folder as `quaero train` leaves it: config.json, events.jsonl, a checkpoint, saved rows."""
+    run = tmp_path / "runs" / "toy"
+    (run / "checkpoints" / "step-000001").mkdir(parents=True)
+    (run / "checkpoints" / "step-000001" / "tensors.safetensors").write_bytes(b"weights")
+    (run / "config.json").write_text(make_cfg().model_dump_json(indent=2))
+    (run / "events.jsonl").write_text('{"event": "run_start"}\n')
+    save_step_rows(run, "all", 1, collected, phase="rl", policy_version=0)
+    return run
+
+
+def _export(run, out, *more):
+    return cli.main(["inspect", "rows", str(run), "--export", "rfc010", str(out), *more])
+
+
+@pytest.mark.parametrize("target", ["checkpoints/step-000001/tensors.safetensors", "events.jsonl", "config.json"])
+@pytest.mark.parametrize("flag", ["--export", "--html"])
+def test_a_path_inside_the_run_folder_is_refused_and_left_untouched(run_dir, capsys, target, flag):
+    before = (run_dir / target).read_bytes()
+    args = ["--export", "rfc010"] if flag == "--export" else ["--html"]
+    assert cli.main(["inspect", "rows", str(run_dir), *args, str(run_dir / target), "--force"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {flag} {run_dir / target}: inside the run folder {run_dir.resolve()}")
+    assert err.count("\n") == 1 and (run_dir / target).read_bytes() == before
+
+
+def test_a_path_inside_another_run_folder_is_refused(run_dir, tmp_path, capsys):
+    other = tmp_path / "runs" / "other"
+    (other / "checkpoints").mkdir(parents=True)
+    assert _export(run_dir, other / "rows.jsonl") == 1
+    assert f"inside the run folder {other.resolve()}" in capsys.readouterr().err
+    assert not (other / "rows.jsonl").exists()
+
+
+def test_a_symlink_is_refused_even_with_force(run_dir, tmp_path, capsys):
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    link = tmp_path / "out.jsonl"
+    link.symlink_to(target)
+    assert _export(run_dir, link, "--force") == 1
+    assert capsys.readouterr().err.startswith(f"error: --export {link}: a symlink (to {target})")
+    assert target.read_text() == "keep me"
+
+
+def test_an_existing_file_needs_force(run_dir, tmp_path, capsys):
+    out = tmp_path / "mine.jsonl"
+    out.write_text("user data\n")
+    assert _export(run_dir, out) == 1
+    assert "already exists; choose a new file or pass --force" in capsys.readouterr().err
+    assert out.read_text() == "user data\n"
+    assert _export(run_dir, out, "--force") == 0
+    assert [json.loads(line)["quaero"]["step"] for line in out.read_text().splitlines()] == [1] * len(
+        step_file(run_dir, 1).read_text().splitlines())
+
+
+def test_a_full_disk_is_one_line(run_dir, capsys):
+    assert _export(run_dir, "/dev/full", "--force") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: --export /dev/full: cannot write it (No space left on device)")
+    assert err.count("\n") == 1
+
+
+def test_verify_catches_an_id_outside_the_vocabulary(run_dir, capsys):
+    path = step_file(run_dir, 1)
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    recs[0]["input_ids"][0] = 10**9
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert cli.main(["inspect", "rows", str(run_dir), "--verify"]) == 1
+    out = capsys.readouterr().out
+    assert "step 1 row 0 token 0: id 1000000000 outside the model's vocabulary (0.." in out
