@@ -120,7 +120,8 @@ def cmd_check(args) -> int:
         where = args.config if not cfg.is_mixture else f"{args.config} [[envs]] name={name!r}:"
         if cfg.is_mixture:
             print(f"── env {name!r}")
-        print("\n".join(describe_env(view.env)))  # imports the env: its Action problems fail here, before any model
+        # imports the env: its Action problems fail here, before any model
+        print("\n".join(describe_env(view.env, view.observation_token_limit)))
         print("\n".join(check_lines(view, where)))  # the env's splits, when it has OpenEnv's Task API
     if cfg.data.traces:
         from quaero.rollout.traces import trace_line
