@@ -266,7 +266,8 @@ def test_ctrl_c_on_two_ranks_checkpoints_and_ends_without_a_torchrun_traceback(t
     path, cfg = make_config(tmp_path, "quiet", steps=0, warmup=40, eval_every=0, eval_tasks=0)
     with_strategy(path, "ddp")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    proc = subprocess.Popen([sys.executable, "-m", "quaero.cli", "train", str(path), "--nproc", "2"], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "quaero.cli", "train", str(path), "--nproc", "2"],
+                            cwd=ROOT,
                             env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     events = cfg.run_dir / "events.jsonl"
