@@ -62,7 +62,9 @@ def plan_lines(cfg, source: str) -> list[str]:
          f"checkpoint_every={cfg.training.checkpoint_every}, eval_every={cfg.training.eval_every}"),
         work_line(cfg),
     ]
-    return lines
+    from quaero.recipe.memory_plan import memory_lines
+
+    return lines + memory_lines(cfg, device)
 
 
 def env_lines(cfg) -> list[str]:
@@ -120,7 +122,8 @@ def cmd_check(args) -> int:
         where = args.config if not cfg.is_mixture else f"{args.config} [[envs]] name={name!r}:"
         if cfg.is_mixture:
             print(f"── env {name!r}")
-        print("\n".join(describe_env(view.env)))  # imports the env: its Action problems fail here, before any model
+        # imports the env: its Action problems fail here, before any model
+        print("\n".join(describe_env(view.env, view.observation_token_limit)))
         print("\n".join(check_lines(view, where)))  # the env's splits, when it has OpenEnv's Task API
     if cfg.data.traces:
         from quaero.rollout.traces import trace_line

@@ -50,19 +50,20 @@ OPTION_MEANINGS = {
     "env.train_split": "the reset `split` of training tasks",
     "env.eval_split": "the reset `split` of evaluation tasks",
     "env.reset_kwargs": "more keyword arguments of every `reset`",
-    "env.system_prompt": "the system prompt (else the reset observation's `metadata[\"system_prompt\"]`, "
-                         "else a generic line)",
+    "env.system_prompt": "the system prompt (else the env's own: the reset's `system_prompt` or `instructions`, a "
+                         "chat observation's system message; else a generic line; docs/environments.md)",
     "env.formatter": "`package.module:function(observation_dict) -> str` for a plain env's observations",
     "env.action": "`package.module:ActionClass` for a plain env that declares no Action",
     "env.malformed_reward": "the reward of a reply that is no valid action (docs/environments.md)",
     "env.no_tool_call_message": "MCP envs: the corrective message when a reply calls no tool (default: names "
                                 "the tools)",
     "env.max_turns": "turns per episode; an episode cut here is truncated, never a success",
-    "env.max_observation_tokens": "an env message longer than this is cut, with a marker (unset: half of "
-                                  "`max_seq_len`)",
+    "env.max_observation_tokens": "an env message longer than this is cut, with a marker, field by field for "
+                                  "a formatted observation (unset: half of `max_seq_len`)",
     "env.step_timeout_s": "seconds an env step may take before it counts as a fault",
     "env.reset_timeout_s": "seconds an env reset may take before it counts as a fault",
-    "env.max_retries": "retries of a faulted step or reset before the episode is dropped",
+    "env.max_retries": "retries of a faulted step or reset before the episode is dropped (an env error is "
+                       "asked once more whatever this is: twice the same is the action's)",
     "env.retry_backoff_s": "the wait before retry k is this times 2^k",
     "env.server_start_timeout_s": "seconds a local env server may take to start",
     "env.tasks.sampler": "which train tasks the env's groups play: `sequential` (the run seed's order of the "

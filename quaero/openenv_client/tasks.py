@@ -15,6 +15,7 @@ one instance for it and closes it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import math
@@ -238,10 +239,20 @@ def check_lines(cfg: Any, source: str = "config") -> list[str]:
         except FactoryNotCalled:
             return [("tasks       read from the env's Task API when sessions open (a factory function is not "
                      "called at check)")]
+        if not builds_class(spec):  # a factory whose return annotation named its class: still never called
+            return [(f"tasks       read from {spec.env_cls.__name__}'s Task API when sessions open: {spec.entry} is a "
+                     "factory function, not called at check (its splits and task counts cannot be read without it)")]
         catalog = catalog_of_spec(spec, env_cfg.reset_timeout_s)
     check_splits(catalog, env_cfg, train=bool(t.steps or t.warmup_sft_steps), evaluate=bool(t.eval_tasks),
                  source=source)
     return [plan_line(catalog, env_cfg, t.eval_tasks)]
+
+
+def builds_class(spec: Any) -> bool:
+    """Whether an EnvSpec's factory is its env class itself ([env] kwargs bound or not), not a function of the
+    config's: `quaero check` builds a class, as every session does, and never calls a factory function."""
+    factory = spec.factory.func if isinstance(spec.factory, functools.partial) else spec.factory
+    return factory is spec.env_cls
 
 
 def catalog_of_spec(spec: Any, timeout_s: float | None = None) -> TaskCatalog | None:

@@ -46,6 +46,16 @@ class EnvFault(Exception):
         self.kind = kind  # timeout | connection | server_error | capacity
 
 
+class EnvRaised(EnvFault):
+    """The env's own code raised answering a call (OpenEnv's EXECUTION_ERROR frame; an exception in-process);
+    the server answered, so the session may be healthy. `detail`: the env's message. Whether it is a fault of
+    the session or a property of the action is decided in quaero/openenv_client/session.py (`ChatEnv._call`)."""
+
+    def __init__(self, detail: str, message: str | None = None) -> None:
+        super().__init__("server_error", message or detail)
+        self.detail = detail
+
+
 class ActionRejected(Exception):
     """The env refused the action before running it (schema validation); the session is intact."""
 
@@ -244,7 +254,7 @@ class InProcessTransport:
         except (ActionRejected, InvalidReply):
             raise
         except Exception as e:  # noqa: BLE001 - the env raised: the server would answer EXECUTION_ERROR
-            raise EnvFault("server_error", f"{kind} raised {type(e).__name__}: {e}") from None
+            raise EnvRaised(str(e).strip() or type(e).__name__, f"{kind} raised {type(e).__name__}: {e}") from None
 
     def reset(self, kwargs: dict, timeout_s: float) -> dict:
         return check_reply(self._call("reset", kwargs, timeout_s))
@@ -327,6 +337,8 @@ class WebSocketTransport:
         if code == "CAPACITY_REACHED":
             self.close()
             raise EnvFault("capacity", f"{text} (server max_sessions={data.get('max_sessions')})")
+        if code == "EXECUTION_ERROR":  # OpenEnv's server caught what the env raised: the session lives on
+            raise EnvRaised(str(text).strip() or code, f"{code}: {text}")
         raise EnvFault("server_error", f"{code}: {text}")
 
     def reset(self, kwargs: dict, timeout_s: float) -> dict:
