@@ -97,8 +97,8 @@ OPTION_MEANINGS = {
     "sampler.servers": "vLLM servers quaero starts per rank in server mode",
     "sampler.urls": "running vLLM servers to sample from instead (docs/scaling.md)",
     "sampler.server_start_timeout_s": "seconds a vLLM server may take to start",
-    "sampler.request_timeout_s": "server mode: seconds a vLLM server may sample before its reply's first byte "
-                                 "(one prompt's n completions)",
+    "sampler.request_timeout_s": "server mode: seconds a vLLM server may sample before its reply's first "
+                                 "byte (one prompt's n completions)",
     "sampler.stop_grace_s": "server mode: seconds a wait on a vLLM server goes on after a stop request "
                             "(Ctrl-C, SIGTERM) before the run stops without that step",
     "sampler.weight_transfer": "how server mode pushes weights: `file`, `nccl` or `ipc` (docs/scaling.md)",
@@ -169,8 +169,9 @@ OPTION_MEANINGS = {
                                  "episode, then over episodes) or `constant` (Dr. GRPO)",
     "training.dynamic_sampling": "while fewer than `tasks_per_step` groups have reward spread, sample groups of "
                                  "further tasks (DAPO); all-equal groups still train ECHO",
-    "training.dynamic_sampling_max_groups": "the bound: at most this many x `tasks_per_step` groups per step "
-                                            "(1 to 100; each round is logged, a stop request ends the rounds)",
+    "training.dynamic_sampling_max_groups": ("the bound: at most this many x `tasks_per_step` groups per "
+                                             "step (1 to 100; each round is logged, a stop request ends "
+                                             "the rounds)"),
     "data.traces": "a JSONL file of recorded episodes (RFC 010 records or OpenEnv TrainingTraces) the warm "
                    "start trains on (SFT + ECHO, or RL with `traces_loss`) instead of the oracle's demos; rows rebuilt from their ids, "
                    "inexact records refused one line each",
