@@ -255,3 +255,55 @@ def test_an_mcp_env_whose_reset_has_no_text_shows_no_empty_user_turn(qwen3_rende
     assert ep.messages[-1] == {"role": "tool", "content": "hello"} and len(ep.transitions) == turns
     assert counts["prefix_mismatches"] == 0 and counts["bridge_fallbacks"] == 0
     assert counts["env_responses_captured"] == turns
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry, extra", [("ChatShapedEnv", ""), ("ArcadeEnv", "max_observation_tokens = 256")])
+def test_chat_turns_and_per_field_cuts_keep_rows_exact_in_a_run(entry, extra, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from fixtures.runs import ROOT, events_of
+
+    from quaero import cli
+
+    path = tmp_path / "exact.toml"
+    path.write_text(f"""
+[run]
+name = "exact"
+output_dir = "{tmp_path / 'runs'}"
+[model]
+name = "tiny-qwen3"
+[env]
+entry = "{F}:{entry}"
+launcher = "inprocess"
+max_turns = 2
+{extra}
+[sampler]
+max_tokens = 16
+[training]
+steps = 1
+tasks_per_step = 2
+group_size = 2
+eval_tasks = 0
+eval_every = 0
+[logging]
+console = "none"
+progress = false
+save_rows = "all"
+""")
+    assert cli.main(["train", str(path)]) == 0
+    run = tmp_path / "runs" / "exact"
+    (step,) = events_of(run, "train_step")
+    assert step["prefix_mismatches"] == 0 and step["bridge_fallbacks"] == 0 and step["episodes"] == 4
+    if entry == "ArcadeEnv":
+        assert step["observations_truncated"] >= 4  # every reset's screen, cut per field
+    rows = [json.loads(x) for x in (run / "rows" / "step-000001.jsonl").read_text().splitlines()]
+    assert rows
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
+    proc = subprocess.run([sys.executable, "-m", "quaero.cli", "inspect", "rows", str(run), "--verify"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith(f"verified {len(rows)} rows of 1 step(s)")
