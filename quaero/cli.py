@@ -29,17 +29,12 @@ def plan_lines(cfg, source: str) -> list[str]:
     if cfg.sampler.mode != "server" and cfg.sampler.backend == "auto" and sampler == "vllm" and not device.startswith("cuda"):
         sampler += ", hf on each rank of `quaero train --nproc N`"
     o = cfg.backend.options
-    env_src = cfg.env.entry if cfg.env.starts_env else ", ".join(cfg.env.server_urls)
-    if cfg.env.kwargs:
-        env_src += "(" + ", ".join(f"{k}={v!r}" for k, v in cfg.env.kwargs.items()) + ")"
     lines = [
         f"config      {source}",
         f"run         {cfg.run.name} -> {cfg.run_dir} (seed {cfg.run.seed}, device {cfg.run.device})",
         (f"model       {cfg.model.name} ({cfg.model.dtype}), renderer {cfg.model.renderer!r}, "
          f"thinking={cfg.model.enable_thinking}"),
-        (f"env         {env_src} via {cfg.env.launcher} (train split {cfg.env.train_split!r}, eval "
-         f"{cfg.env.eval_split!r}, max_turns {cfg.env.max_turns}, step timeout {cfg.env.step_timeout_s}s, "
-         f"retries {cfg.env.max_retries})"),
+        *env_lines(cfg),
         (f"sampler     {sampler} (T={cfg.sampler.temperature}, top_p={cfg.sampler.top_p}, "
          f"max_tokens={cfg.sampler.max_tokens})"),
         (f"backend     {cfg.backend.backend}: strict_shared_forward={caps.strict_shared_forward}, "
@@ -70,15 +65,43 @@ def plan_lines(cfg, source: str) -> list[str]:
     return lines
 
 
+def env_lines(cfg) -> list[str]:
+    """`quaero check`'s env line, one per env of a mixture (with its share of a step), and its task sampler."""
+    lines, shares = [], cfg.ratios()
+    for name, view in cfg.views().items():
+        env = view.env
+        src = env.entry if env.starts_env else ", ".join(env.server_urls)
+        if env.kwargs:
+            src += "(" + ", ".join(f"{k}={v!r}" for k, v in env.kwargs.items()) + ")"
+        who = f"env {name!r}   " if cfg.is_mixture else "env         "
+        share = (f", {shares[name]:.1%} of a step's groups, group {view.training.group_size}, eval "
+                 f"{view.training.eval_tasks} tasks, ECHO weight {view.echo.weight}" if cfg.is_mixture else "")
+        ts = env.tasks
+        tasks = ts.sampler + (f" (key {ts.key}, cost {ts.cost}, γ {ts.gamma}, ε {ts.epsilon})" if ts.learns else "")
+        lines.append(f"{who}{src} via {env.launcher} (train split {env.train_split!r}, eval {env.eval_split!r}, "
+                     f"max_turns {env.max_turns}, step timeout {env.step_timeout_s}s, retries {env.max_retries}"
+                     f"{share}); task sampler {tasks}")
+    if cfg.is_mixture:
+        n = cfg.training.tasks_per_step
+        lines.append("mixture     " + ", ".join(f"{name} {share:.1%} (~{share * n:.2g} of {n} groups a step)"
+                                                for name, share in shares.items())
+                     + "; shared out by smooth weighted round robin: each env within one group of its share")
+    return lines
+
+
 def work_line(cfg) -> str:
     """The sampling work the config asks for, at most: episodes x turns x max_tokens, for train and eval."""
-    t, turns, tokens = cfg.training, cfg.env.max_turns, cfg.sampler.max_tokens
+    t, tokens = cfg.training, cfg.sampler.max_tokens
+    turns = max(v.env.max_turns for v in cfg.views().values())  # a mixture's longest env's
     total = t.warmup_sft_steps + t.steps
     # the untrained one, every eval_every-th step, and the last step (counted, not enumerated: steps may be huge)
     evals = (1 + total // t.eval_every + (total % t.eval_every != 0) if t.eval_every and t.eval_tasks else 0)
-    train_eps, eval_eps = t.steps * t.tasks_per_step * t.group_size, evals * t.eval_tasks
-    return (f"work        train {train_eps} episodes ({t.steps} steps x {t.tasks_per_step} x {t.group_size}), "
-            f"eval {eval_eps} ({evals} evals x {t.eval_tasks}); each <= {turns} turns x {tokens} tokens: <= "
+    shares, views = cfg.ratios(), cfg.views()  # a mixture's: its envs' group sizes by share, eval tasks summed
+    group = sum(shares[n] * v.training.group_size for n, v in views.items())
+    eval_tasks = sum(v.training.eval_tasks for v in views.values())
+    train_eps, eval_eps = round(t.steps * t.tasks_per_step * group), evals * eval_tasks
+    return (f"work        train {train_eps} episodes ({t.steps} steps x {t.tasks_per_step} x {group:g}), "
+            f"eval {eval_eps} ({evals} evals x {eval_tasks}); each <= {turns} turns x {tokens} tokens: <= "
             f"{train_eps * turns * tokens:,} + {eval_eps * turns * tokens:,} sampled tokens"
             + (f"; warm start {t.warmup_sft_steps * t.tasks_per_step} "
                + ("recorded rows ([data] traces)" if cfg.data.traces else "oracle episodes") if t.warmup_sft_steps
@@ -91,12 +114,15 @@ def cmd_check(args) -> int:
     cfg = load_checked(args.config, args.overrides)
     print("\n".join(plan_lines(cfg, args.config)))
     from quaero.openenv_client.loading import describe_env
-
-    # imports the env: its Action problems fail here, before any model
-    print("\n".join(describe_env(cfg.env, cfg.observation_token_limit)))
     from quaero.openenv_client.tasks import check_lines
 
-    print("\n".join(check_lines(cfg, args.config)))  # the env's splits, when it has OpenEnv's Task API
+    for name, view in cfg.views().items():
+        where = args.config if not cfg.is_mixture else f"{args.config} [[envs]] name={name!r}:"
+        if cfg.is_mixture:
+            print(f"── env {name!r}")
+        # imports the env: its Action problems fail here, before any model
+        print("\n".join(describe_env(view.env, view.observation_token_limit)))
+        print("\n".join(check_lines(view, where)))  # the env's splits, when it has OpenEnv's Task API
     if cfg.data.traces:
         from quaero.rollout.traces import trace_line
 
@@ -123,11 +149,16 @@ RANK_SHUTDOWN_TIMEOUT_S = 900  # how long torchrun's agent lets the ranks finish
 # (or traceback, for a bug); torchrun's ChildFailedError traceback and failure table after it say nothing more.
 # A rank ended by a signal (an OOM kill) printed nothing: that gets one line, unless another rank failed with
 # its own error first (torchrun then SIGTERMs the rest: their signal says nothing). The exit status is the rank's.
+# A Ctrl-C or SIGTERM to the agent itself ends in its SignalException once the ranks have checkpointed and
+# stopped: the ranks said what happened, so the agent exits quietly with the signal's status (130 for SIGINT).
 _TORCHRUN = """import signal, sys
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
 try:
     run(parse_args(sys.argv[1:]))
+except SignalException as e:
+    sys.exit(128 + int(e.sigval))
 except ChildFailedError as e:
     codes = [f.exitcode for f in e.failures.values()]
     own = next((c for c in codes if c > 0), None)
@@ -196,12 +227,14 @@ def cmd_train(args) -> int:
         return launch_ranks(args, cfg)
     from quaero.recipe.checkpoint import CheckpointError
     from quaero.recipe.model_folder import ExportError
-    from quaero.recipe.train import EmptyRunError, train
+    from quaero.recipe.train import EmptyRunError, EnvLostError, train
+    from quaero.rollout.task_samplers import TaskSamplerError
     from quaero.sampling.server import ServerError
 
     try:
         train(cfg, resume=args.resume, restart=args.restart, source=args.config)
-    except (CheckpointError, RunFolderLocked, EmptyRunError, ServerError, ExportError) as e:  # ServerError: a vLLM server failed, in its words; ExportError: final/ could not be written
+    except (CheckpointError, RunFolderLocked, EmptyRunError, EnvLostError, TaskSamplerError, ServerError,
+            ExportError) as e:  # ServerError: a vLLM server failed, in its words; ExportError: final/ could not be written
         say_error(str(e))
         return 1
     return 0
@@ -255,18 +288,33 @@ def cmd_export(args) -> int:
 def cmd_eval(args) -> int:
     from quaero.config import load_config
     from quaero.telemetry.runlog import configure
-    from quaero.tools.evaluate import EvalError, EvalPlan, evaluate, report_lines
+    from quaero.tools.evaluate import EvalError, EvalPlan, evaluate, pooled_line, report_lines
 
     cfg = load_config(args.config, args.overrides)
     configure("warning", cfg.logging.console)  # the report is the output; warnings still show
-    plan = EvalPlan(tasks=args.tasks if args.tasks is not None else (cfg.training.eval_tasks or 64), split=args.split or cfg.env.eval_split,
-                    seeds=args.seeds, greedy=not args.sample, out=args.out)
-    try:
-        out, summary = evaluate(cfg, list(args.compare) if args.compare else [args.model], plan)
-    except EvalError as e:
-        say_error(str(e))
+    views = cfg.views()
+    if args.env is not None and args.env not in views:
+        say_error(f"--env {args.env!r}: the config's envs are {', '.join(views)}; name one of them")
         return 1
-    print("\n".join(report_lines(summary, out)))
+    outs = {}
+    for name, view in views.items():  # a mixture's envs, each on its own eval split (or the one --env names)
+        if args.env is not None and name != args.env:
+            continue
+        out_dir = f"{args.out}/{name}" if args.out and cfg.is_mixture else args.out
+        plan = EvalPlan(tasks=args.tasks if args.tasks is not None else (view.training.eval_tasks or 64),
+                        split=args.split or view.env.eval_split, seeds=args.seeds, greedy=not args.sample,
+                        out=out_dir)
+        try:
+            out, summary = evaluate(view, list(args.compare) if args.compare else [args.model], plan)
+        except EvalError as e:
+            say_error(f"env {name!r}: {e}" if cfg.is_mixture else str(e))
+            return 1
+        if cfg.is_mixture:
+            print(f"── env {name!r}")
+        print("\n".join(report_lines(summary, out)))
+        outs[name] = out
+    if args.compare and len(outs) > 1 and (line := pooled_line(outs, cfg.run.seed)):
+        print(f"── all\n{line}")
     return 0
 
 
@@ -354,6 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     who.add_argument("--compare", nargs=2, metavar=("A", "B"), help="two models on the same tasks and seeds")
     p.add_argument("--tasks", type=int, help="tasks per seed (default: [training] eval_tasks, else 64)")
     p.add_argument("--split", help="env split (default: [env] eval_split)")
+    p.add_argument("--env", help="a mixture's env to evaluate (default: each, on its own eval split)")
     p.add_argument("--seeds", type=int, default=1, help="repeat every task under K seeds")
     p.add_argument("--sample", action="store_true", help="sample at [sampler] temperature instead of greedy")
     p.add_argument("--out", help="eval folder (default: RUN/eval-TIMESTAMP, or next to the model folder)")

@@ -66,6 +66,48 @@ class ModelConfig(_Section):
     max_seq_len: int = Field(_SPEC.max_seq_len, ge=64)
 
 
+TASK_SAMPLERS = ("sequential", "uniform", "curriculum", "difficulty_pools")  # quaero/rollout/task_samplers.py
+
+
+class TaskSamplerConfig(_Section):
+    """`[env.tasks]` (or `[envs.tasks]`): which train tasks an env's groups play (quaero/rollout/task_samplers.py)."""
+
+    # "sequential" (the run seed's order of the split: what quaero always did), "uniform", "curriculum" (OpenEnv
+    # RFC 013: expected learning signal per unit of cost), "difficulty_pools" (prime-rl's), or a sampler of your
+    # own, "package.module:Class" (its sample/update/state_dict/load_state_dict)
+    sampler: str = "sequential"
+    # what outcomes are remembered by: "task" (each task), or the RFC 013 keys of the task's spec (its Task API's
+    # get_task): "group" (e.g. toolbench's template) or "difficulty"; pooled keys suit splits whose tasks
+    # rarely repeat
+    key: Literal["task", "group", "difficulty"] = "task"
+    # curriculum: the cost a task's weight is divided by: generated tokens or episodes
+    cost: Literal["tokens", "episodes"] = "tokens"
+    gamma: float = Field(0.9, gt=0, le=1)  # discount of the outcome memory (RFC 013's γ)
+    epsilon: float = Field(0.05, ge=0)  # curriculum: the weight every task keeps (RFC 013's ε)
+    # how many tasks a learning sampler weighs per draw (drawn uniformly; the whole split when it holds fewer)
+    candidates: int = Field(256, ge=1)
+    # difficulty_pools: a key's latest group success rate puts it in a pool (prime-rl's defaults)
+    hard_max: float = Field(0.25, ge=0, le=1)
+    easy_min: float = Field(0.75, ge=0, le=1)
+    hard_weight: float = Field(0.2, ge=0)
+    normal_weight: float = Field(1.0, ge=0)
+    easy_weight: float = Field(0.2, ge=0)
+    unseen_weight: float = Field(1.0, ge=0)
+
+    @field_validator("sampler")
+    @classmethod
+    def _known(cls, sampler: str) -> str:
+        if sampler not in TASK_SAMPLERS and not re.fullmatch(r"[\w.]+:[\w.]+", sampler):
+            raise ValueError(f"sampler={sampler!r} is not one of {', '.join(TASK_SAMPLERS)}; or name a class of "
+                             "your own as \"package.module:Class\"")
+        return sampler
+
+    @property
+    def learns(self) -> bool:
+        """Whether its draws depend on outcomes (a user's sampler may: assumed so)."""
+        return self.sampler not in ("sequential", "uniform")
+
+
 class EnvConfig(_Section):
     # Exactly one of entry ("package.module:Class", an OpenEnv Environment/MCPEnvironment or factory),
     # url ("ws://host:port" or "http://host:port" of a running OpenEnv server) and urls (several
@@ -103,6 +145,7 @@ class EnvConfig(_Section):
     # A session lost mid-episode cannot resume: "replay" reopens one and replays the episode's actions
     # (checked against the recorded observations; for deterministic envs), "drop" drops the episode.
     on_session_loss: Literal["replay", "drop"] = "replay"
+    tasks: TaskSamplerConfig = Field(default_factory=TaskSamplerConfig)
 
     @model_validator(mode="before")
     @classmethod
@@ -137,6 +180,32 @@ class EnvConfig(_Section):
     def server_urls(self) -> list[str]:
         """The remote servers ([env] url or urls)."""
         return list(self.urls) or ([self.url] if self.url else [])
+
+
+AGGREGATE = "all"  # the name of the cross-env aggregate: no env may take it
+SINGLE = "env"  # the name of a one-env run's env ([env])
+
+
+class MixtureEnv(EnvConfig):
+    """One env of a mixture (`[[envs]]`): everything `[env]` has, its name and ratio, and the settings a mixture
+    sets per env (unset: the run's)."""
+
+    name: str
+    ratio: float = Field(1.0, gt=0)  # relative: a step's groups are shared out in proportion to the ratios
+    group_size: int | None = Field(None, ge=1)  # unset: [training] group_size
+    eval_tasks: int | None = Field(None, ge=0)  # unset: [training] eval_tasks
+    oracle: str | None = None  # the warm start's demonstrator (unset: [training] oracle, else the entry's)
+    echo_weight: float | None = Field(None, ge=0)  # ECHO's λ on this env's rows (unset: [echo]'s)
+
+    @field_validator("name")
+    @classmethod
+    def _a_name(cls, name: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+            raise ValueError(f"name={name!r}: an env's name is 1-64 letters, digits, _ or - (it names metrics and "
+                             "rows)")
+        if name == AGGREGATE:
+            raise ValueError(f"name={name!r} is reserved for the cross-env aggregate; choose another name")
+        return name
 
 
 class SamplerConfig(_Section):
@@ -260,6 +329,14 @@ class TrainingConfig(_Section):
     strict: bool = False
     # this many consecutive steps without a trained row (every episode dropped) end the run with exit 1
     max_empty_steps: int = Field(3, ge=1)
+    # RL's budget of generated tokens (the action tokens of the kept episodes, summed over RL steps, resumes
+    # included): RL ends after the step that reaches it, `steps` its upper bound; unset, `steps` alone decides.
+    # Comparisons of task samplers hold it equal (one sampler's groups may cost more tokens than another's)
+    rl_token_budget: int | None = Field(None, gt=0)
+    # an RL step whose env lost episodes (a server that died, timeouts past the retries; a lost episode is never
+    # trained): "continue" with the rest (counted, per env in a mixture's `by_env`), or "stop" the run before
+    # that step trains, naming the env (the last checkpoint stays the resume point)
+    on_env_loss: Literal["continue", "stop"] = "continue"
     # asynchronous rollouts: the next steps' rollouts are sampled while a step trains, each at most this many
     # policy versions behind the weights it trains (quaero/recipe/ahead.py); 0 = sample each step's rollout right
     # before it trains. >= 1 gives the hf sampler a copy of the model of its own.
@@ -308,7 +385,8 @@ class DistributedConfig(_Section):
 class QuaeroConfig(_Section):
     run: RunConfig = Field(default_factory=RunConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
-    env: EnvConfig
+    env: EnvConfig | None = None  # one env ...
+    envs: list[MixtureEnv] = Field(default_factory=list)  # ... or a mixture: [[envs]], each named, with a ratio
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
     backend: BackendConfig = Field(default_factory=BackendConfig)
     echo: EchoConfig = Field(default_factory=EchoConfig)
@@ -317,6 +395,45 @@ class QuaeroConfig(_Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
 
+    @model_validator(mode="after")
+    def _one_env_or_a_mixture(self) -> QuaeroConfig:
+        if (self.env is None) == (not self.envs):
+            raise ValueError("set [env] (one env) or [[envs]] (a mixture, each with name and ratio), not both"
+                             if self.env is not None else "no env: add an [env] section (or [[envs]] for a mixture)")
+        seen: set[str] = set()
+        for e in self.envs:
+            if e.name in seen:
+                raise ValueError(f"name={e.name!r} is used by two [[envs]]: give each env a name of its own")
+            seen.add(e.name)
+        return self
+
+    @property
+    def is_mixture(self) -> bool:
+        return bool(self.envs)
+
+    def views(self) -> dict[str, QuaeroConfig]:
+        """Each env's own config, as a one-env run would read it: `[env]` its settings, its per-env settings in
+        [training] and [echo]. A one-env run's is the config itself, under the name "env"."""
+        if not self.envs:
+            return {SINGLE: self}
+        out = {}
+        for e in self.envs:
+            env = EnvConfig(**e.model_dump(exclude={"name", "ratio", "group_size", "eval_tasks", "oracle",
+                                                    "echo_weight"}, exclude_unset=True))
+            training = self.training.model_copy(update={k: v for k, v in (
+                ("group_size", e.group_size), ("eval_tasks", e.eval_tasks), ("oracle", e.oracle)) if v is not None})
+            echo = self.echo if e.echo_weight is None else self.echo.model_copy(
+                update={"weight": e.echo_weight, "rl_weight": e.echo_weight})
+            out[e.name] = self.model_copy(update={"env": env, "envs": [], "training": training, "echo": echo})
+        return out
+
+    def ratios(self) -> dict[str, float]:
+        """Each env's share of a step's groups, as fractions summing to 1."""
+        if not self.envs:
+            return {SINGLE: 1.0}
+        total = sum(e.ratio for e in self.envs)
+        return {e.name: e.ratio / total for e in self.envs}
+
     @property
     def run_dir(self) -> Path:
         return Path(self.run.output_dir).expanduser() / self.run.name  # "~/runs" is the home's, as check judges it
@@ -324,7 +441,8 @@ class QuaeroConfig(_Section):
     @property
     def observation_token_limit(self) -> int:
         """Tokens one env message may hold: `[env] max_observation_tokens`, else half the context."""
-        return self.env.max_observation_tokens or self.model.max_seq_len // 2
+        env = self.env or self.envs[0]
+        return env.max_observation_tokens or self.model.max_seq_len // 2
 
     def lr_for(self, *, sft: bool) -> float:
         """The learning rate of a warm-start (sft) or RL step."""
@@ -351,7 +469,7 @@ def _section_model(loc: tuple) -> type[BaseModel]:
 def _lookup(data: dict, loc: tuple) -> Any:
     node: Any = data
     for part in loc:
-        if isinstance(node, dict) and part in node:
+        if isinstance(node, dict) and part in node or isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
             node = node[part]
         else:
             return None
@@ -359,10 +477,15 @@ def _lookup(data: dict, loc: tuple) -> Any:
 
 
 def _format_error(source: str, data: dict, err: dict) -> str:
+    if err["loc"][:1] == ("envs",) and len(err["loc"]) > 1 and isinstance(err["loc"][1], int):  # which env
+        env = _lookup(data, ("envs",))
+        env = env[err["loc"][1]] if isinstance(env, list) and len(env) > err["loc"][1] else {}
+        name = env.get("name") if isinstance(env, dict) else None
+        source = f"{source} [[envs]] #{err['loc'][1] + 1}" + (f" name={name!r}" if name else "")
     loc = tuple(p for p in err["loc"] if not isinstance(p, int))
     section = ".".join(str(p) for p in loc[:-1]) or "(top level)"
     key = str(loc[-1]) if loc else "?"
-    value = _lookup(data, loc)
+    value = _lookup(data, tuple(err["loc"]))
     where = f"{source} [{section}] {key}"
     if err["type"] == "extra_forbidden":
         return f"{where}: unknown key{_closest(key, _section_model(loc[:-1]))}"
@@ -421,9 +544,18 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
         keys, value = parse_override(text)
         node = data
         for k in keys[:-1]:
+            if isinstance(node, list):  # [[envs]]: --set envs.NAME.key=value picks the env named NAME
+                named = [e for e in node if isinstance(e, dict) and e.get("name") == k]
+                if not named:
+                    raise ConfigError(f"--set {text!r}: no [[envs]] entry is named {k!r}; write "
+                                      "envs.NAME.key=value with one of the mixture's names")
+                node = named[0]
+                continue
             node = node.setdefault(k, {})
-            if not isinstance(node, dict):
+            if not isinstance(node, (dict, list)):
                 raise ConfigError(f"--set {text!r}: {k!r} is not a section")
+        if isinstance(node, list):
+            raise ConfigError(f"--set {text!r}: [[envs]] holds several envs; write envs.NAME.key=value")
         node[keys[-1]] = value
     try:
         cfg = QuaeroConfig.model_validate(data)
@@ -467,7 +599,18 @@ def _check_weight_transfer(sm: SamplerConfig, source: str) -> None:
 
 
 def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
-    """Rules judged from the config alone (quaero/recipe/plan.py judges it against the installed components)."""
+    """Rules judged from the config alone (quaero/recipe/plan.py judges it against the installed components);
+    a mixture's, for each env's view (its name in the message)."""
+    if not cfg.envs:
+        return _check_one(cfg, source)
+    if cfg.data.traces:
+        raise ConfigError(f"{source} [data] traces={cfg.data.traces!r} with [[envs]]: recorded episodes name no "
+                          "env of the mixture; use traces with a one-env [env] config, or remove traces")
+    for name, view in cfg.views().items():
+        _check_one(view, f"{source} [[envs]] name={name!r}:")
+
+
+def _check_one(cfg: QuaeroConfig, source: str) -> None:
     if cfg.env.server_urls and cfg.env.starts_env:
         raise ConfigError(f"{source} [env] url/urls is set but launcher={cfg.env.launcher!r}; "
                           f"set launcher={launchers.CONNECTING[0]!r} or remove url/urls")

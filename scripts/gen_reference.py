@@ -66,6 +66,27 @@ OPTION_MEANINGS = {
                        "asked once more whatever this is: twice the same is the action's)",
     "env.retry_backoff_s": "the wait before retry k is this times 2^k",
     "env.server_start_timeout_s": "seconds a local env server may take to start",
+    "env.tasks.sampler": "which train tasks the env's groups play: `sequential` (the run seed's order of the "
+                         "split), `uniform`, `curriculum` (OpenEnv RFC 013), `difficulty_pools` (prime-rl's), or "
+                         "`package.module:Class` of your own (quaero/rollout/task_samplers.py)",
+    "env.tasks.key": "what a learning sampler remembers outcomes by: `task`, or the task spec's RFC 013 `group` / "
+                     "`difficulty` (pools tasks that rarely repeat)",
+    "env.tasks.cost": "the curriculum's cost per episode: generated `tokens` or `episodes`",
+    "env.tasks.gamma": "discount of the outcome memory (RFC 013's γ)",
+    "env.tasks.epsilon": "the curriculum weight every task keeps (RFC 013's ε)",
+    "env.tasks.candidates": "tasks a learning sampler weighs per draw (the whole split when smaller)",
+    "env.tasks.hard_max": "difficulty_pools: a latest group success rate at or below this is hard",
+    "env.tasks.easy_min": "difficulty_pools: at or above this is easy",
+    "env.tasks.hard_weight": "difficulty_pools: the hard pool's weight",
+    "env.tasks.normal_weight": "difficulty_pools: the normal pool's weight",
+    "env.tasks.easy_weight": "difficulty_pools: the easy pool's weight",
+    "env.tasks.unseen_weight": "difficulty_pools: an unseen task's weight",
+    "envs.name": "a mixture env's name (unique; `all` is reserved): it names its metrics, rows and eval results",
+    "envs.ratio": "its relative share of each step's groups (> 0)",
+    "envs.group_size": "its group size (unset: [training] group_size)",
+    "envs.eval_tasks": "its eval tasks (unset: [training] eval_tasks)",
+    "envs.oracle": "its warm start's demonstrator (unset: [training] oracle, else its entry's `oracle_policy`)",
+    "envs.echo_weight": "ECHO's λ on its rows, warm start and RL (unset: [echo]'s; 0: no ECHO on this env)",
     "env.on_session_loss": "`replay` the episode's actions on a new session (deterministic envs) or `drop` it",
     "sampler.temperature": "sampling temperature; an RL step's log-probs use the same one (an SFT step scores at 1)",
     "sampler.top_p": "nucleus sampling; RL needs 1 (`check` refuses less with RL steps)",
@@ -76,9 +97,10 @@ OPTION_MEANINGS = {
     "sampler.servers": "vLLM servers quaero starts per rank in server mode",
     "sampler.urls": "running vLLM servers to sample from instead (docs/scaling.md)",
     "sampler.server_start_timeout_s": "seconds a vLLM server may take to start",
-    "sampler.request_timeout_s": "server mode: seconds a server may sample before its reply's first byte",
-    "sampler.stop_grace_s": "server mode: seconds a request goes on after a stop request (Ctrl-C, SIGTERM) "
-                            "before the run stops without that step",
+    "sampler.request_timeout_s": "server mode: seconds a vLLM server may sample before its reply's first byte "
+                                 "(one prompt's n completions)",
+    "sampler.stop_grace_s": "server mode: seconds a wait on a vLLM server goes on after a stop request "
+                            "(Ctrl-C, SIGTERM) before the run stops without that step",
     "sampler.weight_transfer": "how server mode pushes weights: `file`, `nccl` or `ipc` (docs/scaling.md)",
     "sampler.server_devices": "a CUDA device per server quaero starts; the placement rule is in docs/scaling.md",
     "backend.backend": "the trainer: `local` or `unsloth` (trainers/registry.py)",
@@ -138,6 +160,8 @@ OPTION_MEANINGS = {
     "training.eval_tasks": "held-out tasks per evaluation (greedy)",
     "training.packing": "one row per episode when turns extend each other exactly, else one per transition",
     "training.strict": "an exactness mismatch (prefix, bridge) is an error instead of a counted fallback",
+    "training.on_env_loss": "an RL step whose env lost episodes (a dead server, timeouts past the retries; never "
+                           "trained): `continue` (counted per env) or `stop` the run before it trains, naming the env",
     "training.max_empty_steps": "this many consecutive steps without a trained row end the run (exit 1)",
     "training.max_off_policy_steps": "asynchronous rollouts: sample up to k steps ahead while a step trains "
                                      "(docs/scaling.md)",
@@ -145,7 +169,8 @@ OPTION_MEANINGS = {
                                  "episode, then over episodes) or `constant` (Dr. GRPO)",
     "training.dynamic_sampling": "while fewer than `tasks_per_step` groups have reward spread, sample groups of "
                                  "further tasks (DAPO); all-equal groups still train ECHO",
-    "training.dynamic_sampling_max_groups": "the bound: at most this many x `tasks_per_step` groups per step",
+    "training.dynamic_sampling_max_groups": "the bound: at most this many x `tasks_per_step` groups per step "
+                                            "(1 to 100; each round is logged, a stop request ends the rounds)",
     "data.traces": "a JSONL file of recorded episodes (RFC 010 records or OpenEnv TrainingTraces) the warm "
                    "start trains on (SFT + ECHO, or RL with `traces_loss`) instead of the oracle's demos; rows rebuilt from their ids, "
                    "inexact records refused one line each",
@@ -158,6 +183,9 @@ OPTION_MEANINGS = {
     "logging.report_to": "mirror scalars to `tensorboard`, `wandb`, `trackio` (docs/after-training.md)",
     "logging.save_rows": "trained rows kept for `quaero inspect rows`: `none`, `sample` (2 a step) or `all`",
     "distributed.strategy": "data parallelism under torchrun: `none`, `ddp` or `fsdp2` (docs/scaling.md)",
+    "training.rl_token_budget": "RL's budget of generated tokens (kept episodes' action tokens, resumes included): "
+                                "RL ends after the step that reaches it (`steps` its bound; an `rl_token_budget_spent` "
+                                "line); what comparisons of task samplers hold equal",
 }
 
 # How each metric table's names are read from the code that emits them (quaero/telemetry/names.py declares
@@ -218,10 +246,15 @@ def registry_meanings() -> dict[str, str]:
 def option_rows(model: type[BaseModel] | None = None, section: str = "") -> list[tuple[str, str, str, str, str]]:
     """(section, key, type, default, meaning) of every config field, in schema order."""
     if model is None:
-        from quaero.config import QuaeroConfig
+        from quaero.config import EnvConfig, MixtureEnv, QuaeroConfig
         rows = []
         for name, field in QuaeroConfig.model_fields.items():
-            rows += option_rows(field.annotation, name)
+            if name == "envs":  # [[envs]]: everything [env] has (listed there), plus the mixture's own keys
+                rows += [r for r in option_rows(MixtureEnv, name)
+                         if r[0] == name and r[1] not in EnvConfig.model_fields]
+                continue
+            inner = [a for a in typing.get_args(field.annotation) if a is not type(None)]
+            rows += option_rows(inner[0] if inner else field.annotation, name)
         return rows
     rows = []
     for key, field in model.model_fields.items():

@@ -13,7 +13,7 @@ from openenv.core.env_server.mcp_environment import MCPEnvironment
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation, ToolError, ToolErrorType
 from openenv.core.env_server.types import Observation, State
 
-from .tasks import MAX_DIFFICULTY, NUM_TASKS, Task, check_answer, make_task, tools_for
+from .tasks import MAX_DIFFICULTY, NUM_TASKS, TEMPLATES, Task, check_answer, make_task, tools_for
 from .tools import BadToolInput, register_tools
 from .world import SPLITS, World
 
@@ -112,8 +112,10 @@ class ToolBenchEnv(MCPEnvironment):
         if not 0 <= index < NUM_TASKS.get(split, 0):
             raise IndexError(index)
         t = make_task(split, index, self.default_difficulty)
-        return {"task_id": t.task_id, "split": split, "index": index, "difficulty": t.difficulty,
-                "template": t.template, "question": t.question}
+        # `group` and `difficulty` are OpenEnv RFC 013's reserved keys: a task sampler pools outcomes by them
+        # (a template's tasks share a plan; `difficulty` is the tool calls its plan needs before submit_answer)
+        return {"task_id": t.task_id, "split": split, "index": index, "difficulty": TEMPLATES[t.template][0],
+                "group": t.template, "template": t.template, "question": t.question}
 
     def get_task_range(self, split: str, start: int, stop: int) -> list[dict]:
         return [self.get_task(split, i) for i in range(start, min(stop, start + 1000, NUM_TASKS[split]))]

@@ -30,7 +30,7 @@ from .loading import EnvSpec, action_fields, ignored_reset_params, load_entry, l
 from .mapping import model_action_schema, tool_specs
 from .server import LocalServer, start_env_servers
 from .session import ChatEnv, EpisodeDropped, ResetWitness
-from .tasks import TaskCatalog, catalog_of_spec, catalog_over_http
+from .tasks import TaskCatalog, TaskSpecs, catalog_of_spec, catalog_over_http
 from .transport import EnvFault, InProcessTransport, WebSocketTransport, endpoints
 
 if TYPE_CHECKING:
@@ -162,11 +162,17 @@ def _replayable(cfg: EnvConfig, spec: EnvSpec | None) -> bool:
 
 class EnvPool:
     def __init__(self, sessions: list[ChatEnv], counts: RolloutCounts, servers: list[LocalServer],
-                 tasks: TaskCatalog | None = None) -> None:
+                 tasks: TaskCatalog | None = None, specs: TaskSpecs | None = None) -> None:
         self.sessions, self.counts, self.servers = sessions, counts, servers
         self.tasks = tasks  # the env's Task API (splits and sizes), None when it has none
+        self.specs = specs or TaskSpecs()  # its tasks' specs (get_task), read when asked
+
+    def task_spec(self, split: str, index: int) -> dict:
+        """Task `index` of `split` as the env's Task API describes it ({} when it does not)."""
+        return self.specs(split, index)
 
     def close(self) -> None:
+        self.specs.close()
         _close(self.sessions, self.servers)
         self.servers = []
 
@@ -302,7 +308,9 @@ def open_envs(cfg: EnvConfig, n: int, counts: RolloutCounts | None = None, log_d
         sessions = [ChatEnv(cfg, c, counts, tools=tools, action_schema=None if is_mcp else model_action_schema(schema),
                             formatter=load_formatter(cfg.formatter), replayable=replayable, witness=witness)
                     for c in connectors]
-        pool = EnvPool(sessions, counts, servers, tasks)
+        specs = TaskSpecs(spec, None if spec is not None else http_urls[0] if http_urls else None,
+                          cfg.reset_timeout_s) if tasks is not None else None
+        pool = EnvPool(sessions, counts, servers, tasks, specs)
         for s in sessions:  # open all sessions now: servers that cannot hold n of them fail here, clearly
             _open_session(s, cfg)
     except EnvFault as e:

@@ -151,8 +151,9 @@ def catalog_over_http(http_url: str, timeout_s: float = 10.0) -> TaskCatalog | N
     except urllib.error.HTTPError as e:
         if e.code in (404, 405, 501):
             return None
-        raise ConfigError(f"[env] {http_url}: its Task API answered HTTP {e.code} ({e.reason}); fix the env's "
-                          "list_splits/num_tasks") from None
+        raise ConfigError(f"[env] {http_url}: its Task API answered HTTP {e.code} ({e.reason}): the env raised in "
+                          "the server, building an instance for the session or in list_splits/num_tasks; the "
+                          "server's log has the traceback") from None
     except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
         raise ConfigError(f"[env] {http_url}: cannot read its Task API ({error_line(e)}); is an OpenEnv server "
                           "running there?") from None
@@ -270,3 +271,46 @@ def catalog_of_spec(spec: Any, timeout_s: float | None = None) -> TaskCatalog | 
         raise
     env.close()
     return catalog
+
+
+class TaskSpecs:
+    """Task specs of one env (its Task API's `get_task(split, index)`, whose RFC 013 keys `group` and
+    `difficulty` pool a task sampler's outcomes), read when first asked and remembered: from one instance of an
+    env quaero builds (discovery is side-effect free), or from a server's `POST /{env}/task`. An env that has
+    no `get_task`, or fails it, gives {} (the task is then its own key)."""
+
+    def __init__(self, spec: Any = None, http_url: str | None = None, timeout_s: float = 10.0) -> None:
+        self.spec, self.http_url, self.timeout_s = spec, http_url, timeout_s
+        self._env: Any = None
+        self._env_name: str | None = None
+        self._known: dict[tuple[str, int], dict] = {}
+
+    def __call__(self, split: str, index: int) -> dict:
+        key = (split, index)
+        if key not in self._known:
+            self._known[key] = self._read(split, index)
+        return self._known[key]
+
+    def _read(self, split: str, index: int) -> dict:
+        try:
+            if self.spec is not None:
+                if self._env is None:
+                    self._env = self.spec.factory()
+                task = _awaited(self._env.get_task(split, index))
+            elif self.http_url:
+                if self._env_name is None:
+                    self._env_name = _http_json(f"{self.http_url}/list_environments", self.timeout_s)[0]
+                task = _http_json(f"{self.http_url}/{self._env_name}/task", self.timeout_s,
+                                  {"split": split, "index": index})["task"]
+            else:
+                return {}
+        except Exception:  # noqa: BLE001 - no spec: the task is its own key
+            return {}
+        if hasattr(task, "model_dump"):
+            task = task.model_dump()
+        return dict(task) if isinstance(task, dict) else {}
+
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+            self._env = None

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from quaero.telemetry.runlog import get_logger
@@ -41,6 +41,8 @@ class Rollout:
     collected: list[tuple[EchoRow, list[Transition]]]  # this rank's kept rows, each with its episode's transitions
     counts: RolloutCounts  # its counts, taken out of the pool's when it ended
     seconds: float  # how long it sampled
+    groups: list = field(default_factory=list)  # this rank's groups' outcomes (train.py GroupOutcome), for the
+    # task samplers, which learn from them on the main thread when the step takes the rollout
 
 
 class RolloutsAhead:

@@ -358,19 +358,24 @@ class RunState:
     rng: dict[str, Any]  # rank 0's RNG state (`rng_state()`)
     cumulative: dict[str, Any]  # the run's metric totals so far (quaero/telemetry/runlog.py Cumulative)
     rank_rng: list[dict[str, Any]] | None = None  # under torchrun: every rank's RNG state, in rank order
+    # what decides the next tasks (quaero/recipe/train.py `task_state`): the mixture's cursor, each env's task
+    # sampler's state (its draw count and outcome memory), the tasks drawn for steps not yet trained
+    tasks: dict[str, Any] | None = None
 
     def to_state(self) -> dict[str, Any]:
         state = {"step": self.step, "cursor": self.cursor, "backend": self.trainer, "rng": self.rng,
                  "cumulative": self.cumulative}
         if self.rank_rng is not None:
             state["rank_rng"] = self.rank_rng
+        if self.tasks is not None:
+            state["tasks"] = self.tasks
         return state
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> RunState:
         """KeyError or TypeError for a state that is not a run's (a crafted or foreign checkpoint)."""
         return cls(step=int(state["step"]), cursor=int(state["cursor"]), trainer=state["backend"], rng=state["rng"],
-                   cumulative=dict(state["cumulative"]), rank_rng=state.get("rank_rng"))
+                   cumulative=dict(state["cumulative"]), rank_rng=state.get("rank_rng"), tasks=state.get("tasks"))
 
     def rng_of_rank(self, rank: int, world_size: int) -> dict[str, Any]:
         """This rank's RNG state when the checkpoint was written by as many ranks, else rank 0's."""

@@ -219,7 +219,8 @@ def load_checked(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
     check_components(cfg, source)
     check_openenv_install(source)
     if cfg.training.warmup_sft_steps and not cfg.data.traces:  # [data] traces replace the oracle's demos
-        resolve_oracle(cfg, source)
+        for name, view in cfg.views().items():  # each env's own (a mixture's warm start plays every env)
+            resolve_oracle(view, source if not cfg.is_mixture else f"{source} [[envs]] name={name!r}:")
     check_run_folder(cfg, source)
     check_model_and_renderer(cfg, source)
     return cfg
@@ -227,8 +228,8 @@ def load_checked(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
 
 def rl_loss_constant(cfg: QuaeroConfig) -> int:
     """Dr. GRPO's normaliser: the most action tokens an RL step can sample (tasks x group x turns x max_tokens)."""
-    t = cfg.training
-    return t.tasks_per_step * t.group_size * cfg.env.max_turns * cfg.sampler.max_tokens
+    most = max(v.training.group_size * v.env.max_turns for v in cfg.views().values())  # a mixture's largest env's
+    return cfg.training.tasks_per_step * most * cfg.sampler.max_tokens
 
 
 def trainer_spec(cfg: QuaeroConfig) -> TrainerSpec:

@@ -94,14 +94,37 @@ class _Live:
     ended_at_reset: str = ""  # the env's reason when its reset answered done=True: no episode
 
 
+@dataclass(frozen=True)
+class DriverSettings:
+    """The settings the driver reads, of one env (a mixture's envs each have their own): its turn limit and
+    message budget, the context and completion budgets, how rows are built, strictness and the seed."""
+
+    max_turns: int
+    observation_token_limit: int  # [env] max_observation_tokens, else half the context
+    max_tokens: int  # [sampler] max_tokens
+    max_seq_len: int  # [model] max_seq_len
+    packing: bool = True  # [training] packing
+    include_scaffold: bool = False  # [echo] include_scaffold
+    strict: bool = False  # [training] strict
+    seed: int = 0  # [run] seed: the sampler seeds of a run() without its own
+
+    @classmethod
+    def of(cls, cfg) -> DriverSettings:
+        """A one-env config's (a mixture env's view, quaero/config.py `QuaeroConfig.views`)."""
+        return cls(max_turns=cfg.env.max_turns, observation_token_limit=cfg.observation_token_limit,
+                   max_tokens=cfg.sampler.max_tokens, max_seq_len=cfg.model.max_seq_len,
+                   packing=cfg.training.packing, include_scaffold=cfg.echo.include_scaffold,
+                   strict=cfg.training.strict, seed=cfg.run.seed)
+
+
 class EpisodeDriver:
-    def __init__(self, render: RenderAdapter, sampler: Sampler, cfg, counts: RolloutCounts):
+    def __init__(self, render: RenderAdapter, sampler: Sampler, settings: DriverSettings, counts: RolloutCounts):
         self.render = render
         self.sampler = sampler
-        self.cfg = cfg
+        self.settings = settings
         self.counts = counts
-        self.strict = cfg.training.strict
-        self._seed = cfg.run.seed
+        self.strict = settings.strict
+        self._seed = settings.seed
         self._sample_calls = 0
         self.reset_end_reason = ""  # the latest reset that answered done=True, in the env's words
         self._reset_end_said = False
@@ -113,7 +136,7 @@ class EpisodeDriver:
         """G episodes per task, one group per task (in task order). Dropped episodes are marked, not trained.
 
         seed: the sampler seeds of this call derive from it alone (a resumed run replays a step exactly);
-        None continues the driver's own sequence from `cfg.run.seed`. on_group_done(done, total) is called
+        None continues the driver's own sequence from its settings' seed. on_group_done(done, total) is called
         each time a task's whole group has finished (progress for long rollouts)."""
         if seed is not None:
             self._seed, self._sample_calls = seed, 0
@@ -175,7 +198,7 @@ class EpisodeDriver:
         """Env messages with every text content cut to `[env] max_observation_tokens` (counted, and said once per
         driver in `observation_truncated`). A formatted observation (FieldText) is cut field by field
         (`_fit_parts`), so the fields after a huge one survive; any other text loses its tail."""
-        limit, out = self.cfg.observation_token_limit, []
+        limit, out = self.settings.observation_token_limit, []
         for m in messages:
             content = m.get("content")
             if isinstance(content, str):
@@ -230,7 +253,7 @@ class EpisodeDriver:
         success: a completion cut by the context rather than by the model is not a turn worth judging."""
         keep = []
         for ep, prompt in zip(running, prompts):
-            if len(prompt) + self.cfg.sampler.max_tokens <= self.cfg.model.max_seq_len:
+            if len(prompt) + self.settings.max_tokens <= self.settings.max_seq_len:
                 keep.append((ep, prompt))
             else:
                 ep.done, ep.truncated, ep.success = True, True, False
@@ -243,7 +266,7 @@ class EpisodeDriver:
         for i, ep in enumerate(running):
             if ep.act is not None:  # scripted policy: the ids a model would have sampled, log-prob 0
                 ids = self.render.encode_assistant(ep.messages, ep.tools, ep.act(list(ep.messages)))
-                room = self.cfg.model.max_seq_len - len(prompts[i])  # where a sampler would have stopped
+                room = self.settings.max_seq_len - len(prompts[i])  # where a sampler would have stopped
                 out[i] = Completion(ids[:room], [0.0] * len(ids[:room]), "stop" if len(ids) <= room else "length")
         sampled = [i for i, s in enumerate(scripted) if not s]
         if sampled:
@@ -292,7 +315,7 @@ class EpisodeDriver:
             try:
                 b = self.render.bridge(prompt, comp.token_ids, messages, ep.tools,
                                        content_kind="corrective" if res.malformed else "env")
-                room = max(self.cfg.model.max_seq_len - len(prompt) - len(comp.token_ids), 0)
+                room = max(self.settings.max_seq_len - len(prompt) - len(comp.token_ids), 0)
                 if len(b.response_ids) > room:  # the tail past the context is lost; the tokens kept are exact
                     self.counts.add(names.ENV_RESPONSES_CLIPPED)
                 response, kinds = b.response_ids[:room], b.response_kinds[:room]
@@ -311,7 +334,7 @@ class EpisodeDriver:
         if not math.isfinite(ep.reward):  # finite rewards (check_reply) that overflow when summed
             ep.done, ep.dropped, ep.drop_kind = True, f"step {turn}: reward sum {ep.reward} is not finite", "nonfinite_reward"
             return
-        at_limit = not res.done and len(ep.transitions) >= self.cfg.env.max_turns
+        at_limit = not res.done and len(ep.transitions) >= self.settings.max_turns
         ep.truncated = at_limit or bool(res.info.get("truncated"))
         if res.done and not ep.truncated:
             ep.success = bool(res.info["success"]) if "success" in res.info else res.reward > 0
@@ -332,8 +355,8 @@ class EpisodeDriver:
             self.counts.episode_dropped(ep.drop_kind)
             return Episode([], 0.0, False, len(ep.transitions), ep.info, ep.messages, True, ep.dropped,
                            ep.transitions)
-        rows = build_rows(ep.transitions, packing=self.cfg.training.packing,
-                          include_scaffold=self.cfg.echo.include_scaffold, max_seq_len=self.cfg.model.max_seq_len)
+        rows = build_rows(ep.transitions, packing=self.settings.packing,
+                          include_scaffold=self.settings.include_scaffold, max_seq_len=self.settings.max_seq_len)
         bad = token_identity_errors(rows, ep.transitions)  # invariant 1 on the built rows
         if bad:
             self.counts.add(names.PREFIX_MISMATCHES, len(bad))

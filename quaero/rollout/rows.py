@@ -1,4 +1,6 @@
-"""EchoRow: one training row, the contract between the episode driver and the trainer backends.
+"""EchoRow: one training row, the contract between the episode driver and the trainer backends. It carries
+what every loss term reads (RL advantages, ECHO weights, the sampler's log-probs, the spans), not ECHO's
+alone: the name is ECHO's for history and kept (docs/reference.md, What the kept names really switch).
 
 Token convention: every per-token list has length L = len(input_ids), and entry i describes
 input_ids[i] *as a target*, predicted from input_ids[:i]. Entry 0 therefore never carries a loss.

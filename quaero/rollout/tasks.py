@@ -21,5 +21,9 @@ def task_reset(cfg: QuaeroConfig, split: str, index: int, catalog: TaskCatalog |
     eval and `quaero eval` agree on it); with the env's Task API (`catalog`, which training passes and
     evaluation does not: every seed evaluates the same tasks) the run seed orders the split and the index
     wraps round it."""
-    index = task_index(catalog, split, index, cfg.run.seed)
-    return {"seed": cfg.run.seed * 1_000_003 + index, "split": split, "index": index}
+    return reset_args(cfg.run.seed, split, task_index(catalog, split, index, cfg.run.seed))
+
+
+def reset_args(seed: int, split: str, index: int) -> dict:
+    """The reset arguments of the env's task `index` of `split` (a task sampler's pick) under run seed `seed`."""
+    return {"seed": seed * 1_000_003 + index, "split": split, "index": index}

@@ -267,6 +267,28 @@ POLICY_STALENESS = _recipe.largest("policy_staleness", "how many policy versions
 ROLLOUT_WAIT_S = _recipe.per_step("rollout_wait_s",
                                   "with `max_off_policy_steps >= 1`: how long the step waited for its rollout")
 
+# ── the learning signal and the task samplers, per RL step (quaero/recipe/train.py `signal_metrics`) ──────────
+
+_signal = _table("Learning signal and task samplers, per RL step", "quaero/recipe/train.py")
+SIGNAL_GROUPS = _signal.count("signal_groups", "groups whose rewards differ: they carry an RL signal")
+GENERATED_TOKENS = _signal.count("generated_tokens", "tokens the policy generated in the kept episodes (the "
+                                 "curriculum's cost)")
+SIGNAL_GROUPS_PER_EPISODE = _signal.per_step("signal_groups_per_episode", "groups with signal per kept episode")
+SIGNAL_GROUPS_PER_1K_TOKENS = _signal.per_step("signal_groups_per_1k_tokens",
+                                               "groups with signal per 1,000 generated tokens")
+TASKS_UNSEEN = _signal.latest("tasks_unseen", "a learning task sampler's keys (tasks, or their spec's group / "
+                              "difficulty) with an empty outcome memory")
+TASKS_LEARNABLE = _signal.latest("tasks_learnable", "keys whose discounted success estimate is between 0.05 and 0.95")
+TASKS_SATURATED = _signal.latest("tasks_saturated", "keys at or above 0.95")
+TASKS_HOPELESS = _signal.latest("tasks_hopeless", "keys at or below 0.05")
+SPLIT_COVERAGE = _signal.latest("split_coverage", "share of the train split's tasks played in RL groups so far "
+                                "(learning samplers; sequential keeps no memory: null)")
+EPISODES_LOST = _signal.per_step("episodes_lost", "in `by_env`: the env's episodes dropped this step (a dead "
+                                 "server, a timeout), never trained")
+BY_ENV = _signal.per_step("by_env", "a mixture's figures per env: `{env: {groups, groups_zero_advantage, "
+                          "signal_groups, generated_tokens, signal_groups_per_episode, signal_groups_per_1k_tokens, "
+                          "tasks_<pool>, split_coverage, episodes_lost}}` (the pooled ones are the step's own)")
+
 # ── saved rows, per step (quaero/recipe/saved_rows.py) ────────────────────────────────────────────────────────
 
 _rows = _table("Saved rows, per step", "quaero/recipe/saved_rows.py")
@@ -286,9 +308,14 @@ EVAL_DROP_REASONS = _eval.per_step("eval_drop_reasons", "dropped episodes by rea
 EVAL_RESULTS = _eval.per_step("eval_results",
                               "per task, for paired comparisons (`quaero review`): `[index, success, reward]`")
 SAMPLE_TRANSCRIPT = _eval.per_step("sample_transcript", "the first episode's messages, shortened")
+EVAL_BY_ENV = _eval.per_step("eval_by_env", "a mixture's: `{env: {eval_success_rate, eval_reward, eval_episodes, "
+                             "eval_dropped}}` (each `eval_results` entry then ends with its env's name)")
 
 # ── event names (the `event` field) that readers select on ──────────────────────────────────────────────────
 
 TRAIN_STEP_EVENT = "train_step"
 EVAL_EVENT = "eval"
 RUN_END_EVENT = "run_end"
+TASKS_DRAWN_EVENT = "tasks_drawn"  # each step's tasks per env, with the weights they were drawn with
+RL_TOKEN_BUDGET_SPENT_EVENT = "rl_token_budget_spent"  # [training] rl_token_budget reached: this step is the last
+TASK_OUTCOMES_EVENT = "task_outcomes"  # each RL step's groups: env, task, spec group, successes, episodes, ...

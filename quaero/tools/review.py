@@ -94,12 +94,20 @@ def _head_tail(values: list[float], k: int = 3) -> tuple[float | None, float | N
     return statistics.fmean(values[:k]), statistics.fmean(values[-k:])
 
 
-def eval_outcomes(e: dict) -> dict[int, tuple[int, float]] | None:
-    """{task index: (success, reward)} of an eval event's per-task results, or None when it has none readable."""
+def eval_outcomes(e: dict, env: str | None = None) -> dict[Any, tuple[int, float]] | None:
+    """{task: (success, reward)} of an eval event's per-task results, or None when it has none readable. A
+    mixture's entries end with their env's name: the task is then "env:index", or the index alone when `env`
+    picks that env's entries."""
     out = {}
     for item in e.get(names.EVAL_RESULTS) or []:
-        if isinstance(item, list) and len(item) == 3 and _is_int(item[0]) and (r := _number(item[2])) is not None:
-            out[item[0]] = (int(bool(item[1])), float(r))
+        if not (isinstance(item, list) and len(item) in (3, 4) and _is_int(item[0])
+                and (r := _number(item[2])) is not None):
+            continue
+        tag = item[3] if len(item) == 4 else None
+        if env is not None and tag != env:
+            continue
+        key = item[0] if tag is None or env is not None else f"{tag}:{item[0]}"
+        out[key] = (int(bool(item[1])), float(r))
     return out or None
 
 
@@ -111,7 +119,48 @@ def _nonfinite_rewards(e: dict) -> bool:
                for item in e.get(names.EVAL_RESULTS) or [])
 
 
-def rl_over_warm_start(run: dict) -> dict[str, Any]:
+def env_names(run: dict) -> list[str]:
+    """A mixture run's env names (from its steps' `by_env` and evals' `eval_by_env`), in first-seen order."""
+    seen: dict[str, None] = {}
+    for r in run["steps"] + run["evals"]:
+        for key in (names.BY_ENV, names.EVAL_BY_ENV):
+            if isinstance(r.get(key), dict):
+                seen.update(dict.fromkeys(str(k) for k in r[key]))
+    return list(seen)
+
+
+def per_env(run: dict) -> dict[str, dict[str, Any]]:
+    """A mixture's figures per env: its RL groups, those with signal, its generated tokens and lost episodes,
+    its last eval's success rate, and its "RL improved eval over warm start"."""
+    rl = [s for s in run["steps"] if s.get(names.PHASE, "rl") == "rl"]
+    out = {}
+    for env in env_names(run):
+        mine = [s[names.BY_ENV][env] for s in rl if isinstance(s.get(names.BY_ENV), dict)
+                and isinstance(s[names.BY_ENV].get(env), dict)]
+        signal, tokens = _sum(mine, names.SIGNAL_GROUPS), _sum(mine, names.GENERATED_TOKENS)
+        evals = [e[names.EVAL_BY_ENV][env] for e in run["evals"] if isinstance(e.get(names.EVAL_BY_ENV), dict)
+                 and isinstance(e[names.EVAL_BY_ENV].get(env), dict)]
+        out[env] = {names.GROUPS: _sum(mine, names.GROUPS), names.SIGNAL_GROUPS: signal,
+                    names.GENERATED_TOKENS: tokens,
+                    names.SIGNAL_GROUPS_PER_1K_TOKENS: round(1000 * signal / tokens, 4) if tokens else None,
+                    names.EPISODES_LOST: _sum(mine, names.EPISODES_LOST),
+                    "eval_success_last": evals[-1].get(names.EVAL_SUCCESS_RATE) if evals else None,
+                    "rl_vs_warm_start": rl_over_warm_start(run, env)}
+    return out
+
+
+def env_line(env: str, f: dict[str, Any]) -> str:
+    """`quaero review`'s line for one env of a mixture."""
+    c = f["rl_vs_warm_start"]
+    rl = (f"RL over warm start {c['warm_start_success']:.3f} -> {c['end_success']:.3f} on {c['pairs']} tasks "
+          f"(+{c['improved']}/-{c['worsened']}, McNemar p {c['mcnemar_p']:.3g})" if not c["why"]
+          else f"RL over warm start: {c['why']}")
+    return (f"env {env}: {f[names.GROUPS]} RL groups, {f[names.SIGNAL_GROUPS]} with signal "
+            f"({_fmt(f[names.SIGNAL_GROUPS_PER_1K_TOKENS])} per 1k generated tokens), "
+            f"{f[names.EPISODES_LOST]} episodes lost, last eval success {_fmt(f['eval_success_last'])}; {rl}")
+
+
+def rl_over_warm_start(run: dict, env: str | None = None) -> dict[str, Any]:
     """The last eval after RL against the eval at the end of the warm start, paired on the tasks both finished:
     McNemar exact p on success, paired bootstrap 95% interval of the reward difference (end - warm start).
     `why` says what is missing when there is nothing to compare."""
@@ -126,7 +175,7 @@ def rl_over_warm_start(run: dict) -> dict[str, Any]:
     end = next((e for e in reversed(run["evals"]) if e["step"] > warm_end), None)
     if start is None or end is None:
         return {"why": f"no eval at the warm start's last step {warm_end}" if start is None else "no eval after RL"}
-    a, b = eval_outcomes(end), eval_outcomes(start)
+    a, b = eval_outcomes(end, env), eval_outcomes(start, env)
     if a is None or b is None:
         nonfinite = [e["step"] for e in (start, end) if _nonfinite_rewards(e)]
         if nonfinite:
@@ -199,6 +248,11 @@ def summarize(run: dict) -> dict[str, Any]:
         **{k: _sum(steps, k) for k in proofs.BRANCH_COUNTERS},
         # eval after RL against the eval at the warm start's end, paired per task
         "rl_vs_warm_start": rl_over_warm_start(run),
+        # the learning signal per generated token (the task samplers' aim), and a mixture's figures per env
+        "rl_signal_groups": _sum(rl, names.SIGNAL_GROUPS), "rl_generated_tokens": _sum(rl, names.GENERATED_TOKENS),
+        "rl_signal_groups_per_1k_tokens": (round(1000 * _sum(rl, names.SIGNAL_GROUPS) / tokens, 4)
+                                           if (tokens := _sum(rl, names.GENERATED_TOKENS)) else None),
+        **({"per_env": envs} if (envs := per_env(run)) else {}),
     }
 
 
@@ -348,6 +402,8 @@ def _review(args, require: list[str]) -> int:
         print()
         for c in checks:
             print(f"[{_tag(c)}] {c['name']}: {c['detail']}")
+        for env, figures in s.get("per_env", {}).items():  # a mixture's; the checks above judge the pooled run
+            print(env_line(env, figures))
         for p in plots:
             print(f"plot {p}")
     missed = proofs.unmet(checks, require_proof=args.require_proof, names=require)

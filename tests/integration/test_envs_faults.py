@@ -168,14 +168,14 @@ def test_the_driver_turn_limit_ends_an_episode_that_never_submits(qwen3_render):
     episode is truncated and no success."""
     from fixtures.rollout import make_cfg
 
-    from quaero.rollout.driver import EpisodeDriver
+    from quaero.rollout.driver import DriverSettings, EpisodeDriver
 
     def never_submits(info):
         return lambda messages: _call("calculate", expression="1+1")
 
     cfg = make_cfg(env__entry="envs.toolbench:ToolBenchEnv", env__launcher="inprocess", env__max_turns=3)
     with open_envs(cfg.env, 1) as pool:
-        (ep,), = EpisodeDriver(qwen3_render, None, cfg, pool.counts).run(pool.sessions, [{"seed": 0}], group_size=1,
+        (ep,), = EpisodeDriver(qwen3_render, None, DriverSettings.of(cfg), pool.counts).run(pool.sessions, [{"seed": 0}], group_size=1,
                                                                         policy=never_submits)
         counts = pool.counts.snapshot_and_reset()
     assert ep.turns == 3 and ep.truncated and not ep.success and not ep.dropped

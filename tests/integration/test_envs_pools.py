@@ -12,14 +12,14 @@ from fixtures.rollout import make_cfg
 
 from quaero.config import ConfigError, EnvConfig
 from quaero.openenv_client import open_envs
-from quaero.rollout.driver import EpisodeDriver
+from quaero.rollout.driver import DriverSettings, EpisodeDriver
 
 BOARD = "fixtures.board:BoardEnv"
 TASKS = [{"seed": 2, "split": "train", "index": 0}, {"seed": 3, "split": "train", "index": 1}]
 
 
 def _drive(render, cfg, pool):
-    groups = EpisodeDriver(render, None, cfg, pool.counts).run(pool.sessions, TASKS, group_size=2,
+    groups = EpisodeDriver(render, None, DriverSettings.of(cfg), pool.counts).run(pool.sessions, TASKS, group_size=2,
                                                               policy=oracle_policy)
     return [ep for g in groups for ep in g], pool.counts.snapshot_and_reset()
 

@@ -293,3 +293,21 @@ def test_sigterm_ends_a_training_step_that_waits_on_a_silent_vllm_server(tmp_pat
     assert time.monotonic() - t0 < 120
     stopped = [e for e in read_events(events)[0] if e["event"] == "sampler_wait_stopped"]
     assert stopped and stopped[0]["url"].startswith(url + "/v1/completions")
+
+
+@pytest.mark.slow
+def test_rl_ends_at_the_step_that_spends_the_token_budget(tmp_path):
+    """[training] rl_token_budget: the first RL step generates more than 1 token, so it is the last step run:
+    checkpointed, evaluated and said so, with `steps` (3 RL steps) only the bound."""
+    from quaero.recipe.train import train
+
+    _, cfg = make_config(tmp_path, "budget", steps=3, eval_every=10, extra=["training.rl_token_budget=1"])
+    run_dir = train(cfg)
+    steps = events_of(run_dir, "train_step")
+    assert [(s["step"], s["phase"]) for s in steps] == [(1, "sft"), (2, "rl")]
+    spent = events_of(run_dir, "rl_token_budget_spent")
+    assert [(e["step"], e["budget"], e["steps_left"]) for e in spent] == [(2, 1, 2)]
+    assert spent[0]["generated_tokens"] == steps[-1]["cumulative"]["generated_tokens"] >= 1
+    assert [e["step"] for e in events_of(run_dir, "eval")] == [0, 2]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000002"]
+    assert events_of(run_dir, "run_end")[-1]["steps"] == 2 and (run_dir / "final").is_dir()

@@ -97,12 +97,17 @@ def test_the_generated_reference_tables_match_the_code():
 
 
 def test_the_reference_lists_every_config_key():
-    from quaero.config import QuaeroConfig
+    from quaero.config import EnvConfig, MixtureEnv, QuaeroConfig
 
     text = (ROOT / "docs/reference.md").read_text(encoding="utf-8")
     for section, field in QuaeroConfig.model_fields.items():
-        for key in field.annotation.model_fields:
-            assert f"| `[{section}]` | `{key}` |" in text or key == "options", f"[{section}] {key} missing"
+        model = {"env": EnvConfig, "envs": MixtureEnv}.get(section, field.annotation)
+        for key in model.model_fields:
+            if section == "envs" and key in EnvConfig.model_fields:
+                continue  # [[envs]] has every [env] key, listed under [env]
+            assert f"| `[{section}]` | `{key}` |" in text or key in ("options", "tasks"), f"[{section}] {key} missing"
+    for key in QuaeroConfig.model_fields["env"].annotation.__args__[0].model_fields["tasks"].annotation.model_fields:
+        assert f"| `[env.tasks]` | `{key}` |" in text, f"[env.tasks] {key} missing"
 
 
 def test_the_drift_check_catches_a_stale_table(tmp_path, monkeypatch):

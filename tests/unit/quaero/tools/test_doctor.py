@@ -16,7 +16,7 @@ from quaero import cli
 from quaero.openenv_client.loading import openenv_repair_command
 from quaero.tools import doctor
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 @pytest.mark.slow

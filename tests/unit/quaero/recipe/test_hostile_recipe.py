@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import structlog
-from fixtures.rollout import make_cfg
+from fixtures.rollout import make_cfg, recipe_parts
 from fixtures.small_model import V
 
 from quaero.config import ConfigError, load_config
@@ -38,8 +38,7 @@ def _recipe(rewards_of_task, on_call=None, **training):
                 for t in tasks]
 
     cfg = make_cfg(**{f"training__{k}": v for k, v in {"tasks_per_step": 2, "group_size": 2, **training}.items()})
-    return SimpleNamespace(cfg=cfg, cursor=0, oracle=None, driver=SimpleNamespace(run=run),
-                           pool=SimpleNamespace(sessions=[], tasks=None), counts=RolloutCounts()), calls
+    return recipe_parts(cfg, run, RolloutCounts()), calls
 
 
 def test_a_kept_rows_meta_carries_its_episodes_reward_for_export():

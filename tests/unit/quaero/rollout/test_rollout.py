@@ -10,7 +10,7 @@ from fixtures.toyenv import ChatStep, HostileToyEnv, ToyChatEnv, oracle
 
 from quaero.model import QWEN3_ADDED
 from quaero.openenv_client import EpisodeDropped
-from quaero.rollout.driver import EpisodeDriver, ExactnessError
+from quaero.rollout.driver import DriverSettings, EpisodeDriver, ExactnessError
 from quaero.rollout.render import WORD_JOINER, defuse
 from quaero.rollout.rows import build_rows
 from quaero.telemetry.counts import RolloutCounts
@@ -183,7 +183,7 @@ def test_the_trainer_measures_the_sampler_vs_trainer_logprob_gap_of_sampled_rows
 
 def test_run_seed_makes_sampled_episodes_reproducible(qwen3_render, tiny_hf_sampler):
     def actions(seed):
-        driver = EpisodeDriver(qwen3_render, tiny_hf_sampler, make_cfg(env__max_turns=2), RolloutCounts())
+        driver = EpisodeDriver(qwen3_render, tiny_hf_sampler, DriverSettings.of(make_cfg(env__max_turns=2)), RolloutCounts())
         groups = driver.run([ToyChatEnv(), ToyChatEnv()], [{"index": 0}], group_size=2, seed=seed)
         return [t.action_ids for ep in groups[0] for t in ep.transitions]
 

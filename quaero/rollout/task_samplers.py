@@ -1,0 +1,337 @@
+"""Task samplers: which train tasks an env's groups play, per env (`[env.tasks]`, `[envs.tasks]`).
+
+The protocol is OpenEnv RFC 013's: `sample(n) -> list[int]` (task indices of the train split), `update(task,
+rewards, costs)` after a task's group finished (its episodes' rewards and costs: generated tokens), and
+`state_dict()` / `load_state_dict(state)`, a JSON-able dict a checkpoint holds, so a resumed run draws what an
+uninterrupted one draws. Every draw's randomness comes from a generator keyed by (run seed, env, draw number),
+the draw number being part of the state: no global random state is read or moved.
+
+- `sequential`: the run seed's order of the split (quaero/openenv_client/tasks.py `task_index`), what quaero
+  always played: its state is the cursor.
+- `uniform`: tasks drawn uniformly, with replacement.
+- `curriculum` (RFC 013): a task's weight is its chance of a group with both a success and a failure, per unit
+  of cost, w = (1 - p^G - (1 - p)^G + ε) / c, p the discounted success estimate of its key (γ), G the group
+  size, c its discounted mean cost (generated tokens or episodes); an unseen key takes p = 0.5 and the mean
+  cost of the keys seen.
+- `difficulty_pools` (prime-rl): a key's latest group success rate puts it in a pool, hard (<= hard_max),
+  normal, easy (>= easy_min), or unseen, each with its weight.
+A learning sampler weighs `candidates` tasks per draw (drawn uniformly; the whole split when smaller) and
+draws n of them by weight, with replacement. Outcomes are remembered by the sampler's `key`: the task itself,
+or the RFC 013 key of its spec (`group`, `difficulty`), which pools tasks that rarely repeat (toolbench's
+train split holds a million; its tasks declare their template as `group`).
+
+A success is an episode whose reward is > 0 (the driver's rule when the env says nothing else).
+"""
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from quaero.openenv_client.tasks import task_index
+
+
+class TaskSamplerError(RuntimeError):
+    """A task sampler failed, returned a task outside its split, or its saved state does not fit."""
+
+
+class TaskSampler(Protocol):
+    def sample(self, n: int) -> list[int]: ...
+
+    def update(self, task: int, rewards: list[float], costs: list[float]) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class SplitView:
+    """What a sampler is built with: its env's train split, the run seed, the group size and settings."""
+
+    env: str  # the env's name ("env" in a one-env run)
+    split: str
+    size: int | None  # tasks in the split (None: the env has no Task API)
+    seed: int
+    group_size: int
+    settings: Any  # quaero.config.TaskSamplerConfig
+    catalog: Any = None  # its TaskCatalog (sequential's order)
+    spec: Callable[[int], dict] | None = None  # the task's spec (Task API get_task), for pooled keys
+
+    def key(self, index: int) -> str:
+        """The outcome memory's key of task `index`: the index, or its spec's `group` / `difficulty`."""
+        which = self.settings.key
+        if which == "task" or self.spec is None:
+            return str(index)
+        value = (self.spec(index) or {}).get(which)
+        return f"{which}={value}" if value is not None else str(index)
+
+
+class SequentialSampler:
+    """The run seed's order of the split (wrapping round it); without a Task API, quaero's own numbering."""
+
+    learns = False
+
+    def __init__(self, view: SplitView) -> None:
+        self.view, self.cursor = view, 0
+        self.last_weights: list[float] = []
+
+    def sample(self, n: int) -> list[int]:
+        v = self.view
+        picks = [task_index(v.catalog, v.split, self.cursor + i, v.seed) for i in range(n)]
+        self.cursor += n
+        self.last_weights = [1.0] * n
+        return picks
+
+    def update(self, task: int, rewards: list[float], costs: list[float]) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "sequential", "cursor": self.cursor}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.cursor = int(state["cursor"])
+
+
+@dataclass
+class Outcome:
+    """A key's discounted memory: success and cost sums over a discounted episode count."""
+
+    successes: float = 0.0
+    cost: float = 0.0
+    episodes: float = 0.0
+    groups: int = 0
+    last_rate: float = 0.0  # the latest group's success rate
+
+    @property
+    def p(self) -> float:
+        return self.successes / self.episodes if self.episodes else 0.5
+
+    def to_list(self) -> list:
+        return [self.successes, self.cost, self.episodes, self.groups, self.last_rate]
+
+
+class _Drawing:
+    """The shared part of the samplers that draw: their keyed generator and outcome memory."""
+
+    learns = True
+    kind = ""
+
+    def __init__(self, view: SplitView) -> None:
+        if not view.size:
+            raise TaskSamplerError(f"[env.tasks] sampler={view.settings.sampler!r} (env {view.env!r}) draws "
+                                   "from the split's tasks, and the env has no Task API (list_splits/"
+                                   "num_tasks) to count them; use sampler = \"sequential\"")
+        self.view = view
+        self.draws = 0
+        self.memory: dict[str, Outcome] = {}
+        self.played: set[int] = set()
+        self.last_weights: list[float] = []
+        self._keys: dict[int, str] = {}
+
+    def _rng(self) -> random.Random:
+        rng = random.Random(f"task-sampler:{self.kind}:{self.view.seed}:{self.view.env}:{self.draws}")
+        self.draws += 1
+        return rng
+
+    def key(self, index: int) -> str:
+        if index not in self._keys:
+            self._keys[index] = self.view.key(index)
+        return self._keys[index]
+
+    def _candidates(self, rng: random.Random) -> list[int]:
+        size, k = self.view.size, self.view.settings.candidates
+        return list(range(size)) if size <= k else [rng.randrange(size) for _ in range(k)]
+
+    def weight(self, index: int) -> float:
+        raise NotImplementedError
+
+    def sample(self, n: int) -> list[int]:
+        rng = self._rng()
+        candidates = self._candidates(rng)
+        weights = [self.weight(i) for i in candidates]
+        if not any(w > 0 for w in weights):
+            weights = [1.0] * len(candidates)
+        picks = rng.choices(range(len(candidates)), weights=weights, k=n)
+        total = sum(weights)
+        self.last_weights = [round(weights[j] / total, 6) for j in picks]
+        return [candidates[j] for j in picks]
+
+    def update(self, task: int, rewards: list[float], costs: list[float]) -> None:
+        if not rewards:
+            return
+        gamma = self.view.settings.gamma
+        m = self.memory.setdefault(self.key(task), Outcome())
+        wins = sum(1 for r in rewards if r > 0)
+        m.successes = gamma * m.successes + wins
+        m.cost = gamma * m.cost + sum(costs)
+        m.episodes = gamma * m.episodes + len(rewards)
+        m.groups += 1
+        m.last_rate = wins / len(rewards)
+        self.played.add(task)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "draws": self.draws, "played": sorted(self.played),
+                "memory": {k: m.to_list() for k, m in sorted(self.memory.items())}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.draws = int(state["draws"])
+        self.played = {int(i) for i in state["played"]}
+        self.memory = {str(k): Outcome(*map(float, v[:3]), int(v[3]), float(v[4]))
+                       for k, v in state["memory"].items()}
+
+
+class UniformSampler(_Drawing):
+    kind, learns = "uniform", False
+
+    def weight(self, index: int) -> float:
+        return 1.0
+
+    def sample(self, n: int) -> list[int]:
+        rng = self._rng()
+        self.last_weights = [round(1 / self.view.size, 9)] * n
+        return [rng.randrange(self.view.size) for _ in range(n)]
+
+
+def curriculum_weight(p: float, group_size: int, cost: float, epsilon: float) -> float:
+    """RFC 013: (1 - p^G - (1 - p)^G + ε) / c, the chance that a group of G holds both a success and a failure
+    (plus ε), per unit of cost."""
+    return (1 - p ** group_size - (1 - p) ** group_size + epsilon) / max(cost, 1e-9)
+
+
+class CurriculumSampler(_Drawing):
+    kind = "curriculum"
+
+    def _mean_cost(self) -> float:
+        seen = [m.cost / m.episodes for m in self.memory.values() if m.episodes]
+        return sum(seen) / len(seen) if seen else 1.0
+
+    def sample(self, n: int) -> list[int]:
+        self._cost = self._mean_cost()
+        return super().sample(n)
+
+    def weight(self, index: int) -> float:
+        s = self.view.settings
+        m = self.memory.get(self.key(index))
+        cost = 1.0 if s.cost == "episodes" else (m.cost / m.episodes if m and m.episodes else self._cost)
+        return curriculum_weight(m.p if m else 0.5, self.view.group_size, cost, s.epsilon)
+
+
+class DifficultyPoolSampler(_Drawing):
+    kind = "difficulty_pools"
+
+    def weight(self, index: int) -> float:
+        s = self.view.settings
+        m = self.memory.get(self.key(index))
+        if m is None or not m.groups:
+            return s.unseen_weight
+        if m.last_rate <= s.hard_max:
+            return s.hard_weight
+        return s.easy_weight if m.last_rate >= s.easy_min else s.normal_weight
+
+
+SAMPLERS: dict[str, type] = {"sequential": SequentialSampler, "uniform": UniformSampler,
+                             "curriculum": CurriculumSampler, "difficulty_pools": DifficultyPoolSampler}
+
+POOLS = ("unseen", "learnable", "saturated", "hopeless")
+
+
+def pool_of(m: Outcome | None) -> str:
+    """A key's pool for the occupancy counters: unseen, hopeless (p <= 0.05), saturated (p >= 0.95), or
+    learnable."""
+    if m is None or not m.groups:
+        return "unseen"
+    return "hopeless" if m.p <= 0.05 else "saturated" if m.p >= 0.95 else "learnable"
+
+
+@dataclass
+class EnvTasks:
+    """An env's sampler, checked: every draw is validated, every failure named in one line."""
+
+    view: SplitView
+    sampler: Any
+    last: list[dict] = field(default_factory=list)  # the latest draw: [{"task", "weight"}]
+
+    @property
+    def name(self) -> str:
+        return f"[env.tasks] sampler={self.view.settings.sampler!r} (env {self.view.env!r})"
+
+    def sample(self, n: int) -> list[int]:
+        try:
+            picks = list(self.sampler.sample(n))
+        except Exception as e:  # noqa: BLE001 - a user's sampler's failure is named in one line
+            raise TaskSamplerError(f"{self.name}: sample({n}) raised {type(e).__name__}: {e}; fix the sampler"
+                                   ) from None
+        size = self.view.size
+        bad = [i for i in picks if not isinstance(i, int) or isinstance(i, bool) or i < 0
+               or (size is not None and i >= size)]
+        if len(picks) != n or bad:
+            what = f"{len(picks)} tasks for {n}" if len(picks) != n else f"task {bad[0]!r}"
+            raise TaskSamplerError(f"{self.name}: sample({n}) returned {what}; it must return {n} indices in "
+                                   f"0..{size - 1 if size else 'N'} of split {self.view.split!r}")
+        weights = list(getattr(self.sampler, "last_weights", []) or [])
+        self.last = [{"task": i, "weight": weights[j] if j < len(weights) else None}
+                     for j, i in enumerate(picks)]
+        return picks
+
+    def update(self, task: int, rewards: list[float], costs: list[float]) -> None:
+        try:
+            self.sampler.update(task, rewards, costs)
+        except Exception as e:  # noqa: BLE001
+            raise TaskSamplerError(f"{self.name}: update({task}, ...) raised {type(e).__name__}: {e}; fix "
+                                   "the sampler") from None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sampler": self.view.settings.sampler, "split": self.view.split, "size": self.view.size,
+                "state": self.sampler.state_dict()}
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        mine = (self.view.settings.sampler, self.view.split, self.view.size)
+        theirs = (saved.get("sampler"), saved.get("split"), saved.get("size"))
+        if mine != theirs:
+            raise TaskSamplerError(f"the checkpoint's task sampler of env {self.view.env!r} is {theirs[0]!r} "
+                                   f"on split {theirs[1]!r} ({theirs[2]} tasks), this config's {mine[0]!r} "
+                                   f"on {mine[1]!r} ({mine[2]} tasks); resume with the config it was saved "
+                                   "with, or pass --restart")
+        try:
+            self.sampler.load_state_dict(saved["state"])
+        except Exception as e:  # noqa: BLE001
+            raise TaskSamplerError(f"{self.name}: load_state_dict raised {type(e).__name__}: {e}") from None
+
+    def occupancy(self) -> dict[str, int]:
+        """How many remembered keys sit in each pool, and the split's coverage (tasks played)."""
+        memory = getattr(self.sampler, "memory", None)
+        out = dict.fromkeys(POOLS, 0)
+        if isinstance(memory, dict):
+            for m in memory.values():
+                out[pool_of(m)] += 1
+        return out
+
+    def played(self) -> int | None:
+        played = getattr(self.sampler, "played", None)
+        return len(played) if isinstance(played, set) else None
+
+
+def make_task_sampler(view: SplitView) -> EnvTasks:
+    """The env's configured sampler (a user's by "package.module:Class", built with the SplitView)."""
+    kind = view.settings.sampler
+    if kind in SAMPLERS:
+        return EnvTasks(view, SAMPLERS[kind](view))
+    import inspect
+
+    from quaero.resolve import resolve_name
+
+    cls = resolve_name(kind, f"env {view.env!r} [env.tasks] sampler", want=inspect.isclass, wanted="a class",
+                       error=TaskSamplerError, example="mypkg.samplers:MySampler")
+    missing = [m for m in ("sample", "update", "state_dict", "load_state_dict")
+               if not callable(getattr(cls, m, None))]
+    if missing:
+        raise TaskSamplerError(f"[env.tasks] sampler={kind!r} (env {view.env!r}) lacks {', '.join(missing)}"
+                               ": a task sampler has sample(n), update(task, rewards, costs), state_dict(), "
+                               "load_state_dict()")
+    try:
+        return EnvTasks(view, cls(view))
+    except Exception as e:  # noqa: BLE001
+        raise TaskSamplerError(f"[env.tasks] sampler={kind!r} (env {view.env!r}): building it raised "
+                               f"{type(e).__name__}: {e}") from None

@@ -1,0 +1,206 @@
+"""Task samplers (quaero/rollout/task_samplers.py) and the mixture's allocation (quaero/rollout/mixture.py):
+the RFC 013 weight with numbers, each sampler's draws, state round trips, and the one-line errors."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from quaero.config import TaskSamplerConfig
+from quaero.openenv_client.tasks import TaskCatalog, task_index
+from quaero.rollout.mixture import Mixture, MixtureError
+from quaero.rollout.task_samplers import (
+    CurriculumSampler,
+    SplitView,
+    TaskSamplerError,
+    curriculum_weight,
+    make_task_sampler,
+    pool_of,
+)
+
+
+def view(sampler="sequential", size=10, seed=0, group=4, spec=None, **settings):
+    catalog = TaskCatalog({"train": size}, "test") if size else None
+    settings = TaskSamplerConfig(sampler=sampler, **settings)
+    return SplitView("a", "train", size, seed, group, settings, catalog, spec)
+
+
+# ── the mixture's allocation ──────────────────────────────────────────────────────────────────────────────
+
+def test_the_allocation_keeps_every_env_within_one_group_of_its_share_at_every_point():
+    m = Mixture({"a": 3.0, "b": 1.0, "c": 0.5})
+    total = dict.fromkeys("abc", 0)
+    for step in range(1, 40):
+        for name, k in m.allocate(3).items():
+            total[name] += k
+        handed = 3 * step
+        for name, share in m.shares.items():
+            assert abs(total[name] - share * handed) < 1, (step, name, total)
+    fresh = Mixture({"a": 1.0, "b": 1.0})
+    assert [fresh.allocate(1) for _ in range(4)] == [{"a": 1, "b": 0}, {"a": 0, "b": 1}] * 2  # alternates
+
+
+def test_the_allocation_resumes_from_its_state_and_refuses_another_mixture():
+    a = Mixture({"x": 2.0, "y": 1.0})
+    a.allocate(5)
+    b = Mixture({"x": 2.0, "y": 1.0})
+    b.load_state_dict(json.loads(json.dumps(a.state_dict())))
+    assert [a.allocate(4) for _ in range(5)] == [b.allocate(4) for _ in range(5)]
+    with pytest.raises(MixtureError, match=r"another mixture \(env ratios x: 2.0 -> 3.0\)"):
+        Mixture({"x": 3.0, "y": 1.0}).load_state_dict(a.state_dict())
+
+
+# ── the samplers ──────────────────────────────────────────────────────────────────────────────────────────
+
+def test_sequential_plays_the_run_seeds_order_of_the_split_as_quaero_always_did():
+    for seed in (0, 1, 7):
+        s = make_task_sampler(view(seed=seed, size=10))
+        picks = s.sample(4) + s.sample(4) + s.sample(4)
+        assert picks == [task_index(TaskCatalog({"train": 10}, "t"), "train", i, seed) for i in range(12)]
+    s = make_task_sampler(view(size=None))  # no Task API: quaero's numbering
+    assert s.sample(3) == [0, 1, 2]
+
+
+def test_the_rfc013_weight_with_numbers():
+    # p = 0.5, G = 4: 1 - 1/16 - 1/16 = 0.875; + ε 0.05 = 0.925; per 10 tokens: 0.0925
+    assert curriculum_weight(0.5, 4, 10.0, 0.05) == pytest.approx(0.0925)
+    # a solved (p = 1) or hopeless (p = 0) task keeps only ε
+    assert curriculum_weight(1.0, 8, 1.0, 0.05) == pytest.approx(0.05)
+    assert curriculum_weight(0.0, 8, 1.0, 0.05) == pytest.approx(0.05)
+    # p = 0.25, G = 2: 1 - 0.0625 - 0.5625 = 0.375
+    assert curriculum_weight(0.25, 2, 1.0, 0.0) == pytest.approx(0.375)
+
+
+def test_the_curriculum_learns_a_discounted_success_estimate_and_draws_where_the_signal_is():
+    s = make_task_sampler(view("curriculum", size=3, group=4, cost="episodes"))
+    c: CurriculumSampler = s.sampler
+    c.update(0, [1.0, 1.0, 1.0, 1.0], [5.0] * 4)  # solved
+    c.update(1, [0.0, 0.0, 0.0, 0.0], [5.0] * 4)  # hopeless
+    c.update(2, [1.0, 0.0, 1.0, 0.0], [5.0] * 4)  # half: the most signal
+    c.update(2, [1.0, 1.0, 1.0, 0.0], [5.0] * 4)
+    m = c.memory["2"]
+    # discounted: successes 0.9 * 2 + 3 = 4.8 over 0.9 * 4 + 4 = 7.6 episodes
+    assert m.p == pytest.approx(4.8 / 7.6)
+    assert c.weight(2) == pytest.approx(curriculum_weight(4.8 / 7.6, 4, 1.0, 0.05))
+    assert c.weight(0) == pytest.approx(0.05) and c.weight(1) == pytest.approx(0.05)
+    picks = s.sample(200)
+    assert picks.count(2) > 150  # weight ~0.72 vs 0.05 + 0.05
+    assert [pool_of(c.memory[k]) for k in "012"] == ["saturated", "hopeless", "learnable"]
+    assert s.occupancy() == {"unseen": 0, "learnable": 1, "saturated": 1, "hopeless": 1}
+
+
+def test_the_curriculum_counts_cost_in_tokens_and_pools_by_the_tasks_group():
+    groups = {0: "price", 1: "price", 2: "city", 3: "city"}
+    s = make_task_sampler(view("curriculum", size=4, group=2, key="group",
+                               spec=lambda i: {"group": groups[i]}))
+    c = s.sampler
+    c.update(0, [1.0, 0.0], [10.0, 10.0])  # price: p 0.5, 10 tokens an episode
+    c.update(2, [1.0, 0.0], [40.0, 40.0])  # city: p 0.5, 40 tokens an episode
+    assert set(c.memory) == {"group=price", "group=city"}
+    assert c.weight(1) == pytest.approx(curriculum_weight(0.5, 2, 10.0, 0.05))  # task 1 shares price's memory
+    assert c.weight(1) / c.weight(3) == pytest.approx(4.0)  # the same signal at a quarter of the tokens
+
+
+def test_difficulty_pools_weigh_by_the_latest_group_success_rate():
+    s = make_task_sampler(view("difficulty_pools", size=4, group=4))
+    p = s.sampler
+    p.update(0, [0.0, 0.0, 0.0, 1.0], [1.0] * 4)  # 0.25: hard
+    p.update(1, [1.0, 1.0, 0.0, 0.0], [1.0] * 4)  # 0.5: normal
+    p.update(2, [1.0, 1.0, 1.0, 1.0], [1.0] * 4)  # 1.0: easy
+    assert [p.weight(i) for i in range(4)] == [0.2, 1.0, 0.2, 1.0]  # task 3 unseen: 1
+
+
+def test_uniform_draws_every_task_of_the_split_from_its_own_generator():
+    s = make_task_sampler(view("uniform", size=5))
+    picks = s.sample(500)
+    assert set(picks) == set(range(5)) and all(abs(picks.count(i) - 100) < 40 for i in range(5))
+    import random
+
+    random.seed(123)
+    before = random.random()
+    random.seed(123)
+    make_task_sampler(view("uniform", size=5)).sample(3)
+    assert random.random() == before  # the global generator is never read
+
+
+@pytest.mark.parametrize("kind", ["sequential", "uniform", "curriculum", "difficulty_pools"])
+def test_a_sampler_resumed_from_its_json_state_draws_what_the_uninterrupted_one_draws(kind):
+    def run(sampler, steps):
+        out = []
+        for _ in range(steps):
+            picks = sampler.sample(3)
+            for t in picks:
+                sampler.update(t, [float(t % 2), float(t % 3 == 0)], [7.0, 9.0])
+            out.append(picks)
+        return out
+
+    whole = make_task_sampler(view(kind, size=50, seed=3))
+    first = make_task_sampler(view(kind, size=50, seed=3))
+    ref = run(whole, 6)
+    head = run(first, 3)
+    saved = json.loads(json.dumps(first.state_dict()))  # what a checkpoint holds: JSON, no pickle
+    second = make_task_sampler(view(kind, size=50, seed=3))
+    second.load_state_dict(saved)
+    assert head + run(second, 3) == ref
+
+
+# ── a user's sampler, and bad input ───────────────────────────────────────────────────────────────────────
+
+class EveryOther:
+    """A user's sampler through the protocol: even tasks only."""
+
+    def __init__(self, view):
+        self.view, self.n = view, 0
+
+    def sample(self, n):
+        out = [(2 * (self.n + i)) % self.view.size for i in range(n)]
+        self.n += n
+        return out
+
+    def update(self, task, rewards, costs):
+        pass
+
+    def state_dict(self):
+        return {"n": self.n}
+
+    def load_state_dict(self, state):
+        self.n = state["n"]
+
+
+class OutOfRange(EveryOther):
+    def sample(self, n):
+        return [self.view.size] * n
+
+
+class Raises(EveryOther):
+    def sample(self, n):
+        raise KeyError("boom")
+
+
+def test_a_users_sampler_by_import_path():
+    s = make_task_sampler(view(f"{__name__}:EveryOther", size=10))
+    assert s.sample(3) == [0, 2, 4] and s.sample(3) == [6, 8, 0]
+
+
+@pytest.mark.hostile
+def test_bad_samplers_and_states_fail_in_one_line_naming_the_sampler_and_the_fix():
+    with pytest.raises(TaskSamplerError, match=r"OutOfRange'.*returned task 10; it must return 2 indices in "
+                                               r"0..9"):
+        make_task_sampler(view(f"{__name__}:OutOfRange", size=10)).sample(2)
+    with pytest.raises(TaskSamplerError, match=r"Raises'.*sample\(2\) raised KeyError: 'boom'; fix the "
+                                               r"sampler"):
+        make_task_sampler(view(f"{__name__}:Raises", size=10)).sample(2)
+    with pytest.raises(TaskSamplerError, match="sampler='no_such_module:Sampler': cannot import module"):
+        make_task_sampler(view("no_such_module:Sampler", size=10))
+    with pytest.raises(TaskSamplerError, match=r"lacks sample, update"):
+        make_task_sampler(view("json:JSONDecoder", size=10))
+    with pytest.raises(TaskSamplerError, match="has no Task API.*use sampler = \"sequential\""):
+        make_task_sampler(view("curriculum", size=None))
+    saved = make_task_sampler(view("uniform", size=10)).state_dict()
+    with pytest.raises(TaskSamplerError, match=r"'uniform' on split 'train' \(10 tasks\), this config's "
+                                               r"'curriculum'.*or pass --restart"):
+        make_task_sampler(view("curriculum", size=10)).load_state_dict(saved)
+    with pytest.raises(ValueError, match="sampler='bogus' is not one of sequential"):
+        TaskSamplerConfig(sampler="bogus")
+    assert math.isfinite(curriculum_weight(0.5, 4, 0.0, 0.05))  # a zero cost never divides by zero
