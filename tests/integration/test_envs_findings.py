@@ -16,6 +16,36 @@ def _reply(text: str) -> dict:
     return {"role": "assistant", "content": text}
 
 
+def _tiny_run(tmp_path, name: str, entry: str, *, steps: int, env_extra: str = "", save_rows: str = "sample"):
+    """A config of a tiny run (tiny-qwen3, in process, 2 tasks x 2, no eval) on one of this file's envs."""
+    path = tmp_path / f"{name}.toml"
+    path.write_text(f"""
+[run]
+name = "{name}"
+output_dir = "{tmp_path / 'runs'}"
+[model]
+name = "tiny-qwen3"
+[env]
+entry = "{F}:{entry}"
+launcher = "inprocess"
+max_turns = 2
+{env_extra}
+[sampler]
+max_tokens = 16
+[training]
+steps = {steps}
+tasks_per_step = 2
+group_size = 2
+eval_tasks = 0
+eval_every = 0
+[logging]
+console = "none"
+progress = false
+save_rows = "{save_rows}"
+""")
+    return path
+
+
 @pytest.mark.parametrize("launcher", ["inprocess", pytest.param("local-server", marks=pytest.mark.slow)])
 def test_a_reset_that_answers_done_is_no_episode_and_says_the_env_s_reason(launcher):
     # coding_tools_env without its sandbox key: quaero showed an empty user turn, sampled, stepped the ended
@@ -92,29 +122,7 @@ def test_a_run_whose_every_reset_answers_done_stops_in_one_line_without_sampling
 
     from quaero import cli
 
-    path = tmp_path / "ended.toml"
-    path.write_text(f"""
-[run]
-name = "ended"
-output_dir = "{tmp_path / 'runs'}"
-[model]
-name = "tiny-qwen3"
-[env]
-entry = "{F}:EndsAtResetEnv"
-launcher = "inprocess"
-max_turns = 2
-[sampler]
-max_tokens = 8
-[training]
-steps = 3
-tasks_per_step = 2
-group_size = 2
-eval_tasks = 0
-eval_every = 0
-[logging]
-console = "none"
-progress = false
-""")
+    path = _tiny_run(tmp_path, "ended", "EndsAtResetEnv", steps=3)
     assert cli.main(["train", str(path)]) == 1  # was: `finished` with reward 1.0, ECHO trained on its error
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(err) == 1 and "step 1: every reset (4) answered done=True" in err[0]
@@ -275,31 +283,7 @@ def test_chat_turns_and_per_field_cuts_keep_rows_exact_in_a_run(entry, extra, tm
 
     from quaero import cli
 
-    path = tmp_path / "exact.toml"
-    path.write_text(f"""
-[run]
-name = "exact"
-output_dir = "{tmp_path / 'runs'}"
-[model]
-name = "tiny-qwen3"
-[env]
-entry = "{F}:{entry}"
-launcher = "inprocess"
-max_turns = 2
-{extra}
-[sampler]
-max_tokens = 16
-[training]
-steps = 1
-tasks_per_step = 2
-group_size = 2
-eval_tasks = 0
-eval_every = 0
-[logging]
-console = "none"
-progress = false
-save_rows = "all"
-""")
+    path = _tiny_run(tmp_path, "exact", entry, steps=1, env_extra=extra, save_rows="all")
     assert cli.main(["train", str(path)]) == 0
     run = tmp_path / "runs" / "exact"
     (step,) = events_of(run, "train_step")
