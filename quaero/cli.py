@@ -62,7 +62,9 @@ def plan_lines(cfg, source: str) -> list[str]:
          f"checkpoint_every={cfg.training.checkpoint_every}, eval_every={cfg.training.eval_every}"),
         work_line(cfg),
     ]
-    return lines
+    from quaero.recipe.memory_plan import memory_lines
+
+    return lines + memory_lines(cfg, device)
 
 
 def env_lines(cfg) -> list[str]:

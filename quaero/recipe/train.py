@@ -663,6 +663,10 @@ def load_task_state(c: Components, state: checkpoint.RunState) -> None:
     """Restore `task_state`, refusing one written by another mixture or other samplers; a checkpoint of an
     older quaero holds the sequential cursor alone."""
     saved = state.tasks
+    warm_start = state.step <= c.cfg.training.warmup_sft_steps  # RL has drawn nothing yet
+    if saved is None and warm_start and not c.cfg.is_mixture and c.envs[0].cfg.env.tasks.sampler != "sequential":
+        _sampler_changed(c.envs[0], "sequential", state.step)  # an older quaero's warm start
+        return
     if saved is None:
         if c.cfg.is_mixture or c.envs[0].cfg.env.tasks.sampler != "sequential":
             raise checkpoint.CheckpointError("the checkpoint holds no task sampler state (written before mixtures "
@@ -677,15 +681,19 @@ def load_task_state(c: Components, state: checkpoint.RunState) -> None:
     c.mixture.load_state_dict(saved["mixture"])
     c.pending = {int(k): v for k, v in saved["pending"].items()}
     for e in c.envs:
-        theirs, mine = saved["samplers"][e.name].get("sampler"), e.tasks.view.settings.sampler
-        if theirs != mine and state.step <= c.cfg.training.warmup_sft_steps:
-            # a warm start's checkpoint: RL has drawn nothing yet, so RL may start with another sampler (one
-            # warm start, several samplers compared on it: `quaero bench ablation --from`)
-            log.warning("task_sampler_changed", env=e.name, checkpoint=theirs, config=mine, step=state.step,
-                        note="a warm start's checkpoint: RL starts this sampler fresh")
+        theirs = saved["samplers"][e.name].get("sampler")
+        if theirs != e.tasks.view.settings.sampler and warm_start:
+            _sampler_changed(e, theirs, state.step)
             c.pending = {}
             continue
         e.tasks.load_state_dict(saved["samplers"][e.name])
+
+
+def _sampler_changed(e: EnvRun, theirs: str | None, step: int) -> None:
+    """A warm start's checkpoint, written with another task sampler: RL has drawn nothing yet, so RL may start
+    with this one, fresh (one warm start, several samplers compared on it: `quaero bench ablation --from`)."""
+    log.warning("task_sampler_changed", env=e.name, checkpoint=theirs, config=e.tasks.view.settings.sampler,
+                step=step, note="a warm start's checkpoint: RL starts this sampler fresh")
 
 
 def _keep_last_step(c: Components, step: int, error: BaseException, before: tuple[int, dict]) -> None:
