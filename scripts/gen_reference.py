@@ -50,8 +50,9 @@ OPTION_MEANINGS = {
     "env.train_split": "the reset `split` of training tasks",
     "env.eval_split": "the reset `split` of evaluation tasks",
     "env.reset_kwargs": "more keyword arguments of every `reset`",
-    "env.system_prompt": "the system prompt (else the env's own: the reset's `system_prompt` or `instructions`, a "
-                         "chat observation's system message; else a generic line; docs/environments.md)",
+    "env.system_prompt": "the system prompt (else the env's own: the reset's `system_prompt` or "
+                         "`instructions`, a chat observation's system message; else a generic line; "
+                         "docs/environments.md)",
     "env.formatter": "`package.module:function(observation_dict) -> str` for a plain env's observations",
     "env.action": "`package.module:ActionClass` for a plain env that declares no Action",
     "env.malformed_reward": "the reward of a reply that is no valid action (docs/environments.md)",

@@ -240,8 +240,9 @@ def check_lines(cfg: Any, source: str = "config") -> list[str]:
             return [("tasks       read from the env's Task API when sessions open (a factory function is not "
                      "called at check)")]
         if not builds_class(spec):  # a factory whose return annotation named its class: still never called
-            return [(f"tasks       read from {spec.env_cls.__name__}'s Task API when sessions open: {spec.entry} is a "
-                     "factory function, not called at check (its splits and task counts cannot be read without it)")]
+            cls = spec.env_cls.__name__
+            return [(f"tasks       read from {cls}'s Task API when sessions open: {spec.entry} is a factory "
+                     "function, not called at check (its splits and task counts cannot be read without it)")]
         catalog = catalog_of_spec(spec, env_cfg.reset_timeout_s)
     check_splits(catalog, env_cfg, train=bool(t.steps or t.warmup_sft_steps), evaluate=bool(t.eval_tasks),
                  source=source)

@@ -574,12 +574,14 @@ def run_step(c: Components, step: int, *, sft: bool, ahead: RolloutsAhead | None
 
 
 def _empty_run(c: Components, step: int, m: dict[str, Any]) -> str | None:
-    """Count consecutive steps without a trained row; after `max_empty_steps` of them, why the run stops. A step
-    whose every reset answered done=True stops the run at once: the env has no episode to give."""
+    """Count consecutive steps without a trained row; after `max_empty_steps` of them, why the run stops. A
+    step whose every reset answered done=True stops the run at once: the env has no episode to give."""
     if m.get(names.EPISODES_ENDED_AT_RESET) and not m.get(names.EPISODES):
-        return (f"step {step}: every reset ({m[names.EPISODES_ENDED_AT_RESET]}) answered done=True, so there is no "
-                f"episode to play; the env said: {c.driver.reset_end_reason or 'nothing'}; fix what the env needs "
-                "(a key, a sandbox, a dataset)")
+        reasons = [(e.name, e.driver.reset_end_reason) for e in c.envs if e.driver.reset_end_reason]
+        said = "; ".join(why if len(c.envs) == 1 else f"{name}: {why}" for name, why in reasons) or "nothing"
+        ended = m[names.EPISODES_ENDED_AT_RESET]
+        return (f"step {step}: every reset ({ended}) answered done=True, so there is no episode to play; "
+                f"the env said: {said}; fix what the env needs (a key, a sandbox, a dataset)")
     if m[names.ROWS]:
         c.empty_steps, c.empty_drops, c.empty_exhausted, c.empty_nonfinite = 0, {}, 0, 0
         return None
