@@ -10,8 +10,8 @@ Temperature: in an RL step `lp` is log_softmax(logits / T) with T = the sampler'
 importance ratio compares the trainer with the distribution the sampler drew from; the step's ECHO term
 reads the same tensor (one LM-head pass), so at T != 1 it trains the tempered distribution too. An SFT
 step (the warm start, recorded traces) sampled nothing: it scores at T = 1, the model's own distribution,
-so the RL temperature never changes what the warm start learns (at T 0.7 its gradient was 1/0.7 times
-larger: the same 500 steps reached 0.94 held-out success instead of 0.53).
+so the RL temperature never changes what the warm start learns (scored at T 0.7 its gradient was 1/0.7 times
+larger: benchmarks/README.md, "RL over the warm start, third pass").
 
 The sampler-vs-trainer gap is measured on every sampled action token of a microbatch that trains,
 whatever its advantage (the selective path computes those log-probs too; no loss reads them).
