@@ -122,7 +122,8 @@ def cmd_check(args) -> int:
         where = args.config if not cfg.is_mixture else f"{args.config} [[envs]] name={name!r}:"
         if cfg.is_mixture:
             print(f"── env {name!r}")
-        print("\n".join(describe_env(view.env)))  # imports the env: its Action problems fail here, before any model
+        # imports the env: its Action problems fail here, before any model
+        print("\n".join(describe_env(view.env, view.observation_token_limit)))
         print("\n".join(check_lines(view, where)))  # the env's splits, when it has OpenEnv's Task API
     if cfg.data.traces:
         from quaero.rollout.traces import trace_line
@@ -150,11 +151,16 @@ RANK_SHUTDOWN_TIMEOUT_S = 900  # how long torchrun's agent lets the ranks finish
 # (or traceback, for a bug); torchrun's ChildFailedError traceback and failure table after it say nothing more.
 # A rank ended by a signal (an OOM kill) printed nothing: that gets one line, unless another rank failed with
 # its own error first (torchrun then SIGTERMs the rest: their signal says nothing). The exit status is the rank's.
+# A Ctrl-C or SIGTERM to the agent itself ends in its SignalException once the ranks have checkpointed and
+# stopped: the ranks said what happened, so the agent exits quietly with the signal's status (130 for SIGINT).
 _TORCHRUN = """import signal, sys
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
 try:
     run(parse_args(sys.argv[1:]))
+except SignalException as e:
+    sys.exit(128 + int(e.sigval))
 except ChildFailedError as e:
     codes = [f.exitcode for f in e.failures.values()]
     own = next((c for c in codes if c > 0), None)
@@ -284,7 +290,7 @@ def cmd_export(args) -> int:
 def cmd_eval(args) -> int:
     from quaero.config import load_config
     from quaero.telemetry.runlog import configure
-    from quaero.tools.evaluate import EvalError, EvalPlan, evaluate, report_lines
+    from quaero.tools.evaluate import EvalError, EvalPlan, evaluate, pooled_line, report_lines
 
     cfg = load_config(args.config, args.overrides)
     configure("warning", cfg.logging.console)  # the report is the output; warnings still show
@@ -292,6 +298,7 @@ def cmd_eval(args) -> int:
     if args.env is not None and args.env not in views:
         say_error(f"--env {args.env!r}: the config's envs are {', '.join(views)}; name one of them")
         return 1
+    outs = {}
     for name, view in views.items():  # a mixture's envs, each on its own eval split (or the one --env names)
         if args.env is not None and name != args.env:
             continue
@@ -307,6 +314,9 @@ def cmd_eval(args) -> int:
         if cfg.is_mixture:
             print(f"── env {name!r}")
         print("\n".join(report_lines(summary, out)))
+        outs[name] = out
+    if args.compare and len(outs) > 1 and (line := pooled_line(outs, cfg.run.seed)):
+        print(f"── all\n{line}")
     return 0
 
 
@@ -412,8 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--export", nargs=2, metavar=("FORMAT", "OUT.jsonl"),
                    help="write the rows as OpenEnv records instead of rendering: FORMAT 'rfc010' (RFC 010 role "
                    "masks) or 'openenv-trace' (TrainingTrace, validated by OpenEnv's model)")
-    p.add_argument("--force", action="store_true", help="let --html/--export overwrite an existing file (never "
-                   "a symlink or a file inside a run folder)")
+    p.add_argument("--force", action="store_true", help="let --html/--export overwrite an existing file "
+                   "(never a symlink or a file inside a run folder)")
     p.set_defaults(func=cmd_inspect_rows)
 
     env = sub.add_parser("env", help="environment tools").add_subparsers(dest="env_command", required=True)

@@ -346,8 +346,8 @@ class TrainingConfig(_Section):
     loss_aggregation: Literal["token_mean", "sequence_mean", "constant"] = _SPEC.loss_aggregation
     # DAPO-style dynamic sampling: while fewer than tasks_per_step groups have reward spread (a non-zero
     # advantage), sample groups of further tasks, at most dynamic_sampling_max_groups x tasks_per_step groups
-    # in all per step (at most 100x: each round is logged, and a stop request ends the rounds); all-equal groups
-    # still train ECHO
+    # in all per step (at most 100x: each round is logged, and a stop request ends the rounds); all-equal
+    # groups still train ECHO
     dynamic_sampling: bool = False
     dynamic_sampling_max_groups: float = Field(3.0, ge=1.0, le=100.0)
 
@@ -544,9 +544,18 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
         keys, value = parse_override(text)
         node = data
         for k in keys[:-1]:
+            if isinstance(node, list):  # [[envs]]: --set envs.NAME.key=value picks the env named NAME
+                named = [e for e in node if isinstance(e, dict) and e.get("name") == k]
+                if not named:
+                    raise ConfigError(f"--set {text!r}: no [[envs]] entry is named {k!r}; write "
+                                      "envs.NAME.key=value with one of the mixture's names")
+                node = named[0]
+                continue
             node = node.setdefault(k, {})
-            if not isinstance(node, dict):
+            if not isinstance(node, (dict, list)):
                 raise ConfigError(f"--set {text!r}: {k!r} is not a section")
+        if isinstance(node, list):
+            raise ConfigError(f"--set {text!r}: [[envs]] holds several envs; write envs.NAME.key=value")
         node[keys[-1]] = value
     try:
         cfg = QuaeroConfig.model_validate(data)

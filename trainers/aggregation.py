@@ -33,16 +33,6 @@ RLAggregation = Literal["token_mean", "sequence_mean", "constant"]
 EchoNormalization = Literal["token", "sequence"]
 
 
-def rl_token_counts(rows: list[EchoRow], *, sft: bool) -> list[int]:
-    """Per row: the tokens the RL (or SFT) term reads."""
-    return [sum(1 for m, a in zip(r.action_mask[1:], r.advantages[1:]) if m and (sft or a != 0.0)) for r in rows]
-
-
-def echo_token_counts(rows: list[EchoRow], *, echo: bool) -> list[int]:
-    """Per row: the tokens the ECHO term reads."""
-    return [sum(1 for w in r.echo_weights[1:] if w > 0.0) if echo else 0 for r in rows]
-
-
 def _episode_keys(rows: list[EchoRow]) -> list[object]:
     return [r.meta.get("episode", ("row", i)) for i, r in enumerate(rows)]
 
@@ -56,10 +46,10 @@ def _sequence_scales(rows: list[EchoRow], counts: list[int]) -> list[float]:
     return [1.0 / (per_episode[k] * episodes) if per_episode[k] else 0.0 for k in keys]
 
 
-def rl_scales(rows: list[EchoRow], *, sft: bool, aggregation: RLAggregation = "token_mean",
+def rl_scales(rows: list[EchoRow], counts: list[int], *, sft: bool, aggregation: RLAggregation = "token_mean",
               constant: int = 0) -> list[float]:
-    """Per row: the factor each of its RL-term tokens is multiplied by (the denominator included)."""
-    counts = rl_token_counts(rows, sft=sft)
+    """Per row: the factor each of its RL-term tokens is multiplied by (the denominator included), given each
+    row's RL-term tokens (`counts`: trainers/terms.py `PolicyTerm` names them)."""
     if sft or aggregation == "token_mean":
         return [1.0 / max(sum(counts), 1)] * len(rows)
     if aggregation == "sequence_mean":
@@ -71,9 +61,10 @@ def rl_scales(rows: list[EchoRow], *, sft: bool, aggregation: RLAggregation = "t
     raise ValueError(f"loss_aggregation={aggregation!r}: use 'token_mean', 'sequence_mean' or 'constant'")
 
 
-def echo_scales(rows: list[EchoRow], *, echo: bool, normalization: EchoNormalization = "token") -> list[float]:
-    """Per row: the factor each of its ECHO tokens is multiplied by (before its ECHO weight and λ)."""
-    counts = echo_token_counts(rows, echo=echo)
+def echo_scales(rows: list[EchoRow], counts: list[int], *, normalization: EchoNormalization = "token"
+                ) -> list[float]:
+    """Per row: the factor each of its ECHO tokens is multiplied by (before its ECHO weight and λ), given each
+    row's ECHO tokens (`counts`: trainers/terms.py `EchoTerm` names them)."""
     if normalization == "token":
         return [1.0 / max(sum(counts), 1)] * len(rows)
     if normalization == "sequence":

@@ -3,6 +3,11 @@
 Rows are packed greedily (longest first) into microbatches whose padded size `B x L_max` stays within
 `micro_batch_tokens` (a row longer than the budget gets a microbatch of its own). Padding is on the
 right with id 0 and never a target. The optional `train_supervised_context_tokens` crop happens here.
+
+Which tokens are targets is the loss terms' (trainers/terms.py): each gives, per row and token, its target
+weight (0: not its target), and the tokens whose log-probs it reads without training them; this module
+names no term. The selective path's targets (`Microbatch.target_mask`) and the crop's first target are the
+union over the terms.
 """
 from __future__ import annotations
 
@@ -21,26 +26,34 @@ class Microbatch:
     input_ids: Tensor  # long
     attention_mask: Tensor  # long, 1 on real tokens
     advantages: Tensor  # fp32
-    echo_weights: Tensor  # fp32, 0 where ECHO is off
     sampler_logprobs: Tensor  # fp32
     action_mask: Tensor  # bool, sampled action tokens
-    rl_mask: Tensor  # bool, tokens the policy-gradient (or SFT NLL) term reads
-    echo_mask: Tensor  # bool, tokens the ECHO term reads
+    # per loss term (trainers/terms.py, by name): fp32, each token's weight as the term's target (0: none;
+    # token 0, which has no left context, never is one)
+    weights: dict[str, Tensor]
+    reads: Tensor  # bool, tokens whose log-probs a term reads without training them (the sampler gap)
     row_index: list[int]  # positions of these rows in the step's row list
-    # per loss term (trainers/terms.py, by name): fp32 [B, 1], each row's token factor, the term's step-wide
-    # denominator included (trainers/aggregation.py)
+    # per loss term (by name): fp32 [B, 1], each row's token factor, the term's step-wide denominator
+    # included (trainers/aggregation.py)
     scales: dict[str, Tensor]
+
+    def targets(self, term: str) -> Tensor:  # [B, L] bool
+        """The tokens loss term `term` trains."""
+        return self.weights[term] != 0
 
     @property
     def trains(self) -> bool:
         """Whether any loss reads this microbatch (else it needs no forward at all)."""
-        return bool((self.rl_mask | self.echo_mask).any())
+        return any(bool(self.targets(name).any()) for name in self.weights)
 
     @property
     def target_mask(self) -> Tensor:  # [B, L] bool: the selective path's targets
-        """The loss targets, and every sampled action token: the sampler gap is measured on all of them,
-        also where the advantage is 0 (those log-probs get no gradient: no loss reads them)."""
-        return self.rl_mask | self.echo_mask | self.action_mask
+        """Every term's targets and every token a term reads: the sampler gap is measured on every sampled
+        action token, also where the advantage is 0 (those log-probs get no gradient: no loss reads them)."""
+        mask = self.reads.clone()
+        for name in self.weights:
+            mask |= self.targets(name)
+        return mask
 
     @property
     def tokens(self) -> int:
@@ -53,21 +66,19 @@ class CropStats:
     tokens_removed: int = 0
 
 
-def first_target(row: EchoRow, *, sft: bool, echo: bool) -> int | None:
-    for i, (a, w) in enumerate(zip(row.advantages, row.echo_weights)):
-        if (sft and row.action_mask[i]) or a != 0.0 or (echo and w > 0.0):
-            return i
-    return None
+def first_target(weights: list[list[float]]) -> int | None:
+    """The first token that is some term's target, given each term's weights of one row."""
+    found = [next((i for i, w in enumerate(ws) if w != 0.0), None) for ws in weights]
+    return min((i for i in found if i is not None), default=None)
 
 
-def crop_start(row: EchoRow, context_tokens: int, *, sft: bool, echo: bool) -> int:
-    """`train_supervised_context_tokens` = K > 0: keep K tokens before the row's first target.
+def crop_start(first: int | None, context_tokens: int) -> int:
+    """`train_supervised_context_tokens` = K > 0: keep K tokens before the row's first target (`first`).
 
     An approximation (the cropped row starts mid-transcript, positions restart at 0); K = 0 is exact.
     """
     if context_tokens <= 0:
         return 0
-    first = first_target(row, sft=sft, echo=echo)
     return 0 if first is None else max(0, first - context_tokens)
 
 
@@ -83,14 +94,17 @@ def plan_microbatches(lengths: list[int], micro_batch_tokens: int) -> list[list[
     return groups
 
 
-def build_microbatches(rows: list[EchoRow], *, micro_batch_tokens: int, sft: bool, echo: bool,
+def build_microbatches(rows: list[EchoRow], *, micro_batch_tokens: int,
+                       weights: dict[str, list[list[float]]], reads: list[list[bool]] | None = None,
                        context_tokens: int = 0, device: str | torch.device = "cpu",
                        scales: dict[str, list[float]] | None = None) -> tuple[list[Microbatch], CropStats]:
-    """Pack rows into microbatches. `sft`: every action token is an RL-side target (plain NLL);
-    otherwise action tokens with non-zero advantage. `echo`: positive ECHO weights are targets.
-    `scales`: per loss term's name, per row, its token factors (none given: no term's)."""
+    """Pack rows into microbatches. `weights`: per loss term's name, per row, each token's weight as its
+    target (trainers/terms.py `row_targets`); `reads`: per row, the tokens whose log-probs are read without
+    training them (none given: none). `scales`: per term's name, per row, its token factors (none given:
+    none)."""
     scales = scales or {}
-    starts = [crop_start(r, context_tokens, sft=sft, echo=echo) for r in rows]
+    starts = [crop_start(first_target([per_row[i] for per_row in weights.values()]), context_tokens)
+              for i in range(len(rows))]
     crop = CropStats(sum(s > 0 for s in starts), sum(starts))
     lengths = [len(r) - s for r, s in zip(rows, starts)]
     out = []
@@ -98,23 +112,25 @@ def build_microbatches(rows: list[EchoRow], *, micro_batch_tokens: int, sft: boo
         B, L = len(group), max(lengths[i] for i in group)
         ids = torch.zeros(B, L, dtype=torch.long)
         attn = torch.zeros(B, L, dtype=torch.long)
-        adv, ew, old = (torch.zeros(B, L) for _ in range(3))
-        act = torch.zeros(B, L, dtype=torch.bool)
+        adv, old = torch.zeros(B, L), torch.zeros(B, L)
+        act, seen = torch.zeros(B, L, dtype=torch.bool), torch.zeros(B, L, dtype=torch.bool)
+        term_weights = {name: torch.zeros(B, L) for name in weights}
         for b, i in enumerate(group):
             r, s, n = rows[i], starts[i], lengths[i]
             ids[b, :n] = torch.tensor(r.input_ids[s:], dtype=torch.long)
             attn[b, :n] = 1
             adv[b, :n] = torch.tensor(r.advantages[s:])
-            ew[b, :n] = torch.tensor(r.echo_weights[s:])
             old[b, :n] = torch.tensor(r.sampler_logprobs[s:])
             act[b, :n] = torch.tensor(r.action_mask[s:])
-        ew = ew if echo else torch.zeros_like(ew)
-        rl_mask = act if sft else act & (adv != 0)
-        rl_mask[:, 0] = False  # token 0 has no left context (also after a crop)
-        echo_mask = ew > 0
-        echo_mask[:, 0] = False
+            if reads is not None:
+                seen[b, :n] = torch.tensor(reads[i][s:], dtype=torch.bool)
+            for name, per_row in weights.items():
+                term_weights[name][b, :n] = torch.tensor(per_row[i][s:], dtype=torch.float32)
+        for w in term_weights.values():
+            w[:, 0] = 0.0  # token 0 has no left context (also after a crop)
         mb_scales = {name: torch.tensor([[per_row[i]] for i in group], dtype=torch.float32).to(device)
                      for name, per_row in scales.items()}
-        out.append(Microbatch(ids.to(device), attn.to(device), adv.to(device), ew.to(device), old.to(device),
-                              act.to(device), rl_mask.to(device), echo_mask.to(device), group, mb_scales))
+        on_device = {name: w.to(device) for name, w in term_weights.items()}
+        out.append(Microbatch(ids.to(device), attn.to(device), adv.to(device), old.to(device), act.to(device),
+                              on_device, seen.to(device), group, mb_scales))
     return out, crop

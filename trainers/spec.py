@@ -3,8 +3,8 @@
 The recipe builds a `TrainerSpec` from the app config (quaero/recipe/plan.py: `trainer_spec`); tests and
 benchmarks build one directly. Plain frozen dataclasses without torch: the defaults written here are the
 config's too (quaero/config.py reads them, one definition each), and a bad config still fails before
-torch is imported. tests/unit/quaero/test_plan.py holds the default config's spec equal to `TrainerSpec()`
-(every option reaches the spec).
+torch is imported. tests/unit/quaero/recipe/test_plan.py holds the default config's spec equal to
+`TrainerSpec()` (every option reaches the spec).
 """
 from __future__ import annotations
 
@@ -44,14 +44,17 @@ class SelectivePolicy:
 
     def __post_init__(self) -> None:
         if self.compile_mode not in ("off", "auto", "require"):
-            raise ValueError(f"SelectivePolicy compile_mode={self.compile_mode!r}: use 'off', 'auto' or 'require'")
+            raise ValueError(f"SelectivePolicy compile_mode={self.compile_mode!r}: use 'off', 'auto' or "
+                             "'require'")
         if self.chunk_size is not None and self.chunk_size < 1:
-            raise ValueError(f"SelectivePolicy chunk_size={self.chunk_size}: must be >= 1, or None to not chunk")
+            raise ValueError(f"SelectivePolicy chunk_size={self.chunk_size}: must be >= 1, or None to not "
+                             "chunk")
 
 
 @dataclass(frozen=True)
 class MemoryPolicy:
-    """Memory controls: saved-tensor CPU offload (trainers/memory.py) and the context crop (trainers/batch.py).
+    """Memory controls: saved-tensor CPU offload (trainers/memory.py) and the context crop
+    (trainers/batch.py).
 
     `supervised_context_tokens` = K > 0 keeps K tokens before each row's first target: an
     approximation; 0 is exact full-context training.

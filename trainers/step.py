@@ -10,8 +10,8 @@ Temperature: in an RL step `lp` is log_softmax(logits / T) with T = the sampler'
 importance ratio compares the trainer with the distribution the sampler drew from; the step's ECHO term
 reads the same tensor (one LM-head pass), so at T != 1 it trains the tempered distribution too. An SFT
 step (the warm start, recorded traces) sampled nothing: it scores at T = 1, the model's own distribution,
-so the RL temperature never changes what the warm start learns (at T 0.7 its gradient was 1/0.7 times
-larger: the same 500 steps reached 0.94 held-out success instead of 0.53).
+so the RL temperature never changes what the warm start learns (scored at T 0.7 its gradient was 1/0.7 times
+larger: benchmarks/README.md, "RL over the warm start, third pass").
 
 The sampler-vs-trainer gap is measured on every sampled action token of a microbatch that trains,
 whatever its advantage (the selective path computes those log-probs too; no loss reads them).
@@ -23,7 +23,6 @@ meant), identical on every rank, with the per-rank forward counts beside them.
 """
 from __future__ import annotations
 
-import importlib
 import math
 import time
 from collections.abc import Callable
@@ -34,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from quaero import process_group
+from quaero.resolve import resolve_name
 from quaero.rollout.rows import EchoRow
 from quaero.telemetry import names
 from quaero.telemetry.proofs import BRANCH_COUNTERS
@@ -43,7 +43,7 @@ from trainers.forward import CausalLMParts, SharedForwardError
 from trainers.memory import OffloadStats, peak_mem_mb, reset_peak, saved_tensors_offload
 from trainers.selective import SelectiveInfo, full_logprobs, selected_logprobs
 from trainers.spec import TrainerSpec
-from trainers.terms import TERMS, Stats, StepContext, TermTotal
+from trainers.terms import TERMS, Stats, StepContext, TermTotal, row_targets
 
 
 class TrainerView(Protocol):
@@ -91,21 +91,12 @@ class MicrobatchForward(nn.Module):
 
 def logprob_function(name: str) -> Callable[..., tuple[Tensor, SelectiveInfo]]:
     """`TrainerSpec.logprob_fn`: "" is `selected_logprobs`; "package.module:function" names another function
-    of its signature (the benchmarks' peer LM-head methods), imported here once per trainer."""
+    of its signature (the benchmarks' peer LM-head methods), resolved here once per trainer."""
     if not name:
         return selected_logprobs
-    module, _, attr = name.partition(":")
-    fix = ("name a function as 'package.module:function' with the signature of "
-           "trainers.selective.selected_logprobs")
-    try:
-        if not (module and attr):
-            raise ImportError("no 'module:function' in it")
-        fn = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"TrainerSpec logprob_fn={name!r}: {e}; {fix}") from None
-    if not callable(fn):
-        raise TypeError(f"TrainerSpec logprob_fn={name!r}: not a function; {fix}")
-    return fn
+    return resolve_name(name, "TrainerSpec.logprob_fn", want=callable,
+                        wanted="a function with the signature of trainers.selective.selected_logprobs",
+                        example="benchmarks.peers:chunked_all_positions_logprobs")
 
 
 def microbatch_logprobs(trainer: TrainerView, mb: Microbatch, temperature: float
@@ -251,17 +242,21 @@ def shared_forward_step(trainer: TrainerView, rows: list[EchoRow], *, sft: bool,
     """
     spec, model = trainer.spec, trainer.model
     ctx = StepContext(sft=sft, echo_weight=spec.echo_weight if echo_weight is None else echo_weight)
-    scales = {term.name: term.row_scales(spec, rows, ctx) for term in TERMS}
+    targets = row_targets(TERMS, spec, rows, ctx)
+    scales = {term.name: term.row_scales(spec, rows, targets.counts[term.name], ctx) for term in TERMS}
     t0 = time.perf_counter()
     reset_peak(trainer.device)
     was_training = model.training
     model.train()
     share = distributed.split_rows([len(r) for r in rows], process_group.world_size())[process_group.rank()]
-    mbs, crop = build_microbatches([rows[i] for i in share], micro_batch_tokens=spec.micro_batch_tokens, sft=sft,
-                                   echo=spec.echo, context_tokens=spec.memory.supervised_context_tokens,
+    mbs, crop = build_microbatches([rows[i] for i in share], micro_batch_tokens=spec.micro_batch_tokens,
+                                   weights={name: [per_row[i] for i in share]
+                                            for name, per_row in targets.weights.items()},
+                                   reads=[targets.reads[i] for i in share],
+                                   context_tokens=spec.memory.supervised_context_tokens,
                                    device=trainer.device,
                                    scales={name: [per_row[i] for i in share] for name, per_row in scales.items()})
-    tokens = process_group.all_sum([sum(int(term.targets(mb).sum()) for mb in mbs) for term in TERMS])
+    tokens = process_group.all_sum([sum(int(mb.targets(term.name).sum()) for mb in mbs) for term in TERMS])
     totals = StepTotals.empty({term.name: n for term, n in zip(TERMS, tokens)}, rows=len(share),
                               microbatches=len(mbs), row_tokens=sum(mb.tokens for mb in mbs),
                               padded_tokens=sum(mb.input_ids.numel() for mb in mbs), crop=crop)
@@ -327,8 +322,9 @@ def audit_logprobs(trainer: TrainerView, rows: list[EchoRow], temperature: float
     was_training = model.training
     model.eval()
     try:
-        mbs, _ = build_microbatches(rows, micro_batch_tokens=trainer.spec.micro_batch_tokens, sft=True,
-                                    echo=True, device=trainer.device)
+        reads = [[a or w > 0.0 for a, w in zip(r.action_mask, r.echo_weights)] for r in rows]
+        mbs, _ = build_microbatches(rows, micro_batch_tokens=trainer.spec.micro_batch_tokens, weights={},
+                                    reads=reads, device=trainer.device)
         out: list[list[float]] = [[] for _ in rows]
         for mb in mbs:
             lp, _ = microbatch_logprobs(trainer, mb, temperature)

@@ -1,12 +1,16 @@
-"""The step's loss terms. Each reads the microbatch's one shifted log-prob tensor `lp` [B, L-1], returns its
-loss (already scaled by its step-wide denominator: trainers/aggregation.py) with statistics of its own, and
-turns the step's totals of those statistics into its own metrics.
+"""The step's loss terms. Each names its targets (per row and token, a weight: 0 where the token is not one),
+reads the microbatch's one shifted log-prob tensor `lp` [B, L-1], returns its loss (already scaled by its
+step-wide denominator: trainers/aggregation.py) with statistics of its own, and turns the step's totals of
+those statistics into its own metrics.
 
-trainers/step.py runs every term of `TERMS` on every microbatch that trains, adds their losses into the one
-backward, totals each term's statistics over microbatches and ranks, and merges the terms' metrics: it names
-no term. A new term is a class here added to `TERMS` (its targets, its loss, its statistics, its metrics),
-the setting it reads (quaero/config.py, passed on by quaero/recipe/plan.py `trainer_spec` into
-trainers/spec.py), and its metric names declared in quaero/telemetry/names.py.
+trainers/step.py asks every term of `TERMS` for its targets (`row_targets`: the microbatches' weights, the
+selective path's targets and the crop's first target are derived from them, trainers/batch.py), runs every
+term on every microbatch that trains, adds their losses into the one backward, totals each term's statistics
+over microbatches and ranks, and merges the terms' metrics: it names no term. A new term, with targets of a
+kind no other term has, is a subclass of `LossTerm` here added to `TERMS` (its targets, its row scales, its
+loss, its statistics, its metrics), the setting it reads (quaero/config.py, passed on by
+quaero/recipe/plan.py `trainer_spec` into trainers/spec.py), and its metric names declared in
+quaero/telemetry/names.py.
 """
 from __future__ import annotations
 
@@ -52,24 +56,69 @@ class TermTotal:
         self.stats.add(stats)
 
 
-class LossTerm(Protocol):
-    name: str  # the key of its total in the step (not a metric name)
+class NoStats:
+    def add(self, other: NoStats) -> None:
+        pass
 
-    def targets(self, mb: Microbatch) -> Tensor:
-        """[B, L] bool: the tokens it trains; their count over the step's ranks is its `tokens`."""
 
-    def row_scales(self, spec: TrainerSpec, rows: list[EchoRow], ctx: StepContext) -> list[float]:
-        """Per row of the whole step (every rank's): the factor of each of its targets, its denominator
-        included (`Microbatch.scales[name]`)."""
+class LossTerm:
+    """One loss term of the step. Subclass it: `row_weights`, `row_scales`, `loss`, `metrics` are its own."""
+
+    name: str  # the key of its total, its weights and its scales in the step (not a metric name)
+
+    def row_weights(self, spec: TrainerSpec, row: EchoRow, ctx: StepContext) -> list[float]:
+        """Per token of `row` (EchoRow convention): its weight as this term's target, 0 where it is none; the
+        targets (weight != 0) over the step's ranks are its `tokens`. Token 0 never is one (the batcher
+        zeroes it)."""
+        raise NotImplementedError
+
+    def row_reads(self, spec: TrainerSpec, row: EchoRow, ctx: StepContext) -> list[bool] | None:
+        """Per token of `row`: whether the term reads its log-prob without training it (None: its targets
+        only)."""
+        return None
+
+    def row_scales(self, spec: TrainerSpec, rows: list[EchoRow], counts: list[int], ctx: StepContext
+                   ) -> list[float]:
+        """Per row of the whole step (every rank's), given its targets per row (`counts`): the factor of each
+        of its targets, its denominator included (`Microbatch.scales[name]`)."""
+        raise NotImplementedError
 
     def new_stats(self) -> Stats:
         """Empty statistics."""
+        return NoStats()
 
     def loss(self, spec: TrainerSpec, mb: Microbatch, lp: Tensor, ctx: StepContext) -> tuple[Tensor, Stats]:
         """Its scaled loss over the microbatch (a scalar with grad) and the microbatch's statistics."""
+        raise NotImplementedError
 
     def metrics(self, spec: TrainerSpec, total: TermTotal, ctx: StepContext) -> dict[str, Any]:
         """Its metrics from the step's total (every name declared in quaero/telemetry/names.py)."""
+        raise NotImplementedError
+
+
+@dataclass
+class Targets:
+    """The step's targets, from every term of TERMS: per term's name, per row, each token's target weight;
+    per row, the tokens read beside them; per term, per row, its targets (token 0 never counts)."""
+
+    weights: dict[str, list[list[float]]]
+    reads: list[list[bool]]
+    counts: dict[str, list[int]]
+
+
+def row_targets(terms: tuple[LossTerm, ...], spec: TrainerSpec, rows: list[EchoRow], ctx: StepContext
+                ) -> Targets:
+    """What each term of `terms` trains and reads in `rows`: the one source of the microbatches' masks."""
+    weights = {term.name: [term.row_weights(spec, r, ctx) for r in rows] for term in terms}
+    reads = [[False] * len(r) for r in rows]
+    for term in terms:
+        for i, r in enumerate(rows):
+            extra = term.row_reads(spec, r, ctx)
+            if extra is not None:
+                reads[i] = [a or b for a, b in zip(reads[i], extra)]
+    counts = {name: [sum(1 for w in ws[1:] if w != 0.0) for ws in per_row]
+              for name, per_row in weights.items()}
+    return Targets(weights, reads, counts)
 
 
 @dataclass
@@ -82,25 +131,33 @@ class PolicyTermStats:
         self.gap.add(other.gap)
 
 
-class PolicyTerm:
+class PolicyTerm(LossTerm):
     """The RL term (token-level policy gradient with the importance ratio over the sampler's log-probs, PPO
     clipping; the sampler-vs-trainer gap measured on every sampled action token), or on an SFT step the NLL of
     the demonstrated actions (no ratio, no gap: nothing was sampled)."""
 
     name = "policy"
 
-    def targets(self, mb: Microbatch) -> Tensor:
-        return mb.rl_mask
+    def row_weights(self, spec: TrainerSpec, row: EchoRow, ctx: StepContext) -> list[float]:
+        """An SFT step: every demonstrated action token; an RL step: the action tokens with an advantage."""
+        if ctx.sft:
+            return [1.0 if a else 0.0 for a in row.action_mask]
+        return [1.0 if a != 0.0 else 0.0 for a in row.advantages]  # advantages sit on action tokens only
 
-    def row_scales(self, spec: TrainerSpec, rows: list[EchoRow], ctx: StepContext) -> list[float]:
-        return aggregation.rl_scales(rows, sft=ctx.sft, aggregation=spec.loss_aggregation, constant=spec.loss_constant)
+    def row_reads(self, spec: TrainerSpec, row: EchoRow, ctx: StepContext) -> list[bool]:
+        return row.action_mask  # the sampler gap reads every sampled action token
+
+    def row_scales(self, spec: TrainerSpec, rows: list[EchoRow], counts: list[int], ctx: StepContext
+                   ) -> list[float]:
+        return aggregation.rl_scales(rows, counts, sft=ctx.sft, aggregation=spec.loss_aggregation,
+                                     constant=spec.loss_constant)
 
     def new_stats(self) -> PolicyTermStats:
         return PolicyTermStats()
 
     def loss(self, spec: TrainerSpec, mb: Microbatch, lp: Tensor, ctx: StepContext
              ) -> tuple[Tensor, PolicyTermStats]:
-        mask = mb.rl_mask[:, 1:]
+        mask = mb.targets(self.name)[:, 1:]
         if ctx.sft:
             return nll_loss(lp, mask, mb.scales[self.name]), PolicyTermStats()
         sampler_lp = mb.sampler_logprobs[:, 1:]
@@ -123,28 +180,22 @@ class PolicyTerm:
         }
 
 
-class NoStats:
-    def add(self, other: NoStats) -> None:
-        pass
-
-
-class EchoTerm:
+class EchoTerm(LossTerm):
     """ECHO: λ times the weighted NLL of the environment's response tokens, read from the same `lp`."""
 
     name = "echo"
 
-    def targets(self, mb: Microbatch) -> Tensor:
-        return mb.echo_mask
+    def row_weights(self, spec: TrainerSpec, row: EchoRow, ctx: StepContext) -> list[float]:
+        """The row's ECHO weights (positive on model-visible environment tokens only), none with ECHO off."""
+        return list(row.echo_weights) if spec.echo else [0.0] * len(row)
 
-    def row_scales(self, spec: TrainerSpec, rows: list[EchoRow], ctx: StepContext) -> list[float]:
-        return aggregation.echo_scales(rows, echo=spec.echo, normalization=spec.echo_normalization)
-
-    def new_stats(self) -> NoStats:
-        return NoStats()
+    def row_scales(self, spec: TrainerSpec, rows: list[EchoRow], counts: list[int], ctx: StepContext
+                   ) -> list[float]:
+        return aggregation.echo_scales(rows, counts, normalization=spec.echo_normalization)
 
     def loss(self, spec: TrainerSpec, mb: Microbatch, lp: Tensor, ctx: StepContext) -> tuple[Tensor, NoStats]:
-        loss = nll_loss(lp, mb.echo_mask[:, 1:], mb.scales[self.name], weights=mb.echo_weights[:, 1:],
-                        coef=ctx.echo_weight)
+        weights = mb.weights[self.name][:, 1:]
+        loss = nll_loss(lp, weights != 0, mb.scales[self.name], weights=weights, coef=ctx.echo_weight)
         return loss, NoStats()
 
     def metrics(self, spec: TrainerSpec, total: TermTotal, ctx: StepContext) -> dict[str, Any]:

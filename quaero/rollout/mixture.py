@@ -42,8 +42,9 @@ class Mixture:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         theirs = {str(k): float(v) for k, v in dict(state["ratios"]).items()}
         if theirs != self.ratios:
+            names = sorted(theirs.keys() | self.ratios.keys())
             diff = ", ".join(f"{k}: {theirs.get(k, 'absent')} -> {self.ratios.get(k, 'absent')}"
-                             for k in sorted(theirs.keys() | self.ratios.keys()) if theirs.get(k) != self.ratios.get(k))
-            raise MixtureError(f"the checkpoint was written by another mixture (env ratios {diff}); resume with the "
-                               "config it was saved with, or pass --restart to start over")
+                             for k in names if theirs.get(k) != self.ratios.get(k))
+            raise MixtureError(f"the checkpoint was written by another mixture (env ratios {diff}); resume "
+                               "with the config it was saved with, or pass --restart to start over")
         self.counts = {k: int(state["counts"][k]) for k in self.ratios}

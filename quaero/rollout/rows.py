@@ -1,4 +1,6 @@
-"""EchoRow: one training row, the contract between the episode driver and the trainer backends.
+"""EchoRow: one training row, the contract between the episode driver and the trainer backends. It carries
+what every loss term reads (RL advantages, ECHO weights, the sampler's log-probs, the spans), not ECHO's
+alone: the name is ECHO's for history and kept (docs/reference.md, What the kept names really switch).
 
 Token convention: every per-token list has length L = len(input_ids), and entry i describes
 input_ids[i] *as a target*, predicted from input_ids[:i]. Entry 0 therefore never carries a loss.
@@ -101,7 +103,8 @@ class EchoRow:
     def num_echo_tokens(self) -> int:
         return sum(1 for w in self.echo_weights if w > 0.0)
 
-    def with_advantage(self, advantage: float, episode: str | None = None, reward: float | None = None) -> EchoRow:
+    def with_advantage(self, advantage: float, episode: str | None = None,
+                       reward: float | None = None) -> EchoRow:
         """The same row with `advantage` on every sampled action token (group-relative RL); `episode` names
         the episode it belongs to (`meta["episode"]`: the rows a sequence-mean loss averages together) and
         `reward` is that episode's (`meta["reward"]`: what a saved row's export reports)."""

@@ -120,9 +120,9 @@ class _Drawing:
 
     def __init__(self, view: SplitView) -> None:
         if not view.size:
-            raise TaskSamplerError(f"[env.tasks] sampler={view.settings.sampler!r} (env {view.env!r}) draws from "
-                                   "the split's tasks, and the env has no Task API (list_splits/num_tasks) to count "
-                                   "them; use sampler = \"sequential\"")
+            raise TaskSamplerError(f"[env.tasks] sampler={view.settings.sampler!r} (env {view.env!r}) draws "
+                                   "from the split's tasks, and the env has no Task API (list_splits/"
+                                   "num_tasks) to count them; use sampler = \"sequential\"")
         self.view = view
         self.draws = 0
         self.memory: dict[str, Outcome] = {}
@@ -238,7 +238,8 @@ POOLS = ("unseen", "learnable", "saturated", "hopeless")
 
 
 def pool_of(m: Outcome | None) -> str:
-    """A key's pool for the occupancy counters: unseen, hopeless (p <= 0.05), saturated (p >= 0.95), learnable."""
+    """A key's pool for the occupancy counters: unseen, hopeless (p <= 0.05), saturated (p >= 0.95), or
+    learnable."""
     if m is None or not m.groups:
         return "unseen"
     return "hopeless" if m.p <= 0.05 else "saturated" if m.p >= 0.95 else "learnable"
@@ -270,15 +271,16 @@ class EnvTasks:
             raise TaskSamplerError(f"{self.name}: sample({n}) returned {what}; it must return {n} indices in "
                                    f"0..{size - 1 if size else 'N'} of split {self.view.split!r}")
         weights = list(getattr(self.sampler, "last_weights", []) or [])
-        self.last = [{"task": i, "weight": weights[j] if j < len(weights) else None} for j, i in enumerate(picks)]
+        self.last = [{"task": i, "weight": weights[j] if j < len(weights) else None}
+                     for j, i in enumerate(picks)]
         return picks
 
     def update(self, task: int, rewards: list[float], costs: list[float]) -> None:
         try:
             self.sampler.update(task, rewards, costs)
         except Exception as e:  # noqa: BLE001
-            raise TaskSamplerError(f"{self.name}: update({task}, ...) raised {type(e).__name__}: {e}; fix the "
-                                   "sampler") from None
+            raise TaskSamplerError(f"{self.name}: update({task}, ...) raised {type(e).__name__}: {e}; fix "
+                                   "the sampler") from None
 
     def state_dict(self) -> dict[str, Any]:
         return {"sampler": self.view.settings.sampler, "split": self.view.split, "size": self.view.size,
@@ -288,10 +290,10 @@ class EnvTasks:
         mine = (self.view.settings.sampler, self.view.split, self.view.size)
         theirs = (saved.get("sampler"), saved.get("split"), saved.get("size"))
         if mine != theirs:
-            raise TaskSamplerError(f"the checkpoint's task sampler of env {self.view.env!r} is {theirs[0]!r} on "
-                                   f"split {theirs[1]!r} ({theirs[2]} tasks), this config's {mine[0]!r} on "
-                                   f"{mine[1]!r} ({mine[2]} tasks); resume with the config it was saved with, "
-                                   "or pass --restart")
+            raise TaskSamplerError(f"the checkpoint's task sampler of env {self.view.env!r} is {theirs[0]!r} "
+                                   f"on split {theirs[1]!r} ({theirs[2]} tasks), this config's {mine[0]!r} "
+                                   f"on {mine[1]!r} ({mine[2]} tasks); resume with the config it was saved "
+                                   "with, or pass --restart")
         try:
             self.sampler.load_state_dict(saved["state"])
         except Exception as e:  # noqa: BLE001
@@ -322,10 +324,12 @@ def make_task_sampler(view: SplitView) -> EnvTasks:
 
     cls = resolve_name(kind, f"env {view.env!r} [env.tasks] sampler", want=inspect.isclass, wanted="a class",
                        error=TaskSamplerError, example="mypkg.samplers:MySampler")
-    missing = [m for m in ("sample", "update", "state_dict", "load_state_dict") if not callable(getattr(cls, m, None))]
+    missing = [m for m in ("sample", "update", "state_dict", "load_state_dict")
+               if not callable(getattr(cls, m, None))]
     if missing:
-        raise TaskSamplerError(f"[env.tasks] sampler={kind!r} (env {view.env!r}) lacks {', '.join(missing)}: a task "
-                               "sampler has sample(n), update(task, rewards, costs), state_dict(), load_state_dict()")
+        raise TaskSamplerError(f"[env.tasks] sampler={kind!r} (env {view.env!r}) lacks {', '.join(missing)}"
+                               ": a task sampler has sample(n), update(task, rewards, costs), state_dict(), "
+                               "load_state_dict()")
     try:
         return EnvTasks(view, cls(view))
     except Exception as e:  # noqa: BLE001

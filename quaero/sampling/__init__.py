@@ -73,7 +73,7 @@ def resolve_backend(name: str, device: str) -> str:
     Measured on CPU (benchmarks/README.md, `quaero bench rollout`): vLLM samples the toolbench episodes
     faster than hf, engine start included; the main job passes every proof with it. `[sampler] mode =
     "server"` keeps the engines out of the terminal's signals under torchrun too (its servers run in a
-    session of their own), at the price of a server start (60-160 s measured on a 2-core machine).
+    session of their own), at the price of a server start per run (docs/scaling.md).
     """
     if name != registry.AUTO:
         return name

@@ -265,6 +265,30 @@ def evaluate(cfg: QuaeroConfig, specs: list[str | None], plan: EvalPlan) -> tupl
     return out, summary
 
 
+def pooled_line(outs: dict[str, Path], seed: int = 0) -> str | None:
+    """A mixture's A - B over every env's paired episodes (each env's `--compare` eval folder in `outs`),
+    keyed by (env, repeat, task) so two envs' task numbers never pair; None when a folder lacks a side."""
+    sides: list[dict] = [{}, {}]
+    for env, out in outs.items():
+        for side, name in zip(sides, ("transcripts-a.jsonl", "transcripts-b.jsonl")):
+            path = out / name
+            if not path.exists():
+                return None
+            for line in path.read_text(encoding="utf-8").splitlines():
+                r = json.loads(line)
+                if not r["dropped"]:
+                    side[(env, r["repeat"], r["task"])] = (r["success"], r["reward"])
+    p = paired_outcomes(*sides, seed=seed)
+    if not p["pairs"]:
+        return None
+    ci = p["reward_diff_ci95"]
+    success = (p['a_only'] - p['b_only']) / p['pairs']
+    return (f"pooled over {len(outs)} envs, A - B on {p['pairs']} paired episodes: success "
+            f"{success:+.3f} (A only {p['a_only']}, B only {p['b_only']}; McNemar "
+            f"exact p = {p['mcnemar_p']:.4g}), reward {_num(p['reward_diff'], '+.3f')} (paired bootstrap 95% "
+            f"{_num(ci[0], '+.3f')} to {_num(ci[1], '+.3f')})")
+
+
 def _writable_folder(out: Path, what: str) -> None:
     """`out` is a folder this process can write (created if missing), checked before any episode runs."""
     if out.exists() and not out.is_dir():

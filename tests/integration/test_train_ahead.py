@@ -24,9 +24,9 @@ def first_tasks(monkeypatch):
     seen: dict[int, int] = {}
     roll_out = train._roll_out
 
-    def spy(c, step, first_task, *, sft):
-        seen[step] = first_task
-        return roll_out(c, step, first_task, sft=sft)
+    def spy(c, step, picks, *, sft):  # picks: [env, task index] of each group (seed 0: index = draw number)
+        seen[step] = picks[0][1]
+        return roll_out(c, step, picks, sft=sft)
 
     monkeypatch.setattr(train, "_roll_out", spy)
     return seen

@@ -109,14 +109,16 @@ def test_a_mixture_run_shares_each_step_by_ratio_and_logs_per_env_figures(uninte
     assert {g[0] for g in outcomes} == {"tools", "sum"}
     assert {g[2] for g in outcomes if g[0] == "tools"} <= {"price", "city", "stock"}  # toolbench's templates
     # each env's own group size and ECHO weight on its rows (sum: echo_weight = 0)
-    rows = [json.loads(line) for f in sorted((run / "rows").glob("step-*.jsonl")) for line in f.read_text().splitlines()]
+    rows = [json.loads(line) for f in sorted((run / "rows").glob("step-*.jsonl"))
+            for line in f.read_text().splitlines()]
     rl = [r for r in rows if r["phase"] == "rl"]
     members = {r["meta"]["episode"].split("/")[1].split(":")[0]: set() for r in rl}
     for r in rl:
         members[r["meta"]["episode"].split("/")[1].split(":")[0]].add(r["meta"]["episode"].rsplit("/", 1)[1])
     assert members == {"tools": {"0", "1"}, "sum": {"0", "1", "2"}}
-    assert all(not any(r["echo_weights"]) for r in rl if r["meta"]["episode"].split("/")[1].startswith("sum:"))
-    assert any(any(r["echo_weights"]) for r in rl if r["meta"]["episode"].split("/")[1].startswith("tools:"))
+    env_of = lambda r: r["meta"]["episode"].split("/")[1].split(":")[0]
+    assert not any(any(r["echo_weights"]) for r in rows if env_of(r) == "sum")
+    assert any(any(r["echo_weights"]) for r in rows if env_of(r) == "tools")  # the oracle demos' tool results
 
 
 @pytest.mark.slow
@@ -133,7 +135,8 @@ def test_a_mixture_stopped_and_resumed_reaches_the_same_weights_bit_for_bit(unin
     assert _tasks(resumed) == _tasks(whole)  # the same tasks, drawn from the restored samplers
     assert _weights(resumed) == _weights(whole)
     # a checkpoint of another mixture is refused in one line saying what differs
-    with pytest.raises(checkpoint.CheckpointError, match=r"another mixture \(env ratios tools: 2.0 -> 3.0\)") as e:
+    with pytest.raises(checkpoint.CheckpointError, match=r"another mixture \(env ratios tools: 2.0 -> 3.0\)"
+                       ) as e:
         train(load_config(mixture(tmp, "cut", steps=4, ratio=3)))
     assert "\n" not in str(e.value)
 
@@ -173,7 +176,8 @@ def test_a_one_env_run_plays_the_tasks_and_losses_it_played_before_mixtures(tmp_
     run = train(cfg)
     steps = steps_by_number(run)
     for step, want in BEFORE_EPISODES.items():
-        rows = [json.loads(line) for line in (run / "rows" / f"step-{step:06d}.jsonl").read_text().splitlines()]
+        saved = (run / "rows" / f"step-{step:06d}.jsonl").read_text().splitlines()
+        rows = [json.loads(line) for line in saved]
         played = sorted({tuple(int(x) for x in r["meta"]["episode"].split("/")[1:]) for r in rows})
         assert played == sorted(want), step
         rl, echo, groups = BEFORE_LOSSES[step]

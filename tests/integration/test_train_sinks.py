@@ -40,7 +40,8 @@ report_to = ["tensorboard"]
 
 @pytest.mark.slow
 def test_training_run_mirrors_its_scalars_into_tensorboard(tmp_path):
-    pytest.importorskip("tensorboard", reason="tensorboard is not installed: pip install 'quaero[tensorboard]'")
+    pytest.importorskip("tensorboard",
+                        reason="tensorboard is not installed: pip install 'quaero[tensorboard]'")
     path = tmp_path / "sinks.toml"
     path.write_text(CONFIG.format(out=tmp_path / "runs"))
     cmd = [sys.executable, "-m", "quaero.cli", "train", str(path), "--set", "training.steps=1",
@@ -64,7 +65,8 @@ def test_training_run_mirrors_its_scalars_into_tensorboard(tmp_path):
         assert [v for _, v in scalars[tag]] == pytest.approx([v for _, v in points], rel=1e-6, abs=1e-6), tag
 
 
-# ── a sink that fails never costs the run its own record (the other faults: tests/unit/quaero/test_sinks.py) ──
+# ── a sink that fails never costs the run its own record ───────────────────────────────────────────────────
+# (the other faults: tests/unit/quaero/telemetry/test_sinks.py)
 
 
 @pytest.mark.slow

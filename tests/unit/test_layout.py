@@ -237,3 +237,11 @@ def test_the_replacement_finder_finds_a_swap():
             "    obj = object()\n    obj.attr = fake\n")
     found = [hit.split(":")[0] for hit in runtime_replacements(swap)]
     assert found == ["line 6", "line 7", "line 8", "line 9"]
+
+
+def test_unit_tests_mirror_every_subpackage():
+    """tests/unit/quaero/ holds a folder per subpackage of quaero/, and no folder for one that is gone."""
+    packages = {p.parent.name for p in (ROOT / "quaero").glob("*/__init__.py")}
+    unit = ROOT / "tests" / "unit" / "quaero"
+    mirrored = {p.name for p in unit.iterdir() if p.is_dir() and not p.name.startswith("_")}
+    assert packages == mirrored

@@ -70,7 +70,7 @@ def test_env_source_rules(tmp_path):
     with pytest.raises(ConfigError, match="kwargs construct envs quaero starts"):
         load_config(p)
     p = write(tmp_path, "[run]\nname = 'x'\n")
-    with pytest.raises(ConfigError, match=r"\[\(top level\)\] env: required"):
+    with pytest.raises(ConfigError, match=r"\[config\]: no env: add an \[env\] section \(or \[\[envs\]\]"):
         load_config(p)
 
 

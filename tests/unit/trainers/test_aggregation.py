@@ -13,6 +13,7 @@ from quaero.config import EchoConfig
 from quaero.rollout.rows import EchoRow, Span
 from trainers.aggregation import echo_scales, rl_scales
 from trainers.local import LocalTrainer
+from trainers.terms import TERMS, StepContext, row_targets
 
 
 def _row(seed: int, advantage: float, actions: list[int], envs: list[int], episode: str | None) -> EchoRow:
@@ -35,6 +36,13 @@ def _rows() -> list[EchoRow]:
     # episode "a" spans two rows (a packing break); "b" and "c" one each; "d" has no RL tokens (A = 0)
     return [_row(0, 1.0, [9, 3], [4, 2], "a"), _row(1, 1.0, [2], [11], "a"), _row(2, -0.5, [20, 7], [3, 3], "b"),
             _row(3, 0.25, [1], [30], "c"), _row(4, 0.0, [5], [6], "d")]
+
+
+def _counts(rows: list[EchoRow], *, sft: bool) -> tuple[list[int], list[int]]:
+    """Per row: the RL (or SFT) term's and the ECHO term's targets, as the step counts them
+    (trainers/terms.py)."""
+    targets = row_targets(TERMS, make_spec("unused"), rows, StepContext(sft=sft, echo_weight=0.3))
+    return targets.counts["policy"], targets.counts["echo"]
 
 
 def _near_policy(trainer, rows: list[EchoRow]) -> tuple[list[EchoRow], list[list[float]]]:
@@ -91,12 +99,15 @@ def test_each_aggregation_equals_its_float64_reference(small_model_dir, aggregat
 def test_the_modes_differ_on_these_rows():
     """The reference rows separate the modes: a test of one could not pass for another."""
     rows = _rows()
-    token, seq = rl_scales(rows, sft=False), rl_scales(rows, sft=False, aggregation="sequence_mean")
+    rl, echo = _counts(rows, sft=False)
+    token, seq = rl_scales(rows, rl, sft=False), rl_scales(rows, rl, sft=False, aggregation="sequence_mean")
     assert len({round(s, 9) for s in seq[:4]}) == 3 and len(set(token)) == 1 and seq[4] == 0.0
-    assert echo_scales(rows, echo=True) != echo_scales(rows, echo=True, normalization="sequence")
-    assert rl_scales(rows, sft=True, aggregation="constant", constant=7) == rl_scales(rows, sft=True)  # SFT: a mean
+    assert echo_scales(rows, echo) != echo_scales(rows, echo, normalization="sequence")
+    sft, _ = _counts(rows, sft=True)
+    mean = rl_scales(rows, sft, sft=True)
+    assert rl_scales(rows, sft, sft=True, aggregation="constant", constant=7) == mean  # SFT: a mean
     with pytest.raises(ValueError, match="normaliser >= 1"):
-        rl_scales(rows, sft=False, aggregation="constant", constant=0)
+        rl_scales(rows, rl, sft=False, aggregation="constant", constant=0)
 
 
 def test_a_step_echo_weight_scales_the_echo_term_and_not_the_rl_term(small_model_dir):
@@ -139,7 +150,7 @@ def test_sequence_mean_gradient_equals_float64_reference(small_model_dir):
     # reference: the same loss from full-vocabulary log-probs in float64, one row at a time
     model = trainer.model.double()
     ref = torch.zeros_like(head, dtype=torch.float64)
-    scales = rl_scales(rows, sft=False, aggregation="sequence_mean")
+    scales = rl_scales(rows, _counts(rows, sft=False)[0], sft=False, aggregation="sequence_mean")
     for r, scale in zip(rows, scales):
         ids = torch.tensor([r.input_ids])
         model.zero_grad(set_to_none=True)

@@ -331,21 +331,18 @@ def test_a_new_loss_term_is_one_class_added_to_terms(small_model_dir, monkeypatc
     unchanged. Here: the mean NLL of the sampled action tokens at coefficient 0.5 (a term the step never named)."""
     from trainers import loss, step, terms
 
-    class ActionNLL:
+    class ActionNLL(terms.LossTerm):
         name = "action_nll"
 
-        def targets(self, mb):
-            return mb.action_mask
+        def row_weights(self, spec, row, ctx):
+            return [1.0 if a else 0.0 for a in row.action_mask]
 
-        def row_scales(self, spec, rows, ctx):
-            n = sum(sum(r.action_mask[1:]) for r in rows)
-            return [1.0 / n] * len(rows)
-
-        def new_stats(self):
-            return terms.NoStats()
+        def row_scales(self, spec, rows, counts, ctx):
+            return [1.0 / sum(counts)] * len(rows)
 
         def loss(self, spec, mb, lp, ctx):
-            return loss.nll_loss(lp, mb.action_mask[:, 1:], mb.scales[self.name], coef=0.5), terms.NoStats()
+            targets = mb.targets(self.name)[:, 1:]
+            return loss.nll_loss(lp, targets, mb.scales[self.name], coef=0.5), terms.NoStats()
 
         def metrics(self, spec, total, ctx):
             return {"action_nll_loss": total.loss, "action_nll_tokens": total.tokens}

@@ -16,7 +16,7 @@ import torch
 from quaero.recipe import checkpoint
 from quaero.recipe.checkpoint import CheckpointError, NoIntactCheckpoint
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def trained_state(step: int = 3) -> dict:

@@ -145,6 +145,46 @@ def test_a_mixture_env_that_fails_to_start_is_named(tmp_path):
     assert "\n" not in str(e.value)
 
 
+def test_a_mixture_step_shares_groups_by_ratio_and_dynamic_sampling_resamples_the_env_without_spread():
+    from quaero.config import QuaeroConfig
+    from quaero.recipe.train import EnvRun, env_tasks, learn
+    from quaero.rollout.mixture import Mixture
+
+    calls = []
+
+    def runner(name, rewards):
+        def run(sessions, tasks, *, group_size, policy=None, seed=None):
+            calls.append((name, [t["index"] for t in tasks], group_size, seed))
+            return [[Episode([], r, r > 0, 1, {}, []) for r in rewards[:group_size]] for _ in tasks]
+        return run
+
+    cfg = QuaeroConfig.model_validate({
+        "envs": [{"name": "a", "entry": "tests:toy", "ratio": 2},
+                 {"name": "b", "entry": "tests:toy", "group_size": 3}],
+        "training": {"tasks_per_step": 3, "group_size": 2, "dynamic_sampling": True},
+        "sampler": {"max_tokens": 8}})
+    counts, envs = RolloutCounts(), []
+    for name, view in cfg.views().items():
+        pool = SimpleNamespace(sessions=[], tasks=None, task_spec=lambda split, index: {})
+        run = runner(name, [1.0, 0.0] if name == "a" else [0.0, 0.0, 0.0])  # only a's groups have spread
+        envs.append(EnvRun(name, view, pool, SimpleNamespace(run=run), env_tasks(name, view, pool)))
+    c = SimpleNamespace(cfg=cfg, envs=envs, mixture=Mixture(cfg.ratios()), pending={}, counts=counts,
+                        traces=None, step_groups=[])
+    _collect(c, 1, sft=False)
+    seed = cfg.run.seed * 7919 + 1
+    # 2:1 -> a plays 2 groups of 2, b 1 group of 3 (its own size, its own seed); then every further group up
+    # to the bound (3 x 3 groups) comes from b's sampler, whose groups lacked spread, in b's own numbering
+    assert calls[:2] == [("a", [0, 1], 2, seed), ("b", [0], 3, seed + 7_777)]
+    assert [(n, ids, g) for n, ids, g, _ in calls[2:]] == [("b", [i], 3) for i in range(1, 7)]
+    s = counts.snapshot_and_reset()
+    got = (s["groups"], s["groups_zero_advantage"], s["groups_resampled"], s["dynamic_sampling_bound_hits"])
+    assert got == (9, 7, 6, 1)
+    first = [(g.env, g.task, g.spread) for g in c.step_groups][:3]
+    assert first == [("a", 0, True), ("a", 1, True), ("b", 0, False)]
+    assert c.mixture.counts == {"a": 2, "b": 1} and c.envs[1].tasks.sampler.cursor == 7
+    learn(c, 1, c.step_groups)  # the samplers see every group (sequential ones learn nothing)
+
+
 def test_a_warm_start_checkpoint_may_start_rl_with_another_task_sampler_and_an_rl_one_may_not():
     from quaero.recipe.train import load_task_state, task_state
     from quaero.rollout.task_samplers import TaskSamplerError
@@ -164,3 +204,6 @@ def test_a_warm_start_checkpoint_may_start_rl_with_another_task_sampler_and_an_r
         ("sequential", "uniform")]
     with pytest.raises(TaskSamplerError, match=r"'sequential'.*this config's 'uniform'"):
         load_task_state(c, SimpleNamespace(step=3, tasks=saved, cursor=8))  # RL drew with the other one
+    with structlog.testing.capture_logs() as logs:  # an older quaero's warm start: its cursor alone
+        load_task_state(c, SimpleNamespace(step=2, tasks=None, cursor=8))
+    assert [e["checkpoint"] for e in logs if e["event"] == "task_sampler_changed"] == ["sequential"]

@@ -252,7 +252,7 @@ def _vllm_replies(**changes) -> dict:
     ({"model_config.logprobs_mode": "raw_logprobs", ...}; None for /server_info = dev routes off)."""
     from pathlib import Path
 
-    recorded = json.loads((Path(__file__).parents[2] / "fixtures" / "vllm_server_info.json").read_text())
+    recorded = json.loads((Path(__file__).parents[3] / "fixtures" / "vllm_server_info.json").read_text())
     info = recorded["server_info"]
     for key, value in changes.items():
         if key == "server_info":

@@ -8,7 +8,7 @@ import pytest
 
 from quaero.recipe.runlock import RunFolderLocked, RunLock, refuse_if_held
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 @pytest.mark.hostile

@@ -11,7 +11,7 @@ from quaero.recipe.plan import check_components, load_checked, trainer_spec
 from trainers import registry
 from trainers.spec import MemoryPolicy, SelectivePolicy, TrainerSpec
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 MAIN = ROOT / "envs" / "toolbench.toml"
 
 
@@ -51,7 +51,7 @@ def test_component_rules_are_not_config_rules():
     from quaero.recipe.train import build
 
     with pytest.raises(ConfigError, match="unknown backend"):
-        build(cfg, pool=None)  # fails before the trainer, the tokenizer or the sampler is built
+        build(cfg, {}, None)  # fails before the trainer, the tokenizer or the sampler is built
 
 
 def test_config_module_does_not_import_the_trainer_registry():

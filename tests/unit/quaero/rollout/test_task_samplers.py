@@ -22,10 +22,11 @@ from quaero.rollout.task_samplers import (
 
 def view(sampler="sequential", size=10, seed=0, group=4, spec=None, **settings):
     catalog = TaskCatalog({"train": size}, "test") if size else None
-    return SplitView("a", "train", size, seed, group, TaskSamplerConfig(sampler=sampler, **settings), catalog, spec)
+    settings = TaskSamplerConfig(sampler=sampler, **settings)
+    return SplitView("a", "train", size, seed, group, settings, catalog, spec)
 
 
-# ── the mixture's allocation ──────────────────────────────────────────────────────────────────────────────────
+# ── the mixture's allocation ──────────────────────────────────────────────────────────────────────────────
 
 def test_the_allocation_keeps_every_env_within_one_group_of_its_share_at_every_point():
     m = Mixture({"a": 3.0, "b": 1.0, "c": 0.5})
@@ -50,7 +51,7 @@ def test_the_allocation_resumes_from_its_state_and_refuses_another_mixture():
         Mixture({"x": 3.0, "y": 1.0}).load_state_dict(a.state_dict())
 
 
-# ── the samplers ──────────────────────────────────────────────────────────────────────────────────────────────
+# ── the samplers ──────────────────────────────────────────────────────────────────────────────────────────
 
 def test_sequential_plays_the_run_seeds_order_of_the_split_as_quaero_always_did():
     for seed in (0, 1, 7):
@@ -144,7 +145,7 @@ def test_a_sampler_resumed_from_its_json_state_draws_what_the_uninterrupted_one_
     assert head + run(second, 3) == ref
 
 
-# ── a user's sampler, and bad input ───────────────────────────────────────────────────────────────────────────
+# ── a user's sampler, and bad input ───────────────────────────────────────────────────────────────────────
 
 class EveryOther:
     """A user's sampler through the protocol: even tasks only."""
@@ -184,9 +185,11 @@ def test_a_users_sampler_by_import_path():
 
 @pytest.mark.hostile
 def test_bad_samplers_and_states_fail_in_one_line_naming_the_sampler_and_the_fix():
-    with pytest.raises(TaskSamplerError, match=r"OutOfRange'.*returned task 10; it must return 2 indices in 0..9"):
+    with pytest.raises(TaskSamplerError, match=r"OutOfRange'.*returned task 10; it must return 2 indices in "
+                                               r"0..9"):
         make_task_sampler(view(f"{__name__}:OutOfRange", size=10)).sample(2)
-    with pytest.raises(TaskSamplerError, match=r"Raises'.*sample\(2\) raised KeyError: 'boom'; fix the sampler"):
+    with pytest.raises(TaskSamplerError, match=r"Raises'.*sample\(2\) raised KeyError: 'boom'; fix the "
+                                               r"sampler"):
         make_task_sampler(view(f"{__name__}:Raises", size=10)).sample(2)
     with pytest.raises(TaskSamplerError, match="sampler='no_such_module:Sampler': cannot import module"):
         make_task_sampler(view("no_such_module:Sampler", size=10))

@@ -16,7 +16,7 @@ from quaero.recipe.plan import load_checked
 from quaero.telemetry import runlog
 from quaero.telemetry.sinks import mirror, open_sinks, scalars_of
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 MAIN = ROOT / "envs" / "toolbench.toml"
 
 
