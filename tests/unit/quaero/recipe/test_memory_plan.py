@@ -8,7 +8,7 @@ from quaero.config import load_config
 from quaero.model import NAMED_SHAPES
 from quaero.recipe import memory_plan as mp
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 GIB = 2**30
 V = 151936
 
