@@ -1,4 +1,5 @@
 """`quaero check`'s memory plan: arithmetic from the model's config, no model load."""
+
 from dataclasses import replace
 from pathlib import Path
 
@@ -87,17 +88,27 @@ def test_an_oversized_plan_says_so_in_one_line_naming_the_knob_that_fits():
     # full logits off first (the chunked selective head), yet activations still overflow: checkpointing fits
     assert mp.plan(d, replace(step, selective=True, chunk_size=256)).peak > 24 * GIB
     assert "set backend.gradient_checkpointing = true" in last
-    fits = mp.plan_lines(mp.plan(d, replace(step, tokens=512, target_span=128)), capacity=24 * GIB,
-                         capacity_source="RAM available", row_note="")
+    fits = mp.plan_lines(
+        mp.plan(d, replace(step, tokens=512, target_span=128)),
+        capacity=24 * GIB,
+        capacity_source="RAM available",
+        row_note="",
+    )
     assert not any("exceeds" in line for line in fits)
     nothing = mp.plan_lines(p, capacity=1 * GIB, capacity_source="on cuda", row_note="")
     assert "no single knob makes it fit" in nothing[-1]
 
 
 def test_check_prints_the_plan_for_the_configured_model():
-    cfg = load_config(ROOT / "envs" / "toolbench.toml", ["model.name='qwen3-0.6b-shape'", "model.max_seq_len=8192"])
+    cfg = load_config(
+        ROOT / "envs" / "toolbench.toml", ["model.name='qwen3-0.6b-shape'", "model.max_seq_len=8192"]
+    )
     lines = mp.memory_lines(cfg, "cpu")
-    assert lines[0].startswith("memory plan 0.596B params (tied embeddings), float32, cpu; microbatch 8192 tokens")
+    assert lines[0].startswith(
+        "memory plan 0.596B params (tied embeddings), float32, cpu; microbatch 8192 tokens"
+    )
     assert any(line.startswith("  LM head") and "full logits [8192, 151936]" in line for line in lines)
     unknown = load_config(ROOT / "envs" / "toolbench.toml", ["model.name='Qwen/Not-Cached-0B'"])
-    assert mp.memory_lines(unknown, "cpu")[0].startswith("memory plan none: 'Qwen/Not-Cached-0B' has no config.json")
+    assert mp.memory_lines(unknown, "cpu")[0].startswith(
+        "memory plan none: 'Qwen/Not-Cached-0B' has no config.json"
+    )
