@@ -9,9 +9,10 @@ longest row it adds up what one step of the `local` trainer holds at its peak:
   in the parameter's dtype (fp32 m+v for a float32 model);
 - activations: what autograd saves for backward, per token per decoder layer (`SAVED_PER_TOKEN`: the
   elements a Qwen3/Llama-style layer saves in training, counted from the layer's ops and checked against
-  measured steps in benchmarks/README.md, "Real shapes"); with `gradient_checkpointing` one layer's input
-  per layer plus one layer recomputed; `train_save_on_cpu` moves them to host memory (CUDA only: on a CPU
-  device it is a no-op); `train_supervised_context_tokens` shortens the row the backbone runs over;
+  measured steps in benchmarks/README.md, `quaero bench real-shape`); with `gradient_checkpointing` one
+  layer's input per layer plus one layer recomputed; `train_save_on_cpu` moves them to host memory (CUDA
+  only: on a CPU device it is a no-op); `train_supervised_context_tokens` shortens the row the backbone
+  runs over;
 - the LM head: full logits `[tokens, vocab]` (their fp32 log-softmax beside them) against the
   selective path's `[targets, vocab]`, chunked to `train_logprob_chunk_size` rows (or to
   trainers/selective.py's automatic chunk above `hidden_max_bytes`).
@@ -192,7 +193,7 @@ def plan(dims: ModelDims, step: StepShape) -> MemoryPlan:
         host, acts = acts, 0
     # LM head: the selective path's [targets, V] logits in the model dtype, their fp32 log-softmax (saved by
     # the cross entropy) and its gradient; the full path's [tokens, V] logits and fp32 log-softmax at once
-    # (measured at the 0.6B shape's width, 1,024 tokens: benchmarks/README.md, Real shapes)
+    # (measured at the 0.6B shape's width, 1,024 tokens: benchmarks/README.md, `quaero bench real-shape`)
     per_row = dims.vocab * (b + 4 + 4)
     full = tokens * dims.vocab * (b + 4)
     rows = step.targets

@@ -30,7 +30,7 @@ def test_parameter_count_is_the_models_own(name):
 
 def test_weights_gradients_and_adamw_state_of_the_06b_shape():
     d = dims("qwen3-0.6b-shape")
-    assert d.params() == 596_049_920  # what the built folder loads (benchmarks/README.md, Real shapes)
+    assert d.params() == 596_049_920  # what the built folder loads (benchmarks/README.md)
     p = mp.plan(d, mp.StepShape(tokens=512, targets=64, target_span=128))
     assert (p.weights, p.gradients, p.optimizer) == (596_049_920 * 4, 596_049_920 * 4, 2 * 596_049_920 * 4)
     # gradients + AdamW's two temporaries: of the largest tensor (the embedding) per tensor on a CPU, of every
