@@ -33,7 +33,7 @@ BENCHMARKS = {
     "peers-trl": ("benchmarks.peers_trl",
                   "quaero beside TRL's GRPOTrainer on the same job (the [peers] extra)"),
     "real-shape": ("benchmarks.real_shape",
-                   "real-shape train steps (qwen3-0.6b-shape...) per memory knob against quaero check's plan"),
+                   "real-shape train steps (qwen3-0.6b-shape...) per memory knob against the plan"),
 }
 
 USAGE = "usage: quaero bench {" + ",".join(BENCHMARKS) + "} [options]\n\n" + "\n".join(

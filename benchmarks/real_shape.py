@@ -21,6 +21,7 @@ model. Every case reports:
 update timed apart), checkpoint write and read (quaero/recipe/checkpoint.py), export
 (quaero/recipe/model_folder.py), and the weights folder a vLLM server reloads from (`saved_weights`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,8 +68,9 @@ def model_folder(name: str, layers: int | None) -> tuple[str, dict]:
         path = resolve_model(name)
         return str(path), json.loads((path / "config.json").read_text())
     shape = replace(NAMED_SHAPES[name], num_hidden_layers=layers)
-    path = materialize_folder(cache_dir() / "bench" / f"{name}-l{layers}-{shape.version}",
-                              lambda out: shape.build(out, name))
+    path = materialize_folder(
+        cache_dir() / "bench" / f"{name}-l{layers}-{shape.version}", lambda out: shape.build(out, name)
+    )
     return str(path), json.loads((path / "config.json").read_text())
 
 
@@ -127,8 +129,9 @@ def phase_peaks(fn) -> tuple[int, int, int]:
     marks = [e.start_ns() for e in events if e.name() == OPTIMIZER_MARK]
     split = min(marks) if marks else None
     current = peak = before = after = 0
-    for e in sorted((e for e in events if e.name() == "[memory]" and e.device_type() == cpu),
-                    key=lambda e: e.start_ns()):
+    for e in sorted(
+        (e for e in events if e.name() == "[memory]" and e.device_type() == cpu), key=lambda e: e.start_ns()
+    ):
         current += e.nbytes()
         peak = max(peak, current)
         if split is None or e.start_ns() < split:
@@ -153,26 +156,40 @@ def make_trainer(model: str, args, spec_kw: dict):
     from trainers.local import LocalTrainer
     from trainers.spec import MemoryPolicy, SelectivePolicy, TrainerSpec
 
-    spec = TrainerSpec(model=model, dtype=args.dtype, max_seq_len=max(64, args.seq_len),
-                       micro_batch_tokens=args.rows * args.seq_len, echo_weight=0.2,
-                       selective_logits=spec_kw.get("selective_logits", True),
-                       gradient_checkpointing=spec_kw.get("gradient_checkpointing", False),
-                       selective=SelectivePolicy(chunk_size=spec_kw.get("chunk_size")),
-                       memory=MemoryPolicy(supervised_context_tokens=spec_kw.get("context_tokens", 0)))
+    spec = TrainerSpec(
+        model=model,
+        dtype=args.dtype,
+        max_seq_len=max(64, args.seq_len),
+        micro_batch_tokens=args.rows * args.seq_len,
+        echo_weight=0.2,
+        selective_logits=spec_kw.get("selective_logits", True),
+        gradient_checkpointing=spec_kw.get("gradient_checkpointing", False),
+        selective=SelectivePolicy(chunk_size=spec_kw.get("chunk_size")),
+        memory=MemoryPolicy(supervised_context_tokens=spec_kw.get("context_tokens", 0)),
+    )
     return LocalTrainer(spec, args.device)
 
 
 def planned(fields: dict, args, plan_kw: dict):
     from quaero.recipe.memory_plan import ModelDims, StepShape, plan
 
-    step = StepShape(tokens=args.rows * args.seq_len, targets=args.rows * args.targets,
-                     target_span=args.rows * args.span, dtype=args.dtype, device=args.device, **plan_kw)
+    step = StepShape(
+        tokens=args.rows * args.seq_len,
+        targets=args.rows * args.targets,
+        target_span=args.rows * args.span,
+        dtype=args.dtype,
+        device=args.device,
+        **plan_kw,
+    )
     return plan(ModelDims.from_fields(fields), step)
 
 
 def measure_case(name: str, model: str, fields: dict, args) -> dict[str, Any]:
     spec_kw, plan_kw = CASES[name]
-    rows = [tail_row(args.seq_len, args.targets, args.span, fields["vocab_size"], seed=i) for i in range(args.rows)]
+    rows = [
+        tail_row(args.seq_len, args.targets, args.span, fields["vocab_size"], seed=i)
+        for i in range(args.rows)
+    ]
     trainer = make_trainer(model, args, spec_kw)
     t0 = time.perf_counter()
     trainer.train_step(rows)  # warm-up: AdamW state exists from here on
@@ -195,16 +212,28 @@ def measure_case(name: str, model: str, fields: dict, args) -> dict[str, Any]:
     p = planned(fields, args, plan_kw)
     measured = resident + peak
     plan_fwd_bwd = p.fwd_bwd
-    out = {"case": name, "seq_len": args.seq_len, "rows": args.rows, "targets": args.targets,
-           "resident_gib": round(resident / GIB, 3), "step_peak_gib": round(peak / GIB, 3),
-           "measured_gib": round(measured / GIB, 3), "rss_peak_gib": round(rss / GIB, 3),
-           "plan_gib": round(p.peak / GIB, 3), "plan_error": round((p.peak - measured) / measured, 3),
-           "fwd_bwd_peak_gib": round(fwd_bwd / GIB, 3), "plan_fwd_bwd_gib": round(plan_fwd_bwd / GIB, 3),
-           "plan_fwd_bwd_error": round((plan_fwd_bwd - fwd_bwd) / max(fwd_bwd, 1), 3),
-           "update_peak_gib": round(update / GIB, 3), "plan_update_gib": round(p.update / GIB, 3),
-           "plan_parts_gib": {k: round(getattr(p, k) / GIB, 3) for k in
-                              ("weights", "optimizer", "gradients", "activations", "lm_head", "head_grad")},
-           "step_s": round(step_s, 1)}
+    out = {
+        "case": name,
+        "seq_len": args.seq_len,
+        "rows": args.rows,
+        "targets": args.targets,
+        "resident_gib": round(resident / GIB, 3),
+        "step_peak_gib": round(peak / GIB, 3),
+        "measured_gib": round(measured / GIB, 3),
+        "rss_peak_gib": round(rss / GIB, 3),
+        "plan_gib": round(p.peak / GIB, 3),
+        "plan_error": round((p.peak - measured) / measured, 3),
+        "fwd_bwd_peak_gib": round(fwd_bwd / GIB, 3),
+        "plan_fwd_bwd_gib": round(plan_fwd_bwd / GIB, 3),
+        "plan_fwd_bwd_error": round((plan_fwd_bwd - fwd_bwd) / max(fwd_bwd, 1), 3),
+        "update_peak_gib": round(update / GIB, 3),
+        "plan_update_gib": round(p.update / GIB, 3),
+        "plan_parts_gib": {
+            k: round(getattr(p, k) / GIB, 3)
+            for k in ("weights", "optimizer", "gradients", "activations", "lm_head", "head_grad")
+        },
+        "step_s": round(step_s, 1),
+    }
     print(json.dumps(out), file=sys.stderr, flush=True)
     return out
 
@@ -226,7 +255,10 @@ def phases(model: str, fields: dict, args) -> dict[str, Any]:
         print(key, out[key], file=sys.stderr, flush=True)
         return result
 
-    rows = [tail_row(args.seq_len, args.targets, args.span, fields["vocab_size"], seed=i) for i in range(args.rows)]
+    rows = [
+        tail_row(args.seq_len, args.targets, args.span, fields["vocab_size"], seed=i)
+        for i in range(args.rows)
+    ]
     trainer = timed("load", lambda: make_trainer(model, args, {}))
     opt_s = []
     step = trainer.optimizer.step
@@ -239,14 +271,18 @@ def phases(model: str, fields: dict, args) -> dict[str, Any]:
 
     trainer.optimizer.step = timed_step
     timed("train_step_first", lambda: trainer.train_step(rows))
-    timed("train_step", lambda: trainer.train_step(rows))
+    for _ in range(args.phase_steps - 1):
+        timed("train_step", lambda: trainer.train_step(rows))
     out["optimizer_step_s"] = [round(s, 1) for s in opt_s]
+    print("optimizer_step_s", out["optimizer_step_s"], file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="quaero-real-shape-", dir=args.scratch) as tmp:
         root = Path(tmp) / "checkpoints"
-        path = timed("checkpoint_write", lambda: checkpoint.save(root, 1, trainer.state_dict()))
+        path = timed(
+            "checkpoint_write", lambda: checkpoint.save(root, 1, {"step": 1, "trainer": trainer.state_dict()})
+        )
         out["checkpoint_gib"] = round(sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / GIB, 2)
         state = timed("checkpoint_read", lambda: checkpoint.load(path))
-        timed("checkpoint_restore", lambda: trainer.load_state_dict(state))
+        timed("checkpoint_restore", lambda: trainer.load_state_dict(state["trainer"]))
         state = None
         gc.collect()
         tok = load_tokenizer(args.model)
@@ -268,24 +304,46 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--seq-len", type=int, default=8192)
     p.add_argument("--rows", type=int, default=1)
-    p.add_argument("--targets", type=int, default=64, help="loss tokens per row (a quarter RL, the rest ECHO)")
-    p.add_argument("--span", type=int, default=None, help="the targets lie in the row's last SPAN tokens "
-                   "(default: a quarter of the row)")
-    p.add_argument("--cases", default="selective", help=f"comma-separated, from {', '.join(CASES)}")
-    p.add_argument("--phases", action="store_true", help="time load, step, checkpoint, export, weights folder")
+    p.add_argument(
+        "--targets", type=int, default=64, help="loss tokens per row (a quarter RL, the rest ECHO)"
+    )
+    p.add_argument(
+        "--span",
+        type=int,
+        default=None,
+        help="the targets lie in the row's last SPAN tokens (default: a quarter of the row)",
+    )
+    p.add_argument(
+        "--cases", default="selective", help=f"comma-separated, from {', '.join(CASES)} ('' for none)"
+    )
+    p.add_argument(
+        "--phases", action="store_true", help="time load, step, checkpoint, export, weights folder"
+    )
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (CUDA: the allocator's peak, not split)")
+    p.add_argument(
+        "--phase-steps", type=int, default=2, help="train steps --phases times (the first one apart)"
+    )
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--scratch", default=None, help="folder for checkpoint/export files (default: the temp dir)")
+    p.add_argument(
+        "--scratch", default=None, help="folder for checkpoint/export files (default: the temp dir)"
+    )
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
     args.span = args.span or max(args.targets, args.seq_len // 4)
     torch.set_num_threads(args.threads)
     model, fields = model_folder(args.model, args.layers)
-    doc: dict[str, Any] = {"model": args.model, "layers": fields["num_hidden_layers"], "dtype": args.dtype,
-                           "threads": args.threads, "date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:]}
+    doc: dict[str, Any] = {
+        "model": args.model,
+        "layers": fields["num_hidden_layers"],
+        "dtype": args.dtype,
+        "threads": args.threads,
+        "date": time.strftime("%Y-%m-%d"),
+        "argv": sys.argv[1:],
+    }
     if args.phases:
         doc["phases"] = phases(model, fields, args)
-    else:
+        gc.collect()  # its trainer is gone before the cases' load
+    if args.cases:
         doc["cases"] = []
         for case in (c.strip() for c in args.cases.split(",") if c.strip()):
             doc["cases"].append(measure_case(case, model, fields, args))

@@ -77,7 +77,7 @@ def random_qwen3(vocab_size: int, hidden_size: int, *, layers: int = 2, head_dim
                  heads: int | None = None, kv_heads: int | None = None, intermediate_size: int | None = None,
                  tie_word_embeddings: bool = False, max_position_embeddings: int = 131072, seed: int = 0,
                  embed_scale: float = 1.0, **config_kw):
-    """A random-init Qwen3 causal LM: the real architecture at any shape (the tiny default, benchmarks, tests).
+    """A random-init Qwen3 causal LM: the real architecture at any shape (named models, benchmarks, tests).
 
     Deterministic from its own generator, independent of the global RNG: norm weights 1, matrices
     N(0, 0.02), vectors 0, then the embedding times `embed_scale` (> 1: a less flat distribution to
@@ -135,17 +135,20 @@ class Qwen3Shape:
 
     def config_fields(self) -> dict:
         """The Qwen3Config fields this shape sets (what `quaero check`'s memory plan reads, with no build)."""
-        out = {k: v for k, v in asdict(self).items() if k not in ("rope_theta", "dtype", "embed_scale", "version")}
+        skip = ("rope_theta", "dtype", "embed_scale", "version")
+        out = {k: v for k, v in asdict(self).items() if k not in skip}
         if self.rope_theta is not None:
             out["rope_parameters"] = {"rope_type": "default", "rope_theta": self.rope_theta}
         return {**out, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "dtype": self.dtype}
 
     def model(self, seed: int = 0):
         """The random-init model (float32 in memory; `build` stores it in `dtype`)."""
-        kw = {"rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta}} if self.rope_theta else {}
-        return random_qwen3(self.vocab_size, self.hidden_size, layers=self.num_hidden_layers, head_dim=self.head_dim,
-                            heads=self.num_attention_heads, kv_heads=self.num_key_value_heads,
-                            intermediate_size=self.intermediate_size, tie_word_embeddings=self.tie_word_embeddings,
+        rope = {"rope_type": "default", "rope_theta": self.rope_theta}
+        kw = {"rope_parameters": rope} if self.rope_theta else {}
+        return random_qwen3(self.vocab_size, self.hidden_size, layers=self.num_hidden_layers,
+                            head_dim=self.head_dim, heads=self.num_attention_heads,
+                            kv_heads=self.num_key_value_heads, intermediate_size=self.intermediate_size,
+                            tie_word_embeddings=self.tie_word_embeddings,
                             max_position_embeddings=self.max_position_embeddings, seed=seed,
                             embed_scale=self.embed_scale, rms_norm_eps=self.rms_norm_eps,
                             bos_token_id=self.bos_token_id, eos_token_id=self.eos_token_id,
@@ -205,7 +208,8 @@ def materialize_folder(target: Path, build: Callable[[Path], None]) -> Path:
 def materialize_named(name: str) -> Path:
     """Build a named model (`NAMED_SHAPES`) into the cache on first use."""
     shape = NAMED_SHAPES[name]
-    return materialize_folder(cache_dir() / "models" / f"{name}-{shape.version}", lambda out: shape.build(out, name))
+    folder = cache_dir() / "models" / f"{name}-{shape.version}"
+    return materialize_folder(folder, lambda out: shape.build(out, name))
 
 
 def materialize_tiny_qwen3() -> Path:
@@ -241,7 +245,8 @@ def resolve_model(name: str) -> Path:
                                                               "*.model", "*.tiktoken"]))
     except Exception as e:  # noqa: BLE001 - any download failure is the same one line for the user
         raise ModelNotFound(f"model {name!r}: not a local folder, not cached, and the hub download failed "
-                            f"({type(e).__name__}); check the id and network, or use a local folder") from None
+                            f"({type(e).__name__}); check the id and network, or use a local folder"
+                            ) from None
 
 
 def config_fields(name: str) -> dict | None:
@@ -275,7 +280,8 @@ def _expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     kv, inter = (cfg.get("num_key_value_heads") or heads) * hd, cfg["intermediate_size"]
     layer = {"self_attn.q_proj.weight": (heads * hd, h), "self_attn.k_proj.weight": (kv, h),
              "self_attn.v_proj.weight": (kv, h), "self_attn.o_proj.weight": (h, heads * hd),
-             "mlp.gate_proj.weight": (inter, h), "mlp.up_proj.weight": (inter, h), "mlp.down_proj.weight": (h, inter)}
+             "mlp.gate_proj.weight": (inter, h), "mlp.up_proj.weight": (inter, h),
+             "mlp.down_proj.weight": (h, inter)}
     out = {"model.embed_tokens.weight": (cfg["vocab_size"], h), "model.norm.weight": (h,)}
     if not cfg.get("tie_word_embeddings", False):
         out["lm_head.weight"] = (cfg["vocab_size"], h)
@@ -285,7 +291,7 @@ def _expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
 
 
 def _safetensors_header(path: Path) -> dict:
-    """A safetensors file's header (name -> dtype, shape, data_offsets); ValueError when the file is cut short."""
+    """A safetensors file's header (name -> dtype, shape, offsets); ValueError if the file is cut short."""
     import json
     import struct
 
@@ -308,7 +314,8 @@ def _safetensors_header(path: Path) -> dict:
 def folder_problem(path: Path) -> str | None:
     """What makes a model folder unloadable, in one line, from its files alone (no weights are read): a
     config.json that is not JSON, an architecture that is no causal LM transformers knows, missing or
-    truncated safetensors shards, and for Qwen/Llama-style layouts weights of other shapes than the config's."""
+    truncated safetensors shards, and for Qwen/Llama-style layouts weights of other shapes than the
+    config's."""
     import json
 
     try:
@@ -319,8 +326,9 @@ def folder_problem(path: Path) -> str | None:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as CAUSAL
 
     if arch not in set(CAUSAL.values()):
-        return (f"architecture {arch!r} (model_type {cfg.get('model_type')!r}) is not a causal LM that transformers "
-                "loads here; quaero trains decoder-only causal LMs (AutoModelForCausalLM), e.g. Qwen3ForCausalLM")
+        return (f"architecture {arch!r} (model_type {cfg.get('model_type')!r}) is not a causal LM that "
+                "transformers loads here; quaero trains decoder-only causal LMs (AutoModelForCausalLM), e.g. "
+                "Qwen3ForCausalLM")
     index = path / "model.safetensors.index.json"
     try:
         files = (sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
@@ -343,15 +351,18 @@ def folder_problem(path: Path) -> str | None:
     try:
         expected = _expected_shapes(cfg)
     except (KeyError, TypeError) as e:
-        return f"{path / 'config.json'} lacks {e} for a {cfg.get('model_type')} model; restore the folder's config.json"
+        return (f"{path / 'config.json'} lacks {e} for a {cfg.get('model_type')} model; restore the folder's "
+                "config.json")
     for key, shape in expected.items():
         got = shapes.get(key)
         if got is None:
             return (f"{key} is not in the weights although config.json asks for it (num_hidden_layers="
-                    f"{cfg['num_hidden_layers']}); config.json does not match the weights: use the folder's own")
+                    f"{cfg['num_hidden_layers']}); config.json does not match the weights: use the folder's "
+                    "own")
         if got != shape:
-            return (f"config.json does not match the weights: {key} is {list(got)} in the safetensors, config.json "
-                    f"(hidden_size={cfg['hidden_size']}, vocab_size={cfg['vocab_size']}) implies {list(shape)}; "
+            return (f"config.json does not match the weights: {key} is {list(got)} in the safetensors, "
+                    f"config.json (hidden_size={cfg['hidden_size']}, vocab_size={cfg['vocab_size']}) implies "
+                    f"{list(shape)}; "
                     "use the config.json that came with these weights")
     return None
 

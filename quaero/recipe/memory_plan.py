@@ -9,10 +9,11 @@ longest row it adds up what one step of the `local` trainer holds at its peak:
   in the parameter's dtype (fp32 m+v for a float32 model);
 - activations: what autograd saves for backward, per token per decoder layer (`SAVED_PER_TOKEN`: the
   elements a Qwen3/Llama-style layer saves in training, counted from the layer's ops and checked against
-  measured steps in benchmarks/README.md, "Real shapes"); with `gradient_checkpointing` one layer's input
-  per layer plus one layer recomputed; `train_save_on_cpu` moves them to host memory (CUDA only: on a CPU
-  device it is a no-op); `train_supervised_context_tokens` shortens the row the backbone runs over;
-- the LM head: full logits `[tokens, vocab]` (log-softmax and its gradient beside them) against the
+  measured steps in benchmarks/README.md, `quaero bench real-shape`); with `gradient_checkpointing` one
+  layer's input per layer plus one layer recomputed; `train_save_on_cpu` moves them to host memory (CUDA
+  only: on a CPU device it is a no-op); `train_supervised_context_tokens` shortens the row the backbone
+  runs over;
+- the LM head: full logits `[tokens, vocab]` (their fp32 log-softmax beside them) against the
   selective path's `[targets, vocab]`, chunked to `train_logprob_chunk_size` rows (or to
   trainers/selective.py's automatic chunk above `hidden_max_bytes`).
 
@@ -20,9 +21,11 @@ The step's peak is the resident state (weights + AdamW state) plus the larger of
 the LM head's weight gradient, which backward makes first) and the optimizer update: the whole gradient
 plus AdamW's temporaries (`OPTIMIZER_TEMPORARIES` of them). torch's AdamW runs per tensor on a CPU (its
 temporaries are the largest parameter's size: the embedding) and with foreach kernels on CUDA (trainable-
-sized sets; not yet measured here). At short rows the update is the step's peak. When it exceeds the device (CPU: available RAM; CUDA: the device's memory) the plan names the
-first knob, in `KNOBS` order, that would make it fit.
+sized sets; not yet measured here). At short rows the update is the step's peak. When it exceeds the
+device (CPU: available RAM; CUDA: the device's memory) the plan names the first knob, in `KNOBS` order,
+that would make it fit.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -36,8 +39,13 @@ SAVED_PER_TOKEN = {"hidden": 4, "intermediate": 4, "q": 5, "kv": 4}
 OPTIMIZER_TEMPORARIES = 2  # tensors torch.optim.AdamW allocates inside step(): per parameter (CPU) or per set
 SUPPORTED_TYPES = ("qwen3", "qwen2", "llama", "mistral")
 # the knobs, tried in this order for the one line that says what would make an oversized plan fit
-KNOBS = ("backend.options.train_logprob_chunk_size", "backend.gradient_checkpointing",
-         "backend.options.train_save_on_cpu", "backend.lora", "model.dtype")
+KNOBS = (
+    "backend.options.train_logprob_chunk_size",
+    "backend.gradient_checkpointing",
+    "backend.options.train_save_on_cpu",
+    "backend.lora",
+    "model.dtype",
+)
 
 
 @dataclass(frozen=True)
@@ -59,11 +67,19 @@ class ModelDims:
         heads = f["num_attention_heads"]
         head_dim = f.get("head_dim") or f["hidden_size"] // heads
         mt = f.get("model_type", "")
-        return cls(vocab=f["vocab_size"], hidden=f["hidden_size"], layers=f["num_hidden_layers"], heads=heads,
-                   kv_heads=f.get("num_key_value_heads") or heads, head_dim=head_dim,
-                   intermediate=f["intermediate_size"], tied=bool(f.get("tie_word_embeddings", False)),
-                   qk_norm=mt == "qwen3", qkv_bias=mt == "qwen2" or bool(f.get("attention_bias", False)),
-                   dtype=str(f.get("dtype") or f.get("torch_dtype") or "float32"))
+        return cls(
+            vocab=f["vocab_size"],
+            hidden=f["hidden_size"],
+            layers=f["num_hidden_layers"],
+            heads=heads,
+            kv_heads=f.get("num_key_value_heads") or heads,
+            head_dim=head_dim,
+            intermediate=f["intermediate_size"],
+            tied=bool(f.get("tie_word_embeddings", False)),
+            qk_norm=mt == "qwen3",
+            qkv_bias=mt == "qwen2" or bool(f.get("attention_bias", False)),
+            dtype=str(f.get("dtype") or f.get("torch_dtype") or "float32"),
+        )
 
     def layer_params(self) -> int:
         h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
@@ -75,8 +91,13 @@ class ModelDims:
         return embed * (1 if self.tied else 2) + self.layers * self.layer_params() + self.hidden
 
     def lora_params(self, r: int) -> int:
-        """LoRA on every linear layer of the decoder ("all-linear" without the LM head): r x (in + out) each."""
-        h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
+        """LoRA on every linear layer of the decoder ("all-linear", not the LM head): r x (in + out) each."""
+        h, q, kv, i = (
+            self.hidden,
+            self.heads * self.head_dim,
+            self.kv_heads * self.head_dim,
+            self.intermediate,
+        )
         return self.layers * r * ((h + q) * 2 + (h + kv) * 2 + (h + i) * 3)
 
     def largest_lora(self, r: int) -> int:
@@ -86,8 +107,12 @@ class ModelDims:
     def saved_per_token(self) -> int:
         """Elements one decoder layer saves for backward per token (see SAVED_PER_TOKEN)."""
         c = SAVED_PER_TOKEN
-        return (c["hidden"] * self.hidden + c["intermediate"] * self.intermediate
-                + c["q"] * self.heads * self.head_dim + c["kv"] * self.kv_heads * self.head_dim)
+        return (
+            c["hidden"] * self.hidden
+            + c["intermediate"] * self.intermediate
+            + c["q"] * self.heads * self.head_dim
+            + c["kv"] * self.kv_heads * self.head_dim
+        )
 
 
 @dataclass(frozen=True)
@@ -136,8 +161,8 @@ class MemoryPlan:
 
     @property
     def fwd_bwd(self) -> int:
-        """Forward + backward's transient: activations, LM head and its weight gradient at backward's start, or
-        at its end the gradients (a tied embedding's two gradients and their sum, two more V x H)."""
+        """Forward + backward's transient: activations, LM head and its weight gradient at backward's start,
+        or at its end the gradients (a tied embedding's two gradients and their sum, two more V x H)."""
         return max(self.activations + self.lm_head + self.head_grad, self.gradients + self.tied_extra)
 
     @property
@@ -166,20 +191,32 @@ def plan(dims: ModelDims, step: StepShape) -> MemoryPlan:
     host = 0
     if step.save_on_cpu and step.device.startswith("cuda"):
         host, acts = acts, 0
-    # LM head: logits in the model dtype, their fp32 log-softmax (saved) and its gradient in backward
+    # LM head: the selective path's [targets, V] logits in the model dtype, their fp32 log-softmax (saved by
+    # the cross entropy) and its gradient; the full path's [tokens, V] logits and fp32 log-softmax at once
+    # (measured at the 0.6B shape's width, 1,024 tokens: benchmarks/README.md, `quaero bench real-shape`)
     per_row = dims.vocab * (b + 4 + 4)
-    full = tokens * per_row
+    full = tokens * dims.vocab * (b + 4)
     rows = step.targets
     if step.chunk_size or step.targets * dims.vocab * 4 > step.hidden_max_bytes:
         rows = min(step.targets, step.chunk_size or step.auto_chunk_rows)
     selective = rows * per_row
     head_grad = dims.vocab * dims.hidden * b if not step.lora else 0
-    return MemoryPlan(dims, step, weights=params * b, gradients=trainable * b, optimizer=2 * trainable * b,
-                      activations=acts, activations_exact=exact, host_activations=host,
-                      lm_head=selective if step.selective else full, lm_head_full=full,
-                      lm_head_selective=selective, head_grad=head_grad,
-                      tied_extra=2 * head_grad if dims.tied else 0,
-                      largest=(dims.largest_lora(step.lora_r) if step.lora else dims.vocab * dims.hidden) * b)
+    return MemoryPlan(
+        dims,
+        step,
+        weights=params * b,
+        gradients=trainable * b,
+        optimizer=2 * trainable * b,
+        activations=acts,
+        activations_exact=exact,
+        host_activations=host,
+        lm_head=selective if step.selective else full,
+        lm_head_full=full,
+        lm_head_selective=selective,
+        head_grad=head_grad,
+        tied_extra=2 * head_grad if dims.tied else 0,
+        largest=(dims.largest_lora(step.lora_r) if step.lora else dims.vocab * dims.hidden) * b,
+    )
 
 
 def fitting_knob(dims: ModelDims, step: StepShape, capacity: int) -> tuple[str, MemoryPlan] | None:
@@ -204,8 +241,13 @@ def fitting_knob(dims: ModelDims, step: StepShape, capacity: int) -> tuple[str, 
     return None
 
 
-KNOB_VALUES = {"backend.options.train_logprob_chunk_size": "256", "backend.gradient_checkpointing": "true",
-               "backend.options.train_save_on_cpu": "true", "backend.lora": "true", "model.dtype": "'bfloat16'"}
+KNOB_VALUES = {
+    "backend.options.train_logprob_chunk_size": "256",
+    "backend.gradient_checkpointing": "true",
+    "backend.options.train_save_on_cpu": "true",
+    "backend.lora": "true",
+    "model.dtype": "'bfloat16'",
+}
 
 
 def gib(n: int) -> str:
@@ -223,27 +265,51 @@ def plan_lines(p: MemoryPlan, *, capacity: int | None, capacity_source: str, row
         knobs.append(f"context crop {s.context_tokens}")
     if s.save_on_cpu:
         knobs.append("save_on_cpu" + ("" if s.device.startswith("cuda") else " (no-op on cpu)"))
-    head = ("full logits" if not s.selective else
-            f"selective, {min(s.targets, s.chunk_size)}-row chunks" if s.chunk_size else "selective")
+    head = (
+        "full logits"
+        if not s.selective
+        else f"selective, {min(s.targets, s.chunk_size)}-row chunks"
+        if s.chunk_size
+        else "selective"
+    )
     lines = [
-        (f"memory plan {d.params() / 1e9:.3f}B params ({'tied' if d.tied else 'untied'} embeddings), {dtype}, "
-         f"{s.device}; microbatch {s.tokens} tokens, {s.targets} targets {row_note}"),
-        (f"  weights {gib(p.weights)}, gradients {gib(p.gradients)}, AdamW m+v {gib(p.optimizer)}"
-         + (f" (LoRA r={s.lora_r}: {d.lora_params(s.lora_r) / 1e6:.1f}M trainable)" if s.lora else "")),
-        (f"  activations {gib(p.activations)} ({', '.join(knobs) or 'no knobs'}; exact full context without "
-         f"knobs {gib(p.activations_exact)}" + (f"; {gib(p.host_activations)} on host" if p.host_activations else "")
-         + ")"),
-        (f"  LM head {gib(p.lm_head)} ({head}; full logits [{s.tokens}, {d.vocab}] {gib(p.lm_head_full)}, "
-         f"selective [{s.targets}, {d.vocab}] {gib(p.lm_head_selective)})"),
-        (f"  peak {gib(p.peak)}" + (f" of {gib(capacity)} {capacity_source}" if capacity else "")
-         + f" (forward+backward {gib(p.fwd_bwd)}, update: gradients + AdamW temporaries {gib(p.update)})"),
+        (
+            f"memory plan {d.params() / 1e9:.3f}B params ({'tied' if d.tied else 'untied'} embeddings), "
+            f"{dtype}, "
+            f"{s.device}; microbatch {s.tokens} tokens, {s.targets} targets {row_note}"
+        ),
+        (
+            f"  weights {gib(p.weights)}, gradients {gib(p.gradients)}, AdamW m+v {gib(p.optimizer)}"
+            + (f" (LoRA r={s.lora_r}: {d.lora_params(s.lora_r) / 1e6:.1f}M trainable)" if s.lora else "")
+        ),
+        (
+            f"  activations {gib(p.activations)} ({', '.join(knobs) or 'no knobs'}; exact full context "
+            "without "
+            f"knobs {gib(p.activations_exact)}"
+            + (f"; {gib(p.host_activations)} on host" if p.host_activations else "")
+            + ")"
+        ),
+        (
+            f"  LM head {gib(p.lm_head)} ({head}; full logits [{s.tokens}, {d.vocab}] {gib(p.lm_head_full)}, "
+            f"selective [{s.targets}, {d.vocab}] {gib(p.lm_head_selective)})"
+        ),
+        (
+            f"  peak {gib(p.peak)}"
+            + (f" of {gib(capacity)} {capacity_source}" if capacity else "")
+            + f" (forward+backward {gib(p.fwd_bwd)}, update: gradients + AdamW temporaries {gib(p.update)})"
+        ),
     ]
     if capacity and p.peak > capacity:
         found = fitting_knob(d, s, capacity)
-        fix = (f"set {found[0]} = {KNOB_VALUES[found[0]]} (plan {gib(found[1].peak)})" if found else
-               "no single knob makes it fit: a shorter [model] max_seq_len, a smaller micro_batch_tokens "
-               "or a smaller model")
-        lines.append(f"memory plan exceeds the device: peak {gib(p.peak)} > {gib(capacity)} {capacity_source}; {fix}")
+        fix = (
+            f"set {found[0]} = {KNOB_VALUES[found[0]]} (plan {gib(found[1].peak)})"
+            if found
+            else "no single knob makes it fit: a shorter [model] max_seq_len, a smaller micro_batch_tokens "
+            "or a smaller model"
+        )
+        lines.append(
+            f"memory plan exceeds the device: peak {gib(p.peak)} > {gib(capacity)} {capacity_source}; {fix}"
+        )
     return lines
 
 
@@ -261,14 +327,26 @@ def step_shape(cfg, device: str) -> tuple[StepShape, str]:
     row = min(cfg.model.max_seq_len, e.max_turns * (s.max_tokens + obs))
     rows = max(1, min(cfg.training.tasks_per_step * cfg.training.group_size, b.micro_batch_tokens // row))
     per_row = min(row, e.max_turns * s.max_tokens + (e.max_turns * obs if cfg.echo.enabled else 0))
-    shape = StepShape(tokens=rows * row, targets=rows * per_row, target_span=rows * per_row, dtype=cfg.model.dtype,
-                      lora=b.lora, lora_r=b.lora_r, gradient_checkpointing=b.gradient_checkpointing,
-                      selective=o.train_selective_suffix_logits, chunk_size=o.train_logprob_chunk_size,
-                      hidden_max_bytes=SelectivePolicy().hidden_max_bytes, auto_chunk_rows=AUTO_CHUNK_ROWS,
-                      save_on_cpu=o.train_save_on_cpu, context_tokens=o.train_supervised_context_tokens,
-                      device=device)
-    note = (f"({rows} row(s) of {row}: min(max_seq_len {cfg.model.max_seq_len}, max_turns {e.max_turns} x "
-            f"(max_tokens {s.max_tokens} + observation limit {obs})))")
+    shape = StepShape(
+        tokens=rows * row,
+        targets=rows * per_row,
+        target_span=rows * per_row,
+        dtype=cfg.model.dtype,
+        lora=b.lora,
+        lora_r=b.lora_r,
+        gradient_checkpointing=b.gradient_checkpointing,
+        selective=o.train_selective_suffix_logits,
+        chunk_size=o.train_logprob_chunk_size,
+        hidden_max_bytes=SelectivePolicy().hidden_max_bytes,
+        auto_chunk_rows=AUTO_CHUNK_ROWS,
+        save_on_cpu=o.train_save_on_cpu,
+        context_tokens=o.train_supervised_context_tokens,
+        device=device,
+    )
+    note = (
+        f"({rows} row(s) of {row}: min(max_seq_len {cfg.model.max_seq_len}, max_turns {e.max_turns} x "
+        f"(max_tokens {s.max_tokens} + observation limit {obs})))"
+    )
     return shape, note
 
 
@@ -295,11 +373,19 @@ def memory_lines(cfg, device: str) -> list[str]:
 
     fields = config_fields(cfg.model.name)
     if fields is None:
-        return [(f"memory plan none: {cfg.model.name!r} has no config.json here (not a folder, not in the hub "
-                 "cache); it is read once the model is downloaded")]
+        return [
+            (
+                f"memory plan none: {cfg.model.name!r} has no config.json here (not a folder, not in the hub "
+                "cache); it is read once the model is downloaded"
+            )
+        ]
     if fields.get("model_type") not in SUPPORTED_TYPES:
-        return [(f"memory plan none: model_type {fields.get('model_type')!r} (the plan knows "
-                 f"{', '.join(SUPPORTED_TYPES)})")]
+        return [
+            (
+                f"memory plan none: model_type {fields.get('model_type')!r} (the plan knows "
+                f"{', '.join(SUPPORTED_TYPES)})"
+            )
+        ]
     dims = ModelDims.from_fields(fields)
     step, note = step_shape(cfg, device)
     capacity, source = device_capacity(device)

@@ -32,7 +32,8 @@ def test_special_tokens_have_qwen3_ids(qwen3_tokenizer):
     ids = {t: qwen3_tokenizer.convert_tokens_to_ids(t) for t in
            ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>",
             "</tool_response>", "<think>", "</think>")}
-    assert ids == {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<tool_call>": 151657,
+    assert ids == {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645,
+                   "<tool_call>": 151657,
                    "</tool_call>": 151658, "<tool_response>": 151665, "</tool_response>": 151666,
                    "<think>": 151667, "</think>": 151668}
     # special tokens inside text are single ids, no BOS is added
@@ -79,18 +80,24 @@ def test_cache_dir_follows_env(monkeypatch, tmp_path):
 # huggingface.co/Qwen/Qwen3-1.7B/raw/main/config.json (the fields that set the model's size and numerics).
 PUBLISHED = {
     "qwen3-0.6b-shape": {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024, "num_hidden_layers": 28,
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024,
+        "num_hidden_layers": 28,
         "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 3072,
-        "tie_word_embeddings": True, "vocab_size": 151936, "rope_theta": 1000000, "max_position_embeddings": 40960,
+        "tie_word_embeddings": True, "vocab_size": 151936, "rope_theta": 1000000,
+        "max_position_embeddings": 40960,
         "rms_norm_eps": 1e-06, "hidden_act": "silu", "attention_bias": False, "bos_token_id": 151643,
-        "eos_token_id": 151645, "sliding_window": None, "use_sliding_window": False, "torch_dtype": "bfloat16",
+        "eos_token_id": 151645, "sliding_window": None, "use_sliding_window": False,
+        "torch_dtype": "bfloat16",
     },
     "qwen3-1.7b-shape": {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 2048, "num_hidden_layers": 28,
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 2048,
+        "num_hidden_layers": 28,
         "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 6144,
-        "tie_word_embeddings": True, "vocab_size": 151936, "rope_theta": 1000000, "max_position_embeddings": 40960,
+        "tie_word_embeddings": True, "vocab_size": 151936, "rope_theta": 1000000,
+        "max_position_embeddings": 40960,
         "rms_norm_eps": 1e-06, "hidden_act": "silu", "attention_bias": False, "bos_token_id": 151643,
-        "eos_token_id": 151645, "sliding_window": None, "use_sliding_window": False, "torch_dtype": "bfloat16",
+        "eos_token_id": 151645, "sliding_window": None, "use_sliding_window": False,
+        "torch_dtype": "bfloat16",
     },
 }
 # parameters (tied embeddings counted once) and non-embedding parameters, as the model cards give them
@@ -98,7 +105,7 @@ PUBLISHED_SIZE = {"qwen3-0.6b-shape": (0.6e9, 0.44e9), "qwen3-1.7b-shape": (1.7e
 
 
 def _as_published(cfg) -> dict:
-    """The transformers config in config.json's terms (rope_theta inside rope_parameters in transformers 5)."""
+    """The transformers config in config.json's terms (transformers 5 keeps rope_theta in rope_parameters)."""
     d = cfg.to_dict()
     d["rope_theta"] = cfg.rope_parameters["rope_theta"]
     d["torch_dtype"] = str(cfg.dtype).removeprefix("torch.")
@@ -123,10 +130,11 @@ def test_named_shapes_have_the_published_configs_without_building(name, monkeypa
     assert not list(tmp_path.iterdir())  # nothing was built
 
 
-REDUCED = qm.Qwen3Shape(64, 2, 4, 2, 32, 128)  # the same family (tied, GQA, QK-norm, RoPE 1e6, bf16), tiny dims
+REDUCED = qm.Qwen3Shape(64, 2, 4, 2, 32, 128)  # the same family (tied, GQA, QK-norm, RoPE 1e6, bf16), tiny
 
 
-def test_a_reduced_shape_builds_deterministically_and_loads_in_transformers(monkeypatch, tmp_path, qwen3_tokenizer):
+def test_a_reduced_shape_builds_deterministically_and_loads_in_transformers(monkeypatch, tmp_path,
+                                                                            qwen3_tokenizer):
     import copy
     import json
 
@@ -147,7 +155,8 @@ def test_a_reduced_shape_builds_deterministically_and_loads_in_transformers(monk
     assert model.config.num_key_value_heads == 2 and model.config.head_dim == 32
     tok = qm.load_tokenizer("reduced-shape")
     assert tok.eos_token_id == model.config.eos_token_id == 151645
-    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    messages = [{"role": "user", "content": "hi"}]
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     ids = tok.encode(text)
     with torch.no_grad():
