@@ -103,8 +103,10 @@ def test_a_mixture_env_whose_task_api_lacks_the_split_is_named_in_one_line(tmp_p
     from quaero.openenv_client.tasks import check_lines
 
     cfg = load_config(write(tmp_path, MIXTURE.format(ratio=1, second="hard")), ["envs.hard.eval_split=nope"])
-    assert check_lines(cfg.views()["easy"], "mix.toml [[envs]] name='easy':")[0].startswith("tasks       splits")
+    first = check_lines(cfg.views()["easy"], "mix.toml [[envs]] name='easy':")[0]
+    assert first.startswith("tasks       splits")
     with pytest.raises(ConfigError, match=r"^mix.toml \[\[envs\]\] name='hard': \[env\] "
-                                          r"eval_split='nope': the env has no such split; its splits: 'train' \(1000000") as e:
+                                          r"eval_split='nope': the env has no such split; its splits: "
+                                          r"'train' \(1000000") as e:
         check_lines(cfg.views()["hard"], "mix.toml [[envs]] name='hard':")
     assert "\n" not in str(e.value)
