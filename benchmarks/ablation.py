@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--from-step", type=int, help="with --from: that run's checkpoint of this step instead")
     p.add_argument("--out", type=Path, default=Path("bench_out/ablation"))
     args = p.parse_args(argv)
-    if args.from_step is not None and args.source is None:  # as bench peers-trl: never train from scratch silently
+    # as bench peers-trl: never train from scratch silently
+    if args.from_step is not None and args.source is None:
         raise SystemExit("error: --from-step needs --from RUN")
     arm_a, arm_b = args.arm_a or ["echo.enabled=true"], args.arm_b or ["echo.enabled=false"]
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]

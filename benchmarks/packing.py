@@ -58,10 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     with open_envs(cfg.env, min(args.episodes, 4)) as pool:
         results = {}
         for reasoning in (True, False):
-            groups = EpisodeDriver(render, None, DriverSettings.of(cfg), pool.stats).run(pool.sessions, tasks, group_size=1,
-                                                                       policy=eight_turns(args.turns,
-                                                                                          reasoning))
-            results[reasoning] = ([g[0] for g in groups], pool.stats.snapshot_and_reset())
+            driver = EpisodeDriver(render, None, DriverSettings.of(cfg), pool.counts)
+            groups = driver.run(pool.sessions, tasks, group_size=1, policy=eight_turns(args.turns, reasoning))
+            results[reasoning] = ([g[0] for g in groups], pool.counts.snapshot_and_reset())
 
     eps, counts = results[True]
     plain_eps, plain_counts = results[False]
@@ -85,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
           f"prefix mismatches {counts['prefix_mismatches']}, bridge fallbacks {counts['bridge_fallbacks']})")
     print(f"episodes solved: {sum(ep.success for ep in eps)}/{len(eps)}; oracle verbatim (empty thinking): "
           f"{plain_counts['rows_packed']} packed rows, "
-          f"{plain_counts['rows_transition']} per-transition rows, packing breaks {plain_counts['packing_breaks']}")
+          f"{plain_counts['rows_transition']} per-transition rows, "
+          f"packing breaks {plain_counts['packing_breaks']}")
 
 
 if __name__ == "__main__":

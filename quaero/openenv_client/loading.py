@@ -27,7 +27,14 @@ from quaero.config import ConfigError
 from quaero.resolve import resolve_name
 from quaero.telemetry.runlog import error_line
 
-from .mapping import default_formatter, field_type
+from .mapping import (
+    BOOKKEEPING_FIELDS,
+    DEFAULT_SYSTEM_PROMPT,
+    INSTRUCTION_KEYS,
+    default_formatter,
+    field_type,
+    resolve_field,
+)
 
 
 def block_gradio() -> None:
@@ -346,10 +353,12 @@ def ignored_reset_params(spec: EnvSpec) -> list[str]:
     return [name for name in TASK_RESET_PARAMS if name not in params]
 
 
-def describe_env(cfg: Any) -> list[str]:
+def describe_env(cfg: Any, observation_limit: int | None = None) -> list[str]:
     """`quaero check`'s view of the env: the entry imported and its types resolved (a ConfigError now, before
     any model loads, when its Action is unknown or empty), no session opened and no factory called: a class is
-    inspected, a factory function only through its return annotation. cfg: an EnvConfig."""
+    inspected, a factory function only through its return annotation. cfg: an EnvConfig; observation_limit:
+    the tokens one env message may hold (`QuaeroConfig.observation_token_limit`), for the fields that can
+    exceed it."""
     if not cfg.starts_env:
         return [(f"env action  read from {cfg.url} /schema when sessions open (an Action without fields is an "
                  "error then); the reset parameters of a remote env cannot be inspected")]
@@ -370,7 +379,50 @@ def describe_env(cfg: Any) -> list[str]:
     ignored = ignored_reset_params(spec)
     reset = (f"reset drops {'/'.join(ignored)} (see the warning when sessions open)" if ignored
              else "reset accepts seed, split and index")
-    return [f"env action  {action}; {reset}"]
+    lines = [f"env action  {action}; {reset}", system_prompt_line(cfg, spec)]
+    unbounded = [] if spec.speaks_tools else unbounded_fields(spec.observation_cls.model_json_schema())
+    if unbounded and observation_limit:
+        lines.append(f"obs fields  {', '.join(unbounded)} of {spec.observation_cls.__name__} have no size bound: an "
+                     f"observation over [env] max_observation_tokens={observation_limit} is cut field by field (a long "
+                     "field shortened with a marker, the others kept whole; said when it happens)")
+    return lines
+
+
+def system_prompt_line(cfg: Any, spec: EnvSpec) -> str:
+    """Which text becomes the system prompt (quaero/openenv_client/session.py `ChatEnv._presented`), as far as
+    the config and the env's declared Observation tell without a reset."""
+    fields = set(spec.observation_cls.model_json_schema().get("properties", {}))
+    own = next((k for k in INSTRUCTION_KEYS if k in fields), None)
+    if cfg.system_prompt:
+        first = f"[env] system_prompt ({cfg.system_prompt[:60]!r}{'...' if len(cfg.system_prompt) > 60 else ''})"
+    elif own:
+        first = f"the reset's own `{own}` field (the reset metadata's system_prompt first, when it gives one)"
+    elif "messages" in fields and not spec.speaks_tools:
+        first = ("the system message of the reset's `messages` when they are a chat (the reset metadata's "
+                 "system_prompt or instructions first)")
+    else:
+        first = (f"the reset metadata's system_prompt or instructions when it gives them, else quaero's "
+                 f"{DEFAULT_SYSTEM_PROMPT!r}")
+    after = ("" if spec.speaks_tools else "; then the Action schema (not for a chat answered in plain text)")
+    return f"system      {first}{after}"
+
+
+def unbounded_fields(schema: dict) -> list[str]:
+    """`name (type)` of an observation schema's fields whose size nothing bounds (text without maxLength, an
+    array without maxItems, an object), OpenEnv's bookkeeping fields (done, reward, metadata) left out."""
+    out = []
+    for name in schema.get("properties", {}):
+        if name in BOOKKEEPING_FIELDS:
+            continue
+        prop = resolve_field(schema, schema["properties"][name])
+        options = [resolve_field(schema, o) for o in prop.get("anyOf", [])] or [prop]
+        for o in options:
+            kind = o.get("type")
+            if ((kind == "string" and "maxLength" not in o and "enum" not in o)
+                    or (kind == "array" and "maxItems" not in o) or (kind == "object" and "maxProperties" not in o)):
+                out.append(f"{name} ({kind})")
+                break
+    return out
 
 
 def load_formatter(path: str | None) -> Callable[[dict, str], str]:

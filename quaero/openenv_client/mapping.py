@@ -132,7 +132,7 @@ def field_type(schema: dict, name: str) -> str:
     return f"{text} or null" if p.get("nullable") else text
 
 
-def _single_string_field(schema: dict) -> str | None:
+def single_text_field(schema: dict) -> str | None:
     """The field raw reply text fills: the one required field, or the only field, when it takes a string
     (an enum of strings too: `RIGHT` for {"direction": "UP" | "RIGHT" | ...})."""
     props = schema.get("properties", {})
@@ -146,7 +146,7 @@ def _single_string_field(schema: dict) -> str | None:
 def action_instructions(schema: dict) -> str:
     """What the system prompt asks of a plain env's replies (schema: `model_action_schema`'s). An Action whose
     one field takes text gets its reply as plain text (textarena's "[5]"), not a JSON object around it."""
-    field, text = _single_string_field(schema), json.dumps(schema, separators=(",", ":"))
+    field, text = single_text_field(schema), json.dumps(schema, separators=(",", ":"))
     if field is not None and list(schema.get("properties", {})) == [field]:
         return (f"\n\nReply with the action itself as plain text: your whole reply becomes its `{field}` field "
                 f"({field_type(schema, field)}).")
@@ -159,13 +159,14 @@ def action_instructions(schema: dict) -> str:
 def reply_instruction(schema: dict) -> str:
     """The corrective message's ask, in the words `action_instructions` used: plain text for an Action whose
     one field takes text (grid_world's bare `RIGHT`), else one JSON object."""
-    field = _single_string_field(schema)
+    field = single_text_field(schema)
     if field is not None and list(schema.get("properties", {})) == [field]:
         return (f"Reply with the action itself as plain text: your whole reply becomes its `{field}` field "
                 f"({field_type(schema, field)}).")
     if field is not None:
-        return f"Reply with exactly one JSON object matching the action schema, or with plain text for its `{field}`."
-    return "Reply with exactly one JSON object matching the action schema."
+        return (f"Reply with exactly one JSON object matching the action schema in the system prompt, or with plain "
+                f"text for its `{field}`.")
+    return "Reply with exactly one JSON object matching the action schema in the system prompt."
 
 
 def parse_plain_action(text: str, schema: dict) -> dict:
@@ -181,13 +182,14 @@ def parse_plain_action(text: str, schema: dict) -> dict:
         value = None
     if isinstance(value, dict):
         return value
-    if (field := _single_string_field(schema)) is not None and stripped:
+    if (field := single_text_field(schema)) is not None and stripped:
         return {field: stripped}
     required = schema.get("required", [])
     if len(required) == 1 and isinstance(value, (int, float, bool)):  # `7` for {"guess": int}
         return {required[0]: value}
-    raise Malformed("Your last message was not a valid action. Reply with exactly one JSON object "
-                    f"matching the action schema: {json.dumps(schema, separators=(',', ':'))}")
+    why = ("it was empty" if not stripped else f"it is JSON but not an object ({type(value).__name__})"
+           if value is not None or stripped == "null" else "it is not JSON")
+    raise Malformed(f"Your last message was not a valid action: {why}. {reply_instruction(schema)}")
 
 
 # OpenEnv's base Observation fields: reward and done travel beside the text, metadata is bookkeeping
@@ -209,27 +211,79 @@ def prompt_messages(meta: Any) -> list[dict]:
     return [m for m in prompt if isinstance(m, dict) and isinstance(m.get("content"), str) and m["content"].strip()]
 
 
+DEFAULT_SYSTEM_PROMPT = "You are an agent acting in an environment. Solve the task."  # when the env gives none
+INSTRUCTION_KEYS = ("instructions", "system_prompt")  # an observation's fields that are the env's own instructions
+
+
+def env_instructions(observation: dict) -> tuple[str | None, str | None]:
+    """(field, text) of the instructions an env's reset gives for the system prompt: a non-empty `instructions`
+    or `system_prompt` field of the observation, else of its metadata; (None, None) without one."""
+    meta = observation.get("metadata") or {}
+    for where in (observation, meta if isinstance(meta, dict) else {}):
+        for key in INSTRUCTION_KEYS:
+            if isinstance(where.get(key), str) and where[key].strip():
+                return key, where[key]
+    return None, None
+
+
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+
+
+def chat_turns(observation: dict) -> list[dict] | None:
+    """An observation's `messages` when it is a chat ([{"role", "content"}] with known roles and text contents,
+    korrel's export), else None."""
+    messages = observation.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return None
+    if not all(isinstance(m, dict) and m.get("role") in CHAT_ROLES and isinstance(m.get("content"), str)
+               for m in messages):
+        return None
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
 def prompt_system(meta: Any) -> str | None:
     """The system message of a reset's chat prompt (`prompt_messages`), if it has one."""
     return next((m["content"] for m in prompt_messages(meta) if m.get("role") == "system"), None)
 
 
+class FieldText(str):
+    """A formatted observation that remembers its parts: `parts` are (field name or None, line) whose lines,
+    joined by newlines, are the text. The episode driver cuts an observation over `[env] max_observation_tokens`
+    part by part (quaero/rollout/driver.py `_bounded`): a huge field is shortened with its marker and the small
+    ones after it survive whole (atari's screen before `legal_actions` and `lives`). Everywhere else it is the
+    plain string it equals."""
+
+    parts: tuple[tuple[str | None, str], ...] = ()
+
+    @classmethod
+    def of(cls, parts: list[tuple[str | None, str]]) -> FieldText:
+        text = cls("\n".join(line for _, line in parts))
+        text.parts = tuple(parts)
+        return text
+
+
+def observation_parts(observation: dict, context: str = "step") -> list[tuple[str | None, str]]:
+    """`default_formatter`'s lines with the field each shows (None for a question taken from the metadata)."""
+    fields = {k: v for k, v in observation.items() if k not in BOOKKEEPING_FIELDS and v not in (None, "", [], {})}
+    question_key = next((k for k in QUESTION_KEYS if isinstance(fields.get(k), str) and fields[k].strip()), None)
+    parts: list[tuple[str | None, str]] = [(question_key, fields.pop(question_key))] if question_key else []
+    meta = observation.get("metadata") or {}
+    if not parts and context == "reset" and isinstance(meta, dict):
+        parts += [(None, meta[k]) for k in QUESTION_KEYS if isinstance(meta.get(k), str) and meta[k].strip()][:1]
+        if not parts:  # a chat prompt (Verifiers tasks): its non-system messages; the system one is the system prompt
+            parts += [(None, m["content"]) for m in prompt_messages(meta) if m.get("role") != "system"]
+    for k, v in fields.items():
+        if not _repeats(v, "\n".join(line for _, line in parts)):
+            parts.append((k, _field_line(k, v)))
+    return parts
+
+
 def default_formatter(observation: dict, context: str = "step") -> str:
     """Observation dict -> user message text: its question-like field first (on reset, else the one in
     `metadata`), then every other non-empty field but the bookkeeping ones as `name: value` lines, in the
-    observation's declaration order (JSON for structured values), so a reset's trial data reaches the model."""
-    fields = {k: v for k, v in observation.items() if k not in BOOKKEEPING_FIELDS and v not in (None, "", [], {})}
-    question_key = next((k for k in QUESTION_KEYS if isinstance(fields.get(k), str) and fields[k].strip()), None)
-    lines = [fields.pop(question_key)] if question_key else []
-    meta = observation.get("metadata") or {}
-    if not lines and context == "reset" and isinstance(meta, dict):
-        lines += [meta[k] for k in QUESTION_KEYS if isinstance(meta.get(k), str) and meta[k].strip()][:1]
-        if not lines:  # a chat prompt (Verifiers tasks): its non-system messages; the system one is the system prompt
-            lines += [m["content"] for m in prompt_messages(meta) if m.get("role") != "system"]
-    for k, v in fields.items():
-        if not _repeats(v, "\n".join(lines)):
-            lines.append(_field_line(k, v))
-    return "\n".join(lines)
+    observation's declaration order (JSON for structured values), so a reset's trial data reaches the model.
+    A FieldText: the driver can cut it field by field."""
+    return FieldText.of(observation_parts(observation, context))
 
 
 def _texts(value: Any) -> list[str]:

@@ -21,21 +21,25 @@ from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
 
 from .mapping import (
+    DEFAULT_SYSTEM_PROMPT,
+    INSTRUCTION_KEYS,
     Malformed,
     action_instructions,
+    chat_turns,
+    env_instructions,
     parse_plain_action,
     parse_tool_calls,
     prompt_system,
     render_tool_result,
     reply_instruction,
+    single_text_field,
 )
-from .transport import ActionRejected, EnvFault, InvalidReply
+from .transport import ActionRejected, EnvFault, EnvRaised, InvalidReply
 
 if TYPE_CHECKING:
     from quaero.telemetry.counts import RolloutCounts
 
 log = get_logger(__name__)
-DEFAULT_SYSTEM_PROMPT = "You are an agent acting in an environment. Solve the task."
 
 
 @dataclass
@@ -63,6 +67,46 @@ class EpisodeDropped(Exception):
     def __init__(self, reason: str, kind: str = "env_error") -> None:
         super().__init__(reason)
         self.reason, self.kind = reason, kind
+
+
+class ActionRefused(Exception):
+    """The env raised the same error on this action twice, the second time on a healthy session (`ChatEnv._call`):
+    the action is illegal where the env stands (atari's `Invalid action_id: 7`). str(self): the env's message."""
+
+
+class EpisodeEndedAtReset(Exception):
+    """The env's reset answered done=True (a sandbox without its key, a dataset without tasks): no episode to
+    play. reason: the env's own words, one line (`reset_end_reason`)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+REASON_KEYS = ("error", "reason", "message", "status", "detail", "info")
+MAX_REASON_CHARS = 300
+
+
+def reset_end_reason(observation: dict, formatter: Callable[..., str]) -> str:
+    """Why a reset ended at once, in the env's words, on one line: a text field of its metadata named like a
+    reason (`error`, `reason`, `message`, ...), else the observation's own text, else its metadata as JSON."""
+    meta = observation.get("metadata") or {}
+    text = next((meta[k] for k in REASON_KEYS if isinstance(meta, dict) and isinstance(meta.get(k), str)
+                 and meta[k].strip()), "")
+    if not text:
+        try:
+            text = formatter(observation, context="reset")
+        except Exception:  # noqa: BLE001 - a formatter that cannot read an ended reset: the metadata says it
+            text = ""
+    if not text.strip():
+        text = json.dumps(meta, ensure_ascii=False, default=str) if meta else "the env gave no reason"
+    return one_line(text)
+
+
+def one_line(text: str, limit: int = MAX_REASON_CHARS) -> str:
+    """An env's message on one line (whitespace runs made one space), cut to `limit` characters."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[:limit] + " …"
 
 
 class Transport(Protocol):
@@ -147,6 +191,10 @@ class ChatEnv:
         self._history: list[tuple[dict, dict]] = []  # (action, payload) accepted in this episode
         self._task_text = ""  # the reset's system and user text
         self._done = True
+        self._stale = False  # the session was let go after a refused action: the next step replays first
+        self._own_instructions: str | None = None  # the env's instructions the system prompt holds
+        self._chat_field: str | None = None  # a chat env's one text field: replies are plain text
+        self._chat_seen: list[dict] = []  # a chat env's last `messages` (it may send its whole history each step)
 
     # -- sessions and retries -----------------------------------------------------------------------
     def connect(self) -> None:
@@ -159,28 +207,54 @@ class ChatEnv:
             self._transport = None
         self._resets = 0  # the next transport is a new session: a new env
 
+    def _replays(self) -> bool:
+        """Whether a lost session's episode is rebuilt on a new one (else the episode drops at the loss)."""
+        return self.cfg.on_session_loss == "replay" and self.replayable
+
     def _replay(self, transport: Transport) -> None:
         """Rebuild the episode on a fresh session: same reset, same accepted actions, same results."""
         transport.reset(self._reset_kwargs, self.cfg.reset_timeout_s)
         self._resets += 1
         for action, recorded in self._history:
-            payload = transport.step(action, self.cfg.step_timeout_s)
+            try:
+                payload = transport.step(action, self.cfg.step_timeout_s)
+            except EnvRaised as e:  # an action the env took before raises now: not the same episode
+                raise EpisodeDropped(f"replay diverged at {action}: the env raised {e.detail!r} where it had "
+                                     "answered; set [env] on_session_loss = 'drop'", "replay_diverged") from None
             self.counts.add(names.ENV_REPLAYED_STEPS)
             if payload != recorded:
                 raise EpisodeDropped(f"replay diverged at {action}: the env is not deterministic; "
                                      "set [env] on_session_loss = 'drop'", "replay_diverged")
 
+    def _refused(self, detail: str) -> ActionRefused:
+        """The step's action raised the same env error twice: the action's. In replay mode the session that
+        raised is let go, and the next step replays the accepted actions onto a fresh one, so the episode goes
+        on from its recorded state whatever the raising call left behind."""
+        self.counts.add(names.ENV_REJECTED_ACTIONS)
+        if self._replays():
+            self._drop_transport()
+            self._stale = True
+        return ActionRefused(detail)
+
     def _call(self, what: str, fn: Callable[[Transport], dict]) -> dict:
         """Run fn on a live session; on a fault reconnect (replaying the episode so far), with
         exponential backoff, up to cfg.max_retries times; then EpisodeDropped. An invalid reply drops
-        the episode at once."""
-        lost = False
-        for attempt in range(self.cfg.max_retries + 1):
+        the episode at once.
+
+        An env error answering a step (EnvRaised: the env's code raised, the server answered) is a fault of the
+        session or a property of the action. It is asked once more, whatever max_retries: on a fresh session
+        replayed to this point (in replay mode; the replay checks that the env is back in the recorded state),
+        else on the same session. The same error again is the action's: ActionRefused, which the step answers
+        as an invalid action. Anything else (a different error, a lost connection, a timeout) is a fault,
+        retried as above."""
+        lost, raised, failures = False, None, 0
+        while True:
             try:
                 fresh = self._transport is None
                 self.connect()
-                if fresh and lost and what == "step":
+                if fresh and (lost or self._stale) and what == "step":
                     self._replay(self._transport)
+                    self._stale = False
                 return fn(self._transport)
             except (ActionRejected, EpisodeDropped):
                 raise
@@ -189,26 +263,36 @@ class ChatEnv:
                 raise EpisodeDropped(f"{what}: invalid env reply: {e}", "invalid_reply") from None
             except Exception as e:  # noqa: BLE001 - every env/transport failure is a counted fault
                 fault = e if isinstance(e, EnvFault) else EnvFault("connection", f"{type(e).__name__}: {e}")
+                env_error = what == "step" and isinstance(fault, EnvRaised)
+                if env_error and fault.detail == raised:  # the same error for the same action, asked again
+                    raise self._refused(fault.detail) from None
+                raised = fault.detail if env_error else None
+                failures += 1
+                last = failures > self.cfg.max_retries + int(env_error)  # an env error is always asked again
                 if fault.kind == "timeout":
                     self.counts.add(names.ENV_TIMEOUTS)
+                if env_error and not self._replays() and not last:  # the session answered: ask it again as is
+                    self.counts.add(names.ENV_RETRIES)
+                    log.warning("env_retry", what=what, attempt=failures, fault=str(fault))
+                    continue
                 self._drop_transport()
                 lost = True
                 try:
                     self.connector.recover()
                 except Exception as err:  # noqa: BLE001 - e.g. the env server cannot start again
                     raise EpisodeDropped(f"{what}: {fault}; recovery failed: {err}", "recovery_failed") from None
-                if what == "step" and self.cfg.on_session_loss == "drop":
+                if what == "step" and self.cfg.on_session_loss == "drop" and not env_error:
                     raise EpisodeDropped(f"{what}: session lost ({fault}); on_session_loss='drop'",
                                          fault.kind) from None
-                if what == "step" and not self.replayable:
+                if what == "step" and not self.replayable and not env_error:
                     raise EpisodeDropped(f"{what}: session lost ({fault}); not replayable: the env's reset takes "
                                          "no seed or index", "not_replayable") from None
-                if attempt == self.cfg.max_retries:
-                    raise EpisodeDropped(f"{what} failed {attempt + 1} times, last: {fault}", fault.kind) from None
+                if last:
+                    raise EpisodeDropped(f"{what} failed {failures} times, last: {fault}", fault.kind) from None
                 self.counts.add(names.ENV_RETRIES)
-                log.warning("env_retry", what=what, attempt=attempt + 1, fault=str(fault))
-                time.sleep(self.cfg.retry_backoff_s * 2**attempt)
-        raise AssertionError("unreachable")
+                log.warning("env_retry", what=what, attempt=failures, fault=str(fault))
+                if not env_error:  # a server that answered needs no time to come back
+                    time.sleep(self.cfg.retry_backoff_s * 2**(failures - 1))
 
     def _dropped(self, e: EpisodeDropped) -> EpisodeDropped:
         """Log the drop where its context is known; the driver, which drops the episode, counts it."""
@@ -224,7 +308,7 @@ class ChatEnv:
         kwargs: dict[str, Any] = {**self.cfg.reset_kwargs, "seed": seed, "split": split}
         if index is not None:
             kwargs["index"] = index
-        self._reset_kwargs, self._history, self._done = kwargs, [], False
+        self._reset_kwargs, self._history, self._done, self._stale = kwargs, [], False, False
         try:
             # a fresh session per episode would cost a connect; reusing it is safe since reset rebuilds state
             payload = self._call("reset", lambda t: t.reset(kwargs, self.cfg.reset_timeout_s))
@@ -235,16 +319,63 @@ class ChatEnv:
         obs = payload.get("observation", {})
         if self.witness is not None:
             self.witness.saw(kwargs, obs, self._resets)
+        if payload.get("done"):  # nothing to play: never sampled, stepped or trained (the driver counts it)
+            self._done = True
+            raise EpisodeEndedAtReset(reset_end_reason(obs, self.formatter))
         meta = obs.get("metadata") or {}
         info = {"seed": seed, "split": split, "index": index if index is not None else seed, **meta}
         info.setdefault("task_id", f"{split}/{info['index']}")
-        system = self.cfg.system_prompt or meta.get("system_prompt") or prompt_system(meta) or DEFAULT_SYSTEM_PROMPT
-        if self.tools is None and self.action_schema is not None:
-            system += action_instructions(self.action_schema)
-        messages = [{"role": "system", "content": system},
-                    {"role": "user", "content": self.formatter(obs, context="reset")}]
+        system, turns = self._presented(obs, meta)
+        messages = [{"role": "system", "content": system}, *turns]
         self._task_text = "\n".join(m["content"] for m in messages)  # what a tool result need not repeat
         return ChatReset(messages=messages, info=info)
+
+    def _presented(self, obs: dict, meta: dict) -> tuple[str, list[dict]]:
+        """The reset as the env's author wrote it: the system prompt and the opening turns.
+
+        System prompt, the first there is: `[env] system_prompt`; the reset metadata's `system_prompt` or its chat
+        prompt's system message (what `openenv import` writes); the env's own instructions (an `instructions` or
+        `system_prompt` field of the observation, else of its metadata); a chat observation's system message;
+        else DEFAULT_SYSTEM_PROMPT. A plain env's Action schema follows it, unless the observation is a chat and
+        the Action takes one text field (a chat is answered in plain text).
+        Turns: a chat observation's (`messages` with roles) as chat turns, its other fields as one more user turn;
+        else the formatted observation as one user turn, left out when it has no text (an MCP env whose reset
+        carries none: the tools and the system prompt are the task)."""
+        chat = chat_turns(obs) if self.tools is None else None
+        self._own_instructions, self._chat_seen = None, chat or []
+        key, own = env_instructions(obs)
+        chat_system = next((m["content"] for m in chat or [] if m["role"] == "system"), None)
+        system = (self.cfg.system_prompt or meta.get("system_prompt") or prompt_system(meta) or own or chat_system
+                  or DEFAULT_SYSTEM_PROMPT)
+        if own is not None and system is own and key in obs:  # in the system prompt: not in the user turn too
+            self._own_instructions, obs = own, {k: v for k, v in obs.items() if k != key}
+        self._chat_field = single_text_field(self.action_schema or {}) if chat is not None else None
+        if self.tools is None and self.action_schema is not None and self._chat_field is None:
+            system += action_instructions(self.action_schema)
+        if chat is None:
+            text = self.formatter(obs, context="reset")
+            return system, [{"role": "user", "content": text}] if text.strip() or self.tools is None else []
+        turns = [m for m in chat if m["role"] != "system" or m["content"] != system]
+        turns = [m if m["role"] != "system" else {"role": "user", "content": m["content"]} for m in turns]
+        rest = self.formatter({k: v for k, v in obs.items() if k != "messages"}, context="reset")
+        return system, turns + ([{"role": "user", "content": rest}] if rest.strip() else [])
+
+    def _observed(self, obs: dict) -> list[dict]:
+        """A plain env's step observation as the turns that answer the model: a chat observation's new messages
+        (the env's own assistant messages, the model's reply, left out), its other fields as one more user turn;
+        else the formatted observation, without the instructions the system prompt already holds."""
+        if self._own_instructions is not None:
+            obs = {k: v for k, v in obs.items() if not (k in INSTRUCTION_KEYS and v == self._own_instructions)}
+        chat = chat_turns(obs) if self._chat_seen else None
+        if chat is None:
+            return [{"role": "user", "content": self.formatter(obs, context="step")}]
+        seen, self._chat_seen = self._chat_seen, chat
+        new = chat[len(seen):] if chat[:len(seen)] == seen else chat  # an env that sends its whole history
+        new = [m for m in new if m["role"] != "assistant"]
+        rest = self.formatter({k: v for k, v in obs.items() if k != "messages"}, context="step")
+        turns = [{"role": "user", "content": m["content"]} for m in new]
+        turns += [{"role": "user", "content": rest}] if rest.strip() else []
+        return turns or [{"role": "user", "content": ""}]
 
     def step(self, assistant: dict) -> ChatStep:
         if self._reset_kwargs is None or self._done:
@@ -275,6 +406,9 @@ class ChatEnv:
                 self.counts.add(names.ENV_REJECTED_CALLS)
                 messages.append({"role": "tool", "content": f"Error: invalid call: {e}"})
                 continue
+            except ActionRefused as e:  # the env raised on this call twice (counted as env_rejected_actions)
+                messages.append({"role": "tool", "content": f"Error: {one_line(str(e))}"})
+                continue
             obs = payload.get("observation", {})
             if obs.get("error"):
                 self.counts.add(names.ENV_TOOL_ERRORS)
@@ -289,16 +423,21 @@ class ChatEnv:
         return ChatStep(messages, reward, done, False, info)
 
     def _step_plain(self, assistant: dict) -> ChatStep:
-        action = parse_plain_action(assistant.get("content") or "", self.action_schema or {})
+        text = assistant.get("content") or ""
+        if self._chat_field is not None and text.strip():  # a chat is answered in plain text, JSON-looking or not
+            action = {self._chat_field: text.strip()}
+        else:
+            action = parse_plain_action(text, self.action_schema or {})
         try:
             payload = self._send(action)
         except ActionRejected as e:
             raise Malformed(f"Your last message was not a valid action ({e}). "
                             f"{reply_instruction(self.action_schema or {})}") from None
+        except ActionRefused as e:  # the right format, but illegal where the env stands: its own words
+            raise Malformed(f"The environment rejected your last action: {one_line(str(e))}") from None
         obs = payload.get("observation", {})
-        content = self.formatter(obs, context="step")
-        return ChatStep([{"role": "user", "content": content}], _reward(payload), bool(payload.get("done")),
-                        False, dict(obs.get("metadata") or {}))
+        return ChatStep(self._observed(obs), _reward(payload), bool(payload.get("done")), False,
+                        dict(obs.get("metadata") or {}))
 
     def close(self) -> None:
         self._drop_transport()

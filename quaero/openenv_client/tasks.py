@@ -15,6 +15,7 @@ one instance for it and closes it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import math
@@ -150,8 +151,9 @@ def catalog_over_http(http_url: str, timeout_s: float = 10.0) -> TaskCatalog | N
     except urllib.error.HTTPError as e:
         if e.code in (404, 405, 501):
             return None
-        raise ConfigError(f"[env] {http_url}: its Task API answered HTTP {e.code} ({e.reason}); fix the env's "
-                          "list_splits/num_tasks") from None
+        raise ConfigError(f"[env] {http_url}: its Task API answered HTTP {e.code} ({e.reason}): the env raised in "
+                          "the server, building an instance for the session or in list_splits/num_tasks; the "
+                          "server's log has the traceback") from None
     except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
         raise ConfigError(f"[env] {http_url}: cannot read its Task API ({error_line(e)}); is an OpenEnv server "
                           "running there?") from None
@@ -236,10 +238,20 @@ def check_lines(cfg: Any, source: str = "config") -> list[str]:
         except FactoryNotCalled:
             return [("tasks       read from the env's Task API when sessions open (a factory function is not "
                      "called at check)")]
+        if not builds_class(spec):  # a factory whose return annotation named its class: still never called
+            return [(f"tasks       read from {spec.env_cls.__name__}'s Task API when sessions open: {spec.entry} is a "
+                     "factory function, not called at check (its splits and task counts cannot be read without it)")]
         catalog = catalog_of_spec(spec, env_cfg.reset_timeout_s)
     check_splits(catalog, env_cfg, train=bool(t.steps or t.warmup_sft_steps), evaluate=bool(t.eval_tasks),
                  source=source)
     return [plan_line(catalog, env_cfg, t.eval_tasks)]
+
+
+def builds_class(spec: Any) -> bool:
+    """Whether an EnvSpec's factory is its env class itself ([env] kwargs bound or not), not a function of the
+    config's: `quaero check` builds a class, as every session does, and never calls a factory function."""
+    factory = spec.factory.func if isinstance(spec.factory, functools.partial) else spec.factory
+    return factory is spec.env_cls
 
 
 def catalog_of_spec(spec: Any, timeout_s: float | None = None) -> TaskCatalog | None:

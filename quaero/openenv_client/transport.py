@@ -18,6 +18,7 @@ import functools
 import inspect
 import json
 import math
+import queue
 import re
 import threading
 from typing import Any
@@ -43,6 +44,16 @@ class EnvFault(Exception):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(f"{kind}: {message}")
         self.kind = kind  # timeout | connection | server_error | capacity
+
+
+class EnvRaised(EnvFault):
+    """The env's own code raised answering a call (OpenEnv's EXECUTION_ERROR frame; an exception in-process);
+    the server answered, so the session may be healthy. `detail`: the env's message. Whether it is a fault of
+    the session or a property of the action is decided in quaero/openenv_client/session.py (`ChatEnv._call`)."""
+
+    def __init__(self, detail: str, message: str | None = None) -> None:
+        super().__init__("server_error", message or detail)
+        self.detail = detail
 
 
 class ActionRejected(Exception):
@@ -128,10 +139,39 @@ def contract_broken(method: str, returned: str) -> str:
 _UNSERIALISABLE = re.compile(r"'(\w+)' object has no attribute 'model_dump'")
 
 
+class DaemonWorker(concurrent.futures.Executor):
+    """One daemon thread running the submitted calls in order. A call stuck in an env's code is abandoned with
+    its thread: ThreadPoolExecutor's threads are joined at interpreter exit, so a reset that never returned
+    kept a finished run's process alive for ever; a daemon thread ends with the process."""
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, daemon=True, name=name).start()
+
+    def submit(self, fn, /, *args, **kwargs) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._calls.put((future, fn, args, kwargs))
+        return future
+
+    def _run(self) -> None:
+        while (call := self._calls.get()) is not None:
+            future, fn, args, kwargs = call
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as e:  # noqa: BLE001 - delivered to the caller
+                future.set_exception(e)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._calls.put(None)  # the thread ends after the call it is in, if that ever returns; never joined
+
+
 class InProcessTransport:
     """The env object in this process. Its calls run on a private event loop thread (MCP envs inside
     one open `mcp_session`, sync env methods on one worker thread, as the server does), so a hanging
-    step can be abandoned after its timeout."""
+    step can be abandoned after its timeout; both threads are daemons, so an abandoned call never holds
+    the process at exit (`DaemonWorker`)."""
 
     def __init__(self, spec: EnvSpec) -> None:
         from openenv.core.env_server.interfaces import Environment
@@ -139,7 +179,7 @@ class InProcessTransport:
         self.spec = spec
         self._environment_base = Environment
         self._loop = asyncio.new_event_loop()
-        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="quaero-env")
+        self._worker = DaemonWorker("quaero-env")
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="quaero-env-loop")
         self._thread.start()
         self._requests: asyncio.Queue = asyncio.Queue()  # binds to the loop on first use (3.10+)
@@ -214,7 +254,7 @@ class InProcessTransport:
         except (ActionRejected, InvalidReply):
             raise
         except Exception as e:  # noqa: BLE001 - the env raised: the server would answer EXECUTION_ERROR
-            raise EnvFault("server_error", f"{kind} raised {type(e).__name__}: {e}") from None
+            raise EnvRaised(str(e).strip() or type(e).__name__, f"{kind} raised {type(e).__name__}: {e}") from None
 
     def reset(self, kwargs: dict, timeout_s: float) -> dict:
         return check_reply(self._call("reset", kwargs, timeout_s))
@@ -297,6 +337,8 @@ class WebSocketTransport:
         if code == "CAPACITY_REACHED":
             self.close()
             raise EnvFault("capacity", f"{text} (server max_sessions={data.get('max_sessions')})")
+        if code == "EXECUTION_ERROR":  # OpenEnv's server caught what the env raised: the session lives on
+            raise EnvRaised(str(text).strip() or code, f"{code}: {text}")
         raise EnvFault("server_error", f"{code}: {text}")
 
     def reset(self, kwargs: dict, timeout_s: float) -> dict:

@@ -31,10 +31,10 @@ class ExportError(RuntimeError):
 
 def base_reference(model_name: str) -> str:
     """How an adapter folder names its base model: the hub id as written, or a local folder's absolute
-    path (the embedded `tiny-qwen3` is such a folder, in quaero's cache)."""
-    from quaero.model import TINY_QWEN3, resolve_model
+    path (the embedded models, `tiny-qwen3` and the real shapes, are such folders, in quaero's cache)."""
+    from quaero.model import is_named, resolve_model
 
-    if model_name == TINY_QWEN3 or Path(model_name).expanduser().exists():
+    if is_named(model_name) or Path(model_name).expanduser().exists():
         return str(resolve_model(model_name).resolve())
     return model_name
 

@@ -184,15 +184,27 @@ def _first_link(run_dir: Path) -> tuple[Path, str] | None:
 def check_model_and_renderer(cfg: QuaeroConfig, source: str = "config") -> None:
     """The model folder exists and the renderer works with its tokenizer: it renders a prompt, encodes an
     action and, when packing, bridges an env response exactly. Loads the tokenizer, never the weights."""
-    from quaero.model import ModelNotFound, load_tokenizer, resolve_model
+    from quaero.model import (
+        ModelNotFound,
+        dtype_problem,
+        folder_problem,
+        load_tokenizer,
+        resolve_device,
+        resolve_model,
+    )
     from quaero.rollout.render import BridgeFailure, RenderAdapter
 
     name = cfg.model.name
     try:
-        resolve_model(name)
+        problem = folder_problem(resolve_model(name))
         tokenizer = load_tokenizer(name)
     except (ModelNotFound, OSError, ValueError) as e:
         raise ConfigError(f"{source} [model] name={name!r}: {e}") from None
+    if problem:
+        raise ConfigError(f"{source} [model] name={name!r}: {problem}")
+    device = resolve_device(cfg.run.device)
+    if problem := dtype_problem(cfg.model.dtype, device):
+        raise ConfigError(f"{source} [model] dtype={cfg.model.dtype!r}: {problem}; use dtype = 'float32'")
     renderer = cfg.model.renderer
     messages = [{"role": "system", "content": "probe"}, {"role": "user", "content": "probe"}]
     try:

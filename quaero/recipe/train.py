@@ -22,6 +22,7 @@ A run that trains nothing stops: `[training] max_empty_steps` consecutive steps 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import sys
 import time
@@ -127,6 +128,9 @@ class Components:
     empty_drops: dict[str, int] = field(default_factory=dict)  # their drop reasons, counted
     empty_exhausted: int = 0  # their episodes that ended with no room left for a turn
     empty_nonfinite: int = 0  # their groups left out for a non-finite advantage
+    completed_step: int = 0  # the last step trained and logged (a resume's step)
+    saved_step: int = 0  # the last step checkpointed (a resume's step)
+    updating_step: int = 0  # the step whose update of the trainer began last
 
     @property
     def driver(self) -> EpisodeDriver:
@@ -553,6 +557,7 @@ def run_step(c: Components, step: int, *, sft: bool, ahead: RolloutsAhead | None
     trained = {names.ROWS: 0, names.ACTION_TOKENS: 0, names.ECHO_TOKENS: 0}
     t = c.cfg.training
     rl_step = step - t.warmup_sft_steps  # 1, 2, ... in the RL phase
+    c.updating_step = step  # from here on the trainer no longer holds the previous step's state
     if rl_step == 1 and t.warmup_sft_steps and t.rl_optimizer_start != "continue":
         # RL starts without the warm start's momentum (a resume past here keeps RL's own)
         c.trainer.reset_optimizer(momentum_only=t.rl_optimizer_start == "reset_momentum")
@@ -569,7 +574,12 @@ def run_step(c: Components, step: int, *, sft: bool, ahead: RolloutsAhead | None
 
 
 def _empty_run(c: Components, step: int, m: dict[str, Any]) -> str | None:
-    """Count consecutive steps without a trained row; after `max_empty_steps` of them, why the run stops."""
+    """Count consecutive steps without a trained row; after `max_empty_steps` of them, why the run stops. A step
+    whose every reset answered done=True stops the run at once: the env has no episode to give."""
+    if m.get(names.EPISODES_ENDED_AT_RESET) and not m.get(names.EPISODES):
+        return (f"step {step}: every reset ({m[names.EPISODES_ENDED_AT_RESET]}) answered done=True, so there is no "
+                f"episode to play; the env said: {c.driver.reset_end_reason or 'nothing'}; fix what the env needs "
+                "(a key, a sandbox, a dataset)")
     if m[names.ROWS]:
         c.empty_steps, c.empty_drops, c.empty_exhausted, c.empty_nonfinite = 0, {}, 0, 0
         return None
@@ -604,9 +614,10 @@ def why_no_rows(cfg: QuaeroConfig, drops: dict[str, int], exhausted: int, nonfin
     return out
 
 
-def _save(c: Components, step: int) -> Path:
+def _save(c: Components, step: int, rng: dict | None = None, tasks: dict[str, Any] | None = None) -> Path:
     """Rank 0 writes the checkpoint; an FSDP2 trainer's shards are written by every rank into it first
-    (torch.distributed.checkpoint), and every rank's RNG state is kept beside rank 0's."""
+    (torch.distributed.checkpoint), and every rank's RNG state is kept beside rank 0's. `rng`: the state to
+    keep instead of the current one (a step that failed had drawn from it), `tasks` the task state likewise."""
     root, rank_rng = checkpoint.run_checkpoints(c.cfg.run_dir), None
     if ranks.world_size() > 1:
         rank_rng = ranks.gather(checkpoint.rng_state())
@@ -615,10 +626,12 @@ def _save(c: Components, step: int) -> Path:
         shards = ranks.from_rank0(lambda: checkpoint.temp_folder(root, step))
         c.trainer.save_shards(shards / checkpoint.SHARDS)
 
+    tasks = task_state(c) if tasks is None else tasks
+
     def write() -> Path:
-        state = checkpoint.RunState(step=step, cursor=_cursor(c), trainer=c.trainer.state_dict(),
-                                    rng=checkpoint.rng_state(), cumulative=c.cumulative.totals, rank_rng=rank_rng,
-                                    tasks=task_state(c))
+        state = checkpoint.RunState(step=step, cursor=_cursor(c, tasks), trainer=c.trainer.state_dict(),
+                                    rng=rng or checkpoint.rng_state(), cumulative=c.cumulative.totals,
+                                    rank_rng=rank_rng, tasks=tasks)
         return checkpoint.save(root, step, state.to_state(), keep=c.cfg.training.keep_checkpoints, folder=shards)
 
     try:
@@ -626,13 +639,15 @@ def _save(c: Components, step: int) -> Path:
     except checkpoint.CheckpointError as e:
         log.error("checkpoint_failed", error=str(e))
         raise
+    c.saved_step = step
     log.info("checkpoint_saved", path=str(path))
     return path
 
 
-def _cursor(c: Components) -> int:
-    """The one-env sequential cursor a checkpoint has always held (an older quaero resumes from it)."""
-    state = c.envs[0].tasks.sampler.state_dict()
+def _cursor(c: Components, tasks: dict[str, Any]) -> int:
+    """The one-env sequential cursor a checkpoint has always held (an older quaero resumes from it), read from
+    `tasks` (`task_state`)."""
+    state = tasks["samplers"][c.envs[0].name]["state"]
     return int(state.get("cursor", 0)) if isinstance(state, dict) else 0
 
 
@@ -646,6 +661,10 @@ def load_task_state(c: Components, state: checkpoint.RunState) -> None:
     """Restore `task_state`, refusing one written by another mixture or other samplers; a checkpoint of an
     older quaero holds the sequential cursor alone."""
     saved = state.tasks
+    warm_start = state.step <= c.cfg.training.warmup_sft_steps  # RL has drawn nothing yet
+    if saved is None and warm_start and not c.cfg.is_mixture and c.envs[0].cfg.env.tasks.sampler != "sequential":
+        _sampler_changed(c.envs[0], "sequential", state.step)  # an older quaero's warm start
+        return
     if saved is None:
         if c.cfg.is_mixture or c.envs[0].cfg.env.tasks.sampler != "sequential":
             raise checkpoint.CheckpointError("the checkpoint holds no task sampler state (written before mixtures "
@@ -660,15 +679,36 @@ def load_task_state(c: Components, state: checkpoint.RunState) -> None:
     c.mixture.load_state_dict(saved["mixture"])
     c.pending = {int(k): v for k, v in saved["pending"].items()}
     for e in c.envs:
-        theirs, mine = saved["samplers"][e.name].get("sampler"), e.tasks.view.settings.sampler
-        if theirs != mine and state.step <= c.cfg.training.warmup_sft_steps:
-            # a warm start's checkpoint: RL has drawn nothing yet, so RL may start with another sampler (one
-            # warm start, several samplers compared on it: `quaero bench ablation --from`)
-            log.warning("task_sampler_changed", env=e.name, checkpoint=theirs, config=mine, step=state.step,
-                        note="a warm start's checkpoint: RL starts this sampler fresh")
+        theirs = saved["samplers"][e.name].get("sampler")
+        if theirs != e.tasks.view.settings.sampler and warm_start:
+            _sampler_changed(e, theirs, state.step)
             c.pending = {}
             continue
         e.tasks.load_state_dict(saved["samplers"][e.name])
+
+
+def _sampler_changed(e: EnvRun, theirs: str | None, step: int) -> None:
+    """A warm start's checkpoint, written with another task sampler: RL has drawn nothing yet, so RL may start
+    with this one, fresh (one warm start, several samplers compared on it: `quaero bench ablation --from`)."""
+    log.warning("task_sampler_changed", env=e.name, checkpoint=theirs, config=e.tasks.view.settings.sampler,
+                step=step, note="a warm start's checkpoint: RL starts this sampler fresh")
+
+
+def _keep_last_step(c: Components, step: int, error: BaseException, before: tuple[int, dict]) -> None:
+    """Step `step` raised (a weight push a vLLM server refused, an env server gone, an eval that failed): the last
+    completed step is checkpointed now if it was not yet, so a resume loses no trained step. That is the step
+    itself when it had finished (the failure came after it), else the one before, when the trainer still holds
+    it (the failure came before this step's update): its task state and RNG are those `before` this step began.
+    One process only: under torchrun the other ranks are not in this code path to join the collectives."""
+    done = step if c.completed_step == step else step - 1
+    if (done <= c.saved_step or ranks.world_size() > 1 or isinstance(error, checkpoint.CheckpointError)
+            or (done < step and c.updating_step == step)):
+        return
+    tasks, rng = before if done < step else (None, None)
+    try:
+        _save(c, done, rng, tasks)
+    except Exception as e:  # noqa: BLE001 - the step's own error is the one to raise
+        log.error("checkpoint_after_failure_failed", step=done, error=error_line(e))
 
 
 def _resume_point(cfg: QuaeroConfig, *, resume: bool, restart: bool) -> tuple[Path, dict] | None:
@@ -712,6 +752,7 @@ def _resume(c: Components, found: tuple[Path, dict] | None) -> int:
             f"{path}: verified but cannot be loaded into this run ({error_line(e)}); move that folder "
             "aside to resume from the one before it, or pass --restart to start over at step 1") from None
     c.sampler_behind = not c.shares_model  # pushed before the sampler's next use
+    c.completed_step = c.saved_step = state.step
     log.info("resumed", path=str(path), step=state.step)
     return state.step
 
@@ -760,8 +801,15 @@ def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path
         eval_at(c, 0)
     bar = tqdm(range(start + 1, total + 1), initial=start, total=total, desc="train", unit="step",
                disable=not cfg.logging.progress or not sys.stderr.isatty() or not ranks.is_main())  # no bar in a log file
-    with RolloutsAhead() if cfg.training.max_off_policy_steps else contextlib.nullcontext() as ahead:
-        total = _steps(c, stop, bar, run_id, ahead)
+    try:
+        with RolloutsAhead() if cfg.training.max_off_policy_steps else contextlib.nullcontext() as ahead:
+            total = _steps(c, stop, bar, run_id, ahead)
+    except (KeyboardInterrupt, EmptyRunError):
+        raise  # their run_end is logged where they are raised
+    except Exception as e:
+        log.error(names.RUN_END_EVENT, status="failed", steps=c.completed_step, run_id=run_id, error=error_line(e),
+                  checkpoint_step=c.saved_step)
+        raise
     if total and not c.cumulative.totals.get(names.ROWS):  # fewer steps than max_empty_steps, every one empty
         dropped, totals = drop_reasons(c.cumulative.totals), c.cumulative.totals
         why = f"the run's {total} step(s) trained no row; " + why_no_rows(
@@ -788,31 +836,47 @@ def _steps(c: Components, stop: StopRequest, bar, run_id: str, ahead: RolloutsAh
     total = cfg.training.warmup_sft_steps + cfg.training.steps
     for step in bar:
         set_step(step)
-        m = run_step(c, step, sft=step <= cfg.training.warmup_sft_steps, ahead=ahead)
-        stopping = ranks.any_rank(stop.requested)  # every rank checkpoints and stops at the same step
-        log.info(names.TRAIN_STEP_EVENT, **m, cumulative=c.cumulative.add(m))
-        c.signal.step(step, m)
-        empty = _empty_run(c, step, m)
-        if empty:
-            log.error(names.RUN_END_EVENT, status="failed", steps=step, run_id=run_id, error=empty, drop_reasons=c.empty_drops)
-            raise EmptyRunError(empty)
-        bar.set_postfix(reward=m.get(names.REWARD_MEAN), echo=m.get(names.ECHO_LOSS), rl=m.get(names.RL_LOSS))
-        spent = step < total and _budget_spent(c, step)
-        if spent:
-            log.info(names.RL_TOKEN_BUDGET_SPENT_EVENT, step=step, budget=cfg.training.rl_token_budget,
-                     generated_tokens=c.cumulative.totals.get(names.GENERATED_TOKENS), steps_left=total - step)
-            total = step  # this step is the run's last: checkpoint, evaluation, final/
-        if step % cfg.training.checkpoint_every == 0 or step == total or stopping:
-            _save(c, step)
-        if stopping:
-            log.info(names.RUN_END_EVENT, status="interrupted", steps=step, run_id=run_id)
-            raise KeyboardInterrupt
-        if cfg.training.eval_every and (step % cfg.training.eval_every == 0 or step == total):
-            if ahead is not None:
-                ahead.wait()  # evaluation never shares the sampler or the env pool with a rollout sampled ahead
-            eval_at(c, step)
-        if spent:
+        before = (json.loads(json.dumps(task_state(c))), checkpoint.rng_state())  # a copy, not the live state
+        try:
+            total = _step(c, stop, bar, run_id, ahead, step, total)
+        except (KeyboardInterrupt, EmptyRunError):
+            raise
+        except Exception as e:
+            _keep_last_step(c, step, e, before)
+            raise
+        if step == total:
             break
+    return total
+
+
+def _step(c: Components, stop: StopRequest, bar, run_id: str, ahead: RolloutsAhead | None, step: int,
+          total: int) -> int:
+    """Step `step`: train, log, checkpoint when due, evaluate when due; the run's last step (`total`, or this
+    one when it spent `[training] rl_token_budget`)."""
+    cfg = c.cfg
+    m = run_step(c, step, sft=step <= cfg.training.warmup_sft_steps, ahead=ahead)
+    stopping = ranks.any_rank(stop.requested)  # every rank checkpoints and stops at the same step
+    log.info(names.TRAIN_STEP_EVENT, **m, cumulative=c.cumulative.add(m))
+    c.completed_step = step
+    c.signal.step(step, m)
+    empty = _empty_run(c, step, m)
+    if empty:
+        log.error(names.RUN_END_EVENT, status="failed", steps=step, run_id=run_id, error=empty, drop_reasons=c.empty_drops)
+        raise EmptyRunError(empty)
+    bar.set_postfix(reward=m.get(names.REWARD_MEAN), echo=m.get(names.ECHO_LOSS), rl=m.get(names.RL_LOSS))
+    if step < total and _budget_spent(c, step):
+        log.info(names.RL_TOKEN_BUDGET_SPENT_EVENT, step=step, budget=cfg.training.rl_token_budget,
+                 generated_tokens=c.cumulative.totals.get(names.GENERATED_TOKENS), steps_left=total - step)
+        total = step  # this step is the run's last: checkpoint, evaluation, final/
+    if step % cfg.training.checkpoint_every == 0 or step == total or stopping:
+        _save(c, step)
+    if stopping:
+        log.info(names.RUN_END_EVENT, status="interrupted", steps=step, run_id=run_id)
+        raise KeyboardInterrupt
+    if cfg.training.eval_every and (step % cfg.training.eval_every == 0 or step == total):
+        if ahead is not None:
+            ahead.wait()  # evaluation never shares the sampler or the env pool with a rollout sampled ahead
+        eval_at(c, step)
     return total
 
 

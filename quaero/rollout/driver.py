@@ -24,7 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from quaero.openenv_client import ChatEnv, EpisodeDropped
+from quaero.openenv_client import ChatEnv, EpisodeDropped, EpisodeEndedAtReset
 from quaero.rollout.render import BridgeFailure, RenderAdapter, UnparsableAction
 from quaero.rollout.rows import EchoRow, Transition, build_rows, per_transition_tokens
 from quaero.sampling import Completion, Sampler
@@ -91,6 +91,7 @@ class _Live:
     done: bool = False
     dropped: str = ""
     drop_kind: str = ""
+    ended_at_reset: str = ""  # the env's reason when its reset answered done=True: no episode
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,9 @@ class EpisodeDriver:
         self.strict = settings.strict
         self._seed = settings.seed
         self._sample_calls = 0
+        self.reset_end_reason = ""  # the latest reset that answered done=True, in the env's words
+        self._reset_end_said = False
+        self._truncation_said = False
 
     def run(self, envs: list, tasks: list[dict], *, group_size: int, greedy: bool = False,
             policy: Policy | None = None, seed: int | None = None,
@@ -183,22 +187,66 @@ class EpisodeDriver:
         except EpisodeDropped as e:
             ep.done, ep.dropped, ep.drop_kind = True, f"reset: {e.reason}", e.kind
             return
+        except EpisodeEndedAtReset as e:
+            ep.done, ep.ended_at_reset = True, e.reason
+            return
         ep.messages, ep.info = list(r.messages), dict(r.info)
         ep.tools = getattr(ep.env, "tools", None)
         ep.act = policy(ep.info) if policy is not None else None
 
     def _bounded(self, messages: list[dict]) -> list[dict]:
-        """Env messages with every text content cut to `[env] max_observation_tokens` (counted)."""
+        """Env messages with every text content cut to `[env] max_observation_tokens` (counted, and said once per
+        driver in `observation_truncated`). A formatted observation (FieldText) is cut field by field
+        (`_fit_parts`), so the fields after a huge one survive; any other text loses its tail."""
         limit, out = self.settings.observation_token_limit, []
         for m in messages:
             content = m.get("content")
             if isinstance(content, str):
-                cut = self.render.bound(content, limit)
+                parts = getattr(content, "parts", ())
+                cut, cuts = self.render.bound(content, limit), []
+                if cut is not content and len(parts) > 1:
+                    lines, cuts = self._fit_parts([line for _, line in parts], limit)
+                    cut = self.render.bound("\n".join(lines), limit)  # a merge across lines: the guard
+                    cuts = [(parts[i][0], len(parts[i][1]), n) for i, n in cuts]
+                elif cut is not content:
+                    cuts = [(None, len(content), len(cut))]
                 if cut is not content:
                     self.counts.add(names.OBSERVATIONS_TRUNCATED)
-                    m = {**m, "content": cut}
+                    self._say_truncated(cuts, limit, len(parts))
+                    m = {**m, "content": str(cut)}
             out.append(m)
         return out
+
+    def _fit_parts(self, lines: list[str], limit: int) -> tuple[list[str], list[tuple[int, int]]]:
+        """`lines` fitted into `limit` tokens together: the lines that fit an even share of what is left are kept
+        whole (smallest share first, so the share grows as they take less), the others share the rest, each cut
+        with its marker. Returns the lines and (index, characters kept) of each cut one."""
+        room = limit - (len(lines) - 1)  # a newline between two lines
+        pending = list(range(len(lines)))
+        while pending:
+            share = max(room // len(pending), 1)
+            whole = [i for i in pending if self.render.bound(lines[i], share) is lines[i]]
+            if not whole:
+                break
+            for i in whole:
+                room -= self.render.count(lines[i])
+                pending.remove(i)
+        out, cuts = list(lines), []
+        for i in pending:
+            out[i] = self.render.bound(lines[i], max(room // len(pending), 1))
+            cuts.append((i, len(out[i])))
+        return out, cuts
+
+    def _say_truncated(self, cuts: list[tuple[str | None, int, int]], limit: int, fields: int) -> None:
+        if self._truncation_said or not cuts:
+            return
+        self._truncation_said = True
+        what = "; ".join(f"{name or 'the message'}: {before:,} -> {after:,} characters" for name, before, after in cuts)
+        log.warning("observation_truncated", limit=limit, cut=what, note=(
+            f"an env message exceeded [env] max_observation_tokens={limit}: {what}"
+            + (f" (the other of its {fields} fields kept whole)" if fields > 1 else "")
+            + "; counted as observations_truncated, said once; raise the bound or leave the field out with a "
+              "[env] formatter"))
 
     def _with_room(self, running: list[_Live], prompts: list[list[int]]) -> tuple[list[_Live], list[list[int]]]:
         """The episodes whose prompt leaves room for a full completion; the others end truncated, never a
@@ -294,6 +342,15 @@ class EpisodeDriver:
         ep.done = res.done or at_limit
 
     def _finish(self, ep: _Live) -> Episode:
+        if ep.ended_at_reset:  # not an episode: counted apart, marked dropped so nothing trains or scores it
+            self.counts.add(names.EPISODES_ENDED_AT_RESET)
+            self.reset_end_reason = ep.ended_at_reset
+            if not self._reset_end_said:  # once per driver: every reset of a broken env says the same
+                self._reset_end_said = True
+                log.warning("env_reset_ended", task=ep.task, reason=ep.ended_at_reset,
+                            note="the env's reset answered done=True: no episode to play (never sampled or "
+                                 "trained; counted as episodes_ended_at_reset)")
+            return Episode([], 0.0, False, 0, ep.info, [], True, f"ended at reset: {ep.ended_at_reset}")
         if ep.dropped:
             self.counts.episode_dropped(ep.drop_kind)
             return Episode([], 0.0, False, len(ep.transitions), ep.info, ep.messages, True, ep.dropped,

@@ -182,6 +182,10 @@ class RenderAdapter:
         """`text` cut to `max_tokens` tokens as the template will see it (`bound_text` on defused text)."""
         return bound_text(text, max_tokens, self.tokenizer, self._added)
 
+    def count(self, text: str) -> int:
+        """Tokens `text` holds as the template will see it (defused); for short texts (a whole-text encode)."""
+        return len(self.tokenizer.backend_tokenizer.encode(defuse(text, self._added), add_special_tokens=False).ids)
+
     def _defused(self, value: Any) -> Any:
         """`value` (a message, tool specs) with every string defused, keys included (tool specs are
         dumped as JSON)."""

@@ -36,7 +36,8 @@ class SignalWatch:
         if m.get(names.PHASE) != "rl":
             return
         one = {"rl_steps": 1, "rl_steps_with_signal": int(m.get(names.ACTION_TOKENS, 0) > 0),
-               names.ACTION_TOKENS: m.get(names.ACTION_TOKENS, 0), "actions": m.get(names.TURNS, 0),
+               names.ACTION_TOKENS: m.get(names.ACTION_TOKENS, 0),
+               names.ECHO_TOKENS: m.get(names.ECHO_TOKENS, 0), "actions": m.get(names.TURNS, 0),
                "valid_actions": m.get(names.TURNS, 0) - m.get(names.MALFORMED_ACTIONS, 0)}
         one.update({k: m[k] for k in ("groups", "groups_zero_advantage") if k in m})
         self.totals.update(one)

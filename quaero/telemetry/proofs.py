@@ -188,8 +188,8 @@ def _groups_with_spread(t: Mapping[str, Any]) -> str:
 
 
 def describe_rl_signal(t: Mapping[str, Any]) -> str:
-    """One line on RL totals: steps, rl_steps_with_signal, action_tokens, actions, valid_actions[, groups,
-    groups_zero_advantage]."""
+    """One line on RL totals: steps, rl_steps_with_signal, action_tokens, actions, valid_actions[, echo_tokens,
+    groups, groups_zero_advantage]. Without action tokens it says what did train: ECHO, or nothing."""
     head = (f"{t['rl_steps_with_signal']} of {t['rl_steps']} RL steps trained action tokens "
             f"({t['action_tokens']} with an advantage); {t['valid_actions']} of {t['actions']} actions were valid"
             f"{_groups_with_spread(t)}")
@@ -198,7 +198,10 @@ def describe_rl_signal(t: Mapping[str, Any]) -> str:
     if not t["actions"]:  # dipg_safety_env: every episode was dropped (its step broke the contract)
         return (f"{head}; no episode was kept to train: every one was dropped (the env_episode_dropped events say "
                 "why), so RL learned nothing; fix what drops them")
-    return f"{head}; every advantage was 0, so only ECHO trained: RL learned nothing. Fix: {NO_SIGNAL_FIX}"
+    if t.get("echo_tokens", 0) > 0:
+        return f"{head}; every advantage was 0, so only ECHO trained: RL learned nothing. Fix: {NO_SIGNAL_FIX}"
+    return (f"{head}; every advantage was 0 and no ECHO token trained, so nothing trained: RL learned nothing. "
+            f"Fix: {NO_SIGNAL_FIX}")
 
 
 def training_apart(s: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -208,6 +211,7 @@ def training_apart(s: Mapping[str, Any]) -> list[dict[str, Any]]:
         rl = _check(RL_TRAINED, False, NA, "no RL step")
     else:
         t = {"rl_steps": s["rl_steps"], "rl_steps_with_signal": s["rl_steps_with_signal"],
+             "echo_tokens": s.get("rl_echo_tokens", 0),
              "action_tokens": s["rl_action_tokens"], "actions": s["rl_actions"], "valid_actions": s["rl_valid_actions"],
              **({"groups": s["rl_groups"], "groups_zero_advantage": s["rl_groups_zero_advantage"]}
                 if "rl_groups" in s else {})}

@@ -71,7 +71,7 @@ def test_a_one_text_field_action_is_asked_for_as_plain_text_and_the_prompt_is_sh
 
 
 def test_enum_and_optional_fields_show_at_check_and_a_bare_enum_value_is_an_action():
-    (line,) = describe_env(EnvConfig(entry=f"{SHAPES}:GridLikeEnv"))
+    line = describe_env(EnvConfig(entry=f"{SHAPES}:GridLikeEnv"))[0]
     assert 'direction: one of "UP", "DOWN", "LEFT", "RIGHT"' in line
     assert "note: string or null" in line and "steps: integer or null" in line
     with open_envs(EnvConfig(entry=f"{SHAPES}:GridLikeEnv"), 1) as pool:

@@ -58,7 +58,7 @@ def test_the_importers_verifiers_wrapper_speaks_tool_calls_and_shows_its_tasks_p
     assert "CallToolAction" in app and "max_concurrent_envs=1" in app  # the shape quaero meets
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(imported), os.environ.get("PYTHONPATH", "")]))
     cfg = EnvConfig(entry=ENTRY, launcher=launcher)
-    (line,) = describe_env(cfg)
+    line = describe_env(cfg)[0]
     assert "MCP tool calls" in line and "Action is CallToolAction (from the env's own server app" in line
     with open_envs(cfg, 1) as pool:
         assert pool.tasks.splits == {"train": 20, "eval": 4}

@@ -73,3 +73,84 @@ def test_cache_dir_follows_env(monkeypatch, tmp_path):
     monkeypatch.setenv("QUAERO_CACHE", str(tmp_path))
     assert qm.cache_dir() == tmp_path
     assert os.fspath(qm.cache_dir()) == str(tmp_path)
+
+
+# The published configs, written out: huggingface.co/Qwen/Qwen3-0.6B/raw/main/config.json and
+# huggingface.co/Qwen/Qwen3-1.7B/raw/main/config.json (the fields that set the model's size and numerics).
+PUBLISHED = {
+    "qwen3-0.6b-shape": {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024, "num_hidden_layers": 28,
+        "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 3072,
+        "tie_word_embeddings": True, "vocab_size": 151936, "rope_theta": 1000000, "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-06, "hidden_act": "silu", "attention_bias": False, "bos_token_id": 151643,
+        "eos_token_id": 151645, "sliding_window": None, "use_sliding_window": False, "torch_dtype": "bfloat16",
+    },
+    "qwen3-1.7b-shape": {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 2048, "num_hidden_layers": 28,
+        "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 6144,
+        "tie_word_embeddings": True, "vocab_size": 151936, "rope_theta": 1000000, "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-06, "hidden_act": "silu", "attention_bias": False, "bos_token_id": 151643,
+        "eos_token_id": 151645, "sliding_window": None, "use_sliding_window": False, "torch_dtype": "bfloat16",
+    },
+}
+# parameters (tied embeddings counted once) and non-embedding parameters, as the model cards give them
+PUBLISHED_SIZE = {"qwen3-0.6b-shape": (0.6e9, 0.44e9), "qwen3-1.7b-shape": (1.7e9, 1.4e9)}
+
+
+def _as_published(cfg) -> dict:
+    """The transformers config in config.json's terms (rope_theta inside rope_parameters in transformers 5)."""
+    d = cfg.to_dict()
+    d["rope_theta"] = cfg.rope_parameters["rope_theta"]
+    d["torch_dtype"] = str(cfg.dtype).removeprefix("torch.")
+    return d
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_named_shapes_have_the_published_configs_without_building(name, monkeypatch, tmp_path):
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    monkeypatch.setenv("QUAERO_CACHE", str(tmp_path))
+    cfg = Qwen3Config(**qm.NAMED_SHAPES[name].config_fields())
+    got = _as_published(cfg)
+    assert {k: got[k] for k in PUBLISHED[name]} == PUBLISHED[name]
+    with torch.device("meta"):  # the shape's parameter count, no memory
+        model = Qwen3ForCausalLM(cfg)
+    total = sum(p.numel() for p in model.parameters())
+    body = total - cfg.vocab_size * cfg.hidden_size
+    params, non_embedding = PUBLISHED_SIZE[name]
+    assert round(total / 1e8) == round(params / 1e8) and round(body / 1e8) == round(non_embedding / 1e8)
+    assert not list(tmp_path.iterdir())  # nothing was built
+
+
+REDUCED = qm.Qwen3Shape(64, 2, 4, 2, 32, 128)  # the same family (tied, GQA, QK-norm, RoPE 1e6, bf16), tiny dims
+
+
+def test_a_reduced_shape_builds_deterministically_and_loads_in_transformers(monkeypatch, tmp_path, qwen3_tokenizer):
+    import copy
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("QUAERO_CACHE", str(tmp_path))
+    monkeypatch.setitem(qm.NAMED_SHAPES, "reduced-shape", REDUCED)
+    # where resolve_model materializes it (the tokenizer passed in: building one takes seconds)
+    REDUCED.build(tmp_path / "models" / "reduced-shape-v1", "reduced-shape", copy.deepcopy(qwen3_tokenizer))
+    folder = qm.resolve_model("reduced-shape")
+    assert folder == tmp_path / "models" / "reduced-shape-v1"
+    written = json.loads((folder / "config.json").read_text())
+    assert written["rope_parameters"]["rope_theta"] == 1e6 and written["dtype"] == "bfloat16"
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    assert type(model).__name__ == "Qwen3ForCausalLM" and model.dtype == torch.bfloat16
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # tied
+    assert model.config.num_key_value_heads == 2 and model.config.head_dim == 32
+    tok = qm.load_tokenizer("reduced-shape")
+    assert tok.eos_token_id == model.config.eos_token_id == 151645
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    ids = tok.encode(text)
+    with torch.no_grad():
+        assert model(torch.tensor([ids])).logits.shape == (1, len(ids), 151936)
+    again = REDUCED.model().to(torch.bfloat16).state_dict()  # deterministic: the same weights every build
+    assert all(torch.equal(t, again[k]) for k, t in model.state_dict().items())

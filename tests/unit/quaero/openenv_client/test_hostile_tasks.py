@@ -58,3 +58,15 @@ def test_over_http_a_task_count_that_is_not_an_int_is_named_not_blamed_on_the_se
         catalog_over_http(url)
     assert str(e.value).startswith(f"[env] {url}: its Task API's num_tasks('train') returned {shown} (")
     assert "OpenEnv server running there" not in str(e.value)
+
+
+def test_an_http_500_from_the_task_api_points_at_the_env_not_only_at_discovery(http_server):
+    """A server whose env cannot be built answers every Task API route 500; the error blamed list_splits/num_tasks
+    alone, though the construction failed."""
+    url = http_server(lambda method, path, body: (200, ["sumenv"]) if path == "/list_environments"
+                      else (500, b"Internal Server Error"))
+    with pytest.raises(ConfigError) as e:
+        catalog_over_http(url)
+    assert str(e.value) == (f"[env] {url}: its Task API answered HTTP 500 (Internal Server Error): the env raised "
+                            "in the server, building an instance for the session or in list_splits/num_tasks; the "
+                            "server's log has the traceback")

@@ -51,7 +51,7 @@ def test_component_rules_are_not_config_rules():
     from quaero.recipe.train import build
 
     with pytest.raises(ConfigError, match="unknown backend"):
-        build(cfg, pool=None)  # fails before the trainer, the tokenizer or the sampler is built
+        build(cfg, {}, None)  # fails before the trainer, the tokenizer or the sampler is built
 
 
 def test_config_module_does_not_import_the_trainer_registry():

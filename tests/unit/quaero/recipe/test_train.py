@@ -204,3 +204,6 @@ def test_a_warm_start_checkpoint_may_start_rl_with_another_task_sampler_and_an_r
         ("sequential", "uniform")]
     with pytest.raises(TaskSamplerError, match=r"'sequential'.*this config's 'uniform'"):
         load_task_state(c, SimpleNamespace(step=3, tasks=saved, cursor=8))  # RL drew with the other one
+    with structlog.testing.capture_logs() as logs:  # an older quaero's warm start: its cursor alone
+        load_task_state(c, SimpleNamespace(step=2, tasks=None, cursor=8))
+    assert [e["checkpoint"] for e in logs if e["event"] == "task_sampler_changed"] == ["sequential"]

@@ -58,3 +58,26 @@ def test_review_reports_rl_and_echo_training_apart(tmp_path, capsys):
     assert "0 of 2 RL steps trained action tokens (0 with an advantage); 0 of 16 actions were valid" in out
     summary = review.summarize(review.load_run(tmp_path))
     assert (summary["rl_action_tokens"], summary["rl_groups"], summary["rl_groups_zero_advantage"]) == (0, 4, 4)
+
+
+def test_rl_steps_that_trained_nothing_do_not_say_echo_trained(tmp_path, capsys):
+    # every advantage 0 and no ECHO token either (ECHO off, or no env text kept): the note said "so only ECHO
+    # trained" although nothing had; it says what did train
+    runlog.configure(console="none")
+    watch = SignalWatch()
+    nothing = {**SILENT, "echo_tokens": 0}
+    log = runlog.get_logger("test")
+    with runlog.RunLog(tmp_path, run_id="r1"):
+        for step in (1, 2):
+            runlog.set_step(step)
+            watch.step(step, nothing)
+            log.info("train_step", **nothing)
+        watch.finish()
+        log.info("run_end", status="finished")
+    for event in ("rl_no_signal", "rl_signal"):
+        note = events_of(tmp_path, event)[0]["note"]
+        assert "only ECHO trained" not in note
+        assert "every advantage was 0 and no ECHO token trained, so nothing trained: RL learned nothing" in note
+    assert cli.main(["review", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "only ECHO trained" not in out and "so nothing trained" in out

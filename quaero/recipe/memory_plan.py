@@ -1,0 +1,306 @@
+"""The memory plan `quaero check` prints: one train step's memory, by arithmetic from the model's config.
+
+No model loads: the shape comes from the config fields (`quaero.model.config_fields`: the named models'
+own tables, a local folder's or the hub cache's config.json). For the configured dtype, device and
+longest row it adds up what one step of the `local` trainer holds at its peak:
+
+- weights: every parameter, in the configured dtype (`auto`: the folder's);
+- gradients and AdamW state: the trainable parameters (LoRA: the adapters), torch's AdamW keeping m and v
+  in the parameter's dtype (fp32 m+v for a float32 model);
+- activations: what autograd saves for backward, per token per decoder layer (`SAVED_PER_TOKEN`: the
+  elements a Qwen3/Llama-style layer saves in training, counted from the layer's ops and checked against
+  measured steps in benchmarks/README.md, "Real shapes"); with `gradient_checkpointing` one layer's input
+  per layer plus one layer recomputed; `train_save_on_cpu` moves them to host memory (CUDA only: on a CPU
+  device it is a no-op); `train_supervised_context_tokens` shortens the row the backbone runs over;
+- the LM head: full logits `[tokens, vocab]` (log-softmax and its gradient beside them) against the
+  selective path's `[targets, vocab]`, chunked to `train_logprob_chunk_size` rows (or to
+  trainers/selective.py's automatic chunk above `hidden_max_bytes`).
+
+The step's peak is the resident state (weights + AdamW state) plus the larger of (activations + LM head +
+the LM head's weight gradient, which backward makes first) and the optimizer update: the whole gradient
+plus AdamW's temporaries (`OPTIMIZER_TEMPORARIES` of them). torch's AdamW runs per tensor on a CPU (its
+temporaries are the largest parameter's size: the embedding) and with foreach kernels on CUDA (trainable-
+sized sets; not yet measured here). At short rows the update is the step's peak. When it exceeds the device (CPU: available RAM; CUDA: the device's memory) the plan names the
+first knob, in `KNOBS` order, that would make it fit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+GIB = 2**30
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# elements saved per token per layer: a*hidden + b*intermediate + c*(heads*head_dim) + d*(kv_heads*head_dim)
+# (two RMSNorms' inputs and outputs, q/k/v projections and their QK-norms, SDPA's inputs and output, the
+# o_proj input, the gated MLP's gate, up, act(gate) and product)
+SAVED_PER_TOKEN = {"hidden": 4, "intermediate": 4, "q": 5, "kv": 4}
+OPTIMIZER_TEMPORARIES = 2  # tensors torch.optim.AdamW allocates inside step(): per parameter (CPU) or per set
+SUPPORTED_TYPES = ("qwen3", "qwen2", "llama", "mistral")
+# the knobs, tried in this order for the one line that says what would make an oversized plan fit
+KNOBS = ("backend.options.train_logprob_chunk_size", "backend.gradient_checkpointing",
+         "backend.options.train_save_on_cpu", "backend.lora", "model.dtype")
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    tied: bool
+    qk_norm: bool
+    qkv_bias: bool
+    dtype: str  # the folder's stored dtype (what dtype='auto' loads)
+
+    @classmethod
+    def from_fields(cls, f: dict) -> ModelDims:
+        heads = f["num_attention_heads"]
+        head_dim = f.get("head_dim") or f["hidden_size"] // heads
+        mt = f.get("model_type", "")
+        return cls(vocab=f["vocab_size"], hidden=f["hidden_size"], layers=f["num_hidden_layers"], heads=heads,
+                   kv_heads=f.get("num_key_value_heads") or heads, head_dim=head_dim,
+                   intermediate=f["intermediate_size"], tied=bool(f.get("tie_word_embeddings", False)),
+                   qk_norm=mt == "qwen3", qkv_bias=mt == "qwen2" or bool(f.get("attention_bias", False)),
+                   dtype=str(f.get("dtype") or f.get("torch_dtype") or "float32"))
+
+    def layer_params(self) -> int:
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attn = h * q + 2 * h * kv + q * h + (q + 2 * kv if self.qkv_bias else 0)
+        return attn + 3 * h * self.intermediate + 2 * h + (2 * self.head_dim if self.qk_norm else 0)
+
+    def params(self) -> int:
+        embed = self.vocab * self.hidden
+        return embed * (1 if self.tied else 2) + self.layers * self.layer_params() + self.hidden
+
+    def lora_params(self, r: int) -> int:
+        """LoRA on every linear layer of the decoder ("all-linear" without the LM head): r x (in + out) each."""
+        h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
+        return self.layers * r * ((h + q) * 2 + (h + kv) * 2 + (h + i) * 3)
+
+    def largest_lora(self, r: int) -> int:
+        """Elements of the largest LoRA tensor (an MLP projection's A or B)."""
+        return r * max(self.hidden, self.intermediate, self.heads * self.head_dim)
+
+    def saved_per_token(self) -> int:
+        """Elements one decoder layer saves for backward per token (see SAVED_PER_TOKEN)."""
+        c = SAVED_PER_TOKEN
+        return (c["hidden"] * self.hidden + c["intermediate"] * self.intermediate
+                + c["q"] * self.heads * self.head_dim + c["kv"] * self.kv_heads * self.head_dim)
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What one microbatch holds: tokens the backbone runs over, LM-head targets, and the knobs."""
+
+    tokens: int
+    targets: int
+    target_span: int  # tokens from a row's first target to its end (what a context crop keeps, plus K)
+    dtype: str = "float32"
+    lora: bool = False
+    lora_r: int = 16
+    gradient_checkpointing: bool = False
+    selective: bool = True
+    chunk_size: int | None = None
+    hidden_max_bytes: int = 128 * 2**20
+    auto_chunk_rows: int = 256
+    save_on_cpu: bool = False
+    context_tokens: int = 0
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    dims: ModelDims
+    step: StepShape
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int  # on the device, with the configured knobs
+    activations_exact: int  # full context, no checkpointing, nothing offloaded
+    host_activations: int  # what train_save_on_cpu moves to host memory
+    lm_head: int  # the configured LM-head path
+    lm_head_full: int
+    lm_head_selective: int
+    head_grad: int
+    tied_extra: int = 0
+    largest: int = 0  # bytes of the largest trainable tensor (the per-tensor AdamW's temporaries)
+
+    @property
+    def update(self) -> int:
+        """The optimizer step's transient: gradients plus AdamW's temporaries (per tensor on a CPU, foreach on
+        CUDA)."""
+        each = self.gradients if self.step.device.startswith("cuda") else self.largest
+        return self.gradients + OPTIMIZER_TEMPORARIES * each
+
+    @property
+    def fwd_bwd(self) -> int:
+        """Forward + backward's transient: activations, LM head and its weight gradient at backward's start, or
+        at its end the gradients (a tied embedding's two gradients and their sum, two more V x H)."""
+        return max(self.activations + self.lm_head + self.head_grad, self.gradients + self.tied_extra)
+
+    @property
+    def peak(self) -> int:
+        return self.weights + self.optimizer + max(self.fwd_bwd, self.update)
+
+
+def _bytes(dtype: str, dims: ModelDims) -> int:
+    return DTYPE_BYTES.get(dims.dtype if dtype == "auto" else dtype, 4)
+
+
+def plan(dims: ModelDims, step: StepShape) -> MemoryPlan:
+    b = _bytes(step.dtype, dims)
+    params = dims.params()
+    trainable = dims.lora_params(step.lora_r) if step.lora else params
+    tokens = step.tokens
+    if step.context_tokens:
+        tokens = min(tokens, step.context_tokens + step.target_span)
+    per_layer = dims.saved_per_token() * b * tokens
+    exact = dims.saved_per_token() * b * step.tokens * dims.layers + 2 * dims.hidden * b * step.tokens
+    if step.gradient_checkpointing:  # each layer's input kept, one layer recomputed at a time in backward
+        acts = dims.hidden * b * tokens * dims.layers + per_layer
+    else:
+        acts = per_layer * dims.layers
+    acts += 2 * dims.hidden * b * tokens  # the final norm's input and output
+    host = 0
+    if step.save_on_cpu and step.device.startswith("cuda"):
+        host, acts = acts, 0
+    # LM head: logits in the model dtype, their fp32 log-softmax (saved) and its gradient in backward
+    per_row = dims.vocab * (b + 4 + 4)
+    full = tokens * per_row
+    rows = step.targets
+    if step.chunk_size or step.targets * dims.vocab * 4 > step.hidden_max_bytes:
+        rows = min(step.targets, step.chunk_size or step.auto_chunk_rows)
+    selective = rows * per_row
+    head_grad = dims.vocab * dims.hidden * b if not step.lora else 0
+    return MemoryPlan(dims, step, weights=params * b, gradients=trainable * b, optimizer=2 * trainable * b,
+                      activations=acts, activations_exact=exact, host_activations=host,
+                      lm_head=selective if step.selective else full, lm_head_full=full,
+                      lm_head_selective=selective, head_grad=head_grad,
+                      tied_extra=2 * head_grad if dims.tied else 0,
+                      largest=(dims.largest_lora(step.lora_r) if step.lora else dims.vocab * dims.hidden) * b)
+
+
+def fitting_knob(dims: ModelDims, step: StepShape, capacity: int) -> tuple[str, MemoryPlan] | None:
+    """The first knob (KNOBS order) that alone brings the plan's peak under `capacity`, and its plan."""
+    tries = {
+        "backend.options.train_logprob_chunk_size": replace(step, selective=True, chunk_size=256),
+        "backend.gradient_checkpointing": replace(step, gradient_checkpointing=True),
+        "backend.options.train_save_on_cpu": replace(step, save_on_cpu=True),
+        "backend.lora": replace(step, lora=True),
+        "model.dtype": replace(step, dtype="bfloat16"),
+    }
+    current = plan(dims, step)
+    for knob in KNOBS:
+        trial = tries[knob]
+        if trial == step:
+            continue
+        if knob == "backend.options.train_save_on_cpu" and not step.device.startswith("cuda"):
+            continue  # a CPU device has no accelerator memory to offload from
+        p = plan(dims, trial)
+        if p.peak < current.peak and p.peak <= capacity:
+            return knob, p
+    return None
+
+
+KNOB_VALUES = {"backend.options.train_logprob_chunk_size": "256", "backend.gradient_checkpointing": "true",
+               "backend.options.train_save_on_cpu": "true", "backend.lora": "true", "model.dtype": "'bfloat16'"}
+
+
+def gib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def plan_lines(p: MemoryPlan, *, capacity: int | None, capacity_source: str, row_note: str) -> list[str]:
+    """The plan as `quaero check` prints it: the figures, then one line if it does not fit."""
+    s, d = p.step, p.dims
+    dtype = d.dtype if s.dtype == "auto" else s.dtype
+    knobs = []
+    if s.gradient_checkpointing:
+        knobs.append("gradient_checkpointing")
+    if s.context_tokens:
+        knobs.append(f"context crop {s.context_tokens}")
+    if s.save_on_cpu:
+        knobs.append("save_on_cpu" + ("" if s.device.startswith("cuda") else " (no-op on cpu)"))
+    head = ("full logits" if not s.selective else
+            f"selective, {min(s.targets, s.chunk_size)}-row chunks" if s.chunk_size else "selective")
+    lines = [
+        (f"memory plan {d.params() / 1e9:.3f}B params ({'tied' if d.tied else 'untied'} embeddings), {dtype}, "
+         f"{s.device}; microbatch {s.tokens} tokens, {s.targets} targets {row_note}"),
+        (f"  weights {gib(p.weights)}, gradients {gib(p.gradients)}, AdamW m+v {gib(p.optimizer)}"
+         + (f" (LoRA r={s.lora_r}: {d.lora_params(s.lora_r) / 1e6:.1f}M trainable)" if s.lora else "")),
+        (f"  activations {gib(p.activations)} ({', '.join(knobs) or 'no knobs'}; exact full context without "
+         f"knobs {gib(p.activations_exact)}" + (f"; {gib(p.host_activations)} on host" if p.host_activations else "")
+         + ")"),
+        (f"  LM head {gib(p.lm_head)} ({head}; full logits [{s.tokens}, {d.vocab}] {gib(p.lm_head_full)}, "
+         f"selective [{s.targets}, {d.vocab}] {gib(p.lm_head_selective)})"),
+        (f"  peak {gib(p.peak)}" + (f" of {gib(capacity)} {capacity_source}" if capacity else "")
+         + f" (forward+backward {gib(p.fwd_bwd)}, update: gradients + AdamW temporaries {gib(p.update)})"),
+    ]
+    if capacity and p.peak > capacity:
+        found = fitting_knob(d, s, capacity)
+        fix = (f"set {found[0]} = {KNOB_VALUES[found[0]]} (plan {gib(found[1].peak)})" if found else
+               "no single knob makes it fit: a shorter [model] max_seq_len, a smaller micro_batch_tokens "
+               "or a smaller model")
+        lines.append(f"memory plan exceeds the device: peak {gib(p.peak)} > {gib(capacity)} {capacity_source}; {fix}")
+    return lines
+
+
+def step_shape(cfg, device: str) -> tuple[StepShape, str]:
+    """The microbatch a config's longest row makes, and how the row was bounded (for the printout).
+
+    Longest row: min([model] max_seq_len, max_turns x (max_tokens + the observation limit)); rows of it pack
+    `micro_batch_tokens // row` to a microbatch (at least one, at most a step's rows); targets per row: the
+    sampled tokens, plus the env's when ECHO trains on them."""
+    from trainers.selective import AUTO_CHUNK_ROWS
+    from trainers.spec import SelectivePolicy
+
+    e, s, b, o = cfg.env, cfg.sampler, cfg.backend, cfg.backend.options
+    obs = cfg.observation_token_limit
+    row = min(cfg.model.max_seq_len, e.max_turns * (s.max_tokens + obs))
+    rows = max(1, min(cfg.training.tasks_per_step * cfg.training.group_size, b.micro_batch_tokens // row))
+    per_row = min(row, e.max_turns * s.max_tokens + (e.max_turns * obs if cfg.echo.enabled else 0))
+    shape = StepShape(tokens=rows * row, targets=rows * per_row, target_span=rows * per_row, dtype=cfg.model.dtype,
+                      lora=b.lora, lora_r=b.lora_r, gradient_checkpointing=b.gradient_checkpointing,
+                      selective=o.train_selective_suffix_logits, chunk_size=o.train_logprob_chunk_size,
+                      hidden_max_bytes=SelectivePolicy().hidden_max_bytes, auto_chunk_rows=AUTO_CHUNK_ROWS,
+                      save_on_cpu=o.train_save_on_cpu, context_tokens=o.train_supervised_context_tokens,
+                      device=device)
+    note = (f"({rows} row(s) of {row}: min(max_seq_len {cfg.model.max_seq_len}, max_turns {e.max_turns} x "
+            f"(max_tokens {s.max_tokens} + observation limit {obs})))")
+    return shape, note
+
+
+def device_capacity(device: str) -> tuple[int | None, str]:
+    """Bytes one step may use: a CUDA device's memory, or the host's available RAM."""
+    if device.startswith("cuda"):
+        import torch
+
+        index = torch.device(device).index or 0
+        return torch.cuda.get_device_properties(index).total_memory, f"on {device}"
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "RAM available"
+    except OSError:
+        pass
+    return None, ""
+
+
+def memory_lines(cfg, device: str) -> list[str]:
+    """`quaero check`'s memory plan for `cfg` on `device` (one line when the model's shape is unknown)."""
+    from quaero.model import config_fields
+
+    fields = config_fields(cfg.model.name)
+    if fields is None:
+        return [(f"memory plan none: {cfg.model.name!r} has no config.json here (not a folder, not in the hub "
+                 "cache); it is read once the model is downloaded")]
+    if fields.get("model_type") not in SUPPORTED_TYPES:
+        return [(f"memory plan none: model_type {fields.get('model_type')!r} (the plan knows "
+                 f"{', '.join(SUPPORTED_TYPES)})")]
+    dims = ModelDims.from_fields(fields)
+    step, note = step_shape(cfg, device)
+    capacity, source = device_capacity(device)
+    return plan_lines(plan(dims, step), capacity=capacity, capacity_source=source, row_note=note)

@@ -1,0 +1,103 @@
+"""`quaero check`'s memory plan: arithmetic from the model's config, no model load."""
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from quaero.config import load_config
+from quaero.model import NAMED_SHAPES
+from quaero.recipe import memory_plan as mp
+
+ROOT = Path(__file__).resolve().parents[3]
+GIB = 2**30
+V = 151936
+
+
+def dims(name: str, **kw) -> mp.ModelDims:
+    return mp.ModelDims.from_fields({**NAMED_SHAPES[name].config_fields(), **kw})
+
+
+@pytest.mark.parametrize("name", sorted(NAMED_SHAPES))
+def test_parameter_count_is_the_models_own(name):
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(Qwen3Config(**NAMED_SHAPES[name].config_fields()))
+    assert dims(name).params() == sum(p.numel() for p in model.parameters())
+
+
+def test_weights_gradients_and_adamw_state_of_the_06b_shape():
+    d = dims("qwen3-0.6b-shape")
+    assert d.params() == 596_049_920  # what the built folder loads (benchmarks/README.md, Real shapes)
+    p = mp.plan(d, mp.StepShape(tokens=512, targets=64, target_span=128))
+    assert (p.weights, p.gradients, p.optimizer) == (596_049_920 * 4, 596_049_920 * 4, 2 * 596_049_920 * 4)
+    # gradients + AdamW's two temporaries: of the largest tensor (the embedding) per tensor on a CPU, of every
+    # parameter with CUDA's foreach kernels
+    assert p.update == 596_049_920 * 4 + 2 * V * 1024 * 4
+    assert p.peak == p.weights + p.optimizer + p.update  # a short row: the update is the peak
+    cuda = mp.plan(d, mp.StepShape(tokens=512, targets=64, target_span=128, device="cuda"))
+    assert cuda.update == 3 * 596_049_920 * 4
+    half = mp.plan(d, mp.StepShape(tokens=512, targets=64, target_span=128, dtype="bfloat16"))
+    assert half.weights * 2 == p.weights and half.optimizer * 2 == p.optimizer
+    auto = mp.plan(d, mp.StepShape(tokens=512, targets=64, target_span=128, dtype="auto"))
+    assert auto.weights == half.weights  # 'auto' loads the folder's dtype: bfloat16 like the hub's
+
+
+def test_lm_head_full_against_selective_and_its_chunks():
+    d = dims("qwen3-0.6b-shape")
+    p = mp.plan(d, mp.StepShape(tokens=8192, targets=64, target_span=2048))
+    assert p.lm_head_full == 8192 * V * 12  # fp32 logits, log-softmax and its gradient
+    assert p.lm_head_selective == p.lm_head == 64 * V * 12
+    assert p.head_grad == V * 1024 * 4 and p.tied_extra == 2 * V * 1024 * 4
+    full = mp.plan(d, mp.StepShape(tokens=8192, targets=64, target_span=2048, selective=False))
+    assert full.lm_head == full.lm_head_full and full.peak - p.peak == full.lm_head_full - p.lm_head
+    many = mp.plan(d, mp.StepShape(tokens=8192, targets=4096, target_span=8192))  # 4096 x V x 4 > 128 MiB
+    assert many.lm_head_selective == 256 * V * 12  # trainers/selective.py's automatic 256-row chunks
+    chunked = mp.plan(d, mp.StepShape(tokens=8192, targets=4096, target_span=8192, chunk_size=64))
+    assert chunked.lm_head == 64 * V * 12
+
+
+def test_each_knob_changes_what_it_changes():
+    d = dims("qwen3-0.6b-shape")
+    base = mp.StepShape(tokens=8192, targets=64, target_span=2048)
+    exact = mp.plan(d, base)
+    per_token = d.saved_per_token() * 4
+    assert exact.activations == exact.activations_exact == 28 * per_token * 8192 + 2 * 1024 * 4 * 8192
+    ckpt = mp.plan(d, replace(base, gradient_checkpointing=True))
+    assert ckpt.activations == 28 * 1024 * 4 * 8192 + per_token * 8192 + 2 * 1024 * 4 * 8192
+    crop = mp.plan(d, replace(base, context_tokens=1024))  # 1024 + the 2048-token target span
+    assert crop.activations == 28 * per_token * 3072 + 2 * 1024 * 4 * 3072
+    cpu = mp.plan(d, replace(base, save_on_cpu=True))
+    assert cpu.activations == exact.activations and cpu.host_activations == 0  # no-op on a CPU device
+    gpu = mp.plan(d, replace(base, save_on_cpu=True, device="cuda"))
+    assert gpu.activations == 0 and gpu.host_activations == exact.activations
+    lora = mp.plan(d, replace(base, lora=True, lora_r=16))
+    assert lora.gradients == d.lora_params(16) * 4 < exact.gradients / 50 and lora.weights == exact.weights
+
+
+def test_an_oversized_plan_says_so_in_one_line_naming_the_knob_that_fits():
+    d = dims("qwen3-0.6b-shape")
+    step = mp.StepShape(tokens=8192, targets=64, target_span=2048, selective=False)
+    p = mp.plan(d, step)
+    lines = mp.plan_lines(p, capacity=24 * GIB, capacity_source="RAM available", row_note="")
+    assert p.peak > 24 * GIB
+    last = lines[-1]
+    assert last.startswith("memory plan exceeds the device: peak ") and "24.00 GiB RAM available" in last
+    # full logits off first (the chunked selective head), yet activations still overflow: checkpointing fits
+    assert mp.plan(d, replace(step, selective=True, chunk_size=256)).peak > 24 * GIB
+    assert "set backend.gradient_checkpointing = true" in last
+    fits = mp.plan_lines(mp.plan(d, replace(step, tokens=512, target_span=128)), capacity=24 * GIB,
+                         capacity_source="RAM available", row_note="")
+    assert not any("exceeds" in line for line in fits)
+    nothing = mp.plan_lines(p, capacity=1 * GIB, capacity_source="on cuda", row_note="")
+    assert "no single knob makes it fit" in nothing[-1]
+
+
+def test_check_prints_the_plan_for_the_configured_model():
+    cfg = load_config(ROOT / "envs" / "toolbench.toml", ["model.name='qwen3-0.6b-shape'", "model.max_seq_len=8192"])
+    lines = mp.memory_lines(cfg, "cpu")
+    assert lines[0].startswith("memory plan 0.596B params (tied embeddings), float32, cpu; microbatch 8192 tokens")
+    assert any(line.startswith("  LM head") and "full logits [8192, 151936]" in line for line in lines)
+    unknown = load_config(ROOT / "envs" / "toolbench.toml", ["model.name='Qwen/Not-Cached-0B'"])
+    assert mp.memory_lines(unknown, "cpu")[0].startswith("memory plan none: 'Qwen/Not-Cached-0B' has no config.json")

@@ -1,0 +1,148 @@
+"""Bad model input in one line, at `quaero check` before any model loads: missing or truncated shards, a
+config.json that does not match the weights, an architecture quaero cannot train, a dtype the device
+cannot run."""
+import copy
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from quaero import model as qm
+from quaero.config import ConfigError
+from quaero.recipe.plan import load_checked
+
+ROOT = Path(__file__).resolve().parents[3]
+MAIN = ROOT / "envs" / "toolbench.toml"
+SMALL = qm.Qwen3Shape(64, 2, 4, 2, 32, 128)  # the real shapes' family at tiny dims
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory, qwen3_tokenizer):
+    """A reduced Qwen3 folder saved in several safetensors shards, with its index."""
+    import torch
+
+    folder = tmp_path_factory.mktemp("sharded")
+    SMALL.model().to(torch.bfloat16).save_pretrained(folder, max_shard_size="50KB")
+    copy.deepcopy(qwen3_tokenizer).save_pretrained(folder)
+    assert (folder / "model.safetensors.index.json").exists() and len(list(folder.glob("*.safetensors"))) > 3
+    return folder
+
+
+@pytest.fixture
+def folder(sharded, tmp_path):
+    out = tmp_path / "model"
+    shutil.copytree(sharded, out)
+    return out
+
+
+@pytest.fixture
+def no_weights_load(monkeypatch):
+    """Any weight load fails the test: the check must decide from the files alone."""
+    from transformers import AutoModelForCausalLM
+
+    def refuse(*a, **kw):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", refuse)
+
+
+def check_error(folder: Path, *overrides: str) -> str:
+    with pytest.raises(ConfigError) as e:
+        load_checked(MAIN, [f"model.name='{folder}'", *overrides])
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{MAIN} [model] ")
+    return msg
+
+
+def shards(folder: Path) -> list[Path]:
+    return sorted(folder.glob("model-*.safetensors"))
+
+
+@pytest.mark.hostile
+def test_an_intact_sharded_folder_passes_and_loads(folder):
+    assert qm.folder_problem(folder) is None
+    model = qm.load_causal_lm(str(folder))
+    assert model.config.num_hidden_layers == 2
+
+
+@pytest.mark.hostile
+@pytest.mark.slow
+def test_a_truncated_shard_is_named_at_check(folder, no_weights_load):
+    last = shards(folder)[-1]
+    last.write_bytes(last.read_bytes()[:-1000])
+    msg = check_error(folder)
+    assert f"weight shard {last.name} is truncated" in msg and "download the model folder again" in msg
+
+
+@pytest.mark.hostile
+def test_each_bad_folder_is_one_line_from_its_files_alone(folder, no_weights_load):
+    """The quick tier's copy of the check-level tests: `folder_problem` reads headers, never weights."""
+    first, last = shards(folder)[0], shards(folder)[-1]
+    cfg = json.loads((folder / "config.json").read_text())
+    first.write_bytes(first.read_bytes()[:20])  # cut inside its header
+    assert qm.folder_problem(folder).startswith(f"weight shard {first.name} is truncated")
+    first.unlink()
+    assert qm.folder_problem(folder).startswith(f"weight shard {first.name} is missing")
+    shutil.copy(last, first)  # a shard with the wrong tensors: the config's are not all there
+    assert "is not in the weights" in qm.folder_problem(folder)
+    (folder / "config.json").write_text(json.dumps({**cfg, "architectures": ["T5ForConditionalGeneration"]}))
+    assert qm.folder_problem(folder).startswith("architecture 'T5ForConditionalGeneration'")
+    (folder / "config.json").write_text("{not json")
+    assert "config.json cannot be read as JSON" in qm.folder_problem(folder)
+
+
+@pytest.mark.hostile
+@pytest.mark.slow
+def test_a_missing_shard_is_named_at_check(folder, no_weights_load):
+    gone = shards(folder)[1]
+    gone.unlink()
+    msg = check_error(folder)
+    assert f"weight shard {gone.name} is missing" in msg and f"1 of {len(shards(folder)) + 1} absent" in msg
+
+
+@pytest.mark.hostile
+@pytest.mark.slow
+def test_a_config_that_does_not_match_the_weights_is_named_at_check(folder, no_weights_load):
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 256}))
+    msg = check_error(folder)
+    assert "config.json does not match the weights: model.layers.0.mlp.gate_proj.weight is [128, 64]" in msg
+    assert "implies [256, 64]" in msg
+    fewer = {k: v for k, v in cfg.items() if k != "layer_types"}  # transformers checks their count itself
+    (folder / "config.json").write_text(json.dumps({**fewer, "num_hidden_layers": 3}))
+    assert "model.layers.2.self_attn.q_proj.weight is not in the weights" in check_error(folder)
+
+
+@pytest.mark.hostile
+@pytest.mark.slow
+def test_an_architecture_quaero_cannot_train_is_named_at_check(folder, no_weights_load):
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "architectures": ["BertForMaskedLM"],
+                                                    "model_type": "bert"}))
+    msg = check_error(folder)
+    assert "architecture 'BertForMaskedLM' (model_type 'bert') is not a causal LM" in msg
+    assert "e.g. Qwen3ForCausalLM" in msg
+
+
+@pytest.mark.hostile
+def test_load_causal_lm_refuses_a_truncated_folder_in_one_line(folder):
+    last = shards(folder)[-1]
+    last.write_bytes(last.read_bytes()[:-10])
+    with pytest.raises(qm.ModelNotFound) as e:
+        qm.load_causal_lm(str(folder))
+    assert "is truncated" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.hostile
+@pytest.mark.slow
+def test_a_dtype_the_device_cannot_run_is_named_at_check(folder, monkeypatch, no_weights_load):
+    assert qm.dtype_problem("bfloat16", "cpu") is None and qm.dtype_problem("float16", "cpu") is None
+
+    def unsupported(dtype, device):  # an injected fault: a device without float16 kernels
+        raise RuntimeError('"addmm_impl_cpu_" not implemented for \'Half\'')
+
+    monkeypatch.setattr(qm, "_dtype_probe", unsupported)
+    msg = check_error(folder, "model.dtype='float16'")
+    assert "[model] dtype='float16': cpu cannot run a float16 forward and backward" in msg
+    assert "not implemented for 'Half'" in msg and "use dtype = 'float32'" in msg
