@@ -422,8 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--export", nargs=2, metavar=("FORMAT", "OUT.jsonl"),
                    help="write the rows as OpenEnv records instead of rendering: FORMAT 'rfc010' (RFC 010 role "
                    "masks) or 'openenv-trace' (TrainingTrace, validated by OpenEnv's model)")
-    p.add_argument("--force", action="store_true", help="let --html/--export overwrite an existing file (never "
-                   "a symlink or a file inside a run folder)")
+    p.add_argument("--force", action="store_true", help="let --html/--export overwrite an existing file "
+                   "(never a symlink or a file inside a run folder)")
     p.set_defaults(func=cmd_inspect_rows)
 
     env = sub.add_parser("env", help="environment tools").add_subparsers(dest="env_command", required=True)

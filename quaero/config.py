@@ -346,8 +346,8 @@ class TrainingConfig(_Section):
     loss_aggregation: Literal["token_mean", "sequence_mean", "constant"] = _SPEC.loss_aggregation
     # DAPO-style dynamic sampling: while fewer than tasks_per_step groups have reward spread (a non-zero
     # advantage), sample groups of further tasks, at most dynamic_sampling_max_groups x tasks_per_step groups
-    # in all per step (at most 100x: each round is logged, and a stop request ends the rounds); all-equal groups
-    # still train ECHO
+    # in all per step (at most 100x: each round is logged, and a stop request ends the rounds); all-equal
+    # groups still train ECHO
     dynamic_sampling: bool = False
     dynamic_sampling_max_groups: float = Field(3.0, ge=1.0, le=100.0)
 

@@ -50,8 +50,9 @@ OPTION_MEANINGS = {
     "env.train_split": "the reset `split` of training tasks",
     "env.eval_split": "the reset `split` of evaluation tasks",
     "env.reset_kwargs": "more keyword arguments of every `reset`",
-    "env.system_prompt": "the system prompt (else the env's own: the reset's `system_prompt` or `instructions`, a "
-                         "chat observation's system message; else a generic line; docs/environments.md)",
+    "env.system_prompt": "the system prompt (else the env's own: the reset's `system_prompt` or "
+                         "`instructions`, a chat observation's system message; else a generic line; "
+                         "docs/environments.md)",
     "env.formatter": "`package.module:function(observation_dict) -> str` for a plain env's observations",
     "env.action": "`package.module:ActionClass` for a plain env that declares no Action",
     "env.malformed_reward": "the reward of a reply that is no valid action (docs/environments.md)",
@@ -97,8 +98,8 @@ OPTION_MEANINGS = {
     "sampler.servers": "vLLM servers quaero starts per rank in server mode",
     "sampler.urls": "running vLLM servers to sample from instead (docs/scaling.md)",
     "sampler.server_start_timeout_s": "seconds a vLLM server may take to start",
-    "sampler.request_timeout_s": "server mode: seconds a vLLM server may sample before its reply's first byte "
-                                 "(one prompt's n completions)",
+    "sampler.request_timeout_s": "server mode: seconds a vLLM server may sample before its reply's first "
+                                 "byte (one prompt's n completions)",
     "sampler.stop_grace_s": "server mode: seconds a wait on a vLLM server goes on after a stop request "
                             "(Ctrl-C, SIGTERM) before the run stops without that step",
     "sampler.weight_transfer": "how server mode pushes weights: `file`, `nccl` or `ipc` (docs/scaling.md)",
@@ -169,8 +170,9 @@ OPTION_MEANINGS = {
                                  "episode, then over episodes) or `constant` (Dr. GRPO)",
     "training.dynamic_sampling": "while fewer than `tasks_per_step` groups have reward spread, sample groups of "
                                  "further tasks (DAPO); all-equal groups still train ECHO",
-    "training.dynamic_sampling_max_groups": "the bound: at most this many x `tasks_per_step` groups per step "
-                                            "(1 to 100; each round is logged, a stop request ends the rounds)",
+    "training.dynamic_sampling_max_groups": ("the bound: at most this many x `tasks_per_step` groups per "
+                                             "step (1 to 100; each round is logged, a stop request ends "
+                                             "the rounds)"),
     "data.traces": "a JSONL file of recorded episodes (RFC 010 records or OpenEnv TrainingTraces) the warm "
                    "start trains on (SFT + ECHO, or RL with `traces_loss`) instead of the oracle's demos; rows rebuilt from their ids, "
                    "inexact records refused one line each",

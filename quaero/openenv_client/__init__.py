@@ -19,5 +19,5 @@ from quaero.openenv_client.session import ChatEnv, ChatReset, ChatStep, EpisodeD
 # before anything imports openenv: these modules import it only inside their functions
 block_gradio()
 
-__all__ = ["ChatEnv", "ChatReset", "ChatStep", "EnvPool", "EpisodeDropped", "EpisodeEndedAtReset", "LocalServer",
-           "block_gradio", "open_envs", "serve"]
+__all__ = ["ChatEnv", "ChatReset", "ChatStep", "EnvPool", "EpisodeDropped", "EpisodeEndedAtReset",
+           "LocalServer", "block_gradio", "open_envs", "serve"]

@@ -382,8 +382,9 @@ def describe_env(cfg: Any, observation_limit: int | None = None) -> list[str]:
     lines = [f"env action  {action}; {reset}", system_prompt_line(cfg, spec)]
     unbounded = [] if spec.speaks_tools else unbounded_fields(spec.observation_cls.model_json_schema())
     if unbounded and observation_limit:
-        lines.append(f"obs fields  {', '.join(unbounded)} of {spec.observation_cls.__name__} have no size bound: an "
-                     f"observation over [env] max_observation_tokens={observation_limit} is cut field by field (a long "
+        obs_name = spec.observation_cls.__name__
+        lines.append(f"obs fields  {', '.join(unbounded)} of {obs_name} have no size bound: an observation "
+                     f"over [env] max_observation_tokens={observation_limit} is cut field by field (a long "
                      "field shortened with a marker, the others kept whole; said when it happens)")
     return lines
 
@@ -394,7 +395,8 @@ def system_prompt_line(cfg: Any, spec: EnvSpec) -> str:
     fields = set(spec.observation_cls.model_json_schema().get("properties", {}))
     own = next((k for k in INSTRUCTION_KEYS if k in fields), None)
     if cfg.system_prompt:
-        first = f"[env] system_prompt ({cfg.system_prompt[:60]!r}{'...' if len(cfg.system_prompt) > 60 else ''})"
+        more = "..." if len(cfg.system_prompt) > 60 else ""
+        first = f"[env] system_prompt ({cfg.system_prompt[:60]!r}{more})"
     elif own:
         first = f"the reset's own `{own}` field (the reset metadata's system_prompt first, when it gives one)"
     elif "messages" in fields and not spec.speaks_tools:
@@ -419,7 +421,8 @@ def unbounded_fields(schema: dict) -> list[str]:
         for o in options:
             kind = o.get("type")
             if ((kind == "string" and "maxLength" not in o and "enum" not in o)
-                    or (kind == "array" and "maxItems" not in o) or (kind == "object" and "maxProperties" not in o)):
+                    or (kind == "array" and "maxItems" not in o)
+                    or (kind == "object" and "maxProperties" not in o)):
                 out.append(f"{name} ({kind})")
                 break
     return out

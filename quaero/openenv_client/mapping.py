@@ -164,8 +164,8 @@ def reply_instruction(schema: dict) -> str:
         return (f"Reply with the action itself as plain text: your whole reply becomes its `{field}` field "
                 f"({field_type(schema, field)}).")
     if field is not None:
-        return (f"Reply with exactly one JSON object matching the action schema in the system prompt, or with plain "
-                f"text for its `{field}`.")
+        return ("Reply with exactly one JSON object matching the action schema in the system prompt, "
+                f"or with plain text for its `{field}`.")
     return "Reply with exactly one JSON object matching the action schema in the system prompt."
 
 
@@ -211,13 +211,15 @@ def prompt_messages(meta: Any) -> list[dict]:
     return [m for m in prompt if isinstance(m, dict) and isinstance(m.get("content"), str) and m["content"].strip()]
 
 
-DEFAULT_SYSTEM_PROMPT = "You are an agent acting in an environment. Solve the task."  # when the env gives none
-INSTRUCTION_KEYS = ("instructions", "system_prompt")  # an observation's fields that are the env's own instructions
+# when the env gives none
+DEFAULT_SYSTEM_PROMPT = "You are an agent acting in an environment. Solve the task."
+INSTRUCTION_KEYS = ("instructions", "system_prompt")  # fields holding the env's own instructions
 
 
 def env_instructions(observation: dict) -> tuple[str | None, str | None]:
-    """(field, text) of the instructions an env's reset gives for the system prompt: a non-empty `instructions`
-    or `system_prompt` field of the observation, else of its metadata; (None, None) without one."""
+    """(field, text) of the instructions an env's reset gives for the system prompt: a non-empty
+    `instructions` or `system_prompt` field of the observation, else of its metadata; (None, None) without
+    one."""
     meta = observation.get("metadata") or {}
     for where in (observation, meta if isinstance(meta, dict) else {}):
         for key in INSTRUCTION_KEYS:
@@ -230,8 +232,8 @@ CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 
 def chat_turns(observation: dict) -> list[dict] | None:
-    """An observation's `messages` when it is a chat ([{"role", "content"}] with known roles and text contents,
-    korrel's export), else None."""
+    """An observation's `messages` when it is a chat ([{"role", "content"}] with known roles and text
+    contents, korrel's export), else None."""
     messages = observation.get("messages")
     if not isinstance(messages, list) or not messages:
         return None
@@ -247,11 +249,11 @@ def prompt_system(meta: Any) -> str | None:
 
 
 class FieldText(str):
-    """A formatted observation that remembers its parts: `parts` are (field name or None, line) whose lines,
-    joined by newlines, are the text. The episode driver cuts an observation over `[env] max_observation_tokens`
-    part by part (quaero/rollout/driver.py `_bounded`): a huge field is shortened with its marker and the small
-    ones after it survive whole (atari's screen before `legal_actions` and `lives`). Everywhere else it is the
-    plain string it equals."""
+    """A formatted observation that remembers its parts: `parts` are (field name or None, line) whose
+    lines, joined by newlines, are the text. The episode driver cuts an observation over
+    `[env] max_observation_tokens` part by part (quaero/rollout/driver.py `_bounded`): a huge field is
+    shortened with its marker and the small ones after it survive whole (atari's screen before
+    `legal_actions` and `lives`). Everywhere else it is the plain string it equals."""
 
     parts: tuple[tuple[str | None, str], ...] = ()
 
@@ -269,8 +271,9 @@ def observation_parts(observation: dict, context: str = "step") -> list[tuple[st
     parts: list[tuple[str | None, str]] = [(question_key, fields.pop(question_key))] if question_key else []
     meta = observation.get("metadata") or {}
     if not parts and context == "reset" and isinstance(meta, dict):
-        parts += [(None, meta[k]) for k in QUESTION_KEYS if isinstance(meta.get(k), str) and meta[k].strip()][:1]
-        if not parts:  # a chat prompt (Verifiers tasks): its non-system messages; the system one is the system prompt
+        parts += [(None, meta[k]) for k in QUESTION_KEYS
+                  if isinstance(meta.get(k), str) and meta[k].strip()][:1]
+        if not parts:  # a chat prompt (Verifiers tasks): its non-system messages
             parts += [(None, m["content"]) for m in prompt_messages(meta) if m.get("role") != "system"]
     for k, v in fields.items():
         if not _repeats(v, "\n".join(line for _, line in parts)):

@@ -59,13 +59,13 @@ def listen(host: str, port: int) -> socket.socket:
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     except socket.gaierror as e:
-        raise ServeError(f"--host {host!r}: cannot resolve it ({e.strerror}); use an address such as 127.0.0.1 or "
-                         "a name this machine resolves") from None
+        raise ServeError(f"--host {host!r}: cannot resolve it ({e.strerror}); use an address such as "
+                         "127.0.0.1 or a name this machine resolves") from None
     try:
         return socket.create_server((host, port), family=family, backlog=256)
     except OSError as e:
-        raise ServeError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e}); choose a free "
-                         "port or an address of this machine") from None
+        raise ServeError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e}); choose a "
+                         "free port or an address of this machine") from None
 
 
 def check_builds(spec: EnvSpec) -> None:
@@ -74,8 +74,8 @@ def check_builds(spec: EnvSpec) -> None:
     try:
         env = spec.factory()
     except Exception as e:  # noqa: BLE001 - the env's own failure, reported in one line
-        raise ServeError(f"{spec.entry}: building the env raised {error_line(e)}; fix its setup (a dataset, file, "
-                         "key or --kwargs it needs?)") from None
+        raise ServeError(f"{spec.entry}: building the env raised {error_line(e)}; fix its setup (a dataset, "
+                         "file, key or --kwargs it needs?)") from None
     with contextlib.suppress(Exception):
         env.close()
 
@@ -85,8 +85,8 @@ def serve(entry: str, host: str = "127.0.0.1", port: int = 8000, max_concurrent_
           action: str | None = None) -> None:
     """Serve any OpenEnv env (`module:Class`) with OpenEnv's own app; blocks until stopped. fd: serve on an
     inherited listening socket; parent_pid: exit when that process is gone (both for LocalServer); action:
-    `[env] action`, for an env that names no Action class itself. One instance is built first (`check_builds`);
-    ServeError when it cannot be, or when (host, port) cannot be listened on."""
+    `[env] action`, for an env that names no Action class itself. One instance is built first
+    (`check_builds`); ServeError when it cannot be, or when (host, port) cannot be listened on."""
     if parent_pid is not None:
         _exit_with_parent(parent_pid)
     import uvicorn
@@ -97,7 +97,7 @@ def serve(entry: str, host: str = "127.0.0.1", port: int = 8000, max_concurrent_
                     note="listening beyond this machine: anyone who reaches this address runs the env's code "
                     "through its sessions; serve on 127.0.0.1 unless that is meant")
     spec = load_entry(entry, kwargs, action)
-    if fd is None:  # `quaero env serve`; a LocalServer's env was loaded by the run, whose sessions report failures
+    if fd is None:  # `quaero env serve`; a LocalServer's env was loaded by the run, whose sessions report it
         check_builds(spec)
     if max_concurrent_envs > 1 and not spec.supports_concurrency:
         log.warning("env_serve_single_session", entry=entry, requested=max_concurrent_envs,

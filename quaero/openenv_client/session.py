@@ -70,8 +70,9 @@ class EpisodeDropped(Exception):
 
 
 class ActionRefused(Exception):
-    """The env raised the same error on this action twice, the second time on a healthy session (`ChatEnv._call`):
-    the action is illegal where the env stands (atari's `Invalid action_id: 7`). str(self): the env's message."""
+    """The env raised the same error on this action twice, the second time on a healthy session
+    (`ChatEnv._call`): the action is illegal where the env stands (atari's `Invalid action_id: 7`).
+    str(self): the env's message."""
 
 
 class EpisodeEndedAtReset(Exception):
@@ -194,7 +195,7 @@ class ChatEnv:
         self._stale = False  # the session was let go after a refused action: the next step replays first
         self._own_instructions: str | None = None  # the env's instructions the system prompt holds
         self._chat_field: str | None = None  # a chat env's one text field: replies are plain text
-        self._chat_seen: list[dict] = []  # a chat env's last `messages` (it may send its whole history each step)
+        self._chat_seen: list[dict] = []  # a chat env's last `messages` (it may resend its whole history)
 
     # -- sessions and retries -----------------------------------------------------------------------
     def connect(self) -> None:
@@ -220,7 +221,8 @@ class ChatEnv:
                 payload = transport.step(action, self.cfg.step_timeout_s)
             except EnvRaised as e:  # an action the env took before raises now: not the same episode
                 raise EpisodeDropped(f"replay diverged at {action}: the env raised {e.detail!r} where it had "
-                                     "answered; set [env] on_session_loss = 'drop'", "replay_diverged") from None
+                                     "answered; set [env] on_session_loss = 'drop'",
+                                     "replay_diverged") from None
             self.counts.add(names.ENV_REPLAYED_STEPS)
             if payload != recorded:
                 raise EpisodeDropped(f"replay diverged at {action}: the env is not deterministic; "
@@ -241,12 +243,12 @@ class ChatEnv:
         exponential backoff, up to cfg.max_retries times; then EpisodeDropped. An invalid reply drops
         the episode at once.
 
-        An env error answering a step (EnvRaised: the env's code raised, the server answered) is a fault of the
-        session or a property of the action. It is asked once more, whatever max_retries: on a fresh session
-        replayed to this point (in replay mode; the replay checks that the env is back in the recorded state),
-        else on the same session. The same error again is the action's: ActionRefused, which the step answers
-        as an invalid action. Anything else (a different error, a lost connection, a timeout) is a fault,
-        retried as above."""
+        An env error answering a step (EnvRaised: the env's code raised, the server answered) is a fault of
+        the session or a property of the action. It is asked once more, whatever max_retries: on a fresh
+        session replayed to this point (in replay mode; the replay checks that the env is back in the
+        recorded state), else on the same session. The same error again is the action's: ActionRefused,
+        which the step answers as an invalid action. Anything else (a different error, a lost connection,
+        a timeout) is a fault, retried as above."""
         lost, raised, failures = False, None, 0
         while True:
             try:
@@ -288,7 +290,8 @@ class ChatEnv:
                     raise EpisodeDropped(f"{what}: session lost ({fault}); not replayable: the env's reset takes "
                                          "no seed or index", "not_replayable") from None
                 if last:
-                    raise EpisodeDropped(f"{what} failed {failures} times, last: {fault}", fault.kind) from None
+                    raise EpisodeDropped(f"{what} failed {failures} times, last: {fault}",
+                                         fault.kind) from None
                 self.counts.add(names.ENV_RETRIES)
                 log.warning("env_retry", what=what, attempt=failures, fault=str(fault))
                 if not env_error:  # a server that answered needs no time to come back
@@ -333,20 +336,21 @@ class ChatEnv:
     def _presented(self, obs: dict, meta: dict) -> tuple[str, list[dict]]:
         """The reset as the env's author wrote it: the system prompt and the opening turns.
 
-        System prompt, the first there is: `[env] system_prompt`; the reset metadata's `system_prompt` or its chat
-        prompt's system message (what `openenv import` writes); the env's own instructions (an `instructions` or
-        `system_prompt` field of the observation, else of its metadata); a chat observation's system message;
-        else DEFAULT_SYSTEM_PROMPT. A plain env's Action schema follows it, unless the observation is a chat and
-        the Action takes one text field (a chat is answered in plain text).
-        Turns: a chat observation's (`messages` with roles) as chat turns, its other fields as one more user turn;
-        else the formatted observation as one user turn, left out when it has no text (an MCP env whose reset
-        carries none: the tools and the system prompt are the task)."""
+        System prompt, the first there is: `[env] system_prompt`; the reset metadata's `system_prompt` or its
+        chat prompt's system message (what `openenv import` writes); the env's own instructions (an
+        `instructions` or `system_prompt` field of the observation, else of its metadata); a chat
+        observation's system message; else DEFAULT_SYSTEM_PROMPT. A plain env's Action schema follows it,
+        unless the observation is a chat and the Action takes one text field (a chat is answered in plain
+        text).
+        Turns: a chat observation's (`messages` with roles) as chat turns, its other fields as one more user
+        turn; else the formatted observation as one user turn, left out when it has no text (an MCP env whose
+        reset carries none: the tools and the system prompt are the task)."""
         chat = chat_turns(obs) if self.tools is None else None
         self._own_instructions, self._chat_seen = None, chat or []
         key, own = env_instructions(obs)
         chat_system = next((m["content"] for m in chat or [] if m["role"] == "system"), None)
-        system = (self.cfg.system_prompt or meta.get("system_prompt") or prompt_system(meta) or own or chat_system
-                  or DEFAULT_SYSTEM_PROMPT)
+        system = (self.cfg.system_prompt or meta.get("system_prompt") or prompt_system(meta) or own
+                  or chat_system or DEFAULT_SYSTEM_PROMPT)
         if own is not None and system is own and key in obs:  # in the system prompt: not in the user turn too
             self._own_instructions, obs = own, {k: v for k, v in obs.items() if k != key}
         self._chat_field = single_text_field(self.action_schema or {}) if chat is not None else None
@@ -361,11 +365,12 @@ class ChatEnv:
         return system, turns + ([{"role": "user", "content": rest}] if rest.strip() else [])
 
     def _observed(self, obs: dict) -> list[dict]:
-        """A plain env's step observation as the turns that answer the model: a chat observation's new messages
-        (the env's own assistant messages, the model's reply, left out), its other fields as one more user turn;
-        else the formatted observation, without the instructions the system prompt already holds."""
-        if self._own_instructions is not None:
-            obs = {k: v for k, v in obs.items() if not (k in INSTRUCTION_KEYS and v == self._own_instructions)}
+        """A plain env's step observation as the turns that answer the model: a chat observation's new
+        messages (the env's own assistant messages, the model's reply, left out), its other fields as one
+        more user turn; else the formatted observation, less the instructions the system prompt holds."""
+        own = self._own_instructions
+        if own is not None:
+            obs = {k: v for k, v in obs.items() if not (k in INSTRUCTION_KEYS and v == own)}
         chat = chat_turns(obs) if self._chat_seen else None
         if chat is None:
             return [{"role": "user", "content": self.formatter(obs, context="step")}]
@@ -424,7 +429,7 @@ class ChatEnv:
 
     def _step_plain(self, assistant: dict) -> ChatStep:
         text = assistant.get("content") or ""
-        if self._chat_field is not None and text.strip():  # a chat is answered in plain text, JSON-looking or not
+        if self._chat_field is not None and text.strip():  # plain text, JSON-looking or not
             action = {self._chat_field: text.strip()}
         else:
             action = parse_plain_action(text, self.action_schema or {})

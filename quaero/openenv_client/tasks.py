@@ -80,8 +80,9 @@ class DiscoveryTimeout(ConfigError):
 
 
 def _bounded(call: Callable[[], Any], what: str, timeout_s: float | None) -> Any:
-    """`call()` (an env's discovery method), waited for at most `timeout_s` seconds: it runs on a daemon thread,
-    abandoned (never joined) when it does not answer, so a blocking env cannot hold `quaero check` or a run."""
+    """`call()` (an env's discovery method), waited for at most `timeout_s` seconds: it runs on a daemon
+    thread, abandoned (never joined) when it does not answer, so a blocking env cannot hold `quaero check` or
+    a run."""
     if timeout_s is None:
         return call()
     box: dict[str, Any] = {}
@@ -120,7 +121,7 @@ def catalog_of(env: Any, source: str = "in process", timeout_s: float | None = N
     except NotImplementedError:
         return None
     except DiscoveryTimeout as e:
-        raise DiscoveryTimeout(f"[env] {cls}: {e}") from None
+        raise DiscoveryTimeout(f"[env] {e}") from None
     except TaskCountError as e:
         raise ConfigError(f"[env] {cls}: {e}") from None
     except Exception as e:  # noqa: BLE001 - an env whose discovery fails is named in one line, not a traceback
@@ -144,16 +145,16 @@ def catalog_over_http(http_url: str, timeout_s: float = 10.0) -> TaskCatalog | N
         return None  # not OpenEnv's HTTP server (an older one, a WebSocket-only server): no Task API to read
     try:
         splits = [split_name(s) for s in _http_json(f"{http_url}/{env_name}/splits", timeout_s)]
-        counts = {s: task_count(_http_json(f"{http_url}/{env_name}/num_tasks", timeout_s, {"split": s})["num_tasks"], s)
-                  for s in splits}
+        counts = {s: task_count(_http_json(f"{http_url}/{env_name}/num_tasks", timeout_s, {"split": s})
+                                ["num_tasks"], s) for s in splits}
     except TaskCountError as e:
         raise ConfigError(f"[env] {http_url}: its Task API's {e}") from None
     except urllib.error.HTTPError as e:
         if e.code in (404, 405, 501):
             return None
-        raise ConfigError(f"[env] {http_url}: its Task API answered HTTP {e.code} ({e.reason}): the env raised in "
-                          "the server, building an instance for the session or in list_splits/num_tasks; the "
-                          "server's log has the traceback") from None
+        raise ConfigError(f"[env] {http_url}: its Task API answered HTTP {e.code} ({e.reason}): the env "
+                          "raised in the server, building an instance for the session or in "
+                          "list_splits/num_tasks; the server's log has the traceback") from None
     except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
         raise ConfigError(f"[env] {http_url}: cannot read its Task API ({error_line(e)}); is an OpenEnv server "
                           "running there?") from None
@@ -239,8 +240,9 @@ def check_lines(cfg: Any, source: str = "config") -> list[str]:
             return [("tasks       read from the env's Task API when sessions open (a factory function is not "
                      "called at check)")]
         if not builds_class(spec):  # a factory whose return annotation named its class: still never called
-            return [(f"tasks       read from {spec.env_cls.__name__}'s Task API when sessions open: {spec.entry} is a "
-                     "factory function, not called at check (its splits and task counts cannot be read without it)")]
+            cls = spec.env_cls.__name__
+            return [(f"tasks       read from {cls}'s Task API when sessions open: {spec.entry} is a factory "
+                     "function, not called at check (its splits and task counts cannot be read without it)")]
         catalog = catalog_of_spec(spec, env_cfg.reset_timeout_s)
     check_splits(catalog, env_cfg, train=bool(t.steps or t.warmup_sft_steps), evaluate=bool(t.eval_tasks),
                  source=source)

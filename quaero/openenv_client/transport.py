@@ -49,7 +49,8 @@ class EnvFault(Exception):
 class EnvRaised(EnvFault):
     """The env's own code raised answering a call (OpenEnv's EXECUTION_ERROR frame; an exception in-process);
     the server answered, so the session may be healthy. `detail`: the env's message. Whether it is a fault of
-    the session or a property of the action is decided in quaero/openenv_client/session.py (`ChatEnv._call`)."""
+    the session or a property of the action is decided in quaero/openenv_client/session.py
+    (`ChatEnv._call`)."""
 
     def __init__(self, detail: str, message: str | None = None) -> None:
         super().__init__("server_error", message or detail)
@@ -254,7 +255,8 @@ class InProcessTransport:
         except (ActionRejected, InvalidReply):
             raise
         except Exception as e:  # noqa: BLE001 - the env raised: the server would answer EXECUTION_ERROR
-            raise EnvRaised(str(e).strip() or type(e).__name__, f"{kind} raised {type(e).__name__}: {e}") from None
+            detail = str(e).strip() or type(e).__name__
+            raise EnvRaised(detail, f"{kind} raised {type(e).__name__}: {e}") from None
 
     def reset(self, kwargs: dict, timeout_s: float) -> dict:
         return check_reply(self._call("reset", kwargs, timeout_s))

@@ -574,12 +574,14 @@ def run_step(c: Components, step: int, *, sft: bool, ahead: RolloutsAhead | None
 
 
 def _empty_run(c: Components, step: int, m: dict[str, Any]) -> str | None:
-    """Count consecutive steps without a trained row; after `max_empty_steps` of them, why the run stops. A step
-    whose every reset answered done=True stops the run at once: the env has no episode to give."""
+    """Count consecutive steps without a trained row; after `max_empty_steps` of them, why the run stops. A
+    step whose every reset answered done=True stops the run at once: the env has no episode to give."""
     if m.get(names.EPISODES_ENDED_AT_RESET) and not m.get(names.EPISODES):
-        return (f"step {step}: every reset ({m[names.EPISODES_ENDED_AT_RESET]}) answered done=True, so there is no "
-                f"episode to play; the env said: {c.driver.reset_end_reason or 'nothing'}; fix what the env needs "
-                "(a key, a sandbox, a dataset)")
+        reasons = [(e.name, e.driver.reset_end_reason) for e in c.envs if e.driver.reset_end_reason]
+        said = "; ".join(why if len(c.envs) == 1 else f"{name}: {why}" for name, why in reasons) or "nothing"
+        ended = m[names.EPISODES_ENDED_AT_RESET]
+        return (f"step {step}: every reset ({ended}) answered done=True, so there is no episode to play; "
+                f"the env said: {said}; fix what the env needs (a key, a sandbox, a dataset)")
     if m[names.ROWS]:
         c.empty_steps, c.empty_drops, c.empty_exhausted, c.empty_nonfinite = 0, {}, 0, 0
         return None
@@ -695,11 +697,12 @@ def _sampler_changed(e: EnvRun, theirs: str | None, step: int) -> None:
 
 
 def _keep_last_step(c: Components, step: int, error: BaseException, before: tuple[int, dict]) -> None:
-    """Step `step` raised (a weight push a vLLM server refused, an env server gone, an eval that failed): the last
-    completed step is checkpointed now if it was not yet, so a resume loses no trained step. That is the step
-    itself when it had finished (the failure came after it), else the one before, when the trainer still holds
-    it (the failure came before this step's update): its task state and RNG are those `before` this step began.
-    One process only: under torchrun the other ranks are not in this code path to join the collectives."""
+    """Step `step` raised (a weight push a vLLM server refused, an env server gone, an eval that failed): the
+    last completed step is checkpointed now if it was not yet, so a resume loses no trained step. That is the
+    step itself when it had finished (the failure came after it), else the one before, when the trainer still
+    holds it (the failure came before this step's update): its task state and RNG are those `before` this step
+    began. One process only: under torchrun the other ranks are not in this code path to join the
+    collectives."""
     done = step if c.completed_step == step else step - 1
     if (done <= c.saved_step or ranks.world_size() > 1 or isinstance(error, checkpoint.CheckpointError)
             or (done < step and c.updating_step == step)):
@@ -781,7 +784,7 @@ class StopRequest:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        STOP_REQUESTED.set()  # a wait on a vLLM server ends [sampler] stop_grace_s later (quaero/sampling/wire.py)
+        STOP_REQUESTED.set()  # a wait on a vLLM server ends [sampler] stop_grace_s later (sampling/wire.py)
         log.warning("stop_requested", signal=signal.Signals(signum).name,
                     note="finishing this step, then checkpointing; a second Ctrl-C or SIGTERM aborts")
 
@@ -807,13 +810,14 @@ def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path
     except (KeyboardInterrupt, EmptyRunError):
         raise  # their run_end is logged where they are raised
     except Exception as e:
-        log.error(names.RUN_END_EVENT, status="failed", steps=c.completed_step, run_id=run_id, error=error_line(e),
-                  checkpoint_step=c.saved_step)
+        log.error(names.RUN_END_EVENT, status="failed", steps=c.completed_step, run_id=run_id,
+                  error=error_line(e), checkpoint_step=c.saved_step)
         raise
     if total and not c.cumulative.totals.get(names.ROWS):  # fewer steps than max_empty_steps, every one empty
         dropped, totals = drop_reasons(c.cumulative.totals), c.cumulative.totals
         why = f"the run's {total} step(s) trained no row; " + why_no_rows(
-            cfg, dropped, totals.get(names.CONTEXT_EXHAUSTED, 0), totals.get(names.GROUPS_NONFINITE_ADVANTAGE, 0))
+            cfg, dropped, totals.get(names.CONTEXT_EXHAUSTED, 0),
+            totals.get(names.GROUPS_NONFINITE_ADVANTAGE, 0))
         log.error(names.RUN_END_EVENT, status="failed", steps=total, run_id=run_id, error=why, drop_reasons=dropped)
         raise EmptyRunError(why)  # no final/: there is no trained model to hand over
     from quaero.recipe.model_folder import save_final
@@ -861,7 +865,8 @@ def _step(c: Components, stop: StopRequest, bar, run_id: str, ahead: RolloutsAhe
     c.signal.step(step, m)
     empty = _empty_run(c, step, m)
     if empty:
-        log.error(names.RUN_END_EVENT, status="failed", steps=step, run_id=run_id, error=empty, drop_reasons=c.empty_drops)
+        log.error(names.RUN_END_EVENT, status="failed", steps=step, run_id=run_id, error=empty,
+                  drop_reasons=c.empty_drops)
         raise EmptyRunError(empty)
     bar.set_postfix(reward=m.get(names.REWARD_MEAN), echo=m.get(names.ECHO_LOSS), rl=m.get(names.RL_LOSS))
     if step < total and _budget_spent(c, step):

@@ -195,8 +195,8 @@ class EpisodeDriver:
         ep.act = policy(ep.info) if policy is not None else None
 
     def _bounded(self, messages: list[dict]) -> list[dict]:
-        """Env messages with every text content cut to `[env] max_observation_tokens` (counted, and said once per
-        driver in `observation_truncated`). A formatted observation (FieldText) is cut field by field
+        """Env messages with every text content cut to `[env] max_observation_tokens` (counted, and said once
+        per driver in `observation_truncated`). A formatted observation (FieldText) is cut field by field
         (`_fit_parts`), so the fields after a huge one survive; any other text loses its tail."""
         limit, out = self.settings.observation_token_limit, []
         for m in messages:
@@ -218,9 +218,9 @@ class EpisodeDriver:
         return out
 
     def _fit_parts(self, lines: list[str], limit: int) -> tuple[list[str], list[tuple[int, int]]]:
-        """`lines` fitted into `limit` tokens together: the lines that fit an even share of what is left are kept
-        whole (smallest share first, so the share grows as they take less), the others share the rest, each cut
-        with its marker. Returns the lines and (index, characters kept) of each cut one."""
+        """`lines` fitted into `limit` tokens together: the lines that fit an even share of what is left are
+        kept whole (again with the larger share they leave, until none more fits), the others share the rest,
+        each cut with its marker. Returns the lines and (index, characters kept) of each cut one."""
         room = limit - (len(lines) - 1)  # a newline between two lines
         pending = list(range(len(lines)))
         while pending:
@@ -241,7 +241,8 @@ class EpisodeDriver:
         if self._truncation_said or not cuts:
             return
         self._truncation_said = True
-        what = "; ".join(f"{name or 'the message'}: {before:,} -> {after:,} characters" for name, before, after in cuts)
+        what = "; ".join(f"{name or 'the message'}: {before:,} -> {after:,} characters"
+                         for name, before, after in cuts)
         log.warning("observation_truncated", limit=limit, cut=what, note=(
             f"an env message exceeded [env] max_observation_tokens={limit}: {what}"
             + (f" (the other of its {fields} fields kept whole)" if fields > 1 else "")

@@ -183,8 +183,9 @@ class RenderAdapter:
         return bound_text(text, max_tokens, self.tokenizer, self._added)
 
     def count(self, text: str) -> int:
-        """Tokens `text` holds as the template will see it (defused); for short texts (a whole-text encode)."""
-        return len(self.tokenizer.backend_tokenizer.encode(defuse(text, self._added), add_special_tokens=False).ids)
+        """Tokens `text` holds as the template will see it (defused); for short texts (encoded whole)."""
+        encode = self.tokenizer.backend_tokenizer.encode
+        return len(encode(defuse(text, self._added), add_special_tokens=False).ids)
 
     def _defused(self, value: Any) -> Any:
         """`value` (a message, tool specs) with every string defused, keys included (tool specs are

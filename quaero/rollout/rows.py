@@ -103,7 +103,8 @@ class EchoRow:
     def num_echo_tokens(self) -> int:
         return sum(1 for w in self.echo_weights if w > 0.0)
 
-    def with_advantage(self, advantage: float, episode: str | None = None, reward: float | None = None) -> EchoRow:
+    def with_advantage(self, advantage: float, episode: str | None = None,
+                       reward: float | None = None) -> EchoRow:
         """The same row with `advantage` on every sampled action token (group-relative RL); `episode` names
         the episode it belongs to (`meta["episode"]`: the rows a sequence-mean loss averages together) and
         `reward` is that episode's (`meta["reward"]`: what a saved row's export reports)."""

@@ -325,8 +325,9 @@ def rl_rows(rows: list[EchoRow], where: list[str]) -> tuple[list[EchoRow], list[
         elif any(lp > 0.0 for lp in action):
             refused.append(f"{where[i]}: a sampler log-prob above 0 on an action token: not a log-probability")
         elif advantage is not None and abs(advantage) > MAX_ABS_ADVANTAGE:
-            refused.append(f"{where[i]}: its advantage {advantage:g} is past +-{MAX_ABS_ADVANTAGE:g}, more than the "
-                           "fp32 loss holds (it would train nothing: a NaN loss); scale the record's advantages")
+            refused.append(f"{where[i]}: its advantage {advantage:g} is past +-{MAX_ABS_ADVANTAGE:g}, more "
+                           "than the fp32 loss holds (it would train nothing: a NaN loss); scale the "
+                           "record's advantages")
         elif advantage is not None:
             ready.append((i, advantage))
         elif reward is not None and group is not None:
@@ -372,8 +373,8 @@ def warm_start_rows(cfg: Any, source: str = "config") -> tuple[list[EchoRow], li
     the file cannot be read or holds no exact record."""
     path, vocab_size = cfg.data.traces, vocab_size_of(cfg.model.name)
     if Path(path).exists() and not Path(path).is_file():  # a FIFO would block the read until a writer came
-        raise ConfigError(f"{source} [data] traces={path!r}: not a regular file (a FIFO, a device or a folder); "
-                          "name a .jsonl file of records")
+        raise ConfigError(f"{source} [data] traces={path!r}: not a regular file (a FIFO, a device or a "
+                          "folder); name a .jsonl file of records")
     try:
         rows, refused = load_traces(path, vocab_size, include_scaffold=cfg.echo.include_scaffold,
                                     max_len=cfg.model.max_seq_len, loss=cfg.data.traces_loss)

@@ -303,7 +303,8 @@ class VLLMServerSampler:
         while True:
             try:  # every wait bounded, and a stop request ends it (quaero/sampling/wire.py)
                 status, text = exchange("POST", url + path, data, abort=self._abort,
-                                        first_byte_s=self.cfg.request_timeout_s, stop_grace_s=self.cfg.stop_grace_s)
+                                        first_byte_s=self.cfg.request_timeout_s,
+                                        stop_grace_s=self.cfg.stop_grace_s)
             except OSError as e:  # refused, reset or dropped: nothing came back; a bound that ran out is not retried
                 timed_out = isinstance(e, TimeoutError)
                 fault, transient = f"{'timed out' if timed_out else 'unreachable'} ({e})", not timed_out

@@ -5,8 +5,9 @@ urllib's timeout bounds each socket operation, not a request: a server that neve
 the whole timeout, and one that trickles a byte every few seconds holds it forever; neither ends on SIGTERM.
 So the reply is read here, in short polls, under three deadlines, with `Connection: close` (the reply ends
 when the server closes) and http.client parsing the bytes that came. A stop request (quaero/recipe/train.py
-StopRequest sets `STOP_REQUESTED`) lets a wait run `stop_grace_s` more (`[sampler] stop_grace_s`: a healthy step
-may still finish and be checkpointed), then ends it with KeyboardInterrupt: the run is interrupted, its last checkpoint the resume
+StopRequest sets `STOP_REQUESTED`) lets a wait run `stop_grace_s` more (`[sampler] stop_grace_s`: a healthy
+step may still finish and be checkpointed), then ends it with KeyboardInterrupt: the run is interrupted, its
+last checkpoint the resume
 point. `abort` (set when the caller's own thread is interrupted) ends it at once.
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ from quaero.telemetry.runlog import get_logger
 log = get_logger(__name__)
 
 CONNECT_TIMEOUT_S = 10.0  # a server that accepts no connection (an address that drops packets)
-FIRST_BYTE_TIMEOUT_S = 900.0  # one prompt's n completions sampled before the reply starts ([sampler] request_timeout_s)
+FIRST_BYTE_TIMEOUT_S = 900.0  # one prompt's n completions sampled before the reply starts (request_timeout_s)
 REPLY_TIMEOUT_S = 120.0  # the rest of the reply after its first byte (JSON of token ids: seconds at most)
 MAX_REPLY_BYTES = 256 << 20  # a reply larger than this is not a completion of quaero's budgets
 POLL_S = 0.25  # how often a wait looks at the clock and at a stop request
@@ -84,8 +85,8 @@ def _read_reply(sock: socket.socket, abort: threading.Event | None, first_byte_s
             stop_seen = stop_seen or now
             if now - stop_seen >= stop_grace_s:
                 log.warning("sampler_wait_stopped", url=url, waited_s=round(now - start, 1),
-                            note=f"a stop request came and the server had not answered {stop_grace_s:g}s later "
-                            "([sampler] stop_grace_s)")
+                            note=f"a stop request came and the server had not answered {stop_grace_s:g}s "
+                            "later ([sampler] stop_grace_s)")
                 raise KeyboardInterrupt
         if first is None and now - start > first_byte_s:
             raise ReplyTimeout(f"no reply within {first_byte_s:g}s ([sampler] request_timeout_s)")

@@ -183,9 +183,9 @@ RANK_PEAK_MEM_MB = _step.per_step("rank_peak_mem_mb", "peak memory per rank")
 _rollout = _table("Rollout", "quaero/telemetry/counts.py")
 EPISODES = _rollout.count("episodes", "episodes run (dropped ones included)")
 EPISODES_DROPPED = _rollout.count("episodes_dropped", "episodes dropped (also counted as `drop_reason_<kind>`)")
-EPISODES_ENDED_AT_RESET = _rollout.count("episodes_ended_at_reset", "resets that answered done=True: no episode "
-                                         "(never sampled or trained, not in `episodes`); the env's reason is logged "
-                                         "as `env_reset_ended`")
+EPISODES_ENDED_AT_RESET = _rollout.count("episodes_ended_at_reset", "resets that answered done=True: no "
+                                         "episode (never sampled or trained, not in `episodes`); the env's "
+                                         "reason is logged as `env_reset_ended`")
 EPISODES_TRUNCATED = _rollout.count("episodes_truncated",
                                     "episodes cut by `max_turns` or the context: never a success")
 EPISODES_SUCCEEDED = _rollout.count("episodes_succeeded", "successful episodes")
@@ -223,9 +223,9 @@ ENV_REPLAYED_STEPS = _rollout.count("env_replayed_steps", "steps replayed on a n
 ENV_TOOL_ERRORS = _rollout.count("env_tool_errors", "MCP tool calls that returned an error")
 ENV_REJECTED_CALLS = _rollout.count("env_rejected_calls",
                                     "MCP tool calls the server refused (the model is shown why)")
-ENV_REJECTED_ACTIONS = _rollout.count("env_rejected_actions", "actions the env raised on twice, the second time on a "
-                                      "fresh session replayed to the same point: answered as an invalid action "
-                                      "(`malformed_reward`, the env's message)")
+ENV_REJECTED_ACTIONS = _rollout.count("env_rejected_actions", "actions the env raised on twice, the second "
+                                      "time on a fresh session replayed to the same point: answered as an "
+                                      "invalid action (`malformed_reward`, the env's message)")
 ENV_INVALID_REPLIES = _rollout.count("env_invalid_replies", "env replies that failed validation (the episode drops)")
 GROUPS = _rollout.count("groups", "kept groups (RL steps)")
 GROUPS_ZERO_ADVANTAGE = _rollout.count("groups_zero_advantage", "of those, groups whose rewards are all equal: no "

@@ -188,8 +188,9 @@ def _groups_with_spread(t: Mapping[str, Any]) -> str:
 
 
 def describe_rl_signal(t: Mapping[str, Any]) -> str:
-    """One line on RL totals: steps, rl_steps_with_signal, action_tokens, actions, valid_actions[, echo_tokens,
-    groups, groups_zero_advantage]. Without action tokens it says what did train: ECHO, or nothing."""
+    """One line on RL totals: steps, rl_steps_with_signal, action_tokens, actions, valid_actions[,
+    echo_tokens, groups, groups_zero_advantage]. Without action tokens it says what did train: ECHO, or
+    nothing."""
     head = (f"{t['rl_steps_with_signal']} of {t['rl_steps']} RL steps trained action tokens "
             f"({t['action_tokens']} with an advantage); {t['valid_actions']} of {t['actions']} actions were valid"
             f"{_groups_with_spread(t)}")
@@ -199,9 +200,10 @@ def describe_rl_signal(t: Mapping[str, Any]) -> str:
         return (f"{head}; no episode was kept to train: every one was dropped (the env_episode_dropped events say "
                 "why), so RL learned nothing; fix what drops them")
     if t.get("echo_tokens", 0) > 0:
-        return f"{head}; every advantage was 0, so only ECHO trained: RL learned nothing. Fix: {NO_SIGNAL_FIX}"
-    return (f"{head}; every advantage was 0 and no ECHO token trained, so nothing trained: RL learned nothing. "
-            f"Fix: {NO_SIGNAL_FIX}")
+        return (f"{head}; every advantage was 0, so only ECHO trained: RL learned nothing. "
+                f"Fix: {NO_SIGNAL_FIX}")
+    return (f"{head}; every advantage was 0 and no ECHO token trained, so nothing trained: RL learned "
+            f"nothing. Fix: {NO_SIGNAL_FIX}")
 
 
 def training_apart(s: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -193,7 +193,8 @@ def _folder(path: Path, label: str, problems: list[dict], *, size: bool) -> dict
         # a folder not made yet is measured where it would be made (a pseudo filesystem such as /proc: 0 B)
         _problem(problems, f"{label} {path}: only {free} free" if base == path.absolute() else
                  f"{label} {path} does not exist yet; {base}, where it would be made, has only {free} free",
-                 f"free disk space (at least {_human(MIN_FREE_BYTES)}) or choose a folder on a larger disk{elsewhere}")
+                 f"free disk space (at least {_human(MIN_FREE_BYTES)}) or choose a folder on a larger "
+                 f"disk{elsewhere}")
     if size and path.is_dir():
         facts["size_bytes"] = sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
     return facts

@@ -164,7 +164,8 @@ def verify_record(rec: dict, specials: set[int], vocab_size: int | None = None) 
         return [f"{where}: per-token lists differ in length from input_ids ({n})"]
     outside = next((i for i, t in enumerate(ids) if not 0 <= t < (vocab_size or t + 1)), None)
     if outside is not None:
-        return [f"{where} token {outside}: id {ids[outside]} outside the model's vocabulary (0..{vocab_size - 1})"]
+        return [(f"{where} token {outside}: id {ids[outside]} outside the model's vocabulary "
+                 f"(0..{vocab_size - 1})")]
     sampled = {a["turn"]: a["action_ids"] for a in rec.get("sampled_actions", [])}
     kind_of = [""] * n
     problems = []
@@ -274,7 +275,8 @@ def render_html(records: list[dict], tokenizer, title: str) -> str:
 def main(args) -> int:
     """`quaero inspect rows`: render (terminal, --html) or --verify; exit 1 on problems or a missing folder."""
     try:
-        for flag, out in (("--html", args.html), ("--export", (getattr(args, "export", None) or [None, None])[1])):
+        exported = (getattr(args, "export", None) or [None, None])[1]
+        for flag, out in (("--html", args.html), ("--export", exported)):
             if out is not None:
                 check_output(out, flag, args.run_dir, force=getattr(args, "force", False))
         records, unreadable = load_rows(args.run_dir, args.step)
@@ -290,9 +292,9 @@ def main(args) -> int:
     if args.verify:
         from quaero.rollout.traces import vocab_size_of
 
-        vocab_size = vocab_size_of(run_model_name(args.run_dir))  # a sampler may return ids past the tokenizer's
-        problems = verify(records, tokenizer, vocab_size) + ([f"{unreadable} unreadable line(s)"] if unreadable
-                                                             else [])
+        vocab_size = vocab_size_of(run_model_name(args.run_dir))  # a sampler may return ids past the tokens
+        problems = verify(records, tokenizer, vocab_size) + ([f"{unreadable} unreadable line(s)"]
+                                                             if unreadable else [])
         for p in problems:
             print(terminal_safe(p))
         steps = len({r["step"] for r in records})
@@ -325,11 +327,11 @@ def export_main(run_dir: str, records: list[dict], fmt: str, out: str) -> int:
         return 1
     try:
         written, skipped = export_rows(records, Path(run_dir), fmt, Path(out))
-    except OSError as e:  # a full disk (/dev/full), a folder that vanished, or the run's config.json unreadable
+    except OSError as e:  # a full disk (/dev/full), a folder gone, the run's config.json unreadable
         what = (f"{e.filename}: cannot read it" if e.filename and str(e.filename) != str(out)
                 else "cannot write it")
-        print(f"error: --export {out}: {what} ({e.strerror or e}); name a file in a writable folder with free space",
-              file=sys.stderr)
+        print(f"error: --export {out}: {what} ({e.strerror or e}); name a file in a writable folder with "
+              "free space", file=sys.stderr)
         return 1
     for reason in skipped:
         print(f"skipped {reason}", file=sys.stderr)

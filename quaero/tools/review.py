@@ -112,8 +112,8 @@ def eval_outcomes(e: dict, env: str | None = None) -> dict[Any, tuple[int, float
 
 
 def _nonfinite_rewards(e: dict) -> bool:
-    """Whether an eval event's per-task results hold a reward that is not finite: NaN or inf, which the run log
-    writes as null (or as such, in a foreign writer's file)."""
+    """Whether an eval event's per-task results hold a reward that is not finite: NaN or inf, which the run
+    log writes as null (or as such, in a foreign writer's file)."""
     return any(isinstance(item, list) and len(item) == 3 and (item[2] is None or isinstance(item[2], float)
                                                                and not math.isfinite(item[2]))
                for item in e.get(names.EVAL_RESULTS) or [])
@@ -179,7 +179,8 @@ def rl_over_warm_start(run: dict, env: str | None = None) -> dict[str, Any]:
     if a is None or b is None:
         nonfinite = [e["step"] for e in (start, end) if _nonfinite_rewards(e)]
         if nonfinite:
-            return {"why": f"the eval rewards of step(s) {', '.join(map(str, nonfinite))} are not finite (NaN or "
+            steps = ", ".join(map(str, nonfinite))
+            return {"why": f"the eval rewards of step(s) {steps} are not finite (NaN or "
                            "inf, null in eval_results): the env's rewards cannot be compared"}
         return {"why": "the evals carry no per-task results (eval_results)"}
     p = paired_outcomes(a, b)

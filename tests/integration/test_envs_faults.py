@@ -99,7 +99,8 @@ def test_an_env_that_raises_the_same_on_one_action_answers_it_as_invalid(launche
         env.reset(seed=1)
         refused = env.step({"role": "assistant", "content": '{"guess": -2}'})
         assert refused.malformed and not refused.done
-        assert refused.messages[0]["content"] == "The environment rejected your last action: the env crashed on purpose"
+        assert refused.messages[0]["content"] == ("The environment rejected your last action: "
+                                                  "the env crashed on purpose")
         assert env.step({"role": "assistant", "content": '{"guess": 3}'}).reward in (0.0, 1.0)
         counts = pool.counts.snapshot_and_reset()
         assert counts["env_retries"] == 1 and counts["env_rejected_actions"] == 1 and counts["env_steps"] == 1

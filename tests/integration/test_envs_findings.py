@@ -1,7 +1,7 @@
 """What issue #33's eleven real environments showed, each on a test-only env of the same shape
 (tests/fixtures/findings.py) over real launchers: a reset that answers done=True, an action the env raises on,
-an observation far over the bound, a chat-shaped observation, the env's own instructions, an MCP env whose reset
-has no text."""
+an observation far over the bound, a chat-shaped observation, the env's own instructions, an MCP env whose
+reset has no text."""
 import pytest
 import structlog
 from fixtures.findings import SANDBOX_MISSING
@@ -14,6 +14,36 @@ F = "fixtures.findings"
 
 def _reply(text: str) -> dict:
     return {"role": "assistant", "content": text}
+
+
+def _tiny_run(tmp_path, name: str, entry: str, *, steps: int, env_extra: str = "", save_rows: str = "sample"):
+    """A config of a tiny run (tiny-qwen3, in process, 2 tasks x 2, no eval) on one of this file's envs."""
+    path = tmp_path / f"{name}.toml"
+    path.write_text(f"""
+[run]
+name = "{name}"
+output_dir = "{tmp_path / 'runs'}"
+[model]
+name = "tiny-qwen3"
+[env]
+entry = "{F}:{entry}"
+launcher = "inprocess"
+max_turns = 2
+{env_extra}
+[sampler]
+max_tokens = 16
+[training]
+steps = {steps}
+tasks_per_step = 2
+group_size = 2
+eval_tasks = 0
+eval_every = 0
+[logging]
+console = "none"
+progress = false
+save_rows = "{save_rows}"
+""")
+    return path
 
 
 @pytest.mark.parametrize("launcher", ["inprocess", pytest.param("local-server", marks=pytest.mark.slow)])
@@ -64,7 +94,8 @@ def test_an_env_error_that_does_not_repeat_stays_a_retried_fault():
 
 @pytest.mark.slow
 def test_an_env_error_on_a_session_that_cannot_be_replayed_is_asked_again_on_the_same_session():
-    cfg = EnvConfig(entry=f"{F}:small_arcade", launcher="local-server", on_session_loss="drop", retry_backoff_s=0)
+    cfg = EnvConfig(entry=f"{F}:small_arcade", launcher="local-server", on_session_loss="drop",
+                    retry_backoff_s=0)
     with open_envs(cfg, 1) as pool:
         env = pool.sessions[0]
         env.reset(seed=0)
@@ -91,32 +122,11 @@ def test_a_run_whose_every_reset_answers_done_stops_in_one_line_without_sampling
 
     from quaero import cli
 
-    path = tmp_path / "ended.toml"
-    path.write_text(f"""
-[run]
-name = "ended"
-output_dir = "{tmp_path / 'runs'}"
-[model]
-name = "tiny-qwen3"
-[env]
-entry = "{F}:EndsAtResetEnv"
-launcher = "inprocess"
-max_turns = 2
-[sampler]
-max_tokens = 8
-[training]
-steps = 3
-tasks_per_step = 2
-group_size = 2
-eval_tasks = 0
-eval_every = 0
-[logging]
-console = "none"
-progress = false
-""")
+    path = _tiny_run(tmp_path, "ended", "EndsAtResetEnv", steps=3)
     assert cli.main(["train", str(path)]) == 1  # was: `finished` with reward 1.0, ECHO trained on its error
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert len(err) == 1 and "step 1: every reset (4) answered done=True" in err[0] and SANDBOX_MISSING in err[0]
+    assert len(err) == 1 and "step 1: every reset (4) answered done=True" in err[0]
+    assert SANDBOX_MISSING in err[0]
     run = tmp_path / "runs" / "ended"
     (step,) = events_of(run, "train_step")
     assert step["episodes_ended_at_reset"] == 4 and step["episodes"] == 0 and step["turns"] == 0
@@ -137,8 +147,8 @@ def test_check_never_calls_a_factory_even_one_whose_return_annotation_names_its_
     assert cli.main(["check", str(path)]) == 0
     out = capsys.readouterr().out
     assert findings.HUB_CALLS == []
-    assert (f"tasks       read from InstructedEnv's Task API when sessions open: {F}:hub_dataset_env is a factory "
-            "function, not called at check") in out
+    assert (f"tasks       read from InstructedEnv's Task API when sessions open: {F}:hub_dataset_env is a "
+            "factory function, not called at check") in out
     assert "env action  GuessAction {guess: integer}" in out  # read from its annotation, without building
 
 
@@ -147,8 +157,8 @@ def _scripted(text: str):
 
 
 def test_an_observation_over_the_bound_is_cut_per_field_so_later_fields_survive(qwen3_render):
-    # atari_env's default screen (~460k characters) was cut to the bound whole, and `legal_actions` and `lives`
-    # after it were lost without a word
+    # atari_env's default screen (~460k characters) was cut to the bound whole, and `legal_actions` and
+    # `lives` after it were lost without a word
     from fixtures.rollout import make_cfg
 
     from quaero.rollout.driver import DriverSettings, EpisodeDriver
@@ -175,11 +185,12 @@ def test_check_names_the_observation_fields_that_can_exceed_the_bound(tmp_path, 
     from quaero import cli
 
     path = tmp_path / "q.toml"
-    path.write_text(f'[env]\nentry = "{F}:ArcadeEnv"\nmax_observation_tokens = 512\n[run]\noutput_dir = "{tmp_path}"\n')
+    path.write_text(f'[env]\nentry = "{F}:ArcadeEnv"\nmax_observation_tokens = 512\n'
+                    f'[run]\noutput_dir = "{tmp_path}"\n')
     assert cli.main(["check", str(path)]) == 0
     out = capsys.readouterr().out
-    assert ("obs fields  screen (array), legal_actions (array) of ArcadeObservation have no size bound: an observation "
-            "over [env] max_observation_tokens=512 is cut field by field") in out  # lives (an integer) is bounded
+    assert ("obs fields  screen (array), legal_actions (array) of ArcadeObservation have no size bound: an "
+            "observation over [env] max_observation_tokens=512 is cut field by field") in out  # not lives
 
 
 def test_the_env_s_own_instructions_are_the_system_prompt_and_not_repeated(tmp_path, capsys):
@@ -192,14 +203,14 @@ def test_the_env_s_own_instructions_are_the_system_prompt_and_not_repeated(tmp_p
         system, user = env.reset(seed=0).messages
         assert system["content"].startswith(GUESS_RULES + "\n\n")  # was: "You are an agent acting in ..."
         assert '"guess":{"type":"integer"}' in system["content"]  # the Action schema still follows
-        assert user == {"role": "user", "content": "feedback: No guess yet."}  # the rules once, in the system turn
+        assert user == {"role": "user", "content": "feedback: No guess yet."}  # the rules once: system turn
         wrong = env.step(_reply('{"guess": 3}'))
         assert wrong.messages == [{"role": "user", "content": "feedback: wrong"}] and not wrong.done
     path = tmp_path / "q.toml"
     path.write_text(f'[env]\nentry = "{F}:InstructedEnv"\n[run]\noutput_dir = "{tmp_path}"\n')
     assert cli.main(["check", str(path)]) == 0
-    assert ("system      the reset's own `instructions` field (the reset metadata's system_prompt first, when it "
-            "gives one); then the Action schema") in capsys.readouterr().out
+    assert ("system      the reset's own `instructions` field (the reset metadata's system_prompt first, "
+            "when it gives one); then the Action schema") in capsys.readouterr().out
 
 
 def test_a_corrective_turn_says_what_was_wrong_in_one_line_and_points_back_to_the_schema():
@@ -208,12 +219,13 @@ def test_a_corrective_turn_says_what_was_wrong_in_one_line_and_points_back_to_th
         env = pool.sessions[0]
         env.reset(seed=0)
         (message,) = env.step(_reply("seven, I think")).messages
-        assert message["content"] == ("Your last message was not a valid action: it is not JSON. Reply with exactly "
-                                      "one JSON object matching the action schema in the system prompt.")
+        assert message["content"] == (
+            "Your last message was not a valid action: it is not JSON. Reply with exactly one JSON object "
+            "matching the action schema in the system prompt.")
 
 
 def test_a_chat_shaped_env_is_shown_as_chat_turns_and_answered_in_plain_text(qwen3_render):
-    # korrel's export: its messages were a JSON list inside one user turn, and the reply had to be {"content": ...}
+    # korrel's export: its messages were a JSON list inside one user turn, the reply wrapped {"content": ...}
     from fixtures.findings import KORREL_SYSTEM
     from fixtures.rollout import make_cfg
 
@@ -225,7 +237,7 @@ def test_a_chat_shaped_env_is_shown_as_chat_turns_and_answered_in_plain_text(qwe
                                   {"role": "user", "content": "Is 17 a prime number?"}]
         assert pool.sessions[0].step(_reply("YES")).reward == 1.0
         pool.sessions[0].reset(seed=0)
-        answer = pool.sessions[0].step(_reply('{"content": "YES"}'))  # plain text, even when it looks like JSON
+        answer = pool.sessions[0].step(_reply('{"content": "YES"}'))  # plain text, even looking like JSON
         assert not answer.malformed and answer.reward == 0.0 and answer.messages[0]["content"] == "Wrong."
         cfg = make_cfg(env__entry=f"{F}:ChatShapedEnv")
         driver = EpisodeDriver(qwen3_render, None, DriverSettings.of(cfg), pool.counts)
@@ -233,7 +245,8 @@ def test_a_chat_shaped_env_is_shown_as_chat_turns_and_answered_in_plain_text(qwe
                               policy=_scripted("YES"))
         counts = pool.counts.snapshot_and_reset()
     assert ep.reward == 1.0 and ep.messages[-1] == {"role": "user", "content": "Correct."}
-    assert counts["prefix_mismatches"] == 0 and counts["bridge_fallbacks"] == 0 and counts["env_responses_captured"] == 1
+    assert counts["prefix_mismatches"] == 0 and counts["bridge_fallbacks"] == 0
+    assert counts["env_responses_captured"] == 1
 
 
 def test_an_mcp_env_whose_reset_has_no_text_shows_no_empty_user_turn(qwen3_render):
@@ -255,3 +268,32 @@ def test_an_mcp_env_whose_reset_has_no_text_shows_no_empty_user_turn(qwen3_rende
     assert ep.messages[-1] == {"role": "tool", "content": "hello"} and len(ep.transitions) == turns
     assert counts["prefix_mismatches"] == 0 and counts["bridge_fallbacks"] == 0
     assert counts["env_responses_captured"] == turns
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry, extra", [("ChatShapedEnv", ""),
+                                          ("ArcadeEnv", "max_observation_tokens = 256")])
+def test_chat_turns_and_per_field_cuts_keep_rows_exact_in_a_run(entry, extra, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from fixtures.runs import ROOT, events_of
+
+    from quaero import cli
+
+    path = _tiny_run(tmp_path, "exact", entry, steps=1, env_extra=extra, save_rows="all")
+    assert cli.main(["train", str(path)]) == 0
+    run = tmp_path / "runs" / "exact"
+    (step,) = events_of(run, "train_step")
+    assert step["prefix_mismatches"] == 0 and step["bridge_fallbacks"] == 0 and step["episodes"] == 4
+    if entry == "ArcadeEnv":
+        assert step["observations_truncated"] >= 4  # every reset's screen, cut per field
+    rows = [json.loads(x) for x in (run / "rows" / "step-000001.jsonl").read_text().splitlines()]
+    assert rows
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
+    proc = subprocess.run([sys.executable, "-m", "quaero.cli", "inspect", "rows", str(run), "--verify"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith(f"verified {len(rows)} rows of 1 step(s)")

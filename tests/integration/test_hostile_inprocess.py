@@ -1,5 +1,5 @@
-"""An in-process env stuck in its own code (quaero/openenv_client/transport.py InProcessTransport): its call is
-abandoned after [env] reset_timeout_s, and the stuck thread, a daemon, never holds the process at exit (a
+"""An in-process env stuck in its own code (quaero/openenv_client/transport.py InProcessTransport): its call
+is abandoned after [env] reset_timeout_s, and the stuck thread, a daemon, never holds the process at exit (a
 ThreadPoolExecutor worker did: a run logged run_end and its process never exited). A real subprocess."""
 import os
 import subprocess

@@ -31,7 +31,8 @@ def test_a_weight_push_that_fails_at_step_2_keeps_step_1_and_logs_run_end(tmp_pa
     assert [p.name for p in (cfg.run_dir / "checkpoints").glob("step-*")] == ["step-000001"]
     (end,) = events_of(cfg.run_dir, "run_end")
     assert end["status"] == "failed" and end["steps"] == 1 and end["checkpoint_step"] == 1
-    assert end["error"] == "ServerError: vLLM server http://127.0.0.1:9/collective_rpc answered 500: reload failed"
+    assert end["error"] == ("ServerError: vLLM server http://127.0.0.1:9/collective_rpc answered 500: "
+                            "reload failed")
 
     monkeypatch.setattr(recipe, "sync_sampler", real_sync)
     recipe.train(cfg)  # resumes after step 1: steps 2 and 3 train on the tasks they would have had

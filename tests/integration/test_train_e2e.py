@@ -254,7 +254,8 @@ def test_a_terminal_ctrl_c_stops_a_server_mode_run_after_its_step(tmp_path):
 @pytest.mark.hostile
 def test_sigterm_ends_a_training_step_that_waits_on_a_silent_vllm_server(tmp_path, monkeypatch, http_server):
     """`[sampler] urls` names a server that answers what it is and then never answers a completion: a SIGTERM
-    (the stop request) ends the wait [sampler] stop_grace_s later (0.5 s here, 10 s by default) and the run stops as
+    (the stop request) ends the wait [sampler] stop_grace_s later (0.5 s here, 10 s by default) and the run
+    stops as
     interrupted, instead of holding `quaero train` for the request bound until a SIGKILL."""
     import threading
 
@@ -272,7 +273,8 @@ def test_sigterm_ends_a_training_step_that_waits_on_a_silent_vllm_server(tmp_pat
 
     url = http_server(silent_on_posts)
     _, cfg = make_config(tmp_path, "silent", steps=1, warmup=0, eval_every=0, eval_tasks=0, extra=[
-        "env.launcher='inprocess'", "sampler.mode='server'", "sampler.backend='vllm'", f"sampler.urls=['{url}']",
+        "env.launcher='inprocess'", "sampler.mode='server'", "sampler.backend='vllm'",
+        f"sampler.urls=['{url}']",
         "sampler.stop_grace_s=0.5"])
     events = cfg.run_dir / "events.jsonl"
 

@@ -57,7 +57,8 @@ def test_arms_start_from_a_chosen_or_the_latest_checkpoint_of_a_shared_run(tmp_p
 
 @pytest.mark.hostile
 def test_from_step_without_from_is_refused_before_any_arm_trains(tmp_path, monkeypatch):
-    """`--from-step 1` without `--from` trained every arm from scratch without a word (peers-trl refuses it)."""
+    """`--from-step 1` without `--from` trained every arm from scratch without a word (peers-trl refuses
+    it)."""
     monkeypatch.setattr(ablation, "train_arm", lambda *a, **k: pytest.fail("an arm was trained"))
     with pytest.raises(SystemExit, match=r"^error: --from-step needs --from RUN$"):
         ablation.main(["envs/toolbench.toml", "--from-step", "1", "--out", str(tmp_path)])

@@ -1,6 +1,6 @@
-"""OpenEnv's Task API read by quaero (quaero/openenv_client/tasks.py) from a hostile env: discovery that blocks is
-bounded by [env] reset_timeout_s and named, and a task count is strictly a non-negative int, in process and over
-HTTP (a local stand-in server answering what OpenEnv's routes answer)."""
+"""OpenEnv's Task API read by quaero (quaero/openenv_client/tasks.py) from a hostile env: discovery that
+blocks is bounded by [env] reset_timeout_s and named, and a task count is strictly a non-negative int, in
+process and over HTTP (a local stand-in server answering what OpenEnv's routes answer)."""
 import math
 import time
 
@@ -30,7 +30,7 @@ def test_discovery_that_blocks_is_bounded_and_named_at_check(release, cls, metho
     with pytest.raises(ConfigError) as e:
         check_lines(cfg)
     assert time.monotonic() - t0 < 3
-    assert str(e.value).startswith(f"[env] {cls}: {cls}.{method} (OpenEnv's Task API) did not answer within "
+    assert str(e.value).startswith(f"[env] {cls}.{method} (OpenEnv's Task API) did not answer within "
                                    "0.5s ([env] reset_timeout_s bounds task discovery)")
     assert "\n" not in str(e.value)
 
@@ -39,7 +39,8 @@ def test_discovery_that_blocks_is_bounded_and_named_at_check(release, cls, metho
 def test_a_task_count_that_is_not_a_non_negative_int_is_one_line_naming_it(count):
     with pytest.raises(ConfigError) as e:
         catalog_of(hostile_tasks.CountEnv(count))
-    assert str(e.value) == (f"[env] CountEnv: num_tasks('train') returned {count!r} ({type(count).__name__}), not "
+    assert str(e.value) == (f"[env] CountEnv: num_tasks('train') returned {count!r} "
+                            f"({type(count).__name__}), not "
                             "a non-negative int; return the split's task count as an int")
 
 
@@ -48,7 +49,8 @@ def test_a_good_env_still_reads():
 
 
 @pytest.mark.parametrize("count, shown", [(math.nan, "nan"), (2.7, "2.7"), ("3", "'3'")])
-def test_over_http_a_task_count_that_is_not_an_int_is_named_not_blamed_on_the_server(http_server, count, shown):
+def test_over_http_a_task_count_that_is_not_an_int_is_named_not_blamed_on_the_server(http_server, count,
+                                                                                     shown):
     def routes(method, path, body):
         return {"/list_environments": (200, ["sumenv"]), "/sumenv/splits": (200, ["train"]),
                 "/sumenv/num_tasks": (200, {"num_tasks": count})}.get(path, (404, b""))
@@ -61,12 +63,15 @@ def test_over_http_a_task_count_that_is_not_an_int_is_named_not_blamed_on_the_se
 
 
 def test_an_http_500_from_the_task_api_points_at_the_env_not_only_at_discovery(http_server):
-    """A server whose env cannot be built answers every Task API route 500; the error blamed list_splits/num_tasks
+    """A server whose env cannot be built answers every Task API route 500; the error blamed
+    list_splits/num_tasks
     alone, though the construction failed."""
     url = http_server(lambda method, path, body: (200, ["sumenv"]) if path == "/list_environments"
                       else (500, b"Internal Server Error"))
     with pytest.raises(ConfigError) as e:
         catalog_over_http(url)
-    assert str(e.value) == (f"[env] {url}: its Task API answered HTTP 500 (Internal Server Error): the env raised "
-                            "in the server, building an instance for the session or in list_splits/num_tasks; the "
+    assert str(e.value) == (f"[env] {url}: its Task API answered HTTP 500 (Internal Server Error): the env "
+                            "raised "
+                            "in the server, building an instance for the session or in "
+                            "list_splits/num_tasks; the "
                             "server's log has the traceback")

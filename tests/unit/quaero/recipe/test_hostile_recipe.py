@@ -1,6 +1,7 @@
 """The recipe (quaero/recipe/train.py) and the warm start's traces (quaero/rollout/traces.py) against hostile
 rewards, advantages, files and settings: each is refused or reported in one line naming what was wrong. The
-recipe's arithmetic runs over a scripted driver (no model, no env), as tests/unit/quaero/test_train.py does."""
+recipe's arithmetic runs over a scripted driver (no model, no env), as tests/unit/quaero/test_train.py
+does."""
 import json
 import math
 import os
@@ -37,12 +38,14 @@ def _recipe(rewards_of_task, on_call=None, **training):
         return [[Episode([_row()], r, r > 0, 1, {}, []) for r in rewards_of_task(t["index"])[:group_size]]
                 for t in tasks]
 
-    cfg = make_cfg(**{f"training__{k}": v for k, v in {"tasks_per_step": 2, "group_size": 2, **training}.items()})
+    over = {"tasks_per_step": 2, "group_size": 2, **training}
+    cfg = make_cfg(**{f"training__{k}": v for k, v in over.items()})
     return recipe_parts(cfg, run, RolloutCounts()), calls
 
 
 def test_a_kept_rows_meta_carries_its_episodes_reward_for_export():
-    """`--export` wrote "reward": null for every row: the recipe never put the episode's reward on its rows."""
+    """`--export` wrote "reward": null for every row: the recipe never put the episode's reward on its
+    rows."""
     c, _ = _recipe(lambda i: [1.0, 0.0])
     collected = _collect(c, 1, sft=False)
     assert [row.meta["reward"] for row, _ in collected] == [1.0, 0.0, 1.0, 0.0]
@@ -83,7 +86,8 @@ def test_steps_that_left_out_every_group_for_a_non_finite_advantage_say_so():
     why = _empty_run(c, 1, {"rows": 0, "groups_nonfinite_advantage": 2})
     assert why == ("step 1 trained no row ([training] max_empty_steps=1); dropped episodes by reason: none "
                    "dropped; 2 group(s) left out because their rewards give no finite advantage "
-                   "(groups_nonfinite_advantage: rewards too far apart for a float, e.g. ±1e308); bound the env's "
+                   "(groups_nonfinite_advantage: rewards too far apart for a float, e.g. ±1e308); bound "
+                   "the env's "
                    "rewards")
 
 
@@ -100,7 +104,8 @@ def test_recorded_advantages_past_what_the_loss_holds_are_refused_naming_the_rec
     path.write_text("".join(json.dumps(_record(advantage=a)) + "\n" for a in (1e308, -1e308, 0.5)))
     rows, refused = load_traces(path, V, loss="rl")
     assert len(rows) == 1 and rows[0].advantages == [0.5 if a else 0.0 for a in ACTION]
-    assert refused == [f"{path}:{n}: its advantage {a:g} is past +-1e+30, more than the fp32 loss holds (it would "
+    assert refused == [f"{path}:{n}: its advantage {a:g} is past +-1e+30, more than the fp32 loss holds "
+                       "(it would "
                        "train nothing: a NaN loss); scale the record's advantages"
                        for n, a in ((1, 1e308), (2, -1e308))]
     assert not math.isnan(rows[0].advantages[2])
@@ -112,5 +117,6 @@ def test_a_fifo_named_as_traces_is_refused_without_blocking(tmp_path, tiny_model
     cfg = make_cfg(model__name="tiny-qwen3", data__traces=str(fifo), training__warmup_sft_steps=1)
     with pytest.raises(ConfigError) as e:
         warm_start_rows(cfg, "run.toml")
-    assert str(e.value) == (f"run.toml [data] traces={str(fifo)!r}: not a regular file (a FIFO, a device or a "
+    assert str(e.value) == (f"run.toml [data] traces={str(fifo)!r}: not a regular file (a FIFO, a device "
+                            "or a "
                             "folder); name a .jsonl file of records")

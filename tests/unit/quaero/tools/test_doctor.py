@@ -138,7 +138,8 @@ def test_a_cache_not_made_yet_is_measured_where_it_would_be_made_and_said_so(tmp
     monkeypatch.setenv("QUAERO_CACHE", "/proc/quaero-nope/cache")
     assert cli.main(["doctor"]) == 1
     out = capsys.readouterr().out
-    assert ("problem: cache /proc/quaero-nope/cache does not exist yet; /proc, where it would be made, has only "
+    assert ("problem: cache /proc/quaero-nope/cache does not exist yet; /proc, where it would be made, has "
+            "only "
             "0 B free; fix: free disk space (at least 2.0 GiB) or choose a folder on a larger disk, or set "
             "QUAERO_CACHE to another folder") in out.splitlines()
     assert "cache         /proc/quaero-nope/cache (QUAERO_CACHE), not created yet, 0 B free" in out
@@ -146,5 +147,7 @@ def test_a_cache_not_made_yet_is_measured_where_it_would_be_made_and_said_so(tmp
     blocker.write_text("x")
     monkeypatch.setenv("QUAERO_CACHE", str(blocker / "cache"))
     assert cli.main(["doctor"]) == 1
-    assert (f"problem: cache {blocker / 'cache'} does not exist and cannot be created: {blocker} is a file; fix: "
-            "remove or rename that file, or set QUAERO_CACHE to another folder") in capsys.readouterr().out.splitlines()
+    assert (f"problem: cache {blocker / 'cache'} does not exist and cannot be created: {blocker} is a "
+            "file; fix: "
+            "remove or rename that file, or set QUAERO_CACHE to another folder"
+            ) in capsys.readouterr().out.splitlines()

@@ -1,7 +1,7 @@
 """`quaero inspect rows` (quaero/tools/inspect_rows.py) against hostile output paths and saved rows: what it
 writes (`--html`, `--export`) is a new file of the user's, never a run's own file, a symlink's target or an
-existing file without `--force`; a write that fails is one line; `--verify` catches ids outside the vocabulary.
-Real rows of the toy env (real Qwen3 renderer, oracle policy), the real CLI in process."""
+existing file without `--force`; a write that fails is one line; `--verify` catches ids outside the
+vocabulary. Real rows of the toy env (real Qwen3 renderer, oracle policy), the real CLI in process."""
 import json
 
 import pytest
@@ -35,7 +35,8 @@ def _export(run, out, *more):
     return cli.main(["inspect", "rows", str(run), "--export", "rfc010", str(out), *more])
 
 
-@pytest.mark.parametrize("target", ["checkpoints/step-000001/tensors.safetensors", "events.jsonl", "config.json"])
+@pytest.mark.parametrize("target", ["checkpoints/step-000001/tensors.safetensors", "events.jsonl",
+                                    "config.json"])
 @pytest.mark.parametrize("flag", ["--export", "--html"])
 def test_a_path_inside_the_run_folder_is_refused_and_left_untouched(run_dir, capsys, target, flag):
     before = (run_dir / target).read_bytes()

@@ -379,5 +379,6 @@ def test_eval_rewards_that_are_not_finite_are_said_so_not_called_missing(tmp_pat
     """An env whose eval rewards are NaN: the paired check said "the evals carry no per-task results"."""
     _record_phases(tmp_path, warm=[1] * 20 + [0] * 44, end=[1] * 34 + [0] * 30, end_reward=float("nan"))
     why = review.summarize(review.load_run(tmp_path))["rl_vs_warm_start"]["why"]
-    assert why == ("the eval rewards of step(s) 5 are not finite (NaN or inf, null in eval_results): the env's "
+    assert why == ("the eval rewards of step(s) 5 are not finite (NaN or inf, null in eval_results): the "
+                   "env's "
                    "rewards cannot be compared")
