@@ -96,3 +96,17 @@ def test_set_overrides_reach_one_env_of_a_mixture_by_name(tmp_path):
         load_config(path, ["envs.ratio=2"])
     one = load_config("envs/toolbench.toml", ["env.tasks.sampler=curriculum", "env.tasks.key=group"])
     assert (one.env.tasks.sampler, one.env.tasks.key) == ("curriculum", "group")
+
+
+@pytest.mark.hostile
+def test_a_mixture_env_whose_task_api_lacks_the_split_is_named_in_one_line(tmp_path):
+    from quaero.openenv_client.tasks import check_lines
+
+    cfg = load_config(write(tmp_path, MIXTURE.format(ratio=1, second="hard")), ["envs.hard.eval_split=nope"])
+    first = check_lines(cfg.views()["easy"], "mix.toml [[envs]] name='easy':")[0]
+    assert first.startswith("tasks       splits")
+    with pytest.raises(ConfigError, match=r"^mix.toml \[\[envs\]\] name='hard': \[env\] "
+                                          r"eval_split='nope': the env has no such split; its splits: "
+                                          r"'train' \(1000000") as e:
+        check_lines(cfg.views()["hard"], "mix.toml [[envs]] name='hard':")
+    assert "\n" not in str(e.value)
