@@ -26,7 +26,12 @@ def plan_lines(cfg, source: str) -> list[str]:
     device = resolve_device(cfg.run.device)
     sampler = (f"vllm, server mode, weights by {cfg.sampler.weight_transfer}" if cfg.sampler.mode == "server"
                else resolve_backend(cfg.sampler.backend, device))  # what train will build in one process
-    if cfg.sampler.mode != "server" and cfg.sampler.backend == "auto" and sampler == "vllm" and not device.startswith("cuda"):
+    if (
+        cfg.sampler.mode != "server"
+        and cfg.sampler.backend == "auto"
+        and sampler == "vllm"
+        and not device.startswith("cuda")
+    ):
         sampler += ", hf on each rank of `quaero train --nproc N`"
     o = cfg.backend.options
     lines = [
@@ -47,16 +52,21 @@ def plan_lines(cfg, source: str) -> list[str]:
         f"memory      train_save_on_cpu={o.train_save_on_cpu} (pin={o.train_save_on_cpu_pin_memory}, "
         f"min_numel={o.train_save_on_cpu_min_numel}), "
         f"train_supervised_context_tokens={o.train_supervised_context_tokens}"
-        + (" (APPROXIMATION: rows cropped)" if o.train_supervised_context_tokens else " (exact full context)"),
+        + (" (APPROXIMATION: rows cropped)" if o.train_supervised_context_tokens else " (exact full "
+                                                                                      "context)"),
         (f"echo        enabled={cfg.echo.enabled}, weight (world_model_coeff)={cfg.echo.weight} "
-         + (f"(RL steps {cfg.echo.rl_weight}) " if cfg.echo.rl_weight is not None else "") + f"schedule={cfg.echo.schedule!r}" + (f" over {cfg.echo.schedule_steps} steps" if cfg.echo.schedule_steps else "")
+         + (f"(RL steps {cfg.echo.rl_weight}) " if cfg.echo.rl_weight is not None else "")
+         + f"schedule={cfg.echo.schedule!r}" + (f" over {cfg.echo.schedule_steps} steps"
+                                                if cfg.echo.schedule_steps else "")
          + f", normalization={cfg.echo.normalization!r}, target={cfg.echo.world_loss_target!r} "
          f"(include_scaffold={cfg.echo.include_scaffold})"),
         (f"training    steps={cfg.training.steps} x {cfg.training.tasks_per_step} tasks x group "
          f"{cfg.training.group_size}, warmup_sft_steps={cfg.training.warmup_sft_steps} "
          f"(lr {cfg.lr_for(sft=True)}), clip_eps={cfg.training.clip_eps}, lr={cfg.lr_for(sft=False)}, "
-         f"loss_aggregation={cfg.training.loss_aggregation!r}, dynamic_sampling={cfg.training.dynamic_sampling}"
-         + (f" (<= {cfg.training.dynamic_sampling_max_groups:g}x groups)" if cfg.training.dynamic_sampling else "")
+         f"loss_aggregation={cfg.training.loss_aggregation!r}, "
+         f"dynamic_sampling={cfg.training.dynamic_sampling}"
+         + (f" (<= {cfg.training.dynamic_sampling_max_groups:g}x groups)" if cfg.training.dynamic_sampling
+            else "")
          + ", "
          f"packing={cfg.training.packing}, "
          f"checkpoint_every={cfg.training.checkpoint_every}, eval_every={cfg.training.eval_every}"),
@@ -68,7 +78,8 @@ def plan_lines(cfg, source: str) -> list[str]:
 
 
 def env_lines(cfg) -> list[str]:
-    """`quaero check`'s env line, one per env of a mixture (with its share of a step), and its task sampler."""
+    """`quaero check`'s env line, one per env of a mixture (with its share of a step), and its task
+    sampler."""
     lines, shares = [], cfg.ratios()
     for name, view in cfg.views().items():
         env = view.env
@@ -77,12 +88,14 @@ def env_lines(cfg) -> list[str]:
             src += "(" + ", ".join(f"{k}={v!r}" for k, v in env.kwargs.items()) + ")"
         who = f"env {name!r}   " if cfg.is_mixture else "env         "
         share = (f", {shares[name]:.1%} of a step's groups, group {view.training.group_size}, eval "
-                 f"{view.training.eval_tasks} tasks, ECHO weight {view.echo.weight}" if cfg.is_mixture else "")
+                 f"{view.training.eval_tasks} tasks, ECHO weight {view.echo.weight}" if cfg.is_mixture
+                 else "")
         ts = env.tasks
-        tasks = ts.sampler + (f" (key {ts.key}, cost {ts.cost}, γ {ts.gamma}, ε {ts.epsilon})" if ts.learns else "")
-        lines.append(f"{who}{src} via {env.launcher} (train split {env.train_split!r}, eval {env.eval_split!r}, "
-                     f"max_turns {env.max_turns}, step timeout {env.step_timeout_s}s, retries {env.max_retries}"
-                     f"{share}); task sampler {tasks}")
+        tasks = ts.sampler + (f" (key {ts.key}, cost {ts.cost}, γ {ts.gamma}, ε {ts.epsilon})" if ts.learns
+                              else "")
+        lines.append(f"{who}{src} via {env.launcher} (train split {env.train_split!r}, eval "
+                     f"{env.eval_split!r}, max_turns {env.max_turns}, step timeout {env.step_timeout_s}s, "
+                     f"retries {env.max_retries}{share}); task sampler {tasks}")
     if cfg.is_mixture:
         n = cfg.training.tasks_per_step
         lines.append("mixture     " + ", ".join(f"{name} {share:.1%} (~{share * n:.2g} of {n} groups a step)"
@@ -96,9 +109,11 @@ def work_line(cfg) -> str:
     t, tokens = cfg.training, cfg.sampler.max_tokens
     turns = max(v.env.max_turns for v in cfg.views().values())  # a mixture's longest env's
     total = t.warmup_sft_steps + t.steps
-    # the untrained one, every eval_every-th step, and the last step (counted, not enumerated: steps may be huge)
+    # the untrained one, every eval_every-th step, and the last step (counted, not enumerated: steps may be
+    # huge)
     evals = (1 + total // t.eval_every + (total % t.eval_every != 0) if t.eval_every and t.eval_tasks else 0)
-    shares, views = cfg.ratios(), cfg.views()  # a mixture's: its envs' group sizes by share, eval tasks summed
+    # a mixture's: its envs' group sizes by share, eval tasks summed
+    shares, views = cfg.ratios(), cfg.views()
     group = sum(shares[n] * v.training.group_size for n, v in views.items())
     eval_tasks = sum(v.training.eval_tasks for v in views.values())
     train_eps, eval_eps = round(t.steps * t.tasks_per_step * group), evals * eval_tasks
@@ -106,7 +121,8 @@ def work_line(cfg) -> str:
             f"eval {eval_eps} ({evals} evals x {eval_tasks}); each <= {turns} turns x {tokens} tokens: <= "
             f"{train_eps * turns * tokens:,} + {eval_eps * turns * tokens:,} sampled tokens"
             + (f"; warm start {t.warmup_sft_steps * t.tasks_per_step} "
-               + ("recorded rows ([data] traces)" if cfg.data.traces else "oracle episodes") if t.warmup_sft_steps
+               + ("recorded rows ([data] traces)" if cfg.data.traces else "oracle episodes")
+               if t.warmup_sft_steps
                else ""))
 
 
@@ -139,7 +155,8 @@ def say_error(message: str) -> None:
     line = f"error: {message}\n"
     try:
         fd = sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):  # a stderr without a file (pytest's capsys, an embedding host)
+    # a stderr without a file (pytest's capsys, an embedding host)
+    except (AttributeError, OSError, ValueError):
         sys.stderr.write(line)
         return
     sys.stderr.flush()
@@ -147,12 +164,13 @@ def say_error(message: str) -> None:
 
 
 RANK_SHUTDOWN_TIMEOUT_S = 900  # how long torchrun's agent lets the ranks finish a step after a Ctrl-C
-# torchrun (torch.distributed.run) without its `@record` main: a failed rank has said why in its own error line
-# (or traceback, for a bug); torchrun's ChildFailedError traceback and failure table after it say nothing more.
-# A rank ended by a signal (an OOM kill) printed nothing: that gets one line, unless another rank failed with
-# its own error first (torchrun then SIGTERMs the rest: their signal says nothing). The exit status is the rank's.
-# A Ctrl-C or SIGTERM to the agent itself ends in its SignalException once the ranks have checkpointed and
-# stopped: the ranks said what happened, so the agent exits quietly with the signal's status (130 for SIGINT).
+# torchrun (torch.distributed.run) without its `@record` main: a failed rank has said why in its own error
+# line (or traceback, for a bug); torchrun's ChildFailedError traceback and failure table after it say nothing
+# more. A rank ended by a signal (an OOM kill) printed nothing: that gets one line, unless another rank failed
+# with its own error first (torchrun then SIGTERMs the rest: their signal says nothing). The exit status is
+# the rank's. A Ctrl-C or SIGTERM to the agent itself ends in its SignalException once the ranks have
+# checkpointed and stopped: the ranks said what happened, so the agent exits quietly with the signal's status
+# (130 for SIGINT).
 _TORCHRUN = """import signal, sys
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -183,10 +201,11 @@ def launch_ranks(args, cfg) -> int:
     if args.nproc < 1:
         raise ConfigError(f"--nproc {args.nproc}: the number of ranks must be >= 1")
     if cfg.distributed.strategy == "none":
-        raise ConfigError(f"{args.config} [distributed] strategy='none' with --nproc {args.nproc}: set strategy = "
-                          "'ddp' or 'fsdp2' (or --set distributed.strategy=ddp)")
+        raise ConfigError(f"{args.config} [distributed] strategy='none' with --nproc {args.nproc}: set "
+                          "strategy = 'ddp' or 'fsdp2' (or --set distributed.strategy=ddp)")
     if "WORLD_SIZE" in os.environ:
-        raise ConfigError(f"--nproc {args.nproc} under torchrun already (WORLD_SIZE={os.environ['WORLD_SIZE']}): "
+        raise ConfigError(f"--nproc {args.nproc} under torchrun already "
+                          f"(WORLD_SIZE={os.environ['WORLD_SIZE']}): "
                           "drop --nproc, torchrun started the ranks")
     again = [args.config, *(f"--set={o}" for o in args.overrides), *(["--resume"] if args.resume else []),
              *(["--restart"] if args.restart else [])]
@@ -219,7 +238,8 @@ def cmd_train(args) -> int:
     from quaero.recipe.runlock import RunFolderLocked, refuse_if_held
 
     try:
-        if "WORLD_SIZE" not in os.environ:  # under torchrun, rank 0 takes the lock in train() (the others never do)
+        # under torchrun, rank 0 takes the lock in train() (the others never do)
+        if "WORLD_SIZE" not in os.environ:
             refuse_if_held(load_config(args.config, args.overrides).run_dir)  # at once, before anything loads
     except RunFolderLocked as e:
         say_error(str(e))
@@ -236,7 +256,8 @@ def cmd_train(args) -> int:
     try:
         train(cfg, resume=args.resume, restart=args.restart, source=args.config)
     except (CheckpointError, RunFolderLocked, EmptyRunError, EnvLostError, TaskSamplerError, ServerError,
-            ExportError) as e:  # ServerError: a vLLM server failed, in its words; ExportError: final/ could not be written
+            # ServerError: a vLLM server failed, in its words; ExportError: final/ could not be written
+            ExportError) as e:
         say_error(str(e))
         return 1
     return 0
@@ -260,8 +281,8 @@ def run_benchmark(argv: list[str]) -> int:
     except ModuleNotFoundError as e:
         if e.name != "benchmarks":
             raise
-        say_error("quaero bench: the benchmarks package is not importable here; run it from a quaero checkout, "
-                  "or install quaero from one (pip install -e .)")
+        say_error("quaero bench: the benchmarks package is not importable here; run it from a quaero "
+                  "checkout, or install quaero from one (pip install -e .)")
         return 1
     return benchmarks.main(argv)
 
@@ -384,8 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("bench_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("doctor", help="facts about this machine's stack (torch, CUDA, openenv, engines, disk); "
-                       "exit 1 when a problem is found")
+    p = sub.add_parser("doctor", help="facts about this machine's stack (torch, CUDA, openenv, engines, "
+                       "disk); exit 1 when a problem is found")
     p.add_argument("--json", action="store_true", help="print the facts as JSON")
     p.set_defaults(func=cmd_doctor)
 
@@ -410,7 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="eval folder (default: RUN/eval-TIMESTAMP, or next to the model folder)")
     p.set_defaults(func=cmd_eval)
 
-    inspect = sub.add_parser("inspect", help="look at what a run trained").add_subparsers(dest="inspect_command",
+    inspect = sub.add_parser("inspect",
+                             help="look at what a run trained").add_subparsers(dest="inspect_command",
                                                                                      required=True)
     p = inspect.add_parser("rows", help="a run's saved rows ([logging] save_rows), coloured by span kind; "
                            "--verify re-checks them offline (exit 1 on a problem)")
@@ -420,8 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", action="store_true", help="check action ids, special tokens in env text, "
                    "advantage and ECHO placement instead of rendering")
     p.add_argument("--export", nargs=2, metavar=("FORMAT", "OUT.jsonl"),
-                   help="write the rows as OpenEnv records instead of rendering: FORMAT 'rfc010' (RFC 010 role "
-                   "masks) or 'openenv-trace' (TrainingTrace, validated by OpenEnv's model)")
+                   help="write the rows as OpenEnv records instead of rendering: FORMAT 'rfc010' (RFC 010 "
+                   "role masks) or 'openenv-trace' (TrainingTrace, validated by OpenEnv's model)")
     p.add_argument("--force", action="store_true", help="let --html/--export overwrite an existing file "
                    "(never a symlink or a file inside a run folder)")
     p.set_defaults(func=cmd_inspect_rows)
@@ -434,7 +456,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-concurrent-envs", type=int, default=16)
     p.add_argument("--kwargs", type=_json_object, default={}, metavar="JSON",
                    help='keyword arguments for the entry, e.g. \'{"difficulty": 1}\'')
-    p.add_argument("--action", metavar="MODULE:CLASS", help="the Action class, for an env whose step takes the base Action")
+    p.add_argument("--action", metavar="MODULE:CLASS", help="the Action class, for an env whose step takes "
+                                                            "the base Action")
     p.set_defaults(func=cmd_env_serve)
     return ap
 
@@ -460,11 +483,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except OSError as e:  # a path the command had to write or read: a permission, a full disk, a file for a folder
+    # a path the command had to write or read: a permission, a full disk, a file for a folder
+    except OSError as e:
         if not e.filename:
             raise
-        say_error(f"{e.filename}: {e.strerror or e}; fix that path (its permissions, free space, or a file where a "
-                  "folder belongs) or choose another")
+        say_error(f"{e.filename}: {e.strerror or e}; fix that path (its permissions, free space, or a file "
+                  "where a folder belongs) or choose another")
         return 1
 
 

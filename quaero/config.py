@@ -35,7 +35,8 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
-# The trainer's options take their defaults from TrainerSpec (trainers/spec.py): one definition each, torch-free.
+# The trainer's options take their defaults from TrainerSpec (trainers/spec.py): one definition each,
+# torch-free.
 _SPEC = TrainerSpec()
 _SELECTIVE, _MEMORY = _SPEC.selective, _SPEC.memory
 
@@ -70,15 +71,16 @@ TASK_SAMPLERS = ("sequential", "uniform", "curriculum", "difficulty_pools")  # q
 
 
 class TaskSamplerConfig(_Section):
-    """`[env.tasks]` (or `[envs.tasks]`): which train tasks an env's groups play (quaero/rollout/task_samplers.py)."""
+    """`[env.tasks]` (or `[envs.tasks]`): which train tasks an env's groups play
+    (quaero/rollout/task_samplers.py)."""
 
-    # "sequential" (the run seed's order of the split: what quaero always did), "uniform", "curriculum" (OpenEnv
-    # RFC 013: expected learning signal per unit of cost), "difficulty_pools" (prime-rl's), or a sampler of your
-    # own, "package.module:Class" (its sample/update/state_dict/load_state_dict)
+    # "sequential" (the run seed's order of the split: what quaero always did), "uniform", "curriculum"
+    # (OpenEnv RFC 013: expected learning signal per unit of cost), "difficulty_pools" (prime-rl's), or a
+    # sampler of your own, "package.module:Class" (its sample/update/state_dict/load_state_dict)
     sampler: str = "sequential"
-    # what outcomes are remembered by: "task" (each task), or the RFC 013 keys of the task's spec (its Task API's
-    # get_task): "group" (e.g. toolbench's template) or "difficulty"; pooled keys suit splits whose tasks
-    # rarely repeat
+    # what outcomes are remembered by: "task" (each task), or the RFC 013 keys of the task's spec (its Task
+    # API's get_task): "group" (e.g. toolbench's template) or "difficulty"; pooled keys suit splits whose
+    # tasks rarely repeat
     key: Literal["task", "group", "difficulty"] = "task"
     # curriculum: the cost a task's weight is divided by: generated tokens or episodes
     cost: Literal["tokens", "episodes"] = "tokens"
@@ -98,8 +100,8 @@ class TaskSamplerConfig(_Section):
     @classmethod
     def _known(cls, sampler: str) -> str:
         if sampler not in TASK_SAMPLERS and not re.fullmatch(r"[\w.]+:[\w.]+", sampler):
-            raise ValueError(f"sampler={sampler!r} is not one of {', '.join(TASK_SAMPLERS)}; or name a class of "
-                             "your own as \"package.module:Class\"")
+            raise ValueError(f"sampler={sampler!r} is not one of {', '.join(TASK_SAMPLERS)}; or name a class "
+                             "of your own as \"package.module:Class\"")
         return sampler
 
     @property
@@ -129,13 +131,14 @@ class EnvConfig(_Section):
     # base Action and no server app of its package names one); used only when the env itself says nothing.
     action: str | None = None
     # The reward of a malformed reply (the turn quaero answers with a corrective message). 0.0 is neutral for
-    # envs whose rewards are >= 0; an env with penalties sets it at or below its own (e.g. -1 for an illegal move)
-    # so invalid output never outscores legal play.
+    # envs whose rewards are >= 0; an env with penalties sets it at or below its own (e.g. -1 for an illegal
+    # move) so invalid output never outscores legal play.
     malformed_reward: float = 0.0
     # MCP envs: the corrective message when the model's reply calls no tool (default: names the env's tools).
     no_tool_call_message: str | None = None
     max_turns: int = Field(8, ge=1)
-    # an env message longer than this is cut, with a marker saying how much (unset: half of [model] max_seq_len)
+    # an env message longer than this is cut, with a marker saying how much (unset: half of [model]
+    # max_seq_len)
     max_observation_tokens: int | None = Field(None, ge=64)
     step_timeout_s: float = Field(30.0, gt=0)
     reset_timeout_s: float = Field(30.0, gt=0)
@@ -158,7 +161,8 @@ class EnvConfig(_Section):
     @model_validator(mode="after")
     def _one_source(self) -> EnvConfig:
         if not self.starts_env and not self.url and not self.urls:
-            raise ValueError(f"launcher={self.launcher!r} needs url = \"ws://HOST:PORT\" (or urls = [...] for several)")
+            raise ValueError(f"launcher={self.launcher!r} needs url = \"ws://HOST:PORT\" (or urls = [...] "
+                             "for several)")
         if self.url and self.urls:
             raise ValueError("set url (one server) or urls (several), not both: put every server in urls")
         if self.starts_env and not self.entry:
@@ -167,8 +171,8 @@ class EnvConfig(_Section):
             raise ValueError("kwargs construct envs quaero starts; a remote server was started with its own "
                              "arguments: remove kwargs, or start that server with them")
         if not self.starts_env and self.action:
-            raise ValueError("action names the Action of an env quaero starts; a remote server accepts the Action "
-                             "its app was built with (read from its /schema): remove action")
+            raise ValueError("action names the Action of an env quaero starts; a remote server accepts the "
+                             "Action its app was built with (read from its /schema): remove action")
         return self
 
     @property
@@ -187,8 +191,8 @@ SINGLE = "env"  # the name of a one-env run's env ([env])
 
 
 class MixtureEnv(EnvConfig):
-    """One env of a mixture (`[[envs]]`): everything `[env]` has, its name and ratio, and the settings a mixture
-    sets per env (unset: the run's)."""
+    """One env of a mixture (`[[envs]]`): everything `[env]` has, its name and ratio, and the settings a
+    mixture sets per env (unset: the run's)."""
 
     name: str
     ratio: float = Field(1.0, gt=0)  # relative: a step's groups are shared out in proportion to the ratios
@@ -201,8 +205,8 @@ class MixtureEnv(EnvConfig):
     @classmethod
     def _a_name(cls, name: str) -> str:
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
-            raise ValueError(f"name={name!r}: an env's name is 1-64 letters, digits, _ or - (it names metrics and "
-                             "rows)")
+            raise ValueError(f"name={name!r}: an env's name is 1-64 letters, digits, _ or - (it names "
+                             "metrics and rows)")
         if name == AGGREGATE:
             raise ValueError(f"name={name!r} is reserved for the cross-env aggregate; choose another name")
         return name
@@ -227,7 +231,8 @@ class SamplerConfig(_Section):
     request_timeout_s: float = Field(900.0, gt=0)
     stop_grace_s: float = Field(10.0, ge=0)
     # how server mode pushes weights: "file" = a safetensors folder every server reloads (any device, servers
-    # on this filesystem); "nccl" / "ipc" = vLLM's weight-transfer engines (CUDA only; quaero/sampling/transfer.py)
+    # on this filesystem); "nccl" / "ipc" = vLLM's weight-transfer engines (CUDA only;
+    # quaero/sampling/transfer.py)
     weight_transfer: Literal["file", "nccl", "ipc"] = "file"
     # CUDA device index of each server quaero starts (under torchrun: of every local rank's servers, local
     # rank l taking entries l*servers ..); empty = the servers share the rank's device
@@ -278,7 +283,8 @@ class EchoConfig(_Section):
     # λ of the RL steps (unset: `weight`; the warm start always uses `weight`), which `schedule` then scales
     rl_weight: float | None = Field(None, ge=0)
     # λ over the RL steps (the warm start uses `weight`): "constant"; "warmup" = weight * min(1, k / S);
-    # "decay" = weight * max(0, 1 - (k - 1) / S); k = the RL step (1, 2, ...), S = schedule_steps (0: all RL steps)
+    # "decay" = weight * max(0, 1 - (k - 1) / S); k = the RL step (1, 2, ...), S = schedule_steps (0: all RL
+    # steps)
     schedule: Literal["constant", "warmup", "decay"] = "constant"
     schedule_steps: int = Field(0, ge=0)
     # the ECHO term's average (trainers/aggregation.py): "token" = over the step's ECHO tokens; "sequence" =
@@ -318,7 +324,8 @@ class TrainingConfig(_Section):
     # AdamW's state at the first RL step after a warm start: "continue" keeps the warm start's moments (its
     # momentum keeps moving the weights along the SFT gradient for ~10 RL steps, beta1 0.9); "reset_momentum"
     # zeroes the first moment only (RL's updates ramp up from 0, still scaled by the warm start's second
-    # moment); "reset" zeroes both (AdamW's first steps are then sign-like, lr on every weight with a gradient)
+    # moment); "reset" zeroes both (AdamW's first steps are then sign-like, lr on every weight with a
+    # gradient)
     rl_optimizer_start: Literal["continue", "reset_momentum", "reset"] = "continue"
     checkpoint_every: int = Field(5, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
@@ -330,19 +337,21 @@ class TrainingConfig(_Section):
     # this many consecutive steps without a trained row (every episode dropped) end the run with exit 1
     max_empty_steps: int = Field(3, ge=1)
     # RL's budget of generated tokens (the action tokens of the kept episodes, summed over RL steps, resumes
-    # included): RL ends after the step that reaches it, `steps` its upper bound; unset, `steps` alone decides.
-    # Comparisons of task samplers hold it equal (one sampler's groups may cost more tokens than another's)
+    # included): RL ends after the step that reaches it, `steps` its upper bound; unset, `steps` alone
+    # decides. Comparisons of task samplers hold it equal (one sampler's groups may cost more tokens than
+    # another's)
     rl_token_budget: int | None = Field(None, gt=0)
-    # an RL step whose env lost episodes (a server that died, timeouts past the retries; a lost episode is never
-    # trained): "continue" with the rest (counted, per env in a mixture's `by_env`), or "stop" the run before
-    # that step trains, naming the env (the last checkpoint stays the resume point)
+    # an RL step whose env lost episodes (a server that died, timeouts past the retries; a lost episode is
+    # never trained): "continue" with the rest (counted, per env in a mixture's `by_env`), or "stop" the run
+    # before that step trains, naming the env (the last checkpoint stays the resume point)
     on_env_loss: Literal["continue", "stop"] = "continue"
     # asynchronous rollouts: the next steps' rollouts are sampled while a step trains, each at most this many
-    # policy versions behind the weights it trains (quaero/recipe/ahead.py); 0 = sample each step's rollout right
-    # before it trains. >= 1 gives the hf sampler a copy of the model of its own.
+    # policy versions behind the weights it trains (quaero/recipe/ahead.py); 0 = sample each step's rollout
+    # right before it trains. >= 1 gives the hf sampler a copy of the model of its own.
     max_off_policy_steps: int = Field(0, ge=0)
-    # the RL term's average (trainers/aggregation.py): "token_mean" (DAPO), "sequence_mean" (GRPO: per episode,
-    # then over episodes), "constant" (Dr. GRPO: / tasks_per_step x group_size x max_turns x max_tokens)
+    # the RL term's average (trainers/aggregation.py): "token_mean" (DAPO), "sequence_mean" (GRPO: per
+    # episode, then over episodes), "constant" (Dr. GRPO: / tasks_per_step x group_size x max_turns x
+    # max_tokens)
     loss_aggregation: Literal["token_mean", "sequence_mean", "constant"] = _SPEC.loss_aggregation
     # DAPO-style dynamic sampling: while fewer than tasks_per_step groups have reward spread (a non-zero
     # advantage), sample groups of further tasks, at most dynamic_sampling_max_groups x tasks_per_step groups
@@ -353,12 +362,12 @@ class TrainingConfig(_Section):
 
 
 class DataConfig(_Section):
-    # recorded episodes (RFC 010 records and/or OpenEnv TrainingTrace lines, quaero/rollout/traces.py) trained as
-    # the warm start's steps (with traces_loss's loss) instead of the oracle's demos; rows rebuilt from their ids,
-    # never re-tokenized
+    # recorded episodes (RFC 010 records and/or OpenEnv TrainingTrace lines, quaero/rollout/traces.py) trained
+    # as the warm start's steps (with traces_loss's loss) instead of the oracle's demos; rows rebuilt from
+    # their ids, never re-tokenized
     traces: str | None = None
-    # the loss those rows train with: "sft" (SFT + ECHO, a warm start from demonstrations) or "rl" (the RL loss
-    # off-policy, its importance ratio over the records' own sampler log-probs, + ECHO; records need an
+    # the loss those rows train with: "sft" (SFT + ECHO, a warm start from demonstrations) or "rl" (the RL
+    # loss off-policy, its importance ratio over the records' own sampler log-probs, + ECHO; records need an
     # `advantage`, or a `reward` and a `group`, and log-probs on their action tokens; the others are refused)
     traces_loss: Literal["sft", "rl"] = "sft"
 
@@ -367,10 +376,11 @@ class LoggingConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     console: Literal["pretty", "plain", "none"] = "pretty"
     progress: bool = True
-    # mirrors of train_step / eval scalars: any of "tensorboard", "wandb", "trackio" (quaero/telemetry/sinks.py)
+    # mirrors of train_step / eval scalars: any of "tensorboard", "wandb", "trackio"
+    # (quaero/telemetry/sinks.py)
     report_to: list[str] = Field(default_factory=list)
-    # trained rows written to runs/NAME/rows/step-N.jsonl for `quaero inspect rows` (quaero/recipe/saved_rows.py);
-    # "sample": the first 2 rows of each step
+    # trained rows written to runs/NAME/rows/step-N.jsonl for `quaero inspect rows`
+    # (quaero/recipe/saved_rows.py); "sample": the first 2 rows of each step
     save_rows: Literal["none", "sample", "all"] = "sample"
 
 
@@ -386,7 +396,8 @@ class QuaeroConfig(_Section):
     run: RunConfig = Field(default_factory=RunConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     env: EnvConfig | None = None  # one env ...
-    envs: list[MixtureEnv] = Field(default_factory=list)  # ... or a mixture: [[envs]], each named, with a ratio
+    # ... or a mixture: [[envs]], each named, with a ratio
+    envs: list[MixtureEnv] = Field(default_factory=list)
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
     backend: BackendConfig = Field(default_factory=BackendConfig)
     echo: EchoConfig = Field(default_factory=EchoConfig)
@@ -399,7 +410,8 @@ class QuaeroConfig(_Section):
     def _one_env_or_a_mixture(self) -> QuaeroConfig:
         if (self.env is None) == (not self.envs):
             raise ValueError("set [env] (one env) or [[envs]] (a mixture, each with name and ratio), not both"
-                             if self.env is not None else "no env: add an [env] section (or [[envs]] for a mixture)")
+                             if self.env is not None else "no env: add an [env] section (or [[envs]] for a "
+                                                          "mixture)")
         seen: set[str] = set()
         for e in self.envs:
             if e.name in seen:
@@ -412,8 +424,8 @@ class QuaeroConfig(_Section):
         return bool(self.envs)
 
     def views(self) -> dict[str, QuaeroConfig]:
-        """Each env's own config, as a one-env run would read it: `[env]` its settings, its per-env settings in
-        [training] and [echo]. A one-env run's is the config itself, under the name "env"."""
+        """Each env's own config, as a one-env run would read it: `[env]` its settings, its per-env settings
+        in [training] and [echo]. A one-env run's is the config itself, under the name "env"."""
         if not self.envs:
             return {SINGLE: self}
         out = {}
@@ -421,7 +433,8 @@ class QuaeroConfig(_Section):
             env = EnvConfig(**e.model_dump(exclude={"name", "ratio", "group_size", "eval_tasks", "oracle",
                                                     "echo_weight"}, exclude_unset=True))
             training = self.training.model_copy(update={k: v for k, v in (
-                ("group_size", e.group_size), ("eval_tasks", e.eval_tasks), ("oracle", e.oracle)) if v is not None})
+                ("group_size", e.group_size), ("eval_tasks", e.eval_tasks), ("oracle",
+                                                                             e.oracle)) if v is not None})
             echo = self.echo if e.echo_weight is None else self.echo.model_copy(
                 update={"weight": e.echo_weight, "rl_weight": e.echo_weight})
             out[e.name] = self.model_copy(update={"env": env, "envs": [], "training": training, "echo": echo})
@@ -436,7 +449,8 @@ class QuaeroConfig(_Section):
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.run.output_dir).expanduser() / self.run.name  # "~/runs" is the home's, as check judges it
+        # "~/runs" is the home's, as check judges it
+        return Path(self.run.output_dir).expanduser() / self.run.name
 
     @property
     def observation_token_limit(self) -> int:
@@ -469,7 +483,13 @@ def _section_model(loc: tuple) -> type[BaseModel]:
 def _lookup(data: dict, loc: tuple) -> Any:
     node: Any = data
     for part in loc:
-        if isinstance(node, dict) and part in node or isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+        if (
+            isinstance(node, dict)
+            and part in node
+            or isinstance(node, list)
+            and isinstance(part, int)
+            and 0 <= part < len(node)
+        ):
             node = node[part]
         else:
             return None
@@ -499,7 +519,8 @@ def _format_error(source: str, data: dict, err: dict) -> str:
 
 
 def _brief(value: Any, limit: int = 200) -> str:
-    """`repr(value)`, cut to `limit` characters: an error line stays one readable line whatever was pasted in."""
+    """`repr(value)`, cut to `limit` characters: an error line stays one readable line whatever was pasted
+    in."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
@@ -510,14 +531,15 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise ConfigError(f"--set {text!r}: expected section.key=value, e.g. --set training.steps=3")
     path, raw = text.split("=", 1)
     if not path.strip() or any(not part.strip() for part in path.split(".")):
-        raise ConfigError(f"--set {text!r}: the key is empty; expected section.key=value, e.g. --set training.steps=3")
+        raise ConfigError(f"--set {text!r}: the key is empty; expected section.key=value, e.g. --set "
+                          "training.steps=3")
     try:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw.strip()  # a bare word is a string: --set run.name=smoke
     except RecursionError:
-        raise ConfigError(f"--set {path.strip()}=...: the value nests too deeply to read; a setting nests a few "
-                          "levels at most") from None
+        raise ConfigError(f"--set {path.strip()}=...: the value nests too deeply to read; a setting nests a "
+                          "few levels at most") from None
     return path.strip().split("."), value
 
 
@@ -562,40 +584,46 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
     except ValidationError as e:
         raise ConfigError(_format_error(source, data, e.errors()[0])) from None
     except RecursionError:
-        raise ConfigError(f"{source}: a value nests too deeply to check; a config nests a few levels at most") from None
+        raise ConfigError(f"{source}: a value nests too deeply to check; a config nests a few levels at "
+                          "most") from None
     check_rules(cfg, source)
     return cfg
 
 
 def _check_weight_transfer(sm: SamplerConfig, source: str) -> None:
-    """[sampler] weight_transfer and server_devices, judged from the config alone (quaero/recipe/plan.py judges them
-    against this machine's CUDA devices and torchrun's ranks)."""
+    """[sampler] weight_transfer and server_devices, judged from the config alone (quaero/recipe/plan.py
+    judges them against this machine's CUDA devices and torchrun's ranks)."""
     wt = sm.weight_transfer
     if wt != "file" and sm.mode != "server":
-        raise ConfigError(f"{source} [sampler] weight_transfer={wt!r} with mode={sm.mode!r}: vLLM's weight-transfer "
-                          "engines push to `vllm serve` processes; set mode = 'server', or weight_transfer = 'file'")
+        raise ConfigError(f"{source} [sampler] weight_transfer={wt!r} with mode={sm.mode!r}: vLLM's "
+                          "weight-transfer engines push to `vllm serve` processes; set mode = 'server', or "
+                          "weight_transfer = 'file'")
     if sm.server_devices and sm.mode != "server":
-        raise ConfigError(f"{source} [sampler] server_devices={sm.server_devices} with mode={sm.mode!r}: they place "
-                          "the servers quaero starts; set mode = 'server' or remove server_devices")
+        raise ConfigError(f"{source} [sampler] server_devices={sm.server_devices} with mode={sm.mode!r}: "
+                          "they place the servers quaero starts; set mode = 'server' or remove "
+                          "server_devices")
     if sm.server_devices and sm.urls:
-        raise ConfigError(f"{source} [sampler] server_devices={sm.server_devices} and urls={sm.urls!r} are both "
-                          "set: quaero places only the servers it starts; remove server_devices (start the urls "
-                          "servers with CUDA_VISIBLE_DEVICES yourself) or urls")
+        raise ConfigError(f"{source} [sampler] server_devices={sm.server_devices} and urls={sm.urls!r} are "
+                          "both set: quaero places only the servers it starts; remove server_devices (start "
+                          "the urls servers with CUDA_VISIBLE_DEVICES yourself) or urls")
     if len(set(sm.server_devices)) != len(sm.server_devices):
         raise ConfigError(f"{source} [sampler] server_devices={sm.server_devices} names a device twice: each "
                           "server gets a device of its own; list each once")
     if wt == "nccl" and sm.urls:
-        raise ConfigError(f"{source} [sampler] weight_transfer='nccl' with urls={sm.urls!r}: quaero opens the NCCL "
-                          "group on 127.0.0.1 with servers it starts on devices of their own; remove urls and set "
-                          "servers and server_devices, or use weight_transfer = 'file'")
+        raise ConfigError(f"{source} [sampler] weight_transfer='nccl' with urls={sm.urls!r}: quaero opens "
+                          "the NCCL group on 127.0.0.1 with servers it starts on devices of their own; "
+                          "remove urls and set servers and server_devices, or use weight_transfer = 'file'")
     if wt == "nccl" and not sm.server_devices:
-        raise ConfigError(f"{source} [sampler] weight_transfer='nccl' without server_devices: the servers would "
-                          "share the trainer's GPU and NCCL refuses two ranks on one device; set server_devices "
-                          "= [1] (one GPU per server, not the trainer's), or use weight_transfer = 'ipc'")
+        raise ConfigError(f"{source} [sampler] weight_transfer='nccl' without server_devices: the servers "
+                          "would share the trainer's GPU and NCCL refuses two ranks on one device; set "
+                          "server_devices = [1] (one GPU per server, not the trainer's), or use "
+                          "weight_transfer = 'ipc'")
     if wt == "ipc" and sm.server_devices:
-        raise ConfigError(f"{source} [sampler] weight_transfer='ipc' with server_devices={sm.server_devices}: CUDA "
-                          "IPC shares the trainer's GPU memory, so the servers must run on the trainer's GPU; "
-                          "remove server_devices, or use weight_transfer = 'nccl' for servers on GPUs of their own")
+        raise ConfigError(f"{source} [sampler] weight_transfer='ipc' with "
+                          f"server_devices={sm.server_devices}: CUDA "
+                          "IPC shares the trainer's GPU memory, so the servers must run on the trainer's "
+                          "GPU; remove server_devices, or use weight_transfer = 'nccl' for servers on GPUs "
+                          "of their own")
 
 
 def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
@@ -604,8 +632,8 @@ def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
     if not cfg.envs:
         return _check_one(cfg, source)
     if cfg.data.traces:
-        raise ConfigError(f"{source} [data] traces={cfg.data.traces!r} with [[envs]]: recorded episodes name no "
-                          "env of the mixture; use traces with a one-env [env] config, or remove traces")
+        raise ConfigError(f"{source} [data] traces={cfg.data.traces!r} with [[envs]]: recorded episodes name "
+                          "no env of the mixture; use traces with a one-env [env] config, or remove traces")
     for name, view in cfg.views().items():
         _check_one(view, f"{source} [[envs]] name={name!r}:")
 
@@ -620,45 +648,50 @@ def _check_one(cfg: QuaeroConfig, source: str) -> None:
                           "starts the env (entry) or connects to running servers (url/urls); remove one")
     t = cfg.training
     if cfg.data.traces and not t.warmup_sft_steps:
-        raise ConfigError(f"{source} [data] traces={cfg.data.traces!r} with [training] warmup_sft_steps=0: recorded "
-                          "episodes train as warm-start steps; set warmup_sft_steps >= 1 (each takes "
-                          "tasks_per_step rows) or remove traces")
+        raise ConfigError(f"{source} [data] traces={cfg.data.traces!r} with [training] warmup_sft_steps=0: "
+                          "recorded episodes train as warm-start steps; set warmup_sft_steps >= 1 (each "
+                          "takes tasks_per_step rows) or remove traces")
     if t.warmup_sft_steps and not (t.oracle or cfg.env.entry or cfg.data.traces):
-        raise ConfigError(f"{source} [training] warmup_sft_steps={t.warmup_sft_steps} with a remote env: quaero "
-                          "finds oracle_policy next to [env] entry, and there is none; set [training] oracle = "
-                          "\"package.module:oracle_policy\" (importable here), or warmup_sft_steps = 0")
+        raise ConfigError(f"{source} [training] warmup_sft_steps={t.warmup_sft_steps} with a remote env: "
+                          "quaero finds oracle_policy next to [env] entry, and there is none; set [training] "
+                          "oracle = \"package.module:oracle_policy\" (importable here), or warmup_sft_steps "
+                          "= 0")
     if t.dynamic_sampling and t.max_off_policy_steps:
         raise ConfigError(f"{source} [training] dynamic_sampling=true with max_off_policy_steps="
-                          f"{t.max_off_policy_steps}: a step sampled ahead cannot know how many tasks the steps "
-                          "before it used; set one of them off")
+                          f"{t.max_off_policy_steps}: a step sampled ahead cannot know how many tasks the "
+                          "steps before it used; set one of them off")
     if t.oracle is not None:
         split_name(t.oracle, f"{source} [training] oracle", error=ConfigError,
                    example="my_env.oracle:oracle_policy")
     if t.steps and t.group_size < 2:
-        raise ConfigError(f"{source} [training] group_size={t.group_size} with steps={t.steps}: a group of one "
-                          "episode has advantage 0 (reward minus its own mean), so RL learns nothing; "
+        raise ConfigError(f"{source} [training] group_size={t.group_size} with steps={t.steps}: a group of "
+                          "one episode has advantage 0 (reward minus its own mean), so RL learns nothing; "
                           "use group_size >= 2 (or steps = 0 for a warm start only)")
     if t.steps and cfg.sampler.top_p < 1:
-        raise ConfigError(f"{source} [sampler] top_p={cfg.sampler.top_p} with [training] steps={t.steps}: the "
-                          "sampler's log-probs are renormalised over the nucleus and the trainer's are not, so "
-                          "the importance ratio is biased; use top_p = 1 for RL (top_p < 1 is fine for eval)")
+        raise ConfigError(f"{source} [sampler] top_p={cfg.sampler.top_p} with [training] steps={t.steps}: "
+                          "the sampler's log-probs are renormalised over the nucleus and the trainer's are "
+                          "not, so the importance ratio is biased; use top_p = 1 for RL (top_p < 1 is fine "
+                          "for eval)")
     if cfg.distributed.strategy == "fsdp2" and cfg.backend.lora:
         raise ConfigError(f"{source} [distributed] strategy='fsdp2' with [backend] lora=true: sharded LoRA "
-                          "checkpoints and exports are not built; use strategy = 'ddp' (the adapter is small: "
-                          "replicating it costs little) or lora = false")
+                          "checkpoints and exports are not built; use strategy = 'ddp' (the adapter is "
+                          "small: replicating it costs little) or lora = false")
     sm = cfg.sampler
     if sm.backend != samplers.AUTO and sm.mode not in samplers.SAMPLERS[sm.backend].modes:
         serving = " or ".join(repr(n) for n in samplers.serving(sm.mode))
-        raise ConfigError(f"{source} [sampler] mode={sm.mode!r} with backend={sm.backend!r}: {sm.backend} does not "
-                          f"run in {sm.mode} mode; set backend = {serving} (or 'auto'), or mode = 'colocated'")
+        raise ConfigError(f"{source} [sampler] mode={sm.mode!r} with backend={sm.backend!r}: {sm.backend} "
+                          f"does not run in {sm.mode} mode; set backend = {serving} (or 'auto'), or mode = "
+                          "'colocated'")
     if sm.urls and sm.mode != "server":
-        raise ConfigError(f"{source} [sampler] urls={sm.urls!r} with mode={sm.mode!r}: urls name running vLLM "
-                          "servers; set mode = 'server' or remove urls")
+        raise ConfigError(f"{source} [sampler] urls={sm.urls!r} with mode={sm.mode!r}: urls name running "
+                          "vLLM servers; set mode = 'server' or remove urls")
     if sm.urls and sm.servers != 1:
-        raise ConfigError(f"{source} [sampler] servers={sm.servers} and urls={sm.urls!r} are both set: quaero "
-                          "either starts servers (servers) or connects to running ones (urls); remove one")
+        raise ConfigError(f"{source} [sampler] servers={sm.servers} and urls={sm.urls!r} are both set: "
+                          "quaero either starts servers (servers) or connects to running ones (urls); remove "
+                          "one")
     _check_weight_transfer(sm, source)
-    for url in cfg.env.server_urls:  # what the remote launcher accepts (quaero/openenv_client/transport.py endpoints)
+    # what the remote launcher accepts (quaero/openenv_client/transport.py endpoints)
+    for url in cfg.env.server_urls:
         if not re.fullmatch(r"(wss?|https?)://[^/\s]+(/\S*)?", url):
             raise ConfigError(f"{source} [env] url: {url!r} is not an OpenEnv server address; write it as "
                               "\"ws://host:port\" or \"http://host:port\"")
@@ -669,9 +702,10 @@ def _check_one(cfg: QuaeroConfig, source: str) -> None:
     # a turn starts only when its prompt leaves room for max_tokens (quaero/rollout/driver.py)
     ctx = cfg.model.max_seq_len
     if cfg.sampler.max_tokens >= ctx:
-        raise ConfigError(f"{source} [sampler] max_tokens={cfg.sampler.max_tokens} >= [model] max_seq_len={ctx}: "
+        raise ConfigError(f"{source} [sampler] max_tokens={cfg.sampler.max_tokens} >= [model] "
+                          f"max_seq_len={ctx}: "
                           "no room is left for a prompt; set max_tokens well below max_seq_len")
     if cfg.env.max_observation_tokens is not None and cfg.env.max_observation_tokens >= ctx:
-        raise ConfigError(f"{source} [env] max_observation_tokens={cfg.env.max_observation_tokens} >= [model] "
-                          f"max_seq_len={ctx}: one observation would fill the context; set it well below "
-                          "max_seq_len or remove it (default: half of max_seq_len)")
+        raise ConfigError(f"{source} [env] max_observation_tokens={cfg.env.max_observation_tokens} >= "
+                          f"[model] max_seq_len={ctx}: one observation would fill the context; set it well "
+                          "below max_seq_len or remove it (default: half of max_seq_len)")

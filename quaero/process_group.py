@@ -1,6 +1,7 @@
 """The torchrun process group as every part of quaero sees it: how many ranks torchrun started, this process's
-rank, joining and leaving the group, and the collectives of plain values that the recipe (quaero/recipe/ranks.py),
-the samplers and the trainer step (trainers/) share: sums, maxima, gathers, and rank 0's result for all.
+rank, joining and leaving the group, and the collectives of plain values that the recipe
+(quaero/recipe/ranks.py), the samplers and the trainer step (trainers/) share: sums, maxima, gathers, and rank
+0's result for all.
 
 Imported by quaero/ and trainers/ alike; the trainer's own data parallelism (the model wrap, the row split,
 gradient sync) is trainers/distributed.py. `world_size() == 1` (no process group) is one process: every
@@ -40,8 +41,8 @@ def setup(strategy: Strategy, device: torch.device) -> torch.device:
     """
     ranks = dist.get_world_size() if dist.is_initialized() else launched_ranks()
     if ranks > 1 and strategy == "none":
-        raise ValueError(f"running under torchrun with {ranks} ranks but [distributed] strategy='none': every "
-                         "rank would train on all rows alone; set strategy = 'ddp' or 'fsdp2'")
+        raise ValueError(f"running under torchrun with {ranks} ranks but [distributed] strategy='none': "
+                         "every rank would train on all rows alone; set strategy = 'ddp' or 'fsdp2'")
     if ranks == 1 or strategy == "none":
         return device
     if device.type == "cuda":
@@ -53,7 +54,8 @@ def setup(strategy: Strategy, device: torch.device) -> torch.device:
 
 
 def world_size() -> int:
-    """The ranks the step splits rows over (`setup` refuses a process group of several with strategy "none")."""
+    """The ranks the step splits rows over (`setup` refuses a process group of several with strategy
+    "none")."""
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
@@ -129,4 +131,5 @@ def gather(obj: Any) -> list[Any]:
 
 
 def _comm_device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    return torch.device("cuda",
+                        torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")

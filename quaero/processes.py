@@ -22,7 +22,8 @@ def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """`env` (default: this process's environment) with a PYTHONPATH that lets the child import whatever
     this process can (tests and user configs add folders to sys.path)."""
     out = dict(os.environ if env is None else env)
-    out["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [out.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    out["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [out.get("PYTHONPATH",
+                                                                              "")]).rstrip(os.pathsep)
     return out
 
 
@@ -40,7 +41,8 @@ def log_file(log_dir: Path | None, name: str) -> tuple[Path, bool]:
 def start_together(servers: list[S], *, launch: Callable[[S], None], wait: Callable[[S], None],
                    stop: Callable[..., None]) -> list[S]:
     """Launch every server, then wait for each: they boot in parallel, not one after another. If one fails,
-    all are stopped (`stop(server, keep_log=...)`); the one that failed keeps its log, which its error names."""
+    all are stopped (`stop(server, keep_log=...)`); the one that failed keeps its log, which its error
+    names."""
     waiting = None
     try:
         for server in servers:

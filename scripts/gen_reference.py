@@ -31,21 +31,23 @@ REFERENCE = ROOT / "docs" / "reference.md"
 
 OPTION_MEANINGS = {
     "run.name": "the run folder's name: the run writes `output_dir/name` and nothing outside it",
-    "run.seed": "the train tasks (their order in a Task-API split, else their reset seeds) and the sampler's seeds "
-                "derive from it: a rerun repeats the run; a Task-API eval split and the embedded model's weights are the "
-                "same for every seed",
+    "run.seed": "the train tasks (their order in a Task-API split, else their reset seeds) and the sampler's "
+                "seeds derive from it: a rerun repeats the run; a Task-API eval split and the embedded "
+                "model's weights are the same for every seed",
     "run.output_dir": "the folder of run folders (for several nodes: on a filesystem every node sees)",
     "run.device": "`auto`: CUDA when available, else CPU",
     "model.name": "`tiny-qwen3` (the embedded default, built offline), a hub id or a local folder",
     "model.dtype": "the trainer's weights (`auto`: the checkpoint's own)",
-    "model.renderer": "the `renderers==0.1.7` registry name, chosen explicitly (never by fuzzy name matching)",
+    "model.renderer": "the `renderers==0.1.7` registry name, chosen explicitly (never by fuzzy name "
+                      "matching)",
     "model.enable_thinking": "render prompts with the chat template's thinking on",
     "model.max_seq_len": "the context: no sampler generates past it and no row is longer",
     "env.entry": "`package.module:Class` of an OpenEnv `Environment` / `MCPEnvironment` (or a factory); "
                  "exactly one of entry, url and urls",
     "env.url": "`ws://host:port` of a running OpenEnv server (implies `launcher = \"remote\"`)",
     "env.urls": "several running servers of one env; sessions spread over them",
-    "env.kwargs": "keyword arguments of the entry in every session quaero starts, checked against its signature",
+    "env.kwargs": "keyword arguments of the entry in every session quaero starts, checked against its "
+                  "signature",
     "env.host": "the address local env servers listen on",
     "env.train_split": "the reset `split` of training tasks",
     "env.eval_split": "the reset `split` of evaluation tasks",
@@ -68,10 +70,11 @@ OPTION_MEANINGS = {
     "env.retry_backoff_s": "the wait before retry k is this times 2^k",
     "env.server_start_timeout_s": "seconds a local env server may take to start",
     "env.tasks.sampler": "which train tasks the env's groups play: `sequential` (the run seed's order of the "
-                         "split), `uniform`, `curriculum` (OpenEnv RFC 013), `difficulty_pools` (prime-rl's), or "
-                         "`package.module:Class` of your own (quaero/rollout/task_samplers.py)",
-    "env.tasks.key": "what a learning sampler remembers outcomes by: `task`, or the task spec's RFC 013 `group` / "
-                     "`difficulty` (pools tasks that rarely repeat)",
+                         "split), `uniform`, `curriculum` (OpenEnv RFC 013), `difficulty_pools` "
+                         "(prime-rl's), or `package.module:Class` of your own "
+                         "(quaero/rollout/task_samplers.py)",
+    "env.tasks.key": "what a learning sampler remembers outcomes by: `task`, or the task spec's RFC 013 "
+                     "`group` / `difficulty` (pools tasks that rarely repeat)",
     "env.tasks.cost": "the curriculum's cost per episode: generated `tokens` or `episodes`",
     "env.tasks.gamma": "discount of the outcome memory (RFC 013's γ)",
     "env.tasks.epsilon": "the curriculum weight every task keeps (RFC 013's ε)",
@@ -82,14 +85,18 @@ OPTION_MEANINGS = {
     "env.tasks.normal_weight": "difficulty_pools: the normal pool's weight",
     "env.tasks.easy_weight": "difficulty_pools: the easy pool's weight",
     "env.tasks.unseen_weight": "difficulty_pools: an unseen task's weight",
-    "envs.name": "a mixture env's name (unique; `all` is reserved): it names its metrics, rows and eval results",
+    "envs.name": "a mixture env's name (unique; `all` is reserved): it names its metrics, rows and eval "
+                 "results",
     "envs.ratio": "its relative share of each step's groups (> 0)",
     "envs.group_size": "its group size (unset: [training] group_size)",
     "envs.eval_tasks": "its eval tasks (unset: [training] eval_tasks)",
-    "envs.oracle": "its warm start's demonstrator (unset: [training] oracle, else its entry's `oracle_policy`)",
+    "envs.oracle": "its warm start's demonstrator (unset: [training] oracle, else its entry's "
+                   "`oracle_policy`)",
     "envs.echo_weight": "ECHO's λ on its rows, warm start and RL (unset: [echo]'s; 0: no ECHO on this env)",
-    "env.on_session_loss": "`replay` the episode's actions on a new session (deterministic envs) or `drop` it",
-    "sampler.temperature": "sampling temperature; an RL step's log-probs use the same one (an SFT step scores at 1)",
+    "env.on_session_loss": "`replay` the episode's actions on a new session (deterministic envs) or `drop` "
+                           "it",
+    "sampler.temperature": "sampling temperature; an RL step's log-probs use the same one (an SFT step "
+                           "scores at 1)",
     "sampler.top_p": "nucleus sampling; RL needs 1 (`check` refuses less with RL steps)",
     "sampler.max_tokens": "tokens per action; a turn starts only when the prompt leaves room for them",
     "sampler.gpu_memory_utilization": "vLLM's share of the device memory",
@@ -103,7 +110,8 @@ OPTION_MEANINGS = {
     "sampler.stop_grace_s": "server mode: seconds a wait on a vLLM server goes on after a stop request "
                             "(Ctrl-C, SIGTERM) before the run stops without that step",
     "sampler.weight_transfer": "how server mode pushes weights: `file`, `nccl` or `ipc` (docs/scaling.md)",
-    "sampler.server_devices": "a CUDA device per server quaero starts; the placement rule is in docs/scaling.md",
+    "sampler.server_devices": "a CUDA device per server quaero starts; the placement rule is in "
+                              "docs/scaling.md",
     "backend.backend": "the trainer: `local` or `unsloth` (trainers/registry.py)",
     "backend.lr": "the RL steps' learning rate (and the warm start's unless `warmup_sft_lr`)",
     "backend.weight_decay": "AdamW weight decay",
@@ -123,27 +131,32 @@ OPTION_MEANINGS = {
         "`nn.Linear` head only); `auto` falls back with a recorded reason, `require` fails closed",
     "backend.options.train_compile_selective_ce_min_tokens": "below this many selected tokens the eager path "
         "runs",
-    "backend.options.train_save_on_cpu": "saved-tensor CPU offload for very long rows (a logged no-op on CPU)",
+    "backend.options.train_save_on_cpu": "saved-tensor CPU offload for very long rows (a logged no-op on "
+                                         "CPU)",
     "backend.options.train_save_on_cpu_pin_memory": "pin the offloaded tensors",
     "backend.options.train_save_on_cpu_min_numel": "offload only tensors at least this large",
     "backend.options.train_supervised_context_tokens": "0: exact full context; K > 0 crops rows to K tokens "
         "before the first target (an approximation, logged as such)",
     "backend.options.train_selective_dense_min_density": "quaero: the suffix shortcut runs only when targets "
-        "fill at least this fraction of the suffix they span (below 1.0 it computes logits no loss reads; the "
-        "CPU crossover measured it slower there)...",
-    "backend.options.train_selective_suffix_max_bytes": "...and its logits would take at most this many bytes",
+        "fill at least this fraction of the suffix they span (below 1.0 it computes logits no loss reads; "
+        "the CPU crossover measured it slower there)...",
+    "backend.options.train_selective_suffix_max_bytes": "...and its logits would take at most this many "
+                                                        "bytes",
     "backend.options.train_selective_hidden_max_bytes": "quaero: above this many bytes of selected `[S, V]` "
-        "fp32 logits the hidden path runs chunked (256 rows, recompute in backward; exact): memory one chunk x "
-        "vocab, time within the eager path's noise on the CPU crossover",
+        "fp32 logits the hidden path runs chunked (256 rows, recompute in backward; exact): memory one chunk "
+        "x vocab, time within the eager path's noise on the CPU crossover",
     "echo.enabled": "train the ECHO term",
     "echo.weight": "the ECHO term's weight",
-    "echo.rl_weight": "the ECHO term's weight in the RL steps (unset: `weight`); the warm start keeps `weight`",
-    "echo.schedule": "the weight over the RL steps k: `constant`, `warmup` (weight x min(1, k / S)) or `decay` "
-                     "(weight x max(0, 1 - (k - 1) / S)), S = `schedule_steps`; the warm start uses `weight`",
+    "echo.rl_weight": "the ECHO term's weight in the RL steps (unset: `weight`); the warm start keeps "
+                      "`weight`",
+    "echo.schedule": "the weight over the RL steps k: `constant`, `warmup` (weight x min(1, k / S)) or "
+                     "`decay` (weight x max(0, 1 - (k - 1) / S)), S = `schedule_steps`; the warm start uses "
+                     "`weight`",
     "echo.schedule_steps": "S of the schedule (0: all RL steps)",
     "echo.normalization": "the ECHO term's average: `token` (over the step's ECHO tokens) or `sequence` (per "
                           "episode over its observation tokens, then over episodes)",
-    "echo.include_scaffold": "also train ECHO on template scaffolding (`<|im_start|>user`, tool-response wrappers)",
+    "echo.include_scaffold": "also train ECHO on template scaffolding (`<|im_start|>user`, tool-response "
+                             "wrappers)",
     "training.steps": "RL steps (after the warm start)",
     "training.tasks_per_step": "tasks sampled per RL step",
     "training.group_size": "episodes per task; advantages are group-relative, so at least 2 for RL",
@@ -161,33 +174,35 @@ OPTION_MEANINGS = {
     "training.eval_tasks": "held-out tasks per evaluation (greedy)",
     "training.packing": "one row per episode when turns extend each other exactly, else one per transition",
     "training.strict": "an exactness mismatch (prefix, bridge) is an error instead of a counted fallback",
-    "training.on_env_loss": "an RL step whose env lost episodes (a dead server, timeouts past the retries; never "
-                           "trained): `continue` (counted per env) or `stop` the run before it trains, naming the env",
+    "training.on_env_loss": "an RL step whose env lost episodes (a dead server, timeouts past the retries; "
+                           "never trained): `continue` (counted per env) or `stop` the run before it trains, "
+                           "naming the env",
     "training.max_empty_steps": "this many consecutive steps without a trained row end the run (exit 1)",
     "training.max_off_policy_steps": "asynchronous rollouts: sample up to k steps ahead while a step trains "
                                      "(docs/scaling.md)",
     "training.loss_aggregation": "the RL term's average: `token_mean` (DAPO), `sequence_mean` (GRPO: per "
                                  "episode, then over episodes) or `constant` (Dr. GRPO)",
-    "training.dynamic_sampling": "while fewer than `tasks_per_step` groups have reward spread, sample groups of "
-                                 "further tasks (DAPO); all-equal groups still train ECHO",
+    "training.dynamic_sampling": "while fewer than `tasks_per_step` groups have reward spread, sample groups "
+                                 "of further tasks (DAPO); all-equal groups still train ECHO",
     "training.dynamic_sampling_max_groups": ("the bound: at most this many x `tasks_per_step` groups per "
                                              "step (1 to 100; each round is logged, a stop request ends "
                                              "the rounds)"),
     "data.traces": "a JSONL file of recorded episodes (RFC 010 records or OpenEnv TrainingTraces) the warm "
-                   "start trains on (SFT + ECHO, or RL with `traces_loss`) instead of the oracle's demos; rows rebuilt from their ids, "
-                   "inexact records refused one line each",
-    "data.traces_loss": "`sft` (those rows are demonstrations: SFT + ECHO) or `rl` (the RL loss off-policy, the "
-                        "importance ratio over each record's own sampler log-probs, + ECHO; a record needs an "
-                        "`advantage`, or a `reward` and a `group`, and log-probs on its actions, else refused)",
+                   "start trains on (SFT + ECHO, or RL with `traces_loss`) instead of the oracle's demos; "
+                   "rows rebuilt from their ids, inexact records refused one line each",
+    "data.traces_loss": "`sft` (those rows are demonstrations: SFT + ECHO) or `rl` (the RL loss off-policy, "
+                        "the importance ratio over each record's own sampler log-probs, + ECHO; a record "
+                        "needs an `advantage`, or a `reward` and a `group`, and log-probs on its actions, "
+                        "else refused)",
     "logging.level": "the console's and the event log's level",
     "logging.console": "`pretty`, `plain` or `none`",
     "logging.progress": "a progress bar on a terminal",
     "logging.report_to": "mirror scalars to `tensorboard`, `wandb`, `trackio` (docs/after-training.md)",
     "logging.save_rows": "trained rows kept for `quaero inspect rows`: `none`, `sample` (2 a step) or `all`",
     "distributed.strategy": "data parallelism under torchrun: `none`, `ddp` or `fsdp2` (docs/scaling.md)",
-    "training.rl_token_budget": "RL's budget of generated tokens (kept episodes' action tokens, resumes included): "
-                                "RL ends after the step that reaches it (`steps` its bound; an `rl_token_budget_spent` "
-                                "line); what comparisons of task samplers hold equal",
+    "training.rl_token_budget": "RL's budget of generated tokens (kept episodes' action tokens, resumes "
+                                "included): RL ends after the step that reaches it (`steps` its bound; an "
+                                "`rl_token_budget_spent` line); what comparisons of task samplers hold equal",
 }
 
 # How each metric table's names are read from the code that emits them (quaero/telemetry/names.py declares
@@ -232,20 +247,22 @@ def _toml(value: Any) -> str:
 
 
 def registry_meanings() -> dict[str, str]:
-    """The meanings of the options whose values are registry names, read from the registries: a new launcher or
-    sampler engine documents itself."""
+    """The meanings of the options whose values are registry names, read from the registries: a new launcher
+    or sampler engine documents itself."""
     from quaero.launcher_registry import LAUNCHERS
     from quaero.sampler_registry import SAMPLERS
     return {
         "env.launcher": "; ".join(f"`{name}`: {launcher.about}" for name, launcher in LAUNCHERS.items())
                         + " (quaero/launcher_registry.py)",
         "sampler.backend": "`auto`: vLLM where it imports and can start the model (not on CPU ranks under "
-                           "torchrun), else `hf`; " + "; ".join(f"`{name}`: {e.about}" for name, e in SAMPLERS.items())
+                           "torchrun), else `hf`; " + "; ".join(f"`{name}`: {e.about}" for name,
+                                                                e in SAMPLERS.items())
                            + " (quaero/sampler_registry.py)",
     }
 
 
-def option_rows(model: type[BaseModel] | None = None, section: str = "") -> list[tuple[str, str, str, str, str]]:
+def option_rows(model: type[BaseModel] | None = None, section: str = "") -> list[tuple[str, str, str, str,
+                                                                                       str]]:
     """(section, key, type, default, meaning) of every config field, in schema order."""
     if model is None:
         from quaero.config import EnvConfig, MixtureEnv, QuaeroConfig
@@ -272,16 +289,20 @@ def option_rows(model: type[BaseModel] | None = None, section: str = "") -> list
 
 
 def _literals(path: Path) -> set[str]:
-    """The metric names a file writes: the strings and keyword-argument names it spells out (`eval_reward=`) and
-    the names.py constants it reads (`names.POLICY_STALENESS`, or imported from quaero.telemetry.names)."""
+    """The metric names a file writes: the strings and keyword-argument names it spells out (`eval_reward=`)
+    and the names.py constants it reads (`names.POLICY_STALENESS`, or imported from
+    quaero.telemetry.names)."""
     from quaero.telemetry import names
 
     tree = list(ast.walk(ast.parse(path.read_text(encoding="utf-8"))))
     spelled = {n.value if isinstance(n, ast.Constant) else n.arg for n in tree
-               if isinstance(n, ast.Constant) and isinstance(n.value, str) or isinstance(n, ast.keyword) and n.arg}
+               if isinstance(n, ast.Constant) and isinstance(n.value, str) or isinstance(n,
+                                                                                         ast.keyword)
+               and n.arg}
     constants = {n.attr for n in tree if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
                  and n.value.id == "names"}
-    constants |= {a.name for n in tree if isinstance(n, ast.ImportFrom) and n.module == "quaero.telemetry.names"
+    constants |= {a.name for n in tree if isinstance(n,
+                                                     ast.ImportFrom) and n.module == "quaero.telemetry.names"
                   for a in n.names}
     return spelled | {v for c in constants if isinstance(v := getattr(names, c, None), str)}
 
@@ -292,9 +313,11 @@ def _step_names() -> list[str]:
     from trainers.spec import TrainerSpec
     from trainers.step import StepTotals, step_metrics
     from trainers.terms import TERMS, StepContext
-    trainer = types.SimpleNamespace(spec=TrainerSpec(), scheduler=types.SimpleNamespace(get_last_lr=lambda: [0.0]))
+    trainer = types.SimpleNamespace(spec=TrainerSpec(),
+                                    scheduler=types.SimpleNamespace(get_last_lr=lambda: [0.0]))
     ranks = [StepTotals.empty({t.name: 0 for t in TERMS}) for _ in range(2)]
-    given = {"ctx": StepContext(sft=False, echo_weight=0.0), "grad_norm": 0.0, "stepped": True, "peaks": [(0.0, "cpu"), (0.0, "cpu")], "seconds": 0.0}
+    given = {"ctx": StepContext(sft=False, echo_weight=0.0), "grad_norm": 0.0, "stepped": True,
+             "peaks": [(0.0, "cpu"), (0.0, "cpu")], "seconds": 0.0}
     scalars = {name: 0.0 for name, p in inspect.signature(step_metrics).parameters.items()
                if p.kind is p.KEYWORD_ONLY and p.default is p.empty and name not in given}
     return list(step_metrics(trainer, ranks, **given, **scalars))
@@ -304,7 +327,8 @@ def metric_names(how: str, owner: str, declared: list[str]) -> list[str]:
     """The names a table's owner emits (for `literals`: the declared names the owner file writes)."""
     from quaero.telemetry import counts, names, proofs
     if how == "proofs":
-        return [*names.SELECTIVE_METRICS, *(n for n in proofs.BRANCH_COUNTERS if n not in names.SELECTIVE_METRICS),
+        return [*names.SELECTIVE_METRICS,
+                *(n for n in proofs.BRANCH_COUNTERS if n not in names.SELECTIVE_METRICS),
                 names.SAVE_ON_CPU]
     if how == "step":
         branch = set(metric_names("proofs", "", []))
@@ -319,7 +343,8 @@ def metric_names(how: str, owner: str, declared: list[str]) -> list[str]:
 def tables() -> list[tuple[str, str, dict[str, str], str]]:
     """(title, owner, {name: meaning}, how its names are read) of every metric table names.py declares."""
     from quaero.telemetry import names
-    return [(t.title, t.owner, {n: names.METRICS[n].meaning for n in t.names}, READ_BY.get(t.title, "literals"))
+    return [(t.title, t.owner, {n: names.METRICS[n].meaning for n in t.names}, READ_BY.get(t.title,
+                                                                                           "literals"))
             for t in names.TABLES]
 
 
@@ -358,7 +383,8 @@ def metrics_table() -> str:
     from quaero.telemetry import names
     for title, owner, meanings, how in tables():
         parts += [f"**{title}** (`{owner}`)", "", "| metric | totals | meaning |", "|---|---|---|"]
-        parts += [f"| `{n}` | {names.METRICS[n].total if n in names.METRICS else ''} | {_cell(meanings.get(n, ''))} |"
+        parts += [f"| `{n}` | {names.METRICS[n].total if n in names.METRICS else ''} | "
+                  f"{_cell(meanings.get(n, ''))} |"
                   for n in metric_names(how, owner, list(meanings))]
         parts.append("")
     return "\n".join(parts).rstrip()
@@ -386,7 +412,8 @@ def render(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 when docs/reference.md differs from the code")
+    parser.add_argument("--check", action="store_true", help="exit 1 when docs/reference.md differs from the "
+                                                             "code")
     args = parser.parse_args(argv)
     found = problems()
     for line in found:

@@ -80,7 +80,8 @@ def vllm_engine(tiny_model_dir):
     # in a child process: an in-process engine would hold a process group of its own in the test process for
     # the whole session, and a test of the launcher's group would read its world size (the in-process engine
     # is what quaero train builds; test_train_e2e, test_train_ahead and test_bench build it)
-    llm = make_engine(str(tiny_model_dir), dtype="float32", max_model_len=4096, max_num_seqs=16, in_process=False)
+    llm = make_engine(str(tiny_model_dir), dtype="float32", max_model_len=4096, max_num_seqs=16,
+                      in_process=False)
     yield llm
     del llm
 
@@ -94,10 +95,12 @@ def local_smoke_metrics(tiny_model_dir):
     return run("local")
 
 
-# --- rollout (quaero.rollout.render, quaero.rollout.driver) --------------------------------------------------------
+# --- rollout (quaero.rollout.render, quaero.rollout.driver)
+# --------------------------------------------------------
 @pytest.fixture(scope="session")
 def qwen3_render(qwen3_tokenizer):
-    """RenderAdapter: the real Qwen3 renderer (renderers 0.1.7, thinking on) over the offline Qwen tokenizer."""
+    """RenderAdapter: the real Qwen3 renderer (renderers 0.1.7, thinking on) over the offline Qwen
+    tokenizer."""
     from quaero.config import ModelConfig
     from quaero.rollout.render import RenderAdapter
 

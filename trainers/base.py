@@ -24,10 +24,10 @@ log = get_logger(__name__)
 
 
 def reset_optimizer_state(optimizer: torch.optim.Optimizer, *, momentum_only: bool = False) -> None:
-    """How RL starts after the warm start (`[training] rl_optimizer_start`), on any torch AdamW: forget its state
-    ("reset": moments and step counts), or with `momentum_only` zero the first moments and keep the second
-    moments and step counts ("reset_momentum"). `Trainer.reset_optimizer` is this on the trainer's optimizer;
-    `quaero bench peers-trl` applies it to TRL's AdamW too."""
+    """How RL starts after the warm start (`[training] rl_optimizer_start`), on any torch AdamW: forget its
+    state ("reset": moments and step counts), or with `momentum_only` zero the first moments and keep the
+    second moments and step counts ("reset_momentum"). `Trainer.reset_optimizer` is this on the trainer's
+    optimizer; `quaero bench peers-trl` applies it to TRL's AdamW too."""
     if not momentum_only:
         optimizer.state.clear()
         return
@@ -37,7 +37,8 @@ def reset_optimizer_state(optimizer: torch.optim.Optimizer, *, momentum_only: bo
 
 
 class Trainer:
-    """Shared trainer: subclasses set `name` (their registry key) and implement `_load_model() -> nn.Module`."""
+    """Shared trainer: subclasses set `name` (their registry key) and implement `_load_model() ->
+    nn.Module`."""
 
     name = "base"
 
@@ -45,7 +46,8 @@ class Trainer:
         self.spec = spec
         self.capabilities = registry.TRAINERS[self.name]
         if torch.device(device).type not in self.capabilities.devices:
-            raise ValueError(f"[backend] backend={self.name!r} runs on {self.capabilities.devices}, not {device!r}")
+            raise ValueError(f"[backend] backend={self.name!r} runs on {self.capabilities.devices}, not "
+                             f"{device!r}")
         self.device = process_group.setup(spec.distributed, torch.device(device))
         torch.manual_seed(spec.seed)
         self.model = self._load_model()
@@ -135,7 +137,8 @@ class Trainer:
         A sharded trainer's model and optimizer are not in it (`"shards": "dcp"` says where they are):
         every rank writes its own with `save_shards`."""
         if self.sharded:
-            return {"backend": self.name, "lora": self.is_lora, "steps_done": self.steps_done, "shards": "dcp",
+            return {"backend": self.name, "lora": self.is_lora, "steps_done": self.steps_done,
+                    "shards": "dcp",
                     "scheduler": self.scheduler.state_dict()}
         if self.is_lora:
             from peft import get_peft_model_state_dict
@@ -172,7 +175,8 @@ class Trainer:
         reader = SafeShardReader(folder)
         reader.read_metadata()  # a refused or missing metadata file fails here, as itself
         try:
-            dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=process_group.world_size() == 1)
+            dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(),
+                     no_dist=process_group.world_size() == 1)
         except dcp.CheckpointException as e:  # a BaseException: make it an error callers catch
             raise ValueError(f"shards in {folder} cannot be read: {e}") from None
         set_state_dict(self.microbatch_forward, self.optimizer, model_state_dict=state["model"],
@@ -185,7 +189,8 @@ class Trainer:
                              "resume with the [backend] lora setting the run was started with")
         if state.get("shards") == "dcp":
             if shards is None:
-                raise ValueError("a sharded checkpoint's model and optimizer are in its shards/ folder: pass it")
+                raise ValueError("a sharded checkpoint's model and optimizer are in its shards/ folder: pass "
+                                 "it")
             self._load_shards(shards)
             self.scheduler.load_state_dict(state["scheduler"])
             self.steps_done = state.get("steps_done", 0)

@@ -1,9 +1,10 @@
 """Selected-token log-probs with O(chunk x vocab) memory: recompute each chunk's logits in backward.
 
 Eager chunking (`lm_head(h[chunk])` + cross entropy per chunk under autograd) keeps every chunk's
-[chunk, V] activations alive until backward: saved memory ~ S x V however small the chunks. `ChunkedSelectedLogprobs` saves only the selected hidden states [S, H] and targets [S]; forward
-and backward each walk the chunks, materialising one [chunk, V] block at a time. The weight gradient
-[V, H] is parameter-sized and accumulated in place across chunks.
+[chunk, V] activations alive until backward: saved memory ~ S x V however small the chunks.
+`ChunkedSelectedLogprobs` saves only the selected hidden states [S, H] and targets [S]; forward and backward
+each walk the chunks, materialising one [chunk, V] block at a time. The weight gradient [V, H] is
+parameter-sized and accumulated in place across chunks.
 
 Math per chunk (a = h W^T + b, z = f(a) / T, lp = z[y] - logsumexp(z)):
     dlp/dz = onehot(y) - softmax(z);   dz/da = f'(a) / T;   dh = da W;   dW = da^T h;   db = sum(da)
@@ -55,7 +56,8 @@ def tempered(logits: Tensor, temperature: float) -> Tensor:
 
 
 def _chunk_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: float,
-                  transform: LogitTransform) -> tuple[Tensor | None, Tensor]:  # raw [c, V] | None, z [c, V] fp32
+                  # raw [c, V] | None, z [c, V] fp32
+                  transform: LogitTransform) -> tuple[Tensor | None, Tensor]:
     """z = f(h W^T + b) / T in fp32; `raw` (the pre-transform logits) only when f'(raw) is needed.
 
     In-place where it is safe, so a chunk costs one [c, V] buffer (plus one for a soft-cap)."""

@@ -29,7 +29,8 @@ def _selected_ce(h: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor
     return -F.cross_entropy(logits / temperature, targets, reduction="none")
 
 
-def compile_unavailable_reason(device: torch.device, lm_head: nn.Module, selected: int, min_tokens: int) -> str:
+def compile_unavailable_reason(device: torch.device, lm_head: nn.Module, selected: int,
+                               min_tokens: int) -> str:
     """Why the compiled path cannot run here ("" when it can try)."""
     if selected < min_tokens:
         return "below_min_tokens"

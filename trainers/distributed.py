@@ -34,7 +34,8 @@ def _sum_allreduce_hook(group, bucket):  # unannotated: DDP checks the annotatio
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
-def wrap_model(module: nn.Module, strategy: Strategy, device: torch.device, layers: list[nn.Module]) -> nn.Module:
+def wrap_model(module: nn.Module, strategy: Strategy, device: torch.device,
+               layers: list[nn.Module]) -> nn.Module:
     """`module` wrapped for `strategy` across the process group (unchanged with one rank).
 
     DDP: one replica per rank, gradients summed by `_sum_allreduce_hook`. Buffers are synced once, not

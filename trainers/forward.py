@@ -94,6 +94,7 @@ class CausalLMParts:
         err = (got - want).abs().max().item() / max(want.abs().max().item(), 1.0)
         if err > tol:
             raise LogitTransformError(
-                f"model {self.name!r}: its forward transforms logits in a way quaero's selective path does not "
-                f"reproduce (relative error {err:.2e} with transform {self.transform}); set [backend.options] "
-                "train_selective_suffix_logits = false to train from the model's own full logits")
+                f"model {self.name!r}: its forward transforms logits in a way quaero's selective path does "
+                f"not reproduce (relative error {err:.2e} with transform {self.transform}); set "
+                "[backend.options] train_selective_suffix_logits = false to train from the model's own full "
+                "logits")

@@ -16,7 +16,8 @@ from trainers.base import Trainer
 def add_lora(model: nn.Module, r: int, alpha: int) -> nn.Module:
     from peft import LoraConfig, get_peft_model
 
-    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules="all-linear",
+                        task_type="CAUSAL_LM")
     return get_peft_model(model, config)
 
 

@@ -38,7 +38,8 @@ from trainers.compiled_ce import compiled_selected_logprobs
 from trainers.spec import SelectivePolicy
 
 _DEFAULT_POLICY = SelectivePolicy()
-AUTO_CHUNK_ROWS = 256  # rows per chunk when `hidden_max_bytes` chunks and `chunk_size` is unset (the measured chunk)
+# rows per chunk when `hidden_max_bytes` chunks and `chunk_size` is unset (the measured chunk)
+AUTO_CHUNK_ROWS = 256
 
 
 @dataclass
@@ -119,7 +120,8 @@ def selected_logprobs(
     info.hidden_bytes = info.selected_tokens * _vocab_size(lm_head) * 4
     info.branch = choose_branch(policy, info)
     if info.branch == "suffix":
-        lp = _suffix_logprobs(hidden[live], lm_head, input_ids[live], shifted[live], first, temperature, transform)
+        lp = _suffix_logprobs(hidden[live], lm_head, input_ids[live], shifted[live], first, temperature,
+                              transform)
         return (lp.new_zeros(out_shape).index_copy(0, live, lp) if live.numel() < B else lp), info
     info.sparse_suffix_skip = policy.chunk_size is None
 
@@ -132,9 +134,9 @@ def selected_logprobs(
 def _check_target_mask(target_mask: Tensor, input_ids: Tensor, hidden_bl: torch.Size) -> None:
     """A mask of another shape ([B, L-1], say) would be shifted a second time: refuse it."""
     if tuple(input_ids.shape) != tuple(hidden_bl) or tuple(target_mask.shape) != tuple(input_ids.shape):
-        raise ValueError(f"target_mask {list(target_mask.shape)}, input_ids {list(input_ids.shape)} and hidden "
-                         f"{list(hidden_bl)} x H must share [B, L]: the mask marks target tokens (EchoRow "
-                         "convention, unshifted); pass the [B, L] mask, not a shifted [B, L-1] one")
+        raise ValueError(f"target_mask {list(target_mask.shape)}, input_ids {list(input_ids.shape)} and "
+                         f"hidden {list(hidden_bl)} x H must share [B, L]: the mask marks target tokens "
+                         "(EchoRow convention, unshifted); pass the [B, L] mask, not a shifted [B, L-1] one")
 
 
 def _selected_hidden_logprobs(h: Tensor, lm_head: nn.Module, targets: Tensor, temperature: float,

@@ -2,8 +2,8 @@
 
 DCP's own reader unpickles `.metadata` with `pickle.load`, and its default planner reads each non-tensor
 item with `torch.load(weights_only=False)`: either runs whatever a crafted file names. A checkpoint's
-manifest (quaero/recipe/checkpoint.py) says a file is the one listed, not that its writer was benign: whoever can
-write the folder can rewrite the manifest too. So shards are read here with an allowlist unpickler for
+manifest (quaero/recipe/checkpoint.py) says a file is the one listed, not that its writer was benign: whoever
+can write the folder can rewrite the manifest too. So shards are read here with an allowlist unpickler for
 the metadata (DCP's metadata dataclasses, torch.Size, dtypes, layouts, paths: data, never a callable that
 acts) and `weights_only=True` for the items, and every file the metadata names must lie in the shards
 folder.
@@ -28,7 +28,8 @@ def _allowed() -> dict[tuple[str, str], Any]:
                if isinstance(obj, type) and obj.__module__ == metadata.__name__}  # its dataclasses and enums
     classes[(_StorageInfo.__module__, "_StorageInfo")] = _StorageInfo
     classes[("torch", "Size")] = torch.Size
-    classes[("torch.serialization", "_get_layout")] = torch.serialization._get_layout  # a name -> torch.layout lookup
+    # a name -> torch.layout lookup
+    classes[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
     for name, obj in vars(torch).items():
         if isinstance(obj, (torch.dtype, torch.memory_format)):
             classes[("torch", name)] = obj

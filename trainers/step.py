@@ -82,7 +82,8 @@ class MicrobatchForward(nn.Module):
             # the model's own full logits: "dense" by choice, "fallback" when selective was asked for
             logits = parts.logits(input_ids, attention_mask)
             branch = "fallback" if spec.selective_logits else "dense"
-            return full_logprobs(logits, input_ids, target_mask, temperature=temperature), SelectiveInfo(branch)
+            return full_logprobs(logits, input_ids, target_mask,
+                                 temperature=temperature), SelectiveInfo(branch)
         hidden = parts.hidden_states(input_ids, attention_mask)
         return self.selected_logprobs(hidden, parts.lm_head, input_ids, target_mask,
                                       temperature=temperature, policy=spec.selective,
@@ -139,7 +140,8 @@ class StepTotals:
     row_tokens: int = 0
     padded_tokens: int = 0
     crop: CropStats = field(default_factory=CropStats)
-    padding: int = 0  # zero-loss forwards that keep this rank in step with the others (trainers/distributed.py)
+    # zero-loss forwards that keep this rank in step with the others (trainers/distributed.py)
+    padding: int = 0
     forward_passes: int = 0
     skipped: int = 0  # microbatches no loss reads: no forward, no LM head, no backward
     fallback_reason: str = ""
@@ -161,7 +163,8 @@ class StepTotals:
 
     @classmethod
     def of_ranks(cls, ranks: list[StepTotals]) -> StepTotals:
-        """The step's totals from every rank's, in rank order: counts and losses add up, maxima stay maxima."""
+        """The step's totals from every rank's, in rank order: counts and losses add up, maxima stay
+        maxima."""
         out = cls.empty({name: t.tokens for name, t in ranks[0].terms.items()})  # the denominators are global
         for t in ranks:
             for name in ("rows", "microbatches", "row_tokens", "padded_tokens", "padding", "forward_passes",
@@ -171,7 +174,8 @@ class StepTotals:
                 out.terms[name].add(term.loss, term.stats)
             out.crop = CropStats(out.crop.rows_cropped + t.crop.rows_cropped,
                                  out.crop.tokens_removed + t.crop.tokens_removed)
-            out.fallback_reason = out.fallback_reason or t.fallback_reason  # any rank's reason is worth reading
+            # any rank's reason is worth reading
+            out.fallback_reason = out.fallback_reason or t.fallback_reason
             for name, n in t.branches.items():
                 out.branches[name] += n
             out.offload.tensors += t.offload.tensors
@@ -185,7 +189,8 @@ def microbatch_losses(spec: TrainerSpec, mb: Microbatch, lp: Tensor, ctx: StepCo
     return {term.name: term.loss(spec, mb, lp, ctx) for term in TERMS}
 
 
-def accumulate_gradients(trainer: TrainerView, mbs: list[Microbatch], totals: StepTotals, ctx: StepContext) -> None:
+def accumulate_gradients(trainer: TrainerView, mbs: list[Microbatch], totals: StepTotals,
+                         ctx: StepContext) -> None:
     """Per microbatch: one forward, every loss term, one backward; gradients add up across microbatches.
 
     With several ranks every rank runs as many backwards as the busiest one (zero-loss padding on the
@@ -213,7 +218,8 @@ def accumulate_gradients(trainer: TrainerView, mbs: list[Microbatch], totals: St
             forwards = counter.take()
             if forwards != 1:
                 raise SharedForwardError(f"trainer {trainer.name!r}: the loss terms of a microbatch came "
-                                         f"from {forwards} forward passes; strict shared forward needs exactly 1")
+                                         f"from {forwards} forward passes; strict shared forward needs "
+                                         "exactly 1")
             first, *rest = (loss for loss, _ in losses.values())
             sum(rest, first).backward()
             totals.add(losses, info, spec.selective.compile_mode)
@@ -232,7 +238,8 @@ def optimizer_step(trainer: TrainerView) -> tuple[float, bool]:
     return grad_norm, stepped
 
 
-def shared_forward_step(trainer: TrainerView, rows: list[EchoRow], *, sft: bool, echo_weight: float | None = None
+def shared_forward_step(trainer: TrainerView, rows: list[EchoRow], *, sft: bool,
+                        echo_weight: float | None = None
                         ) -> dict[str, Any]:
     """One optimizer step over `rows` (RL + ECHO, or SFT + ECHO); returns the step's metrics.
     `echo_weight`: this step's λ (a schedule's value), else the spec's.
@@ -255,7 +262,8 @@ def shared_forward_step(trainer: TrainerView, rows: list[EchoRow], *, sft: bool,
                                    reads=[targets.reads[i] for i in share],
                                    context_tokens=spec.memory.supervised_context_tokens,
                                    device=trainer.device,
-                                   scales={name: [per_row[i] for i in share] for name, per_row in scales.items()})
+                                   scales={name: [per_row[i] for i in share] for name,
+                                           per_row in scales.items()})
     tokens = process_group.all_sum([sum(int(mb.targets(term.name).sum()) for mb in mbs) for term in TERMS])
     totals = StepTotals.empty({term.name: n for term, n in zip(TERMS, tokens)}, rows=len(share),
                               microbatches=len(mbs), row_tokens=sum(mb.tokens for mb in mbs),
@@ -273,15 +281,18 @@ def shared_forward_step(trainer: TrainerView, rows: list[EchoRow], *, sft: bool,
 def step_metrics(trainer: TrainerView, ranks: list[StepTotals], *, ctx: StepContext, grad_norm: float,
                  stepped: bool, peaks: list[tuple[float, str]], seconds: float) -> dict[str, Any]:
     """The step's event fields from every rank's totals, each loss term's own metrics among them (every name
-    declared in quaero/telemetry/names.py). Per-rank figures (`rank_*`) appear when there is more than one rank."""
+    declared in quaero/telemetry/names.py). Per-rank figures (`rank_*`) appear when there is more than one
+    rank."""
     spec = trainer.spec
     t = StepTotals.of_ranks(ranks)
     peak, source = max(peaks)
     trained = t.microbatches - t.skipped
     per_rank = {} if len(ranks) == 1 else {
         names.RANKS: len(ranks), names.RANK_ROWS: [r.rows for r in ranks],
-        names.RANK_ROW_TOKENS: [r.row_tokens for r in ranks], names.RANK_FORWARD_PASSES: [r.forward_passes for r in ranks],
-        names.RANK_PADDING_MICROBATCHES: [r.padding for r in ranks], names.RANK_PEAK_MEM_MB: [p for p, _ in peaks]}
+        names.RANK_ROW_TOKENS: [r.row_tokens for r in ranks], names.RANK_FORWARD_PASSES: [r.forward_passes
+                                                                                          for r in ranks],
+        names.RANK_PADDING_MICROBATCHES: [r.padding for r in ranks], names.RANK_PEAK_MEM_MB: [p for p,
+                                                                                              _ in peaks]}
     return {
         names.SELECTIVE_SUFFIX_LOGITS: bool(spec.selective_logits), **t.branches,
         names.COMPILE_MODE: spec.selective.compile_mode, names.COMPILE_FALLBACK_REASON: t.fallback_reason,

@@ -48,9 +48,14 @@ class UnslothTrainer(Trainer):
         self.vllm_engine = getattr(model, "vllm_engine", None)
         if spec.lora:
             model = FastLanguageModel.get_peft_model(
-                model, r=spec.lora_r, lora_alpha=spec.lora_alpha, lora_dropout=0.0, target_modules=LORA_TARGETS,
+                model,
+                r=spec.lora_r,
+                lora_alpha=spec.lora_alpha,
+                lora_dropout=0.0,
+                target_modules=LORA_TARGETS,
                 use_gradient_checkpointing="unsloth" if spec.gradient_checkpointing else False,
-                random_state=spec.seed)
+                random_state=spec.seed,
+            )
         elif spec.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if next(model.parameters()).device != self.device:

@@ -44,7 +44,8 @@ class ToolBenchEnv(MCPEnvironment):
     def __init__(self, difficulty: int = MAX_DIFFICULTY, max_steps: int = 10) -> None:
         difficulty = int(difficulty)
         if not 1 <= difficulty <= MAX_DIFFICULTY:
-            raise ValueError(f"toolbench difficulty={difficulty}: use 1..{MAX_DIFFICULTY} (max tool calls per task)")
+            raise ValueError(f"toolbench difficulty={difficulty}: use 1..{MAX_DIFFICULTY} (max tool calls "
+                             "per task)")
         mcp = FastMCP("toolbench")
         register_tools(mcp, self._world_or_raise, tools_for(difficulty))
         super().__init__(mcp)
@@ -113,7 +114,8 @@ class ToolBenchEnv(MCPEnvironment):
             raise IndexError(index)
         t = make_task(split, index, self.default_difficulty)
         # `group` and `difficulty` are OpenEnv RFC 013's reserved keys: a task sampler pools outcomes by them
-        # (a template's tasks share a plan; `difficulty` is the tool calls its plan needs before submit_answer)
+        # (a template's tasks share a plan; `difficulty` is the tool calls its plan needs before
+        # submit_answer)
         return {"task_id": t.task_id, "split": split, "index": index, "difficulty": TEMPLATES[t.template][0],
                 "group": t.template, "template": t.template, "question": t.question}
 

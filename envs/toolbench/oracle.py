@@ -13,7 +13,8 @@ from .tasks import MAX_DIFFICULTY, make_task
 def oracle_policy(info: dict) -> Callable[[list[dict]], dict]:
     """`info` is ChatReset.info (split, index, difficulty); the policy maps the chat so far to the next
     assistant message. The k-th assistant turn of the chat gets the k-th call of the plan."""
-    task = make_task(info.get("split", "train"), int(info["index"]), int(info.get("difficulty") or MAX_DIFFICULTY))
+    task = make_task(info.get("split", "train"), int(info["index"]),
+                     int(info.get("difficulty") or MAX_DIFFICULTY))
     plan = [*task.calls, ("submit_answer", {"answer": task.answer})]
 
     def policy(messages: list[dict]) -> dict:
@@ -23,6 +24,7 @@ def oracle_policy(info: dict) -> Callable[[list[dict]], dict]:
         # next prompt extends this row (packing), and SFT teaches the model the same stream shape.
         thought = f"I submit {task.answer}." if name == "submit_answer" else f"I call {name}."
         return {"role": "assistant", "content": "", "reasoning_content": thought,
-                "tool_calls": [{"type": "function", "function": {"name": name, "arguments": dict(arguments)}}]}
+                "tool_calls": [{"type": "function", "function": {"name": name,
+                                                                 "arguments": dict(arguments)}}]}
 
     return policy

@@ -72,13 +72,19 @@ def _delivery_task(w: World, rng: random.Random):
     o, d = rng.choice(w.orders), rng.randint(2, 30)
     due = (parse_date(o.date) + dt.timedelta(days=d)).isoformat()
     calls = [("get_order", {"order_id": o.id}), ("add_days", {"date": o.date, "days": d})]
-    return f"Order {o.id} arrives {d} days after it was placed. On what date (YYYY-MM-DD)?", calls, due, "text"
+    return (
+        f"Order {o.id} arrives {d} days after it was placed. On what date (YYYY-MM-DD)?",
+        calls,
+        due,
+        "text",
+    )
 
 
 def _weight_lb_task(w: World, rng: random.Random):
     p = rng.choice(w.products)
     args = {"value": p.weight_kg, "from_unit": "kg", "to_unit": "lb"}
-    calls = [("search_products", {"query": p.key}), ("get_product", {"product_id": p.id}), ("convert_units", args)]
+    calls = [("search_products", {"query": p.key}), ("get_product", {"product_id": p.id}), ("convert_units",
+                                                                                            args)]
     return f'How many pounds does the "{p.name}" weigh?', calls, convert(p.weight_kg, "kg", "lb"), "number"
 
 
@@ -87,7 +93,12 @@ def _discount_task(w: World, rng: random.Random):
     expr = f"{p.price:.2f}*(100-{TIER_DISCOUNT[c.tier]})/100"
     calls = [("find_customer", {"name": c.key}), ("search_products", {"query": p.key}),
              ("calculate", {"expression": expr})]
-    return f'What does "{c.name}" pay for the "{p.name}" after their tier discount?', calls, safe_eval(expr), "number"
+    return (
+        f'What does "{c.name}" pay for the "{p.name}" after their tier discount?',
+        calls,
+        safe_eval(expr),
+        "number",
+    )
 
 
 def _order_span_task(w: World, rng: random.Random):
@@ -117,7 +128,8 @@ def _order_weight_task(w: World, rng: random.Random):
     expr = f"{p.weight_kg}*{o.qty}"
     kg = float(fmt_number(safe_eval(expr)))  # the model reads the calculate output, so convert that
     calls = [("get_order", {"order_id": o.id}), ("get_product", {"product_id": p.id}),
-             ("calculate", {"expression": expr}), ("convert_units", {"value": kg, "from_unit": "kg", "to_unit": "lb"})]
+             ("calculate", {"expression": expr}), ("convert_units", {"value": kg, "from_unit": "kg",
+                                                                     "to_unit": "lb"})]
     return f"How many pounds did order {o.id} weigh in total?", calls, convert(kg, "kg", "lb"), "number"
 
 
@@ -166,9 +178,11 @@ def make_task(split: str = "train", index: int = 0, difficulty: int = MAX_DIFFIC
     if split not in SPLITS:
         raise ValueError(f"toolbench split={split!r}: unknown split; use one of {SPLITS}")
     if not 0 <= index < NUM_TASKS[split]:
-        raise ValueError(f"toolbench index={index}: out of range for split {split!r} (0..{NUM_TASKS[split] - 1})")
+        raise ValueError(f"toolbench index={index}: out of range for split {split!r} "
+                         f"(0..{NUM_TASKS[split] - 1})")
     if not 1 <= difficulty <= MAX_DIFFICULTY:
-        raise ValueError(f"toolbench difficulty={difficulty}: use 1..{MAX_DIFFICULTY} (max tool calls per task)")
+        raise ValueError(f"toolbench difficulty={difficulty}: use 1..{MAX_DIFFICULTY} (max tool calls per "
+                         "task)")
     rng = random.Random(f"toolbench:{split}:{index}:{difficulty}")  # str seeds hash stably across runs
     world = make_world(rng, split)
     name = rng.choice(sorted(t for t, (calls, _) in TEMPLATES.items() if calls <= difficulty))

@@ -23,8 +23,10 @@ _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 _FUNCS = {"round": round, "abs": abs, "min": min, "max": max}
 # factor to the unit's base (kg for mass, m for length)
-_UNITS = {"kg": ("mass", 1.0), "g": ("mass", 0.001), "lb": ("mass", 0.45359237), "oz": ("mass", 0.028349523125),
-          "m": ("length", 1.0), "km": ("length", 1000.0), "mi": ("length", 1609.344), "ft": ("length", 0.3048)}
+_UNITS = {"kg": ("mass", 1.0), "g": ("mass", 0.001), "lb": ("mass", 0.45359237), "oz": ("mass",
+                                                                                        0.028349523125),
+          "m": ("length", 1.0), "km": ("length", 1000.0), "mi": ("length", 1609.344), "ft": ("length",
+                                                                                             0.3048)}
 
 
 class BadToolInput(ToolError, ValueError):
@@ -119,7 +121,8 @@ def register_tools(mcp, world: Callable[[], World], names: Collection[str] | Non
         """Find products whose name contains the query. Returns id, name, price."""
         q = query.strip().lower()
         hits = [p for p in world().products if q and q in p.name]
-        return "; ".join(f"{p.id} {p.name} {money(p.price)}" for p in hits[:4]) or f"No product matches {query!r}."
+        return "; ".join(f"{p.id} {p.name} {money(p.price)}"
+                         for p in hits[:4]) or f"No product matches {query!r}."
 
     @tool
     def get_product(product_id: str) -> str:
@@ -134,7 +137,8 @@ def register_tools(mcp, world: Callable[[], World], names: Collection[str] | Non
         hits = [c for c in world().customers if q and q in c.name.lower()]
         if not hits:
             raise BadToolInput(f"no customer named {name!r}")
-        return "; ".join(f"{c.id} {c.name}, {c.city}, {c.tier} tier ({TIER_DISCOUNT[c.tier]}% off)" for c in hits)
+        return "; ".join(f"{c.id} {c.name}, {c.city}, {c.tier} tier ({TIER_DISCOUNT[c.tier]}% off)"
+                         for c in hits)
 
     @tool
     def list_orders(customer_id: str) -> str:

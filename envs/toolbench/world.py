@@ -19,7 +19,8 @@ from dataclasses import dataclass
 SPLITS = ("train", "eval")
 _ADJECTIVES = ["red", "blue", "green", "black", "white", "silver", "golden", "tiny", "large", "smart",
                "pink", "yellow", "gray", "brown", "navy", "beige", "mini", "big", "compact", "classic",
-               "modern", "vintage", "wooden", "steel", "glass", "plastic", "metal", "retro", "deluxe", "quiet",
+               "modern", "vintage", "wooden", "steel", "glass", "plastic", "metal", "retro", "deluxe",
+               "quiet",
                "portable", "bright", "dark", "soft", "slim", "heavy", "electric", "royal", "rustic", "sturdy",
                "purple", "orange", "amber", "ivory", "bronze", "copper", "teal", "crimson"]
 _FIRST_NAMES = ["Ana", "Ben", "Chloe", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivan", "Jade",

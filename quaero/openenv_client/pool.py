@@ -131,10 +131,11 @@ def _serves_tools(schema: dict, http_url: str, connector: ServerConnector, timeo
             return True
     except Exception:  # noqa: BLE001, S110 - a plain env cannot list tools: the error below says what to do
         pass
-    raise ConfigError(f"[env] url={http_url!r}: the server's /schema publishes an Action without fields (its app "
-                      "was built with the base Action), so it rejects every action; build its app with the env's "
-                      "Action class, create_app(Env, MyAction, MyObservation), or let quaero start the env "
-                      "([env] entry = \"module:Class\" and, if needed, action = \"module:ActionClass\")")
+    raise ConfigError(f"[env] url={http_url!r}: the server's /schema publishes an Action without fields (its "
+                      "app was built with the base Action), so it rejects every action; build its app with "
+                      "the env's Action class, create_app(Env, MyAction, MyObservation), or let quaero start "
+                      "the env ([env] entry = \"module:Class\" and, if needed, action = "
+                      "\"module:ActionClass\")")
 
 
 def _replayable(cfg: EnvConfig, spec: EnvSpec | None) -> bool:
@@ -153,8 +154,8 @@ def _replayable(cfg: EnvConfig, spec: EnvSpec | None) -> bool:
             + ("the eval split is the train distribution; " if "split" in ignored else "")
             + ("quaero cannot choose its tasks, so a lost session drops the episode instead of replaying it; "
                "whether its resets repeat is unverified until two resets of one task are compared"
-               if not replayable else "it takes seed or index, but whether the same seed gives the same task is "
-               "unverified until two resets of one task are compared")
+               if not replayable else "it takes seed or index, but whether the same seed gives the same task "
+               "is unverified until two resets of one task are compared")
             + " (env_resets_reproducible or env_resets_not_reproducible; reasoning_gym ignores its seed "
             "without a dataset_name)"))
     return replayable
@@ -214,17 +215,20 @@ class Launched:
     http_urls: list[str] = field(default_factory=list)
 
 
-def open_inprocess(cfg: EnvConfig, spec: EnvSpec, n: int, counts: RolloutCounts, log_dir: Path | None) -> Launched:
+def open_inprocess(cfg: EnvConfig, spec: EnvSpec, n: int, counts: RolloutCounts,
+                   log_dir: Path | None) -> Launched:
     """An env instance per session, built in this process."""
     if n > 1 and not spec.supports_concurrency:
         log.warning("env_inprocess_not_concurrent", entry=spec.entry, sessions=n,
-                    risk=f"{spec.env_cls.__name__} does not declare SUPPORTS_CONCURRENT_SESSIONS: each session "
-                         "has its own instance, but instances that share module-level state corrupt each other",
+                    risk=f"{spec.env_cls.__name__} does not declare SUPPORTS_CONCURRENT_SESSIONS: each "
+                         "session has its own instance, but instances that share module-level state corrupt "
+                         "each other",
                     fix='[env] launcher = "local-server" runs one server process per session')
     return Launched([InProcessConnector(spec)] * n)
 
 
-def open_local_servers(cfg: EnvConfig, spec: EnvSpec, n: int, counts: RolloutCounts, log_dir: Path | None) -> Launched:
+def open_local_servers(cfg: EnvConfig, spec: EnvSpec, n: int, counts: RolloutCounts,
+                       log_dir: Path | None) -> Launched:
     """One server for a concurrent env; one one-session server per session otherwise."""
     def server(max_concurrent_envs: int) -> LocalServer:
         return LocalServer(cfg.entry, cfg.host, max_concurrent_envs=max_concurrent_envs,
@@ -234,7 +238,8 @@ def open_local_servers(cfg: EnvConfig, spec: EnvSpec, n: int, counts: RolloutCou
     if spec.supports_concurrency:
         # headroom: a session abandoned after a timeout holds its slot until its step returns
         servers = start_env_servers([server(2 * n + 1)])
-        return Launched([ServerConnector(servers[0].ws_url, cfg.reset_timeout_s, counts, servers[0])] * n, servers,
+        return Launched([ServerConnector(servers[0].ws_url, cfg.reset_timeout_s, counts, servers[0])] * n,
+                                                                                                    servers,
                         [servers[0].http_url])
     servers = start_env_servers([server(1) for _ in range(n)])
     return Launched([ServerConnector(s.ws_url, cfg.reset_timeout_s, counts, s) for s in servers], servers,
@@ -247,7 +252,8 @@ def open_remote(cfg: EnvConfig, spec: None, n: int, counts: RolloutCounts, log_d
     hosts = [ServerConnector(ws, cfg.reset_timeout_s, counts) for _, ws in bases]
     if len(hosts) == 1:
         return Launched(hosts * n, http_urls=[bases[0][0]])
-    return Launched([SpreadConnector(hosts, i % len(hosts)) for i in range(n)], http_urls=[http for http, _ in bases])
+    return Launched([SpreadConnector(hosts, i % len(hosts)) for i in range(n)], http_urls=[http for http,
+                                                                                           _ in bases])
 
 
 def _action_schema(http_urls: list[str], timeout_s: float) -> dict:
@@ -264,13 +270,13 @@ def _capacity_error(cfg: EnvConfig, n: int, fault: EnvFault) -> ConfigError:
     lower = ("or lower [training] tasks_per_step (keep group_size >= 2: a group of one has no "
              "group-relative advantage)")
     if not cfg.starts_env:
-        return ConfigError(f"[env] {_where(cfg)}: the servers hold fewer than the {n} sessions this run needs "
-                           f"([training] tasks_per_step x group_size) ({fault}); add servers to [env] urls (an env's "
-                           "own `uvicorn server.app:app` holds 1 session: start one per session), or, for an env "
-                           "that supports concurrent sessions, serve it with `quaero env serve module:Class "
-                           f"--max-concurrent-envs {n}`, {lower}")
-    return ConfigError(f"[env] {_where(cfg)}: quaero's local server refused a session ({fault}); sessions of an "
-                       f"earlier pool may still be closing: raise [env] max_retries, {lower}")
+        return ConfigError(f"[env] {_where(cfg)}: the servers hold fewer than the {n} sessions this run "
+                           f"needs ([training] tasks_per_step x group_size) ({fault}); add servers to [env] "
+                           "urls (an env's own `uvicorn server.app:app` holds 1 session: start one per "
+                           "session), or, for an env that supports concurrent sessions, serve it with "
+                           f"`quaero env serve module:Class --max-concurrent-envs {n}`, {lower}")
+    return ConfigError(f"[env] {_where(cfg)}: quaero's local server refused a session ({fault}); sessions of "
+                       f"an earlier pool may still be closing: raise [env] max_retries, {lower}")
 
 
 def _where(cfg: EnvConfig) -> str:
@@ -279,7 +285,8 @@ def _where(cfg: EnvConfig) -> str:
     return f"url={cfg.url!r}" if cfg.url else f"urls={cfg.urls!r}"
 
 
-def open_envs(cfg: EnvConfig, n: int, counts: RolloutCounts | None = None, log_dir: Path | None = None) -> EnvPool:
+def open_envs(cfg: EnvConfig, n: int, counts: RolloutCounts | None = None,
+              log_dir: Path | None = None) -> EnvPool:
     """N sessions of the configured env, counting into `counts` (a new one by default; `pool.counts`).
     Config problems raise ConfigError here, before any episode. log_dir: where local servers' logs go
     (a run's `env-servers/`; temp files when None)."""
@@ -299,13 +306,16 @@ def open_envs(cfg: EnvConfig, n: int, counts: RolloutCounts | None = None, log_d
                 tasks = catalog_over_http(http_urls[0], cfg.reset_timeout_s)
             except ConfigError as e:  # the env raised in the server: its log holds the reason
                 raise ConfigError(f"{e}{servers[0].log_hint() if servers else ''}") from None
-            # an env quaero starts is MCP when its class is (as in process); a remote one when its schema says so
-            is_mcp = spec.speaks_tools if spec is not None else _serves_tools(schema, http_urls[0], connectors[0],
+            # an env quaero starts is MCP when its class is (as in process); a remote one when its schema says
+            # so
+            is_mcp = spec.speaks_tools if spec is not None else _serves_tools(schema, http_urls[0],
+                                                                              connectors[0],
                                                                          cfg.reset_timeout_s)
         tools = _list_tools(connectors[0], cfg.reset_timeout_s) if is_mcp else None
         replayable = _replayable(cfg, spec)
         witness = ResetWitness()
-        sessions = [ChatEnv(cfg, c, counts, tools=tools, action_schema=None if is_mcp else model_action_schema(schema),
+        sessions = [ChatEnv(cfg, c, counts, tools=tools,
+                            action_schema=None if is_mcp else model_action_schema(schema),
                             formatter=load_formatter(cfg.formatter), replayable=replayable, witness=witness)
                     for c in connectors]
         specs = TaskSpecs(spec, None if spec is not None else http_urls[0] if http_urls else None,
@@ -323,7 +333,8 @@ def open_envs(cfg: EnvConfig, n: int, counts: RolloutCounts | None = None, log_d
         _close(sessions, servers)
         raise
     spread = Counter(getattr(c, "ws_url", "inprocess") for c in connectors)
-    log.info("env_pool_opened", launcher=cfg.launcher, source=cfg.entry or ", ".join(cfg.server_urls), sessions=n,
+    log.info("env_pool_opened", launcher=cfg.launcher, source=cfg.entry or ", ".join(cfg.server_urls),
+             sessions=n,
              servers=len(servers) or len(cfg.server_urls), spread=dict(spread) if len(spread) > 1 else None,
              mcp=is_mcp, tools=[t["function"]["name"] for t in tools or []],
              action=spec.action_source if spec is not None else f"{cfg.server_urls[0]}/schema",

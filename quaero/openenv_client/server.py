@@ -120,7 +120,8 @@ def _exit_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, daemon=True, name="quaero-parent-watch").start()
 
 
-_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception)\b.*:")  # "ValueError: signal only works in ..."
+# "ValueError: signal only works in ..."
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception)\b.*:")
 
 
 class LocalServer:
@@ -155,13 +156,16 @@ class LocalServer:
 
     def _launch(self) -> None:
         env = child_env()  # the child must import whatever the parent can (tests add folders to sys.path)
-        cmd = [sys.executable, "-m", "quaero.openenv_client", "serve", self.entry, "--fd", str(self._sock.fileno()),
-               "--host", self.host, "--port", str(self.port), "--max-concurrent-envs", str(self.max_concurrent_envs),
+        cmd = [sys.executable, "-m", "quaero.openenv_client", "serve", self.entry, "--fd",
+               str(self._sock.fileno()),
+               "--host", self.host, "--port", str(self.port), "--max-concurrent-envs",
+               str(self.max_concurrent_envs),
                "--parent-pid", str(os.getpid()), "--kwargs", json.dumps(self.kwargs)]
         if self.action:
             cmd += ["--action", self.action]
         # a session of its own: a terminal's Ctrl-C (sent to the whole foreground group) is for quaero, which
-        # finishes the step on these servers and then stops them; they still exit with their parent (--parent-pid)
+        # finishes the step on these servers and then stops them; they still exit with their parent
+        # (--parent-pid)
         with self._log_path.open("ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                          pass_fds=(self._sock.fileno(),), stdin=subprocess.DEVNULL,
@@ -195,9 +199,9 @@ class LocalServer:
         return self.proc is not None and self.proc.poll() is None
 
     def log_hint(self, wait_s: float = 2.0) -> str:
-        """"; its log (PATH) ends in: <the last exception line>", for a one-line error about a request this server
-        answered with a failure (the env raised inside it: the reason is only in its log); "" without one. The
-        server logs the traceback after it has answered: up to `wait_s` for it to arrive."""
+        """"; its log (PATH) ends in: <the last exception line>", for a one-line error about a request this
+        server answered with a failure (the env raised inside it: the reason is only in its log); "" without
+        one. The server logs the traceback after it has answered: up to `wait_s` for it to arrive."""
         deadline = time.monotonic() + wait_s
         while True:
             try:
@@ -221,7 +225,8 @@ class LocalServer:
         with self._lock:
             if self.alive() or self.proc is None:
                 return False
-            log.warning("env_server_died", entry=self.entry, pid=self.proc.pid, returncode=self.proc.returncode)
+            log.warning("env_server_died", entry=self.entry, pid=self.proc.pid,
+                        returncode=self.proc.returncode)
             self._spawn()
             return True
 

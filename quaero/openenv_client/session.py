@@ -124,7 +124,8 @@ class Connector(Protocol):
 
 
 def _reward(payload: dict) -> float:
-    """The reward of a reply that passed `check_reply`: a finite number, or 0 when the env gave none (null)."""
+    """The reward of a reply that passed `check_reply`: a finite number, or 0 when the env gave none
+    (null)."""
     value = payload.get("reward")
     return 0.0 if value is None else float(value)
 
@@ -163,26 +164,28 @@ class ResetWitness:
                 return
             self._said.add(same)
         if same:
-            log.info("env_resets_reproducible", task=key, note="two resets of this task, at different points of "
-                     "their sessions, gave the same observation")
+            log.info("env_resets_reproducible", task=key, note="two resets of this task, at different points "
+                     "of their sessions, gave the same observation")
         else:
             log.warning("env_resets_not_reproducible", task=key, note=(
                 "two resets of this task gave different observations: the env does not seed itself from "
                 "seed/split/index (or its reset includes something that changes), so eval scores compare "
-                "different tasks and a replay after a lost session diverges; set [env] on_session_loss = 'drop' "
-                "or pass the env what it seeds from in [env] reset_kwargs"))
+                "different tasks and a replay after a lost session diverges; set [env] on_session_loss = "
+                "'drop' or pass the env what it seeds from in [env] reset_kwargs"))
 
 
 class ChatEnv:
-    """One session. The turn limit is not enforced here: the episode driver owns it (quaero/rollout/driver.py),
-    since what a cut episode means (truncated, never a success) is decided where episodes are judged."""
+    """One session. The turn limit is not enforced here: the episode driver owns it
+    (quaero/rollout/driver.py), since what a cut episode means (truncated, never a success) is decided where
+    episodes are judged."""
 
     def __init__(self, cfg, connector: Connector, counts: RolloutCounts, *, tools: list[dict] | None,
                  action_schema: dict | None, formatter: Callable[..., str], replayable: bool = True,
                  witness: ResetWitness | None = None) -> None:
         self.cfg, self.connector, self.counts = cfg, connector, counts
         self.witness = witness  # the pool's: did two resets of one task agree?
-        self.replayable = replayable  # False: reset takes no seed or index, so a replay is not the same episode
+        # False: reset takes no seed or index, so a replay is not the same episode
+        self.replayable = replayable
         self.tools = tools  # OpenAI-style specs for MCP envs, None for plain envs
         self.action_schema = action_schema  # model-facing Action schema (plain envs)
         self.formatter = formatter
@@ -282,13 +285,14 @@ class ChatEnv:
                 try:
                     self.connector.recover()
                 except Exception as err:  # noqa: BLE001 - e.g. the env server cannot start again
-                    raise EpisodeDropped(f"{what}: {fault}; recovery failed: {err}", "recovery_failed") from None
+                    raise EpisodeDropped(f"{what}: {fault}; recovery failed: {err}",
+                                         "recovery_failed") from None
                 if what == "step" and self.cfg.on_session_loss == "drop" and not env_error:
                     raise EpisodeDropped(f"{what}: session lost ({fault}); on_session_loss='drop'",
                                          fault.kind) from None
                 if what == "step" and not self.replayable and not env_error:
-                    raise EpisodeDropped(f"{what}: session lost ({fault}); not replayable: the env's reset takes "
-                                         "no seed or index", "not_replayable") from None
+                    raise EpisodeDropped(f"{what}: session lost ({fault}); not replayable: the env's reset "
+                                         "takes no seed or index", "not_replayable") from None
                 if last:
                     raise EpisodeDropped(f"{what} failed {failures} times, last: {fault}",
                                          fault.kind) from None

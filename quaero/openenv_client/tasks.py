@@ -5,12 +5,12 @@ An env may implement task discovery (`list_splits()`, `num_tasks(split)`, `get_t
 and select a task with `reset(split=..., index=...)`. When it does, quaero uses the env's own splits: `[env]
 train_split`/`eval_split` must name one of them (`quaero check` says which exist), training draws indices from
 the train split's range in an order the run seed fixes (seed 0: 0, 1, 2, ...; another seed: a permutation of
-the split, so seeds train on different tasks; wrapping round it), and evaluation plays the eval split's tasks (all of them, or
-the first `[training] eval_tasks` of them, by index). An env without it keeps quaero's own
+the split, so seeds train on different tasks; wrapping round it), and evaluation plays the eval split's tasks
+(all of them, or the first `[training] eval_tasks` of them, by index). An env without it keeps quaero's own
 numbering: task i of a split is index i, seed derived from the run seed.
 
-Discovery is side-effect free and works on a fresh instance (the protocol says so), so in process quaero builds
-one instance for it and closes it.
+Discovery is side-effect free and works on a fresh instance (the protocol says so), so in process quaero
+builds one instance for it and closes it.
 """
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ from quaero.telemetry.runlog import error_line
 
 @dataclass(frozen=True)
 class TaskCatalog:
-    """An env's splits (in the env's order) and how many tasks each holds; `source` says where they were read."""
+    """An env's splits (in the env's order) and how many tasks each holds; `source` says where they were
+    read."""
 
     splits: dict[str, int]
     source: str
@@ -124,7 +125,8 @@ def catalog_of(env: Any, source: str = "in process", timeout_s: float | None = N
         raise DiscoveryTimeout(f"[env] {e}") from None
     except TaskCountError as e:
         raise ConfigError(f"[env] {cls}: {e}") from None
-    except Exception as e:  # noqa: BLE001 - an env whose discovery fails is named in one line, not a traceback
+    # an env whose discovery fails is named in one line, not a traceback
+    except Exception as e:  # noqa: BLE001
         raise ConfigError(f"{cls}.list_splits/num_tasks (OpenEnv's Task API) failed: "
                           f"{error_line(e)}; fix the env's task discovery or remove those methods") from None
 
@@ -138,7 +140,8 @@ def _http_json(url: str, timeout_s: float, body: dict | None = None) -> Any:
 
 def catalog_over_http(http_url: str, timeout_s: float = 10.0) -> TaskCatalog | None:
     """The Task API of a running OpenEnv server (`GET /list_environments`, `GET /{env}/splits`, `POST
-    /{env}/num_tasks`), or None when it serves none (no such routes, or 501 from an env without the methods)."""
+    /{env}/num_tasks`), or None when it serves none (no such routes, or 501 from an env without the
+    methods)."""
     try:
         env_name = _http_json(f"{http_url}/list_environments", timeout_s)[0]
     except (OSError, ValueError, KeyError, IndexError, TypeError):
@@ -156,8 +159,8 @@ def catalog_over_http(http_url: str, timeout_s: float = 10.0) -> TaskCatalog | N
                           "raised in the server, building an instance for the session or in "
                           "list_splits/num_tasks; the server's log has the traceback") from None
     except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
-        raise ConfigError(f"[env] {http_url}: cannot read its Task API ({error_line(e)}); is an OpenEnv server "
-                          "running there?") from None
+        raise ConfigError(f"[env] {http_url}: cannot read its Task API ({error_line(e)}); is an OpenEnv "
+                          "server running there?") from None
     return TaskCatalog(counts, http_url)
 
 
@@ -167,7 +170,8 @@ def check_splits(catalog: TaskCatalog | None, env_cfg: Any, *, train: bool, eval
     train/evaluate: whether the run reads that split at all."""
     if catalog is None:
         return
-    for key, split, used in (("train_split", env_cfg.train_split, train), ("eval_split", env_cfg.eval_split, evaluate)):
+    for key, split, used in (("train_split", env_cfg.train_split, train), ("eval_split", env_cfg.eval_split,
+                                                                           evaluate)):
         if not used:
             continue
         n = catalog.size(split)
@@ -183,7 +187,8 @@ def task_index(catalog: TaskCatalog | None, split: str, i: int, seed: int = 0) -
     """The env index of the i-th task quaero draws from `split`: i itself without a Task API (the reset seed
     tells tasks apart there), else the i-th of the split's indices in the seed's order, wrapped round the
     split (a run longer than the split plays it again, in the same order). Seed 0's order is 0, 1, 2, ...;
-    another seed's is the affine permutation i -> (a i + b) mod n, a coprime with n, both drawn from the seed."""
+    another seed's is the affine permutation i -> (a i + b) mod n, a coprime with n, both drawn from the
+    seed."""
     n = catalog.size(split) if catalog is not None else None
     if not n:
         return i
@@ -207,8 +212,8 @@ def eval_indices(catalog: TaskCatalog | None, split: str, eval_tasks: int) -> li
 def plan_line(catalog: TaskCatalog | None, env_cfg: Any, eval_tasks: int) -> str:
     """`quaero check`'s tasks line."""
     if catalog is None:
-        return ("tasks       the env has no Task API (list_splits/num_tasks): task i of a split is reset with "
-                "index i and a seed derived from [run] seed")
+        return ("tasks       the env has no Task API (list_splits/num_tasks): task i of a split is reset "
+                "with index i and a seed derived from [run] seed")
     n_eval = catalog.size(env_cfg.eval_split) or 0
     played = len(eval_indices(catalog, env_cfg.eval_split, eval_tasks))
     cover = ("all of them" if played >= n_eval else
@@ -229,12 +234,14 @@ def check_lines(cfg: Any, source: str = "config") -> list[str]:
         try:
             urllib.request.urlopen(f"{http_url}/health", timeout=2).close()
         except OSError:
-            return [f"tasks       read from {http_url}'s Task API routes when sessions open (not reachable now)"]
+            return [(f"tasks       read from {http_url}'s Task API routes when sessions open (not reachable "
+                    "now)")]
         catalog = catalog_over_http(http_url)
     else:
         from .loading import FactoryNotCalled, load_entry
 
-        try:  # an Environment class is built once (what every session does); a factory function is never called
+        # an Environment class is built once (what every session does); a factory function is never called
+        try:
             spec = load_entry(env_cfg.entry, env_cfg.kwargs, env_cfg.action, call_factory=False)
         except FactoryNotCalled:
             return [("tasks       read from the env's Task API when sessions open (a factory function is not "
@@ -262,8 +269,8 @@ def catalog_of_spec(spec: Any, timeout_s: float | None = None) -> TaskCatalog | 
     try:
         env = spec.factory()
     except Exception as e:  # noqa: BLE001 - an env that cannot be built is named in one line, not a traceback
-        raise ConfigError(f"[env] entry={spec.entry!r}: building the env raised {error_line(e)}; fix its setup "
-                          "(a dataset, file or [env] kwargs it needs?)") from None
+        raise ConfigError(f"[env] entry={spec.entry!r}: building the env raised {error_line(e)}; fix its "
+                          "setup (a dataset, file or [env] kwargs it needs?)") from None
     try:
         catalog = catalog_of(env, timeout_s=timeout_s)
     except DiscoveryTimeout:
@@ -277,9 +284,9 @@ def catalog_of_spec(spec: Any, timeout_s: float | None = None) -> TaskCatalog | 
 
 class TaskSpecs:
     """Task specs of one env (its Task API's `get_task(split, index)`, whose RFC 013 keys `group` and
-    `difficulty` pool a task sampler's outcomes), read when first asked and remembered: from one instance of an
-    env quaero builds (discovery is side-effect free), or from a server's `POST /{env}/task`. An env that has
-    no `get_task`, or fails it, gives {} (the task is then its own key)."""
+    `difficulty` pool a task sampler's outcomes), read when first asked and remembered: from one instance of
+    an env quaero builds (discovery is side-effect free), or from a server's `POST /{env}/task`. An env that
+    has no `get_task`, or fails it, gives {} (the task is then its own key)."""
 
     def __init__(self, spec: Any = None, http_url: str | None = None, timeout_s: float = 10.0) -> None:
         self.spec, self.http_url, self.timeout_s = spec, http_url, timeout_s

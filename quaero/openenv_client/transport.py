@@ -96,7 +96,8 @@ def check_reply(payload: Any) -> dict:
     if not isinstance(payload["done"], bool):
         raise InvalidReply(f"done={_shown(payload['done'])} is not a boolean")
     reward = payload.get("reward")
-    if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):  # True is no reward
+    # True is no reward
+    if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
         raise InvalidReply(f"reward={_shown(reward)} is not a number")
     if reward is not None and not math.isfinite(reward):
         raise InvalidReply(f"reward={reward} is not finite")
@@ -236,7 +237,9 @@ class InProcessTransport:
             raise InvalidReply(f"observation={_shown(obs)}: "
                                + contract_broken(f"{type(env).__name__}.{kind}", type(obs).__name__))
         # quaero's server's exact serialization, JSON round trip included
-        return json.loads(observation_reply_model()(data=serialize_observation(obs)).model_dump_json())["data"]
+        return json.loads(observation_reply_model()(data=serialize_observation(obs)).model_dump_json())[
+            "data"
+        ]
 
     def _call(self, kind: str, data: dict, timeout_s: float) -> dict:
         if self._session.done() and not self._closed:
@@ -271,7 +274,8 @@ class InProcessTransport:
         self._loop.call_soon_threadsafe(self._requests.put_nowait, None)
         try:
             self._session.result(timeout=5.0)
-        except Exception:  # noqa: BLE001, S110 - env.close failed or is slow: the daemon loop thread finishes it
+        # env.close failed or is slow: the daemon loop thread finishes it
+        except Exception:  # noqa: BLE001, S110
             pass
 
 
@@ -288,7 +292,8 @@ class WebSocketTransport:
         try:
             # no client keepalive: a slow LLM turn must not kill the session (the server still pings)
             # entered as the context manager it is (websockets' documented use); close() leaves it
-            self._ws = self._held.enter_context(connect(ws_url, open_timeout=open_timeout_s, ping_interval=None,
+            self._ws = self._held.enter_context(connect(ws_url, open_timeout=open_timeout_s,
+                                                        ping_interval=None,
                                                         max_size=100 * 2**20, close_timeout=1.0))
         except TimeoutError:
             raise EnvFault("timeout", f"connecting to {ws_url} took longer than {open_timeout_s}s") from None
@@ -319,7 +324,8 @@ class WebSocketTransport:
             raise EnvFault("timeout", f"{message['type']} took longer than {timeout_s}s") from None
         except self._ws_errors as e:
             self.close()
-            raise EnvFault("connection", f"{message['type']} on {self.url}: {type(e).__name__}: {e}") from None
+            raise EnvFault("connection",
+                           f"{message['type']} on {self.url}: {type(e).__name__}: {e}") from None
         try:
             reply = json.loads(raw)  # NaN/Infinity parse as floats, for check_reply to refuse
         except json.JSONDecodeError:

@@ -2,8 +2,8 @@
 
 While the main thread trains step s, one worker thread samples the rollouts of the next RL steps, with the
 weights the trainer had before step s. What runs there is only this rank's own work: the driver's
-episodes and the rows built from them (`quaero/recipe/train.py` `_roll_out`). Every collective (gathering rows,
-summing counters, the trainer's own) stays on the main thread, in the same order on every rank: under
+episodes and the rows built from them (`quaero/recipe/train.py` `_roll_out`). Every collective (gathering
+rows, summing counters, the trainer's own) stays on the main thread, in the same order on every rank: under
 torchrun a collective issued from a second thread would deadlock or pair with the wrong one.
 
 One user at a time: the sampler and the env pool are used by the worker while a rollout is pending and by
@@ -38,10 +38,12 @@ class Rollout:
     """One RL step's episodes on this rank, before any collective."""
     step: int
     version: int  # the policy version that sampled every row of it: trainer steps its weights had seen
-    collected: list[tuple[EchoRow, list[Transition]]]  # this rank's kept rows, each with its episode's transitions
+    # this rank's kept rows, each with its episode's transitions
+    collected: list[tuple[EchoRow, list[Transition]]]
     counts: RolloutCounts  # its counts, taken out of the pool's when it ended
     seconds: float  # how long it sampled
-    groups: list = field(default_factory=list)  # this rank's groups' outcomes (train.py GroupOutcome), for the
+    # this rank's groups' outcomes (train.py GroupOutcome), for the
+    groups: list = field(default_factory=list)
     # task samplers, which learn from them on the main thread when the step takes the rollout
 
 
@@ -64,7 +66,8 @@ class RolloutsAhead:
         wait_for(list(self._pending.values()))
         self._worker.shutdown(wait=True)
         for step, future in sorted(self._pending.items()):
-            if not future.cancelled() and future.exception() is not None:  # the run already ends; say why it failed
+            # the run already ends; say why it failed
+            if not future.cancelled() and future.exception() is not None:
                 log.warning("rollout_ahead_discarded", for_step=step, error=repr(future.exception()))
         self._pending.clear()
 
@@ -76,8 +79,8 @@ class RolloutsAhead:
         self._pending[step] = self._worker.submit(roll_out)
 
     def take(self, step: int) -> tuple[Rollout | None, float]:
-        """Step `step`'s rollout (None when none was launched for it) once it has ended, and the seconds waited
-        for it; an error raised on the worker is raised here, as the run's error."""
+        """Step `step`'s rollout (None when none was launched for it) once it has ended, and the seconds
+        waited for it; an error raised on the worker is raised here, as the run's error."""
         future = self._pending.pop(step, None)
         if future is None:
             return None, 0.0

@@ -172,7 +172,8 @@ def _shard_files(tmp: Path) -> list[str]:
     return sorted(str(p.relative_to(tmp)) for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
 
 
-def save(ckpt_root: Path, step: int, state: dict[str, Any], keep: int = 2, folder: Path | None = None) -> Path:
+def save(ckpt_root: Path, step: int, state: dict[str, Any], keep: int = 2,
+         folder: Path | None = None) -> Path:
     """Write `state` for `step` atomically, then prune to the newest `keep` intact checkpoints.
 
     folder: a `temp_folder` already holding `shards/`; they are hashed into the manifest with the rest.
@@ -208,10 +209,13 @@ def save(ckpt_root: Path, step: int, state: dict[str, Any], keep: int = 2, folde
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
-        if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):  # not a space problem
-            raise CheckpointError(f"checkpoint {final} not written ({writing}: {why}): {ckpt_root} is not writable "
-                                  "by this process; fix its permissions (chattr -i, chmod u+w, a read-write mount) "
-                                  "and resume with `quaero train CONFIG --resume`") from None
+        # not a space problem
+        if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise CheckpointError(
+                f"checkpoint {final} not written ({writing}: {why}): {ckpt_root} is not "
+                "writable by this process; fix its permissions (chattr -i, chmod u+w, a "
+                "read-write mount) and resume with `quaero train CONFIG --resume`"
+            ) from None
         free = shutil.disk_usage(ckpt_root).free
         raise CheckpointError(f"checkpoint {final} not written ({writing}: {why}); it needs {needed} bytes, "
                               f"{free} are free there; the checkpoints already in {ckpt_root} are untouched: "
@@ -231,9 +235,9 @@ def remove_orphans(ckpt_root: Path) -> list[Path]:
 
 
 def prune(ckpt_root: Path, keep: int, step: int) -> None:
-    """Keep the newest `keep` intact checkpoints up to `step` (the one just written); delete older intact ones.
-    A corrupt folder is never counted as kept and never deleted here (it is left for inspection, and a run
-    that reaches its step overwrites it). Neither is one past `step`: the run resumed before it, so it is
+    """Keep the newest `keep` intact checkpoints up to `step` (the one just written); delete older intact
+    ones. A corrupt folder is never counted as kept and never deleted here (it is left for inspection, and a
+    run that reaches its step overwrites it). Neither is one past `step`: the run resumed before it, so it is
     unusable even if its hashes match (a hash-valid file that is not a quaero state), and counting it
     would push out the checkpoint just written."""
     intact = 0
@@ -258,7 +262,9 @@ def verify(path: Path) -> str | None:
         return f"{MANIFEST} unreadable ({type(e).__name__})"
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         if (path / "state.pt").exists():
-            return "state.pt is a pickle written by an older quaero; it is never loaded (a pickle can run code)"
+            return (
+                "state.pt is a pickle written by an older quaero; it is never loaded (a pickle can run code)"
+            )
         return f"{MANIFEST} is not a {FORMAT} manifest"
     hashes = manifest.get("sha256")
     files = [TENSORS, STATE]
@@ -286,8 +292,10 @@ def _load(path: Path) -> dict[str, Any]:
         listed = json.loads((path / MANIFEST).read_text(encoding="utf-8")).get("step")
     except (OSError, ValueError, AttributeError):
         listed = None
-    if step < 1 or path.name != names.step_folder_name(step) or listed != step:  # a rehashed state.json: never trusted
-        raise ValueError(f"{STATE} says step {step} in folder {path.name} whose {MANIFEST} says step {listed!r}; "
+    # a rehashed state.json: never trusted
+    if step < 1 or path.name != names.step_folder_name(step) or listed != step:
+        raise ValueError(f"{STATE} says step {step} in folder {path.name} whose {MANIFEST} says step "
+                         f"{listed!r}; "
                          "a checkpoint's step is its folder's")
     return state
 
@@ -324,14 +332,16 @@ def set_aside(ckpt_root: Path, stamp: str) -> Path | None:
 
 
 def load(path: Path) -> dict[str, Any]:
-    """The state of the checkpoint at `path` (`.../step-000008`); ValueError, naming why, if it is not intact."""
+    """The state of the checkpoint at `path` (`.../step-000008`); ValueError, naming why, if it is not
+    intact."""
     reason = verify(path)
     if reason is not None:
         raise ValueError(f"{path}: {reason}; use another step (or none: the newest intact one)")
     return _load(path)
 
 
-# ── what a run's checkpoint holds ────────────────────────────────────────────────────────────────────────────
+# ── what a run's checkpoint holds
+# ────────────────────────────────────────────────────────────────────────────
 
 
 def run_checkpoints(run_dir: Path) -> Path:
@@ -374,8 +384,10 @@ class RunState:
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> RunState:
         """KeyError or TypeError for a state that is not a run's (a crafted or foreign checkpoint)."""
-        return cls(step=int(state["step"]), cursor=int(state["cursor"]), trainer=state["backend"], rng=state["rng"],
-                   cumulative=dict(state["cumulative"]), rank_rng=state.get("rank_rng"), tasks=state.get("tasks"))
+        return cls(step=int(state["step"]), cursor=int(state["cursor"]), trainer=state["backend"],
+                   rng=state["rng"],
+                   cumulative=dict(state["cumulative"]), rank_rng=state.get("rank_rng"),
+                   tasks=state.get("tasks"))
 
     def rng_of_rank(self, rank: int, world_size: int) -> dict[str, Any]:
         """This rank's RNG state when the checkpoint was written by as many ranks, else rank 0's."""

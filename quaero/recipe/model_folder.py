@@ -39,7 +39,8 @@ def base_reference(model_name: str) -> str:
     return model_name
 
 
-def save_model(model, tokenizer, out: Path, *, base_name: str, merge: bool = False, replace: bool = False) -> Path:
+def save_model(model, tokenizer, out: Path, *, base_name: str, merge: bool = False,
+               replace: bool = False) -> Path:
     """Write `model` (a transformers causal LM, PEFT-wrapped for LoRA) and `tokenizer` to `out`.
 
     merge: fold a LoRA adapter into the base weights (in place: `model` is spent) and write a full folder.
@@ -66,10 +67,11 @@ def save_model(model, tokenizer, out: Path, *, base_name: str, merge: bool = Fal
             model.save_pretrained(tmp, max_shard_size=MAX_SHARD_SIZE)
         tokenizer.save_pretrained(tmp)
         _move_into_place(tmp, out)
-    except OSError as e:  # a read-only or full filesystem, a parent that is a file: nothing half-written stays
+    # a read-only or full filesystem, a parent that is a file: nothing half-written stays
+    except OSError as e:
         raise ExportError(f"{out}: cannot write the model there ({e.strerror or e}"
-                          f"{f': {e.filename}' if e.filename else ''}); choose a writable folder with room for "
-                          "it") from None
+                          f"{f': {e.filename}' if e.filename else ''}); choose a writable folder with room "
+                          "for it") from None
     finally:
         config.use_cache = use_cache
         if tmp is not None:

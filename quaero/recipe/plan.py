@@ -33,13 +33,13 @@ def check_components(cfg: QuaeroConfig, source: str = "config") -> None:
     if cfg.backend.lora and not caps.lora:
         raise ConfigError(f"{source} [backend] lora=true: backend {name!r} has no LoRA support")
     if cfg.distributed.strategy not in caps.strategies:
-        raise ConfigError(f"{source} [distributed] strategy={cfg.distributed.strategy!r}: backend {name!r} is built "
-                          f"for {', '.join(map(repr, caps.strategies))} only; use backend='local' for more than "
-                          "one process, or strategy='none'")
+        raise ConfigError(f"{source} [distributed] strategy={cfg.distributed.strategy!r}: backend {name!r} "
+                          f"is built for {', '.join(map(repr, caps.strategies))} only; use backend='local' "
+                          "for more than one process, or strategy='none'")
     launched = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; quaero/process_group.py joins its group
     if launched > 1 and cfg.distributed.strategy == "none":
-        raise ConfigError(f"{source} [distributed] strategy='none' under torchrun with {launched} ranks: every "
-                          "rank would train on all rows alone; set strategy = 'ddp' or 'fsdp2'")
+        raise ConfigError(f"{source} [distributed] strategy='none' under torchrun with {launched} ranks: "
+                          "every rank would train on all rows alone; set strategy = 'ddp' or 'fsdp2'")
     opts = cfg.backend.options
     if opts.train_compile_selective_ce == "require" and cfg.run.device != "cuda":
         import torch
@@ -62,7 +62,8 @@ def check_components(cfg: QuaeroConfig, source: str = "config") -> None:
 
 
 def check_server_urls(cfg: QuaeroConfig, source: str = "config") -> None:
-    """The running servers of `[sampler] urls`, asked what they are (quaero/sampling/server.py server_problem)."""
+    """The running servers of `[sampler] urls`, asked what they are (quaero/sampling/server.py
+    server_problem)."""
     if cfg.sampler.mode != "server" or not cfg.sampler.urls:
         return
     from quaero.sampling.server import server_problem
@@ -88,15 +89,15 @@ def check_server_devices(cfg: QuaeroConfig, source: str = "config") -> None:
 
     if not torch.cuda.is_available():
         if sm.weight_transfer != "file":
-            raise ConfigError(f"{source} [sampler] weight_transfer={sm.weight_transfer!r}: vLLM's NCCL/IPC weight "
-                              "transfer needs CUDA and none is available here (the CPU build has neither); use "
-                              "weight_transfer = 'file'")
-        raise ConfigError(f"{source} [sampler] server_devices={sm.server_devices}: CUDA device indices, and no CUDA "
-                          "device is available here; remove server_devices")
+            raise ConfigError(f"{source} [sampler] weight_transfer={sm.weight_transfer!r}: vLLM's NCCL/IPC "
+                              "weight transfer needs CUDA and none is available here (the CPU build has "
+                              "neither); use weight_transfer = 'file'")
+        raise ConfigError(f"{source} [sampler] server_devices={sm.server_devices}: CUDA device indices, and "
+                          "no CUDA device is available here; remove server_devices")
     if sm.weight_transfer != "file" and cfg.run.device == "cpu":
-        raise ConfigError(f"{source} [sampler] weight_transfer={sm.weight_transfer!r} with [run] device='cpu': the "
-                          "engine sends the trainer's CUDA tensors; set device = 'cuda' (or 'auto'), or "
-                          "weight_transfer = 'file'")
+        raise ConfigError(f"{source} [sampler] weight_transfer={sm.weight_transfer!r} with [run] "
+                          "device='cpu': the engine sends the trainer's CUDA tensors; set device = 'cuda' "
+                          "(or 'auto'), or weight_transfer = 'file'")
     if not sm.server_devices:
         return
     from quaero.process_group import local_ranks
@@ -105,18 +106,19 @@ def check_server_devices(cfg: QuaeroConfig, source: str = "config") -> None:
     if len(sm.server_devices) != sm.servers * local:
         per_node = f" x {local} local ranks (each starts its own; local rank l takes entries l*servers ..)" \
             if local > 1 else ""
-        raise ConfigError(f"{source} [sampler] server_devices={sm.server_devices} lists {len(sm.server_devices)} "
-                          f"device(s) for servers={sm.servers}{per_node}: one device per started server; list "
-                          f"{sm.servers * local}")
+        raise ConfigError(f"{source} [sampler] server_devices={sm.server_devices} lists "
+                          f"{len(sm.server_devices)} device(s) for servers={sm.servers}{per_node}: one "
+                          f"device per started server; list {sm.servers * local}")
     count = torch.cuda.device_count()
     if missing := [d for d in sm.server_devices if d >= count]:
-        raise ConfigError(f"{source} [sampler] server_devices={sm.server_devices}: device {missing[0]} does not exist "
-                          f"here ({count} CUDA device(s): 0..{count - 1})")
+        raise ConfigError(f"{source} [sampler] server_devices={sm.server_devices}: device {missing[0]} does "
+                          f"not exist here ({count} CUDA device(s): 0..{count - 1})")
     trainers = set(range(local))  # cuda:LOCAL_RANK (quaero/process_group.py setup); one process: cuda:0
     if sm.weight_transfer == "nccl" and (shared := sorted(trainers & set(sm.server_devices))):
-        raise ConfigError(f"{source} [sampler] weight_transfer='nccl' with server_devices={sm.server_devices}: "
-                          f"cuda:{shared[0]} is a trainer rank's device and NCCL refuses two ranks on one device; "
-                          f"pick server devices from {local}..{count - 1}")
+        raise ConfigError(f"{source} [sampler] weight_transfer='nccl' with "
+                          f"server_devices={sm.server_devices}: cuda:{shared[0]} is a trainer rank's device "
+                          "and NCCL refuses two ranks on one device; pick server devices from "
+                          f"{local}..{count - 1}")
 
 
 def resolve_oracle(cfg: QuaeroConfig, source: str = "config"):
@@ -125,8 +127,8 @@ def resolve_oracle(cfg: QuaeroConfig, source: str = "config"):
 
     where = cfg.training.oracle or f"{(cfg.env.entry or '').partition(':')[0]}:oracle_policy"
     key = "[training] oracle" if cfg.training.oracle else "[training] oracle (unset: beside [env] entry)"
-    fix = (f"write oracle_policy(info) (docs/environments.md: Warm start), point [training] oracle at one, or "
-           f"set [training] warmup_sft_steps = 0 (now {cfg.training.warmup_sft_steps})")
+    fix = (f"write oracle_policy(info) (docs/environments.md: Warm start), point [training] oracle at one, "
+           f"or set [training] warmup_sft_steps = 0 (now {cfg.training.warmup_sft_steps})")
     return resolve_name(where, f"{source} {key}", want=callable, wanted="a function oracle_policy(info)",
                         fix=fix, error=ConfigError, example="my_env.oracle:oracle_policy")
 
@@ -144,27 +146,28 @@ def check_run_folder(cfg: QuaeroConfig, source: str = "config") -> None:
     out = Path(cfg.run.output_dir).expanduser()
     existing = next((p for p in (out, *out.parents) if p.exists()), Path("."))
     if not existing.is_dir():
-        raise ConfigError(f"{source} [run] output_dir={cfg.run.output_dir!r}: {existing} is a file, not a folder; "
-                          "point output_dir at a folder")
+        raise ConfigError(f"{source} [run] output_dir={cfg.run.output_dir!r}: {existing} is a file, not a "
+                          "folder; point output_dir at a folder")
     try:
         tempfile.TemporaryDirectory(dir=existing, prefix=".quaero-probe-").cleanup()
     except OSError as e:
-        raise ConfigError(f"{source} [run] output_dir={cfg.run.output_dir!r}: cannot create folders in {existing} "
-                          f"({e.strerror}); choose a writable output_dir") from None
+        raise ConfigError(f"{source} [run] output_dir={cfg.run.output_dir!r}: cannot create folders in "
+                          f"{existing} ({e.strerror}); choose a writable output_dir") from None
     run_dir = cfg.run_dir
     if run_dir.is_symlink() and not run_dir.resolve().is_relative_to(out.resolve()):
         # a link planted in output_dir would have checkpoints written, renamed and pruned wherever it points
-        raise ConfigError(f"{source} [run] name={cfg.run.name!r}: {run_dir} is a link to {run_dir.resolve()}, "
-                          "outside output_dir; a run writes only under output_dir: set output_dir to where runs "
-                          "should go, or remove the link")
+        raise ConfigError(f"{source} [run] name={cfg.run.name!r}: {run_dir} is a link to "
+                          f"{run_dir.resolve()}, "
+                          "outside output_dir; a run writes only under output_dir: set output_dir to where "
+                          "runs should go, or remove the link")
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"{source} [run] name={cfg.run.name!r}: {run_dir} is a file, not a run folder; "
                           "choose another [run] name or move the file")
     if found := _first_link(run_dir):
         link, what = found
-        raise ConfigError(f"{source} [run] name={cfg.run.name!r}: {link} is {what}; quaero would write through it "
-                          "(train.lock, config.json, events, checkpoints): a run folder holds no links; remove it "
-                          "(or replace it by a copy)")
+        raise ConfigError(f"{source} [run] name={cfg.run.name!r}: {link} is {what}; quaero would write "
+                          "through it (train.lock, config.json, events, checkpoints): a run folder holds no "
+                          "links; remove it (or replace it by a copy)")
 
 
 def _first_link(run_dir: Path) -> tuple[Path, str] | None:
@@ -219,8 +222,8 @@ def check_model_and_renderer(cfg: QuaeroConfig, source: str = "config") -> None:
             render.bridge(prompt, action, [{"role": "user", "content": "probe"}], None)
         except BridgeFailure as e:
             raise ConfigError(f"{source} [model] renderer={renderer!r} cannot append an env response exactly "
-                              f"({e}), so no ECHO row could be built; use a renderer that bridges (e.g. 'qwen3'), "
-                              "or set [echo] enabled = false") from None
+                              f"({e}), so no ECHO row could be built; use a renderer that bridges (e.g. "
+                              "'qwen3'), or set [echo] enabled = false") from None
 
 
 def load_checked(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
@@ -239,8 +242,10 @@ def load_checked(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
 
 
 def rl_loss_constant(cfg: QuaeroConfig) -> int:
-    """Dr. GRPO's normaliser: the most action tokens an RL step can sample (tasks x group x turns x max_tokens)."""
-    most = max(v.training.group_size * v.env.max_turns for v in cfg.views().values())  # a mixture's largest env's
+    """Dr. GRPO's normaliser: the most action tokens an RL step can sample (tasks x group x turns x
+    max_tokens)."""
+    # a mixture's largest env's
+    most = max(v.training.group_size * v.env.max_turns for v in cfg.views().values())
     return cfg.training.tasks_per_step * most * cfg.sampler.max_tokens
 
 
@@ -248,22 +253,41 @@ def trainer_spec(cfg: QuaeroConfig) -> TrainerSpec:
     """The part of the config a trainer reads."""
     b, o = cfg.backend, cfg.backend.options
     return TrainerSpec(
-        model=cfg.model.name, dtype=cfg.model.dtype, max_seq_len=cfg.model.max_seq_len, seed=cfg.run.seed,
-        lr=b.lr, betas=tuple(b.betas), weight_decay=b.weight_decay, max_grad_norm=b.max_grad_norm,
-        micro_batch_tokens=b.micro_batch_tokens, lora=b.lora, lora_r=b.lora_r, lora_alpha=b.lora_alpha,
-        gradient_checkpointing=b.gradient_checkpointing, unsloth_fast_inference=b.unsloth_fast_inference,
-        temperature=cfg.sampler.temperature, clip_eps=cfg.training.clip_eps,
+        model=cfg.model.name,
+        dtype=cfg.model.dtype,
+        max_seq_len=cfg.model.max_seq_len,
+        seed=cfg.run.seed,
+        lr=b.lr,
+        betas=tuple(b.betas),
+        weight_decay=b.weight_decay,
+        max_grad_norm=b.max_grad_norm,
+        micro_batch_tokens=b.micro_batch_tokens,
+        lora=b.lora,
+        lora_r=b.lora_r,
+        lora_alpha=b.lora_alpha,
+        gradient_checkpointing=b.gradient_checkpointing,
+        unsloth_fast_inference=b.unsloth_fast_inference,
+        temperature=cfg.sampler.temperature,
+        clip_eps=cfg.training.clip_eps,
         loss_aggregation=cfg.training.loss_aggregation,
         loss_constant=rl_loss_constant(cfg) if cfg.training.loss_aggregation == "constant" else 0,
-        echo=cfg.echo.enabled, echo_weight=cfg.echo.weight, echo_normalization=cfg.echo.normalization,
+        echo=cfg.echo.enabled,
+        echo_weight=cfg.echo.weight,
+        echo_normalization=cfg.echo.normalization,
         selective_logits=o.train_selective_suffix_logits,
         selective=SelectivePolicy(
-            dense_min_density=o.train_selective_dense_min_density, suffix_max_bytes=o.train_selective_suffix_max_bytes,
+            dense_min_density=o.train_selective_dense_min_density,
+            suffix_max_bytes=o.train_selective_suffix_max_bytes,
             hidden_max_bytes=o.train_selective_hidden_max_bytes,
-            chunk_size=o.train_logprob_chunk_size, compile_mode=o.train_compile_selective_ce,
-            compile_min_tokens=o.train_compile_selective_ce_min_tokens),
+            chunk_size=o.train_logprob_chunk_size,
+            compile_mode=o.train_compile_selective_ce,
+            compile_min_tokens=o.train_compile_selective_ce_min_tokens,
+        ),
         memory=MemoryPolicy(
-            save_on_cpu=o.train_save_on_cpu, save_on_cpu_pin_memory=o.train_save_on_cpu_pin_memory,
+            save_on_cpu=o.train_save_on_cpu,
+            save_on_cpu_pin_memory=o.train_save_on_cpu_pin_memory,
             save_on_cpu_min_numel=o.train_save_on_cpu_min_numel,
-            supervised_context_tokens=o.train_supervised_context_tokens),
-        distributed=cfg.distributed.strategy)
+            supervised_context_tokens=o.train_supervised_context_tokens,
+        ),
+        distributed=cfg.distributed.strategy,
+    )

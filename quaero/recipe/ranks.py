@@ -21,7 +21,9 @@ from collections import Counter
 from typing import Any
 
 from quaero import process_group
-from quaero.process_group import from_rank0, gather, rank, world_size  # noqa: F401 (the recipe's names for them)
+
+# (the recipe's names for them)
+from quaero.process_group import from_rank0, gather, rank, world_size  # noqa: F401
 
 
 def is_main() -> bool:
@@ -30,7 +32,8 @@ def is_main() -> bool:
 
 
 def task_share(n_tasks: int) -> range:
-    """This rank's block of a step's `n_tasks` task offsets: the first `n_tasks % ranks` ranks take one more."""
+    """This rank's block of a step's `n_tasks` task offsets: the first `n_tasks % ranks` ranks take one
+    more."""
     ranks, r = process_group.world_size(), process_group.rank()
     base, extra = divmod(n_tasks, ranks)
     start = r * base + min(r, extra)

@@ -60,12 +60,13 @@ class RunLock:
         except OSError as e:
             if e.errno != errno.ELOOP:
                 raise
-            raise RunFolderLocked(f"{self.path} is a link to {os.path.realpath(self.path)}; a run folder holds no "
-                                  "links: remove it") from None
-        if os.fstat(fd).st_nlink > 1:  # a hard link: another name for a file elsewhere, which ftruncate would empty
+            raise RunFolderLocked(f"{self.path} is a link to {os.path.realpath(self.path)}; a run folder "
+                                  "holds no links: remove it") from None
+        # a hard link: another name for a file elsewhere, which ftruncate would empty
+        if os.fstat(fd).st_nlink > 1:
             os.close(fd)
-            raise RunFolderLocked(f"{self.path} is a hard link ({os.stat(self.path).st_nlink} names for one file); "
-                                  "a run folder holds no links: remove it")
+            raise RunFolderLocked(f"{self.path} is a hard link ({os.stat(self.path).st_nlink} names for one "
+                                  "file); a run folder holds no links: remove it")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

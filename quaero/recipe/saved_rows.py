@@ -1,5 +1,5 @@
-"""Saved rows: `[logging] save_rows` keeps each step's trained rows in the run folder, for `quaero inspect rows`
-(quaero/tools/inspect_rows.py) and OpenEnv's token formats (quaero/rollout/traces.py).
+"""Saved rows: `[logging] save_rows` keeps each step's trained rows in the run folder, for `quaero inspect
+rows` (quaero/tools/inspect_rows.py) and OpenEnv's token formats (quaero/rollout/traces.py).
 
 `[logging] save_rows` ("none" | "sample": the first SAMPLE_ROWS rows of each step | "all") writes
 `runs/NAME/rows/step-000123.jsonl`, one JSON object per row: its `EchoRow.to_dict()` fields plus the step,
@@ -62,6 +62,7 @@ def save_step_rows(run_dir: Path, mode: str, step: int, rows: list[tuple[EchoRow
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except (OSError, TypeError, ValueError) as e:
-        log.warning("rows_save_failed", path=str(path), error=str(e), note="training continues; rows not saved")
+        log.warning("rows_save_failed", path=str(path), error=str(e), note="training continues; rows not "
+                                                                           "saved")
         return {names.ROWS_SAVED: 0, names.ROWS_SAVE_FAILURES: 1}
     return {names.ROWS_SAVED: len(chosen), names.ROWS_SAVE_FAILURES: 0}

@@ -67,8 +67,9 @@ class EnvLostError(RuntimeError):
 
 
 def _lost(c: Components, step: int) -> None:
-    """Under `[training] on_env_loss = "stop"`: an RL step whose env lost episodes (a dead server, timeouts past
-    the retries) ends the run before it trains (the last checkpoint stays the resume point), naming the env."""
+    """Under `[training] on_env_loss = "stop"`: an RL step whose env lost episodes (a dead server, timeouts
+    past the retries) ends the run before it trains (the last checkpoint stays the resume point), naming the
+    env."""
     lost: dict[str, int] = {}
     for g in c.step_groups:
         if g.dropped:
@@ -77,15 +78,17 @@ def _lost(c: Components, step: int) -> None:
         return
     why = (f"step {step}: " + ", ".join(f"env {name!r} lost {n} episode(s)" for name, n in lost.items())
            + " ([training] on_env_loss='stop'); the step was not trained; its env_episode_dropped events in "
-           f"{c.cfg.run_dir / names.EVENTS} say why; resume once the env is back, or set on_env_loss = 'continue'")
+           f"{c.cfg.run_dir / names.EVENTS} say why; resume once the env is back, or set on_env_loss = "
+           "'continue'")
     log.error(names.RUN_END_EVENT, status="failed", steps=step - 1, error=why)
     raise EnvLostError(why)
 
 
 @dataclass
 class EnvRun:
-    """One env of the run (a mixture's, or the one `[env]`): its view of the config (quaero/config.py `views`),
-    its sessions, its driver (its own turn limit and budgets), its task sampler and its warm start's oracle."""
+    """One env of the run (a mixture's, or the one `[env]`): its view of the config (quaero/config.py
+    `views`), its sessions, its driver (its own turn limit and budgets), its task sampler and its warm start's
+    oracle."""
 
     name: str
     cfg: QuaeroConfig
@@ -157,8 +160,9 @@ def build(cfg: QuaeroConfig, pool: EnvPool | dict[str, EnvPool], counts: Rollout
     pools = pool if isinstance(pool, dict) else {SINGLE: pool}
     counts = counts if counts is not None else next(iter(pools.values())).counts
     if cfg.training.dynamic_sampling and ranks.world_size() > 1:
-        raise ConfigError(f"[training] dynamic_sampling=true under torchrun ({ranks.world_size()} ranks): each "
-                          "rank would sample a different number of further tasks; it is built for one process")
+        raise ConfigError(f"[training] dynamic_sampling=true under torchrun ({ranks.world_size()} ranks): "
+                          "each rank would sample a different number of further tasks; it is built for one "
+                          "process")
     t = cfg.training
     views = cfg.views()
     for name, view in views.items():
@@ -166,13 +170,15 @@ def build(cfg: QuaeroConfig, pool: EnvPool | dict[str, EnvPool], counts: Rollout
         check_splits(pools[name].tasks, view.env, train=bool(t.steps or t.warmup_sft_steps),
                      evaluate=bool(view.training.eval_tasks), source=where)
     device = resolve_device(cfg.run.device)
-    trainer = trainer_class(cfg.backend.backend)(trainer_spec(cfg), device)  # unsloth is imported first inside
+    # unsloth is imported first inside
+    trainer = trainer_class(cfg.backend.backend)(trainer_spec(cfg), device)
     render = RenderAdapter(load_tokenizer(cfg.model.name), cfg.model)
     # an FSDP2 trainer's module holds shards and gathers them in collectives: sampling, which runs a
     # different number of forwards on each rank, needs a whole model of its own (synced before it samples);
     # so does sampling ahead, which runs while the trainer updates its module
     shared = None if trainer.sharded or cfg.training.max_off_policy_steps else trainer.model
-    sampler = make_sampler(cfg, model=shared, stop_token_ids=render.stop_token_ids, device=str(trainer.device),
+    sampler = make_sampler(cfg, model=shared, stop_token_ids=render.stop_token_ids,
+                           device=str(trainer.device),
                            log_dir=sampler_log_dir)
     envs = [EnvRun(name, view, pools[name], EpisodeDriver(render, sampler, DriverSettings.of(view), counts),
                    env_tasks(name, view, pools[name]),
@@ -193,9 +199,9 @@ def env_tasks(name: str, view: QuaeroConfig, pool: EnvPool) -> EnvTasks:
 
 
 def draw(c: Components, step: int, n: int) -> list[list]:
-    """Step `step`'s `n` groups: [env name, task index] each, shared out over the envs by the mixture and drawn
-    from each env's task sampler; logged with the weights each was drawn with (`tasks_drawn`). Every rank
-    draws the same (the samplers learn from every rank's outcomes)."""
+    """Step `step`'s `n` groups: [env name, task index] each, shared out over the envs by the mixture and
+    drawn from each env's task sampler; logged with the weights each was drawn with (`tasks_drawn`). Every
+    rank draws the same (the samplers learn from every rank's outcomes)."""
     picks, drawn = [], {}
     for e, k in zip(c.envs, c.mixture.allocate(n).values()):
         if not k:
@@ -223,7 +229,8 @@ def _collect(c: Components, step: int, *, sft: bool) -> list[tuple[EchoRow, list
     RL groups' outcomes before the next draw."""
     if sft and c.traces is not None:  # recorded episodes: no rollout, no transitions of a sampler to save
         per_step = c.cfg.training.tasks_per_step
-        return ranks.gather_rows([(r, []) for r in trace_batch(c.traces, step, per_step, ranks.task_share(per_step))])
+        return ranks.gather_rows([(r, []) for r in trace_batch(c.traces, step, per_step,
+                                                               ranks.task_share(per_step))])
     picks = c.pending.pop(step, None) or draw(c, step, c.cfg.training.tasks_per_step)
     rows, groups = _roll_out(c, step, picks, sft=sft)
     if not sft:
@@ -239,7 +246,8 @@ def learn(c: Components, step: int, groups: list[GroupOutcome]) -> None:
         if g.rewards:
             by_name[g.env].tasks.update(g.task, g.rewards, g.costs)
     c.step_groups = groups
-    # per group: [env, task, its spec's group (e.g. toolbench's template), successes, episodes, spread, tokens]
+    # per group: [env, task, its spec's group (e.g. toolbench's template), successes, episodes, spread,
+    # tokens]
     log.info(names.TASK_OUTCOMES_EVENT, for_step=step, groups=[
         [g.env, g.task, _spec_group(by_name[g.env], g.task), sum(r > 0 for r in g.rewards), len(g.rewards),
          g.spread, int(sum(g.costs))] for g in groups])
@@ -288,8 +296,8 @@ def signal_metrics(c: Components) -> dict[str, Any]:
 
 def _roll_out(c: Components, step: int, picks: list[list], *, sft: bool
               ) -> tuple[list[tuple[EchoRow, list[Transition]]], list[GroupOutcome]]:
-    """This rank's share of the step's groups (`picks`): its kept rows with their advantages, and every group's
-    outcome. No collective: a rollout sampled ahead runs it on a worker thread.
+    """This rank's share of the step's groups (`picks`): its kept rows with their advantages, and every
+    group's outcome. No collective: a rollout sampled ahead runs it on a worker thread.
 
     Dynamic sampling (`[training] dynamic_sampling`, one process, never with rollouts sampled ahead): while
     fewer than tasks_per_step groups have reward spread, further groups are drawn from the task samplers of
@@ -324,7 +332,8 @@ def _roll_out(c: Components, step: int, picks: list[list], *, sft: bool
 
 def _echo_scale(c: Components, step: int, sft: bool) -> tuple[float, dict[str, float]]:
     """This step's λ and each env's factor on its rows' ECHO weights: a mixture's step trains λ = the largest
-    of its envs' λ (`[[envs]] echo_weight`, else [echo]'s), each env's rows scaled to their own (0: no ECHO)."""
+    of its envs' λ (`[[envs]] echo_weight`, else [echo]'s), each env's rows scaled to their own (0: no
+    ECHO)."""
     t = c.cfg.training
     rl_step = step - t.warmup_sft_steps
     weights = {e.name: e.cfg.echo.weight if sft else e.cfg.echo.weight_at(rl_step, t.steps) for e in c.envs}
@@ -342,8 +351,8 @@ def _episode_label(c: Components, env: EnvRun, index: int, slot: int) -> str:
 
 def _rows_of(c: Components, step: int, picks: list[list], first_slot: int, seed: int, *, sft: bool
              ) -> tuple[list[tuple[EchoRow, list[Transition]]], list[GroupOutcome]]:
-    """The groups of `picks` ([env, task index], the step's groups from slot `first_slot` on), each env's on its
-    own sessions with its own group size and oracle: their kept rows with advantages (each row naming its
+    """The groups of `picks` ([env, task index], the step's groups from slot `first_slot` on), each env's on
+    its own sessions with its own group size and oracle: their kept rows with advantages (each row naming its
     episode), and each group's outcome (in `picks` order)."""
     _, echo_factor = _echo_scale(c, step, sft) if c.cfg.is_mixture else (None, {})
     results: dict[int, tuple[list[tuple[EchoRow, list[Transition]]], GroupOutcome]] = {}
@@ -395,8 +404,8 @@ def _group_rows(c: Components, e: EnvRun, step: int, index: int, slot: int, grou
 
 
 def _sample_ahead(c: Components, step: int, picks: list[list], version: int) -> Rollout:
-    """Step `step`'s rollout of `picks` with the sampler's weights of policy `version`, its counts taken apart;
-    runs on the worker thread (or inline, on-policy, for a step nothing was launched for)."""
+    """Step `step`'s rollout of `picks` with the sampler's weights of policy `version`, its counts taken
+    apart; runs on the worker thread (or inline, on-policy, for a step nothing was launched for)."""
     set_step(step)  # the events logged while it samples carry the step they sample for
     t0 = time.perf_counter()
     collected, groups = _roll_out(c, step, picks, sft=False)  # no dynamic sampling ahead (config rule)
@@ -464,7 +473,8 @@ def eval_at(c: Components, step: int) -> None:
         split = e.cfg.env.eval_split
         indices = eval_indices(e.pool.tasks, split, e.cfg.training.eval_tasks)  # the env's eval split
         tasks = [task_reset(e.cfg, split, indices[i]) for i in ranks.task_share(len(indices))]
-        groups = e.driver.run(e.pool.sessions, tasks, group_size=1, greedy=True, seed=ranks.rank_seed(cfg.run.seed),
+        groups = e.driver.run(e.pool.sessions, tasks, group_size=1, greedy=True,
+                              seed=ranks.rank_seed(cfg.run.seed),
                               on_group_done=_progress("eval_progress", len(tasks)))
         eps += [ep for g in groups for ep in g if not ep.dropped]
         # per task, for paired comparisons of two evaluations (quaero review): [index, success, reward(, env)]
@@ -479,14 +489,25 @@ def eval_at(c: Components, step: int) -> None:
                               names.EVAL_DROPPED: ranks.total(sum(ep.dropped for g in groups for ep in g))}
     sample = [_brief(m) for m in eps[0].messages[1:]] if eps else []  # what the model does, for humans
     s = ranks.rollout_snapshot(c.counts)  # eval's own counts, kept out of the next train step's
-    log.info(names.EVAL_EVENT, **{
-        names.EVAL_REWARD: s[names.REWARD_MEAN], names.EVAL_SUCCESS_RATE: s[names.SUCCESS_RATE],
-        names.EVAL_EPISODES: ranks.total(len(eps)), names.EVAL_DROPPED: s[names.EPISODES_DROPPED],
-        names.EVAL_TRUNCATED: s[names.EPISODES_TRUNCATED], names.EVAL_TIME_S: round(time.perf_counter() - t0, 2),
-        names.PREFIX_MISMATCHES: s[names.PREFIX_MISMATCHES], names.BRIDGE_FALLBACKS: s[names.BRIDGE_FALLBACKS],
-        names.ENV_RETRIES: s[names.ENV_RETRIES], names.EVAL_DROP_REASONS: drop_reasons(s),
-        names.EVAL_RESULTS: results, names.SAMPLE_TRANSCRIPT: sample, **synced,
-        **({names.EVAL_BY_ENV: by_env} if by_env else {})})
+    log.info(
+        names.EVAL_EVENT,
+        **{
+            names.EVAL_REWARD: s[names.REWARD_MEAN],
+            names.EVAL_SUCCESS_RATE: s[names.SUCCESS_RATE],
+            names.EVAL_EPISODES: ranks.total(len(eps)),
+            names.EVAL_DROPPED: s[names.EPISODES_DROPPED],
+            names.EVAL_TRUNCATED: s[names.EPISODES_TRUNCATED],
+            names.EVAL_TIME_S: round(time.perf_counter() - t0, 2),
+            names.PREFIX_MISMATCHES: s[names.PREFIX_MISMATCHES],
+            names.BRIDGE_FALLBACKS: s[names.BRIDGE_FALLBACKS],
+            names.ENV_RETRIES: s[names.ENV_RETRIES],
+            names.EVAL_DROP_REASONS: drop_reasons(s),
+            names.EVAL_RESULTS: results,
+            names.SAMPLE_TRANSCRIPT: sample,
+            **synced,
+            **({names.EVAL_BY_ENV: by_env} if by_env else {}),
+        },
+    )
 
 
 def _mean(values: list[float]) -> float | None:
@@ -510,7 +531,8 @@ def _progress(event: str, total: int, every_s: float = 5.0):
 
 
 def _brief(message: dict, limit: int = 160) -> str:
-    calls = [f"{c['function']['name']}({c['function'].get('arguments')})" for c in message.get("tool_calls") or []]
+    calls = [f"{c['function']['name']}({c['function'].get('arguments')})" for c in message.get("tool_calls")
+             or []]
     text = " ".join(filter(None, [message.get("content") or "", *calls]))
     return f"{message.get('role')}: {text[:limit]}"
 
@@ -521,7 +543,8 @@ def _disjoint(*parts: dict[str, Any]) -> dict[str, Any]:
     for part in parts:
         clash = out.keys() & part.keys()
         if clash:
-            raise ValueError(f"step metrics {sorted(clash)} come from two owners; give one of them another name")
+            raise ValueError(f"step metrics {sorted(clash)} come from two owners; give one of them another "
+                             "name")
         out.update(part)
     return out
 
@@ -547,8 +570,8 @@ def run_step(c: Components, step: int, *, sft: bool, ahead: RolloutsAhead | None
     if not sft:
         _lost(c, step)
     rows = [row for row, _ in collected]
-    # [data] traces_loss = "rl": the warm start's recorded rows train the RL loss off-policy (their advantages,
-    # the ratio over their recorded sampler log-probs), not SFT
+    # [data] traces_loss = "rl": the warm start's recorded rows train the RL loss off-policy (their
+    # advantages, the ratio over their recorded sampler log-probs), not SFT
     traces_rl = sft and c.traces is not None and c.cfg.data.traces_loss == "rl"
     phase = names.PHASE_TRACES_RL if traces_rl else names.PHASE_SFT if sft else names.PHASE_RL
     saved = (save_step_rows(c.cfg.run_dir, c.cfg.logging.save_rows, step, collected, phase=phase,
@@ -619,7 +642,8 @@ def why_no_rows(cfg: QuaeroConfig, drops: dict[str, int], exhausted: int, nonfin
 def _save(c: Components, step: int, rng: dict | None = None, tasks: dict[str, Any] | None = None) -> Path:
     """Rank 0 writes the checkpoint; an FSDP2 trainer's shards are written by every rank into it first
     (torch.distributed.checkpoint), and every rank's RNG state is kept beside rank 0's. `rng`: the state to
-    keep instead of the current one (a step that failed had drawn from it), `tasks` the task state likewise."""
+    keep instead of the current one (a step that failed had drawn from it), `tasks` the task state
+    likewise."""
     root, rank_rng = checkpoint.run_checkpoints(c.cfg.run_dir), None
     if ranks.world_size() > 1:
         rank_rng = ranks.gather(checkpoint.rng_state())
@@ -634,7 +658,8 @@ def _save(c: Components, step: int, rng: dict | None = None, tasks: dict[str, An
         state = checkpoint.RunState(step=step, cursor=_cursor(c, tasks), trainer=c.trainer.state_dict(),
                                     rng=rng or checkpoint.rng_state(), cumulative=c.cumulative.totals,
                                     rank_rng=rank_rng, tasks=tasks)
-        return checkpoint.save(root, step, state.to_state(), keep=c.cfg.training.keep_checkpoints, folder=shards)
+        return checkpoint.save(root, step, state.to_state(), keep=c.cfg.training.keep_checkpoints,
+                               folder=shards)
 
     try:
         path = ranks.from_rank0(write)
@@ -664,19 +689,25 @@ def load_task_state(c: Components, state: checkpoint.RunState) -> None:
     older quaero holds the sequential cursor alone."""
     saved = state.tasks
     warm_start = state.step <= c.cfg.training.warmup_sft_steps  # RL has drawn nothing yet
-    if saved is None and warm_start and not c.cfg.is_mixture and c.envs[0].cfg.env.tasks.sampler != "sequential":
+    if (
+        saved is None
+        and warm_start
+        and not c.cfg.is_mixture
+        and c.envs[0].cfg.env.tasks.sampler != "sequential"
+    ):
         _sampler_changed(c.envs[0], "sequential", state.step)  # an older quaero's warm start
         return
     if saved is None:
         if c.cfg.is_mixture or c.envs[0].cfg.env.tasks.sampler != "sequential":
-            raise checkpoint.CheckpointError("the checkpoint holds no task sampler state (written before mixtures "
-                                             "and task samplers); resume it with one [env] and sampler = "
-                                             "\"sequential\", or pass --restart")
+            raise checkpoint.CheckpointError("the checkpoint holds no task sampler state (written before "
+                                             "mixtures and task samplers); resume it with one [env] and "
+                                             "sampler = \"sequential\", or pass --restart")
         c.envs[0].tasks.sampler.load_state_dict({"cursor": state.cursor})
         return
     mine, theirs = [e.name for e in c.envs], list(saved["samplers"])
     if mine != theirs:
-        raise checkpoint.CheckpointError(f"the checkpoint was written by envs {theirs}, this config has {mine}; "
+        raise checkpoint.CheckpointError(f"the checkpoint was written by envs {theirs}, this config has "
+                                         f"{mine}; "
                                          "resume with the config it was saved with, or pass --restart")
     c.mixture.load_state_dict(saved["mixture"])
     c.pending = {int(k): v for k, v in saved["pending"].items()}
@@ -774,7 +805,8 @@ class StopRequest:
         import threading
 
         if threading.current_thread() is threading.main_thread():
-            self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT,
+                                                                                signal.SIGTERM)}
         STOP_REQUESTED.clear()
         return self
 
@@ -803,7 +835,8 @@ def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path
     if start == 0 and cfg.training.eval_every:
         eval_at(c, 0)
     bar = tqdm(range(start + 1, total + 1), initial=start, total=total, desc="train", unit="step",
-               disable=not cfg.logging.progress or not sys.stderr.isatty() or not ranks.is_main())  # no bar in a log file
+               # no bar in a log file
+               disable=not cfg.logging.progress or not sys.stderr.isatty() or not ranks.is_main())
     try:
         with RolloutsAhead() if cfg.training.max_off_policy_steps else contextlib.nullcontext() as ahead:
             total = _steps(c, stop, bar, run_id, ahead)
@@ -818,7 +851,8 @@ def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path
         why = f"the run's {total} step(s) trained no row; " + why_no_rows(
             cfg, dropped, totals.get(names.CONTEXT_EXHAUSTED, 0),
             totals.get(names.GROUPS_NONFINITE_ADVANTAGE, 0))
-        log.error(names.RUN_END_EVENT, status="failed", steps=total, run_id=run_id, error=why, drop_reasons=dropped)
+        log.error(names.RUN_END_EVENT, status="failed", steps=total, run_id=run_id, error=why,
+                  drop_reasons=dropped)
         raise EmptyRunError(why)  # no final/: there is no trained model to hand over
     from quaero.recipe.model_folder import save_final
 
@@ -835,7 +869,8 @@ def _budget_spent(c: Components, step: int) -> bool:
 
 
 def _steps(c: Components, stop: StopRequest, bar, run_id: str, ahead: RolloutsAhead | None) -> int:
-    """Run the steps; the last one run: `warmup_sft_steps + steps`, or the RL step that spent the token budget."""
+    """Run the steps; the last one run: `warmup_sft_steps + steps`, or the RL step that spent the token
+    budget."""
     cfg = c.cfg
     total = cfg.training.warmup_sft_steps + cfg.training.steps
     for step in bar:
@@ -893,7 +928,8 @@ def _open_run_folder(stack: contextlib.ExitStack, cfg: QuaeroConfig) -> str:
     # the lock comes first: a second process must not append to this run's events or touch its checkpoints
     lock = stack.enter_context(RunLock(cfg.run_dir))
     run = stack.enter_context(RunLog(cfg.run_dir))
-    stack.enter_context(open_sinks(cfg.logging.report_to, cfg.run_dir, cfg.run.name, cfg.model_dump(mode="json")))
+    stack.enter_context(open_sinks(cfg.logging.report_to, cfg.run_dir, cfg.run.name,
+                                   cfg.model_dump(mode="json")))
     if lock.stale_pid is not None:
         log.warning("run_lock_taken_over", lock=str(lock.path), stale_pid=lock.stale_pid,
                     note="that process died holding the run folder's lock")
@@ -925,8 +961,10 @@ def open_pools(stack: contextlib.ExitStack, cfg: QuaeroConfig, counts: RolloutCo
     for name, view in cfg.views().items():
         log_dir = cfg.run_dir / names.ENV_SERVERS
         try:
-            pools[name] = stack.enter_context(open_envs(view.env, max(per_rank * view.training.group_size, 1), counts,
-                                                        log_dir=log_dir / name if cfg.is_mixture else log_dir))
+            pools[name] = stack.enter_context(open_envs(view.env, max(per_rank * view.training.group_size, 1),
+                                                        counts,
+                                                        log_dir=log_dir / name if cfg.is_mixture
+                                                        else log_dir))
         except ConfigError as e:
             if not cfg.is_mixture:
                 raise
@@ -936,8 +974,8 @@ def open_pools(stack: contextlib.ExitStack, cfg: QuaeroConfig, counts: RolloutCo
 
 def train(cfg: QuaeroConfig, *, resume: bool = False, restart: bool = False, source: str = "config") -> Path:
     """Run the job; returns the run folder. Ctrl-C (or SIGTERM) finishes the step, checkpoints, shuts down env
-    servers and the sampler, and raises KeyboardInterrupt (the CLI exits 130). A run folder with checkpoints is
-    resumed from its newest intact one; `restart` starts over at step 1 instead (see _resume_point).
+    servers and the sampler, and raises KeyboardInterrupt (the CLI exits 130). A run folder with checkpoints
+    is resumed from its newest intact one; `restart` starts over at step 1 instead (see _resume_point).
     Raises RunFolderLocked when another process trains in the same run folder.
 
     Under torchrun every rank calls this; it joins the process group first and leaves it at the end."""
@@ -971,7 +1009,8 @@ def train(cfg: QuaeroConfig, *, resume: bool = False, restart: bool = False, sou
                 if ranks.is_main():
                     (run_dir / names.CONFIG).write_text(cfg.model_dump_json(indent=2))
                     spread = {names.RANKS: ranks.world_size()} if ranks.world_size() > 1 else {}
-                    log.info("run_start", source=source, run_dir=str(run_dir), config=cfg.model_dump(mode="json"),
+                    log.info("run_start", source=source, run_dir=str(run_dir),
+                             config=cfg.model_dump(mode="json"),
                              **spread)
                 c = build(cfg, pools, counts, sampler_log_dir=run_dir / names.SAMPLER_SERVERS)
                 try:

@@ -70,7 +70,8 @@ class Episode:
     dropped: bool = False
     drop_reason: str = ""
     transitions: list[Transition] = field(default_factory=list)
-    truncated: bool = False  # cut by the turn limit or the context, or marked truncated by the env: never a success
+    # cut by the turn limit or the context, or marked truncated by the env: never a success
+    truncated: bool = False
 
 
 @dataclass
@@ -118,7 +119,8 @@ class DriverSettings:
 
 
 class EpisodeDriver:
-    def __init__(self, render: RenderAdapter, sampler: Sampler, settings: DriverSettings, counts: RolloutCounts):
+    def __init__(self, render: RenderAdapter, sampler: Sampler, settings: DriverSettings,
+                 counts: RolloutCounts):
         self.render = render
         self.sampler = sampler
         self.settings = settings
@@ -249,7 +251,8 @@ class EpisodeDriver:
             + "; counted as observations_truncated, said once; raise the bound or leave the field out with a "
               "[env] formatter"))
 
-    def _with_room(self, running: list[_Live], prompts: list[list[int]]) -> tuple[list[_Live], list[list[int]]]:
+    def _with_room(self, running: list[_Live], prompts: list[list[int]]) -> tuple[list[_Live],
+                                                                                  list[list[int]]]:
         """The episodes whose prompt leaves room for a full completion; the others end truncated, never a
         success: a completion cut by the context rather than by the model is not a turn worth judging."""
         keep = []
@@ -268,7 +271,8 @@ class EpisodeDriver:
             if ep.act is not None:  # scripted policy: the ids a model would have sampled, log-prob 0
                 ids = self.render.encode_assistant(ep.messages, ep.tools, ep.act(list(ep.messages)))
                 room = self.settings.max_seq_len - len(prompts[i])  # where a sampler would have stopped
-                out[i] = Completion(ids[:room], [0.0] * len(ids[:room]), "stop" if len(ids) <= room else "length")
+                out[i] = Completion(ids[:room], [0.0] * len(ids[:room]),
+                                    "stop" if len(ids) <= room else "length")
         sampled = [i for i, s in enumerate(scripted) if not s]
         if sampled:
             seed = self._seed * 100_003 + self._sample_calls
@@ -303,8 +307,8 @@ class EpisodeDriver:
         turn = len(ep.transitions)
         impossible = [lp for lp in comp.logprobs if not (math.isfinite(lp) and lp <= MAX_SAMPLER_LOGPROB)]
         if impossible:  # a sampler (a foreign server, a broken kernel) whose ratios would train on noise
-            ep.done, ep.dropped, ep.drop_kind = True, (f"step {turn}: sampler log-prob {impossible[0]} is impossible "
-                                                       f"(log p <= 0)"), "impossible_logprobs"
+            ep.done, ep.dropped, ep.drop_kind = True, (f"step {turn}: sampler log-prob {impossible[0]} is "
+                                                       f"impossible (log p <= 0)"), "impossible_logprobs"
             return
         if comp.finish_reason != "stop":
             self.counts.add(names.TRUNCATED_COMPLETIONS)  # still parsed and stepped: the env judges it
@@ -324,16 +328,21 @@ class EpisodeDriver:
             except BridgeFailure as f:
                 self.counts.bridge_fallback(f.reason)  # falls back to an action-only transition
                 if self.strict:
-                    raise ExactnessError(f"strict exactness: bridge failed ({f}); set [training] strict=false "
-                                         "to count it and train the action only") from f
-        ep.transitions.append(Transition(turn, prompt, list(comp.token_ids), list(comp.logprobs), response, kinds,
+                    raise ExactnessError(f"strict exactness: bridge failed ({f}); set [training] "
+                                         "strict=false to count it and train the action only") from f
+        ep.transitions.append(Transition(turn, prompt, list(comp.token_ids), list(comp.logprobs), response,
+                                         kinds,
                                          comp.finish_reason))
         self.counts.add(names.TURNS)
         self.counts.add(names.MALFORMED_ACTIONS, int(res.malformed))
         ep.messages += [assistant, *messages]
         ep.reward += float(res.reward)
         if not math.isfinite(ep.reward):  # finite rewards (check_reply) that overflow when summed
-            ep.done, ep.dropped, ep.drop_kind = True, f"step {turn}: reward sum {ep.reward} is not finite", "nonfinite_reward"
+            ep.done, ep.dropped, ep.drop_kind = (
+                True,
+                f"step {turn}: reward sum {ep.reward} is not finite",
+                "nonfinite_reward",
+            )
             return
         at_limit = not res.done and len(ep.transitions) >= self.settings.max_turns
         ep.truncated = at_limit or bool(res.info.get("truncated"))
@@ -357,7 +366,8 @@ class EpisodeDriver:
             return Episode([], 0.0, False, len(ep.transitions), ep.info, ep.messages, True, ep.dropped,
                            ep.transitions)
         rows = build_rows(ep.transitions, packing=self.settings.packing,
-                          include_scaffold=self.settings.include_scaffold, max_seq_len=self.settings.max_seq_len)
+                          include_scaffold=self.settings.include_scaffold,
+                          max_seq_len=self.settings.max_seq_len)
         bad = token_identity_errors(rows, ep.transitions)  # invariant 1 on the built rows
         if bad:
             self.counts.add(names.PREFIX_MISMATCHES, len(bad))

@@ -242,7 +242,8 @@ class RenderAdapter:
             # `<tool_call>5</tool_call>` (valid JSON, not an object); any parser error is a malformed reply
             text = self.tokenizer.decode([t for t in ids if t not in self.stop_token_ids])
             raise UnparsableAction(f"{type(e).__name__}: {e}", {"role": "assistant", "content": text,
-                                                                 "reasoning_content": None, "tool_calls": None}) from e
+                                                                 "reasoning_content": None,
+                                                                "tool_calls": None}) from e
         calls = [{"type": "function", "function": tc.get("function", tc)} for tc in parsed.tool_calls or []]
         return {"role": "assistant", "content": parsed.content or "",
                 "reasoning_content": parsed.reasoning_content or None, "tool_calls": calls or None}
@@ -267,7 +268,8 @@ class RenderAdapter:
     def _bridge_ids(self, prompt_ids: list[int], action_ids: list[int], messages: list[dict],
                     tools: list[dict] | None) -> list[int]:
         try:
-            out = self.renderer.bridge_to_next_turn(list(prompt_ids), list(action_ids), messages, tools=tools or None)
+            out = self.renderer.bridge_to_next_turn(list(prompt_ids), list(action_ids), messages,
+                                                    tools=tools or None)
         except Exception as e:  # a renderer bug must not kill a run: counted as a fallback
             raise BridgeFailure("exception", f"{type(e).__name__}: {e}") from e
         if out is None:

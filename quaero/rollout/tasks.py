@@ -25,5 +25,6 @@ def task_reset(cfg: QuaeroConfig, split: str, index: int, catalog: TaskCatalog |
 
 
 def reset_args(seed: int, split: str, index: int) -> dict:
-    """The reset arguments of the env's task `index` of `split` (a task sampler's pick) under run seed `seed`."""
+    """The reset arguments of the env's task `index` of `split` (a task sampler's pick) under run seed
+    `seed`."""
     return {"seed": seed * 1_000_003 + index, "split": split, "index": index}

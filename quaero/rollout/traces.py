@@ -2,10 +2,10 @@
 
 Out (`quaero inspect rows RUN --export rfc010|openenv-trace OUT.jsonl`), one line per saved row:
 - RFC 010 record: `input_ids` and three 0/1 masks over them, `action_mask` (action spans: the policy-gradient
-  target), `obs_mask` (env spans: the ECHO target) and `warning_mask` (corrective spans: quaero's message after
-  a malformed action, harness text RFC 010 keeps out of the env loss); every other token is context. Beside
-  them: per-token `logprobs` (the sampler's, on action tokens), the row's `advantage` and `reward`, and the λ
-  it trained with (`world_model_coeff`, `world_loss_target`). `quaero.scaffold_mask` keeps the template
+  target), `obs_mask` (env spans: the ECHO target) and `warning_mask` (corrective spans: quaero's message
+  after a malformed action, harness text RFC 010 keeps out of the env loss); every other token is context.
+  Beside them: per-token `logprobs` (the sampler's, on action tokens), the row's `advantage` and `reward`, and
+  the λ it trained with (`world_model_coeff`, `world_loss_target`). `quaero.scaffold_mask` keeps the template
   tokens apart from the prompt, so a record reads back into the very spans it came from.
 - `TrainingTrace` (OpenEnv's pydantic model, validated on write): one turn per action span, its prompt the
   row's exact prefix, its completion the sampler's action ids and log-probs, loss mask 1 on the completion.
@@ -34,7 +34,8 @@ from quaero.telemetry.runlog import get_logger
 
 log = get_logger(__name__)
 
-ROLE_OF_KIND = {"action": "action", "env": "obs", "corrective": "warning", "scaffold": "scaffold", "prompt": "context"}
+ROLE_OF_KIND = {"action": "action", "env": "obs", "corrective": "warning", "scaffold": "scaffold",
+                "prompt": "context"}
 KIND_OF_ROLE = {role: kind for kind, role in ROLE_OF_KIND.items()}
 
 
@@ -46,7 +47,8 @@ class TraceRefused(ValueError):
 
 
 def token_kinds(n: int, spans: list) -> list[str]:
-    """The span kind of every token of a row ("prompt" where no span covers it); spans as saved lists or Spans."""
+    """The span kind of every token of a row ("prompt" where no span covers it); spans as saved lists or
+    Spans."""
     kinds = ["prompt"] * n
     for s in spans:
         kind, start, end = (s.kind, s.start, s.end) if isinstance(s, Span) else s[:3]
@@ -65,7 +67,9 @@ def run_length(items: list[str]) -> list[list]:
 
 
 def _expand(runs: Any, where: str) -> list[str]:
-    if not isinstance(runs, list) or not all(isinstance(r, list) and len(r) == 2 and r[0] in KIND_OF_ROLE.values()
+    if not isinstance(runs, list) or not all(isinstance(r,
+                                                        list) and len(r) == 2
+                                             and r[0] in KIND_OF_ROLE.values()
                                              and type(r[1]) is int and r[1] > 0 for r in runs):
         raise TraceRefused(f"{where}: roles are not [[kind, count], ...] over quaero's span kinds")
     return [kind for kind, count in runs for _ in range(count)]
@@ -78,7 +82,8 @@ def _row_from_kinds(ids: list[int], kinds: list[str], logprobs: list[float], *, 
     for i in range(1, len(ids) + 1):
         if i == len(ids) or kinds[i] != kinds[start]:
             kind = kinds[start]
-            # an action opens its turn; a prompt suffix after it belongs to the next; env text to the last action's
+            # an action opens its turn; a prompt suffix after it belongs to the next; env text to the last
+            # action's
             turn = actions if kind in ("action", "prompt") else max(actions - 1, 0)
             actions += kind == "action"
             spans.append(Span(kind, start, i, turn))
@@ -137,18 +142,21 @@ def to_training_trace(rec: dict, run_cfg: dict, run: str) -> dict:
     if not actions:
         raise ValueError(f"step {rec['step']} row {rec['row']}: no action span, so no engine call to record")
     node = f"{run}/step-{rec['step']}/row-{rec['row']}"
-    turns = [{"node_id": f"{node}/turn-{k}", "prompt_token_ids": ids[:start], "completion_token_ids": ids[start:end],
+    turns = [{"node_id": f"{node}/turn-{k}", "prompt_token_ids": ids[:start],
+              "completion_token_ids": ids[start:end],
               "per_token_logps": [min(lp, 0.0) for lp in lps[start:end]],
               "loss_mask": [0] * start + [1] * (end - start), "metadata": {"turn": turn}}
              for k, (_, start, end, turn) in enumerate(actions)]
     turns[-1]["metadata"]["quaero"] = {
-        **_origin(rec, run), **_scalars(rec, run_cfg), **_group(rec, run), "tail_token_ids": ids[actions[-1][2]:],
+        **_origin(rec, run), **_scalars(rec, run_cfg), **_group(rec,
+                                                                run), "tail_token_ids": ids[actions[-1][2]:],
         "roles": run_length(token_kinds(len(ids), rec["spans"]))}
     return TrainingTrace.model_validate({"schema_version": 1, "turns": turns}).model_dump(mode="json")
 
 
 def export_rows(records: list[dict], run_dir: Path, fmt: str, out: Path) -> tuple[int, list[str]]:
-    """Write `records` (saved rows) to `out` in `fmt` ("rfc010" | "openenv-trace"); (written, skipped reasons)."""
+    """Write `records` (saved rows) to `out` in `fmt` ("rfc010" | "openenv-trace"); (written, skipped
+    reasons)."""
     run_cfg = json.loads((Path(run_dir) / names.CONFIG).read_text())
     convert = to_rfc010 if fmt == "rfc010" else to_training_trace
     written, skipped = 0, []
@@ -172,14 +180,17 @@ def _ids(values: Any, vocab_size: int, name: str) -> list[int]:
         raise TraceRefused(f"{name} is not a list of integer token ids")
     bad = next((v for v in values if not 0 <= v < vocab_size), None)
     if bad is not None:
-        raise TraceRefused(f"{name} holds id {bad}, outside the tokenizer's vocabulary (0..{vocab_size - 1}): "
+        raise TraceRefused(f"{name} holds id {bad}, outside the tokenizer's vocabulary "
+                           f"(0..{vocab_size - 1}): "
                            "recorded with another tokenizer?")
     return values
 
 
 def _mask(rec: dict, key: str, n: int) -> list[int]:
     mask = rec.get(key, [0] * n)
-    if not isinstance(mask, list) or len(mask) != n or any(m not in (0, 1) or isinstance(m, float) for m in mask):
+    if not isinstance(mask, list) or len(mask) != n or any(m not in (0, 1) or isinstance(m,
+                                                                                         float)
+                                                           for m in mask):
         raise TraceRefused(f"{key} does not cover the {n} input_ids with 0/1 (or true/false) entries")
     return [int(m) for m in mask]
 
@@ -188,7 +199,9 @@ def _logprobs(values: Any, n: int, name: str) -> list[float]:
     if values is None:
         return [0.0] * n
     if (not isinstance(values, list) or len(values) != n
-            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)):
+            or not all(isinstance(v, (int, float)) and not isinstance(v,
+                                                                      bool) and math.isfinite(v)
+                       for v in values)):
         raise TraceRefused(f"{name} is not {n} finite numbers")
     return [float(v) for v in values]
 
@@ -208,7 +221,8 @@ def rfc010_row(rec: dict, vocab_size: int, include_scaffold: bool) -> EchoRow:
     if "action" not in kinds and "env" not in kinds:
         raise TraceRefused("no action or obs token: nothing to train")
     quaero = rec.get("quaero") if isinstance(rec.get("quaero"), dict) else {}
-    return _row_from_kinds(ids, kinds, _logprobs(rec.get("logprobs"), n, "logprobs"), include_scaffold=include_scaffold,
+    return _row_from_kinds(ids, kinds, _logprobs(rec.get("logprobs"), n, "logprobs"),
+                           include_scaffold=include_scaffold,
                            meta={"source": "rfc010", **_rl_fields({**quaero, **rec})})
 
 
@@ -228,8 +242,8 @@ def trace_row(rec: dict, vocab_size: int, include_scaffold: bool) -> EchoRow:
     for k, turn in enumerate(trace.turns):
         prompt = _ids(turn.prompt_token_ids, vocab_size, f"turn {k} prompt_token_ids")
         if prompt[:len(ids)] != ids:
-            raise TraceRefused(f"turn {k}'s prompt is not an extension of turn {k - 1}'s prompt + completion: "
-                               "its tokens are not the ones the model saw in one sequence")
+            raise TraceRefused(f"turn {k}'s prompt is not an extension of turn {k - 1}'s prompt + "
+                               "completion: its tokens are not the ones the model saw in one sequence")
         suffix = len(prompt) - len(ids)
         kinds += ["prompt" if k == 0 else "env"] * suffix
         completion = _ids(turn.completion_token_ids, vocab_size, f"turn {k} completion_token_ids")
@@ -245,12 +259,14 @@ def trace_row(rec: dict, vocab_size: int, include_scaffold: bool) -> EchoRow:
         if len(roles) != len(ids):
             raise TraceRefused(f"quaero roles cover {len(roles)} tokens, the turns hold {len(ids)}")
         if [r == "action" for r in roles[:len(kinds)]] != [k == "action" for k in kinds]:
-            raise TraceRefused("quaero roles disagree with the turns' loss_mask about which tokens are actions")
+            raise TraceRefused("quaero roles disagree with the turns' loss_mask about which tokens are "
+                               "actions")
         kinds = roles
     last = trace.turns[-1].metadata
     fields = {**last, **quaero} if isinstance(quaero, dict) else dict(last)
     return _row_from_kinds(ids, kinds, logprobs, include_scaffold=include_scaffold,
-                           meta={"source": "openenv-trace", "node_id": trace.turns[-1].node_id, **_rl_fields(fields)})
+                           meta={"source": "openenv-trace", "node_id": trace.turns[-1].node_id,
+                                 **_rl_fields(fields)})
 
 
 def load_traces(path: str | Path, vocab_size: int, *, include_scaffold: bool = False,
@@ -273,7 +289,8 @@ def load_traces(path: str | Path, vocab_size: int, *, include_scaffold: bool = F
                 elif isinstance(rec, dict) and "input_ids" in rec:
                     rows.append(rfc010_row(rec, vocab_size, include_scaffold))
                 else:
-                    raise TraceRefused("neither an RFC 010 record (input_ids + masks) nor a TrainingTrace (turns)")
+                    raise TraceRefused("neither an RFC 010 record (input_ids + masks) nor a TrainingTrace "
+                                       "(turns)")
                 if max_len is not None and len(rows[-1]) > max_len:
                     rows.pop()
                     raise TraceRefused(f"longer than [model] max_seq_len={max_len}")
@@ -306,10 +323,10 @@ def _rl_fields(fields: dict) -> dict:
 def rl_rows(rows: list[EchoRow], where: list[str]) -> tuple[list[EchoRow], list[str]]:
     """Rows for the off-policy RL loss: each with its advantage on its action tokens (the record's own
     `advantage`, else its reward minus its group's mean reward, as quaero's rollouts do) and the recorded
-    sampler log-probs it already holds (the importance ratio's denominator). Refused in one line each (where[i]:
-    reason): a row whose action tokens carry no sampler log-prob (all 0.0: an oracle demo, or a record without
-    `logprobs`) or a positive one; one with no advantage and no reward with a group; an advantage past
-    MAX_ABS_ADVANTAGE (recorded, or from its group's rewards); a group of one record."""
+    sampler log-probs it already holds (the importance ratio's denominator). Refused in one line each
+    (where[i]: reason): a row whose action tokens carry no sampler log-prob (all 0.0: an oracle demo, or a
+    record without `logprobs`) or a positive one; one with no advantage and no reward with a group; an
+    advantage past MAX_ABS_ADVANTAGE (recorded, or from its group's rewards); a group of one record."""
 
     refused: list[str] = []
     ready: list[tuple[int, float]] = []
@@ -319,11 +336,13 @@ def rl_rows(rows: list[EchoRow], where: list[str]) -> tuple[list[EchoRow], list[
         advantage, reward, group = _finite(row.meta.get("advantage")), _finite(row.meta.get("reward")), \
             row.meta.get("group")
         if not action or all(lp == 0.0 for lp in action):
-            refused.append(f"{where[i]}: its action tokens carry no sampler log-probs (all 0.0: an oracle demo, or "
-                           "no `logprobs`/`per_token_logps`), so the RL loss has no importance ratio; train it with "
+            refused.append(f"{where[i]}: its action tokens carry no sampler log-probs (all 0.0: an oracle "
+                           "demo, or no `logprobs`/`per_token_logps`), so the RL loss has no importance "
+                           "ratio; train it with "
                            '[data] traces_loss = "sft"')
         elif any(lp > 0.0 for lp in action):
-            refused.append(f"{where[i]}: a sampler log-prob above 0 on an action token: not a log-probability")
+            refused.append(f"{where[i]}: a sampler log-prob above 0 on an action token: not a "
+                           "log-probability")
         elif advantage is not None and abs(advantage) > MAX_ABS_ADVANTAGE:
             refused.append(f"{where[i]}: its advantage {advantage:g} is past +-{MAX_ABS_ADVANTAGE:g}, more "
                            "than the fp32 loss holds (it would train nothing: a NaN loss); scale the "
@@ -333,8 +352,8 @@ def rl_rows(rows: list[EchoRow], where: list[str]) -> tuple[list[EchoRow], list[
         elif reward is not None and group is not None:
             groups.setdefault(group, []).append((i, reward))
         else:
-            refused.append(f"{where[i]}: no `advantage`, and no `reward` with a `group` (the records of one task "
-                           "sampled together): nothing for the RL loss to weigh its actions by")
+            refused.append(f"{where[i]}: no `advantage`, and no `reward` with a `group` (the records of one "
+                           "task sampled together): nothing for the RL loss to weigh its actions by")
     for group, members in groups.items():
         if len(members) < 2:
             refused.append(f"{where[members[0][0]]}: the only record of group {group!r}: a group-relative "
@@ -369,8 +388,8 @@ def vocab_size_of(model_name: str) -> int:
 
 
 def warm_start_rows(cfg: Any, source: str = "config") -> tuple[list[EchoRow], list[str]]:
-    """`[data] traces` read for training: (rows, refusals), each refusal logged in one line; a ConfigError when
-    the file cannot be read or holds no exact record."""
+    """`[data] traces` read for training: (rows, refusals), each refusal logged in one line; a ConfigError
+    when the file cannot be read or holds no exact record."""
     path, vocab_size = cfg.data.traces, vocab_size_of(cfg.model.name)
     if Path(path).exists() and not Path(path).is_file():  # a FIFO would block the read until a writer came
         raise ConfigError(f"{source} [data] traces={path!r}: not a regular file (a FIFO, a device or a "
@@ -384,8 +403,8 @@ def warm_start_rows(cfg: Any, source: str = "config") -> tuple[list[EchoRow], li
         log.warning("trace_record_refused", reason=reason)
     if not rows:
         raise ConfigError(f"{source} [data] traces={path!r}: no exact record in it ({len(refused)} refused"
-                          + (f"; first: {refused[0]}" if refused else "") + "); write it with `quaero inspect "
-                          "rows RUN --export rfc010|openenv-trace OUT.jsonl` or OpenEnv's capture")
+                          + (f"; first: {refused[0]}" if refused else "") + "); write it with `quaero "
+                          "inspect rows RUN --export rfc010|openenv-trace OUT.jsonl` or OpenEnv's capture")
     log.info("traces_loaded", path=str(path), rows=len(rows), records_refused=len(refused))
     return rows, refused
 
@@ -394,14 +413,15 @@ def trace_line(cfg: Any, source: str = "config") -> str:
     """`quaero check`'s data line."""
     rows, refused = warm_start_rows(cfg, source)
     t = cfg.training
-    loss = ("off-policy RL (importance ratio over the recorded log-probs) + ECHO" if cfg.data.traces_loss == "rl"
+    loss = ("off-policy RL (importance ratio over the recorded log-probs) + ECHO"
+            if cfg.data.traces_loss == "rl"
             else "SFT + ECHO")
-    return (f"data        traces {cfg.data.traces}: {len(rows)} exact rows, trained as {t.warmup_sft_steps} {loss} "
-            f"warm-start steps of {t.tasks_per_step} rows; {len(refused)} line(s) refused"
+    return (f"data        traces {cfg.data.traces}: {len(rows)} exact rows, trained as {t.warmup_sft_steps} "
+            f"{loss} warm-start steps of {t.tasks_per_step} rows; {len(refused)} line(s) refused"
             + (f" (first: {refused[0]})" if refused else ""))
 
 
 def trace_batch(rows: list[EchoRow], step: int, per_step: int, share: list[int]) -> list[EchoRow]:
-    """Warm-start step `step`'s rows (this rank's `share` of its `per_step`), cycling through the file in order:
-    a function of the step alone, so a resumed run trains the same rows."""
+    """Warm-start step `step`'s rows (this rank's `share` of its `per_step`), cycling through the file in
+    order: a function of the step alone, so a resumed run trains the same rows."""
     return [rows[((step - 1) * per_step + i) % len(rows)] for i in share]

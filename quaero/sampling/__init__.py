@@ -37,7 +37,8 @@ class Sampler(Protocol):
         ...
 
     shares_model: bool  # True when the sampler runs the trainer's own module (no weight sync needed)
-    weight_transfer: str  # how update_weights reaches it: "copy" (hf), "file" (vLLM), "nccl" / "ipc" (servers)
+    # how update_weights reaches it: "copy" (hf), "file" (vLLM), "nccl" / "ipc" (servers)
+    weight_transfer: str
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None: ...
 
@@ -51,10 +52,12 @@ def request_seed(seed: int, prompt_index: int, n: int) -> int:
 
 
 def completion_budget(prompt_len: int, max_tokens: int, max_seq_len: int) -> int:
-    """Tokens a completion of this prompt may have: `max_tokens`, capped by the context left after the prompt."""
+    """Tokens a completion of this prompt may have: `max_tokens`, capped by the context left after the
+    prompt."""
     room = max_seq_len - prompt_len
     if room < 1:
-        raise ValueError(f"a prompt of {prompt_len} tokens leaves no room under [model] max_seq_len={max_seq_len}; "
+        raise ValueError(f"a prompt of {prompt_len} tokens leaves no room under [model] "
+                         f"max_seq_len={max_seq_len}; "
                          "the episode driver ends such episodes before sampling (context_exhausted)")
     return min(max_tokens, room)
 
@@ -85,10 +88,10 @@ def resolve_backend(name: str, device: str) -> str:
 
 
 def make_sampler(cfg, *, model=None, stop_token_ids: list[int], device: str, log_dir=None) -> Sampler:
-    """The sampler `cfg.sampler.backend` and `mode` name, built by its engine's `build` (quaero/sampler_registry.py).
-    `model` (the trainer's module) is shared by `hf` only; `log_dir` keeps the logs of the vLLM servers server
-    mode starts (else temp files). `auto` promises a sampler that runs, not one engine at any price: when the
-    engine it picked cannot start, it samples with `hf`, and says so."""
+    """The sampler `cfg.sampler.backend` and `mode` name, built by its engine's `build`
+    (quaero/sampler_registry.py). `model` (the trainer's module) is shared by `hf` only; `log_dir` keeps the
+    logs of the vLLM servers server mode starts (else temp files). `auto` promises a sampler that runs, not
+    one engine at any price: when the engine it picked cannot start, it samples with `hf`, and says so."""
     from quaero.model import resolve_device
 
     device = resolve_device(device)
@@ -108,8 +111,8 @@ def make_sampler(cfg, *, model=None, stop_token_ids: list[int], device: str, log
             from quaero.telemetry.runlog import error_line, get_logger
 
             get_logger(__name__).warning("sampler_fallback", chosen=registry.FALLBACK, error=error_line(e),
-                                         note=f"[sampler] backend='auto' could not start {name} for this model; "
-                                              f"sampling with {registry.FALLBACK} (backend={name!r} makes this an "
-                                              "error)")
+                                         note=f"[sampler] backend='auto' could not start {name} for this "
+                                              f"model; sampling with {registry.FALLBACK} (backend={name!r} "
+                                              "makes this an error)")
     return registry.builder(registry.FALLBACK)(cfg, model=model, stop_token_ids=stop_token_ids, device=device,
                                                log_dir=log_dir)

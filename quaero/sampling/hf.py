@@ -27,7 +27,8 @@ def processed_logprobs(logits: torch.Tensor, temperature: float, top_p: float, g
 
 
 class HFSampler:
-    def __init__(self, model, cfg: SamplerConfig, *, stop_token_ids: list[int], pad_token_id: int | None = None,
+    def __init__(self, model, cfg: SamplerConfig, *, stop_token_ids: list[int],
+                 pad_token_id: int | None = None,
                  shares_model: bool = False, max_seq_len: int | None = None):
         self.model = model
         self.shares_model = shares_model  # the trainer's own module: weight sync is a no-op
@@ -69,7 +70,8 @@ class HFSampler:
             ids[i, width - len(p):] = torch.tensor(p, device=dev)
             attn[i, width - len(p):] = 1
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
+                         logits_to_keep=1)
         stop = torch.tensor(self.stop_token_ids, device=dev)
         done = torch.zeros(B, dtype=torch.bool, device=dev)
         budget = torch.tensor(budgets, device=dev)

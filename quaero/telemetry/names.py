@@ -88,7 +88,8 @@ class Table:
 
 
 def total_of(name: str, value: object = None) -> str:
-    """How metric `name` totals over a run (see the module docstring; `value` decides for an undeclared name)."""
+    """How metric `name` totals over a run (see the module docstring; `value` decides for an undeclared
+    name)."""
     declared = METRICS.get(name) or next((m for p, m in FAMILIES.items() if name.startswith(p)), None)
     if declared is not None:
         return declared.total
@@ -105,13 +106,15 @@ def _table(title: str, owner: str) -> Table:
     return TABLES[-1]
 
 
-# ── the trainer step's branch counters (retrain's names, kept for compatibility) ──────────────────────────────
+# ── the trainer step's branch counters (retrain's names, kept for compatibility)
+# ──────────────────────────────
 
 _branch = _table("Branch counters (retrain's names, kept for compatibility)", "quaero/telemetry/proofs.py")
 SELECTIVE_SUFFIX_LOGITS = _branch.latest("local_train_selective_suffix_logits",
                                          "the selective target-mask mode is enabled")
 SPARSE_SUFFIX_SKIPS = _branch.count("local_train_selective_sparse_suffix_skips",
-                                    "microbatches whose sparse long suffix skipped the suffix-logits shortcut")
+                                    "microbatches whose sparse long suffix skipped the suffix-logits "
+                                    "shortcut")
 HIDDEN_BATCHES = _branch.count("local_train_selective_hidden_logprob_batches",
                                "microbatches on the exact selected-hidden-token path")
 COMPILED_CE_BATCHES = _branch.count("local_train_selective_compiled_ce_batches",
@@ -131,7 +134,8 @@ SAVE_ON_CPU = _branch.latest("local_train_save_on_cpu", "saved-tensor CPU offloa
 SELECTIVE_METRICS = (SELECTIVE_SUFFIX_LOGITS, SPARSE_SUFFIX_SKIPS, HIDDEN_BATCHES, COMPILED_CE_BATCHES,
                      SUFFIX_BATCHES, FALLBACK_BATCHES, COMPILE_MODE, COMPILE_FALLBACK_REASON)
 
-# ── the trainer step (trainers/step.py `step_metrics`, with each loss term's own: trainers/terms.py) ──────────
+# ── the trainer step (trainers/step.py `step_metrics`, with each loss term's own: trainers/terms.py)
+# ──────────
 
 _step = _table("Trainer step", "trainers/step.py, trainers/terms.py")
 LOSS = _step.per_step("loss", "RL (or SFT) term + ECHO term")
@@ -142,34 +146,40 @@ ACTION_TOKENS = _step.count("action_tokens",
                             "the RL/SFT term's denominator: action tokens trained (0 when nothing trained)")
 ECHO_TOKENS = _step.count("echo_tokens", "the ECHO term's denominator: environment tokens trained")
 ROWS = _step.count("rows", "rows trained")
-ECHO_WEIGHT = _step.per_step("echo_weight", "the ECHO weight of the step (after `[echo] schedule`; 0 with ECHO off)")
-LOSS_AGGREGATION = _step.latest("loss_aggregation", "the RL term's average (`token_mean` on warm-start steps)")
+ECHO_WEIGHT = _step.per_step("echo_weight", "the ECHO weight of the step (after `[echo] schedule`; 0 with "
+                                            "ECHO off)")
+LOSS_AGGREGATION = _step.latest("loss_aggregation", "the RL term's average (`token_mean` on warm-start "
+                                                    "steps)")
 ECHO_NORMALIZATION = _step.latest("echo_normalization", "the ECHO term's average")
 ROW_TOKENS = _step.count("row_tokens", "tokens of the trained rows")
 PADDED_TOKENS = _step.count("padded_tokens", "tokens of the microbatches, padding included")
 GRAD_NORM = _step.per_step("grad_norm", "the gradient norm before clipping")
 GRAD_CLIPPED = _step.latest("grad_clipped", "the norm exceeded `max_grad_norm`")
-OPTIMIZER_STEPPED = _step.latest("optimizer_stepped", "the optimizer stepped (false on a non-finite gradient)")
+OPTIMIZER_STEPPED = _step.latest("optimizer_stepped", "the optimizer stepped (false on a non-finite "
+                                                      "gradient)")
 NONFINITE_GRAD_SKIPS = _step.count("nonfinite_grad_skips", "1 when a non-finite gradient skipped the step")
 LR = _step.per_step("lr", "the learning rate of the step")
 FORWARD_PASSES = _step.count("forward_passes", "backbone forwards")
 MICROBATCHES = _step.count("microbatches", "microbatches built")
 LM_HEAD_SKIPPED_MICROBATCHES = _step.count("lm_head_skipped_microbatches",
                                            "microbatches no loss reads: no forward at all")
-FORWARD_PASSES_PER_MICROBATCH = _step.per_step("forward_passes_per_microbatch", "the shared-forward invariant: 1")
-SAMPLER_LOGPROB_GAP_MEAN = _step.per_step("sampler_logprob_gap_mean", "mean absolute sampler-vs-trainer log-prob "
-                                          "gap on sampled action tokens")
+FORWARD_PASSES_PER_MICROBATCH = _step.per_step("forward_passes_per_microbatch", "the shared-forward "
+                                                                                "invariant: 1")
+SAMPLER_LOGPROB_GAP_MEAN = _step.per_step("sampler_logprob_gap_mean", "mean absolute sampler-vs-trainer "
+                                          "log-prob gap on sampled action tokens")
 SAMPLER_LOGPROB_GAP_MAX = _step.per_step("sampler_logprob_gap_max", "its maximum")
 IMPORTANCE_RATIO_MEAN = _step.per_step("importance_ratio_mean",
                                        "mean trainer/sampler probability ratio on trained action tokens")
 CLIP_FRACTION = _step.per_step("clip_fraction", "fraction of those tokens whose ratio was clipped")
-CONTEXT_ROWS_CROPPED = _step.count("context_rows_cropped", "rows cropped by `train_supervised_context_tokens`")
+CONTEXT_ROWS_CROPPED = _step.count("context_rows_cropped", "rows cropped by "
+                                                           "`train_supervised_context_tokens`")
 CONTEXT_TOKENS_REMOVED = _step.count("context_tokens_removed", "tokens those crops removed")
 SAVE_ON_CPU_OFFLOADED_TENSORS = _step.count("save_on_cpu_offloaded_tensors", "tensors offloaded to CPU")
 SAVE_ON_CPU_OFFLOADED_MB = _step.per_step("save_on_cpu_offloaded_mb", "MiB offloaded to CPU")
 STEP_TIME_S = _step.per_step("step_time_s", "the trainer step's seconds")
 PEAK_MEM_MB = _step.largest("peak_mem_mb", "peak memory of the step")
-PEAK_MEM_SOURCE = _step.latest("peak_mem_source", "what measured it: `cuda_max_allocated` or `process_peak_rss`")
+PEAK_MEM_SOURCE = _step.latest("peak_mem_source", "what measured it: `cuda_max_allocated` or "
+                                                  "`process_peak_rss`")
 RANKS = _step.latest("ranks", "torchrun ranks (more than one only)")
 RANK_ROWS = _step.per_step("rank_rows", "rows per rank")
 RANK_ROW_TOKENS = _step.per_step("rank_row_tokens", "row tokens per rank")
@@ -178,11 +188,13 @@ RANK_PADDING_MICROBATCHES = _step.per_step("rank_padding_microbatches",
                                            "zero-loss forwards per rank that keep it in step with the others")
 RANK_PEAK_MEM_MB = _step.per_step("rank_peak_mem_mb", "peak memory per rank")
 
-# ── the rollout (quaero/telemetry/counts.py `RolloutCounts`: the sessions and the driver count into it) ──────────
+# ── the rollout (quaero/telemetry/counts.py `RolloutCounts`: the sessions and the driver count into it)
+# ──────────
 
 _rollout = _table("Rollout", "quaero/telemetry/counts.py")
 EPISODES = _rollout.count("episodes", "episodes run (dropped ones included)")
-EPISODES_DROPPED = _rollout.count("episodes_dropped", "episodes dropped (also counted as `drop_reason_<kind>`)")
+EPISODES_DROPPED = _rollout.count("episodes_dropped", "episodes dropped (also counted as "
+                                                      "`drop_reason_<kind>`)")
 EPISODES_ENDED_AT_RESET = _rollout.count("episodes_ended_at_reset", "resets that answered done=True: no "
                                          "episode (never sampled or trained, not in `episodes`); the env's "
                                          "reason is logged as `env_reset_ended`")
@@ -194,7 +206,8 @@ MALFORMED_ACTIONS = _rollout.count("malformed_actions",
                                    "replies that are no valid action (answered with a corrective message)")
 UNPARSABLE_ACTIONS = _rollout.count("unparsable_actions", "of those, replies the renderer's parser raised on")
 TRUNCATED_COMPLETIONS = _rollout.count("truncated_completions", "completions cut by `max_tokens`")
-OBSERVATIONS_TRUNCATED = _rollout.count("observations_truncated", "env messages cut to `max_observation_tokens`")
+OBSERVATIONS_TRUNCATED = _rollout.count("observations_truncated", "env messages cut to "
+                                                                  "`max_observation_tokens`")
 ENV_RESPONSES_CLIPPED = _rollout.count("env_responses_clipped", "bridged responses cut at the context's end")
 CONTEXT_EXHAUSTED = _rollout.count("context_exhausted",
                                    "episodes ended because the next prompt left no room to sample")
@@ -226,13 +239,14 @@ ENV_REJECTED_CALLS = _rollout.count("env_rejected_calls",
 ENV_REJECTED_ACTIONS = _rollout.count("env_rejected_actions", "actions the env raised on twice, the second "
                                       "time on a fresh session replayed to the same point: answered as an "
                                       "invalid action (`malformed_reward`, the env's message)")
-ENV_INVALID_REPLIES = _rollout.count("env_invalid_replies", "env replies that failed validation (the episode drops)")
+ENV_INVALID_REPLIES = _rollout.count("env_invalid_replies", "env replies that failed validation (the episode "
+                                                            "drops)")
 GROUPS = _rollout.count("groups", "kept groups (RL steps)")
-GROUPS_ZERO_ADVANTAGE = _rollout.count("groups_zero_advantage", "of those, groups whose rewards are all equal: no "
-                                       "RL signal, ECHO only")
-GROUPS_NONFINITE_ADVANTAGE = _rollout.count("groups_nonfinite_advantage", "groups left out: their rewards' spread "
-                                            "overflows a float (an episode whose rewards overflow when summed "
-                                            "drops as `nonfinite_reward`)")
+GROUPS_ZERO_ADVANTAGE = _rollout.count("groups_zero_advantage", "of those, groups whose rewards are all "
+                                       "equal: no RL signal, ECHO only")
+GROUPS_NONFINITE_ADVANTAGE = _rollout.count("groups_nonfinite_advantage", "groups left out: their rewards' "
+                                            "spread overflows a float (an episode whose rewards overflow "
+                                            "when summed drops as `nonfinite_reward`)")
 GROUPS_RESAMPLED = _rollout.count("groups_resampled", "dynamic sampling's further groups")
 DYNAMIC_SAMPLING_BOUND_HITS = _rollout.count("dynamic_sampling_bound_hits", "steps its bound cut short of "
                                              "`tasks_per_step` groups with spread")
@@ -240,62 +254,76 @@ ROLLOUT_COUNTERS = tuple(_rollout.names)  # every counter above, in the order a 
 REWARD_MEAN = _rollout.per_step("reward_mean", "mean reward of the kept episodes")
 SUCCESS_RATE = _rollout.per_step("success_rate", "success rate of the kept episodes")
 TURNS_MEAN = _rollout.per_step("turns_mean", "mean turns of the kept episodes")
-ROLLOUT_ROW_TOKENS_PER_EPISODE = _rollout.per_step("rollout_row_tokens_per_episode", "row tokens per kept episode")
+ROLLOUT_ROW_TOKENS_PER_EPISODE = _rollout.per_step("rollout_row_tokens_per_episode", "row tokens per kept "
+                                                                                     "episode")
 GROUPS_ZERO_ADVANTAGE_SHARE = _rollout.per_step("groups_zero_advantage_share", "their share of the groups")
 DROP_REASON = _rollout.count_family("drop_reason_", "kind",
                                     "dropped episodes by reason (e.g. `timeout`, `nonfinite_reward`)")
-BRIDGE_FALLBACK_REASON = _rollout.count_family("bridge_fallback_reason_", "reason", "bridge fallbacks by reason")
+BRIDGE_FALLBACK_REASON = _rollout.count_family("bridge_fallback_reason_", "reason", "bridge fallbacks by "
+                                                                                    "reason")
 
-# ── the recipe, per step (quaero/recipe/train.py) ─────────────────────────────────────────────────────────────
+# ── the recipe, per step (quaero/recipe/train.py)
+# ─────────────────────────────────────────────────────────────
 
 _recipe = _table("Recipe, per step", "quaero/recipe/train.py")
-PHASE = _recipe.latest("phase", "`sft` (warm start on demos), `traces_rl` (warm start on recorded traces with the "
-                       "RL loss off-policy, `[data] traces_loss = \"rl\"`) or `rl` (the policy's own rollouts)")
+PHASE = _recipe.latest("phase", "`sft` (warm start on demos), `traces_rl` (warm start on recorded traces "
+                       "with the RL loss off-policy, `[data] traces_loss = \"rl\"`) or `rl` (the policy's "
+                       "own rollouts)")
 # a step's phase: what its rows are and which loss trains them (also each saved row's `phase`)
 PHASE_SFT, PHASE_TRACES_RL, PHASE_RL = "sft", "traces_rl", "rl"
 WARM_START_PHASES = (PHASE_SFT, PHASE_TRACES_RL)
-WEIGHTS_PUSHED = _recipe.count("weights_pushed", "1 when the weights were pushed to the sampler before it sampled")
+WEIGHTS_PUSHED = _recipe.count("weights_pushed", "1 when the weights were pushed to the sampler before it "
+                                                 "sampled")
 WEIGHT_SYNC_S = _recipe.per_step("weight_sync_s", "the push's seconds")
-WEIGHT_TRANSFER = _recipe.latest("weight_transfer", "how it went (`file`, `nccl`, `ipc`, or the engine's own)")
+WEIGHT_TRANSFER = _recipe.latest("weight_transfer", "how it went (`file`, `nccl`, `ipc`, or the engine's "
+                                                    "own)")
 ROLLOUT_TIME_S = _recipe.per_step("rollout_time_s", "the rollout's seconds")
 TOTAL_STEP_TIME_S = _recipe.per_step("total_step_time_s", "the whole step's seconds")
 TOKENS_PER_S = _recipe.per_step("tokens_per_s", "trained row tokens per second of the whole step")
-POLICY_STALENESS = _recipe.largest("policy_staleness", "how many policy versions older than the trained weights "
-                                   "the weights that sampled the rows were (0 on-policy; cumulatively the run's "
-                                   "largest); `importance_ratio_mean` and `clip_fraction` show what the lag did to "
-                                   "the ratio")
+POLICY_STALENESS = _recipe.largest("policy_staleness", "how many policy versions older than the trained "
+                                   "weights the weights that sampled the rows were (0 on-policy; "
+                                   "cumulatively the run's largest); `importance_ratio_mean` and "
+                                   "`clip_fraction` show what the lag did to the ratio")
 ROLLOUT_WAIT_S = _recipe.per_step("rollout_wait_s",
-                                  "with `max_off_policy_steps >= 1`: how long the step waited for its rollout")
+                                  "with `max_off_policy_steps >= 1`: how long the step waited for its "
+                                  "rollout")
 
-# ── the learning signal and the task samplers, per RL step (quaero/recipe/train.py `signal_metrics`) ──────────
+# ── the learning signal and the task samplers, per RL step (quaero/recipe/train.py `signal_metrics`)
+# ──────────
 
 _signal = _table("Learning signal and task samplers, per RL step", "quaero/recipe/train.py")
 SIGNAL_GROUPS = _signal.count("signal_groups", "groups whose rewards differ: they carry an RL signal")
 GENERATED_TOKENS = _signal.count("generated_tokens", "tokens the policy generated in the kept episodes (the "
                                  "curriculum's cost)")
-SIGNAL_GROUPS_PER_EPISODE = _signal.per_step("signal_groups_per_episode", "groups with signal per kept episode")
+SIGNAL_GROUPS_PER_EPISODE = _signal.per_step("signal_groups_per_episode", "groups with signal per kept "
+                                                                          "episode")
 SIGNAL_GROUPS_PER_1K_TOKENS = _signal.per_step("signal_groups_per_1k_tokens",
                                                "groups with signal per 1,000 generated tokens")
-TASKS_UNSEEN = _signal.latest("tasks_unseen", "a learning task sampler's keys (tasks, or their spec's group / "
-                              "difficulty) with an empty outcome memory")
-TASKS_LEARNABLE = _signal.latest("tasks_learnable", "keys whose discounted success estimate is between 0.05 and 0.95")
+TASKS_UNSEEN = _signal.latest("tasks_unseen", "a learning task sampler's keys (tasks, or their spec's group "
+                              "/ difficulty) with an empty outcome memory")
+TASKS_LEARNABLE = _signal.latest("tasks_learnable", "keys whose discounted success estimate is between 0.05 "
+                                                    "and 0.95")
 TASKS_SATURATED = _signal.latest("tasks_saturated", "keys at or above 0.95")
 TASKS_HOPELESS = _signal.latest("tasks_hopeless", "keys at or below 0.05")
-SPLIT_COVERAGE = _signal.latest("split_coverage", "share of the train split's tasks played in RL groups so far "
-                                "(learning samplers; sequential keeps no memory: null)")
+SPLIT_COVERAGE = _signal.latest("split_coverage", "share of the train split's tasks played in RL groups so "
+                                "far (learning samplers; sequential keeps no memory: null)")
 EPISODES_LOST = _signal.per_step("episodes_lost", "in `by_env`: the env's episodes dropped this step (a dead "
                                  "server, a timeout), never trained")
 BY_ENV = _signal.per_step("by_env", "a mixture's figures per env: `{env: {groups, groups_zero_advantage, "
-                          "signal_groups, generated_tokens, signal_groups_per_episode, signal_groups_per_1k_tokens, "
-                          "tasks_<pool>, split_coverage, episodes_lost}}` (the pooled ones are the step's own)")
+                          "signal_groups, generated_tokens, signal_groups_per_episode, "
+                          "signal_groups_per_1k_tokens, tasks_<pool>, split_coverage, episodes_lost}}` (the "
+                          "pooled ones are the step's own)")
 
-# ── saved rows, per step (quaero/recipe/saved_rows.py) ────────────────────────────────────────────────────────
+# ── saved rows, per step (quaero/recipe/saved_rows.py)
+# ────────────────────────────────────────────────────────
 
 _rows = _table("Saved rows, per step", "quaero/recipe/saved_rows.py")
 ROWS_SAVED = _rows.count("rows_saved", "rows written to `runs/NAME/rows/`")
-ROWS_SAVE_FAILURES = _rows.count("rows_save_failures", "1 when writing them failed (a warning, never a stopped run)")
+ROWS_SAVE_FAILURES = _rows.count("rows_save_failures", "1 when writing them failed (a warning, never a "
+                                                       "stopped run)")
 
-# ── evaluation (`eval` events, quaero/recipe/train.py) ───────────────────────────────────────────────────────
+# ── evaluation (`eval` events, quaero/recipe/train.py)
+# ───────────────────────────────────────────────────────
 
 _eval = _table("Evaluation (`eval` events)", "quaero/recipe/train.py")
 EVAL_REWARD = _eval.per_step("eval_reward", "mean reward of the evaluation's episodes")
@@ -306,10 +334,12 @@ EVAL_TRUNCATED = _eval.per_step("eval_truncated", "episodes truncated")
 EVAL_TIME_S = _eval.per_step("eval_time_s", "the evaluation's seconds")
 EVAL_DROP_REASONS = _eval.per_step("eval_drop_reasons", "dropped episodes by reason")
 EVAL_RESULTS = _eval.per_step("eval_results",
-                              "per task, for paired comparisons (`quaero review`): `[index, success, reward]`")
+                              "per task, for paired comparisons (`quaero review`): `[index, success, "
+                              "reward]`")
 SAMPLE_TRANSCRIPT = _eval.per_step("sample_transcript", "the first episode's messages, shortened")
-EVAL_BY_ENV = _eval.per_step("eval_by_env", "a mixture's: `{env: {eval_success_rate, eval_reward, eval_episodes, "
-                             "eval_dropped}}` (each `eval_results` entry then ends with its env's name)")
+EVAL_BY_ENV = _eval.per_step("eval_by_env", "a mixture's: `{env: {eval_success_rate, eval_reward, "
+                             "eval_episodes, eval_dropped}}` (each `eval_results` entry then ends with its "
+                             "env's name)")
 
 # ── event names (the `event` field) that readers select on ──────────────────────────────────────────────────
 
@@ -317,5 +347,7 @@ TRAIN_STEP_EVENT = "train_step"
 EVAL_EVENT = "eval"
 RUN_END_EVENT = "run_end"
 TASKS_DRAWN_EVENT = "tasks_drawn"  # each step's tasks per env, with the weights they were drawn with
-RL_TOKEN_BUDGET_SPENT_EVENT = "rl_token_budget_spent"  # [training] rl_token_budget reached: this step is the last
-TASK_OUTCOMES_EVENT = "task_outcomes"  # each RL step's groups: env, task, spec group, successes, episodes, ...
+# [training] rl_token_budget reached: this step is the last
+RL_TOKEN_BUDGET_SPENT_EVENT = "rl_token_budget_spent"
+# each RL step's groups: env, task, spec group, successes, episodes, ...
+TASK_OUTCOMES_EVENT = "task_outcomes"

@@ -7,8 +7,8 @@ random-init or too-small model does exactly this. `SignalWatch` counts, per RL s
 carried an advantage (the trainer's `action_tokens`), the valid actions (turns minus malformed ones) and, when
 the recipe logs them, the groups and the groups whose advantages were all zero (`groups`,
 `groups_zero_advantage`); it warns at the first RL step without signal (and every 10th after) and logs
-`rl_signal` at the end. `quaero review` judges the same totals (`quaero/telemetry/proofs.py`: "RL trained" and "ECHO
-trained" are reported apart).
+`rl_signal` at the end. `quaero review` judges the same totals (`quaero/telemetry/proofs.py`: "RL trained" and
+"ECHO trained" are reported apart).
 """
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ WARN_EVERY = 10  # RL steps without signal between two warnings
 
 
 class SignalWatch:
-    """RL-signal totals over a run's RL steps (from this process's start: a resumed run counts from its resume)."""
+    """RL-signal totals over a run's RL steps (from this process's start: a resumed run counts from its
+    resume)."""
 
     def __init__(self) -> None:
         self.totals: Counter = Counter()
@@ -43,7 +44,8 @@ class SignalWatch:
         self.totals.update(one)
         silent = self.totals["rl_steps"] - self.totals["rl_steps_with_signal"]
         if not one["rl_steps_with_signal"] and silent % WARN_EVERY == 1:
-            log.warning("rl_no_signal", step=step, rl_steps_without_signal=silent, note=describe_rl_signal(one))
+            log.warning("rl_no_signal", step=step, rl_steps_without_signal=silent,
+                        note=describe_rl_signal(one))
 
     def finish(self) -> dict[str, Any]:
         """Log `rl_signal` (a warning when no RL step carried signal) and return its totals."""

@@ -45,7 +45,8 @@ BRANCH_COUNTERS: dict[str, Callable[[Any], bool]] = {
 
 # What one trainer step's proof reads: its branch metrics and the shared-forward figures.
 STEP_PROOF_METRICS = (SELECTIVE_SUFFIX_LOGITS, *BRANCH_COUNTERS, COMPILE_MODE, COMPILE_FALLBACK_REASON,
-                      FORWARD_PASSES, MICROBATCHES, FORWARD_PASSES_PER_MICROBATCH, LM_HEAD_SKIPPED_MICROBATCHES)
+                      FORWARD_PASSES, MICROBATCHES, FORWARD_PASSES_PER_MICROBATCH,
+                      LM_HEAD_SKIPPED_MICROBATCHES)
 
 
 def short(metric: str) -> str:
@@ -99,7 +100,8 @@ def sparse_echo(totals: Mapping[str, Any]) -> dict[str, Any]:
     detail = f"sparse_suffix_skips={skips} > 0, hidden_logprob_batches={hidden} > 0, " \
              f"fallback_logprob_batches={fallback} = 0"
     if fallback == 0 and skips == 0 and hidden == 0 and suffix > 0:
-        return _check(SPARSE_ECHO, True, NA, f"dense rows took the exact suffix branch: suffix batches {suffix}")
+        return _check(SPARSE_ECHO, True, NA, "dense rows took the exact suffix branch: suffix batches "
+                                             f"{suffix}")
     if not any(totals.get(name, 0) for name in BRANCH_COUNTERS):
         return _check(SPARSE_ECHO, True, NA, "no microbatch was trained (every branch counter is 0)")
     return _judged(SPARSE_ECHO, True, skips > 0 and hidden > 0 and fallback == 0, detail)
@@ -109,23 +111,25 @@ def compiled_ce(totals: Mapping[str, Any]) -> dict[str, Any]:
     """With `train_compile_selective_ce = "require"`: compiled batches > 0 and no fallback reason."""
     mode, compiled = totals.get(COMPILE_MODE, ""), totals.get(COMPILED_CE_BATCHES, 0)
     if mode != "require":
-        return _check(COMPILED_CE, True, NA, f"mode={mode!r}: judged only with train_compile_selective_ce='require'")
+        return _check(COMPILED_CE, True, NA, f"mode={mode!r}: judged only with "
+                                             "train_compile_selective_ce='require'")
     reason = totals.get(COMPILE_FALLBACK_REASON, "")
     return _judged(COMPILED_CE, True, compiled > 0 and reason == "",
                    f"mode=require, compiled_ce_batches={compiled} > 0, fallback_reason={reason!r}")
 
 
 def logprob_gap(s: Mapping[str, Any]) -> dict[str, Any]:
-    """On-policy RL steps (rows sampled by the weights being trained: policy_staleness 0) measured a sampler-vs-
-    trainer gap within LOGPROB_GAP_MAX_NATS per token and LOGPROB_GAP_MEAN_NATS per step's mean. Steps trained on
-    rows sampled ahead are left out: their gap includes the policy's own change."""
+    """On-policy RL steps (rows sampled by the weights being trained: policy_staleness 0) measured a
+    sampler-vs- trainer gap within LOGPROB_GAP_MAX_NATS per token and LOGPROB_GAP_MEAN_NATS per step's mean.
+    Steps trained on rows sampled ahead are left out: their gap includes the policy's own change."""
     worst, mean, steps = s.get("onpolicy_logprob_gap_max"), s.get("onpolicy_logprob_gap_mean_max"), \
         s.get("onpolicy_gap_steps", 0)
     if not steps or worst is None:
         return _check(LOGPROB_GAP, True, NA, "no on-policy RL step measured a gap (SFT steps sample nothing)")
-    return _judged(LOGPROB_GAP, True, worst <= LOGPROB_GAP_MAX_NATS and (mean or 0.0) <= LOGPROB_GAP_MEAN_NATS,
-                   f"over {steps} on-policy step(s): max {worst:.3g} <= {LOGPROB_GAP_MAX_NATS:g} nats, worst step "
-                   f"mean {mean or 0.0:.3g} <= {LOGPROB_GAP_MEAN_NATS:g} nats")
+    return _judged(LOGPROB_GAP, True,
+                   worst <= LOGPROB_GAP_MAX_NATS and (mean or 0.0) <= LOGPROB_GAP_MEAN_NATS,
+                   f"over {steps} on-policy step(s): max {worst:.3g} <= {LOGPROB_GAP_MAX_NATS:g} nats, worst "
+                   f"step mean {mean or 0.0:.3g} <= {LOGPROB_GAP_MEAN_NATS:g} nats")
 
 
 def branch_checks(totals: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -140,8 +144,10 @@ def run_checks(s: Mapping[str, Any]) -> list[dict[str, Any]]:
     untrained = f"0 rows trained (steps={s['steps']}, rows={rows}): nothing learned to judge"
     checks = [
         *branch_checks(s),
-        _judged(EXACT_ROWS, True, s["prefix_mismatches"] == 0, f"prefix_mismatches={s['prefix_mismatches']} = 0"),
-        _judged(TRAINED, True, trained, f"steps={s['steps']} > 0, rows={rows} > 0, action+echo tokens={tokens} > 0"),
+        _judged(EXACT_ROWS, True, s["prefix_mismatches"] == 0, f"prefix_mismatches={s['prefix_mismatches']} "
+                                                               "= 0"),
+        _judged(TRAINED, True, trained, f"steps={s['steps']} > 0, rows={rows} > 0, action+echo "
+                                        f"tokens={tokens} > 0"),
         *training_apart(s),
     ]
     checks.append(logprob_gap(s))
@@ -170,21 +176,24 @@ def rl_improved(c: Mapping[str, Any]) -> dict[str, Any]:
     low, high = c["reward_diff_ci95"]
     by_success = c["improved"] > c["worsened"] and c["mcnemar_p"] < RL_IMPROVED_P
     detail = (f"steps {c['warm_start_step']} -> {c['end_step']} on {c['pairs']} shared tasks: success "
-              f"{c['warm_start_success']:.3f} -> {c['end_success']:.3f} (solved only after RL {c['improved']}, "
-              f"only before {c['worsened']}; McNemar exact p = {c['mcnemar_p']:.3g} < {RL_IMPROVED_P}), reward "
-              f"{c['reward_diff']:+.3f} (paired bootstrap 95% {low:+.3f} to {high:+.3f}; > 0)")
+              f"{c['warm_start_success']:.3f} -> {c['end_success']:.3f} (solved only after RL "
+              f"{c['improved']}, only before {c['worsened']}; McNemar exact p = {c['mcnemar_p']:.3g} < "
+              f"{RL_IMPROVED_P}), reward {c['reward_diff']:+.3f} (paired bootstrap 95% {low:+.3f} to "
+              f"{high:+.3f}; > 0)")
     return _judged(RL_IMPROVED, False, by_success or low > 0, detail)
 
 
-NO_SIGNAL_FIX = ("warm-start from demonstrations ([training] warmup_sft_steps with the env's oracle_policy, or "
-                 "recorded episodes in [data] traces), or use a model that already writes valid actions "
+NO_SIGNAL_FIX = ("warm-start from demonstrations ([training] warmup_sft_steps with the env's oracle_policy, "
+                 "or recorded episodes in [data] traces), or use a model that already writes valid actions "
                  "([model] name)")
 
 
 def _groups_with_spread(t: Mapping[str, Any]) -> str:
     if "groups" not in t:
         return ""
-    return f", {t['groups'] - t.get('groups_zero_advantage', 0)} of {t['groups']} groups had rewards that differ"
+    return (
+        f", {t['groups'] - t.get('groups_zero_advantage', 0)} of {t['groups']} groups had rewards that differ"
+    )
 
 
 def describe_rl_signal(t: Mapping[str, Any]) -> str:
@@ -192,13 +201,13 @@ def describe_rl_signal(t: Mapping[str, Any]) -> str:
     echo_tokens, groups, groups_zero_advantage]. Without action tokens it says what did train: ECHO, or
     nothing."""
     head = (f"{t['rl_steps_with_signal']} of {t['rl_steps']} RL steps trained action tokens "
-            f"({t['action_tokens']} with an advantage); {t['valid_actions']} of {t['actions']} actions were valid"
-            f"{_groups_with_spread(t)}")
+            f"({t['action_tokens']} with an advantage); {t['valid_actions']} of {t['actions']} actions were "
+            f"valid{_groups_with_spread(t)}")
     if t["action_tokens"]:
         return head
     if not t["actions"]:  # dipg_safety_env: every episode was dropped (its step broke the contract)
-        return (f"{head}; no episode was kept to train: every one was dropped (the env_episode_dropped events say "
-                "why), so RL learned nothing; fix what drops them")
+        return (f"{head}; no episode was kept to train: every one was dropped (the env_episode_dropped "
+                "events say why), so RL learned nothing; fix what drops them")
     if t.get("echo_tokens", 0) > 0:
         return (f"{head}; every advantage was 0, so only ECHO trained: RL learned nothing. "
                 f"Fix: {NO_SIGNAL_FIX}")
@@ -207,14 +216,15 @@ def describe_rl_signal(t: Mapping[str, Any]) -> str:
 
 
 def training_apart(s: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """RL and ECHO judged apart ("trained at least one step" passes on either): reported, not required, since a
-    run may rightly be ECHO-only; quaero/telemetry/outcomes.py says the same during the run."""
+    """RL and ECHO judged apart ("trained at least one step" passes on either): reported, not required, since
+    a run may rightly be ECHO-only; quaero/telemetry/outcomes.py says the same during the run."""
     if not s.get("rl_steps"):
         rl = _check(RL_TRAINED, False, NA, "no RL step")
     else:
         t = {"rl_steps": s["rl_steps"], "rl_steps_with_signal": s["rl_steps_with_signal"],
              "echo_tokens": s.get("rl_echo_tokens", 0),
-             "action_tokens": s["rl_action_tokens"], "actions": s["rl_actions"], "valid_actions": s["rl_valid_actions"],
+             "action_tokens": s["rl_action_tokens"], "actions": s["rl_actions"],
+             "valid_actions": s["rl_valid_actions"],
              **({"groups": s["rl_groups"], "groups_zero_advantage": s["rl_groups_zero_advantage"]}
                 if "rl_groups" in s else {})}
         rl = _judged(RL_TRAINED, False, s["rl_action_tokens"] > 0, describe_rl_signal(t))
@@ -228,5 +238,6 @@ def unmet(checks: list[dict[str, Any]], *, require_proof: bool, names: Iterable[
     passes (n/a is fine: the check does not apply). `names`: each named check passes (n/a is not)."""
     by_name = {c["name"]: c for c in checks}
     wanted = [c for c in checks if require_proof and c["required"] and c["status"] == FAIL]
-    wanted += [by_name[n] for n in dict.fromkeys(names) if by_name[n]["status"] != PASS and by_name[n] not in wanted]
+    wanted += [by_name[n] for n in dict.fromkeys(names) if by_name[n]["status"] != PASS
+               and by_name[n] not in wanted]
     return [f"{c['name']}: {c['status'].upper()} ({c['detail']})" for c in wanted]

@@ -51,7 +51,8 @@ class _JsonLinesSink:
     (the checkpoint write, which needs far more room, stops it in one line naming the bytes needed)."""
 
     def __init__(self) -> None:
-        self.file: IO[bytes] | None = None  # unbuffered: one write(2) per line, so a failed one loses only itself
+        # unbuffered: one write(2) per line, so a failed one loses only itself
+        self.file: IO[bytes] | None = None
         self.path: Path | None = None
         self.lost = 0  # events not written since the last write that worked (a full disk)
         self.torn = False  # the last write stopped mid-line: the next one ends that line first
@@ -77,10 +78,11 @@ class _JsonLinesSink:
         if self.file is not None:
             try:
                 self._write(event_dict)
-            except OSError as e:  # a full disk must not end the run mid-step: the checkpoint says so, in one line
+            # a full disk must not end the run mid-step: the checkpoint says so, in one line
+            except OSError as e:
                 if not self.lost:
-                    print(f"warning: {self.path}: cannot append events ({e.strerror or e}); the run goes on and "
-                          "counts the events it could not write", file=sys.stderr)
+                    print(f"warning: {self.path}: cannot append events ({e.strerror or e}); the run goes on "
+                          "and counts the events it could not write", file=sys.stderr)
                 self.lost += 1
         return event_dict
 
@@ -90,9 +92,10 @@ class _JsonLinesSink:
             self.file.close()
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.file, self.torn = self.path.open("ab", buffering=0), False
-            self._append({"event": "events_file_recreated", "level": "warning", **notice, "path": str(self.path),
-                          "note": "the events file was deleted or replaced mid-run; earlier events of this run "
-                          "are not in it"})
+            self._append({"event": "events_file_recreated", "level": "warning", **notice,
+                          "path": str(self.path),
+                          "note": "the events file was deleted or replaced mid-run; earlier events of this "
+                          "run are not in it"})
         if self.lost:
             self._append({"event": "events_lost", "level": "warning", **notice, "events": self.lost,
                           "note": "events that could not be written (a full disk?)"})
@@ -109,8 +112,10 @@ class _JsonLinesSink:
 
 # The console shows a step's headline; events.jsonl keeps every field.
 CONSOLE_STEP_KEYS = ("event", "step", names.PHASE, names.REWARD_MEAN, names.SUCCESS_RATE, names.RL_LOSS,
-                     names.ECHO_LOSS, names.SFT_LOSS, names.ACTION_TOKENS, names.ECHO_TOKENS, names.ROW_TOKENS,
-                     names.TOKENS_PER_S, names.TOTAL_STEP_TIME_S, names.EPISODES_DROPPED, names.PREFIX_MISMATCHES,
+                     names.ECHO_LOSS, names.SFT_LOSS, names.ACTION_TOKENS, names.ECHO_TOKENS,
+                     names.ROW_TOKENS,
+                     names.TOKENS_PER_S, names.TOTAL_STEP_TIME_S, names.EPISODES_DROPPED,
+                     names.PREFIX_MISMATCHES,
                      names.HIDDEN_BATCHES, names.FALLBACK_BATCHES, "timestamp", "level")
 _CONSOLE_HIDDEN = ("run_id", "cumulative", "config", names.EVAL_RESULTS)  # eval_results: one entry per task
 
@@ -207,7 +212,8 @@ def set_step(step: int) -> None:
 
 
 class RunLog:
-    """Owns `run_dir/events.jsonl` (`names.EVENTS`) for the duration of a run (append mode: resumes continue it)."""
+    """Owns `run_dir/events.jsonl` (`names.EVENTS`) for the duration of a run (append mode: resumes continue
+    it)."""
 
     def __init__(self, run_dir: str | Path, run_id: str | None = None) -> None:
         self.run_dir = Path(run_dir)

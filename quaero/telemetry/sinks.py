@@ -128,7 +128,8 @@ def unavailable_reason(name: str) -> str | None:
     return None
 
 
-SINK_QUEUE_EVENTS = 256  # events a sink may fall behind by; past it (a sink that hangs) they are dropped, counted
+# events a sink may fall behind by; past it (a sink that hangs) they are dropped, counted
+SINK_QUEUE_EVENTS = 256
 SINK_CLOSE_TIMEOUT_S = 60.0  # how long the end of a run waits for a sink to take its last events
 
 
@@ -192,8 +193,9 @@ class GuardedSink:
 
 
 class SinkMirror:
-    """structlog processor: hand each mirrored event's scalars to the open sinks; the event passes on. A sink's
-    failures since the last event are reported here, as `sink_failed` warnings, on the logging thread."""
+    """structlog processor: hand each mirrored event's scalars to the open sinks; the event passes on. A
+    sink's failures since the last event are reported here, as `sink_failed` warnings, on the logging
+    thread."""
 
     def __init__(self) -> None:
         self.sinks: list[GuardedSink] = []
@@ -223,7 +225,8 @@ def report_failures(sinks: list[GuardedSink], *, final: bool = False) -> None:
             log.warning("sink_failed", sink=sink.name, error=failure, sink_errors=sink.errors,
                         note="the run goes on; events.jsonl keeps every event")
         if final and (sink.errors or sink.dropped):
-            log.warning("sink_summary", sink=sink.name, sink_errors=sink.errors, sink_events_dropped=sink.dropped)
+            log.warning("sink_summary", sink=sink.name, sink_errors=sink.errors,
+                        sink_events_dropped=sink.dropped)
 
 
 @contextlib.contextmanager

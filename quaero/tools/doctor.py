@@ -81,7 +81,8 @@ def _finish_engine_imports(started: dict, problems: list[dict]) -> dict:
         if timed_out:
             error = f"import did not finish in {ENGINE_IMPORT_TIMEOUT_S:.0f} s"
         elif proc.returncode < 0:  # killed by a signal: SIGILL (a wheel built for another CPU), SIGSEGV, ...
-            error = f"killed by {signal.Signals(-proc.returncode).name}" + (f" after: {lines[-1]}" if lines else "")
+            error = f"killed by {signal.Signals(-proc.returncode).name}" + (f" after: {lines[-1]}" if lines
+                                                                            else "")
         else:
             error = lines[-1] if lines else f"exit status {proc.returncode}"
         facts[name] = {"installed": True, "imports": False, "error": error}
@@ -93,9 +94,10 @@ def _finish_engine_imports(started: dict, problems: list[dict]) -> dict:
 def _torch(problems: list[dict]) -> dict:
     try:
         import torch
-    except Exception as e:  # noqa: BLE001 -- a broken torch is the doctor's most important finding, not a crash
-        _problem(problems, f"import torch fails: {type(e).__name__}: {e}", "pip install 'quaero[cpu]' (CPU) or "
-                 "the torch wheel for your CUDA from pytorch.org")
+    # - a broken torch is the doctor's most important finding, not a crash
+    except Exception as e:  # noqa: BLE001
+        _problem(problems, f"import torch fails: {type(e).__name__}: {e}", "pip install 'quaero[cpu]' (CPU) "
+                 "or the torch wheel for your CUDA from pytorch.org")
         return {"imports": False}
     build = (f"CUDA {torch.version.cuda}" if torch.version.cuda
              else f"ROCm {torch.version.hip}" if getattr(torch.version, "hip", None) else "CPU")
@@ -152,13 +154,14 @@ def _openenv(problems: list[dict], notes: list[dict]) -> dict:
         ours = next((o for o in owners if o["distribution"] == "openenv"), None)
         intact = ours is not None and ours["files_on_disk_from_it"] == ours["openenv_py_files"]
         winner = max(owners, key=lambda o: o["files_on_disk_from_it"])
-        what = (f"openenv-core {core['version']} is installed next to openenv and also owns the `openenv` package "
-                f"({core['openenv_py_files']} .py files); {winner['distribution']} {winner['version']} wins on disk "
-                f"({winner['files_on_disk_from_it']} files)")
-        if intact:  # repaired (or never overwritten): nothing to fix now, so doctor exits 0; say how to keep it so
-            notes.append({"note": what, "advice": "openenv's files are intact; keep them so by installing env "
-                          "packages with pip install --no-deps (a package that depends on openenv-core overwrites "
-                          "them)"})
+        what = (f"openenv-core {core['version']} is installed next to openenv and also owns the `openenv` "
+                f"package ({core['openenv_py_files']} .py files); {winner['distribution']} "
+                f"{winner['version']} wins on disk ({winner['files_on_disk_from_it']} files)")
+        # repaired (or never overwritten): nothing to fix now, so doctor exits 0; say how to keep it so
+        if intact:
+            notes.append({"note": what, "advice": "openenv's files are intact; keep them so by installing "
+                          "env packages with pip install --no-deps (a package that depends on openenv-core "
+                          "overwrites them)"})
         else:
             _problem(problems, what, openenv_repair_command(ours["version"]) if ours
                      else "pip install 'openenv>=0.10,<0.11'")
@@ -176,7 +179,8 @@ def _folder(path: Path, label: str, problems: list[dict], *, size: bool) -> dict
     facts: dict = {"path": str(path.absolute()), "exists": path.is_dir()}
     if path.exists() and not path.is_dir():
         _problem(problems, f"{label} {path} is a file, not a folder",
-                 f"remove or rename that file{', or set QUAERO_CACHE to a folder' if label == 'cache' else ''}")
+                 "remove or rename that "
+                 f"file{', or set QUAERO_CACHE to a folder' if label == 'cache' else ''}")
         return facts
     base = _nearest_existing(path)
     elsewhere = ", or set QUAERO_CACHE to another folder" if label == "cache" else ""
@@ -186,7 +190,8 @@ def _folder(path: Path, label: str, problems: list[dict], *, size: bool) -> dict
         return facts
     if not os.access(base, os.W_OK):
         _problem(problems, f"{label} {path} is not writable (checked {base})",
-                 f"make it writable{', or set QUAERO_CACHE to a writable folder' if label == 'cache' else ''}")
+                 "make it "
+                 f"writable{', or set QUAERO_CACHE to a writable folder' if label == 'cache' else ''}")
     facts["free_bytes"] = shutil.disk_usage(base).free
     if facts["free_bytes"] < MIN_FREE_BYTES:
         free = _human(facts["free_bytes"])
@@ -196,7 +201,8 @@ def _folder(path: Path, label: str, problems: list[dict], *, size: bool) -> dict
                  f"free disk space (at least {_human(MIN_FREE_BYTES)}) or choose a folder on a larger "
                  f"disk{elsewhere}")
     if size and path.is_dir():
-        facts["size_bytes"] = sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+        facts["size_bytes"] = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()
+                                  and not f.is_symlink())
     return facts
 
 
@@ -236,8 +242,9 @@ def render(facts: dict) -> str:
         p = pk[name]
         return f"{p['version'] or 'not installed'}" + (f" (needs {p['required']})" if p["required"] else "")
 
-    owners = "; ".join(f"{o['distribution']} {o['version']} ({o['files_on_disk_from_it']}/{o['openenv_py_files']} "
-                       f".py files on disk)" for o in facts["openenv"]["distributions"]) or "not installed"
+    owners = "; ".join(f"{o['distribution']} {o['version']} "
+                       f"({o['files_on_disk_from_it']}/{o['openenv_py_files']} .py files on disk)"
+                       for o in facts["openenv"]["distributions"]) or "not installed"
     engines = []
     for name, e in facts["engines"].items():
         engines.append(f"{name:<14}" + ("not installed" if not e["installed"] else f"{e['version']}, imports"

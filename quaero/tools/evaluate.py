@@ -49,7 +49,8 @@ class Contestant:
     label: str  # what the user named
     folder: Path | None = None  # a model or adapter folder (None: scripted policy or the config's model)
     policy: Policy | None = None  # scripted: info -> (messages -> assistant message)
-    home: Path | None = None  # where its eval folder goes by default (a run folder; never a folder it only reads)
+    # where its eval folder goes by default (a run folder; never a folder it only reads)
+    home: Path | None = None
 
 
 @dataclass
@@ -71,7 +72,8 @@ class Result:
         return {"model": self.label, "episodes": len(self.records), "finished": len(done),
                 "dropped": len(self.records) - len(done), "successes": wins,
                 "success_rate": wins / len(done) if done else None, "success_ci95": [low, high],
-                "reward_mean": _mean([r["reward"] for r in done]), "turns_mean": _mean([r["turns"] for r in done]),
+                "reward_mean": _mean([r["reward"] for r in done]),
+                "turns_mean": _mean([r["turns"] for r in done]),
                 "malformed_actions": self.malformed_actions}
 
 
@@ -104,7 +106,8 @@ def resolve(spec: str | None, cfg: QuaeroConfig, scratch: contextlib.ExitStack) 
     if not path.exists() and _POLICY.match(spec):
         # os:system, a class, a constant: never called with an episode's info
         scripted = "a scripted policy is `def policy(info) -> (messages -> assistant message)`"
-        policy = resolve_name(spec, "--model", want=inspect.isfunction, wanted="a Python function", fix=scripted,
+        policy = resolve_name(spec, "--model", want=inspect.isfunction, wanted="a Python function",
+                              fix=scripted,
                               error=EvalError, example="my_env.oracle:oracle_policy")
         return Contestant(spec, policy=policy, home=cfg.run_dir)
     raise EvalError(f"--model {spec}: not a run folder (runs/NAME), a model folder (config.json or "
@@ -119,8 +122,11 @@ def _check_model_folder(spec: str, folder: Path) -> None:
         if name == "config.json":
             from transformers import AutoConfig
 
-            AutoConfig.from_pretrained(folder, trust_remote_code=False)  # never run (or offer to run) its code
-        elif not isinstance(json.loads((folder / name).read_text(encoding="utf-8"))["base_model_name_or_path"], str):
+            # never run (or offer to run) its code
+            AutoConfig.from_pretrained(folder, trust_remote_code=False)
+        elif not isinstance(
+            json.loads((folder / name).read_text(encoding="utf-8"))["base_model_name_or_path"], str
+        ):
             raise TypeError("base_model_name_or_path is not a string")
     except Exception as e:  # noqa: BLE001 - whatever a foreign file makes the parser raise
         raise EvalError(f"--model {spec}: {folder / name} is not a Hugging Face model config "
@@ -166,8 +172,9 @@ def _sampler(cfg: QuaeroConfig, who: Contestant, stop_token_ids: list[int]):
     model = None
     if is_adapter(who.folder):
         if cfg.sampler.backend == "vllm":
-            raise EvalError(f"--model {who.label}: a LoRA adapter folder and [sampler] backend='vllm'; export "
-                            "a merged folder (quaero export RUN --merge OUT) or use --set sampler.backend=hf")
+            raise EvalError(f"--model {who.label}: a LoRA adapter folder and [sampler] backend='vllm'; "
+                            "export a merged folder (quaero export RUN --merge OUT) or use --set "
+                            "sampler.backend=hf")
         model = load_model(who.folder, cfg.model.dtype, device)
     return make_sampler(_with(cfg, "model", name=str(who.folder)), model=model, stop_token_ids=stop_token_ids,
                         device=device)
@@ -175,7 +182,8 @@ def _sampler(cfg: QuaeroConfig, who: Contestant, stop_token_ids: list[int]):
 
 # ── running ─────────────────────────────────────────────────────────────────────────────────────────
 
-def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan, kept: list | None = None) -> Result:
+def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan,
+                   kept: list | None = None) -> Result:
     """All (repeat, task) episodes of one contestant through the training evaluation's driver; each repeat's
     records are appended to `kept` as they finish (an interrupted eval writes those)."""
     from quaero.openenv_client.tasks import eval_indices
@@ -188,9 +196,10 @@ def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan, kep
         sampler = _sampler(cfg, who, render.stop_token_ids)
     except EvalError:
         raise
-    except Exception as e:  # noqa: BLE001 - a truncated safetensors, a pickle-only folder, a foreign tokenizer
-        raise EvalError(f"--model {who.label}: cannot load it ({error_line(e, 200)}); pass a folder `quaero export` "
-                        "wrote (safetensors), a run folder or a hub model") from None
+    # a truncated safetensors, a pickle-only folder, a foreign tokenizer
+    except Exception as e:  # noqa: BLE001
+        raise EvalError(f"--model {who.label}: cannot load it ({error_line(e, 200)}); pass a folder `quaero "
+                        "export` wrote (safetensors), a run folder or a hub model") from None
     pool.counts.snapshot_and_reset()  # this contestant's counts only
     driver = EpisodeDriver(render, sampler, DriverSettings.of(cfg), pool.counts)
     records = [] if kept is None else kept
@@ -205,12 +214,14 @@ def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan, kep
             except Exception as e:
                 if who.policy is None:
                     raise
-                raise EvalError(f"--model {who.label}: the scripted policy raised ({error_line(e, 200)}); fix "
-                                "the policy") from None
+                raise EvalError(f"--model {who.label}: the scripted policy raised ({error_line(e, 200)}); "
+                                "fix the policy") from None
             for task, (ep,) in zip(tasks, groups):
-                records.append({"task": task["index"], "split": task["split"], "seed": task["seed"], "repeat": r,
+                records.append({"task": task["index"], "split": task["split"], "seed": task["seed"],
+                                "repeat": r,
                                 "reward": ep.reward, "success": bool(ep.success), "turns": ep.turns,
-                                "dropped": ep.dropped, "drop_reason": ep.drop_reason, "messages": ep.messages})
+                                "dropped": ep.dropped, "drop_reason": ep.drop_reason,
+                                "messages": ep.messages})
     finally:
         if sampler is not None:
             sampler.close()
@@ -223,7 +234,8 @@ def paired(a: Result, b: Result, seed: int = 0) -> dict:
     p = paired_outcomes(a_by, b_by, seed=seed)
     n = p["pairs"]
     return {"pairs": n, "success_diff": (p["a_only"] - p["b_only"]) / n if n else None, "a_only": p["a_only"],
-            "b_only": p["b_only"], "mcnemar_p": p["mcnemar_p"], "reward_diff": p["reward_diff"] if n else None,
+            "b_only": p["b_only"], "mcnemar_p": p["mcnemar_p"],
+            "reward_diff": p["reward_diff"] if n else None,
             "reward_diff_ci95": p["reward_diff_ci95"] if n else None, "bootstrap_seed": seed}
 
 
@@ -249,8 +261,10 @@ def evaluate(cfg: QuaeroConfig, specs: list[str | None], plan: EvalPlan) -> tupl
         out = Path(plan.out) if plan.out else home / f"eval-{plan.stamp}"
         _writable_folder(out, "--out" if plan.out else "the eval folder")
         try:
-            with open_envs(cfg.env, n_sessions, log_dir=out / names.ENV_SERVERS) as pool:  # logs beside the results
-                check_splits(pool.tasks, _with(cfg, "env", eval_split=plan.split).env, train=False, evaluate=True)
+            # logs beside the results
+            with open_envs(cfg.env, n_sessions, log_dir=out / names.ENV_SERVERS) as pool:
+                check_splits(pool.tasks, _with(cfg, "env", eval_split=plan.split).env, train=False,
+                             evaluate=True)
                 results = [run_contestant(cfg, w, pool, plan, kept=k) for w, k in zip(who, kept)]
         finally:  # an interrupted or failed eval keeps the episodes that finished
             for name, records in zip(transcripts, kept):
@@ -320,16 +334,16 @@ def report_lines(summary: dict, out: Path) -> list[str]:
     tags = ["A ", "B "] if len(summary["results"]) == 2 else [""]
     for tag, s in zip(tags, summary["results"]):
         low, high = s["success_ci95"]
-        lines.append(f"{tag}{s['model']}: success {s['successes']}/{s['finished']} = {_num(s['success_rate'])} "
-                     f"(Wilson 95% {low:.3f}-{high:.3f}), reward {_num(s['reward_mean'])}, "
-                     f"turns {_num(s['turns_mean'], '.2f')}, malformed actions {s['malformed_actions']}, "
-                     f"dropped {s['dropped']}")
+        lines.append(f"{tag}{s['model']}: success {s['successes']}/{s['finished']} = "
+                     f"{_num(s['success_rate'])} (Wilson 95% {low:.3f}-{high:.3f}), reward "
+                     f"{_num(s['reward_mean'])}, turns {_num(s['turns_mean'], '.2f')}, malformed actions "
+                     f"{s['malformed_actions']}, dropped {s['dropped']}")
     p = summary.get("paired")
     if p:
         ci = p["reward_diff_ci95"] or [None, None]
         lines.append(f"A - B on {p['pairs']} paired episodes: success {_num(p['success_diff'], '+.3f')} "
                      f"(A only {p['a_only']}, B only {p['b_only']}; McNemar exact p = {p['mcnemar_p']:.4g}), "
-                     f"reward {_num(p['reward_diff'], '+.3f')} (paired bootstrap 95% {_num(ci[0], '+.3f')} to "
-                     f"{_num(ci[1], '+.3f')})")
+                     f"reward {_num(p['reward_diff'], '+.3f')} (paired bootstrap 95% {_num(ci[0], '+.3f')} "
+                     f"to {_num(ci[1], '+.3f')})")
     lines.append(f"transcripts and summary.json in {out}")
     return lines

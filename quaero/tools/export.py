@@ -17,7 +17,8 @@ def run_config(run_dir: Path) -> QuaeroConfig:
     """The resolved config a run was started with (`runs/NAME/config.json`)."""
     path = Path(run_dir) / names.CONFIG
     if not path.exists():
-        raise ExportError(f"{path}: not found; RUN must be a run folder that `quaero train` wrote (runs/NAME)")
+        raise ExportError(f"{path}: not found; RUN must be a run folder that `quaero train` wrote "
+                          "(runs/NAME)")
     try:
         return QuaeroConfig.model_validate_json(path.read_text())
     except ValueError:  # pydantic's ValidationError: a model folder's config.json, say
@@ -26,8 +27,8 @@ def run_config(run_dir: Path) -> QuaeroConfig:
 
 
 def load_checkpoint(run_dir: Path, step: int | None = None) -> tuple[int, dict]:
-    """(step, state) of the run's checkpoint at `step`, or of its newest intact one (`checkpoint.run_checkpoint`
-    names its folder, where a sharded checkpoint keeps its shards)."""
+    """(step, state) of the run's checkpoint at `step`, or of its newest intact one
+    (`checkpoint.run_checkpoint` names its folder, where a sharded checkpoint keeps its shards)."""
     from quaero.recipe import checkpoint
 
     root = checkpoint.run_checkpoints(run_dir)
@@ -68,7 +69,8 @@ def export_run(run_dir: Path, out: Path, *, step: int | None = None, merge: bool
     trainer = build_trainer(cfg)  # one process: a sharded checkpoint's shards are read whole (gathered)
     path = checkpoint.run_checkpoint(run_dir, step)
     try:  # the manifest vouches for the bytes, not for what they hold (a crafted or foreign state)
-        trainer.load_state_dict(checkpoint.RunState.from_state(state).trainer, shards=path / checkpoint.SHARDS)
+        trainer.load_state_dict(checkpoint.RunState.from_state(state).trainer,
+                                shards=path / checkpoint.SHARDS)
     except Exception as e:  # noqa: BLE001 - any failure here means: this checkpoint cannot be exported
         raise ExportError(f"{path}: verified but cannot be loaded into {cfg.model.name!r} ({error_line(e)}); "
                           "export another step with --step") from None

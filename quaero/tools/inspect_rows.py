@@ -28,7 +28,8 @@ log = get_logger(__name__)
 
 KINDS = ("prompt", "action", "env", "scaffold", "corrective")
 ANSI = {"prompt": "2", "action": "1;32", "env": "36", "scaffold": "33", "corrective": "1;31", "": "35"}
-CSS = {"prompt": "#888", "action": "#1a7f37", "env": "#0969da", "scaffold": "#9a6700", "corrective": "#cf222e",
+CSS = {"prompt": "#888", "action": "#1a7f37", "env": "#0969da", "scaffold": "#9a6700",
+       "corrective": "#cf222e",
        "": "#8250df"}
 
 
@@ -67,8 +68,8 @@ def load_rows(run_dir: Path, step: int | None = None) -> tuple[list[dict], int]:
             else:
                 unreadable += 1
     if not records:
-        raise InspectError(f"{folder}: no readable row in {unreadable} line(s) (not UTF-8 JSON rows that quaero "
-                           "saved); pass a run folder that `quaero train` wrote")
+        raise InspectError(f"{folder}: no readable row in {unreadable} line(s) (not UTF-8 JSON rows that "
+                           "quaero saved); pass a run folder that `quaero train` wrote")
     return records, unreadable
 
 
@@ -104,7 +105,9 @@ def _ints(values) -> bool:
 
 
 def _numbers(values) -> bool:
-    return isinstance(values, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    return isinstance(values, list) and all(isinstance(v, (int, float)) and not isinstance(v,
+                                                                                           bool)
+                                            for v in values)
 
 
 def _is_row(rec) -> bool:
@@ -187,7 +190,8 @@ def verify_record(rec: dict, specials: set[int], vocab_size: int | None = None) 
             if bad:
                 problems.append(f"{span}: special token id(s) {bad} inside environment text")
     action_turns = {turn for kind, _, _, turn in rec["spans"] if kind == "action"}
-    problems += [f"{where}: turn {t}'s sampled action ids have no action span" for t in sampled if t not in action_turns]
+    problems += [f"{where}: turn {t}'s sampled action ids have no action span" for t in sampled
+                 if t not in action_turns]
     for i in range(n):
         if adv[i] != 0.0 and kind_of[i] != "action":
             problems.append(f"{where} token {i}: advantage {adv[i]} on a {kind_of[i] or 'unlabelled'} token")
@@ -273,7 +277,8 @@ def render_html(records: list[dict], tokenizer, title: str) -> str:
 
 
 def main(args) -> int:
-    """`quaero inspect rows`: render (terminal, --html) or --verify; exit 1 on problems or a missing folder."""
+    """`quaero inspect rows`: render (terminal, --html) or --verify; exit 1 on problems or a missing
+    folder."""
     try:
         exported = (getattr(args, "export", None) or [None, None])[1]
         for flag, out in (("--html", args.html), ("--export", exported)):
@@ -285,8 +290,8 @@ def main(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if unreadable:
-        print(f"warning: {rows_dir(args.run_dir)}: {unreadable} line(s) are not saved rows (not UTF-8 JSON rows) "
-              "and are left out", file=sys.stderr)
+        print(f"warning: {rows_dir(args.run_dir)}: {unreadable} line(s) are not saved rows (not UTF-8 JSON "
+              "rows) and are left out", file=sys.stderr)
     if getattr(args, "export", None):
         return export_main(args.run_dir, records, *args.export)
     if args.verify:
@@ -302,15 +307,16 @@ def main(args) -> int:
             print(f"{len(problems)} problem(s) in {len(records)} rows of {steps} step(s)", file=sys.stderr)
             return 1
         spans = sum(len(r["spans"]) for r in records)
-        print(f"verified {len(records)} rows of {steps} step(s), {spans} spans: action ids equal the sampler's, "
-              "no special token in environment text, advantages only on actions, ECHO weights only on env/scaffold")
+        print(f"verified {len(records)} rows of {steps} step(s), {spans} spans: action ids equal the "
+              "sampler's, no special token in environment text, advantages only on actions, ECHO weights "
+              "only on env/scaffold")
         return 0
     if args.html:
         try:
             Path(args.html).write_text(render_html(records, tokenizer, f"rows of {args.run_dir}"))
         except OSError as e:
-            print(f"error: --html {args.html}: cannot write it ({e.strerror or e}); name a file in a writable "
-                  "folder", file=sys.stderr)
+            print(f"error: --html {args.html}: cannot write it ({e.strerror or e}); name a file in a "
+                  "writable folder", file=sys.stderr)
             return 1
     print(render_terminal(records, tokenizer, color=sys.stdout.isatty()))
     if args.html:
@@ -319,7 +325,8 @@ def main(args) -> int:
 
 
 def export_main(run_dir: str, records: list[dict], fmt: str, out: str) -> int:
-    """`--export FORMAT OUT.jsonl` (quaero/rollout/traces.py): one line per saved row; exit 1 on an unknown format."""
+    """`--export FORMAT OUT.jsonl` (quaero/rollout/traces.py): one line per saved row; exit 1 on an unknown
+    format."""
     from quaero.rollout.traces import export_rows
 
     if fmt not in ("rfc010", "openenv-trace"):

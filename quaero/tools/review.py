@@ -38,11 +38,11 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
     try:
         events, unreadable = read_events(path)
     except OSError as e:
-        raise ReviewError(f"{path}: cannot read it ({e.strerror or e}); pass the run folder holding a readable "
-                          "events.jsonl") from None
+        raise ReviewError(f"{path}: cannot read it ({e.strerror or e}); pass the run folder holding a "
+                          "readable events.jsonl") from None
     if not events:
-        raise ReviewError(f"{path}: no readable event in {unreadable} line(s) (not UTF-8 or not JSON objects); "
-                          "pass the events.jsonl a quaero run wrote")
+        raise ReviewError(f"{path}: no readable event in {unreadable} line(s) (not UTF-8 or not JSON "
+                          "objects); pass the events.jsonl a quaero run wrote")
     steps: dict[tuple, dict] = {}
     evals: dict[int, dict] = {}
     for e in events:
@@ -56,9 +56,11 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
             steps[(phase, step)] = e  # a re-run step after resume: latest wins
         else:
             evals[step] = e
-    ordered = sorted(steps.values(), key=lambda e: (e["step"], e.get(names.PHASE) not in names.WARM_START_PHASES))
+    ordered = sorted(steps.values(), key=lambda e: (e["step"],
+                                                    e.get(names.PHASE) not in names.WARM_START_PHASES))
     return {"path": str(path), "events": events, "steps": ordered, "unreadable": unreadable,
-            "evals": [evals[k] for k in sorted(evals)], "ended": any(e.get("event") == names.RUN_END_EVENT for e in events)}
+            "evals": [evals[k] for k in sorted(evals)],
+            "ended": any(e.get("event") == names.RUN_END_EVENT for e in events)}
 
 
 def _is_int(v: Any) -> bool:
@@ -161,9 +163,9 @@ def env_line(env: str, f: dict[str, Any]) -> str:
 
 
 def rl_over_warm_start(run: dict, env: str | None = None) -> dict[str, Any]:
-    """The last eval after RL against the eval at the end of the warm start, paired on the tasks both finished:
-    McNemar exact p on success, paired bootstrap 95% interval of the reward difference (end - warm start).
-    `why` says what is missing when there is nothing to compare."""
+    """The last eval after RL against the eval at the end of the warm start, paired on the tasks both
+    finished: McNemar exact p on success, paired bootstrap 95% interval of the reward difference (end - warm
+    start). `why` says what is missing when there is nothing to compare."""
     from quaero.tools.significance import paired_outcomes
 
     warm = sft_span(run)
@@ -174,7 +176,8 @@ def rl_over_warm_start(run: dict, env: str | None = None) -> dict[str, Any]:
     start = next((e for e in run["evals"] if e["step"] == warm_end), None)
     end = next((e for e in reversed(run["evals"]) if e["step"] > warm_end), None)
     if start is None or end is None:
-        return {"why": f"no eval at the warm start's last step {warm_end}" if start is None else "no eval after RL"}
+        return {"why": f"no eval at the warm start's last step {warm_end}" if start is None else "no eval "
+                                                                                                 "after RL"}
     a, b = eval_outcomes(end, env), eval_outcomes(start, env)
     if a is None or b is None:
         nonfinite = [e["step"] for e in (start, end) if _nonfinite_rewards(e)]
@@ -196,63 +199,92 @@ def summarize(run: dict) -> dict[str, Any]:
     steps, evals = run["steps"], run["evals"]
     rl = [s for s in steps if s.get(names.PHASE, "rl") == "rl"]
     # a step without ECHO targets logs echo_loss 0: not a point of the ECHO learning curve
-    echo_first, echo_last = _head_tail(_series([st for st in steps if st.get(names.ECHO_TOKENS, 1)], names.ECHO_LOSS))
+    echo_first, echo_last = _head_tail(
+        _series([st for st in steps if st.get(names.ECHO_TOKENS, 1)], names.ECHO_LOSS)
+    )
     rl_first, rl_last = _head_tail(_series(rl, names.RL_LOSS))
     rew_first, rew_last = _head_tail(_series(rl, names.REWARD_MEAN))
     eval_rewards = _series(evals, names.EVAL_REWARD)
     times = _series(steps, names.STEP_TIME_S)
     gap = _series(rl, names.SAMPLER_LOGPROB_GAP_MAX)
-    onpolicy = [st for st in rl if not st.get(names.POLICY_STALENESS) and _number(st.get(names.SAMPLER_LOGPROB_GAP_MAX)) is not None]
+    onpolicy = [st for st in rl if not st.get(names.POLICY_STALENESS)
+                and _number(st.get(names.SAMPLER_LOGPROB_GAP_MAX)) is not None]
     return {
-        "steps": len(steps), "sft_steps": len(steps) - len(rl), "rl_steps": len(rl),
-        "last_step": steps[-1].get("step") if steps else None, "finished": run["ended"],
+        "steps": len(steps),
+        "sft_steps": len(steps) - len(rl),
+        "rl_steps": len(rl),
+        "last_step": steps[-1].get("step") if steps else None,
+        "finished": run["ended"],
         "unreadable_lines": run["unreadable"],
-        "train_reward_first": rew_first, "train_reward_last": rew_last,
+        "train_reward_first": rew_first,
+        "train_reward_last": rew_last,
         "train_success_last": _last(rl, names.SUCCESS_RATE),
         "eval_reward_baseline": eval_rewards[0] if eval_rewards else None,
         "eval_reward_last": eval_rewards[-1] if eval_rewards else None,
         "eval_success_last": evals[-1].get(names.EVAL_SUCCESS_RATE) if evals else None,
-        "rl_loss_first": rl_first, "rl_loss_last": rl_last,
-        "echo_loss_first": echo_first, "echo_loss_last": echo_last,
+        "rl_loss_first": rl_first,
+        "rl_loss_last": rl_last,
+        "echo_loss_first": echo_first,
+        "echo_loss_last": echo_last,
         names.ROWS: _sum(steps, names.ROWS),
-        names.ACTION_TOKENS: _sum(steps, names.ACTION_TOKENS), names.ECHO_TOKENS: _sum(steps, names.ECHO_TOKENS),
+        names.ACTION_TOKENS: _sum(steps, names.ACTION_TOKENS),
+        names.ECHO_TOKENS: _sum(steps, names.ECHO_TOKENS),
         # RL apart from the warm start: quaero/telemetry/outcomes.py's totals, judged by proofs "RL trained"
         "rl_steps_with_signal": sum(1 for st in rl if (_number(st.get(names.ACTION_TOKENS)) or 0) > 0),
-        "rl_action_tokens": _sum(rl, names.ACTION_TOKENS), "rl_echo_tokens": _sum(rl, names.ECHO_TOKENS),
-        "rl_actions": _sum(rl, names.TURNS), "rl_valid_actions": _sum(rl, names.TURNS) - _sum(rl, names.MALFORMED_ACTIONS),
-        **({"rl_groups": _sum(rl, names.GROUPS), "rl_groups_zero_advantage": _sum(rl, names.GROUPS_ZERO_ADVANTAGE)}
-           if any(names.GROUPS in st for st in rl) else {}),
+        "rl_action_tokens": _sum(rl, names.ACTION_TOKENS),
+        "rl_echo_tokens": _sum(rl, names.ECHO_TOKENS),
+        "rl_actions": _sum(rl, names.TURNS),
+        "rl_valid_actions": _sum(rl, names.TURNS) - _sum(rl, names.MALFORMED_ACTIONS),
+        **(
+            {
+                "rl_groups": _sum(rl, names.GROUPS),
+                "rl_groups_zero_advantage": _sum(rl, names.GROUPS_ZERO_ADVANTAGE),
+            }
+            if any(names.GROUPS in st for st in rl)
+            else {}
+        ),
         names.ROW_TOKENS: _sum(steps, names.ROW_TOKENS),
         "step_time_median_s": statistics.median(times) if times else None,
         names.PEAK_MEM_MB: max(_series(steps, names.PEAK_MEM_MB), default=None),
-        names.ENV_RETRIES: _sum(steps, names.ENV_RETRIES), names.EPISODES_DROPPED: _sum(steps, names.EPISODES_DROPPED),
+        names.ENV_RETRIES: _sum(steps, names.ENV_RETRIES),
+        names.EPISODES_DROPPED: _sum(steps, names.EPISODES_DROPPED),
         names.MALFORMED_ACTIONS: _sum(steps, names.MALFORMED_ACTIONS),
         names.BRIDGE_FALLBACKS: _sum(steps + evals, names.BRIDGE_FALLBACKS),
         names.PREFIX_MISMATCHES: _sum(steps + evals, names.PREFIX_MISMATCHES),
-        names.ROWS_PACKED: _sum(steps, names.ROWS_PACKED), names.ROWS_TRANSITION: _sum(steps, names.ROWS_TRANSITION),
+        names.ROWS_PACKED: _sum(steps, names.ROWS_PACKED),
+        names.ROWS_TRANSITION: _sum(steps, names.ROWS_TRANSITION),
         names.SAMPLER_LOGPROB_GAP_MAX: max(gap, default=None),
-        # what the log-prob gap proof judges: steps whose rows the trained weights sampled (quaero/telemetry/proofs.py)
+        # what the log-prob gap proof judges: steps whose rows the trained weights sampled
+        # (quaero/telemetry/proofs.py)
         "onpolicy_gap_steps": len(onpolicy),
         "onpolicy_logprob_gap_max": max(_series(onpolicy, names.SAMPLER_LOGPROB_GAP_MAX), default=None),
         "onpolicy_logprob_gap_mean_max": max(_series(onpolicy, names.SAMPLER_LOGPROB_GAP_MEAN), default=None),
-        # how the pushes reached the sampler (quaero/recipe/train.py sync_sampler): "file", "nccl", "ipc", "copy"
-        names.WEIGHT_TRANSFER: ",".join(sorted({str(r[names.WEIGHT_TRANSFER]) for r in steps + evals
-                                            if r.get(names.WEIGHT_TRANSFER)})) or None,
+        # how the pushes reached the sampler (quaero/recipe/train.py sync_sampler): "file", "nccl", "ipc",
+        # "copy"
+        names.WEIGHT_TRANSFER: ",".join(
+            sorted({str(r[names.WEIGHT_TRANSFER]) for r in steps + evals if r.get(names.WEIGHT_TRANSFER)})
+        )
+        or None,
         # rows sampled ahead ([training] max_off_policy_steps): how old they got, how much clipping held
         "policy_staleness_max": max(_series(rl, names.POLICY_STALENESS), default=None),
         "clip_fraction_max": max(_series(rl, names.CLIP_FRACTION), default=None),
         names.SELECTIVE_SUFFIX_LOGITS: _last(steps, names.SELECTIVE_SUFFIX_LOGITS),
         names.COMPILE_MODE: _last(steps, names.COMPILE_MODE, ""),
         # the latest reason given (a step with no targets attempts no compile and gives none)
-        names.COMPILE_FALLBACK_REASON:
-            _last([st for st in steps if st.get(names.COMPILE_FALLBACK_REASON)], names.COMPILE_FALLBACK_REASON, ""),
+        names.COMPILE_FALLBACK_REASON: _last(
+            [st for st in steps if st.get(names.COMPILE_FALLBACK_REASON)], names.COMPILE_FALLBACK_REASON, ""
+        ),
         **{k: _sum(steps, k) for k in proofs.BRANCH_COUNTERS},
         # eval after RL against the eval at the warm start's end, paired per task
         "rl_vs_warm_start": rl_over_warm_start(run),
         # the learning signal per generated token (the task samplers' aim), and a mixture's figures per env
-        "rl_signal_groups": _sum(rl, names.SIGNAL_GROUPS), "rl_generated_tokens": _sum(rl, names.GENERATED_TOKENS),
-        "rl_signal_groups_per_1k_tokens": (round(1000 * _sum(rl, names.SIGNAL_GROUPS) / tokens, 4)
-                                           if (tokens := _sum(rl, names.GENERATED_TOKENS)) else None),
+        "rl_signal_groups": _sum(rl, names.SIGNAL_GROUPS),
+        "rl_generated_tokens": _sum(rl, names.GENERATED_TOKENS),
+        "rl_signal_groups_per_1k_tokens": (
+            round(1000 * _sum(rl, names.SIGNAL_GROUPS) / tokens, 4)
+            if (tokens := _sum(rl, names.GENERATED_TOKENS))
+            else None
+        ),
         **({"per_env": envs} if (envs := per_env(run)) else {}),
     }
 
@@ -383,7 +415,8 @@ def _review(args, require: list[str]) -> int:
         if args.json:
             print(json.dumps({"a": a, "b": b}, indent=2))
         else:
-            print(render_table([(k, [a[k], b[k]]) for k in a if not isinstance(a[k], dict)], ["metric", *args.compare]))
+            print(render_table([(k, [a[k], b[k]]) for k in a if not isinstance(a[k], dict)], ["metric",
+                                                                                              *args.compare]))
         return 0
     if not args.run_dir:
         raise ReviewError("quaero review RUN_DIR (or --compare RUN_A RUN_B)")
@@ -392,8 +425,8 @@ def _review(args, require: list[str]) -> int:
     checks = proofs.run_checks(s)
     plots = [str(p) for p in write_plots(run, args.plots)] if args.plots else []
     if s["unreadable_lines"]:
-        print(f"warning: {run['path']}: {s['unreadable_lines']} line(s) could not be read (not UTF-8, not a JSON "
-              "object, or a step that is not an integer) and are left out", file=sys.stderr)
+        print(f"warning: {run['path']}: {s['unreadable_lines']} line(s) could not be read (not UTF-8, not a "
+              "JSON object, or a step that is not an integer) and are left out", file=sys.stderr)
     if args.json:
         print(json.dumps({"summary": s, "checks": checks, "plots": plots}, indent=2))
     else:
@@ -403,7 +436,8 @@ def _review(args, require: list[str]) -> int:
         print()
         for c in checks:
             print(f"[{_tag(c)}] {c['name']}: {c['detail']}")
-        for env, figures in s.get("per_env", {}).items():  # a mixture's; the checks above judge the pooled run
+        # a mixture's; the checks above judge the pooled run
+        for env, figures in s.get("per_env", {}).items():
             print(env_line(env, figures))
         for p in plots:
             print(f"plot {p}")

@@ -7,7 +7,8 @@ predicting the RL step time and its bottleneck for given numbers of trainer and 
 Measured (from the run's RL `train_step` events, means over its RL steps, on the machine that ran it;
 a run of R ranks measures R devices at once, so its throughputs are divided by R):
 - sampler generated tokens/s on one device: `rollout_action_tokens / (rollout_time_s - weight_sync_s
-  - env time)`, the env time being `env_steps / ranks x --env-ms-per-step` when given (else 0: env latency then
+  - env time)`, the env time being `env_steps / ranks x --env-ms-per-step` when given (else 0: env latency
+    then
   counts as sampling time, which is what the run measured);
 - trainer row tokens/s on one device: `row_tokens / (total_step_time_s - rollout_time_s)`;
 - weight push seconds per GB: `weight_sync_s / model GB` (the model's size on disk in `final/` or the
@@ -27,8 +28,8 @@ row tokens) as the measured run:
 - step_s = sample_s + push_s + train_s with --off-policy-steps 0 (today's loop); with k >= 1 the next
   step's rollouts overlap this step's training: step_s = max(sample_s, push_s + train_s).
 The bottleneck is the largest term. With N = the run's ranks and S = 0 (and no env or link flags) the
-model returns the measured step. Everything else is a projection: it assumes throughput splits linearly over devices
-(perfect batching, no stragglers), which a real fleet only approaches.
+model returns the measured step. Everything else is a projection: it assumes throughput splits linearly over
+devices (perfect batching, no stragglers), which a real fleet only approaches.
 """
 from __future__ import annotations
 
@@ -81,8 +82,8 @@ def predict(costs: Costs, work: Workload, *, trainers: int, samplers: int, off_p
         allreduce_s = 2 * (trainers - 1) / trainers * grad_gb / allreduce_gb_s
     train_s = work.row_tokens / (trainers * costs.trainer_tokens_per_s) + allreduce_s
     if samplers > 0 and costs.push_s_per_gb == 0:
-        raise ValueError("sampler devices of their own receive the weights every step, but the run measured no "
-                         "weight push (its sampler shared the trainer's module): give --push-s-per-gb")
+        raise ValueError("sampler devices of their own receive the weights every step, but the run measured "
+                         "no weight push (its sampler shared the trainer's module): give --push-s-per-gb")
     push_s = costs.model_gb * costs.push_s_per_gb
     step_s = (sample_s + push_s + train_s) if off_policy_steps == 0 else max(sample_s, push_s + train_s)
     terms = {"sampling": sample_s, "weight push": push_s, "training": train_s - allreduce_s,
@@ -98,32 +99,40 @@ def measure(run_dir: Path, env_s_per_step: float = 0.0) -> tuple[Costs, Workload
     from quaero.telemetry.runlog import read_events
 
     events, _ = read_events(run_dir / names.EVENTS)
-    rl = [e for e in events if e.get("event") == names.TRAIN_STEP_EVENT and e.get(names.PHASE) == "rl" and e.get(names.ROWS)]
+    rl = [e for e in events if e.get("event") == names.TRAIN_STEP_EVENT and e.get(names.PHASE) == "rl"
+          and e.get(names.ROWS)]
     if not rl:
         raise ValueError(f"{run_dir / names.EVENTS}: no RL train_step with trained rows to measure "
                          "(a run with [training] steps >= 1 is needed)")
     if any(names.ROLLOUT_WAIT_S in e for e in rl):  # logged only when rollouts are sampled ahead
         raise ValueError(f"{run_dir}: its rollouts were sampled while steps trained ([training] "
-                         "max_off_policy_steps >= 1), so its sampling and training costs cannot be told apart; "
-                         "measure a run with max_off_policy_steps = 0 and project k with --off-policy-steps")
+                         "max_off_policy_steps >= 1), so its sampling and training costs cannot be told "
+                         "apart; measure a run with max_off_policy_steps = 0 and project k with "
+                         "--off-policy-steps")
 
     def mean(key: str) -> float:
         return statistics.fmean(float(e.get(key) or 0.0) for e in rl)
 
-    ranks = int(rl[-1].get(names.RANKS) or 1)  # a step's time is its slowest rank's; its counts are all ranks'
-    sync, rollout, total = mean(names.WEIGHT_SYNC_S), mean(names.ROLLOUT_TIME_S), mean(names.TOTAL_STEP_TIME_S)
+    # a step's time is its slowest rank's; its counts are all ranks'
+    ranks = int(rl[-1].get(names.RANKS) or 1)
+    sync, rollout, total = (
+        mean(names.WEIGHT_SYNC_S),
+        mean(names.ROLLOUT_TIME_S),
+        mean(names.TOTAL_STEP_TIME_S),
+    )
     env_steps = mean(names.ENV_STEPS)
     sample_s = rollout - sync - env_steps / ranks * env_s_per_step
     train_s = total - rollout
     if sample_s <= 0 or train_s <= 0:
-        raise ValueError(f"{run_dir}: the measured sampling ({sample_s:.3f} s) and training ({train_s:.3f} s) "
-                         "times must be positive (is --env-ms-per-step larger than the run's env time?)")
+        raise ValueError(f"{run_dir}: the measured sampling ({sample_s:.3f} s) and training ({train_s:.3f} "
+                         "s) times must be positive (is --env-ms-per-step larger than the run's env time?)")
     model_bytes, params = _model_size(run_dir)
     costs = Costs(sampler_tokens_per_s=mean(names.ROLLOUT_ACTION_TOKENS) / sample_s / ranks,
                   trainer_tokens_per_s=mean(names.ROW_TOKENS) / train_s / ranks,
                   push_s_per_gb=sync / (model_bytes / GB), model_gb=model_bytes / GB,
                   bytes_per_param=model_bytes / params)
-    work = Workload(episodes=mean(names.EPISODES), generated_tokens=mean(names.ROLLOUT_ACTION_TOKENS), env_steps=env_steps,
+    work = Workload(episodes=mean(names.EPISODES), generated_tokens=mean(names.ROLLOUT_ACTION_TOKENS),
+                    env_steps=env_steps,
                     row_tokens=mean(names.ROW_TOKENS), measured_step_s=total, measured_ranks=ranks)
     return costs, work
 
@@ -139,7 +148,8 @@ def _model_size(run_dir: Path) -> tuple[int, int]:
             params = 0
             for f in files:
                 with safe_open(f, framework="pt") as st:
-                    params += sum(math.prod(st.get_slice(k).get_shape()) for k in st.keys())  # noqa: SIM118 (a safe_open handle is not iterable)
+                    # (a safe_open handle is not iterable)
+                    params += sum(math.prod(st.get_slice(k).get_shape()) for k in st.keys())  # noqa: SIM118
             return sum(f.stat().st_size for f in files), params
     raise ValueError(f"{run_dir}: no weights in final/ or checkpoints/ to size the weight push")
 
@@ -151,8 +161,10 @@ def _ints(text: str) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="quaero bench scaling", description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", type=Path, help="a finished run folder (runs/NAME) with RL steps")
-    ap.add_argument("--trainers", type=_ints, default=[1, 2, 4, 8], help="trainer device counts (default 1,2,4,8)")
-    ap.add_argument("--samplers", type=_ints, default=[0], help="sampler device counts; 0 = colocated (default 0)")
+    ap.add_argument("--trainers", type=_ints, default=[1, 2, 4, 8], help="trainer device counts (default "
+                                                                         "1,2,4,8)")
+    ap.add_argument("--samplers", type=_ints, default=[0], help="sampler device counts; 0 = colocated "
+                                                                "(default 0)")
     ap.add_argument("--off-policy-steps", type=int, default=0, help="k of [training] max_off_policy_steps")
     ap.add_argument("--env-ms-per-step", type=float, default=0.0,
                     help="env step latency to separate from sampling (e.g. from `quaero bench env-latency`)")

@@ -74,5 +74,6 @@ def paired_outcomes(a: dict, b: dict, *, seed: int = 0) -> dict:
     diff, low, high = paired_bootstrap([a[k][1] for k in shared], [b[k][1] for k in shared], seed=seed)
     n = len(shared)
     return {"pairs": n, "a_success": sum(bool(a[k][0]) for k in shared) / n if n else 0.0,
-            "b_success": sum(bool(b[k][0]) for k in shared) / n if n else 0.0, "a_only": a_only, "b_only": b_only,
+            "b_success": sum(bool(b[k][0]) for k in shared) / n if n else 0.0, "a_only": a_only,
+            "b_only": b_only,
             "mcnemar_p": mcnemar_exact(a_only, b_only), "reward_diff": diff, "reward_diff_ci95": [low, high]}

@@ -71,7 +71,8 @@ def served(exported):
 
 
 def transformers_greedy(folder: Path, prompts: list[list[int]]) -> list[list[int]]:
-    """`generate` of the folder loaded by transformers, one prompt at a time (no padding), cut after a stop id."""
+    """`generate` of the folder loaded by transformers, one prompt at a time (no padding), cut after a stop
+    id."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
@@ -94,7 +95,8 @@ def trainer_logprobs(trainer, prompt: list[int], action: list[int]) -> torch.Ten
 
 
 def assert_served_like_trained(sampler, trainer, folder: Path, tiny_lm) -> None:
-    """Greedy ids equal transformers' on `folder`; log-probs equal the trainer's, not the untrained model's."""
+    """Greedy ids equal transformers' on `folder`; log-probs equal the trainer's, not the untrained
+    model's."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(folder)  # the exported tokenizer encodes the prompts
@@ -106,10 +108,15 @@ def assert_served_like_trained(sampler, trainer, folder: Path, tiny_lm) -> None:
         lps = torch.tensor(c.logprobs)
         gap = max(gap, (lps - trainer_logprobs(trainer, prompt, c.token_ids)).abs().max().item())
         with torch.no_grad():
-            untrained = tiny_lm(torch.tensor([prompt + c.token_ids])).logits[0, len(prompt) - 1:-1].log_softmax(-1)
-        moved = max(moved, (lps - untrained.gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]).abs().max().item())
-    print(f"\n{folder.name}: {sum(len(c.token_ids) for c in served)} greedy tokens over {len(prompts)} prompts equal "
-          f"transformers'; max |logprob diff| vs the trainer {gap:.2e}, vs the untrained model {moved:.2e}")
+            untrained = (
+                tiny_lm(torch.tensor([prompt + c.token_ids])).logits[0, len(prompt) - 1 : -1].log_softmax(-1)
+            )
+        moved = max(
+            moved, (lps - untrained.gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]).abs().max().item()
+        )
+    print(f"\n{folder.name}: {sum(len(c.token_ids) for c in served)} greedy tokens over {len(prompts)} "
+          f"prompts equal transformers'; max |logprob diff| vs the trainer {gap:.2e}, vs the untrained model "
+          f"{moved:.2e}")
     assert gap < 1e-4  # the sampler contract's tolerance (tests/engines/test_sampling.py)
     assert moved > 1e-3  # what is served is the trained model
 

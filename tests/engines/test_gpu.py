@@ -7,7 +7,8 @@ from trainers.selective import full_logprobs, selected_logprobs
 from trainers.spec import SelectivePolicy
 
 pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run scripts/gpu_check.sh)")]
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run "
+                                                                       "scripts/gpu_check.sh)")]
 
 
 def _case(seed, B=2, L=300, V=4096, H=64, density=0.05):
@@ -44,7 +45,8 @@ def test_selective_branches_exact_on_cuda(kw, branch, T):
     ref, ref_g, _ = _values_and_grads(
         lambda h: (full_logprobs(head(h).float(), ids, mask, temperature=T), None), hidden, head)
     got, got_g, info = _values_and_grads(
-        lambda h: selected_logprobs(h, head, ids, mask, temperature=T, policy=SelectivePolicy(**kw)), hidden, head)
+        lambda h: selected_logprobs(h, head, ids, mask, temperature=T,
+                                    policy=SelectivePolicy(**kw)), hidden, head)
     assert info.branch == branch and info.compiled == (branch == "compiled")
     assert (got - ref).abs().max().item() <= 1e-4  # TF32/fused-kernel tolerance on GPU
     for g, r in zip(got_g, ref_g):
@@ -65,7 +67,8 @@ def test_bench_echo_compiled_require_proof_on_cuda(tmp_path):
 
     out = tmp_path / "echo.json"
     rc = bench_main(["echo", "--device", "cuda:0", "--seq-len", "512", "--early-target-pos", "16",
-                     "--selected-tokens", "128", "--vocab-size", "4096", "--hidden-size", "64", "--repeats", "3",
+                     "--selected-tokens", "128", "--vocab-size", "4096", "--hidden-size", "64", "--repeats",
+                     "3",
                      "--compile-selective-ce", "require", "--compile-selective-ce-min-tokens", "1",
                      "--json", str(out)])
     assert rc == 0

@@ -1,6 +1,7 @@
-"""The issue's proof on the real toolbench env (in-process OpenEnv MCP env) with the real Qwen3 renderer and the
-offline Qwen tokenizer: 60 episodes, scripted oracle and tiny-model driven, exact rows, every env response
-captured (terminal included), prefix mismatches 0, packed rows reproducing per-transition log-probs to 1e-6."""
+"""The issue's proof on the real toolbench env (in-process OpenEnv MCP env) with the real Qwen3 renderer and
+the offline Qwen tokenizer: 60 episodes, scripted oracle and tiny-model driven, exact rows, every env response
+captured (terminal included), prefix mismatches 0, packed rows reproducing per-transition log-probs to
+1e-6."""
 from __future__ import annotations
 
 import pytest
@@ -51,7 +52,8 @@ def test_sixty_toolbench_episodes_are_exact(toolbench, qwen3_render, tiny_hf_sam
 
     tasks = [{"seed": i, "split": "train", "index": i} for i in range(20)]
     packed, a1 = run(toolbench, qwen3_render, tasks, 2, policy=reasoned(oracle_policy))
-    verbatim, a2 = run(toolbench, qwen3_render, tasks[:12], 1, policy=reasoned(oracle_policy, lambda name: None))
+    verbatim, a2 = run(toolbench, qwen3_render, tasks[:12], 1, policy=reasoned(oracle_policy,
+                                                                               lambda name: None))
     sampled, a3 = run(toolbench, qwen3_render, tasks[:4], 2, max_turns=2, sampler=tiny_hf_sampler)
     episodes = packed + verbatim + sampled
     assert len(episodes) == 60 and not any(ep.dropped for ep in episodes)
@@ -62,13 +64,22 @@ def test_sixty_toolbench_episodes_are_exact(toolbench, qwen3_render, tiny_hf_sam
         assert ep.messages[-1]["role"] == "tool"  # the terminal response is in the transcript...
         (row, s), = [(r, s) for r in ep.rows for s in r.spans if s.kind == "env" and s.turn == ep.turns - 1]
         # ...and trained (".\n" is one Qwen token: a boundary token merged with content counts as content)
-        assert qwen3_render.tokenizer.decode(row.input_ids[s.start:s.end]).strip() == ep.messages[-1]["content"]
+        assert (
+            qwen3_render.tokenizer.decode(row.input_ids[s.start : s.end]).strip()
+            == ep.messages[-1]["content"]
+        )
     for counts, eps in ((a1, packed), (a2, verbatim), (a3, sampled)):
         assert counts["prefix_mismatches"] == 0 and counts["bridge_fallbacks"] == 0
-        assert counts["env_responses"] == counts["env_responses_captured"] == counts["turns"] == sum(e.turns for e in eps)
+        assert (
+            counts["env_responses"]
+            == counts["env_responses_captured"]
+            == counts["turns"]
+            == sum(e.turns for e in eps)
+        )
     assert a1["terminal_responses"] == 40 and a2["terminal_responses"] == 12
     assert a1["rows_packed"] == 40 and a1["rows_transition"] == 0  # one row per episode
-    assert a2["rows_packed"] == 0 and a2["rows_transition"] == a2["turns"]  # empty <think> is not kept by Qwen3
+    # empty <think> is not kept by Qwen3
+    assert a2["rows_packed"] == 0 and a2["rows_transition"] == a2["turns"]
     assert a3["truncated_completions"] == a3["turns"] and all(IM_END not in t.action_ids
                                                            for ep in sampled for t in ep.transitions)
     # packing changes no target's log-prob (same tokens, same left context)
@@ -88,11 +99,13 @@ def test_sixty_toolbench_episodes_are_exact(toolbench, qwen3_render, tiny_hf_sam
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_vllm_driven_toolbench_episodes_are_exact(toolbench, qwen3_render, tiny_lm, tiny_model_dir, vllm_engine):
+def test_vllm_driven_toolbench_episodes_are_exact(toolbench, qwen3_render, tiny_lm, tiny_model_dir,
+                                                  vllm_engine):
     from quaero.sampling.vllm import VLLMSampler
 
     cfg, _ = toolbench
-    sampler = VLLMSampler(str(tiny_model_dir), cfg.sampler, stop_token_ids=qwen3_render.stop_token_ids, llm=vllm_engine)
+    sampler = VLLMSampler(str(tiny_model_dir), cfg.sampler, stop_token_ids=qwen3_render.stop_token_ids,
+                          llm=vllm_engine)
     tasks = [{"seed": i, "split": "train", "index": i} for i in range(4)]
     episodes, counts = run(toolbench, qwen3_render, tasks, 2, max_turns=2, sampler=sampler)
     assert len(episodes) == 8 and counts["prefix_mismatches"] == 0
@@ -105,7 +118,8 @@ def test_vllm_driven_toolbench_episodes_are_exact(toolbench, qwen3_render, tiny_
         with torch.no_grad():
             lp = tiny_lm(torch.tensor([row.input_ids])).logits[0, :-1].log_softmax(-1)
         trainer.append(lp.gather(-1, torch.tensor(row.input_ids[1:])[:, None]).squeeze(-1).tolist())
-    # sampler-vs-reference log-prob gap on every sampled token (entry j - 1 of the shifted list scores token j)
+    # sampler-vs-reference log-prob gap on every sampled token (entry j - 1 of the shifted list scores token
+    # j)
     gaps = [abs(lps[j - 1] - row.sampler_logprobs[j]) for row, lps in zip(rows, trainer)
             for j, m in enumerate(row.action_mask) if m]
     assert gaps and max(gaps) < 1e-4

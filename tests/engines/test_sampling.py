@@ -35,7 +35,8 @@ def vllm_server(tiny_model_dir):
     require_vllm()
     from quaero.sampling.server import start_vllm_servers
 
-    (proc,) = start_vllm_servers(str(tiny_model_dir), SamplerConfig(mode="server", weight_transfer="ipc"), count=1,
+    (proc,) = start_vllm_servers(str(tiny_model_dir), SamplerConfig(mode="server", weight_transfer="ipc"),
+                                 count=1,
                             dtype="float32", max_model_len=4096, max_num_seqs=16)
     yield proc
     proc.close()
@@ -50,7 +51,8 @@ def make(request, model, tiny_model_dir):
             from quaero.sampling.hf import HFSampler
 
             return HFSampler(model, sc, stop_token_ids=stop, max_seq_len=max_seq_len)
-        if request.param == "server":  # the server's engine settings are its own; the sampler's apply per request
+        # the server's engine settings are its own; the sampler's apply per request
+        if request.param == "server":
             from quaero.sampling.server import VLLMServerSampler
 
             return VLLMServerSampler([request.getfixturevalue("vllm_server").url], sc, stop_token_ids=stop,
@@ -84,7 +86,8 @@ def test_completions_are_valid_seeded_and_distinct(make):
     out = s.generate(PROMPTS + [PROMPTS[0]], n=2, seed=7)
     assert len(out) == 3 and all(len(cs) == 2 for cs in out)
     for c in (c for cs in out for c in cs):
-        assert isinstance(c, Completion) and 1 <= len(c.token_ids) <= 12 and len(c.logprobs) == len(c.token_ids)
+        assert isinstance(c,
+                          Completion) and 1 <= len(c.token_ids) <= 12 and len(c.logprobs) == len(c.token_ids)
         assert c.finish_reason == ("stop" if c.token_ids[-1] in STOP else "length")
         assert all(lp <= 0 for lp in c.logprobs)
     ids = [c.token_ids for cs in out for c in cs]
@@ -106,8 +109,8 @@ def test_logprobs_match_the_trainer_model(make, model):
 
 
 def test_a_seeded_batch_longer_than_one_prefill_step(make):
-    """10 seeded prompts of 260 tokens: more prompt than vLLM's default 2048-token step, which on the CPU build
-    split a prefill and killed the engine (quaero/sampling/vllm.py `cpu_whole_prefill`)."""
+    """10 seeded prompts of 260 tokens: more prompt than vLLM's default 2048-token step, which on the CPU
+    build split a prefill and killed the engine (quaero/sampling/vllm.py `cpu_whole_prefill`)."""
     prompts = [PROMPTS[0][:3] + [1000 + 7 * i + k for k in range(251)] + PROMPTS[0][3:] for i in range(10)]
     out = make(max_tokens=3).generate(prompts, n=2, seed=4)
     assert [len(cs) for cs in out] == [2] * 10 and all(1 <= len(c.token_ids) <= 3 for cs in out for c in cs)
@@ -141,16 +144,17 @@ def test_update_weights_reaches_the_sampler(make, model):
     assert (torch.tensor(c.logprobs) - reference(trained, PROMPTS[0], c.token_ids, 1.0)).abs().max() < 1e-4
     assert (torch.tensor(c.logprobs) - reference(model, PROMPTS[0], c.token_ids, 1.0)).abs().max() > 1e-3
     back = s.generate(PROMPTS[:1], seed=2)[0][0]  # and the push back reaches it too
-    assert (torch.tensor(back.logprobs) - reference(model, PROMPTS[0], back.token_ids, 1.0)).abs().max() < 1e-4
+    assert (torch.tensor(back.logprobs) - reference(model, PROMPTS[0], back.token_ids,
+                                                    1.0)).abs().max() < 1e-4
 
 
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_weight_sync_client_drives_the_servers_weight_transfer_routes(vllm_server):
-    """quaero's `VLLMWeightSyncClient` against a real server with `--weight-transfer-config ipc`: each call is the
-    route and JSON body vLLM's HTTP router takes (IPC handles pickled, which the server accepts only with the
-    VLLM_ALLOW_INSECURE_SERIALIZATION that `server_env` sets), and the server answers all four. The CPU build
-    moves no weights by IPC: the update here is empty, and the model is unchanged by the round."""
+    """quaero's `VLLMWeightSyncClient` against a real server with `--weight-transfer-config ipc`: each call is
+    the route and JSON body vLLM's HTTP router takes (IPC handles pickled, which the server accepts only with
+    the VLLM_ALLOW_INSECURE_SERIALIZATION that `server_env` sets), and the server answers all four. The CPU
+    build moves no weights by IPC: the update here is empty, and the model is unchanged by the round."""
     import base64
     import pickle
 
@@ -179,11 +183,12 @@ def test_weight_sync_client_drives_the_servers_weight_transfer_routes(vllm_serve
     after = sampler.generate(PROMPTS[:1], greedy=True)[0][0]
     assert after.token_ids == before.token_ids and after.logprobs == before.logprobs
     # a fault: vLLM's worker refuses a finish without a start; quaero's error names the route and the reason
-    with pytest.raises(ServerError, match=r"/finish_weight_update answered 500: .*finish_weight_update called "
-                                          r"without a matching start_weight_update"):
+    with pytest.raises(ServerError, match=r"/finish_weight_update answered 500: .*finish_weight_update "
+                                          r"called without a matching start_weight_update"):
         client.finish_weight_update("v1")
     assert calls[-1] == ("/finish_weight_update", {"weight_version": "v1"})
-    assert sampler.generate(PROMPTS[:1], greedy=True)[0][0].token_ids == before.token_ids  # the server lives on
+    # the server lives on
+    assert sampler.generate(PROMPTS[:1], greedy=True)[0][0].token_ids == before.token_ids
     with pytest.raises(ServerError, match=r"/update_weights answered 4\d\d"):  # a body vLLM's router refuses
         sampler._post(vllm_server.url, "/update_weights", {"update_info": "not a payload"})
 
@@ -197,8 +202,10 @@ def test_a_real_server_passes_the_urls_check_and_says_what_it_lacks(vllm_server)
     from quaero.sampling.server import server_problem
 
     assert server_problem(vllm_server.url, SamplerConfig(mode="server"), max_seq_len=4096) is None
-    assert server_problem(vllm_server.url, SamplerConfig(mode="server", weight_transfer="ipc"), max_seq_len=4096) is None
-    nccl = server_problem(vllm_server.url, SamplerConfig(mode="server", weight_transfer="nccl"), max_seq_len=4096)
+    assert server_problem(vllm_server.url, SamplerConfig(mode="server", weight_transfer="ipc"),
+                          max_seq_len=4096) is None
+    nccl = server_problem(vllm_server.url, SamplerConfig(mode="server", weight_transfer="nccl"),
+                          max_seq_len=4096)
     assert nccl.startswith("was started with weight transfer 'ipc' and [sampler] weight_transfer='nccl'")
     longer = server_problem(vllm_server.url, SamplerConfig(mode="server"), max_seq_len=8192)
     assert longer.startswith("holds 4096 tokens per sequence and [model] max_seq_len=8192")
@@ -259,7 +266,8 @@ def test_engine_placement_leaves_the_process_as_it_was(vllm_engine):
     from quaero.sampling import vllm as v
 
     assert torch.set_num_threads.__name__ == "set_num_threads"  # the session engine's build gave it back
-    before = (torch.get_rng_state(), random.getstate(), torch.set_num_threads, os.environ.get(v.MULTIPROCESSING))
+    before = (torch.get_rng_state(), random.getstate(), torch.set_num_threads,
+              os.environ.get(v.MULTIPROCESSING))
     with v._engine_placement(in_process=True):
         assert os.environ[v.MULTIPROCESSING] == "0"
         torch.manual_seed(123)

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 pytestmark = [pytest.mark.unsloth, pytest.mark.skipif(importlib.util.find_spec("unsloth") is None,
-                                                      reason="unsloth is not installed (pip install 'quaero[unsloth]')")]
+                                                      reason="unsloth is not installed (pip install "
+                                                             "'quaero[unsloth]')")]
 
 SCRIPT = r"""
 import json, sys
@@ -45,7 +46,8 @@ print("RESULT " + json.dumps(out, default=str))
 def unsloth_run(tiny_model_dir):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "UNSLOTH_DISABLE_CPU_FALLBACK": "0"}
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True, text=True, check=False,
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True, text=True,
+                                                       check=False,
                           timeout=600)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]

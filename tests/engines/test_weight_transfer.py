@@ -1,5 +1,5 @@
-"""Server mode's push through vLLM's weight-transfer engines (`[sampler] weight_transfer = "ipc" | "nccl"`), on
-CUDA only (run by scripts/gpu_check.sh): after a push the server's log-probs are the trained model's, and a
+"""Server mode's push through vLLM's weight-transfer engines (`[sampler] weight_transfer = "ipc" | "nccl"`),
+on CUDA only (run by scripts/gpu_check.sh): after a push the server's log-probs are the trained model's, and a
 push back restores them, as test_sampling.py checks for the file push. IPC: a server on the trainer's GPU;
 NCCL: a server on a GPU of its own (`server_devices = [1]`, two GPUs or more)."""
 import copy
@@ -12,7 +12,8 @@ from quaero.config import SamplerConfig
 # gpu only, not vllm: CI's engine tier (QUAERO_REQUIRE_ENGINES=1) fails vllm-marked tests that skip, and these
 # skip on every machine without CUDA
 pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run scripts/gpu_check.sh)")]
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run "
+                                                                       "scripts/gpu_check.sh)")]
 
 PROMPT = [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198]
 STOP = [151645, 151643]
@@ -41,7 +42,8 @@ def test_a_push_through_vllms_weight_transfer_reaches_the_server(tiny_model_dir,
     model = load_causal_lm("tiny-qwen3", "float32", "cuda").eval()
     sc = SamplerConfig(mode="server", weight_transfer=backend, server_devices=devices, temperature=1.0,
                        max_tokens=12, gpu_memory_utilization=0.2)
-    procs = start_vllm_servers(str(tiny_model_dir), sc, count=1, dtype="float32", max_model_len=4096, max_num_seqs=16)
+    procs = start_vllm_servers(str(tiny_model_dir), sc, count=1, dtype="float32", max_model_len=4096,
+                               max_num_seqs=16)
     sampler = VLLMServerSampler([p.url for p in procs], sc, stop_token_ids=STOP, processes=procs)
     try:
         trained = copy.deepcopy(model)

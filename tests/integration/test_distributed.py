@@ -20,7 +20,8 @@ from quaero.telemetry.proofs import BRANCH_COUNTERS
 
 ROOT = Path(__file__).resolve().parents[2]
 EQUAL_COUNTS = (*BRANCH_COUNTERS, "action_tokens", "echo_tokens", "rows", "row_tokens", "forward_passes",
-                "lm_head_skipped_microbatches", "forward_passes_per_microbatch", "optimizer_stepped", "grad_clipped")
+                "lm_head_skipped_microbatches", "forward_passes_per_microbatch", "optimizer_stepped",
+                "grad_clipped")
 LOSSES = ("loss", "rl_loss", "echo_loss", "grad_norm", "importance_ratio_mean", "sampler_logprob_gap_mean")
 
 
@@ -56,9 +57,12 @@ def free_port() -> int:
 
 
 def torchrun(model_dir: str, strategy: str, chunk_size: int | None, out: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), str(ROOT / "tests/fixtures/dist_step.py"), model_dir, strategy, str(out),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+           "127.0.0.1",
+           "--master-port", str(free_port()), str(ROOT / "tests/fixtures/dist_step.py"), model_dir, strategy,
+           str(out),
            str(chunk_size).lower()]
     proc = subprocess.run(cmd, check=False, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

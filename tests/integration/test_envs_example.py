@@ -27,7 +27,8 @@ def test_example_config_trains_env_over_its_configured_launcher(example_on_path)
             start = env.reset(seed=seed)
             scrambled = start.messages[1]["content"].rsplit(" ", 1)[-1]
             assert start.messages[0]["content"].startswith("You unscramble words.")
-            # one text field: the action is the reply itself (a JSON object is still read), and the prompt says so
+            # one text field: the action is the reply itself (a JSON object is still read), and the prompt
+            # says so
             assert "your whole reply becomes its `word` field" in start.messages[0]["content"]
             wrong = env.step({"role": "assistant", "content": '{"word": "zzzzzz"}'})
             assert wrong.messages[0]["content"].startswith("Feedback: ") and wrong.reward == 0.0
@@ -37,7 +38,8 @@ def test_example_config_trains_env_over_its_configured_launcher(example_on_path)
     assert "anagram_env" in sys.modules
 
 
-# -- examples/tictactoe: a plain, non-concurrent game with penalties, trained as it is ---------------------------
+# -- examples/tictactoe: a plain, non-concurrent game with penalties, trained as it is
+# ---------------------------
 TICTACTOE = EXAMPLE.parent / "tictactoe"
 
 
@@ -68,9 +70,18 @@ def test_tictactoe_trains_as_it_is_with_an_oracle_warm_start(tictactoe_on_path, 
     from quaero.recipe.train import train
     from quaero.telemetry.runlog import read_events
 
-    cfg = load_config(TICTACTOE / "tictactoe.toml", [
-        f"run.output_dir='{tmp_path}'", "training.warmup_sft_steps=1", "training.steps=1", "training.eval_every=0",
-        "sampler.max_tokens=8", "logging.console='none'", "logging.progress=false"])
+    cfg = load_config(
+        TICTACTOE / "tictactoe.toml",
+        [
+            f"run.output_dir='{tmp_path}'",
+            "training.warmup_sft_steps=1",
+            "training.steps=1",
+            "training.eval_every=0",
+            "sampler.max_tokens=8",
+            "logging.console='none'",
+            "logging.progress=false",
+        ],
+    )
     events = read_events(train(cfg) / "events.jsonl")[0]
     sft, rl = [e for e in events if e["event"] == "train_step"]
     assert sft["phase"] == "sft" and rl["phase"] == "rl" and sft["rows"] > 0 and rl["rows"] > 0

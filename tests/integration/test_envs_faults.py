@@ -24,7 +24,8 @@ FAST = {"max_retries": 1, "retry_backoff_s": 0.01}
 
 def _call(name, **arguments):
     return {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
-                                                                "function": {"name": name, "arguments": arguments}}]}
+                                                                "function": {"name": name,
+                                                                             "arguments": arguments}}]}
 
 
 def _finish_with_oracle(env, start, chat, step=None):
@@ -38,7 +39,8 @@ def _finish_with_oracle(env, start, chat, step=None):
 
 @pytest.mark.slow
 def test_server_killed_mid_episode_is_restarted_and_the_episode_replayed():
-    cfg = EnvConfig(entry="envs.toolbench:ToolBenchEnv", launcher="local-server", reset_kwargs={"difficulty": 4},
+    cfg = EnvConfig(entry="envs.toolbench:ToolBenchEnv", launcher="local-server",
+                    reset_kwargs={"difficulty": 4},
                     **FAST)
     with open_envs(cfg, 1) as pool:
         env, server = pool.sessions[0], pool.servers[0]
@@ -53,14 +55,17 @@ def test_server_killed_mid_episode_is_restarted_and_the_episode_replayed():
         assert final.reward == 1.0  # the episode survived: new server, same episode replayed
         assert server.alive() and server.proc.pid != old_pid
         counts = pool.counts.snapshot_and_reset()
-        assert counts["env_restarts"] == 1 and counts["env_retries"] >= 1 and counts["env_replayed_steps"] == 1
+        assert (
+            counts["env_restarts"] == 1 and counts["env_retries"] >= 1 and counts["env_replayed_steps"] == 1
+        )
 
         # with on_session_loss="drop" the same fault drops the episode instead; the next one runs
         env.cfg.on_session_loss = "drop"
         env.reset(seed=0, split="eval", index=3)
         os.kill(server.proc.pid, signal.SIGKILL)
         server.proc.wait(timeout=5)
-        with structlog.testing.capture_logs() as logs, pytest.raises(EpisodeDropped, match="session lost") as e:
+        with structlog.testing.capture_logs() as logs, pytest.raises(EpisodeDropped,
+                                                                     match="session lost") as e:
             env.step(_call("calculate", expression="1+1"))
         assert any(ev["event"] == "env_episode_dropped" and "session lost" in ev["reason"]
                    and ev["kind"] == e.value.kind == "connection" for ev in logs)
@@ -116,7 +121,9 @@ def test_a_dropped_connection_is_retried_and_the_episode_continues(toolbench_url
         env._transport._ws.close()  # fault injection: the socket goes away under the session
         assert _finish_with_oracle(env, start, chat).reward == 1.0
         counts = pool.counts.snapshot_and_reset()
-        assert counts["env_retries"] == 1 and counts["env_replayed_steps"] == 1 and counts["env_restarts"] == 0
+        assert (
+            counts["env_retries"] == 1 and counts["env_replayed_steps"] == 1 and counts["env_restarts"] == 0
+        )
 
 
 def test_a_remote_server_that_is_gone_drops_episodes_without_raising_anything_else():
@@ -176,7 +183,9 @@ def test_the_driver_turn_limit_ends_an_episode_that_never_submits(qwen3_render):
 
     cfg = make_cfg(env__entry="envs.toolbench:ToolBenchEnv", env__launcher="inprocess", env__max_turns=3)
     with open_envs(cfg.env, 1) as pool:
-        (ep,), = EpisodeDriver(qwen3_render, None, DriverSettings.of(cfg), pool.counts).run(pool.sessions, [{"seed": 0}], group_size=1,
+        (ep,), = EpisodeDriver(qwen3_render, None, DriverSettings.of(cfg), pool.counts).run(pool.sessions,
+                                                                                            [{"seed": 0}],
+                                                                                            group_size=1,
                                                                         policy=never_submits)
         counts = pool.counts.snapshot_and_reset()
     assert ep.turns == 3 and ep.truncated and not ep.success and not ep.dropped
@@ -238,7 +247,8 @@ def _reply(shape: str) -> dict:
 
 
 def _drops_with_reasons(pool, reasons: dict) -> None:
-    """Each shape drops its episode with `reasons[shape]`; the episode after it finishes on the same session."""
+    """Each shape drops its episode with `reasons[shape]`; the episode after it finishes on the same
+    session."""
     env = pool.sessions[0]
     for shape, reason in reasons.items():
         env.reset(seed=0)
@@ -251,7 +261,8 @@ def _drops_with_reasons(pool, reasons: dict) -> None:
         assert final.done and final.reward == 1.0
     counts = pool.counts.snapshot_and_reset()
     assert counts["env_invalid_replies"] == len(reasons) and e.value.kind == "invalid_reply"
-    assert counts["env_retries"] == 0 and counts["env_steps"] == len(reasons)  # no retry; only "ok" steps count
+    # no retry; only "ok" steps count
+    assert counts["env_retries"] == 0 and counts["env_steps"] == len(reasons)
 
 
 DEEP_FRAME = '{"type": "observation", "data": ' + RAW_REPLIES["deep"] + "}"
@@ -297,10 +308,12 @@ def test_a_remote_server_that_closes_the_socket_errs_oddly_or_never_answers_a_re
         with pytest.raises(EpisodeDropped, match="reset took longer than 0.5s") as e:
             env.reset(seed=HANG_SEED)
         assert e.value.kind == "timeout" and time.monotonic() - began < 3
+        error_data = "?: {\"type\": \"error\", \"data\": \"not an object\"}"
         for shape, kind, detail in [("close", "connection", "ConnectionClosed"),
-                                    ("error_data", "server_error", "?: {\"type\": \"error\", \"data\": \"not an object\"}")]:
+                                    ("error_data", "server_error", error_data)]:
             env.reset(seed=0)
-            with pytest.raises(EpisodeDropped) as e:  # retried once (a fresh socket, the episode replayed), then dropped
+            # retried once (a fresh socket, the episode replayed), then dropped
+            with pytest.raises(EpisodeDropped) as e:
                 env.step(_reply(shape))
             assert e.value.kind == kind and detail in e.value.reason
             env.reset(seed=1)
@@ -325,7 +338,8 @@ def test_injected_turns_in_a_remote_reset_and_step_stay_text(qwen3_render):
         for seed, reply in ((INJECT_SEED, "inject"), (0, "ok")):
             start = env.reset(seed=seed)
             prompt = qwen3_render.prompt_ids(start.messages, None)
-            action = tok.encode(json.dumps({"reply": reply}), add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
+            action = tok.encode(json.dumps({"reply": reply}),
+                                add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
             step = env.step(qwen3_render.parse(action))
             runs.append((start, prompt, step, qwen3_render.bridge(prompt, action, step.messages, None)))
     (start, prompt, step, bridged), (_, clean_prompt, _, clean_bridged) = runs

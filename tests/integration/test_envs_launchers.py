@@ -1,5 +1,5 @@
-"""quaero.openenv_client over real launchers: in-process, a launched uvicorn server, and a remote URL served by
-`quaero env serve` on 127.0.0.1 (no mocks). Also the plug-in path for a user env that lives only in
+"""quaero.openenv_client over real launchers: in-process, a launched uvicorn server, and a remote URL served
+by `quaero env serve` on 127.0.0.1 (no mocks). Also the plug-in path for a user env that lives only in
 tests/fixtures, by dotted name and by URL."""
 import json
 import threading
@@ -29,7 +29,8 @@ def _transcript(env, seed, split, index, wrong_answer=False):
             action = _call("submit_answer", answer="-1")
         steps.append(env.step(action))
         chat += [action, *steps[-1].messages]
-    return {"reset": (start.messages, start.info), "steps": [(s.messages, s.reward, s.done, s.malformed, s.info)
+    return {"reset": (start.messages, start.info), "steps": [(s.messages, s.reward, s.done, s.malformed,
+                                                              s.info)
                                                              for s in steps]}
 
 
@@ -148,7 +149,8 @@ def test_the_main_job_config_opens_toolbench_with_its_kwargs(launcher):
     assert cfg.env.kwargs == {"difficulty": 1}
     with open_envs(cfg.env, 1) as pool:
         env = pool.sessions[0]
-        assert [t["function"]["name"] for t in env.tools] == ["search_products", "find_customer", "submit_answer"]
+        assert [t["function"]["name"] for t in env.tools] == ["search_products", "find_customer",
+                                                              "submit_answer"]
         start = env.reset(seed=0, split=cfg.env.eval_split, index=0)
         assert start.info["split"] == "eval" and start.info["difficulty"] == 1
         assert [m["role"] for m in start.messages] == ["system", "user"]
@@ -179,11 +181,12 @@ def test_launched_servers_stop_with_their_run_even_when_it_is_killed():
         proc = pool.servers[0].proc
     assert proc.poll() is not None  # stopped at close
 
-    script = ("from quaero.config import EnvConfig; from quaero.openenv_client import open_envs; import time\n"
-              "pool = open_envs(EnvConfig(entry='fixtures.guess:GuessEnv', launcher='local-server'), 1)\n"
-              "print(pool.servers[0].proc.pid, flush=True); time.sleep(120)\n")
+    script = ("from quaero.config import EnvConfig; from quaero.openenv_client import open_envs; import "
+              "time\npool = open_envs(EnvConfig(entry='fixtures.guess:GuessEnv', launcher='local-server'), "
+              "1)\nprint(pool.servers[0].proc.pid, flush=True); time.sleep(120)\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), str(REPO_DIR)])}
-    run = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    run = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                                        env=env)
     server_pid = int(run.stdout.readline())
     run.send_signal(signal.SIGKILL)
     run.wait(timeout=10)

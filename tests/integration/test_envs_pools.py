@@ -1,6 +1,6 @@
-"""Each session gets an env of its own: a non-concurrent env with module-level state (fixtures.board) driven at
-tasks_per_step x group_size = 2 x 2 through a local-server pool, in-process (warned) and `[env] urls` over two
-servers started with `quaero env serve`; capacity errors name fixes that apply to the launcher in use."""
+"""Each session gets an env of its own: a non-concurrent env with module-level state (fixtures.board) driven
+at tasks_per_step x group_size = 2 x 2 through a local-server pool, in-process (warned) and `[env] urls` over
+two servers started with `quaero env serve`; capacity errors name fixes that apply to the launcher in use."""
 import os
 import signal
 
@@ -19,7 +19,8 @@ TASKS = [{"seed": 2, "split": "train", "index": 0}, {"seed": 3, "split": "train"
 
 
 def _drive(render, cfg, pool):
-    groups = EpisodeDriver(render, None, DriverSettings.of(cfg), pool.counts).run(pool.sessions, TASKS, group_size=2,
+    groups = EpisodeDriver(render, None, DriverSettings.of(cfg), pool.counts).run(pool.sessions, TASKS,
+                                                                                  group_size=2,
                                                               policy=oracle_policy)
     return [ep for g in groups for ep in g], pool.counts.snapshot_and_reset()
 
@@ -88,7 +89,9 @@ def test_urls_spread_sessions_over_servers_started_with_quaero_env_serve(qwen3_r
             open_envs(cfg.env, 3)
     message = str(e.value)
     assert "hold fewer than the 3 sessions" in message and "add servers to [env] urls" in message
-    assert "quaero env serve module:Class --max-concurrent-envs 3" in message and "group_size = 1" not in message
+    assert (
+        "quaero env serve module:Class --max-concurrent-envs 3" in message and "group_size = 1" not in message
+    )
 
 
 def test_a_lost_host_replays_its_episode_on_another():

@@ -1,12 +1,13 @@
 """Third-party env shapes trained as they are.
 
 Sessions (fast): a plain env whose step takes the base Action (its Action resolved by its own server app, by
-`[env] action`, or by the /schema of its own app under uvicorn), with a penalty (-1 illegal move), a multi-field
-reset observation (the cards sit in `context`), and a reset without seed/split/index; each launcher: the
-rendered prompt and the rewards.
-Whole runs (`slow`): one env with all four shapes (not concurrent, base-Action step, a -1 penalty, a multi-field
-reset observation) trained at tasks_per_step x group_size = 2 x 2 through `inprocess`, `local-server` and
-`urls` of its own app under uvicorn: the events, the review's proofs and the trained prompt.
+`[env] action`, or by the /schema of its own app under uvicorn), with a penalty (-1 illegal move), a
+multi-field reset observation (the cards sit in `context`), and a reset without seed/split/index; each
+launcher: the rendered prompt and the rewards.
+Whole runs (`slow`): one env with all four shapes (not concurrent, base-Action step, a -1 penalty, a
+multi-field reset observation) trained at tasks_per_step x group_size = 2 x 2 through `inprocess`,
+`local-server` and `urls` of its own app under uvicorn: the events, the review's proofs and the trained
+prompt.
 """
 import json
 
@@ -47,11 +48,15 @@ def test_base_action_env_plays_with_its_penalties_and_context_on_every_launcher(
         env = pool.sessions[0]
         start = env.reset(seed=3)
         prompt = qwen3_render.tokenizer.decode(qwen3_render.prompt_ids(start.messages, None))
-        cards = [int(c) for c in start.messages[1]["content"].split("context: cards: ")[1].split("\n")[0].split()]
-        assert "Which position holds the largest card?\ncontext: cards: " in prompt  # the trial data reached it
-        assert "legal_moves: [0, 1, 2, 3]" in prompt and '"move":{"type":"integer"}' in prompt  # and the schema
+        cards = [int(c)
+                 for c in start.messages[1]["content"].split("context: cards: ")[1].split("\n")[0].split()]
+        # the trial data reached it
+        assert "Which position holds the largest card?\ncontext: cards: " in prompt
+        # and the schema
+        assert "legal_moves: [0, 1, 2, 3]" in prompt and '"move":{"type":"integer"}' in prompt
         malformed = env.step(_say("the biggest one"))
-        assert malformed.malformed and malformed.reward == -0.5 and not malformed.done  # [env] malformed_reward
+        # [env] malformed_reward
+        assert malformed.malformed and malformed.reward == -0.5 and not malformed.done
         illegal = env.step(_say('{"move": 7}'))
         assert not illegal.malformed and illegal.reward == -1.0 and illegal.done  # the env's own penalty
         assert illegal.messages[0]["content"] == "result: illegal move 7"
@@ -69,7 +74,8 @@ def test_a_server_publishing_the_base_action_is_a_config_error():
     from fixtures import served, served_app
 
     empty = r"/schema publishes an Action without fields .* create_app\(Env, MyAction, MyObservation\)"
-    with served_app("fixtures.basegame.server:base_action_app") as (url, _proc), pytest.raises(ConfigError, match=empty):
+    with served_app("fixtures.basegame.server:base_action_app") as (url, _proc), pytest.raises(ConfigError,
+                                                                                               match=empty):
         open_envs(EnvConfig(url=url), 1)
     # `quaero env serve` of an env that names no Action does not start: its Action is resolved first
     unnamed = "no server app of its package publishes another"
@@ -86,7 +92,8 @@ def test_an_mcp_server_publishing_the_base_action_still_trains_as_mcp():
         assert [t["function"]["name"] for t in env.tools][:2] == ["echo", "explode"]
         env.reset(seed=0)
         call = {"type": "function", "function": {"name": "echo", "arguments": {"text": "hi"}}}
-        assert env.step({"role": "assistant", "content": "", "tool_calls": [call]}).messages[0]["content"] == "hi"
+        assert env.step({"role": "assistant", "content": "",
+                         "tool_calls": [call]}).messages[0]["content"] == "hi"
 
 
 def test_a_reset_without_seed_split_or_index_is_named_once_and_never_replayed():
@@ -95,13 +102,18 @@ def test_a_reset_without_seed_split_or_index_is_named_once_and_never_replayed():
     with structlog.testing.capture_logs() as logs:
         pool = open_envs(cfg, 2)
     with pool:
-        (warning,) = [e for e in logs if e["event"] == "env_reset_params_ignored"]  # once per pool, not per session
+        # once per pool, not per session
+        (warning,) = [e for e in logs if e["event"] == "env_reset_params_ignored"]
         assert warning["ignored"] == ["seed", "split", "index"] and warning["log_level"] == "warning"
-        assert "eval split is the train distribution" in warning["note"] and "drops the episode" in warning["note"]
+        assert (
+            "eval split is the train distribution" in warning["note"]
+            and "drops the episode" in warning["note"]
+        )
         env = pool.sessions[0]
         env.reset(seed=0)
         env._transport.close()  # fault injection: the session is lost mid-episode
-        with pytest.raises(EpisodeDropped, match="not replayable: the env's reset takes no seed or index") as e:
+        with pytest.raises(EpisodeDropped,
+                           match="not replayable: the env's reset takes no seed or index") as e:
             env.step(_say('{"move": 0}'))
         assert e.value.kind == "not_replayable"
         assert pool.counts.snapshot_and_reset()["env_replayed_steps"] == 0
@@ -113,12 +125,14 @@ def test_a_remote_env_s_reset_parameters_are_said_to_be_unknown_once(pick_app_ur
     assert [e["event"] for e in logs].count("env_reset_params_unknown") == 1
 
 
-# -- whole runs: all four shapes in one env, tiny-qwen3, 1 step at tasks_per_step x group_size = 2 x 2 ---------------
-# CardEnv (fixtures/cardgame) is not concurrent, its step takes the base Action, an answer that is no suit costs
-# -1, and its reset observation carries the question, the cards and the choices.
+# -- whole runs: all four shapes in one env, tiny-qwen3, 1 step at tasks_per_step x group_size = 2 x 2
+# --------------- CardEnv (fixtures/cardgame) is not concurrent, its step takes the base Action, an answer
+# that is no suit costs -1, and its reset observation carries the question, the cards and the choices.
 CARDS = {  # the [env] lines and where the Action comes from
-    "inprocess": ('entry = "fixtures.cardgame:CardEnv"', "the env's own server app fixtures.cardgame.server:app"),
-    "local-server": ('entry = "fixtures.untyped:BareCardEnv"\naction = "fixtures.cardgame.models:SuitAction"\n'
+    "inprocess": ('entry = "fixtures.cardgame:CardEnv"', ("the env's own server app "
+                                                         "fixtures.cardgame.server:app")),
+    "local-server": ('entry = "fixtures.untyped:BareCardEnv"\naction = '
+                     '"fixtures.cardgame.models:SuitAction"\n'
                      + 'launcher = "local-server"', "[env] action"),
 }
 RUN = """
@@ -179,9 +193,11 @@ def test_a_non_concurrent_base_action_env_with_penalties_and_context_trains_2x2_
     assert len(warned) == (launcher == "inprocess")  # four instances in one process: said, then trained
     (step,) = [e for e in events if e["event"] == "train_step"]
     assert step["phase"] == "rl" and step["episodes"] == 4 and step["episodes_dropped"] == 0
-    # No reply names a suit: each turn is malformed ([env] malformed_reward) or an illegal answer (the env's -1,
-    # which ends the episode), so the rewards sum to -(malformed + env steps), within [-2, -1] per episode.
-    assert step["env_steps"] > 0 and step["reward_mean"] * 4 == -(step["malformed_actions"] + step["env_steps"])
+    # No reply names a suit: each turn is malformed ([env] malformed_reward) or an illegal answer (the env's
+    # -1, which ends the episode), so the rewards sum to -(malformed + env steps), within [-2, -1] per
+    # episode.
+    assert step["env_steps"] > 0 and step["reward_mean"] * 4 == -(step["malformed_actions"]
+                                                                  + step["env_steps"])
     # the env's responses are trained (ECHO), in one shared forward per microbatch with targets
     assert step["rows"] > 0 and step["echo_tokens"] > 0 and step["forward_passes"] > 0
     assert step["prefix_mismatches"] == 0 and step["bridge_fallbacks"] == 0
@@ -194,20 +210,23 @@ def test_a_non_concurrent_base_action_env_with_penalties_and_context_trains_2x2_
                   if kind == "prompt")
     assert "Which suit holds the highest card?\ncontext: cards: " in prompt  # the trial data reached it
     assert 'choices: ["clubs", "diamonds", "hearts", "spades"]' in prompt
-    assert "your whole reply becomes its `suit` field (string)" in prompt  # the Action the base annotation hid
+    # the Action the base annotation hid
+    assert "your whole reply becomes its `suit` field (string)" in prompt
     assert any("result: illegal answer" in qwen3_tokenizer.decode(r["input_ids"][a:b])
-               for r in rows for kind, a, b, _ in r["spans"] if kind == "env")  # the penalty's response, trained
+               # the penalty's response, trained
+               for r in rows for kind, a, b, _ in r["spans"] if kind == "env")
     evals = [e for e in events if e["event"] == "eval"]
     assert [e["step"] for e in evals] == [0, 1]
-    assert evals[0]["sample_transcript"][0].startswith("user: Which suit holds the highest card?\ncontext: cards:")
+    assert evals[0]["sample_transcript"][0].startswith("user: Which suit holds the highest card?\ncontext: "
+                                                       "cards:")
     progress = [e for e in events if e["event"] == "eval_progress"]
     assert [(p["done"], p["tasks"]) for p in progress] == [(0, 1), (1, 1)] * 2  # from its first second
 
 
 @pytest.fixture
 def card_app_servers():
-    """CardEnv's own server app (fixtures/cardgame/server.py) under uvicorn, as its authors serve it: the env is
-    not concurrent, so its app holds one session, and a 2 x 2 run spreads its four sessions over four."""
+    """CardEnv's own server app (fixtures/cardgame/server.py) under uvicorn, as its authors serve it: the env
+    is not concurrent, so its app holds one session, and a 2 x 2 run spreads its four sessions over four."""
     from fixtures import served_apps
 
     with served_apps("fixtures.cardgame.server:app", 4, timeout_s=120) as servers:

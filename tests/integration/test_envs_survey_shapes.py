@@ -53,7 +53,10 @@ def test_a_step_that_returns_a_step_result_is_named_a_broken_contract_not_retrie
         with pytest.raises(EpisodeDropped) as e:
             env.step(_reply('{"action_type": "ToolCall"}'))
         assert e.value.kind == "invalid_reply"  # was server_error, retried, on every episode
-        assert "broke OpenEnv's Environment contract" in e.value.reason and "returned StepResult" in e.value.reason
+        assert (
+            "broke OpenEnv's Environment contract" in e.value.reason
+            and "returned StepResult" in e.value.reason
+        )
         assert pool.counts.snapshot_and_reset()["env_retries"] == 0
 
 
@@ -64,7 +67,10 @@ def test_a_one_text_field_action_is_asked_for_as_plain_text_and_the_prompt_is_sh
         env = pool.sessions[0]
         start = env.reset(seed=0)
         system, user = start.messages[0]["content"], start.messages[1]["content"]
-        assert "Reply with the action itself as plain text: your whole reply becomes its `message` field" in system
+        assert (
+            "Reply with the action itself as plain text: your whole reply becomes its `message` field"
+            in system
+        )
         assert "JSON" not in system
         assert user.count(GAME) == 1  # textarena's messages repeated its prompt
         assert env.step(_reply("[7]")).reward == 1.0
@@ -97,17 +103,19 @@ def test_a_groups_fresh_sessions_agreeing_on_their_first_reset_do_not_make_tasks
     # the real reasoning_gym_env without a dataset_name, trained in groups: every fresh session starts on the
     # env's first question whatever the seed, so a group's two sessions agreed and quaero said
     # env_resets_reproducible; the env ignores the seed, which a later reset of the same task shows
-    with structlog.testing.capture_logs() as logs, open_envs(EnvConfig(entry=f"{SHAPES}:SeedOnlyEnv"), 2) as pool:
+    with structlog.testing.capture_logs() as logs, open_envs(EnvConfig(entry=f"{SHAPES}:SeedOnlyEnv"),
+                                                             2) as pool:
         for env in pool.sessions:  # one group: the same task on each of its sessions
             env.reset(seed=5, split="train", index=0)
         assert [e["event"] for e in logs if e["event"].startswith("env_resets_")] == []
         pool.sessions[0].reset(seed=5, split="train", index=0)  # later in its session, as eval does
-    assert [e["event"] for e in logs if e["event"].startswith("env_resets_")] == ["env_resets_not_reproducible"]
+    assert [e["event"] for e in logs
+            if e["event"].startswith("env_resets_")] == ["env_resets_not_reproducible"]
 
 
 def test_tasks_are_not_called_reproducible_after_two_resets_of_one_task_differed():
-    # the real chess_env (a random colour each reset): task 0 differed, then task 1 agreed by chance and quaero
-    # said both env_resets_not_reproducible and env_resets_reproducible
+    # the real chess_env (a random colour each reset): task 0 differed, then task 1 agreed by chance and
+    # quaero said both env_resets_not_reproducible and env_resets_reproducible
     from quaero.openenv_client.session import ResetWitness
 
     witness = ResetWitness()
@@ -130,8 +138,8 @@ def test_an_env_whose_reset_takes_no_seed_is_not_called_unreproducible_before_it
 
 @pytest.mark.parametrize("launcher", ["inprocess", "local-server"])
 def test_an_env_whose_error_message_opens_on_a_blank_line_is_named_by_its_first_words(launcher):
-    # the real textarena_env's Wordle offline: the error read "building the env raised LookupError: " (inprocess)
-    # or "its log ... ends in: LookupError:" (local-server), the message's first line being empty
+    # the real textarena_env's Wordle offline: the error read "building the env raised LookupError: "
+    # (inprocess) or "its log ... ends in: LookupError:" (local-server), the message's first line being empty
     with pytest.raises(ConfigError) as e:
         open_envs(EnvConfig(entry=f"{SHAPES}:NltkLikeEnv", launcher=launcher), 1)
     message = str(e.value)

@@ -54,7 +54,10 @@ def test_check_prints_the_splits_and_refuses_a_split_the_env_lacks(tmp_path, cap
     good = _config(tmp_path, f'entry = "{SUM}"\neval_split = "test"', eval_tasks=2)
     assert cli.main(["check", good]) == 0
     out = capsys.readouterr().out
-    assert "splits 'train' (5 tasks), 'test' (3 tasks)" in out and "the first 2 (set [training] eval_tasks = 3 for all)" in out
+    assert (
+        "splits 'train' (5 tasks), 'test' (3 tasks)" in out
+        and "the first 2 (set [training] eval_tasks = 3 for all)" in out
+    )
 
     bad = _config(tmp_path, f'entry = "{SUM}"')  # eval_split defaults to "eval": the env has none
     assert cli.main(["check", bad]) == 1
@@ -79,7 +82,8 @@ def test_train_wraps_round_the_split_and_eval_covers_the_eval_split(tmp_path, ca
     assert eval_indices(catalog, "test", 64) == [0, 1, 2] and eval_indices(catalog, "test", 2) == [0, 1]
 
     # quaero eval with the env's oracle, eval_tasks far above the split: exactly the 3 test tasks, each once
-    cfg = _config(tmp_path, f'entry = "{SUM}"\neval_split = "test"', eval_tasks=64, tasks_per_step=1, group_size=2)
+    cfg = _config(tmp_path, f'entry = "{SUM}"\neval_split = "test"', eval_tasks=64, tasks_per_step=1,
+                  group_size=2)
     out = tmp_path / "eval"
     assert cli.main(["eval", cfg, "--model", "fixtures.taskenv:oracle_policy", "--out", str(out)]) == 0
     records = [json.loads(line) for line in (out / "transcripts.jsonl").read_text().splitlines()]
@@ -88,5 +92,7 @@ def test_train_wraps_round_the_split_and_eval_covers_the_eval_split(tmp_path, ca
 
 def test_toolbench_implements_the_task_api_and_check_names_its_splits(tmp_path, capsys):
     assert cli.main(["check", "envs/toolbench.toml", "--set", f"run.output_dir={str(tmp_path)!r}"]) == 0
-    assert ("tasks       splits 'train' (1000000 tasks), 'eval' (500 tasks) (the env's Task API, in process); "
-            "train draws from 'train', eval plays 'eval': the first 128 (") in capsys.readouterr().out
+    assert (
+        "tasks       splits 'train' (1000000 tasks), 'eval' (500 tasks) (the env's Task API, in "
+        "process); train draws from 'train', eval plays 'eval': the first 128 ("
+    ) in capsys.readouterr().out

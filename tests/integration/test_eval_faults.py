@@ -41,17 +41,22 @@ def test_an_out_that_is_a_file_or_cannot_be_made_is_refused_before_any_episode(t
     assert err == f"error: --out {taken}: a file, not a folder; name a new folder for the transcripts"
     assert taken.read_text() == "mine"
     err = eval_error(capsys, "--model", ORACLE, "--out", str(taken / "below"))
-    assert err == f"error: --out {taken / 'below'}: cannot write there (Not a directory); choose a writable folder (--out DIR)"
+    assert (
+        err
+        == f"error: --out {taken / 'below'}: cannot write there (Not a directory); "
+        "choose a writable folder (--out DIR)"
+    )
 
 
 def test_a_policy_that_is_not_a_function_or_raises_is_one_line(tmp_path, capsys):
     err = eval_error(capsys, "--set", f"run.output_dir={tmp_path}", "--model", "os:system")
-    assert err == ("error: --model='os:system': 'system' is a builtin_function_or_method, not a Python function; a "
-                   "scripted policy is `def policy(info) -> (messages -> assistant message)`")
-    err = eval_error(capsys, "--set", f"run.output_dir={tmp_path}", "--model", "fixtures.scripted:raising_policy",
+    assert err == ("error: --model='os:system': 'system' is a builtin_function_or_method, not a Python "
+                   "function; a scripted policy is `def policy(info) -> (messages -> assistant message)`")
+    err = eval_error(capsys, "--set", f"run.output_dir={tmp_path}", "--model",
+                     "fixtures.scripted:raising_policy",
                      "--tasks", "1")
-    assert err == ("error: --model fixtures.scripted:raising_policy: the scripted policy raised (KeyError: 'answer'); "
-                   "fix the policy")
+    assert err == ("error: --model fixtures.scripted:raising_policy: the scripted policy raised (KeyError: "
+                   "'answer'); fix the policy")
 
 
 def _model_folder(tiny_model_dir: Path, folder: Path) -> Path:
@@ -60,11 +65,15 @@ def _model_folder(tiny_model_dir: Path, folder: Path) -> Path:
     return folder
 
 
-def test_a_truncated_or_pickled_model_folder_is_one_line_and_never_unpickled(tmp_path, tiny_model_dir, capsys):
+def test_a_truncated_or_pickled_model_folder_is_one_line_and_never_unpickled(tmp_path, tiny_model_dir,
+                                                                             capsys):
     torn = _model_folder(tiny_model_dir, tmp_path / "torn")
     (torn / "model.safetensors").write_bytes((tiny_model_dir / "model.safetensors").read_bytes()[:4096])
     err = eval_error(capsys, "--set", f"run.output_dir={tmp_path}", "--model", str(torn), "--tasks", "1")
-    assert err.startswith(f"error: --model {torn}: cannot load it (") and "pass a folder `quaero export` wrote" in err
+    assert (
+        err.startswith(f"error: --model {torn}: cannot load it (")
+        and "pass a folder `quaero export` wrote" in err
+    )
 
     class Payload:
         def __reduce__(self):
@@ -84,7 +93,8 @@ def test_a_folder_with_remote_code_is_refused_without_an_offer_to_run_it(tmp_pat
         "AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}}))
     (folder / "evil.py").write_text(f"open({str(tmp_path / 'pwned')!r}, 'w').write('ran')\n")
     err = eval_error(capsys, "--model", str(folder))
-    assert err.startswith(f"error: --model {folder}: {folder / 'config.json'} is not a Hugging Face model config (")
+    assert err.startswith(f"error: --model {folder}: {folder / 'config.json'} is not a Hugging Face model "
+                          "config (")
     assert not (tmp_path / "pwned").exists()
 
 

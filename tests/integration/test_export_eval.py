@@ -31,7 +31,8 @@ def prompt_ids(qwen3_tokenizer):
 def checkpointed_run(root: Path, name: str, *, lora: bool):
     """A run folder holding config.json and one checkpoint of a trainer whose trained weights were moved
     off the base model's (every weight, or the LoRA B matrices that start at zero)."""
-    cfg = load_config(TOOLBENCH, [f"run.output_dir={root}", f"run.name={name}", f"backend.lora={str(lora).lower()}"])
+    cfg = load_config(TOOLBENCH, [f"run.output_dir={root}", f"run.name={name}",
+                                  f"backend.lora={str(lora).lower()}"])
     trainer = build_trainer(cfg)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -67,10 +68,12 @@ def test_full_finetune_export_is_a_standard_folder_with_the_trainers_logits(full
 
     _, trainer = full_run
     names = {p.name for p in full_export.iterdir()}
-    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
+            "tokenizer_config.json",
             "chat_template.jinja"} <= names
     assert not [n for n in names if n.startswith(".") or n == "adapter_config.json"]
-    assert json.loads((full_export / "config.json").read_text())["use_cache"] is True  # the trainer's is False
+    # the trainer's is False
+    assert json.loads((full_export / "config.json").read_text())["use_cache"] is True
     exported = logits(AutoModelForCausalLM.from_pretrained(full_export), prompt_ids)
     torch.testing.assert_close(exported, logits(trainer.model, prompt_ids), atol=1e-5, rtol=0)
     base = logits(AutoModelForCausalLM.from_pretrained(tiny_model_dir), prompt_ids)
@@ -96,7 +99,8 @@ def test_lora_export_is_a_peft_adapter_and_merge_gives_the_same_logits(lora_run,
     peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_ref), adapter)
     adapter_logits = logits(peft_model, prompt_ids)
     torch.testing.assert_close(adapter_logits, expected, atol=1e-5, rtol=0)
-    assert (adapter_logits - logits(AutoModelForCausalLM.from_pretrained(base_ref), prompt_ids)).abs().max() > 1e-2
+    assert (adapter_logits - logits(AutoModelForCausalLM.from_pretrained(base_ref),
+                                    prompt_ids)).abs().max() > 1e-2
 
     assert cli.main(["export", str(run_dir), str(tmp_path / "merged"), "--merge", "--step", "3"]) == 0
     assert not (tmp_path / "merged" / "adapter_config.json").exists()
@@ -121,14 +125,16 @@ def test_export_refuses_a_used_folder_and_names_the_kept_steps(full_run, full_ex
     assert cli.main(["export", str(torn), str(full_export.parent / "y")]) == 1
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert err == [(f"error: {torn / 'checkpoints'}: no intact checkpoint to resume from (step-000003: "
-                    "tensors.safetensors does not match its manifest hash (torn or corrupt)); train the run again "
-                    "(quaero train CONFIG --restart)")]
+                    "tensors.safetensors does not match its manifest hash (torn or corrupt)); train the run "
+                    "again (quaero train CONFIG --restart)")]
 
 
 @pytest.mark.hostile
-def test_export_to_a_file_a_path_below_a_file_or_a_full_disk_is_one_line(full_run, tmp_path, capsys, monkeypatch):
-    """Bad destinations: a file (also /dev/full), a folder below a file, a disk that fills mid-write (the fault:
-    save_pretrained raising ENOSPC). Each is `error: OUT: ...` naming the fix; no temporary folder stays."""
+def test_export_to_a_file_a_path_below_a_file_or_a_full_disk_is_one_line(full_run, tmp_path, capsys,
+                                                                         monkeypatch):
+    """Bad destinations: a file (also /dev/full), a folder below a file, a disk that fills mid-write (the
+    fault: save_pretrained raising ENOSPC). Each is `error: OUT: ...` naming the fix; no temporary folder
+    stays."""
     import errno
 
     run_dir, _ = full_run
@@ -148,8 +154,9 @@ def test_export_to_a_file_a_path_below_a_file_or_a_full_disk_is_one_line(full_ru
 
     monkeypatch.setattr(PreTrainedModel, "save_pretrained", full)
     assert cli.main(["export", str(run_dir), str(tmp_path / "out")]) == 1
-    assert capsys.readouterr().err.endswith(f"\nerror: {tmp_path / 'out'}: cannot write the model there (No space "
-                                            "left on device); choose a writable folder with room for it\n")
+    assert capsys.readouterr().err.endswith(f"\nerror: {tmp_path / 'out'}: cannot write the model there (No "
+                                            "space left on device); choose a writable folder with room for "
+                                            "it\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # no .out-* temporary folder left
 
 
@@ -184,7 +191,10 @@ def test_eval_compare_oracle_vs_wrong_answers_on_toolbench(tmp_path, capsys):
     assert [r["seed"] for r in a] == [r["seed"] for r in b]  # identical tasks and seeds
     submitted = [m for m in b[0]["messages"] if m["role"] == "assistant"][-1]["tool_calls"][0]["function"]
     assert submitted == {"name": "submit_answer", "arguments": {"answer": "no answer"}}
-    assert "A - B on 6 paired episodes: success +1.000 (A only 6, B only 0; McNemar exact p = 0.03125)" in printed
+    assert (
+        "A - B on 6 paired episodes: success +1.000 (A only 6, B only 0; McNemar exact p = 0.03125)"
+        in printed
+    )
 
 
 def test_eval_an_exported_folder_end_to_end(full_export, tmp_path, capsys):
@@ -220,7 +230,10 @@ def test_eval_adapter_folder_equals_its_run(lora_run, tmp_path, capsys):
                      "--compare", str(tmp_path / "adapter"), str(run_dir), "--tasks", "2",
                      "--out", str(tmp_path / "cmp")])
     assert code == 0, capsys.readouterr()
-    a, b = read_jsonl(tmp_path / "cmp" / "transcripts-a.jsonl"), read_jsonl(tmp_path / "cmp" / "transcripts-b.jsonl")
+    a, b = (
+        read_jsonl(tmp_path / "cmp" / "transcripts-a.jsonl"),
+        read_jsonl(tmp_path / "cmp" / "transcripts-b.jsonl"),
+    )
     assert [r["messages"] for r in a] == [r["messages"] for r in b]
     paired = json.loads((tmp_path / "cmp" / "summary.json").read_text())["paired"]
     assert paired["a_only"] == paired["b_only"] == 0 and paired["mcnemar_p"] == 1.0
@@ -237,16 +250,20 @@ def test_eval_rejects_an_unknown_model_in_one_line(tmp_path, capsys):
         (folder / name).write_text(text)
         assert cli.main(["eval", TOOLBENCH, "--model", str(folder)]) == 1
         err = capsys.readouterr().err
-        assert err.startswith(f"error: --model {folder}: {folder / name} is not a Hugging Face model config (")
+        assert err.startswith(f"error: --model {folder}: {folder / name} is not a Hugging Face model config "
+                              "(")
         assert err.count("\n") == 1
 
 
 # ── whole runs ───────────────────────────────────────────────────────────────────────────────────────
 
 # one warm-start step on the oracle's demos: unlike an RL step on a random model (all rewards 0, malformed
-# actions), it always moves the weights; nothing samples, so hf (`auto` would start vLLM's engine where it imports)
-TINY_RUN = ["training.steps=0", "training.warmup_sft_steps=1", "training.tasks_per_step=1", "training.group_size=1",
-            "training.eval_every=0", "training.eval_tasks=0", "training.checkpoint_every=1", "sampler.max_tokens=8",
+# actions), it always moves the weights; nothing samples, so hf (`auto` would start vLLM's engine where it
+# imports)
+TINY_RUN = ["training.steps=0", "training.warmup_sft_steps=1", "training.tasks_per_step=1",
+            "training.group_size=1",
+            "training.eval_every=0", "training.eval_tasks=0", "training.checkpoint_every=1",
+            "sampler.max_tokens=8",
             "sampler.backend=hf",
             "env.max_turns=2", "env.launcher=inprocess", "logging.console=none", "logging.progress=false"]
 
@@ -261,7 +278,8 @@ def test_a_finished_run_leaves_final_equal_to_its_last_checkpoint(tmp_path, prom
     from quaero.telemetry.runlog import read_events
     from quaero.tools.export import load_checkpoint
 
-    cfg = load_config(TOOLBENCH, [f"run.output_dir={tmp_path}", f"backend.lora={str(lora).lower()}", *TINY_RUN])
+    cfg = load_config(TOOLBENCH, [f"run.output_dir={tmp_path}", f"backend.lora={str(lora).lower()}",
+                                  *TINY_RUN])
     run_dir = train(cfg)
     events = [e["event"] for e in read_events(run_dir / "events.jsonl")[0]]
     assert events[-2:] == ["final_saved", "run_end"]

@@ -53,7 +53,8 @@ def _call(name: str, **arguments) -> dict:
 
 
 @pytest.mark.parametrize("launcher", ["inprocess", "local-server"])
-def test_the_importers_verifiers_wrapper_speaks_tool_calls_and_shows_its_tasks_prompt(imported, launcher, monkeypatch):
+def test_the_importers_verifiers_wrapper_speaks_tool_calls_and_shows_its_tasks_prompt(imported, launcher,
+                                                                                      monkeypatch):
     app = (imported / NAME / "server" / "app.py").read_text()
     assert "CallToolAction" in app and "max_concurrent_envs=1" in app  # the shape quaero meets
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(imported), os.environ.get("PYTHONPATH", "")]))
@@ -66,7 +67,8 @@ def test_the_importers_verifiers_wrapper_speaks_tool_calls_and_shows_its_tasks_p
         assert [t["function"]["name"] for t in env.tools] == ["submit"]
         reset = env.reset(seed=0, split="eval", index=1)
         system, user = reset.messages
-        assert system["content"] == SYSTEM_PROMPT  # the task prompt's system message, not quaero's generic one
+        # the task prompt's system message, not quaero's generic one
+        assert system["content"] == SYSTEM_PROMPT
         assert user["content"].startswith("What is ") and user["content"].endswith("?")
         answer = reset.info["task_spec"]["answer"]
         step = env.step(_call("submit", completion=f"<answer>{answer}</answer>"))
@@ -81,7 +83,8 @@ def test_the_importers_verifiers_wrapper_speaks_tool_calls_and_shows_its_tasks_p
 
 def test_an_env_that_raises_inside_quaeros_server_is_one_line_naming_its_log(imported, monkeypatch):
     """The real legacy Verifiers env installs signal handlers when built, which Python refuses on the server's
-    worker thread (examples/imported/verifiers_shim.py is the user's fix): the error says so, not just HTTP 500."""
+    worker thread (examples/imported/verifiers_shim.py is the user's fix): the error says so, not just HTTP
+    500."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(imported), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("VERIFIERS_STANDIN_SIGNALS", "1")
     with pytest.raises(ConfigError) as e:
@@ -119,7 +122,8 @@ progress = false
 @pytest.mark.slow
 def test_the_imported_verifiers_env_trains_from_a_config_alone_and_passes_review(imported, tmp_path, capsys):
     path = _config(tmp_path, "vf", f'entry = "{ENTRY}"\nlauncher = "inprocess"\nmax_turns = 2',
-                   'oracle = "fixtures.verifiers_source.oracle:oracle_policy"\nwarmup_sft_steps = 1\nsteps = 1')
+                   'oracle = "fixtures.verifiers_source.oracle:oracle_policy"\nwarmup_sft_steps = 1\nsteps = '
+                   '1')
     assert cli.main(["check", str(path)]) == 0
     assert "splits 'train' (20 tasks), 'eval' (4 tasks)" in capsys.readouterr().out
     assert cli.main(["train", str(path)]) == 0
@@ -134,7 +138,8 @@ def test_the_imported_verifiers_env_trains_from_a_config_alone_and_passes_review
 def test_a_reasoning_gym_shaped_env_is_reproducible_only_when_reset_kwargs_name_a_dataset():
     from quaero.telemetry.runlog import configure
 
-    configure("info", console="none")  # a `quaero train` before this one left structlog filtering below warning
+    # a `quaero train` before this one left structlog filtering below warning
+    configure("info", console="none")
     for reset_kwargs, verdict in (({}, "env_resets_not_reproducible"),
                                   ({"dataset_name": "leg_counting", "size": 1}, "env_resets_reproducible")):
         with structlog.testing.capture_logs() as logs, \

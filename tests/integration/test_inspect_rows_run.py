@@ -17,7 +17,8 @@ def test_a_tiny_run_saves_rows_that_verify(tmp_path):
                          extra=["env.launcher=inprocess"])
     assert cfg.logging.save_rows == "sample"
     run_dir = train(cfg)
-    saved = {p.name: [json.loads(x) for x in p.read_text().splitlines()] for p in (run_dir / "rows").iterdir()}
+    saved = {p.name: [json.loads(x) for x in p.read_text().splitlines()]
+             for p in (run_dir / "rows").iterdir()}
     assert sorted(saved) == ["step-000001.jsonl", "step-000002.jsonl"]
     for step, phase, version in ((1, "sft", None), (2, "rl", 1)):  # a warm start's rows are the oracle's
         recs = saved[f"step-{step:06d}.jsonl"]

@@ -26,21 +26,26 @@ def _trained_checkpoint(tmp_path):
 def test_one_step_of_each_side_on_the_same_job(tmp_path, tiny_model_dir):
     from benchmarks.peers_trl import MIN_TRL, invariants, prepare_model, run_repeat
 
-    pytest.importorskip("trl", minversion=MIN_TRL, reason=f'needs TRL >= {MIN_TRL}; pip install -e ".[peers]"')
+    pytest.importorskip("trl", minversion=MIN_TRL, reason=f'needs TRL >= {MIN_TRL}; pip install -e '
+                                                          '".[peers]"')
 
     model = prepare_model("tiny-qwen3", tmp_path)
-    setup = {"config": "envs/toolbench.toml", "overrides": SMALL_JOB, "model": str(model), "steps": 1, "seed": 1,
+    setup = {"config": "envs/toolbench.toml", "overrides": SMALL_JOB, "model": str(model), "steps": 1,
+             "seed": 1,
              "threads": 1, "out": str(tmp_path / "run"), "trl_max_completion_length": 64,
              "save_final": str(tmp_path / "final"), "optimizer_from": str(_trained_checkpoint(tmp_path))}
     # run seed 1 orders the train split (seed 0 plays 0, 1, 2, ...): both sides must follow that order
     run = run_repeat(setup, 0)
     checks = invariants([run])
-    assert checks["ok"] and checks["same_initial_optimizer"] is True, checks  # --from: one AdamW state on both
+    # --from: one AdamW state on both
+    assert checks["ok"] and checks["same_initial_optimizer"] is True, checks
     q, t = run["steps"]["quaero"][0], run["steps"]["trl"][0]
-    assert q["tasks"] == t["tasks"] and len(q["tasks"]) == 1  # one task, reset with the same seed, split, index
+    # one task, reset with the same seed, split, index
+    assert q["tasks"] == t["tasks"] and len(q["tasks"]) == 1
     assert q["group_sizes"] == t["group_sizes"] == [2]
     assert t["drift"]["rows"] == 2 and t["drift"]["unmatched_calls"] == 0  # every sampler call found its row
-    assert q["drift"]["rows"] >= 1 and q["drift"]["rows_drifted"] == 0  # quaero's rows are exact by construction
+    # quaero's rows are exact by construction
+    assert q["drift"]["rows"] >= 1 and q["drift"]["rows_drifted"] == 0
     assert run["final"]["quaero"]["peak_rss_mb"] > 0 and run["final"]["trl"]["peak_rss_mb"] > 0
     for name in ("quaero", "trl"):  # --save-final: each side's last weights as an HF folder quaero eval loads
         final = run["final"][name]

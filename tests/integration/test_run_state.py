@@ -55,7 +55,8 @@ def test_crafted_checkpoint_never_runs_and_unusable_checkpoints_are_refused(tmp_
     marker = tmp_path / "code-ran"
     payload = pickle.dumps(_Payload(marker))
     intact = {name: (ckpts[-1] / name).read_bytes() for name in ("tensors.safetensors", "state.json")}
-    for folder in ckpts:  # every file a pickle (the old loader's state.pt too), the manifest vouching for each
+    # every file a pickle (the old loader's state.pt too), the manifest vouching for each
+    for folder in ckpts:
         manifest = json.loads((folder / "manifest.json").read_text())
         for name in ("tensors.safetensors", "state.json", "state.pt"):
             (folder / name).write_bytes(payload)
@@ -84,8 +85,10 @@ def test_crafted_checkpoint_never_runs_and_unusable_checkpoints_are_refused(tmp_
     (newest / "state.json").write_text(json.dumps(doc))
     (newest / "shards").mkdir()
     (newest / "shards" / ".metadata").write_bytes(payload)
-    hashes = {n: checkpoint._sha256(newest / n) for n in ("tensors.safetensors", "state.json", "shards/.metadata")}
-    (newest / "manifest.json").write_text(json.dumps({"format": checkpoint.FORMAT, "step": 2, "sha256": hashes}))
+    hashes = {n: checkpoint._sha256(newest / n) for n in ("tensors.safetensors", "state.json",
+                                                          "shards/.metadata")}
+    (newest / "manifest.json").write_text(json.dumps({"format": checkpoint.FORMAT, "step": 2,
+                                                      "sha256": hashes}))
     assert checkpoint.verify(newest) is None
     from quaero.cli import main  # in this process: the imports are paid for already
 
@@ -93,8 +96,9 @@ def test_crafted_checkpoint_never_runs_and_unusable_checkpoints_are_refused(tmp_
     assert main(["train", str(path), "--resume"]) == 1 and not marker.exists()
     assert main(["export", str(run_dir), str(tmp_path / "out")]) == 1 and not marker.exists()
     train_line, export_line = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
-    assert train_line.startswith(f"error: {newest}: verified but cannot be loaded into this run (UnpicklingError: "
-                                 "shard metadata names pathlib.Path.touch, which is not checkpoint metadata")
+    assert train_line.startswith(f"error: {newest}: verified but cannot be loaded into this run "
+                                 "(UnpicklingError: shard metadata names pathlib.Path.touch, which is not "
+                                 "checkpoint metadata")
     assert export_line.startswith(f"error: {newest}: verified but cannot be loaded into 'tiny-qwen3'")
     pickle.loads(payload)  # the payload is live: had anything unpickled it, the marker would exist
     assert marker.exists()
@@ -120,7 +124,8 @@ def test_restart_starts_over_and_keeps_the_unusable_checkpoints_aside(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.hostile
-def test_a_full_disk_stops_the_run_in_one_line_and_a_killed_write_does_not_block_resume(tmp_path, monkeypatch):
+def test_a_full_disk_stops_the_run_in_one_line_and_a_killed_write_does_not_block_resume(tmp_path,
+                                                                                        monkeypatch):
     from quaero.recipe.train import train
 
     _, cfg = make_config(tmp_path, "disk", steps=0, warmup=2, eval_every=0, eval_tasks=0,
@@ -166,7 +171,8 @@ def test_one_train_per_run_folder_stale_lock_taken_over_and_a_deleted_events_fil
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     events = cfg.run_dir / "events.jsonl"
     try:
-        wait_for(lambda: events.exists() and '"train_step"' in events.read_text(), what="the first run's step")
+        wait_for(lambda: events.exists() and '"train_step"' in events.read_text(), what="the first run's "
+                                                                                        "step")
         run_id = read_events(events)[0][0]["run_id"]
         first_server = [e["pid"] for e in events_of(cfg.run_dir, "env_server_started")]
 
@@ -177,7 +183,8 @@ def test_one_train_per_run_folder_stale_lock_taken_over_and_a_deleted_events_fil
         assert {e["run_id"] for e in read_events(events)[0]} == {run_id}  # the refused run wrote nothing here
 
         events.unlink()  # `rm events.jsonl` mid-run
-        wait_for(lambda: events.exists() and '"train_step"' in events.read_text(), what="the recreated events")
+        wait_for(lambda: events.exists() and '"train_step"' in events.read_text(), what="the recreated "
+                                                                                        "events")
         recreated, _ = read_events(events)
         assert recreated[0]["event"] == "events_file_recreated" and recreated[0]["run_id"] == run_id
         assert first.poll() is None
@@ -208,7 +215,8 @@ def test_a_terminal_ctrl_c_and_a_sigterm_each_finish_the_step_checkpoint_it_and_
     for stop in ("SIGINT to the group", "SIGTERM"):
         trained = len(events_of(cfg.run_dir, "train_step")) if events.exists() else 0
         proc = subprocess.Popen([sys.executable, "-m", "quaero.cli", "train", str(path)], cwd=ROOT,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                                                                       start_new_session=True)
         wait_for(lambda seen=trained: events.exists() and len(events_of(cfg.run_dir, "train_step")) > seen,
                  what=f"a train step before the {stop}")
         if stop == "SIGTERM":

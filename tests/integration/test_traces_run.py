@@ -1,6 +1,6 @@
 """OpenEnv's token formats over a real tiny run (toolbench in process, tiny-qwen3, the local trainer;
-quaero/rollout/traces.py): saved rows -> RFC 010 records and TrainingTraces (validated by OpenEnv's own model) -> rows
-with the same ids and span kinds; a second run warm-started from the first one's trace file passes
+quaero/rollout/traces.py): saved rows -> RFC 010 records and TrainingTraces (validated by OpenEnv's own model)
+-> rows with the same ids and span kinds; a second run warm-started from the first one's trace file passes
 `quaero review --require-proof`; inexact records are refused one line each and never trained."""
 import json
 
@@ -70,8 +70,10 @@ def test_saved_rows_round_trip_through_rfc010_and_openenv_training_traces(source
     for trace, row in zip(traces, saved):
         checked = TrainingTrace.model_validate(trace)  # OpenEnv's own validator, strict
         actions = sorted((s for s in row["spans"] if s[0] == "action"), key=lambda s: s[1])
-        assert [t.completion_token_ids for t in checked.turns] == [row["input_ids"][s:e] for _, s, e, _ in actions]
-        assert all(t.prompt_token_ids == row["input_ids"][:s] for t, (_, s, _, _) in zip(checked.turns, actions))
+        assert [t.completion_token_ids for t in checked.turns] == [row["input_ids"][s:e] for _, s, e,
+                                                                   _ in actions]
+        assert all(t.prompt_token_ids == row["input_ids"][:s] for t, (_, s, _, _) in zip(checked.turns,
+                                                                                         actions))
         _assert_same_row(trace_row(trace, vocab, include_scaffold=False), row)
 
 
@@ -79,7 +81,8 @@ def test_saved_rows_round_trip_through_rfc010_and_openenv_training_traces(source
 def test_a_run_warm_starts_from_another_runs_trace_file_and_passes_review(source_run, tmp_path, capsys):
     run_dir, _ = source_run
     traces = tmp_path / "demos.trace.jsonl"  # the source run's warm-start rows: the oracle's demos
-    assert cli.main(["inspect", "rows", str(run_dir), "--step", "1", "--export", "openenv-trace", str(traces)]) == 0
+    assert cli.main(["inspect", "rows", str(run_dir), "--step", "1", "--export", "openenv-trace",
+                     str(traces)]) == 0
     bad_line = len(traces.read_text().splitlines()) + 1
     bad = {"turns": [{"node_id": "x", "prompt_token_ids": [1, 2], "completion_token_ids": [3],
                       "per_token_logps": [-0.1], "loss_mask": [0, 0, 1]},
@@ -102,8 +105,10 @@ def test_a_run_warm_starts_from_another_runs_trace_file_and_passes_review(source
 
 def test_each_kind_of_inexact_record_is_refused_in_one_line(tmp_path):
     vocab = vocab_size_of("tiny-qwen3")
-    good = {"input_ids": [1, 2, 3, 4], "action_mask": [0, 1, 1, 0], "obs_mask": [0, 0, 0, 1], "warning_mask": [0] * 4}
-    turn = {"node_id": "a", "prompt_token_ids": [1, 2], "completion_token_ids": [3], "per_token_logps": [-0.5],
+    good = {"input_ids": [1, 2, 3, 4], "action_mask": [0, 1, 1, 0], "obs_mask": [0, 0, 0, 1],
+            "warning_mask": [0] * 4}
+    turn = {"node_id": "a", "prompt_token_ids": [1, 2], "completion_token_ids": [3],
+            "per_token_logps": [-0.5],
             "loss_mask": [0, 0, 1]}
     lines = [good,
              {**good, "obs_mask": [0, 0, 1]},                                  # mask shorter than the ids
@@ -112,7 +117,8 @@ def test_each_kind_of_inexact_record_is_refused_in_one_line(tmp_path):
              {"turns": [turn, {**turn, "node_id": "b", "prompt_token_ids": [1, 5, 3, 6],
                                "loss_mask": [0, 0, 0, 0, 1]}]},                # turn 1 does not extend turn 0
              {"turns": [{**turn, "metadata": {"quaero": {"roles": [["env", 3]]}}}]},  # roles vs loss_mask
-             {"turns": [{**turn, "loss_mask": [1, 0, 1]}]},                    # OpenEnv's validator: prompt trained
+             # OpenEnv's validator: prompt trained
+             {"turns": [{**turn, "loss_mask": [1, 0, 1]}]},
              [1, 2, 3]]
     path = tmp_path / "mixed.jsonl"
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\nnot json\n")
@@ -120,8 +126,10 @@ def test_each_kind_of_inexact_record_is_refused_in_one_line(tmp_path):
     assert len(rows) == 1 and rows[0].input_ids == [1, 2, 3, 4] and rows[0].echo_weights == [0, 0, 0, 1.0]
     assert [r.split(": ", 1)[0] for r in refused] == [f"{path}:{n}" for n in range(2, 10)]
     reasons = [r.split(": ", 1)[1] for r in refused]
-    for reason, expected in zip(reasons, ["obs_mask does not cover the 4 input_ids", "token 1 is marked action and env",
-                                          f"input_ids holds id {vocab}", "turn 1's prompt is not an extension",
+    for reason, expected in zip(reasons, ["obs_mask does not cover the 4 input_ids", ("token 1 is marked "
+                                                                                     "action and env"),
+                                          f"input_ids holds id {vocab}", ("turn 1's prompt is not an "
+                                                                         "extension"),
                                           "quaero roles disagree", "not a valid OpenEnv TrainingTrace",
                                           "neither an RFC 010 record", "not a UTF-8 JSON object"]):
         assert reason.startswith(expected) and "\n" not in reason, reason
@@ -129,9 +137,10 @@ def test_each_kind_of_inexact_record_is_refused_in_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_recorded_rl_rows_train_the_rl_loss_off_policy_with_traces_loss_rl(source_run, tmp_path, capsys):
-    """[data] traces_loss = "rl": the source run's RL rows (sampled, with the sampler's log-probs), exported as
-    RFC 010 records with a group each, train the RL term (action tokens, an importance ratio) in the warm-start
-    steps; its warm-start (oracle demo) rows have no sampler log-probs and are refused one line each."""
+    """[data] traces_loss = "rl": the source run's RL rows (sampled, with the sampler's log-probs), exported
+    as RFC 010 records with a group each, train the RL term (action tokens, an importance ratio) in the
+    warm-start steps; its warm-start (oracle demo) rows have no sampler log-probs and are refused one line
+    each."""
     run_dir, _ = source_run
     out = tmp_path / "rows.rfc010.jsonl"
     records = _export(run_dir, "rfc010", out)

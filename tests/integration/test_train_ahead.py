@@ -1,5 +1,6 @@
-"""Asynchronous rollouts (`[training] max_off_policy_steps`, quaero/recipe/ahead.py) on the main job: real toolbench
-server on 127.0.0.1, real tiny-qwen3, real trainer and hf sampler; a fake only for the injected fault."""
+"""Asynchronous rollouts (`[training] max_off_policy_steps`, quaero/recipe/ahead.py) on the main job: real
+toolbench server on 127.0.0.1, real tiny-qwen3, real trainer and hf sampler; a fake only for the injected
+fault."""
 import json
 import signal
 import threading
@@ -33,7 +34,8 @@ def first_tasks(monkeypatch):
 
 
 def reviewed(run_dir) -> int:
-    return review.main(SimpleNamespace(run_dir=str(run_dir), require_proof=True, require=[], plots=None, json=False,
+    return review.main(SimpleNamespace(run_dir=str(run_dir), require_proof=True, require=[], plots=None,
+                                       json=False,
                                        compare=None))
 
 
@@ -78,7 +80,8 @@ def test_k1_trains_rows_one_version_old_and_every_proof_passes(tmp_path, first_t
     # step 4 was sampled while step 3 trained and waited through step 3's evaluation: neither counts the other
     assert [(e["step"], e["eval_episodes"]) for e in events_of(run_dir, "eval")] == [(0, 2), (3, 2), (4, 2)]
     assert first_tasks == {1: 0, 2: 2, 3: 4, 4: 6}  # the tasks of an on-policy run
-    saved = {s: {json.loads(line)["policy_version"] for line in (run_dir / "rows" / f"step-{s:06d}.jsonl").open()}
+    saved = {s: {json.loads(line)["policy_version"]
+                 for line in (run_dir / "rows" / f"step-{s:06d}.jsonl").open()}
              for s in (1, 2, 3, 4)}
     assert saved == {1: {None}, 2: {1}, 3: {1}, 4: {2}}  # each row names the weights that sampled it
     assert reviewed(run_dir) == 0 and review.summarize(review.load_run(run_dir))["policy_staleness_max"] == 1
@@ -132,6 +135,7 @@ def test_an_error_in_a_rollout_sampled_ahead_is_the_runs_error(tmp_path, monkeyp
                          extra=["training.max_off_policy_steps=1"])
     with pytest.raises(RuntimeError, match="the sampler broke while sampling ahead"):
         train.train(cfg)
-    assert [s["step"] for s in events_of(cfg.run_dir, "train_step")] == [1]  # step 1 sampled on the main thread
+    # step 1 sampled on the main thread
+    assert [s["step"] for s in events_of(cfg.run_dir, "train_step")] == [1]
     assert not ahead_threads()
     assert not alive([e["pid"] for e in events_of(cfg.run_dir, "env_server_started")])

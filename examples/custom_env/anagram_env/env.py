@@ -49,7 +49,8 @@ class AnagramEnv(Environment[AnagramAction, AnagramObservation, AnagramState]):
         guess = action.word.strip().lower()
         if guess == st.target:
             return AnagramObservation(feedback="correct", done=True, reward=1.0)
-        feedback = "".join(g if i < len(st.target) and g == st.target[i] else "." for i, g in enumerate(guess))
+        feedback = "".join(g if i < len(st.target) and g == st.target[i] else "." for i,
+                           g in enumerate(guess))
         return AnagramObservation(feedback=feedback or "no letters", done=st.guesses_left <= 0, reward=0.0)
 
     @property

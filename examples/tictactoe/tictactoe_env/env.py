@@ -66,7 +66,8 @@ class TicTacToeEnv(Environment[TicTacToeAction, TicTacToeObservation, TicTacToeS
         self._state.step_count += 1
         if action.move not in free_cells(cells):
             why = "not a cell" if not 1 <= action.move <= 9 else "taken"
-            return self._observe(result=f"illegal move {action.move} ({why}): you lose", done=True, reward=-1.0)
+            return self._observe(result=f"illegal move {action.move} ({why}): you lose", done=True,
+                                 reward=-1.0)
         cells[action.move - 1] = "X"
         if winner(cells) == "X":
             return self._observe(result="you win", done=True, reward=1.0)

@@ -20,7 +20,8 @@ def _value(board: str, to_move: str) -> int:
     cells = ["" if c == "." else c for c in board]
     if (w := winner(cells)) or not free_cells(cells):
         return {"X": 1, "O": -1}.get(w, 0)
-    values = [_value(board[:i - 1] + to_move + board[i:], "O" if to_move == "X" else "X") for i in free_cells(cells)]
+    values = [_value(board[:i - 1] + to_move + board[i:],
+                     "O" if to_move == "X" else "X") for i in free_cells(cells)]
     return max(values) if to_move == "X" else min(values)
 
 
@@ -43,6 +44,7 @@ def oracle_policy(info: dict) -> Callable[[list[dict]], dict]:
         move = best_move(env.state.cells)
         del moves[turn:]
         moves.append(move)
-        return {"role": "assistant", "content": json.dumps({"move": move}), "reasoning_content": f"I take {move}."}
+        return {"role": "assistant", "content": json.dumps({"move": move}), "reasoning_content": "I take "
+                                                                                                 f"{move}."}
 
     return policy

@@ -1,4 +1,5 @@
-"""`quaero bench ablation`'s pairing: per seed on the tasks both runs' last evals finished, pooled over seeds."""
+"""`quaero bench ablation`'s pairing: per seed on the tasks both runs' last evals finished, pooled over
+seeds."""
 import pytest
 
 from benchmarks import ablation
@@ -14,17 +15,21 @@ def _run(path, wins, *, stale=None):
             if w is None:
                 continue
             runlog.set_step(step)
-            log.info("eval", eval_reward=sum(w) / len(w), eval_results=[[i, x, float(x)] for i, x in enumerate(w)])
+            log.info("eval", eval_reward=sum(w) / len(w), eval_results=[[i, x, float(x)] for i,
+                                                                                       x in enumerate(w)])
     return path
 
 
 def test_pairs_per_task_on_the_last_eval_and_pools_over_seeds(tmp_path):
-    a0 = ablation.final_outcomes(_run(tmp_path / "a0", [1] * 10 + [0] * 6, stale=[0] * 16))  # the last eval counts
+    # the last eval counts
+    a0 = ablation.final_outcomes(_run(tmp_path / "a0", [1] * 10 + [0] * 6, stale=[0] * 16))
     b0 = ablation.final_outcomes(_run(tmp_path / "b0", [1] * 4 + [0] * 12))
     c = paired_outcomes(a0, b0)
-    assert (c["pairs"], c["a_only"], c["b_only"], c["a_success"], c["b_success"]) == (16, 6, 0, 10 / 16, 4 / 16)
+    assert (c["pairs"], c["a_only"], c["b_only"], c["a_success"], c["b_success"]) == (16, 6, 0, 10 / 16,
+                                                                                      4 / 16)
     assert c["mcnemar_p"] == pytest.approx(2 / 2**6) and c["reward_diff"] == pytest.approx(6 / 16)
-    b1 = {k: v for k, v in b0.items() if k < 8}  # a run that finished only half the tasks: pairs are the shared ones
+    # a run that finished only half the tasks: pairs are the shared ones
+    b1 = {k: v for k, v in b0.items() if k < 8}
     assert paired_outcomes(a0, b1)["pairs"] == 8
     pooled = paired_outcomes({(s, k): v for s in (0, 1) for k, v in a0.items()},
                               {(s, k): v for s in (0, 1) for k, v in b0.items()})
@@ -49,7 +54,8 @@ def test_arms_start_from_a_chosen_or_the_latest_checkpoint_of_a_shared_run(tmp_p
         checkpoint.save(root, step, {"step": step, "cursor": step * 4}, keep=5)
     ablation._seed_start(tmp_path / "warm", tmp_path / "arm", 400)
     assert [p.name for p in (tmp_path / "arm" / "checkpoints").iterdir()] == ["step-000400"]
-    ablation._seed_start(tmp_path / "warm", tmp_path / "arm", None)  # a fresh folder each time: the latest only
+    # a fresh folder each time: the latest only
+    ablation._seed_start(tmp_path / "warm", tmp_path / "arm", None)
     assert [p.name for p in (tmp_path / "arm" / "checkpoints").iterdir()] == ["step-000450"]
     with pytest.raises(SystemExit, match="--from-step 7: .* is unusable"):
         ablation._seed_start(tmp_path / "warm", tmp_path / "arm", 7)

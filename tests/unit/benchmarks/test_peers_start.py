@@ -1,6 +1,7 @@
-"""`quaero bench peers-trl --from RUN`: both sides' AdamW start from the checkpoint's state as the main job's RL
-phase does after its warm start ([training] rl_optimizer_start), and hash alike when they do. No TRL needed:
-the TRL side builds a plain torch AdamW over its model's parameters and goes through the same function."""
+"""`quaero bench peers-trl --from RUN`: both sides' AdamW start from the checkpoint's state as the main job's
+RL phase does after its warm start ([training] rl_optimizer_start), and hash alike when they do. No TRL
+needed: the TRL side builds a plain torch AdamW over its model's parameters and goes through the same
+function."""
 import types
 
 import pytest
@@ -59,7 +60,8 @@ def test_the_checkpoints_adamw_state_starts_rl_as_rl_optimizer_start_says(small_
 def test_two_optimizers_started_alike_hash_alike_whatever_their_grouping(small_model_dir, saved):
     _, path = saved
     (m1, o1), (m2, _) = _fresh(small_model_dir), _fresh(small_model_dir)
-    params = list(m2.parameters())  # TRL groups decayed and undecayed parameters apart: two groups, another order
+    # TRL groups decayed and undecayed parameters apart: two groups, another order
+    params = list(m2.parameters())
     o2 = torch.optim.AdamW([{"params": params[1::2]}, {"params": params[::2]}], lr=1e-3)
     assert optimizer_sha(m1, o1) == optimizer_sha(m2, o2)  # both empty
     start_optimizer(o1, {"optimizer_from": str(path)}, _cfg("reset_momentum"))
@@ -73,4 +75,5 @@ def test_a_checkpoint_of_another_model_is_refused(saved):
     _, path = saved
     other = torch.nn.Linear(3, 2)
     with pytest.raises(ValueError, match="does not fit this model's parameters"):
-        start_optimizer(torch.optim.AdamW(other.parameters()), {"optimizer_from": str(path)}, _cfg("continue"))
+        start_optimizer(torch.optim.AdamW(other.parameters()), {"optimizer_from": str(path)},
+                        _cfg("continue"))

@@ -3,7 +3,8 @@ from benchmarks.token_drift import generation_drift, saved_row_drift
 
 
 def test_exact_multi_turn_rows_do_not_drift():
-    # two rows of one group share the first prompt; the second turn's prompt holds the first turn and a tool reply
+    # two rows of one group share the first prompt; the second turn's prompt holds the first turn and a tool
+    # reply
     calls = [([1, 2], [5, 6]), ([1, 2], [7, 8]), ([1, 2, 5, 6, 9], [10])]
     rows = [([1, 2, 5, 6, 9, 10], [False, False, True, True, False, True]),
             ([1, 2, 7, 8], [False, False, True, True])]
@@ -14,7 +15,8 @@ def test_exact_multi_turn_rows_do_not_drift():
 
 def test_re_tokenized_truncated_and_unsampled_tokens_are_counted():
     calls = [([1], [5, 6, 7]), ([2], [4])]
-    # row 1: position 2 re-tokenized (6 -> 60), position 3 cut off; row 2: a template token scored as an action
+    # row 1: position 2 re-tokenized (6 -> 60), position 3 cut off; row 2: a template token scored as an
+    # action
     rows = [([1, 5, 60], [False, True, True]), ([2, 4, 12], [False, True, True])]
     d = generation_drift(calls, rows).as_dict()
     assert (d["differ"], d["not_scored"], d["scored_not_sampled"], d["rows_drifted"]) == (1, 1, 1, 2)

@@ -3,7 +3,8 @@ import asyncio
 
 import pytest
 
-import quaero.openenv_client  # noqa: F401  - first: it keeps openenv's optional gradio UI out of the process (4 s)
+# first: it keeps openenv's optional gradio UI out of the process (4 s)
+import quaero.openenv_client  # noqa: F401
 
 # isort: split
 from openenv.core.env_server.mcp_types import CallToolAction, ListToolsAction
@@ -173,7 +174,8 @@ def test_task_listing_over_the_openenv_task_api(toolbench_url):
     base = toolbench_url.replace("ws://", "http://")
     with urllib.request.urlopen(f"{base}/toolbenchenv/splits", timeout=5) as r:
         assert [s["name"] for s in json.loads(r.read())] == ["train", "eval"]
-    req = urllib.request.Request(f"{base}/toolbenchenv/task", data=json.dumps({"split": "eval", "index": 3}).encode(),
+    req = urllib.request.Request(f"{base}/toolbenchenv/task", data=json.dumps({"split": "eval",
+                                                                               "index": 3}).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=5) as r:
         task = json.loads(r.read())["task"]

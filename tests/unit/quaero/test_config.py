@@ -29,7 +29,8 @@ def test_main_job_config_loads_with_seed_defaults():
 
 
 def test_override_sets_any_field_with_toml_types():
-    cfg = load_config(MAIN, ["training.steps=3", "run.name=smoke", "backend.options.train_logprob_chunk_size=256",
+    cfg = load_config(MAIN, ["training.steps=3", "run.name=smoke",
+                             "backend.options.train_logprob_chunk_size=256",
                              "echo.weight=0.5"])
     assert (cfg.training.steps, cfg.run.name) == (3, "smoke")
     assert cfg.backend.options.train_logprob_chunk_size == 256 and cfg.echo.weight == 0.5
@@ -106,7 +107,8 @@ def test_invalid_toml_and_missing_file(tmp_path):
 @pytest.mark.parametrize("override", ["training.stepz=3", "training.steps=-1", "backend.backend='tinker'"])
 @pytest.mark.hostile
 def test_cli_check_exits_1_with_one_line_and_no_traceback(override):
-    r = subprocess.run(check=False, args=[sys.executable, "-m", "quaero.cli", "check", str(MAIN), "--set", override],
+    r = subprocess.run(check=False, args=[sys.executable, "-m", "quaero.cli", "check", str(MAIN), "--set",
+                                          override],
                        capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 1
     assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
@@ -114,7 +116,8 @@ def test_cli_check_exits_1_with_one_line_and_no_traceback(override):
 
 @pytest.mark.slow
 def test_cli_check_prints_plan():
-    r = subprocess.run(check=False, args=[sys.executable, "-m", "quaero.cli", "check", str(MAIN)], capture_output=True, text=True,
+    r = subprocess.run(check=False, args=[sys.executable, "-m", "quaero.cli", "check", str(MAIN)],
+                       capture_output=True, text=True,
                        cwd=ROOT)
     assert r.returncode == 0, r.stderr
     for needle in ("renderer 'qwen3'", "strict_shared_forward=True", "train_selective_suffix_logits=True",
@@ -133,11 +136,13 @@ def test_cli_check_prints_plan():
     ('run.name="a\\u0000b"', "must be one folder name"),
     ("echo.weight=inf", "[echo] weight=inf: Input should be a finite number"),
     ("backend.lr=nan", "[backend] lr=nan"),
-    ("training.group_size=1", "[training] group_size=1 with steps=12: a group of one episode has advantage 0"),
-    pytest.param("sampler.top_p=0.5", "[sampler] top_p=0.5 with [training] steps=12: the sampler's log-probs are "
-                 "renormalised", marks=pytest.mark.hostile),
+    ("training.group_size=1", ("[training] group_size=1 with steps=12: a group of one episode has advantage "
+                              "0")),
+    pytest.param("sampler.top_p=0.5", "[sampler] top_p=0.5 with [training] steps=12: the sampler's log-probs "
+                 "are renormalised", marks=pytest.mark.hostile),
     pytest.param("sampler.top_k=5", "[sampler] top_k: unknown key", marks=pytest.mark.hostile),
-    ("env.url='ws://127.0.0.1:9'", "[env] url/urls is set but launcher='local-server'; set launcher='remote'"),
+    ("env.url='ws://127.0.0.1:9'", ("[env] url/urls is set but launcher='local-server'; set "
+                                   "launcher='remote'")),
     ("env.launcher='remote'", "[env]: launcher='remote' needs url"),
 ])
 @pytest.mark.hostile
@@ -149,7 +154,8 @@ def test_meaningless_settings_are_refused_before_anything_loads(override, needle
 
 @pytest.mark.hostile
 def test_an_entry_beside_a_server_url_is_refused_not_silently_ignored():
-    with pytest.raises(ConfigError, match=r"entry='envs.toolbench:ToolBenchEnv' and url='ws://127.0.0.1:9' are both set"):
+    with pytest.raises(ConfigError, match=r"entry='envs.toolbench:ToolBenchEnv' and url='ws://127.0.0.1:9' "
+                                          r"are both set"):
         load_config(MAIN, ["env.url='ws://127.0.0.1:9'", "env.launcher='remote'", "env.kwargs={}"])
 
 
@@ -162,7 +168,8 @@ def test_settings_that_only_matter_for_rl_are_fine_without_rl_steps():
 def test_unreadable_config_files_are_one_line_errors(tmp_path):
     bad = tmp_path / "latin1.toml"
     bad.write_bytes(b"\xff\xfe[run]\n")
-    with pytest.raises(ConfigError, match=r"latin1.toml: not UTF-8 text \(byte 0\); save the config as UTF-8"):
+    with pytest.raises(ConfigError, match=r"latin1.toml: not UTF-8 text \(byte 0\); save the config as "
+                                          r"UTF-8"):
         load_config(bad)
     with pytest.raises(ConfigError, match="is a folder; pass a TOML file"):
         load_config(tmp_path)
@@ -197,7 +204,8 @@ def test_the_plan_of_a_huge_step_count_is_counted_not_enumerated():
 
     line = work_line(load_config(MAIN, ["training.steps=10000000000000000000000", "training.eval_every=7",
                                         "training.eval_tasks=64"]))
-    assert work_line(load_config(MAIN, ["training.steps=9", "training.warmup_sft_steps=0", "training.eval_every=4",
+    assert work_line(load_config(MAIN, ["training.steps=9", "training.warmup_sft_steps=0",
+                                        "training.eval_every=4",
                                         "training.eval_tasks=64"])) \
         .split("eval ")[1].startswith("256 (4 evals x 64)")  # 0, 4, 8 and the last, 9
     total = 500 + 10**22  # the main job's warm start, then the RL steps
@@ -212,7 +220,8 @@ def test_dynamic_sampling_with_rollouts_sampled_ahead_is_refused():
     assert "[training] dynamic_sampling=true with max_off_policy_steps=1" in str(e.value)
     for bad, needle in [("echo.schedule='cosine'", "[echo] schedule='cosine'"),
                         ("training.loss_aggregation='mean'", "[training] loss_aggregation='mean'"),
-                        ("training.dynamic_sampling_max_groups=0.5", "[training] dynamic_sampling_max_groups=0.5")]:
+                        ("training.dynamic_sampling_max_groups=0.5", ("[training] "
+                                                                     "dynamic_sampling_max_groups=0.5"))]:
         with pytest.raises(ConfigError) as e:
             load_config(MAIN, [bad])
         assert needle in str(e.value) and "\n" not in str(e.value)

@@ -34,7 +34,8 @@ def _row(seed: int, advantage: float, actions: list[int], envs: list[int], episo
 
 def _rows() -> list[EchoRow]:
     # episode "a" spans two rows (a packing break); "b" and "c" one each; "d" has no RL tokens (A = 0)
-    return [_row(0, 1.0, [9, 3], [4, 2], "a"), _row(1, 1.0, [2], [11], "a"), _row(2, -0.5, [20, 7], [3, 3], "b"),
+    return [_row(0, 1.0, [9, 3], [4, 2], "a"), _row(1, 1.0, [2], [11], "a"), _row(2, -0.5, [20, 7], [3, 3],
+                                                                                  "b"),
             _row(3, 0.25, [1], [30], "c"), _row(4, 0.0, [5], [6], "d")]
 
 
@@ -49,11 +50,13 @@ def _near_policy(trainer, rows: list[EchoRow]) -> tuple[list[EchoRow], list[list
     """Rows whose sampler log-probs sit 0.05 below the trainer's: ratio exp(0.05), inside the clip range."""
     lps = trainer.logprobs(rows)
     out = [EchoRow(r.input_ids, r.spans, r.advantages, r.echo_weights,
-                   [lp - 0.05 if a else 0.0 for lp, a in zip(lps[i], r.action_mask)], r.meta) for i, r in enumerate(rows)]
+                   [lp - 0.05 if a else 0.0 for lp, a in zip(lps[i], r.action_mask)], r.meta) for i,
+           r in enumerate(rows)]
     return out, lps
 
 
-def _reference(rows, lps, *, aggregation: str, normalization: str, constant: int, lam: float) -> tuple[float, float]:
+def _reference(rows, lps, *, aggregation: str, normalization: str, constant: int, lam: float) -> tuple[float,
+                                                                                                       float]:
     """(rl_loss, echo_loss) in float64 from the definitions in trainers/aggregation.py."""
     ratio = math.exp(0.05)
     rl_tok: dict[str, list[float]] = {}
@@ -90,7 +93,8 @@ def test_each_aggregation_equals_its_float64_reference(small_model_dir, aggregat
     trainer = LocalTrainer(spec, "cpu")
     rows, lps = _near_policy(trainer, _rows())
     m = trainer.train_step(rows)
-    rl, echo = _reference(rows, lps, aggregation=aggregation, normalization=normalization, constant=1000, lam=0.3)
+    rl, echo = _reference(rows, lps, aggregation=aggregation, normalization=normalization, constant=1000,
+                          lam=0.3)
     assert m["rl_loss"] == pytest.approx(rl, rel=1e-6)
     assert m["echo_loss"] == pytest.approx(echo, rel=1e-6)
     assert m["loss_aggregation"] == aggregation and m["echo_normalization"] == normalization
@@ -138,7 +142,8 @@ def test_echo_schedules(schedule, steps, expected):
 
 
 def test_sequence_mean_gradient_equals_float64_reference(small_model_dir):
-    """Beyond the value: the gradient of the sequence-mean RL term matches autograd of the float64 reference."""
+    """Beyond the value: the gradient of the sequence-mean RL term matches autograd of the float64
+    reference."""
     trainer = LocalTrainer(make_spec(small_model_dir, loss_aggregation="sequence_mean", echo=False, lr=0.0,
                                      max_grad_norm=None, micro_batch_tokens=60), "cpu")
     rows, _ = _near_policy(trainer, _rows())
@@ -165,7 +170,8 @@ def test_sequence_mean_gradient_equals_float64_reference(small_model_dir):
     assert ref.norm() > 0 and float((got - ref).norm() / ref.norm()) < 1e-5  # fp32 step vs float64 reference
 
 
-@pytest.mark.parametrize("schedule,expected", [("constant", [0.02] * 4), ("decay", [0.02, 0.015, 0.01, 0.005])])
+@pytest.mark.parametrize("schedule,expected", [("constant", [0.02] * 4), ("decay", [0.02, 0.015, 0.01,
+                                                                                    0.005])])
 def test_echo_rl_weight_replaces_the_weight_of_the_rl_steps_only(schedule, expected):
     cfg = EchoConfig(weight=0.2, rl_weight=0.02, schedule=schedule)
     assert [cfg.weight_at(k, 4) for k in range(1, 5)] == pytest.approx(expected, rel=1e-12)

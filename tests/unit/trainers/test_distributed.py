@@ -34,7 +34,11 @@ def test_one_process_is_the_identity(monkeypatch):
     module = torch.nn.Linear(2, 2)
     assert process_group.setup("fsdp2", torch.device("cpu")) == torch.device("cpu")
     assert distributed.wrap_model(module, "fsdp2", torch.device("cpu"), []) is module
-    assert process_group.all_sum([3, 4]) == [3, 4] and process_group.all_max(5) == 5 and process_group.gather("x") == ["x"]
+    assert (
+        process_group.all_sum([3, 4]) == [3, 4]
+        and process_group.all_max(5) == 5
+        and process_group.gather("x") == ["x"]
+    )
 
 
 def test_ranks_totals_add_up_and_keep_their_maxima():
@@ -45,7 +49,8 @@ def test_ranks_totals_add_up_and_keep_their_maxima():
     from trainers.terms import NoStats, PolicyTermStats
 
     tokens = {"policy": 10, "echo": 20}
-    a = StepTotals.empty(tokens, rows=3, microbatches=2, row_tokens=256, padded_tokens=300, crop=CropStats(1, 4),
+    a = StepTotals.empty(tokens, rows=3, microbatches=2, row_tokens=256, padded_tokens=300, crop=CropStats(1,
+                                                                                                           4),
                          forward_passes=2)
     a.terms["policy"].add(0.5, PolicyTermStats(PolicyStats(6, 6.5, 1), LogprobGap(6, 0.6, 0.3)))
     a.terms["echo"].add(0.25, NoStats())
@@ -77,7 +82,8 @@ def test_shards_written_by_one_trainer_load_whole_into_another(tiny_model_dir, m
     writer = LocalTrainer(TrainerSpec(lr=1e-3), "cpu")
     writer.train_step(rows)
     writer.save_shards(tmp_path / "shards")
-    state = {k: v for k, v in writer.state_dict().items() if k not in ("model", "optimizer")} | {"shards": "dcp"}
+    state = {k: v for k, v in writer.state_dict().items() if k not in ("model",
+                                                                       "optimizer")} | {"shards": "dcp"}
     reader = LocalTrainer(TrainerSpec(lr=1e-3), "cpu")
     with pytest.raises(ValueError, match="shards/ folder"):
         reader.load_state_dict(state)

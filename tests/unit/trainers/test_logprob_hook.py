@@ -16,7 +16,8 @@ def test_a_logprob_hook_that_names_no_function_fails_in_one_line():
     for name, missing in (("trainers.selective:nothing", "has no attribute 'nothing'"),
                           ("no_such_module:f", "cannot import module 'no_such_module'"),
                           ("trainers.selective", "expected 'package.module:Name'"),
-                          ("trainers.selective:AUTO_CHUNK_ROWS", "is a int, not a function with the signature")):
+                          ("trainers.selective:AUTO_CHUNK_ROWS", ("is a int, not a function with the "
+                                                                 "signature"))):
         with pytest.raises(ValueError, match=f"TrainerSpec.logprob_fn={name!r}: ") as e:
             logprob_function(name)
         assert missing in str(e.value) and "\n" not in str(e.value)

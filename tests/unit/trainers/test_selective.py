@@ -174,7 +174,8 @@ def test_sparse_dense_decision_reads_per_row_density_and_bytes():
     _, info = selected_logprobs(hidden, head, ids, mask)
     assert info.branch == "hidden" and info.sparse_suffix_skip and info.min_row_density == 1 / 16
     mask[1, 17:] = True
-    _, info = selected_logprobs(hidden, head, ids, mask, policy=SelectivePolicy(suffix_max_bytes=2 * 16 * 512 * 4 - 1))
+    _, info = selected_logprobs(hidden, head, ids, mask,
+                                policy=SelectivePolicy(suffix_max_bytes=2 * 16 * 512 * 4 - 1))
     assert info.branch == "hidden" and info.sparse_suffix_skip  # dense, but over the byte budget
 
 
@@ -216,7 +217,8 @@ def test_chunked_recompute_saves_no_vocab_sized_activation():
 def test_compile_require_fails_closed_on_cpu_and_auto_records_reason():
     hidden, head, ids, mask = _case(8, B=1, L=300, V=64, H=8, density=0.9)
     def run(**policy):
-        return selected_logprobs(hidden, head, ids, mask, policy=SelectivePolicy(suffix_max_bytes=0, **policy))[1]
+        return selected_logprobs(hidden, head, ids, mask, policy=SelectivePolicy(suffix_max_bytes=0,
+                                                                                 **policy))[1]
 
     with pytest.raises(RuntimeError, match="non_cuda"):
         run(compile_mode="require", compile_min_tokens=1)
@@ -240,7 +242,8 @@ def test_compiled_branch_is_exact_when_compile_runs(monkeypatch):
     from trainers import compiled_ce
 
     monkeypatch.setattr(compiled_ce, "compile_unavailable_reason",
-                        lambda device, head, selected, min_tokens: "" if selected >= min_tokens else "below_min_tokens")
+                        lambda device, head, selected,
+                        min_tokens: "" if selected >= min_tokens else "below_min_tokens")
     hidden, head, ids, mask = _case(12, B=2, L=24, V=64, H=8, bias=True, density=0.7)
     info = _assert_exact(hidden, head, ids, mask, T=0.7, transform=LogitTransform(softcap=4.0),
                          compile_mode="require", compile_min_tokens=1, suffix_max_bytes=0, expect="compiled")
@@ -268,7 +271,8 @@ def test_a_target_mask_of_another_shape_is_refused():
     (SelectivePolicy(), {"selected_tokens": 8, "min_row_density": 0.5, "suffix_bytes": 1}, "hidden"),
     (SelectivePolicy(dense_min_density=0.5), {"selected_tokens": 8, "min_row_density": 0.5}, "suffix"),
     (SelectivePolicy(dense_min_density=0.5), {"selected_tokens": 8, "min_row_density": 0.49}, "hidden"),
-    (SelectivePolicy(), {"selected_tokens": 8, "min_row_density": 1.0, "suffix_bytes": 64 * 2**20 + 1}, "hidden"),
+    (SelectivePolicy(), {"selected_tokens": 8, "min_row_density": 1.0, "suffix_bytes": 64 * 2**20 + 1},
+     "hidden"),
     (SelectivePolicy(chunk_size=4), {"selected_tokens": 8, "min_row_density": 1.0}, "hidden_chunked"),
     # eager CE until the [S, V] logits pass hidden_max_bytes, then chunked (same values, one chunk's memory):
     # on the CPU crossover chunked time stayed within eager's noise while its peak fell 1.5-10x

@@ -54,7 +54,8 @@ def test_a_crafted_shard_metadata_is_refused_without_running(model_dir, tmp_path
     trainer.save_shards(tmp_path / "shards")
     marker = tmp_path / "code-ran"
     (tmp_path / "shards" / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
-    with pytest.raises(pickle.UnpicklingError, match=r"names pathlib.Path.touch, which is not checkpoint metadata"):
+    with pytest.raises(pickle.UnpicklingError, match=r"names pathlib.Path.touch, which is not checkpoint "
+                                                     r"metadata"):
         trainer.load_state_dict(sharded_state(trainer), shards=tmp_path / "shards")
     assert not marker.exists()
     pickle.loads((tmp_path / "shards" / ".metadata").read_bytes())  # the payload is live

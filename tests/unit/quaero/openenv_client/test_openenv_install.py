@@ -1,5 +1,6 @@
 """The openenv / openenv-core co-install, simulated in a temp site dir: an `openenv` dist-info whose RECORD
-owns a file, and an `openenv-core` dist-info next to it (the real install is tests/integration's slow test)."""
+owns a file, and an `openenv-core` dist-info next to it (the real install is tests/integration's slow
+test)."""
 import base64
 import hashlib
 
@@ -41,7 +42,8 @@ def test_openenv_alone_and_openenv_core_installed_first_are_fine(site):
 
 def test_openenv_core_written_over_openenv_is_refused_with_the_line_to_run(site):
     (site / "openenv" / "core" / "http_server.py").write_bytes(b"def create_app(env, action_cls): ...\n")
-    _dist(site, "openenv-core", "0.3.0", {"openenv/core/http_server.py": b"def create_app(env, action_cls): ...\n"})
+    _dist(site, "openenv-core", "0.3.0", {"openenv/core/http_server.py": b"def create_app(env, action_cls): "
+                                                                         b"...\n"})
     with pytest.raises(ConfigError) as e:
         loading.require_openenv()
     message = str(e.value)

@@ -22,7 +22,8 @@ TOOLS = tool_specs([
 
 
 def _assistant(*calls, content=""):
-    return {"role": "assistant", "content": content, "reasoning_content": None, "tool_calls": list(calls) or None}
+    return {"role": "assistant", "content": content, "reasoning_content": None,
+            "tool_calls": list(calls) or None}
 
 
 def test_tool_specs_are_openai_style():
@@ -33,7 +34,8 @@ def test_tool_specs_are_openai_style():
 
 def test_valid_calls_parse_with_or_without_the_type_key_and_with_string_arguments():
     calls = parse_tool_calls(_assistant(
-        {"type": "function", "function": {"name": "add_days", "arguments": {"date": "2024-01-01", "days": 3}}},
+        {"type": "function", "function": {"name": "add_days", "arguments": {"date": "2024-01-01",
+                                                                            "days": 3}}},
         {"function": {"name": "submit_answer", "arguments": '{"answer": "x"}'}}), TOOLS)
     assert calls == [("add_days", {"date": "2024-01-01", "days": 3}), ("submit_answer", {"answer": "x"})]
 
@@ -43,7 +45,8 @@ def test_valid_calls_parse_with_or_without_the_type_key_and_with_string_argument
     (_assistant({"function": {"name": "rm_rf", "arguments": {}}}), "Unknown tool 'rm_rf'"),
     (_assistant({"function": {"name": "add_days", "arguments": {"date": "2024-01-01", "days": "x"}}}),
      "Invalid arguments for add_days (days"),
-    (_assistant({"function": {"name": "add_days", "arguments": {"date": "2024-01-01"}}}), "'days' is a required"),
+    (_assistant({"function": {"name": "add_days", "arguments": {"date": "2024-01-01"}}}), ("'days' is a "
+                                                                                          "required")),
     (_assistant({"function": {"name": "add_days", "arguments": "{not json"}}), "not valid JSON"),
     (_assistant({"function": {"name": "submit_answer", "arguments": [1]}}), "must be a JSON object"),
 ])
@@ -97,7 +100,8 @@ def test_unparseable_plain_actions_are_malformed(text):
 
 
 def test_default_formatter_puts_the_question_first_then_every_informative_field():
-    obs = {"metadata": {"seed": 3}, "question": "Which position holds the largest card?", "context": "cards: 4 9 2",
+    obs = {"metadata": {"seed": 3}, "question": "Which position holds the largest card?", "context": "cards: "
+                                                                                                     "4 9 2",
            "legal_moves": [0, 1, 2], "scores": {"a": 1}, "board": "X O\n. X", "empty": "", "none": None,
            "count": 0}
     assert default_formatter(obs, context="reset") == (
@@ -114,8 +118,12 @@ def test_default_formatter_reads_a_metadata_question_on_reset_only():
 
 
 def test_a_multi_field_reset_observation_reaches_the_rendered_prompt(qwen3_render):
-    obs = {"question": "Which position holds the largest card?", "context": "cards: 41 97 23 8", "legal_moves": [0, 1]}
-    messages = [{"role": "system", "content": "Play."}, {"role": "user", "content": default_formatter(obs, "reset")}]
+    obs = {"question": "Which position holds the largest card?", "context": "cards: 41 97 23 8",
+           "legal_moves": [0, 1]}
+    messages = [
+        {"role": "system", "content": "Play."},
+        {"role": "user", "content": default_formatter(obs, "reset")},
+    ]
     prompt = qwen3_render.tokenizer.decode(qwen3_render.prompt_ids(messages, None))
     assert "largest card?\ncontext: cards: 41 97 23 8\nlegal_moves: [0, 1]" in prompt
 
@@ -128,7 +136,8 @@ def test_a_reply_without_a_tool_call_names_this_env_s_tools_or_the_configured_me
         parse_tool_calls(_assistant(content="42"), TOOLS, "Call a tool, then finish.")
 
 
-# -- the Action class of a plain env (quaero/openenv_client/loading.py) ------------------------------------------
+# -- the Action class of a plain env (quaero/openenv_client/loading.py)
+# ------------------------------------------
 def test_action_comes_from_type_parameters_or_a_step_annotation():
     from fixtures.basegame.models import PickAction
 
@@ -185,4 +194,5 @@ def test_reset_parameters_the_env_does_not_take_are_named():
     from quaero.openenv_client.loading import ignored_reset_params, load_entry
 
     assert ignored_reset_params(load_entry("fixtures.basegame:PickEnv")) == []
-    assert ignored_reset_params(load_entry("fixtures.basegame.env:SeedlessPickEnv")) == ["seed", "split", "index"]
+    assert ignored_reset_params(load_entry("fixtures.basegame.env:SeedlessPickEnv")) == ["seed", "split",
+                                                                                         "index"]

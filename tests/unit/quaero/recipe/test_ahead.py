@@ -1,6 +1,6 @@
-"""RolloutsAhead (quaero/recipe/ahead.py): a rollout's error is the taking step's error, leaving waits for the one in
-flight and drops the queued ones, and no worker thread outlives it; RolloutCounts.take keeps a rollout's
-counts apart."""
+"""RolloutsAhead (quaero/recipe/ahead.py): a rollout's error is the taking step's error, leaving waits for the
+one in flight and drops the queued ones, and no worker thread outlives it; RolloutCounts.take keeps a
+rollout's counts apart."""
 import threading
 import time
 

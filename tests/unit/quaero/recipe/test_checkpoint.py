@@ -29,8 +29,10 @@ def trained_state(step: int = 3) -> dict:
         model(torch.randn(5, 4, dtype=torch.bfloat16)).float().pow(2).mean().backward()
         opt.step()
         sched.step()
-    return {"step": step, "cursor": 4 * step, "rng": checkpoint.rng_state(), "cumulative": {"env_steps": 7, "mode": "off"},
-            "backend": {"backend": "local", "lora": False, "model": {k: v.clone() for k, v in model.state_dict().items()},
+    return {"step": step, "cursor": 4 * step, "rng": checkpoint.rng_state(), "cumulative": {"env_steps": 7,
+                                                                                            "mode": "off"},
+            "backend": {"backend": "local", "lora": False, "model": {k: v.clone() for k,
+                                                                     v in model.state_dict().items()},
                         "optimizer": opt.state_dict(), "scheduler": sched.state_dict()}}
 
 
@@ -106,7 +108,8 @@ def test_an_older_pickle_checkpoint_is_never_opened(tmp_path):
     old = tmp_path / "step-000004"
     old.mkdir()
     (old / "state.pt").write_bytes(pickle.dumps({"step": 4}))
-    (old / "manifest.json").write_text(json.dumps({"step": 4, "sha256": checkpoint._sha256(old / "state.pt")}))
+    (old / "manifest.json").write_text(json.dumps({"step": 4,
+                                                   "sha256": checkpoint._sha256(old / "state.pt")}))
     with pytest.raises(NoIntactCheckpoint) as e:
         checkpoint.load_latest(tmp_path)
     assert "step-000004: state.pt is a pickle written by an older quaero" in str(e.value)
@@ -145,8 +148,8 @@ def test_pruning_counts_only_intact_checkpoints(tmp_path):
 
 @pytest.mark.hostile
 def test_pruning_never_counts_a_newer_folder_whose_hashes_match_but_which_cannot_load(tmp_path):
-    """Resumed from step 4 past 6 and 8 (their state.json a pickle, the manifest updated: hash-valid, unloadable):
-    saving step 5 must not count 6 and 8 as the two kept and delete 5 and 4."""
+    """Resumed from step 4 past 6 and 8 (their state.json a pickle, the manifest updated: hash-valid,
+    unloadable): saving step 5 must not count 6 and 8 as the two kept and delete 5 and 4."""
     for step in (2, 4, 6, 8):
         checkpoint.save(tmp_path, step, trained_state(step), keep=10)
     for step in (6, 8):
@@ -189,7 +192,8 @@ def test_a_full_disk_is_one_line_and_the_previous_checkpoint_stays(tmp_path, mon
     assert needed > sum(t.numel() * t.element_size() for t in trained_state(2)["backend"]["model"].values())
     assert not list(tmp_path.glob(".step-*")) and not (tmp_path / "step-000002").exists()
     path, state = checkpoint.load_latest(tmp_path)
-    assert path.name == "step-000001" and same(state["backend"]["model"], trained_state(1)["backend"]["model"])
+    assert path.name == "step-000001" and same(state["backend"]["model"],
+                                               trained_state(1)["backend"]["model"])
 
 
 @pytest.mark.hostile
@@ -255,7 +259,8 @@ def test_shard_files_written_first_are_hashed_and_verified(tmp_path):
     path = checkpoint.save(root, 2, {"step": 2}, folder=folder)
     assert not folder.exists() and checkpoint.verify(path) is None
     hashed = json.loads((path / checkpoint.MANIFEST).read_text())["sha256"]
-    assert sorted(hashed) == sorted([checkpoint.TENSORS, checkpoint.STATE, "shards/.metadata", "shards/__0_0.distcp"])
+    assert sorted(hashed) == sorted([checkpoint.TENSORS, checkpoint.STATE, "shards/.metadata",
+                                     "shards/__0_0.distcp"])
     (path / checkpoint.SHARDS / "__0_0.distcp").write_bytes(b"torn")
     assert "shards/__0_0.distcp does not match" in checkpoint.verify(path)
     assert checkpoint.load_latest(root)[0] == first
@@ -292,17 +297,17 @@ def test_a_rehashed_state_step_is_checked_against_its_folder_and_manifest(tmp_pa
     assert checkpoint.verify(folder) is None  # the hashes match: only the cross-check catches it
     path, state = checkpoint.load_latest(tmp_path)
     assert (path.name, state["step"]) == ("step-000004", 4)
-    with pytest.raises(ValueError, match=rf"state.json says step {forged} in folder step-000006 whose manifest.json "
-                                         rf"says step {forged if manifest_too else 6}; a checkpoint's step is its "
-                                         "folder's"):
+    with pytest.raises(ValueError, match=rf"state.json says step {forged} in folder step-000006 whose "
+                                         rf"manifest.json says step {forged if manifest_too else 6}; a "
+                                         "checkpoint's step is its folder's"):
         checkpoint.load(folder)
 
 
 @pytest.mark.hostile
 @pytest.mark.parametrize("code", [errno.EPERM, errno.EACCES, errno.EROFS])
 def test_an_unwritable_checkpoints_folder_is_named_as_such_not_as_a_full_disk(tmp_path, monkeypatch, code):
-    """An immutable (chattr +i: EPERM), read-only (EACCES) or read-only-mounted (EROFS) checkpoints/ folder: the
-    error names permissions, not free space (the fault: the write raising what such a folder raises)."""
+    """An immutable (chattr +i: EPERM), read-only (EACCES) or read-only-mounted (EROFS) checkpoints/ folder:
+    the error names permissions, not free space (the fault: the write raising what such a folder raises)."""
     checkpoint.save(tmp_path, 1, trained_state(1))
 
     def refused(tensors, filename):
@@ -312,6 +317,7 @@ def test_an_unwritable_checkpoints_folder_is_named_as_such_not_as_a_full_disk(tm
     with pytest.raises(CheckpointError) as e:
         checkpoint.save(tmp_path, 2, trained_state(2))
     assert str(e.value) == (f"checkpoint {tmp_path / 'step-000002'} not written (tensors.safetensors: "
-                            f"{os.strerror(code)}): {tmp_path} is not writable by this process; fix its permissions "
-                            "(chattr -i, chmod u+w, a read-write mount) and resume with `quaero train CONFIG --resume`")
+                            f"{os.strerror(code)}): {tmp_path} is not writable by this process; fix its "
+                            "permissions (chattr -i, chmod u+w, a read-write mount) and resume with `quaero "
+                            "train CONFIG --resume`")
     assert checkpoint.load_latest(tmp_path)[0].name == "step-000001"

@@ -66,31 +66,86 @@ def test_default_config_gives_the_default_spec():
 
 
 def test_every_trainer_option_reaches_the_spec():
-    cfg = load_config(MAIN, [
-        "model.name='m'", "model.dtype='bfloat16'", "model.max_seq_len=512", "run.seed=7", "backend.lr=0.5",
-        "backend.betas=[0.8, 0.9]", "backend.weight_decay=0.1", "backend.max_grad_norm=2.0",
-        "backend.micro_batch_tokens=99", "backend.lora=true", "backend.lora_r=4", "backend.lora_alpha=8",
-        "backend.gradient_checkpointing=true", "backend.unsloth_fast_inference=true", "sampler.temperature=0.7",
-        "training.clip_eps=0.3", "echo.enabled=false", "echo.weight=0.4", "training.loss_aggregation='constant'",
-        "echo.normalization='sequence'", "training.tasks_per_step=3", "training.group_size=5", "env.max_turns=2",
-        "sampler.max_tokens=7", "backend.options.train_selective_suffix_logits=false", "backend.options.train_logprob_chunk_size=16",
-        "backend.options.train_compile_selective_ce='auto'", "backend.options.train_compile_selective_ce_min_tokens=3",
-        "backend.options.train_selective_dense_min_density=0.25", "backend.options.train_selective_suffix_max_bytes=5",
-        "backend.options.train_selective_hidden_max_bytes=9",
-        "backend.options.train_save_on_cpu=true", "backend.options.train_save_on_cpu_pin_memory=true",
-        "backend.options.train_save_on_cpu_min_numel=11", "backend.options.train_supervised_context_tokens=6",
-        "distributed.strategy='ddp'"])
+    cfg = load_config(
+        MAIN,
+        [
+            "model.name='m'",
+            "model.dtype='bfloat16'",
+            "model.max_seq_len=512",
+            "run.seed=7",
+            "backend.lr=0.5",
+            "backend.betas=[0.8, 0.9]",
+            "backend.weight_decay=0.1",
+            "backend.max_grad_norm=2.0",
+            "backend.micro_batch_tokens=99",
+            "backend.lora=true",
+            "backend.lora_r=4",
+            "backend.lora_alpha=8",
+            "backend.gradient_checkpointing=true",
+            "backend.unsloth_fast_inference=true",
+            "sampler.temperature=0.7",
+            "training.clip_eps=0.3",
+            "echo.enabled=false",
+            "echo.weight=0.4",
+            "training.loss_aggregation='constant'",
+            "echo.normalization='sequence'",
+            "training.tasks_per_step=3",
+            "training.group_size=5",
+            "env.max_turns=2",
+            "sampler.max_tokens=7",
+            "backend.options.train_selective_suffix_logits=false",
+            "backend.options.train_logprob_chunk_size=16",
+            "backend.options.train_compile_selective_ce='auto'",
+            "backend.options.train_compile_selective_ce_min_tokens=3",
+            "backend.options.train_selective_dense_min_density=0.25",
+            "backend.options.train_selective_suffix_max_bytes=5",
+            "backend.options.train_selective_hidden_max_bytes=9",
+            "backend.options.train_save_on_cpu=true",
+            "backend.options.train_save_on_cpu_pin_memory=true",
+            "backend.options.train_save_on_cpu_min_numel=11",
+            "backend.options.train_supervised_context_tokens=6",
+            "distributed.strategy='ddp'",
+        ],
+    )
     assert trainer_spec(cfg) == TrainerSpec(
-        model="m", dtype="bfloat16", max_seq_len=512, seed=7, lr=0.5, betas=(0.8, 0.9), weight_decay=0.1,
-        max_grad_norm=2.0, micro_batch_tokens=99, lora=True, lora_r=4, lora_alpha=8, gradient_checkpointing=True,
-        unsloth_fast_inference=True, temperature=0.7, clip_eps=0.3, echo=False, echo_weight=0.4,
-        loss_aggregation="constant", loss_constant=3 * 5 * 2 * 7, echo_normalization="sequence",
+        model="m",
+        dtype="bfloat16",
+        max_seq_len=512,
+        seed=7,
+        lr=0.5,
+        betas=(0.8, 0.9),
+        weight_decay=0.1,
+        max_grad_norm=2.0,
+        micro_batch_tokens=99,
+        lora=True,
+        lora_r=4,
+        lora_alpha=8,
+        gradient_checkpointing=True,
+        unsloth_fast_inference=True,
+        temperature=0.7,
+        clip_eps=0.3,
+        echo=False,
+        echo_weight=0.4,
+        loss_aggregation="constant",
+        loss_constant=3 * 5 * 2 * 7,
+        echo_normalization="sequence",
         selective_logits=False,
-        selective=SelectivePolicy(dense_min_density=0.25, suffix_max_bytes=5, hidden_max_bytes=9, chunk_size=16,
-                                  compile_mode="auto", compile_min_tokens=3),
-        memory=MemoryPolicy(save_on_cpu=True, save_on_cpu_pin_memory=True, save_on_cpu_min_numel=11,
-                            supervised_context_tokens=6),
-        distributed="ddp")
+        selective=SelectivePolicy(
+            dense_min_density=0.25,
+            suffix_max_bytes=5,
+            hidden_max_bytes=9,
+            chunk_size=16,
+            compile_mode="auto",
+            compile_min_tokens=3,
+        ),
+        memory=MemoryPolicy(
+            save_on_cpu=True,
+            save_on_cpu_pin_memory=True,
+            save_on_cpu_min_numel=11,
+            supervised_context_tokens=6,
+        ),
+        distributed="ddp",
+    )
 
 
 @pytest.mark.hostile
@@ -116,11 +171,14 @@ def test_an_unknown_distributed_strategy_is_refused_with_the_choices():
 
 
 @pytest.mark.parametrize("override,needle", [
-    ("model.renderer='nope'", "[model] renderer='nope' does not fit the tokenizer of 'tiny-qwen3' (Unknown renderer"),
+    ("model.renderer='nope'", ("[model] renderer='nope' does not fit the tokenizer of 'tiny-qwen3' (Unknown "
+                              "renderer")),
     ("model.renderer='gpt-oss'", "Special token '<|start|>' not found in tokenizer vocabulary"),
     ("model.renderer='default'", "[model] renderer='default' cannot append an env response exactly"),
-    ("model.name='/no/such/model'", "[model] name='/no/such/model': model '/no/such/model': not a local folder"),
-    ("run.output_dir='/proc/quaero-runs'", "[run] output_dir='/proc/quaero-runs': cannot create folders in /proc"),
+    ("model.name='/no/such/model'", ("[model] name='/no/such/model': model '/no/such/model': not a local "
+                                    "folder")),
+    ("run.output_dir='/proc/quaero-runs'", ("[run] output_dir='/proc/quaero-runs': cannot create folders in "
+                                           "/proc")),
 ])
 @pytest.mark.hostile
 @pytest.mark.slow
@@ -151,8 +209,8 @@ def test_output_dir_under_a_file_is_refused(tmp_path):
     (["training.oracle='no_such_pkg.oracle:oracle_policy'"],
      "[training] oracle='no_such_pkg.oracle:oracle_policy': cannot import module 'no_such_pkg.oracle'"),
     (["training.oracle='envs.toolbench.oracle:no_such_function'"],
-     ("[training] oracle='envs.toolbench.oracle:no_such_function': module 'envs.toolbench.oracle' has no attribute "
-     "'no_such_function'; write oracle_policy(info)")),
+     ("[training] oracle='envs.toolbench.oracle:no_such_function': module 'envs.toolbench.oracle' has no "
+     "attribute 'no_such_function'; write oracle_policy(info)")),
     (["env.entry='fixtures.guess:GuessEnv'"], ("[training] oracle (unset: beside [env] entry)="
      "'fixtures.guess:oracle_policy': module 'fixtures.guess' has no attribute 'oracle_policy'")),
 ])
@@ -168,7 +226,8 @@ def test_the_warm_start_oracle_comes_from_the_entry_or_from_training_oracle():
     from quaero.recipe.plan import resolve_oracle
 
     assert resolve_oracle(load_checked(MAIN)) is oracle_policy
-    remote = load_checked(MAIN, ["env.entry=''", "env.kwargs={}", "env.launcher='remote'", "env.url='http://127.0.0.1:9'",
+    remote = load_checked(MAIN, ["env.entry=''", "env.kwargs={}", "env.launcher='remote'",
+                                 "env.url='http://127.0.0.1:9'",
                                  "training.oracle='envs.toolbench.oracle:oracle_policy'"])
     assert resolve_oracle(remote) is oracle_policy
 
@@ -176,8 +235,11 @@ def test_the_warm_start_oracle_comes_from_the_entry_or_from_training_oracle():
 def test_an_openenv_overwritten_by_openenv_core_fails_at_check(monkeypatch):
     from quaero.openenv_client import loading
 
-    fix = "openenv 0.10.0's files (openenv/x.py) were overwritten by openenv-core 0.3.0 ...; restore them with: " \
-          + loading.openenv_repair_command("0.10.0")
+    fix = (
+        "openenv 0.10.0's files (openenv/x.py) were overwritten by openenv-core 0.3.0 ...; "
+        "restore them with: "
+        + loading.openenv_repair_command("0.10.0")
+    )
     monkeypatch.setattr(loading, "overwritten_openenv", lambda: fix)
     with pytest.raises(ConfigError) as e:
         load_checked(MAIN)
@@ -226,20 +288,26 @@ def test_a_run_folder_that_is_a_file_a_link_outside_or_holds_a_link_is_refused(t
     assert f"{out / 'away'} is a link to {elsewhere}, outside output_dir" in refusal("away")
     (out / "trap" / "checkpoints").mkdir(parents=True)  # a planted link: quaero would write through it
     (out / "trap" / "checkpoints" / "train.lock").symlink_to(elsewhere / "precious.txt")
-    assert f"{out / 'trap' / 'checkpoints' / 'train.lock'} is a link to {elsewhere / 'precious.txt'}; quaero would " \
-           "write through it" in refusal("trap")
+    assert (
+        f"{out / 'trap' / 'checkpoints' / 'train.lock'} is a link to {elsewhere / 'precious.txt'}; "
+        "quaero would "
+        "write through it" in refusal("trap")
+    )
     assert (elsewhere / "precious.txt").read_text() == "precious"
-    (out / "alias").symlink_to(out / "afile2", target_is_directory=True)  # a link that stays in output_dir is fine
+    # a link that stays in output_dir is fine
+    (out / "alias").symlink_to(out / "afile2", target_is_directory=True)
     (out / "afile2").mkdir()
     assert load_checked(MAIN, [f"run.output_dir='{out}'", "run.name='alias'"]).run_dir == out / "alias"
-    assert load_config(MAIN, ["run.output_dir='~/q'"]).run_dir == Path.home() / "q" / "toolbench"  # as check judges
+    # as check judges
+    assert load_config(MAIN, ["run.output_dir='~/q'"]).run_dir == Path.home() / "q" / "toolbench"
 
 
 @pytest.mark.hostile
 @pytest.mark.parametrize("name", ["train.lock", "config.json", "events.jsonl", "rows/step-000001.jsonl"])
 def test_a_run_folder_file_that_is_a_hard_link_is_refused(tmp_path, name):
     """A hard link is another name for a file elsewhere: truncating train.lock, replacing config.json or
-    appending to events.jsonl would write that file. `quaero check` (and so `train`) refuses it in one line."""
+    appending to events.jsonl would write that file. `quaero check` (and so `train`) refuses it in one
+    line."""
     out, elsewhere = tmp_path / "runs", tmp_path / "elsewhere"
     (out / "trap" / "rows").mkdir(parents=True)
     elsewhere.mkdir()
@@ -247,22 +315,25 @@ def test_a_run_folder_file_that_is_a_hard_link_is_refused(tmp_path, name):
     os.link(elsewhere / "precious.txt", out / "trap" / name)
     with pytest.raises(ConfigError) as e:
         load_checked(MAIN, [f"run.output_dir='{out}'", "run.name='trap'"])
-    assert str(e.value) == (f"{MAIN} [run] name='trap': {out / 'trap' / name} is a hard link (2 names for one "
-                            "file); quaero would write through it (train.lock, config.json, events, checkpoints): a "
-                            "run folder holds no links; remove it (or replace it by a copy)")
+    assert str(e.value) == (f"{MAIN} [run] name='trap': {out / 'trap' / name} is a hard link (2 names for "
+                            "one file); quaero would write through it (train.lock, config.json, events, "
+                            "checkpoints): a run folder holds no links; remove it (or replace it by a copy)")
     assert (elsewhere / "precious.txt").read_text() == "precious"
 
 
 @pytest.mark.hostile
 @pytest.mark.parametrize("entry", ["os:system", "json:dumps"])
 def test_check_never_calls_an_env_factory(tmp_path, entry, capsys):
-    """`entry = "os:system"` with a `command` kwarg: `quaero check` imports the entry and reads a factory's return
-    annotation, and calls nothing (the command would run at check time); it says so on its env line."""
+    """`entry = "os:system"` with a `command` kwarg: `quaero check` imports the entry and reads a factory's
+    return annotation, and calls nothing (the command would run at check time); it says so on its env line."""
     from quaero.cli import main
 
     marker = tmp_path / "ran"
-    code = main(["check", str(MAIN), "--set", f"env.entry='{entry}'", "--set", f"env.kwargs={{command='touch {marker}'}}",
+    code = main(["check", str(MAIN), "--set", f"env.entry='{entry}'", "--set",
+                 f"env.kwargs={{command='touch {marker}'}}",
                  "--set", "training.warmup_sft_steps=0"])
     out = capsys.readouterr().out
     assert code == 0 and not marker.exists()
-    assert f"env action  {entry} is a factory function: not called here (it would run with [env] kwargs)" in out
+    assert (
+        f"env action  {entry} is a factory function: not called here (it would run with [env] kwargs)" in out
+    )

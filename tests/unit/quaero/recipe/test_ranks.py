@@ -1,4 +1,5 @@
-"""The recipe across ranks, in one process: task shares cover the step's tasks, and one process is the identity."""
+"""The recipe across ranks, in one process: task shares cover the step's tasks, and one process is the
+identity."""
 from collections import Counter
 
 import pytest

@@ -24,7 +24,8 @@ def test_a_second_holder_is_refused_with_the_first_ones_pid(tmp_path):
 
 @pytest.mark.hostile
 def test_a_lock_whose_holder_was_killed_is_taken_over(tmp_path):
-    code = (f"import time; from quaero.recipe.runlock import RunLock; RunLock({str(tmp_path)!r}).__enter__(); "
+    code = ("import time; from quaero.recipe.runlock import RunLock; "
+            f"RunLock({str(tmp_path)!r}).__enter__(); "
             "print('held', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
@@ -41,15 +42,18 @@ def test_a_second_quaero_train_is_refused_before_anything_loads(tmp_path):
     """The CLI peeks at the lock right after reading the config: no torch import, no model, no env server."""
     refuse_if_held(tmp_path / "run")  # no folder yet: nobody holds it
     code = ("import sys; from quaero.cli import main; rc = main(['train', 'envs/toolbench.toml', '--set', "
-            f"'run.output_dir={tmp_path}', '--set', 'run.name=run']); print('torch' in sys.modules); sys.exit(rc)")
+            f"'run.output_dir={tmp_path}', '--set', 'run.name=run']); print('torch' in sys.modules); "
+            "sys.exit(rc)")
     with RunLock(tmp_path / "run"):
         with pytest.raises(RunFolderLocked, match=rf"\(pid {os.getpid()}\) holds"):
             refuse_if_held(tmp_path / "run")
-        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                                                         timeout=120,
                               check=False)
     assert proc.returncode == 1 and proc.stdout.strip() == "False", proc.stderr
     assert proc.stderr == (f"error: {tmp_path / 'run'}: another `quaero train` (pid {os.getpid()}) holds "
-                           f"{tmp_path / 'run' / 'train.lock'}; wait for it or stop it, or use another [run] name\n")
+                           f"{tmp_path / 'run' / 'train.lock'}; wait for it or stop it, or use another [run] "
+                           "name\n")
     refuse_if_held(tmp_path / "run")  # released: the peek never holds it
 
 
@@ -58,7 +62,8 @@ def test_a_lock_file_that_is_a_link_is_never_written_through(tmp_path):
     (tmp_path / "precious.txt").write_text("precious")
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "train.lock").symlink_to(tmp_path / "precious.txt")
-    with pytest.raises(RunFolderLocked, match=r"train.lock is a link to .*precious.txt; a run folder holds no links"):
+    with pytest.raises(RunFolderLocked, match=r"train.lock is a link to .*precious.txt; a run folder holds "
+                                              r"no links"):
         RunLock(tmp_path / "run").__enter__()
     assert (tmp_path / "precious.txt").read_text() == "precious"
 
@@ -68,7 +73,7 @@ def test_a_lock_file_that_is_a_hard_link_is_never_truncated(tmp_path):
     (tmp_path / "precious.txt").write_text("precious")
     (tmp_path / "run").mkdir()
     os.link(tmp_path / "precious.txt", tmp_path / "run" / "train.lock")
-    with pytest.raises(RunFolderLocked, match=r"train.lock is a hard link \(2 names for one file\); a run folder "
-                                              r"holds no links: remove it$"):
+    with pytest.raises(RunFolderLocked, match=r"train.lock is a hard link \(2 names for one file\); a run "
+                                              r"folder holds no links: remove it$"):
         RunLock(tmp_path / "run").__enter__()
     assert (tmp_path / "precious.txt").read_text() == "precious"

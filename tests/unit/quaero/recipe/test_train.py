@@ -1,4 +1,5 @@
-"""The recipe's own arithmetic (quaero/recipe/train.py): group-relative advantages from whatever rewards an env sends."""
+"""The recipe's own arithmetic (quaero/recipe/train.py): group-relative advantages from whatever rewards an
+env sends."""
 from __future__ import annotations
 
 import math
@@ -20,13 +21,15 @@ def cursor(c) -> int:
 
 @pytest.mark.hostile
 def test_group_advantages_are_exact_zeros_for_equal_rewards_and_the_mean_never_overflows():
-    assert group_advantages([0.1] * 3) == [0.0] * 3  # fmean's mean left -1.4e-17: trained action tokens on noise
+    # fmean's mean left -1.4e-17: trained action tokens on noise
+    assert group_advantages([0.1] * 3) == [0.0] * 3
     assert group_advantages([1e308, 1e308]) == [0.0, 0.0]  # fmean raised OverflowError: the run died
     # finite, but past what the fp32 loss holds (a NaN rl_loss, the update skipped): left out like an overflow
     assert group_advantages([1e308, -1e308]) == [math.inf, math.inf]
     assert group_advantages([1e30, -1e30]) == [1e30, -1e30]
     assert group_advantages([1.0, 0.0, 0.5]) == [0.5, -0.5, 0.0]
-    assert not all(map(math.isfinite, group_advantages([1.7e308, -1.7e308, -1.7e308])))  # the spread overflows
+    # the spread overflows
+    assert not all(map(math.isfinite, group_advantages([1.7e308, -1.7e308, -1.7e308])))
 
 
 @pytest.mark.hostile
@@ -34,7 +37,8 @@ def test_group_advantages_are_exact_zeros_for_equal_rewards_and_the_mean_never_o
 def test_a_group_whose_advantages_overflow_is_left_out_and_counted(huge):
     counts = RolloutCounts()
 
-    def run(*args, **kwargs):  # one group of rewards a float (or the fp32 loss) cannot hold, one ordinary group
+    # one group of rewards a float (or the fp32 loss) cannot hold, one ordinary group
+    def run(*args, **kwargs):
         return [[Episode([], r, False, 1, {}, []) for r in rewards] for rewards in (huge, [1.0, 0.0, 0.0])]
 
     c = recipe_parts(make_cfg(training__tasks_per_step=2, training__group_size=3), run, counts)
@@ -49,9 +53,11 @@ def _scripted_recipe(rewards_of_task, **training):
 
     def run(sessions, tasks, *, group_size, policy=None, seed=None):
         calls.append(([t["index"] for t in tasks], seed))
-        return [[Episode([], r, r > 0, 1, {}, []) for r in rewards_of_task(t["index"])[:group_size]] for t in tasks]
+        return [[Episode([], r, r > 0, 1, {},
+                          []) for r in rewards_of_task(t["index"])[:group_size]] for t in tasks]
 
-    cfg = make_cfg(**{f"training__{k}": v for k, v in {"tasks_per_step": 4, "group_size": 2, **training}.items()})
+    cfg = make_cfg(**{f"training__{k}": v for k, v in {"tasks_per_step": 4, "group_size": 2,
+                                                       **training}.items()})
     c = recipe_parts(cfg, run, counts)
     return c, calls
 
@@ -66,7 +72,8 @@ def test_dynamic_sampling_samples_further_groups_until_enough_have_spread():
     # 1 of 4 had spread -> 3 more (tasks 4-6: 2 with spread, 3 in all) -> 1 more (task 7) -> 4: enough
     assert [ids for ids, _ in calls] == [[0, 1, 2, 3], [4, 5, 6], [7]]
     assert len({seed for _, seed in calls}) == 3  # each further call samples with a seed of its own
-    assert (s["groups"], s["groups_zero_advantage"], s["groups_resampled"], s["dynamic_sampling_bound_hits"]) == \
+    assert (s["groups"], s["groups_zero_advantage"], s["groups_resampled"],
+            s["dynamic_sampling_bound_hits"]) == \
         (8, 4, 4, 0)
     assert s["groups_zero_advantage_share"] == 0.5
     assert cursor(c) == 8  # the next step starts after every task this one used
@@ -76,8 +83,10 @@ def test_dynamic_sampling_stops_at_its_bound_and_counts_the_cut():
     c, calls = _scripted_recipe(lambda i: [0.0, 0.0], dynamic_sampling=True, dynamic_sampling_max_groups=2.5)
     _collect(c, 1, sft=False)
     s = c.counts.snapshot_and_reset()
-    assert [ids for ids, _ in calls] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]  # 10 = 2.5 x 4 groups, never more
-    assert (s["groups"], s["groups_zero_advantage"], s["groups_resampled"], s["dynamic_sampling_bound_hits"]) == \
+    # 10 = 2.5 x 4 groups, never more
+    assert [ids for ids, _ in calls] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert (s["groups"], s["groups_zero_advantage"], s["groups_resampled"],
+            s["dynamic_sampling_bound_hits"]) == \
         (10, 10, 6, 1)
     assert cursor(c) == 10
 
@@ -91,7 +100,8 @@ def test_without_dynamic_sampling_zero_advantage_groups_are_counted_and_nothing_
 
 
 @pytest.mark.parametrize("start", ["continue", "reset_momentum", "reset"])
-def test_the_first_rl_step_after_a_warm_start_resets_the_optimizer_when_configured(monkeypatch, tmp_path, start):
+def test_the_first_rl_step_after_a_warm_start_resets_the_optimizer_when_configured(monkeypatch, tmp_path,
+                                                                                   start):
     import quaero.recipe.train as recipe
 
     calls = []
@@ -115,8 +125,10 @@ def test_the_first_rl_step_after_a_warm_start_resets_the_optimizer_when_configur
 def test_lost_episodes_are_never_trained_counted_per_env_and_stop_the_run_when_configured():
     from quaero.recipe.train import EnvLostError, _lost
 
-    def run(sessions, tasks, *, group_size, policy=None, seed=None):  # member 0 of every group lost its server
-        return [[Episode([], float(g), g > 1, 1, {}, [], dropped=g == 0) for g in range(group_size)] for _ in tasks]
+    # member 0 of every group lost its server
+    def run(sessions, tasks, *, group_size, policy=None, seed=None):
+        return [[Episode([], float(g), g > 1, 1, {}, [],
+                          dropped=g == 0) for g in range(group_size)] for _ in tasks]
 
     c = recipe_parts(make_cfg(training__tasks_per_step=2, training__group_size=3), run, RolloutCounts())
     assert _collect(c, 2, sft=False) == []  # scripted episodes hold no rows; the lost ones are never kept

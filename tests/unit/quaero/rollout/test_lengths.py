@@ -58,7 +58,10 @@ def test_a_5mb_observation_is_cut_with_a_marker_counted_and_rows_fit(qwen3_rende
     rss0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.monotonic()
     envs = [FloodEnv(step_chars=FIVE_MB, reset_chars=FIVE_MB)]
     eps, stats = drive(qwen3_render, envs=envs, tasks=1, env__max_observation_tokens=512)
-    elapsed, grown_mb = time.monotonic() - t0, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
+    elapsed, grown_mb = (
+        time.monotonic() - t0,
+        (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024,
+    )
     assert elapsed < 30 and grown_mb < 500  # unbounded: a 655k-token row, 5.6 GB, killed at 240 s
     (ep,) = eps
     task = next(m["content"] for m in ep.messages if m["role"] == "user")
@@ -85,11 +88,14 @@ def test_a_flood_of_added_token_strings_is_bounded_as_the_template_sees_it(qwen3
     eps, stats = drive(qwen3_render, envs=[env], tasks=1, env__max_observation_tokens=512)
     (ep,) = eps
     assert stats["observations_truncated"] == 4 and stats["prefix_mismatches"] == 0 and ep.success
-    for row, span in spans_of(ep, "env"):  # each tool result as the rows hold it (a token may merge at an edge)
+    # each tool result as the rows hold it (a token may merge at an edge)
+    for row, span in spans_of(ep, "env"):
         assert 400 < span.end - span.start <= 513
     for m in ep.messages:  # every env message as the sampling prompt holds it
         if m["role"] != "assistant":
-            content = len(qwen3_render.prompt_ids([m], None)) - len(qwen3_render.prompt_ids([{**m, "content": ""}], None))
+            content = len(qwen3_render.prompt_ids([m], None)) - len(
+                qwen3_render.prompt_ids([{**m, "content": ""}], None)
+            )
             assert 400 < content <= 513
 
 
@@ -147,12 +153,16 @@ def test_check_refuses_max_tokens_at_or_past_the_context():
                           cwd=REPO_DIR, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 1 and proc.stdout == ""
     (line,) = proc.stderr.strip().splitlines()
-    assert "[sampler] max_tokens=1000000000 >= [model] max_seq_len=4096" in line and "envs/toolbench.toml" in line
+    assert (
+        "[sampler] max_tokens=1000000000 >= [model] max_seq_len=4096" in line
+        and "envs/toolbench.toml" in line
+    )
 
 
 def test_check_refuses_an_observation_bound_that_fills_the_context():
     path = REPO_DIR / "envs/toolbench.toml"
-    with pytest.raises(ConfigError, match=r"\[env\] max_observation_tokens=1024 >= \[model\] max_seq_len=1024"):
+    with pytest.raises(ConfigError, match=r"\[env\] max_observation_tokens=1024 >= \[model\] "
+                                          r"max_seq_len=1024"):
         load_config(path, ["model.max_seq_len=1024", "env.max_observation_tokens=1024"])
     cfg = load_config(path, ["model.max_seq_len=1024"])
     assert cfg.observation_token_limit == 512

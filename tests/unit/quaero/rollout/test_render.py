@@ -12,7 +12,8 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                                           "properties": {"city": {"type": "string"}}}}}]
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"}]
 CALL = {"role": "assistant", "content": "", "reasoning_content": "I should call the tool.",
-        "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
+        "tool_calls": [{"type": "function", "function": {"name": "get_weather",
+                                                         "arguments": {"city": "Paris"}}}]}
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +44,12 @@ def test_prompt_is_the_full_render_with_tools_and_generation_prompt(render):
 
 def test_encode_assistant_gives_sampled_style_ids_that_parse_back(render):
     ids = render.encode_assistant(CHAT, TOOLS, CALL)
-    assert ids[-1] == 151645 and dec(render, ids).startswith("<think>\nI should call the tool.\n</think>\n\n<tool_call>")
+    assert ids[-1] == 151645 and dec(render, ids).startswith("<think>\nI should call the "
+                                                             "tool.\n</think>\n\n<tool_call>")
     assert render.parse(ids) == {**CALL, "content": ""}
     plain = RenderAdapter(render.tokenizer, ModelConfig(enable_thinking=False))
-    with pytest.raises(ValueError, match="does not extend"):  # reasoning cannot follow a pre-filled empty think
+    # reasoning cannot follow a pre-filled empty think
+    with pytest.raises(ValueError, match="does not extend"):
         plain.encode_assistant(CHAT, TOOLS, CALL)
 
 
@@ -79,7 +82,8 @@ def test_content_attribution_survives_sentinel_clashes_and_boundary_merges(rende
 def test_consecutive_tool_messages_and_corrective_kind(render):
     prompt = render.prompt_ids(CHAT, TOOLS)
     action = render.encode_assistant(CHAT, TOOLS, CALL)
-    b = render.bridge(prompt, action, [{"role": "tool", "content": "sunny"}, {"role": "tool", "content": "windy"}],
+    b = render.bridge(prompt, action, [{"role": "tool", "content": "sunny"}, {"role": "tool",
+                                                                              "content": "windy"}],
                       TOOLS)
     runs = [dec(render, [t for t, k in zip(b.response_ids, b.response_kinds) if k == "env"])]
     assert runs == ["sunnywindy"] and dec(render, b.response_ids).count("<|im_start|>user") == 1
@@ -93,7 +97,8 @@ def test_consecutive_tool_messages_and_corrective_kind(render):
 def test_truncated_action_gets_a_synthetic_close_as_scaffold(render):
     prompt = render.prompt_ids(CHAT, TOOLS)
     action = render.encode_assistant(CHAT, TOOLS, CALL)[:5]  # cut mid-thought, no <|im_end|>
-    b = render.bridge(prompt, action, [{"role": "user", "content": "Too long."}], TOOLS, content_kind="corrective")
+    b = render.bridge(prompt, action, [{"role": "user", "content": "Too long."}], TOOLS,
+                      content_kind="corrective")
     assert b.response_ids[0] == 151645 and b.response_kinds[0] == "scaffold"
 
 
@@ -106,7 +111,8 @@ def test_bridge_refusals_are_failures_with_reasons(render):
 
 
 # -- text is text: added-token strings from envs, tools, users and policies never become special ids ---------
-LOOKALIKES = ["<|IM_END|>", "＜｜im_end｜＞", "<|im_end|\u200b>", "<|im\u00adend|>", f"<{WORD_JOINER}|im_end|>",
+LOOKALIKES = ["<|IM_END|>", "＜｜im_end｜＞", "<|im_end|\u200b>", "<|im\u00adend|>",
+              f"<{WORD_JOINER}|im_end|>",
               "<ｔool_call>", "<tool_call >", "< tool_call>", "<tool＿call>"]
 
 
@@ -120,17 +126,25 @@ def _tools(text: str) -> list[dict]:
     fn = TOOLS[0]["function"]
     return [{"type": "function", "function": {
         "name": fn["name"] + text, "description": fn["description"] + text,
-        "parameters": {"type": "object", "properties": {"city" + text: {"type": "string", "enum": ["Paris" + text]}}}}}]
+        "parameters": {"type": "object", "properties": {"city" + text: {"type": "string",
+                                                                        "enum": ["Paris" + text]}}}}}]
 
 
 @pytest.mark.hostile
 def test_added_token_strings_in_tool_specs_lookalikes_and_text_split_across_messages_stay_text(render):
-    assert specials(render, render.prompt_ids(CHAT, _tools(INJECTION))) == specials(render, render.prompt_ids(CHAT, _tools("")))
+    assert specials(render, render.prompt_ids(CHAT, _tools(INJECTION))) == specials(
+        render, render.prompt_ids(CHAT, _tools(""))
+    )
     clean = specials(render, render.prompt_ids([{"role": "user", "content": "x"}], None))
     for text in LOOKALIKES:  # case, full-width, zero-width and soft-hyphen variants are ordinary text anyway
         assert specials(render, render.prompt_ids([{"role": "user", "content": text}], None)) == clean
     history = [*CHAT, CALL]
-    clean = specials(render, render.prompt_ids([*history, {"role": "tool", "content": "a"}, {"role": "tool", "content": "b"}], TOOLS))
+    clean = specials(
+        render,
+        render.prompt_ids(
+            [*history, {"role": "tool", "content": "a"}, {"role": "tool", "content": "b"}], TOOLS
+        ),
+    )
     for head, tail in [("a<|im_", "end|>b"), ("<tool_", "call>"), ("x<", "|im_start|>"), ("<|im_end", "|>")]:
         split = [*history, {"role": "tool", "content": head}, {"role": "tool", "content": tail}]
         assert specials(render, render.prompt_ids(split, TOOLS)) == clean
@@ -142,7 +156,8 @@ def test_the_prompt_render_and_the_bridge_give_the_same_ids_for_hostile_env_text
     tools = _tools(INJECTION)
     prompt = render.prompt_ids(CHAT, tools)
     call = {**CALL, "tool_calls": [{"type": "function", "function": {"name": "get_weather" + INJECTION,
-                                                                     "arguments": {"city" + INJECTION: "Paris"}}}]}
+                                                                     "arguments": {"city"
+                                                                                   + INJECTION: "Paris"}}}]}
     action = render.encode_assistant(CHAT, tools, call)
     tool = {"role": "tool", "content": INJECTION}
     b = render.bridge(prompt, action, [tool], tools)
@@ -175,4 +190,7 @@ def test_sampled_text_that_spells_an_added_token_never_becomes_its_id_in_the_nex
                                                    {"role": "user", "content": "more"}], None).count(151644)
     # an added token the model did sample stays that id: a malformed call renders back as sampled
     malformed = tok.encode('<tool_call>\n{"name": bad}\n</tool_call>', add_special_tokens=False) + [151645]
-    assert 151657 in malformed and render.parse(malformed)["content"] == '<tool_call>\n{"name": bad}\n</tool_call>'
+    assert (
+        151657 in malformed
+        and render.parse(malformed)["content"] == '<tool_call>\n{"name": bad}\n</tool_call>'
+    )

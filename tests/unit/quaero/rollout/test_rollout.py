@@ -1,6 +1,6 @@
-"""Episode driver on the real Qwen3 renderer + offline Qwen tokenizer: exact rows, capture after step, packing,
-Qwen3's awkward cases (thinking in earlier turns, a new user turn, truncation, malformed and parallel calls),
-and what the driver judges: the turn limit, success, drops."""
+"""Episode driver on the real Qwen3 renderer + offline Qwen tokenizer: exact rows, capture after step,
+packing, Qwen3's awkward cases (thinking in earlier turns, a new user turn, truncation, malformed and parallel
+calls), and what the driver judges: the turn limit, success, drops."""
 from __future__ import annotations
 
 import pytest
@@ -59,7 +59,8 @@ def test_consecutive_tool_messages_are_two_env_spans_in_one_block(qwen3_render):
     eps, audit = drive(qwen3_render, tasks=3, policy=lambda info: oracle(info, parallel=True))
     ep = eps[2]  # three items: three tool results after one assistant turn
     spans = spans_of(ep, "env", 0)
-    assert [text(qwen3_render, r, s) for r, s in spans] == [m["content"] for m in ep.messages if m["role"] == "tool"][:3]
+    assert [text(qwen3_render, r, s) for r,
+            s in spans] == [m["content"] for m in ep.messages if m["role"] == "tool"][:3]
     row = spans[0][0]
     response = row.input_ids[spans_of(ep, "action", 0)[0][1].end:spans_of(ep, "prompt", 1)[0][1].start]
     assert qwen3_render.tokenizer.decode(response).count("<|im_start|>user") == 1
@@ -73,7 +74,8 @@ def test_malformed_tool_call_gets_a_corrective_message_never_weighted(qwen3_rend
 
         def act(messages):
             if not any(m["role"] == "assistant" for m in messages):  # broken JSON inside <tool_call>
-                return {"role": "assistant", "content": '<tool_call>\n{"name": "get_price", "arguments": {item}}\n'
+                return {"role": "assistant", "content": '<tool_call>\n{"name": "get_price", "arguments": '
+                                                        '{item}}\n'
                         "</tool_call>", "tool_calls": None}
             return good(messages)
         return act
@@ -95,7 +97,8 @@ def test_truncated_completion_is_kept_verbatim_and_bridged(qwen3_render, tiny_hf
         assert_exact(qwen3_render, ep)
         for t in ep.transitions:
             assert t.finish_reason == "length" and len(t.action_ids) == 8 and IM_END not in t.action_ids
-            # the bridge closes the truncated turn with a synthetic <|im_end|>: scaffold, never an action token
+            # the bridge closes the truncated turn with a synthetic <|im_end|>: scaffold, never an action
+            # token
             assert t.response_ids[0] == IM_END and t.response_kinds[0] == "scaffold"
             assert "corrective" in t.response_kinds
     assert audit["truncated_completions"] == audit["turns"] == 8 and audit["malformed_actions"] == 8
@@ -126,7 +129,10 @@ def test_dropped_episode_is_marked_and_has_no_rows(qwen3_render):
     eps, stats = drive(qwen3_render, envs=envs, tasks=2, group=2)
     dropped = [ep for ep in eps if ep.dropped]
     assert dropped and all(ep.rows == [] and "server died" in ep.drop_reason for ep in dropped)
-    assert stats["episodes_dropped"] == stats["drop_reason_connection"] == len(dropped) and stats["episodes"] == 4
+    assert (
+        stats["episodes_dropped"] == stats["drop_reason_connection"] == len(dropped)
+        and stats["episodes"] == 4
+    )
     kept = [ep for ep in eps if not ep.dropped]  # the means are over kept episodes only
     assert stats["reward_mean"] == sum(ep.reward for ep in kept) / len(kept) == 1.0
     assert stats["turns_mean"] == sum(ep.turns for ep in kept) / len(kept)
@@ -167,7 +173,8 @@ def test_packing_reproduces_per_transition_target_logprobs(qwen3_render, tiny_lm
 
 
 @pytest.mark.hostile
-def test_the_trainer_measures_the_sampler_vs_trainer_logprob_gap_of_sampled_rows(qwen3_render, tiny_hf_sampler):
+def test_the_trainer_measures_the_sampler_vs_trainer_logprob_gap_of_sampled_rows(qwen3_render,
+                                                                                 tiny_hf_sampler):
     """Rows sampled by the HF sampler, trained by the `local` trainer on the same weights: the trainer's
     sampler_logprob_gap_* is measured, non-zero (two different forwards) and tiny (the same model)."""
     from quaero.recipe.plan import trainer_spec
@@ -183,7 +190,8 @@ def test_the_trainer_measures_the_sampler_vs_trainer_logprob_gap_of_sampled_rows
 
 def test_run_seed_makes_sampled_episodes_reproducible(qwen3_render, tiny_hf_sampler):
     def actions(seed):
-        driver = EpisodeDriver(qwen3_render, tiny_hf_sampler, DriverSettings.of(make_cfg(env__max_turns=2)), RolloutCounts())
+        driver = EpisodeDriver(qwen3_render, tiny_hf_sampler, DriverSettings.of(make_cfg(env__max_turns=2)),
+                               RolloutCounts())
         groups = driver.run([ToyChatEnv(), ToyChatEnv()], [{"index": 0}], group_size=2, seed=seed)
         return [t.action_ids for ep in groups[0] for t in ep.transitions]
 
@@ -266,7 +274,8 @@ class JudgedEnv(ToyChatEnv):
     (0.0, {}, False, False),
     (1.0, {"success": True, "truncated": True}, False, True),  # an env-truncated episode is never a success
 ])
-def test_success_is_the_env_flag_where_given_else_a_final_reward_above_zero(qwen3_render, reward, info, success,
+def test_success_is_the_env_flag_where_given_else_a_final_reward_above_zero(qwen3_render, reward, info,
+                                                                            success,
                                                                            truncated):
     (ep,), stats = drive(qwen3_render, envs=[JudgedEnv(reward, info)], tasks=1)
     assert ep.success is success and ep.truncated is truncated and not ep.dropped
@@ -306,11 +315,13 @@ class _RepliesSampler:
 def test_a_reply_the_parser_raises_on_is_a_malformed_action_not_the_end_of_the_run(qwen3_render, body):
     """renderers 0.1.7's Qwen3 parser raises AttributeError on a tool call whose JSON is not an object
     (`<tool_call>\\n5\\n</tool_call>`, 12 tokens): the driver answers it with the corrective message."""
-    ids = qwen3_render.tokenizer.encode(f"<tool_call>\n{body}\n</tool_call><|im_end|>", add_special_tokens=False)
+    ids = qwen3_render.tokenizer.encode(f"<tool_call>\n{body}\n</tool_call><|im_end|>",
+                                        add_special_tokens=False)
     with pytest.raises(Exception) as raised:  # the renderer's own behaviour, which the driver must survive
         qwen3_render.renderer.parse_response(ids)
     assert not isinstance(raised.value, SyntaxError)
-    eps, audit = drive(qwen3_render, tasks=2, group=2, policy=None, sampler=_RepliesSampler(ids), env__max_turns=2)
+    eps, audit = drive(qwen3_render, tasks=2, group=2, policy=None, sampler=_RepliesSampler(ids),
+                       env__max_turns=2)
     assert audit["unparsable_actions"] == audit["malformed_actions"] == audit["turns"] == 8
     for ep in eps:
         assert not ep.dropped and not ep.success and ep.turns == 2

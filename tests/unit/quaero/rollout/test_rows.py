@@ -24,7 +24,8 @@ def test_row_rejects_broken_contracts(bad, match):
 
 
 def test_row_round_trips_with_turns_and_sets_advantages_on_actions_only():
-    r = row(spans=[Span("prompt", 0, 2, 0), Span("action", 2, 4, 0), Span("env", 4, 6, 0)], echo=[0, 0, 0, 0, 1, 1])
+    r = row(spans=[Span("prompt", 0, 2, 0), Span("action", 2, 4, 0), Span("env", 4, 6, 0)], echo=[0, 0, 0, 0,
+                                                                                                  1, 1])
     assert EchoRow.from_dict(r.to_dict()) == r
     assert EchoRow.from_dict({**r.to_dict(), "spans": [["prompt", 0, 2], ["action", 2, 6]],
                               "echo_weights": [0.0] * 6}).spans[0].turn == -1  # 3-field spans still load
@@ -44,11 +45,13 @@ T2 = transition(2, [1, 2, 3, 99, 9], [13], [14], ["env"])  # history re-rendered
 
 def test_packed_layout_extends_only_on_exact_token_extension():
     rows = build_rows([T0, T1, T2], packing=True)
-    assert [r.meta for r in rows] == [{"turns": [0, 1], "layout": "packed"}, {"turns": [2], "layout": "transition"}]
+    assert [r.meta for r in rows] == [{"turns": [0, 1], "layout": "packed"}, {"turns": [2],
+                                                                              "layout": "transition"}]
     a = rows[0]
     assert a.input_ids == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
     assert [(s.kind, s.start, s.end, s.turn) for s in a.spans] == [
-        ("prompt", 0, 3, 0), ("action", 3, 5, 0), ("scaffold", 5, 6, 0), ("env", 6, 7, 0), ("scaffold", 7, 8, 0),
+        ("prompt", 0, 3, 0), ("action", 3, 5, 0), ("scaffold", 5, 6, 0), ("env", 6, 7, 0), ("scaffold", 7, 8,
+                                                                                            0),
         ("prompt", 8, 9, 1), ("action", 9, 10, 1), ("scaffold", 10, 11, 1), ("corrective", 11, 12, 1)]
     assert a.echo_weights == [0] * 6 + [1.0] + [0] * 5  # env content only; corrective never
     assert a.sampler_logprobs == [0, 0, 0, -0.5, -0.5, 0, 0, 0, 0, -0.5, 0, 0]

@@ -1,7 +1,7 @@
-"""`[data] traces_loss = "rl"` (quaero/rollout/traces.py `rl_rows`): recorded rows that carry an advantage, or a reward
-and a group, and the sampler's log-probs train the RL loss off-policy. Rows keep the records' ids (never
-re-tokenized), records that cannot be used are refused one line each, and the trainer's importance ratio is
-taken over the recorded log-probs: the RL term is non-zero and moves with them."""
+"""`[data] traces_loss = "rl"` (quaero/rollout/traces.py `rl_rows`): recorded rows that carry an advantage, or
+a reward and a group, and the sampler's log-probs train the RL loss off-policy. Rows keep the records' ids
+(never re-tokenized), records that cannot be used are refused one line each, and the trainer's importance
+ratio is taken over the recorded log-probs: the RL term is non-zero and moves with them."""
 import json
 import math
 
@@ -19,7 +19,8 @@ OBS = [0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0]
 
 def record(seed, *, logprobs=True, **fields):
     ids = [(seed * 37 + 11 * i) % V for i in range(len(ACTION))]
-    rec = {"input_ids": ids, "action_mask": ACTION, "obs_mask": OBS, "warning_mask": [0] * len(ACTION), **fields}
+    rec = {"input_ids": ids, "action_mask": ACTION, "obs_mask": OBS, "warning_mask": [0] * len(ACTION),
+           **fields}
     if logprobs:
         rec["logprobs"] = [-0.5 - 0.01 * i if a else 0.0 for i, a in enumerate(ACTION)]
     return rec
@@ -32,7 +33,8 @@ def write(tmp_path, records):
 
 
 def test_rows_keep_the_records_ids_and_take_group_relative_or_recorded_advantages(tmp_path):
-    records = [record(1, reward=1.0, group="g"), record(2, reward=0.0, group="g"), record(3, reward=0.5, group="g"),
+    records = [record(1, reward=1.0, group="g"), record(2, reward=0.0, group="g"), record(3, reward=0.5,
+                                                                                          group="g"),
                record(4, advantage=-0.25)]
     rows, refused = load_traces(write(tmp_path, records), V, loss="rl")
     assert refused == []
@@ -53,12 +55,14 @@ def test_the_same_file_trains_as_demonstrations_by_default(tmp_path):
 def test_records_the_rl_loss_cannot_use_are_refused_one_line_each(tmp_path):
     records = [
         record(1, logprobs=False, advantage=1.0),  # no sampler log-probs: no importance ratio
-        record(2, advantage=1.0, logprobs=True) | {"logprobs": [0.3 if a else 0.0 for a in ACTION]},  # not log-probs
+        # not log-probs
+        record(2, advantage=1.0, logprobs=True) | {"logprobs": [0.3 if a else 0.0 for a in ACTION]},
         record(3, reward=1.0),  # a reward but no group
         record(4),  # nothing at all
         record(5, reward=1.0, group="alone"),  # a group of one
         record(6, advantage=0.5) | {"action_mask": ACTION[:-1]},  # inexact: the mask does not cover the ids
-        record(7, advantage=0.5) | {"input_ids": [V + 3] * len(ACTION)},  # inexact: ids outside the vocabulary
+        # inexact: ids outside the vocabulary
+        record(7, advantage=0.5) | {"input_ids": [V + 3] * len(ACTION)},
         record(8, advantage=0.5),  # the one usable record
     ]
     path = write(tmp_path, records)
@@ -68,7 +72,8 @@ def test_records_the_rl_loss_cannot_use_are_refused_one_line_each(tmp_path):
     by_line = {int(r.split(":")[1]): r for r in refused}
     assert "no sampler log-probs" in by_line[1] and 'traces_loss = "sft"' in by_line[1]
     assert "above 0" in by_line[2]
-    assert "no `advantage`, and no `reward` with a `group`" in by_line[3] and by_line[4].count("no `advantage`")
+    assert "no `advantage`, and no `reward` with a `group`" in by_line[3] and by_line[4].count("no "
+                                                                                               "`advantage`")
     assert "the only record of group 'alone'" in by_line[5]
     assert "does not cover" in by_line[6] and "outside the tokenizer's vocabulary" in by_line[7]
 
@@ -88,7 +93,8 @@ def _step(trainer, rows):
 def test_the_rl_term_is_non_zero_and_its_ratio_is_over_the_recorded_logprobs(tmp_path, trainer):
     records = [record(1, reward=1.0, group="g"), record(2, reward=0.0, group="g")]
     rows, _ = load_traces(write(tmp_path, records), V, loss="rl")
-    own = audit_logprobs(trainer, rows, trainer.spec.temperature)  # the trainer's own log-probs of the action tokens, before the step
+    # the trainer's own log-probs of the action tokens, before the step
+    own = audit_logprobs(trainer, rows, trainer.spec.temperature)
     shift = 0.3
     for k, (row, lps) in enumerate(zip(rows, own)):  # recorded = the trainer's own, minus `shift`
         recorded = [lp - shift if a else 0.0 for lp, a in zip(lps, row.action_mask)]
@@ -99,7 +105,9 @@ def test_the_rl_term_is_non_zero_and_its_ratio_is_over_the_recorded_logprobs(tmp
     assert m["sampler_logprob_gap_mean"] == pytest.approx(shift, abs=1e-3)
     # the rows' advantages are +-0.5: token mean of -ratio * A over both rows' action tokens is 0 when the two
     # rows' ratios agree; moving one row's recorded log-probs moves the loss, so the ratio reads them
-    moved = [rows[0], type(rows[1])(rows[1].input_ids, rows[1].spans, rows[1].advantages, rows[1].echo_weights,
+    moved = [rows[0], type(rows[1])(rows[1].input_ids, rows[1].spans, rows[1].advantages,
+                                    rows[1].echo_weights,
                                     [lp - 0.5 if a else 0.0 for lp, a in zip(rows[1].sampler_logprobs,
-                                                                             rows[1].action_mask)], rows[1].meta)]
+                                                                             rows[1].action_mask)],
+                                    rows[1].meta)]
     assert _step(trainer, moved)["rl_loss"] != pytest.approx(m["rl_loss"], abs=1e-4)

@@ -24,7 +24,8 @@ def _cfg(**sampler) -> QuaeroConfig:
 
 
 @pytest.mark.parametrize("sampler, match", [
-    ({"mode": "server", "backend": "hf"}, r"\[sampler\] mode='server' with backend='hf'.*set backend = 'vllm'"),
+    ({"mode": "server", "backend": "hf"}, (r"\[sampler\] mode='server' with backend='hf'.*set backend = "
+                                          r"'vllm'")),
     ({"urls": ["http://127.0.0.1:8000"]}, r"\[sampler\] urls=.* with mode='colocated'.*set mode = 'server'"),
     ({"mode": "server", "servers": 2, "urls": ["http://127.0.0.1:8000"]}, r"servers=2 and urls=.*remove one"),
     ({"mode": "server", "urls": ["127.0.0.1:8000"]}, r"urls: '127.0.0.1:8000' is not a server address"),
@@ -44,7 +45,8 @@ SERVER = {"mode": "server"}
 
 
 @pytest.mark.parametrize("sampler, match", [
-    ({"weight_transfer": "nccl"}, r"\[sampler\] weight_transfer='nccl' with mode='colocated'.*set mode = 'server'"),
+    ({"weight_transfer": "nccl"}, (r"\[sampler\] weight_transfer='nccl' with mode='colocated'.*set mode = "
+                                  r"'server'")),
     ({"weight_transfer": "ipc"}, r"weight_transfer='ipc' with mode='colocated'"),
     ({"server_devices": [1]}, r"server_devices=\[1\] with mode='colocated'.*set mode = 'server'"),
     ({**SERVER, "server_devices": [1], "urls": ["http://127.0.0.1:8000"]},
@@ -52,8 +54,8 @@ SERVER = {"mode": "server"}
     ({**SERVER, "servers": 2, "server_devices": [1, 1]}, r"server_devices=\[1, 1\] names a device twice"),
     ({**SERVER, "weight_transfer": "nccl", "urls": ["http://127.0.0.1:8000"]},
      r"weight_transfer='nccl' with urls=.*remove urls and set servers and server_devices"),
-    ({**SERVER, "weight_transfer": "nccl"}, (r"weight_transfer='nccl' without server_devices.*NCCL refuses two "
-                                            r"ranks on one device; set server_devices = \[1\]")),
+    ({**SERVER, "weight_transfer": "nccl"}, (r"weight_transfer='nccl' without server_devices.*NCCL refuses "
+                                            r"two ranks on one device; set server_devices = \[1\]")),
     ({**SERVER, "weight_transfer": "ipc", "server_devices": [1]},
      r"weight_transfer='ipc' with server_devices=\[1\].*on the trainer's GPU; remove server_devices"),
 ])
@@ -78,7 +80,8 @@ def test_weight_transfer_config_accepts_the_working_combinations():
     ({**SERVER, "server_devices": [1]}, r"server_devices=\[1\]: CUDA device indices, and no CUDA device"),
 ])
 def test_weight_transfer_is_refused_without_cuda(monkeypatch, sampler, match):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on this CPU machine, also on a GPU one
+    # as on this CPU machine, also on a GPU one
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match=match):
         check_server_devices(_cfg(**sampler), "run.toml")
     check_server_devices(_cfg(**SERVER), "run.toml")  # file, no devices: today's server mode
@@ -100,12 +103,16 @@ def four_gpus(monkeypatch):
     (2, {"server_devices": [2]}, (r"for servers=1 x 2 local ranks \(each starts its own; local rank l takes "
                                  r"entries l\*servers \.\.\).*list 2")),
     (1, {"server_devices": [4]}, r"device 4 does not exist here \(4 CUDA device\(s\): 0\.\.3\)"),
-    (1, {"weight_transfer": "nccl", "server_devices": [0]}, r"cuda:0 is a trainer rank's device.*from 1\.\.3"),
-    (2, {"weight_transfer": "nccl", "server_devices": [2, 1]}, r"cuda:1 is a trainer rank's device.*from 2\.\.3"),
+    (1, {"weight_transfer": "nccl", "server_devices": [0]}, (r"cuda:0 is a trainer rank's device.*from "
+                                                            r"1\.\.3")),
+    (2, {"weight_transfer": "nccl", "server_devices": [2, 1]}, (r"cuda:1 is a trainer rank's device.*from "
+                                                               r"2\.\.3")),
     (1, {"weight_transfer": "ipc", "server_devices": []}, None),
     (1, {"weight_transfer": "nccl", "server_devices": [3]}, None),
-    (2, {"weight_transfer": "nccl", "servers": 2, "server_devices": [2, 3, 4, 5]}, r"device 4 does not exist"),
-    (2, {"weight_transfer": "file", "server_devices": [0, 1]}, None),  # file: a server may share its rank's GPU
+    (2, {"weight_transfer": "nccl", "servers": 2, "server_devices": [2, 3, 4, 5]}, (r"device 4 does not "
+                                                                                   r"exist")),
+    # file: a server may share its rank's GPU
+    (2, {"weight_transfer": "file", "server_devices": [0, 1]}, None),
 ])
 def test_server_devices_against_the_gpus_and_the_ranks(four_gpus, ranks, sampler, match):
     four_gpus.setenv("WORLD_SIZE", str(ranks))
@@ -121,7 +128,8 @@ def test_server_devices_against_the_gpus_and_the_ranks(four_gpus, ranks, sampler
 def test_weight_transfer_needs_the_trainer_on_cuda(four_gpus):
     cfg = QuaeroConfig.model_validate({"env": {"entry": "x:y"}, "run": {"device": "cpu"},
                                        "sampler": {**SERVER, "weight_transfer": "ipc"}})
-    with pytest.raises(ConfigError, match=r"weight_transfer='ipc' with \[run\] device='cpu'.*set device = 'cuda'"):
+    with pytest.raises(ConfigError, match=r"weight_transfer='ipc' with \[run\] device='cpu'.*set device = "
+                                          r"'cuda'"):
         check_server_devices(cfg, "run.toml")
 
 
@@ -154,7 +162,8 @@ def test_each_started_server_gets_its_device(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")
     node = SamplerConfig(mode="server", servers=2, server_devices=[2, 3, 4, 5])
     assert server_devices(node, 2, on_cpu=False) == [4, 5]
-    assert server_devices(SamplerConfig(mode="server", servers=2), 2, on_cpu=False) == [1, 1]  # the rank's GPU
+    # the rank's GPU
+    assert server_devices(SamplerConfig(mode="server", servers=2), 2, on_cpu=False) == [1, 1]
     assert server_devices(SamplerConfig(mode="server"), 1, on_cpu=True) == [None]  # CPU: nothing to place
 
 
@@ -174,7 +183,8 @@ def test_the_weight_source_is_what_the_file_push_writes(tiny_lm):
         saved = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
     source = StateDictSource(state)
     meta = source.metadata()
-    assert {m.name: (m.dtype, m.shape) for m in meta} == {k: (v.dtype, tuple(v.shape)) for k, v in saved.items()}
+    assert {m.name: (m.dtype, m.shape) for m in meta} == {k: (v.dtype, tuple(v.shape)) for k,
+                                                          v in saved.items()}
     assert len(meta) == len(saved) == len(state) - 1 and "lm_head.weight" not in saved
     pairs = list(NCCLTrainerWeightTransferEngine._checked_iter(source, meta))  # vLLM's own agreement check
     assert [n for n, _ in pairs] == [m.name for m in meta] == [k for k in state if k != "lm_head.weight"]
@@ -188,10 +198,12 @@ def test_the_weight_source_is_what_the_file_push_writes(tiny_lm):
 def test_a_server_sampler_refuses_nccl_and_ipc_without_cuda(monkeypatch):
     from quaero.sampling.server import VLLMServerSampler
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on this CPU machine, also on a GPU one
+    # as on this CPU machine, also on a GPU one
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
 
     for backend in ("nccl", "ipc"):
-        with pytest.raises(RuntimeError, match=rf"weight_transfer='{backend}': .*needs CUDA and none is available"):
+        with pytest.raises(RuntimeError, match=rf"weight_transfer='{backend}': .*needs CUDA and none is "
+                                               r"available"):
             VLLMServerSampler(["http://127.0.0.1:9"], SamplerConfig(mode="server", weight_transfer=backend),
                               stop_token_ids=[0])
 
@@ -206,18 +218,21 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_server_that_exits_at_startup_names_its_log_tail(tmp_path):
-    crash = [sys.executable, "-c", "import sys; print('loading model...'); print('boom: no such model'); sys.exit(3)"]
+    crash = [sys.executable, "-c", ("import sys; print('loading model...'); print('boom: no such model'); "
+                                   "sys.exit(3)")]
     p = ServedProcess(crash, f"http://127.0.0.1:{free_port()}", name="vllm-0", log_dir=tmp_path)
-    with pytest.raises(ServerStartError, match=r"(?s)vllm-0 exited with 3 before answering .*/health; its log "
-                                               r"\(.*vllm-0\.log\) ends:.*boom: no such model"):
+    with pytest.raises(ServerStartError, match=r"(?s)vllm-0 exited with 3 before answering .*/health; its "
+                                               r"log \(.*vllm-0\.log\) ends:.*boom: no such model"):
         start_all([p], timeout_s=30)
     assert p.proc is None and (tmp_path / "vllm-0.log").exists()  # stopped, log kept
 
 
 def test_a_server_that_never_answers_times_out_and_is_stopped(tmp_path):
-    p = ServedProcess([sys.executable, "-c", "import time; time.sleep(600)"], f"http://127.0.0.1:{free_port()}",
+    p = ServedProcess([sys.executable, "-c", "import time; time.sleep(600)"],
+                                                                           f"http://127.0.0.1:{free_port()}",
                       name="vllm-0", log_dir=tmp_path)
-    with pytest.raises(ServerStartError, match=r"did not answer .* within 1s \(\[sampler\] server_start_timeout_s\)"):
+    with pytest.raises(ServerStartError, match=r"did not answer .* within 1s \(\[sampler\] "
+                                               r"server_start_timeout_s\)"):
         start_all([p], timeout_s=1)
     assert p.proc is None
 
@@ -271,14 +286,17 @@ def _vllm_replies(**changes) -> dict:
 
 @pytest.mark.parametrize("changes, cfg, problem", [
     ({}, {}, None),
-    ({"server_info": None}, {}, r"answers without vLLM's dev routes \(GET /server_info: 404\).*VLLM_SERVER_DEV_MODE=1"),
+    ({"server_info": None}, {}, (r"answers without vLLM's dev routes \(GET /server_info: "
+                                r"404\).*VLLM_SERVER_DEV_MODE=1")),
     ({"model_config.logprobs_mode": "raw_logprobs"}, {},
      r"reports log-probs as 'raw_logprobs'.*--logprobs-mode processed_logprobs"),
-    ({"model_config.max_model_len": 1024}, {}, r"holds 1024 tokens per sequence and \[model\] max_seq_len=4096"),
+    ({"model_config.max_model_len": 1024}, {}, (r"holds 1024 tokens per sequence and \[model\] "
+                                               r"max_seq_len=4096")),
     ({"parallel_config.worker_extension_cls": None}, {},
      r"CPU build without quaero's weight reload.*--worker-extension-cls quaero.sampling.vllm.CPUWeightSync"),
     ({"device_config.device": "cuda", "parallel_config.worker_extension_cls": None}, {}, None),
-    ({}, {"weight_transfer": "ipc"}, r"started with weight transfer None and \[sampler\] weight_transfer='ipc'"),
+    ({}, {"weight_transfer": "ipc"}, (r"started with weight transfer None and \[sampler\] "
+                                     r"weight_transfer='ipc'")),
     ({"weight_transfer_config": {"backend": "ipc"}}, {"weight_transfer": "ipc"}, None),
 ])
 def test_a_running_server_is_judged_by_what_it_says_of_itself(http_server, changes, cfg, problem):
@@ -298,17 +316,19 @@ def test_a_wrong_address_fails_the_config_before_any_model_loads(http_server):
     from quaero.recipe.plan import check_server_urls
 
     dead = f"http://127.0.0.1:{free_port()}"
-    with pytest.raises(ConfigError, match=rf"run.toml \[sampler\] urls: {dead} does not answer .*start it or fix"):
+    with pytest.raises(ConfigError, match=rf"run.toml \[sampler\] urls: {dead} does not answer .*start it or "
+                                          r"fix"):
         check_server_urls(_cfg(mode="server", urls=[dead]), "run.toml")
     foreign = http_server({"/v1/models": (200, b"<html>a web page</html>")})
     from fixtures.runs import ROOT
 
     proc = subprocess.run(
         [sys.executable, "-m", "quaero.cli", "check", "envs/toolbench.toml", "--set", "sampler.mode='server'",
-         "--set", f"sampler.urls=['{foreign}']"], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+         "--set",
+         f"sampler.urls=['{foreign}']"], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
-    assert proc.stderr.startswith(f"error: envs/toolbench.toml [sampler] urls: {foreign} is not a vLLM OpenAI "
-                                  "server (GET /v1/models answered 200 without a vLLM model)")
+    assert proc.stderr.startswith(f"error: envs/toolbench.toml [sampler] urls: {foreign} is not a vLLM "
+                                  "OpenAI server (GET /v1/models answered 200 without a vLLM model)")
 
 
 @pytest.mark.hostile
@@ -323,7 +343,8 @@ def test_a_dropped_connection_is_sent_again_and_a_lasting_one_names_the_retries(
 
     monkeypatch.setattr(server_mod, "RETRY_WAITS_S", (0.01, 0.01, 0.01))
     drops = {"left": 2, "seen": 0}
-    reply = {"choices": [{"index": 0, "token_ids": [9707, 151645], "logprobs": {"token_logprobs": [-0.5, -0.25]}}]}
+    reply = {"choices": [{"index": 0, "token_ids": [9707, 151645], "logprobs": {"token_logprobs": [-0.5,
+                                                                                                   -0.25]}}]}
 
     def flaky(method, path, body):
         drops["seen"] += 1
@@ -339,12 +360,15 @@ def test_a_dropped_connection_is_sent_again_and_a_lasting_one_names_the_retries(
     assert (c.token_ids, c.logprobs, c.finish_reason) == ([9707, 151645], [-0.5, -0.25], "stop")
     assert drops["seen"] == 3  # two dropped, the third answered
     retried = [e for e in logs if e["event"] == "sampler_request_retried"]
-    assert [(e["path"], e["retries_left"]) for e in retried] == [("/v1/completions", 2), ("/v1/completions", 1)]
+    assert [(e["path"], e["retries_left"]) for e in retried] == [("/v1/completions", 2), ("/v1/completions",
+                                                                                          1)]
     drops.update(left=10, seen=0)
-    with pytest.raises(ServerError, match=rf"vLLM server {url}/v1/completions unreachable \(.*\) \(after 3 retries\)"):
+    with pytest.raises(ServerError, match=rf"vLLM server {url}/v1/completions unreachable \(.*\) \(after 3 "
+                                          r"retries\)"):
         sampler.generate([[151644, 872]], seed=1)
     assert drops["seen"] == 4
-    drops.update(left=1, seen=0)  # a weight push's control calls are not sent again (vLLM's engines rendezvous)
+    # a weight push's control calls are not sent again (vLLM's engines rendezvous)
+    drops.update(left=1, seen=0)
     with pytest.raises(ServerError, match=r"/start_weight_update unreachable"):
         sampler._post(url, "/start_weight_update", None)
     assert drops["seen"] == 1
@@ -359,7 +383,8 @@ def test_a_vllm_server_failing_mid_run_ends_quaero_train_in_one_error(monkeypatc
     from quaero.sampling.server import ServerError
 
     def failing(cfg, **kwargs):
-        raise ServerError("vLLM server http://127.0.0.1:9/v1/completions unreachable (refused) (after 3 retries)")
+        raise ServerError("vLLM server http://127.0.0.1:9/v1/completions unreachable (refused) (after 3 "
+                          "retries)")
 
     monkeypatch.setattr(quaero.recipe.train, "train", failing)
     from fixtures.runs import ROOT

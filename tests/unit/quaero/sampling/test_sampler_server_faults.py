@@ -52,9 +52,11 @@ def _trickle(conn, done):
 
 @pytest.mark.parametrize("talk, bound, match", [
     (_silent, {}, r"timed out \(no reply within 0.5s \(\[sampler\] request_timeout_s\)\)"),
-    (_trickle, {"REPLY_TIMEOUT_S": 0.5}, r"timed out \(a reply still incomplete 0.5s after its first byte \(\d+ bytes"),
+    (_trickle, {"REPLY_TIMEOUT_S": 0.5}, (r"timed out \(a reply still incomplete 0.5s after its first byte "
+                                         r"\(\d+ bytes")),
 ])
-def test_a_server_that_never_answers_or_trickles_is_a_bounded_wait(monkeypatch, raw_server, talk, bound, match):
+def test_a_server_that_never_answers_or_trickles_is_a_bounded_wait(monkeypatch, raw_server, talk, bound,
+                                                                   match):
     """The first byte's bound is `[sampler] request_timeout_s` (it was an hour, fixed in the code)."""
     for name, value in bound.items():
         monkeypatch.setattr(wire, name, value)
@@ -80,9 +82,9 @@ def test_a_server_that_accepts_no_connection_is_a_bounded_wait(monkeypatch):
 
 
 def test_sigterm_ends_a_wait_on_a_silent_server(monkeypatch, raw_server):
-    """The stop request of `quaero train` (quaero/recipe/train.py StopRequest, a real SIGTERM to this process): the
-    wait goes on for [sampler] stop_grace_s, then ends as an interrupted run (the CLI exits 130), not after
-    the timeout."""
+    """The stop request of `quaero train` (quaero/recipe/train.py StopRequest, a real SIGTERM to this
+    process): the wait goes on for [sampler] stop_grace_s, then ends as an interrupted run (the CLI exits
+    130), not after the timeout."""
     from quaero.recipe.train import StopRequest
 
     monkeypatch.setattr(wire, "POLL_S", 0.05)
@@ -116,16 +118,19 @@ def _choice(**changes) -> dict:
     (b"<html>502 Bad Gateway</html>", r"replied with a body that is not JSON: b'<html>502"),
     (b"[1, 2]", r"replied with a JSON list, not an object"),
     ({"id": "x"}, r"replied without a list of choices"),
-    ({"choices": [{"token_ids": [1], "logprobs": {"token_logprobs": [-1.0]}}]}, r"1 choices indexed \[-1\] for n=1"),
+    ({"choices": [{"token_ids": [1], "logprobs": {"token_logprobs": [-1.0]}}]}, (r"1 choices indexed \[-1\] "
+                                                                                r"for n=1")),
     ({"choices": [_choice(index=1)]}, r"choices indexed \[1\] for n=1"),
-    (b'{"choices": [{"index": 0, "token_ids": [1], "logprobs": {"token_logprobs": [NaN]}}]}', r"log-prob nan"),
-    (b'{"choices": [{"index": 0, "token_ids": [1], "logprobs": {"token_logprobs": [Infinity]}}]}', r"log-prob inf"),
+    (b'{"choices": [{"index": 0, "token_ids": [1], "logprobs": {"token_logprobs": [NaN]}}]}', (r"log-prob "
+                                                                                              r"nan")),
+    (b'{"choices": [{"index": 0, "token_ids": [1], "logprobs": {"token_logprobs": [Infinity]}}]}',
+     r"log-prob inf"),
     ({"choices": [_choice(logprobs={"token_logprobs": ["-0.5", -0.25]})]}, r"log-prob -0.5 \(finite numbers"),
     ({"choices": [_choice(logprobs={"token_logprobs": [None, -0.25]})]}, r"log-prob None"),
     ({"choices": [_choice(logprobs=None)]}, r"a choice without token_ids and logprobs.token_logprobs lists"),
     ({"choices": [_choice(logprobs={"token_logprobs": [-0.5]})]}, r"2 token ids and 1 log-probs"),
-    ({"choices": [_choice(token_ids=[1_000_000_000, 151645])]}, (r"token id 1000000000 \(token ids are integers in "
-                                                                r"0\.\.151936\)")),
+    ({"choices": [_choice(token_ids=[1_000_000_000, 151645])]}, (r"token id 1000000000 \(token ids are "
+                                                                r"integers in 0\.\.151936\)")),
     ({"choices": [_choice(token_ids=[-5, 151645])]}, r"token id -5"),
     ({"choices": [_choice(token_ids=[9707.7, 151645])]}, r"token id 9707.7"),
     ({"choices": [_choice(token_ids=[True, 151645])]}, r"token id True"),
@@ -156,8 +161,8 @@ def test_a_max_model_len_that_is_not_a_number_is_named(http_server, held):
     url = http_server({"/v1/models": (200, recorded["models"]),
                        "/server_info?config_format=json": (200, recorded["server_info"])})
     found = server_problem(url, SamplerConfig(mode="server"), max_seq_len=4096)
-    assert found == (f"reports max_model_len={str(held)!r} in GET /server_info, not a number of tokens: name a "
-                     "`vllm serve` server started with --max-model-len 4096")
+    assert found == (f"reports max_model_len={str(held)!r} in GET /server_info, not a number of tokens: name "
+                     "a `vllm serve` server started with --max-model-len 4096")
 
 
 def test_a_server_info_with_sections_of_the_wrong_shape_is_a_problem_not_a_crash(http_server):
@@ -168,8 +173,8 @@ def test_a_server_info_with_sections_of_the_wrong_shape_is_a_problem_not_a_crash
 
 
 def test_the_bounded_client_reads_a_real_uvicorn_server(toolbench_url):
-    """quaero's own HTTP client against a real ASGI server (uvicorn, as `vllm serve` runs): GET and POST replies
-    read whole with `Connection: close`, and an error status comes back as such."""
+    """quaero's own HTTP client against a real ASGI server (uvicorn, as `vllm serve` runs): GET and POST
+    replies read whole with `Connection: close`, and an error status comes back as such."""
     status, body = wire.exchange("GET", toolbench_url.replace("ws://", "http://") + "/health")
     assert status == 200 and json.loads(body)
     status, body = wire.exchange("POST", toolbench_url.replace("ws://", "http://") + "/reset", b"{}")
@@ -179,13 +184,14 @@ def test_the_bounded_client_reads_a_real_uvicorn_server(toolbench_url):
 
 
 def test_a_probe_of_a_silent_or_trickling_server_fails_the_check_in_seconds(monkeypatch, raw_server):
-    """`quaero check` asks a [sampler] urls server what it is: one that never answers, or trickles, is "does not
-    answer" within PROBE_TIMEOUT_S, not an hour."""
+    """`quaero check` asks a [sampler] urls server what it is: one that never answers, or trickles, is "does
+    not answer" within PROBE_TIMEOUT_S, not an hour."""
     from quaero.sampling import server as server_mod
 
     monkeypatch.setattr(server_mod, "PROBE_TIMEOUT_S", 0.4)
     monkeypatch.setattr(wire, "POLL_S", 0.05)
-    for talk, why in ((_silent, "no reply within 0.4s"), (_trickle, "a reply still incomplete 0.4s after its first")):
+    for talk, why in ((_silent, "no reply within 0.4s"),
+                      (_trickle, "a reply still incomplete 0.4s after its first")):
         url = raw_server(talk)
         t0 = time.monotonic()
         found = server_problem(url, SamplerConfig(mode="server"), max_seq_len=4096)

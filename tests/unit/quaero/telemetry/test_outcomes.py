@@ -1,5 +1,6 @@
-"""Honest outcomes (quaero/telemetry/outcomes.py, quaero/telemetry/proofs.py): RL steps that carried no signal are said to have
-none during the run and at its end, with the fix, and `quaero review` reports RL and ECHO training apart."""
+"""Honest outcomes (quaero/telemetry/outcomes.py, quaero/telemetry/proofs.py): RL steps that carried no signal
+are said to have none during the run and at its end, with the fix, and `quaero review` reports RL and ECHO
+training apart."""
 from fixtures.runs import events_of
 
 from quaero import cli
@@ -28,8 +29,8 @@ def test_rl_steps_without_signal_are_said_so_during_the_run_and_at_its_end(tmp_p
 
 
 def test_rl_steps_whose_episodes_were_all_dropped_are_not_told_to_warm_start(tmp_path):
-    # the real dipg_safety_env (its step returns StepResult): every episode was dropped, and the note said "only
-    # ECHO trained" (nothing had) with the warm-start fix, which cannot help
+    # the real dipg_safety_env (its step returns StepResult): every episode was dropped, and the note said
+    # "only ECHO trained" (nothing had) with the warm-start fix, which cannot help
     runlog.configure(console="none")
     watch = SignalWatch()
     with runlog.RunLog(tmp_path, run_id="r1"):
@@ -46,18 +47,21 @@ def test_review_reports_rl_and_echo_training_apart(tmp_path, capsys):
     runlog.configure(console="none")
     log = runlog.get_logger("test")
     with runlog.RunLog(tmp_path, run_id="r1"):
-        for step, m in enumerate([{"phase": "sft", "action_tokens": 30, "echo_tokens": 20, "rows": 2, "turns": 2},
+        for step, m in enumerate([{"phase": "sft", "action_tokens": 30, "echo_tokens": 20, "rows": 2,
+                                   "turns": 2},
                                   SILENT, SILENT], start=1):
             runlog.set_step(step)
             log.info("train_step", **m)
         log.info("run_end", status="finished")
-    assert cli.main(["review", str(tmp_path), "--require-proof"]) == 0  # reported, not required: ECHO-only is a choice
+    # reported, not required: ECHO-only is a choice
+    assert cli.main(["review", str(tmp_path), "--require-proof"]) == 0
     out = capsys.readouterr().out
     assert "[PASS] trained at least one step" in out and "[PASS] ECHO trained (env tokens)" in out
     assert "[WARN] RL trained (action tokens with advantage)" in out
     assert "0 of 2 RL steps trained action tokens (0 with an advantage); 0 of 16 actions were valid" in out
     summary = review.summarize(review.load_run(tmp_path))
-    assert (summary["rl_action_tokens"], summary["rl_groups"], summary["rl_groups_zero_advantage"]) == (0, 4, 4)
+    assert (summary["rl_action_tokens"], summary["rl_groups"], summary["rl_groups_zero_advantage"]) == (0, 4,
+                                                                                                        4)
 
 
 def test_rl_steps_that_trained_nothing_do_not_say_echo_trained(tmp_path, capsys):

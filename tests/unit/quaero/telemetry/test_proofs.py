@@ -1,4 +1,5 @@
-"""quaero/telemetry/proofs.py: the names a real trainer step emits are the ones it declares; each check's verdict."""
+"""quaero/telemetry/proofs.py: the names a real trainer step emits are the ones it declares; each check's
+verdict."""
 import subprocess
 import sys
 
@@ -39,7 +40,9 @@ def test_proofs_module_stays_light():
     code = ("import sys, quaero.telemetry.proofs; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'quaero', 'trainers')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['quaero', 'quaero.telemetry', 'quaero.telemetry.names', 'quaero.telemetry.proofs']"
+    assert (
+        out.strip() == "['quaero', 'quaero.telemetry', 'quaero.telemetry.names', 'quaero.telemetry.proofs']"
+    )
 
 
 def counters(skips=0, hidden=0, suffix=0, fallback=0, **kw):
@@ -89,8 +92,10 @@ def test_sparse_echo_is_not_applicable_when_no_microbatch_was_trained():
 def _gap_run(*steps) -> dict:
     """An event log of RL steps (gap max, gap mean, policy staleness) for `quaero review`'s summary."""
     return {"steps": [{"step": i + 1, "phase": "rl", "rows": 2, "action_tokens": 8, "echo_tokens": 4,
-                       "sampler_logprob_gap_max": worst, "sampler_logprob_gap_mean": mean, "policy_staleness": stale}
-                      for i, (worst, mean, stale) in enumerate(steps)], "evals": [], "ended": True, "unreadable": 0}
+                       "sampler_logprob_gap_max": worst, "sampler_logprob_gap_mean": mean,
+                       "policy_staleness": stale}
+                      for i, (worst, mean, stale) in enumerate(steps)], "evals": [], "ended": True,
+            "unreadable": 0}
 
 
 @pytest.mark.hostile
@@ -107,5 +112,6 @@ def test_the_logprob_gap_proof_fails_past_its_tolerance(steps, status):
     (check,) = [c for c in proofs.run_checks(s) if c["name"] == proofs.LOGPROB_GAP]
     assert check["status"] == status and check["required"], check
     missed = proofs.unmet(proofs.run_checks(s), require_proof=True)
-    assert any(line.startswith(f"{proofs.LOGPROB_GAP}: FAIL (over 1 on-policy step(s): max") for line in missed) \
+    assert any(line.startswith(f"{proofs.LOGPROB_GAP}: FAIL (over 1 on-policy step(s): max")
+               for line in missed) \
         == (status == "fail")

@@ -32,7 +32,8 @@ def test_means_are_over_kept_episodes_and_truncated_ones_count_apart():
 
 def test_counts_from_many_threads_are_not_lost():
     counts = RolloutCounts()
-    threads = [threading.Thread(target=lambda: [counts.add("env_steps") for _ in range(2000)]) for _ in range(8)]
+    threads = [threading.Thread(target=lambda: [counts.add("env_steps") for _ in range(2000)])
+               for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:

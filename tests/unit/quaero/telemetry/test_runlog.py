@@ -98,8 +98,8 @@ def test_cumulative_totals_each_metric_as_names_declares_it():
 
 @pytest.mark.hostile
 def test_a_full_disk_loses_only_the_events_it_could_not_write_and_never_ends_the_run(tmp_path):
-    """A real failing write (the file size limit, EFBIG) in a child process: the run's logging goes on, the torn
-    line is closed, and an `events_lost` line counts what is missing once writing works again."""
+    """A real failing write (the file size limit, EFBIG) in a child process: the run's logging goes on, the
+    torn line is closed, and an `events_lost` line counts what is missing once writing works again."""
     import subprocess
     import sys
     import textwrap
@@ -128,5 +128,6 @@ def test_a_full_disk_loses_only_the_events_it_could_not_write_and_never_ends_the
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("cannot append events") == 1  # said once, not per event
     events, unreadable = runlog.read_events(tmp_path / "events.jsonl")
-    assert [e["event"] for e in events] == ["run_start", "events_lost", "run_end"] and unreadable == 1  # the torn one
+    # the torn one
+    assert [e["event"] for e in events] == ["run_start", "events_lost", "run_end"] and unreadable == 1
     assert events[1]["events"] == 5

@@ -27,7 +27,8 @@ def log_three_events(run_dir, report_to):
     with runlog.RunLog(run_dir), open_sinks(report_to, run_dir, "sinks-test", {"seed": 0}):
         for step, loss in ((1, 1.5), (2, 0.75)):
             runlog.set_step(step)
-            log.info("train_step", loss=loss, rows=4 * step, weights_pushed=True, phase="rl", reward_mean=None,
+            log.info("train_step", loss=loss, rows=4 * step, weights_pushed=True, phase="rl",
+                     reward_mean=None,
                      cumulative={"rows": 4})
         log.info("eval", eval_reward=0.25, eval_episodes=8, sample_transcript=["user: hi"])
         log.info("checkpoint_saved", path="x", bytes=123)
@@ -44,7 +45,8 @@ def test_scalars_of_keeps_numbers_and_bools_and_prefixes_by_event():
 
 
 def test_tensorboard_reads_back_the_scalars_at_the_event_steps(tmp_path):
-    pytest.importorskip("tensorboard", reason="tensorboard is not installed: pip install 'quaero[tensorboard]'")
+    pytest.importorskip("tensorboard", reason="tensorboard is not installed: pip install "
+                                              "'quaero[tensorboard]'")
     log_three_events(tmp_path, ["tensorboard"])
     scalars = tensorboard_scalars(tmp_path / "tensorboard")
     assert scalars == {"train/loss": [(1, 1.5), (2, 0.75)], "train/rows": [(1, 4.0), (2, 8.0)],
@@ -58,7 +60,8 @@ def test_tensorboard_reads_back_the_scalars_at_the_event_steps(tmp_path):
 
 
 def test_sinks_are_closed_and_flushed_when_the_run_is_interrupted(tmp_path):
-    pytest.importorskip("tensorboard", reason="tensorboard is not installed: pip install 'quaero[tensorboard]'")
+    pytest.importorskip("tensorboard", reason="tensorboard is not installed: pip install "
+                                              "'quaero[tensorboard]'")
     runlog.configure(console="none")
     log = runlog.get_logger("test")
     with (pytest.raises(KeyboardInterrupt), runlog.RunLog(tmp_path),
@@ -140,7 +143,8 @@ def test_check_names_the_pip_command_for_a_missing_sink_and_rejects_unknown_ones
         load_checked(MAIN, ['logging.report_to=["wandb"]'])
     assert str(e.value) == (f"{MAIN} [logging] report_to='wandb': wandb is not installed; "
                             "pip install 'quaero[wandb]' (or remove it from report_to)")
-    with pytest.raises(ConfigError, match=r"report_to='mlflow': unknown sink; use any of tensorboard, trackio, wandb"):
+    with pytest.raises(ConfigError, match=r"report_to='mlflow': unknown sink; use any of tensorboard, "
+                                          r"trackio, wandb"):
         load_checked(MAIN, ['logging.report_to=["mlflow"]'])
     assert load_checked(MAIN).logging.report_to == []
 
@@ -149,8 +153,10 @@ def test_check_names_the_pip_command_for_a_missing_sink_and_rejects_unknown_ones
 def test_check_does_not_import_the_sink_packages():
     code = ("import sys; from quaero.recipe.plan import load_checked; "
             f"load_checked({str(MAIN)!r}, ['logging.report_to=[\"tensorboard\", \"wandb\"]']); "
-            "print(sorted(m for m in ('tensorboard', 'wandb', 'torch.utils.tensorboard') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120,
+            "print(sorted(m for m in ('tensorboard', 'wandb', 'torch.utils.tensorboard') if m in "
+            "sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
+                                                    timeout=120,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     if out.returncode and "is not installed" in out.stderr:
         pytest.skip(f"a sink package is missing here: {out.stderr.strip().splitlines()[-1]}")
@@ -161,11 +167,13 @@ def test_check_does_not_import_the_sink_packages():
 @pytest.mark.hostile
 @pytest.mark.parametrize("fault, warned, counts", [
     ("log", [("sink_failed", "log: ValueError: sink down")] * 3, (3, 0)),
-    ("open", [("sink_failed", "open: RuntimeError: wandb.errors.CommError: could not reach the server")], None),
+    ("open", [("sink_failed", "open: RuntimeError: wandb.errors.CommError: could not reach the server")],
+     None),
     ("close", [("sink_failed", "close: OSError: disk quota exceeded")], (1, 0)),
     ("hang", [("sink_hung", None)], (0, 2)),
 ])
-def test_a_failing_or_hanging_sink_is_a_warning_and_the_run_log_keeps_every_event(tmp_path, monkeypatch, fault,
+def test_a_failing_or_hanging_sink_is_a_warning_and_the_run_log_keeps_every_event(tmp_path, monkeypatch,
+                                                                                  fault,
                                                                                    warned, counts):
     """A sink that raises in open, log or close, or hangs in log: the run's events all reach events.jsonl,
     nothing is raised into the run, and the sink's trouble is a warning with counts (`sink_summary`). A
@@ -198,7 +206,8 @@ def test_a_failing_or_hanging_sink_is_a_warning_and_the_run_log_keeps_every_even
     events = runlog.read_events(tmp_path / "events.jsonl")[0]
     assert [e["step"] for e in events if e["event"] == "train_step"] == [1, 2, 3, 4]
     assert [e["event"] for e in events].count("run_end") == 1
-    assert [(e["event"], e.get("error")) for e in events if e["event"] in ("sink_failed", "sink_hung")] == warned
+    assert [(e["event"], e.get("error")) for e in events if e["event"] in ("sink_failed",
+                                                                           "sink_hung")] == warned
     summary = [(e["sink_errors"], e["sink_events_dropped"]) for e in events if e["event"] == "sink_summary"]
     assert summary == ([] if counts is None else [counts])
     assert mirror.sinks == []

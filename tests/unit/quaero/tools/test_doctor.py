@@ -39,7 +39,9 @@ def test_doctor_json_reports_this_environment(tmp_path):
     assert pk["transformers"]["version"] == transformers.__version__
     assert pk["openenv"]["version"] == importlib.metadata.version("openenv")
     (owner,) = facts["openenv"]["distributions"]  # openenv alone, every file its own
-    assert owner["distribution"] == "openenv" and owner["files_on_disk_from_it"] == owner["openenv_py_files"] > 0
+    assert (
+        owner["distribution"] == "openenv" and owner["files_on_disk_from_it"] == owner["openenv_py_files"] > 0
+    )
     for name in ("vllm", "unsloth"):
         assert facts["engines"][name]["installed"] == (importlib.util.find_spec(name) is not None)
     assert facts["cache"]["path"] == str(Path(os.environ["QUAERO_CACHE"]).absolute())  # tests/conftest.py
@@ -79,7 +81,8 @@ def _fake_openenv_core(site: Path, shared: Path) -> None:
     (site / "openenv" / "__init__.py").write_bytes(shared.read_bytes())
 
 
-def test_openenv_core_co_install_is_a_problem_naming_which_wins_until_repaired(tmp_path, monkeypatch, no_engines,
+def test_openenv_core_co_install_is_a_problem_naming_which_wins_until_repaired(tmp_path, monkeypatch,
+                                                                               no_engines,
                                                                                capsys):
     import openenv
 
@@ -90,7 +93,8 @@ def test_openenv_core_co_install_is_a_problem_naming_which_wins_until_repaired(t
     monkeypatch.setattr(importlib.metadata, "distributions", lambda: real + fake)
     facts = doctor.collect(tmp_path / "runs")
     owners = {o["distribution"]: o for o in facts["openenv"]["distributions"]}
-    assert owners["openenv-core"] == {"distribution": "openenv-core", "version": "0.2.3", "openenv_py_files": 2,
+    assert owners["openenv-core"] == {"distribution": "openenv-core", "version": "0.2.3",
+                                      "openenv_py_files": 2,
                                       "files_on_disk_from_it": 1}
     assert owners["openenv"]["files_on_disk_from_it"] > 1  # the real package's files are its own
     # openenv's own files intact (as after doctor's own repair line): a note, not a problem, so exit 0
@@ -106,7 +110,10 @@ def test_openenv_core_co_install_is_a_problem_naming_which_wins_until_repaired(t
     monkeypatch.setattr(doctor, "file_matches_record", lambda record: False)
     (problem,) = [p for p in doctor.collect(tmp_path / "runs")["problems"] if "openenv-core" in p["problem"]]
     assert problem["fix"] == openenv_repair_command(importlib.metadata.version("openenv"))
-    assert problem["fix"] == f"pip install --force-reinstall --no-deps openenv=={importlib.metadata.version('openenv')}"
+    assert (
+        problem["fix"]
+        == f"pip install --force-reinstall --no-deps openenv=={importlib.metadata.version('openenv')}"
+    )
 
 
 @pytest.mark.parametrize("body, error", [

@@ -6,5 +6,6 @@ from quaero.tools.evaluate import _mean
 
 @pytest.mark.hostile
 def test_the_summary_mean_of_huge_finite_rewards_does_not_raise():
-    assert _mean([1e308, 1e308]) == 1e308  # statistics.fmean raised OverflowError: the eval died at its summary
+    # statistics.fmean raised OverflowError: the eval died at its summary
+    assert _mean([1e308, 1e308]) == 1e308
     assert _mean([1.0, 0.0]) == 0.5 and _mean([]) is None

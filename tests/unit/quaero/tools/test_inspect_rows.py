@@ -1,5 +1,6 @@
-"""Saved rows (quaero/recipe/saved_rows.py, quaero/tools/inspect_rows.py) from real driven episodes (toy env, real Qwen3 renderer, oracle policy),
-checked and rendered by the real `quaero inspect rows` CLI in a subprocess."""
+"""Saved rows (quaero/recipe/saved_rows.py, quaero/tools/inspect_rows.py) from real driven episodes (toy env,
+real Qwen3 renderer, oracle policy), checked and rendered by the real `quaero inspect rows` CLI in a
+subprocess."""
 import json
 import subprocess
 import sys
@@ -22,7 +23,8 @@ def collected(qwen3_render):
     """Three oracle episodes' rows with their advantages, each with its episode's transitions (as train.py's
     _collect returns them)."""
     eps, _ = drive(qwen3_render, tasks=3)
-    return [(row.with_advantage(0.25 * (i + 1)), ep.transitions) for i, ep in enumerate(eps) for row in ep.rows]
+    return [(row.with_advantage(0.25 * (i + 1)), ep.transitions) for i,
+                                                               ep in enumerate(eps) for row in ep.rows]
 
 
 @pytest.fixture
@@ -30,7 +32,8 @@ def run_dir(tmp_path, collected):
     run = tmp_path / "runs" / "toy"
     run.mkdir(parents=True)
     (run / "config.json").write_text(make_cfg().model_dump_json(indent=2))
-    assert save_step_rows(run, "all", STEP, collected, phase="rl", policy_version=STEP - 1) == {"rows_saved": 3, "rows_save_failures": 0}
+    assert save_step_rows(run, "all", STEP, collected, phase="rl",
+                          policy_version=STEP - 1) == {"rows_saved": 3, "rows_save_failures": 0}
     return run
 
 
@@ -57,9 +60,11 @@ def test_saved_rows_hold_the_row_and_the_samplers_own_action_ids(run_dir, collec
 
 def test_sample_mode_is_the_default_and_keeps_two_rows_none_writes_nothing(tmp_path, collected):
     assert LoggingConfig().save_rows == "sample"
-    assert save_step_rows(tmp_path, "sample", 1, collected, phase="sft", policy_version=None)["rows_saved"] == 2
+    assert save_step_rows(tmp_path, "sample", 1, collected, phase="sft",
+                          policy_version=None)["rows_saved"] == 2
     sft = [json.loads(x) for x in step_file(tmp_path, 1).read_text().splitlines()]
-    assert [(r["phase"], r["policy_version"]) for r in sft] == [("sft", None), ("sft", None)]  # the oracle's demos
+    # the oracle's demos
+    assert [(r["phase"], r["policy_version"]) for r in sft] == [("sft", None), ("sft", None)]
     assert header(sft[0]).startswith("── step 1 row 0 · sft · oracle demo · ")
     assert save_step_rows(tmp_path, "none", 2, collected, phase="rl", policy_version=1) == {}
     assert not step_file(tmp_path, 2).exists()
@@ -69,7 +74,10 @@ def test_a_save_failure_is_counted_not_raised(tmp_path, collected):
     blocked = tmp_path / "run"
     blocked.mkdir()
     (blocked / "rows").write_text("a file where the rows folder should be")
-    assert save_step_rows(blocked, "all", 1, collected, phase="rl", policy_version=0) == {"rows_saved": 0, "rows_save_failures": 1}
+    assert save_step_rows(blocked, "all", 1, collected, phase="rl", policy_version=0) == {
+        "rows_saved": 0,
+        "rows_save_failures": 1,
+    }
 
 
 @pytest.mark.slow
@@ -93,10 +101,10 @@ def test_verify_names_each_corruption_and_exits_1(run_dir):
     assert proc.returncode == 1
     lines = proc.stdout.splitlines()
     assert len(lines) == 3, proc.stdout
-    assert lines[0].startswith(f"step {STEP} row 0 span {kind_span['action']} (action [{a[1]},{a[2]}) turn 0): ids "
-                               "differ from the sampler's action ids at offset 2")
-    assert lines[1].startswith(f"step {STEP} row 1 span {kind_span['env']} (env [{e[1]},{e[2]}) turn 0): special "
-                               f"token id(s) [{IM_START}]")
+    assert lines[0].startswith(f"step {STEP} row 0 span {kind_span['action']} (action [{a[1]},{a[2]}) turn "
+                               "0): ids differ from the sampler's action ids at offset 2")
+    assert lines[1].startswith(f"step {STEP} row 1 span {kind_span['env']} (env [{e[1]},{e[2]}) turn 0): "
+                               f"special token id(s) [{IM_START}]")
     assert lines[2] == f"step {STEP} row 2 token 1: advantage 0.5 on a prompt token"
     assert "3 problem(s) in 3 rows" in proc.stderr
 
@@ -131,7 +139,11 @@ def test_a_relabelled_action_span_is_caught_and_a_tty_gets_colours(run_dir, qwen
     assert verify_record(rec, special_ids(qwen3_tokenizer)) == [
         f"step {STEP} row 0: turn {rec['spans'][k][3]}'s sampled action ids have no action span"]
     shown = render_terminal(saved(run_dir)[:1], qwen3_tokenizer, color=True)
-    assert "\x1b[1;32m<think>" in shown and "[action]" not in shown and shown.splitlines()[-1].startswith("legend:")
+    assert (
+        "\x1b[1;32m<think>" in shown
+        and "[action]" not in shown
+        and shown.splitlines()[-1].startswith("legend:")
+    )
 
 
 @pytest.mark.hostile
@@ -140,9 +152,10 @@ def test_unreadable_or_foreign_lines_are_counted_and_a_foreign_folder_is_one_lin
     with step_file(run_dir, STEP).open("ab") as f:  # a torn, a non-UTF-8, a non-row and a wrong-shaped line
         f.write(b'{"torn\n\xff\xfe\n[1, 2]\n{"input_ids": [1], "spans": [["weird", 0, 1, 0]]}\n')
     assert cli.main(["inspect", "rows", str(run_dir)]) == 0
-    assert capsys.readouterr().err == (f"warning: {run_dir / 'rows'}: 4 line(s) are not saved rows (not UTF-8 JSON "
-                                       "rows) and are left out\n")
-    assert cli.main(["inspect", "rows", str(run_dir), "--verify"]) == 1  # integrity: an unreadable line is a problem
+    assert capsys.readouterr().err == (f"warning: {run_dir / 'rows'}: 4 line(s) are not saved rows (not "
+                                       "UTF-8 JSON rows) and are left out\n")
+    # integrity: an unreadable line is a problem
+    assert cli.main(["inspect", "rows", str(run_dir), "--verify"]) == 1
     assert "1 problem(s) in 3 rows" in capsys.readouterr().err
 
     foreign = tmp_path / "foreign"
@@ -150,15 +163,18 @@ def test_unreadable_or_foreign_lines_are_counted_and_a_foreign_folder_is_one_lin
     (foreign / "rows" / "step-000001.jsonl").write_bytes(b'\xff\n{"x": 1}\n')
     (foreign / "config.json").write_text('{"model": 3}')
     assert cli.main(["inspect", "rows", str(foreign), "--verify"]) == 1
-    assert capsys.readouterr().err == (f"error: {foreign / 'rows'}: no readable row in 2 line(s) (not UTF-8 JSON rows "
-                                       "that quaero saved); pass a run folder that `quaero train` wrote\n")
+    assert capsys.readouterr().err == (f"error: {foreign / 'rows'}: no readable row in 2 line(s) (not UTF-8 "
+                                       "JSON rows that quaero saved); pass a run folder that `quaero train` "
+                                       "wrote\n")
     (foreign / "rows" / "step-000001.jsonl").write_bytes(step_file(run_dir, STEP).read_bytes())
     assert cli.main(["inspect", "rows", str(foreign)]) == 1
-    assert capsys.readouterr().err.endswith(f"error: {foreign / 'config.json'}: not a quaero run config (no [model] "
-                                            "name); pass a run folder that `quaero train` wrote\n")
+    assert capsys.readouterr().err.endswith(f"error: {foreign / 'config.json'}: not a quaero run config (no "
+                                            "[model] name); pass a run folder that `quaero train` wrote\n")
 
 
-HOSTILE_TEXT = "\x1b]0;pwned\x07\x1b[2J\x1b]8;;http://evil\x1b\\link\x1b]8;;\x1b\\\rOVERWRITE\u202eevil\x9b31m"
+HOSTILE_TEXT = (
+    "\x1b]0;pwned\x07\x1b[2J\x1b]8;;http://evil\x1b\\link\x1b]8;;\x1b\\\rOVERWRITE\u202eevil\x9b31m"
+)
 
 
 @pytest.mark.hostile
@@ -170,7 +186,10 @@ def test_env_text_with_terminal_escapes_is_shown_escaped(run_dir, qwen3_tokenize
     rec["input_ids"] += qwen3_tokenizer.encode(HOSTILE_TEXT, add_special_tokens=False)
     shown = render_terminal([rec], qwen3_tokenizer, color=color)
     assert "\r" not in shown and "\x07" not in shown and "\u202e" not in shown and "\x9b" not in shown
-    assert "\\x1b]0;pwned\\x07\\x1b[2J\\x1b]8;;http://evil\\x1b\\link" in shown and "\\rOVERWRITE\\u202eevil" in shown
+    assert (
+        "\\x1b]0;pwned\\x07\\x1b[2J\\x1b]8;;http://evil\\x1b\\link" in shown
+        and "\\rOVERWRITE\\u202eevil" in shown
+    )
     if not color:
         assert "\x1b" not in shown  # the markers' own colours are the only escapes on a terminal
         step_file(run_dir, STEP).write_text(json.dumps(rec) + "\n")

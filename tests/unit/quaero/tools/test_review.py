@@ -10,7 +10,8 @@ from quaero.telemetry import names, proofs, runlog
 from quaero.tools import review
 
 SPARSE = {"local_train_selective_suffix_logits": True, "local_train_selective_sparse_suffix_skips": 2,
-          "local_train_selective_hidden_logprob_batches": 2, "local_train_selective_fallback_logprob_batches": 0,
+          "local_train_selective_hidden_logprob_batches": 2,
+          "local_train_selective_fallback_logprob_batches": 0,
           "local_train_selective_suffix_logprob_batches": 0, "local_train_selective_compiled_ce_batches": 0,
           "local_train_compile_selective_ce_mode": "auto",
           "local_train_compile_selective_ce_fallback_reason": "cpu device"}
@@ -35,13 +36,15 @@ def record(run_dir, steps, *, end=True, torn=False, evals=()):
 
 
 def args(run_dir=None, **kw):
-    base = {"run_dir": str(run_dir) if run_dir else None, "require_proof": False, "require": [], "plots": None,
+    base = {"run_dir": str(run_dir) if run_dir else None, "require_proof": False, "require": [],
+            "plots": None,
             "json": False, "compare": None}
     return SimpleNamespace(**{**base, **kw})
 
 
 def good_steps(n=4):
-    return [dict(SPARSE, rl_loss=0.1 * i, echo_loss=5.0 - i, reward_mean=0.1 * i, action_tokens=10, echo_tokens=20,
+    return [dict(SPARSE, rl_loss=0.1 * i, echo_loss=5.0 - i, reward_mean=0.1 * i, action_tokens=10,
+                 echo_tokens=20,
                  row_tokens=100, step_time_s=1.0, peak_mem_mb=100.0 + i, prefix_mismatches=0, env_retries=1,
                  sampler_logprob_gap_max=1e-6, rows=4) for i in range(n)]
 
@@ -77,7 +80,8 @@ def test_echo_curve_skips_steps_without_echo_targets_and_reason_keeps_latest(tmp
     steps[-1].update(echo_loss=0.0, echo_tokens=0, local_train_compile_selective_ce_fallback_reason="")
     record(tmp_path, steps)
     s = review.summarize(review.load_run(tmp_path))
-    assert (s["echo_loss_first"], s["echo_loss_last"]) == (5.0, 3.0)  # the 0.0 of the target-free step is not a point
+    # the 0.0 of the target-free step is not a point
+    assert (s["echo_loss_first"], s["echo_loss_last"]) == (5.0, 3.0)
     assert s["local_train_compile_selective_ce_fallback_reason"] == "cpu device"
 
 
@@ -133,7 +137,8 @@ def test_plots_are_valid_pngs(tmp_path):
 
 
 def test_plots_keep_the_warm_start_demo_reward_out_of_train_reward_and_give_eval_intervals(tmp_path):
-    steps = [dict(s, phase="sft", reward_mean=1.0) for s in good_steps(3)] + good_steps(2)  # demos: the oracle's 1.0
+    # demos: the oracle's 1.0
+    steps = [dict(s, phase="sft", reward_mean=1.0) for s in good_steps(3)] + good_steps(2)
     record(tmp_path, steps, evals=[(0, 0.0), (5, 0.5)])
     runlog.configure(console="none")
     with runlog.RunLog(tmp_path, run_id="r1"):
@@ -162,10 +167,11 @@ def test_missing_run_dir_is_a_clean_error(tmp_path, capsys):
     assert "no events.jsonl" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
     assert review.main(args(tmp_path / "empty")) == 1
-    assert capsys.readouterr().err == (f"error: {tmp_path / 'empty' / 'events.jsonl'}: no events.jsonl here; pass "
-                                       "the run folder, e.g. runs/toolbench\n")
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'empty' / 'events.jsonl'}: no events.jsonl here; "
+                                       "pass the run folder, e.g. runs/toolbench\n")
     record(tmp_path, good_steps())
-    assert review.main(args(tmp_path / "events.jsonl")) == 0  # the events file itself, as a careless user passes it
+    # the events file itself, as a careless user passes it
+    assert review.main(args(tmp_path / "events.jsonl")) == 0
 
 
 def review_cli(*argv):
@@ -174,7 +180,8 @@ def review_cli(*argv):
 
 def dense_steps(n=4, **over):
     """Steps whose ECHO rows were dense: every microbatch took the exact suffix branch."""
-    return [dict(s, **{names.SPARSE_SUFFIX_SKIPS: 0, names.HIDDEN_BATCHES: 0, names.SUFFIX_BATCHES: 2}, **over)
+    return [dict(s, **{names.SPARSE_SUFFIX_SKIPS: 0, names.HIDDEN_BATCHES: 0, names.SUFFIX_BATCHES: 2},
+                 **over)
             for s in good_steps(n)]
 
 
@@ -182,15 +189,17 @@ def test_dense_rows_make_the_sparse_proof_na_not_a_failure(tmp_path, capsys):
     record(tmp_path, dense_steps())
     assert review_cli(tmp_path, "--require-proof") == 0
     captured = capsys.readouterr()
-    assert "[N/A] sparse ECHO proof: dense rows took the exact suffix branch: suffix batches 8\n" in captured.out
+    assert (
+        "[N/A] sparse ECHO proof: dense rows took the exact suffix branch: suffix batches 8\n" in captured.out
+    )
     assert captured.err == ""
     assert review_cli(tmp_path, "--json") == 0
     check = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}["sparse ECHO proof"]
     assert (check["status"], check["passed"]) == ("n/a", None)
     # named explicitly, a check must pass: n/a does not
     assert review_cli(tmp_path, "--require", "sparse ECHO proof") == 1
-    assert capsys.readouterr().err == ("error: required check sparse ECHO proof: N/A (dense rows took the exact "
-                                       "suffix branch: suffix batches 8)\n")
+    assert capsys.readouterr().err == ("error: required check sparse ECHO proof: N/A (dense rows took the "
+                                       "exact suffix branch: suffix batches 8)\n")
 
 
 def test_dense_rows_with_a_fallback_batch_still_fail(tmp_path, capsys):
@@ -227,7 +236,9 @@ def test_require_named_checks(tmp_path, capsys):
     record(tmp_path / "b", good_steps())  # no eval events: the eval check cannot pass
     assert review_cli(tmp_path / "b", "--require", "ECHO loss falling") == 0
     assert review_cli(tmp_path / "b", "--require", "eval reward above untrained") == 1
-    assert capsys.readouterr().err == "error: required check eval reward above untrained: N/A (no eval event)\n"
+    assert (
+        capsys.readouterr().err == "error: required check eval reward above untrained: N/A (no eval event)\n"
+    )
     steps = good_steps()
     steps[-1]["echo_loss"] = 9.0  # ECHO loss rises at the end
     record(tmp_path / "c", steps)
@@ -253,12 +264,14 @@ def test_unreadable_lines_are_counted_not_fatal(tmp_path, capsys):
     with open(tmp_path / "events.jsonl", "ab") as f:
         f.write(b'\xff\xfe not utf-8\n')  # 1
         f.write(b'[1, 2, 3]\n')  # 2: JSON, not an object
-        f.write(b'{"event": "train_step", "step": "x", "echo_loss": 1.0}\n')  # 3: a step that is not an integer
+        # 3: a step that is not an integer
+        f.write(b'{"event": "train_step", "step": "x", "echo_loss": 1.0}\n')
         f.write(b'{"event": "train_step", "step": 5, "phase": ["rl"]}\n')  # 4: a phase that is not a string
         f.write(b'{"event": "eval", "step": true, "eval_reward": 1.0}\n')  # 5: a boolean step
         # mistyped counters and values in a placeable step: ignored, never summed or compared
         f.write(b'{"event": "train_step", "step": 4, "rows": "4", "action_tokens": "many", '
-                b'"local_train_selective_hidden_logprob_batches": "2", "echo_loss": "low", "peak_mem_mb": NaN}\n')
+                b'"local_train_selective_hidden_logprob_batches": "2", "echo_loss": "low", "peak_mem_mb": '
+                b'NaN}\n')
         f.write(b'{"event": "eval", "step": 4, "eval_reward": "high"}\n')
     assert review_cli(tmp_path, "--json", "--require-proof") == 0
     out, err = capsys.readouterr()
@@ -266,8 +279,8 @@ def test_unreadable_lines_are_counted_not_fatal(tmp_path, capsys):
     assert s["unreadable_lines"] == 5 and s["steps"] == 4
     assert s["rows"] == 12 and s["action_tokens"] == 30 and s[names.HIDDEN_BATCHES] == 6
     assert s["peak_mem_mb"] == 102.0 and s["eval_reward_last"] is None
-    assert err == (f"warning: {tmp_path / 'events.jsonl'}: 5 line(s) could not be read (not UTF-8, not a JSON "
-                   "object, or a step that is not an integer) and are left out\n")
+    assert err == (f"warning: {tmp_path / 'events.jsonl'}: 5 line(s) could not be read (not UTF-8, not a "
+                   "JSON object, or a step that is not an integer) and are left out\n")
     assert review_cli(tmp_path, "--plots", tmp_path / "plots") == 0
     assert len(list((tmp_path / "plots").glob("*.png"))) == 4
 
@@ -278,16 +291,17 @@ def test_a_file_with_no_readable_line_is_a_one_line_error(tmp_path, capsys, cont
     (tmp_path / "events.jsonl").write_bytes(content)
     assert review_cli(tmp_path) == 1
     lines = content.strip().count(b"\n") + 1 if content.strip() else 0
-    assert capsys.readouterr().err == (f"error: {tmp_path / 'events.jsonl'}: no readable event in {lines} line(s) "
-                                       "(not UTF-8 or not JSON objects); pass the events.jsonl a quaero run wrote\n")
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'events.jsonl'}: no readable event in {lines} "
+                                       "line(s) (not UTF-8 or not JSON objects); pass the events.jsonl a "
+                                       "quaero run wrote\n")
 
 
 @pytest.mark.hostile
 def test_events_path_that_is_a_directory_is_a_one_line_error(tmp_path, capsys):
     (tmp_path / "events.jsonl").mkdir()
     assert review_cli(tmp_path) == 1
-    assert capsys.readouterr().err == (f"error: {tmp_path / 'events.jsonl'}: cannot read it (Is a directory); pass "
-                                       "the run folder holding a readable events.jsonl\n")
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'events.jsonl'}: cannot read it (Is a "
+                                       "directory); pass the run folder holding a readable events.jsonl\n")
     assert review_cli("--compare", tmp_path, tmp_path) == 1  # --compare reads runs the same way
     assert capsys.readouterr().err.count("\n") == 1
 
@@ -300,9 +314,9 @@ def _reset_structlog():
 
 def _record_phases(run_dir, *, warm: list[int] | None, end: list[int] | None, sft=3, rl=2, warm_step=None,
                    warm_phase="sft", end_reward=None):
-    """A warm start of `sft` steps (phase `warm_phase`) and `rl` RL steps; evals at 0, at the warm start's end and
-    at the end, each with per-task results [index, success, reward] (successes given as 0/1 lists; None: no such
-    eval)."""
+    """A warm start of `sft` steps (phase `warm_phase`) and `rl` RL steps; evals at 0, at the warm start's end
+    and at the end, each with per-task results [index, success, reward] (successes given as 0/1 lists; None:
+    no such eval)."""
     steps = [dict(s, phase=warm_phase) for s in good_steps(sft)] + good_steps(rl)
     runlog.configure(console="none")
     log = runlog.get_logger("test")
@@ -341,8 +355,8 @@ def test_rl_improved_eval_over_warm_start_is_paired(tmp_path, capsys, warm, end,
 
 
 def test_a_warm_start_on_recorded_traces_with_the_rl_loss_is_still_the_warm_start(tmp_path):
-    """[data] traces_loss = "rl" logs its warm-start steps as phase `traces_rl`: they end the warm start the RL
-    check pairs against, and are no RL step of the run's own."""
+    """[data] traces_loss = "rl" logs its warm-start steps as phase `traces_rl`: they end the warm start the
+    RL check pairs against, and are no RL step of the run's own."""
     _record_phases(tmp_path, warm=[1] * 20 + [0] * 44, end=[1] * 34 + [0] * 30, warm_phase="traces_rl")
     s = review.summarize(review.load_run(tmp_path))
     assert s["rl_vs_warm_start"]["warm_start_step"] == 3 and s["rl_vs_warm_start"]["improved"] == 14

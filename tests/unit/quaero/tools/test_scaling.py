@@ -37,7 +37,9 @@ def test_projections_follow_the_formulas(tmp_path):
     costs, work = scaling.measure(make_run(tmp_path, sync=0.0))
     one = scaling.predict(costs, work, trainers=1, samplers=0)
     four = scaling.predict(costs, work, trainers=4, samplers=0)
-    assert four["sample_s"] == pytest.approx(one["sample_s"] / 4) and four["train_s"] == pytest.approx(one["train_s"] / 4)
+    assert four["sample_s"] == pytest.approx(one["sample_s"] / 4) and four["train_s"] == pytest.approx(
+        one["train_s"] / 4
+    )
     assert one["bottleneck"] == "sampling" and one["push_s"] == 0.0  # the run's sampler shared the module
     overlapped = scaling.predict(costs, work, trainers=1, samplers=0, off_policy_steps=1)
     assert overlapped["step_s"] == pytest.approx(max(one["sample_s"], one["train_s"]))
