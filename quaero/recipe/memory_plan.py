@@ -322,11 +322,18 @@ def step_shape(cfg, device: str) -> tuple[StepShape, str]:
     from trainers.selective import AUTO_CHUNK_ROWS
     from trainers.spec import SelectivePolicy
 
-    e, s, b, o = cfg.env, cfg.sampler, cfg.backend, cfg.backend.options
-    obs = cfg.observation_token_limit
-    row = min(cfg.model.max_seq_len, e.max_turns * (s.max_tokens + obs))
-    rows = max(1, min(cfg.training.tasks_per_step * cfg.training.group_size, b.micro_batch_tokens // row))
-    per_row = min(row, e.max_turns * s.max_tokens + (e.max_turns * obs if cfg.echo.enabled else 0))
+    s, b, o = cfg.sampler, cfg.backend, cfg.backend.options
+
+    def longest(view) -> tuple[int, int, int, int, int]:
+        """(row tokens, targets per row, group size, turns, observation limit) of one env's longest row."""
+        turns, obs = view.env.max_turns, view.observation_token_limit
+        row = min(view.model.max_seq_len, turns * (s.max_tokens + obs))
+        per_row = min(row, turns * s.max_tokens + (turns * obs if view.echo.enabled else 0))
+        return row, per_row, view.training.group_size, turns, obs
+
+    # a mixture's longest row (one env's view for a one-env config)
+    row, per_row, group, turns, obs = max(longest(view) for view in cfg.views().values())
+    rows = max(1, min(cfg.training.tasks_per_step * group, b.micro_batch_tokens // row))
     shape = StepShape(
         tokens=rows * row,
         targets=rows * per_row,
@@ -344,7 +351,7 @@ def step_shape(cfg, device: str) -> tuple[StepShape, str]:
         device=device,
     )
     note = (
-        f"({rows} row(s) of {row}: min(max_seq_len {cfg.model.max_seq_len}, max_turns {e.max_turns} x "
+        f"({rows} row(s) of {row}: min(max_seq_len {cfg.model.max_seq_len}, max_turns {turns} x "
         f"(max_tokens {s.max_tokens} + observation limit {obs})))"
     )
     return shape, note
