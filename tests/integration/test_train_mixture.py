@@ -7,71 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from fixtures.runs import events_of, steps_by_number
+from fixtures.runs import events_of, mixture, steps_by_number
 
 from quaero.config import load_config
-
-MIXTURE = """
-[run]
-name = "{name}"
-seed = 1
-output_dir = "{out}"
-
-[model]
-name = "tiny-qwen3"
-
-[[envs]]
-name = "tools"
-entry = "envs.toolbench:ToolBenchEnv"
-launcher = "local-server"
-kwargs = {{difficulty = 1}}
-max_turns = 2
-ratio = {ratio}
-
-[envs.tasks]
-sampler = "curriculum"
-key = "group"
-
-[[envs]]
-name = "sum"
-entry = "fixtures.taskenv:SumEnv"
-launcher = "inprocess"
-eval_split = "test"
-max_turns = 1
-ratio = 1
-group_size = 3
-echo_weight = 0.0
-
-[envs.tasks]
-sampler = "uniform"
-
-[sampler]
-backend = "hf"
-max_tokens = 8
-
-[backend]
-lr = 1e-3
-
-[training]
-steps = {steps}
-warmup_sft_steps = 1
-tasks_per_step = 3
-group_size = 2
-eval_every = 0
-eval_tasks = 0
-checkpoint_every = 100
-
-[logging]
-console = "none"
-progress = false
-save_rows = "all"
-"""
-
-
-def mixture(tmp_path, name, *, steps=3, ratio=2):
-    p = tmp_path / f"{name}.toml"
-    p.write_text(MIXTURE.format(name=name, out=tmp_path / "runs", steps=steps, ratio=ratio))
-    return p
 
 
 @pytest.fixture(scope="module")
@@ -184,3 +122,28 @@ def test_a_one_env_run_plays_the_tasks_and_losses_it_played_before_mixtures(tmp_
         assert steps[step]["rl_loss"] == pytest.approx(rl, abs=1e-9)
         assert steps[step]["echo_loss"] == pytest.approx(echo, rel=1e-6)
         assert steps[step].get("groups", 0) == groups
+
+
+@pytest.mark.slow
+def test_a_mixture_samples_ahead_and_resamples_groups_without_spread_from_their_own_env(tmp_path):
+    """Rollouts sampled ahead (`max_off_policy_steps = 1`) draw the next step's groups by the mixture as the
+    loop does; dynamic sampling (a run of its own: the two do not combine) draws each further group from the
+    sampler of an env whose group had no spread."""
+    from quaero.recipe.train import train
+
+    ahead = train(load_config(mixture(tmp_path, "ahead", steps=3), ["training.max_off_policy_steps=1"]))
+    steps = steps_by_number(ahead)
+    assert [steps[s].get("policy_staleness") for s in range(1, 5)] == [None, 0, 1, 1]
+    drawn = _tasks(ahead)
+    assert {s: {env: len(p) for env, p in envs.items()} for s, envs in drawn.items()} == {
+        s: {"tools": 2, "sum": 1} for s in range(1, 5)}
+    assert all(set(steps[s]["by_env"]) == {"tools", "sum"} for s in (2, 3, 4))
+
+    dynamic = train(load_config(mixture(tmp_path, "dynamic", steps=2), ["training.dynamic_sampling=true"]))
+    for e in events_of(dynamic, "task_outcomes"):  # group: [env, task, key, wins, episodes, spread, ..]
+        first, further = e["groups"][:3], e["groups"][3:]  # the drawn groups, then the further ones
+        assert steps_by_number(dynamic)[e["for_step"]]["groups_resampled"] == len(further)
+        lacking = {g[0] for g in first if not g[5]}
+        assert len(further) >= 3 - sum(g[5] for g in first) if lacking else not further
+        assert all(g[0] in lacking for g in further[: 3 - sum(g[5] for g in first)])
+    assert any(len(e["groups"]) > 3 for e in events_of(dynamic, "task_outcomes"))  # it did resample

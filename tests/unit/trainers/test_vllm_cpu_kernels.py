@@ -9,6 +9,19 @@ import torch
 from trainers import vllm_cpu_kernels as guard
 
 
+@pytest.fixture(autouse=True)
+def _vllm_c_as_it_was():
+    """The guard writes sys.modules["vllm._C"], which monkeypatch does not undo where the key was absent:
+    left behind, the placeholder makes a later in-process vLLM engine in this process find no kernels
+    (`torch.ops._C.init_cpu_memory_env` missing)."""
+    before = sys.modules.get("vllm._C")
+    yield
+    if before is None:
+        sys.modules.pop("vllm._C", None)
+    else:
+        sys.modules["vllm._C"] = before
+
+
 def _fake_vllm(tmp_path, monkeypatch, files):
     pkg = tmp_path / "vllm"
     pkg.mkdir()
