@@ -17,6 +17,13 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
                    help="override any config field (repeatable), e.g. --set training.steps=3")
 
 
+def _lora(supported: bool, backend) -> str:
+    """`quaero check`'s LoRA words: whether this run trains an adapter, and whether the backend could."""
+    if backend.lora:
+        return f"on (r {backend.lora_r}, alpha {backend.lora_alpha})"
+    return "off (supported: [backend] lora = true)" if supported else "off (not supported by this backend)"
+
+
 def plan_lines(cfg, source: str) -> list[str]:
     from quaero.model import resolve_device
     from quaero.sampling import resolve_backend
@@ -43,7 +50,7 @@ def plan_lines(cfg, source: str) -> list[str]:
         (f"sampler     {sampler} (T={cfg.sampler.temperature}, top_p={cfg.sampler.top_p}, "
          f"max_tokens={cfg.sampler.max_tokens})"),
         (f"backend     {cfg.backend.backend}: strict_shared_forward={caps.strict_shared_forward}, "
-         f"selective_logits={caps.selective_logits}, lora={caps.lora} (enabled={cfg.backend.lora}), "
+         f"selective_logits={caps.selective_logits}, LoRA {_lora(caps.lora, cfg.backend)}, "
          f"devices={'/'.join(caps.devices)}"),
         (f"selective   train_selective_suffix_logits={o.train_selective_suffix_logits}, "
          f"train_logprob_chunk_size={o.train_logprob_chunk_size}, "

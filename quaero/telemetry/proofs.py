@@ -175,11 +175,13 @@ def rl_improved(c: Mapping[str, Any]) -> dict[str, Any]:
         return _check(RL_IMPROVED, False, NA, c["why"])
     low, high = c["reward_diff_ci95"]
     by_success = c["improved"] > c["worsened"] and c["mcnemar_p"] < RL_IMPROVED_P
+    # the relations as they are (which of the two criteria held), not as the criteria read
+    p_rel = "<" if c["mcnemar_p"] < RL_IMPROVED_P else ">="
     detail = (f"steps {c['warm_start_step']} -> {c['end_step']} on {c['pairs']} shared tasks: success "
               f"{c['warm_start_success']:.3f} -> {c['end_success']:.3f} (solved only after RL "
-              f"{c['improved']}, only before {c['worsened']}; McNemar exact p = {c['mcnemar_p']:.3g} < "
+              f"{c['improved']}, only before {c['worsened']}; McNemar exact p = {c['mcnemar_p']:.3g} {p_rel} "
               f"{RL_IMPROVED_P}), reward {c['reward_diff']:+.3f} (paired bootstrap 95% {low:+.3f} to "
-              f"{high:+.3f}; > 0)")
+              f"{high:+.3f}; {'> 0' if low > 0 else 'not > 0'})")
     return _judged(RL_IMPROVED, False, by_success or low > 0, detail)
 
 

@@ -121,7 +121,7 @@ def test_cli_check_prints_plan():
                        cwd=ROOT)
     assert r.returncode == 0, r.stderr
     for needle in ("renderer 'qwen3'", "strict_shared_forward=True", "train_selective_suffix_logits=True",
-                   "config OK"):
+                   "LoRA off (supported: [backend] lora = true)", "config OK"):
         assert needle in r.stdout
     from quaero.sampler_registry import installed
 

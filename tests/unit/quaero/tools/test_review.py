@@ -349,6 +349,10 @@ def test_rl_improved_eval_over_warm_start_is_paired(tmp_path, capsys, warm, end,
     assert check["status"] == status, check["detail"]
     c = s["rl_vs_warm_start"]
     assert c["pairs"] == 64 and c["warm_start_step"] == 3 and c["end_step"] == 5
+    # the detail states each relation as it is: a p of 0.45 is never printed as "< 0.05"
+    p_rel = "<" if c["mcnemar_p"] < proofs.RL_IMPROVED_P else ">="
+    assert f"McNemar exact p = {c['mcnemar_p']:.3g} {p_rel} {proofs.RL_IMPROVED_P})" in check["detail"]
+    assert check["detail"].endswith("; > 0)" if c["reward_diff_ci95"][0] > 0 else "; not > 0)")
     rc = review.main(args(tmp_path, require=[proofs.RL_IMPROVED]))
     assert rc == (0 if status == proofs.PASS else 1)
     assert f"[{'PASS' if status == proofs.PASS else 'WARN'}] {proofs.RL_IMPROVED}" in capsys.readouterr().out
