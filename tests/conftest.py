@@ -35,6 +35,18 @@ def qwen3_tokenizer(tiny_model_dir):
     return load_tokenizer("tiny-qwen3")
 
 
+@pytest.fixture(autouse=True)
+def _logging_as_a_new_process_has_it():
+    """Each test starts with the console logging a fresh process has: a run earlier in the same worker
+    (`[logging] console = "none"`) must not silence the lines a later test reads (pytest -n 2 --dist loadfile
+    puts files in a different order each time)."""
+    from quaero.telemetry import runlog
+
+    if runlog._configured_level is not None:
+        runlog.configure()
+    yield
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """In CI (QUAERO_REQUIRE_ENGINES=1) a vllm/unsloth-tier test that skips is a failure: the engine
