@@ -42,8 +42,7 @@ def _logging_as_a_new_process_has_it():
     puts files in a different order each time)."""
     from quaero.telemetry import runlog
 
-    if runlog._configured_level is not None:
-        runlog.configure()
+    runlog.configure()  # what get_logger() does on a new process's first call
     yield
 
 

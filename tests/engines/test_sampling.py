@@ -286,9 +286,6 @@ def test_auto_falls_back_to_hf_when_vllm_cannot_start(monkeypatch, model, capsys
     def broken(*args, **kwargs):
         raise ValueError("Head size 16 is not supported by the CPU attention backend")
 
-    from quaero.telemetry import runlog
-
-    runlog.configure(console="plain")  # a run earlier in this process (another test) may have silenced it
     monkeypatch.setattr(quaero.sampling, "resolve_backend", lambda name, device: "vllm")
     monkeypatch.setattr(quaero.sampling.vllm, "VLLMSampler", broken)
     cfg = QuaeroConfig.model_validate({"env": {"entry": "x:y"}, "sampler": {"backend": "auto"}})
