@@ -32,6 +32,8 @@ BENCHMARKS = {
                  "ECHO on vs off (or two arms) over run seeds, paired per task, pooled"),
     "peers-trl": ("benchmarks.peers_trl",
                   "quaero beside TRL's GRPOTrainer on the same job (the [peers] extra)"),
+    "samplers": ("benchmarks.samplers",
+                 "task samplers from one warm start at equal generated tokens, per env, paired"),
     "real-shape": ("benchmarks.real_shape",
                    "real-shape train steps (qwen3-0.6b-shape...) per memory knob against the plan"),
 }
