@@ -31,8 +31,10 @@ from .mapping import (
     BOOKKEEPING_FIELDS,
     DEFAULT_SYSTEM_PROMPT,
     INSTRUCTION_KEYS,
+    chat_text_field,
     default_formatter,
     field_type,
+    model_action_schema,
     resolve_field,
 )
 
@@ -414,7 +416,11 @@ def system_prompt_line(cfg: Any, spec: EnvSpec) -> str:
     else:
         first = (f"the reset metadata's system_prompt or instructions when it gives them, else quaero's "
                  f"{DEFAULT_SYSTEM_PROMPT!r}")
-    after = ("" if spec.speaks_tools else "; then the Action schema (not for a chat answered in plain text)")
+    chat_field = (chat_text_field(model_action_schema(spec.action_schema()))
+                  if "messages" in fields and not spec.speaks_tools else None)
+    after = ("" if spec.speaks_tools else
+             f"; no Action schema: a chat is answered in plain text, which becomes its `{chat_field}` field"
+             if chat_field else "; then the Action schema (not for a chat answered in plain text)")
     return f"system      {first}{after}"
 
 

@@ -146,6 +146,17 @@ def single_text_field(schema: dict) -> str | None:
     return strings[0] if len(props) == 1 and strings else None
 
 
+def chat_text_field(schema: dict) -> str | None:
+    """The field a chat env's reply fills as plain text: `single_text_field`'s, or, where no field is
+    required, the one field that takes a string (korrel's `content` beside its optional `tool_calls`)."""
+    field = single_text_field(schema)
+    if field is not None or any(k in schema.get("properties", {}) for k in schema.get("required", [])):
+        return field
+    props = schema.get("properties", {})
+    strings = [k for k, v in props.items() if resolve_field(schema, v).get("type") == "string"]
+    return strings[0] if len(strings) == 1 else None
+
+
 def action_instructions(schema: dict) -> str:
     """What the system prompt asks of a plain env's replies (schema: `model_action_schema`'s). An Action whose
     one field takes text gets its reply as plain text (textarena's "[5]"), not a JSON object around it."""

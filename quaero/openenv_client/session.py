@@ -25,6 +25,7 @@ from .mapping import (
     INSTRUCTION_KEYS,
     Malformed,
     action_instructions,
+    chat_text_field,
     chat_turns,
     env_instructions,
     parse_plain_action,
@@ -32,7 +33,6 @@ from .mapping import (
     prompt_system,
     render_tool_result,
     reply_instruction,
-    single_text_field,
 )
 from .transport import ActionRejected, EnvFault, EnvRaised, InvalidReply
 
@@ -195,7 +195,8 @@ class ChatEnv:
         self._history: list[tuple[dict, dict]] = []  # (action, payload) accepted in this episode
         self._task_text = ""  # the reset's system and user text
         self._done = True
-        self._stale = False  # the session was let go after a refused action: the next step replays first
+        self._opening: dict | None = None  # the reset's payload, which a replay must meet again
+        self._rejections: set[str] = set()  # the env's words for rejected actions, logged once each
         self._own_instructions: str | None = None  # the env's instructions the system prompt holds
         self._chat_field: str | None = None  # a chat env's one text field: replies are plain text
         self._chat_seen: list[dict] = []  # a chat env's last `messages` (it may resend its whole history)
@@ -216,9 +217,16 @@ class ChatEnv:
         return self.cfg.on_session_loss == "replay" and self.replayable
 
     def _replay(self, transport: Transport) -> None:
-        """Rebuild the episode on a fresh session: same reset, same accepted actions, same results."""
-        transport.reset(self._reset_kwargs, self.cfg.reset_timeout_s)
+        """Rebuild the episode on a fresh session: same reset, same accepted actions, same results. A reset
+        that answers otherwise than the recorded one is another episode (dm_control ignores its seed): the
+        model's context shows the recorded one, so the episode drops rather than go on from another state."""
+        opening = transport.reset(self._reset_kwargs, self.cfg.reset_timeout_s)
         self._resets += 1
+        if opening != self._opening:
+            raise EpisodeDropped("replay diverged at the reset: the same seed/split/index gave another "
+                                 "observation (the env does not seed itself from them); set [env] "
+                                 "on_session_loss = 'drop' or pass what it seeds from in [env] reset_kwargs",
+                                 "replay_diverged")
         for action, recorded in self._history:
             try:
                 payload = transport.step(action, self.cfg.step_timeout_s)
@@ -232,13 +240,18 @@ class ChatEnv:
                                      "set [env] on_session_loss = 'drop'", "replay_diverged")
 
     def _refused(self, detail: str) -> ActionRefused:
-        """The step's action raised the same env error twice: the action's. In replay mode the session that
-        raised is let go, and the next step replays the accepted actions onto a fresh one, so the episode goes
-        on from its recorded state whatever the raising call left behind."""
+        """The step's action raised the same env error twice on the session that answered: the action's. The
+        episode goes on on that session (an env checks an action before it acts on it: atari's action_id,
+        dm_control's shape), so an env whose resets do not reproduce keeps its episode too. The env's words
+        are logged once per session and message (`env_action_rejected`): an env that rejects every action
+        with one message is missing something (a key, a service), which the model cannot fix."""
         self.counts.add(names.ENV_REJECTED_ACTIONS)
-        if self._replays():
-            self._drop_transport()
-            self._stale = True
+        words = one_line(detail)
+        if words not in self._rejections:
+            self._rejections.add(words)
+            log.warning("env_action_rejected", message=words, note="the env raised the same error twice on "
+                        "this action: answered as an invalid action (malformed_reward); if it answers every "
+                        "action so, the env's setup is missing something the model cannot give it")
         return ActionRefused(detail)
 
     def _call(self, what: str, fn: Callable[[Transport], dict]) -> dict:
@@ -247,19 +260,18 @@ class ChatEnv:
         the episode at once.
 
         An env error answering a step (EnvRaised: the env's code raised, the server answered) is a fault of
-        the session or a property of the action. It is asked once more, whatever max_retries: on a fresh
-        session replayed to this point (in replay mode; the replay checks that the env is back in the
-        recorded state), else on the same session. The same error again is the action's: ActionRefused,
-        which the step answers as an invalid action. Anything else (a different error, a lost connection,
-        a timeout) is a fault, retried as above."""
+        the session or a property of the action. It is asked once more on the same session, which answered
+        and so is healthy, whatever max_retries. The same error again is the action's: ActionRefused, which
+        the step answers as an invalid action. Anything else (a different error, a lost connection, a
+        timeout) is a fault, retried as above (in replay mode on a fresh session replayed to this point;
+        otherwise an env error is asked again on the same session)."""
         lost, raised, failures = False, None, 0
         while True:
             try:
                 fresh = self._transport is None
                 self.connect()
-                if fresh and (lost or self._stale) and what == "step":
+                if fresh and lost and what == "step":
                     self._replay(self._transport)
-                    self._stale = False
                 return fn(self._transport)
             except (ActionRejected, EpisodeDropped):
                 raise
@@ -271,12 +283,15 @@ class ChatEnv:
                 env_error = what == "step" and isinstance(fault, EnvRaised)
                 if env_error and fault.detail == raised:  # the same error for the same action, asked again
                     raise self._refused(fault.detail) from None
+                first_error = env_error and raised is None
                 raised = fault.detail if env_error else None
                 failures += 1
                 last = failures > self.cfg.max_retries + int(env_error)  # an env error is always asked again
                 if fault.kind == "timeout":
                     self.counts.add(names.ENV_TIMEOUTS)
-                if env_error and not self._replays() and not last:  # the session answered: ask it again as is
+                # the session answered: ask it again as is (a different error after that is the session's
+                # fault, which replay mode retries on a fresh session)
+                if env_error and (first_error or not self._replays()) and not last:
                     self.counts.add(names.ENV_RETRIES)
                     log.warning("env_retry", what=what, attempt=failures, fault=str(fault))
                     continue
@@ -315,12 +330,13 @@ class ChatEnv:
         kwargs: dict[str, Any] = {**self.cfg.reset_kwargs, "seed": seed, "split": split}
         if index is not None:
             kwargs["index"] = index
-        self._reset_kwargs, self._history, self._done, self._stale = kwargs, [], False, False
+        self._reset_kwargs, self._history, self._done = kwargs, [], False
         try:
             # a fresh session per episode would cost a connect; reusing it is safe since reset rebuilds state
             payload = self._call("reset", lambda t: t.reset(kwargs, self.cfg.reset_timeout_s))
         except EpisodeDropped as e:
             raise self._dropped(e) from None
+        self._opening = payload
         self.counts.add(names.ENV_RESETS)
         self._resets += 1
         obs = payload.get("observation", {})
@@ -344,11 +360,12 @@ class ChatEnv:
         chat prompt's system message (what `openenv import` writes); the env's own instructions (an
         `instructions` or `system_prompt` field of the observation, else of its metadata); a chat
         observation's system message; else DEFAULT_SYSTEM_PROMPT. A plain env's Action schema follows it,
-        unless the observation is a chat and the Action takes one text field (a chat is answered in plain
-        text).
-        Turns: a chat observation's (`messages` with roles) as chat turns, its other fields as one more user
-        turn; else the formatted observation as one user turn, left out when it has no text (an MCP env whose
-        reset carries none: the tools and the system prompt are the task)."""
+        unless the observation is a chat and the Action takes one text field as `chat_text_field` reads it
+        (korrel's optional `content` beside an optional `tool_calls`): a chat is answered in plain text.
+        Turns: a chat observation's (`messages` with roles) as chat turns, the system message the prompt holds
+        left out, its other fields as one more user turn; else the formatted observation as one user turn,
+        left out when it has no text (an MCP env whose reset carries none: the tools and the system prompt
+        are the task)."""
         chat = chat_turns(obs) if self.tools is None else None
         self._own_instructions, self._chat_seen = None, chat or []
         key, own = env_instructions(obs)
@@ -357,13 +374,15 @@ class ChatEnv:
                   or chat_system or DEFAULT_SYSTEM_PROMPT)
         if own is not None and system is own and key in obs:  # in the system prompt: not in the user turn too
             self._own_instructions, obs = own, {k: v for k, v in obs.items() if k != key}
-        self._chat_field = single_text_field(self.action_schema or {}) if chat is not None else None
+        self._chat_field = chat_text_field(self.action_schema or {}) if chat is not None else None
+        chosen = system
         if self.tools is None and self.action_schema is not None and self._chat_field is None:
             system += action_instructions(self.action_schema)
         if chat is None:
             text = self.formatter(obs, context="reset")
             return system, [{"role": "user", "content": text}] if text.strip() or self.tools is None else []
-        turns = [m for m in chat if m["role"] != "system" or m["content"] != system]
+        # the system message the prompt holds is not a user turn too, whatever instructions follow it
+        turns = [m for m in chat if m["role"] != "system" or m["content"] != chosen]
         turns = [m if m["role"] != "system" else {"role": "user", "content": m["content"]} for m in turns]
         rest = self.formatter({k: v for k, v in obs.items() if k != "messages"}, context="reset")
         return system, turns + ([{"role": "user", "content": rest}] if rest.strip() else [])

@@ -604,7 +604,7 @@ def _empty_run(c: Components, step: int, m: dict[str, Any]) -> str | None:
         said = "; ".join(why if len(c.envs) == 1 else f"{name}: {why}" for name, why in reasons) or "nothing"
         ended = m[names.EPISODES_ENDED_AT_RESET]
         return (f"step {step}: every reset ({ended}) answered done=True, so there is no episode to play; "
-                f"the env said: {said}; fix what the env needs (a key, a sandbox, a dataset)")
+                f"the env said: {said.rstrip('.')}; fix what the env needs (a key, a sandbox, a dataset)")
     if m[names.ROWS]:
         c.empty_steps, c.empty_drops, c.empty_exhausted, c.empty_nonfinite = 0, {}, 0, 0
         return None

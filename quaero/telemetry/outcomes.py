@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from quaero.telemetry import names
-from quaero.telemetry.proofs import describe_rl_signal
+from quaero.telemetry.proofs import RL_EPISODE_COUNTERS, describe_rl_signal
 from quaero.telemetry.runlog import get_logger
 
 log = get_logger(__name__)
@@ -40,7 +40,7 @@ class SignalWatch:
                names.ACTION_TOKENS: m.get(names.ACTION_TOKENS, 0),
                names.ECHO_TOKENS: m.get(names.ECHO_TOKENS, 0), "actions": m.get(names.TURNS, 0),
                "valid_actions": m.get(names.TURNS, 0) - m.get(names.MALFORMED_ACTIONS, 0)}
-        one.update({k: m[k] for k in ("groups", "groups_zero_advantage") if k in m})
+        one.update({k: m[k] for k in ("groups", "groups_zero_advantage", *RL_EPISODE_COUNTERS) if k in m})
         self.totals.update(one)
         silent = self.totals["rl_steps"] - self.totals["rl_steps_with_signal"]
         if not one["rl_steps_with_signal"] and silent % WARN_EVERY == 1:

@@ -20,6 +20,9 @@ from quaero.telemetry.names import (
     COMPILE_MODE,
     COMPILED_CE_BATCHES,
     DENSE_BATCHES,
+    ENV_REJECTED_ACTIONS,
+    EPISODES_DROPPED,
+    EPISODES_ENDED_AT_RESET,
     FALLBACK_BATCHES,
     FORWARD_PASSES,
     FORWARD_PASSES_PER_MICROBATCH,
@@ -185,6 +188,9 @@ def rl_improved(c: Mapping[str, Any]) -> dict[str, Any]:
     return _judged(RL_IMPROVED, False, by_success or low > 0, detail)
 
 
+# the rollout's counts that say why RL steps had no episode or no valid action (`describe_rl_signal`)
+RL_EPISODE_COUNTERS = (ENV_REJECTED_ACTIONS, EPISODES_ENDED_AT_RESET, EPISODES_DROPPED)
+
 NO_SIGNAL_FIX = ("warm-start from demonstrations ([training] warmup_sft_steps with the env's oracle_policy, "
                  "or recorded episodes in [data] traces), or use a model that already writes valid actions "
                  "([model] name)")
@@ -198,23 +204,35 @@ def _groups_with_spread(t: Mapping[str, Any]) -> str:
     )
 
 
+ENV_REJECTS_FIX = ("the env raised on the actions themselves (the env_action_rejected lines give its words): "
+                   "where it answers every action with one message, its setup lacks something (a key, a "
+                   "service) that no model can give it; fix the env's setup")
+
+
 def describe_rl_signal(t: Mapping[str, Any]) -> str:
     """One line on RL totals: steps, rl_steps_with_signal, action_tokens, actions, valid_actions[,
-    echo_tokens, groups, groups_zero_advantage]. Without action tokens it says what did train: ECHO, or
-    nothing."""
+    echo_tokens, groups, groups_zero_advantage, env_rejected_actions, episodes_ended_at_reset,
+    episodes_dropped]. Without action tokens it says what did train (ECHO, or nothing) and why: no episode
+    (each reset ended it, or each was dropped), the env rejecting the actions, or invalid actions."""
+    rejected = t.get(ENV_REJECTED_ACTIONS, 0)
     head = (f"{t['rl_steps_with_signal']} of {t['rl_steps']} RL steps trained action tokens "
             f"({t['action_tokens']} with an advantage); {t['valid_actions']} of {t['actions']} actions were "
-            f"valid{_groups_with_spread(t)}")
+            f"valid{f' ({rejected} rejected by the env)' if rejected else ''}{_groups_with_spread(t)}")
     if t["action_tokens"]:
         return head
-    if not t["actions"]:  # dipg_safety_env: every episode was dropped (its step broke the contract)
-        return (f"{head}; no episode was kept to train: every one was dropped (the env_episode_dropped "
-                "events say why), so RL learned nothing; fix what drops them")
+    if not t["actions"]:
+        ended, dropped = t.get(EPISODES_ENDED_AT_RESET, 0), t.get(EPISODES_DROPPED, 0)
+        why = [f"{ended} ended at their reset (the env_reset_ended line gives the env's reason; fix what the "
+               "env needs)" if ended else "",  # coding_tools_env without its sandbox key
+               f"{dropped} were dropped (the env_episode_dropped events say why; fix what drops them)"
+               if dropped or not ended else ""]  # dipg_safety_env: its step broke the contract
+        return (f"{head}; no episode was played to train: of the episodes, "
+                f"{' and '.join(w for w in why if w)}; so RL learned nothing")
+    fix = ENV_REJECTS_FIX if 2 * rejected >= t["actions"] - t["valid_actions"] > 0 else NO_SIGNAL_FIX
     if t.get("echo_tokens", 0) > 0:
-        return (f"{head}; every advantage was 0, so only ECHO trained: RL learned nothing. "
-                f"Fix: {NO_SIGNAL_FIX}")
+        return f"{head}; every advantage was 0, so only ECHO trained: RL learned nothing. Fix: {fix}"
     return (f"{head}; every advantage was 0 and no ECHO token trained, so nothing trained: RL learned "
-            f"nothing. Fix: {NO_SIGNAL_FIX}")
+            f"nothing. Fix: {fix}")
 
 
 def training_apart(s: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -227,6 +245,7 @@ def training_apart(s: Mapping[str, Any]) -> list[dict[str, Any]]:
              "echo_tokens": s.get("rl_echo_tokens", 0),
              "action_tokens": s["rl_action_tokens"], "actions": s["rl_actions"],
              "valid_actions": s["rl_valid_actions"],
+             **{k: s.get(f"rl_{k}", 0) for k in RL_EPISODE_COUNTERS},
              **({"groups": s["rl_groups"], "groups_zero_advantage": s["rl_groups_zero_advantage"]}
                 if "rl_groups" in s else {})}
         rl = _judged(RL_TRAINED, False, s["rl_action_tokens"] > 0, describe_rl_signal(t))

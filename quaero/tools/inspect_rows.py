@@ -40,12 +40,24 @@ class InspectError(ValueError):
     """A run folder without saved rows, or a step that was not saved."""
 
 
+def _save_rows_setting(run_dir: Path) -> str | None:
+    """The run's `[logging] save_rows`, from the config.json it wrote (None when unreadable)."""
+    try:
+        return json.loads((Path(run_dir) / names.CONFIG).read_text())["logging"]["save_rows"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def load_rows(run_dir: Path, step: int | None = None) -> tuple[list[dict], int]:
     """The saved rows of the run (of one step) and how many lines were not saved rows (not UTF-8 JSON, or
     not a row's shape: a torn, edited or foreign file); InspectError when no row is readable."""
     folder = rows_dir(run_dir)
     files = sorted(folder.glob("step-*.jsonl"))
     if not files:
+        saving = _save_rows_setting(run_dir)
+        if saving in ("sample", "all"):  # coding_tools_env without its key: no episode, so no row to save
+            raise InspectError(f"{folder}: no saved rows, although the run saved them (save_rows = "
+                               f"{saving!r}): its steps trained no row; `quaero review {run_dir}` says why")
         raise InspectError(f"{folder}: no saved rows; train with [logging] save_rows = \"sample\" or \"all\"")
     if step is not None:
         files = [f for f in files if f.name == step_file(run_dir, step).name]

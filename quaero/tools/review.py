@@ -235,6 +235,7 @@ def summarize(run: dict) -> dict[str, Any]:
         "rl_echo_tokens": _sum(rl, names.ECHO_TOKENS),
         "rl_actions": _sum(rl, names.TURNS),
         "rl_valid_actions": _sum(rl, names.TURNS) - _sum(rl, names.MALFORMED_ACTIONS),
+        **{f"rl_{k}": _sum(rl, k) for k in proofs.RL_EPISODE_COUNTERS},
         **(
             {
                 "rl_groups": _sum(rl, names.GROUPS),
@@ -248,6 +249,8 @@ def summarize(run: dict) -> dict[str, Any]:
         names.PEAK_MEM_MB: max(_series(steps, names.PEAK_MEM_MB), default=None),
         names.ENV_RETRIES: _sum(steps, names.ENV_RETRIES),
         names.EPISODES_DROPPED: _sum(steps, names.EPISODES_DROPPED),
+        names.EPISODES_ENDED_AT_RESET: _sum(steps, names.EPISODES_ENDED_AT_RESET),
+        names.ENV_REJECTED_ACTIONS: _sum(steps, names.ENV_REJECTED_ACTIONS),
         names.MALFORMED_ACTIONS: _sum(steps, names.MALFORMED_ACTIONS),
         names.BRIDGE_FALLBACKS: _sum(steps + evals, names.BRIDGE_FALLBACKS),
         names.PREFIX_MISMATCHES: _sum(steps + evals, names.PREFIX_MISMATCHES),

@@ -73,11 +73,57 @@ def test_an_action_the_env_raises_on_is_an_invalid_action_with_the_env_s_words(l
         (message,) = illegal.messages
         assert message["content"] == ("The environment rejected your last action: Invalid action_id: 7. "
                                       "Valid range: [0, 2]")
-        won = env.step(_reply('{"action_id": 2}'))  # the episode goes on from its recorded state
+        won = env.step(_reply('{"action_id": 2}'))  # the episode goes on, on the session that answered
         assert won.reward == 1.0 and won.done
         counts = pool.counts.snapshot_and_reset()
         assert counts["env_rejected_actions"] == 1 and counts["env_retries"] == 1
-        assert counts["env_replayed_steps"] == 2  # the check's replay, then the fresh session's
+        assert counts["env_replayed_steps"] == 0  # asked again on the same session: no replay
+
+
+def test_an_action_rejected_by_an_env_whose_resets_do_not_reproduce_keeps_its_episode():
+    # dm_control_env (issue #33's survey, D4): a wrong-length `values` after an accepted step was asked again
+    # on a fresh session replayed from a reset that starts elsewhere: "replay diverged", the episode dropped
+    cfg = EnvConfig(entry=f"{F}:UnseededArcadeEnv", launcher="inprocess", malformed_reward=-0.5,
+                    retry_backoff_s=0)
+    with open_envs(cfg, 1) as pool:
+        env = pool.sessions[0]
+        env.reset(seed=0)
+        assert env.step(_reply('{"action_id": 1}')).reward == 0.0
+        with structlog.testing.capture_logs() as logs:
+            for _ in range(2):  # the same rejection twice: its words logged once
+                illegal = env.step(_reply('{"action_id": 7}'))
+                assert illegal.malformed and illegal.reward == -0.5
+        assert env.step(_reply('{"action_id": 2}')).reward == 1.0
+        counts = pool.counts.snapshot_and_reset()
+    assert counts["env_rejected_actions"] == 2 and counts["env_replayed_steps"] == 0
+    (said,) = [e for e in logs if e["event"] == "env_action_rejected"]
+    assert said["message"] == "Invalid action_id: 7. Valid range: [0, 2]"
+
+
+@pytest.mark.parametrize("entry, diverges", [("UnseededArcadeEnv", True), ("small_arcade", False)])
+def test_a_replay_whose_reset_answers_otherwise_drops_the_episode(entry, diverges, monkeypatch):
+    # the same survey: after a lost session on an episode's first step, the replay's reset was not compared,
+    # so the episode went on from another start than the one the model had been shown
+    cfg = EnvConfig(entry=f"{F}:{entry}", launcher="inprocess", retry_backoff_s=0)
+    with open_envs(cfg, 1) as pool:
+        env = pool.sessions[0]
+        env.reset(seed=0)
+        transport, lost = env._transport, []
+
+        def lose_the_session_once(action, timeout_s):  # the fault injected: a dropped socket
+            if not lost:
+                lost.append(action)
+                raise ConnectionError("socket closed")
+            return type(transport).step(transport, action, timeout_s)
+
+        monkeypatch.setattr(transport, "step", lose_the_session_once)
+        if diverges:
+            with pytest.raises(EpisodeDropped, match="replay diverged at the reset") as e:
+                env.step(_reply('{"action_id": 2}'))
+            assert e.value.kind == "replay_diverged"
+        else:
+            assert env.step(_reply('{"action_id": 2}')).reward == 1.0
+        assert pool.counts.snapshot_and_reset()["env_retries"] == 1
 
 
 def test_an_env_error_that_does_not_repeat_stays_a_retried_fault():
@@ -126,7 +172,7 @@ def test_a_run_whose_every_reset_answers_done_stops_in_one_line_without_sampling
     assert cli.main(["train", str(path)]) == 1  # was: `finished` with reward 1.0, ECHO trained on its error
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(err) == 1 and "step 1: every reset (4) answered done=True" in err[0]
-    assert SANDBOX_MISSING in err[0]
+    assert f"the env said: {SANDBOX_MISSING[:-1]}; fix what the env needs" in err[0]  # was "start.; fix"
     run = tmp_path / "runs" / "ended"
     (step,) = events_of(run, "train_step")
     assert step["episodes_ended_at_reset"] == 4 and step["episodes"] == 0 and step["turns"] == 0
@@ -134,6 +180,12 @@ def test_a_run_whose_every_reset_answers_done_stops_in_one_line_without_sampling
     (said,) = events_of(run, "env_reset_ended")
     assert said["reason"] == SANDBOX_MISSING
     assert events_of(run, "run_end")[0]["status"] == "failed"
+    # rows were being saved (save_rows = "sample"): none exist because no episode did (was: "train with
+    # [logging] save_rows = ...", which the run had set)
+    assert cli.main(["inspect", "rows", str(run), "--verify"]) != 0
+    err = capsys.readouterr().err
+    assert "no saved rows, although the run saved them (save_rows = 'sample')" in err
+    assert "train with [logging] save_rows" not in err
 
 
 def test_check_never_calls_a_factory_even_one_whose_return_annotation_names_its_class(tmp_path, capsys):
@@ -247,6 +299,52 @@ def test_a_chat_shaped_env_is_shown_as_chat_turns_and_answered_in_plain_text(qwe
     assert ep.reward == 1.0 and ep.messages[-1] == {"role": "user", "content": "Correct."}
     assert counts["prefix_mismatches"] == 0 and counts["bridge_fallbacks"] == 0
     assert counts["env_responses_captured"] == 1
+
+
+def test_a_chat_env_whose_action_has_optional_content_and_tool_calls_is_answered_in_plain_text(tmp_path,
+                                                                                              capsys):
+    # korrel 0.1.3's real export (issue #33's survey, D1): its Action has two optional fields, so replies had
+    # to be JSON, and its system message was shown twice, as the system prompt and again as a user turn
+    from fixtures.findings import KORREL_SYSTEM
+
+    from quaero import cli
+
+    with open_envs(EnvConfig(entry=f"{F}:KorrelShapedEnv"), 1) as pool:
+        start = pool.sessions[0].reset(seed=0)
+        assert start.messages == [{"role": "system", "content": KORREL_SYSTEM},
+                                  {"role": "user", "content": "Is 17 a prime number?"}]
+        answer = pool.sessions[0].step(_reply("YES"))
+        assert not answer.malformed and answer.reward == 1.0
+    path = tmp_path / "k.toml"
+    path.write_text(f'[model]\nname = "tiny-qwen3"\n[env]\nentry = "{F}:KorrelShapedEnv"\n'
+                    'launcher = "inprocess"\n')
+    assert cli.main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "no Action schema: a chat is answered in plain text, which becomes its `content` field" in out
+
+
+def test_an_env_that_rejects_every_action_with_one_message_is_said_to_need_its_setup(tmp_path, capsys):
+    # korrel with two turns and no ANTHROPIC_API_KEY (issue #33's survey, D2): every valid action was answered
+    # "rejected" and the run's notes blamed the model ("warm-start ... or use a model that writes valid
+    # actions"); review showed no env_rejected_actions
+    from fixtures.findings import KEY_MISSING
+    from fixtures.runs import events_of
+
+    from quaero import cli
+
+    path = _tiny_run(tmp_path, "key", "KeyOnStepEnv", steps=1)
+    assert cli.main(["train", str(path)]) == 0
+    run = tmp_path / "runs" / "key"
+    (step,) = events_of(run, "train_step")
+    assert step["env_rejected_actions"] == step["turns"] > 0
+    assert [e["message"] for e in events_of(run, "env_action_rejected")][:1] == [KEY_MISSING]
+    note = events_of(run, "rl_signal")[0]["note"]
+    assert f"0 of {step['turns']} actions were valid ({step['turns']} rejected by the env)" in note
+    assert "fix the env's setup" in note and "warm-start" not in note
+    capsys.readouterr()
+    assert cli.main(["review", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "env_rejected_actions" in out and "fix the env's setup" in out
 
 
 def test_an_mcp_env_whose_reset_has_no_text_shows_no_empty_user_turn(qwen3_render):

@@ -39,8 +39,56 @@ def test_rl_steps_whose_episodes_were_all_dropped_are_not_told_to_warm_start(tmp
         watch.finish()
     for event in ("rl_no_signal", "rl_signal"):
         note = events_of(tmp_path, event)[0]["note"]
-        assert "0 of 0 actions were valid; no episode was kept to train: every one was dropped" in note
+        assert ("0 of 0 actions were valid; no episode was played to train: of the episodes, 2 were dropped "
+                "(the env_episode_dropped events say why; fix what drops them)") in note
         assert "only ECHO trained" not in note and "warm-start" not in note
+
+
+def test_rl_steps_whose_resets_all_ended_say_so_not_that_episodes_were_dropped(tmp_path, capsys):
+    # coding_tools_env without its sandbox key (issue #33's survey, D3): the note and review said "every one
+    # was dropped (the env_episode_dropped events say why)" where no episode was dropped and no such event
+    # existed, and review's table had no row for the resets that ended
+    runlog.configure(console="none")
+    watch = SignalWatch()
+    ended = {"phase": "rl", "action_tokens": 0, "echo_tokens": 0, "turns": 0, "rows": 0,
+             "episodes_dropped": 0, "episodes_ended_at_reset": 2}
+    log = runlog.get_logger("test")
+    with runlog.RunLog(tmp_path, run_id="r1"):
+        runlog.set_step(1)
+        watch.step(1, ended)
+        log.info("train_step", **ended)
+        watch.finish()
+    for event in ("rl_no_signal", "rl_signal"):
+        note = events_of(tmp_path, event)[0]["note"]
+        assert ("no episode was played to train: of the episodes, 2 ended at their reset (the "
+                "env_reset_ended line gives the env's reason; fix what the env needs); so RL learned "
+                "nothing") in note
+        assert "dropped" not in note and "warm-start" not in note
+    assert cli.main(["review", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "2 ended at their reset" in out and "dropped (the env_episode_dropped" not in out
+    assert review.summarize(review.load_run(tmp_path))["episodes_ended_at_reset"] == 2
+
+
+def test_actions_the_env_rejected_point_at_the_env_not_at_the_model(tmp_path):
+    # korrel without its persona's key (issue #33's survey, D2): every valid action was rejected with one
+    # message, and the note told the user to warm-start or change the model
+    runlog.configure(console="none")
+    watch = SignalWatch()
+    with runlog.RunLog(tmp_path, run_id="r1"):
+        watch.step(1, {**SILENT, "env_rejected_actions": 8})
+        watch.step(2, {**SILENT, "env_rejected_actions": 1})  # 1 of 8 invalid actions: the model's
+        watch.finish()
+    first, second = (e["note"] for e in events_of(tmp_path, "rl_no_signal")[:1] + events_of(tmp_path,
+                                                                                            "rl_signal"))
+    assert "0 of 8 actions were valid (8 rejected by the env)" in first
+    assert "Fix: the env raised on the actions themselves (the env_action_rejected lines" in first
+    assert "warm-start" not in first
+    assert "0 of 16 actions were valid (9 rejected by the env)" in second and "Fix: the env raised" in second
+    watch = SignalWatch()
+    with runlog.RunLog(tmp_path / "b", run_id="r2"):
+        watch.step(1, {**SILENT, "env_rejected_actions": 1})
+    assert "Fix: warm-start from demonstrations" in events_of(tmp_path / "b", "rl_no_signal")[0]["note"]
 
 
 def test_review_reports_rl_and_echo_training_apart(tmp_path, capsys):
