@@ -236,9 +236,9 @@ ENV_REPLAYED_STEPS = _rollout.count("env_replayed_steps", "steps replayed on a n
 ENV_TOOL_ERRORS = _rollout.count("env_tool_errors", "MCP tool calls that returned an error")
 ENV_REJECTED_CALLS = _rollout.count("env_rejected_calls",
                                     "MCP tool calls the server refused (the model is shown why)")
-ENV_REJECTED_ACTIONS = _rollout.count("env_rejected_actions", "actions the env raised on twice, the second "
-                                      "time on a fresh session replayed to the same point: answered as an "
-                                      "invalid action (`malformed_reward`, the env's message)")
+ENV_REJECTED_ACTIONS = _rollout.count("env_rejected_actions", "actions the env raised on twice with the same "
+                                      "error, on the session that answered: answered as an invalid action "
+                                      "(`malformed_reward`, the env's message)")
 ENV_INVALID_REPLIES = _rollout.count("env_invalid_replies", "env replies that failed validation (the episode "
                                                             "drops)")
 GROUPS = _rollout.count("groups", "kept groups (RL steps)")
