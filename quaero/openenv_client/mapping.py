@@ -139,7 +139,7 @@ def single_text_field(schema: dict) -> str | None:
     """The field raw reply text fills: the one required field, or the only field, when it takes a string
     (an enum of strings too: `RIGHT` for {"direction": "UP" | "RIGHT" | ...})."""
     props = schema.get("properties", {})
-    strings = [k for k, v in props.items() if resolve_field(schema, v).get("type") == "string"]
+    strings = _string_fields(schema)
     required = [k for k in schema.get("required", []) if k in props]
     if len(required) == 1 and required[0] in strings:
         return required[0]
@@ -152,9 +152,14 @@ def chat_text_field(schema: dict) -> str | None:
     field = single_text_field(schema)
     if field is not None or any(k in schema.get("properties", {}) for k in schema.get("required", [])):
         return field
-    props = schema.get("properties", {})
-    strings = [k for k, v in props.items() if resolve_field(schema, v).get("type") == "string"]
+    strings = _string_fields(schema)
     return strings[0] if len(strings) == 1 else None
+
+
+def _string_fields(schema: dict) -> list[str]:
+    """The fields that take a string (Optional's null unwrapped, an enum of strings too)."""
+    props = schema.get("properties", {})
+    return [k for k, v in props.items() if resolve_field(schema, v).get("type") == "string"]
 
 
 def action_instructions(schema: dict) -> str:
