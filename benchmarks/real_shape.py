@@ -15,7 +15,8 @@ model. Every case reports:
   peak RSS over that step (`rss_peak_gib`, /proc/self/status VmHWM, reset before the step);
 - `plan_gib` and `plan_error`: the memory plan's peak for the same model, dtype, row and knobs, and
   (plan - measured) / measured;
-- `step_s`: the warm-up step's wall time (no profiler).
+- `step_s`: the warm-up step's wall time (no profiler; none where `--warmup-seq-len` made it shorter), and
+  `measured_step_s`: the measured step's, under the memory profiler.
 
 `--phases` also times what a real run does around a step at full depth: load, one train step (its AdamW
 update timed apart), checkpoint write and read (quaero/recipe/checkpoint.py), export
@@ -153,7 +154,7 @@ def mark_optimizer(trainer) -> None:
 
 
 def make_trainer(model: str, args, spec_kw: dict):
-    from trainers.local import LocalTrainer
+    from trainers.registry import trainer_class
     from trainers.spec import MemoryPolicy, SelectivePolicy, TrainerSpec
 
     spec = TrainerSpec(
@@ -167,7 +168,7 @@ def make_trainer(model: str, args, spec_kw: dict):
         selective=SelectivePolicy(chunk_size=spec_kw.get("chunk_size")),
         memory=MemoryPolicy(supervised_context_tokens=spec_kw.get("context_tokens", 0)),
     )
-    return LocalTrainer(spec, args.device)
+    return trainer_class(args.backend)(spec, args.device)
 
 
 def planned(fields: dict, args, plan_kw: dict):
@@ -184,20 +185,39 @@ def planned(fields: dict, args, plan_kw: dict):
     return plan(ModelDims.from_fields(fields), step)
 
 
+def case_settings(name: str) -> tuple[dict, dict]:
+    """A case's TrainerSpec and StepShape overrides; `a+b` combines cases (e.g. `full+checkpointing`)."""
+    spec_kw: dict = {}
+    plan_kw: dict = {}
+    for part in name.split("+"):
+        if part not in CASES:
+            raise SystemExit(f"error: --cases {name!r}: no case {part!r}; choose from {', '.join(CASES)}, "
+                             "or join them with '+'")
+        spec_kw.update(CASES[part][0])
+        plan_kw.update(CASES[part][1])
+    return spec_kw, plan_kw
+
+
 def measure_case(name: str, model: str, fields: dict, args) -> dict[str, Any]:
-    spec_kw, plan_kw = CASES[name]
+    spec_kw, plan_kw = case_settings(name)
     rows = [
         tail_row(args.seq_len, args.targets, args.span, fields["vocab_size"], seed=i)
         for i in range(args.rows)
     ]
     trainer = make_trainer(model, args, spec_kw)
+    warm = rows
+    if args.warmup_seq_len and args.warmup_seq_len < args.seq_len:  # a short row makes the same AdamW state
+        span = max(args.targets, args.warmup_seq_len // 4)
+        warm = [tail_row(args.warmup_seq_len, args.targets, span, fields["vocab_size"], seed=i)
+                for i in range(args.rows)]
     t0 = time.perf_counter()
-    trainer.train_step(rows)  # warm-up: AdamW state exists from here on
+    trainer.train_step(warm)  # warm-up: AdamW state exists from here on
     step_s = time.perf_counter() - t0
     gc.collect()
     resident = resident_bytes(trainer)
     mark_optimizer(trainer)
     _reset_rss_peak()
+    profiled_s = None
     if args.device.startswith("cuda"):  # the allocator's own peak over the step (not split at the update)
         torch.cuda.synchronize()
         resident = torch.cuda.memory_allocated()
@@ -207,7 +227,9 @@ def measure_case(name: str, model: str, fields: dict, args) -> dict[str, Any]:
         peak = torch.cuda.max_memory_allocated() - resident
         fwd_bwd = update = 0
     else:
+        t0 = time.perf_counter()
         peak, fwd_bwd, update = phase_peaks(lambda: trainer.train_step(rows))
+        profiled_s = time.perf_counter() - t0
     rss = rss_peak()
     p = planned(fields, args, plan_kw)
     measured = resident + peak
@@ -232,7 +254,8 @@ def measure_case(name: str, model: str, fields: dict, args) -> dict[str, Any]:
             k: round(getattr(p, k) / GIB, 3)
             for k in ("weights", "optimizer", "gradients", "activations", "lm_head", "head_grad")
         },
-        "step_s": round(step_s, 1),
+        "step_s": round(step_s, 1) if warm is rows else None,
+        "measured_step_s": round(profiled_s, 1) if profiled_s is not None else None,
     }
     print(json.dumps(out), file=sys.stderr, flush=True)
     return out
@@ -314,7 +337,9 @@ def main(argv: list[str] | None = None) -> int:
         help="the targets lie in the row's last SPAN tokens (default: a quarter of the row)",
     )
     p.add_argument(
-        "--cases", default="selective", help=f"comma-separated, from {', '.join(CASES)} ('' for none)"
+        "--cases",
+        default="selective",
+        help=f"comma-separated, from {', '.join(CASES)}, or joined with '+' ('' for none)",
     )
     p.add_argument(
         "--phases", action="store_true", help="time load, step, checkpoint, export, weights folder"
@@ -323,6 +348,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--phase-steps", type=int, default=2, help="train steps --phases times (the first one apart)"
     )
+    p.add_argument("--backend", default="local", choices=("local", "unsloth"),
+                   help="the trainer ([backend] backend); unsloth loads the shape through FastLanguageModel")
+    p.add_argument("--warmup-seq-len", type=int, default=None,
+                   help="the warm-up step's row length (default --seq-len): a short one creates the same "
+                        "AdamW state, so a long row at full depth costs one step, not two")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument(
         "--scratch", default=None, help="folder for checkpoint/export files (default: the temp dir)"
@@ -331,11 +361,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.span = args.span or max(args.targets, args.seq_len // 4)
     torch.set_num_threads(args.threads)
+    if args.backend == "unsloth":  # unsloth patches transformers on import, so it goes first
+        from trainers.registry import trainer_class
+
+        trainer_class("unsloth")
     model, fields = model_folder(args.model, args.layers)
     doc: dict[str, Any] = {
         "model": args.model,
         "layers": fields["num_hidden_layers"],
         "dtype": args.dtype,
+        "backend": args.backend,
         "threads": args.threads,
         "date": time.strftime("%Y-%m-%d"),
         "argv": sys.argv[1:],
