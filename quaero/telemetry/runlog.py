@@ -281,6 +281,14 @@ def first_text_line(text: str) -> str:
 
 
 def error_line(e: BaseException, limit: int = 300) -> str:
-    """`TypeName: the first line of its message that says something`, cut to `limit` characters: for one-line
-    errors that wrap whatever a crafted or foreign file made a parser raise, or an env's setup."""
-    return f"{type(e).__name__}: {first_text_line(str(e))[:limit]}"
+    """`TypeName: its message on one line`, for one-line errors that wrap whatever a crafted or foreign file
+    made a parser raise, or an env's setup: the message's lines that say something, joined while they fit in
+    `limit` characters (the first one cut to it), so a second line that names the fix is kept (carla's "Or use
+    mode='mock'", nltk's `nltk.download('words')`) and a long dump is not."""
+    lines = [line.strip() for line in str(e).splitlines() if any(c.isalnum() for c in line)]
+    text = lines[0][:limit] if lines else ""
+    for line in lines[1:]:
+        if len(text) + 1 + len(line) > limit:
+            break
+        text += " " + line
+    return f"{type(e).__name__}: {text}"

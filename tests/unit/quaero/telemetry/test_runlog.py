@@ -131,3 +131,23 @@ def test_a_full_disk_loses_only_the_events_it_could_not_write_and_never_ends_the
     # the torn one
     assert [e["event"] for e in events] == ["run_start", "events_lost", "run_end"] and unreadable == 1
     assert events[1]["events"] == 5
+
+
+def test_an_error_line_keeps_the_lines_that_name_the_fix_and_cuts_a_dump():
+    # carla_env's real message: the fix is on its second line
+    carla = ImportError("CARLA package not available. Install with: pip install carla\nOr use mode='mock'")
+    assert runlog.error_line(carla) == ("ImportError: CARLA package not available. Install with: pip install "
+                                        "carla Or use mode='mock'")
+    # nltk's opens on a blank and a rule of stars, and its fix is three lines down
+    nltk = LookupError("\n" + "*" * 70 + "\n  Resource words not found.\n  Please use the NLTK Downloader to "
+                       "obtain the resource:\n\n  >>> import nltk\n  >>> nltk.download('words')\n" + "*" * 70)
+    assert runlog.error_line(nltk) == ("LookupError: Resource words not found. Please use the NLTK "
+                                       "Downloader to obtain the resource: >>> import nltk >>> "
+                                       "nltk.download('words')")
+    # a dump: the lines that fit in the limit, never a cut line after the first
+    dump = ValueError("first line\n" + "\n".join(f"frame {i} " + "x" * 40 for i in range(100)))
+    line = runlog.error_line(dump, limit=120)
+    assert line.startswith("ValueError: first line frame 0 ") and len(line) <= len("ValueError: ") + 120
+    assert line.endswith("x" * 40) and "\n" not in line
+    assert runlog.error_line(ValueError("y" * 500), limit=50) == "ValueError: " + "y" * 50
+    assert runlog.error_line(ValueError()) == "ValueError: "
