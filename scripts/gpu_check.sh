@@ -164,6 +164,11 @@ if [ "$DEVICE" != cpu ]; then
             --set "run.output_dir=\"$OUT/runs\"" --set run.device=cuda --set sampler.gpu_memory_utilization=0.3
         step "review_$shape" 60 sh -c "\"$PY\" -m quaero.cli review \"$OUT/runs/gpu-check-$shape\" \
             --require-proof --json > \"$OUT/review_$shape.json\""
+        # vLLM's log-probs against the trainer's at this shape in bfloat16, after a push of perturbed weights
+        # (a random model emits no valid action, so the train run's on-policy gap proof is N/A there)
+        step "rollout_gap_$shape" 400 "${QC[@]}" bench rollout envs/toolbench.toml --samplers vllm,vllm-server \
+            --episodes 4 --set "model.name=\"$shape\"" --set 'model.dtype="bfloat16"' --set run.device=cuda \
+            --set sampler.gpu_memory_utilization=0.3 --perturb-weights 0.5 --json "$OUT/rollout_gap_$shape.json"
     done
 fi
 
