@@ -75,6 +75,11 @@ def model_folder(name: str, layers: int | None) -> tuple[str, dict]:
     return str(path), json.loads((path / "config.json").read_text())
 
 
+def tail_span(targets: int, span: int) -> int:
+    """Tokens from a `tail_row`'s first target to its end (what a context crop keeps after its K tokens)."""
+    return span // 2 + targets // 2
+
+
 def tail_row(length: int, targets: int, span: int, vocab: int, seed: int = 0):
     """A row of `length` tokens whose `targets` loss tokens lie in its last `span` tokens: two turns, each an
     action (a quarter, RL advantage 1) then an env response (ECHO weight 1); the rest is context."""
@@ -177,7 +182,8 @@ def planned(fields: dict, args, plan_kw: dict):
     step = StepShape(
         tokens=args.rows * args.seq_len,
         targets=args.rows * args.targets,
-        target_span=args.rows * args.span,
+        target_span=args.rows * tail_span(args.targets, args.span),
+        rows=args.rows,
         dtype=args.dtype,
         device=args.device,
         **plan_kw,

@@ -9,7 +9,8 @@ longest row it adds up what one step of the `local` trainer holds at its peak:
   in the parameter's dtype (fp32 m+v for a float32 model);
 - activations: what autograd saves for backward, per token per decoder layer (`SAVED_PER_TOKEN`: the
   elements a Qwen3/Llama-style layer saves in training, counted from the layer's ops and checked against
-  measured steps in benchmarks/README.md, `quaero bench real-shape`); with `gradient_checkpointing` one
+  measured steps in benchmarks/README.md, `quaero bench real-shape`; the RMSNorms' inputs at float32's 4 bytes
+  in any dtype, as transformers' RMSNorm upcasts them); with `gradient_checkpointing` one
   layer's input per layer plus one layer recomputed; `train_save_on_cpu` moves them to host memory (CUDA
   only: on a CPU device it is a no-op); `train_supervised_context_tokens` shortens the row the backbone
   runs over;
@@ -104,6 +105,19 @@ class ModelDims:
         """Elements of the largest LoRA tensor (an MLP projection's A or B)."""
         return r * max(self.hidden, self.intermediate, self.heads * self.head_dim)
 
+    def norm_inputs_per_token(self) -> int:
+        """Elements per token per layer that the RMSNorms save as float32 whatever the model's dtype
+        (transformers' RMSNorm upcasts its input first): the two around attention and MLP, and Qwen3's
+        q/k norms."""
+        qk = self.heads * self.head_dim + self.kv_heads * self.head_dim if self.qk_norm else 0
+        return 2 * self.hidden + qk
+
+    def saved_bytes_per_token(self, b: int) -> int:
+        """Bytes one decoder layer saves for backward per token, at `b` bytes an element: SAVED_PER_TOKEN's
+        elements, the norms' inputs among them at float32's 4 bytes (in a 16-bit model, an extra 2 bytes each;
+        measured on one Qwen3 layer at the 0.6B width: 72,360 bytes a token in bf16; this gives 71,680)."""
+        return self.saved_per_token() * b + max(0, 4 - b) * self.norm_inputs_per_token()
+
     def saved_per_token(self) -> int:
         """Elements one decoder layer saves for backward per token (see SAVED_PER_TOKEN)."""
         c = SAVED_PER_TOKEN
@@ -121,7 +135,7 @@ class StepShape:
 
     tokens: int
     targets: int
-    target_span: int  # tokens from a row's first target to its end (what a context crop keeps, plus K)
+    target_span: int  # per row, tokens from its first target to its end (a crop keeps them and K), summed
     dtype: str = "float32"
     lora: bool = False
     lora_r: int = 16
@@ -133,6 +147,7 @@ class StepShape:
     save_on_cpu: bool = False
     context_tokens: int = 0
     device: str = "cpu"
+    rows: int = 1  # rows in the microbatch: a context crop keeps K tokens before each row's first target
 
 
 @dataclass(frozen=True)
@@ -180,14 +195,15 @@ def plan(dims: ModelDims, step: StepShape) -> MemoryPlan:
     trainable = dims.lora_params(step.lora_r) if step.lora else params
     tokens = step.tokens
     if step.context_tokens:
-        tokens = min(tokens, step.context_tokens + step.target_span)
-    per_layer = dims.saved_per_token() * b * tokens
-    exact = dims.saved_per_token() * b * step.tokens * dims.layers + 2 * dims.hidden * b * step.tokens
+        tokens = min(tokens, step.rows * step.context_tokens + step.target_span)
+    per_layer = dims.saved_bytes_per_token(b) * tokens
+    final_norm = 2 * dims.hidden * b + max(0, 4 - b) * dims.hidden  # its input (as float32) and output
+    exact = (dims.saved_bytes_per_token(b) * dims.layers + final_norm) * step.tokens
     if step.gradient_checkpointing:  # each layer's input kept, one layer recomputed at a time in backward
         acts = dims.hidden * b * tokens * dims.layers + per_layer
     else:
         acts = per_layer * dims.layers
-    acts += 2 * dims.hidden * b * tokens  # the final norm's input and output
+    acts += final_norm * tokens
     host = 0
     if step.save_on_cpu and step.device.startswith("cuda"):
         host, acts = acts, 0
@@ -349,6 +365,7 @@ def step_shape(cfg, device: str) -> tuple[StepShape, str]:
         save_on_cpu=o.train_save_on_cpu,
         context_tokens=o.train_supervised_context_tokens,
         device=device,
+        rows=rows,
     )
     note = (
         f"({rows} row(s) of {row}: min(max_seq_len {cfg.model.max_seq_len}, max_turns {turns} x "

@@ -35,6 +35,15 @@ def test_each_knob_is_measured_against_the_plan_after_a_short_warm_up(tiny_model
     assert resident == pytest.approx(parts["weights"] + parts["optimizer"], rel=0.05)
 
 
+@pytest.mark.parametrize("length, targets, span", [(8192, 64, 2048), (192, 16, 48), (1000, 10, 250)])
+def test_the_plan_is_given_the_span_the_row_really_has(length, targets, span):
+    """A crop keeps K tokens before a row's first target: the plan must be told where that target is (told
+    the whole `--span`, it over-counted an 8k row's cropped activations by a quarter at full depth)."""
+    row = real_shape.tail_row(length, targets, span, vocab=1000)
+    first = min(s.start for s in row.spans if s.kind != "prompt")
+    assert length - first == real_shape.tail_span(targets, span)
+
+
 def test_an_unknown_case_is_one_line_naming_the_cases():
     with pytest.raises(SystemExit, match="no case 'fulll'; choose from full, selective, .* or join them"):
         real_shape.case_settings("fulll+checkpointing")

@@ -69,6 +69,9 @@ def test_each_knob_changes_what_it_changes():
     assert ckpt.activations == 28 * 1024 * 4 * 8192 + per_token * 8192 + 2 * 1024 * 4 * 8192
     crop = mp.plan(d, replace(base, context_tokens=1024))  # 1024 + the 2048-token target span
     assert crop.activations == 28 * per_token * 3072 + 2 * 1024 * 4 * 3072
+    # two rows of 4096: each keeps its own K tokens before its first target
+    crop2 = mp.plan(d, replace(base, context_tokens=1024, rows=2))
+    assert crop2.activations == 28 * per_token * (2 * 1024 + 2048) + 2 * 1024 * 4 * (2 * 1024 + 2048)
     cpu = mp.plan(d, replace(base, save_on_cpu=True))
     assert cpu.activations == exact.activations and cpu.host_activations == 0  # no-op on a CPU device
     gpu = mp.plan(d, replace(base, save_on_cpu=True, device="cuda"))
@@ -112,3 +115,36 @@ def test_check_prints_the_plan_for_the_configured_model():
     assert mp.memory_lines(unknown, "cpu")[0].startswith(
         "memory plan none: 'Qwen/Not-Cached-0B' has no config.json"
     )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_decoder_layers_saved_bytes_per_token_are_what_autograd_saves(dtype):
+    """The per-token activation figure against what one real Qwen3 decoder layer saves for backward
+    (transformers' own layer at the 0.6B shape's width, 64 tokens): in bfloat16 the
+    RMSNorms save their inputs as float32, which a plan counting every element at 2 bytes missed by 15%."""
+    import torch
+    from transformers import Qwen3Config
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer, Qwen3RotaryEmbedding
+
+    fields = {**NAMED_SHAPES["qwen3-0.6b-shape"].config_fields(), "num_hidden_layers": 1}
+    config = Qwen3Config(**fields)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    tokens, dt = 64, getattr(torch, dtype)
+    layer = Qwen3DecoderLayer(config, 0).to(dt)
+    x = torch.randn(1, tokens, config.hidden_size, dtype=dt, requires_grad=True)
+    positions = torch.arange(tokens)[None]
+    rope = Qwen3RotaryEmbedding(config)(x, positions)
+    skip = {t.untyped_storage().data_ptr() for t in [x, *layer.parameters()]}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in skip:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x, attention_mask=None, position_ids=positions, position_embeddings=rope)
+    measured = sum(saved.values()) / tokens
+    planned = mp.ModelDims.from_fields(fields).saved_bytes_per_token(mp.DTYPE_BYTES[dtype])
+    assert abs(planned - measured) / measured < 0.05, (planned, measured)
