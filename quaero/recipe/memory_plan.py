@@ -208,10 +208,11 @@ def plan(dims: ModelDims, step: StepShape) -> MemoryPlan:
     if step.save_on_cpu and step.device.startswith("cuda"):
         host, acts = acts, 0
     # LM head: the selective path's [targets, V] logits in the model dtype, their fp32 log-softmax (saved by
-    # the cross entropy) and its gradient; the full path's [tokens, V] logits and fp32 log-softmax at once
-    # (measured at the 0.6B shape's width, 1,024 tokens: benchmarks/README.md, `quaero bench real-shape`)
+    # the cross entropy) and its gradient; the full path's [tokens, V] logits, their float32 copy (a 16-bit
+    # model's: `.float()` of float32 logits is no copy) and the fp32 log-softmax at once (measured at the 0.6B
+    # shape's width, 1,024 tokens: 8 bytes an entry in float32, 10 in bfloat16; benchmarks/README.md)
     per_row = dims.vocab * (b + 4 + 4)
-    full = tokens * dims.vocab * (b + 4)
+    full = tokens * dims.vocab * (b + 4 + (4 if b < 4 else 0))
     rows = step.targets
     if step.chunk_size or step.targets * dims.vocab * 4 > step.hidden_max_bytes:
         rows = min(step.targets, step.chunk_size or step.auto_chunk_rows)

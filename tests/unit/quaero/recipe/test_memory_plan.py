@@ -49,6 +49,8 @@ def test_lm_head_full_against_selective_and_its_chunks():
     d = dims("qwen3-0.6b-shape")
     p = mp.plan(d, mp.StepShape(tokens=8192, targets=64, target_span=2048))
     assert p.lm_head_full == 8192 * V * 8  # fp32 logits and their log-softmax
+    half = mp.plan(d, mp.StepShape(tokens=8192, targets=64, target_span=2048, dtype="bfloat16"))
+    assert half.lm_head_full == 8192 * V * (2 + 4 + 4)  # bf16 logits, their fp32 copy, the fp32 log-softmax
     assert p.lm_head_selective == p.lm_head == 64 * V * 12
     assert p.head_grad == V * 1024 * 4 and p.tied_extra == 2 * V * 1024 * 4
     full = mp.plan(d, mp.StepShape(tokens=8192, targets=64, target_span=2048, selective=False))
