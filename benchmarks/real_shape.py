@@ -44,6 +44,7 @@ CASES = {  # name -> (TrainerSpec overrides, memory-plan StepShape overrides)
     "chunked": ({"chunk_size": 256}, {"chunk_size": 256}),
     "checkpointing": ({"gradient_checkpointing": True}, {"gradient_checkpointing": True}),
     "crop": ({"context_tokens": 1024}, {"context_tokens": 1024}),
+    "lora": ({"lora": True, "lora_r": 16}, {"lora": True, "lora_r": 16}),
 }
 
 
@@ -172,6 +173,8 @@ def make_trainer(model: str, args, spec_kw: dict):
         gradient_checkpointing=spec_kw.get("gradient_checkpointing", False),
         selective=SelectivePolicy(chunk_size=spec_kw.get("chunk_size")),
         memory=MemoryPolicy(supervised_context_tokens=spec_kw.get("context_tokens", 0)),
+        lora=spec_kw.get("lora", False),
+        lora_r=spec_kw.get("lora_r", 16),
     )
     return trainer_class(args.backend)(spec, args.device)
 

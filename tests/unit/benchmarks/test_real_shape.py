@@ -18,17 +18,20 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_each_knob_is_measured_against_the_plan_after_a_short_warm_up(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "rs.json"
     real_shape.main(["--model", "tiny-qwen3", "--seq-len", "192", "--warmup-seq-len", "48", "--targets", "16",
-                     "--cases", "selective,full+checkpointing,checkpointing,crop", "--json", str(out)])
+                     "--cases", "selective,full+checkpointing,checkpointing,crop,lora", "--json", str(out)])
     doc = json.loads(out.read_text())
     cases = {c["case"]: c for c in doc["cases"]}
     assert doc["backend"] == "local"
-    assert list(cases) == ["selective", "full+checkpointing", "checkpointing", "crop"]
+    assert list(cases) == ["selective", "full+checkpointing", "checkpointing", "crop", "lora"]
     for c in cases.values():
         assert c["step_s"] is None and c["measured_step_s"] > 0  # the warm-up row was the short one
         assert c["resident_gib"] > 0 and c["step_peak_gib"] > 0
         assert abs(c["plan_error"]) < 0.15, c
     # the full head's [192, V] logits cost more than the selective head's [16, V]
     assert cases["full+checkpointing"]["fwd_bwd_peak_gib"] > cases["checkpointing"]["fwd_bwd_peak_gib"]
+    # LoRA: AdamW state for the adapters only, and no gradient for the frozen embedding/head
+    assert cases["lora"]["resident_gib"] < cases["selective"]["resident_gib"] / 2
+    assert cases["lora"]["fwd_bwd_peak_gib"] < cases["selective"]["fwd_bwd_peak_gib"]
     # the AdamW state came from the warm-up, whatever its row length: m and v as large as the weights, twice
     parts = cases["selective"]["plan_parts_gib"]
     resident = cases["selective"]["resident_gib"]
