@@ -79,7 +79,12 @@ def test_each_knob_changes_what_it_changes():
     gpu = mp.plan(d, replace(base, save_on_cpu=True, device="cuda"))
     assert gpu.activations == 0 and gpu.host_activations == exact.activations
     lora = mp.plan(d, replace(base, lora=True, lora_r=16))
-    assert lora.gradients == d.lora_params(16) * 4 < exact.gradients / 50 and lora.weights == exact.weights
+    assert lora.gradients == d.lora_params(16) * 4 < exact.gradients / 50
+    assert lora.weights == exact.weights + d.lora_params(16) * 4  # the adapters beside the frozen weights
+    half = replace(base, dtype="bfloat16")
+    half_lora = mp.plan(d, replace(half, lora=True, lora_r=16))  # float32 adapters, gradients, m and v
+    assert (half_lora.weights, half_lora.gradients, half_lora.optimizer) == (
+        mp.plan(d, half).weights + d.lora_params(16) * 4, d.lora_params(16) * 4, 2 * d.lora_params(16) * 4)
 
 
 def test_an_oversized_plan_says_so_in_one_line_naming_the_knob_that_fits():
@@ -119,25 +124,33 @@ def test_check_prints_the_plan_for_the_configured_model():
     )
 
 
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_decoder_layers_saved_bytes_per_token_are_what_autograd_saves(dtype):
+def test_a_decoder_layers_saved_bytes_per_token_are_what_autograd_saves(dtype, lora):
     """The per-token activation figure against what one real Qwen3 decoder layer saves for backward
-    (transformers' own layer at the 0.6B shape's width, 64 tokens): in bfloat16 the
-    RMSNorms save their inputs as float32, which a plan counting every element at 2 bytes missed by 15%."""
+    (transformers' own model at the 0.6B shape's width, one layer, 64 tokens; LoRA r 16 through PEFT as the
+    local trainer applies it): in bfloat16 the RMSNorms save their inputs as float32, which a plan counting
+    every element at 2 bytes missed by 15%, and LoRA's adapters save float32 copies of their inputs."""
     import torch
-    from transformers import Qwen3Config
-    from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer, Qwen3RotaryEmbedding
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
     fields = {**NAMED_SHAPES["qwen3-0.6b-shape"].config_fields(), "num_hidden_layers": 1}
-    config = Qwen3Config(**fields)
+    small = {**fields, "vocab_size": 64, "pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 0}
+    config = Qwen3Config(**small)
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     tokens, dt = 64, getattr(torch, dtype)
-    layer = Qwen3DecoderLayer(config, 0).to(dt)
+    model = Qwen3ForCausalLM(config).to(dt)
+    if lora:
+        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
+                                                 target_modules="all-linear"))
+    inner = model.get_decoder() if not lora else model.base_model.model.get_decoder()
+    layer = inner.layers[0]
     x = torch.randn(1, tokens, config.hidden_size, dtype=dt, requires_grad=True)
     positions = torch.arange(tokens)[None]
-    rope = Qwen3RotaryEmbedding(config)(x, positions)
-    skip = {t.untyped_storage().data_ptr() for t in [x, *layer.parameters()]}
+    rope = inner.rotary_emb(x, positions)
+    skip = {t.untyped_storage().data_ptr() for t in [x, *model.parameters()]}
     saved: dict[int, int] = {}
 
     def pack(t):
@@ -148,5 +161,6 @@ def test_a_decoder_layers_saved_bytes_per_token_are_what_autograd_saves(dtype):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         layer(x, attention_mask=None, position_ids=positions, position_embeddings=rope)
     measured = sum(saved.values()) / tokens
-    planned = mp.ModelDims.from_fields(fields).saved_bytes_per_token(mp.DTYPE_BYTES[dtype])
+    d, b = mp.ModelDims.from_fields(fields), mp.DTYPE_BYTES[dtype]
+    planned = d.lora_saved_bytes_per_token(b, 16) if lora else d.saved_bytes_per_token(b)
     assert abs(planned - measured) / measured < 0.05, (planned, measured)
