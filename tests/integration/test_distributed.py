@@ -59,12 +59,21 @@ def free_port() -> int:
 def torchrun(model_dir: str, strategy: str, chunk_size: int | None, out: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
            "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
-           "127.0.0.1",
-           "--master-port", str(free_port()), str(ROOT / "tests/fixtures/dist_step.py"), model_dir, strategy,
-           str(out),
-           str(chunk_size).lower()]
-    proc = subprocess.run(cmd, check=False, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    for attempt in (1, 2):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+               "127.0.0.1",
+               "--master-port", str(free_port()), str(ROOT / "tests/fixtures/dist_step.py"), model_dir,
+               strategy, str(out), str(chunk_size).lower()]
+        proc = subprocess.run(cmd, check=False, env=env, cwd=ROOT, capture_output=True, text=True,
+                              timeout=600)
+        # Seen once in a fresh-clone CI run (2026-12-03; 9 reruns here passed): a rank aborted in torch's
+        # C++ runtime right after building its trainer ("terminate called without an active exception",
+        # SIGABRT) before any step ran or any file was written: that crash, and only it, is launched once
+        # more. A wrong figure, a Python error or a second abort still fails.
+        aborted = "Signal 6 (SIGABRT)" in proc.stderr and not any(out.glob("rank*.json"))
+        if proc.returncode == 0 or not aborted or attempt == 2:
+            break
+        print(f"torchrun: a rank aborted before its first step; launching again\n{proc.stderr[-1500:]}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
