@@ -145,7 +145,7 @@ def test_a_decoder_layers_saved_bytes_per_token_are_what_autograd_saves(dtype, l
     if lora:
         model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
                                                  target_modules="all-linear"))
-    inner = model.get_decoder() if not lora else model.base_model.model.get_decoder()
+    inner = model.get_decoder()  # PEFT forwards it to the wrapped model
     layer = inner.layers[0]
     x = torch.randn(1, tokens, config.hidden_size, dtype=dt, requires_grad=True)
     positions = torch.arange(tokens)[None]
