@@ -387,23 +387,26 @@ class ChatEnv:
         rest = self.formatter({k: v for k, v in obs.items() if k != "messages"}, context="reset")
         return system, turns + ([{"role": "user", "content": rest}] if rest.strip() else [])
 
-    def _observed(self, obs: dict) -> list[dict]:
+    def _observed(self, obs: dict, done: bool) -> list[dict]:
         """A plain env's step observation as the turns that answer the model: a chat observation's new
         messages (the env's own assistant messages, the model's reply, left out), its other fields as one
-        more user turn; else the formatted observation, less the instructions the system prompt holds."""
+        more user turn; else the formatted observation, less the instructions the system prompt holds.
+        A step that adds nothing ends the episode with no response (nothing for ECHO, no env response
+        counted); mid-episode it is an empty user turn, the turn the model's next reply answers."""
         own = self._own_instructions
         if own is not None:
             obs = {k: v for k, v in obs.items() if not (k in INSTRUCTION_KEYS and v == own)}
         chat = chat_turns(obs) if self._chat_seen else None
         if chat is None:
-            return [{"role": "user", "content": self.formatter(obs, context="step")}]
+            text = self.formatter(obs, context="step")
+            return [{"role": "user", "content": text}] if text.strip() or not done else []
         seen, self._chat_seen = self._chat_seen, chat
         new = chat[len(seen):] if chat[:len(seen)] == seen else chat  # an env that sends its whole history
         new = [m for m in new if m["role"] != "assistant"]
         rest = self.formatter({k: v for k, v in obs.items() if k != "messages"}, context="step")
         turns = [{"role": "user", "content": m["content"]} for m in new]
         turns += [{"role": "user", "content": rest}] if rest.strip() else []
-        return turns or [{"role": "user", "content": ""}]
+        return turns or ([] if done else [{"role": "user", "content": ""}])
 
     def step(self, assistant: dict) -> ChatStep:
         if self._reset_kwargs is None or self._done:
@@ -464,7 +467,8 @@ class ChatEnv:
         except ActionRefused as e:  # the right format, but illegal where the env stands: its own words
             raise Malformed(f"The environment rejected your last action: {one_line(str(e))}") from None
         obs = payload.get("observation", {})
-        return ChatStep(self._observed(obs), _reward(payload), bool(payload.get("done")), False,
+        done = bool(payload.get("done"))
+        return ChatStep(self._observed(obs, done), _reward(payload), done, False,
                         dict(obs.get("metadata") or {}))
 
     def close(self) -> None:

@@ -301,6 +301,27 @@ def test_a_chat_shaped_env_is_shown_as_chat_turns_and_answered_in_plain_text(qwe
     assert counts["env_responses_captured"] == 1
 
 
+def test_a_chat_env_that_ends_without_a_word_adds_no_response_to_the_row(qwen3_render):
+    # was: an empty user turn after the last action, counted as an env response (ECHO's scaffold targets)
+    from fixtures.rollout import make_cfg
+
+    from quaero.rollout.driver import DriverSettings, EpisodeDriver
+
+    with open_envs(EnvConfig(entry=f"{F}:SilentEndChatEnv"), 1) as pool:
+        pool.sessions[0].reset(seed=0)
+        end = pool.sessions[0].step(_reply("NO"))
+        assert end.messages == [] and end.done and end.reward == 0.0
+        cfg = make_cfg(env__entry=f"{F}:SilentEndChatEnv")
+        driver = EpisodeDriver(qwen3_render, None, DriverSettings.of(cfg), pool.counts)
+        ((ep,),) = driver.run(pool.sessions, [{"seed": 0, "split": "train", "index": 0}], group_size=1,
+                              policy=_scripted("YES"))
+        counts = pool.counts.snapshot_and_reset()
+    assert ep.reward == 1.0 and ep.messages[-1]["role"] == "assistant"
+    (row,) = ep.rows
+    assert [s.kind for s in row.spans] == ["prompt", "action"] and not any(row.echo_weights)
+    assert counts.get("env_responses", 0) == 0 and counts["prefix_mismatches"] == 0
+
+
 def test_a_chat_env_whose_action_has_optional_content_and_tool_calls_is_answered_in_plain_text(tmp_path,
                                                                                               capsys):
     # korrel 0.1.3's real export (issue #33's survey, D1): its Action has two optional fields, so replies had
