@@ -23,12 +23,14 @@ the LM head's weight gradient, which backward makes first) and the optimizer upd
 plus AdamW's temporaries (`OPTIMIZER_TEMPORARIES` of them). torch's AdamW runs per tensor on a CPU (its
 temporaries are the largest parameter's size: the embedding) and with foreach kernels on CUDA (trainable-
 sized sets; not yet measured here). At short rows the update is the step's peak. When it exceeds the
-device (CPU: available RAM; CUDA: the device's memory) the plan names the first knob, in `KNOBS` order,
-that would make it fit.
+device (CPU: available RAM; CUDA: the device's memory), less what the sampler takes from it
+(`sampler_share`: vLLM's engine beside the trainer), the plan names the first knob, in `KNOBS` order, that
+would make it fit.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 GIB = 2**30
@@ -284,12 +286,59 @@ KNOB_VALUES = {
 }
 
 
+# vLLM's CPU engine beside the step: its own copy of the weights, its KV cache (VLLM_CPU_KVCACHE_SPACE GiB,
+# quaero's default 1) and the engine's runtime above both. Measured (RSS of an in-process engine, loaded and
+# sampling 32 x 48 tokens): 1.0 GiB above weights and KV cache at tiny-qwen3, 1.6 at qwen3-0.6b-shape, the
+# larger taken (benchmarks/README.md, "every proof at the 0.6B shape")
+VLLM_CPU_RUNTIME = int(1.6 * GIB)
+
+
+@dataclass(frozen=True)
+class SamplerShare:
+    """What the sampler takes from the step's device, and how it was counted (one phrase)."""
+
+    bytes: int
+    how: str
+
+
+def sampler_share(cfg, device: str, dims: ModelDims, capacity: int | None) -> SamplerShare:
+    """The sampler's memory on `device` beside the train step: `hf` shares the trainer's module (nothing
+    more counted); vLLM in process, or `vllm serve` processes quaero starts on this host or device, holds per
+    engine `gpu_memory_utilization` of a CUDA device, or on a CPU its weights, KV cache and runtime."""
+    from quaero.sampling import resolve_backend
+
+    s = cfg.sampler
+    backend = resolve_backend(s.backend, device)
+    if backend != "vllm":
+        return SamplerShare(0, f"{backend} shares the trainer's weights")
+    if s.mode == "server" and s.urls:
+        return SamplerShare(0, "vLLM servers at [sampler] urls, not counted")
+    engines = 1 if s.mode == "colocated" else s.servers
+    where = "in process" if s.mode == "colocated" else f"{engines} local `vllm serve`"
+    if device.startswith("cuda"):
+        if s.mode == "server" and s.server_devices:
+            index = int(device.partition(":")[2] or 0)
+            engines = sum(1 for d in s.server_devices[:s.servers] if d == index)
+        share = int(engines * s.gpu_memory_utilization * (capacity or 0))
+        return SamplerShare(share, f"vLLM {where}: {engines} x gpu_memory_utilization "
+                                   f"{s.gpu_memory_utilization:g} of the device")
+    kv = int(float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or 1) * GIB)
+    weights = dims.params() * _bytes(cfg.model.dtype, dims)
+    each = (f"weights {gib(weights)} + KV cache {gib(kv)} (VLLM_CPU_KVCACHE_SPACE) + runtime "
+            f"{gib(VLLM_CPU_RUNTIME)}")
+    return SamplerShare(engines * (weights + kv + VLLM_CPU_RUNTIME),
+                        f"vLLM {where}: " + (f"{engines} x ({each})" if engines > 1 else each))
+
+
 def gib(n: int) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
-def plan_lines(p: MemoryPlan, *, capacity: int | None, capacity_source: str, row_note: str) -> list[str]:
-    """The plan as `quaero check` prints it: the figures, then one line if it does not fit."""
+def plan_lines(p: MemoryPlan, *, capacity: int | None, capacity_source: str, row_note: str,
+               sampler: SamplerShare | None = None) -> list[str]:
+    """The plan as `quaero check` prints it: the figures, then one line if it does not fit (the step's peak
+    against the device less the sampler's share)."""
+    sampler = sampler or SamplerShare(0, "")
     s, d = p.step, p.dims
     dtype = d.dtype if s.dtype == "auto" else s.dtype
     knobs = []
@@ -329,20 +378,26 @@ def plan_lines(p: MemoryPlan, *, capacity: int | None, capacity_source: str, row
         ),
         (
             f"  peak {gib(p.peak)}"
+            + (f" + sampler {gib(sampler.bytes)}" if sampler.bytes else "")
             + (f" of {gib(capacity)} {capacity_source}" if capacity else "")
             + f" (forward+backward {gib(p.fwd_bwd)}, update: gradients + AdamW temporaries {gib(p.update)})"
         ),
     ]
-    if capacity and p.peak > capacity:
-        found = fitting_knob(d, s, capacity)
+    if sampler.how:
+        lines.insert(-1, f"  sampler {gib(sampler.bytes)} beside the step ({sampler.how})")
+    room = capacity - sampler.bytes if capacity else None
+    if room is not None and p.peak > room:
+        found = fitting_knob(d, s, room) if room > 0 else None
         fix = (
             f"set {found[0]} = {KNOB_VALUES[found[0]]} (plan {gib(found[1].peak)})"
             if found
             else "no single knob makes it fit: a shorter [model] max_seq_len, a smaller micro_batch_tokens "
-            "or a smaller model"
+            "or a smaller model" + (", or the sampler elsewhere" if sampler.bytes else "")
         )
+        also = f" + sampler {gib(sampler.bytes)}" if sampler.bytes else ""
         lines.append(
-            f"memory plan exceeds the device: peak {gib(p.peak)} > {gib(capacity)} {capacity_source}; {fix}"
+            f"memory plan exceeds the device: peak {gib(p.peak)}{also} > {gib(capacity)} {capacity_source}; "
+            f"{fix}"
         )
     return lines
 
@@ -431,4 +486,5 @@ def memory_lines(cfg, device: str) -> list[str]:
     dims = ModelDims.from_fields(fields)
     step, note = step_shape(cfg, device)
     capacity, source = device_capacity(device)
-    return plan_lines(plan(dims, step), capacity=capacity, capacity_source=source, row_note=note)
+    return plan_lines(plan(dims, step), capacity=capacity, capacity_source=source, row_note=note,
+                      sampler=sampler_share(cfg, device, dims, capacity))

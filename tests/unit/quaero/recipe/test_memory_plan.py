@@ -109,6 +109,43 @@ def test_an_oversized_plan_says_so_in_one_line_naming_the_knob_that_fits():
     assert "no single knob makes it fit" in nothing[-1]
 
 
+def test_the_sampler_s_share_of_the_device_is_counted_beside_the_step(monkeypatch):
+    # was: the plan said 19.34 GiB of 22.49 available for the 0.6B shape at 4 x 8 episodes, and the run with
+    # vLLM in process was killed at 24.25 GiB RSS (the engine's weights, KV cache and runtime not counted)
+    d = dims("qwen3-0.6b-shape")
+    toml = ROOT / "envs" / "toolbench.toml"
+
+    def share(*sets, device="cpu", capacity=24 * GIB):
+        cfg = load_config(toml, ["model.name='qwen3-0.6b-shape'", "model.dtype='bfloat16'", *sets])
+        return mp.sampler_share(cfg, device, d, capacity)
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
+    engine = d.params() * 2 + 2 * GIB + mp.VLLM_CPU_RUNTIME
+    assert share("sampler.backend='vllm'").bytes == engine
+    assert share("sampler.backend='vllm'", "sampler.mode='server'", "sampler.servers=2").bytes == 2 * engine
+    remote = share("sampler.backend='vllm'", "sampler.mode='server'", "sampler.urls=['http://h:8000']")
+    assert remote.bytes == 0
+    assert share("sampler.backend='hf'").bytes == 0
+    on_gpu = share("sampler.backend='vllm'", "sampler.gpu_memory_utilization=0.3", device="cuda:0",
+                   capacity=100 * GIB)
+    assert on_gpu.bytes == int(0.3 * 100 * GIB) and "gpu_memory_utilization 0.3" in on_gpu.how
+    elsewhere = share("sampler.backend='vllm'", "sampler.mode='server'", "sampler.server_devices=[1]",
+                      device="cuda:0", capacity=100 * GIB)
+    assert elsewhere.bytes == 0
+
+    step = mp.StepShape(tokens=8192, targets=8192, target_span=8192, dtype="bfloat16", rows=2)
+    p = mp.plan(d, step)
+    room = p.peak + GIB  # the step alone fits; with the engine beside it, it does not
+    alone = mp.plan_lines(p, capacity=room, capacity_source="RAM available", row_note="")
+    assert not any("exceeds" in line for line in alone)
+    lines = mp.plan_lines(p, capacity=room, capacity_source="RAM available", row_note="",
+                          sampler=mp.SamplerShare(engine, "vLLM in process"))
+    assert f"  sampler {mp.gib(engine)} beside the step (vLLM in process)" in lines
+    assert lines[-1].startswith(f"memory plan exceeds the device: peak {mp.gib(p.peak)} + sampler "
+                                f"{mp.gib(engine)} > ")
+    assert "set backend.gradient_checkpointing = true" in lines[-1]
+
+
 def test_check_prints_the_plan_for_the_configured_model():
     cfg = load_config(
         ROOT / "envs" / "toolbench.toml", ["model.name='qwen3-0.6b-shape'", "model.max_seq_len=8192"]
