@@ -158,13 +158,14 @@ if [ "$DEVICE" != cpu ]; then
     for shape in "${SHAPES[@]}"; do
         step "check_$shape" 300 "${QC[@]}" check envs/toolbench.toml --set "model.name=\"$shape\"" \
             --set 'model.dtype="bfloat16"' --set run.device=cuda
-        # a random-init shape emits no valid action: 300 warm-start demos at 5e-4 teach the 0.6B shape the
-        # tool-call protocol (benchmarks/README.md, "every proof at the 0.6B shape"), then RL at a real lr
+        # a random-init shape emits no valid action: the main job's 2,000 warm-start demos (500 steps x 4) at
+        # 5e-4, then RL at a real lr. On the CPU 500 demos taught the 0.6B shape the tool-call protocol but
+        # not the task (greedy eval 1 of 4, 0 of 96 sampled RL episodes; benchmarks/README.md, "Fourth pass")
         step "train_$shape" 600 "${QC[@]}" train envs/toolbench.toml --set "model.name=\"$shape\"" \
             --set 'model.dtype="bfloat16"' --set sampler.backend=vllm --set training.steps=2 \
-            --set training.warmup_sft_steps=300 --set training.warmup_sft_lr=5e-4 --set backend.lr=1e-5 \
-            --set training.tasks_per_step=1 --set training.checkpoint_every=100 --set training.eval_every=300 \
-            --set training.eval_tasks=4 --set run.name="gpu-check-$shape" \
+            --set training.warmup_sft_steps=500 --set training.warmup_sft_lr=5e-4 --set backend.lr=1e-5 \
+            --set training.checkpoint_every=250 --set training.eval_every=500 \
+            --set training.eval_tasks=16 --set run.name="gpu-check-$shape" \
             --set "run.output_dir=\"$OUT/runs\"" --set run.device=cuda --set sampler.gpu_memory_utilization=0.3
         step "review_$shape" 60 sh -c "\"$PY\" -m quaero.cli review \"$OUT/runs/gpu-check-$shape\" \
             --require-proof --json > \"$OUT/review_$shape.json\""
