@@ -111,7 +111,7 @@ def test_an_oversized_plan_says_so_in_one_line_naming_the_knob_that_fits():
 
 def test_the_sampler_s_share_of_the_device_is_counted_beside_the_step(monkeypatch):
     # was: the plan said 19.34 GiB of 22.49 available for the 0.6B shape at 4 x 8 episodes, and the run with
-    # vLLM in process was killed at 24.25 GiB RSS (the engine's weights, KV cache and runtime not counted)
+    # vLLM in process was killed at 23.13 GiB RSS (the engine's weights, KV cache and runtime not counted)
     d = dims("qwen3-0.6b-shape")
     toml = ROOT / "envs" / "toolbench.toml"
 
