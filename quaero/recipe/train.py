@@ -769,6 +769,11 @@ def _resume_point(cfg: QuaeroConfig, *, resume: bool, restart: bool) -> tuple[Pa
     return found
 
 
+def _found_step(found: tuple[Path, dict] | None) -> int:
+    """The step of the checkpoint a run resumes from (0: it starts at step 1)."""
+    return 0 if found is None else int(found[1].get("step", 0))
+
+
 def _resume(c: Components, found: tuple[Path, dict] | None) -> int:
     if found is None:
         return 0
@@ -831,6 +836,10 @@ class StopRequest:
 def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path, dict] | None) -> None:
     cfg = c.cfg
     start = _resume(c, found)
+    if stop.requested:  # while the trainer, the sampler or the checkpoint loaded: no step begun to finish
+        log.info(names.RUN_END_EVENT, status="interrupted", steps=start, run_id=run_id,
+                 note="stopped before the first step")
+        raise KeyboardInterrupt
     total = cfg.training.warmup_sft_steps + cfg.training.steps
     if start == 0 and cfg.training.eval_every:
         eval_at(c, 0)
@@ -1012,7 +1021,12 @@ def train(cfg: QuaeroConfig, *, resume: bool = False, restart: bool = False, sou
                     log.info("run_start", source=source, run_dir=str(run_dir),
                              config=cfg.model_dump(mode="json"),
                              **spread)
-                c = build(cfg, pools, counts, sampler_log_dir=run_dir / names.SAMPLER_SERVERS)
+                try:
+                    c = build(cfg, pools, counts, sampler_log_dir=run_dir / names.SAMPLER_SERVERS)
+                except KeyboardInterrupt:  # a stop request while the sampler's servers started (stopped now)
+                    log.info(names.RUN_END_EVENT, status="interrupted", steps=_found_step(found),
+                             run_id=run_id, note="stopped while the sampler started, before the first step")
+                    raise
                 try:
                     _loop(c, stop, tqdm, run_id, found)
                 finally:

@@ -59,8 +59,15 @@ class ServedProcess:
             return ""
 
     def wait_ready(self, timeout_s: float) -> None:
+        """Until `url` answers /health: raises ServerStartError past `timeout_s` or when the server exits,
+        KeyboardInterrupt at a stop request (`quaero train`'s first Ctrl-C or SIGTERM: no step has begun, so
+        there is none to finish; `start_together` stops the servers)."""
+        from quaero.sampling.wire import STOP_REQUESTED  # here: this file also runs as the small supervisor
+
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout_s:
+            if STOP_REQUESTED.is_set():
+                raise KeyboardInterrupt
             if self.proc.poll() is not None:
                 raise ServerStartError(f"{self.name} exited with {self.proc.returncode} before answering "
                                        f"{self.url}/health; its log ({self.log_path}) "
