@@ -289,7 +289,7 @@ KNOB_VALUES = {
 # vLLM's CPU engine beside the step: its own copy of the weights, its KV cache (VLLM_CPU_KVCACHE_SPACE GiB,
 # quaero's default 1) and the engine's runtime above both. Measured (RSS of an in-process engine, loaded and
 # sampling 32 x 48 tokens): 1.0 GiB above weights and KV cache at tiny-qwen3, 1.6 at qwen3-0.6b-shape, the
-# larger taken (benchmarks/README.md, "every proof at the 0.6B shape")
+# larger taken (benchmarks/README.md, "Fourth pass")
 VLLM_CPU_RUNTIME = int(1.6 * GIB)
 
 
