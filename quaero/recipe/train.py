@@ -836,7 +836,7 @@ class StopRequest:
 def _loop(c: Components, stop: StopRequest, tqdm, run_id: str, found: tuple[Path, dict] | None) -> None:
     cfg = c.cfg
     start = _resume(c, found)
-    if stop.requested:  # while the trainer, the sampler or the checkpoint loaded: no step begun to finish
+    if ranks.any_rank(stop.requested):  # while the trainer, sampler or checkpoint loaded: no step to finish
         log.info(names.RUN_END_EVENT, status="interrupted", steps=start, run_id=run_id,
                  note="stopped before the first step")
         raise KeyboardInterrupt
