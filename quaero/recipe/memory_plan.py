@@ -305,7 +305,7 @@ def sampler_share(cfg, device: str, dims: ModelDims, capacity: int | None) -> Sa
     """The sampler's memory on `device` beside the train step: `hf` shares the trainer's module (nothing
     more counted); vLLM in process, or `vllm serve` processes quaero starts on this host or device, holds per
     engine `gpu_memory_utilization` of a CUDA device, or on a CPU its weights, KV cache and runtime."""
-    from quaero.sampling import resolve_backend
+    from quaero.sampling import CPU_KV_CACHE_ENV, CPU_KV_CACHE_GIB, resolve_backend
 
     s = cfg.sampler
     backend = resolve_backend(s.backend, device)
@@ -314,17 +314,17 @@ def sampler_share(cfg, device: str, dims: ModelDims, capacity: int | None) -> Sa
     if s.mode == "server" and s.urls:
         return SamplerShare(0, "vLLM servers at [sampler] urls, not counted")
     engines = 1 if s.mode == "colocated" else s.servers
+    if device.startswith("cuda") and s.mode == "server" and s.server_devices:  # on this device only
+        index = int(device.partition(":")[2] or 0)
+        engines = sum(1 for d in s.server_devices[:s.servers] if d == index)
     where = "in process" if s.mode == "colocated" else f"{engines} local `vllm serve`"
     if device.startswith("cuda"):
-        if s.mode == "server" and s.server_devices:
-            index = int(device.partition(":")[2] or 0)
-            engines = sum(1 for d in s.server_devices[:s.servers] if d == index)
         share = int(engines * s.gpu_memory_utilization * (capacity or 0))
         return SamplerShare(share, f"vLLM {where}: {engines} x gpu_memory_utilization "
                                    f"{s.gpu_memory_utilization:g} of the device")
-    kv = int(float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or 1) * GIB)
+    kv = int(float(os.environ.get(CPU_KV_CACHE_ENV) or CPU_KV_CACHE_GIB) * GIB)
     weights = dims.params() * _bytes(cfg.model.dtype, dims)
-    each = (f"weights {gib(weights)} + KV cache {gib(kv)} (VLLM_CPU_KVCACHE_SPACE) + runtime "
+    each = (f"weights {gib(weights)} + KV cache {gib(kv)} ({CPU_KV_CACHE_ENV}) + runtime "
             f"{gib(VLLM_CPU_RUNTIME)}")
     return SamplerShare(engines * (weights + kv + VLLM_CPU_RUNTIME),
                         f"vLLM {where}: " + (f"{engines} x ({each})" if engines > 1 else each))
@@ -339,6 +339,7 @@ def plan_lines(p: MemoryPlan, *, capacity: int | None, capacity_source: str, row
     """The plan as `quaero check` prints it: the figures, then one line if it does not fit (the step's peak
     against the device less the sampler's share)."""
     sampler = sampler or SamplerShare(0, "")
+    beside = f" + sampler {gib(sampler.bytes)}" if sampler.bytes else ""
     s, d = p.step, p.dims
     dtype = d.dtype if s.dtype == "auto" else s.dtype
     knobs = []
@@ -378,7 +379,7 @@ def plan_lines(p: MemoryPlan, *, capacity: int | None, capacity_source: str, row
         ),
         (
             f"  peak {gib(p.peak)}"
-            + (f" + sampler {gib(sampler.bytes)}" if sampler.bytes else "")
+            + beside
             + (f" of {gib(capacity)} {capacity_source}" if capacity else "")
             + f" (forward+backward {gib(p.fwd_bwd)}, update: gradients + AdamW temporaries {gib(p.update)})"
         ),
@@ -394,10 +395,9 @@ def plan_lines(p: MemoryPlan, *, capacity: int | None, capacity_source: str, row
             else "no single knob makes it fit: a shorter [model] max_seq_len, a smaller micro_batch_tokens "
             "or a smaller model" + (", or the sampler elsewhere" if sampler.bytes else "")
         )
-        also = f" + sampler {gib(sampler.bytes)}" if sampler.bytes else ""
         lines.append(
-            f"memory plan exceeds the device: peak {gib(p.peak)}{also} > {gib(capacity)} {capacity_source}; "
-            f"{fix}"
+            f"memory plan exceeds the device: peak {gib(p.peak)}{beside} > {gib(capacity)} {capacity_source}"
+            f"; {fix}"
         )
     return lines
 

@@ -769,11 +769,6 @@ def _resume_point(cfg: QuaeroConfig, *, resume: bool, restart: bool) -> tuple[Pa
     return found
 
 
-def _found_step(found: tuple[Path, dict] | None) -> int:
-    """The step of the checkpoint a run resumes from (0: it starts at step 1)."""
-    return 0 if found is None else int(found[1].get("step", 0))
-
-
 def _resume(c: Components, found: tuple[Path, dict] | None) -> int:
     if found is None:
         return 0
@@ -1024,8 +1019,9 @@ def train(cfg: QuaeroConfig, *, resume: bool = False, restart: bool = False, sou
                 try:
                     c = build(cfg, pools, counts, sampler_log_dir=run_dir / names.SAMPLER_SERVERS)
                 except KeyboardInterrupt:  # a stop request while the sampler's servers started (stopped now)
-                    log.info(names.RUN_END_EVENT, status="interrupted", steps=_found_step(found),
-                             run_id=run_id, note="stopped while the sampler started, before the first step")
+                    resumed_at = found[1]["step"] if found else 0
+                    log.info(names.RUN_END_EVENT, status="interrupted", steps=resumed_at, run_id=run_id,
+                             note="stopped while the sampler started, before the first step")
                     raise
                 try:
                     _loop(c, stop, tqdm, run_id, found)

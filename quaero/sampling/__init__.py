@@ -22,6 +22,10 @@ from quaero import sampler_registry as registry
 if TYPE_CHECKING:
     import torch
 
+# vLLM's CPU engine reserves this many GiB for its KV cache; quaero sets it where the variable is unset
+# (the engine in process and the `vllm serve` processes it starts), and `quaero check` counts it
+CPU_KV_CACHE_ENV, CPU_KV_CACHE_GIB = "VLLM_CPU_KVCACHE_SPACE", 1
+
 
 @dataclass
 class Completion:

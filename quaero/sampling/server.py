@@ -38,7 +38,14 @@ import torch
 
 from quaero import process_group
 from quaero.config import SamplerConfig
-from quaero.sampling import Completion, completion_budget, finish_reason, request_seed
+from quaero.sampling import (
+    CPU_KV_CACHE_ENV,
+    CPU_KV_CACHE_GIB,
+    Completion,
+    completion_budget,
+    finish_reason,
+    request_seed,
+)
 from quaero.sampling.supervisor import ServedProcess, free_port, start_all
 from quaero.sampling.vllm import cpu_whole_prefill, saved_weights
 from quaero.sampling.wire import exchange
@@ -82,7 +89,7 @@ def server_env(cfg: SamplerConfig, *, device: int | None, on_cpu: bool) -> dict[
     server's only visible device; None keeps this process's devices (the server then takes the first)."""
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
     if on_cpu:
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
+        env.setdefault(CPU_KV_CACHE_ENV, str(CPU_KV_CACHE_GIB))
     if cfg.weight_transfer == "ipc":  # the IPC handles arrive pickled in the /update_weights JSON
         env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     if device is not None:

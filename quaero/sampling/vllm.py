@@ -26,7 +26,14 @@ from collections.abc import Iterator
 import torch
 
 from quaero.config import SamplerConfig
-from quaero.sampling import Completion, completion_budget, finish_reason, request_seed
+from quaero.sampling import (
+    CPU_KV_CACHE_ENV,
+    CPU_KV_CACHE_GIB,
+    Completion,
+    completion_budget,
+    finish_reason,
+    request_seed,
+)
 
 MULTIPROCESSING = "VLLM_ENABLE_V1_MULTIPROCESSING"
 _in_process_engines: weakref.WeakSet = weakref.WeakSet()  # live engines running inside this process
@@ -89,7 +96,7 @@ def make_engine(model_path: str, *, dtype: str = "float32", max_model_len: int =
     if in_process is None:
         in_process = engine_in_process()
     if on_cpu:
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        os.environ.setdefault(CPU_KV_CACHE_ENV, str(CPU_KV_CACHE_GIB))
     kwargs = {"model": model_path, "dtype": dtype if dtype != "auto" else "auto",
               "max_model_len": max_model_len,
                   "seed": seed, "max_num_seqs": max_num_seqs, "enable_prefix_caching": enable_prefix_caching,
