@@ -278,11 +278,13 @@ def test_sigterm_ends_a_training_step_that_waits_on_a_silent_vllm_server(tmp_pat
 
     recorded = json.loads((ROOT / "tests" / "fixtures" / "vllm_server_info.json").read_text())
     release = threading.Event()
+    asked = threading.Event()
 
     def silent_on_posts(method, path, body):
         if method == "GET":
             return {"/v1/models": (200, recorded["models"]),
                     "/server_info?config_format=json": (200, recorded["server_info"])}.get(path, (404, b""))
+        asked.set()
         release.wait(120)  # the fault: a completion that never comes
         return None
 
@@ -294,10 +296,9 @@ def test_sigterm_ends_a_training_step_that_waits_on_a_silent_vllm_server(tmp_pat
     events = cfg.run_dir / "events.jsonl"
 
     def stop_once_started():
-        deadline = time.time() + 120
-        while time.time() < deadline and not (events.exists() and '"run_start"' in events.read_text()):
-            time.sleep(0.2)
-        time.sleep(1.0)  # into the step's first completion request
+        # into the step's first completion request (a stop before the first step ends the run there instead)
+        asked.wait(120)
+        time.sleep(0.2)
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=stop_once_started, daemon=True).start()
