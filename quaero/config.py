@@ -463,6 +463,24 @@ class QuaeroConfig(_Section):
         return (self.training.warmup_sft_lr or self.backend.lr) if sft else self.backend.lr
 
 
+# Keys that change when and what a run logs or keeps, not what any of its steps trains
+UNTRAINED_KEYS = ("training.steps", "training.checkpoint_every", "training.keep_checkpoints",
+                  "training.eval_every", "training.eval_tasks", "logging.", "run.output_dir")
+
+
+def changed_keys(old: dict, new: dict, prefix: str = "") -> dict[str, list]:
+    """The dotted keys whose values differ between two `model_dump(mode="json")` configs: {key: [old, new]}
+    (a key one of them lacks is None there)."""
+    out: dict[str, list] = {}
+    for key in sorted(old.keys() | new.keys()):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out |= changed_keys(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out[f"{prefix}{key}"] = [a, b]
+    return out
+
+
 def _closest(key: str, model: type[BaseModel]) -> str:
     match = difflib.get_close_matches(key, list(model.model_fields), n=1, cutoff=0.5)
     return f"; did you mean {match[0]!r}?" if match else f"; valid keys: {', '.join(model.model_fields)}"

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quaero.config import SINGLE, ConfigError, QuaeroConfig
+from quaero.config import SINGLE, UNTRAINED_KEYS, ConfigError, QuaeroConfig, changed_keys
 from quaero.openenv_client.tasks import check_splits, eval_indices
 from quaero.recipe import checkpoint, ranks
 from quaero.recipe.ahead import Rollout, RolloutsAhead
@@ -769,6 +769,28 @@ def _resume_point(cfg: QuaeroConfig, *, resume: bool, restart: bool) -> tuple[Pa
     return found
 
 
+def _note_changed_config(cfg: QuaeroConfig, found: tuple[Path, dict] | None) -> None:
+    """A resume under another config than the run's last (its config.json): the steps after it train with
+    this one, so they no longer reproduce an uninterrupted run. Said once, with what changed; a warning where
+    a change reaches what a step trains (the seed, the env, the sampler, the loss), info where it only moves
+    when the run stops, evaluates, checkpoints or logs. `quaero review` repeats it."""
+    previous = cfg.run_dir / names.CONFIG
+    if found is None or not previous.is_file():
+        return
+    try:
+        before = json.loads(previous.read_text())
+    except (OSError, ValueError):
+        return  # not the run's to judge: config.json is rewritten below
+    changes = changed_keys(before, cfg.model_dump(mode="json"))
+    if not changes:
+        return
+    trained = sorted(k for k in changes if not k.startswith(UNTRAINED_KEYS))
+    (log.warning if trained else log.info)(
+        names.RESUME_CONFIG_CHANGED_EVENT, checkpoint_step=found[1]["step"], changes=changes, trained=trained,
+        note="the steps after this resume train with the new values" if trained
+        else "only when the run stops, evaluates, checkpoints or logs changed")
+
+
 def _resume(c: Components, found: tuple[Path, dict] | None) -> int:
     if found is None:
         return 0
@@ -1011,6 +1033,7 @@ def train(cfg: QuaeroConfig, *, resume: bool = False, restart: bool = False, sou
             pools = open_pools(held, cfg, counts)
             with StopRequest() as stop:
                 if ranks.is_main():
+                    _note_changed_config(cfg, found)
                     (run_dir / names.CONFIG).write_text(cfg.model_dump_json(indent=2))
                     spread = {names.RANKS: ranks.world_size()} if ranks.world_size() > 1 else {}
                     log.info("run_start", source=source, run_dir=str(run_dir),

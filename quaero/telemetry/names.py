@@ -346,6 +346,8 @@ EVAL_BY_ENV = _eval.per_step("eval_by_env", "a mixture's: `{env: {eval_success_r
 TRAIN_STEP_EVENT = "train_step"
 EVAL_EVENT = "eval"
 RUN_END_EVENT = "run_end"
+# a resume under another config than the run's last: {checkpoint_step, changes: {key: [old, new]}, trained}
+RESUME_CONFIG_CHANGED_EVENT = "resume_config_changed"
 TASKS_DRAWN_EVENT = "tasks_drawn"  # each step's tasks per env, with the weights they were drawn with
 # [training] rl_token_budget reached: this step is the last
 RL_TOKEN_BUDGET_SPENT_EVENT = "rl_token_budget_spent"

@@ -289,7 +289,28 @@ def summarize(run: dict) -> dict[str, Any]:
             else None
         ),
         **({"per_env": envs} if (envs := per_env(run)) else {}),
+        # resumes under another config than the run's last (quaero/recipe/train.py _note_changed_config)
+        **({"resumed_with_changed_config": changed} if (changed := resumes_changed(run)) else {}),
     }
+
+
+def resumes_changed(run: dict) -> dict[str, dict]:
+    """{checkpoint step: {"changes": {key: [old, new]}, "trained": [keys that reach what a step trains]}}."""
+    out = {}
+    for e in run["events"]:
+        if e.get("event") != names.RESUME_CONFIG_CHANGED_EVENT or not isinstance(e.get("changes"), dict):
+            continue  # a hand-edited line is not the run's to repeat
+        changes = {str(k): v for k, v in e["changes"].items() if isinstance(v, list) and len(v) == 2}
+        trained = e.get("trained")
+        out[str(e.get("checkpoint_step"))] = {
+            "changes": changes, "trained": [str(k) for k in trained] if isinstance(trained, list) else []}
+    return out
+
+
+def changed_line(step: str, resumed: dict) -> str:
+    changes = ", ".join(f"{k} {_fmt(a)} -> {_fmt(b)}" for k, (a, b) in resumed["changes"].items())
+    return (f"{'warning' if resumed['trained'] else 'note'}: resumed at step {step} with a changed config"
+            f"{' (the steps after it train with the new values)' if resumed['trained'] else ''}: {changes}")
 
 
 def _fmt(v: Any) -> str:
@@ -442,6 +463,8 @@ def _review(args, require: list[str]) -> int:
         # a mixture's; the checks above judge the pooled run
         for env, figures in s.get("per_env", {}).items():
             print(env_line(env, figures))
+        for step, resumed in s.get("resumed_with_changed_config", {}).items():
+            print(changed_line(step, resumed))
         for p in plots:
             print(f"plot {p}")
     missed = proofs.unmet(checks, require_proof=args.require_proof, names=require)
