@@ -33,9 +33,9 @@ def rss_mb() -> float:
 
 def peak_rss_mb() -> float:
     """The process's peak resident set size, MiB (the trainer's own CPU peak reading, trainers/memory.py)."""
-    from trainers.memory import peak_mem_mb
+    from trainers.memory import process_peak_mb
 
-    return round(peak_mem_mb("cpu")[0], 1)
+    return round(process_peak_mb("cpu"), 1)
 
 
 def weights_sha(model) -> str:

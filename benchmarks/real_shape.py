@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from trainers.memory import peak_mem_mb, process_peak_mb, reset_peak
+
 GIB = 2**30
 CASES = {  # name -> (TrainerSpec overrides, memory-plan StepShape overrides)
     "full": ({"selective_logits": False}, {"selective": False}),
@@ -49,17 +51,12 @@ CASES = {  # name -> (TrainerSpec overrides, memory-plan StepShape overrides)
 
 
 def _reset_rss_peak() -> None:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM (Linux)
-    except OSError:
-        pass
+    reset_peak("cpu")  # the trainer's own window (trainers/memory.py: VmHWM reset on Linux)
 
 
 def rss_peak() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return 0
+    """Bytes: the process's peak RSS since the last reset."""
+    return round(peak_mem_mb("cpu")[0] * 2**20)
 
 
 def model_folder(name: str, layers: int | None) -> tuple[str, dict]:
@@ -325,7 +322,7 @@ def phases(model: str, fields: dict, args) -> dict[str, Any]:
                 return round(sum(f.stat().st_size for f in Path(folder).iterdir()) / GIB, 2)
 
         out["weights_folder_gib"] = timed("weight_push_file_write", push)
-    out["process_peak_rss_gib"] = round(rss_peak() / GIB, 2)
+    out["process_peak_rss_gib"] = round(process_peak_mb("cpu") * 2**20 / GIB, 2)
     return out
 
 

@@ -58,14 +58,62 @@ def saved_tensors_offload(device: torch.device | str, *, enabled: bool, pin_memo
     return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
 
+# Linux resets a process's peak RSS (VmHWM, and getrusage's ru_maxrss with it) on "5" written here, so a CPU
+# run can read each phase's own peak as CUDA does with reset_peak_memory_stats (proc(5), clear_refs)
+_CLEAR_REFS = "/proc/self/clear_refs"
+_STATUS = "/proc/self/status"
+_rss_resets = sys.platform.startswith("linux")  # until a write is refused (a sandbox may forbid it)
+_folded_mb: dict[str, float] = {}  # per device type: the process's peak before the last reset
+
+
 def reset_peak(device: torch.device | str) -> None:
-    if torch.device(device).type == "cuda":
+    """Open a window: `peak_mem_mb` reads the peak since here (`process_peak_mb` keeps the process's)."""
+    global _rss_resets
+    kind = torch.device(device).type
+    _folded_mb[kind] = process_peak_mb(device)
+    if kind == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    elif _rss_resets:
+        try:
+            with open(_CLEAR_REFS, "w") as f:
+                f.write("5")
+        except OSError:
+            _rss_resets = False
+
+
+def _vm_hwm_mb() -> float | None:
+    try:
+        with open(_STATUS) as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 2**10
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def peak_mem_mb(device: torch.device | str) -> tuple[float, str]:
-    """(peak MB, source): the CUDA allocator's peak since `reset_peak`, else the process's peak RSS."""
+    """(peak MB, source) since `reset_peak`: the CUDA allocator's peak (`cuda_max_allocated`), else the
+    process's peak RSS since the reset on Linux (`rss_since_reset`), else the process's peak RSS since it
+    started (`process_peak_rss`: no reset where the kernel has none)."""
     if torch.device(device).type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20, "cuda_max_allocated"
+    if _rss_resets and torch.device(device).type in _folded_mb and (hwm := _vm_hwm_mb()) is not None:
+        return hwm, "rss_since_reset"
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     return rss / (2**20 if sys.platform == "darwin" else 2**10), "process_peak_rss"
+
+
+def process_peak_mb(device: torch.device | str) -> float:
+    """The peak since the process started (CUDA: the allocator's), whatever windows `reset_peak` opened."""
+    return max(_folded_mb.get(torch.device(device).type, 0.0), peak_mem_mb(device)[0])
+
+
+@contextlib.contextmanager
+def peak_window(device: torch.device | str, out: dict, key: str):
+    """`out[key]` = the peak MB of the block (`reset_peak` ... `peak_mem_mb`), rounded to 0.1."""
+    reset_peak(device)
+    try:
+        yield
+    finally:
+        out[key] = round(peak_mem_mb(device)[0], 1)

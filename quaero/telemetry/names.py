@@ -177,9 +177,11 @@ CONTEXT_TOKENS_REMOVED = _step.count("context_tokens_removed", "tokens those cro
 SAVE_ON_CPU_OFFLOADED_TENSORS = _step.count("save_on_cpu_offloaded_tensors", "tensors offloaded to CPU")
 SAVE_ON_CPU_OFFLOADED_MB = _step.per_step("save_on_cpu_offloaded_mb", "MiB offloaded to CPU")
 STEP_TIME_S = _step.per_step("step_time_s", "the trainer step's seconds")
-PEAK_MEM_MB = _step.largest("peak_mem_mb", "peak memory of the step")
-PEAK_MEM_SOURCE = _step.latest("peak_mem_source", "what measured it: `cuda_max_allocated` or "
-                                                  "`process_peak_rss`")
+PEAK_MEM_MB = _step.largest("peak_mem_mb", "peak memory of the trainer step (forward, backward, update)")
+PEAK_MEM_SOURCE = _step.latest("peak_mem_source", "what measured it: `cuda_max_allocated` (the allocator's), "
+                               "`rss_since_reset` (the process's RSS peak over the step, Linux) or "
+                               "`process_peak_rss` (since the process started, where the peak cannot be "
+                               "reset)")
 RANKS = _step.latest("ranks", "torchrun ranks (more than one only)")
 RANK_ROWS = _step.per_step("rank_rows", "rows per rank")
 RANK_ROW_TOKENS = _step.per_step("rank_row_tokens", "row tokens per rank")
@@ -275,9 +277,15 @@ WARM_START_PHASES = (PHASE_SFT, PHASE_TRACES_RL)
 WEIGHTS_PUSHED = _recipe.count("weights_pushed", "1 when the weights were pushed to the sampler before it "
                                                  "sampled")
 WEIGHT_SYNC_S = _recipe.per_step("weight_sync_s", "the push's seconds")
+WEIGHT_SYNC_PEAK_MEM_MB = _recipe.largest("weight_sync_peak_mem_mb",
+                                          "peak memory of the push (as `peak_mem_mb`)")
 WEIGHT_TRANSFER = _recipe.latest("weight_transfer", "how it went (`file`, `nccl`, `ipc`, or the engine's "
                                                     "own)")
 ROLLOUT_TIME_S = _recipe.per_step("rollout_time_s", "the rollout's seconds")
+ROLLOUT_PEAK_MEM_MB = _recipe.largest("rollout_peak_mem_mb", "peak memory of the rollout (as `peak_mem_mb`; "
+                                      "not with `max_off_policy_steps`, where it overlaps the trainer step)")
+PROCESS_PEAK_MEM_MB = _recipe.largest("process_peak_mem_mb", "the process's peak memory since it started, "
+                                      "every phase (checkpoints, pushes, evaluations) included")
 TOTAL_STEP_TIME_S = _recipe.per_step("total_step_time_s", "the whole step's seconds")
 TOKENS_PER_S = _recipe.per_step("tokens_per_s", "trained row tokens per second of the whole step")
 POLICY_STALENESS = _recipe.largest("policy_staleness", "how many policy versions older than the trained "
@@ -332,6 +340,7 @@ EVAL_EPISODES = _eval.per_step("eval_episodes", "episodes evaluated")
 EVAL_DROPPED = _eval.per_step("eval_dropped", "episodes dropped")
 EVAL_TRUNCATED = _eval.per_step("eval_truncated", "episodes truncated")
 EVAL_TIME_S = _eval.per_step("eval_time_s", "the evaluation's seconds")
+EVAL_PEAK_MEM_MB = _eval.per_step("eval_peak_mem_mb", "its peak memory (as `peak_mem_mb`)")
 EVAL_DROP_REASONS = _eval.per_step("eval_drop_reasons", "dropped episodes by reason")
 EVAL_RESULTS = _eval.per_step("eval_results",
                               "per task, for paired comparisons (`quaero review`): `[index, success, "
@@ -346,6 +355,8 @@ EVAL_BY_ENV = _eval.per_step("eval_by_env", "a mixture's: `{env: {eval_success_r
 TRAIN_STEP_EVENT = "train_step"
 EVAL_EVENT = "eval"
 RUN_END_EVENT = "run_end"
+# a checkpoint written: {path, seconds, peak_mem_mb (the write's, as a step's)}
+CHECKPOINT_SAVED_EVENT = "checkpoint_saved"
 # a resume under another config than the run's last: {checkpoint_step, changes: {key: [old, new]}, trained}
 RESUME_CONFIG_CHANGED_EVENT = "resume_config_changed"
 TASKS_DRAWN_EVENT = "tasks_drawn"  # each step's tasks per env, with the weights they were drawn with

@@ -297,7 +297,7 @@ def summarize(run: dict) -> dict[str, Any]:
 def resumes_changed(run: dict) -> dict[str, dict]:
     """{checkpoint step: {"changes": {key: [old, new]}, "trained": [keys that reach what a step trains]}}."""
     out = {}
-    for e in run["events"]:
+    for e in run.get("events", ()):
         if e.get("event") != names.RESUME_CONFIG_CHANGED_EVENT or not isinstance(e.get("changes"), dict):
             continue  # a hand-edited line is not the run's to repeat
         changes = {str(k): v for k, v in e["changes"].items() if isinstance(v, list) and len(v) == 2}

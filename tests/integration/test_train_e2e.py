@@ -52,6 +52,13 @@ def test_main_job_short_run_logs_proofs_and_cleans_up(tmp_path):
     assert sft["action_tokens"] == sft["rollout_action_tokens"] > 0  # SFT trains every sampled action token
     assert all(s["rows"] > 0 and s["episodes"] == 2 * (1 if s["phase"] == "sft" else 2) for s in steps)
     assert steps[-1]["cumulative"]["local_train_selective_hidden_logprob_batches"] >= 1
+    # each phase's own peak (Linux resets the RSS peak per window); the process's covers every phase
+    for s in steps:
+        assert s["peak_mem_source"] == "rss_since_reset" and 0 < s["rollout_peak_mem_mb"]
+        assert s["process_peak_mem_mb"] >= max(s["peak_mem_mb"], s["rollout_peak_mem_mb"])
+    saved = events_of(run_dir, "checkpoint_saved")
+    assert saved and all(e["peak_mem_mb"] > 0 and e["seconds"] > 0 for e in saved)
+    assert all(0 < e["eval_peak_mem_mb"] <= steps[-1]["process_peak_mem_mb"] for e in evals)
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000002", "step-000003"]
     assert json.loads((run_dir / "config.json").read_text())["run"]["name"] == "e2e"
     args = SimpleNamespace(run_dir=str(run_dir), require_proof=True, require=[], plots=None, json=False,
@@ -228,6 +235,7 @@ def test_terminal_ctrl_c_stops_a_vllm_sampled_run_at_a_checkpoint(tmp_path):
     # new engine loads the base model and gets the checkpoint's weights before its first step samples
     assert "weights_pushed" not in steps[1] and steps[2]["weights_pushed"] == 1
     assert steps[2]["weight_transfer"] == "file"  # the colocated engine reloads a safetensors folder
+    assert 0 < steps[2]["weight_sync_peak_mem_mb"] <= steps[2]["process_peak_mem_mb"]  # the push's own peak
     assert steps[end["steps"] + 1]["weights_pushed"] == 1
     for rl in (steps[s] for s in (2, 3, 4)):
         assert rl["prefix_mismatches"] == 0 and rl["bridge_fallbacks"] == 0 and rl["turns"] > 0
