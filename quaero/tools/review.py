@@ -21,7 +21,7 @@ from quaero.telemetry.runlog import read_events
 PLOT_SERIES = {
     "reward": [names.REWARD_MEAN, names.EVAL_REWARD],
     "losses": [names.RL_LOSS, names.ECHO_LOSS, names.SFT_LOSS],
-    "memory": [names.PEAK_MEM_MB],
+    "memory": [names.PEAK_MEM_MB, names.ROLLOUT_PEAK_MEM_MB, names.PROCESS_PEAK_MEM_MB],
     "branches": list(proofs.BRANCH_COUNTERS),
 }
 
@@ -247,6 +247,13 @@ def summarize(run: dict) -> dict[str, Any]:
         names.ROW_TOKENS: _sum(steps, names.ROW_TOKENS),
         "step_time_median_s": statistics.median(times) if times else None,
         names.PEAK_MEM_MB: max(_series(steps, names.PEAK_MEM_MB), default=None),
+        # each phase's own peak where the device resets it (trainers/memory.py), and the process's
+        **{k: max(_series(steps, k), default=None)
+           for k in (names.ROLLOUT_PEAK_MEM_MB, names.WEIGHT_SYNC_PEAK_MEM_MB, names.PROCESS_PEAK_MEM_MB)},
+        names.EVAL_PEAK_MEM_MB: max(_series(evals, names.EVAL_PEAK_MEM_MB), default=None),
+        "checkpoint_peak_mem_mb": max(_series([e for e in run.get("events", ())
+                                               if e.get("event") == names.CHECKPOINT_SAVED_EVENT],
+                                              names.PEAK_MEM_MB), default=None),
         names.ENV_RETRIES: _sum(steps, names.ENV_RETRIES),
         names.EPISODES_DROPPED: _sum(steps, names.EPISODES_DROPPED),
         names.EPISODES_ENDED_AT_RESET: _sum(steps, names.EPISODES_ENDED_AT_RESET),
