@@ -39,6 +39,8 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # (two RMSNorms' inputs and outputs, q/k/v projections and their QK-norms, SDPA's inputs and output, the
 # o_proj input, the gated MLP's gate, up, act(gate) and product)
 SAVED_PER_TOKEN = {"hidden": 4, "intermediate": 4, "q": 5, "kv": 4}
+# full logits' backward: log_softmax's saved fp32 output, the gradient gather hands it and the one it gives
+FULL_HEAD_BACKWARD_BYTES = 3 * 4
 OPTIMIZER_TEMPORARIES = 2  # tensors torch.optim.AdamW allocates inside step(): per parameter (CPU) or per set
 SUPPORTED_TYPES = ("qwen3", "qwen2", "llama", "mistral")
 # the knobs, tried in this order for the one line that says what would make an oversized plan fit
@@ -179,6 +181,7 @@ class MemoryPlan:
     lm_head_full: int
     lm_head_selective: int
     head_grad: int
+    head_peak: int = 0  # the LM head's part of forward + backward's peak (`plan`)
     tied_extra: int = 0
     largest: int = 0  # bytes of the largest trainable tensor (the per-tensor AdamW's temporaries)
 
@@ -191,9 +194,9 @@ class MemoryPlan:
 
     @property
     def fwd_bwd(self) -> int:
-        """Forward + backward's transient: activations, LM head and its weight gradient at backward's start,
-        or at its end the gradients (a tied embedding's two gradients and their sum, two more V x H)."""
-        return max(self.activations + self.lm_head + self.head_grad, self.gradients + self.tied_extra)
+        """Forward + backward's transient: activations and the LM head's peak (`plan`), or at backward's end
+        the gradients (a tied embedding's two gradients and their sum, two more V x H)."""
+        return max(self.activations + self.head_peak, self.gradients + self.tied_extra)
 
     @property
     def peak(self) -> int:
@@ -227,16 +230,22 @@ def plan(dims: ModelDims, step: StepShape) -> MemoryPlan:
     if step.save_on_cpu and step.device.startswith("cuda"):
         host, acts = acts, 0
     # LM head: the selective path's [targets, V] logits in the model dtype, their fp32 log-softmax (saved by
-    # the cross entropy) and its gradient; the full path's [tokens, V] logits, their float32 copy (a 16-bit
-    # model's: `.float()` of float32 logits is no copy) and the fp32 log-softmax at once (measured at the 0.6B
-    # shape's width, 1,024 tokens: 8 bytes an entry in float32, 10 in bfloat16; benchmarks/README.md)
+    # the cross entropy) and its gradient, then the head's weight gradient. The full path's [tokens, V]:
+    # forward holds the logits, their float32 copy (a 16-bit model's: `.float()` of float32 logits is no
+    # copy) and the fp32 log-softmax (10 bytes an entry in bfloat16, 8 in float32); backward's log-softmax
+    # holds its saved output, the dense gradient the gather hands it and the one it gives, 12 bytes an entry
+    # in either dtype, the larger; the head's weight gradient comes after those are freed, beside the
+    # logits' gradient in the model dtype (trainers/selective.py full_logprobs; measured at the 0.6B width
+    # from 1,024 to 8,192 tokens: benchmarks/README.md, "Fifth pass")
     per_row = dims.vocab * (b + 4 + 4)
-    full = tokens * dims.vocab * (b + 4 + (4 if b < 4 else 0))
+    full = tokens * dims.vocab * max(b + 4 + (4 if b < 4 else 0), FULL_HEAD_BACKWARD_BYTES)
     rows = step.targets
     if step.chunk_size or step.targets * dims.vocab * 4 > step.hidden_max_bytes:
         rows = min(step.targets, step.chunk_size or step.auto_chunk_rows)
     selective = rows * per_row
     head_grad = dims.vocab * dims.hidden * b if not step.lora else 0
+    head_peak = (selective + head_grad if step.selective
+                 else max(full, tokens * dims.vocab * b + head_grad))
     return MemoryPlan(
         dims,
         step,
@@ -250,6 +259,7 @@ def plan(dims: ModelDims, step: StepShape) -> MemoryPlan:
         lm_head_full=full,
         lm_head_selective=selective,
         head_grad=head_grad,
+        head_peak=head_peak,
         tied_extra=2 * head_grad if dims.tied else 0,
         largest=(dims.largest_lora(step.lora_r) if step.lora else dims.vocab * dims.hidden) * tb,
     )
