@@ -597,7 +597,8 @@ def run_step(c: Components, step: int, *, sft: bool, ahead: RolloutsAhead | None
     total = time.perf_counter() - t0
     timing = {names.ROLLOUT_TIME_S: round(t_rollout, 3), names.TOTAL_STEP_TIME_S: round(total, 3),
               names.TOKENS_PER_S: round(trained.get(names.ROW_TOKENS, 0) / total, 1) if total > 0 else 0.0,
-              **peaks, names.PROCESS_PEAK_MEM_MB: round(process_peak_mb(c.trainer.device), 1)}
+              **{k: ranks.largest(v) for k, v in peaks.items()},  # every rank's largest, as its seconds
+              names.PROCESS_PEAK_MEM_MB: ranks.largest(round(process_peak_mb(c.trainer.device), 1))}
     return _disjoint({names.PHASE: phase}, ranks.rollout_snapshot(counts), trained, synced,
                      saved, timing, lag, {} if sft else signal_metrics(c))
 
