@@ -805,6 +805,7 @@ def _resume(c: Components, found: tuple[Path, dict] | None) -> int:
     if found is None:
         return 0
     path, saved = found
+    t0 = time.perf_counter()
     try:  # the manifest vouches for the bytes, not for what they hold (a crafted or foreign state)
         state = checkpoint.RunState.from_state(saved)
         c.trainer.load_state_dict(state.trainer, shards=path / checkpoint.SHARDS)
@@ -819,7 +820,7 @@ def _resume(c: Components, found: tuple[Path, dict] | None) -> int:
             "aside to resume from the one before it, or pass --restart to start over at step 1") from None
     c.sampler_behind = not c.shares_model  # pushed before the sampler's next use
     c.completed_step = c.saved_step = state.step
-    log.info("resumed", path=str(path), step=state.step)
+    log.info("resumed", path=str(path), step=state.step, seconds=round(time.perf_counter() - t0, 3))
     return state.step
 
 
@@ -982,10 +983,14 @@ def _agreed_resume_point(cfg: QuaeroConfig, *, resume: bool, restart: bool) -> t
         found = _resume_point(cfg, resume=resume, restart=restart)
         return None if found is None else found[0]
 
-    path = ranks.from_rank0(pick)
-    if path is None or found is not None:
-        return found
-    return path, checkpoint.load(path)
+    t0, read = time.perf_counter(), {}
+    with peak_window("cpu", read, names.PEAK_MEM_MB):  # a checkpoint is read into host memory
+        path = ranks.from_rank0(pick)
+        if path is not None and found is None:
+            found = path, checkpoint.load(path)
+    if found is not None:
+        log.info("checkpoint_read", path=str(found[0]), seconds=round(time.perf_counter() - t0, 3), **read)
+    return found
 
 
 def open_pools(stack: contextlib.ExitStack, cfg: QuaeroConfig, counts: RolloutCounts) -> dict[str, EnvPool]:

@@ -251,8 +251,7 @@ def summarize(run: dict) -> dict[str, Any]:
         **{k: max(_series(steps, k), default=None)
            for k in (names.ROLLOUT_PEAK_MEM_MB, names.WEIGHT_SYNC_PEAK_MEM_MB, names.PROCESS_PEAK_MEM_MB)},
         names.EVAL_PEAK_MEM_MB: max(_series(evals, names.EVAL_PEAK_MEM_MB), default=None),
-        "checkpoint_peak_mem_mb": max(_series([e for e in run.get("events", ())
-                                               if e.get("event") == names.CHECKPOINT_SAVED_EVENT],
+        "checkpoint_peak_mem_mb": max(_series(_events(run, names.CHECKPOINT_SAVED_EVENT, "checkpoint_read"),
                                               names.PEAK_MEM_MB), default=None),
         names.ENV_RETRIES: _sum(steps, names.ENV_RETRIES),
         names.EPISODES_DROPPED: _sum(steps, names.EPISODES_DROPPED),
@@ -299,6 +298,10 @@ def summarize(run: dict) -> dict[str, Any]:
         # resumes under another config than the run's last (quaero/recipe/train.py _note_changed_config)
         **({"resumed_with_changed_config": changed} if (changed := resumes_changed(run)) else {}),
     }
+
+
+def _events(run: dict, *kinds: str) -> list[dict]:
+    return [e for e in run.get("events", ()) if e.get("event") in kinds]
 
 
 def resumes_changed(run: dict) -> dict[str, dict]:

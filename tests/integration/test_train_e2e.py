@@ -98,6 +98,8 @@ def test_ctrl_c_then_resume_equals_uninterrupted(tmp_path):
 
     resumed = steps_by_number(train(cfg, resume=True))  # same run dir: continues at k + 1
     assert [e["step"] for e in events_of(cfg.run_dir, "resumed")] == [k]
+    (read,) = events_of(cfg.run_dir, "checkpoint_read")  # the resume's read: its seconds and peak memory
+    assert read["path"].endswith(f"step-{k:06d}") and read["seconds"] > 0 and read["peak_mem_mb"] > 0
     for step in range(k + 1, 6):
         for key in compare:
             assert resumed[step][key] == pytest.approx(ref[step][key], rel=1e-6, abs=1e-9), (step, key)
