@@ -106,7 +106,7 @@ def test_the_first_rl_step_after_a_warm_start_resets_the_optimizer_when_configur
 
     calls = []
     trainer = SimpleNamespace(reset_optimizer=lambda momentum_only: calls.append(("reset", momentum_only)),
-                              set_lr=lambda lr: None,
+                              set_lr=lambda lr: None, device="cpu",
                               train_step=lambda rows, **kw: calls.append("step") or {"rows": len(rows)})
     cfg = make_cfg(training__warmup_sft_steps=2, training__steps=3, training__rl_optimizer_start=start,
                    run__output_dir=str(tmp_path), logging__save_rows="none")
