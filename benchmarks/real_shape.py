@@ -50,10 +50,6 @@ CASES = {  # name -> (TrainerSpec overrides, memory-plan StepShape overrides)
 }
 
 
-def _reset_rss_peak() -> None:
-    reset_peak("cpu")  # the trainer's own window (trainers/memory.py: VmHWM reset on Linux)
-
-
 def rss_peak() -> int:
     """Bytes: the process's peak RSS since the last reset."""
     return round(peak_mem_mb("cpu")[0] * 2**20)
@@ -222,7 +218,7 @@ def measure_case(name: str, model: str, fields: dict, args) -> dict[str, Any]:
     gc.collect()
     resident = resident_bytes(trainer)
     mark_optimizer(trainer)
-    _reset_rss_peak()
+    reset_peak("cpu")  # the trainer's own window (trainers/memory.py: VmHWM reset on Linux)
     profiled_s = None
     if args.device.startswith("cuda"):  # the allocator's own peak over the step (not split at the update)
         torch.cuda.synchronize()
@@ -277,7 +273,7 @@ def phases(model: str, fields: dict, args) -> dict[str, Any]:
     out: dict[str, Any] = {}
 
     def timed(key: str, fn):
-        _reset_rss_peak()
+        reset_peak("cpu")
         t0 = time.perf_counter()
         result = fn()
         out[key] = {"s": round(time.perf_counter() - t0, 1), "rss_peak_gib": round(rss_peak() / GIB, 2)}
@@ -322,7 +318,7 @@ def phases(model: str, fields: dict, args) -> dict[str, Any]:
                 return round(sum(f.stat().st_size for f in Path(folder).iterdir()) / GIB, 2)
 
         out["weights_folder_gib"] = timed("weight_push_file_write", push)
-    out["process_peak_rss_gib"] = round(process_peak_mb("cpu") * 2**20 / GIB, 2)
+    out["process_peak_rss_gib"] = round(process_peak_mb("cpu") / 2**10, 2)
     return out
 
 

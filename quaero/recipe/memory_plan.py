@@ -234,11 +234,11 @@ def plan(dims: ModelDims, step: StepShape) -> MemoryPlan:
     # forward holds the logits, their float32 copy (a 16-bit model's: `.float()` of float32 logits is no
     # copy) and the fp32 log-softmax (10 bytes an entry in bfloat16, 8 in float32); backward's log-softmax
     # holds its saved output, the dense gradient the gather hands it and the one it gives, 12 bytes an entry
-    # in either dtype, the larger; the head's weight gradient comes after those are freed, beside the
+    # in either dtype, more than forward's; the head's weight gradient comes after those are freed, beside the
     # logits' gradient in the model dtype (trainers/selective.py full_logprobs; measured at the 0.6B width
     # from 1,024 to 8,192 tokens: benchmarks/README.md, "Fifth pass")
     per_row = dims.vocab * (b + 4 + 4)
-    full = tokens * dims.vocab * max(b + 4 + (4 if b < 4 else 0), FULL_HEAD_BACKWARD_BYTES)
+    full = tokens * dims.vocab * FULL_HEAD_BACKWARD_BYTES
     rows = step.targets
     if step.chunk_size or step.targets * dims.vocab * 4 > step.hidden_max_bytes:
         rows = min(step.targets, step.chunk_size or step.auto_chunk_rows)

@@ -989,7 +989,8 @@ def _agreed_resume_point(cfg: QuaeroConfig, *, resume: bool, restart: bool) -> t
         if path is not None and found is None:
             found = path, checkpoint.load(path)
     if found is not None:
-        log.info("checkpoint_read", path=str(found[0]), seconds=round(time.perf_counter() - t0, 3), **read)
+        log.info(names.CHECKPOINT_READ_EVENT, path=str(found[0]), seconds=round(time.perf_counter() - t0, 3),
+                 **read)
     return found
 
 

@@ -357,6 +357,8 @@ EVAL_EVENT = "eval"
 RUN_END_EVENT = "run_end"
 # a checkpoint written: {path, seconds, peak_mem_mb (the write's, as a step's)}
 CHECKPOINT_SAVED_EVENT = "checkpoint_saved"
+# a resume's checkpoint read: {path, seconds, peak_mem_mb}
+CHECKPOINT_READ_EVENT = "checkpoint_read"
 # a resume under another config than the run's last: {checkpoint_step, changes: {key: [old, new]}, trained}
 RESUME_CONFIG_CHANGED_EVENT = "resume_config_changed"
 TASKS_DRAWN_EVENT = "tasks_drawn"  # each step's tasks per env, with the weights they were drawn with

@@ -251,8 +251,9 @@ def summarize(run: dict) -> dict[str, Any]:
         **{k: max(_series(steps, k), default=None)
            for k in (names.ROLLOUT_PEAK_MEM_MB, names.WEIGHT_SYNC_PEAK_MEM_MB, names.PROCESS_PEAK_MEM_MB)},
         names.EVAL_PEAK_MEM_MB: max(_series(evals, names.EVAL_PEAK_MEM_MB), default=None),
-        "checkpoint_peak_mem_mb": max(_series(_events(run, names.CHECKPOINT_SAVED_EVENT, "checkpoint_read"),
-                                              names.PEAK_MEM_MB), default=None),
+        "checkpoint_peak_mem_mb": max(_series(_events(run, names.CHECKPOINT_SAVED_EVENT,
+                                                      names.CHECKPOINT_READ_EVENT), names.PEAK_MEM_MB),
+                                      default=None),
         names.ENV_RETRIES: _sum(steps, names.ENV_RETRIES),
         names.EPISODES_DROPPED: _sum(steps, names.EPISODES_DROPPED),
         names.EPISODES_ENDED_AT_RESET: _sum(steps, names.EPISODES_ENDED_AT_RESET),
@@ -307,8 +308,8 @@ def _events(run: dict, *kinds: str) -> list[dict]:
 def resumes_changed(run: dict) -> dict[str, dict]:
     """{checkpoint step: {"changes": {key: [old, new]}, "trained": [keys that reach what a step trains]}}."""
     out = {}
-    for e in run.get("events", ()):
-        if e.get("event") != names.RESUME_CONFIG_CHANGED_EVENT or not isinstance(e.get("changes"), dict):
+    for e in _events(run, names.RESUME_CONFIG_CHANGED_EVENT):
+        if not isinstance(e.get("changes"), dict):
             continue  # a hand-edited line is not the run's to repeat
         changes = {str(k): v for k, v in e["changes"].items() if isinstance(v, list) and len(v) == 2}
         trained = e.get("trained")
