@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from quaero import launcher_registry as launchers
 from quaero import sampler_registry as samplers
 from quaero.resolve import split_name
+from quaero.task_sampler_registry import TASK_SAMPLERS
 from trainers.spec import TrainerSpec
 
 if sys.version_info >= (3, 11):
@@ -67,9 +68,6 @@ class ModelConfig(_Section):
     max_seq_len: int = Field(_SPEC.max_seq_len, ge=64)
 
 
-TASK_SAMPLERS = ("sequential", "uniform", "curriculum", "difficulty_pools")  # quaero/rollout/task_samplers.py
-
-
 class TaskSamplerConfig(_Section):
     """`[env.tasks]` (or `[envs.tasks]`): which train tasks an env's groups play
     (quaero/rollout/task_samplers.py)."""
@@ -77,7 +75,7 @@ class TaskSamplerConfig(_Section):
     # "sequential" (the run seed's order of the split: what quaero always did), "uniform", "curriculum"
     # (OpenEnv RFC 013: expected learning signal per unit of cost), "difficulty_pools" (prime-rl's), or a
     # sampler of your own, "package.module:Class" (its sample/update/state_dict/load_state_dict)
-    sampler: str = "sequential"
+    sampler: str = "sequential"  # quaero/task_sampler_registry.py
     # what outcomes are remembered by: "task" (each task), or the RFC 013 keys of the task's spec (its Task
     # API's get_task): "group" (e.g. toolbench's template) or "difficulty"; pooled keys suit splits whose
     # tasks rarely repeat
@@ -107,7 +105,8 @@ class TaskSamplerConfig(_Section):
     @property
     def learns(self) -> bool:
         """Whether its draws depend on outcomes (a user's sampler may: assumed so)."""
-        return self.sampler not in ("sequential", "uniform")
+        kind = TASK_SAMPLERS.get(self.sampler)
+        return kind.learns if kind else True
 
 
 class EnvConfig(_Section):

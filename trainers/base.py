@@ -15,6 +15,7 @@ from torch import nn
 
 from quaero import process_group
 from quaero.rollout.rows import EchoRow
+from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
 from trainers import distributed, registry, step
 from trainers.forward import CausalLMParts, SharedForwardError  # noqa: F401 (re-exported)
@@ -65,7 +66,7 @@ class Trainer:
                                            weight_decay=spec.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)  # constant lr
         self.steps_done = 0
-        log.info("trainer_ready", trainer=self.name, model=spec.model, device=str(self.device),
+        log.info(names.TRAINER_READY_EVENT, trainer=self.name, model=spec.model, device=str(self.device),
                  distributed=spec.distributed, rank=process_group.rank(), ranks=process_group.world_size(),
                  dtype=spec.dtype, lora=spec.lora, trainable_params=sum(p.numel() for p in self.trainable),
                  selective=spec.selective_logits, logit_transform=str(self.parts.transform))

@@ -13,6 +13,7 @@ import sys
 
 import torch
 
+from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
 
 log = get_logger(__name__)
@@ -34,7 +35,7 @@ def saved_tensors_offload(device: torch.device | str, *, enabled: bool, pin_memo
         return contextlib.nullcontext()
     if device.type != "cuda":
         if not _noted_cpu_noop:
-            log.info("save_on_cpu_noop", device=str(device),
+            log.info(names.SAVE_ON_CPU_NOOP_EVENT, device=str(device),
                      note="train_save_on_cpu offloads accelerator memory; on a CPU device it does nothing")
             _noted_cpu_noop = True
         return contextlib.nullcontext()

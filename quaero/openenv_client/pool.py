@@ -142,14 +142,15 @@ def _replayable(cfg: EnvConfig, spec: EnvSpec | None) -> bool:
     """Say once which task parameters the env's reset drops, and what that means; False when a reset cannot
     be repeated (no seed, no index), so a lost session drops the episode instead of replaying it."""
     if spec is None:
-        log.info("env_reset_params_unknown", url=cfg.url, note="a remote server's reset signature cannot be "
+        log.info(names.ENV_RESET_PARAMS_UNKNOWN_EVENT,
+                 url=cfg.url, note="a remote server's reset signature cannot be "
                  "inspected: if it ignores seed/split/index, eval tasks come from the train distribution and "
                  "replay after a lost session diverges (counted as dropped episodes)")
         return True
     ignored = ignored_reset_params(spec)
     replayable = not {"seed", "index"} <= set(ignored)
     if ignored:
-        log.warning("env_reset_params_ignored", entry=spec.entry, ignored=ignored, note=(
+        log.warning(names.ENV_RESET_PARAMS_IGNORED_EVENT, entry=spec.entry, ignored=ignored, note=(
             f"{spec.env_cls.__name__}.reset takes no {'/'.join(ignored)}: "
             + ("the eval split is the train distribution; " if "split" in ignored else "")
             + ("quaero cannot choose its tasks, so a lost session drops the episode instead of replaying it; "
@@ -219,7 +220,7 @@ def open_inprocess(cfg: EnvConfig, spec: EnvSpec, n: int, counts: RolloutCounts,
                    log_dir: Path | None) -> Launched:
     """An env instance per session, built in this process."""
     if n > 1 and not spec.supports_concurrency:
-        log.warning("env_inprocess_not_concurrent", entry=spec.entry, sessions=n,
+        log.warning(names.ENV_INPROCESS_NOT_CONCURRENT_EVENT, entry=spec.entry, sessions=n,
                     risk=f"{spec.env_cls.__name__} does not declare SUPPORTS_CONCURRENT_SESSIONS: each "
                          "session has its own instance, but instances that share module-level state corrupt "
                          "each other",
@@ -333,7 +334,8 @@ def open_envs(cfg: EnvConfig, n: int, counts: RolloutCounts | None = None,
         _close(sessions, servers)
         raise
     spread = Counter(getattr(c, "ws_url", "inprocess") for c in connectors)
-    log.info("env_pool_opened", launcher=cfg.launcher, source=cfg.entry or ", ".join(cfg.server_urls),
+    log.info(names.ENV_POOL_OPENED_EVENT,
+             launcher=cfg.launcher, source=cfg.entry or ", ".join(cfg.server_urls),
              sessions=n,
              servers=len(servers) or len(cfg.server_urls), spread=dict(spread) if len(spread) > 1 else None,
              mcp=is_mcp, tools=[t["function"]["name"] for t in tools or []],

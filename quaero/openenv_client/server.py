@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from quaero.processes import ServerStartError, child_env, log_file, start_together
+from quaero.telemetry import names
 from quaero.telemetry.runlog import error_line, first_text_line, get_logger
 
 from .loading import EnvSpec, load_entry
@@ -93,14 +94,14 @@ def serve(entry: str, host: str = "127.0.0.1", port: int = 8000, max_concurrent_
 
     sock = socket.socket(fileno=fd) if fd is not None else listen(host, port)
     if fd is None and host not in LOOPBACK:
-        log.warning("env_serve_exposed", host=host, port=port,
+        log.warning(names.ENV_SERVE_EXPOSED_EVENT, host=host, port=port,
                     note="listening beyond this machine: anyone who reaches this address runs the env's code "
                     "through its sessions; serve on 127.0.0.1 unless that is meant")
     spec = load_entry(entry, kwargs, action)
     if fd is None:  # `quaero env serve`; a LocalServer's env was loaded by the run, whose sessions report it
         check_builds(spec)
     if max_concurrent_envs > 1 and not spec.supports_concurrency:
-        log.warning("env_serve_single_session", entry=entry, requested=max_concurrent_envs,
+        log.warning(names.ENV_SERVE_SINGLE_SESSION_EVENT, entry=entry, requested=max_concurrent_envs,
                     reason="SUPPORTS_CONCURRENT_SESSIONS is False; serving one session at a time")
         max_concurrent_envs = 1
     app = build_app(spec, max_concurrent_envs)
@@ -186,7 +187,8 @@ class LocalServer:
             try:
                 with urllib.request.urlopen(f"{self.http_url}/health", timeout=1.0) as r:
                     if r.status == 200:
-                        log.info("env_server_started", entry=self.entry, url=self.http_url, pid=self.proc.pid)
+                        log.info(names.ENV_SERVER_STARTED_EVENT,
+                                 entry=self.entry, url=self.http_url, pid=self.proc.pid)
                         return
             except OSError:
                 pass
@@ -225,7 +227,7 @@ class LocalServer:
         with self._lock:
             if self.alive() or self.proc is None:
                 return False
-            log.warning("env_server_died", entry=self.entry, pid=self.proc.pid,
+            log.warning(names.ENV_SERVER_DIED_EVENT, entry=self.entry, pid=self.proc.pid,
                         returncode=self.proc.returncode)
             self._spawn()
             return True

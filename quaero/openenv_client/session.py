@@ -164,10 +164,11 @@ class ResetWitness:
                 return
             self._said.add(same)
         if same:
-            log.info("env_resets_reproducible", task=key, note="two resets of this task, at different points "
+            log.info(names.ENV_RESETS_REPRODUCIBLE_EVENT,
+                     task=key, note="two resets of this task, at different points "
                      "of their sessions, gave the same observation")
         else:
-            log.warning("env_resets_not_reproducible", task=key, note=(
+            log.warning(names.ENV_RESETS_NOT_REPRODUCIBLE_EVENT, task=key, note=(
                 "two resets of this task gave different observations: the env does not seed itself from "
                 "seed/split/index (or its reset includes something that changes), so eval scores compare "
                 "different tasks and a replay after a lost session diverges; set [env] on_session_loss = "
@@ -249,7 +250,8 @@ class ChatEnv:
         words = one_line(detail)
         if words not in self._rejections:
             self._rejections.add(words)
-            log.warning("env_action_rejected", message=words, note="the env raised the same error twice on "
+            log.warning(names.ENV_ACTION_REJECTED_EVENT,
+                        message=words, note="the env raised the same error twice on "
                         "this action: answered as an invalid action (malformed_reward); if it answers every "
                         "action so, the env's setup is missing something the model cannot give it")
         return ActionRefused(detail)
@@ -293,7 +295,7 @@ class ChatEnv:
                 # fault, which replay mode retries on a fresh session)
                 if env_error and (first_error or not self._replays()) and not last:
                     self.counts.add(names.ENV_RETRIES)
-                    log.warning("env_retry", what=what, attempt=failures, fault=str(fault))
+                    log.warning(names.ENV_RETRY_EVENT, what=what, attempt=failures, fault=str(fault))
                     continue
                 self._drop_transport()
                 lost = True
@@ -312,7 +314,7 @@ class ChatEnv:
                     raise EpisodeDropped(f"{what} failed {failures} times, last: {fault}",
                                          fault.kind) from None
                 self.counts.add(names.ENV_RETRIES)
-                log.warning("env_retry", what=what, attempt=failures, fault=str(fault))
+                log.warning(names.ENV_RETRY_EVENT, what=what, attempt=failures, fault=str(fault))
                 if not env_error:  # a server that answered needs no time to come back
                     time.sleep(self.cfg.retry_backoff_s * 2**(failures - 1))
 
@@ -320,7 +322,7 @@ class ChatEnv:
         """Log the drop where its context is known; the driver, which drops the episode, counts it."""
         self._done = True
         kw = self._reset_kwargs or {}
-        log.warning("env_episode_dropped", reason=e.reason, kind=e.kind, seed=kw.get("seed"),
+        log.warning(names.ENV_EPISODE_DROPPED_EVENT, reason=e.reason, kind=e.kind, seed=kw.get("seed"),
                     split=kw.get("split"), index=kw.get("index"))
         return e
 

@@ -245,7 +245,7 @@ class EpisodeDriver:
         self._truncation_said = True
         what = "; ".join(f"{name or 'the message'}: {before:,} -> {after:,} characters"
                          for name, before, after in cuts)
-        log.warning("observation_truncated", limit=limit, cut=what, note=(
+        log.warning(names.OBSERVATION_TRUNCATED_EVENT, limit=limit, cut=what, note=(
             f"an env message exceeded [env] max_observation_tokens={limit}: {what}"
             + (f" (the other of its {fields} fields kept whole)" if fields > 1 else "")
             + "; counted as observations_truncated, said once; raise the bound or leave the field out with a "
@@ -290,7 +290,7 @@ class EpisodeDriver:
             return self.render.parse(ids)
         except UnparsableAction as e:
             self.counts.add(names.UNPARSABLE_ACTIONS)
-            log.warning("unparsable_action", error=str(e)[:200])
+            log.warning(names.UNPARSABLE_ACTION_EVENT, error=str(e)[:200])
             return e.message
 
     def _env_step(self, ep: _Live, assistant: dict):
@@ -357,7 +357,7 @@ class EpisodeDriver:
             self.reset_end_reason = ep.ended_at_reset
             if not self._reset_end_said:  # once per driver: every reset of a broken env says the same
                 self._reset_end_said = True
-                log.warning("env_reset_ended", task=ep.task, reason=ep.ended_at_reset,
+                log.warning(names.ENV_RESET_ENDED_EVENT, task=ep.task, reason=ep.ended_at_reset,
                             note="the env's reset answered done=True: no episode to play (never sampled or "
                                  "trained; counted as episodes_ended_at_reset)")
             return Episode([], 0.0, False, 0, ep.info, [], True, f"ended at reset: {ep.ended_at_reset}")

@@ -91,11 +91,6 @@ class EchoRow:
         return self.kind_mask("action")
 
     @property
-    def target_mask(self) -> list[bool]:
-        """Tokens that carry RL advantage or positive ECHO weight (the selective path's targets)."""
-        return [a != 0.0 or w > 0.0 for a, w in zip(self.advantages, self.echo_weights)]
-
-    @property
     def num_action_tokens(self) -> int:
         return sum(s.end - s.start for s in self.spans if s.kind == "action")
 

@@ -27,23 +27,14 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from quaero.openenv_client.tasks import task_index
+from quaero.task_sampler_registry import TASK_SAMPLERS
 
 
 class TaskSamplerError(RuntimeError):
     """A task sampler failed, returned a task outside its split, or its saved state does not fit."""
-
-
-class TaskSampler(Protocol):
-    def sample(self, n: int) -> list[int]: ...
-
-    def update(self, task: int, rewards: list[float], costs: list[float]) -> None: ...
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 @dataclass
@@ -70,8 +61,6 @@ class SplitView:
 
 class SequentialSampler:
     """The run seed's order of the split (wrapping round it); without a Task API, quaero's own numbering."""
-
-    learns = False
 
     def __init__(self, view: SplitView) -> None:
         self.view, self.cursor = view, 0
@@ -115,7 +104,6 @@ class Outcome:
 class _Drawing:
     """The shared part of the samplers that draw: their keyed generator and outcome memory."""
 
-    learns = True
     kind = ""
 
     def __init__(self, view: SplitView) -> None:
@@ -183,7 +171,7 @@ class _Drawing:
 
 
 class UniformSampler(_Drawing):
-    kind, learns = "uniform", False
+    kind = "uniform"
 
     def weight(self, index: int) -> float:
         return 1.0
@@ -230,9 +218,6 @@ class DifficultyPoolSampler(_Drawing):
             return s.hard_weight
         return s.easy_weight if m.last_rate >= s.easy_min else s.normal_weight
 
-
-SAMPLERS: dict[str, type] = {"sequential": SequentialSampler, "uniform": UniformSampler,
-                             "curriculum": CurriculumSampler, "difficulty_pools": DifficultyPoolSampler}
 
 POOLS = ("unseen", "learnable", "saturated", "hopeless")
 
@@ -314,15 +299,15 @@ class EnvTasks:
 
 
 def make_task_sampler(view: SplitView) -> EnvTasks:
-    """The env's configured sampler (a user's by "package.module:Class", built with the SplitView)."""
-    kind = view.settings.sampler
-    if kind in SAMPLERS:
-        return EnvTasks(view, SAMPLERS[kind](view))
+    """The env's configured sampler: a registry entry's class (quaero/task_sampler_registry.py), or a user's
+    "package.module:Class", built with the SplitView."""
     import inspect
 
     from quaero.resolve import resolve_name
 
-    cls = resolve_name(kind, f"env {view.env!r} [env.tasks] sampler", want=inspect.isclass, wanted="a class",
+    kind = view.settings.sampler
+    where = TASK_SAMPLERS[kind].cls if kind in TASK_SAMPLERS else kind
+    cls = resolve_name(where, f"env {view.env!r} [env.tasks] sampler", want=inspect.isclass, wanted="a class",
                        error=TaskSamplerError, example="mypkg.samplers:MySampler")
     missing = [m for m in ("sample", "update", "state_dict", "load_state_dict")
                if not callable(getattr(cls, m, None))]
@@ -332,6 +317,8 @@ def make_task_sampler(view: SplitView) -> EnvTasks:
                                "load_state_dict()")
     try:
         return EnvTasks(view, cls(view))
+    except TaskSamplerError:
+        raise
     except Exception as e:  # noqa: BLE001
         raise TaskSamplerError(f"[env.tasks] sampler={kind!r} (env {view.env!r}): building it raised "
                                f"{type(e).__name__}: {e}") from None

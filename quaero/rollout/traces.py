@@ -400,12 +400,12 @@ def warm_start_rows(cfg: Any, source: str = "config") -> tuple[list[EchoRow], li
     except OSError as e:
         raise ConfigError(f"{source} [data] traces={path!r}: cannot read it ({e.strerror or e})") from None
     for reason in refused:
-        log.warning("trace_record_refused", reason=reason)
+        log.warning(names.TRACE_RECORD_REFUSED_EVENT, reason=reason)
     if not rows:
         raise ConfigError(f"{source} [data] traces={path!r}: no exact record in it ({len(refused)} refused"
                           + (f"; first: {refused[0]}" if refused else "") + "); write it with `quaero "
                           "inspect rows RUN --export rfc010|openenv-trace OUT.jsonl` or OpenEnv's capture")
-    log.info("traces_loaded", path=str(path), rows=len(rows), records_refused=len(refused))
+    log.info(names.TRACES_LOADED_EVENT, path=str(path), rows=len(rows), records_refused=len(refused))
     return rows, refused
 
 

@@ -112,9 +112,11 @@ def make_sampler(cfg, *, model=None, stop_token_ids: list[int], device: str, log
         except Exception as e:
             if sc.backend != registry.AUTO:
                 raise
+            from quaero.telemetry import names
             from quaero.telemetry.runlog import error_line, get_logger
 
-            get_logger(__name__).warning("sampler_fallback", chosen=registry.FALLBACK, error=error_line(e),
+            get_logger(__name__).warning(names.SAMPLER_FALLBACK_EVENT,
+                                         chosen=registry.FALLBACK, error=error_line(e),
                                          note=f"[sampler] backend='auto' could not start {name} for this "
                                               f"model; sampling with {registry.FALLBACK} (backend={name!r} "
                                               "makes this an error)")

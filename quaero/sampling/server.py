@@ -49,6 +49,7 @@ from quaero.sampling import (
 from quaero.sampling.supervisor import ServedProcess, free_port, start_all
 from quaero.sampling.vllm import cpu_whole_prefill, saved_weights
 from quaero.sampling.wire import exchange
+from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
 
 log = get_logger(__name__)
@@ -342,7 +343,8 @@ class VLLMServerSampler:
                 after = f" (after {tries} retries)" if tries else ""
                 raise ServerError(f"vLLM server {url}{path} {fault}{after}{hint}") from None
             tries, wait = tries + 1, waits.pop(0)
-            log.warning("sampler_request_retried", url=url, path=path, error=fault[:300], wait_s=wait,
+            log.warning(names.SAMPLER_REQUEST_RETRIED_EVENT,
+                        url=url, path=path, error=fault[:300], wait_s=wait,
                         retries_left=len(waits))
             time.sleep(wait)
         return _json_object(f"{url}{path}", text)

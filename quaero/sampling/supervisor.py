@@ -75,9 +75,11 @@ class ServedProcess:
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=2.0) as r:
                     if r.status == 200:
+                        from quaero.telemetry import names
                         from quaero.telemetry.runlog import get_logger
 
-                        get_logger(__name__).info("sampler_server_started", name=self.name, url=self.url,
+                        get_logger(__name__).info(names.SAMPLER_SERVER_STARTED_EVENT,
+                                                  name=self.name, url=self.url,
                                                   pid=self.proc.pid, start_s=round(time.monotonic() - t0, 1),
                                                   log=str(self.log_path))
                         return

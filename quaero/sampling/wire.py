@@ -20,6 +20,7 @@ import threading
 import time
 import urllib.parse
 
+from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
 
 log = get_logger(__name__)
@@ -85,7 +86,7 @@ def _read_reply(sock: socket.socket, abort: threading.Event | None, first_byte_s
         if STOP_REQUESTED.is_set():
             stop_seen = stop_seen or now
             if now - stop_seen >= stop_grace_s:
-                log.warning("sampler_wait_stopped", url=url, waited_s=round(now - start, 1),
+                log.warning(names.SAMPLER_WAIT_STOPPED_EVENT, url=url, waited_s=round(now - start, 1),
                             note=f"a stop request came and the server had not answered {stop_grace_s:g}s "
                             "later ([sampler] stop_grace_s)")
                 raise KeyboardInterrupt

@@ -366,3 +366,51 @@ TASKS_DRAWN_EVENT = "tasks_drawn"  # each step's tasks per env, with the weights
 RL_TOKEN_BUDGET_SPENT_EVENT = "rl_token_budget_spent"
 # each RL step's groups: env, task, spec group, successes, episodes, ...
 TASK_OUTCOMES_EVENT = "task_outcomes"
+
+# ── every other event a run logs, by the module that logs it (tests/unit/quaero/telemetry/test_names.py
+# fails on an event name spelled as a literal anywhere else) ────────────────────────────────────────────────
+
+# the run log itself (quaero/telemetry/runlog.py, quaero/telemetry/sinks.py, quaero/telemetry/outcomes.py)
+EVENTS_FILE_RECREATED_EVENT = "events_file_recreated"
+EVENTS_LOST_EVENT = "events_lost"
+SINK_FAILED_EVENT = "sink_failed"
+SINK_SUMMARY_EVENT = "sink_summary"
+SINK_HUNG_EVENT = "sink_hung"
+RL_NO_SIGNAL_EVENT = "rl_no_signal"
+# the trainer (trainers/base.py, trainers/memory.py)
+TRAINER_READY_EVENT = "trainer_ready"
+SAVE_ON_CPU_NOOP_EVENT = "save_on_cpu_noop"
+# the env sessions and servers (quaero/openenv_client/)
+ENV_POOL_OPENED_EVENT = "env_pool_opened"
+ENV_RESET_PARAMS_UNKNOWN_EVENT = "env_reset_params_unknown"
+ENV_RESET_PARAMS_IGNORED_EVENT = "env_reset_params_ignored"
+ENV_INPROCESS_NOT_CONCURRENT_EVENT = "env_inprocess_not_concurrent"
+ENV_RESETS_REPRODUCIBLE_EVENT = "env_resets_reproducible"
+ENV_RESETS_NOT_REPRODUCIBLE_EVENT = "env_resets_not_reproducible"
+ENV_ACTION_REJECTED_EVENT = "env_action_rejected"
+ENV_RETRY_EVENT = "env_retry"
+ENV_EPISODE_DROPPED_EVENT = "env_episode_dropped"
+ENV_SERVE_EXPOSED_EVENT = "env_serve_exposed"
+ENV_SERVE_SINGLE_SESSION_EVENT = "env_serve_single_session"
+ENV_SERVER_STARTED_EVENT = "env_server_started"
+ENV_SERVER_DIED_EVENT = "env_server_died"
+# the samplers (quaero/sampling/)
+SAMPLER_FALLBACK_EVENT = "sampler_fallback"
+SAMPLER_SERVER_STARTED_EVENT = "sampler_server_started"
+SAMPLER_WAIT_STOPPED_EVENT = "sampler_wait_stopped"
+SAMPLER_REQUEST_RETRIED_EVENT = "sampler_request_retried"
+# the rollout (quaero/rollout/driver.py, quaero/rollout/traces.py)
+OBSERVATION_TRUNCATED_EVENT = "observation_truncated"
+UNPARSABLE_ACTION_EVENT = "unparsable_action"
+ENV_RESET_ENDED_EVENT = "env_reset_ended"
+TRACE_RECORD_REFUSED_EVENT = "trace_record_refused"
+TRACES_LOADED_EVENT = "traces_loaded"
+# the run's files (quaero/recipe/checkpoint.py, quaero/recipe/model_folder.py, quaero/recipe/saved_rows.py)
+CHECKPOINT_ORPHAN_REMOVED_EVENT = "checkpoint_orphan_removed"
+CHECKPOINT_CORRUPT_LEFT_EVENT = "checkpoint_corrupt_left"
+CHECKPOINT_NEWER_LEFT_EVENT = "checkpoint_newer_left"
+CHECKPOINT_SKIPPED_EVENT = "checkpoint_skipped"
+FINAL_SAVED_EVENT = "final_saved"
+ROWS_SAVE_FAILED_EVENT = "rows_save_failed"
+# the tools (quaero/tools/export.py)
+EXPORTED_EVENT = "exported"

@@ -44,7 +44,7 @@ class SignalWatch:
         self.totals.update(one)
         silent = self.totals["rl_steps"] - self.totals["rl_steps_with_signal"]
         if not one["rl_steps_with_signal"] and silent % WARN_EVERY == 1:
-            log.warning("rl_no_signal", step=step, rl_steps_without_signal=silent,
+            log.warning(names.RL_NO_SIGNAL_EVENT, step=step, rl_steps_without_signal=silent,
                         note=describe_rl_signal(one))
 
     def finish(self) -> dict[str, Any]:

@@ -92,12 +92,12 @@ class _JsonLinesSink:
             self.file.close()
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.file, self.torn = self.path.open("ab", buffering=0), False
-            self._append({"event": "events_file_recreated", "level": "warning", **notice,
+            self._append({"event": names.EVENTS_FILE_RECREATED_EVENT, "level": "warning", **notice,
                           "path": str(self.path),
                           "note": "the events file was deleted or replaced mid-run; earlier events of this "
                           "run are not in it"})
         if self.lost:
-            self._append({"event": "events_lost", "level": "warning", **notice, "events": self.lost,
+            self._append({"event": names.EVENTS_LOST_EVENT, "level": "warning", **notice, "events": self.lost,
                           "note": "events that could not be written (a full disk?)"})
             self.lost = 0
         self._append(_jsonable(event_dict))

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from quaero.telemetry import names
 from quaero.telemetry.runlog import add_mirror, get_logger, remove_mirror
 
 # event name -> metric prefix
@@ -206,7 +207,7 @@ class SinkMirror:
             if scalars:
                 for sink in self.sinks:
                     sink.log(scalars, int(event_dict.get("step") or 0))
-            if event_dict.get("event") != "sink_failed":
+            if event_dict.get("event") != names.SINK_FAILED_EVENT:
                 report_failures(self.sinks)
         return event_dict
 
@@ -222,10 +223,10 @@ def report_failures(sinks: list[GuardedSink], *, final: bool = False) -> None:
         with sink._lock:
             failures, sink.failures = sink.failures, []
         for failure in failures:
-            log.warning("sink_failed", sink=sink.name, error=failure, sink_errors=sink.errors,
+            log.warning(names.SINK_FAILED_EVENT, sink=sink.name, error=failure, sink_errors=sink.errors,
                         note="the run goes on; events.jsonl keeps every event")
         if final and (sink.errors or sink.dropped):
-            log.warning("sink_summary", sink=sink.name, sink_errors=sink.errors,
+            log.warning(names.SINK_SUMMARY_EVENT, sink=sink.name, sink_errors=sink.errors,
                         sink_events_dropped=sink.dropped)
 
 
@@ -242,7 +243,8 @@ def open_sinks(report_to: list[str], run_dir: str | Path, run_name: str, config:
             except Exception as e:  # noqa: BLE001 - the run does not need its mirrors
                 from quaero.telemetry.runlog import error_line
 
-                log.warning("sink_failed", sink=name, error=f"open: {error_line(e)}"[:300], sink_errors=1,
+                log.warning(names.SINK_FAILED_EVENT,
+                            sink=name, error=f"open: {error_line(e)}"[:300], sink_errors=1,
                             note="the run goes on without this sink; events.jsonl keeps every event")
                 continue
             opened.append(GuardedSink(name, sink))
@@ -254,6 +256,6 @@ def open_sinks(report_to: list[str], run_dir: str | Path, run_name: str, config:
         mirror.sinks = []
         for sink in reversed(opened):
             if not sink.close():
-                log.warning("sink_hung", sink=sink.name, waited_s=SINK_CLOSE_TIMEOUT_S,
+                log.warning(names.SINK_HUNG_EVENT, sink=sink.name, waited_s=SINK_CLOSE_TIMEOUT_S,
                             note="the sink did not take its last events; left unfinished")
         report_failures(opened, final=True)

@@ -75,7 +75,8 @@ def export_run(run_dir: Path, out: Path, *, step: int | None = None, merge: bool
         raise ExportError(f"{path}: verified but cannot be loaded into {cfg.model.name!r} ({error_line(e)}); "
                           "export another step with --step") from None
     save_model(trainer.model, load_tokenizer(cfg.model.name), out, base_name=cfg.model.name, merge=merge)
-    log.info("exported", run_dir=str(run_dir), step=step, out=str(out), lora=cfg.backend.lora and not merge)
+    log.info(names.EXPORTED_EVENT,
+             run_dir=str(run_dir), step=step, out=str(out), lora=cfg.backend.lora and not merge)
     return Path(out)
 
 

@@ -16,7 +16,8 @@ RUN_SIDE = ("quaero.recipe", "quaero.rollout", "quaero.telemetry", "quaero.sampl
 # above it, and imports only modules on its own floor or below (docs/architecture.md, Packages).
 FLOORS: list[tuple[str, ...]] = [
     # 0 the ground: leaves every floor reads (registries, names, counts, the process group, the row contract)
-    ("quaero", "quaero.launcher_registry", "quaero.sampler_registry", "quaero.resolve",
+    ("quaero", "quaero.launcher_registry", "quaero.sampler_registry", "quaero.task_sampler_registry",
+     "quaero.resolve",
      "quaero.process_group", "quaero.processes", "quaero.model", "quaero.telemetry", "quaero.rollout.rows",
      "quaero.rollout.advantages", "trainers.spec", "trainers.registry"),
     # 1 the config schema

@@ -30,7 +30,6 @@ def test_row_round_trips_with_turns_and_sets_advantages_on_actions_only():
     assert EchoRow.from_dict({**r.to_dict(), "spans": [["prompt", 0, 2], ["action", 2, 6]],
                               "echo_weights": [0.0] * 6}).spans[0].turn == -1  # 3-field spans still load
     assert r.with_advantage(0.5).advantages == [0, 0, 0.5, 0.5, 0, 0]
-    assert r.target_mask == [False] * 4 + [True] * 2
 
 
 def transition(turn, prompt, action, response, kinds):

@@ -18,6 +18,7 @@ from quaero.rollout.task_samplers import (
     make_task_sampler,
     pool_of,
 )
+from quaero.task_sampler_registry import TASK_SAMPLERS
 
 
 def view(sampler="sequential", size=10, seed=0, group=4, spec=None, **settings):
@@ -176,6 +177,14 @@ class OutOfRange(EveryOther):
 class Raises(EveryOther):
     def sample(self, n):
         raise KeyError("boom")
+
+
+def test_every_registered_sampler_is_built_by_its_name_and_says_whether_it_learns():
+    for name, kind in TASK_SAMPLERS.items():
+        s = make_task_sampler(view(name, size=10))
+        assert f"{type(s.sampler).__module__}:{type(s.sampler).__name__}" == kind.cls
+        assert len(s.sample(3)) == 3 and TaskSamplerConfig(sampler=name).learns is kind.learns
+    assert TaskSamplerConfig(sampler=f"{__name__}:EveryOther").learns  # a user's: assumed to learn
 
 
 def test_a_users_sampler_by_import_path():

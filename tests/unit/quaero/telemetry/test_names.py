@@ -1,0 +1,63 @@
+"""Every event name a run logs is declared in quaero/telemetry/names.py: no module of quaero/ or trainers/ spells
+one as a literal (`log.warning("env_retry", ...)`, `{"event": "events_lost", ...}`, `e.get("event") == "..."`)."""
+import ast
+from pathlib import Path
+
+from quaero.telemetry import names
+
+ROOT = Path(__file__).resolve().parents[4]
+LEVELS = ("debug", "info", "warning", "error", "exception", "critical")
+# The recipe's loop is being split into modules of its own, which declare their event names as they move;
+# until that lands, these two still spell theirs. Remove an entry once its file logs only declared names.
+NOT_YET = ("quaero/recipe/train.py", "quaero/recipe/ahead.py")
+
+
+def literal_event_names(source: str) -> list[str]:
+    """The event names `source` spells as string literals: a log call's first argument, the value of an
+    "event" key in a dict literal, and a string compared with an `.get("event")` or `["event"]` lookup."""
+
+    def is_event_lookup(node: ast.expr) -> bool:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            key = node.args[0] if node.args else None
+        elif isinstance(node, ast.Subscript):
+            key = node.slice
+        else:
+            return False
+        return isinstance(key, ast.Constant) and key.value == "event"
+
+    def text(node: ast.expr | None) -> str | None:
+        return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in LEVELS
+                and node.args and (name := text(node.args[0])) is not None):
+            found.append(name)
+        elif isinstance(node, ast.Dict):
+            found += [name for k, v in zip(node.keys, node.values)
+                      if text(k) == "event" and (name := text(v)) is not None]
+        elif isinstance(node, ast.Compare) and any(map(is_event_lookup, [node.left, *node.comparators])):
+            found += [name for side in [node.left, *node.comparators] if (name := text(side)) is not None]
+            found += [text(e) for side in node.comparators if isinstance(side, (ast.Tuple, ast.List, ast.Set))
+                      for e in side.elts if text(e) is not None]
+    return found
+
+
+def test_no_module_spells_an_event_name():
+    files = [p for top in ("quaero", "trainers") for p in (ROOT / top).rglob("*.py")]
+    assert len(files) > 60
+    spelled = {rel: found for p in files if (rel := p.relative_to(ROOT).as_posix()) not in NOT_YET
+               and (found := literal_event_names(p.read_text(encoding="utf-8")))}
+    assert spelled == {}, "declare these in quaero/telemetry/names.py (NAME_EVENT = ...) and log the constant"
+
+
+def test_the_finder_finds_a_literal_event_name():
+    source = ('log.warning("env_retry", attempt=1)\nget_logger(__name__).info("ready")\n'
+              'log.info(names.TRAINER_READY_EVENT)\nrecord = {"event": "events_lost", "events": 3}\n'
+              'if e.get("event") == "resumed" or e["event"] in ("a", "b"):\n    print("not an event")\n')
+    assert literal_event_names(source) == ["env_retry", "ready", "events_lost", "resumed", "a", "b"]
+
+
+def test_event_names_are_declared_once():
+    declared = [v for k, v in vars(names).items() if k.endswith("_EVENT")]
+    assert len(declared) == len(set(declared)) > 40
