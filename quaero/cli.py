@@ -40,7 +40,6 @@ def plan_lines(cfg, source: str) -> list[str]:
         and not device.startswith("cuda")
     ):
         sampler += ", hf on each rank of `quaero train --nproc N`"
-    o = cfg.backend.options
     lines = [
         f"config      {source}",
         f"run         {cfg.run.name} -> {cfg.run_dir} (seed {cfg.run.seed}, device {cfg.run.device})",
@@ -52,15 +51,7 @@ def plan_lines(cfg, source: str) -> list[str]:
         (f"backend     {cfg.backend.backend}: strict_shared_forward={caps.strict_shared_forward}, "
          f"selective_logits={caps.selective_logits}, LoRA {_lora(caps.lora, cfg.backend)}, "
          f"devices={'/'.join(caps.devices)}"),
-        (f"selective   train_selective_suffix_logits={o.train_selective_suffix_logits}, "
-         f"train_logprob_chunk_size={o.train_logprob_chunk_size}, "
-         f"train_compile_selective_ce={o.train_compile_selective_ce!r} "
-         f"(min tokens {o.train_compile_selective_ce_min_tokens})"),
-        f"memory      train_save_on_cpu={o.train_save_on_cpu} (pin={o.train_save_on_cpu_pin_memory}, "
-        f"min_numel={o.train_save_on_cpu_min_numel}), "
-        f"train_supervised_context_tokens={o.train_supervised_context_tokens}"
-        + (" (APPROXIMATION: rows cropped)" if o.train_supervised_context_tokens else " (exact full "
-                                                                                      "context)"),
+        *trainer_option_lines(cfg),
         (f"echo        enabled={cfg.echo.enabled}, weight (world_model_coeff)={cfg.echo.weight} "
          + (f"(RL steps {cfg.echo.rl_weight}) " if cfg.echo.rl_weight is not None else "")
          + f"schedule={cfg.echo.schedule!r}" + (f" over {cfg.echo.schedule_steps} steps"
@@ -82,6 +73,47 @@ def plan_lines(cfg, source: str) -> list[str]:
     from quaero.recipe.memory_plan import memory_lines
 
     return lines + memory_lines(cfg, device)
+
+
+# The trainer options the lines of their sections print (run, model, sampler, backend, echo, training);
+# trainer_option_lines prints every other one.
+SHOWN_WITH_THEIR_SECTION = ("run.seed", "model.name", "model.dtype", "sampler.temperature", "backend.lora",
+                            "backend.lora_r", "backend.lora_alpha", "echo.enabled", "echo.weight",
+                            "echo.normalization", "training.clip_eps", "training.loss_aggregation")
+# what a value of an option means, where its value alone does not say it
+OPTION_NOTES = {"backend.options.train_supervised_context_tokens":
+                lambda v: "(APPROXIMATION: rows cropped)" if v else "(exact full context)"}
+
+
+def trainer_option_lines(cfg, width: int = 110) -> list[str]:
+    """`quaero check`'s trainer options (trainers/spec.py `options`), each `key=value` as the config sets it:
+    a policy of the spec on a line of its own ("selective", "memory"; `selective_logits` with its policy),
+    the rest on a "trainer" line. A key of [backend] or [backend.options] is named alone, others with their
+    section."""
+    from operator import attrgetter
+
+    from trainers.spec import options
+
+    groups: dict[str, list[str]] = {"trainer": [], "selective": [], "memory": []}
+    for o in options():
+        if o.key in SHOWN_WITH_THEIR_SECTION:
+            continue
+        value = attrgetter(o.key)(cfg)
+        named = o.name if o.section in ("backend", "backend.options") else o.key
+        note = f" {OPTION_NOTES[o.key](value)}" if o.key in OPTION_NOTES else ""
+        policy = o.path[0] if len(o.path) > 1 else o.path[0].partition("_")[0]
+        groups[policy if policy in groups else "trainer"].append(f"{named}={value!r}{note}")
+    lines = []
+    for group, items in groups.items():
+        line = f"{group:<12}"
+        for i, item in enumerate(items):
+            if i and len(line) + 2 + len(item) > width:
+                lines.append(f"{line},")
+                line = f"{'':12}{item}"
+            else:
+                line += f"{', ' if i else ''}{item}"
+        lines.append(line)
+    return lines
 
 
 def env_lines(cfg) -> list[str]:

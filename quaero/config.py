@@ -13,13 +13,21 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from quaero import launcher_registry as launchers
 from quaero import sampler_registry as samplers
 from quaero.resolve import split_name
 from quaero.task_sampler_registry import TASK_SAMPLERS
-from trainers.spec import TrainerSpec
+from trainers.spec import options
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -36,15 +44,22 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
-# The trainer's options take their defaults from TrainerSpec (trainers/spec.py): one definition each,
-# torch-free.
-_SPEC = TrainerSpec()
-_SELECTIVE, _MEMORY = _SPEC.selective, _SPEC.memory
+def with_trainer_options(section: str):
+    """The section class written below it, plus the trainer options whose key is in `section`: each is
+    defined once, by its `option(...)` in trainers/spec.py (type, default, bounds), and reaches the trainer's
+    spec by that key (quaero/recipe/plan.py `trainer_spec`)."""
+
+    def build(cls: type[_Section]) -> type[_Section]:
+        fields = {o.name: (o.type, Field(o.default, **o.bounds)) for o in options() if o.section == section}
+        return create_model(cls.__name__, __base__=cls, __module__=cls.__module__, __doc__=cls.__doc__,
+                            **fields)
+
+    return build
 
 
+@with_trainer_options("run")
 class RunConfig(_Section):
     name: str = "run"
-    seed: int = _SPEC.seed
     output_dir: str = "runs"
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
@@ -58,14 +73,14 @@ class RunConfig(_Section):
         return name
 
 
+@with_trainer_options("model")
 class ModelConfig(_Section):
-    # "tiny-qwen3" is the embedded default (built offline); otherwise a hub id or a local folder.
-    name: str = _SPEC.model
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = _SPEC.dtype
+    """With the trainer's `name` ("tiny-qwen3", the embedded default built offline; a hub id or a local
+    folder), `dtype` and `max_seq_len`."""
+
     # renderers==0.1.7 registry name, chosen explicitly (never by fuzzy name matching).
     renderer: str = "qwen3"
     enable_thinking: bool = True
-    max_seq_len: int = Field(_SPEC.max_seq_len, ge=64)
 
 
 class TaskSamplerConfig(_Section):
@@ -211,9 +226,11 @@ class MixtureEnv(EnvConfig):
         return name
 
 
+@with_trainer_options("sampler")
 class SamplerConfig(_Section):
+    """With the trainer's `temperature` (the importance ratio compares with the tempered distribution)."""
+
     backend: Literal[samplers.BACKENDS] = samplers.AUTO  # the engines of quaero/sampler_registry.py, or auto
-    temperature: float = Field(_SPEC.temperature, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int = Field(256, ge=1)
     gpu_memory_utilization: float = Field(0.4, gt=0, lt=1)
@@ -238,47 +255,27 @@ class SamplerConfig(_Section):
     server_devices: list[Annotated[int, Field(ge=0)]] = []
 
 
+@with_trainer_options("backend.options")
 class BackendOptions(_Section):
-    """retrain's option names and meanings, kept for compatibility, plus quaero's documented thresholds."""
-
-    train_selective_suffix_logits: bool = _SPEC.selective_logits
-    train_logprob_chunk_size: int | None = Field(_SELECTIVE.chunk_size, ge=1)
-    train_compile_selective_ce: Literal["off", "auto", "require"] = _SELECTIVE.compile_mode
-    train_compile_selective_ce_min_tokens: int = Field(_SELECTIVE.compile_min_tokens, ge=1)
-    train_save_on_cpu: bool = _MEMORY.save_on_cpu
-    train_save_on_cpu_pin_memory: bool = _MEMORY.save_on_cpu_pin_memory
-    train_save_on_cpu_min_numel: int = Field(_MEMORY.save_on_cpu_min_numel, ge=0)
-    # 0 = exact full context. K > 0 crops each row to K tokens before its first target (approximation).
-    train_supervised_context_tokens: int = Field(_MEMORY.supervised_context_tokens, ge=0)
-    # Sparse/dense decision: the suffix shortcut runs only when the selected tokens fill at least this
-    # fraction of the suffix they span (default 1.0: every slot; see trainers/spec.py) AND the suffix
-    # logits would take at most this many bytes.
-    train_selective_dense_min_density: float = Field(_SELECTIVE.dense_min_density, gt=0, le=1)
-    train_selective_suffix_max_bytes: int = Field(_SELECTIVE.suffix_max_bytes, ge=0)
-    # Eager/chunked decision: above this many bytes of selected [S, V] logits the hidden path runs chunked.
-    train_selective_hidden_max_bytes: int = Field(_SELECTIVE.hidden_max_bytes, ge=0)
+    """retrain's option names and meanings, kept for compatibility, plus quaero's documented thresholds
+    (trainers/spec.py SelectivePolicy, MemoryPolicy)."""
 
 
+@with_trainer_options("backend")
 class BackendConfig(_Section):
+    """The trainer (trainers/registry.py) and its own options: the optimizer's, LoRA's, the step's."""
+
     backend: str = "local"
-    lr: float = Field(_SPEC.lr, gt=0)
-    weight_decay: float = Field(_SPEC.weight_decay, ge=0)
-    betas: tuple[float, float] = _SPEC.betas
-    max_grad_norm: float | None = Field(_SPEC.max_grad_norm, gt=0)
-    micro_batch_tokens: int = Field(_SPEC.micro_batch_tokens, ge=1)
-    lora: bool = _SPEC.lora
-    lora_r: int = Field(_SPEC.lora_r, ge=1)
-    lora_alpha: int = Field(_SPEC.lora_alpha, ge=1)
-    gradient_checkpointing: bool = _SPEC.gradient_checkpointing
-    # unsloth on CUDA only: load unsloth's vLLM engine next to the model (backend.vllm_engine) for sampling.
-    unsloth_fast_inference: bool = _SPEC.unsloth_fast_inference
     options: BackendOptions = Field(default_factory=BackendOptions)
 
 
+@with_trainer_options("echo")
 class EchoConfig(_Section):
-    enabled: bool = _SPEC.echo
-    # λ, OpenEnv RFC 010's `world_model_coeff`: the ECHO term's coefficient (the RL term's is 1)
-    weight: float = Field(_SPEC.echo_weight, ge=0)
+    """With the trainer's `enabled`, `weight` (λ, OpenEnv RFC 010's `world_model_coeff`: the ECHO term's
+    coefficient, the RL term's being 1) and `normalization` (the ECHO term's average, trainers/aggregation.py:
+    "token" over the step's ECHO tokens; "sequence" per episode over its observation tokens, then over
+    episodes, the ECHO paper's full_observation_tokens)."""
+
     # λ of the RL steps (unset: `weight`; the warm start always uses `weight`), which `schedule` then scales
     rl_weight: float | None = Field(None, ge=0)
     # λ over the RL steps (the warm start uses `weight`): "constant"; "warmup" = weight * min(1, k / S);
@@ -286,9 +283,6 @@ class EchoConfig(_Section):
     # steps)
     schedule: Literal["constant", "warmup", "decay"] = "constant"
     schedule_steps: int = Field(0, ge=0)
-    # the ECHO term's average (trainers/aggregation.py): "token" = over the step's ECHO tokens; "sequence" =
-    # per episode over its observation tokens, then over episodes (the ECHO paper's full_observation_tokens)
-    normalization: Literal["token", "sequence"] = _SPEC.echo_normalization
     # RFC 010's `world_loss_target`: false = "env_only" (the env's own tokens), true = "all" (template
     # scaffolding such as <|im_start|>user\n and <tool_response> wrappers too)
     include_scaffold: bool = False
@@ -308,12 +302,16 @@ class EchoConfig(_Section):
         return weight
 
 
+@with_trainer_options("training")
 class TrainingConfig(_Section):
+    """With the trainer's `clip_eps` (PPO's; unset: no clipping) and `loss_aggregation` (the RL term's
+    average, trainers/aggregation.py: "token_mean" (DAPO), "sequence_mean" (GRPO: per episode, then over
+    episodes), "constant" (Dr. GRPO: / tasks_per_step x group_size x max_turns x max_tokens))."""
+
     # small first-run defaults: `quaero check` prints the work they mean (episodes x turns x max_tokens)
     steps: int = Field(5, ge=0)
     tasks_per_step: int = Field(4, ge=1)
     group_size: int = Field(4, ge=1)
-    clip_eps: float | None = Field(_SPEC.clip_eps, gt=0)
     warmup_sft_steps: int = Field(0, ge=0)
     # the warm start's demonstrator, "package.module:function" (oracle_policy(info) -> policy); unset =
     # `oracle_policy` in the [env] entry's module. Required for a warm start against url/urls servers.
@@ -348,10 +346,6 @@ class TrainingConfig(_Section):
     # policy versions behind the weights it trains (quaero/recipe/ahead.py); 0 = sample each step's rollout
     # right before it trains. >= 1 gives the hf sampler a copy of the model of its own.
     max_off_policy_steps: int = Field(0, ge=0)
-    # the RL term's average (trainers/aggregation.py): "token_mean" (DAPO), "sequence_mean" (GRPO: per
-    # episode, then over episodes), "constant" (Dr. GRPO: / tasks_per_step x group_size x max_turns x
-    # max_tokens)
-    loss_aggregation: Literal["token_mean", "sequence_mean", "constant"] = _SPEC.loss_aggregation
     # DAPO-style dynamic sampling: while fewer than tasks_per_step groups have reward spread (a non-zero
     # advantage), sample groups of further tasks, at most dynamic_sampling_max_groups x tasks_per_step groups
     # in all per step (at most 100x: each round is logged, and a stop request ends the rounds); all-equal
@@ -383,12 +377,12 @@ class LoggingConfig(_Section):
     save_rows: Literal["none", "sample", "all"] = "sample"
 
 
+@with_trainer_options("distributed")
 class DistributedConfig(_Section):
-    # Data parallelism when launched by torchrun (`quaero train --nproc N`, or torchrun -m quaero.cli train;
-    # trainers/distributed.py, quaero/recipe/ranks.py): "ddp" replicates the model, "fsdp2" shards it (and its
-    # checkpoints, through torch.distributed.checkpoint); both give the one-process step on the same rows.
-    # "none": one process.
-    strategy: Literal["none", "ddp", "fsdp2"] = _SPEC.distributed
+    """`strategy`: data parallelism when launched by torchrun (`quaero train --nproc N`, or torchrun -m
+    quaero.cli train; trainers/distributed.py, quaero/recipe/ranks.py): "ddp" replicates the model, "fsdp2"
+    shards it (and its checkpoints, through torch.distributed.checkpoint); both give the one-process step on
+    the same rows. "none": one process."""
 
 
 class QuaeroConfig(_Section):

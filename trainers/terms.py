@@ -8,9 +8,8 @@ selective path's targets and the crop's first target are derived from them, trai
 term on every microbatch that trains, adds their losses into the one backward, totals each term's statistics
 over microbatches and ranks, and merges the terms' metrics: it names no term. A new term, with targets of a
 kind no other term has, is a subclass of `LossTerm` here added to `TERMS` (its targets, its row scales, its
-loss, its statistics, its metrics), the setting it reads (quaero/config.py, passed on by
-quaero/recipe/plan.py `trainer_spec` into trainers/spec.py), and its metric names declared in
-quaero/telemetry/names.py.
+loss, its statistics, its metrics), the setting it reads (an `option` field of trainers/spec.py, which gives
+the config its key), and its metric names declared in quaero/telemetry/names.py.
 """
 from __future__ import annotations
 

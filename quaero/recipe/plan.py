@@ -12,12 +12,13 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+from operator import attrgetter
 from pathlib import Path
 
 from quaero import sampler_registry as samplers
 from quaero.config import ConfigError, QuaeroConfig, load_config
 from trainers import registry
-from trainers.spec import MemoryPolicy, SelectivePolicy, TrainerSpec
+from trainers.spec import TrainerSpec, spec_from
 
 
 def check_components(cfg: QuaeroConfig, source: str = "config") -> None:
@@ -250,44 +251,7 @@ def rl_loss_constant(cfg: QuaeroConfig) -> int:
 
 
 def trainer_spec(cfg: QuaeroConfig) -> TrainerSpec:
-    """The part of the config a trainer reads."""
-    b, o = cfg.backend, cfg.backend.options
-    return TrainerSpec(
-        model=cfg.model.name,
-        dtype=cfg.model.dtype,
-        max_seq_len=cfg.model.max_seq_len,
-        seed=cfg.run.seed,
-        lr=b.lr,
-        betas=tuple(b.betas),
-        weight_decay=b.weight_decay,
-        max_grad_norm=b.max_grad_norm,
-        micro_batch_tokens=b.micro_batch_tokens,
-        lora=b.lora,
-        lora_r=b.lora_r,
-        lora_alpha=b.lora_alpha,
-        gradient_checkpointing=b.gradient_checkpointing,
-        unsloth_fast_inference=b.unsloth_fast_inference,
-        temperature=cfg.sampler.temperature,
-        clip_eps=cfg.training.clip_eps,
-        loss_aggregation=cfg.training.loss_aggregation,
-        loss_constant=rl_loss_constant(cfg) if cfg.training.loss_aggregation == "constant" else 0,
-        echo=cfg.echo.enabled,
-        echo_weight=cfg.echo.weight,
-        echo_normalization=cfg.echo.normalization,
-        selective_logits=o.train_selective_suffix_logits,
-        selective=SelectivePolicy(
-            dense_min_density=o.train_selective_dense_min_density,
-            suffix_max_bytes=o.train_selective_suffix_max_bytes,
-            hidden_max_bytes=o.train_selective_hidden_max_bytes,
-            chunk_size=o.train_logprob_chunk_size,
-            compile_mode=o.train_compile_selective_ce,
-            compile_min_tokens=o.train_compile_selective_ce_min_tokens,
-        ),
-        memory=MemoryPolicy(
-            save_on_cpu=o.train_save_on_cpu,
-            save_on_cpu_pin_memory=o.train_save_on_cpu_pin_memory,
-            save_on_cpu_min_numel=o.train_save_on_cpu_min_numel,
-            supervised_context_tokens=o.train_supervised_context_tokens,
-        ),
-        distributed=cfg.distributed.strategy,
-    )
+    """The part of the config a trainer reads: every option trainers/spec.py declares, read at its config
+    key, and Dr. GRPO's normaliser, which the config implies."""
+    constant = rl_loss_constant(cfg) if cfg.training.loss_aggregation == "constant" else 0
+    return spec_from(lambda key: attrgetter(key)(cfg), loss_constant=constant)

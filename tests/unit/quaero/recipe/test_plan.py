@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+from operator import attrgetter
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from quaero.config import ConfigError, QuaeroConfig, load_config
 from quaero.recipe.plan import check_components, load_checked, trainer_spec
 from trainers import registry
-from trainers.spec import MemoryPolicy, SelectivePolicy, TrainerSpec
+from trainers.spec import MemoryPolicy, SelectivePolicy, TrainerSpec, options
 
 ROOT = Path(__file__).resolve().parents[4]
 MAIN = ROOT / "envs" / "toolbench.toml"
@@ -63,6 +64,33 @@ def test_config_module_does_not_import_the_trainer_registry():
 def test_default_config_gives_the_default_spec():
     """TrainerSpec's defaults and the config's are one set of values."""
     assert trainer_spec(QuaeroConfig.model_validate({"env": {"entry": "x:y"}})) == TrainerSpec()
+
+
+def test_every_trainer_option_is_a_config_key_with_its_default_and_bounds():
+    """trainers/spec.py declares each option once: its config key exists, defaults to the spec's default and
+    refuses a value past the option's bounds, in one line naming the key."""
+    cfg = QuaeroConfig.model_validate({"env": {"entry": "x:y"}})
+    assert len(options()) > 30
+    for o in options():
+        assert attrgetter(o.key)(cfg) == o.default, o.key
+        for bound, limit in o.bounds.items():
+            past = limit + 1 if bound in ("le", "lt") else limit if bound == "gt" else limit - 1
+            with pytest.raises(ConfigError, match=rf"\[{o.section}\] {o.name}={past}: "):
+                load_config(MAIN, [f"{o.key}={past}"])
+
+
+def test_check_prints_every_trainer_option_with_the_value_the_config_sets():
+    from quaero.cli import SHOWN_WITH_THEIR_SECTION, trainer_option_lines
+
+    cfg = load_config(MAIN, ["backend.lr=0.5", "backend.options.train_save_on_cpu_min_numel=11",
+                             "model.max_seq_len=512", "backend.options.train_supervised_context_tokens=6"])
+    text = "\n".join(trainer_option_lines(cfg))
+    assert "lr=0.5, " in text and "model.max_seq_len=512," in text
+    assert "train_save_on_cpu_min_numel=11," in text
+    assert "train_supervised_context_tokens=6 (APPROXIMATION: rows cropped)" in text
+    assert all(len(line) <= 110 for line in text.splitlines())
+    for o in options():  # each printed once: on the trainer lines, or on its section's line
+        assert (o.key in SHOWN_WITH_THEIR_SECTION) != (f" {o.name}=" in text or f" {o.key}=" in text), o.key
 
 
 def test_every_trainer_option_reaches_the_spec():

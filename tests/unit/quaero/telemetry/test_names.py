@@ -1,5 +1,6 @@
-"""Every event name a run logs is declared in quaero/telemetry/names.py: no module of quaero/ or trainers/ spells
-one as a literal (`log.warning("env_retry", ...)`, `{"event": "events_lost", ...}`, `e.get("event") == "..."`)."""
+"""Every event name a run logs is declared in quaero/telemetry/names.py: no module of quaero/ or trainers/
+spells one as a literal (`log.warning("env_retry", ...)`, `{"event": "events_lost", ...}`,
+`e.get("event") == "..."`)."""
 import ast
 from pathlib import Path
 
