@@ -11,7 +11,7 @@ import argparse
 import json
 import random
 
-from quaero.rollout.rows import EchoRow, Span
+from quaero.rows import EchoRow, Span
 from quaero.telemetry import names
 from quaero.telemetry.proofs import STEP_PROOF_METRICS
 from trainers.spec import TrainerSpec

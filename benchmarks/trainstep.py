@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from benchmarks.measure import sync
-from quaero.rollout.rows import EchoRow, Span
+from quaero.rows import EchoRow, Span
 from trainers.spec import TrainerSpec
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Literal
 
-from quaero.rollout.rows import EchoRow
+from quaero.rows import EchoRow
 
 RLAggregation = Literal["token_mean", "sequence_mean", "constant"]
 EchoNormalization = Literal["token", "sequence"]

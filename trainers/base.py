@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from quaero import process_group
-from quaero.rollout.rows import EchoRow
+from quaero.rows import EchoRow
 from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
 from trainers import distributed, registry, step

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from quaero.rollout.rows import EchoRow
+from quaero.rows import EchoRow
 
 
 @dataclass

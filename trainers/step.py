@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from quaero import process_group
 from quaero.resolve import resolve_name
-from quaero.rollout.rows import EchoRow
+from quaero.rows import EchoRow
 from quaero.telemetry import names
 from quaero.telemetry.proofs import BRANCH_COUNTERS
 from trainers import distributed

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-from quaero.rollout.rows import EchoRow
+from quaero.rows import EchoRow
 from quaero.telemetry import names
 from trainers import aggregation
 from trainers.batch import Microbatch

@@ -14,7 +14,8 @@ import json
 import os
 from pathlib import Path
 
-from quaero.rollout.rows import EchoRow, Transition
+from quaero.rollout.rows import Transition
+from quaero.rows import EchoRow
 from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
 

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 from quaero.openenv_client import ChatEnv, EpisodeDropped, EpisodeEndedAtReset
 from quaero.rollout.render import BridgeFailure, RenderAdapter, UnparsableAction
-from quaero.rollout.rows import EchoRow, Transition, build_rows, per_transition_tokens
+from quaero.rollout.rows import Transition, build_rows, per_transition_tokens
+from quaero.rows import EchoRow
 from quaero.sampling import Completion, Sampler
 from quaero.telemetry import names
 from quaero.telemetry.counts import RolloutCounts

@@ -28,7 +28,7 @@ from typing import Any
 
 from quaero.config import ConfigError
 from quaero.rollout.advantages import MAX_ABS_ADVANTAGE, group_advantages
-from quaero.rollout.rows import EchoRow, RowError, Span
+from quaero.rows import EchoRow, RowError, Span
 from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
 

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from quaero.recipe.saved_rows import rows_dir, step_file
-from quaero.rollout.rows import ECHO_KINDS
+from quaero.rows import ECHO_KINDS
 from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
 

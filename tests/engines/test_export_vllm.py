@@ -16,7 +16,7 @@ from benchmarks.smoke import sparse_rows
 from quaero import cli
 from quaero.config import load_config
 from quaero.recipe import checkpoint
-from quaero.rollout.rows import EchoRow, Span
+from quaero.rows import EchoRow, Span
 from quaero.tools.export import build_trainer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # two engines of its own, built from folders

@@ -17,20 +17,21 @@ RUN_SIDE = ("quaero.recipe", "quaero.rollout", "quaero.telemetry", "quaero.sampl
 FLOORS: list[tuple[str, ...]] = [
     # 0 the ground: leaves every floor reads (registries, names, counts, the process group, the row contract)
     ("quaero", "quaero.launcher_registry", "quaero.sampler_registry", "quaero.task_sampler_registry",
-     "quaero.resolve",
-     "quaero.process_group", "quaero.processes", "quaero.model", "quaero.telemetry", "quaero.rollout.rows",
-     "quaero.rollout.advantages", "trainers.spec", "trainers.registry"),
-    # 1 the config schema
+     "quaero.resolve", "quaero.process_group", "quaero.processes", "quaero.model", "quaero.telemetry",
+     "quaero.rows"),
+    # 1 the trainers' compute and the spec that tells a trainer what to do
+    ("trainers",),
+    # 2 the config schema (its sections take the trainer options from trainers/spec.py)
     ("quaero.config",),
-    # 2 the components: env sessions, samplers, the trainers' compute
-    ("quaero.openenv_client", "quaero.sampling", "trainers"),
-    # 3 the rollout: episodes played on those components, turned into rows
+    # 3 the components: env sessions, samplers
+    ("quaero.openenv_client", "quaero.sampling"),
+    # 4 the rollout: episodes played on those components, turned into rows
     ("quaero.rollout",),
-    # 4 the recipe that wires them
+    # 5 the recipe that wires them
     ("quaero.recipe",),
-    # 5 what users run after or beside training
+    # 6 what users run after or beside training
     ("quaero.tools",),
-    # 6 the command line, and the benchmarks it dispatches (`quaero bench`, lazily)
+    # 7 the command line, and the benchmarks it dispatches (`quaero bench`, lazily)
     ("quaero.cli", "benchmarks"),
 ]
 
@@ -110,8 +111,10 @@ def test_every_import_points_down_a_floor_or_along_one():
 
 def test_an_import_up_a_floor_is_found():
     planted = {"quaero.config": {"quaero.openenv_client.launchers"}, "quaero.openenv_client.launchers": set(),
-               "trainers.batch": {"quaero.rollout.rows"}, "quaero.rollout.rows": set()}
-    assert upward(planted) == [("quaero.config", "quaero.openenv_client.launchers")]
+               "trainers.batch": {"quaero.rollout.rows", "quaero.rows"}, "quaero.rollout.rows": set(),
+               "quaero.rows": set()}
+    assert upward(planted) == [("quaero.config", "quaero.openenv_client.launchers"),
+                               ("trainers.batch", "quaero.rollout.rows")]
 
 
 def test_relative_imports_are_arrows():

@@ -10,7 +10,7 @@ import torch
 from fixtures.small_model import V, make_spec
 
 from quaero.config import EchoConfig
-from quaero.rollout.rows import EchoRow, Span
+from quaero.rows import EchoRow, Span
 from trainers.aggregation import echo_scales, rl_scales
 from trainers.local import LocalTrainer
 from trainers.terms import TERMS, StepContext, row_targets

@@ -7,7 +7,7 @@ import torch
 from fixtures.small_model import V, make_spec
 
 from benchmarks.smoke import SMOKE_KEYS, sparse_row, sparse_rows
-from quaero.rollout.rows import EchoRow
+from quaero.rows import EchoRow
 from quaero.telemetry.names import SELECTIVE_METRICS
 from trainers.forward import CausalLMParts, LogitTransformError, SharedForwardError
 from trainers.local import LocalTrainer

@@ -10,7 +10,7 @@ import pytest
 import torch
 from fixtures.small_model import V, make_spec
 
-from quaero.rollout.rows import EchoRow, Span
+from quaero.rows import EchoRow, Span
 from trainers import loss, step, terms
 from trainers.local import LocalTrainer
 

@@ -15,8 +15,8 @@ from fixtures.small_model import V
 from quaero.config import ConfigError, load_config
 from quaero.recipe.train import _collect, _empty_run
 from quaero.rollout.driver import Episode
-from quaero.rollout.rows import EchoRow, Span
 from quaero.rollout.traces import load_traces, warm_start_rows
+from quaero.rows import EchoRow, Span
 from quaero.sampling.wire import STOP_REQUESTED
 from quaero.telemetry.counts import RolloutCounts
 

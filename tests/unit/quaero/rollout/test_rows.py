@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from quaero.rollout.rows import EchoRow, RowError, Span, Transition, build_rows, per_transition_tokens
+from quaero.rollout.rows import Transition, build_rows, per_transition_tokens
+from quaero.rows import EchoRow, RowError, Span
 
 
 def row(n=6, spans=None, adv=None, echo=None):
