@@ -377,6 +377,7 @@ SINK_FAILED_EVENT = "sink_failed"
 SINK_SUMMARY_EVENT = "sink_summary"
 SINK_HUNG_EVENT = "sink_hung"
 RL_NO_SIGNAL_EVENT = "rl_no_signal"
+RL_SIGNAL_EVENT = "rl_signal"
 # the trainer (trainers/base.py, trainers/memory.py)
 TRAINER_READY_EVENT = "trainer_ready"
 SAVE_ON_CPU_NOOP_EVENT = "save_on_cpu_noop"

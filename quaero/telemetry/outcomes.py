@@ -52,5 +52,6 @@ class SignalWatch:
         t = dict(self.totals)
         if not t:
             return {}
-        (log.info if t[names.ACTION_TOKENS] else log.warning)("rl_signal", **t, note=describe_rl_signal(t))
+        (log.info if t[names.ACTION_TOKENS] else log.warning)(names.RL_SIGNAL_EVENT, **t,
+                                                              note=describe_rl_signal(t))
         return t

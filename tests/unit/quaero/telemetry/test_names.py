@@ -26,13 +26,18 @@ def literal_event_names(source: str) -> list[str]:
             return False
         return isinstance(key, ast.Constant) and key.value == "event"
 
+    def is_log_method(func: ast.expr) -> bool:  # log.info, or (log.info if ... else log.warning)
+        if isinstance(func, ast.IfExp):
+            return is_log_method(func.body) and is_log_method(func.orelse)
+        return isinstance(func, ast.Attribute) and func.attr in LEVELS
+
     def text(node: ast.expr | None) -> str | None:
         return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 
     found = []
     for node in ast.walk(ast.parse(source)):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in LEVELS
-                and node.args and (name := text(node.args[0])) is not None):
+        if isinstance(node, ast.Call) and is_log_method(node.func) and node.args and (
+                name := text(node.args[0])) is not None:
             found.append(name)
         elif isinstance(node, ast.Dict):
             found += [name for k, v in zip(node.keys, node.values)
@@ -53,10 +58,16 @@ def test_no_module_spells_an_event_name():
 
 
 def test_the_finder_finds_a_literal_event_name():
-    source = ('log.warning("env_retry", attempt=1)\nget_logger(__name__).info("ready")\n'
-              'log.info(names.TRAINER_READY_EVENT)\nrecord = {"event": "events_lost", "events": 3}\n'
-              'if e.get("event") == "resumed" or e["event"] in ("a", "b"):\n    print("not an event")\n')
-    assert literal_event_names(source) == ["env_retry", "ready", "events_lost", "resumed", "a", "b"]
+    lines = ['log.warning("env_retry", attempt=1)',
+             'get_logger(__name__).info("ready")',
+             'log.info(names.TRAINER_READY_EVENT)',
+             '(log.info if ok else log.warning)("rl_signal")',
+             'record = {"event": "events_lost", "events": 3}',
+             'if e.get("event") == "resumed" or e["event"] in ("a", "b"):',
+             '    print("not an event")']
+    source = "\n".join(lines)
+    found = literal_event_names(source)
+    assert sorted(found) == sorted(["env_retry", "ready", "rl_signal", "events_lost", "resumed", "a", "b"])
 
 
 def test_event_names_are_declared_once():
