@@ -1,4 +1,5 @@
-"""Review a quaero run from Python: the same summary and proofs as `quaero review`, plus a check of
+"""Review a quaero run from Python: the same summary (a `RunSummary`, quaero/telemetry/summary.py) and proofs
+as `quaero review`, plus a check of
 your own (here: the ECHO share of trained tokens and the worst sampler-vs-trainer log-prob gap).
 
     python examples/review_metrics.py runs/toolbench
@@ -14,12 +15,12 @@ def main(run_dir: str) -> int:
     summary = review.summarize(run)
     for check in proofs.run_checks(summary):
         print(f"{check['status'].upper():4s}  {check['name']}: {check['detail']}")
-    trained = summary["action_tokens"] + summary["echo_tokens"]
-    if summary["row_tokens"]:
-        print(f"targets are {trained / summary['row_tokens']:.1%} of row tokens "
-              f"(ECHO {summary['echo_tokens']}, action {summary['action_tokens']}): the sparse regime the "
+    trained = summary.action_tokens + summary.echo_tokens
+    if summary.row_tokens:
+        print(f"targets are {trained / summary.row_tokens:.1%} of row tokens "
+              f"(ECHO {summary.echo_tokens}, action {summary.action_tokens}): the sparse regime the "
               "selective path is built for")
-    print(f"worst sampler-vs-trainer log-prob gap: {summary['sampler_logprob_gap_max']}")
+    print(f"worst sampler-vs-trainer log-prob gap: {summary.sampler_logprob_gap_max}")
     per_step = [(s["step"], s.get("echo_loss")) for s in run["steps"]]
     print("ECHO loss by step:", ", ".join(f"{k}:{v:.3f}" for k, v in per_step if v is not None))
     return 0

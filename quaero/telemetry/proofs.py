@@ -33,6 +33,7 @@ from quaero.telemetry.names import (
     SPARSE_SUFFIX_SKIPS,
     SUFFIX_BATCHES,
 )
+from quaero.telemetry.summary import Comparison, RunSummary
 
 # Each branch counter and the microbatches it counts, read from a `trainers.selective.SelectiveInfo`.
 # Per step these are microbatch counts; review sums them over steps.
@@ -121,12 +122,11 @@ def compiled_ce(totals: Mapping[str, Any]) -> dict[str, Any]:
                    f"mode=require, compiled_ce_batches={compiled} > 0, fallback_reason={reason!r}")
 
 
-def logprob_gap(s: Mapping[str, Any]) -> dict[str, Any]:
+def logprob_gap(s: RunSummary) -> dict[str, Any]:
     """On-policy RL steps (rows sampled by the weights being trained: policy_staleness 0) measured a
     sampler-vs- trainer gap within LOGPROB_GAP_MAX_NATS per token and LOGPROB_GAP_MEAN_NATS per step's mean.
     Steps trained on rows sampled ahead are left out: their gap includes the policy's own change."""
-    worst, mean, steps = s.get("onpolicy_logprob_gap_max"), s.get("onpolicy_logprob_gap_mean_max"), \
-        s.get("onpolicy_gap_steps", 0)
+    worst, mean, steps = s.onpolicy_logprob_gap_max, s.onpolicy_logprob_gap_mean_max, s.onpolicy_gap_steps
     if not steps or worst is None:
         return _check(LOGPROB_GAP, True, NA, "no on-policy RL step measured a gap (SFT steps sample nothing)")
     return _judged(LOGPROB_GAP, True,
@@ -140,50 +140,50 @@ def branch_checks(totals: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [sparse_echo(totals), compiled_ce(totals)]
 
 
-def run_checks(s: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Every check of a reviewed run, in `CHECKS` order, from `quaero.tools.review.summarize`'s summary."""
-    rows, tokens = s["rows"], s["action_tokens"] + s["echo_tokens"]
-    trained = s["steps"] > 0 and rows > 0 and tokens > 0
-    untrained = f"0 rows trained (steps={s['steps']}, rows={rows}): nothing learned to judge"
+def run_checks(s: RunSummary) -> list[dict[str, Any]]:
+    """Every check of a reviewed run, in `CHECKS` order, from its summary (quaero/tools/review.py
+    `summarize`)."""
+    rows, tokens = s.rows, s.action_tokens + s.echo_tokens
+    trained = s.steps > 0 and rows > 0 and tokens > 0
+    untrained = f"0 rows trained (steps={s.steps}, rows={rows}): nothing learned to judge"
     checks = [
-        *branch_checks(s),
-        _judged(EXACT_ROWS, True, s["prefix_mismatches"] == 0, f"prefix_mismatches={s['prefix_mismatches']} "
-                                                               "= 0"),
-        _judged(TRAINED, True, trained, f"steps={s['steps']} > 0, rows={rows} > 0, action+echo "
+        *branch_checks(s.selective),
+        _judged(EXACT_ROWS, True, s.prefix_mismatches == 0, f"prefix_mismatches={s.prefix_mismatches} = 0"),
+        _judged(TRAINED, True, trained, f"steps={s.steps} > 0, rows={rows} > 0, action+echo "
                                         f"tokens={tokens} > 0"),
         *training_apart(s),
     ]
     checks.append(logprob_gap(s))
-    first, last = s["echo_loss_first"], s["echo_loss_last"]
+    first, last = s.echo_loss_first, s.echo_loss_last
     if first is None:
         checks.append(_check(ECHO_FALLING, False, NA, "no step with ECHO targets"))
     else:
         checks.append(_judged(ECHO_FALLING, False, trained and last < first,
                               f"{first:.4f} -> {last:.4f}" if trained else untrained))
-    base, last = s["eval_reward_baseline"], s["eval_reward_last"]
+    base, last = s.eval_reward_baseline, s.eval_reward_last
     if base is None or last is None:
         checks.append(_check(EVAL_ABOVE_UNTRAINED, False, NA, "no eval event"))
     else:
         checks.append(_judged(EVAL_ABOVE_UNTRAINED, False, trained and last > base,
                               f"{base:.3f} -> {last:.3f}" if trained else untrained))
-    checks.append(rl_improved(s["rl_vs_warm_start"]))
+    checks.append(rl_improved(s.rl_vs_warm_start))
     return checks
 
 
-def rl_improved(c: Mapping[str, Any]) -> dict[str, Any]:
+def rl_improved(c: Comparison) -> dict[str, Any]:
     """The eval after RL beats the eval at the warm start's end on the tasks both finished: more tasks solved
     only after RL than only before with McNemar exact p < 0.05, or the paired bootstrap 95% interval of the
     reward difference above 0. N/A without a warm start, an RL step, or per-task results in both evals."""
-    if c.get("why"):
-        return _check(RL_IMPROVED, False, NA, c["why"])
-    low, high = c["reward_diff_ci95"]
-    by_success = c["improved"] > c["worsened"] and c["mcnemar_p"] < RL_IMPROVED_P
+    if c.why:
+        return _check(RL_IMPROVED, False, NA, c.why)
+    low, high = c.reward_diff_ci95
+    by_success = c.improved > c.worsened and c.mcnemar_p < RL_IMPROVED_P
     # the relations as they are (which of the two criteria held), not as the criteria read
-    p_rel = "<" if c["mcnemar_p"] < RL_IMPROVED_P else ">="
-    detail = (f"steps {c['warm_start_step']} -> {c['end_step']} on {c['pairs']} shared tasks: success "
-              f"{c['warm_start_success']:.3f} -> {c['end_success']:.3f} (solved only after RL "
-              f"{c['improved']}, only before {c['worsened']}; McNemar exact p = {c['mcnemar_p']:.3g} {p_rel} "
-              f"{RL_IMPROVED_P}), reward {c['reward_diff']:+.3f} (paired bootstrap 95% {low:+.3f} to "
+    p_rel = "<" if c.mcnemar_p < RL_IMPROVED_P else ">="
+    detail = (f"steps {c.warm_start_step} -> {c.end_step} on {c.pairs} shared tasks: success "
+              f"{c.warm_start_success:.3f} -> {c.end_success:.3f} (solved only after RL "
+              f"{c.improved}, only before {c.worsened}; McNemar exact p = {c.mcnemar_p:.3g} {p_rel} "
+              f"{RL_IMPROVED_P}), reward {c.reward_diff:+.3f} (paired bootstrap 95% {low:+.3f} to "
               f"{high:+.3f}; {'> 0' if low > 0 else 'not > 0'})")
     return _judged(RL_IMPROVED, False, by_success or low > 0, detail)
 
@@ -235,22 +235,21 @@ def describe_rl_signal(t: Mapping[str, Any]) -> str:
             f"nothing. Fix: {fix}")
 
 
-def training_apart(s: Mapping[str, Any]) -> list[dict[str, Any]]:
+def training_apart(s: RunSummary) -> list[dict[str, Any]]:
     """RL and ECHO judged apart ("trained at least one step" passes on either): reported, not required, since
     a run may rightly be ECHO-only; quaero/telemetry/outcomes.py says the same during the run."""
-    if not s.get("rl_steps"):
+    if not s.rl_steps:
         rl = _check(RL_TRAINED, False, NA, "no RL step")
-    else:
-        t = {"rl_steps": s["rl_steps"], "rl_steps_with_signal": s["rl_steps_with_signal"],
-             "echo_tokens": s.get("rl_echo_tokens", 0),
-             "action_tokens": s["rl_action_tokens"], "actions": s["rl_actions"],
-             "valid_actions": s["rl_valid_actions"],
-             **{k: s.get(f"rl_{k}", 0) for k in RL_EPISODE_COUNTERS},
-             **({"groups": s["rl_groups"], "groups_zero_advantage": s["rl_groups_zero_advantage"]}
-                if "rl_groups" in s else {})}
-        rl = _judged(RL_TRAINED, False, s["rl_action_tokens"] > 0, describe_rl_signal(t))
-    echo = _judged(ECHO_TRAINED, False, s["echo_tokens"] > 0, f"echo tokens={s['echo_tokens']} > 0 "
-                   f"({s.get('rl_echo_tokens', 0)} in RL steps)")
+    else:  # the totals describe_rl_signal reads, as quaero/telemetry/outcomes.py keeps them during a run
+        t = {"rl_steps": s.rl_steps, "rl_steps_with_signal": s.rl_steps_with_signal,
+             "echo_tokens": s.rl_echo_tokens, "action_tokens": s.rl_action_tokens, "actions": s.rl_actions,
+             "valid_actions": s.rl_valid_actions, ENV_REJECTED_ACTIONS: s.rl_env_rejected_actions,
+             EPISODES_ENDED_AT_RESET: s.rl_episodes_ended_at_reset, EPISODES_DROPPED: s.rl_episodes_dropped,
+             **({"groups": s.rl_groups, "groups_zero_advantage": s.rl_groups_zero_advantage}
+                if s.rl_groups is not None else {})}
+        rl = _judged(RL_TRAINED, False, s.rl_action_tokens > 0, describe_rl_signal(t))
+    echo = _judged(ECHO_TRAINED, False, s.echo_tokens > 0, f"echo tokens={s.echo_tokens} > 0 "
+                   f"({s.rl_echo_tokens} in RL steps)")
     return [rl, echo]
 
 

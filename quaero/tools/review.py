@@ -17,6 +17,7 @@ from typing import Any
 
 from quaero.telemetry import names, proofs
 from quaero.telemetry.runlog import read_events
+from quaero.telemetry.summary import Comparison, ConfigChange, EnvFigures, RunSummary
 
 PLOT_SERIES = {
     "reward": [names.REWARD_MEAN, names.EVAL_REWARD],
@@ -131,7 +132,7 @@ def env_names(run: dict) -> list[str]:
     return list(seen)
 
 
-def per_env(run: dict) -> dict[str, dict[str, Any]]:
+def per_env(run: dict) -> dict[str, EnvFigures]:
     """A mixture's figures per env: its RL groups, those with signal, its generated tokens and lost episodes,
     its last eval's success rate, and its "RL improved eval over warm start"."""
     rl = [s for s in run["steps"] if s.get(names.PHASE, "rl") == "rl"]
@@ -142,27 +143,27 @@ def per_env(run: dict) -> dict[str, dict[str, Any]]:
         signal, tokens = _sum(mine, names.SIGNAL_GROUPS), _sum(mine, names.GENERATED_TOKENS)
         evals = [e[names.EVAL_BY_ENV][env] for e in run["evals"] if isinstance(e.get(names.EVAL_BY_ENV), dict)
                  and isinstance(e[names.EVAL_BY_ENV].get(env), dict)]
-        out[env] = {names.GROUPS: _sum(mine, names.GROUPS), names.SIGNAL_GROUPS: signal,
-                    names.GENERATED_TOKENS: tokens,
-                    names.SIGNAL_GROUPS_PER_1K_TOKENS: round(1000 * signal / tokens, 4) if tokens else None,
-                    names.EPISODES_LOST: _sum(mine, names.EPISODES_LOST),
-                    "eval_success_last": evals[-1].get(names.EVAL_SUCCESS_RATE) if evals else None,
-                    "rl_vs_warm_start": rl_over_warm_start(run, env)}
+        out[env] = EnvFigures(
+            groups=_sum(mine, names.GROUPS), signal_groups=signal, generated_tokens=tokens,
+            signal_groups_per_1k_tokens=round(1000 * signal / tokens, 4) if tokens else None,
+            episodes_lost=_sum(mine, names.EPISODES_LOST),
+            eval_success_last=evals[-1].get(names.EVAL_SUCCESS_RATE) if evals else None,
+            rl_vs_warm_start=rl_over_warm_start(run, env))
     return out
 
 
-def env_line(env: str, f: dict[str, Any]) -> str:
+def env_line(env: str, f: EnvFigures) -> str:
     """`quaero review`'s line for one env of a mixture."""
-    c = f["rl_vs_warm_start"]
-    rl = (f"RL over warm start {c['warm_start_success']:.3f} -> {c['end_success']:.3f} on {c['pairs']} tasks "
-          f"(+{c['improved']}/-{c['worsened']}, McNemar p {c['mcnemar_p']:.3g})" if not c["why"]
-          else f"RL over warm start: {c['why']}")
-    return (f"env {env}: {f[names.GROUPS]} RL groups, {f[names.SIGNAL_GROUPS]} with signal "
-            f"({_fmt(f[names.SIGNAL_GROUPS_PER_1K_TOKENS])} per 1k generated tokens), "
-            f"{f[names.EPISODES_LOST]} episodes lost, last eval success {_fmt(f['eval_success_last'])}; {rl}")
+    c = f.rl_vs_warm_start
+    rl = (f"RL over warm start {c.warm_start_success:.3f} -> {c.end_success:.3f} on {c.pairs} tasks "
+          f"(+{c.improved}/-{c.worsened}, McNemar p {c.mcnemar_p:.3g})" if not c.why
+          else f"RL over warm start: {c.why}")
+    return (f"env {env}: {f.groups} RL groups, {f.signal_groups} with signal "
+            f"({_fmt(f.signal_groups_per_1k_tokens)} per 1k generated tokens), "
+            f"{f.episodes_lost} episodes lost, last eval success {_fmt(f.eval_success_last)}; {rl}")
 
 
-def rl_over_warm_start(run: dict, env: str | None = None) -> dict[str, Any]:
+def rl_over_warm_start(run: dict, env: str | None = None) -> Comparison:
     """The last eval after RL against the eval at the end of the warm start, paired on the tasks both
     finished: McNemar exact p on success, paired bootstrap 95% interval of the reward difference (end - warm
     start). `why` says what is missing when there is nothing to compare."""
@@ -171,31 +172,31 @@ def rl_over_warm_start(run: dict, env: str | None = None) -> dict[str, Any]:
     warm = sft_span(run)
     rl = [s["step"] for s in run["steps"] if s.get(names.PHASE, "rl") == "rl"]
     if not warm or not rl:
-        return {"why": "no warm start" if not warm else "no RL step"}
+        return Comparison("no warm start" if not warm else "no RL step")
     warm_end = warm[1]
     start = next((e for e in run["evals"] if e["step"] == warm_end), None)
     end = next((e for e in reversed(run["evals"]) if e["step"] > warm_end), None)
     if start is None or end is None:
-        return {"why": f"no eval at the warm start's last step {warm_end}" if start is None else "no eval "
-                                                                                                 "after RL"}
+        return Comparison(f"no eval at the warm start's last step {warm_end}" if start is None
+                          else "no eval after RL")
     a, b = eval_outcomes(end, env), eval_outcomes(start, env)
     if a is None or b is None:
         nonfinite = [e["step"] for e in (start, end) if _nonfinite_rewards(e)]
         if nonfinite:
             steps = ", ".join(map(str, nonfinite))
-            return {"why": f"the eval rewards of step(s) {steps} are not finite (NaN or "
-                           "inf, null in eval_results): the env's rewards cannot be compared"}
-        return {"why": "the evals carry no per-task results (eval_results)"}
+            return Comparison(f"the eval rewards of step(s) {steps} are not finite (NaN or inf, null in "
+                              "eval_results): the env's rewards cannot be compared")
+        return Comparison("the evals carry no per-task results (eval_results)")
     p = paired_outcomes(a, b)
     if not p["pairs"]:
-        return {"why": "the two evals share no task"}
-    return {"why": "", "warm_start_step": warm_end, "end_step": end["step"], "pairs": p["pairs"],
-            "warm_start_success": p["b_success"], "end_success": p["a_success"], "improved": p["a_only"],
-            "worsened": p["b_only"], "mcnemar_p": p["mcnemar_p"], "reward_diff": p["reward_diff"],
-            "reward_diff_ci95": p["reward_diff_ci95"]}
+        return Comparison("the two evals share no task")
+    return Comparison("", warm_start_step=warm_end, end_step=end["step"], pairs=p["pairs"],
+                      warm_start_success=p["b_success"], end_success=p["a_success"], improved=p["a_only"],
+                      worsened=p["b_only"], mcnemar_p=p["mcnemar_p"], reward_diff=p["reward_diff"],
+                      reward_diff_ci95=p["reward_diff_ci95"])
 
 
-def summarize(run: dict) -> dict[str, Any]:
+def summarize(run: dict) -> RunSummary:
     steps, evals = run["steps"], run["evals"]
     rl = [s for s in steps if s.get(names.PHASE, "rl") == "rl"]
     # a step without ECHO targets logs echo_loss 0: not a point of the ECHO learning curve
@@ -206,122 +207,105 @@ def summarize(run: dict) -> dict[str, Any]:
     rew_first, rew_last = _head_tail(_series(rl, names.REWARD_MEAN))
     eval_rewards = _series(evals, names.EVAL_REWARD)
     times = _series(steps, names.STEP_TIME_S)
-    gap = _series(rl, names.SAMPLER_LOGPROB_GAP_MAX)
     onpolicy = [st for st in rl if not st.get(names.POLICY_STALENESS)
                 and _number(st.get(names.SAMPLER_LOGPROB_GAP_MAX)) is not None]
-    return {
-        "steps": len(steps),
-        "sft_steps": len(steps) - len(rl),
-        "rl_steps": len(rl),
-        "last_step": steps[-1].get("step") if steps else None,
-        "finished": run["ended"],
-        "unreadable_lines": run["unreadable"],
-        "train_reward_first": rew_first,
-        "train_reward_last": rew_last,
-        "train_success_last": _last(rl, names.SUCCESS_RATE),
-        "eval_reward_baseline": eval_rewards[0] if eval_rewards else None,
-        "eval_reward_last": eval_rewards[-1] if eval_rewards else None,
-        "eval_success_last": evals[-1].get(names.EVAL_SUCCESS_RATE) if evals else None,
-        "rl_loss_first": rl_first,
-        "rl_loss_last": rl_last,
-        "echo_loss_first": echo_first,
-        "echo_loss_last": echo_last,
-        names.ROWS: _sum(steps, names.ROWS),
-        names.ACTION_TOKENS: _sum(steps, names.ACTION_TOKENS),
-        names.ECHO_TOKENS: _sum(steps, names.ECHO_TOKENS),
-        # RL apart from the warm start: quaero/telemetry/outcomes.py's totals, judged by proofs "RL trained"
-        "rl_steps_with_signal": sum(1 for st in rl if (_number(st.get(names.ACTION_TOKENS)) or 0) > 0),
-        "rl_action_tokens": _sum(rl, names.ACTION_TOKENS),
-        "rl_echo_tokens": _sum(rl, names.ECHO_TOKENS),
-        "rl_actions": _sum(rl, names.TURNS),
-        "rl_valid_actions": _sum(rl, names.TURNS) - _sum(rl, names.MALFORMED_ACTIONS),
-        **{f"rl_{k}": _sum(rl, k) for k in proofs.RL_EPISODE_COUNTERS},
-        **(
-            {
-                "rl_groups": _sum(rl, names.GROUPS),
-                "rl_groups_zero_advantage": _sum(rl, names.GROUPS_ZERO_ADVANTAGE),
-            }
-            if any(names.GROUPS in st for st in rl)
-            else {}
-        ),
-        names.ROW_TOKENS: _sum(steps, names.ROW_TOKENS),
-        "step_time_median_s": statistics.median(times) if times else None,
-        names.PEAK_MEM_MB: max(_series(steps, names.PEAK_MEM_MB), default=None),
-        # each phase's own peak where the device resets it (trainers/memory.py), and the process's
-        **{k: max(_series(steps, k), default=None)
-           for k in (names.ROLLOUT_PEAK_MEM_MB, names.WEIGHT_SYNC_PEAK_MEM_MB, names.PROCESS_PEAK_MEM_MB)},
-        names.EVAL_PEAK_MEM_MB: max(_series(evals, names.EVAL_PEAK_MEM_MB), default=None),
-        "checkpoint_peak_mem_mb": max(_series(_events(run, names.CHECKPOINT_SAVED_EVENT,
-                                                      names.CHECKPOINT_READ_EVENT), names.PEAK_MEM_MB),
-                                      default=None),
-        names.ENV_RETRIES: _sum(steps, names.ENV_RETRIES),
-        names.EPISODES_DROPPED: _sum(steps, names.EPISODES_DROPPED),
-        names.EPISODES_ENDED_AT_RESET: _sum(steps, names.EPISODES_ENDED_AT_RESET),
-        names.ENV_REJECTED_ACTIONS: _sum(steps, names.ENV_REJECTED_ACTIONS),
-        names.MALFORMED_ACTIONS: _sum(steps, names.MALFORMED_ACTIONS),
-        names.BRIDGE_FALLBACKS: _sum(steps + evals, names.BRIDGE_FALLBACKS),
-        names.PREFIX_MISMATCHES: _sum(steps + evals, names.PREFIX_MISMATCHES),
-        names.ROWS_PACKED: _sum(steps, names.ROWS_PACKED),
-        names.ROWS_TRANSITION: _sum(steps, names.ROWS_TRANSITION),
-        names.SAMPLER_LOGPROB_GAP_MAX: max(gap, default=None),
-        # what the log-prob gap proof judges: steps whose rows the trained weights sampled
-        # (quaero/telemetry/proofs.py)
-        "onpolicy_gap_steps": len(onpolicy),
-        "onpolicy_logprob_gap_max": max(_series(onpolicy, names.SAMPLER_LOGPROB_GAP_MAX), default=None),
-        "onpolicy_logprob_gap_mean_max": max(_series(onpolicy, names.SAMPLER_LOGPROB_GAP_MEAN), default=None),
-        # how the pushes reached the sampler (quaero/recipe/train.py sync_sampler): "file", "nccl", "ipc",
-        # "copy"
-        names.WEIGHT_TRANSFER: ",".join(
-            sorted({str(r[names.WEIGHT_TRANSFER]) for r in steps + evals if r.get(names.WEIGHT_TRANSFER)})
-        )
-        or None,
-        # rows sampled ahead ([training] max_off_policy_steps): how old they got, how much clipping held
-        "policy_staleness_max": max(_series(rl, names.POLICY_STALENESS), default=None),
-        "clip_fraction_max": max(_series(rl, names.CLIP_FRACTION), default=None),
-        names.SELECTIVE_SUFFIX_LOGITS: _last(steps, names.SELECTIVE_SUFFIX_LOGITS),
-        names.COMPILE_MODE: _last(steps, names.COMPILE_MODE, ""),
-        # the latest reason given (a step with no targets attempts no compile and gives none)
-        names.COMPILE_FALLBACK_REASON: _last(
-            [st for st in steps if st.get(names.COMPILE_FALLBACK_REASON)], names.COMPILE_FALLBACK_REASON, ""
-        ),
-        **{k: _sum(steps, k) for k in proofs.BRANCH_COUNTERS},
-        # eval after RL against the eval at the warm start's end, paired per task
-        "rl_vs_warm_start": rl_over_warm_start(run),
-        # the learning signal per generated token (the task samplers' aim), and a mixture's figures per env
-        "rl_signal_groups": _sum(rl, names.SIGNAL_GROUPS),
-        "rl_generated_tokens": _sum(rl, names.GENERATED_TOKENS),
-        "rl_signal_groups_per_1k_tokens": (
-            round(1000 * _sum(rl, names.SIGNAL_GROUPS) / tokens, 4)
-            if (tokens := _sum(rl, names.GENERATED_TOKENS))
-            else None
-        ),
-        **({"per_env": envs} if (envs := per_env(run)) else {}),
-        # resumes under another config than the run's last (quaero/recipe/train.py _note_changed_config)
-        **({"resumed_with_changed_config": changed} if (changed := resumes_changed(run)) else {}),
-    }
+    grouped = any(names.GROUPS in st for st in rl)
+    signal, generated = _sum(rl, names.SIGNAL_GROUPS), _sum(rl, names.GENERATED_TOKENS)
+    transfers = sorted({str(r[names.WEIGHT_TRANSFER]) for r in steps + evals if r.get(names.WEIGHT_TRANSFER)})
+    reasons = [st for st in steps if st.get(names.COMPILE_FALLBACK_REASON)]
+    return RunSummary(
+        steps=len(steps),
+        sft_steps=len(steps) - len(rl),
+        rl_steps=len(rl),
+        last_step=steps[-1].get("step") if steps else None,
+        finished=run["ended"],
+        unreadable_lines=run["unreadable"],
+        train_reward_first=rew_first,
+        train_reward_last=rew_last,
+        train_success_last=_last(rl, names.SUCCESS_RATE),
+        eval_reward_baseline=eval_rewards[0] if eval_rewards else None,
+        eval_reward_last=eval_rewards[-1] if eval_rewards else None,
+        eval_success_last=evals[-1].get(names.EVAL_SUCCESS_RATE) if evals else None,
+        rl_loss_first=rl_first,
+        rl_loss_last=rl_last,
+        echo_loss_first=echo_first,
+        echo_loss_last=echo_last,
+        rows=_sum(steps, names.ROWS),
+        action_tokens=_sum(steps, names.ACTION_TOKENS),
+        echo_tokens=_sum(steps, names.ECHO_TOKENS),
+        rl_steps_with_signal=sum(1 for st in rl if (_number(st.get(names.ACTION_TOKENS)) or 0) > 0),
+        rl_action_tokens=_sum(rl, names.ACTION_TOKENS),
+        rl_echo_tokens=_sum(rl, names.ECHO_TOKENS),
+        rl_actions=_sum(rl, names.TURNS),
+        rl_valid_actions=_sum(rl, names.TURNS) - _sum(rl, names.MALFORMED_ACTIONS),
+        rl_env_rejected_actions=_sum(rl, names.ENV_REJECTED_ACTIONS),
+        rl_episodes_ended_at_reset=_sum(rl, names.EPISODES_ENDED_AT_RESET),
+        rl_episodes_dropped=_sum(rl, names.EPISODES_DROPPED),
+        rl_groups=_sum(rl, names.GROUPS) if grouped else None,
+        rl_groups_zero_advantage=_sum(rl, names.GROUPS_ZERO_ADVANTAGE) if grouped else None,
+        row_tokens=_sum(steps, names.ROW_TOKENS),
+        step_time_median_s=statistics.median(times) if times else None,
+        peak_mem_mb=max(_series(steps, names.PEAK_MEM_MB), default=None),
+        rollout_peak_mem_mb=max(_series(steps, names.ROLLOUT_PEAK_MEM_MB), default=None),
+        weight_sync_peak_mem_mb=max(_series(steps, names.WEIGHT_SYNC_PEAK_MEM_MB), default=None),
+        process_peak_mem_mb=max(_series(steps, names.PROCESS_PEAK_MEM_MB), default=None),
+        eval_peak_mem_mb=max(_series(evals, names.EVAL_PEAK_MEM_MB), default=None),
+        checkpoint_peak_mem_mb=max(_series(_events(run, names.CHECKPOINT_SAVED_EVENT,
+                                                   names.CHECKPOINT_READ_EVENT), names.PEAK_MEM_MB),
+                                   default=None),
+        env_retries=_sum(steps, names.ENV_RETRIES),
+        episodes_dropped=_sum(steps, names.EPISODES_DROPPED),
+        episodes_ended_at_reset=_sum(steps, names.EPISODES_ENDED_AT_RESET),
+        env_rejected_actions=_sum(steps, names.ENV_REJECTED_ACTIONS),
+        malformed_actions=_sum(steps, names.MALFORMED_ACTIONS),
+        bridge_fallbacks=_sum(steps + evals, names.BRIDGE_FALLBACKS),
+        prefix_mismatches=_sum(steps + evals, names.PREFIX_MISMATCHES),
+        rows_packed=_sum(steps, names.ROWS_PACKED),
+        rows_transition=_sum(steps, names.ROWS_TRANSITION),
+        sampler_logprob_gap_max=max(_series(rl, names.SAMPLER_LOGPROB_GAP_MAX), default=None),
+        onpolicy_gap_steps=len(onpolicy),
+        onpolicy_logprob_gap_max=max(_series(onpolicy, names.SAMPLER_LOGPROB_GAP_MAX), default=None),
+        onpolicy_logprob_gap_mean_max=max(_series(onpolicy, names.SAMPLER_LOGPROB_GAP_MEAN), default=None),
+        weight_transfer=",".join(transfers) or None,
+        policy_staleness_max=max(_series(rl, names.POLICY_STALENESS), default=None),
+        clip_fraction_max=max(_series(rl, names.CLIP_FRACTION), default=None),
+        selective={
+            names.SELECTIVE_SUFFIX_LOGITS: _last(steps, names.SELECTIVE_SUFFIX_LOGITS),
+            names.COMPILE_MODE: _last(steps, names.COMPILE_MODE, ""),
+            # the latest reason given (a step with no targets attempts no compile and gives none)
+            names.COMPILE_FALLBACK_REASON: _last(reasons, names.COMPILE_FALLBACK_REASON, ""),
+            **{k: _sum(steps, k) for k in proofs.BRANCH_COUNTERS},
+        },
+        rl_vs_warm_start=rl_over_warm_start(run),  # paired per task
+        rl_signal_groups=signal,
+        rl_generated_tokens=generated,
+        rl_signal_groups_per_1k_tokens=round(1000 * signal / generated, 4) if generated else None,
+        per_env=per_env(run),
+        resumed_with_changed_config=resumes_changed(run),  # quaero/recipe/train.py _note_changed_config
+    )
 
 
 def _events(run: dict, *kinds: str) -> list[dict]:
     return [e for e in run.get("events", ()) if e.get("event") in kinds]
 
 
-def resumes_changed(run: dict) -> dict[str, dict]:
-    """{checkpoint step: {"changes": {key: [old, new]}, "trained": [keys that reach what a step trains]}}."""
+def resumes_changed(run: dict) -> dict[str, ConfigChange]:
+    """Each resume under a changed config, by its checkpoint step."""
     out = {}
     for e in _events(run, names.RESUME_CONFIG_CHANGED_EVENT):
         if not isinstance(e.get("changes"), dict):
             continue  # a hand-edited line is not the run's to repeat
         changes = {str(k): v for k, v in e["changes"].items() if isinstance(v, list) and len(v) == 2}
         trained = e.get("trained")
-        out[str(e.get("checkpoint_step"))] = {
-            "changes": changes, "trained": [str(k) for k in trained] if isinstance(trained, list) else []}
+        out[str(e.get("checkpoint_step"))] = ConfigChange(
+            changes, [str(k) for k in trained] if isinstance(trained, list) else [])
     return out
 
 
-def changed_line(step: str, resumed: dict) -> str:
-    changes = ", ".join(f"{k} {_fmt(a)} -> {_fmt(b)}" for k, (a, b) in resumed["changes"].items())
-    return (f"{'warning' if resumed['trained'] else 'note'}: resumed at step {step} with a changed config"
-            f"{' (the steps after it train with the new values)' if resumed['trained'] else ''}: {changes}")
+def changed_line(step: str, resumed: ConfigChange) -> str:
+    changes = ", ".join(f"{k} {_fmt(a)} -> {_fmt(b)}" for k, (a, b) in resumed.changes.items())
+    return (f"{'warning' if resumed.trained else 'note'}: resumed at step {step} with a changed config"
+            f"{' (the steps after it train with the new values)' if resumed.trained else ''}: {changes}")
 
 
 def _fmt(v: Any) -> str:
@@ -446,12 +430,12 @@ def _review(args, require: list[str]) -> int:
     if args.compare:
         if require or args.require_proof:
             raise ReviewError("--require/--require-proof judge one run; drop them or --compare")
-        a, b = (summarize(load_run(d)) for d in args.compare)
+        a, b = (summarize(load_run(d)).to_dict() for d in args.compare)
         if args.json:
             print(json.dumps({"a": a, "b": b}, indent=2))
         else:
-            print(render_table([(k, [a[k], b[k]]) for k in a if not isinstance(a[k], dict)], ["metric",
-                                                                                              *args.compare]))
+            print(render_table([(k, [v, b.get(k)]) for k, v in a.items() if not isinstance(v, dict)],
+                               ["metric", *args.compare]))
         return 0
     if not args.run_dir:
         raise ReviewError("quaero review RUN_DIR (or --compare RUN_A RUN_B)")
@@ -459,22 +443,21 @@ def _review(args, require: list[str]) -> int:
     s = summarize(run)
     checks = proofs.run_checks(s)
     plots = [str(p) for p in write_plots(run, args.plots)] if args.plots else []
-    if s["unreadable_lines"]:
-        print(f"warning: {run['path']}: {s['unreadable_lines']} line(s) could not be read (not UTF-8, not a "
+    if s.unreadable_lines:
+        print(f"warning: {run['path']}: {s.unreadable_lines} line(s) could not be read (not UTF-8, not a "
               "JSON object, or a step that is not an integer) and are left out", file=sys.stderr)
     if args.json:
-        print(json.dumps({"summary": s, "checks": checks, "plots": plots}, indent=2))
+        print(json.dumps({"summary": s.to_dict(), "checks": checks, "plots": plots}, indent=2))
     else:
-        print(f"run {args.run_dir} ({'finished' if s['finished'] else 'INCOMPLETE: no run_end event'})")
-        print(render_table([(k, [v]) for k, v in s.items() if k != "finished" and not isinstance(v, dict)],
-                           ["metric", "value"]))  # rl_vs_warm_start is read in its check's line
+        print(f"run {args.run_dir} ({'finished' if s.finished else 'INCOMPLETE: no run_end event'})")
+        print(render_table([(k, [v]) for k, v in s.table_rows()], ["metric", "value"]))
         print()
         for c in checks:
             print(f"[{_tag(c)}] {c['name']}: {c['detail']}")
         # a mixture's; the checks above judge the pooled run
-        for env, figures in s.get("per_env", {}).items():
+        for env, figures in s.per_env.items():
             print(env_line(env, figures))
-        for step, resumed in s.get("resumed_with_changed_config", {}).items():
+        for step, resumed in s.resumed_with_changed_config.items():
             print(changed_line(step, resumed))
         for p in plots:
             print(f"plot {p}")

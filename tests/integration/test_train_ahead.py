@@ -84,7 +84,7 @@ def test_k1_trains_rows_one_version_old_and_every_proof_passes(tmp_path, first_t
                  for line in (run_dir / "rows" / f"step-{s:06d}.jsonl").open()}
              for s in (1, 2, 3, 4)}
     assert saved == {1: {None}, 2: {1}, 3: {1}, 4: {2}}  # each row names the weights that sampled it
-    assert reviewed(run_dir) == 0 and review.summarize(review.load_run(run_dir))["policy_staleness_max"] == 1
+    assert reviewed(run_dir) == 0 and review.summarize(review.load_run(run_dir)).policy_staleness_max == 1
     assert not alive([e["pid"] for e in events_of(run_dir, "env_server_started")])
 
 

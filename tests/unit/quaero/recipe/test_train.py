@@ -250,7 +250,7 @@ def test_a_resume_under_a_changed_config_says_what_changed_and_review_repeats_it
         runlog.get_logger("test").info("resume_config_changed", changes=[1], trained="run.seed")
         runlog.get_logger("test").info("train_step", step=11, phase="rl")
     run = review.load_run(before.run_dir)
-    assert review.summarize(run)["resumed_with_changed_config"] == {
+    assert review.summarize(run).to_dict()["resumed_with_changed_config"] == {
         "10": {"changes": {"run.seed": [0, 1], "training.steps": [before.training.steps, 40]},
                "trained": ["run.seed"]}}
     assert review.main(SimpleNamespace(run_dir=str(before.run_dir), require_proof=False, require=[],

@@ -67,7 +67,7 @@ def test_rl_steps_whose_resets_all_ended_say_so_not_that_episodes_were_dropped(t
     assert cli.main(["review", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "2 ended at their reset" in out and "dropped (the env_episode_dropped" not in out
-    assert review.summarize(review.load_run(tmp_path))["episodes_ended_at_reset"] == 2
+    assert review.summarize(review.load_run(tmp_path)).episodes_ended_at_reset == 2
 
 
 def test_actions_the_env_rejected_point_at_the_env_not_at_the_model(tmp_path):
@@ -108,8 +108,7 @@ def test_review_reports_rl_and_echo_training_apart(tmp_path, capsys):
     assert "[WARN] RL trained (action tokens with advantage)" in out
     assert "0 of 2 RL steps trained action tokens (0 with an advantage); 0 of 16 actions were valid" in out
     summary = review.summarize(review.load_run(tmp_path))
-    assert (summary["rl_action_tokens"], summary["rl_groups"], summary["rl_groups_zero_advantage"]) == (0, 4,
-                                                                                                        4)
+    assert (summary.rl_action_tokens, summary.rl_groups, summary.rl_groups_zero_advantage) == (0, 4, 4)
 
 
 def test_rl_steps_that_trained_nothing_do_not_say_echo_trained(tmp_path, capsys):

@@ -53,11 +53,11 @@ def test_table_values_and_passing_proofs(tmp_path, capsys):
     record(tmp_path, good_steps(), evals=[(0, 0.0), (4, 0.5)])
     run = review.load_run(tmp_path)
     s = review.summarize(run)
-    assert s["steps"] == 4 and s["local_train_selective_hidden_logprob_batches"] == 8
-    assert s["action_tokens"] == 40 and s["env_retries"] == 4 and s["peak_mem_mb"] == 103.0
-    assert s["eval_reward_baseline"] == 0.0 and s["eval_reward_last"] == 0.5
-    assert s["echo_loss_last"] < s["echo_loss_first"]
-    assert s["policy_staleness_max"] is None and s["clip_fraction_max"] is None  # the steps logged neither
+    assert s.steps == 4 and s.selective[names.HIDDEN_BATCHES] == 8
+    assert s.action_tokens == 40 and s.env_retries == 4 and s.peak_mem_mb == 103.0
+    assert s.eval_reward_baseline == 0.0 and s.eval_reward_last == 0.5
+    assert s.echo_loss_last < s.echo_loss_first
+    assert s.policy_staleness_max is None and s.clip_fraction_max is None  # the steps logged neither
     assert review.main(args(tmp_path, require_proof=True)) == 0
     out = capsys.readouterr().out
     assert "[PASS] sparse ECHO proof" in out and "[PASS] ECHO loss falling" in out
@@ -68,11 +68,11 @@ def test_the_summary_names_the_weight_transfer_that_ran(tmp_path, capsys):
     steps[1].update(weights_pushed=1, weight_transfer="nccl")
     steps[3].update(weights_pushed=1, weight_transfer="nccl")
     record(tmp_path, steps)
-    assert review.summarize(review.load_run(tmp_path))["weight_transfer"] == "nccl"
+    assert review.summarize(review.load_run(tmp_path)).weight_transfer == "nccl"
     assert review.main(args(tmp_path)) == 0
     assert any(line.split() == ["weight_transfer", "nccl"] for line in capsys.readouterr().out.splitlines())
     record(tmp_path / "none", good_steps())  # nothing pushed (a shared module): no transfer to name
-    assert review.summarize(review.load_run(tmp_path / "none"))["weight_transfer"] is None
+    assert review.summarize(review.load_run(tmp_path / "none")).weight_transfer is None
 
 
 def test_echo_curve_skips_steps_without_echo_targets_and_reason_keeps_latest(tmp_path):
@@ -81,8 +81,8 @@ def test_echo_curve_skips_steps_without_echo_targets_and_reason_keeps_latest(tmp
     record(tmp_path, steps)
     s = review.summarize(review.load_run(tmp_path))
     # the 0.0 of the target-free step is not a point
-    assert (s["echo_loss_first"], s["echo_loss_last"]) == (5.0, 3.0)
-    assert s["local_train_compile_selective_ce_fallback_reason"] == "cpu device"
+    assert (s.echo_loss_first, s.echo_loss_last) == (5.0, 3.0)
+    assert s.selective[names.COMPILE_FALLBACK_REASON] == "cpu device"
 
 
 def test_fallback_batches_fail_the_sparse_proof(tmp_path, capsys):
@@ -124,7 +124,7 @@ def test_resumed_step_counts_once(tmp_path):
     step3 = [e for e in events if '"train_step"' in e][-1]
     with open(tmp_path / "a" / "events.jsonl", "a") as f:  # step 3 re-run after a resume
         f.write(step3 + "\n")
-    assert review.summarize(review.load_run(tmp_path / "a"))["steps"] == 3
+    assert review.summarize(review.load_run(tmp_path / "a")).steps == 3
 
 
 def test_plots_are_valid_pngs(tmp_path):
@@ -347,12 +347,12 @@ def test_rl_improved_eval_over_warm_start_is_paired(tmp_path, capsys, warm, end,
     s = review.summarize(review.load_run(tmp_path))
     check = next(c for c in proofs.run_checks(s) if c["name"] == proofs.RL_IMPROVED)
     assert check["status"] == status, check["detail"]
-    c = s["rl_vs_warm_start"]
-    assert c["pairs"] == 64 and c["warm_start_step"] == 3 and c["end_step"] == 5
+    c = s.rl_vs_warm_start
+    assert c.pairs == 64 and c.warm_start_step == 3 and c.end_step == 5
     # the detail states each relation as it is: a p of 0.45 is never printed as "< 0.05"
-    p_rel = "<" if c["mcnemar_p"] < proofs.RL_IMPROVED_P else ">="
-    assert f"McNemar exact p = {c['mcnemar_p']:.3g} {p_rel} {proofs.RL_IMPROVED_P})" in check["detail"]
-    assert check["detail"].endswith("; > 0)" if c["reward_diff_ci95"][0] > 0 else "; not > 0)")
+    p_rel = "<" if c.mcnemar_p < proofs.RL_IMPROVED_P else ">="
+    assert f"McNemar exact p = {c.mcnemar_p:.3g} {p_rel} {proofs.RL_IMPROVED_P})" in check["detail"]
+    assert check["detail"].endswith("; > 0)" if c.reward_diff_ci95[0] > 0 else "; not > 0)")
     rc = review.main(args(tmp_path, require=[proofs.RL_IMPROVED]))
     assert rc == (0 if status == proofs.PASS else 1)
     assert f"[{'PASS' if status == proofs.PASS else 'WARN'}] {proofs.RL_IMPROVED}" in capsys.readouterr().out
@@ -363,18 +363,18 @@ def test_a_warm_start_on_recorded_traces_with_the_rl_loss_is_still_the_warm_star
     RL check pairs against, and are no RL step of the run's own."""
     _record_phases(tmp_path, warm=[1] * 20 + [0] * 44, end=[1] * 34 + [0] * 30, warm_phase="traces_rl")
     s = review.summarize(review.load_run(tmp_path))
-    assert s["rl_vs_warm_start"]["warm_start_step"] == 3 and s["rl_vs_warm_start"]["improved"] == 14
+    assert s.rl_vs_warm_start.warm_start_step == 3 and s.rl_vs_warm_start.improved == 14
     assert review.sft_span(review.load_run(tmp_path)) == (1, 3)
 
 
 def test_rl_improved_pairs_only_shared_tasks_and_says_why_it_is_na(tmp_path):
     _record_phases(tmp_path / "shared", warm=[0] * 64, end=[1] * 20 + [0] * 44)
-    ok = review.summarize(review.load_run(tmp_path / "shared"))["rl_vs_warm_start"]
-    assert ok["improved"] == 20 and ok["worsened"] == 0 and ok["mcnemar_p"] < 1e-5
+    ok = review.summarize(review.load_run(tmp_path / "shared")).rl_vs_warm_start
+    assert ok.improved == 20 and ok.worsened == 0 and ok.mcnemar_p < 1e-5
     _record_phases(tmp_path / "noeval", warm=None, end=[1] * 64)
     _record_phases(tmp_path / "norl", warm=[0] * 64, end=[1] * 64, rl=0)
     _record_phases(tmp_path / "nowarm", warm=[0] * 64, end=[1] * 64, sft=0, warm_step=1)
-    whys = {name: review.summarize(review.load_run(tmp_path / name))["rl_vs_warm_start"]["why"]
+    whys = {name: review.summarize(review.load_run(tmp_path / name)).rl_vs_warm_start.why
             for name in ("noeval", "norl", "nowarm")}
     assert whys == {"noeval": "no eval at the warm start's last step 3", "norl": "no RL step",
                     "nowarm": "no warm start"}
@@ -396,7 +396,7 @@ def test_eval_reward_intervals_come_from_per_task_results(tmp_path):
 def test_eval_rewards_that_are_not_finite_are_said_so_not_called_missing(tmp_path):
     """An env whose eval rewards are NaN: the paired check said "the evals carry no per-task results"."""
     _record_phases(tmp_path, warm=[1] * 20 + [0] * 44, end=[1] * 34 + [0] * 30, end_reward=float("nan"))
-    why = review.summarize(review.load_run(tmp_path))["rl_vs_warm_start"]["why"]
+    why = review.summarize(review.load_run(tmp_path)).rl_vs_warm_start.why
     assert why == ("the eval rewards of step(s) 5 are not finite (NaN or inf, null in eval_results): the "
                    "env's "
                    "rewards cannot be compared")

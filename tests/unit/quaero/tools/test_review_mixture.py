@@ -33,15 +33,16 @@ def test_a_mixture_review_pairs_each_env_on_its_own_tasks_and_the_pool_keeps_the
     assert eval_outcomes(run["evals"][0]) == keyed
     assert eval_outcomes(run["evals"][0], "b") == {0: (1, 1.0), 1: (1, 1.0)}
     s = summarize(run)
-    pooled = s["rl_vs_warm_start"]
-    assert (pooled["pairs"], pooled["improved"], pooled["worsened"]) == (4, 2, 1)
-    a, b = s["per_env"]["a"], s["per_env"]["b"]
-    assert (a["rl_vs_warm_start"]["improved"], a["rl_vs_warm_start"]["worsened"]) == (2, 0)
-    assert (b["rl_vs_warm_start"]["improved"], b["rl_vs_warm_start"]["worsened"]) == (0, 1)
-    assert (a["signal_groups"], a["signal_groups_per_1k_tokens"], a["episodes_lost"]) == (1, 2.5, 1)
-    assert s["rl_signal_groups_per_1k_tokens"] == 2.5
+    pooled = s.rl_vs_warm_start
+    assert (pooled.pairs, pooled.improved, pooled.worsened) == (4, 2, 1)
+    a, b = s.per_env["a"], s.per_env["b"]
+    assert (a.rl_vs_warm_start.improved, a.rl_vs_warm_start.worsened) == (2, 0)
+    assert (b.rl_vs_warm_start.improved, b.rl_vs_warm_start.worsened) == (0, 1)
+    assert (a.signal_groups, a.signal_groups_per_1k_tokens, a.episodes_lost) == (1, 2.5, 1)
+    assert s.rl_signal_groups_per_1k_tokens == 2.5
     line = env_line("a", a)
     assert line.startswith("env a: 2 RL groups, 1 with signal (2.5 per 1k generated tokens), 1 episodes "
                            "lost, last eval success 1; RL over warm start 0.000 -> 1.000 on 2 tasks (+2/-0")
     one_env = {"steps": [_step(1, "sft"), _step(2, "rl")], "evals": [], "ended": True, "unreadable": 0}
-    assert "per_env" not in summarize(one_env)  # a one-env run's review is unchanged
+    # a one-env run's review is unchanged: no per_env key in its --json summary
+    assert summarize(one_env).per_env == {} and "per_env" not in summarize(one_env).to_dict()
