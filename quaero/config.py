@@ -46,11 +46,12 @@ class _Section(BaseModel):
 
 def with_trainer_options(section: str):
     """The section class written below it, plus the trainer options whose key is in `section`: each is
-    defined once, by its `option(...)` in trainers/spec.py (type, default, bounds), and reaches the trainer's
-    spec by that key (quaero/recipe/plan.py `trainer_spec`)."""
+    defined once, by its `option(...)` in trainers/spec.py (type, default, meaning, bounds), and reaches the
+    trainer's spec by that key (quaero/recipe/plan.py `trainer_spec`)."""
 
     def build(cls: type[_Section]) -> type[_Section]:
-        fields = {o.name: (o.type, Field(o.default, **o.bounds)) for o in options() if o.section == section}
+        fields = {o.name: (o.type, Field(o.default, description=o.about, **o.bounds)) for o in options()
+                  if o.section == section}
         return create_model(cls.__name__, __base__=cls, __module__=cls.__module__, __doc__=cls.__doc__,
                             **fields)
 

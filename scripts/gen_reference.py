@@ -4,7 +4,8 @@
     python scripts/gen_reference.py --check   # exit 1 when they differ from the code
 
 Options: every field of `QuaeroConfig` (quaero/config.py): section, key, type and default read from the
-schema; the meaning from the field's `description=` when it has one, else from OPTION_MEANINGS below.
+schema; the meaning from the field's `description=` when it has one (a trainer option's is its
+`option(about=...)` in trainers/spec.py), else from OPTION_MEANINGS below.
 Metrics: the tables quaero/telemetry/names.py declares (each name with its meaning and how it totals), listed
 as their owners emit them: the branch counters (quaero/telemetry/proofs.py), the trainer step
 (`trainers/step.py` `step_metrics`, called on an empty step), the rollout (`RolloutCounts` in
@@ -31,17 +32,11 @@ REFERENCE = ROOT / "docs" / "reference.md"
 
 OPTION_MEANINGS = {
     "run.name": "the run folder's name: the run writes `output_dir/name` and nothing outside it",
-    "run.seed": "the train tasks (their order in a Task-API split, else their reset seeds) and the sampler's "
-                "seeds derive from it: a rerun repeats the run; a Task-API eval split and the embedded "
-                "model's weights are the same for every seed",
     "run.output_dir": "the folder of run folders (for several nodes: on a filesystem every node sees)",
     "run.device": "`auto`: CUDA when available, else CPU",
-    "model.name": "`tiny-qwen3` (the embedded default, built offline), a hub id or a local folder",
-    "model.dtype": "the trainer's weights (`auto`: the checkpoint's own)",
     "model.renderer": "the `renderers==0.1.7` registry name, chosen explicitly (never by fuzzy name "
                       "matching)",
     "model.enable_thinking": "render prompts with the chat template's thinking on",
-    "model.max_seq_len": "the context: no sampler generates past it and no row is longer",
     "env.entry": "`package.module:Class` of an OpenEnv `Environment` / `MCPEnvironment` (or a factory); "
                  "exactly one of entry, url and urls",
     "env.url": "`ws://host:port` of a running OpenEnv server (implies `launcher = \"remote\"`)",
@@ -95,8 +90,6 @@ OPTION_MEANINGS = {
     "envs.echo_weight": "ECHO's λ on its rows, warm start and RL (unset: [echo]'s; 0: no ECHO on this env)",
     "env.on_session_loss": "`replay` the episode's actions on a new session (deterministic envs) or `drop` "
                            "it",
-    "sampler.temperature": "sampling temperature; an RL step's log-probs use the same one (an SFT step "
-                           "scores at 1)",
     "sampler.top_p": "nucleus sampling; RL needs 1 (`check` refuses less with RL steps)",
     "sampler.max_tokens": "tokens per action; a turn starts only when the prompt leaves room for them",
     "sampler.gpu_memory_utilization": "vLLM's share of the device memory",
@@ -113,54 +106,17 @@ OPTION_MEANINGS = {
     "sampler.server_devices": "a CUDA device per server quaero starts; the placement rule is in "
                               "docs/scaling.md",
     "backend.backend": "the trainer: `local` or `unsloth` (trainers/registry.py)",
-    "backend.lr": "the RL steps' learning rate (and the warm start's unless `warmup_sft_lr`)",
-    "backend.weight_decay": "AdamW weight decay",
-    "backend.betas": "AdamW betas",
-    "backend.max_grad_norm": "gradient-norm clip (unset: no clip); a non-finite norm skips the step",
-    "backend.micro_batch_tokens": "padded tokens per microbatch (a longer row gets one of its own)",
-    "backend.lora": "train a LoRA adapter (peft) instead of every weight",
-    "backend.lora_r": "LoRA rank",
-    "backend.lora_alpha": "LoRA alpha",
-    "backend.gradient_checkpointing": "recompute activations in backward",
-    "backend.unsloth_fast_inference": "unsloth on CUDA: load unsloth's vLLM engine next to the model",
-    "backend.options.train_selective_suffix_logits": "build a target mask from tokens with RL advantage or "
-        "positive ECHO weight and compute LM head + CE only there",
-    "backend.options.train_logprob_chunk_size": "force hidden/chunked log-probs, this many rows of logits at "
-        "a time (recomputed in backward: peak memory one chunk x vocab)",
-    "backend.options.train_compile_selective_ce": "route selected LM-head/CE through `torch.compile` (plain "
-        "`nn.Linear` head only); `auto` falls back with a recorded reason, `require` fails closed",
-    "backend.options.train_compile_selective_ce_min_tokens": "below this many selected tokens the eager path "
-        "runs",
-    "backend.options.train_save_on_cpu": "saved-tensor CPU offload for very long rows (a logged no-op on "
-                                         "CPU)",
-    "backend.options.train_save_on_cpu_pin_memory": "pin the offloaded tensors",
-    "backend.options.train_save_on_cpu_min_numel": "offload only tensors at least this large",
-    "backend.options.train_supervised_context_tokens": "0: exact full context; K > 0 crops rows to K tokens "
-        "before the first target (an approximation, logged as such)",
-    "backend.options.train_selective_dense_min_density": "quaero: the suffix shortcut runs only when targets "
-        "fill at least this fraction of the suffix they span (below 1.0 it computes logits no loss reads; "
-        "the CPU crossover measured it slower there)...",
-    "backend.options.train_selective_suffix_max_bytes": "...and its logits would take at most this many "
-                                                        "bytes",
-    "backend.options.train_selective_hidden_max_bytes": "quaero: above this many bytes of selected `[S, V]` "
-        "fp32 logits the hidden path runs chunked (256 rows, recompute in backward; exact): memory one chunk "
-        "x vocab, time within the eager path's noise on the CPU crossover",
-    "echo.enabled": "train the ECHO term",
-    "echo.weight": "the ECHO term's weight",
     "echo.rl_weight": "the ECHO term's weight in the RL steps (unset: `weight`); the warm start keeps "
                       "`weight`",
     "echo.schedule": "the weight over the RL steps k: `constant`, `warmup` (weight x min(1, k / S)) or "
                      "`decay` (weight x max(0, 1 - (k - 1) / S)), S = `schedule_steps`; the warm start uses "
                      "`weight`",
     "echo.schedule_steps": "S of the schedule (0: all RL steps)",
-    "echo.normalization": "the ECHO term's average: `token` (over the step's ECHO tokens) or `sequence` (per "
-                          "episode over its observation tokens, then over episodes)",
     "echo.include_scaffold": "also train ECHO on template scaffolding (`<|im_start|>user`, tool-response "
                              "wrappers)",
     "training.steps": "RL steps (after the warm start)",
     "training.tasks_per_step": "tasks sampled per RL step",
     "training.group_size": "episodes per task; advantages are group-relative, so at least 2 for RL",
-    "training.clip_eps": "importance-ratio clip (unset: no clip)",
     "training.warmup_sft_steps": "warm-start SFT steps on the env's oracle demos, before RL",
     "training.oracle": "the warm start's demonstrator `package.module:function` (unset: `oracle_policy` "
                        "beside the entry)",
@@ -180,8 +136,6 @@ OPTION_MEANINGS = {
     "training.max_empty_steps": "this many consecutive steps without a trained row end the run (exit 1)",
     "training.max_off_policy_steps": "asynchronous rollouts: sample up to k steps ahead while a step trains "
                                      "(docs/scaling.md)",
-    "training.loss_aggregation": "the RL term's average: `token_mean` (DAPO), `sequence_mean` (GRPO: per "
-                                 "episode, then over episodes) or `constant` (Dr. GRPO)",
     "training.dynamic_sampling": "while fewer than `tasks_per_step` groups have reward spread, sample groups "
                                  "of further tasks (DAPO); all-equal groups still train ECHO",
     "training.dynamic_sampling_max_groups": ("the bound: at most this many x `tasks_per_step` groups per "
@@ -199,7 +153,6 @@ OPTION_MEANINGS = {
     "logging.progress": "a progress bar on a terminal",
     "logging.report_to": "mirror scalars to `tensorboard`, `wandb`, `trackio` (docs/after-training.md)",
     "logging.save_rows": "trained rows kept for `quaero inspect rows`: `none`, `sample` (2 a step) or `all`",
-    "distributed.strategy": "data parallelism under torchrun: `none`, `ddp` or `fsdp2` (docs/scaling.md)",
     "training.rl_token_budget": "RL's budget of generated tokens (kept episodes' action tokens, resumes "
                                 "included): RL ends after the step that reaches it (`steps` its bound; an "
                                 "`rl_token_budget_spent` line); what comparisons of task samplers hold equal",

@@ -1,10 +1,11 @@
 """What a trainer is told: the model, the optimizer, the step's options. Nothing about environments.
 
-Each trainer option is written once, here: `option(default, "section.key", bounds)` names the config key
-that sets it. quaero/config.py gives that section the key (type, default and bounds read from here; see
-`options`), `quaero check` prints it (quaero/cli.py), and the recipe's spec reads every option back at its
-key (`spec_from`, called by quaero/recipe/plan.py `trainer_spec`): adding an option is its field here, the
-code that reads it, and a test. Tests and benchmarks build a `TrainerSpec` directly. Plain frozen dataclasses
+Each trainer option is written once, here: `option(default, "section.key", about=..., bounds)` names the
+config key that sets it and says what it means. quaero/config.py gives that section the key (type, default,
+meaning and bounds read from here; see `options`), docs/reference.md lists it (scripts/gen_reference.py),
+`quaero check` prints it (quaero/cli.py), and the recipe's spec reads every option back at its key
+(`spec_from`, called by quaero/recipe/plan.py `trainer_spec`): adding an option is its field here, the code
+that reads it, and a test. Tests and benchmarks build a `TrainerSpec` directly. Plain frozen dataclasses
 without torch, so a bad config still fails before torch is imported.
 """
 from __future__ import annotations
@@ -15,10 +16,10 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal
 
 
-def option(default: Any, key: str, **bounds: Any) -> Any:
-    """A trainer option: its default, the config key that sets it ("backend.lr" is `[backend] lr`) and the
-    bounds the config checks (pydantic's gt, ge, lt, le)."""
-    return field(default=default, metadata={"key": key, "bounds": bounds})
+def option(default: Any, key: str, *, about: str, **bounds: Any) -> Any:
+    """A trainer option: its default, the config key that sets it ("backend.lr" is `[backend] lr`), what it
+    means (docs/reference.md's options table) and the bounds the config checks (pydantic's gt, ge, lt, le)."""
+    return field(default=default, metadata={"key": key, "about": about, "bounds": bounds})
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class Option:
     key: str  # where the config holds it: "backend.options.train_logprob_chunk_size"
     type: Any
     default: Any
+    about: str
     bounds: dict[str, Any]
 
     @property
@@ -63,12 +65,30 @@ class SelectivePolicy:
     nothing; `quaero bench crossover` measured it slower at every density below 1 (benchmarks/README.md).
     """
 
-    dense_min_density: float = option(1.0, "backend.options.train_selective_dense_min_density", gt=0, le=1)
-    suffix_max_bytes: int = option(64 * 2**20, "backend.options.train_selective_suffix_max_bytes", ge=0)
-    hidden_max_bytes: int = option(128 * 2**20, "backend.options.train_selective_hidden_max_bytes", ge=0)
-    chunk_size: int | None = option(None, "backend.options.train_logprob_chunk_size", ge=1)
-    compile_mode: CompileMode = option("off", "backend.options.train_compile_selective_ce")  # noqa: RUF009
-    compile_min_tokens: int = option(128, "backend.options.train_compile_selective_ce_min_tokens", ge=1)
+    dense_min_density: float = option(
+        1.0, "backend.options.train_selective_dense_min_density", gt=0, le=1,
+        about="quaero: the suffix shortcut runs only when targets fill at least this fraction of the suffix"
+              " they span (below 1.0 it computes logits no loss reads; the CPU crossover measured it slower"
+              " there)...")
+    suffix_max_bytes: int = option(
+        64 * 2**20, "backend.options.train_selective_suffix_max_bytes", ge=0,
+        about="...and its logits would take at most this many bytes")
+    hidden_max_bytes: int = option(
+        128 * 2**20, "backend.options.train_selective_hidden_max_bytes", ge=0,
+        about="quaero: above this many bytes of selected `[S, V]` fp32 logits the hidden path runs chunked "
+              "(256 rows, recompute in backward; exact): memory one chunk x vocab, time within the eager "
+              "path's noise on the CPU crossover")
+    chunk_size: int | None = option(
+        None, "backend.options.train_logprob_chunk_size", ge=1,
+        about="force hidden/chunked log-probs, this many rows of logits at a time (recomputed in backward: "
+              "peak memory one chunk x vocab)")
+    compile_mode: CompileMode = option(  # noqa: RUF009
+        "off", "backend.options.train_compile_selective_ce",
+        about="route selected LM-head/CE through `torch.compile` (plain `nn.Linear` head only); `auto` "
+              "falls back with a recorded reason, `require` fails closed")
+    compile_min_tokens: int = option(
+        128, "backend.options.train_compile_selective_ce_min_tokens", ge=1,
+        about="below this many selected tokens the eager path runs")
 
     def __post_init__(self) -> None:
         if self.compile_mode not in ("off", "auto", "require"):
@@ -88,10 +108,19 @@ class MemoryPolicy:
     approximation; 0 is exact full-context training.
     """
 
-    save_on_cpu: bool = option(False, "backend.options.train_save_on_cpu")
-    save_on_cpu_pin_memory: bool = option(False, "backend.options.train_save_on_cpu_pin_memory")
-    save_on_cpu_min_numel: int = option(1048576, "backend.options.train_save_on_cpu_min_numel", ge=0)
-    supervised_context_tokens: int = option(0, "backend.options.train_supervised_context_tokens", ge=0)
+    save_on_cpu: bool = option(
+        False, "backend.options.train_save_on_cpu",
+        about="saved-tensor CPU offload for very long rows (a logged no-op on CPU)")
+    save_on_cpu_pin_memory: bool = option(
+        False, "backend.options.train_save_on_cpu_pin_memory",
+        about="pin the offloaded tensors")
+    save_on_cpu_min_numel: int = option(
+        1048576, "backend.options.train_save_on_cpu_min_numel", ge=0,
+        about="offload only tensors at least this large")
+    supervised_context_tokens: int = option(
+        0, "backend.options.train_supervised_context_tokens", ge=0,
+        about="0: exact full context; K > 0 crops rows to K tokens before the first target (an "
+              "approximation, logged as such)")
 
 
 @dataclass(frozen=True)
@@ -99,40 +128,87 @@ class TrainerSpec:
     """Everything `Trainer` (trainers/base.py) and its step read."""
 
     # the model: a name quaero.model resolves (the embedded default, a local folder or a hub id)
-    model: str = option("tiny-qwen3", "model.name")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = option("float32", "model.dtype")
-    max_seq_len: int = option(4096, "model.max_seq_len", ge=64)  # unsloth sizes its kernels with it
-    seed: int = option(0, "run.seed")
+    model: str = option(
+        "tiny-qwen3", "model.name",
+        about="`tiny-qwen3` (the embedded default, built offline), a hub id or a local folder")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = option(
+        "float32", "model.dtype",
+        about="the trainer's weights (`auto`: the checkpoint's own)")
+    # unsloth sizes its kernels with it
+    max_seq_len: int = option(
+        4096, "model.max_seq_len", ge=64,
+        about="the context: no sampler generates past it and no row is longer")
+    seed: int = option(
+        0, "run.seed",
+        about="the train tasks (their order in a Task-API split, else their reset seeds) and the sampler's "
+              "seeds derive from it: a rerun repeats the run; a Task-API eval split and the embedded "
+              "model's weights are the same for every seed")
     # the optimizer (AdamW, constant lr set per phase by the recipe) and the step
-    lr: float = option(1e-4, "backend.lr", gt=0)
-    betas: tuple[float, float] = option((0.9, 0.999), "backend.betas")
-    weight_decay: float = option(0.0, "backend.weight_decay", ge=0)
-    # None: never clip (the norm is still measured)
-    max_grad_norm: float | None = option(1.0, "backend.max_grad_norm", gt=0)
-    micro_batch_tokens: int = option(8192, "backend.micro_batch_tokens", ge=1)
-    lora: bool = option(False, "backend.lora")
-    lora_r: int = option(16, "backend.lora_r", ge=1)
-    lora_alpha: int = option(32, "backend.lora_alpha", ge=1)
-    gradient_checkpointing: bool = option(False, "backend.gradient_checkpointing")
-    # unsloth on CUDA: load its vLLM engine next to the model (backend.vllm_engine) for sampling
-    unsloth_fast_inference: bool = option(False, "backend.unsloth_fast_inference")
+    lr: float = option(
+        1e-4, "backend.lr", gt=0,
+        about="the RL steps' learning rate (and the warm start's unless `warmup_sft_lr`)")
+    betas: tuple[float, float] = option(
+        (0.9, 0.999), "backend.betas",
+        about="AdamW betas")
+    weight_decay: float = option(
+        0.0, "backend.weight_decay", ge=0,
+        about="AdamW weight decay")
+    max_grad_norm: float | None = option(
+        1.0, "backend.max_grad_norm", gt=0,
+        about="gradient-norm clip (unset: no clip); a non-finite norm skips the step")
+    micro_batch_tokens: int = option(
+        8192, "backend.micro_batch_tokens", ge=1,
+        about="padded tokens per microbatch (a longer row gets one of its own)")
+    lora: bool = option(
+        False, "backend.lora",
+        about="train a LoRA adapter (peft) instead of every weight")
+    lora_r: int = option(
+        16, "backend.lora_r", ge=1,
+        about="LoRA rank")
+    lora_alpha: int = option(
+        32, "backend.lora_alpha", ge=1,
+        about="LoRA alpha")
+    gradient_checkpointing: bool = option(
+        False, "backend.gradient_checkpointing",
+        about="recompute activations in backward")
+    unsloth_fast_inference: bool = option(
+        False, "backend.unsloth_fast_inference",
+        about="unsloth on CUDA: load unsloth's vLLM engine next to the model")
     # the losses: the importance ratio compares with the sampler's tempered distribution
-    temperature: float = option(1.0, "sampler.temperature", gt=0)
-    clip_eps: float | None = option(0.2, "training.clip_eps", gt=0)  # None: no PPO clipping
+    temperature: float = option(
+        1.0, "sampler.temperature", gt=0,
+        about="sampling temperature; an RL step's log-probs use the same one (an SFT step scores at 1)")
+    clip_eps: float | None = option(
+        0.2, "training.clip_eps", gt=0,
+        about="importance-ratio clip (unset: no clip)")
     # how each term averages over the step (trainers/aggregation.py); loss_constant: Dr. GRPO's normaliser
-    loss_aggregation: Literal["token_mean", "sequence_mean", "constant"] = option("token_mean",
-                                                                                  "training.loss_aggregation")
+    loss_aggregation: Literal["token_mean", "sequence_mean", "constant"] = option(
+        "token_mean", "training.loss_aggregation",
+        about="the RL term's average: `token_mean` (DAPO), `sequence_mean` (GRPO: per episode, then over "
+              "episodes) or `constant` (Dr. GRPO)")
     loss_constant: int = 0  # derived from the config by the recipe (quaero/recipe/plan.py rl_loss_constant)
-    echo: bool = option(True, "echo.enabled")
+    echo: bool = option(
+        True, "echo.enabled",
+        about="train the ECHO term")
     # λ; a step may be given another (a schedule: `train_step(echo_weight=...)`)
-    echo_weight: float = option(0.1, "echo.weight", ge=0)
-    echo_normalization: Literal["token", "sequence"] = option("token", "echo.normalization")
+    echo_weight: float = option(
+        0.1, "echo.weight", ge=0,
+        about="the ECHO term's weight")
+    echo_normalization: Literal["token", "sequence"] = option(
+        "token", "echo.normalization",
+        about="the ECHO term's average: `token` (over the step's ECHO tokens) or `sequence` (per episode "
+              "over its observation tokens, then over episodes)")
     # the selective-logit path and its memory controls
-    selective_logits: bool = option(True, "backend.options.train_selective_suffix_logits")
+    selective_logits: bool = option(
+        True, "backend.options.train_selective_suffix_logits",
+        about="build a target mask from tokens with RL advantage or positive ECHO weight and compute LM "
+              "head + CE only there")
     selective: SelectivePolicy = field(default_factory=SelectivePolicy)
     memory: MemoryPolicy = field(default_factory=MemoryPolicy)
     # data parallelism under torchrun (trainers/distributed.py); "none" is one process
-    distributed: Literal["none", "ddp", "fsdp2"] = option("none", "distributed.strategy")
+    distributed: Literal["none", "ddp", "fsdp2"] = option(
+        "none", "distributed.strategy",
+        about="data parallelism under torchrun: `none`, `ddp` or `fsdp2` (docs/scaling.md)")
     # the hook a benchmark compares other LM-head methods through: "package.module:function" with the
     # signature of trainers.selective.selected_logprobs, run on the backbone's hidden states in place of it
     # (resolved once, when the trainer is built; trainers/step.py). "": the selective path itself.
@@ -148,7 +224,7 @@ def options(cls: type = TrainerSpec, path: tuple[str, ...] = ()) -> list[Option]
             out += options(hints[f.name], (*path, f.name))
         elif "key" in f.metadata:
             out.append(Option((*path, f.name), f.metadata["key"], hints[f.name], f.default,
-                              f.metadata["bounds"]))
+                              f.metadata["about"], f.metadata["bounds"]))
     return out
 
 
