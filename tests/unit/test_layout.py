@@ -109,6 +109,18 @@ def test_every_import_points_down_a_floor_or_along_one():
     assert upward(import_graph()) == []
 
 
+def below_their_package(floors: list[tuple[str, ...]]) -> list[tuple[str, str]]:
+    """(module, package) where `floors` puts a module on a lower floor than a package above it: an exception
+    that would hide the package's imports up a floor (trainers/spec.py once stood on the ground that way)."""
+    level = {name: i for i, names in enumerate(floors) for name in names}
+    return sorted((m, p) for m in level for p in level if m.startswith(p + ".") and level[m] < level[p])
+
+
+def test_no_module_stands_below_its_package():
+    assert below_their_package(FLOORS) == []
+    assert below_their_package([("trainers.spec",), ("trainers",)]) == [("trainers.spec", "trainers")]
+
+
 def test_an_import_up_a_floor_is_found():
     planted = {"quaero.config": {"quaero.openenv_client.launchers"}, "quaero.openenv_client.launchers": set(),
                "trainers.batch": {"quaero.rollout.rows", "quaero.rows"}, "quaero.rollout.rows": set(),
