@@ -17,7 +17,8 @@ RUN_SIDE = ("quaero.recipe", "quaero.rollout", "quaero.telemetry", "quaero.sampl
 FLOORS: list[tuple[str, ...]] = [
     # 0 the ground: leaves every floor reads (registries, names, counts, the process group, the row contract)
     ("quaero", "quaero.launcher_registry", "quaero.sampler_registry", "quaero.resolve",
-     "quaero.process_group", "quaero.processes", "quaero.model", "quaero.telemetry", "quaero.rollout.rows",
+     "quaero.process_group", "quaero.processes", "quaero.model", "quaero.chat", "quaero.telemetry",
+     "quaero.rollout.rows",
      "quaero.rollout.advantages", "trainers.spec", "trainers.registry"),
     # 1 the config schema
     ("quaero.config",),
