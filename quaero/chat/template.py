@@ -66,6 +66,11 @@ class TemplateRenderer:
         self.tools_in_template = (tool_format == "template"
                                   or (tool_format == "auto" and "tools" in self._runner.variables))
         self._thinks = "</think>" in source
+        probe = [{"role": "user", "content": "u"}]
+        if len({self._runner.render(messages=probe, tools=None, documents=None, add_generation_prompt=True,
+                                    **self.template_variables) for _ in range(3)}) > 1:
+            raise TemplateProblem("the chat template renders the same conversation differently each time (it "
+                                  "is not deterministic)")
         self._tool_role = self._renders_tool_role()
         self.close_text, self.close_id = self._find_close()
         eos = getattr(tokenizer, "eos_token_id", None)
