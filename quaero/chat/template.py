@@ -75,7 +75,7 @@ class TemplateRenderer:
         self.close_text, self.close_id = self._find_close()
         eos = getattr(tokenizer, "eos_token_id", None)
         self._stop = [t for t in dict.fromkeys([self.close_id, eos]) if isinstance(t, int)]
-        self._memory: OrderedDict[tuple[int, ...], tuple[list[dict], list[dict] | None]] = OrderedDict()
+        self._memory: OrderedDict[tuple[int, ...], tuple[list[dict], list[dict] | None, str]] = OrderedDict()
         self._lock = threading.Lock()
         self._local = threading.local()
         self._checked: tuple | None = None
@@ -110,7 +110,7 @@ class TemplateRenderer:
         ids = self._encode(text)
         if add_generation_prompt:
             with self._lock:
-                self._memory[tuple(ids)] = (list(messages), tools)
+                self._memory[tuple(ids)] = (list(messages), tools, text)
                 while len(self._memory) > _MEMORY:
                     self._memory.popitem(last=False)
         return ids
@@ -186,13 +186,16 @@ class TemplateRenderer:
     def _refuse(self, reason: str, detail: str) -> None:
         self._local.refusal = Refusal(reason, detail)
 
-    def _delta(self, new_messages: list[dict], tools: list[dict] | None) -> list[int] | Refusal:
-        """The ids the template adds after a closed assistant turn: `new_messages`, the generation prompt."""
+    def _delta(self, new_messages: list[dict], tools: list[dict] | None) -> tuple[str, list[int]] | Refusal:
+        """The text and ids the template adds after a closed assistant turn: `new_messages`, the generation
+        prompt. The close is an added token, so the tokenizer splits there: the tail's ids are its own, which
+        `encode(close + tail) == [close] + encode(tail)` confirms (a tokenizer that marks the start of a text,
+        e.g. SentencePiece's prefix space, fails it)."""
         calls = [{"type": "function", "id": m.get("tool_call_id") or f"call_{i}",
                   "function": {"name": m.get("name") or "tool", "arguments": {}}}
                  for i, m in enumerate(new_messages) if m.get("role") == "tool"]
         turn = {"role": "assistant", "content": _SENTINEL, **({"tool_calls": calls} if calls else {})}
-        deltas = []
+        tails = []
         for history in ([{"role": "user", "content": "Hi"}],
                         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"},
                          {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "Go on"}]):
@@ -205,15 +208,14 @@ class TemplateRenderer:
             close = text.find(self.close_text, at) if at >= 0 else -1
             if close < 0:
                 return Refusal("template_no_close", "the assistant turn's close token is not in the render")
-            cut = close + len(self.close_text)
-            tail = self._encode(text[cut:])
-            if self._encode(text) != self._encode(text[:cut]) + tail:
-                return Refusal("template_token_merge", "the new messages' tokens merge across the close")
-            deltas.append(tail)
-        if deltas[0] != deltas[1]:
+            tails.append(text[close + len(self.close_text):])
+        if tails[0] != tails[1]:
             return Refusal("template_history_dependent", "the template renders the new messages differently "
                                                          "after different histories")
-        return deltas[0]
+        ids = self._encode(tails[0])
+        if self._encode(self.close_text + tails[0]) != [self.close_id, *ids]:
+            return Refusal("template_token_merge", "the new messages' tokens merge across the close")
+        return tails[0], ids
 
     def bridge_to_next_turn(self, previous_prompt_ids: list[int], previous_completion_ids: list[int],
                             new_messages: list[dict], *, tools: list[dict] | None = None):
@@ -238,34 +240,37 @@ class TemplateRenderer:
         delta = self._delta(new_messages, tools)
         if isinstance(delta, Refusal):
             return self._refuse(delta.reason, delta.detail)
-        ids = head + delta
+        tail, ids = delta[0], head + delta[1]
         key = (hash(tuple(prompt)), hash(tuple(completion)))
         if self._checked != key:  # once per reply (the adapter re-bridges it to attribute content)
             self._checked = key
-            if (why := self._whole_render_differs(prompt, completion, new_messages, tools, ids)) is not None:
+            why = self._whole_render_differs(prompt, head[len(prompt):], new_messages, tail)
+            if why is not None:
                 return self._refuse("template_mismatch", why)
         return RenderedTokens(token_ids=ids)
 
-    def _whole_render_differs(self, prompt: list[int], completion: list[int], new_messages: list[dict],
-                              tools: list[dict] | None, ids: list[int]) -> str | None:
-        """Where this renderer rendered `prompt` and the template re-renders the parsed reply as sampled, the
-        bridged ids must be the template's render of the whole conversation; None when they are (or when
-        the check does not apply: the history is unknown, or the template is not prefix-stable here)."""
+    def _whole_render_differs(self, prompt: list[int], reply: list[int], new_messages: list[dict],
+                              tail: str) -> str | None:
+        """Where this renderer rendered `prompt` and the template re-renders the parsed reply as sampled (it
+        is prefix-stable here: the whole render's text starts with the prompt's and the reply's, close
+        included), the whole render's text must go on with the bridged tail. None when it does, or when the
+        check does not apply (the prompt's history is unknown, or the template is not prefix-stable here).
+        Text, not ids: the reply's ids are the sampler's, the tail's its own (the close splits there)."""
         with self._lock:
             known = self._memory.get(tuple(prompt))
         if known is None:
             return None
-        history, known_tools = known
-        parsed = self.parse_response(completion)
+        history, tools, prompt_text = known
+        parsed = self.parse_response(reply)
         calls = [{"type": "function", "function": c["function"]} for c in parsed.tool_calls or []]
-        reply = {"role": "assistant", "content": parsed.content,
-                 "reasoning_content": parsed.reasoning_content, "tool_calls": calls or None}
+        message = {"role": "assistant", "content": parsed.content,
+                   "reasoning_content": parsed.reasoning_content, "tool_calls": calls or None}
         try:
-            whole = self._encode(self.render_text([*history, reply, *new_messages], tools=known_tools,
-                                                  add_generation_prompt=True))
+            whole = self.render_text([*history, message, *new_messages], tools=tools,
+                                     add_generation_prompt=True)
         except TemplateProblem:
             return None
-        head = len(prompt) + len(completion)
-        if whole[:head] != ids[:head] or whole == ids:
+        head = prompt_text + self._tokenizer.decode(reply, skip_special_tokens=False)
+        if not whole.startswith(head) or whole[len(head):] == tail:
             return None
         return "the bridged ids differ from the template's render of the whole conversation"
