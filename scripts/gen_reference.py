@@ -38,9 +38,14 @@ OPTION_MEANINGS = {
     "run.device": "`auto`: CUDA when available, else CPU",
     "model.name": "`tiny-qwen3` (the embedded default, built offline), a hub id or a local folder",
     "model.dtype": "the trainer's weights (`auto`: the checkpoint's own)",
-    "model.renderer": "the `renderers==0.1.7` registry name, chosen explicitly (never by fuzzy name "
-                      "matching)",
-    "model.enable_thinking": "render prompts with the chat template's thinking on",
+    "model.renderer": "`auto`: the `renderers==0.1.7` family the model is one of (its exact hub id, or a "
+                      "Qwen3 `model_type`), else `template`: quaero's renderer over the model's own chat "
+                      "template; or a renderers registry name (Renderers, below)",
+    "model.renderer_options": "the renderer's options: its constructor keywords (Qwen3: `enable_thinking`, "
+                              "`preserve_all_thinking`); for `template`: `tool_format` and chat template "
+                              "variables",
+    "model.enable_thinking": "the option `enable_thinking` as a key of its own (older configs; unset: the "
+                             "renderer's default, on for Qwen3)",
     "model.max_seq_len": "the context: no sampler generates past it and no row is longer",
     "env.entry": "`package.module:Class` of an OpenEnv `Environment` / `MCPEnvironment` (or a factory); "
                  "exactly one of entry, url and urls",
