@@ -146,3 +146,18 @@ def test_a_tokenizer_without_a_chat_template_is_refused(qwen3_tokenizer):
     with pytest.raises(TemplateProblem, match="no chat template"):
         TemplateRenderer(tok)
     assert "no chat template" in registry.choose(tok, "auto", "llama").why
+
+
+def test_enable_thinking_keeps_working_as_the_option_and_a_disagreement_is_refused(qwen3_tokenizer):
+    from pydantic import ValidationError
+
+    assert ModelConfig().renderer == "auto" and ModelConfig().options == {}
+    assert ModelConfig(enable_thinking=False).options == {"enable_thinking": False}
+    both = ModelConfig(enable_thinking=False, renderer_options={"enable_thinking": False, "x": 1})
+    assert both.options == {"enable_thinking": False, "x": 1}
+    with pytest.raises(ValidationError, match="disagree; keep one of them"):
+        ModelConfig(enable_thinking=False, renderer_options={"enable_thinking": True})
+    with pytest.raises(ValidationError, match="is not a renderer quaero knows"):
+        ModelConfig(renderer="llama-3")
+    plain = RenderAdapter(qwen3_tokenizer, ModelConfig(renderer_options={"enable_thinking": False}))
+    assert qwen3_tokenizer.decode(plain.generation_prompt) == "<|im_start|>assistant\n<think>\n\n</think>\n\n"
