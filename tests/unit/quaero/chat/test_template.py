@@ -161,3 +161,15 @@ def test_enable_thinking_keeps_working_as_the_option_and_a_disagreement_is_refus
         ModelConfig(renderer="llama-3")
     plain = RenderAdapter(qwen3_tokenizer, ModelConfig(renderer_options={"enable_thinking": False}))
     assert qwen3_tokenizer.decode(plain.generation_prompt) == "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+def test_render_attributes_each_token_to_its_message(smollm2_tokenizer):
+    r = TemplateRenderer(smollm2_tokenizer)
+    chat = [*CHAT, {"role": "assistant", "content": "Sunny."}, {"role": "user", "content": "Thanks ✓"}]
+    out = r.render(chat, add_generation_prompt=True)
+    assert out.token_ids == r.render_ids(chat, add_generation_prompt=True)
+    owned = {k: smollm2_tokenizer.decode([t for t, i in zip(out.token_ids, out.message_indices) if i == k])
+             for k in range(-1, len(chat))}
+    assert owned[1] == "<|im_start|>assistant\nSunny.<|im_end|>\n" and "Thanks ✓" in owned[2]
+    assert owned[-1] == "<|im_start|>assistant\n"  # the generation prompt is scaffolding
+    assert owned[0].startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
