@@ -191,20 +191,27 @@ class TemplateRenderer:
         prompt. The close is an added token, so the tokenizer splits there: the tail's ids are its own, which
         `encode(close + tail) == [close] + encode(tail)` confirms (a tokenizer that marks the start of a text,
         e.g. SentencePiece's prefix space, fails it)."""
-        calls = [{"type": "function", "id": m.get("tool_call_id") or f"call_{i}",
-                  "function": {"name": m.get("name") or "tool", "arguments": {}}}
-                 for i, m in enumerate(new_messages) if m.get("role") == "tool"]
-        turn = {"role": "assistant", "content": _SENTINEL, **({"tool_calls": calls} if calls else {})}
+        def turn(name: str | None) -> dict:
+            """The closed assistant turn: the sentinel as its content (and as its calls' names where the
+            template shows calls only, as Llama 3's does), with a call per tool result it answers."""
+            calls = [{"type": "function", "id": m.get("tool_call_id") or f"call_{i}",
+                      "function": {"name": name or m.get("name") or "tool", "arguments": {}}}
+                     for i, m in enumerate(new_messages) if m.get("role") == "tool"]
+            return {"role": "assistant", "content": _SENTINEL, **({"tool_calls": calls} if calls else {})}
+
         tails = []
         for history in ([{"role": "user", "content": "Hi"}],
                         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"},
                          {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "Go on"}]):
-            try:
-                text = self.render_text([*history, turn, *new_messages], tools=tools,
-                                        add_generation_prompt=True)
-            except TemplateProblem as e:
-                return Refusal("template_raised", str(e))
-            at = text.rfind(_SENTINEL)
+            for name in (None, _SENTINEL):
+                try:
+                    text = self.render_text([*history, turn(name), *new_messages], tools=tools,
+                                            add_generation_prompt=True)
+                except TemplateProblem as e:
+                    return Refusal("template_raised", str(e))
+                if _SENTINEL in text:
+                    break
+            at = text.find(_SENTINEL)  # the history holds none: the first is the closed turn's
             close = text.find(self.close_text, at) if at >= 0 else -1
             if close < 0:
                 return Refusal("template_no_close", "the assistant turn's close token is not in the render")

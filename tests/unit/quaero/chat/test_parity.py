@@ -22,14 +22,17 @@ class Tally:
     explained: int = 0  # the template is not prefix-stable there: its own re-render changes earlier tokens
     rejected: int = 0  # conversations the template itself raises on (Llama 3.2: one tool call a turn)
     # the template's own reply tokens merge with its generation prompt's last ones (Llama 3.2's "\n\n" before
-    # "{" on the SmolLM2 vocabulary): no sampler could return them after that prompt, so no bridge to judge
+    # "{" on the SmolLM2 vocabulary): the reply is then the ids a sampler returns after that prompt (its text
+    # encoded alone), and the bridge is judged on text: its decoded ids against the whole render's text
     merged: int = 0
+    merged_text_mismatches: int = 0
     refused: dict[str, int] = field(default_factory=dict)
 
     def line(self, what: str) -> str:
         return (f"{what}: {self.conversations} conversations, {self.bridges} bridges, {self.tokens:,} tokens "
                 f"compared, {self.mismatches} mismatches, {self.explained} explained (template not "
-                f"prefix-stable), {self.merged} replies merged with the generation prompt, {self.rejected} "
+                f"prefix-stable), {self.merged} replies merged with the generation prompt (judged on text: "
+                f"{self.merged_text_mismatches} mismatches), {self.rejected} "
                 f"conversations the template raises on, bridges refused "
                 f"{self.refused or 0}")
 
@@ -75,10 +78,13 @@ def template_parity(tok, source: str, *, n: int = 24, reasoning: bool = False, s
             prompt = reference_ids(tok, source, r, chat[:t], gen=True)
             assert r.render_ids(chat[:t], tools=TOOLS, add_generation_prompt=True) == prompt
             full = reference_ids(tok, source, r, chat[:t + 1], gen=False)
-            if full[:len(prompt)] != prompt:  # the reply's first tokens merge with the generation prompt's
-                tally.merged += 1
-                continue
-            action = sampled(full, prompt, r.close_id)
+            merged = full[:len(prompt)] != prompt
+            if merged:
+                reply = tok.decode(full)[len(tok.decode(prompt)):]
+                reply = reply[:reply.index(r.close_text) + len(r.close_text)]
+                action = tok.encode(reply, add_special_tokens=False)
+            else:
+                action = sampled(full, prompt, r.close_id)
             out = r.bridge_to_next_turn(prompt, action, chat[t + 1:u], tools=TOOLS)
             tally.bridges += 1
             if out is None:
@@ -86,6 +92,10 @@ def template_parity(tok, source: str, *, n: int = 24, reasoning: bool = False, s
                 tally.refused[why] = tally.refused.get(why, 0) + 1
                 continue
             whole = reference_ids(tok, source, r, chat[:u], gen=True)
+            if merged:
+                tally.merged += 1
+                tally.merged_text_mismatches += tok.decode(out.token_ids) != tok.decode(whole)
+                continue
             tally.tokens += len(whole)
             if out.token_ids != whole:
                 head = prompt + action
@@ -154,4 +164,4 @@ def test_other_shipped_templates_on_the_smollm2_vocabulary(smollm2_tokenizer, na
     tok = with_tokens(smollm2_tokenizer, tokens) if tokens else smollm2_tokenizer
     tally = template_parity(tok, trl_template(name), n=20, single_call=name == "llama3_2")
     print("\n" + tally.line(f"TRL's {name} template on the SmolLM2 vocabulary"))
-    assert tally.conversations >= 20 and tally.mismatches == 0
+    assert tally.conversations >= 20 and tally.mismatches == 0 and tally.merged_text_mismatches == 0
