@@ -28,6 +28,8 @@ BENCHMARKS = {
     "scaling": ("quaero.tools.scaling",
                 "a run's measured costs -> predicted step time and bottleneck per device count"),
     "packing": ("benchmarks.packing", "trained tokens per episode: packed rows vs one row per transition"),
+    "bridge-cost": ("benchmarks.bridge_cost",
+                    "the template renderer's prompt and bridge cost per turn vs renderers' Qwen3Renderer"),
     "ablation": ("benchmarks.ablation",
                  "ECHO on vs off (or two arms) over run seeds, paired per task, pooled"),
     "peers-trl": ("benchmarks.peers_trl",

@@ -43,8 +43,9 @@ def plan_lines(cfg, source: str) -> list[str]:
     lines = [
         f"config      {source}",
         f"run         {cfg.run.name} -> {cfg.run_dir} (seed {cfg.run.seed}, device {cfg.run.device})",
-        (f"model       {cfg.model.name} ({cfg.model.dtype}), renderer {cfg.model.renderer!r}, "
-         f"thinking={cfg.model.enable_thinking}"),
+        (f"model       {cfg.model.name} ({cfg.model.dtype}), renderer "
+         f"{cfg.model._chosen or repr(cfg.model.renderer)}"
+         + (f", options {cfg.model.options}" if cfg.model.options else "")),
         *env_lines(cfg),
         (f"sampler     {sampler} (T={cfg.sampler.temperature}, top_p={cfg.sampler.top_p}, "
          f"max_tokens={cfg.sampler.max_tokens})"),

@@ -17,6 +17,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     create_model,
     field_validator,
@@ -25,6 +26,7 @@ from pydantic import (
 
 from quaero import launcher_registry as launchers
 from quaero import sampler_registry as samplers
+from quaero.chat import registry as chat_registry
 from quaero.resolve import split_name
 from quaero.task_sampler_registry import TASK_SAMPLERS
 from trainers.spec import options
@@ -79,9 +81,38 @@ class ModelConfig(_Section):
     """With the trainer's `name` ("tiny-qwen3", the embedded default built offline; a hub id or a local
     folder), `dtype` and `max_seq_len`."""
 
-    # renderers==0.1.7 registry name, chosen explicitly (never by fuzzy name matching).
-    renderer: str = "qwen3"
-    enable_thinking: bool = True
+    # "auto" (the renderers==0.1.7 family the model is one of, else "template"), "template" (quaero's renderer
+    # over the model's own chat template) or a renderers registry name (quaero/chat/registry.py)
+    renderer: str = "auto"
+    # the renderer's options: its constructor keywords (Qwen3: enable_thinking, preserve_all_thinking, ...);
+    # for "template": tool_format ("auto" | "template" | "prompt") and chat template variables
+    renderer_options: dict[str, Any] = Field(default_factory=dict)
+    # the option enable_thinking, as a key of its own (older configs); unset: the renderer's default
+    enable_thinking: bool | None = None
+    # what `quaero check` chose and why (set by quaero/recipe/plan.py once the tokenizer is read)
+    _chosen: str | None = PrivateAttr(default=None)
+
+    @field_validator("renderer")
+    @classmethod
+    def _known_renderer(cls, renderer: str) -> str:
+        if renderer not in chat_registry.NAMES:
+            raise ValueError(f"renderer={renderer!r} is not a renderer quaero knows: "
+                             f"{', '.join(map(repr, chat_registry.NAMES))}")
+        return renderer
+
+    @model_validator(mode="after")
+    def _one_thinking_switch(self) -> ModelConfig:
+        both = self.renderer_options.get("enable_thinking", self.enable_thinking)
+        if self.enable_thinking is not None and both != self.enable_thinking:
+            raise ValueError(f"enable_thinking={self.enable_thinking} and renderer_options.enable_thinking="
+                             f"{both} disagree; keep one of them")
+        return self
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The renderer's options: `renderer_options`, with `enable_thinking` when that key is set."""
+        extra = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
+        return {**self.renderer_options, **extra}
 
 
 class TaskSamplerConfig(_Section):

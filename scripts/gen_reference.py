@@ -34,9 +34,14 @@ OPTION_MEANINGS = {
     "run.name": "the run folder's name: the run writes `output_dir/name` and nothing outside it",
     "run.output_dir": "the folder of run folders (for several nodes: on a filesystem every node sees)",
     "run.device": "`auto`: CUDA when available, else CPU",
-    "model.renderer": "the `renderers==0.1.7` registry name, chosen explicitly (never by fuzzy name "
-                      "matching)",
-    "model.enable_thinking": "render prompts with the chat template's thinking on",
+    "model.renderer": "`auto`: the `renderers==0.1.7` family the model is one of (its exact hub id, or a "
+                      "Qwen3 `model_type`), else `template`: quaero's renderer over the model's own chat "
+                      "template; or a renderers registry name (Renderers, below)",
+    "model.renderer_options": "the renderer's options: its constructor keywords (Qwen3: `enable_thinking`, "
+                              "`preserve_all_thinking`); for `template`: `tool_format` and chat template "
+                              "variables",
+    "model.enable_thinking": "the option `enable_thinking` as a key of its own (older configs; unset: the "
+                             "renderer's default, on for Qwen3)",
     "env.entry": "`package.module:Class` of an OpenEnv `Environment` / `MCPEnvironment` (or a factory); "
                  "exactly one of entry, url and urls",
     "env.url": "`ws://host:port` of a running OpenEnv server (implies `launcher = \"remote\"`)",

@@ -186,10 +186,13 @@ def _first_link(run_dir: Path) -> tuple[Path, str] | None:
 
 
 def check_model_and_renderer(cfg: QuaeroConfig, source: str = "config") -> None:
-    """The model folder exists and the renderer works with its tokenizer: it renders a prompt, encodes an
-    action and, when packing, bridges an env response exactly. Loads the tokenizer, never the weights."""
+    """The model folder exists and the renderer works with its tokenizer: it renders a prompt twice alike,
+    encodes a tool call and, when packing with ECHO, bridges a tool result exactly. Loads the tokenizer, never
+    the weights. Records the renderer chosen and why (`quaero check` prints it)."""
+    from quaero.chat import registry
     from quaero.model import (
         ModelNotFound,
+        config_fields,
         dtype_problem,
         folder_problem,
         load_tokenizer,
@@ -209,22 +212,35 @@ def check_model_and_renderer(cfg: QuaeroConfig, source: str = "config") -> None:
     device = resolve_device(cfg.run.device)
     if problem := dtype_problem(cfg.model.dtype, device):
         raise ConfigError(f"{source} [model] dtype={cfg.model.dtype!r}: {problem}; use dtype = 'float32'")
-    renderer = cfg.model.renderer
-    messages = [{"role": "system", "content": "probe"}, {"role": "user", "content": "probe"}]
+    choice = registry.choose(tokenizer, cfg.model.renderer, (config_fields(name) or {}).get("model_type"))
+    said = f"{source} [model] name={name!r}, renderer {choice.name!r} ({choice.why})"
+    fix = ("name the renderer of this model family ([model] renderer, e.g. 'qwen3'), or 'template' with a "
+           "tokenizer that has a chat template")
     try:
         render = RenderAdapter(tokenizer, cfg.model)
-        prompt = render.prompt_ids(messages, None)
-        action = render.encode_assistant(messages, None, {"role": "assistant", "content": "probe"})
-    except (AssertionError, ValueError, KeyError) as e:
-        raise ConfigError(f"{source} [model] renderer={renderer!r} does not fit the tokenizer of {name!r} "
-                          f"({str(e)[:160]}); name the renderer of this model family, e.g. 'qwen3'") from None
+        prompts = [render.prompt_ids(_PROBE, _PROBE_TOOLS) for _ in range(2)]
+        action = render.encode_assistant(_PROBE, _PROBE_TOOLS, _PROBE_CALL)
+    except (AssertionError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{said} does not fit the tokenizer ({str(e)[:200]}); {fix}") from None
+    if prompts[0] != prompts[1]:
+        raise ConfigError(f"{said}: the chat template renders the same conversation differently twice (it is "
+                          f"not deterministic), so no prompt is reproducible; {fix}")
+    cfg.model._chosen = f"{choice.name!r} ({choice.why})"
     if cfg.training.packing and cfg.echo.enabled:
         try:
-            render.bridge(prompt, action, [{"role": "user", "content": "probe"}], None)
+            render.bridge(prompts[0], action, [{"role": "tool", "content": "probe"}], _PROBE_TOOLS)
         except BridgeFailure as e:
-            raise ConfigError(f"{source} [model] renderer={renderer!r} cannot append an env response exactly "
-                              f"({e}), so no ECHO row could be built; use a renderer that bridges (e.g. "
-                              "'qwen3'), or set [echo] enabled = false") from None
+            raise ConfigError(f"{said} cannot append an env response exactly ({e}), so no ECHO row could be "
+                              "built; name a renderer that bridges this model ([model] renderer, e.g. "
+                              "'qwen3' for Qwen3 models), or set [echo] enabled = false") from None
+
+
+_PROBE = [{"role": "system", "content": "probe"}, {"role": "user", "content": "probe"}]
+_PROBE_TOOLS = [{"type": "function", "function": {"name": "probe", "description": "probe",
+                                                  "parameters": {"type": "object", "properties": {
+                                                      "x": {"type": "string"}}}}}]
+_PROBE_CALL = {"role": "assistant", "content": "",
+               "tool_calls": [{"type": "function", "function": {"name": "probe", "arguments": {"x": "y"}}}]}
 
 
 def load_checked(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:

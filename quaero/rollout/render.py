@@ -1,4 +1,5 @@
-"""Render adapter over `renderers==0.1.7`: sampling prompts, parsing, and the exact bridge.
+"""Render adapter over a renderer (`renderers==0.1.7`'s families, or quaero's template renderer: chosen in
+quaero/chat/registry.py): sampling prompts, parsing, and the exact bridge.
 
 - The sampling prompt of every turn is the normal full chat render with the generation prompt.
 - The environment response is appended to the exact `prompt_ids + action_ids` by the renderer's
@@ -56,15 +57,14 @@ class Bridged:
 
 
 def create_renderer(tokenizer, model_cfg: ModelConfig):
-    """The renderer named in the config; Qwen3's thinking switch is not forwarded by create_renderer."""
-    import renderers
+    """(renderer, choice): the renderer `[model] renderer` picks for this tokenizer and model
+    (quaero/chat/registry.py), built with `[model] renderer_options`."""
+    from quaero.chat import registry
+    from quaero.model import config_fields
 
-    name = model_cfg.renderer
-    if name == "auto":
-        raise ValueError("[model] renderer='auto' is not allowed: name the renderer explicitly, e.g. 'qwen3'")
-    if name == "qwen3":
-        return renderers.Qwen3Renderer(tokenizer, enable_thinking=model_cfg.enable_thinking)
-    return renderers.create_renderer(tokenizer, renderer=name)
+    fields = config_fields(model_cfg.name) or {}
+    choice = registry.choose(tokenizer, model_cfg.renderer, fields.get("model_type"))
+    return registry.build(tokenizer, choice, model_cfg.options), choice
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -168,7 +168,7 @@ def bound_text(text: str, max_tokens: int, tokenizer, pattern: re.Pattern | None
 class RenderAdapter:
     def __init__(self, tokenizer, model_cfg: ModelConfig):
         self.tokenizer = tokenizer
-        self.renderer = create_renderer(tokenizer, model_cfg)
+        self.renderer, self.choice = create_renderer(tokenizer, model_cfg)
         self._added = added_token_pattern(tokenizer)
         self._added_ids = set(tokenizer.get_added_vocab().values())
         self.stop_token_ids: list[int] = list(self.renderer.get_stop_token_ids())
@@ -273,6 +273,9 @@ class RenderAdapter:
         except Exception as e:  # a renderer bug must not kill a run: counted as a fallback
             raise BridgeFailure("exception", f"{type(e).__name__}: {e}") from e
         if out is None:
+            refusal = getattr(self.renderer, "last_refusal", lambda: None)()  # the template renderer says why
+            if refusal is not None:
+                raise BridgeFailure(refusal.reason, refusal.detail)
             raise BridgeFailure("unsupported", "renderer returned None (no bridge for these messages)")
         ids = list(out.token_ids)
         prefix = len(prompt_ids) + len(action_ids)

@@ -17,8 +17,8 @@ RUN_SIDE = ("quaero.recipe", "quaero.rollout", "quaero.telemetry", "quaero.sampl
 FLOORS: list[tuple[str, ...]] = [
     # 0 the ground: leaves every floor reads (registries, names, counts, the process group, the row contract)
     ("quaero", "quaero.launcher_registry", "quaero.sampler_registry", "quaero.task_sampler_registry",
-     "quaero.resolve", "quaero.process_group", "quaero.processes", "quaero.model", "quaero.telemetry",
-     "quaero.rows"),
+     "quaero.resolve", "quaero.process_group", "quaero.processes", "quaero.model", "quaero.chat",
+     "quaero.telemetry", "quaero.rows"),
     # 1 the trainers' compute and the spec that tells a trainer what to do
     ("trainers",),
     # 2 the config schema (its sections take the trainer options from trainers/spec.py)

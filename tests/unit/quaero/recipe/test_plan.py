@@ -199,10 +199,10 @@ def test_an_unknown_distributed_strategy_is_refused_with_the_choices():
 
 
 @pytest.mark.parametrize("override,needle", [
-    ("model.renderer='nope'", ("[model] renderer='nope' does not fit the tokenizer of 'tiny-qwen3' (Unknown "
-                              "renderer")),
+    ("model.renderer='nope'", "[model.renderer]: renderer='nope' is not a renderer quaero knows: 'auto', "),
     ("model.renderer='gpt-oss'", "Special token '<|start|>' not found in tokenizer vocabulary"),
-    ("model.renderer='default'", "[model] renderer='default' cannot append an env response exactly"),
+    ("model.renderer='default'", ("[model] name='tiny-qwen3', renderer 'default' (named in [model] renderer) "
+                                  "cannot append an env response exactly")),
     ("model.name='/no/such/model'", ("[model] name='/no/such/model': model '/no/such/model': not a local "
                                     "folder")),
     ("run.output_dir='/proc/quaero-runs'", ("[run] output_dir='/proc/quaero-runs': cannot create folders in "

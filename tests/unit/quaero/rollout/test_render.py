@@ -25,9 +25,10 @@ def dec(render, ids) -> str:
     return render.tokenizer.decode(ids)
 
 
-def test_renderer_is_named_explicitly_and_thinking_switch_is_forwarded(qwen3_tokenizer):
-    with pytest.raises(ValueError, match="name the renderer explicitly"):
-        RenderAdapter(qwen3_tokenizer, ModelConfig(renderer="auto"))
+def test_auto_picks_renderers_qwen3_for_tiny_qwen3_and_thinking_switch_is_forwarded(qwen3_tokenizer):
+    auto = RenderAdapter(qwen3_tokenizer, ModelConfig(renderer="auto"))
+    assert type(auto.renderer).__name__ == "Qwen3Renderer" and auto.choice.name == "qwen3"
+    assert "model_type 'qwen3'" in auto.choice.why
     think = RenderAdapter(qwen3_tokenizer, ModelConfig(enable_thinking=True))
     plain = RenderAdapter(qwen3_tokenizer, ModelConfig(enable_thinking=False))
     assert dec(think, think.generation_prompt) == "<|im_start|>assistant\n"

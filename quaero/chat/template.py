@@ -1,0 +1,283 @@
+"""`TemplateRenderer`: any model's own Jinja chat template behind the `renderers` Renderer protocol.
+
+- render / render_ids: the template's text (`quaero/chat/sandbox.py`: sandboxed, bounded, as transformers
+  renders it, the tokenizer's special tokens as variables), tokenized with `encode(add_special_tokens=False)`
+  as `apply_chat_template` does. Tool specs go to the template when it reads `tools`; otherwise they and the
+  assistant's calls are written as text (`quaero/chat/toolcalls.py`).
+- parse_response: the text before the first stop token; `<think>...</think>` read as reasoning where the
+  template knows `</think>`; Hermes `<tool_call>` blocks read as calls.
+- get_stop_token_ids: the template's close token (what follows an assistant's content, found by rendering one)
+  and the tokenizer's eos.
+- bridge_to_next_turn: synthesized from the template. A short history closed by an assistant turn is
+  rendered extended by the new messages (with the generation prompt), under two different histories; the
+  text after the assistant's close token is the delta. It is spliced onto the verbatim sampled ids (a
+  completion cut before its close gets the close, as the template closes every assistant turn) only when it
+  is exact: both histories give the same delta, and its tokens equal the tail of the whole render's tokens
+  (no merge across the close). When the renderer rendered the previous prompt itself and the template
+  re-renders the sampled reply as sampled (it is prefix-stable here), the bridged ids must also equal the
+  template's render of the whole conversation. Anything else returns None with its reason in
+  `last_refusal()` (counted as a bridge fallback with that reason): never a guess.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from quaero.chat.sandbox import TemplateProblem, TemplateRunner
+from quaero.chat.toolcalls import parse_tool_calls, with_calls_as_text, with_tool_prompt
+
+_SENTINEL = "Qx7bridge"  # an assistant content no template changes and no tokenizer merges with a close token
+_MEMORY = 64  # generation-prompt renders remembered (prompt ids -> messages) for the whole-render check
+
+
+@dataclass(frozen=True)
+class Refusal:
+    reason: str  # a short metric label (`bridge_fallback_reason_<reason>`)
+    detail: str
+
+
+def chat_template_of(tokenizer) -> str | None:
+    """The tokenizer's chat template text (the `default` one of a named set), or None."""
+    src = getattr(tokenizer, "chat_template", None)
+    if isinstance(src, dict):
+        src = src.get("default")
+    return src or None
+
+
+class TemplateRenderer:
+    """The Renderer protocol over the tokenizer's chat template.
+
+    tool_format: "auto" (the template's own when it reads `tools`, else text), "template" or "prompt".
+    Every other keyword is a template variable (e.g. `enable_thinking`, `date_string`)."""
+
+    def __init__(self, tokenizer, *, chat_template: str | None = None, tool_format: str = "auto",
+                 **template_variables: Any):
+        source = chat_template or chat_template_of(tokenizer)
+        if not source:
+            raise TemplateProblem("the tokenizer has no chat template")
+        if tool_format not in ("auto", "template", "prompt"):
+            raise ValueError(f"tool_format={tool_format!r} is not 'auto', 'template' or 'prompt'")
+        self._tokenizer = tokenizer
+        self._runner = TemplateRunner(source)
+        special = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
+        self.template_variables = {**special, **template_variables}
+        self.tools_in_template = (tool_format == "template"
+                                  or (tool_format == "auto" and "tools" in self._runner.variables))
+        self._thinks = "</think>" in source
+        probe = [{"role": "user", "content": "u"}]
+        if len({self._runner.render(messages=probe, tools=None, documents=None, add_generation_prompt=True,
+                                    **self.template_variables) for _ in range(3)}) > 1:
+            raise TemplateProblem("the chat template renders the same conversation differently each time (it "
+                                  "is not deterministic)")
+        self._tool_role = self._renders_tool_role()
+        self.close_text, self.close_id = self._find_close()
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self._stop = [t for t in dict.fromkeys([self.close_id, eos]) if isinstance(t, int)]
+        self._memory: OrderedDict[tuple[int, ...], tuple[list[dict], list[dict] | None, str]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._checked: tuple | None = None
+
+    # ── rendering ────────────────────────────────────────────────────────────────────────────────
+
+    def template_messages(self, messages: list[dict], tools: list[dict] | None) -> list[dict]:
+        """Messages as the template gets them: keys set to None dropped; without `tools` in the template, the
+        tool prompt in the system message, calls as text, and tool results as `<tool_response>` user turns
+        where the template cannot render a `tool` role."""
+        out = [{k: v for k, v in m.items() if v is not None} for m in messages]
+        if self.tools_in_template:
+            return out
+        out = [with_calls_as_text(m) if m.get("role") == "assistant" else m for m in out]
+        if not self._tool_role:
+            out = [{"role": "user", "content": f"<tool_response>\n{m.get('content', '')}\n</tool_response>"}
+                   if m.get("role") == "tool" else m for m in out]
+        return with_tool_prompt(out, tools) if tools else out
+
+    def render_text(self, messages: list[dict], *, tools: list[dict] | None = None,
+                    add_generation_prompt: bool = False) -> str:
+        return self._runner.render(messages=self.template_messages(messages, tools),
+                                   tools=tools if self.tools_in_template else None, documents=None,
+                                   add_generation_prompt=add_generation_prompt, **self.template_variables)
+
+    def _encode(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=False) if text else []
+
+    def render_ids(self, messages: list[dict], *, tools: list[dict] | None = None,
+                   add_generation_prompt: bool = False) -> list[int]:
+        text = self.render_text(messages, tools=tools, add_generation_prompt=add_generation_prompt)
+        ids = self._encode(text)
+        if add_generation_prompt:
+            with self._lock:
+                self._memory[tuple(ids)] = (list(messages), tools, text)
+                while len(self._memory) > _MEMORY:
+                    self._memory.popitem(last=False)
+        return ids
+
+    def render(self, messages: list[dict], *, tools: list[dict] | None = None,
+               add_generation_prompt: bool = False):
+        """RenderedTokens with each token's message index: message k owns the text its render adds to the
+        render of the messages before it (-1: scaffolding, or text a later message rewrote)."""
+        from renderers import RenderedTokens
+
+        text = self.render_text(messages, tools=tools, add_generation_prompt=add_generation_prompt)
+        enc = self._tokenizer.backend_tokenizer.encode(text, add_special_tokens=False)
+        owner = [-1] * len(text)
+        done = 0
+        for k in range(len(messages)):
+            part = self.render_text(messages[:k + 1], tools=tools)
+            end = len(part) if text.startswith(part) else done
+            owner[done:end] = [k] * (end - done)
+            done = max(done, end)
+        indices = [owner[start] if start < len(owner) else -1 for start, _ in enc.offsets]
+        return RenderedTokens(token_ids=list(enc.ids), message_indices=indices)
+
+    # ── parsing and stopping ─────────────────────────────────────────────────────────────────────
+
+    def get_stop_token_ids(self) -> list[int]:
+        return list(self._stop)
+
+    def parse_response(self, token_ids: list[int]):
+        from renderers import ParsedResponse
+
+        ids = list(token_ids)
+        stops = [i for i, t in enumerate(ids) if t in self._stop]
+        text = self._tokenizer.decode(ids[:stops[0]] if stops else ids, skip_special_tokens=False)
+        reasoning = None
+        if self._thinks and "</think>" in text:
+            before, _, text = text.partition("</think>")
+            reasoning = before.replace("<think>", "").strip("\n").strip() or None
+            text = text.strip("\n")
+        content, calls = parse_tool_calls(text)
+        return ParsedResponse(content=content.strip(), reasoning_content=reasoning, tool_calls=calls)
+
+    # ── probes at construction ───────────────────────────────────────────────────────────────────
+
+    def _renders_tool_role(self) -> bool:
+        try:
+            text = self._runner.render(messages=[{"role": "user", "content": "u"},
+                                                 {"role": "assistant", "content": "a"},
+                                                 {"role": "tool", "content": "Qx7tool"}],
+                                       tools=None, documents=None, add_generation_prompt=False,
+                                       **self.template_variables)
+        except TemplateProblem:
+            return False
+        return "Qx7tool" in text
+
+    def _find_close(self) -> tuple[str | None, int | None]:
+        """The added token right after an assistant's content in the template's render (None: none there)."""
+        chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": _SENTINEL}]
+        for tail in ([], [{"role": "user", "content": "Bye"}]):
+            text = self.render_text(chat + tail)
+            at = text.find(_SENTINEL)
+            after = self._encode(text[at + len(_SENTINEL):]) if at >= 0 else []
+            added = self._tokenizer.get_added_vocab()
+            if after and after[0] in added.values():
+                return self._tokenizer.convert_ids_to_tokens(after[0]), after[0]
+        return None, None
+
+    # ── the bridge ───────────────────────────────────────────────────────────────────────────────
+
+    def last_refusal(self) -> Refusal | None:
+        """Why this thread's latest bridge_to_next_turn returned None (None after one that bridged)."""
+        return getattr(self._local, "refusal", None)
+
+    def _refuse(self, reason: str, detail: str) -> None:
+        self._local.refusal = Refusal(reason, detail)
+
+    def _delta(self, new_messages: list[dict], tools: list[dict] | None) -> tuple[str, list[int]] | Refusal:
+        """The text and ids the template adds after a closed assistant turn: `new_messages`, the generation
+        prompt. The close is an added token, so the tokenizer splits there: the tail's ids are its own, which
+        `encode(close + tail) == [close] + encode(tail)` confirms (a tokenizer that marks the start of a text,
+        e.g. SentencePiece's prefix space, fails it)."""
+        def turn(name: str | None) -> dict:
+            """The closed assistant turn: the sentinel as its content (and as its calls' names where the
+            template shows calls only, as Llama 3's does), with a call per tool result it answers."""
+            calls = [{"type": "function", "id": m.get("tool_call_id") or f"call_{i}",
+                      "function": {"name": name or m.get("name") or "tool", "arguments": {}}}
+                     for i, m in enumerate(new_messages) if m.get("role") == "tool"]
+            return {"role": "assistant", "content": _SENTINEL, **({"tool_calls": calls} if calls else {})}
+
+        tails = []
+        for history in ([{"role": "user", "content": "Hi"}],
+                        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"},
+                         {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "Go on"}]):
+            for name in (None, _SENTINEL):
+                try:
+                    text = self.render_text([*history, turn(name), *new_messages], tools=tools,
+                                            add_generation_prompt=True)
+                except TemplateProblem as e:
+                    return Refusal("template_raised", str(e))
+                if _SENTINEL in text:
+                    break
+            at = text.find(_SENTINEL)  # the history holds none: the first is the closed turn's
+            close = text.find(self.close_text, at) if at >= 0 else -1
+            if close < 0:
+                return Refusal("template_no_close", "the assistant turn's close token is not in the render")
+            tails.append(text[close + len(self.close_text):])
+        if tails[0] != tails[1]:
+            return Refusal("template_history_dependent", "the template renders the new messages differently "
+                                                         "after different histories")
+        ids = self._encode(tails[0])
+        if self._encode(self.close_text + tails[0]) != [self.close_id, *ids]:
+            return Refusal("template_token_merge", "the new messages' tokens merge across the close")
+        return tails[0], ids
+
+    def bridge_to_next_turn(self, previous_prompt_ids: list[int], previous_completion_ids: list[int],
+                            new_messages: list[dict], *, tools: list[dict] | None = None):
+        from renderers import RenderedTokens
+
+        self._local.refusal = None
+        prompt, completion = list(previous_prompt_ids), list(previous_completion_ids)
+        if not prompt or not new_messages:
+            return self._refuse("empty", "no previous prompt or no new messages")
+        if any(m.get("role") == "assistant" for m in new_messages):
+            return self._refuse("assistant_in_extension", "an assistant message would re-render sampled text")
+        if self.close_id is None:
+            return self._refuse("template_no_close", "no added token closes an assistant turn here")
+        if self.close_id in completion:
+            if completion.index(self.close_id) != len(completion) - 1:
+                return self._refuse("after_close", "the completion goes on after its close token")
+            head = prompt + completion
+        elif completion and completion[-1] in self._stop:
+            return self._refuse("foreign_stop", "the completion ended on a stop token that is not the close")
+        else:  # cut by max_tokens: the template closes every assistant turn with its close token
+            head = prompt + completion + [self.close_id]
+        delta = self._delta(new_messages, tools)
+        if isinstance(delta, Refusal):
+            return self._refuse(delta.reason, delta.detail)
+        tail, ids = delta[0], head + delta[1]
+        key = (hash(tuple(prompt)), hash(tuple(completion)))
+        if self._checked != key:  # once per reply (the adapter re-bridges it to attribute content)
+            self._checked = key
+            why = self._whole_render_differs(prompt, head[len(prompt):], new_messages, tail)
+            if why is not None:
+                return self._refuse("template_mismatch", why)
+        return RenderedTokens(token_ids=ids)
+
+    def _whole_render_differs(self, prompt: list[int], reply: list[int], new_messages: list[dict],
+                              tail: str) -> str | None:
+        """Where this renderer rendered `prompt` and the template re-renders the parsed reply as sampled (it
+        is prefix-stable here: the whole render's text starts with the prompt's and the reply's, close
+        included), the whole render's text must go on with the bridged tail. None when it does, or when the
+        check does not apply (the prompt's history is unknown, or the template is not prefix-stable here).
+        Text, not ids: the reply's ids are the sampler's, the tail's its own (the close splits there)."""
+        with self._lock:
+            known = self._memory.get(tuple(prompt))
+        if known is None:
+            return None
+        history, tools, prompt_text = known
+        parsed = self.parse_response(reply)
+        calls = [{"type": "function", "function": c["function"]} for c in parsed.tool_calls or []]
+        message = {"role": "assistant", "content": parsed.content,
+                   "reasoning_content": parsed.reasoning_content, "tool_calls": calls or None}
+        try:
+            whole = self.render_text([*history, message, *new_messages], tools=tools,
+                                     add_generation_prompt=True)
+        except TemplateProblem:
+            return None
+        head = prompt_text + self._tokenizer.decode(reply, skip_special_tokens=False)
+        if not whole.startswith(head) or whole[len(head):] == tail:
+            return None
+        return "the bridged ids differ from the template's render of the whole conversation"

@@ -1,0 +1,78 @@
+"""The tool-call text format of the template renderer, for chat templates that take no `tools`.
+
+Such a template (SmolLM2's ChatML, Gemma 3's) has no place for tool specs nor for an assistant's calls, so
+quaero writes both as text in the messages it gives the template (Hermes style, as Qwen3 and NousResearch's
+Hermes models write them):
+- the tool specs go in the system message, after its text (or in a system message of their own when the
+  conversation has none): `TOOL_PROMPT` with one JSON spec a line inside `<tools></tools>`;
+- an assistant's calls are appended to its content, one block each:
+  `<tool_call>\\n{"name": NAME, "arguments": {...}}\\n</tool_call>` (arguments given as a JSON string are
+  written as given, a dict with `json.dumps(ensure_ascii=False)`);
+- `parse_tool_calls` reads those blocks back from sampled text. A template that takes `tools` renders specs
+  and calls itself; its calls are read back with the same parser when they are Hermes blocks (Qwen's).
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+TOOL_PROMPT = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n"
+    "<tools>\n{specs}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}}\n</tool_call>")
+
+_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+
+
+def tool_prompt(tools: list[dict]) -> str:
+    return TOOL_PROMPT.format(specs="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
+
+
+def call_text(call: dict) -> str:
+    """One call as a `<tool_call>` block (`call`: OpenAI style, `{"function": {"name", "arguments"}}`)."""
+    fn = call.get("function", call)
+    args = fn.get("arguments", {})
+    args = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    name = json.dumps(fn.get("name", ""), ensure_ascii=False)
+    return f'<tool_call>\n{{"name": {name}, "arguments": {args}}}\n</tool_call>'
+
+
+def with_calls_as_text(message: dict) -> dict:
+    """An assistant message with its `tool_calls` written into its content (`call_text`, one a line)."""
+    calls = message.get("tool_calls") or []
+    out = {k: v for k, v in message.items() if k != "tool_calls"}
+    if calls:
+        text = out.get("content") or ""
+        out["content"] = (text + "\n" if text else "") + "\n".join(call_text(c) for c in calls)
+    return out
+
+
+def with_tool_prompt(messages: list[dict], tools: list[dict]) -> list[dict]:
+    """`messages` with the tool prompt in the system message (appended to its text), or in a new one first."""
+    prompt = tool_prompt(tools)
+    if messages and messages[0].get("role") == "system" and isinstance(messages[0].get("content"), str):
+        text = messages[0]["content"]
+        return [{**messages[0], "content": (text + "\n\n" if text else "") + prompt}, *messages[1:]]
+    return [{"role": "system", "content": prompt}, *messages]
+
+
+def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]] | None]:
+    """(content, calls) of sampled text, as renderers' Qwen3 parser (vLLM's hermes parser) reads them: the
+    content is the text before the first `<tool_call>`; each block's body is a JSON object with `name` and
+    `arguments` (an unclosed last block is read to the end); a body that is not JSON is skipped, and when no
+    block parses the whole text is the content."""
+    start = text.find("<tool_call>")
+    if start < 0:
+        return text, None
+    calls = []
+    for body in _BLOCK.findall(text, start):
+        try:
+            parsed = json.loads(body.strip())
+        except json.JSONDecodeError:
+            continue
+        calls.append({"function": {"name": parsed.get("name", ""), "arguments": parsed.get("arguments", {})}})
+    return (text[:start], calls) if calls else (text, None)

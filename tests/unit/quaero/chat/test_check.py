@@ -1,0 +1,74 @@
+"""Bad chat input at `quaero check`: one line each, before any model weights load."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from quaero.config import ConfigError
+from quaero.recipe.plan import load_checked
+
+ROOT = Path(__file__).resolve().parents[4]
+MAIN = ROOT / "envs" / "toolbench.toml"
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def model_with_template(tmp_path: Path, tiny_model_dir: Path, template: str | None) -> Path:
+    """tiny-qwen3's folder (linked) with `template` as its chat template (None: no template)."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for f in tiny_model_dir.iterdir():
+        if f.name != "chat_template.jinja":
+            (folder / f.name).symlink_to(f)
+    if template is not None:
+        (folder / "chat_template.jinja").write_text(template, encoding="utf-8")
+    return folder
+
+
+def check(folder: Path, tmp_path: Path, *more: str):
+    return load_checked(MAIN, [f"model.name='{folder}'", "model.renderer='template'",
+                               f"run.output_dir='{tmp_path / 'runs'}'", *more])
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("template,needle", [
+    (None, "does not fit the tokenizer (the tokenizer has no chat template); name the renderer"),
+    ("{{ raise_exception('only user and assistant roles') }}",
+     "does not fit the tokenizer (the chat template raised TemplateError: only user and assistant roles)"),
+    (CHATML.replace("{{ m['content'] }}", "{{ m['content'] }}{{ range(100000) | random }}"),
+     "(the chat template renders the same conversation differently each time (it is not deterministic))"),
+    (CHATML.replace("{{ m['content'] }}", "{{ m['content'] }}{% if m['role'] != 'assistant' %} "
+                                          "#{{ loop.index }}{% endif %}"),
+     "cannot append an env response exactly (template_history_dependent: "),
+])
+def test_bad_chat_templates_are_one_line_at_check(tmp_path, tiny_model_dir, template, needle):
+    folder = model_with_template(tmp_path, tiny_model_dir, template)
+    with pytest.raises(ConfigError) as e:
+        check(folder, tmp_path)
+    line = str(e.value)
+    assert "\n" not in line and needle in line, line
+    assert f"[model] name='{folder}', renderer 'template' (named in [model] renderer)" in line
+
+
+def test_a_template_without_an_exact_bridge_names_what_works_and_runs_without_echo(tmp_path, tiny_model_dir):
+    numbered = CHATML.replace("{{ m['content'] }}", "{{ m['content'] }}{% if m['role'] != 'assistant' %} "
+                                                    "#{{ loop.index }}{% endif %}")
+    folder = model_with_template(tmp_path, tiny_model_dir, numbered)
+    with pytest.raises(ConfigError) as e:
+        check(folder, tmp_path)
+    assert ("name a renderer that bridges this model ([model] renderer, e.g. 'qwen3' for Qwen3 models), "
+            "or set "
+            "[echo] enabled = false") in str(e.value)
+    assert check(folder, tmp_path, "echo.enabled=false").echo.enabled is False
+
+
+def test_check_says_which_renderer_was_chosen_and_why(tmp_path, tiny_model_dir):
+    from quaero.cli import plan_lines
+
+    cfg = load_checked(MAIN, ["model.renderer='auto'", f"run.output_dir='{tmp_path / 'runs'}'"])
+    line = next(x for x in plan_lines(cfg, str(MAIN)) if x.startswith("model"))
+    assert "renderer 'qwen3' (auto: config.json model_type 'qwen3' is renderers' qwen3 family)" in line
+    folder = model_with_template(tmp_path, tiny_model_dir, CHATML)
+    cfg = check(folder, tmp_path)
+    assert "renderer 'template' (named in [model] renderer)" in plan_lines(cfg, str(MAIN))[2]
