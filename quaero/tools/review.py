@@ -381,13 +381,42 @@ def sft_span(run: dict) -> tuple[int, int] | None:
     return (min(sft), max(sft)) if sft else None
 
 
-def write_plots(run: dict, out_dir: str | Path) -> list[Path]:
+PLOT_SOFTWARE = "quaero review"  # the PNG text that marks a plot review wrote (replaced without --force)
+
+
+def _review_plot(path: Path) -> bool:
+    """Whether `path` is a PNG this command wrote earlier (its Software text chunk says so)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return False
+    return head.startswith(b"\x89PNG") and b"tEXtSoftware\x00" + PLOT_SOFTWARE.encode() in head
+
+
+def check_plots(out_dir: str | Path, *, force: bool = False) -> list[Path]:
+    """The plot files `--plots DIR` writes, each checked (quaero/tools/outputs.py) before any is written: no
+    link, special file or run's own file; an existing file only if review wrote it or `force`."""
+    from quaero.tools.outputs import check_output
+
+    out = Path(out_dir)
+    return [check_output(out / f"{name}.png", "--plots", force=force, in_runs=True, replaceable=_review_plot)
+            for name in PLOT_SERIES]
+
+
+def write_plots(run: dict, out_dir: str | Path, *, force: bool = False) -> list[Path]:
+    from quaero.tools.outputs import OutputRefused, saving_to
+
+    out = Path(out_dir)
+    try:
+        check_plots(out, force=force)
+    except OutputRefused as e:
+        raise ReviewError(str(e)) from None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     span = sft_span(run)
     written = []
@@ -415,7 +444,9 @@ def write_plots(run: dict, out_dir: str | Path) -> list[Path]:
             ax.legend(unique.values(), unique.keys(), fontsize=7)
         fig.tight_layout()
         path = out / f"{name}.png"
-        fig.savefig(path, dpi=90)
+        tmp, commit = saving_to(path)  # renamed onto the name: never written through what was there
+        fig.savefig(tmp, dpi=90, format="png", metadata={"Software": PLOT_SOFTWARE})
+        commit()
         plt.close(fig)
         written.append(path)
     return written
@@ -458,7 +489,8 @@ def _review(args, require: list[str]) -> int:
     run = load_run(args.run_dir)
     s = summarize(run)
     checks = proofs.run_checks(s)
-    plots = [str(p) for p in write_plots(run, args.plots)] if args.plots else []
+    plots = ([str(p) for p in write_plots(run, args.plots, force=getattr(args, "force", False))]
+             if args.plots else [])
     if s["unreadable_lines"]:
         print(f"warning: {run['path']}: {s['unreadable_lines']} line(s) could not be read (not UTF-8, not a "
               "JSON object, or a step that is not an integer) and are left out", file=sys.stderr)
