@@ -8,7 +8,6 @@ quaero/telemetry/proofs.py.
 """
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
@@ -17,6 +16,8 @@ from typing import Any
 
 from quaero.telemetry import names, proofs
 from quaero.telemetry.runlog import read_events
+from quaero.tools.display import MAX_CELL, MAX_LINE, MAX_MAGNITUDE, clip, dump_json
+from quaero.tools.display import cell as _fmt
 
 PLOT_SERIES = {
     "reward": [names.REWARD_MEAN, names.EVAL_REWARD],
@@ -50,7 +51,7 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
         if kind not in (names.TRAIN_STEP_EVENT, names.EVAL_EVENT):
             continue
         step, phase = e.get("step"), e.get(names.PHASE, "rl")
-        if not _is_int(step) or not isinstance(phase, str):
+        if not _is_int(step) or step < 0 or not isinstance(phase, str):
             unreadable += 1  # cannot be placed on the step axis
         elif kind == names.TRAIN_STEP_EVENT:
             steps[(phase, step)] = e  # a re-run step after resume: latest wins
@@ -64,12 +65,15 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
 
 
 def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    return isinstance(v, int) and not isinstance(v, bool) and abs(v) < MAX_MAGNITUDE
 
 
 def _number(v: Any) -> int | float | None:
-    """A finite number, or None for anything else (a mistyped or non-finite field is not a value)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    """A finite number of a sane size, or None for anything else (a mistyped, non-finite or absurdly large
+    field is not a value: the table shows it as text)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    if isinstance(v, float) and not math.isfinite(v) or abs(v) >= MAX_MAGNITUDE:
         return None
     return v
 
@@ -157,9 +161,10 @@ def env_line(env: str, f: dict[str, Any]) -> str:
     rl = (f"RL over warm start {c['warm_start_success']:.3f} -> {c['end_success']:.3f} on {c['pairs']} tasks "
           f"(+{c['improved']}/-{c['worsened']}, McNemar p {c['mcnemar_p']:.3g})" if not c["why"]
           else f"RL over warm start: {c['why']}")
-    return (f"env {env}: {f[names.GROUPS]} RL groups, {f[names.SIGNAL_GROUPS]} with signal "
-            f"({_fmt(f[names.SIGNAL_GROUPS_PER_1K_TOKENS])} per 1k generated tokens), "
-            f"{f[names.EPISODES_LOST]} episodes lost, last eval success {_fmt(f['eval_success_last'])}; {rl}")
+    return clip(f"env {_fmt(env)}: {f[names.GROUPS]} RL groups, {f[names.SIGNAL_GROUPS]} with signal "
+                 f"({_fmt(f[names.SIGNAL_GROUPS_PER_1K_TOKENS])} per 1k generated tokens), "
+                 f"{f[names.EPISODES_LOST]} episodes lost, last eval success {_fmt(f['eval_success_last'])}; "
+                 f"{rl}", MAX_LINE)
 
 
 def rl_over_warm_start(run: dict, env: str | None = None) -> dict[str, Any]:
@@ -319,21 +324,15 @@ def resumes_changed(run: dict) -> dict[str, dict]:
 
 
 def changed_line(step: str, resumed: dict) -> str:
-    changes = ", ".join(f"{k} {_fmt(a)} -> {_fmt(b)}" for k, (a, b) in resumed["changes"].items())
-    return (f"{'warning' if resumed['trained'] else 'note'}: resumed at step {step} with a changed config"
-            f"{' (the steps after it train with the new values)' if resumed['trained'] else ''}: {changes}")
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
+    changes = ", ".join(f"{_fmt(k)} {_fmt(a)} -> {_fmt(b)}" for k, (a, b) in resumed["changes"].items())
+    trained = " (the steps after it train with the new values)" if resumed["trained"] else ""
+    return clip(f"{'warning' if trained else 'note'}: resumed at step {_fmt(step)} with a changed config"
+                f"{trained}: {changes}", MAX_LINE)
 
 
 def render_table(rows: list[tuple[str, list[Any]]], header: list[str]) -> str:
-    cells = [header] + [[k] + [_fmt(v) for v in vs] for k, vs in rows]
+    cells = [[clip(h, MAX_CELL) for h in header]] + [[clip(k, MAX_CELL)] + [_fmt(v) for v in vs]
+                                                       for k, vs in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -356,7 +355,7 @@ def eval_success_intervals(run: dict) -> list[tuple[int, float, float, float]]:
     out = []
     for e in run["evals"]:
         rate, n = _number(e.get(names.EVAL_SUCCESS_RATE)), _number(e.get(names.EVAL_EPISODES))
-        if rate is not None and n:
+        if rate is not None and 0 <= rate <= 1 and n and n > 0:
             low, high = wilson_interval(round(rate * n), int(n))
             out.append((e["step"], rate, low, high))
     return out
@@ -479,7 +478,7 @@ def _review(args, require: list[str]) -> int:
             raise ReviewError("--require/--require-proof judge one run; drop them or --compare")
         a, b = (summarize(load_run(d)) for d in args.compare)
         if args.json:
-            print(json.dumps({"a": a, "b": b}, indent=2))
+            print(dump_json({"a": a, "b": b}))
         else:
             print(render_table([(k, [a[k], b[k]]) for k in a if not isinstance(a[k], dict)], ["metric",
                                                                                               *args.compare]))
@@ -495,14 +494,14 @@ def _review(args, require: list[str]) -> int:
         print(f"warning: {run['path']}: {s['unreadable_lines']} line(s) could not be read (not UTF-8, not a "
               "JSON object, or a step that is not an integer) and are left out", file=sys.stderr)
     if args.json:
-        print(json.dumps({"summary": s, "checks": checks, "plots": plots}, indent=2))
+        print(dump_json({"summary": s, "checks": checks, "plots": plots}))
     else:
         print(f"run {args.run_dir} ({'finished' if s['finished'] else 'INCOMPLETE: no run_end event'})")
         print(render_table([(k, [v]) for k, v in s.items() if k != "finished" and not isinstance(v, dict)],
                            ["metric", "value"]))  # rl_vs_warm_start is read in its check's line
         print()
         for c in checks:
-            print(f"[{_tag(c)}] {c['name']}: {c['detail']}")
+            print(clip(f"[{_tag(c)}] {c['name']}: {c['detail']}", MAX_LINE))
         # a mixture's; the checks above judge the pooled run
         for env, figures in s.get("per_env", {}).items():
             print(env_line(env, figures))
