@@ -68,6 +68,7 @@ class ModelConfig(_Section):
 
 
 TASK_SAMPLERS = ("sequential", "uniform", "curriculum", "difficulty_pools")  # quaero/rollout/task_samplers.py
+MAX_TASK_WEIGHT = 1e6  # the largest [env.tasks] epsilon or pool weight: a draw's weights stay finite
 
 
 class TaskSamplerConfig(_Section):
@@ -85,16 +86,30 @@ class TaskSamplerConfig(_Section):
     # curriculum: the cost a task's weight is divided by: generated tokens or episodes
     cost: Literal["tokens", "episodes"] = "tokens"
     gamma: float = Field(0.9, gt=0, le=1)  # discount of the outcome memory (RFC 013's γ)
-    epsilon: float = Field(0.05, ge=0)  # curriculum: the weight every task keeps (RFC 013's ε)
+    # curriculum: the weight every task keeps (RFC 013's ε); bounded so a weight, divided by a cost as small
+    # as 1e-9 and summed over the candidates, stays a finite float
+    epsilon: float = Field(0.05, ge=0, le=MAX_TASK_WEIGHT, allow_inf_nan=False)
     # how many tasks a learning sampler weighs per draw (drawn uniformly; the whole split when it holds fewer)
     candidates: int = Field(256, ge=1)
     # difficulty_pools: a key's latest group success rate puts it in a pool (prime-rl's defaults)
     hard_max: float = Field(0.25, ge=0, le=1)
     easy_min: float = Field(0.75, ge=0, le=1)
-    hard_weight: float = Field(0.2, ge=0)
-    normal_weight: float = Field(1.0, ge=0)
-    easy_weight: float = Field(0.2, ge=0)
-    unseen_weight: float = Field(1.0, ge=0)
+    hard_weight: float = Field(0.2, ge=0, le=MAX_TASK_WEIGHT, allow_inf_nan=False)
+    normal_weight: float = Field(1.0, ge=0, le=MAX_TASK_WEIGHT, allow_inf_nan=False)
+    easy_weight: float = Field(0.2, ge=0, le=MAX_TASK_WEIGHT, allow_inf_nan=False)
+    unseen_weight: float = Field(1.0, ge=0, le=MAX_TASK_WEIGHT, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _pools_draw(self) -> TaskSamplerConfig:
+        if self.sampler != "difficulty_pools":
+            return self
+        if self.hard_max >= self.easy_min:
+            raise ValueError(f"hard_max={self.hard_max} >= easy_min={self.easy_min}: the hard and easy pools "
+                             "overlap (a rate in both is only ever hard); set hard_max below easy_min")
+        if not any((self.hard_weight, self.normal_weight, self.easy_weight, self.unseen_weight)):
+            raise ValueError("hard_weight, normal_weight, easy_weight and unseen_weight are all 0: no task "
+                             "has a weight to be drawn by; give at least one pool a weight > 0")
+        return self
 
     @field_validator("sampler")
     @classmethod
@@ -195,7 +210,8 @@ class MixtureEnv(EnvConfig):
     mixture sets per env (unset: the run's)."""
 
     name: str
-    ratio: float = Field(1.0, gt=0)  # relative: a step's groups are shared out in proportion to the ratios
+    # relative: a step's groups are shared out in proportion to the ratios (mixture.py shares_of)
+    ratio: float = Field(1.0, gt=0, allow_inf_nan=False)
     group_size: int | None = Field(None, ge=1)  # unset: [training] group_size
     eval_tasks: int | None = Field(None, ge=0)  # unset: [training] eval_tasks
     oracle: str | None = None  # the warm start's demonstrator (unset: [training] oracle, else the entry's)
@@ -444,8 +460,9 @@ class QuaeroConfig(_Section):
         """Each env's share of a step's groups, as fractions summing to 1."""
         if not self.envs:
             return {SINGLE: 1.0}
-        total = sum(e.ratio for e in self.envs)
-        return {e.name: e.ratio / total for e in self.envs}
+        from quaero.rollout.mixture import shares_of
+
+        return shares_of({e.name: e.ratio for e in self.envs})
 
     @property
     def run_dir(self) -> Path:

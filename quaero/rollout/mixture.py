@@ -15,10 +15,19 @@ class MixtureError(ValueError):
     """A checkpoint's mixture is not this config's."""
 
 
+def shares_of(ratios: dict[str, float]) -> dict[str, float]:
+    """Each env's share, fractions summing to 1: the ratios (finite, > 0) scaled by the largest first, so
+    their sum cannot overflow (1e308:1e308:1 is 0.5/0.5/~0, not 0/0/0). `quaero check` prints these and
+    `Mixture` draws by them: the one owner of the shares."""
+    top = max(ratios.values())
+    scaled = {name: r / top for name, r in ratios.items()}  # each in (0, 1]: the sum is at most len(ratios)
+    total = sum(scaled.values())
+    return {name: r / total for name, r in scaled.items()}
+
+
 class Mixture:
     def __init__(self, ratios: dict[str, float]) -> None:
-        total = sum(ratios.values())
-        self.shares = {name: r / total for name, r in ratios.items()}
+        self.shares = shares_of(ratios)
         self.ratios = dict(ratios)
         self.counts = dict.fromkeys(ratios, 0)
 
