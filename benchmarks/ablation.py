@@ -156,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = per_seed + [("pooled", paired_outcomes(pooled_a, pooled_b))]
     result = {"config": args.config, "arm_a": arm_a, "arm_b": arm_b, "common": args.common,
               "from": str(args.source) if args.source else None, "seeds": seeds, "rows": dict(rows)}
-    (args.out / "ablation.json").write_text(json.dumps(result, indent=2))
+    from quaero.tools.outputs import write_replacing
+
+    write_replacing(args.out / "ablation.json", json.dumps(result, indent=2))  # never through a link there
     print(table(rows, " ".join(arm_a), " ".join(arm_b)))
     return 0

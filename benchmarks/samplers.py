@@ -232,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"choose a step its [training] eval_every evaluated")
     common = [*args.common, f"training.warmup_sft_steps={args.from_step}",
               f"training.rl_token_budget={args.budget}"]
+    if args.out.exists() and not args.out.is_dir():
+        raise SystemExit(f"error: --out {args.out}: a file, not a folder; name a folder for the arms")
     commands = {}
     for seed in seeds:
         for sampler in samplers:

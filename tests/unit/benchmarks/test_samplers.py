@@ -231,3 +231,11 @@ def test_malformed_finished_arms_and_nested_groups_are_read_not_a_traceback(tmp_
     row = json.loads((tmp_path / "out" / "samplers.json").read_text())["envs"]["None"]["rows"][0]
     assert (row["groups"], row["signal"], row["tokens"]) == (2, 2, 500)
     assert row["by_group"] == {'{"tier": ["a", 1]}': [1, 1, 3, 8], '["x"]': [1, 1, 2, 8]}
+
+
+@pytest.mark.hostile
+def test_an_out_that_is_a_file_is_one_line(tmp_path, warm_run, no_training):
+    (tmp_path / "taken").write_text("mine")
+    with pytest.raises(SystemExit) as e:
+        samplers.main(_argv(warm_run, tmp_path / "taken"))
+    assert "--out" in _one_line(e) and (tmp_path / "taken").read_text() == "mine"
