@@ -205,6 +205,16 @@ AGGREGATE = "all"  # the name of the cross-env aggregate: no env may take it
 SINGLE = "env"  # the name of a one-env run's env ([env])
 
 
+def shares_of(ratios: dict[str, float]) -> dict[str, float]:
+    """Each env's share, fractions summing to 1: the ratios (finite, > 0) scaled by the largest first, so
+    their sum cannot overflow (1e308:1e308:1 is 0.5/0.5/~0, not 0/0/0). `quaero check` prints these and
+    quaero/rollout/mixture.py's `Mixture` draws by them: the one owner of the shares."""
+    top = max(ratios.values())
+    scaled = {name: r / top for name, r in ratios.items()}  # each in (0, 1]: the sum is at most len(ratios)
+    total = sum(scaled.values())
+    return {name: r / total for name, r in scaled.items()}
+
+
 class MixtureEnv(EnvConfig):
     """One env of a mixture (`[[envs]]`): everything `[env]` has, its name and ratio, and the settings a
     mixture sets per env (unset: the run's)."""
@@ -460,8 +470,6 @@ class QuaeroConfig(_Section):
         """Each env's share of a step's groups, as fractions summing to 1."""
         if not self.envs:
             return {SINGLE: 1.0}
-        from quaero.rollout.mixture import shares_of
-
         return shares_of({e.name: e.ratio for e in self.envs})
 
     @property

@@ -10,19 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from quaero.config import shares_of
+
 
 class MixtureError(ValueError):
     """A checkpoint's mixture is not this config's."""
-
-
-def shares_of(ratios: dict[str, float]) -> dict[str, float]:
-    """Each env's share, fractions summing to 1: the ratios (finite, > 0) scaled by the largest first, so
-    their sum cannot overflow (1e308:1e308:1 is 0.5/0.5/~0, not 0/0/0). `quaero check` prints these and
-    `Mixture` draws by them: the one owner of the shares."""
-    top = max(ratios.values())
-    scaled = {name: r / top for name, r in ratios.items()}  # each in (0, 1]: the sum is at most len(ratios)
-    total = sum(scaled.values())
-    return {name: r / total for name, r in scaled.items()}
 
 
 class Mixture:
