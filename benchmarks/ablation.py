@@ -55,14 +55,43 @@ def start_checkpoint(source: Path, step: int | None) -> tuple[Path, int]:
     return path, step
 
 
+ARM_MARKER = ".quaero-bench-arm"  # in every arm folder a bench made: the only folders it may empty again
+OLD_MARKERS = ("bench_samplers_arm.json",)  # what `bench samplers` marked its arms with before ARM_MARKER
+
+
+def arm_folder_problem(run_dir: Path, out: Path, source: Path | None) -> str | None:
+    """Why the bench may not empty and reuse `run_dir` (an arm's folder, `out/NAME`), judged on resolved paths
+    before anything is removed; None when it may: a folder directly in `out` (not a link elsewhere), not the
+    `--from` run, not inside it and not holding it, and either absent, empty or marked as an arm a bench
+    made."""
+    where, home = run_dir.resolve(), out.resolve()
+    if where.parent != home:
+        return f"{run_dir} resolves to {where}, outside --out {out}; remove the link or choose another --out"
+    if source is not None:
+        src = source.resolve()
+        if src == where or where in src.parents or src in where.parents:
+            return (f"{run_dir} is (or holds, or lies in) the --from run {source}; an arm's folder is "
+                    "emptied before it trains: choose another --out")
+    if run_dir.is_symlink() or (run_dir.exists() and not run_dir.is_dir()):
+        return f"{run_dir} is a file or a link, not an arm's folder; move it or choose another --out"
+    if run_dir.is_dir() and any(run_dir.iterdir()) and not any(
+            (run_dir / m).is_file() for m in (ARM_MARKER, *OLD_MARKERS)):
+        return (f"{run_dir} holds files no bench wrote (no {ARM_MARKER}); an arm's folder is emptied before "
+                "it trains: move them or choose another --out")
+    return None
+
+
 def _seed_start(source: Path, run_dir: Path, step: int | None) -> None:
     """Put `source`'s checkpoint of `step` (else its latest) into a fresh run folder: the run resumes
-    from it."""
+    from it. The folder is emptied first only if `arm_folder_problem` allows it."""
     from quaero.recipe import checkpoint
 
     path, _ = start_checkpoint(source, step)
+    if problem := arm_folder_problem(run_dir, run_dir.parent, source):
+        raise SystemExit(f"error: {problem}")
     shutil.rmtree(run_dir, ignore_errors=True)
     checkpoint.run_checkpoints(run_dir).mkdir(parents=True)
+    (run_dir / ARM_MARKER).write_text("a folder `quaero bench` made for one arm; it empties it to rerun it\n")
     shutil.copytree(path, checkpoint.run_checkpoints(run_dir) / path.name)
 
 
@@ -75,7 +104,10 @@ def train_arm(config: str, out: Path, name: str, seed: int, arm: list[str], comm
             *arm]
     cmd = [sys.executable, "-m", "quaero.cli", "train", config] + [x for s in sets for x in ("--set", s)]
     print("$ " + " ".join(cmd[2:]), file=sys.stderr, flush=True)
-    subprocess.run(cmd, check=True)
+    code = subprocess.run(cmd, check=False).returncode
+    if code:
+        raise SystemExit(f"error: arm {name}: `quaero train` exited {code} (its error is above); fix what it "
+                         "names and run the bench again")
     return run_dir
 
 
@@ -124,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = per_seed + [("pooled", paired_outcomes(pooled_a, pooled_b))]
     result = {"config": args.config, "arm_a": arm_a, "arm_b": arm_b, "common": args.common,
               "from": str(args.source) if args.source else None, "seeds": seeds, "rows": dict(rows)}
-    (args.out / "ablation.json").write_text(json.dumps(result, indent=2))
+    from quaero.tools.outputs import write_replacing
+
+    write_replacing(args.out / "ablation.json", json.dumps(result, indent=2))  # never through a link there
     print(table(rows, " ".join(arm_a), " ".join(arm_b)))
     return 0

@@ -22,16 +22,58 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.ablation import start_checkpoint, train_arm
+from benchmarks.ablation import arm_folder_problem, start_checkpoint, train_arm
 from quaero.telemetry import names
 from quaero.tools.significance import paired_outcomes
 
 LEARNERS = ("curriculum", "difficulty_pools")  # the samplers whose draws read outcomes (and so `--key`)
+MARKER = "bench_samplers_arm.json"  # the arm's command, once its run finished: read instead of rerun
+USER_CLASS = re.compile(r"[A-Za-z0-9_.]+:[A-Za-z0-9_.]+")  # a sampler of the user's, "package.module:Class"
+
+
+def arm_samplers(text: str) -> list[str]:
+    """`--samplers`: quaero's task samplers or user classes ("package.module:Class", imported here), each
+    once; SystemExit in one line for anything else (an arm's name becomes its folder's name: no path)."""
+    import inspect
+
+    from quaero.config import TASK_SAMPLERS
+    from quaero.resolve import Unresolved, resolve_name
+
+    out = list(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    if not out:
+        raise SystemExit("error: --samplers names no sampler; e.g. --samplers sequential,curriculum")
+    for sampler in out:
+        if sampler not in TASK_SAMPLERS and not USER_CLASS.fullmatch(sampler):
+            raise SystemExit(f"error: --samplers {sampler!r}: not one of {', '.join(TASK_SAMPLERS)} nor a "
+                             "class 'package.module:Class' (letters, digits, _ and . only: an arm's name is "
+                             "its folder's name in --out)")
+        if sampler not in TASK_SAMPLERS:
+            try:
+                resolve_name(sampler, "--samplers", want=inspect.isclass, wanted="a class")
+            except Unresolved as e:
+                raise SystemExit(f"error: {e}") from None
+    return out
+
+
+def arm_name(sampler: str, seed: int) -> str:
+    """An arm's run name (its folder in --out): a user class's colon becomes '+', which run names take."""
+    return f"{sampler.replace(':', '+')}-s{seed}"
+
+
+def seed_list(text: str) -> list[int]:
+    try:
+        seeds = list(dict.fromkeys(int(s) for s in text.split(",") if s.strip()))
+    except ValueError:
+        raise SystemExit(f"error: --seeds {text!r}: expected integers, comma-separated, e.g. 0,1,2") from None
+    if not seeds or any(s < 0 for s in seeds):
+        raise SystemExit(f"error: --seeds {text!r}: expected at least one seed, each >= 0, e.g. 0,1,2")
+    return seeds
 
 
 def arm_sets(views: dict[str, Any], mixture: bool, sampler: str, key: str) -> list[str]:
@@ -47,12 +89,15 @@ def arm_sets(views: dict[str, Any], mixture: bool, sampler: str, key: str) -> li
 
 def finished(run_dir: Path, command: list[str]) -> bool:
     """Whether `run_dir` holds a finished run that this same arm command made."""
-    marker = run_dir / "bench_samplers_arm.json"
+    marker = run_dir / MARKER
     if not marker.is_file() or not (run_dir / names.EVENTS).is_file():
         return False
-    from quaero.tools.review import load_run
+    from quaero.tools.review import ReviewError, load_run
 
-    return json.loads(marker.read_text()) == command and load_run(run_dir)["ended"]
+    try:  # a marker or log that is not what the bench wrote: the arm trains again
+        return json.loads(marker.read_text()) == command and load_run(run_dir)["ended"]
+    except (OSError, ValueError, RecursionError, ReviewError):
+        return False
 
 
 def eval_groups(view: Any, split_indices: list[int]) -> dict[int, Any]:
@@ -71,9 +116,40 @@ def eval_groups(view: Any, split_indices: list[int]) -> dict[int, Any]:
     out = {}
     for i in split_indices:
         try:
-            out[i] = (get_task(env.eval_split, i) or {}).get("group")
+            out[i] = group_key((get_task(env.eval_split, i) or {}).get("group"))
         except Exception:  # noqa: BLE001
             return {}
+    return out
+
+
+def group_key(group: Any) -> Any:
+    """A spec's `group` as a key: a scalar as it is, anything else (an RFC 013 group nested in lists or
+    dicts) as its JSON text."""
+    if group is None or isinstance(group, (str, int, float, bool)):
+        return group
+    try:
+        return json.dumps(group, sort_keys=True, default=str)[:200]
+    except (ValueError, RecursionError):
+        return str(type(group).__name__)
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**53
+
+
+def outcome_groups(run: dict, env: str | None) -> list[tuple]:
+    """The `task_outcomes` groups of a run (of one env): (env, task, spec group, successes, episodes, spread,
+    tokens), each read as the run log writes it; a group of another shape (a hand-edited or foreign log) is
+    left out."""
+    out = []
+    for e in run["events"]:
+        if e.get("event") != names.TASK_OUTCOMES_EVENT or not isinstance(e.get("groups"), list):
+            continue
+        for g in e["groups"]:
+            if not (isinstance(g, list) and len(g) == 7 and all(_count(v) for v in (g[3], g[4], g[6]))):
+                continue
+            if env is None or g[0] == env:
+                out.append((g[0], g[1], group_key(g[2]), g[3], g[4], bool(g[5]), g[6]))
     return out
 
 
@@ -81,8 +157,7 @@ def arm_figures(run: dict, env: str | None) -> dict[str, Any]:
     """An arm's RL figures for one env (None: a one-env run): steps, tokens, groups, with spread; per spec
     group: groups, with spread, successes and episodes."""
     rl_steps = {s["step"] for s in run["steps"] if s.get(names.PHASE, "rl") == "rl"}
-    groups = [g for e in run["events"] if e.get("event") == names.TASK_OUTCOMES_EVENT
-              for g in e.get("groups") or [] if env is None or g[0] == env]
+    groups = outcome_groups(run, env)
     by_group: dict[Any, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     for _env, _task, spec_group, successes, episodes, spread, _tokens in groups:
         row = by_group[spec_group]
@@ -94,6 +169,16 @@ def arm_figures(run: dict, env: str | None) -> dict[str, Any]:
     signal = sum(bool(g[5]) for g in groups)
     return {"rl_steps": len(rl_steps), "tokens": tokens, "groups": len(groups), "signal": signal,
             "signal_per_1k": 1000 * signal / tokens if tokens else None, "by_group": dict(by_group)}
+
+
+def read_run(run_dir: Path, what: str) -> dict:
+    """`load_run`, its error one line naming `what` (the `--from` run, an arm)."""
+    from quaero.tools.review import ReviewError, load_run
+
+    try:
+        return load_run(run_dir)
+    except ReviewError as e:
+        raise SystemExit(f"error: {what}: {e}") from None
 
 
 def success_rate(outcomes: dict | None) -> float | None:
@@ -130,33 +215,49 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from quaero.config import load_config
-    from quaero.tools.review import eval_outcomes, load_run
+    from quaero.tools.outputs import write_replacing
+    from quaero.tools.review import eval_outcomes
 
+    if args.budget <= 0:
+        raise SystemExit(f"error: --budget {args.budget}: every arm's generated-token budget must be > 0, "
+                         "e.g. --budget 24000")
+    seeds, samplers = seed_list(args.seeds), arm_samplers(args.samplers)
     cfg = load_config(args.config, args.common)  # a bad config or --set fails here, before any arm runs
     views = cfg.views()
     envs = list(views) if cfg.is_mixture else [None]
     start_checkpoint(args.source, args.from_step)  # one line if the warm start is not there
-    warm = next((e for e in load_run(args.source)["evals"] if e["step"] == args.from_step), None)
+    warm = next((e for e in read_run(args.source, "--from")["evals"] if e["step"] == args.from_step), None)
     if warm is None:
         raise SystemExit(f"error: --from {args.source}: no eval at step {args.from_step} to pair against; "
                          f"choose a step its [training] eval_every evaluated")
-    samplers = [s for s in args.samplers.split(",") if s]
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    args.out.mkdir(parents=True, exist_ok=True)
     common = [*args.common, f"training.warmup_sft_steps={args.from_step}",
               f"training.rl_token_budget={args.budget}"]
+    if args.out.exists() and not args.out.is_dir():
+        raise SystemExit(f"error: --out {args.out}: a file, not a folder; name a folder for the arms")
+    commands = {}
+    for seed in seeds:
+        for sampler in samplers:
+            arm = arm_sets(views, cfg.is_mixture, sampler, args.key)
+            commands[(seed, sampler)] = (arm, [args.config, str(args.source), str(args.from_step), str(seed),
+                                               *common, *arm])
+            run_dir = args.out / arm_name(sampler, seed)
+            # every arm's folder judged before any is emptied (a `--from` run or a user's folder under an
+            # arm's name is refused, never deleted)
+            if (args.rerun or not finished(run_dir, commands[(seed, sampler)][1])) and (
+                    problem := arm_folder_problem(run_dir, args.out, args.source)):
+                raise SystemExit(f"error: {problem}")
+    args.out.mkdir(parents=True, exist_ok=True)
 
     results: dict[tuple[int, str], dict] = {}
     for seed in seeds:
         for sampler in samplers:
-            name = f"{sampler}-s{seed}"
-            arm = arm_sets(views, cfg.is_mixture, sampler, args.key)
-            command = [args.config, str(args.source), str(args.from_step), str(seed), *common, *arm]
+            name = arm_name(sampler, seed)
+            arm, command = commands[(seed, sampler)]
             run_dir = args.out / name
             if args.rerun or not finished(run_dir, command):
                 train_arm(args.config, args.out, name, seed, arm, common, args.source, args.from_step)
-                (run_dir / "bench_samplers_arm.json").write_text(json.dumps(command))
-            run = load_run(run_dir)
+                write_replacing(run_dir / MARKER, json.dumps(command))
+            run = read_run(run_dir, f"arm {name}")
             if not run["evals"]:
                 raise SystemExit(f"error: {run_dir}: the arm ran no eval; leave [training] eval_tasks > 0")
             results[(seed, sampler)] = {str(env): {**arm_figures(run, env),
@@ -213,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                 warm_by_group[str(spec_groups[task])][1] += 1
         report["envs"][tag] = {"rows": rows, "pooled": pooled, "warm_start_by_group": dict(warm_by_group),
                                "warm_start_success": success_rate(warm_eval)}
-    (args.out / "samplers.json").write_text(json.dumps(report, indent=2, default=str))
+    write_replacing(args.out / "samplers.json", json.dumps(report, indent=2, default=str))
     print(render(report))
     return 0
 

@@ -436,6 +436,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit 1 unless the named check passes (repeatable; n/a does not pass), "
                         "e.g. --require 'ECHO loss falling'")
     p.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
+    p.add_argument("--force", action="store_true", help="let --plots overwrite existing files of those names "
+                   "that review did not write (never a link, a special file or a run's own file)")
     p.add_argument("--json", action="store_true", help="print the review as JSON")
     p.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"), help="two runs side by side")
     p.set_defaults(func=cmd_review)

@@ -115,6 +115,9 @@ class ModelConfig(_Section):
         return {**self.renderer_options, **extra}
 
 
+MAX_TASK_WEIGHT = 1e6  # the largest [env.tasks] epsilon or pool weight: a draw's weights stay finite
+
+
 class TaskSamplerConfig(_Section):
     """`[env.tasks]` (or `[envs.tasks]`): which train tasks an env's groups play
     (quaero/rollout/task_samplers.py)."""
@@ -130,16 +133,30 @@ class TaskSamplerConfig(_Section):
     # curriculum: the cost a task's weight is divided by: generated tokens or episodes
     cost: Literal["tokens", "episodes"] = "tokens"
     gamma: float = Field(0.9, gt=0, le=1)  # discount of the outcome memory (RFC 013's γ)
-    epsilon: float = Field(0.05, ge=0)  # curriculum: the weight every task keeps (RFC 013's ε)
+    # curriculum: the weight every task keeps (RFC 013's ε); bounded so a weight, divided by a cost as small
+    # as 1e-9 and summed over the candidates, stays a finite float
+    epsilon: float = Field(0.05, ge=0, le=MAX_TASK_WEIGHT, allow_inf_nan=False)
     # how many tasks a learning sampler weighs per draw (drawn uniformly; the whole split when it holds fewer)
     candidates: int = Field(256, ge=1)
     # difficulty_pools: a key's latest group success rate puts it in a pool (prime-rl's defaults)
     hard_max: float = Field(0.25, ge=0, le=1)
     easy_min: float = Field(0.75, ge=0, le=1)
-    hard_weight: float = Field(0.2, ge=0)
-    normal_weight: float = Field(1.0, ge=0)
-    easy_weight: float = Field(0.2, ge=0)
-    unseen_weight: float = Field(1.0, ge=0)
+    hard_weight: float = Field(0.2, ge=0, le=MAX_TASK_WEIGHT, allow_inf_nan=False)
+    normal_weight: float = Field(1.0, ge=0, le=MAX_TASK_WEIGHT, allow_inf_nan=False)
+    easy_weight: float = Field(0.2, ge=0, le=MAX_TASK_WEIGHT, allow_inf_nan=False)
+    unseen_weight: float = Field(1.0, ge=0, le=MAX_TASK_WEIGHT, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _pools_draw(self) -> TaskSamplerConfig:
+        if self.sampler != "difficulty_pools":
+            return self
+        if self.hard_max >= self.easy_min:
+            raise ValueError(f"hard_max={self.hard_max} >= easy_min={self.easy_min}: the hard and easy pools "
+                             "overlap (a rate in both is only ever hard); set hard_max below easy_min")
+        if not any((self.hard_weight, self.normal_weight, self.easy_weight, self.unseen_weight)):
+            raise ValueError("hard_weight, normal_weight, easy_weight and unseen_weight are all 0: no task "
+                             "has a weight to be drawn by; give at least one pool a weight > 0")
+        return self
 
     @field_validator("sampler")
     @classmethod
@@ -236,12 +253,23 @@ AGGREGATE = "all"  # the name of the cross-env aggregate: no env may take it
 SINGLE = "env"  # the name of a one-env run's env ([env])
 
 
+def shares_of(ratios: dict[str, float]) -> dict[str, float]:
+    """Each env's share, fractions summing to 1: the ratios (finite, > 0) scaled by the largest first, so
+    their sum cannot overflow (1e308:1e308:1 is 0.5/0.5/~0, not 0/0/0). `quaero check` prints these and
+    quaero/rollout/mixture.py's `Mixture` draws by them: the one owner of the shares."""
+    top = max(ratios.values())
+    scaled = {name: r / top for name, r in ratios.items()}  # each in (0, 1]: the sum is at most len(ratios)
+    total = sum(scaled.values())
+    return {name: r / total for name, r in scaled.items()}
+
+
 class MixtureEnv(EnvConfig):
     """One env of a mixture (`[[envs]]`): everything `[env]` has, its name and ratio, and the settings a
     mixture sets per env (unset: the run's)."""
 
     name: str
-    ratio: float = Field(1.0, gt=0)  # relative: a step's groups are shared out in proportion to the ratios
+    # relative: a step's groups are shared out in proportion to the ratios (mixture.py shares_of)
+    ratio: float = Field(1.0, gt=0, allow_inf_nan=False)
     group_size: int | None = Field(None, ge=1)  # unset: [training] group_size
     eval_tasks: int | None = Field(None, ge=0)  # unset: [training] eval_tasks
     oracle: str | None = None  # the warm start's demonstrator (unset: [training] oracle, else the entry's)
@@ -469,8 +497,7 @@ class QuaeroConfig(_Section):
         """Each env's share of a step's groups, as fractions summing to 1."""
         if not self.envs:
             return {SINGLE: 1.0}
-        total = sum(e.ratio for e in self.envs)
-        return {e.name: e.ratio / total for e in self.envs}
+        return shares_of({e.name: e.ratio for e in self.envs})
 
     @property
     def run_dir(self) -> Path:

@@ -252,7 +252,6 @@ def resolve_model(name: str) -> Path:
 def config_fields(name: str) -> dict | None:
     """The model's config.json fields without building or loading it: a named model's table, a local
     folder's config.json, or the hub cache's copy; None when none is at hand (a hub id not cached)."""
-    import json
 
     if is_named(name):
         return NAMED_SHAPES[name].config_fields()
@@ -267,7 +266,9 @@ def config_fields(name: str) -> dict | None:
         if not isinstance(cached, str):
             return None
         path = Path(cached)
-    return json.loads(path.read_text(encoding="utf-8"))
+    from quaero.model_config import read_config
+
+    return read_config(path)  # ModelConfigError (one line) for a config no plan can be computed from
 
 
 # the decoder layouts whose parameter shapes `folder_problem` checks against config.json (name -> shape)
@@ -318,11 +319,13 @@ def folder_problem(path: Path) -> str | None:
     config's."""
     import json
 
-    try:
-        cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        return f"{path / 'config.json'} cannot be read as JSON ({e}); restore the folder's config.json"
-    arch = (cfg.get("architectures") or ["?"])[0]
+    from quaero.model_config import ModelConfigError, architecture, read_config
+
+    try:  # sizes validated before any shape is built from them
+        cfg = read_config(path / "config.json")
+    except ModelConfigError as e:
+        return str(e)
+    arch = architecture(cfg) or "?"
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as CAUSAL
 
     if arch not in set(CAUSAL.values()):

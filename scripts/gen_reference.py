@@ -77,17 +77,20 @@ OPTION_MEANINGS = {
                      "`group` / `difficulty` (pools tasks that rarely repeat)",
     "env.tasks.cost": "the curriculum's cost per episode: generated `tokens` or `episodes`",
     "env.tasks.gamma": "discount of the outcome memory (RFC 013's γ)",
-    "env.tasks.epsilon": "the curriculum weight every task keeps (RFC 013's ε)",
+    "env.tasks.epsilon": "the curriculum weight every task keeps (RFC 013's ε; finite, at most 1e6)",
     "env.tasks.candidates": "tasks a learning sampler weighs per draw (the whole split when smaller)",
     "env.tasks.hard_max": "difficulty_pools: a latest group success rate at or below this is hard",
-    "env.tasks.easy_min": "difficulty_pools: at or above this is easy",
-    "env.tasks.hard_weight": "difficulty_pools: the hard pool's weight",
+    "env.tasks.easy_min": "difficulty_pools: at or above this is easy (above hard_max: the pools never "
+                          "overlap)",
+    "env.tasks.hard_weight": "difficulty_pools: the hard pool's weight (each pool's finite, at most 1e6; not "
+                             "all 0)",
     "env.tasks.normal_weight": "difficulty_pools: the normal pool's weight",
     "env.tasks.easy_weight": "difficulty_pools: the easy pool's weight",
     "env.tasks.unseen_weight": "difficulty_pools: an unseen task's weight",
     "envs.name": "a mixture env's name (unique; `all` is reserved): it names its metrics, rows and eval "
                  "results",
-    "envs.ratio": "its relative share of each step's groups (> 0)",
+    "envs.ratio": "its relative share of each step's groups (finite, > 0; the shares are the ratios over "
+                  "their sum, computed without overflow)",
     "envs.group_size": "its group size (unset: [training] group_size)",
     "envs.eval_tasks": "its eval tasks (unset: [training] eval_tasks)",
     "envs.oracle": "its warm start's demonstrator (unset: [training] oracle, else its entry's "

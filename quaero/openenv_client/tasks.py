@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from quaero.config import ConfigError
+from quaero.config import TASK_SAMPLERS, ConfigError
 from quaero.telemetry.runlog import error_line
 
 
@@ -164,11 +164,19 @@ def catalog_over_http(http_url: str, timeout_s: float = 10.0) -> TaskCatalog | N
     return TaskCatalog(counts, http_url)
 
 
+DRAWING_SAMPLERS = tuple(s for s in TASK_SAMPLERS if s != "sequential")  # those that need the split's size
+
+
 def check_splits(catalog: TaskCatalog | None, env_cfg: Any, *, train: bool, evaluate: bool,
                  source: str = "config") -> None:
     """`[env] train_split`/`eval_split` against the env's own splits (nothing to check without a Task API);
     train/evaluate: whether the run reads that split at all."""
     if catalog is None:
+        sampler = getattr(getattr(env_cfg, "tasks", None), "sampler", "sequential")
+        if train and sampler in DRAWING_SAMPLERS:
+            raise ConfigError(f"{source} [env.tasks] sampler={sampler!r}: draws from the split's tasks, and "
+                              "the env has no Task API (list_splits/num_tasks) to count them; use sampler = "
+                              "\"sequential\", or give the env a Task API")
         return
     for key, split, used in (("train_split", env_cfg.train_split, train), ("eval_split", env_cfg.eval_split,
                                                                            evaluate)):

@@ -199,12 +199,15 @@ def check_model_and_renderer(cfg: QuaeroConfig, source: str = "config") -> None:
         resolve_device,
         resolve_model,
     )
+    from quaero.model_config import tokenizer_problem
     from quaero.rollout.render import BridgeFailure, RenderAdapter
 
     name = cfg.model.name
     try:
-        problem = folder_problem(resolve_model(name))
-        tokenizer = load_tokenizer(name)
+        folder = resolve_model(name)
+        # the folder's config.json and files judged first: the tokenizer's loader reads config.json too
+        problem = folder_problem(folder) or tokenizer_problem(folder)
+        tokenizer = None if problem else load_tokenizer(name)
     except (ModelNotFound, OSError, ValueError) as e:
         raise ConfigError(f"{source} [model] name={name!r}: {e}") from None
     if problem:

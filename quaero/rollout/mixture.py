@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from quaero.config import shares_of
+
 
 class MixtureError(ValueError):
     """A checkpoint's mixture is not this config's."""
@@ -17,8 +19,7 @@ class MixtureError(ValueError):
 
 class Mixture:
     def __init__(self, ratios: dict[str, float]) -> None:
-        total = sum(ratios.values())
-        self.shares = {name: r / total for name, r in ratios.items()}
+        self.shares = shares_of(ratios)
         self.ratios = dict(ratios)
         self.counts = dict.fromkeys(ratios, 0)
 

@@ -7,9 +7,9 @@ against `sampled_actions`, the sampler's own action ids saved beside it (the row
 own tokens). It reads the saved dicts, never `EchoRow.from_dict`: a corrupted row must be reported, not
 refused on construction.
 
-What it writes (`--html OUT`, `--export FMT OUT`) is a new file of the user's: never a symlink, never a path
-inside a run folder (one holding events.jsonl or checkpoints/: a run's own files are not output), and an
-existing file only with `--force` (`check_output`).
+What it writes (`--html OUT`, `--export FMT OUT`) is a new file of the user's: never a link or a special
+file, never a path inside a run folder (one holding events.jsonl or checkpoints/: a run's own files are not
+output), and an existing file only with `--force` (quaero/tools/outputs.py `check_output`).
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from quaero.recipe.saved_rows import rows_dir, step_file
 from quaero.rows import ECHO_KINDS
 from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
+from quaero.tools.outputs import OutputRefused, check_output, write_replacing
 
 log = get_logger(__name__)
 
@@ -83,33 +84,6 @@ def load_rows(run_dir: Path, step: int | None = None) -> tuple[list[dict], int]:
         raise InspectError(f"{folder}: no readable row in {unreadable} line(s) (not UTF-8 JSON rows that "
                            "quaero saved); pass a run folder that `quaero train` wrote")
     return records, unreadable
-
-
-def run_folder_of(path: Path) -> Path | None:
-    """The run folder `path` (resolved) lies in: the nearest folder above it holding events.jsonl or
-    checkpoints/, or None."""
-    for folder in Path(path).resolve().parents:
-        if (folder / names.EVENTS).exists() or (folder / names.CHECKPOINTS).is_dir():
-            return folder
-    return None
-
-
-def check_output(out: str, flag: str, run_dir: Path, *, force: bool) -> None:
-    """`out` may take what `flag` writes: not a symlink, not inside a run folder (`run_dir`, the run read, or
-    any other), not an existing file unless `force`; InspectError naming the path otherwise (before anything
-    is written)."""
-    path = Path(out)
-    if path.is_symlink():
-        raise InspectError(f"{flag} {out}: a symlink (to {path.readlink()}); name a plain file path")
-    inside = Path(run_dir).resolve() in path.resolve().parents
-    run = Path(run_dir).resolve() if inside else run_folder_of(path)
-    if run is not None:
-        raise InspectError(f"{flag} {out}: inside the run folder {run}, whose files are the run's own; write "
-                           "it outside any run folder")
-    if path.is_dir():
-        raise InspectError(f"{flag} {out}: a folder; name a file in a writable folder")
-    if path.exists() and not force:
-        raise InspectError(f"{flag} {out}: already exists; choose a new file or pass --force to overwrite it")
 
 
 def _ints(values) -> bool:
@@ -295,10 +269,10 @@ def main(args) -> int:
         exported = (getattr(args, "export", None) or [None, None])[1]
         for flag, out in (("--html", args.html), ("--export", exported)):
             if out is not None:
-                check_output(out, flag, args.run_dir, force=getattr(args, "force", False))
+                check_output(out, flag, run_dir=args.run_dir, force=getattr(args, "force", False))
         records, unreadable = load_rows(args.run_dir, args.step)
         tokenizer = None if getattr(args, "export", None) else run_tokenizer(args.run_dir)
-    except InspectError as e:
+    except (InspectError, OutputRefused) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if unreadable:
@@ -325,7 +299,7 @@ def main(args) -> int:
         return 0
     if args.html:
         try:
-            Path(args.html).write_text(render_html(records, tokenizer, f"rows of {args.run_dir}"))
+            write_replacing(Path(args.html), render_html(records, tokenizer, f"rows of {args.run_dir}"))
         except OSError as e:
             print(f"error: --html {args.html}: cannot write it ({e.strerror or e}); name a file in a "
                   "writable folder", file=sys.stderr)

@@ -8,7 +8,6 @@ quaero/telemetry/proofs.py.
 """
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
@@ -18,6 +17,8 @@ from typing import Any
 from quaero.telemetry import names, proofs
 from quaero.telemetry.runlog import read_events
 from quaero.telemetry.summary import Comparison, ConfigChange, EnvFigures, RunSummary
+from quaero.tools.display import MAX_CELL, MAX_LINE, MAX_MAGNITUDE, clip, dump_json
+from quaero.tools.display import cell as _fmt
 
 PLOT_SERIES = {
     "reward": [names.REWARD_MEAN, names.EVAL_REWARD],
@@ -51,7 +52,7 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
         if kind not in (names.TRAIN_STEP_EVENT, names.EVAL_EVENT):
             continue
         step, phase = e.get("step"), e.get(names.PHASE, "rl")
-        if not _is_int(step) or not isinstance(phase, str):
+        if not _is_int(step) or step < 0 or not isinstance(phase, str):
             unreadable += 1  # cannot be placed on the step axis
         elif kind == names.TRAIN_STEP_EVENT:
             steps[(phase, step)] = e  # a re-run step after resume: latest wins
@@ -65,12 +66,15 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
 
 
 def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    return isinstance(v, int) and not isinstance(v, bool) and abs(v) < MAX_MAGNITUDE
 
 
 def _number(v: Any) -> int | float | None:
-    """A finite number, or None for anything else (a mistyped or non-finite field is not a value)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    """A finite number of a sane size, or None for anything else (a mistyped, non-finite or absurdly large
+    field is not a value: the table shows it as text)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    if isinstance(v, float) and not math.isfinite(v) or abs(v) >= MAX_MAGNITUDE:
         return None
     return v
 
@@ -158,9 +162,10 @@ def env_line(env: str, f: EnvFigures) -> str:
     rl = (f"RL over warm start {c.warm_start_success:.3f} -> {c.end_success:.3f} on {c.pairs} tasks "
           f"(+{c.improved}/-{c.worsened}, McNemar p {c.mcnemar_p:.3g})" if not c.why
           else f"RL over warm start: {c.why}")
-    return (f"env {env}: {f.groups} RL groups, {f.signal_groups} with signal "
-            f"({_fmt(f.signal_groups_per_1k_tokens)} per 1k generated tokens), "
-            f"{f.episodes_lost} episodes lost, last eval success {_fmt(f.eval_success_last)}; {rl}")
+    return clip(f"env {_fmt(env)}: {f.groups} RL groups, {f.signal_groups} with signal "
+                f"({_fmt(f.signal_groups_per_1k_tokens)} per 1k generated tokens), "
+                f"{f.episodes_lost} episodes lost, last eval success {_fmt(f.eval_success_last)}; {rl}",
+                MAX_LINE)
 
 
 def rl_over_warm_start(run: dict, env: str | None = None) -> Comparison:
@@ -303,21 +308,15 @@ def resumes_changed(run: dict) -> dict[str, ConfigChange]:
 
 
 def changed_line(step: str, resumed: ConfigChange) -> str:
-    changes = ", ".join(f"{k} {_fmt(a)} -> {_fmt(b)}" for k, (a, b) in resumed.changes.items())
-    return (f"{'warning' if resumed.trained else 'note'}: resumed at step {step} with a changed config"
-            f"{' (the steps after it train with the new values)' if resumed.trained else ''}: {changes}")
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
+    changes = ", ".join(f"{_fmt(k)} {_fmt(a)} -> {_fmt(b)}" for k, (a, b) in resumed.changes.items())
+    trained = " (the steps after it train with the new values)" if resumed.trained else ""
+    return clip(f"{'warning' if trained else 'note'}: resumed at step {_fmt(step)} with a changed config"
+                f"{trained}: {changes}", MAX_LINE)
 
 
 def render_table(rows: list[tuple[str, list[Any]]], header: list[str]) -> str:
-    cells = [header] + [[k] + [_fmt(v) for v in vs] for k, vs in rows]
+    cells = [[clip(h, MAX_CELL) for h in header]] + [[clip(k, MAX_CELL)] + [_fmt(v) for v in vs]
+                                                       for k, vs in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -340,7 +339,7 @@ def eval_success_intervals(run: dict) -> list[tuple[int, float, float, float]]:
     out = []
     for e in run["evals"]:
         rate, n = _number(e.get(names.EVAL_SUCCESS_RATE)), _number(e.get(names.EVAL_EPISODES))
-        if rate is not None and n:
+        if rate is not None and 0 <= rate <= 1 and n and n > 0:
             low, high = wilson_interval(round(rate * n), int(n))
             out.append((e["step"], rate, low, high))
     return out
@@ -365,13 +364,42 @@ def sft_span(run: dict) -> tuple[int, int] | None:
     return (min(sft), max(sft)) if sft else None
 
 
-def write_plots(run: dict, out_dir: str | Path) -> list[Path]:
+PLOT_SOFTWARE = "quaero review"  # the PNG text that marks a plot review wrote (replaced without --force)
+
+
+def _review_plot(path: Path) -> bool:
+    """Whether `path` is a PNG this command wrote earlier (its Software text chunk says so)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return False
+    return head.startswith(b"\x89PNG") and b"tEXtSoftware\x00" + PLOT_SOFTWARE.encode() in head
+
+
+def check_plots(out_dir: str | Path, *, force: bool = False) -> list[Path]:
+    """The plot files `--plots DIR` writes, each checked (quaero/tools/outputs.py) before any is written: no
+    link, special file or run's own file; an existing file only if review wrote it or `force`."""
+    from quaero.tools.outputs import check_output
+
+    out = Path(out_dir)
+    return [check_output(out / f"{name}.png", "--plots", force=force, in_runs=True, replaceable=_review_plot)
+            for name in PLOT_SERIES]
+
+
+def write_plots(run: dict, out_dir: str | Path, *, force: bool = False) -> list[Path]:
+    from quaero.tools.outputs import OutputRefused, saving_to
+
+    out = Path(out_dir)
+    try:
+        check_plots(out, force=force)
+    except OutputRefused as e:
+        raise ReviewError(str(e)) from None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     span = sft_span(run)
     written = []
@@ -399,7 +427,9 @@ def write_plots(run: dict, out_dir: str | Path) -> list[Path]:
             ax.legend(unique.values(), unique.keys(), fontsize=7)
         fig.tight_layout()
         path = out / f"{name}.png"
-        fig.savefig(path, dpi=90)
+        tmp, commit = saving_to(path)  # renamed onto the name: never written through what was there
+        fig.savefig(tmp, dpi=90, format="png", metadata={"Software": PLOT_SOFTWARE})
+        commit()
         plt.close(fig)
         written.append(path)
     return written
@@ -432,7 +462,7 @@ def _review(args, require: list[str]) -> int:
             raise ReviewError("--require/--require-proof judge one run; drop them or --compare")
         a, b = (summarize(load_run(d)).to_dict() for d in args.compare)
         if args.json:
-            print(json.dumps({"a": a, "b": b}, indent=2))
+            print(dump_json({"a": a, "b": b}))
         else:
             print(render_table([(k, [v, b.get(k)]) for k, v in a.items() if not isinstance(v, dict)],
                                ["metric", *args.compare]))
@@ -442,18 +472,19 @@ def _review(args, require: list[str]) -> int:
     run = load_run(args.run_dir)
     s = summarize(run)
     checks = proofs.run_checks(s)
-    plots = [str(p) for p in write_plots(run, args.plots)] if args.plots else []
+    plots = ([str(p) for p in write_plots(run, args.plots, force=getattr(args, "force", False))]
+             if args.plots else [])
     if s.unreadable_lines:
         print(f"warning: {run['path']}: {s.unreadable_lines} line(s) could not be read (not UTF-8, not a "
               "JSON object, or a step that is not an integer) and are left out", file=sys.stderr)
     if args.json:
-        print(json.dumps({"summary": s.to_dict(), "checks": checks, "plots": plots}, indent=2))
+        print(dump_json({"summary": s.to_dict(), "checks": checks, "plots": plots}))
     else:
         print(f"run {args.run_dir} ({'finished' if s.finished else 'INCOMPLETE: no run_end event'})")
         print(render_table([(k, [v]) for k, v in s.table_rows()], ["metric", "value"]))
         print()
         for c in checks:
-            print(f"[{_tag(c)}] {c['name']}: {c['detail']}")
+            print(clip(f"[{_tag(c)}] {c['name']}: {c['detail']}", MAX_LINE))
         # a mixture's; the checks above judge the pooled run
         for env, figures in s.per_env.items():
             print(env_line(env, figures))

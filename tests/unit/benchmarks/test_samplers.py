@@ -2,6 +2,7 @@
 last eval paired against the warm start's and against the `sequential` arm of its seed, per spec group
 through the env's own Task API, and finished arms read instead of trained again."""
 import json
+import shutil
 
 import pytest
 
@@ -93,3 +94,148 @@ def test_arms_compare_per_token_and_pair_with_the_warm_start_and_sequential(tmp_
     # a second call reads the finished arms and trains none
     trained.clear()
     assert samplers.main(argv) == 0 and trained == []
+
+
+# ── hostile: nothing the bench did not create is deleted or overwritten, and bad input is one line ──────────
+
+
+def _argv(warm_run, out, *more, samplers="sequential", seeds="0"):
+    return ["envs/toolbench.toml", "--from", str(warm_run), "--from-step", "500", "--seeds", seeds,
+            "--samplers", samplers, "--budget", "2000", "--out", str(out), *more]
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    monkeypatch.setattr(samplers, "train_arm", lambda *a, **k: pytest.fail("an arm was trained"))
+
+
+def _one_line(e) -> str:
+    msg = str(e.value)
+    assert msg.startswith("error: ") and "\n" not in msg
+    return msg
+
+
+@pytest.mark.hostile
+def test_an_arm_name_with_a_path_is_refused_before_anything_is_touched(tmp_path, warm_run, no_training):
+    """`--samplers ../victim` emptied runs/victim-s0, outside --out, and lost a user's file there."""
+    victim = tmp_path / "victim-s0"
+    victim.mkdir()
+    (victim / "notes.txt").write_text("mine")
+    for bad in ("../victim", "a/b", "/abs", ".."):
+        with pytest.raises(SystemExit) as e:
+            samplers.main(_argv(warm_run, tmp_path / "out", samplers=bad))
+        assert f"--samplers {bad!r}: not one of sequential" in _one_line(e)
+    assert (victim / "notes.txt").read_text() == "mine" and not (tmp_path / "out").exists()
+
+
+@pytest.mark.hostile
+def test_the_from_run_under_an_arms_name_in_out_is_refused_never_deleted(tmp_path, warm_run, no_training):
+    out = tmp_path / "out"
+    out.mkdir()
+    inside = out / "sequential-s0"
+    warm_run.rename(inside)
+    before = sorted(p.relative_to(inside) for p in inside.rglob("*"))
+    with pytest.raises(SystemExit) as e:
+        samplers.main(_argv(inside, out))
+    assert "is (or holds, or lies in) the --from run" in _one_line(e)
+    assert sorted(p.relative_to(inside) for p in inside.rglob("*")) == before
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("kind", ["user folder", "link out"])
+def test_a_folder_the_bench_did_not_make_is_refused_never_emptied(tmp_path, warm_run, no_training, kind):
+    out = tmp_path / "out"
+    out.mkdir()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "data.txt").write_text("mine")
+    arm = out / "sequential-s0"
+    if kind == "user folder":
+        mine.rename(arm)
+        mine = arm
+    else:
+        arm.symlink_to(mine)
+    with pytest.raises(SystemExit) as e:
+        samplers.main(_argv(warm_run, out))
+    assert ("holds files no bench wrote" if kind == "user folder" else "outside --out") in _one_line(e)
+    assert (mine / "data.txt").read_text() == "mine"
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("flag,value,says", [("--seeds", "x", "--seeds 'x': expected integers"),
+                                             ("--seeds", ",", "expected at least one seed"),
+                                             ("--budget", "0", "--budget 0: every arm's"),
+                                             ("--budget", "-5", "--budget -5: every arm's"),
+                                             ("--samplers", ",", "--samplers names no sampler"),
+                                             ("--samplers", "nopkg.nomod:Sampler", "cannot import module"),
+                                             ("--samplers", "json:dumps", "not a class")])
+def test_bad_arguments_are_one_line(tmp_path, warm_run, no_training, flag, value, says):
+    argv = _argv(warm_run, tmp_path / "out")
+    argv[argv.index(flag) + 1] = value
+    with pytest.raises(SystemExit) as e:
+        samplers.main(argv)
+    assert says in _one_line(e)
+
+
+@pytest.mark.hostile
+def test_a_source_run_without_events_is_one_line(tmp_path, warm_run, no_training):
+    (warm_run / names.EVENTS).unlink()
+    with pytest.raises(SystemExit) as e:
+        samplers.main(_argv(warm_run, tmp_path / "out"))
+    assert _one_line(e).startswith("error: --from: ") and "no events.jsonl here" in str(e.value)
+
+
+@pytest.mark.hostile
+def test_a_user_sampler_class_is_an_arm_and_a_failing_arm_is_one_line(tmp_path, warm_run, monkeypatch):
+    import subprocess
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(subprocess, "run", lambda cmd, check=False: SimpleNamespace(returncode=2))
+    with pytest.raises(SystemExit) as e:
+        samplers.main(_argv(warm_run, tmp_path / "out",
+                            samplers="quaero.rollout.task_samplers:SequentialSampler"))
+    assert _one_line(e).startswith(
+        "error: arm quaero.rollout.task_samplers+SequentialSampler-s0: `quaero train` exited 2")
+    # the arm's folder was the bench's own: marked, holding the warm start's checkpoint
+    arm = tmp_path / "out" / "quaero.rollout.task_samplers+SequentialSampler-s0"
+    assert (arm / ".quaero-bench-arm").is_file() and (arm / "checkpoints" / "step-000500").is_dir()
+
+
+@pytest.mark.hostile
+def test_malformed_finished_arms_and_nested_groups_are_read_not_a_traceback(tmp_path, warm_run, monkeypatch):
+    """A finished arm whose marker is not JSON trains again; task_outcomes groups of another shape are left
+    out; an RFC 013 group nested in lists or dicts is a key by its JSON text."""
+    trained = []
+
+    def train_arm(config, out, name, seed, arm, common, source, from_step):
+        shutil.rmtree(out / name, ignore_errors=True)  # as the real one's fresh folder
+        runlog.configure(console="none")
+        log = runlog.get_logger("test")
+        with runlog.RunLog(out / name, run_id="r"):
+            runlog.set_step(501)
+            log.info(names.TASK_OUTCOMES_EVENT, for_step=501, groups=[
+                ["env", 0, {"tier": ["a", 1]}, 3, 8, 1, 400], ["env", 1, ["x"], 2, 8, True, 100],
+                ["too", "short"], "not a list", ["env", 2, "g", "3", 8, 1, 10**400],
+                ["env", 3, "g", 1, 8, 0, -1]])
+            log.info(names.TRAIN_STEP_EVENT, phase="rl", loss=0.1)
+            log.info(names.EVAL_EVENT, eval_results=[[0, 1, 1.0], [1, 0, 0.0], "junk", [2, 1, "nan"]])
+            log.info(names.RUN_END_EVENT, status="finished")
+        trained.append(name)
+        return out / name
+
+    monkeypatch.setattr(samplers, "train_arm", train_arm)
+    argv = _argv(warm_run, tmp_path / "out")
+    assert samplers.main(argv) == 0
+    (tmp_path / "out" / "sequential-s0" / samplers.MARKER).write_text("{not json")
+    assert samplers.main(argv) == 0 and trained == ["sequential-s0", "sequential-s0"]
+    row = json.loads((tmp_path / "out" / "samplers.json").read_text())["envs"]["None"]["rows"][0]
+    assert (row["groups"], row["signal"], row["tokens"]) == (2, 2, 500)
+    assert row["by_group"] == {'{"tier": ["a", 1]}': [1, 1, 3, 8], '["x"]': [1, 1, 2, 8]}
+
+
+@pytest.mark.hostile
+def test_an_out_that_is_a_file_is_one_line(tmp_path, warm_run, no_training):
+    (tmp_path / "taken").write_text("mine")
+    with pytest.raises(SystemExit) as e:
+        samplers.main(_argv(warm_run, tmp_path / "taken"))
+    assert "--out" in _one_line(e) and (tmp_path / "taken").read_text() == "mine"

@@ -3,6 +3,7 @@ config.json that does not match the weights, an architecture quaero cannot train
 cannot run."""
 import copy
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -146,3 +147,84 @@ def test_a_dtype_the_device_cannot_run_is_named_at_check(folder, monkeypatch, no
     msg = check_error(folder, "model.dtype='float16'")
     assert "[model] dtype='float16': cpu cannot run a float16 forward and backward" in msg
     assert "not implemented for 'Half'" in msg and "use dtype = 'float32'" in msg
+
+
+# ── hostile config.json: every malformed one is one line, its sizes judged before any shape is built ────────
+
+MALFORMED = {
+    "a list": ("[{}]", "holds a JSON list, not an object of model settings"),
+    "nested 200,000 deep": ("[" * 200_000 + "]" * 200_000, "is nested too deep to be a model config"),
+    "not JSON": ("{not json", "config.json cannot be read as JSON"),
+}
+SIZES = [({"num_hidden_layers": 10**12}, "num_hidden_layers=1000000000000 is outside 1..2,048"),
+         ({"hidden_size": -64}, "hidden_size=-64 is outside 1..131,072"),
+         ({"num_hidden_layers": -2}, "num_hidden_layers=-2 is outside 1..2,048"),
+         ({"num_attention_heads": 0}, "num_attention_heads=0 is outside 1..2,048"),
+         ({"hidden_size": "64"}, "hidden_size='64' is a str, not an integer"),
+         ({"intermediate_size": 128.0}, "intermediate_size=128.0 is a float, not an integer"),
+         ({"num_hidden_layers": True}, "num_hidden_layers=True is a bool, not an integer"),
+         ({"vocab_size": 10**15}, "vocab_size=1000000000000000 is outside 1..16,777,216"),
+         ({"num_key_value_heads": 3}, "num_key_value_heads=3 does not divide num_attention_heads=4"),
+         ({"architectures": "Qwen3ForCausalLM"}, "architectures='Qwen3ForCausalLM' is not a list of class"),
+         ({"architectures": [["Qwen3ForCausalLM"]]}, "is not a list of class names"),
+         ({"model_type": ["qwen3"]}, "model_type=['qwen3'] is not a name"),
+         ({"tie_word_embeddings": "yes"}, "tie_word_embeddings='yes' is not true or false"),
+         ({"vocab_size": None}, "lacks vocab_size for a qwen3 model")]
+
+
+def _no_shapes(monkeypatch):
+    monkeypatch.setattr(qm, "_expected_shapes", lambda cfg: pytest.fail("a shape was built from bad sizes"))
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_a_config_json_of_the_wrong_shape_is_one_line(folder, monkeypatch, no_weights_load, case):
+    text, says = MALFORMED[case]
+    (folder / "config.json").write_text(text)
+    _no_shapes(monkeypatch)
+    problem = qm.folder_problem(folder)
+    assert says in problem and "\n" not in problem and "restore the folder's config.json" in problem
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("change,says", SIZES, ids=[s for _, s in SIZES])
+def test_sizes_are_validated_before_any_shape_or_plan_is_built(folder, monkeypatch, no_weights_load, change,
+                                                               says):
+    """`num_hidden_layers = 10**12` exhausted memory building the expected shapes; negative sizes printed a
+    negative memory plan and "config OK"; string sizes, 0 heads, `architectures` as a string or a nested list
+    were tracebacks."""
+    from quaero.model_config import ModelConfigError
+
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg = {k: v for k, v in {**cfg, **change}.items() if v is not None}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    _no_shapes(monkeypatch)
+    problem = qm.folder_problem(folder)
+    assert says in problem and "\n" not in problem
+    with pytest.raises(ModelConfigError, match=re.escape(says)):  # the memory plan's reader: the same line
+        qm.config_fields(str(folder))
+
+
+@pytest.mark.hostile
+def test_the_named_shapes_and_real_configs_pass_the_size_check():
+    from quaero.model_config import size_problem
+
+    for name in qm.NAMED_SHAPES:
+        assert size_problem(qm.NAMED_SHAPES[name].config_fields()) is None, name
+    llama_405b = {"model_type": "llama", "hidden_size": 16384, "num_hidden_layers": 126,
+                  "num_attention_heads": 128, "num_key_value_heads": 8, "intermediate_size": 53248,
+                  "vocab_size": 128256}
+    assert size_problem(llama_405b) is None
+
+
+@pytest.mark.hostile
+@pytest.mark.slow
+def test_check_names_bad_sizes_and_a_folder_without_tokenizer_files(folder, no_weights_load):
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 10**12}))
+    assert "config.json: num_hidden_layers=1000000000000 is outside 1..2,048" in check_error(folder)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    for f in ("tokenizer.json", "vocab.json"):
+        (folder / f).unlink(missing_ok=True)
+    msg = check_error(folder)
+    assert f"{folder} holds no tokenizer files (none of tokenizer.json" in msg and "renderer" not in msg

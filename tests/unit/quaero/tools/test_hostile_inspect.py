@@ -3,6 +3,7 @@ writes (`--html`, `--export`) is a new file of the user's, never a run's own fil
 existing file without `--force`; a write that fails is one line; `--verify` catches ids outside the
 vocabulary. Real rows of the toy env (real Qwen3 renderer, oracle policy), the real CLI in process."""
 import json
+import os
 
 import pytest
 from fixtures.rollout import drive, make_cfg
@@ -76,11 +77,39 @@ def test_an_existing_file_needs_force(run_dir, tmp_path, capsys):
         step_file(run_dir, 1).read_text().splitlines())
 
 
-def test_a_full_disk_is_one_line(run_dir, capsys):
+def test_a_device_is_refused_as_a_special_file(run_dir, capsys):
     assert _export(run_dir, "/dev/full", "--force") == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: --export /dev/full: cannot write it (No space left on device)")
+    assert err.startswith("error: --export /dev/full: a special file (a FIFO, socket or device)")
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("flag", ["--export", "--html"])
+def test_a_hard_link_to_a_runs_config_is_refused_even_with_force(run_dir, tmp_path, capsys, flag):
+    """`--html OUT --force` with OUT a hard link to the run's config.json turned the config into the page."""
+    config = run_dir / "config.json"
+    before = config.read_bytes()
+    out = tmp_path / "page.html"
+    os.link(config, out)
+    args = ["--export", "rfc010"] if flag == "--export" else ["--html"]
+    assert cli.main(["inspect", "rows", str(run_dir), *args, str(out), "--force"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {flag} {out}: a hard link (2 names for one file") and err.count("\n") == 1
+    assert config.read_bytes() == before and out.read_bytes() == before
+
+
+@pytest.mark.parametrize("flag", ["--export", "--html"])
+def test_a_fifo_is_refused_without_blocking_or_writing(run_dir, tmp_path, capsys, flag):
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a regression would write here rather than hang
+    try:
+        args = ["--export", "rfc010"] if flag == "--export" else ["--html"]
+        assert cli.main(["inspect", "rows", str(run_dir), *args, str(fifo), "--force"]) == 1
+        assert capsys.readouterr().err.startswith(f"error: {flag} {fifo}: a special file")
+        assert os.read(reader, 100) == b""
+    finally:
+        os.close(reader)
 
 
 def test_verify_catches_an_id_outside_the_vocabulary(run_dir, capsys):
