@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from quaero import launcher_registry as launchers
 from quaero import sampler_registry as samplers
 from quaero.resolve import split_name
+from quaero.rollout.advantages import AdvantageOptions
 from trainers.spec import TrainerSpec
 
 if sys.version_info >= (3, 11):
@@ -315,6 +316,31 @@ class TrainingConfig(_Section):
     tasks_per_step: int = Field(4, ge=1)
     group_size: int = Field(4, ge=1)
     clip_eps: float | None = Field(_SPEC.clip_eps, gt=0)
+    # the RL loss (trainers/policy_losses.py, docs/reference.md "The policy loss"): "ppo_clip" (today's),
+    # "gspo" (sequence ratio, clipped), "cispo" (clipped stop-gradient weight on every token), "sapo" (a soft
+    # gate); the clip range [1 - clip_eps_low, 1 + clip_eps_high], each unset = clip_eps (DAPO's clip-higher:
+    # clip_eps_high = 0.28); importance_sampling_level "sequence" = one length-normalised ratio per episode
+    # row (GSPO's; "gspo" always is); sampler_correction: the trainer/sampler mismatch weighted apart (the
+    # ratio then compares with the trainer's own log-probs before the step), truncated ("*_truncate") or
+    # zeroed ("*_mask") past sampler_correction_cap; SAPO's gate temperatures for A > 0 and A < 0
+    policy_loss: Literal["ppo_clip", "gspo", "cispo", "sapo"] = _SPEC.policy_loss
+    clip_eps_low: float | None = Field(_SPEC.clip_eps_low, gt=0)
+    clip_eps_high: float | None = Field(_SPEC.clip_eps_high, gt=0)
+    importance_sampling_level: Literal["token", "sequence"] = _SPEC.importance_sampling_level
+    sampler_correction: Literal["none", "token_truncate", "token_mask", "sequence_truncate",
+                                "sequence_mask"] = _SPEC.sampler_correction
+    sampler_correction_cap: float = Field(_SPEC.sampler_correction_cap, gt=0)
+    sapo_temperature_pos: float = Field(_SPEC.sapo_temperature_pos, gt=0)
+    sapo_temperature_neg: float = Field(_SPEC.sapo_temperature_neg, gt=0)
+    # advantages (quaero/rollout/advantages.py): the baseline, "grpo" (the group's mean, today's) or "rloo"
+    # (the mean of the others); scale_rewards: divide by the group's reward std ("group", GRPO), the step's
+    # ("batch") or not at all ("none", today's); negative-sample reinforcement: positive_advantage_weight
+    # multiplies positive advantages (W-REINFORCE: 0.1; 0: negatives only), all_fail_advantage is every
+    # member's advantage in a group with no success and no spread (e.g. -1.0; 0: untrained, today's)
+    advantage: Literal["grpo", "rloo"] = "grpo"
+    scale_rewards: Literal["none", "group", "batch"] = "none"
+    positive_advantage_weight: float = Field(1.0, ge=0)
+    all_fail_advantage: float = Field(0.0, le=0)
     warmup_sft_steps: int = Field(0, ge=0)
     # the warm start's demonstrator, "package.module:function" (oracle_policy(info) -> policy); unset =
     # `oracle_policy` in the [env] entry's module. Required for a warm start against url/urls servers.
@@ -359,6 +385,24 @@ class TrainingConfig(_Section):
     # groups still train ECHO
     dynamic_sampling: bool = False
     dynamic_sampling_max_groups: float = Field(3.0, ge=1.0, le=100.0)
+
+    @model_validator(mode="after")
+    def _a_policy_loss_that_runs(self) -> TrainingConfig:
+        low = self.clip_eps if self.clip_eps_low is None else self.clip_eps_low
+        if low is not None and low >= 1.0 and self.policy_loss in ("ppo_clip", "gspo"):
+            raise ValueError(f"clip_eps_low={low:g}: the clip range's lower end 1 - {low:g} is <= 0, below "
+                             "every ratio (the range inverts); use a value below 1 (DAPO: 0.2)")
+        if self.policy_loss == "gspo" and "importance_sampling_level" in self.model_fields_set \
+                and self.importance_sampling_level == "token":
+            raise ValueError("policy_loss='gspo' with importance_sampling_level='token': GSPO is the "
+                             "sequence ratio; drop the level, or use policy_loss='ppo_clip' (a token ratio)")
+        return self
+
+    @property
+    def advantage_options(self) -> AdvantageOptions:
+        """The advantage settings, as quaero/rollout/advantages.py reads them."""
+        return AdvantageOptions(self.advantage, self.scale_rewards, self.positive_advantage_weight,
+                                self.all_fail_advantage)
 
 
 class DataConfig(_Section):

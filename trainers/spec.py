@@ -89,6 +89,20 @@ class TrainerSpec:
     # the losses: the importance ratio compares with the sampler's tempered distribution
     temperature: float = 1.0
     clip_eps: float | None = 0.2  # None: no PPO clipping
+    # the policy-loss family (trainers/policy_losses.py has each formula): the variant; the clip range
+    # [1 - clip_eps_low, 1 + clip_eps_high] (each None: clip_eps; DAPO's clip-higher sets high > low; CISPO
+    # caps its weight at 1 + clip_eps_high); one ratio per token or per row (GSPO's; "gspo" is always
+    # "sequence"); the sampler-mismatch weight, truncated or masked past sampler_correction_cap; SAPO's
+    # gate temperatures for positive and negative advantages
+    policy_loss: Literal["ppo_clip", "gspo", "cispo", "sapo"] = "ppo_clip"
+    clip_eps_low: float | None = None
+    clip_eps_high: float | None = None
+    importance_sampling_level: Literal["token", "sequence"] = "token"
+    sampler_correction: Literal["none", "token_truncate", "token_mask", "sequence_truncate",
+                                "sequence_mask"] = "none"
+    sampler_correction_cap: float = 3.0
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
     # how each term averages over the step (trainers/aggregation.py); loss_constant: Dr. GRPO's normaliser
     loss_aggregation: Literal["token_mean", "sequence_mean", "constant"] = "token_mean"
     loss_constant: int = 0
@@ -105,3 +119,10 @@ class TrainerSpec:
     # signature of trainers.selective.selected_logprobs, run on the backbone's hidden states in place of it
     # (resolved once, when the trainer is built; trainers/step.py). "": the selective path itself.
     logprob_fn: str = ""
+
+    @property
+    def clip_range(self) -> tuple[float | None, float | None]:
+        """(ε_low, ε_high): each its own setting, else `clip_eps` (None: no bound on that side)."""
+        low = self.clip_eps if self.clip_eps_low is None else self.clip_eps_low
+        high = self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
+        return low, high

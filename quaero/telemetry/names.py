@@ -171,6 +171,24 @@ SAMPLER_LOGPROB_GAP_MAX = _step.per_step("sampler_logprob_gap_max", "its maximum
 IMPORTANCE_RATIO_MEAN = _step.per_step("importance_ratio_mean",
                                        "mean trainer/sampler probability ratio on trained action tokens")
 CLIP_FRACTION = _step.per_step("clip_fraction", "fraction of those tokens whose ratio was clipped")
+POLICY_LOSS = _step.latest("policy_loss", "the RL term's variant: `ppo_clip`, `gspo`, `cispo` or `sapo` "
+                                          "(`[training] policy_loss`)")
+CLIP_LOW_FRACTION = _step.per_step("clip_low_fraction", "fraction of RL tokens whose ratio fell below "
+                                   "1 - clip_eps_low with A < 0 (the clip binds: no gradient)")
+CLIP_HIGH_FRACTION = _step.per_step("clip_high_fraction", "fraction above 1 + clip_eps_high with A > 0 "
+                                    "(CISPO: whose weight was truncated there, either sign)")
+SAMPLER_CORRECTION = _step.latest("sampler_correction", "the sampler-mismatch weight: `none`, "
+                                  "`token_truncate`, `token_mask`, `sequence_truncate`, `sequence_mask`")
+SAMPLER_IS_WEIGHT_MEAN = _step.per_step("sampler_is_weight_mean", "mean trainer/sampler weight "
+                                        "exp(lp_old - lp_sampler) on RL tokens, before truncation "
+                                        "(None without a correction)")
+SAMPLER_IS_WEIGHT_MAX = _step.per_step("sampler_is_weight_max", "its maximum")
+SAMPLER_IS_CUT_FRACTION = _step.per_step("sampler_is_cut_fraction", "fraction of RL tokens whose weight "
+                                         "was past the cap (truncated, or masked to 0)")
+SEQUENCE_RATIO_MEAN = _step.per_step("sequence_ratio_mean", "mean sequence ratio over rows "
+                                     "(importance_sampling_level = `sequence`, GSPO; None otherwise)")
+SEQUENCE_RATIO_MIN = _step.per_step("sequence_ratio_min", "its minimum")
+SEQUENCE_RATIO_MAX = _step.per_step("sequence_ratio_max", "its maximum")
 CONTEXT_ROWS_CROPPED = _step.count("context_rows_cropped", "rows cropped by "
                                                            "`train_supervised_context_tokens`")
 CONTEXT_TOKENS_REMOVED = _step.count("context_tokens_removed", "tokens those crops removed")
