@@ -59,7 +59,8 @@ def _trl(lp, old, adv, mask, *, loss_type, eps_low, eps_high, level="token", is_
         current_gradient_accumulation_steps=1, accelerator=accelerator, max_completion_length=MAX_COMPLETION,
         _metrics=defaultdict(lambda: defaultdict(list)), _entropy_bonus_enabled=False)
     inputs = {"prompt_ids": torch.zeros(B, 1, dtype=torch.long),
-              "prompt_mask": torch.ones(B, 1, dtype=torch.long), "completion_ids": torch.zeros(B, T, dtype=torch.long), "completion_mask": mask.long(),
+              "prompt_mask": torch.ones(B, 1, dtype=torch.long),
+              "completion_ids": torch.zeros(B, T, dtype=torch.long), "completion_mask": mask.long(),
               "advantages": adv, "num_items_in_batch": mask.sum()}
     if old is not None:
         inputs["old_per_token_logps"] = old
