@@ -77,11 +77,24 @@ def plan_lines(cfg, source: str) -> list[str]:
          + ", "
          f"packing={cfg.training.packing}, "
          f"checkpoint_every={cfg.training.checkpoint_every}, eval_every={cfg.training.eval_every}"),
+        policy_loss_line(cfg),
         work_line(cfg),
     ]
     from quaero.recipe.memory_plan import memory_lines
 
     return lines + memory_lines(cfg, device)
+
+
+def policy_loss_line(cfg) -> str:
+    """`quaero check`'s RL loss line: the variant with its formula, and the advantage estimator."""
+    from quaero.recipe.plan import trainer_spec
+
+    t = cfg.training
+    nsr = (f", positive_advantage_weight={t.positive_advantage_weight:g}"
+           if t.positive_advantage_weight != 1.0 else "") + (
+        f", all_fail_advantage={t.all_fail_advantage:g}" if t.all_fail_advantage else "")
+    return (f"loss        {trainer_spec(cfg).describe_policy_loss()}; advantage={t.advantage!r}, "
+            f"scale_rewards={t.scale_rewards!r}{nsr}")
 
 
 def env_lines(cfg) -> list[str]:

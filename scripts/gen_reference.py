@@ -160,7 +160,28 @@ OPTION_MEANINGS = {
     "training.steps": "RL steps (after the warm start)",
     "training.tasks_per_step": "tasks sampled per RL step",
     "training.group_size": "episodes per task; advantages are group-relative, so at least 2 for RL",
-    "training.clip_eps": "importance-ratio clip (unset: no clip)",
+    "training.clip_eps": ("importance-ratio clip (unset: no clip); the symmetric shorthand of "
+                          "`clip_eps_low` / `clip_eps_high`"),
+    "training.policy_loss": ("the RL loss: `ppo_clip`, `gspo` (sequence ratio), `cispo` (clipped "
+                             "stop-gradient weight), `sapo` (soft gate); see \"The policy loss\" below"),
+    "training.clip_eps_low": "the clip range's lower end 1 - clip_eps_low (unset: `clip_eps`; below 1)",
+    "training.clip_eps_high": ("its upper end 1 + clip_eps_high (unset: `clip_eps`; DAPO's clip-higher: "
+                               "0.28; CISPO's weight cap)"),
+    "training.importance_sampling_level": ("`token`: a ratio per token; `sequence`: one length-normalised "
+                                           "ratio per row (GSPO's; `gspo` always is)"),
+    "training.sampler_correction": "the sampler mismatch weighted apart, `token_`/`sequence_` x `truncate`/"
+                                   "`mask` (TRL's `vllm_importance_sampling_mode`); the ratio then compares "
+                                   "with the trainer's own log-probs before the step",
+    "training.sampler_correction_cap": "the weight's cap: truncated to it, or masked to 0 past it",
+    "training.sapo_temperature_pos": "SAPO's gate temperature where A > 0",
+    "training.sapo_temperature_neg": "SAPO's gate temperature where A < 0",
+    "training.advantage": "the baseline: `grpo` (the group's mean reward) or `rloo` (the mean of the others)",
+    "training.scale_rewards": ("divide advantages by the group's reward std (`group`), the step's "
+                               "(`batch`) or not at all (`none`)"),
+    "training.positive_advantage_weight": "multiplies positive advantages (W-REINFORCE: 0.1; 0: negative "
+                                          "samples only, NSR)",
+    "training.all_fail_advantage": "every member's advantage in a group with no success and no reward spread "
+                                   "(NSR: e.g. -1; 0: the group trains ECHO only)",
     "training.warmup_sft_steps": "warm-start SFT steps on the env's oracle demos, before RL",
     "training.oracle": "the warm start's demonstrator `package.module:function` (unset: `oracle_policy` "
                        "beside the entry)",

@@ -120,6 +120,27 @@ class TrainerSpec:
     # (resolved once, when the trainer is built; trainers/step.py). "": the selective path itself.
     logprob_fn: str = ""
 
+    def describe_policy_loss(self) -> str:
+        """The RL loss in one line (`quaero check`): the variant, its formula with this spec's numbers, and
+        what its ratio compares with (trainers/policy_losses.py)."""
+        low, high = self.clip_range
+        lo = "-inf" if low is None else f"{1 - low:g}"
+        hi = "inf" if high is None else f"{1 + high:g}"
+        r = "s" if self.policy_loss == "gspo" or self.importance_sampling_level == "sequence" else "r"
+        formula = {"ppo_clip": f"-min({r} A, clip({r}, {lo}, {hi}) A)",
+                   "gspo": f"-min(s A, clip(s, {lo}, {hi}) A)",
+                   "cispo": f"-sg(min({r}, {hi})) A log pi",
+                   "sapo": f"-(4/tau) sigmoid(tau ({r} - 1)) A, tau {self.sapo_temperature_pos:g} (A > 0) / "
+                           f"{self.sapo_temperature_neg:g} (A < 0)"}[self.policy_loss]
+        ratio = ("s = exp(mean over the row of lp - lp_old), one per row" if r == "s"
+                 else "r = exp(lp - lp_old) per token")
+        if self.sampler_correction == "none":
+            old = "lp_old = the sampler's log-probs"
+        else:
+            old = (f"lp_old = the trainer's before the step, x the sampler weight {self.sampler_correction} "
+                   f"at cap {self.sampler_correction_cap:g}")
+        return f"{self.policy_loss} {formula}; {ratio}, {old}; {self.loss_aggregation}"
+
     @property
     def clip_range(self) -> tuple[float | None, float | None]:
         """(ε_low, ε_high): each its own setting, else `clip_eps` (None: no bound on that side)."""

@@ -180,3 +180,54 @@ def test_clip_fractions_count_where_the_clip_binds():
     _, stats = policy_loss(lp, sampler, adv, mask, torch.ones(1, 1), PolicyLoss("ppo_clip", 0.2, 0.28))
     # r = 1.65 (A>0: binds high), 0.61 (A>0: outside, not binding), 1.65 (A<0: not binding), 0.61 (A<0: low)
     assert (stats.tokens, stats.clipped, stats.clipped_high, stats.clipped_low) == (4, 4, 1, 1)
+
+
+def _reference_step_loss(rows, lps, variant, lo, hi, sequence):
+    """A step's RL loss by hand from the rows and the trainer's log-probs (token_mean: / all RL tokens)."""
+    per_token = {"ppo_clip": _ppo(lo, hi), "gspo": _ppo(lo, hi), "cispo": _cispo(hi),
+                 "sapo": _sapo(1.0, 1.05)}[variant]
+    terms, n = [], 0
+    for row, lp in zip(rows, lps):
+        targets = [t for t in range(1, len(row)) if row.advantages[t] != 0.0]
+        n += len(targets)
+        lp_t = {t: torch.tensor(lp[t]) for t in targets}
+        seq = torch.exp(sum(lp_t[t] - row.sampler_logprobs[t] for t in targets) / len(targets)) \
+            if sequence else None
+        terms += [per_token(lp_t[t], torch.tensor(row.sampler_logprobs[t]), row.advantages[t], seq)
+                  for t in targets]
+    return float(sum(terms)) / n
+
+
+@pytest.mark.parametrize("settings", [
+    {"policy_loss": "cispo", "clip_eps_high": 4.0},
+    {"policy_loss": "gspo", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4},
+    {"policy_loss": "sapo", "importance_sampling_level": "sequence"},
+    {"policy_loss": "ppo_clip", "clip_eps_high": 0.28, "sampler_correction": "token_truncate"},
+])
+def test_a_trainer_step_trains_the_chosen_loss_and_reports_it(small_model_dir, settings):
+    """The real step (tiny model, selective path, ECHO on): its rl_loss is the formula's on the trainer's own
+    log-probs of the rows, and the variant's metrics are there."""
+    from fixtures.small_model import V, make_spec
+
+    from benchmarks.smoke import sparse_rows
+    from trainers.local import LocalTrainer
+
+    rows = sparse_rows(4, vocab=V, context=40)
+    trainer = LocalTrainer(make_spec(small_model_dir, **settings), "cpu")
+    lps = trainer.logprobs(rows)
+    m = trainer.train_step(rows)
+    assert m["policy_loss"] == settings["policy_loss"] and m["optimizer_stepped"]
+    assert m["sampler_correction"] == settings.get("sampler_correction", "none")
+    if "sampler_correction" in settings:  # r = 1 in value; the sampler's weight is what moves
+        assert m["sampler_is_weight_mean"] is not None and m["sampler_is_cut_fraction"] is not None
+        assert m["clip_fraction"] == 0.0
+    else:
+        spec = trainer.spec
+        low, high = spec.clip_range
+        ref = _reference_step_loss(rows, lps, spec.policy_loss, low, high,
+                                   spec.policy_loss == "gspo" or spec.importance_sampling_level == "sequence")
+        assert math.isclose(m["rl_loss"], ref, rel_tol=1e-5, abs_tol=1e-6), (m["rl_loss"], ref)
+        assert m["sampler_is_weight_mean"] is None
+    sequence = settings["policy_loss"] == "gspo" or settings.get("importance_sampling_level") == "sequence"
+    assert (m["sequence_ratio_mean"] is not None) == sequence
+    assert m["clip_low_fraction"] is not None and m["clip_high_fraction"] is not None
