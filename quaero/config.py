@@ -392,6 +392,10 @@ class TrainingConfig(_Section):
         if low is not None and low >= 1.0 and self.policy_loss in ("ppo_clip", "gspo"):
             raise ValueError(f"clip_eps_low={low:g}: the clip range's lower end 1 - {low:g} is <= 0, below "
                              "every ratio (the range inverts); use a value below 1 (DAPO: 0.2)")
+        if self.sampler_correction != "none" and self.sampler_correction_cap < 1.0:
+            raise ValueError(f"sampler_correction_cap={self.sampler_correction_cap:g}: below 1, the "
+                             f"{self.sampler_correction!r} weight of every on-policy token (1) would be cut; "
+                             "use a cap >= 1 (TRL's default: 3)")
         if self.policy_loss == "gspo" and "importance_sampling_level" in self.model_fields_set \
                 and self.importance_sampling_level == "token":
             raise ValueError("policy_loss='gspo' with importance_sampling_level='token': GSPO is the "

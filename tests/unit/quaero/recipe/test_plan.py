@@ -370,4 +370,6 @@ def test_the_policy_loss_is_one_check_line_and_a_bad_one_one_error():
         load_config(MAIN, ["training.clip_eps_low=1.5"])
     with pytest.raises(ConfigError, match="GSPO is the sequence ratio"):
         load_config(MAIN, ["training.policy_loss='gspo'", "training.importance_sampling_level='token'"])
+    with pytest.raises(ConfigError, match="sampler_correction_cap=0.5: below 1"):
+        load_config(MAIN, ["training.sampler_correction='token_mask'", "training.sampler_correction_cap=0.5"])
     assert trainer_spec(load_config(MAIN, ["training.policy_loss='gspo'"])).policy_loss == "gspo"
