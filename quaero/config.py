@@ -332,6 +332,11 @@ class TrainingConfig(_Section):
     sampler_correction_cap: float = Field(_SPEC.sampler_correction_cap, gt=0)
     sapo_temperature_pos: float = Field(_SPEC.sapo_temperature_pos, gt=0)
     sapo_temperature_neg: float = Field(_SPEC.sapo_temperature_neg, gt=0)
+    # optimizer steps per rollout batch (trainers/mini_steps.py; TRL's names): the batch's episodes in
+    # steps_per_generation mini-batches, an optimizer step each, the pass repeated num_iterations times (1, 1:
+    # one step per batch, today's)
+    steps_per_generation: int = Field(_SPEC.steps_per_generation, ge=1)
+    num_iterations: int = Field(_SPEC.num_iterations, ge=1)
     # advantages (quaero/rollout/advantages.py): the baseline, "grpo" (the group's mean, today's) or "rloo"
     # (the mean of the others); scale_rewards: divide by the group's reward std ("group", GRPO), the step's
     # ("batch") or not at all ("none", today's); negative-sample reinforcement: positive_advantage_weight

@@ -175,6 +175,9 @@ OPTION_MEANINGS = {
     "training.sampler_correction_cap": "the weight's cap: truncated to it, or masked to 0 past it",
     "training.sapo_temperature_pos": "SAPO's gate temperature where A > 0",
     "training.sapo_temperature_neg": "SAPO's gate temperature where A < 0",
+    "training.steps_per_generation": "optimizer steps per rollout batch: its episodes in this many "
+                                     "mini-batches, an optimizer step each (TRL's name)",
+    "training.num_iterations": "passes over each rollout batch's mini-batches (TRL's name; PPO's epochs)",
     "training.advantage": "the baseline: `grpo` (the group's mean reward) or `rloo` (the mean of the others)",
     "training.scale_rewards": ("divide advantages by the group's reward std (`group`), the step's "
                                "(`batch`) or not at all (`none`)"),

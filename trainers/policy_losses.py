@@ -3,8 +3,9 @@
 
 The ratio r = exp(lp - lp_old). Without a `sampler_correction`, lp_old is the sampler's log-prob (quaero's
 default: the ratio covers the sampler/trainer mismatch and an off-policy rollout's lag at once). With one,
-lp_old is the trainer's own log-prob before the step (sg(lp): one optimizer step per rollout batch, TRL's
-`old_per_token_logps` at `num_iterations = 1`), and the sampler mismatch is corrected apart by a weight
+lp_old is the trainer's own log-prob before the rollout batch's first optimizer step (TRL's
+`old_per_token_logps`: sg(lp) with one step per batch, recorded once with several,
+trainers/mini_steps.py), and the sampler mismatch is corrected apart by a weight
 w = exp(lp_old - lp_sampler), per token or per row (summed over its targets), truncated at `cap` or
 masked (set to 0) past it (TRL's `vllm_importance_sampling_mode`; Yao et al. 2025, "Your efficient RL
 framework secretly brings you off-policy RL training").
@@ -93,14 +94,16 @@ def policy_loss(
     mask: Tensor,  # [B, L-1] bool, action tokens with non-zero advantage
     scale: Tensor,  # [B, 1] fp32, each row's token factor (the step's denominator included)
     opts: PolicyLoss,
+    old_logprobs: Tensor | None = None,  # [B, L-1] fp32, recorded before the batch's first step, or None
 ) -> tuple[Tensor, PolicyStats]:
     """The step's RL loss over this microbatch (sum over targets of scale x per-token loss) and its
-    statistics; the module docstring has each variant's formula."""
+    statistics; the module docstring has each variant's formula. With a correction, lp_old is
+    `old_logprobs` where recorded (several optimizer steps per rollout batch), else sg(lp)."""
     weight = None
     if opts.correction == "none":
         old = sampler_logprobs
     else:
-        old = logprobs.detach()
+        old = logprobs.detach() if old_logprobs is None else old_logprobs
         weight, raw, cut = sampler_weight(old, sampler_logprobs, mask, opts.correction, opts.cap)
     log_ratio = _zero_outside(logprobs - old, mask)
     if opts.sequence:

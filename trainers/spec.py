@@ -103,6 +103,10 @@ class TrainerSpec:
     sampler_correction_cap: float = 3.0
     sapo_temperature_pos: float = 1.0
     sapo_temperature_neg: float = 1.05
+    # optimizer steps per rollout batch (trainers/mini_steps.py, TRL's names): its episodes split into
+    # steps_per_generation mini-batches, an optimizer step each, the pass repeated num_iterations times
+    steps_per_generation: int = 1
+    num_iterations: int = 1
     # how each term averages over the step (trainers/aggregation.py); loss_constant: Dr. GRPO's normaliser
     loss_aggregation: Literal["token_mean", "sequence_mean", "constant"] = "token_mean"
     loss_constant: int = 0

@@ -163,8 +163,9 @@ class PolicyTerm(LossTerm):
         if ctx.sft:
             return nll_loss(lp, mask, mb.scales[self.name]), PolicyTermStats()
         sampler_lp = mb.sampler_logprobs[:, 1:]
+        recorded = None if mb.old_logprobs is None else mb.old_logprobs[:, 1:]
         loss, policy = policy_loss(lp, sampler_lp, mb.advantages[:, 1:], mask, mb.scales[self.name],
-                                   PolicyLoss.of(spec))
+                                   PolicyLoss.of(spec), old_logprobs=recorded)
         return loss, PolicyTermStats(policy, logprob_gap(lp, sampler_lp, mb.action_mask[:, 1:]))
 
     def metrics(self, spec: TrainerSpec, total: TermTotal, ctx: StepContext) -> dict[str, Any]:

@@ -277,6 +277,8 @@ def trainer_spec(cfg: QuaeroConfig) -> TrainerSpec:
         sampler_correction_cap=cfg.training.sampler_correction_cap,
         sapo_temperature_pos=cfg.training.sapo_temperature_pos,
         sapo_temperature_neg=cfg.training.sapo_temperature_neg,
+        steps_per_generation=cfg.training.steps_per_generation,
+        num_iterations=cfg.training.num_iterations,
         loss_aggregation=cfg.training.loss_aggregation,
         loss_constant=rl_loss_constant(cfg) if cfg.training.loss_aggregation == "constant" else 0,
         echo=cfg.echo.enabled,

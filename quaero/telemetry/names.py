@@ -157,6 +157,8 @@ GRAD_NORM = _step.per_step("grad_norm", "the gradient norm before clipping")
 GRAD_CLIPPED = _step.latest("grad_clipped", "the norm exceeded `max_grad_norm`")
 OPTIMIZER_STEPPED = _step.latest("optimizer_stepped", "the optimizer stepped (false on a non-finite "
                                                       "gradient)")
+OPTIMIZER_STEPS = _step.count("optimizer_steps", "optimizer steps taken (a rollout batch takes "
+                              "steps_per_generation x num_iterations)")
 NONFINITE_GRAD_SKIPS = _step.count("nonfinite_grad_skips", "1 when a non-finite gradient skipped the step")
 LR = _step.per_step("lr", "the learning rate of the step")
 FORWARD_PASSES = _step.count("forward_passes", "backbone forwards")
