@@ -93,8 +93,11 @@ def policy_loss_line(cfg) -> str:
     nsr = (f", positive_advantage_weight={t.positive_advantage_weight:g}"
            if t.positive_advantage_weight != 1.0 else "") + (
         f", all_fail_advantage={t.all_fail_advantage:g}" if t.all_fail_advantage else "")
+    steps = t.steps_per_generation * t.num_iterations
+    per_batch = (f"; {steps} optimizer steps per rollout batch ({t.steps_per_generation} mini-batches x "
+                 f"{t.num_iterations} passes)" if steps > 1 else "")
     return (f"loss        {trainer_spec(cfg).describe_policy_loss()}; advantage={t.advantage!r}, "
-            f"scale_rewards={t.scale_rewards!r}{nsr}")
+            f"scale_rewards={t.scale_rewards!r}{nsr}{per_batch}")
 
 
 def env_lines(cfg) -> list[str]:

@@ -367,9 +367,10 @@ def test_the_policy_loss_is_one_check_line_and_a_bad_one_one_error():
     assert "advantage='grpo'" in line
     line = policy_loss_line(load_config(MAIN, ["training.policy_loss='cispo'", "training.clip_eps_high=4.0",
                                                "training.sampler_correction='token_truncate'",
-                                               "training.positive_advantage_weight=0.1"]))
+                                               "training.positive_advantage_weight=0.1",
+                                               "training.steps_per_generation=2"]))
     assert "cispo -sg(min(r, 5)) A log pi" in line and "token_truncate at cap 3" in line
-    assert "positive_advantage_weight=0.1" in line
+    assert "positive_advantage_weight=0.1" in line and "2 optimizer steps per rollout batch" in line
     with pytest.raises(ConfigError, match=r"\[training\]: clip_eps_low=1\.5: .* inverts"):
         load_config(MAIN, ["training.clip_eps_low=1.5"])
     with pytest.raises(ConfigError, match="GSPO is the sequence ratio"):
