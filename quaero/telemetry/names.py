@@ -171,7 +171,8 @@ SAMPLER_LOGPROB_GAP_MEAN = _step.per_step("sampler_logprob_gap_mean", "mean abso
                                           "log-prob gap on sampled action tokens")
 SAMPLER_LOGPROB_GAP_MAX = _step.per_step("sampler_logprob_gap_max", "its maximum")
 IMPORTANCE_RATIO_MEAN = _step.per_step("importance_ratio_mean",
-                                       "mean trainer/sampler probability ratio on trained action tokens")
+                                       "mean ratio r on trained action tokens: trainer / sampler, or trainer "
+                                       "/ its own recorded log-probs under a `sampler_correction` (GSPO: s)")
 CLIP_FRACTION = _step.per_step("clip_fraction", "fraction of those tokens whose ratio was clipped")
 POLICY_LOSS = _step.latest("policy_loss", "the RL term's variant: `ppo_clip`, `gspo`, `cispo` or `sapo` "
                                           "(`[training] policy_loss`)")
