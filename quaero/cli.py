@@ -69,6 +69,7 @@ def plan_lines(cfg, source: str) -> list[str]:
          + ", "
          f"packing={cfg.training.packing}, "
          f"checkpoint_every={cfg.training.checkpoint_every}, eval_every={cfg.training.eval_every}"),
+        policy_loss_line(cfg),
         work_line(cfg),
     ]
     from quaero.recipe.memory_plan import memory_lines
@@ -80,7 +81,13 @@ def plan_lines(cfg, source: str) -> list[str]:
 # trainer_option_lines prints every other one.
 SHOWN_WITH_THEIR_SECTION = ("run.seed", "model.name", "model.dtype", "sampler.temperature", "backend.lora",
                             "backend.lora_r", "backend.lora_alpha", "echo.enabled", "echo.weight",
-                            "echo.normalization", "training.clip_eps", "training.loss_aggregation")
+                            "echo.normalization", "training.clip_eps", "training.loss_aggregation",
+                            # the loss line (policy_loss_line) prints these
+                            "training.policy_loss", "training.clip_eps_low", "training.clip_eps_high",
+                            "training.importance_sampling_level", "training.sampler_correction",
+                            "training.sampler_correction_cap", "training.sapo_temperature_pos",
+                            "training.sapo_temperature_neg", "training.steps_per_generation",
+                            "training.num_iterations")
 # what a value of an option means, where its value alone does not say it
 OPTION_NOTES = {"backend.options.train_supervised_context_tokens":
                 lambda v: "(APPROXIMATION: rows cropped)" if v else "(exact full context)"}
@@ -115,6 +122,21 @@ def trainer_option_lines(cfg, width: int = 110) -> list[str]:
                 line += f"{', ' if i else ''}{item}"
         lines.append(line)
     return lines
+
+
+def policy_loss_line(cfg) -> str:
+    """`quaero check`'s RL loss line: the variant with its formula, and the advantage estimator."""
+    from quaero.recipe.plan import trainer_spec
+
+    t = cfg.training
+    nsr = (f", positive_advantage_weight={t.positive_advantage_weight:g}"
+           if t.positive_advantage_weight != 1.0 else "") + (
+        f", all_fail_advantage={t.all_fail_advantage:g}" if t.all_fail_advantage else "")
+    steps = t.steps_per_generation * t.num_iterations
+    per_batch = (f"; {steps} optimizer steps per rollout batch ({t.steps_per_generation} mini-batches x "
+                 f"{t.num_iterations} passes)" if steps > 1 else "")
+    return (f"loss        {trainer_spec(cfg).describe_policy_loss()}; advantage={t.advantage!r}, "
+            f"scale_rewards={t.scale_rewards!r}{nsr}{per_batch}")
 
 
 def env_lines(cfg) -> list[str]:

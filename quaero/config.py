@@ -372,6 +372,15 @@ class TrainingConfig(_Section):
     steps: int = Field(5, ge=0)
     tasks_per_step: int = Field(4, ge=1)
     group_size: int = Field(4, ge=1)
+    # advantages (quaero/rollout/advantages.py): the baseline, "grpo" (the group's mean, today's) or "rloo"
+    # (the mean of the others); scale_rewards: divide by the group's reward std ("group", GRPO), the step's
+    # ("batch") or not at all ("none", today's); negative-sample reinforcement: positive_advantage_weight
+    # multiplies positive advantages (W-REINFORCE: 0.1; 0: negatives only), all_fail_advantage is every
+    # member's advantage in a group with no success and no spread (e.g. -1.0; 0: untrained, today's)
+    advantage: Literal["grpo", "rloo"] = "grpo"
+    scale_rewards: Literal["none", "group", "batch"] = "none"
+    positive_advantage_weight: float = Field(1.0, ge=0)
+    all_fail_advantage: float = Field(0.0, le=0)
     warmup_sft_steps: int = Field(0, ge=0)
     # the warm start's demonstrator, "package.module:function" (oracle_policy(info) -> policy); unset =
     # `oracle_policy` in the [env] entry's module. Required for a warm start against url/urls servers.
@@ -412,6 +421,23 @@ class TrainingConfig(_Section):
     # groups still train ECHO
     dynamic_sampling: bool = False
     dynamic_sampling_max_groups: float = Field(3.0, ge=1.0, le=100.0)
+
+    @model_validator(mode="after")
+    def _a_policy_loss_that_runs(self) -> TrainingConfig:
+        low = self.clip_eps if self.clip_eps_low is None else self.clip_eps_low
+        if low is not None and low >= 1.0 and self.policy_loss in ("ppo_clip", "gspo"):
+            raise ValueError(f"clip_eps_low={low:g}: the clip range's lower end 1 - {low:g} is <= 0, below "
+                             "every ratio (the range inverts); use a value below 1 (DAPO: 0.2)")
+        if self.sampler_correction != "none" and self.sampler_correction_cap < 1.0:
+            raise ValueError(f"sampler_correction_cap={self.sampler_correction_cap:g}: below 1, the "
+                             f"{self.sampler_correction!r} weight of every on-policy token (1) would be cut; "
+                             "use a cap >= 1 (TRL's default: 3)")
+        if self.policy_loss == "gspo" and "importance_sampling_level" in self.model_fields_set \
+                and self.importance_sampling_level == "token":
+            raise ValueError("policy_loss='gspo' with importance_sampling_level='token': GSPO is the "
+                             "sequence ratio; drop the level, or use policy_loss='ppo_clip' (a token ratio)")
+        return self
+
 
 
 class DataConfig(_Section):

@@ -17,7 +17,7 @@ from quaero import process_group
 from quaero.rows import EchoRow
 from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
-from trainers import distributed, registry, step
+from trainers import distributed, mini_steps, registry, step
 from trainers.forward import CausalLMParts, SharedForwardError  # noqa: F401 (re-exported)
 from trainers.spec import TrainerSpec
 
@@ -91,9 +91,10 @@ class Trainer:
 
     def train_step(self, rows: list[EchoRow], *, sft: bool = False, echo_weight: float | None = None
                    ) -> dict[str, Any]:
-        """One optimizer step over all rows (`echo_weight`: this step's λ, else the spec's); see
-        trainers/step.py for the losses and metrics."""
-        metrics = step.shared_forward_step(self, rows, sft=sft, echo_weight=echo_weight)
+        """One rollout batch's optimizer steps over all rows (one, unless `steps_per_generation` or
+        `num_iterations` ask for more: trainers/mini_steps.py; `echo_weight`: this step's λ, else the
+        spec's); see trainers/step.py for the losses and metrics."""
+        metrics = mini_steps.rollout_batch_step(self, rows, sft=sft, echo_weight=echo_weight)
         self.steps_done += 1
         return metrics
 

@@ -36,6 +36,9 @@ class Microbatch:
     # per loss term (by name): fp32 [B, 1], each row's token factor, the term's step-wide denominator
     # included (trainers/aggregation.py)
     scales: dict[str, Tensor]
+    # fp32, the trainer's own log-probs recorded before a rollout batch's first optimizer step (several steps
+    # per batch with a sampler correction: trainers/mini_steps.py); None: not recorded
+    old_logprobs: Tensor | None = None
 
     def targets(self, term: str) -> Tensor:  # [B, L] bool
         """The tokens loss term `term` trains."""
@@ -97,11 +100,12 @@ def plan_microbatches(lengths: list[int], micro_batch_tokens: int) -> list[list[
 def build_microbatches(rows: list[EchoRow], *, micro_batch_tokens: int,
                        weights: dict[str, list[list[float]]], reads: list[list[bool]] | None = None,
                        context_tokens: int = 0, device: str | torch.device = "cpu",
-                       scales: dict[str, list[float]] | None = None) -> tuple[list[Microbatch], CropStats]:
+                       scales: dict[str, list[float]] | None = None,
+                       old_logprobs: list[list[float]] | None = None) -> tuple[list[Microbatch], CropStats]:
     """Pack rows into microbatches. `weights`: per loss term's name, per row, each token's weight as its
     target (trainers/terms.py `row_targets`); `reads`: per row, the tokens whose log-probs are read without
     training them (none given: none). `scales`: per term's name, per row, its token factors (none given:
-    none)."""
+    none). `old_logprobs`: per row, per token, the trainer's recorded log-probs (none given: none)."""
     scales = scales or {}
     starts = [crop_start(first_target([per_row[i] for per_row in weights.values()]), context_tokens)
               for i in range(len(rows))]
@@ -112,7 +116,7 @@ def build_microbatches(rows: list[EchoRow], *, micro_batch_tokens: int,
         B, L = len(group), max(lengths[i] for i in group)
         ids = torch.zeros(B, L, dtype=torch.long)
         attn = torch.zeros(B, L, dtype=torch.long)
-        adv, old = torch.zeros(B, L), torch.zeros(B, L)
+        adv, old, recorded = torch.zeros(B, L), torch.zeros(B, L), torch.zeros(B, L)
         act, seen = torch.zeros(B, L, dtype=torch.bool), torch.zeros(B, L, dtype=torch.bool)
         term_weights = {name: torch.zeros(B, L) for name in weights}
         for b, i in enumerate(group):
@@ -121,6 +125,8 @@ def build_microbatches(rows: list[EchoRow], *, micro_batch_tokens: int,
             attn[b, :n] = 1
             adv[b, :n] = torch.tensor(r.advantages[s:])
             old[b, :n] = torch.tensor(r.sampler_logprobs[s:])
+            if old_logprobs is not None:
+                recorded[b, :n] = torch.tensor(old_logprobs[i][s:], dtype=torch.float32)
             act[b, :n] = torch.tensor(r.action_mask[s:])
             if reads is not None:
                 seen[b, :n] = torch.tensor(reads[i][s:], dtype=torch.bool)
@@ -132,5 +138,6 @@ def build_microbatches(rows: list[EchoRow], *, micro_batch_tokens: int,
                      for name, per_row in scales.items()}
         on_device = {name: w.to(device) for name, w in term_weights.items()}
         out.append(Microbatch(ids.to(device), attn.to(device), adv.to(device), old.to(device), act.to(device),
-                              on_device, seen.to(device), group, mb_scales))
+                              on_device, seen.to(device), group, mb_scales,
+                              None if old_logprobs is None else recorded.to(device)))
     return out, crop

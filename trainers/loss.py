@@ -1,4 +1,5 @@
-"""The RL, SFT and ECHO loss terms, read from one shifted log-prob tensor.
+"""The SFT and ECHO losses and the RL term's statistics (its loss family: trainers/policy_losses.py), read
+from one shifted log-prob tensor.
 
 All inputs are shifted `[B, L-1]` (column j scores token j + 1). Each term returns the sum over this
 microbatch of its per-token losses times the rows' `scale` [B, 1], which already holds the term's
@@ -8,6 +9,7 @@ never changes the RL term's effective per-token learning rate (each term has its
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -20,12 +22,27 @@ class PolicyStats:
 
     tokens: int = 0
     ratio_sum: float = 0.0
-    clipped: int = 0
+    clipped: int = 0  # the ratio outside the clip range
+    clipped_low: int = 0  # below it with A < 0 (the clip binds: no gradient)
+    clipped_high: int = 0  # above it with A > 0 (CISPO: the weight truncated)
+    # the sampler correction's raw weight exp(lp_old - lp_sampler) over targets, and those truncated/masked
+    is_tokens: int = 0
+    is_sum: float = 0.0
+    is_max: float = 0.0
+    is_cut: int = 0
+    # the sequence ratio (GSPO) over rows with targets
+    sequences: int = 0
+    seq_ratio_sum: float = 0.0
+    seq_ratio_min: float = math.inf
+    seq_ratio_max: float = 0.0
 
     def add(self, other: PolicyStats) -> None:
-        self.tokens += other.tokens
-        self.ratio_sum += other.ratio_sum
-        self.clipped += other.clipped
+        for name in ("tokens", "ratio_sum", "clipped", "clipped_low", "clipped_high", "is_tokens", "is_sum",
+                     "is_cut", "sequences", "seq_ratio_sum"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.is_max = max(self.is_max, other.is_max)
+        self.seq_ratio_min = min(self.seq_ratio_min, other.seq_ratio_min)
+        self.seq_ratio_max = max(self.seq_ratio_max, other.seq_ratio_max)
 
 
 @dataclass
@@ -56,37 +73,6 @@ def logprob_gap(
     if not gap.numel():
         return LogprobGap()
     return LogprobGap(tokens=gap.numel(), total=float(gap.sum()), max=float(gap.max()))
-
-
-def policy_gradient_loss(
-    logprobs: Tensor,  # [B, L-1] fp32, trainer log-probs (with grad)
-    sampler_logprobs: Tensor,  # [B, L-1] fp32, behaviour policy's log-probs of the same tokens
-    advantages: Tensor,  # [B, L-1] fp32, group-relative, per token
-    mask: Tensor,  # [B, L-1] bool, action tokens with non-zero advantage
-    scale: Tensor,  # [B, 1] fp32, each row's token factor (the step's denominator included)
-    clip_eps: float | None,
-) -> tuple[Tensor, PolicyStats]:
-    """Token-level policy gradient with importance ratio r = exp(logp - sampler_logp).
-
-    Per token: -r * A, or with PPO clipping -min(r * A, clip(r, 1 - eps, 1 + eps) * A).
-    Aggregation: sum over RL tokens of scale * per-token loss (token_mean: scale = 1 / the step's count
-    of action tokens with A != 0; trainers/aggregation.py has the others).
-    """
-    log_ratio = torch.where(mask, logprobs - sampler_logprobs, torch.zeros_like(logprobs))
-    ratio = torch.exp(log_ratio)
-    per_token = -ratio * advantages
-    if clip_eps is not None:
-        clipped = -torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
-        per_token = torch.maximum(per_token, clipped)
-    loss = (torch.where(mask, per_token, torch.zeros_like(per_token)) * scale).sum()
-    stats = PolicyStats(tokens=int(mask.sum()))
-    if stats.tokens:
-        with torch.no_grad():
-            r = ratio[mask]
-            stats.ratio_sum = float(r.sum())
-            if clip_eps is not None:
-                stats.clipped = int(((r < 1.0 - clip_eps) | (r > 1.0 + clip_eps)).sum())
-    return loss, stats
 
 
 def nll_loss(

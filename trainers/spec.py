@@ -180,7 +180,52 @@ class TrainerSpec:
         about="sampling temperature; an RL step's log-probs use the same one (an SFT step scores at 1)")
     clip_eps: float | None = option(
         0.2, "training.clip_eps", gt=0,
-        about="importance-ratio clip (unset: no clip)")
+        about="importance-ratio clip (unset: no clip); the symmetric shorthand of `clip_eps_low` / "
+              "`clip_eps_high`")
+    # the policy-loss family (trainers/policy_losses.py has each formula): the variant; the clip range
+    # [1 - clip_eps_low, 1 + clip_eps_high] (each None: clip_eps; DAPO's clip-higher sets high > low; CISPO
+    # caps its weight at 1 + clip_eps_high); one ratio per token or per row (GSPO's; "gspo" is always
+    # "sequence"); the sampler-mismatch weight, truncated or masked past sampler_correction_cap; SAPO's
+    # gate temperatures for positive and negative advantages
+    policy_loss: Literal["ppo_clip", "gspo", "cispo", "sapo"] = option(
+        "ppo_clip", "training.policy_loss",
+        about="the RL loss: `ppo_clip`, `gspo` (sequence ratio), `cispo` (clipped stop-gradient weight), "
+              "`sapo` (soft gate); see \"The policy loss\" below")
+    clip_eps_low: float | None = option(
+        None, "training.clip_eps_low", gt=0,
+        about="the clip range's lower end 1 - clip_eps_low (unset: `clip_eps`; below 1)")
+    clip_eps_high: float | None = option(
+        None, "training.clip_eps_high", gt=0,
+        about="its upper end 1 + clip_eps_high (unset: `clip_eps`; DAPO's clip-higher: 0.28; CISPO's weight "
+              "cap)")
+    importance_sampling_level: Literal["token", "sequence"] = option(
+        "token", "training.importance_sampling_level",
+        about="`token`: a ratio per token; `sequence`: one length-normalised ratio per row (GSPO's; `gspo` "
+              "always is)")
+    sampler_correction: Literal["none", "token_truncate", "token_mask", "sequence_truncate",
+                                "sequence_mask"] = option(
+        "none", "training.sampler_correction",
+        about="the sampler mismatch weighted apart, `token_`/`sequence_` x `truncate`/`mask` (TRL's "
+              "`vllm_importance_sampling_mode`); the ratio then compares with the trainer's own log-probs "
+              "before the step")
+    sampler_correction_cap: float = option(
+        3.0, "training.sampler_correction_cap", gt=0,
+        about="the weight's cap: truncated to it, or masked to 0 past it")
+    sapo_temperature_pos: float = option(
+        1.0, "training.sapo_temperature_pos", gt=0,
+        about="SAPO's gate temperature where A > 0")
+    sapo_temperature_neg: float = option(
+        1.05, "training.sapo_temperature_neg", gt=0,
+        about="SAPO's gate temperature where A < 0")
+    # optimizer steps per rollout batch (trainers/mini_steps.py, TRL's names): its episodes split into
+    # steps_per_generation mini-batches, an optimizer step each, the pass repeated num_iterations times
+    steps_per_generation: int = option(
+        1, "training.steps_per_generation", ge=1,
+        about="optimizer steps per rollout batch: its episodes in this many mini-batches, an optimizer step "
+              "each (TRL's name)")
+    num_iterations: int = option(
+        1, "training.num_iterations", ge=1,
+        about="passes over each rollout batch's mini-batches (TRL's name; PPO's epochs)")
     # how each term averages over the step (trainers/aggregation.py); loss_constant: Dr. GRPO's normaliser
     loss_aggregation: Literal["token_mean", "sequence_mean", "constant"] = option(
         "token_mean", "training.loss_aggregation",
@@ -213,6 +258,34 @@ class TrainerSpec:
     # signature of trainers.selective.selected_logprobs, run on the backbone's hidden states in place of it
     # (resolved once, when the trainer is built; trainers/step.py). "": the selective path itself.
     logprob_fn: str = ""
+
+    def describe_policy_loss(self) -> str:
+        """The RL loss in one line (`quaero check`): the variant, its formula with this spec's numbers, and
+        what its ratio compares with (trainers/policy_losses.py)."""
+        low, high = self.clip_range
+        lo = "-inf" if low is None else f"{1 - low:g}"
+        hi = "inf" if high is None else f"{1 + high:g}"
+        r = "s" if self.policy_loss == "gspo" or self.importance_sampling_level == "sequence" else "r"
+        formula = {"ppo_clip": f"-min({r} A, clip({r}, {lo}, {hi}) A)",
+                   "gspo": f"-min(s A, clip(s, {lo}, {hi}) A)",
+                   "cispo": f"-sg(min({r}, {hi})) A log pi",
+                   "sapo": f"-(4/tau) sigmoid(tau ({r} - 1)) A, tau {self.sapo_temperature_pos:g} (A > 0) / "
+                           f"{self.sapo_temperature_neg:g} (A < 0)"}[self.policy_loss]
+        ratio = ("s = exp(mean over the row of lp - lp_old), one per row" if r == "s"
+                 else "r = exp(lp - lp_old) per token")
+        if self.sampler_correction == "none":
+            old = "lp_old = the sampler's log-probs"
+        else:
+            old = (f"lp_old = the trainer's before the step, x the sampler weight {self.sampler_correction} "
+                   f"at cap {self.sampler_correction_cap:g}")
+        return f"{self.policy_loss} {formula}; {ratio}, {old}; {self.loss_aggregation}"
+
+    @property
+    def clip_range(self) -> tuple[float | None, float | None]:
+        """(ε_low, ε_high): each its own setting, else `clip_eps` (None: no bound on that side)."""
+        low = self.clip_eps if self.clip_eps_low is None else self.clip_eps_low
+        high = self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
+        return low, high
 
 
 def options(cls: type = TrainerSpec, path: tuple[str, ...] = ()) -> list[Option]:

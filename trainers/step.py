@@ -239,10 +239,12 @@ def optimizer_step(trainer: TrainerView) -> tuple[float, bool]:
 
 
 def shared_forward_step(trainer: TrainerView, rows: list[EchoRow], *, sft: bool,
-                        echo_weight: float | None = None
+                        echo_weight: float | None = None, old_logprobs: list[list[float]] | None = None
                         ) -> dict[str, Any]:
     """One optimizer step over `rows` (RL + ECHO, or SFT + ECHO); returns the step's metrics.
-    `echo_weight`: this step's λ (a schedule's value), else the spec's.
+    `echo_weight`: this step's λ (a schedule's value), else the spec's. `old_logprobs`: per row, the
+    trainer's log-probs recorded before its rollout batch's first step (trainers/mini_steps.py), which a
+    sampler correction's ratio compares with (none: the step's own, detached).
 
     With several ranks, every rank passes the same `rows` and trains its share of them; the loss scales
     come from all of them (trainers/aggregation.py), so every rank's denominators agree.
@@ -263,7 +265,9 @@ def shared_forward_step(trainer: TrainerView, rows: list[EchoRow], *, sft: bool,
                                    context_tokens=spec.memory.supervised_context_tokens,
                                    device=trainer.device,
                                    scales={name: [per_row[i] for i in share] for name,
-                                           per_row in scales.items()})
+                                           per_row in scales.items()},
+                                   old_logprobs=None if old_logprobs is None else [old_logprobs[i]
+                                                                                   for i in share])
     tokens = process_group.all_sum([sum(int(mb.targets(term.name).sum()) for mb in mbs) for term in TERMS])
     totals = StepTotals.empty({term.name: n for term, n in zip(TERMS, tokens)}, rows=len(share),
                               microbatches=len(mbs), row_tokens=sum(mb.tokens for mb in mbs),
@@ -301,7 +305,8 @@ def step_metrics(trainer: TrainerView, ranks: list[StepTotals], *, ctx: StepCont
         names.ROW_TOKENS: t.row_tokens, names.PADDED_TOKENS: t.padded_tokens,
         names.GRAD_NORM: grad_norm,
         names.GRAD_CLIPPED: bool(spec.max_grad_norm is not None and grad_norm > spec.max_grad_norm),
-        names.OPTIMIZER_STEPPED: stepped, names.NONFINITE_GRAD_SKIPS: int(not stepped),
+        names.OPTIMIZER_STEPPED: stepped, names.OPTIMIZER_STEPS: int(stepped),
+        names.NONFINITE_GRAD_SKIPS: int(not stepped),
         names.LR: trainer.scheduler.get_last_lr()[0],
         names.FORWARD_PASSES: t.forward_passes, names.MICROBATCHES: t.microbatches,
         names.LM_HEAD_SKIPPED_MICROBATCHES: t.skipped,

@@ -22,7 +22,8 @@ from quaero.rows import EchoRow
 from quaero.telemetry import names
 from trainers import aggregation
 from trainers.batch import Microbatch
-from trainers.loss import LogprobGap, PolicyStats, logprob_gap, nll_loss, policy_gradient_loss
+from trainers.loss import LogprobGap, PolicyStats, logprob_gap, nll_loss
+from trainers.policy_losses import PolicyLoss, policy_loss
 from trainers.spec import TrainerSpec
 
 
@@ -131,9 +132,10 @@ class PolicyTermStats:
 
 
 class PolicyTerm(LossTerm):
-    """The RL term (token-level policy gradient with the importance ratio over the sampler's log-probs, PPO
-    clipping; the sampler-vs-trainer gap measured on every sampled action token), or on an SFT step the NLL of
-    the demonstrated actions (no ratio, no gap: nothing was sampled)."""
+    """The RL term (`[training] policy_loss`, trainers/policy_losses.py: by default a token-level policy
+    gradient with the importance ratio over the sampler's log-probs and PPO clipping; the sampler-vs-trainer
+    gap measured on every sampled action token), or on an SFT step the NLL of the demonstrated actions (no
+    ratio, no gap: nothing was sampled)."""
 
     name = "policy"
 
@@ -160,8 +162,9 @@ class PolicyTerm(LossTerm):
         if ctx.sft:
             return nll_loss(lp, mask, mb.scales[self.name]), PolicyTermStats()
         sampler_lp = mb.sampler_logprobs[:, 1:]
-        loss, policy = policy_gradient_loss(lp, sampler_lp, mb.advantages[:, 1:], mask, mb.scales[self.name],
-                                            spec.clip_eps)
+        recorded = None if mb.old_logprobs is None else mb.old_logprobs[:, 1:]
+        loss, policy = policy_loss(lp, sampler_lp, mb.advantages[:, 1:], mask, mb.scales[self.name],
+                                   PolicyLoss.of(spec), old_logprobs=recorded)
         return loss, PolicyTermStats(policy, logprob_gap(lp, sampler_lp, mb.action_mask[:, 1:]))
 
     def metrics(self, spec: TrainerSpec, total: TermTotal, ctx: StepContext) -> dict[str, Any]:
@@ -176,7 +179,26 @@ class PolicyTerm(LossTerm):
             names.SAMPLER_LOGPROB_GAP_MAX: gap.max if gap.tokens else None,
             names.IMPORTANCE_RATIO_MEAN: pg.ratio_sum / pg.tokens if pg.tokens else None,
             names.CLIP_FRACTION: pg.clipped / pg.tokens if pg.tokens else None,
+            **policy_loss_metrics(spec, pg, ctx),
         }
+
+
+def policy_loss_metrics(spec: TrainerSpec, pg: PolicyStats, ctx: StepContext) -> dict[str, Any]:
+    """The policy-loss variant's own figures (trainers/policy_losses.py): None where it measured nothing."""
+    def share(n: int) -> float | None:
+        return n / pg.tokens if pg.tokens else None
+
+    return {
+        names.POLICY_LOSS: "sft" if ctx.sft else spec.policy_loss,
+        names.CLIP_LOW_FRACTION: share(pg.clipped_low), names.CLIP_HIGH_FRACTION: share(pg.clipped_high),
+        names.SAMPLER_CORRECTION: spec.sampler_correction,
+        names.SAMPLER_IS_WEIGHT_MEAN: pg.is_sum / pg.is_tokens if pg.is_tokens else None,
+        names.SAMPLER_IS_WEIGHT_MAX: pg.is_max if pg.is_tokens else None,
+        names.SAMPLER_IS_CUT_FRACTION: pg.is_cut / pg.is_tokens if pg.is_tokens else None,
+        names.SEQUENCE_RATIO_MEAN: pg.seq_ratio_sum / pg.sequences if pg.sequences else None,
+        names.SEQUENCE_RATIO_MIN: pg.seq_ratio_min if pg.sequences else None,
+        names.SEQUENCE_RATIO_MAX: pg.seq_ratio_max if pg.sequences else None,
+    }
 
 
 class EchoTerm(LossTerm):

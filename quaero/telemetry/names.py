@@ -157,6 +157,8 @@ GRAD_NORM = _step.per_step("grad_norm", "the gradient norm before clipping")
 GRAD_CLIPPED = _step.latest("grad_clipped", "the norm exceeded `max_grad_norm`")
 OPTIMIZER_STEPPED = _step.latest("optimizer_stepped", "the optimizer stepped (false on a non-finite "
                                                       "gradient)")
+OPTIMIZER_STEPS = _step.count("optimizer_steps", "optimizer steps taken (a rollout batch takes "
+                              "steps_per_generation x num_iterations)")
 NONFINITE_GRAD_SKIPS = _step.count("nonfinite_grad_skips", "1 when a non-finite gradient skipped the step")
 LR = _step.per_step("lr", "the learning rate of the step")
 FORWARD_PASSES = _step.count("forward_passes", "backbone forwards")
@@ -169,8 +171,27 @@ SAMPLER_LOGPROB_GAP_MEAN = _step.per_step("sampler_logprob_gap_mean", "mean abso
                                           "log-prob gap on sampled action tokens")
 SAMPLER_LOGPROB_GAP_MAX = _step.per_step("sampler_logprob_gap_max", "its maximum")
 IMPORTANCE_RATIO_MEAN = _step.per_step("importance_ratio_mean",
-                                       "mean trainer/sampler probability ratio on trained action tokens")
+                                       "mean ratio r on trained action tokens: trainer / sampler, or trainer "
+                                       "/ its own recorded log-probs under a `sampler_correction` (GSPO: s)")
 CLIP_FRACTION = _step.per_step("clip_fraction", "fraction of those tokens whose ratio was clipped")
+POLICY_LOSS = _step.latest("policy_loss", "the RL term's variant: `ppo_clip`, `gspo`, `cispo` or `sapo` "
+                                          "(`[training] policy_loss`; `sft` on warm-start steps)")
+CLIP_LOW_FRACTION = _step.per_step("clip_low_fraction", "fraction of RL tokens whose ratio fell below "
+                                   "1 - clip_eps_low with A < 0 (the clip binds: no gradient)")
+CLIP_HIGH_FRACTION = _step.per_step("clip_high_fraction", "fraction above 1 + clip_eps_high with A > 0 "
+                                    "(CISPO: whose weight was truncated there, either sign)")
+SAMPLER_CORRECTION = _step.latest("sampler_correction", "the sampler-mismatch weight: `none`, "
+                                  "`token_truncate`, `token_mask`, `sequence_truncate`, `sequence_mask`")
+SAMPLER_IS_WEIGHT_MEAN = _step.per_step("sampler_is_weight_mean", "mean trainer/sampler weight "
+                                        "exp(lp_old - lp_sampler) on RL tokens, before truncation "
+                                        "(None without a correction)")
+SAMPLER_IS_WEIGHT_MAX = _step.per_step("sampler_is_weight_max", "its maximum")
+SAMPLER_IS_CUT_FRACTION = _step.per_step("sampler_is_cut_fraction", "fraction of RL tokens whose weight "
+                                         "was past the cap (truncated, or masked to 0)")
+SEQUENCE_RATIO_MEAN = _step.per_step("sequence_ratio_mean", "mean sequence ratio over rows "
+                                     "(importance_sampling_level = `sequence`, GSPO; None otherwise)")
+SEQUENCE_RATIO_MIN = _step.per_step("sequence_ratio_min", "its minimum")
+SEQUENCE_RATIO_MAX = _step.per_step("sequence_ratio_max", "its maximum")
 CONTEXT_ROWS_CROPPED = _step.count("context_rows_cropped", "rows cropped by "
                                                            "`train_supervised_context_tokens`")
 CONTEXT_TOKENS_REMOVED = _step.count("context_tokens_removed", "tokens those crops removed")

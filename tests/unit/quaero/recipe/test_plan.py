@@ -113,6 +113,16 @@ def test_every_trainer_option_reaches_the_spec():
             "backend.unsloth_fast_inference=true",
             "sampler.temperature=0.7",
             "training.clip_eps=0.3",
+            "training.policy_loss='cispo'",
+            "training.clip_eps_low=0.1",
+            "training.clip_eps_high=4.0",
+            "training.importance_sampling_level='sequence'",
+            "training.sampler_correction='sequence_mask'",
+            "training.sampler_correction_cap=2.5",
+            "training.sapo_temperature_pos=0.9",
+            "training.sapo_temperature_neg=1.1",
+            "training.steps_per_generation=3",
+            "training.num_iterations=2",
             "echo.enabled=false",
             "echo.weight=0.4",
             "training.loss_aggregation='constant'",
@@ -152,6 +162,16 @@ def test_every_trainer_option_reaches_the_spec():
         unsloth_fast_inference=True,
         temperature=0.7,
         clip_eps=0.3,
+        policy_loss="cispo",
+        clip_eps_low=0.1,
+        clip_eps_high=4.0,
+        importance_sampling_level="sequence",
+        sampler_correction="sequence_mask",
+        sampler_correction_cap=2.5,
+        sapo_temperature_pos=0.9,
+        sapo_temperature_neg=1.1,
+        steps_per_generation=3,
+        num_iterations=2,
         echo=False,
         echo_weight=0.4,
         loss_aggregation="constant",
@@ -365,3 +385,24 @@ def test_check_never_calls_an_env_factory(tmp_path, entry, capsys):
     assert (
         f"env action  {entry} is a factory function: not called here (it would run with [env] kwargs)" in out
     )
+
+
+def test_the_policy_loss_is_one_check_line_and_a_bad_one_one_error():
+    from quaero.cli import policy_loss_line
+
+    line = policy_loss_line(load_config(MAIN, []))
+    assert line.startswith("loss        ppo_clip -min(r A, clip(r, 0.8, 1.2) A)")
+    assert "advantage='grpo'" in line
+    line = policy_loss_line(load_config(MAIN, ["training.policy_loss='cispo'", "training.clip_eps_high=4.0",
+                                               "training.sampler_correction='token_truncate'",
+                                               "training.positive_advantage_weight=0.1",
+                                               "training.steps_per_generation=2"]))
+    assert "cispo -sg(min(r, 5)) A log pi" in line and "token_truncate at cap 3" in line
+    assert "positive_advantage_weight=0.1" in line and "2 optimizer steps per rollout batch" in line
+    with pytest.raises(ConfigError, match=r"\[training\]: clip_eps_low=1\.5: .* inverts"):
+        load_config(MAIN, ["training.clip_eps_low=1.5"])
+    with pytest.raises(ConfigError, match="GSPO is the sequence ratio"):
+        load_config(MAIN, ["training.policy_loss='gspo'", "training.importance_sampling_level='token'"])
+    with pytest.raises(ConfigError, match="sampler_correction_cap=0.5: below 1"):
+        load_config(MAIN, ["training.sampler_correction='token_mask'", "training.sampler_correction_cap=0.5"])
+    assert trainer_spec(load_config(MAIN, ["training.policy_loss='gspo'"])).policy_loss == "gspo"
