@@ -230,7 +230,7 @@ def remove_orphans(ckpt_root: Path) -> list[Path]:
     orphans = sorted(p for p in ckpt_root.glob(".step-*") if p.is_dir()) if ckpt_root.is_dir() else []
     for path in orphans:
         shutil.rmtree(path, ignore_errors=True)
-        log.warning("checkpoint_orphan_removed", path=str(path))
+        log.warning(names.CHECKPOINT_ORPHAN_REMOVED_EVENT, path=str(path))
     return orphans
 
 
@@ -244,9 +244,9 @@ def prune(ckpt_root: Path, keep: int, step: int) -> None:
     for path in sorted(ckpt_root.glob("step-*"), reverse=True):
         reason = verify(path)
         if reason is not None:
-            log.warning("checkpoint_corrupt_left", path=str(path), reason=reason)
+            log.warning(names.CHECKPOINT_CORRUPT_LEFT_EVENT, path=str(path), reason=reason)
         elif path.name > names.step_folder_name(step):
-            log.warning("checkpoint_newer_left", path=str(path), step=step,
+            log.warning(names.CHECKPOINT_NEWER_LEFT_EVENT, path=str(path), step=step,
                         reason="past the step this run resumed from (it could not be loaded)")
         elif intact < max(keep, 1):
             intact += 1
@@ -312,7 +312,7 @@ def load_latest(ckpt_root: Path) -> tuple[Path, dict[str, Any]] | None:
             except (OSError, ValueError, KeyError, TypeError, RecursionError, SafetensorError) as e:
                 # hash-valid but malformed (a crafted file): skip it as well
                 reason = f"unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-        log.warning("checkpoint_skipped", path=str(path), reason=reason)
+        log.warning(names.CHECKPOINT_SKIPPED_EVENT, path=str(path), reason=reason)
         skipped.append((path, reason))
     if skipped:
         raise NoIntactCheckpoint(ckpt_root, skipped)

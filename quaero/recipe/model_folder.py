@@ -117,5 +117,5 @@ def save_final(trainer, cfg: QuaeroConfig) -> Path | None:
         return None
     out = save_model(model, load_tokenizer(cfg.model.name), cfg.run_dir / names.FINAL,
                      base_name=cfg.model.name, replace=True)
-    log.info("final_saved", path=str(out), lora=hasattr(trainer.model, "peft_config"))
+    log.info(names.FINAL_SAVED_EVENT, path=str(out), lora=hasattr(trainer.model, "peft_config"))
     return out
