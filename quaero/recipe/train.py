@@ -48,7 +48,6 @@ from quaero.recipe.run_state import (
 from quaero.recipe.saved_rows import save_step_rows
 from quaero.recipe.stop import (
     EmptyRunError,
-    EnvLostError,
     StopRequest,
     budget_spent,
     check_env_loss,
@@ -63,9 +62,6 @@ from trainers.memory import peak_window, process_peak_mb
 
 if TYPE_CHECKING:
     from pathlib import Path
-
-# what callers of the recipe catch, and what they build it from
-__all__ = ["EmptyRunError", "EnvLostError", "RunParts", "RunProgress", "build", "run_step", "train"]
 
 log = get_logger(__name__)
 
