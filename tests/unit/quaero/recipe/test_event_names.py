@@ -15,9 +15,11 @@ def literal_events(source: str) -> list[str]:
     """The events `source` logs with a string literal (`log.info("x", ...)`), as "line N: x"."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        logs = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in LOG_CALLS
-        if logs and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
-            found.append(f"line {node.lineno}: {node.args[0].value}")
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args):
+            continue
+        first = node.args[0]
+        if node.func.attr in LOG_CALLS and isinstance(first, ast.Constant) and isinstance(first.value, str):
+            found.append(f"line {node.lineno}: {first.value}")
     return found
 
 
