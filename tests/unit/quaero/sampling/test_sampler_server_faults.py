@@ -82,7 +82,7 @@ def test_a_server_that_accepts_no_connection_is_a_bounded_wait(monkeypatch):
 
 
 def test_sigterm_ends_a_wait_on_a_silent_server(monkeypatch, raw_server):
-    """The stop request of `quaero train` (quaero/recipe/train.py StopRequest, a real SIGTERM to this
+    """The stop request of `quaero train` (quaero/recipe/stop.py StopRequest, a real SIGTERM to this
     process): the wait goes on for [sampler] stop_grace_s, then ends as an interrupted run (the CLI exits
     130), not after the timeout."""
     from quaero.recipe.stop import StopRequest
