@@ -2,6 +2,7 @@
 keeps, a resume under another config or another task sampler."""
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -77,3 +78,25 @@ def test_a_resume_under_a_changed_config_says_what_changed_and_review_repeats_it
     said = capsys.readouterr().out
     assert ("warning: resumed at step 10 with a changed config (the steps after it train with the new "
             f"values): run.seed 0 -> 1, training.steps {before.training.steps} -> 40") in said
+
+
+def test_the_resume_point_is_the_newest_checkpoint_and_a_restart_sets_the_old_ones_aside(tmp_path):
+    from quaero.recipe import checkpoint
+    from quaero.recipe.run_state import resume_point
+
+    cfg = make_cfg(run__output_dir=str(tmp_path))
+    with structlog.testing.capture_logs() as logs:
+        assert resume_point(cfg, resume=True, restart=False) is None  # nothing to resume: step 1
+    assert [e["event"] for e in logs] == ["resume_without_checkpoint"]
+    root = checkpoint.run_checkpoints(cfg.run_dir)
+    for step in (1, 2):
+        checkpoint.save(root, step, {"step": step}, keep=2)
+    with structlog.testing.capture_logs() as logs:
+        path, state = resume_point(cfg, resume=False, restart=False)  # found without --resume: resumed anyway
+    assert path.name == "step-000002" and state["step"] == 2
+    assert [e["event"] for e in logs] == ["auto_resume"]
+    with structlog.testing.capture_logs() as logs:
+        assert resume_point(cfg, resume=False, restart=True) is None
+    (aside,) = [e["previous_checkpoints"] for e in logs if e["event"] == "restart"]
+    assert sorted(p.name for p in Path(aside).iterdir()) == ["step-000001", "step-000002"]
+    assert not root.exists() or not any(root.iterdir())
