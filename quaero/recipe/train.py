@@ -298,12 +298,12 @@ def train(cfg: QuaeroConfig, *, resume: bool = False, restart: bool = False, sou
     same run folder.
 
     Under torchrun every rank calls this; it joins the process group first and leaves it at the end."""
+    joins = _set_up(cfg)  # unsloth first: nothing above imports transformers
     from tqdm.auto import tqdm
 
     from quaero import process_group
     from quaero.telemetry.counts import RolloutCounts
 
-    joins = _set_up(cfg)
     try:
         with contextlib.ExitStack() as held:
             run_id = ranks.from_rank0(lambda: _open_run_folder(held, cfg))
