@@ -5,7 +5,8 @@ A side is `run(setup, conn)`: it builds its framework on the shared `setup` (the
 same config, tasks, group size, max tokens and turn limit), sends one `ready` message (initial-weight hash,
 RSS), then, for each "step" it receives, runs one RL step and sends that step's figures; "stop" ends it.
 
-- quaero: `quaero.recipe.train.build` + `run_step` (the recipe `quaero train` runs), rows saved and read back.
+- quaero: `quaero.recipe.parts.build` + `quaero.recipe.train.run_step` (the recipe `quaero train` runs), rows
+  saved and read back.
 - TRL: `GRPOTrainer(environment_factory=...)` over the same env served on 127.0.0.1 (benchmarks.trl_env),
   driven by its own `train()`; a callback holds each step until the coordinator sends "step". A subclass
   only observes: it records every sampler call and every batch `_compute_loss` scores, then calls TRL's own.
@@ -128,7 +129,9 @@ def run_quaero(setup: dict, conn) -> None:
 
     from quaero.config import SINGLE
     from quaero.openenv_client import open_envs
-    from quaero.recipe.train import build, run_step
+    from quaero.recipe.parts import build
+    from quaero.recipe.progress import RunProgress
+    from quaero.recipe.train import run_step
     from quaero.telemetry.runlog import configure
 
     torch.set_num_threads(setup["threads"])
@@ -146,12 +149,12 @@ def run_quaero(setup: dict, conn) -> None:
             _ready(conn, c.trainer.model, {"sampler": type(c.sampler).__name__,
                                            "optimizer_sha": optimizer_sha(c.trainer.model,
                                                                           c.trainer.optimizer)})
-            step = 0
+            step, progress = 0, RunProgress()
             while conn.recv() == "step":
                 step += 1
                 resets.clear()
                 t0 = time.perf_counter()
-                m = run_step(c, step, sft=False)
+                m = run_step(c, progress, step, sft=False)
                 total = time.perf_counter() - t0
                 conn.send(_quaero_figures(cfg, step, m, total, resets))
             saved = save_final(setup, "quaero", c.trainer.model)

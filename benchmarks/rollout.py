@@ -3,7 +3,7 @@
     quaero bench rollout envs/toolbench.toml --samplers hf,vllm --episodes 16
 
 Each sampler runs the same episodes (the config's env, the same train tasks, the same seeds) through
-`quaero train`'s own components (`quaero.recipe.train.build`: trainer, renderer, sampler, episode driver),
+`quaero train`'s own components (`quaero.recipe.parts.build`: trainer, renderer, sampler, episode driver),
 greedy and sampled, after one warm-up episode (vLLM's first call builds its graphs and caches).
 Every sampler is built first; then `--repeats` rounds each run every mode on every sampler, the
 samplers taken in turns (A B, then B A), so background load on a shared machine falls on both alike.
@@ -142,7 +142,7 @@ def run(args) -> dict[str, Any]:
     from quaero.config import SINGLE, load_config
     from quaero.model import resolve_device
     from quaero.openenv_client import open_envs
-    from quaero.recipe.train import build
+    from quaero.recipe.parts import build
     from quaero.rollout.tasks import task_reset
 
     samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]

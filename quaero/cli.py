@@ -311,7 +311,8 @@ def cmd_train(args) -> int:
         return launch_ranks(args, cfg)
     from quaero.recipe.checkpoint import CheckpointError
     from quaero.recipe.model_folder import ExportError
-    from quaero.recipe.train import EmptyRunError, EnvLostError, train
+    from quaero.recipe.stop import EmptyRunError, EnvLostError
+    from quaero.recipe.train import train
     from quaero.rollout.task_samplers import TaskSamplerError
     from quaero.sampling.server import ServerError
 

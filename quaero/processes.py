@@ -1,9 +1,11 @@
 """Server processes quaero starts and owns: env servers (`quaero/openenv_client/server.py`) and vLLM servers
 (`quaero/sampling/supervisor.py`). What both do alike: the child's import path, the log file, and starting
-several at once. Imports nothing heavy: the vLLM servers' supervisor runs supervisor.py as a small script.
+several at once, and stopping at exit whatever is still running. Imports nothing heavy: the vLLM servers'
+supervisor runs supervisor.py as a small script.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import tempfile
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import TypeVar
 
 S = TypeVar("S")
+_LIVE: dict[object, Callable[[], None]] = {}  # what this process started and has not stopped yet
 
 
 class ServerStartError(RuntimeError):
@@ -54,3 +57,20 @@ def start_together(servers: list[S], *, launch: Callable[[S], None], wait: Calla
             stop(server, keep_log=server is waiting)
         raise
     return servers
+
+
+def stop_at_exit(server: object, stop: Callable[[], None]) -> None:
+    """Call `stop()` when this process exits, unless `forget_at_exit(server)` came first: a server quaero
+    started never outlives a process that did not close it (an error, a missed `close`)."""
+    _LIVE[server] = stop
+
+
+def forget_at_exit(server: object) -> None:
+    """`server` was stopped: nothing left to do for it at exit."""
+    _LIVE.pop(server, None)
+
+
+@atexit.register
+def _stop_all() -> None:
+    for stop in list(_LIVE.values()):
+        stop()

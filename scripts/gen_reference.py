@@ -292,7 +292,8 @@ def _step_names() -> list[str]:
 
 
 def metric_names(how: str, owner: str, declared: list[str]) -> list[str]:
-    """The names a table's owner emits (for `literals`: the declared names the owner file writes)."""
+    """The names a table's owner emits (for `literals`: the declared names the owner files, `a.py, b.py`,
+    write)."""
     from quaero.telemetry import counts, names, proofs
     if how == "proofs":
         return [*names.SELECTIVE_METRICS,
@@ -304,7 +305,7 @@ def metric_names(how: str, owner: str, declared: list[str]) -> list[str]:
     if how == "rollout":
         snap = counts.RolloutCounts().snapshot_and_reset()
         return [*snap, *(m.name for m in names.FAMILIES.values() if m.table == "Rollout")]
-    spelled = _literals(ROOT / owner)
+    spelled = set().union(*(_literals(ROOT / path) for path in owner.split(", ")))
     return [n for n in declared if n in spelled]
 
 

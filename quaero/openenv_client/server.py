@@ -9,7 +9,6 @@ itself when the parent process is gone.
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import os
@@ -23,7 +22,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from quaero.processes import ServerStartError, child_env, log_file, start_together
+from quaero.processes import (
+    ServerStartError,
+    child_env,
+    forget_at_exit,
+    log_file,
+    start_together,
+    stop_at_exit,
+)
 from quaero.telemetry import names
 from quaero.telemetry.runlog import error_line, first_text_line, get_logger
 
@@ -31,7 +37,6 @@ from .loading import EnvSpec, load_entry
 from .transport import observation_reply_model
 
 log = get_logger(__name__)
-_LIVE: set[LocalServer] = set()
 
 
 def build_app(spec: EnvSpec, max_concurrent_envs: int) -> Any:
@@ -175,7 +180,7 @@ class LocalServer:
     def _launch_tracked(self) -> None:
         with self._lock:
             self._launch()
-        _LIVE.add(self)
+        stop_at_exit(self, self.stop)
 
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s
@@ -246,7 +251,7 @@ class LocalServer:
             self._kill()
             self.proc = None
         self._sock.close()
-        _LIVE.discard(self)
+        forget_at_exit(self)
         if self._temp_log and not keep_log:
             self._log_path.unlink(missing_ok=True)
 
@@ -255,9 +260,3 @@ def start_env_servers(servers: list[LocalServer]) -> list[LocalServer]:
     """Launch every server, then wait for each to be healthy (`start_together`): they boot in parallel."""
     return start_together(servers, launch=LocalServer._launch_tracked, wait=LocalServer._wait_healthy,
                           stop=LocalServer.stop)
-
-
-@atexit.register
-def _stop_all() -> None:
-    for server in list(_LIVE):
-        server.stop()

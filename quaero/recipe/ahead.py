@@ -2,7 +2,7 @@
 
 While the main thread trains step s, one worker thread samples the rollouts of the next RL steps, with the
 weights the trainer had before step s. What runs there is only this rank's own work: the driver's
-episodes and the rows built from them (`quaero/recipe/train.py` `_roll_out`). Every collective (gathering
+episodes and the rows built from them (quaero/recipe/groups.py `roll_out`). Every collective (gathering
 rows, summing counters, the trainer's own) stays on the main thread, in the same order on every rank: under
 torchrun a collective issued from a second thread would deadlock or pair with the wrong one.
 
@@ -22,12 +22,18 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from quaero.telemetry.runlog import get_logger
+from quaero.recipe import ranks
+from quaero.recipe.groups import draw, learn, roll_out
+from quaero.recipe.weight_sync import sync_sampler
+from quaero.telemetry import names
+from quaero.telemetry.runlog import get_logger, set_step
 
 if TYPE_CHECKING:
-    from quaero.rollout.rows import EchoRow, Transition
+    from quaero.recipe.groups import Collected, GroupOutcome
+    from quaero.recipe.parts import RunParts
+    from quaero.recipe.progress import RunProgress
     from quaero.telemetry.counts import RolloutCounts
 
 log = get_logger(__name__)
@@ -38,13 +44,12 @@ class Rollout:
     """One RL step's episodes on this rank, before any collective."""
     step: int
     version: int  # the policy version that sampled every row of it: trainer steps its weights had seen
-    # this rank's kept rows, each with its episode's transitions
-    collected: list[tuple[EchoRow, list[Transition]]]
+    collected: Collected  # this rank's kept rows, each with its episode's transitions
     counts: RolloutCounts  # its counts, taken out of the pool's when it ended
     seconds: float  # how long it sampled
-    # this rank's groups' outcomes (train.py GroupOutcome), for the
-    groups: list = field(default_factory=list)
-    # task samplers, which learn from them on the main thread when the step takes the rollout
+    # this rank's groups' outcomes, for the task samplers, which learn from them on the main thread when the
+    # step takes the rollout
+    groups: list[GroupOutcome] = field(default_factory=list)
 
 
 class RolloutsAhead:
@@ -68,7 +73,8 @@ class RolloutsAhead:
         for step, future in sorted(self._pending.items()):
             # the run already ends; say why it failed
             if not future.cancelled() and future.exception() is not None:
-                log.warning("rollout_ahead_discarded", for_step=step, error=repr(future.exception()))
+                log.warning(names.ROLLOUT_AHEAD_DISCARDED_EVENT, for_step=step,
+                            error=repr(future.exception()))
         self._pending.clear()
 
     def idle(self) -> bool:
@@ -91,3 +97,45 @@ class RolloutsAhead:
     def wait(self) -> None:
         """Block until every pending rollout has ended (results and errors stay for `take`)."""
         wait_for(list(self._pending.values()))
+
+
+def sample_ahead(parts: RunParts, step: int, picks: list[list], version: int) -> Rollout:
+    """Step `step`'s rollout of `picks` with the sampler's weights of policy `version`, its counts taken
+    apart; runs on the worker thread (or inline, on-policy, for a step nothing was launched for)."""
+    set_step(step)  # the events logged while it samples carry the step they sample for
+    t0 = time.perf_counter()
+    collected, groups = roll_out(parts, step, picks, sft=False)  # no dynamic sampling ahead (config rule)
+    return Rollout(step, version, collected, parts.counts.take(), time.perf_counter() - t0, groups)
+
+
+def take_rollout(parts: RunParts, progress: RunProgress, step: int, ahead: RolloutsAhead
+                 ) -> tuple[Rollout, dict[str, Any], float]:
+    """RL step `step`'s rollout (launched earlier, or sampled now when none was), then the launch of the next
+    steps' rollouts; also the weight push's metrics and the seconds waited for the rollout.
+
+    The sampler takes the weights of version step - 1 only while no rollout is pending, and every rollout
+    launched then shares them: the steps up to step + k, so none trains rows more than k versions old.
+    A step's tasks are drawn when its rollout is launched (on this thread, in step order), so a learning task
+    sampler has learned from the steps trained by then, not from the k steps in flight; the drawn tasks of
+    steps not yet trained are kept in checkpoints (`pending`), so a resumed run plays them."""
+    t, n_tasks = parts.cfg.training, parts.cfg.training.tasks_per_step
+    rollout, waited = ahead.take(step)
+    synced: dict[str, Any] = {}
+    if rollout is None:  # the first RL step (of the run, or since a resume): on-policy
+        t0 = time.perf_counter()
+        synced = sync_sampler(parts, progress)
+        picks = progress.pending.get(step) or draw(parts, step, n_tasks)
+        rollout = sample_ahead(parts, step, picks, step - 1)
+        waited = time.perf_counter() - t0
+    # the step's tasks are used; a checkpoint of this step resumes after them
+    progress.pending.pop(step, None)
+    progress.step_groups = ranks.gather_rows(rollout.groups)
+    learn(parts, step, progress.step_groups)
+    last = min(step + t.max_off_policy_steps, t.warmup_sft_steps + t.steps)
+    if ahead.idle() and last > step:  # the run's last step launches nothing: no push either
+        synced = sync_sampler(parts, progress) or synced
+        for s in range(step + 1, last + 1):
+            if s not in progress.pending:
+                progress.pending[s] = draw(parts, s, n_tasks)
+            ahead.launch(s, lambda s=s, picks=progress.pending[s]: sample_ahead(parts, s, picks, step - 1))
+    return rollout, synced, waited

@@ -368,8 +368,8 @@ class RunState:
     rng: dict[str, Any]  # rank 0's RNG state (`rng_state()`)
     cumulative: dict[str, Any]  # the run's metric totals so far (quaero/telemetry/runlog.py Cumulative)
     rank_rng: list[dict[str, Any]] | None = None  # under torchrun: every rank's RNG state, in rank order
-    # what decides the next tasks (quaero/recipe/train.py `task_state`): the mixture's cursor, each env's task
-    # sampler's state (its draw count and outcome memory), the tasks drawn for steps not yet trained
+    # what decides the next tasks (quaero/recipe/run_state.py `task_state`): the mixture's cursor, each env's
+    # task sampler's state (its draw count and outcome memory), the tasks drawn for steps not yet trained
     tasks: dict[str, Any] | None = None
 
     def to_state(self) -> dict[str, Any]:

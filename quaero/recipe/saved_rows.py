@@ -63,8 +63,7 @@ def save_step_rows(run_dir: Path, mode: str, step: int, rows: list[tuple[EchoRow
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except (OSError, TypeError, ValueError) as e:
-        log.warning(names.ROWS_SAVE_FAILED_EVENT,
-                    path=str(path), error=str(e), note="training continues; rows not "
-                                                                           "saved")
+        log.warning(names.ROWS_SAVE_FAILED_EVENT, path=str(path), error=str(e),
+                    note="training continues; rows not saved")
         return {names.ROWS_SAVED: 0, names.ROWS_SAVE_FAILURES: 1}
     return {names.ROWS_SAVED: len(chosen), names.ROWS_SAVE_FAILURES: 0}

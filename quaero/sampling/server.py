@@ -222,7 +222,7 @@ class VLLMServerSampler:
         self.processes = list(processes or [])  # the servers this sampler started (and stops at close)
         # urls servers share this machine's filesystem (see the module docstring), so its device decides
         self.on_cpu = (not torch.cuda.is_available()) if on_cpu is None else on_cpu
-        # logged with each push (quaero/recipe/train.py sync_sampler)
+        # logged with each push (quaero/recipe/weight_sync.py sync_sampler)
         self.weight_transfer = cfg.weight_transfer
         self._abort = threading.Event()  # set when the caller is interrupted: the requests in flight end
         self.transfer = None

@@ -9,7 +9,6 @@ stops its whole process group when the parent is gone, also after a SIGKILL that
 """
 from __future__ import annotations
 
-import atexit
 import os
 import signal
 import socket
@@ -20,9 +19,14 @@ import time
 import urllib.request
 from pathlib import Path
 
-from quaero.processes import ServerStartError, child_env, log_file, start_together
-
-_LIVE: set[ServedProcess] = set()
+from quaero.processes import (
+    ServerStartError,
+    child_env,
+    forget_at_exit,
+    log_file,
+    start_together,
+    stop_at_exit,
+)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -50,7 +54,7 @@ class ServedProcess:
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=env, start_new_session=True)
-        _LIVE.add(self)
+        stop_at_exit(self, self.close)
 
     def log_tail(self, chars: int = 3000) -> str:
         try:
@@ -98,7 +102,7 @@ class ServedProcess:
         if self.proc is not None:
             _stop_group(self.proc)
             self.proc = None
-        _LIVE.discard(self)
+        forget_at_exit(self)
         if self._temp_log and not keep_log:
             self.log_path.unlink(missing_ok=True)
 
@@ -132,12 +136,6 @@ def start_all(procs: list[ServedProcess], timeout_s: float) -> list[ServedProces
     """Launch every server, then wait for each (`start_together`): they boot in parallel."""
     return start_together(procs, launch=ServedProcess.launch, wait=lambda p: p.wait_ready(timeout_s),
                           stop=ServedProcess.close)
-
-
-@atexit.register
-def _close_all() -> None:
-    for p in list(_LIVE):
-        p.close()
 
 
 def supervise(parent_pid: int, argv: list[str]) -> int:

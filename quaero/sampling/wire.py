@@ -4,7 +4,7 @@ samples before it answers), the rest of the reply after it, and a stop request.
 urllib's timeout bounds each socket operation, not a request: a server that never answers holds a caller for
 the whole timeout, and one that trickles a byte every few seconds holds it forever; neither ends on SIGTERM.
 So the reply is read here, in short polls, under three deadlines, with `Connection: close` (the reply ends
-when the server closes) and http.client parsing the bytes that came. A stop request (quaero/recipe/train.py
+when the server closes) and http.client parsing the bytes that came. A stop request (quaero/recipe/stop.py
 StopRequest sets `STOP_REQUESTED`) lets a wait run `stop_grace_s` more (`[sampler] stop_grace_s`: a healthy
 step may still finish and be checkpointed), then ends it with KeyboardInterrupt: the run is interrupted, its
 last checkpoint the resume
@@ -31,7 +31,7 @@ REPLY_TIMEOUT_S = 120.0  # the rest of the reply after its first byte (JSON of t
 MAX_REPLY_BYTES = 256 << 20  # a reply larger than this is not a completion of quaero's budgets
 POLL_S = 0.25  # how often a wait looks at the clock and at a stop request
 STOP_GRACE_S = 10.0  # how long a wait continues after a stop request ([sampler] stop_grace_s)
-# set by a stop request (quaero/recipe/train.py StopRequest), cleared after it
+# set by a stop request (quaero/recipe/stop.py StopRequest), cleared after it
 STOP_REQUESTED = threading.Event()
 
 

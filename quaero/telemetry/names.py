@@ -285,10 +285,10 @@ DROP_REASON = _rollout.count_family("drop_reason_", "kind",
 BRIDGE_FALLBACK_REASON = _rollout.count_family("bridge_fallback_reason_", "reason", "bridge fallbacks by "
                                                                                     "reason")
 
-# ── the recipe, per step (quaero/recipe/train.py)
+# ── the recipe, per step (quaero/recipe/train.py, and its weight sync: quaero/recipe/weight_sync.py)
 # ─────────────────────────────────────────────────────────────
 
-_recipe = _table("Recipe, per step", "quaero/recipe/train.py")
+_recipe = _table("Recipe, per step", "quaero/recipe/train.py, quaero/recipe/weight_sync.py")
 PHASE = _recipe.latest("phase", "`sft` (warm start on demos), `traces_rl` (warm start on recorded traces "
                        "with the RL loss off-policy, `[data] traces_loss = \"rl\"`) or `rl` (the policy's "
                        "own rollouts)")
@@ -317,10 +317,10 @@ ROLLOUT_WAIT_S = _recipe.per_step("rollout_wait_s",
                                   "with `max_off_policy_steps >= 1`: how long the step waited for its "
                                   "rollout")
 
-# ── the learning signal and the task samplers, per RL step (quaero/recipe/train.py `signal_metrics`)
+# ── the learning signal and the task samplers, per RL step (quaero/recipe/groups.py `signal_metrics`)
 # ──────────
 
-_signal = _table("Learning signal and task samplers, per RL step", "quaero/recipe/train.py")
+_signal = _table("Learning signal and task samplers, per RL step", "quaero/recipe/groups.py")
 SIGNAL_GROUPS = _signal.count("signal_groups", "groups whose rewards differ: they carry an RL signal")
 GENERATED_TOKENS = _signal.count("generated_tokens", "tokens the policy generated in the kept episodes (the "
                                  "curriculum's cost)")
@@ -351,10 +351,10 @@ ROWS_SAVED = _rows.count("rows_saved", "rows written to `runs/NAME/rows/`")
 ROWS_SAVE_FAILURES = _rows.count("rows_save_failures", "1 when writing them failed (a warning, never a "
                                                        "stopped run)")
 
-# ── evaluation (`eval` events, quaero/recipe/train.py)
+# ── evaluation (`eval` events, quaero/recipe/evaluation.py)
 # ───────────────────────────────────────────────────────
 
-_eval = _table("Evaluation (`eval` events)", "quaero/recipe/train.py")
+_eval = _table("Evaluation (`eval` events)", "quaero/recipe/evaluation.py")
 EVAL_REWARD = _eval.per_step("eval_reward", "mean reward of the evaluation's episodes")
 EVAL_SUCCESS_RATE = _eval.per_step("eval_success_rate", "their success rate")
 EVAL_EPISODES = _eval.per_step("eval_episodes", "episodes evaluated")
@@ -436,3 +436,21 @@ FINAL_SAVED_EVENT = "final_saved"
 ROWS_SAVE_FAILED_EVENT = "rows_save_failed"
 # the tools (quaero/tools/export.py)
 EXPORTED_EVENT = "exported"
+
+# ── the recipe's other events (quaero/recipe/): what a reader of events.jsonl sees happen ───────────────────
+
+RUN_START_EVENT = "run_start"  # {source, run_dir, config, ranks (under torchrun)}
+APPROXIMATION_EVENT = "approximation"  # an option that trains an approximation of the exact loss
+RUN_LOCK_TAKEN_OVER_EVENT = "run_lock_taken_over"  # a dead process's run-folder lock, taken over
+STOP_REQUESTED_EVENT = "stop_requested"  # the first Ctrl-C or SIGTERM: the step finishes, then the run stops
+RESUMED_EVENT = "resumed"  # {path, step, seconds}: the checkpoint the run goes on from
+AUTO_RESUME_EVENT = "auto_resume"  # checkpoints found without --resume: resuming anyway
+RESUME_WITHOUT_CHECKPOINT_EVENT = "resume_without_checkpoint"  # --resume with nothing to resume
+RESTART_EVENT = "restart"  # --restart: the old checkpoints set aside
+TASK_SAMPLER_CHANGED_EVENT = "task_sampler_changed"  # a warm start's checkpoint resumed with another sampler
+CHECKPOINT_FAILED_EVENT = "checkpoint_failed"
+CHECKPOINT_AFTER_FAILURE_FAILED_EVENT = "checkpoint_after_failure_failed"  # saving a failed run's last step
+DYNAMIC_SAMPLING_ROUND_EVENT = "dynamic_sampling_round"  # further groups drawn for want of spread
+DYNAMIC_SAMPLING_STOPPED_EVENT = "dynamic_sampling_stopped"  # a stop request ended the rounds
+ROLLOUT_AHEAD_DISCARDED_EVENT = "rollout_ahead_discarded"  # a rollout sampled ahead that failed at the end
+EVAL_PROGRESS_EVENT = "eval_progress"  # {done, tasks, elapsed_s}: a long evaluation is never silent

@@ -1,7 +1,7 @@
 """`quaero eval`: a model (or a scripted policy) on the env's eval split, with intervals, and
 `--compare A B` on identical episodes with the paired difference.
 
-Episodes run through the EpisodeDriver that training evaluation uses, one episode per (task, seed):
+Episodes run through training evaluation's loop (quaero/recipe/evaluation.py), one episode per (task, seed):
 task i of repetition r is training evaluation's task i under run seed + r, and the driver's sampler
 seed is run seed + r, so r = 0 greedy reproduces the run's own eval events. Success rates count
 episodes that finished (dropped ones are reported, not scored), as in training evaluation.
@@ -184,12 +184,12 @@ def _sampler(cfg: QuaeroConfig, who: Contestant, stop_token_ids: list[int]):
 
 def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan,
                    kept: list | None = None) -> Result:
-    """All (repeat, task) episodes of one contestant through the training evaluation's driver; each repeat's
-    records are appended to `kept` as they finish (an interrupted eval writes those)."""
-    from quaero.openenv_client.tasks import eval_indices
+    """All (repeat, task) episodes of one contestant through training evaluation's loop (quaero/recipe/
+    evaluation.py `eval_episodes`); each repeat's records are appended to `kept` as they finish (an
+    interrupted eval writes those)."""
+    from quaero.recipe.evaluation import eval_episodes
     from quaero.rollout.driver import DriverSettings, EpisodeDriver
     from quaero.rollout.render import RenderAdapter
-    from quaero.rollout.tasks import task_reset
 
     try:
         render = RenderAdapter(_tokenizer(cfg, who), cfg.model)
@@ -206,11 +206,9 @@ def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan,
     try:
         for r in range(plan.seeds):
             seed = cfg.run.seed + r
-            indices = eval_indices(pool.tasks, plan.split, plan.tasks)  # the env's split, with a Task API
-            tasks = [task_reset(_with(cfg, "run", seed=seed), plan.split, i) for i in indices]
             try:
-                groups = driver.run(pool.sessions, tasks, group_size=1, greedy=plan.greedy, policy=who.policy,
-                                    seed=seed)
+                tasks, groups = eval_episodes(_with(cfg, "run", seed=seed), driver, pool, plan.split,
+                                              plan.tasks, seed=seed, greedy=plan.greedy, policy=who.policy)
             except Exception as e:
                 if who.policy is None:
                     raise

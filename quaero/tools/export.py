@@ -51,7 +51,7 @@ def load_checkpoint(run_dir: Path, step: int | None = None) -> tuple[int, dict]:
 
 
 def build_trainer(cfg: QuaeroConfig):
-    """The run's trainer as quaero/recipe/train.py builds it, on the CPU: exporting needs no accelerator."""
+    """The run's trainer as quaero/recipe/parts.py builds it, on the CPU: exporting needs no accelerator."""
     from quaero.recipe.plan import trainer_spec
     from trainers.registry import trainer_class
 

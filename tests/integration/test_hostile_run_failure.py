@@ -19,11 +19,11 @@ def test_a_weight_push_that_fails_at_step_2_keeps_step_1_and_logs_run_end(tmp_pa
     pushes = []
     real_sync = recipe.sync_sampler
 
-    def push_fails_at_step_2(c):
+    def push_fails_at_step_2(parts, progress):
         pushes.append(1)
         if len(pushes) == 2:
             raise ServerError("vLLM server http://127.0.0.1:9/collective_rpc answered 500: reload failed")
-        return real_sync(c)
+        return real_sync(parts, progress)
 
     monkeypatch.setattr(recipe, "sync_sampler", push_fails_at_step_2)
     with pytest.raises(ServerError):

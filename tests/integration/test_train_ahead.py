@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from fixtures.runs import alive, events_of, make_config, steps_by_number
 
-from quaero.recipe import train
+from quaero.recipe import ahead, groups, train
 from quaero.tools import review
 
 AHEAD = "quaero-rollout-ahead"
@@ -23,13 +23,15 @@ def ahead_threads() -> list[str]:
 def first_tasks(monkeypatch):
     """{step: first train task index} of every rollout the recipe starts (on the worker thread or not)."""
     seen: dict[int, int] = {}
-    roll_out = train._roll_out
+    roll_out = groups.roll_out
 
-    def spy(c, step, picks, *, sft):  # picks: [env, task index] of each group (seed 0: index = draw number)
+    # picks: [env, task index] of each group (seed 0: index = draw number)
+    def spy(parts, step, picks, *, sft):
         seen[step] = picks[0][1]
-        return roll_out(c, step, picks, sft=sft)
+        return roll_out(parts, step, picks, sft=sft)
 
-    monkeypatch.setattr(train, "_roll_out", spy)
+    monkeypatch.setattr(train, "roll_out", spy)  # a step sampled now
+    monkeypatch.setattr(ahead, "roll_out", spy)  # a step sampled ahead
     return seen
 
 
@@ -97,8 +99,8 @@ def test_a_stop_with_a_rollout_in_flight_resumes_on_the_same_tasks(tmp_path, fir
                          extra=["training.max_off_policy_steps=1"])
     run_step = train.run_step
 
-    def stop_after_step_2(c, step, **kwargs):
-        m = run_step(c, step, **kwargs)
+    def stop_after_step_2(parts, progress, step, **kwargs):
+        m = run_step(parts, progress, step, **kwargs)
         if step == 2:
             signal.raise_signal(signal.SIGINT)  # a Ctrl-C: finish this step, checkpoint, stop
         return m

@@ -158,7 +158,8 @@ def test_a_run_that_trains_nothing_exits_1_naming_the_drop_reasons(tmp_path):
 def test_a_run_shorter_than_max_empty_steps_that_trains_nothing_does_not_finish(tmp_path):
     """One step, every episode dropped (max_empty_steps=3 never reached): the run ends "failed" naming the
     drop reasons, with no final/ (there is no trained model to hand over), not "finished"."""
-    from quaero.recipe.train import EmptyRunError, train
+    from quaero.recipe.stop import EmptyRunError
+    from quaero.recipe.train import train
 
     _, cfg = make_config(tmp_path, "none", steps=1, warmup=0, eval_every=0, eval_tasks=0,
                          entry="fixtures.crashing:AlwaysCrashingToolBench",
@@ -176,7 +177,8 @@ def test_a_run_whose_prompts_never_fit_stops_naming_the_context_budget(tmp_path)
     """[sampler] max_tokens leaves no room of [model] max_seq_len for the first prompt: every episode ends
     truncated (context_exhausted, nothing dropped), no row is built, and the error says which settings to
     change."""
-    from quaero.recipe.train import EmptyRunError, train
+    from quaero.recipe.stop import EmptyRunError
+    from quaero.recipe.train import train
 
     _, cfg = make_config(tmp_path, "budget", steps=3, warmup=0, eval_every=0, eval_tasks=0,
                          extra=["model.max_seq_len=256", "sampler.max_tokens=200", "env.launcher='inprocess'",

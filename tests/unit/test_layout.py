@@ -261,3 +261,29 @@ def test_unit_tests_mirror_every_subpackage():
     unit = ROOT / "tests" / "unit" / "quaero"
     mirrored = {p.name for p in unit.iterdir() if p.is_dir() and not p.name.startswith("_")}
     assert packages == mirrored
+
+
+# The packages of the training path whose every module has a test file of its own,
+# tests/unit/<package path>/test_<module>.py (a package joins when each of its modules has one).
+MIRRORED = ("quaero.recipe",)
+
+
+def modules_without_tests(root: Path = ROOT, packages: tuple[str, ...] = MIRRORED) -> list[str]:
+    """The modules of `packages` with no test file of their own."""
+    out = []
+    for package in packages:
+        tests = root / "tests" / "unit" / package.replace(".", "/")
+        out += [f"{package}.{path.stem}" for path in sorted((root / package.replace(".", "/")).glob("*.py"))
+                if path.name != "__init__.py" and not (tests / f"test_{path.stem}.py").is_file()]
+    return out
+
+
+def test_every_module_of_the_recipe_has_its_test_file():
+    assert modules_without_tests() == []
+
+
+def test_a_module_without_its_test_file_is_found(tmp_path):
+    for path in ("pkg/__init__.py", "pkg/kept.py", "pkg/new.py", "tests/unit/pkg/test_kept.py"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("")
+    assert modules_without_tests(tmp_path, ("pkg",)) == ["pkg.new"]

@@ -5,7 +5,6 @@ does."""
 import json
 import math
 import os
-from types import SimpleNamespace
 
 import pytest
 import structlog
@@ -13,7 +12,9 @@ from fixtures.rollout import make_cfg, recipe_parts
 from fixtures.small_model import V
 
 from quaero.config import ConfigError, load_config
-from quaero.recipe.train import _collect, _empty_run
+from quaero.recipe.progress import RunProgress
+from quaero.recipe.stop import EmptySteps
+from quaero.recipe.train import step_rows
 from quaero.rollout.driver import Episode
 from quaero.rollout.traces import load_traces, warm_start_rows
 from quaero.rows import EchoRow, Span
@@ -47,7 +48,7 @@ def test_a_kept_rows_meta_carries_its_episodes_reward_for_export():
     """`--export` wrote "reward": null for every row: the recipe never put the episode's reward on its
     rows."""
     c, _ = _recipe(lambda i: [1.0, 0.0])
-    collected = _collect(c, 1, sft=False)
+    collected = step_rows(c, RunProgress(), 1, sft=False)
     assert [row.meta["reward"] for row, _ in collected] == [1.0, 0.0, 1.0, 0.0]
 
 
@@ -58,7 +59,7 @@ def test_each_dynamic_sampling_round_is_logged_and_a_stop_request_ends_the_round
                        dynamic_sampling=True, dynamic_sampling_max_groups=100.0)
     try:
         with structlog.testing.capture_logs() as logs:
-            _collect(c, 1, sft=False)
+            step_rows(c, RunProgress(), 1, sft=False)
     finally:
         STOP_REQUESTED.clear()
     assert calls == [[0, 1], [2, 3]]  # two rounds of 200 groups' worth, then the stop request
@@ -81,9 +82,8 @@ def test_dynamic_sampling_max_groups_is_bounded_in_one_line(tmp_path, value, sho
 def test_steps_that_left_out_every_group_for_a_non_finite_advantage_say_so():
     """Rewards of +-1e308: nothing is dropped, the groups are left out (groups_nonfinite_advantage); the run's
     end said "none dropped ... the env_episode_dropped events say why"."""
-    c = SimpleNamespace(cfg=make_cfg(training__max_empty_steps=1), empty_steps=0, empty_drops={},
-                        empty_exhausted=0, empty_nonfinite=0)
-    why = _empty_run(c, 1, {"rows": 0, "groups_nonfinite_advantage": 2})
+    why = EmptySteps().after(make_cfg(training__max_empty_steps=1), {}, 1,
+                             {"rows": 0, "groups_nonfinite_advantage": 2})
     assert why == ("step 1 trained no row ([training] max_empty_steps=1); dropped episodes by reason: none "
                    "dropped; 2 group(s) left out because their rewards give no finite advantage "
                    "(groups_nonfinite_advantage: rewards too far apart for a float, e.g. ±1e308); bound "

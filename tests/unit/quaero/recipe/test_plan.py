@@ -49,7 +49,7 @@ def test_component_rules_are_not_config_rules():
     cfg = load_config(MAIN, ["backend.backend='tinker'"])
     with pytest.raises(ConfigError, match="unknown backend"):
         check_components(cfg)
-    from quaero.recipe.train import build
+    from quaero.recipe.parts import build
 
     with pytest.raises(ConfigError, match="unknown backend"):
         build(cfg, {}, None)  # fails before the trainer, the tokenizer or the sampler is built

@@ -82,10 +82,10 @@ def test_a_server_that_accepts_no_connection_is_a_bounded_wait(monkeypatch):
 
 
 def test_sigterm_ends_a_wait_on_a_silent_server(monkeypatch, raw_server):
-    """The stop request of `quaero train` (quaero/recipe/train.py StopRequest, a real SIGTERM to this
+    """The stop request of `quaero train` (quaero/recipe/stop.py StopRequest, a real SIGTERM to this
     process): the wait goes on for [sampler] stop_grace_s, then ends as an interrupted run (the CLI exits
     130), not after the timeout."""
-    from quaero.recipe.train import StopRequest
+    from quaero.recipe.stop import StopRequest
 
     monkeypatch.setattr(wire, "POLL_S", 0.05)
     url = raw_server(_silent)
@@ -102,7 +102,7 @@ def test_a_stop_request_ends_the_wait_for_a_server_still_starting(tmp_path):
     ends and the server is stopped (was: the run waited out server_start_timeout_s, then trained a step)."""
     import sys
 
-    from quaero.recipe.train import StopRequest
+    from quaero.recipe.stop import StopRequest
     from quaero.sampling.supervisor import ServedProcess, free_port, start_all
 
     booting = ServedProcess([sys.executable, "-c", "import time; time.sleep(120)"],

@@ -1,0 +1,102 @@
+"""The run's state as the recipe writes and reads it (quaero/recipe/run_state.py): the task state a checkpoint
+keeps, a resume under another config or another task sampler."""
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import structlog
+from fixtures.rollout import make_cfg, recipe_parts
+
+from quaero.recipe.progress import RunProgress
+from quaero.rollout.driver import Episode
+from quaero.telemetry.counts import RolloutCounts
+
+
+def test_a_warm_start_checkpoint_may_start_rl_with_another_task_sampler_and_an_rl_one_may_not():
+    from quaero.recipe.run_state import load_task_state, task_state
+    from quaero.rollout.task_samplers import TaskSamplerError
+
+    def run(sessions, tasks, *, group_size, policy=None, seed=None):
+        return [[Episode([], 1.0, True, 1, {}, [])] * group_size for _ in tasks]
+
+    from quaero.openenv_client.tasks import TaskCatalog
+
+    catalog = TaskCatalog({"train": 50, "eval": 10}, "test")
+    saved = task_state(recipe_parts(make_cfg(training__warmup_sft_steps=2), run, RolloutCounts(), catalog),
+                       RunProgress())
+    cfg = make_cfg(training__warmup_sft_steps=2, env__tasks={"sampler": "uniform"})
+    c = recipe_parts(cfg, run, RolloutCounts(), catalog)
+    with structlog.testing.capture_logs() as logs:
+        # the warm start's last step
+        load_task_state(c, RunProgress(), SimpleNamespace(step=2, tasks=saved, cursor=8))
+    assert [(e["checkpoint"], e["config"]) for e in logs if e["event"] == "task_sampler_changed"] == [
+        ("sequential", "uniform")]
+    with pytest.raises(TaskSamplerError, match=r"'sequential'.*this config's 'uniform'"):
+        # RL drew with the other one
+        load_task_state(c, RunProgress(), SimpleNamespace(step=3, tasks=saved, cursor=8))
+    with structlog.testing.capture_logs() as logs:  # an older quaero's warm start: its cursor alone
+        load_task_state(c, RunProgress(), SimpleNamespace(step=2, tasks=None, cursor=8))
+    assert [e["checkpoint"] for e in logs if e["event"] == "task_sampler_changed"] == ["sequential"]
+
+
+def test_a_resume_under_a_changed_config_says_what_changed_and_review_repeats_it(tmp_path, capsys):
+    """The run's last config (config.json) against the resumed one: a change that reaches what a step trains
+    (the seed: other tasks, other samples) is a warning naming the key and both values; one that only moves
+    when the run stops or evaluates is a note; no checkpoint or no change says nothing."""
+    from quaero.recipe.run_state import note_changed_config
+    from quaero.telemetry import runlog
+    from quaero.tools import review
+
+    before = make_cfg(run__output_dir=str(tmp_path), run__seed=0)
+    before.run_dir.mkdir(parents=True)
+    (before.run_dir / "config.json").write_text(before.model_dump_json())
+    found = (before.run_dir / "checkpoints" / "step-000010", {"step": 10})
+    extended = make_cfg(run__output_dir=str(tmp_path), run__seed=0, training__steps=40)
+    reseeded = make_cfg(run__output_dir=str(tmp_path), run__seed=1, training__steps=40)
+    with structlog.testing.capture_logs() as logs:
+        note_changed_config(before, found)  # the same config
+        note_changed_config(reseeded, None)  # nothing to resume: a new run
+        note_changed_config(extended, found)
+        note_changed_config(reseeded, found)
+    assert [(e["log_level"], e["checkpoint_step"], e["changes"], e["trained"]) for e in logs] == [
+        ("info", 10, {"training.steps": [before.training.steps, 40]}, []),
+        ("warning", 10, {"run.seed": [0, 1], "training.steps": [before.training.steps, 40]}, ["run.seed"])]
+
+    runlog.configure(console="none")  # what `quaero review` reads of it, beside a hand-edited line
+    with runlog.RunLog(before.run_dir, run_id="r1"):
+        note_changed_config(reseeded, found)
+        runlog.get_logger("test").info("resume_config_changed", changes=[1], trained="run.seed")
+        runlog.get_logger("test").info("train_step", step=11, phase="rl")
+    run = review.load_run(before.run_dir)
+    assert review.summarize(run).to_dict()["resumed_with_changed_config"] == {
+        "10": {"changes": {"run.seed": [0, 1], "training.steps": [before.training.steps, 40]},
+               "trained": ["run.seed"]}}
+    assert review.main(SimpleNamespace(run_dir=str(before.run_dir), require_proof=False, require=[],
+                                       plots=None, json=False, compare=None)) == 0
+    said = capsys.readouterr().out
+    assert ("warning: resumed at step 10 with a changed config (the steps after it train with the new "
+            f"values): run.seed 0 -> 1, training.steps {before.training.steps} -> 40") in said
+
+
+def test_the_resume_point_is_the_newest_checkpoint_and_a_restart_sets_the_old_ones_aside(tmp_path):
+    from quaero.recipe import checkpoint
+    from quaero.recipe.run_state import resume_point
+
+    cfg = make_cfg(run__output_dir=str(tmp_path))
+    with structlog.testing.capture_logs() as logs:
+        assert resume_point(cfg, resume=True, restart=False) is None  # nothing to resume: step 1
+    assert [e["event"] for e in logs] == ["resume_without_checkpoint"]
+    root = checkpoint.run_checkpoints(cfg.run_dir)
+    for step in (1, 2):
+        checkpoint.save(root, step, {"step": step}, keep=2)
+    with structlog.testing.capture_logs() as logs:
+        path, state = resume_point(cfg, resume=False, restart=False)  # found without --resume: resumed anyway
+    assert path.name == "step-000002" and state["step"] == 2
+    assert [e["event"] for e in logs] == ["auto_resume"]
+    with structlog.testing.capture_logs() as logs:
+        assert resume_point(cfg, resume=False, restart=True) is None
+    (aside,) = [e["previous_checkpoints"] for e in logs if e["event"] == "restart"]
+    assert sorted(p.name for p in Path(aside).iterdir()) == ["step-000001", "step-000002"]
+    assert not root.exists() or not any(root.iterdir())
