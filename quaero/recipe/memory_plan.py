@@ -33,6 +33,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
+from quaero.model import SUPPORTED_MODEL_TYPES
+
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # elements saved per token per layer: a*hidden + b*intermediate + c*(heads*head_dim) + d*(kv_heads*head_dim)
@@ -42,7 +44,6 @@ SAVED_PER_TOKEN = {"hidden": 4, "intermediate": 4, "q": 5, "kv": 4}
 # full logits' backward: log_softmax's saved fp32 output, the gradient gather hands it and the one it gives
 FULL_HEAD_BACKWARD_BYTES = 3 * 4
 OPTIMIZER_TEMPORARIES = 2  # tensors torch.optim.AdamW allocates inside step(): per parameter (CPU) or per set
-SUPPORTED_TYPES = ("qwen3", "qwen2", "llama", "mistral")
 # the knobs, tried in this order for the one line that says what would make an oversized plan fit
 KNOBS = (
     "backend.options.train_logprob_chunk_size",
@@ -486,11 +487,11 @@ def memory_lines(cfg, device: str) -> list[str]:
                 "cache); it is read once the model is downloaded"
             )
         ]
-    if fields.get("model_type") not in SUPPORTED_TYPES:
+    if fields.get("model_type") not in SUPPORTED_MODEL_TYPES:
         return [
             (
                 f"memory plan none: model_type {fields.get('model_type')!r} (the plan knows "
-                f"{', '.join(SUPPORTED_TYPES)})"
+                f"{', '.join(SUPPORTED_MODEL_TYPES)})"
             )
         ]
     dims = ModelDims.from_fields(fields)
