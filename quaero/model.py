@@ -24,6 +24,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+# shared with the SmolLM2 family (quaero/smollm2.py), which quaero.model lists lazily: defined below both
+from quaero.model_base import ModelNotFound, init_random
+
 TINY_QWEN3 = "tiny-qwen3"
 TINY_VERSION = "v1"
 
@@ -41,10 +44,6 @@ QWEN3_ADDED = [
 ]
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-
-class ModelNotFound(RuntimeError):
-    """A model id/path that cannot be resolved; the message is one line for the user."""
 
 
 def cache_dir() -> Path:
@@ -95,25 +94,6 @@ def random_qwen3(vocab_size: int, hidden_size: int, *, layers: int = 2, head_dim
                       tie_word_embeddings=tie_word_embeddings, dtype="float32",
                       **{"eos_token_id": 0, "pad_token_id": 0, "bos_token_id": None, **config_kw})
     return init_random(Qwen3ForCausalLM(cfg), seed, embed_scale)
-
-
-def init_random(model, seed: int = 0, embed_scale: float = 1.0):
-    """`model`'s weights, deterministic from their own generator (independent of the global RNG): norm
-    weights 1, matrices N(0, 0.02), vectors 0, then the input embedding times `embed_scale`."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters()):
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            elif p.dim() >= 2:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
-            else:
-                p.zero_()
-        if embed_scale != 1.0:
-            model.get_input_embeddings().weight.mul_(embed_scale)
-    return model
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import importlib.util
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from quaero.model import ModelNotFound, init_random
+from quaero.model_base import ModelNotFound, init_random
 
 SMOLLM2 = "smollm2-135m-instruct"
 SMOLLM2_BF16 = "smollm2-135m-instruct-bf16"
