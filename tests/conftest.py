@@ -29,6 +29,18 @@ def small_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_smollm2_dir():
+    """tiny-smollm2 (the second family: Llama, SmolLM2's tokenizer and template), built once; skips where the
+    SmolLM2 files are not installed (a failure in CI)."""
+    from fixtures import require_smollm2
+
+    from quaero.model import resolve_model
+
+    require_smollm2()
+    return resolve_model("tiny-smollm2")
+
+
+@pytest.fixture(scope="session")
 def qwen3_tokenizer(tiny_model_dir):
     from quaero.model import load_tokenizer
 
@@ -53,7 +65,7 @@ def pytest_runtest_makereport(item, call):
     QUAERO_REQUIRE_PEERS=1 (CI's own venv with the [peers] extra)."""
     outcome = yield
     report = outcome.get_result()
-    required = (("vllm", "unsloth") if os.environ.get("QUAERO_REQUIRE_ENGINES") == "1" else ()) + (
+    required = (("vllm", "unsloth", "smollm2") if os.environ.get("QUAERO_REQUIRE_ENGINES") == "1" else ()) + (
         ("peers",) if os.environ.get("QUAERO_REQUIRE_PEERS") == "1" else ())
     if report.skipped and any(item.get_closest_marker(m) for m in required):
         report.outcome = "failed"

@@ -33,16 +33,21 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
+from quaero.model import SUPPORTED_MODEL_TYPES
+
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # elements saved per token per layer: a*hidden + b*intermediate + c*(heads*head_dim) + d*(kv_heads*head_dim)
 # (two RMSNorms' inputs and outputs, q/k/v projections and their QK-norms, SDPA's inputs and output, the
 # o_proj input, the gated MLP's gate, up, act(gate) and product)
 SAVED_PER_TOKEN = {"hidden": 4, "intermediate": 4, "q": 5, "kv": 4}
+# of those, what Qwen3's QK-norms add (their inputs and outputs): a layout without them (Llama,
+# Mistral, Qwen2) saves these fewer (measured on one Llama layer at SmolLM2-135M's width: float32 42,796
+# bytes a token, the plan 44,544; bfloat16 24,876 and 24,576; tests/unit/quaero/recipe/test_memory_plan.py)
+QK_NORM_SAVED = {"q": 1, "kv": 2}
 # full logits' backward: log_softmax's saved fp32 output, the gradient gather hands it and the one it gives
 FULL_HEAD_BACKWARD_BYTES = 3 * 4
 OPTIMIZER_TEMPORARIES = 2  # tensors torch.optim.AdamW allocates inside step(): per parameter (CPU) or per set
-SUPPORTED_TYPES = ("qwen3", "qwen2", "llama", "mistral")
 # the knobs, tried in this order for the one line that says what would make an oversized plan fit
 KNOBS = (
     "backend.options.train_logprob_chunk_size",
@@ -137,12 +142,12 @@ class ModelDims:
 
     def saved_per_token(self) -> int:
         """Elements one decoder layer saves for backward per token (see SAVED_PER_TOKEN)."""
-        c = SAVED_PER_TOKEN
+        c, qk = SAVED_PER_TOKEN, (0 if self.qk_norm else 1)
         return (
             c["hidden"] * self.hidden
             + c["intermediate"] * self.intermediate
-            + c["q"] * self.heads * self.head_dim
-            + c["kv"] * self.kv_heads * self.head_dim
+            + (c["q"] - qk * QK_NORM_SAVED["q"]) * self.heads * self.head_dim
+            + (c["kv"] - qk * QK_NORM_SAVED["kv"]) * self.kv_heads * self.head_dim
         )
 
 
@@ -486,11 +491,11 @@ def memory_lines(cfg, device: str) -> list[str]:
                 "cache); it is read once the model is downloaded"
             )
         ]
-    if fields.get("model_type") not in SUPPORTED_TYPES:
+    if fields.get("model_type") not in SUPPORTED_MODEL_TYPES:
         return [
             (
                 f"memory plan none: model_type {fields.get('model_type')!r} (the plan knows "
-                f"{', '.join(SUPPORTED_TYPES)})"
+                f"{', '.join(SUPPORTED_MODEL_TYPES)})"
             )
         ]
     dims = ModelDims.from_fields(fields)

