@@ -8,7 +8,7 @@ import pytest
 
 from quaero.config import ConfigError, load_config
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 MAIN = ROOT / "envs" / "toolbench.toml"
 
 
