@@ -265,7 +265,7 @@ def test_unit_tests_mirror_every_subpackage():
 
 # The packages (and ground-floor modules) of the training path whose every module has a test file of its own,
 # tests/unit/<package path>/test_<module>.py (a package joins when each of its modules has one).
-MIRRORED = ("quaero.recipe", "quaero.rollout", "quaero.sampling", "trainers", "quaero.rows")
+MIRRORED = ("quaero.recipe", "quaero.rollout", "quaero.sampling", "quaero.chat", "trainers", "quaero.rows")
 
 
 def modules_without_tests(root: Path = ROOT, packages: tuple[str, ...] = MIRRORED) -> list[str]:
