@@ -193,7 +193,7 @@ def note_changed_config(cfg: QuaeroConfig, found: Found | None) -> None:
     try:
         before = json.loads(previous.read_text())
     except (OSError, ValueError):
-        return  # not the run's to judge: config.json is rewritten below
+        return  # not the run's to judge: config.json is rewritten next
     changes = changed_keys(before, cfg.model_dump(mode="json"))
     if not changes:
         return

@@ -234,3 +234,29 @@ def test_a_terminal_ctrl_c_and_a_sigterm_each_finish_the_step_checkpoint_it_and_
     assert not events_of(cfg.run_dir, "env_server_died") and not events_of(cfg.run_dir, "env_retry")
     server_pids = [e["pid"] for e in events_of(cfg.run_dir, "env_server_started")]
     assert len(server_pids) == 2 and not alive(server_pids)
+
+
+@pytest.mark.slow
+@pytest.mark.hostile
+def test_a_refused_resume_leaves_the_runs_config_json_as_it_trained(tmp_path):
+    """A resume is judged before the run's config.json is rewritten: a LoRA config against a full checkpoint
+    is refused and leaves config.json, the change notes `quaero review` repeats and `quaero export` alone."""
+    from quaero.cli import main
+    from quaero.recipe.train import train
+
+    _, cfg = make_config(tmp_path, "refused", steps=0, warmup=1, eval_every=0, eval_tasks=0)
+    train(cfg)
+    written = (cfg.run_dir / "config.json").read_bytes()
+    _, lora = make_config(tmp_path, "refused", steps=0, warmup=2, eval_every=0, eval_tasks=0,
+                          extra=["backend.lora=true"])
+    with pytest.raises(checkpoint.CheckpointError, match=r"step-000001"):
+        train(lora, resume=True)
+    assert (cfg.run_dir / "config.json").read_bytes() == written
+    assert not events_of(cfg.run_dir, "resume_config_changed")
+    assert main(["export", str(cfg.run_dir), str(tmp_path / "out")]) == 0
+
+    _, longer = make_config(tmp_path, "refused", steps=0, warmup=2, eval_every=0, eval_tasks=0)
+    train(longer, resume=True)  # the good resume reports what changed since the config that trained
+    (changed,) = events_of(cfg.run_dir, "resume_config_changed")
+    assert list(changed["changes"]) == ["training.warmup_sft_steps"]
+    assert json.loads((cfg.run_dir / "config.json").read_text())["training"]["warmup_sft_steps"] == 2
