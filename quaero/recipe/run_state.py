@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from quaero.config import UNTRAINED_KEYS, QuaeroConfig, changed_keys
 from quaero.recipe import checkpoint, ranks
+from quaero.recipe.stop import interruptible
 from quaero.rollout.mixture import MixtureError
 from quaero.rollout.task_samplers import MAX_SAVED, SavedStateError, TaskSamplerError, saved_number
 from quaero.telemetry import names
@@ -52,7 +53,7 @@ def save_checkpoint(parts: RunParts, progress: RunProgress, step: int, rng: dict
     t0, written = time.perf_counter(), {}
     try:
         with peak_window(parts.trainer.device, written, names.PEAK_MEM_MB):
-            path = ranks.from_rank0(write)
+            path = ranks.from_rank0(lambda: interruptible(write))  # a second Ctrl-C aborts mid-write
     except checkpoint.CheckpointError as e:
         log.error(names.CHECKPOINT_FAILED_EVENT, error=str(e))
         raise

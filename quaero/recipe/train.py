@@ -166,6 +166,10 @@ def _run(parts: RunParts, progress: RunProgress, stop: StopRequest, tqdm, run_id
     total = cfg.training.warmup_sft_steps + cfg.training.steps
     if start == 0 and cfg.training.eval_every:
         evaluate_at(parts, progress, 0)
+        if ranks.any_rank(stop.requested):  # during the untrained evaluation: still no step to finish
+            log.info(names.RUN_END_EVENT, status="interrupted", steps=0, run_id=run_id,
+                     note="stopped during the untrained evaluation, before the first step")
+            raise KeyboardInterrupt
     bar = tqdm(range(start + 1, total + 1), initial=start, total=total, desc="train", unit="step",
                # no bar in a log file
                disable=not cfg.logging.progress or not sys.stderr.isatty() or not ranks.is_main())
@@ -234,13 +238,17 @@ def _step(parts: RunParts, progress: RunProgress, stop: StopRequest, bar, run_id
         total = step  # this step is the run's last: checkpoint, evaluation, final/
     if step % cfg.training.checkpoint_every == 0 or step == total or stopping:
         save_checkpoint(parts, progress, step)
-    if stopping:
-        log.info(names.RUN_END_EVENT, status="interrupted", steps=step, run_id=run_id)
-        raise KeyboardInterrupt
-    if cfg.training.eval_every and (step % cfg.training.eval_every == 0 or step == total):
+    if not stopping and cfg.training.eval_every and (step % cfg.training.eval_every == 0 or step == total):
         if ahead is not None:
             ahead.wait()  # evaluation never shares the sampler or the env pool with a rollout sampled ahead
         evaluate_at(parts, progress, step)
+    if not stopping and step < total:  # a stop during the checkpoint write or the evaluation: no further step
+        stopping = ranks.any_rank(stop.requested)
+        if stopping and progress.saved_step < step:
+            save_checkpoint(parts, progress, step)
+    if stopping:
+        log.info(names.RUN_END_EVENT, status="interrupted", steps=step, run_id=run_id)
+        raise KeyboardInterrupt
     return total
 
 
