@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from quaero.config import UNTRAINED_KEYS, QuaeroConfig, changed_keys
 from quaero.recipe import checkpoint, ranks
+from quaero.recipe.stop import interruptible
 from quaero.rollout.mixture import MixtureError
-from quaero.rollout.task_samplers import TaskSamplerError
+from quaero.rollout.task_samplers import MAX_SAVED, SavedStateError, TaskSamplerError, saved_number
 from quaero.telemetry import names
 from quaero.telemetry.runlog import Cumulative, error_line, get_logger
 from trainers.memory import peak_window
@@ -52,7 +53,7 @@ def save_checkpoint(parts: RunParts, progress: RunProgress, step: int, rng: dict
     t0, written = time.perf_counter(), {}
     try:
         with peak_window(parts.trainer.device, written, names.PEAK_MEM_MB):
-            path = ranks.from_rank0(write)
+            path = ranks.from_rank0(lambda: interruptible(write))  # a second Ctrl-C aborts mid-write
     except checkpoint.CheckpointError as e:
         log.error(names.CHECKPOINT_FAILED_EVENT, error=str(e))
         raise
@@ -98,7 +99,7 @@ def load_task_state(parts: RunParts, progress: RunProgress, state: checkpoint.Ru
                                          f"{mine}; "
                                          "resume with the config it was saved with, or pass --restart")
     parts.mixture.load_state_dict(saved["mixture"])
-    progress.pending = {int(k): v for k, v in saved["pending"].items()}
+    progress.pending = _pending(parts, saved["pending"], state.step)
     for e in parts.envs:
         theirs = saved["samplers"][e.name].get("sampler")
         if theirs != e.tasks.view.settings.sampler and warm_start:
@@ -106,6 +107,27 @@ def load_task_state(parts: RunParts, progress: RunProgress, state: checkpoint.Ru
             progress.pending = {}
             continue
         e.tasks.load_state_dict(saved["samplers"][e.name])
+
+
+def _pending(parts: RunParts, saved: dict[str, list], step: int) -> dict[int, list]:
+    """The checkpoint's steps drawn ahead (`pending`: step -> [[env name, task index], ...]), each step after
+    `step` and each task an index of its env's split; SavedStateError naming the first that is not."""
+    sizes = {e.name: e.tasks.view.size for e in parts.envs}
+    out = {}
+    for key, picks in saved.items():
+        later = saved_number(int(key) if str(key).isdigit() else key, "pending step", below=MAX_SAVED)
+        if later <= step or not isinstance(picks, list):
+            raise SavedStateError(f"pending[{key!r}] is not a step after {step} with a list of draws; the "
+                                  "checkpoint was edited or is corrupt: move it aside or pass --restart")
+        for pick in picks:
+            env = pick[0] if isinstance(pick, list) and len(pick) == 2 else None
+            if env not in sizes:
+                raise SavedStateError(f"pending[{key!r}] draws {pick!r}, not [env, task] of this run's "
+                                      f"envs {list(sizes)}; the checkpoint was edited or is corrupt: move it "
+                                      "aside or pass --restart")
+            saved_number(pick[1], f"pending[{key!r}] task of env {env!r}", below=sizes[env] or MAX_SAVED)
+        out[later] = picks
+    return out
 
 
 def _sampler_changed(e: EnvRun, theirs: str | None, step: int) -> None:
@@ -146,6 +168,9 @@ def resume_point(cfg: QuaeroConfig, *, resume: bool, restart: bool) -> Found | N
         if aside is not None:
             log.warning(names.RESTART_EVENT, note="starting over at step 1", previous_checkpoints=str(aside))
         return None
+    if root.exists() and not root.is_dir():  # nowhere to write step 1's checkpoint either
+        raise checkpoint.CheckpointError(f"{root} is not a folder; move it aside (the run keeps its "
+                                         "checkpoints there) or pass --restart")
     try:
         found = checkpoint.load_latest(root)
     except checkpoint.NoIntactCheckpoint as e:
@@ -193,7 +218,7 @@ def note_changed_config(cfg: QuaeroConfig, found: Found | None) -> None:
     try:
         before = json.loads(previous.read_text())
     except (OSError, ValueError):
-        return  # not the run's to judge: config.json is rewritten below
+        return  # not the run's to judge: config.json is rewritten next
     changes = changed_keys(before, cfg.model_dump(mode="json"))
     if not changes:
         return

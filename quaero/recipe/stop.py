@@ -13,6 +13,8 @@ from quaero.telemetry.counts import drop_reasons
 from quaero.telemetry.runlog import get_logger
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from quaero.config import QuaeroConfig
     from quaero.recipe.groups import GroupOutcome
     from quaero.rollout.driver import EpisodeDriver
@@ -63,6 +65,32 @@ class StopRequest:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         STOP_REQUESTED.clear()
+
+
+def interruptible(fn: Callable[[], Any]) -> Any:
+    """`fn()` (a checkpoint write) on a worker thread while the main thread waits for it: a signal's handler
+    runs at once, so a second Ctrl-C or SIGTERM aborts now rather than after a long call into C (safetensors'
+    write) returns. An aborted write leaves a temporary folder the next start removes. Off the main thread
+    (no handler there), `fn()` itself."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return fn()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["out"] = fn()
+        except BaseException as e:  # noqa: BLE001 - raised on the main thread below
+            box["error"] = e
+
+    worker = threading.Thread(target=run, name="quaero-checkpoint-write", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.1)  # a signal's handler runs here; a second stop raises KeyboardInterrupt
+    if "error" in box:
+        raise box["error"]
+    return box["out"]
 
 
 def check_env_loss(cfg: QuaeroConfig, groups: list[GroupOutcome], step: int) -> None:

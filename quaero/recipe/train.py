@@ -157,6 +157,8 @@ def _run(parts: RunParts, progress: RunProgress, stop: StopRequest, tqdm, run_id
     """The run from its first step (or its resume point) to its model in final/."""
     cfg = parts.cfg
     start = resume_from(parts, progress, found)
+    if found is not None and ranks.is_main():
+        _accepted(cfg, found)
     if ranks.any_rank(stop.requested):  # while the trainer, sampler or checkpoint loaded: no step to finish
         log.info(names.RUN_END_EVENT, status="interrupted", steps=start, run_id=run_id,
                  note="stopped before the first step")
@@ -164,6 +166,10 @@ def _run(parts: RunParts, progress: RunProgress, stop: StopRequest, tqdm, run_id
     total = cfg.training.warmup_sft_steps + cfg.training.steps
     if start == 0 and cfg.training.eval_every:
         evaluate_at(parts, progress, 0)
+        if ranks.any_rank(stop.requested):  # during the untrained evaluation: still no step to finish
+            log.info(names.RUN_END_EVENT, status="interrupted", steps=0, run_id=run_id,
+                     note="stopped during the untrained evaluation, before the first step")
+            raise KeyboardInterrupt
     bar = tqdm(range(start + 1, total + 1), initial=start, total=total, desc="train", unit="step",
                # no bar in a log file
                disable=not cfg.logging.progress or not sys.stderr.isatty() or not ranks.is_main())
@@ -232,13 +238,17 @@ def _step(parts: RunParts, progress: RunProgress, stop: StopRequest, bar, run_id
         total = step  # this step is the run's last: checkpoint, evaluation, final/
     if step % cfg.training.checkpoint_every == 0 or step == total or stopping:
         save_checkpoint(parts, progress, step)
-    if stopping:
-        log.info(names.RUN_END_EVENT, status="interrupted", steps=step, run_id=run_id)
-        raise KeyboardInterrupt
-    if cfg.training.eval_every and (step % cfg.training.eval_every == 0 or step == total):
+    if not stopping and cfg.training.eval_every and (step % cfg.training.eval_every == 0 or step == total):
         if ahead is not None:
             ahead.wait()  # evaluation never shares the sampler or the env pool with a rollout sampled ahead
         evaluate_at(parts, progress, step)
+    if not stopping and step < total:  # a stop during the checkpoint write or the evaluation: no further step
+        stopping = ranks.any_rank(stop.requested)
+        if stopping and progress.saved_step < step:
+            save_checkpoint(parts, progress, step)
+    if stopping:
+        log.info(names.RUN_END_EVENT, status="interrupted", steps=step, run_id=run_id)
+        raise KeyboardInterrupt
     return total
 
 
@@ -259,12 +269,21 @@ def _open_run_folder(stack: contextlib.ExitStack, cfg: QuaeroConfig) -> str:
 
 
 def _start(cfg: QuaeroConfig, found: Found | None, source: str) -> None:
-    """Rank 0's first lines of the run: what changed since its last start, its config.json, `run_start`."""
-    note_changed_config(cfg, found)
-    (cfg.run_dir / names.CONFIG).write_text(cfg.model_dump_json(indent=2))
+    """Rank 0's first lines of the run: a new run's config.json (a resume's is written once its checkpoint is
+    accepted: `_accepted`), `run_start`."""
+    if found is None:
+        (cfg.run_dir / names.CONFIG).write_text(cfg.model_dump_json(indent=2))
     spread = {names.RANKS: ranks.world_size()} if ranks.world_size() > 1 else {}
     log.info(names.RUN_START_EVENT, source=source, run_dir=str(cfg.run_dir),
              config=cfg.model_dump(mode="json"), **spread)
+
+
+def _accepted(cfg: QuaeroConfig, found: Found) -> None:
+    """A resume whose checkpoint loaded: what changed since the run's last start, then its config.json. A
+    refused resume leaves both alone (the next resume, `quaero review` and `quaero export` read the config
+    that trained)."""
+    note_changed_config(cfg, found)
+    (cfg.run_dir / names.CONFIG).write_text(cfg.model_dump_json(indent=2))
 
 
 def _set_up(cfg: QuaeroConfig) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from quaero.config import shares_of
+from quaero.rollout.task_samplers import saved_number
 
 
 class MixtureError(ValueError):
@@ -48,4 +49,4 @@ class Mixture:
                              for k in names if theirs.get(k) != self.ratios.get(k))
             raise MixtureError(f"the checkpoint was written by another mixture (env ratios {diff}); resume "
                                "with the config it was saved with, or pass --restart to start over")
-        self.counts = {k: int(state["counts"][k]) for k in self.ratios}
+        self.counts = {k: saved_number(state["counts"][k], f"mixture counts[{k!r}]") for k in self.ratios}

@@ -37,6 +37,24 @@ class TaskSamplerError(RuntimeError):
     """A task sampler failed, returned a task outside its split, or its saved state does not fit."""
 
 
+class SavedStateError(TaskSamplerError):
+    """A checkpoint's task state holds a value no run writes (an edited or corrupt checkpoint)."""
+
+
+MAX_SAVED = 2**53  # above any count a run reaches: a float still holds it exactly
+
+
+def saved_number(value: Any, field: str, *, whole: bool = True, below: float = MAX_SAVED) -> Any:
+    """`value`, the checkpoint's `field`, if it is a finite number in 0..`below` (an integer when `whole`);
+    else SavedStateError naming the field and the value."""
+    ok = isinstance(value, int if whole else (int, float)) and not isinstance(value, bool)
+    if not ok or not 0 <= value < below:  # NaN fails the comparison
+        kind = "an integer" if whole else "a number"
+        raise SavedStateError(f"{field} = {value!r} is not {kind} in 0..{below:g}; the checkpoint was edited "
+                              "or is corrupt: move it aside to resume from the one before, or pass --restart")
+    return value
+
+
 @dataclass
 class SplitView:
     """What a sampler is built with: its env's train split, the run seed, the group size and settings."""
@@ -80,7 +98,7 @@ class SequentialSampler:
         return {"kind": "sequential", "cursor": self.cursor}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.cursor = int(state["cursor"])
+        self.cursor = saved_number(state["cursor"], "cursor")
 
 
 @dataclass
@@ -164,10 +182,19 @@ class _Drawing:
                 "memory": {k: m.to_list() for k, m in sorted(self.memory.items())}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.draws = int(state["draws"])
-        self.played = {int(i) for i in state["played"]}
-        self.memory = {str(k): Outcome(*map(float, v[:3]), int(v[3]), float(v[4]))
-                       for k, v in state["memory"].items()}
+        self.draws = saved_number(state["draws"], "draws")
+        self.played = {saved_number(i, "played", below=self.view.size) for i in state["played"]}
+        self.memory = {str(k): _outcome(f"memory[{k!r}]", v) for k, v in state["memory"].items()}
+
+
+def _outcome(field: str, saved: list) -> Outcome:
+    """A saved outcome memory ([successes, cost, episodes, groups, last rate]), each value checked."""
+    successes, cost, episodes, groups, rate = saved
+    return Outcome(saved_number(successes, f"{field} successes", whole=False),
+                   saved_number(cost, f"{field} cost", whole=False),
+                   saved_number(episodes, f"{field} episodes", whole=False),
+                   saved_number(groups, f"{field} groups"),
+                   saved_number(rate, f"{field} last rate", whole=False, below=1 + 1e-9))
 
 
 class UniformSampler(_Drawing):
@@ -281,6 +308,8 @@ class EnvTasks:
                                    "with, or pass --restart")
         try:
             self.sampler.load_state_dict(saved["state"])
+        except SavedStateError as e:
+            raise SavedStateError(f"the task sampler state of env {self.view.env!r}: {e}") from None
         except Exception as e:  # noqa: BLE001
             raise TaskSamplerError(f"{self.name}: load_state_dict raised {type(e).__name__}: {e}") from None
 

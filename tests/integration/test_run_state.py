@@ -234,3 +234,70 @@ def test_a_terminal_ctrl_c_and_a_sigterm_each_finish_the_step_checkpoint_it_and_
     assert not events_of(cfg.run_dir, "env_server_died") and not events_of(cfg.run_dir, "env_retry")
     server_pids = [e["pid"] for e in events_of(cfg.run_dir, "env_server_started")]
     assert len(server_pids) == 2 and not alive(server_pids)
+
+
+@pytest.mark.slow
+@pytest.mark.hostile
+def test_a_refused_resume_leaves_the_runs_config_json_as_it_trained(tmp_path):
+    """A resume is judged before the run's config.json is rewritten: a LoRA config against a full checkpoint
+    is refused and leaves config.json, the change notes `quaero review` repeats and `quaero export` alone."""
+    from quaero.cli import main
+    from quaero.recipe.train import train
+
+    _, cfg = make_config(tmp_path, "refused", steps=0, warmup=1, eval_every=0, eval_tasks=0)
+    train(cfg)
+    written = (cfg.run_dir / "config.json").read_bytes()
+    _, lora = make_config(tmp_path, "refused", steps=0, warmup=2, eval_every=0, eval_tasks=0,
+                          extra=["backend.lora=true"])
+    with pytest.raises(checkpoint.CheckpointError, match=r"step-000001"):
+        train(lora, resume=True)
+    assert (cfg.run_dir / "config.json").read_bytes() == written
+    assert not events_of(cfg.run_dir, "resume_config_changed")
+    assert main(["export", str(cfg.run_dir), str(tmp_path / "out")]) == 0
+
+    _, longer = make_config(tmp_path, "refused", steps=0, warmup=2, eval_every=0, eval_tasks=0)
+    train(longer, resume=True)  # the good resume reports what changed since the config that trained
+    (changed,) = events_of(cfg.run_dir, "resume_config_changed")
+    assert list(changed["changes"]) == ["training.warmup_sft_steps"]
+    assert json.loads((cfg.run_dir / "config.json").read_text())["training"]["warmup_sft_steps"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.hostile
+@pytest.mark.parametrize("during", ["the untrained eval", "an eval", "a checkpoint write"])
+def test_a_stop_during_an_eval_or_a_checkpoint_write_ends_the_run_there_without_another_step(tmp_path,
+                                                                                             monkeypatch,
+                                                                                             during):
+    """A real SIGTERM sent while the run evaluates (the untrained baseline at step 0, or step 1's) or writes
+    step 1's checkpoint: the run ends at that safe point, step 1 checkpointed, no step 2 trained."""
+    from quaero.recipe import train as recipe
+
+    _, cfg = make_config(tmp_path, "late", steps=0, warmup=3, eval_every=1, eval_tasks=1,
+                         extra=["training.checkpoint_every=1"])
+    at = {"the untrained eval": 0, "an eval": 1}.get(during)
+    real_eval, real_save = recipe.evaluate_at, checkpoint.save
+
+    def evaluate_at(parts, progress, step):
+        if step == at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        real_eval(parts, progress, step)
+
+    def save(root, step, *args, **kwargs):
+        if during == "a checkpoint write":
+            os.kill(os.getpid(), signal.SIGTERM)  # from the writer's thread, as a scheduler's stop would land
+            time.sleep(0.5)
+        return real_save(root, step, *args, **kwargs)
+
+    monkeypatch.setattr(recipe, "evaluate_at", evaluate_at)
+    monkeypatch.setattr(checkpoint, "save", save)
+    with pytest.raises(KeyboardInterrupt):
+        recipe.train(cfg)
+    trained = [e["step"] for e in events_of(cfg.run_dir, "train_step")]
+    (end,) = events_of(cfg.run_dir, "run_end")
+    assert end["status"] == "interrupted" and len(events_of(cfg.run_dir, "stop_requested")) == 1
+    if at == 0:
+        assert trained == [] and end["steps"] == 0 and "before the first step" in end["note"]
+        assert not (cfg.run_dir / "checkpoints").exists()
+    else:
+        assert trained == [1] and end["steps"] == 1
+        assert [p.name for p in (cfg.run_dir / "checkpoints").iterdir()] == ["step-000001"]

@@ -2,6 +2,8 @@
 keeps, a resume under another config or another task sampler."""
 from __future__ import annotations
 
+import copy
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -100,3 +102,68 @@ def test_the_resume_point_is_the_newest_checkpoint_and_a_restart_sets_the_old_on
     (aside,) = [e["previous_checkpoints"] for e in logs if e["event"] == "restart"]
     assert sorted(p.name for p in Path(aside).iterdir()) == ["step-000001", "step-000002"]
     assert not root.exists() or not any(root.iterdir())
+
+
+def _tamper(state: dict, path: tuple, value) -> dict:
+    """`state` with the value at `path` (keys into nested dicts and lists) replaced by `value`."""
+    state = copy.deepcopy(state)
+    inner = state
+    for key in path[:-1]:
+        inner = inner[key]
+    inner[path[-1]] = value
+    return state
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize(("sampler", "path", "value", "field"), [
+    ("curriculum", ("tasks", "pending", "5"), [["env", 999]], "pending['5'] task of env 'env' = 999"),
+    ("curriculum", ("tasks", "pending", "5"), [["env", -3]], "pending['5'] task of env 'env' = -3"),
+    ("curriculum", ("tasks", "pending", "5"), [["ghost", 1]], "pending['5'] draws ['ghost', 1], not [env"),
+    ("curriculum", ("tasks", "pending", "2"), [["env", 1]], "pending['2'] is not a step after 3"),
+    ("sequential", ("tasks", "samplers", "env", "state", "cursor"), -5, "cursor = -5 is not an integer"),
+    ("sequential", ("tasks", "samplers", "env", "state", "cursor"), 1e30, "cursor = 1e+30 is not an integer"),
+    ("curriculum", ("tasks", "mixture", "counts", "env"), -1e6, "mixture counts['env'] = -1000000.0"),
+    ("curriculum", ("tasks", "samplers", "env", "state", "memory", "4"), [float("nan"), 0.0, 2.0, 1, 0.0],
+     "memory['4'] successes = nan is not a number"),
+    ("curriculum", ("tasks", "samplers", "env", "state", "played"), [70], "played = 70 is not an integer"),
+])
+def test_tampered_resume_state_is_refused_in_one_line_naming_the_checkpoint_and_the_field(sampler, path,
+                                                                                          value, field):
+    from quaero.openenv_client.tasks import TaskCatalog
+    from quaero.recipe import checkpoint
+    from quaero.recipe.run_state import resume_from, task_state
+
+    def run(sessions, tasks, *, group_size, policy=None, seed=None):
+        return [[Episode([], 1.0, True, 1, {}, [])] * group_size for _ in tasks]
+
+    parts = recipe_parts(make_cfg(env__tasks={"sampler": sampler}), run, RolloutCounts(),
+                         TaskCatalog({"train": 50, "eval": 10}, "test"))
+    parts = dataclasses.replace(parts, trainer=SimpleNamespace(load_state_dict=lambda state, shards: None))
+    progress = RunProgress()
+    progress.pending = {5: [["env", 7]]}
+    if sampler == "curriculum":
+        parts.envs[0].tasks.update(4, [1.0, 0.0], [1.0, 1.0])
+    state = checkpoint.RunState(step=3, cursor=0, trainer={}, rng=checkpoint.rng_state(), cumulative={},
+                                tasks=task_state(parts, progress)).to_state()
+    folder = Path("runs/x/checkpoints/step-000003")
+    assert resume_from(parts, RunProgress(), (folder, state)) == 3  # untouched, it resumes
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        resume_from(parts, RunProgress(), (folder, _tamper(state, path, value)))
+    line = str(e.value)
+    assert "\n" not in line and line.startswith(f"{folder}: ") and field in line, line
+    assert "edited or is corrupt" in line and "--restart" in line
+
+
+@pytest.mark.hostile
+def test_a_checkpoints_file_is_refused_before_a_step_is_trained_and_a_restart_sets_it_aside(tmp_path):
+    from quaero.recipe import checkpoint
+    from quaero.recipe.run_state import resume_point
+
+    cfg = make_cfg(run__output_dir=str(tmp_path))
+    cfg.run_dir.mkdir(parents=True)
+    (cfg.run_dir / "checkpoints").write_text("not a folder")
+    for resume in (True, False):
+        with pytest.raises(checkpoint.CheckpointError, match=r"checkpoints is not a folder; move it aside"):
+            resume_point(cfg, resume=resume, restart=False)
+    assert resume_point(cfg, resume=False, restart=True) is None
+    assert not (cfg.run_dir / "checkpoints").exists()

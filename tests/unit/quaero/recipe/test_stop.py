@@ -63,3 +63,34 @@ def test_the_token_budget_is_spent_by_rl_steps_only():
     assert not budget_spent(cfg, {"generated_tokens": 99}, 3)
     assert budget_spent(cfg, {"generated_tokens": 100}, 3)
     assert not budget_spent(make_cfg(), {"generated_tokens": 10**9}, 3)  # no budget
+
+
+@pytest.mark.hostile
+def test_a_second_signal_aborts_a_long_checkpoint_write_at_once():
+    """The write runs on a worker thread, the main thread waiting where a signal's handler runs: the second
+    stop raises now, not when the write (a long call into C) returns."""
+    import os
+    import threading
+    import time
+
+    from quaero.recipe.stop import interruptible
+
+    assert interruptible(lambda: 7) == 7
+    with pytest.raises(ZeroDivisionError):
+        interruptible(lambda: 1 / 0)
+    release = threading.Event()
+
+    def long_write() -> str:
+        release.wait(60)
+        return "written"
+
+    timers = [threading.Timer(t, os.kill, (os.getpid(), sig)) for t, sig in ((0.2, signal.SIGTERM),
+                                                                            (0.5, signal.SIGINT))]
+    with StopRequest() as stop:
+        for t in timers:
+            t.start()
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            interruptible(long_write)
+        assert stop.requested and time.monotonic() - t0 < 10
+    release.set()
