@@ -274,6 +274,7 @@ class MixtureEnv(EnvConfig):
     eval_tasks: int | None = Field(None, ge=0)  # unset: [training] eval_tasks
     oracle: str | None = None  # the warm start's demonstrator (unset: [training] oracle, else the entry's)
     echo_weight: float | None = Field(None, ge=0)  # ECHO's λ on this env's rows (unset: [echo]'s)
+    guidance: Literal["none", "episode"] | None = None  # guided episodes on this env (unset: [training]'s)
 
     @field_validator("name")
     @classmethod
@@ -421,6 +422,13 @@ class TrainingConfig(_Section):
     # groups still train ECHO
     dynamic_sampling: bool = False
     dynamic_sampling_max_groups: float = Field(3.0, ge=1.0, le=100.0)
+    # guided episodes (quaero/recipe/guidance.py): "episode" = when an RL group's kept episodes all fail, up
+    # to guided_members of them are replaced by episodes the env's oracle plays whole on the same task (its
+    # tokens trained off-policy with policy shaping, `guidance_gamma`); the members anneal linearly from
+    # guided_members to 0 at RL step guidance_until_step (unset: never, a warning at check). "none": today's
+    guidance: Literal["none", "episode"] = "none"
+    guided_members: int = Field(1, ge=1)
+    guidance_until_step: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _a_policy_loss_that_runs(self) -> TrainingConfig:
@@ -432,6 +440,9 @@ class TrainingConfig(_Section):
             raise ValueError(f"sampler_correction_cap={self.sampler_correction_cap:g}: below 1, the "
                              f"{self.sampler_correction!r} weight of every on-policy token (1) would be cut; "
                              "use a cap >= 1 (TRL's default: 3)")
+        if self.guidance != "none" and self.guided_members > self.group_size:
+            raise ValueError(f"guided_members={self.guided_members} > group_size={self.group_size}: a group "
+                             "has only group_size members to guide; use guided_members <= group_size")
         if self.policy_loss == "gspo" and "importance_sampling_level" in self.model_fields_set \
                 and self.importance_sampling_level == "token":
             raise ValueError("policy_loss='gspo' with importance_sampling_level='token': GSPO is the "
@@ -510,10 +521,10 @@ class QuaeroConfig(_Section):
         out = {}
         for e in self.envs:
             env = EnvConfig(**e.model_dump(exclude={"name", "ratio", "group_size", "eval_tasks", "oracle",
-                                                    "echo_weight"}, exclude_unset=True))
+                                                    "echo_weight", "guidance"}, exclude_unset=True))
             training = self.training.model_copy(update={k: v for k, v in (
-                ("group_size", e.group_size), ("eval_tasks", e.eval_tasks), ("oracle",
-                                                                             e.oracle)) if v is not None})
+                ("group_size", e.group_size), ("eval_tasks", e.eval_tasks), ("oracle", e.oracle),
+                ("guidance", e.guidance)) if v is not None})
             echo = self.echo if e.echo_weight is None else self.echo.model_copy(
                 update={"weight": e.echo_weight, "rl_weight": e.echo_weight})
             out[e.name] = self.model_copy(update={"env": env, "envs": [], "training": training, "echo": echo})
@@ -752,10 +763,19 @@ def _check_one(cfg: QuaeroConfig, source: str) -> None:
                           "quaero finds oracle_policy next to [env] entry, and there is none; set [training] "
                           "oracle = \"package.module:oracle_policy\" (importable here), or warmup_sft_steps "
                           "= 0")
+    if t.guidance != "none" and not (t.oracle or cfg.env.entry):
+        raise ConfigError(f"{source} [training] guidance={t.guidance!r} with a remote env and no oracle: the "
+                          "guide is the env's oracle_policy(info), found beside [env] entry, and there is "
+                          "none (recorded traces do not guide yet); set [training] oracle = "
+                          "\"package.module:oracle_policy\" (importable here), or guidance = 'none'")
     if t.dynamic_sampling and t.max_off_policy_steps:
         raise ConfigError(f"{source} [training] dynamic_sampling=true with max_off_policy_steps="
                           f"{t.max_off_policy_steps}: a step sampled ahead cannot know how many tasks the "
                           "steps before it used; set one of them off")
+    if t.guidance != "none" and t.guided_members > t.group_size:  # a mixture env's own group_size
+        raise ConfigError(f"{source} [training] guided_members={t.guided_members} > group_size="
+                          f"{t.group_size}: a group has only group_size members to guide; use guided_members "
+                          "<= group_size")
     if t.oracle is not None:
         split_name(t.oracle, f"{source} [training] oracle", error=ConfigError,
                    example="my_env.oracle:oracle_policy")

@@ -256,6 +256,10 @@ def load_checked(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
     if cfg.training.warmup_sft_steps and not cfg.data.traces:  # [data] traces replace the oracle's demos
         for name, view in cfg.views().items():  # each env's own (a mixture's warm start plays every env)
             resolve_oracle(view, source if not cfg.is_mixture else f"{source} [[envs]] name={name!r}:")
+    for name, view in cfg.views().items():  # the guide of guided episodes is the env's oracle
+        if view.training.guidance != "none":
+            where = source if not cfg.is_mixture else f"{source} [[envs]] name={name!r}:"
+            resolve_oracle(view, f"{where} guidance={view.training.guidance!r} needs the env's oracle:")
     check_run_folder(cfg, source)
     check_model_and_renderer(cfg, source)
     return cfg
