@@ -21,10 +21,13 @@ from typing import TYPE_CHECKING
 from quaero.config import QuaeroConfig
 from quaero.telemetry import names
 from quaero.telemetry.counts import RolloutCounts
+from quaero.telemetry.runlog import get_logger
 
 if TYPE_CHECKING:
     from quaero.recipe.parts import EnvRun
     from quaero.rollout.driver import Episode
+
+log = get_logger(__name__)
 
 
 def members_at(training, rl_step: int) -> int:
@@ -80,11 +83,27 @@ def needs_guide(group: list[Episode]) -> bool:
 def play_guides(e: EnvRun, tasks: list[dict], k: int, seed: int) -> list[list[Episode]]:
     """k episodes of the env's oracle on each of `tasks` (the reset arguments of its all-fail groups), on the
     env's own sessions. Its driver counts into counts of its own: the guides' episodes never count as the
-    policy's (episodes, successes, rewards)."""
-    from quaero.rollout.driver import EpisodeDriver
+    policy's (episodes, successes, rewards). An oracle that raises (a guide is user code) drops this call's
+    guided members, counted and said (`guide_failed`): the groups train as the policy played them."""
+    from quaero.rollout.driver import EpisodeDriver, ExactnessError
 
     guide = EpisodeDriver(e.driver.render, e.driver.sampler, e.driver.settings, RolloutCounts())
-    return guide.run(e.pool.sessions, tasks, group_size=k, policy=e.oracle, seed=seed)
+    try:
+        return guide.run(e.pool.sessions, tasks, group_size=k, policy=e.oracle, seed=seed)
+    except ExactnessError:  # [training] strict: an exactness mismatch is the run's error, a guide's too
+        raise
+    except Exception as err:  # noqa: BLE001 - the oracle is user code; its failure costs its members only
+        log.warning(names.GUIDE_FAILED_EVENT, env=e.name, groups=len(tasks), members=k * len(tasks),
+                    error=f"{type(err).__name__}: {err}"[:300],
+                    note="the env's oracle raised while guiding; these groups train as the policy played "
+                         "them (guided_members_dropped counts the members)")
+        return [[_failed_guide(err) for _ in range(k)] for _ in tasks]
+
+
+def _failed_guide(err: Exception) -> Episode:
+    from quaero.rollout.driver import Episode
+
+    return Episode([], 0.0, False, 0, {}, [], dropped=True, drop_reason=f"guide raised: {err}"[:200])
 
 
 def mix(kept: list[Episode], guides: list[Episode], counts: RolloutCounts) -> tuple[list[Episode], int]:

@@ -470,5 +470,6 @@ CHECKPOINT_FAILED_EVENT = "checkpoint_failed"
 CHECKPOINT_AFTER_FAILURE_FAILED_EVENT = "checkpoint_after_failure_failed"  # saving a failed run's last step
 DYNAMIC_SAMPLING_ROUND_EVENT = "dynamic_sampling_round"  # further groups drawn for want of spread
 DYNAMIC_SAMPLING_STOPPED_EVENT = "dynamic_sampling_stopped"  # a stop request ended the rounds
+GUIDE_FAILED_EVENT = "guide_failed"  # the oracle raised while guiding: its members dropped, the groups kept
 ROLLOUT_AHEAD_DISCARDED_EVENT = "rollout_ahead_discarded"  # a rollout sampled ahead that failed at the end
 EVAL_PROGRESS_EVENT = "eval_progress"  # {done, tasks, elapsed_s}: a long evaluation is never silent

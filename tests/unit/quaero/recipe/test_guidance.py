@@ -4,6 +4,7 @@ start's, marked guided, with the mixed group's advantages; counted; the task sam
 own episodes; the schedule anneals to 0; the config's bad inputs are one line each."""
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -141,3 +142,19 @@ def test_bad_guidance_settings_are_refused_in_one_line():
                                           "training": {"guidance": "episode"}})
     with pytest.raises(ConfigError, match="guidance='episode' with a remote env and no oracle"):
         check_rules(remote)
+
+
+def test_an_oracle_that_raises_drops_its_members_counted_and_the_group_trains_as_played(qwen3_render):
+    parts, counts = _parts(qwen3_render)
+
+    def broken(info):
+        def act(messages):
+            raise KeyError("items")
+        return act
+
+    parts = replace(parts, envs=[replace(parts.envs[0], oracle=broken)])
+    rows, (outcome,) = play_groups(parts, 1, [["env", 0]], 0, seed=5, sft=False)
+    assert outcome.guided == 0 and outcome.kept and len(_members(rows)) == GROUP
+    assert not any(any(r.guided_mask) or any(r.advantages) for r, _ in rows)
+    snap = counts.snapshot_and_reset()
+    assert snap[names.GUIDED_MEMBERS_DROPPED] == K and snap[names.GROUPS_GUIDED] == 0
