@@ -1,7 +1,7 @@
 """Env launchers (the `[env] launcher` values): how sessions reach an env, and what each declares; importable
 without openenv.
 
-quaero/config.py takes the launcher names and its `[env]` rules from here (a launcher that starts the env
+quaero/config/ takes the launcher names and its `[env]` rules from here (a launcher that starts the env
 needs `entry`, one that connects needs `url`/`urls`); `open_envs` (quaero/openenv_client/pool.py) opens a
 pool's sessions through the launcher's `open` function. Adding a launcher is that function and one entry
 here.

@@ -1,7 +1,7 @@
 """Task samplers (the `[env.tasks] sampler` values): the class that draws an env's train tasks, and whether
 its draws learn from outcomes; importable without openenv.
 
-quaero/config.py takes the sampler names from here (any other value names a class of the user's,
+quaero/config/ takes the sampler names from here (any other value names a class of the user's,
 "package.module:Class"); `make_task_sampler` (quaero/rollout/task_samplers.py) builds the class an entry
 names. Adding a sampler is its class and one entry here.
 """

@@ -3,7 +3,7 @@
     python scripts/gen_reference.py           # rewrite the generated blocks of docs/reference.md
     python scripts/gen_reference.py --check   # exit 1 when they differ from the code
 
-Options: every field of `QuaeroConfig` (quaero/config.py): section, key, type and default read from the
+Options: every field of `QuaeroConfig` (quaero/config/): section, key, type and default read from the
 schema; the meaning from the field's `description=` when it has one (a trainer option's is its
 `option(about=...)` in trainers/spec.py), else from OPTION_MEANINGS below.
 Metrics: the tables quaero/telemetry/names.py declares (each name with its meaning and how it totals), listed
@@ -328,7 +328,7 @@ def problems() -> list[str]:
     """Every config key or metric without a meaning, and every meaning whose name is gone."""
     out = []
     rows = option_rows()
-    out += [f"quaero/config.py [{s}] {k}: no meaning; add description= or an OPTION_MEANINGS entry in "
+    out += [f"quaero/config/ [{s}] {k}: no meaning; add description= or an OPTION_MEANINGS entry in "
             f"scripts/gen_reference.py" for s, k, _, _, m in rows if not m]
     keys = {f"{s}.{k}" for s, k, *_ in rows}
     out += [f"scripts/gen_reference.py OPTION_MEANINGS[{k!r}]: no such config key" for k in OPTION_MEANINGS

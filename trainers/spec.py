@@ -1,7 +1,7 @@
 """What a trainer is told: the model, the optimizer, the step's options. Nothing about environments.
 
 Each trainer option is written once, here: `option(default, "section.key", about=..., bounds)` names the
-config key that sets it and says what it means. quaero/config.py gives that section the key (type, default,
+config key that sets it and says what it means. quaero/config/ gives that section the key (type, default,
 meaning and bounds read from here; see `options`), docs/reference.md lists it (scripts/gen_reference.py),
 `quaero check` prints it (quaero/cli.py), and the recipe's spec reads every option back at its key
 (`spec_from`, called by quaero/recipe/plan.py `trainer_spec`): adding an option is its field here, the code

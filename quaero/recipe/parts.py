@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class EnvRun:
-    """One env of the run (a mixture's, or the one `[env]`): its view of the config (quaero/config.py
+    """One env of the run (a mixture's, or the one `[env]`): its view of the config (quaero/config/
     `views`), its sessions, its driver (its own turn limit and budgets), its task sampler and its warm start's
     oracle."""
 
@@ -60,7 +60,7 @@ class RunParts:
 
 def build(cfg: QuaeroConfig, pool: EnvPool | dict[str, EnvPool], counts: RolloutCounts | None = None,
           sampler_log_dir: Path | None = None) -> RunParts:
-    """The run's parts; `pool`: each env's sessions by name (quaero/config.py `views`), all counting into
+    """The run's parts; `pool`: each env's sessions by name (quaero/config/ `views`), all counting into
     `counts`, or a one-env run's pool (counting into its own)."""
     from quaero.model import load_tokenizer, resolve_device
     from quaero.recipe.plan import check_components, resolve_oracle, trainer_spec

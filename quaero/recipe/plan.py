@@ -1,6 +1,6 @@
 """A config judged against the installed components, and the trainer spec the recipe builds from it.
 
-quaero/config.py judges what the config alone decides; this module judges what depends on the
+quaero/config/ judges what the config alone decides; this module judges what depends on the
 code and hardware at hand: a known trainer and its declared capabilities (trainers/registry.py),
 CUDA for compiled CE in `require` mode, vLLM for the vllm sampler, CUDA devices for server mode's
 weight transfer and server placement, the logging sinks' packages.

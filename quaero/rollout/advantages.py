@@ -28,7 +28,7 @@ STD_EPS = 1e-4  # TRL's, added to the std before dividing
 
 @dataclass(frozen=True)
 class AdvantageOptions:
-    """`[training]`'s advantage settings (quaero/config.py has their meaning; the defaults are today's)."""
+    """`[training]`'s advantage settings (quaero/config/ has their meaning; the defaults are today's)."""
 
     advantage: str = "grpo"  # grpo | rloo
     scale_rewards: str = "none"  # none | group | batch
@@ -37,7 +37,7 @@ class AdvantageOptions:
 
     @classmethod
     def of(cls, training: Any) -> AdvantageOptions:
-        """The settings of a `[training]` section (quaero/config.py TrainingConfig)."""
+        """The settings of a `[training]` section (quaero/config/ TrainingConfig)."""
         return cls(training.advantage, training.scale_rewards, training.positive_advantage_weight,
                    training.all_fail_advantage)
 

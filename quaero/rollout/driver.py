@@ -112,7 +112,7 @@ class DriverSettings:
 
     @classmethod
     def of(cls, cfg) -> DriverSettings:
-        """A one-env config's (a mixture env's view, quaero/config.py `QuaeroConfig.views`)."""
+        """A one-env config's (a mixture env's view, quaero/config/ `QuaeroConfig.views`)."""
         return cls(max_turns=cfg.env.max_turns, observation_token_limit=cfg.observation_token_limit,
                    max_tokens=cfg.sampler.max_tokens, max_seq_len=cfg.model.max_seq_len,
                    packing=cfg.training.packing, include_scaffold=cfg.echo.include_scaffold,

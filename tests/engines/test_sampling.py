@@ -198,7 +198,7 @@ def test_weight_sync_client_drives_the_servers_weight_transfer_routes(vllm_serve
 def test_a_real_server_passes_the_urls_check_and_says_what_it_lacks(vllm_server):
     """`[sampler] urls` servers are asked what they are before any model loads (quaero/recipe/plan.py
     check_server_urls): the server quaero starts passes; asked for what it was not started with, it is
-    refused naming the flag (tests/unit/quaero/sampling/test_sampler_server.py has the other refusals)."""
+    refused naming the flag (tests/unit/quaero/sampling/test_server.py has the other refusals)."""
     from quaero.sampling.server import server_problem
 
     assert server_problem(vllm_server.url, SamplerConfig(mode="server"), max_seq_len=4096) is None

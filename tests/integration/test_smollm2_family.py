@@ -42,7 +42,7 @@ def config(root: Path, name: str, lora: bool):
 
 
 def test_the_memory_plan_reads_the_llama_shape(tiny_smollm2_dir):
-    from quaero.recipe.memory_plan import memory_lines
+    from quaero.recipe.memory_lines import memory_lines
 
     cfg = load_config(TOOLBENCH, ["model.name='smollm2-135m-instruct'", "model.dtype='bfloat16'"])
     lines = memory_lines(cfg, "cpu")

@@ -9,6 +9,7 @@ from quaero import cli
 from quaero.config import ConfigError, EnvConfig, load_config
 from quaero.openenv_client.tasks import check_splits
 from quaero.rollout.mixture import Mixture
+from quaero.tools import check
 
 pytestmark = pytest.mark.hostile
 
@@ -27,10 +28,10 @@ def test_shares_never_overflow_and_the_printed_shares_are_what_is_drawn(d1, d2, 
     assert mixture.shares == shares
     drawn = mixture.allocate(1000)
     assert all(abs(drawn[n] - shares[n] * 1000) <= 1 for n in shares), drawn
-    mixture_line = cli.env_lines(cfg)[-1]
+    mixture_line = check.env_lines(cfg)[-1]
     for name, share in shares.items():
         assert f"{name} {share:.1%}" in mixture_line
-    assert "train 0 episodes" not in cli.work_line(cfg)
+    assert "train 0 episodes" not in check.work_line(cfg)
 
 
 def test_three_envs_of_1e308_1e308_1():

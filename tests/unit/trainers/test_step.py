@@ -1,20 +1,15 @@
-"""The local trainer's step: strict shared forward, loss normalisation, clipping, branches, LoRA, sampler
-gap."""
+"""The local trainer's step: strict shared forward, loss normalisation, clipping, branches, sampler gap."""
 import math
 
 import pytest
 import torch
-from fixtures.small_model import V, make_spec
+from fixtures.small_model import V, make_spec, rows
 
-from benchmarks.smoke import SMOKE_KEYS, sparse_row, sparse_rows
+from benchmarks.smoke import SMOKE_KEYS, sparse_row
 from quaero.rows import EchoRow
 from quaero.telemetry.names import SELECTIVE_METRICS
-from trainers.forward import CausalLMParts, LogitTransformError, SharedForwardError
+from trainers.forward import SharedForwardError
 from trainers.local import LocalTrainer
-
-
-def rows(n=4, context=120):
-    return sparse_rows(n, vocab=V, context=context)
 
 
 def test_sparse_rows_prove_the_branch_metrics_with_one_forward_per_microbatch(small_model_dir):
@@ -157,118 +152,6 @@ def test_microbatch_without_targets_does_no_forward(small_model_dir):
     assert m["local_train_selective_fallback_logprob_batches"] == 0 and m["grad_norm"] == 0.0
 
 
-def test_context_crop_and_save_on_cpu_options(small_model_dir):
-    b = LocalTrainer(make_spec(small_model_dir, memory={"supervised_context_tokens": 8, "save_on_cpu": True}),
-                     "cpu")
-    m = b.train_step(rows(2))
-    assert m["context_rows_cropped"] == 2 and m["context_tokens_removed"] == 2 * (32 - 8)
-    assert m["local_train_save_on_cpu"] and m["save_on_cpu_offloaded_tensors"] == 0  # CPU: a no-op
-
-
-def test_lora_export_merges_and_state_round_trips(small_model_dir):
-    from transformers import AutoModelForCausalLM
-
-    b = LocalTrainer(make_spec(small_model_dir, lora=True, lora_r=4, lr=1e-2), "cpu")
-    assert b.is_lora and all("lora_" in n for n, p in b.model.named_parameters() if p.requires_grad)
-    b.train_step(rows(2))
-    state = b.state_dict()
-    plain = AutoModelForCausalLM.from_pretrained(small_model_dir)
-    plain.load_state_dict(b.export_weights())
-    ids = torch.tensor([rows(1)[0].input_ids[:50]])
-    b.model.eval()
-    with torch.no_grad():
-        assert torch.allclose(plain(ids).logits, b.model(ids).logits, atol=1e-5)
-        assert not torch.allclose(AutoModelForCausalLM.from_pretrained(small_model_dir)(ids).logits,
-                                  b.model(ids).logits, atol=1e-4)  # the adapter did train
-    b2 = LocalTrainer(make_spec(small_model_dir, lora=True, lora_r=4, lr=1e-2), "cpu")
-    b2.load_state_dict(state)
-    assert b2.logprobs(rows(1))[0] == pytest.approx(b.logprobs(rows(1))[0], abs=1e-6)
-    m1, m2 = b.train_step(rows(2)), b2.train_step(rows(2))  # optimizer state resumed too
-    assert m2["loss"] == pytest.approx(m1["loss"], rel=1e-6)
-
-
-def test_full_finetune_state_round_trip(small_model_dir):
-    b = LocalTrainer(make_spec(small_model_dir), "cpu")
-    b.train_step(rows(2))
-    b2 = LocalTrainer(make_spec(small_model_dir), "cpu")
-    b2.load_state_dict(b.state_dict())
-    m1, m2 = b.train_step(rows(2)), b2.train_step(rows(2))
-    assert m2["loss"] == pytest.approx(m1["loss"], rel=1e-6)
-    assert m2["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-5)
-
-
-class ScaledLogits(torch.nn.Module):
-    """A fault: a causal LM whose forward scales its logits without declaring it in its config."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner, self.config = inner, inner.config
-
-    def get_decoder(self):
-        return self.inner.model
-
-    def get_output_embeddings(self):
-        return self.inner.lm_head
-
-    def forward(self, **kw):
-        out = self.inner(**kw)
-        out.logits = out.logits * 2.0
-        return out
-
-
-def test_undeclared_logit_transform_is_refused_and_declared_one_is_applied(small_model_dir):
-    from transformers import AutoModelForCausalLM
-
-    inner = AutoModelForCausalLM.from_pretrained(small_model_dir)
-    with pytest.raises(LogitTransformError, match="train_selective_suffix_logits = false"):
-        CausalLMParts(ScaledLogits(inner), "scaled").verify_transform()
-    inner.config.logit_scale = 2.0  # declared (Cohere-style): now the selective path reproduces it
-    parts = CausalLMParts(ScaledLogits(inner), "scaled")
-    parts.verify_transform()
-    assert parts.transform.scale == 2.0
-
-
-def test_bfloat16_step_runs(small_model_dir):
-    b = LocalTrainer(make_spec(small_model_dir, dtype="bfloat16"), "cpu")
-    assert next(b.model.parameters()).dtype == torch.bfloat16
-    m = b.train_step(rows(2))
-    assert math.isfinite(m["loss"]) and m["local_train_selective_hidden_logprob_batches"] > 0
-
-
-def test_tiny_qwen3_smoke_local(local_smoke_metrics):
-    """The embedded default (vocab 151,936) on CPU: the sparse ECHO proof on real-vocab rows."""
-    m = local_smoke_metrics
-    assert m["local_train_selective_sparse_suffix_skips"] > 0
-    assert m["local_train_selective_hidden_logprob_batches"] > 0
-    assert m["local_train_selective_fallback_logprob_batches"] == 0
-    assert m["forward_passes"] == m["microbatches"] and m["forward_passes_per_microbatch"] == 1
-
-
-class NoSplitLM(torch.nn.Module):
-    """A fault: a causal LM that exposes neither its backbone nor its head (only full logits)."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.wrapped, self.config = inner, inner.config
-
-    def forward(self, **kw):
-        return self.wrapped(**kw)
-
-
-def test_model_without_backbone_split_falls_back_and_is_counted(small_model_dir):
-    class NoSplitTrainer(LocalTrainer):
-        def _load_model(self):
-            return NoSplitLM(super()._load_model())
-
-    rs = rows(2)
-    ref = LocalTrainer(make_spec(small_model_dir), "cpu").train_step(rs)
-    m = NoSplitTrainer(make_spec(small_model_dir), "cpu").train_step(rs)
-    assert m["local_train_selective_fallback_logprob_batches"] == m["microbatches"] == m["forward_passes"]
-    assert m["local_train_selective_hidden_logprob_batches"] == 0
-    for key in ("rl_loss", "echo_loss", "grad_norm"):
-        assert m[key] == pytest.approx(ref[key], rel=1e-5), key
-
-
 def test_trainer_imports_no_app_config():
     """A trainer is built from a TrainerSpec alone: importing every trainer module loads no quaero.config."""
     import subprocess
@@ -312,33 +195,6 @@ def test_sampler_gap_covers_action_tokens_whose_advantage_is_zero(small_model_di
     assert m2["sampler_logprob_gap_max"] < 1e-5
     assert m2["echo_loss"] == pytest.approx(m["echo_loss"], rel=1e-6)
     assert all(torch.equal(v, b2.model.state_dict()[k]) for k, v in b.model.state_dict().items())
-
-
-def test_reset_optimizer_makes_the_next_step_the_step_of_a_fresh_optimizer(small_model_dir):
-    warm = LocalTrainer(make_spec(small_model_dir), "cpu")
-    demo = [sparse_row(i, 0.0, vocab=V, context=60) for i in range(2)]
-    warm.train_step(demo, sft=True)  # the warm start leaves AdamW moments behind
-    fresh, kept = LocalTrainer(make_spec(small_model_dir), "cpu"), LocalTrainer(make_spec(small_model_dir),
-                                                                                "cpu")
-    fresh.model.load_state_dict(warm.model.state_dict())  # the weights only: an optimizer that never stepped
-    kept.load_state_dict(warm.state_dict())  # the weights and the warm start's moments
-    warm.reset_optimizer()
-    rl = rows(2)
-    for t in (warm, fresh, kept):
-        t.train_step(rl)
-    after = [dict(t.model.named_parameters()) for t in (warm, fresh, kept)]
-    assert all(torch.equal(p, after[1][n]) for n, p in after[0].items())
-    assert any(not torch.equal(p, after[2][n]) for n, p in after[0].items())  # the moments did matter
-
-
-def test_reset_momentum_zeroes_the_first_moment_and_keeps_the_second(small_model_dir):
-    t = LocalTrainer(make_spec(small_model_dir), "cpu")
-    t.train_step([sparse_row(i, 0.0, vocab=V, context=60) for i in range(2)], sft=True)
-    before = {id(p): (s["exp_avg_sq"].clone(), int(s["step"])) for p, s in t.optimizer.state.items()}
-    t.reset_optimizer(momentum_only=True)
-    assert before and all(not s["exp_avg"].any() for s in t.optimizer.state.values())
-    assert all(torch.equal(s["exp_avg_sq"], before[id(p)][0]) and int(s["step"]) == before[id(p)][1]
-               for p, s in t.optimizer.state.items())
 
 
 def test_a_new_loss_term_is_one_class_added_to_terms(small_model_dir, monkeypatch):

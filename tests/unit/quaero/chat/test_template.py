@@ -1,5 +1,6 @@
 """TemplateRenderer behind RenderAdapter and the episode driver (SmolLM2's ChatML template, TRL's copy of
-Qwen3's), the registry's choice, the sandbox, and the bridge's refusals with their reasons."""
+Qwen3's) and the bridge's refusals with their reasons (the registry's choice: test_registry.py; the sandbox:
+test_sandbox.py)."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +9,7 @@ from fixtures.rollout import assert_exact, drive, spans_of, text
 from fixtures.toyenv import HostileToyEnv
 
 from quaero.chat import registry
-from quaero.chat.sandbox import TemplateProblem, TemplateRunner
+from quaero.chat.sandbox import TemplateProblem
 from quaero.chat.template import TemplateRenderer
 from quaero.config import ModelConfig
 from quaero.rollout.render import WORD_JOINER, BridgeFailure, RenderAdapter
@@ -23,25 +24,6 @@ CALL = {"role": "assistant", "content": "", "tool_calls": [
 @pytest.fixture(scope="module")
 def smol(smollm2_tokenizer):
     return RenderAdapter(smollm2_tokenizer, ModelConfig(renderer="template"))
-
-
-def test_the_registry_names_are_renderers_own():
-    from renderers.base import RENDERER_REGISTRY, _populate_registry
-
-    _populate_registry()
-    assert set(registry.FAMILIES) == set(RENDERER_REGISTRY)
-
-
-def test_auto_gives_qwen3_models_renderers_qwen3_and_any_other_model_its_own_template(qwen3_tokenizer,
-                                                                                      smollm2_tokenizer):
-    assert registry.choose(qwen3_tokenizer, "auto", "qwen3").name == "qwen3"
-    assert registry.choose(qwen3_tokenizer, "auto", "qwen2").name == "template"  # Qwen2.5: another template
-    smol = registry.choose(smollm2_tokenizer, "auto", "llama")
-    assert smol.name == "template" and "model_type 'llama'" in smol.why and "own chat template" in smol.why
-    # a qwen3 model_type without Qwen3's tokens is not Qwen3Renderer's (it asserts them)
-    assert registry.choose(smollm2_tokenizer, "auto", "qwen3").name == "template"
-    named = registry.choose(qwen3_tokenizer, "template", "qwen3")
-    assert named == registry.Choice("template", "named in [model] renderer")
 
 
 def test_smollm2_prompt_call_and_bridge_through_the_adapter(smol):
@@ -124,18 +106,6 @@ def test_a_truncated_reply_gets_the_close_and_a_reply_past_it_is_refused(qwen3_t
     assert out.token_ids[:len(prompt) + len(cut) + 1] == [*prompt, *cut, r.close_id]
     assert r.bridge_to_next_turn(prompt, [*cut, r.close_id, *cut], [{"role": "user", "content": "x"}]) is None
     assert r.last_refusal().reason == "after_close"
-
-
-@pytest.mark.hostile
-@pytest.mark.parametrize("source,needle", [
-    ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "the chat template raised SecurityError"),
-    ("{% for i in range(100000) %}{{ 'x' * 100 }}{% endfor %}", "rendered more than 1,000 characters"),
-    ("{% for m in messages %}", "does not compile"),
-    ("{{ raise_exception('Roles must alternate') }}", "raised TemplateError: Roles must alternate"),
-])
-def test_templates_are_sandboxed_and_bounded(source, needle):
-    with pytest.raises(TemplateProblem, match=needle):
-        TemplateRunner(source, max_chars=1000).render(messages=[])
 
 
 def test_a_tokenizer_without_a_chat_template_is_refused(qwen3_tokenizer):

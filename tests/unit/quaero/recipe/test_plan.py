@@ -80,7 +80,7 @@ def test_every_trainer_option_is_a_config_key_with_its_default_and_bounds():
 
 
 def test_check_prints_every_trainer_option_with_the_value_the_config_sets():
-    from quaero.cli import SHOWN_WITH_THEIR_SECTION, trainer_option_lines
+    from quaero.tools.check import SHOWN_WITH_THEIR_SECTION, trainer_option_lines
 
     cfg = load_config(MAIN, ["backend.lr=0.5", "backend.options.train_save_on_cpu_min_numel=11",
                              "model.max_seq_len=512", "backend.options.train_supervised_context_tokens=6"])
@@ -388,7 +388,7 @@ def test_check_never_calls_an_env_factory(tmp_path, entry, capsys):
 
 
 def test_the_policy_loss_is_one_check_line_and_a_bad_one_one_error():
-    from quaero.cli import policy_loss_line
+    from quaero.tools.check import policy_loss_line
 
     line = policy_loss_line(load_config(MAIN, []))
     assert line.startswith("loss        ppo_clip -min(r A, clip(r, 0.8, 1.2) A)")

@@ -1,5 +1,5 @@
-"""Task samplers (quaero/rollout/task_samplers.py) and the mixture's allocation (quaero/rollout/mixture.py):
-the RFC 013 weight with numbers, each sampler's draws, state round trips, and the one-line errors."""
+"""Task samplers (quaero/rollout/task_samplers.py): the RFC 013 weight with numbers, each sampler's draws,
+state round trips, and the one-line errors (the mixture's allocation: test_mixture.py)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,6 @@ import pytest
 
 from quaero.config import TaskSamplerConfig
 from quaero.openenv_client.tasks import TaskCatalog, task_index
-from quaero.rollout.mixture import Mixture, MixtureError
 from quaero.rollout.task_samplers import (
     CurriculumSampler,
     SplitView,
@@ -25,31 +24,6 @@ def view(sampler="sequential", size=10, seed=0, group=4, spec=None, **settings):
     catalog = TaskCatalog({"train": size}, "test") if size else None
     settings = TaskSamplerConfig(sampler=sampler, **settings)
     return SplitView("a", "train", size, seed, group, settings, catalog, spec)
-
-
-# ── the mixture's allocation ──────────────────────────────────────────────────────────────────────────────
-
-def test_the_allocation_keeps_every_env_within_one_group_of_its_share_at_every_point():
-    m = Mixture({"a": 3.0, "b": 1.0, "c": 0.5})
-    total = dict.fromkeys("abc", 0)
-    for step in range(1, 40):
-        for name, k in m.allocate(3).items():
-            total[name] += k
-        handed = 3 * step
-        for name, share in m.shares.items():
-            assert abs(total[name] - share * handed) < 1, (step, name, total)
-    fresh = Mixture({"a": 1.0, "b": 1.0})
-    assert [fresh.allocate(1) for _ in range(4)] == [{"a": 1, "b": 0}, {"a": 0, "b": 1}] * 2  # alternates
-
-
-def test_the_allocation_resumes_from_its_state_and_refuses_another_mixture():
-    a = Mixture({"x": 2.0, "y": 1.0})
-    a.allocate(5)
-    b = Mixture({"x": 2.0, "y": 1.0})
-    b.load_state_dict(json.loads(json.dumps(a.state_dict())))
-    assert [a.allocate(4) for _ in range(5)] == [b.allocate(4) for _ in range(5)]
-    with pytest.raises(MixtureError, match=r"another mixture \(env ratios x: 2.0 -> 3.0\)"):
-        Mixture({"x": 3.0, "y": 1.0}).load_state_dict(a.state_dict())
 
 
 # ── the samplers ──────────────────────────────────────────────────────────────────────────────────────────

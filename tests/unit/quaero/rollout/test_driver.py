@@ -11,7 +11,7 @@ from fixtures.toyenv import ChatStep, HostileToyEnv, ToyChatEnv, oracle
 from quaero.model import QWEN3_ADDED
 from quaero.openenv_client import EpisodeDropped
 from quaero.rollout.driver import DriverSettings, EpisodeDriver, ExactnessError
-from quaero.rollout.render import WORD_JOINER, defuse
+from quaero.rollout.render import WORD_JOINER
 from quaero.rollout.rows import build_rows
 from quaero.telemetry.counts import RolloutCounts
 
@@ -240,17 +240,6 @@ def test_added_token_strings_in_env_text_stay_text_in_prompts_rows_and_echo(qwen
     # the renderer alone would have turned the payload into special ids (what the adapter prevents)
     raw = qwen3_render.renderer.render_ids(eps[0].messages[:2])
     assert specials(raw) != specials(qwen3_render.prompt_ids(eps[0].messages[:2], None)[:len(raw)])
-
-
-@pytest.mark.hostile
-def test_defuse_is_the_identity_on_clean_text_and_breaks_overlapping_matches():
-    import re
-
-    pattern = re.compile("ab|bc")
-    assert defuse("plain text, no tokens", pattern) == "plain text, no tokens"
-    out = defuse("abc", pattern)
-    assert not pattern.search(out) and out.replace(WORD_JOINER, "") == "abc"
-    assert defuse(out, pattern) == out
 
 
 # -- what the driver judges: success, and rewards that do not add up --------------------------------------

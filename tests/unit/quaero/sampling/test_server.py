@@ -1,14 +1,12 @@
-"""Server mode without a server: the config rules, the servers' command and environment (weight transfer,
-devices), the weight-transfer source against the file push, and the server process's fault paths (a server
-that dies at startup names its log; close() leaves no process of its group behind)."""
+"""Server mode without a server (quaero/sampling/server.py): the config rules, the servers' command and
+environment (weight transfer, devices), and a running server judged by what it says of itself (the server
+process itself: test_supervisor.py; the weight-transfer source: test_transfer.py)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -16,7 +14,7 @@ import torch
 from quaero.config import ConfigError, QuaeroConfig, SamplerConfig, check_rules
 from quaero.recipe.plan import check_server_devices
 from quaero.sampling.server import serve_argv, server_devices, server_env
-from quaero.sampling.supervisor import ServedProcess, ServerStartError, free_port, start_all
+from quaero.sampling.supervisor import free_port
 
 
 def _cfg(**sampler) -> QuaeroConfig:
@@ -168,33 +166,6 @@ def test_each_started_server_gets_its_device(monkeypatch):
 
 
 @pytest.mark.vllm
-def test_the_weight_source_is_what_the_file_push_writes(tiny_lm):
-    """The NCCL/IPC engines send the names, dtypes and shapes the file push saves, for the real tiny model
-    (its tied LM head left out of both), in the order vLLM's NCCL engine checks iteration against."""
-    from safetensors import safe_open
-    from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerWeightTransferEngine
-
-    from quaero.sampling.transfer import StateDictSource
-    from quaero.sampling.vllm import saved_weights
-
-    state = tiny_lm.state_dict()
-    assert "lm_head.weight" in state  # tied: the same storage as the embedding
-    with saved_weights(state) as folder, safe_open(f"{folder}/model.safetensors", "pt") as f:
-        saved = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
-    source = StateDictSource(state)
-    meta = source.metadata()
-    assert {m.name: (m.dtype, m.shape) for m in meta} == {k: (v.dtype, tuple(v.shape)) for k,
-                                                          v in saved.items()}
-    assert len(meta) == len(saved) == len(state) - 1 and "lm_head.weight" not in saved
-    pairs = list(NCCLTrainerWeightTransferEngine._checked_iter(source, meta))  # vLLM's own agreement check
-    assert [n for n, _ in pairs] == [m.name for m in meta] == [k for k in state if k != "lm_head.weight"]
-    assert all(torch.equal(t, saved[n]) and t.data_ptr() == state[n].data_ptr() for n, t in pairs)  # no copy
-    assert [n for names, _ in source.iter_groups() for n in names] == [m.name for m in meta]
-    source.set({k: v * 2 for k, v in state.items()})  # the next push: fresh tensors, same names
-    assert torch.equal(dict(source)["model.norm.weight"], 2 * state["model.norm.weight"])
-
-
-@pytest.mark.vllm
 def test_a_server_sampler_refuses_nccl_and_ipc_without_cuda(monkeypatch):
     from quaero.sampling.server import VLLMServerSampler
 
@@ -206,57 +177,6 @@ def test_a_server_sampler_refuses_nccl_and_ipc_without_cuda(monkeypatch):
                                                r"available"):
             VLLMServerSampler(["http://127.0.0.1:9"], SamplerConfig(mode="server", weight_transfer=backend),
                               stop_token_ids=[0])
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie is gone for our purpose
-        return f.read().split(") ")[-1][0] != "Z"
-
-
-def test_a_server_that_exits_at_startup_names_its_log_tail(tmp_path):
-    crash = [sys.executable, "-c", ("import sys; print('loading model...'); print('boom: no such model'); "
-                                   "sys.exit(3)")]
-    p = ServedProcess(crash, f"http://127.0.0.1:{free_port()}", name="vllm-0", log_dir=tmp_path)
-    with pytest.raises(ServerStartError, match=r"(?s)vllm-0 exited with 3 before answering .*/health; its "
-                                               r"log \(.*vllm-0\.log\) ends:.*boom: no such model"):
-        start_all([p], timeout_s=30)
-    assert p.proc is None and (tmp_path / "vllm-0.log").exists()  # stopped, log kept
-
-
-def test_a_server_that_never_answers_times_out_and_is_stopped(tmp_path):
-    p = ServedProcess([sys.executable, "-c", "import time; time.sleep(600)"],
-                                                                           f"http://127.0.0.1:{free_port()}",
-                      name="vllm-0", log_dir=tmp_path)
-    with pytest.raises(ServerStartError, match=r"did not answer .* within 1s \(\[sampler\] "
-                                               r"server_start_timeout_s\)"):
-        start_all([p], timeout_s=1)
-    assert p.proc is None
-
-
-def test_close_stops_the_server_and_its_children(tmp_path):
-    """vLLM's API server forks engine processes: close() stops the whole group, not the supervisor alone."""
-    port = free_port()
-    pidfile = tmp_path / "child.pid"
-    server = (f"import http.server, subprocess, sys, pathlib\n"
-              f"c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
-              f"pathlib.Path({str(pidfile)!r}).write_text(str(c.pid))\n"
-              f"class H(http.server.BaseHTTPRequestHandler):\n"
-              f"    def do_GET(self): self.send_response(200); self.end_headers()\n"
-              f"http.server.HTTPServer(('127.0.0.1', {port}), H).serve_forever()\n")
-    p = ServedProcess([sys.executable, "-c", server], f"http://127.0.0.1:{port}", name="vllm-0")
-    start_all([p], timeout_s=30)
-    supervisor = p.proc.pid
-    child = int(pidfile.read_text())
-    assert _alive(supervisor) and _alive(child)
-    log = p.log_path
-    t0 = time.monotonic()
-    p.close()
-    assert not _alive(supervisor) and not _alive(child)
-    assert time.monotonic() - t0 < 12 and not log.exists()  # a temp log goes with the server
 
 
 # ── [sampler] urls: a running server is asked what it is before any model loads ──────────────────────────

@@ -1,4 +1,4 @@
-"""A mixture's schema (quaero/config.py `[[envs]]`): each env's view, and bad input in one line."""
+"""A mixture's schema (quaero/config/ `[[envs]]`): each env's view, and bad input in one line."""
 from __future__ import annotations
 
 import pytest

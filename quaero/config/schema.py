@@ -1,0 +1,119 @@
+"""`QuaeroConfig`, the whole config: its sections, one env or a mixture, each env's view; and what changed
+between two configs (`changed_keys`: a resume under another config says so).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pydantic import (
+    Field,
+    model_validator,
+)
+
+if sys.version_info >= (3, 11):
+    pass
+else:  # pragma: no cover
+    pass
+from quaero.config.base import _Section
+from quaero.config.envs import SINGLE, EnvConfig, MixtureEnv, shares_of
+from quaero.config.sections import (
+    BackendConfig,
+    DataConfig,
+    DistributedConfig,
+    EchoConfig,
+    LoggingConfig,
+    ModelConfig,
+    RunConfig,
+    SamplerConfig,
+    TrainingConfig,
+)
+
+
+class QuaeroConfig(_Section):
+    run: RunConfig = Field(default_factory=RunConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    env: EnvConfig | None = None  # one env ...
+    # ... or a mixture: [[envs]], each named, with a ratio
+    envs: list[MixtureEnv] = Field(default_factory=list)
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig)
+    backend: BackendConfig = Field(default_factory=BackendConfig)
+    echo: EchoConfig = Field(default_factory=EchoConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+
+    @model_validator(mode="after")
+    def _one_env_or_a_mixture(self) -> QuaeroConfig:
+        if (self.env is None) == (not self.envs):
+            raise ValueError("set [env] (one env) or [[envs]] (a mixture, each with name and ratio), not both"
+                             if self.env is not None else "no env: add an [env] section (or [[envs]] for a "
+                                                          "mixture)")
+        seen: set[str] = set()
+        for e in self.envs:
+            if e.name in seen:
+                raise ValueError(f"name={e.name!r} is used by two [[envs]]: give each env a name of its own")
+            seen.add(e.name)
+        return self
+
+    @property
+    def is_mixture(self) -> bool:
+        return bool(self.envs)
+
+    def views(self) -> dict[str, QuaeroConfig]:
+        """Each env's own config, as a one-env run would read it: `[env]` its settings, its per-env settings
+        in [training] and [echo]. A one-env run's is the config itself, under the name "env"."""
+        if not self.envs:
+            return {SINGLE: self}
+        out = {}
+        for e in self.envs:
+            env = EnvConfig(**e.model_dump(exclude={"name", "ratio", "group_size", "eval_tasks", "oracle",
+                                                    "echo_weight", "guidance"}, exclude_unset=True))
+            training = self.training.model_copy(update={k: v for k, v in (
+                ("group_size", e.group_size), ("eval_tasks", e.eval_tasks), ("oracle", e.oracle),
+                ("guidance", e.guidance)) if v is not None})
+            echo = self.echo if e.echo_weight is None else self.echo.model_copy(
+                update={"weight": e.echo_weight, "rl_weight": e.echo_weight})
+            out[e.name] = self.model_copy(update={"env": env, "envs": [], "training": training, "echo": echo})
+        return out
+
+    def ratios(self) -> dict[str, float]:
+        """Each env's share of a step's groups, as fractions summing to 1."""
+        if not self.envs:
+            return {SINGLE: 1.0}
+        return shares_of({e.name: e.ratio for e in self.envs})
+
+    @property
+    def run_dir(self) -> Path:
+        # "~/runs" is the home's, as check judges it
+        return Path(self.run.output_dir).expanduser() / self.run.name
+
+    @property
+    def observation_token_limit(self) -> int:
+        """Tokens one env message may hold: `[env] max_observation_tokens`, else half the context."""
+        env = self.env or self.envs[0]
+        return env.max_observation_tokens or self.model.max_seq_len // 2
+
+    def lr_for(self, *, sft: bool) -> float:
+        """The learning rate of a warm-start (sft) or RL step."""
+        return (self.training.warmup_sft_lr or self.backend.lr) if sft else self.backend.lr
+
+
+# Keys that change when and what a run logs or keeps, not what any of its steps trains
+UNTRAINED_KEYS = ("training.steps", "training.checkpoint_every", "training.keep_checkpoints",
+                  "training.eval_every", "training.eval_tasks", "logging.", "run.output_dir")
+
+
+def changed_keys(old: dict, new: dict, prefix: str = "") -> dict[str, list]:
+    """The dotted keys whose values differ between two `model_dump(mode="json")` configs: {key: [old, new]}
+    (a key one of them lacks is None there)."""
+    out: dict[str, list] = {}
+    for key in sorted(old.keys() | new.keys()):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out |= changed_keys(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out[f"{prefix}{key}"] = [a, b]
+    return out
+

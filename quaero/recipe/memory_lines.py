@@ -1,0 +1,224 @@
+"""The memory plan as `quaero check` prints it, for a config on a device: the step's shape read from the
+config (`step_shape`), the device's room (`device_capacity`), the sampler's share of it beside the step
+(`sampler_share`), and the lines (`plan_lines`, `memory_lines`). The arithmetic is
+quaero/recipe/memory_plan.py.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from quaero.model import SUPPORTED_MODEL_TYPES
+from quaero.recipe.memory_plan import (
+    GIB,
+    KNOB_VALUES,
+    MemoryPlan,
+    ModelDims,
+    StepShape,
+    _bytes,
+    fitting_knob,
+    plan,
+)
+
+# vLLM's CPU engine beside the step: its own copy of the weights, its KV cache (VLLM_CPU_KVCACHE_SPACE GiB,
+# quaero's default 1) and the engine's runtime above both. Measured (RSS of an in-process engine, loaded and
+# sampling 32 x 48 tokens): 1.0 GiB above weights and KV cache at tiny-qwen3, 1.6 at qwen3-0.6b-shape, the
+# larger taken (benchmarks/README.md, "Fourth pass")
+VLLM_CPU_RUNTIME = int(1.6 * GIB)
+
+
+@dataclass(frozen=True)
+class SamplerShare:
+    """What the sampler takes from the step's device, and how it was counted (one phrase)."""
+
+    bytes: int
+    how: str
+
+
+def sampler_share(cfg, device: str, dims: ModelDims, capacity: int | None) -> SamplerShare:
+    """The sampler's memory on `device` beside the train step: `hf` shares the trainer's module (nothing
+    more counted); vLLM in process, or `vllm serve` processes quaero starts on this host or device, holds per
+    engine `gpu_memory_utilization` of a CUDA device, or on a CPU its weights, KV cache and runtime."""
+    from quaero.sampling import CPU_KV_CACHE_ENV, CPU_KV_CACHE_GIB, resolve_backend
+
+    s = cfg.sampler
+    backend = resolve_backend(s.backend, device)
+    if backend != "vllm":
+        return SamplerShare(0, f"{backend} shares the trainer's weights")
+    if s.mode == "server" and s.urls:
+        return SamplerShare(0, "vLLM servers at [sampler] urls, not counted")
+    engines = 1 if s.mode == "colocated" else s.servers
+    if device.startswith("cuda") and s.mode == "server" and s.server_devices:  # on this device only
+        index = int(device.partition(":")[2] or 0)
+        engines = sum(1 for d in s.server_devices[:s.servers] if d == index)
+    where = "in process" if s.mode == "colocated" else f"{engines} local `vllm serve`"
+    if device.startswith("cuda"):
+        share = int(engines * s.gpu_memory_utilization * (capacity or 0))
+        return SamplerShare(share, f"vLLM {where}: {engines} x gpu_memory_utilization "
+                                   f"{s.gpu_memory_utilization:g} of the device")
+    kv = int(float(os.environ.get(CPU_KV_CACHE_ENV) or CPU_KV_CACHE_GIB) * GIB)
+    weights = dims.params() * _bytes(cfg.model.dtype, dims)
+    each = (f"weights {gib(weights)} + KV cache {gib(kv)} ({CPU_KV_CACHE_ENV}) + runtime "
+            f"{gib(VLLM_CPU_RUNTIME)}")
+    return SamplerShare(engines * (weights + kv + VLLM_CPU_RUNTIME),
+                        f"vLLM {where}: " + (f"{engines} x ({each})" if engines > 1 else each))
+
+
+def gib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def plan_lines(p: MemoryPlan, *, capacity: int | None, capacity_source: str, row_note: str,
+               sampler: SamplerShare | None = None) -> list[str]:
+    """The plan as `quaero check` prints it: the figures, then one line if it does not fit (the step's peak
+    against the device less the sampler's share)."""
+    sampler = sampler or SamplerShare(0, "")
+    beside = f" + sampler {gib(sampler.bytes)}" if sampler.bytes else ""
+    s, d = p.step, p.dims
+    dtype = d.dtype if s.dtype == "auto" else s.dtype
+    knobs = []
+    if s.gradient_checkpointing:
+        knobs.append("gradient_checkpointing")
+    if s.context_tokens:
+        knobs.append(f"context crop {s.context_tokens}")
+    if s.save_on_cpu:
+        knobs.append("save_on_cpu" + ("" if s.device.startswith("cuda") else " (no-op on cpu)"))
+    head = (
+        "full logits"
+        if not s.selective
+        else f"selective, {min(s.targets, s.chunk_size)}-row chunks"
+        if s.chunk_size
+        else "selective"
+    )
+    lines = [
+        (
+            f"memory plan {d.params() / 1e9:.3f}B params ({'tied' if d.tied else 'untied'} embeddings), "
+            f"{dtype}, "
+            f"{s.device}; microbatch {s.tokens} tokens, {s.targets} targets {row_note}"
+        ),
+        (
+            f"  weights {gib(p.weights)}, gradients {gib(p.gradients)}, AdamW m+v {gib(p.optimizer)}"
+            + (f" (LoRA r={s.lora_r}: {d.lora_params(s.lora_r) / 1e6:.1f}M trainable)" if s.lora else "")
+        ),
+        (
+            f"  activations {gib(p.activations)} ({', '.join(knobs) or 'no knobs'}; exact full context "
+            "without "
+            f"knobs {gib(p.activations_exact)}"
+            + (f"; {gib(p.host_activations)} on host" if p.host_activations else "")
+            + ")"
+        ),
+        (
+            f"  LM head {gib(p.lm_head)} ({head}; full logits [{s.tokens}, {d.vocab}] {gib(p.lm_head_full)}, "
+            f"selective [{s.targets}, {d.vocab}] {gib(p.lm_head_selective)})"
+        ),
+        (
+            f"  peak {gib(p.peak)}"
+            + beside
+            + (f" of {gib(capacity)} {capacity_source}" if capacity else "")
+            + f" (forward+backward {gib(p.fwd_bwd)}, update: gradients + AdamW temporaries {gib(p.update)})"
+        ),
+    ]
+    if sampler.how:
+        lines.insert(-1, f"  sampler {gib(sampler.bytes)} beside the step ({sampler.how})")
+    room = capacity - sampler.bytes if capacity else None
+    if room is not None and p.peak > room:
+        found = fitting_knob(d, s, room) if room > 0 else None
+        fix = (
+            f"set {found[0]} = {KNOB_VALUES[found[0]]} (plan {gib(found[1].peak)})"
+            if found
+            else "no single knob makes it fit: a shorter [model] max_seq_len, a smaller micro_batch_tokens "
+            "or a smaller model" + (", or the sampler elsewhere" if sampler.bytes else "")
+        )
+        lines.append(
+            f"memory plan exceeds the device: peak {gib(p.peak)}{beside} > {gib(capacity)} {capacity_source}"
+            f"; {fix}"
+        )
+    return lines
+
+
+def step_shape(cfg, device: str) -> tuple[StepShape, str]:
+    """The microbatch a config's longest row makes, and how the row was bounded (for the printout).
+
+    Longest row: min([model] max_seq_len, max_turns x (max_tokens + the observation limit)); rows of it pack
+    `micro_batch_tokens // row` to a microbatch (at least one, at most a step's rows); targets per row: the
+    sampled tokens, plus the env's when ECHO trains on them."""
+    from trainers.selective import AUTO_CHUNK_ROWS
+    from trainers.spec import SelectivePolicy
+
+    s, b, o = cfg.sampler, cfg.backend, cfg.backend.options
+
+    def longest(view) -> tuple[int, int, int, int, int]:
+        """(row tokens, targets per row, group size, turns, observation limit) of one env's longest row."""
+        turns, obs = view.env.max_turns, view.observation_token_limit
+        row = min(view.model.max_seq_len, turns * (s.max_tokens + obs))
+        per_row = min(row, turns * s.max_tokens + (turns * obs if view.echo.enabled else 0))
+        return row, per_row, view.training.group_size, turns, obs
+
+    # a mixture's longest row (one env's view for a one-env config)
+    row, per_row, group, turns, obs = max(longest(view) for view in cfg.views().values())
+    rows = max(1, min(cfg.training.tasks_per_step * group, b.micro_batch_tokens // row))
+    shape = StepShape(
+        tokens=rows * row,
+        targets=rows * per_row,
+        target_span=rows * per_row,
+        dtype=cfg.model.dtype,
+        lora=b.lora,
+        lora_r=b.lora_r,
+        gradient_checkpointing=b.gradient_checkpointing,
+        selective=o.train_selective_suffix_logits,
+        chunk_size=o.train_logprob_chunk_size,
+        hidden_max_bytes=SelectivePolicy().hidden_max_bytes,
+        auto_chunk_rows=AUTO_CHUNK_ROWS,
+        save_on_cpu=o.train_save_on_cpu,
+        context_tokens=o.train_supervised_context_tokens,
+        device=device,
+        rows=rows,
+    )
+    note = (
+        f"({rows} row(s) of {row}: min(max_seq_len {cfg.model.max_seq_len}, max_turns {turns} x "
+        f"(max_tokens {s.max_tokens} + observation limit {obs})))"
+    )
+    return shape, note
+
+
+def device_capacity(device: str) -> tuple[int | None, str]:
+    """Bytes one step may use: a CUDA device's memory, or the host's available RAM."""
+    if device.startswith("cuda"):
+        import torch
+
+        index = torch.device(device).index or 0
+        return torch.cuda.get_device_properties(index).total_memory, f"on {device}"
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "RAM available"
+    except OSError:
+        pass
+    return None, ""
+
+
+def memory_lines(cfg, device: str) -> list[str]:
+    """`quaero check`'s memory plan for `cfg` on `device` (one line when the model's shape is unknown)."""
+    from quaero.model import config_fields
+
+    fields = config_fields(cfg.model.name)
+    if fields is None:
+        return [
+            (
+                f"memory plan none: {cfg.model.name!r} has no config.json here (not a folder, not in the hub "
+                "cache); it is read once the model is downloaded"
+            )
+        ]
+    if fields.get("model_type") not in SUPPORTED_MODEL_TYPES:
+        return [
+            (
+                f"memory plan none: model_type {fields.get('model_type')!r} (the plan knows "
+                f"{', '.join(SUPPORTED_MODEL_TYPES)})"
+            )
+        ]
+    dims = ModelDims.from_fields(fields)
+    step, note = step_shape(cfg, device)
+    capacity, source = device_capacity(device)
+    return plan_lines(plan(dims, step), capacity=capacity, capacity_source=source, row_note=note,
+                      sampler=sampler_share(cfg, device, dims, capacity))

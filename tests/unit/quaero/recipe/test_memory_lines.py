@@ -1,0 +1,91 @@
+"""`quaero check`'s memory lines: the plan of a config on a device, the sampler's share beside the step, and
+the one line that says a step does not fit and which knob would make it."""
+
+from dataclasses import replace
+from pathlib import Path
+
+from quaero.config import load_config
+from quaero.model import NAMED_SHAPES
+from quaero.recipe import memory_lines as ml
+from quaero.recipe import memory_plan as mp
+
+ROOT = Path(__file__).resolve().parents[4]
+GIB = 2**30
+
+
+def dims(name: str, **kw) -> mp.ModelDims:
+    return mp.ModelDims.from_fields({**NAMED_SHAPES[name].config_fields(), **kw})
+
+
+def test_an_oversized_plan_says_so_in_one_line_naming_the_knob_that_fits():
+    d = dims("qwen3-0.6b-shape")
+    step = mp.StepShape(tokens=8192, targets=64, target_span=2048, selective=False)
+    p = mp.plan(d, step)
+    lines = ml.plan_lines(p, capacity=24 * GIB, capacity_source="RAM available", row_note="")
+    assert p.peak > 24 * GIB
+    last = lines[-1]
+    assert last.startswith("memory plan exceeds the device: peak ") and "24.00 GiB RAM available" in last
+    # full logits off first (the chunked selective head), yet activations still overflow: checkpointing fits
+    assert mp.plan(d, replace(step, selective=True, chunk_size=256)).peak > 24 * GIB
+    assert "set backend.gradient_checkpointing = true" in last
+    fits = ml.plan_lines(
+        mp.plan(d, replace(step, tokens=512, target_span=128)),
+        capacity=24 * GIB,
+        capacity_source="RAM available",
+        row_note="",
+    )
+    assert not any("exceeds" in line for line in fits)
+    nothing = ml.plan_lines(p, capacity=1 * GIB, capacity_source="on cuda", row_note="")
+    assert "no single knob makes it fit" in nothing[-1]
+
+
+def test_the_sampler_s_share_of_the_device_is_counted_beside_the_step(monkeypatch):
+    # was: the plan said 19.34 GiB of 22.49 available for the 0.6B shape at 4 x 8 episodes, and the run with
+    # vLLM in process was killed at 23.13 GiB RSS (the engine's weights, KV cache and runtime not counted)
+    d = dims("qwen3-0.6b-shape")
+    toml = ROOT / "envs" / "toolbench.toml"
+
+    def share(*sets, device="cpu", capacity=24 * GIB):
+        cfg = load_config(toml, ["model.name='qwen3-0.6b-shape'", "model.dtype='bfloat16'", *sets])
+        return ml.sampler_share(cfg, device, d, capacity)
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
+    engine = d.params() * 2 + 2 * GIB + ml.VLLM_CPU_RUNTIME
+    assert share("sampler.backend='vllm'").bytes == engine
+    assert share("sampler.backend='vllm'", "sampler.mode='server'", "sampler.servers=2").bytes == 2 * engine
+    remote = share("sampler.backend='vllm'", "sampler.mode='server'", "sampler.urls=['http://h:8000']")
+    assert remote.bytes == 0
+    assert share("sampler.backend='hf'").bytes == 0
+    on_gpu = share("sampler.backend='vllm'", "sampler.gpu_memory_utilization=0.3", device="cuda:0",
+                   capacity=100 * GIB)
+    assert on_gpu.bytes == int(0.3 * 100 * GIB) and "gpu_memory_utilization 0.3" in on_gpu.how
+    elsewhere = share("sampler.backend='vllm'", "sampler.mode='server'", "sampler.server_devices=[1]",
+                      device="cuda:0", capacity=100 * GIB)
+    assert elsewhere.bytes == 0
+
+    step = mp.StepShape(tokens=8192, targets=8192, target_span=8192, dtype="bfloat16", rows=2)
+    p = mp.plan(d, step)
+    room = p.peak + GIB  # the step alone fits; with the engine beside it, it does not
+    alone = ml.plan_lines(p, capacity=room, capacity_source="RAM available", row_note="")
+    assert not any("exceeds" in line for line in alone)
+    lines = ml.plan_lines(p, capacity=room, capacity_source="RAM available", row_note="",
+                          sampler=ml.SamplerShare(engine, "vLLM in process"))
+    assert f"  sampler {ml.gib(engine)} beside the step (vLLM in process)" in lines
+    assert lines[-1].startswith(f"memory plan exceeds the device: peak {ml.gib(p.peak)} + sampler "
+                                f"{ml.gib(engine)} > ")
+    assert "set backend.gradient_checkpointing = true" in lines[-1]
+
+
+def test_check_prints_the_plan_for_the_configured_model():
+    cfg = load_config(
+        ROOT / "envs" / "toolbench.toml", ["model.name='qwen3-0.6b-shape'", "model.max_seq_len=8192"]
+    )
+    lines = ml.memory_lines(cfg, "cpu")
+    assert lines[0].startswith(
+        "memory plan 0.596B params (tied embeddings), float32, cpu; microbatch 8192 tokens"
+    )
+    assert any(line.startswith("  LM head") and "full logits [8192, 151936]" in line for line in lines)
+    unknown = load_config(ROOT / "envs" / "toolbench.toml", ["model.name='Qwen/Not-Cached-0B'"])
+    assert ml.memory_lines(unknown, "cpu")[0].startswith(
+        "memory plan none: 'Qwen/Not-Cached-0B' has no config.json"
+    )
