@@ -51,7 +51,7 @@ def _reference(model, rows):
                 term = -a * torch.exp(lp - r.sampler_logprobs[i])
             total = total + term / targets
     total.backward()
-    return float(total), shaping
+    return float(total.detach()), shaping
 
 
 def test_a_guided_tokens_loss_and_gradient_are_policy_shaping_in_a_real_step(small_model_dir, monkeypatch):
@@ -98,11 +98,11 @@ def test_guided_tokens_are_shaped_whatever_the_variant_and_never_clipped(name):
     opts = replace(PolicyLoss.of(make_spec("m", policy_loss=name)), gamma=GAMMA, correction="token_truncate")
     loss, stats = policy_loss(lp, sampler, adv, mask, scale, opts, guided=guided)
     alone, _ = policy_loss(lp, sampler, adv, mask & ~guided, scale, opts)
-    p = torch.exp(lp[0])
-    assert float(loss) == pytest.approx(float(alone) + float((-2.0 * p / (p + GAMMA)).sum() / 12), abs=ATOL)
+    p = torch.exp(lp[0].detach())
+    shaped = float((-2.0 * p / (p + GAMMA)).sum() / 12)
+    assert float(loss.detach()) == pytest.approx(float(alone.detach()) + shaped, abs=ATOL)
     assert stats.tokens == 6 and stats.guided_tokens == 6 and stats.clipped == 0
     loss.backward()
-    p = p.detach()
     torch.testing.assert_close(lp.grad[0], -2.0 * GAMMA * p / (p + GAMMA) ** 2 / 12, atol=ATOL, rtol=0)
 
 
