@@ -9,7 +9,8 @@ The trainer's shifted log-prob tensor `[B, L-1]` at column j scores token j + 1.
 
 A row validates itself on construction: equal lengths, spans in bounds and non-overlapping,
 advantages only on action tokens, ECHO weights only on environment tokens (never on actions,
-prompts or corrective messages), the two masks disjoint, every number finite.
+prompts or corrective messages), the two masks disjoint, every number finite, the guided flag (a guide's
+tokens: the env's oracle played them, not the policy) on action tokens only.
 """
 from __future__ import annotations
 
@@ -50,12 +51,18 @@ class EchoRow:
     echo_weights: list[float]
     sampler_logprobs: list[float]
     meta: dict = field(default_factory=dict)
+    # per token, True where a guide (the env's oracle, `[training] guidance`) chose the action token, not the
+    # sampler: off-policy, no sampler log-prob, trained with policy shaping (trainers/policy_losses.py);
+    # empty: no guided token (every row the policy sampled)
+    guided: list[bool] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
         for name in ("advantages", "echo_weights", "sampler_logprobs"):
             if len(getattr(self, name)) != n:
                 raise RowError(f"EchoRow.{name} has {len(getattr(self, name))} entries for {n} tokens")
+        if self.guided and len(self.guided) != n:
+            raise RowError(f"EchoRow.guided has {len(self.guided)} entries for {n} tokens (or none)")
         kind_of = [""] * n
         last_end = 0
         for s in sorted(self.spans, key=lambda s: s.start):
@@ -74,6 +81,10 @@ class EchoRow:
                 raise RowError(f"EchoRow token {i}: negative ECHO weight {w}")
             if w > 0.0 and kind_of[i] not in ECHO_KINDS:
                 raise RowError(f"EchoRow token {i}: ECHO weight {w} on a {kind_of[i] or 'unlabelled'} token")
+        for i, g in enumerate(self.guided):
+            if g and kind_of[i] != "action":
+                raise RowError(f"EchoRow token {i}: guided on a {kind_of[i] or 'unlabelled'} token (only "
+                               "action tokens are a guide's)")
         if n and (self.advantages[0] != 0.0 or self.echo_weights[0] != 0.0):
             raise RowError("EchoRow token 0 cannot be a target (it has no left context)")
 
@@ -90,6 +101,15 @@ class EchoRow:
     @property
     def action_mask(self) -> list[bool]:
         return self.kind_mask("action")
+
+    @property
+    def guided_mask(self) -> list[bool]:
+        """Per token: whether a guide chose it (all False for a row the policy sampled)."""
+        return list(self.guided) if self.guided else [False] * len(self.input_ids)
+
+    def as_guided(self) -> EchoRow:
+        """The same row with every action token marked guided (an episode a guide played whole)."""
+        return replace(self, guided=self.action_mask)
 
     @property
     def num_action_tokens(self) -> int:
@@ -111,11 +131,12 @@ class EchoRow:
         return replace(self, advantages=[advantage if m else 0.0 for m in mask], meta=meta)
 
     def to_dict(self) -> dict:
-        return {"input_ids": self.input_ids, "spans": [[s.kind, s.start, s.end, s.turn] for s in self.spans],
-                "advantages": self.advantages, "echo_weights": self.echo_weights,
-                "sampler_logprobs": self.sampler_logprobs, "meta": self.meta}
+        out = {"input_ids": self.input_ids, "spans": [[s.kind, s.start, s.end, s.turn] for s in self.spans],
+               "advantages": self.advantages, "echo_weights": self.echo_weights,
+               "sampler_logprobs": self.sampler_logprobs, "meta": self.meta}
+        return {**out, "guided": self.guided} if any(self.guided) else out
 
     @classmethod
     def from_dict(cls, d: dict) -> EchoRow:
         return cls(d["input_ids"], [Span(*s) for s in d["spans"]], d["advantages"],
-                   d["echo_weights"], d["sampler_logprobs"], d.get("meta", {}))
+                   d["echo_weights"], d["sampler_logprobs"], d.get("meta", {}), d.get("guided", []))

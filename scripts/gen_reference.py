@@ -96,6 +96,7 @@ OPTION_MEANINGS = {
     "envs.oracle": "its warm start's demonstrator (unset: [training] oracle, else its entry's "
                    "`oracle_policy`)",
     "envs.echo_weight": "ECHO's λ on its rows, warm start and RL (unset: [echo]'s; 0: no ECHO on this env)",
+    "envs.guidance": "guided episodes on this env's all-fail groups (unset: [training]'s)",
     "env.on_session_loss": "`replay` the episode's actions on a new session (deterministic envs) or `drop` "
                            "it",
     "sampler.top_p": "nucleus sampling; RL needs 1 (`check` refuses less with RL steps)",
@@ -151,6 +152,12 @@ OPTION_MEANINGS = {
     "training.max_empty_steps": "this many consecutive steps without a trained row end the run (exit 1)",
     "training.max_off_policy_steps": "asynchronous rollouts: sample up to k steps ahead while a step trains "
                                      "(docs/scaling.md)",
+    "training.guidance": ("`episode`: an RL group whose kept episodes all fail gets `guided_members` members "
+                          "played whole by the env's oracle on the same task, trained with policy shaping "
+                          "(see \"Guided episodes\" below); `none`: today's"),
+    "training.guided_members": "k, the members guided per all-fail group (<= group_size)",
+    "training.guidance_until_step": ("the RL step at which guidance reaches none, annealed linearly from k "
+                                     "(unset: never; a warning at check)"),
     "training.dynamic_sampling": "while fewer than `tasks_per_step` groups have reward spread, sample groups "
                                  "of further tasks (DAPO); all-equal groups still train ECHO",
     "training.dynamic_sampling_max_groups": ("the bound: at most this many x `tasks_per_step` groups per "

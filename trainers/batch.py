@@ -39,6 +39,8 @@ class Microbatch:
     # fp32, the trainer's own log-probs recorded before a rollout batch's first optimizer step (several steps
     # per batch with a sampler correction: trainers/mini_steps.py); None: not recorded
     old_logprobs: Tensor | None = None
+    # bool, action tokens a guide chose (`EchoRow.guided`: off-policy, no sampler log-prob); None: none
+    guided: Tensor | None = None
 
     def targets(self, term: str) -> Tensor:  # [B, L] bool
         """The tokens loss term `term` trains."""
@@ -118,6 +120,7 @@ def build_microbatches(rows: list[EchoRow], *, micro_batch_tokens: int,
         attn = torch.zeros(B, L, dtype=torch.long)
         adv, old, recorded = torch.zeros(B, L), torch.zeros(B, L), torch.zeros(B, L)
         act, seen = torch.zeros(B, L, dtype=torch.bool), torch.zeros(B, L, dtype=torch.bool)
+        guided = torch.zeros(B, L, dtype=torch.bool)
         term_weights = {name: torch.zeros(B, L) for name in weights}
         for b, i in enumerate(group):
             r, s, n = rows[i], starts[i], lengths[i]
@@ -128,6 +131,8 @@ def build_microbatches(rows: list[EchoRow], *, micro_batch_tokens: int,
             if old_logprobs is not None:
                 recorded[b, :n] = torch.tensor(old_logprobs[i][s:], dtype=torch.float32)
             act[b, :n] = torch.tensor(r.action_mask[s:])
+            if r.guided:
+                guided[b, :n] = torch.tensor(r.guided[s:], dtype=torch.bool)
             if reads is not None:
                 seen[b, :n] = torch.tensor(reads[i][s:], dtype=torch.bool)
             for name, per_row in weights.items():
@@ -139,5 +144,6 @@ def build_microbatches(rows: list[EchoRow], *, micro_batch_tokens: int,
         on_device = {name: w.to(device) for name, w in term_weights.items()}
         out.append(Microbatch(ids.to(device), attn.to(device), adv.to(device), old.to(device), act.to(device),
                               on_device, seen.to(device), group, mb_scales,
-                              None if old_logprobs is None else recorded.to(device)))
+                              None if old_logprobs is None else recorded.to(device),
+                              guided.to(device) if bool(guided.any()) else None))
     return out, crop

@@ -20,7 +20,7 @@ from torch import Tensor
 class PolicyStats:
     """Sums over RL tokens (the caller turns them into step means)."""
 
-    tokens: int = 0
+    tokens: int = 0  # the sampled ones (guided tokens have no ratio)
     ratio_sum: float = 0.0
     clipped: int = 0  # the ratio outside the clip range
     clipped_low: int = 0  # below it with A < 0 (the clip binds: no gradient)
@@ -35,11 +35,18 @@ class PolicyStats:
     seq_ratio_sum: float = 0.0
     seq_ratio_min: float = math.inf
     seq_ratio_max: float = 0.0
+    # guided tokens (a guide's, trained with policy shaping f(π) = π / (π + γ)): their count and f's range
+    guided_tokens: int = 0
+    shaping_sum: float = 0.0
+    shaping_min: float = math.inf
+    shaping_max: float = 0.0
 
     def add(self, other: PolicyStats) -> None:
         for name in ("tokens", "ratio_sum", "clipped", "clipped_low", "clipped_high", "is_tokens", "is_sum",
-                     "is_cut", "sequences", "seq_ratio_sum"):
+                     "is_cut", "sequences", "seq_ratio_sum", "guided_tokens", "shaping_sum"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.shaping_min = min(self.shaping_min, other.shaping_min)
+        self.shaping_max = max(self.shaping_max, other.shaping_max)
         self.is_max = max(self.is_max, other.is_max)
         self.seq_ratio_min = min(self.seq_ratio_min, other.seq_ratio_min)
         self.seq_ratio_max = max(self.seq_ratio_max, other.seq_ratio_max)

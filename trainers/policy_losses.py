@@ -22,7 +22,18 @@ Per target token (εl, εh = `clip_eps_low`, `clip_eps_high`; sg = stop-gradient
 - sapo: -(4 / τ) σ(τ (r - 1)) A, τ = τ_pos where A > 0 else τ_neg (SAPO, arXiv 2511.20347: a soft gate
   instead of the hard clip; its gradient is r-weighted, peaks at r = 1, fades smoothly off-policy)
 then times w (with a correction) and the row's scale (its step-wide denominator, trainers/aggregation.py),
-summed. The default (ppo_clip, token, no correction, εl = εh = `clip_eps`) is quaero's loss before this
+summed.
+
+Guided tokens (`EchoRow.guided`: a guide, the env's oracle, chose them; `[training] guidance`) were never
+sampled: they have no behaviour log-prob, so no ratio. Whatever the variant, each trains with LUFFY's policy
+shaping (Yan et al. 2025, arXiv 2504.14945): -f(π) A with f(p) = p / (p + γ), π = exp(lp) the current
+policy's probability of the token from the same forward, γ = `guidance_gamma` (0.1, LUFFY's); no clipping,
+no sampler weight. Its gradient is -A γ / (π + γ)^2 ∇π: a low-probability expert token's ∇π is weighted by
+up to 1 / γ and a likely one's by about γ, where the plain ratio π / 1 (the expert's probability taken as 1)
+would give ∇π itself, vanishing with π. The ratio statistics count on-policy tokens only; f(π) is measured
+on the guided ones.
+
+The default (ppo_clip, token, no correction, εl = εh = `clip_eps`) is quaero's loss before this
 family, operation for operation.
 """
 from __future__ import annotations
@@ -48,6 +59,7 @@ class PolicyLoss:
     cap: float = 3.0
     tau_pos: float = 1.0
     tau_neg: float = 1.05
+    gamma: float = 0.1  # policy shaping's γ on guided tokens
 
     @classmethod
     def of(cls, spec: TrainerSpec) -> PolicyLoss:
@@ -55,7 +67,7 @@ class PolicyLoss:
         return cls(spec.policy_loss, low, high,
                    spec.policy_loss == "gspo" or spec.importance_sampling_level == "sequence",
                    spec.sampler_correction, spec.sampler_correction_cap, spec.sapo_temperature_pos,
-                   spec.sapo_temperature_neg)
+                   spec.sapo_temperature_neg, spec.guidance_gamma)
 
 
 def _zero_outside(x: Tensor, mask: Tensor) -> Tensor:
@@ -95,10 +107,14 @@ def policy_loss(
     scale: Tensor,  # [B, 1] fp32, each row's token factor (the step's denominator included)
     opts: PolicyLoss,
     old_logprobs: Tensor | None = None,  # [B, L-1] fp32, recorded before the batch's first step, or None
+    guided: Tensor | None = None,  # [B, L-1] bool, tokens a guide chose (policy shaping), or None: none
 ) -> tuple[Tensor, PolicyStats]:
     """The step's RL loss over this microbatch (sum over targets of scale x per-token loss) and its
-    statistics; the module docstring has each variant's formula. With a correction, lp_old is
-    `old_logprobs` where recorded (several optimizer steps per rollout batch), else sg(lp)."""
+    statistics; the module docstring has each variant's formula, and the guided tokens' shaping. With a
+    correction, lp_old is `old_logprobs` where recorded (several optimizer steps per rollout batch), else
+    sg(lp)."""
+    full = mask
+    mask = mask if guided is None else mask & ~guided  # the sampled targets: the ratio's
     weight = None
     if opts.correction == "none":
         old = sampler_logprobs
@@ -127,8 +143,19 @@ def policy_loss(
         raise ValueError(f"policy_loss={opts.name!r}: use 'ppo_clip', 'gspo', 'cispo' or 'sapo'")
     if weight is not None:
         per_token = per_token * weight
-    loss = (_zero_outside(per_token, mask) * scale).sum()
+    shaping = None
+    if guided is not None:
+        guide = full & guided
+        prob = torch.exp(logprobs)
+        shaping = prob / (prob + opts.gamma)  # f(π), with π's gradient: no ratio, no clip, no weight
+        per_token = torch.where(guide, -shaping * advantages, per_token)
+    loss = (_zero_outside(per_token, full) * scale).sum()
     stats = PolicyStats(tokens=int(mask.sum()))
+    if shaping is not None and bool(guide.any()):
+        with torch.no_grad():
+            f = shaping[guide]
+            stats.guided_tokens, stats.shaping_sum = int(f.numel()), float(f.sum())
+            stats.shaping_min, stats.shaping_max = float(f.min()), float(f.max())
     if stats.tokens:
         with torch.no_grad():
             r, a = ratio[mask], advantages[mask]

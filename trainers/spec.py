@@ -217,6 +217,11 @@ class TrainerSpec:
     sapo_temperature_neg: float = option(
         1.05, "training.sapo_temperature_neg", gt=0,
         about="SAPO's gate temperature where A < 0")
+    # guided tokens ([training] guidance: the env's oracle played them) train with LUFFY's policy shaping
+    # -f(π) A, f(p) = p / (p + γ), instead of a ratio (they have no sampler log-prob)
+    guidance_gamma: float = option(
+        0.1, "training.guidance_gamma", gt=0,
+        about="γ of the policy shaping f(π) = π / (π + γ) on guided tokens (LUFFY's 0.1)")
     # optimizer steps per rollout batch (trainers/mini_steps.py, TRL's names): its episodes split into
     # steps_per_generation mini-batches, an optimizer step each, the pass repeated num_iterations times
     steps_per_generation: int = option(

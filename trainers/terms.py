@@ -163,9 +163,11 @@ class PolicyTerm(LossTerm):
             return nll_loss(lp, mask, mb.scales[self.name]), PolicyTermStats()
         sampler_lp = mb.sampler_logprobs[:, 1:]
         recorded = None if mb.old_logprobs is None else mb.old_logprobs[:, 1:]
+        guided = None if mb.guided is None else mb.guided[:, 1:]
         loss, policy = policy_loss(lp, sampler_lp, mb.advantages[:, 1:], mask, mb.scales[self.name],
-                                   PolicyLoss.of(spec), old_logprobs=recorded)
-        return loss, PolicyTermStats(policy, logprob_gap(lp, sampler_lp, mb.action_mask[:, 1:]))
+                                   PolicyLoss.of(spec), old_logprobs=recorded, guided=guided)
+        sampled = mb.action_mask[:, 1:] if guided is None else mb.action_mask[:, 1:] & ~guided
+        return loss, PolicyTermStats(policy, logprob_gap(lp, sampler_lp, sampled))
 
     def metrics(self, spec: TrainerSpec, total: TermTotal, ctx: StepContext) -> dict[str, Any]:
         pg, gap = total.stats.policy, total.stats.gap
@@ -180,6 +182,7 @@ class PolicyTerm(LossTerm):
             names.IMPORTANCE_RATIO_MEAN: pg.ratio_sum / pg.tokens if pg.tokens else None,
             names.CLIP_FRACTION: pg.clipped / pg.tokens if pg.tokens else None,
             **policy_loss_metrics(spec, pg, ctx),
+            **guidance_metrics(pg, ctx),
         }
 
 
@@ -199,6 +202,17 @@ def policy_loss_metrics(spec: TrainerSpec, pg: PolicyStats, ctx: StepContext) ->
         names.SEQUENCE_RATIO_MIN: pg.seq_ratio_min if pg.sequences else None,
         names.SEQUENCE_RATIO_MAX: pg.seq_ratio_max if pg.sequences else None,
     }
+
+
+def guidance_metrics(pg: PolicyStats, ctx: StepContext) -> dict[str, Any]:
+    """The RL term's guided and sampled targets and the policy shaping weight f(π) on the guided ones
+    (trainers/policy_losses.py): None where no guided token trained."""
+    g = pg.guided_tokens
+    return {names.GUIDED_ACTION_TOKENS: 0 if ctx.sft else g, names.ONPOLICY_ACTION_TOKENS: 0 if ctx.sft
+            else pg.tokens,
+            names.GUIDANCE_SHAPING_MEAN: pg.shaping_sum / g if g else None,
+            names.GUIDANCE_SHAPING_MIN: pg.shaping_min if g else None,
+            names.GUIDANCE_SHAPING_MAX: pg.shaping_max if g else None}
 
 
 class EchoTerm(LossTerm):

@@ -220,10 +220,19 @@ def _check_one(cfg: QuaeroConfig, source: str) -> None:
                           "quaero finds oracle_policy next to [env] entry, and there is none; set [training] "
                           "oracle = \"package.module:oracle_policy\" (importable here), or warmup_sft_steps "
                           "= 0")
+    if t.guidance != "none" and not (t.oracle or cfg.env.entry):
+        raise ConfigError(f"{source} [training] guidance={t.guidance!r} with a remote env and no oracle: the "
+                          "guide is the env's oracle_policy(info), found beside [env] entry, and there is "
+                          "none (recorded traces do not guide yet); set [training] oracle = "
+                          "\"package.module:oracle_policy\" (importable here), or guidance = 'none'")
     if t.dynamic_sampling and t.max_off_policy_steps:
         raise ConfigError(f"{source} [training] dynamic_sampling=true with max_off_policy_steps="
                           f"{t.max_off_policy_steps}: a step sampled ahead cannot know how many tasks the "
                           "steps before it used; set one of them off")
+    if t.guidance != "none" and t.guided_members > t.group_size:  # a mixture env's own group_size
+        raise ConfigError(f"{source} [training] guided_members={t.guided_members} > group_size="
+                          f"{t.group_size}: a group has only group_size members to guide; use guided_members "
+                          "<= group_size")
     if t.oracle is not None:
         split_name(t.oracle, f"{source} [training] oracle", error=ConfigError,
                    example="my_env.oracle:oracle_policy")

@@ -216,6 +216,13 @@ class TrainingConfig(_Section):
     # groups still train ECHO
     dynamic_sampling: bool = False
     dynamic_sampling_max_groups: float = Field(3.0, ge=1.0, le=100.0)
+    # guided episodes (quaero/recipe/guidance.py): "episode" = when an RL group's kept episodes all fail, up
+    # to guided_members of them are replaced by episodes the env's oracle plays whole on the same task (its
+    # tokens trained off-policy with policy shaping, `guidance_gamma`); the members anneal linearly from
+    # guided_members to 0 at RL step guidance_until_step (unset: never, a warning at check). "none": today's
+    guidance: Literal["none", "episode"] = "none"
+    guided_members: int = Field(1, ge=1)
+    guidance_until_step: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _a_policy_loss_that_runs(self) -> TrainingConfig:
@@ -227,6 +234,9 @@ class TrainingConfig(_Section):
             raise ValueError(f"sampler_correction_cap={self.sampler_correction_cap:g}: below 1, the "
                              f"{self.sampler_correction!r} weight of every on-policy token (1) would be cut; "
                              "use a cap >= 1 (TRL's default: 3)")
+        if self.guidance != "none" and self.guided_members > self.group_size:
+            raise ValueError(f"guided_members={self.guided_members} > group_size={self.group_size}: a group "
+                             "has only group_size members to guide; use guided_members <= group_size")
         if self.policy_loss == "gspo" and "importance_sampling_level" in self.model_fields_set \
                 and self.importance_sampling_level == "token":
             raise ValueError("policy_loss='gspo' with importance_sampling_level='token': GSPO is the "

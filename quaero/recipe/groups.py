@@ -6,6 +6,8 @@ The operations, outermost first:
 - `roll_out`: this rank's share of a step's groups, with dynamic sampling's further groups;
 - `play_groups`: some groups played on their envs, their rows and outcomes in the order they were drawn;
 - `group_rows`: one played group's kept rows and its outcome.
+With `[training] guidance` (quaero/recipe/guidance.py), `play_groups` has the env's oracle play for the groups
+whose kept episodes all failed, and `group_rows` trains the mixed group.
 No collective here: a rollout sampled ahead (quaero/recipe/ahead.py) runs `roll_out` on a worker thread.
 """
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from quaero.recipe import ranks
+from quaero.recipe.guidance import members_at, mix, needs_guide, play_guides
 from quaero.rollout.advantages import AdvantageOptions, group_advantages, sample_std
 from quaero.rollout.task_samplers import POOLS
 from quaero.rollout.tasks import reset_args
@@ -24,6 +27,7 @@ from quaero.telemetry.runlog import get_logger
 
 if TYPE_CHECKING:
     from quaero.recipe.parts import EnvRun, RunParts
+    from quaero.rollout.driver import Episode
     from quaero.rollout.rows import Transition
     from quaero.rows import EchoRow
 
@@ -38,11 +42,13 @@ class GroupOutcome:
 
     env: str
     task: int
-    rewards: list[float]  # its kept episodes'
+    rewards: list[float]  # its kept episodes' (the policy's: what the task sampler learns from)
     costs: list[float]  # generated tokens of each kept episode
     dropped: int  # its episodes lost (a dead server, a timeout): never trained
-    spread: bool  # its rewards differ: the group carries an RL signal
+    spread: bool  # its trained members' rewards differ (guided ones included): the group carries an RL signal
     kept: bool  # it trained (some episode kept, finite advantages)
+    guided: int = 0  # its members the env's oracle played ([training] guidance), in place of kept ones
+    guided_costs: float = 0.0  # their action tokens (not generated, yet a cost of the signal)
 
 
 def draw(parts: RunParts, step: int, n: int) -> list[list]:
@@ -72,7 +78,8 @@ def _further(parts: RunParts, lacking: list[str], more: int) -> list[list]:
 
 def learn(parts: RunParts, step: int, groups: list[GroupOutcome]) -> None:
     """Hand every RL group's outcome to its env's task sampler (in the step's group order) and log them
-    (`task_outcomes`)."""
+    (`task_outcomes`). The outcomes are the policy's own episodes: a guided group's guides are no part of
+    them (a task the policy never solves stays hopeless to the sampler)."""
     by_name = {e.name: e for e in parts.envs}
     for g in groups:
         if g.rewards:
@@ -93,9 +100,11 @@ def _signal_figures(groups: list[GroupOutcome], envs: list[EnvRun]) -> dict[str,
     signal = sum(g.spread for g in groups)
     episodes = sum(len(g.rewards) for g in groups)
     tokens = int(sum(sum(g.costs) for g in groups))
+    cost = tokens + int(sum(g.guided_costs for g in groups))  # guided tokens count in the signal's cost
     out = {names.SIGNAL_GROUPS: signal, names.GENERATED_TOKENS: tokens,
+           names.GUIDED_TOKENS: cost - tokens,
            names.SIGNAL_GROUPS_PER_EPISODE: round(signal / episodes, 6) if episodes else None,
-           names.SIGNAL_GROUPS_PER_1K_TOKENS: round(1000 * signal / tokens, 6) if tokens else None}
+           names.SIGNAL_GROUPS_PER_1K_TOKENS: round(1000 * signal / cost, 6) if cost else None}
     pools = dict.fromkeys(POOLS, 0)
     played, size = 0, 0
     for e in envs:
@@ -110,11 +119,14 @@ def _signal_figures(groups: list[GroupOutcome], envs: list[EnvRun]) -> dict[str,
     return out
 
 
-def signal_metrics(parts: RunParts, groups: list[GroupOutcome]) -> dict[str, Any]:
+def signal_metrics(parts: RunParts, groups: list[GroupOutcome], step: int | None = None) -> dict[str, Any]:
     """The RL step's learning signal (`groups`: its outcomes), pooled and (a mixture's) per env: groups with
     spread per episode and per 1,000 generated tokens, and the task samplers' pool occupancy and split
-    coverage."""
+    coverage; with `step`, the guidance schedule's members at it (where some env guides)."""
     out = _signal_figures(groups, parts.envs)
+    if step is not None and any(e.cfg.training.guidance != "none" for e in parts.envs):
+        rl_step = step - parts.cfg.training.warmup_sft_steps
+        out[names.GUIDANCE_MEMBERS] = max(members_at(e.cfg.training, rl_step) for e in parts.envs)
     if parts.cfg.is_mixture:
         by_env = {}
         for e in parts.envs:
@@ -188,10 +200,11 @@ def play_groups(parts: RunParts, step: int, picks: list[list], first_slot: int, 
                 ) -> tuple[Collected, list[GroupOutcome]]:
     """The groups of `picks` ([env, task index], the step's groups from slot `first_slot` on), each env's on
     its own sessions with its own group size and oracle: their kept rows with advantages (each row naming its
-    episode), and each group's outcome (in `picks` order)."""
+    episode), and each group's outcome (in `picks` order). An RL group whose kept episodes all failed gets
+    the members its env's guidance schedule gives (the env's oracle on the same task, `_guides`)."""
     _, echo_factor = echo_scale(parts, step, sft) if parts.cfg.is_mixture else (None, {})
     results: dict[int, tuple[Collected, GroupOutcome]] = {}
-    played = []
+    played, guides = [], {}
     for k, e in enumerate(parts.envs):
         mine = [(j, index) for j, (name, index) in enumerate(picks) if name == e.name]
         if not mine:
@@ -201,11 +214,18 @@ def play_groups(parts: RunParts, step: int, picks: list[list], first_slot: int, 
         groups = e.driver.run(e.pool.sessions, tasks, group_size=1 if sft else e.cfg.training.group_size,
                               policy=e.oracle if sft else None, seed=seed + 7_777 * k)
         played += [(e, j, index, group) for (j, index), group in zip(mine, groups)]
-    # scale_rewards = "batch": every group divides by the reward std of this call's kept episodes
-    batch_std = sample_std([ep.reward for *_, group in played for ep in group if not ep.dropped])
+        if not sft:
+            guides.update(_guides(e, step - parts.cfg.training.warmup_sft_steps, mine, tasks, groups,
+                                  seed + 7_777 * k + 3_571))
+    trained = {j: mix([ep for ep in group if not ep.dropped], guides[j], parts.counts)
+               if j in guides else None for _, j, _, group in played}
+    # scale_rewards = "batch": every group divides by the reward std of this call's trained episodes
+    batch_std = sample_std([ep.reward for e, j, index, group in played
+                            for ep in (trained[j][0] if trained[j] else [g for g in group if not g.dropped])])
     for e, j, index, group in played:
         results[j] = group_rows(parts, e, step, index, first_slot + j, group, sft=sft,
-                                echo_factor=echo_factor.get(e.name, 1.0), batch_std=batch_std)
+                                echo_factor=echo_factor.get(e.name, 1.0), batch_std=batch_std,
+                                mixed=trained[j])
     rows, outcomes = [], []
     for j in range(len(picks)):
         rows += results[j][0]
@@ -213,22 +233,41 @@ def play_groups(parts: RunParts, step: int, picks: list[list], first_slot: int, 
     return rows, outcomes
 
 
+def _guides(e: EnvRun, rl_step: int, mine: list[tuple[int, int]], tasks: list[dict],
+            groups: list[list[Episode]], seed: int) -> dict[int, list[Episode]]:
+    """Env `e`'s guided episodes at RL step `rl_step`: for each of its groups (`mine`: [slot, task index],
+    `tasks`: their reset arguments) whose kept episodes all failed, the schedule's k episodes of its oracle
+    on the same reset, by the group's slot."""
+    k = members_at(e.cfg.training, rl_step)
+    need = [i for i, group in enumerate(groups) if k and needs_guide(group)]
+    if not need:
+        return {}
+    played = play_guides(e, [tasks[i] for i in need], k, seed)
+    return {mine[i][0]: episodes for i, episodes in zip(need, played)}
+
+
 def group_rows(parts: RunParts, e: EnvRun, step: int, index: int, slot: int, group: list, *, sft: bool,
-               echo_factor: float, batch_std: float = 0.0) -> tuple[Collected, GroupOutcome]:
+               echo_factor: float, batch_std: float = 0.0, mixed: tuple[list[Episode], int] | None = None
+               ) -> tuple[Collected, GroupOutcome]:
     """One played group (task `index` of env `e`, the step's group `slot`): its kept episodes' rows with their
     group-relative advantages (the env's `[training]` advantage settings; `batch_std` for scale_rewards =
     "batch"; ECHO weights scaled by `echo_factor`), and its outcome. A group whose rewards give no finite
-    advantage is left out, counted. `spread` is the rewards' (an all-fail group that NSR pushes down has
-    advantages but no spread)."""
+    advantage is left out, counted. `spread` is the trained rewards' (an all-fail group that NSR pushes down
+    has advantages but no spread). `mixed`: a guided group's trained members (its kept episodes, the last
+    ones replaced by guided episodes) and how many of them (the last) are guided: the advantages are the
+    mixed group's, the guided members' rows marked guided, and the outcome keeps the policy's own episodes."""
     kept = [ep for ep in group if not ep.dropped]
+    members, guided = mixed if mixed is not None else (kept, 0)
     outcome = GroupOutcome(e.name, index, [ep.reward for ep in kept],
                            [float(sum(len(t.action_ids) for t in ep.transitions)) for ep in kept],
-                           dropped=len(group) - len(kept), spread=False, kept=False)
+                           dropped=len(group) - len(kept), spread=False, kept=False, guided=guided,
+                           guided_costs=float(sum(len(t.action_ids) for ep in members[len(members) - guided:]
+                                                  for t in ep.transitions)))
     if not kept:
         return [], outcome
-    rewards = [ep.reward for ep in kept]
-    advs = [1.0] * len(kept) if sft else group_advantages(
-        rewards, [ep.success for ep in kept], AdvantageOptions.of(e.cfg.training), batch_std)
+    rewards = [ep.reward for ep in members]
+    advs = [1.0] * len(members) if sft else group_advantages(
+        rewards, [ep.success for ep in members], AdvantageOptions.of(e.cfg.training), batch_std)
     if not all(math.isfinite(a) for a in advs):
         parts.counts.add(names.GROUPS_NONFINITE_ADVANTAGE)  # rewards a float cannot take the difference of
         return [], outcome
@@ -239,9 +278,11 @@ def group_rows(parts: RunParts, e: EnvRun, step: int, index: int, slot: int, gro
         outcome.spread = min(rewards) != max(rewards)
     label = _episode_label(parts, e, index, slot)
     rows = []
-    for g, (ep, adv) in enumerate(zip(kept, advs)):
+    for g, (ep, adv) in enumerate(zip(members, advs)):
         for r in ep.rows:
             r = r.with_advantage(adv, f"{step}/{label}/{g}", ep.reward)
+            if g >= len(members) - guided:
+                r = r.as_guided()
             if echo_factor != 1.0:
                 r = replace(r, echo_weights=[w * echo_factor for w in r.echo_weights])
             rows.append((r, ep.transitions))

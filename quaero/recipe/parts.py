@@ -95,7 +95,8 @@ def build(cfg: QuaeroConfig, pool: EnvPool | dict[str, EnvPool], counts: Rollout
                            log_dir=sampler_log_dir)
     envs = [EnvRun(name, view, pools[name], EpisodeDriver(render, sampler, DriverSettings.of(view), counts),
                    env_tasks(name, view, pools[name]),
-                   resolve_oracle(view) if t.warmup_sft_steps and not cfg.data.traces else None)
+                   resolve_oracle(view) if (t.warmup_sft_steps and not cfg.data.traces)
+                   or view.training.guidance != "none" else None)
             for name, view in views.items()]
     traces = warm_start_rows(cfg)[0] if cfg.data.traces else None
     return RunParts(cfg, trainer, sampler, render, envs, counts, getattr(sampler, "shares_model", False),

@@ -122,14 +122,15 @@ def check_server_devices(cfg: QuaeroConfig, source: str = "config") -> None:
                           f"{local}..{count - 1}")
 
 
-def resolve_oracle(cfg: QuaeroConfig, source: str = "config"):
-    """The warm start's `oracle_policy(info)`: `[training] oracle`, else the one in the env entry's module."""
+def resolve_oracle(cfg: QuaeroConfig, source: str = "config", without: str | None = None):
+    """The warm start's `oracle_policy(info)` (guidance's guide too): `[training] oracle`, else the one in
+    the env entry's module. `without`: the fix's other way out (default: no warm start)."""
     from quaero.resolve import resolve_name
 
     where = cfg.training.oracle or f"{(cfg.env.entry or '').partition(':')[0]}:oracle_policy"
     key = "[training] oracle" if cfg.training.oracle else "[training] oracle (unset: beside [env] entry)"
-    fix = (f"write oracle_policy(info) (docs/environments.md: Warm start), point [training] oracle at one, "
-           f"or set [training] warmup_sft_steps = 0 (now {cfg.training.warmup_sft_steps})")
+    fix = ("write oracle_policy(info) (docs/environments.md: Warm start), point [training] oracle at one, "
+           + (without or f"or set [training] warmup_sft_steps = 0 (now {cfg.training.warmup_sft_steps})"))
     return resolve_name(where, f"{source} {key}", want=callable, wanted="a function oracle_policy(info)",
                         fix=fix, error=ConfigError, example="my_env.oracle:oracle_policy")
 
@@ -256,6 +257,11 @@ def load_checked(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
     if cfg.training.warmup_sft_steps and not cfg.data.traces:  # [data] traces replace the oracle's demos
         for name, view in cfg.views().items():  # each env's own (a mixture's warm start plays every env)
             resolve_oracle(view, source if not cfg.is_mixture else f"{source} [[envs]] name={name!r}:")
+    for name, view in cfg.views().items():  # the guide of guided episodes is the env's oracle
+        if view.training.guidance != "none":
+            where = source if not cfg.is_mixture else f"{source} [[envs]] name={name!r}:"
+            resolve_oracle(view, f"{where} guidance={view.training.guidance!r} needs the env's oracle:",
+                           without="or set [training] guidance = 'none'")
     check_run_folder(cfg, source)
     check_model_and_renderer(cfg, source)
     return cfg

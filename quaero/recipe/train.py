@@ -119,7 +119,7 @@ def run_step(parts: RunParts, progress: RunProgress, step: int, *, sft: bool,
               **{k: ranks.largest(v) for k, v in peaks.items()},  # every rank's largest, as its seconds
               names.PROCESS_PEAK_MEM_MB: ranks.largest(round(process_peak_mb(parts.trainer.device), 1))}
     return _disjoint({names.PHASE: phase}, ranks.rollout_snapshot(counts), trained, synced,
-                     saved, timing, lag, {} if sft else signal_metrics(parts, progress.step_groups))
+                     saved, timing, lag, {} if sft else signal_metrics(parts, progress.step_groups, step))
 
 
 def _train(parts: RunParts, progress: RunProgress, step: int, rows: list, *, sft: bool, phase: str

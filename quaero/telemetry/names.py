@@ -192,6 +192,13 @@ SEQUENCE_RATIO_MEAN = _step.per_step("sequence_ratio_mean", "mean sequence ratio
                                      "(importance_sampling_level = `sequence`, GSPO; None otherwise)")
 SEQUENCE_RATIO_MIN = _step.per_step("sequence_ratio_min", "its minimum")
 SEQUENCE_RATIO_MAX = _step.per_step("sequence_ratio_max", "its maximum")
+GUIDED_ACTION_TOKENS = _step.count("guided_action_tokens", "RL tokens a guide chose (`[training] guidance`: "
+                                   "the env's oracle played them), trained with policy shaping")
+ONPOLICY_ACTION_TOKENS = _step.count("onpolicy_action_tokens", "RL tokens the policy sampled (the ratio's)")
+GUIDANCE_SHAPING_MEAN = _step.per_step("guidance_shaping_mean", "mean policy-shaping weight f(π) = π / (π + "
+                                       "γ) on guided tokens (None without any)")
+GUIDANCE_SHAPING_MIN = _step.per_step("guidance_shaping_min", "its minimum")
+GUIDANCE_SHAPING_MAX = _step.per_step("guidance_shaping_max", "its maximum")
 CONTEXT_ROWS_CROPPED = _step.count("context_rows_cropped", "rows cropped by "
                                                            "`train_supervised_context_tokens`")
 CONTEXT_TOKENS_REMOVED = _step.count("context_tokens_removed", "tokens those crops removed")
@@ -273,6 +280,12 @@ GROUPS_NONFINITE_ADVANTAGE = _rollout.count("groups_nonfinite_advantage", "group
 GROUPS_RESAMPLED = _rollout.count("groups_resampled", "dynamic sampling's further groups")
 DYNAMIC_SAMPLING_BOUND_HITS = _rollout.count("dynamic_sampling_bound_hits", "steps its bound cut short of "
                                              "`tasks_per_step` groups with spread")
+GROUPS_GUIDED = _rollout.count("groups_guided", "RL groups whose kept episodes all failed that got guided "
+                               "members (`[training] guidance`)")
+GUIDED_MEMBERS = _rollout.count("guided_members", "episodes the env's oracle played in their place (kept)")
+GUIDED_MEMBERS_SUCCEEDED = _rollout.count("guided_members_succeeded", "of those, the successes")
+GUIDED_MEMBERS_DROPPED = _rollout.count("guided_members_dropped", "guided episodes lost (a dead server, a "
+                                        "timeout): never trained, their group kept")
 ROLLOUT_COUNTERS = tuple(_rollout.names)  # every counter above, in the order a snapshot lists them
 REWARD_MEAN = _rollout.per_step("reward_mean", "mean reward of the kept episodes")
 SUCCESS_RATE = _rollout.per_step("success_rate", "success rate of the kept episodes")
@@ -327,7 +340,12 @@ GENERATED_TOKENS = _signal.count("generated_tokens", "tokens the policy generate
 SIGNAL_GROUPS_PER_EPISODE = _signal.per_step("signal_groups_per_episode", "groups with signal per kept "
                                                                           "episode")
 SIGNAL_GROUPS_PER_1K_TOKENS = _signal.per_step("signal_groups_per_1k_tokens",
-                                               "groups with signal per 1,000 generated tokens")
+                                               "groups with signal per 1,000 generated tokens (guided "
+                                               "tokens counted in the cost)")
+GUIDED_TOKENS = _signal.count("guided_tokens", "action tokens of the kept guided episodes (not generated: "
+                              "counted in `signal_groups_per_1k_tokens`'s cost)")
+GUIDANCE_MEMBERS = _signal.latest("guidance_members", "the guidance schedule's members per all-fail group at "
+                                  "this step (`guided_members` annealed to 0 at `guidance_until_step`)")
 TASKS_UNSEEN = _signal.latest("tasks_unseen", "a learning task sampler's keys (tasks, or their spec's group "
                               "/ difficulty) with an empty outcome memory")
 TASKS_LEARNABLE = _signal.latest("tasks_learnable", "keys whose discounted success estimate is between 0.05 "
@@ -452,5 +470,6 @@ CHECKPOINT_FAILED_EVENT = "checkpoint_failed"
 CHECKPOINT_AFTER_FAILURE_FAILED_EVENT = "checkpoint_after_failure_failed"  # saving a failed run's last step
 DYNAMIC_SAMPLING_ROUND_EVENT = "dynamic_sampling_round"  # further groups drawn for want of spread
 DYNAMIC_SAMPLING_STOPPED_EVENT = "dynamic_sampling_stopped"  # a stop request ended the rounds
+GUIDE_FAILED_EVENT = "guide_failed"  # the oracle raised while guiding: its members dropped, the groups kept
 ROLLOUT_AHEAD_DISCARDED_EVENT = "rollout_ahead_discarded"  # a rollout sampled ahead that failed at the end
 EVAL_PROGRESS_EVENT = "eval_progress"  # {done, tasks, elapsed_s}: a long evaluation is never silent

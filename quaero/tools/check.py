@@ -61,6 +61,7 @@ def plan_lines(cfg, source: str) -> list[str]:
          f"packing={cfg.training.packing}, "
          f"checkpoint_every={cfg.training.checkpoint_every}, eval_every={cfg.training.eval_every}"),
         policy_loss_line(cfg),
+        *guidance_lines(cfg),
         work_line(cfg),
     ]
     from quaero.recipe.memory_lines import memory_lines
@@ -78,7 +79,9 @@ SHOWN_WITH_THEIR_SECTION = ("run.seed", "model.name", "model.dtype", "sampler.te
                             "training.importance_sampling_level", "training.sampler_correction",
                             "training.sampler_correction_cap", "training.sapo_temperature_pos",
                             "training.sapo_temperature_neg", "training.steps_per_generation",
-                            "training.num_iterations")
+                            "training.num_iterations",
+                            # the guidance line prints it
+                            "training.guidance_gamma")
 # what a value of an option means, where its value alone does not say it
 OPTION_NOTES = {"backend.options.train_supervised_context_tokens":
                 lambda v: "(APPROXIMATION: rows cropped)" if v else "(exact full context)"}
@@ -113,6 +116,13 @@ def trainer_option_lines(cfg, width: int = 110) -> list[str]:
                 line += f"{', ' if i else ''}{item}"
         lines.append(line)
     return lines
+
+
+def guidance_lines(cfg) -> list[str]:
+    """`quaero check`'s guidance line and its schedule's warning (quaero/recipe/guidance.py)."""
+    from quaero.recipe.guidance import guidance_lines as lines
+
+    return lines(cfg)
 
 
 def policy_loss_line(cfg) -> str:

@@ -1,0 +1,160 @@
+"""Guided episodes (quaero/recipe/guidance.py, `[training] guidance = "episode"`): an RL group whose kept
+episodes all fail gets k members played by the env's oracle on the same reset, encoded exactly as the warm
+start's, marked guided, with the mixed group's advantages; counted; the task sampler learns from the policy's
+own episodes; the schedule anneals to 0; the config's bad inputs are one line each."""
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+from fixtures.rollout import make_cfg
+from fixtures.toyenv import TOOLS, ToyChatEnv, oracle
+from pydantic import ValidationError
+
+from quaero.config import ConfigError, QuaeroConfig, check_rules
+from quaero.recipe.groups import learn, play_groups, signal_metrics
+from quaero.recipe.guidance import guidance_lines, members_at, schedule_warning
+from quaero.recipe.parts import EnvRun, RunParts, env_tasks
+from quaero.rollout.driver import DriverSettings, EpisodeDriver
+from quaero.rollout.mixture import Mixture
+from quaero.sampling import Completion
+from quaero.telemetry import names
+from quaero.telemetry.counts import RolloutCounts
+
+GROUP, K = 4, 2
+
+
+class WrongAnswers:
+    """The policy: submit_answer("0") every time (the toy env's tasks cost more: always a failure)."""
+
+    def __init__(self, render):
+        reset = ToyChatEnv().reset(index=0)
+        wrong = {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "submit_answer", "arguments": {"answer": "0"}}}]}
+        self.ids = render.encode_assistant(reset.messages, TOOLS, wrong)
+
+    def generate(self, prompts, *, n=1, greedy=False, seed=None):
+        return [[Completion(list(self.ids), [-1.0] * len(self.ids), "stop")] for _ in prompts]
+
+
+def _parts(render, **training):
+    cfg = make_cfg(**{f"training__{k}": v for k, v in {"tasks_per_step": 1, "group_size": GROUP, "steps": 4,
+                                                       "guidance": "episode", "guided_members": K,
+                                                       **training}.items()})
+    counts = RolloutCounts()
+    sampler = WrongAnswers(render)
+    pool = SimpleNamespace(sessions=[ToyChatEnv() for _ in range(GROUP)], tasks=None,
+                           task_spec=lambda split, index: {})
+    env = EnvRun("env", cfg, pool, EpisodeDriver(render, sampler, DriverSettings.of(cfg), counts),
+                 env_tasks("env", cfg, pool), oracle=oracle)
+    return RunParts(cfg, None, sampler, render, [env], counts, False, Mixture({"env": 1.0})), counts
+
+
+def _members(rows) -> dict[int, list]:
+    out: dict[int, list] = {}
+    for row, _ in rows:
+        out.setdefault(int(row.meta["episode"].rsplit("/", 1)[1]), []).append(row)
+    return out
+
+
+def test_an_all_fail_group_gets_k_oracle_members_encoded_as_the_warm_start_with_the_mixed_advantages(
+        qwen3_render, monkeypatch):
+    parts, counts = _parts(qwen3_render)
+    learned = []
+    monkeypatch.setattr(parts.envs[0].tasks, "update", lambda task, rewards, costs: learned.append(rewards))
+    rows, (outcome,) = play_groups(parts, 1, [["env", 2]], 0, seed=5, sft=False)
+    members = _members(rows)
+    assert sorted(members) == list(range(GROUP))
+    # rewards 0, 0 (the policy's) and 1, 1 (the oracle's): advantages -0.5 and +0.5 on every action token
+    for g, want, guided in [(0, -0.5, False), (1, -0.5, False), (2, 0.5, True), (3, 0.5, True)]:
+        for row in members[g]:
+            assert [a for a, m in zip(row.advantages, row.action_mask) if m] == [want] * row.num_action_tokens
+            assert row.guided_mask == (row.action_mask if guided else [False] * len(row))
+            assert row.meta["reward"] == (1.0 if guided else 0.0)
+    # the oracle's tokens are exactly the warm start's on the same task (log-prob 0: never sampled)
+    warm, _ = play_groups(parts, 1, [["env", 2]], 0, seed=5, sft=True)
+    for g in (2, 3):
+        assert [r.input_ids for r in members[g]] == [r.input_ids for r, _ in warm]
+        assert [r.spans for r in members[g]] == [r.spans for r, _ in warm]
+        assert all(lp == 0.0 for r in members[g] for lp in r.sampler_logprobs)
+    # the outcome and the task sampler see the policy's four failures; the trained group has spread
+    assert outcome.rewards == [0.0] * GROUP and outcome.guided == K and outcome.spread and outcome.kept
+    learn(parts, 1, [outcome])
+    assert learned == [[0.0] * GROUP]
+    snap = counts.snapshot_and_reset()
+    assert snap[names.GROUPS_GUIDED] == 1 and snap[names.GUIDED_MEMBERS] == K
+    assert snap[names.GUIDED_MEMBERS_SUCCEEDED] == K and snap[names.GUIDED_MEMBERS_DROPPED] == 0
+    assert snap[names.EPISODES] == GROUP + 1  # and the warm start's one; the guides count apart
+    assert snap[names.GROUPS_ZERO_ADVANTAGE] == 0
+    m = signal_metrics(parts, [outcome], step=1)
+    guided_tokens = sum(r.num_action_tokens for g in (2, 3) for r in members[g])
+    assert m[names.GUIDED_TOKENS] == guided_tokens and m[names.GUIDANCE_MEMBERS] == K
+    assert m[names.GENERATED_TOKENS] == sum(outcome.costs)
+    assert m[names.SIGNAL_GROUPS] == 1
+    assert m[names.SIGNAL_GROUPS_PER_1K_TOKENS] == round(1000 / (sum(outcome.costs) + guided_tokens), 6)
+
+
+def test_no_guide_once_the_schedule_reaches_none_or_where_the_policy_succeeded(qwen3_render):
+    parts, counts = _parts(qwen3_render, guidance_until_step=2)
+    rows, (outcome,) = play_groups(parts, 2, [["env", 0]], 0, seed=5, sft=False)  # RL step 2: 0 members
+    assert outcome.guided == 0 and not outcome.spread
+    assert not any(any(r.guided_mask) or any(r.advantages) for r, _ in rows)
+    assert counts.snapshot_and_reset()[names.GROUPS_GUIDED] == 0
+    parts, counts = _parts(qwen3_render, guidance="none")
+    _, (outcome,) = play_groups(parts, 1, [["env", 0]], 0, seed=5, sft=False)
+    assert outcome.guided == 0
+    parts, counts = _parts(qwen3_render)
+    parts.envs[0].driver.run = lambda *a, **kw: [[SimpleNamespace(dropped=False, success=s, reward=float(s),
+                                                                  rows=[], transitions=[])
+                                                  for s in (True, False, False, False)]]
+    _, (outcome,) = play_groups(parts, 1, [["env", 0]], 0, seed=5, sft=False)
+    assert outcome.guided == 0  # one success: the group has its signal already
+
+
+def test_the_schedule_anneals_linearly_from_k_to_none_and_a_schedule_that_never_ends_is_a_warning():
+    t = make_cfg(training__guidance="episode", training__guided_members=3, training__guidance_until_step=6,
+                 training__steps=8).training
+    ks = [members_at(t, s) for s in range(10)]
+    assert ks == [3, 3, 2, 2, 1, 1, 0, 0, 0, 0]  # ceil(3 (6 - s) / 6): 3 at step 0, 0 from step 6 on
+    assert members_at(t.model_copy(update={"guidance": "none"}), 1) == 0
+    assert members_at(t.model_copy(update={"guidance_until_step": None}), 10**6) == 3
+    cfg = make_cfg(training__guidance="episode", training__steps=8, training__guidance_until_step=6)
+    assert schedule_warning(cfg) is None and len(guidance_lines(cfg)) == 1
+    for until, says in ((None, "never anneals"), (9, "never reaches none")):
+        cfg = make_cfg(training__guidance="episode", training__steps=8, training__guidance_until_step=until)
+        assert says in schedule_warning(cfg) and guidance_lines(cfg)[-1] == schedule_warning(cfg)
+    assert guidance_lines(make_cfg()) == []
+
+
+def test_bad_guidance_settings_are_refused_in_one_line():
+    with pytest.raises(ValidationError, match="guided_members=5 > group_size=4"):
+        make_cfg(training__guidance="episode", training__guided_members=5, training__group_size=4)
+    make_cfg(training__guided_members=5, training__group_size=4)  # no guidance: k is not read
+    mixture = QuaeroConfig.model_validate({
+        "envs": [{"name": "a", "entry": "tests:toy"}, {"name": "b", "entry": "tests:toy", "group_size": 2,
+                                                       "guidance": "episode"}],
+        "training": {"group_size": 4, "guided_members": 3}})
+    assert mixture.views()["a"].training.guidance == "none"
+    with pytest.raises(ConfigError, match="name='b'.*guided_members=3 > group_size=2"):
+        check_rules(mixture)
+    remote = QuaeroConfig.model_validate({"env": {"url": "ws://localhost:1", "launcher": "remote"},
+                                          "training": {"guidance": "episode"}})
+    with pytest.raises(ConfigError, match="guidance='episode' with a remote env and no oracle"):
+        check_rules(remote)
+
+
+def test_an_oracle_that_raises_drops_its_members_counted_and_the_group_trains_as_played(qwen3_render):
+    parts, counts = _parts(qwen3_render)
+
+    def broken(info):
+        def act(messages):
+            raise KeyError("items")
+        return act
+
+    parts = replace(parts, envs=[replace(parts.envs[0], oracle=broken)])
+    rows, (outcome,) = play_groups(parts, 1, [["env", 0]], 0, seed=5, sft=False)
+    assert outcome.guided == 0 and outcome.kept and len(_members(rows)) == GROUP
+    assert not any(any(r.guided_mask) or any(r.advantages) for r, _ in rows)
+    snap = counts.snapshot_and_reset()
+    assert snap[names.GUIDED_MEMBERS_DROPPED] == K and snap[names.GROUPS_GUIDED] == 0
