@@ -315,7 +315,10 @@ def changed_line(step: str, resumed: ConfigChange) -> str:
 
 
 def render_table(rows: list[tuple[str, list[Any]]], header: list[str]) -> str:
-    cells = [[clip(h, MAX_CELL) for h in header]] + [[clip(k, MAX_CELL)] + [_fmt(v) for v in vs]
+    """The rows under their header, in columns. A cell from the events is clipped at MAX_CELL; the header
+    (the command line's own words: `--compare`'s run folders) only at MAX_LINE, so two runs stay told
+    apart."""
+    cells = [[clip(h, MAX_LINE) for h in header]] + [[clip(k, MAX_CELL)] + [_fmt(v) for v in vs]
                                                        for k, vs in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in cells]

@@ -154,11 +154,14 @@ def test_plots_keep_the_warm_start_demo_reward_out_of_train_reward_and_give_eval
 
 
 def test_compare_side_by_side(tmp_path, capsys):
-    record(tmp_path / "a", good_steps(2))
-    record(tmp_path / "b", good_steps(4))
-    assert review.main(args(compare=[str(tmp_path / "a"), str(tmp_path / "b")])) == 0
+    # run folders longer than a table cell (pytest -n 2 puts its tmp_path past 60 characters): the header
+    # names each run whole, or the two columns could not be told apart
+    a, b = tmp_path / ("a" * 70), tmp_path / ("b" * 70)
+    record(a, good_steps(2))
+    record(b, good_steps(4))
+    assert review.main(args(compare=[str(a), str(b)])) == 0
     out = capsys.readouterr().out
-    assert "steps" in out and str(tmp_path / "b") in out
+    assert "steps" in out and str(a) in out and str(b) in out
 
 
 @pytest.mark.hostile
