@@ -315,9 +315,8 @@ def changed_line(step: str, resumed: ConfigChange) -> str:
 
 
 def render_table(rows: list[tuple[str, list[Any]]], header: list[str]) -> str:
-    """The rows under their header, in columns. A cell from the events is clipped at MAX_CELL; the header
-    (the command line's own words: `--compare`'s run folders) only at MAX_LINE, so two runs stay told
-    apart."""
+    """The rows in columns: an event's cell clipped at MAX_CELL, the header (`--compare`'s run folders: the
+    command line's own words) only at MAX_LINE, so two runs stay told apart."""
     cells = [[clip(h, MAX_LINE) for h in header]] + [[clip(k, MAX_CELL)] + [_fmt(v) for v in vs]
                                                        for k, vs in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
