@@ -58,6 +58,10 @@ class InProcessConnector:
         pass  # a stuck or failed in-process env was already abandoned; the next connect builds a new one
 
 
+# how long a lost session waits to see its local server gone before it calls it alive (ensure_alive)
+RECOVER_GRACE_S = 1.0
+
+
 class ServerConnector:
     """Sessions on an OpenEnv server: quaero's own LocalServer (restarted when it dies) or a remote URL."""
 
@@ -69,7 +73,8 @@ class ServerConnector:
         return WebSocketTransport(self.ws_url, self.open_timeout_s)
 
     def recover(self) -> None:
-        if self.server is not None and self.server.ensure_alive():
+        """After a lost session: restart quaero's own server if it died (a second to be seen gone)."""
+        if self.server is not None and self.server.ensure_alive(grace_s=RECOVER_GRACE_S):
             self.counts.add(names.ENV_RESTARTS)
 
 

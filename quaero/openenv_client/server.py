@@ -227,10 +227,19 @@ class LocalServer:
                 return ""
             time.sleep(0.05)
 
-    def ensure_alive(self) -> bool:
-        """Restart the server if it died (once, however many sessions notice); True if it restarted."""
+    def ensure_alive(self, grace_s: float = 0.0) -> bool:
+        """Restart the server if it died (once, however many sessions notice); True if it restarted.
+        `grace_s`: how long a server that is still running may take to be seen gone. A session lost to a
+        dying server sees its socket close before the process is reaped (the kernel closes a process's files
+        before it reports the exit), so one look right after the loss can find it alive and leave the restart
+        to a later step."""
         with self._lock:
-            if self.alive() or self.proc is None:
+            if self.proc is None:
+                return False
+            if grace_s > 0:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=grace_s)
+            if self.alive():
                 return False
             log.warning(names.ENV_SERVER_DIED_EVENT, entry=self.entry, pid=self.proc.pid,
                         returncode=self.proc.returncode)
