@@ -4,8 +4,6 @@ key names (trainers/spec.py `option`).
 """
 from __future__ import annotations
 
-import sys
-
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -14,11 +12,6 @@ from pydantic import (
 )
 
 from trainers.spec import options
-
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover
-    pass
 
 
 class ConfigError(ValueError):

@@ -4,7 +4,6 @@ task sampler; `shares_of`, a mixture's ratios as shares that cannot overflow.
 from __future__ import annotations
 
 import re
-import sys
 from typing import Any, Literal
 
 from pydantic import (
@@ -14,13 +13,8 @@ from pydantic import (
 )
 
 from quaero import launcher_registry as launchers
-from quaero.task_sampler_registry import TASK_SAMPLERS
-
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover
-    pass
 from quaero.config.base import _Section
+from quaero.task_sampler_registry import TASK_SAMPLERS
 
 MAX_TASK_WEIGHT = 1e6  # the largest [env.tasks] epsilon or pool weight: a draw's weights stay finite
 

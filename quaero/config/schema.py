@@ -3,7 +3,6 @@ between two configs (`changed_keys`: a resume under another config says so).
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from pydantic import (
@@ -11,10 +10,6 @@ from pydantic import (
     model_validator,
 )
 
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover
-    pass
 from quaero.config.base import _Section
 from quaero.config.envs import SINGLE, EnvConfig, MixtureEnv, shares_of
 from quaero.config.sections import (

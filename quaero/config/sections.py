@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import re
-import sys
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -17,11 +16,6 @@ from pydantic import (
 
 from quaero import sampler_registry as samplers
 from quaero.chat import registry as chat_registry
-
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover
-    pass
 from quaero.config.base import _Section, with_trainer_options
 
 
@@ -78,7 +72,6 @@ class ModelConfig(_Section):
         """The renderer's options: `renderer_options`, with `enable_thinking` when that key is set."""
         extra = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
         return {**self.renderer_options, **extra}
-
 
 
 @with_trainer_options("sampler")
@@ -242,7 +235,6 @@ class TrainingConfig(_Section):
             raise ValueError("policy_loss='gspo' with importance_sampling_level='token': GSPO is the "
                              "sequence ratio; drop the level, or use policy_loss='ppo_clip' (a token ratio)")
         return self
-
 
 
 class DataConfig(_Section):
