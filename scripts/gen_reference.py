@@ -154,10 +154,16 @@ OPTION_MEANINGS = {
                                      "(docs/scaling.md)",
     "training.guidance": ("`episode`: an RL group whose kept episodes all fail gets `guided_members` members "
                           "played whole by the env's oracle on the same task, trained with policy shaping "
-                          "(see \"Guided episodes\" below); `none`: today's"),
+                          "(see \"Guided episodes\" below); `prefix`: the oracle plays those members' first "
+                          "`guidance_prefix_turns` turns, the policy the rest (on-policy); `none`: today's"),
     "training.guided_members": "k, the members guided per all-fail group (<= group_size)",
     "training.guidance_until_step": ("the RL step at which guidance reaches none, annealed linearly from k "
                                      "(unset: never; a warning at check)"),
+    "training.guidance_prefix_turns": ("`prefix` guidance: the oracle's turns n of a guided member, annealed "
+                                       "with k: ceil(n (until - s) / until) at RL step s"),
+    "training.guide_timeout_s": ("the bound in seconds on each call of a guide (the env's oracle); one past "
+                                 "it, or one that raises, drops its member (`guides_timed_out`, "
+                                 "`guides_failed`), never the run"),
     "training.dynamic_sampling": "while fewer than `tasks_per_step` groups have reward spread, sample groups "
                                  "of further tasks (DAPO); all-equal groups still train ECHO",
     "training.dynamic_sampling_max_groups": ("the bound: at most this many x `tasks_per_step` groups per "

@@ -175,7 +175,8 @@ class MixtureEnv(EnvConfig):
     eval_tasks: int | None = Field(None, ge=0)  # unset: [training] eval_tasks
     oracle: str | None = None  # the warm start's demonstrator (unset: [training] oracle, else the entry's)
     echo_weight: float | None = Field(None, ge=0)  # ECHO's λ on this env's rows (unset: [echo]'s)
-    guidance: Literal["none", "episode"] | None = None  # guided episodes on this env (unset: [training]'s)
+    # guided episodes on this env (unset: [training]'s)
+    guidance: Literal["none", "episode", "prefix"] | None = None
 
     @field_validator("name")
     @classmethod

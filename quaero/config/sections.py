@@ -212,10 +212,15 @@ class TrainingConfig(_Section):
     # guided episodes (quaero/recipe/guidance.py): "episode" = when an RL group's kept episodes all fail, up
     # to guided_members of them are replaced by episodes the env's oracle plays whole on the same task (its
     # tokens trained off-policy with policy shaping, `guidance_gamma`); the members anneal linearly from
-    # guided_members to 0 at RL step guidance_until_step (unset: never, a warning at check). "none": today's
-    guidance: Literal["none", "episode"] = "none"
+    # guided_members to 0 at RL step guidance_until_step (unset: never, a warning at check). "prefix" =
+    # those members' first guidance_prefix_turns turns (annealed by the same schedule) are the oracle's, the
+    # rest the policy's (on-policy). A guide's call past guide_timeout_s seconds, or one that raises, drops
+    # its member (counted, never the run). "none": today's
+    guidance: Literal["none", "episode", "prefix"] = "none"
     guided_members: int = Field(1, ge=1)
     guidance_until_step: int | None = Field(None, ge=1)
+    guidance_prefix_turns: int = Field(1, ge=1)
+    guide_timeout_s: float = Field(60.0, gt=0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _a_policy_loss_that_runs(self) -> TrainingConfig:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from quaero.recipe import ranks
-from quaero.recipe.guidance import members_at, mix, needs_guide, play_guides
+from quaero.recipe.guidance import members_at, mix, needs_guide, play_guides, prefix_turns_at
 from quaero.rollout.advantages import AdvantageOptions, group_advantages, sample_std
 from quaero.rollout.task_samplers import POOLS
 from quaero.rollout.tasks import reset_args
@@ -217,8 +217,8 @@ def play_groups(parts: RunParts, step: int, picks: list[list], first_slot: int, 
         if not sft:
             guides.update(_guides(e, step - parts.cfg.training.warmup_sft_steps, mine, tasks, groups,
                                   seed + 7_777 * k + 3_571))
-    trained = {j: mix([ep for ep in group if not ep.dropped], guides[j], parts.counts)
-               if j in guides else None for _, j, _, group in played}
+    trained = {j: mix([ep for ep in group if not ep.dropped], guides[j], parts.counts, e.name)
+               if j in guides else None for e, j, _, group in played}
     # scale_rewards = "batch": every group divides by the reward std of this call's trained episodes
     batch_std = sample_std([ep.reward for e, j, index, group in played
                             for ep in (trained[j][0] if trained[j] else [g for g in group if not g.dropped])])
@@ -237,12 +237,12 @@ def _guides(e: EnvRun, rl_step: int, mine: list[tuple[int, int]], tasks: list[di
             groups: list[list[Episode]], seed: int) -> dict[int, list[Episode]]:
     """Env `e`'s guided episodes at RL step `rl_step`: for each of its groups (`mine`: [slot, task index],
     `tasks`: their reset arguments) whose kept episodes all failed, the schedule's k episodes of its oracle
-    on the same reset, by the group's slot."""
+    on the same reset (`prefix`: their first turns, the policy the rest), by the group's slot."""
     k = members_at(e.cfg.training, rl_step)
     need = [i for i, group in enumerate(groups) if k and needs_guide(group)]
     if not need:
         return {}
-    played = play_guides(e, [tasks[i] for i in need], k, seed)
+    played = play_guides(e, [tasks[i] for i in need], k, seed, prefix_turns_at(e.cfg.training, rl_step))
     return {mine[i][0]: episodes for i, episodes in zip(need, played)}
 
 
@@ -255,7 +255,8 @@ def group_rows(parts: RunParts, e: EnvRun, step: int, index: int, slot: int, gro
     advantage is left out, counted. `spread` is the trained rewards' (an all-fail group that NSR pushes down
     has advantages but no spread). `mixed`: a guided group's trained members (its kept episodes, the last
     ones replaced by guided episodes) and how many of them (the last) are guided: the advantages are the
-    mixed group's, the guided members' rows marked guided, and the outcome keeps the policy's own episodes."""
+    mixed group's, the guided members' rows carry the guide's tokens marked (the driver's, token by token:
+    a prefix's continuation is the policy's), and the outcome keeps the policy's own episodes."""
     kept = [ep for ep in group if not ep.dropped]
     members, guided = mixed if mixed is not None else (kept, 0)
     outcome = GroupOutcome(e.name, index, [ep.reward for ep in kept],
@@ -281,8 +282,6 @@ def group_rows(parts: RunParts, e: EnvRun, step: int, index: int, slot: int, gro
     for g, (ep, adv) in enumerate(zip(members, advs)):
         for r in ep.rows:
             r = r.with_advantage(adv, f"{step}/{label}/{g}", ep.reward)
-            if g >= len(members) - guided:
-                r = r.as_guided()
             if echo_factor != 1.0:
                 r = replace(r, echo_weights=[w * echo_factor for w in r.echo_weights])
             rows.append((r, ep.transitions))

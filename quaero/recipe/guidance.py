@@ -3,16 +3,24 @@ all fail, up to k of its members are replaced by episodes the env's oracle (the 
 `oracle_policy(info)`) plays whole on the same task, from the same reset. The oracle's actions are encoded
 exactly as the warm start encodes them (quaero/rollout/driver.py: the assistant message through the
 renderer, the ids a model would have sampled, log-prob 0), and every action token of their rows is marked
-guided (`EchoRow.guided`): the trainer weights those with LUFFY's policy shaping instead of a ratio
-(trainers/policy_losses.py). The group's advantages are computed over the mixed group, so the guided
+guided (`EchoRow.guided`, per token): the trainer weights those with LUFFY's policy shaping instead of a
+ratio (trainers/policy_losses.py). The group's advantages are computed over the mixed group, so the guided
 successes get a positive advantage and the failures a negative one.
 
-k anneals linearly from `guided_members` at RL step 0 to 0 at RL step `guidance_until_step` (`members_at`):
-a function of the step alone, so a resumed run guides exactly as the unstopped one, with nothing in its
-checkpoint. The task samplers learn from the unguided outcomes only (quaero/recipe/groups.py `learn`).
+`prefix` (BREAD, QuestA): the guided members' first `guidance_prefix_turns` turns are the oracle's (marked
+guided, token by token), and the policy samples the rest of the episode from there: those tokens are its own,
+on-policy, trained with the ratio like any sampled token. An episode that ends within the prefix is the
+guide's whole.
 
-Not built yet: `prefix` guidance (the guide plays the first turns, the policy the rest) and recorded traces
-as guides.
+k anneals linearly from `guided_members` at RL step 0 to 0 at RL step `guidance_until_step` (`members_at`),
+and a prefix's turns with it (`prefix_turns_at`): functions of the step alone, so a resumed run guides
+exactly as the unstopped one, with nothing in its checkpoint. The task samplers learn from the unguided
+outcomes only (quaero/recipe/groups.py `learn`).
+
+A guide is user code: one whose call raises or runs past `guide_timeout_s` drops its member (counted in
+`guides_failed` / `guides_timed_out` and `guided_members_dropped`); its group trains as the policy played it.
+
+Not built yet: recorded traces as guides.
 """
 from __future__ import annotations
 
@@ -34,12 +42,24 @@ def members_at(training, rl_step: int) -> int:
     """Guided members per all-fail group at RL step `rl_step` (1 is the first RL step) of a `[training]`
     section: 0 without guidance; `guided_members` k every step without `guidance_until_step`; else
     ceil(k (until - s) / until), which is k at step 0 and 0 from step `until` on."""
+    return _annealed(training.guided_members, training, rl_step)
+
+
+def prefix_turns_at(training, rl_step: int) -> int | None:
+    """The guide's turns of a guided member at RL step `rl_step`: None (every turn) for `episode` guidance;
+    for `prefix`, `guidance_prefix_turns` n annealed as the members are, ceil(n (until - s) / until)."""
+    if training.guidance != "prefix":
+        return None
+    return _annealed(training.guidance_prefix_turns, training, rl_step)
+
+
+def _annealed(n: int, training, rl_step: int) -> int:
     if training.guidance == "none":
         return 0
-    k, until = training.guided_members, training.guidance_until_step
+    until = training.guidance_until_step
     if until is None:
-        return k
-    return -(-k * max(until - rl_step, 0) // until)
+        return n
+    return -(-n * max(until - rl_step, 0) // until)
 
 
 def schedule_warning(cfg: QuaeroConfig) -> str | None:
@@ -68,8 +88,12 @@ def guidance_lines(cfg: QuaeroConfig) -> list[str]:
     which = "" if not cfg.is_mixture else " on " + ", ".join(n for n, m in modes.items() if m != "none")
     until = (f"annealed linearly to 0 at RL step {t.guidance_until_step}" if t.guidance_until_step
              else "never annealed")
-    line = (f"guidance    episode{which}: an all-fail group's last {t.guided_members} member(s) played by "
-            f"the env's oracle, {until}; guided tokens shaped by f(p) = p / (p + {t.guidance_gamma:g})")
+    used = sorted(set(modes.values()) - {"none"})
+    played = ("played by the env's oracle" if used == ["episode"] else
+              f"(prefix: their first {t.guidance_prefix_turns} turn(s)) played by the env's oracle")
+    line = (f"guidance    {'/'.join(used)}{which}: an all-fail group's last {t.guided_members} member(s) "
+            f"{played}, {until}; guided tokens shaped by f(p) = p / (p + {t.guidance_gamma:g}); a guide's "
+            f"call bounded by {t.guide_timeout_s:g} s")
     warning = schedule_warning(cfg)
     return [line] + ([warning] if warning else [])
 
@@ -80,16 +104,20 @@ def needs_guide(group: list[Episode]) -> bool:
     return bool(kept) and not any(ep.success for ep in kept)
 
 
-def play_guides(e: EnvRun, tasks: list[dict], k: int, seed: int) -> list[list[Episode]]:
-    """k episodes of the env's oracle on each of `tasks` (the reset arguments of its all-fail groups), on the
-    env's own sessions. Its driver counts into counts of its own: the guides' episodes never count as the
-    policy's (episodes, successes, rewards). An oracle that raises (a guide is user code) drops this call's
-    guided members, counted and said (`guide_failed`): the groups train as the policy played them."""
-    from quaero.rollout.driver import EpisodeDriver, ExactnessError
+def play_guides(e: EnvRun, tasks: list[dict], k: int, seed: int, turns: int | None = None
+                ) -> list[list[Episode]]:
+    """k guided episodes on each of `tasks` (the reset arguments of its all-fail groups), on the env's own
+    sessions: the env's oracle plays their first `turns` turns (None: every turn), the policy the rest. Its
+    driver counts into counts of its own: the guides' episodes never count as the policy's (episodes,
+    successes, rewards). A guide's call that raises or runs past `guide_timeout_s` drops its episode (the
+    driver's); anything else that raises drops this call's guided members, counted and said
+    (`guide_failed`): the groups train as the policy played them."""
+    from quaero.rollout.driver import EpisodeDriver, ExactnessError, GuidePlay
 
     guide = EpisodeDriver(e.driver.render, e.driver.sampler, e.driver.settings, RolloutCounts())
+    play = GuidePlay(turns, e.cfg.training.guide_timeout_s)
     try:
-        return guide.run(e.pool.sessions, tasks, group_size=k, policy=e.oracle, seed=seed)
+        return guide.run(e.pool.sessions, tasks, group_size=k, policy=e.oracle, seed=seed, guide=play)
     except ExactnessError:  # [training] strict: an exactness mismatch is the run's error, a guide's too
         raise
     except Exception as err:  # noqa: BLE001 - the oracle is user code; its failure costs its members only
@@ -103,16 +131,25 @@ def play_guides(e: EnvRun, tasks: list[dict], k: int, seed: int) -> list[list[Ep
 def _failed_guide(err: Exception) -> Episode:
     from quaero.rollout.driver import Episode
 
-    return Episode([], 0.0, False, 0, {}, [], dropped=True, drop_reason=f"guide raised: {err}"[:200])
+    return Episode([], 0.0, False, 0, {}, [], dropped=True, drop_reason=f"guide raised: {err}"[:200],
+                   drop_kind="guide_failed")
 
 
-def mix(kept: list[Episode], guides: list[Episode], counts: RolloutCounts) -> tuple[list[Episode], int]:
+def mix(kept: list[Episode], guides: list[Episode], counts: RolloutCounts, env: str = ""
+        ) -> tuple[list[Episode], int]:
     """The trained members of an all-fail group: its kept episodes with the last of them replaced by the
-    guides' kept ones (a guide's dropped episode is counted and leaves its member to the policy); and how
-    many members are guided (the last ones)."""
+    guides' kept ones (a guide's dropped episode is counted and leaves its member to the policy; one whose
+    guide failed or timed out is said, `guide_dropped`); and how many members are guided (the last ones)."""
     played = [ep for ep in guides if not ep.dropped]
     n = min(len(played), len(kept))
     counts.add(names.GUIDED_MEMBERS_DROPPED, len(guides) - len(played))
+    failed = [ep for ep in guides if ep.dropped and ep.drop_kind in ("guide_failed", "guide_timeout")]
+    counts.add(names.GUIDES_FAILED, sum(ep.drop_kind == "guide_failed" for ep in failed))
+    counts.add(names.GUIDES_TIMED_OUT, sum(ep.drop_kind == "guide_timeout" for ep in failed))
+    if failed:
+        log.warning(names.GUIDE_DROPPED_EVENT, env=env, members=len(failed), error=failed[0].drop_reason,
+                    note="a guide (the env's oracle) raised or ran past [training] guide_timeout_s: its "
+                         "member is dropped (guides_failed / guides_timed_out) and the policy's kept")
     if n:
         counts.add(names.GROUPS_GUIDED)
         counts.add(names.GUIDED_MEMBERS, n)

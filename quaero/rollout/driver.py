@@ -19,6 +19,7 @@ context, and so does every row (a packed row is as long as its last transition).
 from __future__ import annotations
 
 import math
+import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +42,42 @@ Policy = Callable[[dict], Callable[[list[dict]], dict]]
 
 class ExactnessError(RuntimeError):
     """An exactness mismatch under `[training] strict = true`."""
+
+
+class GuideTimeout(RuntimeError):
+    """A guide's call ran past `[training] guide_timeout_s`."""
+
+
+@dataclass(frozen=True)
+class GuidePlay:
+    """How a guide (the run's `policy`, the env's oracle, `[training] guidance`) plays: the first `turns`
+    turns of each episode (None: every turn; then the sampler plays the rest), its actions marked guided in
+    the rows. Each of its calls is bounded by `timeout_s` seconds; a guide that raises or overruns drops its
+    episode (drop kinds `guide_failed`, `guide_timeout`), never the run."""
+
+    turns: int | None = None
+    timeout_s: float = 60.0
+
+
+def _bounded(fn: Callable[[], object], timeout_s: float):
+    """fn() on a thread of its own, waited for at most `timeout_s` seconds (GuideTimeout after: the thread is
+    left to finish alone, a daemon, and nothing reads what it returns)."""
+    box: dict = {}
+
+    def call() -> None:
+        try:
+            box["out"] = fn()
+        except Exception as err:  # noqa: BLE001 - re-raised on the caller's thread
+            box["err"] = err
+
+    t = threading.Thread(target=call, daemon=True, name="quaero-guide")
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        raise GuideTimeout(f"the guide took over {timeout_s:g} s for one call ([training] guide_timeout_s)")
+    if "err" in box:
+        raise box["err"]
+    return box["out"]
 
 
 def token_identity_errors(rows: list[EchoRow], transitions: list[Transition]) -> list[str]:
@@ -73,6 +110,7 @@ class Episode:
     transitions: list[Transition] = field(default_factory=list)
     # cut by the turn limit or the context, or marked truncated by the env: never a success
     truncated: bool = False
+    drop_kind: str = ""  # why it was dropped, as counted (`episodes_dropped_<kind>`; a guide's: guide_failed)
 
 
 @dataclass
@@ -94,6 +132,14 @@ class _Live:
     dropped: str = ""
     drop_kind: str = ""
     ended_at_reset: str = ""  # the env's reason when its reset answered done=True: no episode
+    guide: GuidePlay | None = None  # `act` is a guide's: its turns, its bound
+
+    @property
+    def scripted(self) -> bool:
+        """This turn's action is `act`'s (a warm start's oracle, or a guide within its turns)."""
+        if self.act is None:
+            return False
+        return self.guide is None or self.guide.turns is None or len(self.transitions) < self.guide.turns
 
 
 @dataclass(frozen=True)
@@ -135,8 +181,11 @@ class EpisodeDriver:
 
     def run(self, envs: list, tasks: list[dict], *, group_size: int, greedy: bool = False,
             policy: Policy | None = None, seed: int | None = None,
-            on_group_done: Callable[[int, int], None] | None = None) -> list[list[Episode]]:
+            on_group_done: Callable[[int, int], None] | None = None, guide: GuidePlay | None = None
+            ) -> list[list[Episode]]:
         """G episodes per task, one group per task (in task order). Dropped episodes are marked, not trained.
+        `guide`: `policy` is a guide, playing as it says (its actions marked guided); else `policy` scripts
+        every turn (the warm start) and None samples every turn.
 
         seed: the sampler seeds of this call derive from it alone (a resumed run replays a step exactly);
         None continues the driver's own sequence from its settings' seed. on_group_done(done, total) is called
@@ -154,7 +203,7 @@ class EpisodeDriver:
                 starting = []
                 while pending and free:
                     key = pending.popleft()
-                    ep = _Live(key[0], free.pop(0), tasks[key[0]])
+                    ep = _Live(key[0], free.pop(0), tasks[key[0]], guide=guide)
                     order[id(ep)] = key
                     starting.append(ep)
                 list(pool.map(lambda ep: self._reset(ep, policy), starting))
@@ -165,7 +214,10 @@ class EpisodeDriver:
                 prompts = [self.render.prompt_ids(ep.messages, ep.tools) for ep in running]
                 running, prompts = self._with_room(running, prompts)
                 if running:
-                    actions = self._act(running, prompts, greedy)
+                    acted = self._act(running, prompts, greedy)  # None: a failed guide (its episode dropped)
+                    kept = [i for i, c in enumerate(acted) if c is not None]
+                    running, prompts = [running[i] for i in kept], [prompts[i] for i in kept]
+                    actions = [acted[i] for i in kept]
                     assistants = [self._parse(c.token_ids) for c in actions]
                     # env steps run concurrently (servers, tools); tokenizer work stays on this thread
                     steps = list(pool.map(self._env_step, running, assistants))
@@ -195,7 +247,15 @@ class EpisodeDriver:
             return
         ep.messages, ep.info = list(r.messages), dict(r.info)
         ep.tools = getattr(ep.env, "tools", None)
-        ep.act = policy(ep.info) if policy is not None else None
+        if policy is None:
+            return
+        if ep.guide is None:
+            ep.act = policy(ep.info)
+            return
+        try:
+            ep.act = _bounded(lambda: policy(ep.info), ep.guide.timeout_s)
+        except Exception as err:  # noqa: BLE001 - a guide is user code: its failure costs its episode only
+            self._guide_failed(ep, err)
 
     def _bounded(self, messages: list[dict]) -> list[dict]:
         """Env messages with every text content cut to `[env] max_observation_tokens` (counted, and said once
@@ -265,15 +325,22 @@ class EpisodeDriver:
                 self.counts.add(names.CONTEXT_EXHAUSTED)
         return [ep for ep, _ in keep], [p for _, p in keep]
 
-    def _act(self, running: list[_Live], prompts: list[list[int]], greedy: bool) -> list[Completion]:
-        scripted = [ep.act is not None for ep in running]
+    def _act(self, running: list[_Live], prompts: list[list[int]], greedy: bool) -> list[Completion | None]:
+        """Each running episode's action: a scripted one's (`_scripted`), else the sampler's, in one batch;
+        None for a guide that failed (its episode dropped)."""
+        scripted = [ep.scripted for ep in running]
         out: list[Completion | None] = [None] * len(running)
         for i, ep in enumerate(running):
-            if ep.act is not None:  # scripted policy: the ids a model would have sampled, log-prob 0
-                ids = self.render.encode_assistant(ep.messages, ep.tools, ep.act(list(ep.messages)))
-                room = self.settings.max_seq_len - len(prompts[i])  # where a sampler would have stopped
-                out[i] = Completion(ids[:room], [0.0] * len(ids[:room]),
-                                    "stop" if len(ids) <= room else "length")
+            if not scripted[i]:
+                continue
+            if ep.guide is None:
+                out[i] = self._scripted(ep, prompts[i], ep.act(list(ep.messages)))
+                continue
+            try:  # the guide's call bounded on a thread; the tokenizer's work stays on this one
+                message = _bounded(lambda ep=ep: ep.act(list(ep.messages)), ep.guide.timeout_s)
+                out[i] = self._scripted(ep, prompts[i], message)
+            except Exception as err:  # noqa: BLE001 - a guide is user code: its failure costs its episode only
+                self._guide_failed(ep, err)
         sampled = [i for i, s in enumerate(scripted) if not s]
         if sampled:
             seed = self._seed * 100_003 + self._sample_calls
@@ -281,7 +348,19 @@ class EpisodeDriver:
             comps = self.sampler.generate([prompts[i] for i in sampled], n=1, greedy=greedy, seed=seed)
             for i, c in zip(sampled, comps):
                 out[i] = c[0]
-        return out  # type: ignore[return-value]
+        return out
+
+    def _scripted(self, ep: _Live, prompt: list[int], message: dict) -> Completion:
+        """A scripted policy's action `message`: the ids a model would have sampled, log-prob 0, cut where a
+        sampler would have stopped."""
+        ids = self.render.encode_assistant(ep.messages, ep.tools, message)
+        room = self.settings.max_seq_len - len(prompt)
+        return Completion(ids[:room], [0.0] * len(ids[:room]), "stop" if len(ids) <= room else "length")
+
+    def _guide_failed(self, ep: _Live, err: Exception) -> None:
+        kind = "guide_timeout" if isinstance(err, GuideTimeout) else "guide_failed"
+        reason = f"step {len(ep.transitions)}: {type(err).__name__}: {err}"[:300]
+        ep.done, ep.dropped, ep.drop_kind = True, reason, kind
 
     def _parse(self, ids: list[int]) -> dict:
         """The assistant message of sampled ids; a reply the renderer's parser raises on is counted
@@ -331,9 +410,9 @@ class EpisodeDriver:
                 if self.strict:
                     raise ExactnessError(f"strict exactness: bridge failed ({f}); set [training] "
                                          "strict=false to count it and train the action only") from f
+        guided = ep.guide is not None and ep.scripted
         ep.transitions.append(Transition(turn, prompt, list(comp.token_ids), list(comp.logprobs), response,
-                                         kinds,
-                                         comp.finish_reason))
+                                         kinds, comp.finish_reason, guided))
         self.counts.add(names.TURNS)
         self.counts.add(names.MALFORMED_ACTIONS, int(res.malformed))
         ep.messages += [assistant, *messages]
@@ -365,7 +444,7 @@ class EpisodeDriver:
         if ep.dropped:
             self.counts.episode_dropped(ep.drop_kind)
             return Episode([], 0.0, False, len(ep.transitions), ep.info, ep.messages, True, ep.dropped,
-                           ep.transitions)
+                           ep.transitions, drop_kind=ep.drop_kind)
         rows = build_rows(ep.transitions, packing=self.settings.packing,
                           include_scaffold=self.settings.include_scaffold,
                           max_seq_len=self.settings.max_seq_len)

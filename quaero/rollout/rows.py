@@ -15,6 +15,7 @@ class Transition:
     action_ids / action_logprobs: exactly what the sampler returned (never re-encoded).
     response_ids / response_kinds: the env response the renderer bridged onto prompt + action
     (scaffold, env content or corrective content per token); empty when the bridge fell back.
+    guided: the action is a guide's (the env's oracle, `[training] guidance`): its row marks those tokens.
     """
 
     turn: int
@@ -24,6 +25,7 @@ class Transition:
     response_ids: list[int]
     response_kinds: list[str]
     finish_reason: str = "stop"
+    guided: bool = False  # a guide chose the action (`[training] guidance`), not the sampler
 
     @property
     def ids(self) -> list[int]:
@@ -38,12 +40,15 @@ class _RowBuilder:
         self.logprobs: list[float] = []
         self.weights: list[float] = []
         self.turns: list[int] = []
+        self.guided: list[bool] = []
 
-    def _add(self, kind: str, ids: list[int], turn: int, logprobs: list[float] | None = None) -> None:
+    def _add(self, kind: str, ids: list[int], turn: int, logprobs: list[float] | None = None,
+             guided: bool = False) -> None:
         if not ids:
             return
         start = len(self.ids)
         self.ids += ids
+        self.guided += [guided] * len(ids)
         self.spans.append(Span(kind, start, len(self.ids), turn))
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
         w = 1.0 if kind == "env" or (kind == "scaffold" and self.include_scaffold) else 0.0
@@ -51,7 +56,7 @@ class _RowBuilder:
 
     def add(self, t: Transition) -> None:
         self._add("prompt", t.prompt_ids[len(self.ids):], t.turn)  # the whole prompt, or the new suffix
-        self._add("action", t.action_ids, t.turn, list(t.action_logprobs))
+        self._add("action", t.action_ids, t.turn, list(t.action_logprobs), t.guided)
         i = 0
         while i < len(t.response_ids):  # one span per run of equal kinds
             j = i
@@ -67,7 +72,8 @@ class _RowBuilder:
             weights[0] = 0.0  # token 0 has no left context
         layout = "packed" if len(self.turns) > 1 else "transition"
         return EchoRow(self.ids, self.spans, [0.0] * len(self.ids), weights, self.logprobs,
-                       meta={"turns": list(self.turns), "layout": layout})
+                       meta={"turns": list(self.turns), "layout": layout},
+                       guided=list(self.guided) if any(self.guided) else [])
 
 
 def build_rows(transitions: list[Transition], *, packing: bool = True, include_scaffold: bool = False,

@@ -286,6 +286,10 @@ GUIDED_MEMBERS = _rollout.count("guided_members", "episodes the env's oracle pla
 GUIDED_MEMBERS_SUCCEEDED = _rollout.count("guided_members_succeeded", "of those, the successes")
 GUIDED_MEMBERS_DROPPED = _rollout.count("guided_members_dropped", "guided episodes lost (a dead server, a "
                                         "timeout): never trained, their group kept")
+GUIDES_FAILED = _rollout.count("guides_failed", "of those, a guide (the env's oracle) raised: its member "
+                               "dropped, never the run")
+GUIDES_TIMED_OUT = _rollout.count("guides_timed_out", "of those, a guide's call ran past `[training] "
+                                  "guide_timeout_s`: its member dropped, never the run")
 ROLLOUT_COUNTERS = tuple(_rollout.names)  # every counter above, in the order a snapshot lists them
 REWARD_MEAN = _rollout.per_step("reward_mean", "mean reward of the kept episodes")
 SUCCESS_RATE = _rollout.per_step("success_rate", "success rate of the kept episodes")
@@ -342,8 +346,9 @@ SIGNAL_GROUPS_PER_EPISODE = _signal.per_step("signal_groups_per_episode", "group
 SIGNAL_GROUPS_PER_1K_TOKENS = _signal.per_step("signal_groups_per_1k_tokens",
                                                "groups with signal per 1,000 generated tokens (guided "
                                                "tokens counted in the cost)")
-GUIDED_TOKENS = _signal.count("guided_tokens", "action tokens of the kept guided episodes (not generated: "
-                              "counted in `signal_groups_per_1k_tokens`'s cost)")
+GUIDED_TOKENS = _signal.count("guided_tokens", "action tokens of the kept guided episodes (a prefix's "
+                              "continuation included; not in `generated_tokens`: counted in "
+                              "`signal_groups_per_1k_tokens`'s cost)")
 GUIDANCE_MEMBERS = _signal.latest("guidance_members", "the guidance schedule's members per all-fail group at "
                                   "this step (`guided_members` annealed to 0 at `guidance_until_step`)")
 TASKS_UNSEEN = _signal.latest("tasks_unseen", "a learning task sampler's keys (tasks, or their spec's group "
@@ -471,5 +476,6 @@ CHECKPOINT_AFTER_FAILURE_FAILED_EVENT = "checkpoint_after_failure_failed"  # sav
 DYNAMIC_SAMPLING_ROUND_EVENT = "dynamic_sampling_round"  # further groups drawn for want of spread
 DYNAMIC_SAMPLING_STOPPED_EVENT = "dynamic_sampling_stopped"  # a stop request ended the rounds
 GUIDE_FAILED_EVENT = "guide_failed"  # the oracle raised while guiding: its members dropped, the groups kept
+GUIDE_DROPPED_EVENT = "guide_dropped"  # a guide raised or timed out on a member: that member dropped
 ROLLOUT_AHEAD_DISCARDED_EVENT = "rollout_ahead_discarded"  # a rollout sampled ahead that failed at the end
 EVAL_PROGRESS_EVENT = "eval_progress"  # {done, tasks, elapsed_s}: a long evaluation is never silent

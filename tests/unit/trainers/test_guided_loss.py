@@ -83,6 +83,43 @@ def test_a_guided_tokens_loss_and_gradient_are_policy_shaping_in_a_real_step(sma
     assert m["sampler_logprob_gap_max"] < 1e-5  # the guided tokens' missing log-probs are no gap
 
 
+def _prefix_row(trainer):
+    """A `prefix` member's row: its first action (8 tokens) a guide's (log-prob 0, marked guided), its second
+    (6 tokens) the policy's continuation, sampled (the trainer's own log-probs: ratio 1)."""
+    row = sparse_row(2, 0.8, vocab=V, context=40)
+    first = next(s for s in row.spans if s.kind == "action")
+    guided = [first.start <= i < first.end for i in range(len(row))]
+    own = trainer.logprobs([row])[0]
+    lps = [0.0 if g else (lp if a else 0.0) for lp, a, g in zip(own, row.action_mask, guided)]
+    return replace(row, sampler_logprobs=lps, guided=guided)
+
+
+def test_a_prefix_rows_guide_tokens_get_the_shaping_loss_and_its_continuation_the_policy_loss(
+        small_model_dir, monkeypatch):
+    b = LocalTrainer(make_spec(small_model_dir, echo_weight=0.0, guidance_gamma=GAMMA), "cpu")
+    rows = [_prefix_row(b)]
+    assert sum(rows[0].guided) == 8 and rows[0].num_action_tokens == 14
+    b.model.zero_grad(set_to_none=True)
+    want, shaping = _reference(b.model, rows)
+    want_grads = {n: p.grad.clone() for n, p in b.model.named_parameters() if p.grad is not None}
+    b.model.zero_grad(set_to_none=True)
+    seen = {}
+    real = step.optimizer_step
+
+    def spy(trainer):
+        seen.update({n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None})
+        return real(trainer)
+
+    monkeypatch.setattr(step, "optimizer_step", spy)
+    m = b.train_step(rows)
+    assert m["rl_loss"] == pytest.approx(want, abs=ATOL)
+    for n, g in want_grads.items():
+        torch.testing.assert_close(seen[n], g, atol=ATOL, rtol=0, msg=n)
+    assert m["guided_action_tokens"] == 8 and m["onpolicy_action_tokens"] == 6 and len(shaping) == 8
+    assert m["guidance_shaping_mean"] == pytest.approx(sum(shaping) / 8, abs=ATOL)
+    assert m["importance_ratio_mean"] == pytest.approx(1.0, abs=1e-5) and m["clip_fraction"] == 0.0
+
+
 @pytest.mark.parametrize("name", ["ppo_clip", "gspo", "cispo", "sapo"])
 def test_guided_tokens_are_shaped_whatever_the_variant_and_never_clipped(name):
     """A guided token far off the ratio's clip range (its sampler log-prob 0: r = π) trains -A f(π) under

@@ -158,3 +158,123 @@ def test_an_oracle_that_raises_drops_its_members_counted_and_the_group_trains_as
     assert not any(any(r.guided_mask) or any(r.advantages) for r, _ in rows)
     snap = counts.snapshot_and_reset()
     assert snap[names.GUIDED_MEMBERS_DROPPED] == K and snap[names.GROUPS_GUIDED] == 0
+
+
+class AnswersOnceHelped:
+    """The policy: submit_answer("0") on a task's first prompt (a failure on every task), the right total of
+    task 2 (15) from any later prompt: it succeeds only after a guide's prefix."""
+
+    def __init__(self, render):
+        reset = ToyChatEnv().reset(index=2)
+        self.first = len(render.prompt_ids(reset.messages, TOOLS))
+
+        def submit(answer):
+            call = {"type": "function", "function": {"name": "submit_answer",
+                                                     "arguments": {"answer": answer}}}
+            return {"role": "assistant", "content": "", "reasoning_content": f"The total is {answer}.",
+                    "tool_calls": [call]}
+
+        self.ids = {a: render.encode_assistant(reset.messages, TOOLS, submit(a)) for a in ("0", "15")}
+
+    def generate(self, prompts, *, n=1, greedy=False, seed=None):
+        return [[Completion(list(ids), [-1.0] * len(ids), "stop")]
+                for ids in (self.ids["0" if len(p) == self.first else "15"] for p in prompts)]
+
+
+def _prefix_parts(render, **training):
+    parts, counts = _parts(render, guidance="prefix", guidance_prefix_turns=2, **training)
+    sampler = AnswersOnceHelped(render)
+    e = parts.envs[0]
+    driver = EpisodeDriver(render, sampler, e.driver.settings, counts)
+    return replace(parts, sampler=sampler, envs=[replace(e, driver=driver)]), counts
+
+
+def test_a_prefix_member_is_the_oracles_first_turns_then_the_policys_rendered_exactly_with_a_token_mask(
+        qwen3_render):
+    from quaero.recipe.guidance import play_guides
+
+    parts, _ = _prefix_parts(qwen3_render)
+    e = parts.envs[0]
+    (ep, _), = play_guides(e, [{"seed": 0, "split": "train", "index": 2}], 2, seed=5, turns=2)
+    # task 2 (pear, plum, apple): the oracle looks up pear and plum, the policy then submits the total
+    assert ep.success and ep.turns == 3 and [t.guided for t in ep.transitions] == [True, True, False]
+    (row,) = ep.rows
+    assert row.meta["layout"] == "packed"
+    # the row is the template's render of the whole conversation, prefix and continuation
+    whole = list(qwen3_render.renderer.render_ids(qwen3_render._text(ep.messages), tools=TOOLS,
+                                                  add_generation_prompt=False))
+    assert row.input_ids == whole[:len(row)] and whole[len(row):] in ([], [198])  # the template's last "\n"
+    assert [m["role"] for m in ep.messages] == ["system", "user", "assistant", "tool", "assistant", "tool",
+                                                "assistant", "tool"]
+    # the guided mask covers exactly the oracle's action tokens: turns 0 and 1, not the policy's turn 2
+    want = [False] * len(row)
+    for s in row.spans:
+        if s.kind == "action" and s.turn < 2:
+            want[s.start:s.end] = [True] * (s.end - s.start)
+    assert row.guided == want and any(want)
+    policy = [s for s in row.spans if s.kind == "action" and s.turn == 2]
+    assert len(policy) == 1 and row.input_ids[policy[0].start:policy[0].end] == AnswersOnceHelped(
+        qwen3_render).ids["15"]
+    # the guide's tokens log-prob 0 (never sampled), the policy's its sampler's
+    assert {row.sampler_logprobs[i] for i in range(len(row)) if want[i]} == {0.0}
+    assert set(row.sampler_logprobs[policy[0].start:policy[0].end]) == {-1.0}
+
+
+def test_a_prefix_guided_group_trains_the_guides_tokens_shaped_and_the_continuation_on_policy(qwen3_render):
+    parts, counts = _prefix_parts(qwen3_render)
+    rows, (outcome,) = play_groups(parts, 1, [["env", 2]], 0, seed=5, sft=False)
+    members = _members(rows)
+    for g, want in [(0, -0.5), (1, -0.5), (2, 0.5), (3, 0.5)]:
+        (row,) = members[g]
+        assert [a for a, m in zip(row.advantages, row.action_mask) if m] == [want] * row.num_action_tokens
+        turns = {s.turn for s in row.spans if s.kind == "action"}
+        guided_turns = {s.turn for s in row.spans
+                        if s.kind == "action" and all(row.guided_mask[s.start:s.end])}
+        assert guided_turns == ({0, 1} if g >= 2 else set()) and turns == ({0, 1, 2} if g >= 2 else {0})
+    assert outcome.rewards == [0.0] * GROUP and outcome.guided == K and outcome.spread
+    assert outcome.guided_costs == sum(r.num_action_tokens for g in (2, 3) for r in members[g])
+    snap = counts.snapshot_and_reset()
+    assert snap[names.GUIDED_MEMBERS] == K and snap[names.GUIDED_MEMBERS_SUCCEEDED] == K
+
+
+def test_the_prefix_anneals_with_the_schedule():
+    from quaero.recipe.guidance import prefix_turns_at
+
+    t = make_cfg(training__guidance="prefix", training__guidance_prefix_turns=4,
+                 training__guidance_until_step=4, training__steps=8).training
+    assert [prefix_turns_at(t, s) for s in range(6)] == [4, 3, 2, 1, 0, 0]
+    assert [members_at(t, s) for s in range(6)] == [1, 1, 1, 1, 0, 0]
+    assert prefix_turns_at(t.model_copy(update={"guidance": "episode"}), 1) is None
+    assert "prefix: their first 4 turn(s)" in guidance_lines(make_cfg(
+        training__guidance="prefix", training__guidance_prefix_turns=4, training__steps=8,
+        training__guidance_until_step=4))[0]
+
+
+def test_a_guide_past_its_bound_or_raising_mid_episode_drops_its_member_counted_never_the_run(qwen3_render):
+    import time
+
+    def slow(info):
+        def act(messages):
+            time.sleep(3.0)
+        return act
+
+    def raises_on_turn_two(info):
+        inner = oracle(info)
+
+        def act(messages):
+            if any(m["role"] == "tool" for m in messages):
+                raise RuntimeError("the guide lost its place")
+            return inner(messages)
+        return act
+
+    for guide, counter in ((slow, names.GUIDES_TIMED_OUT), (raises_on_turn_two, names.GUIDES_FAILED)):
+        parts, counts = _parts(qwen3_render, guide_timeout_s=0.2)
+        parts = replace(parts, envs=[replace(parts.envs[0], oracle=guide)])
+        started = time.monotonic()
+        rows, (outcome,) = play_groups(parts, 1, [["env", 2]], 0, seed=5, sft=False)
+        assert time.monotonic() - started < 2.5  # the bound, not the guide, ended the wait
+        assert outcome.guided == 0 and outcome.kept and len(_members(rows)) == GROUP
+        assert not any(any(r.guided_mask) for r, _ in rows)
+        snap = counts.snapshot_and_reset()
+        assert snap[counter] == K and snap[names.GUIDED_MEMBERS_DROPPED] == K
+        assert snap[names.GROUPS_GUIDED] == 0
