@@ -2,7 +2,7 @@
 random policy fails every group, so the first RL step's groups each get the oracle's member, trained with
 policy shaping, and from `guidance_until_step` on none is guided."""
 import pytest
-from fixtures.runs import events_of, make_config
+from fixtures.runs import events_of, make_config, steps_by_number
 
 
 @pytest.mark.slow
@@ -23,3 +23,36 @@ def test_a_run_guides_its_all_fail_groups_until_the_schedule_reaches_none(tmp_pa
     for s in later:  # RL steps 2 and 3: the schedule is at none
         assert s["guidance_members"] == 0 and s["groups_guided"] == 0 and s["guided_action_tokens"] == 0
         assert s["guidance_shaping_mean"] is None
+
+
+def _weights(run_dir) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted((run_dir / "final").glob("*.safetensors")))
+
+
+GUIDED_FIGURES = ("guidance_members", "groups_guided", "guided_members", "guided_members_succeeded",
+                  "guided_action_tokens", "onpolicy_action_tokens", "guided_tokens", "loss", "grad_norm")
+
+
+@pytest.mark.slow
+def test_a_prefix_guided_run_stopped_mid_schedule_resumes_to_the_same_weights_bit_for_bit(tmp_path):
+    """`prefix` guidance, k = 1 and 3 guide turns annealed to none at RL step 4 (3, 2, 1, 0 turns; max_turns
+    is 2, so steps 1 and 2 are the guide's whole episodes and step 3 a 1-turn prefix the policy continues):
+    stopped after step 2 and resumed, the run guides the same groups with the same tokens as the unstopped
+    one and ends on the same weights, bit for bit."""
+    from quaero.recipe.train import train
+
+    extra = ["training.guidance=prefix", "training.guided_members=1", "training.guidance_prefix_turns=3",
+             "training.guidance_until_step=4"]
+    kw = {"warmup": 0, "eval_every": 0, "eval_tasks": 0, "extra": extra}
+    whole = train(make_config(tmp_path, "whole", steps=4, **kw)[1])
+    train(make_config(tmp_path, "cut", steps=2, **kw)[1])  # checkpointed at step 2, mid-schedule
+    resumed = train(make_config(tmp_path, "cut", steps=4, **kw)[1])
+    assert [e["step"] for e in events_of(resumed, "resumed")] == [2]
+    want, got = steps_by_number(whole), steps_by_number(resumed)
+    assert [want[s]["guidance_members"] for s in (1, 2, 3, 4)] == [1, 1, 1, 0]
+    assert all(want[s]["guided_action_tokens"] > 0 for s in (1, 2))  # guided (with spread) before the cut
+    assert want[3]["groups_guided"] >= 1 and want[4]["groups_guided"] == 0  # a prefix after it, then none
+    assert want[3]["guided_tokens"] < want[2]["guided_tokens"]  # the prefix is shorter than a whole episode
+    for s in (3, 4):
+        assert {k: got[s][k] for k in GUIDED_FIGURES} == {k: want[s][k] for k in GUIDED_FIGURES}, s
+    assert list((whole / "final").glob("*.safetensors")) and _weights(resumed) == _weights(whole)
