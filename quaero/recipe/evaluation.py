@@ -68,6 +68,8 @@ def evaluate_at(parts: RunParts, progress: RunProgress, step: int) -> None:
             names.EVAL_EPISODES: ranks.total(len(eps)),
             names.EVAL_DROPPED: s[names.EPISODES_DROPPED],
             names.EVAL_TRUNCATED: s[names.EPISODES_TRUNCATED],
+            # measured, not assumed: the review judges RL over the warm start on unguided evals only
+            names.EVAL_GUIDED_TOKENS: ranks.total(sum(sum(r.guided_mask) for ep in eps for r in ep.rows)),
             names.EVAL_TIME_S: round(time.perf_counter() - t0, 2),
             names.EVAL_PEAK_MEM_MB: round(peak_mem_mb(parts.trainer.device)[0], 1),
             names.PREFIX_MISMATCHES: s[names.PREFIX_MISMATCHES],

@@ -102,6 +102,7 @@ def _signal_figures(groups: list[GroupOutcome], envs: list[EnvRun]) -> dict[str,
     tokens = int(sum(sum(g.costs) for g in groups))
     cost = tokens + int(sum(g.guided_costs for g in groups))  # guided tokens count in the signal's cost
     out = {names.SIGNAL_GROUPS: signal, names.GENERATED_TOKENS: tokens,
+           names.SIGNAL_GROUPS_GUIDED: sum(g.spread and g.guided > 0 for g in groups),
            names.GUIDED_TOKENS: cost - tokens,
            names.SIGNAL_GROUPS_PER_EPISODE: round(signal / episodes, 6) if episodes else None,
            names.SIGNAL_GROUPS_PER_1K_TOKENS: round(1000 * signal / cost, 6) if cost else None}

@@ -346,6 +346,9 @@ SIGNAL_GROUPS_PER_EPISODE = _signal.per_step("signal_groups_per_episode", "group
 SIGNAL_GROUPS_PER_1K_TOKENS = _signal.per_step("signal_groups_per_1k_tokens",
                                                "groups with signal per 1,000 generated tokens (guided "
                                                "tokens counted in the cost)")
+SIGNAL_GROUPS_GUIDED = _signal.count("signal_groups_guided", "of the groups with signal, those guided "
+                                     "(`[training] guidance`: their spread is a guide's, the policy's own "
+                                     "all failed)")
 GUIDED_TOKENS = _signal.count("guided_tokens", "action tokens of the kept guided episodes (a prefix's "
                               "continuation included; not in `generated_tokens`: counted in "
                               "`signal_groups_per_1k_tokens`'s cost)")
@@ -383,6 +386,9 @@ EVAL_SUCCESS_RATE = _eval.per_step("eval_success_rate", "their success rate")
 EVAL_EPISODES = _eval.per_step("eval_episodes", "episodes evaluated")
 EVAL_DROPPED = _eval.per_step("eval_dropped", "episodes dropped")
 EVAL_TRUNCATED = _eval.per_step("eval_truncated", "episodes truncated")
+EVAL_GUIDED_TOKENS = _eval.per_step("eval_guided_tokens", "action tokens a guide chose in its episodes: 0, "
+                                    "evals never guide (`quaero review` checks it before judging RL over the "
+                                    "warm start)")
 EVAL_TIME_S = _eval.per_step("eval_time_s", "the evaluation's seconds")
 EVAL_PEAK_MEM_MB = _eval.per_step("eval_peak_mem_mb", "its peak memory (as `peak_mem_mb`)")
 EVAL_DROP_REASONS = _eval.per_step("eval_drop_reasons", "dropped episodes by reason")

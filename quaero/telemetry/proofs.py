@@ -184,7 +184,8 @@ def rl_improved(c: Comparison) -> dict[str, Any]:
               f"{c.warm_start_success:.3f} -> {c.end_success:.3f} (solved only after RL "
               f"{c.improved}, only before {c.worsened}; McNemar exact p = {c.mcnemar_p:.3g} {p_rel} "
               f"{RL_IMPROVED_P}), reward {c.reward_diff:+.3f} (paired bootstrap 95% {low:+.3f} to "
-              f"{high:+.3f}; {'> 0' if low > 0 else 'not > 0'})")
+              f"{high:+.3f}; {'> 0' if low > 0 else 'not > 0'})"
+              + ("; unguided greedy evals" if c.unguided else ""))
     return _judged(RL_IMPROVED, False, by_success or low > 0, detail)
 
 

@@ -55,6 +55,9 @@ class Comparison(_Record):
     mcnemar_p: float | None = None
     reward_diff: float | None = None  # end - warm start
     reward_diff_ci95: tuple[float, float] | None = None  # paired bootstrap
+    # both evals recorded no guided token (`eval_guided_tokens` 0): the policy's own, unguided; None: not
+    # recorded (a run from before the count)
+    unguided: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"why": self.why} if self.why else super().to_dict()
@@ -81,6 +84,23 @@ class ConfigChange(_Record):
 
     changes: dict[str, list]
     trained: list[str]
+
+
+@dataclass(frozen=True)
+class Guidance(_Record):
+    """How much of RL's signal came from guides (`[training] guidance`), totals over the RL steps: groups
+    guided and groups with signal that were, guided members (their successes, those dropped), and the
+    trained action tokens a guide chose against the policy's own."""
+
+    groups: int | float
+    groups_guided: int | float
+    signal_groups: int | float
+    signal_groups_guided: int | float
+    guided_members: int | float
+    guided_members_succeeded: int | float
+    guided_members_dropped: int | float
+    guided_action_tokens: int | float
+    onpolicy_action_tokens: int | float
 
 
 @dataclass(frozen=True)
@@ -156,6 +176,7 @@ class RunSummary(_Record):
     per_env: dict[str, EnvFigures] = field(metadata=OPTIONAL)  # a mixture's figures per env
     # resumes under another config than the run's last, by checkpoint step
     resumed_with_changed_config: dict[str, ConfigChange] = field(metadata=OPTIONAL)
+    guidance: Guidance | None = field(default=None, metadata=OPTIONAL)  # None: no RL step guided
 
     def table_rows(self) -> list[tuple[str, Any]]:
         """The table's (metric, value) rows: every figure but the heading's and the nested ones (the checks'

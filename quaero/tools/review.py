@@ -16,7 +16,7 @@ from typing import Any
 
 from quaero.telemetry import names, proofs
 from quaero.telemetry.runlog import read_events
-from quaero.telemetry.summary import Comparison, ConfigChange, EnvFigures, RunSummary
+from quaero.telemetry.summary import Comparison, ConfigChange, EnvFigures, Guidance, RunSummary
 from quaero.tools.display import MAX_CELL, MAX_LINE, MAX_MAGNITUDE, clip, dump_json
 from quaero.tools.display import cell as _fmt
 
@@ -171,7 +171,9 @@ def env_line(env: str, f: EnvFigures) -> str:
 def rl_over_warm_start(run: dict, env: str | None = None) -> Comparison:
     """The last eval after RL against the eval at the end of the warm start, paired on the tasks both
     finished: McNemar exact p on success, paired bootstrap 95% interval of the reward difference (end - warm
-    start). `why` says what is missing when there is nothing to compare."""
+    start). `why` says what is missing when there is nothing to compare, or that an eval was guided: RL is
+    judged on the policy's own, unguided greedy episodes only (`unguided`: both evals counted 0 guided
+    tokens)."""
     from quaero.tools.significance import paired_outcomes
 
     warm = sft_span(run)
@@ -184,6 +186,11 @@ def rl_over_warm_start(run: dict, env: str | None = None) -> Comparison:
     if start is None or end is None:
         return Comparison(f"no eval at the warm start's last step {warm_end}" if start is None
                           else "no eval after RL")
+    guided = [e for e in (start, end) if (_number(e.get(names.EVAL_GUIDED_TOKENS)) or 0) > 0]
+    if guided:
+        return Comparison(f"the eval at step {guided[0]['step']} has {guided[0][names.EVAL_GUIDED_TOKENS]} "
+                          "guided tokens: not the policy's own episodes, so RL is not judged on it")
+    unguided = all(names.EVAL_GUIDED_TOKENS in e for e in (start, end)) or None
     a, b = eval_outcomes(end, env), eval_outcomes(start, env)
     if a is None or b is None:
         nonfinite = [e["step"] for e in (start, end) if _nonfinite_rewards(e)]
@@ -198,7 +205,35 @@ def rl_over_warm_start(run: dict, env: str | None = None) -> Comparison:
     return Comparison("", warm_start_step=warm_end, end_step=end["step"], pairs=p["pairs"],
                       warm_start_success=p["b_success"], end_success=p["a_success"], improved=p["a_only"],
                       worsened=p["b_only"], mcnemar_p=p["mcnemar_p"], reward_diff=p["reward_diff"],
-                      reward_diff_ci95=p["reward_diff_ci95"])
+                      reward_diff_ci95=p["reward_diff_ci95"], unguided=unguided)
+
+
+def guidance_of(rl: list[dict]) -> Guidance | None:
+    """The RL steps' guided share (None when none guided or was scheduled to)."""
+    if not any(st.get(names.GUIDANCE_MEMBERS) or st.get(names.GROUPS_GUIDED) for st in rl):
+        return None
+    return Guidance(*(_sum(rl, k) for k in (
+        names.GROUPS, names.GROUPS_GUIDED, names.SIGNAL_GROUPS, names.SIGNAL_GROUPS_GUIDED,
+        names.GUIDED_MEMBERS, names.GUIDED_MEMBERS_SUCCEEDED, names.GUIDED_MEMBERS_DROPPED,
+        names.GUIDED_ACTION_TOKENS, names.ONPOLICY_ACTION_TOKENS)))
+
+
+def guidance_line(g: Guidance, c: Comparison) -> str:
+    """How much of RL's signal came from guidance, and what the RL-over-warm-start check judged."""
+    def share(part: float, whole: float) -> str:
+        return f"{part} of {whole}" + (f" ({part / whole:.0%})" if whole else "")
+
+    if c.why:
+        judged = f"not judged: {c.why}"
+    elif c.unguided:
+        judged = "judged on unguided greedy evals (eval_guided_tokens = 0 in both)"
+    else:
+        judged = "judged on greedy evals, which never guide (these logged no eval_guided_tokens)"
+    return clip(f"guidance: {share(g.groups_guided, g.groups)} RL groups guided ({g.guided_members} members, "
+                f"{g.guided_members_succeeded} succeeded, {g.guided_members_dropped} dropped); "
+                f"{share(g.signal_groups_guided, g.signal_groups)} groups with signal were guided; "
+                f"{share(g.guided_action_tokens, g.guided_action_tokens + g.onpolicy_action_tokens)} trained "
+                f"action tokens a guide's; RL over warm start {judged}", MAX_LINE)
 
 
 def summarize(run: dict) -> RunSummary:
@@ -287,6 +322,7 @@ def summarize(run: dict) -> RunSummary:
         rl_signal_groups_per_1k_tokens=round(1000 * signal / generated, 4) if generated else None,
         per_env=per_env(run),
         resumed_with_changed_config=resumes_changed(run),  # quaero/recipe/train.py _note_changed_config
+        guidance=guidance_of(rl),
     )
 
 
@@ -490,6 +526,8 @@ def _review(args, require: list[str]) -> int:
         # a mixture's; the checks above judge the pooled run
         for env, figures in s.per_env.items():
             print(env_line(env, figures))
+        if s.guidance is not None:
+            print(guidance_line(s.guidance, s.rl_vs_warm_start))
         for step, resumed in s.resumed_with_changed_config.items():
             print(changed_line(step, resumed))
         for p in plots:

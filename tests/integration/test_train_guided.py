@@ -11,11 +11,15 @@ def test_a_run_guides_its_all_fail_groups_until_the_schedule_reaches_none(tmp_pa
 
     _, cfg = make_config(tmp_path, "guided", steps=3, warmup=0, eval_every=10, extra=[
         "training.guidance=episode", "training.guided_members=1", "training.guidance_until_step=2"])
-    steps = events_of(train(cfg), "train_step")
+    run = train(cfg)
+    steps = events_of(run, "train_step")
+    evals = events_of(run, "eval")
+    assert evals and all(e["eval_guided_tokens"] == 0 for e in evals)  # evals never guide
     assert [s["phase"] for s in steps] == ["rl"] * 3
     first, *later = steps
     assert first["guidance_members"] == 1
     assert first["groups_guided"] == first["guided_members"] >= 1
+    assert first["signal_groups_guided"] == first["signal_groups"] >= 1  # the random policy never succeeds
     assert first["guided_action_tokens"] > 0 and first["guided_tokens"] == first["guided_action_tokens"]
     assert first["onpolicy_action_tokens"] + first["guided_action_tokens"] == first["action_tokens"]
     low, mean, high = (first[f"guidance_shaping_{k}"] for k in ("min", "mean", "max"))

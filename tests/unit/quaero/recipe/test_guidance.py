@@ -91,7 +91,7 @@ def test_an_all_fail_group_gets_k_oracle_members_encoded_as_the_warm_start_with_
     guided_tokens = sum(r.num_action_tokens for g in (2, 3) for r in members[g])
     assert m[names.GUIDED_TOKENS] == guided_tokens and m[names.GUIDANCE_MEMBERS] == K
     assert m[names.GENERATED_TOKENS] == sum(outcome.costs)
-    assert m[names.SIGNAL_GROUPS] == 1
+    assert m[names.SIGNAL_GROUPS] == 1 and m[names.SIGNAL_GROUPS_GUIDED] == 1
     assert m[names.SIGNAL_GROUPS_PER_1K_TOKENS] == round(1000 / (sum(outcome.costs) + guided_tokens), 6)
 
 

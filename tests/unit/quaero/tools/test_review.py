@@ -316,11 +316,12 @@ def _reset_structlog():
 
 
 def _record_phases(run_dir, *, warm: list[int] | None, end: list[int] | None, sft=3, rl=2, warm_step=None,
-                   warm_phase="sft", end_reward=None):
+                   warm_phase="sft", end_reward=None, rl_fields=(), eval_fields=None):
     """A warm start of `sft` steps (phase `warm_phase`) and `rl` RL steps; evals at 0, at the warm start's end
     and at the end, each with per-task results [index, success, reward] (successes given as 0/1 lists; None:
-    no such eval)."""
-    steps = [dict(s, phase=warm_phase) for s in good_steps(sft)] + good_steps(rl)
+    no such eval); `rl_fields`: each RL step's further fields, in turn; `eval_fields`: every eval's."""
+    steps = [dict(s, phase=warm_phase) for s in good_steps(sft)] + [dict(s, **f) for s, f in zip(
+        good_steps(rl), list(rl_fields) + [{}] * rl)]
     runlog.configure(console="none")
     log = runlog.get_logger("test")
     evals = [(0, [0] * 64), (warm_step or sft, warm), (sft + rl, end)]
@@ -333,9 +334,9 @@ def _record_phases(run_dir, *, warm: list[int] | None, end: list[int] | None, sf
                 continue
             runlog.set_step(step)
             reward = end_reward if end_reward is not None and step == sft + rl else None
+            results = [[i, w, float(w) if reward is None else reward] for i, w in enumerate(wins)]
             log.info("eval", eval_reward=sum(wins) / len(wins), eval_success_rate=sum(wins) / len(wins),
-                     eval_episodes=len(wins), eval_results=[[i, w, float(w) if reward is None else reward]
-                                                            for i, w in enumerate(wins)])
+                     eval_episodes=len(wins), eval_results=results, **(eval_fields or {}))
         log.info("run_end", status="finished")
 
 
@@ -403,3 +404,45 @@ def test_eval_rewards_that_are_not_finite_are_said_so_not_called_missing(tmp_pat
     assert why == ("the eval rewards of step(s) 5 are not finite (NaN or inf, null in eval_results): the "
                    "env's "
                    "rewards cannot be compared")
+
+
+GUIDED_STEPS = [  # two RL steps of a guided run: the first guided 2 of its 4 groups, 2 of its 3 signal groups
+    {"guidance_members": 1, "groups": 4, "groups_guided": 2, "signal_groups": 3, "signal_groups_guided": 2,
+     "guided_members": 2, "guided_members_succeeded": 1, "guided_members_dropped": 1,
+     "guided_action_tokens": 30, "onpolicy_action_tokens": 90},
+    {"guidance_members": 0, "groups": 4, "groups_guided": 0, "signal_groups": 1, "signal_groups_guided": 0,
+     "guided_members": 0, "guided_members_succeeded": 0, "guided_members_dropped": 0,
+     "guided_action_tokens": 0, "onpolicy_action_tokens": 80},
+]
+
+
+def test_the_review_says_how_much_signal_came_from_guidance_and_judges_rl_on_unguided_evals(tmp_path,
+                                                                                          capsys):
+    warm, end = [1] * 20 + [0] * 44, [1] * 34 + [0] * 30
+    _record_phases(tmp_path, warm=warm, end=end, rl_fields=GUIDED_STEPS,
+                   eval_fields={"eval_guided_tokens": 0})
+    s = review.summarize(review.load_run(tmp_path))
+    g = s.guidance
+    assert (g.groups, g.groups_guided, g.signal_groups, g.signal_groups_guided) == (8, 2, 4, 2)
+    assert (g.guided_members, g.guided_members_succeeded, g.guided_members_dropped) == (2, 1, 1)
+    assert (g.guided_action_tokens, g.onpolicy_action_tokens) == (30, 170)
+    assert s.rl_vs_warm_start.unguided is True
+    check = next(c for c in proofs.run_checks(s) if c["name"] == proofs.RL_IMPROVED)
+    assert check["status"] == proofs.PASS and check["detail"].endswith("; unguided greedy evals")
+    assert review.main(args(tmp_path)) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("guidance: "))
+    assert line == ("guidance: 2 of 8 (25%) RL groups guided (2 members, 1 succeeded, 1 dropped); 2 of 4 "
+                    "(50%) groups with signal were guided; 30 of 200 (15%) trained action tokens a "
+                    "guide's; RL over warm start judged on unguided greedy evals (eval_guided_tokens = 0 in "
+                    "both)")
+    assert review.summarize(review.load_run(tmp_path)).to_dict()["guidance"]["groups_guided"] == 2
+    # an eval that counted guided tokens is not the policy's own: RL over the warm start is not judged on it
+    _record_phases(tmp_path / "guided", warm=warm, end=end, rl_fields=GUIDED_STEPS,
+                   eval_fields={"eval_guided_tokens": 7})
+    s = review.summarize(review.load_run(tmp_path / "guided"))
+    check = next(c for c in proofs.run_checks(s) if c["name"] == proofs.RL_IMPROVED)
+    assert check["status"] == proofs.NA and "has 7 guided tokens" in check["detail"]
+    # a run without guidance has no guidance figures, and says nothing of it
+    _record_phases(tmp_path / "plain", warm=warm, end=end)
+    assert review.summarize(review.load_run(tmp_path / "plain")).guidance is None
+    assert "guidance" not in review.summarize(review.load_run(tmp_path / "plain")).to_dict()
