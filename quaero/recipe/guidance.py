@@ -90,7 +90,8 @@ def guidance_lines(cfg: QuaeroConfig) -> list[str]:
              else "never annealed")
     used = sorted(set(modes.values()) - {"none"})
     played = ("played by the env's oracle" if used == ["episode"] else
-              f"(prefix: their first {t.guidance_prefix_turns} turn(s)) played by the env's oracle")
+              f"(prefix: their first {t.guidance_prefix_turns} turn(s)) played by the env's oracle, the "
+              "rest by the policy")
     line = (f"guidance    {'/'.join(used)}{which}: an all-fail group's last {t.guided_members} member(s) "
             f"{played}, {until}; guided tokens shaped by f(p) = p / (p + {t.guidance_gamma:g}); a guide's "
             f"call bounded by {t.guide_timeout_s:g} s")

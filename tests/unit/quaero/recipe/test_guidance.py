@@ -245,9 +245,9 @@ def test_the_prefix_anneals_with_the_schedule():
     assert [prefix_turns_at(t, s) for s in range(6)] == [4, 3, 2, 1, 0, 0]
     assert [members_at(t, s) for s in range(6)] == [1, 1, 1, 1, 0, 0]
     assert prefix_turns_at(t.model_copy(update={"guidance": "episode"}), 1) is None
-    assert "prefix: their first 4 turn(s)" in guidance_lines(make_cfg(
-        training__guidance="prefix", training__guidance_prefix_turns=4, training__steps=8,
-        training__guidance_until_step=4))[0]
+    line = guidance_lines(make_cfg(training__guidance="prefix", training__guidance_prefix_turns=4,
+                                   training__steps=8, training__guidance_until_step=4))[0]
+    assert "(prefix: their first 4 turn(s)) played by the env's oracle, the rest by the policy" in line
 
 
 def test_a_guide_past_its_bound_or_raising_mid_episode_drops_its_member_counted_never_the_run(qwen3_render):
