@@ -4,6 +4,8 @@ policy shaping, and from `guidance_until_step` on none is guided."""
 import pytest
 from fixtures.runs import events_of, make_config, steps_by_number
 
+from quaero.tools import review
+
 
 @pytest.mark.slow
 def test_a_run_guides_its_all_fail_groups_until_the_schedule_reaches_none(tmp_path):
@@ -27,6 +29,13 @@ def test_a_run_guides_its_all_fail_groups_until_the_schedule_reaches_none(tmp_pa
     for s in later:  # RL steps 2 and 3: the schedule is at none
         assert s["guidance_members"] == 0 and s["groups_guided"] == 0 and s["guided_action_tokens"] == 0
         assert s["guidance_shaping_mean"] is None
+    summary = review.summarize(review.load_run(run))  # the review says how much signal was guided
+    g = summary.guidance
+    assert (g.groups_guided, g.signal_groups_guided, g.guided_action_tokens) == (
+        first["groups_guided"], first["signal_groups_guided"], first["guided_action_tokens"])
+    line = review.guidance_line(g, summary.rl_vs_warm_start)
+    assert line.startswith(f"guidance: {g.groups_guided} of {g.groups} ")
+    assert line.endswith("RL over warm start not judged: no warm start")
 
 
 def _weights(run_dir) -> bytes:
