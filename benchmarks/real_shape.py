@@ -16,7 +16,9 @@ model. Every case reports:
 - `plan_gib` and `plan_error`: the memory plan's peak for the same model, dtype, row and knobs, and
   (plan - measured) / measured;
 - `step_s`: the warm-up step's wall time (no profiler; none where `--warmup-seq-len` made it shorter), and
-  `measured_step_s`: the measured step's, under the memory profiler.
+  `measured_step_s`: the measured step's, under the memory profiler;
+- `reference_forward_s`: with the KL penalty (case `kl`: `[training] beta` > 0, its frozen copy in the
+  resident state; `lora+kl`: the base, no copy), the reference's no-grad forward inside the measured step.
 
 `--phases` also times what a real run does around a step at full depth: load, one train step (its AdamW
 update timed apart), checkpoint write and read (quaero/recipe/checkpoint.py), export
@@ -37,6 +39,7 @@ from typing import Any
 
 import torch
 
+from quaero.telemetry import names
 from trainers.memory import peak_mem_mb, process_peak_mb, reset_peak
 
 GIB = 2**30
@@ -47,6 +50,8 @@ CASES = {  # name -> (TrainerSpec overrides, memory-plan StepShape overrides)
     "checkpointing": ({"gradient_checkpointing": True}, {"gradient_checkpointing": True}),
     "crop": ({"context_tokens": 1024}, {"context_tokens": 1024}),
     "lora": ({"lora": True, "lora_r": 16}, {"lora": True, "lora_r": 16}),
+    # the KL penalty's frozen reference (trainers/reference.py): a copy of the weights, none with `lora+kl`
+    "kl": ({"beta": 0.04}, {"reference": True}),
 }
 
 
@@ -95,6 +100,9 @@ def tail_row(length: int, targets: int, span: int, vocab: int, seed: int = 0):
 def resident_bytes(trainer) -> int:
     seen, total = set(), 0
     tensors = list(trainer.model.parameters()) + list(trainer.model.buffers())
+    if trainer.reference is not None:  # the KL reference's copy (with LoRA: the model itself, counted once)
+        ref = trainer.reference.parts.model
+        tensors += list(ref.parameters()) + list(ref.buffers())
     for state in trainer.optimizer.state.values():
         tensors += [t for t in state.values() if isinstance(t, torch.Tensor)]
     for t in tensors:
@@ -168,8 +176,11 @@ def make_trainer(model: str, args, spec_kw: dict):
         memory=MemoryPolicy(supervised_context_tokens=spec_kw.get("context_tokens", 0)),
         lora=spec_kw.get("lora", False),
         lora_r=spec_kw.get("lora_r", 16),
+        beta=spec_kw.get("beta", 0.0),
     )
-    return trainer_class(args.backend)(spec, args.device)
+    trainer = trainer_class(args.backend)(spec, args.device)
+    trainer.take_reference()  # with beta > 0, as the recipe's first RL step does
+    return trainer
 
 
 def planned(fields: dict, args, plan_kw: dict):
@@ -224,13 +235,14 @@ def measure_case(name: str, model: str, fields: dict, args) -> dict[str, Any]:
         torch.cuda.synchronize()
         resident = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        trainer.train_step(rows)
+        metrics = trainer.train_step(rows)
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - resident
         fwd_bwd = update = 0
     else:
         t0 = time.perf_counter()
-        peak, fwd_bwd, update = phase_peaks(lambda: trainer.train_step(rows))
+        metrics: dict = {}
+        peak, fwd_bwd, update = phase_peaks(lambda: metrics.update(trainer.train_step(rows)))
         profiled_s = time.perf_counter() - t0
     rss = rss_peak()
     p = planned(fields, args, plan_kw)
@@ -258,6 +270,8 @@ def measure_case(name: str, model: str, fields: dict, args) -> dict[str, Any]:
         },
         "step_s": round(step_s, 1) if warm is rows else None,
         "measured_step_s": round(profiled_s, 1) if profiled_s is not None else None,
+        # the KL reference's no-grad forward over the rows, inside that step (None without one)
+        "reference_forward_s": metrics.get(names.REFERENCE_FORWARD_S),
     }
     print(json.dumps(out), file=sys.stderr, flush=True)
     return out

@@ -19,6 +19,7 @@ from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
 from trainers import distributed, mini_steps, registry, step
 from trainers.forward import CausalLMParts, SharedForwardError  # noqa: F401 (re-exported)
+from trainers.reference import Reference
 from trainers.spec import TrainerSpec
 
 log = get_logger(__name__)
@@ -66,6 +67,7 @@ class Trainer:
                                            weight_decay=spec.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)  # constant lr
         self.steps_done = 0
+        self.reference: Reference | None = None  # the KL penalty's, once taken (`take_reference`)
         log.info(names.TRAINER_READY_EVENT, trainer=self.name, model=spec.model, device=str(self.device),
                  distributed=spec.distributed, rank=process_group.rank(), ranks=process_group.world_size(),
                  dtype=spec.dtype, lora=spec.lora, trainable_params=sum(p.numel() for p in self.trainable),
@@ -77,6 +79,25 @@ class Trainer:
     @property
     def is_lora(self) -> bool:
         return hasattr(self.model, "peft_config")
+
+    def take_reference(self) -> None:
+        """Freeze the KL penalty's reference (`[training] beta` > 0; trainers/reference.py) from the weights
+        now: a copy of them, or with LoRA the base model (the adapter disabled). Once per run: the recipe
+        calls it at the first RL step; a resumed run restores the one it took."""
+        if self.spec.beta <= 0 or self.reference is not None:
+            return
+        if self.sharded:
+            raise ValueError("[training] beta > 0 under FSDP2 without LoRA: a sharded model has no reference "
+                             "copy yet; use [backend] lora = true (the base is the reference) or ddp")
+        if self.is_lora:
+            self.reference = Reference(self.parts, self.parts_forward(self.parts), self.model.disable_adapter)
+        else:
+            parts = CausalLMParts(Reference.frozen_copy(self.model), f"{self.spec.model} (reference)")
+            self.reference = Reference(parts, self.parts_forward(parts))
+
+    def parts_forward(self, parts: CausalLMParts) -> step.MicrobatchForward:
+        """The step's selective log-prob forward over `parts` (unwrapped: the reference's never trains)."""
+        return step.MicrobatchForward(parts, self.spec)
 
     def set_lr(self, lr: float) -> None:
         """The learning rate of the following steps (the recipe's phases use different ones)."""
@@ -150,7 +171,8 @@ class Trainer:
             model_state = self.model.state_dict()
         return {"backend": self.name, "lora": self.is_lora, "steps_done": self.steps_done,
                 "model": {k: v.detach().cpu().clone() for k, v in model_state.items()},
-                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                **({} if self.reference is None else {"reference": self.reference.state_dict()})}
 
     def _dcp_state(self) -> dict:
         """Model and optimizer state keyed by parameter name, as torch.distributed.checkpoint saves and loads
@@ -206,6 +228,21 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.steps_done = state.get("steps_done", 0)
+        self._load_reference(state.get("reference"))
+
+    def _load_reference(self, saved: dict | None) -> None:
+        """The reference a checkpoint holds (none: not taken yet, and the recipe takes it at the first RL
+        step)."""
+        self.reference = None
+        if saved is None or self.spec.beta <= 0:
+            return
+        if saved.get("kind") != ("lora_base" if self.is_lora else "copy"):
+            raise ValueError(f"the checkpoint's KL reference is a {saved.get('kind')!r} but this trainer has "
+                             f"lora={self.is_lora}; resume with the [backend] lora setting the run started "
+                             "with")
+        self.take_reference()  # the base, or a copy of these weights to overwrite with the saved ones
+        if not self.is_lora:
+            self.reference.parts.model.load_state_dict(saved["model"])
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:

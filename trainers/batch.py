@@ -41,6 +41,8 @@ class Microbatch:
     old_logprobs: Tensor | None = None
     # bool, action tokens a guide chose (`EchoRow.guided`: off-policy, no sampler log-prob); None: none
     guided: Tensor | None = None
+    # fp32, the frozen reference's log-probs at the KL term's targets (trainers/reference.py); None: no KL
+    ref_logprobs: Tensor | None = None
 
     def targets(self, term: str) -> Tensor:  # [B, L] bool
         """The tokens loss term `term` trains."""
@@ -103,11 +105,13 @@ def build_microbatches(rows: list[EchoRow], *, micro_batch_tokens: int,
                        weights: dict[str, list[list[float]]], reads: list[list[bool]] | None = None,
                        context_tokens: int = 0, device: str | torch.device = "cpu",
                        scales: dict[str, list[float]] | None = None,
-                       old_logprobs: list[list[float]] | None = None) -> tuple[list[Microbatch], CropStats]:
+                       old_logprobs: list[list[float]] | None = None,
+                       ref_logprobs: list[list[float]] | None = None) -> tuple[list[Microbatch], CropStats]:
     """Pack rows into microbatches. `weights`: per loss term's name, per row, each token's weight as its
     target (trainers/terms.py `row_targets`); `reads`: per row, the tokens whose log-probs are read without
     training them (none given: none). `scales`: per term's name, per row, its token factors (none given:
-    none). `old_logprobs`: per row, per token, the trainer's recorded log-probs (none given: none)."""
+    none). `old_logprobs`: per row, per token, the trainer's recorded log-probs; `ref_logprobs`: the
+    reference's (none given: none)."""
     scales = scales or {}
     starts = [crop_start(first_target([per_row[i] for per_row in weights.values()]), context_tokens)
               for i in range(len(rows))]
@@ -118,7 +122,7 @@ def build_microbatches(rows: list[EchoRow], *, micro_batch_tokens: int,
         B, L = len(group), max(lengths[i] for i in group)
         ids = torch.zeros(B, L, dtype=torch.long)
         attn = torch.zeros(B, L, dtype=torch.long)
-        adv, old, recorded = torch.zeros(B, L), torch.zeros(B, L), torch.zeros(B, L)
+        adv, old, recorded, ref = torch.zeros(B, L), torch.zeros(B, L), torch.zeros(B, L), torch.zeros(B, L)
         act, seen = torch.zeros(B, L, dtype=torch.bool), torch.zeros(B, L, dtype=torch.bool)
         guided = torch.zeros(B, L, dtype=torch.bool)
         term_weights = {name: torch.zeros(B, L) for name in weights}
@@ -130,6 +134,8 @@ def build_microbatches(rows: list[EchoRow], *, micro_batch_tokens: int,
             old[b, :n] = torch.tensor(r.sampler_logprobs[s:])
             if old_logprobs is not None:
                 recorded[b, :n] = torch.tensor(old_logprobs[i][s:], dtype=torch.float32)
+            if ref_logprobs is not None:
+                ref[b, :n] = torch.tensor(ref_logprobs[i][s:], dtype=torch.float32)
             act[b, :n] = torch.tensor(r.action_mask[s:])
             if r.guided:
                 guided[b, :n] = torch.tensor(r.guided[s:], dtype=torch.bool)
@@ -145,5 +151,6 @@ def build_microbatches(rows: list[EchoRow], *, micro_batch_tokens: int,
         out.append(Microbatch(ids.to(device), attn.to(device), adv.to(device), old.to(device), act.to(device),
                               on_device, seen.to(device), group, mb_scales,
                               None if old_logprobs is None else recorded.to(device),
-                              guided.to(device) if bool(guided.any()) else None))
+                              guided.to(device) if bool(guided.any()) else None,
+                              None if ref_logprobs is None else ref.to(device)))
     return out, crop

@@ -8,7 +8,9 @@ The ratio's lp_old: without a sampler correction it is the sampler's log-prob in
 against the behaviour policy: the ratio grows as the mini-steps move the policy); with one, the trainer's own
 log-probs are recorded once, before the first mini-step (no grad, at the step's temperature), and every
 mini-step's ratio compares with them while the sampler weight corrects the sampler's mismatch against them
-(trainers/policy_losses.py). An SFT step is always one step.
+(trainers/policy_losses.py). An SFT step is always one step. The KL penalty's reference log-probs
+(trainers/reference.py) are computed once per rollout batch, before its first step, and read by every
+mini-step: the reference never moves.
 
 The metrics of the mini-steps are merged into one event as each name totals (quaero/telemetry/names.py):
 counts summed, peaks the largest, settings the last, per-step figures (losses, grad norm, ratios) their mean
@@ -17,6 +19,7 @@ says how many there were.
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from quaero.rows import EchoRow
@@ -54,16 +57,32 @@ def merge_metrics(steps: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def reference_logprobs(trainer: TrainerView, rows: list[EchoRow], *, sft: bool
+                       ) -> tuple[list[list[float]] | None, float | None]:
+    """The frozen reference's log-probs of an RL batch's KL targets (trainers/reference.py), once for all its
+    mini-steps (the reference never moves), and their seconds; (None, None) without a reference."""
+    if sft or trainer.reference is None:
+        return None, None
+    t0 = time.perf_counter()
+    ref = trainer.reference.logprobs(trainer.spec, rows, step_temperature(trainer.spec, sft=False),
+                                     trainer.device)
+    return ref, time.perf_counter() - t0
+
+
 def rollout_batch_step(trainer: TrainerView, rows: list[EchoRow], *, sft: bool, echo_weight: float | None
                        ) -> dict[str, Any]:
     """The optimizer steps of one rollout batch (one, unless the spec asks for more); its merged metrics."""
     spec = trainer.spec
+    ref, ref_seconds = reference_logprobs(trainer, rows, sft=sft)
     if sft or spec.steps_per_generation * spec.num_iterations == 1:
-        return shared_forward_step(trainer, rows, sft=sft, echo_weight=echo_weight)
+        return shared_forward_step(trainer, rows, sft=sft, echo_weight=echo_weight, ref_logprobs=ref,
+                                   reference_seconds=ref_seconds)
     old = (audit_logprobs(trainer, rows, step_temperature(spec, sft=False))
            if spec.sampler_correction != "none" else None)
     chunks = mini_batches(rows, spec.steps_per_generation)
     steps = [shared_forward_step(trainer, [rows[i] for i in chunk], sft=False, echo_weight=echo_weight,
-                                 old_logprobs=None if old is None else [old[i] for i in chunk])
-             for _ in range(spec.num_iterations) for chunk in chunks]
+                                 old_logprobs=None if old is None else [old[i] for i in chunk],
+                                 ref_logprobs=None if ref is None else [ref[i] for i in chunk],
+                                 reference_seconds=ref_seconds if k == 0 else None)  # the batch's, once
+             for k, chunk in enumerate(chunks * spec.num_iterations)]
     return merge_metrics(steps)

@@ -217,6 +217,16 @@ class TrainerSpec:
     sapo_temperature_neg: float = option(
         1.05, "training.sapo_temperature_neg", gt=0,
         about="SAPO's gate temperature where A < 0")
+    # the KL penalty against a frozen reference model (trainers/reference.py, trainers/terms.py `KLTerm`): β
+    # (TRL's `beta`; 0: no reference, no KL) and the per-token estimator of KL(π || π_ref)
+    beta: float = option(
+        0.0, "training.beta", ge=0,
+        about="the KL penalty's coefficient β against a frozen reference (the weights at the first RL step; "
+              "the base model with LoRA); 0: no reference model at all (TRL's `beta`)")
+    kl_estimator: Literal["k1", "k2", "k3"] = option(
+        "k3", "training.kl_estimator",
+        about="the per-token KL estimator: `k1` = lp - lp_ref, `k2` = (lp - lp_ref)^2 / 2, `k3` = "
+              "exp(lp_ref - lp) - (lp_ref - lp) - 1 (TRL's, Schulman's); see \"The KL penalty\" below")
     # guided tokens ([training] guidance: the env's oracle played them) train with LUFFY's policy shaping
     # -f(π) A, f(p) = p / (p + γ), instead of a ratio (they have no sampler log-prob)
     guidance_gamma: float = option(
@@ -283,7 +293,9 @@ class TrainerSpec:
         else:
             old = (f"lp_old = the trainer's before the step, x the sampler weight {self.sampler_correction} "
                    f"at cap {self.sampler_correction_cap:g}")
-        return f"{self.policy_loss} {formula}; {ratio}, {old}; {self.loss_aggregation}"
+        kl = (f"; + {self.beta:g} x KL {self.kl_estimator} to the frozen reference (its own "
+              f"{self.loss_aggregation} over sampled tokens)" if self.beta > 0 else "")
+        return f"{self.policy_loss} {formula}; {ratio}, {old}; {self.loss_aggregation}{kl}"
 
     @property
     def clip_range(self) -> tuple[float | None, float | None]:

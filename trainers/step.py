@@ -49,7 +49,7 @@ from trainers.terms import TERMS, Stats, StepContext, TermTotal, row_targets
 class TrainerView(Protocol):
     """What the step reads of a trainer (trainers/base.py `Trainer` is one; this module never imports it): the
     spec, the model and its parts, the device, the step's forward (DDP- or FSDP2-wrapped under torchrun), the
-    trainable parameters, the optimizer and its scheduler."""
+    trainable parameters, the KL penalty's reference, the optimizer and its scheduler."""
 
     name: str
     spec: TrainerSpec
@@ -58,6 +58,7 @@ class TrainerView(Protocol):
     device: torch.device
     microbatch_forward: nn.Module
     trainable: list[nn.Parameter]
+    reference: Any  # trainers/reference.py `Reference`, once taken; None: no KL penalty
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
 
@@ -239,18 +240,22 @@ def optimizer_step(trainer: TrainerView) -> tuple[float, bool]:
 
 
 def shared_forward_step(trainer: TrainerView, rows: list[EchoRow], *, sft: bool,
-                        echo_weight: float | None = None, old_logprobs: list[list[float]] | None = None
+                        echo_weight: float | None = None, old_logprobs: list[list[float]] | None = None,
+                        ref_logprobs: list[list[float]] | None = None, reference_seconds: float | None = None
                         ) -> dict[str, Any]:
     """One optimizer step over `rows` (RL + ECHO, or SFT + ECHO); returns the step's metrics.
     `echo_weight`: this step's λ (a schedule's value), else the spec's. `old_logprobs`: per row, the
     trainer's log-probs recorded before its rollout batch's first step (trainers/mini_steps.py), which a
-    sampler correction's ratio compares with (none: the step's own, detached).
+    sampler correction's ratio compares with (none: the step's own, detached). `ref_logprobs`: per row, the
+    frozen reference's at the KL term's targets (trainers/reference.py; none: no KL penalty), and the seconds
+    their forwards took (`reference_seconds`, logged with this step).
 
     With several ranks, every rank passes the same `rows` and trains its share of them; the loss scales
     come from all of them (trainers/aggregation.py), so every rank's denominators agree.
     """
     spec, model = trainer.spec, trainer.model
-    ctx = StepContext(sft=sft, echo_weight=spec.echo_weight if echo_weight is None else echo_weight)
+    ctx = StepContext(sft=sft, echo_weight=spec.echo_weight if echo_weight is None else echo_weight,
+                      kl=ref_logprobs is not None and not sft)
     targets = row_targets(TERMS, spec, rows, ctx)
     scales = {term.name: term.row_scales(spec, rows, targets.counts[term.name], ctx) for term in TERMS}
     t0 = time.perf_counter()
@@ -267,6 +272,8 @@ def shared_forward_step(trainer: TrainerView, rows: list[EchoRow], *, sft: bool,
                                    scales={name: [per_row[i] for i in share] for name,
                                            per_row in scales.items()},
                                    old_logprobs=None if old_logprobs is None else [old_logprobs[i]
+                                                                                   for i in share],
+                                   ref_logprobs=None if ref_logprobs is None else [ref_logprobs[i]
                                                                                    for i in share])
     tokens = process_group.all_sum([sum(int(mb.targets(term.name).sum()) for mb in mbs) for term in TERMS])
     totals = StepTotals.empty({term.name: n for term, n in zip(TERMS, tokens)}, rows=len(share),
@@ -279,11 +286,13 @@ def shared_forward_step(trainer: TrainerView, rows: list[EchoRow], *, sft: bool,
     peak = peak_mem_mb(trainer.device)
     ranks = process_group.gather((totals, peak, time.perf_counter() - t0))
     return step_metrics(trainer, [t for t, _, _ in ranks], ctx=ctx, grad_norm=grad_norm, stepped=stepped,
-                        peaks=[p for _, p, _ in ranks], seconds=max(s for _, _, s in ranks))
+                        peaks=[p for _, p, _ in ranks], seconds=max(s for _, _, s in ranks),
+                        reference_seconds=reference_seconds)
 
 
 def step_metrics(trainer: TrainerView, ranks: list[StepTotals], *, ctx: StepContext, grad_norm: float,
-                 stepped: bool, peaks: list[tuple[float, str]], seconds: float) -> dict[str, Any]:
+                 stepped: bool, peaks: list[tuple[float, str]], seconds: float,
+                 reference_seconds: float | None = None) -> dict[str, Any]:
     """The step's event fields from every rank's totals, each loss term's own metrics among them (every name
     declared in quaero/telemetry/names.py). Per-rank figures (`rank_*`) appear when there is more than one
     rank."""
@@ -315,7 +324,8 @@ def step_metrics(trainer: TrainerView, ranks: list[StepTotals], *, ctx: StepCont
         names.SAVE_ON_CPU: bool(spec.memory.save_on_cpu),
         names.SAVE_ON_CPU_OFFLOADED_TENSORS: t.offload.tensors,
         names.SAVE_ON_CPU_OFFLOADED_MB: t.offload.bytes / 2**20,
-        names.STEP_TIME_S: seconds, names.PEAK_MEM_MB: peak, names.PEAK_MEM_SOURCE: source, **per_rank,
+        names.STEP_TIME_S: seconds, names.REFERENCE_FORWARD_S: reference_seconds, names.PEAK_MEM_MB: peak,
+        names.PEAK_MEM_SOURCE: source, **per_rank,
     }
 
 

@@ -24,16 +24,18 @@ from trainers import aggregation
 from trainers.batch import Microbatch
 from trainers.loss import LogprobGap, PolicyStats, logprob_gap, nll_loss
 from trainers.policy_losses import PolicyLoss, policy_loss
+from trainers.reference import KLStats, kl_penalty, kl_targets
 from trainers.spec import TrainerSpec
 
 
 @dataclass(frozen=True)
 class StepContext:
     """What every term of one step reads beside the spec: an SFT step (demonstrations, scored at T 1) or an RL
-    one, and this step's ECHO weight λ (a schedule's value)."""
+    one, this step's ECHO weight λ (a schedule's value), and whether the KL penalty trains."""
 
     sft: bool
     echo_weight: float
+    kl: bool = False  # the reference's log-probs are in the microbatches: the KL term trains
 
 
 class Stats(Protocol):
@@ -239,4 +241,35 @@ class EchoTerm(LossTerm):
                 names.ECHO_NORMALIZATION: spec.echo_normalization}
 
 
-TERMS: tuple[LossTerm, ...] = (PolicyTerm(), EchoTerm())
+class KLTerm(LossTerm):
+    """The KL penalty against the frozen reference (`[training] beta`, `kl_estimator`; trainers/reference.py):
+    β times the per-token estimate on every sampled action token of an RL step, with the RL term's
+    aggregation over its own targets. No targets without a reference (β = 0, a warm-start step)."""
+
+    name = "kl"
+
+    def row_weights(self, spec: TrainerSpec, row: EchoRow, ctx: StepContext) -> list[float]:
+        return kl_targets(row) if ctx.kl and not ctx.sft else [0.0] * len(row)
+
+    def row_scales(self, spec: TrainerSpec, rows: list[EchoRow], counts: list[int], ctx: StepContext
+                   ) -> list[float]:
+        return aggregation.rl_scales(rows, counts, sft=False, aggregation=spec.loss_aggregation,
+                                     constant=spec.loss_constant)
+
+    def new_stats(self) -> KLStats:
+        return KLStats()
+
+    def loss(self, spec: TrainerSpec, mb: Microbatch, lp: Tensor, ctx: StepContext) -> tuple[Tensor, KLStats]:
+        if mb.ref_logprobs is None:
+            return lp.new_zeros(()), KLStats()
+        return kl_penalty(lp, mb.ref_logprobs[:, 1:], mb.targets(self.name)[:, 1:], mb.scales[self.name],
+                          spec.beta, spec.kl_estimator)
+
+    def metrics(self, spec: TrainerSpec, total: TermTotal, ctx: StepContext) -> dict[str, Any]:
+        kl = total.stats
+        return {names.KL_LOSS: total.loss, names.KL_TOKENS: total.tokens,
+                names.KL_MEAN: kl.total / kl.tokens if kl.tokens else None,
+                names.KL_MAX: kl.max if kl.tokens else None}
+
+
+TERMS: tuple[LossTerm, ...] = (PolicyTerm(), EchoTerm(), KLTerm())

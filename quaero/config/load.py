@@ -249,6 +249,10 @@ def _check_one(cfg: QuaeroConfig, source: str) -> None:
         raise ConfigError(f"{source} [distributed] strategy='fsdp2' with [backend] lora=true: sharded LoRA "
                           "checkpoints and exports are not built; use strategy = 'ddp' (the adapter is "
                           "small: replicating it costs little) or lora = false")
+    if t.beta > 0 and cfg.distributed.strategy == "fsdp2":
+        raise ConfigError(f"{source} [training] beta={t.beta:g} with [distributed] strategy='fsdp2': the KL "
+                          "penalty's reference is a frozen copy of the model (trainers/reference.py) and a "
+                          "sharded model has none yet; use strategy = 'ddp', or beta = 0")
     sm = cfg.sampler
     if sm.backend != samplers.AUTO and sm.mode not in samplers.SAMPLERS[sm.backend].modes:
         serving = " or ".join(repr(n) for n in samplers.serving(sm.mode))

@@ -99,6 +99,8 @@ def plan_lines(p: MemoryPlan, *, capacity: int | None, capacity_source: str, row
         (
             f"  weights {gib(p.weights)}, gradients {gib(p.gradients)}, AdamW m+v {gib(p.optimizer)}"
             + (f" (LoRA r={s.lora_r}: {d.lora_params(s.lora_r) / 1e6:.1f}M trainable)" if s.lora else "")
+            + (f", KL reference {gib(p.reference_weights)} (a frozen copy)" if p.reference_weights
+               else ", KL reference: the base, adapter disabled (no copy)" if s.reference else "")
         ),
         (
             f"  activations {gib(p.activations)} ({', '.join(knobs) or 'no knobs'}; exact full context "
@@ -173,6 +175,7 @@ def step_shape(cfg, device: str) -> tuple[StepShape, str]:
         context_tokens=o.train_supervised_context_tokens,
         device=device,
         rows=rows,
+        reference=cfg.training.beta > 0,
     )
     note = (
         f"({rows} row(s) of {row}: min(max_seq_len {cfg.model.max_seq_len}, max_turns {turns} x "

@@ -4,7 +4,9 @@ No model loads: the shape comes from the config fields (`quaero.model.config_fie
 own tables, a local folder's or the hub cache's config.json). For the configured dtype, device and
 longest row it adds up what one step of the `local` trainer holds at its peak:
 
-- weights: every parameter, in the configured dtype (`auto`: the folder's);
+- weights: every parameter, in the configured dtype (`auto`: the folder's); with the KL penalty (`[training]
+  beta` > 0) the frozen reference's copy of them too (trainers/reference.py), none with LoRA (its reference is
+  the base with the adapter disabled); its no-grad forward runs before the step and holds no more than it;
 - gradients and AdamW state: the trainable parameters (LoRA: the adapters), torch's AdamW keeping m and v
   in the parameter's dtype (fp32 m+v for a float32 model);
 - activations: what autograd saves for backward, per token per decoder layer (`SAVED_PER_TOKEN`: the
@@ -167,6 +169,7 @@ class StepShape:
     context_tokens: int = 0
     device: str = "cpu"
     rows: int = 1  # rows in the microbatch: a context crop keeps K tokens before each row's first target
+    reference: bool = False  # the KL penalty's reference ([training] beta > 0): a frozen copy unless LoRA
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,7 @@ class MemoryPlan:
     head_peak: int = 0  # the LM head's part of forward + backward's peak (`plan`)
     tied_extra: int = 0
     largest: int = 0  # bytes of the largest trainable tensor (the per-tensor AdamW's temporaries)
+    reference_weights: int = 0  # the KL penalty's frozen copy of the weights (none with LoRA)
 
     @property
     def update(self) -> int:
@@ -202,7 +206,7 @@ class MemoryPlan:
 
     @property
     def peak(self) -> int:
-        return self.weights + self.optimizer + max(self.fwd_bwd, self.update)
+        return self.weights + self.reference_weights + self.optimizer + max(self.fwd_bwd, self.update)
 
 
 def _bytes(dtype: str, dims: ModelDims) -> int:
@@ -264,6 +268,7 @@ def plan(dims: ModelDims, step: StepShape) -> MemoryPlan:
         head_peak=head_peak,
         tied_extra=2 * head_grad if dims.tied else 0,
         largest=(dims.largest_lora(step.lora_r) if step.lora else dims.vocab * dims.hidden) * tb,
+        reference_weights=params * b if step.reference and not step.lora else 0,
     )
 
 

@@ -229,6 +229,20 @@ def note_changed_config(cfg: QuaeroConfig, found: Found | None) -> None:
         else "only when the run stops, evaluates, checkpoints or logs changed")
 
 
+def missing_reference(cfg: QuaeroConfig, step: int, trainer_state: dict) -> str | None:
+    """Why a checkpoint cannot resume a run with the KL penalty ([training] beta > 0, full fine-tuning): it
+    was written after RL started without the frozen reference (beta was 0 then), and the weights it froze are
+    gone. None when it can (a LoRA run's reference is the base, always there; a warm-start checkpoint's is
+    taken at the first RL step)."""
+    if cfg.training.beta <= 0 or cfg.backend.lora or step <= cfg.training.warmup_sft_steps:
+        return None
+    if "reference" in trainer_state:
+        return None
+    return (f"[training] beta={cfg.training.beta:g}: this checkpoint of RL step {step} holds no KL reference "
+            "(the run trained without one) and the weights RL started from are gone; resume with beta = 0, "
+            "or pass --restart to start over with the KL penalty")
+
+
 def resume_from(parts: RunParts, progress: RunProgress, found: Found | None) -> int:
     """Load the checkpoint `found` into the trainer, the RNG, the task samplers and `progress`; the step it
     holds (0: nothing to resume)."""
@@ -238,6 +252,8 @@ def resume_from(parts: RunParts, progress: RunProgress, found: Found | None) -> 
     t0 = time.perf_counter()
     try:  # the manifest vouches for the bytes, not for what they hold (a crafted or foreign state)
         state = checkpoint.RunState.from_state(saved)
+        if problem := missing_reference(parts.cfg, state.step, state.trainer):
+            raise checkpoint.CheckpointError(problem)
         parts.trainer.load_state_dict(state.trainer, shards=path / checkpoint.SHARDS)
         checkpoint.set_rng_state(state.rng_of_rank(ranks.rank(), ranks.world_size()))
         load_task_state(parts, progress, state)

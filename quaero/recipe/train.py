@@ -131,6 +131,10 @@ def _train(parts: RunParts, progress: RunProgress, step: int, rows: list, *, sft
     if rl_step == 1 and t.warmup_sft_steps and t.rl_optimizer_start != "continue":
         # RL starts without the warm start's momentum (a resume past here keeps RL's own)
         parts.trainer.reset_optimizer(momentum_only=t.rl_optimizer_start == "reset_momentum")
+    if phase == names.PHASE_RL and t.beta > 0:
+        # the KL penalty's reference ([training] beta > 0): the weights the RL phase starts from, frozen once
+        # (a resume restores the one its checkpoint holds; trainers/reference.py)
+        parts.trainer.take_reference()
     if not rows:
         return {names.ROWS: 0, names.ACTION_TOKENS: 0, names.ECHO_TOKENS: 0}  # a step that trains nothing
     parts.trainer.set_lr(parts.cfg.lr_for(sft=sft))

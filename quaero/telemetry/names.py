@@ -192,6 +192,15 @@ SEQUENCE_RATIO_MEAN = _step.per_step("sequence_ratio_mean", "mean sequence ratio
                                      "(importance_sampling_level = `sequence`, GSPO; None otherwise)")
 SEQUENCE_RATIO_MIN = _step.per_step("sequence_ratio_min", "its minimum")
 SEQUENCE_RATIO_MAX = _step.per_step("sequence_ratio_max", "its maximum")
+KL_LOSS = _step.per_step("kl_loss", "the KL penalty's loss: β x its per-token estimate, averaged "
+                         "(`[training] beta`; 0 without a reference)")
+KL_TOKENS = _step.count("kl_tokens", "the KL term's targets: sampled action tokens of an RL step with a "
+                        "reference")
+KL_MEAN = _step.per_step("kl_mean", "mean per-token KL estimate to the frozen reference (`kl_estimator`; "
+                         "None without one)")
+KL_MAX = _step.largest("kl_max", "its maximum")
+REFERENCE_FORWARD_S = _step.per_step("reference_forward_s", "seconds of the reference's no-grad forwards per "
+                                     "rollout batch (None without a reference)")
 GUIDED_ACTION_TOKENS = _step.count("guided_action_tokens", "RL tokens a guide chose (`[training] guidance`: "
                                    "the env's oracle played them), trained with policy shaping")
 ONPOLICY_ACTION_TOKENS = _step.count("onpolicy_action_tokens", "RL tokens the policy sampled (the ratio's)")

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
+from quaero.telemetry import names
+
 # `field` metadata: FLAT writes a dict's items at the top level of `to_dict`; OPTIONAL leaves out None or {};
 # HEADING is said in the table's heading, not in a row of it
 FLAT, OPTIONAL, HEADING = {"flat": True}, {"optional": True}, {"heading": True}
@@ -165,6 +167,8 @@ class RunSummary(_Record):
     # rows sampled ahead ([training] max_off_policy_steps): how old they got, how much clipping held
     policy_staleness_max: float | None
     clip_fraction_max: float | None
+    # the policy-loss family's figures over RL steps (`policy_loss_figures`), each where some step measured it
+    policy_loss: dict[str, float] = field(metadata=FLAT)
     # the step's branch metrics by their names (quaero/telemetry/proofs.py STEP_PROOF_METRICS): the
     # selective mode, compile mode and latest fallback reason, and each branch counter's total
     selective: dict[str, Any] = field(metadata=FLAT)
@@ -183,3 +187,25 @@ class RunSummary(_Record):
         lines, the per-env and resume lines say those)."""
         heading = {f.name for f in fields(self) if f.metadata.get("heading")}
         return [(k, v) for k, v in self.to_dict().items() if k not in heading and not isinstance(v, dict)]
+
+
+# `quaero review`'s policy-loss figures (trainers/policy_losses.py, trainers/reference.py): per step metric,
+# how its RL steps' values total (the mean, the extreme, the last)
+LOSS_FIGURES = ((names.CLIP_LOW_FRACTION, "mean"), (names.CLIP_HIGH_FRACTION, "mean"),
+                (names.SAMPLER_IS_WEIGHT_MEAN, "mean"), (names.SAMPLER_IS_WEIGHT_MAX, "max"),
+                (names.SAMPLER_IS_CUT_FRACTION, "mean"), (names.KL_MEAN, "mean"), (names.KL_MEAN, "last"),
+                (names.KL_MAX, "max"), (names.SEQUENCE_RATIO_MEAN, "mean"), (names.SEQUENCE_RATIO_MIN, "min"),
+                (names.SEQUENCE_RATIO_MAX, "max"), (names.REFERENCE_FORWARD_S, "mean"))
+_TOTALS = {"mean": lambda vs: sum(vs) / len(vs), "max": max, "min": min, "last": lambda vs: vs[-1]}
+
+
+def policy_loss_figures(rl_steps: list[dict]) -> dict[str, float]:
+    """Each of LOSS_FIGURES over the RL steps that measured it (a step logs None where it measured nothing),
+    named `<metric>` where the metric's name says the total already, else `<metric>_<total>`; a figure no step
+    measured is left out (a run without a sampler correction has no importance-weight figures)."""
+    out = {}
+    for name, how in LOSS_FIGURES:
+        values = [v for st in rl_steps if type(v := st.get(name)) in (int, float)]
+        if values:
+            out[name if name.endswith(f"_{how}") else f"{name}_{how}"] = _TOTALS[how](values)
+    return out

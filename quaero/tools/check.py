@@ -79,7 +79,7 @@ SHOWN_WITH_THEIR_SECTION = ("run.seed", "model.name", "model.dtype", "sampler.te
                             "training.importance_sampling_level", "training.sampler_correction",
                             "training.sampler_correction_cap", "training.sapo_temperature_pos",
                             "training.sapo_temperature_neg", "training.steps_per_generation",
-                            "training.num_iterations",
+                            "training.num_iterations", "training.beta", "training.kl_estimator",
                             # the guidance line prints it
                             "training.guidance_gamma")
 # what a value of an option means, where its value alone does not say it

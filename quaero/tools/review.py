@@ -16,7 +16,14 @@ from typing import Any
 
 from quaero.telemetry import names, proofs
 from quaero.telemetry.runlog import read_events
-from quaero.telemetry.summary import Comparison, ConfigChange, EnvFigures, Guidance, RunSummary
+from quaero.telemetry.summary import (
+    Comparison,
+    ConfigChange,
+    EnvFigures,
+    Guidance,
+    RunSummary,
+    policy_loss_figures,
+)
 from quaero.tools.display import MAX_CELL, MAX_LINE, MAX_MAGNITUDE, clip, dump_json
 from quaero.tools.display import cell as _fmt
 
@@ -309,6 +316,7 @@ def summarize(run: dict) -> RunSummary:
         weight_transfer=",".join(transfers) or None,
         policy_staleness_max=max(_series(rl, names.POLICY_STALENESS), default=None),
         clip_fraction_max=max(_series(rl, names.CLIP_FRACTION), default=None),
+        policy_loss=policy_loss_figures(rl),
         selective={
             names.SELECTIVE_SUFFIX_LOGITS: _last(steps, names.SELECTIVE_SUFFIX_LOGITS),
             names.COMPILE_MODE: _last(steps, names.COMPILE_MODE, ""),

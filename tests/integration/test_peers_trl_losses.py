@@ -14,7 +14,10 @@ What is compared, TRL name -> quaero's:
   2586-2630 at 1.16.0: exp of the masked difference, per token or summed per sequence, clamped or masked past
   the cap) and compares the weighted loss; quaero computes its weight itself.
 The old log-probs TRL reads are quaero's sampler log-probs (no correction), or none (TRL then uses the
-detached current log-probs, as quaero does under a correction)."""
+detached current log-probs, as quaero does under a correction).
+- beta with the reference's log-probs (TRL's k3 KL, added per token before its aggregation) -> `[training]
+  beta` with kl_estimator "k3": trainers/reference.py `kl_penalty` over the same targets with the RL term's
+  scales."""
 from collections import defaultdict
 from types import SimpleNamespace
 
@@ -23,6 +26,7 @@ import torch
 
 from trainers import aggregation
 from trainers.policy_losses import PolicyLoss, policy_loss
+from trainers.reference import kl_penalty
 
 pytestmark = [pytest.mark.peers]
 trl = pytest.importorskip("trl", minversion="1.16.0", reason='needs TRL >= 1.16; pip install -e ".[peers]"')
@@ -42,7 +46,8 @@ def _inputs(spread=0.5, seed=0):
     return lp, sampler, adv, mask
 
 
-def _trl(lp, old, adv, mask, *, loss_type, eps_low, eps_high, level="token", is_ratio=None):
+def _trl(lp, old, adv, mask, *, loss_type, eps_low, eps_high, level="token", is_ratio=None, beta=0.0,
+         ref=None):
     from trl.trainer.grpo_trainer import GRPOTrainer
 
     lp = lp.clone().requires_grad_(True)
@@ -53,7 +58,7 @@ def _trl(lp, old, adv, mask, *, loss_type, eps_low, eps_high, level="token", is_
     trainer = SimpleNamespace(
         _get_per_token_logps_and_entropies=lambda *a, **k: (lp, torch.zeros_like(lp), None),
         aux_loss_enabled=False, top_entropy_quantile=1.0, off_policy_mask_threshold=None,
-        importance_sampling_level=level, beta=0.0, loss_type=loss_type, epsilon_low=eps_low,
+        importance_sampling_level=level, beta=beta, loss_type=loss_type, epsilon_low=eps_low,
         epsilon_high=eps_high, args=args, use_vllm=is_ratio is not None,
         vllm_importance_sampling_correction=is_ratio is not None, model=SimpleNamespace(training=True),
         current_gradient_accumulation_steps=1, accelerator=accelerator, max_completion_length=MAX_COMPLETION,
@@ -66,18 +71,22 @@ def _trl(lp, old, adv, mask, *, loss_type, eps_low, eps_high, level="token", is_
         inputs["old_per_token_logps"] = old
     if is_ratio is not None:
         inputs["importance_sampling_ratio"] = is_ratio
+    if ref is not None:
+        inputs["ref_per_token_logps"] = ref
     loss = GRPOTrainer._compute_loss(trainer, None, inputs)
     loss.backward()
     return loss.detach(), lp.grad
 
 
-def _quaero(lp, sampler, adv, mask, opts, aggregation_name):
+def _quaero(lp, sampler, adv, mask, opts, aggregation_name, beta=0.0, ref=None):
     lp = lp.clone().requires_grad_(True)
     rows = [SimpleNamespace(meta={"episode": b}) for b in range(B)]
     scales = aggregation.rl_scales(rows, mask.sum(-1).tolist(), sft=False, aggregation=aggregation_name,
                                    constant=B * MAX_COMPLETION)
     loss, _ = policy_loss(lp, sampler, adv[:, None].expand(B, T) * mask, mask,
                           torch.tensor(scales)[:, None], opts)
+    if ref is not None:  # the KL term's targets are the same tokens here: its own scales are the RL term's
+        loss = loss + kl_penalty(lp, ref, mask, torch.tensor(scales)[:, None], beta, "k3")[0]
     loss.backward()
     return loss.detach(), lp.grad
 
@@ -136,3 +145,12 @@ def test_sampler_correction_equals_trls_vllm_importance_sampling(mode, variant, 
     opts = PolicyLoss(variant, 0.2, 0.28, correction=mode, cap=cap)
     _same(_quaero(lp, sampler, adv, mask, opts, "token_mean"),
           _trl(lp, None, adv, mask, loss_type=loss_type, eps_low=0.2, eps_high=eps_high, is_ratio=weight))
+
+
+@pytest.mark.parametrize("loss_type,agg", [("dapo", "token_mean"), ("grpo", "sequence_mean"),
+                                           ("dr_grpo", "constant")])
+def test_the_kl_penalty_equals_trls_beta(loss_type, agg):
+    lp, sampler, adv, mask = _inputs()
+    ref = lp + (torch.rand(B, T, generator=torch.Generator().manual_seed(7)) * 2 - 1) * 0.4
+    _same(_quaero(lp, sampler, adv, mask, PolicyLoss("ppo_clip", 0.2, 0.28), agg, beta=0.04, ref=ref),
+          _trl(lp, sampler, adv, mask, loss_type=loss_type, eps_low=0.2, eps_high=0.28, beta=0.04, ref=ref))

@@ -18,11 +18,13 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_each_knob_is_measured_against_the_plan_after_a_short_warm_up(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "rs.json"
     real_shape.main(["--model", "tiny-qwen3", "--seq-len", "192", "--warmup-seq-len", "48", "--targets", "16",
-                     "--cases", "selective,full+checkpointing,checkpointing,crop,lora", "--json", str(out)])
+                     "--cases", "selective,full+checkpointing,checkpointing,crop,lora,kl,lora+kl", "--json",
+                     str(out)])
     doc = json.loads(out.read_text())
     cases = {c["case"]: c for c in doc["cases"]}
     assert doc["backend"] == "local"
-    assert list(cases) == ["selective", "full+checkpointing", "checkpointing", "crop", "lora"]
+    assert list(cases) == ["selective", "full+checkpointing", "checkpointing", "crop", "lora", "kl",
+                           "lora+kl"]
     for c in cases.values():
         assert c["step_s"] is None and c["measured_step_s"] > 0  # the warm-up row was the short one
         assert c["resident_gib"] > 0 and c["step_peak_gib"] > 0
@@ -36,6 +38,13 @@ def test_each_knob_is_measured_against_the_plan_after_a_short_warm_up(tiny_model
     parts = cases["selective"]["plan_parts_gib"]
     resident = cases["selective"]["resident_gib"]
     assert resident == pytest.approx(parts["weights"] + parts["optimizer"], rel=0.05)
+    # the KL reference: a copy of the weights beside them (the plan counts it), none with LoRA; its forward
+    # timed
+    kl = cases["kl"]
+    assert kl["resident_gib"] == pytest.approx(resident + parts["weights"], rel=0.05)
+    assert kl["reference_forward_s"] > 0 and cases["selective"]["reference_forward_s"] is None
+    assert cases["lora+kl"]["resident_gib"] == pytest.approx(cases["lora"]["resident_gib"], rel=0.01)
+    assert cases["lora+kl"]["reference_forward_s"] > 0
 
 
 @pytest.mark.parametrize("length, targets, span", [(8192, 64, 2048), (192, 16, 48), (1000, 10, 250)])

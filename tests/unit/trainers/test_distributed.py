@@ -45,19 +45,22 @@ def test_ranks_totals_add_up_and_keep_their_maxima():
     from quaero.telemetry.names import HIDDEN_BATCHES
     from trainers.batch import CropStats
     from trainers.loss import LogprobGap, PolicyStats
+    from trainers.reference import KLStats
     from trainers.step import StepTotals
     from trainers.terms import NoStats, PolicyTermStats
 
-    tokens = {"policy": 10, "echo": 20}
+    tokens = {"policy": 10, "echo": 20, "kl": 12}
     a = StepTotals.empty(tokens, rows=3, microbatches=2, row_tokens=256, padded_tokens=300, crop=CropStats(1,
                                                                                                            4),
                          forward_passes=2)
     a.terms["policy"].add(0.5, PolicyTermStats(PolicyStats(6, 6.5, 1), LogprobGap(6, 0.6, 0.3)))
     a.terms["echo"].add(0.25, NoStats())
+    a.terms["kl"].add(0.01, KLStats(7, 0.14, 0.05))
     b = StepTotals.empty(tokens, rows=2, microbatches=1, row_tokens=184, padded_tokens=192, padding=1,
                          forward_passes=1, fallback_reason="no CUDA")
     b.terms["policy"].add(-0.125, PolicyTermStats(PolicyStats(4, 3.5, 0), LogprobGap(4, 0.2, 0.5)))
     b.terms["echo"].add(0.5, NoStats())
+    b.terms["kl"].add(0.02, KLStats(5, 0.1, 0.08))
     a.branches[HIDDEN_BATCHES], b.branches[HIDDEN_BATCHES] = 2, 1
     t = StepTotals.of_ranks([a, b])
     policy, echo = t.terms["policy"], t.terms["echo"]
@@ -69,6 +72,9 @@ def test_ranks_totals_add_up_and_keep_their_maxima():
     pg, gap = policy.stats.policy, policy.stats.gap
     assert (pg.tokens, pg.ratio_sum, pg.clipped) == (10, 10.0, 1)
     assert (gap.tokens, gap.max) == (10, 0.5) and gap.mean == pytest.approx(0.08)
+    kl = t.terms["kl"]
+    assert kl.tokens == 12 and kl.loss == pytest.approx(0.03)
+    assert (kl.stats.tokens, kl.stats.max) == (12, 0.08) and kl.stats.total == pytest.approx(0.24)
 
 
 def test_shards_written_by_one_trainer_load_whole_into_another(tiny_model_dir, monkeypatch, tmp_path):

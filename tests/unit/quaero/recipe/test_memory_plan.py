@@ -170,3 +170,15 @@ def test_the_full_heads_bytes_an_entry_are_what_its_backward_holds(dtype):
 
     _, peak = cpu_peak_bytes(step)
     assert peak / (tokens * vocab) == pytest.approx(mp.FULL_HEAD_BACKWARD_BYTES, rel=0.03)
+
+
+def test_the_kl_reference_adds_a_copy_of_the_weights_unless_lora():
+    """[training] beta > 0: full fine-tuning holds a frozen copy of every weight (trainers/reference.py), in
+    the model's dtype, beside the step; a LoRA run's reference is the base, adapter disabled: nothing more."""
+    d = dims("qwen3-0.6b-shape")
+    step = mp.StepShape(tokens=512, targets=64, target_span=128, dtype="bfloat16")
+    plain, kl = mp.plan(d, step), mp.plan(d, replace(step, reference=True))
+    assert kl.reference_weights == 596_049_920 * 2 and plain.reference_weights == 0
+    assert kl.peak - plain.peak == kl.reference_weights
+    lora = replace(step, lora=True)
+    assert mp.plan(d, replace(lora, reference=True)).peak == mp.plan(d, lora).peak

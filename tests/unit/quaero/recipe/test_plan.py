@@ -406,3 +406,20 @@ def test_the_policy_loss_is_one_check_line_and_a_bad_one_one_error():
     with pytest.raises(ConfigError, match="sampler_correction_cap=0.5: below 1"):
         load_config(MAIN, ["training.sampler_correction='token_mask'", "training.sampler_correction_cap=0.5"])
     assert trainer_spec(load_config(MAIN, ["training.policy_loss='gspo'"])).policy_loss == "gspo"
+
+
+def test_the_kl_penalty_is_on_the_loss_line_and_a_kl_without_a_reference_is_refused():
+    from quaero.tools.check import policy_loss_line
+
+    line = policy_loss_line(load_config(MAIN, ["training.beta=0.04"]))
+    assert "+ 0.04 x KL k3 to the frozen reference" in line
+    assert "KL" not in policy_loss_line(load_config(MAIN, []))
+    spec = trainer_spec(load_config(MAIN, ["training.beta=0.04", "training.kl_estimator='k1'"]))
+    assert (spec.beta, spec.kl_estimator) == (0.04, "k1")
+    with pytest.raises(ConfigError) as e:
+        load_config(MAIN, ["training.beta=0.1", "distributed.strategy='fsdp2'"])
+    assert str(e.value).startswith(f"{MAIN} [training] beta=0.1 with [distributed] strategy='fsdp2': ")
+    with pytest.raises(ConfigError, match="kl_estimator"):
+        load_config(MAIN, ["training.kl_estimator='k4'"])
+    with pytest.raises(ConfigError, match="beta"):
+        load_config(MAIN, ["training.beta=-1"])

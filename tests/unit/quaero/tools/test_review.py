@@ -63,6 +63,28 @@ def test_table_values_and_passing_proofs(tmp_path, capsys):
     assert "[PASS] sparse ECHO proof" in out and "[PASS] ECHO loss falling" in out
 
 
+def test_the_policy_loss_figures_show_where_the_run_has_them(tmp_path, capsys):
+    """The loss family's metrics (clip fractions, sampler weights, KL, GSPO's sequence ratio) total over the
+    RL steps that measured them; a run without them shows none."""
+    steps = good_steps(3)
+    for i, st in enumerate(steps):
+        st.update(clip_low_fraction=0.1 * i, clip_high_fraction=0.2, kl_mean=None if i == 0 else 0.01 * i,
+                  kl_max=0.5 * i, sequence_ratio_min=1.0 - 0.1 * i, sequence_ratio_max=1.0 + 0.1 * i,
+                  sampler_is_weight_mean=None, reference_forward_s=0.5)
+    record(tmp_path, steps)
+    s = review.summarize(review.load_run(tmp_path))
+    assert s.policy_loss == pytest.approx({
+        "clip_low_fraction_mean": 0.1, "clip_high_fraction_mean": 0.2, "kl_mean": 0.015,
+        "kl_mean_last": 0.02, "kl_max": 1.0, "sequence_ratio_min": 0.8, "sequence_ratio_max": 1.2,
+        "reference_forward_s_mean": 0.5})
+    assert review.main(args(tmp_path)) == 0
+    out = capsys.readouterr().out
+    assert "kl_mean_last" in out and "clip_high_fraction_mean" in out and "sampler_is" not in out
+    plain = tmp_path / "plain"
+    record(plain, good_steps(2))
+    assert review.summarize(review.load_run(plain)).policy_loss == {}
+
+
 def test_the_summary_names_the_weight_transfer_that_ran(tmp_path, capsys):
     steps = good_steps()
     steps[1].update(weights_pushed=1, weight_transfer="nccl")
