@@ -139,7 +139,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_review(args) -> int:
-    from quaero.tools.review import main as review_main
+    from quaero.tools.review_command import main as review_main
 
     return review_main(args)
 

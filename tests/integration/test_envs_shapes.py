@@ -173,7 +173,7 @@ def test_a_non_concurrent_base_action_env_with_penalties_and_context_trains_2x2_
 
     from quaero.recipe.train import train
     from quaero.telemetry.runlog import read_events
-    from quaero.tools import review
+    from quaero.tools import review_command
 
     if launcher == "remote":  # the env's own app under uvicorn, one session each: one server per session
         urls = [url for url, _ in request.getfixturevalue("card_app_servers")]
@@ -203,7 +203,7 @@ def test_a_non_concurrent_base_action_env_with_penalties_and_context_trains_2x2_
     assert step["prefix_mismatches"] == 0 and step["bridge_fallbacks"] == 0
     args = SimpleNamespace(run_dir=str(run_dir), require_proof=True, require=["trained at least one step"],
                            plots=None, json=False, compare=None)
-    assert review.main(args) == 0
+    assert review_command.main(args) == 0
 
     rows = [json.loads(x) for x in (run_dir / "rows" / "step-000001.jsonl").read_text().splitlines()]
     prompt = next(qwen3_tokenizer.decode(rows[0]["input_ids"][a:b]) for kind, a, b, _ in rows[0]["spans"]

@@ -10,7 +10,7 @@ import pytest
 from fixtures.runs import alive, events_of, make_config, steps_by_number
 
 from quaero.recipe import ahead, groups, train
-from quaero.tools import review
+from quaero.tools import review, review_command
 
 AHEAD = "quaero-rollout-ahead"
 
@@ -36,9 +36,8 @@ def first_tasks(monkeypatch):
 
 
 def reviewed(run_dir) -> int:
-    return review.main(SimpleNamespace(run_dir=str(run_dir), require_proof=True, require=[], plots=None,
-                                       json=False,
-                                       compare=None))
+    return review_command.main(SimpleNamespace(run_dir=str(run_dir), require_proof=True, require=[],
+                                               plots=None, json=False, compare=None))
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ from fixtures.runs import ROOT, alive, events_of, make_config, steps_by_number
 
 from quaero.telemetry.names import SELECTIVE_METRICS
 from quaero.telemetry.runlog import read_events
-from quaero.tools import review
+from quaero.tools import review_command
 
 
 @pytest.mark.slow
@@ -63,7 +63,7 @@ def test_main_job_short_run_logs_proofs_and_cleans_up(tmp_path):
     assert json.loads((run_dir / "config.json").read_text())["run"]["name"] == "e2e"
     args = SimpleNamespace(run_dir=str(run_dir), require_proof=True, require=[], plots=None, json=False,
                            compare=None)
-    assert review.main(args) == 0
+    assert review_command.main(args) == 0
     opened = events_of(run_dir, "env_pool_opened")[0]  # [env] kwargs reached the server's env
     assert opened["tools"] == ["search_products", "find_customer", "submit_answer"]
     server_pids = [e["pid"] for e in events_of(run_dir, "env_server_started")]

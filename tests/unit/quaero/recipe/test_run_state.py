@@ -49,7 +49,7 @@ def test_a_resume_under_a_changed_config_says_what_changed_and_review_repeats_it
     when the run stops or evaluates is a note; no checkpoint or no change says nothing."""
     from quaero.recipe.run_state import note_changed_config
     from quaero.telemetry import runlog
-    from quaero.tools import review
+    from quaero.tools import review, review_command
 
     before = make_cfg(run__output_dir=str(tmp_path), run__seed=0)
     before.run_dir.mkdir(parents=True)
@@ -75,7 +75,7 @@ def test_a_resume_under_a_changed_config_says_what_changed_and_review_repeats_it
     assert review.summarize(run).to_dict()["resumed_with_changed_config"] == {
         "10": {"changes": {"run.seed": [0, 1], "training.steps": [before.training.steps, 40]},
                "trained": ["run.seed"]}}
-    assert review.main(SimpleNamespace(run_dir=str(before.run_dir), require_proof=False, require=[],
+    assert review_command.main(SimpleNamespace(run_dir=str(before.run_dir), require_proof=False, require=[],
                                        plots=None, json=False, compare=None)) == 0
     said = capsys.readouterr().out
     assert ("warning: resumed at step 10 with a changed config (the steps after it train with the new "

@@ -7,7 +7,7 @@ import pytest
 
 from quaero import cli
 from quaero.telemetry import names, proofs, runlog
-from quaero.tools import review
+from quaero.tools import review, review_command
 
 SPARSE = {"local_train_selective_suffix_logits": True, "local_train_selective_sparse_suffix_skips": 2,
           "local_train_selective_hidden_logprob_batches": 2,
@@ -58,7 +58,7 @@ def test_table_values_and_passing_proofs(tmp_path, capsys):
     assert s.eval_reward_baseline == 0.0 and s.eval_reward_last == 0.5
     assert s.echo_loss_last < s.echo_loss_first
     assert s.policy_staleness_max is None and s.clip_fraction_max is None  # the steps logged neither
-    assert review.main(args(tmp_path, require_proof=True)) == 0
+    assert review_command.main(args(tmp_path, require_proof=True)) == 0
     out = capsys.readouterr().out
     assert "[PASS] sparse ECHO proof" in out and "[PASS] ECHO loss falling" in out
 
@@ -77,7 +77,7 @@ def test_the_policy_loss_figures_show_where_the_run_has_them(tmp_path, capsys):
         "clip_low_fraction_mean": 0.1, "clip_high_fraction_mean": 0.2, "kl_mean": 0.015,
         "kl_mean_last": 0.02, "kl_max": 1.0, "sequence_ratio_min": 0.8, "sequence_ratio_max": 1.2,
         "reference_forward_s_mean": 0.5})
-    assert review.main(args(tmp_path)) == 0
+    assert review_command.main(args(tmp_path)) == 0
     out = capsys.readouterr().out
     assert "kl_mean_last" in out and "clip_high_fraction_mean" in out and "sampler_is" not in out
     plain = tmp_path / "plain"
@@ -91,7 +91,7 @@ def test_the_summary_names_the_weight_transfer_that_ran(tmp_path, capsys):
     steps[3].update(weights_pushed=1, weight_transfer="nccl")
     record(tmp_path, steps)
     assert review.summarize(review.load_run(tmp_path)).weight_transfer == "nccl"
-    assert review.main(args(tmp_path)) == 0
+    assert review_command.main(args(tmp_path)) == 0
     assert any(line.split() == ["weight_transfer", "nccl"] for line in capsys.readouterr().out.splitlines())
     record(tmp_path / "none", good_steps())  # nothing pushed (a shared module): no transfer to name
     assert review.summarize(review.load_run(tmp_path / "none")).weight_transfer is None
@@ -111,9 +111,9 @@ def test_fallback_batches_fail_the_sparse_proof(tmp_path, capsys):
     steps = good_steps()
     steps[2]["local_train_selective_fallback_logprob_batches"] = 1
     record(tmp_path, steps)
-    assert review.main(args(tmp_path)) == 0  # without --require-proof a failed proof is reported only
+    assert review_command.main(args(tmp_path)) == 0  # without --require-proof a failed proof is reported only
     assert "[FAIL] sparse ECHO proof" in capsys.readouterr().out
-    assert review.main(args(tmp_path, require_proof=True)) == 1
+    assert review_command.main(args(tmp_path, require_proof=True)) == 1
 
 
 def test_compiled_ce_proof_only_in_require_mode(tmp_path):
@@ -122,20 +122,20 @@ def test_compiled_ce_proof_only_in_require_mode(tmp_path):
     record(tmp_path, steps)
     checks = {c["name"]: c for c in proofs.run_checks(review.summarize(review.load_run(tmp_path)))}
     assert checks["compiled CE proof"]["passed"] is False  # no compiled batches ran
-    assert review.main(args(tmp_path, require_proof=True)) == 1
+    assert review_command.main(args(tmp_path, require_proof=True)) == 1
 
 
 def test_prefix_mismatch_fails(tmp_path):
     steps = good_steps()
     steps[1]["prefix_mismatches"] = 2
     record(tmp_path, steps)
-    assert review.main(args(tmp_path, require_proof=True)) == 1
+    assert review_command.main(args(tmp_path, require_proof=True)) == 1
 
 
 @pytest.mark.hostile
 def test_crashed_run_with_torn_line_is_reviewed(tmp_path, capsys):
     record(tmp_path, good_steps(3), end=False, torn=True)
-    assert review.main(args(tmp_path, json=True)) == 0
+    assert review_command.main(args(tmp_path, json=True)) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["summary"]["steps"] == 3 and out["summary"]["finished"] is False
 
@@ -151,7 +151,7 @@ def test_resumed_step_counts_once(tmp_path):
 
 def test_plots_are_valid_pngs(tmp_path):
     record(tmp_path, good_steps(), evals=[(0, 0.0), (4, 0.5)])
-    assert review.main(args(tmp_path, plots=str(tmp_path / "plots"))) == 0
+    assert review_command.main(args(tmp_path, plots=str(tmp_path / "plots"))) == 0
     pngs = sorted((tmp_path / "plots").glob("*.png"))
     assert [p.stem for p in pngs] == ["branches", "losses", "memory", "reward"]
     for p in pngs:
@@ -167,11 +167,11 @@ def test_plots_keep_the_warm_start_demo_reward_out_of_train_reward_and_give_eval
         runlog.set_step(6)
         runlog.get_logger("test").info("eval", eval_reward=0.609, eval_success_rate=39 / 64, eval_episodes=64)
     run = review.load_run(tmp_path)
-    assert review.plot_points(run, "reward_mean") == [(4, 0.0), (5, 0.1)]  # RL steps only
+    assert review_command.plot_points(run, "reward_mean") == [(4, 0.0), (5, 0.1)]  # RL steps only
     assert review.sft_span(run) == (1, 3)
-    (step, rate, low, high), = review.eval_success_intervals(run)  # the evals without a count carry none
+    (step, rate, low, high), = review_command.eval_success_intervals(run)  # evals without a count carry none
     assert step == 6 and rate == 39 / 64 and (round(low, 4), round(high, 4)) == (0.4869, 0.7194)
-    assert review.main(args(tmp_path, plots=str(tmp_path / "plots"))) == 0
+    assert review_command.main(args(tmp_path, plots=str(tmp_path / "plots"))) == 0
     assert (tmp_path / "plots" / "reward.png").stat().st_size > 1000
 
 
@@ -181,22 +181,22 @@ def test_compare_side_by_side(tmp_path, capsys):
     a, b = tmp_path / ("a" * 70), tmp_path / ("b" * 70)
     record(a, good_steps(2))
     record(b, good_steps(4))
-    assert review.main(args(compare=[str(a), str(b)])) == 0
+    assert review_command.main(args(compare=[str(a), str(b)])) == 0
     out = capsys.readouterr().out
     assert "steps" in out and str(a) in out and str(b) in out
 
 
 @pytest.mark.hostile
 def test_missing_run_dir_is_a_clean_error(tmp_path, capsys):
-    assert review.main(args(tmp_path / "nope")) == 1
+    assert review_command.main(args(tmp_path / "nope")) == 1
     assert "no events.jsonl" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
-    assert review.main(args(tmp_path / "empty")) == 1
+    assert review_command.main(args(tmp_path / "empty")) == 1
     assert capsys.readouterr().err == (f"error: {tmp_path / 'empty' / 'events.jsonl'}: no events.jsonl here; "
                                        "pass the run folder, e.g. runs/toolbench\n")
     record(tmp_path, good_steps())
     # the events file itself, as a careless user passes it
-    assert review.main(args(tmp_path / "events.jsonl")) == 0
+    assert review_command.main(args(tmp_path / "events.jsonl")) == 0
 
 
 def review_cli(*argv):
@@ -379,7 +379,7 @@ def test_rl_improved_eval_over_warm_start_is_paired(tmp_path, capsys, warm, end,
     p_rel = "<" if c.mcnemar_p < proofs.RL_IMPROVED_P else ">="
     assert f"McNemar exact p = {c.mcnemar_p:.3g} {p_rel} {proofs.RL_IMPROVED_P})" in check["detail"]
     assert check["detail"].endswith("; > 0)" if c.reward_diff_ci95[0] > 0 else "; not > 0)")
-    rc = review.main(args(tmp_path, require=[proofs.RL_IMPROVED]))
+    rc = review_command.main(args(tmp_path, require=[proofs.RL_IMPROVED]))
     assert rc == (0 if status == proofs.PASS else 1)
     assert f"[{'PASS' if status == proofs.PASS else 'WARN'}] {proofs.RL_IMPROVED}" in capsys.readouterr().out
 
@@ -411,11 +411,11 @@ def test_rl_improved_pairs_only_shared_tasks_and_says_why_it_is_na(tmp_path):
 
 def test_eval_reward_intervals_come_from_per_task_results(tmp_path):
     _record_phases(tmp_path, warm=[1] * 32 + [0] * 32, end=[1] * 48 + [0] * 16)
-    pts = review.eval_reward_intervals(review.load_run(tmp_path))
+    pts = review_command.eval_reward_intervals(review.load_run(tmp_path))
     assert [(s, m) for s, m, _, _ in pts] == [(0, 0.0), (3, 0.5), (5, 0.75)]
     _, mean, low, high = pts[1]
     assert low < mean < high and high - low == pytest.approx(2 * 1.96 * 0.5039 / 8, rel=1e-3)
-    assert review.main(args(tmp_path, plots=str(tmp_path / "plots"))) == 0
+    assert review_command.main(args(tmp_path, plots=str(tmp_path / "plots"))) == 0
 
 
 @pytest.mark.hostile
@@ -451,7 +451,7 @@ def test_the_review_says_how_much_signal_came_from_guidance_and_judges_rl_on_ung
     assert s.rl_vs_warm_start.unguided is True
     check = next(c for c in proofs.run_checks(s) if c["name"] == proofs.RL_IMPROVED)
     assert check["status"] == proofs.PASS and check["detail"].endswith("; unguided greedy evals")
-    assert review.main(args(tmp_path)) == 0
+    assert review_command.main(args(tmp_path)) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("guidance: "))
     assert line == ("guidance: 2 of 8 (25%) RL groups guided (2 members, 1 succeeded, 1 dropped); 2 of 4 "
                     "(50%) groups with signal were guided; 30 of 200 (15%) trained action tokens a "
