@@ -472,4 +472,9 @@ DYNAMIC_SAMPLING_ROUND_EVENT = "dynamic_sampling_round"  # further groups drawn 
 DYNAMIC_SAMPLING_STOPPED_EVENT = "dynamic_sampling_stopped"  # a stop request ended the rounds
 GUIDE_FAILED_EVENT = "guide_failed"  # the oracle raised while guiding: its members dropped, the groups kept
 ROLLOUT_AHEAD_DISCARDED_EVENT = "rollout_ahead_discarded"  # a rollout sampled ahead that failed at the end
+# a call into a user's code (a task sampler, an env's get_task; quaero/bounded.py) still running: {call,
+# elapsed_s, bound_s, what it has done}; one a stop request ended; an env's get_task past its bound
+USER_CALL_WAITING_EVENT = "user_call_waiting"
+USER_CALL_STOPPED_EVENT = "user_call_stopped"
+TASK_SPECS_ABANDONED_EVENT = "task_specs_abandoned"
 EVAL_PROGRESS_EVENT = "eval_progress"  # {done, tasks, elapsed_s}: a long evaluation is never silent
