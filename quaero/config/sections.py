@@ -50,6 +50,8 @@ class ModelConfig(_Section):
     enable_thinking: bool | None = None
     # what `quaero check` chose and why (set by quaero/recipe/plan.py once the tokenizer is read)
     _chosen: str | None = PrivateAttr(default=None)
+    # a named model not built yet: its size and the first run's build (`quaero check` builds nothing)
+    _build: str | None = PrivateAttr(default=None)
 
     @field_validator("renderer")
     @classmethod
