@@ -28,6 +28,8 @@ from typing import Any
 from quaero.chat.sandbox import TemplateProblem, TemplateRunner
 from quaero.chat.toolcalls import parse_tool_calls, with_calls_as_text, with_tool_prompt
 
+# the variables every render sets itself: an option of the same name would collide with them
+RENDER_VARIABLES = ("messages", "tools", "documents", "add_generation_prompt")
 _SENTINEL = "Qx7bridge"  # an assistant content no template changes and no tokenizer merges with a close token
 _MEMORY = 64  # generation-prompt renders remembered (prompt ids -> messages) for the whole-render check
 

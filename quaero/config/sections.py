@@ -61,6 +61,17 @@ class ModelConfig(_Section):
                              f"{', '.join(map(repr, chat_registry.NAMES))}")
         return renderer
 
+    @field_validator("renderer_options")
+    @classmethod
+    def _no_render_variable(cls, options: dict[str, Any]) -> dict[str, Any]:
+        from quaero.chat.template import RENDER_VARIABLES
+
+        if taken := [k for k in options if k in RENDER_VARIABLES]:
+            raise ValueError(f"renderer_options {taken}: set by the renderer on every render (the "
+                             f"conversation, its tools, the generation prompt: {', '.join(RENDER_VARIABLES)}); "
+                             "remove them")
+        return options
+
     @model_validator(mode="after")
     def _one_thinking_switch(self) -> ModelConfig:
         both = self.renderer_options.get("enable_thinking", self.enable_thinking)
