@@ -24,6 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from quaero.bounded import bounded_call
 from quaero.openenv_client import ChatEnv, EpisodeDropped, EpisodeEndedAtReset
 from quaero.rollout.render import BridgeFailure, RenderAdapter, UnparsableAction
 from quaero.rollout.rows import Transition, build_rows, per_transition_tokens
@@ -109,6 +110,9 @@ class DriverSettings:
     include_scaffold: bool = False  # [echo] include_scaffold
     strict: bool = False  # [training] strict
     seed: int = 0  # [run] seed: the sampler seeds of a run() without its own
+    # [env] step_timeout_s: a scripted policy's (the oracle's: a warm start's demonstrator, a guide) bound on
+    # one call, user code as an env step is (None: unbounded)
+    policy_timeout_s: float | None = None
 
     @classmethod
     def of(cls, cfg) -> DriverSettings:
@@ -116,7 +120,7 @@ class DriverSettings:
         return cls(max_turns=cfg.env.max_turns, observation_token_limit=cfg.observation_token_limit,
                    max_tokens=cfg.sampler.max_tokens, max_seq_len=cfg.model.max_seq_len,
                    packing=cfg.training.packing, include_scaffold=cfg.echo.include_scaffold,
-                   strict=cfg.training.strict, seed=cfg.run.seed)
+                   strict=cfg.training.strict, seed=cfg.run.seed, policy_timeout_s=cfg.env.step_timeout_s)
 
 
 class EpisodeDriver:
@@ -195,7 +199,14 @@ class EpisodeDriver:
             return
         ep.messages, ep.info = list(r.messages), dict(r.info)
         ep.tools = getattr(ep.env, "tools", None)
-        ep.act = policy(ep.info) if policy is not None else None
+        ep.act = self._scripted(lambda: policy(ep.info), "policy(info)") if policy is not None else None
+
+    def _scripted(self, call: Callable[[], object], what: str):
+        """A scripted policy's call (`what`), user code: bounded by `[env] step_timeout_s`, ended by a stop
+        request (quaero/bounded.py); one past its bound raises, named (a guide's failure drops its members,
+        counted)."""
+        return bounded_call(call, f"the scripted policy's {what} (the env's oracle)",
+                            timeout_s=self.settings.policy_timeout_s, bound="[env] step_timeout_s")
 
     def _bounded(self, messages: list[dict]) -> list[dict]:
         """Env messages with every text content cut to `[env] max_observation_tokens` (counted, and said once
@@ -270,7 +281,8 @@ class EpisodeDriver:
         out: list[Completion | None] = [None] * len(running)
         for i, ep in enumerate(running):
             if ep.act is not None:  # scripted policy: the ids a model would have sampled, log-prob 0
-                ids = self.render.encode_assistant(ep.messages, ep.tools, ep.act(list(ep.messages)))
+                action = self._scripted(lambda act=ep.act, seen=list(ep.messages): act(seen), "act(messages)")
+                ids = self.render.encode_assistant(ep.messages, ep.tools, action)
                 room = self.settings.max_seq_len - len(prompts[i])  # where a sampler would have stopped
                 out[i] = Completion(ids[:room], [0.0] * len(ids[:room]),
                                     "stop" if len(ids) <= room else "length")

@@ -158,3 +158,39 @@ def test_an_oracle_that_raises_drops_its_members_counted_and_the_group_trains_as
     assert not any(any(r.guided_mask) or any(r.advantages) for r, _ in rows)
     snap = counts.snapshot_and_reset()
     assert snap[names.GUIDED_MEMBERS_DROPPED] == K and snap[names.GROUPS_GUIDED] == 0
+
+
+@pytest.mark.hostile
+def test_an_oracle_that_never_returns_is_bounded_by_the_step_timeout_and_its_members_dropped(qwen3_render):
+    """The scripted policy (the oracle, user code) was called unbounded: a guide that never answered held the
+    run forever. Now [env] step_timeout_s bounds each call; its members are dropped, counted, and said."""
+    import threading
+    import time
+
+    import structlog
+
+    parts, counts = _parts(qwen3_render)
+    release = threading.Event()
+
+    def stuck(info):
+        def act(messages):
+            release.wait(30)
+            return {"role": "assistant", "content": "late"}
+        return act
+
+    e = parts.envs[0]
+    settings = replace(e.driver.settings, policy_timeout_s=0.3)
+    driver = EpisodeDriver(e.driver.render, e.driver.sampler, settings, e.driver.counts)
+    parts = replace(parts, envs=[replace(e, oracle=stuck, driver=driver)])
+    t0 = time.monotonic()
+    try:
+        with structlog.testing.capture_logs() as logs:
+            rows, (outcome,) = play_groups(parts, 1, [["env", 0]], 0, seed=5, sft=False)
+    finally:
+        release.set()
+    assert time.monotonic() - t0 < 10
+    assert outcome.guided == 0 and outcome.kept and len(_members(rows)) == GROUP
+    (failed,) = [e for e in logs if e["event"] == "guide_failed"]
+    said = "act(messages) (the env's oracle) did not return within 0.3s ([env] step_timeout_s)"
+    assert said in failed["error"]
+    assert counts.snapshot_and_reset()[names.GUIDED_MEMBERS_DROPPED] == K
