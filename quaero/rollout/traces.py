@@ -342,6 +342,9 @@ def rl_rows(rows: list[EchoRow], where: list[str]) -> tuple[list[EchoRow], list[
         elif any(lp > 0.0 for lp in action):
             refused.append(f"{where[i]}: a sampler log-prob above 0 on an action token: not a "
                            "log-probability")
+        elif (bad := next((k for k in ("advantage", "reward") if row.meta.get(k) is not None
+                           and _finite(row.meta.get(k)) is None), None)):
+            refused.append(f"{where[i]}: its {bad} {row.meta[bad]!r} is not a finite number")
         elif advantage is not None and abs(advantage) > MAX_ABS_ADVANTAGE:
             refused.append(f"{where[i]}: its advantage {advantage:g} is past +-{MAX_ABS_ADVANTAGE:g}, more "
                            "than the fp32 loss holds (it would train nothing: a NaN loss); scale the "
