@@ -157,3 +157,17 @@ def test_a_renderer_option_named_like_a_render_variable_is_refused_naming_it(opt
     with pytest.raises(ValidationError,
                        match=rf"renderer_options \['{option}'\]: set by the renderer on every render"):
         ModelConfig(renderer="template", renderer_options={option: "x"})
+
+
+@pytest.mark.hostile
+def test_an_eos_token_that_is_an_ordinary_word_is_named_not_made_a_stop_token():
+    """eos_token = "the" made the word a stop id: every reply was cut where the model first wrote it."""
+    from quaero.model import build_qwen3_tokenizer
+
+    tok = build_qwen3_tokenizer()
+    tok.eos_token = "the"
+    with pytest.raises(TemplateProblem, match=r"eos_token 'the' \(id 1782\) is an ordinary token of its "
+                       "vocabulary, not a special one"):
+        TemplateRenderer(tok)
+    tok.eos_token = "<|im_start|>"  # a special token, if an odd one: the turn opener also ends a reply
+    assert TemplateRenderer(tok).get_stop_token_ids() == [151645, 151644]
