@@ -170,6 +170,8 @@ def gguf_path(name: str) -> Path:
 def gguf_problem(path: Path) -> str | None:
     """What makes the GGUF unusable, in one line, before any tensor is read: missing, of another size than
     the wheel's (a truncated download or copy), not a GGUF, or other bytes than the wheel's."""
+    if path.exists() and not path.is_file():  # reading a FIFO blocks, a device never ends
+        return f"{path} is not a plain file (a folder, FIFO, socket or device)"
     if not path.is_file():
         return f"{path} is missing"  # a wheel installed without its file, or the file removed
     size = path.stat().st_size

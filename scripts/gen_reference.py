@@ -79,6 +79,9 @@ OPTION_MEANINGS = {
     "env.tasks.gamma": "discount of the outcome memory (RFC 013's γ)",
     "env.tasks.epsilon": "the curriculum weight every task keeps (RFC 013's ε; finite, at most 1e6)",
     "env.tasks.candidates": "tasks a learning sampler weighs per draw (the whole split when smaller)",
+    "env.tasks.timeout_s": "seconds one call of the task sampler (sample, update, state_dict, "
+                           "load_state_dict) may run before the run fails naming it; a progress line every "
+                           "30 s meanwhile",
     "env.tasks.hard_max": "difficulty_pools: a latest group success rate at or below this is hard",
     "env.tasks.easy_min": "difficulty_pools: at or above this is easy (above hard_max: the pools never "
                           "overlap)",

@@ -145,8 +145,9 @@ class TrainerSpec:
               "model's weights are the same for every seed")
     # the optimizer (AdamW, constant lr set per phase by the recipe) and the step
     lr: float = option(
-        1e-4, "backend.lr", gt=0,
-        about="the RL steps' learning rate (and the warm start's unless `warmup_sft_lr`)")
+        1e-4, "backend.lr", gt=0, le=1,
+        about="the RL steps' learning rate (and the warm start's unless `warmup_sft_lr`); at most 1 (an "
+              "AdamW step moves each weight by about lr: 1e308 made every weight -inf in one step)")
     betas: tuple[float, float] = option(
         (0.9, 0.999), "backend.betas",
         about="AdamW betas")
@@ -176,8 +177,9 @@ class TrainerSpec:
         about="unsloth on CUDA: load unsloth's vLLM engine next to the model")
     # the losses: the importance ratio compares with the sampler's tempered distribution
     temperature: float = option(
-        1.0, "sampler.temperature", gt=0,
-        about="sampling temperature; an RL step's log-probs use the same one (an SFT step scores at 1)")
+        1.0, "sampler.temperature", ge=1e-5,
+        about="sampling temperature; an RL step's log-probs use the same one (an SFT step scores at 1); at "
+              "least 1e-5 (below it vLLM samples greedily while the loss would score at it)")
     clip_eps: float | None = option(
         0.2, "training.clip_eps", gt=0,
         about="importance-ratio clip (unset: no clip); the symmetric shorthand of `clip_eps_low` / "
@@ -195,7 +197,7 @@ class TrainerSpec:
         None, "training.clip_eps_low", gt=0,
         about="the clip range's lower end 1 - clip_eps_low (unset: `clip_eps`; below 1)")
     clip_eps_high: float | None = option(
-        None, "training.clip_eps_high", gt=0,
+        None, "training.clip_eps_high", gt=0, le=1e6,
         about="its upper end 1 + clip_eps_high (unset: `clip_eps`; DAPO's clip-higher: 0.28; CISPO's weight "
               "cap)")
     importance_sampling_level: Literal["token", "sequence"] = option(
@@ -209,13 +211,15 @@ class TrainerSpec:
               "`vllm_importance_sampling_mode`); the ratio then compares with the trainer's own log-probs "
               "before the step")
     sampler_correction_cap: float = option(
-        3.0, "training.sampler_correction_cap", gt=0,
+        3.0, "training.sampler_correction_cap", gt=0, le=1e6,
         about="the weight's cap: truncated to it, or masked to 0 past it")
+    # SAPO's τ and policy shaping's γ within 1e-6..1e6: the loss's 4/τ and the shaping's p/(p + γ) stay finite
+    # in float32 (τ = 1e-300 gave a -inf loss; τ = 1e308 failed the step converting it to float)
     sapo_temperature_pos: float = option(
-        1.0, "training.sapo_temperature_pos", gt=0,
+        1.0, "training.sapo_temperature_pos", ge=1e-6, le=1e6,
         about="SAPO's gate temperature where A > 0")
     sapo_temperature_neg: float = option(
-        1.05, "training.sapo_temperature_neg", gt=0,
+        1.05, "training.sapo_temperature_neg", ge=1e-6, le=1e6,
         about="SAPO's gate temperature where A < 0")
     # the KL penalty against a frozen reference model (trainers/reference.py, trainers/terms.py `KLTerm`): β
     # (TRL's `beta`; 0: no reference, no KL) and the per-token estimator of KL(π || π_ref)
@@ -230,7 +234,7 @@ class TrainerSpec:
     # guided tokens ([training] guidance: the env's oracle played them) train with LUFFY's policy shaping
     # -f(π) A, f(p) = p / (p + γ), instead of a ratio (they have no sampler log-prob)
     guidance_gamma: float = option(
-        0.1, "training.guidance_gamma", gt=0,
+        0.1, "training.guidance_gamma", ge=1e-6, le=1e6,
         about="γ of the policy shaping f(π) = π / (π + γ) on guided tokens (LUFFY's 0.1)")
     # optimizer steps per rollout batch (trainers/mini_steps.py, TRL's names): its episodes split into
     # steps_per_generation mini-batches, an optimizer step each, the pass repeated num_iterations times
@@ -252,7 +256,7 @@ class TrainerSpec:
         about="train the ECHO term")
     # λ; a step may be given another (a schedule: `train_step(echo_weight=...)`)
     echo_weight: float = option(
-        0.1, "echo.weight", ge=0,
+        0.1, "echo.weight", ge=0, le=1e6,
         about="the ECHO term's weight")
     echo_normalization: Literal["token", "sequence"] = option(
         "token", "echo.normalization",

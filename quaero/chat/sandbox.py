@@ -3,17 +3,93 @@ transformers sets it up for `apply_chat_template` (trim_blocks, lstrip_blocks, l
 `raise_exception`, `strftime_now`, the `{% generation %}` tag), so a render is the template's own render;
 and rendered with a bound on its output, so a template that loops forever printing stops at the bound.
 
+The sandbox keeps a template from Python's internals, files and processes, not from memory or time: `'x' *
+10**10`, `'x'|center(10**10)`, `'{:>10000000000}'.format(1)`, a string doubled in a loop (`~`, `+`, `join`,
+`replace`) or `9 ** 10**9` would each allocate or compute without end before the output bound is reached. So
+every step that can grow a value is bounded before it runs (`_Guard`: an operator's result, a number passed
+to a call or filter, a format width, a concatenation, an int's size) and every call's and filter's result
+after; and a render runs on a worker thread for at most `MAX_RENDER_S` (nested loops that print nothing).
+
 `strftime_now` reads a clock fixed when the template is compiled (`TemplateRunner(now=...)`), so a template
 that prints today's date (Llama 3.x) renders the same text all run long instead of changing at midnight.
 """
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from typing import Any
 
+from quaero.bounded import CallTimeout, CallWorker, bounded_call
+
 # A chat render is a conversation's text; this is far above any context quaero trains on (about 64 MiB).
 MAX_RENDER_CHARS = 1 << 26
+MAX_RENDER_S = 10.0  # one render's wall time (a real one takes milliseconds)
+MAX_INT_BITS = 1 << 16  # an int a template computes (about 20,000 digits)
+_HUGE_WIDTH = re.compile(r"\d{9,}")  # a format width of 100,000,000 or more: past any render
+
+
+class _Guard:
+    """The bounds of one environment: each check raises jinja2's SecurityError naming what was refused."""
+
+    def __init__(self, max_chars: int) -> None:
+        self.max_chars = max_chars
+
+    def refuse(self, what: str, bound: str | None = None) -> None:
+        from jinja2.sandbox import SecurityError
+
+        raise SecurityError(f"{what}: past the bound of {bound or f'{self.max_chars:,} characters'}")
+
+    def size(self, value: Any, what: str) -> Any:
+        if isinstance(value, (str, bytes, list, tuple, dict)) and len(value) > self.max_chars:
+            self.refuse(f"{what} made {len(value):,} items")
+        if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > MAX_INT_BITS:
+            self.refuse(f"{what} made an int of {value.bit_length():,} bits", f"{MAX_INT_BITS:,} bits")
+        return value
+
+    def binop(self, op: str, left: Any, right: Any) -> None:
+        seqs = (str, bytes, list, tuple)
+        if op == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, seqs) and isinstance(n, int) and len(seq) * n > self.max_chars:
+                    self.refuse(f"'*' would make {len(seq) * n:,} items")
+            if isinstance(left, int) and isinstance(right, int) and (
+                    left.bit_length() + right.bit_length() > MAX_INT_BITS):
+                self.refuse("'*' would make an int too large", f"{MAX_INT_BITS:,} bits")
+        elif op == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and (
+                right * left.bit_length() > MAX_INT_BITS):
+            self.refuse(f"'**' would make an int of about {right * left.bit_length():,} bits",
+                        f"{MAX_INT_BITS:,} bits")
+        elif op == "+" and isinstance(left, seqs) and isinstance(right, seqs) and (
+                len(left) + len(right) > self.max_chars):
+            self.refuse(f"'+' would make {len(left) + len(right):,} items")
+        elif op == "%" and isinstance(left, str) and _HUGE_WIDTH.search(left):
+            self.refuse(f"'%' with a format width of {_HUGE_WIDTH.search(left).group()}")
+
+    def call(self, obj: Any, args: tuple, kwargs: dict, what: str) -> None:
+        """Before a call or filter: no number past the bound, no huge format width, no `replace` that would
+        grow past it."""
+        values = [*args, *kwargs.values()]
+        counts = getattr(obj, "__name__", "") != "safe_range"  # range has the sandbox's own bound, MAX_RANGE
+        for v in values if counts else ():
+            if isinstance(v, int) and not isinstance(v, bool) and abs(v) > self.max_chars:
+                self.refuse(f"{what} called with {v:,}")
+        fmt = getattr(getattr(obj, "__wrapped__", obj), "__self__", None)
+        if isinstance(fmt, str) and (m := _HUGE_WIDTH.search(fmt)):
+            self.refuse(f"{what} with a format width of {m.group()}")
+        texts = [fmt] if isinstance(fmt, str) else []
+        texts += [v for v in values if isinstance(v, str)]
+        if getattr(obj, "__name__", "") in ("replace", "do_replace") and len(texts) >= 3:
+            text, old, new = texts[:3]
+            count = text.count(old) if old else len(text) + 1
+            if len(text) + count * (len(new) - len(old)) > self.max_chars:
+                self.refuse(f"{what} would make {len(text) + count * (len(new) - len(old)):,} characters")
+
+    def concat(self, parts: tuple) -> str:
+        texts = [str(p) for p in parts]
+        if sum(map(len, texts)) > self.max_chars:
+            self.refuse(f"'~' would make {sum(map(len, texts)):,} characters")
+        return "".join(texts)
 
 
 class TemplateProblem(ValueError):
@@ -21,10 +97,49 @@ class TemplateProblem(ValueError):
     line: what failed, in the template's words."""
 
 
-def _environment(now: datetime):
+def _environment(now: datetime, max_chars: int = MAX_RENDER_CHARS):
+    import functools
+
     import jinja2
+    from jinja2.compiler import CodeGenerator
     from jinja2.ext import Extension, loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    guard = _Guard(max_chars)
+
+    class BoundedConcat(CodeGenerator):
+        """`a ~ b` through the guard (jinja2 joins it inline, where no sandbox hook sees it)."""
+
+        def visit_Concat(self, node, frame) -> None:
+            self.write("environment.bounded_concat((")
+            for arg in node.nodes:
+                self.visit(arg, frame)
+                self.write(", ")
+            self.write("))")
+
+    class Bounded(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"+", "*", "**", "%"})
+        code_generator_class = BoundedConcat
+
+        def call_binop(self, context, operator, left, right):
+            guard.binop(operator, left, right)
+            return guard.size(super().call_binop(context, operator, left, right), f"'{operator}'")
+
+        def call(self, context, obj, /, *args, **kwargs):
+            what = getattr(obj, "__name__", type(obj).__name__)
+            guard.call(obj, args, kwargs, what)
+            return guard.size(super().call(context, obj, *args, **kwargs), what)
+
+        def bounded_concat(self, parts: tuple) -> str:
+            return guard.concat(parts)
+
+    def bounded_filter(name: str, f):
+        @functools.wraps(f)  # keeps jinja2's pass_context / pass_eval_context marks
+        def run(*args, **kwargs):
+            guard.call(f, args, kwargs, f"filter {name!r}")
+            return guard.size(f(*args, **kwargs), f"filter {name!r}")
+
+        return run
 
     class Generation(Extension):
         """`{% generation %}...{% endgeneration %}` (transformers' assistant-mask tag): renders its body."""
@@ -46,9 +161,9 @@ def _environment(now: datetime):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                           sort_keys=sort_keys)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[Generation, loopcontrols])
+    env = Bounded(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
     env.filters["tojson"] = tojson
+    env.filters = {name: bounded_filter(name, f) for name, f in env.filters.items()}
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = now.strftime
     return env
@@ -57,13 +172,15 @@ def _environment(now: datetime):
 class TemplateRunner:
     """One compiled chat template: `render(**variables) -> str` and the variables it reads."""
 
-    def __init__(self, source: str, *, now: datetime | None = None, max_chars: int = MAX_RENDER_CHARS):
+    def __init__(self, source: str, *, now: datetime | None = None, max_chars: int = MAX_RENDER_CHARS,
+                 max_seconds: float = MAX_RENDER_S):
         import jinja2
         from jinja2 import meta
 
         self.source = source
-        self.max_chars = max_chars
-        env = _environment(now or datetime.now())
+        self.max_chars, self.max_seconds = max_chars, max_seconds
+        self._worker = CallWorker("quaero-chat-template")
+        env = _environment(now or datetime.now(), max_chars)
         try:
             self.variables = frozenset(meta.find_undeclared_variables(env.parse(source)))
             self._template = env.from_string(source)
@@ -71,7 +188,20 @@ class TemplateRunner:
             raise TemplateProblem(f"the chat template does not compile ({type(e).__name__}: {e})") from None
 
     def render(self, **variables: Any) -> str:
-        """The template's text; raises TemplateProblem on any error inside it or past `max_chars`."""
+        """The template's text; raises TemplateProblem on any error inside it, past `max_chars` or past
+        `max_seconds` (its worker is then left inside the render: every later render is refused at once)."""
+        if self._worker.stuck:
+            raise TemplateProblem(f"the chat template did not finish an earlier render within "
+                                  f"{self.max_seconds:g}s")
+        try:
+            return bounded_call(lambda: self._render(variables), "the chat template's render",
+                                timeout_s=self.max_seconds, bound="a chat render's bound",
+                                worker=self._worker)
+        except CallTimeout:
+            raise TemplateProblem(f"the chat template did not finish rendering within {self.max_seconds:g}s "
+                                  "(a loop without end?)") from None
+
+    def _render(self, variables: dict[str, Any]) -> str:
         out: list[str] = []
         size = 0
         try:

@@ -28,6 +28,8 @@ from typing import Any
 from quaero.chat.sandbox import TemplateProblem, TemplateRunner
 from quaero.chat.toolcalls import parse_tool_calls, with_calls_as_text, with_tool_prompt
 
+# the variables every render sets itself: an option of the same name would collide with them
+RENDER_VARIABLES = ("messages", "tools", "documents", "add_generation_prompt")
 _SENTINEL = "Qx7bridge"  # an assistant content no template changes and no tokenizer merges with a close token
 _MEMORY = 64  # generation-prompt renders remembered (prompt ids -> messages) for the whole-render check
 
@@ -44,6 +46,19 @@ def chat_template_of(tokenizer) -> str | None:
     if isinstance(src, dict):
         src = src.get("default")
     return src or None
+
+
+def _check_stop_token(tokenizer, eos: int | None) -> None:
+    """The tokenizer's eos, a stop token of every reply, must be one of its added (special) tokens: an
+    ordinary one (a word of the vocabulary, e.g. eos_token = "the") would cut every reply where the model
+    first writes it. (Read from `added_tokens_decoder`, which changes nothing: encoding with
+    `split_special_tokens` would leave the tokenizer splitting special tokens from then on.)"""
+    added = getattr(tokenizer, "added_tokens_decoder", None)
+    if not isinstance(eos, int) or not isinstance(added, dict) or not added or eos in added:
+        return
+    raise TemplateProblem(f"the tokenizer's eos_token {tokenizer.eos_token!r} (id {eos}) is an ordinary "
+                          "token of its vocabulary, not a special one: every reply would stop where the "
+                          "model first writes it; set eos_token to the model's end-of-text token")
 
 
 class TemplateRenderer:
@@ -74,6 +89,7 @@ class TemplateRenderer:
         self._tool_role = self._renders_tool_role()
         self.close_text, self.close_id = self._find_close()
         eos = getattr(tokenizer, "eos_token_id", None)
+        _check_stop_token(tokenizer, eos)
         self._stop = [t for t in dict.fromkeys([self.close_id, eos]) if isinstance(t, int)]
         self._memory: OrderedDict[tuple[int, ...], tuple[list[dict], list[dict] | None, str]] = OrderedDict()
         self._lock = threading.Lock()

@@ -39,6 +39,10 @@ class TaskSamplerConfig(_Section):
     epsilon: float = Field(0.05, ge=0, le=MAX_TASK_WEIGHT, allow_inf_nan=False)
     # how many tasks a learning sampler weighs per draw (drawn uniformly; the whole split when it holds fewer)
     candidates: int = Field(256, ge=1)
+    # how long one call of the sampler (sample, update, state_dict, load_state_dict; a first draw reads the
+    # spec of every candidate when key is not "task") may run before the run fails naming it; a call still
+    # running logs a progress line every 30 s (quaero/bounded.py)
+    timeout_s: float = Field(600.0, gt=0, allow_inf_nan=False)
     # difficulty_pools: a key's latest group success rate puts it in a pool (prime-rl's defaults)
     hard_max: float = Field(0.25, ge=0, le=1)
     easy_min: float = Field(0.75, ge=0, le=1)

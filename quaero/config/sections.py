@@ -50,6 +50,8 @@ class ModelConfig(_Section):
     enable_thinking: bool | None = None
     # what `quaero check` chose and why (set by quaero/recipe/plan.py once the tokenizer is read)
     _chosen: str | None = PrivateAttr(default=None)
+    # a named model not built yet: its size and the first run's build (`quaero check` builds nothing)
+    _build: str | None = PrivateAttr(default=None)
 
     @field_validator("renderer")
     @classmethod
@@ -58,6 +60,17 @@ class ModelConfig(_Section):
             raise ValueError(f"renderer={renderer!r} is not a renderer quaero knows: "
                              f"{', '.join(map(repr, chat_registry.NAMES))}")
         return renderer
+
+    @field_validator("renderer_options")
+    @classmethod
+    def _no_render_variable(cls, options: dict[str, Any]) -> dict[str, Any]:
+        from quaero.chat.template import RENDER_VARIABLES
+
+        if taken := [k for k in options if k in RENDER_VARIABLES]:
+            raise ValueError(f"renderer_options {taken}: set by the renderer on every render (the "
+                             "conversation, its tools, the generation prompt: "
+                             f"{', '.join(RENDER_VARIABLES)}); remove them")
+        return options
 
     @model_validator(mode="after")
     def _one_thinking_switch(self) -> ModelConfig:
@@ -125,7 +138,7 @@ class EchoConfig(_Section):
     episodes, the ECHO paper's full_observation_tokens)."""
 
     # λ of the RL steps (unset: `weight`; the warm start always uses `weight`), which `schedule` then scales
-    rl_weight: float | None = Field(None, ge=0)
+    rl_weight: float | None = Field(None, ge=0, le=1e6)  # as `weight`'s bound
     # λ over the RL steps (the warm start uses `weight`): "constant"; "warmup" = weight * min(1, k / S);
     # "decay" = weight * max(0, 1 - (k - 1) / S); k = the RL step (1, 2, ...), S = schedule_steps (0: all RL
     # steps)
@@ -174,7 +187,7 @@ class TrainingConfig(_Section):
     # `oracle_policy` in the [env] entry's module. Required for a warm start against url/urls servers.
     oracle: str | None = None
     # learning rate of the warm-start SFT steps; unset = [backend] lr (which the RL steps always use)
-    warmup_sft_lr: float | None = Field(None, gt=0)
+    warmup_sft_lr: float | None = Field(None, gt=0, le=1)  # as [backend] lr's bound
     # AdamW's state at the first RL step after a warm start: "continue" keeps the warm start's moments (its
     # momentum keeps moving the weights along the SFT gradient for ~10 RL steps, beta1 0.9); "reset_momentum"
     # zeroes the first moment only (RL's updates ramp up from 0, still scaled by the warm start's second

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from quaero.bounded import CallTimeout, CallWorker, bounded_call
 from quaero.config import TASK_SAMPLERS, ConfigError
 from quaero.telemetry.runlog import error_line
 
@@ -294,10 +295,13 @@ class TaskSpecs:
     """Task specs of one env (its Task API's `get_task(split, index)`, whose RFC 013 keys `group` and
     `difficulty` pool a task sampler's outcomes), read when first asked and remembered: from one instance of
     an env quaero builds (discovery is side-effect free), or from a server's `POST /{env}/task`. An env that
-    has no `get_task`, or fails it, gives {} (the task is then its own key)."""
+    has no `get_task`, or fails it, gives {} (the task is then its own key). An in-process `get_task` runs on
+    a worker thread, each call bounded by `timeout_s` ([env] reset_timeout_s): one past it leaves that
+    instance to its stuck thread, and every later spec is {} (logged once, `task_specs_abandoned`)."""
 
     def __init__(self, spec: Any = None, http_url: str | None = None, timeout_s: float = 10.0) -> None:
         self.spec, self.http_url, self.timeout_s = spec, http_url, timeout_s
+        self._worker = CallWorker("quaero-task-specs")
         self._env: Any = None
         self._env_name: str | None = None
         self._known: dict[tuple[str, int], dict] = {}
@@ -311,9 +315,12 @@ class TaskSpecs:
     def _read(self, split: str, index: int) -> dict:
         try:
             if self.spec is not None:
-                if self._env is None:
-                    self._env = self.spec.factory()
-                task = _awaited(self._env.get_task(split, index))
+                if self._worker.stuck:
+                    return {}
+                task = bounded_call(lambda: self._in_process(split, index),
+                                    f"{self.spec.entry} get_task({split!r}, {index})",
+                                    timeout_s=self.timeout_s, bound="[env] reset_timeout_s",
+                                    worker=self._worker)
             elif self.http_url:
                 if self._env_name is None:
                     self._env_name = _http_json(f"{self.http_url}/list_environments", self.timeout_s)[0]
@@ -321,13 +328,27 @@ class TaskSpecs:
                                   {"split": split, "index": index})["task"]
             else:
                 return {}
+        except CallTimeout as e:
+            from quaero.telemetry import names
+            from quaero.telemetry.runlog import get_logger
+
+            get_logger(__name__).warning(names.TASK_SPECS_ABANDONED_EVENT, error=str(e),
+                                         note="every later task is its own key ([env.tasks] key)")
+            return {}
         except Exception:  # noqa: BLE001 - no spec: the task is its own key
             return {}
         if hasattr(task, "model_dump"):
             task = task.model_dump()
         return dict(task) if isinstance(task, dict) else {}
 
+    def _in_process(self, split: str, index: int) -> Any:
+        if self._env is None:
+            self._env = self.spec.factory()
+        return _awaited(self._env.get_task(split, index))
+
     def close(self) -> None:
+        if self._worker.stuck:
+            return  # its instance is left to the thread still inside get_task: closing it could block too
         if self._env is not None:
             self._env.close()
             self._env = None

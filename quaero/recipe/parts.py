@@ -109,7 +109,7 @@ def env_tasks(name: str, view: QuaeroConfig, pool: EnvPool) -> EnvTasks:
     size = pool.tasks.size(split) if pool.tasks is not None else None
     spec = (lambda index: pool.task_spec(split, index)) if size else None
     return make_task_sampler(SplitView(name, split, size, view.run.seed, view.training.group_size,
-                                       view.env.tasks, pool.tasks, spec))
+                                       view.env.tasks, pool.tasks, spec), view.sampler.stop_grace_s)
 
 
 def open_pools(stack: contextlib.ExitStack, cfg: QuaeroConfig, counts: RolloutCounts) -> dict[str, EnvPool]:

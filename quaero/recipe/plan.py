@@ -186,6 +186,14 @@ def _first_link(run_dir: Path) -> tuple[Path, str] | None:
     return None
 
 
+def unbuilt_shape(name: str) -> bool:
+    """A named Qwen3 shape (quaero/model.py NAMED_SHAPES) not built yet: `quaero check` says what its first
+    build costs instead of building it (qwen3-1.7b-shape: minutes, ~10 GB of memory)."""
+    from quaero.model import NAMED_SHAPES, is_built
+
+    return name in NAMED_SHAPES and not is_built(name)
+
+
 def check_model_and_renderer(cfg: QuaeroConfig, source: str = "config") -> None:
     """The model folder exists and the renderer works with its tokenizer: it renders a prompt twice alike,
     encodes a tool call and, when packing with ECHO, bridges a tool result exactly. Loads the tokenizer, never
@@ -193,6 +201,8 @@ def check_model_and_renderer(cfg: QuaeroConfig, source: str = "config") -> None:
     from quaero.chat import registry
     from quaero.model import (
         ModelNotFound,
+        build_note,
+        build_qwen3_tokenizer,
         config_fields,
         dtype_problem,
         folder_problem,
@@ -205,10 +215,15 @@ def check_model_and_renderer(cfg: QuaeroConfig, source: str = "config") -> None:
 
     name = cfg.model.name
     try:
-        folder = resolve_model(name)
-        # the folder's config.json and files judged first: the tokenizer's loader reads config.json too
-        problem = folder_problem(folder) or tokenizer_problem(folder)
-        tokenizer = None if problem else load_tokenizer(name)
+        if unbuilt_shape(name):  # its weights are quaero's own: the check needs the tokenizer alone
+            cfg.model._build, problem = build_note(name), None
+            tokenizer = build_qwen3_tokenizer()
+            tokenizer.name_or_path = name
+        else:
+            folder = resolve_model(name)
+            # the folder's config.json and files judged first: the tokenizer's loader reads config.json too
+            problem = folder_problem(folder) or tokenizer_problem(folder)
+            tokenizer = None if problem else load_tokenizer(name)
     except (ModelNotFound, OSError, ValueError) as e:
         raise ConfigError(f"{source} [model] name={name!r}: {e}") from None
     if problem:

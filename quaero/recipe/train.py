@@ -29,6 +29,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from quaero.bounded import StoppedInCall
 from quaero.config import QuaeroConfig
 from quaero.recipe import checkpoint, ranks
 from quaero.recipe.ahead import RolloutsAhead, take_rollout
@@ -160,7 +161,12 @@ def _run(parts: RunParts, progress: RunProgress, stop: StopRequest, tqdm, run_id
          found: Found | None) -> None:
     """The run from its first step (or its resume point) to its model in final/."""
     cfg = parts.cfg
-    start = resume_from(parts, progress, found)
+    try:
+        start = resume_from(parts, progress, found)
+    except StoppedInCall as e:  # a task sampler's load_state_dict had not returned
+        log.info(names.RUN_END_EVENT, status="interrupted", steps=0, run_id=run_id,
+                 note=f"stopped while {e} ran, before the first step")
+        raise
     if found is not None and ranks.is_main():
         _accepted(cfg, found)
     if ranks.any_rank(stop.requested):  # while the trainer, sampler or checkpoint loaded: no step to finish
@@ -209,6 +215,9 @@ def _steps(parts: RunParts, progress: RunProgress, stop: StopRequest, bar, run_i
         before = (json.loads(json.dumps(task_state(parts, progress))), checkpoint.rng_state())
         try:
             total = _step(parts, progress, stop, bar, run_id, ahead, step, total)
+        except StoppedInCall as e:  # a user's call (a task sampler's) had not returned when the run stopped
+            _stopped_in_call(parts, progress, step, e, before, run_id)
+            raise
         except (KeyboardInterrupt, EmptyRunError):
             raise
         except Exception as e:
@@ -217,6 +226,19 @@ def _steps(parts: RunParts, progress: RunProgress, stop: StopRequest, bar, run_i
         if step == total:
             break
     return total
+
+
+def _stopped_in_call(parts: RunParts, progress: RunProgress, step: int, e: StoppedInCall,
+                     before: tuple[dict, dict], run_id: str) -> None:
+    """A stop request ended a user's call in step `step` (quaero/bounded.py): the last completed step is
+    checkpointed as a failed step's would be (from the task state `before` this step, not from the stuck
+    call's), and the run ends interrupted there."""
+    try:
+        keep_last_step(parts, progress, step, e, before)
+    except StoppedInCall:  # its state_dict() is the stuck call: the last checkpoint stays the resume point
+        pass
+    log.info(names.RUN_END_EVENT, status="interrupted", steps=progress.completed_step, run_id=run_id,
+             checkpoint_step=progress.saved_step, note=f"stopped while {e} ran; step {step} was not trained")
 
 
 def _step(parts: RunParts, progress: RunProgress, stop: StopRequest, bar, run_id: str,

@@ -19,12 +19,12 @@ context, and so does every row (a packed row is as long as its last transition).
 from __future__ import annotations
 
 import math
-import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from quaero.bounded import CallTimeout, bounded_call
 from quaero.openenv_client import ChatEnv, EpisodeDropped, EpisodeEndedAtReset
 from quaero.rollout.render import BridgeFailure, RenderAdapter, UnparsableAction
 from quaero.rollout.rows import Transition, build_rows, per_transition_tokens
@@ -44,10 +44,6 @@ class ExactnessError(RuntimeError):
     """An exactness mismatch under `[training] strict = true`."""
 
 
-class GuideTimeout(RuntimeError):
-    """A guide's call ran past `[training] guide_timeout_s`."""
-
-
 @dataclass(frozen=True)
 class GuidePlay:
     """How a guide (the run's `policy`, the env's oracle, `[training] guidance`) plays: the first `turns`
@@ -57,27 +53,6 @@ class GuidePlay:
 
     turns: int | None = None
     timeout_s: float = 60.0
-
-
-def _bounded(fn: Callable[[], object], timeout_s: float):
-    """fn() on a thread of its own, waited for at most `timeout_s` seconds (GuideTimeout after: the thread is
-    left to finish alone, a daemon, and nothing reads what it returns)."""
-    box: dict = {}
-
-    def call() -> None:
-        try:
-            box["out"] = fn()
-        except Exception as err:  # noqa: BLE001 - re-raised on the caller's thread
-            box["err"] = err
-
-    t = threading.Thread(target=call, daemon=True, name="quaero-guide")
-    t.start()
-    t.join(timeout_s)
-    if t.is_alive():
-        raise GuideTimeout(f"the guide took over {timeout_s:g} s for one call ([training] guide_timeout_s)")
-    if "err" in box:
-        raise box["err"]
-    return box["out"]
 
 
 def token_identity_errors(rows: list[EchoRow], transitions: list[Transition]) -> list[str]:
@@ -155,6 +130,9 @@ class DriverSettings:
     include_scaffold: bool = False  # [echo] include_scaffold
     strict: bool = False  # [training] strict
     seed: int = 0  # [run] seed: the sampler seeds of a run() without its own
+    # [env] step_timeout_s: a scripted policy's (the oracle's: a warm start's demonstrator, a guide) bound on
+    # one call, user code as an env step is (None: unbounded)
+    policy_timeout_s: float | None = None
 
     @classmethod
     def of(cls, cfg) -> DriverSettings:
@@ -162,7 +140,7 @@ class DriverSettings:
         return cls(max_turns=cfg.env.max_turns, observation_token_limit=cfg.observation_token_limit,
                    max_tokens=cfg.sampler.max_tokens, max_seq_len=cfg.model.max_seq_len,
                    packing=cfg.training.packing, include_scaffold=cfg.echo.include_scaffold,
-                   strict=cfg.training.strict, seed=cfg.run.seed)
+                   strict=cfg.training.strict, seed=cfg.run.seed, policy_timeout_s=cfg.env.step_timeout_s)
 
 
 class EpisodeDriver:
@@ -249,13 +227,22 @@ class EpisodeDriver:
         ep.tools = getattr(ep.env, "tools", None)
         if policy is None:
             return
-        if ep.guide is None:
-            ep.act = policy(ep.info)
-            return
         try:
-            ep.act = _bounded(lambda: policy(ep.info), ep.guide.timeout_s)
-        except Exception as err:  # noqa: BLE001 - a guide is user code: its failure costs its episode only
+            ep.act = self._policy_call(ep, lambda: policy(ep.info), "policy(info)")
+        except Exception as err:
+            if ep.guide is None:
+                raise
             self._guide_failed(ep, err)
+
+    def _policy_call(self, ep: _Live, call: Callable[[], object], what: str):
+        """A scripted policy's call (`what`), user code, on a thread (quaero/bounded.py) and ended by a stop
+        request: the warm start's demonstrator bounded by `[env] step_timeout_s` (past it the run stops,
+        named), a guide by `[training] guide_timeout_s` (past it its episode is dropped, counted)."""
+        if ep.guide is None:
+            return bounded_call(call, f"the scripted policy's {what} (the env's oracle)",
+                                timeout_s=self.settings.policy_timeout_s, bound="[env] step_timeout_s")
+        return bounded_call(call, f"the guide's {what} (the env's oracle)", timeout_s=ep.guide.timeout_s,
+                            bound="[training] guide_timeout_s")
 
     def _bounded(self, messages: list[dict]) -> list[dict]:
         """Env messages with every text content cut to `[env] max_observation_tokens` (counted, and said once
@@ -333,14 +320,14 @@ class EpisodeDriver:
         for i, ep in enumerate(running):
             if not scripted[i]:
                 continue
-            if ep.guide is None:
-                out[i] = self._scripted(ep, prompts[i], ep.act(list(ep.messages)))
-                continue
-            try:  # the guide's call bounded on a thread; the tokenizer's work stays on this one
-                message = _bounded(lambda ep=ep: ep.act(list(ep.messages)), ep.guide.timeout_s)
-                out[i] = self._scripted(ep, prompts[i], message)
-            except Exception as err:  # noqa: BLE001 - a guide is user code: its failure costs its episode only
+            try:  # the call bounded on a thread; the tokenizer's work stays on this one
+                message = self._policy_call(ep, lambda ep=ep: ep.act(list(ep.messages)), "act(messages)")
+            except Exception as err:
+                if ep.guide is None:
+                    raise
                 self._guide_failed(ep, err)
+                continue
+            out[i] = self._scripted(ep, prompts[i], message)
         sampled = [i for i, s in enumerate(scripted) if not s]
         if sampled:
             seed = self._seed * 100_003 + self._sample_calls
@@ -358,7 +345,7 @@ class EpisodeDriver:
         return Completion(ids[:room], [0.0] * len(ids[:room]), "stop" if len(ids) <= room else "length")
 
     def _guide_failed(self, ep: _Live, err: Exception) -> None:
-        kind = "guide_timeout" if isinstance(err, GuideTimeout) else "guide_failed"
+        kind = "guide_timeout" if isinstance(err, CallTimeout) else "guide_failed"
         reason = f"step {len(ep.transitions)}: {type(err).__name__}: {err}"[:300]
         ep.done, ep.dropped, ep.drop_kind = True, reason, kind
 

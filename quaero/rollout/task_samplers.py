@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from quaero.bounded import STOP_GRACE_S, CallTimeout, bounded_call
 from quaero.openenv_client.tasks import task_index
 from quaero.task_sampler_registry import TASK_SAMPLERS
 
@@ -67,12 +68,14 @@ class SplitView:
     settings: Any  # quaero.config.TaskSamplerConfig
     catalog: Any = None  # its TaskCatalog (sequential's order)
     spec: Callable[[int], dict] | None = None  # the task's spec (Task API get_task), for pooled keys
+    specs_read: int = 0  # how many specs `key` has read (a long first draw's progress line says it)
 
     def key(self, index: int) -> str:
         """The outcome memory's key of task `index`: the index, or its spec's `group` / `difficulty`."""
         which = self.settings.key
         if which == "task" or self.spec is None:
             return str(index)
+        self.specs_read += 1
         value = (self.spec(index) or {}).get(which)
         return f"{which}={value}" if value is not None else str(index)
 
@@ -259,19 +262,34 @@ def pool_of(m: Outcome | None) -> str:
 
 @dataclass
 class EnvTasks:
-    """An env's sampler, checked: every draw is validated, every failure named in one line."""
+    """An env's sampler, checked: every draw is validated, every failure named in one line, every call bounded
+    by `[env.tasks] timeout_s` with a progress line while it runs and ended by a stop request `grace_s` later
+    (quaero/bounded.py)."""
 
     view: SplitView
     sampler: Any
     last: list[dict] = field(default_factory=list)  # the latest draw: [{"task", "weight"}]
+    grace_s: float = STOP_GRACE_S  # [sampler] stop_grace_s
 
     @property
     def name(self) -> str:
         return f"[env.tasks] sampler={self.view.settings.sampler!r} (env {self.view.env!r})"
 
+    def _call(self, call: Callable[[], Any], what: str) -> Any:
+        """`call()`, one of the sampler's methods (`what`), bounded; TaskSamplerError when it runs past the
+        bound."""
+        try:
+            return bounded_call(call, f"{self.name}: {what}", timeout_s=self.view.settings.timeout_s,
+                                bound="[env.tasks] timeout_s", grace_s=self.grace_s,
+                                progress=lambda: {"task_specs_read": self.view.specs_read})
+        except CallTimeout as e:
+            raise TaskSamplerError(str(e)) from None
+
     def sample(self, n: int) -> list[int]:
         try:
-            picks = list(self.sampler.sample(n))
+            picks = list(self._call(lambda: self.sampler.sample(n), f"sample({n})"))
+        except TaskSamplerError:
+            raise
         except Exception as e:  # noqa: BLE001 - a user's sampler's failure is named in one line
             raise TaskSamplerError(f"{self.name}: sample({n}) raised {type(e).__name__}: {e}; fix the sampler"
                                    ) from None
@@ -289,14 +307,26 @@ class EnvTasks:
 
     def update(self, task: int, rewards: list[float], costs: list[float]) -> None:
         try:
-            self.sampler.update(task, rewards, costs)
+            self._call(lambda: self.sampler.update(task, rewards, costs), f"update({task}, ...)")
+        except TaskSamplerError:
+            raise
         except Exception as e:  # noqa: BLE001
             raise TaskSamplerError(f"{self.name}: update({task}, ...) raised {type(e).__name__}: {e}; fix "
                                    "the sampler") from None
 
     def state_dict(self) -> dict[str, Any]:
+        import json
+
+        try:
+            state = self._call(self.sampler.state_dict, "state_dict()")
+            json.dumps(state, allow_nan=False)  # a checkpoint holds it as JSON
+        except TaskSamplerError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise TaskSamplerError(f"{self.name}: state_dict() gave no JSON state ({type(e).__name__}: "
+                                   f"{str(e)[:200]}); return a dict of numbers, strings and lists") from None
         return {"sampler": self.view.settings.sampler, "split": self.view.split, "size": self.view.size,
-                "state": self.sampler.state_dict()}
+                "state": state}
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         mine = (self.view.settings.sampler, self.view.split, self.view.size)
@@ -307,7 +337,11 @@ class EnvTasks:
                                    f"on {mine[1]!r} ({mine[2]} tasks); resume with the config it was saved "
                                    "with, or pass --restart")
         try:
-            self.sampler.load_state_dict(saved["state"])
+            self._call(lambda: self.sampler.load_state_dict(saved["state"]), "load_state_dict()")
+        except TaskSamplerError as e:
+            if isinstance(e, SavedStateError):
+                raise SavedStateError(f"the task sampler state of env {self.view.env!r}: {e}") from None
+            raise
         except SavedStateError as e:
             raise SavedStateError(f"the task sampler state of env {self.view.env!r}: {e}") from None
         except Exception as e:  # noqa: BLE001
@@ -327,9 +361,10 @@ class EnvTasks:
         return len(played) if isinstance(played, set) else None
 
 
-def make_task_sampler(view: SplitView) -> EnvTasks:
+def make_task_sampler(view: SplitView, grace_s: float = STOP_GRACE_S) -> EnvTasks:
     """The env's configured sampler: a registry entry's class (quaero/task_sampler_registry.py), or a user's
-    "package.module:Class", built with the SplitView."""
+    "package.module:Class", built with the SplitView (bounded like its calls; `grace_s`: [sampler]
+    stop_grace_s)."""
     import inspect
 
     from quaero.resolve import resolve_name
@@ -344,8 +379,10 @@ def make_task_sampler(view: SplitView) -> EnvTasks:
         raise TaskSamplerError(f"[env.tasks] sampler={kind!r} (env {view.env!r}) lacks {', '.join(missing)}"
                                ": a task sampler has sample(n), update(task, rewards, costs), state_dict(), "
                                "load_state_dict()")
+    tasks = EnvTasks(view, None, grace_s=grace_s)
     try:
-        return EnvTasks(view, cls(view))
+        tasks.sampler = tasks._call(lambda: cls(view), "building it")
+        return tasks
     except TaskSamplerError:
         raise
     except Exception as e:  # noqa: BLE001

@@ -154,22 +154,21 @@ def to_training_trace(rec: dict, run_cfg: dict, run: str) -> dict:
     return TrainingTrace.model_validate({"schema_version": 1, "turns": turns}).model_dump(mode="json")
 
 
-def export_rows(records: list[dict], run_dir: Path, fmt: str, out: Path) -> tuple[int, list[str]]:
-    """Write `records` (saved rows) to `out` in `fmt` ("rfc010" | "openenv-trace"); (written, skipped
-    reasons)."""
+def export_rows(records: list[dict], run_dir: Path, fmt: str) -> tuple[list[str], list[str]]:
+    """`records` (saved rows) in `fmt` ("rfc010" | "openenv-trace"): (their JSON lines, the skipped rows'
+    reasons). The caller writes the lines (`quaero inspect rows --export` through quaero/tools/outputs.py:
+    never through a link, a special file or a run's own file)."""
     run_cfg = json.loads((Path(run_dir) / names.CONFIG).read_text())
     convert = to_rfc010 if fmt == "rfc010" else to_training_trace
-    written, skipped = 0, []
-    with Path(out).open("w", encoding="utf-8") as f:
-        for rec in records:
-            try:
-                line = convert(rec, run_cfg, Path(run_dir).name)
-            except ValueError as e:
-                skipped.append(str(e).splitlines()[0])
-                continue
-            f.write(json.dumps(line) + "\n")
-            written += 1
-    return written, skipped
+    lines, skipped = [], []
+    for rec in records:
+        try:
+            line = convert(rec, run_cfg, Path(run_dir).name)
+        except ValueError as e:
+            skipped.append(str(e).splitlines()[0])
+            continue
+        lines.append(json.dumps(line) + "\n")
+    return lines, skipped
 
 
 # ── in ──────────────────────────────────────────────────────────────────────────────────────────
@@ -343,6 +342,9 @@ def rl_rows(rows: list[EchoRow], where: list[str]) -> tuple[list[EchoRow], list[
         elif any(lp > 0.0 for lp in action):
             refused.append(f"{where[i]}: a sampler log-prob above 0 on an action token: not a "
                            "log-probability")
+        elif (bad := next((k for k in ("advantage", "reward") if row.meta.get(k) is not None
+                           and _finite(row.meta.get(k)) is None), None)):
+            refused.append(f"{where[i]}: its {bad} {row.meta[bad]!r} is not a finite number")
         elif advantage is not None and abs(advantage) > MAX_ABS_ADVANTAGE:
             refused.append(f"{where[i]}: its advantage {advantage:g} is past +-{MAX_ABS_ADVANTAGE:g}, more "
                            "than the fp32 loss holds (it would train nothing: a NaN loss); scale the "

@@ -20,6 +20,7 @@ import threading
 import time
 import urllib.parse
 
+from quaero.bounded import STOP_REQUESTED
 from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
 
@@ -31,8 +32,6 @@ REPLY_TIMEOUT_S = 120.0  # the rest of the reply after its first byte (JSON of t
 MAX_REPLY_BYTES = 256 << 20  # a reply larger than this is not a completion of quaero's budgets
 POLL_S = 0.25  # how often a wait looks at the clock and at a stop request
 STOP_GRACE_S = 10.0  # how long a wait continues after a stop request ([sampler] stop_grace_s)
-# set by a stop request (quaero/recipe/stop.py StopRequest), cleared after it
-STOP_REQUESTED = threading.Event()
 
 
 class ReplyTimeout(TimeoutError):

@@ -472,6 +472,9 @@ CHECKPOINT_NEWER_LEFT_EVENT = "checkpoint_newer_left"
 CHECKPOINT_SKIPPED_EVENT = "checkpoint_skipped"
 FINAL_SAVED_EVENT = "final_saved"
 ROWS_SAVE_FAILED_EVENT = "rows_save_failed"
+# the embedded models (quaero/model.py): a named model built into the cache on its first use, announced with
+# its size before the build starts {model, folder, params, disk_gb, memory_gb}
+MODEL_BUILD_EVENT = "model_build"
 # the tools (quaero/tools/export.py)
 EXPORTED_EVENT = "exported"
 
@@ -493,4 +496,9 @@ DYNAMIC_SAMPLING_STOPPED_EVENT = "dynamic_sampling_stopped"  # a stop request en
 GUIDE_FAILED_EVENT = "guide_failed"  # the oracle raised while guiding: its members dropped, the groups kept
 GUIDE_DROPPED_EVENT = "guide_dropped"  # a guide raised or timed out on a member: that member dropped
 ROLLOUT_AHEAD_DISCARDED_EVENT = "rollout_ahead_discarded"  # a rollout sampled ahead that failed at the end
+# a call into a user's code (a task sampler, an env's get_task; quaero/bounded.py) still running: {call,
+# elapsed_s, bound_s, what it has done}; one a stop request ended; an env's get_task past its bound
+USER_CALL_WAITING_EVENT = "user_call_waiting"
+USER_CALL_STOPPED_EVENT = "user_call_stopped"
+TASK_SPECS_ABANDONED_EVENT = "task_specs_abandoned"
 EVAL_PROGRESS_EVENT = "eval_progress"  # {done, tasks, elapsed_s}: a long evaluation is never silent

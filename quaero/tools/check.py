@@ -37,6 +37,7 @@ def plan_lines(cfg, source: str) -> list[str]:
         (f"model       {cfg.model.name} ({cfg.model.dtype}), renderer "
          f"{cfg.model._chosen or repr(cfg.model.renderer)}"
          + (f", options {cfg.model.options}" if cfg.model.options else "")),
+        *([f"            {cfg.model._build}"] if cfg.model._build else []),
         *env_lines(cfg),
         (f"sampler     {sampler} (T={cfg.sampler.temperature}, top_p={cfg.sampler.top_p}, "
          f"max_tokens={cfg.sampler.max_tokens})"),

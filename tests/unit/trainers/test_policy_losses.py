@@ -231,3 +231,45 @@ def test_a_trainer_step_trains_the_chosen_loss_and_reports_it(small_model_dir, s
     sequence = settings["policy_loss"] == "gspo" or settings.get("importance_sampling_level") == "sequence"
     assert (m["sequence_ratio_mean"] is not None) == sequence
     assert m["clip_low_fraction"] is not None and m["clip_high_fraction"] is not None
+
+
+# ── extreme settings: refused at config load, or finite at the bounds (issue 44's hostile pass) ───────────
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("key, value, says", [
+    ("backend.lr", "1e308", "less than or equal to 1"),  # one AdamW step made every weight -inf
+    ("training.warmup_sft_lr", "1e30", "less than or equal to 1"),
+    ("training.sapo_temperature_pos", "1e-300", "greater than or equal to 0.000001"),  # a -inf loss
+    ("training.sapo_temperature_neg", "1e308", "less than or equal to 1000000"),  # the step raised
+    ("training.guidance_gamma", "1e-300", "greater than or equal to 0.000001"),
+    ("sampler.temperature", "1e-300", "greater than or equal to 0.00001"),
+    ("echo.weight", "1e308", "less than or equal to 1000000"),
+    ("echo.rl_weight", "1e308", "less than or equal to 1000000"),
+    ("training.sampler_correction_cap", "1e308", "less than or equal to 1000000"),
+    ("training.clip_eps_high", "1e308", "less than or equal to 1000000"),
+    ("training.clip_eps", "nan", "finite number"),
+])
+def test_a_loss_setting_no_float32_step_survives_is_refused_at_load_naming_it(key, value, says):
+    from quaero.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as e:
+        load_config("envs/toolbench.toml", [f"{key}={value}"])
+    section, name = key.rsplit(".", 1)
+    assert f"[{section}] {name}=" in str(e.value) and says in str(e.value)
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("tau", [1e-6, 1e6])
+@pytest.mark.parametrize("gamma", [1e-6, 1e6])
+def test_at_the_bounds_sapo_and_policy_shaping_give_a_finite_loss_and_gradient(tau, gamma):
+    torch.manual_seed(0)
+    lp = (torch.randn(2, 6) * 3 - 100).requires_grad_()  # probabilities that underflow float32
+    sampler = lp.detach().clone()
+    sampler[0, :3] += 5.0
+    adv = torch.tensor([[1.0, -1, 1, 0, 1, -1], [-1, 1, 1, -1, 0.5, 1]])
+    guided = torch.zeros(2, 6, dtype=torch.bool)
+    guided[1, 3:] = True
+    opts = PolicyLoss("sapo", tau_pos=tau, tau_neg=tau, gamma=gamma)
+    loss, _ = policy_loss(lp, sampler, adv, adv != 0, torch.ones(2, 1), opts, guided=guided)
+    loss.backward()
+    assert math.isfinite(float(loss)) and torch.isfinite(lp.grad).all()

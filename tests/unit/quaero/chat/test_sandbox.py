@@ -16,3 +16,58 @@ from quaero.chat.sandbox import TemplateProblem, TemplateRunner
 def test_templates_are_sandboxed_and_bounded(source, needle):
     with pytest.raises(TemplateProblem, match=needle):
         TemplateRunner(source, max_chars=1000).render(messages=[])
+
+
+# Each of these allocated or computed without end before the output bound was reached (the sandbox keeps a
+# template from Python's internals, not from memory or time): refused before the step runs, in one line.
+@pytest.mark.hostile
+@pytest.mark.parametrize("source,needle", [
+    ("{{ 'x' * 10**10 }}", "'\\*' would make 10,000,000,000 items"),
+    ("{{ ([1] * 10**9)|length }}", "'\\*' would make 1,000,000,000 items"),
+    ("{{ 9 ** 999999999 }}", "'\\*\\*' would make an int of about 3,999,999,996 bits"),
+    ("{{ '{:>10000000000}'.format(1) }}", "format with a format width of 10000000000"),
+    ("{{ '%10000000000d' % 1 }}", "'%' with a format width of 10000000000"),
+    ("{{ 'x'|center(10000000000) }}", "filter 'center' called with 10,000,000,000"),
+    ("{{ 'x'.ljust(10000000000) }}", "ljust called with 10,000,000,000"),
+    ("{{ 'a\nb'|indent(10000000000) }}", "filter 'indent' called with 10,000,000,000"),
+    ("{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+     "'~' would make 1,024 characters"),
+    ("{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+     "'\\+' would make 1,024 items"),
+    ("{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = [ns.s, ns.s]|join %}{% endfor %}",
+     "filter 'join' made 1,024 items"),
+    ("{% set s = 'x' * 900 %}{{ s.replace('', s) }}", "replace would make 811,800 characters"),
+    ("{% set s = 'x' * 900 %}{{ s|replace('', s) }}", "filter 'replace' would make 811,800 characters"),
+    ("{% set ns = namespace(x=10) %}{% for i in range(60) %}{% set ns.x = ns.x * ns.x %}{% endfor %}",
+     "'\\*' would make an int too large: past the bound of 65,536 bits"),
+])
+def test_a_template_that_would_grow_without_end_is_refused_before_it_grows(source, needle):
+    with pytest.raises(TemplateProblem, match=f"raised SecurityError: {needle}"):
+        TemplateRunner(source, max_chars=1000).render(messages=[])
+
+
+@pytest.mark.hostile
+def test_a_render_that_never_ends_stops_at_its_time_bound_and_the_template_is_refused_after():
+    """Nested loops that print nothing ran on past any bound. The stuck call here is a variable the test
+    hands the template (it blocks until released), so no thread spins on after the test."""
+    import threading
+    import time
+
+    release = threading.Event()
+    runner = TemplateRunner("{{ stuck() }}", max_seconds=0.3)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(TemplateProblem, match=r"did not finish rendering within 0.3s"):
+            runner.render(messages=[], stuck=lambda: release.wait(30))
+        assert time.monotonic() - t0 < 10
+        with pytest.raises(TemplateProblem, match=r"did not finish an earlier render within 0.3s"):
+            runner.render(messages=[])
+    finally:
+        release.set()
+
+
+def test_an_ordinary_template_renders_as_before():
+    source = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content ~ '\n' }}{% endfor %}"
+              "{{ '%d' % 3 }}{{ 'ab'|center(6) }}{{ ['a', 'b']|join(',') }}{{ 'x' * 3 }}{{ 2 ** 10 }}")
+    out = TemplateRunner(source).render(messages=[{"role": "user", "content": "hi"}])
+    assert out == "<|user|>hi\n3  ab  a,bxxx1024"

@@ -143,3 +143,31 @@ def test_render_attributes_each_token_to_its_message(smollm2_tokenizer):
     assert owned[1] == "<|im_start|>assistant\nSunny.<|im_end|>\n" and "Thanks ✓" in owned[2]
     assert owned[-1] == "<|im_start|>assistant\n"  # the generation prompt is scaffolding
     assert owned[0].startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("option", ["messages", "add_generation_prompt", "tools", "documents"])
+def test_a_renderer_option_named_like_a_render_variable_is_refused_naming_it(option):
+    """It collided with the render's own keyword: `quaero check` blamed the tokenizer ("does not fit the
+    tokenizer (... got multiple values for keyword argument 'messages')")."""
+    from pydantic import ValidationError
+
+    from quaero.config.sections import ModelConfig
+
+    with pytest.raises(ValidationError,
+                       match=rf"renderer_options \['{option}'\]: set by the renderer on every render"):
+        ModelConfig(renderer="template", renderer_options={option: "x"})
+
+
+@pytest.mark.hostile
+def test_an_eos_token_that_is_an_ordinary_word_is_named_not_made_a_stop_token():
+    """eos_token = "the" made the word a stop id: every reply was cut where the model first wrote it."""
+    from quaero.model import build_qwen3_tokenizer
+
+    tok = build_qwen3_tokenizer()
+    tok.eos_token = "the"
+    with pytest.raises(TemplateProblem, match=r"eos_token 'the' \(id 1782\) is an ordinary token of its "
+                       "vocabulary, not a special one"):
+        TemplateRenderer(tok)
+    tok.eos_token = "<|im_start|>"  # a special token, if an odd one: the turn opener also ends a reply
+    assert TemplateRenderer(tok).get_stop_token_ids() == [151645, 151644]

@@ -75,3 +75,28 @@ def test_an_http_500_from_the_task_api_points_at_the_env_not_only_at_discovery(h
                             "in the server, building an instance for the session or in "
                             "list_splits/num_tasks; the "
                             "server's log has the traceback")
+
+
+@pytest.mark.hostile
+def test_an_in_process_get_task_that_never_returns_is_abandoned_at_its_bound_and_logged_once():
+    """The spec read was unbounded: a learning sampler keyed by `group` hung in its first draw forever."""
+    import time
+
+    import structlog
+    from fixtures import hostile_samplers
+
+    from quaero.openenv_client.loading import load_entry
+    from quaero.openenv_client.tasks import TaskSpecs
+
+    hostile_samplers.RELEASE.clear()
+    try:
+        specs = TaskSpecs(load_entry("fixtures.hostile_samplers:HangingSpecEnv"), timeout_s=0.3)
+        t0 = time.monotonic()
+        with structlog.testing.capture_logs() as logs:
+            assert specs("train", 0) == {} and specs("train", 1) == {} and specs("train", 2) == {}
+        assert time.monotonic() - t0 < 2  # one bound, then no more waits
+        (line,) = [e for e in logs if e["event"] == "task_specs_abandoned"]
+        assert "get_task('train', 0) did not return within 0.3s ([env] reset_timeout_s)" in line["error"]
+        specs.close()  # left to its stuck thread: returns at once
+    finally:
+        hostile_samplers.RELEASE.set()

@@ -12,6 +12,7 @@ from fixtures.rollout import make_cfg
 from fixtures.toyenv import TOOLS, ToyChatEnv, oracle
 from pydantic import ValidationError
 
+from quaero.bounded import CallTimeout
 from quaero.config import ConfigError, QuaeroConfig, check_rules
 from quaero.recipe.groups import learn, play_groups, signal_metrics
 from quaero.recipe.guidance import guidance_lines, members_at, schedule_warning
@@ -278,3 +279,36 @@ def test_a_guide_past_its_bound_or_raising_mid_episode_drops_its_member_counted_
         snap = counts.snapshot_and_reset()
         assert snap[counter] == K and snap[names.GUIDED_MEMBERS_DROPPED] == K
         assert snap[names.GROUPS_GUIDED] == 0
+
+
+@pytest.mark.hostile
+def test_a_warm_start_oracle_that_never_returns_stops_the_run_at_the_step_timeout_named(qwen3_render):
+    """The scripted policy (the oracle, user code) was called unbounded: one that never answered held the run
+    forever. As the warm start's demonstrator, [env] step_timeout_s bounds each call and the run stops naming
+    it (a guide's own bound, `guide_timeout_s`, drops its members instead: the tests above)."""
+    import threading
+    import time
+
+
+    parts, _ = _parts(qwen3_render)
+    release = threading.Event()
+
+    def stuck(info):
+        def act(messages):
+            release.wait(30)
+            return {"role": "assistant", "content": "late"}
+        return act
+
+    e = parts.envs[0]
+    settings = replace(e.driver.settings, policy_timeout_s=0.3)
+    driver = EpisodeDriver(e.driver.render, e.driver.sampler, settings, e.driver.counts)
+    parts = replace(parts, envs=[replace(e, oracle=stuck, driver=driver)])
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(CallTimeout) as err:
+            play_groups(parts, 1, [["env", 0]], 0, seed=5, sft=True)
+    finally:
+        release.set()
+    assert time.monotonic() - t0 < 10
+    said = "act(messages) (the env's oracle) did not return within 0.3s ([env] step_timeout_s)"
+    assert said in str(err.value)

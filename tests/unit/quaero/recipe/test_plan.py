@@ -423,3 +423,34 @@ def test_the_kl_penalty_is_on_the_loss_line_and_a_kl_without_a_reference_is_refu
         load_config(MAIN, ["training.kl_estimator='k4'"])
     with pytest.raises(ConfigError, match="beta"):
         load_config(MAIN, ["training.beta=-1"])
+
+
+@pytest.mark.hostile
+def test_check_of_an_unbuilt_named_shape_says_its_size_and_builds_nothing(tmp_path, monkeypatch, capsys):
+    """The first `quaero check` of qwen3-1.7b-shape built the model silently (143 s, 9.5 GB); now it reads the
+    tokenizer alone and says what the first run's build costs."""
+    from quaero import cli
+
+    monkeypatch.setenv("QUAERO_CACHE", str(tmp_path / "cache"))
+    assert cli.main(["check", "envs/toolbench.toml", "--set", 'model.name="qwen3-1.7b-shape"',
+                     "--set", f'run.output_dir="{tmp_path / "runs"}"']) == 0
+    out = capsys.readouterr().out
+    assert ("qwen3-1.7b-shape is not built yet: the first run builds it once into "
+            f"{tmp_path / 'cache' / 'models' / 'qwen3-1.7b-shape-v1'} (1,721M parameters, 3.44 GB on disk in "
+            "bfloat16, about 10.3 GB of memory while it builds") in out
+    assert not (tmp_path / "cache" / "models").exists()
+
+
+@pytest.mark.hostile
+def test_a_named_models_first_build_is_announced_with_its_size_before_it_starts(tmp_path, monkeypatch):
+    import structlog
+
+    from quaero import model
+
+    monkeypatch.setenv("QUAERO_CACHE", str(tmp_path))
+    monkeypatch.setattr(model, "materialize_folder", lambda folder, build: folder)  # no build here
+    with structlog.testing.capture_logs() as logs:
+        model.materialize_named("qwen3-0.6b-shape")
+    (line,) = [e for e in logs if e["event"] == "model_build"]
+    assert line["params"] == 596_049_920 and line["disk_gb"] == 1.19 and line["dtype"] == "bfloat16"
+    assert line["folder"] == str(tmp_path / "models" / "qwen3-0.6b-shape-v1")

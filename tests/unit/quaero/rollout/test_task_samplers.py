@@ -187,3 +187,61 @@ def test_bad_samplers_and_states_fail_in_one_line_naming_the_sampler_and_the_fix
     with pytest.raises(ValueError, match="sampler='bogus' is not one of sequential"):
         TaskSamplerConfig(sampler="bogus")
     assert math.isfinite(curriculum_weight(0.5, 4, 0.0, 0.05))  # a zero cost never divides by zero
+
+
+# ── a user's sampler that hangs or misbehaves (quaero/bounded.py bounds every call) ───────────────────────
+
+@pytest.fixture
+def released():
+    from fixtures import hostile_samplers
+
+    hostile_samplers.RELEASE.clear()
+    yield
+    hostile_samplers.RELEASE.set()
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("cls, call", [("HangingSampler", "sample(2)"),
+                                       ("HangingUpdateSampler", "update(3, ...)")])
+def test_a_user_sampler_that_never_returns_fails_the_run_at_its_bound_naming_it(released, cls, call):
+    import time
+
+    s = make_task_sampler(view(f"fixtures.hostile_samplers:{cls}", timeout_s=0.3))
+    t0 = time.monotonic()
+    with pytest.raises(TaskSamplerError) as e:
+        s.sample(2) if call.startswith("sample") else s.update(3, [1.0], [1.0])
+    assert time.monotonic() - t0 < 3
+    assert str(e.value).startswith(f"[env.tasks] sampler='fixtures.hostile_samplers:{cls}' (env 'a'): {call} "
+                                   "did not return within 0.3s ([env.tasks] timeout_s)")
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("cls", ["NotJsonStateSampler", "NanStateSampler"])
+def test_a_user_samplers_state_that_is_not_json_is_named(cls):
+    s = make_task_sampler(view(f"fixtures.hostile_samplers:{cls}"))
+    with pytest.raises(TaskSamplerError, match=rf"sampler='fixtures.hostile_samplers:{cls}' \(env 'a'\): "
+                       r"state_dict\(\) gave no JSON state"):
+        s.state_dict()
+
+
+@pytest.mark.hostile
+def test_a_long_first_draw_reading_every_spec_logs_progress_with_the_specs_read(monkeypatch):
+    """A learning sampler keyed by the spec's group weighs `candidates` tasks: its first draw reads each one's
+    spec (a huge split with big candidates: minutes); the wait says how far it got."""
+    import time
+
+    import structlog
+
+    from quaero import bounded
+
+    monkeypatch.setattr(bounded, "PROGRESS_S", 0.1)
+
+    def spec(index):
+        time.sleep(0.002)
+        return {"group": index % 3}
+
+    s = make_task_sampler(view("curriculum", size=200, spec=spec, key="group", candidates=200))
+    with structlog.testing.capture_logs() as logs:
+        assert len(s.sample(4)) == 4
+    lines = [e for e in logs if e["event"] == "user_call_waiting"]
+    assert lines and lines[0]["call"].endswith("sample(4)") and 0 < lines[-1]["task_specs_read"] <= 200

@@ -111,3 +111,16 @@ def test_the_rl_term_is_non_zero_and_its_ratio_is_over_the_recorded_logprobs(tmp
                                                                              rows[1].action_mask)],
                                     rows[1].meta)]
     assert _step(trainer, moved)["rl_loss"] != pytest.approx(m["rl_loss"], abs=1e-4)
+
+
+@pytest.mark.hostile
+def test_a_recorded_advantage_or_reward_that_is_not_a_finite_number_is_named_as_such(tmp_path):
+    """A NaN, infinite or string advantage was refused as "no `advantage`", which it had."""
+    records = [record(1, advantage=float("nan")), record(2, advantage="1.0"),
+               record(3, reward=float("inf"), group="g"), record(4, reward=1.0, group="g"),
+               record(5, reward=0.0, group="g")]
+    rows, refused = load_traces(write(tmp_path, records), V, loss="rl")
+    assert len(rows) == 2 and len(refused) == 3
+    assert refused[0].endswith(":1: its advantage nan is not a finite number")
+    assert refused[1].endswith(":2: its advantage '1.0' is not a finite number")
+    assert refused[2].endswith(":3: its reward inf is not a finite number")

@@ -120,3 +120,38 @@ def test_verify_catches_an_id_outside_the_vocabulary(run_dir, capsys):
     assert cli.main(["inspect", "rows", str(run_dir), "--verify"]) == 1
     out = capsys.readouterr().out
     assert "step 1 row 0 token 0: id 1000000000 outside the model's vocabulary (0.." in out
+
+
+@pytest.mark.parametrize("planted", ["symlink", "hard link"])
+def test_a_link_planted_after_the_check_is_replaced_not_written_through(run_dir, tmp_path, monkeypatch,
+                                                                         planted):
+    """`--export` opened OUT itself (`open("w")`): a link planted at OUT after the check was followed and its
+    target rewritten. It is now written beside OUT and renamed onto the name (outputs.write_replacing)."""
+    from quaero.tools import inspect_rows
+
+    victim, out = tmp_path / "victim.txt", tmp_path / "out.jsonl"
+    victim.write_text("keep me")
+    real = inspect_rows.check_output
+
+    def check_then_plant(path, flag, **kw):
+        checked = real(path, flag, **kw)
+        (os.symlink if planted == "symlink" else os.link)(victim, out)
+        return checked
+
+    monkeypatch.setattr(inspect_rows, "check_output", check_then_plant)
+    assert _export(run_dir, out) == 0
+    assert victim.read_text() == "keep me" and not out.is_symlink() and os.stat(victim).st_nlink == 1
+    assert json.loads(out.read_text().splitlines()[0])["quaero"]["step"] == 1
+
+
+def test_an_export_that_cannot_be_written_leaves_no_partial_file(run_dir, tmp_path, monkeypatch, capsys):
+    from quaero.tools import outputs
+
+    def full(*a, **kw):
+        raise OSError(28, "No space left on device")
+
+    out = tmp_path / "out.jsonl"
+    monkeypatch.setattr(outputs.os, "replace", full)
+    assert _export(run_dir, out) == 1
+    assert "cannot write it (No space left on device)" in capsys.readouterr().err
+    assert list(tmp_path.glob("*.jsonl*")) == [] and list(tmp_path.glob(".out.jsonl-*")) == []
