@@ -77,10 +77,11 @@ def fix_cpu_mmap_threshold(device: torch.device | str, threshold: int) -> int | 
     intermediate 1,536: 4.5-12 MiB) comes from malloc's heaps, and what a microbatch's backward frees there
     is kept by the process.
     Measured on an RL step of SmolLM2-135M (LoRA, float32, 3 microbatches of one 1,900-token row): torch's
-    allocator peaked 2.27 GiB above the resident 0.56 (the memory plan: 3.02 GiB) while the process's RSS grew
-    to 9.7 GiB and stayed there; with the threshold fixed at 128 KiB the same step peaked at 3.4 GiB RSS and
-    left 1.2 (benchmarks/README.md, "The RL step's memory, found"). A fixed threshold also stops glibc's
-    dynamic trim threshold. Process-wide: an in-process vLLM engine or `hf` sampler gets it too."""
+    allocator peaked 2.27 GiB above the resident 0.56 (the plan of that microbatch: 2.85 GiB) while the
+    process's RSS grew to 9.7 GiB and stayed there (without the profiler: killed for memory); with the
+    threshold fixed at 128 KiB the same step peaked at 3.4 GiB RSS and left 1.2 (benchmarks/README.md, "The
+    RL step's memory, found"). A fixed threshold also stops glibc's dynamic trim threshold. Process-wide:
+    an in-process vLLM engine or `hf` sampler gets it too."""
     global _mmap_threshold
     if threshold <= 0 or torch.device(device).type != "cpu" or platform.libc_ver()[0] != "glibc":
         return _mmap_threshold
