@@ -38,6 +38,8 @@ BENCHMARKS = {
                  "task samplers from one warm start at equal generated tokens, per env, paired"),
     "real-shape": ("benchmarks.real_shape",
                    "real-shape train steps (qwen3-0.6b-shape...) per memory knob against the plan"),
+    "rl-memory": ("benchmarks.rl_memory",
+                  "a config's warm-start and first RL step, trainer alone: peak RSS per phase vs the plan"),
 }
 
 USAGE = "usage: quaero bench {" + ",".join(BENCHMARKS) + "} [options]\n\n" + "\n".join(

@@ -17,7 +17,7 @@ from quaero import process_group
 from quaero.rows import EchoRow
 from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
-from trainers import distributed, mini_steps, registry, step
+from trainers import distributed, memory, mini_steps, registry, step
 from trainers.forward import CausalLMParts, SharedForwardError  # noqa: F401 (re-exported)
 from trainers.reference import Reference
 from trainers.spec import TrainerSpec
@@ -51,6 +51,8 @@ class Trainer:
             raise ValueError(f"[backend] backend={self.name!r} runs on {self.capabilities.devices}, not "
                              f"{device!r}")
         self.device = process_group.setup(spec.distributed, torch.device(device))
+        # before the model loads: freed CPU tensors go back to the system (trainers/memory.py)
+        mmap_threshold = memory.fix_cpu_mmap_threshold(self.device, spec.memory.cpu_mmap_threshold)
         torch.manual_seed(spec.seed)
         self.model = self._load_model()
         self.model.config.use_cache = False
@@ -71,7 +73,8 @@ class Trainer:
         log.info(names.TRAINER_READY_EVENT, trainer=self.name, model=spec.model, device=str(self.device),
                  distributed=spec.distributed, rank=process_group.rank(), ranks=process_group.world_size(),
                  dtype=spec.dtype, lora=spec.lora, trainable_params=sum(p.numel() for p in self.trainable),
-                 selective=spec.selective_logits, logit_transform=str(self.parts.transform))
+                 selective=spec.selective_logits, logit_transform=str(self.parts.transform),
+                 cpu_mmap_threshold=mmap_threshold)
 
     def _load_model(self) -> nn.Module:  # pragma: no cover - abstract
         raise NotImplementedError

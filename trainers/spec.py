@@ -117,6 +117,11 @@ class MemoryPolicy:
     save_on_cpu_min_numel: int = option(
         1048576, "backend.options.train_save_on_cpu_min_numel", ge=0,
         about="offload only tensors at least this large")
+    cpu_mmap_threshold: int = option(
+        131072, "backend.options.train_cpu_mmap_threshold", ge=0,
+        about="on a CPU device with glibc, the fixed malloc mmap threshold (bytes) the trainer sets, so a "
+              "freed tensor's pages go back to the system; 0 leaves glibc's dynamic threshold, under which "
+              "an RL step of SmolLM2-135M grew RSS by ~2.7 GiB a microbatch (trainers/memory.py)")
     supervised_context_tokens: int = option(
         0, "backend.options.train_supervised_context_tokens", ge=0,
         about="0: exact full context; K > 0 crops rows to K tokens before the first target (an "
