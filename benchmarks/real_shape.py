@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.measure import emit
 from quaero.telemetry import names
 from trainers.memory import peak_mem_mb, process_peak_mb, reset_peak
 
@@ -399,10 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         for case in (c.strip() for c in args.cases.split(",") if c.strip()):
             doc["cases"].append(measure_case(case, model, fields, args))
             gc.collect()  # the case's trainer is gone before the next loads
-    text = json.dumps(doc, indent=1)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text)
+    emit(doc, args.json)
     return 0
 
 

@@ -22,10 +22,11 @@ import json
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import torch
+
+from benchmarks.measure import emit
 
 GIB = 2**30
 
@@ -159,10 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     doc = run(args)
-    text = json.dumps(doc, indent=1)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text)
+    emit(doc, args.json)
     return 0
 
 

@@ -54,9 +54,10 @@ def _reference(model, rows):
     return float(total.detach()), shaping
 
 
-def test_a_guided_tokens_loss_and_gradient_are_policy_shaping_in_a_real_step(small_model_dir, monkeypatch):
-    b = LocalTrainer(make_spec(small_model_dir, echo_weight=0.0, guidance_gamma=GAMMA), "cpu")
-    rows = _rows(b)
+def _step_equals_the_formula(b, rows, monkeypatch):
+    """One real train step on `rows`: its loss and every parameter's accumulated gradient (before clipping
+    and the optimizer step) equal `_reference`'s, the formula written out; (the step's metrics, the guided
+    tokens' shaping weights)."""
     b.model.zero_grad(set_to_none=True)
     want, shaping = _reference(b.model, rows)
     want_grads = {n: p.grad.clone() for n, p in b.model.named_parameters() if p.grad is not None}
@@ -64,7 +65,7 @@ def test_a_guided_tokens_loss_and_gradient_are_policy_shaping_in_a_real_step(sma
     seen = {}
     real = step.optimizer_step
 
-    def spy(trainer):  # the accumulated gradient, before clipping and the optimizer step
+    def spy(trainer):
         seen.update({n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None})
         return real(trainer)
 
@@ -74,6 +75,13 @@ def test_a_guided_tokens_loss_and_gradient_are_policy_shaping_in_a_real_step(sma
     assert set(seen) == set(want_grads)
     for n, g in want_grads.items():
         torch.testing.assert_close(seen[n], g, atol=ATOL, rtol=0, msg=n)
+    return m, shaping
+
+
+def test_a_guided_tokens_loss_and_gradient_are_policy_shaping_in_a_real_step(small_model_dir, monkeypatch):
+    b = LocalTrainer(make_spec(small_model_dir, echo_weight=0.0, guidance_gamma=GAMMA), "cpu")
+    rows = _rows(b)
+    m, shaping = _step_equals_the_formula(b, rows, monkeypatch)
     assert m["guided_action_tokens"] == 14 and m["onpolicy_action_tokens"] == 14 and m["action_tokens"] == 28
     assert m["guidance_shaping_mean"] == pytest.approx(sum(shaping) / len(shaping), abs=ATOL)
     assert m["guidance_shaping_min"] == pytest.approx(min(shaping), abs=ATOL)
@@ -99,22 +107,7 @@ def test_a_prefix_rows_guide_tokens_get_the_shaping_loss_and_its_continuation_th
     b = LocalTrainer(make_spec(small_model_dir, echo_weight=0.0, guidance_gamma=GAMMA), "cpu")
     rows = [_prefix_row(b)]
     assert sum(rows[0].guided) == 8 and rows[0].num_action_tokens == 14
-    b.model.zero_grad(set_to_none=True)
-    want, shaping = _reference(b.model, rows)
-    want_grads = {n: p.grad.clone() for n, p in b.model.named_parameters() if p.grad is not None}
-    b.model.zero_grad(set_to_none=True)
-    seen = {}
-    real = step.optimizer_step
-
-    def spy(trainer):
-        seen.update({n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None})
-        return real(trainer)
-
-    monkeypatch.setattr(step, "optimizer_step", spy)
-    m = b.train_step(rows)
-    assert m["rl_loss"] == pytest.approx(want, abs=ATOL)
-    for n, g in want_grads.items():
-        torch.testing.assert_close(seen[n], g, atol=ATOL, rtol=0, msg=n)
+    m, shaping = _step_equals_the_formula(b, rows, monkeypatch)
     assert m["guided_action_tokens"] == 8 and m["onpolicy_action_tokens"] == 6 and len(shaping) == 8
     assert m["guidance_shaping_mean"] == pytest.approx(sum(shaping) / 8, abs=ATOL)
     assert m["importance_ratio_mean"] == pytest.approx(1.0, abs=1e-5) and m["clip_fraction"] == 0.0
