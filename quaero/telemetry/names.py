@@ -107,7 +107,6 @@ def _table(title: str, owner: str) -> Table:
 
 
 # ── the trainer step's branch counters (retrain's names, kept for compatibility)
-# ──────────────────────────────
 
 _branch = _table("Branch counters (retrain's names, kept for compatibility)", "quaero/telemetry/proofs.py")
 SELECTIVE_SUFFIX_LOGITS = _branch.latest("local_train_selective_suffix_logits",
@@ -135,7 +134,6 @@ SELECTIVE_METRICS = (SELECTIVE_SUFFIX_LOGITS, SPARSE_SUFFIX_SKIPS, HIDDEN_BATCHE
                      SUFFIX_BATCHES, FALLBACK_BATCHES, COMPILE_MODE, COMPILE_FALLBACK_REASON)
 
 # ── the trainer step (trainers/step.py `step_metrics`, with each loss term's own: trainers/terms.py)
-# ──────────
 
 _step = _table("Trainer step", "trainers/step.py, trainers/terms.py")
 LOSS = _step.per_step("loss", "RL (or SFT) term + ECHO term")
@@ -228,7 +226,6 @@ RANK_PADDING_MICROBATCHES = _step.per_step("rank_padding_microbatches",
 RANK_PEAK_MEM_MB = _step.per_step("rank_peak_mem_mb", "peak memory per rank")
 
 # ── the rollout (quaero/telemetry/counts.py `RolloutCounts`: the sessions and the driver count into it)
-# ──────────
 
 _rollout = _table("Rollout", "quaero/telemetry/counts.py")
 EPISODES = _rollout.count("episodes", "episodes run (dropped ones included)")
@@ -312,7 +309,6 @@ BRIDGE_FALLBACK_REASON = _rollout.count_family("bridge_fallback_reason_", "reaso
                                                                                     "reason")
 
 # ── the recipe, per step (quaero/recipe/train.py, and its weight sync: quaero/recipe/weight_sync.py)
-# ─────────────────────────────────────────────────────────────
 
 _recipe = _table("Recipe, per step", "quaero/recipe/train.py, quaero/recipe/weight_sync.py")
 PHASE = _recipe.latest("phase", "`sft` (warm start on demos), `traces_rl` (warm start on recorded traces "
@@ -344,7 +340,6 @@ ROLLOUT_WAIT_S = _recipe.per_step("rollout_wait_s",
                                   "rollout")
 
 # ── the learning signal and the task samplers, per RL step (quaero/recipe/groups.py `signal_metrics`)
-# ──────────
 
 _signal = _table("Learning signal and task samplers, per RL step", "quaero/recipe/groups.py")
 SIGNAL_GROUPS = _signal.count("signal_groups", "groups whose rewards differ: they carry an RL signal")
@@ -379,7 +374,6 @@ BY_ENV = _signal.per_step("by_env", "a mixture's figures per env: `{env: {groups
                           "pooled ones are the step's own)")
 
 # ── saved rows, per step (quaero/recipe/saved_rows.py)
-# ────────────────────────────────────────────────────────
 
 _rows = _table("Saved rows, per step", "quaero/recipe/saved_rows.py")
 ROWS_SAVED = _rows.count("rows_saved", "rows written to `runs/NAME/rows/`")
@@ -387,7 +381,6 @@ ROWS_SAVE_FAILURES = _rows.count("rows_save_failures", "1 when writing them fail
                                                        "stopped run)")
 
 # ── evaluation (`eval` events, quaero/recipe/evaluation.py)
-# ───────────────────────────────────────────────────────
 
 _eval = _table("Evaluation (`eval` events)", "quaero/recipe/evaluation.py")
 EVAL_REWARD = _eval.per_step("eval_reward", "mean reward of the evaluation's episodes")
