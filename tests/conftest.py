@@ -8,15 +8,6 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("QUAERO_CACHE", os.path.join(tempfile.gettempdir(), "quaero-test-cache"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Under pytest-xdist (README "Tests": -n 2) each worker, and every run it starts, gets its share of the cores:
-# two workers at torch's default of a thread per core put 4 OpenMP threads on 2 cores, each parallel region
-# waiting on a thread the other worker holds. Measured side by side on 2 cores (tests/unit/trainers,
-# test_run_state.py, test_driver.py on -n 2): 355 s at the default, 306 s at one thread each. A user's own
-# OMP_NUM_THREADS wins; one process (plain `pytest`) keeps torch's default.
-_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-if _WORKERS > 1:
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _WORKERS)))
-
 import pytest
 
 
