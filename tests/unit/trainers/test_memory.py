@@ -60,9 +60,9 @@ def _retained_mib(threshold: int) -> int:
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc and mallopt only")
 def test_the_trainer_gives_freed_tensors_back_to_the_system():
     """Issue #41: an RL step of SmolLM2-135M was killed at 9.7-14 GB RSS against a 3 GiB plan; torch's own
-    count was 2.8 GiB: glibc kept what each microbatch freed. A CPU trainer fixes malloc's mmap threshold
-    (`train_cpu_mmap_threshold`), so 248 MiB of freed 8 MiB tensors leave the process; with 0 (glibc's
-    dynamic threshold) they stay."""
+    count was 2.8 GiB: glibc kept what each microbatch freed. A CPU trainer can fix malloc's mmap threshold
+    (`train_cpu_mmap_threshold = 131072`, as envs/toolbench_smollm2.toml does), so 248 MiB of freed 8 MiB
+    tensors leave the process; with 0 (glibc's dynamic threshold, the default) they stay."""
     assert _retained_mib(131072) < 40
     assert _retained_mib(0) > 200
 
