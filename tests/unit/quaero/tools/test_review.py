@@ -280,7 +280,7 @@ def test_require_an_unknown_check_lists_the_valid_names(tmp_path, capsys):
                    "'compiled CE proof', 'exact rows (prefix mismatches)', 'trained at least one step', "
                    "'sampler log-probs agree with the trainer', 'RL trained (action tokens with advantage)', "
                    "'ECHO trained (env tokens)', 'ECHO loss falling', 'eval reward above untrained', "
-                   "'RL improved eval over warm start'\n")
+                   "'RL kept eval at warm start', 'RL improved eval over warm start'\n")
 
 
 @pytest.mark.hostile
@@ -362,26 +362,32 @@ def _record_phases(run_dir, *, warm: list[int] | None, end: list[int] | None, sf
         log.info("run_end", status="finished")
 
 
-@pytest.mark.parametrize("warm,end,status", [
-    ([1] * 20 + [0] * 44, [1] * 34 + [0] * 30, proofs.PASS),  # 14 solved only after RL, none only before
-    ([1] * 20 + [0] * 44, [1] * 20 + [0] * 44, proofs.FAIL),  # the same tasks solved: no evidence
-    ([1] * 20 + [0] * 44, [0] * 10 + [1] * 12 + [0] * 42, proofs.FAIL),  # 2 more solved, 10 lost: worse
-    ([1] * 20 + [0] * 44, [0] * 2 + [1] * 23 + [0] * 39, proofs.FAIL),  # +3 net: p = 0.45, interval spans 0
+@pytest.mark.parametrize("warm,end,improved,kept", [
+    ([1] * 20 + [0] * 44, [1] * 34 + [0] * 30, proofs.PASS, proofs.PASS),  # 14 only after RL, 0 before
+    ([1] * 20 + [0] * 44, [1] * 20 + [0] * 44, proofs.FAIL, proofs.PASS),  # the same solved: no evidence
+    ([1] * 20 + [0] * 44, [0] * 10 + [1] * 12 + [0] * 42, proofs.FAIL, proofs.FAIL),  # 2 more solved, 10 lost
+    ([1] * 20 + [0] * 44, [0] * 2 + [1] * 23 + [0] * 39, proofs.FAIL, proofs.PASS),  # +3 net: p = 0.45
+    ([1] * 20 + [0] * 44, [0] * 4 + [1] * 16 + [0] * 44, proofs.FAIL, proofs.FAIL),  # 4 lost, 0 gained:
+    # the interval is below 0 though McNemar's p (0.125) is not < 0.05
 ])
-def test_rl_improved_eval_over_warm_start_is_paired(tmp_path, capsys, warm, end, status):
+def test_rl_improved_and_kept_eval_over_warm_start_are_paired(tmp_path, capsys, warm, end, improved, kept):
     _record_phases(tmp_path, warm=warm, end=end)
     s = review.summarize(review.load_run(tmp_path))
-    check = next(c for c in proofs.run_checks(s) if c["name"] == proofs.RL_IMPROVED)
-    assert check["status"] == status, check["detail"]
+    checks = {c["name"]: c for c in proofs.run_checks(s)}
+    assert checks[proofs.RL_IMPROVED]["status"] == improved, checks[proofs.RL_IMPROVED]["detail"]
+    assert checks[proofs.RL_KEPT]["status"] == kept, checks[proofs.RL_KEPT]["detail"]
     c = s.rl_vs_warm_start
     assert c.pairs == 64 and c.warm_start_step == 3 and c.end_step == 5
-    # the detail states each relation as it is: a p of 0.45 is never printed as "< 0.05"
-    p_rel = "<" if c.mcnemar_p < proofs.RL_IMPROVED_P else ">="
-    assert f"McNemar exact p = {c.mcnemar_p:.3g} {p_rel} {proofs.RL_IMPROVED_P})" in check["detail"]
-    assert check["detail"].endswith("; > 0)" if c.reward_diff_ci95[0] > 0 else "; not > 0)")
-    rc = review_command.main(args(tmp_path, require=[proofs.RL_IMPROVED]))
-    assert rc == (0 if status == proofs.PASS else 1)
-    assert f"[{'PASS' if status == proofs.PASS else 'WARN'}] {proofs.RL_IMPROVED}" in capsys.readouterr().out
+    low, high = c.reward_diff_ci95
+    for check in (checks[proofs.RL_IMPROVED], checks[proofs.RL_KEPT]):
+        # the detail states each relation as it is: a p of 0.45 is never printed as "< 0.05"
+        p_rel = "<" if c.mcnemar_p < proofs.RL_IMPROVED_P else ">="
+        assert f"McNemar exact p = {c.mcnemar_p:.3g} {p_rel} {proofs.RL_IMPROVED_P})" in check["detail"]
+        assert check["detail"].endswith("; > 0)" if low > 0 else "; < 0)" if high < 0 else "; spans 0)")
+    for name, status in ((proofs.RL_IMPROVED, improved), (proofs.RL_KEPT, kept)):
+        rc = review_command.main(args(tmp_path, require=[name]))
+        assert rc == (0 if status == proofs.PASS else 1)
+        assert f"[{'PASS' if status == proofs.PASS else 'WARN'}] {name}" in capsys.readouterr().out
 
 
 def test_a_warm_start_on_recorded_traces_with_the_rl_loss_is_still_the_warm_start(tmp_path):
