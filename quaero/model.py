@@ -436,13 +436,33 @@ def _dtype_probe(dtype, device: str) -> None:
     torch.nn.functional.silu(x @ w).float().sum().backward()
 
 
+# One tokenizer per model folder and process: a run's check, build and final save each ask for it, and loading
+# the Qwen vocabulary costs 2-3 s each time (transformers parses tokenizer.json and deep-copies it). Keyed by
+# the folder's files as they are (name, size, mtime), so a folder rewritten in place loads afresh; the last
+# few folders only (a Qwen tokenizer holds ~100 MB).
+_TOKENIZERS: dict[tuple, object] = {}
+_TOKENIZERS_KEPT = 4
+
+
+def _folder_stamp(path: Path) -> tuple:
+    return tuple(sorted((f.name, st.st_size, st.st_mtime_ns) for f in Path(path).iterdir()
+                        if f.is_file() and (st := f.stat())))
+
+
 def load_tokenizer(name: str):
+    """The tokenizer of model `name`, shared within the process: never change it in place (copy.deepcopy it
+    first, as tests/unit/quaero/chat/test_template.py does)."""
     from transformers import AutoTokenizer
 
     path = resolve_model(name)
-    tok = AutoTokenizer.from_pretrained(path)
-    if not is_named(name):
-        tok.name_or_path = name
+    key = (name, str(path), _folder_stamp(path))
+    if (tok := _TOKENIZERS.get(key)) is None:
+        tok = AutoTokenizer.from_pretrained(path)
+        if not is_named(name):
+            tok.name_or_path = name
+        while len(_TOKENIZERS) >= _TOKENIZERS_KEPT:
+            del _TOKENIZERS[next(iter(_TOKENIZERS))]
+        _TOKENIZERS[key] = tok
     return tok
 
 

@@ -47,6 +47,23 @@ def test_tiny_model_loads_and_is_qwen3(tiny_model_dir):
     assert isinstance(m.lm_head, __import__("torch").nn.Linear)
 
 
+def test_a_folders_tokenizer_loads_once_per_process_until_its_files_change(tmp_path, tiny_model_dir):
+    """A run's check, build and final save share one load of the tokenizer; a folder rewritten in place (a
+    file's size or mtime) loads afresh, and another name for the same folder is its own entry."""
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    first = qm.load_tokenizer(str(folder))
+    assert qm.load_tokenizer(str(folder)) is first
+    config = folder / "tokenizer_config.json"
+    os.utime(config, ns=(config.stat().st_atime_ns, config.stat().st_mtime_ns + 10**9))
+    again = qm.load_tokenizer(str(folder))
+    assert again is not first and again.encode("hello") == first.encode("hello")
+    assert qm.load_tokenizer(str(folder) + "/") is not again
+    assert again.name_or_path == str(folder)
+
+
 def test_build_is_byte_identical(tmp_path, tiny_model_dir):
     qm._build_tiny_qwen3(tmp_path / "a")
     digest = lambda p: hashlib.sha256((p / "model.safetensors").read_bytes()).hexdigest()
