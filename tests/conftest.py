@@ -57,6 +57,20 @@ def _logging_as_a_new_process_has_it():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _auto_samples_with_hf_unless_the_test_is_marked_vllm(request, monkeypatch):
+    """A test not marked `vllm` runs in this process as it would on a machine without vLLM: `[sampler] backend
+    = "auto"` picks hf. Else the same test took another engine's code path in CI than on a machine without
+    vLLM, and paid a vLLM engine start (~20 s on 2 CPU cores) for a run that was not about sampling. A test
+    that samples with vLLM says so (`pytest.mark.vllm`, or `backend = "vllm"` in its config, which this leaves
+    alone); a `quaero` subprocess is not reached by this."""
+    if request.node.get_closest_marker("vllm") is None:
+        from quaero import sampler_registry
+
+        found = sampler_registry.installed
+        monkeypatch.setattr(sampler_registry, "installed", lambda name: name != "vllm" and found(name))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """In CI (QUAERO_REQUIRE_ENGINES=1) a vllm/unsloth-tier test that skips is a failure: the engine
