@@ -56,38 +56,48 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(model_dir: str, strategy: str, chunk_size: int | None, out: Path) -> None:
+CASES = [("ddp", None), ("fsdp2", None),
+         ("fsdp2", 5)]  # the chunked head recomputes its logits in backward: the head must be whole there too
+
+
+def case_dir(out: Path, strategy: str, chunk_size: int | None) -> Path:
+    return out / f"{strategy}-{str(chunk_size).lower()}"
+
+
+@pytest.fixture(scope="module")
+def two_ranks(model_dir, tmp_path_factory) -> Path:
+    """Every case's two-rank steps in one torchrun launch (the cases one after the other in the same ranks):
+    each case's folder of metrics and weights (tests/fixtures/dist_step.py)."""
+    out = tmp_path_factory.mktemp("two-ranks")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
            "OMP_NUM_THREADS": "1"}
     for attempt in (1, 2):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
-               "127.0.0.1",
-               "--master-port", str(free_port()), str(ROOT / "tests/fixtures/dist_step.py"), model_dir,
-               strategy, str(out), str(chunk_size).lower()]
+               "127.0.0.1", "--master-port", str(free_port()), str(ROOT / "tests/fixtures/dist_step.py"),
+               model_dir, str(out),
+               *(f"{strategy}:{str(chunk).lower()}" for strategy, chunk in CASES)]
         proc = subprocess.run(cmd, check=False, env=env, cwd=ROOT, capture_output=True, text=True,
                               timeout=600)
         # Seen once in a fresh-clone CI run (2026-12-03; 9 reruns here passed): a rank aborted in torch's
         # C++ runtime right after building its trainer ("terminate called without an active exception",
         # SIGABRT) before any step ran or any file was written: that crash, and only it, is launched once
         # more. A wrong figure, a Python error or a second abort still fails.
-        aborted = "Signal 6 (SIGABRT)" in proc.stderr and not any(out.glob("rank*.json"))
+        aborted = "Signal 6 (SIGABRT)" in proc.stderr and not any(out.rglob("rank*.json"))
         if proc.returncode == 0 or not aborted or attempt == 2:
             break
         print(f"torchrun: a rank aborted before its first step; launching again\n{proc.stderr[-1500:]}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy,chunk_size", [
-    ("ddp", None), ("fsdp2", None),
-    ("fsdp2", 5),  # the chunked head recomputes its logits in backward: the head must be whole there too
-])
-def test_two_rank_step_equals_the_one_process_step(model_dir, one_process, strategy, chunk_size, tmp_path):
+@pytest.mark.parametrize("strategy,chunk_size", CASES)
+def test_two_rank_step_equals_the_one_process_step(model_dir, one_process, two_ranks, strategy, chunk_size):
     from safetensors.torch import load_file
 
-    torchrun(model_dir, strategy, chunk_size, tmp_path)
+    out = case_dir(two_ranks, strategy, chunk_size)
     want_metrics, want_weights = one_process(chunk_size)
-    rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    rank0, rank1 = (json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1))
     assert rank0 == rank1  # every rank returns the same metrics, so rank 0 can log them alone
     for name, want_steps in want_metrics.items():
         for want, got in zip(want_steps, rank0[name], strict=True):
@@ -98,7 +108,7 @@ def test_two_rank_step_equals_the_one_process_step(model_dir, one_process, strat
             assert got["ranks"] == 2 and sum(got["rank_rows"]) == want["rows"]
             assert sum(got["rank_forward_passes"]) == want["forward_passes"]
     for key, want_state in want_weights.items():
-        state = load_file(str(tmp_path / f"{key}.safetensors"))
+        state = load_file(str(out / f"{key}.safetensors"))
         assert sorted(state) == sorted(want_state)
         # After one AdamW step: 1e-6. A second step divides by sqrt(v) + eps, so where a gradient is
         # near eps (1e-8) a last-bit difference in the summed gradient or the clip's global norm

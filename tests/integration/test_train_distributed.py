@@ -2,6 +2,10 @@
 toolbench env and tiny-qwen3. Rank 0 alone writes the run folder; the events hold the ranks' totals; an
 FSDP2 run checkpoints in shards, `quaero export` reads them whole, and a run stopped by a Ctrl-C after step k
 and resumed equals the uninterrupted run at step k + 1.
+
+Every `--nproc 2` launch costs ~30 s before its first step (torchrun, two ranks importing transformers, the
+env server, the model), so one run proves what it can: the FSDP2 main job (sampling ahead) is the Ctrl-C
+test's uninterrupted reference, and the DDP main job is the SLURM script's run, resumed by `--nproc 2`.
 """
 import json
 import os
@@ -32,23 +36,36 @@ def quaero(*args, timeout=900):
     return proc
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("strategy", "ahead"), [("ddp", 0), ("fsdp2", 1)])
-def test_two_ranks_finish_the_main_job_write_once_and_pass_review(tmp_path, strategy, ahead):
-    """FSDP2 with rollouts sampled ahead (`max_off_policy_steps = 1`): each rank samples on a worker thread of
-    its own while the collectives stay on the main thread."""
-    rl_steps = 1 + ahead  # the first RL step samples on-policy: the second is the one sampled ahead
-    path, cfg = make_config(tmp_path, strategy, steps=rl_steps, warmup=2, eval_every=3, eval_tasks=2)
+def in_process(*args):
+    """`quaero review` / `quaero export` in this process: one process reads a run whatever wrote it, and a
+    subprocess would only add its interpreter's imports (torch, transformers) to the test's time."""
+    from quaero import cli
+
+    assert cli.main([*map(str, args)]) == 0
+
+
+def main_job(tmp_path, name, strategy, ahead, warmup=2):
+    """The main job's config on `strategy`: `warmup` warm-start steps, then 1 + `ahead` RL steps (the first
+    samples on-policy, the second ahead), an eval every 3 steps of 2 tasks, a checkpoint every 2."""
+    path, cfg = make_config(tmp_path, name, steps=1 + ahead, warmup=warmup, eval_every=3, eval_tasks=2)
     path.write_text(path.read_text().replace("checkpoint_every = 2", "checkpoint_every = "
                                                                      f"2\nmax_off_policy_steps = {ahead}"))
-    quaero("train", with_strategy(path, strategy), "--nproc", 2)
-    run_dir = cfg.run_dir
+    return with_strategy(path, strategy), cfg
+
+
+def assert_the_main_job_was_written_once_with_every_ranks_totals(tmp_path, run_dir, strategy, ahead, warmup=2,
+                                                                 checkpoint_every=2):
+    """Rank 0 alone wrote the run: one start, one end, each step and eval once, with both ranks' totals;
+    the checkpoints kept (FSDP2: in shards); every required proof passes; one process exports the last
+    checkpoint (FSDP2: its shards read whole) to the weights of final/, bit for bit. Returns the last step."""
+    rl_steps, last = 1 + ahead, warmup + 1 + ahead
     events, unreadable = read_events(run_dir / "events.jsonl")
     count = Counter(e["event"] for e in events)
     assert (
         unreadable == 0 and count["run_start"] == 1 and count["run_end"] == 1 and count["trainer_ready"] == 1
     )
-    assert count["train_step"] == 2 + rl_steps and count["eval"] == 2 + ahead  # once each, by rank 0
+    evals = {0, last} | set(range(3, last + 1, 3))  # eval_every = 3, before the first step and after the last
+    assert count["train_step"] == last and count["eval"] == len(evals)  # once each, by rank 0
     (start,) = events_of(run_dir, "run_start")
     assert start["ranks"] == 2 and start["config"]["training"]["max_off_policy_steps"] == ahead
     steps = events_of(run_dir, "train_step")
@@ -56,30 +73,25 @@ def test_two_ranks_finish_the_main_job_write_once_and_pass_review(tmp_path, stra
         # every rank's episodes are counted: 2 tasks x group 1 (warm start) or 2 (RL), split 1 + 1 over the
         # ranks
         assert s["episodes"] == 2 * (1 if s["phase"] == "sft" else 2) and s["episodes_dropped"] == 0
-        assert s["ranks"] == 2 and sum(s["rank_rows"]) == s["rows"] > 0
+        assert s["ranks"] == 2 and len(s["rank_rows"]) == 2 and sum(s["rank_rows"]) == s["rows"] > 0
         assert s["env_responses"] == s["env_responses_captured"] and s["prefix_mismatches"] == 0
         assert s["forward_passes"] == s["microbatches"] - s["lm_head_skipped_microbatches"]
-    assert [s.get("policy_staleness") for s in steps] == [None, None, 0] + [1] * ahead
-    assert [e["eval_episodes"] for e in events_of(run_dir, "eval")] == [2] * (2 + ahead)
-    assert steps[-1]["cumulative"]["episodes"] == 2 + 2 + 4 * rl_steps
+    assert [s.get("policy_staleness") for s in steps] == [None] * warmup + [0] + [1] * ahead
+    assert [e["eval_episodes"] for e in events_of(run_dir, "eval")] == [2] * len(evals)
+    assert steps[-1]["cumulative"]["episodes"] == 2 * warmup + 4 * rl_steps
     assert events_of(run_dir, "run_end")[0]["status"] == "finished"
-    last = 2 + rl_steps
-    kept = sorted({s for s in range(2, last + 1, 2)} | {last})[-2:]  # checkpoint_every = 2, the last, 2 kept
+    kept = sorted(set(range(checkpoint_every, last + 1, checkpoint_every)) | {last})[-2:]  # the last, 2 kept
     assert [p.name for p in sorted((run_dir / "checkpoints").iterdir())] == [f"step-{s:06d}" for s in kept]
     assert (run_dir / "checkpoints" / f"step-{last:06d}" / "shards").is_dir() == (strategy == "fsdp2")
-    quaero("review", run_dir, "--require-proof")  # exit 0: every required proof passes on the totals
-    # one process exports the last checkpoint (FSDP2: its shards read whole): the weights of final/
-    quaero("export", run_dir, tmp_path / "exported")
+    in_process("review", run_dir, "--require-proof")  # exit 0: every required proof passes on the totals
+    exported = tmp_path / f"exported-{strategy}"
+    in_process("export", run_dir, exported)
     final = load_file(run_dir / "final" / "model.safetensors")
-    exported = load_file(tmp_path / "exported" / "model.safetensors")
-    assert sorted(final) == sorted(exported)
+    weights = load_file(exported / "model.safetensors")
+    assert sorted(final) == sorted(weights)
     for name, w in final.items():
-        torch.testing.assert_close(exported[name], w, rtol=0, atol=0, msg=name)
-    if strategy == "ddp":  # a DDP checkpoint (rank 0's whole state) resumes on both ranks: one more RL step
-        quaero("train", path, "--nproc", 2, "--set", f"training.steps={rl_steps + 1}")
-        assert [e["step"] for e in events_of(run_dir, "resumed")] == [last]
-        assert steps_by_number(run_dir)[last + 1]["rows"] > 0
-        assert events_of(run_dir, "run_end")[-1]["status"] == "finished"
+        torch.testing.assert_close(weights[name], w, rtol=0, atol=0, msg=name)
+    return last
 
 
 @pytest.mark.slow
@@ -116,20 +128,21 @@ def test_a_locked_run_folder_ends_every_rank_with_the_lock_error(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.hostile
-def test_fsdp2_ctrl_c_on_two_ranks_checkpoints_shards_and_the_resumed_run_equals_uninterrupted(tmp_path):
+def test_fsdp2_ctrl_c_checkpoints_shards_and_the_resumed_run_equals_the_main_job_sampling_ahead(tmp_path):
     """A terminal's Ctrl-C (SIGINT to the whole foreground process group) on `quaero train --nproc 2` with
     FSDP2: the ranks finish their step k, every rank writes its shards of it, and `quaero` returns 130 only
-    once every process it started is gone. Resumed from the shards for step k + 1, the run equals k + 1 steps
-    straight through. Warm-start steps (the env's oracle: the same rows every time), so the rows are the same
-    too."""
+    once every process it started is gone. Resumed from the shards for step k + 1, the run equals the
+    uninterrupted run at step k + 1: the main job with k + 1 warm-start steps (the env's oracle: the same rows
+    every time) and rollouts sampled ahead (`max_off_policy_steps = 1`: each rank samples on a worker thread
+    of its own while the collectives stay on the main thread), written once and passing review. (DDP: the
+    SLURM test below.)"""
     import signal
     import time
 
     import psutil
 
     compare = ("loss", "sft_loss", "echo_loss", "grad_norm", "row_tokens", "action_tokens", "echo_tokens")
-    path, cfg = make_config(tmp_path, "cut", steps=0, warmup=40, eval_every=0, eval_tasks=0)
-    with_strategy(path, "fsdp2")
+    path, cfg = main_job(tmp_path, "cut", "fsdp2", ahead=1, warmup=40)  # the main job's config but its length
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     proc = subprocess.Popen([sys.executable, "-m", "quaero.cli", "train", str(path), "--nproc", "2"],
                                                                                                    cwd=ROOT,
@@ -150,18 +163,25 @@ def test_fsdp2_ctrl_c_on_two_ranks_checkpoints_shards_and_the_resumed_run_equals
     k = end["steps"]
     assert end["status"] == "interrupted" and 1 <= k < 40
     assert (cfg.run_dir / "checkpoints" / f"step-{k:06d}" / "shards").is_dir()
-    quaero("train", path, "--nproc", 2, "--set", f"training.warmup_sft_steps={k + 1}")
+    # no eval: the one after its last step is never read (it follows the checkpoint and changes no weight)
+    quaero("train", path, "--nproc", 2, "--set", f"training.warmup_sft_steps={k + 1}", "--set",
+           "training.steps=0", "--set", "training.eval_every=0")
     assert [e["step"] for e in events_of(cfg.run_dir, "resumed")] == [k]
     assert events_of(cfg.run_dir, "run_end")[-1]["status"] == "finished"
 
-    ref_path, ref_cfg = make_config(tmp_path, "ref", steps=0, warmup=k + 1, eval_every=0, eval_tasks=0)
-    quaero("train", with_strategy(ref_path, "fsdp2"), "--nproc", 2)
+    # the uninterrupted run: a checkpoint at step k + 1 (kept: it and the last) to read its weights whole
+    ref_path, ref_cfg = main_job(tmp_path, "ref", "fsdp2", ahead=1, warmup=k + 1)
+    quaero("train", ref_path, "--nproc", 2, "--set", f"training.checkpoint_every={k + 1}")
+    assert_the_main_job_was_written_once_with_every_ranks_totals(tmp_path, ref_cfg.run_dir, "fsdp2", ahead=1,
+                                                                 warmup=k + 1, checkpoint_every=k + 1)
     ref, resumed = steps_by_number(ref_cfg.run_dir), steps_by_number(cfg.run_dir)
     assert max(resumed) == k + 1
     for key in compare:
         assert resumed[k + 1][key] == pytest.approx(ref[k + 1][key], rel=1e-6, abs=1e-9), key
-    want = load_file(ref_cfg.run_dir / "final" / "model.safetensors")
+    in_process("export", ref_cfg.run_dir, tmp_path / "ref-step", "--step", k + 1)
+    want = load_file(tmp_path / "ref-step" / "model.safetensors")
     got = load_file(cfg.run_dir / "final" / "model.safetensors")
+    assert sorted(got) == sorted(want)
     worst = max(float((got[n] - w).abs().max()) for n, w in want.items())
     assert worst <= 1e-6, worst
     print(json.dumps({"stopped_after": k, "loss": [ref[k + 1]["loss"], resumed[k + 1]["loss"]],
@@ -190,32 +210,33 @@ SCHEDULER_STANDINS = {
 
 
 @pytest.mark.slow
-def test_the_slurm_script_trains_over_two_nodes_through_torchrun_rendezvous(tmp_path):
+def test_the_slurm_script_trains_the_ddp_main_job_over_two_nodes_and_quaero_nproc_resumes_it(tmp_path):
     """scripts/slurm_train.sbatch's own command line, one torchrun agent per node meeting through the c10d
-    rendezvous (two agents on this host stand in for two nodes): one run, written once, every proof."""
+    rendezvous (two agents on this host stand in for two nodes), trains the main job with DDP: one run,
+    written once, with both ranks' totals, every proof. Its DDP checkpoint (rank 0's whole state) then
+    resumes on both ranks of `quaero train --nproc 2` for one more RL step."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in SCHEDULER_STANDINS.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
-    path, cfg = make_config(tmp_path, "nodes", steps=1, warmup=1, eval_every=0, eval_tasks=0)
+    path, cfg = main_job(tmp_path, "nodes", "ddp", ahead=0)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHON": sys.executable,
            "SRUN_LOGS": str(tmp_path),
            "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_NNODES": "2",
            "QUAERO_RDZV_PORT": str(_free_port())}
     env.pop("SLURM_GPUS_ON_NODE", None)
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "slurm_train.sbatch"), str(with_strategy(path,
-                                                                                                   "ddp"))],
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "slurm_train.sbatch"), str(path)],
                           check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     logs = "".join((tmp_path / f"node{n}.log").read_text()[-2000:] for n in (0, 1))
     assert proc.returncode == 0, proc.stderr[-2000:] + logs
-    count = Counter(e["event"] for e in read_events(cfg.run_dir / "events.jsonl")[0])
-    assert count["run_start"] == 1 and count["train_step"] == 2 and count["run_end"] == 1
-    assert events_of(cfg.run_dir, "run_start")[0]["ranks"] == 2
-    assert all(s["ranks"] == 2 and len(s["rank_rows"]) == 2 for s in events_of(cfg.run_dir, "train_step"))
-    assert events_of(cfg.run_dir, "run_end")[0]["status"] == "finished"
-    quaero("review", cfg.run_dir, "--require-proof")
+    last = assert_the_main_job_was_written_once_with_every_ranks_totals(tmp_path, cfg.run_dir, "ddp", ahead=0)
+    # no eval: the one after its last step is never read
+    quaero("train", path, "--nproc", 2, "--set", "training.steps=2", "--set", "training.eval_every=0")
+    assert [e["step"] for e in events_of(cfg.run_dir, "resumed")] == [last]
+    assert steps_by_number(cfg.run_dir)[last + 1]["rows"] > 0
+    assert events_of(cfg.run_dir, "run_end")[-1]["status"] == "finished"
 
 
 def test_the_slurm_script_needs_a_config_and_a_job():
