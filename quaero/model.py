@@ -436,13 +436,24 @@ def _dtype_probe(dtype, device: str) -> None:
     torch.nn.functional.silu(x @ w).float().sum().backward()
 
 
+_TOKENIZERS: dict[tuple, object] = {}  # (name, folder, its files' sizes and mtimes) -> the tokenizer loaded
+
+
 def load_tokenizer(name: str):
+    """`name`'s tokenizer, loaded once a process while its folder's files are unchanged: a run reads it at the
+    check, the build and the final save (2-3 s a load for tiny-qwen3's 151k vocabulary). Shared: not to be
+    changed by its users."""
     from transformers import AutoTokenizer
 
     path = resolve_model(name)
-    tok = AutoTokenizer.from_pretrained(path)
-    if not is_named(name):
-        tok.name_or_path = name
+    key = (name, str(path), tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns)
+                                         for f in Path(path).iterdir() if f.is_file())))
+    if (tok := _TOKENIZERS.get(key)) is None:
+        tok = AutoTokenizer.from_pretrained(path)
+        if not is_named(name):
+            tok.name_or_path = name
+        _TOKENIZERS.clear()  # one kept: a process trains one model
+        _TOKENIZERS[key] = tok
     return tok
 
 
