@@ -28,11 +28,6 @@ class _Payload:
         return (Path.touch, (self.marker,))
 
 
-def quaero_train(config: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "quaero.cli", "train", str(config), *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout, check=False)
-
-
 def wait_for(predicate, timeout: float = 240, what: str = "") -> None:
     deadline = time.time() + timeout
     while not predicate():
@@ -63,11 +58,13 @@ def test_crafted_checkpoint_never_runs_and_unusable_checkpoints_are_refused(tmp_
             manifest["sha256"][name] = checkpoint._sha256(folder / name)
         (folder / "manifest.json").write_text(json.dumps(manifest))
 
+    from quaero.cli import main  # in this process: the imports are paid for already
+
     for flags in (["--resume"], []):  # explicit and automatic resume: both refuse to start over
-        proc = quaero_train(path, *flags)
-        assert proc.returncode == 1, proc.stderr
+        capsys.readouterr()
+        assert main(["train", str(path), *flags]) == 1
         assert not marker.exists()
-        (line,) = proc.stderr.strip().splitlines()
+        (line,) = capsys.readouterr().err.strip().splitlines()
         assert line.startswith(f"error: {run_dir / 'checkpoints'}: no intact checkpoint to resume from")
         assert "step-000002: unreadable" in line and "step-000001: unreadable" in line and "--restart" in line
     skipped = events_of(run_dir, "checkpoint_skipped")
@@ -90,8 +87,6 @@ def test_crafted_checkpoint_never_runs_and_unusable_checkpoints_are_refused(tmp_
     (newest / "manifest.json").write_text(json.dumps({"format": checkpoint.FORMAT, "step": 2,
                                                       "sha256": hashes}))
     assert checkpoint.verify(newest) is None
-    from quaero.cli import main  # in this process: the imports are paid for already
-
     capsys.readouterr()
     assert main(["train", str(path), "--resume"]) == 1 and not marker.exists()
     assert main(["export", str(run_dir), str(tmp_path / "out")]) == 1 and not marker.exists()
@@ -106,7 +101,11 @@ def test_crafted_checkpoint_never_runs_and_unusable_checkpoints_are_refused(tmp_
 
 @pytest.mark.slow
 @pytest.mark.hostile
-def test_restart_starts_over_and_keeps_the_unusable_checkpoints_aside(tmp_path):
+def test_restart_keeps_unusable_checkpoints_aside_and_a_refused_resume_leaves_the_runs_config_json(tmp_path):
+    """--restart starts over and keeps the unusable checkpoints aside. Then a resume is judged before the
+    run's config.json is rewritten: a LoRA config against a full checkpoint is refused and leaves
+    config.json, the change notes `quaero review` repeats and `quaero export` alone."""
+    from quaero.cli import main
     from quaero.recipe.train import train
 
     _, cfg = make_config(tmp_path, "restart", steps=0, warmup=1, eval_every=0, eval_tasks=0)
@@ -120,6 +119,21 @@ def test_restart_starts_over_and_keeps_the_unusable_checkpoints_aside(tmp_path):
     assert [p.name for p in aside.iterdir()] == ["step-000004"]
     assert checkpoint.load_latest(cfg.run_dir / "checkpoints")[0].name == "step-000001"
     assert [e["step"] for e in events_of(cfg.run_dir, "train_step")] == [1]
+
+    written = (cfg.run_dir / "config.json").read_bytes()
+    _, lora = make_config(tmp_path, "restart", steps=0, warmup=2, eval_every=0, eval_tasks=0,
+                          extra=["backend.lora=true"])
+    with pytest.raises(checkpoint.CheckpointError, match=r"step-000001"):
+        train(lora, resume=True)
+    assert (cfg.run_dir / "config.json").read_bytes() == written
+    assert not events_of(cfg.run_dir, "resume_config_changed")
+    assert main(["export", str(cfg.run_dir), str(tmp_path / "out")]) == 0
+
+    _, longer = make_config(tmp_path, "restart", steps=0, warmup=2, eval_every=0, eval_tasks=0)
+    train(longer, resume=True)  # the good resume reports what changed since the config that trained
+    (changed,) = events_of(cfg.run_dir, "resume_config_changed")
+    assert list(changed["changes"]) == ["training.warmup_sft_steps"]
+    assert json.loads((cfg.run_dir / "config.json").read_text())["training"]["warmup_sft_steps"] == 2
 
 
 @pytest.mark.slow
@@ -162,7 +176,8 @@ def test_a_full_disk_stops_the_run_in_one_line_and_a_killed_write_does_not_block
 
 @pytest.mark.slow
 @pytest.mark.hostile
-def test_one_train_per_run_folder_stale_lock_taken_over_and_a_deleted_events_file_recreated(tmp_path):
+def test_one_train_per_run_folder_stale_lock_taken_over_and_a_deleted_events_file_recreated(tmp_path, capsys):
+    from quaero.cli import main
     from quaero.recipe.train import train
 
     path, cfg = make_config(tmp_path, "shared", steps=0, warmup=200, eval_every=0, eval_tasks=0,
@@ -176,9 +191,9 @@ def test_one_train_per_run_folder_stale_lock_taken_over_and_a_deleted_events_fil
         run_id = read_events(events)[0][0]["run_id"]
         first_server = [e["pid"] for e in events_of(cfg.run_dir, "env_server_started")]
 
-        second = quaero_train(path)  # refused at the lock, before any model loads: one line, exit 1
-        assert second.returncode == 1, second.stderr
-        (line,) = second.stderr.strip().splitlines()
+        capsys.readouterr()  # a second train, in this process: refused at the lock, before any model loads
+        assert main(["train", str(path)]) == 1
+        (line,) = capsys.readouterr().err.strip().splitlines()
         assert f"another `quaero train` (pid {first.pid}) holds" in line
         assert {e["run_id"] for e in read_events(events)[0]} == {run_id}  # the refused run wrote nothing here
 
@@ -200,66 +215,6 @@ def test_one_train_per_run_folder_stale_lock_taken_over_and_a_deleted_events_fil
     assert events_of(cfg.run_dir, "run_end")[-1]["status"] == "finished"
     assert first_server and not alive(first_server)  # the killed run's env server exited with it
     assert os.path.getsize(cfg.run_dir / "train.lock") == 0  # a clean exit leaves no pid behind
-
-
-@pytest.mark.slow
-@pytest.mark.hostile
-def test_a_terminal_ctrl_c_and_a_sigterm_each_finish_the_step_checkpoint_it_and_resume(tmp_path):
-    """Ctrl-C in a terminal reaches the whole foreground process group (the env servers too); SIGTERM is what
-    `timeout`, schedulers and container stops send. Each: the step in progress finishes on live servers, is
-    checkpointed, and the next run resumes from it."""
-    path, cfg = make_config(tmp_path, "signals", steps=0, warmup=200, eval_every=0, eval_tasks=0,
-                            extra=["training.checkpoint_every=1000"])
-    events = cfg.run_dir / "events.jsonl"
-    ends = []
-    for stop in ("SIGINT to the group", "SIGTERM"):
-        trained = len(events_of(cfg.run_dir, "train_step")) if events.exists() else 0
-        proc = subprocess.Popen([sys.executable, "-m", "quaero.cli", "train", str(path)], cwd=ROOT,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                                                                       start_new_session=True)
-        wait_for(lambda seen=trained: events.exists() and len(events_of(cfg.run_dir, "train_step")) > seen,
-                 what=f"a train step before the {stop}")
-        if stop == "SIGTERM":
-            proc.send_signal(signal.SIGTERM)
-        else:
-            os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=240)
-        assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted", err
-        ends.append(events_of(cfg.run_dir, "run_end")[-1])
-        assert ends[-1]["status"] == "interrupted"
-        assert (cfg.run_dir / "checkpoints" / f"step-{ends[-1]['steps']:06d}").is_dir()
-    assert [e["signal"] for e in events_of(cfg.run_dir, "stop_requested")] == ["SIGINT", "SIGTERM"]
-    assert [e["step"] for e in events_of(cfg.run_dir, "resumed")] == [ends[0]["steps"]]
-    assert ends[1]["steps"] > ends[0]["steps"]
-    assert not events_of(cfg.run_dir, "env_server_died") and not events_of(cfg.run_dir, "env_retry")
-    server_pids = [e["pid"] for e in events_of(cfg.run_dir, "env_server_started")]
-    assert len(server_pids) == 2 and not alive(server_pids)
-
-
-@pytest.mark.slow
-@pytest.mark.hostile
-def test_a_refused_resume_leaves_the_runs_config_json_as_it_trained(tmp_path):
-    """A resume is judged before the run's config.json is rewritten: a LoRA config against a full checkpoint
-    is refused and leaves config.json, the change notes `quaero review` repeats and `quaero export` alone."""
-    from quaero.cli import main
-    from quaero.recipe.train import train
-
-    _, cfg = make_config(tmp_path, "refused", steps=0, warmup=1, eval_every=0, eval_tasks=0)
-    train(cfg)
-    written = (cfg.run_dir / "config.json").read_bytes()
-    _, lora = make_config(tmp_path, "refused", steps=0, warmup=2, eval_every=0, eval_tasks=0,
-                          extra=["backend.lora=true"])
-    with pytest.raises(checkpoint.CheckpointError, match=r"step-000001"):
-        train(lora, resume=True)
-    assert (cfg.run_dir / "config.json").read_bytes() == written
-    assert not events_of(cfg.run_dir, "resume_config_changed")
-    assert main(["export", str(cfg.run_dir), str(tmp_path / "out")]) == 0
-
-    _, longer = make_config(tmp_path, "refused", steps=0, warmup=2, eval_every=0, eval_tasks=0)
-    train(longer, resume=True)  # the good resume reports what changed since the config that trained
-    (changed,) = events_of(cfg.run_dir, "resume_config_changed")
-    assert list(changed["changes"]) == ["training.warmup_sft_steps"]
-    assert json.loads((cfg.run_dir / "config.json").read_text())["training"]["warmup_sft_steps"] == 2
 
 
 @pytest.mark.slow

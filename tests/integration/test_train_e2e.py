@@ -1,6 +1,7 @@
 """The main job end to end: real toolbench server on 127.0.0.1, real tiny-qwen3, real backend.
 
-Covers the event log's contents and proofs, resume after a Ctrl-C equal to an uninterrupted run,
+Covers the event log's contents and proofs, resume after a Ctrl-C and a SIGTERM equal to an uninterrupted
+run,
 an env server killed mid-step, and the same job, stopped and resumed, with vLLM's CPU build as the sampler
 (in process, and as a server).
 """
@@ -70,9 +71,34 @@ def test_main_job_short_run_logs_proofs_and_cleans_up(tmp_path):
     assert server_pids and not alive(server_pids)  # the env server quaero started is gone
 
 
+def _stop_quaero_train(path, run_dir, how):
+    """`quaero train` in a session of its own, stopped by `how` once it trained a step: the stop's run_end."""
+    events = run_dir / "events.jsonl"
+    trained = len(events_of(run_dir, "train_step")) if events.exists() else 0
+    proc = subprocess.Popen([sys.executable, "-m", "quaero.cli", "train", str(path)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and not (events.exists() and events_of(run_dir, "train_step")[trained:]):
+        time.sleep(0.1)
+    if how == "SIGTERM":  # what `timeout`, schedulers and container stops send: to the process alone
+        proc.send_signal(signal.SIGTERM)
+    else:  # a terminal's Ctrl-C: every process of the foreground group, the env server too
+        os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted", err[-3000:]
+    end = events_of(run_dir, "run_end")[-1]
+    assert end["status"] == "interrupted" and trained < end["steps"] < 5, end
+    assert (run_dir / "checkpoints" / f"step-{end['steps']:06d}").is_dir()
+    return end
+
+
 @pytest.mark.slow
 @pytest.mark.hostile
-def test_ctrl_c_then_resume_equals_uninterrupted(tmp_path):
+def test_ctrl_c_and_sigterm_each_finish_the_step_checkpoint_it_and_the_resume_equals_uninterrupted(tmp_path):
+    """A terminal's Ctrl-C (to the whole group, the env server too), then SIGTERM (to the process alone): each
+    finishes the step in progress on live servers, checkpoints it and exits 130; the next run resumes there,
+    and the steps after the stops equal those of a run never stopped."""
     from quaero.recipe.train import train
 
     compare = ("loss", "sft_loss", "echo_loss", "grad_norm", "row_tokens", "action_tokens", "echo_tokens")
@@ -80,27 +106,18 @@ def test_ctrl_c_then_resume_equals_uninterrupted(tmp_path):
     ref = steps_by_number(train(ref_cfg))
 
     path, cfg = make_config(tmp_path, "cut", steps=0, warmup=5, eval_every=0, eval_tasks=0)
-    proc = subprocess.Popen([sys.executable, "-m", "quaero.cli", "train", str(path)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    events = cfg.run_dir / "events.jsonl"
-    deadline = time.time() + 240
-    while time.time() < deadline and not (events.exists() and '"train_step"' in events.read_text()):
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)  # first Ctrl-C: finish the step, checkpoint, stop
-    out, _ = proc.communicate(timeout=240)
-    assert proc.returncode == 130, out
+    ends = [_stop_quaero_train(path, cfg.run_dir, how) for how in ("SIGINT to the group", "SIGTERM")]
+    assert [e["signal"] for e in events_of(cfg.run_dir, "stop_requested")] == ["SIGINT", "SIGTERM"]
+    assert not events_of(cfg.run_dir, "env_server_died") and not events_of(cfg.run_dir, "env_retry")
     server_pids = [e["pid"] for e in events_of(cfg.run_dir, "env_server_started")]
-    assert server_pids and not alive(server_pids)
-    (end,) = events_of(cfg.run_dir, "run_end")
-    k = end["steps"]
-    assert end["status"] == "interrupted" and 1 <= k < 5
-    assert (cfg.run_dir / "checkpoints" / f"step-{k:06d}").is_dir()
+    assert len(server_pids) == 2 and not alive(server_pids)
 
-    resumed = steps_by_number(train(cfg, resume=True))  # same run dir: continues at k + 1
-    assert [e["step"] for e in events_of(cfg.run_dir, "resumed")] == [k]
-    (read,) = events_of(cfg.run_dir, "checkpoint_read")  # the resume's read: its seconds and peak memory
-    assert read["path"].endswith(f"step-{k:06d}") and read["seconds"] > 0 and read["peak_mem_mb"] > 0
-    for step in range(k + 1, 6):
+    resumed = steps_by_number(train(cfg, resume=True))  # same run dir: continues after the second stop
+    k = [e["steps"] for e in ends]
+    assert [e["step"] for e in events_of(cfg.run_dir, "resumed")] == k
+    *_, read = events_of(cfg.run_dir, "checkpoint_read")  # the resume's read: its seconds and peak memory
+    assert read["path"].endswith(f"step-{k[-1]:06d}") and read["seconds"] > 0 and read["peak_mem_mb"] > 0
+    for step in range(k[0] + 1, 6):  # trained by the run resumed after the Ctrl-C, then by this one
         for key in compare:
             assert resumed[step][key] == pytest.approx(ref[step][key], rel=1e-6, abs=1e-9), (step, key)
 

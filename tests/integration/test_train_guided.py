@@ -1,6 +1,8 @@
 """Guided episodes in a real run (the main job: toolbench on 127.0.0.1, tiny-qwen3, the local trainer): the
 random policy fails every group, so the first RL step's groups each get the oracle's member, trained with
 policy shaping, and from `guidance_until_step` on none is guided."""
+import shutil
+
 import pytest
 from fixtures.runs import events_of, make_config, steps_by_number
 
@@ -47,25 +49,27 @@ GUIDED_FIGURES = ("guidance_members", "groups_guided", "guided_members", "guided
 
 
 @pytest.mark.slow
-def test_a_prefix_guided_run_stopped_mid_schedule_resumes_to_the_same_weights_bit_for_bit(tmp_path):
+def test_a_prefix_guided_run_resumed_mid_schedule_reaches_the_same_weights_bit_for_bit(tmp_path):
     """`prefix` guidance, k = 1 and 3 guide turns annealed to none at RL step 4 (3, 2, 1, 0 turns; max_turns
     is 2, so steps 1 and 2 are the guide's whole episodes and step 3 a 1-turn prefix the policy continues):
-    stopped after step 2 and resumed, the run guides the same groups with the same tokens as the unstopped
-    one and ends on the same weights, bit for bit."""
+    resumed from its step-2 checkpoint (mid-schedule), the run guides the same groups with the same tokens as
+    the unstopped one and ends on the same weights, bit for bit."""
     from quaero.recipe.train import train
 
     extra = ["training.guidance=prefix", "training.guided_members=1", "training.guidance_prefix_turns=3",
              "training.guidance_until_step=4"]
-    kw = {"warmup": 0, "eval_every": 0, "eval_tasks": 0, "extra": extra}
-    whole = train(make_config(tmp_path, "whole", steps=4, **kw)[1])
-    train(make_config(tmp_path, "cut", steps=2, **kw)[1])  # checkpointed at step 2, mid-schedule
-    resumed = train(make_config(tmp_path, "cut", steps=4, **kw)[1])
+    _, cfg = make_config(tmp_path, "whole", steps=4, warmup=0, eval_every=0, eval_tasks=0, extra=extra)
+    whole = train(cfg)  # checkpointed at steps 2 and 4 ([training] checkpoint_every = 2)
+    want, weights = steps_by_number(whole), _weights(whole)
+    shutil.rmtree(whole / "checkpoints" / "step-000004")  # back to step 2's checkpoint, and on from there
+    shutil.rmtree(whole / "final")
+    resumed = train(cfg, resume=True)
     assert [e["step"] for e in events_of(resumed, "resumed")] == [2]
-    want, got = steps_by_number(whole), steps_by_number(resumed)
+    got = steps_by_number(resumed)  # steps 3 and 4: the resumed run's events, logged after the first run's
     assert [want[s]["guidance_members"] for s in (1, 2, 3, 4)] == [1, 1, 1, 0]
     assert all(want[s]["guided_action_tokens"] > 0 for s in (1, 2))  # guided (with spread) before the cut
     assert want[3]["groups_guided"] >= 1 and want[4]["groups_guided"] == 0  # a prefix after it, then none
     assert want[3]["guided_tokens"] < want[2]["guided_tokens"]  # the prefix is shorter than a whole episode
     for s in (3, 4):
         assert {k: got[s][k] for k in GUIDED_FIGURES} == {k: want[s][k] for k in GUIDED_FIGURES}, s
-    assert list((whole / "final").glob("*.safetensors")) and _weights(resumed) == _weights(whole)
+    assert weights and _weights(resumed) == weights

@@ -1,15 +1,20 @@
 """A mixture run end to end (quaero/recipe/train.py over `[[envs]]`): toolbench (MCP, on a local server, a
 curriculum pooled by template) and the Task-API sum env (plain JSON actions, in process, uniform) in one
-run, with a warm start from each env's oracle; stopped mid-mixture and resumed, it reaches the same weights,
-bit for bit, as the run that was not stopped; a checkpoint of another mixture is refused in one line."""
+run, with a warm start from each env's oracle; resumed from its mid-mixture checkpoint, it reaches the same
+weights, bit for bit, as the run that was not stopped; a checkpoint of another mixture is refused in one
+line."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from fixtures.runs import events_of, mixture, steps_by_number
 
 from quaero.config import load_config
+from quaero.telemetry.runlog import read_events
+
+EVERY_2 = ["training.checkpoint_every=2"]  # the uninterrupted run keeps step 2's checkpoint to resume from
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +22,7 @@ def uninterrupted(tmp_path_factory):
     from quaero.recipe.train import train
 
     tmp = tmp_path_factory.mktemp("mixture")
-    return tmp, train(load_config(mixture(tmp, "whole")))
+    return tmp, train(load_config(mixture(tmp, "whole"), EVERY_2))
 
 
 def _weights(run_dir) -> bytes:
@@ -61,21 +66,26 @@ def test_a_mixture_run_shares_each_step_by_ratio_and_logs_per_env_figures(uninte
 
 @pytest.mark.slow
 @pytest.mark.hostile
-def test_a_mixture_stopped_and_resumed_reaches_the_same_weights_bit_for_bit(uninterrupted):
+def test_a_mixture_resumed_mid_run_reaches_the_same_weights_bit_for_bit(uninterrupted):
     from quaero.recipe import checkpoint
     from quaero.recipe.train import train
 
     tmp, whole = uninterrupted
-    cut = mixture(tmp, "cut", steps=1)
-    train(load_config(cut))  # stops after step 2 (warm start + one RL step), checkpointed
-    resumed = train(load_config(mixture(tmp, "cut", steps=3)))  # the same run folder: resumes at step 3
+    copy = tmp / "copy"
+    shutil.copytree(whole, copy / "runs" / whole.name)  # the run, to resume from its step-2 checkpoint
+    shutil.rmtree(copy / "runs" / whole.name / "checkpoints" / "step-000004")
+    shutil.rmtree(copy / "runs" / whole.name / "final")
+    resumed = train(load_config(mixture(copy, "whole"), EVERY_2), resume=True)  # resumes at step 3
     assert [e["step"] for e in events_of(resumed, "resumed")] == [2]
-    assert _tasks(resumed) == _tasks(whole)  # the same tasks, drawn from the restored samplers
+    events = read_events(resumed / "events.jsonl")[0]
+    since = next(i for i, e in enumerate(events) if e["event"] == "resumed")
+    redrawn = {e["for_step"]: e["envs"] for e in events[since:] if e["event"] == "tasks_drawn"}
+    assert redrawn == {s: envs for s, envs in _tasks(whole).items() if s > 2}  # from the restored samplers
     assert _weights(resumed) == _weights(whole)
     # a checkpoint of another mixture is refused in one line saying what differs
     with pytest.raises(checkpoint.CheckpointError, match=r"another mixture \(env ratios tools: 2.0 -> 3.0\)"
                        ) as e:
-        train(load_config(mixture(tmp, "cut", steps=4, ratio=3)))
+        train(load_config(mixture(copy, "whole", steps=4, ratio=3), EVERY_2))
     assert "\n" not in str(e.value)
 
 
@@ -131,13 +141,13 @@ def test_a_mixture_samples_ahead_and_resamples_groups_without_spread_from_their_
     sampler of an env whose group had no spread."""
     from quaero.recipe.train import train
 
-    ahead = train(load_config(mixture(tmp_path, "ahead", steps=3), ["training.max_off_policy_steps=1"]))
+    ahead = train(load_config(mixture(tmp_path, "ahead", steps=2), ["training.max_off_policy_steps=1"]))
     steps = steps_by_number(ahead)
-    assert [steps[s].get("policy_staleness") for s in range(1, 5)] == [None, 0, 1, 1]
+    assert [steps[s].get("policy_staleness") for s in range(1, 4)] == [None, 0, 1]
     drawn = _tasks(ahead)
     assert {s: {env: len(p) for env, p in envs.items()} for s, envs in drawn.items()} == {
-        s: {"tools": 2, "sum": 1} for s in range(1, 5)}
-    assert all(set(steps[s]["by_env"]) == {"tools", "sum"} for s in (2, 3, 4))
+        s: {"tools": 2, "sum": 1} for s in range(1, 4)}
+    assert all(set(steps[s]["by_env"]) == {"tools", "sum"} for s in (2, 3))
 
     dynamic = train(load_config(mixture(tmp_path, "dynamic", steps=2), ["training.dynamic_sampling=true"]))
     for e in events_of(dynamic, "task_outcomes"):  # group: [env, task, key, wins, episodes, spread, ..]
