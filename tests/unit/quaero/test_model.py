@@ -87,19 +87,6 @@ def test_local_folder_without_config_is_refused(tmp_path):
         qm.resolve_model(str(tmp_path))
 
 
-def test_a_tokenizer_is_loaded_once_while_its_folder_is_unchanged(tmp_path, qwen3_tokenizer):
-    """A run asks for its tokenizer at the check, the build and the final save: one load serves them all,
-    until a file of the folder changes."""
-    folder = tmp_path / "m"
-    qwen3_tokenizer.save_pretrained(folder)
-    (folder / "config.json").write_text('{"model_type": "qwen3"}')
-    first = qm.load_tokenizer(str(folder))
-    assert qm.load_tokenizer(str(folder)) is first and first.name_or_path == str(folder)
-    (folder / "config.json").write_text('{"model_type": "qwen3"} ')
-    again = qm.load_tokenizer(str(folder))
-    assert again is not first and again.encode("hi") == first.encode("hi")
-
-
 def test_cache_dir_follows_env(monkeypatch, tmp_path):
     monkeypatch.setenv("QUAERO_CACHE", str(tmp_path))
     assert qm.cache_dir() == tmp_path
