@@ -63,12 +63,13 @@ def _auto_samples_with_hf_unless_the_test_is_marked_vllm(request, monkeypatch):
     = "auto"` picks hf. Else the same test took another engine's code path in CI than on a machine without
     vLLM, and paid a vLLM engine start (~20 s on 2 CPU cores) for a run that was not about sampling. A test
     that samples with vLLM says so (`pytest.mark.vllm`, or `backend = "vllm"` in its config, which this leaves
-    alone); a `quaero` subprocess is not reached by this."""
+    alone: only `auto`'s choice changes); a `quaero` subprocess is not reached by this."""
     if request.node.get_closest_marker("vllm") is None:
-        from quaero import sampler_registry
+        from quaero import sampler_registry, sampling
 
-        found = sampler_registry.installed
-        monkeypatch.setattr(sampler_registry, "installed", lambda name: name != "vllm" and found(name))
+        chosen = sampling.resolve_backend
+        monkeypatch.setattr(sampling, "resolve_backend", lambda name, device: sampler_registry.FALLBACK
+                            if name == sampler_registry.AUTO else chosen(name, device))
 
 
 @pytest.hookimpl(hookwrapper=True)

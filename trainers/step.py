@@ -299,13 +299,14 @@ def step_metrics(trainer: TrainerView, ranks: list[StepTotals], *, ctx: StepCont
     spec = trainer.spec
     t = StepTotals.of_ranks(ranks)
     peak, source = max(peaks)
+    peak = round(peak, 1)  # as every other peak field: the process's (rounded alike) is never below it
     trained = t.microbatches - t.skipped
     per_rank = {} if len(ranks) == 1 else {
         names.RANKS: len(ranks), names.RANK_ROWS: [r.rows for r in ranks],
         names.RANK_ROW_TOKENS: [r.row_tokens for r in ranks], names.RANK_FORWARD_PASSES: [r.forward_passes
                                                                                           for r in ranks],
-        names.RANK_PADDING_MICROBATCHES: [r.padding for r in ranks], names.RANK_PEAK_MEM_MB: [p for p,
-                                                                                              _ in peaks]}
+        names.RANK_PADDING_MICROBATCHES: [r.padding for r in ranks],
+        names.RANK_PEAK_MEM_MB: [round(p, 1) for p, _ in peaks]}
     return {
         names.SELECTIVE_SUFFIX_LOGITS: bool(spec.selective_logits), **t.branches,
         names.COMPILE_MODE: spec.selective.compile_mode, names.COMPILE_FALLBACK_REASON: t.fallback_reason,
