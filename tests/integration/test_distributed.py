@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures.dist_step import VOCAB, run_scenarios
+from fixtures.dist_step import VOCAB, case_dir, run_scenarios
 
 from quaero.model import random_qwen3
 from quaero.telemetry.proofs import BRANCH_COUNTERS
@@ -58,10 +58,6 @@ def free_port() -> int:
 
 CASES = [("ddp", None), ("fsdp2", None),
          ("fsdp2", 5)]  # the chunked head recomputes its logits in backward: the head must be whole there too
-
-
-def case_dir(out: Path, strategy: str, chunk_size: int | None) -> Path:
-    return out / f"{strategy}-{str(chunk_size).lower()}"
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,8 @@
 """Guided episodes in a real run (the main job: toolbench on 127.0.0.1, tiny-qwen3, the local trainer): the
 random policy fails every group, so the first RL step's groups each get the oracle's member, trained with
 policy shaping, and from `guidance_until_step` on none is guided."""
-import shutil
-
 import pytest
-from fixtures.runs import events_of, make_config, steps_by_number
+from fixtures.runs import events_of, make_config, rewind, steps_by_number
 
 from quaero.tools import review
 
@@ -61,8 +59,7 @@ def test_a_prefix_guided_run_resumed_mid_schedule_reaches_the_same_weights_bit_f
     _, cfg = make_config(tmp_path, "whole", steps=4, warmup=0, eval_every=0, eval_tasks=0, extra=extra)
     whole = train(cfg)  # checkpointed at steps 2 and 4 ([training] checkpoint_every = 2)
     want, weights = steps_by_number(whole), _weights(whole)
-    shutil.rmtree(whole / "checkpoints" / "step-000004")  # back to step 2's checkpoint, and on from there
-    shutil.rmtree(whole / "final")
+    rewind(whole, 2)  # back to step 2's checkpoint, and on from there
     resumed = train(cfg, resume=True)
     assert [e["step"] for e in events_of(resumed, "resumed")] == [2]
     got = steps_by_number(resumed)  # steps 3 and 4: the resumed run's events, logged after the first run's

@@ -9,7 +9,7 @@ import json
 import shutil
 
 import pytest
-from fixtures.runs import events_of, mixture, steps_by_number
+from fixtures.runs import events_of, mixture, rewind, steps_by_number
 
 from quaero.config import load_config
 from quaero.telemetry.runlog import read_events
@@ -73,8 +73,7 @@ def test_a_mixture_resumed_mid_run_reaches_the_same_weights_bit_for_bit(uninterr
     tmp, whole = uninterrupted
     copy = tmp / "copy"
     shutil.copytree(whole, copy / "runs" / whole.name)  # the run, to resume from its step-2 checkpoint
-    shutil.rmtree(copy / "runs" / whole.name / "checkpoints" / "step-000004")
-    shutil.rmtree(copy / "runs" / whole.name / "final")
+    rewind(copy / "runs" / whole.name, 2)
     resumed = train(load_config(mixture(copy, "whole"), EVERY_2), resume=True)  # resumes at step 3
     assert [e["step"] for e in events_of(resumed, "resumed")] == [2]
     events = read_events(resumed / "events.jsonl")[0]
