@@ -51,8 +51,9 @@ class Trainer:
             raise ValueError(f"[backend] backend={self.name!r} runs on {self.capabilities.devices}, not "
                              f"{device!r}")
         self.device = process_group.setup(spec.distributed, torch.device(device))
-        # before the model loads: freed CPU tensors go back to the system (trainers/memory.py)
+        # before the model loads: freed CPU tensors go back to the system or stay (trainers/memory.py)
         mmap_threshold = memory.fix_cpu_mmap_threshold(self.device, spec.memory.cpu_mmap_threshold)
+        malloc_cache = memory.keep_cpu_malloc_cache(self.device, spec.memory.cpu_malloc_cache)
         torch.manual_seed(spec.seed)
         self.model = self._load_model()
         self.model.config.use_cache = False
@@ -74,7 +75,7 @@ class Trainer:
                  distributed=spec.distributed, rank=process_group.rank(), ranks=process_group.world_size(),
                  dtype=spec.dtype, lora=spec.lora, trainable_params=sum(p.numel() for p in self.trainable),
                  selective=spec.selective_logits, logit_transform=str(self.parts.transform),
-                 cpu_mmap_threshold=mmap_threshold)
+                 cpu_mmap_threshold=mmap_threshold, cpu_malloc_cache=malloc_cache)
 
     def _load_model(self) -> nn.Module:  # pragma: no cover - abstract
         raise NotImplementedError

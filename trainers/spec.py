@@ -124,6 +124,13 @@ class MemoryPolicy:
               "glibc's dynamic threshold, 0, an RL step of SmolLM2-135M grew RSS by ~2.7 GiB a microbatch); "
               "it costs page faults: the tiny main job's warm-start step 1.15 s at 131072 vs 1.03 s at 0 "
               "(trainers/memory.py)")
+    cpu_malloc_cache: bool = option(
+        False, "backend.options.train_cpu_malloc_cache",
+        about="on a CPU device with glibc, malloc keeps what a step frees for the next (no mmap, no trim), "
+              "as CUDA's caching allocator does: no page faults on the LM head's logits and gradients each "
+              "step (the tiny main job's warm-start step 0.92 -> 0.64 s, peak RSS 1.09 -> 1.51 GB; on in "
+              "envs/toolbench.toml); off for large models, whose RSS it keeps (trainers/memory.py); not with "
+              "train_cpu_mmap_threshold")
     supervised_context_tokens: int = option(
         0, "backend.options.train_supervised_context_tokens", ge=0,
         about="0: exact full context; K > 0 crops rows to K tokens before the first target (an "

@@ -121,6 +121,14 @@ class BackendOptions(_Section):
     """retrain's option names and meanings, kept for compatibility, plus quaero's documented thresholds
     (trainers/spec.py SelectivePolicy, MemoryPolicy)."""
 
+    @model_validator(mode="after")
+    def _one_cpu_malloc_setting(self) -> BackendOptions:
+        if self.train_cpu_malloc_cache and self.train_cpu_mmap_threshold:
+            raise ValueError(f"train_cpu_malloc_cache=true with train_cpu_mmap_threshold="
+                             f"{self.train_cpu_mmap_threshold}: the cache keeps freed memory, the threshold "
+                             "gives it back; set one of them")
+        return self
+
 
 @with_trainer_options("backend")
 class BackendConfig(_Section):
