@@ -79,6 +79,21 @@ def schedule_warning(cfg: QuaeroConfig) -> str | None:
     return None
 
 
+def prefix_warnings(cfg: QuaeroConfig) -> list[str]:
+    """A line for each env whose guided prefix covers every turn it allows (`guidance_prefix_turns` >= its
+    `max_turns`): the guide then plays whole episodes, and `prefix` is `episode` under another name."""
+    out = []
+    for name, view in cfg.views().items():
+        turns, most = view.training.guidance_prefix_turns, view.env.max_turns
+        if view.training.guidance == "prefix" and turns >= most:
+            where = "" if not cfg.is_mixture else f" (env {name})"
+            out.append(f"warning: [training] guidance_prefix_turns={turns} >= [env] max_turns={most}{where}: "
+                       "the guide plays every turn until the schedule anneals the prefix below it, and no "
+                       f"policy token follows a guided prefix; set guidance_prefix_turns < {most}, or "
+                       "guidance = \"episode\" for whole guided episodes")
+    return out
+
+
 def guidance_lines(cfg: QuaeroConfig) -> list[str]:
     """`quaero check`'s guidance line (none when no env guides) and its schedule's warning."""
     t = cfg.training
@@ -96,7 +111,7 @@ def guidance_lines(cfg: QuaeroConfig) -> list[str]:
             f"{played}, {until}; guided tokens shaped by f(p) = p / (p + {t.guidance_gamma:g}); a guide's "
             f"call bounded by {t.guide_timeout_s:g} s")
     warning = schedule_warning(cfg)
-    return [line] + ([warning] if warning else [])
+    return [line] + ([warning] if warning else []) + prefix_warnings(cfg)
 
 
 def needs_guide(group: list[Episode]) -> bool:

@@ -251,6 +251,22 @@ def test_the_prefix_anneals_with_the_schedule():
     assert "(prefix: their first 4 turn(s)) played by the env's oracle, the rest by the policy" in line
 
 
+def test_a_prefix_that_covers_every_turn_the_env_allows_is_a_warning_at_check():
+    """guidance_prefix_turns >= max_turns: the guide would play whole episodes under the name `prefix`."""
+    from quaero.recipe.guidance import prefix_warnings
+
+    def cfg(turns, most):
+        return make_cfg(training__guidance="prefix", training__guidance_prefix_turns=turns,
+                        env__max_turns=most, training__steps=8, training__guidance_until_step=4)
+
+    (line,) = prefix_warnings(cfg(4, 4))
+    assert "guidance_prefix_turns=4 >= [env] max_turns=4" in line and "guidance_prefix_turns < 4" in line
+    assert guidance_lines(cfg(5, 4))[-1] == prefix_warnings(cfg(5, 4))[0]
+    assert prefix_warnings(cfg(3, 4)) == [] and len(guidance_lines(cfg(3, 4))) == 1
+    assert prefix_warnings(make_cfg(training__guidance="episode", training__guidance_prefix_turns=4,
+                                    env__max_turns=2)) == []
+
+
 def test_a_guide_past_its_bound_or_raising_mid_episode_drops_its_member_counted_never_the_run(qwen3_render):
     import time
 
