@@ -191,6 +191,7 @@ def test_every_trainer_option_reaches_the_spec():
             save_on_cpu_pin_memory=True,
             save_on_cpu_min_numel=11,
             supervised_context_tokens=6,
+            cpu_malloc_cache=True,  # envs/toolbench.toml's
         ),
         distributed="ddp",
     )
