@@ -58,6 +58,17 @@ def _logging_as_a_new_process_has_it():
 
 
 @pytest.fixture(autouse=True)
+def _malloc_as_a_new_process_has_it():
+    """A trainer built in this process from a config with `train_cpu_malloc_cache = true` (envs/toolbench.toml)
+    keeps malloc's freed memory for the rest of the process: a later test in the same worker would read
+    resident memory that never grows (a 512 MiB tensor served from the kept heap). Undone after each test."""
+    yield
+    from trainers import memory
+
+    memory.release_cpu_malloc_cache()
+
+
+@pytest.fixture(autouse=True)
 def _auto_samples_with_hf_unless_the_test_is_marked_vllm(request, monkeypatch):
     """A test not marked `vllm` runs in this process as it would on a machine without vLLM: `[sampler] backend
     = "auto"` picks hf. Else the same test took another engine's code path in CI than on a machine without

@@ -102,6 +102,16 @@ def keep_cpu_malloc_cache(device: torch.device | str, keep: bool) -> bool:
     return _malloc_cache
 
 
+def release_cpu_malloc_cache() -> None:
+    """Undo `keep_cpu_malloc_cache` in this process, for one that runs trainers one after another (a
+    notebook, a test session): blocks of 128 KiB and more are mmapped again, the heap is trimmed above 128 KiB
+    (both now fixed, as `fix_cpu_mmap_threshold` leaves them) and its free memory goes back (malloc_trim)."""
+    global _malloc_cache
+    if _malloc_cache and _mallopt("cpu", (M_MMAP_MAX, 65536), (M_TRIM_THRESHOLD, 128 * 1024)):
+        ctypes.CDLL(None).malloc_trim(0)
+        _malloc_cache = False
+
+
 def fix_cpu_mmap_threshold(device: torch.device | str, threshold: int) -> int | None:
     """On a CPU device with glibc, fix malloc's mmap threshold at `threshold` bytes (0: leave it); the
     threshold now in force (None where nothing was set: another device, another libc, or 0).

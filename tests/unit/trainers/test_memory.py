@@ -112,6 +112,30 @@ def test_the_malloc_cache_reuses_freed_tensors_without_faulting_their_pages_in_a
     assert cached * 4 < mapped
 
 
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc and mallopt only")
+def test_a_released_malloc_cache_gives_the_kept_memory_back_and_rss_grows_again():
+    """A process that ran a trainer with the cache (a test session, a notebook) gets glibc's behaviour back:
+    the 256 MiB its heap kept leaves the process, and a new 256 MiB tensor raises RSS again, as the peak
+    readings above need (tests/conftest.py releases it after every test)."""
+    from trainers import memory
+
+    def rss_mib():
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
+
+    assert memory.keep_cpu_malloc_cache("cpu", True)
+    x = torch.ones(2**26)  # 256 MiB, every page written
+    del x
+    kept = rss_mib()
+    memory.release_cpu_malloc_cache()
+    assert memory._malloc_cache is False
+    assert rss_mib() < kept - 200
+    before = rss_mib()
+    x = torch.ones(2**26)
+    assert rss_mib() > before + 200
+    del x
+
+
 def test_the_malloc_cache_is_refused_beside_a_fixed_mmap_threshold(tmp_path):
     from quaero.config import ConfigError, load_config
 
