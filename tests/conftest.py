@@ -59,9 +59,10 @@ def _logging_as_a_new_process_has_it():
 
 @pytest.fixture(autouse=True)
 def _malloc_as_a_new_process_has_it():
-    """A trainer built in this process from a config with `train_cpu_malloc_cache = true` (envs/toolbench.toml)
-    keeps malloc's freed memory for the rest of the process: a later test in the same worker would read
-    resident memory that never grows (a 512 MiB tensor served from the kept heap). Undone after each test."""
+    """A trainer built in this process from a config with `train_cpu_malloc_cache = true`
+    (envs/toolbench.toml) keeps malloc's freed memory for the rest of the process: a later test in the same
+    worker would read resident memory that never grows (a 512 MiB tensor served from the kept heap). Undone
+    after each test."""
     yield
     from trainers import memory
 
