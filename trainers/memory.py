@@ -93,9 +93,10 @@ def keep_cpu_malloc_cache(device: torch.device | str, keep: bool) -> bool:
     unmapped when freed, and each of its pages faults in zeroed on first touch, every step: the LM head's
     `[rows, vocab]` logits and gradients, a tied embedding's gradient, the optimizer's temporaries.
     Measured on the tiny main job's warm start (40 steps, 2 CPU cores, hf sampler, twice each): step mean
-    0.89-1.00 s -> 0.55-0.64 s, system time 24 s -> 3 s, peak RSS 1.08 -> 1.59 GB. The process keeps its largest step's
-    memory plus the heap's fragments: leave it off for a large model (the SmolLM2-135M RL step kept 9.7 GiB
-    under glibc's dynamic threshold, `fix_cpu_mmap_threshold`). Process-wide, as that is."""
+    0.89-1.00 s -> 0.55-0.64 s, system time 24 s -> 3 s, peak RSS 1.08 -> 1.59 GB. The process keeps its
+    largest step's memory plus the heap's fragments: leave it off for a large model (the SmolLM2-135M RL
+    step kept 9.7 GiB under glibc's dynamic threshold, `fix_cpu_mmap_threshold`). Process-wide, as that
+    is."""
     global _malloc_cache
     if keep and _mallopt(device, (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, 2**31 - 1)):
         _malloc_cache = True
