@@ -1,9 +1,18 @@
 """trainers/memory.py's peak readings: a window's own peak, and the process's across windows."""
+import json
 import platform
+import subprocess
 import sys
 
 import pytest
 import torch
+
+
+def _fresh_process(code: str, *args: str) -> list[str]:
+    """The words `code` prints, run by a Python process of its own (a clean allocator and peak RSS)."""
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True)
+    return done.stdout.split()
+
 
 # in a process of its own: an xdist worker's malloc already holds what earlier tests freed, and there a 512
 # MiB tensor was twice served from resident memory (RSS 4314.3 and 3118.4 MB before and after, in fresh-clone
@@ -19,7 +28,8 @@ with peak_window("cpu", out, "big"):
 with peak_window("cpu", out, "small"):
     small = torch.ones(2**20)
     del small
-print(json.dumps({**out, "source": peak_mem_mb("cpu")[1], "process": process_peak_mb("cpu")}))
+print(json.dumps({**out, "source": peak_mem_mb("cpu")[1], "process": process_peak_mb("cpu")},
+                 separators=(",", ":")))  # one word: _fresh_process splits on whitespace
 """
 
 
@@ -28,11 +38,7 @@ def test_a_window_reads_its_own_peak_and_the_process_keeps_the_largest():
     """512 MiB touched in one window and freed: that window's peak holds them, the next window's does not,
     and the process's peak still does (what the recipe logs as rollout_/weight_sync_/eval_peak_mem_mb, a
     checkpoint's peak_mem_mb, and process_peak_mem_mb)."""
-    import json
-    import subprocess
-
-    done = subprocess.run([sys.executable, "-c", _WINDOWS], capture_output=True, text=True, check=True)
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = json.loads(_fresh_process(_WINDOWS)[-1])
     assert out["source"] == "rss_since_reset"
     assert out["big"] - out["small"] > 400
     assert out["process"] >= out["big"] - 0.1  # peak_window rounds to 0.1 MB
@@ -63,11 +69,7 @@ print(round(rss_mib() - base))
 
 
 def _retained_mib(threshold: int) -> int:
-    import subprocess
-
-    out = subprocess.run([sys.executable, "-c", _RETAINED, str(threshold)], capture_output=True, text=True,
-                         check=True)
-    return int(out.stdout.strip().splitlines()[-1])
+    return int(_fresh_process(_RETAINED, str(threshold))[-1])
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc and mallopt only")
@@ -105,10 +107,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 
 def _faults(keep: bool) -> tuple[str, int]:
-    import subprocess
-
-    out = subprocess.run([sys.executable, "-c", _FAULTS, "1" if keep else "0"], capture_output=True,
-                         text=True, check=True).stdout.split()
+    out = _fresh_process(_FAULTS, "1" if keep else "0")
     return out[-2], int(out[-1])
 
 
