@@ -100,6 +100,7 @@ OPTION_MEANINGS = {
                    "`oracle_policy`)",
     "envs.echo_weight": "ECHO's λ on its rows, warm start and RL (unset: [echo]'s; 0: no ECHO on this env)",
     "envs.guidance": "guided episodes on this env's all-fail groups (unset: [training]'s)",
+    "envs.guidance_traces": "this env's recorded episodes as its guide (unset: [training]'s)",
     "env.on_session_loss": "`replay` the episode's actions on a new session (deterministic envs) or `drop` "
                            "it",
     "sampler.top_p": "nucleus sampling; RL needs 1 (`check` refuses less with RL steps)",
@@ -164,6 +165,10 @@ OPTION_MEANINGS = {
                                      "(unset: never; a warning at check)"),
     "training.guidance_prefix_turns": ("`prefix` guidance: the oracle's turns n of a guided member, annealed "
                                        "with k: ceil(n (until - s) / until) at RL step s"),
+    "training.guidance_traces": ("the guide is recorded episodes instead of the oracle: a JSONL file of RFC "
+                                 "010 records or OpenEnv TrainingTraces (`quaero inspect rows RUN --export "
+                                 "rfc010`), each action replayed verbatim where the live prompt's ids equal "
+                                 "a recording's (see \"Guided episodes\" below)"),
     "training.guide_timeout_s": ("the bound in seconds on each call of a guide (the env's oracle); one past "
                                  "it, or one that raises, drops its member (`guides_timed_out`, "
                                  "`guides_failed`), never the run"),

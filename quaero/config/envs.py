@@ -181,6 +181,7 @@ class MixtureEnv(EnvConfig):
     echo_weight: float | None = Field(None, ge=0)  # ECHO's λ on this env's rows (unset: [echo]'s)
     # guided episodes on this env (unset: [training]'s)
     guidance: Literal["none", "episode", "prefix"] | None = None
+    guidance_traces: str | None = None  # this env's recorded episodes as its guide (unset: [training]'s)
 
     @field_validator("name")
     @classmethod

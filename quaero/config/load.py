@@ -220,11 +220,15 @@ def _check_one(cfg: QuaeroConfig, source: str) -> None:
                           "quaero finds oracle_policy next to [env] entry, and there is none; set [training] "
                           "oracle = \"package.module:oracle_policy\" (importable here), or warmup_sft_steps "
                           "= 0")
-    if t.guidance != "none" and not (t.oracle or cfg.env.entry):
+    if t.guidance != "none" and not (t.oracle or cfg.env.entry or t.guidance_traces):
         raise ConfigError(f"{source} [training] guidance={t.guidance!r} with a remote env and no oracle: the "
                           "guide is the env's oracle_policy(info), found beside [env] entry, and there is "
-                          "none (recorded traces do not guide yet); set [training] oracle = "
-                          "\"package.module:oracle_policy\" (importable here), or guidance = 'none'")
+                          "none; set [training] oracle = \"package.module:oracle_policy\" (importable "
+                          "here), guidance_traces = \"recorded.jsonl\", or guidance = 'none'")
+    if t.guidance_traces is not None and t.guidance == "none":
+        raise ConfigError(f"{source} [training] guidance_traces={t.guidance_traces!r} with guidance='none': "
+                          "the recordings would guide nothing; set guidance = 'episode' or 'prefix', or "
+                          "remove guidance_traces")
     if t.dynamic_sampling and t.max_off_policy_steps:
         raise ConfigError(f"{source} [training] dynamic_sampling=true with max_off_policy_steps="
                           f"{t.max_off_policy_steps}: a step sampled ahead cannot know how many tasks the "

@@ -64,10 +64,11 @@ class QuaeroConfig(_Section):
         out = {}
         for e in self.envs:
             env = EnvConfig(**e.model_dump(exclude={"name", "ratio", "group_size", "eval_tasks", "oracle",
-                                                    "echo_weight", "guidance"}, exclude_unset=True))
+                                                    "echo_weight", "guidance", "guidance_traces"},
+                                            exclude_unset=True))
             training = self.training.model_copy(update={k: v for k, v in (
                 ("group_size", e.group_size), ("eval_tasks", e.eval_tasks), ("oracle", e.oracle),
-                ("guidance", e.guidance)) if v is not None})
+                ("guidance", e.guidance), ("guidance_traces", e.guidance_traces)) if v is not None})
             echo = self.echo if e.echo_weight is None else self.echo.model_copy(
                 update={"weight": e.echo_weight, "rl_weight": e.echo_weight})
             out[e.name] = self.model_copy(update={"env": env, "envs": [], "training": training, "echo": echo})

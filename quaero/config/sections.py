@@ -242,6 +242,12 @@ class TrainingConfig(_Section):
     guidance_until_step: int | None = Field(None, ge=1)
     guidance_prefix_turns: int = Field(1, ge=1)
     guide_timeout_s: float = Field(60.0, gt=0, allow_inf_nan=False)
+    # the guide is recorded episodes instead of the oracle: a file of RFC 010 records and/or OpenEnv
+    # TrainingTraces (`quaero inspect rows RUN --export rfc010 OUT.jsonl` of an expert's run), each action
+    # replayed verbatim where the live prompt's ids equal the ids before it in a recording; a member whose
+    # prompt no recording reached (a task not recorded, an env that answered otherwise) is dropped, counted
+    # (`guides_unmatched`)
+    guidance_traces: str | None = None
 
     @model_validator(mode="after")
     def _a_policy_loss_that_runs(self) -> TrainingConfig:

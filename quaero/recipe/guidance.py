@@ -20,7 +20,12 @@ outcomes only (quaero/recipe/groups.py `learn`).
 A guide is user code: one whose call raises or runs past `guide_timeout_s` drops its member (counted in
 `guides_failed` / `guides_timed_out` and `guided_members_dropped`); its group trains as the policy played it.
 
-Not built yet: recorded traces as guides.
+`guidance_traces` (LUFFY's off-policy expert traces): the guide is recorded episodes instead of the oracle
+(quaero/rollout/traces.py `RecordedActions`): on the same reset, each turn's action is the recorded action
+ids that followed exactly the live prompt's ids in some recording, replayed verbatim (never re-tokenized,
+log-prob 0) and marked guided as the oracle's are. A member whose prompt no recording reached, at its first
+turn (a task not recorded, another template) or later (the env answered otherwise than in the recording), is
+dropped and counted (`guides_unmatched`), never guessed; its group keeps the policy's episode in its place.
 """
 from __future__ import annotations
 
@@ -104,9 +109,11 @@ def guidance_lines(cfg: QuaeroConfig) -> list[str]:
     until = (f"annealed linearly to 0 at RL step {t.guidance_until_step}" if t.guidance_until_step
              else "never annealed")
     used = sorted(set(modes.values()) - {"none"})
-    played = ("played by the env's oracle" if used == ["episode"] else
-              f"(prefix: their first {t.guidance_prefix_turns} turn(s)) played by the env's oracle, the "
-              "rest by the policy")
+    files = sorted({v.training.guidance_traces for v in cfg.views().values() if v.training.guidance_traces})
+    guide = (f"replayed from the recorded episodes in {', '.join(files)}" if files
+             else "played by the env's oracle")
+    played = (guide if used == ["episode"] else
+              f"(prefix: their first {t.guidance_prefix_turns} turn(s)) {guide}, the rest by the policy")
     line = (f"guidance    {'/'.join(used)}{which}: an all-fail group's last {t.guided_members} member(s) "
             f"{played}, {until}; guided tokens shaped by f(p) = p / (p + {t.guidance_gamma:g}); a guide's "
             f"call bounded by {t.guide_timeout_s:g} s")
@@ -131,9 +138,10 @@ def play_guides(e: EnvRun, tasks: list[dict], k: int, seed: int, turns: int | No
     from quaero.rollout.driver import EpisodeDriver, ExactnessError, GuidePlay
 
     guide = EpisodeDriver(e.driver.render, e.driver.sampler, e.driver.settings, RolloutCounts())
-    play = GuidePlay(turns, e.cfg.training.guide_timeout_s)
+    play = GuidePlay(turns, e.cfg.training.guide_timeout_s, e.recorded)
+    policy = None if e.recorded is not None else e.oracle  # recordings replay ids: no policy call
     try:
-        return guide.run(e.pool.sessions, tasks, group_size=k, policy=e.oracle, seed=seed, guide=play)
+        return guide.run(e.pool.sessions, tasks, group_size=k, policy=policy, seed=seed, guide=play)
     except ExactnessError:  # [training] strict: an exactness mismatch is the run's error, a guide's too
         raise
     except Exception as err:  # noqa: BLE001 - the oracle is user code; its failure costs its members only
@@ -162,6 +170,12 @@ def mix(kept: list[Episode], guides: list[Episode], counts: RolloutCounts, env: 
     failed = [ep for ep in guides if ep.dropped and ep.drop_kind in ("guide_failed", "guide_timeout")]
     counts.add(names.GUIDES_FAILED, sum(ep.drop_kind == "guide_failed" for ep in failed))
     counts.add(names.GUIDES_TIMED_OUT, sum(ep.drop_kind == "guide_timeout" for ep in failed))
+    unmatched = [ep for ep in guides if ep.dropped and ep.drop_kind == "guide_unmatched"]
+    counts.add(names.GUIDES_UNMATCHED, len(unmatched))
+    if unmatched:
+        log.info(names.GUIDE_UNMATCHED_EVENT, env=env, members=len(unmatched), first=unmatched[0].drop_reason,
+                 note="a recorded guide ([training] guidance_traces) had no action for a member's prompt: "
+                      "that member is dropped (guides_unmatched) and the policy's episode kept")
     if failed:
         log.warning(names.GUIDE_DROPPED_EVENT, env=env, members=len(failed), error=failed[0].drop_reason,
                     note="a guide (the env's oracle) raised or ran past [training] guide_timeout_s: its "

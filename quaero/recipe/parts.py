@@ -15,7 +15,7 @@ from quaero.openenv_client.tasks import check_splits
 from quaero.recipe import ranks
 from quaero.rollout.mixture import Mixture
 from quaero.rollout.task_samplers import EnvTasks, SplitView, make_task_sampler
-from quaero.rollout.traces import warm_start_rows
+from quaero.rollout.traces import RecordedActions, read_traces, warm_start_rows
 from quaero.telemetry import names
 
 if TYPE_CHECKING:
@@ -40,6 +40,7 @@ class EnvRun:
     driver: EpisodeDriver
     tasks: EnvTasks
     oracle: Policy | None = None
+    recorded: RecordedActions | None = None  # [training] guidance_traces: the guide, instead of the oracle
 
 
 @dataclass(frozen=True)
@@ -95,12 +96,21 @@ def build(cfg: QuaeroConfig, pool: EnvPool | dict[str, EnvPool], counts: Rollout
                            log_dir=sampler_log_dir)
     envs = [EnvRun(name, view, pools[name], EpisodeDriver(render, sampler, DriverSettings.of(view), counts),
                    env_tasks(name, view, pools[name]),
-                   resolve_oracle(view) if (t.warmup_sft_steps and not cfg.data.traces)
-                   or view.training.guidance != "none" else None)
+                   resolve_oracle(view) if (t.warmup_sft_steps and not cfg.data.traces) or (
+                       view.training.guidance != "none" and not view.training.guidance_traces) else None,
+                   recorded_guide(view))
             for name, view in views.items()]
     traces = warm_start_rows(cfg)[0] if cfg.data.traces else None
     return RunParts(cfg, trainer, sampler, render, envs, counts, getattr(sampler, "shares_model", False),
                     Mixture({e.name: e.ratio for e in cfg.envs} or {SINGLE: 1.0}), traces=traces)
+
+
+def recorded_guide(view: QuaeroConfig) -> RecordedActions | None:
+    """An env's `[training] guidance_traces` read into its guide (None without them, or without guidance)."""
+    t = view.training
+    if t.guidance == "none" or not t.guidance_traces:
+        return None
+    return RecordedActions(read_traces(view, t.guidance_traces, "[training] guidance_traces")[0])
 
 
 def env_tasks(name: str, view: QuaeroConfig, pool: EnvPool) -> EnvTasks:

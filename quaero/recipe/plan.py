@@ -135,6 +135,14 @@ def resolve_oracle(cfg: QuaeroConfig, source: str = "config", without: str | Non
                         fix=fix, error=ConfigError, example="my_env.oracle:oracle_policy")
 
 
+def check_trace_path(path: str, key: str) -> None:
+    """A trace file named by `key` is a regular file (read in full when the run builds, and by `check`)."""
+    if not Path(path).expanduser().is_file():
+        what = "a folder, a FIFO or a device" if Path(path).expanduser().exists() else "no such file"
+        raise ConfigError(f"{key}={path!r}: {what}; name a .jsonl file of recorded episodes (`quaero inspect "
+                          "rows RUN --export rfc010 OUT.jsonl` writes one)")
+
+
 def check_openenv_install(source: str = "config") -> None:
     """openenv's own files are on disk (not overwritten by openenv-core), judged before anything loads."""
     from quaero.openenv_client.loading import overwritten_openenv
@@ -272,11 +280,14 @@ def load_checked(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
     if cfg.training.warmup_sft_steps and not cfg.data.traces:  # [data] traces replace the oracle's demos
         for name, view in cfg.views().items():  # each env's own (a mixture's warm start plays every env)
             resolve_oracle(view, source if not cfg.is_mixture else f"{source} [[envs]] name={name!r}:")
-    for name, view in cfg.views().items():  # the guide of guided episodes is the env's oracle
-        if view.training.guidance != "none":
-            where = source if not cfg.is_mixture else f"{source} [[envs]] name={name!r}:"
-            resolve_oracle(view, f"{where} guidance={view.training.guidance!r} needs the env's oracle:",
-                           without="or set [training] guidance = 'none'")
+    for name, view in cfg.views().items():  # the guide of guided episodes: recordings, else the env's oracle
+        t = view.training
+        where = source if not cfg.is_mixture else f"{source} [[envs]] name={name!r}:"
+        if t.guidance != "none" and t.guidance_traces:
+            check_trace_path(t.guidance_traces, f"{where} [training] guidance_traces")
+        elif t.guidance != "none":
+            resolve_oracle(view, f"{where} guidance={t.guidance!r} needs the env's oracle:",
+                           without="or set [training] guidance_traces, or guidance = 'none'")
     check_run_folder(cfg, source)
     check_model_and_renderer(cfg, source)
     return cfg

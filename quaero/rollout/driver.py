@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from quaero.bounded import CallTimeout, bounded_call
 from quaero.openenv_client import ChatEnv, EpisodeDropped, EpisodeEndedAtReset
@@ -44,6 +45,12 @@ class ExactnessError(RuntimeError):
     """An exactness mismatch under `[training] strict = true`."""
 
 
+class Recorded(Protocol):
+    """Recorded episodes a guide replays (quaero/rollout/traces.py `RecordedActions`)."""
+
+    def action(self, prompt_ids: list[int]) -> list[int] | None: ...
+
+
 @dataclass(frozen=True)
 class GuidePlay:
     """How a guide (the run's `policy`, the env's oracle, `[training] guidance`) plays: the first `turns`
@@ -53,6 +60,10 @@ class GuidePlay:
 
     turns: int | None = None
     timeout_s: float = 60.0
+    # recorded episodes replayed instead of a policy (`[training] guidance_traces`; quaero/rollout/traces.py
+    # `RecordedActions`): `action(prompt_ids)` gives the recorded action ids after exactly that prompt, or
+    # None (then the member is dropped, `guide_unmatched`)
+    recorded: Recorded | None = None
 
 
 def token_identity_errors(rows: list[EchoRow], transitions: list[Transition]) -> list[str]:
@@ -111,8 +122,8 @@ class _Live:
 
     @property
     def scripted(self) -> bool:
-        """This turn's action is `act`'s (a warm start's oracle, or a guide within its turns)."""
-        if self.act is None:
+        """This turn's action is `act`'s or a recording's (the warm start's oracle; a guide in its turns)."""
+        if self.act is None and (self.guide is None or self.guide.recorded is None):
             return False
         return self.guide is None or self.guide.turns is None or len(self.transitions) < self.guide.turns
 
@@ -320,6 +331,9 @@ class EpisodeDriver:
         for i, ep in enumerate(running):
             if not scripted[i]:
                 continue
+            if ep.guide is not None and ep.guide.recorded is not None:
+                out[i] = self._replayed(ep, prompts[i])
+                continue
             try:  # the call bounded on a thread; the tokenizer's work stays on this one
                 message = self._policy_call(ep, lambda ep=ep: ep.act(list(ep.messages)), "act(messages)")
             except Exception as err:
@@ -341,6 +355,19 @@ class EpisodeDriver:
         """A scripted policy's action `message`: the ids a model would have sampled, log-prob 0, cut where a
         sampler would have stopped."""
         ids = self.render.encode_assistant(ep.messages, ep.tools, message)
+        room = self.settings.max_seq_len - len(prompt)
+        return Completion(ids[:room], [0.0] * len(ids[:room]), "stop" if len(ids) <= room else "length")
+
+    def _replayed(self, ep: _Live, prompt: list[int]) -> Completion | None:
+        """A recorded guide's action: the recorded ids after exactly `prompt`, verbatim (log-prob 0: never
+        sampled); None where no recording reached this prompt (its episode dropped, `guide_unmatched`)."""
+        ids = ep.guide.recorded.action(prompt)
+        if ids is None:
+            ep.done, ep.drop_kind = True, "guide_unmatched"
+            ep.dropped = (f"step {len(ep.transitions)}: no recorded action follows this prompt "
+                          f"({len(prompt)} tokens): the task was not recorded, or the env answered "
+                          "otherwise than in the recording")
+            return None
         room = self.settings.max_seq_len - len(prompt)
         return Completion(ids[:room], [0.0] * len(ids[:room]), "stop" if len(ids) <= room else "length")
 

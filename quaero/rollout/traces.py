@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -392,22 +393,30 @@ def vocab_size_of(model_name: str) -> int:
 def warm_start_rows(cfg: Any, source: str = "config") -> tuple[list[EchoRow], list[str]]:
     """`[data] traces` read for training: (rows, refusals), each refusal logged in one line; a ConfigError
     when the file cannot be read or holds no exact record."""
-    path, vocab_size = cfg.data.traces, vocab_size_of(cfg.model.name)
+    return read_traces(cfg, cfg.data.traces, "[data] traces", source, loss=cfg.data.traces_loss)
+
+
+def read_traces(cfg: Any, path: str, key: str, source: str = "config", loss: str = "sft"
+                ) -> tuple[list[EchoRow], list[str]]:
+    """The trace file `path` (config key `key`: `[data] traces`, `[training] guidance_traces`) read into rows:
+    (rows, refusals), each refusal logged in one line; a ConfigError when it cannot be read or holds no
+    exact record."""
+    vocab_size = vocab_size_of(cfg.model.name)
     if Path(path).exists() and not Path(path).is_file():  # a FIFO would block the read until a writer came
-        raise ConfigError(f"{source} [data] traces={path!r}: not a regular file (a FIFO, a device or a "
+        raise ConfigError(f"{source} {key}={path!r}: not a regular file (a FIFO, a device or a "
                           "folder); name a .jsonl file of records")
     try:
         rows, refused = load_traces(path, vocab_size, include_scaffold=cfg.echo.include_scaffold,
-                                    max_len=cfg.model.max_seq_len, loss=cfg.data.traces_loss)
+                                    max_len=cfg.model.max_seq_len, loss=loss)
     except OSError as e:
-        raise ConfigError(f"{source} [data] traces={path!r}: cannot read it ({e.strerror or e})") from None
+        raise ConfigError(f"{source} {key}={path!r}: cannot read it ({e.strerror or e})") from None
     for reason in refused:
         log.warning(names.TRACE_RECORD_REFUSED_EVENT, reason=reason)
     if not rows:
-        raise ConfigError(f"{source} [data] traces={path!r}: no exact record in it ({len(refused)} refused"
+        raise ConfigError(f"{source} {key}={path!r}: no exact record in it ({len(refused)} refused"
                           + (f"; first: {refused[0]}" if refused else "") + "); write it with `quaero "
                           "inspect rows RUN --export rfc010|openenv-trace OUT.jsonl` or OpenEnv's capture")
-    log.info(names.TRACES_LOADED_EVENT, path=str(path), rows=len(rows), records_refused=len(refused))
+    log.info(names.TRACES_LOADED_EVENT, path=str(path), key=key, rows=len(rows), records_refused=len(refused))
     return rows, refused
 
 
@@ -423,7 +432,54 @@ def trace_line(cfg: Any, source: str = "config") -> str:
             + (f" (first: {refused[0]})" if refused else ""))
 
 
+def guide_trace_line(cfg: Any, source: str = "config") -> str:
+    """`quaero check`'s line for recorded episodes as the guide (`[training] guidance_traces`)."""
+    path = cfg.training.guidance_traces
+    rows, refused = read_traces(cfg, path, "[training] guidance_traces", source)
+    guide = RecordedActions(rows)
+    return (f"guide       traces {path}: {len(rows)} exact rows, {len(guide)} recorded actions replayed "
+            f"where a live prompt equals a recording's; {len(refused)} line(s) refused"
+            + (f" (first: {refused[0]})" if refused else ""))
+
+
 def trace_batch(rows: list[EchoRow], step: int, per_step: int, share: list[int]) -> list[EchoRow]:
     """Warm-start step `step`'s rows (this rank's `share` of its `per_step`), cycling through the file in
     order: a function of the step alone, so a resumed run trains the same rows."""
     return [rows[((step - 1) * per_step + i) % len(rows)] for i in share]
+
+
+# ── recorded episodes as guides ([training] guidance_traces) ──────────────────────────────────────────
+
+
+def _prompt_key(ids: list[int]) -> bytes:
+    return array("q", ids).tobytes()
+
+
+class RecordedActions:
+    """Recorded episodes replayed as a guide (`[training] guidance_traces`, quaero/recipe/guidance.py): every
+    action span of every row, keyed by the exact ids before it (the prompt its model was given), so a live
+    episode whose prompt is one of them gets the recorded action ids verbatim. A prompt the recordings never
+    reached (a task not recorded, an env that answered otherwise than in the recording, another template)
+    has no action: `action` answers None, and the driver drops that guided member, counted. Where several
+    recordings share a prompt, the one of the higher finite reward plays (the first such in the file)."""
+
+    def __init__(self, rows: list[EchoRow]):
+        self._actions: dict[bytes, tuple[float, list[int]]] = {}
+        self.episodes = len(rows)
+        for row in rows:
+            reward = _finite(row.meta.get("reward"))
+            rank = -math.inf if reward is None else reward
+            for s in row.spans:
+                if s.kind != "action":
+                    continue
+                key = _prompt_key(row.input_ids[:s.start])
+                if key not in self._actions or rank > self._actions[key][0]:
+                    self._actions[key] = (rank, row.input_ids[s.start:s.end])
+
+    def __len__(self) -> int:
+        return len(self._actions)
+
+    def action(self, prompt_ids: list[int]) -> list[int] | None:
+        """The recorded action ids after exactly `prompt_ids`, or None."""
+        found = self._actions.get(_prompt_key(prompt_ids))
+        return None if found is None else list(found[1])

@@ -288,7 +288,8 @@ DYNAMIC_SAMPLING_BOUND_HITS = _rollout.count("dynamic_sampling_bound_hits", "ste
                                              "`tasks_per_step` groups with spread")
 GROUPS_GUIDED = _rollout.count("groups_guided", "RL groups whose kept episodes all failed that got guided "
                                "members (`[training] guidance`)")
-GUIDED_MEMBERS = _rollout.count("guided_members", "episodes the env's oracle played in their place (kept)")
+GUIDED_MEMBERS = _rollout.count("guided_members", "episodes the guide (the env's oracle, or recordings) "
+                                "played in their place (kept)")
 GUIDED_MEMBERS_SUCCEEDED = _rollout.count("guided_members_succeeded", "of those, the successes")
 GUIDED_MEMBERS_DROPPED = _rollout.count("guided_members_dropped", "guided episodes lost (a dead server, a "
                                         "timeout): never trained, their group kept")
@@ -296,6 +297,9 @@ GUIDES_FAILED = _rollout.count("guides_failed", "of those, a guide (the env's or
                                "dropped, never the run")
 GUIDES_TIMED_OUT = _rollout.count("guides_timed_out", "of those, a guide's call ran past `[training] "
                                   "guide_timeout_s`: its member dropped, never the run")
+GUIDES_UNMATCHED = _rollout.count("guides_unmatched", "of those, a recorded guide (`[training] "
+                                  "guidance_traces`) had no action for the member's prompt (a task not "
+                                  "recorded, an env that answered otherwise): its member dropped")
 ROLLOUT_COUNTERS = tuple(_rollout.names)  # every counter above, in the order a snapshot lists them
 REWARD_MEAN = _rollout.per_step("reward_mean", "mean reward of the kept episodes")
 SUCCESS_RATE = _rollout.per_step("success_rate", "success rate of the kept episodes")
@@ -487,6 +491,7 @@ CHECKPOINT_AFTER_FAILURE_FAILED_EVENT = "checkpoint_after_failure_failed"  # sav
 DYNAMIC_SAMPLING_ROUND_EVENT = "dynamic_sampling_round"  # further groups drawn for want of spread
 DYNAMIC_SAMPLING_STOPPED_EVENT = "dynamic_sampling_stopped"  # a stop request ended the rounds
 GUIDE_FAILED_EVENT = "guide_failed"  # the oracle raised while guiding: its members dropped, the groups kept
+GUIDE_UNMATCHED_EVENT = "guide_unmatched"  # a recorded guide had no action for a member's prompt: dropped
 GUIDE_DROPPED_EVENT = "guide_dropped"  # a guide raised or timed out on a member: that member dropped
 ROLLOUT_AHEAD_DISCARDED_EVENT = "rollout_ahead_discarded"  # a rollout sampled ahead that failed at the end
 # a call into a user's code (a task sampler, an env's get_task; quaero/bounded.py) still running: {call,

@@ -206,6 +206,10 @@ def check(args) -> int:
         # imports the env: its Action problems fail here, before any model
         print("\n".join(describe_env(view.env, view.observation_token_limit)))
         print("\n".join(check_lines(view, where)))  # the env's splits, when it has OpenEnv's Task API
+        if view.training.guidance != "none" and view.training.guidance_traces:
+            from quaero.rollout.traces import guide_trace_line
+
+            print(guide_trace_line(view, where))
     if cfg.data.traces:
         from quaero.rollout.traces import trace_line
 

@@ -163,3 +163,33 @@ def test_recorded_rl_rows_train_the_rl_loss_off_policy_with_traces_loss_rl(sourc
     warm = events_of(run, "train_step")[0]
     assert warm["phase"] == "traces_rl" and warm["action_tokens"] > 0 and warm["rl_loss"] != 0.0
     assert warm["sft_loss"] == 0.0 and warm["importance_ratio_mean"] is not None
+
+
+@pytest.mark.slow
+def test_a_run_guides_its_all_fail_groups_by_replaying_another_runs_recorded_episodes(source_run, tmp_path,
+                                                                                      capsys):
+    """`[training] guidance_traces`: the source run's saved rows (its warm start: the oracle's demos on the
+    first tasks of the run seed's order; its RL step: the random policy's failures), exported to RFC 010,
+    guide a fresh run from random init. Its first RL step draws the same tasks, every group fails, and each
+    gets one member replayed from the recording: the recorded success, token for token."""
+    from quaero.recipe.train import train
+
+    run_dir, _ = source_run
+    recorded = tmp_path / "recorded.rfc010.jsonl"
+    records = _export(run_dir, "rfc010", recorded)
+    extra = ["env.launcher=inprocess", "training.guidance=episode", "training.guided_members=1",
+             f"training.guidance_traces={str(recorded)!r}",
+             "logging.save_rows=all"]
+    path, cfg = make_config(tmp_path, "replayed", steps=1, warmup=0, eval_every=0, eval_tasks=0, extra=extra)
+    assert cli.main(["check", str(path), *[a for kv in extra for a in ("--set", kv)]]) == 0
+    out = capsys.readouterr().out
+    assert f"guide       traces {recorded}: {len(records)} exact rows" in out
+    assert "replayed from the recorded episodes in" in out
+    run = train(cfg)
+    (step,) = events_of(run, "train_step")
+    assert step["groups_guided"] == step["guided_members"] == 2  # both groups failed; each replayed
+    assert step["guided_members_succeeded"] == 2 and step["guides_unmatched"] == 0
+    assert step["guided_action_tokens"] > 0
+    successes = [r for r in load_rows(run, 1)[0] if r["meta"]["reward"] == 1.0]
+    demos = {tuple(rec["input_ids"]) for rec in records}
+    assert len(successes) == 2 and all(tuple(r["input_ids"]) in demos for r in successes)

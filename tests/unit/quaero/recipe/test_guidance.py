@@ -328,3 +328,92 @@ def test_a_warm_start_oracle_that_never_returns_stops_the_run_at_the_step_timeou
     assert time.monotonic() - t0 < 10
     said = "act(messages) (the env's oracle) did not return within 0.3s ([env] step_timeout_s)"
     assert said in str(err.value)
+
+
+# ── recorded episodes as the guide ([training] guidance_traces) ──────────────────────────────────────
+
+
+def _never(info):
+    raise AssertionError("a recorded guide never calls the oracle")
+
+
+def _recorded_parts(render, indices, **training):
+    """`_parts` whose guide is the oracle's warm-start episodes on tasks `indices`, recorded (their rows
+    indexed by prompt, quaero/rollout/traces.py), with the oracle itself out of reach."""
+    from quaero.rollout.traces import RecordedActions
+
+    parts, counts = _parts(render, **training)
+    recorded = {i: [row for row, _ in play_groups(parts, 1, [["env", i]], 0, seed=5, sft=True)[0]]
+                for i in indices}
+    counts.snapshot_and_reset()
+    guide = RecordedActions([row for rows in recorded.values() for row in rows])
+    return replace(parts, envs=[replace(parts.envs[0], oracle=_never, recorded=guide)]), counts, recorded
+
+
+def test_a_recorded_guide_replays_the_recorded_ids_verbatim_where_the_live_prompt_is_a_recordings(
+        qwen3_render):
+    parts, counts, recorded = _recorded_parts(qwen3_render, [1, 2])
+    rows, (outcome,) = play_groups(parts, 1, [["env", 2]], 0, seed=5, sft=False)
+    members = _members(rows)
+    for g, adv, guided in [(0, -0.5, False), (1, -0.5, False), (2, 0.5, True), (3, 0.5, True)]:
+        (row,) = members[g]
+        assert [a for a, m in zip(row.advantages, row.action_mask) if m] == [adv] * row.num_action_tokens
+        assert row.guided_mask == (row.action_mask if guided else [False] * len(row))
+    for g in (2, 3):  # the recorded task 2 episode, token for token: ids, spans, log-prob 0
+        assert [(r.input_ids, r.spans) for r in members[g]] == [(r.input_ids, r.spans) for r in recorded[2]]
+        assert all(lp == 0.0 for r in members[g] for lp in r.sampler_logprobs)
+    assert outcome.guided == K and outcome.spread and outcome.rewards == [0.0] * GROUP
+    snap = counts.snapshot_and_reset()
+    assert snap[names.GUIDED_MEMBERS] == K and snap[names.GUIDED_MEMBERS_SUCCEEDED] == K
+    assert snap[names.GUIDES_UNMATCHED] == 0 and snap[names.GUIDED_MEMBERS_DROPPED] == 0
+
+
+def test_a_task_never_recorded_or_an_env_that_answers_otherwise_drops_the_member_counted(qwen3_render):
+    parts, counts, _ = _recorded_parts(qwen3_render, [1, 2])
+    rows, (outcome,) = play_groups(parts, 1, [["env", 3]], 0, seed=5, sft=False)  # task 3: not recorded
+    assert outcome.guided == 0 and outcome.kept and len(_members(rows)) == GROUP
+    assert not any(any(r.guided_mask) for r, _ in rows)
+    snap = counts.snapshot_and_reset()
+    assert snap[names.GUIDES_UNMATCHED] == K and snap[names.GUIDED_MEMBERS_DROPPED] == K
+    assert snap[names.GROUPS_GUIDED] == 0 and snap[names.GUIDES_FAILED] == 0
+    # the same recorded task on an env that answers otherwise after the first lookup (a follow-up question):
+    # the first turn replays, the second prompt was never recorded, the member is dropped there
+    from quaero.recipe.guidance import play_guides
+
+    e = parts.envs[0]
+    e = replace(e, pool=SimpleNamespace(sessions=[ToyChatEnv("followup") for _ in range(GROUP)]))
+    (a, b), = play_guides(e, [{"seed": 0, "split": "train", "index": 2}], 2, seed=5)
+    assert a.dropped and b.dropped and a.drop_kind == "guide_unmatched"
+    assert a.drop_reason.startswith("step 1: no recorded action follows this prompt")
+    assert len(a.transitions) == 1 and a.transitions[0].guided
+
+
+def test_a_recorded_prefix_is_the_oracles_prefix_token_for_token_then_the_policy_continues(qwen3_render):
+    from quaero.recipe.guidance import play_guides
+
+    parts, _ = _prefix_parts(qwen3_render)
+    e = parts.envs[0]
+    task = [{"seed": 0, "split": "train", "index": 2}]
+    (by_oracle, _), = play_guides(e, task, 2, seed=5, turns=2)
+    recorded, _, _ = _recorded_parts(qwen3_render, [2])
+    e = replace(e, oracle=_never, recorded=recorded.envs[0].recorded)
+    (by_recording, _), = play_guides(e, task, 2, seed=5, turns=2)
+    assert by_recording.success and [t.guided for t in by_recording.transitions] == [True, True, False]
+    assert [(r.input_ids, r.spans, r.guided, r.sampler_logprobs) for r in by_recording.rows] == \
+           [(r.input_ids, r.spans, r.guided, r.sampler_logprobs) for r in by_oracle.rows]
+
+
+def test_recorded_guides_settings_are_checked_in_one_line(tmp_path):
+    from quaero.recipe.plan import check_trace_path
+
+    with pytest.raises(ConfigError, match="guidance_traces='r.jsonl' with guidance='none'"):
+        check_rules(make_cfg(training__guidance_traces="r.jsonl"))
+    remote = QuaeroConfig.model_validate({"env": {"url": "ws://localhost:1", "launcher": "remote"},
+                                          "training": {"guidance": "episode", "guidance_traces": "r.jsonl"}})
+    check_rules(remote)  # recordings need no oracle
+    for path, says in ((tmp_path / "missing.jsonl", "no such file"), (tmp_path, "a folder")):
+        with pytest.raises(ConfigError, match=f"guidance_traces='{path}': {says}"):
+            check_trace_path(str(path), "config [training] guidance_traces")
+    cfg = make_cfg(training__guidance="episode", training__guidance_traces="r.jsonl",
+                   training__guidance_until_step=2, training__steps=4)
+    assert "replayed from the recorded episodes in r.jsonl" in guidance_lines(cfg)[0]
