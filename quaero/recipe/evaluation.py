@@ -50,12 +50,13 @@ def evaluate_at(parts: RunParts, progress: RunProgress, step: int) -> None:
     synced = sync_sampler(parts, progress)
     t0 = time.perf_counter()
     reset_peak(parts.trainer.device)
-    eps, results, by_env = [], [], {}
+    eps, results, formats, by_env = [], [], [], {}
     for e in parts.envs:
         if e.cfg.training.eval_tasks:
-            env_eps, env_results, figures = _evaluate_env(parts.cfg, e)
+            env_eps, env_results, env_formats, figures = _evaluate_env(parts.cfg, e)
             eps += env_eps
             results += env_results
+            formats += env_formats
             if parts.cfg.is_mixture:
                 by_env[e.name] = figures
     sample = [_brief(m) for m in eps[0].messages[1:]] if eps else []  # what the model does, for humans
@@ -77,6 +78,8 @@ def evaluate_at(parts: RunParts, progress: RunProgress, step: int) -> None:
             names.ENV_RETRIES: s[names.ENV_RETRIES],
             names.EVAL_DROP_REASONS: drop_reasons(s),
             names.EVAL_RESULTS: results,
+            names.EVAL_FORMATS: formats,
+            names.EVAL_WELL_FORMED: _mean([int(f[1] == 0) for f in formats]),
             names.SAMPLE_TRANSCRIPT: sample,
             **synced,
             **({names.EVAL_BY_ENV: by_env} if by_env else {}),
@@ -84,21 +87,24 @@ def evaluate_at(parts: RunParts, progress: RunProgress, step: int) -> None:
     )
 
 
-def _evaluate_env(cfg: QuaeroConfig, e: EnvRun) -> tuple[list[Episode], list[list], dict[str, Any]]:
+def _evaluate_env(cfg: QuaeroConfig, e: EnvRun
+                  ) -> tuple[list[Episode], list[list], list[list], dict[str, Any]]:
     """One env's evaluation on this rank: its kept episodes, every rank's results (per task, for paired
-    comparisons of two evaluations, quaero review: [index, success, reward(, env in a mixture)]) and its
-    figures for `eval_by_env`."""
+    comparisons of two evaluations, quaero review: [index, success, reward(, env in a mixture)]) and formats
+    ([index, malformed actions, actions(, env)]), and its figures for `eval_by_env`."""
     tasks, groups = eval_episodes(e.cfg, e.driver, e.pool, e.cfg.env.eval_split, e.cfg.training.eval_tasks,
                                   seed=ranks.rank_seed(cfg.run.seed), rank_share=True,
                                   report_as=names.EVAL_PROGRESS_EVENT)
     tag = [e.name] if cfg.is_mixture else []
     results = ranks.gather_rows([[t["index"], int(ep.success), ep.reward, *tag]
                                  for t, g in zip(tasks, groups) for ep in g if not ep.dropped])
+    formats = ranks.gather_rows([[t["index"], ep.malformed, ep.turns, *tag]
+                                 for t, g in zip(tasks, groups) for ep in g if not ep.dropped])
     figures = {names.EVAL_SUCCESS_RATE: _mean([r[1] for r in results]),
                names.EVAL_REWARD: _mean([r[2] for r in results]),
                names.EVAL_EPISODES: len(results),
                names.EVAL_DROPPED: ranks.total(sum(ep.dropped for g in groups for ep in g))}
-    return [ep for g in groups for ep in g if not ep.dropped], results, figures
+    return [ep for g in groups for ep in g if not ep.dropped], results, formats, figures
 
 
 def _mean(values: list[float]) -> float | None:

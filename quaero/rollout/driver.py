@@ -97,6 +97,7 @@ class Episode:
     # cut by the turn limit or the context, or marked truncated by the env: never a success
     truncated: bool = False
     drop_kind: str = ""  # why it was dropped, as counted (`episodes_dropped_<kind>`; a guide's: guide_failed)
+    malformed: int = 0  # its actions the env judged malformed (no tool call, unparsable): its format
 
 
 @dataclass
@@ -118,6 +119,7 @@ class _Live:
     dropped: str = ""
     drop_kind: str = ""
     ended_at_reset: str = ""  # the env's reason when its reset answered done=True: no episode
+    malformed: int = 0  # its actions the env judged malformed
     guide: GuidePlay | None = None  # `act` is a guide's: its turns, its bound
 
     @property
@@ -429,6 +431,7 @@ class EpisodeDriver:
                                          kinds, comp.finish_reason, guided))
         self.counts.add(names.TURNS)
         self.counts.add(names.MALFORMED_ACTIONS, int(res.malformed))
+        ep.malformed += int(res.malformed)
         ep.messages += [assistant, *messages]
         ep.reward += float(res.reward)
         if not math.isfinite(ep.reward):  # finite rewards (check_reply) that overflow when summed
@@ -458,7 +461,7 @@ class EpisodeDriver:
         if ep.dropped:
             self.counts.episode_dropped(ep.drop_kind)
             return Episode([], 0.0, False, len(ep.transitions), ep.info, ep.messages, True, ep.dropped,
-                           ep.transitions, drop_kind=ep.drop_kind)
+                           ep.transitions, drop_kind=ep.drop_kind, malformed=ep.malformed)
         rows = build_rows(ep.transitions, packing=self.settings.packing,
                           include_scaffold=self.settings.include_scaffold,
                           max_seq_len=self.settings.max_seq_len)
@@ -477,4 +480,4 @@ class EpisodeDriver:
                                     turns=len(ep.transitions))
         info = {**ep.info, "trained_tokens": row_tokens, "trained_tokens_per_transition_layout": flat_tokens}
         return Episode(rows, ep.reward, ep.success, len(ep.transitions), info, ep.messages,
-                       transitions=ep.transitions, truncated=ep.truncated)
+                       transitions=ep.transitions, truncated=ep.truncated, malformed=ep.malformed)

@@ -401,6 +401,11 @@ EVAL_DROP_REASONS = _eval.per_step("eval_drop_reasons", "dropped episodes by rea
 EVAL_RESULTS = _eval.per_step("eval_results",
                               "per task, for paired comparisons (`quaero review`): `[index, success, "
                               "reward]`")
+EVAL_FORMATS = _eval.per_step("eval_formats", "per task, its episode's format: `[index, malformed actions, "
+                              "actions]` (a mixture's entries end with the env's name)")
+EVAL_WELL_FORMED = _eval.per_step("eval_well_formed", "the share of its episodes with no malformed action: "
+                                  "`quaero review` and `quaero eval --compare` split a success gain into "
+                                  "format (this share) and task (success among well-formed episodes)")
 SAMPLE_TRANSCRIPT = _eval.per_step("sample_transcript", "the first episode's messages, shortened")
 EVAL_BY_ENV = _eval.per_step("eval_by_env", "a mixture's: `{env: {eval_success_rate, eval_reward, "
                              "eval_episodes, eval_dropped}}` (each `eval_results` entry then ends with its "

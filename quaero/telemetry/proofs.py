@@ -183,7 +183,20 @@ def _rl_vs_warm_start(c: Comparison) -> str:
             f"{c.improved}, only before {c.worsened}; McNemar exact p = {c.mcnemar_p:.3g} {p_rel} "
             f"{RL_IMPROVED_P}), reward {c.reward_diff:+.3f} (paired bootstrap 95% {low:+.3f} to "
             f"{high:+.3f}; {'> 0' if low > 0 else '< 0' if high < 0 else 'spans 0'})"
-            + ("; unguided greedy evals" if c.unguided else ""))
+            + ("; unguided greedy evals" if c.unguided else "")
+            + (f"; {format_task_line(c.format_task, 'after RL', 'before')}" if c.format_task else ""))
+
+
+def format_task_line(c: dict, a: str = "A", b: str = "B") -> str:
+    """quaero/tools/significance.py `format_and_task`'s figures in one line, B -> A (as review's warm start
+    -> after RL; `quaero eval --compare`'s B -> A)."""
+    def rate(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.3f}"
+
+    return (f"format: well-formed episodes {rate(c['b_well_formed'])} -> {rate(c['a_well_formed'])} (well "
+            f"formed only {a} {c['format_a_only']}, only {b} {c['format_b_only']}; McNemar exact p = "
+            f"{c['format_mcnemar_p']:.3g}); task: success among well-formed {rate(c['b_task_success'])} -> "
+            f"{rate(c['a_task_success'])}")
 
 
 def rl_kept(c: Comparison) -> dict[str, Any]:

@@ -60,6 +60,10 @@ class Comparison(_Record):
     # both evals recorded no guided token (`eval_guided_tokens` 0): the policy's own, unguided; None: not
     # recorded (a run from before the count)
     unguided: bool | None = None
+    # the success change split into format and task (quaero/tools/significance.py `format_and_task`: the share
+    # of well-formed episodes, paired, and success among the well-formed); None where an eval recorded no
+    # formats (a run from before `eval_formats`)
+    format_task: dict[str, Any] | None = field(default=None, metadata=OPTIONAL)
 
     def to_dict(self) -> dict[str, Any]:
         return {"why": self.why} if self.why else super().to_dict()

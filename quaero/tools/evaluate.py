@@ -30,9 +30,10 @@ from quaero.recipe.model_folder import ExportError
 from quaero.resolve import resolve_name
 from quaero.rollout.advantages import safe_mean
 from quaero.telemetry import names
+from quaero.telemetry.proofs import format_task_line
 from quaero.telemetry.runlog import error_line
 from quaero.tools.export import export_run, is_adapter, load_model
-from quaero.tools.significance import paired_outcomes, wilson_interval
+from quaero.tools.significance import format_and_task, paired_outcomes, wilson_interval
 
 if TYPE_CHECKING:
     from quaero.rollout.driver import Policy
@@ -68,13 +69,17 @@ class Result:
     def summary(self) -> dict:
         done = self.finished
         wins = sum(r["success"] for r in done)
+        well = [r for r in done if not r.get("malformed")]
         low, high = wilson_interval(wins, len(done))
         return {"model": self.label, "episodes": len(self.records), "finished": len(done),
                 "dropped": len(self.records) - len(done), "successes": wins,
                 "success_rate": wins / len(done) if done else None, "success_ci95": [low, high],
                 "reward_mean": _mean([r["reward"] for r in done]),
                 "turns_mean": _mean([r["turns"] for r in done]),
-                "malformed_actions": self.malformed_actions}
+                "malformed_actions": self.malformed_actions,
+                # format and task apart: episodes with no malformed action, and success among them
+                "well_formed": len(well) / len(done) if done else None,
+                "success_among_well_formed": (sum(r["success"] for r in well) / len(well)) if well else None}
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -218,8 +223,8 @@ def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan,
                 records.append({"task": task["index"], "split": task["split"], "seed": task["seed"],
                                 "repeat": r,
                                 "reward": ep.reward, "success": bool(ep.success), "turns": ep.turns,
-                                "dropped": ep.dropped, "drop_reason": ep.drop_reason,
-                                "messages": ep.messages})
+                                "malformed": ep.malformed, "dropped": ep.dropped,
+                                "drop_reason": ep.drop_reason, "messages": ep.messages})
     finally:
         if sampler is not None:
             sampler.close()
@@ -229,12 +234,14 @@ def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan,
 def paired(a: Result, b: Result, seed: int = 0) -> dict:
     """A - B on the episodes both finished: success (McNemar exact) and reward (paired bootstrap)."""
     a_by, b_by = ({(r["repeat"], r["task"]): (r["success"], r["reward"]) for r in x.finished} for x in (a, b))
+    a_fmt, b_fmt = ({(r["repeat"], r["task"]): r.get("malformed", 0) for r in x.finished} for x in (a, b))
     p = paired_outcomes(a_by, b_by, seed=seed)
     n = p["pairs"]
     return {"pairs": n, "success_diff": (p["a_only"] - p["b_only"]) / n if n else None, "a_only": p["a_only"],
             "b_only": p["b_only"], "mcnemar_p": p["mcnemar_p"],
             "reward_diff": p["reward_diff"] if n else None,
-            "reward_diff_ci95": p["reward_diff_ci95"] if n else None, "bootstrap_seed": seed}
+            "reward_diff_ci95": p["reward_diff_ci95"] if n else None, "bootstrap_seed": seed,
+            "format_task": format_and_task(a_by, b_by, a_fmt, b_fmt)}
 
 
 def evaluate(cfg: QuaeroConfig, specs: list[str | None], plan: EvalPlan) -> tuple[Path, dict]:
@@ -335,7 +342,8 @@ def report_lines(summary: dict, out: Path) -> list[str]:
         lines.append(f"{tag}{s['model']}: success {s['successes']}/{s['finished']} = "
                      f"{_num(s['success_rate'])} (Wilson 95% {low:.3f}-{high:.3f}), reward "
                      f"{_num(s['reward_mean'])}, turns {_num(s['turns_mean'], '.2f')}, malformed actions "
-                     f"{s['malformed_actions']}, dropped {s['dropped']}")
+                     f"{s['malformed_actions']}, well-formed episodes {_num(s.get('well_formed'))}, dropped "
+                     f"{s['dropped']}")
     p = summary.get("paired")
     if p:
         ci = p["reward_diff_ci95"] or [None, None]
@@ -343,5 +351,7 @@ def report_lines(summary: dict, out: Path) -> list[str]:
                      f"(A only {p['a_only']}, B only {p['b_only']}; McNemar exact p = {p['mcnemar_p']:.4g}), "
                      f"reward {_num(p['reward_diff'], '+.3f')} (paired bootstrap 95% {_num(ci[0], '+.3f')} "
                      f"to {_num(ci[1], '+.3f')})")
+        if p.get("format_task"):
+            lines.append(f"B -> A, {format_task_line(p['format_task'], 'in A', 'in B')}")
     lines.append(f"transcripts and summary.json in {out}")
     return lines

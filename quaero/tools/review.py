@@ -118,6 +118,20 @@ def eval_outcomes(e: dict, env: str | None = None) -> dict[Any, tuple[int, float
     return out or None
 
 
+def eval_formats(e: dict, env: str | None = None) -> dict[Any, int] | None:
+    """{task: malformed actions} of an eval event's per-task formats (`eval_formats`), keyed as
+    `eval_outcomes` keys its results; None when it has none readable (a run from before them)."""
+    out = {}
+    for item in e.get(names.EVAL_FORMATS) or []:
+        if not (isinstance(item, list) and len(item) in (3, 4) and all(_is_int(v) for v in item[:3])):
+            continue
+        tag = item[3] if len(item) == 4 else None
+        if env is not None and tag != env:
+            continue
+        out[item[0] if tag is None or env is not None else f"{tag}:{item[0]}"] = int(item[1])
+    return out or None
+
+
 def _nonfinite_rewards(e: dict) -> bool:
     """Whether an eval event's per-task results hold a reward that is not finite: NaN or inf, which the run
     log writes as null (or as such, in a foreign writer's file)."""
@@ -174,7 +188,7 @@ def rl_over_warm_start(run: dict, env: str | None = None) -> Comparison:
     start). `why` says what is missing when there is nothing to compare, or that an eval was guided: RL is
     judged on the policy's own, unguided greedy episodes only (`unguided`: both evals counted 0 guided
     tokens)."""
-    from quaero.tools.significance import paired_outcomes
+    from quaero.tools.significance import format_and_task, paired_outcomes
 
     warm = sft_span(run)
     rl = [s["step"] for s in run["steps"] if s.get(names.PHASE, "rl") == "rl"]
@@ -202,10 +216,12 @@ def rl_over_warm_start(run: dict, env: str | None = None) -> Comparison:
     p = paired_outcomes(a, b)
     if not p["pairs"]:
         return Comparison("the two evals share no task")
+    fa, fb = eval_formats(end, env), eval_formats(start, env)
+    split = format_and_task(a, b, fa, fb) if fa and fb else None
     return Comparison("", warm_start_step=warm_end, end_step=end["step"], pairs=p["pairs"],
                       warm_start_success=p["b_success"], end_success=p["a_success"], improved=p["a_only"],
                       worsened=p["b_only"], mcnemar_p=p["mcnemar_p"], reward_diff=p["reward_diff"],
-                      reward_diff_ci95=p["reward_diff_ci95"], unguided=unguided)
+                      reward_diff_ci95=p["reward_diff_ci95"], unguided=unguided, format_task=split)
 
 
 def guidance_of(rl: list[dict]) -> Guidance | None:

@@ -77,3 +77,26 @@ def paired_outcomes(a: dict, b: dict, *, seed: int = 0) -> dict:
             "b_success": sum(bool(b[k][0]) for k in shared) / n if n else 0.0, "a_only": a_only,
             "b_only": b_only,
             "mcnemar_p": mcnemar_exact(a_only, b_only), "reward_diff": diff, "reward_diff_ci95": [low, high]}
+
+
+def format_and_task(a: dict, b: dict, a_formats: dict, b_formats: dict) -> dict | None:
+    """A success comparison of A and B (outcomes {key: (success, reward)}) split in two, on the keys all four
+    share, with each episode's format ({key: malformed actions}): **format**, the share of episodes with no
+    malformed action (McNemar exact on the pairs where one side is well formed and the other not), and
+    **task**, the success rate among each side's well-formed episodes. A gain that is only the action format
+    raises the first and leaves the second. None where no key has all four."""
+    shared = [k for k in a if k in b and k in a_formats and k in b_formats]
+    if not shared:
+        return None
+    well_a = {k for k in shared if a_formats[k] == 0}
+    well_b = {k for k in shared if b_formats[k] == 0}
+    only_a, only_b = len(well_a - well_b), len(well_b - well_a)
+
+    def task(outcomes: dict, well: set) -> float | None:
+        return sum(bool(outcomes[k][0]) for k in well) / len(well) if well else None
+
+    return {"pairs": len(shared), "a_well_formed": len(well_a) / len(shared),
+            "b_well_formed": len(well_b) / len(shared), "format_a_only": only_a, "format_b_only": only_b,
+            "format_mcnemar_p": mcnemar_exact(only_a, only_b), "a_task_success": task(a, well_a),
+            "b_task_success": task(b, well_b)}
+

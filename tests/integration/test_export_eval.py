@@ -181,6 +181,11 @@ def test_eval_compare_oracle_vs_wrong_answers_on_toolbench(tmp_path, capsys):
     assert (bad["successes"], bad["finished"], bad["reward_mean"]) == (0, 6, 0.0)
     assert good["success_ci95"][1] == 1.0 and bad["success_ci95"][0] == 0.0
     assert good["malformed_actions"] == bad["malformed_actions"] == 0 and good["dropped"] == 0
+    # the wrong answers are well-formed actions: the whole difference is the task, none of it the format
+    assert good["well_formed"] == bad["well_formed"] == 1.0
+    assert (good["success_among_well_formed"], bad["success_among_well_formed"]) == (1.0, 0.0)
+    split = summary["paired"]["format_task"]
+    assert split["format_a_only"] == split["format_b_only"] == 0
     assert good["turns_mean"] == bad["turns_mean"] == 2.0  # difficulty 1: one lookup, then submit_answer
     p = summary["paired"]
     assert (p["pairs"], p["a_only"], p["b_only"], p["success_diff"]) == (6, 6, 0, 1.0)
@@ -195,6 +200,8 @@ def test_eval_compare_oracle_vs_wrong_answers_on_toolbench(tmp_path, capsys):
         "A - B on 6 paired episodes: success +1.000 (A only 6, B only 0; McNemar exact p = 0.03125)"
         in printed
     )
+    assert ("B -> A, format: well-formed episodes 1.000 -> 1.000 (well formed only in A 0, only in B 0; "
+            "McNemar exact p = 1); task: success among well-formed 0.000 -> 1.000") in printed
 
 
 def test_eval_an_exported_folder_end_to_end(full_export, tmp_path, capsys):

@@ -17,6 +17,12 @@ def test_a_run_guides_its_all_fail_groups_until_the_schedule_reaches_none(tmp_pa
     steps = events_of(run, "train_step")
     evals = events_of(run, "eval")
     assert evals and all(e["eval_guided_tokens"] == 0 for e in evals)  # evals never guide
+    for e in evals:  # each episode's format beside its result: [index, malformed actions, actions]
+        formats = e["eval_formats"]
+        assert [f[0] for f in formats] == [r[0] for r in e["eval_results"]]
+        assert all(0 <= bad <= actions for _, bad, actions in formats)
+        assert e["eval_well_formed"] == round(sum(f[1] == 0 for f in formats) / len(formats), 6)
+    assert any(f[1] > 0 for f in evals[0]["eval_formats"])  # the random-init policy writes malformed actions
     assert [s["phase"] for s in steps] == ["rl"] * 3
     first, *later = steps
     assert first["guidance_members"] == 1

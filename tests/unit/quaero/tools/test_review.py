@@ -338,10 +338,11 @@ def _reset_structlog():
 
 
 def _record_phases(run_dir, *, warm: list[int] | None, end: list[int] | None, sft=3, rl=2, warm_step=None,
-                   warm_phase="sft", end_reward=None, rl_fields=(), eval_fields=None):
+                   warm_phase="sft", end_reward=None, rl_fields=(), eval_fields=None, formats=None):
     """A warm start of `sft` steps (phase `warm_phase`) and `rl` RL steps; evals at 0, at the warm start's end
     and at the end, each with per-task results [index, success, reward] (successes given as 0/1 lists; None:
-    no such eval); `rl_fields`: each RL step's further fields, in turn; `eval_fields`: every eval's."""
+    no such eval); `rl_fields`: each RL step's further fields, in turn; `eval_fields`: every eval's;
+    `formats`: (warm start's, end's) malformed actions per task, as `eval_formats` of 2 actions each."""
     steps = [dict(s, phase=warm_phase) for s in good_steps(sft)] + [dict(s, **f) for s, f in zip(
         good_steps(rl), list(rl_fields) + [{}] * rl)]
     runlog.configure(console="none")
@@ -357,8 +358,12 @@ def _record_phases(run_dir, *, warm: list[int] | None, end: list[int] | None, sf
             runlog.set_step(step)
             reward = end_reward if end_reward is not None and step == sft + rl else None
             results = [[i, w, float(w) if reward is None else reward] for i, w in enumerate(wins)]
+            extra = dict(eval_fields or {})
+            if formats and step in (warm_step or sft, sft + rl):
+                bad = formats[0] if step == (warm_step or sft) else formats[1]
+                extra["eval_formats"] = [[i, m, 2] for i, m in enumerate(bad)]
             log.info("eval", eval_reward=sum(wins) / len(wins), eval_success_rate=sum(wins) / len(wins),
-                     eval_episodes=len(wins), eval_results=results, **(eval_fields or {}))
+                     eval_episodes=len(wins), eval_results=results, **extra)
         log.info("run_end", status="finished")
 
 
@@ -388,6 +393,29 @@ def test_rl_improved_and_kept_eval_over_warm_start_are_paired(tmp_path, capsys, 
         rc = review_command.main(args(tmp_path, require=[name]))
         assert rc == (0 if status == proofs.PASS else 1)
         assert f"[{'PASS' if status == proofs.PASS else 'WARN'}] {name}" in capsys.readouterr().out
+
+
+def test_a_gain_that_is_only_the_action_format_is_said_as_such(tmp_path):
+    """The warm start solved 20 of 64 and wrote a malformed action in 24 of the others; after RL, 34 solved
+    and none malformed. Success among well-formed episodes: 20/40 -> 34/64, so of the 14 more solved, the
+    format accounts for the well-formed share (0.625 -> 1.0, 24 only after RL, p < 1e-6) and the task success
+    among them barely moved (0.500 -> 0.531): the review says both, in the RL checks' line and --json."""
+    warm, end = [1] * 20 + [0] * 44, [1] * 34 + [0] * 30
+    _record_phases(tmp_path, warm=warm, end=end, formats=([0] * 40 + [1] * 24, [0] * 64))
+    s = review.summarize(review.load_run(tmp_path))
+    split = s.rl_vs_warm_start.format_task
+    assert (split["pairs"], split["b_well_formed"], split["a_well_formed"]) == (64, 40 / 64, 1.0)
+    assert (split["format_a_only"], split["format_b_only"]) == (24, 0)
+    assert split["format_mcnemar_p"] == pytest.approx(2 / 2**24)
+    assert (split["b_task_success"], split["a_task_success"]) == (0.5, 34 / 64)
+    detail = {c["name"]: c for c in proofs.run_checks(s)}[proofs.RL_IMPROVED]["detail"]
+    assert detail.endswith("format: well-formed episodes 0.625 -> 1.000 (well formed only after RL 24, only "
+                           "before 0; McNemar exact p = 1.19e-07); task: success among well-formed 0.500 -> "
+                           "0.531")
+    assert s.to_dict()["rl_vs_warm_start"]["format_task"] == split
+    _record_phases(tmp_path / "old", warm=warm, end=end)  # a run from before eval_formats: no split, no line
+    s = review.summarize(review.load_run(tmp_path / "old"))
+    assert s.rl_vs_warm_start.format_task is None and "format_task" not in s.to_dict()["rl_vs_warm_start"]
 
 
 def test_a_warm_start_on_recorded_traces_with_the_rl_loss_is_still_the_warm_start(tmp_path):

@@ -60,3 +60,17 @@ def test_safe_mean_is_fmean_and_survives_huge_finite_values():
     assert safe_mean([1e308, 1e308]) == 1e308  # fmean's exact sum overflows here
     with pytest.raises(ValueError):
         safe_mean([])
+
+
+def test_format_and_task_split_a_success_gain_into_the_action_format_and_the_task():
+    from quaero.tools.significance import format_and_task
+
+    # B: tasks 0-1 malformed (failed), 2-3 well formed (one solved); A: all well formed, 0 and 2 solved
+    b = {0: (0, 0.0), 1: (0, 0.0), 2: (1, 1.0), 3: (0, 0.0)}
+    a = {0: (1, 1.0), 1: (0, 0.0), 2: (1, 1.0), 3: (0, 0.0)}
+    c = format_and_task(a, b, {k: 0 for k in a}, {0: 2, 1: 1, 2: 0, 3: 0})
+    assert c == {"pairs": 4, "a_well_formed": 1.0, "b_well_formed": 0.5, "format_a_only": 2,
+                 "format_b_only": 0, "format_mcnemar_p": 0.5, "a_task_success": 0.5, "b_task_success": 0.5}
+    assert format_and_task(a, b, {9: 0}, {9: 0}) is None  # no key all four share
+    c = format_and_task(a, b, {k: 1 for k in a}, {k: 0 for k in a})  # nothing well formed on A's side
+    assert c["a_well_formed"] == 0.0 and c["a_task_success"] is None
