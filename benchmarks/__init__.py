@@ -36,6 +36,8 @@ BENCHMARKS = {
                   "quaero beside TRL's GRPOTrainer on the same job (the [peers] extra)"),
     "samplers": ("benchmarks.samplers",
                  "task samplers from one warm start at equal generated tokens, per env, paired"),
+    "arms": ("benchmarks.arms",
+             "RL arms by --set, each from its seed's own warm start, at equal generated tokens, paired"),
     "real-shape": ("benchmarks.real_shape",
                    "real-shape train steps (qwen3-0.6b-shape...) per memory knob against the plan"),
     "rl-memory": ("benchmarks.rl_memory",

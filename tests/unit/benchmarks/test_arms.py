@@ -1,0 +1,115 @@
+"""`quaero bench arms`: arms by `--set`, each seed from its own warm start (`--from` template or SEED=RUN),
+run as `bench samplers` arms (finished ones read, never trained again), joined per seed and pooled: paired
+against the warm start and the first arm, the change split into format and task, per template, the loss's
+figures, and the verdict "beats its warm start at every seed"; bad arms are one line before any trains."""
+import json
+
+import pytest
+
+from benchmarks import arms, samplers
+from quaero.telemetry import names, runlog
+
+# per seed: the warm start's eval (successes, malformed actions) of tasks 0..7
+WARM = {0: ([1, 0, 0, 0, 0, 0, 0, 0], [0, 0, 1, 1, 1, 1, 0, 0]),
+        1: ([1, 1, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 1, 1, 1, 1])}
+# per arm: the final eval's successes of tasks 0..7 at seed 0 and 1 (every action well formed), its RL steps'
+# clip fraction, and its groups (successes of 8, spread, tokens)
+ARMS = {"base": ({0: [1, 0, 0, 0, 0, 0, 0, 0], 1: [1, 1, 0, 0, 0, 0, 0, 0]}, 0.0, (0, 0, 1000)),
+        "dapo": ({0: [1, 1, 1, 1, 1, 1, 0, 0], 1: [1, 1, 1, 1, 1, 1, 1, 0]}, 0.25, (4, 1, 500))}
+
+
+def _events(run_dir, steps, evals):
+    runlog.configure(console="none")
+    log = runlog.get_logger("test")
+    with runlog.RunLog(run_dir, run_id="r"):
+        for step, (wins, spread, tokens), clip in steps:
+            runlog.set_step(step)
+            log.info(names.TASK_OUTCOMES_EVENT, for_step=step, groups=[["env", 0, "city", wins, 8, spread,
+                                                                         tokens]])
+            log.info(names.TRAIN_STEP_EVENT, phase="rl", loss=0.1, clip_fraction=clip)
+        for step, wins, bad in evals:
+            runlog.set_step(step)
+            log.info(names.EVAL_EVENT, eval_results=[[i, w, float(w)] for i, w in enumerate(wins)],
+                     eval_formats=[[i, m, 2] for i, m in enumerate(bad)])
+        log.info(names.RUN_END_EVENT, status="finished")
+
+
+@pytest.fixture
+def warm_runs(tmp_path):
+    from quaero.recipe import checkpoint
+
+    for seed, (wins, bad) in WARM.items():
+        source = tmp_path / f"warm-s{seed}"
+        checkpoint.save(source / "checkpoints", 500, {"step": 500}, keep=2)
+        _events(source, [], [(500, wins, bad)])
+    return tmp_path
+
+
+def test_arms_from_each_seeds_warm_start_are_paired_split_and_judged(tmp_path, warm_runs, monkeypatch,
+                                                                      capsys):
+    trained = []
+
+    def train_arm(config, out, name, seed, arm, common, source, from_step):
+        assert source == warm_runs / f"warm-s{seed}" and from_step == 500
+        variant = out.name
+        assert ("training.clip_eps_high=0.28" in common) == (variant == "dapo")
+        wins, clip, group = ARMS[variant]
+        _events(out / name, [(501, group, clip), (502, group, clip)], [(502, wins[seed], [0] * 8)])
+        trained.append((variant, name))
+        return out / name
+
+    monkeypatch.setattr(samplers, "train_arm", train_arm)
+    out = tmp_path / "out"
+    argv = ["envs/toolbench.toml", "--from", str(warm_runs / "warm-s{seed}"), "--from-step", "500",
+            "--seeds", "0,1", "--budget", "2000", "--arm", "base",
+            "--arm", "dapo: training.clip_eps_high=0.28", "--out", str(out),
+            "--json", str(tmp_path / "arms.json")]
+    assert arms.main(argv) == 0
+    assert trained == [("base", "sequential-s0"), ("dapo", "sequential-s0"), ("base", "sequential-s1"),
+                       ("dapo", "sequential-s1")]  # seed-major: a cut comparison leaves whole seeds
+    report = json.loads((tmp_path / "arms.json").read_text())
+    row = next(r for r in report["rows"] if r["arm"] == "dapo" and r["seed"] == 1)
+    assert (row["rl_steps"], row["tokens"], row["groups"], row["signal"], row["signal_per_1k"]) == (
+        2, 1000, 2, 2, 2.0)
+    assert (row["vs_warm_start"]["a_only"], row["vs_warm_start"]["b_only"]) == (5, 0)
+    assert (row["vs_baseline"]["a_only"], row["vs_baseline"]["b_only"]) == (5, 0)
+    assert row["clip_fraction"] == 0.25
+    # seed 1's warm start: 4 of 8 malformed, 2 of the 4 well formed solved; the arm: all well formed, 7 of 8
+    split = row["format_task_vs_warm_start"]
+    assert (split["b_well_formed"], split["a_well_formed"]) == (0.5, 1.0)
+    assert (split["b_task_success"], split["a_task_success"]) == (0.5, 7 / 8)
+    pooled = report["pooled"]["dapo"]
+    assert (pooled["vs_warm_start"]["pairs"], pooled["vs_warm_start"]["a_only"]) == (16, 10)
+    assert (pooled["seeds_won"], pooled["seeds_lost"]) == (0, 0)  # +5/-0 at each seed: p 0.0625
+    assert pooled["vs_warm_start"]["mcnemar_p"] < 0.01  # pooled, 10 of 10 discordant pairs
+    assert report["pooled"]["base"]["vs_baseline"] is None
+    text = capsys.readouterr().out
+    assert "| dapo | 1 | 2 | 1,000 | 2 of 2 (2.000) | 0.875 | +5/-0, p 0.062" in text
+    assert ("- dapo: beats its warm start at every seed: no (0 of 2 significant gains, 0 significant "
+            "losses)") in text
+    # a second call reads the finished arms and trains none
+    trained.clear()
+    assert arms.main(argv) == 0 and trained == []
+
+
+@pytest.mark.parametrize("argv_more,says", [
+    (["--arm", "base", "--arm", "base: training.beta=0.1"], "--arm names repeat"),
+    (["--arm", "../x"], "--arm '../x': expected NAME"),
+    (["--arm", "kl: training.beta"], "'training.beta' is not SECTION.KEY=VALUE"),
+    (["--arm", "kl: training.beta=-1"], "beta"),
+])
+def test_bad_arms_are_one_line_before_anything_trains(tmp_path, warm_runs, monkeypatch, argv_more, says):
+    monkeypatch.setattr(samplers, "train_arm", lambda *a, **k: pytest.fail("an arm was trained"))
+    argv = ["envs/toolbench.toml", "--from", str(warm_runs / "warm-s{seed}"), "--from-step", "500",
+            "--seeds", "0", "--budget", "2000", "--out", str(tmp_path / "out"), *argv_more]
+    with pytest.raises((SystemExit, Exception), match=says):
+        arms.main(argv)
+
+
+def test_each_seed_gets_its_own_warm_start_and_a_seed_without_one_is_one_line():
+    got = arms.sources(["runs/ws-s{seed}", "0=runs/ci"], [0, 1, 2])
+    assert {s: str(p) for s, p in got.items()} == {0: "runs/ci", 1: "runs/ws-s1", 2: "runs/ws-s2"}
+    with pytest.raises(SystemExit, match="--seeds has 3 but no --from names its warm start"):
+        arms.sources(["0=runs/ci"], [0, 3])
+    assert arms.parse_arm("cur: env.tasks.sampler=curriculum training.guidance=episode") == (
+        "cur", "curriculum", ["training.guidance=episode"])
