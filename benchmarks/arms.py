@@ -244,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", dest="common", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--out", type=Path, default=Path("bench_out/arms"))
     p.add_argument("--rerun", action="store_true", help="train arms again even where a finished run is there")
+    p.add_argument("--no-train", action="store_true",
+                   help="only read: every arm must be finished with this very command (its --sets in order)")
     p.add_argument("--json", type=Path, help="also write the report here")
     args = p.parse_args(argv)
 
@@ -262,7 +264,17 @@ def main(argv: list[str] | None = None) -> int:
     for _, _, sets in arms:
         load_config(args.config, [*args.common, *sets])  # a bad --set fails here, before any arm runs
     warm_runs = sources(args.sources, seeds)
-    for seed in seeds:  # seed-major: an interrupted comparison leaves whole seeds
+    if args.no_train:
+        tail = [f"training.warmup_sft_steps={args.from_step}", f"training.rl_token_budget={args.budget}"]
+        unfinished = [f"{name} seed {seed}" for seed in seeds for name, sampler, sets in arms
+                      if not samplers.finished(args.out / name / arm_name(sampler, seed), [
+                          args.config, str(warm_runs[seed]), str(args.from_step), str(seed), *args.common,
+                          *sets, *tail, *samplers.arm_sets(cfg.views(), False, sampler, args.key)])]
+        if unfinished:
+            raise SystemExit(f"error: --no-train: {len(unfinished)} arm(s) not finished with this command "
+                             f"(the same --from, --set and arm sets, in order): {', '.join(unfinished[:5])}; "
+                             "run without --no-train to train them")
+    for seed in ([] if args.no_train else seeds):  # seed-major: an interrupted comparison leaves whole seeds
         for name, sampler, sets in arms:
             argv_ = [args.config, "--from", str(warm_runs[seed]), "--from-step", str(args.from_step),
                      "--samplers", sampler, "--seeds", str(seed), "--budget", str(args.budget),

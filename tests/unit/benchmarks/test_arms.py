@@ -87,9 +87,15 @@ def test_arms_from_each_seeds_warm_start_are_paired_split_and_judged(tmp_path, w
     assert "| dapo | 1 | 2 | 1,000 | 2 of 2 (2.000) | 0.875 | +5/-0, p 0.062" in text
     assert ("- dapo: beats its warm start at every seed: no (0 of 2 significant gains, 0 significant "
             "losses)") in text
-    # a second call reads the finished arms and trains none
+    # a second call reads the finished arms and trains none; --no-train only reads, and refuses an arm whose
+    # sets differ (here in order) instead of training it again
     trained.clear()
-    assert arms.main(argv) == 0 and trained == []
+    assert arms.main(argv) == 0 and arms.main([*argv, "--no-train"]) == 0 and trained == []
+    reordered = [a.replace("training.clip_eps_high=0.28", "training.clip_eps_high=0.28 training.beta=0")
+                 for a in argv]
+    with pytest.raises(SystemExit, match=r"--no-train: 2 arm\(s\) not finished with .*dapo seed 0"):
+        arms.main([*reordered, "--no-train"])
+    assert trained == []
 
 
 @pytest.mark.parametrize("argv_more,says", [
