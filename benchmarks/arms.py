@@ -132,7 +132,7 @@ def join(arms: list[tuple[str, str, list[str]]], seeds: list[int], warm: dict[in
         str(s): {"success": success_rate(w["eval"]), "by_group": _by_group(w["eval"], groups)}
         for s, w in warm.items()}}
     for name, sampler, sets in arms:
-        pool: dict[str, dict] = {k: {} for k in ("end", "warm", "base", "fmt", "warm_fmt", "base_fmt")}
+        pool: dict[str, dict] = {k: {} for k in ("end", "warm", "base", "fmt", "warm_fmt")}
         tokens = signal = 0
         wins = losses = 0
         for s in seeds:
@@ -154,7 +154,7 @@ def join(arms: list[tuple[str, str, list[str]]], seeds: list[int], warm: dict[in
                 **step_figures(r["run"])})
             tokens, signal = tokens + f["tokens"], signal + f["signal"]
             for key, d in (("end", r["eval"]), ("warm", w["eval"]), ("base", b["eval"]),
-                           ("fmt", r["formats"]), ("warm_fmt", w["formats"]), ("base_fmt", b["formats"])):
+                           ("fmt", r["formats"]), ("warm_fmt", w["formats"])):
                 pool[key].update(_keyed(s, d))
         fmt_ok = all(runs[(name, s)]["formats"] and warm[s]["formats"] for s in seeds)
         report["pooled"][name] = {
@@ -265,11 +265,14 @@ def main(argv: list[str] | None = None) -> int:
         load_config(args.config, [*args.common, *sets])  # a bad --set fails here, before any arm runs
     warm_runs = sources(args.sources, seeds)
     if args.no_train:
-        tail = [f"training.warmup_sft_steps={args.from_step}", f"training.rl_token_budget={args.budget}"]
+        def command(seed: int, sampler: str, sets: list[str]) -> list[str]:  # as bench samplers marks it
+            return samplers.arm_command(args.config, warm_runs[seed], args.from_step, seed,
+                                        samplers.run_sets([*args.common, *sets], args.from_step, args.budget),
+                                        samplers.arm_sets(cfg.views(), False, sampler, args.key))
+
         unfinished = [f"{name} seed {seed}" for seed in seeds for name, sampler, sets in arms
-                      if not samplers.finished(args.out / name / arm_name(sampler, seed), [
-                          args.config, str(warm_runs[seed]), str(args.from_step), str(seed), *args.common,
-                          *sets, *tail, *samplers.arm_sets(cfg.views(), False, sampler, args.key)])]
+                      if not samplers.finished(args.out / name / arm_name(sampler, seed),
+                                               command(seed, sampler, sets))]
         if unfinished:
             raise SystemExit(f"error: --no-train: {len(unfinished)} arm(s) not finished with this command "
                              f"(the same --from, --set and arm sets, in order): {', '.join(unfinished[:5])}; "

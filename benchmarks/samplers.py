@@ -87,6 +87,18 @@ def arm_sets(views: dict[str, Any], mixture: bool, sampler: str, key: str) -> li
     return out
 
 
+def run_sets(sets: list[str], from_step: int, budget: int) -> list[str]:
+    """Every arm's `--set`s: the user's, then the resume point and the generated-token budget."""
+    return [*sets, f"training.warmup_sft_steps={from_step}", f"training.rl_token_budget={budget}"]
+
+
+def arm_command(config: str, source: Path, from_step: int, seed: int, common: list[str],
+                arm: list[str]) -> list[str]:
+    """An arm's command as its marker records it (`common`: `run_sets`; `arm`: its sampler's sets): what
+    decides whether a finished run is this arm's."""
+    return [config, str(source), str(from_step), str(seed), *common, *arm]
+
+
 def finished(run_dir: Path, command: list[str]) -> bool:
     """Whether `run_dir` holds a finished run that this same arm command made."""
     marker = run_dir / MARKER
@@ -230,16 +242,15 @@ def main(argv: list[str] | None = None) -> int:
     if warm is None:
         raise SystemExit(f"error: --from {args.source}: no eval at step {args.from_step} to pair against; "
                          f"choose a step its [training] eval_every evaluated")
-    common = [*args.common, f"training.warmup_sft_steps={args.from_step}",
-              f"training.rl_token_budget={args.budget}"]
+    common = run_sets(args.common, args.from_step, args.budget)
     if args.out.exists() and not args.out.is_dir():
         raise SystemExit(f"error: --out {args.out}: a file, not a folder; name a folder for the arms")
     commands = {}
     for seed in seeds:
         for sampler in samplers:
             arm = arm_sets(views, cfg.is_mixture, sampler, args.key)
-            commands[(seed, sampler)] = (arm, [args.config, str(args.source), str(args.from_step), str(seed),
-                                               *common, *arm])
+            commands[(seed, sampler)] = (arm, arm_command(args.config, args.source, args.from_step, seed,
+                                                          common, arm))
             run_dir = args.out / arm_name(sampler, seed)
             # every arm's folder judged before any is emptied (a `--from` run or a user's folder under an
             # arm's name is refused, never deleted)

@@ -96,10 +96,10 @@ def _evaluate_env(cfg: QuaeroConfig, e: EnvRun
                                   seed=ranks.rank_seed(cfg.run.seed), rank_share=True,
                                   report_as=names.EVAL_PROGRESS_EVENT)
     tag = [e.name] if cfg.is_mixture else []
-    results = ranks.gather_rows([[t["index"], int(ep.success), ep.reward, *tag]
-                                 for t, g in zip(tasks, groups) for ep in g if not ep.dropped])
-    formats = ranks.gather_rows([[t["index"], ep.malformed, ep.turns, *tag]
-                                 for t, g in zip(tasks, groups) for ep in g if not ep.dropped])
+    kept = ranks.gather_rows([[t["index"], int(ep.success), ep.reward, ep.malformed, ep.turns]
+                              for t, g in zip(tasks, groups) for ep in g if not ep.dropped])
+    results = [[index, success, reward, *tag] for index, success, reward, _, _ in kept]
+    formats = [[index, malformed, turns, *tag] for index, _, _, malformed, turns in kept]
     figures = {names.EVAL_SUCCESS_RATE: _mean([r[1] for r in results]),
                names.EVAL_REWARD: _mean([r[2] for r in results]),
                names.EVAL_EPISODES: len(results),

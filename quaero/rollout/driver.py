@@ -356,7 +356,11 @@ class EpisodeDriver:
     def _scripted(self, ep: _Live, prompt: list[int], message: dict) -> Completion:
         """A scripted policy's action `message`: the ids a model would have sampled, log-prob 0, cut where a
         sampler would have stopped."""
-        ids = self.render.encode_assistant(ep.messages, ep.tools, message)
+        return self._unsampled(prompt, self.render.encode_assistant(ep.messages, ep.tools, message))
+
+    def _unsampled(self, prompt: list[int], ids: list[int]) -> Completion:
+        """Action ids no sampler chose (a scripted policy's, a recording's): log-prob 0, cut where a sampler
+        would have stopped at the context's end."""
         room = self.settings.max_seq_len - len(prompt)
         return Completion(ids[:room], [0.0] * len(ids[:room]), "stop" if len(ids) <= room else "length")
 
@@ -370,8 +374,7 @@ class EpisodeDriver:
                           f"({len(prompt)} tokens): the task was not recorded, or the env answered "
                           "otherwise than in the recording")
             return None
-        room = self.settings.max_seq_len - len(prompt)
-        return Completion(ids[:room], [0.0] * len(ids[:room]), "stop" if len(ids) <= room else "length")
+        return self._unsampled(prompt, ids)
 
     def _guide_failed(self, ep: _Live, err: Exception) -> None:
         kind = "guide_timeout" if isinstance(err, CallTimeout) else "guide_failed"

@@ -110,12 +110,18 @@ def eval_outcomes(e: dict, env: str | None = None) -> dict[Any, tuple[int, float
         if not (isinstance(item, list) and len(item) in (3, 4) and _is_int(item[0])
                 and (r := finite_number(item[2])) is not None):
             continue
-        tag = item[3] if len(item) == 4 else None
-        if env is not None and tag != env:
-            continue
-        key = item[0] if tag is None or env is not None else f"{tag}:{item[0]}"
-        out[key] = (int(bool(item[1])), float(r))
+        if (key := _task_key(item, env)) is not None:
+            out[key] = (int(bool(item[1])), float(r))
     return out or None
+
+
+def _task_key(item: list, env: str | None) -> Any:
+    """A per-task entry's key ([index, ...(, env)]): the index, or "env:index" for a mixture's entry read
+    pooled; None for another env's entry when `env` picks one."""
+    tag = item[3] if len(item) == 4 else None
+    if env is not None and tag != env:
+        return None
+    return item[0] if tag is None or env is not None else f"{tag}:{item[0]}"
 
 
 def eval_formats(e: dict, env: str | None = None) -> dict[Any, int] | None:
@@ -125,10 +131,8 @@ def eval_formats(e: dict, env: str | None = None) -> dict[Any, int] | None:
     for item in e.get(names.EVAL_FORMATS) or []:
         if not (isinstance(item, list) and len(item) in (3, 4) and all(_is_int(v) for v in item[:3])):
             continue
-        tag = item[3] if len(item) == 4 else None
-        if env is not None and tag != env:
-            continue
-        out[item[0] if tag is None or env is not None else f"{tag}:{item[0]}"] = int(item[1])
+        if (key := _task_key(item, env)) is not None:
+            out[key] = int(item[1])
     return out or None
 
 
