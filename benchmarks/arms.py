@@ -245,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("bench_out/arms"))
     p.add_argument("--rerun", action="store_true", help="train arms again even where a finished run is there")
     p.add_argument("--no-train", action="store_true",
-                   help="only read: every arm must be finished with this very command (its --sets in order)")
+                   help="only read: every arm must be finished with this very command (its --sets, in "
+                        "any order where the order cannot change a value)")
     p.add_argument("--json", type=Path, help="also write the report here")
     args = p.parse_args(argv)
 
@@ -275,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                                                command(seed, sampler, sets))]
         if unfinished:
             raise SystemExit(f"error: --no-train: {len(unfinished)} arm(s) not finished with this command "
-                             f"(the same --from, --set and arm sets, in order): {', '.join(unfinished[:5])}; "
+                             f"(the same --from, --set and arm sets): {', '.join(unfinished[:5])}; "
                              "run without --no-train to train them")
     for seed in ([] if args.no_train else seeds):  # seed-major: an interrupted comparison leaves whole seeds
         for name, sampler, sets in arms:

@@ -99,15 +99,40 @@ def arm_command(config: str, source: Path, from_step: int, seed: int, common: li
     return [config, str(source), str(from_step), str(seed), *common, *arm]
 
 
+def same_arm(recorded: Any, command: list[str]) -> bool:
+    """Whether a marker's command is `command`: equal, or the same `--set`s in another order where the order
+    cannot matter (each key set once, none inside another's table: `a.b=1` then `a={...}` stays ordered)."""
+    if recorded == command:
+        return True
+    if not isinstance(recorded, list) or len(recorded) != len(command) or recorded[:4] != command[:4]:
+        return False
+    from quaero.config import ConfigError
+    from quaero.config.load import parse_override
+
+    def settings(sets: list[Any]) -> dict[tuple[str, ...], Any] | None:
+        try:
+            parsed = [parse_override(s) for s in sets]
+        except (ConfigError, TypeError, AttributeError):
+            return None
+        keys = [tuple(k) for k, _ in parsed]
+        if len(set(keys)) != len(keys) or any(a != b and a == b[:len(a)] for a in keys for b in keys):
+            return None
+        return {tuple(k): json.dumps(v, sort_keys=True, default=str) for k, v in parsed}
+
+    mine = settings(command[4:])
+    return mine is not None and settings(recorded[4:]) == mine
+
+
 def finished(run_dir: Path, command: list[str]) -> bool:
-    """Whether `run_dir` holds a finished run that this same arm command made."""
+    """Whether `run_dir` holds a finished run that this same arm command made (its `--set`s in any order
+    where the order cannot matter: `same_arm`)."""
     marker = run_dir / MARKER
     if not marker.is_file() or not (run_dir / names.EVENTS).is_file():
         return False
     from quaero.tools.review import ReviewError, load_run
 
     try:  # a marker or log that is not what the bench wrote: the arm trains again
-        return json.loads(marker.read_text()) == command and load_run(run_dir)["ended"]
+        return same_arm(json.loads(marker.read_text()), command) and load_run(run_dir)["ended"]
     except (OSError, ValueError, RecursionError, ReviewError):
         return False
 
