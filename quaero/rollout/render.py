@@ -40,6 +40,25 @@ class UnparsableAction(Exception):
         self.message = message
 
 
+def _unencodable(value, where: str = "reply") -> str | None:
+    """Where in a parsed reply (`reply.tool_calls[0].function.arguments.x`) a string holds a code point UTF-8
+    cannot encode (a lone surrogate), or None when every string encodes."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    items = (value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple)
+             else ())
+    for key, item in items:
+        bad = (_unencodable(key, f"{where} key") if isinstance(key, str) else None) or _unencodable(
+            item, f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}")
+        if bad is not None:
+            return bad
+    return None
+
+
 class BridgeFailure(Exception):
     """The renderer could not append the env response exactly; `.reason` is a short metric label."""
 
@@ -245,8 +264,17 @@ class RenderAdapter:
                                                                  "reasoning_content": None,
                                                                 "tool_calls": None}) from e
         calls = [{"type": "function", "function": tc.get("function", tc)} for tc in parsed.tool_calls or []]
-        return {"role": "assistant", "content": parsed.content or "",
-                "reasoning_content": parsed.reasoning_content or None, "tool_calls": calls or None}
+        message = {"role": "assistant", "content": parsed.content or "",
+                   "reasoning_content": parsed.reasoning_content or None, "tool_calls": calls or None}
+        bad = _unencodable(message)
+        if bad is not None:
+            # valid JSON can spell a lone surrogate (`"\ud800"`): in the history it would make the next
+            # prompt's tokenizer call raise, so it is a malformed reply, whichever format parsed it
+            text = self.tokenizer.decode([t for t in ids if t not in self.stop_token_ids])
+            raise UnparsableAction(f"UnicodeEncodeError: {bad} cannot be encoded as UTF-8",
+                                   {"role": "assistant", "content": text, "reasoning_content": None,
+                                    "tool_calls": None})
+        return message
 
     def encode_assistant(self, messages: list[dict], tools: list[dict] | None, assistant: dict) -> list[int]:
         """Token ids a model would have sampled to produce `assistant` after `messages` (scripted policies):
