@@ -171,3 +171,22 @@ def test_an_eos_token_that_is_an_ordinary_word_is_named_not_made_a_stop_token():
         TemplateRenderer(tok)
     tok.eos_token = "<|im_start|>"  # a special token, if an odd one: the turn opener also ends a reply
     assert TemplateRenderer(tok).get_stop_token_ids() == [151645, 151644]
+
+
+@pytest.mark.hostile
+def test_an_eos_token_word_that_transformers_made_an_added_token_on_load_is_refused(tmp_path):
+    """tokenizer_config.json with eos_token = "the": transformers makes the word an added special token on
+    load, so the added-token check passed and every reply was cut at "the"."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from quaero.model import build_qwen3_tokenizer
+
+    build_qwen3_tokenizer().save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "eos_token": "the"}))
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    assert tok.eos_token_id == 1782 and 1782 in tok.added_tokens_decoder  # what let it pass
+    with pytest.raises(TemplateProblem, match=r"eos_token 'the' \(id 1782\) is an ordinary token"):
+        TemplateRenderer(tok)
