@@ -34,8 +34,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from benchmarks.ablation import refuse_owned_sets
 from benchmarks.samplers import arm_figures, arm_name, eval_groups, read_run, seed_list, success_rate
 from quaero.telemetry import names
+from quaero.tools.outputs import bench_output, write_bench_output
 from quaero.tools.significance import format_and_task, paired_outcomes
 
 ARM = re.compile(r"^([A-Za-z0-9_+-]{1,64})(?:\s*:\s*(.*))?$", re.DOTALL)
@@ -256,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
 
     seeds = seed_list(args.seeds)
     arms = [parse_arm(a) for a in args.arms]
+    refuse_owned_sets(args.common)
+    for text, (_, _, sets) in zip(args.arms, arms, strict=True):
+        refuse_owned_sets(sets, f"--arm {text!r}:")
+    bench_output(args.json)  # before any arm trains
     if len({a[0] for a in arms}) != len(arms):
         raise SystemExit("error: --arm names repeat; give each arm its own name")
     cfg = load_config(args.config, args.common)
@@ -297,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                   sources={str(s): str(r) for s, r in warm_runs.items()})
     print(render(report))
     if args.json:
-        args.json.write_text(json.dumps(report, indent=2, default=str))
+        write_bench_output(args.json, json.dumps(report, indent=2, default=str))
     return 0
 
 

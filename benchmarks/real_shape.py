@@ -41,6 +41,7 @@ import torch
 
 from benchmarks.measure import emit
 from quaero.telemetry import names
+from quaero.tools.outputs import bench_output
 from trainers.memory import peak_mem_mb, process_peak_mb, reset_peak
 
 GIB = 2**30
@@ -376,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
+    bench_output(args.json)  # a path it cannot write is refused before the work, not after
     args.span = args.span or max(args.targets, args.seq_len // 4)
     torch.set_num_threads(args.threads)
     if args.backend == "unsloth":  # unsloth patches transformers on import, so it goes first

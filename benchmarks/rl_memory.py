@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from benchmarks.measure import emit
+from quaero.tools.outputs import bench_output
 
 GIB = 2**30
 
@@ -158,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
+    bench_output(args.json)  # a path it cannot write is refused before the work, not after
     torch.set_num_threads(args.threads)
     doc = run(args)
     emit(doc, args.json)

@@ -28,7 +28,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.ablation import arm_folder_problem, start_checkpoint, train_arm
+from benchmarks.ablation import arm_folder_problem, refuse_owned_sets, start_checkpoint, train_arm
 from quaero.telemetry import names
 from quaero.tools.significance import paired_outcomes
 
@@ -258,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.budget <= 0:
         raise SystemExit(f"error: --budget {args.budget}: every arm's generated-token budget must be > 0, "
                          "e.g. --budget 24000")
+    refuse_owned_sets(args.common)
     seeds, samplers = seed_list(args.seeds), arm_samplers(args.samplers)
     cfg = load_config(args.config, args.common)  # a bad config or --set fails here, before any arm runs
     views = cfg.views()

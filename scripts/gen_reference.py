@@ -134,9 +134,10 @@ OPTION_MEANINGS = {
     "training.scale_rewards": ("divide advantages by the group's reward std (`group`), the step's "
                                "(`batch`) or not at all (`none`)"),
     "training.positive_advantage_weight": "multiplies positive advantages (W-REINFORCE: 0.1; 0: negative "
-                                          "samples only, NSR)",
+                                          "samples only, NSR); at most 100",
     "training.all_fail_advantage": "every member's advantage in a group with no success and no reward spread "
-                                   "(NSR: e.g. -1; 0: the group trains ECHO only)",
+                                   "(NSR: e.g. -1; 0: the group trains ECHO only); -100 to 0 (past it the "
+                                   "loss overflows and nothing trains)",
     "training.warmup_sft_steps": "warm-start SFT steps on the env's oracle demos, before RL",
     "training.oracle": "the warm start's demonstrator `package.module:function` (unset: `oracle_policy` "
                        "beside the entry)",

@@ -171,6 +171,11 @@ class EchoConfig(_Section):
         return weight
 
 
+# |positive_advantage_weight| and |all_fail_advantage| at most this: a group's advantages are reward
+# differences (within [-1, 1] for rewards in [0, 1]); far past them the loss overflows and nothing trains
+MAX_ADVANTAGE_SETTING = 100.0
+
+
 @with_trainer_options("training")
 class TrainingConfig(_Section):
     """With the trainer's `clip_eps` (PPO's; unset: no clipping) and `loss_aggregation` (the RL term's
@@ -248,6 +253,16 @@ class TrainingConfig(_Section):
     # prompt no recording reached (a task not recorded, an env that answered otherwise) is dropped, counted
     # (`guides_unmatched`)
     guidance_traces: str | None = None
+
+    @field_validator("positive_advantage_weight", "all_fail_advantage")
+    def _an_advantage_that_trains(cls, value: float, info) -> float:
+        # -1e308 passes le=0, yet every step's loss is then inf and its gradient skipped: nothing trains
+        if abs(value) > MAX_ADVANTAGE_SETTING:
+            raise ValueError(f"{info.field_name}={value:g}: advantages past +-{MAX_ADVANTAGE_SETTING:g} "
+                             "make the loss overflow (inf: every step's gradient is skipped and nothing "
+                             "trains); use a value within it (a group's advantages are reward differences: "
+                             "NSR's all_fail_advantage is -1, W-REINFORCE's positive_advantage_weight 0.1)")
+        return value
 
     @model_validator(mode="after")
     def _a_policy_loss_that_runs(self) -> TrainingConfig:

@@ -29,6 +29,7 @@ from quaero.telemetry.names import (
     HIDDEN_BATCHES,
     LM_HEAD_SKIPPED_MICROBATCHES,
     MICROBATCHES,
+    OPTIMIZER_STEPS,
     SELECTIVE_SUFFIX_LOGITS,
     SPARSE_SUFFIX_SKIPS,
     SUFFIX_BATCHES,
@@ -242,17 +243,34 @@ ENV_REJECTS_FIX = ("the env raised on the actions themselves (the env_action_rej
                    "service) that no model can give it; fix the env's setup")
 
 
+def updated_weights(m: Mapping[str, Any]) -> bool:
+    """Whether a train step's update reached the weights (`optimizer_steps` > 0): a step whose gradient was
+    non-finite (an inf loss) is skipped and trains nothing, whatever tokens it read. A step logged before
+    the metric existed counts as updated."""
+    n = m.get(OPTIMIZER_STEPS)
+    return n is None or (isinstance(n, int | float) and not isinstance(n, bool) and n > 0)
+
+
+NO_UPDATE_FIX = ("a finite loss: the advantage settings ([training] all_fail_advantage, "
+                 "positive_advantage_weight) and [backend] lr; the steps' nonfinite_grad_skips count the "
+                 "skips")
+
+
 def describe_rl_signal(t: Mapping[str, Any]) -> str:
     """One line on RL totals: steps, rl_steps_with_signal, action_tokens, actions, valid_actions[,
-    echo_tokens, groups, groups_zero_advantage, env_rejected_actions, episodes_ended_at_reset,
-    episodes_dropped]. Without action tokens it says what did train (ECHO, or nothing) and why: no episode
-    (each reset ended it, or each was dropped), the env rejecting the actions, or invalid actions."""
-    rejected = t.get(ENV_REJECTED_ACTIONS, 0)
+    rl_steps_without_update, echo_tokens, groups, groups_zero_advantage, env_rejected_actions,
+    episodes_ended_at_reset, episodes_dropped]. Without action tokens it says what did train (ECHO, or
+    nothing) and why: no update (every step's gradient non-finite), no episode (each reset ended it, or each
+    was dropped), the env rejecting the actions, or invalid actions."""
+    rejected, skipped = t.get(ENV_REJECTED_ACTIONS, 0), t.get("rl_steps_without_update", 0)
     head = (f"{t['rl_steps_with_signal']} of {t['rl_steps']} RL steps trained action tokens "
             f"({t['action_tokens']} with an advantage); {t['valid_actions']} of {t['actions']} actions were "
-            f"valid{f' ({rejected} rejected by the env)' if rejected else ''}{_groups_with_spread(t)}")
+            f"valid{f' ({rejected} rejected by the env)' if rejected else ''}{_groups_with_spread(t)}"
+            f"{f'; {skipped} took no optimizer step (a non-finite gradient)' if skipped else ''}")
     if t["action_tokens"]:
         return head
+    if skipped and skipped == t["rl_steps"]:
+        return f"{head}, so nothing trained: RL learned nothing. Fix: {NO_UPDATE_FIX}"
     if not t["actions"]:
         ended, dropped = t.get(EPISODES_ENDED_AT_RESET, 0), t.get(EPISODES_DROPPED, 0)
         why = [f"{ended} ended at their reset (the env_reset_ended line gives the env's reason; fix what the "
@@ -275,6 +293,7 @@ def training_apart(s: RunSummary) -> list[dict[str, Any]]:
         rl = _check(RL_TRAINED, False, NA, "no RL step")
     else:  # the totals describe_rl_signal reads, as quaero/telemetry/outcomes.py keeps them during a run
         t = {"rl_steps": s.rl_steps, "rl_steps_with_signal": s.rl_steps_with_signal,
+             "rl_steps_without_update": s.rl_steps_without_update,
              "echo_tokens": s.rl_echo_tokens, "action_tokens": s.rl_action_tokens, "actions": s.rl_actions,
              "valid_actions": s.rl_valid_actions, ENV_REJECTED_ACTIONS: s.rl_env_rejected_actions,
              EPISODES_ENDED_AT_RESET: s.rl_episodes_ended_at_reset, EPISODES_DROPPED: s.rl_episodes_dropped,

@@ -135,6 +135,7 @@ class RunSummary(_Record):
     echo_tokens: int | float
     # RL apart from the warm start: quaero/telemetry/outcomes.py's totals, judged by the "RL trained" proof
     rl_steps_with_signal: int
+    rl_steps_without_update: int  # RL steps the optimizer skipped (a non-finite gradient): none trained
     rl_action_tokens: int | float
     rl_echo_tokens: int | float
     rl_actions: int | float

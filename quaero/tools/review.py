@@ -270,6 +270,9 @@ def summarize(run: dict) -> RunSummary:
     onpolicy = [st for st in rl if not st.get(names.POLICY_STALENESS)
                 and finite_number(st.get(names.SAMPLER_LOGPROB_GAP_MAX)) is not None]
     grouped = any(names.GROUPS in st for st in rl)
+    # tokens count as trained only on steps whose update reached the weights
+    updated = [st for st in steps if proofs.updated_weights(st)]
+    rl_updated = [st for st in rl if proofs.updated_weights(st)]
     signal, generated = _sum(rl, names.SIGNAL_GROUPS), _sum(rl, names.GENERATED_TOKENS)
     transfers = sorted({str(r[names.WEIGHT_TRANSFER]) for r in steps + evals if r.get(names.WEIGHT_TRANSFER)})
     reasons = [st for st in steps if st.get(names.COMPILE_FALLBACK_REASON)]
@@ -291,11 +294,13 @@ def summarize(run: dict) -> RunSummary:
         echo_loss_first=echo_first,
         echo_loss_last=echo_last,
         rows=_sum(steps, names.ROWS),
-        action_tokens=_sum(steps, names.ACTION_TOKENS),
-        echo_tokens=_sum(steps, names.ECHO_TOKENS),
-        rl_steps_with_signal=sum(1 for st in rl if (finite_number(st.get(names.ACTION_TOKENS)) or 0) > 0),
-        rl_action_tokens=_sum(rl, names.ACTION_TOKENS),
-        rl_echo_tokens=_sum(rl, names.ECHO_TOKENS),
+        action_tokens=_sum(updated, names.ACTION_TOKENS),
+        echo_tokens=_sum(updated, names.ECHO_TOKENS),
+        rl_steps_with_signal=sum(1 for st in rl_updated
+                                 if (finite_number(st.get(names.ACTION_TOKENS)) or 0) > 0),
+        rl_steps_without_update=len(rl) - len(rl_updated),
+        rl_action_tokens=_sum(rl_updated, names.ACTION_TOKENS),
+        rl_echo_tokens=_sum(rl_updated, names.ECHO_TOKENS),
         rl_actions=_sum(rl, names.TURNS),
         rl_valid_actions=_sum(rl, names.TURNS) - _sum(rl, names.MALFORMED_ACTIONS),
         rl_env_rejected_actions=_sum(rl, names.ENV_REJECTED_ACTIONS),

@@ -119,3 +119,57 @@ def test_each_seed_gets_its_own_warm_start_and_a_seed_without_one_is_one_line():
         arms.sources(["0=runs/ci"], [0, 3])
     assert arms.parse_arm("cur: env.tasks.sampler=curriculum training.guidance=episode") == (
         "cur", "curriculum", ["training.guidance=episode"])
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("argv_more,says", [
+    # a user's run named by --set: the arm trained inside it (events appended, final/ overwritten)
+    (["--set", "run.output_dir=runs", "--set", "run.name=mine", "--arm", "base"],
+     "--set 'run.output_dir=runs': run.name, run.output_dir and run.seed are the bench's own"),
+    (["--arm", "base: run.name=mine"], "--arm 'base: run.name=mine': 'run.name=mine': run.name"),
+    (["--arm", "base", "--set", "run={name='mine'}"], "--set \"run={name='mine'}\": run.name"),
+    (["--arm", "base", "--set", "run.seed=3"], "--set 'run.seed=3': .* choose the folder with --out"),
+])
+def test_bench_arms_never_trains_an_arm_in_a_run_a_set_names(tmp_path, warm_runs, monkeypatch, argv_more,
+                                                             says):
+    monkeypatch.setattr(samplers, "train_arm", lambda *a, **k: pytest.fail("an arm was trained"))
+    argv = ["envs/toolbench.toml", "--from", str(warm_runs / "warm-s{seed}"), "--from-step", "500",
+            "--seeds", "0", "--budget", "2000", "--out", str(tmp_path / "out"), *argv_more]
+    with pytest.raises(SystemExit, match=says):
+        arms.main(argv)
+
+
+@pytest.mark.hostile
+def test_bench_arms_json_is_refused_before_training_where_it_would_write_through_a_link_or_a_run(
+        tmp_path, warm_runs, monkeypatch):
+    import os
+
+    monkeypatch.setattr(samplers, "train_arm", lambda *a, **k: pytest.fail("an arm was trained"))
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep")
+    (tmp_path / "link.json").symlink_to(outside)
+    os.mkfifo(tmp_path / "fifo.json")
+    config = warm_runs / "warm-s0" / "config.json"  # a run's own file
+    config.write_text("{}")
+    argv = ["envs/toolbench.toml", "--from", str(warm_runs / "warm-s{seed}"), "--from-step", "500",
+            "--seeds", "0", "--budget", "2000", "--out", str(tmp_path / "out"), "--arm", "base"]
+    for path, says in ((tmp_path / "link.json", "a symlink"), (tmp_path / "fifo.json", "a special file"),
+                       (config, "inside the run folder")):
+        with pytest.raises(SystemExit, match=f"--json {path}: {says}"):
+            arms.main([*argv, "--json", str(path)])
+    assert outside.read_text() == "keep" and config.read_text() == "{}"
+
+
+@pytest.mark.hostile
+def test_an_arms_own_run_name_folder_and_seed_come_after_every_user_set(tmp_path, monkeypatch):
+    import subprocess
+
+    from benchmarks import ablation
+
+    ran = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **k: ran.append(cmd) or subprocess.CompletedProcess(
+        cmd, 0))
+    ablation.train_arm("envs/toolbench.toml", tmp_path, "a-s0", 0, ["training.beta=0"], ["training.steps=2"],
+                       None)
+    sets = [x for x in ran[0] if "=" in x]
+    assert sets[-3:] == ["run.name=a-s0", f"run.output_dir={tmp_path}", "run.seed=0"]

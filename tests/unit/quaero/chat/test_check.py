@@ -41,6 +41,11 @@ def check(folder: Path, tmp_path: Path, *more: str):
     (CHATML.replace("{{ m['content'] }}", "{{ m['content'] }}{% if m['role'] != 'assistant' %} "
                                           "#{{ loop.index }}{% endif %}"),
      "cannot append an env response exactly (template_history_dependent: "),
+    # hung `quaero check` in C code holding the GIL, growing to GBs, Ctrl-C ignored
+    pytest.param("{% set ns = namespace(x=[1]) %}{% for i in range(40) %}{% set ns.x = [ns.x, ns.x] %}"
+                 "{% endfor %}{{ ns.x|tojson }}" + CHATML,
+                 "(the chat template raised SecurityError: a list, tuple or dict literal would print as",
+                 marks=pytest.mark.hostile),
 ])
 def test_bad_chat_templates_are_one_line_at_check(tmp_path, tiny_model_dir, template, needle):
     folder = model_with_template(tmp_path, tiny_model_dir, template)

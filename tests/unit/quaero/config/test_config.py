@@ -146,6 +146,10 @@ def test_cli_check_prints_plan():
     ("env.url='ws://127.0.0.1:9'", ("[env] url/urls is set but launcher='local-server'; set "
                                    "launcher='remote'")),
     ("env.launcher='remote'", "[env]: launcher='remote' needs url"),
+    # accepted before, yet every step's loss was inf, its gradient skipped: nothing trained
+    ("training.all_fail_advantage=-1e308", ("[training.all_fail_advantage]: all_fail_advantage=-1e+308: "
+                                            "advantages past +-100 make the loss overflow")),
+    ("training.positive_advantage_weight=1e300", "positive_advantage_weight=1e+300: advantages past +-100"),
 ])
 @pytest.mark.hostile
 def test_meaningless_settings_are_refused_before_anything_loads(override, needle):
