@@ -18,7 +18,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_check(args) -> int:
-    from quaero.tools.check import check
+    from quaero.preflight.check import check
 
     return check(args)
 
@@ -108,7 +108,7 @@ def launch_ranks(args, cfg) -> int:
 
 def cmd_train(args) -> int:
     from quaero.config import load_config
-    from quaero.recipe.plan import load_checked
+    from quaero.preflight.plan import load_checked
     from quaero.recipe.runlock import RunFolderLocked, refuse_if_held
 
     try:
@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_benchmark(argv[1:])
     args = build_parser().parse_args(argv)
     from quaero.config import ConfigError
-    from quaero.model import ModelNotFound
+    from quaero.models.base import ModelNotFound
 
     try:
         return int(args.func(args) or 0)

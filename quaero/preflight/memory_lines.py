@@ -1,15 +1,15 @@
 """The memory plan as `quaero check` prints it, for a config on a device: the step's shape read from the
 config (`step_shape`), the device's room (`device_capacity`), the sampler's share of it beside the step
 (`sampler_share`), and the lines (`plan_lines`, `memory_lines`). The arithmetic is
-quaero/recipe/memory_plan.py.
+quaero/preflight/memory_plan.py.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
-from quaero.model import SUPPORTED_MODEL_TYPES
-from quaero.recipe.memory_plan import (
+from quaero.models.config import SUPPORTED_MODEL_TYPES
+from quaero.preflight.memory_plan import (
     GIB,
     KNOB_VALUES,
     MemoryPlan,
@@ -203,7 +203,7 @@ def device_capacity(device: str) -> tuple[int | None, str]:
 
 def memory_lines(cfg, device: str) -> list[str]:
     """`quaero check`'s memory plan for `cfg` on `device` (one line when the model's shape is unknown)."""
-    from quaero.model import config_fields
+    from quaero.models.load import config_fields
 
     fields = config_fields(cfg.model.name)
     if fields is None:

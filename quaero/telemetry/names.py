@@ -474,8 +474,8 @@ CHECKPOINT_NEWER_LEFT_EVENT = "checkpoint_newer_left"
 CHECKPOINT_SKIPPED_EVENT = "checkpoint_skipped"
 FINAL_SAVED_EVENT = "final_saved"
 ROWS_SAVE_FAILED_EVENT = "rows_save_failed"
-# the embedded models (quaero/model.py): a named model built into the cache on its first use, announced with
-# its size before the build starts {model, folder, params, disk_gb, memory_gb}
+# the embedded models (quaero/models/cache.py): a named model built into the cache on its first use, announced
+# with its size before the build starts {model, folder, params, disk_gb, memory_gb}
 MODEL_BUILD_EVENT = "model_build"
 # the tools (quaero/tools/export.py)
 EXPORTED_EVENT = "exported"
