@@ -14,9 +14,9 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_model_dir():
     """The embedded default model folder (built once per cache)."""
-    from quaero.models.cache import materialize_tiny_qwen3
+    from quaero.models.cache import materialize_named
 
-    return materialize_tiny_qwen3()
+    return materialize_named("tiny-qwen3")
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,6 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from quaero.models.qwen3 import TINY_QWEN3
 from quaero.models.registry import named_models
 
 
@@ -84,8 +83,3 @@ def materialize_named(name: str) -> Path:
         get_logger(__name__).warning(names.MODEL_BUILD_EVENT, model=name, folder=str(folder),
                                      **build_size(name), note=build_note(name))
     return materialize_folder(folder, lambda out: shape.build(out, name))
-
-
-def materialize_tiny_qwen3() -> Path:
-    """Build `tiny-qwen3` into the cache on first use."""
-    return materialize_named(TINY_QWEN3)

@@ -145,7 +145,3 @@ NAMED_SHAPES: dict[str, Qwen3Shape] = {
     "qwen3-0.6b-shape": Qwen3Shape(1024, 28, 16, 8, 128, 3072),
     "qwen3-1.7b-shape": Qwen3Shape(2048, 28, 16, 8, 128, 6144),
 }
-
-
-def _build_tiny_qwen3(out: Path) -> None:
-    NAMED_SHAPES[TINY_QWEN3].build(out, TINY_QWEN3)

@@ -263,13 +263,13 @@ class Cumulative:
 
     def add(self, metrics: dict[str, Any]) -> dict[str, Any]:
         for k, v in metrics.items():
-            how = names.total_of(k, v)
+            how = metrics.total_of(k, v)
             number = isinstance(v, (int, float)) and not isinstance(v, bool)
-            if how == names.LATEST and v is not None:
+            if how == metrics.LATEST and v is not None:
                 self.totals[k] = v
-            elif how == names.MAX and number:
+            elif how == metrics.MAX and number:
                 self.totals[k] = max(self.totals.get(k, v), v)
-            elif how == names.SUM and number:
+            elif how == metrics.SUM and number:
                 self.totals[k] = self.totals.get(k, 0) + v
         return dict(self.totals)
 

@@ -51,7 +51,7 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
         kind = e.get("event")
         if kind not in (names.TRAIN_STEP_EVENT, names.EVAL_EVENT):
             continue
-        step, phase = e.get("step"), e.get(names.PHASE, "rl")
+        step, phase = e.get("step"), e.get(names.PHASE, names.PHASE_RL)
         if not _is_int(step) or step < 0 or not isinstance(phase, str):
             unreadable += 1  # cannot be placed on the step axis
         elif kind == names.TRAIN_STEP_EVENT:
@@ -157,7 +157,7 @@ def env_names(run: dict) -> list[str]:
 def per_env(run: dict) -> dict[str, EnvFigures]:
     """A mixture's figures per env: its RL groups, those with signal, its generated tokens and lost episodes,
     its last eval's success rate, and its "RL improved eval over warm start"."""
-    rl = [s for s in run["steps"] if s.get(names.PHASE, "rl") == "rl"]
+    rl = [s for s in run["steps"] if s.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL]
     out = {}
     for env in env_names(run):
         mine = [s[names.BY_ENV][env] for s in rl if isinstance(s.get(names.BY_ENV), dict)
@@ -195,7 +195,7 @@ def rl_over_warm_start(run: dict, env: str | None = None) -> Comparison:
     from quaero.tools.significance import format_and_task, paired_outcomes
 
     warm = sft_span(run)
-    rl = [s["step"] for s in run["steps"] if s.get(names.PHASE, "rl") == "rl"]
+    rl = [s["step"] for s in run["steps"] if s.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL]
     if not warm or not rl:
         return Comparison("no warm start" if not warm else "no RL step")
     warm_end = warm[1]
@@ -258,7 +258,7 @@ def guidance_line(g: Guidance, c: Comparison) -> str:
 
 def summarize(run: dict) -> RunSummary:
     steps, evals = run["steps"], run["evals"]
-    rl = [s for s in steps if s.get(names.PHASE, "rl") == "rl"]
+    rl = [s for s in steps if s.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL]
     # a step without ECHO targets logs echo_loss 0: not a point of the ECHO learning curve
     echo_first, echo_last = _head_tail(
         _series([st for st in steps if st.get(names.ECHO_TOKENS, 1)], names.ECHO_LOSS)

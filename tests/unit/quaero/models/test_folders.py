@@ -14,7 +14,7 @@ from quaero.models import base, folders, qwen3
 from quaero.models import load as loading
 from quaero.preflight.plan import load_checked
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 MAIN = ROOT / "envs" / "toolbench.toml"
 SMALL = qwen3.Qwen3Shape(64, 2, 4, 2, 32, 128)  # the real shapes' family at tiny dims
 

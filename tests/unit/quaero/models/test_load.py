@@ -66,7 +66,7 @@ def test_a_folders_tokenizer_loads_once_per_process_until_its_files_change(tmp_p
 
 
 def test_build_is_byte_identical(tmp_path, tiny_model_dir):
-    qwen3._build_tiny_qwen3(tmp_path / "a")
+    qwen3.NAMED_SHAPES[qwen3.TINY_QWEN3].build(tmp_path / "a", qwen3.TINY_QWEN3)
     digest = lambda p: hashlib.sha256((p / "model.safetensors").read_bytes()).hexdigest()
     assert digest(tmp_path / "a") == digest(tiny_model_dir)
 
