@@ -267,12 +267,8 @@ def summarize(run: dict) -> RunSummary:
     rew_first, rew_last = _head_tail(_series(rl, names.REWARD_MEAN))
     eval_rewards = _series(evals, names.EVAL_REWARD)
     times = _series(steps, names.STEP_TIME_S)
-    onpolicy = [st for st in rl if not st.get(names.POLICY_STALENESS)
-                and finite_number(st.get(names.SAMPLER_LOGPROB_GAP_MAX)) is not None]
-    grouped = any(names.GROUPS in st for st in rl)
     signal, generated = _sum(rl, names.SIGNAL_GROUPS), _sum(rl, names.GENERATED_TOKENS)
     transfers = sorted({str(r[names.WEIGHT_TRANSFER]) for r in steps + evals if r.get(names.WEIGHT_TRANSFER)})
-    reasons = [st for st in steps if st.get(names.COMPILE_FALLBACK_REASON)]
     return RunSummary(
         steps=len(steps),
         sft_steps=len(steps) - len(rl),
@@ -293,26 +289,10 @@ def summarize(run: dict) -> RunSummary:
         rows=_sum(steps, names.ROWS),
         action_tokens=_sum(steps, names.ACTION_TOKENS),
         echo_tokens=_sum(steps, names.ECHO_TOKENS),
-        rl_steps_with_signal=sum(1 for st in rl if (finite_number(st.get(names.ACTION_TOKENS)) or 0) > 0),
-        rl_action_tokens=_sum(rl, names.ACTION_TOKENS),
-        rl_echo_tokens=_sum(rl, names.ECHO_TOKENS),
-        rl_actions=_sum(rl, names.TURNS),
-        rl_valid_actions=_sum(rl, names.TURNS) - _sum(rl, names.MALFORMED_ACTIONS),
-        rl_env_rejected_actions=_sum(rl, names.ENV_REJECTED_ACTIONS),
-        rl_episodes_ended_at_reset=_sum(rl, names.EPISODES_ENDED_AT_RESET),
-        rl_episodes_dropped=_sum(rl, names.EPISODES_DROPPED),
-        rl_groups=_sum(rl, names.GROUPS) if grouped else None,
-        rl_groups_zero_advantage=_sum(rl, names.GROUPS_ZERO_ADVANTAGE) if grouped else None,
+        **_rl_totals(rl),
         row_tokens=_sum(steps, names.ROW_TOKENS),
         step_time_median_s=statistics.median(times) if times else None,
-        peak_mem_mb=max(_series(steps, names.PEAK_MEM_MB), default=None),
-        rollout_peak_mem_mb=max(_series(steps, names.ROLLOUT_PEAK_MEM_MB), default=None),
-        weight_sync_peak_mem_mb=max(_series(steps, names.WEIGHT_SYNC_PEAK_MEM_MB), default=None),
-        process_peak_mem_mb=max(_series(steps, names.PROCESS_PEAK_MEM_MB), default=None),
-        eval_peak_mem_mb=max(_series(evals, names.EVAL_PEAK_MEM_MB), default=None),
-        checkpoint_peak_mem_mb=max(_series(_events(run, names.CHECKPOINT_SAVED_EVENT,
-                                                   names.CHECKPOINT_READ_EVENT), names.PEAK_MEM_MB),
-                                   default=None),
+        **_peaks(run),
         env_retries=_sum(steps, names.ENV_RETRIES),
         episodes_dropped=_sum(steps, names.EPISODES_DROPPED),
         episodes_ended_at_reset=_sum(steps, names.EPISODES_ENDED_AT_RESET),
@@ -322,21 +302,12 @@ def summarize(run: dict) -> RunSummary:
         prefix_mismatches=_sum(steps + evals, names.PREFIX_MISMATCHES),
         rows_packed=_sum(steps, names.ROWS_PACKED),
         rows_transition=_sum(steps, names.ROWS_TRANSITION),
-        sampler_logprob_gap_max=max(_series(rl, names.SAMPLER_LOGPROB_GAP_MAX), default=None),
-        onpolicy_gap_steps=len(onpolicy),
-        onpolicy_logprob_gap_max=max(_series(onpolicy, names.SAMPLER_LOGPROB_GAP_MAX), default=None),
-        onpolicy_logprob_gap_mean_max=max(_series(onpolicy, names.SAMPLER_LOGPROB_GAP_MEAN), default=None),
+        **_gap_figures(rl),
         weight_transfer=",".join(transfers) or None,
         policy_staleness_max=max(_series(rl, names.POLICY_STALENESS), default=None),
         clip_fraction_max=max(_series(rl, names.CLIP_FRACTION), default=None),
         policy_loss=policy_loss_figures(rl),
-        selective={
-            names.SELECTIVE_SUFFIX_LOGITS: _last(steps, names.SELECTIVE_SUFFIX_LOGITS),
-            names.COMPILE_MODE: _last(steps, names.COMPILE_MODE, ""),
-            # the latest reason given (a step with no targets attempts no compile and gives none)
-            names.COMPILE_FALLBACK_REASON: _last(reasons, names.COMPILE_FALLBACK_REASON, ""),
-            **{k: _sum(steps, k) for k in proofs.BRANCH_COUNTERS},
-        },
+        selective=_selective(steps),
         rl_vs_warm_start=rl_over_warm_start(run),  # paired per task
         rl_signal_groups=signal,
         rl_generated_tokens=generated,
@@ -345,6 +316,62 @@ def summarize(run: dict) -> RunSummary:
         resumed_with_changed_config=resumes_changed(run),  # quaero/recipe/train.py _note_changed_config
         guidance=guidance_of(rl),
     )
+
+
+def _rl_totals(rl: list[dict]) -> dict:
+    """The RL steps' totals `describe_rl_signal` reads (quaero/telemetry/proofs.py)."""
+    grouped = any(names.GROUPS in st for st in rl)
+    return {
+        "rl_steps_with_signal": sum(1 for st in rl if (finite_number(st.get(names.ACTION_TOKENS)) or 0) > 0),
+        "rl_action_tokens": _sum(rl, names.ACTION_TOKENS),
+        "rl_echo_tokens": _sum(rl, names.ECHO_TOKENS),
+        "rl_actions": _sum(rl, names.TURNS),
+        "rl_valid_actions": _sum(rl, names.TURNS) - _sum(rl, names.MALFORMED_ACTIONS),
+        "rl_env_rejected_actions": _sum(rl, names.ENV_REJECTED_ACTIONS),
+        "rl_episodes_ended_at_reset": _sum(rl, names.EPISODES_ENDED_AT_RESET),
+        "rl_episodes_dropped": _sum(rl, names.EPISODES_DROPPED),
+        "rl_groups": _sum(rl, names.GROUPS) if grouped else None,
+        "rl_groups_zero_advantage": _sum(rl, names.GROUPS_ZERO_ADVANTAGE) if grouped else None,
+    }
+
+
+def _peaks(run: dict) -> dict:
+    """Each phase's peak memory over the run."""
+    steps, evals = run["steps"], run["evals"]
+    return {
+        "peak_mem_mb": max(_series(steps, names.PEAK_MEM_MB), default=None),
+        "rollout_peak_mem_mb": max(_series(steps, names.ROLLOUT_PEAK_MEM_MB), default=None),
+        "weight_sync_peak_mem_mb": max(_series(steps, names.WEIGHT_SYNC_PEAK_MEM_MB), default=None),
+        "process_peak_mem_mb": max(_series(steps, names.PROCESS_PEAK_MEM_MB), default=None),
+        "eval_peak_mem_mb": max(_series(evals, names.EVAL_PEAK_MEM_MB), default=None),
+        "checkpoint_peak_mem_mb": max(_series(_events(run, names.CHECKPOINT_SAVED_EVENT,
+                                                   names.CHECKPOINT_READ_EVENT), names.PEAK_MEM_MB),
+                                   default=None),
+    }
+
+
+def _gap_figures(rl: list[dict]) -> dict:
+    """The sampler's log-prob gap: over the RL steps, and over the on-policy ones (no staleness)."""
+    onpolicy = [st for st in rl if not st.get(names.POLICY_STALENESS)
+                and finite_number(st.get(names.SAMPLER_LOGPROB_GAP_MAX)) is not None]
+    return {
+        "sampler_logprob_gap_max": max(_series(rl, names.SAMPLER_LOGPROB_GAP_MAX), default=None),
+        "onpolicy_gap_steps": len(onpolicy),
+        "onpolicy_logprob_gap_max": max(_series(onpolicy, names.SAMPLER_LOGPROB_GAP_MAX), default=None),
+        "onpolicy_logprob_gap_mean_max": max(_series(onpolicy, names.SAMPLER_LOGPROB_GAP_MEAN), default=None),
+    }
+
+
+def _selective(steps: list[dict]) -> dict:
+    """The selective LM head's figures: its last settings and the branch counters' sums."""
+    reasons = [st for st in steps if st.get(names.COMPILE_FALLBACK_REASON)]
+    return {
+        names.SELECTIVE_SUFFIX_LOGITS: _last(steps, names.SELECTIVE_SUFFIX_LOGITS),
+        names.COMPILE_MODE: _last(steps, names.COMPILE_MODE, ""),
+        # the latest reason given (a step with no targets attempts no compile and gives none)
+        names.COMPILE_FALLBACK_REASON: _last(reasons, names.COMPILE_FALLBACK_REASON, ""),
+        **{k: _sum(steps, k) for k in proofs.BRANCH_COUNTERS},
+    }
 
 
 def _events(run: dict, *kinds: str) -> list[dict]:
