@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")),
-        "benchmarks/README.md"]
+        "benchmarks/README.md", "benchmarks/FIELDS.md", "benchmarks/HISTORY.md"]
 TOP = ("quaero/", "trainers/", "envs/", "tests/", "examples/", "docs/", "benchmarks/", "scripts/", ".ci/")
 ROOT_FILES = ("README.md", "pyproject.toml")
 PACKAGES = ("quaero", "trainers", "envs")
@@ -77,7 +77,8 @@ def test_the_checker_catches_a_missing_path():
 
 def test_the_docs_pages_are_all_checked():
     assert {"README.md", "docs/architecture.md", "docs/reference.md", "docs/environments.md",
-            "docs/scaling.md", "docs/after-training.md", "benchmarks/README.md"} <= set(DOCS)
+            "docs/scaling.md", "docs/after-training.md", "benchmarks/README.md", "benchmarks/FIELDS.md",
+            "benchmarks/HISTORY.md"} <= set(DOCS)
 
 
 def _gen_reference():
