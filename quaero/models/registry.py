@@ -1,7 +1,7 @@
 """The embedded model families, by name: every model quaero builds offline (never downloads).
 
-A family is one module holding a dict of its named models (`qwen3.NAMED_SHAPES`, `smollm2.NAMED`: name -> a shape
-with `version`, `config_fields()` and `build(folder, name)`); registering it is one entry in `FAMILIES`.
+A family is one module holding a dict of its named models (`qwen3.NAMED_SHAPES`, `smollm2.NAMED`: name -> a
+shape with `version`, `config_fields()` and `build(folder, name)`); registering it is one entry in `FAMILIES`.
 """
 from __future__ import annotations
 
