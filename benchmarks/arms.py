@@ -85,7 +85,7 @@ def sources(values: list[str], seeds: list[int]) -> dict[int, Path]:
 
 def step_figures(run: dict) -> dict[str, Any]:
     """Means (over the RL steps that report them) and sums of an arm's train_step figures."""
-    steps = [e for e in run["steps"] if e.get(names.PHASE, "rl") == "rl"]
+    steps = [e for e in run["steps"] if e.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL]
     out: dict[str, Any] = {}
     for key in MEANS:
         values = [e[key] for e in steps if isinstance(e.get(key), (int, float))]

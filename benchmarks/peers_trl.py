@@ -74,7 +74,7 @@ def prepare_model(name: str, out: Path) -> Path:
     from transformers import AutoTokenizer
     from trl.chat_template_utils import qwen3_chat_template
 
-    from quaero.model import resolve_model
+    from quaero.models.load import resolve_model
 
     folder = out / "model"
     shutil.copytree(resolve_model(name), folder)

@@ -141,7 +141,7 @@ def cpu_kernels() -> dict[str, Any]:
 
 def run(args) -> dict[str, Any]:
     from quaero.config import SINGLE, load_config
-    from quaero.model import resolve_device
+    from quaero.models.load import resolve_device
     from quaero.openenv_client import open_envs
     from quaero.recipe.parts import build
     from quaero.rollout.tasks import task_reset

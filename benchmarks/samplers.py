@@ -193,7 +193,7 @@ def outcome_groups(run: dict, env: str | None) -> list[tuple]:
 def arm_figures(run: dict, env: str | None) -> dict[str, Any]:
     """An arm's RL figures for one env (None: a one-env run): steps, tokens, groups, with spread; per spec
     group: groups, with spread, successes and episodes."""
-    rl_steps = {s["step"] for s in run["steps"] if s.get(names.PHASE, "rl") == "rl"}
+    rl_steps = {s["step"] for s in run["steps"] if s.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL}
     groups = outcome_groups(run, env)
     by_group: dict[Any, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     for _env, _task, spec_group, successes, episodes, spread, _tokens in groups:

@@ -316,7 +316,7 @@ def _step_names() -> list[str]:
 def metric_names(how: str, owner: str, declared: list[str]) -> list[str]:
     """The names a table's owner emits (for `literals`: the declared names the owner files, `a.py, b.py`,
     write)."""
-    from quaero.telemetry import counts, names, proofs
+    from quaero.telemetry import counts, metrics, names, proofs
     if how == "proofs":
         return [*names.SELECTIVE_METRICS,
                 *(n for n in proofs.BRANCH_COUNTERS if n not in names.SELECTIVE_METRICS),
@@ -326,15 +326,16 @@ def metric_names(how: str, owner: str, declared: list[str]) -> list[str]:
         return [n for n in _step_names() if n not in branch]
     if how == "rollout":
         snap = counts.RolloutCounts().snapshot_and_reset()
-        return [*snap, *(m.name for m in names.FAMILIES.values() if m.table == "Rollout")]
+        return [*snap, *(m.name for m in metrics.FAMILIES.values() if m.table == "Rollout")]
     spelled = set().union(*(_literals(ROOT / path) for path in owner.split(", ")))
     return [n for n in declared if n in spelled]
 
 
 def tables() -> list[tuple[str, str, dict[str, str], str]]:
     """(title, owner, {name: meaning}, how its names are read) of every metric table names.py declares."""
-    from quaero.telemetry import names
-    return [(t.title, t.owner, {n: names.METRICS[n].meaning for n in t.names}, READ_BY.get(t.title,
+    from quaero.telemetry import metrics, names
+
+    return [(t.title, t.owner, {n: metrics.METRICS[n].meaning for n in t.names}, READ_BY.get(t.title,
                                                                                            "literals"))
             for t in names.TABLES]
 
@@ -370,11 +371,12 @@ def options_table() -> str:
 
 
 def metrics_table() -> str:
+    from quaero.telemetry import metrics
+
     parts = []
-    from quaero.telemetry import names
     for title, owner, meanings, how in tables():
         parts += [f"**{title}** (`{owner}`)", "", "| metric | totals | meaning |", "|---|---|---|"]
-        parts += [f"| `{n}` | {names.METRICS[n].total if n in names.METRICS else ''} | "
+        parts += [f"| `{n}` | {metrics.METRICS[n].total if n in metrics.METRICS else ''} | "
                   f"{_cell(meanings.get(n, ''))} |"
                   for n in metric_names(how, owner, list(meanings))]
         parts.append("")

@@ -152,12 +152,40 @@ class TemplateProblem(ValueError):
     line: what failed, in the template's words."""
 
 
+def _generation_extension():
+    """`{% generation %}...{% endgeneration %}` (transformers' assistant-mask tag): renders its body."""
+    import jinja2
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        tags = frozenset({"generation"})
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    return Generation
+
+
+def _raise_exception(message):
+    import jinja2
+
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 def _environment(now: datetime, max_chars: int = MAX_RENDER_CHARS):
     import functools
 
-    import jinja2
     from jinja2.compiler import CodeGenerator
-    from jinja2.ext import Extension, loopcontrols
+    from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     guard = _Guard(max_chars)
@@ -217,30 +245,11 @@ def _environment(now: datetime, max_chars: int = MAX_RENDER_CHARS):
 
         return run
 
-    class Generation(Extension):
-        """`{% generation %}...{% endgeneration %}` (transformers' assistant-mask tag): renders its body."""
-
-        tags = frozenset({"generation"})
-
-        def parse(self, parser):
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
-
-        def _body(self, caller):
-            return caller()
-
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                          sort_keys=sort_keys)
-
-    env = Bounded(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
-    env.filters["tojson"] = tojson
+    env = Bounded(trim_blocks=True, lstrip_blocks=True, extensions=[_generation_extension(), loopcontrols])
+    env.filters["tojson"] = _tojson
     env.filters = {name: bounded_filter(name, f) for name, f in env.filters.items()}
-    env.globals["raise_exception"] = raise_exception
+    env.globals["raise_exception"] = _raise_exception
+
     def strftime_now(fmt: str) -> str:
         # strftime runs in C holding the GIL: '%c' * 30,000,000 took 84 s and 4.4 GB
         if len(str(fmt)) > MAX_STRFTIME_CHARS:

@@ -48,7 +48,7 @@ class ModelConfig(_Section):
     renderer_options: dict[str, Any] = Field(default_factory=dict)
     # the option enable_thinking, as a key of its own (older configs); unset: the renderer's default
     enable_thinking: bool | None = None
-    # what `quaero check` chose and why (set by quaero/recipe/plan.py once the tokenizer is read)
+    # what `quaero check` chose and why (set by quaero/preflight/plan.py once the tokenizer is read)
     _chosen: str | None = PrivateAttr(default=None)
     # a named model not built yet: its size and the first run's build (`quaero check` builds nothing)
     _build: str | None = PrivateAttr(default=None)

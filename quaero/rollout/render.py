@@ -79,7 +79,7 @@ def create_renderer(tokenizer, model_cfg: ModelConfig):
     """(renderer, choice): the renderer `[model] renderer` picks for this tokenizer and model
     (quaero/chat/registry.py), built with `[model] renderer_options`."""
     from quaero.chat import registry
-    from quaero.model import config_fields
+    from quaero.models.load import config_fields
 
     fields = config_fields(model_cfg.name) or {}
     choice = registry.choose(tokenizer, model_cfg.renderer, fields.get("model_type"))

@@ -34,19 +34,20 @@ class SignalWatch:
 
     def step(self, step: int, m: Mapping[str, Any]) -> None:
         """Count one train_step's metrics; warn when an RL step carried no signal."""
-        if m.get(names.PHASE) != "rl":
+        if m.get(names.PHASE) != names.PHASE_RL:
             return
         # a step the optimizer skipped (non-finite gradient) trained none of the tokens it read
         stepped = updated_weights(m)
         action, echo = (m.get(names.ACTION_TOKENS, 0), m.get(names.ECHO_TOKENS, 0)) if stepped else (0, 0)
-        one = {"rl_steps": 1, "rl_steps_with_signal": int(action > 0),
-               "rl_steps_without_update": int(not stepped),
-               names.ACTION_TOKENS: action, names.ECHO_TOKENS: echo, "actions": m.get(names.TURNS, 0),
-               "valid_actions": m.get(names.TURNS, 0) - m.get(names.MALFORMED_ACTIONS, 0)}
-        one.update({k: m[k] for k in ("groups", "groups_zero_advantage", *RL_EPISODE_COUNTERS) if k in m})
+        one = {names.RL_STEPS: 1, names.RL_STEPS_WITH_SIGNAL: int(action > 0),
+               names.RL_STEPS_WITHOUT_UPDATE: int(not stepped),
+               names.ACTION_TOKENS: action, names.ECHO_TOKENS: echo, names.RL_ACTIONS: m.get(names.TURNS, 0),
+               names.RL_VALID_ACTIONS: m.get(names.TURNS, 0) - m.get(names.MALFORMED_ACTIONS, 0)}
+        summed = (names.GROUPS, names.GROUPS_ZERO_ADVANTAGE, *RL_EPISODE_COUNTERS)
+        one.update({k: m[k] for k in summed if k in m})
         self.totals.update(one)
-        silent = self.totals["rl_steps"] - self.totals["rl_steps_with_signal"]
-        if not one["rl_steps_with_signal"] and silent % WARN_EVERY == 1:
+        silent = self.totals[names.RL_STEPS] - self.totals[names.RL_STEPS_WITH_SIGNAL]
+        if not one[names.RL_STEPS_WITH_SIGNAL] and silent % WARN_EVERY == 1:
             log.warning(names.RL_NO_SIGNAL_EVENT, step=step, rl_steps_without_signal=silent,
                         note=describe_rl_signal(one))
 

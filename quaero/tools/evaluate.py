@@ -156,7 +156,7 @@ def _with(cfg: QuaeroConfig, section: str, **fields) -> QuaeroConfig:
 
 def _tokenizer(cfg: QuaeroConfig, who: Contestant):
     """An exported folder carries the tokenizer it was trained with; anything else uses the config's."""
-    from quaero.model import load_tokenizer
+    from quaero.models.load import load_tokenizer
 
     if who.folder is not None and (who.folder / "tokenizer_config.json").exists():
         from transformers import AutoTokenizer
@@ -166,7 +166,7 @@ def _tokenizer(cfg: QuaeroConfig, who: Contestant):
 
 
 def _sampler(cfg: QuaeroConfig, who: Contestant, stop_token_ids: list[int]):
-    from quaero.model import resolve_device
+    from quaero.models.load import resolve_device
     from quaero.sampling import make_sampler
 
     if who.policy is not None:

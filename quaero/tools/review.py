@@ -51,7 +51,7 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
         kind = e.get("event")
         if kind not in (names.TRAIN_STEP_EVENT, names.EVAL_EVENT):
             continue
-        step, phase = e.get("step"), e.get(names.PHASE, "rl")
+        step, phase = e.get("step"), e.get(names.PHASE, names.PHASE_RL)
         if not _is_int(step) or step < 0 or not isinstance(phase, str):
             unreadable += 1  # cannot be placed on the step axis
         elif kind == names.TRAIN_STEP_EVENT:
@@ -157,7 +157,7 @@ def env_names(run: dict) -> list[str]:
 def per_env(run: dict) -> dict[str, EnvFigures]:
     """A mixture's figures per env: its RL groups, those with signal, its generated tokens and lost episodes,
     its last eval's success rate, and its "RL improved eval over warm start"."""
-    rl = [s for s in run["steps"] if s.get(names.PHASE, "rl") == "rl"]
+    rl = [s for s in run["steps"] if s.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL]
     out = {}
     for env in env_names(run):
         mine = [s[names.BY_ENV][env] for s in rl if isinstance(s.get(names.BY_ENV), dict)
@@ -195,7 +195,7 @@ def rl_over_warm_start(run: dict, env: str | None = None) -> Comparison:
     from quaero.tools.significance import format_and_task, paired_outcomes
 
     warm = sft_span(run)
-    rl = [s["step"] for s in run["steps"] if s.get(names.PHASE, "rl") == "rl"]
+    rl = [s["step"] for s in run["steps"] if s.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL]
     if not warm or not rl:
         return Comparison("no warm start" if not warm else "no RL step")
     warm_end = warm[1]
@@ -258,7 +258,7 @@ def guidance_line(g: Guidance, c: Comparison) -> str:
 
 def summarize(run: dict) -> RunSummary:
     steps, evals = run["steps"], run["evals"]
-    rl = [s for s in steps if s.get(names.PHASE, "rl") == "rl"]
+    rl = [s for s in steps if s.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL]
     # a step without ECHO targets logs echo_loss 0: not a point of the ECHO learning curve
     echo_first, echo_last = _head_tail(
         _series([st for st in steps if st.get(names.ECHO_TOKENS, 1)], names.ECHO_LOSS)
@@ -267,15 +267,10 @@ def summarize(run: dict) -> RunSummary:
     rew_first, rew_last = _head_tail(_series(rl, names.REWARD_MEAN))
     eval_rewards = _series(evals, names.EVAL_REWARD)
     times = _series(steps, names.STEP_TIME_S)
-    onpolicy = [st for st in rl if not st.get(names.POLICY_STALENESS)
-                and finite_number(st.get(names.SAMPLER_LOGPROB_GAP_MAX)) is not None]
-    grouped = any(names.GROUPS in st for st in rl)
     # tokens count as trained only on steps whose update reached the weights
     updated = [st for st in steps if proofs.updated_weights(st)]
-    rl_updated = [st for st in rl if proofs.updated_weights(st)]
     signal, generated = _sum(rl, names.SIGNAL_GROUPS), _sum(rl, names.GENERATED_TOKENS)
     transfers = sorted({str(r[names.WEIGHT_TRANSFER]) for r in steps + evals if r.get(names.WEIGHT_TRANSFER)})
-    reasons = [st for st in steps if st.get(names.COMPILE_FALLBACK_REASON)]
     return RunSummary(
         steps=len(steps),
         sft_steps=len(steps) - len(rl),
@@ -296,28 +291,10 @@ def summarize(run: dict) -> RunSummary:
         rows=_sum(steps, names.ROWS),
         action_tokens=_sum(updated, names.ACTION_TOKENS),
         echo_tokens=_sum(updated, names.ECHO_TOKENS),
-        rl_steps_with_signal=sum(1 for st in rl_updated
-                                 if (finite_number(st.get(names.ACTION_TOKENS)) or 0) > 0),
-        rl_steps_without_update=len(rl) - len(rl_updated),
-        rl_action_tokens=_sum(rl_updated, names.ACTION_TOKENS),
-        rl_echo_tokens=_sum(rl_updated, names.ECHO_TOKENS),
-        rl_actions=_sum(rl, names.TURNS),
-        rl_valid_actions=_sum(rl, names.TURNS) - _sum(rl, names.MALFORMED_ACTIONS),
-        rl_env_rejected_actions=_sum(rl, names.ENV_REJECTED_ACTIONS),
-        rl_episodes_ended_at_reset=_sum(rl, names.EPISODES_ENDED_AT_RESET),
-        rl_episodes_dropped=_sum(rl, names.EPISODES_DROPPED),
-        rl_groups=_sum(rl, names.GROUPS) if grouped else None,
-        rl_groups_zero_advantage=_sum(rl, names.GROUPS_ZERO_ADVANTAGE) if grouped else None,
+        **_rl_totals(rl),
         row_tokens=_sum(steps, names.ROW_TOKENS),
         step_time_median_s=statistics.median(times) if times else None,
-        peak_mem_mb=max(_series(steps, names.PEAK_MEM_MB), default=None),
-        rollout_peak_mem_mb=max(_series(steps, names.ROLLOUT_PEAK_MEM_MB), default=None),
-        weight_sync_peak_mem_mb=max(_series(steps, names.WEIGHT_SYNC_PEAK_MEM_MB), default=None),
-        process_peak_mem_mb=max(_series(steps, names.PROCESS_PEAK_MEM_MB), default=None),
-        eval_peak_mem_mb=max(_series(evals, names.EVAL_PEAK_MEM_MB), default=None),
-        checkpoint_peak_mem_mb=max(_series(_events(run, names.CHECKPOINT_SAVED_EVENT,
-                                                   names.CHECKPOINT_READ_EVENT), names.PEAK_MEM_MB),
-                                   default=None),
+        **_peaks(run),
         env_retries=_sum(steps, names.ENV_RETRIES),
         episodes_dropped=_sum(steps, names.EPISODES_DROPPED),
         episodes_ended_at_reset=_sum(steps, names.EPISODES_ENDED_AT_RESET),
@@ -327,21 +304,12 @@ def summarize(run: dict) -> RunSummary:
         prefix_mismatches=_sum(steps + evals, names.PREFIX_MISMATCHES),
         rows_packed=_sum(steps, names.ROWS_PACKED),
         rows_transition=_sum(steps, names.ROWS_TRANSITION),
-        sampler_logprob_gap_max=max(_series(rl, names.SAMPLER_LOGPROB_GAP_MAX), default=None),
-        onpolicy_gap_steps=len(onpolicy),
-        onpolicy_logprob_gap_max=max(_series(onpolicy, names.SAMPLER_LOGPROB_GAP_MAX), default=None),
-        onpolicy_logprob_gap_mean_max=max(_series(onpolicy, names.SAMPLER_LOGPROB_GAP_MEAN), default=None),
+        **_gap_figures(rl),
         weight_transfer=",".join(transfers) or None,
         policy_staleness_max=max(_series(rl, names.POLICY_STALENESS), default=None),
         clip_fraction_max=max(_series(rl, names.CLIP_FRACTION), default=None),
         policy_loss=policy_loss_figures(rl),
-        selective={
-            names.SELECTIVE_SUFFIX_LOGITS: _last(steps, names.SELECTIVE_SUFFIX_LOGITS),
-            names.COMPILE_MODE: _last(steps, names.COMPILE_MODE, ""),
-            # the latest reason given (a step with no targets attempts no compile and gives none)
-            names.COMPILE_FALLBACK_REASON: _last(reasons, names.COMPILE_FALLBACK_REASON, ""),
-            **{k: _sum(steps, k) for k in proofs.BRANCH_COUNTERS},
-        },
+        selective=_selective(steps),
         rl_vs_warm_start=rl_over_warm_start(run),  # paired per task
         rl_signal_groups=signal,
         rl_generated_tokens=generated,
@@ -350,6 +318,66 @@ def summarize(run: dict) -> RunSummary:
         resumed_with_changed_config=resumes_changed(run),  # quaero/recipe/train.py _note_changed_config
         guidance=guidance_of(rl),
     )
+
+
+def _rl_totals(rl: list[dict]) -> dict:
+    """The RL steps' totals `describe_rl_signal` reads (quaero/telemetry/proofs.py)."""
+    grouped = any(names.GROUPS in st for st in rl)
+    # tokens count as trained only on steps whose update reached the weights
+    updated = [st for st in rl if proofs.updated_weights(st)]
+    return {
+        "rl_steps_with_signal": sum(1 for st in updated
+                                    if (finite_number(st.get(names.ACTION_TOKENS)) or 0) > 0),
+        "rl_steps_without_update": len(rl) - len(updated),
+        "rl_action_tokens": _sum(updated, names.ACTION_TOKENS),
+        "rl_echo_tokens": _sum(updated, names.ECHO_TOKENS),
+        "rl_actions": _sum(rl, names.TURNS),
+        "rl_valid_actions": _sum(rl, names.TURNS) - _sum(rl, names.MALFORMED_ACTIONS),
+        "rl_env_rejected_actions": _sum(rl, names.ENV_REJECTED_ACTIONS),
+        "rl_episodes_ended_at_reset": _sum(rl, names.EPISODES_ENDED_AT_RESET),
+        "rl_episodes_dropped": _sum(rl, names.EPISODES_DROPPED),
+        "rl_groups": _sum(rl, names.GROUPS) if grouped else None,
+        "rl_groups_zero_advantage": _sum(rl, names.GROUPS_ZERO_ADVANTAGE) if grouped else None,
+    }
+
+
+def _peaks(run: dict) -> dict:
+    """Each phase's peak memory over the run."""
+    steps, evals = run["steps"], run["evals"]
+    return {
+        "peak_mem_mb": max(_series(steps, names.PEAK_MEM_MB), default=None),
+        "rollout_peak_mem_mb": max(_series(steps, names.ROLLOUT_PEAK_MEM_MB), default=None),
+        "weight_sync_peak_mem_mb": max(_series(steps, names.WEIGHT_SYNC_PEAK_MEM_MB), default=None),
+        "process_peak_mem_mb": max(_series(steps, names.PROCESS_PEAK_MEM_MB), default=None),
+        "eval_peak_mem_mb": max(_series(evals, names.EVAL_PEAK_MEM_MB), default=None),
+        "checkpoint_peak_mem_mb": max(_series(_events(run, names.CHECKPOINT_SAVED_EVENT,
+                                                   names.CHECKPOINT_READ_EVENT), names.PEAK_MEM_MB),
+                                   default=None),
+    }
+
+
+def _gap_figures(rl: list[dict]) -> dict:
+    """The sampler's log-prob gap: over the RL steps, and over the on-policy ones (no staleness)."""
+    onpolicy = [st for st in rl if not st.get(names.POLICY_STALENESS)
+                and finite_number(st.get(names.SAMPLER_LOGPROB_GAP_MAX)) is not None]
+    return {
+        "sampler_logprob_gap_max": max(_series(rl, names.SAMPLER_LOGPROB_GAP_MAX), default=None),
+        "onpolicy_gap_steps": len(onpolicy),
+        "onpolicy_logprob_gap_max": max(_series(onpolicy, names.SAMPLER_LOGPROB_GAP_MAX), default=None),
+        "onpolicy_logprob_gap_mean_max": max(_series(onpolicy, names.SAMPLER_LOGPROB_GAP_MEAN), default=None),
+    }
+
+
+def _selective(steps: list[dict]) -> dict:
+    """The selective LM head's figures: its last settings and the branch counters' sums."""
+    reasons = [st for st in steps if st.get(names.COMPILE_FALLBACK_REASON)]
+    return {
+        names.SELECTIVE_SUFFIX_LOGITS: _last(steps, names.SELECTIVE_SUFFIX_LOGITS),
+        names.COMPILE_MODE: _last(steps, names.COMPILE_MODE, ""),
+        # the latest reason given (a step with no targets attempts no compile and gives none)
+        names.COMPILE_FALLBACK_REASON: _last(reasons, names.COMPILE_FALLBACK_REASON, ""),
+        **{k: _sum(steps, k) for k in proofs.BRANCH_COUNTERS},
+    }
 
 
 def _events(run: dict, *kinds: str) -> list[dict]:

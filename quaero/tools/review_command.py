@@ -36,7 +36,7 @@ def plot_points(run: dict, key: str) -> list[tuple[int, float]]:
     reward (always the oracle's), not what the policy earned: the train-reward series is RL steps only."""
     records = run["steps"] + run["evals"]
     if key == names.REWARD_MEAN:
-        records = [r for r in run["steps"] if r.get(names.PHASE, "rl") == "rl"]
+        records = [r for r in run["steps"] if r.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL]
     return sorted((r["step"], v) for r in records if (v := finite_number(r.get(key))) is not None)
 
 

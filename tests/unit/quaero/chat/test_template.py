@@ -162,7 +162,7 @@ def test_a_renderer_option_named_like_a_render_variable_is_refused_naming_it(opt
 @pytest.mark.hostile
 def test_an_eos_token_that_is_an_ordinary_word_is_named_not_made_a_stop_token():
     """eos_token = "the" made the word a stop id: every reply was cut where the model first wrote it."""
-    from quaero.model import build_qwen3_tokenizer
+    from quaero.models.qwen3 import build_qwen3_tokenizer
 
     tok = build_qwen3_tokenizer()
     tok.eos_token = "the"

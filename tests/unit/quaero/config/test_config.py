@@ -206,7 +206,7 @@ def test_a_pasted_huge_value_is_cut_in_its_error_line():
 
 @pytest.mark.hostile
 def test_the_plan_of_a_huge_step_count_is_counted_not_enumerated():
-    from quaero.tools.check import work_line
+    from quaero.preflight.check import work_line
 
     line = work_line(load_config(MAIN, ["training.steps=10000000000000000000000", "training.eval_every=7",
                                         "training.eval_tasks=64"]))
