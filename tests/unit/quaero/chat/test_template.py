@@ -181,7 +181,7 @@ def test_an_eos_token_word_that_transformers_made_an_added_token_on_load_is_refu
 
     from transformers import AutoTokenizer
 
-    from quaero.model import build_qwen3_tokenizer
+    from quaero.models.qwen3 import build_qwen3_tokenizer
 
     build_qwen3_tokenizer().save_pretrained(tmp_path)
     config = json.loads((tmp_path / "tokenizer_config.json").read_text())
