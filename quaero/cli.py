@@ -201,6 +201,7 @@ def cmd_eval(args) -> int:
         out_dir = f"{args.out}/{name}" if args.out and cfg.is_mixture else args.out
         plan = EvalPlan(tasks=args.tasks if args.tasks is not None else (view.training.eval_tasks or 64),
                         split=args.split or view.env.eval_split, seeds=args.seeds, greedy=not args.sample,
+                        pass_k=args.pass_k if args.pass_k is not None else view.training.eval_pass_k,
                         out=out_dir)
         try:
             out, summary = evaluate(view, list(args.compare) if args.compare else [args.model], plan)
@@ -305,6 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", help="a mixture's env to evaluate (default: each, on its own eval split)")
     p.add_argument("--seeds", type=int, default=1, help="repeat every task under K seeds")
     p.add_argument("--sample", action="store_true", help="sample at [sampler] temperature instead of greedy")
+    p.add_argument("--pass-k", type=int, metavar="K", help="also K episodes per task at [sampler] "
+                   "temperature: pass@1 and pass@K (unbiased estimator) with their s.e. (default: "
+                   "[training] eval_pass_k, 1 = off)")
     p.add_argument("--out", help="eval folder (default: RUN/eval-TIMESTAMP, or next to the model folder)")
     p.set_defaults(func=cmd_eval)
 
