@@ -271,7 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--require", action="append", default=[], metavar="CHECK",
                    help="exit 1 unless the named check passes (repeatable; n/a does not pass), "
                         "e.g. --require 'ECHO loss falling'")
-    p.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
+    p.add_argument("--plots", metavar="DIR", nargs="?", const=True,
+                   help="write PNG plots into DIR (bare --plots: RUN/plots), held-out success ± s.e. "
+                   "against step and generated tokens among them")
     p.add_argument("--force", action="store_true", help="let --plots overwrite existing files of those names "
                    "that review did not write (never a link, a special file or a run's own file)")
     p.add_argument("--json", action="store_true", help="print the review as JSON")

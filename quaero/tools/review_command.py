@@ -14,9 +14,11 @@ from quaero.tools.review import (
     ReviewError,
     changed_line,
     env_line,
+    env_names,
     eval_outcomes,
     finite_number,
     guidance_line,
+    held_out,
     load_run,
     render_table,
     sft_span,
@@ -66,6 +68,53 @@ def eval_reward_intervals(run: dict) -> list[tuple[int, float, float, float]]:
     return out
 
 
+HELD_OUT_PLOT = "heldout"  # success ± s.e. against the RL step and against RL's generated tokens
+
+
+def held_out_curves(run: dict) -> dict[str, list[tuple[int, int | float, float, float]]]:
+    """The held-out curves: {label: [(eval step, RL generated tokens by then, value, standard error)]}, the
+    pooled success ("success"), a mixture's each env's ("success, env NAME") and pass@k where the evals
+    sampled it ("pass@K"); an eval without the figure is no point of that curve."""
+    rl = [s for s in run["steps"] if s.get(names.PHASE, "rl") == "rl"]
+    curves: dict[str, list] = {}
+    for e in run["evals"]:
+        tokens = sum(v for s in rl if s["step"] <= e["step"]
+                     and (v := finite_number(s.get(names.GENERATED_TOKENS))) is not None)
+        picks = [("success", held_out(e))] + [(f"success, env {env}", held_out(e, env))
+                                              for env in env_names(run)]
+        for label, h in picks:
+            if h.get("success") is not None and h.get("success_se") is not None:
+                curves.setdefault(label, []).append((e["step"], tokens, h["success"], h["success_se"]))
+        h = picks[0][1]
+        if h.get("pass_at_k") is not None and h.get("pass_at_k_se") is not None:
+            curves.setdefault(f"pass@{h['pass_k']}", []).append((e["step"], tokens, h["pass_at_k"],
+                                                                h["pass_at_k_se"]))
+    return curves
+
+
+def _held_out_figure(run: dict, plt):
+    """Two panels, held-out success ± s.e. against the step (the warm start shaded) and against RL's
+    generated tokens."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    span = sft_span(run)
+    if span:
+        axes[0].axvspan(span[0] - 0.5, span[1] + 0.5, color="0.9", label="warm start (SFT)")
+    for label, pts in held_out_curves(run).items():
+        steps, tokens, values, errors = zip(*pts)
+        for ax, xs in zip(axes, (steps, tokens)):
+            ax.errorbar(xs, values, yerr=errors, marker="o", ms=3, capsize=3, label=label)
+    axes[0].set_xlabel("step")
+    axes[1].set_xlabel("RL generated tokens")
+    axes[0].set_ylabel("held-out (± s.e.)")
+    axes[0].set_ylim(-0.05, 1.05)
+    fig.suptitle("held-out success")
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 PLOT_SOFTWARE = "quaero review"  # the PNG text that marks a plot review wrote (replaced without --force)
 
 
@@ -86,11 +135,11 @@ def check_plots(out_dir: str | Path, *, force: bool = False) -> list[Path]:
 
     out = Path(out_dir)
     return [check_output(out / f"{name}.png", "--plots", force=force, in_runs=True, replaceable=_review_plot)
-            for name in PLOT_SERIES]
+            for name in [*PLOT_SERIES, HELD_OUT_PLOT]]
 
 
 def write_plots(run: dict, out_dir: str | Path, *, force: bool = False) -> list[Path]:
-    from quaero.tools.outputs import OutputRefused, saving_to
+    from quaero.tools.outputs import OutputRefused
 
     out = Path(out_dir)
     try:
@@ -128,13 +177,43 @@ def write_plots(run: dict, out_dir: str | Path, *, force: bool = False) -> list[
             unique = dict(zip(labels, handles))  # one legend entry per series (eval points repeat theirs)
             ax.legend(unique.values(), unique.keys(), fontsize=7)
         fig.tight_layout()
-        path = out / f"{name}.png"
-        tmp, commit = saving_to(path)  # renamed onto the name: never written through what was there
-        fig.savefig(tmp, dpi=90, format="png", metadata={"Software": PLOT_SOFTWARE})
-        commit()
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(fig, out / f"{name}.png", plt))
+    written.append(_save(_held_out_figure(run, plt), out / f"{HELD_OUT_PLOT}.png", plt))
     return written
+
+
+def _save(fig, path: Path, plt) -> Path:
+    """`fig` as a PNG at `path` that review owns (its Software text), through a temporary file renamed onto
+    the name: never written through what was there (quaero/tools/outputs.py)."""
+    from quaero.tools.outputs import saving_to
+
+    tmp, commit = saving_to(path)
+    fig.savefig(tmp, dpi=90, format="png", metadata={"Software": PLOT_SOFTWARE})
+    commit()
+    plt.close(fig)
+    return path
+
+
+def held_out_lines(s) -> list[str]:
+    """The last eval's held-out figures and RL's fixed / regressed tasks, as lines (empty where none)."""
+    from quaero.tools.evaluate import pass_line, tasks_text
+
+    e, lines = s.eval_last, []
+    if e.get("eval_success_se_last") is not None and s.eval_success_last is not None:
+        se = e["eval_success_se_last"]
+        parts = [f"held-out success (last eval) {s.eval_success_last:.3f} ± {se:.3f} s.e."]
+        if e.get("eval_format_failures_last") is not None:
+            parts.append(f"failures: {e['eval_format_failures_last']:.3f} format (a malformed action), "
+                         f"{e['eval_wrong_answers_last']:.3f} wrong answers (every action well formed)")
+        lines.append("; ".join(parts))
+    if e.get("eval_pass_k"):
+        lines.append("last eval's " + pass_line({"k": e["eval_pass_k"], **{
+            key: e.get(f"eval_{key}_last") for key in ("tasks", "pass_at_1", "pass_at_k", "pass_at_k_se")}}))
+    c = s.rl_vs_warm_start
+    if not c.why and c.fixed is not None:
+        lines.append(clip(f"RL over warm start per task: fixed {tasks_text(c.fixed)}; regressed "
+                          f"{tasks_text(c.regressed)}", MAX_LINE))
+    return lines
 
 
 _TAGS = {proofs.PASS: "PASS", proofs.NA: "N/A"}
@@ -173,7 +252,8 @@ def _review(args, require: list[str]) -> int:
     run = load_run(args.run_dir)
     s = summarize(run)
     checks = proofs.run_checks(s)
-    plots = ([str(p) for p in write_plots(run, args.plots, force=getattr(args, "force", False))]
+    folder = Path(run["path"]).parent / "plots" if args.plots is True else args.plots  # bare: RUN/plots
+    plots = ([str(p) for p in write_plots(run, folder, force=getattr(args, "force", False))]
              if args.plots else [])
     if s.unreadable_lines:
         print(f"warning: {run['path']}: {s.unreadable_lines} line(s) could not be read (not UTF-8, not a "
@@ -191,6 +271,8 @@ def _review(args, require: list[str]) -> int:
             print(env_line(env, figures))
         if s.guidance is not None:
             print(guidance_line(s.guidance, s.rl_vs_warm_start))
+        for line in held_out_lines(s):
+            print(line)
         for step, resumed in s.resumed_with_changed_config.items():
             print(changed_line(step, resumed))
         for p in plots:

@@ -153,7 +153,7 @@ def test_plots_are_valid_pngs(tmp_path):
     record(tmp_path, good_steps(), evals=[(0, 0.0), (4, 0.5)])
     assert review_command.main(args(tmp_path, plots=str(tmp_path / "plots"))) == 0
     pngs = sorted((tmp_path / "plots").glob("*.png"))
-    assert [p.stem for p in pngs] == ["branches", "losses", "memory", "reward"]
+    assert [p.stem for p in pngs] == ["branches", "heldout", "losses", "memory", "reward"]
     for p in pngs:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 1000
 
@@ -307,7 +307,7 @@ def test_unreadable_lines_are_counted_not_fatal(tmp_path, capsys):
     assert err == (f"warning: {tmp_path / 'events.jsonl'}: 5 line(s) could not be read (not UTF-8, not a "
                    "JSON object, or a step that is not an integer) and are left out\n")
     assert review_cli(tmp_path, "--plots", tmp_path / "plots") == 0
-    assert len(list((tmp_path / "plots").glob("*.png"))) == 4
+    assert len(list((tmp_path / "plots").glob("*.png"))) == 5
 
 
 @pytest.mark.parametrize("content", [b"", b"\n\n", b"\xff\xfe\x00garbage\n[1]\n42\n{\"torn"])
