@@ -118,14 +118,18 @@ def _held_out_figure(run: dict, plt):
 PLOT_SOFTWARE = "quaero review"  # the PNG text that marks a plot review wrote (replaced without --force)
 
 
-def _review_plot(path: Path) -> bool:
-    """Whether `path` is a PNG this command wrote earlier (its Software text chunk says so)."""
+def written_by(path: Path, software: str = PLOT_SOFTWARE) -> bool:
+    """Whether `path` is a PNG `software` wrote earlier (its Software text chunk says so)."""
     try:
         with open(path, "rb") as f:
             head = f.read(256)
     except OSError:
         return False
-    return head.startswith(b"\x89PNG") and b"tEXtSoftware\x00" + PLOT_SOFTWARE.encode() in head
+    return head.startswith(b"\x89PNG") and b"tEXtSoftware\x00" + software.encode() in head
+
+
+def _review_plot(path: Path) -> bool:
+    return written_by(path)
 
 
 def check_plots(out_dir: str | Path, *, force: bool = False) -> list[Path]:
@@ -177,18 +181,18 @@ def write_plots(run: dict, out_dir: str | Path, *, force: bool = False) -> list[
             unique = dict(zip(labels, handles))  # one legend entry per series (eval points repeat theirs)
             ax.legend(unique.values(), unique.keys(), fontsize=7)
         fig.tight_layout()
-        written.append(_save(fig, out / f"{name}.png", plt))
-    written.append(_save(_held_out_figure(run, plt), out / f"{HELD_OUT_PLOT}.png", plt))
+        written.append(save_png(fig, out / f"{name}.png", plt))
+    written.append(save_png(_held_out_figure(run, plt), out / f"{HELD_OUT_PLOT}.png", plt))
     return written
 
 
-def _save(fig, path: Path, plt) -> Path:
-    """`fig` as a PNG at `path` that review owns (its Software text), through a temporary file renamed onto
-    the name: never written through what was there (quaero/tools/outputs.py)."""
+def save_png(fig, path: Path, plt, software: str = PLOT_SOFTWARE) -> Path:
+    """`fig` as a PNG at `path` marked as `software`'s (its Software text), through a temporary file renamed
+    onto the name: never written through what was there (quaero/tools/outputs.py)."""
     from quaero.tools.outputs import saving_to
 
     tmp, commit = saving_to(path)
-    fig.savefig(tmp, dpi=90, format="png", metadata={"Software": PLOT_SOFTWARE})
+    fig.savefig(tmp, dpi=90, format="png", metadata={"Software": software})
     commit()
     plt.close(fig)
     return path
