@@ -23,8 +23,8 @@ def test_pass_at_k_and_fixed_tasks_of_the_oracle_against_wrong_answers(tmp_path,
     """The oracle solves every sample and the wrong-answer policy none, every action well formed: pass@1 =
     pass@2 = 1 and 0, every failure a wrong answer, and every task fixed B -> A."""
     code = cli.main(["eval", TOOLBENCH, "--set", f"run.output_dir={tmp_path}", "--tasks", "3",
-                     "--pass-k", "2", "--out", str(tmp_path / "cmp"), "--compare", "envs.toolbench:oracle_policy",
-                     "fixtures.scripted:wrong_answer_policy"])
+                     "--pass-k", "2", "--out", str(tmp_path / "cmp"), "--compare",
+                     "envs.toolbench:oracle_policy", "fixtures.scripted:wrong_answer_policy"])
     printed = capsys.readouterr().out
     assert code == 0, printed
     good, bad = _summary(tmp_path / "cmp")["results"]
