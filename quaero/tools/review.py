@@ -138,7 +138,7 @@ def eval_formats(e: dict, env: str | None = None) -> dict[Any, int] | None:
 
 def held_out(e: dict, env: str | None = None) -> dict[str, Any]:
     """An eval event's held-out figures: `success` and its standard error `success_se`, `format_failures`
-    and `wrong_answers` (shares of its episodes), and, where it sampled pass@k, `pass_k`, `tasks` (those
+    and `wrong_answers` (shares of its episodes), and, where it sampled pass@k, `pass_k`, `pass_tasks` (those
     pass@k counted), `pass_at_1`, `pass_at_k`, `pass_at_k_se`. Read from its per-task lists (`eval_results`,
     `eval_formats`, `eval_pass_results`; `env` picks a mixture's env), else from its pooled fields (a run
     from before the lists); a figure it carries neither way is left out."""
@@ -166,7 +166,7 @@ def held_out(e: dict, env: str | None = None) -> dict[str, Any]:
                and 0 <= (c := item[1]) <= (n := item[2]) and _task_key(item, env) is not None]
     if _is_int(k) and k > 1 and samples:
         p = pass_figures(samples, k)
-        out.update(pass_k=k, tasks=p["tasks"],
+        out.update(pass_k=k, pass_tasks=p["tasks"],
                    **{key: p[key] for key in ("pass_at_1", "pass_at_k", "pass_at_k_se")})
     return out
 

@@ -211,8 +211,9 @@ def held_out_lines(s) -> list[str]:
                          f"{e['eval_wrong_answers_last']:.3f} wrong answers (every action well formed)")
         lines.append("; ".join(parts))
     if e.get("eval_pass_k"):
-        lines.append("last eval's " + pass_line({"k": e["eval_pass_k"], **{
-            key: e.get(f"eval_{key}_last") for key in ("tasks", "pass_at_1", "pass_at_k", "pass_at_k_se")}}))
+        figures = {key: e.get(f"eval_{key}_last") for key in ("pass_at_1", "pass_at_k", "pass_at_k_se")}
+        figures.update(k=e["eval_pass_k"], tasks=e.get("eval_pass_tasks_last"))
+        lines.append("last eval's " + pass_line(figures))
     c = s.rl_vs_warm_start
     if not c.why and c.fixed is not None:
         lines.append(clip(f"RL over warm start per task: fixed {tasks_text(c.fixed)}; regressed "

@@ -521,7 +521,7 @@ def test_review_says_held_out_success_with_its_se_format_failures_pass_at_k_and_
     se = (3 / 8 * 5 / 8 / 8) ** 0.5
     assert s.eval_last == pytest.approx({
         "eval_success_se_last": se, "eval_format_failures_last": 1 / 8, "eval_wrong_answers_last": 4 / 8,
-        "eval_pass_k": 2, "eval_tasks_last": 3, "eval_pass_at_1_last": 0.5, "eval_pass_at_k_last": 2 / 3,
+        "eval_pass_k": 2, "eval_pass_tasks_last": 3, "eval_pass_at_1_last": 0.5, "eval_pass_at_k_last": 2 / 3,
         "eval_pass_at_k_se_last": ((1 / 3) ** 2 * 2 + (2 / 3) ** 2) ** 0.5 / 3})
     c = s.rl_vs_warm_start
     assert (c.fixed, c.regressed, c.improved, c.worsened) == ([2, 3], [1], 2, 1)
