@@ -52,13 +52,14 @@ def evaluate_at(parts: RunParts, progress: RunProgress, step: int) -> None:
     synced = sync_sampler(parts, progress)
     t0 = time.perf_counter()
     reset_peak(parts.trainer.device)
-    eps, results, formats, by_env = [], [], [], {}
+    eps, results, formats, groups, by_env = [], [], [], [], {}
     for e in parts.envs:
         if e.cfg.training.eval_tasks:
-            env_eps, env_results, env_formats, figures = _evaluate_env(parts.cfg, e)
+            env_eps, env_results, env_formats, env_groups, figures = _evaluate_env(parts.cfg, e)
             eps += env_eps
             results += env_results
             formats += env_formats
+            groups += env_groups
             if parts.cfg.is_mixture:
                 by_env[e.name] = figures
     sample = [_brief(m) for m in eps[0].messages[1:]] if eps else []  # what the model does, for humans
@@ -91,29 +92,40 @@ def evaluate_at(parts: RunParts, progress: RunProgress, step: int) -> None:
             names.SAMPLE_TRANSCRIPT: sample,
             **synced,
             **passes,
+            **({names.EVAL_TASK_GROUPS: groups} if groups else {}),
             **({names.EVAL_BY_ENV: by_env} if by_env else {}),
         },
     )
 
 
 def _evaluate_env(cfg: QuaeroConfig, e: EnvRun
-                  ) -> tuple[list[Episode], list[list], list[list], dict[str, Any]]:
+                  ) -> tuple[list[Episode], list[list], list[list], list[list], dict[str, Any]]:
     """One env's evaluation on this rank: its kept episodes, every rank's results (per task, for paired
-    comparisons of two evaluations, quaero review: [index, success, reward(, env in a mixture)]) and formats
-    ([index, malformed actions, actions(, env)]), and its figures for `eval_by_env`."""
-    tasks, groups = eval_episodes(e.cfg, e.driver, e.pool, e.cfg.env.eval_split, e.cfg.training.eval_tasks,
+    comparisons of two evaluations, quaero review: [index, success, reward(, env in a mixture)]), formats
+    ([index, malformed actions, actions(, env)]) and task groups ([index, group, difficulty(, env)], from the
+    env's Task API; none without one), and its figures for `eval_by_env`."""
+    tasks, played = eval_episodes(e.cfg, e.driver, e.pool, e.cfg.env.eval_split, e.cfg.training.eval_tasks,
                                   seed=ranks.rank_seed(cfg.run.seed), rank_share=True,
                                   report_as=names.EVAL_PROGRESS_EVENT)
     tag = [e.name] if cfg.is_mixture else []
     kept = ranks.gather_rows([[t["index"], int(ep.success), ep.reward, ep.malformed, ep.turns]
-                              for t, g in zip(tasks, groups) for ep in g if not ep.dropped])
+                              for t, g in zip(tasks, played) for ep in g if not ep.dropped])
     results = [[index, success, reward, *tag] for index, success, reward, _, _ in kept]
     formats = [[index, malformed, turns, *tag] for index, _, _, malformed, turns in kept]
+    specs = [(t["index"], e.pool.task_spec(t["split"], t["index"])) for t in tasks]
+    groups = ranks.gather_rows([[index, _key(spec.get("group")), _key(spec.get("difficulty")), *tag]
+                                for index, spec in specs if spec])
     figures = {names.EVAL_SUCCESS_RATE: _mean([r[1] for r in results]),
                names.EVAL_REWARD: _mean([r[2] for r in results]),
                names.EVAL_EPISODES: len(results),
-               names.EVAL_DROPPED: ranks.total(sum(ep.dropped for g in groups for ep in g))}
-    return [ep for g in groups for ep in g if not ep.dropped], results, formats, figures
+               names.EVAL_DROPPED: ranks.total(sum(ep.dropped for g in played for ep in g))}
+    return [ep for g in played for ep in g if not ep.dropped], results, formats, groups, figures
+
+
+def _key(value: Any) -> Any:
+    """A spec's group or difficulty as a scalar: as it is, or its text as the task samplers key it (a nested
+    RFC 013 group; quaero/rollout/task_samplers.py `SplitView.key`)."""
+    return value if value is None or isinstance(value, (str, int, float, bool)) else str(value)
 
 
 def _pass_at_k(parts: RunParts) -> dict[str, Any]:

@@ -422,6 +422,10 @@ EVAL_PASS_AT_K = _eval.per_step("eval_pass_at_k", "pass@k, the mean over tasks o
 EVAL_PASS_AT_K_SE = _eval.per_step("eval_pass_at_k_se", "its standard error over tasks")
 EVAL_PASS_RESULTS = _eval.per_step("eval_pass_results", "per task, its sampled episodes: `[index, successes, "
                                    "samples]` (a mixture's entries end with the env's name)")
+EVAL_TASK_GROUPS = _eval.per_step("eval_task_groups", "per task, its spec from the env's Task API: `[index, "
+                                  "group, difficulty]` (toolbench: template and tier; absent where the env "
+                                  "has no `get_task`): `quaero review --plots` draws a curve per group and "
+                                  "tier")
 SAMPLE_TRANSCRIPT = _eval.per_step("sample_transcript", "the first episode's messages, shortened")
 EVAL_BY_ENV = _eval.per_step("eval_by_env", "a mixture's: `{env: {eval_success_rate, eval_reward, "
                              "eval_episodes, eval_dropped}}` (each `eval_results` entry then ends with its "

@@ -171,6 +171,22 @@ def held_out(e: dict, env: str | None = None) -> dict[str, Any]:
     return out
 
 
+def held_out_by(e: dict, which: str) -> dict[Any, tuple[float, float]]:
+    """{group or difficulty: (success, its standard error)} of an eval event's tasks, `which` "group" or
+    "difficulty" as its `eval_task_groups` name each task ([index, group, difficulty(, env)]); {} where it
+    names none (an env without a Task API, a run from before the field)."""
+    from quaero.telemetry.heldout import standard_error
+
+    outcomes, column = eval_outcomes(e) or {}, {"group": 1, "difficulty": 2}[which]
+    parts: dict[Any, list[float]] = {}
+    for item in e.get(names.EVAL_TASK_GROUPS) or []:
+        if (isinstance(item, list) and len(item) in (3, 4) and _is_int(item[0])
+                and (key := _task_key(item, None)) in outcomes
+                and isinstance(item[column], (str, int, float))):
+            parts.setdefault(item[column], []).append(float(outcomes[key][0]))
+    return {v: (sum(xs) / len(xs), standard_error(xs)) for v, xs in parts.items()}
+
+
 def _nonfinite_rewards(e: dict) -> bool:
     """Whether an eval event's per-task results hold a reward that is not finite: NaN or inf, which the run
     log writes as null (or as such, in a foreign writer's file)."""

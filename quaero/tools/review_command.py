@@ -19,6 +19,7 @@ from quaero.tools.review import (
     finite_number,
     guidance_line,
     held_out,
+    held_out_by,
     load_run,
     render_table,
     sft_span,
@@ -73,8 +74,9 @@ HELD_OUT_PLOT = "heldout"  # success ± s.e. against the RL step and against RL'
 
 def held_out_curves(run: dict) -> dict[str, list[tuple[int, int | float, float, float]]]:
     """The held-out curves: {label: [(eval step, RL generated tokens by then, value, standard error)]}, the
-    pooled success ("success"), a mixture's each env's ("success, env NAME") and pass@k where the evals
-    sampled it ("pass@K"); an eval without the figure is no point of that curve."""
+    pooled success ("success"), a mixture's each env's ("success, env NAME"), each task group's and tier's
+    where the evals name more than one ("success, group G", "success, tier D": `eval_task_groups`) and pass@k
+    where the evals sampled it ("pass@K"); an eval without the figure is no point of that curve."""
     rl = [s for s in run["steps"] if s.get(names.PHASE, "rl") == "rl"]
     curves: dict[str, list] = {}
     for e in run["evals"]:
@@ -85,6 +87,10 @@ def held_out_curves(run: dict) -> dict[str, list[tuple[int, int | float, float, 
         for label, h in picks:
             if h.get("success") is not None and h.get("success_se") is not None:
                 curves.setdefault(label, []).append((e["step"], tokens, h["success"], h["success_se"]))
+        for which, word in (("group", "group"), ("difficulty", "tier")):
+            parts = held_out_by(e, which)
+            for value, (rate, se) in sorted(parts.items(), key=str) if len(parts) > 1 else ():
+                curves.setdefault(f"success, {word} {value}", []).append((e["step"], tokens, rate, se))
         h = picks[0][1]
         if h.get("pass_at_k") is not None and h.get("pass_at_k_se") is not None:
             curves.setdefault(f"pass@{h['pass_k']}", []).append((e["step"], tokens, h["pass_at_k"],

@@ -81,6 +81,9 @@ def test_training_evals_log_pass_at_k_and_review_reads_and_plots_them(tmp_path, 
         assert e["eval_format_failures"] == pytest.approx(sum(fails) / 2)
         assert e["eval_wrong_answers"] == pytest.approx((len(fails) - sum(fails)) / 2)
         assert e["eval_pass_k"] == 2 and [r[0] for r in e["eval_pass_results"]] == [0, 1]
+        # each task's template and tier from toolbench's Task API (the config serves difficulty 1)
+        assert [(g[0], g[2]) for g in e["eval_task_groups"]] == [(0, 1), (1, 1)]
+        assert e["eval_task_groups"][0][1] == "price"
         counts = [(c, n) for _, c, n in e["eval_pass_results"]]
         assert e["eval_pass_at_k"] == pytest.approx(pass_figures(counts, 2)["pass_at_k"])
     assert review_command.main(_args(run_dir, plots=True)) == 0

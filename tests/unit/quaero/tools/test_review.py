@@ -571,3 +571,22 @@ def test_an_eval_from_before_the_per_task_lists_gives_its_pooled_figures(tmp_pat
     e.update(eval_success_se=0.1, eval_format_failures=0.2, eval_wrong_answers=0.3)
     assert review.held_out(e) == {"success": 0.5, "success_se": 0.1, "format_failures": 0.2,
                                   "wrong_answers": 0.3}
+
+
+def test_the_held_out_curves_split_by_task_group_and_tier_where_the_evals_name_them(tmp_path):
+    # the end eval's 8 tasks: templates price (0-3) and city (4-7), tiers 1 (even) and 2 (odd)
+    groups = [[i, "price" if i < 4 else "city", 1 + i % 2] for i in range(8)]
+    _record_phases(tmp_path, warm=None, end=[1, 0, 1, 1, 0, 0, 1, 0],
+                   eval_fields={"eval_task_groups": groups})
+    run = review.load_run(tmp_path)
+    end = run["evals"][-1]
+    se = review.held_out_by(end, "group")
+    assert se == {"price": (0.75, pytest.approx((0.75 * 0.25 / 4) ** 0.5)),
+                  "city": (0.25, pytest.approx((0.25 * 0.75 / 4) ** 0.5))}
+    assert review.held_out_by(end, "difficulty") == {1: (0.75, pytest.approx((0.75 * 0.25 / 4) ** 0.5)),
+                                                     2: (0.25, pytest.approx((0.25 * 0.75 / 4) ** 0.5))}
+    curves = review_command.held_out_curves(run)
+    # the step-0 eval's 64 tasks are named too, but all in one list: only tasks 0-7 are grouped
+    assert [(p[0], p[2]) for p in curves["success, group price"]] == [(0, 0.0), (5, 0.75)]
+    assert [(p[0], p[2]) for p in curves["success, tier 2"]] == [(0, 0.0), (5, 0.25)]
+    assert review.held_out_by({"eval_results": [[0, 1, 1.0]]}, "group") == {}  # no groups logged: none
