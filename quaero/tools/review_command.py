@@ -204,6 +204,18 @@ def save_png(fig, path: Path, plt, software: str = PLOT_SOFTWARE) -> Path:
     return path
 
 
+def last_evals_paired(a: dict, b: dict) -> dict | None:
+    """Two runs' last evals on their shared tasks: the tasks A solves and B does not (fixed) and the reverse
+    (regressed); None where either has no per-task results."""
+    from quaero.tools.significance import fixed_and_regressed
+
+    outcomes = [eval_outcomes(r["evals"][-1]) if r["evals"] else None for r in (a, b)]
+    if not all(outcomes):
+        return None
+    fixed, regressed = fixed_and_regressed(*outcomes)
+    return {"pairs": sum(k in outcomes[1] for k in outcomes[0]), "fixed": fixed, "regressed": regressed}
+
+
 def held_out_lines(s) -> list[str]:
     """The last eval's held-out figures and RL's fixed / regressed tasks, as lines (empty where none)."""
     from quaero.tools.evaluate import pass_line, tasks_text
@@ -251,12 +263,20 @@ def _review(args, require: list[str]) -> int:
     if args.compare:
         if require or args.require_proof:
             raise ReviewError("--require/--require-proof judge one run; drop them or --compare")
-        a, b = (summarize(load_run(d)).to_dict() for d in args.compare)
+        runs = [load_run(d) for d in args.compare]
+        a, b = (summarize(r).to_dict() for r in runs)
+        tasks = last_evals_paired(*runs)
         if args.json:
-            print(dump_json({"a": a, "b": b}))
+            print(dump_json({"a": a, "b": b, **({"last_evals": tasks} if tasks else {})}))
         else:
             print(render_table([(k, [v, b.get(k)]) for k, v in a.items() if not isinstance(v, dict)],
                                ["metric", *args.compare]))
+            if tasks:
+                from quaero.tools.evaluate import tasks_text
+
+                print(clip(f"last evals per task (B -> A, {tasks['pairs']} shared tasks): fixed (A only) "
+                           f"{tasks_text(tasks['fixed'])}; regressed (B only) "
+                           f"{tasks_text(tasks['regressed'])}", MAX_LINE))
         return 0
     if not args.run_dir:
         raise ReviewError("quaero review RUN_DIR (or --compare RUN_A RUN_B)")

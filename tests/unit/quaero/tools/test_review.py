@@ -590,3 +590,14 @@ def test_the_held_out_curves_split_by_task_group_and_tier_where_the_evals_name_t
     assert [(p[0], p[2]) for p in curves["success, group price"]] == [(0, 0.0), (5, 0.75)]
     assert [(p[0], p[2]) for p in curves["success, tier 2"]] == [(0, 0.0), (5, 0.25)]
     assert review.held_out_by({"eval_results": [[0, 1, 1.0]]}, "group") == {}  # no groups logged: none
+
+
+def test_compare_names_the_tasks_one_runs_last_eval_solves_and_the_others_does_not(tmp_path, capsys):
+    _record_phases(tmp_path / "a", warm=None, end=[1, 1, 0, 0, 1])
+    _record_phases(tmp_path / "b", warm=None, end=[1, 0, 1, 0, 0])
+    assert review_command.main(args(compare=[str(tmp_path / "a"), str(tmp_path / "b")])) == 0
+    assert ("last evals per task (B -> A, 5 shared tasks): fixed (A only) 2: 1, 4; regressed (B only) 1: 2"
+            in capsys.readouterr().out)
+    assert review_command.main(args(compare=[str(tmp_path / "a"), str(tmp_path / "b")], json=True)) == 0
+    paired = json.loads(capsys.readouterr().out)["last_evals"]
+    assert paired == {"pairs": 5, "fixed": [1, 4], "regressed": [2]}
