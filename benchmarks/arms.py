@@ -17,6 +17,9 @@ then each arm's verdict on the question "does RL beat its own warm start at ever
         --set training.checkpoint_every=1000 --arm base \\
         --arm 'episode: training.guidance=episode training.guided_members=2 training.guidance_until_step=8'
 
+The figure (`--plot`, default OUT/arms.png) draws every arm at every seed: held-out success ± s.e. against
+RL's generated tokens from the seed's warm start (benchmarks/arms_plot.py).
+
 `--from` is a run folder shared by every seed, a template with `{seed}`, or `SEED=RUN` (repeatable; it wins
 over a template for its seed). An arm's `env.tasks.sampler=X` set picks the task sampler (its runs are then
 named `X-sS`, as `bench samplers` names them).
@@ -250,9 +253,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="only read: every arm must be finished with this very command (its --sets, in "
                         "any order where the order cannot change a value)")
     p.add_argument("--json", type=Path, help="also write the report here")
+    p.add_argument("--plot", type=Path, help="the figure of every arm and seed, held-out success ± s.e. vs "
+                   "RL generated tokens (default: OUT/arms.png)")
+    p.add_argument("--force", action="store_true", help="let --plot replace a file this did not write")
     args = p.parse_args(argv)
 
-    from benchmarks import samplers
+    from benchmarks import arms_plot, samplers
     from quaero.config import load_config
     from quaero.tools.review import eval_formats, eval_outcomes
 
@@ -293,15 +299,18 @@ def main(argv: list[str] | None = None) -> int:
                      *(["--rerun"] if args.rerun else [])]
             with contextlib.redirect_stdout(io.StringIO()):  # its one-arm table; ours joins them all
                 samplers.main(argv_)
-    warm = {}
+    warm, warm_events = {}, {}
     for seed, run_dir in warm_runs.items():
-        e = _eval_at(read_run(run_dir, f"--from {run_dir}"), args.from_step)
+        e = warm_events[seed] = _eval_at(read_run(run_dir, f"--from {run_dir}"), args.from_step)
         warm[seed] = {"eval": eval_outcomes(e) if e else None, "formats": eval_formats(e) if e else None}
     indices = sorted({k for w in warm.values() for k in (w["eval"] or {})})
     report = join(arms, seeds, warm, args.out, eval_groups(next(iter(cfg.views().values())), indices))
     report.update(config=args.config, from_step=args.from_step, budget=args.budget, common=args.common,
                   sources={str(s): str(r) for s, r in warm_runs.items()})
     print(render(report))
+    plot = arms_plot.write_figure(arms_plot.arm_curves(arms, seeds, warm_events, args.out),
+                                  args.plot or args.out / "arms.png", force=args.force)
+    print(f"figure {plot}")
     if args.json:
         write_bench_output(args.json, json.dumps(report, indent=2, default=str))
     return 0

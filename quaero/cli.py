@@ -201,6 +201,7 @@ def cmd_eval(args) -> int:
         out_dir = f"{args.out}/{name}" if args.out and cfg.is_mixture else args.out
         plan = EvalPlan(tasks=args.tasks if args.tasks is not None else (view.training.eval_tasks or 64),
                         split=args.split or view.env.eval_split, seeds=args.seeds, greedy=not args.sample,
+                        pass_k=args.pass_k if args.pass_k is not None else view.training.eval_pass_k,
                         out=out_dir)
         try:
             out, summary = evaluate(view, list(args.compare) if args.compare else [args.model], plan)
@@ -300,7 +301,9 @@ def _add_review(sub) -> None:
     p.add_argument("--require", action="append", default=[], metavar="CHECK",
                    help="exit 1 unless the named check passes (repeatable; n/a does not pass), "
                         "e.g. --require 'ECHO loss falling'")
-    p.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
+    p.add_argument("--plots", metavar="DIR", nargs="?", const=True,
+                   help="write PNG plots into DIR (bare --plots: RUN/plots), held-out success ± s.e. "
+                   "against step and generated tokens among them")
     p.add_argument("--force", action="store_true", help="let --plots overwrite existing files of those names "
                    "that review did not write (never a link, a special file or a run's own file)")
     p.add_argument("--json", action="store_true", help="print the review as JSON")
@@ -321,6 +324,9 @@ def _add_eval(sub) -> None:
     p.add_argument("--env", help="a mixture's env to evaluate (default: each, on its own eval split)")
     p.add_argument("--seeds", type=int, default=1, help="repeat every task under K seeds")
     p.add_argument("--sample", action="store_true", help="sample at [sampler] temperature instead of greedy")
+    p.add_argument("--pass-k", type=int, metavar="K", help="also K episodes per task at [sampler] "
+                   "temperature: pass@1 and pass@K (unbiased estimator) with their s.e. (default: "
+                   "[training] eval_pass_k, 1 = off)")
     p.add_argument("--out", help="eval folder (default: RUN/eval-TIMESTAMP, or next to the model folder)")
     p.set_defaults(func=cmd_eval)
 

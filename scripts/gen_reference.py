@@ -149,6 +149,9 @@ OPTION_MEANINGS = {
     "training.eval_every": "evaluate every this many steps (0: never); also before the first and after the "
                            "last step",
     "training.eval_tasks": "held-out tasks per evaluation (greedy)",
+    "training.eval_pass_k": "pass@k at each evaluation: k > 1 also samples k episodes per eval task at the "
+                            "sampler's temperature (k times the greedy episodes; `quaero eval --pass-k` "
+                            "too); 1 = off",
     "training.packing": "one row per episode when turns extend each other exactly, else one per transition",
     "training.strict": "an exactness mismatch (prefix, bridge) is an error instead of a counted fallback",
     "training.on_env_loss": "an RL step whose env lost episodes (a dead server, timeouts past the retries; "

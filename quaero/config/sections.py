@@ -211,6 +211,9 @@ class TrainingConfig(_Section):
     keep_checkpoints: int = Field(2, ge=1)
     eval_every: int = Field(5, ge=0)
     eval_tasks: int = Field(4, ge=0)
+    # pass@k at each evaluation: k > 1 also samples k episodes per eval task at the sampler's temperature
+    # (k times the greedy eval's episodes); 1 = off
+    eval_pass_k: int = Field(1, ge=1)
     packing: bool = True
     # strict = any exactness mismatch (prefix, bridge) is an error instead of a counted fallback.
     strict: bool = False

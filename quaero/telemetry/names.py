@@ -339,6 +339,26 @@ EVAL_FORMATS = _eval.per_step("eval_formats", "per task, its episode's format: `
 EVAL_WELL_FORMED = _eval.per_step("eval_well_formed", "the share of its episodes with no malformed action: "
                                   "`quaero review` and `quaero eval --compare` split a success gain into "
                                   "format (this share) and task (success among well-formed episodes)")
+EVAL_SUCCESS_SE = _eval.per_step("eval_success_se", "the standard error of `eval_success_rate` over its "
+                                 "episodes, sqrt(p (1 - p) / n)")
+EVAL_FORMAT_FAILURES = _eval.per_step("eval_format_failures", "the share of its episodes that failed with a "
+                                      "malformed action (a format failure)")
+EVAL_WRONG_ANSWERS = _eval.per_step("eval_wrong_answers", "the share that failed with every action well "
+                                    "formed (a wrong answer)")
+EVAL_PASS_K = _eval.per_step("eval_pass_k", "[training] eval_pass_k when above 1: k episodes per task "
+                             "sampled at the sampler's temperature, after the greedy ones (which the "
+                             "figures above count alone)")
+EVAL_PASS_AT_1 = _eval.per_step("eval_pass_at_1", "the sampled episodes' success rate (pass@1 at the "
+                                "temperature), the mean over tasks")
+EVAL_PASS_AT_K = _eval.per_step("eval_pass_at_k", "pass@k, the mean over tasks of the unbiased "
+                                "1 - C(n - c, k) / C(n, k) (n samples, c successes)")
+EVAL_PASS_AT_K_SE = _eval.per_step("eval_pass_at_k_se", "its standard error over tasks")
+EVAL_PASS_RESULTS = _eval.per_step("eval_pass_results", "per task, its sampled episodes: `[index, successes, "
+                                   "samples]` (a mixture's entries end with the env's name)")
+EVAL_TASK_GROUPS = _eval.per_step("eval_task_groups", "per task, its spec from the env's Task API: `[index, "
+                                  "group, difficulty]` (toolbench: template and tier; absent where the env "
+                                  "has no `get_task`): `quaero review --plots` draws a curve per group and "
+                                  "tier")
 SAMPLE_TRANSCRIPT = _eval.per_step("sample_transcript", "the first episode's messages, shortened")
 EVAL_BY_ENV = _eval.per_step("eval_by_env", "a mixture's: `{env: {eval_success_rate, eval_reward, "
                              "eval_episodes, eval_dropped}}` (each `eval_results` entry then ends with its "

@@ -136,6 +136,57 @@ def eval_formats(e: dict, env: str | None = None) -> dict[Any, int] | None:
     return out or None
 
 
+def held_out(e: dict, env: str | None = None) -> dict[str, Any]:
+    """An eval event's held-out figures: `success` and its standard error `success_se`, `format_failures`
+    and `wrong_answers` (shares of its episodes), and, where it sampled pass@k, `pass_k`, `pass_tasks` (those
+    pass@k counted), `pass_at_1`, `pass_at_k`, `pass_at_k_se`. Read from its per-task lists (`eval_results`,
+    `eval_formats`, `eval_pass_results`; `env` picks a mixture's env), else from its pooled fields (a run
+    from before the lists); a figure it carries neither way is left out."""
+    from quaero.telemetry.heldout import held_out_figures, pass_figures
+
+    out: dict[str, Any] = {}
+    outcomes, formats = eval_outcomes(e, env), eval_formats(e, env)
+    if outcomes:
+        keys = list(outcomes)
+        out["success"] = sum(outcomes[k][0] for k in keys) / len(keys)
+        figures = held_out_figures([outcomes[k][0] for k in keys],
+                                   [formats.get(k, 0) for k in keys] if formats else [0] * len(keys))
+        out["success_se"] = figures["success_se"]
+        if formats and all(k in formats for k in keys):
+            out.update(format_failures=figures["format_failures"], wrong_answers=figures["wrong_answers"])
+    elif env is None:
+        for key, name in (("success", names.EVAL_SUCCESS_RATE), ("success_se", names.EVAL_SUCCESS_SE),
+                          ("format_failures", names.EVAL_FORMAT_FAILURES),
+                          ("wrong_answers", names.EVAL_WRONG_ANSWERS)):
+            if (v := finite_number(e.get(name))) is not None:
+                out[key] = v
+    k = e.get(names.EVAL_PASS_K)
+    samples = [(c, n) for item in e.get(names.EVAL_PASS_RESULTS) or []
+               if isinstance(item, list) and len(item) in (3, 4) and all(_is_int(v) for v in item[:3])
+               and 0 <= (c := item[1]) <= (n := item[2]) and _task_key(item, env) is not None]
+    if _is_int(k) and k > 1 and samples:
+        p = pass_figures(samples, k)
+        out.update(pass_k=k, pass_tasks=p["tasks"],
+                   **{key: p[key] for key in ("pass_at_1", "pass_at_k", "pass_at_k_se")})
+    return out
+
+
+def held_out_by(e: dict, which: str) -> dict[Any, tuple[float, float]]:
+    """{group or difficulty: (success, its standard error)} of an eval event's tasks, `which` "group" or
+    "difficulty" as its `eval_task_groups` name each task ([index, group, difficulty(, env)]); {} where it
+    names none (an env without a Task API, a run from before the field)."""
+    from quaero.telemetry.heldout import standard_error
+
+    outcomes, column = eval_outcomes(e) or {}, {"group": 1, "difficulty": 2}[which]
+    parts: dict[Any, list[float]] = {}
+    for item in e.get(names.EVAL_TASK_GROUPS) or []:
+        if (isinstance(item, list) and len(item) in (3, 4) and _is_int(item[0])
+                and (key := _task_key(item, None)) in outcomes
+                and isinstance(item[column], (str, int, float))):
+            parts.setdefault(item[column], []).append(float(outcomes[key][0]))
+    return {v: (sum(xs) / len(xs), standard_error(xs)) for v, xs in parts.items()}
+
+
 def _nonfinite_rewards(e: dict) -> bool:
     """Whether an eval event's per-task results hold a reward that is not finite: NaN or inf, which the run
     log writes as null (or as such, in a foreign writer's file)."""
@@ -192,7 +243,7 @@ def rl_over_warm_start(run: dict, env: str | None = None) -> Comparison:
     start). `why` says what is missing when there is nothing to compare, or that an eval was guided: RL is
     judged on the policy's own, unguided greedy episodes only (`unguided`: both evals counted 0 guided
     tokens)."""
-    from quaero.tools.significance import format_and_task, paired_outcomes
+    from quaero.tools.significance import fixed_and_regressed, format_and_task, paired_outcomes
 
     warm = sft_span(run)
     rl = [s["step"] for s in run["steps"] if s.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL]
@@ -222,10 +273,12 @@ def rl_over_warm_start(run: dict, env: str | None = None) -> Comparison:
         return Comparison("the two evals share no task")
     fa, fb = eval_formats(end, env), eval_formats(start, env)
     split = format_and_task(a, b, fa, fb) if fa and fb else None
+    fixed, regressed = fixed_and_regressed(a, b)
     return Comparison("", warm_start_step=warm_end, end_step=end["step"], pairs=p["pairs"],
                       warm_start_success=p["b_success"], end_success=p["a_success"], improved=p["a_only"],
                       worsened=p["b_only"], mcnemar_p=p["mcnemar_p"], reward_diff=p["reward_diff"],
-                      reward_diff_ci95=p["reward_diff_ci95"], unguided=unguided, format_task=split)
+                      reward_diff_ci95=p["reward_diff_ci95"], unguided=unguided, format_task=split,
+                      fixed=fixed, regressed=regressed)
 
 
 def guidance_of(rl: list[dict]) -> Guidance | None:
@@ -317,6 +370,8 @@ def summarize(run: dict) -> RunSummary:
         per_env=per_env(run),
         resumed_with_changed_config=resumes_changed(run),  # quaero/recipe/train.py _note_changed_config
         guidance=guidance_of(rl),
+        eval_last={f"eval_{k}_last" if k != "pass_k" else "eval_pass_k": v
+                   for k, v in held_out(evals[-1]).items() if k != "success"} if evals else {},
     )
 
 

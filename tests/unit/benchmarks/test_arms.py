@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from benchmarks import arms, samplers
+from benchmarks import arms, arms_plot, samplers
 from quaero.telemetry import names, runlog
+from quaero.tools import review
 
 # per seed: the warm start's eval (successes, malformed actions) of tasks 0..7
 WARM = {0: ([1, 0, 0, 0, 0, 0, 0, 0], [0, 0, 1, 1, 1, 1, 0, 0]),
@@ -26,7 +27,8 @@ def _events(run_dir, steps, evals):
             runlog.set_step(step)
             log.info(names.TASK_OUTCOMES_EVENT, for_step=step, groups=[["env", 0, "city", wins, 8, spread,
                                                                          tokens]])
-            log.info(names.TRAIN_STEP_EVENT, phase="rl", loss=0.1, clip_fraction=clip)
+            log.info(names.TRAIN_STEP_EVENT, phase="rl", loss=0.1, clip_fraction=clip,
+                     generated_tokens=tokens)
         for step, wins, bad in evals:
             runlog.set_step(step)
             log.info(names.EVAL_EVENT, eval_results=[[i, w, float(w)] for i, w in enumerate(wins)],
@@ -87,6 +89,19 @@ def test_arms_from_each_seeds_warm_start_are_paired_split_and_judged(tmp_path, w
     assert "| dapo | 1 | 2 | 1,000 | 2 of 2 (2.000) | 0.875 | +5/-0, p 0.062" in text
     assert ("- dapo: beats its warm start at every seed: no (0 of 2 significant gains, 0 significant "
             "losses)") in text
+    # the figure: every arm at every seed, from the seed's warm start (0 RL tokens) to the arm's eval
+    assert f"figure {out / 'arms.png'}" in text
+    png = (out / "arms.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    warm = {s: review.load_run(warm_runs / f"warm-s{s}")["evals"][0] for s in (0, 1)}
+    curves = arms_plot.arm_curves([("base", "sequential", []), ("dapo", "sequential", [])], [0, 1], warm, out)
+
+    def se(p):
+        return (p * (1 - p) / 8) ** 0.5
+
+    assert [(t, v) for t, v, _ in curves[("dapo", 1)]] == [(0, 2 / 8), (1000, 7 / 8)]  # 2 steps of 500 tokens
+    assert [e for _, _, e in curves[("dapo", 1)]] == pytest.approx([se(2 / 8), se(7 / 8)])
+    assert [(t, v) for t, v, _ in curves[("base", 0)]] == [(0, 1 / 8), (2000, 1 / 8)]
     # a second call reads the finished arms and trains none; --no-train only reads, and refuses an arm whose
     # sets differ (here in order) instead of training it again
     trained.clear()
