@@ -173,9 +173,9 @@ class EchoConfig(_Section):
 
 @with_trainer_options("training")
 class TrainingConfig(_Section):
-    """With the trainer's `clip_eps` (PPO's; unset: no clipping) and `loss_aggregation` (the RL term's
-    average, trainers/aggregation.py: "token_mean" (DAPO), "sequence_mean" (GRPO: per episode, then over
-    episodes), "constant" (Dr. GRPO: / tasks_per_step x group_size x max_turns x max_tokens))."""
+    """With the trainer's `loss_aggregation` (the RL term's average, trainers/aggregation.py: "token_mean"
+    (DAPO), "sequence_mean" (GRPO: per episode, then over episodes), "constant" (Dr. GRPO: / tasks_per_step x
+    group_size x max_turns x max_tokens))."""
 
     # small first-run defaults: `quaero check` prints the work they mean (episodes x turns x max_tokens)
     steps: int = Field(5, ge=0)
@@ -250,22 +250,19 @@ class TrainingConfig(_Section):
     guidance_traces: str | None = None
 
     @model_validator(mode="after")
-    def _a_policy_loss_that_runs(self) -> TrainingConfig:
-        low = self.clip_eps if self.clip_eps_low is None else self.clip_eps_low
-        if low is not None and low >= 1.0 and self.policy_loss in ("ppo_clip", "gspo"):
-            raise ValueError(f"clip_eps_low={low:g}: the clip range's lower end 1 - {low:g} is <= 0, below "
-                             "every ratio (the range inverts); use a value below 1 (DAPO: 0.2)")
+    def _a_correction_that_keeps_on_policy_tokens(self) -> TrainingConfig:
         if self.sampler_correction != "none" and self.sampler_correction_cap < 1.0:
             raise ValueError(f"sampler_correction_cap={self.sampler_correction_cap:g}: below 1, the "
                              f"{self.sampler_correction!r} weight of every on-policy token (1) would be cut; "
                              "use a cap >= 1 (TRL's default: 3)")
+        return self
+
+    @model_validator(mode="after")
+    def _members_a_group_has(self) -> TrainingConfig:
+        # judged again for each env of a mixture, with its own group_size (QuaeroConfig.views)
         if self.guidance != "none" and self.guided_members > self.group_size:
             raise ValueError(f"guided_members={self.guided_members} > group_size={self.group_size}: a group "
                              "has only group_size members to guide; use guided_members <= group_size")
-        if self.policy_loss == "gspo" and "importance_sampling_level" in self.model_fields_set \
-                and self.importance_sampling_level == "token":
-            raise ValueError("policy_loss='gspo' with importance_sampling_level='token': GSPO is the "
-                             "sequence ratio; drop the level, or use policy_loss='ppo_clip' (a token ratio)")
         return self
 
 
