@@ -130,13 +130,6 @@ OPTION_MEANINGS = {
     "training.steps": "RL steps (after the warm start)",
     "training.tasks_per_step": "tasks sampled per RL step",
     "training.group_size": "episodes per task; advantages are group-relative, so at least 2 for RL",
-    "training.advantage": "the baseline: `grpo` (the group's mean reward) or `rloo` (the mean of the others)",
-    "training.scale_rewards": ("divide advantages by the group's reward std (`group`), the step's "
-                               "(`batch`) or not at all (`none`)"),
-    "training.positive_advantage_weight": "multiplies positive advantages (W-REINFORCE: 0.1; 0: negative "
-                                          "samples only, NSR)",
-    "training.all_fail_advantage": "every member's advantage in a group with no success and no reward spread "
-                                   "(NSR: e.g. -1; 0: the group trains ECHO only)",
     "training.warmup_sft_steps": "warm-start SFT steps on the env's oracle demos, before RL",
     "training.oracle": "the warm start's demonstrator `package.module:function` (unset: `oracle_policy` "
                        "beside the entry)",

@@ -16,6 +16,7 @@ from pydantic import (
 
 from quaero import sampler_registry as samplers
 from quaero.chat import registry as chat_registry
+from quaero.config.advantages import AdvantageOptions
 from quaero.config.base import _Section, with_trainer_options
 
 
@@ -171,7 +172,7 @@ class EchoConfig(_Section):
         return weight
 
 
-@with_trainer_options("training")
+@with_trainer_options("training", AdvantageOptions)
 class TrainingConfig(_Section):
     """With the trainer's `loss_aggregation` (the RL term's average, trainers/aggregation.py: "token_mean"
     (DAPO), "sequence_mean" (GRPO: per episode, then over episodes), "constant" (Dr. GRPO: / tasks_per_step x
@@ -181,15 +182,6 @@ class TrainingConfig(_Section):
     steps: int = Field(5, ge=0)
     tasks_per_step: int = Field(4, ge=1)
     group_size: int = Field(4, ge=1)
-    # advantages (quaero/rollout/advantages.py): the baseline, "grpo" (the group's mean, today's) or "rloo"
-    # (the mean of the others); scale_rewards: divide by the group's reward std ("group", GRPO), the step's
-    # ("batch") or not at all ("none", today's); negative-sample reinforcement: positive_advantage_weight
-    # multiplies positive advantages (W-REINFORCE: 0.1; 0: negatives only), all_fail_advantage is every
-    # member's advantage in a group with no success and no spread (e.g. -1.0; 0: untrained, today's)
-    advantage: Literal["grpo", "rloo"] = "grpo"
-    scale_rewards: Literal["none", "group", "batch"] = "none"
-    positive_advantage_weight: float = Field(1.0, ge=0)
-    all_fail_advantage: float = Field(0.0, le=0)
     warmup_sft_steps: int = Field(0, ge=0)
     # the warm start's demonstrator, "package.module:function" (oracle_policy(info) -> policy); unset =
     # `oracle_policy` in the [env] entry's module. Required for a warm start against url/urls servers.

@@ -1,7 +1,8 @@
 """Group-relative advantages, the rollouts' one rule (the recipe's RL steps and `[data] traces_loss = "rl"`'s
 recorded groups both use it), and the overflow-safe mean it rests on.
 
-The estimators (`[training]`, names as TRL's GRPOConfig spells them where it has them):
+The estimators (`[training]`, quaero/config/advantages.py `AdvantageOptions`; names as TRL's GRPOConfig
+spells them where it has them):
 - `advantage = "grpo"` (today's): A_i = r_i - mean(r), the group's mean reward as the baseline;
   `"rloo"` (leave-one-out, Ahmadian et al. 2024, arXiv 2402.14740): A_i = r_i - mean_{j != i} r_j
   = n / (n - 1) (r_i - mean(r)).
@@ -20,26 +21,11 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+
+from quaero.config.advantages import AdvantageOptions
 
 STD_EPS = 1e-4  # TRL's, added to the std before dividing
-
-
-@dataclass(frozen=True)
-class AdvantageOptions:
-    """`[training]`'s advantage settings (quaero/config/ has their meaning; the defaults are today's)."""
-
-    advantage: str = "grpo"  # grpo | rloo
-    scale_rewards: str = "none"  # none | group | batch
-    positive_advantage_weight: float = 1.0
-    all_fail_advantage: float = 0.0
-
-    @classmethod
-    def of(cls, training: Any) -> AdvantageOptions:
-        """The settings of a `[training]` section (quaero/config/ TrainingConfig)."""
-        return cls(training.advantage, training.scale_rewards, training.positive_advantage_weight,
-                   training.all_fail_advantage)
+DEFAULT = AdvantageOptions()  # frozen: one shared default
 
 
 def safe_mean(xs: Sequence[float]) -> float:
@@ -65,7 +51,7 @@ def sample_std(xs: Sequence[float]) -> float:
 
 
 def group_advantages(rewards: list[float], successes: list[bool] | None = None,
-                     options: AdvantageOptions = AdvantageOptions(), batch_std: float | None = None
+                     options: AdvantageOptions = DEFAULT, batch_std: float | None = None
                      ) -> list[float]:
     """One group's advantages (the module docstring has each estimator). All-equal groups give exact zeros
     (a rounded mean would leave 1e-17s that count as trained action tokens: their rows train ECHO only), or
@@ -97,7 +83,7 @@ def group_advantages(rewards: list[float], successes: list[bool] | None = None,
 
 
 def step_advantages(groups: list[list[float]], successes: list[list[bool]] | None = None,
-                    options: AdvantageOptions = AdvantageOptions()) -> list[list[float]]:
+                    options: AdvantageOptions = DEFAULT) -> list[list[float]]:
     """Every group of one step: `group_advantages` of each, with the std of all their rewards for
     `scale_rewards = "batch"`."""
     pooled = [r for g in groups for r in g]

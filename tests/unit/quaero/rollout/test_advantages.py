@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from quaero.config import TrainingConfig
+from quaero.config import QuaeroConfig, TrainingConfig, settings_of
 from quaero.rollout.advantages import AdvantageOptions, group_advantages, step_advantages
 
 REWARDS = [1.0, 0.0, 0.0, 0.5]  # mean 0.375; sample std sqrt(((.625)^2 + 2 (.375)^2 + (.125)^2) / 3)
@@ -17,7 +17,7 @@ def close(xs, ys):
 
 
 def test_the_default_is_the_group_mean_baseline_without_std():
-    assert AdvantageOptions() == AdvantageOptions.of(TrainingConfig())
+    assert AdvantageOptions() == settings_of(AdvantageOptions, QuaeroConfig(env={"entry": "m:E"}))
     assert close(group_advantages(REWARDS), [0.625, -0.375, -0.375, 0.125])
     assert group_advantages([0.0, 0.0, 0.0]) == [0.0] * 3  # an all-fail group: no signal (ECHO only)
 
