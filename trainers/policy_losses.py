@@ -41,7 +41,6 @@ bounds) from here before torch is imported.
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -248,18 +247,14 @@ LOSSES: dict[str, type[PolicyLoss]] = {c.type: c for c in (PPOClip, GSPO, CISPO,
 def custom_loss(import_path: str, kwargs: dict[str, Any]) -> PolicyLoss:
     """The user's own loss: the `PolicyLoss` subclass `import_path` ("package.module:Class") names, built
     with `kwargs`. Raises ValueError saying what is wrong and how to fix it."""
-    module, _, name = import_path.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except ImportError as e:
-        raise ValueError(f"import_path={import_path!r}: cannot import {module!r} ({e}); make it importable "
-                         "here (on PYTHONPATH, or an installed package)") from None
-    except AttributeError:
-        raise ValueError(f"import_path={import_path!r}: {module!r} has no {name!r}; name a PolicyLoss "
-                         "subclass it defines") from None
-    if not (isinstance(cls, type) and issubclass(cls, PolicyLoss)):
-        raise ValueError(f"import_path={import_path!r} is not a trainers.policy_losses.PolicyLoss subclass; "  # noqa: TRY004 (a config error)
-                         "subclass it and define token_loss (docs/reference.md, \"Your own policy loss\")")
+    from quaero.resolve import resolve_name
+
+    def is_loss(c: Any) -> bool:
+        return isinstance(c, type) and issubclass(c, PolicyLoss)
+
+    cls = resolve_name(import_path, "import_path", want=is_loss, error=ValueError,
+                       example="my_loss:Reinforce",
+                       wanted="a PolicyLoss subclass (docs/reference.md, \"Your own policy loss\")")
     try:
         return cls(**kwargs)
     except TypeError as e:

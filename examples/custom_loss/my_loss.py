@@ -30,3 +30,13 @@ class Reinforce(PolicyLoss):
 
     def describe(self, r: str) -> str:  # `quaero check`'s loss line
         return f"-{self.coef:g} A log pi (REINFORCE, no ratio)"
+
+
+def rank_baseline(rewards: list[float]) -> list[float]:
+    """An advantage estimator of your own (`[training] advantage = "my_loss:rank_baseline"`): each member's
+    rank among its group's rewards, centred (ties share their mean rank): a group's advantages from its
+    rewards, before quaero's `scale_rewards` and `positive_advantage_weight`."""
+    order = sorted(rewards)
+    ranks = [(order.index(r) + len(order) - 1 - order[::-1].index(r)) / 2 for r in rewards]
+    mean = sum(ranks) / len(ranks)
+    return [r - mean for r in ranks]

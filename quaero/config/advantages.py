@@ -7,16 +7,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from quaero.resolve import resolve_name
 from trainers.spec import option
+
+# the built-in estimators (quaero/rollout/advantages.py ESTIMATORS holds each one's formula)
+ESTIMATORS = ("grpo", "rloo")
+
+
+def check_estimator(name: str) -> str:
+    """`name` if it is a built-in estimator or names a function of the user's own (imported here, so a bad
+    one fails at config load); raises ValueError in one line otherwise."""
+    if name not in ESTIMATORS:
+        resolve_name(name, "advantage", want=callable, wanted="a function (rewards: list[float]) -> "
+                     "list[float]", error=ValueError, example="my_advantages:rank_baseline")
+    return name
 
 
 @dataclass(frozen=True)
 class AdvantageOptions:
     """How a group's rewards become its members' advantages (the defaults are quaero's first estimator)."""
 
-    advantage: Literal["grpo", "rloo"] = option(
+    advantage: str = option(
         "grpo", "training.advantage",
-        about="the baseline: `grpo` (the group's mean reward) or `rloo` (the mean of the others)")
+        about="the baseline: `grpo` (the group's mean reward), `rloo` (the mean of the others), or "
+              "`package.module:function` of your own, (rewards: list[float]) -> list[float], a group's "
+              "advantages before `scale_rewards` and `positive_advantage_weight`")
     scale_rewards: Literal["none", "group", "batch"] = option(
         "none", "training.scale_rewards",
         about="divide advantages by the group's reward std (`group`), the step's (`batch`) or not at all "

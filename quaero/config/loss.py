@@ -55,9 +55,6 @@ class CustomLoss(_Section):
 
     @model_validator(mode="after")
     def _importable(self) -> CustomLoss:
-        module, _, name = self.import_path.partition(":")
-        if not module or not name:
-            raise ValueError(f"import_path={self.import_path!r}: write it as \"package.module:Class\"")
         self._loss = custom_loss(self.import_path, self.kwargs)
         return self
 

@@ -16,7 +16,7 @@ from pydantic import (
 
 from quaero import sampler_registry as samplers
 from quaero.chat import registry as chat_registry
-from quaero.config.advantages import AdvantageOptions
+from quaero.config.advantages import AdvantageOptions, check_estimator
 from quaero.config.base import _Section, with_trainer_options
 
 
@@ -240,6 +240,11 @@ class TrainingConfig(_Section):
     # prompt no recording reached (a task not recorded, an env that answered otherwise) is dropped, counted
     # (`guides_unmatched`)
     guidance_traces: str | None = None
+
+    @field_validator("advantage", check_fields=False)  # an AdvantageOptions option
+    @classmethod
+    def _an_estimator(cls, name: str) -> str:
+        return check_estimator(name)
 
     @model_validator(mode="after")
     def _a_correction_that_keeps_on_policy_tokens(self) -> TrainingConfig:

@@ -5,7 +5,8 @@ The estimators (`[training]`, quaero/config/advantages.py `AdvantageOptions`; na
 spells them where it has them):
 - `advantage = "grpo"` (today's): A_i = r_i - mean(r), the group's mean reward as the baseline;
   `"rloo"` (leave-one-out, Ahmadian et al. 2024, arXiv 2402.14740): A_i = r_i - mean_{j != i} r_j
-  = n / (n - 1) (r_i - mean(r)).
+  = n / (n - 1) (r_i - mean(r)); or `"package.module:function"`, an estimator of your own: a group's rewards
+  -> its advantages, then scaled and weighted as the built-in ones (examples/custom_loss/my_loss.py).
 - `scale_rewards = "none"` (today's; Dr. GRPO, arXiv 2503.20783: no std, so a group whose rewards are nearly
   equal is not blown up into a large signal), `"group"` (GRPO's A / (std(r of the group) + 1e-4)) or
   `"batch"` (A / (std(r of every kept group of the step) + 1e-4); Hu et al. 2025, REINFORCE++'s batch
@@ -20,9 +21,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from quaero.config.advantages import AdvantageOptions
+from quaero.resolve import resolve_name
 
 STD_EPS = 1e-4  # TRL's, added to the std before dividing
 DEFAULT = AdvantageOptions()  # frozen: one shared default
@@ -63,12 +65,7 @@ def group_advantages(rewards: list[float], successes: list[bool] | None = None,
     if min(rewards) == max(rewards):
         failed = not any(successes) if successes is not None else max(rewards) <= 0.0
         return [options.all_fail_advantage if failed else 0.0] * len(rewards)
-    mean = safe_mean(rewards)
-    advs = [r - mean for r in rewards]
-    if options.advantage == "rloo":
-        advs = [a * len(rewards) / (len(rewards) - 1) for a in advs]
-    elif options.advantage != "grpo":
-        raise ValueError(f"advantage={options.advantage!r}: use 'grpo' or 'rloo'")
+    advs = estimator(options.advantage)(rewards)
     if options.scale_rewards == "group":
         advs = [a / (sample_std(rewards) + STD_EPS) for a in advs]
     elif options.scale_rewards == "batch":
@@ -80,6 +77,30 @@ def group_advantages(rewards: list[float], successes: list[bool] | None = None,
     if options.positive_advantage_weight != 1.0:
         advs = [a * options.positive_advantage_weight if a > 0 else a for a in advs]
     return advs if all(abs(a) <= MAX_ABS_ADVANTAGE for a in advs) else [math.inf] * len(advs)
+
+
+def grpo(rewards: list[float]) -> list[float]:
+    """The group's mean reward as the baseline: A_i = r_i - mean(r)."""
+    mean = safe_mean(rewards)
+    return [r - mean for r in rewards]
+
+
+def rloo(rewards: list[float]) -> list[float]:
+    """Leave-one-out: A_i = r_i - mean_{j != i} r_j = n / (n - 1) (r_i - mean(r))."""
+    return [a * len(rewards) / (len(rewards) - 1) for a in grpo(rewards)]
+
+
+# The estimators by their `[training] advantage` name (quaero/config/advantages.py lists the names)
+ESTIMATORS: dict[str, Callable[[list[float]], list[float]]] = {"grpo": grpo, "rloo": rloo}
+
+
+def estimator(name: str) -> Callable[[list[float]], list[float]]:
+    """The estimator `name` is: a built-in one, or the user's `package.module:function` (a group's rewards ->
+    its advantages, before `scale_rewards` and `positive_advantage_weight`)."""
+    if name in ESTIMATORS:
+        return ESTIMATORS[name]
+    return resolve_name(name, "[training] advantage", want=callable, wanted="a function (rewards: "
+                        "list[float]) -> list[float]", error=ValueError)
 
 
 def step_advantages(groups: list[list[float]], successes: list[list[bool]] | None = None,

@@ -66,10 +66,10 @@ def test_the_check_line_names_the_users_loss(my_loss):
 
 
 @pytest.mark.parametrize("settings, says", [
-    (["loss.policy.import_path='my_loss'"], "write it as \"package.module:Class\""),
-    (["loss.policy.import_path='no_such_module:X'"], "cannot import 'no_such_module'"),
-    (["loss.policy.import_path='my_loss:Missing'"], "'my_loss' has no 'Missing'"),
-    (["loss.policy.import_path='my_loss:dataclass'"], "is not a trainers.policy_losses.PolicyLoss subclass"),
+    (["loss.policy.import_path='my_loss'"], "expected 'package.module:Name'"),
+    (["loss.policy.import_path='no_such_module:X'"], "cannot import module 'no_such_module'"),
+    (["loss.policy.import_path='my_loss:Missing'"], "module 'my_loss' has no attribute 'Missing'"),
+    (["loss.policy.import_path='my_loss:dataclass'"], "'dataclass' is a function, not a PolicyLoss subclass"),
     (["loss.policy.kwargs={coeff = 1.0}"], "unexpected keyword argument 'coeff'"),
     (["loss.policy.clip_eps_high=0.3"], "[loss.policy] clip_eps_high: unknown key"),
 ])
