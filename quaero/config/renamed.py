@@ -23,12 +23,16 @@ _KNOBS = {
 }
 
 
-def migrate(data: dict[str, Any], source: str) -> list[str]:
-    """Rewrite the old keys of `data` (the parsed TOML) to today's, in place; one deprecation line each."""
+def migrate(data: dict[str, Any], source: str, *, dump: bool = False) -> list[str]:
+    """Rewrite the old keys of `data` (the parsed TOML) to today's, in place; one deprecation line each.
+    `dump`: `data` is an old run's config.json (every key, unset ones None, GSPO's level "token" by default):
+    rewritten without judging it, so a resume compares like with like (quaero/recipe/run_state.py)."""
     training = data.get("training")
     if not isinstance(training, dict) or not any(k in training for k in POLICY_KEYS):
         return []
     old = {k: training.pop(k) for k in POLICY_KEYS if k in training}
+    if dump and old.get("policy_loss") == "gspo":
+        old.pop("importance_sampling_level", None)
     return _policy_loss(data, old, source)
 
 
@@ -63,7 +67,7 @@ def _policy_loss(data: dict[str, Any], old: dict[str, Any], source: str) -> list
         note("policy_loss", f"write [loss.policy] type = {_toml(kind)}")
     for key in ("clip_eps_low", "clip_eps_high"):  # each side: its own key, else the symmetric clip_eps
         if key in knobs and (key in old or "clip_eps" in old):
-            new[key] = old.get(key, old.get("clip_eps"))
+            new[key] = old[key] if old.get(key) is not None else old.get("clip_eps", 0.2)
     if "clip_eps" in old:
         sides = [k for k in ("clip_eps_low", "clip_eps_high") if k in knobs and k not in old]
         written = " and ".join(f"[loss.policy] {k} = {_toml(old['clip_eps'])}" for k in sides)
@@ -73,8 +77,8 @@ def _policy_loss(data: dict[str, Any], old: dict[str, Any], source: str) -> list
         if key in ("policy_loss", "clip_eps"):
             continue
         if key in knobs:
-            new[knobs[key]] = value
-            note(key, f"write [loss.policy] {knobs[key]} = {_toml(value)}")
+            new.setdefault(knobs[key], value)  # a clip end is set above (unset: clip_eps's)
+            note(key, f"write [loss.policy] {knobs[key]} = {_toml(new[knobs[key]])}")
         else:
             note(key, f"it has no effect with [loss.policy] type = {_toml(kind)}; remove it")
     loss["policy"] = new

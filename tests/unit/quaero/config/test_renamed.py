@@ -71,3 +71,20 @@ def test_check_prints_the_deprecations_after_the_config_line(tmp_path):
     assert lines[0] == f"config      {path}"
     assert lines[1] == (f"deprecated  {path} [training] clip_eps_high is deprecated: write [loss.policy] "
                         "clip_eps_high = 0.28")
+
+
+@pytest.mark.parametrize("variant", ["ppo_clip", "gspo", "cispo", "sapo"])
+def test_an_old_runs_config_json_compares_equal_to_its_new_spelling(variant):
+    """A resume of a run written before [loss.policy] (its config.json has [training]'s old keys, every one,
+    unset ones null) sees no changed key (quaero/recipe/run_state.py `note_changed_config`)."""
+    from quaero.config import changed_keys
+    from quaero.config.renamed import migrate
+
+    now = load_config(MAIN, [f"loss.policy.type='{variant}'"]).model_dump(mode="json")
+    before = {**now, "training": {**now["training"], "policy_loss": variant, "clip_eps": 0.2,
+                                  "clip_eps_low": None, "clip_eps_high": None,
+                                  "importance_sampling_level": "sequence" if variant == "gspo" else "token",
+                                  "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05}}
+    before.pop("loss")
+    migrate(before, "config.json", dump=True)
+    assert changed_keys(before, now) == {}
