@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Literal
 
 from trainers.policy_losses import Behaviour, PolicyLoss, PPOClip
@@ -22,6 +22,12 @@ def option(default: Any, key: str, *, about: str, **bounds: Any) -> Any:
     """A trainer option: its default, the config key that sets it ("backend.lr" is `[backend] lr`), what it
     means (docs/reference.md's options table) and the bounds the config checks (pydantic's gt, ge, lt, le)."""
     return field(default=default, metadata={"key": key, "about": about, "bounds": bounds})
+
+
+def reads(key: str, default: Any = MISSING) -> Any:
+    """A role's setting that another owner defines (a config section, or an `option` of the trainer's): the
+    config key `spec_from` reads it at; no option of its own (`options` skips it)."""
+    return field(default=default, metadata={"key": key, "reads": True})
 
 
 @dataclass(frozen=True)
@@ -296,7 +302,7 @@ def options(cls: type = TrainerSpec, path: tuple[str, ...] = ()) -> list[Option]
     for f in fields(cls):
         if is_dataclass(hints[f.name]):
             out += options(hints[f.name], (*path, f.name))
-        elif "key" in f.metadata:
+        elif "key" in f.metadata and not f.metadata.get("reads"):
             out.append(Option((*path, f.name), f.metadata["key"], hints[f.name], f.default,
                               f.metadata["about"], f.metadata["bounds"]))
     return out
