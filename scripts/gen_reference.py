@@ -130,14 +130,6 @@ OPTION_MEANINGS = {
     "training.steps": "RL steps (after the warm start)",
     "training.tasks_per_step": "tasks sampled per RL step",
     "training.group_size": "episodes per task; advantages are group-relative, so at least 2 for RL",
-    "training.advantage": "the baseline: `grpo` (the group's mean reward) or `rloo` (the mean of the others)",
-    "training.scale_rewards": ("divide advantages by the group's reward std (`group`), the step's "
-                               "(`batch`) or not at all (`none`)"),
-    "training.positive_advantage_weight": "multiplies positive advantages (W-REINFORCE: 0.1; 0: negative "
-                                          "samples only, NSR); at most 100",
-    "training.all_fail_advantage": "every member's advantage in a group with no success and no reward spread "
-                                   "(NSR: e.g. -1; 0: the group trains ECHO only); -100 to 0 (past it the "
-                                   "loss overflows and nothing trains)",
     "training.warmup_sft_steps": "warm-start SFT steps on the env's oracle demos, before RL",
     "training.oracle": "the warm start's demonstrator `package.module:function` (unset: `oracle_policy` "
                        "beside the entry)",
@@ -272,12 +264,48 @@ def option_rows(model: type[BaseModel] | None = None, section: str = "") -> list
     for key, field in model.model_fields.items():
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
             continue  # a sub-section, listed after this one
+        if _variants(field.annotation):
+            kinds = ", ".join(f"`{v.model_fields['type'].default}`" for v in _variants(field.annotation))
+            default = f"type = {_toml(field.get_default(call_default_factory=True).type)}"
+            rows.append((section, key, "table", default,
+                         f"{field.description} (`[{section}.{key}]` below: `type` = {kinds}, and its keys)"))
+            continue
         default = "required" if field.is_required() else _toml(field.get_default(call_default_factory=True))
         meaning = field.description or {**OPTION_MEANINGS, **registry_meanings()}.get(f"{section}.{key}", "")
         rows.append((section, key, _type(field.annotation), default, meaning))
     for key, field in model.model_fields.items():
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
             rows += option_rows(field.annotation, f"{section}.{key}")
+        elif _variants(field.annotation):
+            kind = field.get_default(call_default_factory=True).type
+            rows += variant_rows(_variants(field.annotation), f"{section}.{key}", kind)
+    return rows
+
+
+def _variants(annotation: Any) -> list[type[BaseModel]]:
+    """The sections of a table picked by its `type` (a union of sections, e.g. `[loss.policy]`), else []."""
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    args = typing.get_args(annotation) if union else ()
+    return [a for a in args if isinstance(a, type) and issubclass(a, BaseModel) and "type" in a.model_fields]
+
+
+def variant_rows(variants: list[type[BaseModel]], section: str, kind: str) -> list[tuple[str, str, str, str,
+                                                                                           str]]:
+    """One row per key of a table picked by `type`, the variants that take it named in its meaning."""
+    takes: dict[str, dict[str, list[str]]] = {}  # key -> its meaning -> the variants that take it so
+    first: dict[str, Any] = {}
+    for v in variants:
+        for key, field in v.model_fields.items():
+            if key != "type":
+                meanings = takes.setdefault(key, {})
+                meanings.setdefault(field.description or "", []).append(v.model_fields["type"].default)
+                first.setdefault(key, field)
+    rows = [(section, "type", " \\| ".join(v.model_fields["type"].default for v in variants), _toml(kind),
+             "which variant; the keys below are each variant's own")]
+    for key, field in first.items():
+        default = "required" if field.is_required() else _toml(field.get_default(call_default_factory=True))
+        rows.append((section, key, _type(field.annotation), default, "; ".join(
+            f"({', '.join(f'`{t}`' for t in kinds)}) {meaning}" for meaning, kinds in takes[key].items())))
     return rows
 
 

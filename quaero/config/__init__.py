@@ -10,7 +10,8 @@ section takes), `sections` (every section but the envs'), `envs` ([env], [[envs]
 (`QuaeroConfig` and what changed between two configs), `load` (TOML and overrides in, one error line out,
 the rules). Everything a caller needs is importable from `quaero.config`.
 """
-from quaero.config.base import ConfigError, with_trainer_options
+from quaero.config.advantages import AdvantageOptions
+from quaero.config.base import ConfigError, settings_of, with_trainer_options
 from quaero.config.envs import (
     AGGREGATE,
     MAX_TASK_WEIGHT,
@@ -36,8 +37,9 @@ from quaero.config.sections import (
 )
 from quaero.task_sampler_registry import TASK_SAMPLERS
 
-__all__ = ["AGGREGATE", "MAX_TASK_WEIGHT", "SINGLE", "TASK_SAMPLERS", "UNTRAINED_KEYS", "BackendConfig",
+__all__ = ["AGGREGATE", "MAX_TASK_WEIGHT", "SINGLE", "TASK_SAMPLERS", "UNTRAINED_KEYS", "AdvantageOptions",
+           "BackendConfig",
            "BackendOptions", "ConfigError", "DataConfig", "DistributedConfig", "EchoConfig", "EnvConfig",
            "LoggingConfig", "MixtureEnv", "ModelConfig", "QuaeroConfig", "RunConfig", "SamplerConfig",
            "TaskSamplerConfig", "TrainingConfig", "changed_keys", "check_rules", "load_config",
-           "parse_override", "shares_of", "with_trainer_options"]
+           "parse_override", "settings_of", "shares_of", "with_trainer_options"]

@@ -35,6 +35,7 @@ def plan_lines(cfg, source: str) -> list[str]:
         sampler += ", hf on each rank of `quaero train --nproc N`"
     lines = [
         f"config      {source}",
+        *(f"deprecated  {line}" for line in cfg.deprecations),
         f"run         {cfg.run.name} -> {cfg.run_dir} (seed {cfg.run.seed}, device {cfg.run.device})",
         (f"model       {cfg.model.name} ({cfg.model.dtype}), renderer "
          f"{cfg.model._chosen or repr(cfg.model.renderer)}"
@@ -55,7 +56,7 @@ def plan_lines(cfg, source: str) -> list[str]:
          f"(include_scaffold={cfg.echo.include_scaffold})"),
         (f"training    steps={cfg.training.steps} x {cfg.training.tasks_per_step} tasks x group "
          f"{cfg.training.group_size}, warmup_sft_steps={cfg.training.warmup_sft_steps} "
-         f"(lr {cfg.lr_for(sft=True)}), clip_eps={cfg.training.clip_eps}, lr={cfg.lr_for(sft=False)}, "
+         f"(lr {cfg.lr_for(sft=True)}), lr={cfg.lr_for(sft=False)}, "
          f"loss_aggregation={cfg.training.loss_aggregation!r}, "
          f"dynamic_sampling={cfg.training.dynamic_sampling}"
          + (f" (<= {cfg.training.dynamic_sampling_max_groups:g}x groups)" if cfg.training.dynamic_sampling
@@ -76,12 +77,10 @@ def plan_lines(cfg, source: str) -> list[str]:
 # trainer_option_lines prints every other one.
 SHOWN_WITH_THEIR_SECTION = ("run.seed", "model.name", "model.dtype", "sampler.temperature", "backend.lora",
                             "backend.lora_r", "backend.lora_alpha", "echo.enabled", "echo.weight",
-                            "echo.normalization", "training.clip_eps", "training.loss_aggregation",
-                            # the loss line (policy_loss_line) prints these
-                            "training.policy_loss", "training.clip_eps_low", "training.clip_eps_high",
-                            "training.importance_sampling_level", "training.sampler_correction",
-                            "training.sampler_correction_cap", "training.sapo_temperature_pos",
-                            "training.sapo_temperature_neg", "training.steps_per_generation",
+                            "echo.normalization", "training.loss_aggregation",
+                            # the loss line (policy_loss_line) prints these, and [loss.policy]
+                            "training.sampler_correction", "training.sampler_correction_cap",
+                            "training.steps_per_generation",
                             "training.num_iterations", "training.beta", "training.kl_estimator",
                             # the guidance line prints it
                             "training.guidance_gamma")

@@ -298,6 +298,7 @@ def rl_loss_constant(cfg: QuaeroConfig) -> int:
 
 def trainer_spec(cfg: QuaeroConfig) -> TrainerSpec:
     """The part of the config a trainer reads: every option trainers/spec.py declares, read at its config
-    key, and Dr. GRPO's normaliser, which the config implies."""
+    key, Dr. GRPO's normaliser, which the config implies, and the policy loss `[loss.policy]` makes."""
     constant = rl_loss_constant(cfg) if cfg.training.loss_aggregation == "constant" else 0
-    return spec_from(lambda key: attrgetter(key)(cfg), loss_constant=constant)
+    return spec_from(lambda key: attrgetter(key)(cfg), loss_constant=constant,
+                     policy_loss=cfg.loss.policy.build())

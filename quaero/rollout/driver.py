@@ -35,6 +35,7 @@ from quaero.telemetry import names
 from quaero.telemetry.counts import RolloutCounts
 from quaero.telemetry.proofs import MAX_SAMPLER_LOGPROB
 from quaero.telemetry.runlog import get_logger
+from trainers.spec import reads
 
 log = get_logger(__name__)
 
@@ -133,27 +134,22 @@ class _Live:
 @dataclass(frozen=True)
 class DriverSettings:
     """The settings the driver reads, of one env (a mixture's envs each have their own): its turn limit and
-    message budget, the context and completion budgets, how rows are built, strictness and the seed."""
+    message budget, the context and completion budgets, how rows are built, strictness and the seed. Each
+    field names the config key it reads (`reads`); `quaero.config.settings_of(DriverSettings, view)` builds
+    it from a one-env config (a mixture env's view, `QuaeroConfig.views`)."""
 
-    max_turns: int
-    observation_token_limit: int  # [env] max_observation_tokens, else half the context
-    max_tokens: int  # [sampler] max_tokens
-    max_seq_len: int  # [model] max_seq_len
-    packing: bool = True  # [training] packing
-    include_scaffold: bool = False  # [echo] include_scaffold
-    strict: bool = False  # [training] strict
-    seed: int = 0  # [run] seed: the sampler seeds of a run() without its own
-    # [env] step_timeout_s: a scripted policy's (the oracle's: a warm start's demonstrator, a guide) bound on
-    # one call, user code as an env step is (None: unbounded)
-    policy_timeout_s: float | None = None
-
-    @classmethod
-    def of(cls, cfg) -> DriverSettings:
-        """A one-env config's (a mixture env's view, quaero/config/ `QuaeroConfig.views`)."""
-        return cls(max_turns=cfg.env.max_turns, observation_token_limit=cfg.observation_token_limit,
-                   max_tokens=cfg.sampler.max_tokens, max_seq_len=cfg.model.max_seq_len,
-                   packing=cfg.training.packing, include_scaffold=cfg.echo.include_scaffold,
-                   strict=cfg.training.strict, seed=cfg.run.seed, policy_timeout_s=cfg.env.step_timeout_s)
+    max_turns: int = reads("env.max_turns")
+    # [env] max_observation_tokens, else half the context
+    observation_token_limit: int = reads("observation_token_limit")
+    max_tokens: int = reads("sampler.max_tokens")
+    max_seq_len: int = reads("model.max_seq_len")
+    packing: bool = reads("training.packing", True)
+    include_scaffold: bool = reads("echo.include_scaffold", False)
+    strict: bool = reads("training.strict", False)
+    seed: int = reads("run.seed", 0)  # the sampler seeds of a run() without its own
+    # a scripted policy's (the oracle's: a warm start's demonstrator, a guide) bound on one call, user code as
+    # an env step is (None: unbounded)
+    policy_timeout_s: float | None = reads("env.step_timeout_s", None)
 
 
 class EpisodeDriver:

@@ -105,8 +105,9 @@ IMPORTANCE_RATIO_MEAN = _step.per_step("importance_ratio_mean",
                                        "mean ratio r on trained action tokens: trainer / sampler, or trainer "
                                        "/ its own recorded log-probs under a `sampler_correction` (GSPO: s)")
 CLIP_FRACTION = _step.per_step("clip_fraction", "fraction of those tokens whose ratio was clipped")
-POLICY_LOSS = _step.latest("policy_loss", "the RL term's variant: `ppo_clip`, `gspo`, `cispo` or `sapo` "
-                                          "(`[training] policy_loss`; `sft` on warm-start steps)")
+POLICY_LOSS = _step.latest("policy_loss", "the RL term's variant: `ppo_clip`, `gspo`, `cispo`, `sapo` or a "
+                                          "custom loss's `module:Class` (`[loss.policy] type`; `sft` on "
+                                          "warm-start steps)")
 CLIP_LOW_FRACTION = _step.per_step("clip_low_fraction", "fraction of RL tokens whose ratio fell below "
                                    "1 - clip_eps_low with A < 0 (the clip binds: no gradient)")
 CLIP_HIGH_FRACTION = _step.per_step("clip_high_fraction", "fraction above 1 + clip_eps_high with A > 0 "

@@ -204,6 +204,7 @@ def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan,
     """All (repeat, task) episodes of one contestant through training evaluation's loop (quaero/recipe/
     evaluation.py `eval_episodes`); each repeat's records are appended to `kept` as they finish (an
     interrupted eval writes those)."""
+    from quaero.config import settings_of
     from quaero.recipe.evaluation import eval_episodes
     from quaero.rollout.driver import DriverSettings, EpisodeDriver
     from quaero.rollout.render import RenderAdapter
@@ -218,7 +219,7 @@ def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan,
         raise EvalError(f"--model {who.label}: cannot load it ({error_line(e, 200)}); pass a folder `quaero "
                         "export` wrote (safetensors), a run folder or a hub model") from None
     pool.counts.snapshot_and_reset()  # this contestant's counts only
-    driver = EpisodeDriver(render, sampler, DriverSettings.of(cfg), pool.counts)
+    driver = EpisodeDriver(render, sampler, settings_of(DriverSettings, cfg), pool.counts)
     records = [] if kept is None else kept
     try:
         for r in range(plan.seeds):

@@ -13,7 +13,7 @@ from fixtures.toyenv import TOOLS, ToyChatEnv, oracle
 from pydantic import ValidationError
 
 from quaero.bounded import CallTimeout
-from quaero.config import ConfigError, QuaeroConfig, check_rules
+from quaero.config import ConfigError, QuaeroConfig, check_rules, settings_of
 from quaero.preflight.guidance_lines import guidance_lines, schedule_warning
 from quaero.recipe.groups import learn, play_groups, signal_metrics
 from quaero.recipe.guidance import members_at
@@ -48,7 +48,7 @@ def _parts(render, **training):
     sampler = WrongAnswers(render)
     pool = SimpleNamespace(sessions=[ToyChatEnv() for _ in range(GROUP)], tasks=None,
                            task_spec=lambda split, index: {})
-    env = EnvRun("env", cfg, pool, EpisodeDriver(render, sampler, DriverSettings.of(cfg), counts),
+    env = EnvRun("env", cfg, pool, EpisodeDriver(render, sampler, settings_of(DriverSettings, cfg), counts),
                  env_tasks("env", cfg, pool), oracle=oracle)
     return RunParts(cfg, None, sampler, render, [env], counts, False, Mixture({"env": 1.0})), counts
 

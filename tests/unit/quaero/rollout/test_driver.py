@@ -8,6 +8,7 @@ from fixtures.badreply import INJECTION
 from fixtures.rollout import IM_END, assert_exact, drive, make_cfg, spans_of, target_logprobs, text
 from fixtures.toyenv import ChatStep, HostileToyEnv, ToyChatEnv, oracle
 
+from quaero.config import settings_of
 from quaero.models.qwen3 import QWEN3_ADDED
 from quaero.openenv_client import EpisodeDropped
 from quaero.rollout.driver import DriverSettings, EpisodeDriver, ExactnessError
@@ -190,8 +191,8 @@ def test_the_trainer_measures_the_sampler_vs_trainer_logprob_gap_of_sampled_rows
 
 def test_run_seed_makes_sampled_episodes_reproducible(qwen3_render, tiny_hf_sampler):
     def actions(seed):
-        driver = EpisodeDriver(qwen3_render, tiny_hf_sampler, DriverSettings.of(make_cfg(env__max_turns=2)),
-                               RolloutCounts())
+        settings = settings_of(DriverSettings, make_cfg(env__max_turns=2))
+        driver = EpisodeDriver(qwen3_render, tiny_hf_sampler, settings, RolloutCounts())
         groups = driver.run([ToyChatEnv(), ToyChatEnv()], [{"index": 0}], group_size=2, seed=seed)
         return [t.action_ids for ep in groups[0] for t in ep.transitions]
 
