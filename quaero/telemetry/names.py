@@ -130,6 +130,19 @@ COMPILE_MODE = _branch.latest("local_train_compile_selective_ce_mode", "`off`, `
 COMPILE_FALLBACK_REASON = _branch.latest("local_train_compile_selective_ce_fallback_reason",
                                          "why compiled CE did not run in `auto` mode")
 SAVE_ON_CPU = _branch.latest("local_train_save_on_cpu", "saved-tensor CPU offload is on")
+TREE_PACKING = _branch.latest("local_train_tree_packing", "`train_tree_packing`: `off`, `auto` or `on`")
+TREE_BATCHES = _branch.count("local_train_tree_batches",
+                             "microbatches forwarded once as a token trie (trainers/tree.py)")
+TREE_UNIQUE_TOKENS = _branch.count("local_train_tree_unique_tokens",
+                                   "the tries' unique tokens, over the microbatches packing considered")
+TREE_ROW_TOKENS = _branch.count("local_train_tree_row_tokens", "those microbatches' row tokens")
+TREE_TOKEN_RATIO = _branch.per_step("local_train_tree_token_ratio",
+                                    "unique / row tokens of the step's tries (1: nothing shared; none with "
+                                    "packing off)")
+TREE_FALLBACK_BATCHES = _branch.count("local_train_tree_fallback_batches",
+                                      "microbatches packing was asked for and the rows ran (the model cannot "
+                                      "take the ancestor mask)")
+TREE_FALLBACK_REASON = _branch.latest("local_train_tree_fallback_reason", "why, the latest given")
 SELECTIVE_METRICS = (SELECTIVE_SUFFIX_LOGITS, SPARSE_SUFFIX_SKIPS, HIDDEN_BATCHES, COMPILED_CE_BATCHES,
                      SUFFIX_BATCHES, FALLBACK_BATCHES, COMPILE_MODE, COMPILE_FALLBACK_REASON)
 

@@ -336,6 +336,10 @@ def summarize(run: dict) -> RunSummary:
             # the latest reason given (a step with no targets attempts no compile and gives none)
             names.COMPILE_FALLBACK_REASON: _last(reasons, names.COMPILE_FALLBACK_REASON, ""),
             **{k: _sum(steps, k) for k in proofs.BRANCH_COUNTERS},
+            names.TREE_PACKING: _last(steps, names.TREE_PACKING, "off"),
+            **{k: _sum(steps, k) for k in proofs.TREE_COUNTERS},
+            names.TREE_FALLBACK_REASON: _last([e for e in steps if e.get(names.TREE_FALLBACK_REASON)],
+                                              names.TREE_FALLBACK_REASON, ""),
         },
         rl_vs_warm_start=rl_over_warm_start(run),  # paired per task
         rl_signal_groups=signal,
