@@ -303,7 +303,8 @@ def shared_forward_step(trainer: TrainerView, rows: list[EchoRow], *, sft: bool,
                                    old_logprobs=None if old_logprobs is None else [old_logprobs[i]
                                                                                    for i in share],
                                    ref_logprobs=None if ref_logprobs is None else [ref_logprobs[i]
-                                                                                   for i in share])
+                                                                                   for i in share],
+                                   by_prefix=spec.tree_packing != "off")
     tokens = process_group.all_sum([sum(int(mb.targets(term.name).sum()) for mb in mbs) for term in TERMS])
     totals = StepTotals.empty({term.name: n for term, n in zip(TERMS, tokens)}, rows=len(share),
                               microbatches=len(mbs), row_tokens=sum(mb.tokens for mb in mbs),
@@ -384,7 +385,8 @@ def audit_logprobs(trainer: TrainerView, rows: list[EchoRow], temperature: float
     try:
         reads = [[a or w > 0.0 for a, w in zip(r.action_mask, r.echo_weights)] for r in rows]
         mbs, _ = build_microbatches(rows, micro_batch_tokens=trainer.spec.micro_batch_tokens, weights={},
-                                    reads=reads, device=trainer.device)
+                                    reads=reads, device=trainer.device,
+                                    by_prefix=trainer.spec.tree_packing != "off")
         out: list[list[float]] = [[] for _ in rows]
         for mb in mbs:
             lp, _ = microbatch_logprobs(trainer, mb, temperature)
