@@ -8,7 +8,8 @@ The rows are the main job's RL shape: `groups` groups of `members` rows, each gr
 (RL advantage +/-1) and an environment response (ECHO weight 1) to about `row_len` tokens. Each model trains
 the same rows with `train_tree_packing` "off" (the rows) and "on" (their trie, trainers/tree.py), each arm in
 a fresh process from the same weights: the first step's loss and gradient norm must agree (the exactness
-check), then the median of `steps` timed steps after one warm-up and the steps' peak RSS (the process's, the
+check), then the median of `steps` timed steps after one warm-up, in wall seconds and in the process's CPU
+seconds (the fair figure on a machine other work shares), and the steps' peak RSS (the process's, the
 model included: `peak_mem_mb`, source `rss_since_reset`).
 """
 from __future__ import annotations
@@ -46,9 +47,11 @@ def rl_rows(groups: int, members: int, prompt: int, row_len: int, vocab: int, se
 
 def arm(args) -> dict:
     """One arm in this process: the first step's figures, then the timed steps'."""
+    import time
+
     import torch
 
-    from benchmarks.trainstep import config_spec, make_trainer, timed_steps
+    from benchmarks.trainstep import config_spec, make_trainer
     from quaero.model import resolve_model
 
     resolve_model(args.model)  # built before the seeded load (a build draws from the RNG)
@@ -59,14 +62,20 @@ def arm(args) -> dict:
     trainer = make_trainer(spec, torch.device("cpu"))
     vocab = trainer.parts.lm_head.weight.shape[0]
     rows = rl_rows(args.groups, args.members, args.prompt, args.row_len, vocab)
-    times, metrics = timed_steps(trainer, rows, args.steps + 1, torch.device("cpu"))
+    walls, cpus, metrics = [], [], []
+    for _ in range(args.steps + 1):
+        t0, c0 = time.perf_counter(), time.process_time()
+        metrics.append(trainer.train_step(rows))
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
     first = metrics[0]
     return {"arm": args.arm, "loss": first["loss"], "grad_norm": first["grad_norm"],
             "row_tokens": first["row_tokens"], "microbatches": first["microbatches"],
             "unique_tokens": first.get("local_train_tree_unique_tokens") or None,
             "tree_batches": first["local_train_tree_batches"],
             "fallback": first["local_train_tree_fallback_reason"],
-            "step_s": statistics.median(times[1:]), "peak_mem_mb": max(m["peak_mem_mb"] for m in metrics),
+            "step_s": statistics.median(walls[1:]), "step_cpu_s": statistics.median(cpus[1:]),
+            "peak_mem_mb": max(m["peak_mem_mb"] for m in metrics),
             "peak_mem_source": first["peak_mem_source"]}
 
 
@@ -91,6 +100,8 @@ def compare(args, model: str) -> dict:
             "fallback": on["fallback"],
             "step_s_rows": round(off["step_s"], 3), "step_s_tree": round(on["step_s"], 3),
             "speedup": round(off["step_s"] / on["step_s"], 2),
+            "step_cpu_s_rows": round(off["step_cpu_s"], 3), "step_cpu_s_tree": round(on["step_cpu_s"], 3),
+            "cpu_speedup": round(off["step_cpu_s"] / on["step_cpu_s"], 2),
             "peak_mem_mb_rows": off["peak_mem_mb"], "peak_mem_mb_tree": on["peak_mem_mb"],
             "peak_mem_ratio": round(on["peak_mem_mb"] / off["peak_mem_mb"], 3),
             "loss_rows": off["loss"], "loss_tree": on["loss"], "loss_diff": abs(off["loss"] - on["loss"]),
@@ -126,12 +137,14 @@ def main(argv: list[str] | None = None) -> int:
               f"torch threads {os.environ.get('OMP_NUM_THREADS', 'default')}")
     print(header)
     print(f"{'model':<24}{'row tok':>8}{'uniq tok':>9}{'ratio':>7}{'rows s':>8}{'tree s':>8}{'speedup':>8}"
-          f"{'rows MB':>9}{'tree MB':>9}{'loss diff':>11}")
+          f"{'rows cpu s':>11}{'tree cpu s':>11}{'cpu speedup':>12}{'rows MB':>9}{'tree MB':>9}"
+          f"{'loss diff':>11}")
     failed = False
     for model in args.models.split(","):
         r = compare(args, model)
         print(f"{model:<24}{r['row_tokens']:>8}{r['unique_tokens']:>9}{r['token_ratio']:>7.3f}"
               f"{r['step_s_rows']:>8.3f}{r['step_s_tree']:>8.3f}{r['speedup']:>7.2f}x"
+              f"{r['step_cpu_s_rows']:>11.3f}{r['step_cpu_s_tree']:>11.3f}{r['cpu_speedup']:>11.2f}x"
               f"{r['peak_mem_mb_rows']:>9.0f}{r['peak_mem_mb_tree']:>9.0f}{r['loss_diff']:>11.2e}")
         print(json.dumps(r))
         failed |= r["tree_batches"] != r["microbatches"] or r["grad_norm_rel_diff"] > 1e-4

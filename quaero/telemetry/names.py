@@ -178,6 +178,8 @@ TREE_FALLBACK_BATCHES = _step.count("local_train_tree_fallback_batches",
                                     "microbatches packing was asked for and the rows ran (the model cannot "
                                     "take the ancestor mask)")
 TREE_FALLBACK_REASON = _step.latest("local_train_tree_fallback_reason", "why, the latest given")
+TREE_METRICS = (TREE_PACKING, TREE_BATCHES, TREE_UNIQUE_TOKENS, TREE_ROW_TOKENS, TREE_TOKEN_RATIO,
+                TREE_FALLBACK_BATCHES, TREE_FALLBACK_REASON)
 SAMPLER_LOGPROB_GAP_MEAN = _step.per_step("sampler_logprob_gap_mean", "mean absolute sampler-vs-trainer "
                                           "log-prob gap on sampled action tokens")
 SAMPLER_LOGPROB_GAP_MAX = _step.per_step("sampler_logprob_gap_max", "its maximum")
