@@ -291,7 +291,9 @@ def shared_forward_step(trainer: TrainerView, rows: list[EchoRow], *, sft: bool,
     reset_peak(trainer.device)
     was_training = model.training
     model.train()
-    share = distributed.split_rows([len(r) for r in rows], process_group.world_size())[process_group.rank()]
+    ranks = process_group.world_size()
+    share = (distributed.split_rows([len(r) for r in rows], ranks) if spec.tree_packing == "off" or ranks == 1
+             else distributed.split_trees([r.input_ids for r in rows], ranks))[process_group.rank()]
     mbs, crop = build_microbatches([rows[i] for i in share], micro_batch_tokens=spec.micro_batch_tokens,
                                    weights={name: [per_row[i] for i in share]
                                             for name, per_row in targets.weights.items()},
