@@ -75,18 +75,21 @@ def _step(model, rows, *, lora=False, attn=None, **kw):
     return trainer.train_step(rows), torch.tensor([x for row in logprobs for x in row]), grads
 
 
-FAMILIES = [("small-qwen3", False, None), ("small-qwen3", False, "eager"), ("tiny-qwen3", True, None),
-            ("tiny-smollm2", False, None), ("tiny-smollm2", True, None)]
+FAMILIES = [("small-qwen3", False, None, False), ("small-qwen3", False, "eager", False),
+            ("small-qwen3", False, None, True), ("tiny-qwen3", True, None, False),
+            ("tiny-smollm2", False, None, False), ("tiny-smollm2", True, None, False)]
 
 
-@pytest.mark.parametrize(("family", "lora", "attn"), FAMILIES, ids=["-".join(map(str, f)) for f in FAMILIES])
-def test_a_packed_step_equals_the_per_row_step(small_model_dir, family, lora, attn):
+@pytest.mark.parametrize(("family", "lora", "attn", "checkpointing"), FAMILIES,
+                         ids=["-".join(map(str, f)) for f in FAMILIES])
+def test_a_packed_step_equals_the_per_row_step(small_model_dir, family, lora, attn, checkpointing):
     model = small_model_dir if family == "small-qwen3" else family
     if model == family:  # built first: a build draws from the RNG the trainer seeds before its LoRA init
         resolve_model(family)
     rows = group_rows(4)
-    ref, ref_lp, ref_grads = _step(model, rows, lora=lora, attn=attn)
-    got, got_lp, got_grads = _step(model, rows, lora=lora, attn=attn, tree_packing="on")
+    kw = {"lora": lora, "attn": attn, "gradient_checkpointing": checkpointing}
+    ref, ref_lp, ref_grads = _step(model, rows, **kw)
+    got, got_lp, got_grads = _step(model, rows, **kw, tree_packing="on")
     assert got["local_train_tree_batches"] == got["microbatches"] == 1
     assert got["local_train_tree_fallback_batches"] == 0 and got["local_train_tree_fallback_reason"] == ""
     assert got["local_train_tree_token_ratio"] < 0.7 and ref["local_train_tree_token_ratio"] is None
