@@ -24,8 +24,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-# "auto" packs a microbatch when its unique tokens are at most this fraction of its row tokens: the masked
-# attention is over all N unique tokens (N^2, not the rows' sum of L^2), so a small saving can cost time
+# "auto" packs a microbatch when the trie's estimated backbone FLOPs are at most this fraction of the padded
+# rows' (`tree_pays`): the masked attention runs over all N unique tokens (N^2, not the rows' B x L^2), so a
+# trie of unrelated rows costs more than the rows; a model config without the sizes the estimate reads falls
+# back to a token ratio at most AUTO_MAX_RATIO
+AUTO_MAX_COST = 0.8
 AUTO_MAX_RATIO = 0.6
 PROBE_TOL = 1e-4  # relative, fp32: packing reorders the attention sums only (3e-2 in lower precision)
 
@@ -133,9 +136,25 @@ def tree_support(config, max_row_len: int) -> str:
     return ""
 
 
-def should_pack(mode: str, pack: TreePack) -> bool:
-    """`train_tree_packing`: "on" packs every microbatch, "auto" those whose ratio pays, "off" none."""
-    return mode == "on" or (mode == "auto" and pack.ratio <= AUTO_MAX_RATIO)
+def should_pack(mode: str, pack: TreePack, config, rows_shape: tuple[int, int]) -> bool:
+    """`train_tree_packing`: "on" packs every microbatch, "auto" those where it pays, "off" none."""
+    return mode == "on" or (mode == "auto" and tree_pays(pack, config, rows_shape))
+
+
+def tree_pays(pack: TreePack, config, rows_shape: tuple[int, int]) -> bool:
+    """Whether the trie's backbone FLOPs (N tokens through the layers' matmuls, N^2 attention pairs) are at
+    most AUTO_MAX_COST of the padded rows' ([B, L]: B x L tokens, B x L^2 pairs), from the config's sizes."""
+    sizes = [getattr(config, k, None) for k in ("hidden_size", "num_attention_heads", "intermediate_size")]
+    if not all(isinstance(v, int) for v in sizes):
+        return pack.ratio <= AUTO_MAX_RATIO
+    hidden, heads, inter = sizes
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    kv = (getattr(config, "num_key_value_heads", None) or heads) * head_dim
+    per_token = 2 * (2 * hidden * heads * head_dim + 2 * hidden * kv + 3 * hidden * inter)
+    per_pair = 4 * heads * head_dim  # q.k and p.v, a multiply-add each
+    B, L = rows_shape
+    n = pack.unique_tokens
+    return n * per_token + n * n * per_pair <= AUTO_MAX_COST * (B * L * per_token + B * L * L * per_pair)
 
 
 @dataclass
@@ -156,7 +175,7 @@ def choose_tree(mode: str, parts, input_ids: Tensor, attention_mask: Tensor, *, 
         return None, TreeInfo()
     pack = pack_rows(input_ids, attention_mask)
     info = TreeInfo(unique_tokens=pack.unique_tokens, row_tokens=pack.row_tokens)
-    if not should_pack(mode, pack):
+    if not should_pack(mode, pack, parts.config, tuple(input_ids.shape)):
         return None, info
     info.fallback_reason = blocker or tree_support(parts.config, input_ids.shape[1]) or probe(parts)
     info.packed = not info.fallback_reason

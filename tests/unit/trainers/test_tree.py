@@ -164,3 +164,19 @@ def _padded(rows: list[EchoRow]) -> tuple[torch.Tensor, torch.Tensor]:
         ids[i, :len(r)] = torch.tensor(r.input_ids)
         attn[i, :len(r)] = 1
     return ids, attn
+
+
+def test_auto_weighs_the_tries_attention_against_the_rows():
+    """SmolLM2-135M's sizes: a group of 8 sharing 370 of ~450 tokens pays; 8 unrelated rows never do (their
+    trie attends over all 8 x 450 tokens); a config without sizes falls back to the token ratio."""
+    from types import SimpleNamespace
+
+    from trainers.tree import tree_pays
+
+    smol = SimpleNamespace(hidden_size=576, num_attention_heads=9, head_dim=64, num_key_value_heads=3,
+                           intermediate_size=1536)
+    shared = pack_rows(*_padded(group_rows(8, prompt=370)))
+    unshared = pack_rows(*_padded([group_rows(1, prompt=370, seed=s)[0] for s in range(8)]))
+    shape = tuple(_padded(group_rows(8, prompt=370))[0].shape)
+    assert tree_pays(shared, smol, shape) and not tree_pays(unshared, smol, shape)
+    assert tree_pays(shared, None, shape) and not tree_pays(unshared, None, shape)
