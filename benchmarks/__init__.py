@@ -1,12 +1,14 @@
-"""`quaero bench`: quaero's reproducible benchmarks, kept beside their results (README.md, results/ here).
+"""`quaero bench`: quaero's reproducible benchmarks, kept beside their results (README.md, FIELDS.md,
+HISTORY.md, results/ here).
 
 They drive quaero through its public API and documented hooks only (a trainer's `TrainerSpec.logprob_fn`,
 the recipe's `build`/`run_step`), so nothing in `quaero/` or `trainers/` imports them: the one arrow in is the
 CLI's `quaero bench`, which imports this registry when a benchmark is asked for. `main(argv)` is what
 `quaero bench ...` calls, e.g. `main(["echo", "--seq-len", "4096"])`.
 
-A new benchmark is a module here with `main(argv) -> int | None`, one line in `BENCHMARKS` and a section in
-benchmarks/README.md (its command, its fields, its dated figures).
+A new benchmark is a module here with `main(argv) -> int | None`, one line in `BENCHMARKS`, its method and
+fields in benchmarks/FIELDS.md, its current figure and command in benchmarks/README.md (earlier passes move to
+benchmarks/HISTORY.md).
 """
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ BENCHMARKS = {
 
 USAGE = "usage: quaero bench {" + ",".join(BENCHMARKS) + "} [options]\n\n" + "\n".join(
     f"  {name:<12} {text}" for name, (_, text) in BENCHMARKS.items()) + (
-    "\n\n`quaero bench NAME --help` lists a benchmark's options; benchmarks/README.md documents the fields.")
+    "\n\n`quaero bench NAME --help` lists a benchmark's options; benchmarks/FIELDS.md documents the fields.")
 
 
 def main(argv: list[str]) -> int:

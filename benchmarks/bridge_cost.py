@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from benchmarks.packing import eight_turns
     from quaero.config import ModelConfig, QuaeroConfig
-    from quaero.model import load_tokenizer
+    from quaero.models.load import load_tokenizer
     from quaero.openenv_client import open_envs
     from quaero.rollout.driver import DriverSettings, EpisodeDriver
     from quaero.rollout.render import RenderAdapter
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                     per_turn[arm][name].append(sum(secs) / max(counts["turns"], 1))
         turns = counts["turns"]
 
-    from quaero.model import load_causal_lm
+    from quaero.models.load import load_causal_lm
     from quaero.sampling.hf import HFSampler
 
     model = load_causal_lm(cfg.model.name).eval()

@@ -3,7 +3,7 @@
     quaero bench echo --device cpu --seq-len 4096 --early-target-pos 16 --selected-tokens 16 \\
         --vocab-size 8192 --hidden-size 64 --repeats 7
 
-Prints one JSON document (every field documented in benchmarks/README.md) on
+Prints one JSON document (every field documented in benchmarks/FIELDS.md) on
 stdout and a short table on stderr; `--json PATH` also writes the document to PATH. Each region
 is value-checked against a float64 full-vocabulary reference before it is timed (see
 regions.py), then timed (forward + backward, median after a warm-up) and its peak memory

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from quaero.config import QuaeroConfig
-    from quaero.model import load_tokenizer
+    from quaero.models.load import load_tokenizer
     from quaero.openenv_client import open_envs
     from quaero.rollout.driver import DriverSettings, EpisodeDriver
     from quaero.rollout.render import RenderAdapter

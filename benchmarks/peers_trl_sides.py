@@ -109,7 +109,7 @@ def save_final(setup: dict, name: str, model) -> dict:
         return {}
     from pathlib import Path
 
-    from quaero.model import load_tokenizer
+    from quaero.models.load import load_tokenizer
     from quaero.recipe.model_folder import save_model
 
     out = save_model(model, load_tokenizer(setup["model"]), Path(setup["save_final"]) / name,

@@ -52,7 +52,7 @@ def arm(args) -> dict:
     import torch
 
     from benchmarks.trainstep import config_spec, make_trainer
-    from quaero.model import resolve_model
+    from quaero.models.load import resolve_model
 
     resolve_model(args.model)  # built before the seeded load (a build draws from the RNG)
     spec = config_spec({"model": {"name": args.model, "max_seq_len": 4 * args.row_len},

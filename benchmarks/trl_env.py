@@ -7,7 +7,7 @@ rollout ends. `trl_environment(...)` builds such a class for any OpenEnv MCP env
 WebSocket protocol, the way a TRL user wraps an OpenEnv client (`MCPToolClient`): one method per tool of
 the server's own `list_tools`, so the model sees the same tools, names and descriptions as under quaero.
 
-What differs from quaero's session, by TRL's design (benchmarks/README.md says so beside the figures):
+What differs from quaero's session, by TRL's design (benchmarks/FIELDS.md says so, under peers-trl):
 - TRL's tool schema adds a per-argument description (the docstring needs one: the argument's name here)
   and leaves out `additionalProperties: false`, so the system prompts differ by a few tokens;
 - TRL has no `done`: after `submit_answer` the model may go on calling tools (the env answers "the episode

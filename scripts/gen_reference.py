@@ -134,9 +134,10 @@ OPTION_MEANINGS = {
     "training.scale_rewards": ("divide advantages by the group's reward std (`group`), the step's "
                                "(`batch`) or not at all (`none`)"),
     "training.positive_advantage_weight": "multiplies positive advantages (W-REINFORCE: 0.1; 0: negative "
-                                          "samples only, NSR)",
+                                          "samples only, NSR); at most 100",
     "training.all_fail_advantage": "every member's advantage in a group with no success and no reward spread "
-                                   "(NSR: e.g. -1; 0: the group trains ECHO only)",
+                                   "(NSR: e.g. -1; 0: the group trains ECHO only); -100 to 0 (past it the "
+                                   "loss overflows and nothing trains)",
     "training.warmup_sft_steps": "warm-start SFT steps on the env's oracle demos, before RL",
     "training.oracle": "the warm start's demonstrator `package.module:function` (unset: `oracle_policy` "
                        "beside the entry)",
@@ -148,6 +149,9 @@ OPTION_MEANINGS = {
     "training.eval_every": "evaluate every this many steps (0: never); also before the first and after the "
                            "last step",
     "training.eval_tasks": "held-out tasks per evaluation (greedy)",
+    "training.eval_pass_k": "pass@k at each evaluation: k > 1 also samples k episodes per eval task at the "
+                            "sampler's temperature (k times the greedy episodes; `quaero eval --pass-k` "
+                            "too); 1 = off",
     "training.packing": "one row per episode when turns extend each other exactly, else one per transition",
     "training.strict": "an exactness mismatch (prefix, bridge) is an error instead of a counted fallback",
     "training.on_env_loss": "an RL step whose env lost episodes (a dead server, timeouts past the retries; "
@@ -315,7 +319,7 @@ def _step_names() -> list[str]:
 def metric_names(how: str, owner: str, declared: list[str]) -> list[str]:
     """The names a table's owner emits (for `literals`: the declared names the owner files, `a.py, b.py`,
     write)."""
-    from quaero.telemetry import counts, names, proofs
+    from quaero.telemetry import counts, metrics, names, proofs
     if how == "proofs":
         return [*names.SELECTIVE_METRICS,
                 *(n for n in proofs.BRANCH_COUNTERS if n not in names.SELECTIVE_METRICS),
@@ -325,15 +329,16 @@ def metric_names(how: str, owner: str, declared: list[str]) -> list[str]:
         return [n for n in _step_names() if n not in branch]
     if how == "rollout":
         snap = counts.RolloutCounts().snapshot_and_reset()
-        return [*snap, *(m.name for m in names.FAMILIES.values() if m.table == "Rollout")]
+        return [*snap, *(m.name for m in metrics.FAMILIES.values() if m.table == "Rollout")]
     spelled = set().union(*(_literals(ROOT / path) for path in owner.split(", ")))
     return [n for n in declared if n in spelled]
 
 
 def tables() -> list[tuple[str, str, dict[str, str], str]]:
     """(title, owner, {name: meaning}, how its names are read) of every metric table names.py declares."""
-    from quaero.telemetry import names
-    return [(t.title, t.owner, {n: names.METRICS[n].meaning for n in t.names}, READ_BY.get(t.title,
+    from quaero.telemetry import metrics, names
+
+    return [(t.title, t.owner, {n: metrics.METRICS[n].meaning for n in t.names}, READ_BY.get(t.title,
                                                                                            "literals"))
             for t in names.TABLES]
 
@@ -369,11 +374,12 @@ def options_table() -> str:
 
 
 def metrics_table() -> str:
+    from quaero.telemetry import metrics
+
     parts = []
-    from quaero.telemetry import names
     for title, owner, meanings, how in tables():
         parts += [f"**{title}** (`{owner}`)", "", "| metric | totals | meaning |", "|---|---|---|"]
-        parts += [f"| `{n}` | {names.METRICS[n].total if n in names.METRICS else ''} | "
+        parts += [f"| `{n}` | {metrics.METRICS[n].total if n in metrics.METRICS else ''} | "
                   f"{_cell(meanings.get(n, ''))} |"
                   for n in metric_names(how, owner, list(meanings))]
         parts.append("")

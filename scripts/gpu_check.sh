@@ -162,7 +162,7 @@ if [ "$DEVICE" != cpu ]; then
             --set 'model.dtype="bfloat16"' --set run.device=cuda
         # a random-init shape emits no valid action: the main job's 2,000 warm-start demos (500 steps x 4) at
         # 5e-4, then RL at a real lr. On the CPU 500 demos taught the 0.6B shape the tool-call protocol but
-        # not the task (greedy eval 1 of 4, 0 of 96 sampled RL episodes; benchmarks/README.md, "Fourth pass")
+        # not the task (greedy eval 1 of 4, 0 of 96 sampled RL episodes; benchmarks/HISTORY.md, "Fourth pass")
         step "train_$shape" 600 "${QC[@]}" train envs/toolbench.toml --set "model.name=\"$shape\"" \
             --set 'model.dtype="bfloat16"' --set sampler.backend=vllm --set training.steps=2 \
             --set training.warmup_sft_steps=500 --set training.warmup_sft_lr=5e-4 --set backend.lr=1e-5 \

@@ -4,7 +4,7 @@ Each trainer option is written once, here: `option(default, "section.key", about
 config key that sets it and says what it means. quaero/config/ gives that section the key (type, default,
 meaning and bounds read from here; see `options`), docs/reference.md lists it (scripts/gen_reference.py),
 `quaero check` prints it (quaero/cli.py), and the recipe's spec reads every option back at its key
-(`spec_from`, called by quaero/recipe/plan.py `trainer_spec`): adding an option is its field here, the code
+(`spec_from`, called by quaero/preflight/plan.py `trainer_spec`): adding an option is its field here, the code
 that reads it, and a test. Tests and benchmarks build a `TrainerSpec` directly. Plain frozen dataclasses
 without torch, so a bad config still fails before torch is imported.
 """
@@ -141,7 +141,7 @@ class MemoryPolicy:
 class TrainerSpec:
     """Everything `Trainer` (trainers/base.py) and its step read."""
 
-    # the model: a name quaero.model resolves (the embedded default, a local folder or a hub id)
+    # the model: a name quaero.models.load resolves (the embedded default, a local folder or a hub id)
     model: str = option(
         "tiny-qwen3", "model.name",
         about="`tiny-qwen3` (the embedded default, built offline), a hub id or a local folder")
@@ -264,7 +264,7 @@ class TrainerSpec:
         "token_mean", "training.loss_aggregation",
         about="the RL term's average: `token_mean` (DAPO), `sequence_mean` (GRPO: per episode, then over "
               "episodes) or `constant` (Dr. GRPO)")
-    loss_constant: int = 0  # derived from the config by the recipe (quaero/recipe/plan.py rl_loss_constant)
+    loss_constant: int = 0  # derived from the config (quaero/preflight/plan.py rl_loss_constant)
     echo: bool = option(
         True, "echo.enabled",
         about="train the ECHO term")

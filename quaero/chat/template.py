@@ -48,13 +48,27 @@ def chat_template_of(tokenizer) -> str | None:
     return src or None
 
 
+def _vocabulary_ids(tokenizer, text: str) -> list[int] | None:
+    """`text`'s ids by the tokenizer's model alone, added tokens aside (None: no fast backend to ask)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    pre = backend.pre_tokenizer
+    pieces = pre.pre_tokenize_str(text) if pre is not None else [(text, None)]
+    return [t.id for piece, _ in pieces for t in backend.model.tokenize(piece)]
+
+
 def _check_stop_token(tokenizer, eos: int | None) -> None:
     """The tokenizer's eos, a stop token of every reply, must be one of its added (special) tokens: an
     ordinary one (a word of the vocabulary, e.g. eos_token = "the") would cut every reply where the model
     first writes it. (Read from `added_tokens_decoder`, which changes nothing: encoding with
     `split_special_tokens` would leave the tokenizer splitting special tokens from then on.)"""
     added = getattr(tokenizer, "added_tokens_decoder", None)
-    if not isinstance(eos, int) or not isinstance(added, dict) or not added or eos in added:
+    if not isinstance(eos, int) or not isinstance(added, dict) or not added:
+        return
+    # transformers makes a tokenizer_config's eos_token an added token on load, a word too: such a word is
+    # one the vocabulary itself spells (the model's own tokenization of its text is that one id)
+    if eos in added and _vocabulary_ids(tokenizer, getattr(added[eos], "content", str(added[eos]))) != [eos]:
         return
     raise TemplateProblem(f"the tokenizer's eos_token {tokenizer.eos_token!r} (id {eos}) is an ordinary "
                           "token of its vocabulary, not a special one: every reply would stop where the "

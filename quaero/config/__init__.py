@@ -2,7 +2,7 @@
 
 Judged here, before anything heavy is imported: unknown keys (with the closest valid key), wrong
 types, out-of-range values, and the rules the config alone decides. What depends on the installed
-components (a known trainer, its capabilities, CUDA, vLLM) is judged in quaero/recipe/plan.py.
+components (a known trainer, its capabilities, CUDA, vLLM) is judged in quaero/preflight/plan.py.
 Errors are `ConfigError`s whose message names the file, section, key, value and the fix.
 
 The package, by what a reader looks for: `base` (the section base, `ConfigError`, the trainer options a

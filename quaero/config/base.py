@@ -26,7 +26,7 @@ class _Section(BaseModel):
 def with_trainer_options(section: str):
     """The section class written below it, plus the trainer options whose key is in `section`: each is
     defined once, by its `option(...)` in trainers/spec.py (type, default, meaning, bounds), and reaches the
-    trainer's spec by that key (quaero/recipe/plan.py `trainer_spec`)."""
+    trainer's spec by that key (quaero/preflight/plan.py `trainer_spec`)."""
 
     def build(cls: type[_Section]) -> type[_Section]:
         fields = {o.name: (o.type, Field(o.default, description=o.about, **o.bounds)) for o in options()

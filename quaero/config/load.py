@@ -155,7 +155,7 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
 
 
 def _check_weight_transfer(sm: SamplerConfig, source: str) -> None:
-    """[sampler] weight_transfer and server_devices, judged from the config alone (quaero/recipe/plan.py
+    """[sampler] weight_transfer and server_devices, judged from the config alone (quaero/preflight/plan.py
     judges them against this machine's CUDA devices and torchrun's ranks)."""
     wt = sm.weight_transfer
     if wt != "file" and sm.mode != "server":
@@ -191,8 +191,8 @@ def _check_weight_transfer(sm: SamplerConfig, source: str) -> None:
 
 
 def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
-    """Rules judged from the config alone (quaero/recipe/plan.py judges it against the installed components);
-    a mixture's, for each env's view (its name in the message)."""
+    """Rules judged from the config alone (quaero/preflight/plan.py judges it against the installed
+    components); a mixture's, for each env's view (its name in the message)."""
     if not cfg.envs:
         return _check_one(cfg, source)
     if cfg.data.traces:

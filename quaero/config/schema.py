@@ -98,7 +98,8 @@ class QuaeroConfig(_Section):
 
 # Keys that change when and what a run logs or keeps, not what any of its steps trains
 UNTRAINED_KEYS = ("training.steps", "training.checkpoint_every", "training.keep_checkpoints",
-                  "training.eval_every", "training.eval_tasks", "logging.", "run.output_dir")
+                  "training.eval_every", "training.eval_tasks", "training.eval_pass_k", "logging.",
+                  "run.output_dir")
 
 
 def changed_keys(old: dict, new: dict, prefix: str = "") -> dict[str, list]:

@@ -48,7 +48,7 @@ class ModelConfig(_Section):
     renderer_options: dict[str, Any] = Field(default_factory=dict)
     # the option enable_thinking, as a key of its own (older configs); unset: the renderer's default
     enable_thinking: bool | None = None
-    # what `quaero check` chose and why (set by quaero/recipe/plan.py once the tokenizer is read)
+    # what `quaero check` chose and why (set by quaero/preflight/plan.py once the tokenizer is read)
     _chosen: str | None = PrivateAttr(default=None)
     # a named model not built yet: its size and the first run's build (`quaero check` builds nothing)
     _build: str | None = PrivateAttr(default=None)
@@ -171,6 +171,11 @@ class EchoConfig(_Section):
         return weight
 
 
+# |positive_advantage_weight| and |all_fail_advantage| at most this: a group's advantages are reward
+# differences (within [-1, 1] for rewards in [0, 1]); far past them the loss overflows and nothing trains
+MAX_ADVANTAGE_SETTING = 100.0
+
+
 @with_trainer_options("training")
 class TrainingConfig(_Section):
     """With the trainer's `clip_eps` (PPO's; unset: no clipping) and `loss_aggregation` (the RL term's
@@ -206,6 +211,9 @@ class TrainingConfig(_Section):
     keep_checkpoints: int = Field(2, ge=1)
     eval_every: int = Field(5, ge=0)
     eval_tasks: int = Field(4, ge=0)
+    # pass@k at each evaluation: k > 1 also samples k episodes per eval task at the sampler's temperature
+    # (k times the greedy eval's episodes); 1 = off
+    eval_pass_k: int = Field(1, ge=1)
     packing: bool = True
     # strict = any exactness mismatch (prefix, bridge) is an error instead of a counted fallback.
     strict: bool = False
@@ -248,6 +256,16 @@ class TrainingConfig(_Section):
     # prompt no recording reached (a task not recorded, an env that answered otherwise) is dropped, counted
     # (`guides_unmatched`)
     guidance_traces: str | None = None
+
+    @field_validator("positive_advantage_weight", "all_fail_advantage")
+    def _an_advantage_that_trains(cls, value: float, info) -> float:
+        # -1e308 passes le=0, yet every step's loss is then inf and its gradient skipped: nothing trains
+        if abs(value) > MAX_ADVANTAGE_SETTING:
+            raise ValueError(f"{info.field_name}={value:g}: advantages past +-{MAX_ADVANTAGE_SETTING:g} "
+                             "make the loss overflow (inf: every step's gradient is skipped and nothing "
+                             "trains); use a value within it (a group's advantages are reward differences: "
+                             "NSR's all_fail_advantage is -1, W-REINFORCE's positive_advantage_weight 0.1)")
+        return value
 
     @model_validator(mode="after")
     def _a_policy_loss_that_runs(self) -> TrainingConfig:

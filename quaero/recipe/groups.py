@@ -16,12 +16,12 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from quaero.bounded import STOP_REQUESTED
 from quaero.recipe import ranks
 from quaero.recipe.guidance import members_at, mix, needs_guide, play_guides, prefix_turns_at
 from quaero.rollout.advantages import AdvantageOptions, group_advantages, sample_std
 from quaero.rollout.task_samplers import POOLS
 from quaero.rollout.tasks import reset_args
-from quaero.sampling.wire import STOP_REQUESTED
 from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
 

@@ -63,8 +63,8 @@ def build(cfg: QuaeroConfig, pool: EnvPool | dict[str, EnvPool], counts: Rollout
           sampler_log_dir: Path | None = None) -> RunParts:
     """The run's parts; `pool`: each env's sessions by name (quaero/config/ `views`), all counting into
     `counts`, or a one-env run's pool (counting into its own)."""
-    from quaero.model import load_tokenizer, resolve_device
-    from quaero.recipe.plan import check_components, resolve_oracle, trainer_spec
+    from quaero.models.load import load_tokenizer, resolve_device
+    from quaero.preflight.plan import check_components, resolve_oracle, trainer_spec
     from quaero.rollout.driver import DriverSettings, EpisodeDriver
     from quaero.rollout.render import RenderAdapter
     from quaero.sampling import make_sampler

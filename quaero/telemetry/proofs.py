@@ -15,20 +15,30 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from quaero.telemetry.names import (
+    ACTION_TOKENS,
     CHUNKED_BATCHES,
     COMPILE_FALLBACK_REASON,
     COMPILE_MODE,
     COMPILED_CE_BATCHES,
     DENSE_BATCHES,
+    ECHO_TOKENS,
     ENV_REJECTED_ACTIONS,
     EPISODES_DROPPED,
     EPISODES_ENDED_AT_RESET,
     FALLBACK_BATCHES,
     FORWARD_PASSES,
     FORWARD_PASSES_PER_MICROBATCH,
+    GROUPS,
+    GROUPS_ZERO_ADVANTAGE,
     HIDDEN_BATCHES,
     LM_HEAD_SKIPPED_MICROBATCHES,
     MICROBATCHES,
+    OPTIMIZER_STEPS,
+    RL_ACTIONS,
+    RL_STEPS,
+    RL_STEPS_WITH_SIGNAL,
+    RL_STEPS_WITHOUT_UPDATE,
+    RL_VALID_ACTIONS,
     SELECTIVE_SUFFIX_LOGITS,
     SPARSE_SUFFIX_SKIPS,
     SUFFIX_BATCHES,
@@ -259,11 +269,9 @@ NO_SIGNAL_FIX = ("warm-start from demonstrations ([training] warmup_sft_steps wi
 
 
 def _groups_with_spread(t: Mapping[str, Any]) -> str:
-    if "groups" not in t:
+    if GROUPS not in t:
         return ""
-    return (
-        f", {t['groups'] - t.get('groups_zero_advantage', 0)} of {t['groups']} groups had rewards that differ"
-    )
+    return f", {t[GROUPS] - t.get(GROUPS_ZERO_ADVANTAGE, 0)} of {t[GROUPS]} groups had rewards that differ"
 
 
 ENV_REJECTS_FIX = ("the env raised on the actions themselves (the env_action_rejected lines give its words): "
@@ -271,18 +279,35 @@ ENV_REJECTS_FIX = ("the env raised on the actions themselves (the env_action_rej
                    "service) that no model can give it; fix the env's setup")
 
 
+def updated_weights(m: Mapping[str, Any]) -> bool:
+    """Whether a train step's update reached the weights (`optimizer_steps` > 0): a step whose gradient was
+    non-finite (an inf loss) is skipped and trains nothing, whatever tokens it read. A step logged before
+    the metric existed counts as updated."""
+    n = m.get(OPTIMIZER_STEPS)
+    return n is None or (isinstance(n, int | float) and not isinstance(n, bool) and n > 0)
+
+
+NO_UPDATE_FIX = ("a finite loss: the advantage settings ([training] all_fail_advantage, "
+                 "positive_advantage_weight) and [backend] lr; the steps' nonfinite_grad_skips count the "
+                 "skips")
+
+
 def describe_rl_signal(t: Mapping[str, Any]) -> str:
     """One line on RL totals: steps, rl_steps_with_signal, action_tokens, actions, valid_actions[,
-    echo_tokens, groups, groups_zero_advantage, env_rejected_actions, episodes_ended_at_reset,
-    episodes_dropped]. Without action tokens it says what did train (ECHO, or nothing) and why: no episode
-    (each reset ended it, or each was dropped), the env rejecting the actions, or invalid actions."""
-    rejected = t.get(ENV_REJECTED_ACTIONS, 0)
-    head = (f"{t['rl_steps_with_signal']} of {t['rl_steps']} RL steps trained action tokens "
-            f"({t['action_tokens']} with an advantage); {t['valid_actions']} of {t['actions']} actions were "
-            f"valid{f' ({rejected} rejected by the env)' if rejected else ''}{_groups_with_spread(t)}")
-    if t["action_tokens"]:
+    rl_steps_without_update, echo_tokens, groups, groups_zero_advantage, env_rejected_actions,
+    episodes_ended_at_reset, episodes_dropped]. Without action tokens it says what did train (ECHO, or
+    nothing) and why: no update (every step's gradient non-finite), no episode (each reset ended it, or each
+    was dropped), the env rejecting the actions, or invalid actions."""
+    rejected, skipped = t.get(ENV_REJECTED_ACTIONS, 0), t.get(RL_STEPS_WITHOUT_UPDATE, 0)
+    head = (f"{t[RL_STEPS_WITH_SIGNAL]} of {t[RL_STEPS]} RL steps trained action tokens "
+            f"({t[ACTION_TOKENS]} with an advantage); {t[RL_VALID_ACTIONS]} of {t[RL_ACTIONS]} actions were "
+            f"valid{f' ({rejected} rejected by the env)' if rejected else ''}{_groups_with_spread(t)}"
+            f"{f'; {skipped} took no optimizer step (a non-finite gradient)' if skipped else ''}")
+    if t[ACTION_TOKENS]:
         return head
-    if not t["actions"]:
+    if skipped and skipped == t[RL_STEPS]:
+        return f"{head}, so nothing trained: RL learned nothing. Fix: {NO_UPDATE_FIX}"
+    if not t[RL_ACTIONS]:
         ended, dropped = t.get(EPISODES_ENDED_AT_RESET, 0), t.get(EPISODES_DROPPED, 0)
         why = [f"{ended} ended at their reset (the env_reset_ended line gives the env's reason; fix what the "
                "env needs)" if ended else "",  # coding_tools_env without its sandbox key
@@ -290,8 +315,8 @@ def describe_rl_signal(t: Mapping[str, Any]) -> str:
                if dropped or not ended else ""]  # dipg_safety_env: its step broke the contract
         return (f"{head}; no episode was played to train: of the episodes, "
                 f"{' and '.join(w for w in why if w)}; so RL learned nothing")
-    fix = ENV_REJECTS_FIX if 2 * rejected >= t["actions"] - t["valid_actions"] > 0 else NO_SIGNAL_FIX
-    if t.get("echo_tokens", 0) > 0:
+    fix = ENV_REJECTS_FIX if 2 * rejected >= t[RL_ACTIONS] - t[RL_VALID_ACTIONS] > 0 else NO_SIGNAL_FIX
+    if t.get(ECHO_TOKENS, 0) > 0:
         return f"{head}; every advantage was 0, so only ECHO trained: RL learned nothing. Fix: {fix}"
     return (f"{head}; every advantage was 0 and no ECHO token trained, so nothing trained: RL learned "
             f"nothing. Fix: {fix}")
@@ -303,11 +328,12 @@ def training_apart(s: RunSummary) -> list[dict[str, Any]]:
     if not s.rl_steps:
         rl = _check(RL_TRAINED, False, NA, "no RL step")
     else:  # the totals describe_rl_signal reads, as quaero/telemetry/outcomes.py keeps them during a run
-        t = {"rl_steps": s.rl_steps, "rl_steps_with_signal": s.rl_steps_with_signal,
-             "echo_tokens": s.rl_echo_tokens, "action_tokens": s.rl_action_tokens, "actions": s.rl_actions,
-             "valid_actions": s.rl_valid_actions, ENV_REJECTED_ACTIONS: s.rl_env_rejected_actions,
+        t = {RL_STEPS: s.rl_steps, RL_STEPS_WITH_SIGNAL: s.rl_steps_with_signal,
+             RL_STEPS_WITHOUT_UPDATE: s.rl_steps_without_update,
+             ECHO_TOKENS: s.rl_echo_tokens, ACTION_TOKENS: s.rl_action_tokens, RL_ACTIONS: s.rl_actions,
+             RL_VALID_ACTIONS: s.rl_valid_actions, ENV_REJECTED_ACTIONS: s.rl_env_rejected_actions,
              EPISODES_ENDED_AT_RESET: s.rl_episodes_ended_at_reset, EPISODES_DROPPED: s.rl_episodes_dropped,
-             **({"groups": s.rl_groups, "groups_zero_advantage": s.rl_groups_zero_advantage}
+             **({GROUPS: s.rl_groups, GROUPS_ZERO_ADVANTAGE: s.rl_groups_zero_advantage}
                 if s.rl_groups is not None else {})}
         rl = _judged(RL_TRAINED, False, s.rl_action_tokens > 0, describe_rl_signal(t))
     echo = _judged(ECHO_TRAINED, False, s.echo_tokens > 0, f"echo tokens={s.echo_tokens} > 0 "

@@ -7,7 +7,7 @@ import pytest
 import torch
 from fixtures.small_model import make_spec
 
-from quaero.model import resolve_model
+from quaero.models.load import resolve_model
 from quaero.rows import EchoRow, Span
 from quaero.telemetry import proofs
 from trainers import step

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from quaero.config import ConfigError
-from quaero.recipe.plan import load_checked
+from quaero.preflight.plan import load_checked
 
 ROOT = Path(__file__).resolve().parents[4]
 MAIN = ROOT / "envs" / "toolbench.toml"
@@ -41,6 +41,11 @@ def check(folder: Path, tmp_path: Path, *more: str):
     (CHATML.replace("{{ m['content'] }}", "{{ m['content'] }}{% if m['role'] != 'assistant' %} "
                                           "#{{ loop.index }}{% endif %}"),
      "cannot append an env response exactly (template_history_dependent: "),
+    # hung `quaero check` in C code holding the GIL, growing to GBs, Ctrl-C ignored
+    pytest.param("{% set ns = namespace(x=[1]) %}{% for i in range(40) %}{% set ns.x = [ns.x, ns.x] %}"
+                 "{% endfor %}{{ ns.x|tojson }}" + CHATML,
+                 "(the chat template raised SecurityError: a list, tuple or dict literal would print as",
+                 marks=pytest.mark.hostile),
 ])
 def test_bad_chat_templates_are_one_line_at_check(tmp_path, tiny_model_dir, template, needle):
     folder = model_with_template(tmp_path, tiny_model_dir, template)
@@ -64,7 +69,7 @@ def test_a_template_without_an_exact_bridge_names_what_works_and_runs_without_ec
 
 
 def test_check_says_which_renderer_was_chosen_and_why(tmp_path, tiny_model_dir):
-    from quaero.tools.check import plan_lines
+    from quaero.preflight.check import plan_lines
 
     cfg = load_checked(MAIN, ["model.renderer='auto'", f"run.output_dir='{tmp_path / 'runs'}'"])
     line = next(x for x in plan_lines(cfg, str(MAIN)) if x.startswith("model"))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from quaero.config import ConfigError, QuaeroConfig, load_config
-from quaero.recipe.plan import check_components, load_checked, trainer_spec
+from quaero.preflight.plan import check_components, load_checked, trainer_spec
 from trainers import registry
 from trainers.spec import MemoryPolicy, SelectivePolicy, TrainerSpec, options
 
@@ -80,7 +80,7 @@ def test_every_trainer_option_is_a_config_key_with_its_default_and_bounds():
 
 
 def test_check_prints_every_trainer_option_with_the_value_the_config_sets():
-    from quaero.tools.check import SHOWN_WITH_THEIR_SECTION, trainer_option_lines
+    from quaero.preflight.check import SHOWN_WITH_THEIR_SECTION, trainer_option_lines
 
     cfg = load_config(MAIN, ["backend.lr=0.5", "backend.options.train_save_on_cpu_min_numel=11",
                              "model.max_seq_len=512", "backend.options.train_supervised_context_tokens=6"])
@@ -272,7 +272,7 @@ def test_a_warm_start_without_a_demonstrator_fails_at_check(overrides, needle):
 
 def test_the_warm_start_oracle_comes_from_the_entry_or_from_training_oracle():
     from envs.toolbench.oracle import oracle_policy
-    from quaero.recipe.plan import resolve_oracle
+    from quaero.preflight.plan import resolve_oracle
 
     assert resolve_oracle(load_checked(MAIN)) is oracle_policy
     remote = load_checked(MAIN, ["env.entry=''", "env.kwargs={}", "env.launcher='remote'",
@@ -389,7 +389,7 @@ def test_check_never_calls_an_env_factory(tmp_path, entry, capsys):
 
 
 def test_the_policy_loss_is_one_check_line_and_a_bad_one_one_error():
-    from quaero.tools.check import policy_loss_line
+    from quaero.preflight.check import policy_loss_line
 
     line = policy_loss_line(load_config(MAIN, []))
     assert line.startswith("loss        ppo_clip -min(r A, clip(r, 0.8, 1.2) A)")
@@ -410,7 +410,7 @@ def test_the_policy_loss_is_one_check_line_and_a_bad_one_one_error():
 
 
 def test_the_kl_penalty_is_on_the_loss_line_and_a_kl_without_a_reference_is_refused():
-    from quaero.tools.check import policy_loss_line
+    from quaero.preflight.check import policy_loss_line
 
     line = policy_loss_line(load_config(MAIN, ["training.beta=0.04"]))
     assert "+ 0.04 x KL k3 to the frozen reference" in line
@@ -446,7 +446,7 @@ def test_check_of_an_unbuilt_named_shape_says_its_size_and_builds_nothing(tmp_pa
 def test_a_named_models_first_build_is_announced_with_its_size_before_it_starts(tmp_path, monkeypatch):
     import structlog
 
-    from quaero import model
+    from quaero.models import cache as model
 
     monkeypatch.setenv("QUAERO_CACHE", str(tmp_path))
     monkeypatch.setattr(model, "materialize_folder", lambda folder, build: folder)  # no build here

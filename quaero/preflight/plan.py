@@ -195,9 +195,10 @@ def _first_link(run_dir: Path) -> tuple[Path, str] | None:
 
 
 def unbuilt_shape(name: str) -> bool:
-    """A named Qwen3 shape (quaero/model.py NAMED_SHAPES) not built yet: `quaero check` says what its first
-    build costs instead of building it (qwen3-1.7b-shape: minutes, ~10 GB of memory)."""
-    from quaero.model import NAMED_SHAPES, is_built
+    """A named Qwen3 shape (quaero/models/qwen3.py NAMED_SHAPES) not built yet: `quaero check` says what its
+    first build costs instead of building it (qwen3-1.7b-shape: minutes, ~10 GB of memory)."""
+    from quaero.models.cache import is_built
+    from quaero.models.qwen3 import NAMED_SHAPES
 
     return name in NAMED_SHAPES and not is_built(name)
 
@@ -207,18 +208,12 @@ def check_model_and_renderer(cfg: QuaeroConfig, source: str = "config") -> None:
     encodes a tool call and, when packing with ECHO, bridges a tool result exactly. Loads the tokenizer, never
     the weights. Records the renderer chosen and why (`quaero check` prints it)."""
     from quaero.chat import registry
-    from quaero.model import (
-        ModelNotFound,
-        build_note,
-        build_qwen3_tokenizer,
-        config_fields,
-        dtype_problem,
-        folder_problem,
-        load_tokenizer,
-        resolve_device,
-        resolve_model,
-    )
-    from quaero.model_config import tokenizer_problem
+    from quaero.models.base import ModelNotFound
+    from quaero.models.cache import build_note
+    from quaero.models.config import tokenizer_problem
+    from quaero.models.folders import folder_problem
+    from quaero.models.load import config_fields, dtype_problem, load_tokenizer, resolve_device, resolve_model
+    from quaero.models.qwen3 import build_qwen3_tokenizer
     from quaero.rollout.render import BridgeFailure, RenderAdapter
 
     name = cfg.model.name

@@ -1,11 +1,13 @@
 """`quaero check`: what a config resolves to and what it will do, printed before anything trains.
 
 Each section of the config gets a line (run, model, env, sampler, backend, the trainer options, echo,
-training, the RL loss, the work), then the memory plan (quaero/recipe/memory_plan.py), each env's action and
-splits. Heavy imports (the model's config, the env) happen here, inside the command, never in the CLI's
+training, the RL loss, the work), then the memory plan (quaero/preflight/memory_plan.py), each env's action
+and splits. Heavy imports (the model's config, the env) happen here, inside the command, never in the CLI's
 import.
 """
 from __future__ import annotations
+
+from quaero.preflight.guidance_lines import guidance_lines
 
 
 def _lora(supported: bool, backend) -> str:
@@ -16,7 +18,7 @@ def _lora(supported: bool, backend) -> str:
 
 
 def plan_lines(cfg, source: str) -> list[str]:
-    from quaero.model import resolve_device
+    from quaero.models.load import resolve_device
     from quaero.sampling import resolve_backend
     from trainers.registry import TRAINERS
 
@@ -65,7 +67,7 @@ def plan_lines(cfg, source: str) -> list[str]:
         *guidance_lines(cfg),
         work_line(cfg),
     ]
-    from quaero.recipe.memory_lines import memory_lines
+    from quaero.preflight.memory_lines import memory_lines
 
     return lines + memory_lines(cfg, device)
 
@@ -119,16 +121,9 @@ def trainer_option_lines(cfg, width: int = 110) -> list[str]:
     return lines
 
 
-def guidance_lines(cfg) -> list[str]:
-    """`quaero check`'s guidance line and its schedule's warning (quaero/recipe/guidance.py)."""
-    from quaero.recipe.guidance import guidance_lines as lines
-
-    return lines(cfg)
-
-
 def policy_loss_line(cfg) -> str:
     """`quaero check`'s RL loss line: the variant with its formula, and the advantage estimator."""
-    from quaero.recipe.plan import trainer_spec
+    from quaero.preflight.plan import trainer_spec
 
     t = cfg.training
     nsr = (f", positive_advantage_weight={t.positive_advantage_weight:g}"
@@ -192,7 +187,7 @@ def work_line(cfg) -> str:
 
 def check(args) -> int:
     """`quaero check CONFIG`: the resolved config and its plan, every env's splits, and 'config OK'."""
-    from quaero.recipe.plan import load_checked
+    from quaero.preflight.plan import load_checked
 
     cfg = load_checked(args.config, args.overrides)
     print("\n".join(plan_lines(cfg, args.config)))
