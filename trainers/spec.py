@@ -262,6 +262,13 @@ class TrainerSpec:
         True, "backend.options.train_selective_suffix_logits",
         about="build a target mask from tokens with RL advantage or positive ECHO weight and compute LM "
               "head + CE only there")
+    tree_packing: Literal["auto", "on", "off"] = option(
+        "off", "backend.options.train_tree_packing",
+        about="exact tree training (trainers/tree.py): a microbatch's rows forwarded once as a token trie "
+              "(shared prefixes computed once, gradients through them intact); `auto` packs a microbatch "
+              "where the trie's estimated backbone FLOPs (N tokens, N^2 attention pairs) are at most 0.8 of "
+              "the padded rows'; a model that cannot take the ancestor mask falls back to the rows, counted "
+              "with its reason")
     selective: SelectivePolicy = field(default_factory=SelectivePolicy)
     memory: MemoryPolicy = field(default_factory=MemoryPolicy)
     # data parallelism under torchrun (trainers/distributed.py); "none" is one process

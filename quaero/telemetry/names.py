@@ -98,6 +98,21 @@ LM_HEAD_SKIPPED_MICROBATCHES = _step.count("lm_head_skipped_microbatches",
                                            "microbatches no loss reads: no forward at all")
 FORWARD_PASSES_PER_MICROBATCH = _step.per_step("forward_passes_per_microbatch", "the shared-forward "
                                                                                 "invariant: 1")
+TREE_PACKING = _step.latest("local_train_tree_packing", "`train_tree_packing`: `off`, `auto` or `on`")
+TREE_BATCHES = _step.count("local_train_tree_batches",
+                           "microbatches forwarded once as a token trie (trainers/tree.py)")
+TREE_UNIQUE_TOKENS = _step.count("local_train_tree_unique_tokens",
+                                 "the tries' unique tokens, over the microbatches packing considered")
+TREE_ROW_TOKENS = _step.count("local_train_tree_row_tokens", "those microbatches' row tokens")
+TREE_TOKEN_RATIO = _step.per_step("local_train_tree_token_ratio",
+                                  "unique / row tokens of the step's tries (1: nothing shared; none with "
+                                  "packing off)")
+TREE_FALLBACK_BATCHES = _step.count("local_train_tree_fallback_batches",
+                                    "microbatches packing was asked for and the rows ran (the model cannot "
+                                    "take the ancestor mask)")
+TREE_FALLBACK_REASON = _step.latest("local_train_tree_fallback_reason", "why, the latest given")
+TREE_METRICS = (TREE_PACKING, TREE_BATCHES, TREE_UNIQUE_TOKENS, TREE_ROW_TOKENS, TREE_TOKEN_RATIO,
+                TREE_FALLBACK_BATCHES, TREE_FALLBACK_REASON)
 SAMPLER_LOGPROB_GAP_MEAN = _step.per_step("sampler_logprob_gap_mean", "mean absolute sampler-vs-trainer "
                                           "log-prob gap on sampled action tokens")
 SAMPLER_LOGPROB_GAP_MAX = _step.per_step("sampler_logprob_gap_max", "its maximum")

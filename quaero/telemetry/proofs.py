@@ -42,6 +42,12 @@ from quaero.telemetry.names import (
     SELECTIVE_SUFFIX_LOGITS,
     SPARSE_SUFFIX_SKIPS,
     SUFFIX_BATCHES,
+    TREE_BATCHES,
+    TREE_FALLBACK_BATCHES,
+    TREE_FALLBACK_REASON,
+    TREE_PACKING,
+    TREE_ROW_TOKENS,
+    TREE_UNIQUE_TOKENS,
 )
 from quaero.telemetry.summary import Comparison, RunSummary
 
@@ -57,6 +63,9 @@ BRANCH_COUNTERS: dict[str, Callable[[Any], bool]] = {
     DENSE_BATCHES: lambda info: info.branch == "dense",  # selective off
 }
 
+# The tree-packing counters (trainers/tree.py), summed over steps like the branch counters.
+TREE_COUNTERS = (TREE_BATCHES, TREE_UNIQUE_TOKENS, TREE_ROW_TOKENS, TREE_FALLBACK_BATCHES)
+
 # What one trainer step's proof reads: its branch metrics and the shared-forward figures.
 STEP_PROOF_METRICS = (SELECTIVE_SUFFIX_LOGITS, *BRANCH_COUNTERS, COMPILE_MODE, COMPILE_FALLBACK_REASON,
                       FORWARD_PASSES, MICROBATCHES, FORWARD_PASSES_PER_MICROBATCH,
@@ -71,6 +80,7 @@ def short(metric: str) -> str:
 PASS, FAIL, NA = "pass", "fail", "n/a"
 SPARSE_ECHO = "sparse ECHO proof"
 COMPILED_CE = "compiled CE proof"
+TREE_TRAINING = "tree training proof"
 EXACT_ROWS = "exact rows (prefix mismatches)"
 TRAINED = "trained at least one step"
 ECHO_FALLING = "ECHO loss falling"
@@ -80,8 +90,8 @@ ECHO_TRAINED = "ECHO trained (env tokens)"
 LOGPROB_GAP = "sampler log-probs agree with the trainer"
 RL_KEPT = "RL kept eval at warm start"
 RL_IMPROVED = "RL improved eval over warm start"
-CHECKS = (SPARSE_ECHO, COMPILED_CE, EXACT_ROWS, TRAINED, LOGPROB_GAP, RL_TRAINED, ECHO_TRAINED, ECHO_FALLING,
-          EVAL_ABOVE_UNTRAINED, RL_KEPT, RL_IMPROVED)
+CHECKS = (SPARSE_ECHO, COMPILED_CE, TREE_TRAINING, EXACT_ROWS, TRAINED, LOGPROB_GAP, RL_TRAINED, ECHO_TRAINED,
+          ECHO_FALLING, EVAL_ABOVE_UNTRAINED, RL_KEPT, RL_IMPROVED)
 # McNemar exact p on the success pairs, or the reward difference's 95% interval clear of 0: the level at which
 # RL_IMPROVED calls a gain and RL_KEPT a loss
 RL_IMPROVED_P = 0.05
@@ -135,6 +145,25 @@ def compiled_ce(totals: Mapping[str, Any]) -> dict[str, Any]:
                    f"mode=require, compiled_ce_batches={compiled} > 0, fallback_reason={reason!r}")
 
 
+def tree_training(totals: Mapping[str, Any]) -> dict[str, Any]:
+    """With `train_tree_packing` on or auto: microbatches ran as tries, with their unique / row tokens; "on"
+    fails on any fallback (its reason shown), "auto" counts the microbatches it left as rows as not paying."""
+    mode = totals.get(TREE_PACKING, "off")
+    if mode in ("off", "", None):
+        return _check(TREE_TRAINING, False, NA, "train_tree_packing='off'")
+    packed, fallback = totals.get(TREE_BATCHES, 0), totals.get(TREE_FALLBACK_BATCHES, 0)
+    unique, rows = totals.get(TREE_UNIQUE_TOKENS, 0), totals.get(TREE_ROW_TOKENS, 0)
+    ratio = f"{unique / rows:.3f}" if rows else "n/a"
+    detail = (f"mode={mode}, tree_batches={packed} > 0, unique/row tokens {unique}/{rows} = {ratio}, "
+              f"tree_fallback_batches={fallback}")
+    reason = totals.get(TREE_FALLBACK_REASON, "")
+    if reason:
+        detail += f" ({reason})"
+    if mode == "auto" and packed == 0 and fallback == 0:
+        return _check(TREE_TRAINING, False, NA, f"{detail}: no microbatch shared enough to pay")
+    return _judged(TREE_TRAINING, False, packed > 0 and (fallback == 0 or mode == "auto"), detail)
+
+
 def logprob_gap(s: RunSummary) -> dict[str, Any]:
     """On-policy RL steps (rows sampled by the weights being trained: policy_staleness 0) measured a
     sampler-vs- trainer gap within LOGPROB_GAP_MAX_NATS per token and LOGPROB_GAP_MEAN_NATS per step's mean.
@@ -150,7 +179,7 @@ def logprob_gap(s: RunSummary) -> dict[str, Any]:
 
 def branch_checks(totals: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The checks a trainer step's branch counters prove (summed over steps)."""
-    return [sparse_echo(totals), compiled_ce(totals)]
+    return [sparse_echo(totals), compiled_ce(totals), tree_training(totals)]
 
 
 def run_checks(s: RunSummary) -> list[dict[str, Any]]:

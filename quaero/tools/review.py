@@ -424,14 +424,19 @@ def _gap_figures(rl: list[dict]) -> dict:
 
 
 def _selective(steps: list[dict]) -> dict:
-    """The selective LM head's figures: its last settings and the branch counters' sums."""
+    """The selective LM head's figures: its last settings and the branch counters' sums; tree training's
+    setting, counters' sums and latest fallback reason (trainers/tree.py)."""
     reasons = [st for st in steps if st.get(names.COMPILE_FALLBACK_REASON)]
+    tree_reasons = [st for st in steps if st.get(names.TREE_FALLBACK_REASON)]
     return {
         names.SELECTIVE_SUFFIX_LOGITS: _last(steps, names.SELECTIVE_SUFFIX_LOGITS),
         names.COMPILE_MODE: _last(steps, names.COMPILE_MODE, ""),
         # the latest reason given (a step with no targets attempts no compile and gives none)
         names.COMPILE_FALLBACK_REASON: _last(reasons, names.COMPILE_FALLBACK_REASON, ""),
         **{k: _sum(steps, k) for k in proofs.BRANCH_COUNTERS},
+        names.TREE_PACKING: _last(steps, names.TREE_PACKING, "off"),
+        **{k: _sum(steps, k) for k in proofs.TREE_COUNTERS},
+        names.TREE_FALLBACK_REASON: _last(tree_reasons, names.TREE_FALLBACK_REASON, ""),
     }
 
 

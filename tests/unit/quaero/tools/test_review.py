@@ -277,7 +277,8 @@ def test_require_an_unknown_check_lists_the_valid_names(tmp_path, capsys):
     assert review_cli(tmp_path, "--require", "ECHO loss fallin") == 1
     err = capsys.readouterr().err
     assert err == ("error: --require 'ECHO loss fallin' is not a check; valid: 'sparse ECHO proof', "
-                   "'compiled CE proof', 'exact rows (prefix mismatches)', 'trained at least one step', "
+                   "'compiled CE proof', 'tree training proof', 'exact rows (prefix mismatches)', "
+                   "'trained at least one step', "
                    "'sampler log-probs agree with the trainer', 'RL trained (action tokens with advantage)', "
                    "'ECHO trained (env tokens)', 'ECHO loss falling', 'eval reward above untrained', "
                    "'RL kept eval at warm start', 'RL improved eval over warm start'\n")
