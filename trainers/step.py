@@ -11,7 +11,7 @@ importance ratio compares the trainer with the distribution the sampler drew fro
 reads the same tensor (one LM-head pass), so at T != 1 it trains the tempered distribution too. An SFT
 step (the warm start, recorded traces) sampled nothing: it scores at T = 1, the model's own distribution,
 so the RL temperature never changes what the warm start learns (scored at T 0.7 its gradient was 1/0.7 times
-larger: benchmarks/README.md, "RL over the warm start, third pass").
+larger: benchmarks/HISTORY.md, "RL over the warm start, third pass").
 
 The sampler-vs-trainer gap is measured on every sampled action token of a microbatch that trains,
 whatever its advantage (the selective path computes those log-probs too; no loss reads them).

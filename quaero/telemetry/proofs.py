@@ -97,8 +97,8 @@ CHECKS = (SPARSE_ECHO, COMPILED_CE, TREE_TRAINING, EXACT_ROWS, TRAINED, LOGPROB_
 RL_IMPROVED_P = 0.05
 
 # |sampler log-prob - trainer log-prob| of a sampled token, on-policy (nats). Measured: fp32 on CPU at most
-# 3.4e-4 (README); bf16 kernels differ by a few tenths on a rare token. Past these the importance ratios
-# train on noise (a sampler +50 nats off gave ratios of 2e-27 and a clip fraction of 1.0).
+# 3.4e-4 (benchmarks/HISTORY.md); bf16 kernels differ by a few tenths on a rare token. Past these the
+# importance ratios train on noise (a sampler +50 nats off gave ratios of 2e-27 and a clip fraction of 1.0).
 LOGPROB_GAP_MAX_NATS = 2.0  # any one token of an on-policy step
 LOGPROB_GAP_MEAN_NATS = 0.1  # a step's mean over its sampled tokens
 # A sampled token's log-prob above this is impossible (log p <= 0; fp32 rounding stays far below it): the
