@@ -230,10 +230,12 @@ class TemplateRenderer:
         found = self._round_trip(["hermes"])
         if found is None:
             raise TemplateProblem("tool calls round-trip through this chat template neither in its own "
-                                  "format nor as text: a rendered call does not parse back to itself")
+                                  "format nor as text: a rendered call does not parse back to itself"
+                                  + self._probe_error)
         return found[0], found[1], why
 
     def _round_trip(self, names: list[str]) -> tuple[ToolFormat, int | None] | None:
+        self._probe_error = ""
         one = self._rendered_reply(_PROBE_CALLS[:1])
         for name in names if one is not None else []:
             fmt = parser(name)
@@ -260,7 +262,8 @@ class TemplateRenderer:
             prompt = self.render_text(chat, tools=_PROBE_TOOLS, add_generation_prompt=True)
             whole = self.render_text([*chat, {"role": "assistant", "content": "", "tool_calls": calls}],
                                      tools=_PROBE_TOOLS)
-        except TemplateProblem:
+        except TemplateProblem as e:
+            self._probe_error = f" (the template raised on it: {e})"
             return None
         if whole.startswith(prompt):
             reply = whole[len(prompt):]

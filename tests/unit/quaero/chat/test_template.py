@@ -16,6 +16,10 @@ from quaero.rollout.render import WORD_JOINER, BridgeFailure, RenderAdapter
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# an assistant's calls as Hermes blocks (a template that renders `tool_calls` itself, as Qwen's does)
+CALLS_AS_HERMES = ("{% for c in m.get('tool_calls') or [] %}<tool_call>\n{\"name\": "
+                   "{{ c.function.name | tojson }}, \"arguments\": {{ c.function.arguments | tojson }}}\n"
+                   "</tool_call>{% endfor %}")
 CHAT = [{"role": "user", "content": "Weather in Paris?"}]
 CALL = {"role": "assistant", "content": "", "tool_calls": [
     {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
@@ -90,7 +94,8 @@ def test_a_bridge_that_differs_from_the_whole_render_is_refused(qwen3_tokenizer)
     """A template that rewrites the tool turn after a reply that called no tool: the synthetic history (a
     call) and the real one disagree, which only the whole-render check sees."""
     sneaky = CHATML.replace("{{ m['content'] }}", "{{ m['content'] }}{% if m['role'] == 'tool' and not "
-                            "messages[loop.index0 - 1].get('tool_calls') %}!{% endif %}")
+                            "messages[loop.index0 - 1].get('tool_calls') %}!{% endif %}"
+                            + CALLS_AS_HERMES)  # its calls round-trip: tool_format "template" is kept
     r = TemplateRenderer(qwen3_tokenizer, chat_template=sneaky, tool_format="template")
     prompt = r.render_ids(CHAT, add_generation_prompt=True)
     action = r.render_ids([*CHAT, {"role": "assistant", "content": "no call"}])[len(prompt):-1]
