@@ -196,10 +196,10 @@ class TemplateRenderer:
         content, calls = self._read_calls(text)
         return ParsedResponse(content=content.strip(), reasoning_content=reasoning, tool_calls=calls)
 
-    def _read_calls(self, text: str, fmt: ToolFormat | None = None) -> tuple[str, list[dict] | None]:
+    def _read_calls(self, text: str) -> tuple[str, list[dict] | None]:
         """(content, calls) in the chosen format; raises MalformedToolCall on a call it cannot read, or on
         more calls than the template renders in one message (the reply then goes to the env as text)."""
-        found = (fmt or self._format).parse(text)
+        found = self._format.parse(text)
         if found is None:
             return text, None
         if self.max_calls is not None and len(found[1]) > self.max_calls:
@@ -235,6 +235,7 @@ class TemplateRenderer:
         return found[0], found[1], why
 
     def _round_trip(self, names: list[str]) -> tuple[ToolFormat, int | None] | None:
+        """The first of the formats `names` that reads the known call back exactly, and its `max_calls`."""
         self._probe_error = ""
         one = self._rendered_reply(_PROBE_CALLS[:1])
         for name in names if one is not None else []:
