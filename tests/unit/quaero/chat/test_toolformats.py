@@ -98,6 +98,7 @@ CHOSEN = {
 }
 
 
+@pytest.mark.peers  # TRL's copies of the templates (the [peers] extra; CI's peers tier)
 @pytest.mark.parametrize("name", sorted(CHOSEN))
 def test_the_round_trip_picks_each_real_templates_own_format(qwen3_tokenizer, name):
     source = trl_template(name)
@@ -107,6 +108,7 @@ def test_the_round_trip_picks_each_real_templates_own_format(qwen3_tokenizer, na
     assert r.tool_format_why.startswith(fmt if own else "prompt (auto: ")
 
 
+@pytest.mark.peers  # TRL's copies of the templates (the [peers] extra; CI's peers tier)
 def test_a_template_whose_calls_round_trip_nowhere_is_refused_in_one_line(qwen3_tokenizer):
     drops = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] != 'assistant' %}"
              "{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}"
@@ -123,6 +125,7 @@ def _render(tokenizer, name: str) -> RenderAdapter:
                          ModelConfig(renderer="template", renderer_options={"chat_template": source}))
 
 
+@pytest.mark.peers  # TRL's copies of the templates (the [peers] extra; CI's peers tier)
 @pytest.mark.parametrize("name", ["llama3_1", "llama3_2", "gemma3"])
 def test_two_calls_in_one_reply_never_raise_out_of_the_driver(qwen3_tokenizer, name):
     """Before: TemplateProblem out of `EpisodeDriver.run` (Llama 3.x: "only supports single tool-calls";
@@ -141,6 +144,7 @@ def test_two_calls_in_one_reply_never_raise_out_of_the_driver(qwen3_tokenizer, n
     assert spans_of(eps[0], "env") and audit["bridge_fallbacks"] == 0
 
 
+@pytest.mark.peers  # TRL's copies of the templates (the [peers] extra; CI's peers tier)
 def test_a_sampled_reply_with_more_calls_than_the_template_renders_goes_on_as_text(qwen3_tokenizer):
     render = _render(qwen3_tokenizer, "llama3_1")
     one = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
