@@ -93,7 +93,7 @@ OWN_CALLS = CHATML.replace("{{ m['content'] }}", "{% if m.get('tool_calls') %}{%
     (CHATML, "tool calls prompt (auto: the template reads no `tools`, so calls and tool specs go as text)"),
 ])
 def test_check_says_which_tool_call_format_the_round_trip_chose(tmp_path, tiny_model_dir, template, said):
-    from quaero.tools.check import plan_lines
+    from quaero.preflight.check import plan_lines
 
     cfg = check(model_with_template(tmp_path, tiny_model_dir, template), tmp_path)
     assert said in plan_lines(cfg, str(MAIN))[2]
