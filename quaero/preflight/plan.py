@@ -248,6 +248,8 @@ def check_model_and_renderer(cfg: QuaeroConfig, source: str = "config") -> None:
         raise ConfigError(f"{said}: the chat template renders the same conversation differently twice (it is "
                           f"not deterministic), so no prompt is reproducible; {fix}")
     cfg.model._chosen = f"{choice.name!r} ({choice.why})"
+    if why := getattr(render.renderer, "tool_format_why", None):  # the template renderer's round trip
+        cfg.model._chosen += f", tool calls {why}"
     if cfg.training.packing and cfg.echo.enabled:
         try:
             render.bridge(prompts[0], action, [{"role": "tool", "content": "probe"}], _PROBE_TOOLS)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from quaero.bounded import CallTimeout, bounded_call
+from quaero.chat.sandbox import TemplateProblem
 from quaero.openenv_client import ChatEnv, EpisodeDropped, EpisodeEndedAtReset
 from quaero.rollout.render import BridgeFailure, RenderAdapter, UnparsableAction
 from quaero.rollout.rows import Transition, build_rows, per_transition_tokens
@@ -198,8 +199,9 @@ class EpisodeDriver:
                     ep.messages = self._bounded(ep.messages)
                 live += starting
                 running = [ep for ep in live if not ep.done]
-                prompts = [self.render.prompt_ids(ep.messages, ep.tools) for ep in running]
-                running, prompts = self._with_room(running, prompts)
+                prompts = [self._prompt(ep) for ep in running]
+                running = [ep for ep, p in zip(running, prompts) if p is not None]
+                running, prompts = self._with_room(running, [p for p in prompts if p is not None])
                 if running:
                     acted = self._act(running, prompts, greedy)  # None: a failed guide (its episode dropped)
                     kept = [i for i, c in enumerate(acted) if c is not None]
@@ -339,7 +341,10 @@ class EpisodeDriver:
                     raise
                 self._guide_failed(ep, err)
                 continue
-            out[i] = self._scripted(ep, prompts[i], message)
+            try:
+                out[i] = self._scripted(ep, prompts[i], message)
+            except TemplateProblem as err:  # a demo the template cannot render (two calls on Llama 3.x)
+                self._template_raised(ep, err)
         sampled = [i for i, s in enumerate(scripted) if not s]
         if sampled:
             seed = self._seed * 100_003 + self._sample_calls
@@ -371,6 +376,20 @@ class EpisodeDriver:
                           "otherwise than in the recording")
             return None
         return self._unsampled(prompt, ids)
+
+    def _prompt(self, ep: _Live) -> list[int] | None:
+        """The episode's next sampling prompt; None where the chat template raises on its conversation."""
+        try:
+            return self.render.prompt_ids(ep.messages, ep.tools)
+        except TemplateProblem as err:
+            self._template_raised(ep, err)
+            return None
+
+    def _template_raised(self, ep: _Live, err: TemplateProblem) -> None:
+        """A chat template (quaero/chat/template.py) that raises on this episode's conversation: nothing of
+        it can be rendered exactly, so the episode is dropped (kind `template_raised`), never the run."""
+        ep.done, ep.drop_kind = True, "template_raised"
+        ep.dropped = f"step {len(ep.transitions)}: {err}"[:300]
 
     def _guide_failed(self, ep: _Live, err: Exception) -> None:
         kind = "guide_timeout" if isinstance(err, CallTimeout) else "guide_failed"

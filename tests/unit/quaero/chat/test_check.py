@@ -77,3 +77,32 @@ def test_check_says_which_renderer_was_chosen_and_why(tmp_path, tiny_model_dir):
     folder = model_with_template(tmp_path, tiny_model_dir, CHATML)
     cfg = check(folder, tmp_path)
     assert "renderer 'template' (named in [model] renderer)" in plan_lines(cfg, str(MAIN))[2]
+
+
+# calls as Llama 3 writes them (one JSON object a call, "parameters"), in a template that reads `tools`
+OWN_CALLS = CHATML.replace("{{ m['content'] }}", "{% if m.get('tool_calls') %}{% for c in m.tool_calls %}"
+                           "{\"name\": {{ c.function.name | tojson }}, \"parameters\": "
+                           "{{ c.function.arguments | tojson }}}{% endfor %}{% else %}{{ m['content'] }}"
+                           "{% endif %}") + "{% if tools %}{% endif %}"
+
+
+@pytest.mark.parametrize("template,said", [
+    (OWN_CALLS, "tool calls llama3_json: the template's own tool calls parse back exactly"),
+    (OWN_CALLS.replace("{\"name\": {{", "<call>{{").replace("}}}{% endfor %}", "}}</call>{% endfor %}"),
+     "tool calls prompt (auto: the template's own tool calls parse back through none of hermes, llama3_json"),
+    (CHATML, "tool calls prompt (auto: the template reads no `tools`, so calls and tool specs go as text)"),
+])
+def test_check_says_which_tool_call_format_the_round_trip_chose(tmp_path, tiny_model_dir, template, said):
+    from quaero.preflight.check import plan_lines
+
+    cfg = check(model_with_template(tmp_path, tiny_model_dir, template), tmp_path)
+    assert said in plan_lines(cfg, str(MAIN))[2]
+
+
+def test_a_template_whose_tool_calls_round_trip_nowhere_is_refused_in_one_line(tmp_path, tiny_model_dir):
+    drops = CHATML.replace("{{ m['content'] }}",
+                           "{% if m['role'] != 'assistant' %}{{ m['content'] }}{% endif %}")
+    with pytest.raises(ConfigError) as e:
+        check(model_with_template(tmp_path, tiny_model_dir, drops), tmp_path)
+    line = str(e.value)
+    assert "\n" not in line and "round-trip through this chat template neither in its own format nor" in line
