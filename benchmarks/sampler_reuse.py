@@ -100,7 +100,7 @@ def sampler_figures(name: str, repeats: int) -> dict[str, Any]:
         def run(arm, prompts=prompts):
             set_arm(s, arm, kv_bytes)
             seconds = timed(lambda: s.generate(prompts, seed=0))
-            return b * 48 / seconds
+            return len(prompts) * 48 / seconds
 
         rates = alternate(repeats, run)
         doc[f"decode_b{b}_tokens_per_s"] = {a: round(statistics.median(v), 1) for a, v in rates.items()}
@@ -115,8 +115,8 @@ def sampler_figures(name: str, repeats: int) -> dict[str, Any]:
 
     secs = alternate(repeats, prefill)
     doc["group_prefill_s"] = {a: round(statistics.median(v), 3) for a, v in secs.items()}
-    doc["group_prefill_s"]["speedup"] = round(statistics.median(secs["before"]) / statistics.median(secs["after"]),
-                                              2)
+    before, after = statistics.median(secs["before"]), statistics.median(secs["after"])
+    doc["group_prefill_s"]["speedup"] = round(before / after, 2)
     return doc
 
 
@@ -144,7 +144,8 @@ def rollout_figures(name: str, config: str, repeats: int) -> dict[str, Any]:
                 eps = [e for e in run.groups[-1][0] if not e.dropped]
                 counts = c.counts.snapshot_and_reset()
                 rows = [r for e in eps for r in e.rows]
-                gap = logprob_gap(rows, c.trainer.logprobs(rows, temperature=1.0 if mode == "greedy" else None))
+                scored = c.trainer.logprobs(rows, temperature=1.0 if mode == "greedy" else None)
+                gap = logprob_gap(rows, scored)
                 tokens = sum(len(t.action_ids) for e in eps for t in e.transitions)
                 return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds,
                         "turns": sum(e.turns for e in eps), "gap_max": gap["max"],
