@@ -1,7 +1,8 @@
 """`quaero bench sampler-reuse`: the transformers sampler before/after it reuses what it computed, side by
 side in one process on one model (quaero/sampling/kv_reuse.py).
 
-    quaero bench sampler-reuse --models tiny-qwen3,smollm2-135m-instruct --threads 1
+    quaero bench sampler-reuse --models tiny-qwen3 --threads 1
+    quaero bench sampler-reuse --models smollm2-135m-instruct --config envs/toolbench_smollm2.toml --threads 1
 
 `before` is the old path: every prompt prefilled whole in one left-padded batch, tokens drawn by
 `torch.multinomial` (`[sampler] hf_kv_cache_mib = 0`, `draw_with="multinomial"`); `after` is the default:
@@ -15,7 +16,8 @@ KV kept by exact token ids, the inverse-CDF draw. Per model:
   same tokens on both paths: the KV reuse alone) and sampled: seconds, generated tokens/s, the reuse counters
   and the largest sampler-vs-trainer log-prob gap.
 
-The arms alternate (before, after, after, before ...) over `--repeats` rounds; medians are reported.
+The arms alternate (before, after, after, before ...) over `--repeats` rounds (`--rollout-repeats` for the
+rollout); medians are reported. Figures on a shared machine move with its load (`load_average_end`).
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", default="tiny-qwen3", help="comma-separated model names quaero resolves")
     p.add_argument("--config", default="envs/toolbench.toml", help="the rollout's env and sampler settings")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--rollout-repeats", type=int, default=1, help="rounds of the group rollout per arm")
     p.add_argument("--no-rollout", action="store_true", help="skip the toolbench group rollout")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", metavar="PATH")
@@ -167,14 +170,15 @@ def rollout_figures(name: str, config: str, repeats: int) -> dict[str, Any]:
 
 def run(args) -> dict[str, Any]:
     doc = environment(torch.device("cpu"), torch.float32)
-    doc["config"] = {"models": args.models, "config": args.config, "repeats": args.repeats}
+    doc["config"] = {"models": args.models, "config": args.config, "repeats": args.repeats,
+                     "rollout_repeats": args.rollout_repeats}
     doc["models"] = {}
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
         print(f"quaero bench sampler-reuse: {name}", file=sys.stderr)
         figs = sampler_figures(name, args.repeats)
         print(f"  {name}: {figs}", file=sys.stderr)
         if not args.no_rollout:
-            figs["rollout_group_of_8"] = rollout_figures(name, args.config, args.repeats)
+            figs["rollout_group_of_8"] = rollout_figures(name, args.config, args.rollout_repeats)
         doc["models"][name] = figs
     doc["load_average_end"] = load_average()
     return doc
