@@ -31,16 +31,15 @@ def draw(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         masses.append(probs[:, full * BLOCK:].sum(-1, keepdim=True))
     cum = torch.cat(masses, dim=-1).double().cumsum(-1)  # [B, blocks]
     u = torch.rand((B, 1), generator=gen, dtype=torch.float64, device=probs.device) * cum[:, -1:]
-    block = torch.searchsorted(cum, u, right=True).clamp_(max=cum.shape[1] - 1)  # a block of mass > 0
+    block = torch.searchsorted(cum, u, right=True)  # a block of mass > 0; u rounded up to the total: the last
+    block = torch.minimum(block, (cum < cum[:, -1:]).sum(-1, keepdim=True))
     below = torch.where(block > 0, cum.gather(-1, (block - 1).clamp(min=0)), torch.zeros_like(u))
-    frac = ((u - below) / (cum.gather(-1, block) - below)).squeeze(-1).tolist()  # where in the block, [0, 1)
-    out = []
-    for i, b in enumerate(block.squeeze(-1).tolist()):
-        inner = probs[i, b * BLOCK:(b + 1) * BLOCK].double().cumsum(0)
-        k = int(torch.searchsorted(inner, torch.tensor([frac[i] * float(inner[-1])], dtype=torch.float64,
-                                                       device=inner.device), right=True))
-        out.append(b * BLOCK + min(k, int((inner < inner[-1]).sum())))  # frac rounded to 1: the last p > 0
-    return torch.tensor(out, dtype=torch.long, device=probs.device)
+    frac = (u - below) / (cum.gather(-1, block) - below)  # [B, 1]: where in the block, [0, 1)
+    idx = block * BLOCK + torch.arange(BLOCK, device=probs.device)  # [B, BLOCK]
+    inner = probs.gather(-1, idx.clamp(max=V - 1)).masked_fill(idx >= V, 0.0).double().cumsum(-1)
+    k = torch.searchsorted(inner, frac * inner[:, -1:], right=True)
+    k = torch.minimum(k, (inner < inner[:, -1:]).sum(-1, keepdim=True))  # frac rounded to 1: the last p > 0
+    return (block * BLOCK + k).squeeze(-1)
 
 
 def reusable(model) -> bool:
@@ -55,10 +54,10 @@ def reusable(model) -> bool:
     return bool(cache.layers) and all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
-def weights_version(model) -> tuple[int, ...]:
+def weights_version(model) -> tuple:
     """Changes whenever any parameter is written in place (an optimizer step, a weight copy): the sampler may
     run the trainer's own module, which no `update_weights` call announces."""
-    return tuple(p._version for p in model.parameters())
+    return tuple((p._version, p.data_ptr()) for p in model.parameters())  # `.data =` swaps the storage
 
 
 class PrefixKV:
@@ -69,7 +68,7 @@ class PrefixKV:
         self._entries: OrderedDict[int, tuple[torch.Tensor, KV]] = OrderedDict()  # id -> (ids [L], kv)
         self._bytes = 0
         self._next = 0
-        self._version: tuple[int, ...] | None = None
+        self._version: tuple | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -78,7 +77,7 @@ class PrefixKV:
         self._entries.clear()
         self._bytes = 0
 
-    def check(self, version: tuple[int, ...]) -> None:
+    def check(self, version: tuple) -> None:
         """Drop everything when the weights changed since the last check."""
         if version != self._version:
             self.clear()
