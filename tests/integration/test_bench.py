@@ -316,8 +316,8 @@ def test_bench_rollout_two_episodes(sampler, tmp_path, capsys):
 
 def test_bench_sampler_reuse_fields(tmp_path, capsys):
     """`quaero bench sampler-reuse` on tiny-qwen3 without the rollout: both arms measured, the reuse on."""
-    doc = _run(["sampler-reuse", "--models", "tiny-qwen3", "--repeats", "1", "--no-rollout", "--threads", "1"],
-               tmp_path, capsys)
+    argv = ["sampler-reuse", "--models", "tiny-qwen3", "--repeats", "1", "--no-rollout", "--threads", "1"]
+    doc = _run(argv, tmp_path, capsys)
     figs = doc["models"]["tiny-qwen3"]
     assert figs["kv_reusable"] and figs["vocab"] == 151_936
     for key in ("decode_b1_tokens_per_s", "decode_b8_tokens_per_s", "group_prefill_s"):
