@@ -23,6 +23,8 @@ BENCHMARKS = {
     "crossover": ("benchmarks.crossover",
                   "selective LM head vs the peers' chunked one, per density/length/vocab"),
     "rollout": ("benchmarks.rollout", "toolbench episodes/s and tokens/s per sampler, and the log-prob gap"),
+    "sampler-reuse": ("benchmarks.sampler_reuse",
+                      "the transformers sampler before/after KV reuse and the inverse-CDF draw"),
     "smoke": ("benchmarks.smoke",
               "one RL + ECHO step of a trainer on sparse agent-trace rows, with its proof"),
     "env-latency": ("benchmarks.env_latency", "toolbench step latency per env launcher (transport overhead)"),

@@ -107,6 +107,9 @@ OPTION_MEANINGS = {
     "sampler.max_tokens": "tokens per action; a turn starts only when the prompt leaves room for them",
     "sampler.gpu_memory_utilization": "vLLM's share of the device memory",
     "sampler.enable_prefix_caching": "vLLM's prefix cache (reset after each weight push)",
+    "sampler.hf_kv_cache_mib": "`hf`: MiB of KV kept across calls by exact token ids (a group's "
+                               "prompt prefilled once, a turn's prompt only its new tokens; dropped when the "
+                               "weights change); 0 = off",
     "sampler.mode": "`colocated` (vLLM inside the trainer process) or `server` (docs/scaling.md)",
     "sampler.servers": "vLLM servers quaero starts per rank in server mode",
     "sampler.urls": "running vLLM servers to sample from instead (docs/scaling.md)",

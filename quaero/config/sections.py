@@ -97,6 +97,9 @@ class SamplerConfig(_Section):
     max_tokens: int = Field(256, ge=1)
     gpu_memory_utilization: float = Field(0.4, gt=0, lt=1)
     enable_prefix_caching: bool = True
+    # the `hf` engine's KV kept across calls (a group's shared prompt prefilled once, the next turn's prompt
+    # prefilling only its new tokens; quaero/sampling/kv_reuse.py), at most this many MiB; 0 = off
+    hf_kv_cache_mib: int = Field(512, ge=0)
     # "colocated": vLLM's engine inside the trainer process; "server": `vllm serve` processes spoken to over
     # HTTP (quaero/sampling/server.py). quaero starts `servers` of them per rank, or connects to `urls`.
     mode: Literal[samplers.MODES] = "colocated"

@@ -350,6 +350,8 @@ class EpisodeDriver:
             seed = self._seed * 100_003 + self._sample_calls
             self._sample_calls += 1
             comps = self.sampler.generate([prompts[i] for i in sampled], n=1, greedy=greedy, seed=seed)
+            for name, n in getattr(self.sampler, "take_counts", dict)().items():  # the hf engine's KV reuse
+                self.counts.add(name, n)
             for i, c in zip(sampled, comps):
                 out[i] = c[0]
         return out

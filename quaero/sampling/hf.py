@@ -3,13 +3,26 @@
 Why not `model.generate`: its `output_scores` keeps [steps, batch, vocab] floats alive (GBs at a
 151k vocabulary), and we need exactly the log-prob of each sampled token under the processed
 distribution. This loop keeps one [batch, vocab] row per step.
+
+What it already computed it reuses (`[sampler] hf_kv_cache_mib` > 0, quaero/sampling/kv_reuse.py): the
+members of a group send the same prompt, which is prefilled once and its KV copied to each member's row; a
+prompt that extends a sequence the sampler ran before (the next turn's prompt extends this turn's prompt and
+completion wherever the render keeps the prefix) prefills only its new tokens. 0: every prompt is prefilled
+whole, left-padded in one batch.
 """
 from __future__ import annotations
+
+import threading
+from collections import Counter
 
 import torch
 
 from quaero.config import SamplerConfig
 from quaero.sampling import Completion, completion_budget, finish_reason
+from quaero.sampling.kv_reuse import KV, PrefixKV, draw, reusable, weights_version
+from quaero.telemetry import names
+
+DRAWS = ("inverse_cdf", "multinomial")  # the second kept for `quaero bench sampler-reuse`'s before/after
 
 
 def processed_logprobs(logits: torch.Tensor, temperature: float, top_p: float, greedy: bool) -> torch.Tensor:
@@ -29,7 +42,8 @@ def processed_logprobs(logits: torch.Tensor, temperature: float, top_p: float, g
 class HFSampler:
     def __init__(self, model, cfg: SamplerConfig, *, stop_token_ids: list[int],
                  pad_token_id: int | None = None,
-                 shares_model: bool = False, max_seq_len: int | None = None):
+                 shares_model: bool = False, max_seq_len: int | None = None,
+                 kv_cache_bytes: int | None = None, draw_with: str = "inverse_cdf"):
         self.model = model
         self.shares_model = shares_model  # the trainer's own module: weight sync is a no-op
         self.weight_transfer = "copy"  # else update_weights copies into its own module
@@ -38,6 +52,14 @@ class HFSampler:
         self.max_seq_len = max_seq_len or model.config.max_position_embeddings
         self.stop_token_ids = list(stop_token_ids)
         self.pad_token_id = pad_token_id if pad_token_id is not None else self.stop_token_ids[-1]
+        if draw_with not in DRAWS:
+            raise ValueError(f"HFSampler: draw_with={draw_with!r}; expected one of {DRAWS}")
+        self.draw_with = draw_with
+        kv_bytes = cfg.hf_kv_cache_mib * 2**20 if kv_cache_bytes is None else kv_cache_bytes
+        # a model whose cache is not plain per-layer KV (sliding windows) prefills every prompt whole
+        self.prefix = PrefixKV(kv_bytes) if kv_bytes > 0 and reusable(model) else None
+        self._counts: Counter = Counter()
+        self._lock = threading.Lock()
 
     @property
     def device(self) -> torch.device:
@@ -60,8 +82,52 @@ class HFSampler:
         out = [Completion(t, lp, finish_reason(t, self.stop_token_ids)) for t, lp in zip(tokens, logprobs)]
         return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
 
+    def take_counts(self) -> dict[str, int]:
+        """The reuse counters since the last take (names.SAMPLER_*; the episode driver adds them)."""
+        with self._lock:
+            out, self._counts = dict(self._counts), Counter()
+        return out
+
     @torch.no_grad()
     def _sample(self, prompts: list[list[int]], budgets: list[int], greedy: bool, gen: torch.Generator):
+        dev, B = self.device, len(prompts)
+        if self.prefix is None:
+            logits, cache, attn, pos = self._prefill_padded(prompts)
+        else:
+            logits, cache, attn, pos = self._prefill_reusing(prompts)
+        width = attn.shape[1]
+        stop = torch.tensor(self.stop_token_ids, device=dev)
+        done = torch.zeros(B, dtype=torch.bool, device=dev)
+        budget = torch.tensor(budgets, device=dev)
+        tokens: list[list[int]] = [[] for _ in range(B)]
+        logprobs: list[list[float]] = [[] for _ in range(B)]
+        for step in range(max(budgets)):
+            lp = processed_logprobs(logits, self.cfg.temperature, self.cfg.top_p, greedy)
+            if greedy:
+                tok = lp.argmax(-1)
+            elif self.draw_with == "multinomial":
+                tok = torch.multinomial(lp.exp(), 1, generator=gen).squeeze(-1)
+            else:
+                tok = draw(lp.exp(), gen)
+            tok_lp = lp.gather(-1, tok[:, None]).squeeze(-1)
+            for i in (~done).nonzero().flatten().tolist():
+                tokens[i].append(int(tok[i]))
+                logprobs[i].append(float(tok_lp[i]))
+            done |= torch.isin(tok, stop) | (budget <= step + 1)
+            if bool(done.all()):
+                break
+            attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=dev)], dim=1)
+            pos = pos + 1
+            out = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=pos,
+                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+            logits, cache = out.logits[:, -1], out.past_key_values
+        if self.prefix is not None:
+            self._keep(prompts, tokens, cache, width)
+        return tokens, logprobs
+
+    def _prefill_padded(self, prompts: list[list[int]]):
+        """Every prompt prefilled whole in one left-padded batch: ([B, V] last logits, cache, [B, W] mask,
+        [B, 1] last positions)."""
         dev, B = self.device, len(prompts)
         width = max(len(p) for p in prompts)
         ids = torch.full((B, width), self.pad_token_id, dtype=torch.long, device=dev)
@@ -72,29 +138,58 @@ class HFSampler:
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
                          logits_to_keep=1)
-        stop = torch.tensor(self.stop_token_ids, device=dev)
-        done = torch.zeros(B, dtype=torch.bool, device=dev)
-        budget = torch.tensor(budgets, device=dev)
-        tokens: list[list[int]] = [[] for _ in range(B)]
-        logprobs: list[list[float]] = [[] for _ in range(B)]
-        for step in range(max(budgets)):
-            lp = processed_logprobs(out.logits[:, -1], self.cfg.temperature, self.cfg.top_p, greedy)
-            if greedy:
-                tok = lp.argmax(-1)
-            else:
-                tok = torch.multinomial(lp.exp(), 1, generator=gen).squeeze(-1)
-            tok_lp = lp.gather(-1, tok[:, None]).squeeze(-1)
-            for i in (~done).nonzero().flatten().tolist():
-                tokens[i].append(int(tok[i]))
-                logprobs[i].append(float(tok_lp[i]))
-            done |= torch.isin(tok, stop) | (budget <= step + 1)
-            if bool(done.all()):
-                break
-            attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=dev)], dim=1)
-            pos = pos[:, -1:] + 1
-            out = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=pos,
-                             past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1)
-        return tokens, logprobs
+        return out.logits[:, -1], out.past_key_values, attn, pos[:, -1:]
+
+    def _prefill_reusing(self, prompts: list[list[int]]):
+        """Each distinct prompt prefilled once, from the longest cached prefix of it (at least its last token
+        runs: its logits are not kept), then every row's KV left-padded into one batch cache. Returns what
+        `_prefill_padded` does."""
+        from transformers import DynamicCache
+
+        self.prefix.check(weights_version(self.model))
+        dev, distinct = self.device, {}
+        rows = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+        kvs: list[KV] = []
+        last = []
+        counts = Counter({names.SAMPLER_PREFIX_HITS: len(rows) - len(distinct),  # a member's copy of a prompt
+                          names.SAMPLER_REUSED_TOKENS: sum(map(len, prompts)) - sum(map(len, distinct))})
+        for prompt in map(list, distinct):
+            n, kv = self.prefix.longest(prompt, len(prompt) - 1)
+            out = self.model(input_ids=torch.tensor([prompt[n:]], device=dev),
+                             position_ids=torch.arange(n, len(prompt), device=dev)[None],
+                             past_key_values=DynamicCache(ddp_cache_data=kv) if kv else None,
+                             use_cache=True, logits_to_keep=1)
+            kvs.append([(layer.keys, layer.values) for layer in out.past_key_values.layers])
+            last.append(out.logits[:, -1])
+            self.prefix.put(prompt, kvs[-1])  # another group's prompt (same system prompt, tools) reuses it
+            counts[names.SAMPLER_PREFIX_HITS] += n > 0
+            counts[names.SAMPLER_REUSED_TOKENS] += n
+            counts[names.SAMPLER_PREFILL_TOKENS] += len(prompt) - n
+        with self._lock:
+            self._counts.update(counts)
+        width = max(len(p) for p in prompts)
+        attn = torch.zeros((len(rows), width), dtype=torch.long, device=dev)
+        layers = []
+        for li, (k0, v0) in enumerate(kvs[0]):
+            k = k0.new_zeros((len(rows), k0.shape[1], width, k0.shape[3]))
+            v = v0.new_zeros((len(rows), v0.shape[1], width, v0.shape[3]))
+            for i, r in enumerate(rows):
+                k[i, :, width - len(prompts[i]):] = kvs[r][li][0][0]
+                v[i, :, width - len(prompts[i]):] = kvs[r][li][1][0]
+            layers.append((k, v))
+        for i, p in enumerate(prompts):
+            attn[i, width - len(p):] = 1
+        pos = torch.tensor([[len(p) - 1] for p in prompts], device=dev)
+        return torch.cat([last[r] for r in rows]), DynamicCache(ddp_cache_data=layers), attn, pos
+
+    def _keep(self, prompts: list[list[int]], tokens: list[list[int]], cache, width: int) -> None:
+        """Each row's prompt + completion (less its last token, whose KV was never computed) into the prefix
+        store: the next turn's prompt extends it wherever the render keeps the prefix."""
+        layers = [(layer.keys, layer.values) for layer in cache.layers]
+        for i, (p, t) in enumerate(zip(prompts, tokens)):
+            m = len(t) - 1
+            self.prefix.put(p + t[:-1], [(k[i:i + 1, :, width - len(p):width + m],
+                                          v[i:i + 1, :, width - len(p):width + m]) for k, v in layers])
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """A no-op when the sampler shares the trainer's module; otherwise copy the tensors in."""
@@ -107,6 +202,8 @@ class HFSampler:
         with torch.no_grad():
             for k, v in state_dict.items():
                 own[k].copy_(v.to(own[k].device, own[k].dtype))
+        if self.prefix is not None:  # the copies bump the version too; said here all the same
+            self.prefix.clear()
 
     def close(self) -> None:
         pass

@@ -20,7 +20,9 @@ import os
 import random
 import shutil
 import tempfile
+import threading
 import weakref
+from collections import Counter
 from collections.abc import Iterator
 
 import torch
@@ -34,6 +36,7 @@ from quaero.sampling import (
     finish_reason,
     request_seed,
 )
+from quaero.telemetry import names
 
 MULTIPROCESSING = "VLLM_ENABLE_V1_MULTIPROCESSING"
 _in_process_engines: weakref.WeakSet = weakref.WeakSet()  # live engines running inside this process
@@ -180,6 +183,21 @@ class CPUWeightSync:
         return repacked
 
 
+def prefix_cache_counts(outs) -> Counter:
+    """The hf sampler's reuse counters from vLLM's `RequestOutput`s: `num_cached_tokens`, the prompt tokens
+    its prefix cache served (None or absent where this vLLM does not report it: nothing counted)."""
+    counts: Counter = Counter()
+    for out in outs:
+        cached = getattr(out, "num_cached_tokens", None)
+        if cached is None:
+            continue
+        prompt = len(out.prompt_token_ids or ())
+        counts[names.SAMPLER_REUSED_TOKENS] += cached
+        counts[names.SAMPLER_PREFILL_TOKENS] += prompt - cached
+        counts[names.SAMPLER_PREFIX_HITS] += cached > 0
+    return counts
+
+
 class VLLMSampler:
     def __init__(self, model_path: str, cfg: SamplerConfig, *, stop_token_ids: list[int],
                  dtype: str = "float32",
@@ -189,6 +207,8 @@ class VLLMSampler:
         self.shares_model = False  # weights arrive through update_weights
         self.weight_transfer = "file"  # a safetensors folder the engine reloads
         self._owns_llm = llm is None
+        self._counts: Counter = Counter()
+        self._lock = threading.Lock()
         # prompt + completion never exceed it (a shared llm is built with it)
         self.max_model_len = max_model_len
         self.llm = (
@@ -223,6 +243,9 @@ class VLLMSampler:
                   for i, p in enumerate(prompts)]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
                                                                                          use_tqdm=False)
+        counts = prefix_cache_counts(outs)
+        with self._lock:
+            self._counts.update(counts)
         result = []
         for out in outs:
             comps = []
@@ -232,6 +255,12 @@ class VLLMSampler:
                 comps.append(Completion(ids, lps, finish_reason(ids, self.stop_token_ids)))
             result.append(comps)
         return result
+
+    def take_counts(self) -> dict[str, int]:
+        """Its prefix cache's counters since the last take (`prefix_cache_counts`; the driver adds them)."""
+        with self._lock:
+            out, self._counts = dict(self._counts), Counter()
+        return out
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         from vllm.platforms import current_platform

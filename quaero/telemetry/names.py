@@ -249,6 +249,11 @@ GUIDES_TIMED_OUT = _rollout.count("guides_timed_out", "of those, a guide's call 
 GUIDES_UNMATCHED = _rollout.count("guides_unmatched", "of those, a recorded guide (`[training] "
                                   "guidance_traces`) had no action for the member's prompt (a task not "
                                   "recorded, an env that answered otherwise): its member dropped")
+SAMPLER_PREFILL_TOKENS = _rollout.count("sampler_prefill_tokens", "prompt tokens the `hf` sampler ran "
+                                        "through the model (with `[sampler] hf_kv_cache_mib` > 0)")
+SAMPLER_REUSED_TOKENS = _rollout.count("sampler_reused_tokens", "prompt tokens whose KV it reused: another "
+                                       "member's copy of the prompt, or a sequence it ran before")
+SAMPLER_PREFIX_HITS = _rollout.count("sampler_prefix_hits", "prompts that reused any KV")
 ROLLOUT_COUNTERS = tuple(_rollout.names)  # every counter above, in the order a snapshot lists them
 REWARD_MEAN = _rollout.per_step("reward_mean", "mean reward of the kept episodes")
 SUCCESS_RATE = _rollout.per_step("success_rate", "success rate of the kept episodes")

@@ -315,3 +315,21 @@ def test_top_p_keeps_the_smallest_nucleus_and_renormalises():
     lp = processed_logprobs(logits, temperature=1.0, top_p=0.7, greedy=False)
     assert torch.isinf(lp[0, 2:]).all() and torch.allclose(lp[0, :2].exp(), torch.tensor([0.625, 0.375]))
     assert torch.allclose(processed_logprobs(logits, 2.0, 1.0, False).exp().sum(), torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("make", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)], indirect=True)
+def test_a_repeated_prompt_is_served_from_the_prefix_cache_and_counted(make):
+    """A group's members send one prompt: its KV is computed once (hf: once per call and kept; vLLM: its
+    prefix cache, full blocks only), and the sampler counts the tokens it reused (the driver adds them)."""
+    from quaero.telemetry import names
+
+    s = make(temperature=1.0)
+    prompt = PROMPTS[1] * 5  # 60 tokens: whole KV blocks for vLLM's cache
+    s.take_counts()
+    s.generate([prompt], seed=0)
+    first = s.take_counts()
+    s.generate([prompt] * 2, seed=1)
+    second = s.take_counts()
+    assert first[names.SAMPLER_REUSED_TOKENS] + first[names.SAMPLER_PREFILL_TOKENS] == len(prompt)
+    assert second[names.SAMPLER_REUSED_TOKENS] >= len(prompt)  # the second member's copy at the least
+    assert second[names.SAMPLER_PREFIX_HITS] >= 1

@@ -312,3 +312,14 @@ def test_bench_rollout_two_episodes(sampler, tmp_path, capsys):
     assert sync_s == 0 if sampler == "hf" else sync_s > 0  # hf shares the trainer's module
     assert doc["auto_on_cpu"] == sampler
     assert doc["cpu_kernels"]["vllm_cpu_kernels"] in ("_C", "_C_AVX512", "_C_AVX2")
+
+
+def test_bench_sampler_reuse_fields(tmp_path, capsys):
+    """`quaero bench sampler-reuse` on tiny-qwen3 without the rollout: both arms measured, the reuse on."""
+    argv = ["sampler-reuse", "--models", "tiny-qwen3", "--repeats", "1", "--no-rollout", "--threads", "1"]
+    doc = _run(argv, tmp_path, capsys)
+    figs = doc["models"]["tiny-qwen3"]
+    assert figs["kv_reusable"] and figs["vocab"] == 151_936
+    for key in ("decode_b1_tokens_per_s", "decode_b8_tokens_per_s", "group_prefill_s"):
+        assert figs[key]["before"] > 0 and figs[key]["after"] > 0
+    assert {"b1_multinomial", "b1_inverse_cdf", "b8_multinomial", "b8_inverse_cdf"} <= set(figs["draw_ms"])

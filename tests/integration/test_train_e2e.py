@@ -53,6 +53,10 @@ def test_main_job_short_run_logs_proofs_and_cleans_up(tmp_path):
     assert sft["action_tokens"] == sft["rollout_action_tokens"] > 0  # SFT trains every sampled action token
     assert all(s["rows"] > 0 and s["episodes"] == 2 * (1 if s["phase"] == "sft" else 2) for s in steps)
     assert steps[-1]["cumulative"]["local_train_selective_hidden_logprob_batches"] >= 1
+    for s in steps[1:]:  # the hf sampler on the trainer's module: a group's prompt prefilled once, every turn
+        # extending the last; its cache dropped at each optimizer step
+        assert s["sampler_reused_tokens"] > 0 and s["sampler_prefix_hits"] > 0
+        assert s["sampler_prefill_tokens"] > 0
     # each phase's own peak (Linux resets the RSS peak per window); the process's covers every phase
     for s in steps:
         assert s["peak_mem_source"] == "rss_since_reset" and 0 < s["rollout_peak_mem_mb"]

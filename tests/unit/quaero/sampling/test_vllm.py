@@ -4,6 +4,7 @@ tests/engines/test_sampling.py (marked vllm)."""
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import torch
 from safetensors.torch import load_file
@@ -12,6 +13,7 @@ from quaero.sampling.vllm import (
     MULTIPROCESSING,
     cpu_whole_prefill,
     engine_in_process,
+    prefix_cache_counts,
     pushed_tensors,
     saved_weights,
 )
@@ -52,3 +54,14 @@ def test_the_users_multiprocessing_setting_decides_where_the_engine_runs(monkeyp
     assert not engine_in_process()
     monkeypatch.delenv(MULTIPROCESSING)
     assert engine_in_process()  # one process, no torchrun, no other engine here
+
+
+def test_prefix_cache_counts_read_each_requests_cached_tokens():
+    from quaero.telemetry import names
+
+    outs = [SimpleNamespace(prompt_token_ids=[1] * 40, num_cached_tokens=32),  # vLLM's RequestOutput fields
+            SimpleNamespace(prompt_token_ids=[2] * 10, num_cached_tokens=0),
+            SimpleNamespace(prompt_token_ids=[3] * 7, num_cached_tokens=None),  # not reported: not counted
+            SimpleNamespace(prompt_token_ids=[4] * 5)]
+    assert prefix_cache_counts(outs) == {names.SAMPLER_REUSED_TOKENS: 32, names.SAMPLER_PREFILL_TOKENS: 18,
+                                         names.SAMPLER_PREFIX_HITS: 1}
