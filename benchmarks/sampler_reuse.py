@@ -87,7 +87,7 @@ def draw_ms(vocab: int, repeats: int) -> dict[str, Any]:
 
 def sampler_figures(name: str, repeats: int) -> dict[str, Any]:
     from quaero.config import SamplerConfig
-    from quaero.model import load_causal_lm
+    from quaero.models.load import load_causal_lm
     from quaero.sampling.hf import HFSampler
 
     model = load_causal_lm(name, "float32", "cpu").eval()

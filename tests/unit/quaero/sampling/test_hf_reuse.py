@@ -67,7 +67,7 @@ def lm(request, tiny_lm):
         return tiny_lm
     from fixtures import require_smollm2
 
-    from quaero.model import load_causal_lm
+    from quaero.models.load import load_causal_lm
 
     require_smollm2()
     return load_causal_lm("tiny-smollm2").eval()
@@ -129,7 +129,7 @@ def test_the_store_keeps_within_its_bytes_and_finds_the_longest_prefix():
 
 
 def test_a_sliding_window_model_prefills_every_prompt_whole():
-    from quaero.model import random_qwen3
+    from quaero.models.qwen3 import random_qwen3
 
     full = random_qwen3(64, 32, layers=2)
     sliding = random_qwen3(64, 32, layers=2, use_sliding_window=True, sliding_window=8, max_window_layers=0)
