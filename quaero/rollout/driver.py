@@ -29,7 +29,7 @@ from quaero.bounded import CallTimeout, bounded_call
 from quaero.chat.sandbox import TemplateProblem
 from quaero.openenv_client import ChatEnv, EpisodeDropped, EpisodeEndedAtReset
 from quaero.rollout.render import BridgeFailure, RenderAdapter, UnparsableAction
-from quaero.rollout.rows import Transition, build_rows, per_transition_tokens
+from quaero.rollout.rows import Transition, build_rows, per_transition_tokens, token_identity_errors
 from quaero.rows import EchoRow
 from quaero.sampling import Completion, Sampler
 from quaero.telemetry import names
@@ -66,23 +66,6 @@ class GuidePlay:
     # `RecordedActions`): `action(prompt_ids)` gives the recorded action ids after exactly that prompt, or
     # None (then the member is dropped, `guide_unmatched`)
     recorded: Recorded | None = None
-
-
-def token_identity_errors(rows: list[EchoRow], transitions: list[Transition]) -> list[str]:
-    """Where a row's prompt + action tokens differ from what the sampler was given and returned."""
-    by_turn = {s.turn: (row, s) for row in rows for s in row.spans if s.kind == "action"}
-    errors = []
-    for t in transitions:
-        if not t.action_ids:
-            continue
-        row, span = by_turn.get(t.turn, (None, None))
-        if row is None:
-            errors.append(f"turn {t.turn}: no row holds its action")
-        elif row.input_ids[:span.start] != t.prompt_ids or row.input_ids[span.start:span.end] != t.action_ids:
-            errors.append(f"turn {t.turn}: row prompt/action ids differ from the sampled ones")
-        elif row.sampler_logprobs[span.start:span.end] != list(t.action_logprobs):
-            errors.append(f"turn {t.turn}: row sampler log-probs differ from the sampler's")
-    return errors
 
 
 @dataclass

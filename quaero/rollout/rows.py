@@ -109,3 +109,20 @@ def build_rows(transitions: list[Transition], *, packing: bool = True, include_s
 def per_transition_tokens(transitions: list[Transition]) -> int:
     """Tokens the per-transition layout would train for these transitions (the O(T^2) baseline)."""
     return sum(len(t.ids) for t in transitions)
+
+
+def token_identity_errors(rows: list[EchoRow], transitions: list[Transition]) -> list[str]:
+    """Where a row's prompt + action tokens differ from what the sampler was given and returned."""
+    by_turn = {s.turn: (row, s) for row in rows for s in row.spans if s.kind == "action"}
+    errors = []
+    for t in transitions:
+        if not t.action_ids:
+            continue
+        row, span = by_turn.get(t.turn, (None, None))
+        if row is None:
+            errors.append(f"turn {t.turn}: no row holds its action")
+        elif row.input_ids[:span.start] != t.prompt_ids or row.input_ids[span.start:span.end] != t.action_ids:
+            errors.append(f"turn {t.turn}: row prompt/action ids differ from the sampled ones")
+        elif row.sampler_logprobs[span.start:span.end] != list(t.action_logprobs):
+            errors.append(f"turn {t.turn}: row sampler log-probs differ from the sampler's")
+    return errors
