@@ -1,12 +1,13 @@
 """The memory plan as `quaero check` prints it, for a config on a device: the step's shape read from the
-config (`step_shape`), the device's room (`device_capacity`), the sampler's share of it beside the step
-(`sampler_share`), and the lines (`plan_lines`, `memory_lines`). The arithmetic is
-quaero/preflight/memory_plan.py.
+config (`step_shape`), tree packing's expected trie of it (`TreeEstimate`), the device's room
+(`device_capacity`), the sampler's share of it beside the step (`sampler_share`), and the lines
+(`plan_lines`, `memory_lines`). The arithmetic is quaero/preflight/memory_plan.py.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
 
 from quaero.models.config import SUPPORTED_MODEL_TYPES
 from quaero.preflight.memory_plan import (
@@ -64,6 +65,65 @@ def sampler_share(cfg, device: str, dims: ModelDims, capacity: int | None) -> Sa
                         f"vLLM {where}: " + (f"{engines} x ({each})" if engines > 1 else each))
 
 
+@dataclass(frozen=True)
+class TreeEstimate:
+    """`train_tree_packing`'s expected trie of the plan's microbatch, from the plan's own row figures: the
+    rows come from ceil(rows / group) groups (packing orders rows by prefix, trainers/batch.py
+    `prefix_order`), each group's members share its prompt (the reset observation, the plan's first-turn
+    observation bound) and hold the rest of their row alone. `pays`: trainers/tree.py `tree_pays` at that
+    shape (what `auto` decides)."""
+
+    mode: str
+    rows: int
+    row: int
+    prompt: int
+    group: int
+    pays: bool
+
+    @property
+    def unique(self) -> int:
+        groups = -(-self.rows // self.group)
+        return groups * self.prompt + self.rows * (self.row - self.prompt)
+
+    @property
+    def row_tokens(self) -> int:
+        return self.rows * self.row
+
+    @property
+    def packs(self) -> bool:
+        return self.mode == "on" or (self.mode == "auto" and self.pays)
+
+    def line(self) -> str:
+        from trainers.tree import AUTO_MAX_COST
+
+        groups = -(-self.rows // self.group)
+        pays = "packs" if self.pays else "keeps the rows"
+        ratio = f"{self.unique:,}/{self.row_tokens:,} = {self.unique / self.row_tokens:.2f}"
+        return (f"  tree packing {self.mode!r}: expected unique/row tokens {ratio} ({self.rows} row(s) of "
+                f"{self.row} from {groups} group(s) of {self.group}, a group sharing its prompt of <= "
+                f"{self.prompt} tokens, the first observation's limit); auto {pays} at this shape "
+                f"(tree_pays: the trie's FLOPs {'<=' if self.pays else '>'} {AUTO_MAX_COST:g} of the rows')"
+                + ("" if self.packs else "; activations planned on the rows"))
+
+
+def tree_estimate(cfg, rows: int, row: int, prompt: int, group: int, fields: dict | None
+                  ) -> TreeEstimate | None:
+    """The expected trie of `rows` rows of `row` tokens where `train_tree_packing` is on or auto (None: off);
+    `fields`: the model's config fields `tree_pays` reads (none known: its token-ratio fallback)."""
+    mode = cfg.backend.options.train_tree_packing
+    if mode == "off":
+        return None
+    import torch
+
+    from trainers.tree import TreePack, tree_pays
+
+    est = TreeEstimate(mode, rows, row, prompt, group, pays=False)
+    empty = torch.empty((1, est.unique), dtype=torch.long)  # tree_pays reads the trie's size alone
+    pack = TreePack(empty, empty, empty[0], empty, est.row_tokens)
+    pays = tree_pays(pack, SimpleNamespace(**(fields or {})), (rows, row))
+    return replace(est, pays=pays)
+
+
 def gib(n: int) -> str:
     return f"{n / GIB:.2f} GiB"
 
@@ -77,6 +137,9 @@ def _activation_knobs(s: StepShape) -> str:
         knobs.append(f"context crop {s.context_tokens}")
     if s.save_on_cpu:
         knobs.append("save_on_cpu" + ("" if s.device.startswith("cuda") else " (no-op on cpu)"))
+    if s.unique_tokens:
+        knobs.append(f"tree packing: backbone over {s.unique_tokens} unique tokens, the rows' hidden states "
+                     "and the ancestor mask beside")
     return ", ".join(knobs) or "no knobs"
 
 
@@ -143,12 +206,15 @@ def plan_lines(p: MemoryPlan, *, capacity: int | None, capacity_source: str, row
     return lines
 
 
-def step_shape(cfg, device: str) -> tuple[StepShape, str]:
-    """The microbatch a config's longest row makes, and how the row was bounded (for the printout).
+def step_shape(cfg, device: str, fields: dict | None = None
+               ) -> tuple[StepShape, str, TreeEstimate | None]:
+    """The microbatch a config's longest row makes, how the row was bounded (for the printout), and tree
+    packing's expected trie of it (None: `train_tree_packing` off); `fields`: the model's config fields.
 
     Longest row: min([model] max_seq_len, max_turns x (max_tokens + the observation limit)); rows of it pack
     `micro_batch_tokens // row` to a microbatch (at least one, at most a step's rows); targets per row: the
-    sampled tokens, plus the env's when ECHO trains on them."""
+    sampled tokens, plus the env's when ECHO trains on them. Where packing packs, the backbone runs over the
+    trie's unique tokens (`StepShape.unique_tokens`)."""
     from trainers.selective import AUTO_CHUNK_ROWS
     from trainers.spec import SelectivePolicy
 
@@ -164,6 +230,7 @@ def step_shape(cfg, device: str) -> tuple[StepShape, str]:
     # a mixture's longest row (one env's view for a one-env config)
     row, per_row, group, turns, obs = max(longest(view) for view in cfg.views().values())
     rows = max(1, min(cfg.training.tasks_per_step * group, b.micro_batch_tokens // row))
+    tree = tree_estimate(cfg, rows, row, min(row, obs), group, fields)
     shape = StepShape(
         tokens=rows * row,
         targets=rows * per_row,
@@ -181,12 +248,13 @@ def step_shape(cfg, device: str) -> tuple[StepShape, str]:
         device=device,
         rows=rows,
         reference=cfg.training.beta > 0,
+        unique_tokens=tree.unique if tree and tree.packs else 0,
     )
     note = (
         f"({rows} row(s) of {row}: min(max_seq_len {cfg.model.max_seq_len}, max_turns {turns} x "
         f"(max_tokens {s.max_tokens} + observation limit {obs})))"
     )
-    return shape, note
+    return shape, note, tree
 
 
 def device_capacity(device: str) -> tuple[int | None, str]:
@@ -226,7 +294,8 @@ def memory_lines(cfg, device: str) -> list[str]:
             )
         ]
     dims = ModelDims.from_fields(fields)
-    step, note = step_shape(cfg, device)
+    step, note, tree = step_shape(cfg, device, fields)
     capacity, source = device_capacity(device)
-    return plan_lines(plan(dims, step), capacity=capacity, capacity_source=source, row_note=note,
-                      sampler=sampler_share(cfg, device, dims, capacity))
+    lines = plan_lines(plan(dims, step), capacity=capacity, capacity_source=source, row_note=note,
+                       sampler=sampler_share(cfg, device, dims, capacity))
+    return lines[:1] + ([tree.line()] if tree else []) + lines[1:]

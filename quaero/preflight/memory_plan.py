@@ -15,7 +15,10 @@ longest row it adds up what one step of the `local` trainer holds at its peak:
   in any dtype, as transformers' RMSNorm upcasts them); with `gradient_checkpointing` one
   layer's input per layer plus one layer recomputed; `train_save_on_cpu` moves them to host memory (CUDA
   only: on a CPU device it is a no-op); `train_supervised_context_tokens` shortens the row the backbone
-  runs over;
+  runs over; with tree packing (`train_tree_packing`, trainers/tree.py) the backbone runs over the trie's
+  unique tokens instead of the rows' (`StepShape.unique_tokens`), plus what the packed forward adds: the
+  rows' `[B, L, H]` hidden states gathered back from the trie and its `[N, N]` ancestor mask (SDPA's
+  boolean, a byte an entry);
 - the LM head: full logits `[tokens, vocab]` (their fp32 log-softmax beside them) against the
   selective path's `[targets, vocab]`, chunked to `train_logprob_chunk_size` rows (or to
   trainers/selective.py's automatic chunk above `hidden_max_bytes`).
@@ -170,6 +173,7 @@ class StepShape:
     device: str = "cpu"
     rows: int = 1  # rows in the microbatch: a context crop keeps K tokens before each row's first target
     reference: bool = False  # the KL penalty's reference ([training] beta > 0): a frozen copy unless LoRA
+    unique_tokens: int = 0  # tree packing: the trie's tokens the backbone runs over (0: the rows, unpacked)
 
 
 @dataclass(frozen=True)
@@ -224,17 +228,19 @@ def plan(dims: ModelDims, step: StepShape) -> MemoryPlan:
     # their gradients and AdamW's m and v (measured at the 0.6B shape in bfloat16: benchmarks/README.md)
     tb = 4 if step.lora else b
     saved = dims.lora_saved_bytes_per_token(b, step.lora_r) if step.lora else dims.saved_bytes_per_token(b)
-    per_layer = saved * tokens
+    run = backbone_tokens(step, tokens)  # the trie's where packed; the LM head reads the rows' `tokens`
+    per_layer = saved * run
     final_norm = 2 * dims.hidden * b + max(0, 4 - b) * dims.hidden  # its input (as float32) and output
     exact = (saved * dims.layers + final_norm) * step.tokens
     if step.gradient_checkpointing:  # each layer's input kept, one layer recomputed at a time in backward
-        acts = dims.hidden * b * tokens * dims.layers + per_layer
+        acts = dims.hidden * b * run * dims.layers + per_layer
     else:
         acts = per_layer * dims.layers
-    acts += final_norm * tokens
+    acts += final_norm * run
     host = 0
     if step.save_on_cpu and step.device.startswith("cuda"):
         host, acts = acts, 0
+    acts += tree_extra(dims, step, b, tokens)
     # LM head: the selective path's [targets, V] logits in the model dtype, their fp32 log-softmax (saved by
     # the cross entropy) and its gradient, then the head's weight gradient. The full path's [tokens, V]:
     # forward holds the logits, their float32 copy (a 16-bit model's: `.float()` of float32 logits is no
@@ -270,6 +276,22 @@ def plan(dims: ModelDims, step: StepShape) -> MemoryPlan:
         largest=(dims.largest_lora(step.lora_r) if step.lora else dims.vocab * dims.hidden) * tb,
         reference_weights=params * b if step.reference and not step.lora else 0,
     )
+
+
+def backbone_tokens(step: StepShape, rows_tokens: int) -> int:
+    """Tokens the backbone runs over: the rows' (after a context crop), or the trie's where tree packing is on
+    (at most the rows': a crop leaves less to share)."""
+    return min(rows_tokens, step.unique_tokens) if step.unique_tokens else rows_tokens
+
+
+def tree_extra(dims: ModelDims, step: StepShape, b: int, rows_tokens: int) -> int:
+    """What a packed forward holds beside the trie's activations (trainers/forward.py `hidden_states`): the
+    rows' `[B, L, H]` hidden states gathered back from the trie (`TreePack.unpack`, the view the LM head
+    reads) and the `[1, 1, N, N]` boolean ancestor mask (`TreePack.mask`); none unpacked."""
+    if not step.unique_tokens:
+        return 0
+    n = backbone_tokens(step, rows_tokens)
+    return rows_tokens * dims.hidden * b + n * n
 
 
 def fitting_knob(dims: ModelDims, step: StepShape, capacity: int) -> tuple[str, MemoryPlan] | None:

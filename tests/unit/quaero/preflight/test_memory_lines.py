@@ -5,11 +5,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from quaero.config import load_config
+from quaero.models.load import config_fields
 from quaero.models.qwen3 import NAMED_SHAPES
 from quaero.preflight import memory_lines as ml
 from quaero.preflight import memory_plan as mp
 
 ROOT = Path(__file__).resolve().parents[4]
+TOOLBENCH = ROOT / "envs" / "toolbench.toml"  # the main job
 GIB = 2**30
 
 
@@ -95,3 +97,51 @@ def test_check_prints_the_plan_for_the_configured_model():
     assert ml.memory_lines(unknown, "cpu")[0].startswith(
         "memory plan none: 'Qwen/Not-Cached-0B' has no config.json"
     )
+
+
+def tree_plans(*overrides: str) -> tuple[mp.ModelDims, tuple, tuple]:
+    """The main job's (dims, (step, tree estimate) with `train_tree_packing` off, the same with it on)."""
+    cfgs = [load_config(TOOLBENCH, [*overrides, f"backend.options.train_tree_packing={m!r}"])
+            for m in ("off", "on")]
+    fields = config_fields(cfgs[0].model.name)
+    off, on = (ml.step_shape(cfg, "cpu", fields) for cfg in cfgs)
+    return mp.ModelDims.from_fields(fields), off[::2], on[::2]
+
+
+def test_tree_packing_plans_the_backbone_over_the_tries_unique_tokens():
+    d, (off_step, none), (on_step, tree) = tree_plans()
+    assert none is None and off_step.unique_tokens == 0
+    # the microbatch's rows are one group's: its prompt once, the rest of each row alone
+    assert tree.rows < tree.group and tree.unique == tree.prompt + tree.rows * (tree.row - tree.prompt)
+    assert on_step.unique_tokens == tree.unique < on_step.tokens == off_step.tokens
+    off, on = mp.plan(d, off_step), mp.plan(d, on_step)
+    # the plan's own figure per backbone token (every layer's saved bytes and the final norm's), read off the
+    # unpacked plan; packed, the trie's tokens take it, and the rows' [B, L, H] hidden states gathered back
+    # from the trie and its [N, N] boolean ancestor mask come beside
+    per_token, b = off.activations // off_step.tokens, 4
+    assert off.activations == per_token * off_step.tokens
+    gathered = off_step.tokens * d.hidden * b + tree.unique**2
+    saved = per_token * (off_step.tokens - tree.unique) - gathered
+    assert saved > 0 and off.activations - on.activations == saved
+    assert on.peak == off.peak - saved  # forward+backward is the main job's peak, not the update
+    assert (on.activations_exact, on.lm_head, on.weights) == (off.activations_exact, off.lm_head, off.weights)
+
+
+def test_check_prints_the_expected_ratio_and_what_auto_decides():
+    cfg = load_config(TOOLBENCH, ["backend.options.train_tree_packing='on'"])
+    lines = ml.memory_lines(cfg, "cpu")
+    assert lines[1].startswith("  tree packing 'on': expected unique/row tokens 6,144/8,192 = 0.75 (2 row(s) "
+                               "of 4096 from 1 group(s) of 8, a group sharing its prompt of <= 2048 tokens")
+    assert "tree packing: backbone over 6144 unique tokens" in lines[3]
+    assert not any("tree packing" in line for line in ml.memory_lines(load_config(TOOLBENCH), "cpu"))
+    # auto packs where trainers/tree.py's tree_pays says the trie's FLOPs pay: one-turn rows of a mostly
+    # shared prompt at the 0.6B width pay, the main job's longest rows (the trie's N^2 attention) do not
+    short = ["model.name='qwen3-0.6b-shape'", "env.max_turns=1", "env.max_observation_tokens=400",
+             "backend.options.train_tree_packing='auto'"]
+    for overrides, pays in ((short, True), (short[-1:], False)):
+        cfg = load_config(TOOLBENCH, overrides)
+        step, _, tree = ml.step_shape(cfg, "cpu", config_fields(cfg.model.name))
+        assert tree.pays is pays and step.unique_tokens == (tree.unique if pays else 0)
+        line = next(line for line in ml.memory_lines(cfg, "cpu") if line.startswith("  tree packing 'auto'"))
+        assert ("auto packs at this shape" in line) is pays
+        assert line.endswith("; activations planned on the rows") is not pays

@@ -80,6 +80,14 @@ def test_each_knob_changes_what_it_changes():
     # two rows of 4096: each keeps its own K tokens before its first target
     crop2 = mp.plan(d, replace(base, context_tokens=1024, rows=2))
     assert crop2.activations == 28 * per_token * (2 * 1024 + 2048) + 2 * 1024 * 4 * (2 * 1024 + 2048)
+    # tree packing: the backbone over the trie's 2048 tokens, the rows' [8192, H] hidden states gathered back
+    # and the [2048, 2048] boolean ancestor mask beside; checkpointing keeps each layer's input of the trie
+    tree = mp.plan(d, replace(base, unique_tokens=2048))
+    gathered = 8192 * 1024 * 4 + 2048**2
+    assert tree.activations == 28 * per_token * 2048 + 2 * 1024 * 4 * 2048 + gathered
+    assert tree.activations_exact == exact.activations_exact and tree.lm_head == exact.lm_head
+    tree_ckpt = mp.plan(d, replace(base, unique_tokens=2048, gradient_checkpointing=True))
+    assert tree_ckpt.activations == 28 * 1024 * 4 * 2048 + per_token * 2048 + 2 * 1024 * 4 * 2048 + gathered
     cpu = mp.plan(d, replace(base, save_on_cpu=True))
     assert cpu.activations == exact.activations and cpu.host_activations == 0  # no-op on a CPU device
     gpu = mp.plan(d, replace(base, save_on_cpu=True, device="cuda"))
