@@ -305,6 +305,27 @@ class Behaviour:
     gamma: float = 0.1  # policy shaping's γ on guided tokens
 
 
+def importance_ratio(
+    logprobs: Tensor,  # [B, L-1] fp32, with grad
+    old: Tensor,  # [B, L-1] fp32, the behaviour log-probs
+    mask: Tensor,  # [B, L-1] bool, the sampled targets
+    sequence: bool,
+) -> Tensor:  # [B, L-1]
+    """r = exp(lp - lp_old) per target, or per row s = exp(mean over its targets of lp - lp_old) (GSPO)."""
+    import torch
+
+    log_ratio = _zero_outside(logprobs - old, mask)
+    if not sequence:
+        return torch.exp(log_ratio)
+    seq_log_ratio = log_ratio.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # [B, 1]
+    return torch.exp(seq_log_ratio).expand_as(logprobs)
+
+
+def _shaping_stats(f: Tensor, stats: PolicyStats) -> None:  # f [G], f(π) of the guided tokens
+    stats.guided_tokens, stats.shaping_sum = int(f.numel()), float(f.sum())
+    stats.shaping_min, stats.shaping_max = float(f.min()), float(f.max())
+
+
 def policy_loss(
     logprobs: Tensor,  # [B, L-1] fp32, trainer log-probs (with grad)
     sampler_logprobs: Tensor,  # [B, L-1] fp32, the sampler's log-probs of the same tokens
@@ -332,12 +353,7 @@ def policy_loss(
     else:
         old = logprobs.detach() if old_logprobs is None else old_logprobs
         weight, raw, cut = sampler_weight(old, sampler_logprobs, mask, behaviour.correction, behaviour.cap)
-    log_ratio = _zero_outside(logprobs - old, mask)
-    if loss.sequence:
-        seq_log_ratio = log_ratio.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # [B, 1]
-        ratio = torch.exp(seq_log_ratio).expand_as(logprobs)
-    else:
-        ratio = torch.exp(log_ratio)
+    ratio = importance_ratio(logprobs, old, mask, loss.sequence)
     per_token = loss.token_loss(logprobs, old, ratio, advantages, mask)
     if weight is not None:
         per_token = per_token * weight
@@ -350,10 +366,7 @@ def policy_loss(
     total = (_zero_outside(per_token, full) * scale).sum()
     stats = PolicyStats(tokens=int(mask.sum()))
     if shaping is not None and bool(guide.any()):
-        with torch.no_grad():
-            f = shaping[guide]
-            stats.guided_tokens, stats.shaping_sum = int(f.numel()), float(f.sum())
-            stats.shaping_min, stats.shaping_max = float(f.min()), float(f.max())
+        _shaping_stats(shaping[guide].detach(), stats)
     if stats.tokens:
         with torch.no_grad():
             r, a = ratio[mask], advantages[mask]

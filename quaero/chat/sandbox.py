@@ -181,14 +181,9 @@ def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-def _environment(now: datetime, max_chars: int = MAX_RENDER_CHARS):
-    import functools
-
+def _bounded_code_generator():
+    """jinja2's code generator with what builds a value routed through the environment's guard."""
     from jinja2.compiler import CodeGenerator
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    guard = _Guard(max_chars)
 
     class BoundedConcat(CodeGenerator):
         """`a ~ b` through the guard (jinja2 joins it inline, where no sandbox hook sees it)."""
@@ -218,9 +213,20 @@ def _environment(now: datetime, max_chars: int = MAX_RENDER_CHARS):
         def visit_Dict(self, node, frame) -> None:
             self._built(super().visit_Dict, node, frame)
 
+    return BoundedConcat
+
+
+def _environment(now: datetime, max_chars: int = MAX_RENDER_CHARS):
+    import functools
+
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    guard = _Guard(max_chars)
+
     class Bounded(ImmutableSandboxedEnvironment):
         intercepted_binops = frozenset({"+", "*", "**", "%"})
-        code_generator_class = BoundedConcat
+        code_generator_class = _bounded_code_generator()
 
         def call_binop(self, context, operator, left, right):
             guard.binop(operator, left, right)

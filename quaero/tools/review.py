@@ -320,9 +320,6 @@ def summarize(run: dict) -> RunSummary:
     rew_first, rew_last = _head_tail(_series(rl, names.REWARD_MEAN))
     eval_rewards = _series(evals, names.EVAL_REWARD)
     times = _series(steps, names.STEP_TIME_S)
-    # tokens count as trained only on steps whose update reached the weights
-    updated = [st for st in steps if proofs.updated_weights(st)]
-    signal, generated = _sum(rl, names.SIGNAL_GROUPS), _sum(rl, names.GENERATED_TOKENS)
     transfers = sorted({str(r[names.WEIGHT_TRANSFER]) for r in steps + evals if r.get(names.WEIGHT_TRANSFER)})
     return RunSummary(
         steps=len(steps),
@@ -342,8 +339,7 @@ def summarize(run: dict) -> RunSummary:
         echo_loss_first=echo_first,
         echo_loss_last=echo_last,
         rows=_sum(steps, names.ROWS),
-        action_tokens=_sum(updated, names.ACTION_TOKENS),
-        echo_tokens=_sum(updated, names.ECHO_TOKENS),
+        **_trained_tokens(steps),
         **_rl_totals(rl),
         row_tokens=_sum(steps, names.ROW_TOKENS),
         step_time_median_s=statistics.median(times) if times else None,
@@ -364,9 +360,6 @@ def summarize(run: dict) -> RunSummary:
         policy_loss=policy_loss_figures(rl),
         selective=_selective(steps),
         rl_vs_warm_start=rl_over_warm_start(run),  # paired per task
-        rl_signal_groups=signal,
-        rl_generated_tokens=generated,
-        rl_signal_groups_per_1k_tokens=round(1000 * signal / generated, 4) if generated else None,
         per_env=per_env(run),
         resumed_with_changed_config=resumes_changed(run),  # quaero/recipe/train.py _note_changed_config
         guidance=guidance_of(rl),
@@ -375,11 +368,20 @@ def summarize(run: dict) -> RunSummary:
     )
 
 
+def _trained_tokens(steps: list[dict]) -> dict:
+    """The action and ECHO tokens the run trained: only on steps whose update reached the weights."""
+    updated = [st for st in steps if proofs.updated_weights(st)]
+    return {"action_tokens": _sum(updated, names.ACTION_TOKENS),
+            "echo_tokens": _sum(updated, names.ECHO_TOKENS)}
+
+
 def _rl_totals(rl: list[dict]) -> dict:
-    """The RL steps' totals `describe_rl_signal` reads (quaero/telemetry/proofs.py)."""
+    """The RL steps' totals: those `describe_rl_signal` reads (quaero/telemetry/proofs.py), and the groups
+    with a learning signal per generated token."""
     grouped = any(names.GROUPS in st for st in rl)
     # tokens count as trained only on steps whose update reached the weights
     updated = [st for st in rl if proofs.updated_weights(st)]
+    signal, generated = _sum(rl, names.SIGNAL_GROUPS), _sum(rl, names.GENERATED_TOKENS)
     return {
         "rl_steps_with_signal": sum(1 for st in updated
                                     if (finite_number(st.get(names.ACTION_TOKENS)) or 0) > 0),
@@ -393,6 +395,9 @@ def _rl_totals(rl: list[dict]) -> dict:
         "rl_episodes_dropped": _sum(rl, names.EPISODES_DROPPED),
         "rl_groups": _sum(rl, names.GROUPS) if grouped else None,
         "rl_groups_zero_advantage": _sum(rl, names.GROUPS_ZERO_ADVANTAGE) if grouped else None,
+        "rl_signal_groups": signal,
+        "rl_generated_tokens": generated,
+        "rl_signal_groups_per_1k_tokens": round(1000 * signal / generated, 4) if generated else None,
     }
 
 
