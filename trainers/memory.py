@@ -157,15 +157,27 @@ def reset_peak(device: torch.device | str) -> None:
             _rss_resets = False
 
 
-def _vm_hwm_mb() -> float | None:
+def _status_mb(field: str) -> float | None:
+    """A memory field of /proc/self/status (`VmHWM`, `VmRSS`) in MiB; None where there is none."""
     try:
         with open(_STATUS) as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 2**10
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def _vm_hwm_mb() -> float | None:
+    return _status_mb("VmHWM")
+
+
+def process_rss_mb() -> float | None:
+    """The process's resident memory now (MiB; host RAM whatever the device), None off Linux: what a run's
+    steps log so that a process that keeps growing shows (`quaero review`'s "process memory flat")."""
+    rss = _status_mb("VmRSS")
+    return None if rss is None else round(rss, 1)
 
 
 def peak_mem_mb(device: torch.device | str) -> tuple[float, str]:

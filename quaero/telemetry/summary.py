@@ -185,6 +185,9 @@ class RunSummary(_Record):
     # resumes under another config than the run's last, by checkpoint step
     resumed_with_changed_config: dict[str, ConfigChange] = field(metadata=OPTIONAL)
     guidance: Guidance | None = field(default=None, metadata=OPTIONAL)  # None: no RL step guided
+    # per phase (sft, rl): the process's RSS after its warm-up against its largest later reading
+    # (quaero/tools/review.py `rss_growth`); {} where no step logged `process_rss_mb`
+    rss_growth: dict[str, dict[str, Any]] = field(default_factory=dict, metadata=OPTIONAL)
 
     def table_rows(self) -> list[tuple[str, Any]]:
         """The table's (metric, value) rows: every figure but the heading's and the nested ones (the checks'

@@ -344,7 +344,25 @@ def summarize(run: dict) -> RunSummary:
         per_env=per_env(run),
         resumed_with_changed_config=resumes_changed(run),  # quaero/recipe/train.py _note_changed_config
         guidance=guidance_of(rl),
+        rss_growth=rss_growth(steps),
     )
+
+
+def rss_growth(steps: list[dict]) -> dict[str, dict[str, Any]]:
+    """Per phase of `proofs.RSS_MIN_STEPS` steps or more that logged `process_rss_mb`: its reading after the
+    warm-up (`proofs.RSS_WARM_UP_STEPS`, at most a fifth of the phase), its largest reading from there on and
+    the growth between them, what `proofs.memory_flat` judges."""
+    out = {}
+    for phase in (names.PHASE_SFT, names.PHASE_TRACES_RL, names.PHASE_RL):
+        series = [(st.get("step"), v) for st in steps if st.get(names.PHASE, names.PHASE_RL) == phase
+                  and (v := finite_number(st.get(names.PROCESS_RSS_MB))) is not None and v > 0]
+        if len(series) < proofs.RSS_MIN_STEPS:
+            continue
+        warm = min(proofs.RSS_WARM_UP_STEPS, len(series) // 5)
+        (ref_step, ref), (top_step, top) = series[warm], max(series[warm:], key=lambda p: p[1])
+        out[phase] = {"reference_step": ref_step, "reference_rss_mb": ref, "largest_step": top_step,
+                      "largest_rss_mb": top, "growth": round((top - ref) / ref, 3)}
+    return out
 
 
 def _events(run: dict, *kinds: str) -> list[dict]:

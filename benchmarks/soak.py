@@ -1,0 +1,171 @@
+"""A config's run, N warm-start SFT steps and M RL steps, in a process of its own, with its RSS read every K
+steps against the memory plan: does the process's memory stay flat?
+
+    quaero bench soak --sft-steps 500 --rl-steps 12 --every 25
+    quaero bench soak --config envs/toolbench_smollm2.toml --sft-steps 500 --rl-steps 0 --every 50
+
+It runs `quaero train CONFIG` (the main job by default) with `[training] warmup_sft_steps = N`, `steps = M`,
+`eval_every = 0` and a run folder of its own in a temporary directory (`--set` adds to the config; the run's
+name and folder are the bench's), and reads the run's process from outside: each time the run's events reach
+a multiple of K steps, its RSS (/proc/PID/status VmRSS) and its thread count. Beside them: `quaero check`'s
+memory plan peak for the config (the trainer step's tensors, without the runtime or what malloc keeps).
+
+Verdict: flat when every reading from `--reference-step` on (after warm-up: the allocator's caches filled,
+the sampler built) is within `--tolerance` (10%) of the reading at that step, and the largest reading is
+within the plan's peak plus `--margin-gib` (the process's runtime, torch, transformers, the env client, and
+malloc's cache: stated, not derived). The exit status is 1 when it is not flat.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.measure import emit
+
+GIB = 2**30
+# the bench's own: a user's --set may not point its run into a user's run folder
+OWN_KEYS = ("run.output_dir", "run.name", "training.warmup_sft_steps", "training.steps",
+            "training.eval_every")
+
+
+def proc_status(pid: int) -> dict[str, int] | None:
+    """VmRSS (bytes) and Threads of a live process; None once it has gone."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    out["rss"] = int(line.split()[1]) * 1024
+                elif line.startswith("Threads:"):
+                    out["threads"] = int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return out if "rss" in out else None
+
+
+def steps_done(events: Path, seen: dict[str, Any]) -> int:
+    """The run's train_step events so far (read incrementally: `seen` keeps the offset and the count)."""
+    from quaero.telemetry import names
+
+    if not events.exists():
+        return seen.get("steps", 0)
+    marks = (f'"event": "{names.TRAIN_STEP_EVENT}"'.encode(), f'"event":"{names.TRAIN_STEP_EVENT}"'.encode())
+    with open(events, "rb") as f:
+        f.seek(seen.get("offset", 0))
+        for line in f:
+            if not line.endswith(b"\n"):  # a line being written: read it whole next time
+                break
+            seen["offset"] = seen.get("offset", 0) + len(line)
+            seen["steps"] = seen.get("steps", 0) + any(m in line for m in marks)
+    return seen.get("steps", 0)
+
+
+def plan_peak_gib(config: str, sets: list[str]) -> float | None:
+    """`quaero check`'s memory plan peak for the config on a CPU (None where the model's shape is unknown)."""
+    from quaero.config.load import load_config
+    from quaero.model import config_fields
+    from quaero.recipe.memory_lines import step_shape
+    from quaero.recipe.memory_plan import ModelDims, plan
+
+    cfg = load_config(config, sets)
+    fields = config_fields(cfg.model.name)
+    if fields is None:
+        return None
+    return round(plan(ModelDims.from_fields(fields), step_shape(cfg, "cpu")[0]).peak / GIB, 3)
+
+
+def verdict(readings: list[dict[str, Any]], *, reference_step: int, tolerance: float,
+            ceiling_gib: float | None) -> dict[str, Any]:
+    """Flat or not, from the readings (each `step`, `rss_gib`): within `tolerance` of the reading at
+    `reference_step` (the first at or after it) from there on, and under `ceiling_gib`."""
+    after = [r for r in readings if r["step"] >= reference_step]
+    if not after:
+        return {"flat": None, "why": f"no reading at or after step {reference_step}"}
+    ref = after[0]
+    worst = max(after, key=lambda r: abs(r["rss_gib"] - ref["rss_gib"]))
+    drift = (worst["rss_gib"] - ref["rss_gib"]) / ref["rss_gib"]
+    peak = max(r["rss_gib"] for r in readings)
+    within = abs(drift) <= tolerance
+    under = ceiling_gib is None or peak <= ceiling_gib
+    return {"flat": within and under, "reference_step": ref["step"], "reference_rss_gib": ref["rss_gib"],
+            "largest_drift": round(drift, 3), "largest_drift_step": worst["step"], "rss_peak_gib": peak,
+            "ceiling_gib": ceiling_gib,
+            "why": ("" if within else f"RSS at step {worst['step']} is {drift:+.0%} from step "
+                    f"{ref['step']}'s (tolerance {tolerance:.0%})")
+            + ("" if under else f"; its peak {peak} GiB is above the plan's peak plus the margin "
+               f"({ceiling_gib} GiB)")}
+
+
+def soak(args) -> dict[str, Any]:
+    clash = [s for s in args.set if s.split("=", 1)[0].strip() in OWN_KEYS]
+    if clash:
+        raise SystemExit(f"quaero bench soak: --set {clash[0]!r}: the bench sets {', '.join(OWN_KEYS)} "
+                         "itself (use --sft-steps and --rl-steps)")
+    plan = plan_peak_gib(args.config, args.set)
+    with tempfile.TemporaryDirectory(prefix="quaero-soak-") as tmp:
+        own = [f"run.output_dir={tmp}", "run.name=soak", f"training.warmup_sft_steps={args.sft_steps}",
+               f"training.steps={args.rl_steps}", "training.eval_every=0"]
+        cmd = [sys.executable, "-m", "quaero.cli", "train", args.config,
+               *[a for s in [*args.set, *own] for a in ("--set", s)]]
+        log = open(Path(tmp) / "train.log", "w", encoding="utf-8")  # noqa: SIM115 - closed below
+        t0, readings, seen = time.monotonic(), [], {}
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+        events, taken = Path(tmp) / "soak" / "events.jsonl", set()
+        try:
+            while proc.poll() is None:
+                n = steps_done(events, seen)
+                due = n and (n % args.every == 0 or n == 1) and n not in taken
+                if due and (st := proc_status(proc.pid)) is not None:
+                    taken.add(n)
+                    readings.append({"step": n, "phase": "sft" if n <= args.sft_steps else "rl",
+                                     "rss_gib": round(st["rss"] / GIB, 3), "threads": st.get("threads"),
+                                     "s": round(time.monotonic() - t0, 1)})
+                    r = readings[-1]
+                    print(f"step {n:>5} {r['phase']:<3} rss {r['rss_gib']:.3f} GiB  threads "
+                          f"{r['threads']:>5}  plan peak {plan} GiB", file=sys.stderr, flush=True)
+                time.sleep(args.poll_s)
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(30)
+            log.close()
+        tail = (Path(tmp) / "train.log").read_text(encoding="utf-8").splitlines()[-5:]
+    ceiling = None if plan is None else round(plan + args.margin_gib, 3)
+    return {"config": args.config, "set": args.set, "sft_steps": args.sft_steps, "rl_steps": args.rl_steps,
+            "every": args.every, "returncode": proc.returncode, "seconds": round(time.monotonic() - t0, 1),
+            "plan_peak_gib": plan, "margin_gib": args.margin_gib, "tolerance": args.tolerance,
+            "date": time.strftime("%Y-%m-%d"), "readings": readings,
+            "verdict": verdict(readings, reference_step=args.reference_step, tolerance=args.tolerance,
+                               ceiling_gib=ceiling),
+            **({"log_tail": tail} if proc.returncode else {})}
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="quaero bench soak", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="envs/toolbench.toml")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="a config override for the run (not its name, folder or step counts)")
+    p.add_argument("--sft-steps", type=int, default=500, help="warm-start SFT steps")
+    p.add_argument("--rl-steps", type=int, default=12, help="RL steps after them")
+    p.add_argument("--every", type=int, default=25, help="read the RSS every K steps")
+    p.add_argument("--reference-step", type=int, default=100,
+                   help="the reading the later ones are compared with (after warm-up)")
+    p.add_argument("--tolerance", type=float, default=0.10, help="largest drift from the reference reading")
+    p.add_argument("--margin-gib", type=float, default=1.0,
+                   help="what the process may hold above the plan's peak (runtime, malloc's cache)")
+    p.add_argument("--poll-s", type=float, default=0.2)
+    p.add_argument("--json", metavar="PATH", help="also write the document here")
+    args = p.parse_args(argv)
+    if min(args.sft_steps, args.rl_steps) < 0 or args.sft_steps + args.rl_steps < 1 or args.every < 1:
+        p.error("--sft-steps and --rl-steps: 0 or more, at least one step in all; --every: 1 or more")
+    out = soak(args)
+    emit(out, args.json)
+    print(json.dumps({"verdict": out["verdict"]}), file=sys.stderr)
+    return 0 if out["verdict"].get("flat") and out["returncode"] == 0 else 1

@@ -1,0 +1,43 @@
+"""`quaero bench soak`: its verdict on an RSS series, the run's steps read as the events file grows, and its
+own run settings kept from a user's --set."""
+import pytest
+
+from benchmarks import soak
+
+
+def _readings(rss: list[float], every: int = 25) -> list[dict]:
+    return [{"step": every * (i + 1), "rss_gib": v} for i, v in enumerate(rss)]
+
+
+def test_the_verdict_judges_the_drift_from_the_reference_step_and_the_ceiling():
+    # the reported main job (GB at 100, 351, 376, 401...): far past 10%
+    grown = soak.verdict([{"step": 100, "rss_gib": 1.4}, {"step": 351, "rss_gib": 1.6},
+                          {"step": 376, "rss_gib": 2.1}, {"step": 476, "rss_gib": 5.45}],
+                         reference_step=100, tolerance=0.1, ceiling_gib=1.94)
+    assert grown["flat"] is False and grown["largest_drift_step"] == 476 and grown["largest_drift"] > 2.8
+    assert "RSS at step 476 is +289% from step 100's" in grown["why"]
+    assert "above the plan's peak" in grown["why"]
+    # a warm-up that rises, then flat within 10% (the readings before the reference step are not judged)
+    flat = soak.verdict(_readings([0.9, 1.3, 1.37, 1.38, 1.37, 1.40]), reference_step=100, tolerance=0.1,
+                        ceiling_gib=1.94)
+    assert flat["flat"] is True and flat["reference_step"] == 100 and flat["reference_rss_gib"] == 1.38
+    over = soak.verdict(_readings([1.3, 1.3, 1.37, 1.38]), reference_step=100, tolerance=0.1, ceiling_gib=1.0)
+    assert over["flat"] is False and "above the plan's peak plus the margin (1.0 GiB)" in over["why"]
+    assert soak.verdict(_readings([1.0]), reference_step=100, tolerance=0.1, ceiling_gib=None)["flat"] is None
+
+
+def test_the_steps_are_counted_as_the_events_file_grows(tmp_path):
+    events, seen = tmp_path / "events.jsonl", {}
+    assert soak.steps_done(events, seen) == 0
+    events.write_text('{"event": "run_start"}\n{"phase": "sft", "event": "train_step", "step": 1}\n'
+                      '{"event": "train_st')  # a line being written: not counted until it is whole
+    assert soak.steps_done(events, seen) == 1
+    with open(events, "a") as f:
+        f.write('ep", "step": 2}\n{"event": "eval"}\n')
+    assert soak.steps_done(events, seen) == 2
+
+
+@pytest.mark.parametrize("key", ["run.output_dir", "run.name", "training.steps"])
+def test_a_set_of_the_bench_s_own_keys_is_refused_before_anything_runs(key, capsys):
+    with pytest.raises(SystemExit, match=f"--set '{key}=x': the bench sets run.output_dir"):
+        soak.main(["--set", f"{key}=x"])
