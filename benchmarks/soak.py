@@ -121,7 +121,9 @@ def soak(args) -> dict[str, Any]:
         try:
             while proc.poll() is None:
                 n = steps_done(events, seen)
-                due = n and (n % args.every == 0 or n == 1) and n not in taken
+                # the first step, the warm start's last and the run's last, whatever --every
+                marks = (1, args.sft_steps, args.sft_steps + args.rl_steps)
+                due = n and (n % args.every == 0 or n in marks) and n not in taken
                 if due and (st := proc_status(proc.pid)) is not None:
                     taken.add(n)
                     readings.append({"step": n, "phase": "sft" if n <= args.sft_steps else "rl",
