@@ -50,21 +50,28 @@ def proc_status(pid: int) -> dict[str, int] | None:
     return out if "rss" in out else None
 
 
-def steps_done(events: Path, seen: dict[str, Any]) -> int:
-    """The run's train_step events so far (read incrementally: `seen` keeps the offset and the count)."""
+def new_steps(events: Path, seen: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run's train_step events written since the last call (`seen` keeps the file offset); a line being
+    written is read whole next time."""
     from quaero.telemetry import names
 
     if not events.exists():
-        return seen.get("steps", 0)
-    marks = (f'"event": "{names.TRAIN_STEP_EVENT}"'.encode(), f'"event":"{names.TRAIN_STEP_EVENT}"'.encode())
+        return []
+    out = []
     with open(events, "rb") as f:
         f.seek(seen.get("offset", 0))
         for line in f:
-            if not line.endswith(b"\n"):  # a line being written: read it whole next time
+            if not line.endswith(b"\n"):
                 break
             seen["offset"] = seen.get("offset", 0) + len(line)
-            seen["steps"] = seen.get("steps", 0) + any(m in line for m in marks)
-    return seen.get("steps", 0)
+            if names.TRAIN_STEP_EVENT.encode() in line:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if event.get("event") == names.TRAIN_STEP_EVENT:
+                    out.append(event)
+    return out
 
 
 def plan_peak_gib(config: str, sets: list[str]) -> float | None:
@@ -103,6 +110,22 @@ def verdict(readings: list[dict[str, Any]], *, reference_step: int, tolerance: f
                f"({ceiling_gib} GiB)")}
 
 
+def reading(event: dict[str, Any], step: int, sft_steps: int, pid: int | None, seconds: float,
+            plan: float | None) -> dict[str, Any]:
+    """One step's reading, printed as it comes: the run's own RSS at the step's end (`process_rss_mb`; the
+    process's RSS now where the run logs none) and the process's threads now."""
+    from quaero.telemetry import names
+
+    st = proc_status(pid) if pid is not None else None
+    rss = event.get(names.PROCESS_RSS_MB)
+    rss_gib = rss / 1024 if isinstance(rss, (int, float)) else (st or {}).get("rss", 0) / GIB
+    r = {"step": step, "phase": "sft" if step <= sft_steps else "rl", "rss_gib": round(rss_gib, 3),
+         "threads": (st or {}).get("threads"), "s": round(seconds, 1)}
+    print(f"step {step:>5} {r['phase']:<3} rss {r['rss_gib']:.3f} GiB  threads {r['threads']}  plan peak "
+          f"{plan} GiB", file=sys.stderr, flush=True)
+    return r
+
+
 def soak(args) -> dict[str, Any]:
     clash = [s for s in args.set if s.split("=", 1)[0].strip() in OWN_KEYS]
     if clash:
@@ -117,21 +140,19 @@ def soak(args) -> dict[str, Any]:
         log = open(Path(tmp) / "train.log", "w", encoding="utf-8")  # noqa: SIM115 - closed below
         t0, readings, seen = time.monotonic(), [], {}
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
-        events, taken = Path(tmp) / "soak" / "events.jsonl", set()
+        events = Path(tmp) / "soak" / "events.jsonl"
+        # the first step, the warm start's last and the run's last, whatever --every
+        marks = (1, args.sft_steps, args.sft_steps + args.rl_steps)
         try:
-            while proc.poll() is None:
-                n = steps_done(events, seen)
-                # the first step, the warm start's last and the run's last, whatever --every
-                marks = (1, args.sft_steps, args.sft_steps + args.rl_steps)
-                due = n and (n % args.every == 0 or n in marks) and n not in taken
-                if due and (st := proc_status(proc.pid)) is not None:
-                    taken.add(n)
-                    readings.append({"step": n, "phase": "sft" if n <= args.sft_steps else "rl",
-                                     "rss_gib": round(st["rss"] / GIB, 3), "threads": st.get("threads"),
-                                     "s": round(time.monotonic() - t0, 1)})
-                    r = readings[-1]
-                    print(f"step {n:>5} {r['phase']:<3} rss {r['rss_gib']:.3f} GiB  threads "
-                          f"{r['threads']:>5}  plan peak {plan} GiB", file=sys.stderr, flush=True)
+            while True:
+                running = proc.poll() is None
+                for event in new_steps(events, seen):
+                    n = event.get("step")
+                    if isinstance(n, int) and (n % args.every == 0 or n in marks):
+                        readings.append(reading(event, n, args.sft_steps, proc.pid if running else None,
+                                                time.monotonic() - t0, plan))
+                if not running:
+                    break
                 time.sleep(args.poll_s)
         finally:
             if proc.poll() is None:

@@ -26,15 +26,18 @@ def test_the_verdict_judges_the_drift_from_the_reference_step_and_the_ceiling():
     assert soak.verdict(_readings([1.0]), reference_step=100, tolerance=0.1, ceiling_gib=None)["flat"] is None
 
 
-def test_the_steps_are_counted_as_the_events_file_grows(tmp_path):
+def test_the_run_s_steps_are_read_as_the_events_file_grows(tmp_path):
     events, seen = tmp_path / "events.jsonl", {}
-    assert soak.steps_done(events, seen) == 0
-    events.write_text('{"event": "run_start"}\n{"phase": "sft", "event": "train_step", "step": 1}\n'
-                      '{"event": "train_st')  # a line being written: not counted until it is whole
-    assert soak.steps_done(events, seen) == 1
+    assert soak.new_steps(events, seen) == []
+    events.write_text('{"event": "run_start"}\n{"phase": "sft", "event": "train_step", "step": 1, '
+                      '"process_rss_mb": 1400.5}\n{"event": "train_st')  # a line being written: next time
+    assert [(e["step"], e["process_rss_mb"]) for e in soak.new_steps(events, seen)] == [(1, 1400.5)]
     with open(events, "a") as f:
-        f.write('ep", "step": 2}\n{"event": "eval"}\n')
-    assert soak.steps_done(events, seen) == 2
+        f.write('ep", "step": 2}\n{"event": "eval", "note": "train_step"}\n')
+    assert [e["step"] for e in soak.new_steps(events, seen)] == [2]
+    assert soak.new_steps(events, seen) == []
+    r = soak.reading({"step": 1, "process_rss_mb": 1536.0}, 1, 1, None, 3.0, 0.94)
+    assert r == {"step": 1, "phase": "sft", "rss_gib": 1.5, "threads": None, "s": 3.0}
 
 
 @pytest.mark.parametrize("key", ["run.output_dir", "run.name", "training.steps"])
