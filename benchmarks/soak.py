@@ -23,9 +23,12 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from benchmarks.measure import emit
 
@@ -170,6 +173,59 @@ def soak(args) -> dict[str, Any]:
             **({"log_tail": tail} if proc.returncode else {})}
 
 
+def probe(args) -> dict[str, Any]:
+    """`--probe`: the main job's allocation pattern without a model or an env, in this process: per step
+    the tied embedding's gradient and two temporaries (vocab x hidden float32 blocks, tiny-qwen3's shape)
+    allocated and freed, and `--calls` oracle-like calls through `bounded_call`, whose results are kept (as a
+    step's rows keep the oracle's actions). `--leak-threads` leaves each call's thread waiting forever, as a
+    CallWorker made per call did: under the malloc cache what the threads allocate lands among the freed
+    blocks, so a freed block is not reused and the heap grows by whole blocks."""
+    from quaero.bounded import bounded_call
+    from trainers.memory import keep_cpu_malloc_cache
+
+    cached = keep_cpu_malloc_cache("cpu", not args.no_cache)
+    forever, kept, readings = threading.Event(), [], []
+    vocab, hidden = 151936, 128
+
+    def oracle() -> dict:  # an action and a few strings past pymalloc's 512 bytes (they come from malloc)
+        return {"name": "lookup", "arguments": {"key": "k" * 600}, "text": ["t" * 700 for _ in range(3)]}
+
+    def leaked(call) -> Any:  # the CallWorker made per call: a thread that runs the call, then waits forever
+        out, done = [], threading.Event()
+
+        def run() -> None:
+            out.append(call())
+            done.set()
+            forever.wait()
+
+        threading.Thread(target=run, daemon=True).start()
+        done.wait()
+        return out[0]
+
+    t0 = time.monotonic()
+    for step in range(1, args.probe + 1):
+        grad = torch.ones(vocab, hidden)
+        tmp = grad * 2.0
+        tmp2 = tmp + grad
+        for _ in range(args.calls):
+            kept.append(leaked(oracle) if args.leak_threads
+                        else bounded_call(oracle, "oracle", timeout_s=30, bound="probe"))
+        del grad, tmp, tmp2
+        if step % args.every == 0 or step == 1:
+            st = proc_status(os.getpid()) or {}
+            readings.append({"step": step, "phase": "probe", "rss_gib": round(st.get("rss", 0) / GIB, 3),
+                             "threads": st.get("threads"), "s": round(time.monotonic() - t0, 1)})
+            print(f"step {step:>5} rss {readings[-1]['rss_gib']:.3f} GiB  threads {st.get('threads')}",
+                  file=sys.stderr, flush=True)
+    forever.set()
+    block = round(vocab * hidden * 4 / GIB, 3)
+    return {"probe": args.probe, "calls": args.calls, "leak_threads": args.leak_threads,
+            "malloc_cache": cached, "block_gib": block, "date": time.strftime("%Y-%m-%d"),
+            "readings": readings,
+            "verdict": verdict(readings, reference_step=args.reference_step, tolerance=args.tolerance,
+                               ceiling_gib=None)}
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="quaero bench soak", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="envs/toolbench.toml")
@@ -185,7 +241,17 @@ def main(argv: list[str]) -> int:
                    help="what the process may hold above the plan's peak (runtime, malloc's cache)")
     p.add_argument("--poll-s", type=float, default=0.2)
     p.add_argument("--json", metavar="PATH", help="also write the document here")
+    p.add_argument("--probe", type=int, default=0, metavar="STEPS",
+                   help="instead of a run: the main job's allocation pattern, STEPS steps, in this process")
+    p.add_argument("--calls", type=int, default=14, help="--probe: oracle calls a step (the main job's ~14)")
+    p.add_argument("--leak-threads", action="store_true",
+                   help="--probe: each call leaves its thread waiting forever (the leak that was)")
+    p.add_argument("--no-cache", action="store_true", help="--probe: without train_cpu_malloc_cache")
     args = p.parse_args(argv)
+    if args.probe:
+        out = probe(args)
+        emit(out, args.json)
+        return 0 if out["verdict"].get("flat") else 1
     if min(args.sft_steps, args.rl_steps) < 0 or args.sft_steps + args.rl_steps < 1 or args.every < 1:
         p.error("--sft-steps and --rl-steps: 0 or more, at least one step in all; --every: 1 or more")
     out = soak(args)
