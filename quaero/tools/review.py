@@ -349,19 +349,25 @@ def summarize(run: dict) -> RunSummary:
 
 
 def rss_growth(steps: list[dict]) -> dict[str, dict[str, Any]]:
-    """Per phase of `proofs.RSS_MIN_STEPS` steps or more that logged `process_rss_mb`: its reading after the
-    warm-up (`proofs.RSS_WARM_UP_STEPS`, at most a fifth of the phase), its largest reading from there on and
-    the growth between them, what `proofs.memory_flat` judges."""
-    out = {}
-    for phase in (names.PHASE_SFT, names.PHASE_TRACES_RL, names.PHASE_RL):
-        series = [(st.get("step"), v) for st in steps if st.get(names.PHASE, names.PHASE_RL) == phase
-                  and (v := finite_number(st.get(names.PROCESS_RSS_MB))) is not None and v > 0]
-        if len(series) < proofs.RSS_MIN_STEPS:
+    """Per phase: its steps logged by one process (`run_id`: a resume is another process, whose RSS starts
+    afresh), `proofs.RSS_MIN_STEPS` or more that logged `process_rss_mb`: the reading after the warm-up
+    (`proofs.RSS_WARM_UP_STEPS`, at most a fifth of them), the largest from there on and the growth between
+    them (of the process that grew most), what `proofs.memory_flat` judges."""
+    series: dict[tuple[str, Any], list[tuple[Any, float]]] = {}
+    for st in steps:
+        if (v := finite_number(st.get(names.PROCESS_RSS_MB))) is not None and v > 0:
+            key = (st.get(names.PHASE, names.PHASE_RL), st.get("run_id"))
+            series.setdefault(key, []).append((st.get("step"), v))
+    out: dict[str, dict[str, Any]] = {}
+    for (phase, _), points in series.items():
+        if len(points) < proofs.RSS_MIN_STEPS:
             continue
-        warm = min(proofs.RSS_WARM_UP_STEPS, len(series) // 5)
-        (ref_step, ref), (top_step, top) = series[warm], max(series[warm:], key=lambda p: p[1])
-        out[phase] = {"reference_step": ref_step, "reference_rss_mb": ref, "largest_step": top_step,
-                      "largest_rss_mb": top, "growth": round((top - ref) / ref, 3)}
+        warm = min(proofs.RSS_WARM_UP_STEPS, len(points) // 5)
+        (ref_step, ref), (top_step, top) = points[warm], max(points[warm:], key=lambda p: p[1])
+        growth = round((top - ref) / ref, 3)
+        if phase not in out or growth > out[phase]["growth"]:
+            out[phase] = {"reference_step": ref_step, "reference_rss_mb": ref, "largest_step": top_step,
+                          "largest_rss_mb": top, "growth": growth}
     return out
 
 

@@ -535,3 +535,15 @@ def test_a_flat_rss_passes_and_a_run_without_readings_is_not_judged(tmp_path):
     assert s.rss_growth == {} and "rss_growth" not in s.to_dict()
     check = {c["name"]: c for c in proofs.run_checks(s)}
     assert check[proofs.MEMORY_FLAT]["status"] == proofs.NA
+
+
+def test_a_resumed_process_s_rss_is_judged_apart_from_the_first_s(tmp_path):
+    # steps 1-30 by one process at ~1000 MiB, then a resume whose process holds more from its first step on
+    first = [dict(good_steps(1)[0], phase="sft", process_rss_mb=1000.0, run_id="a") for _ in range(30)]
+    second = [dict(good_steps(1)[0], phase="sft", process_rss_mb=1300.0 + i, run_id="b") for i in range(30)]
+    run = {"steps": [dict(st, step=i) for i, st in enumerate(first + second, start=1)]}
+    growth = review.rss_growth(run["steps"])["sft"]
+    assert growth["reference_rss_mb"] == 1306.0 and growth["largest_rss_mb"] == 1329.0  # the second's own
+    assert proofs.memory_flat(review.rss_growth(run["steps"]))["status"] == proofs.PASS
+    grown = [dict(st, process_rss_mb=1000.0 + 20 * i) for i, st in enumerate(run["steps"][:30])]
+    assert proofs.memory_flat(review.rss_growth(grown + run["steps"][30:]))["status"] == proofs.FAIL
