@@ -29,6 +29,8 @@ BENCHMARKS = {
     # a user tool (it reads a run of theirs), listed here so `quaero bench scaling` keeps its name
     "scaling": ("quaero.tools.scaling",
                 "a run's measured costs -> predicted step time and bottleneck per device count"),
+    "tree": ("benchmarks.tree",
+             "tree training vs per-row training on RL-shaped rows: tokens, step time, peak memory"),
     "packing": ("benchmarks.packing", "trained tokens per episode: packed rows vs one row per transition"),
     "bridge-cost": ("benchmarks.bridge_cost",
                     "the template renderer's prompt and bridge cost per turn vs renderers' Qwen3Renderer"),

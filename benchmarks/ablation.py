@@ -95,13 +95,36 @@ def _seed_start(source: Path, run_dir: Path, step: int | None) -> None:
     shutil.copytree(path, checkpoint.run_checkpoints(run_dir) / path.name)
 
 
+# what `train_arm` sets for each arm: its run folder (--out/NAME) and its seed. A user's --set of one would
+# move the arm into another run (a user's: its events, checkpoints and final/ written over), so each is
+# refused, and the bench's own come last besides
+BENCH_OWNED = (("run",), ("run", "name"), ("run", "output_dir"), ("run", "seed"))
+
+
+def refuse_owned_sets(sets: list[str], flag: str = "--set") -> None:
+    """One line (SystemExit) for a set of a key the bench owns (`BENCH_OWNED`); other sets pass (a malformed
+    one is `load_config`'s to name)."""
+    from quaero.config import ConfigError
+    from quaero.config.load import parse_override
+
+    for text in sets:
+        try:
+            keys, _ = parse_override(text)
+        except ConfigError:
+            continue
+        if tuple(keys[:2]) in BENCH_OWNED:
+            raise SystemExit(f"error: {flag} {text!r}: run.name, run.output_dir and run.seed are the bench's "
+                             "own (each arm is its own run in --out, seeded from --seeds); drop the set and "
+                             "choose the folder with --out, the seeds with --seeds")
+
+
 def train_arm(config: str, out: Path, name: str, seed: int, arm: list[str], common: list[str],
               source: Path | None, from_step: int | None = None) -> Path:
     run_dir = out / name
     if source is not None:
         _seed_start(source, run_dir, from_step)
-    sets = [f"run.name={name}", f"run.output_dir={out}", f"run.seed={seed}", "logging.console=none", *common,
-            *arm]
+    sets = ["logging.console=none", *common, *arm, f"run.name={name}", f"run.output_dir={out}",
+            f"run.seed={seed}"]
     cmd = [sys.executable, "-m", "quaero.cli", "train", config] + [x for s in sets for x in ("--set", s)]
     print("$ " + " ".join(cmd[2:]), file=sys.stderr, flush=True)
     code = subprocess.run(cmd, check=False).returncode
@@ -142,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_step is not None and args.source is None:
         raise SystemExit("error: --from-step needs --from RUN")
     arm_a, arm_b = args.arm_a or ["echo.enabled=true"], args.arm_b or ["echo.enabled=false"]
+    for flag, sets in (("--set", args.common), ("--arm-a", arm_a), ("--arm-b", arm_b)):
+        refuse_owned_sets(sets, flag)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     args.out.mkdir(parents=True, exist_ok=True)
     per_seed, pooled_a, pooled_b = [], {}, {}

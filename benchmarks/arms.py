@@ -17,6 +17,9 @@ then each arm's verdict on the question "does RL beat its own warm start at ever
         --set training.checkpoint_every=1000 --arm base \\
         --arm 'episode: training.guidance=episode training.guided_members=2 training.guidance_until_step=8'
 
+The figure (`--plot`, default OUT/arms.png) draws every arm at every seed: held-out success ± s.e. against
+RL's generated tokens from the seed's warm start (benchmarks/arms_plot.py).
+
 `--from` is a run folder shared by every seed, a template with `{seed}`, or `SEED=RUN` (repeatable; it wins
 over a template for its seed). An arm's `env.tasks.sampler=X` set picks the task sampler (its runs are then
 named `X-sS`, as `bench samplers` names them).
@@ -34,8 +37,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from benchmarks.ablation import refuse_owned_sets
 from benchmarks.samplers import arm_figures, arm_name, eval_groups, read_run, seed_list, success_rate
 from quaero.telemetry import names
+from quaero.tools.outputs import bench_output, write_bench_output
 from quaero.tools.significance import format_and_task, paired_outcomes
 
 ARM = re.compile(r"^([A-Za-z0-9_+-]{1,64})(?:\s*:\s*(.*))?$", re.DOTALL)
@@ -83,7 +88,7 @@ def sources(values: list[str], seeds: list[int]) -> dict[int, Path]:
 
 def step_figures(run: dict) -> dict[str, Any]:
     """Means (over the RL steps that report them) and sums of an arm's train_step figures."""
-    steps = [e for e in run["steps"] if e.get(names.PHASE, "rl") == "rl"]
+    steps = [e for e in run["steps"] if e.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL]
     out: dict[str, Any] = {}
     for key in MEANS:
         values = [e[key] for e in steps if isinstance(e.get(key), (int, float))]
@@ -248,14 +253,21 @@ def main(argv: list[str] | None = None) -> int:
                    help="only read: every arm must be finished with this very command (its --sets, in "
                         "any order where the order cannot change a value)")
     p.add_argument("--json", type=Path, help="also write the report here")
+    p.add_argument("--plot", type=Path, help="the figure of every arm and seed, held-out success ± s.e. vs "
+                   "RL generated tokens (default: OUT/arms.png)")
+    p.add_argument("--force", action="store_true", help="let --plot replace a file this did not write")
     args = p.parse_args(argv)
 
-    from benchmarks import samplers
+    from benchmarks import arms_plot, samplers
     from quaero.config import load_config
     from quaero.tools.review import eval_formats, eval_outcomes
 
     seeds = seed_list(args.seeds)
     arms = [parse_arm(a) for a in args.arms]
+    refuse_owned_sets(args.common)
+    for text, (_, _, sets) in zip(args.arms, arms, strict=True):
+        refuse_owned_sets(sets, f"--arm {text!r}:")
+    bench_output(args.json)  # before any arm trains
     if len({a[0] for a in arms}) != len(arms):
         raise SystemExit("error: --arm names repeat; give each arm its own name")
     cfg = load_config(args.config, args.common)
@@ -287,17 +299,20 @@ def main(argv: list[str] | None = None) -> int:
                      *(["--rerun"] if args.rerun else [])]
             with contextlib.redirect_stdout(io.StringIO()):  # its one-arm table; ours joins them all
                 samplers.main(argv_)
-    warm = {}
+    warm, warm_events = {}, {}
     for seed, run_dir in warm_runs.items():
-        e = _eval_at(read_run(run_dir, f"--from {run_dir}"), args.from_step)
+        e = warm_events[seed] = _eval_at(read_run(run_dir, f"--from {run_dir}"), args.from_step)
         warm[seed] = {"eval": eval_outcomes(e) if e else None, "formats": eval_formats(e) if e else None}
     indices = sorted({k for w in warm.values() for k in (w["eval"] or {})})
     report = join(arms, seeds, warm, args.out, eval_groups(next(iter(cfg.views().values())), indices))
     report.update(config=args.config, from_step=args.from_step, budget=args.budget, common=args.common,
                   sources={str(s): str(r) for s, r in warm_runs.items()})
     print(render(report))
+    plot = arms_plot.write_figure(arms_plot.arm_curves(arms, seeds, warm_events, args.out),
+                                  args.plot or args.out / "arms.png", force=args.force)
+    print(f"figure {plot}")
     if args.json:
-        args.json.write_text(json.dumps(report, indent=2, default=str))
+        write_bench_output(args.json, json.dumps(report, indent=2, default=str))
     return 0
 
 

@@ -48,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     from pathlib import Path
 
     from benchmarks.packing import eight_turns
-    from quaero.config import ModelConfig, QuaeroConfig
-    from quaero.model import load_tokenizer
+    from quaero.config import ModelConfig, QuaeroConfig, settings_of
+    from quaero.models.load import load_tokenizer
     from quaero.openenv_client import open_envs
     from quaero.rollout.driver import DriverSettings, EpisodeDriver
     from quaero.rollout.render import RenderAdapter
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeat):
             for arm, model_cfg in arms.items():
                 render = _timed(RenderAdapter(tok, model_cfg))
-                driver = EpisodeDriver(render, None, DriverSettings.of(cfg), pool.counts)
+                driver = EpisodeDriver(render, None, settings_of(DriverSettings, cfg), pool.counts)
                 groups = driver.run(pool.sessions, tasks, group_size=1, policy=eight_turns(args.turns, True))
                 counts = pool.counts.snapshot_and_reset()
                 assert counts["bridge_fallbacks"] == 0 and counts["prefix_mismatches"] == 0, (arm, counts)
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                     per_turn[arm][name].append(sum(secs) / max(counts["turns"], 1))
         turns = counts["turns"]
 
-    from quaero.model import load_causal_lm
+    from quaero.models.load import load_causal_lm
     from quaero.sampling.hf import HFSampler
 
     model = load_causal_lm(cfg.model.name).eval()

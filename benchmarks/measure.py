@@ -46,6 +46,9 @@ def run_cli(build_parser: Callable[[], Any], run: Callable[[Any], dict[str, Any]
     `--json PATH`). Exit 1 without a document when a value check fails (`BenchValueError`), and after it when
     `verdict(doc)` names a problem (a proof that did not hold)."""
     args = build_parser().parse_args(argv)
+    from quaero.tools.outputs import bench_output
+
+    bench_output(args.json)  # a path it cannot write is refused before the work, not after
     try:
         with torch_threads(args.threads):
             doc = run(args)
@@ -259,8 +262,9 @@ def emit(doc: dict[str, Any], path: str | None) -> None:
     text = json.dumps(doc, indent=2, sort_keys=True)
     print(text)
     if path:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+        from quaero.tools.outputs import write_bench_output
+
+        write_bench_output(path, text + "\n")  # never through a link, into a FIFO or over a run's file
 
 
 def _cpu_model() -> str | None:

@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--turns", type=int, default=8)
     args = ap.parse_args(argv)
 
-    from quaero.config import QuaeroConfig
-    from quaero.model import load_tokenizer
+    from quaero.config import QuaeroConfig, settings_of
+    from quaero.models.load import load_tokenizer
     from quaero.openenv_client import open_envs
     from quaero.rollout.driver import DriverSettings, EpisodeDriver
     from quaero.rollout.render import RenderAdapter
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     with open_envs(cfg.env, min(args.episodes, 4)) as pool:
         results = {}
         for reasoning in (True, False):
-            driver = EpisodeDriver(render, None, DriverSettings.of(cfg), pool.counts)
+            driver = EpisodeDriver(render, None, settings_of(DriverSettings, cfg), pool.counts)
             groups = driver.run(pool.sessions, tasks, group_size=1, policy=eight_turns(args.turns, reasoning))
             results[reasoning] = ([g[0] for g in groups], pool.counts.snapshot_and_reset())
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.measure import emit, load_average, ratio
+from quaero.tools.outputs import bench_output, write_bench_output
 
 SIDES = ("quaero", "trl")
 # the [peers] pin; older TRL (1.15.0) calls its Triton log-prob kernel on CPU tensors wherever Triton is
@@ -73,7 +74,7 @@ def prepare_model(name: str, out: Path) -> Path:
     from transformers import AutoTokenizer
     from trl.chat_template_utils import qwen3_chat_template
 
-    from quaero.model import resolve_model
+    from quaero.models.load import resolve_model
 
     folder = out / "model"
     shutil.copytree(resolve_model(name), folder)
@@ -264,6 +265,7 @@ def _report(doc: dict[str, Any], path: str | None) -> int:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    bench_output(args.json)  # a path it cannot write is refused before the work, not after
     if args.summarize:
         doc = json.loads(Path(args.summarize).read_text())
         doc.update(summary=summarize(doc["runs"]), invariants=invariants(doc["runs"]))
@@ -309,8 +311,7 @@ def main(argv: list[str]) -> int:
             repeats.append(run_repeat(setup, r))
             if args.json and r + 1 < args.repeats:  # a long run stopped later keeps the repeats it finished
                 partial = document(args, cfg, repeats)
-                Path(args.json).write_text(json.dumps(partial, indent=2, sort_keys=True) + "\n",
-                                           encoding="utf-8")
+                write_bench_output(args.json, json.dumps(partial, indent=2, sort_keys=True) + "\n")
     finally:
         if args.out is None:
             shutil.rmtree(out, ignore_errors=True)

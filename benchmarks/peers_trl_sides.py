@@ -109,7 +109,7 @@ def save_final(setup: dict, name: str, model) -> dict:
         return {}
     from pathlib import Path
 
-    from quaero.model import load_tokenizer
+    from quaero.models.load import load_tokenizer
     from quaero.recipe.model_folder import save_model
 
     out = save_model(model, load_tokenizer(setup["model"]), Path(setup["save_final"]) / name,
@@ -233,7 +233,8 @@ def trl_args(setup: dict, cfg, output_dir: str):
         max_tool_calling_iterations=cfg.env.max_turns - 1, temperature=cfg.sampler.temperature,
         top_p=cfg.sampler.top_p, learning_rate=cfg.backend.lr, lr_scheduler_type="constant",
         weight_decay=cfg.backend.weight_decay, max_grad_norm=cfg.backend.max_grad_norm,
-        adam_beta1=cfg.backend.betas[0], adam_beta2=cfg.backend.betas[1], epsilon=t.clip_eps or 0.2,
+        adam_beta1=cfg.backend.betas[0], adam_beta2=cfg.backend.betas[1],
+        epsilon=getattr(cfg.loss.policy, "clip_eps_low", None) or 0.2,
         scale_rewards="none", loss_type=TRL_LOSS_TYPES[t.loss_aggregation], beta=0.0, num_iterations=1,
         gradient_checkpointing=False,
         logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True,

@@ -1,10 +1,10 @@
-"""Real-shape train steps against `quaero check`'s memory plan (quaero/recipe/memory_plan.py).
+"""Real-shape train steps against `quaero check`'s memory plan (quaero/preflight/memory_plan.py).
 
     quaero bench real-shape --model qwen3-0.6b-shape --phases --rows 2 --seq-len 256
     quaero bench real-shape --model qwen3-0.6b-shape --layers 2 --seq-len 8192 --targets 64 \
         --cases selective,chunked,checkpointing,crop
 
-A named real shape (`quaero.model.NAMED_SHAPES`, random init, built offline) trains with the `local`
+A named real shape (`quaero.models.qwen3.NAMED_SHAPES`, random init, built offline) trains with the `local`
 trainer's own `train_step` (trainers/step.py), built from a `TrainerSpec` in code. `--layers N` keeps the
 shape's width, vocabulary and head but only N decoder layers (a long row at full depth does not fit 2 CPU
 cores' time): per-layer and LM-head memory are the real shape's, and the plan is asked about the same
@@ -41,6 +41,7 @@ import torch
 
 from benchmarks.measure import emit
 from quaero.telemetry import names
+from quaero.tools.outputs import bench_output
 from trainers.memory import peak_mem_mb, process_peak_mb, reset_peak
 
 GIB = 2**30
@@ -63,7 +64,9 @@ def rss_peak() -> int:
 
 def model_folder(name: str, layers: int | None) -> tuple[str, dict]:
     """The model to train (a named shape, at `layers` decoder layers when given) and its config fields."""
-    from quaero.model import NAMED_SHAPES, cache_dir, materialize_folder, resolve_model
+    from quaero.models.cache import cache_dir, materialize_folder
+    from quaero.models.load import resolve_model
+    from quaero.models.qwen3 import NAMED_SHAPES
 
     if layers is None:
         path = resolve_model(name)
@@ -185,7 +188,7 @@ def make_trainer(model: str, args, spec_kw: dict):
 
 
 def planned(fields: dict, args, plan_kw: dict):
-    from quaero.recipe.memory_plan import ModelDims, StepShape, plan
+    from quaero.preflight.memory_plan import ModelDims, StepShape, plan
 
     step = StepShape(
         tokens=args.rows * args.seq_len,
@@ -280,7 +283,7 @@ def measure_case(name: str, model: str, fields: dict, args) -> dict[str, Any]:
 
 def phases(model: str, fields: dict, args) -> dict[str, Any]:
     """Load, step (AdamW apart), checkpoint write/read, export and the server's weights folder, timed."""
-    from quaero.model import load_tokenizer
+    from quaero.models.load import load_tokenizer
     from quaero.recipe import checkpoint
     from quaero.recipe.model_folder import save_model
     from quaero.sampling.vllm import saved_weights
@@ -376,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
+    bench_output(args.json)  # a path it cannot write is refused before the work, not after
     args.span = args.span or max(args.targets, args.seq_len // 4)
     torch.set_num_threads(args.threads)
     if args.backend == "unsloth":  # unsloth patches transformers on import, so it goes first

@@ -3,7 +3,7 @@
     quaero bench rl-memory --config envs/toolbench_smollm2.toml --rl-rows 3 --rl-len 1900
     quaero bench rl-memory --set backend.options.train_cpu_mmap_threshold=0
 
-The trainer `quaero train` builds from the config (`quaero.recipe.plan.trainer_spec`: its dtype, LoRA,
+The trainer `quaero train` builds from the config (`quaero.preflight.plan.trainer_spec`: its dtype, LoRA,
 selective logits, ECHO weights, micro_batch_tokens, policy loss, mini-steps) runs one SFT step on
 demonstration-length rows and then, after the optimizer reset the config asks for, one RL step on rollout-
 length rows, laid out as a tool-calling episode: a prompt, then per turn a few template tokens, a sampled
@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from benchmarks.measure import emit
+from quaero.tools.outputs import bench_output
 
 GIB = 2**30
 
@@ -78,9 +79,9 @@ def measured(key: str, fn, out: dict[str, Any]):
 
 def plans(cfg, rl_len: int, targets_per_row: int) -> dict[str, Any]:
     """The plan of the RL step's microbatch as measured here, and `quaero check`'s (the longest row)."""
-    from quaero.model import config_fields
-    from quaero.recipe.memory_lines import step_shape
-    from quaero.recipe.memory_plan import ModelDims, plan
+    from quaero.models.load import config_fields
+    from quaero.preflight.memory_lines import step_shape
+    from quaero.preflight.memory_plan import ModelDims, plan
 
     dims = ModelDims.from_fields(config_fields(cfg.model.name))
     checked, note = step_shape(cfg, "cpu")
@@ -98,8 +99,8 @@ def plans(cfg, rl_len: int, targets_per_row: int) -> dict[str, Any]:
 def run(args) -> dict[str, Any]:
     from benchmarks.real_shape import phase_peaks, resident_bytes
     from quaero.config.load import load_config
-    from quaero.model import config_fields
-    from quaero.recipe.plan import trainer_spec
+    from quaero.models.load import config_fields
+    from quaero.preflight.plan import trainer_spec
     from trainers.registry import trainer_class
 
     cfg = load_config(args.config, args.set)
@@ -158,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
+    bench_output(args.json)  # a path it cannot write is refused before the work, not after
     torch.set_num_threads(args.threads)
     doc = run(args)
     emit(doc, args.json)

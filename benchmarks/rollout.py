@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from benchmarks.measure import emit, environment, load_average, torch_threads
+from quaero.tools.outputs import bench_output
 
 MODES = ("greedy", "sampled")
 # each --samplers name, as the [sampler] settings it runs with (vllm-server: one `vllm serve` over HTTP)
@@ -140,7 +141,7 @@ def cpu_kernels() -> dict[str, Any]:
 
 def run(args) -> dict[str, Any]:
     from quaero.config import SINGLE, load_config
-    from quaero.model import resolve_device
+    from quaero.models.load import resolve_device
     from quaero.openenv_client import open_envs
     from quaero.recipe.parts import build
     from quaero.rollout.tasks import task_reset
@@ -239,6 +240,7 @@ def _stdout_to_stderr():
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    bench_output(args.json)  # a path it cannot write is refused before the work, not after
     with torch_threads(args.threads), _stdout_to_stderr():
         doc = run(args)
     emit(doc, args.json)

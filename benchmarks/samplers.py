@@ -28,7 +28,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.ablation import arm_folder_problem, start_checkpoint, train_arm
+from benchmarks.ablation import arm_folder_problem, refuse_owned_sets, start_checkpoint, train_arm
 from quaero.telemetry import names
 from quaero.tools.significance import paired_outcomes
 
@@ -193,7 +193,7 @@ def outcome_groups(run: dict, env: str | None) -> list[tuple]:
 def arm_figures(run: dict, env: str | None) -> dict[str, Any]:
     """An arm's RL figures for one env (None: a one-env run): steps, tokens, groups, with spread; per spec
     group: groups, with spread, successes and episodes."""
-    rl_steps = {s["step"] for s in run["steps"] if s.get(names.PHASE, "rl") == "rl"}
+    rl_steps = {s["step"] for s in run["steps"] if s.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL}
     groups = outcome_groups(run, env)
     by_group: dict[Any, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     for _env, _task, spec_group, successes, episodes, spread, _tokens in groups:
@@ -258,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.budget <= 0:
         raise SystemExit(f"error: --budget {args.budget}: every arm's generated-token budget must be > 0, "
                          "e.g. --budget 24000")
+    refuse_owned_sets(args.common)
     seeds, samplers = seed_list(args.seeds), arm_samplers(args.samplers)
     cfg = load_config(args.config, args.common)  # a bad config or --set fails here, before any arm runs
     views = cfg.views()

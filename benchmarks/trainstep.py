@@ -22,7 +22,8 @@ from trainers.spec import TrainerSpec
 
 def bench_model_dir(vocab_size: int, hidden_size: int, layers: int = 2, seed: int = 0) -> Path:
     """A random-init Qwen3 folder (vocab, hidden, `layers`; head_dim 16, untied LM head), built once."""
-    from quaero.model import cache_dir, materialize_folder, random_qwen3
+    from quaero.models.cache import cache_dir, materialize_folder
+    from quaero.models.qwen3 import random_qwen3
 
     def build(out: Path) -> None:
         random_qwen3(vocab_size, hidden_size, layers=layers, seed=seed).save_pretrained(out)
@@ -79,11 +80,11 @@ def trace_row(length: int, targets: int, vocab_size: int, *, turns: int = 4, see
 
 def config_spec(settings: dict[str, Any], *, logprob_fn: str = "") -> TrainerSpec:
     """The trainer spec `quaero train` builds from a config with these settings
-    (`quaero.recipe.plan.trainer_spec`,
+    (`quaero.preflight.plan.trainer_spec`,
     the one place a config becomes a spec), e.g. `{"backend": {"lora": True}}`; `logprob_fn`: the trainer's
     log-prob hook (benchmarks/peers.py), a spec field no config key sets."""
     from quaero.config import QuaeroConfig
-    from quaero.recipe.plan import trainer_spec
+    from quaero.preflight.plan import trainer_spec
 
     # a config names an env; a trainer never reads it (no env starts here)
     spec = trainer_spec(QuaeroConfig.model_validate({"env": {"entry": "envs.toolbench:ToolBenchEnv"},

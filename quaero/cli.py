@@ -18,7 +18,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_check(args) -> int:
-    from quaero.tools.check import check
+    from quaero.preflight.check import check
 
     return check(args)
 
@@ -108,7 +108,7 @@ def launch_ranks(args, cfg) -> int:
 
 def cmd_train(args) -> int:
     from quaero.config import load_config
-    from quaero.recipe.plan import load_checked
+    from quaero.preflight.plan import load_checked
     from quaero.recipe.runlock import RunFolderLocked, refuse_if_held
 
     try:
@@ -201,6 +201,7 @@ def cmd_eval(args) -> int:
         out_dir = f"{args.out}/{name}" if args.out and cfg.is_mixture else args.out
         plan = EvalPlan(tasks=args.tasks if args.tasks is not None else (view.training.eval_tasks or 64),
                         split=args.split or view.env.eval_split, seeds=args.seeds, greedy=not args.sample,
+                        pass_k=args.pass_k if args.pass_k is not None else view.training.eval_pass_k,
                         out=out_dir)
         try:
             out, summary = evaluate(view, list(args.compare) if args.compare else [args.model], plan)
@@ -263,19 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("review", help="review a run's metrics: table, proofs, plots")
-    p.add_argument("run_dir", nargs="?", help="runs/NAME (the folder holding events.jsonl)")
-    p.add_argument("--require-proof", action="store_true",
-                   help="exit 1 when a required proof that applies to the run fails")
-    p.add_argument("--require", action="append", default=[], metavar="CHECK",
-                   help="exit 1 unless the named check passes (repeatable; n/a does not pass), "
-                        "e.g. --require 'ECHO loss falling'")
-    p.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
-    p.add_argument("--force", action="store_true", help="let --plots overwrite existing files of those names "
-                   "that review did not write (never a link, a special file or a run's own file)")
-    p.add_argument("--json", action="store_true", help="print the review as JSON")
-    p.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"), help="two runs side by side")
-    p.set_defaults(func=cmd_review)
+    _add_review(sub)
 
     p = sub.add_parser("bench", help="benchmarks: `quaero bench echo ...`, `quaero bench step ...`",
                        add_help=False)  # `quaero bench [echo|step] --help` is answered by benchmarks/
@@ -294,6 +283,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--merge", action="store_true", help="LoRA runs: merge the adapter into a full folder")
     p.set_defaults(func=cmd_export)
 
+    _add_eval(sub)
+
+    _add_inspect(sub)
+
+    _add_env(sub)
+    return ap
+
+
+
+def _add_review(sub) -> None:
+    """`quaero review`'s arguments."""
+    p = sub.add_parser("review", help="review a run's metrics: table, proofs, plots")
+    p.add_argument("run_dir", nargs="?", help="runs/NAME (the folder holding events.jsonl)")
+    p.add_argument("--require-proof", action="store_true",
+                   help="exit 1 when a required proof that applies to the run fails")
+    p.add_argument("--require", action="append", default=[], metavar="CHECK",
+                   help="exit 1 unless the named check passes (repeatable; n/a does not pass), "
+                        "e.g. --require 'ECHO loss falling'")
+    p.add_argument("--plots", metavar="DIR", nargs="?", const=True,
+                   help="write PNG plots into DIR (bare --plots: RUN/plots), held-out success ± s.e. "
+                   "against step and generated tokens among them")
+    p.add_argument("--force", action="store_true", help="let --plots overwrite existing files of those names "
+                   "that review did not write (never a link, a special file or a run's own file)")
+    p.add_argument("--json", action="store_true", help="print the review as JSON")
+    p.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"), help="two runs side by side")
+    p.set_defaults(func=cmd_review)
+
+
+def _add_eval(sub) -> None:
+    """`quaero eval`'s arguments."""
     p = sub.add_parser("eval", help="evaluate a model on the env's eval split; --compare A B, paired")
     _add_config_args(p)
     who = p.add_mutually_exclusive_group()
@@ -305,9 +324,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", help="a mixture's env to evaluate (default: each, on its own eval split)")
     p.add_argument("--seeds", type=int, default=1, help="repeat every task under K seeds")
     p.add_argument("--sample", action="store_true", help="sample at [sampler] temperature instead of greedy")
+    p.add_argument("--pass-k", type=int, metavar="K", help="also K episodes per task at [sampler] "
+                   "temperature: pass@1 and pass@K (unbiased estimator) with their s.e. (default: "
+                   "[training] eval_pass_k, 1 = off)")
     p.add_argument("--out", help="eval folder (default: RUN/eval-TIMESTAMP, or next to the model folder)")
     p.set_defaults(func=cmd_eval)
 
+
+def _add_inspect(sub) -> None:
+    """`quaero inspect rows`'s arguments."""
     inspect = sub.add_parser("inspect",
                              help="look at what a run trained").add_subparsers(dest="inspect_command",
                                                                                      required=True)
@@ -325,6 +350,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(never a symlink or a file inside a run folder)")
     p.set_defaults(func=cmd_inspect_rows)
 
+
+def _add_env(sub) -> None:
+    """`quaero env serve`'s arguments."""
     env = sub.add_parser("env", help="environment tools").add_subparsers(dest="env_command", required=True)
     p = env.add_parser("serve", help="serve any OpenEnv env (module:Class) on 127.0.0.1")
     p.add_argument("entry", help="package.module:Class (an Environment/MCPEnvironment or factory)")
@@ -336,7 +364,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--action", metavar="MODULE:CLASS", help="the Action class, for an env whose step takes "
                                                             "the base Action")
     p.set_defaults(func=cmd_env_serve)
-    return ap
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -350,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_benchmark(argv[1:])
     args = build_parser().parse_args(argv)
     from quaero.config import ConfigError
-    from quaero.model import ModelNotFound
+    from quaero.models.base import ModelNotFound
 
     try:
         return int(args.func(args) or 0)

@@ -1,6 +1,6 @@
 """Sampler engines (the `[sampler] backend` values) and what each declares, importable without torch.
 
-quaero/config/ takes its backend names and its mode rule from here, quaero/recipe/plan.py and `quaero
+quaero/config/ takes its backend names and its mode rule from here, quaero/preflight/plan.py and `quaero
 doctor` judge what is installed by it, and `make_sampler` (quaero/sampling/__init__.py) builds the engine a
 config names through the `build` function of its mode. Adding an engine is its module (a sampler class and a
 `build`) and one entry here; it must pass tests/engines/test_sampling.py's contract.

@@ -130,13 +130,6 @@ OPTION_MEANINGS = {
     "training.steps": "RL steps (after the warm start)",
     "training.tasks_per_step": "tasks sampled per RL step",
     "training.group_size": "episodes per task; advantages are group-relative, so at least 2 for RL",
-    "training.advantage": "the baseline: `grpo` (the group's mean reward) or `rloo` (the mean of the others)",
-    "training.scale_rewards": ("divide advantages by the group's reward std (`group`), the step's "
-                               "(`batch`) or not at all (`none`)"),
-    "training.positive_advantage_weight": "multiplies positive advantages (W-REINFORCE: 0.1; 0: negative "
-                                          "samples only, NSR)",
-    "training.all_fail_advantage": "every member's advantage in a group with no success and no reward spread "
-                                   "(NSR: e.g. -1; 0: the group trains ECHO only)",
     "training.warmup_sft_steps": "warm-start SFT steps on the env's oracle demos, before RL",
     "training.oracle": "the warm start's demonstrator `package.module:function` (unset: `oracle_policy` "
                        "beside the entry)",
@@ -148,6 +141,9 @@ OPTION_MEANINGS = {
     "training.eval_every": "evaluate every this many steps (0: never); also before the first and after the "
                            "last step",
     "training.eval_tasks": "held-out tasks per evaluation (greedy)",
+    "training.eval_pass_k": "pass@k at each evaluation: k > 1 also samples k episodes per eval task at the "
+                            "sampler's temperature (k times the greedy episodes; `quaero eval --pass-k` "
+                            "too); 1 = off",
     "training.packing": "one row per episode when turns extend each other exactly, else one per transition",
     "training.strict": "an exactness mismatch (prefix, bridge) is an error instead of a counted fallback",
     "training.on_env_loss": "an RL step whose env lost episodes (a dead server, timeouts past the retries; "
@@ -268,12 +264,48 @@ def option_rows(model: type[BaseModel] | None = None, section: str = "") -> list
     for key, field in model.model_fields.items():
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
             continue  # a sub-section, listed after this one
+        if _variants(field.annotation):
+            kinds = ", ".join(f"`{v.model_fields['type'].default}`" for v in _variants(field.annotation))
+            default = f"type = {_toml(field.get_default(call_default_factory=True).type)}"
+            rows.append((section, key, "table", default,
+                         f"{field.description} (`[{section}.{key}]` below: `type` = {kinds}, and its keys)"))
+            continue
         default = "required" if field.is_required() else _toml(field.get_default(call_default_factory=True))
         meaning = field.description or {**OPTION_MEANINGS, **registry_meanings()}.get(f"{section}.{key}", "")
         rows.append((section, key, _type(field.annotation), default, meaning))
     for key, field in model.model_fields.items():
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
             rows += option_rows(field.annotation, f"{section}.{key}")
+        elif _variants(field.annotation):
+            kind = field.get_default(call_default_factory=True).type
+            rows += variant_rows(_variants(field.annotation), f"{section}.{key}", kind)
+    return rows
+
+
+def _variants(annotation: Any) -> list[type[BaseModel]]:
+    """The sections of a table picked by its `type` (a union of sections, e.g. `[loss.policy]`), else []."""
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    args = typing.get_args(annotation) if union else ()
+    return [a for a in args if isinstance(a, type) and issubclass(a, BaseModel) and "type" in a.model_fields]
+
+
+def variant_rows(variants: list[type[BaseModel]], section: str, kind: str) -> list[tuple[str, str, str, str,
+                                                                                           str]]:
+    """One row per key of a table picked by `type`, the variants that take it named in its meaning."""
+    takes: dict[str, dict[str, list[str]]] = {}  # key -> its meaning -> the variants that take it so
+    first: dict[str, Any] = {}
+    for v in variants:
+        for key, field in v.model_fields.items():
+            if key != "type":
+                meanings = takes.setdefault(key, {})
+                meanings.setdefault(field.description or "", []).append(v.model_fields["type"].default)
+                first.setdefault(key, field)
+    rows = [(section, "type", " \\| ".join(v.model_fields["type"].default for v in variants), _toml(kind),
+             "which variant; the keys below are each variant's own")]
+    for key, field in first.items():
+        default = "required" if field.is_required() else _toml(field.get_default(call_default_factory=True))
+        rows.append((section, key, _type(field.annotation), default, "; ".join(
+            f"({', '.join(f'`{t}`' for t in kinds)}) {meaning}" for meaning, kinds in takes[key].items())))
     return rows
 
 
@@ -315,7 +347,7 @@ def _step_names() -> list[str]:
 def metric_names(how: str, owner: str, declared: list[str]) -> list[str]:
     """The names a table's owner emits (for `literals`: the declared names the owner files, `a.py, b.py`,
     write)."""
-    from quaero.telemetry import counts, names, proofs
+    from quaero.telemetry import counts, metrics, names, proofs
     if how == "proofs":
         return [*names.SELECTIVE_METRICS,
                 *(n for n in proofs.BRANCH_COUNTERS if n not in names.SELECTIVE_METRICS),
@@ -325,15 +357,16 @@ def metric_names(how: str, owner: str, declared: list[str]) -> list[str]:
         return [n for n in _step_names() if n not in branch]
     if how == "rollout":
         snap = counts.RolloutCounts().snapshot_and_reset()
-        return [*snap, *(m.name for m in names.FAMILIES.values() if m.table == "Rollout")]
+        return [*snap, *(m.name for m in metrics.FAMILIES.values() if m.table == "Rollout")]
     spelled = set().union(*(_literals(ROOT / path) for path in owner.split(", ")))
     return [n for n in declared if n in spelled]
 
 
 def tables() -> list[tuple[str, str, dict[str, str], str]]:
     """(title, owner, {name: meaning}, how its names are read) of every metric table names.py declares."""
-    from quaero.telemetry import names
-    return [(t.title, t.owner, {n: names.METRICS[n].meaning for n in t.names}, READ_BY.get(t.title,
+    from quaero.telemetry import metrics, names
+
+    return [(t.title, t.owner, {n: metrics.METRICS[n].meaning for n in t.names}, READ_BY.get(t.title,
                                                                                            "literals"))
             for t in names.TABLES]
 
@@ -369,11 +402,12 @@ def options_table() -> str:
 
 
 def metrics_table() -> str:
+    from quaero.telemetry import metrics
+
     parts = []
-    from quaero.telemetry import names
     for title, owner, meanings, how in tables():
         parts += [f"**{title}** (`{owner}`)", "", "| metric | totals | meaning |", "|---|---|---|"]
-        parts += [f"| `{n}` | {names.METRICS[n].total if n in names.METRICS else ''} | "
+        parts += [f"| `{n}` | {metrics.METRICS[n].total if n in metrics.METRICS else ''} | "
                   f"{_cell(meanings.get(n, ''))} |"
                   for n in metric_names(how, owner, list(meanings))]
         parts.append("")

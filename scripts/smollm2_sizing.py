@@ -66,7 +66,7 @@ def time_steps(model: str, dtype: str, lora: bool, tokens: int, steps: int) -> d
 
 def generation(model: str, dtype: str, batch: int, new_tokens: int) -> dict:
     from quaero.config import SamplerConfig
-    from quaero.model import load_causal_lm, load_tokenizer
+    from quaero.models.load import load_causal_lm, load_tokenizer
     from quaero.sampling.hf import HFSampler
 
     tok = load_tokenizer(model)

@@ -14,9 +14,9 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_model_dir():
     """The embedded default model folder (built once per cache)."""
-    from quaero.model import materialize_tiny_qwen3
+    from quaero.models.cache import materialize_named
 
-    return materialize_tiny_qwen3()
+    return materialize_named("tiny-qwen3")
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +33,7 @@ def tiny_smollm2_dir():
     SmolLM2 files are not installed (a failure in CI)."""
     from fixtures import require_smollm2
 
-    from quaero.model import resolve_model
+    from quaero.models.load import resolve_model
 
     require_smollm2()
     return resolve_model("tiny-smollm2")
@@ -41,7 +41,7 @@ def tiny_smollm2_dir():
 
 @pytest.fixture(scope="session")
 def qwen3_tokenizer(tiny_model_dir):
-    from quaero.model import load_tokenizer
+    from quaero.models.load import load_tokenizer
 
     return load_tokenizer("tiny-qwen3")
 
@@ -159,7 +159,7 @@ def qwen3_render(qwen3_tokenizer):
 @pytest.fixture(scope="session")
 def tiny_lm(tiny_model_dir):
     """tiny-qwen3 as a transformers module in eval mode (the rollout tests' policy and log-prob reference)."""
-    from quaero.model import load_causal_lm
+    from quaero.models.load import load_causal_lm
 
     return load_causal_lm("tiny-qwen3").eval()
 

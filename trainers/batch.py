@@ -89,16 +89,28 @@ def crop_start(first: int | None, context_tokens: int) -> int:
     return 0 if first is None else max(0, first - context_tokens)
 
 
-def plan_microbatches(lengths: list[int], micro_batch_tokens: int) -> list[list[int]]:
-    """Greedy longest-first packing of row indices so that len(group) * max_len <= micro_batch_tokens."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+def plan_microbatches(lengths: list[int], micro_batch_tokens: int, order: list[int] | None = None
+                      ) -> list[list[int]]:
+    """Greedy packing of row indices, in `order` (longest first when none), so that
+    len(group) * max_len <= micro_batch_tokens."""
+    if order is None:
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     groups: list[list[int]] = []
+    longest = 0
     for i in order:
-        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= micro_batch_tokens:
+        if groups and (len(groups[-1]) + 1) * max(longest, lengths[i]) <= micro_batch_tokens:
             groups[-1].append(i)
+            longest = max(longest, lengths[i])
         else:
             groups.append([i])
+            longest = lengths[i]
     return groups
+
+
+def prefix_order(ids: list[list[int]]) -> list[int]:
+    """Row indices in the lexicographic order of their tokens: rows that share a prefix are neighbours, so
+    they share microbatches (tree training's trie, trainers/tree.py, forwards their prefix once)."""
+    return sorted(range(len(ids)), key=lambda i: ids[i])
 
 
 def build_microbatches(rows: list[EchoRow], *, micro_batch_tokens: int,
@@ -106,19 +118,22 @@ def build_microbatches(rows: list[EchoRow], *, micro_batch_tokens: int,
                        context_tokens: int = 0, device: str | torch.device = "cpu",
                        scales: dict[str, list[float]] | None = None,
                        old_logprobs: list[list[float]] | None = None,
-                       ref_logprobs: list[list[float]] | None = None) -> tuple[list[Microbatch], CropStats]:
+                       ref_logprobs: list[list[float]] | None = None, by_prefix: bool = False
+                       ) -> tuple[list[Microbatch], CropStats]:
     """Pack rows into microbatches. `weights`: per loss term's name, per row, each token's weight as its
     target (trainers/terms.py `row_targets`); `reads`: per row, the tokens whose log-probs are read without
     training them (none given: none). `scales`: per term's name, per row, its token factors (none given:
     none). `old_logprobs`: per row, per token, the trainer's recorded log-probs; `ref_logprobs`: the
-    reference's (none given: none)."""
+    reference's (none given: none). `by_prefix`: rows sharing a prefix packed together (`prefix_order`), else
+    longest first."""
     scales = scales or {}
     starts = [crop_start(first_target([per_row[i] for per_row in weights.values()]), context_tokens)
               for i in range(len(rows))]
     crop = CropStats(sum(s > 0 for s in starts), sum(starts))
     lengths = [len(r) - s for r, s in zip(rows, starts)]
     out = []
-    for group in plan_microbatches(lengths, micro_batch_tokens):
+    order = prefix_order([r.input_ids[s:] for r, s in zip(rows, starts)]) if by_prefix else None
+    for group in plan_microbatches(lengths, micro_batch_tokens, order):
         B, L = len(group), max(lengths[i] for i in group)
         ids = torch.zeros(B, L, dtype=torch.long)
         attn = torch.zeros(B, L, dtype=torch.long)

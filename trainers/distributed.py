@@ -93,3 +93,29 @@ def split_rows(lengths: list[int], ranks: int) -> list[list[int]]:
     return [sorted(s) for s in shares]
 
 
+def split_trees(ids: list[list[int]], ranks: int) -> list[list[int]]:
+    """Row indices per rank for tree training (trainers/tree.py): rows in prefix order (lexicographic), cut
+    into `ranks` contiguous runs balanced by unique tokens, so rows that share a prefix stay on one rank and
+    its trie forwards the prefix once. A row's unique tokens in that order are those past its common prefix
+    with the row before it (what it adds to the trie)."""
+    order = sorted(range(len(ids)), key=lambda i: ids[i])
+    cost = [len(ids[i]) - _common_prefix(ids[order[k - 1]], ids[i]) if k else len(ids[i])
+            for k, i in enumerate(order)]
+    total, shares, done = sum(cost), [[] for _ in range(ranks)], 0
+    for i, c in zip(order, cost):
+        # the rank whose slice of the running total this row's midpoint falls in
+        r = min(ranks - 1, int((done + c / 2) * ranks / max(total, 1)))
+        shares[r].append(i)
+        done += c
+    return [sorted(s) for s in shares]
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+

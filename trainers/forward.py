@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from trainers.chunked_ce import LogitTransform
+from trainers.tree import TreePack
 
 
 class SharedForwardError(RuntimeError):
@@ -61,18 +62,35 @@ class CausalLMParts:
         lm = causal_lm_of(model)
         self.backbone = lm.get_decoder() if hasattr(lm, "get_decoder") else getattr(lm, "model", None)
         self.lm_head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
-        self.transform = logit_transform_of(getattr(lm, "config", None))
+        self.config = getattr(lm, "config", None)
+        self.transform = logit_transform_of(self.config)
         self.name = name
         # No backbone/head to split: the selective path cannot run; steps fall back (counted).
         self.selective_ok = self.backbone is not None and self.lm_head is not None
         self.counter = ForwardCounter(self.backbone if self.backbone is not None else model)
 
-    def hidden_states(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:  # [B, L, H]
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-        return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    def hidden_states(self, input_ids: Tensor, attention_mask: Tensor, tree: TreePack | None = None
+                      ) -> Tensor:  # [B, L, H]
+        """The backbone over the rows, or once over their trie (`tree`, trainers/tree.py) and gathered back
+        to the rows."""
+        if tree is None:
+            out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        else:
+            out = self.backbone(**self._tree_inputs(tree), use_cache=False)
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        return hidden if tree is None else tree.unpack(hidden)
 
-    def logits(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:  # [B, L, V], the model's own
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    def logits(self, input_ids: Tensor, attention_mask: Tensor, tree: TreePack | None = None
+               ) -> Tensor:  # [B, L, V], the model's own
+        if tree is None:
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        return tree.unpack(self.model(**self._tree_inputs(tree), use_cache=False).logits)
+
+    def _tree_inputs(self, tree: TreePack) -> dict[str, Tensor]:
+        dtype = self.lm_head.weight.dtype if self.lm_head is not None else torch.float32
+        impl = getattr(self.config, "_attn_implementation", None) or "eager"
+        return {"input_ids": tree.input_ids, "position_ids": tree.position_ids,
+                "attention_mask": tree.mask(impl, dtype)}
 
     @torch.no_grad()
     def verify_transform(self) -> None:

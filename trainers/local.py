@@ -1,6 +1,6 @@
 """`local`: a transformers causal LM trained in this process (optionally LoRA through peft).
 
-Loads the spec's model through quaero.model (the embedded tiny default, a local folder or a hub id)
+Loads the spec's model through quaero.models.load (the embedded tiny default, a local folder or a hub id)
 in its dtype; `lora` wraps it with peft LoRA on every linear layer but the LM head;
 `gradient_checkpointing` turns on transformers' (non-reentrant) activation checkpointing.
 The step itself is trainers/step.py, shared with `unsloth`.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from quaero.model import load_causal_lm
+from quaero.models.load import load_causal_lm
 from trainers.base import Trainer
 
 

@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from quaero.rows import EchoRow
-from quaero.telemetry import names
+from quaero.telemetry import metrics, names
 from trainers.step import TrainerView, audit_logprobs, shared_forward_step, step_temperature
 
 
@@ -45,12 +45,12 @@ def merge_metrics(steps: list[dict[str, Any]]) -> dict[str, Any]:
     for name, last in steps[-1].items():
         values = [m[name] for m in steps if m.get(name) is not None]
         numbers = bool(values) and all(type(v) in (int, float) for v in values)
-        total = names.total_of(name, last)
-        if numbers and (total == names.SUM or name == names.STEP_TIME_S):  # the batch's seconds: all steps'
+        total = metrics.total_of(name, last)
+        if numbers and (total == metrics.SUM or name == names.STEP_TIME_S):  # the batch's seconds: all steps'
             out[name] = sum(values)
-        elif numbers and total == names.MAX:
+        elif numbers and total == metrics.MAX:
             out[name] = max(values)
-        elif numbers and total == names.STEP:
+        elif numbers and total == metrics.STEP:
             out[name] = sum(values) / len(values)
         else:
             out[name] = last

@@ -1,5 +1,7 @@
-"""The policy-loss family (`[training] policy_loss`): each RL token's loss from the trainer's log-prob `lp`
-(with grad), a behaviour log-prob `lp_old` and the advantage A, each variant its paper's formula.
+"""The policy-loss family (`[loss.policy]`): each RL token's loss from the trainer's log-prob `lp` (with
+grad), a behaviour log-prob `lp_old` and the advantage A. One class per variant, each a frozen dataclass
+holding only its own knobs, registered by its `type` in `LOSSES`; `type = "custom"` names a class of the
+user's own (`import_path = "module:Class"`, `kwargs`), which subclasses `PolicyLoss` (its protocol, below).
 
 The ratio r = exp(lp - lp_old). Without a `sampler_correction`, lp_old is the sampler's log-prob (quaero's
 default: the ratio covers the sampler/trainer mismatch and an off-policy rollout's lag at once). With one,
@@ -10,9 +12,9 @@ w = exp(lp_old - lp_sampler), per token or per row (summed over its targets), tr
 masked (set to 0) past it (TRL's `vllm_importance_sampling_mode`; Yao et al. 2025, "Your efficient RL
 framework secretly brings you off-policy RL training").
 
-`importance_sampling_level = "sequence"` (GSPO, Zheng et al. 2025, arXiv 2507.18071): one ratio per row,
-s = exp(mean over the row's targets of (lp - lp_old)), read by every target of the row (a row is one
-episode's transcript, or its part after a prefix break).
+A loss whose `sequence` is true (GSPO, Zheng et al. 2025, arXiv 2507.18071; `importance_sampling_level =
+"sequence"` of the others) reads one ratio per row, s = exp(mean over the row's targets of (lp - lp_old)),
+at every target of the row (a row is one episode's transcript, or its part after a prefix break).
 
 Per target token (εl, εh = `clip_eps_low`, `clip_eps_high`; sg = stop-gradient):
 - ppo_clip: -min(r A, clip(r, 1 - εl, 1 + εh) A) (PPO; εh > εl is DAPO's clip-higher, arXiv 2503.14476)
@@ -33,48 +35,239 @@ up to 1 / γ and a likely one's by about γ, where the plain ratio π / 1 (the e
 would give ∇π itself, vanishing with π. The ratio statistics count on-policy tokens only; f(π) is measured
 on the guided ones.
 
-The default (ppo_clip, token, no correction, εl = εh = `clip_eps`) is quaero's loss before this
-family, operation for operation.
+The default (ppo_clip, token, no correction, εl = εh = 0.2) is quaero's loss before this family, operation
+for operation. The variants import torch inside their methods: the config reads their knobs (type, default,
+bounds) from here before torch is imported.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:
+    from torch import Tensor
 
-from trainers.loss import PolicyStats
-from trainers.spec import TrainerSpec
+    from trainers.loss import PolicyStats
+
+Level = Literal["token", "sequence"]
+
+
+def knob(default: Any, *, about: str, **bounds: Any) -> Any:
+    """A loss's setting: its default, what it means (docs/reference.md) and the bounds the config checks
+    (pydantic's gt, ge, lt, le); the config's `[loss.policy]` keys are these fields."""
+    return field(default=default, metadata={"about": about, "bounds": bounds})
+
+
+class PolicyLoss:
+    """A policy loss's protocol. A variant, or a user's own loss (`type = "custom"`), subclasses it as a
+    frozen dataclass whose fields are its knobs (the config's `[loss.policy]` keys, or `kwargs` for a custom
+    one) and defines `token_loss`; `sequence`, `clip_stats` and `describe` have defaults. quaero does the
+    rest: lp_old and the sampler weight, the ratio, guided tokens' shaping, the mask, each row's scale, the
+    sum."""
+
+    type: ClassVar[str] = "custom"
+
+    @property
+    def sequence(self) -> bool:
+        """Whether the ratio is one per row (s, length-normalised) instead of one per token."""
+        return False
+
+    def token_loss(
+        self,
+        lp: Tensor,  # [B, L-1] fp32, the trainer's log-probs (with grad)
+        lp_old: Tensor,  # [B, L-1] fp32, the behaviour log-probs (no grad)
+        ratio: Tensor,  # [B, L-1] fp32, exp(lp - lp_old) per token, or each row's s (`sequence`); 1 off-mask
+        advantages: Tensor,  # [B, L-1] fp32, per token
+        mask: Tensor,  # [B, L-1] bool, the sampled targets
+    ) -> Tensor:  # [B, L-1]: each token's loss (read on `mask` only; weighted, scaled and summed by quaero)
+        raise NotImplementedError(f"{type(self).__qualname__}.token_loss")
+
+    def clip_stats(self, ratio: Tensor, advantages: Tensor, stats: PolicyStats) -> None:
+        """Count into `stats` the ratios its clip cut (`clipped`, `clipped_low`, `clipped_high`); `ratio` and
+        `advantages` [N] are the sampled targets'. Default: no clip, nothing counted."""
+
+    def describe(self, r: str) -> str:
+        """Its per-token formula for `quaero check`, `r` the ratio's letter ("r" per token, "s" per row)."""
+        return repr(self)
+
+    @property
+    def name(self) -> str:
+        """The `policy_loss` metric's value: the variant's type, a custom loss's `module:Class`."""
+        cls = type(self)
+        return cls.type if cls.type != "custom" else f"{cls.__module__}:{cls.__qualname__}"
+
+
+LEVEL_ABOUT = ("`token`: a ratio per token; `sequence`: one length-normalised ratio per row (GSPO's, "
+               "available to every variant)")
 
 
 @dataclass(frozen=True)
-class PolicyLoss:
-    """The variant and its settings, from the spec (trainers/spec.py holds their defaults)."""
+class _Clipped(PolicyLoss):
+    """The PPO clip range [1 - clip_eps_low, 1 + clip_eps_high] (each unset: no bound on that side)."""
 
-    name: str = "ppo_clip"  # ppo_clip | gspo | cispo | sapo
-    clip_low: float | None = 0.2  # None: no lower bound
-    clip_high: float | None = 0.2  # None: no upper bound (CISPO: no cap)
-    sequence: bool = False  # one ratio per row (GSPO)
-    correction: str = "none"  # none | token_truncate | token_mask | sequence_truncate | sequence_mask
-    cap: float = 3.0
-    tau_pos: float = 1.0
-    tau_neg: float = 1.05
-    gamma: float = 0.1  # policy shaping's γ on guided tokens
+    clip_eps_low: float | None = knob(
+        0.2, gt=0, about="the clip range's lower end 1 - clip_eps_low (unset: no lower bound; below 1)")
+    clip_eps_high: float | None = knob(
+        0.2, gt=0, le=1e6,
+        about="its upper end 1 + clip_eps_high (unset: no upper bound; DAPO's clip-higher: 0.28)")
 
-    @classmethod
-    def of(cls, spec: TrainerSpec) -> PolicyLoss:
-        low, high = spec.clip_range
-        return cls(spec.policy_loss, low, high,
-                   spec.policy_loss == "gspo" or spec.importance_sampling_level == "sequence",
-                   spec.sampler_correction, spec.sampler_correction_cap, spec.sapo_temperature_pos,
-                   spec.sapo_temperature_neg, spec.guidance_gamma)
+    def __post_init__(self) -> None:
+        low = self.clip_eps_low
+        if low is not None and low >= 1.0:
+            raise ValueError(f"clip_eps_low={low:g}: the clip range's lower end 1 - {low:g} is <= 0, below "
+                             "every ratio (the range inverts); use a value below 1 (DAPO: 0.2)")
+
+    def bounds(self) -> tuple[float | None, float | None]:
+        """The ratio's clip bounds (1 - εl, 1 + εh), None where unbounded."""
+        low = None if self.clip_eps_low is None else 1.0 - self.clip_eps_low
+        high = None if self.clip_eps_high is None else 1.0 + self.clip_eps_high
+        return low, high
+
+    def token_loss(self, lp: Tensor, lp_old: Tensor, ratio: Tensor, advantages: Tensor, mask: Tensor
+                   ) -> Tensor:  # [B, L-1]
+        import torch
+
+        low, high = self.bounds()
+        per_token = -ratio * advantages
+        if low is not None or high is not None:
+            clipped = -torch.clamp(ratio, low, high) * advantages
+            per_token = torch.maximum(per_token, clipped)
+        return per_token
+
+    def clip_stats(self, ratio: Tensor, advantages: Tensor, stats: PolicyStats) -> None:
+        """Where the clip binds, the token's gradient is 0 (TRL's clip_ratio/low, /high)."""
+        import torch
+
+        low, high = self.bounds()
+        if low is None and high is None:
+            return
+        below = ratio < low if low is not None else torch.zeros_like(ratio, dtype=torch.bool)
+        above = ratio > high if high is not None else torch.zeros_like(ratio, dtype=torch.bool)
+        stats.clipped = int((below | above).sum())
+        stats.clipped_low = int((below & (advantages < 0)).sum())
+        stats.clipped_high = int((above & (advantages > 0)).sum())
+
+    def describe(self, r: str) -> str:
+        low, high = self.bounds()
+        lo = "-inf" if low is None else f"{low:g}"
+        hi = "inf" if high is None else f"{high:g}"
+        return f"-min({r} A, clip({r}, {lo}, {hi}) A)"
+
+
+@dataclass(frozen=True)
+class PPOClip(_Clipped):
+    """PPO's clipped surrogate; clip_eps_high > clip_eps_low is DAPO's clip-higher."""
+
+    type: ClassVar[str] = "ppo_clip"
+    importance_sampling_level: Level = knob("token", about=LEVEL_ABOUT)  # noqa: RUF009
+
+    @property
+    def sequence(self) -> bool:
+        return self.importance_sampling_level == "sequence"
+
+
+@dataclass(frozen=True)
+class GSPO(_Clipped):
+    """GSPO: PPO's clip on the row's sequence ratio s (always one ratio per row; its paper's ε: 3e-4 /
+    4e-4)."""
+
+    type: ClassVar[str] = "gspo"
+
+    @property
+    def sequence(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class CISPO(PolicyLoss):
+    """CISPO: REINFORCE with the ratio as a clipped, stop-gradient weight -sg(min(r, 1 + εh)) A lp."""
+
+    type: ClassVar[str] = "cispo"
+    clip_eps_high: float | None = knob(
+        0.2, gt=0, le=1e6, about="the weight's cap 1 + clip_eps_high (unset: no cap)")
+    importance_sampling_level: Level = knob("token", about=LEVEL_ABOUT)  # noqa: RUF009
+
+    @property
+    def sequence(self) -> bool:
+        return self.importance_sampling_level == "sequence"
+
+    def _high(self) -> float | None:
+        return None if self.clip_eps_high is None else 1.0 + self.clip_eps_high
+
+    def token_loss(self, lp: Tensor, lp_old: Tensor, ratio: Tensor, advantages: Tensor, mask: Tensor
+                   ) -> Tensor:  # [B, L-1]
+        import torch
+
+        high = self._high()
+        weight = ratio if high is None else torch.clamp(ratio, max=high)
+        return -weight.detach() * advantages * lp
+
+    def clip_stats(self, ratio: Tensor, advantages: Tensor, stats: PolicyStats) -> None:
+        """The weight truncated, whatever A's sign (no lower bound)."""
+        high = self._high()
+        if high is not None:
+            stats.clipped = stats.clipped_high = int((ratio > high).sum())
+
+    def describe(self, r: str) -> str:
+        high = self._high()
+        return f"-sg(min({r}, {'inf' if high is None else f'{high:g}'})) A log pi"
+
+
+@dataclass(frozen=True)
+class SAPO(PolicyLoss):
+    """SAPO: a soft gate -(4 / τ) σ(τ (r - 1)) A instead of the hard clip, τ by the advantage's sign."""
+
+    type: ClassVar[str] = "sapo"
+    # within 1e-6..1e6: the loss's 4/τ stays finite in float32 (τ = 1e-300 gave a -inf loss; τ = 1e308 failed
+    # the step converting it to float)
+    temperature_pos: float = knob(1.0, ge=1e-6, le=1e6, about="SAPO's gate temperature where A > 0")
+    temperature_neg: float = knob(1.05, ge=1e-6, le=1e6, about="SAPO's gate temperature where A < 0")
+    importance_sampling_level: Level = knob("token", about=LEVEL_ABOUT)  # noqa: RUF009
+
+    @property
+    def sequence(self) -> bool:
+        return self.importance_sampling_level == "sequence"
+
+    def token_loss(self, lp: Tensor, lp_old: Tensor, ratio: Tensor, advantages: Tensor, mask: Tensor
+                   ) -> Tensor:  # [B, L-1]
+        import torch
+
+        tau = torch.where(advantages > 0, self.temperature_pos, self.temperature_neg)
+        return -torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau * advantages
+
+    def describe(self, r: str) -> str:
+        return (f"-(4/tau) sigmoid(tau ({r} - 1)) A, tau {self.temperature_pos:g} (A > 0) / "
+                f"{self.temperature_neg:g} (A < 0)")
+
+
+# The variants by their `type` (`[loss.policy] type`): a new variant is its class above and its line here.
+LOSSES: dict[str, type[PolicyLoss]] = {c.type: c for c in (PPOClip, GSPO, CISPO, SAPO)}
+
+
+def custom_loss(import_path: str, kwargs: dict[str, Any]) -> PolicyLoss:
+    """The user's own loss: the `PolicyLoss` subclass `import_path` ("package.module:Class") names, built
+    with `kwargs`. Raises ValueError saying what is wrong and how to fix it."""
+    from quaero.resolve import resolve_name
+
+    def is_loss(c: Any) -> bool:
+        return isinstance(c, type) and issubclass(c, PolicyLoss)
+
+    cls = resolve_name(import_path, "import_path", want=is_loss, error=ValueError,
+                       example="my_loss:Reinforce",
+                       wanted="a PolicyLoss subclass (docs/reference.md, \"Your own policy loss\")")
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise ValueError(f"import_path={import_path!r} with kwargs={kwargs!r}: {e}; pass the keyword "
+                         f"arguments {cls.__qualname__} takes") from None
 
 
 def _zero_outside(x: Tensor, mask: Tensor) -> Tensor:
+    import torch
+
     return torch.where(mask, x, torch.zeros_like(x))
 
 
-@torch.no_grad()
 def sampler_weight(
     old_logprobs: Tensor,  # [B, L-1] fp32, the trainer's log-probs before the step (no grad)
     sampler_logprobs: Tensor,  # [B, L-1] fp32
@@ -84,19 +277,32 @@ def sampler_weight(
 ) -> tuple[Tensor, Tensor, Tensor]:  # each [B, L-1]: the weight, the raw ratio, whether it was cut
     """The sampler-mismatch weight w of every target: exp(lp_old - lp_sampler) per token, or per row
     exp(sum over its targets), truncated at `cap` (`*_truncate`) or 0 past it (`*_mask`)."""
-    diff = _zero_outside(old_logprobs - sampler_logprobs, mask)
-    if correction.startswith("sequence"):
-        diff = diff.sum(-1, keepdim=True).expand_as(diff)
-    raw = torch.exp(diff)
-    cut = raw > cap
-    if correction.endswith("truncate"):
-        weight = torch.clamp(raw, max=cap)
-    elif correction.endswith("mask"):
-        weight = raw.masked_fill(cut, 0.0)
-    else:
-        raise ValueError(f"sampler_correction={correction!r}: use 'none', 'token_truncate', 'token_mask', "
-                         "'sequence_truncate' or 'sequence_mask'")
+    import torch
+
+    with torch.no_grad():
+        diff = _zero_outside(old_logprobs - sampler_logprobs, mask)
+        if correction.startswith("sequence"):
+            diff = diff.sum(-1, keepdim=True).expand_as(diff)
+        raw = torch.exp(diff)
+        cut = raw > cap
+        if correction.endswith("truncate"):
+            weight = torch.clamp(raw, max=cap)
+        elif correction.endswith("mask"):
+            weight = raw.masked_fill(cut, 0.0)
+        else:
+            raise ValueError(f"sampler_correction={correction!r}: use 'none', 'token_truncate', "
+                             "'token_mask', 'sequence_truncate' or 'sequence_mask'")
     return weight, raw, cut
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """What the policy loss's lp_old is, and the guided tokens' γ: the settings every variant shares
+    (`[training] sampler_correction`, `sampler_correction_cap`, `guidance_gamma`)."""
+
+    correction: str = "none"  # none | token_truncate | token_mask | sequence_truncate | sequence_mask
+    cap: float = 3.0
+    gamma: float = 0.1  # policy shaping's γ on guided tokens
 
 
 def policy_loss(
@@ -105,51 +311,43 @@ def policy_loss(
     advantages: Tensor,  # [B, L-1] fp32, per token
     mask: Tensor,  # [B, L-1] bool, action tokens with non-zero advantage
     scale: Tensor,  # [B, 1] fp32, each row's token factor (the step's denominator included)
-    opts: PolicyLoss,
+    loss: PolicyLoss,
+    behaviour: Behaviour = Behaviour(),  # frozen: one shared default is safe
     old_logprobs: Tensor | None = None,  # [B, L-1] fp32, recorded before the batch's first step, or None
     guided: Tensor | None = None,  # [B, L-1] bool, tokens a guide chose (policy shaping), or None: none
 ) -> tuple[Tensor, PolicyStats]:
-    """The step's RL loss over this microbatch (sum over targets of scale x per-token loss) and its
+    """The step's RL loss over this microbatch (sum over targets of scale x `loss.token_loss`) and its
     statistics; the module docstring has each variant's formula, and the guided tokens' shaping. With a
     correction, lp_old is `old_logprobs` where recorded (several optimizer steps per rollout batch), else
     sg(lp)."""
+    import torch
+
+    from trainers.loss import PolicyStats
+
     full = mask
     mask = mask if guided is None else mask & ~guided  # the sampled targets: the ratio's
     weight = None
-    if opts.correction == "none":
+    if behaviour.correction == "none":
         old = sampler_logprobs
     else:
         old = logprobs.detach() if old_logprobs is None else old_logprobs
-        weight, raw, cut = sampler_weight(old, sampler_logprobs, mask, opts.correction, opts.cap)
+        weight, raw, cut = sampler_weight(old, sampler_logprobs, mask, behaviour.correction, behaviour.cap)
     log_ratio = _zero_outside(logprobs - old, mask)
-    if opts.sequence:
+    if loss.sequence:
         seq_log_ratio = log_ratio.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # [B, 1]
         ratio = torch.exp(seq_log_ratio).expand_as(logprobs)
     else:
         ratio = torch.exp(log_ratio)
-    low = None if opts.clip_low is None else 1.0 - opts.clip_low
-    high = None if opts.clip_high is None else 1.0 + opts.clip_high
-    if opts.name in ("ppo_clip", "gspo"):
-        per_token = -ratio * advantages
-        if low is not None or high is not None:
-            clipped = -torch.clamp(ratio, low, high) * advantages
-            per_token = torch.maximum(per_token, clipped)
-    elif opts.name == "cispo":
-        per_token = -torch.clamp(ratio, max=high).detach() * advantages * logprobs
-    elif opts.name == "sapo":
-        tau = torch.where(advantages > 0, opts.tau_pos, opts.tau_neg)
-        per_token = -torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau * advantages
-    else:
-        raise ValueError(f"policy_loss={opts.name!r}: use 'ppo_clip', 'gspo', 'cispo' or 'sapo'")
+    per_token = loss.token_loss(logprobs, old, ratio, advantages, mask)
     if weight is not None:
         per_token = per_token * weight
     shaping = None
     if guided is not None:
         guide = full & guided
         prob = torch.exp(logprobs)
-        shaping = prob / (prob + opts.gamma)  # f(π), with π's gradient: no ratio, no clip, no weight
+        shaping = prob / (prob + behaviour.gamma)  # f(π), with π's gradient: no ratio, no clip, no weight
         per_token = torch.where(guide, -shaping * advantages, per_token)
-    loss = (_zero_outside(per_token, full) * scale).sum()
+    total = (_zero_outside(per_token, full) * scale).sum()
     stats = PolicyStats(tokens=int(mask.sum()))
     if shaping is not None and bool(guide.any()):
         with torch.no_grad():
@@ -160,22 +358,14 @@ def policy_loss(
         with torch.no_grad():
             r, a = ratio[mask], advantages[mask]
             stats.ratio_sum = float(r.sum())
-            if opts.name in ("ppo_clip", "gspo", "cispo") and (low is not None or high is not None):
-                below = r < low if low is not None else torch.zeros_like(r, dtype=torch.bool)
-                above = r > high if high is not None else torch.zeros_like(r, dtype=torch.bool)
-                stats.clipped = int((below | above).sum())
-                if opts.name == "cispo":  # the weight truncated, whatever A's sign (no lower bound)
-                    stats.clipped = stats.clipped_high = int(above.sum())
-                else:  # where the clip binds: the token's gradient is 0 (TRL's clip_ratio/low, /high)
-                    stats.clipped_low = int((below & (a < 0)).sum())
-                    stats.clipped_high = int((above & (a > 0)).sum())
+            loss.clip_stats(r, a, stats)
             if weight is not None:
                 raw_r = raw[mask]
                 stats.is_tokens, stats.is_sum = int(raw_r.numel()), float(raw_r.sum())
                 stats.is_max, stats.is_cut = float(raw_r.max()), int(cut[mask].sum())
-            if opts.sequence:
+            if loss.sequence:
                 rows = mask.any(-1)
                 seq = ratio[:, 0][rows]
                 stats.sequences, stats.seq_ratio_sum = int(seq.numel()), float(seq.sum())
                 stats.seq_ratio_min, stats.seq_ratio_max = float(seq.min()), float(seq.max())
-    return loss, stats
+    return total, stats

@@ -3,7 +3,7 @@ its log-probs, and the penalty's per-token estimators.
 
 The reference is the policy's weights at the first RL step (after a warm start, the warm start's weights),
 taken once by `Trainer.take_reference` and frozen. Full fine-tuning keeps a copy of the model (the memory plan
-counts it: quaero/recipe/memory_plan.py); its weights go into every checkpoint, so a resume restores the
+counts it: quaero/preflight/memory_plan.py); its weights go into every checkpoint, so a resume restores the
 reference the run started RL with rather than re-deriving it from weights that have moved since. A LoRA run's
 reference is the base model: the policy's own model with its adapter disabled (no second copy; the base never
 trains, so nothing needs saving).

@@ -1,6 +1,6 @@
 """Trainer names (the `[backend] backend` values) and declared capabilities, importable without torch.
 
-quaero/recipe/plan.py judges configs against these declarations before anything heavy loads; each
+quaero/preflight/plan.py judges configs against these declarations before anything heavy loads; each
 trainer also *enforces* its declaration at run time (see trainers/base.py).
 """
 from __future__ import annotations

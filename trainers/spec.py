@@ -4,7 +4,7 @@ Each trainer option is written once, here: `option(default, "section.key", about
 config key that sets it and says what it means. quaero/config/ gives that section the key (type, default,
 meaning and bounds read from here; see `options`), docs/reference.md lists it (scripts/gen_reference.py),
 `quaero check` prints it (quaero/cli.py), and the recipe's spec reads every option back at its key
-(`spec_from`, called by quaero/recipe/plan.py `trainer_spec`): adding an option is its field here, the code
+(`spec_from`, called by quaero/preflight/plan.py `trainer_spec`): adding an option is its field here, the code
 that reads it, and a test. Tests and benchmarks build a `TrainerSpec` directly. Plain frozen dataclasses
 without torch, so a bad config still fails before torch is imported.
 """
@@ -12,14 +12,22 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Literal
+
+from trainers.policy_losses import Behaviour, PolicyLoss, PPOClip
 
 
 def option(default: Any, key: str, *, about: str, **bounds: Any) -> Any:
     """A trainer option: its default, the config key that sets it ("backend.lr" is `[backend] lr`), what it
     means (docs/reference.md's options table) and the bounds the config checks (pydantic's gt, ge, lt, le)."""
     return field(default=default, metadata={"key": key, "about": about, "bounds": bounds})
+
+
+def reads(key: str, default: Any = MISSING) -> Any:
+    """A role's setting that another owner defines (a config section, or an `option` of the trainer's): the
+    config key `spec_from` reads it at; no option of its own (`options` skips it)."""
+    return field(default=default, metadata={"key": key, "reads": True})
 
 
 @dataclass(frozen=True)
@@ -141,7 +149,7 @@ class MemoryPolicy:
 class TrainerSpec:
     """Everything `Trainer` (trainers/base.py) and its step read."""
 
-    # the model: a name quaero.model resolves (the embedded default, a local folder or a hub id)
+    # the model: a name quaero.models.load resolves (the embedded default, a local folder or a hub id)
     model: str = option(
         "tiny-qwen3", "model.name",
         about="`tiny-qwen3` (the embedded default, built offline), a hub id or a local folder")
@@ -194,30 +202,11 @@ class TrainerSpec:
         1.0, "sampler.temperature", ge=1e-5,
         about="sampling temperature; an RL step's log-probs use the same one (an SFT step scores at 1); at "
               "least 1e-5 (below it vLLM samples greedily while the loss would score at it)")
-    clip_eps: float | None = option(
-        0.2, "training.clip_eps", gt=0,
-        about="importance-ratio clip (unset: no clip); the symmetric shorthand of `clip_eps_low` / "
-              "`clip_eps_high`")
-    # the policy-loss family (trainers/policy_losses.py has each formula): the variant; the clip range
-    # [1 - clip_eps_low, 1 + clip_eps_high] (each None: clip_eps; DAPO's clip-higher sets high > low; CISPO
-    # caps its weight at 1 + clip_eps_high); one ratio per token or per row (GSPO's; "gspo" is always
-    # "sequence"); the sampler-mismatch weight, truncated or masked past sampler_correction_cap; SAPO's
-    # gate temperatures for positive and negative advantages
-    policy_loss: Literal["ppo_clip", "gspo", "cispo", "sapo"] = option(
-        "ppo_clip", "training.policy_loss",
-        about="the RL loss: `ppo_clip`, `gspo` (sequence ratio), `cispo` (clipped stop-gradient weight), "
-              "`sapo` (soft gate); see \"The policy loss\" below")
-    clip_eps_low: float | None = option(
-        None, "training.clip_eps_low", gt=0,
-        about="the clip range's lower end 1 - clip_eps_low (unset: `clip_eps`; below 1)")
-    clip_eps_high: float | None = option(
-        None, "training.clip_eps_high", gt=0, le=1e6,
-        about="its upper end 1 + clip_eps_high (unset: `clip_eps`; DAPO's clip-higher: 0.28; CISPO's weight "
-              "cap)")
-    importance_sampling_level: Literal["token", "sequence"] = option(
-        "token", "training.importance_sampling_level",
-        about="`token`: a ratio per token; `sequence`: one length-normalised ratio per row (GSPO's; `gspo` "
-              "always is)")
+    # the policy loss (trainers/policy_losses.py: one class per variant, each with its own knobs, the config's
+    # `[loss.policy]`; quaero/preflight/plan.py `trainer_spec` builds it from there)
+    policy_loss: PolicyLoss = field(default_factory=PPOClip)
+    # what every variant's lp_old is: the sampler's log-probs, or the trainer's own with the sampler-mismatch
+    # weight, truncated or masked past sampler_correction_cap
     sampler_correction: Literal["none", "token_truncate", "token_mask", "sequence_truncate",
                                 "sequence_mask"] = option(
         "none", "training.sampler_correction",
@@ -227,14 +216,6 @@ class TrainerSpec:
     sampler_correction_cap: float = option(
         3.0, "training.sampler_correction_cap", gt=0, le=1e6,
         about="the weight's cap: truncated to it, or masked to 0 past it")
-    # SAPO's τ and policy shaping's γ within 1e-6..1e6: the loss's 4/τ and the shaping's p/(p + γ) stay finite
-    # in float32 (τ = 1e-300 gave a -inf loss; τ = 1e308 failed the step converting it to float)
-    sapo_temperature_pos: float = option(
-        1.0, "training.sapo_temperature_pos", ge=1e-6, le=1e6,
-        about="SAPO's gate temperature where A > 0")
-    sapo_temperature_neg: float = option(
-        1.05, "training.sapo_temperature_neg", ge=1e-6, le=1e6,
-        about="SAPO's gate temperature where A < 0")
     # the KL penalty against a frozen reference model (trainers/reference.py, trainers/terms.py `KLTerm`): β
     # (TRL's `beta`; 0: no reference, no KL) and the per-token estimator of KL(π || π_ref)
     beta: float = option(
@@ -264,7 +245,7 @@ class TrainerSpec:
         "token_mean", "training.loss_aggregation",
         about="the RL term's average: `token_mean` (DAPO), `sequence_mean` (GRPO: per episode, then over "
               "episodes) or `constant` (Dr. GRPO)")
-    loss_constant: int = 0  # derived from the config by the recipe (quaero/recipe/plan.py rl_loss_constant)
+    loss_constant: int = 0  # derived from the config (quaero/preflight/plan.py rl_loss_constant)
     echo: bool = option(
         True, "echo.enabled",
         about="train the ECHO term")
@@ -281,6 +262,13 @@ class TrainerSpec:
         True, "backend.options.train_selective_suffix_logits",
         about="build a target mask from tokens with RL advantage or positive ECHO weight and compute LM "
               "head + CE only there")
+    tree_packing: Literal["auto", "on", "off"] = option(
+        "off", "backend.options.train_tree_packing",
+        about="exact tree training (trainers/tree.py): a microbatch's rows forwarded once as a token trie "
+              "(shared prefixes computed once, gradients through them intact); `auto` packs a microbatch "
+              "where the trie's estimated backbone FLOPs (N tokens, N^2 attention pairs) are at most 0.8 of "
+              "the padded rows'; a model that cannot take the ancestor mask falls back to the rows, counted "
+              "with its reason")
     selective: SelectivePolicy = field(default_factory=SelectivePolicy)
     memory: MemoryPolicy = field(default_factory=MemoryPolicy)
     # data parallelism under torchrun (trainers/distributed.py); "none" is one process
@@ -295,15 +283,8 @@ class TrainerSpec:
     def describe_policy_loss(self) -> str:
         """The RL loss in one line (`quaero check`): the variant, its formula with this spec's numbers, and
         what its ratio compares with (trainers/policy_losses.py)."""
-        low, high = self.clip_range
-        lo = "-inf" if low is None else f"{1 - low:g}"
-        hi = "inf" if high is None else f"{1 + high:g}"
-        r = "s" if self.policy_loss == "gspo" or self.importance_sampling_level == "sequence" else "r"
-        formula = {"ppo_clip": f"-min({r} A, clip({r}, {lo}, {hi}) A)",
-                   "gspo": f"-min(s A, clip(s, {lo}, {hi}) A)",
-                   "cispo": f"-sg(min({r}, {hi})) A log pi",
-                   "sapo": f"-(4/tau) sigmoid(tau ({r} - 1)) A, tau {self.sapo_temperature_pos:g} (A > 0) / "
-                           f"{self.sapo_temperature_neg:g} (A < 0)"}[self.policy_loss]
+        loss = self.policy_loss
+        r = "s" if loss.sequence else "r"
         ratio = ("s = exp(mean over the row of lp - lp_old), one per row" if r == "s"
                  else "r = exp(lp - lp_old) per token")
         if self.sampler_correction == "none":
@@ -313,14 +294,12 @@ class TrainerSpec:
                    f"at cap {self.sampler_correction_cap:g}")
         kl = (f"; + {self.beta:g} x KL {self.kl_estimator} to the frozen reference (its own "
               f"{self.loss_aggregation} over sampled tokens)" if self.beta > 0 else "")
-        return f"{self.policy_loss} {formula}; {ratio}, {old}; {self.loss_aggregation}{kl}"
+        return f"{loss.name} {loss.describe(r)}; {ratio}, {old}; {self.loss_aggregation}{kl}"
 
     @property
-    def clip_range(self) -> tuple[float | None, float | None]:
-        """(ε_low, ε_high): each its own setting, else `clip_eps` (None: no bound on that side)."""
-        low = self.clip_eps if self.clip_eps_low is None else self.clip_eps_low
-        high = self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
-        return low, high
+    def behaviour(self) -> Behaviour:
+        """The policy loss's shared settings: lp_old's correction and its cap, the guided tokens' γ."""
+        return Behaviour(self.sampler_correction, self.sampler_correction_cap, self.guidance_gamma)
 
 
 def options(cls: type = TrainerSpec, path: tuple[str, ...] = ()) -> list[Option]:
@@ -330,7 +309,7 @@ def options(cls: type = TrainerSpec, path: tuple[str, ...] = ()) -> list[Option]
     for f in fields(cls):
         if is_dataclass(hints[f.name]):
             out += options(hints[f.name], (*path, f.name))
-        elif "key" in f.metadata:
+        elif "key" in f.metadata and not f.metadata.get("reads"):
             out.append(Option((*path, f.name), f.metadata["key"], hints[f.name], f.default,
                               f.metadata["about"], f.metadata["bounds"]))
     return out

@@ -11,7 +11,7 @@ importance ratio compares the trainer with the distribution the sampler drew fro
 reads the same tensor (one LM-head pass), so at T != 1 it trains the tempered distribution too. An SFT
 step (the warm start, recorded traces) sampled nothing: it scores at T = 1, the model's own distribution,
 so the RL temperature never changes what the warm start learns (scored at T 0.7 its gradient was 1/0.7 times
-larger: benchmarks/README.md, "RL over the warm start, third pass").
+larger: benchmarks/HISTORY.md, "RL over the warm start, third pass").
 
 The sampler-vs-trainer gap is measured on every sampled action token of a microbatch that trains,
 whatever its advantage (the selective path computes those log-probs too; no loss reads them).
@@ -44,6 +44,7 @@ from trainers.memory import OffloadStats, peak_mem_mb, reset_peak, saved_tensors
 from trainers.selective import SelectiveInfo, full_logprobs, selected_logprobs
 from trainers.spec import TrainerSpec
 from trainers.terms import TERMS, Stats, StepContext, TermTotal, row_targets
+from trainers.tree import TreeInfo, TreePack, choose_tree
 
 
 class TrainerView(Protocol):
@@ -76,16 +77,18 @@ class MicrobatchForward(nn.Module):
         self.parts, self.spec = parts, spec
         self.selected_logprobs = logprob_function(spec.logprob_fn)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, target_mask: Tensor, temperature: float
-                ) -> tuple[Tensor, SelectiveInfo]:  # [B, L-1] fp32, selective when enabled and possible
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, target_mask: Tensor, temperature: float,
+                tree: TreePack | None = None) -> tuple[Tensor, SelectiveInfo]:
+        """[B, L-1] fp32 log-probs, selective when enabled and possible; `tree`: the rows' trie to forward
+        once instead of the rows (trainers/tree.py), the head then reads the rows' view of it."""
         spec, parts = self.spec, self.parts
         if not spec.selective_logits or not parts.selective_ok:
             # the model's own full logits: "dense" by choice, "fallback" when selective was asked for
-            logits = parts.logits(input_ids, attention_mask)
+            logits = parts.logits(input_ids, attention_mask, tree)
             branch = "fallback" if spec.selective_logits else "dense"
             return full_logprobs(logits, input_ids, target_mask,
                                  temperature=temperature), SelectiveInfo(branch)
-        hidden = parts.hidden_states(input_ids, attention_mask)
+        hidden = parts.hidden_states(input_ids, attention_mask, tree)
         return self.selected_logprobs(hidden, parts.lm_head, input_ids, target_mask,
                                       temperature=temperature, policy=spec.selective,
                                       logit_transform=parts.transform)
@@ -104,8 +107,22 @@ def logprob_function(name: str) -> Callable[..., tuple[Tensor, SelectiveInfo]]:
 def microbatch_logprobs(trainer: TrainerView, mb: Microbatch, temperature: float
                         ) -> tuple[Tensor, SelectiveInfo]:  # [B, L-1] fp32
     """The microbatch's one forward and its target log-probs at `temperature` (selective when enabled and
-    possible)."""
-    return trainer.microbatch_forward(mb.input_ids, mb.attention_mask, mb.target_mask, temperature)
+    possible), over the rows' trie where `train_tree_packing` packs it (`info.extra["tree"]`: the
+    decision, a trainers/tree.py `TreeInfo`)."""
+    tree, tree_info = choose_tree(trainer.spec.tree_packing, trainer.parts, mb.input_ids, mb.attention_mask,
+                                  blocker=tree_blocker(trainer))
+    lp, info = trainer.microbatch_forward(mb.input_ids, mb.attention_mask, mb.target_mask, temperature, tree)
+    info.extra["tree"] = tree_info
+    return lp, info
+
+
+def tree_blocker(trainer: TrainerView) -> str:
+    """Why this trainer cannot pack rows as a trie whatever the model ("" when it can)."""
+    if trainer.name == "unsloth":
+        return "unsloth's attention kernels build their own causal mask"
+    if trainer.spec.distributed == "fsdp2":
+        return "fsdp2: the packing probe reads unsharded weights"
+    return ""
 
 
 def step_temperature(spec: TrainerSpec, *, sft: bool) -> float:
@@ -148,6 +165,11 @@ class StepTotals:
     fallback_reason: str = ""
     branches: dict[str, int] = field(default_factory=lambda: dict.fromkeys(BRANCH_COUNTERS, 0))
     offload: OffloadStats = field(default_factory=OffloadStats)
+    tree_batches: int = 0  # microbatches forwarded as a trie
+    tree_unique_tokens: int = 0  # over the microbatches a trie was built for
+    tree_row_tokens: int = 0
+    tree_fallback: int = 0
+    tree_fallback_reason: str = ""
 
     @classmethod
     def empty(cls, tokens: dict[str, int], **fields: Any) -> StepTotals:
@@ -159,6 +181,12 @@ class StepTotals:
             self.terms[name].add(float(loss.detach()), stats)
         self.forward_passes += 1
         _count_branch(self.branches, info)
+        tree: TreeInfo = info.extra.get("tree", TreeInfo())
+        self.tree_batches += int(tree.packed)
+        self.tree_unique_tokens += tree.unique_tokens
+        self.tree_row_tokens += tree.row_tokens if tree.unique_tokens else 0
+        self.tree_fallback += int(bool(tree.fallback_reason))
+        self.tree_fallback_reason = tree.fallback_reason or self.tree_fallback_reason
         if compile_mode != "off" and info.branch != "none":
             self.fallback_reason = info.fallback_reason  # last writer this step; "" once compiled CE ran
 
@@ -169,7 +197,7 @@ class StepTotals:
         out = cls.empty({name: t.tokens for name, t in ranks[0].terms.items()})  # the denominators are global
         for t in ranks:
             for name in ("rows", "microbatches", "row_tokens", "padded_tokens", "padding", "forward_passes",
-                         "skipped"):
+                         "skipped", "tree_batches", "tree_unique_tokens", "tree_row_tokens", "tree_fallback"):
                 setattr(out, name, getattr(out, name) + getattr(t, name))
             for name, term in t.terms.items():
                 out.terms[name].add(term.loss, term.stats)
@@ -177,6 +205,7 @@ class StepTotals:
                                  out.crop.tokens_removed + t.crop.tokens_removed)
             # any rank's reason is worth reading
             out.fallback_reason = out.fallback_reason or t.fallback_reason
+            out.tree_fallback_reason = out.tree_fallback_reason or t.tree_fallback_reason
             for name, n in t.branches.items():
                 out.branches[name] += n
             out.offload.tensors += t.offload.tensors
@@ -262,7 +291,9 @@ def shared_forward_step(trainer: TrainerView, rows: list[EchoRow], *, sft: bool,
     reset_peak(trainer.device)
     was_training = model.training
     model.train()
-    share = distributed.split_rows([len(r) for r in rows], process_group.world_size())[process_group.rank()]
+    ranks = process_group.world_size()
+    share = (distributed.split_rows([len(r) for r in rows], ranks) if spec.tree_packing == "off" or ranks == 1
+             else distributed.split_trees([r.input_ids for r in rows], ranks))[process_group.rank()]
     mbs, crop = build_microbatches([rows[i] for i in share], micro_batch_tokens=spec.micro_batch_tokens,
                                    weights={name: [per_row[i] for i in share]
                                             for name, per_row in targets.weights.items()},
@@ -274,7 +305,8 @@ def shared_forward_step(trainer: TrainerView, rows: list[EchoRow], *, sft: bool,
                                    old_logprobs=None if old_logprobs is None else [old_logprobs[i]
                                                                                    for i in share],
                                    ref_logprobs=None if ref_logprobs is None else [ref_logprobs[i]
-                                                                                   for i in share])
+                                                                                   for i in share],
+                                   by_prefix=spec.tree_packing != "off")
     tokens = process_group.all_sum([sum(int(mb.targets(term.name).sum()) for mb in mbs) for term in TERMS])
     totals = StepTotals.empty({term.name: n for term, n in zip(TERMS, tokens)}, rows=len(share),
                               microbatches=len(mbs), row_tokens=sum(mb.tokens for mb in mbs),
@@ -313,6 +345,10 @@ def step_metrics(trainer: TrainerView, ranks: list[StepTotals], *, ctx: StepCont
         names.LOSS: sum(term.loss for term in t.terms.values()), names.ROWS: t.rows,
         **term_metrics(spec, t, ctx),
         names.ROW_TOKENS: t.row_tokens, names.PADDED_TOKENS: t.padded_tokens,
+        names.TREE_PACKING: spec.tree_packing, names.TREE_BATCHES: t.tree_batches,
+        names.TREE_UNIQUE_TOKENS: t.tree_unique_tokens, names.TREE_ROW_TOKENS: t.tree_row_tokens,
+        names.TREE_TOKEN_RATIO: (t.tree_unique_tokens / t.tree_row_tokens if t.tree_row_tokens else None),
+        names.TREE_FALLBACK_BATCHES: t.tree_fallback, names.TREE_FALLBACK_REASON: t.tree_fallback_reason,
         names.GRAD_NORM: grad_norm,
         names.GRAD_CLIPPED: bool(spec.max_grad_norm is not None and grad_norm > spec.max_grad_norm),
         names.OPTIMIZER_STEPPED: stepped, names.OPTIMIZER_STEPS: int(stepped),
@@ -351,7 +387,8 @@ def audit_logprobs(trainer: TrainerView, rows: list[EchoRow], temperature: float
     try:
         reads = [[a or w > 0.0 for a, w in zip(r.action_mask, r.echo_weights)] for r in rows]
         mbs, _ = build_microbatches(rows, micro_batch_tokens=trainer.spec.micro_batch_tokens, weights={},
-                                    reads=reads, device=trainer.device)
+                                    reads=reads, device=trainer.device,
+                                    by_prefix=trainer.spec.tree_packing != "off")
         out: list[list[float]] = [[] for _ in rows]
         for mb in mbs:
             lp, _ = microbatch_logprobs(trainer, mb, temperature)

@@ -23,7 +23,7 @@ from quaero.telemetry import names
 from trainers import aggregation
 from trainers.batch import Microbatch
 from trainers.loss import LogprobGap, PolicyStats, logprob_gap, nll_loss
-from trainers.policy_losses import PolicyLoss, policy_loss
+from trainers.policy_losses import policy_loss
 from trainers.reference import KLStats, kl_penalty, kl_targets
 from trainers.spec import TrainerSpec
 
@@ -134,7 +134,7 @@ class PolicyTermStats:
 
 
 class PolicyTerm(LossTerm):
-    """The RL term (`[training] policy_loss`, trainers/policy_losses.py: by default a token-level policy
+    """The RL term (`[loss.policy]`, trainers/policy_losses.py: by default a token-level policy
     gradient with the importance ratio over the sampler's log-probs and PPO clipping; the sampler-vs-trainer
     gap measured on every sampled action token), or on an SFT step the NLL of the demonstrated actions (no
     ratio, no gap: nothing was sampled)."""
@@ -167,7 +167,7 @@ class PolicyTerm(LossTerm):
         recorded = None if mb.old_logprobs is None else mb.old_logprobs[:, 1:]
         guided = None if mb.guided is None else mb.guided[:, 1:]
         loss, policy = policy_loss(lp, sampler_lp, mb.advantages[:, 1:], mask, mb.scales[self.name],
-                                   PolicyLoss.of(spec), old_logprobs=recorded, guided=guided)
+                                   spec.policy_loss, spec.behaviour, old_logprobs=recorded, guided=guided)
         sampled = mb.action_mask[:, 1:] if guided is None else mb.action_mask[:, 1:] & ~guided
         return loss, PolicyTermStats(policy, logprob_gap(lp, sampler_lp, sampled))
 
@@ -194,7 +194,7 @@ def policy_loss_metrics(spec: TrainerSpec, pg: PolicyStats, ctx: StepContext) ->
         return n / pg.tokens if pg.tokens else None
 
     return {
-        names.POLICY_LOSS: "sft" if ctx.sft else spec.policy_loss,
+        names.POLICY_LOSS: "sft" if ctx.sft else spec.policy_loss.name,
         names.CLIP_LOW_FRACTION: share(pg.clipped_low), names.CLIP_HIGH_FRACTION: share(pg.clipped_high),
         names.SAMPLER_CORRECTION: spec.sampler_correction,
         names.SAMPLER_IS_WEIGHT_MEAN: pg.is_sum / pg.is_tokens if pg.is_tokens else None,

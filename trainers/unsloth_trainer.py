@@ -25,7 +25,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 import torch
 from torch import nn
 
-from quaero.model import resolve_model, torch_dtype
+from quaero.models.load import resolve_model, torch_dtype
 from trainers.base import Trainer
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

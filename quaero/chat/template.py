@@ -5,7 +5,9 @@
   as `apply_chat_template` does. Tool specs go to the template when it reads `tools`; otherwise they and the
   assistant's calls are written as text (`quaero/chat/toolcalls.py`).
 - parse_response: the text before the first stop token; `<think>...</think>` read as reasoning where the
-  template knows `</think>`; Hermes `<tool_call>` blocks read as calls.
+  template knows `</think>`; tool calls read in the format the template renders them (chosen at
+  construction by a round trip: `quaero/chat/toolformats.py`), or as `<tool_call>` blocks where calls go as
+  text.
 - get_stop_token_ids: the template's close token (what follows an assistant's content, found by rendering one)
   and the tokenizer's eos.
 - bridge_to_next_turn: synthesized from the template. A short history closed by an assistant turn is
@@ -26,12 +28,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from quaero.chat.sandbox import TemplateProblem, TemplateRunner
-from quaero.chat.toolcalls import parse_tool_calls, with_calls_as_text, with_tool_prompt
+from quaero.chat.toolcalls import with_calls_as_text, with_tool_prompt
+from quaero.chat.toolformats import FORMATS, MalformedToolCall, ToolFormat, parser, same_calls
 
 # the variables every render sets itself: an option of the same name would collide with them
 RENDER_VARIABLES = ("messages", "tools", "documents", "add_generation_prompt")
 _SENTINEL = "Qx7bridge"  # an assistant content no template changes and no tokenizer merges with a close token
 _MEMORY = 64  # generation-prompt renders remembered (prompt ids -> messages) for the whole-render check
+# the known calls of the tool-format round trip: one, then two in one message (unicode, nesting, a number)
+_PROBE_TOOLS = [{"type": "function", "function": {"name": n, "description": n, "parameters": {
+    "type": "object", "properties": {k: {"type": "string"} for k in ks}}}}
+    for n, ks in (("get_weather", ("city",)), ("search", ("query", "filters")))]
+_PROBE_CALLS = [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "São Paulo"}}},
+                {"type": "function", "function": {"name": "search", "arguments": {
+                    "query": "crème brûlée", "filters": {"max": 10, "vegan": False}}}}]
 
 
 @dataclass(frozen=True)
@@ -48,13 +58,27 @@ def chat_template_of(tokenizer) -> str | None:
     return src or None
 
 
+def _vocabulary_ids(tokenizer, text: str) -> list[int] | None:
+    """`text`'s ids by the tokenizer's model alone, added tokens aside (None: no fast backend to ask)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    pre = backend.pre_tokenizer
+    pieces = pre.pre_tokenize_str(text) if pre is not None else [(text, None)]
+    return [t.id for piece, _ in pieces for t in backend.model.tokenize(piece)]
+
+
 def _check_stop_token(tokenizer, eos: int | None) -> None:
     """The tokenizer's eos, a stop token of every reply, must be one of its added (special) tokens: an
     ordinary one (a word of the vocabulary, e.g. eos_token = "the") would cut every reply where the model
     first writes it. (Read from `added_tokens_decoder`, which changes nothing: encoding with
     `split_special_tokens` would leave the tokenizer splitting special tokens from then on.)"""
     added = getattr(tokenizer, "added_tokens_decoder", None)
-    if not isinstance(eos, int) or not isinstance(added, dict) or not added or eos in added:
+    if not isinstance(eos, int) or not isinstance(added, dict) or not added:
+        return
+    # transformers makes a tokenizer_config's eos_token an added token on load, a word too: such a word is
+    # one the vocabulary itself spells (the model's own tokenization of its text is that one id)
+    if eos in added and _vocabulary_ids(tokenizer, getattr(added[eos], "content", str(added[eos]))) != [eos]:
         return
     raise TemplateProblem(f"the tokenizer's eos_token {tokenizer.eos_token!r} (id {eos}) is an ordinary "
                           "token of its vocabulary, not a special one: every reply would stop where the "
@@ -64,8 +88,11 @@ def _check_stop_token(tokenizer, eos: int | None) -> None:
 class TemplateRenderer:
     """The Renderer protocol over the tokenizer's chat template.
 
-    tool_format: "auto" (the template's own when it reads `tools`, else text), "template" or "prompt".
-    Every other keyword is a template variable (e.g. `enable_thinking`, `date_string`)."""
+    tool_format: "auto" (the template's own when it reads `tools` and its calls parse back through one of
+    `quaero/chat/toolformats.py`'s formats, else text), "template" or "prompt". The format chosen is
+    `tool_format_chosen` (with why: `tool_format_why`); `max_calls` is how many calls one message may hold
+    (1 where the template raises on two, as Llama 3.x's does; None: any). Every other keyword is a template
+    variable (e.g. `enable_thinking`, `date_string`)."""
 
     def __init__(self, tokenizer, *, chat_template: str | None = None, tool_format: str = "auto",
                  **template_variables: Any):
@@ -88,6 +115,8 @@ class TemplateRenderer:
                                   "is not deterministic)")
         self._tool_role = self._renders_tool_role()
         self.close_text, self.close_id = self._find_close()
+        self._format, self.max_calls, self.tool_format_why = self._choose_tool_format(tool_format)
+        self.tool_format_chosen = self._format.name
         eos = getattr(tokenizer, "eos_token_id", None)
         _check_stop_token(tokenizer, eos)
         self._stop = [t for t in dict.fromkeys([self.close_id, eos]) if isinstance(t, int)]
@@ -107,8 +136,7 @@ class TemplateRenderer:
             return out
         out = [with_calls_as_text(m) if m.get("role") == "assistant" else m for m in out]
         if not self._tool_role:
-            out = [{"role": "user", "content": f"<tool_response>\n{m.get('content', '')}\n</tool_response>"}
-                   if m.get("role") == "tool" else m for m in out]
+            out = _tool_results_as_user(out)
         return with_tool_prompt(out, tools) if tools else out
 
     def render_text(self, messages: list[dict], *, tools: list[dict] | None = None,
@@ -165,8 +193,87 @@ class TemplateRenderer:
             before, _, text = text.partition("</think>")
             reasoning = before.replace("<think>", "").strip("\n").strip() or None
             text = text.strip("\n")
-        content, calls = parse_tool_calls(text)
+        content, calls = self._read_calls(text)
         return ParsedResponse(content=content.strip(), reasoning_content=reasoning, tool_calls=calls)
+
+    def _read_calls(self, text: str) -> tuple[str, list[dict] | None]:
+        """(content, calls) in the chosen format; raises MalformedToolCall on a call it cannot read, or on
+        more calls than the template renders in one message (the reply then goes to the env as text)."""
+        found = self._format.parse(text)
+        if found is None:
+            return text, None
+        if self.max_calls is not None and len(found[1]) > self.max_calls:
+            raise MalformedToolCall(f"{len(found[1])} tool calls in one reply: this chat template renders at "
+                                    f"most {self.max_calls} in a message")
+        return found
+
+    # ── the tool-call format: a round trip through the template ──────────────────────────────────
+
+    def _choose_tool_format(self, requested: str) -> tuple[ToolFormat, int | None, str]:
+        """The format whose parser reads back, exactly, a known call the template rendered (and how many
+        calls a message may hold: None, any, when two in one message round-trip too, else 1). Where the
+        template's own calls round-trip through none and `requested` is "auto", calls go as text
+        (tool_format "prompt"); where that fails as well, TemplateProblem."""
+        if self.tools_in_template:
+            found = self._round_trip(list(FORMATS))
+            if found is not None:
+                return (*found, f"{found[0].name}: the template's own tool calls parse back exactly")
+            if requested == "template":
+                raise TemplateProblem(f"the chat template's own tool calls parse back through none of the "
+                                      f"tool-call formats ({', '.join(FORMATS)}); set tool_format = 'prompt'")
+            self.tools_in_template = False
+            why = (f"prompt (auto: the template's own tool calls parse back through none of "
+                   f"{', '.join(FORMATS)}, so calls and tool specs go as text)")
+        else:
+            why = "prompt (tool_format = 'prompt')" if requested == "prompt" else \
+                "prompt (auto: the template reads no `tools`, so calls and tool specs go as text)"
+        found = self._round_trip(["hermes"])
+        if found is None:
+            raise TemplateProblem("tool calls round-trip through this chat template neither in its own "
+                                  "format nor as text: a rendered call does not parse back to itself"
+                                  + self._probe_error)
+        return found[0], found[1], why
+
+    def _round_trip(self, names: list[str]) -> tuple[ToolFormat, int | None] | None:
+        """The first of the formats `names` that reads the known call back exactly, and its `max_calls`."""
+        self._probe_error = ""
+        one = self._rendered_reply(_PROBE_CALLS[:1])
+        for name in names if one is not None else []:
+            fmt = parser(name)
+            if same_calls(self._probe_parse(one, fmt), _PROBE_CALLS[:1]):
+                two = self._rendered_reply(_PROBE_CALLS)
+                both = two is not None and same_calls(self._probe_parse(two, fmt), _PROBE_CALLS)
+                return fmt, None if both else 1
+        return None
+
+    def _probe_parse(self, text: str, fmt: ToolFormat) -> list[dict] | None:
+        if self._thinks and "</think>" in text:
+            text = text.partition("</think>")[2].strip("\n")
+        try:
+            found = fmt.parse(text.strip())
+        except MalformedToolCall:
+            return None
+        return found[1] if found else None
+
+    def _rendered_reply(self, calls: list[dict]) -> str | None:
+        """The text the template renders for an assistant message of `calls` after its generation prompt, up
+        to its close token (None: the template raises)."""
+        chat = [{"role": "user", "content": "Qx7ask"}]
+        try:
+            prompt = self.render_text(chat, tools=_PROBE_TOOLS, add_generation_prompt=True)
+            whole = self.render_text([*chat, {"role": "assistant", "content": "", "tool_calls": calls}],
+                                     tools=_PROBE_TOOLS)
+        except TemplateProblem as e:
+            self._probe_error = f" (the template raised on it: {e})"
+            return None
+        if whole.startswith(prompt):
+            reply = whole[len(prompt):]
+        else:  # the generation prompt is not a prefix of the turn (`<think>\n` vs `<tool_call>`: refused or
+            # handled elsewhere): the call is read from the token where the two renders part
+            a, b = self._encode(prompt), self._encode(whole)
+            at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            reply = self._tokenizer.decode(b[at:], skip_special_tokens=False)
+        return reply.partition(self.close_text)[0] if self.close_text else reply
 
     # ── probes at construction ───────────────────────────────────────────────────────────────────
 
@@ -269,31 +376,54 @@ class TemplateRenderer:
             self._checked = key
             why = self._whole_render_differs(prompt, head[len(prompt):], new_messages, tail)
             if why is not None:
-                return self._refuse("template_mismatch", why)
+                return self._refuse(why.reason, why.detail)
         return RenderedTokens(token_ids=ids)
 
     def _whole_render_differs(self, prompt: list[int], reply: list[int], new_messages: list[dict],
-                              tail: str) -> str | None:
+                              tail: str) -> Refusal | None:
         """Where this renderer rendered `prompt` and the template re-renders the parsed reply as sampled (it
         is prefix-stable here: the whole render's text starts with the prompt's and the reply's, close
         included), the whole render's text must go on with the bridged tail. None when it does, or when the
         check does not apply (the prompt's history is unknown, or the template is not prefix-stable here).
-        Text, not ids: the reply's ids are the sampler's, the tail's its own (the close splits there)."""
+        A template that raises on the whole conversation is a refusal (`template_raised`): the bridged tail
+        would be a guess. Text, not ids: the reply's ids are the sampler's, the tail's its own."""
         with self._lock:
             known = self._memory.get(tuple(prompt))
         if known is None:
             return None
         history, tools, prompt_text = known
-        parsed = self.parse_response(reply)
-        calls = [{"type": "function", "function": c["function"]} for c in parsed.tool_calls or []]
-        message = {"role": "assistant", "content": parsed.content,
-                   "reasoning_content": parsed.reasoning_content, "tool_calls": calls or None}
+        try:
+            parsed = self.parse_response(reply)
+            calls = [{"type": "function", "function": c["function"]} for c in parsed.tool_calls or []]
+            message = {"role": "assistant", "content": parsed.content,
+                       "reasoning_content": parsed.reasoning_content, "tool_calls": calls or None}
+        except MalformedToolCall:  # the adapter sends such a reply on as text, without calls
+            kept = [t for t in reply if t not in self._stop]
+            message = {"role": "assistant", "content": self._tokenizer.decode(kept)}
         try:
             whole = self.render_text([*history, message, *new_messages], tools=tools,
                                      add_generation_prompt=True)
-        except TemplateProblem:
-            return None
+        except TemplateProblem as e:
+            return Refusal("template_raised", f"the template raises on the whole conversation: {e}")
         head = prompt_text + self._tokenizer.decode(reply, skip_special_tokens=False)
         if not whole.startswith(head) or whole[len(head):] == tail:
             return None
-        return "the bridged ids differ from the template's render of the whole conversation"
+        return Refusal("template_mismatch", "the bridged ids differ from the template's render of the whole "
+                                            "conversation")
+
+
+def _tool_results_as_user(messages: list[dict]) -> list[dict]:
+    """Tool results as `<tool_response>` blocks in user turns, for a template without a `tool` role: the
+    results of one reply (and a user message right after them) in one user turn, as templates that
+    alternate user/assistant (Gemma's) require."""
+    out: list[dict] = []
+    after_tool = False
+    for m in messages:
+        tool = m.get("role") == "tool"
+        text = f"<tool_response>\n{m.get('content', '')}\n</tool_response>" if tool else m.get("content")
+        if after_tool and (tool or (m.get("role") == "user" and isinstance(text, str))):
+            out[-1] = {**out[-1], "content": f"{out[-1]['content']}\n{text}"}
+        else:
+            out.append({"role": "user", "content": text} if tool else m)
+        after_tool = tool or (after_tool and m.get("role") == "user")
+    return out

@@ -8,8 +8,9 @@ Hermes models write them):
 - an assistant's calls are appended to its content, one block each:
   `<tool_call>\\n{"name": NAME, "arguments": {...}}\\n</tool_call>` (arguments given as a JSON string are
   written as given, a dict with `json.dumps(ensure_ascii=False)`);
-- `parse_tool_calls` reads those blocks back from sampled text. A template that takes `tools` renders specs
-  and calls itself; its calls are read back with the same parser when they are Hermes blocks (Qwen's).
+- `parse_tool_calls` reads those blocks back from sampled text (the `hermes` format of
+  `quaero/chat/toolformats.py`). A template that takes `tools` renders specs and calls itself; its calls are
+  read back in the format a round trip through it finds (`quaero/chat/toolformats.py`).
 """
 from __future__ import annotations
 

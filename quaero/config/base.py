@@ -1,8 +1,12 @@
 """The config sections' common ground: `ConfigError` (one line: file, key, value, fix), the section base
-(unknown keys refused, no inf/nan) and `with_trainer_options`, which gives a section the trainer options its
-key names (trainers/spec.py `option`).
+(unknown keys refused, no inf/nan), `with_trainer_options`, which gives a section the options its key names
+(trainers/spec.py `option`: the trainer's, and a role's settings such as the advantage estimator's), and
+`settings_of`, which reads a role's settings back from a config.
 """
 from __future__ import annotations
+
+from operator import attrgetter
+from typing import Any
 
 from pydantic import (
     BaseModel,
@@ -11,7 +15,7 @@ from pydantic import (
     create_model,
 )
 
-from trainers.spec import options
+from trainers.spec import TrainerSpec, options, spec_from
 
 
 class ConfigError(ValueError):
@@ -23,16 +27,22 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
-def with_trainer_options(section: str):
-    """The section class written below it, plus the trainer options whose key is in `section`: each is
-    defined once, by its `option(...)` in trainers/spec.py (type, default, meaning, bounds), and reaches the
-    trainer's spec by that key (quaero/recipe/plan.py `trainer_spec`)."""
+def with_trainer_options(section: str, *roles: type):
+    """The section class written below it, plus the options whose key is in `section`, the trainer's
+    (trainers/spec.py) and those of each role's settings in `roles`: each is defined once, by its
+    `option(...)` (type, default, meaning, bounds), and reaches the trainer's spec or the role by that key
+    (quaero/preflight/plan.py `trainer_spec`, `settings_of`)."""
 
     def build(cls: type[_Section]) -> type[_Section]:
-        fields = {o.name: (o.type, Field(o.default, description=o.about, **o.bounds)) for o in options()
-                  if o.section == section}
+        fields = {o.name: (o.type, Field(o.default, description=o.about, **o.bounds))
+                  for role in (TrainerSpec, *roles) for o in options(role) if o.section == section}
         return create_model(cls.__name__, __base__=cls, __module__=cls.__module__, __doc__=cls.__doc__,
                             **fields)
 
     return build
+
+
+def settings_of(cls: type, cfg: Any) -> Any:
+    """The `cls` settings (a frozen dataclass of `option`s) a config holds: each field read at its key."""
+    return spec_from(lambda key: attrgetter(key)(cfg), cls)
 

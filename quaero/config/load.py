@@ -23,8 +23,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 from quaero.config.base import ConfigError
+from quaero.config.loss import VARIANTS
+from quaero.config.renamed import migrate
 from quaero.config.schema import QuaeroConfig
-from quaero.config.sections import SamplerConfig
+from quaero.config.sections import SamplerConfig, TrainingConfig
 
 
 def _closest(key: str, model: type[BaseModel]) -> str:
@@ -32,7 +34,9 @@ def _closest(key: str, model: type[BaseModel]) -> str:
     return f"; did you mean {match[0]!r}?" if match else f"; valid keys: {', '.join(model.model_fields)}"
 
 
-def _section_model(loc: tuple) -> type[BaseModel]:
+def _section_model(loc: tuple, data: dict) -> type[BaseModel]:
+    if loc == ("loss", "policy"):  # the variant's section, by its type
+        return VARIANTS.get(str(_lookup(data, (*loc, "type"))), QuaeroConfig)
     model: type[BaseModel] = QuaeroConfig
     for part in loc:
         field = model.model_fields.get(str(part))
@@ -66,13 +70,17 @@ def _format_error(source: str, data: dict, err: dict) -> str:
         env = env[err["loc"][1]] if isinstance(env, list) and len(env) > err["loc"][1] else {}
         name = env.get("name") if isinstance(env, dict) else None
         source = f"{source} [[envs]] #{err['loc'][1] + 1}" + (f" name={name!r}" if name else "")
+    if err["loc"][:2] == ("loss", "policy") and len(err["loc"]) > 2 and err["loc"][2] in VARIANTS:
+        err = {**err, "loc": err["loc"][:2] + err["loc"][3:]}  # the variant's tag is no key of the TOML
+    if err["type"] == "union_tag_invalid":  # [loss.policy] type names no variant
+        err = {**err, "loc": (*err["loc"], "type"), "msg": f"use one of {err['ctx']['expected_tags']}"}
     loc = tuple(p for p in err["loc"] if not isinstance(p, int))
     section = ".".join(str(p) for p in loc[:-1]) or "(top level)"
     key = str(loc[-1]) if loc else "?"
     value = _lookup(data, tuple(err["loc"]))
     where = f"{source} [{section}] {key}"
     if err["type"] == "extra_forbidden":
-        return f"{where}: unknown key{_closest(key, _section_model(loc[:-1]))}"
+        return f"{where}: unknown key{_closest(key, _section_model(loc[:-1], data))}"
     if err["type"] == "missing":
         return f"{where}: required section/key is missing"
     msg = err["msg"]
@@ -143,6 +151,7 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
         if isinstance(node, list):
             raise ConfigError(f"--set {text!r}: [[envs]] holds several envs; write envs.NAME.key=value")
         node[keys[-1]] = value
+    deprecated = migrate(data, source)
     try:
         cfg = QuaeroConfig.model_validate(data)
     except ValidationError as e:
@@ -151,11 +160,12 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
         raise ConfigError(f"{source}: a value nests too deeply to check; a config nests a few levels at "
                           "most") from None
     check_rules(cfg, source)
+    cfg._deprecated = deprecated
     return cfg
 
 
 def _check_weight_transfer(sm: SamplerConfig, source: str) -> None:
-    """[sampler] weight_transfer and server_devices, judged from the config alone (quaero/recipe/plan.py
+    """[sampler] weight_transfer and server_devices, judged from the config alone (quaero/preflight/plan.py
     judges them against this machine's CUDA devices and torchrun's ranks)."""
     wt = sm.weight_transfer
     if wt != "file" and sm.mode != "server":
@@ -191,15 +201,21 @@ def _check_weight_transfer(sm: SamplerConfig, source: str) -> None:
 
 
 def check_rules(cfg: QuaeroConfig, source: str = "config") -> None:
-    """Rules judged from the config alone (quaero/recipe/plan.py judges it against the installed components);
-    a mixture's, for each env's view (its name in the message)."""
+    """Rules judged from the config alone (quaero/preflight/plan.py judges it against the installed
+    components); a mixture's, for each env's view (its name in the message)."""
     if not cfg.envs:
         return _check_one(cfg, source)
     if cfg.data.traces:
         raise ConfigError(f"{source} [data] traces={cfg.data.traces!r} with [[envs]]: recorded episodes name "
                           "no env of the mixture; use traces with a one-env [env] config, or remove traces")
-    for name, view in cfg.views().items():
-        _check_one(view, f"{source} [[envs]] name={name!r}:")
+    for e in cfg.envs:
+        where = f"{source} [[envs]] name={e.name!r}:"
+        view = cfg.view(e)
+        try:  # [training]'s rules on the env's own settings (its group_size, guidance)
+            TrainingConfig.model_validate(view.training.model_dump())
+        except ValidationError as error:
+            raise ConfigError(_format_error(where, {}, {**error.errors()[0], "loc": ("training",)})) from None
+        _check_one(view, where)
 
 
 def _check_one(cfg: QuaeroConfig, source: str) -> None:
@@ -233,10 +249,6 @@ def _check_one(cfg: QuaeroConfig, source: str) -> None:
         raise ConfigError(f"{source} [training] dynamic_sampling=true with max_off_policy_steps="
                           f"{t.max_off_policy_steps}: a step sampled ahead cannot know how many tasks the "
                           "steps before it used; set one of them off")
-    if t.guidance != "none" and t.guided_members > t.group_size:  # a mixture env's own group_size
-        raise ConfigError(f"{source} [training] guided_members={t.guided_members} > group_size="
-                          f"{t.group_size}: a group has only group_size members to guide; use guided_members "
-                          "<= group_size")
     if t.oracle is not None:
         split_name(t.oracle, f"{source} [training] oracle", error=ConfigError,
                    example="my_env.oracle:oracle_policy")

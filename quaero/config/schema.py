@@ -7,11 +7,13 @@ from pathlib import Path
 
 from pydantic import (
     Field,
+    PrivateAttr,
     model_validator,
 )
 
 from quaero.config.base import _Section
 from quaero.config.envs import SINGLE, EnvConfig, MixtureEnv, shares_of
+from quaero.config.loss import LossConfig
 from quaero.config.sections import (
     BackendConfig,
     DataConfig,
@@ -35,9 +37,17 @@ class QuaeroConfig(_Section):
     backend: BackendConfig = Field(default_factory=BackendConfig)
     echo: EchoConfig = Field(default_factory=EchoConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    # the old spellings the file used, one line each naming today's (quaero/config/renamed.py)
+    _deprecated: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def deprecations(self) -> list[str]:
+        """One line per old key the config was written with, naming its new spelling."""
+        return list(self._deprecated)
 
     @model_validator(mode="after")
     def _one_env_or_a_mixture(self) -> QuaeroConfig:
@@ -61,18 +71,21 @@ class QuaeroConfig(_Section):
         in [training] and [echo]. A one-env run's is the config itself, under the name "env"."""
         if not self.envs:
             return {SINGLE: self}
-        out = {}
-        for e in self.envs:
-            env = EnvConfig(**e.model_dump(exclude={"name", "ratio", "group_size", "eval_tasks", "oracle",
-                                                    "echo_weight", "guidance", "guidance_traces"},
-                                            exclude_unset=True))
-            training = self.training.model_copy(update={k: v for k, v in (
-                ("group_size", e.group_size), ("eval_tasks", e.eval_tasks), ("oracle", e.oracle),
-                ("guidance", e.guidance), ("guidance_traces", e.guidance_traces)) if v is not None})
-            echo = self.echo if e.echo_weight is None else self.echo.model_copy(
-                update={"weight": e.echo_weight, "rl_weight": e.echo_weight})
-            out[e.name] = self.model_copy(update={"env": env, "envs": [], "training": training, "echo": echo})
-        return out
+        return {e.name: self.view(e) for e in self.envs}
+
+    def view(self, e: MixtureEnv) -> QuaeroConfig:
+        """The config of the mixture's env `e` (`quaero.config.check_rules` judges [training]'s rules again on
+        its own settings)."""
+        env = EnvConfig(**e.model_dump(exclude={"name", "ratio", "group_size", "eval_tasks", "oracle",
+                                                "echo_weight", "guidance", "guidance_traces"},
+                                        exclude_unset=True))
+        own = {k: v for k, v in (
+            ("group_size", e.group_size), ("eval_tasks", e.eval_tasks), ("oracle", e.oracle),
+            ("guidance", e.guidance), ("guidance_traces", e.guidance_traces)) if v is not None}
+        training = self.training.model_copy(update=own)
+        echo = self.echo if e.echo_weight is None else self.echo.model_copy(
+            update={"weight": e.echo_weight, "rl_weight": e.echo_weight})
+        return self.model_copy(update={"env": env, "envs": [], "training": training, "echo": echo})
 
     def ratios(self) -> dict[str, float]:
         """Each env's share of a step's groups, as fractions summing to 1."""
@@ -98,7 +111,8 @@ class QuaeroConfig(_Section):
 
 # Keys that change when and what a run logs or keeps, not what any of its steps trains
 UNTRAINED_KEYS = ("training.steps", "training.checkpoint_every", "training.keep_checkpoints",
-                  "training.eval_every", "training.eval_tasks", "logging.", "run.output_dir")
+                  "training.eval_every", "training.eval_tasks", "training.eval_pass_k", "logging.",
+                  "run.output_dir")
 
 
 def changed_keys(old: dict, new: dict, prefix: str = "") -> dict[str, list]:

@@ -16,6 +16,7 @@ from pydantic import (
 
 from quaero import sampler_registry as samplers
 from quaero.chat import registry as chat_registry
+from quaero.config.advantages import AdvantageOptions, check_estimator
 from quaero.config.base import _Section, with_trainer_options
 
 
@@ -48,7 +49,7 @@ class ModelConfig(_Section):
     renderer_options: dict[str, Any] = Field(default_factory=dict)
     # the option enable_thinking, as a key of its own (older configs); unset: the renderer's default
     enable_thinking: bool | None = None
-    # what `quaero check` chose and why (set by quaero/recipe/plan.py once the tokenizer is read)
+    # what `quaero check` chose and why (set by quaero/preflight/plan.py once the tokenizer is read)
     _chosen: str | None = PrivateAttr(default=None)
     # a named model not built yet: its size and the first run's build (`quaero check` builds nothing)
     _build: str | None = PrivateAttr(default=None)
@@ -171,25 +172,21 @@ class EchoConfig(_Section):
         return weight
 
 
-@with_trainer_options("training")
+# |positive_advantage_weight| and |all_fail_advantage| at most this: a group's advantages are reward
+# differences (within [-1, 1] for rewards in [0, 1]); far past them the loss overflows and nothing trains
+MAX_ADVANTAGE_SETTING = 100.0
+
+
+@with_trainer_options("training", AdvantageOptions)
 class TrainingConfig(_Section):
-    """With the trainer's `clip_eps` (PPO's; unset: no clipping) and `loss_aggregation` (the RL term's
-    average, trainers/aggregation.py: "token_mean" (DAPO), "sequence_mean" (GRPO: per episode, then over
-    episodes), "constant" (Dr. GRPO: / tasks_per_step x group_size x max_turns x max_tokens))."""
+    """With the trainer's `loss_aggregation` (the RL term's average, trainers/aggregation.py: "token_mean"
+    (DAPO), "sequence_mean" (GRPO: per episode, then over episodes), "constant" (Dr. GRPO: / tasks_per_step x
+    group_size x max_turns x max_tokens))."""
 
     # small first-run defaults: `quaero check` prints the work they mean (episodes x turns x max_tokens)
     steps: int = Field(5, ge=0)
     tasks_per_step: int = Field(4, ge=1)
     group_size: int = Field(4, ge=1)
-    # advantages (quaero/rollout/advantages.py): the baseline, "grpo" (the group's mean, today's) or "rloo"
-    # (the mean of the others); scale_rewards: divide by the group's reward std ("group", GRPO), the step's
-    # ("batch") or not at all ("none", today's); negative-sample reinforcement: positive_advantage_weight
-    # multiplies positive advantages (W-REINFORCE: 0.1; 0: negatives only), all_fail_advantage is every
-    # member's advantage in a group with no success and no spread (e.g. -1.0; 0: untrained, today's)
-    advantage: Literal["grpo", "rloo"] = "grpo"
-    scale_rewards: Literal["none", "group", "batch"] = "none"
-    positive_advantage_weight: float = Field(1.0, ge=0)
-    all_fail_advantage: float = Field(0.0, le=0)
     warmup_sft_steps: int = Field(0, ge=0)
     # the warm start's demonstrator, "package.module:function" (oracle_policy(info) -> policy); unset =
     # `oracle_policy` in the [env] entry's module. Required for a warm start against url/urls servers.
@@ -206,6 +203,9 @@ class TrainingConfig(_Section):
     keep_checkpoints: int = Field(2, ge=1)
     eval_every: int = Field(5, ge=0)
     eval_tasks: int = Field(4, ge=0)
+    # pass@k at each evaluation: k > 1 also samples k episodes per eval task at the sampler's temperature
+    # (k times the greedy eval's episodes); 1 = off
+    eval_pass_k: int = Field(1, ge=1)
     packing: bool = True
     # strict = any exactness mismatch (prefix, bridge) is an error instead of a counted fallback.
     strict: bool = False
@@ -249,23 +249,37 @@ class TrainingConfig(_Section):
     # (`guides_unmatched`)
     guidance_traces: str | None = None
 
+    # AdvantageOptions' options, [training] keys
+    @field_validator("positive_advantage_weight", "all_fail_advantage", check_fields=False)
+    @classmethod
+    def _an_advantage_that_trains(cls, value: float, info) -> float:
+        # -1e308 passes le=0, yet every step's loss is then inf and its gradient skipped: nothing trains
+        if abs(value) > MAX_ADVANTAGE_SETTING:
+            raise ValueError(f"{info.field_name}={value:g}: advantages past +-{MAX_ADVANTAGE_SETTING:g} "
+                             "make the loss overflow (inf: every step's gradient is skipped and nothing "
+                             "trains); use a value within it (a group's advantages are reward differences: "
+                             "NSR's all_fail_advantage is -1, W-REINFORCE's positive_advantage_weight 0.1)")
+        return value
+
+    @field_validator("advantage", check_fields=False)  # an AdvantageOptions option
+    @classmethod
+    def _an_estimator(cls, name: str) -> str:
+        return check_estimator(name)
+
     @model_validator(mode="after")
-    def _a_policy_loss_that_runs(self) -> TrainingConfig:
-        low = self.clip_eps if self.clip_eps_low is None else self.clip_eps_low
-        if low is not None and low >= 1.0 and self.policy_loss in ("ppo_clip", "gspo"):
-            raise ValueError(f"clip_eps_low={low:g}: the clip range's lower end 1 - {low:g} is <= 0, below "
-                             "every ratio (the range inverts); use a value below 1 (DAPO: 0.2)")
+    def _a_correction_that_keeps_on_policy_tokens(self) -> TrainingConfig:
         if self.sampler_correction != "none" and self.sampler_correction_cap < 1.0:
             raise ValueError(f"sampler_correction_cap={self.sampler_correction_cap:g}: below 1, the "
                              f"{self.sampler_correction!r} weight of every on-policy token (1) would be cut; "
                              "use a cap >= 1 (TRL's default: 3)")
+        return self
+
+    @model_validator(mode="after")
+    def _members_a_group_has(self) -> TrainingConfig:
+        # judged again for each env of a mixture, with its own group_size (QuaeroConfig.views)
         if self.guidance != "none" and self.guided_members > self.group_size:
             raise ValueError(f"guided_members={self.guided_members} > group_size={self.group_size}: a group "
                              "has only group_size members to guide; use guided_members <= group_size")
-        if self.policy_loss == "gspo" and "importance_sampling_level" in self.model_fields_set \
-                and self.importance_sampling_level == "token":
-            raise ValueError("policy_loss='gspo' with importance_sampling_level='token': GSPO is the "
-                             "sequence ratio; drop the level, or use policy_loss='ppo_clip' (a token ratio)")
         return self
 
 

@@ -182,6 +182,25 @@ class FactoryNotCalled(Exception):
     """`load_entry(..., call_factory=False)` met a factory whose return annotation names no env class."""
 
 
+def _probed_class(factory, entry: str, kwargs: dict[str, Any] | None) -> type:
+    """The env class a factory entry builds: one instance made (then closed) to learn it."""
+    from openenv.core.env_server.interfaces import Environment
+
+    try:
+        probe = factory()
+    # an entry that is not an env factory (json:dumps) fails any way
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(f"[env] entry={entry!r}: calling it with [env] kwargs={kwargs or {}!r} raised "
+                          f"{error_line(e, 200)}; fix its setup (a download, dataset, file, environment "
+                          "variable or [env] kwargs it needs?), or name an openenv Environment subclass "
+                          "or a function returning one") from None
+    if not isinstance(probe, Environment):
+        raise ConfigError(f"[env] entry={entry!r}: the factory returned {type(probe).__name__}, "
+                          "not an openenv Environment")
+    probe.close()
+    return type(probe)
+
+
 def load_entry(entry: str, kwargs: dict[str, Any] | None = None, action: str | None = None, *,
                call_factory: bool = True) -> EnvSpec:
     """Import `entry` (an Environment/MCPEnvironment subclass or a factory returning one); each
@@ -208,19 +227,7 @@ def load_entry(entry: str, kwargs: dict[str, Any] | None = None, action: str | N
         factory = _bind(obj, entry, kwargs or {})
     elif callable(obj) and not inspect.isclass(obj):
         factory = _bind(obj, entry, kwargs or {})
-        try:
-            probe = factory()  # a factory: build one instance to learn its class
-        # an entry that is not an env factory (json:dumps) fails any way
-        except Exception as e:  # noqa: BLE001
-            raise ConfigError(f"[env] entry={entry!r}: calling it with [env] kwargs={kwargs or {}!r} raised "
-                              f"{error_line(e, 200)}; fix its setup (a download, dataset, file, environment "
-                              "variable or [env] kwargs it needs?), or name an openenv Environment subclass "
-                              "or a function returning one") from None
-        if not isinstance(probe, Environment):
-            raise ConfigError(f"[env] entry={entry!r}: the factory returned {type(probe).__name__}, "
-                              "not an openenv Environment")
-        env_cls = type(probe)
-        probe.close()
+        env_cls = _probed_class(factory, entry, kwargs)
     else:
         raise ConfigError(f"[env] entry={entry!r}: {obj!r} is neither an openenv Environment subclass nor a "
                           "factory function returning one")

@@ -297,19 +297,8 @@ class ChatEnv:
                     self.counts.add(names.ENV_RETRIES)
                     log.warning(names.ENV_RETRY_EVENT, what=what, attempt=failures, fault=str(fault))
                     continue
-                self._drop_transport()
                 lost = True
-                try:
-                    self.connector.recover()
-                except Exception as err:  # noqa: BLE001 - e.g. the env server cannot start again
-                    raise EpisodeDropped(f"{what}: {fault}; recovery failed: {err}",
-                                         "recovery_failed") from None
-                if what == "step" and self.cfg.on_session_loss == "drop" and not env_error:
-                    raise EpisodeDropped(f"{what}: session lost ({fault}); on_session_loss='drop'",
-                                         fault.kind) from None
-                if what == "step" and not self.replayable and not env_error:
-                    raise EpisodeDropped(f"{what}: session lost ({fault}); not replayable: the env's reset "
-                                         "takes no seed or index", "not_replayable") from None
+                self._recover(what, fault, env_error)
                 if last:
                     raise EpisodeDropped(f"{what} failed {failures} times, last: {fault}",
                                          fault.kind) from None
@@ -317,6 +306,22 @@ class ChatEnv:
                 log.warning(names.ENV_RETRY_EVENT, what=what, attempt=failures, fault=str(fault))
                 if not env_error:  # a server that answered needs no time to come back
                     time.sleep(self.cfg.retry_backoff_s * 2**(failures - 1))
+
+    def _recover(self, what: str, fault: EnvFault, env_error: bool) -> None:
+        """After a fault: a fresh session (the connector recovers the env), or EpisodeDropped when none can
+        go on with this episode (recovery failed; a lost session under on_session_loss='drop' or not
+        replayable)."""
+        self._drop_transport()
+        try:
+            self.connector.recover()
+        except Exception as err:  # noqa: BLE001 - e.g. the env server cannot start again
+            raise EpisodeDropped(f"{what}: {fault}; recovery failed: {err}", "recovery_failed") from None
+        if what == "step" and self.cfg.on_session_loss == "drop" and not env_error:
+            raise EpisodeDropped(f"{what}: session lost ({fault}); on_session_loss='drop'",
+                                 fault.kind) from None
+        if what == "step" and not self.replayable and not env_error:
+            raise EpisodeDropped(f"{what}: session lost ({fault}); not replayable: the env's reset "
+                                 "takes no seed or index", "not_replayable") from None
 
     def _dropped(self, e: EpisodeDropped) -> EpisodeDropped:
         """Log the drop where its context is known; the driver, which drops the episode, counts it."""

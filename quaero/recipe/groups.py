@@ -16,12 +16,13 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from quaero.bounded import STOP_REQUESTED
+from quaero.config import AdvantageOptions, settings_of
 from quaero.recipe import ranks
 from quaero.recipe.guidance import members_at, mix, needs_guide, play_guides, prefix_turns_at
-from quaero.rollout.advantages import AdvantageOptions, group_advantages, sample_std
+from quaero.rollout.advantages import group_advantages, sample_std
 from quaero.rollout.task_samplers import POOLS
 from quaero.rollout.tasks import reset_args
-from quaero.sampling.wire import STOP_REQUESTED
 from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
 
@@ -269,7 +270,7 @@ def group_rows(parts: RunParts, e: EnvRun, step: int, index: int, slot: int, gro
         return [], outcome
     rewards = [ep.reward for ep in members]
     advs = [1.0] * len(members) if sft else group_advantages(
-        rewards, [ep.success for ep in members], AdvantageOptions.of(e.cfg.training), batch_std)
+        rewards, [ep.success for ep in members], settings_of(AdvantageOptions, e.cfg), batch_std)
     if not all(math.isfinite(a) for a in advs):
         parts.counts.add(names.GROUPS_NONFINITE_ADVANTAGE)  # rewards a float cannot take the difference of
         return [], outcome

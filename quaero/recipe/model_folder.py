@@ -32,7 +32,8 @@ class ExportError(RuntimeError):
 def base_reference(model_name: str) -> str:
     """How an adapter folder names its base model: the hub id as written, or a local folder's absolute
     path (the embedded models, `tiny-qwen3` and the real shapes, are such folders, in quaero's cache)."""
-    from quaero.model import is_named, resolve_model
+    from quaero.models.load import resolve_model
+    from quaero.models.registry import is_named
 
     if is_named(model_name) or Path(model_name).expanduser().exists():
         return str(resolve_model(model_name).resolve())
@@ -104,7 +105,7 @@ def save_final(trainer, cfg: QuaeroConfig) -> Path | None:
 
     Under torchrun every rank calls it and rank 0 writes (None elsewhere); a sharded (FSDP2) trainer's
     whole weights are gathered first (a collective) into a plain copy of the model."""
-    from quaero.model import load_causal_lm, load_tokenizer
+    from quaero.models.load import load_causal_lm, load_tokenizer
     from quaero.recipe import ranks
 
     model = trainer.model

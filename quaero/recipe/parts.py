@@ -63,8 +63,9 @@ def build(cfg: QuaeroConfig, pool: EnvPool | dict[str, EnvPool], counts: Rollout
           sampler_log_dir: Path | None = None) -> RunParts:
     """The run's parts; `pool`: each env's sessions by name (quaero/config/ `views`), all counting into
     `counts`, or a one-env run's pool (counting into its own)."""
-    from quaero.model import load_tokenizer, resolve_device
-    from quaero.recipe.plan import check_components, resolve_oracle, trainer_spec
+    from quaero.config import settings_of
+    from quaero.models.load import load_tokenizer, resolve_device
+    from quaero.preflight.plan import check_components, resolve_oracle, trainer_spec
     from quaero.rollout.driver import DriverSettings, EpisodeDriver
     from quaero.rollout.render import RenderAdapter
     from quaero.sampling import make_sampler
@@ -94,7 +95,8 @@ def build(cfg: QuaeroConfig, pool: EnvPool | dict[str, EnvPool], counts: Rollout
     sampler = make_sampler(cfg, model=shared, stop_token_ids=render.stop_token_ids,
                            device=str(trainer.device),
                            log_dir=sampler_log_dir)
-    envs = [EnvRun(name, view, pools[name], EpisodeDriver(render, sampler, DriverSettings.of(view), counts),
+    envs = [EnvRun(name, view, pools[name],
+                   EpisodeDriver(render, sampler, settings_of(DriverSettings, view), counts),
                    env_tasks(name, view, pools[name]),
                    resolve_oracle(view) if (t.warmup_sft_steps and not cfg.data.traces) or (
                        view.training.guidance != "none" and not view.training.guidance_traces) else None,

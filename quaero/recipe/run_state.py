@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quaero.config import UNTRAINED_KEYS, QuaeroConfig, changed_keys
+from quaero.config.renamed import migrate
 from quaero.recipe import checkpoint, ranks
 from quaero.recipe.stop import interruptible
 from quaero.rollout.mixture import MixtureError
@@ -219,6 +220,7 @@ def note_changed_config(cfg: QuaeroConfig, found: Found | None) -> None:
         before = json.loads(previous.read_text())
     except (OSError, ValueError):
         return  # not the run's to judge: config.json is rewritten next
+    migrate(before, str(previous), dump=True)  # a run written with [training]'s old loss keys
     changes = changed_keys(before, cfg.model_dump(mode="json"))
     if not changes:
         return

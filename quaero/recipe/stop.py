@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from quaero.sampling.wire import STOP_REQUESTED
+from quaero.bounded import STOP_REQUESTED
 from quaero.telemetry import names
 from quaero.telemetry.counts import drop_reasons
 from quaero.telemetry.runlog import get_logger

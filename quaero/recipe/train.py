@@ -324,7 +324,7 @@ def _set_up(cfg: QuaeroConfig) -> bool:
     import torch
 
     from quaero import process_group
-    from quaero.model import resolve_device
+    from quaero.models.load import resolve_device
 
     joins = not torch.distributed.is_initialized()
     process_group.setup(cfg.distributed.strategy, torch.device(resolve_device(cfg.run.device)))

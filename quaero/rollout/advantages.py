@@ -1,10 +1,12 @@
 """Group-relative advantages, the rollouts' one rule (the recipe's RL steps and `[data] traces_loss = "rl"`'s
 recorded groups both use it), and the overflow-safe mean it rests on.
 
-The estimators (`[training]`, names as TRL's GRPOConfig spells them where it has them):
+The estimators (`[training]`, quaero/config/advantages.py `AdvantageOptions`; names as TRL's GRPOConfig
+spells them where it has them):
 - `advantage = "grpo"` (today's): A_i = r_i - mean(r), the group's mean reward as the baseline;
   `"rloo"` (leave-one-out, Ahmadian et al. 2024, arXiv 2402.14740): A_i = r_i - mean_{j != i} r_j
-  = n / (n - 1) (r_i - mean(r)).
+  = n / (n - 1) (r_i - mean(r)); or `"package.module:function"`, an estimator of your own: a group's rewards
+  -> its advantages, then scaled and weighted as the built-in ones (examples/custom_loss/my_loss.py).
 - `scale_rewards = "none"` (today's; Dr. GRPO, arXiv 2503.20783: no std, so a group whose rewards are nearly
   equal is not blown up into a large signal), `"group"` (GRPO's A / (std(r of the group) + 1e-4)) or
   `"batch"` (A / (std(r of every kept group of the step) + 1e-4); Hu et al. 2025, REINFORCE++'s batch
@@ -19,27 +21,13 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Sequence
+
+from quaero.config.advantages import AdvantageOptions
+from quaero.resolve import resolve_name
 
 STD_EPS = 1e-4  # TRL's, added to the std before dividing
-
-
-@dataclass(frozen=True)
-class AdvantageOptions:
-    """`[training]`'s advantage settings (quaero/config/ has their meaning; the defaults are today's)."""
-
-    advantage: str = "grpo"  # grpo | rloo
-    scale_rewards: str = "none"  # none | group | batch
-    positive_advantage_weight: float = 1.0
-    all_fail_advantage: float = 0.0
-
-    @classmethod
-    def of(cls, training: Any) -> AdvantageOptions:
-        """The settings of a `[training]` section (quaero/config/ TrainingConfig)."""
-        return cls(training.advantage, training.scale_rewards, training.positive_advantage_weight,
-                   training.all_fail_advantage)
+DEFAULT = AdvantageOptions()  # frozen: one shared default
 
 
 def safe_mean(xs: Sequence[float]) -> float:
@@ -65,7 +53,7 @@ def sample_std(xs: Sequence[float]) -> float:
 
 
 def group_advantages(rewards: list[float], successes: list[bool] | None = None,
-                     options: AdvantageOptions = AdvantageOptions(), batch_std: float | None = None
+                     options: AdvantageOptions = DEFAULT, batch_std: float | None = None
                      ) -> list[float]:
     """One group's advantages (the module docstring has each estimator). All-equal groups give exact zeros
     (a rounded mean would leave 1e-17s that count as trained action tokens: their rows train ECHO only), or
@@ -77,12 +65,7 @@ def group_advantages(rewards: list[float], successes: list[bool] | None = None,
     if min(rewards) == max(rewards):
         failed = not any(successes) if successes is not None else max(rewards) <= 0.0
         return [options.all_fail_advantage if failed else 0.0] * len(rewards)
-    mean = safe_mean(rewards)
-    advs = [r - mean for r in rewards]
-    if options.advantage == "rloo":
-        advs = [a * len(rewards) / (len(rewards) - 1) for a in advs]
-    elif options.advantage != "grpo":
-        raise ValueError(f"advantage={options.advantage!r}: use 'grpo' or 'rloo'")
+    advs = estimator(options.advantage)(rewards)
     if options.scale_rewards == "group":
         advs = [a / (sample_std(rewards) + STD_EPS) for a in advs]
     elif options.scale_rewards == "batch":
@@ -96,8 +79,32 @@ def group_advantages(rewards: list[float], successes: list[bool] | None = None,
     return advs if all(abs(a) <= MAX_ABS_ADVANTAGE for a in advs) else [math.inf] * len(advs)
 
 
+def grpo(rewards: list[float]) -> list[float]:
+    """The group's mean reward as the baseline: A_i = r_i - mean(r)."""
+    mean = safe_mean(rewards)
+    return [r - mean for r in rewards]
+
+
+def rloo(rewards: list[float]) -> list[float]:
+    """Leave-one-out: A_i = r_i - mean_{j != i} r_j = n / (n - 1) (r_i - mean(r))."""
+    return [a * len(rewards) / (len(rewards) - 1) for a in grpo(rewards)]
+
+
+# The estimators by their `[training] advantage` name (quaero/config/advantages.py lists the names)
+ESTIMATORS: dict[str, Callable[[list[float]], list[float]]] = {"grpo": grpo, "rloo": rloo}
+
+
+def estimator(name: str) -> Callable[[list[float]], list[float]]:
+    """The estimator `name` is: a built-in one, or the user's `package.module:function` (a group's rewards ->
+    its advantages, before `scale_rewards` and `positive_advantage_weight`)."""
+    if name in ESTIMATORS:
+        return ESTIMATORS[name]
+    return resolve_name(name, "[training] advantage", want=callable, wanted="a function (rewards: "
+                        "list[float]) -> list[float]", error=ValueError)
+
+
 def step_advantages(groups: list[list[float]], successes: list[list[bool]] | None = None,
-                    options: AdvantageOptions = AdvantageOptions()) -> list[list[float]]:
+                    options: AdvantageOptions = DEFAULT) -> list[list[float]]:
     """Every group of one step: `group_advantages` of each, with the std of all their rewards for
     `scale_rewards = "batch"`."""
     pooled = [r for g in groups for r in g]

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from quaero.bounded import CallTimeout, bounded_call
+from quaero.chat.sandbox import TemplateProblem
 from quaero.openenv_client import ChatEnv, EpisodeDropped, EpisodeEndedAtReset
 from quaero.rollout.render import BridgeFailure, RenderAdapter, UnparsableAction
 from quaero.rollout.rows import Transition, build_rows, per_transition_tokens
@@ -35,6 +36,7 @@ from quaero.telemetry import names
 from quaero.telemetry.counts import RolloutCounts
 from quaero.telemetry.proofs import MAX_SAMPLER_LOGPROB
 from quaero.telemetry.runlog import get_logger
+from trainers.spec import reads
 
 log = get_logger(__name__)
 
@@ -133,27 +135,22 @@ class _Live:
 @dataclass(frozen=True)
 class DriverSettings:
     """The settings the driver reads, of one env (a mixture's envs each have their own): its turn limit and
-    message budget, the context and completion budgets, how rows are built, strictness and the seed."""
+    message budget, the context and completion budgets, how rows are built, strictness and the seed. Each
+    field names the config key it reads (`reads`); `quaero.config.settings_of(DriverSettings, view)` builds
+    it from a one-env config (a mixture env's view, `QuaeroConfig.views`)."""
 
-    max_turns: int
-    observation_token_limit: int  # [env] max_observation_tokens, else half the context
-    max_tokens: int  # [sampler] max_tokens
-    max_seq_len: int  # [model] max_seq_len
-    packing: bool = True  # [training] packing
-    include_scaffold: bool = False  # [echo] include_scaffold
-    strict: bool = False  # [training] strict
-    seed: int = 0  # [run] seed: the sampler seeds of a run() without its own
-    # [env] step_timeout_s: a scripted policy's (the oracle's: a warm start's demonstrator, a guide) bound on
-    # one call, user code as an env step is (None: unbounded)
-    policy_timeout_s: float | None = None
-
-    @classmethod
-    def of(cls, cfg) -> DriverSettings:
-        """A one-env config's (a mixture env's view, quaero/config/ `QuaeroConfig.views`)."""
-        return cls(max_turns=cfg.env.max_turns, observation_token_limit=cfg.observation_token_limit,
-                   max_tokens=cfg.sampler.max_tokens, max_seq_len=cfg.model.max_seq_len,
-                   packing=cfg.training.packing, include_scaffold=cfg.echo.include_scaffold,
-                   strict=cfg.training.strict, seed=cfg.run.seed, policy_timeout_s=cfg.env.step_timeout_s)
+    max_turns: int = reads("env.max_turns")
+    # [env] max_observation_tokens, else half the context
+    observation_token_limit: int = reads("observation_token_limit")
+    max_tokens: int = reads("sampler.max_tokens")
+    max_seq_len: int = reads("model.max_seq_len")
+    packing: bool = reads("training.packing", True)
+    include_scaffold: bool = reads("echo.include_scaffold", False)
+    strict: bool = reads("training.strict", False)
+    seed: int = reads("run.seed", 0)  # the sampler seeds of a run() without its own
+    # a scripted policy's (the oracle's: a warm start's demonstrator, a guide) bound on one call, user code as
+    # an env step is (None: unbounded)
+    policy_timeout_s: float | None = reads("env.step_timeout_s", None)
 
 
 class EpisodeDriver:
@@ -202,8 +199,9 @@ class EpisodeDriver:
                     ep.messages = self._bounded(ep.messages)
                 live += starting
                 running = [ep for ep in live if not ep.done]
-                prompts = [self.render.prompt_ids(ep.messages, ep.tools) for ep in running]
-                running, prompts = self._with_room(running, prompts)
+                prompts = [self._prompt(ep) for ep in running]
+                running = [ep for ep, p in zip(running, prompts) if p is not None]
+                running, prompts = self._with_room(running, [p for p in prompts if p is not None])
                 if running:
                     acted = self._act(running, prompts, greedy)  # None: a failed guide (its episode dropped)
                     kept = [i for i, c in enumerate(acted) if c is not None]
@@ -343,7 +341,10 @@ class EpisodeDriver:
                     raise
                 self._guide_failed(ep, err)
                 continue
-            out[i] = self._scripted(ep, prompts[i], message)
+            try:
+                out[i] = self._scripted(ep, prompts[i], message)
+            except TemplateProblem as err:  # a demo the template cannot render (two calls on Llama 3.x)
+                self._template_raised(ep, err)
         sampled = [i for i, s in enumerate(scripted) if not s]
         if sampled:
             seed = self._seed * 100_003 + self._sample_calls
@@ -375,6 +376,20 @@ class EpisodeDriver:
                           "otherwise than in the recording")
             return None
         return self._unsampled(prompt, ids)
+
+    def _prompt(self, ep: _Live) -> list[int] | None:
+        """The episode's next sampling prompt; None where the chat template raises on its conversation."""
+        try:
+            return self.render.prompt_ids(ep.messages, ep.tools)
+        except TemplateProblem as err:
+            self._template_raised(ep, err)
+            return None
+
+    def _template_raised(self, ep: _Live, err: TemplateProblem) -> None:
+        """A chat template (quaero/chat/template.py) that raises on this episode's conversation: nothing of
+        it can be rendered exactly, so the episode is dropped (kind `template_raised`), never the run."""
+        ep.done, ep.drop_kind = True, "template_raised"
+        ep.dropped = f"step {len(ep.transitions)}: {err}"[:300]
 
     def _guide_failed(self, ep: _Live, err: Exception) -> None:
         kind = "guide_timeout" if isinstance(err, CallTimeout) else "guide_failed"

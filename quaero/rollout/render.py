@@ -40,6 +40,25 @@ class UnparsableAction(Exception):
         self.message = message
 
 
+def _unencodable(value, where: str = "reply") -> str | None:
+    """Where in a parsed reply (`reply.tool_calls[0].function.arguments.x`) a string holds a code point UTF-8
+    cannot encode (a lone surrogate), or None when every string encodes."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    items = (value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple)
+             else ())
+    for key, item in items:
+        bad = (_unencodable(key, f"{where} key") if isinstance(key, str) else None) or _unencodable(
+            item, f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}")
+        if bad is not None:
+            return bad
+    return None
+
+
 class BridgeFailure(Exception):
     """The renderer could not append the env response exactly; `.reason` is a short metric label."""
 
@@ -60,7 +79,7 @@ def create_renderer(tokenizer, model_cfg: ModelConfig):
     """(renderer, choice): the renderer `[model] renderer` picks for this tokenizer and model
     (quaero/chat/registry.py), built with `[model] renderer_options`."""
     from quaero.chat import registry
-    from quaero.model import config_fields
+    from quaero.models.load import config_fields
 
     fields = config_fields(model_cfg.name) or {}
     choice = registry.choose(tokenizer, model_cfg.renderer, fields.get("model_type"))
@@ -165,6 +184,13 @@ def bound_text(text: str, max_tokens: int, tokenizer, pattern: re.Pattern | None
     return truncation_marker(len(text)).strip()
 
 
+# the tool history `RenderAdapter._check_defusing` renders
+CHECK_TOOLS = [{"type": "function", "function": {"name": "probe", "description": "probe", "parameters": {
+    "type": "object", "properties": {"x": {"type": "string"}}}}}]
+CHECK_CALL = {"role": "assistant", "content": "",
+              "tool_calls": [{"type": "function", "function": {"name": "probe", "arguments": {"x": "y"}}}]}
+
+
 class RenderAdapter:
     def __init__(self, tokenizer, model_cfg: ModelConfig):
         self.tokenizer = tokenizer
@@ -177,6 +203,34 @@ class RenderAdapter:
         with_gen = self.renderer.render_ids(probe, add_generation_prompt=True)
         assert with_gen[:len(bare)] == bare, "renderer's generation prompt is not an append"
         self.generation_prompt: list[int] = with_gen[len(bare):]
+        self._check_defusing()
+
+    def _check_defusing(self) -> None:
+        """ValueError when the renderer undoes `defuse`: a template that strips the joiner from content (or
+        rewrites it) would make env text that spells `<|im_end|>` chat structure. Probed at construction
+        (check, train, eval) with every added-token string in system, user and tool text, in a short and a
+        long history: the render must hold the added ids the same history with plain text holds."""
+        spelled = " ".join(t for t in self.tokenizer.get_added_vocab() if len(t) > 1)
+        if not spelled:
+            return
+        turns = [m for _ in range(5) for m in ({"role": "user", "content": "x"},
+                                              {"role": "assistant", "content": "a"})]
+        histories = [[{"role": "system", "content": "x"}, *turns, {"role": "user", "content": "x"}],
+                     [{"role": "user", "content": "x"}, CHECK_CALL, {"role": "tool", "content": "x"}]]
+        for plain in histories:
+            spelt = [m if m["role"] == "assistant" else {**m, "content": spelled} for m in plain]
+            try:
+                counts = [sum(t in self._added_ids for t in self.renderer.render_ids(self._text(h),
+                                                                                     tools=CHECK_TOOLS))
+                          for h in (plain, spelt)]
+            except Exception:  # noqa: BLE001, S112 - a history the renderer cannot render proves nothing
+                continue
+            if counts[0] != counts[1]:
+                raise ValueError(
+                    "the chat template turns message text that spells an added token (e.g. '<|im_end|>', "
+                    "which quaero defuses with U+2060 WORD JOINER) into that token: it strips or rewrites "
+                    "the content, so an env's text would become chat structure; use a template that renders "
+                    "message content as given")
 
     def bound(self, text: str, max_tokens: int) -> str:
         """`text` cut to `max_tokens` tokens as the template will see it (`bound_text` on defused text)."""
@@ -245,8 +299,17 @@ class RenderAdapter:
                                                                  "reasoning_content": None,
                                                                 "tool_calls": None}) from e
         calls = [{"type": "function", "function": tc.get("function", tc)} for tc in parsed.tool_calls or []]
-        return {"role": "assistant", "content": parsed.content or "",
-                "reasoning_content": parsed.reasoning_content or None, "tool_calls": calls or None}
+        message = {"role": "assistant", "content": parsed.content or "",
+                   "reasoning_content": parsed.reasoning_content or None, "tool_calls": calls or None}
+        bad = _unencodable(message)
+        if bad is not None:
+            # valid JSON can spell a lone surrogate (`"\ud800"`): in the history it would make the next
+            # prompt's tokenizer call raise, so it is a malformed reply, whichever format parsed it
+            text = self.tokenizer.decode([t for t in ids if t not in self.stop_token_ids])
+            raise UnparsableAction(f"UnicodeEncodeError: {bad} cannot be encoded as UTF-8",
+                                   {"role": "assistant", "content": text, "reasoning_content": None,
+                                    "tool_calls": None})
+        return message
 
     def encode_assistant(self, messages: list[dict], tools: list[dict] | None, assistant: dict) -> list[int]:
         """Token ids a model would have sampled to produce `assistant` after `messages` (scripted policies):

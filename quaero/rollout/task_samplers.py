@@ -24,6 +24,7 @@ A success is an episode whose reward is > 0 (the driver's rule when the env says
 """
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -287,7 +288,9 @@ class EnvTasks:
 
     def sample(self, n: int) -> list[int]:
         try:
-            picks = list(self._call(lambda: self.sampler.sample(n), f"sample({n})"))
+            # consumed inside the bound, and at most n + 1 items: a generator the sampler returns runs
+            # the user's code too (an endless one would grow the list until memory ran out)
+            picks = self._call(lambda: list(itertools.islice(self.sampler.sample(n), n + 1)), f"sample({n})")
         except TaskSamplerError:
             raise
         except Exception as e:  # noqa: BLE001 - a user's sampler's failure is named in one line
@@ -297,10 +300,11 @@ class EnvTasks:
         bad = [i for i in picks if not isinstance(i, int) or isinstance(i, bool) or i < 0
                or (size is not None and i >= size)]
         if len(picks) != n or bad:
-            what = f"{len(picks)} tasks for {n}" if len(picks) != n else f"task {bad[0]!r}"
+            what = (f"more than {n} tasks" if len(picks) > n else f"{len(picks)} tasks for {n}"
+                    if len(picks) != n else f"task {bad[0]!r}")
             raise TaskSamplerError(f"{self.name}: sample({n}) returned {what}; it must return {n} indices in "
                                    f"0..{size - 1 if size else 'N'} of split {self.view.split!r}")
-        weights = list(getattr(self.sampler, "last_weights", []) or [])
+        weights = list(itertools.islice(getattr(self.sampler, "last_weights", []) or [], n))
         self.last = [{"task": i, "weight": weights[j] if j < len(weights) else None}
                      for j, i in enumerate(picks)]
         return picks

@@ -380,7 +380,7 @@ def rl_rows(rows: list[EchoRow], where: list[str]) -> tuple[list[EchoRow], list[
 def vocab_size_of(model_name: str) -> int:
     """The ids a row may hold: the model's embedding rows (a sampler may return any of them, also ids past the
     tokenizer's last token), at least the tokenizer's length."""
-    from quaero.model import load_tokenizer, resolve_model
+    from quaero.models.load import load_tokenizer, resolve_model
 
     n = len(load_tokenizer(model_name))
     try:

@@ -96,7 +96,7 @@ def make_sampler(cfg, *, model=None, stop_token_ids: list[int], device: str, log
     (quaero/sampler_registry.py). `model` (the trainer's module) is shared by `hf` only; `log_dir` keeps the
     logs of the vLLM servers server mode starts (else temp files). `auto` promises a sampler that runs, not
     one engine at any price: when the engine it picked cannot start, it samples with `hf`, and says so."""
-    from quaero.model import resolve_device
+    from quaero.models.load import resolve_device
 
     device = resolve_device(device)
     sc = cfg.sampler

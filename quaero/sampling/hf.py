@@ -115,7 +115,7 @@ class HFSampler:
 def build(cfg, *, model=None, stop_token_ids: list[int], device: str, log_dir=None) -> HFSampler:
     """The `hf` engine for `cfg` (quaero/sampler_registry.py): on the trainer's own module when given one
     (`model`: weight sync is free), else on a model of its own."""
-    from quaero.model import load_causal_lm
+    from quaero.models.load import load_causal_lm
 
     shares = model is not None
     if model is None:

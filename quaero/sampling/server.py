@@ -101,8 +101,8 @@ def server_env(cfg: SamplerConfig, *, device: int | None, on_cpu: bool) -> dict[
 
 def server_devices(cfg: SamplerConfig, count: int, *, on_cpu: bool) -> list[int | None]:
     """The CUDA device of each of the `count` servers this process starts: its local rank's slice of
-    `[sampler] server_devices` (quaero/recipe/plan.py checked one entry per server of every local rank), else,
-    on a CUDA rank under torchrun, the rank's own device (cuda:LOCAL_RANK, the trainer's), else None."""
+    `[sampler] server_devices` (quaero/preflight/plan.py checked one entry per server of every local rank),
+    else, on a CUDA rank under torchrun, the rank's own device (cuda:LOCAL_RANK, the trainer's), else None."""
     local_rank = process_group.local_rank()
     if cfg.server_devices:
         return list(cfg.server_devices[local_rank * count:(local_rank + 1) * count])
@@ -380,7 +380,7 @@ def build(cfg, *, model=None, stop_token_ids: list[int], device: str, log_dir=No
     """The `vllm` engine for `cfg` in `[sampler] mode = "server"` (quaero/sampler_registry.py): connect to
     `urls`, or start `servers` vLLM servers for this process (each torchrun rank starts its own, on its
     devices: `server_devices`); `log_dir` keeps their logs. It never shares the trainer's module (`model`)."""
-    from quaero.model import resolve_model
+    from quaero.models.load import resolve_model
 
     sc, folder = cfg.sampler, resolve_model(cfg.model.name)
     if sc.urls:

@@ -66,7 +66,7 @@ class ServedProcess:
         """Until `url` answers /health: raises ServerStartError past `timeout_s` or when the server exits,
         KeyboardInterrupt at a stop request (`quaero train`'s first Ctrl-C or SIGTERM: no step has begun, so
         there is none to finish; `start_together` stops the servers)."""
-        from quaero.sampling.wire import STOP_REQUESTED  # here: this file also runs as the small supervisor
+        from quaero.bounded import STOP_REQUESTED  # here: this file also runs as the small supervisor
 
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout_s:

@@ -261,7 +261,7 @@ class VLLMSampler:
 def build(cfg, *, model=None, stop_token_ids: list[int], device: str, log_dir=None) -> VLLMSampler:
     """The `vllm` engine for `cfg` in this process (`[sampler] mode = "colocated"`;
     quaero/sampler_registry.py). It never shares the trainer's module (`model`): weights are pushed to it."""
-    from quaero.model import resolve_model
+    from quaero.models.load import resolve_model
 
     return VLLMSampler(str(resolve_model(cfg.model.name)), cfg.sampler, stop_token_ids=stop_token_ids,
                        dtype=cfg.model.dtype, max_model_len=cfg.model.max_seq_len, seed=cfg.run.seed)

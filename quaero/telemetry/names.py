@@ -6,21 +6,14 @@ console, the sinks) import a name from here instead of spelling it. docs/referen
 generated from these declarations (scripts/gen_reference.py), and its check fails when a name a writer emits
 is not declared here, or a declared one is no longer emitted. No torch here: `trainers/` imports this module.
 
-How a metric totals over a run (`Cumulative`, quaero/telemetry/runlog.py: the `cumulative` field of each
-`train_step` event, kept in checkpoints):
-- SUM: counts, summed over steps;
-- MAX: peaks and levels (`peak_mem_mb`, `policy_staleness`), the run's largest;
-- LATEST: settings and labels (strings, booleans), the latest value;
-- STEP: per-step figures (losses, means, seconds, per-rank lists), not totalled.
-A name declared nowhere (a test's, a benchmark's own) totals by its type: booleans and strings LATEST,
-integers SUM, anything else STEP.
+How a metric totals over a run, and the declarations these tables are made of: quaero/telemetry/metrics.py.
 
 The `local_train_*` names are retrain's ECHO metric names, kept exactly so a quaero run reads like a retrain
 run.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from quaero.telemetry.metrics import Table
 
 # ── the run folder (runs/NAME/) ─────────────────────────────────────────────────────────────────────────────
 
@@ -36,66 +29,6 @@ SAMPLER_SERVERS = "sampler-servers"  # logs of the vLLM servers quaero starts
 def step_folder_name(step: int) -> str:
     """A checkpoint's folder (and a saved-rows file's stem): `step-000008`."""
     return f"step-{step:06d}"
-
-
-# ── how metrics total ───────────────────────────────────────────────────────────────────────────────────────
-
-SUM, MAX, LATEST, STEP = "sum", "max", "latest", "step"
-
-
-@dataclass(frozen=True)
-class Metric:
-    name: str  # for a family, the pattern: `drop_reason_<kind>`
-    total: str  # SUM | MAX | LATEST | STEP
-    meaning: str  # docs/reference.md's
-    table: str  # the title of its reference table
-
-
-METRICS: dict[str, Metric] = {}
-FAMILIES: dict[str, Metric] = {}  # prefix -> the family's declaration (`drop_reason_` -> drop_reason_<kind>)
-
-
-class Table:
-    """The metrics one owner emits: one table of docs/reference.md."""
-
-    def __init__(self, title: str, owner: str) -> None:
-        self.title, self.owner, self.names = title, owner, []
-
-    def _declare(self, total: str, name: str, meaning: str) -> str:
-        if name in METRICS:
-            raise ValueError(f"metric {name!r} is declared twice (quaero/telemetry/names.py)")
-        METRICS[name] = Metric(name, total, meaning, self.title)
-        self.names.append(name)
-        return name
-
-    def count(self, name: str, meaning: str) -> str:
-        return self._declare(SUM, name, meaning)
-
-    def largest(self, name: str, meaning: str) -> str:
-        return self._declare(MAX, name, meaning)
-
-    def latest(self, name: str, meaning: str) -> str:
-        return self._declare(LATEST, name, meaning)
-
-    def per_step(self, name: str, meaning: str) -> str:
-        return self._declare(STEP, name, meaning)
-
-    def count_family(self, prefix: str, placeholder: str, meaning: str) -> str:
-        """Counters named `prefix + <placeholder>` (one per reason); returns the prefix."""
-        FAMILIES[prefix] = Metric(f"{prefix}<{placeholder}>", SUM, meaning, self.title)
-        self._declare(SUM, FAMILIES[prefix].name, meaning)
-        return prefix
-
-
-def total_of(name: str, value: object = None) -> str:
-    """How metric `name` totals over a run (see the module docstring; `value` decides for an undeclared
-    name)."""
-    declared = METRICS.get(name) or next((m for p, m in FAMILIES.items() if name.startswith(p)), None)
-    if declared is not None:
-        return declared.total
-    if isinstance(value, (bool, str)):
-        return LATEST
-    return SUM if isinstance(value, int) else STEP
 
 
 TABLES: list[Table] = []
@@ -165,6 +98,21 @@ LM_HEAD_SKIPPED_MICROBATCHES = _step.count("lm_head_skipped_microbatches",
                                            "microbatches no loss reads: no forward at all")
 FORWARD_PASSES_PER_MICROBATCH = _step.per_step("forward_passes_per_microbatch", "the shared-forward "
                                                                                 "invariant: 1")
+TREE_PACKING = _step.latest("local_train_tree_packing", "`train_tree_packing`: `off`, `auto` or `on`")
+TREE_BATCHES = _step.count("local_train_tree_batches",
+                           "microbatches forwarded once as a token trie (trainers/tree.py)")
+TREE_UNIQUE_TOKENS = _step.count("local_train_tree_unique_tokens",
+                                 "the tries' unique tokens, over the microbatches packing considered")
+TREE_ROW_TOKENS = _step.count("local_train_tree_row_tokens", "those microbatches' row tokens")
+TREE_TOKEN_RATIO = _step.per_step("local_train_tree_token_ratio",
+                                  "unique / row tokens of the step's tries (1: nothing shared; none with "
+                                  "packing off)")
+TREE_FALLBACK_BATCHES = _step.count("local_train_tree_fallback_batches",
+                                    "microbatches packing was asked for and the rows ran (the model cannot "
+                                    "take the ancestor mask)")
+TREE_FALLBACK_REASON = _step.latest("local_train_tree_fallback_reason", "why, the latest given")
+TREE_METRICS = (TREE_PACKING, TREE_BATCHES, TREE_UNIQUE_TOKENS, TREE_ROW_TOKENS, TREE_TOKEN_RATIO,
+                TREE_FALLBACK_BATCHES, TREE_FALLBACK_REASON)
 SAMPLER_LOGPROB_GAP_MEAN = _step.per_step("sampler_logprob_gap_mean", "mean absolute sampler-vs-trainer "
                                           "log-prob gap on sampled action tokens")
 SAMPLER_LOGPROB_GAP_MAX = _step.per_step("sampler_logprob_gap_max", "its maximum")
@@ -172,8 +120,9 @@ IMPORTANCE_RATIO_MEAN = _step.per_step("importance_ratio_mean",
                                        "mean ratio r on trained action tokens: trainer / sampler, or trainer "
                                        "/ its own recorded log-probs under a `sampler_correction` (GSPO: s)")
 CLIP_FRACTION = _step.per_step("clip_fraction", "fraction of those tokens whose ratio was clipped")
-POLICY_LOSS = _step.latest("policy_loss", "the RL term's variant: `ppo_clip`, `gspo`, `cispo` or `sapo` "
-                                          "(`[training] policy_loss`; `sft` on warm-start steps)")
+POLICY_LOSS = _step.latest("policy_loss", "the RL term's variant: `ppo_clip`, `gspo`, `cispo`, `sapo` or a "
+                                          "custom loss's `module:Class` (`[loss.policy] type`; `sft` on "
+                                          "warm-start steps)")
 CLIP_LOW_FRACTION = _step.per_step("clip_low_fraction", "fraction of RL tokens whose ratio fell below "
                                    "1 - clip_eps_low with A < 0 (the clip binds: no gradient)")
 CLIP_HIGH_FRACTION = _step.per_step("clip_high_fraction", "fraction above 1 + clip_eps_high with A > 0 "
@@ -409,6 +358,26 @@ EVAL_FORMATS = _eval.per_step("eval_formats", "per task, its episode's format: `
 EVAL_WELL_FORMED = _eval.per_step("eval_well_formed", "the share of its episodes with no malformed action: "
                                   "`quaero review` and `quaero eval --compare` split a success gain into "
                                   "format (this share) and task (success among well-formed episodes)")
+EVAL_SUCCESS_SE = _eval.per_step("eval_success_se", "the standard error of `eval_success_rate` over its "
+                                 "episodes, sqrt(p (1 - p) / n)")
+EVAL_FORMAT_FAILURES = _eval.per_step("eval_format_failures", "the share of its episodes that failed with a "
+                                      "malformed action (a format failure)")
+EVAL_WRONG_ANSWERS = _eval.per_step("eval_wrong_answers", "the share that failed with every action well "
+                                    "formed (a wrong answer)")
+EVAL_PASS_K = _eval.per_step("eval_pass_k", "[training] eval_pass_k when above 1: k episodes per task "
+                             "sampled at the sampler's temperature, after the greedy ones (which the "
+                             "figures above count alone)")
+EVAL_PASS_AT_1 = _eval.per_step("eval_pass_at_1", "the sampled episodes' success rate (pass@1 at the "
+                                "temperature), the mean over tasks")
+EVAL_PASS_AT_K = _eval.per_step("eval_pass_at_k", "pass@k, the mean over tasks of the unbiased "
+                                "1 - C(n - c, k) / C(n, k) (n samples, c successes)")
+EVAL_PASS_AT_K_SE = _eval.per_step("eval_pass_at_k_se", "its standard error over tasks")
+EVAL_PASS_RESULTS = _eval.per_step("eval_pass_results", "per task, its sampled episodes: `[index, successes, "
+                                   "samples]` (a mixture's entries end with the env's name)")
+EVAL_TASK_GROUPS = _eval.per_step("eval_task_groups", "per task, its spec from the env's Task API: `[index, "
+                                  "group, difficulty]` (toolbench: template and tier; absent where the env "
+                                  "has no `get_task`): `quaero review --plots` draws a curve per group and "
+                                  "tier")
 SAMPLE_TRANSCRIPT = _eval.per_step("sample_transcript", "the first episode's messages, shortened")
 EVAL_BY_ENV = _eval.per_step("eval_by_env", "a mixture's: `{env: {eval_success_rate, eval_reward, "
                              "eval_episodes, eval_dropped}}` (each `eval_results` entry then ends with its "
@@ -442,6 +411,13 @@ SINK_SUMMARY_EVENT = "sink_summary"
 SINK_HUNG_EVENT = "sink_hung"
 RL_NO_SIGNAL_EVENT = "rl_no_signal"
 RL_SIGNAL_EVENT = "rl_signal"
+# their totals over the run's RL steps, beside the step counters they sum (action_tokens, echo_tokens, groups,
+# groups_zero_advantage, the rollout's RL_EPISODE_COUNTERS): RL steps, those that trained action tokens, and
+# the actions played (turns) and the valid ones among them (turns less malformed actions)
+RL_STEPS, RL_STEPS_WITH_SIGNAL = "rl_steps", "rl_steps_with_signal"
+# RL steps whose update never reached the weights (a non-finite gradient skipped the optimizer)
+RL_STEPS_WITHOUT_UPDATE = "rl_steps_without_update"
+RL_ACTIONS, RL_VALID_ACTIONS = "actions", "valid_actions"
 # the trainer (trainers/base.py, trainers/memory.py)
 TRAINER_READY_EVENT = "trainer_ready"
 SAVE_ON_CPU_NOOP_EVENT = "save_on_cpu_noop"
@@ -477,8 +453,8 @@ CHECKPOINT_NEWER_LEFT_EVENT = "checkpoint_newer_left"
 CHECKPOINT_SKIPPED_EVENT = "checkpoint_skipped"
 FINAL_SAVED_EVENT = "final_saved"
 ROWS_SAVE_FAILED_EVENT = "rows_save_failed"
-# the embedded models (quaero/model.py): a named model built into the cache on its first use, announced with
-# its size before the build starts {model, folder, params, disk_gb, memory_gb}
+# the embedded models (quaero/models/cache.py): a named model built into the cache on its first use, announced
+# with its size before the build starts {model, folder, params, disk_gb, memory_gb}
 MODEL_BUILD_EVENT = "model_build"
 # the tools (quaero/tools/export.py)
 EXPORTED_EVENT = "exported"

@@ -4,11 +4,11 @@ An RL step trains its action tokens only where a group's rewards differ (group-r
 action is valid, or every episode of a group earns the same reward, every advantage is 0: the step trains
 ECHO alone, and a run of such steps learns nothing about acting, however cleanly it finishes. A new env with a
 random-init or too-small model does exactly this. `SignalWatch` counts, per RL step, the action tokens that
-carried an advantage (the trainer's `action_tokens`), the valid actions (turns minus malformed ones) and, when
-the recipe logs them, the groups and the groups whose advantages were all zero (`groups`,
-`groups_zero_advantage`); it warns at the first RL step without signal (and every 10th after) and logs
-`rl_signal` at the end. `quaero review` judges the same totals (`quaero/telemetry/proofs.py`: "RL trained" and
-"ECHO trained" are reported apart).
+carried an advantage (the trainer's `action_tokens`; none on a step the optimizer skipped), the valid actions
+(turns minus malformed ones) and, when the recipe logs them, the groups and the groups whose advantages were
+all zero (`groups`, `groups_zero_advantage`); it warns at the first RL step without signal (and every 10th
+after) and logs `rl_signal` at the end. `quaero review` judges the same totals (`quaero/telemetry/proofs.py`:
+"RL trained" and "ECHO trained" are reported apart).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from quaero.telemetry import names
-from quaero.telemetry.proofs import RL_EPISODE_COUNTERS, describe_rl_signal
+from quaero.telemetry.proofs import RL_EPISODE_COUNTERS, describe_rl_signal, updated_weights
 from quaero.telemetry.runlog import get_logger
 
 log = get_logger(__name__)
@@ -34,16 +34,20 @@ class SignalWatch:
 
     def step(self, step: int, m: Mapping[str, Any]) -> None:
         """Count one train_step's metrics; warn when an RL step carried no signal."""
-        if m.get(names.PHASE) != "rl":
+        if m.get(names.PHASE) != names.PHASE_RL:
             return
-        one = {"rl_steps": 1, "rl_steps_with_signal": int(m.get(names.ACTION_TOKENS, 0) > 0),
-               names.ACTION_TOKENS: m.get(names.ACTION_TOKENS, 0),
-               names.ECHO_TOKENS: m.get(names.ECHO_TOKENS, 0), "actions": m.get(names.TURNS, 0),
-               "valid_actions": m.get(names.TURNS, 0) - m.get(names.MALFORMED_ACTIONS, 0)}
-        one.update({k: m[k] for k in ("groups", "groups_zero_advantage", *RL_EPISODE_COUNTERS) if k in m})
+        # a step the optimizer skipped (non-finite gradient) trained none of the tokens it read
+        stepped = updated_weights(m)
+        action, echo = (m.get(names.ACTION_TOKENS, 0), m.get(names.ECHO_TOKENS, 0)) if stepped else (0, 0)
+        one = {names.RL_STEPS: 1, names.RL_STEPS_WITH_SIGNAL: int(action > 0),
+               names.RL_STEPS_WITHOUT_UPDATE: int(not stepped),
+               names.ACTION_TOKENS: action, names.ECHO_TOKENS: echo, names.RL_ACTIONS: m.get(names.TURNS, 0),
+               names.RL_VALID_ACTIONS: m.get(names.TURNS, 0) - m.get(names.MALFORMED_ACTIONS, 0)}
+        summed = (names.GROUPS, names.GROUPS_ZERO_ADVANTAGE, *RL_EPISODE_COUNTERS)
+        one.update({k: m[k] for k in summed if k in m})
         self.totals.update(one)
-        silent = self.totals["rl_steps"] - self.totals["rl_steps_with_signal"]
-        if not one["rl_steps_with_signal"] and silent % WARN_EVERY == 1:
+        silent = self.totals[names.RL_STEPS] - self.totals[names.RL_STEPS_WITH_SIGNAL]
+        if not one[names.RL_STEPS_WITH_SIGNAL] and silent % WARN_EVERY == 1:
             log.warning(names.RL_NO_SIGNAL_EVENT, step=step, rl_steps_without_signal=silent,
                         note=describe_rl_signal(one))
 

@@ -15,23 +15,39 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from quaero.telemetry.names import (
+    ACTION_TOKENS,
     CHUNKED_BATCHES,
     COMPILE_FALLBACK_REASON,
     COMPILE_MODE,
     COMPILED_CE_BATCHES,
     DENSE_BATCHES,
+    ECHO_TOKENS,
     ENV_REJECTED_ACTIONS,
     EPISODES_DROPPED,
     EPISODES_ENDED_AT_RESET,
     FALLBACK_BATCHES,
     FORWARD_PASSES,
     FORWARD_PASSES_PER_MICROBATCH,
+    GROUPS,
+    GROUPS_ZERO_ADVANTAGE,
     HIDDEN_BATCHES,
     LM_HEAD_SKIPPED_MICROBATCHES,
     MICROBATCHES,
+    OPTIMIZER_STEPS,
+    RL_ACTIONS,
+    RL_STEPS,
+    RL_STEPS_WITH_SIGNAL,
+    RL_STEPS_WITHOUT_UPDATE,
+    RL_VALID_ACTIONS,
     SELECTIVE_SUFFIX_LOGITS,
     SPARSE_SUFFIX_SKIPS,
     SUFFIX_BATCHES,
+    TREE_BATCHES,
+    TREE_FALLBACK_BATCHES,
+    TREE_FALLBACK_REASON,
+    TREE_PACKING,
+    TREE_ROW_TOKENS,
+    TREE_UNIQUE_TOKENS,
 )
 from quaero.telemetry.summary import Comparison, RunSummary
 
@@ -47,6 +63,9 @@ BRANCH_COUNTERS: dict[str, Callable[[Any], bool]] = {
     DENSE_BATCHES: lambda info: info.branch == "dense",  # selective off
 }
 
+# The tree-packing counters (trainers/tree.py), summed over steps like the branch counters.
+TREE_COUNTERS = (TREE_BATCHES, TREE_UNIQUE_TOKENS, TREE_ROW_TOKENS, TREE_FALLBACK_BATCHES)
+
 # What one trainer step's proof reads: its branch metrics and the shared-forward figures.
 STEP_PROOF_METRICS = (SELECTIVE_SUFFIX_LOGITS, *BRANCH_COUNTERS, COMPILE_MODE, COMPILE_FALLBACK_REASON,
                       FORWARD_PASSES, MICROBATCHES, FORWARD_PASSES_PER_MICROBATCH,
@@ -61,6 +80,7 @@ def short(metric: str) -> str:
 PASS, FAIL, NA = "pass", "fail", "n/a"
 SPARSE_ECHO = "sparse ECHO proof"
 COMPILED_CE = "compiled CE proof"
+TREE_TRAINING = "tree training proof"
 EXACT_ROWS = "exact rows (prefix mismatches)"
 TRAINED = "trained at least one step"
 ECHO_FALLING = "ECHO loss falling"
@@ -71,8 +91,8 @@ LOGPROB_GAP = "sampler log-probs agree with the trainer"
 RL_KEPT = "RL kept eval at warm start"
 RL_IMPROVED = "RL improved eval over warm start"
 MEMORY_FLAT = "process memory flat"
-CHECKS = (SPARSE_ECHO, COMPILED_CE, EXACT_ROWS, TRAINED, LOGPROB_GAP, RL_TRAINED, ECHO_TRAINED, ECHO_FALLING,
-          EVAL_ABOVE_UNTRAINED, RL_KEPT, RL_IMPROVED, MEMORY_FLAT)
+CHECKS = (SPARSE_ECHO, COMPILED_CE, TREE_TRAINING, EXACT_ROWS, TRAINED, LOGPROB_GAP, RL_TRAINED, ECHO_TRAINED,
+          ECHO_FALLING, EVAL_ABOVE_UNTRAINED, RL_KEPT, RL_IMPROVED, MEMORY_FLAT)
 # MEMORY_FLAT: in each phase of at least RSS_MIN_STEPS steps, the process's RSS (`process_rss_mb`) after its
 # warm-up (its first min(RSS_WARM_UP_STEPS, a fifth of the phase) steps: malloc's caches filled, the sampler
 # built) may grow by at most RSS_GROWTH_MAX. A main job whose oracle calls each left a thread behind grew
@@ -85,8 +105,8 @@ RSS_GROWTH_MAX = 0.10
 RL_IMPROVED_P = 0.05
 
 # |sampler log-prob - trainer log-prob| of a sampled token, on-policy (nats). Measured: fp32 on CPU at most
-# 3.4e-4 (README); bf16 kernels differ by a few tenths on a rare token. Past these the importance ratios
-# train on noise (a sampler +50 nats off gave ratios of 2e-27 and a clip fraction of 1.0).
+# 3.4e-4 (benchmarks/HISTORY.md); bf16 kernels differ by a few tenths on a rare token. Past these the
+# importance ratios train on noise (a sampler +50 nats off gave ratios of 2e-27 and a clip fraction of 1.0).
 LOGPROB_GAP_MAX_NATS = 2.0  # any one token of an on-policy step
 LOGPROB_GAP_MEAN_NATS = 0.1  # a step's mean over its sampled tokens
 # A sampled token's log-prob above this is impossible (log p <= 0; fp32 rounding stays far below it): the
@@ -133,6 +153,25 @@ def compiled_ce(totals: Mapping[str, Any]) -> dict[str, Any]:
                    f"mode=require, compiled_ce_batches={compiled} > 0, fallback_reason={reason!r}")
 
 
+def tree_training(totals: Mapping[str, Any]) -> dict[str, Any]:
+    """With `train_tree_packing` on or auto: microbatches ran as tries, with their unique / row tokens; "on"
+    fails on any fallback (its reason shown), "auto" counts the microbatches it left as rows as not paying."""
+    mode = totals.get(TREE_PACKING, "off")
+    if mode in ("off", "", None):
+        return _check(TREE_TRAINING, False, NA, "train_tree_packing='off'")
+    packed, fallback = totals.get(TREE_BATCHES, 0), totals.get(TREE_FALLBACK_BATCHES, 0)
+    unique, rows = totals.get(TREE_UNIQUE_TOKENS, 0), totals.get(TREE_ROW_TOKENS, 0)
+    ratio = f"{unique / rows:.3f}" if rows else "n/a"
+    detail = (f"mode={mode}, tree_batches={packed} > 0, unique/row tokens {unique}/{rows} = {ratio}, "
+              f"tree_fallback_batches={fallback}")
+    reason = totals.get(TREE_FALLBACK_REASON, "")
+    if reason:
+        detail += f" ({reason})"
+    if mode == "auto" and packed == 0 and fallback == 0:
+        return _check(TREE_TRAINING, False, NA, f"{detail}: no microbatch shared enough to pay")
+    return _judged(TREE_TRAINING, False, packed > 0 and (fallback == 0 or mode == "auto"), detail)
+
+
 def logprob_gap(s: RunSummary) -> dict[str, Any]:
     """On-policy RL steps (rows sampled by the weights being trained: policy_staleness 0) measured a
     sampler-vs- trainer gap within LOGPROB_GAP_MAX_NATS per token and LOGPROB_GAP_MEAN_NATS per step's mean.
@@ -148,7 +187,7 @@ def logprob_gap(s: RunSummary) -> dict[str, Any]:
 
 def branch_checks(totals: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The checks a trainer step's branch counters prove (summed over steps)."""
-    return [sparse_echo(totals), compiled_ce(totals)]
+    return [sparse_echo(totals), compiled_ce(totals), tree_training(totals)]
 
 
 def run_checks(s: RunSummary) -> list[dict[str, Any]]:
@@ -252,11 +291,9 @@ NO_SIGNAL_FIX = ("warm-start from demonstrations ([training] warmup_sft_steps wi
 
 
 def _groups_with_spread(t: Mapping[str, Any]) -> str:
-    if "groups" not in t:
+    if GROUPS not in t:
         return ""
-    return (
-        f", {t['groups'] - t.get('groups_zero_advantage', 0)} of {t['groups']} groups had rewards that differ"
-    )
+    return f", {t[GROUPS] - t.get(GROUPS_ZERO_ADVANTAGE, 0)} of {t[GROUPS]} groups had rewards that differ"
 
 
 ENV_REJECTS_FIX = ("the env raised on the actions themselves (the env_action_rejected lines give its words): "
@@ -264,18 +301,35 @@ ENV_REJECTS_FIX = ("the env raised on the actions themselves (the env_action_rej
                    "service) that no model can give it; fix the env's setup")
 
 
+def updated_weights(m: Mapping[str, Any]) -> bool:
+    """Whether a train step's update reached the weights (`optimizer_steps` > 0): a step whose gradient was
+    non-finite (an inf loss) is skipped and trains nothing, whatever tokens it read. A step logged before
+    the metric existed counts as updated."""
+    n = m.get(OPTIMIZER_STEPS)
+    return n is None or (isinstance(n, int | float) and not isinstance(n, bool) and n > 0)
+
+
+NO_UPDATE_FIX = ("a finite loss: the advantage settings ([training] all_fail_advantage, "
+                 "positive_advantage_weight) and [backend] lr; the steps' nonfinite_grad_skips count the "
+                 "skips")
+
+
 def describe_rl_signal(t: Mapping[str, Any]) -> str:
     """One line on RL totals: steps, rl_steps_with_signal, action_tokens, actions, valid_actions[,
-    echo_tokens, groups, groups_zero_advantage, env_rejected_actions, episodes_ended_at_reset,
-    episodes_dropped]. Without action tokens it says what did train (ECHO, or nothing) and why: no episode
-    (each reset ended it, or each was dropped), the env rejecting the actions, or invalid actions."""
-    rejected = t.get(ENV_REJECTED_ACTIONS, 0)
-    head = (f"{t['rl_steps_with_signal']} of {t['rl_steps']} RL steps trained action tokens "
-            f"({t['action_tokens']} with an advantage); {t['valid_actions']} of {t['actions']} actions were "
-            f"valid{f' ({rejected} rejected by the env)' if rejected else ''}{_groups_with_spread(t)}")
-    if t["action_tokens"]:
+    rl_steps_without_update, echo_tokens, groups, groups_zero_advantage, env_rejected_actions,
+    episodes_ended_at_reset, episodes_dropped]. Without action tokens it says what did train (ECHO, or
+    nothing) and why: no update (every step's gradient non-finite), no episode (each reset ended it, or each
+    was dropped), the env rejecting the actions, or invalid actions."""
+    rejected, skipped = t.get(ENV_REJECTED_ACTIONS, 0), t.get(RL_STEPS_WITHOUT_UPDATE, 0)
+    head = (f"{t[RL_STEPS_WITH_SIGNAL]} of {t[RL_STEPS]} RL steps trained action tokens "
+            f"({t[ACTION_TOKENS]} with an advantage); {t[RL_VALID_ACTIONS]} of {t[RL_ACTIONS]} actions were "
+            f"valid{f' ({rejected} rejected by the env)' if rejected else ''}{_groups_with_spread(t)}"
+            f"{f'; {skipped} took no optimizer step (a non-finite gradient)' if skipped else ''}")
+    if t[ACTION_TOKENS]:
         return head
-    if not t["actions"]:
+    if skipped and skipped == t[RL_STEPS]:
+        return f"{head}, so nothing trained: RL learned nothing. Fix: {NO_UPDATE_FIX}"
+    if not t[RL_ACTIONS]:
         ended, dropped = t.get(EPISODES_ENDED_AT_RESET, 0), t.get(EPISODES_DROPPED, 0)
         why = [f"{ended} ended at their reset (the env_reset_ended line gives the env's reason; fix what the "
                "env needs)" if ended else "",  # coding_tools_env without its sandbox key
@@ -283,8 +337,8 @@ def describe_rl_signal(t: Mapping[str, Any]) -> str:
                if dropped or not ended else ""]  # dipg_safety_env: its step broke the contract
         return (f"{head}; no episode was played to train: of the episodes, "
                 f"{' and '.join(w for w in why if w)}; so RL learned nothing")
-    fix = ENV_REJECTS_FIX if 2 * rejected >= t["actions"] - t["valid_actions"] > 0 else NO_SIGNAL_FIX
-    if t.get("echo_tokens", 0) > 0:
+    fix = ENV_REJECTS_FIX if 2 * rejected >= t[RL_ACTIONS] - t[RL_VALID_ACTIONS] > 0 else NO_SIGNAL_FIX
+    if t.get(ECHO_TOKENS, 0) > 0:
         return f"{head}; every advantage was 0, so only ECHO trained: RL learned nothing. Fix: {fix}"
     return (f"{head}; every advantage was 0 and no ECHO token trained, so nothing trained: RL learned "
             f"nothing. Fix: {fix}")
@@ -296,11 +350,12 @@ def training_apart(s: RunSummary) -> list[dict[str, Any]]:
     if not s.rl_steps:
         rl = _check(RL_TRAINED, False, NA, "no RL step")
     else:  # the totals describe_rl_signal reads, as quaero/telemetry/outcomes.py keeps them during a run
-        t = {"rl_steps": s.rl_steps, "rl_steps_with_signal": s.rl_steps_with_signal,
-             "echo_tokens": s.rl_echo_tokens, "action_tokens": s.rl_action_tokens, "actions": s.rl_actions,
-             "valid_actions": s.rl_valid_actions, ENV_REJECTED_ACTIONS: s.rl_env_rejected_actions,
+        t = {RL_STEPS: s.rl_steps, RL_STEPS_WITH_SIGNAL: s.rl_steps_with_signal,
+             RL_STEPS_WITHOUT_UPDATE: s.rl_steps_without_update,
+             ECHO_TOKENS: s.rl_echo_tokens, ACTION_TOKENS: s.rl_action_tokens, RL_ACTIONS: s.rl_actions,
+             RL_VALID_ACTIONS: s.rl_valid_actions, ENV_REJECTED_ACTIONS: s.rl_env_rejected_actions,
              EPISODES_ENDED_AT_RESET: s.rl_episodes_ended_at_reset, EPISODES_DROPPED: s.rl_episodes_dropped,
-             **({"groups": s.rl_groups, "groups_zero_advantage": s.rl_groups_zero_advantage}
+             **({GROUPS: s.rl_groups, GROUPS_ZERO_ADVANTAGE: s.rl_groups_zero_advantage}
                 if s.rl_groups is not None else {})}
         rl = _judged(RL_TRAINED, False, s.rl_action_tokens > 0, describe_rl_signal(t))
     echo = _judged(ECHO_TRAINED, False, s.echo_tokens > 0, f"echo tokens={s.echo_tokens} > 0 "

@@ -23,6 +23,7 @@ from typing import IO, Any
 import structlog
 
 from quaero.telemetry import names
+from quaero.telemetry.metrics import LATEST, MAX, SUM, total_of
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
@@ -263,13 +264,13 @@ class Cumulative:
 
     def add(self, metrics: dict[str, Any]) -> dict[str, Any]:
         for k, v in metrics.items():
-            how = names.total_of(k, v)
+            how = total_of(k, v)
             number = isinstance(v, (int, float)) and not isinstance(v, bool)
-            if how == names.LATEST and v is not None:
+            if how == LATEST and v is not None:
                 self.totals[k] = v
-            elif how == names.MAX and number:
+            elif how == MAX and number:
                 self.totals[k] = max(self.totals.get(k, v), v)
-            elif how == names.SUM and number:
+            elif how == SUM and number:
                 self.totals[k] = self.totals.get(k, 0) + v
         return dict(self.totals)
 

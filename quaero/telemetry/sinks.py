@@ -26,7 +26,7 @@ from quaero.telemetry import names
 from quaero.telemetry.runlog import add_mirror, get_logger, remove_mirror
 
 # event name -> metric prefix
-MIRRORED_EVENTS = {"train_step": "train/", "eval": "eval/"}
+MIRRORED_EVENTS = {names.TRAIN_STEP_EVENT: "train/", names.EVAL_EVENT: "eval/"}
 _BOOKKEEPING = ("step", "event", "run_id", "timestamp", "level")
 
 

@@ -64,6 +64,9 @@ class Comparison(_Record):
     # of well-formed episodes, paired, and success among the well-formed); None where an eval recorded no
     # formats (a run from before `eval_formats`)
     format_task: dict[str, Any] | None = field(default=None, metadata=OPTIONAL)
+    # the tasks behind `improved` and `worsened`: solved only after RL (fixed), only before (regressed)
+    fixed: list | None = field(default=None, metadata=OPTIONAL)
+    regressed: list | None = field(default=None, metadata=OPTIONAL)
 
     def to_dict(self) -> dict[str, Any]:
         return {"why": self.why} if self.why else super().to_dict()
@@ -135,6 +138,7 @@ class RunSummary(_Record):
     echo_tokens: int | float
     # RL apart from the warm start: quaero/telemetry/outcomes.py's totals, judged by the "RL trained" proof
     rl_steps_with_signal: int
+    rl_steps_without_update: int  # RL steps the optimizer skipped (a non-finite gradient): none trained
     rl_action_tokens: int | float
     rl_echo_tokens: int | float
     rl_actions: int | float
@@ -185,6 +189,9 @@ class RunSummary(_Record):
     # resumes under another config than the run's last, by checkpoint step
     resumed_with_changed_config: dict[str, ConfigChange] = field(metadata=OPTIONAL)
     guidance: Guidance | None = field(default=None, metadata=OPTIONAL)  # None: no RL step guided
+    # the last eval's held-out figures (quaero/tools/review.py `held_out`): success's standard error, format
+    # failures and wrong answers, pass@k where it was sampled; each only where the eval carries it
+    eval_last: dict[str, Any] = field(default_factory=dict, metadata=FLAT)
     # per phase (sft, rl): the process's RSS after its warm-up against its largest later reading
     # (quaero/tools/review.py `rss_growth`); {} where no step logged `process_rss_mb`
     rss_growth: dict[str, dict[str, Any]] = field(default_factory=dict, metadata=OPTIONAL)

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from quaero import sampler_registry as samplers
-from quaero.model import cache_dir
+from quaero.models.cache import cache_dir
 from quaero.openenv_client.loading import file_matches_record, openenv_repair_command
 
 PINNED = ("torch", "transformers", "renderers", "openenv")
@@ -171,7 +171,7 @@ def _openenv(problems: list[dict], notes: list[dict]) -> dict:
 def _smollm2(problems: list[dict]) -> dict:
     """The SmolLM2 family's files (optional): a problem only where half of them is there, or the GGUF is
     damaged; neither installed is no problem."""
-    from quaero import smollm2
+    from quaero.models import smollm2
 
     facts = smollm2.status()
     if facts["file_problem"]:

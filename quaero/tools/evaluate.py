@@ -30,10 +30,11 @@ from quaero.recipe.model_folder import ExportError
 from quaero.resolve import resolve_name
 from quaero.rollout.advantages import safe_mean
 from quaero.telemetry import names
+from quaero.telemetry.heldout import held_out_figures, pass_figures
 from quaero.telemetry.proofs import format_task_line
 from quaero.telemetry.runlog import error_line
 from quaero.tools.export import export_run, is_adapter, load_model
-from quaero.tools.significance import format_and_task, paired_outcomes, wilson_interval
+from quaero.tools.significance import fixed_and_regressed, format_and_task, paired_outcomes, wilson_interval
 
 if TYPE_CHECKING:
     from quaero.rollout.driver import Policy
@@ -61,6 +62,9 @@ class Result:
     label: str
     records: list[dict]
     malformed_actions: int
+    # pass@k's sampled episodes per (repeat, task): {"repeat", "task", "successes", "samples"}; [] when off
+    passes: list[dict] = field(default_factory=list)
+    pass_k: int = 1
 
     @property
     def finished(self) -> list[dict]:
@@ -71,15 +75,22 @@ class Result:
         wins = sum(r["success"] for r in done)
         well = [r for r in done if not r.get("malformed")]
         low, high = wilson_interval(wins, len(done))
+        held = held_out_figures([r["success"] for r in done], [r.get("malformed", 0) for r in done])
+        passes = ({"pass_at_k": pass_figures([(p["successes"], p["samples"]) for p in self.passes],
+                                             self.pass_k), "pass_results": self.passes}
+                  if self.pass_k > 1 else {})
         return {"model": self.label, "episodes": len(self.records), "finished": len(done),
                 "dropped": len(self.records) - len(done), "successes": wins,
                 "success_rate": wins / len(done) if done else None, "success_ci95": [low, high],
+                "success_se": held["success_se"], "format_failures": held["format_failures"],
+                "wrong_answers": held["wrong_answers"],
                 "reward_mean": _mean([r["reward"] for r in done]),
                 "turns_mean": _mean([r["turns"] for r in done]),
                 "malformed_actions": self.malformed_actions,
                 # format and task apart: episodes with no malformed action, and success among them
                 "well_formed": len(well) / len(done) if done else None,
-                "success_among_well_formed": (sum(r["success"] for r in well) / len(well)) if well else None}
+                "success_among_well_formed": (sum(r["success"] for r in well) / len(well)) if well else None,
+                **passes}
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -92,6 +103,7 @@ class EvalPlan:
     split: str
     seeds: int = 1
     greedy: bool = True
+    pass_k: int = 1  # > 1: also k episodes per task sampled at the sampler's temperature, for pass@k
     out: Path | None = None
     stamp: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S"))
 
@@ -156,7 +168,7 @@ def _with(cfg: QuaeroConfig, section: str, **fields) -> QuaeroConfig:
 
 def _tokenizer(cfg: QuaeroConfig, who: Contestant):
     """An exported folder carries the tokenizer it was trained with; anything else uses the config's."""
-    from quaero.model import load_tokenizer
+    from quaero.models.load import load_tokenizer
 
     if who.folder is not None and (who.folder / "tokenizer_config.json").exists():
         from transformers import AutoTokenizer
@@ -166,7 +178,7 @@ def _tokenizer(cfg: QuaeroConfig, who: Contestant):
 
 
 def _sampler(cfg: QuaeroConfig, who: Contestant, stop_token_ids: list[int]):
-    from quaero.model import resolve_device
+    from quaero.models.load import resolve_device
     from quaero.sampling import make_sampler
 
     if who.policy is not None:
@@ -192,6 +204,7 @@ def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan,
     """All (repeat, task) episodes of one contestant through training evaluation's loop (quaero/recipe/
     evaluation.py `eval_episodes`); each repeat's records are appended to `kept` as they finish (an
     interrupted eval writes those)."""
+    from quaero.config import settings_of
     from quaero.recipe.evaluation import eval_episodes
     from quaero.rollout.driver import DriverSettings, EpisodeDriver
     from quaero.rollout.render import RenderAdapter
@@ -206,7 +219,7 @@ def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan,
         raise EvalError(f"--model {who.label}: cannot load it ({error_line(e, 200)}); pass a folder `quaero "
                         "export` wrote (safetensors), a run folder or a hub model") from None
     pool.counts.snapshot_and_reset()  # this contestant's counts only
-    driver = EpisodeDriver(render, sampler, DriverSettings.of(cfg), pool.counts)
+    driver = EpisodeDriver(render, sampler, settings_of(DriverSettings, cfg), pool.counts)
     records = [] if kept is None else kept
     try:
         for r in range(plan.seeds):
@@ -225,10 +238,29 @@ def run_contestant(cfg: QuaeroConfig, who: Contestant, pool, plan: EvalPlan,
                                 "reward": ep.reward, "success": bool(ep.success), "turns": ep.turns,
                                 "malformed": ep.malformed, "dropped": ep.dropped,
                                 "drop_reason": ep.drop_reason, "messages": ep.messages})
+        malformed = int(pool.counts.snapshot_and_reset()["malformed_actions"])  # the greedy episodes' alone
+        passes = _passes(cfg, who, driver, pool, plan) if plan.pass_k > 1 else []
     finally:
         if sampler is not None:
             sampler.close()
-    return Result(who.label, records, int(pool.counts.snapshot_and_reset()["malformed_actions"]))
+    return Result(who.label, records, malformed, passes, plan.pass_k)
+
+
+def _passes(cfg: QuaeroConfig, who: Contestant, driver, pool, plan: EvalPlan) -> list[dict]:
+    """pass@k's episodes: k per (repeat, task), sampled at the sampler's temperature from the repeat's seed,
+    on the very tasks of the main episodes; each task's finished samples and successes among them."""
+    from quaero.recipe.evaluation import eval_episodes
+
+    out = []
+    for r in range(plan.seeds):
+        seed = cfg.run.seed + r
+        tasks, groups = eval_episodes(_with(cfg, "run", seed=seed), driver, pool, plan.split, plan.tasks,
+                                      seed=seed, greedy=False, policy=who.policy, samples=plan.pass_k)
+        out += [{"repeat": r, "task": t["index"], "successes": sum(bool(ep.success) for ep in g
+                                                                   if not ep.dropped),
+                 "samples": sum(not ep.dropped for ep in g)} for t, g in zip(tasks, groups)]
+    pool.counts.snapshot_and_reset()  # kept out of the next contestant's counts
+    return out
 
 
 def paired(a: Result, b: Result, seed: int = 0) -> dict:
@@ -236,12 +268,15 @@ def paired(a: Result, b: Result, seed: int = 0) -> dict:
     a_by, b_by = ({(r["repeat"], r["task"]): (r["success"], r["reward"]) for r in x.finished} for x in (a, b))
     a_fmt, b_fmt = ({(r["repeat"], r["task"]): r.get("malformed", 0) for r in x.finished} for x in (a, b))
     p = paired_outcomes(a_by, b_by, seed=seed)
+    fixed, regressed = fixed_and_regressed(a_by, b_by)
     n = p["pairs"]
     return {"pairs": n, "success_diff": (p["a_only"] - p["b_only"]) / n if n else None, "a_only": p["a_only"],
             "b_only": p["b_only"], "mcnemar_p": p["mcnemar_p"],
             "reward_diff": p["reward_diff"] if n else None,
             "reward_diff_ci95": p["reward_diff_ci95"] if n else None, "bootstrap_seed": seed,
-            "format_task": format_and_task(a_by, b_by, a_fmt, b_fmt)}
+            "format_task": format_and_task(a_by, b_by, a_fmt, b_fmt),
+            # per (repeat, task): what A solves that B does not, and the reverse
+            "fixed": [list(k) for k in fixed], "regressed": [list(k) for k in regressed]}
 
 
 def evaluate(cfg: QuaeroConfig, specs: list[str | None], plan: EvalPlan) -> tuple[Path, dict]:
@@ -251,7 +286,7 @@ def evaluate(cfg: QuaeroConfig, specs: list[str | None], plan: EvalPlan) -> tupl
     from quaero.openenv_client import open_envs
     from quaero.openenv_client.tasks import check_splits
 
-    for option, value in (("--tasks", plan.tasks), ("--seeds", plan.seeds)):
+    for option, value in (("--tasks", plan.tasks), ("--seeds", plan.seeds), ("--pass-k", plan.pass_k)):
         if type(value) is not int or value < 1:
             raise EvalError(f"{option} {value}: at least 1 (an eval of no episode reports nothing)")
     n_sessions = max(1, min(plan.tasks, cfg.training.tasks_per_step * cfg.training.group_size))
@@ -276,7 +311,7 @@ def evaluate(cfg: QuaeroConfig, specs: list[str | None], plan: EvalPlan) -> tupl
                 if records:
                     _write_jsonl(out / name, records)
     summary = {"config": {"split": plan.split, "tasks": plan.tasks, "seeds": plan.seeds,
-                          "greedy": plan.greedy, "run_seed": cfg.run.seed},
+                          "greedy": plan.greedy, "pass_k": plan.pass_k, "run_seed": cfg.run.seed},
                "results": [r.summary() for r in results]}
     if len(results) == 2:
         summary["paired"] = paired(*results, seed=cfg.run.seed)
@@ -332,18 +367,39 @@ def _num(x, fmt: str = ".3f") -> str:
     return "n/a" if x is None else format(x, fmt)
 
 
+def pass_line(p: dict) -> str:
+    """The pass@k line of `quaero eval` and `quaero review` (quaero/telemetry/heldout.py's figures)."""
+    return (f"pass@k, k = {p['k']} samples per task at the sampler's temperature, {p['tasks']} tasks: pass@1 "
+            f"{_num(p['pass_at_1'])}, pass@{p['k']} {_num(p['pass_at_k'])} (s.e. {_num(p['pass_at_k_se'])})")
+
+
+def tasks_text(keys: list, limit: int = 30) -> str:
+    """A task list for one line: every key up to `limit`, then how many more."""
+    if not keys:
+        return "none"
+    more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
+    return f"{len(keys)}: " + ", ".join(str(k) for k in keys[:limit]) + more
+
+
 def report_lines(summary: dict, out: Path) -> list[str]:
     c = summary["config"]
     mode = "greedy" if c["greedy"] else "sampled"
+    if c.get("pass_k", 1) > 1:
+        mode += f", then {c['pass_k']} sampled per task for pass@k"
     lines = [f"eval on split {c['split']!r}: {c['tasks']} tasks x {c['seeds']} seed(s), {mode}"]
     tags = ["A ", "B "] if len(summary["results"]) == 2 else [""]
     for tag, s in zip(tags, summary["results"]):
         low, high = s["success_ci95"]
         lines.append(f"{tag}{s['model']}: success {s['successes']}/{s['finished']} = "
-                     f"{_num(s['success_rate'])} (Wilson 95% {low:.3f}-{high:.3f}), reward "
-                     f"{_num(s['reward_mean'])}, turns {_num(s['turns_mean'], '.2f')}, malformed actions "
-                     f"{s['malformed_actions']}, well-formed episodes {_num(s.get('well_formed'))}, dropped "
-                     f"{s['dropped']}")
+                     f"{_num(s['success_rate'])} (s.e. {_num(s.get('success_se'))}, Wilson 95% {low:.3f}-"
+                     f"{high:.3f}), reward {_num(s['reward_mean'])}, turns {_num(s['turns_mean'], '.2f')}, "
+                     f"malformed actions {s['malformed_actions']}, well-formed episodes "
+                     f"{_num(s.get('well_formed'))}, dropped {s['dropped']}")
+        if s.get("format_failures") is not None:
+            lines.append(f"{tag}failures: {_num(s['format_failures'])} format (a malformed action), "
+                         f"{_num(s['wrong_answers'])} wrong answers (every action well formed)")
+        if s.get("pass_at_k"):
+            lines.append(f"{tag}{pass_line(s['pass_at_k'])}")
     p = summary.get("paired")
     if p:
         ci = p["reward_diff_ci95"] or [None, None]
@@ -353,5 +409,14 @@ def report_lines(summary: dict, out: Path) -> list[str]:
                      f"to {_num(ci[1], '+.3f')})")
         if p.get("format_task"):
             lines.append(f"B -> A, {format_task_line(p['format_task'], 'in A', 'in B')}")
+        if "fixed" in p:
+            one = c["seeds"] == 1  # then the task alone names the episode
+
+            def keys(ks: list) -> list:
+                return [k[1] if one else tuple(k) for k in ks]
+
+            lines.append(f"B -> A per task{'' if one else ' (repeat, task)'}: fixed (A only) "
+                         f"{tasks_text(keys(p['fixed']))}; regressed (B only) "
+                         f"{tasks_text(keys(p['regressed']))}")
     lines.append(f"transcripts and summary.json in {out}")
     return lines

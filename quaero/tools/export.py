@@ -52,7 +52,7 @@ def load_checkpoint(run_dir: Path, step: int | None = None) -> tuple[int, dict]:
 
 def build_trainer(cfg: QuaeroConfig):
     """The run's trainer as quaero/recipe/parts.py builds it, on the CPU: exporting needs no accelerator."""
-    from quaero.recipe.plan import trainer_spec
+    from quaero.preflight.plan import trainer_spec
     from trainers.registry import trainer_class
 
     return trainer_class(cfg.backend.backend)(trainer_spec(cfg), "cpu")
@@ -60,7 +60,7 @@ def build_trainer(cfg: QuaeroConfig):
 
 def export_run(run_dir: Path, out: Path, *, step: int | None = None, merge: bool = False) -> Path:
     """A run's checkpoint (`step`, default the newest) as a model folder at `out`."""
-    from quaero.model import load_tokenizer
+    from quaero.models.load import load_tokenizer
     from quaero.recipe import checkpoint
 
     cfg = run_config(run_dir)
@@ -87,7 +87,7 @@ def is_adapter(folder: Path) -> bool:
 def load_model(folder: Path, dtype: str = "float32", device: str = "cpu"):
     """The inverse of save_model: a full folder, or an adapter folder merged onto its base, as a plain
     transformers causal LM."""
-    from quaero.model import load_causal_lm
+    from quaero.models.load import load_causal_lm
 
     folder = Path(folder)
     if not is_adapter(folder):

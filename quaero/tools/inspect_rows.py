@@ -114,7 +114,7 @@ def _is_row(rec) -> bool:
 
 def run_tokenizer(run_dir: Path):
     """The run's tokenizer, named by its config.json's [model] name."""
-    from quaero.model import load_tokenizer
+    from quaero.models.load import load_tokenizer
 
     return load_tokenizer(run_model_name(run_dir))
 

@@ -108,3 +108,21 @@ def saving_to(path: Path):
         os.replace(tmp, path)
 
     return Path(tmp), commit
+
+
+def bench_output(path: str | Path | None, flag: str = "--json") -> Path | None:
+    """A benchmark's output file (`--json PATH`), checked before the benchmark works: one line (SystemExit)
+    where `check_output` refuses it (a link, a special file, a folder, a run's own file); an earlier plain
+    file there is replaced (a benchmark rerun writes its document again)."""
+    if path is None:
+        return None
+    try:
+        return check_output(path, flag, force=True)
+    except OutputRefused as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def write_bench_output(path: str | Path, text: str, flag: str = "--json") -> None:
+    """Write a benchmark's document to `path`, checked again (what the benchmark ran may have taken long)
+    and written beside it then renamed (`write_replacing`)."""
+    write_replacing(bench_output(path, flag), text)

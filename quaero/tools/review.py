@@ -51,7 +51,7 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
         kind = e.get("event")
         if kind not in (names.TRAIN_STEP_EVENT, names.EVAL_EVENT):
             continue
-        step, phase = e.get("step"), e.get(names.PHASE, "rl")
+        step, phase = e.get("step"), e.get(names.PHASE, names.PHASE_RL)
         if not _is_int(step) or step < 0 or not isinstance(phase, str):
             unreadable += 1  # cannot be placed on the step axis
         elif kind == names.TRAIN_STEP_EVENT:
@@ -136,6 +136,57 @@ def eval_formats(e: dict, env: str | None = None) -> dict[Any, int] | None:
     return out or None
 
 
+def held_out(e: dict, env: str | None = None) -> dict[str, Any]:
+    """An eval event's held-out figures: `success` and its standard error `success_se`, `format_failures`
+    and `wrong_answers` (shares of its episodes), and, where it sampled pass@k, `pass_k`, `pass_tasks` (those
+    pass@k counted), `pass_at_1`, `pass_at_k`, `pass_at_k_se`. Read from its per-task lists (`eval_results`,
+    `eval_formats`, `eval_pass_results`; `env` picks a mixture's env), else from its pooled fields (a run
+    from before the lists); a figure it carries neither way is left out."""
+    from quaero.telemetry.heldout import held_out_figures, pass_figures
+
+    out: dict[str, Any] = {}
+    outcomes, formats = eval_outcomes(e, env), eval_formats(e, env)
+    if outcomes:
+        keys = list(outcomes)
+        out["success"] = sum(outcomes[k][0] for k in keys) / len(keys)
+        figures = held_out_figures([outcomes[k][0] for k in keys],
+                                   [formats.get(k, 0) for k in keys] if formats else [0] * len(keys))
+        out["success_se"] = figures["success_se"]
+        if formats and all(k in formats for k in keys):
+            out.update(format_failures=figures["format_failures"], wrong_answers=figures["wrong_answers"])
+    elif env is None:
+        for key, name in (("success", names.EVAL_SUCCESS_RATE), ("success_se", names.EVAL_SUCCESS_SE),
+                          ("format_failures", names.EVAL_FORMAT_FAILURES),
+                          ("wrong_answers", names.EVAL_WRONG_ANSWERS)):
+            if (v := finite_number(e.get(name))) is not None:
+                out[key] = v
+    k = e.get(names.EVAL_PASS_K)
+    samples = [(c, n) for item in e.get(names.EVAL_PASS_RESULTS) or []
+               if isinstance(item, list) and len(item) in (3, 4) and all(_is_int(v) for v in item[:3])
+               and 0 <= (c := item[1]) <= (n := item[2]) and _task_key(item, env) is not None]
+    if _is_int(k) and k > 1 and samples:
+        p = pass_figures(samples, k)
+        out.update(pass_k=k, pass_tasks=p["tasks"],
+                   **{key: p[key] for key in ("pass_at_1", "pass_at_k", "pass_at_k_se")})
+    return out
+
+
+def held_out_by(e: dict, which: str) -> dict[Any, tuple[float, float]]:
+    """{group or difficulty: (success, its standard error)} of an eval event's tasks, `which` "group" or
+    "difficulty" as its `eval_task_groups` name each task ([index, group, difficulty(, env)]); {} where it
+    names none (an env without a Task API, a run from before the field)."""
+    from quaero.telemetry.heldout import standard_error
+
+    outcomes, column = eval_outcomes(e) or {}, {"group": 1, "difficulty": 2}[which]
+    parts: dict[Any, list[float]] = {}
+    for item in e.get(names.EVAL_TASK_GROUPS) or []:
+        if (isinstance(item, list) and len(item) in (3, 4) and _is_int(item[0])
+                and (key := _task_key(item, None)) in outcomes
+                and isinstance(item[column], (str, int, float))):
+            parts.setdefault(item[column], []).append(float(outcomes[key][0]))
+    return {v: (sum(xs) / len(xs), standard_error(xs)) for v, xs in parts.items()}
+
+
 def _nonfinite_rewards(e: dict) -> bool:
     """Whether an eval event's per-task results hold a reward that is not finite: NaN or inf, which the run
     log writes as null (or as such, in a foreign writer's file)."""
@@ -157,7 +208,7 @@ def env_names(run: dict) -> list[str]:
 def per_env(run: dict) -> dict[str, EnvFigures]:
     """A mixture's figures per env: its RL groups, those with signal, its generated tokens and lost episodes,
     its last eval's success rate, and its "RL improved eval over warm start"."""
-    rl = [s for s in run["steps"] if s.get(names.PHASE, "rl") == "rl"]
+    rl = [s for s in run["steps"] if s.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL]
     out = {}
     for env in env_names(run):
         mine = [s[names.BY_ENV][env] for s in rl if isinstance(s.get(names.BY_ENV), dict)
@@ -192,10 +243,10 @@ def rl_over_warm_start(run: dict, env: str | None = None) -> Comparison:
     start). `why` says what is missing when there is nothing to compare, or that an eval was guided: RL is
     judged on the policy's own, unguided greedy episodes only (`unguided`: both evals counted 0 guided
     tokens)."""
-    from quaero.tools.significance import format_and_task, paired_outcomes
+    from quaero.tools.significance import fixed_and_regressed, format_and_task, paired_outcomes
 
     warm = sft_span(run)
-    rl = [s["step"] for s in run["steps"] if s.get(names.PHASE, "rl") == "rl"]
+    rl = [s["step"] for s in run["steps"] if s.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL]
     if not warm or not rl:
         return Comparison("no warm start" if not warm else "no RL step")
     warm_end = warm[1]
@@ -222,10 +273,12 @@ def rl_over_warm_start(run: dict, env: str | None = None) -> Comparison:
         return Comparison("the two evals share no task")
     fa, fb = eval_formats(end, env), eval_formats(start, env)
     split = format_and_task(a, b, fa, fb) if fa and fb else None
+    fixed, regressed = fixed_and_regressed(a, b)
     return Comparison("", warm_start_step=warm_end, end_step=end["step"], pairs=p["pairs"],
                       warm_start_success=p["b_success"], end_success=p["a_success"], improved=p["a_only"],
                       worsened=p["b_only"], mcnemar_p=p["mcnemar_p"], reward_diff=p["reward_diff"],
-                      reward_diff_ci95=p["reward_diff_ci95"], unguided=unguided, format_task=split)
+                      reward_diff_ci95=p["reward_diff_ci95"], unguided=unguided, format_task=split,
+                      fixed=fixed, regressed=regressed)
 
 
 def guidance_of(rl: list[dict]) -> Guidance | None:
@@ -258,7 +311,7 @@ def guidance_line(g: Guidance, c: Comparison) -> str:
 
 def summarize(run: dict) -> RunSummary:
     steps, evals = run["steps"], run["evals"]
-    rl = [s for s in steps if s.get(names.PHASE, "rl") == "rl"]
+    rl = [s for s in steps if s.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL]
     # a step without ECHO targets logs echo_loss 0: not a point of the ECHO learning curve
     echo_first, echo_last = _head_tail(
         _series([st for st in steps if st.get(names.ECHO_TOKENS, 1)], names.ECHO_LOSS)
@@ -267,12 +320,10 @@ def summarize(run: dict) -> RunSummary:
     rew_first, rew_last = _head_tail(_series(rl, names.REWARD_MEAN))
     eval_rewards = _series(evals, names.EVAL_REWARD)
     times = _series(steps, names.STEP_TIME_S)
-    onpolicy = [st for st in rl if not st.get(names.POLICY_STALENESS)
-                and finite_number(st.get(names.SAMPLER_LOGPROB_GAP_MAX)) is not None]
-    grouped = any(names.GROUPS in st for st in rl)
+    # tokens count as trained only on steps whose update reached the weights
+    updated = [st for st in steps if proofs.updated_weights(st)]
     signal, generated = _sum(rl, names.SIGNAL_GROUPS), _sum(rl, names.GENERATED_TOKENS)
     transfers = sorted({str(r[names.WEIGHT_TRANSFER]) for r in steps + evals if r.get(names.WEIGHT_TRANSFER)})
-    reasons = [st for st in steps if st.get(names.COMPILE_FALLBACK_REASON)]
     return RunSummary(
         steps=len(steps),
         sft_steps=len(steps) - len(rl),
@@ -291,28 +342,12 @@ def summarize(run: dict) -> RunSummary:
         echo_loss_first=echo_first,
         echo_loss_last=echo_last,
         rows=_sum(steps, names.ROWS),
-        action_tokens=_sum(steps, names.ACTION_TOKENS),
-        echo_tokens=_sum(steps, names.ECHO_TOKENS),
-        rl_steps_with_signal=sum(1 for st in rl if (finite_number(st.get(names.ACTION_TOKENS)) or 0) > 0),
-        rl_action_tokens=_sum(rl, names.ACTION_TOKENS),
-        rl_echo_tokens=_sum(rl, names.ECHO_TOKENS),
-        rl_actions=_sum(rl, names.TURNS),
-        rl_valid_actions=_sum(rl, names.TURNS) - _sum(rl, names.MALFORMED_ACTIONS),
-        rl_env_rejected_actions=_sum(rl, names.ENV_REJECTED_ACTIONS),
-        rl_episodes_ended_at_reset=_sum(rl, names.EPISODES_ENDED_AT_RESET),
-        rl_episodes_dropped=_sum(rl, names.EPISODES_DROPPED),
-        rl_groups=_sum(rl, names.GROUPS) if grouped else None,
-        rl_groups_zero_advantage=_sum(rl, names.GROUPS_ZERO_ADVANTAGE) if grouped else None,
+        action_tokens=_sum(updated, names.ACTION_TOKENS),
+        echo_tokens=_sum(updated, names.ECHO_TOKENS),
+        **_rl_totals(rl),
         row_tokens=_sum(steps, names.ROW_TOKENS),
         step_time_median_s=statistics.median(times) if times else None,
-        peak_mem_mb=max(_series(steps, names.PEAK_MEM_MB), default=None),
-        rollout_peak_mem_mb=max(_series(steps, names.ROLLOUT_PEAK_MEM_MB), default=None),
-        weight_sync_peak_mem_mb=max(_series(steps, names.WEIGHT_SYNC_PEAK_MEM_MB), default=None),
-        process_peak_mem_mb=max(_series(steps, names.PROCESS_PEAK_MEM_MB), default=None),
-        eval_peak_mem_mb=max(_series(evals, names.EVAL_PEAK_MEM_MB), default=None),
-        checkpoint_peak_mem_mb=max(_series(_events(run, names.CHECKPOINT_SAVED_EVENT,
-                                                   names.CHECKPOINT_READ_EVENT), names.PEAK_MEM_MB),
-                                   default=None),
+        **_peaks(run),
         env_retries=_sum(steps, names.ENV_RETRIES),
         episodes_dropped=_sum(steps, names.EPISODES_DROPPED),
         episodes_ended_at_reset=_sum(steps, names.EPISODES_ENDED_AT_RESET),
@@ -322,21 +357,12 @@ def summarize(run: dict) -> RunSummary:
         prefix_mismatches=_sum(steps + evals, names.PREFIX_MISMATCHES),
         rows_packed=_sum(steps, names.ROWS_PACKED),
         rows_transition=_sum(steps, names.ROWS_TRANSITION),
-        sampler_logprob_gap_max=max(_series(rl, names.SAMPLER_LOGPROB_GAP_MAX), default=None),
-        onpolicy_gap_steps=len(onpolicy),
-        onpolicy_logprob_gap_max=max(_series(onpolicy, names.SAMPLER_LOGPROB_GAP_MAX), default=None),
-        onpolicy_logprob_gap_mean_max=max(_series(onpolicy, names.SAMPLER_LOGPROB_GAP_MEAN), default=None),
+        **_gap_figures(rl),
         weight_transfer=",".join(transfers) or None,
         policy_staleness_max=max(_series(rl, names.POLICY_STALENESS), default=None),
         clip_fraction_max=max(_series(rl, names.CLIP_FRACTION), default=None),
         policy_loss=policy_loss_figures(rl),
-        selective={
-            names.SELECTIVE_SUFFIX_LOGITS: _last(steps, names.SELECTIVE_SUFFIX_LOGITS),
-            names.COMPILE_MODE: _last(steps, names.COMPILE_MODE, ""),
-            # the latest reason given (a step with no targets attempts no compile and gives none)
-            names.COMPILE_FALLBACK_REASON: _last(reasons, names.COMPILE_FALLBACK_REASON, ""),
-            **{k: _sum(steps, k) for k in proofs.BRANCH_COUNTERS},
-        },
+        selective=_selective(steps),
         rl_vs_warm_start=rl_over_warm_start(run),  # paired per task
         rl_signal_groups=signal,
         rl_generated_tokens=generated,
@@ -345,6 +371,8 @@ def summarize(run: dict) -> RunSummary:
         resumed_with_changed_config=resumes_changed(run),  # quaero/recipe/train.py _note_changed_config
         guidance=guidance_of(rl),
         rss_growth=rss_growth(steps),
+        eval_last={f"eval_{k}_last" if k != "pass_k" else "eval_pass_k": v
+                   for k, v in held_out(evals[-1]).items() if k != "success"} if evals else {},
     )
 
 
@@ -369,6 +397,71 @@ def rss_growth(steps: list[dict]) -> dict[str, dict[str, Any]]:
             out[phase] = {"reference_step": ref_step, "reference_rss_mb": ref, "largest_step": top_step,
                           "largest_rss_mb": top, "growth": growth}
     return out
+
+
+def _rl_totals(rl: list[dict]) -> dict:
+    """The RL steps' totals `describe_rl_signal` reads (quaero/telemetry/proofs.py)."""
+    grouped = any(names.GROUPS in st for st in rl)
+    # tokens count as trained only on steps whose update reached the weights
+    updated = [st for st in rl if proofs.updated_weights(st)]
+    return {
+        "rl_steps_with_signal": sum(1 for st in updated
+                                    if (finite_number(st.get(names.ACTION_TOKENS)) or 0) > 0),
+        "rl_steps_without_update": len(rl) - len(updated),
+        "rl_action_tokens": _sum(updated, names.ACTION_TOKENS),
+        "rl_echo_tokens": _sum(updated, names.ECHO_TOKENS),
+        "rl_actions": _sum(rl, names.TURNS),
+        "rl_valid_actions": _sum(rl, names.TURNS) - _sum(rl, names.MALFORMED_ACTIONS),
+        "rl_env_rejected_actions": _sum(rl, names.ENV_REJECTED_ACTIONS),
+        "rl_episodes_ended_at_reset": _sum(rl, names.EPISODES_ENDED_AT_RESET),
+        "rl_episodes_dropped": _sum(rl, names.EPISODES_DROPPED),
+        "rl_groups": _sum(rl, names.GROUPS) if grouped else None,
+        "rl_groups_zero_advantage": _sum(rl, names.GROUPS_ZERO_ADVANTAGE) if grouped else None,
+    }
+
+
+def _peaks(run: dict) -> dict:
+    """Each phase's peak memory over the run."""
+    steps, evals = run["steps"], run["evals"]
+    return {
+        "peak_mem_mb": max(_series(steps, names.PEAK_MEM_MB), default=None),
+        "rollout_peak_mem_mb": max(_series(steps, names.ROLLOUT_PEAK_MEM_MB), default=None),
+        "weight_sync_peak_mem_mb": max(_series(steps, names.WEIGHT_SYNC_PEAK_MEM_MB), default=None),
+        "process_peak_mem_mb": max(_series(steps, names.PROCESS_PEAK_MEM_MB), default=None),
+        "eval_peak_mem_mb": max(_series(evals, names.EVAL_PEAK_MEM_MB), default=None),
+        "checkpoint_peak_mem_mb": max(_series(_events(run, names.CHECKPOINT_SAVED_EVENT,
+                                                   names.CHECKPOINT_READ_EVENT), names.PEAK_MEM_MB),
+                                   default=None),
+    }
+
+
+def _gap_figures(rl: list[dict]) -> dict:
+    """The sampler's log-prob gap: over the RL steps, and over the on-policy ones (no staleness)."""
+    onpolicy = [st for st in rl if not st.get(names.POLICY_STALENESS)
+                and finite_number(st.get(names.SAMPLER_LOGPROB_GAP_MAX)) is not None]
+    return {
+        "sampler_logprob_gap_max": max(_series(rl, names.SAMPLER_LOGPROB_GAP_MAX), default=None),
+        "onpolicy_gap_steps": len(onpolicy),
+        "onpolicy_logprob_gap_max": max(_series(onpolicy, names.SAMPLER_LOGPROB_GAP_MAX), default=None),
+        "onpolicy_logprob_gap_mean_max": max(_series(onpolicy, names.SAMPLER_LOGPROB_GAP_MEAN), default=None),
+    }
+
+
+def _selective(steps: list[dict]) -> dict:
+    """The selective LM head's figures: its last settings and the branch counters' sums; tree training's
+    setting, counters' sums and latest fallback reason (trainers/tree.py)."""
+    reasons = [st for st in steps if st.get(names.COMPILE_FALLBACK_REASON)]
+    tree_reasons = [st for st in steps if st.get(names.TREE_FALLBACK_REASON)]
+    return {
+        names.SELECTIVE_SUFFIX_LOGITS: _last(steps, names.SELECTIVE_SUFFIX_LOGITS),
+        names.COMPILE_MODE: _last(steps, names.COMPILE_MODE, ""),
+        # the latest reason given (a step with no targets attempts no compile and gives none)
+        names.COMPILE_FALLBACK_REASON: _last(reasons, names.COMPILE_FALLBACK_REASON, ""),
+        **{k: _sum(steps, k) for k in proofs.BRANCH_COUNTERS},
+        names.TREE_PACKING: _last(steps, names.TREE_PACKING, "off"),
+        **{k: _sum(steps, k) for k in proofs.TREE_COUNTERS},
+        names.TREE_FALLBACK_REASON: _last(tree_reasons, names.TREE_FALLBACK_REASON, ""),
+    }
 
 
 def _events(run: dict, *kinds: str) -> list[dict]:

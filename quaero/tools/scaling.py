@@ -99,8 +99,8 @@ def measure(run_dir: Path, env_s_per_step: float = 0.0) -> tuple[Costs, Workload
     from quaero.telemetry.runlog import read_events
 
     events, _ = read_events(run_dir / names.EVENTS)
-    rl = [e for e in events if e.get("event") == names.TRAIN_STEP_EVENT and e.get(names.PHASE) == "rl"
-          and e.get(names.ROWS)]
+    rl = [e for e in events if e.get("event") == names.TRAIN_STEP_EVENT
+          and e.get(names.PHASE) == names.PHASE_RL and e.get(names.ROWS)]
     if not rl:
         raise ValueError(f"{run_dir / names.EVENTS}: no RL train_step with trained rows to measure "
                          "(a run with [training] steps >= 1 is needed)")

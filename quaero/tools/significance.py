@@ -6,6 +6,8 @@
   about which succeeds more often, and under "no difference" each is a fair coin (exact binomial).
 - `paired_bootstrap`: the mean of per-episode reward differences A - B with a percentile interval,
   resampling episode pairs (not the two sides separately) so the pairing's variance reduction is kept.
+- held-out success's standard error and pass@k: quaero/telemetry/heldout.py (training's evals log them).
+- `fixed_and_regressed`: which tasks one evaluation solves that the other does not, by name.
 """
 from __future__ import annotations
 
@@ -28,6 +30,14 @@ def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, flo
     low = 0.0 if successes == 0 else center - half  # exact at the edges, where rounding would miss 0 or 1
     high = 1.0 if successes == n else center + half
     return low, high
+
+
+def fixed_and_regressed(after: dict, before: dict) -> tuple[list, list]:
+    """(fixed, regressed): the keys both outcomes ({key: (success, reward)}) share that `after` solves and
+    `before` does not, and the reverse, in `after`'s order. The per-task lists behind McNemar's counts."""
+    shared = [k for k in after if k in before]
+    return ([k for k in shared if after[k][0] and not before[k][0]],
+            [k for k in shared if before[k][0] and not after[k][0]])
 
 
 def mcnemar_exact(a_only: int, b_only: int) -> float:

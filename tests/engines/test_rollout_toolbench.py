@@ -8,6 +8,7 @@ import pytest
 import torch
 from fixtures.rollout import IM_END, assert_exact, make_cfg, target_logprobs
 
+from quaero.config import settings_of
 from quaero.rollout.driver import DriverSettings, EpisodeDriver
 from quaero.rollout.rows import build_rows
 
@@ -41,7 +42,8 @@ def toolbench():
 def run(toolbench, qwen3_render, tasks, group, max_turns=8, **kw):
     cfg, pool = toolbench
     cfg = cfg.model_copy(update={"env": cfg.env.model_copy(update={"max_turns": max_turns})})
-    driver = EpisodeDriver(qwen3_render, kw.pop("sampler", None), DriverSettings.of(cfg), pool.counts)
+    settings = settings_of(DriverSettings, cfg)
+    driver = EpisodeDriver(qwen3_render, kw.pop("sampler", None), settings, pool.counts)
     groups = driver.run(pool.sessions, tasks, group_size=group, **kw)
     return [ep for g in groups for ep in g], pool.counts.snapshot_and_reset()
 

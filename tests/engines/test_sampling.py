@@ -20,7 +20,7 @@ BACKENDS = ["hf", pytest.param("vllm", marks=pytest.mark.vllm),
 
 @pytest.fixture(scope="module")
 def model():
-    from quaero.model import load_causal_lm
+    from quaero.models.load import load_causal_lm
 
     return load_causal_lm("tiny-qwen3").eval()
 
@@ -196,7 +196,7 @@ def test_weight_sync_client_drives_the_servers_weight_transfer_routes(vllm_serve
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_a_real_server_passes_the_urls_check_and_says_what_it_lacks(vllm_server):
-    """`[sampler] urls` servers are asked what they are before any model loads (quaero/recipe/plan.py
+    """`[sampler] urls` servers are asked what they are before any model loads (quaero/preflight/plan.py
     check_server_urls): the server quaero starts passes; asked for what it was not started with, it is
     refused naming the flag (tests/unit/quaero/sampling/test_server.py has the other refusals)."""
     from quaero.sampling.server import server_problem

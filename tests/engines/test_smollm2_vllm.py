@@ -11,7 +11,7 @@ def test_vllm_samples_tiny_smollm2_with_the_trainers_log_probs(tiny_smollm2_dir)
 
     require_vllm()
     from quaero.config import SamplerConfig
-    from quaero.model import load_causal_lm, load_tokenizer
+    from quaero.models.load import load_causal_lm, load_tokenizer
     from quaero.sampling.vllm import VLLMSampler, make_engine
 
     tok = load_tokenizer("tiny-smollm2")

@@ -32,7 +32,7 @@ w = b.export_weights()
 out["export_has_lora_keys"] = any("lora_" in k for k in w)
 ids = torch.tensor([sparse_rows(1)[0].input_ids[:40]])
 from transformers import AutoModelForCausalLM
-from quaero.model import resolve_model
+from quaero.models.load import resolve_model
 plain = AutoModelForCausalLM.from_pretrained(resolve_model("tiny-qwen3"))
 plain.load_state_dict(w)
 b.model.eval()

@@ -36,7 +36,7 @@ def test_a_push_through_vllms_weight_transfer_reaches_the_server(tiny_model_dir,
     from fixtures import require_vllm
 
     require_vllm()
-    from quaero.model import load_causal_lm
+    from quaero.models.load import load_causal_lm
     from quaero.sampling.server import VLLMServerSampler, start_vllm_servers
 
     model = load_causal_lm("tiny-qwen3", "float32", "cuda").eval()

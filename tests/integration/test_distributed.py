@@ -15,7 +15,7 @@ import pytest
 import torch
 from fixtures.dist_step import VOCAB, case_dir, run_scenarios
 
-from quaero.model import random_qwen3
+from quaero.models.qwen3 import random_qwen3
 from quaero.telemetry.proofs import BRANCH_COUNTERS
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -176,6 +176,7 @@ def test_the_driver_turn_limit_ends_an_episode_that_never_submits(qwen3_render):
     episode is truncated and no success."""
     from fixtures.rollout import make_cfg
 
+    from quaero.config import settings_of
     from quaero.rollout.driver import DriverSettings, EpisodeDriver
 
     def never_submits(info):
@@ -183,10 +184,8 @@ def test_the_driver_turn_limit_ends_an_episode_that_never_submits(qwen3_render):
 
     cfg = make_cfg(env__entry="envs.toolbench:ToolBenchEnv", env__launcher="inprocess", env__max_turns=3)
     with open_envs(cfg.env, 1) as pool:
-        (ep,), = EpisodeDriver(qwen3_render, None, DriverSettings.of(cfg), pool.counts).run(pool.sessions,
-                                                                                            [{"seed": 0}],
-                                                                                            group_size=1,
-                                                                        policy=never_submits)
+        driver = EpisodeDriver(qwen3_render, None, settings_of(DriverSettings, cfg), pool.counts)
+        (ep,), = driver.run(pool.sessions, [{"seed": 0}], group_size=1, policy=never_submits)
         counts = pool.counts.snapshot_and_reset()
     assert ep.turns == 3 and ep.truncated and not ep.success and not ep.dropped
     assert counts["env_steps"] == 3 and counts["episodes_truncated"] == 1 and counts["success_rate"] == 0.0

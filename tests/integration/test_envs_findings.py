@@ -213,11 +213,12 @@ def test_an_observation_over_the_bound_is_cut_per_field_so_later_fields_survive(
     # `lives` after it were lost without a word
     from fixtures.rollout import make_cfg
 
+    from quaero.config import settings_of
     from quaero.rollout.driver import DriverSettings, EpisodeDriver
 
     cfg = make_cfg(env__entry=f"{F}:ArcadeEnv", env__launcher="inprocess", env__max_observation_tokens=512)
     with open_envs(cfg.env, 1) as pool, structlog.testing.capture_logs() as logs:
-        driver = EpisodeDriver(qwen3_render, None, DriverSettings.of(cfg), pool.counts)
+        driver = EpisodeDriver(qwen3_render, None, settings_of(DriverSettings, cfg), pool.counts)
         ((ep,),) = driver.run(pool.sessions, [{"seed": 0, "split": "train", "index": 0}], group_size=1,
                               policy=_scripted('{"action_id": 2}'))
         counts = pool.counts.snapshot_and_reset()
@@ -281,6 +282,7 @@ def test_a_chat_shaped_env_is_shown_as_chat_turns_and_answered_in_plain_text(qwe
     from fixtures.findings import KORREL_SYSTEM
     from fixtures.rollout import make_cfg
 
+    from quaero.config import settings_of
     from quaero.rollout.driver import DriverSettings, EpisodeDriver
 
     with open_envs(EnvConfig(entry=f"{F}:ChatShapedEnv"), 1) as pool:
@@ -292,7 +294,7 @@ def test_a_chat_shaped_env_is_shown_as_chat_turns_and_answered_in_plain_text(qwe
         answer = pool.sessions[0].step(_reply('{"content": "YES"}'))  # plain text, even looking like JSON
         assert not answer.malformed and answer.reward == 0.0 and answer.messages[0]["content"] == "Wrong."
         cfg = make_cfg(env__entry=f"{F}:ChatShapedEnv")
-        driver = EpisodeDriver(qwen3_render, None, DriverSettings.of(cfg), pool.counts)
+        driver = EpisodeDriver(qwen3_render, None, settings_of(DriverSettings, cfg), pool.counts)
         ((ep,),) = driver.run(pool.sessions, [{"seed": 0, "split": "train", "index": 0}], group_size=1,
                               policy=_scripted("YES"))
         counts = pool.counts.snapshot_and_reset()
@@ -305,6 +307,7 @@ def test_a_chat_env_that_ends_without_a_word_adds_no_response_to_the_row(qwen3_r
     # was: an empty user turn after the last action, counted as an env response (ECHO's scaffold targets)
     from fixtures.rollout import make_cfg
 
+    from quaero.config import settings_of
     from quaero.rollout.driver import DriverSettings, EpisodeDriver
 
     with open_envs(EnvConfig(entry=f"{F}:SilentEndChatEnv"), 1) as pool:
@@ -312,7 +315,7 @@ def test_a_chat_env_that_ends_without_a_word_adds_no_response_to_the_row(qwen3_r
         end = pool.sessions[0].step(_reply("NO"))
         assert end.messages == [] and end.done and end.reward == 0.0
         cfg = make_cfg(env__entry=f"{F}:SilentEndChatEnv")
-        driver = EpisodeDriver(qwen3_render, None, DriverSettings.of(cfg), pool.counts)
+        driver = EpisodeDriver(qwen3_render, None, settings_of(DriverSettings, cfg), pool.counts)
         ((ep,),) = driver.run(pool.sessions, [{"seed": 0, "split": "train", "index": 0}], group_size=1,
                               policy=_scripted("YES"))
         counts = pool.counts.snapshot_and_reset()
@@ -371,6 +374,7 @@ def test_an_env_that_rejects_every_action_with_one_message_is_said_to_need_its_s
 def test_an_mcp_env_whose_reset_has_no_text_shows_no_empty_user_turn(qwen3_render):
     from fixtures.rollout import make_cfg
 
+    from quaero.config import settings_of
     from quaero.rollout.driver import DriverSettings, EpisodeDriver
 
     with open_envs(EnvConfig(entry=f"{F}:QuietMcpEnv"), 1) as pool:
@@ -379,7 +383,7 @@ def test_an_mcp_env_whose_reset_has_no_text_shows_no_empty_user_turn(qwen3_rende
         call = {"role": "assistant", "content": "", "tool_calls": [
             {"type": "function", "function": {"name": "ping", "arguments": {"word": "hello"}}}]}
         cfg = make_cfg(env__entry=f"{F}:QuietMcpEnv")
-        driver = EpisodeDriver(qwen3_render, None, DriverSettings.of(cfg), pool.counts)
+        driver = EpisodeDriver(qwen3_render, None, settings_of(DriverSettings, cfg), pool.counts)
         ((ep,),) = driver.run(pool.sessions, [{"seed": 0, "split": "train", "index": 0}], group_size=1,
                               policy=lambda info: (lambda messages: call))
         counts = pool.counts.snapshot_and_reset()

@@ -10,7 +10,7 @@ from fixtures import served
 from fixtures.board import oracle_policy
 from fixtures.rollout import make_cfg
 
-from quaero.config import ConfigError, EnvConfig
+from quaero.config import ConfigError, EnvConfig, settings_of
 from quaero.openenv_client import open_envs
 from quaero.rollout.driver import DriverSettings, EpisodeDriver
 
@@ -19,9 +19,8 @@ TASKS = [{"seed": 2, "split": "train", "index": 0}, {"seed": 3, "split": "train"
 
 
 def _drive(render, cfg, pool):
-    groups = EpisodeDriver(render, None, DriverSettings.of(cfg), pool.counts).run(pool.sessions, TASKS,
-                                                                                  group_size=2,
-                                                              policy=oracle_policy)
+    driver = EpisodeDriver(render, None, settings_of(DriverSettings, cfg), pool.counts)
+    groups = driver.run(pool.sessions, TASKS, group_size=2, policy=oracle_policy)
     return [ep for g in groups for ep in g], pool.counts.snapshot_and_reset()
 
 

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from trainers import aggregation
-from trainers.policy_losses import PolicyLoss, policy_loss
+from trainers.policy_losses import CISPO, GSPO, LOSSES, SAPO, Behaviour, PPOClip, policy_loss
 from trainers.reference import kl_penalty
 
 pytestmark = [pytest.mark.peers]
@@ -78,13 +78,13 @@ def _trl(lp, old, adv, mask, *, loss_type, eps_low, eps_high, level="token", is_
     return loss.detach(), lp.grad
 
 
-def _quaero(lp, sampler, adv, mask, opts, aggregation_name, beta=0.0, ref=None):
+def _quaero(lp, sampler, adv, mask, opts, aggregation_name, beta=0.0, ref=None, behaviour=None):
     lp = lp.clone().requires_grad_(True)
     rows = [SimpleNamespace(meta={"episode": b}) for b in range(B)]
     scales = aggregation.rl_scales(rows, mask.sum(-1).tolist(), sft=False, aggregation=aggregation_name,
                                    constant=B * MAX_COMPLETION)
     loss, _ = policy_loss(lp, sampler, adv[:, None].expand(B, T) * mask, mask,
-                          torch.tensor(scales)[:, None], opts)
+                          torch.tensor(scales)[:, None], opts, behaviour or Behaviour())
     if ref is not None:  # the KL term's targets are the same tokens here: its own scales are the RL term's
         loss = loss + kl_penalty(lp, ref, mask, torch.tensor(scales)[:, None], beta, "k3")[0]
     loss.backward()
@@ -101,27 +101,27 @@ def _same(a, b):
 @pytest.mark.parametrize("eps_low,eps_high", [(0.2, 0.2), (0.2, 0.28)])
 def test_ppo_clip_and_dapo_clip_higher_equal_trls(loss_type, agg, eps_low, eps_high):
     lp, sampler, adv, mask = _inputs()
-    _same(_quaero(lp, sampler, adv, mask, PolicyLoss("ppo_clip", eps_low, eps_high), agg),
+    _same(_quaero(lp, sampler, adv, mask, PPOClip(eps_low, eps_high), agg),
           _trl(lp, sampler, adv, mask, loss_type=loss_type, eps_low=eps_low, eps_high=eps_high))
 
 
 @pytest.mark.parametrize("loss_type,agg", [("dapo", "token_mean"), ("grpo", "sequence_mean")])
 def test_gspo_equals_trls_sequence_level(loss_type, agg):
     lp, sampler, adv, mask = _inputs(spread=2e-3)
-    _same(_quaero(lp, sampler, adv, mask, PolicyLoss("gspo", 3e-4, 4e-4, sequence=True), agg),
+    _same(_quaero(lp, sampler, adv, mask, GSPO(3e-4, 4e-4), agg),
           _trl(lp, sampler, adv, mask, loss_type=loss_type, eps_low=3e-4, eps_high=4e-4, level="sequence"))
 
 
 def test_cispo_equals_trls():
     lp, sampler, adv, mask = _inputs()
-    _same(_quaero(lp, sampler, adv, mask, PolicyLoss("cispo", 0.2, 0.28), "token_mean"),
+    _same(_quaero(lp, sampler, adv, mask, CISPO(0.28), "token_mean"),
           _trl(lp, sampler, adv, mask, loss_type="cispo", eps_low=0.2, eps_high=1.28))
 
 
 @pytest.mark.parametrize("level", ["token", "sequence"])
 def test_sapo_equals_trls(level):
     lp, sampler, adv, mask = _inputs(spread=0.2)
-    _same(_quaero(lp, sampler, adv, mask, PolicyLoss("sapo", sequence=level == "sequence"), "sequence_mean"),
+    _same(_quaero(lp, sampler, adv, mask, SAPO(importance_sampling_level=level), "sequence_mean"),
           _trl(lp, sampler, adv, mask, loss_type="sapo", eps_low=0.2, eps_high=0.2, level=level))
 
 
@@ -142,8 +142,8 @@ def test_sampler_correction_equals_trls_vllm_importance_sampling(mode, variant, 
     lp, sampler, adv, mask = _inputs(spread=0.3)
     cap = 1.2
     weight = _trl_is_weight(lp, sampler, mask, mode, cap)
-    opts = PolicyLoss(variant, 0.2, 0.28, correction=mode, cap=cap)
-    _same(_quaero(lp, sampler, adv, mask, opts, "token_mean"),
+    opts = PPOClip(0.2, 0.28) if variant == "ppo_clip" else LOSSES[variant](0.28)
+    _same(_quaero(lp, sampler, adv, mask, opts, "token_mean", behaviour=Behaviour(mode, cap)),
           _trl(lp, None, adv, mask, loss_type=loss_type, eps_low=0.2, eps_high=eps_high, is_ratio=weight))
 
 
@@ -152,5 +152,5 @@ def test_sampler_correction_equals_trls_vllm_importance_sampling(mode, variant, 
 def test_the_kl_penalty_equals_trls_beta(loss_type, agg):
     lp, sampler, adv, mask = _inputs()
     ref = lp + (torch.rand(B, T, generator=torch.Generator().manual_seed(7)) * 2 - 1) * 0.4
-    _same(_quaero(lp, sampler, adv, mask, PolicyLoss("ppo_clip", 0.2, 0.28), agg, beta=0.04, ref=ref),
+    _same(_quaero(lp, sampler, adv, mask, PPOClip(0.2, 0.28), agg, beta=0.04, ref=ref),
           _trl(lp, sampler, adv, mask, loss_type=loss_type, eps_low=0.2, eps_high=0.28, beta=0.04, ref=ref))

@@ -42,7 +42,7 @@ def config(root: Path, name: str, lora: bool):
 
 
 def test_the_memory_plan_reads_the_llama_shape(tiny_smollm2_dir):
-    from quaero.recipe.memory_lines import memory_lines
+    from quaero.preflight.memory_lines import memory_lines
 
     cfg = load_config(TOOLBENCH, ["model.name='smollm2-135m-instruct'", "model.dtype='bfloat16'"])
     lines = memory_lines(cfg, "cpu")
@@ -56,7 +56,7 @@ def test_the_memory_plan_reads_the_llama_shape(tiny_smollm2_dir):
 def test_a_step_checkpoint_resume_and_export_of_tiny_smollm2(tiny_smollm2_dir, tmp_path, lora):
     from transformers import AutoModelForCausalLM
 
-    from quaero.model import load_tokenizer
+    from quaero.models.load import load_tokenizer
     from quaero.tools.export import load_model
 
     cfg = config(tmp_path / "runs", "smol", lora)
@@ -92,7 +92,7 @@ def test_a_step_checkpoint_resume_and_export_of_tiny_smollm2(tiny_smollm2_dir, t
 
 
 def test_the_tied_heads_selective_and_full_paths_agree(tiny_smollm2_dir):
-    from quaero.model import load_tokenizer
+    from quaero.models.load import load_tokenizer
     from trainers.registry import trainer_class
     from trainers.spec import TrainerSpec
 

@@ -130,15 +130,15 @@ def test_the_drift_check_catches_a_stale_table(tmp_path, monkeypatch):
 
 
 def test_an_undeclared_or_unemitted_metric_is_a_problem(monkeypatch):
-    from quaero.telemetry import names
+    from quaero.telemetry import metrics, names
 
     gen = _gen_reference()
     rollout, recipe = (next(t for t in names.TABLES if t.title == title)
                        for title in ("Rollout", "Recipe, per step"))
     monkeypatch.setattr(rollout, "names", [n for n in rollout.names if n != names.ENV_RETRIES])
     monkeypatch.setattr(recipe, "names", [*recipe.names, "no_such_metric"])
-    monkeypatch.setitem(names.METRICS, "no_such_metric", names.Metric("no_such_metric", names.SUM, "gone",
-                                                                      recipe.title))
+    monkeypatch.setitem(metrics.METRICS, "no_such_metric",
+                        metrics.Metric("no_such_metric", metrics.SUM, "gone", recipe.title))
     found = gen.problems()
     assert any("'env_retries' is not declared in quaero/telemetry/names.py" in p for p in found)
     assert any("'no_such_metric' is not emitted by quaero/recipe/train.py" in p for p in found)

@@ -17,7 +17,7 @@ RUN_SIDE = ("quaero.recipe", "quaero.rollout", "quaero.telemetry", "quaero.sampl
 FLOORS: list[tuple[str, ...]] = [
     # 0 the ground: leaves every floor reads (registries, names, counts, the process group, the row contract)
     ("quaero", "quaero.launcher_registry", "quaero.sampler_registry", "quaero.task_sampler_registry",
-     "quaero.resolve", "quaero.process_group", "quaero.processes", "quaero.model", "quaero.chat",
+     "quaero.resolve", "quaero.process_group", "quaero.processes", "quaero.models", "quaero.chat",
      "quaero.telemetry", "quaero.rows"),
     # 1 the trainers' compute and the spec that tells a trainer what to do
     ("trainers",),
@@ -27,11 +27,13 @@ FLOORS: list[tuple[str, ...]] = [
     ("quaero.openenv_client", "quaero.sampling"),
     # 4 the rollout: episodes played on those components, turned into rows
     ("quaero.rollout",),
-    # 5 the recipe that wires them
+    # 5 `quaero check`: a config judged against the components before any run (the recipe builds through it)
+    ("quaero.preflight",),
+    # 6 the recipe that wires them
     ("quaero.recipe",),
-    # 6 what users run after or beside training
+    # 7 what users run after or beside training
     ("quaero.tools",),
-    # 7 the command line, and the benchmarks it dispatches (`quaero bench`, lazily)
+    # 8 the command line, and the benchmarks it dispatches (`quaero bench`, lazily)
     ("quaero.cli", "benchmarks"),
 ]
 

@@ -68,3 +68,23 @@ def test_from_step_without_from_is_refused_before_any_arm_trains(tmp_path, monke
     monkeypatch.setattr(ablation, "train_arm", lambda *a, **k: pytest.fail("an arm was trained"))
     with pytest.raises(SystemExit, match=r"^error: --from-step needs --from RUN$"):
         ablation.main(["envs/toolbench.toml", "--from-step", "1", "--out", str(tmp_path)])
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("argv_more,says", [
+    (["--set", "run.output_dir=runs"], "--set 'run.output_dir=runs': run.name, run.output_dir and run.seed"),
+    (["--arm-a", "run.name=mine"], "--arm-a 'run.name=mine': run.name"),
+    (["--arm-b", "run.seed=7"], "--arm-b 'run.seed=7': run.name"),
+])
+def test_ablation_and_samplers_refuse_a_set_of_the_benchs_own_run_keys(tmp_path, monkeypatch, argv_more,
+                                                                      says):
+    from benchmarks import samplers
+
+    monkeypatch.setattr(ablation, "train_arm", lambda *a, **k: pytest.fail("an arm was trained"))
+    with pytest.raises(SystemExit, match=says):
+        ablation.main(["envs/toolbench.toml", "--out", str(tmp_path / "out"), *argv_more])
+    assert not (tmp_path / "out").exists()
+    if argv_more[0] == "--set":
+        with pytest.raises(SystemExit, match=says):
+            samplers.main(["envs/toolbench.toml", "--from", str(tmp_path), "--from-step", "5", "--budget",
+                           "9", "--out", str(tmp_path / "out"), *argv_more])

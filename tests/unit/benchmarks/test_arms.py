@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from benchmarks import arms, samplers
+from benchmarks import arms, arms_plot, samplers
 from quaero.telemetry import names, runlog
+from quaero.tools import review
 
 # per seed: the warm start's eval (successes, malformed actions) of tasks 0..7
 WARM = {0: ([1, 0, 0, 0, 0, 0, 0, 0], [0, 0, 1, 1, 1, 1, 0, 0]),
@@ -26,7 +27,8 @@ def _events(run_dir, steps, evals):
             runlog.set_step(step)
             log.info(names.TASK_OUTCOMES_EVENT, for_step=step, groups=[["env", 0, "city", wins, 8, spread,
                                                                          tokens]])
-            log.info(names.TRAIN_STEP_EVENT, phase="rl", loss=0.1, clip_fraction=clip)
+            log.info(names.TRAIN_STEP_EVENT, phase="rl", loss=0.1, clip_fraction=clip,
+                     generated_tokens=tokens)
         for step, wins, bad in evals:
             runlog.set_step(step)
             log.info(names.EVAL_EVENT, eval_results=[[i, w, float(w)] for i, w in enumerate(wins)],
@@ -87,6 +89,19 @@ def test_arms_from_each_seeds_warm_start_are_paired_split_and_judged(tmp_path, w
     assert "| dapo | 1 | 2 | 1,000 | 2 of 2 (2.000) | 0.875 | +5/-0, p 0.062" in text
     assert ("- dapo: beats its warm start at every seed: no (0 of 2 significant gains, 0 significant "
             "losses)") in text
+    # the figure: every arm at every seed, from the seed's warm start (0 RL tokens) to the arm's eval
+    assert f"figure {out / 'arms.png'}" in text
+    png = (out / "arms.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    warm = {s: review.load_run(warm_runs / f"warm-s{s}")["evals"][0] for s in (0, 1)}
+    curves = arms_plot.arm_curves([("base", "sequential", []), ("dapo", "sequential", [])], [0, 1], warm, out)
+
+    def se(p):
+        return (p * (1 - p) / 8) ** 0.5
+
+    assert [(t, v) for t, v, _ in curves[("dapo", 1)]] == [(0, 2 / 8), (1000, 7 / 8)]  # 2 steps of 500 tokens
+    assert [e for _, _, e in curves[("dapo", 1)]] == pytest.approx([se(2 / 8), se(7 / 8)])
+    assert [(t, v) for t, v, _ in curves[("base", 0)]] == [(0, 1 / 8), (2000, 1 / 8)]
     # a second call reads the finished arms and trains none; --no-train only reads, and refuses an arm whose
     # sets differ (here in order) instead of training it again
     trained.clear()
@@ -119,3 +134,57 @@ def test_each_seed_gets_its_own_warm_start_and_a_seed_without_one_is_one_line():
         arms.sources(["0=runs/ci"], [0, 3])
     assert arms.parse_arm("cur: env.tasks.sampler=curriculum training.guidance=episode") == (
         "cur", "curriculum", ["training.guidance=episode"])
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("argv_more,says", [
+    # a user's run named by --set: the arm trained inside it (events appended, final/ overwritten)
+    (["--set", "run.output_dir=runs", "--set", "run.name=mine", "--arm", "base"],
+     "--set 'run.output_dir=runs': run.name, run.output_dir and run.seed are the bench's own"),
+    (["--arm", "base: run.name=mine"], "--arm 'base: run.name=mine': 'run.name=mine': run.name"),
+    (["--arm", "base", "--set", "run={name='mine'}"], "--set \"run={name='mine'}\": run.name"),
+    (["--arm", "base", "--set", "run.seed=3"], "--set 'run.seed=3': .* choose the folder with --out"),
+])
+def test_bench_arms_never_trains_an_arm_in_a_run_a_set_names(tmp_path, warm_runs, monkeypatch, argv_more,
+                                                             says):
+    monkeypatch.setattr(samplers, "train_arm", lambda *a, **k: pytest.fail("an arm was trained"))
+    argv = ["envs/toolbench.toml", "--from", str(warm_runs / "warm-s{seed}"), "--from-step", "500",
+            "--seeds", "0", "--budget", "2000", "--out", str(tmp_path / "out"), *argv_more]
+    with pytest.raises(SystemExit, match=says):
+        arms.main(argv)
+
+
+@pytest.mark.hostile
+def test_bench_arms_json_is_refused_before_training_where_it_would_write_through_a_link_or_a_run(
+        tmp_path, warm_runs, monkeypatch):
+    import os
+
+    monkeypatch.setattr(samplers, "train_arm", lambda *a, **k: pytest.fail("an arm was trained"))
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep")
+    (tmp_path / "link.json").symlink_to(outside)
+    os.mkfifo(tmp_path / "fifo.json")
+    config = warm_runs / "warm-s0" / "config.json"  # a run's own file
+    config.write_text("{}")
+    argv = ["envs/toolbench.toml", "--from", str(warm_runs / "warm-s{seed}"), "--from-step", "500",
+            "--seeds", "0", "--budget", "2000", "--out", str(tmp_path / "out"), "--arm", "base"]
+    for path, says in ((tmp_path / "link.json", "a symlink"), (tmp_path / "fifo.json", "a special file"),
+                       (config, "inside the run folder")):
+        with pytest.raises(SystemExit, match=f"--json {path}: {says}"):
+            arms.main([*argv, "--json", str(path)])
+    assert outside.read_text() == "keep" and config.read_text() == "{}"
+
+
+@pytest.mark.hostile
+def test_an_arms_own_run_name_folder_and_seed_come_after_every_user_set(tmp_path, monkeypatch):
+    import subprocess
+
+    from benchmarks import ablation
+
+    ran = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **k: ran.append(cmd) or subprocess.CompletedProcess(
+        cmd, 0))
+    ablation.train_arm("envs/toolbench.toml", tmp_path, "a-s0", 0, ["training.beta=0"], ["training.steps=2"],
+                       None)
+    sets = [x for x in ran[0] if "=" in x]
+    assert sets[-3:] == ["run.name=a-s0", f"run.output_dir={tmp_path}", "run.seed=0"]

@@ -8,8 +8,8 @@ import pytest
 from quaero import cli
 from quaero.config import ConfigError, EnvConfig, load_config
 from quaero.openenv_client.tasks import check_splits
+from quaero.preflight import check
 from quaero.rollout.mixture import Mixture
-from quaero.tools import check
 
 pytestmark = pytest.mark.hostile
 

@@ -120,3 +120,15 @@ def test_a_sharded_trainer_keeps_model_and_optimizer_out_of_its_state(tiny_model
     assert trainer.sharded
     state = trainer.state_dict()
     assert state["shards"] == "dcp" and "model" not in state and "optimizer" not in state
+
+
+def test_tree_training_splits_rows_by_prefix_so_a_group_stays_on_one_rank():
+    rng = __import__("random").Random(0)
+    groups = [[g * 1000 + t for t in range(300)] for g in range(4)]  # four prompts, nothing shared between
+    ids = [groups[g] + [rng.randrange(999) for _ in range(20 + m)] for m in range(6) for g in range(4)]
+    shares = distributed.split_trees(ids, 2)
+    assert sorted(i for s in shares for i in s) == list(range(len(ids)))
+    for s in shares:  # whole groups per rank (rows m * 4 + g belong to group g), two each: balanced
+        assert len({i % 4 for i in s}) == 2 and len(s) == 12
+    assert distributed.split_trees(ids, 1) == [list(range(len(ids)))]
+    assert sorted(map(len, distributed.split_trees([[1, 2]], 3))) == [0, 0, 1]  # one row, one rank

@@ -12,7 +12,7 @@ from benchmarks.smoke import sparse_row
 from quaero.rows import EchoRow, RowError, Span
 from trainers import step
 from trainers.local import LocalTrainer
-from trainers.policy_losses import PolicyLoss, policy_loss
+from trainers.policy_losses import LOSSES, Behaviour, policy_loss
 
 GAMMA = 0.25  # not the default: the test would pass with a hard-coded 0.1 otherwise
 ATOL = 1e-6
@@ -125,9 +125,9 @@ def test_guided_tokens_are_shaped_whatever_the_variant_and_never_clipped(name):
     adv = torch.tensor([[2.0] * 6, [-1.0] * 6])
     sampler = torch.where(guided, torch.zeros(2, 6), lp.detach())
     scale = torch.full((2, 1), 1 / 12)
-    opts = replace(PolicyLoss.of(make_spec("m", policy_loss=name)), gamma=GAMMA, correction="token_truncate")
-    loss, stats = policy_loss(lp, sampler, adv, mask, scale, opts, guided=guided)
-    alone, _ = policy_loss(lp, sampler, adv, mask & ~guided, scale, opts)
+    opts, behaviour = LOSSES[name](), Behaviour("token_truncate", gamma=GAMMA)
+    loss, stats = policy_loss(lp, sampler, adv, mask, scale, opts, behaviour, guided=guided)
+    alone, _ = policy_loss(lp, sampler, adv, mask & ~guided, scale, opts, behaviour)
     p = torch.exp(lp[0].detach())
     shaped = float((-2.0 * p / (p + GAMMA)).sum() / 12)
     assert float(loss.detach()) == pytest.approx(float(alone.detach()) + shaped, abs=ATOL)

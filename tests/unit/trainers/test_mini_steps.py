@@ -10,6 +10,7 @@ from benchmarks.smoke import sparse_rows
 from trainers import step
 from trainers.local import LocalTrainer
 from trainers.mini_steps import merge_metrics, mini_batches
+from trainers.policy_losses import PPOClip
 
 
 def _rows():
@@ -37,7 +38,7 @@ def test_merged_metrics_total_as_their_names_say():
 
 
 def test_each_mini_step_compares_with_the_log_probs_recorded_before_the_first(small_model_dir):
-    settings = {"lr": 2e-2, "clip_eps": 1e-3, "sampler_correction": "token_truncate"}
+    settings = {"lr": 2e-2, "policy_loss": PPOClip(1e-3, 1e-3), "sampler_correction": "token_truncate"}
     rows = _rows()
     multi = LocalTrainer(make_spec(small_model_dir, steps_per_generation=2, num_iterations=2, **settings),
                          "cpu")

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from trainers.policy_losses import PolicyLoss, policy_loss
+from trainers.policy_losses import CISPO, GSPO, SAPO, Behaviour, PPOClip, policy_loss
 
 B, L = 4, 9
 ATOL = 1e-6
@@ -30,10 +30,10 @@ def _inputs(seed=0, spread=0.6):
     return lp, sampler, adv, mask, scale
 
 
-def _ours(opts, seed=0, spread=0.6):
+def _ours(opts, seed=0, spread=0.6, behaviour=None):
     lp, sampler, adv, mask, scale = _inputs(seed, spread)
     lp = lp.clone().requires_grad_(True)
-    loss, stats = policy_loss(lp, sampler, adv, mask, scale, opts)
+    loss, stats = policy_loss(lp, sampler, adv, mask, scale, opts, behaviour or Behaviour())
     loss.backward()
     return loss.detach(), lp.grad, stats
 
@@ -92,19 +92,19 @@ def _assert_same(ours, ref):
 
 @pytest.mark.parametrize("lo,hi", [(0.2, 0.2), (0.2, 0.28), (0.1, 0.5)])
 def test_ppo_clip_with_separate_epsilons_equals_its_formula(lo, hi):
-    _assert_same(_ours(PolicyLoss("ppo_clip", lo, hi)), _reference(_ppo(lo, hi)))
+    _assert_same(_ours(PPOClip(lo, hi)), _reference(_ppo(lo, hi)))
 
 
 def test_gspo_equals_the_clipped_length_normalised_sequence_ratio():
     lo, hi = 3e-4, 4e-4  # the GSPO paper's
-    ours = _ours(PolicyLoss("gspo", lo, hi, sequence=True), spread=1e-3)
+    ours = _ours(GSPO(lo, hi), spread=1e-3)
     _assert_same(ours, _reference(_ppo(lo, hi), spread=1e-3, sequence=True))
     assert ours[2].sequences == B and ours[2].clipped > 0  # some rows clipped, some not
     assert ours[2].clipped < ours[2].tokens
 
 
 def test_cispo_equals_its_clipped_stop_gradient_weight_on_every_token():
-    ours = _ours(PolicyLoss("cispo", 0.2, 0.28))
+    ours = _ours(CISPO(0.28))
     _assert_same(ours, _reference(_cispo(0.28)))
     lp, sampler, _, mask, _ = _inputs()
     r = torch.exp(lp - sampler)[mask]
@@ -113,23 +113,25 @@ def test_cispo_equals_its_clipped_stop_gradient_weight_on_every_token():
 
 
 def test_sapo_equals_its_soft_gate():
-    ours = _ours(PolicyLoss("sapo", 0.2, 0.2, tau_pos=1.0, tau_neg=1.05))
+    ours = _ours(SAPO(1.0, 1.05))
     _assert_same(ours, _reference(_sapo(1.0, 1.05)))
 
 
-@pytest.mark.parametrize("variant,per_token", [("ppo_clip", _ppo(0.2, 0.28)), ("cispo", _cispo(0.28)),
-                                               ("sapo", _sapo(1.0, 1.05))])
+@pytest.mark.parametrize("variant,per_token", [(PPOClip(0.2, 0.28, "sequence"), _ppo(0.2, 0.28)),
+                                               (CISPO(0.28, "sequence"), _cispo(0.28)),
+                                               (SAPO(1.0, 1.05, "sequence"), _sapo(1.0, 1.05))])
 def test_sequence_level_applies_to_every_variant(variant, per_token):
-    _assert_same(_ours(PolicyLoss(variant, 0.2, 0.28, sequence=True), spread=0.05),
+    _assert_same(_ours(variant, spread=0.05),
                  _reference(per_token, spread=0.05, sequence=True))
 
 
 @pytest.mark.parametrize("correction", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
-@pytest.mark.parametrize("variant,per_token", [("ppo_clip", _ppo(0.2, 0.28)), ("cispo", _cispo(0.28)),
-                                               ("sapo", _sapo(1.0, 1.05))])
+@pytest.mark.parametrize("variant,per_token", [(PPOClip(0.2, 0.28), _ppo(0.2, 0.28)),
+                                               (CISPO(0.28), _cispo(0.28)),
+                                               (SAPO(1.0, 1.05), _sapo(1.0, 1.05))])
 def test_sampler_correction_weights_each_variant(correction, variant, per_token):
     cap = 1.2  # some tokens and one row (weight 1.75) past it
-    ours = _ours(PolicyLoss(variant, 0.2, 0.28, correction=correction, cap=cap), spread=0.3)
+    ours = _ours(variant, spread=0.3, behaviour=Behaviour(correction, cap))
     _assert_same(ours, _reference(per_token, spread=0.3, correction=correction, cap=cap))
     stats = ours[2]
     assert stats.is_tokens == stats.tokens and 0 < stats.is_cut < stats.tokens  # some past the cap, not all
@@ -158,8 +160,8 @@ def _today(logprobs, sampler_logprobs, advantages, mask, scale, clip_eps):
 def test_the_default_is_todays_loss_bit_for_bit(clip_eps):
     from trainers.spec import TrainerSpec
 
-    opts = PolicyLoss.of(TrainerSpec(clip_eps=clip_eps))
-    assert opts == PolicyLoss("ppo_clip", clip_eps, clip_eps)
+    opts = TrainerSpec(policy_loss=PPOClip(clip_eps, clip_eps)).policy_loss
+    assert TrainerSpec().policy_loss == PPOClip(0.2, 0.2)
     lp, sampler, adv, mask, scale = _inputs()
     a, b = lp.clone().requires_grad_(True), lp.clone().requires_grad_(True)
     loss, stats = policy_loss(a, sampler, adv, mask, scale, opts)
@@ -177,7 +179,7 @@ def test_clip_fractions_count_where_the_clip_binds():
     sampler = torch.tensor([[0.0, -1.5, -0.5, -1.5, -0.5]])
     adv = torch.tensor([[0.0, 1.0, 1.0, -1.0, -1.0]])
     mask = adv != 0
-    _, stats = policy_loss(lp, sampler, adv, mask, torch.ones(1, 1), PolicyLoss("ppo_clip", 0.2, 0.28))
+    _, stats = policy_loss(lp, sampler, adv, mask, torch.ones(1, 1), PPOClip(0.2, 0.28))
     # r = 1.65 (A>0: binds high), 0.61 (A>0: outside, not binding), 1.65 (A<0: not binding), 0.61 (A<0: low)
     assert (stats.tokens, stats.clipped, stats.clipped_high, stats.clipped_low) == (4, 4, 1, 1)
 
@@ -199,10 +201,10 @@ def _reference_step_loss(rows, lps, variant, lo, hi, sequence):
 
 
 @pytest.mark.parametrize("settings", [
-    {"policy_loss": "cispo", "clip_eps_high": 4.0},
-    {"policy_loss": "gspo", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4},
-    {"policy_loss": "sapo", "importance_sampling_level": "sequence"},
-    {"policy_loss": "ppo_clip", "clip_eps_high": 0.28, "sampler_correction": "token_truncate"},
+    {"policy_loss": CISPO(clip_eps_high=4.0)},
+    {"policy_loss": GSPO(clip_eps_low=3e-4, clip_eps_high=4e-4)},
+    {"policy_loss": SAPO(importance_sampling_level="sequence")},
+    {"policy_loss": PPOClip(clip_eps_high=0.28), "sampler_correction": "token_truncate"},
 ])
 def test_a_trainer_step_trains_the_chosen_loss_and_reports_it(small_model_dir, settings):
     """The real step (tiny model, selective path, ECHO on): its rl_loss is the formula's on the trainer's own
@@ -216,19 +218,18 @@ def test_a_trainer_step_trains_the_chosen_loss_and_reports_it(small_model_dir, s
     trainer = LocalTrainer(make_spec(small_model_dir, **settings), "cpu")
     lps = trainer.logprobs(rows)
     m = trainer.train_step(rows)
-    assert m["policy_loss"] == settings["policy_loss"] and m["optimizer_stepped"]
+    assert m["policy_loss"] == settings["policy_loss"].type and m["optimizer_stepped"]
     assert m["sampler_correction"] == settings.get("sampler_correction", "none")
     if "sampler_correction" in settings:  # r = 1 in value; the sampler's weight is what moves
         assert m["sampler_is_weight_mean"] is not None and m["sampler_is_cut_fraction"] is not None
         assert m["clip_fraction"] == 0.0
     else:
-        spec = trainer.spec
-        low, high = spec.clip_range
-        ref = _reference_step_loss(rows, lps, spec.policy_loss, low, high,
-                                   spec.policy_loss == "gspo" or spec.importance_sampling_level == "sequence")
+        loss = trainer.spec.policy_loss
+        ref = _reference_step_loss(rows, lps, loss.type, getattr(loss, "clip_eps_low", None),
+                                   getattr(loss, "clip_eps_high", None), loss.sequence)
         assert math.isclose(m["rl_loss"], ref, rel_tol=1e-5, abs_tol=1e-6), (m["rl_loss"], ref)
         assert m["sampler_is_weight_mean"] is None
-    sequence = settings["policy_loss"] == "gspo" or settings.get("importance_sampling_level") == "sequence"
+    sequence = settings["policy_loss"].sequence
     assert (m["sequence_ratio_mean"] is not None) == sequence
     assert m["clip_low_fraction"] is not None and m["clip_high_fraction"] is not None
 
@@ -239,21 +240,22 @@ def test_a_trainer_step_trains_the_chosen_loss_and_reports_it(small_model_dir, s
 @pytest.mark.parametrize("key, value, says", [
     ("backend.lr", "1e308", "less than or equal to 1"),  # one AdamW step made every weight -inf
     ("training.warmup_sft_lr", "1e30", "less than or equal to 1"),
-    ("training.sapo_temperature_pos", "1e-300", "greater than or equal to 0.000001"),  # a -inf loss
-    ("training.sapo_temperature_neg", "1e308", "less than or equal to 1000000"),  # the step raised
+    ("loss.policy.temperature_pos", "1e-300", "greater than or equal to 0.000001"),  # a -inf loss
+    ("loss.policy.temperature_neg", "1e308", "less than or equal to 1000000"),  # the step raised
     ("training.guidance_gamma", "1e-300", "greater than or equal to 0.000001"),
     ("sampler.temperature", "1e-300", "greater than or equal to 0.00001"),
     ("echo.weight", "1e308", "less than or equal to 1000000"),
     ("echo.rl_weight", "1e308", "less than or equal to 1000000"),
     ("training.sampler_correction_cap", "1e308", "less than or equal to 1000000"),
-    ("training.clip_eps_high", "1e308", "less than or equal to 1000000"),
-    ("training.clip_eps", "nan", "finite number"),
+    ("loss.policy.clip_eps_high", "1e308", "less than or equal to 1000000"),
+    ("loss.policy.clip_eps_low", "nan", "finite number"),
 ])
 def test_a_loss_setting_no_float32_step_survives_is_refused_at_load_naming_it(key, value, says):
     from quaero.config import ConfigError, load_config
 
     with pytest.raises(ConfigError) as e:
-        load_config("envs/toolbench.toml", [f"{key}={value}"])
+        load_config("envs/toolbench.toml", [f"{key}={value}"]
+                    + (["loss.policy.type='sapo'"] if "temperature" in key else []))
     section, name = key.rsplit(".", 1)
     assert f"[{section}] {name}=" in str(e.value) and says in str(e.value)
 
@@ -269,7 +271,7 @@ def test_at_the_bounds_sapo_and_policy_shaping_give_a_finite_loss_and_gradient(t
     adv = torch.tensor([[1.0, -1, 1, 0, 1, -1], [-1, 1, 1, -1, 0.5, 1]])
     guided = torch.zeros(2, 6, dtype=torch.bool)
     guided[1, 3:] = True
-    opts = PolicyLoss("sapo", tau_pos=tau, tau_neg=tau, gamma=gamma)
-    loss, _ = policy_loss(lp, sampler, adv, adv != 0, torch.ones(2, 1), opts, guided=guided)
+    loss, _ = policy_loss(lp, sampler, adv, adv != 0, torch.ones(2, 1), SAPO(tau, tau),
+                          Behaviour(gamma=gamma), guided=guided)
     loss.backward()
     assert math.isfinite(float(loss)) and torch.isfinite(lp.grad).all()

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from quaero.model import random_qwen3
+from quaero.models.qwen3 import random_qwen3
 from trainers.local import LocalTrainer
 from trainers.shard_reader import SafeLoadPlanner, SafeShardReader
 from trainers.spec import TrainerSpec

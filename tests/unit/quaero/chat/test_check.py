@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from quaero.config import ConfigError
-from quaero.recipe.plan import load_checked
+from quaero.preflight.plan import load_checked
 
 ROOT = Path(__file__).resolve().parents[4]
 MAIN = ROOT / "envs" / "toolbench.toml"
@@ -41,6 +41,11 @@ def check(folder: Path, tmp_path: Path, *more: str):
     (CHATML.replace("{{ m['content'] }}", "{{ m['content'] }}{% if m['role'] != 'assistant' %} "
                                           "#{{ loop.index }}{% endif %}"),
      "cannot append an env response exactly (template_history_dependent: "),
+    # hung `quaero check` in C code holding the GIL, growing to GBs, Ctrl-C ignored
+    pytest.param("{% set ns = namespace(x=[1]) %}{% for i in range(40) %}{% set ns.x = [ns.x, ns.x] %}"
+                 "{% endfor %}{{ ns.x|tojson }}" + CHATML,
+                 "(the chat template raised SecurityError: a list, tuple or dict literal would print as",
+                 marks=pytest.mark.hostile),
 ])
 def test_bad_chat_templates_are_one_line_at_check(tmp_path, tiny_model_dir, template, needle):
     folder = model_with_template(tmp_path, tiny_model_dir, template)
@@ -64,7 +69,7 @@ def test_a_template_without_an_exact_bridge_names_what_works_and_runs_without_ec
 
 
 def test_check_says_which_renderer_was_chosen_and_why(tmp_path, tiny_model_dir):
-    from quaero.tools.check import plan_lines
+    from quaero.preflight.check import plan_lines
 
     cfg = load_checked(MAIN, ["model.renderer='auto'", f"run.output_dir='{tmp_path / 'runs'}'"])
     line = next(x for x in plan_lines(cfg, str(MAIN)) if x.startswith("model"))
@@ -72,3 +77,32 @@ def test_check_says_which_renderer_was_chosen_and_why(tmp_path, tiny_model_dir):
     folder = model_with_template(tmp_path, tiny_model_dir, CHATML)
     cfg = check(folder, tmp_path)
     assert "renderer 'template' (named in [model] renderer)" in plan_lines(cfg, str(MAIN))[2]
+
+
+# calls as Llama 3 writes them (one JSON object a call, "parameters"), in a template that reads `tools`
+OWN_CALLS = CHATML.replace("{{ m['content'] }}", "{% if m.get('tool_calls') %}{% for c in m.tool_calls %}"
+                           "{\"name\": {{ c.function.name | tojson }}, \"parameters\": "
+                           "{{ c.function.arguments | tojson }}}{% endfor %}{% else %}{{ m['content'] }}"
+                           "{% endif %}") + "{% if tools %}{% endif %}"
+
+
+@pytest.mark.parametrize("template,said", [
+    (OWN_CALLS, "tool calls llama3_json: the template's own tool calls parse back exactly"),
+    (OWN_CALLS.replace("{\"name\": {{", "<call>{{").replace("}}}{% endfor %}", "}}</call>{% endfor %}"),
+     "tool calls prompt (auto: the template's own tool calls parse back through none of hermes, llama3_json"),
+    (CHATML, "tool calls prompt (auto: the template reads no `tools`, so calls and tool specs go as text)"),
+])
+def test_check_says_which_tool_call_format_the_round_trip_chose(tmp_path, tiny_model_dir, template, said):
+    from quaero.preflight.check import plan_lines
+
+    cfg = check(model_with_template(tmp_path, tiny_model_dir, template), tmp_path)
+    assert said in plan_lines(cfg, str(MAIN))[2]
+
+
+def test_a_template_whose_tool_calls_round_trip_nowhere_is_refused_in_one_line(tmp_path, tiny_model_dir):
+    drops = CHATML.replace("{{ m['content'] }}",
+                           "{% if m['role'] != 'assistant' %}{{ m['content'] }}{% endif %}")
+    with pytest.raises(ConfigError) as e:
+        check(model_with_template(tmp_path, tiny_model_dir, drops), tmp_path)
+    line = str(e.value)
+    assert "\n" not in line and "round-trip through this chat template neither in its own format nor" in line

@@ -22,8 +22,8 @@ def test_templates_are_sandboxed_and_bounded(source, needle):
 # template from Python's internals, not from memory or time): refused before the step runs, in one line.
 @pytest.mark.hostile
 @pytest.mark.parametrize("source,needle", [
-    ("{{ 'x' * 10**10 }}", "'\\*' would make 10,000,000,000 items"),
-    ("{{ ([1] * 10**9)|length }}", "'\\*' would make 1,000,000,000 items"),
+    ("{{ 'x' * 10**10 }}", "'\\*' would make 10,000,000,000 characters"),
+    ("{{ ([1] * 10**9)|length }}", "'\\*' would make 5,000,000,000 characters"),
     ("{{ 9 ** 999999999 }}", "'\\*\\*' would make an int of about 3,999,999,996 bits"),
     ("{{ '{:>10000000000}'.format(1) }}", "format with a format width of 10000000000"),
     ("{{ '%10000000000d' % 1 }}", "'%' with a format width of 10000000000"),
@@ -33,9 +33,9 @@ def test_templates_are_sandboxed_and_bounded(source, needle):
     ("{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
      "'~' would make 1,024 characters"),
     ("{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
-     "'\\+' would make 1,024 items"),
+     "'\\+' would make 1,024 characters"),
     ("{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = [ns.s, ns.s]|join %}{% endfor %}",
-     "filter 'join' made 1,024 items"),
+     "a list, tuple or dict literal would print as 1,030\\+ characters"),
     ("{% set s = 'x' * 900 %}{{ s.replace('', s) }}", "replace would make 811,800 characters"),
     ("{% set s = 'x' * 900 %}{{ s|replace('', s) }}", "filter 'replace' would make 811,800 characters"),
     ("{% set ns = namespace(x=10) %}{% for i in range(60) %}{% set ns.x = ns.x * ns.x %}{% endfor %}",
@@ -44,6 +44,35 @@ def test_templates_are_sandboxed_and_bounded(source, needle):
 def test_a_template_that_would_grow_without_end_is_refused_before_it_grows(source, needle):
     with pytest.raises(TemplateProblem, match=f"raised SecurityError: {needle}"):
         TemplateRunner(source, max_chars=1000).render(messages=[])
+
+
+@pytest.mark.hostile
+# Each of these hung in C code holding the GIL (str, json.dumps, str.join, strftime), where the time bound
+# never fires and Ctrl-C is not served: a list doubled by reference prints 2**40 items from two
+@pytest.mark.hostile
+@pytest.mark.parametrize("built", ["[ns.x, ns.x]", "(ns.x, ns.x)", "{'a': ns.x, 'b': ns.x}", "[ns.x] * 2",
+                                   "ns.x + ns.x", "dict(a=ns.x, b=ns.x)"])
+@pytest.mark.parametrize("printed", ["{{ ns.x }}", "{{ ns.x|tojson }}", "{{ ns.x|string }}",
+                                     "{{ ns.x|join }}", "{{ ns.x|length }}"])
+def test_a_value_doubled_by_reference_is_refused_before_it_can_be_printed(built, printed):
+    import time
+
+    source = ("{% set ns = namespace(x=[1]) %}{% for i in range(40) %}{% set ns.x = " + built + " %}"
+              "{% endfor %}" + printed)
+    t0 = time.monotonic()
+    with pytest.raises(TemplateProblem, match=r"raised SecurityError: .* past the bound of 67,108,864 "
+                                              r"characters"):
+        TemplateRunner(source).render(messages=[])
+    assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.hostile
+def test_strftime_now_with_a_huge_format_is_refused_not_run():
+    """`strftime_now('%c' * 30000000)` answered after 84 s at 4.4 GB with the wrong reason."""
+    with pytest.raises(TemplateProblem, match=r"strftime_now with a format of 60,000,000 characters: past "
+                                              r"the bound of 1,000 characters"):
+        TemplateRunner("{{ strftime_now('%c' * 30000000) }}").render(messages=[])
+    assert TemplateRunner("{{ strftime_now('%Y') }}").render(messages=[]).isdigit()
 
 
 @pytest.mark.hostile
@@ -68,6 +97,8 @@ def test_a_render_that_never_ends_stops_at_its_time_bound_and_the_template_is_re
 
 def test_an_ordinary_template_renders_as_before():
     source = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content ~ '\n' }}{% endfor %}"
-              "{{ '%d' % 3 }}{{ 'ab'|center(6) }}{{ ['a', 'b']|join(',') }}{{ 'x' * 3 }}{{ 2 ** 10 }}")
+              "{{ '%d' % 3 }}{{ 'ab'|center(6) }}{{ ['a', 'b']|join(',') }}{{ 'x' * 3 }}{{ 2 ** 10 }}"
+              "{% for a, b in [(1, 2)] %}{{ a + b }}{% endfor %}{% set a, b = (3, 4) %}"
+              "{{ {'k': [a, b]}|tojson }}")
     out = TemplateRunner(source).render(messages=[{"role": "user", "content": "hi"}])
-    assert out == "<|user|>hi\n3  ab  a,bxxx1024"
+    assert out == '<|user|>hi\n3  ab  a,bxxx10243{"k": [3, 4]}'

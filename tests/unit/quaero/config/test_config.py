@@ -146,6 +146,10 @@ def test_cli_check_prints_plan():
     ("env.url='ws://127.0.0.1:9'", ("[env] url/urls is set but launcher='local-server'; set "
                                    "launcher='remote'")),
     ("env.launcher='remote'", "[env]: launcher='remote' needs url"),
+    # accepted before, yet every step's loss was inf, its gradient skipped: nothing trained
+    ("training.all_fail_advantage=-1e308", ("[training.all_fail_advantage]: all_fail_advantage=-1e+308: "
+                                            "advantages past +-100 make the loss overflow")),
+    ("training.positive_advantage_weight=1e300", "positive_advantage_weight=1e+300: advantages past +-100"),
 ])
 @pytest.mark.hostile
 def test_meaningless_settings_are_refused_before_anything_loads(override, needle):
@@ -202,7 +206,7 @@ def test_a_pasted_huge_value_is_cut_in_its_error_line():
 
 @pytest.mark.hostile
 def test_the_plan_of_a_huge_step_count_is_counted_not_enumerated():
-    from quaero.tools.check import work_line
+    from quaero.preflight.check import work_line
 
     line = work_line(load_config(MAIN, ["training.steps=10000000000000000000000", "training.eval_every=7",
                                         "training.eval_tasks=64"]))

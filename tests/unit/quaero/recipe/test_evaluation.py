@@ -9,6 +9,7 @@ import structlog
 from fixtures.rollout import make_cfg
 from fixtures.toyenv import ToyChatEnv, oracle
 
+from quaero.config import settings_of
 from quaero.openenv_client.tasks import TaskCatalog
 from quaero.recipe.evaluation import eval_episodes, evaluate_at
 from quaero.recipe.parts import EnvRun, RunParts, env_tasks
@@ -33,7 +34,7 @@ def test_the_eval_loop_plays_the_splits_first_tasks_greedily_and_twice_alike(qwe
     """Never past the split's end; the same run seed gives the same tasks and, greedy, the same episodes:
     what lets `quaero eval` reproduce a run's own eval events."""
     cfg, pool = make_cfg(), _pool(eval_size=2)
-    driver = EpisodeDriver(qwen3_render, tiny_hf_sampler, DriverSettings.of(cfg), pool.counts)
+    driver = EpisodeDriver(qwen3_render, tiny_hf_sampler, settings_of(DriverSettings, cfg), pool.counts)
     with structlog.testing.capture_logs() as logs:
         tasks, groups = eval_episodes(cfg, driver, pool, "eval", 5, seed=cfg.run.seed, report_as="progress")
     again = eval_episodes(cfg, driver, pool, "eval", 5, seed=cfg.run.seed)
@@ -45,7 +46,7 @@ def test_the_eval_loop_plays_the_splits_first_tasks_greedily_and_twice_alike(qwe
 
 def test_a_scripted_policy_plays_the_same_tasks(qwen3_render):
     cfg, pool = make_cfg(), _pool(eval_size=3)
-    driver = EpisodeDriver(qwen3_render, None, DriverSettings.of(cfg), pool.counts)
+    driver = EpisodeDriver(qwen3_render, None, settings_of(DriverSettings, cfg), pool.counts)
     tasks, groups = eval_episodes(cfg, driver, pool, "eval", 3, seed=0, policy=oracle)
     assert [t["index"] for t in tasks] == [0, 1, 2] and all(ep.success for (ep,) in groups)
 
@@ -54,7 +55,7 @@ def test_training_logs_one_eval_event_with_each_tasks_result(qwen3_render):
     """`evaluate_at` over the oracle as the env's policy stand-in: one `eval` event, its per-task results and
     its figures."""
     cfg, pool = make_cfg(training__eval_tasks=2), _pool(eval_size=2)
-    driver = EpisodeDriver(qwen3_render, None, DriverSettings.of(cfg), pool.counts)
+    driver = EpisodeDriver(qwen3_render, None, settings_of(DriverSettings, cfg), pool.counts)
     driver.run = _with_policy(driver.run, oracle)
     env = EnvRun("env", cfg, pool, driver, env_tasks("env", cfg, pool))
     parts = RunParts(cfg, SimpleNamespace(device="cpu"), None, qwen3_render, [env], pool.counts, True,

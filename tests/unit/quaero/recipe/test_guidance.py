@@ -13,9 +13,10 @@ from fixtures.toyenv import TOOLS, ToyChatEnv, oracle
 from pydantic import ValidationError
 
 from quaero.bounded import CallTimeout
-from quaero.config import ConfigError, QuaeroConfig, check_rules
+from quaero.config import ConfigError, QuaeroConfig, check_rules, settings_of
+from quaero.preflight.guidance_lines import guidance_lines, schedule_warning
 from quaero.recipe.groups import learn, play_groups, signal_metrics
-from quaero.recipe.guidance import guidance_lines, members_at, schedule_warning
+from quaero.recipe.guidance import members_at
 from quaero.recipe.parts import EnvRun, RunParts, env_tasks
 from quaero.rollout.driver import DriverSettings, EpisodeDriver
 from quaero.rollout.mixture import Mixture
@@ -47,7 +48,7 @@ def _parts(render, **training):
     sampler = WrongAnswers(render)
     pool = SimpleNamespace(sessions=[ToyChatEnv() for _ in range(GROUP)], tasks=None,
                            task_spec=lambda split, index: {})
-    env = EnvRun("env", cfg, pool, EpisodeDriver(render, sampler, DriverSettings.of(cfg), counts),
+    env = EnvRun("env", cfg, pool, EpisodeDriver(render, sampler, settings_of(DriverSettings, cfg), counts),
                  env_tasks("env", cfg, pool), oracle=oracle)
     return RunParts(cfg, None, sampler, render, [env], counts, False, Mixture({"env": 1.0})), counts
 
@@ -253,7 +254,7 @@ def test_the_prefix_anneals_with_the_schedule():
 
 def test_a_prefix_that_covers_every_turn_the_env_allows_is_a_warning_at_check():
     """guidance_prefix_turns >= max_turns: the guide would play whole episodes under the name `prefix`."""
-    from quaero.recipe.guidance import prefix_warnings
+    from quaero.preflight.guidance_lines import prefix_warnings
 
     def cfg(turns, most):
         return make_cfg(training__guidance="prefix", training__guidance_prefix_turns=turns,
@@ -404,7 +405,7 @@ def test_a_recorded_prefix_is_the_oracles_prefix_token_for_token_then_the_policy
 
 
 def test_recorded_guides_settings_are_checked_in_one_line(tmp_path):
-    from quaero.recipe.plan import check_trace_path
+    from quaero.preflight.plan import check_trace_path
 
     with pytest.raises(ConfigError, match="guidance_traces='r.jsonl' with guidance='none'"):
         check_rules(make_cfg(training__guidance_traces="r.jsonl"))

@@ -11,6 +11,7 @@ import structlog
 from fixtures.rollout import make_cfg, recipe_parts
 from fixtures.small_model import V
 
+from quaero.bounded import STOP_REQUESTED
 from quaero.config import ConfigError, load_config
 from quaero.recipe.progress import RunProgress
 from quaero.recipe.stop import EmptySteps
@@ -18,7 +19,6 @@ from quaero.recipe.train import step_rows
 from quaero.rollout.driver import Episode
 from quaero.rollout.traces import load_traces, warm_start_rows
 from quaero.rows import EchoRow, Span
-from quaero.sampling.wire import STOP_REQUESTED
 from quaero.telemetry.counts import RolloutCounts
 
 pytestmark = pytest.mark.hostile

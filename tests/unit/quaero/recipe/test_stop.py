@@ -9,8 +9,8 @@ import pytest
 import structlog
 from fixtures.rollout import make_cfg
 
+from quaero.bounded import STOP_REQUESTED
 from quaero.recipe.stop import EmptySteps, StopRequest, budget_spent, nothing_trained
-from quaero.sampling.wire import STOP_REQUESTED
 
 
 def test_the_first_signal_asks_the_step_to_finish_the_second_aborts_and_leaving_restores_the_handlers():

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from quaero.config import TrainingConfig
+from quaero.config import QuaeroConfig, TrainingConfig, settings_of
 from quaero.rollout.advantages import AdvantageOptions, group_advantages, step_advantages
 
 REWARDS = [1.0, 0.0, 0.0, 0.5]  # mean 0.375; sample std sqrt(((.625)^2 + 2 (.375)^2 + (.125)^2) / 3)
@@ -17,7 +17,7 @@ def close(xs, ys):
 
 
 def test_the_default_is_the_group_mean_baseline_without_std():
-    assert AdvantageOptions() == AdvantageOptions.of(TrainingConfig())
+    assert AdvantageOptions() == settings_of(AdvantageOptions, QuaeroConfig(env={"entry": "m:E"}))
     assert close(group_advantages(REWARDS), [0.625, -0.375, -0.375, 0.125])
     assert group_advantages([0.0, 0.0, 0.0]) == [0.0] * 3  # an all-fail group: no signal (ECHO only)
 
@@ -61,3 +61,28 @@ def test_bad_settings_are_refused_in_one_line():
         TrainingConfig(all_fail_advantage=1.0)
     with pytest.raises(ValueError, match="advantage='ppo'"):
         group_advantages([1.0, 0.0], options=AdvantageOptions(advantage="ppo"))
+
+
+def test_an_estimator_of_the_users_own_named_in_the_config_is_scaled_and_weighted_as_the_built_ins(
+        monkeypatch):
+    from pathlib import Path
+
+    from quaero.config import ConfigError, load_config
+    from quaero.config.advantages import ESTIMATORS as NAMES
+    from quaero.rollout.advantages import ESTIMATORS
+
+    assert tuple(ESTIMATORS) == NAMES
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[4] / "examples" / "custom_loss"))
+    cfg = load_config("envs/toolbench.toml", ["training.advantage='my_loss:rank_baseline'",
+                                              "training.scale_rewards='group'",
+                                              "training.positive_advantage_weight=0.5"])
+    options = settings_of(AdvantageOptions, cfg)
+    assert options == AdvantageOptions("my_loss:rank_baseline", "group", 0.5)
+    # ranks of [1, 0, 0, 0.5]: 3, 0.5, 0.5, 2 -> centred 1.5, -1, -1, 0.5; / (std(r) + 1e-4); x 0.5 if > 0
+    want = [a / (STD + 1e-4) * (0.5 if a > 0 else 1.0) for a in (1.5, -1.0, -1.0, 0.5)]
+    assert close(group_advantages(REWARDS, options=options), want)
+    assert group_advantages([1.0, 1.0], options=options) == [0.0, 0.0]  # all-equal: quaero's rule, not theirs
+    with pytest.raises(ConfigError, match=r"advantage\]: advantage='my_loss:nope': module 'my_loss' has no"):
+        load_config("envs/toolbench.toml", ["training.advantage='my_loss:nope'"])
+    with pytest.raises(ConfigError, match=r"advantage='ppo': expected 'package.module:Name'"):
+        load_config("envs/toolbench.toml", ["training.advantage='ppo'"])

@@ -8,7 +8,8 @@ from fixtures.badreply import INJECTION
 from fixtures.rollout import IM_END, assert_exact, drive, make_cfg, spans_of, target_logprobs, text
 from fixtures.toyenv import ChatStep, HostileToyEnv, ToyChatEnv, oracle
 
-from quaero.model import QWEN3_ADDED
+from quaero.config import settings_of
+from quaero.models.qwen3 import QWEN3_ADDED
 from quaero.openenv_client import EpisodeDropped
 from quaero.rollout.driver import DriverSettings, EpisodeDriver, ExactnessError
 from quaero.rollout.render import WORD_JOINER
@@ -177,7 +178,7 @@ def test_the_trainer_measures_the_sampler_vs_trainer_logprob_gap_of_sampled_rows
                                                                                  tiny_hf_sampler):
     """Rows sampled by the HF sampler, trained by the `local` trainer on the same weights: the trainer's
     sampler_logprob_gap_* is measured, non-zero (two different forwards) and tiny (the same model)."""
-    from quaero.recipe.plan import trainer_spec
+    from quaero.preflight.plan import trainer_spec
     from trainers.local import LocalTrainer
 
     eps, stats = drive(qwen3_render, tasks=1, group=2, policy=None, sampler=tiny_hf_sampler, env__max_turns=2)
@@ -190,8 +191,8 @@ def test_the_trainer_measures_the_sampler_vs_trainer_logprob_gap_of_sampled_rows
 
 def test_run_seed_makes_sampled_episodes_reproducible(qwen3_render, tiny_hf_sampler):
     def actions(seed):
-        driver = EpisodeDriver(qwen3_render, tiny_hf_sampler, DriverSettings.of(make_cfg(env__max_turns=2)),
-                               RolloutCounts())
+        settings = settings_of(DriverSettings, make_cfg(env__max_turns=2))
+        driver = EpisodeDriver(qwen3_render, tiny_hf_sampler, settings, RolloutCounts())
         groups = driver.run([ToyChatEnv(), ToyChatEnv()], [{"index": 0}], group_size=2, seed=seed)
         return [t.action_ids for ep in groups[0] for t in ep.transitions]
 

@@ -5,7 +5,7 @@ import pytest
 from fixtures.badreply import INJECTION
 
 from quaero.config import ModelConfig
-from quaero.rollout.render import WORD_JOINER, BridgeFailure, RenderAdapter, defuse
+from quaero.rollout.render import WORD_JOINER, BridgeFailure, RenderAdapter, UnparsableAction, defuse
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
                                            "parameters": {"type": "object",
@@ -206,3 +206,18 @@ def test_defuse_is_the_identity_on_clean_text_and_breaks_overlapping_matches():
     out = defuse("abc", pattern)
     assert not pattern.search(out) and out.replace(WORD_JOINER, "") == "abc"
     assert defuse(out, pattern) == out
+
+
+@pytest.mark.hostile
+def test_a_sampled_call_whose_json_spells_a_lone_surrogate_is_a_malformed_reply_not_the_end_of_a_run(render):
+    tok = render.tokenizer
+    # `"\ud800"` is valid JSON; the string it decodes to has no UTF-8 encoding, so in the history it would
+    # make the next prompt's tokenizer call raise
+    ids = tok.encode('<tool_call>\n{"name": "get_weather", "arguments": {"city": "\\ud800"}}\n</tool_call>',
+                     add_special_tokens=False) + [151645]
+    where = r"tool_calls\[0\]\.function\.arguments\.city cannot be encoded"
+    with pytest.raises(UnparsableAction, match=where) as e:
+        render.parse(ids)
+    # the corrective path gets the reply as plain text, and that text renders into the next prompt
+    assert e.value.message["tool_calls"] is None and "\\ud800" in e.value.message["content"]
+    render.prompt_ids([*CHAT, e.value.message, {"role": "user", "content": "again"}], TOOLS)

@@ -245,3 +245,32 @@ def test_a_long_first_draw_reading_every_spec_logs_progress_with_the_specs_read(
         assert len(s.sample(4)) == 4
     lines = [e for e in logs if e["event"] == "user_call_waiting"]
     assert lines and lines[0]["call"].endswith("sample(4)") and 0 < lines[-1]["task_specs_read"] <= 200
+
+
+@pytest.mark.hostile
+def test_a_user_samplers_generator_is_consumed_under_the_bound_and_a_stop_request(released):
+    """sample() returning an endless generator: the bound covered the call that returned it, and `list()`
+    consumed it unbounded (memory without end; SIGTERM only logged stop_requested)."""
+    import threading
+    import time
+
+    from quaero.bounded import STOP_REQUESTED, StoppedInCall
+
+    name = "fixtures.hostile_samplers"
+    with pytest.raises(TaskSamplerError, match=r"EndlessSampler' \(env 'a'\): sample\(2\) returned more "
+                                               r"than 2 tasks; it must return 2 indices"):
+        make_task_sampler(view(f"{name}:EndlessSampler")).sample(2)
+    t0 = time.monotonic()
+    with pytest.raises(TaskSamplerError, match=r"sample\(2\) did not return within 0.3s \(\[env.tasks\] "
+                                               r"timeout_s\)"):
+        make_task_sampler(view(f"{name}:StallingGeneratorSampler", timeout_s=0.3)).sample(2)
+    assert time.monotonic() - t0 < 3
+    stalled = make_task_sampler(view(f"{name}:StallingGeneratorSampler", timeout_s=60), grace_s=0.2)
+    threading.Timer(0.2, STOP_REQUESTED.set).start()  # SIGTERM's handler sets it
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(StoppedInCall):
+            stalled.sample(2)
+        assert time.monotonic() - t0 < 5
+    finally:
+        STOP_REQUESTED.clear()

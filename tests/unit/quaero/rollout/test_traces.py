@@ -10,6 +10,7 @@ from fixtures.small_model import V, make_spec, save_small_model
 
 from quaero.rollout.traces import load_traces
 from trainers.local import LocalTrainer
+from trainers.policy_losses import PPOClip
 from trainers.step import audit_logprobs
 
 # 4 prompt tokens, 3 action tokens, 3 env tokens, 2 action tokens
@@ -80,7 +81,8 @@ def test_records_the_rl_loss_cannot_use_are_refused_one_line_each(tmp_path):
 
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory):
-    return LocalTrainer(make_spec(save_small_model(tmp_path_factory.mktemp("small")), clip_eps=None), "cpu")
+    return LocalTrainer(make_spec(save_small_model(tmp_path_factory.mktemp("small")),
+                                  policy_loss=PPOClip(None, None)), "cpu")
 
 
 def _step(trainer, rows):

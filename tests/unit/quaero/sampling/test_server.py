@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from quaero.config import ConfigError, QuaeroConfig, SamplerConfig, check_rules
-from quaero.recipe.plan import check_server_devices
+from quaero.preflight.plan import check_server_devices
 from quaero.sampling.server import serve_argv, server_devices, server_env
 from quaero.sampling.supervisor import free_port
 
@@ -233,7 +233,7 @@ def test_a_running_server_is_judged_by_what_it_says_of_itself(http_server, chang
 def test_a_wrong_address_fails_the_config_before_any_model_loads(http_server):
     """Nothing listening, and a server that is not vLLM's: `quaero check` (and so `quaero train`) stops in one
     line naming the url, before a model or an env loads."""
-    from quaero.recipe.plan import check_server_urls
+    from quaero.preflight.plan import check_server_urls
 
     dead = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(ConfigError, match=rf"run.toml \[sampler\] urls: {dead} does not answer .*start it or "

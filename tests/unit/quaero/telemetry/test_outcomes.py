@@ -1,6 +1,7 @@
 """Honest outcomes (quaero/telemetry/outcomes.py, quaero/telemetry/proofs.py): RL steps that carried no signal
 are said to have none during the run and at its end, with the fix, and `quaero review` reports RL and ECHO
 training apart."""
+import pytest
 from fixtures.runs import events_of
 
 from quaero import cli
@@ -132,3 +133,32 @@ def test_rl_steps_that_trained_nothing_do_not_say_echo_trained(tmp_path, capsys)
     assert cli.main(["review", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "only ECHO trained" not in out and "so nothing trained" in out
+
+
+@pytest.mark.hostile
+def test_rl_steps_the_optimizer_skipped_are_never_counted_as_trained(tmp_path, capsys):
+    # all_fail_advantage=-1e308 (accepted then): every step's loss was inf, its gradient skipped (0 optimizer
+    # steps), yet its action tokens said the step trained, and review printed [PASS] "RL trained"
+    runlog.configure(console="none")
+    watch = SignalWatch()
+    skipped = {**SILENT, "action_tokens": 30, "optimizer_steps": 0, "nonfinite_grad_skips": 1}
+    log = runlog.get_logger("test")
+    with runlog.RunLog(tmp_path, run_id="r1"):
+        for step in (1, 2):
+            runlog.set_step(step)
+            watch.step(step, skipped)
+            log.info("train_step", **skipped)
+        totals = watch.finish()
+        log.info("run_end", status="finished")
+    assert totals["rl_steps_with_signal"] == totals["action_tokens"] == 0
+    assert totals["rl_steps_without_update"] == 2
+    for event, skips in (("rl_no_signal", 1), ("rl_signal", 2)):
+        note = events_of(tmp_path, event)[0]["note"]
+        assert f"{skips} took no optimizer step (a non-finite gradient), so nothing trained" in note
+        assert "Fix: a finite loss" in note
+    assert cli.main(["review", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "[PASS] RL trained" not in out and "[WARN] RL trained (action tokens with advantage)" in out
+    assert "[PASS] trained at least one step" not in out and "[PASS] ECHO trained" not in out
+    summary = review.summarize(review.load_run(tmp_path))
+    assert (summary.rl_action_tokens, summary.rl_steps_without_update, summary.echo_tokens) == (0, 2, 0)

@@ -18,9 +18,10 @@ def test_trainer_step_emits_exactly_the_declared_counter_names(local_smoke_metri
     assert set(names.SELECTIVE_METRICS) <= emitted and set(proofs.STEP_PROOF_METRICS) <= emitted
     # every retrain `local_train_*` name the step emits is declared in quaero/telemetry/names.py
     assert {k for k in emitted if k.startswith("local_train_")} == {*names.SELECTIVE_METRICS,
-                                                                  *proofs.BRANCH_COUNTERS, names.SAVE_ON_CPU}
+                                                                  *proofs.BRANCH_COUNTERS, names.SAVE_ON_CPU,
+                                                                  *names.TREE_METRICS}
     # the smoke's rows are sparse by construction: the proof passes on the real step's counters
-    assert [c["status"] for c in proofs.branch_checks(local_smoke_metrics)] == ["pass", "n/a"]
+    assert [c["status"] for c in proofs.branch_checks(local_smoke_metrics)] == ["pass", "n/a", "n/a"]
 
 
 def test_a_counter_added_to_proofs_is_emitted_and_reviewed(monkeypatch, tiny_model_dir, tmp_path):
@@ -36,14 +37,14 @@ def test_a_counter_added_to_proofs_is_emitted_and_reviewed(monkeypatch, tiny_mod
 
 
 def test_proofs_module_stays_light():
-    """trainers/ import it; importing it must not pull torch (or any quaero module but the names and the run
-    summary's types) in."""
+    """trainers/ import it; importing it must not pull torch (or any quaero module but the names, their
+    declarations and the run summary's types) in."""
     code = ("import sys, quaero.telemetry.proofs; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'quaero', 'trainers')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert (
-        out.strip() == "['quaero', 'quaero.telemetry', 'quaero.telemetry.names', 'quaero.telemetry.proofs', "
-                       "'quaero.telemetry.summary']"
+        out.strip() == "['quaero', 'quaero.telemetry', 'quaero.telemetry.metrics', 'quaero.telemetry.names', "
+                       "'quaero.telemetry.proofs', 'quaero.telemetry.summary']"
     )
 
 
@@ -74,6 +75,21 @@ def test_compiled_ce_is_judged_only_in_require_mode():
     assert proofs.compiled_ce(ok)["status"] == "pass"
     assert proofs.compiled_ce({**ok, names.COMPILED_CE_BATCHES: 0})["status"] == "fail"
     assert proofs.compiled_ce({**ok, names.COMPILE_FALLBACK_REASON: "cpu device"})["status"] == "fail"
+
+
+def test_tree_training_is_judged_when_packing_is_asked_for():
+    assert proofs.tree_training({names.TREE_PACKING: "off"})["status"] == "n/a"
+    on = {names.TREE_PACKING: "on", names.TREE_BATCHES: 2, names.TREE_UNIQUE_TOKENS: 300,
+          names.TREE_ROW_TOKENS: 1000, names.TREE_FALLBACK_BATCHES: 0}
+    passed = proofs.tree_training(on)
+    assert passed["status"] == "pass" and "300/1000 = 0.300" in passed["detail"]
+    failed = proofs.tree_training({**on, names.TREE_FALLBACK_BATCHES: 1,
+                                   names.TREE_FALLBACK_REASON: "eager?"})
+    assert failed["status"] == "fail" and "eager?" in failed["detail"]
+    auto = {**on, names.TREE_PACKING: "auto", names.TREE_BATCHES: 0}
+    assert proofs.tree_training(auto)["status"] == "n/a"  # nothing shared enough to pay
+    mixed = {**auto, names.TREE_BATCHES: 1, names.TREE_FALLBACK_BATCHES: 1}
+    assert proofs.tree_training(mixed)["status"] == "pass"
 
 
 def test_unmet_counts_na_only_for_named_checks():

@@ -12,7 +12,7 @@ import pytest
 from fixtures.sink_readers import tensorboard_scalars, wandb_offline_history
 
 from quaero.config import ConfigError
-from quaero.recipe.plan import load_checked
+from quaero.preflight.plan import load_checked
 from quaero.telemetry import runlog
 from quaero.telemetry.sinks import mirror, open_sinks, scalars_of
 
@@ -151,7 +151,7 @@ def test_check_names_the_pip_command_for_a_missing_sink_and_rejects_unknown_ones
 
 @pytest.mark.slow
 def test_check_does_not_import_the_sink_packages():
-    code = ("import sys; from quaero.recipe.plan import load_checked; "
+    code = ("import sys; from quaero.preflight.plan import load_checked; "
             f"load_checked({str(MAIN)!r}, ['logging.report_to=[\"tensorboard\", \"wandb\"]']); "
             "print(sorted(m for m in ('tensorboard', 'wandb', 'torch.utils.tensorboard') if m in "
             "sys.modules))")

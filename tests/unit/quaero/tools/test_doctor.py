@@ -164,7 +164,7 @@ def test_the_smollm2_files_are_reported_and_a_damaged_gguf_is_a_problem(tmp_path
                                                                         no_engines):
     """The SmolLM2 family's line: both files intact, no problem; a truncated GGUF (the wheel's file cut
     short) is a problem naming the reinstall; neither installed is no problem (an optional family)."""
-    from quaero import smollm2
+    from quaero.models import smollm2
 
     monkeypatch.setenv("QUAERO_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)

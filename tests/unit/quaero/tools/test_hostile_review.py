@@ -12,7 +12,7 @@ from quaero.telemetry import runlog
 
 pytestmark = pytest.mark.hostile
 
-PLOTS = ("reward", "losses", "memory", "branches")
+PLOTS = ("reward", "losses", "memory", "branches", "heldout")
 
 
 def record(run_dir, steps):

@@ -153,7 +153,7 @@ def test_plots_are_valid_pngs(tmp_path):
     record(tmp_path, good_steps(), evals=[(0, 0.0), (4, 0.5)])
     assert review_command.main(args(tmp_path, plots=str(tmp_path / "plots"))) == 0
     pngs = sorted((tmp_path / "plots").glob("*.png"))
-    assert [p.stem for p in pngs] == ["branches", "losses", "memory", "reward"]
+    assert [p.stem for p in pngs] == ["branches", "heldout", "losses", "memory", "reward"]
     for p in pngs:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 1000
 
@@ -277,7 +277,8 @@ def test_require_an_unknown_check_lists_the_valid_names(tmp_path, capsys):
     assert review_cli(tmp_path, "--require", "ECHO loss fallin") == 1
     err = capsys.readouterr().err
     assert err == ("error: --require 'ECHO loss fallin' is not a check; valid: 'sparse ECHO proof', "
-                   "'compiled CE proof', 'exact rows (prefix mismatches)', 'trained at least one step', "
+                   "'compiled CE proof', 'tree training proof', 'exact rows (prefix mismatches)', "
+                   "'trained at least one step', "
                    "'sampler log-probs agree with the trainer', 'RL trained (action tokens with advantage)', "
                    "'ECHO trained (env tokens)', 'ECHO loss falling', 'eval reward above untrained', "
                    "'RL kept eval at warm start', 'RL improved eval over warm start', "
@@ -308,7 +309,7 @@ def test_unreadable_lines_are_counted_not_fatal(tmp_path, capsys):
     assert err == (f"warning: {tmp_path / 'events.jsonl'}: 5 line(s) could not be read (not UTF-8, not a "
                    "JSON object, or a step that is not an integer) and are left out\n")
     assert review_cli(tmp_path, "--plots", tmp_path / "plots") == 0
-    assert len(list((tmp_path / "plots").glob("*.png"))) == 4
+    assert len(list((tmp_path / "plots").glob("*.png"))) == 5
 
 
 @pytest.mark.parametrize("content", [b"", b"\n\n", b"\xff\xfe\x00garbage\n[1]\n42\n{\"torn"])
@@ -504,6 +505,105 @@ def test_the_review_says_how_much_signal_came_from_guidance_and_judges_rl_on_ung
     _record_phases(tmp_path / "plain", warm=warm, end=end)
     assert review.summarize(review.load_run(tmp_path / "plain")).guidance is None
     assert "guidance" not in review.summarize(review.load_run(tmp_path / "plain")).to_dict()
+
+
+def _record_held_out(run_dir):
+    """A warm start (steps 1-3) and 2 RL steps of 100 and 150 generated tokens; evals at 0 (64 tasks, none
+    solved), 3 (2 of 8 solved, tasks 2 and 3 malformed) and 5 (3 of 8: 2 and 3 fixed, 1 regressed; task 4
+    malformed), each with pass@2's sampled episodes of 3 tasks: (2 of 2, 1 of 2, 0 of 2)."""
+    _record_phases(run_dir, warm=[1, 1, 0, 0, 0, 0, 0, 0], end=[1, 0, 1, 1, 0, 0, 0, 0],
+                   formats=([0, 0, 1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 1, 0, 0, 0]),
+                   rl_fields=[{"generated_tokens": 100}, {"generated_tokens": 150}],
+                   eval_fields={"eval_pass_k": 2, "eval_pass_results": [[0, 2, 2], [1, 1, 2], [2, 0, 2]]})
+
+
+def test_review_says_held_out_success_with_its_se_format_failures_pass_at_k_and_fixed_tasks(tmp_path,
+                                                                                             capsys):
+    _record_held_out(tmp_path)
+    s = review.summarize(review.load_run(tmp_path))
+    se = (3 / 8 * 5 / 8 / 8) ** 0.5
+    assert s.eval_last == pytest.approx({
+        "eval_success_se_last": se, "eval_format_failures_last": 1 / 8, "eval_wrong_answers_last": 4 / 8,
+        "eval_pass_k": 2, "eval_pass_tasks_last": 3, "eval_pass_at_1_last": 0.5, "eval_pass_at_k_last": 2 / 3,
+        "eval_pass_at_k_se_last": ((1 / 3) ** 2 * 2 + (2 / 3) ** 2) ** 0.5 / 3})
+    c = s.rl_vs_warm_start
+    assert (c.fixed, c.regressed, c.improved, c.worsened) == ([2, 3], [1], 2, 1)
+    assert review_command.main(args(tmp_path)) == 0
+    out = capsys.readouterr().out
+    assert (f"held-out success (last eval) 0.375 ± {se:.3f} s.e.; failures: 0.125 format (a malformed "
+            "action), 0.500 wrong answers (every action well formed)") in out
+    assert ("last eval's pass@k, k = 2 samples per task at the sampler's temperature, 3 tasks: pass@1 0.500, "
+            "pass@2 0.667 (s.e. 0.272)") in out
+    assert "RL over warm start per task: fixed 2: 2, 3; regressed 1: 1" in out
+    assert review_command.main(args(tmp_path, json=True)) == 0
+    summary = json.loads(capsys.readouterr().out)["summary"]
+    assert summary["eval_pass_at_k_last"] == pytest.approx(2 / 3) and summary["eval_success_se_last"] == (
+        pytest.approx(se))
+    assert (summary["rl_vs_warm_start"]["fixed"], summary["rl_vs_warm_start"]["regressed"]) == ([2, 3], [1])
+
+
+def test_the_held_out_plot_draws_the_events_points_against_step_and_generated_tokens(tmp_path, capsys):
+    _record_held_out(tmp_path)
+    run = review.load_run(tmp_path)
+    curves = review_command.held_out_curves(run)
+    # (eval step, RL generated tokens by then, value, s.e.): the same numbers as the events'
+    want = [(0, 0, 0.0, 0.0), (3, 0, 0.25, (0.25 * 0.75 / 8) ** 0.5),
+            (5, 250, 0.375, (3 / 8 * 5 / 8 / 8) ** 0.5)]
+    assert [p[:2] for p in curves["success"]] == [w[:2] for w in want]
+    assert [v for p in curves["success"] for v in p[2:]] == pytest.approx([v for w in want for v in w[2:]])
+    assert [p[:3] for p in curves["pass@2"]] == [(0, 0, pytest.approx(2 / 3)), (3, 0, pytest.approx(2 / 3)),
+                                                 (5, 250, pytest.approx(2 / 3))]
+    import matplotlib.pyplot as plt
+
+    fig = review_command._held_out_figure(run, plt)  # what the PNG draws: the points above, on both axes
+    by_step, by_tokens = ({c.get_label(): (list(c.lines[0].get_xdata()), list(c.lines[0].get_ydata()))
+                           for c in ax.containers} for ax in fig.axes)
+    plt.close(fig)
+    assert by_step["success"] == ([0, 3, 5], [0.0, 0.25, 0.375])
+    assert by_tokens["success"] == ([0, 0, 250], [0.0, 0.25, 0.375])
+    assert review_cli(tmp_path, "--plots") == 0  # bare: into the run's own plots/ folder
+    assert f"plot {tmp_path / 'plots' / 'heldout.png'}" in capsys.readouterr().out
+    png = (tmp_path / "plots" / "heldout.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+def test_an_eval_from_before_the_per_task_lists_gives_its_pooled_figures(tmp_path):
+    record(tmp_path, good_steps(2), evals=[(0, 0.5)])
+    e = review.load_run(tmp_path)["evals"][0]
+    assert review.held_out(e) == {"success": 0.5}  # no s.e. logged, none made up
+    e.update(eval_success_se=0.1, eval_format_failures=0.2, eval_wrong_answers=0.3)
+    assert review.held_out(e) == {"success": 0.5, "success_se": 0.1, "format_failures": 0.2,
+                                  "wrong_answers": 0.3}
+
+
+def test_the_held_out_curves_split_by_task_group_and_tier_where_the_evals_name_them(tmp_path):
+    # the end eval's 8 tasks: templates price (0-3) and city (4-7), tiers 1 (even) and 2 (odd)
+    groups = [[i, "price" if i < 4 else "city", 1 + i % 2] for i in range(8)]
+    _record_phases(tmp_path, warm=None, end=[1, 0, 1, 1, 0, 0, 1, 0],
+                   eval_fields={"eval_task_groups": groups})
+    run = review.load_run(tmp_path)
+    end = run["evals"][-1]
+    se = review.held_out_by(end, "group")
+    assert se == {"price": (0.75, pytest.approx((0.75 * 0.25 / 4) ** 0.5)),
+                  "city": (0.25, pytest.approx((0.25 * 0.75 / 4) ** 0.5))}
+    assert review.held_out_by(end, "difficulty") == {1: (0.75, pytest.approx((0.75 * 0.25 / 4) ** 0.5)),
+                                                     2: (0.25, pytest.approx((0.25 * 0.75 / 4) ** 0.5))}
+    curves = review_command.held_out_curves(run)
+    # the step-0 eval's 64 tasks are named too, but all in one list: only tasks 0-7 are grouped
+    assert [(p[0], p[2]) for p in curves["success, group price"]] == [(0, 0.0), (5, 0.75)]
+    assert [(p[0], p[2]) for p in curves["success, tier 2"]] == [(0, 0.0), (5, 0.25)]
+    assert review.held_out_by({"eval_results": [[0, 1, 1.0]]}, "group") == {}  # no groups logged: none
+
+
+def test_compare_names_the_tasks_one_runs_last_eval_solves_and_the_others_does_not(tmp_path, capsys):
+    _record_phases(tmp_path / "a", warm=None, end=[1, 1, 0, 0, 1])
+    _record_phases(tmp_path / "b", warm=None, end=[1, 0, 1, 0, 0])
+    assert review_command.main(args(compare=[str(tmp_path / "a"), str(tmp_path / "b")])) == 0
+    assert ("last evals per task (B -> A, 5 shared tasks): fixed (A only) 2: 1, 4; regressed (B only) 1: 2"
+            in capsys.readouterr().out)
+    assert review_command.main(args(compare=[str(tmp_path / "a"), str(tmp_path / "b")], json=True)) == 0
+    paired = json.loads(capsys.readouterr().out)["last_evals"]
+    assert paired == {"pairs": 5, "fixed": [1, 4], "regressed": [2]}
 
 
 def _rss_steps(sft_rss: list[float], rl_rss: list[float]) -> list[dict]:

@@ -2,8 +2,8 @@
 
 A folder is input from anyone: its config.json may be no JSON object (a list, nested 200,000 deep), name its
 architecture in the wrong shape, or give sizes that are strings, floats, zero, negative or absurd. Every
-size quaero computes with (the shape check of `quaero.model.folder_problem`, the memory plan of
-quaero/recipe/memory_plan.py) is validated here first, so `num_hidden_layers = 10**12` is one line, not a
+size quaero computes with (the shape check of `quaero.models.folders.folder_problem`, the memory plan of
+quaero/preflight/memory_plan.py) is validated here first, so `num_hidden_layers = 10**12` is one line, not a
 loop that exhausts memory, and a negative size never prints a negative plan. The tokenizer files a folder
 must hold are named here too: a folder without them is told so, not blamed on the renderer.
 """
@@ -21,8 +21,12 @@ MAX_CONFIG_BYTES = 4 << 20  # a model's config.json is a few KB; a file past thi
 SIZES: dict[str, int] = {"hidden_size": 1 << 17, "num_hidden_layers": 2048, "num_attention_heads": 2048,
                          "intermediate_size": 1 << 20, "vocab_size": 1 << 24}
 OPTIONAL_SIZES: dict[str, int] = {"num_key_value_heads": 2048, "head_dim": 1 << 14}
-# the model types whose every size quaero computes with (the shape check's layouts, the memory plan's)
-SIZED_TYPES = ("qwen3", "qwen2", "llama", "mistral")
+# The config.json model types quaero supports, written once: their decoder layout is the one
+# quaero/models/folders.py checks the weights' shapes against and the memory plan
+# (quaero/preflight/memory_plan.py) counts (Qwen3's QK-norm, Qwen2's q/k/v biases, tied or untied
+# embeddings), and every size of theirs quaero computes with is validated here. Embedded models of two of
+# them: Qwen3 (quaero/models/qwen3.py) and Llama (the SmolLM2 family, quaero/models/smollm2.py).
+SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")
 
 # what a tokenizer is read from: the fast tokenizer's file, SentencePiece's model, BPE's vocabulary, tiktoken
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
@@ -40,7 +44,7 @@ def size_problem(cfg: dict) -> str | None:
     """What is wrong with the sizes of a config.json's fields, in words naming the key (None when they are
     sane): each an integer (not a string, float or bool) from 1 to its bound; the sizes a Qwen/Llama-style
     layout needs all present; the heads dividing evenly."""
-    required = cfg.get("model_type") in SIZED_TYPES
+    required = cfg.get("model_type") in SUPPORTED_MODEL_TYPES
     for key, bound in (*SIZES.items(), *OPTIONAL_SIZES.items()):
         v = cfg.get(key)
         if v is None:

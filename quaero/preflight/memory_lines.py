@@ -1,15 +1,15 @@
 """The memory plan as `quaero check` prints it, for a config on a device: the step's shape read from the
 config (`step_shape`), the device's room (`device_capacity`), the sampler's share of it beside the step
 (`sampler_share`), and the lines (`plan_lines`, `memory_lines`). The arithmetic is
-quaero/recipe/memory_plan.py.
+quaero/preflight/memory_plan.py.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
-from quaero.model import SUPPORTED_MODEL_TYPES
-from quaero.recipe.memory_plan import (
+from quaero.models.config import SUPPORTED_MODEL_TYPES
+from quaero.preflight.memory_plan import (
     GIB,
     KNOB_VALUES,
     MemoryPlan,
@@ -68,6 +68,25 @@ def gib(n: int) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
+def _activation_knobs(s: StepShape) -> str:
+    """The memory knobs a step's activations are planned with, in words."""
+    knobs = []
+    if s.gradient_checkpointing:
+        knobs.append("gradient_checkpointing")
+    if s.context_tokens:
+        knobs.append(f"context crop {s.context_tokens}")
+    if s.save_on_cpu:
+        knobs.append("save_on_cpu" + ("" if s.device.startswith("cuda") else " (no-op on cpu)"))
+    return ", ".join(knobs) or "no knobs"
+
+
+def _head_words(s: StepShape) -> str:
+    """How the LM head runs: full logits, or the selective path (chunked)."""
+    if not s.selective:
+        return "full logits"
+    return f"selective, {min(s.targets, s.chunk_size)}-row chunks" if s.chunk_size else "selective"
+
+
 def plan_lines(p: MemoryPlan, *, capacity: int | None, capacity_source: str, row_note: str,
                sampler: SamplerShare | None = None) -> list[str]:
     """The plan as `quaero check` prints it: the figures, then one line if it does not fit (the step's peak
@@ -76,20 +95,6 @@ def plan_lines(p: MemoryPlan, *, capacity: int | None, capacity_source: str, row
     beside = f" + sampler {gib(sampler.bytes)}" if sampler.bytes else ""
     s, d = p.step, p.dims
     dtype = d.dtype if s.dtype == "auto" else s.dtype
-    knobs = []
-    if s.gradient_checkpointing:
-        knobs.append("gradient_checkpointing")
-    if s.context_tokens:
-        knobs.append(f"context crop {s.context_tokens}")
-    if s.save_on_cpu:
-        knobs.append("save_on_cpu" + ("" if s.device.startswith("cuda") else " (no-op on cpu)"))
-    head = (
-        "full logits"
-        if not s.selective
-        else f"selective, {min(s.targets, s.chunk_size)}-row chunks"
-        if s.chunk_size
-        else "selective"
-    )
     lines = [
         (
             f"memory plan {d.params() / 1e9:.3f}B params ({'tied' if d.tied else 'untied'} embeddings), "
@@ -103,15 +108,15 @@ def plan_lines(p: MemoryPlan, *, capacity: int | None, capacity_source: str, row
                else ", KL reference: the base, adapter disabled (no copy)" if s.reference else "")
         ),
         (
-            f"  activations {gib(p.activations)} ({', '.join(knobs) or 'no knobs'}; exact full context "
+            f"  activations {gib(p.activations)} ({_activation_knobs(s)}; exact full context "
             "without "
             f"knobs {gib(p.activations_exact)}"
             + (f"; {gib(p.host_activations)} on host" if p.host_activations else "")
             + ")"
         ),
         (
-            f"  LM head {gib(p.lm_head)} ({head}; full logits [{s.tokens}, {d.vocab}] {gib(p.lm_head_full)}, "
-            f"selective [{s.targets}, {d.vocab}] {gib(p.lm_head_selective)})"
+            f"  LM head {gib(p.lm_head)} ({_head_words(s)}; full logits [{s.tokens}, {d.vocab}] "
+            f"{gib(p.lm_head_full)}, selective [{s.targets}, {d.vocab}] {gib(p.lm_head_selective)})"
         ),
         (
             f"  peak {gib(p.peak)}"
@@ -203,7 +208,7 @@ def device_capacity(device: str) -> tuple[int | None, str]:
 
 def memory_lines(cfg, device: str) -> list[str]:
     """`quaero check`'s memory plan for `cfg` on `device` (one line when the model's shape is unknown)."""
-    from quaero.model import config_fields
+    from quaero.models.load import config_fields
 
     fields = config_fields(cfg.model.name)
     if fields is None:

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from quaero import model as qm
 from quaero.config import ConfigError
-from quaero.recipe.plan import load_checked
+from quaero.models import base, folders, qwen3
+from quaero.models import load as loading
+from quaero.preflight.plan import load_checked
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 MAIN = ROOT / "envs" / "toolbench.toml"
-SMALL = qm.Qwen3Shape(64, 2, 4, 2, 32, 128)  # the real shapes' family at tiny dims
+SMALL = qwen3.Qwen3Shape(64, 2, 4, 2, 32, 128)  # the real shapes' family at tiny dims
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +63,8 @@ def shards(folder: Path) -> list[Path]:
 
 @pytest.mark.hostile
 def test_an_intact_sharded_folder_passes_and_loads(folder):
-    assert qm.folder_problem(folder) is None
-    model = qm.load_causal_lm(str(folder))
+    assert folders.folder_problem(folder) is None
+    model = loading.load_causal_lm(str(folder))
     assert model.config.num_hidden_layers == 2
 
 
@@ -82,15 +83,15 @@ def test_each_bad_folder_is_one_line_from_its_files_alone(folder, no_weights_loa
     first, last = shards(folder)[0], shards(folder)[-1]
     cfg = json.loads((folder / "config.json").read_text())
     first.write_bytes(first.read_bytes()[:20])  # cut inside its header
-    assert qm.folder_problem(folder).startswith(f"weight shard {first.name} is truncated")
+    assert folders.folder_problem(folder).startswith(f"weight shard {first.name} is truncated")
     first.unlink()
-    assert qm.folder_problem(folder).startswith(f"weight shard {first.name} is missing")
+    assert folders.folder_problem(folder).startswith(f"weight shard {first.name} is missing")
     shutil.copy(last, first)  # a shard with the wrong tensors: the config's are not all there
-    assert "is not in the weights" in qm.folder_problem(folder)
+    assert "is not in the weights" in folders.folder_problem(folder)
     (folder / "config.json").write_text(json.dumps({**cfg, "architectures": ["T5ForConditionalGeneration"]}))
-    assert qm.folder_problem(folder).startswith("architecture 'T5ForConditionalGeneration'")
+    assert folders.folder_problem(folder).startswith("architecture 'T5ForConditionalGeneration'")
     (folder / "config.json").write_text("{not json")
-    assert "config.json cannot be read as JSON" in qm.folder_problem(folder)
+    assert "config.json cannot be read as JSON" in folders.folder_problem(folder)
 
 
 @pytest.mark.hostile
@@ -130,20 +131,21 @@ def test_an_architecture_quaero_cannot_train_is_named_at_check(folder, no_weight
 def test_load_causal_lm_refuses_a_truncated_folder_in_one_line(folder):
     last = shards(folder)[-1]
     last.write_bytes(last.read_bytes()[:-10])
-    with pytest.raises(qm.ModelNotFound) as e:
-        qm.load_causal_lm(str(folder))
+    with pytest.raises(base.ModelNotFound) as e:
+        loading.load_causal_lm(str(folder))
     assert "is truncated" in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.mark.hostile
 @pytest.mark.slow
 def test_a_dtype_the_device_cannot_run_is_named_at_check(folder, monkeypatch, no_weights_load):
-    assert qm.dtype_problem("bfloat16", "cpu") is None and qm.dtype_problem("float16", "cpu") is None
+    assert loading.dtype_problem("bfloat16", "cpu") is None
+    assert loading.dtype_problem("float16", "cpu") is None
 
     def unsupported(dtype, device):  # an injected fault: a device without float16 kernels
         raise RuntimeError('"addmm_impl_cpu_" not implemented for \'Half\'')
 
-    monkeypatch.setattr(qm, "_dtype_probe", unsupported)
+    monkeypatch.setattr(loading, "_dtype_probe", unsupported)
     msg = check_error(folder, "model.dtype='float16'")
     assert "[model] dtype='float16': cpu cannot run a float16 forward and backward" in msg
     assert "not implemented for 'Half'" in msg and "use dtype = 'float32'" in msg
@@ -173,7 +175,8 @@ SIZES = [({"num_hidden_layers": 10**12}, "num_hidden_layers=1000000000000 is out
 
 
 def _no_shapes(monkeypatch):
-    monkeypatch.setattr(qm, "_expected_shapes", lambda cfg: pytest.fail("a shape was built from bad sizes"))
+    monkeypatch.setattr(folders, "_expected_shapes",
+                        lambda cfg: pytest.fail("a shape was built from bad sizes"))
 
 
 @pytest.mark.hostile
@@ -182,7 +185,7 @@ def test_a_config_json_of_the_wrong_shape_is_one_line(folder, monkeypatch, no_we
     text, says = MALFORMED[case]
     (folder / "config.json").write_text(text)
     _no_shapes(monkeypatch)
-    problem = qm.folder_problem(folder)
+    problem = folders.folder_problem(folder)
     assert says in problem and "\n" not in problem and "restore the folder's config.json" in problem
 
 
@@ -193,24 +196,24 @@ def test_sizes_are_validated_before_any_shape_or_plan_is_built(folder, monkeypat
     """`num_hidden_layers = 10**12` exhausted memory building the expected shapes; negative sizes printed a
     negative memory plan and "config OK"; string sizes, 0 heads, `architectures` as a string or a nested list
     were tracebacks."""
-    from quaero.model_config import ModelConfigError
+    from quaero.models.config import ModelConfigError
 
     cfg = json.loads((folder / "config.json").read_text())
     cfg = {k: v for k, v in {**cfg, **change}.items() if v is not None}
     (folder / "config.json").write_text(json.dumps(cfg))
     _no_shapes(monkeypatch)
-    problem = qm.folder_problem(folder)
+    problem = folders.folder_problem(folder)
     assert says in problem and "\n" not in problem
     with pytest.raises(ModelConfigError, match=re.escape(says)):  # the memory plan's reader: the same line
-        qm.config_fields(str(folder))
+        loading.config_fields(str(folder))
 
 
 @pytest.mark.hostile
 def test_the_named_shapes_and_real_configs_pass_the_size_check():
-    from quaero.model_config import size_problem
+    from quaero.models.config import size_problem
 
-    for name in qm.NAMED_SHAPES:
-        assert size_problem(qm.NAMED_SHAPES[name].config_fields()) is None, name
+    for name in qwen3.NAMED_SHAPES:
+        assert size_problem(qwen3.NAMED_SHAPES[name].config_fields()) is None, name
     llama_405b = {"model_type": "llama", "hidden_size": 16384, "num_hidden_layers": 126,
                   "num_attention_heads": 128, "num_key_value_heads": 8, "intermediate_size": 53248,
                   "vocab_size": 128256}

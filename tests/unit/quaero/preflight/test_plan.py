@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from quaero.config import ConfigError, QuaeroConfig, load_config
-from quaero.recipe.plan import check_components, load_checked, trainer_spec
+from quaero.preflight.plan import check_components, load_checked, trainer_spec
 from trainers import registry
+from trainers.policy_losses import CISPO, GSPO
 from trainers.spec import MemoryPolicy, SelectivePolicy, TrainerSpec, options
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -80,7 +81,7 @@ def test_every_trainer_option_is_a_config_key_with_its_default_and_bounds():
 
 
 def test_check_prints_every_trainer_option_with_the_value_the_config_sets():
-    from quaero.tools.check import SHOWN_WITH_THEIR_SECTION, trainer_option_lines
+    from quaero.preflight.check import SHOWN_WITH_THEIR_SECTION, trainer_option_lines
 
     cfg = load_config(MAIN, ["backend.lr=0.5", "backend.options.train_save_on_cpu_min_numel=11",
                              "model.max_seq_len=512", "backend.options.train_supervised_context_tokens=6"])
@@ -112,15 +113,11 @@ def test_every_trainer_option_reaches_the_spec():
             "backend.gradient_checkpointing=true",
             "backend.unsloth_fast_inference=true",
             "sampler.temperature=0.7",
-            "training.clip_eps=0.3",
-            "training.policy_loss='cispo'",
-            "training.clip_eps_low=0.1",
-            "training.clip_eps_high=4.0",
-            "training.importance_sampling_level='sequence'",
+            "loss.policy.type='cispo'",
+            "loss.policy.clip_eps_high=4.0",
+            "loss.policy.importance_sampling_level='sequence'",
             "training.sampler_correction='sequence_mask'",
             "training.sampler_correction_cap=2.5",
-            "training.sapo_temperature_pos=0.9",
-            "training.sapo_temperature_neg=1.1",
             "training.steps_per_generation=3",
             "training.num_iterations=2",
             "echo.enabled=false",
@@ -161,15 +158,9 @@ def test_every_trainer_option_reaches_the_spec():
         gradient_checkpointing=True,
         unsloth_fast_inference=True,
         temperature=0.7,
-        clip_eps=0.3,
-        policy_loss="cispo",
-        clip_eps_low=0.1,
-        clip_eps_high=4.0,
-        importance_sampling_level="sequence",
+        policy_loss=CISPO(clip_eps_high=4.0, importance_sampling_level="sequence"),
         sampler_correction="sequence_mask",
         sampler_correction_cap=2.5,
-        sapo_temperature_pos=0.9,
-        sapo_temperature_neg=1.1,
         steps_per_generation=3,
         num_iterations=2,
         echo=False,
@@ -272,7 +263,7 @@ def test_a_warm_start_without_a_demonstrator_fails_at_check(overrides, needle):
 
 def test_the_warm_start_oracle_comes_from_the_entry_or_from_training_oracle():
     from envs.toolbench.oracle import oracle_policy
-    from quaero.recipe.plan import resolve_oracle
+    from quaero.preflight.plan import resolve_oracle
 
     assert resolve_oracle(load_checked(MAIN)) is oracle_policy
     remote = load_checked(MAIN, ["env.entry=''", "env.kwargs={}", "env.launcher='remote'",
@@ -389,28 +380,28 @@ def test_check_never_calls_an_env_factory(tmp_path, entry, capsys):
 
 
 def test_the_policy_loss_is_one_check_line_and_a_bad_one_one_error():
-    from quaero.tools.check import policy_loss_line
+    from quaero.preflight.check import policy_loss_line
 
     line = policy_loss_line(load_config(MAIN, []))
     assert line.startswith("loss        ppo_clip -min(r A, clip(r, 0.8, 1.2) A)")
     assert "advantage='grpo'" in line
-    line = policy_loss_line(load_config(MAIN, ["training.policy_loss='cispo'", "training.clip_eps_high=4.0",
+    line = policy_loss_line(load_config(MAIN, ["loss.policy.type='cispo'", "loss.policy.clip_eps_high=4.0",
                                                "training.sampler_correction='token_truncate'",
                                                "training.positive_advantage_weight=0.1",
                                                "training.steps_per_generation=2"]))
     assert "cispo -sg(min(r, 5)) A log pi" in line and "token_truncate at cap 3" in line
     assert "positive_advantage_weight=0.1" in line and "2 optimizer steps per rollout batch" in line
-    with pytest.raises(ConfigError, match=r"\[training\]: clip_eps_low=1\.5: .* inverts"):
-        load_config(MAIN, ["training.clip_eps_low=1.5"])
-    with pytest.raises(ConfigError, match="GSPO is the sequence ratio"):
-        load_config(MAIN, ["training.policy_loss='gspo'", "training.importance_sampling_level='token'"])
+    with pytest.raises(ConfigError, match=r"\[loss.policy\]: clip_eps_low=1\.5: .* inverts"):
+        load_config(MAIN, ["loss.policy.clip_eps_low=1.5"])
+    with pytest.raises(ConfigError, match=r"\[loss.policy\] importance_sampling_level: unknown key"):
+        load_config(MAIN, ["loss.policy.type='gspo'", "loss.policy.importance_sampling_level='token'"])
     with pytest.raises(ConfigError, match="sampler_correction_cap=0.5: below 1"):
         load_config(MAIN, ["training.sampler_correction='token_mask'", "training.sampler_correction_cap=0.5"])
-    assert trainer_spec(load_config(MAIN, ["training.policy_loss='gspo'"])).policy_loss == "gspo"
+    assert trainer_spec(load_config(MAIN, ["loss.policy.type='gspo'"])).policy_loss == GSPO()
 
 
 def test_the_kl_penalty_is_on_the_loss_line_and_a_kl_without_a_reference_is_refused():
-    from quaero.tools.check import policy_loss_line
+    from quaero.preflight.check import policy_loss_line
 
     line = policy_loss_line(load_config(MAIN, ["training.beta=0.04"]))
     assert "+ 0.04 x KL k3 to the frozen reference" in line
@@ -446,7 +437,7 @@ def test_check_of_an_unbuilt_named_shape_says_its_size_and_builds_nothing(tmp_pa
 def test_a_named_models_first_build_is_announced_with_its_size_before_it_starts(tmp_path, monkeypatch):
     import structlog
 
-    from quaero import model
+    from quaero.models import cache as model
 
     monkeypatch.setenv("QUAERO_CACHE", str(tmp_path))
     monkeypatch.setattr(model, "materialize_folder", lambda folder, build: folder)  # no build here

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from quaero.model import NAMED_SHAPES
-from quaero.recipe import memory_plan as mp
+from quaero.models.qwen3 import NAMED_SHAPES
+from quaero.preflight import memory_plan as mp
 
 ROOT = Path(__file__).resolve().parents[4]
 GIB = 2**30
@@ -95,7 +95,7 @@ def test_each_knob_changes_what_it_changes():
 
 def family_fields(family: str) -> dict:
     """One decoder layer's config fields: Qwen3 at the 0.6B shape's width, Llama at SmolLM2-135M's."""
-    from quaero.smollm2 import SMOLLM2_135M
+    from quaero.models.smollm2 import SMOLLM2_135M
 
     fields = (NAMED_SHAPES["qwen3-0.6b-shape"].config_fields() if family == "qwen3"
               else SMOLLM2_135M.config_fields("float32"))

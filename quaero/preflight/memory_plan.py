@@ -1,6 +1,6 @@
 """The memory plan `quaero check` prints: one train step's memory, by arithmetic from the model's config.
 
-No model loads: the shape comes from the config fields (`quaero.model.config_fields`: the named models'
+No model loads: the shape comes from the config fields (`quaero.models.load.config_fields`: the named models'
 own tables, a local folder's or the hub cache's config.json). For the configured dtype, device and
 longest row it adds up what one step of the `local` trainer holds at its peak:
 
@@ -42,7 +42,7 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 SAVED_PER_TOKEN = {"hidden": 4, "intermediate": 4, "q": 5, "kv": 4}
 # of those, what Qwen3's QK-norms add (their inputs and outputs): a layout without them (Llama,
 # Mistral, Qwen2) saves these fewer (measured on one Llama layer at SmolLM2-135M's width: float32 42,796
-# bytes a token, the plan 44,544; bfloat16 24,876 and 24,576; tests/unit/quaero/recipe/test_memory_plan.py)
+# bytes a token, the plan 44,544; bfloat16 24,876 and 24,576; tests/unit/quaero/preflight/test_memory_plan.py)
 QK_NORM_SAVED = {"q": 1, "kv": 2}
 # full logits' backward: log_softmax's saved fp32 output, the gradient gather hands it and the one it gives
 FULL_HEAD_BACKWARD_BYTES = 3 * 4

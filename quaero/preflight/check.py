@@ -1,11 +1,13 @@
 """`quaero check`: what a config resolves to and what it will do, printed before anything trains.
 
 Each section of the config gets a line (run, model, env, sampler, backend, the trainer options, echo,
-training, the RL loss, the work), then the memory plan (quaero/recipe/memory_plan.py), each env's action and
-splits. Heavy imports (the model's config, the env) happen here, inside the command, never in the CLI's
+training, the RL loss, the work), then the memory plan (quaero/preflight/memory_plan.py), each env's action
+and splits. Heavy imports (the model's config, the env) happen here, inside the command, never in the CLI's
 import.
 """
 from __future__ import annotations
+
+from quaero.preflight.guidance_lines import guidance_lines
 
 
 def _lora(supported: bool, backend) -> str:
@@ -16,7 +18,7 @@ def _lora(supported: bool, backend) -> str:
 
 
 def plan_lines(cfg, source: str) -> list[str]:
-    from quaero.model import resolve_device
+    from quaero.models.load import resolve_device
     from quaero.sampling import resolve_backend
     from trainers.registry import TRAINERS
 
@@ -33,6 +35,7 @@ def plan_lines(cfg, source: str) -> list[str]:
         sampler += ", hf on each rank of `quaero train --nproc N`"
     lines = [
         f"config      {source}",
+        *(f"deprecated  {line}" for line in cfg.deprecations),
         f"run         {cfg.run.name} -> {cfg.run_dir} (seed {cfg.run.seed}, device {cfg.run.device})",
         (f"model       {cfg.model.name} ({cfg.model.dtype}), renderer "
          f"{cfg.model._chosen or repr(cfg.model.renderer)}"
@@ -53,7 +56,7 @@ def plan_lines(cfg, source: str) -> list[str]:
          f"(include_scaffold={cfg.echo.include_scaffold})"),
         (f"training    steps={cfg.training.steps} x {cfg.training.tasks_per_step} tasks x group "
          f"{cfg.training.group_size}, warmup_sft_steps={cfg.training.warmup_sft_steps} "
-         f"(lr {cfg.lr_for(sft=True)}), clip_eps={cfg.training.clip_eps}, lr={cfg.lr_for(sft=False)}, "
+         f"(lr {cfg.lr_for(sft=True)}), lr={cfg.lr_for(sft=False)}, "
          f"loss_aggregation={cfg.training.loss_aggregation!r}, "
          f"dynamic_sampling={cfg.training.dynamic_sampling}"
          + (f" (<= {cfg.training.dynamic_sampling_max_groups:g}x groups)" if cfg.training.dynamic_sampling
@@ -65,7 +68,7 @@ def plan_lines(cfg, source: str) -> list[str]:
         *guidance_lines(cfg),
         work_line(cfg),
     ]
-    from quaero.recipe.memory_lines import memory_lines
+    from quaero.preflight.memory_lines import memory_lines
 
     return lines + memory_lines(cfg, device)
 
@@ -74,12 +77,10 @@ def plan_lines(cfg, source: str) -> list[str]:
 # trainer_option_lines prints every other one.
 SHOWN_WITH_THEIR_SECTION = ("run.seed", "model.name", "model.dtype", "sampler.temperature", "backend.lora",
                             "backend.lora_r", "backend.lora_alpha", "echo.enabled", "echo.weight",
-                            "echo.normalization", "training.clip_eps", "training.loss_aggregation",
-                            # the loss line (policy_loss_line) prints these
-                            "training.policy_loss", "training.clip_eps_low", "training.clip_eps_high",
-                            "training.importance_sampling_level", "training.sampler_correction",
-                            "training.sampler_correction_cap", "training.sapo_temperature_pos",
-                            "training.sapo_temperature_neg", "training.steps_per_generation",
+                            "echo.normalization", "training.loss_aggregation",
+                            # the loss line (policy_loss_line) prints these, and [loss.policy]
+                            "training.sampler_correction", "training.sampler_correction_cap",
+                            "training.steps_per_generation",
                             "training.num_iterations", "training.beta", "training.kl_estimator",
                             # the guidance line prints it
                             "training.guidance_gamma")
@@ -119,16 +120,9 @@ def trainer_option_lines(cfg, width: int = 110) -> list[str]:
     return lines
 
 
-def guidance_lines(cfg) -> list[str]:
-    """`quaero check`'s guidance line and its schedule's warning (quaero/recipe/guidance.py)."""
-    from quaero.recipe.guidance import guidance_lines as lines
-
-    return lines(cfg)
-
-
 def policy_loss_line(cfg) -> str:
     """`quaero check`'s RL loss line: the variant with its formula, and the advantage estimator."""
-    from quaero.recipe.plan import trainer_spec
+    from quaero.preflight.plan import trainer_spec
 
     t = cfg.training
     nsr = (f", positive_advantage_weight={t.positive_advantage_weight:g}"
@@ -192,7 +186,7 @@ def work_line(cfg) -> str:
 
 def check(args) -> int:
     """`quaero check CONFIG`: the resolved config and its plan, every env's splits, and 'config OK'."""
-    from quaero.recipe.plan import load_checked
+    from quaero.preflight.plan import load_checked
 
     cfg = load_checked(args.config, args.overrides)
     print("\n".join(plan_lines(cfg, args.config)))

@@ -1,6 +1,6 @@
 """What quaero's model families share, below them all: the one-line error for a model that cannot be had, and
 the deterministic random init of the embedded random models (tiny-qwen3 and the Qwen3 shapes in
-quaero/model.py, tiny-smollm2 in quaero/smollm2.py)."""
+quaero/models/qwen3.py, tiny-smollm2 in quaero/models/smollm2.py)."""
 from __future__ import annotations
 
 

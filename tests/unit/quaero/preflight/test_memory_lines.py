@@ -5,9 +5,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from quaero.config import load_config
-from quaero.model import NAMED_SHAPES
-from quaero.recipe import memory_lines as ml
-from quaero.recipe import memory_plan as mp
+from quaero.models.qwen3 import NAMED_SHAPES
+from quaero.preflight import memory_lines as ml
+from quaero.preflight import memory_plan as mp
 
 ROOT = Path(__file__).resolve().parents[4]
 GIB = 2**30

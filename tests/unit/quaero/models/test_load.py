@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from quaero import model as qm
+from quaero.models import base, cache, qwen3
+from quaero.models import load as loading
 
 MULTILINGUAL = [
     "Hello, world!",
@@ -41,7 +42,7 @@ def test_special_tokens_have_qwen3_ids(qwen3_tokenizer):
 
 
 def test_tiny_model_loads_and_is_qwen3(tiny_model_dir):
-    m = qm.load_causal_lm("tiny-qwen3")
+    m = loading.load_causal_lm("tiny-qwen3")
     assert type(m).__name__ == "Qwen3ForCausalLM"
     assert m.config.vocab_size == 151936 and m.config.head_dim == 64
     assert isinstance(m.lm_head, __import__("torch").nn.Linear)
@@ -54,18 +55,18 @@ def test_a_folders_tokenizer_loads_once_per_process_until_its_files_change(tmp_p
 
     folder = tmp_path / "model"
     shutil.copytree(tiny_model_dir, folder)
-    first = qm.load_tokenizer(str(folder))
-    assert qm.load_tokenizer(str(folder)) is first
+    first = loading.load_tokenizer(str(folder))
+    assert loading.load_tokenizer(str(folder)) is first
     config = folder / "tokenizer_config.json"
     os.utime(config, ns=(config.stat().st_atime_ns, config.stat().st_mtime_ns + 10**9))
-    again = qm.load_tokenizer(str(folder))
+    again = loading.load_tokenizer(str(folder))
     assert again is not first and again.encode("hello") == first.encode("hello")
-    assert qm.load_tokenizer(str(folder) + "/") is not again
+    assert loading.load_tokenizer(str(folder) + "/") is not again
     assert again.name_or_path == str(folder)
 
 
 def test_build_is_byte_identical(tmp_path, tiny_model_dir):
-    qm._build_tiny_qwen3(tmp_path / "a")
+    qwen3.NAMED_SHAPES[qwen3.TINY_QWEN3].build(tmp_path / "a", qwen3.TINY_QWEN3)
     digest = lambda p: hashlib.sha256((p / "model.safetensors").read_bytes()).hexdigest()
     assert digest(tmp_path / "a") == digest(tiny_model_dir)
 
@@ -75,22 +76,22 @@ def test_missing_model_fails_fast_offline(monkeypatch):
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     t0 = time.perf_counter()
-    with pytest.raises(qm.ModelNotFound) as e:
-        qm.resolve_model("Qwen/Definitely-Not-Cached-0B")
+    with pytest.raises(base.ModelNotFound) as e:
+        loading.resolve_model("Qwen/Definitely-Not-Cached-0B")
     assert time.perf_counter() - t0 < 10
     msg = str(e.value)
     assert "Qwen/Definitely-Not-Cached-0B" in msg and "HF_HUB_OFFLINE=1" in msg and "\n" not in msg
 
 
 def test_local_folder_without_config_is_refused(tmp_path):
-    with pytest.raises(qm.ModelNotFound, match="no config.json"):
-        qm.resolve_model(str(tmp_path))
+    with pytest.raises(base.ModelNotFound, match="no config.json"):
+        loading.resolve_model(str(tmp_path))
 
 
 def test_cache_dir_follows_env(monkeypatch, tmp_path):
     monkeypatch.setenv("QUAERO_CACHE", str(tmp_path))
-    assert qm.cache_dir() == tmp_path
-    assert os.fspath(qm.cache_dir()) == str(tmp_path)
+    assert cache.cache_dir() == tmp_path
+    assert os.fspath(cache.cache_dir()) == str(tmp_path)
 
 
 # The published configs, written out: huggingface.co/Qwen/Qwen3-0.6B/raw/main/config.json and
@@ -135,7 +136,7 @@ def test_named_shapes_have_the_published_configs_without_building(name, monkeypa
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     monkeypatch.setenv("QUAERO_CACHE", str(tmp_path))
-    cfg = Qwen3Config(**qm.NAMED_SHAPES[name].config_fields())
+    cfg = Qwen3Config(**qwen3.NAMED_SHAPES[name].config_fields())
     got = _as_published(cfg)
     assert {k: got[k] for k in PUBLISHED[name]} == PUBLISHED[name]
     with torch.device("meta"):  # the shape's parameter count, no memory
@@ -147,7 +148,7 @@ def test_named_shapes_have_the_published_configs_without_building(name, monkeypa
     assert not list(tmp_path.iterdir())  # nothing was built
 
 
-REDUCED = qm.Qwen3Shape(64, 2, 4, 2, 32, 128)  # the same family (tied, GQA, QK-norm, RoPE 1e6, bf16), tiny
+REDUCED = qwen3.Qwen3Shape(64, 2, 4, 2, 32, 128)  # the same family (tied, GQA, QK-norm, RoPE 1e6, bf16), tiny
 
 
 def test_a_reduced_shape_builds_deterministically_and_loads_in_transformers(monkeypatch, tmp_path,
@@ -159,10 +160,10 @@ def test_a_reduced_shape_builds_deterministically_and_loads_in_transformers(monk
     from transformers import AutoModelForCausalLM
 
     monkeypatch.setenv("QUAERO_CACHE", str(tmp_path))
-    monkeypatch.setitem(qm.NAMED_SHAPES, "reduced-shape", REDUCED)
+    monkeypatch.setitem(qwen3.NAMED_SHAPES, "reduced-shape", REDUCED)
     # where resolve_model materializes it (the tokenizer passed in: building one takes seconds)
     REDUCED.build(tmp_path / "models" / "reduced-shape-v1", "reduced-shape", copy.deepcopy(qwen3_tokenizer))
-    folder = qm.resolve_model("reduced-shape")
+    folder = loading.resolve_model("reduced-shape")
     assert folder == tmp_path / "models" / "reduced-shape-v1"
     written = json.loads((folder / "config.json").read_text())
     assert written["rope_parameters"]["rope_theta"] == 1e6 and written["dtype"] == "bfloat16"
@@ -170,7 +171,7 @@ def test_a_reduced_shape_builds_deterministically_and_loads_in_transformers(monk
     assert type(model).__name__ == "Qwen3ForCausalLM" and model.dtype == torch.bfloat16
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # tied
     assert model.config.num_key_value_heads == 2 and model.config.head_dim == 32
-    tok = qm.load_tokenizer("reduced-shape")
+    tok = loading.load_tokenizer("reduced-shape")
     assert tok.eos_token_id == model.config.eos_token_id == 151645
     messages = [{"role": "user", "content": "hi"}]
     text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)

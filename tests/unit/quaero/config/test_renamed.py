@@ -1,0 +1,90 @@
+"""Old spellings still load for one release (quaero/config/renamed.py): every renamed key of an old TOML is
+rewritten to today's, with one deprecation line per key naming its new spelling, which `quaero check`
+prints; the old and the new spelling give the same trainer spec."""
+from pathlib import Path
+
+import pytest
+
+from quaero.config import ConfigError, load_config
+from quaero.preflight.plan import trainer_spec
+from trainers.policy_losses import CISPO, GSPO, SAPO, PPOClip
+
+MAIN = "envs/toolbench.toml"
+
+
+def _old(tmp_path, training: str):
+    """envs/toolbench.toml with these lines added to its [training]."""
+    text = Path(MAIN).read_text(encoding="utf-8").replace("[training]\n", f"[training]\n{training}\n", 1)
+    path = tmp_path / "old.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("old, new, loss", [
+    ("policy_loss = 'ppo_clip'\nclip_eps = 0.3\nclip_eps_high = 0.28",
+     ["loss.policy.clip_eps_low=0.3", "loss.policy.clip_eps_high=0.28"], PPOClip(0.3, 0.28)),
+    (("policy_loss = 'gspo'\nclip_eps_low = 3e-4\nclip_eps_high = 4e-4\n"
+     "importance_sampling_level = 'sequence'"),
+     ["loss.policy.type='gspo'", "loss.policy.clip_eps_low=3e-4", "loss.policy.clip_eps_high=4e-4"],
+     GSPO(3e-4, 4e-4)),
+    ("policy_loss = 'cispo'\nclip_eps = 0.5\nimportance_sampling_level = 'sequence'",
+     ["loss.policy.type='cispo'", "loss.policy.clip_eps_high=0.5",
+      "loss.policy.importance_sampling_level='sequence'"], CISPO(0.5, "sequence")),
+    ("policy_loss = 'sapo'\nsapo_temperature_pos = 0.9\nsapo_temperature_neg = 1.1",
+     ["loss.policy.type='sapo'", "loss.policy.temperature_pos=0.9", "loss.policy.temperature_neg=1.1"],
+     SAPO(0.9, 1.1)),
+])
+def test_an_old_toml_loads_as_its_new_spelling_with_a_line_per_old_key(tmp_path, old, new, loss):
+    path = _old(tmp_path, old)
+    cfg = load_config(path)
+    assert trainer_spec(cfg) == trainer_spec(load_config(MAIN, new))
+    assert trainer_spec(cfg).policy_loss == loss
+    keys = [line.split("=")[0].strip() for line in old.splitlines()]
+    assert len(cfg.deprecations) == len(keys)
+    for key, line in zip(keys, cfg.deprecations):
+        assert line.startswith(f"{path} [training] {key} is deprecated: ") and "\n" not in line
+        assert "[loss.policy]" in line
+    assert load_config(MAIN, new).deprecations == []
+
+
+def test_a_key_the_variant_has_no_use_for_is_named_so():
+    cfg = load_config(MAIN, ["training.policy_loss='sapo'", "training.clip_eps_high=0.28"])
+    assert cfg.deprecations[-1] == (f"{MAIN} [training] clip_eps_high is deprecated: it has no effect with "
+                                    "[loss.policy] type = \"sapo\"; remove it")
+    assert trainer_spec(cfg).policy_loss == SAPO()
+
+
+def test_old_keys_and_the_new_table_together_or_an_old_bad_value_are_one_error():
+    with pytest.raises(ConfigError, match=r"\[training\] clip_eps and \[loss.policy\] are both set"):
+        load_config(MAIN, ["training.clip_eps=0.3", "loss.policy.clip_eps_high=0.3"])
+    with pytest.raises(ConfigError, match=r"\[training\] policy_loss='ppo': use 'ppo_clip'"):
+        load_config(MAIN, ["training.policy_loss='ppo'"])
+    with pytest.raises(ConfigError, match="GSPO is the sequence ratio"):
+        load_config(MAIN, ["training.policy_loss='gspo'", "training.importance_sampling_level='token'"])
+
+
+def test_check_prints_the_deprecations_after_the_config_line(tmp_path):
+    from quaero.preflight.check import plan_lines
+
+    path = _old(tmp_path, "clip_eps_high = 0.28")
+    lines = plan_lines(load_config(path), str(path))
+    assert lines[0] == f"config      {path}"
+    assert lines[1] == (f"deprecated  {path} [training] clip_eps_high is deprecated: write [loss.policy] "
+                        "clip_eps_high = 0.28")
+
+
+@pytest.mark.parametrize("variant", ["ppo_clip", "gspo", "cispo", "sapo"])
+def test_an_old_runs_config_json_compares_equal_to_its_new_spelling(variant):
+    """A resume of a run written before [loss.policy] (its config.json has [training]'s old keys, every one,
+    unset ones null) sees no changed key (quaero/recipe/run_state.py `note_changed_config`)."""
+    from quaero.config import changed_keys
+    from quaero.config.renamed import migrate
+
+    now = load_config(MAIN, [f"loss.policy.type='{variant}'"]).model_dump(mode="json")
+    before = {**now, "training": {**now["training"], "policy_loss": variant, "clip_eps": 0.2,
+                                  "clip_eps_low": None, "clip_eps_high": None,
+                                  "importance_sampling_level": "sequence" if variant == "gspo" else "token",
+                                  "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05}}
+    before.pop("loss")
+    migrate(before, "config.json", dump=True)
+    assert changed_keys(before, now) == {}

@@ -1,0 +1,182 @@
+"""Exact tree training (trainers/tree.py): the trie, its ancestor mask, and a packed step equal to the per-row
+step on the same rows (log-probs, losses, every parameter's gradient), for both model families, LoRA and full
+fine-tuning, SDPA and eager attention; the fallback when the model cannot take the mask."""
+import random
+
+import pytest
+import torch
+from fixtures.small_model import make_spec
+
+from quaero.models.load import resolve_model
+from quaero.rows import EchoRow, Span
+from quaero.telemetry import proofs
+from trainers import step
+from trainers.local import LocalTrainer
+from trainers.tree import TreePack, pack_rows
+
+
+def group_rows(members: int = 4, prompt: int = 40, vocab: int = 512, seed: int = 0) -> list[EchoRow]:
+    """A multi-turn group sharing its prompt: [prompt][action][env][action][env]; members 0-1 also share their
+    first action and env response (the trie branches inside a turn), the rest branch at the first action.
+    Advantages +/- per member, ECHO weight on env tokens."""
+    rng = random.Random(seed)
+    shared = [rng.randrange(vocab) for _ in range(prompt)]
+    first_turn = [rng.randrange(vocab) for _ in range(12)]
+    out = []
+    for m in range(members):
+        turn1 = first_turn if m < 2 else [rng.randrange(vocab) for _ in range(12)]
+        layout = [("prompt", shared), ("action", turn1[:5]), ("env", turn1[5:]),
+                  ("action", [rng.randrange(vocab) for _ in range(4 + m)]),
+                  ("env", [rng.randrange(vocab) for _ in range(6)])]
+        ids, spans, adv, echo, lp = [], [], [], [], []
+        for kind, toks in layout:
+            spans.append(Span(kind, len(ids), len(ids) + len(toks)))
+            ids += toks
+            adv += [(1.0 if m % 2 else -0.5) if kind == "action" else 0.0] * len(toks)
+            echo += [1.0 if kind == "env" else 0.0] * len(toks)
+            lp += [-rng.uniform(3.0, 8.0) if kind == "action" else 0.0 for _ in toks]
+        out.append(EchoRow(ids, spans, adv, echo, lp))
+    return out
+
+
+def test_the_trie_mask_is_the_ancestor_relation_and_unpacks_to_the_rows():
+    rows = group_rows(5)
+    ids, attn = _padded(rows)
+    pack = pack_rows(ids, attn)
+    assert torch.equal(pack.unpack(pack.input_ids) * attn, ids)  # every row token finds its node
+    assert pack.unique_tokens == 40 + 12 + 3 * 12 + sum(4 + m + 6 for m in range(5))
+    assert pack.ratio == pytest.approx(pack.unique_tokens / int(attn.sum()))
+    # brute force: q sees k iff k lies on q's path, for every (row, position) pair
+    want = torch.zeros(pack.unique_tokens, pack.unique_tokens, dtype=torch.bool)
+    for b, r in enumerate(rows):
+        path = pack.gather[b, :len(r)]
+        for t in range(len(r)):
+            want[path[t], path[:t + 1]] = True
+            assert pack.position_ids[0, path[t]] == t
+    assert torch.equal(pack.mask("sdpa", torch.float32)[0, 0], want)
+    additive = pack.mask("eager", torch.float32)[0, 0]
+    assert torch.equal(additive == 0, want) and bool((additive[~want] < -1e30).all())
+
+
+def _step(model, rows, *, lora=False, attn=None, **kw):
+    """One step's metrics, per-token log-probs before it and every parameter's gradient."""
+    trainer = LocalTrainer(make_spec(model, lora=lora, lora_r=4, lora_alpha=8, **kw), "cpu")
+    if attn:
+        trainer.model.set_attn_implementation(attn)
+    logprobs = step.audit_logprobs(trainer, rows, 1.0)
+    grads = {}
+    real = trainer.optimizer.step
+
+    def capture(*args, **kwargs):
+        grads.update({n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None})
+        return real(*args, **kwargs)
+
+    trainer.optimizer.step = capture
+    return trainer.train_step(rows), torch.tensor([x for row in logprobs for x in row]), grads
+
+
+FAMILIES = [("small-qwen3", False, None, False), ("small-qwen3", False, "eager", False),
+            ("small-qwen3", False, None, True), ("tiny-qwen3", True, None, False),
+            ("tiny-smollm2", False, None, False), ("tiny-smollm2", True, None, False)]
+
+
+@pytest.mark.parametrize(("family", "lora", "attn", "checkpointing"), FAMILIES,
+                         ids=["-".join(map(str, f)) for f in FAMILIES])
+def test_a_packed_step_equals_the_per_row_step(small_model_dir, family, lora, attn, checkpointing):
+    model = small_model_dir if family == "small-qwen3" else family
+    if model == family:  # built first: a build draws from the RNG the trainer seeds before its LoRA init
+        resolve_model(family)
+    rows = group_rows(4)
+    kw = {"lora": lora, "attn": attn, "gradient_checkpointing": checkpointing}
+    ref, ref_lp, ref_grads = _step(model, rows, **kw)
+    got, got_lp, got_grads = _step(model, rows, **kw, tree_packing="on")
+    assert got["local_train_tree_batches"] == got["microbatches"] == 1
+    assert got["local_train_tree_fallback_batches"] == 0 and got["local_train_tree_fallback_reason"] == ""
+    assert got["local_train_tree_token_ratio"] < 0.7 and ref["local_train_tree_token_ratio"] is None
+    assert got["forward_passes_per_microbatch"] == 1
+    assert torch.allclose(got_lp, ref_lp, atol=1e-5, rtol=0) and bool((ref_lp != 0).any())
+    for key in ("loss", "rl_loss", "echo_loss", "grad_norm", "action_tokens", "echo_tokens"):
+        assert got[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-6), key
+    assert got_grads.keys() == ref_grads.keys() and len(ref_grads) > 0
+    for name, g in ref_grads.items():
+        assert torch.allclose(got_grads[name], g, atol=1e-5, rtol=1e-4), name
+
+
+def test_a_model_that_ignores_the_mask_falls_back_with_its_reason(small_model_dir, monkeypatch):
+    """Fault injection: a mask that lets every token see every other (an attention that ignores the 4D mask)
+    fails the probe; the step trains the rows, exactly the per-row step, and counts why."""
+    rows = group_rows(3)
+    ref, _, ref_grads = _step(small_model_dir, rows)
+    monkeypatch.setattr(TreePack, "mask", lambda self, impl, dtype: torch.ones(
+        1, 1, self.unique_tokens, self.unique_tokens, dtype=torch.bool))
+    got, _, got_grads = _step(small_model_dir, rows, tree_packing="on")
+    assert got["local_train_tree_batches"] == 0 and got["local_train_tree_fallback_batches"] == 1
+    assert "differs from the per-row one" in got["local_train_tree_fallback_reason"]
+    assert got["loss"] == pytest.approx(ref["loss"], rel=1e-6)
+    assert all(torch.allclose(got_grads[n], g, atol=1e-6, rtol=1e-5) for n, g in ref_grads.items())
+    check = proofs.tree_training({k: got[k] for k in (*proofs.TREE_COUNTERS, "local_train_tree_packing",
+                                                      "local_train_tree_fallback_reason")})
+    assert check["status"] == "fail" and "differs" in check["detail"]
+
+
+def test_an_attention_without_a_custom_mask_falls_back(small_model_dir):
+    trainer = LocalTrainer(make_spec(small_model_dir, tree_packing="on"), "cpu")
+    trainer.parts.config._attn_implementation = "flash_attention_2"  # what tree_support reads; never run here
+    mb = step.build_microbatches(group_rows(2), micro_batch_tokens=10**6, weights={})[0][0]
+    tree, info = step.choose_tree("on", trainer.parts, mb.input_ids, mb.attention_mask)
+    assert tree is None and not info.packed and "flash_attention_2" in info.fallback_reason
+
+
+def test_auto_packs_only_where_the_ratio_pays(small_model_dir):
+    shared = group_rows(4)
+    unshared = [group_rows(1, seed=s)[0] for s in range(4)]  # no common prefix
+    m_shared, _, _ = _step(small_model_dir, shared, tree_packing="auto")
+    m_unshared, _, _ = _step(small_model_dir, unshared, tree_packing="auto")
+    assert m_shared["local_train_tree_batches"] == 1
+    assert m_unshared["local_train_tree_batches"] == m_unshared["local_train_tree_fallback_batches"] == 0
+    assert m_unshared["local_train_tree_token_ratio"] > 0.95
+    check = proofs.tree_training({**{k: m_shared[k] for k in proofs.TREE_COUNTERS},
+                                  "local_train_tree_packing": "auto"})
+    assert check["status"] == "pass"
+
+
+def test_rows_sharing_a_prefix_share_a_microbatch_and_the_step_stays_exact(small_model_dir):
+    """Two groups interleaved, a budget of three rows: packing orders rows by prefix, so each microbatch is
+    one group's trie; the step still equals the per-row step (whose microbatches mix the groups)."""
+    a, b = group_rows(3, seed=1), group_rows(3, seed=2)
+    rows = [r for pair in zip(a, b) for r in pair]
+    budget = 3 * max(len(r) for r in rows)
+    ref, ref_lp, ref_grads = _step(small_model_dir, rows, micro_batch_tokens=budget)
+    got, got_lp, got_grads = _step(small_model_dir, rows, micro_batch_tokens=budget, tree_packing="on")
+    assert got["microbatches"] == got["local_train_tree_batches"] == 2
+    tries = [pack_rows(*_padded(group)).unique_tokens for group in (a, b)]
+    assert got["local_train_tree_unique_tokens"] == sum(tries)
+    assert torch.allclose(got_lp, ref_lp, atol=1e-5, rtol=0)
+    assert got["loss"] == pytest.approx(ref["loss"], rel=1e-5)
+    for name, g in ref_grads.items():
+        assert torch.allclose(got_grads[name], g, atol=1e-5, rtol=1e-4), name
+
+
+def _padded(rows: list[EchoRow]) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.zeros(len(rows), max(len(r) for r in rows), dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.tensor(r.input_ids)
+        attn[i, :len(r)] = 1
+    return ids, attn
+
+
+def test_auto_weighs_the_tries_attention_against_the_rows():
+    """SmolLM2-135M's sizes: a group of 8 sharing 370 of ~450 tokens pays; 8 unrelated rows never do (their
+    trie attends over all 8 x 450 tokens); a config without sizes falls back to the token ratio."""
+    from types import SimpleNamespace
+
+    from trainers.tree import tree_pays
+
+    smol = SimpleNamespace(hidden_size=576, num_attention_heads=9, head_dim=64, num_key_value_heads=3,
+                           intermediate_size=1536)
+    shared = pack_rows(*_padded(group_rows(8, prompt=370)))
+    unshared = pack_rows(*_padded([group_rows(1, prompt=370, seed=s)[0] for s in range(8)]))
+    shape = tuple(_padded(group_rows(8, prompt=370))[0].shape)
+    assert tree_pays(shared, smol, shape) and not tree_pays(unshared, smol, shape)
+    assert tree_pays(shared, None, shape) and not tree_pays(unshared, None, shape)
