@@ -80,9 +80,9 @@ def new_steps(events: Path, seen: dict[str, Any]) -> list[dict[str, Any]]:
 def plan_peak_gib(config: str, sets: list[str]) -> float | None:
     """`quaero check`'s memory plan peak for the config on a CPU (None where the model's shape is unknown)."""
     from quaero.config.load import load_config
-    from quaero.model import config_fields
-    from quaero.recipe.memory_lines import step_shape
-    from quaero.recipe.memory_plan import ModelDims, plan
+    from quaero.models.load import config_fields
+    from quaero.preflight.memory_lines import step_shape
+    from quaero.preflight.memory_plan import ModelDims, plan
 
     cfg = load_config(config, sets)
     fields = config_fields(cfg.model.name)

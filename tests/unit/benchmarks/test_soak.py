@@ -44,3 +44,8 @@ def test_the_run_s_steps_are_read_as_the_events_file_grows(tmp_path):
 def test_a_set_of_the_bench_s_own_keys_is_refused_before_anything_runs(key, capsys):
     with pytest.raises(SystemExit, match=f"--set '{key}=x': the bench sets run.output_dir"):
         soak.main(["--set", f"{key}=x"])
+
+
+def test_the_plan_beside_the_readings_is_quaero_check_s_for_the_config():
+    # the main job's: 0.94 GiB (tiny-qwen3, its longest row's microbatch)
+    assert soak.plan_peak_gib("envs/toolbench.toml", []) == pytest.approx(0.94, abs=0.05)
