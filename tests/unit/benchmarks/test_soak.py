@@ -49,3 +49,13 @@ def test_a_set_of_the_bench_s_own_keys_is_refused_before_anything_runs(key, caps
 def test_the_plan_beside_the_readings_is_quaero_check_s_for_the_config():
     # the main job's: 0.94 GiB (tiny-qwen3, its longest row's microbatch)
     assert soak.plan_peak_gib("envs/toolbench.toml", []) == pytest.approx(0.94, abs=0.05)
+
+
+def test_threads_that_keep_multiplying_are_not_flat_whatever_the_rss():
+    # the main job before the fix, 200 warm-start steps: RSS +1.4% from step 100, threads 1,451 -> 2,838
+    before = [{"step": 100, "rss_gib": 1.464, "threads": 1451},
+              {"step": 200, "rss_gib": 1.485, "threads": 2838}]
+    v = soak.verdict(before, reference_step=100, tolerance=0.1, ceiling_gib=1.94)
+    assert v["flat"] is False and v["why"] == "its threads grew 1451 -> 2838 (steps 100 -> 200)"
+    after = [{"step": 100, "rss_gib": 1.274, "threads": 35}, {"step": 303, "rss_gib": 1.3, "threads": 60}]
+    assert soak.verdict(after, reference_step=100, tolerance=0.1, ceiling_gib=1.94)["flat"] is True
