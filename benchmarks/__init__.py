@@ -48,6 +48,7 @@ BENCHMARKS = {
                    "real-shape train steps (qwen3-0.6b-shape...) per memory knob against the plan"),
     "rl-memory": ("benchmarks.rl_memory",
                   "a config's warm-start and first RL step, trainer alone: peak RSS per phase vs the plan"),
+    "soak": ("benchmarks.soak", "a config's run of N SFT + M RL steps: its RSS every K steps vs the plan"),
 }
 
 USAGE = "usage: quaero bench {" + ",".join(BENCHMARKS) + "} [options]\n\n" + "\n".join(

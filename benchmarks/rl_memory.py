@@ -84,7 +84,7 @@ def plans(cfg, rl_len: int, targets_per_row: int) -> dict[str, Any]:
     from quaero.preflight.memory_plan import ModelDims, plan
 
     dims = ModelDims.from_fields(config_fields(cfg.model.name))
-    checked, note = step_shape(cfg, "cpu")
+    checked, note, _ = step_shape(cfg, "cpu")
     rows = max(1, min(cfg.training.tasks_per_step * cfg.training.group_size,
                       cfg.backend.micro_batch_tokens // rl_len))
     here = replace(checked, tokens=rows * rl_len, targets=rows * targets_per_row,

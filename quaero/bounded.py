@@ -53,24 +53,31 @@ class _Job:
 class CallWorker:
     """One daemon thread that runs a source's calls in turn (an env's `get_task`, read once per task: a
     thread per call would cost more than the read). Once a call outlives its bound the worker is stuck
-    inside it: `stuck` says so, and nothing more is sent to it."""
+    inside it: `stuck` says so, and nothing more is sent to it. The thread ends when the worker is
+    collected (its queue gets None): a worker dropped after its calls leaves no thread behind."""
 
     def __init__(self, name: str) -> None:
         self.name, self.stuck = name, False
-        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
     def submit(self, call: Callable[[], Any]) -> _Job:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
+            # the thread holds the queue, never the worker: else the worker could never be collected
+            self._thread = threading.Thread(target=_serve, args=(self._jobs,), name=self.name, daemon=True)
             self._thread.start()
         job = _Job(call)
         self._jobs.put(job)
         return job
 
-    def _serve(self) -> None:
-        while True:
-            self._jobs.get().run()
+    def __del__(self) -> None:
+        self._jobs.put(None)  # the thread ends after the calls sent before (a stuck one: when it returns)
+
+
+def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
+    while (job := jobs.get()) is not None:
+        job.run()
+        del job  # the finished call's value is the caller's, not this idle thread's
 
 
 def bounded_call(call: Callable[[], Any], what: str, *, timeout_s: float | None, bound: str,
@@ -80,7 +87,12 @@ def bounded_call(call: Callable[[], Any], what: str, *, timeout_s: float | None,
     call in every line ("[env.tasks] sampler='mypkg:S' (env 'a'): sample(4)"); `bound` names the setting of
     `timeout_s` (None: no bound, progress lines and the stop request still apply); `progress()` adds what the
     call has done so far to a progress line."""
-    job = (worker or CallWorker("quaero-user-call")).submit(call)
+    if worker is None:  # a thread for this call alone, ended when it returns (one left idle per call, never
+        # joined, was the main job's ~14 threads a warm-start step: 7,000 by its end)
+        job = _Job(call)
+        threading.Thread(target=job.run, name="quaero-user-call", daemon=True).start()
+    else:
+        job = worker.submit(call)
     progress_s = PROGRESS_S if progress_s is None else progress_s
     start = time.monotonic()
     said, stop_seen = start, None

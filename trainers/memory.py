@@ -96,7 +96,10 @@ def keep_cpu_malloc_cache(device: torch.device | str, keep: bool) -> bool:
     0.89-1.00 s -> 0.55-0.64 s, system time 24 s -> 3 s, peak RSS 1.08 -> 1.59 GB. The process keeps its
     largest step's memory plus the heap's fragments: leave it off for a large model (the SmolLM2-135M RL
     step kept 9.7 GiB under glibc's dynamic threshold, `fix_cpu_mmap_threshold`). Process-wide, as that
-    is."""
+    is. A freed block is reused only while nothing long-lived lands among the freed blocks: a thread left
+    per call (each one's state allocated by the caller, quaero/bounded.py before its fix) pinned them, and
+    the heap grew by whole blocks every few steps (`quaero bench soak --probe 300 --leak-threads`: 0.44 ->
+    1.18 GiB by step 50; without the leak 0.66 flat); `quaero review` flags such growth."""
     global _malloc_cache
     if keep and _mallopt(device, (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, 2**31 - 1)):
         _malloc_cache = True
@@ -157,15 +160,27 @@ def reset_peak(device: torch.device | str) -> None:
             _rss_resets = False
 
 
-def _vm_hwm_mb() -> float | None:
+def _status_mb(field: str) -> float | None:
+    """A memory field of /proc/self/status (`VmHWM`, `VmRSS`) in MiB; None where there is none."""
     try:
         with open(_STATUS) as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 2**10
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def _vm_hwm_mb() -> float | None:
+    return _status_mb("VmHWM")
+
+
+def process_rss_mb() -> float | None:
+    """The process's resident memory now (MiB; host RAM whatever the device), None off Linux: what a run's
+    steps log so that a process that keeps growing shows (`quaero review`'s "process memory flat")."""
+    rss = _status_mb("VmRSS")
+    return None if rss is None else round(rss, 1)
 
 
 def peak_mem_mb(device: torch.device | str) -> tuple[float, str]:

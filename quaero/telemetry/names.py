@@ -287,6 +287,9 @@ ROLLOUT_PEAK_MEM_MB = _recipe.largest("rollout_peak_mem_mb", "peak memory of the
                                       "not with `max_off_policy_steps`, where it overlaps the trainer step)")
 PROCESS_PEAK_MEM_MB = _recipe.largest("process_peak_mem_mb", "the process's peak memory since it started, "
                                       "every phase (checkpoints, pushes, evaluations) included")
+PROCESS_RSS_MB = _recipe.latest("process_rss_mb", "the process's resident memory (host RAM, MiB) at the "
+                                "step's end, on any device (Linux; absent elsewhere): `quaero review` flags "
+                                "a run whose RSS grows (\"process memory flat\")")
 TOTAL_STEP_TIME_S = _recipe.per_step("total_step_time_s", "the whole step's seconds")
 TOKENS_PER_S = _recipe.per_step("tokens_per_s", "trained row tokens per second of the whole step")
 POLICY_STALENESS = _recipe.largest("policy_staleness", "how many policy versions older than the trained "

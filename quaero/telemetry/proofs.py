@@ -90,8 +90,16 @@ ECHO_TRAINED = "ECHO trained (env tokens)"
 LOGPROB_GAP = "sampler log-probs agree with the trainer"
 RL_KEPT = "RL kept eval at warm start"
 RL_IMPROVED = "RL improved eval over warm start"
+MEMORY_FLAT = "process memory flat"
 CHECKS = (SPARSE_ECHO, COMPILED_CE, TREE_TRAINING, EXACT_ROWS, TRAINED, LOGPROB_GAP, RL_TRAINED, ECHO_TRAINED,
-          ECHO_FALLING, EVAL_ABOVE_UNTRAINED, RL_KEPT, RL_IMPROVED)
+          ECHO_FALLING, EVAL_ABOVE_UNTRAINED, RL_KEPT, RL_IMPROVED, MEMORY_FLAT)
+# MEMORY_FLAT: in each phase of at least RSS_MIN_STEPS steps, the process's RSS (`process_rss_mb`) after its
+# warm-up (its first min(RSS_WARM_UP_STEPS, a fifth of the phase) steps: malloc's caches filled, the sampler
+# built) may grow by at most RSS_GROWTH_MAX. A main job whose oracle calls each left a thread behind grew
+# 1.4 GB -> 7.1 GB on a 20M-parameter model.
+RSS_WARM_UP_STEPS = 100
+RSS_MIN_STEPS = 10
+RSS_GROWTH_MAX = 0.10
 # McNemar exact p on the success pairs, or the reward difference's 95% interval clear of 0: the level at which
 # RL_IMPROVED calls a gain and RL_KEPT a loss
 RL_IMPROVED_P = 0.05
@@ -208,8 +216,22 @@ def run_checks(s: RunSummary) -> list[dict[str, Any]]:
     else:
         checks.append(_judged(EVAL_ABOVE_UNTRAINED, False, trained and last > base,
                               f"{base:.3f} -> {last:.3f}" if trained else untrained))
-    checks += [rl_kept(s.rl_vs_warm_start), rl_improved(s.rl_vs_warm_start)]
+    checks += [rl_kept(s.rl_vs_warm_start), rl_improved(s.rl_vs_warm_start), memory_flat(s.rss_growth)]
     return checks
+
+
+def memory_flat(growth: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The process's RSS stayed within RSS_GROWTH_MAX of its post-warm-up reading in every phase
+    (quaero/tools/memory_growth.py `rss_growth`)."""
+    if not growth:
+        return _check(MEMORY_FLAT, False, NA, f"no phase of {RSS_MIN_STEPS}+ steps logged `process_rss_mb`")
+    said = [f"{phase} {g['reference_rss_mb']:.0f} MiB at step {g['reference_step']} -> "
+            f"{g['largest_rss_mb']:.0f} at {g['largest_step']} ({g['growth']:+.0%})"
+            for phase, g in growth.items()]
+    ok = all(g["growth"] <= RSS_GROWTH_MAX for g in growth.values())
+    return _judged(MEMORY_FLAT, False, ok, "; ".join(said) + f" (at most {RSS_GROWTH_MAX:+.0%}"
+                   + ("" if ok else ": the process keeps memory it does not give back (`quaero bench soak`)")
+                   + ")")
 
 
 def _rl_vs_warm_start(c: Comparison) -> str:

@@ -192,6 +192,9 @@ class RunSummary(_Record):
     # the last eval's held-out figures (quaero/tools/review.py `held_out`): success's standard error, format
     # failures and wrong answers, pass@k where it was sampled; each only where the eval carries it
     eval_last: dict[str, Any] = field(default_factory=dict, metadata=FLAT)
+    # per phase (sft, rl): the process's RSS after its warm-up against its largest later reading
+    # (quaero/tools/memory_growth.py `rss_growth`); {} where no step logged `process_rss_mb`
+    rss_growth: dict[str, dict[str, Any]] = field(default_factory=dict, metadata=OPTIONAL)
 
     def table_rows(self) -> list[tuple[str, Any]]:
         """The table's (metric, value) rows: every figure but the heading's and the nested ones (the checks'

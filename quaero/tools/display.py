@@ -17,6 +17,16 @@ MAX_LINE = 2000  # the longest line review prints of what a run logged (a check'
 MAX_JSON_TEXT = 10_000  # the longest string `--json` carries
 
 
+def finite_number(v: Any) -> int | float | None:
+    """A finite number of a sane size, or None for anything else (a mistyped, non-finite or absurdly large
+    field is not a value: the table shows it as text)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    if isinstance(v, float) and not math.isfinite(v) or abs(v) >= MAX_MAGNITUDE:
+        return None
+    return v
+
+
 def clip(text: str, limit: int) -> str:
     """`text` on one terminal line: control characters escaped (a logged escape sequence must not drive the
     terminal), cut at `limit` characters with the count of the rest."""

@@ -24,8 +24,9 @@ from quaero.telemetry.summary import (
     RunSummary,
     policy_loss_figures,
 )
-from quaero.tools.display import MAX_CELL, MAX_LINE, MAX_MAGNITUDE, clip
+from quaero.tools.display import MAX_CELL, MAX_LINE, MAX_MAGNITUDE, clip, finite_number
 from quaero.tools.display import cell as _fmt
+from quaero.tools.memory_growth import rss_growth
 
 
 class ReviewError(Exception):
@@ -67,16 +68,6 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and abs(v) < MAX_MAGNITUDE
-
-
-def finite_number(v: Any) -> int | float | None:
-    """A finite number of a sane size, or None for anything else (a mistyped, non-finite or absurdly large
-    field is not a value: the table shows it as text)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    if isinstance(v, float) and not math.isfinite(v) or abs(v) >= MAX_MAGNITUDE:
-        return None
-    return v
 
 
 def _sum(records: list[dict], key: str) -> int | float:
@@ -363,6 +354,7 @@ def summarize(run: dict) -> RunSummary:
         per_env=per_env(run),
         resumed_with_changed_config=resumes_changed(run),  # quaero/recipe/train.py _note_changed_config
         guidance=guidance_of(rl),
+        rss_growth=rss_growth(steps),
         eval_last={f"eval_{k}_last" if k != "pass_k" else "eval_pass_k": v
                    for k, v in held_out(evals[-1]).items() if k != "success"} if evals else {},
     )

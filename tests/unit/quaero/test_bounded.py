@@ -79,3 +79,27 @@ def test_a_worker_stuck_past_a_bound_says_so():
     with pytest.raises(CallTimeout):
         bounded_call(_hang, "g()", timeout_s=0.2, bound="b", worker=worker)
     assert worker.stuck
+
+
+def _user_call_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "quaero-user-call"]
+
+
+def test_a_call_without_a_worker_leaves_no_thread_behind():
+    # the warm start's oracle calls ran one each: a thread left idle per call was ~14 a step of the main job
+    for t in _user_call_threads():  # another test's abandoned call: released by the fixture, ending
+        t.join(5)
+    for i in range(40):
+        assert bounded_call(lambda i=i: i, "f()", timeout_s=5, bound="b") == i
+    for t in _user_call_threads():
+        t.join(5)
+    assert _user_call_threads() == []
+
+
+def test_a_worker_dropped_after_its_calls_ends_its_thread():
+    worker = CallWorker("quaero-dropped-worker")
+    assert bounded_call(lambda: 1, "f()", timeout_s=5, bound="b", worker=worker) == 1
+    thread = worker._thread
+    del worker
+    thread.join(5)
+    assert not thread.is_alive()

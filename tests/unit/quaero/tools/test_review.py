@@ -281,7 +281,8 @@ def test_require_an_unknown_check_lists_the_valid_names(tmp_path, capsys):
                    "'trained at least one step', "
                    "'sampler log-probs agree with the trainer', 'RL trained (action tokens with advantage)', "
                    "'ECHO trained (env tokens)', 'ECHO loss falling', 'eval reward above untrained', "
-                   "'RL kept eval at warm start', 'RL improved eval over warm start'\n")
+                   "'RL kept eval at warm start', 'RL improved eval over warm start', "
+                   "'process memory flat'\n")
 
 
 @pytest.mark.hostile
@@ -440,7 +441,8 @@ def test_rl_improved_pairs_only_shared_tasks_and_says_why_it_is_na(tmp_path):
     assert whys == {"noeval": "no eval at the warm start's last step 3", "norl": "no RL step",
                     "nowarm": "no warm start"}
     for name, why in whys.items():
-        check = proofs.run_checks(review.summarize(review.load_run(tmp_path / name)))[-1]
+        checks = proofs.run_checks(review.summarize(review.load_run(tmp_path / name)))
+        check = {c["name"]: c for c in checks}[proofs.RL_IMPROVED]
         assert check["status"] == proofs.NA and check["detail"] == why
 
 
@@ -602,3 +604,46 @@ def test_compare_names_the_tasks_one_runs_last_eval_solves_and_the_others_does_n
     assert review_command.main(args(compare=[str(tmp_path / "a"), str(tmp_path / "b")], json=True)) == 0
     paired = json.loads(capsys.readouterr().out)["last_evals"]
     assert paired == {"pairs": 5, "fixed": [1, 4], "regressed": [2]}
+
+
+def _rss_steps(sft_rss: list[float], rl_rss: list[float]) -> list[dict]:
+    return [dict(good_steps(1)[0], phase=phase, process_rss_mb=rss)
+            for phase, series in (("sft", sft_rss), ("rl", rl_rss)) for rss in series]
+
+
+def test_a_run_whose_rss_grows_after_its_warm_up_is_flagged(tmp_path, capsys):
+    # the main job's shape: flat until the warm-up's end, then ~40 MB a step (1.4 GB -> 7.1 GB)
+    record(tmp_path, _rss_steps([900.0] * 5 + [1400.0 + 40 * i for i in range(45)], [1500.0] * 12))
+    s = review.summarize(review.load_run(tmp_path))
+    assert s.rss_growth["sft"]["reference_step"] == 11 and s.rss_growth["sft"]["reference_rss_mb"] == 1600.0
+    assert s.rss_growth["sft"]["largest_step"] == 50 and s.rss_growth["sft"]["growth"] > 0.9
+    check = {c["name"]: c for c in proofs.run_checks(s)}[proofs.MEMORY_FLAT]
+    assert check["status"] == proofs.FAIL and "sft 1600 MiB at step 11 -> 3160 at 50" in check["detail"]
+    assert review_command.main(args(tmp_path)) == 0  # a flag, not a required proof
+    assert "[WARN] process memory flat: sft 1600 MiB at step 11" in capsys.readouterr().out
+
+
+def test_a_flat_rss_passes_and_a_run_without_readings_is_not_judged(tmp_path):
+    flat = tmp_path / "flat"
+    # a warm-up that fills malloc's caches, then readings that move within 10% both ways
+    record(flat, _rss_steps([700.0] * 10 + [1400.0 + (i % 7) * 10 for i in range(90)], [1500.0] * 12))
+    check = {c["name"]: c for c in proofs.run_checks(review.summarize(review.load_run(flat)))}
+    assert check[proofs.MEMORY_FLAT]["status"] == proofs.PASS
+    old = tmp_path / "old"
+    record(old, good_steps(20))  # a run from before `process_rss_mb`
+    s = review.summarize(review.load_run(old))
+    assert s.rss_growth == {} and "rss_growth" not in s.to_dict()
+    check = {c["name"]: c for c in proofs.run_checks(s)}
+    assert check[proofs.MEMORY_FLAT]["status"] == proofs.NA
+
+
+def test_a_resumed_process_s_rss_is_judged_apart_from_the_first_s(tmp_path):
+    # steps 1-30 by one process at ~1000 MiB, then a resume whose process holds more from its first step on
+    first = [dict(good_steps(1)[0], phase="sft", process_rss_mb=1000.0, run_id="a") for _ in range(30)]
+    second = [dict(good_steps(1)[0], phase="sft", process_rss_mb=1300.0 + i, run_id="b") for i in range(30)]
+    run = {"steps": [dict(st, step=i) for i, st in enumerate(first + second, start=1)]}
+    growth = review.rss_growth(run["steps"])["sft"]
+    assert growth["reference_rss_mb"] == 1306.0 and growth["largest_rss_mb"] == 1329.0  # the second's own
+    assert proofs.memory_flat(review.rss_growth(run["steps"]))["status"] == proofs.PASS
+    grown = [dict(st, process_rss_mb=1000.0 + 20 * i) for i, st in enumerate(run["steps"][:30])]
+    assert proofs.memory_flat(review.rss_growth(grown + run["steps"][30:]))["status"] == proofs.FAIL

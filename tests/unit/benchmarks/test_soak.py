@@ -1,0 +1,61 @@
+"""`quaero bench soak`: its verdict on an RSS series, the run's steps read as the events file grows, and its
+own run settings kept from a user's --set."""
+import pytest
+
+from benchmarks import soak
+
+
+def _readings(rss: list[float], every: int = 25) -> list[dict]:
+    return [{"step": every * (i + 1), "rss_gib": v} for i, v in enumerate(rss)]
+
+
+def test_the_verdict_judges_the_drift_from_the_reference_step_and_the_ceiling():
+    # the reported main job (GB at 100, 351, 376, 401...): far past 10%
+    grown = soak.verdict([{"step": 100, "rss_gib": 1.4}, {"step": 351, "rss_gib": 1.6},
+                          {"step": 376, "rss_gib": 2.1}, {"step": 476, "rss_gib": 5.45}],
+                         reference_step=100, tolerance=0.1, ceiling_gib=1.94)
+    assert grown["flat"] is False and grown["largest_drift_step"] == 476 and grown["largest_drift"] > 2.8
+    assert "RSS at step 476 is +289% from step 100's" in grown["why"]
+    assert "above the plan's peak" in grown["why"]
+    # a warm-up that rises, then flat within 10% (the readings before the reference step are not judged)
+    flat = soak.verdict(_readings([0.9, 1.3, 1.37, 1.38, 1.37, 1.40]), reference_step=100, tolerance=0.1,
+                        ceiling_gib=1.94)
+    assert flat["flat"] is True and flat["reference_step"] == 100 and flat["reference_rss_gib"] == 1.38
+    over = soak.verdict(_readings([1.3, 1.3, 1.37, 1.38]), reference_step=100, tolerance=0.1, ceiling_gib=1.0)
+    assert over["flat"] is False and "above the plan's peak plus the margin (1.0 GiB)" in over["why"]
+    assert soak.verdict(_readings([1.0]), reference_step=100, tolerance=0.1, ceiling_gib=None)["flat"] is None
+
+
+def test_the_run_s_steps_are_read_as_the_events_file_grows(tmp_path):
+    events, seen = tmp_path / "events.jsonl", {}
+    assert soak.new_steps(events, seen) == []
+    events.write_text('{"event": "run_start"}\n{"phase": "sft", "event": "train_step", "step": 1, '
+                      '"process_rss_mb": 1400.5}\n{"event": "train_st')  # a line being written: next time
+    assert [(e["step"], e["process_rss_mb"]) for e in soak.new_steps(events, seen)] == [(1, 1400.5)]
+    with open(events, "a") as f:
+        f.write('ep", "step": 2}\n{"event": "eval", "note": "train_step"}\n')
+    assert [e["step"] for e in soak.new_steps(events, seen)] == [2]
+    assert soak.new_steps(events, seen) == []
+    r = soak.reading({"step": 1, "process_rss_mb": 1536.0}, 1, 1, None, 3.0, 0.94)
+    assert r == {"step": 1, "phase": "sft", "rss_gib": 1.5, "threads": None, "s": 3.0}
+
+
+@pytest.mark.parametrize("key", ["run.output_dir", "run.name", "training.steps"])
+def test_a_set_of_the_bench_s_own_keys_is_refused_before_anything_runs(key, capsys):
+    with pytest.raises(SystemExit, match=f"--set '{key}=x': the bench sets run.output_dir"):
+        soak.main(["--set", f"{key}=x"])
+
+
+def test_the_plan_beside_the_readings_is_quaero_check_s_for_the_config():
+    # the main job's: 0.94 GiB (tiny-qwen3, its longest row's microbatch)
+    assert soak.plan_peak_gib("envs/toolbench.toml", []) == pytest.approx(0.94, abs=0.05)
+
+
+def test_threads_that_keep_multiplying_are_not_flat_whatever_the_rss():
+    # the main job before the fix, 200 warm-start steps: RSS +1.4% from step 100, threads 1,451 -> 2,838
+    before = [{"step": 100, "rss_gib": 1.464, "threads": 1451},
+              {"step": 200, "rss_gib": 1.485, "threads": 2838}]
+    v = soak.verdict(before, reference_step=100, tolerance=0.1, ceiling_gib=1.94)
+    assert v["flat"] is False and v["why"] == "its threads grew 1451 -> 2838 (steps 100 -> 200)"
+    after = [{"step": 100, "rss_gib": 1.274, "threads": 35}, {"step": 303, "rss_gib": 1.3, "threads": 60}]
+    assert soak.verdict(after, reference_step=100, tolerance=0.1, ceiling_gib=1.94)["flat"] is True
