@@ -48,6 +48,8 @@ BENCHMARKS = {
                    "real-shape train steps (qwen3-0.6b-shape...) per memory knob against the plan"),
     "rl-memory": ("benchmarks.rl_memory",
                   "a config's warm-start and first RL step, trainer alone: peak RSS per phase vs the plan"),
+    "machine": ("benchmarks.machine",
+                "this machine's matmul peak and memory bandwidth, and a run's efficiency against them"),
 }
 
 USAGE = "usage: quaero bench {" + ",".join(BENCHMARKS) + "} [options]\n\n" + "\n".join(
