@@ -47,6 +47,23 @@ def test_run_efficiency_reads_unique_tokens_and_the_rollout_from_events(tmp_path
     assert two["decoding_efficiency"] == pytest.approx(r["decoding_efficiency"] / 2, rel=1e-3)
 
 
+def test_a_lora_run_counts_its_adapter_as_trained_and_its_base_as_frozen(tmp_path, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    (tmp_path / "final").mkdir()
+    save_file({"lora_A": torch.zeros(4, 8), "lora_B": torch.zeros(8, 4)},
+              tmp_path / "final" / "adapter_model.safetensors")
+    (tmp_path / "final" / "adapter_config.json").write_text(
+        json.dumps({"base_model_name_or_path": str(tiny_model_dir)}))
+    (tmp_path / "events.jsonl").write_text(json.dumps(
+        {"event": "train_step", "rows": 1, "row_tokens": 10, "step_time_s": 1.0}) + "\n")
+    base = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(tiny_model_dir).parameters())
+    r = run_efficiency(tmp_path, {"float32": 1.0}, gb_s=1.0)
+    assert (r["trainable_params"], r["frozen_params"], r["tokens_field"]) == (64, base, "row_tokens")
+    assert r["training_efficiency"]["float32"] == pytest.approx((6 * 64 + 4 * base) * 10 / 1e9, abs=1e-4)
+    assert "decoding_efficiency" not in r  # no rollout in these steps
+
+
 def test_bench_machine_measures_positive_peaks_and_bandwidth(capsys):
     assert benchmarks.main(["machine", "--sizes", "64", "--repeats", "1", "--bandwidth-mb", "4",
                             "--threads", "1"]) == 0
