@@ -36,7 +36,7 @@ def training_efficiency(*, trainable_params: float, frozen_params: float, tokens
 
     A trained weight costs 6 FLOPs per token (2 forward, 2 for the input gradient, 2 for its own gradient);
     a frozen one (a LoRA run's base weights) 4 (no weight gradient). Full fine-tuning has frozen_params 0.
-    `tokens` are the tokens the step computed: tree packing's unique tokens where it logged them."""
+    `tokens` are the tokens the step computed: a tree-packed microbatch's unique tokens, else row tokens."""
     return (6 * trainable_params + 4 * frozen_params) * tokens / (step_s * peak_flops)
 
 
@@ -110,14 +110,16 @@ def run_efficiency(run_dir: Path, peaks_gflops: dict[str, float], gb_s: float) -
     def mean(key: str, among: list[dict[str, Any]]) -> float:
         return statistics.fmean(float(e.get(key) or 0.0) for e in among)
 
-    tokens_key = names.TREE_UNIQUE_TOKENS if any(names.TREE_UNIQUE_TOKENS in e for e in steps) \
-        else names.ROW_TOKENS
-    tokens, step_s = mean(tokens_key, steps), mean(names.STEP_TIME_S, steps)
+    # the microbatches tree packing considered computed their unique tokens, the rest their row tokens
+    tokens = statistics.fmean(float(e.get(names.ROW_TOKENS) or 0) - float(e.get(names.TREE_ROW_TOKENS) or 0)
+                              + float(e.get(names.TREE_UNIQUE_TOKENS) or 0) for e in steps)
+    step_s = mean(names.STEP_TIME_S, steps)
     # counts are all ranks', times the slowest rank's: R ranks had R devices' peak (as `bench scaling`)
     ranks = int(steps[-1].get(names.RANKS) or 1)
     out: dict[str, Any] = {
         "run_dir": str(run_dir), "ranks": ranks, "train_steps": len(steps), "trainable_params": trainable,
-        "frozen_params": frozen, "tokens_field": tokens_key, "tokens_per_step": tokens, "step_s": step_s,
+        "frozen_params": frozen, "row_tokens_per_step": mean(names.ROW_TOKENS, steps),
+        "tokens_per_step": tokens, "step_s": step_s,
         "training_efficiency": {d: round(training_efficiency(
             trainable_params=trainable, frozen_params=frozen, tokens=tokens, step_s=step_s * ranks,
             peak_flops=g * GB), 4) for d, g in peaks_gflops.items()}}

@@ -29,14 +29,16 @@ def test_run_efficiency_reads_unique_tokens_and_the_rollout_from_events(tmp_path
     (tmp_path / "final").mkdir()
     save_file({"w": torch.zeros(10, 10, dtype=torch.bfloat16)}, tmp_path / "final" / "model.safetensors")
     nbytes = (tmp_path / "final" / "model.safetensors").stat().st_size
-    steps = [{"event": "train_step", "rows": 4, "row_tokens": 900, "local_train_tree_unique_tokens": 300,
+    steps = [{"event": "train_step", "rows": 4, "row_tokens": 900, "local_train_tree_row_tokens": 700,
+              "local_train_tree_unique_tokens": 100,
               "step_time_s": s, "rollout_time_s": 3.0, "weight_sync_s": 1.0, "rollout_action_tokens": 40}
              for s in (1.0, 3.0)]
     (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in steps))
     r = run_efficiency(tmp_path, {"float32": 0.0009}, gb_s=1e-6)  # 9e5 FLOP/s, 1000 B/s
     assert (r["trainable_params"], r["frozen_params"]) == (100, 0)
-    assert r["tokens_field"] == "local_train_tree_unique_tokens"
-    # 6 x 100 params x 300 unique tokens / (2 s mean x 9e5 FLOP/s)
+    # 200 unpacked row tokens + 100 unique tokens of the packed 700: 300 computed
+    assert (r["row_tokens_per_step"], r["tokens_per_step"]) == (900, 300)
+    # 6 x 100 params x 300 tokens / (2 s mean x 9e5 FLOP/s)
     assert r["training_efficiency"]["float32"] == pytest.approx(0.1)
     # the file's bytes x 40 tokens / ((3 - 1) s x 1000 B/s)
     assert r["decoding_efficiency"] == pytest.approx(nbytes * 40 / (2 * 1000), rel=1e-3)
@@ -59,7 +61,7 @@ def test_a_lora_run_counts_its_adapter_as_trained_and_its_base_as_frozen(tmp_pat
         {"event": "train_step", "rows": 1, "row_tokens": 10, "step_time_s": 1.0}) + "\n")
     base = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(tiny_model_dir).parameters())
     r = run_efficiency(tmp_path, {"float32": 1.0}, gb_s=1.0)
-    assert (r["trainable_params"], r["frozen_params"], r["tokens_field"]) == (64, base, "row_tokens")
+    assert (r["trainable_params"], r["frozen_params"], r["tokens_per_step"]) == (64, base, 10)
     assert r["training_efficiency"]["float32"] == pytest.approx((6 * 64 + 4 * base) * 10 / 1e9, abs=1e-4)
     assert "decoding_efficiency" not in r  # no rollout in these steps
 
