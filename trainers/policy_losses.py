@@ -260,6 +260,9 @@ def custom_loss(import_path: str, kwargs: dict[str, Any]) -> PolicyLoss:
     except TypeError as e:
         raise ValueError(f"import_path={import_path!r} with kwargs={kwargs!r}: {e}; pass the keyword "
                          f"arguments {cls.__qualname__} takes") from None
+    except Exception as e:  # noqa: BLE001 - the user's own constructor: one line at check, not a traceback
+        raise ValueError(f"import_path={import_path!r} with kwargs={kwargs!r}: {cls.__qualname__}(...) "
+                         f"raised {type(e).__name__}: {e}; fix the class or its kwargs") from None
 
 
 def _zero_outside(x: Tensor, mask: Tensor) -> Tensor:

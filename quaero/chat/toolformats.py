@@ -156,11 +156,15 @@ class Pythonic(ToolFormat):
             return None
         try:
             tree = ast.parse(body, mode="eval").body
+            if not isinstance(tree, ast.List):
+                raise MalformedToolCall("a pythonic reply must be one list of calls")
+            return "", [self._call(node) for node in tree.elts]
         except SyntaxError as e:
             raise MalformedToolCall(f"a pythonic call list that is not Python ({e.msg})") from None
-        if not isinstance(tree, ast.List):
-            raise MalformedToolCall("a pythonic reply must be one list of calls")
-        return "", [self._call(node) for node in tree.elts]
+        except (TypeError, ValueError, RecursionError, MemoryError) as e:  # `{[1]}`, 3,000 nested `-`
+            if isinstance(e, MalformedToolCall):
+                raise
+            raise MalformedToolCall(f"a pythonic call list quaero cannot read ({type(e).__name__})") from None
 
     @staticmethod
     def _call(node: ast.expr) -> dict[str, Any]:
@@ -174,8 +178,14 @@ class Pythonic(ToolFormat):
             args = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg is not None}
         except ValueError:
             raise MalformedToolCall(f"the arguments of {name!r} must be literals") from None
-        if len(args) != len(node.keywords):
+        if any(k.arg is None for k in node.keywords):
             raise MalformedToolCall(f"the call of {name!r} unpacks arguments (**)")
+        if len(args) != len(node.keywords):
+            raise MalformedToolCall(f"the call of {name!r} names an argument twice")
+        try:  # a set, bytes, a complex number or inf are Python literals, not JSON arguments
+            json.dumps(args, allow_nan=False)
+        except (TypeError, ValueError):
+            raise MalformedToolCall(f"the arguments of {name!r} must be JSON values") from None
         return call(name, args)
 
 

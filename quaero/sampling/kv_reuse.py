@@ -26,10 +26,14 @@ def draw(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     (`quaero bench sampler-reuse` prints both)."""
     B, V = probs.shape
     full = V // BLOCK
-    masses = [probs[:, :full * BLOCK].reshape(B, full, BLOCK).sum(-1)] if full else []
+    masses = [probs[:, :full * BLOCK].reshape(B, full, BLOCK).sum(-1, dtype=torch.float64)] if full else []
     if V > full * BLOCK:
-        masses.append(probs[:, full * BLOCK:].sum(-1, keepdim=True))
-    cum = torch.cat(masses, dim=-1).double().cumsum(-1)  # [B, blocks]
+        masses.append(probs[:, full * BLOCK:].sum(-1, keepdim=True, dtype=torch.float64))
+    cum = torch.cat(masses, dim=-1).cumsum(-1)  # [B, blocks]
+    total = cum[:, -1]
+    if not bool((torch.isfinite(total) & (total > 0)).all()):  # as torch.multinomial refuses them
+        raise ValueError("probability tensor contains nan, inf or a row of no mass: the model's logits are "
+                         "not finite (a diverged model); nothing sampled from them")
     u = torch.rand((B, 1), generator=gen, dtype=torch.float64, device=probs.device) * cum[:, -1:]
     block = torch.searchsorted(cum, u, right=True)  # a block of mass > 0; u rounded up to the total: the last
     block = torch.minimum(block, (cum < cum[:, -1:]).sum(-1, keepdim=True))

@@ -4,9 +4,11 @@ its inverse, for `quaero eval`.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from quaero.config import QuaeroConfig
+from quaero.config.renamed import migrate
 from quaero.recipe.model_folder import ExportError, check_destination, save_model
 from quaero.telemetry import names
 from quaero.telemetry.runlog import error_line, get_logger
@@ -20,8 +22,11 @@ def run_config(run_dir: Path) -> QuaeroConfig:
         raise ExportError(f"{path}: not found; RUN must be a run folder that `quaero train` wrote "
                           "(runs/NAME)")
     try:
-        return QuaeroConfig.model_validate_json(path.read_text())
-    except ValueError:  # pydantic's ValidationError: a model folder's config.json, say
+        data = json.loads(path.read_text())
+        if isinstance(data, dict):
+            migrate(data, str(path), dump=True)  # a run written with [training]'s old loss keys
+        return QuaeroConfig.model_validate(data)
+    except ValueError:  # JSON's or pydantic's ValidationError: a model folder's config.json, say
         raise ExportError(f"{path}: not a quaero run config; RUN must be a run folder that `quaero train` "
                           "wrote (runs/NAME)") from None
 

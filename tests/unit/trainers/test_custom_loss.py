@@ -77,3 +77,23 @@ def test_bad_custom_settings_fail_at_load_in_one_line(my_loss, settings, says):
     with pytest.raises(ConfigError) as e:
         load_config(my_loss, settings)
     assert says in str(e.value) and "[loss.policy]" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.hostile
+def test_a_custom_loss_whose_constructor_raises_is_one_line_at_load(my_loss, tmp_path, monkeypatch):
+    """A user's class that raises anything else than TypeError (here RuntimeError in __post_init__) was a
+    traceback out of `quaero check`."""
+    (tmp_path / "raising_loss.py").write_text(
+        "from dataclasses import dataclass\n"
+        "from trainers.policy_losses import PolicyLoss\n\n"
+        "@dataclass(frozen=True)\n"
+        "class Raising(PolicyLoss):\n"
+        "    def __post_init__(self):\n"
+        "        raise RuntimeError('no GPU in this loss')\n\n"
+        "    def token_loss(self, lp, lp_old, ratio, advantages, mask):\n"
+        "        return -advantages * lp\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as e:
+        load_config(my_loss, ["loss.policy.import_path='raising_loss:Raising'", "loss.policy.kwargs={}"])
+    assert "Raising(...) raised RuntimeError: no GPU in this loss" in str(e.value)
+    assert "[loss.policy]" in str(e.value) and "\n" not in str(e.value)

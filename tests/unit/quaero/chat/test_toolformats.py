@@ -46,7 +46,10 @@ MALFORMED = {
     "llama3_json": ['{"name": "get_weather", "parameters": {"city": ', '{"name": 5, "parameters": {}}'],
     "mistral": ["[TOOL_CALLS]", "[TOOL_CALLS][{'name': 'x'}]", '[TOOL_CALLS]f[ARGS]{"a": '],
     "pythonic": ["[get_weather(city=", "[get_weather('Paris')]", "[f(x=open('/etc/passwd').read())]",
-                 "[__import__('os').system(cmd='true')]", "[f(**{'a': 1})]"],
+                 "[__import__('os').system(cmd='true')]", "[f(**{'a': 1})]", "[f(a=1, a=2)]",
+                 # not JSON values, or what ast cannot take: TypeError, RecursionError (reviewed)
+                 "[f(a={1, 2})]", "[f(a=b'x')]", "[f(a=1j)]", "[f(a=1e999999)]", "[f(a={[1]: 2})]",
+                 "[f(a=" + "-" * 3000 + "1)]"],
     "granite": ["<|tool_call|>[{]", '<|tool_call|>[{"arguments": {}}]'],
     "json": ['{"name": "f", "arguments": "not json"}', '[{"name": "f", "arguments": [1]}]'],
     "qwen_xml": ["<tool_call>\n<function=>\n</function>\n</tool_call>"],

@@ -88,3 +88,21 @@ def test_an_old_runs_config_json_compares_equal_to_its_new_spelling(variant):
     before.pop("loss")
     migrate(before, "config.json", dump=True)
     assert changed_keys(before, now) == {}
+
+
+def test_quaero_export_reads_an_old_runs_config_json(tmp_path):
+    """`quaero export`'s `run_config` validated an old run's config.json without the renames: a run trained
+    before [loss.policy] was "not a quaero run config"."""
+    import json
+
+    from quaero.tools.export import run_config
+
+    now = load_config(MAIN, ["loss.policy.type='sapo'", "loss.policy.temperature_pos=0.9"])
+    dumped = now.model_dump(mode="json")
+    before = {**dumped, "training": {**dumped["training"], "policy_loss": "sapo", "clip_eps": 0.2,
+                                     "clip_eps_low": None, "clip_eps_high": None,
+                                     "importance_sampling_level": "token", "sapo_temperature_pos": 0.9,
+                                     "sapo_temperature_neg": 1.05}}
+    before.pop("loss")
+    (tmp_path / "config.json").write_text(json.dumps(before), encoding="utf-8")
+    assert trainer_spec(run_config(tmp_path)).policy_loss == SAPO(0.9, 1.05)

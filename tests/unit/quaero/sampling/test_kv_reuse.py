@@ -33,6 +33,16 @@ def test_the_draw_samples_each_token_in_proportion_and_never_a_zero_one():
     assert torch.equal(ids, again)  # seeded: reproducible
 
 
+@pytest.mark.parametrize("bad", ["nan", "inf", "no mass"])
+def test_the_draw_refuses_a_row_that_multinomial_refuses(bad):
+    """torch.multinomial raises on nan, inf or an all-zero row (a diverged model's logits); the draw did
+    return token 0 with a nan log-prob."""
+    p = torch.full((2, 2 * BLOCK + 5), 1.0 / (2 * BLOCK + 5))
+    p[1] = {"nan": float("nan"), "inf": float("inf"), "no mass": 0.0}[bad]
+    with pytest.raises(ValueError, match="nan, inf or a row of no mass"):
+        draw(p, torch.Generator().manual_seed(0))
+
+
 def test_the_draw_matches_multinomial_on_a_top_p_distribution_of_a_real_vocabulary():
     logits = torch.randn(1, 151_936, generator=torch.Generator().manual_seed(1)) * 4
     probs = processed_logprobs(logits, 1.0, 0.9, False).exp()  # most entries exactly 0
