@@ -98,12 +98,12 @@ def _seed_start(source: Path, run_dir: Path, step: int | None) -> None:
 # what `train_arm` sets for each arm: its run folder (--out/NAME) and its seed. A user's --set of one would
 # move the arm into another run (a user's: its events, checkpoints and final/ written over), so each is
 # refused, and the bench's own come last besides
-BENCH_OWNED = (("run",), ("run", "name"), ("run", "output_dir"), ("run", "seed"))
+BENCH_OWNED = (("run", "name"), ("run", "output_dir"), ("run", "seed"))
 
 
-def refuse_owned_sets(sets: list[str], flag: str = "--set") -> None:
-    """One line (SystemExit) for a set of a key the bench owns (`BENCH_OWNED`); other sets pass (a malformed
-    one is `load_config`'s to name)."""
+def owned_set(sets: list[str], owned: tuple[tuple[str, ...], ...]) -> str | None:
+    """The first of `sets` that sets a key of `owned`, or a table holding one (`run = {...}`); None where
+    none does. A malformed set passes (it is `load_config`'s to name)."""
     from quaero.config import ConfigError
     from quaero.config.load import parse_override
 
@@ -112,10 +112,18 @@ def refuse_owned_sets(sets: list[str], flag: str = "--set") -> None:
             keys, _ = parse_override(text)
         except ConfigError:
             continue
-        if tuple(keys[:2]) in BENCH_OWNED:
-            raise SystemExit(f"error: {flag} {text!r}: run.name, run.output_dir and run.seed are the bench's "
-                             "own (each arm is its own run in --out, seeded from --seeds); drop the set and "
-                             "choose the folder with --out, the seeds with --seeds")
+        if any(tuple(keys) == key[:len(keys)] or tuple(keys[:len(key)]) == key for key in owned):
+            return text
+    return None
+
+
+def refuse_owned_sets(sets: list[str], flag: str = "--set") -> None:
+    """One line (SystemExit) for a set of a key the bench owns (`BENCH_OWNED`); other sets pass."""
+    text = owned_set(sets, BENCH_OWNED)
+    if text is not None:
+        raise SystemExit(f"error: {flag} {text!r}: run.name, run.output_dir and run.seed are the bench's "
+                         "own (each arm is its own run in --out, seeded from --seeds); drop the set and "
+                         "choose the folder with --out, the seeds with --seeds")
 
 
 def train_arm(config: str, out: Path, name: str, seed: int, arm: list[str], common: list[str],

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.ablation import owned_set
 from benchmarks.measure import emit
 
 GIB = 2**30
@@ -141,9 +142,9 @@ def reading(event: dict[str, Any], step: int, sft_steps: int, pid: int | None, s
 
 
 def soak(args) -> dict[str, Any]:
-    clash = [s for s in args.set if s.split("=", 1)[0].strip() in OWN_KEYS]
-    if clash:
-        raise SystemExit(f"quaero bench soak: --set {clash[0]!r}: the bench sets {', '.join(OWN_KEYS)} "
+    clash = owned_set(args.set, tuple(tuple(k.split(".")) for k in OWN_KEYS))
+    if clash is not None:
+        raise SystemExit(f"quaero bench soak: --set {clash!r}: the bench sets {', '.join(OWN_KEYS)} "
                          "itself (use --sft-steps and --rl-steps)")
     plan = plan_peak_gib(args.config, args.set)
     with tempfile.TemporaryDirectory(prefix="quaero-soak-") as tmp:

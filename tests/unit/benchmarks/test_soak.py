@@ -46,6 +46,12 @@ def test_a_set_of_the_bench_s_own_keys_is_refused_before_anything_runs(key, caps
         soak.main(["--set", f"{key}=x"])
 
 
+def test_a_table_holding_one_of_the_bench_s_own_keys_is_refused_too():
+    """A whole-table set (`training = {steps = 3}`) passed the old string check and set the bench's steps."""
+    with pytest.raises(SystemExit, match=r"--set 'training = \{steps = 3\}': the bench sets run.output_dir"):
+        soak.main(["--set", "training = {steps = 3}"])
+
+
 def test_the_plan_beside_the_readings_is_quaero_check_s_for_the_config():
     # the main job's: 0.94 GiB (tiny-qwen3, its longest row's microbatch)
     assert soak.plan_peak_gib("envs/toolbench.toml", []) == pytest.approx(0.94, abs=0.05)
