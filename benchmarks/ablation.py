@@ -29,7 +29,7 @@ def final_outcomes(run_dir: Path) -> dict[int, tuple[int, float]]:
     """{task index: (success, reward)} of the run's last evaluation."""
     from quaero.tools.review import eval_outcomes, load_run
 
-    evals = load_run(run_dir)["evals"]
+    evals = load_run(run_dir).evals
     outcomes = eval_outcomes(evals[-1]) if evals else None
     if not outcomes:
         raise SystemExit(f"error: {run_dir}: its last eval has no per-task results; "

@@ -40,6 +40,7 @@ from typing import Any
 from benchmarks.ablation import refuse_owned_sets
 from benchmarks.samplers import arm_figures, arm_name, eval_groups, read_run, seed_list, success_rate
 from quaero.telemetry import names
+from quaero.telemetry.summary import RunRecord
 from quaero.tools.outputs import bench_output, write_bench_output
 from quaero.tools.significance import format_and_task, paired_outcomes
 
@@ -86,9 +87,9 @@ def sources(values: list[str], seeds: list[int]) -> dict[int, Path]:
     return out
 
 
-def step_figures(run: dict) -> dict[str, Any]:
+def step_figures(run: RunRecord) -> dict[str, Any]:
     """Means (over the RL steps that report them) and sums of an arm's train_step figures."""
-    steps = [e for e in run["steps"] if e.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL]
+    steps = [e for e in run.steps if e.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL]
     out: dict[str, Any] = {}
     for key in MEANS:
         values = [e[key] for e in steps if isinstance(e.get(key), (int, float))]
@@ -98,8 +99,8 @@ def step_figures(run: dict) -> dict[str, Any]:
     return out
 
 
-def _eval_at(run: dict, step: int | None) -> dict | None:
-    evals = run["evals"]
+def _eval_at(run: RunRecord, step: int | None) -> dict | None:
+    evals = run.evals
     if step is None:
         return evals[-1] if evals else None
     return next((e for e in evals if e["step"] == step), None)

@@ -30,6 +30,7 @@ from typing import Any
 
 from benchmarks.ablation import arm_folder_problem, refuse_owned_sets, start_checkpoint, train_arm
 from quaero.telemetry import names
+from quaero.telemetry.summary import RunRecord
 from quaero.tools.significance import paired_outcomes
 
 LEARNERS = ("curriculum", "difficulty_pools")  # the samplers whose draws read outcomes (and so `--key`)
@@ -132,7 +133,7 @@ def finished(run_dir: Path, command: list[str]) -> bool:
     from quaero.tools.review import ReviewError, load_run
 
     try:  # a marker or log that is not what the bench wrote: the arm trains again
-        return same_arm(json.loads(marker.read_text()), command) and load_run(run_dir)["ended"]
+        return same_arm(json.loads(marker.read_text()), command) and load_run(run_dir).ended
     except (OSError, ValueError, RecursionError, ReviewError):
         return False
 
@@ -174,13 +175,13 @@ def _count(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**53
 
 
-def outcome_groups(run: dict, env: str | None) -> list[tuple]:
+def outcome_groups(run: RunRecord, env: str | None) -> list[tuple]:
     """The `task_outcomes` groups of a run (of one env): (env, task, spec group, successes, episodes, spread,
     tokens), each read as the run log writes it; a group of another shape (a hand-edited or foreign log) is
     left out."""
     out = []
-    for e in run["events"]:
-        if e.get("event") != names.TASK_OUTCOMES_EVENT or not isinstance(e.get("groups"), list):
+    for e in run.of_kind(names.TASK_OUTCOMES_EVENT):
+        if not isinstance(e.get("groups"), list):
             continue
         for g in e["groups"]:
             if not (isinstance(g, list) and len(g) == 7 and all(_count(v) for v in (g[3], g[4], g[6]))):
@@ -190,10 +191,10 @@ def outcome_groups(run: dict, env: str | None) -> list[tuple]:
     return out
 
 
-def arm_figures(run: dict, env: str | None) -> dict[str, Any]:
+def arm_figures(run: RunRecord, env: str | None) -> dict[str, Any]:
     """An arm's RL figures for one env (None: a one-env run): steps, tokens, groups, with spread; per spec
     group: groups, with spread, successes and episodes."""
-    rl_steps = {s["step"] for s in run["steps"] if s.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL}
+    rl_steps = {s["step"] for s in run.steps if s.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL}
     groups = outcome_groups(run, env)
     by_group: dict[Any, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     for _env, _task, spec_group, successes, episodes, spread, _tokens in groups:
@@ -208,7 +209,7 @@ def arm_figures(run: dict, env: str | None) -> dict[str, Any]:
             "signal_per_1k": 1000 * signal / tokens if tokens else None, "by_group": dict(by_group)}
 
 
-def read_run(run_dir: Path, what: str) -> dict:
+def read_run(run_dir: Path, what: str) -> RunRecord:
     """`load_run`, its error one line naming `what` (the `--from` run, an arm)."""
     from quaero.tools.review import ReviewError, load_run
 
@@ -264,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     views = cfg.views()
     envs = list(views) if cfg.is_mixture else [None]
     start_checkpoint(args.source, args.from_step)  # one line if the warm start is not there
-    warm = next((e for e in read_run(args.source, "--from")["evals"] if e["step"] == args.from_step), None)
+    warm = next((e for e in read_run(args.source, "--from").evals if e["step"] == args.from_step), None)
     if warm is None:
         raise SystemExit(f"error: --from {args.source}: no eval at step {args.from_step} to pair against; "
                          f"choose a step its [training] eval_every evaluated")
@@ -295,10 +296,10 @@ def main(argv: list[str] | None = None) -> int:
                 train_arm(args.config, args.out, name, seed, arm, common, args.source, args.from_step)
                 write_replacing(run_dir / MARKER, json.dumps(command))
             run = read_run(run_dir, f"arm {name}")
-            if not run["evals"]:
+            if not run.evals:
                 raise SystemExit(f"error: {run_dir}: the arm ran no eval; leave [training] eval_tasks > 0")
             results[(seed, sampler)] = {str(env): {**arm_figures(run, env),
-                                                   "eval": eval_outcomes(run["evals"][-1], env)}
+                                                   "eval": eval_outcomes(run.evals[-1], env)}
                                         for env in envs}
 
     report: dict[str, Any] = {"config": args.config, "from": str(args.source), "from_step": args.from_step,

@@ -21,7 +21,7 @@ def main(run_dir: str) -> int:
               f"(ECHO {summary.echo_tokens}, action {summary.action_tokens}): the sparse regime the "
               "selective path is built for")
     print(f"worst sampler-vs-trainer log-prob gap: {summary.sampler_logprob_gap_max}")
-    per_step = [(s["step"], s.get("echo_loss")) for s in run["steps"]]
+    per_step = [(s["step"], s.get("echo_loss")) for s in run.steps]
     print("ECHO loss by step:", ", ".join(f"{k}:{v:.3f}" for k, v in per_step if v is not None))
     return 0
 

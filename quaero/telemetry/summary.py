@@ -1,5 +1,6 @@
-"""A reviewed run's summary, typed: what `quaero review` (quaero/tools/review.py `summarize`) builds from a
-run's events, the proofs (quaero/telemetry/proofs.py) judge, and the table and `--json` print.
+"""A reviewed run, typed: the events `quaero review` reads (`RunRecord`, quaero/tools/review.py `load_run`)
+and the summary it builds from them (`RunSummary`, `summarize`), which the proofs (quaero/telemetry/proofs.py)
+judge and the table and `--json` print.
 
 Each figure is a field, read by its name; `to_dict` is the `--json` summary, whose keys are the field names
 (a few are metric names of quaero/telemetry/names.py, totalled over the run) and stay as users read them: the
@@ -38,6 +39,25 @@ class _Record:
             elif not (f.metadata.get("optional") and value in (None, {})):
                 out[f.name] = _plain(value)
         return out
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A run's events.jsonl as `quaero review` reads it (quaero/tools/review.py `load_run`): every readable
+    event, the train steps (one per (phase, step), the latest record of a re-run step, in step order with
+    the warm start first at a shared step) and the evals (one per step, in step order), the lines left out,
+    and whether the run logged its end."""
+
+    path: str  # the events file read
+    events: list[dict[str, Any]]
+    steps: list[dict[str, Any]]
+    evals: list[dict[str, Any]]
+    unreadable: int  # lines not read: not UTF-8, not a JSON object, a train/eval event off the step axis
+    ended: bool  # a `run_end` event was logged (finished, failed or interrupted)
+
+    def of_kind(self, *kinds: str) -> list[dict[str, Any]]:
+        """The run's events of the given kinds (`event` names of quaero/telemetry/names.py), in file order."""
+        return [e for e in self.events if e.get("event") in kinds]
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from quaero.telemetry.summary import (
     ConfigChange,
     EnvFigures,
     Guidance,
+    RunRecord,
     RunSummary,
     policy_loss_figures,
 )
@@ -33,7 +34,8 @@ class ReviewError(Exception):
     """A run that cannot be reviewed; the message is one line naming the path and the fix."""
 
 
-def load_run(run_dir: str | Path) -> dict[str, Any]:
+def load_run(run_dir: str | Path) -> RunRecord:
+    """The run folder's (or the file's) events, read for review: a `ReviewError` where there is none."""
     path = Path(run_dir)
     path = path if path.is_file() else path / names.EVENTS  # the run folder, or its events file itself
     if not path.exists():
@@ -61,9 +63,8 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
             evals[step] = e
     ordered = sorted(steps.values(), key=lambda e: (e["step"],
                                                     e.get(names.PHASE) not in names.WARM_START_PHASES))
-    return {"path": str(path), "events": events, "steps": ordered, "unreadable": unreadable,
-            "evals": [evals[k] for k in sorted(evals)],
-            "ended": any(e.get("event") == names.RUN_END_EVENT for e in events)}
+    return RunRecord(path=str(path), events=events, steps=ordered, evals=[evals[k] for k in sorted(evals)],
+                     unreadable=unreadable, ended=any(e.get("event") == names.RUN_END_EVENT for e in events))
 
 
 def _is_int(v: Any) -> bool:
@@ -186,26 +187,26 @@ def _nonfinite_rewards(e: dict) -> bool:
                for item in e.get(names.EVAL_RESULTS) or [])
 
 
-def env_names(run: dict) -> list[str]:
+def env_names(run: RunRecord) -> list[str]:
     """A mixture run's env names (from its steps' `by_env` and evals' `eval_by_env`), in first-seen order."""
     seen: dict[str, None] = {}
-    for r in run["steps"] + run["evals"]:
+    for r in run.steps + run.evals:
         for key in (names.BY_ENV, names.EVAL_BY_ENV):
             if isinstance(r.get(key), dict):
                 seen.update(dict.fromkeys(str(k) for k in r[key]))
     return list(seen)
 
 
-def per_env(run: dict) -> dict[str, EnvFigures]:
+def per_env(run: RunRecord) -> dict[str, EnvFigures]:
     """A mixture's figures per env: its RL groups, those with signal, its generated tokens and lost episodes,
     its last eval's success rate, and its "RL improved eval over warm start"."""
-    rl = [s for s in run["steps"] if s.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL]
+    rl = [s for s in run.steps if s.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL]
     out = {}
     for env in env_names(run):
         mine = [s[names.BY_ENV][env] for s in rl if isinstance(s.get(names.BY_ENV), dict)
                 and isinstance(s[names.BY_ENV].get(env), dict)]
         signal, tokens = _sum(mine, names.SIGNAL_GROUPS), _sum(mine, names.GENERATED_TOKENS)
-        evals = [e[names.EVAL_BY_ENV][env] for e in run["evals"] if isinstance(e.get(names.EVAL_BY_ENV), dict)
+        evals = [e[names.EVAL_BY_ENV][env] for e in run.evals if isinstance(e.get(names.EVAL_BY_ENV), dict)
                  and isinstance(e[names.EVAL_BY_ENV].get(env), dict)]
         out[env] = EnvFigures(
             groups=_sum(mine, names.GROUPS), signal_groups=signal, generated_tokens=tokens,
@@ -228,7 +229,7 @@ def env_line(env: str, f: EnvFigures) -> str:
                 MAX_LINE)
 
 
-def rl_over_warm_start(run: dict, env: str | None = None) -> Comparison:
+def rl_over_warm_start(run: RunRecord, env: str | None = None) -> Comparison:
     """The last eval after RL against the eval at the end of the warm start, paired on the tasks both
     finished: McNemar exact p on success, paired bootstrap 95% interval of the reward difference (end - warm
     start). `why` says what is missing when there is nothing to compare, or that an eval was guided: RL is
@@ -237,12 +238,12 @@ def rl_over_warm_start(run: dict, env: str | None = None) -> Comparison:
     from quaero.tools.significance import fixed_and_regressed, format_and_task, paired_outcomes
 
     warm = sft_span(run)
-    rl = [s["step"] for s in run["steps"] if s.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL]
+    rl = [s["step"] for s in run.steps if s.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL]
     if not warm or not rl:
         return Comparison("no warm start" if not warm else "no RL step")
     warm_end = warm[1]
-    start = next((e for e in run["evals"] if e["step"] == warm_end), None)
-    end = next((e for e in reversed(run["evals"]) if e["step"] > warm_end), None)
+    start = next((e for e in run.evals if e["step"] == warm_end), None)
+    end = next((e for e in reversed(run.evals) if e["step"] > warm_end), None)
     if start is None or end is None:
         return Comparison(f"no eval at the warm start's last step {warm_end}" if start is None
                           else "no eval after RL")
@@ -300,8 +301,8 @@ def guidance_line(g: Guidance, c: Comparison) -> str:
                 f"action tokens a guide's; RL over warm start {judged}", MAX_LINE)
 
 
-def summarize(run: dict) -> RunSummary:
-    steps, evals = run["steps"], run["evals"]
+def summarize(run: RunRecord) -> RunSummary:
+    steps, evals = run.steps, run.evals
     rl = [s for s in steps if s.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL]
     # a step without ECHO targets logs echo_loss 0: not a point of the ECHO learning curve
     echo_first, echo_last = _head_tail(
@@ -317,8 +318,8 @@ def summarize(run: dict) -> RunSummary:
         sft_steps=len(steps) - len(rl),
         rl_steps=len(rl),
         last_step=steps[-1].get("step") if steps else None,
-        finished=run["ended"],
-        unreadable_lines=run["unreadable"],
+        finished=run.ended,
+        unreadable_lines=run.unreadable,
         train_reward_first=rew_first,
         train_reward_last=rew_last,
         train_success_last=_last(rl, names.SUCCESS_RATE),
@@ -393,17 +394,17 @@ def _rl_totals(rl: list[dict]) -> dict:
     }
 
 
-def _peaks(run: dict) -> dict:
+def _peaks(run: RunRecord) -> dict:
     """Each phase's peak memory over the run."""
-    steps, evals = run["steps"], run["evals"]
+    steps, evals = run.steps, run.evals
     return {
         "peak_mem_mb": max(_series(steps, names.PEAK_MEM_MB), default=None),
         "rollout_peak_mem_mb": max(_series(steps, names.ROLLOUT_PEAK_MEM_MB), default=None),
         "weight_sync_peak_mem_mb": max(_series(steps, names.WEIGHT_SYNC_PEAK_MEM_MB), default=None),
         "process_peak_mem_mb": max(_series(steps, names.PROCESS_PEAK_MEM_MB), default=None),
         "eval_peak_mem_mb": max(_series(evals, names.EVAL_PEAK_MEM_MB), default=None),
-        "checkpoint_peak_mem_mb": max(_series(_events(run, names.CHECKPOINT_SAVED_EVENT,
-                                                   names.CHECKPOINT_READ_EVENT), names.PEAK_MEM_MB),
+        "checkpoint_peak_mem_mb": max(_series(run.of_kind(names.CHECKPOINT_SAVED_EVENT,
+                                                          names.CHECKPOINT_READ_EVENT), names.PEAK_MEM_MB),
                                    default=None),
     }
 
@@ -437,14 +438,10 @@ def _selective(steps: list[dict]) -> dict:
     }
 
 
-def _events(run: dict, *kinds: str) -> list[dict]:
-    return [e for e in run.get("events", ()) if e.get("event") in kinds]
-
-
-def resumes_changed(run: dict) -> dict[str, ConfigChange]:
+def resumes_changed(run: RunRecord) -> dict[str, ConfigChange]:
     """Each resume under a changed config, by its checkpoint step."""
     out = {}
-    for e in _events(run, names.RESUME_CONFIG_CHANGED_EVENT):
+    for e in run.of_kind(names.RESUME_CONFIG_CHANGED_EVENT):
         if not isinstance(e.get("changes"), dict):
             continue  # a hand-edited line is not the run's to repeat
         changes = {str(k): v for k, v in e["changes"].items() if isinstance(v, list) and len(v) == 2}
@@ -472,7 +469,7 @@ def render_table(rows: list[tuple[str, list[Any]]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
-def sft_span(run: dict) -> tuple[int, int] | None:
+def sft_span(run: RunRecord) -> tuple[int, int] | None:
     """First and last warm-start (SFT) step, shaded on every plot so the two phases read apart."""
-    sft = [s["step"] for s in run["steps"] if s.get(names.PHASE) in names.WARM_START_PHASES]
+    sft = [s["step"] for s in run.steps if s.get(names.PHASE) in names.WARM_START_PHASES]
     return (min(sft), max(sft)) if sft else None

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from quaero.telemetry import names, proofs
+from quaero.telemetry.summary import RunRecord
 from quaero.tools.display import MAX_LINE, clip, dump_json
 from quaero.tools.review import (
     ReviewError,
@@ -34,21 +35,21 @@ PLOT_SERIES = {
 }
 
 
-def plot_points(run: dict, key: str) -> list[tuple[int, float]]:
+def plot_points(run: RunRecord, key: str) -> list[tuple[int, float]]:
     """(step, value) of one plotted series. The warm start's `reward_mean` is the oracle's demonstrations'
     reward (always the oracle's), not what the policy earned: the train-reward series is RL steps only."""
-    records = run["steps"] + run["evals"]
+    records = run.steps + run.evals
     if key == names.REWARD_MEAN:
-        records = [r for r in run["steps"] if r.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL]
+        records = [r for r in run.steps if r.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL]
     return sorted((r["step"], v) for r in records if (v := finite_number(r.get(key))) is not None)
 
 
-def eval_success_intervals(run: dict) -> list[tuple[int, float, float, float]]:
+def eval_success_intervals(run: RunRecord) -> list[tuple[int, float, float, float]]:
     """(step, success rate, Wilson 95% low, high) of each eval with a known episode count."""
     from quaero.tools.significance import wilson_interval
 
     out = []
-    for e in run["evals"]:
+    for e in run.evals:
         rate, n = finite_number(e.get(names.EVAL_SUCCESS_RATE)), finite_number(e.get(names.EVAL_EPISODES))
         if rate is not None and 0 <= rate <= 1 and n and n > 0:
             low, high = wilson_interval(round(rate * n), int(n))
@@ -56,12 +57,12 @@ def eval_success_intervals(run: dict) -> list[tuple[int, float, float, float]]:
     return out
 
 
-def eval_reward_intervals(run: dict) -> list[tuple[int, float, float, float]]:
+def eval_reward_intervals(run: RunRecord) -> list[tuple[int, float, float, float]]:
     """(step, mean eval reward, normal 95% low, high) of each eval that logged its per-task results."""
     from quaero.tools.significance import Z_95
 
     out = []
-    for e in run["evals"]:
+    for e in run.evals:
         rewards = [r for _, r in (eval_outcomes(e) or {}).values()]
         if len(rewards) >= 2:
             mean, half = statistics.fmean(rewards), Z_95 * statistics.stdev(rewards) / math.sqrt(len(rewards))
@@ -72,14 +73,14 @@ def eval_reward_intervals(run: dict) -> list[tuple[int, float, float, float]]:
 HELD_OUT_PLOT = "heldout"  # success ± s.e. against the RL step and against RL's generated tokens
 
 
-def held_out_curves(run: dict) -> dict[str, list[tuple[int, int | float, float, float]]]:
+def held_out_curves(run: RunRecord) -> dict[str, list[tuple[int, int | float, float, float]]]:
     """The held-out curves: {label: [(eval step, RL generated tokens by then, value, standard error)]}, the
     pooled success ("success"), a mixture's each env's ("success, env NAME"), each task group's and tier's
     where the evals name more than one ("success, group G", "success, tier D": `eval_task_groups`) and pass@k
     where the evals sampled it ("pass@K"); an eval without the figure is no point of that curve."""
-    rl = [s for s in run["steps"] if s.get(names.PHASE, "rl") == "rl"]
+    rl = [s for s in run.steps if s.get(names.PHASE, "rl") == "rl"]
     curves: dict[str, list] = {}
-    for e in run["evals"]:
+    for e in run.evals:
         tokens = sum(v for s in rl if s["step"] <= e["step"]
                      and (v := finite_number(s.get(names.GENERATED_TOKENS))) is not None)
         picks = [("success", held_out(e))] + [(f"success, env {env}", held_out(e, env))
@@ -98,7 +99,7 @@ def held_out_curves(run: dict) -> dict[str, list[tuple[int, int | float, float, 
     return curves
 
 
-def _held_out_figure(run: dict, plt):
+def _held_out_figure(run: RunRecord, plt):
     """Two panels, held-out success ± s.e. against the step (the warm start shaded) and against RL's
     generated tokens."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
@@ -148,7 +149,7 @@ def check_plots(out_dir: str | Path, *, force: bool = False) -> list[Path]:
             for name in [*PLOT_SERIES, HELD_OUT_PLOT]]
 
 
-def write_plots(run: dict, out_dir: str | Path, *, force: bool = False) -> list[Path]:
+def write_plots(run: RunRecord, out_dir: str | Path, *, force: bool = False) -> list[Path]:
     from quaero.tools.outputs import OutputRefused
 
     out = Path(out_dir)
@@ -204,12 +205,12 @@ def save_png(fig, path: Path, plt, software: str = PLOT_SOFTWARE) -> Path:
     return path
 
 
-def last_evals_paired(a: dict, b: dict) -> dict | None:
+def last_evals_paired(a: RunRecord, b: RunRecord) -> dict | None:
     """Two runs' last evals on their shared tasks: the tasks A solves and B does not (fixed) and the reverse
     (regressed); None where either has no per-task results."""
     from quaero.tools.significance import fixed_and_regressed
 
-    outcomes = [eval_outcomes(r["evals"][-1]) if r["evals"] else None for r in (a, b)]
+    outcomes = [eval_outcomes(r.evals[-1]) if r.evals else None for r in (a, b)]
     if not all(outcomes):
         return None
     fixed, regressed = fixed_and_regressed(*outcomes)
@@ -283,11 +284,11 @@ def _review(args, require: list[str]) -> int:
     run = load_run(args.run_dir)
     s = summarize(run)
     checks = proofs.run_checks(s)
-    folder = Path(run["path"]).parent / "plots" if args.plots is True else args.plots  # bare: RUN/plots
+    folder = Path(run.path).parent / "plots" if args.plots is True else args.plots  # bare: RUN/plots
     plots = ([str(p) for p in write_plots(run, folder, force=getattr(args, "force", False))]
              if args.plots else [])
     if s.unreadable_lines:
-        print(f"warning: {run['path']}: {s.unreadable_lines} line(s) could not be read (not UTF-8, not a "
+        print(f"warning: {run.path}: {s.unreadable_lines} line(s) could not be read (not UTF-8, not a "
               "JSON object, or a step that is not an integer) and are left out", file=sys.stderr)
     if args.json:
         print(dump_json({"summary": s.to_dict(), "checks": checks, "plots": plots}))

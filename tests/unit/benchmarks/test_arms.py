@@ -93,7 +93,7 @@ def test_arms_from_each_seeds_warm_start_are_paired_split_and_judged(tmp_path, w
     assert f"figure {out / 'arms.png'}" in text
     png = (out / "arms.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
-    warm = {s: review.load_run(warm_runs / f"warm-s{s}")["evals"][0] for s in (0, 1)}
+    warm = {s: review.load_run(warm_runs / f"warm-s{s}").evals[0] for s in (0, 1)}
     curves = arms_plot.arm_curves([("base", "sequential", []), ("dapo", "sequential", [])], [0, 1], warm, out)
 
     def se(p):

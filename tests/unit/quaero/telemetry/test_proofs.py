@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from quaero.telemetry import names, proofs
+from quaero.telemetry.summary import RunRecord
 from quaero.tools import review
 
 
@@ -31,8 +32,8 @@ def test_a_counter_added_to_proofs_is_emitted_and_reviewed(monkeypatch, tiny_mod
     monkeypatch.setitem(proofs.BRANCH_COUNTERS, name, lambda info: info.branch == "hidden")
     m = run("local")
     assert m[name] == m[names.HIDDEN_BATCHES] > 0
-    run_log = {"steps": [{"step": 1, name: m[name]}, {"step": 2, name: 3}], "evals": [], "ended": True,
-               "unreadable": 0}
+    run_log = RunRecord(path="", events=[], steps=[{"step": 1, name: m[name]}, {"step": 2, name: 3}],
+                        evals=[], unreadable=0, ended=True)
     assert review.summarize(run_log).selective[name] == m[name] + 3
 
 
@@ -107,13 +108,12 @@ def test_sparse_echo_is_not_applicable_when_no_microbatch_was_trained():
     assert check["status"] == "n/a" and "no microbatch was trained" in check["detail"]
 
 
-def _gap_run(*steps) -> dict:
+def _gap_run(*steps) -> RunRecord:
     """An event log of RL steps (gap max, gap mean, policy staleness) for `quaero review`'s summary."""
-    return {"steps": [{"step": i + 1, "phase": "rl", "rows": 2, "action_tokens": 8, "echo_tokens": 4,
-                       "sampler_logprob_gap_max": worst, "sampler_logprob_gap_mean": mean,
-                       "policy_staleness": stale}
-                      for i, (worst, mean, stale) in enumerate(steps)], "evals": [], "ended": True,
-            "unreadable": 0}
+    return RunRecord(path="", events=[], steps=[
+        {"step": i + 1, "phase": "rl", "rows": 2, "action_tokens": 8, "echo_tokens": 4,
+         "sampler_logprob_gap_max": worst, "sampler_logprob_gap_mean": mean, "policy_staleness": stale}
+        for i, (worst, mean, stale) in enumerate(steps)], evals=[], unreadable=0, ended=True)
 
 
 @pytest.mark.hostile

@@ -569,7 +569,7 @@ def test_the_held_out_plot_draws_the_events_points_against_step_and_generated_to
 
 def test_an_eval_from_before_the_per_task_lists_gives_its_pooled_figures(tmp_path):
     record(tmp_path, good_steps(2), evals=[(0, 0.5)])
-    e = review.load_run(tmp_path)["evals"][0]
+    e = review.load_run(tmp_path).evals[0]
     assert review.held_out(e) == {"success": 0.5}  # no s.e. logged, none made up
     e.update(eval_success_se=0.1, eval_format_failures=0.2, eval_wrong_answers=0.3)
     assert review.held_out(e) == {"success": 0.5, "success_se": 0.1, "format_failures": 0.2,
@@ -582,7 +582,7 @@ def test_the_held_out_curves_split_by_task_group_and_tier_where_the_evals_name_t
     _record_phases(tmp_path, warm=None, end=[1, 0, 1, 1, 0, 0, 1, 0],
                    eval_fields={"eval_task_groups": groups})
     run = review.load_run(tmp_path)
-    end = run["evals"][-1]
+    end = run.evals[-1]
     se = review.held_out_by(end, "group")
     assert se == {"price": (0.75, pytest.approx((0.75 * 0.25 / 4) ** 0.5)),
                   "city": (0.25, pytest.approx((0.25 * 0.75 / 4) ** 0.5))}
@@ -641,9 +641,9 @@ def test_a_resumed_process_s_rss_is_judged_apart_from_the_first_s(tmp_path):
     # steps 1-30 by one process at ~1000 MiB, then a resume whose process holds more from its first step on
     first = [dict(good_steps(1)[0], phase="sft", process_rss_mb=1000.0, run_id="a") for _ in range(30)]
     second = [dict(good_steps(1)[0], phase="sft", process_rss_mb=1300.0 + i, run_id="b") for i in range(30)]
-    run = {"steps": [dict(st, step=i) for i, st in enumerate(first + second, start=1)]}
-    growth = review.rss_growth(run["steps"])["sft"]
+    steps = [dict(st, step=i) for i, st in enumerate(first + second, start=1)]
+    growth = review.rss_growth(steps)["sft"]
     assert growth["reference_rss_mb"] == 1306.0 and growth["largest_rss_mb"] == 1329.0  # the second's own
-    assert proofs.memory_flat(review.rss_growth(run["steps"]))["status"] == proofs.PASS
-    grown = [dict(st, process_rss_mb=1000.0 + 20 * i) for i, st in enumerate(run["steps"][:30])]
-    assert proofs.memory_flat(review.rss_growth(grown + run["steps"][30:]))["status"] == proofs.FAIL
+    assert proofs.memory_flat(review.rss_growth(steps))["status"] == proofs.PASS
+    grown = [dict(st, process_rss_mb=1000.0 + 20 * i) for i, st in enumerate(steps[:30])]
+    assert proofs.memory_flat(review.rss_growth(grown + steps[30:]))["status"] == proofs.FAIL
