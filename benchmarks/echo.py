@@ -170,8 +170,8 @@ def echo_train_smoke(args, device: torch.device) -> dict[str, Any]:
             "max_s": max(times),
             "value": metrics[-1]["loss"], "row_layout": f"one row of {args.seq_len} tokens; ECHO targets at "
             f"tokens {targets[:-1][:3]}...; RL action target at token {targets[-1]}",
-            "runtime_metrics": runtime, "last_step_metrics": metrics[-1], "proof": checks,
-            "proof_unmet": unmet, "proof_ok": not unmet}
+            "runtime_metrics": runtime, "last_step_metrics": metrics[-1],
+            "proof": [c.to_dict() for c in checks], "proof_unmet": unmet, "proof_ok": not unmet}
 
 
 def run(args) -> dict[str, Any]:

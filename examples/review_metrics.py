@@ -14,7 +14,7 @@ def main(run_dir: str) -> int:
     run = review.load_run(run_dir)
     summary = review.summarize(run)
     for check in proofs.run_checks(summary):
-        print(f"{check['status'].upper():4s}  {check['name']}: {check['detail']}")
+        print(f"{check.status.upper():4s}  {check.name}: {check.detail}")
     trained = summary.action_tokens + summary.echo_tokens
     if summary.row_tokens:
         print(f"targets are {trained / summary.row_tokens:.1%} of row tokens "

@@ -5,13 +5,14 @@ judge a run with the checks below (`quaero review RUN --require NAME`). Adding a
 name in names.py and one line in `BRANCH_COUNTERS`; every list of names elsewhere derives from them. No
 torch here: `trainers/` imports this module.
 
-A check is a dict `{name, required, status, passed, detail}`: status "pass" | "fail" | "n/a" (the check
-does not apply to this run, `detail` says why), `passed` True | False | None to match, `required`
-whether `--require-proof` counts it.
+A check is a `Check`: its name, status "pass" | "fail" | "n/a" (the check does not apply to this run,
+`detail` says why), `passed` True | False | None to match, `required` whether `--require-proof` counts it;
+`to_dict` is what `--json` and the bench results write.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from quaero.telemetry.names import (
@@ -114,16 +115,30 @@ LOGPROB_GAP_MEAN_NATS = 0.1  # a step's mean over its sampled tokens
 MAX_SAMPLER_LOGPROB = 1e-3
 
 
-def _check(name: str, required: bool, status: str, detail: str) -> dict[str, Any]:
-    return {"name": name, "required": required, "status": status,
-            "passed": {PASS: True, FAIL: False, NA: None}[status], "detail": detail}
+@dataclass(frozen=True)
+class Check:
+    """One check of a run, named as in `CHECKS`: PASS, FAIL or NA (it does not apply; `detail` says why)."""
+
+    name: str
+    required: bool  # counted by `--require-proof`
+    status: str
+    detail: str
+
+    @property
+    def passed(self) -> bool | None:
+        return {PASS: True, FAIL: False, NA: None}[self.status]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-able check `quaero review --json` and the bench results write."""
+        return {"name": self.name, "required": self.required, "status": self.status, "passed": self.passed,
+                "detail": self.detail}
 
 
-def _judged(name: str, required: bool, ok: bool, detail: str) -> dict[str, Any]:
-    return _check(name, required, PASS if ok else FAIL, detail)
+def _judged(name: str, required: bool, ok: bool, detail: str) -> Check:
+    return Check(name, required, PASS if ok else FAIL, detail)
 
 
-def sparse_echo(totals: Mapping[str, Any]) -> dict[str, Any]:
+def sparse_echo(totals: Mapping[str, Any]) -> Check:
     """Sparse ECHO rows took the selected-hidden path: skips > 0, hidden > 0, fallback = 0.
 
     Judged only when some microbatch was sparse (a skip or a hidden batch): rows whose targets are dense
@@ -135,30 +150,30 @@ def sparse_echo(totals: Mapping[str, Any]) -> dict[str, Any]:
     detail = f"sparse_suffix_skips={skips} > 0, hidden_logprob_batches={hidden} > 0, " \
              f"fallback_logprob_batches={fallback} = 0"
     if fallback == 0 and skips == 0 and hidden == 0 and suffix > 0:
-        return _check(SPARSE_ECHO, True, NA, "dense rows took the exact suffix branch: suffix batches "
-                                             f"{suffix}")
+        return Check(SPARSE_ECHO, True, NA, f"dense rows took the exact suffix branch: suffix batches "
+                                            f"{suffix}")
     if not any(totals.get(name, 0) for name in BRANCH_COUNTERS):
-        return _check(SPARSE_ECHO, True, NA, "no microbatch was trained (every branch counter is 0)")
+        return Check(SPARSE_ECHO, True, NA, "no microbatch was trained (every branch counter is 0)")
     return _judged(SPARSE_ECHO, True, skips > 0 and hidden > 0 and fallback == 0, detail)
 
 
-def compiled_ce(totals: Mapping[str, Any]) -> dict[str, Any]:
+def compiled_ce(totals: Mapping[str, Any]) -> Check:
     """With `train_compile_selective_ce = "require"`: compiled batches > 0 and no fallback reason."""
     mode, compiled = totals.get(COMPILE_MODE, ""), totals.get(COMPILED_CE_BATCHES, 0)
     if mode != "require":
-        return _check(COMPILED_CE, True, NA, f"mode={mode!r}: judged only with "
-                                             "train_compile_selective_ce='require'")
+        return Check(COMPILED_CE, True, NA, f"mode={mode!r}: judged only with "
+                                            "train_compile_selective_ce='require'")
     reason = totals.get(COMPILE_FALLBACK_REASON, "")
     return _judged(COMPILED_CE, True, compiled > 0 and reason == "",
                    f"mode=require, compiled_ce_batches={compiled} > 0, fallback_reason={reason!r}")
 
 
-def tree_training(totals: Mapping[str, Any]) -> dict[str, Any]:
+def tree_training(totals: Mapping[str, Any]) -> Check:
     """With `train_tree_packing` on or auto: microbatches ran as tries, with their unique / row tokens; "on"
     fails on any fallback (its reason shown), "auto" counts the microbatches it left as rows as not paying."""
     mode = totals.get(TREE_PACKING, "off")
     if mode in ("off", "", None):
-        return _check(TREE_TRAINING, False, NA, "train_tree_packing='off'")
+        return Check(TREE_TRAINING, False, NA, "train_tree_packing='off'")
     packed, fallback = totals.get(TREE_BATCHES, 0), totals.get(TREE_FALLBACK_BATCHES, 0)
     unique, rows = totals.get(TREE_UNIQUE_TOKENS, 0), totals.get(TREE_ROW_TOKENS, 0)
     ratio = f"{unique / rows:.3f}" if rows else "n/a"
@@ -168,29 +183,29 @@ def tree_training(totals: Mapping[str, Any]) -> dict[str, Any]:
     if reason:
         detail += f" ({reason})"
     if mode == "auto" and packed == 0 and fallback == 0:
-        return _check(TREE_TRAINING, False, NA, f"{detail}: no microbatch shared enough to pay")
+        return Check(TREE_TRAINING, False, NA, f"{detail}: no microbatch shared enough to pay")
     return _judged(TREE_TRAINING, False, packed > 0 and (fallback == 0 or mode == "auto"), detail)
 
 
-def logprob_gap(s: RunSummary) -> dict[str, Any]:
+def logprob_gap(s: RunSummary) -> Check:
     """On-policy RL steps (rows sampled by the weights being trained: policy_staleness 0) measured a
     sampler-vs- trainer gap within LOGPROB_GAP_MAX_NATS per token and LOGPROB_GAP_MEAN_NATS per step's mean.
     Steps trained on rows sampled ahead are left out: their gap includes the policy's own change."""
     worst, mean, steps = s.onpolicy_logprob_gap_max, s.onpolicy_logprob_gap_mean_max, s.onpolicy_gap_steps
     if not steps or worst is None:
-        return _check(LOGPROB_GAP, True, NA, "no on-policy RL step measured a gap (SFT steps sample nothing)")
+        return Check(LOGPROB_GAP, True, NA, "no on-policy RL step measured a gap (SFT steps sample nothing)")
     return _judged(LOGPROB_GAP, True,
                    worst <= LOGPROB_GAP_MAX_NATS and (mean or 0.0) <= LOGPROB_GAP_MEAN_NATS,
                    f"over {steps} on-policy step(s): max {worst:.3g} <= {LOGPROB_GAP_MAX_NATS:g} nats, worst "
                    f"step mean {mean or 0.0:.3g} <= {LOGPROB_GAP_MEAN_NATS:g} nats")
 
 
-def branch_checks(totals: Mapping[str, Any]) -> list[dict[str, Any]]:
+def branch_checks(totals: Mapping[str, Any]) -> list[Check]:
     """The checks a trainer step's branch counters prove (summed over steps)."""
     return [sparse_echo(totals), compiled_ce(totals), tree_training(totals)]
 
 
-def run_checks(s: RunSummary) -> list[dict[str, Any]]:
+def run_checks(s: RunSummary) -> list[Check]:
     """Every check of a reviewed run, in `CHECKS` order, from its summary (quaero/tools/review.py
     `summarize`)."""
     rows, tokens = s.rows, s.action_tokens + s.echo_tokens
@@ -206,13 +221,13 @@ def run_checks(s: RunSummary) -> list[dict[str, Any]]:
     checks.append(logprob_gap(s))
     first, last = s.echo_loss_first, s.echo_loss_last
     if first is None:
-        checks.append(_check(ECHO_FALLING, False, NA, "no step with ECHO targets"))
+        checks.append(Check(ECHO_FALLING, False, NA, "no step with ECHO targets"))
     else:
         checks.append(_judged(ECHO_FALLING, False, trained and last < first,
                               f"{first:.4f} -> {last:.4f}" if trained else untrained))
     base, last = s.eval_reward_baseline, s.eval_reward_last
     if base is None or last is None:
-        checks.append(_check(EVAL_ABOVE_UNTRAINED, False, NA, "no eval event"))
+        checks.append(Check(EVAL_ABOVE_UNTRAINED, False, NA, "no eval event"))
     else:
         checks.append(_judged(EVAL_ABOVE_UNTRAINED, False, trained and last > base,
                               f"{base:.3f} -> {last:.3f}" if trained else untrained))
@@ -220,11 +235,11 @@ def run_checks(s: RunSummary) -> list[dict[str, Any]]:
     return checks
 
 
-def memory_flat(growth: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def memory_flat(growth: Mapping[str, Mapping[str, Any]]) -> Check:
     """The process's RSS stayed within RSS_GROWTH_MAX of its post-warm-up reading in every phase
     (quaero/tools/memory_growth.py `rss_growth`)."""
     if not growth:
-        return _check(MEMORY_FLAT, False, NA, f"no phase of {RSS_MIN_STEPS}+ steps logged `process_rss_mb`")
+        return Check(MEMORY_FLAT, False, NA, f"no phase of {RSS_MIN_STEPS}+ steps logged `process_rss_mb`")
     said = [f"{phase} {g['reference_rss_mb']:.0f} MiB at step {g['reference_step']} -> "
             f"{g['largest_rss_mb']:.0f} at {g['largest_step']} ({g['growth']:+.0%})"
             for phase, g in growth.items()]
@@ -260,24 +275,24 @@ def format_task_line(c: dict, a: str = "A", b: str = "B") -> str:
             f"{rate(c['a_task_success'])}")
 
 
-def rl_kept(c: Comparison) -> dict[str, Any]:
+def rl_kept(c: Comparison) -> Check:
     """RL lost no held-out success to the warm start: not more tasks solved only before RL than only after
     with McNemar exact p < 0.05, nor the paired bootstrap 95% interval of the reward difference below 0. The
     check a single run can hold on any machine (`.ci/run` requires it): a gain at one seed is not a learning
     claim (the main job's RL gained at 2 of 5 seeds, and at seed 0 on one CPU and not on another;
     benchmarks/README.md), a significant loss is a regression. N/A as RL_IMPROVED is."""
     if c.why:
-        return _check(RL_KEPT, False, NA, c.why)
+        return Check(RL_KEPT, False, NA, c.why)
     lost = c.worsened > c.improved and c.mcnemar_p < RL_IMPROVED_P
     return _judged(RL_KEPT, False, not lost and c.reward_diff_ci95[1] >= 0, _rl_vs_warm_start(c))
 
 
-def rl_improved(c: Comparison) -> dict[str, Any]:
+def rl_improved(c: Comparison) -> Check:
     """The eval after RL beats the eval at the warm start's end on the tasks both finished: more tasks solved
     only after RL than only before with McNemar exact p < 0.05, or the paired bootstrap 95% interval of the
     reward difference above 0. N/A without a warm start, an RL step, or per-task results in both evals."""
     if c.why:
-        return _check(RL_IMPROVED, False, NA, c.why)
+        return Check(RL_IMPROVED, False, NA, c.why)
     by_success = c.improved > c.worsened and c.mcnemar_p < RL_IMPROVED_P
     return _judged(RL_IMPROVED, False, by_success or c.reward_diff_ci95[0] > 0, _rl_vs_warm_start(c))
 
@@ -344,11 +359,11 @@ def describe_rl_signal(t: Mapping[str, Any]) -> str:
             f"nothing. Fix: {fix}")
 
 
-def training_apart(s: RunSummary) -> list[dict[str, Any]]:
+def training_apart(s: RunSummary) -> list[Check]:
     """RL and ECHO judged apart ("trained at least one step" passes on either): reported, not required, since
     a run may rightly be ECHO-only; quaero/telemetry/outcomes.py says the same during the run."""
     if not s.rl_steps:
-        rl = _check(RL_TRAINED, False, NA, "no RL step")
+        rl = Check(RL_TRAINED, False, NA, "no RL step")
     else:  # the totals describe_rl_signal reads, as quaero/telemetry/outcomes.py keeps them during a run
         t = {RL_STEPS: s.rl_steps, RL_STEPS_WITH_SIGNAL: s.rl_steps_with_signal,
              RL_STEPS_WITHOUT_UPDATE: s.rl_steps_without_update,
@@ -363,11 +378,11 @@ def training_apart(s: RunSummary) -> list[dict[str, Any]]:
     return [rl, echo]
 
 
-def unmet(checks: list[dict[str, Any]], *, require_proof: bool, names: Iterable[str] = ()) -> list[str]:
+def unmet(checks: list[Check], *, require_proof: bool, names: Iterable[str] = ()) -> list[str]:
     """One line per requirement the checks miss. `require_proof`: every required check that applies
     passes (n/a is fine: the check does not apply). `names`: each named check passes (n/a is not)."""
-    by_name = {c["name"]: c for c in checks}
-    wanted = [c for c in checks if require_proof and c["required"] and c["status"] == FAIL]
-    wanted += [by_name[n] for n in dict.fromkeys(names) if by_name[n]["status"] != PASS
+    by_name = {c.name: c for c in checks}
+    wanted = [c for c in checks if require_proof and c.required and c.status == FAIL]
+    wanted += [by_name[n] for n in dict.fromkeys(names) if by_name[n].status != PASS
                and by_name[n] not in wanted]
-    return [f"{c['name']}: {c['status'].upper()} ({c['detail']})" for c in wanted]
+    return [f"{c.name}: {c.status.upper()} ({c.detail})" for c in wanted]

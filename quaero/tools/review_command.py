@@ -243,8 +243,8 @@ def held_out_lines(s) -> list[str]:
 _TAGS = {proofs.PASS: "PASS", proofs.NA: "N/A"}
 
 
-def _tag(check: dict) -> str:
-    return _TAGS.get(check["status"], "FAIL" if check["required"] else "WARN")
+def _tag(check: proofs.Check) -> str:
+    return _TAGS.get(check.status, "FAIL" if check.required else "WARN")
 
 def main(args) -> int:
     require = list(args.require)
@@ -291,13 +291,13 @@ def _review(args, require: list[str]) -> int:
         print(f"warning: {run.path}: {s.unreadable_lines} line(s) could not be read (not UTF-8, not a "
               "JSON object, or a step that is not an integer) and are left out", file=sys.stderr)
     if args.json:
-        print(dump_json({"summary": s.to_dict(), "checks": checks, "plots": plots}))
+        print(dump_json({"summary": s.to_dict(), "checks": [c.to_dict() for c in checks], "plots": plots}))
     else:
         print(f"run {args.run_dir} ({'finished' if s.finished else 'INCOMPLETE: no run_end event'})")
         print(render_table([(k, [v]) for k, v in s.table_rows()], ["metric", "value"]))
         print()
         for c in checks:
-            print(clip(f"[{_tag(c)}] {c['name']}: {c['detail']}", MAX_LINE))
+            print(clip(f"[{_tag(c)}] {c.name}: {c.detail}", MAX_LINE))
         # a mixture's; the checks above judge the pooled run
         for env, figures in s.per_env.items():
             print(env_line(env, figures))

@@ -116,7 +116,7 @@ def test_a_model_that_ignores_the_mask_falls_back_with_its_reason(small_model_di
     assert all(torch.allclose(got_grads[n], g, atol=1e-6, rtol=1e-5) for n, g in ref_grads.items())
     check = proofs.tree_training({k: got[k] for k in (*proofs.TREE_COUNTERS, "local_train_tree_packing",
                                                       "local_train_tree_fallback_reason")})
-    assert check["status"] == "fail" and "differs" in check["detail"]
+    assert check.status == "fail" and "differs" in check.detail
 
 
 def test_an_attention_without_a_custom_mask_falls_back(small_model_dir):
@@ -137,7 +137,7 @@ def test_auto_packs_only_where_the_ratio_pays(small_model_dir):
     assert m_unshared["local_train_tree_token_ratio"] > 0.95
     check = proofs.tree_training({**{k: m_shared[k] for k in proofs.TREE_COUNTERS},
                                   "local_train_tree_packing": "auto"})
-    assert check["status"] == "pass"
+    assert check.status == "pass"
 
 
 def test_rows_sharing_a_prefix_share_a_microbatch_and_the_step_stays_exact(small_model_dir):

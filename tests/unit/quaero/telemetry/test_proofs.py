@@ -22,7 +22,7 @@ def test_trainer_step_emits_exactly_the_declared_counter_names(local_smoke_metri
                                                                   *proofs.BRANCH_COUNTERS, names.SAVE_ON_CPU,
                                                                   *names.TREE_METRICS}
     # the smoke's rows are sparse by construction: the proof passes on the real step's counters
-    assert [c["status"] for c in proofs.branch_checks(local_smoke_metrics)] == ["pass", "n/a", "n/a"]
+    assert [c.status for c in proofs.branch_checks(local_smoke_metrics)] == ["pass", "n/a", "n/a"]
 
 
 def test_a_counter_added_to_proofs_is_emitted_and_reviewed(monkeypatch, tiny_model_dir, tmp_path):
@@ -67,30 +67,30 @@ def counters(skips=0, hidden=0, suffix=0, fallback=0, **kw):
 ])
 def test_sparse_echo_verdicts(totals, status):
     check = proofs.sparse_echo(totals)
-    assert (check["status"], check["passed"]) == (status, {"pass": True, "fail": False, "n/a": None}[status])
+    assert (check.status, check.passed) == (status, {"pass": True, "fail": False, "n/a": None}[status])
 
 
 def test_compiled_ce_is_judged_only_in_require_mode():
-    assert proofs.compiled_ce({names.COMPILE_MODE: "auto"})["status"] == "n/a"
+    assert proofs.compiled_ce({names.COMPILE_MODE: "auto"}).status == "n/a"
     ok = {names.COMPILE_MODE: "require", names.COMPILED_CE_BATCHES: 3, names.COMPILE_FALLBACK_REASON: ""}
-    assert proofs.compiled_ce(ok)["status"] == "pass"
-    assert proofs.compiled_ce({**ok, names.COMPILED_CE_BATCHES: 0})["status"] == "fail"
-    assert proofs.compiled_ce({**ok, names.COMPILE_FALLBACK_REASON: "cpu device"})["status"] == "fail"
+    assert proofs.compiled_ce(ok).status == "pass"
+    assert proofs.compiled_ce({**ok, names.COMPILED_CE_BATCHES: 0}).status == "fail"
+    assert proofs.compiled_ce({**ok, names.COMPILE_FALLBACK_REASON: "cpu device"}).status == "fail"
 
 
 def test_tree_training_is_judged_when_packing_is_asked_for():
-    assert proofs.tree_training({names.TREE_PACKING: "off"})["status"] == "n/a"
+    assert proofs.tree_training({names.TREE_PACKING: "off"}).status == "n/a"
     on = {names.TREE_PACKING: "on", names.TREE_BATCHES: 2, names.TREE_UNIQUE_TOKENS: 300,
           names.TREE_ROW_TOKENS: 1000, names.TREE_FALLBACK_BATCHES: 0}
     passed = proofs.tree_training(on)
-    assert passed["status"] == "pass" and "300/1000 = 0.300" in passed["detail"]
+    assert passed.status == "pass" and "300/1000 = 0.300" in passed.detail
     failed = proofs.tree_training({**on, names.TREE_FALLBACK_BATCHES: 1,
                                    names.TREE_FALLBACK_REASON: "eager?"})
-    assert failed["status"] == "fail" and "eager?" in failed["detail"]
+    assert failed.status == "fail" and "eager?" in failed.detail
     auto = {**on, names.TREE_PACKING: "auto", names.TREE_BATCHES: 0}
-    assert proofs.tree_training(auto)["status"] == "n/a"  # nothing shared enough to pay
+    assert proofs.tree_training(auto).status == "n/a"  # nothing shared enough to pay
     mixed = {**auto, names.TREE_BATCHES: 1, names.TREE_FALLBACK_BATCHES: 1}
-    assert proofs.tree_training(mixed)["status"] == "pass"
+    assert proofs.tree_training(mixed).status == "pass"
 
 
 def test_unmet_counts_na_only_for_named_checks():
@@ -105,7 +105,7 @@ def test_unmet_counts_na_only_for_named_checks():
 
 def test_sparse_echo_is_not_applicable_when_no_microbatch_was_trained():
     check = proofs.sparse_echo(counters())
-    assert check["status"] == "n/a" and "no microbatch was trained" in check["detail"]
+    assert check.status == "n/a" and "no microbatch was trained" in check.detail
 
 
 def _gap_run(*steps) -> RunRecord:
@@ -127,8 +127,8 @@ def _gap_run(*steps) -> RunRecord:
 ])
 def test_the_logprob_gap_proof_fails_past_its_tolerance(steps, status):
     s = review.summarize(_gap_run(*steps))
-    (check,) = [c for c in proofs.run_checks(s) if c["name"] == proofs.LOGPROB_GAP]
-    assert check["status"] == status and check["required"], check
+    (check,) = [c for c in proofs.run_checks(s) if c.name == proofs.LOGPROB_GAP]
+    assert check.status == status and check.required, check
     missed = proofs.unmet(proofs.run_checks(s), require_proof=True)
     assert any(line.startswith(f"{proofs.LOGPROB_GAP}: FAIL (over 1 on-policy step(s): max")
                for line in missed) \

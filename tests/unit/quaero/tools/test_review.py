@@ -120,8 +120,8 @@ def test_compiled_ce_proof_only_in_require_mode(tmp_path):
     steps = [dict(s, local_train_compile_selective_ce_mode="require",
                   local_train_compile_selective_ce_fallback_reason="") for s in good_steps()]
     record(tmp_path, steps)
-    checks = {c["name"]: c for c in proofs.run_checks(review.summarize(review.load_run(tmp_path)))}
-    assert checks["compiled CE proof"]["passed"] is False  # no compiled batches ran
+    checks = {c.name: c for c in proofs.run_checks(review.summarize(review.load_run(tmp_path)))}
+    assert checks["compiled CE proof"].passed is False  # no compiled batches ran
     assert review_command.main(args(tmp_path, require_proof=True)) == 1
 
 
@@ -380,17 +380,17 @@ def _record_phases(run_dir, *, warm: list[int] | None, end: list[int] | None, sf
 def test_rl_improved_and_kept_eval_over_warm_start_are_paired(tmp_path, capsys, warm, end, improved, kept):
     _record_phases(tmp_path, warm=warm, end=end)
     s = review.summarize(review.load_run(tmp_path))
-    checks = {c["name"]: c for c in proofs.run_checks(s)}
-    assert checks[proofs.RL_IMPROVED]["status"] == improved, checks[proofs.RL_IMPROVED]["detail"]
-    assert checks[proofs.RL_KEPT]["status"] == kept, checks[proofs.RL_KEPT]["detail"]
+    checks = {c.name: c for c in proofs.run_checks(s)}
+    assert checks[proofs.RL_IMPROVED].status == improved, checks[proofs.RL_IMPROVED].detail
+    assert checks[proofs.RL_KEPT].status == kept, checks[proofs.RL_KEPT].detail
     c = s.rl_vs_warm_start
     assert c.pairs == 64 and c.warm_start_step == 3 and c.end_step == 5
     low, high = c.reward_diff_ci95
     for check in (checks[proofs.RL_IMPROVED], checks[proofs.RL_KEPT]):
         # the detail states each relation as it is: a p of 0.45 is never printed as "< 0.05"
         p_rel = "<" if c.mcnemar_p < proofs.RL_IMPROVED_P else ">="
-        assert f"McNemar exact p = {c.mcnemar_p:.3g} {p_rel} {proofs.RL_IMPROVED_P})" in check["detail"]
-        assert check["detail"].endswith("; > 0)" if low > 0 else "; < 0)" if high < 0 else "; spans 0)")
+        assert f"McNemar exact p = {c.mcnemar_p:.3g} {p_rel} {proofs.RL_IMPROVED_P})" in check.detail
+        assert check.detail.endswith("; > 0)" if low > 0 else "; < 0)" if high < 0 else "; spans 0)")
     for name, status in ((proofs.RL_IMPROVED, improved), (proofs.RL_KEPT, kept)):
         rc = review_command.main(args(tmp_path, require=[name]))
         assert rc == (0 if status == proofs.PASS else 1)
@@ -410,7 +410,7 @@ def test_a_gain_that_is_only_the_action_format_is_said_as_such(tmp_path):
     assert (split["format_a_only"], split["format_b_only"]) == (24, 0)
     assert split["format_mcnemar_p"] == pytest.approx(2 / 2**24)
     assert (split["b_task_success"], split["a_task_success"]) == (0.5, 34 / 64)
-    detail = {c["name"]: c for c in proofs.run_checks(s)}[proofs.RL_IMPROVED]["detail"]
+    detail = {c.name: c for c in proofs.run_checks(s)}[proofs.RL_IMPROVED].detail
     assert detail.endswith("format: well-formed episodes 0.625 -> 1.000 (well formed only after RL 24, only "
                            "before 0; McNemar exact p = 1.19e-07); task: success among well-formed 0.500 -> "
                            "0.531")
@@ -442,8 +442,8 @@ def test_rl_improved_pairs_only_shared_tasks_and_says_why_it_is_na(tmp_path):
                     "nowarm": "no warm start"}
     for name, why in whys.items():
         checks = proofs.run_checks(review.summarize(review.load_run(tmp_path / name)))
-        check = {c["name"]: c for c in checks}[proofs.RL_IMPROVED]
-        assert check["status"] == proofs.NA and check["detail"] == why
+        check = {c.name: c for c in checks}[proofs.RL_IMPROVED]
+        assert check.status == proofs.NA and check.detail == why
 
 
 def test_eval_reward_intervals_come_from_per_task_results(tmp_path):
@@ -486,8 +486,8 @@ def test_the_review_says_how_much_signal_came_from_guidance_and_judges_rl_on_ung
     assert (g.guided_members, g.guided_members_succeeded, g.guided_members_dropped) == (2, 1, 1)
     assert (g.guided_action_tokens, g.onpolicy_action_tokens) == (30, 170)
     assert s.rl_vs_warm_start.unguided is True
-    check = next(c for c in proofs.run_checks(s) if c["name"] == proofs.RL_IMPROVED)
-    assert check["status"] == proofs.PASS and check["detail"].endswith("; unguided greedy evals")
+    check = next(c for c in proofs.run_checks(s) if c.name == proofs.RL_IMPROVED)
+    assert check.status == proofs.PASS and check.detail.endswith("; unguided greedy evals")
     assert review_command.main(args(tmp_path)) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("guidance: "))
     assert line == ("guidance: 2 of 8 (25%) RL groups guided (2 members, 1 succeeded, 1 dropped); 2 of 4 "
@@ -499,8 +499,8 @@ def test_the_review_says_how_much_signal_came_from_guidance_and_judges_rl_on_ung
     _record_phases(tmp_path / "guided", warm=warm, end=end, rl_fields=GUIDED_STEPS,
                    eval_fields={"eval_guided_tokens": 7})
     s = review.summarize(review.load_run(tmp_path / "guided"))
-    check = next(c for c in proofs.run_checks(s) if c["name"] == proofs.RL_IMPROVED)
-    assert check["status"] == proofs.NA and "has 7 guided tokens" in check["detail"]
+    check = next(c for c in proofs.run_checks(s) if c.name == proofs.RL_IMPROVED)
+    assert check.status == proofs.NA and "has 7 guided tokens" in check.detail
     # a run without guidance has no guidance figures, and says nothing of it
     _record_phases(tmp_path / "plain", warm=warm, end=end)
     assert review.summarize(review.load_run(tmp_path / "plain")).guidance is None
@@ -617,8 +617,8 @@ def test_a_run_whose_rss_grows_after_its_warm_up_is_flagged(tmp_path, capsys):
     s = review.summarize(review.load_run(tmp_path))
     assert s.rss_growth["sft"]["reference_step"] == 11 and s.rss_growth["sft"]["reference_rss_mb"] == 1600.0
     assert s.rss_growth["sft"]["largest_step"] == 50 and s.rss_growth["sft"]["growth"] > 0.9
-    check = {c["name"]: c for c in proofs.run_checks(s)}[proofs.MEMORY_FLAT]
-    assert check["status"] == proofs.FAIL and "sft 1600 MiB at step 11 -> 3160 at 50" in check["detail"]
+    check = {c.name: c for c in proofs.run_checks(s)}[proofs.MEMORY_FLAT]
+    assert check.status == proofs.FAIL and "sft 1600 MiB at step 11 -> 3160 at 50" in check.detail
     assert review_command.main(args(tmp_path)) == 0  # a flag, not a required proof
     assert "[WARN] process memory flat: sft 1600 MiB at step 11" in capsys.readouterr().out
 
@@ -627,14 +627,14 @@ def test_a_flat_rss_passes_and_a_run_without_readings_is_not_judged(tmp_path):
     flat = tmp_path / "flat"
     # a warm-up that fills malloc's caches, then readings that move within 10% both ways
     record(flat, _rss_steps([700.0] * 10 + [1400.0 + (i % 7) * 10 for i in range(90)], [1500.0] * 12))
-    check = {c["name"]: c for c in proofs.run_checks(review.summarize(review.load_run(flat)))}
-    assert check[proofs.MEMORY_FLAT]["status"] == proofs.PASS
+    check = {c.name: c for c in proofs.run_checks(review.summarize(review.load_run(flat)))}
+    assert check[proofs.MEMORY_FLAT].status == proofs.PASS
     old = tmp_path / "old"
     record(old, good_steps(20))  # a run from before `process_rss_mb`
     s = review.summarize(review.load_run(old))
     assert s.rss_growth == {} and "rss_growth" not in s.to_dict()
-    check = {c["name"]: c for c in proofs.run_checks(s)}
-    assert check[proofs.MEMORY_FLAT]["status"] == proofs.NA
+    check = {c.name: c for c in proofs.run_checks(s)}
+    assert check[proofs.MEMORY_FLAT].status == proofs.NA
 
 
 def test_a_resumed_process_s_rss_is_judged_apart_from_the_first_s(tmp_path):
@@ -644,6 +644,6 @@ def test_a_resumed_process_s_rss_is_judged_apart_from_the_first_s(tmp_path):
     steps = [dict(st, step=i) for i, st in enumerate(first + second, start=1)]
     growth = review.rss_growth(steps)["sft"]
     assert growth["reference_rss_mb"] == 1306.0 and growth["largest_rss_mb"] == 1329.0  # the second's own
-    assert proofs.memory_flat(review.rss_growth(steps))["status"] == proofs.PASS
+    assert proofs.memory_flat(review.rss_growth(steps)).status == proofs.PASS
     grown = [dict(st, process_rss_mb=1000.0 + 20 * i) for i, st in enumerate(steps[:30])]
-    assert proofs.memory_flat(review.rss_growth(grown + steps[30:]))["status"] == proofs.FAIL
+    assert proofs.memory_flat(review.rss_growth(grown + steps[30:])).status == proofs.FAIL
