@@ -1,8 +1,15 @@
-"""The main job, as a recipe: (weight sync) -> rollout -> rows -> trainer step -> checkpoint -> log.
+"""The main job, as a recipe: (weight sync) -> rollout -> rows -> update -> log -> checkpoint.
 
-Step numbering is global: steps 1..W are warm-start SFT on the environment's oracle demonstrations
-(when `[training] warmup_sft_steps = W`), steps W+1..W+N are RL + ECHO. Evaluation (greedy, eval
-split) runs before the first step (the untrained baseline) and every `eval_every` steps.
+Words, as this module uses them. A *step* is one of the run's numbered steps, numbered globally: steps
+1..W are warm-start SFT on the environment's oracle demonstrations (when `[training] warmup_sft_steps =
+W`), steps W+1..W+N are RL + ECHO; the *last* step is W+N, or the RL step that spent `rl_token_budget`.
+A step's *update* is the trainer's `train_step` on its rows: one optimizer step per mini-batch, and an RL
+step's rows make `steps_per_generation` x `num_iterations` of them (trainers/mini_steps.py). "RL step k"
+(the ECHO and guidance schedules) counts from the first RL step, k = step - W. The functions, outside
+in: `_loop` runs the steps, `_advance` one of them (then logs it, checkpoints and evaluates when due),
+`run_step` its work (weight sync, rows, update), `collect_rows` its rows and `_update` its update.
+Evaluation (greedy, eval split) runs before the first step (the untrained baseline) and every
+`eval_every` steps.
 
 Determinism: the sampler seed of step k and the tasks of step k are functions of (run seed, k), so
 a run interrupted after step k and resumed from its checkpoint reproduces step k+1 exactly.
@@ -67,7 +74,7 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 
-def step_rows(parts: RunParts, progress: RunProgress, step: int, *, sft: bool) -> Collected:
+def collect_rows(parts: RunParts, progress: RunProgress, step: int, *, sft: bool) -> Collected:
     """Step `step`'s rows, sampled now: every rank's kept rows with their advantages, each with its episode's
     transitions (the sampler's own record, for saved rows; parts.counts counts). A warm start on `[data]
     traces` plays nothing: its recorded rows. The task samplers learn from the RL groups' outcomes before the
@@ -86,7 +93,7 @@ def step_rows(parts: RunParts, progress: RunProgress, step: int, *, sft: bool) -
 
 def run_step(parts: RunParts, progress: RunProgress, step: int, *, sft: bool,
              ahead: RolloutsAhead | None = None) -> dict[str, Any]:
-    """One step of the recipe: (weight sync, when it samples) -> rollout -> rows -> trainer step; returns its
+    """Step `step`'s work: (weight sync, when it samples) -> rollout -> rows -> update; returns its
     metrics. With `ahead` (max_off_policy_steps >= 1) an RL step trains the rollout sampled ahead for it and
     launches the next ones first."""
     t0, peaks = time.perf_counter(), {}
@@ -94,7 +101,7 @@ def run_step(parts: RunParts, progress: RunProgress, step: int, *, sft: bool,
         synced = {} if sft else sync_sampler(parts, progress)  # a warm-start step plays the oracle
         # alone: no other phase runs
         with peak_window(parts.trainer.device, peaks, names.ROLLOUT_PEAK_MEM_MB):
-            collected = step_rows(parts, progress, step, sft=sft)
+            collected = collect_rows(parts, progress, step, sft=sft)
         t_rollout = ranks.largest(time.perf_counter() - t0)
         counts, lag = parts.counts, ({} if sft else {names.POLICY_STALENESS: 0})
         version = None if sft else step - 1
@@ -113,10 +120,10 @@ def run_step(parts: RunParts, progress: RunProgress, step: int, *, sft: bool,
     phase = names.PHASE_TRACES_RL if traces_rl else names.PHASE_SFT if sft else names.PHASE_RL
     saved = (save_step_rows(parts.cfg.run_dir, parts.cfg.logging.save_rows, step, collected, phase=phase,
                             policy_version=version) if ranks.is_main() else {})
-    trained = _train(parts, progress, step, [row for row, _ in collected], sft=sft, phase=phase)
-    total = time.perf_counter() - t0
-    timing = {names.ROLLOUT_TIME_S: round(t_rollout, 3), names.TOTAL_STEP_TIME_S: round(total, 3),
-              names.TOKENS_PER_S: round(trained.get(names.ROW_TOKENS, 0) / total, 1) if total > 0 else 0.0,
+    trained = _update(parts, progress, step, [row for row, _ in collected], sft=sft, phase=phase)
+    took = time.perf_counter() - t0
+    timing = {names.ROLLOUT_TIME_S: round(t_rollout, 3), names.TOTAL_STEP_TIME_S: round(took, 3),
+              names.TOKENS_PER_S: round(trained.get(names.ROW_TOKENS, 0) / took, 1) if took > 0 else 0.0,
               **{k: ranks.largest(v) for k, v in peaks.items()},  # every rank's largest, as its seconds
               names.PROCESS_PEAK_MEM_MB: ranks.largest(round(process_peak_mb(parts.trainer.device), 1))}
     if (rss := process_rss_mb()) is not None:
@@ -125,14 +132,13 @@ def run_step(parts: RunParts, progress: RunProgress, step: int, *, sft: bool,
                      saved, timing, lag, {} if sft else signal_metrics(parts, progress.step_groups, step))
 
 
-def _train(parts: RunParts, progress: RunProgress, step: int, rows: list, *, sft: bool, phase: str
-           ) -> dict[str, Any]:
-    """The trainer step on the step's rows (`phase`: which loss); its metrics."""
+def _update(parts: RunParts, progress: RunProgress, step: int, rows: list, *, sft: bool, phase: str
+            ) -> dict[str, Any]:
+    """Step `step`'s update: the trainer's `train_step` on its rows (`phase`: which loss); its metrics."""
     t = parts.cfg.training
-    rl_step = step - t.warmup_sft_steps  # 1, 2, ... in the RL phase
     progress.updating_step = step  # from here on the trainer no longer holds the previous step's state
-    if rl_step == 1 and t.warmup_sft_steps and t.rl_optimizer_start != "continue":
-        # RL starts without the warm start's momentum (a resume past here keeps RL's own)
+    if t.warmup_sft_steps and step == t.warmup_sft_steps + 1 and t.rl_optimizer_start != "continue":
+        # the first RL step starts without the warm start's momentum (a resume past here keeps RL's own)
         parts.trainer.reset_optimizer(momentum_only=t.rl_optimizer_start == "reset_momentum")
     if phase == names.PHASE_RL and t.beta > 0:
         # the KL penalty's reference ([training] beta > 0): the weights the RL phase starts from, frozen once
@@ -175,48 +181,48 @@ def _run(parts: RunParts, progress: RunProgress, stop: StopRequest, tqdm, run_id
         log.info(names.RUN_END_EVENT, status="interrupted", steps=start, run_id=run_id,
                  note="stopped before the first step")
         raise KeyboardInterrupt
-    total = cfg.training.warmup_sft_steps + cfg.training.steps
+    last = cfg.training.warmup_sft_steps + cfg.training.steps
     if start == 0 and cfg.training.eval_every:
         evaluate_at(parts, progress, 0)
         if ranks.any_rank(stop.requested):  # during the untrained evaluation: still no step to finish
             log.info(names.RUN_END_EVENT, status="interrupted", steps=0, run_id=run_id,
                      note="stopped during the untrained evaluation, before the first step")
             raise KeyboardInterrupt
-    bar = tqdm(range(start + 1, total + 1), initial=start, total=total, desc="train", unit="step",
+    bar = tqdm(range(start + 1, last + 1), initial=start, total=last, desc="train", unit="step",
                # no bar in a log file
                disable=not cfg.logging.progress or not sys.stderr.isatty() or not ranks.is_main())
     try:
         with RolloutsAhead() if cfg.training.max_off_policy_steps else contextlib.nullcontext() as ahead:
-            total = _steps(parts, progress, stop, bar, run_id, ahead)
+            last = _loop(parts, progress, stop, bar, run_id, ahead)
     except (KeyboardInterrupt, EmptyRunError):
         raise  # their run_end is logged where they are raised
     except Exception as e:
         log.error(names.RUN_END_EVENT, status="failed", steps=progress.completed_step, run_id=run_id,
                   error=error_line(e), checkpoint_step=progress.saved_step)
         raise
-    why = nothing_trained(cfg, progress.cumulative.totals, total)  # fewer steps than max_empty_steps
+    why = nothing_trained(cfg, progress.cumulative.totals, last)  # fewer steps than max_empty_steps
     if why:
-        log.error(names.RUN_END_EVENT, status="failed", steps=total, run_id=run_id, error=why,
+        log.error(names.RUN_END_EVENT, status="failed", steps=last, run_id=run_id, error=why,
                   drop_reasons=drop_reasons(progress.cumulative.totals))
         raise EmptyRunError(why)  # no final/: there is no trained model to hand over
     from quaero.recipe.model_folder import save_final
 
     save_final(parts.trainer, cfg)  # runs/NAME/final/: the model a user takes away, an HF folder (rank 0)
     progress.signal.finish()
-    log.info(names.RUN_END_EVENT, status="finished", steps=total, run_id=run_id)
+    log.info(names.RUN_END_EVENT, status="finished", steps=last, run_id=run_id)
 
 
-def _steps(parts: RunParts, progress: RunProgress, stop: StopRequest, bar, run_id: str,
-           ahead: RolloutsAhead | None) -> int:
-    """Run the steps; the last one run: `warmup_sft_steps + steps`, or the RL step that spent the token
-    budget."""
-    total = parts.cfg.training.warmup_sft_steps + parts.cfg.training.steps
+def _loop(parts: RunParts, progress: RunProgress, stop: StopRequest, bar, run_id: str,
+          ahead: RolloutsAhead | None) -> int:
+    """Run the steps of `bar` up to the last; the last: `warmup_sft_steps + steps`, or the RL step that spent
+    the token budget."""
+    last = parts.cfg.training.warmup_sft_steps + parts.cfg.training.steps
     for step in bar:
         set_step(step)
         # a copy, not the live state
         before = (json.loads(json.dumps(task_state(parts, progress))), checkpoint.rng_state())
         try:
-            total = _step(parts, progress, stop, bar, run_id, ahead, step, total)
+            last = _advance(parts, progress, stop, bar, run_id, ahead, step, last)
         except StoppedInCall as e:  # a user's call (a task sampler's) had not returned when the run stopped
             _stopped_in_call(parts, progress, step, e, before, run_id)
             raise
@@ -225,9 +231,9 @@ def _steps(parts: RunParts, progress: RunProgress, stop: StopRequest, bar, run_i
         except Exception as e:
             keep_last_step(parts, progress, step, e, before)
             raise
-        if step == total:
+        if step == last:
             break
-    return total
+    return last
 
 
 def _stopped_in_call(parts: RunParts, progress: RunProgress, step: int, e: StoppedInCall,
@@ -243,10 +249,10 @@ def _stopped_in_call(parts: RunParts, progress: RunProgress, step: int, e: Stopp
              checkpoint_step=progress.saved_step, note=f"stopped while {e} ran; step {step} was not trained")
 
 
-def _step(parts: RunParts, progress: RunProgress, stop: StopRequest, bar, run_id: str,
-          ahead: RolloutsAhead | None, step: int, total: int) -> int:
-    """Step `step`: train, log, checkpoint when due, evaluate when due; the run's last step (`total`, or this
-    one when it spent `[training] rl_token_budget`)."""
+def _advance(parts: RunParts, progress: RunProgress, stop: StopRequest, bar, run_id: str,
+             ahead: RolloutsAhead | None, step: int, last: int) -> int:
+    """Step `step` (`run_step`), then log it, checkpoint when due, evaluate when due; the run's last step
+    (`last`, or this one when it spent `[training] rl_token_budget`)."""
     cfg = parts.cfg
     m = run_step(parts, progress, step, sft=step <= cfg.training.warmup_sft_steps, ahead=ahead)
     stopping = ranks.any_rank(stop.requested)  # every rank checkpoints and stops at the same step
@@ -259,25 +265,25 @@ def _step(parts: RunParts, progress: RunProgress, stop: StopRequest, bar, run_id
                   drop_reasons=progress.empty.drops)
         raise EmptyRunError(empty)
     bar.set_postfix(reward=m.get(names.REWARD_MEAN), echo=m.get(names.ECHO_LOSS), rl=m.get(names.RL_LOSS))
-    if step < total and budget_spent(cfg, progress.cumulative.totals, step):
+    if step < last and budget_spent(cfg, progress.cumulative.totals, step):
         log.info(names.RL_TOKEN_BUDGET_SPENT_EVENT, step=step, budget=cfg.training.rl_token_budget,
                  generated_tokens=progress.cumulative.totals.get(names.GENERATED_TOKENS),
-                 steps_left=total - step)
-        total = step  # this step is the run's last: checkpoint, evaluation, final/
-    if step % cfg.training.checkpoint_every == 0 or step == total or stopping:
+                 steps_left=last - step)
+        last = step  # this step is the run's last: checkpoint, evaluation, final/
+    if step % cfg.training.checkpoint_every == 0 or step == last or stopping:
         save_checkpoint(parts, progress, step)
-    if not stopping and cfg.training.eval_every and (step % cfg.training.eval_every == 0 or step == total):
+    if not stopping and cfg.training.eval_every and (step % cfg.training.eval_every == 0 or step == last):
         if ahead is not None:
             ahead.wait()  # evaluation never shares the sampler or the env pool with a rollout sampled ahead
         evaluate_at(parts, progress, step)
-    if not stopping and step < total:  # a stop during the checkpoint write or the evaluation: no further step
+    if not stopping and step < last:  # a stop during the checkpoint write or the evaluation: no further step
         stopping = ranks.any_rank(stop.requested)
         if stopping and progress.saved_step < step:
             save_checkpoint(parts, progress, step)
     if stopping:
         log.info(names.RUN_END_EVENT, status="interrupted", steps=step, run_id=run_id)
         raise KeyboardInterrupt
-    return total
+    return last
 
 
 def _open_run_folder(stack: contextlib.ExitStack, cfg: QuaeroConfig) -> str:

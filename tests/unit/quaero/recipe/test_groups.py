@@ -1,4 +1,4 @@
-"""A step's groups into rows (quaero/recipe/groups.py, through the recipe's `step_rows`): group-relative
+"""A step's groups into rows (quaero/recipe/groups.py, through the recipe's `collect_rows`): group-relative
 advantages from whatever rewards an env sends, dynamic sampling's further groups, a mixture's share of the
 groups; over a scripted driver (no model, no env)."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from fixtures.rollout import make_cfg, recipe_parts
 
 from quaero.recipe.progress import RunProgress
-from quaero.recipe.train import step_rows
+from quaero.recipe.train import collect_rows
 from quaero.rollout.advantages import group_advantages
 from quaero.rollout.driver import Episode
 from quaero.telemetry.counts import RolloutCounts
@@ -43,7 +43,7 @@ def test_a_group_whose_advantages_overflow_is_left_out_and_counted(huge):
         return [[Episode([], r, False, 1, {}, []) for r in rewards] for rewards in (huge, [1.0, 0.0, 0.0])]
 
     c = recipe_parts(make_cfg(training__tasks_per_step=2, training__group_size=3), run, counts)
-    assert step_rows(c, RunProgress(), 1, sft=False) == []
+    assert collect_rows(c, RunProgress(), 1, sft=False) == []
     assert counts.snapshot_and_reset()["groups_nonfinite_advantage"] == 1
 
 
@@ -68,7 +68,7 @@ def test_dynamic_sampling_samples_further_groups_until_enough_have_spread():
     spread = {1, 5, 6, 7}
     c, calls = _scripted_recipe(lambda i: [1.0, 0.0] if i in spread else [0.0, 0.0], dynamic_sampling=True,
                                 dynamic_sampling_max_groups=3.0)
-    step_rows(c, RunProgress(), 1, sft=False)
+    collect_rows(c, RunProgress(), 1, sft=False)
     s = c.counts.snapshot_and_reset()
     # 1 of 4 had spread -> 3 more (tasks 4-6: 2 with spread, 3 in all) -> 1 more (task 7) -> 4: enough
     assert [ids for ids, _ in calls] == [[0, 1, 2, 3], [4, 5, 6], [7]]
@@ -82,7 +82,7 @@ def test_dynamic_sampling_samples_further_groups_until_enough_have_spread():
 
 def test_dynamic_sampling_stops_at_its_bound_and_counts_the_cut():
     c, calls = _scripted_recipe(lambda i: [0.0, 0.0], dynamic_sampling=True, dynamic_sampling_max_groups=2.5)
-    step_rows(c, RunProgress(), 1, sft=False)
+    collect_rows(c, RunProgress(), 1, sft=False)
     s = c.counts.snapshot_and_reset()
     # 10 = 2.5 x 4 groups, never more
     assert [ids for ids, _ in calls] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
@@ -94,7 +94,7 @@ def test_dynamic_sampling_stops_at_its_bound_and_counts_the_cut():
 
 def test_without_dynamic_sampling_zero_advantage_groups_are_counted_and_nothing_more_is_sampled():
     c, calls = _scripted_recipe(lambda i: [0.0, 0.0] if i % 2 else [1.0, 0.5])
-    rows = step_rows(c, RunProgress(), 1, sft=False)
+    rows = collect_rows(c, RunProgress(), 1, sft=False)
     s = c.counts.snapshot_and_reset()
     assert [ids for ids, _ in calls] == [[0, 1, 2, 3]] and rows == [] and cursor(c) == 4
     assert (s["groups"], s["groups_zero_advantage"], s["groups_resampled"]) == (4, 2, 0)
@@ -127,7 +127,7 @@ def test_a_mixture_step_shares_groups_by_ratio_and_dynamic_sampling_resamples_th
     c = RunParts(cfg, trainer=None, sampler=None, render=None, envs=envs, counts=counts, shares_model=False,
                  mixture=Mixture(cfg.ratios()))
     progress = RunProgress()
-    step_rows(c, progress, 1, sft=False)
+    collect_rows(c, progress, 1, sft=False)
     seed = cfg.run.seed * 7919 + 1
     # 2:1 -> a plays 2 groups of 2, b 1 group of 3 (its own size, its own seed); then every further group up
     # to the bound (3 x 3 groups) comes from b's sampler, whose groups lacked spread, in b's own numbering

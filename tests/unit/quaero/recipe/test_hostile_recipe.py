@@ -15,7 +15,7 @@ from quaero.bounded import STOP_REQUESTED
 from quaero.config import ConfigError, load_config
 from quaero.recipe.progress import RunProgress
 from quaero.recipe.stop import EmptySteps
-from quaero.recipe.train import step_rows
+from quaero.recipe.train import collect_rows
 from quaero.rollout.driver import Episode
 from quaero.rollout.traces import load_traces, warm_start_rows
 from quaero.rows import EchoRow, Span
@@ -48,7 +48,7 @@ def test_a_kept_rows_meta_carries_its_episodes_reward_for_export():
     """`--export` wrote "reward": null for every row: the recipe never put the episode's reward on its
     rows."""
     c, _ = _recipe(lambda i: [1.0, 0.0])
-    collected = step_rows(c, RunProgress(), 1, sft=False)
+    collected = collect_rows(c, RunProgress(), 1, sft=False)
     assert [row.meta["reward"] for row, _ in collected] == [1.0, 0.0, 1.0, 0.0]
 
 
@@ -59,7 +59,7 @@ def test_each_dynamic_sampling_round_is_logged_and_a_stop_request_ends_the_round
                        dynamic_sampling=True, dynamic_sampling_max_groups=100.0)
     try:
         with structlog.testing.capture_logs() as logs:
-            step_rows(c, RunProgress(), 1, sft=False)
+            collect_rows(c, RunProgress(), 1, sft=False)
     finally:
         STOP_REQUESTED.clear()
     assert calls == [[0, 1], [2, 3]]  # two rounds of 200 groups' worth, then the stop request

@@ -15,7 +15,7 @@ from quaero.recipe import checkpoint
 from quaero.recipe.groups import draw
 from quaero.recipe.progress import RunProgress
 from quaero.recipe.run_state import resume_from, save_checkpoint
-from quaero.recipe.train import step_rows
+from quaero.recipe.train import collect_rows
 from quaero.rollout.driver import Episode
 from quaero.telemetry.counts import RolloutCounts
 
@@ -48,7 +48,7 @@ def _parts(tmp_path, trainer_value: float):
 def test_the_progress_a_resume_needs_comes_back_from_the_checkpoint(tmp_path):
     parts, progress = _parts(tmp_path, 1.5), RunProgress()
     for step in (1, 2):
-        step_rows(parts, progress, step, sft=False)
+        collect_rows(parts, progress, step, sft=False)
         progress.cumulative.add({"rows": 4, "generated_tokens": 10 * step})
     progress.pending[3] = draw(parts, 3, 2)  # drawn ahead for a step not yet trained
     save_checkpoint(parts, progress, 2)

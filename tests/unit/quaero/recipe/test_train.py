@@ -9,7 +9,7 @@ import pytest
 from fixtures.rollout import make_cfg, recipe_parts
 
 from quaero.recipe.progress import RunProgress
-from quaero.recipe.train import step_rows
+from quaero.recipe.train import collect_rows
 from quaero.rollout.driver import Episode
 from quaero.telemetry.counts import RolloutCounts
 
@@ -27,7 +27,7 @@ def test_the_first_rl_step_after_a_warm_start_resets_the_optimizer_when_configur
                    run__output_dir=str(tmp_path), logging__save_rows="none")
     c = replace(recipe_parts(cfg, None, RolloutCounts()), trainer=trainer, shares_model=True)
     monkeypatch.setattr(recipe, "sync_sampler", lambda parts, progress: {})
-    monkeypatch.setattr(recipe, "step_rows", lambda parts, progress, step, sft: [(object(), [])])
+    monkeypatch.setattr(recipe, "collect_rows", lambda parts, progress, step, sft: [(object(), [])])
     progress = RunProgress()
     for step in range(1, 6):
         calls.append(step)
@@ -48,7 +48,7 @@ def test_lost_episodes_are_never_trained_counted_per_env_and_stop_the_run_when_c
     c = recipe_parts(make_cfg(training__tasks_per_step=2, training__group_size=3), run, RolloutCounts())
     progress = RunProgress()
     # scripted episodes hold no rows; the lost ones are never kept
-    assert step_rows(c, progress, 2, sft=False) == []
+    assert collect_rows(c, progress, 2, sft=False) == []
     assert [(g.dropped, g.rewards) for g in progress.step_groups] == [(1, [1.0, 2.0])] * 2
     check_env_loss(c.cfg, progress.step_groups, 2)  # on_env_loss = "continue": the run goes on
     stops = make_cfg(training__tasks_per_step=2, training__group_size=3, training__on_env_loss="stop")
