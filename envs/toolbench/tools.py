@@ -107,9 +107,39 @@ def by_id(find: Callable[[str], T | None], kind: str, raw: str) -> T:
     return found
 
 
+# The tools that read no world, in the order they are listed after the world's: plain functions, each
+# registered under its own name.
+def calculate(expression: str) -> str:
+    """Evaluate arithmetic, e.g. 12.5*3 or (40-4)/2."""
+    return fmt_number(safe_eval(expression))
+
+
+def days_between(start: str, end: str) -> str:
+    """Number of days from start to end (dates as YYYY-MM-DD)."""
+    return str((parse_date(end) - parse_date(start)).days)
+
+
+def add_days(date: str, days: int) -> str:
+    """The date that is `days` days after `date` (YYYY-MM-DD)."""
+    return (parse_date(date) + dt.timedelta(days=days)).isoformat()
+
+
+def convert_units(value: float, from_unit: str, to_unit: str) -> str:
+    """Convert between kg, g, lb, oz or m, km, mi, ft."""
+    return fmt_number(convert(value, from_unit, to_unit))
+
+
+def submit_answer(answer: str) -> str:
+    """Submit the final answer (just the value, e.g. 42 or Lyon). Ends the episode."""
+    return "Answer submitted."
+
+
+PLAIN_TOOLS = (calculate, days_between, add_days, convert_units, submit_answer)
+
+
 def register_tools(mcp, world: Callable[[], World], names: Collection[str] | None = None) -> None:
-    """Register the 9 tools plus submit_answer on `mcp` (only `names`, when given); `world()` returns
-    the episode's world."""
+    """Register the 9 tools plus submit_answer on `mcp` (only `names`, when given), the world's five first;
+    `world()` returns the episode's world."""
 
     def tool(fn):
         if names is None or fn.__name__ in names:
@@ -152,27 +182,5 @@ def register_tools(mcp, world: Callable[[], World], names: Collection[str] | Non
         o = by_id(world().order, "order", order_id)
         return f"{o.id}: {o.customer_id} bought {o.qty} x {o.product_id} on {o.date}"
 
-    @tool
-    def calculate(expression: str) -> str:
-        """Evaluate arithmetic, e.g. 12.5*3 or (40-4)/2."""
-        return fmt_number(safe_eval(expression))
-
-    @tool
-    def days_between(start: str, end: str) -> str:
-        """Number of days from start to end (dates as YYYY-MM-DD)."""
-        return str((parse_date(end) - parse_date(start)).days)
-
-    @tool
-    def add_days(date: str, days: int) -> str:
-        """The date that is `days` days after `date` (YYYY-MM-DD)."""
-        return (parse_date(date) + dt.timedelta(days=days)).isoformat()
-
-    @tool
-    def convert_units(value: float, from_unit: str, to_unit: str) -> str:
-        """Convert between kg, g, lb, oz or m, km, mi, ft."""
-        return fmt_number(convert(value, from_unit, to_unit))
-
-    @tool
-    def submit_answer(answer: str) -> str:
-        """Submit the final answer (just the value, e.g. 42 or Lyon). Ends the episode."""
-        return "Answer submitted."
+    for fn in PLAIN_TOOLS:
+        tool(fn)
