@@ -150,7 +150,7 @@ def sparse_echo(totals: Mapping[str, Any]) -> Check:
     detail = f"sparse_suffix_skips={skips} > 0, hidden_logprob_batches={hidden} > 0, " \
              f"fallback_logprob_batches={fallback} = 0"
     if fallback == 0 and skips == 0 and hidden == 0 and suffix > 0:
-        return Check(SPARSE_ECHO, True, NA, f"dense rows took the exact suffix branch: suffix batches "
+        return Check(SPARSE_ECHO, True, NA, "dense rows took the exact suffix branch: suffix batches "
                                             f"{suffix}")
     if not any(totals.get(name, 0) for name in BRANCH_COUNTERS):
         return Check(SPARSE_ECHO, True, NA, "no microbatch was trained (every branch counter is 0)")
