@@ -75,7 +75,7 @@ def test_dynamic_sampling_max_groups_is_bounded_in_one_line(tmp_path, value, sho
                     f"dynamic_sampling_max_groups = {value}\n")
     with pytest.raises(ConfigError) as e:
         load_config(path)
-    assert str(e.value) == (f"{path} [training] dynamic_sampling_max_groups={shown}: Input should be less "
+    assert str(e.value) == (f"{path} [rollout] dynamic_sampling_max_groups={shown}: Input should be less "
                             "than or equal to 100")
 
 
