@@ -47,7 +47,7 @@ def test_a_group_whose_advantages_overflow_is_left_out_and_counted(huge):
     assert counts.snapshot_and_reset()["groups_nonfinite_advantage"] == 1
 
 
-def _scripted_recipe(rewards_of_task, **training):
+def _scripted_recipe(rewards_of_task, **rollout):
     """The recipe's rollout over a driver whose groups' rewards are given per train task index (the recipe's
     arithmetic only: no model, no env); records which tasks and seeds each driver call got."""
     counts, calls = RolloutCounts(), []
@@ -57,8 +57,8 @@ def _scripted_recipe(rewards_of_task, **training):
         return [[Episode([], r, r > 0, 1, {},
                           []) for r in rewards_of_task(t["index"])[:group_size]] for t in tasks]
 
-    cfg = make_cfg(**{f"training__{k}": v for k, v in {"tasks_per_step": 4, "group_size": 2,
-                                                       **training}.items()})
+    cfg = make_cfg(**{f"rollout__{k}": v for k, v in {"tasks_per_step": 4, "group_size": 2,
+                                                       **rollout}.items()})
     c = recipe_parts(cfg, run, counts)
     return c, calls
 

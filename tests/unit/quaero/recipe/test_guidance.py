@@ -115,11 +115,11 @@ def test_no_guide_once_the_schedule_reaches_none_or_where_the_policy_succeeded(q
 
 def test_the_schedule_anneals_linearly_from_k_to_none_and_a_schedule_that_never_ends_is_a_warning():
     t = make_cfg(guidance__mode="episode", guidance__members=3, guidance__until_step=6,
-                 training__steps=8).training
+                 training__steps=8).guidance
     ks = [members_at(t, s) for s in range(10)]
     assert ks == [3, 3, 2, 2, 1, 1, 0, 0, 0, 0]  # ceil(3 (6 - s) / 6): 3 at step 0, 0 from step 6 on
-    assert members_at(t.model_copy(update={"guidance": "none"}), 1) == 0
-    assert members_at(t.model_copy(update={"guidance_until_step": None}), 10**6) == 3
+    assert members_at(t.model_copy(update={"mode": "none"}), 1) == 0
+    assert members_at(t.model_copy(update={"until_step": None}), 10**6) == 3
     cfg = make_cfg(guidance__mode="episode", training__steps=8, guidance__until_step=6)
     assert schedule_warning(cfg) is None and len(guidance_lines(cfg)) == 1
     for until, says in ((None, "never anneals"), (9, "never reaches none")):
@@ -242,17 +242,17 @@ def test_the_prefix_anneals_with_the_schedule():
     from quaero.recipe.guidance import prefix_turns_at
 
     t = make_cfg(guidance__mode="prefix", guidance__prefix_turns=4,
-                 guidance__until_step=4, training__steps=8).training
+                 guidance__until_step=4, training__steps=8).guidance
     assert [prefix_turns_at(t, s) for s in range(6)] == [4, 3, 2, 1, 0, 0]
     assert [members_at(t, s) for s in range(6)] == [1, 1, 1, 1, 0, 0]
-    assert prefix_turns_at(t.model_copy(update={"guidance": "episode"}), 1) is None
+    assert prefix_turns_at(t.model_copy(update={"mode": "episode"}), 1) is None
     line = guidance_lines(make_cfg(guidance__mode="prefix", guidance__prefix_turns=4,
                                    training__steps=8, guidance__until_step=4))[0]
     assert "(prefix: their first 4 turn(s)) played by the env's oracle, the rest by the policy" in line
 
 
 def test_a_prefix_that_covers_every_turn_the_env_allows_is_a_warning_at_check():
-    """guidance_prefix_turns >= max_turns: the guide would play whole episodes under the name `prefix`."""
+    """[guidance] prefix_turns >= max_turns: the guide would play whole episodes under the name `prefix`."""
     from quaero.preflight.guidance_lines import prefix_warnings
 
     def cfg(turns, most):
@@ -260,7 +260,7 @@ def test_a_prefix_that_covers_every_turn_the_env_allows_is_a_warning_at_check():
                         env__max_turns=most, training__steps=8, guidance__until_step=4)
 
     (line,) = prefix_warnings(cfg(4, 4))
-    assert "guidance_prefix_turns=4 >= [env] max_turns=4" in line and "guidance_prefix_turns < 4" in line
+    assert "[guidance] prefix_turns=4 >= [env] max_turns=4" in line and "set prefix_turns < 4" in line
     assert guidance_lines(cfg(5, 4))[-1] == prefix_warnings(cfg(5, 4))[0]
     assert prefix_warnings(cfg(3, 4)) == [] and len(guidance_lines(cfg(3, 4))) == 1
     assert prefix_warnings(make_cfg(guidance__mode="episode", guidance__prefix_turns=4,
