@@ -15,7 +15,7 @@ then each arm's verdict on the question "does RL beat its own warm start at ever
     quaero bench arms envs/toolbench.toml --from 'runs/toolbench-s{seed}' --from-step 500 --seeds 0,1,2,3,4 \\
         --budget 26000 --set training.steps=40 --set training.eval_every=1000 \\
         --set training.checkpoint_every=1000 --arm base \\
-        --arm 'episode: training.guidance=episode training.guided_members=2 training.guidance_until_step=8'
+        --arm 'episode: guidance.mode=episode guidance.members=2 guidance.until_step=8'
 
 The figure (`--plot`, default OUT/arms.png) draws every arm at every seed: held-out success ± s.e. against
 RL's generated tokens from the seed's warm start (benchmarks/arms_plot.py).

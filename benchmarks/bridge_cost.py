@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     from quaero.rollout.render import RenderAdapter
 
     env = {"entry": "envs.toolbench:ToolBenchEnv", "launcher": "inprocess", "max_turns": args.turns}
-    cfg = QuaeroConfig.model_validate({"env": env, "training": {"strict": True}})
+    cfg = QuaeroConfig.model_validate({"env": env, "rollout": {"strict": True}})
     tok = load_tokenizer(cfg.model.name)
     trl = importlib.util.find_spec("trl")
     template, source = None, "the tokenizer's own template"

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = QuaeroConfig.model_validate({"env": {"entry": "envs.toolbench:ToolBenchEnv",
                                                "launcher": "inprocess",
-                                               "max_turns": args.turns}, "training": {"strict": True}})
+                                               "max_turns": args.turns}, "rollout": {"strict": True}})
     render = RenderAdapter(load_tokenizer(cfg.model.name), cfg.model)
     tasks = [{"seed": i, "split": "train", "index": i} for i in range(args.episodes)]
     with open_envs(cfg.env, min(args.episodes, 4)) as pool:

@@ -334,7 +334,7 @@ def document(args, cfg, repeats: list[dict]) -> dict[str, Any]:
            "repeats": args.repeats, "repeats_done": len(repeats), "threads": args.threads,
            "save_final": args.save_final,
            "echo": "off on both sides (TRL has no ECHO)",
-           "job": {"tasks_per_step": cfg.training.tasks_per_step, "group_size": cfg.training.group_size,
+           "job": {"tasks_per_step": cfg.rollout.tasks_per_step, "group_size": cfg.rollout.group_size,
                    "max_tokens": cfg.sampler.max_tokens, "max_turns": cfg.env.max_turns,
                    "lr": cfg.backend.lr},
            "invariants": checks, "summary": summary,

@@ -138,7 +138,7 @@ def run_quaero(setup: dict, conn) -> None:
     cfg = quaero_config(setup)
     configure("warning", "none")
     torch.manual_seed(cfg.run.seed)
-    n_sessions = cfg.training.tasks_per_step * cfg.training.group_size
+    n_sessions = cfg.rollout.tasks_per_step * cfg.rollout.group_size
     with open_envs(cfg.env, n_sessions, log_dir=cfg.run_dir / names.ENV_SERVERS) as pool:
         resets: list[tuple] = []
         for s in pool.sessions:  # record what each episode really resets to
@@ -208,7 +208,7 @@ def _scalar(v) -> bool:
 # ── TRL ─────────────────────────────────────────────────────────────────────────────────────────
 
 
-# quaero's [training] loss_aggregation -> TRL's loss_type of the same shape. Each averages over a different
+# quaero's [loss] aggregation -> TRL's loss_type of the same shape. Each averages over a different
 # set:
 # quaero over the step's RL tokens (A != 0) or episodes with such tokens, TRL over every completion token or
 # completion of the batch (a group with equal rewards adds zeros to the sum and to the count); the constant
@@ -222,7 +222,7 @@ def trl_args(setup: dict, cfg, output_dir: str):
     KL, one optimizer step per generation, fp32 on CPU, no gradient checkpointing (quaero's default)."""
     from trl import GRPOConfig
 
-    t = cfg.training
+    t = cfg.rollout
     return GRPOConfig(
         output_dir=output_dir, use_cpu=True, bf16=False, seed=cfg.run.seed, max_steps=setup["steps"],
         per_device_train_batch_size=t.tasks_per_step * t.group_size, gradient_accumulation_steps=1,
@@ -235,7 +235,7 @@ def trl_args(setup: dict, cfg, output_dir: str):
         weight_decay=cfg.backend.weight_decay, max_grad_norm=cfg.backend.max_grad_norm,
         adam_beta1=cfg.backend.betas[0], adam_beta2=cfg.backend.betas[1],
         epsilon=getattr(cfg.loss.policy, "clip_eps_low", None) or 0.2,
-        scale_rewards="none", loss_type=TRL_LOSS_TYPES[t.loss_aggregation], beta=0.0, num_iterations=1,
+        scale_rewards="none", loss_type=TRL_LOSS_TYPES[cfg.loss.aggregation], beta=0.0, num_iterations=1,
         gradient_checkpointing=False,
         logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True,
         model_init_kwargs={"dtype": "float32"})
@@ -253,7 +253,7 @@ def run_trl(setup: dict, conn) -> None:
 
     torch.set_num_threads(setup["threads"])
     cfg = quaero_config(setup)
-    t = cfg.training
+    t = cfg.rollout
     server = LocalServer(cfg.env.entry, cfg.env.host,
                          max_concurrent_envs=2 * t.tasks_per_step * t.group_size + 1,
                          kwargs=cfg.env.kwargs, action=cfg.env.action).start()

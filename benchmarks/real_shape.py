@@ -17,7 +17,7 @@ model. Every case reports:
   (plan - measured) / measured;
 - `step_s`: the warm-up step's wall time (no profiler; none where `--warmup-seq-len` made it shorter), and
   `measured_step_s`: the measured step's, under the memory profiler;
-- `reference_forward_s`: with the KL penalty (case `kl`: `[training] beta` > 0, its frozen copy in the
+- `reference_forward_s`: with the KL penalty (case `kl`: `[loss] beta` > 0, its frozen copy in the
   resident state; `lora+kl`: the base, no copy), the reference's no-grad forward inside the measured step.
 
 `--phases` also times what a real run does around a step at full depth: load, one train step (its AdamW

@@ -85,7 +85,7 @@ def plans(cfg, rl_len: int, targets_per_row: int) -> dict[str, Any]:
 
     dims = ModelDims.from_fields(config_fields(cfg.model.name))
     checked, note, _ = step_shape(cfg, "cpu")
-    rows = max(1, min(cfg.training.tasks_per_step * cfg.training.group_size,
+    rows = max(1, min(cfg.rollout.tasks_per_step * cfg.rollout.group_size,
                       cfg.backend.micro_batch_tokens // rl_len))
     here = replace(checked, tokens=rows * rl_len, targets=rows * targets_per_row,
                    target_span=rows * targets_per_row, rows=rows)

@@ -51,7 +51,7 @@ class EchoRow:
     echo_weights: list[float]
     sampler_logprobs: list[float]
     meta: dict = field(default_factory=dict)
-    # per token, True where a guide (the env's oracle, `[training] guidance`) chose the action token, not the
+    # per token, True where a guide (the env's oracle, `[guidance] mode`) chose the action token, not the
     # sampler: off-policy, no sampler log-prob, trained with policy shaping (trainers/policy_losses.py);
     # empty: no guided token (every row the policy sampled)
     guided: list[bool] = field(default_factory=list)

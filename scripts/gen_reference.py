@@ -94,13 +94,13 @@ OPTION_MEANINGS = {
                  "results",
     "envs.ratio": "its relative share of each step's groups (finite, > 0; the shares are the ratios over "
                   "their sum, computed without overflow)",
-    "envs.group_size": "its group size (unset: [training] group_size)",
+    "envs.group_size": "its group size (unset: [rollout] group_size)",
     "envs.eval_tasks": "its eval tasks (unset: [training] eval_tasks)",
     "envs.oracle": "its warm start's demonstrator (unset: [training] oracle, else its entry's "
                    "`oracle_policy`)",
     "envs.echo_weight": "ECHO's λ on its rows, warm start and RL (unset: [echo]'s; 0: no ECHO on this env)",
-    "envs.guidance": "guided episodes on this env's all-fail groups (unset: [training]'s)",
-    "envs.guidance_traces": "this env's recorded episodes as its guide (unset: [training]'s)",
+    "envs.guidance": "guided episodes on this env's all-fail groups (unset: [guidance] mode)",
+    "envs.guidance_traces": "this env's recorded episodes as its guide (unset: [guidance] traces)",
     "env.on_session_loss": "`replay` the episode's actions on a new session (deterministic envs) or `drop` "
                            "it",
     "sampler.top_p": "nucleus sampling; RL needs 1 (`check` refuses less with RL steps)",
@@ -130,52 +130,6 @@ OPTION_MEANINGS = {
     "echo.schedule_steps": "S of the schedule (0: all RL steps)",
     "echo.include_scaffold": "also train ECHO on template scaffolding (`<|im_start|>user`, tool-response "
                              "wrappers)",
-    "training.steps": "RL steps (after the warm start)",
-    "training.tasks_per_step": "tasks sampled per RL step",
-    "training.group_size": "episodes per task; advantages are group-relative, so at least 2 for RL",
-    "training.warmup_sft_steps": "warm-start SFT steps on the env's oracle demos, before RL",
-    "training.oracle": "the warm start's demonstrator `package.module:function` (unset: `oracle_policy` "
-                       "beside the entry)",
-    "training.warmup_sft_lr": "the warm start's learning rate (unset: `[backend] lr`)",
-    "training.rl_optimizer_start": "AdamW's state at the first RL step after a warm start: `continue`, "
-                                   "`reset_momentum` (first moment zeroed) or `reset` (both moments zeroed)",
-    "training.checkpoint_every": "checkpoint every this many steps (and at the end)",
-    "training.keep_checkpoints": "checkpoints kept; older ones are pruned",
-    "training.eval_every": "evaluate every this many steps (0: never); also before the first and after the "
-                           "last step",
-    "training.eval_tasks": "held-out tasks per evaluation (greedy)",
-    "training.eval_pass_k": "pass@k at each evaluation: k > 1 also samples k episodes per eval task at the "
-                            "sampler's temperature (k times the greedy episodes; `quaero eval --pass-k` "
-                            "too); 1 = off",
-    "training.packing": "one row per episode when turns extend each other exactly, else one per transition",
-    "training.strict": "an exactness mismatch (prefix, bridge) is an error instead of a counted fallback",
-    "training.on_env_loss": "an RL step whose env lost episodes (a dead server, timeouts past the retries; "
-                           "never trained): `continue` (counted per env) or `stop` the run before it trains, "
-                           "naming the env",
-    "training.max_empty_steps": "this many consecutive steps without a trained row end the run (exit 1)",
-    "training.max_off_policy_steps": "asynchronous rollouts: sample up to k steps ahead while a step trains "
-                                     "(docs/scaling.md)",
-    "training.guidance": ("`episode`: an RL group whose kept episodes all fail gets `guided_members` members "
-                          "played whole by the env's oracle on the same task, trained with policy shaping "
-                          "(see \"Guided episodes\" below); `prefix`: the oracle plays those members' first "
-                          "`guidance_prefix_turns` turns, the policy the rest (on-policy); `none`: today's"),
-    "training.guided_members": "k, the members guided per all-fail group (<= group_size)",
-    "training.guidance_until_step": ("the RL step at which guidance reaches none, annealed linearly from k "
-                                     "(unset: never; a warning at check)"),
-    "training.guidance_prefix_turns": ("`prefix` guidance: the oracle's turns n of a guided member, annealed "
-                                       "with k: ceil(n (until - s) / until) at RL step s"),
-    "training.guidance_traces": ("the guide is recorded episodes instead of the oracle: a JSONL file of RFC "
-                                 "010 records or OpenEnv TrainingTraces (`quaero inspect rows RUN --export "
-                                 "rfc010`), each action replayed verbatim where the live prompt's ids equal "
-                                 "a recording's (see \"Guided episodes\" below)"),
-    "training.guide_timeout_s": ("the bound in seconds on each call of a guide (the env's oracle); one past "
-                                 "it, or one that raises, drops its member (`guides_timed_out`, "
-                                 "`guides_failed`), never the run"),
-    "training.dynamic_sampling": "while fewer than `tasks_per_step` groups have reward spread, sample groups "
-                                 "of further tasks (DAPO); all-equal groups still train ECHO",
-    "training.dynamic_sampling_max_groups": ("the bound: at most this many x `tasks_per_step` groups per "
-                                             "step (1 to 100; each round is logged, a stop request ends "
-                                             "the rounds)"),
     "data.traces": "a JSONL file of recorded episodes (RFC 010 records or OpenEnv TrainingTraces) the warm "
                    "start trains on (SFT + ECHO, or RL with `traces_loss`) instead of the oracle's demos; "
                    "rows rebuilt from their ids, inexact records refused one line each",
@@ -188,9 +142,6 @@ OPTION_MEANINGS = {
     "logging.progress": "a progress bar on a terminal",
     "logging.report_to": "mirror scalars to `tensorboard`, `wandb`, `trackio` (docs/after-training.md)",
     "logging.save_rows": "trained rows kept for `quaero inspect rows`: `none`, `sample` (2 a step) or `all`",
-    "training.rl_token_budget": "RL's budget of generated tokens (kept episodes' action tokens, resumes "
-                                "included): RL ends after the step that reaches it (`steps` its bound; an "
-                                "`rl_token_budget_spent` line); what comparisons of task samplers hold equal",
 }
 
 # How each metric table's names are read from the code that emits them (quaero/telemetry/names.py declares

@@ -193,7 +193,7 @@ if [ "$DEVICE" != cpu ]; then
     step check_smollm2 300 "${QC[@]}" check envs/toolbench_smollm2.toml --set "model.name=\"$SMOL\"" --set run.device=cuda
     step train_smollm2 600 "${QC[@]}" train envs/toolbench_smollm2.toml --set "model.name=\"$SMOL\"" \
         --set sampler.backend=vllm --set training.warmup_sft_steps=100 --set training.steps=4 \
-        --set training.tasks_per_step=4 --set training.group_size=8 --set training.eval_every=100 \
+        --set rollout.tasks_per_step=4 --set rollout.group_size=8 --set training.eval_every=100 \
         --set training.checkpoint_every=50 --set training.eval_tasks=32 --set run.name=gpu-check-smollm2 \
         --set "run.output_dir=\"$OUT/runs\"" --set run.device=cuda --set sampler.gpu_memory_utilization=0.3
     step review_smollm2 60 sh -c "\"$PY\" -m quaero.cli review \"$OUT/runs/gpu-check-smollm2\" \

@@ -4,7 +4,7 @@ A term's step loss is `sum over its tokens of scale(row) * loss(token)`; the sca
 step-wide denominator, so microbatches and ranks add up to the one-process step whatever the split.
 Scales come from the whole step's rows (every rank holds them all), so no collective is needed.
 
-RL term (`[training] loss_aggregation`):
+RL term (`[loss] aggregation`):
 - `token_mean` (DAPO; quaero's default): every RL token of the step weighs 1 / N, N = the step's RL
   tokens (action tokens with A != 0). A long failed episode weighs more than a short success.
 - `sequence_mean` (GRPO): each episode's RL tokens are averaged, then episodes are averaged:

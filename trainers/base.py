@@ -85,13 +85,13 @@ class Trainer:
         return hasattr(self.model, "peft_config")
 
     def take_reference(self) -> None:
-        """Freeze the KL penalty's reference (`[training] beta` > 0; trainers/reference.py) from the weights
+        """Freeze the KL penalty's reference (`[loss] beta` > 0; trainers/reference.py) from the weights
         now: a copy of them, or with LoRA the base model (the adapter disabled). Once per run: the recipe
         calls it at the first RL step; a resumed run restores the one it took."""
         if self.spec.beta <= 0 or self.reference is not None:
             return
         if self.sharded:
-            raise ValueError("[training] beta > 0 under FSDP2 without LoRA: a sharded model has no reference "
+            raise ValueError("[loss] beta > 0 under FSDP2 without LoRA: a sharded model has no reference "
                              "copy yet; use [backend] lora = true (the base is the reference) or ddp")
         if self.is_lora:
             self.reference = Reference(self.parts, self.parts_forward(self.parts), self.model.disable_adapter)

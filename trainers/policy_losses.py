@@ -26,10 +26,10 @@ Per target token (εl, εh = `clip_eps_low`, `clip_eps_high`; sg = stop-gradient
 then times w (with a correction) and the row's scale (its step-wide denominator, trainers/aggregation.py),
 summed.
 
-Guided tokens (`EchoRow.guided`: a guide, the env's oracle, chose them; `[training] guidance`) were never
+Guided tokens (`EchoRow.guided`: a guide, the env's oracle, chose them; `[guidance] mode`) were never
 sampled: they have no behaviour log-prob, so no ratio. Whatever the variant, each trains with LUFFY's policy
 shaping (Yan et al. 2025, arXiv 2504.14945): -f(π) A with f(p) = p / (p + γ), π = exp(lp) the current
-policy's probability of the token from the same forward, γ = `guidance_gamma` (0.1, LUFFY's); no clipping,
+policy's probability of the token from the same forward, γ = `[guidance] gamma` (0.1, LUFFY's); no clipping,
 no sampler weight. Its gradient is -A γ / (π + γ)^2 ∇π: a low-probability expert token's ∇π is weighted by
 up to 1 / γ and a likely one's by about γ, where the plain ratio π / 1 (the expert's probability taken as 1)
 would give ∇π itself, vanishing with π. The ratio statistics count on-policy tokens only; f(π) is measured
@@ -301,7 +301,7 @@ def sampler_weight(
 @dataclass(frozen=True)
 class Behaviour:
     """What the policy loss's lp_old is, and the guided tokens' γ: the settings every variant shares
-    (`[training] sampler_correction`, `sampler_correction_cap`, `guidance_gamma`)."""
+    (`[loss] sampler_correction`, `sampler_correction_cap`, `[guidance] gamma`)."""
 
     correction: str = "none"  # none | token_truncate | token_mask | sequence_truncate | sequence_mask
     cap: float = 3.0

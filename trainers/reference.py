@@ -1,4 +1,4 @@
-"""The KL penalty against a frozen reference model (`[training] beta` > 0, `kl_estimator`): the reference,
+"""The KL penalty against a frozen reference model (`[loss] beta` > 0, `kl_estimator`): the reference,
 its log-probs, and the penalty's per-token estimators.
 
 The reference is the policy's weights at the first RL step (after a warm start, the warm start's weights),

@@ -209,27 +209,27 @@ class TrainerSpec:
     # weight, truncated or masked past sampler_correction_cap
     sampler_correction: Literal["none", "token_truncate", "token_mask", "sequence_truncate",
                                 "sequence_mask"] = option(
-        "none", "training.sampler_correction",
+        "none", "loss.sampler_correction",
         about="the sampler mismatch weighted apart, `token_`/`sequence_` x `truncate`/`mask` (TRL's "
               "`vllm_importance_sampling_mode`); the ratio then compares with the trainer's own log-probs "
               "before the step")
     sampler_correction_cap: float = option(
-        3.0, "training.sampler_correction_cap", gt=0, le=1e6,
+        3.0, "loss.sampler_correction_cap", gt=0, le=1e6,
         about="the weight's cap: truncated to it, or masked to 0 past it")
     # the KL penalty against a frozen reference model (trainers/reference.py, trainers/terms.py `KLTerm`): β
     # (TRL's `beta`; 0: no reference, no KL) and the per-token estimator of KL(π || π_ref)
     beta: float = option(
-        0.0, "training.beta", ge=0,
+        0.0, "loss.beta", ge=0,
         about="the KL penalty's coefficient β against a frozen reference (the weights at the first RL step; "
               "the base model with LoRA); 0: no reference model at all (TRL's `beta`)")
     kl_estimator: Literal["k1", "k2", "k3"] = option(
-        "k3", "training.kl_estimator",
+        "k3", "loss.kl_estimator",
         about="the per-token KL estimator: `k1` = lp - lp_ref, `k2` = (lp - lp_ref)^2 / 2, `k3` = "
               "exp(lp_ref - lp) - (lp_ref - lp) - 1 (TRL's, Schulman's); see \"The KL penalty\" below")
-    # guided tokens ([training] guidance: the env's oracle played them) train with LUFFY's policy shaping
+    # guided tokens ([guidance] mode: the env's oracle played them) train with LUFFY's policy shaping
     # -f(π) A, f(p) = p / (p + γ), instead of a ratio (they have no sampler log-prob)
     guidance_gamma: float = option(
-        0.1, "training.guidance_gamma", ge=1e-6, le=1e6,
+        0.1, "guidance.gamma", ge=1e-6, le=1e6,
         about="γ of the policy shaping f(π) = π / (π + γ) on guided tokens (LUFFY's 0.1)")
     # optimizer steps per rollout batch (trainers/mini_steps.py, TRL's names): its episodes split into
     # steps_per_generation mini-batches, an optimizer step each, the pass repeated num_iterations times
@@ -242,7 +242,7 @@ class TrainerSpec:
         about="passes over each rollout batch's mini-batches (TRL's name; PPO's epochs)")
     # how each term averages over the step (trainers/aggregation.py); loss_constant: Dr. GRPO's normaliser
     loss_aggregation: Literal["token_mean", "sequence_mean", "constant"] = option(
-        "token_mean", "training.loss_aggregation",
+        "token_mean", "loss.aggregation",
         about="the RL term's average: `token_mean` (DAPO), `sequence_mean` (GRPO: per episode, then over "
               "episodes) or `constant` (Dr. GRPO)")
     loss_constant: int = 0  # derived from the config (quaero/preflight/plan.py rl_loss_constant)

@@ -242,7 +242,7 @@ class EchoTerm(LossTerm):
 
 
 class KLTerm(LossTerm):
-    """The KL penalty against the frozen reference (`[training] beta`, `kl_estimator`; trainers/reference.py):
+    """The KL penalty against the frozen reference (`[loss] beta`, `kl_estimator`; trainers/reference.py):
     β times the per-token estimate on every sampled action token of an RL step, with the RL term's
     aggregation over its own targets. No targets without a reference (β = 0, a warm-start step)."""
 

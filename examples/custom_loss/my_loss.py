@@ -33,7 +33,7 @@ class Reinforce(PolicyLoss):
 
 
 def rank_baseline(rewards: list[float]) -> list[float]:
-    """An advantage estimator of your own (`[training] advantage = "my_loss:rank_baseline"`): each member's
+    """An advantage estimator of your own (`[rollout] advantage = "my_loss:rank_baseline"`): each member's
     rank among its group's rewards, centred (ties share their mean rank): a group's advantages from its
     rewards, before quaero's `scale_rewards` and `positive_advantage_weight`."""
     order = sorted(rewards)

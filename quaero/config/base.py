@@ -1,4 +1,5 @@
-"""The config sections' common ground: `ConfigError` (one line: file, key, value, fix), the section base
+"""The config sections' common ground: `ConfigError` (one line: file, key, value, fix), `Located` (a
+section's rule, in its validator), the section base
 (unknown keys refused, no inf/nan), `with_trainer_options`, which gives a section the options its key names
 (trainers/spec.py `option`: the trainer's, and a role's settings such as the advantage estimator's), and
 `settings_of`, which reads a role's settings back from a config.
@@ -22,6 +23,11 @@ class ConfigError(ValueError):
     """A config problem, phrased for the user: file, key, value and the fix, on one line."""
 
 
+class Located(ValueError):
+    """A section's rule broken, its message naming the keys it judges ("weight_transfer='nccl' with
+    urls=..."): printed after the section, as `[sampler] weight_transfer='nccl' with ...`."""
+
+
 class _Section(BaseModel):
     # inf/nan are never meaningful settings (a weight of inf trains nothing but NaNs)
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
@@ -35,7 +41,7 @@ def with_trainer_options(section: str, *roles: type):
 
     def build(cls: type[_Section]) -> type[_Section]:
         fields = {o.name: (o.type, Field(o.default, description=o.about, **o.bounds))
-                  for role in (TrainerSpec, *roles) for o in options(role) if o.section == section}
+                  for role in (*roles, TrainerSpec) for o in options(role) if o.section == section}
         return create_model(cls.__name__, __base__=cls, __module__=cls.__module__, __doc__=cls.__doc__,
                             **fields)
 

@@ -13,7 +13,7 @@ from pydantic import (
 )
 
 from quaero import launcher_registry as launchers
-from quaero.config.base import _Section
+from quaero.config.base import Located, _Section
 from quaero.task_sampler_registry import TASK_SAMPLERS
 
 MAX_TASK_WEIGHT = 1e6  # the largest [env.tasks] epsilon or pool weight: a draw's weights stay finite
@@ -143,6 +143,21 @@ class EnvConfig(_Section):
                              "Action its app was built with (read from its /schema): remove action")
         return self
 
+    @model_validator(mode="after")
+    def _servers_it_can_reach(self) -> EnvConfig:
+        if self.server_urls and self.starts_env:
+            raise Located(f"url/urls is set but launcher={self.launcher!r}; set "
+                          f"launcher={launchers.CONNECTING[0]!r} or remove url/urls")
+        if self.server_urls and self.entry:
+            servers = f"url={self.url!r}" if self.url else f"urls={self.urls!r}"
+            raise Located(f"entry={self.entry!r} and {servers} are both set: quaero either starts the env "
+                          "(entry) or connects to running servers (url/urls); remove one")
+        for url in self.server_urls:  # what the remote launcher accepts (openenv_client/transport.py)
+            if not re.fullmatch(r"(wss?|https?)://[^/\s]+(/\S*)?", url):
+                raise Located(f"url: {url!r} is not an OpenEnv server address; write it as "
+                              "\"ws://host:port\" or \"http://host:port\"")
+        return self
+
     @property
     def starts_env(self) -> bool:
         """quaero starts the env from `entry` (its launcher does); else it connects to `url`/`urls`."""
@@ -175,13 +190,13 @@ class MixtureEnv(EnvConfig):
     name: str
     # relative: a step's groups are shared out in proportion to the ratios (mixture.py shares_of)
     ratio: float = Field(1.0, gt=0, allow_inf_nan=False)
-    group_size: int | None = Field(None, ge=1)  # unset: [training] group_size
+    group_size: int | None = Field(None, ge=1)  # unset: [rollout] group_size
     eval_tasks: int | None = Field(None, ge=0)  # unset: [training] eval_tasks
     oracle: str | None = None  # the warm start's demonstrator (unset: [training] oracle, else the entry's)
     echo_weight: float | None = Field(None, ge=0)  # ECHO's λ on this env's rows (unset: [echo]'s)
-    # guided episodes on this env (unset: [training]'s)
+    # guided episodes on this env (unset: [guidance] mode)
     guidance: Literal["none", "episode", "prefix"] | None = None
-    guidance_traces: str | None = None  # this env's recorded episodes as its guide (unset: [training]'s)
+    guidance_traces: str | None = None  # this env's recorded episodes as its guide (unset: [guidance] traces)
 
     @field_validator("name")
     @classmethod

@@ -1,7 +1,8 @@
-"""`[loss]`: the RL loss's settings. `[loss.policy]` is the policy loss, one of trainers/policy_losses.py's
-variants picked by `type` with that variant's own knobs (each section's keys read from the variant's fields:
-type, default, meaning, bounds), or `type = "custom"`: a `PolicyLoss` subclass of the user's own, named by
-`import_path` and built with `kwargs`.
+"""`[loss]`: the RL loss's settings: the trainer's options keyed there (trainers/spec.py: how lp_old is
+corrected for the sampler, the KL penalty, the RL term's `aggregation`) and `[loss.policy]`, the policy
+loss, one of trainers/policy_losses.py's variants picked by `type` with that variant's own knobs (each
+section's keys read from the variant's fields: type, default, meaning, bounds), or `type = "custom"`: a
+`PolicyLoss` subclass of the user's own, named by `import_path` and built with `kwargs`.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, PrivateAttr, create_model, model_validator
 
-from quaero.config.base import _Section
+from quaero.config.base import Located, _Section, with_trainer_options
 from trainers.policy_losses import LOSSES, PolicyLoss, custom_loss
 
 DEFAULT_TYPE = "ppo_clip"
@@ -66,8 +67,12 @@ VARIANTS["custom"] = CustomLoss
 PolicyLossSettings = Annotated[Union[tuple(VARIANTS.values())], Field(discriminator="type")]  # noqa: UP007
 
 
+@with_trainer_options("loss")
 class LossConfig(_Section):
-    """The RL loss: `[loss.policy]`, the policy loss (`type` and its knobs; default ppo_clip)."""
+    """The RL loss: the trainer's `[loss]` options and `[loss.policy]`, the policy loss (`type` and its
+    knobs; default ppo_clip). `aggregation` is the RL term's average (trainers/aggregation.py): "token_mean"
+    (DAPO), "sequence_mean" (GRPO: per episode, then over episodes), "constant" (Dr. GRPO: / tasks_per_step x
+    group_size x max_turns x max_tokens)."""
 
     policy: PolicyLossSettings = Field(
         default_factory=VARIANTS[DEFAULT_TYPE],
@@ -81,3 +86,11 @@ class LossConfig(_Section):
         if isinstance(data, dict) and isinstance(data.get("policy"), dict) and "type" not in data["policy"]:
             data = {**data, "policy": {"type": DEFAULT_TYPE, **data["policy"]}}
         return data
+
+    @model_validator(mode="after")
+    def _a_correction_that_keeps_on_policy_tokens(self) -> LossConfig:
+        if self.sampler_correction != "none" and self.sampler_correction_cap < 1.0:
+            raise Located(f"sampler_correction_cap={self.sampler_correction_cap:g}: below 1, the "
+                             f"{self.sampler_correction!r} weight of every on-policy token (1) would be cut; "
+                             "use a cap >= 1 (TRL's default: 3)")
+        return self

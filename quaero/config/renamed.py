@@ -9,6 +9,19 @@ from typing import Any
 
 from quaero.config.base import ConfigError
 
+# [training]'s keys of other roles, by their new section and key (the rollout's, guided episodes', the loss's)
+MOVED = {
+    **{k: ("rollout", k) for k in ("tasks_per_step", "group_size", "packing", "strict",
+                                   "max_off_policy_steps", "dynamic_sampling", "dynamic_sampling_max_groups",
+                                   "advantage",
+                                   "scale_rewards", "positive_advantage_weight", "all_fail_advantage")},
+    "guidance": ("guidance", "mode"), "guided_members": ("guidance", "members"),
+    "guidance_until_step": ("guidance", "until_step"), "guidance_prefix_turns": ("guidance", "prefix_turns"),
+    "guide_timeout_s": ("guidance", "timeout_s"), "guidance_traces": ("guidance", "traces"),
+    "guidance_gamma": ("guidance", "gamma"),
+    **{k: ("loss", k) for k in ("sampler_correction", "sampler_correction_cap", "beta", "kl_estimator")},
+    "loss_aggregation": ("loss", "aggregation"),
+}
 # [training]'s policy-loss keys, now `[loss.policy]`'s: `type` and the variant's own knobs
 POLICY_KEYS = ("policy_loss", "clip_eps", "clip_eps_low", "clip_eps_high", "importance_sampling_level",
                "sapo_temperature_pos", "sapo_temperature_neg")
@@ -28,12 +41,31 @@ def migrate(data: dict[str, Any], source: str, *, dump: bool = False) -> list[st
     `dump`: `data` is an old run's config.json (every key, unset ones None, GSPO's level "token" by default):
     rewritten without judging it, so a resume compares like with like (quaero/recipe/run_state.py)."""
     training = data.get("training")
-    if not isinstance(training, dict) or not any(k in training for k in POLICY_KEYS):
+    if not isinstance(training, dict):
         return []
+    notes = _moved(data, training, source)
+    if not any(k in training for k in POLICY_KEYS):
+        return notes
     old = {k: training.pop(k) for k in POLICY_KEYS if k in training}
     if dump and old.get("policy_loss") == "gspo":
         old.pop("importance_sampling_level", None)
-    return _policy_loss(data, old, source)
+    return notes + _policy_loss(data, old, source)
+
+
+def _moved(data: dict[str, Any], training: dict[str, Any], source: str) -> list[str]:
+    """[training]'s keys of the rollout, guided episodes and the loss -> [rollout], [guidance], [loss]."""
+    notes = []
+    for key in [k for k in training if k in MOVED]:
+        section, new = MOVED[key]
+        into = data.setdefault(section, {})
+        if not isinstance(into, dict):
+            return notes  # the schema says what is wrong with that section
+        if new in into:
+            raise ConfigError(f"{source} [training] {key} and [{section}] {new} are both set: the key is "
+                              f"[{section}]'s now; keep [{section}] {new}")
+        into[new] = training.pop(key)
+        notes.append(f"{source} [training] {key} is deprecated: write [{section}] {new} = {_toml(into[new])}")
+    return notes
 
 
 def _toml(value: Any) -> str:

@@ -13,7 +13,10 @@ from pydantic import (
 
 from quaero.config.base import _Section
 from quaero.config.envs import SINGLE, EnvConfig, MixtureEnv, shares_of
+from quaero.config.guidance import GuidanceConfig
+from quaero.config.loop import TrainingConfig
 from quaero.config.loss import LossConfig
+from quaero.config.rollout import RolloutConfig
 from quaero.config.sections import (
     BackendConfig,
     DataConfig,
@@ -23,7 +26,6 @@ from quaero.config.sections import (
     ModelConfig,
     RunConfig,
     SamplerConfig,
-    TrainingConfig,
 )
 
 
@@ -36,7 +38,9 @@ class QuaeroConfig(_Section):
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
     backend: BackendConfig = Field(default_factory=BackendConfig)
     echo: EchoConfig = Field(default_factory=EchoConfig)
-    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)  # the loop
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    guidance: GuidanceConfig = Field(default_factory=GuidanceConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
@@ -68,24 +72,25 @@ class QuaeroConfig(_Section):
 
     def views(self) -> dict[str, QuaeroConfig]:
         """Each env's own config, as a one-env run would read it: `[env]` its settings, its per-env settings
-        in [training] and [echo]. A one-env run's is the config itself, under the name "env"."""
+        in [training], [rollout], [guidance] and [echo]. A one-env run's is the config itself, under the name
+        "env"."""
         if not self.envs:
             return {SINGLE: self}
         return {e.name: self.view(e) for e in self.envs}
 
     def view(self, e: MixtureEnv) -> QuaeroConfig:
-        """The config of the mixture's env `e` (`quaero.config.check_rules` judges [training]'s rules again on
-        its own settings)."""
-        env = EnvConfig(**e.model_dump(exclude={"name", "ratio", "group_size", "eval_tasks", "oracle",
-                                                "echo_weight", "guidance", "guidance_traces"},
-                                        exclude_unset=True))
-        own = {k: v for k, v in (
-            ("group_size", e.group_size), ("eval_tasks", e.eval_tasks), ("oracle", e.oracle),
-            ("guidance", e.guidance), ("guidance_traces", e.guidance_traces)) if v is not None}
-        training = self.training.model_copy(update=own)
-        echo = self.echo if e.echo_weight is None else self.echo.model_copy(
-            update={"weight": e.echo_weight, "rl_weight": e.echo_weight})
-        return self.model_copy(update={"env": env, "envs": [], "training": training, "echo": echo})
+        """The config of the mixture's env `e` (`quaero.config.check_rules` judges the sections it overrides
+        again, and the rules across sections, on its own settings)."""
+        env = EnvConfig(**e.model_dump(exclude=set(MixtureEnv.model_fields) - set(EnvConfig.model_fields),
+                                       exclude_unset=True))
+        update = {}
+        for section, own in (("training", {"eval_tasks": e.eval_tasks, "oracle": e.oracle}),
+                             ("rollout", {"group_size": e.group_size}),
+                             ("guidance", {"mode": e.guidance, "traces": e.guidance_traces}),
+                             ("echo", {"weight": e.echo_weight, "rl_weight": e.echo_weight})):
+            if own := {k: v for k, v in own.items() if v is not None}:
+                update[section] = getattr(self, section).model_copy(update=own)
+        return self.model_copy(update={"env": env, "envs": [], **update})
 
     def ratios(self) -> dict[str, float]:
         """Each env's share of a step's groups, as fractions summing to 1."""

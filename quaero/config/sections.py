@@ -1,6 +1,7 @@
-"""The sections of a run: [run], [model], [sampler], [backend] and [backend.options], [echo], [training],
-[data], [logging], [distributed]. Each takes its trainer options from trainers/spec.py
-(`with_trainer_options`); the env sections are quaero/config/envs.py.
+"""The sections of a run that no role module owns: [run], [model], [sampler], [backend] and
+[backend.options], [echo], [data], [logging], [distributed]. Each takes its trainer options from
+trainers/spec.py (`with_trainer_options`). The roles' sections have modules of their own: the loop's
+[training] (loop.py), [rollout] (rollout.py), [guidance] (guidance.py), [loss] (loss.py); the envs' envs.py.
 """
 from __future__ import annotations
 
@@ -16,8 +17,7 @@ from pydantic import (
 
 from quaero import sampler_registry as samplers
 from quaero.chat import registry as chat_registry
-from quaero.config.advantages import AdvantageOptions, check_estimator
-from quaero.config.base import _Section, with_trainer_options
+from quaero.config.base import Located, _Section, with_trainer_options
 
 
 @with_trainer_options("run")
@@ -119,6 +119,55 @@ class SamplerConfig(_Section):
     # rank l taking entries l*servers ..); empty = the servers share the rank's device
     server_devices: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
 
+    @model_validator(mode="after")
+    def _servers_it_can_reach(self) -> SamplerConfig:
+        if self.backend != samplers.AUTO and self.mode not in samplers.SAMPLERS[self.backend].modes:
+            serving = " or ".join(repr(n) for n in samplers.serving(self.mode))
+            raise Located(f"mode={self.mode!r} with backend={self.backend!r}: {self.backend} does not run in "
+                          f"{self.mode} mode; set backend = {serving} (or 'auto'), or mode = 'colocated'")
+        if self.urls and self.mode != "server":
+            raise Located(f"urls={self.urls!r} with mode={self.mode!r}: urls name running vLLM servers; set "
+                          "mode = 'server' or remove urls")
+        if self.urls and self.servers != 1:
+            raise Located(f"servers={self.servers} and urls={self.urls!r} are both set: quaero either starts "
+                          "servers (servers) or connects to running ones (urls); remove one")
+        for url in self.urls:
+            if not re.fullmatch(r"https?://[^/\s]+/?", url):
+                raise Located(f"urls: {url!r} is not a server address; write it as \"http://host:port\"")
+        return self
+
+    @model_validator(mode="after")
+    def _weights_it_can_push(self) -> SamplerConfig:
+        """weight_transfer and server_devices, judged from the config alone (quaero/preflight/plan.py judges
+        them against this machine's CUDA devices and torchrun's ranks)."""
+        wt, devices, urls = self.weight_transfer, self.server_devices, self.urls
+        if wt != "file" and self.mode != "server":
+            raise Located(f"weight_transfer={wt!r} with mode={self.mode!r}: vLLM's weight-transfer engines "
+                          "push to `vllm serve` processes; set mode = 'server', or weight_transfer = 'file'")
+        if devices and self.mode != "server":
+            raise Located(f"server_devices={devices} with mode={self.mode!r}: they place the servers quaero "
+                          "starts; set mode = 'server' or remove server_devices")
+        if devices and urls:
+            raise Located(f"server_devices={devices} and urls={urls!r} are both set: quaero places only the "
+                          "servers it starts; remove server_devices (start the urls servers with "
+                          "CUDA_VISIBLE_DEVICES yourself) or urls")
+        if len(set(devices)) != len(devices):
+            raise Located(f"server_devices={devices} names a device twice: each server gets a device of its "
+                          "own; list each once")
+        if wt == "nccl" and urls:
+            raise Located(f"weight_transfer='nccl' with urls={urls!r}: quaero opens the NCCL group on "
+                          "127.0.0.1 with servers it starts on devices of their own; remove urls and set "
+                          "servers and server_devices, or use weight_transfer = 'file'")
+        if wt == "nccl" and not devices:
+            raise Located("weight_transfer='nccl' without server_devices: the servers would share the "
+                          "trainer's GPU and NCCL refuses two ranks on one device; set server_devices = [1] "
+                          "(one GPU per server, not the trainer's), or use weight_transfer = 'ipc'")
+        if wt == "ipc" and devices:
+            raise Located(f"weight_transfer='ipc' with server_devices={devices}: CUDA IPC shares the "
+                          "trainer's GPU memory, so the servers must run on the trainer's GPU; remove "
+                          "server_devices, or use weight_transfer = 'nccl' for servers on GPUs of their own")
+        return self
+
 
 @with_trainer_options("backend.options")
 class BackendOptions(_Section):
@@ -173,117 +222,6 @@ class EchoConfig(_Section):
         if self.schedule == "decay":
             return weight * max(0.0, 1.0 - (rl_step - 1) / span)
         return weight
-
-
-# |positive_advantage_weight| and |all_fail_advantage| at most this: a group's advantages are reward
-# differences (within [-1, 1] for rewards in [0, 1]); far past them the loss overflows and nothing trains
-MAX_ADVANTAGE_SETTING = 100.0
-
-
-@with_trainer_options("training", AdvantageOptions)
-class TrainingConfig(_Section):
-    """With the trainer's `loss_aggregation` (the RL term's average, trainers/aggregation.py: "token_mean"
-    (DAPO), "sequence_mean" (GRPO: per episode, then over episodes), "constant" (Dr. GRPO: / tasks_per_step x
-    group_size x max_turns x max_tokens))."""
-
-    # small first-run defaults: `quaero check` prints the work they mean (episodes x turns x max_tokens)
-    steps: int = Field(5, ge=0)
-    tasks_per_step: int = Field(4, ge=1)
-    group_size: int = Field(4, ge=1)
-    warmup_sft_steps: int = Field(0, ge=0)
-    # the warm start's demonstrator, "package.module:function" (oracle_policy(info) -> policy); unset =
-    # `oracle_policy` in the [env] entry's module. Required for a warm start against url/urls servers.
-    oracle: str | None = None
-    # learning rate of the warm-start SFT steps; unset = [backend] lr (which the RL steps always use)
-    warmup_sft_lr: float | None = Field(None, gt=0, le=1)  # as [backend] lr's bound
-    # AdamW's state at the first RL step after a warm start: "continue" keeps the warm start's moments (its
-    # momentum keeps moving the weights along the SFT gradient for ~10 RL steps, beta1 0.9); "reset_momentum"
-    # zeroes the first moment only (RL's updates ramp up from 0, still scaled by the warm start's second
-    # moment); "reset" zeroes both (AdamW's first steps are then sign-like, lr on every weight with a
-    # gradient)
-    rl_optimizer_start: Literal["continue", "reset_momentum", "reset"] = "continue"
-    checkpoint_every: int = Field(5, ge=1)
-    keep_checkpoints: int = Field(2, ge=1)
-    eval_every: int = Field(5, ge=0)
-    eval_tasks: int = Field(4, ge=0)
-    # pass@k at each evaluation: k > 1 also samples k episodes per eval task at the sampler's temperature
-    # (k times the greedy eval's episodes); 1 = off
-    eval_pass_k: int = Field(1, ge=1)
-    packing: bool = True
-    # strict = any exactness mismatch (prefix, bridge) is an error instead of a counted fallback.
-    strict: bool = False
-    # this many consecutive steps without a trained row (every episode dropped) end the run with exit 1
-    max_empty_steps: int = Field(3, ge=1)
-    # RL's budget of generated tokens (the action tokens of the kept episodes, summed over RL steps, resumes
-    # included): RL ends after the step that reaches it, `steps` its upper bound; unset, `steps` alone
-    # decides. Comparisons of task samplers hold it equal (one sampler's groups may cost more tokens than
-    # another's)
-    rl_token_budget: int | None = Field(None, gt=0)
-    # an RL step whose env lost episodes (a server that died, timeouts past the retries; a lost episode is
-    # never trained): "continue" with the rest (counted, per env in a mixture's `by_env`), or "stop" the run
-    # before that step trains, naming the env (the last checkpoint stays the resume point)
-    on_env_loss: Literal["continue", "stop"] = "continue"
-    # asynchronous rollouts: the next steps' rollouts are sampled while a step trains, each at most this many
-    # policy versions behind the weights it trains (quaero/recipe/ahead.py); 0 = sample each step's rollout
-    # right before it trains. >= 1 gives the hf sampler a copy of the model of its own.
-    max_off_policy_steps: int = Field(0, ge=0)
-    # DAPO-style dynamic sampling: while fewer than tasks_per_step groups have reward spread (a non-zero
-    # advantage), sample groups of further tasks, at most dynamic_sampling_max_groups x tasks_per_step groups
-    # in all per step (at most 100x: each round is logged, and a stop request ends the rounds); all-equal
-    # groups still train ECHO
-    dynamic_sampling: bool = False
-    dynamic_sampling_max_groups: float = Field(3.0, ge=1.0, le=100.0)
-    # guided episodes (quaero/recipe/guidance.py): "episode" = when an RL group's kept episodes all fail, up
-    # to guided_members of them are replaced by episodes the env's oracle plays whole on the same task (its
-    # tokens trained off-policy with policy shaping, `guidance_gamma`); the members anneal linearly from
-    # guided_members to 0 at RL step guidance_until_step (unset: never, a warning at check). "prefix" =
-    # those members' first guidance_prefix_turns turns (annealed by the same schedule) are the oracle's, the
-    # rest the policy's (on-policy). A guide's call past guide_timeout_s seconds, or one that raises, drops
-    # its member (counted, never the run). "none": today's
-    guidance: Literal["none", "episode", "prefix"] = "none"
-    guided_members: int = Field(1, ge=1)
-    guidance_until_step: int | None = Field(None, ge=1)
-    guidance_prefix_turns: int = Field(1, ge=1)
-    guide_timeout_s: float = Field(60.0, gt=0, allow_inf_nan=False)
-    # the guide is recorded episodes instead of the oracle: a file of RFC 010 records and/or OpenEnv
-    # TrainingTraces (`quaero inspect rows RUN --export rfc010 OUT.jsonl` of an expert's run), each action
-    # replayed verbatim where the live prompt's ids equal the ids before it in a recording; a member whose
-    # prompt no recording reached (a task not recorded, an env that answered otherwise) is dropped, counted
-    # (`guides_unmatched`)
-    guidance_traces: str | None = None
-
-    # AdvantageOptions' options, [training] keys
-    @field_validator("positive_advantage_weight", "all_fail_advantage", check_fields=False)
-    @classmethod
-    def _an_advantage_that_trains(cls, value: float, info) -> float:
-        # -1e308 passes le=0, yet every step's loss is then inf and its gradient skipped: nothing trains
-        if abs(value) > MAX_ADVANTAGE_SETTING:
-            raise ValueError(f"{info.field_name}={value:g}: advantages past +-{MAX_ADVANTAGE_SETTING:g} "
-                             "make the loss overflow (inf: every step's gradient is skipped and nothing "
-                             "trains); use a value within it (a group's advantages are reward differences: "
-                             "NSR's all_fail_advantage is -1, W-REINFORCE's positive_advantage_weight 0.1)")
-        return value
-
-    @field_validator("advantage", check_fields=False)  # an AdvantageOptions option
-    @classmethod
-    def _an_estimator(cls, name: str) -> str:
-        return check_estimator(name)
-
-    @model_validator(mode="after")
-    def _a_correction_that_keeps_on_policy_tokens(self) -> TrainingConfig:
-        if self.sampler_correction != "none" and self.sampler_correction_cap < 1.0:
-            raise ValueError(f"sampler_correction_cap={self.sampler_correction_cap:g}: below 1, the "
-                             f"{self.sampler_correction!r} weight of every on-policy token (1) would be cut; "
-                             "use a cap >= 1 (TRL's default: 3)")
-        return self
-
-    @model_validator(mode="after")
-    def _members_a_group_has(self) -> TrainingConfig:
-        # judged again for each env of a mixture, with its own group_size (QuaeroConfig.views)
-        if self.guidance != "none" and self.guided_members > self.group_size:
-            raise ValueError(f"guided_members={self.guided_members} > group_size={self.group_size}: a group "
-                             "has only group_size members to guide; use guided_members <= group_size")
-        return self
 
 
 class DataConfig(_Section):

@@ -273,11 +273,11 @@ def _action_schema(http_urls: list[str], timeout_s: float) -> dict:
 
 def _capacity_error(cfg: EnvConfig, n: int, fault: EnvFault) -> ConfigError:
     """The fixes that apply to the launcher in use (never group_size = 1: it zeroes every group advantage)."""
-    lower = ("or lower [training] tasks_per_step (keep group_size >= 2: a group of one has no "
+    lower = ("or lower [rollout] tasks_per_step (keep group_size >= 2: a group of one has no "
              "group-relative advantage)")
     if not cfg.starts_env:
         return ConfigError(f"[env] {_where(cfg)}: the servers hold fewer than the {n} sessions this run "
-                           f"needs ([training] tasks_per_step x group_size) ({fault}); add servers to [env] "
+                           f"needs ([rollout] tasks_per_step x group_size) ({fault}); add servers to [env] "
                            "urls (an env's own `uvicorn server.app:app` holds 1 session: start one per "
                            "session), or, for an env that supports concurrent sessions, serve it with "
                            f"`quaero env serve module:Class --max-concurrent-envs {n}`, {lower}")

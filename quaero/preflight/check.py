@@ -54,15 +54,15 @@ def plan_lines(cfg, source: str) -> list[str]:
                                                 if cfg.echo.schedule_steps else "")
          + f", normalization={cfg.echo.normalization!r}, target={cfg.echo.world_loss_target!r} "
          f"(include_scaffold={cfg.echo.include_scaffold})"),
-        (f"training    steps={cfg.training.steps} x {cfg.training.tasks_per_step} tasks x group "
-         f"{cfg.training.group_size}, warmup_sft_steps={cfg.training.warmup_sft_steps} "
+        (f"training    steps={cfg.training.steps} x {cfg.rollout.tasks_per_step} tasks x group "
+         f"{cfg.rollout.group_size}, warmup_sft_steps={cfg.training.warmup_sft_steps} "
          f"(lr {cfg.lr_for(sft=True)}), lr={cfg.lr_for(sft=False)}, "
-         f"loss_aggregation={cfg.training.loss_aggregation!r}, "
-         f"dynamic_sampling={cfg.training.dynamic_sampling}"
-         + (f" (<= {cfg.training.dynamic_sampling_max_groups:g}x groups)" if cfg.training.dynamic_sampling
+         f"loss_aggregation={cfg.loss.aggregation!r}, "
+         f"dynamic_sampling={cfg.rollout.dynamic_sampling}"
+         + (f" (<= {cfg.rollout.dynamic_sampling_max_groups:g}x groups)" if cfg.rollout.dynamic_sampling
             else "")
          + ", "
-         f"packing={cfg.training.packing}, "
+         f"packing={cfg.rollout.packing}, "
          f"checkpoint_every={cfg.training.checkpoint_every}, eval_every={cfg.training.eval_every}"),
         policy_loss_line(cfg),
         *guidance_lines(cfg),
@@ -77,13 +77,13 @@ def plan_lines(cfg, source: str) -> list[str]:
 # trainer_option_lines prints every other one.
 SHOWN_WITH_THEIR_SECTION = ("run.seed", "model.name", "model.dtype", "sampler.temperature", "backend.lora",
                             "backend.lora_r", "backend.lora_alpha", "echo.enabled", "echo.weight",
-                            "echo.normalization", "training.loss_aggregation",
+                            "echo.normalization", "loss.aggregation",
                             # the loss line (policy_loss_line) prints these, and [loss.policy]
-                            "training.sampler_correction", "training.sampler_correction_cap",
+                            "loss.sampler_correction", "loss.sampler_correction_cap",
                             "training.steps_per_generation",
-                            "training.num_iterations", "training.beta", "training.kl_estimator",
+                            "training.num_iterations", "loss.beta", "loss.kl_estimator",
                             # the guidance line prints it
-                            "training.guidance_gamma")
+                            "guidance.gamma")
 # what a value of an option means, where its value alone does not say it
 OPTION_NOTES = {"backend.options.train_supervised_context_tokens":
                 lambda v: "(APPROXIMATION: rows cropped)" if v else "(exact full context)"}
@@ -124,15 +124,15 @@ def policy_loss_line(cfg) -> str:
     """`quaero check`'s RL loss line: the variant with its formula, and the advantage estimator."""
     from quaero.preflight.plan import trainer_spec
 
-    t = cfg.training
-    nsr = (f", positive_advantage_weight={t.positive_advantage_weight:g}"
-           if t.positive_advantage_weight != 1.0 else "") + (
-        f", all_fail_advantage={t.all_fail_advantage:g}" if t.all_fail_advantage else "")
+    t, a = cfg.training, cfg.rollout
+    nsr = (f", positive_advantage_weight={a.positive_advantage_weight:g}"
+           if a.positive_advantage_weight != 1.0 else "") + (
+        f", all_fail_advantage={a.all_fail_advantage:g}" if a.all_fail_advantage else "")
     steps = t.steps_per_generation * t.num_iterations
     per_batch = (f"; {steps} optimizer steps per rollout batch ({t.steps_per_generation} mini-batches x "
                  f"{t.num_iterations} passes)" if steps > 1 else "")
-    return (f"loss        {trainer_spec(cfg).describe_policy_loss()}; advantage={t.advantage!r}, "
-            f"scale_rewards={t.scale_rewards!r}{nsr}{per_batch}")
+    return (f"loss        {trainer_spec(cfg).describe_policy_loss()}; advantage={a.advantage!r}, "
+            f"scale_rewards={a.scale_rewards!r}{nsr}{per_batch}")
 
 
 def env_lines(cfg) -> list[str]:
@@ -145,7 +145,7 @@ def env_lines(cfg) -> list[str]:
         if env.kwargs:
             src += "(" + ", ".join(f"{k}={v!r}" for k, v in env.kwargs.items()) + ")"
         who = f"env {name!r}   " if cfg.is_mixture else "env         "
-        share = (f", {shares[name]:.1%} of a step's groups, group {view.training.group_size}, eval "
+        share = (f", {shares[name]:.1%} of a step's groups, group {view.rollout.group_size}, eval "
                  f"{view.training.eval_tasks} tasks, ECHO weight {view.echo.weight}" if cfg.is_mixture
                  else "")
         ts = env.tasks
@@ -155,7 +155,7 @@ def env_lines(cfg) -> list[str]:
                      f"{env.eval_split!r}, max_turns {env.max_turns}, step timeout {env.step_timeout_s}s, "
                      f"retries {env.max_retries}{share}); task sampler {tasks}")
     if cfg.is_mixture:
-        n = cfg.training.tasks_per_step
+        n = cfg.rollout.tasks_per_step
         lines.append("mixture     " + ", ".join(f"{name} {share:.1%} (~{share * n:.2g} of {n} groups a step)"
                                                 for name, share in shares.items())
                      + "; shared out by smooth weighted round robin: each env within one group of its share")
@@ -172,13 +172,14 @@ def work_line(cfg) -> str:
     evals = (1 + total // t.eval_every + (total % t.eval_every != 0) if t.eval_every and t.eval_tasks else 0)
     # a mixture's: its envs' group sizes by share, eval tasks summed
     shares, views = cfg.ratios(), cfg.views()
-    group = sum(shares[n] * v.training.group_size for n, v in views.items())
+    group = sum(shares[n] * v.rollout.group_size for n, v in views.items())
     eval_tasks = sum(v.training.eval_tasks for v in views.values())
-    train_eps, eval_eps = round(t.steps * t.tasks_per_step * group), evals * eval_tasks
-    return (f"work        train {train_eps} episodes ({t.steps} steps x {t.tasks_per_step} x {group:g}), "
+    n = cfg.rollout.tasks_per_step
+    train_eps, eval_eps = round(t.steps * n * group), evals * eval_tasks
+    return (f"work        train {train_eps} episodes ({t.steps} steps x {n} x {group:g}), "
             f"eval {eval_eps} ({evals} evals x {eval_tasks}); each <= {turns} turns x {tokens} tokens: <= "
             f"{train_eps * turns * tokens:,} + {eval_eps * turns * tokens:,} sampled tokens"
-            + (f"; warm start {t.warmup_sft_steps * t.tasks_per_step} "
+            + (f"; warm start {t.warmup_sft_steps * n} "
                + ("recorded rows ([data] traces)" if cfg.data.traces else "oracle episodes")
                if t.warmup_sft_steps
                else ""))
@@ -200,7 +201,7 @@ def check(args) -> int:
         # imports the env: its Action problems fail here, before any model
         print("\n".join(describe_env(view.env, view.observation_token_limit)))
         print("\n".join(check_lines(view, where)))  # the env's splits, when it has OpenEnv's Task API
-        if view.training.guidance != "none" and view.training.guidance_traces:
+        if view.guidance.mode != "none" and view.guidance.traces:
             from quaero.rollout.traces import guide_trace_line
 
             print(guide_trace_line(view, where))

@@ -225,11 +225,11 @@ def step_shape(cfg, device: str, fields: dict | None = None
         turns, obs = view.env.max_turns, view.observation_token_limit
         row = min(view.model.max_seq_len, turns * (s.max_tokens + obs))
         per_row = min(row, turns * s.max_tokens + (turns * obs if view.echo.enabled else 0))
-        return row, per_row, view.training.group_size, turns, obs
+        return row, per_row, view.rollout.group_size, turns, obs
 
     # a mixture's longest row (one env's view for a one-env config)
     row, per_row, group, turns, obs = max(longest(view) for view in cfg.views().values())
-    rows = max(1, min(cfg.training.tasks_per_step * group, b.micro_batch_tokens // row))
+    rows = max(1, min(cfg.rollout.tasks_per_step * group, b.micro_batch_tokens // row))
     tree = tree_estimate(cfg, rows, row, min(row, obs), group, fields)
     shape = StepShape(
         tokens=rows * row,
@@ -247,7 +247,7 @@ def step_shape(cfg, device: str, fields: dict | None = None
         context_tokens=o.train_supervised_context_tokens,
         device=device,
         rows=rows,
-        reference=cfg.training.beta > 0,
+        reference=cfg.loss.beta > 0,
         unique_tokens=tree.unique if tree and tree.packs else 0,
     )
     note = (

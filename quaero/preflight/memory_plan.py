@@ -172,7 +172,7 @@ class StepShape:
     context_tokens: int = 0
     device: str = "cpu"
     rows: int = 1  # rows in the microbatch: a context crop keeps K tokens before each row's first target
-    reference: bool = False  # the KL penalty's reference ([training] beta > 0): a frozen copy unless LoRA
+    reference: bool = False  # the KL penalty's reference ([loss] beta > 0): a frozen copy unless LoRA
     unique_tokens: int = 0  # tree packing: the trie's tokens the backbone runs over (0: the rows, unpacked)
 
 

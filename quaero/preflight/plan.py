@@ -250,7 +250,7 @@ def check_model_and_renderer(cfg: QuaeroConfig, source: str = "config") -> None:
     cfg.model._chosen = f"{choice.name!r} ({choice.why})"
     if why := getattr(render.renderer, "tool_format_why", None):  # the template renderer's round trip
         cfg.model._chosen += f", tool calls {why}"
-    if cfg.training.packing and cfg.echo.enabled:
+    if cfg.rollout.packing and cfg.echo.enabled:
         try:
             render.bridge(prompts[0], action, [{"role": "tool", "content": "probe"}], _PROBE_TOOLS)
         except BridgeFailure as e:
@@ -278,13 +278,13 @@ def load_checked(path: str | Path, overrides: list[str] = ()) -> QuaeroConfig:
         for name, view in cfg.views().items():  # each env's own (a mixture's warm start plays every env)
             resolve_oracle(view, source if not cfg.is_mixture else f"{source} [[envs]] name={name!r}:")
     for name, view in cfg.views().items():  # the guide of guided episodes: recordings, else the env's oracle
-        t = view.training
+        g = view.guidance
         where = source if not cfg.is_mixture else f"{source} [[envs]] name={name!r}:"
-        if t.guidance != "none" and t.guidance_traces:
-            check_trace_path(t.guidance_traces, f"{where} [training] guidance_traces")
-        elif t.guidance != "none":
-            resolve_oracle(view, f"{where} guidance={t.guidance!r} needs the env's oracle:",
-                           without="or set [training] guidance_traces, or guidance = 'none'")
+        if g.mode != "none" and g.traces:
+            check_trace_path(g.traces, f"{where} [guidance] traces")
+        elif g.mode != "none":
+            resolve_oracle(view, f"{where} [guidance] mode={g.mode!r} needs the env's oracle:",
+                           without="or set [guidance] traces, or mode = 'none'")
     check_run_folder(cfg, source)
     check_model_and_renderer(cfg, source)
     return cfg
@@ -294,13 +294,13 @@ def rl_loss_constant(cfg: QuaeroConfig) -> int:
     """Dr. GRPO's normaliser: the most action tokens an RL step can sample (tasks x group x turns x
     max_tokens)."""
     # a mixture's largest env's
-    most = max(v.training.group_size * v.env.max_turns for v in cfg.views().values())
-    return cfg.training.tasks_per_step * most * cfg.sampler.max_tokens
+    most = max(v.rollout.group_size * v.env.max_turns for v in cfg.views().values())
+    return cfg.rollout.tasks_per_step * most * cfg.sampler.max_tokens
 
 
 def trainer_spec(cfg: QuaeroConfig) -> TrainerSpec:
     """The part of the config a trainer reads: every option trainers/spec.py declares, read at its config
     key, Dr. GRPO's normaliser, which the config implies, and the policy loss `[loss.policy]` makes."""
-    constant = rl_loss_constant(cfg) if cfg.training.loss_aggregation == "constant" else 0
+    constant = rl_loss_constant(cfg) if cfg.loss.aggregation == "constant" else 0
     return spec_from(lambda key: attrgetter(key)(cfg), loss_constant=constant,
                      policy_loss=cfg.loss.policy.build())

@@ -1,4 +1,4 @@
-"""Rollouts sampled ahead of the trainer: `[training] max_off_policy_steps = k`.
+"""Rollouts sampled ahead of the trainer: `[rollout] max_off_policy_steps = k`.
 
 While the main thread trains step s, one worker thread samples the rollouts of the next RL steps, with the
 weights the trainer had before step s. What runs there is only this rank's own work: the driver's
@@ -118,7 +118,7 @@ def take_rollout(parts: RunParts, progress: RunProgress, step: int, ahead: Rollo
     A step's tasks are drawn when its rollout is launched (on this thread, in step order), so a learning task
     sampler has learned from the steps trained by then, not from the k steps in flight; the drawn tasks of
     steps not yet trained are kept in checkpoints (`pending`), so a resumed run plays them."""
-    t, n_tasks = parts.cfg.training, parts.cfg.training.tasks_per_step
+    t, n_tasks = parts.cfg.training, parts.cfg.rollout.tasks_per_step
     rollout, waited = ahead.take(step)
     synced: dict[str, Any] = {}
     if rollout is None:  # the first RL step (of the run, or since a resume): on-policy
@@ -131,7 +131,7 @@ def take_rollout(parts: RunParts, progress: RunProgress, step: int, ahead: Rollo
     progress.pending.pop(step, None)
     progress.step_groups = ranks.gather_rows(rollout.groups)
     learn(parts, step, progress.step_groups)
-    last = min(step + t.max_off_policy_steps, t.warmup_sft_steps + t.steps)
+    last = min(step + parts.cfg.rollout.max_off_policy_steps, t.warmup_sft_steps + t.steps)
     if ahead.idle() and last > step:  # the run's last step launches nothing: no push either
         synced = sync_sampler(parts, progress) or synced
         for s in range(step + 1, last + 1):

@@ -6,7 +6,7 @@ The operations, outermost first:
 - `roll_out`: this rank's share of a step's groups, with dynamic sampling's further groups;
 - `play_groups`: some groups played on their envs, their rows and outcomes in the order they were drawn;
 - `group_rows`: one played group's kept rows and its outcome.
-With `[training] guidance` (quaero/recipe/guidance.py), `play_groups` has the env's oracle play for the groups
+With `[guidance] mode` (quaero/recipe/guidance.py), `play_groups` has the env's oracle play for the groups
 whose kept episodes all failed, and `group_rows` trains the mixed group.
 No collective here: a rollout sampled ahead (quaero/recipe/ahead.py) runs `roll_out` on a worker thread.
 """
@@ -48,7 +48,7 @@ class GroupOutcome:
     dropped: int  # its episodes lost (a dead server, a timeout): never trained
     spread: bool  # its trained members' rewards differ (guided ones included): the group carries an RL signal
     kept: bool  # it trained (some episode kept, finite advantages)
-    guided: int = 0  # its members the env's oracle played ([training] guidance), in place of kept ones
+    guided: int = 0  # its members the env's oracle played ([guidance] mode), in place of kept ones
     guided_costs: float = 0.0  # their action tokens (not generated, yet a cost of the signal)
 
 
@@ -126,9 +126,9 @@ def signal_metrics(parts: RunParts, groups: list[GroupOutcome], step: int | None
     spread per episode and per 1,000 generated tokens, and the task samplers' pool occupancy and split
     coverage; with `step`, the guidance schedule's members at it (where some env guides)."""
     out = _signal_figures(groups, parts.envs)
-    if step is not None and any(e.cfg.training.guidance != "none" for e in parts.envs):
+    if step is not None and any(e.cfg.guidance.mode != "none" for e in parts.envs):
         rl_step = step - parts.cfg.training.warmup_sft_steps
-        out[names.GUIDANCE_MEMBERS] = max(members_at(e.cfg.training, rl_step) for e in parts.envs)
+        out[names.GUIDANCE_MEMBERS] = max(members_at(e.cfg.guidance, rl_step) for e in parts.envs)
     if parts.cfg.is_mixture:
         by_env = {}
         for e in parts.envs:
@@ -146,7 +146,7 @@ def roll_out(parts: RunParts, step: int, picks: list[list], *, sft: bool
     """This rank's share of the step's groups (`picks`): its kept rows with their advantages, and every
     group's outcome. No collective: a rollout sampled ahead runs it on a worker thread.
 
-    Dynamic sampling (`[training] dynamic_sampling`, one process, never with rollouts sampled ahead): while
+    Dynamic sampling (`[rollout] dynamic_sampling`, one process, never with rollouts sampled ahead): while
     fewer than tasks_per_step groups have reward spread, further groups are drawn from the task samplers of
     the envs whose groups had none, at most dynamic_sampling_max_groups x tasks_per_step groups in all; the
     all-equal groups still train ECHO."""
@@ -154,10 +154,10 @@ def roll_out(parts: RunParts, step: int, picks: list[list], *, sft: bool
     seed = ranks.rank_seed(cfg.run.seed * 7919 + step)
     share = ranks.task_share(n)
     rows, groups = play_groups(parts, step, [picks[i] for i in share], share.start, seed, sft=sft)
-    if sft or not cfg.training.dynamic_sampling:
+    if sft or not cfg.rollout.dynamic_sampling:
         return rows, groups
     spread = sum(g.spread for g in groups)
-    bound, sampled = int(cfg.training.dynamic_sampling_max_groups * n), n
+    bound, sampled = int(cfg.rollout.dynamic_sampling_max_groups * n), n
     while spread < n and sampled < bound:
         if STOP_REQUESTED.is_set():  # a stop request: this step trains what it has, then the run stops
             log.warning(names.DYNAMIC_SAMPLING_STOPPED_EVENT, groups=sampled, groups_with_spread=spread,
@@ -213,7 +213,7 @@ def play_groups(parts: RunParts, step: int, picks: list[list], first_slot: int, 
             continue
         split = e.cfg.env.train_split
         tasks = [reset_args(e.cfg.run.seed, split, index) for _, index in mine]
-        groups = e.driver.run(e.pool.sessions, tasks, group_size=1 if sft else e.cfg.training.group_size,
+        groups = e.driver.run(e.pool.sessions, tasks, group_size=1 if sft else e.cfg.rollout.group_size,
                               policy=e.oracle if sft else None, seed=seed + 7_777 * k)
         played += [(e, j, index, group) for (j, index), group in zip(mine, groups)]
         if not sft:
@@ -240,11 +240,11 @@ def _guides(e: EnvRun, rl_step: int, mine: list[tuple[int, int]], tasks: list[di
     """Env `e`'s guided episodes at RL step `rl_step`: for each of its groups (`mine`: [slot, task index],
     `tasks`: their reset arguments) whose kept episodes all failed, the schedule's k episodes of its oracle
     on the same reset (`prefix`: their first turns, the policy the rest), by the group's slot."""
-    k = members_at(e.cfg.training, rl_step)
+    k = members_at(e.cfg.guidance, rl_step)
     need = [i for i, group in enumerate(groups) if k and needs_guide(group)]
     if not need:
         return {}
-    played = play_guides(e, [tasks[i] for i in need], k, seed, prefix_turns_at(e.cfg.training, rl_step))
+    played = play_guides(e, [tasks[i] for i in need], k, seed, prefix_turns_at(e.cfg.guidance, rl_step))
     return {mine[i][0]: episodes for i, episodes in zip(need, played)}
 
 

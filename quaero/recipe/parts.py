@@ -40,7 +40,7 @@ class EnvRun:
     driver: EpisodeDriver
     tasks: EnvTasks
     oracle: Policy | None = None
-    recorded: RecordedActions | None = None  # [training] guidance_traces: the guide, instead of the oracle
+    recorded: RecordedActions | None = None  # [guidance] traces: the guide, instead of the oracle
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,8 @@ def build(cfg: QuaeroConfig, pool: EnvPool | dict[str, EnvPool], counts: Rollout
     check_components(cfg)  # before any model loads, also when train() is called without the CLI
     pools = pool if isinstance(pool, dict) else {SINGLE: pool}
     counts = counts if counts is not None else next(iter(pools.values())).counts
-    if cfg.training.dynamic_sampling and ranks.world_size() > 1:
-        raise ConfigError(f"[training] dynamic_sampling=true under torchrun ({ranks.world_size()} ranks): "
+    if cfg.rollout.dynamic_sampling and ranks.world_size() > 1:
+        raise ConfigError(f"[rollout] dynamic_sampling=true under torchrun ({ranks.world_size()} ranks): "
                           "each rank would sample a different number of further tasks; it is built for one "
                           "process")
     t = cfg.training
@@ -91,7 +91,7 @@ def build(cfg: QuaeroConfig, pool: EnvPool | dict[str, EnvPool], counts: Rollout
     # an FSDP2 trainer's module holds shards and gathers them in collectives: sampling, which runs a
     # different number of forwards on each rank, needs a whole model of its own (synced before it samples);
     # so does sampling ahead, which runs while the trainer updates its module
-    shared = None if trainer.sharded or cfg.training.max_off_policy_steps else trainer.model
+    shared = None if trainer.sharded or cfg.rollout.max_off_policy_steps else trainer.model
     sampler = make_sampler(cfg, model=shared, stop_token_ids=render.stop_token_ids,
                            device=str(trainer.device),
                            log_dir=sampler_log_dir)
@@ -99,7 +99,7 @@ def build(cfg: QuaeroConfig, pool: EnvPool | dict[str, EnvPool], counts: Rollout
                    EpisodeDriver(render, sampler, settings_of(DriverSettings, view), counts),
                    env_tasks(name, view, pools[name]),
                    resolve_oracle(view) if (t.warmup_sft_steps and not cfg.data.traces) or (
-                       view.training.guidance != "none" and not view.training.guidance_traces) else None,
+                       view.guidance.mode != "none" and not view.guidance.traces) else None,
                    recorded_guide(view))
             for name, view in views.items()]
     traces = warm_start_rows(cfg)[0] if cfg.data.traces else None
@@ -108,11 +108,11 @@ def build(cfg: QuaeroConfig, pool: EnvPool | dict[str, EnvPool], counts: Rollout
 
 
 def recorded_guide(view: QuaeroConfig) -> RecordedActions | None:
-    """An env's `[training] guidance_traces` read into its guide (None without them, or without guidance)."""
-    t = view.training
-    if t.guidance == "none" or not t.guidance_traces:
+    """An env's `[guidance] traces` read into its guide (None without them, or without guidance)."""
+    g = view.guidance
+    if g.mode == "none" or not g.traces:
         return None
-    return RecordedActions(read_traces(view, t.guidance_traces, "[training] guidance_traces")[0])
+    return RecordedActions(read_traces(view, g.traces, "[guidance] traces")[0])
 
 
 def env_tasks(name: str, view: QuaeroConfig, pool: EnvPool) -> EnvTasks:
@@ -120,7 +120,7 @@ def env_tasks(name: str, view: QuaeroConfig, pool: EnvPool) -> EnvTasks:
     split = view.env.train_split
     size = pool.tasks.size(split) if pool.tasks is not None else None
     spec = (lambda index: pool.task_spec(split, index)) if size else None
-    return make_task_sampler(SplitView(name, split, size, view.run.seed, view.training.group_size,
+    return make_task_sampler(SplitView(name, split, size, view.run.seed, view.rollout.group_size,
                                        view.env.tasks, pool.tasks, spec), view.sampler.stop_grace_s)
 
 
@@ -129,11 +129,11 @@ def open_pools(stack: contextlib.ExitStack, cfg: QuaeroConfig, counts: RolloutCo
     `counts`, closed by `stack`. An env that fails to start is named."""
     from quaero.openenv_client import open_envs
 
-    pools, per_rank = {}, len(ranks.task_share(cfg.training.tasks_per_step))
+    pools, per_rank = {}, len(ranks.task_share(cfg.rollout.tasks_per_step))
     for name, view in cfg.views().items():
         log_dir = cfg.run_dir / names.ENV_SERVERS
         try:
-            pools[name] = stack.enter_context(open_envs(view.env, max(per_rank * view.training.group_size, 1),
+            pools[name] = stack.enter_context(open_envs(view.env, max(per_rank * view.rollout.group_size, 1),
                                                         counts,
                                                         log_dir=log_dir / name if cfg.is_mixture
                                                         else log_dir))

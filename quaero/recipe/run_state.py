@@ -232,15 +232,15 @@ def note_changed_config(cfg: QuaeroConfig, found: Found | None) -> None:
 
 
 def missing_reference(cfg: QuaeroConfig, step: int, trainer_state: dict) -> str | None:
-    """Why a checkpoint cannot resume a run with the KL penalty ([training] beta > 0, full fine-tuning): it
+    """Why a checkpoint cannot resume a run with the KL penalty ([loss] beta > 0, full fine-tuning): it
     was written after RL started without the frozen reference (beta was 0 then), and the weights it froze are
     gone. None when it can (a LoRA run's reference is the base, always there; a warm-start checkpoint's is
     taken at the first RL step)."""
-    if cfg.training.beta <= 0 or cfg.backend.lora or step <= cfg.training.warmup_sft_steps:
+    if cfg.loss.beta <= 0 or cfg.backend.lora or step <= cfg.training.warmup_sft_steps:
         return None
     if "reference" in trainer_state:
         return None
-    return (f"[training] beta={cfg.training.beta:g}: this checkpoint of RL step {step} holds no KL reference "
+    return (f"[loss] beta={cfg.loss.beta:g}: this checkpoint of RL step {step} holds no KL reference "
             "(the run trained without one) and the weights RL started from are gone; resume with beta = 0, "
             "or pass --restart to start over with the KL penalty")
 

@@ -14,7 +14,7 @@ Evaluation (greedy, eval split) runs before the first step (the untrained baseli
 Determinism: the sampler seed of step k and the tasks of step k are functions of (run seed, k), so
 a run interrupted after step k and resumed from its checkpoint reproduces step k+1 exactly.
 
-Asynchronous rollouts (`[training] max_off_policy_steps = k >= 1`, quaero/recipe/ahead.py): while an RL step
+Asynchronous rollouts (`[rollout] max_off_policy_steps = k >= 1`, quaero/recipe/ahead.py): while an RL step
 trains, a worker thread samples the rollouts of the next k steps with the weights the step started from,
 so a step trains rows up to k policy versions old (`policy_staleness`). The first RL step (after a warm
 start, or after a resume: the rollouts in flight are not checkpointed) samples on-policy, now. k = 0 is the
@@ -80,10 +80,10 @@ def collect_rows(parts: RunParts, progress: RunProgress, step: int, *, sft: bool
     traces` plays nothing: its recorded rows. The task samplers learn from the RL groups' outcomes before the
     next draw."""
     if sft and parts.traces is not None:  # recorded episodes: no rollout, no transitions of a sampler to save
-        per_step = parts.cfg.training.tasks_per_step
+        per_step = parts.cfg.rollout.tasks_per_step
         return ranks.gather_rows([(r, []) for r in trace_batch(parts.traces, step, per_step,
                                                                ranks.task_share(per_step))])
-    picks = progress.pending.pop(step, None) or draw(parts, step, parts.cfg.training.tasks_per_step)
+    picks = progress.pending.pop(step, None) or draw(parts, step, parts.cfg.rollout.tasks_per_step)
     rows, groups = roll_out(parts, step, picks, sft=sft)
     if not sft:
         progress.step_groups = ranks.gather_rows(groups)
@@ -140,8 +140,8 @@ def _update(parts: RunParts, progress: RunProgress, step: int, rows: list, *, sf
     if t.warmup_sft_steps and step == t.warmup_sft_steps + 1 and t.rl_optimizer_start != "continue":
         # the first RL step starts without the warm start's momentum (a resume past here keeps RL's own)
         parts.trainer.reset_optimizer(momentum_only=t.rl_optimizer_start == "reset_momentum")
-    if phase == names.PHASE_RL and t.beta > 0:
-        # the KL penalty's reference ([training] beta > 0): the weights the RL phase starts from, frozen once
+    if phase == names.PHASE_RL and parts.cfg.loss.beta > 0:
+        # the KL penalty's reference ([loss] beta > 0): the weights the RL phase starts from, frozen once
         # (a resume restores the one its checkpoint holds; trainers/reference.py)
         parts.trainer.take_reference()
     if not rows:
@@ -192,7 +192,7 @@ def _run(parts: RunParts, progress: RunProgress, stop: StopRequest, tqdm, run_id
                # no bar in a log file
                disable=not cfg.logging.progress or not sys.stderr.isatty() or not ranks.is_main())
     try:
-        with RolloutsAhead() if cfg.training.max_off_policy_steps else contextlib.nullcontext() as ahead:
+        with RolloutsAhead() if cfg.rollout.max_off_policy_steps else contextlib.nullcontext() as ahead:
             last = _loop(parts, progress, stop, bar, run_id, ahead)
     except (KeyboardInterrupt, EmptyRunError):
         raise  # their run_end is logged where they are raised

@@ -90,7 +90,7 @@ def rloo(rewards: list[float]) -> list[float]:
     return [a * len(rewards) / (len(rewards) - 1) for a in grpo(rewards)]
 
 
-# The estimators by their `[training] advantage` name (quaero/config/advantages.py lists the names)
+# The estimators by their `[rollout] advantage` name (quaero/config/advantages.py lists the names)
 ESTIMATORS: dict[str, Callable[[list[float]], list[float]]] = {"grpo": grpo, "rloo": rloo}
 
 
@@ -99,7 +99,7 @@ def estimator(name: str) -> Callable[[list[float]], list[float]]:
     its advantages, before `scale_rewards` and `positive_advantage_weight`)."""
     if name in ESTIMATORS:
         return ESTIMATORS[name]
-    return resolve_name(name, "[training] advantage", want=callable, wanted="a function (rewards: "
+    return resolve_name(name, "[rollout] advantage", want=callable, wanted="a function (rewards: "
                         "list[float]) -> list[float]", error=ValueError)
 
 

@@ -7,7 +7,7 @@ prompts of all running episodes go to the sampler as one batch, and env steps ru
 
 The driver owns the turn limit (`[env] max_turns`): it judges episodes, so it is where a cut episode
 becomes truncated and never a success (quaero/telemetry/counts.py). Everything is counted in one
-RolloutCounts; `[training] strict` turns any exactness mismatch into an error.
+RolloutCounts; `[rollout] strict` turns any exactness mismatch into an error.
 
 It also owns lengths, so that no row exceeds `[model] max_seq_len`: each env message is cut to
 `[env] max_observation_tokens` (`RenderAdapter.bound`, counted as the template sees the text) before it
@@ -44,7 +44,7 @@ Policy = Callable[[dict], Callable[[list[dict]], dict]]
 
 
 class ExactnessError(RuntimeError):
-    """An exactness mismatch under `[training] strict = true`."""
+    """An exactness mismatch under `[rollout] strict = true`."""
 
 
 class Recorded(Protocol):
@@ -55,14 +55,14 @@ class Recorded(Protocol):
 
 @dataclass(frozen=True)
 class GuidePlay:
-    """How a guide (the run's `policy`, the env's oracle, `[training] guidance`) plays: the first `turns`
+    """How a guide (the run's `policy`, the env's oracle, `[guidance] mode`) plays: the first `turns`
     turns of each episode (None: every turn; then the sampler plays the rest), its actions marked guided in
     the rows. Each of its calls is bounded by `timeout_s` seconds; a guide that raises or overruns drops its
     episode (drop kinds `guide_failed`, `guide_timeout`), never the run."""
 
     turns: int | None = None
     timeout_s: float = 60.0
-    # recorded episodes replayed instead of a policy (`[training] guidance_traces`; quaero/rollout/traces.py
+    # recorded episodes replayed instead of a policy (`[guidance] traces`; quaero/rollout/traces.py
     # `RecordedActions`): `action(prompt_ids)` gives the recorded action ids after exactly that prompt, or
     # None (then the member is dropped, `guide_unmatched`)
     recorded: Recorded | None = None
@@ -127,9 +127,9 @@ class DriverSettings:
     observation_token_limit: int = reads("observation_token_limit")
     max_tokens: int = reads("sampler.max_tokens")
     max_seq_len: int = reads("model.max_seq_len")
-    packing: bool = reads("training.packing", True)
+    packing: bool = reads("rollout.packing", True)
     include_scaffold: bool = reads("echo.include_scaffold", False)
-    strict: bool = reads("training.strict", False)
+    strict: bool = reads("rollout.strict", False)
     seed: int = reads("run.seed", 0)  # the sampler seeds of a run() without its own
     # a scripted policy's (the oracle's: a warm start's demonstrator, a guide) bound on one call, user code as
     # an env step is (None: unbounded)
@@ -231,12 +231,12 @@ class EpisodeDriver:
     def _policy_call(self, ep: _Live, call: Callable[[], object], what: str):
         """A scripted policy's call (`what`), user code, on a thread (quaero/bounded.py) and ended by a stop
         request: the warm start's demonstrator bounded by `[env] step_timeout_s` (past it the run stops,
-        named), a guide by `[training] guide_timeout_s` (past it its episode is dropped, counted)."""
+        named), a guide by `[guidance] timeout_s` (past it its episode is dropped, counted)."""
         if ep.guide is None:
             return bounded_call(call, f"the scripted policy's {what} (the env's oracle)",
                                 timeout_s=self.settings.policy_timeout_s, bound="[env] step_timeout_s")
         return bounded_call(call, f"the guide's {what} (the env's oracle)", timeout_s=ep.guide.timeout_s,
-                            bound="[training] guide_timeout_s")
+                            bound="[guidance] timeout_s")
 
     def _bounded(self, messages: list[dict]) -> list[dict]:
         """Env messages with every text content cut to `[env] max_observation_tokens` (counted, and said once

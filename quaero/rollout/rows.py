@@ -15,7 +15,7 @@ class Transition:
     action_ids / action_logprobs: exactly what the sampler returned (never re-encoded).
     response_ids / response_kinds: the env response the renderer bridged onto prompt + action
     (scaffold, env content or corrective content per token); empty when the bridge fell back.
-    guided: the action is a guide's (the env's oracle, `[training] guidance`): its row marks those tokens.
+    guided: the action is a guide's (the env's oracle, `[guidance] mode`): its row marks those tokens.
     """
 
     turn: int
@@ -25,7 +25,7 @@ class Transition:
     response_ids: list[int]
     response_kinds: list[str]
     finish_reason: str = "stop"
-    guided: bool = False  # a guide chose the action (`[training] guidance`), not the sampler
+    guided: bool = False  # a guide chose the action (`[guidance] mode`), not the sampler
 
     @property
     def ids(self) -> list[int]:

@@ -398,7 +398,7 @@ def warm_start_rows(cfg: Any, source: str = "config") -> tuple[list[EchoRow], li
 
 def read_traces(cfg: Any, path: str, key: str, source: str = "config", loss: str = "sft"
                 ) -> tuple[list[EchoRow], list[str]]:
-    """The trace file `path` (config key `key`: `[data] traces`, `[training] guidance_traces`) read into rows:
+    """The trace file `path` (config key `key`: `[data] traces`, `[guidance] traces`) read into rows:
     (rows, refusals), each refusal logged in one line; a ConfigError when it cannot be read or holds no
     exact record."""
     vocab_size = vocab_size_of(cfg.model.name)
@@ -428,14 +428,14 @@ def trace_line(cfg: Any, source: str = "config") -> str:
             if cfg.data.traces_loss == "rl"
             else "SFT + ECHO")
     return (f"data        traces {cfg.data.traces}: {len(rows)} exact rows, trained as {t.warmup_sft_steps} "
-            f"{loss} warm-start steps of {t.tasks_per_step} rows; {len(refused)} line(s) refused"
+            f"{loss} warm-start steps of {cfg.rollout.tasks_per_step} rows; {len(refused)} line(s) refused"
             + (f" (first: {refused[0]})" if refused else ""))
 
 
 def guide_trace_line(cfg: Any, source: str = "config") -> str:
-    """`quaero check`'s line for recorded episodes as the guide (`[training] guidance_traces`)."""
-    path = cfg.training.guidance_traces
-    rows, refused = read_traces(cfg, path, "[training] guidance_traces", source)
+    """`quaero check`'s line for recorded episodes as the guide (`[guidance] traces`)."""
+    path = cfg.guidance.traces
+    rows, refused = read_traces(cfg, path, "[guidance] traces", source)
     guide = RecordedActions(rows)
     return (f"guide       traces {path}: {len(rows)} exact rows, {len(guide)} recorded actions replayed "
             f"where a live prompt equals a recording's; {len(refused)} line(s) refused"
@@ -448,7 +448,7 @@ def trace_batch(rows: list[EchoRow], step: int, per_step: int, share: list[int])
     return [rows[((step - 1) * per_step + i) % len(rows)] for i in share]
 
 
-# ── recorded episodes as guides ([training] guidance_traces) ──────────────────────────────────────────
+# ── recorded episodes as guides ([guidance] traces) ──────────────────────────────────────────
 
 
 def _prompt_key(ids: list[int]) -> bytes:
@@ -456,7 +456,7 @@ def _prompt_key(ids: list[int]) -> bytes:
 
 
 class RecordedActions:
-    """Recorded episodes replayed as a guide (`[training] guidance_traces`, quaero/recipe/guidance.py): every
+    """Recorded episodes replayed as a guide (`[guidance] traces`, quaero/recipe/guidance.py): every
     action span of every row, keyed by the exact ids before it (the prompt its model was given), so a live
     episode whose prompt is one of them gets the recorded action ids verbatim. A prompt the recordings never
     reached (a task not recorded, an env that answered otherwise than in the recording, another template)

@@ -140,7 +140,7 @@ SEQUENCE_RATIO_MEAN = _step.per_step("sequence_ratio_mean", "mean sequence ratio
 SEQUENCE_RATIO_MIN = _step.per_step("sequence_ratio_min", "its minimum")
 SEQUENCE_RATIO_MAX = _step.per_step("sequence_ratio_max", "its maximum")
 KL_LOSS = _step.per_step("kl_loss", "the KL penalty's loss: β x its per-token estimate, averaged "
-                         "(`[training] beta`; 0 without a reference)")
+                         "(`[loss] beta`; 0 without a reference)")
 KL_TOKENS = _step.count("kl_tokens", "the KL term's targets: sampled action tokens of an RL step with a "
                         "reference")
 KL_MEAN = _step.per_step("kl_mean", "mean per-token KL estimate to the frozen reference (`kl_estimator`; "
@@ -148,7 +148,7 @@ KL_MEAN = _step.per_step("kl_mean", "mean per-token KL estimate to the frozen re
 KL_MAX = _step.largest("kl_max", "its maximum")
 REFERENCE_FORWARD_S = _step.per_step("reference_forward_s", "seconds of the reference's no-grad forwards per "
                                      "rollout batch (None without a reference)")
-GUIDED_ACTION_TOKENS = _step.count("guided_action_tokens", "RL tokens a guide chose (`[training] guidance`: "
+GUIDED_ACTION_TOKENS = _step.count("guided_action_tokens", "RL tokens a guide chose (`[guidance] mode`: "
                                    "the env's oracle played them), trained with policy shaping")
 ONPOLICY_ACTION_TOKENS = _step.count("onpolicy_action_tokens", "RL tokens the policy sampled (the ratio's)")
 GUIDANCE_SHAPING_MEAN = _step.per_step("guidance_shaping_mean", "mean policy-shaping weight f(π) = π / (π + "
@@ -236,7 +236,7 @@ GROUPS_RESAMPLED = _rollout.count("groups_resampled", "dynamic sampling's furthe
 DYNAMIC_SAMPLING_BOUND_HITS = _rollout.count("dynamic_sampling_bound_hits", "steps its bound cut short of "
                                              "`tasks_per_step` groups with spread")
 GROUPS_GUIDED = _rollout.count("groups_guided", "RL groups whose kept episodes all failed that got guided "
-                               "members (`[training] guidance`)")
+                               "members (`[guidance] mode`)")
 GUIDED_MEMBERS = _rollout.count("guided_members", "episodes the guide (the env's oracle, or recordings) "
                                 "played in their place (kept)")
 GUIDED_MEMBERS_SUCCEEDED = _rollout.count("guided_members_succeeded", "of those, the successes")
@@ -244,10 +244,10 @@ GUIDED_MEMBERS_DROPPED = _rollout.count("guided_members_dropped", "guided episod
                                         "timeout): never trained, their group kept")
 GUIDES_FAILED = _rollout.count("guides_failed", "of those, a guide (the env's oracle) raised: its member "
                                "dropped, never the run")
-GUIDES_TIMED_OUT = _rollout.count("guides_timed_out", "of those, a guide's call ran past `[training] "
-                                  "guide_timeout_s`: its member dropped, never the run")
-GUIDES_UNMATCHED = _rollout.count("guides_unmatched", "of those, a recorded guide (`[training] "
-                                  "guidance_traces`) had no action for the member's prompt (a task not "
+GUIDES_TIMED_OUT = _rollout.count("guides_timed_out", "of those, a guide's call ran past `[guidance] "
+                                  "timeout_s`: its member dropped, never the run")
+GUIDES_UNMATCHED = _rollout.count("guides_unmatched", "of those, a recorded guide (`[guidance] "
+                                  "traces`) had no action for the member's prompt (a task not "
                                   "recorded, an env that answered otherwise): its member dropped")
 SAMPLER_PREFILL_TOKENS = _rollout.count("sampler_prefill_tokens", "prompt tokens the `hf` sampler ran "
                                         "through the model (with `[sampler] hf_kv_cache_mib` > 0)")
@@ -312,13 +312,13 @@ SIGNAL_GROUPS_PER_1K_TOKENS = _signal.per_step("signal_groups_per_1k_tokens",
                                                "groups with signal per 1,000 generated tokens (guided "
                                                "tokens counted in the cost)")
 SIGNAL_GROUPS_GUIDED = _signal.count("signal_groups_guided", "of the groups with signal, those guided "
-                                     "(`[training] guidance`: their spread is a guide's, the policy's own "
+                                     "(`[guidance] mode`: their spread is a guide's, the policy's own "
                                      "all failed)")
 GUIDED_TOKENS = _signal.count("guided_tokens", "action tokens of the kept guided episodes (a prefix's "
                               "continuation included; not in `generated_tokens`: counted in "
                               "`signal_groups_per_1k_tokens`'s cost)")
 GUIDANCE_MEMBERS = _signal.latest("guidance_members", "the guidance schedule's members per all-fail group at "
-                                  "this step (`guided_members` annealed to 0 at `guidance_until_step`)")
+                                  "this step (`[guidance] members` annealed to 0 at `[guidance] until_step`)")
 TASKS_UNSEEN = _signal.latest("tasks_unseen", "a learning task sampler's keys (tasks, or their spec's group "
                               "/ difficulty) with an empty outcome memory")
 TASKS_LEARNABLE = _signal.latest("tasks_learnable", "keys whose discounted success estimate is between 0.05 "

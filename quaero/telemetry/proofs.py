@@ -324,7 +324,7 @@ def updated_weights(m: Mapping[str, Any]) -> bool:
     return n is None or (isinstance(n, int | float) and not isinstance(n, bool) and n > 0)
 
 
-NO_UPDATE_FIX = ("a finite loss: the advantage settings ([training] all_fail_advantage, "
+NO_UPDATE_FIX = ("a finite loss: the advantage settings ([rollout] all_fail_advantage, "
                  "positive_advantage_weight) and [backend] lr; the steps' nonfinite_grad_skips count the "
                  "skips")
 

@@ -117,7 +117,7 @@ class ConfigChange(_Record):
 
 @dataclass(frozen=True)
 class Guidance(_Record):
-    """How much of RL's signal came from guides (`[training] guidance`), totals over the RL steps: groups
+    """How much of RL's signal came from guides (`[guidance] mode`), totals over the RL steps: groups
     guided and groups with signal that were, guided members (their successes, those dropped), and the
     trained action tokens a guide chose against the policy's own."""
 
@@ -192,7 +192,7 @@ class RunSummary(_Record):
     onpolicy_logprob_gap_max: float | None
     onpolicy_logprob_gap_mean_max: float | None
     weight_transfer: str | None  # how the pushes reached the sampler: "file", "nccl", "ipc", "copy", joined
-    # rows sampled ahead ([training] max_off_policy_steps): how old they got, how much clipping held
+    # rows sampled ahead ([rollout] max_off_policy_steps): how old they got, how much clipping held
     policy_staleness_max: float | None
     clip_fraction_max: float | None
     # the policy-loss family's figures over RL steps (`policy_loss_figures`), each where some step measured it

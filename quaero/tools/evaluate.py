@@ -289,7 +289,7 @@ def evaluate(cfg: QuaeroConfig, specs: list[str | None], plan: EvalPlan) -> tupl
     for option, value in (("--tasks", plan.tasks), ("--seeds", plan.seeds), ("--pass-k", plan.pass_k)):
         if type(value) is not int or value < 1:
             raise EvalError(f"{option} {value}: at least 1 (an eval of no episode reports nothing)")
-    n_sessions = max(1, min(plan.tasks, cfg.training.tasks_per_step * cfg.training.group_size))
+    n_sessions = max(1, min(plan.tasks, cfg.rollout.tasks_per_step * cfg.rollout.group_size))
     transcripts = ["transcripts.jsonl"] if len(specs) == 1 else ["transcripts-a.jsonl", "transcripts-b.jsonl"]
     kept: list[list[dict]] = [[] for _ in specs]
     with contextlib.ExitStack() as scratch:

@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                          "1,2,4,8)")
     ap.add_argument("--samplers", type=_ints, default=[0], help="sampler device counts; 0 = colocated "
                                                                 "(default 0)")
-    ap.add_argument("--off-policy-steps", type=int, default=0, help="k of [training] max_off_policy_steps")
+    ap.add_argument("--off-policy-steps", type=int, default=0, help="k of [rollout] max_off_policy_steps")
     ap.add_argument("--env-ms-per-step", type=float, default=0.0,
                     help="env step latency to separate from sampling (e.g. from `quaero bench env-latency`)")
     ap.add_argument("--allreduce-gb-s", type=float, default=None, help="gradient all-reduce bandwidth, GB/s")

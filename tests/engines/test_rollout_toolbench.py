@@ -34,7 +34,7 @@ def toolbench():
     from quaero.openenv_client import open_envs
 
     cfg = make_cfg(env__entry="envs.toolbench:ToolBenchEnv", env__launcher="inprocess", env__max_turns=8,
-                   training__strict=True)  # any exactness mismatch raises
+                   rollout__strict=True)  # any exactness mismatch raises
     with open_envs(cfg.env, 4) as pool:
         yield cfg, pool
 

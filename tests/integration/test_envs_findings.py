@@ -34,10 +34,12 @@ max_turns = 2
 max_tokens = 16
 [training]
 steps = {steps}
-tasks_per_step = 2
-group_size = 2
 eval_tasks = 0
 eval_every = 0
+
+[rollout]
+tasks_per_step = 2
+group_size = 2
 [logging]
 console = "none"
 progress = false

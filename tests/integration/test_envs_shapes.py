@@ -154,10 +154,12 @@ max_tokens = 6
 
 [training]
 steps = 1
-tasks_per_step = 2
-group_size = 2
 eval_every = 1
 eval_tasks = 1
+
+[rollout]
+tasks_per_step = 2
+group_size = 2
 
 [logging]
 console = "none"

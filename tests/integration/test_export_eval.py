@@ -267,8 +267,8 @@ def test_eval_rejects_an_unknown_model_in_one_line(tmp_path, capsys):
 # one warm-start step on the oracle's demos: unlike an RL step on a random model (all rewards 0, malformed
 # actions), it always moves the weights; nothing samples, so hf (`auto` would start vLLM's engine where it
 # imports)
-TINY_RUN = ["training.steps=0", "training.warmup_sft_steps=1", "training.tasks_per_step=1",
-            "training.group_size=1",
+TINY_RUN = ["training.steps=0", "training.warmup_sft_steps=1", "rollout.tasks_per_step=1",
+            "rollout.group_size=1",
             "training.eval_every=0", "training.eval_tasks=0", "training.checkpoint_every=1",
             "sampler.max_tokens=8",
             "sampler.backend=hf",

@@ -107,11 +107,13 @@ name = "tiny-qwen3"
 [sampler]
 max_tokens = 8
 [training]
-tasks_per_step = 2
-group_size = 2
 eval_tasks = 2
 eval_every = 0
 {training}
+
+[rollout]
+tasks_per_step = 2
+group_size = 2
 [logging]
 console = "none"
 progress = false

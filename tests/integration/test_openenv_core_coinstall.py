@@ -65,10 +65,12 @@ max_tokens = 6
 [training]
 warmup_sft_steps = 1
 steps = 1
-tasks_per_step = 2
-group_size = 2
 eval_every = 0
 eval_tasks = 0
+
+[rollout]
+tasks_per_step = 2
+group_size = 2
 
 [logging]
 console = "none"

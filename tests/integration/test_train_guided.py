@@ -12,7 +12,7 @@ def test_a_run_guides_its_all_fail_groups_until_the_schedule_reaches_none(tmp_pa
     from quaero.recipe.train import train
 
     _, cfg = make_config(tmp_path, "guided", steps=3, warmup=0, eval_every=10, extra=[
-        "training.guidance=episode", "training.guided_members=1", "training.guidance_until_step=2"])
+        "guidance.mode=episode", "guidance.members=1", "guidance.until_step=2"])
     run = train(cfg)
     steps = events_of(run, "train_step")
     evals = events_of(run, "eval")
@@ -60,8 +60,8 @@ def test_a_prefix_guided_run_resumed_mid_schedule_reaches_the_same_weights_bit_f
     the unstopped one and ends on the same weights, bit for bit."""
     from quaero.recipe.train import train
 
-    extra = ["training.guidance=prefix", "training.guided_members=1", "training.guidance_prefix_turns=3",
-             "training.guidance_until_step=4"]
+    extra = ["guidance.mode=prefix", "guidance.members=1", "guidance.prefix_turns=3",
+             "guidance.until_step=4"]
     _, cfg = make_config(tmp_path, "whole", steps=4, warmup=0, eval_every=0, eval_tasks=0, extra=extra)
     whole = train(cfg)  # checkpointed at steps 2 and 4 ([training] checkpoint_every = 2)
     want, weights = steps_by_number(whole), _weights(whole)

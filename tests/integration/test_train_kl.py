@@ -13,7 +13,7 @@ from quaero.tools import review
 def test_a_kl_run_freezes_the_warm_start_and_resumes_exactly(tmp_path):
     from quaero.recipe.train import train
 
-    extra = ["training.beta=0.5"]  # checkpointed at the first RL step (2) and the last (3)
+    extra = ["loss.beta=0.5"]  # checkpointed at the first RL step (2) and the last (3)
     _, cfg = make_config(tmp_path, "kl", steps=2, warmup=1, eval_every=0, eval_tasks=0, extra=extra)
     run_dir = train(cfg)
     first = {e["step"]: e for e in events_of(run_dir, "train_step")}

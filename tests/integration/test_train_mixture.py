@@ -119,7 +119,7 @@ def test_a_one_env_run_plays_the_tasks_and_losses_it_played_before_mixtures(tmp_
     from quaero.recipe.train import train
 
     _, cfg = make_config(tmp_path, "one", steps=3, warmup=1, eval_every=0, eval_tasks=0,
-                         extra=["run.seed=1", "logging.save_rows='all'", "training.dynamic_sampling=true"])
+                         extra=["run.seed=1", "logging.save_rows='all'", "rollout.dynamic_sampling=true"])
     run = train(cfg)
     steps = steps_by_number(run)
     for step, want in BEFORE_EPISODES.items():
@@ -140,7 +140,7 @@ def test_a_mixture_samples_ahead_and_resamples_groups_without_spread_from_their_
     sampler of an env whose group had no spread."""
     from quaero.recipe.train import train
 
-    ahead = train(load_config(mixture(tmp_path, "ahead", steps=2), ["training.max_off_policy_steps=1"]))
+    ahead = train(load_config(mixture(tmp_path, "ahead", steps=2), ["rollout.max_off_policy_steps=1"]))
     steps = steps_by_number(ahead)
     assert [steps[s].get("policy_staleness") for s in range(1, 4)] == [None, 0, 1]
     drawn = _tasks(ahead)
@@ -148,7 +148,7 @@ def test_a_mixture_samples_ahead_and_resamples_groups_without_spread_from_their_
         s: {"tools": 2, "sum": 1} for s in range(1, 4)}
     assert all(set(steps[s]["by_env"]) == {"tools", "sum"} for s in (2, 3))
 
-    dynamic = train(load_config(mixture(tmp_path, "dynamic", steps=2), ["training.dynamic_sampling=true"]))
+    dynamic = train(load_config(mixture(tmp_path, "dynamic", steps=2), ["rollout.dynamic_sampling=true"]))
     for e in events_of(dynamic, "task_outcomes"):  # group: [env, task, key, wins, episodes, spread, ..]
         first, further = e["groups"][:3], e["groups"][3:]  # the drawn groups, then the further ones
         assert steps_by_number(dynamic)[e["for_step"]]["groups_resampled"] == len(further)

@@ -28,6 +28,8 @@ backend = "hf"
 max_tokens = 8
 
 [training]
+
+[rollout]
 tasks_per_step = 1
 group_size = 2
 

@@ -106,7 +106,7 @@ def test_arms_from_each_seeds_warm_start_are_paired_split_and_judged(tmp_path, w
     # sets differ (here in order) instead of training it again
     trained.clear()
     assert arms.main(argv) == 0 and arms.main([*argv, "--no-train"]) == 0 and trained == []
-    reordered = [a.replace("training.clip_eps_high=0.28", "training.clip_eps_high=0.28 training.beta=0")
+    reordered = [a.replace("training.clip_eps_high=0.28", "training.clip_eps_high=0.28 loss.beta=0")
                  for a in argv]
     with pytest.raises(SystemExit, match=r"--no-train: 2 arm\(s\) not finished with .*dapo seed 0"):
         arms.main([*reordered, "--no-train"])
@@ -114,10 +114,10 @@ def test_arms_from_each_seeds_warm_start_are_paired_split_and_judged(tmp_path, w
 
 
 @pytest.mark.parametrize("argv_more,says", [
-    (["--arm", "base", "--arm", "base: training.beta=0.1"], "--arm names repeat"),
+    (["--arm", "base", "--arm", "base: loss.beta=0.1"], "--arm names repeat"),
     (["--arm", "../x"], "--arm '../x': expected NAME"),
-    (["--arm", "kl: training.beta"], "'training.beta' is not SECTION.KEY=VALUE"),
-    (["--arm", "kl: training.beta=-1"], "beta"),
+    (["--arm", "kl: loss.beta"], "'loss.beta' is not SECTION.KEY=VALUE"),
+    (["--arm", "kl: loss.beta=-1"], "beta"),
 ])
 def test_bad_arms_are_one_line_before_anything_trains(tmp_path, warm_runs, monkeypatch, argv_more, says):
     monkeypatch.setattr(samplers, "train_arm", lambda *a, **k: pytest.fail("an arm was trained"))
@@ -132,8 +132,8 @@ def test_each_seed_gets_its_own_warm_start_and_a_seed_without_one_is_one_line():
     assert {s: str(p) for s, p in got.items()} == {0: "runs/ci", 1: "runs/ws-s1", 2: "runs/ws-s2"}
     with pytest.raises(SystemExit, match="--seeds has 3 but no --from names its warm start"):
         arms.sources(["0=runs/ci"], [0, 3])
-    assert arms.parse_arm("cur: env.tasks.sampler=curriculum training.guidance=episode") == (
-        "cur", "curriculum", ["training.guidance=episode"])
+    assert arms.parse_arm("cur: env.tasks.sampler=curriculum guidance.mode=episode") == (
+        "cur", "curriculum", ["guidance.mode=episode"])
 
 
 @pytest.mark.hostile
@@ -184,7 +184,7 @@ def test_an_arms_own_run_name_folder_and_seed_come_after_every_user_set(tmp_path
     ran = []
     monkeypatch.setattr(subprocess, "run", lambda cmd, **k: ran.append(cmd) or subprocess.CompletedProcess(
         cmd, 0))
-    ablation.train_arm("envs/toolbench.toml", tmp_path, "a-s0", 0, ["training.beta=0"], ["training.steps=2"],
+    ablation.train_arm("envs/toolbench.toml", tmp_path, "a-s0", 0, ["loss.beta=0"], ["training.steps=2"],
                        None)
     sets = [x for x in ran[0] if "=" in x]
     assert sets[-3:] == ["run.name=a-s0", f"run.output_dir={tmp_path}", "run.seed=0"]

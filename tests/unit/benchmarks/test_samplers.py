@@ -243,16 +243,16 @@ def test_an_out_that_is_a_file_is_one_line(tmp_path, warm_run, no_training):
 
 def test_a_finished_arm_is_its_sets_in_any_order_where_the_order_cannot_matter():
     head = ["envs/toolbench.toml", "runs/ws", "500", "1"]
-    command = [*head, "training.beta=0.04", "training.num_iterations=2", "training.rl_token_budget=26000"]
+    command = [*head, "loss.beta=0.04", "training.num_iterations=2", "training.rl_token_budget=26000"]
     assert samplers.same_arm([*head, "training.num_iterations=2", "training.rl_token_budget=26000",
-                              "training.beta=0.04"], command)
+                              "loss.beta=0.04"], command)
     assert not samplers.same_arm([*head, "training.num_iterations=2", "training.rl_token_budget=26000",
-                                  "training.beta=0.05"], command)  # another value
+                                  "loss.beta=0.05"], command)  # another value
     assert not samplers.same_arm([*head[:3], "2", *command[4:]], command)  # another seed
     assert not samplers.same_arm(command[:-1], command) and not samplers.same_arm("junk", command)
     # where the order decides the value, only the same order is the same arm
     ordered = [*head, "env.kwargs={difficulty = 1}", "env.kwargs.difficulty=2"]
     assert samplers.same_arm(list(ordered), ordered)
     assert not samplers.same_arm([*head, ordered[5], ordered[4]], ordered)
-    twice = [*head, "training.beta=0.1", "training.beta=0.2"]
+    twice = [*head, "loss.beta=0.1", "loss.beta=0.2"]
     assert not samplers.same_arm([*head, twice[5], twice[4]], twice)

@@ -1,4 +1,4 @@
-"""Guided tokens (`EchoRow.guided`, `[training] guidance`): in a real trainer step on a random Qwen3, a guided
+"""Guided tokens (`EchoRow.guided`, `[guidance] mode`): in a real trainer step on a random Qwen3, a guided
 token's loss and gradient are LUFFY's policy shaping -A f(π), f(p) = p / (p + γ), π from the same forward,
 with no ratio and no clip, while the sampled tokens beside it keep the ratio's loss; a reference written here
 from the formula, in fp32 loops (1e-6)."""

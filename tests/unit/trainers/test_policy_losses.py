@@ -242,11 +242,11 @@ def test_a_trainer_step_trains_the_chosen_loss_and_reports_it(small_model_dir, s
     ("training.warmup_sft_lr", "1e30", "less than or equal to 1"),
     ("loss.policy.temperature_pos", "1e-300", "greater than or equal to 0.000001"),  # a -inf loss
     ("loss.policy.temperature_neg", "1e308", "less than or equal to 1000000"),  # the step raised
-    ("training.guidance_gamma", "1e-300", "greater than or equal to 0.000001"),
+    ("guidance.gamma", "1e-300", "greater than or equal to 0.000001"),
     ("sampler.temperature", "1e-300", "greater than or equal to 0.00001"),
     ("echo.weight", "1e308", "less than or equal to 1000000"),
     ("echo.rl_weight", "1e308", "less than or equal to 1000000"),
-    ("training.sampler_correction_cap", "1e308", "less than or equal to 1000000"),
+    ("loss.sampler_correction_cap", "1e308", "less than or equal to 1000000"),
     ("loss.policy.clip_eps_high", "1e308", "less than or equal to 1000000"),
     ("loss.policy.clip_eps_low", "nan", "finite number"),
 ])

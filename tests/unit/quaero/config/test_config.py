@@ -138,8 +138,8 @@ def test_cli_check_prints_plan():
     ('run.name="a\\u0000b"', "must be one folder name"),
     ("echo.weight=inf", "[echo] weight=inf: Input should be a finite number"),
     ("backend.lr=nan", "[backend] lr=nan"),
-    ("training.group_size=1", ("[training] group_size=1 with steps=12: a group of one episode has advantage "
-                              "0")),
+    ("rollout.group_size=1", ("[rollout] group_size=1 with [training] steps=12: a group of one episode has "
+                              "advantage 0")),
     pytest.param("sampler.top_p=0.5", "[sampler] top_p=0.5 with [training] steps=12: the sampler's log-probs "
                  "are renormalised", marks=pytest.mark.hostile),
     pytest.param("sampler.top_k=5", "[sampler] top_k: unknown key", marks=pytest.mark.hostile),
@@ -147,9 +147,9 @@ def test_cli_check_prints_plan():
                                    "launcher='remote'")),
     ("env.launcher='remote'", "[env]: launcher='remote' needs url"),
     # accepted before, yet every step's loss was inf, its gradient skipped: nothing trained
-    ("training.all_fail_advantage=-1e308", ("[training.all_fail_advantage]: all_fail_advantage=-1e+308: "
+    ("rollout.all_fail_advantage=-1e308", ("[rollout.all_fail_advantage]: all_fail_advantage=-1e+308: "
                                             "advantages past +-100 make the loss overflow")),
-    ("training.positive_advantage_weight=1e300", "positive_advantage_weight=1e+300: advantages past +-100"),
+    ("rollout.positive_advantage_weight=1e300", "positive_advantage_weight=1e+300: advantages past +-100"),
 ])
 @pytest.mark.hostile
 def test_meaningless_settings_are_refused_before_anything_loads(override, needle):
@@ -166,8 +166,8 @@ def test_an_entry_beside_a_server_url_is_refused_not_silently_ignored():
 
 
 def test_settings_that_only_matter_for_rl_are_fine_without_rl_steps():
-    cfg = load_config(MAIN, ["training.steps=0", "training.group_size=1", "sampler.top_p=0.5"])
-    assert cfg.training.group_size == 1 and cfg.sampler.top_p == 0.5
+    cfg = load_config(MAIN, ["training.steps=0", "rollout.group_size=1", "sampler.top_p=0.5"])
+    assert cfg.rollout.group_size == 1 and cfg.sampler.top_p == 0.5
 
 
 @pytest.mark.hostile
@@ -222,11 +222,11 @@ def test_the_plan_of_a_huge_step_count_is_counted_not_enumerated():
 @pytest.mark.hostile
 def test_dynamic_sampling_with_rollouts_sampled_ahead_is_refused():
     with pytest.raises(ConfigError) as e:
-        load_config(MAIN, ["training.dynamic_sampling=true", "training.max_off_policy_steps=1"])
-    assert "[training] dynamic_sampling=true with max_off_policy_steps=1" in str(e.value)
+        load_config(MAIN, ["rollout.dynamic_sampling=true", "rollout.max_off_policy_steps=1"])
+    assert "[rollout] dynamic_sampling=true with max_off_policy_steps=1" in str(e.value)
     for bad, needle in [("echo.schedule='cosine'", "[echo] schedule='cosine'"),
-                        ("training.loss_aggregation='mean'", "[training] loss_aggregation='mean'"),
-                        ("training.dynamic_sampling_max_groups=0.5", ("[training] "
+                        ("loss.aggregation='mean'", "[loss] aggregation='mean'"),
+                        ("rollout.dynamic_sampling_max_groups=0.5", ("[rollout] "
                                                                      "dynamic_sampling_max_groups=0.5"))]:
         with pytest.raises(ConfigError) as e:
             load_config(MAIN, [bad])

@@ -30,8 +30,10 @@ ratio = 1
 eval_tasks = 7
 
 [training]
-group_size = 4
 eval_tasks = 3
+
+[rollout]
+group_size = 4
 
 [echo]
 weight = 0.1
@@ -49,8 +51,8 @@ def test_each_env_of_a_mixture_reads_as_a_one_env_config_with_its_own_settings(t
     views = cfg.views()
     assert list(views) == ["easy", "hard"] and cfg.ratios() == {"easy": 0.75, "hard": 0.25}
     easy, hard = views["easy"], views["hard"]
-    assert (easy.env.max_turns, easy.training.group_size, easy.training.eval_tasks) == (3, 6, 3)
-    assert (hard.env.max_turns, hard.training.group_size, hard.training.eval_tasks) == (8, 4, 7)
+    assert (easy.env.max_turns, easy.rollout.group_size, easy.training.eval_tasks) == (3, 6, 3)
+    assert (hard.env.max_turns, hard.rollout.group_size, hard.training.eval_tasks) == (8, 4, 7)
     # ECHO off on one env
     assert (easy.echo.weight, easy.echo.weight_at(1, 5), hard.echo.weight) == (0.0, 0.0, 0.1)
     assert easy.env.tasks.sampler == "curriculum" and hard.env.tasks.sampler == "sequential"
@@ -79,7 +81,7 @@ def test_bad_mixtures_are_refused_in_one_line(tmp_path, text, message):
 
 def test_a_mixture_envs_own_rule_names_the_env(tmp_path):
     text = MIXTURE.format(ratio=1, second="hard").replace('eval_tasks = 7', 'eval_tasks = 7\ngroup_size = 1')
-    with pytest.raises(ConfigError, match=r"\[\[envs\]\] name='hard': \[training\] group_size=1 with "):
+    with pytest.raises(ConfigError, match=r"\[\[envs\]\] name='hard': \[rollout\] group_size=1 with "):
         load_config(write(tmp_path, text))
     text = MIXTURE.format(ratio=1, second="hard").replace('eval_tasks = 7', 'eval_tasks = 7\nurl = "ws://h:1"')
     with pytest.raises(ConfigError, match=r"\[\[envs\]\] #2 name='hard' \[envs\]: kwargs construct envs"):

@@ -1,11 +1,15 @@
 """Old spellings still load for one release (quaero/config/renamed.py): every renamed key of an old TOML is
 rewritten to today's, with one deprecation line per key naming its new spelling, which `quaero check`
-prints; the old and the new spelling give the same trainer spec."""
+prints; the old and the new spelling give the same config and trainer spec. [training]'s keys of the
+rollout, guided episodes and the loss moved to [rollout], [guidance] and [loss]; the policy loss's to
+[loss.policy]."""
+import json
 from pathlib import Path
 
 import pytest
 
 from quaero.config import ConfigError, load_config
+from quaero.config.renamed import MOVED
 from quaero.preflight.plan import trainer_spec
 from trainers.policy_losses import CISPO, GSPO, SAPO, PPOClip
 
@@ -18,6 +22,59 @@ def _old(tmp_path, training: str):
     path = tmp_path / "old.toml"
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def _old_dump(dumped: dict) -> dict:
+    """A `model_dump(mode="json")` as a run written before [rollout], [guidance] and [loss] saved it: their
+    keys in [training] under the old names, no [loss.policy] (the caller adds [training]'s loss keys)."""
+    old = {**dumped, "training": dict(dumped["training"])}
+    for key, (section, new) in MOVED.items():
+        old["training"][key] = dumped[section][new]
+    for section in ("rollout", "guidance", "loss"):
+        old.pop(section)
+    return old
+
+
+# every moved key, at a value other than its default, in the old and the new spelling
+OLD_TRAINING = {"tasks_per_step": 3, "group_size": 6, "packing": False, "strict": True,
+                "max_off_policy_steps": 0, "dynamic_sampling": True, "dynamic_sampling_max_groups": 2.0,
+                "advantage": "rloo", "scale_rewards": "group", "positive_advantage_weight": 0.5,
+                "all_fail_advantage": -0.5, "guidance": "episode", "guided_members": 2,
+                "guidance_until_step": 6, "guidance_prefix_turns": 2, "guide_timeout_s": 5.0,
+                "guidance_traces": "r.jsonl", "guidance_gamma": 0.2, "sampler_correction": "token_truncate",
+                "sampler_correction_cap": 2.0, "beta": 0.01, "kl_estimator": "k2",
+                "loss_aggregation": "token_mean"}
+
+
+def test_every_moved_training_key_loads_as_its_new_section_with_a_line_each(tmp_path):
+    assert set(OLD_TRAINING) == set(MOVED)  # the test covers every moved key
+    text = Path(MAIN).read_text(encoding="utf-8")
+    for block in ("[rollout]\ntasks_per_step = 4\ngroup_size = 8\n",
+                  "[loss]\naggregation = \"sequence_mean\"\n"):
+        assert block in text
+        text = text.replace(block, "")  # the main config's own keys of those sections, written the old way
+    lines = "".join(f"{k} = {json.dumps(v)}\n" for k, v in OLD_TRAINING.items())
+    path = tmp_path / "old.toml"
+    path.write_text(text.replace("[training]\n", f"[training]\n{lines}", 1), encoding="utf-8")
+    cfg = load_config(path)
+    new = load_config(MAIN, [f"{MOVED[k][0]}.{MOVED[k][1]}={json.dumps(v)}" for k, v in OLD_TRAINING.items()])
+    assert cfg.model_dump() == new.model_dump() and new.deprecations == []
+    assert trainer_spec(cfg) == trainer_spec(new)
+    assert len(cfg.deprecations) == len(MOVED)
+    for key, line in zip(OLD_TRAINING, cfg.deprecations):
+        section, spelled = MOVED[key]
+        assert line == (f"{path} [training] {key} is deprecated: write [{section}] {spelled} = "
+                        f"{json.dumps(OLD_TRAINING[key])}")
+
+
+def test_a_moved_key_set_the_old_way_on_the_command_line_loads_with_its_line():
+    cfg = load_config(MAIN, ["training.guided_members=3", "training.guidance='prefix'"])
+    assert (cfg.guidance.members, cfg.guidance.mode) == (3, "prefix")
+    assert cfg.deprecations == [
+        f"{MAIN} [training] guided_members is deprecated: write [guidance] members = 3",
+        f"{MAIN} [training] guidance is deprecated: write [guidance] mode = \"prefix\""]
+    with pytest.raises(ConfigError, match=r"\[training\] group_size and \[rollout\] group_size are both set"):
+        load_config(MAIN, ["training.group_size=3"])  # envs/toolbench.toml sets [rollout] group_size
 
 
 @pytest.mark.parametrize("old, new, loss", [
@@ -81,11 +138,11 @@ def test_an_old_runs_config_json_compares_equal_to_its_new_spelling(variant):
     from quaero.config.renamed import migrate
 
     now = load_config(MAIN, [f"loss.policy.type='{variant}'"]).model_dump(mode="json")
-    before = {**now, "training": {**now["training"], "policy_loss": variant, "clip_eps": 0.2,
+    old = _old_dump(now)
+    before = {**old, "training": {**old["training"], "policy_loss": variant, "clip_eps": 0.2,
                                   "clip_eps_low": None, "clip_eps_high": None,
                                   "importance_sampling_level": "sequence" if variant == "gspo" else "token",
                                   "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05}}
-    before.pop("loss")
     migrate(before, "config.json", dump=True)
     assert changed_keys(before, now) == {}
 
@@ -98,11 +155,10 @@ def test_quaero_export_reads_an_old_runs_config_json(tmp_path):
     from quaero.tools.export import run_config
 
     now = load_config(MAIN, ["loss.policy.type='sapo'", "loss.policy.temperature_pos=0.9"])
-    dumped = now.model_dump(mode="json")
+    dumped = _old_dump(now.model_dump(mode="json"))
     before = {**dumped, "training": {**dumped["training"], "policy_loss": "sapo", "clip_eps": 0.2,
                                      "clip_eps_low": None, "clip_eps_high": None,
                                      "importance_sampling_level": "token", "sapo_temperature_pos": 0.9,
                                      "sapo_temperature_neg": 1.05}}
-    before.pop("loss")
     (tmp_path / "config.json").write_text(json.dumps(before), encoding="utf-8")
     assert trainer_spec(run_config(tmp_path)).policy_loss == SAPO(0.9, 1.05)

@@ -88,10 +88,10 @@ def test_check_prints_the_plan_for_the_configured_model():
     )
     assert any(line.startswith("  LM head") and "full logits [8192, 151936]" in line for line in lines)
     kl = ml.memory_lines(load_config(ROOT / "envs" / "toolbench.toml",
-                                     ["model.name='qwen3-0.6b-shape'", "training.beta=0.04"]), "cpu")
+                                     ["model.name='qwen3-0.6b-shape'", "loss.beta=0.04"]), "cpu")
     assert ", KL reference 2.22 GiB (a frozen copy)" in kl[1]
     lora = ml.memory_lines(load_config(ROOT / "envs" / "toolbench.toml", [
-        "model.name='qwen3-0.6b-shape'", "training.beta=0.04", "backend.lora=true"]), "cpu")
+        "model.name='qwen3-0.6b-shape'", "loss.beta=0.04", "backend.lora=true"]), "cpu")
     assert "KL reference: the base, adapter disabled (no copy)" in lora[1]
     unknown = load_config(ROOT / "envs" / "toolbench.toml", ["model.name='Qwen/Not-Cached-0B'"])
     assert ml.memory_lines(unknown, "cpu")[0].startswith(

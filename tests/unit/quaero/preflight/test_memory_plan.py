@@ -181,7 +181,7 @@ def test_the_full_heads_bytes_an_entry_are_what_its_backward_holds(dtype):
 
 
 def test_the_kl_reference_adds_a_copy_of_the_weights_unless_lora():
-    """[training] beta > 0: full fine-tuning holds a frozen copy of every weight (trainers/reference.py), in
+    """[loss] beta > 0: full fine-tuning holds a frozen copy of every weight (trainers/reference.py), in
     the model's dtype, beside the step; a LoRA run's reference is the base, adapter disabled: nothing more."""
     d = dims("qwen3-0.6b-shape")
     step = mp.StepShape(tokens=512, targets=64, target_span=128, dtype="bfloat16")

@@ -116,16 +116,16 @@ def test_every_trainer_option_reaches_the_spec():
             "loss.policy.type='cispo'",
             "loss.policy.clip_eps_high=4.0",
             "loss.policy.importance_sampling_level='sequence'",
-            "training.sampler_correction='sequence_mask'",
-            "training.sampler_correction_cap=2.5",
+            "loss.sampler_correction='sequence_mask'",
+            "loss.sampler_correction_cap=2.5",
             "training.steps_per_generation=3",
             "training.num_iterations=2",
             "echo.enabled=false",
             "echo.weight=0.4",
-            "training.loss_aggregation='constant'",
+            "loss.aggregation='constant'",
             "echo.normalization='sequence'",
-            "training.tasks_per_step=3",
-            "training.group_size=5",
+            "rollout.tasks_per_step=3",
+            "rollout.group_size=5",
             "env.max_turns=2",
             "sampler.max_tokens=7",
             "backend.options.train_selective_suffix_logits=false",
@@ -386,8 +386,8 @@ def test_the_policy_loss_is_one_check_line_and_a_bad_one_one_error():
     assert line.startswith("loss        ppo_clip -min(r A, clip(r, 0.8, 1.2) A)")
     assert "advantage='grpo'" in line
     line = policy_loss_line(load_config(MAIN, ["loss.policy.type='cispo'", "loss.policy.clip_eps_high=4.0",
-                                               "training.sampler_correction='token_truncate'",
-                                               "training.positive_advantage_weight=0.1",
+                                               "loss.sampler_correction='token_truncate'",
+                                               "rollout.positive_advantage_weight=0.1",
                                                "training.steps_per_generation=2"]))
     assert "cispo -sg(min(r, 5)) A log pi" in line and "token_truncate at cap 3" in line
     assert "positive_advantage_weight=0.1" in line and "2 optimizer steps per rollout batch" in line
@@ -396,25 +396,25 @@ def test_the_policy_loss_is_one_check_line_and_a_bad_one_one_error():
     with pytest.raises(ConfigError, match=r"\[loss.policy\] importance_sampling_level: unknown key"):
         load_config(MAIN, ["loss.policy.type='gspo'", "loss.policy.importance_sampling_level='token'"])
     with pytest.raises(ConfigError, match="sampler_correction_cap=0.5: below 1"):
-        load_config(MAIN, ["training.sampler_correction='token_mask'", "training.sampler_correction_cap=0.5"])
+        load_config(MAIN, ["loss.sampler_correction='token_mask'", "loss.sampler_correction_cap=0.5"])
     assert trainer_spec(load_config(MAIN, ["loss.policy.type='gspo'"])).policy_loss == GSPO()
 
 
 def test_the_kl_penalty_is_on_the_loss_line_and_a_kl_without_a_reference_is_refused():
     from quaero.preflight.check import policy_loss_line
 
-    line = policy_loss_line(load_config(MAIN, ["training.beta=0.04"]))
+    line = policy_loss_line(load_config(MAIN, ["loss.beta=0.04"]))
     assert "+ 0.04 x KL k3 to the frozen reference" in line
     assert "KL" not in policy_loss_line(load_config(MAIN, []))
-    spec = trainer_spec(load_config(MAIN, ["training.beta=0.04", "training.kl_estimator='k1'"]))
+    spec = trainer_spec(load_config(MAIN, ["loss.beta=0.04", "loss.kl_estimator='k1'"]))
     assert (spec.beta, spec.kl_estimator) == (0.04, "k1")
     with pytest.raises(ConfigError) as e:
-        load_config(MAIN, ["training.beta=0.1", "distributed.strategy='fsdp2'"])
-    assert str(e.value).startswith(f"{MAIN} [training] beta=0.1 with [distributed] strategy='fsdp2': ")
+        load_config(MAIN, ["loss.beta=0.1", "distributed.strategy='fsdp2'"])
+    assert str(e.value).startswith(f"{MAIN} [loss] beta=0.1 with [distributed] strategy='fsdp2': ")
     with pytest.raises(ConfigError, match="kl_estimator"):
-        load_config(MAIN, ["training.kl_estimator='k4'"])
+        load_config(MAIN, ["loss.kl_estimator='k4'"])
     with pytest.raises(ConfigError, match="beta"):
-        load_config(MAIN, ["training.beta=-1"])
+        load_config(MAIN, ["loss.beta=-1"])
 
 
 @pytest.mark.hostile

@@ -42,12 +42,12 @@ def test_a_group_whose_advantages_overflow_is_left_out_and_counted(huge):
     def run(*args, **kwargs):
         return [[Episode([], r, False, 1, {}, []) for r in rewards] for rewards in (huge, [1.0, 0.0, 0.0])]
 
-    c = recipe_parts(make_cfg(training__tasks_per_step=2, training__group_size=3), run, counts)
+    c = recipe_parts(make_cfg(rollout__tasks_per_step=2, rollout__group_size=3), run, counts)
     assert collect_rows(c, RunProgress(), 1, sft=False) == []
     assert counts.snapshot_and_reset()["groups_nonfinite_advantage"] == 1
 
 
-def _scripted_recipe(rewards_of_task, **training):
+def _scripted_recipe(rewards_of_task, **rollout):
     """The recipe's rollout over a driver whose groups' rewards are given per train task index (the recipe's
     arithmetic only: no model, no env); records which tasks and seeds each driver call got."""
     counts, calls = RolloutCounts(), []
@@ -57,8 +57,8 @@ def _scripted_recipe(rewards_of_task, **training):
         return [[Episode([], r, r > 0, 1, {},
                           []) for r in rewards_of_task(t["index"])[:group_size]] for t in tasks]
 
-    cfg = make_cfg(**{f"training__{k}": v for k, v in {"tasks_per_step": 4, "group_size": 2,
-                                                       **training}.items()})
+    cfg = make_cfg(**{f"rollout__{k}": v for k, v in {"tasks_per_step": 4, "group_size": 2,
+                                                       **rollout}.items()})
     c = recipe_parts(cfg, run, counts)
     return c, calls
 
@@ -117,7 +117,7 @@ def test_a_mixture_step_shares_groups_by_ratio_and_dynamic_sampling_resamples_th
     cfg = QuaeroConfig.model_validate({
         "envs": [{"name": "a", "entry": "tests:toy", "ratio": 2},
                  {"name": "b", "entry": "tests:toy", "group_size": 3}],
-        "training": {"tasks_per_step": 3, "group_size": 2, "dynamic_sampling": True},
+        "rollout": {"tasks_per_step": 3, "group_size": 2, "dynamic_sampling": True},
         "sampler": {"max_tokens": 8}})
     counts, envs = RolloutCounts(), []
     for name, view in cfg.views().items():

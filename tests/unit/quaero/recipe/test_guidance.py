@@ -1,4 +1,4 @@
-"""Guided episodes (quaero/recipe/guidance.py, `[training] guidance = "episode"`): an RL group whose kept
+"""Guided episodes (quaero/recipe/guidance.py, `[guidance] mode = "episode"`): an RL group whose kept
 episodes all fail gets k members played by the env's oracle on the same reset, encoded exactly as the warm
 start's, marked guided, with the mixed group's advantages; counted; the task sampler learns from the policy's
 own episodes; the schedule anneals to 0; the config's bad inputs are one line each."""
@@ -40,10 +40,9 @@ class WrongAnswers:
         return [[Completion(list(self.ids), [-1.0] * len(self.ids), "stop")] for _ in prompts]
 
 
-def _parts(render, **training):
-    cfg = make_cfg(**{f"training__{k}": v for k, v in {"tasks_per_step": 1, "group_size": GROUP, "steps": 4,
-                                                       "guidance": "episode", "guided_members": K,
-                                                       **training}.items()})
+def _parts(render, **over):
+    cfg = make_cfg(**{"rollout__tasks_per_step": 1, "rollout__group_size": GROUP, "training__steps": 4,
+                      "guidance__mode": "episode", "guidance__members": K, **over})
     counts = RolloutCounts()
     sampler = WrongAnswers(render)
     pool = SimpleNamespace(sessions=[ToyChatEnv() for _ in range(GROUP)], tasks=None,
@@ -98,12 +97,12 @@ def test_an_all_fail_group_gets_k_oracle_members_encoded_as_the_warm_start_with_
 
 
 def test_no_guide_once_the_schedule_reaches_none_or_where_the_policy_succeeded(qwen3_render):
-    parts, counts = _parts(qwen3_render, guidance_until_step=2)
+    parts, counts = _parts(qwen3_render, guidance__until_step=2)
     rows, (outcome,) = play_groups(parts, 2, [["env", 0]], 0, seed=5, sft=False)  # RL step 2: 0 members
     assert outcome.guided == 0 and not outcome.spread
     assert not any(any(r.guided_mask) or any(r.advantages) for r, _ in rows)
     assert counts.snapshot_and_reset()[names.GROUPS_GUIDED] == 0
-    parts, counts = _parts(qwen3_render, guidance="none")
+    parts, counts = _parts(qwen3_render, guidance__mode="none")
     _, (outcome,) = play_groups(parts, 1, [["env", 0]], 0, seed=5, sft=False)
     assert outcome.guided == 0
     parts, counts = _parts(qwen3_render)
@@ -115,34 +114,34 @@ def test_no_guide_once_the_schedule_reaches_none_or_where_the_policy_succeeded(q
 
 
 def test_the_schedule_anneals_linearly_from_k_to_none_and_a_schedule_that_never_ends_is_a_warning():
-    t = make_cfg(training__guidance="episode", training__guided_members=3, training__guidance_until_step=6,
-                 training__steps=8).training
+    t = make_cfg(guidance__mode="episode", guidance__members=3, guidance__until_step=6,
+                 training__steps=8).guidance
     ks = [members_at(t, s) for s in range(10)]
     assert ks == [3, 3, 2, 2, 1, 1, 0, 0, 0, 0]  # ceil(3 (6 - s) / 6): 3 at step 0, 0 from step 6 on
-    assert members_at(t.model_copy(update={"guidance": "none"}), 1) == 0
-    assert members_at(t.model_copy(update={"guidance_until_step": None}), 10**6) == 3
-    cfg = make_cfg(training__guidance="episode", training__steps=8, training__guidance_until_step=6)
+    assert members_at(t.model_copy(update={"mode": "none"}), 1) == 0
+    assert members_at(t.model_copy(update={"until_step": None}), 10**6) == 3
+    cfg = make_cfg(guidance__mode="episode", training__steps=8, guidance__until_step=6)
     assert schedule_warning(cfg) is None and len(guidance_lines(cfg)) == 1
     for until, says in ((None, "never anneals"), (9, "never reaches none")):
-        cfg = make_cfg(training__guidance="episode", training__steps=8, training__guidance_until_step=until)
+        cfg = make_cfg(guidance__mode="episode", training__steps=8, guidance__until_step=until)
         assert says in schedule_warning(cfg) and guidance_lines(cfg)[-1] == schedule_warning(cfg)
     assert guidance_lines(make_cfg()) == []
 
 
 def test_bad_guidance_settings_are_refused_in_one_line():
-    with pytest.raises(ValidationError, match="guided_members=5 > group_size=4"):
-        make_cfg(training__guidance="episode", training__guided_members=5, training__group_size=4)
-    make_cfg(training__guided_members=5, training__group_size=4)  # no guidance: k is not read
+    with pytest.raises(ConfigError, match=r"\[guidance\] members=5 > \[rollout\] group_size=4"):
+        check_rules(make_cfg(guidance__mode="episode", guidance__members=5, rollout__group_size=4))
+    check_rules(make_cfg(guidance__members=5, rollout__group_size=4))  # no guidance: k is not read
     mixture = QuaeroConfig.model_validate({
         "envs": [{"name": "a", "entry": "tests:toy"}, {"name": "b", "entry": "tests:toy", "group_size": 2,
                                                        "guidance": "episode"}],
-        "training": {"group_size": 4, "guided_members": 3}})
-    assert mixture.views()["a"].training.guidance == "none"
-    with pytest.raises(ConfigError, match="name='b'.*guided_members=3 > group_size=2"):
+        "rollout": {"group_size": 4}, "guidance": {"members": 3}})
+    assert mixture.views()["a"].guidance.mode == "none"
+    with pytest.raises(ConfigError, match="name='b'.*members=3 > \\[rollout\\] group_size=2"):
         check_rules(mixture)
     remote = QuaeroConfig.model_validate({"env": {"url": "ws://localhost:1", "launcher": "remote"},
-                                          "training": {"guidance": "episode"}})
-    with pytest.raises(ConfigError, match="guidance='episode' with a remote env and no oracle"):
+                                          "guidance": {"mode": "episode"}})
+    with pytest.raises(ConfigError, match="mode='episode' with a remote env and no oracle"):
         check_rules(remote)
 
 
@@ -183,8 +182,8 @@ class AnswersOnceHelped:
                 for ids in (self.ids["0" if len(p) == self.first else "15"] for p in prompts)]
 
 
-def _prefix_parts(render, **training):
-    parts, counts = _parts(render, guidance="prefix", guidance_prefix_turns=2, **training)
+def _prefix_parts(render, **over):
+    parts, counts = _parts(render, guidance__mode="prefix", guidance__prefix_turns=2, **over)
     sampler = AnswersOnceHelped(render)
     e = parts.envs[0]
     driver = EpisodeDriver(render, sampler, e.driver.settings, counts)
@@ -242,29 +241,29 @@ def test_a_prefix_guided_group_trains_the_guides_tokens_shaped_and_the_continuat
 def test_the_prefix_anneals_with_the_schedule():
     from quaero.recipe.guidance import prefix_turns_at
 
-    t = make_cfg(training__guidance="prefix", training__guidance_prefix_turns=4,
-                 training__guidance_until_step=4, training__steps=8).training
+    t = make_cfg(guidance__mode="prefix", guidance__prefix_turns=4,
+                 guidance__until_step=4, training__steps=8).guidance
     assert [prefix_turns_at(t, s) for s in range(6)] == [4, 3, 2, 1, 0, 0]
     assert [members_at(t, s) for s in range(6)] == [1, 1, 1, 1, 0, 0]
-    assert prefix_turns_at(t.model_copy(update={"guidance": "episode"}), 1) is None
-    line = guidance_lines(make_cfg(training__guidance="prefix", training__guidance_prefix_turns=4,
-                                   training__steps=8, training__guidance_until_step=4))[0]
+    assert prefix_turns_at(t.model_copy(update={"mode": "episode"}), 1) is None
+    line = guidance_lines(make_cfg(guidance__mode="prefix", guidance__prefix_turns=4,
+                                   training__steps=8, guidance__until_step=4))[0]
     assert "(prefix: their first 4 turn(s)) played by the env's oracle, the rest by the policy" in line
 
 
 def test_a_prefix_that_covers_every_turn_the_env_allows_is_a_warning_at_check():
-    """guidance_prefix_turns >= max_turns: the guide would play whole episodes under the name `prefix`."""
+    """[guidance] prefix_turns >= max_turns: the guide would play whole episodes under the name `prefix`."""
     from quaero.preflight.guidance_lines import prefix_warnings
 
     def cfg(turns, most):
-        return make_cfg(training__guidance="prefix", training__guidance_prefix_turns=turns,
-                        env__max_turns=most, training__steps=8, training__guidance_until_step=4)
+        return make_cfg(guidance__mode="prefix", guidance__prefix_turns=turns,
+                        env__max_turns=most, training__steps=8, guidance__until_step=4)
 
     (line,) = prefix_warnings(cfg(4, 4))
-    assert "guidance_prefix_turns=4 >= [env] max_turns=4" in line and "guidance_prefix_turns < 4" in line
+    assert "[guidance] prefix_turns=4 >= [env] max_turns=4" in line and "set prefix_turns < 4" in line
     assert guidance_lines(cfg(5, 4))[-1] == prefix_warnings(cfg(5, 4))[0]
     assert prefix_warnings(cfg(3, 4)) == [] and len(guidance_lines(cfg(3, 4))) == 1
-    assert prefix_warnings(make_cfg(training__guidance="episode", training__guidance_prefix_turns=4,
+    assert prefix_warnings(make_cfg(guidance__mode="episode", guidance__prefix_turns=4,
                                     env__max_turns=2)) == []
 
 
@@ -286,7 +285,7 @@ def test_a_guide_past_its_bound_or_raising_mid_episode_drops_its_member_counted_
         return act
 
     for guide, counter in ((slow, names.GUIDES_TIMED_OUT), (raises_on_turn_two, names.GUIDES_FAILED)):
-        parts, counts = _parts(qwen3_render, guide_timeout_s=0.2)
+        parts, counts = _parts(qwen3_render, guidance__timeout_s=0.2)
         parts = replace(parts, envs=[replace(parts.envs[0], oracle=guide)])
         started = time.monotonic()
         rows, (outcome,) = play_groups(parts, 1, [["env", 2]], 0, seed=5, sft=False)
@@ -331,7 +330,7 @@ def test_a_warm_start_oracle_that_never_returns_stops_the_run_at_the_step_timeou
     assert said in str(err.value)
 
 
-# ── recorded episodes as the guide ([training] guidance_traces) ──────────────────────────────────────
+# ── recorded episodes as the guide ([guidance] traces) ──────────────────────────────────────
 
 
 def _never(info):
@@ -407,14 +406,14 @@ def test_a_recorded_prefix_is_the_oracles_prefix_token_for_token_then_the_policy
 def test_recorded_guides_settings_are_checked_in_one_line(tmp_path):
     from quaero.preflight.plan import check_trace_path
 
-    with pytest.raises(ConfigError, match="guidance_traces='r.jsonl' with guidance='none'"):
-        check_rules(make_cfg(training__guidance_traces="r.jsonl"))
+    with pytest.raises(ValidationError, match="traces='r.jsonl' with mode='none'"):
+        make_cfg(guidance__traces="r.jsonl")
     remote = QuaeroConfig.model_validate({"env": {"url": "ws://localhost:1", "launcher": "remote"},
-                                          "training": {"guidance": "episode", "guidance_traces": "r.jsonl"}})
+                                          "guidance": {"mode": "episode", "traces": "r.jsonl"}})
     check_rules(remote)  # recordings need no oracle
     for path, says in ((tmp_path / "missing.jsonl", "no such file"), (tmp_path, "a folder")):
-        with pytest.raises(ConfigError, match=f"guidance_traces='{path}': {says}"):
-            check_trace_path(str(path), "config [training] guidance_traces")
-    cfg = make_cfg(training__guidance="episode", training__guidance_traces="r.jsonl",
-                   training__guidance_until_step=2, training__steps=4)
+        with pytest.raises(ConfigError, match=f"traces='{path}': {says}"):
+            check_trace_path(str(path), "config [guidance] traces")
+    cfg = make_cfg(guidance__mode="episode", guidance__traces="r.jsonl",
+                   guidance__until_step=2, training__steps=4)
     assert "replayed from the recorded episodes in r.jsonl" in guidance_lines(cfg)[0]

@@ -29,7 +29,7 @@ def _row() -> EchoRow:
                    [0.0] * 4, [0.0, 0.0, 0.0, 1.0], [0.0, -0.5, -0.5, 0.0])
 
 
-def _recipe(rewards_of_task, on_call=None, **training):
+def _recipe(rewards_of_task, on_call=None, **rollout):
     calls = []
 
     def run(sessions, tasks, *, group_size, policy=None, seed=None):
@@ -39,8 +39,8 @@ def _recipe(rewards_of_task, on_call=None, **training):
         return [[Episode([_row()], r, r > 0, 1, {}, []) for r in rewards_of_task(t["index"])[:group_size]]
                 for t in tasks]
 
-    over = {"tasks_per_step": 2, "group_size": 2, **training}
-    cfg = make_cfg(**{f"training__{k}": v for k, v in over.items()})
+    over = {"tasks_per_step": 2, "group_size": 2, **rollout}
+    cfg = make_cfg(**{f"rollout__{k}": v for k, v in over.items()})
     return recipe_parts(cfg, run, RolloutCounts()), calls
 
 
@@ -75,7 +75,7 @@ def test_dynamic_sampling_max_groups_is_bounded_in_one_line(tmp_path, value, sho
                     f"dynamic_sampling_max_groups = {value}\n")
     with pytest.raises(ConfigError) as e:
         load_config(path)
-    assert str(e.value) == (f"{path} [training] dynamic_sampling_max_groups={shown}: Input should be less "
+    assert str(e.value) == (f"{path} [rollout] dynamic_sampling_max_groups={shown}: Input should be less "
                             "than or equal to 100")
 
 

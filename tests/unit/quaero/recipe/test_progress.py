@@ -40,7 +40,7 @@ def _run(sessions, tasks, *, group_size, policy=None, seed=None):
 
 def _parts(tmp_path, trainer_value: float):
     cfg = make_cfg(run__output_dir=str(tmp_path), env__tasks={"sampler": "uniform"},
-                   training__tasks_per_step=2, training__group_size=2)
+                   rollout__tasks_per_step=2, rollout__group_size=2)
     parts = recipe_parts(cfg, _run, RolloutCounts(), TaskCatalog({"train": 50, "eval": 10}, "test"))
     return replace(parts, trainer=OneTensorTrainer(trainer_value))
 

@@ -170,19 +170,19 @@ def test_a_checkpoints_file_is_refused_before_a_step_is_trained_and_a_restart_se
 
 
 def test_a_kl_run_cannot_resume_an_rl_checkpoint_that_holds_no_reference():
-    """[training] beta > 0 on a checkpoint written after RL started without the reference: the weights it
+    """[loss] beta > 0 on a checkpoint written after RL started without the reference: the weights it
     would freeze are gone, so the resume is refused in one line; a warm-start checkpoint, a LoRA run and a
     checkpoint with its reference resume."""
     from quaero.config import load_config
     from quaero.recipe.run_state import missing_reference
 
     main = Path(__file__).resolve().parents[4] / "envs" / "toolbench.toml"
-    cfg = load_config(main, ["training.beta=0.1", "training.warmup_sft_steps=2"])
+    cfg = load_config(main, ["loss.beta=0.1", "training.warmup_sft_steps=2"])
     problem = missing_reference(cfg, 3, {"model": {}})
-    assert problem.startswith("[training] beta=0.1: this checkpoint of RL step 3 holds no KL reference")
+    assert problem.startswith("[loss] beta=0.1: this checkpoint of RL step 3 holds no KL reference")
     assert "--restart" in problem
     assert missing_reference(cfg, 2, {"model": {}}) is None  # the warm start's: taken at the first RL step
     assert missing_reference(cfg, 3, {"model": {}, "reference": {"kind": "copy"}}) is None
-    lora = load_config(main, ["training.beta=0.1", "training.warmup_sft_steps=2", "backend.lora=true"])
+    lora = load_config(main, ["loss.beta=0.1", "training.warmup_sft_steps=2", "backend.lora=true"])
     assert missing_reference(lora, 3, {"model": {}}) is None
     assert missing_reference(load_config(main, []), 3, {"model": {}}) is None

@@ -45,13 +45,13 @@ def test_lost_episodes_are_never_trained_counted_per_env_and_stop_the_run_when_c
         return [[Episode([], float(g), g > 1, 1, {}, [],
                           dropped=g == 0) for g in range(group_size)] for _ in tasks]
 
-    c = recipe_parts(make_cfg(training__tasks_per_step=2, training__group_size=3), run, RolloutCounts())
+    c = recipe_parts(make_cfg(rollout__tasks_per_step=2, rollout__group_size=3), run, RolloutCounts())
     progress = RunProgress()
     # scripted episodes hold no rows; the lost ones are never kept
     assert collect_rows(c, progress, 2, sft=False) == []
     assert [(g.dropped, g.rewards) for g in progress.step_groups] == [(1, [1.0, 2.0])] * 2
     check_env_loss(c.cfg, progress.step_groups, 2)  # on_env_loss = "continue": the run goes on
-    stops = make_cfg(training__tasks_per_step=2, training__group_size=3, training__on_env_loss="stop")
+    stops = make_cfg(rollout__tasks_per_step=2, rollout__group_size=3, training__on_env_loss="stop")
     with pytest.raises(EnvLostError, match=r"step 2: env 'env' lost 2 episode\(s\) \(\[training\] "
                                            r"on_env_loss='stop'\); the step was not trained") as e:
         check_env_loss(stops, progress.step_groups, 2)

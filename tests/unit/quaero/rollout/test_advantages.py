@@ -73,9 +73,9 @@ def test_an_estimator_of_the_users_own_named_in_the_config_is_scaled_and_weighte
 
     assert tuple(ESTIMATORS) == NAMES
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[4] / "examples" / "custom_loss"))
-    cfg = load_config("envs/toolbench.toml", ["training.advantage='my_loss:rank_baseline'",
-                                              "training.scale_rewards='group'",
-                                              "training.positive_advantage_weight=0.5"])
+    cfg = load_config("envs/toolbench.toml", ["rollout.advantage='my_loss:rank_baseline'",
+                                              "rollout.scale_rewards='group'",
+                                              "rollout.positive_advantage_weight=0.5"])
     options = settings_of(AdvantageOptions, cfg)
     assert options == AdvantageOptions("my_loss:rank_baseline", "group", 0.5)
     # ranks of [1, 0, 0, 0.5]: 3, 0.5, 0.5, 2 -> centred 1.5, -1, -1, 0.5; / (std(r) + 1e-4); x 0.5 if > 0
@@ -83,6 +83,6 @@ def test_an_estimator_of_the_users_own_named_in_the_config_is_scaled_and_weighte
     assert close(group_advantages(REWARDS, options=options), want)
     assert group_advantages([1.0, 1.0], options=options) == [0.0, 0.0]  # all-equal: quaero's rule, not theirs
     with pytest.raises(ConfigError, match=r"advantage\]: advantage='my_loss:nope': module 'my_loss' has no"):
-        load_config("envs/toolbench.toml", ["training.advantage='my_loss:nope'"])
+        load_config("envs/toolbench.toml", ["rollout.advantage='my_loss:nope'"])
     with pytest.raises(ConfigError, match=r"advantage='ppo': expected 'package.module:Name'"):
-        load_config("envs/toolbench.toml", ["training.advantage='ppo'"])
+        load_config("envs/toolbench.toml", ["rollout.advantage='ppo'"])

@@ -121,7 +121,7 @@ def test_bridge_that_alters_the_prefix_is_counted_and_strict_raises(qwen3_render
     for t in eps[0].transitions:  # action-only fallback: the sampled ids still train, no env target
         assert t.response_ids == [] and t.action_ids
     with pytest.raises(ExactnessError, match="prefix_mismatch"):
-        drive(qwen3_render, tasks=1, training__strict=True)
+        drive(qwen3_render, tasks=1, rollout__strict=True)
 
 
 @pytest.mark.hostile

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from quaero.config import ConfigError, QuaeroConfig, SamplerConfig, check_rules
+from quaero.config import ConfigError, QuaeroConfig, SamplerConfig, check_rules, load_config
 from quaero.preflight.plan import check_server_devices
 from quaero.sampling.server import serve_argv, server_devices, server_env
 from quaero.sampling.supervisor import free_port
@@ -19,6 +19,11 @@ from quaero.sampling.supervisor import free_port
 
 def _cfg(**sampler) -> QuaeroConfig:
     return QuaeroConfig.model_validate({"env": {"entry": "x:y"}, "sampler": sampler})
+
+
+def _load(**sampler) -> QuaeroConfig:
+    """envs/toolbench.toml with these [sampler] settings, as `quaero check` reads it (its one error line)."""
+    return load_config("envs/toolbench.toml", [f"sampler.{k}={json.dumps(v)}" for k, v in sampler.items()])
 
 
 @pytest.mark.parametrize("sampler, match", [
@@ -30,7 +35,7 @@ def _cfg(**sampler) -> QuaeroConfig:
 ])
 def test_server_mode_config_rules(sampler, match):
     with pytest.raises(ConfigError, match=match):
-        check_rules(_cfg(**sampler), "run.toml")
+        _load(**sampler)
 
 
 def test_server_mode_config_accepts_auto_vllm_and_urls():
@@ -59,7 +64,7 @@ SERVER = {"mode": "server"}
 ])
 def test_weight_transfer_and_server_devices_config_rules(sampler, match):
     with pytest.raises(ConfigError, match=match):
-        check_rules(_cfg(**sampler), "run.toml")
+        _load(**sampler)
 
 
 def test_weight_transfer_config_accepts_the_working_combinations():
@@ -134,7 +139,8 @@ def test_weight_transfer_needs_the_trainer_on_cuda(four_gpus):
 def test_serve_argv_and_env_carry_the_weight_transfer(monkeypatch):
     monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
     for backend in ("nccl", "ipc"):
-        sc = SamplerConfig(mode="server", weight_transfer=backend)
+        sc = SamplerConfig(mode="server", weight_transfer=backend,
+                           server_devices=[1] if backend == "nccl" else [])
         argv = serve_argv("/m", sc, port=8000, on_cpu=False)
         flag = argv.index("--weight-transfer-config")
         assert json.loads(argv[flag + 1]) == {"backend": backend}  # vLLM's engine arg (EngineArgs)
@@ -175,8 +181,9 @@ def test_a_server_sampler_refuses_nccl_and_ipc_without_cuda(monkeypatch):
     for backend in ("nccl", "ipc"):
         with pytest.raises(RuntimeError, match=rf"weight_transfer='{backend}': .*needs CUDA and none is "
                                                r"available"):
-            VLLMServerSampler(["http://127.0.0.1:9"], SamplerConfig(mode="server", weight_transfer=backend),
-                              stop_token_ids=[0])
+            sc = SamplerConfig(mode="server", weight_transfer=backend,
+                               server_devices=[1] if backend == "nccl" else [])
+            VLLMServerSampler(["http://127.0.0.1:9"], sc, stop_token_ids=[0])
 
 
 # ── [sampler] urls: a running server is asked what it is before any model loads ──────────────────────────
