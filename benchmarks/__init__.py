@@ -49,6 +49,8 @@ BENCHMARKS = {
     "rl-memory": ("benchmarks.rl_memory",
                   "a config's warm-start and first RL step, trainer alone: peak RSS per phase vs the plan"),
     "soak": ("benchmarks.soak", "a config's run of N SFT + M RL steps: its RSS every K steps vs the plan"),
+    "rl-step": ("benchmarks.rl_step",
+                "the whole RL step (rollout + train) before/after tree + sampler reuse, vs the limits"),
     "machine": ("benchmarks.machine",
                 "this machine's matmul peak and memory bandwidth, and a run's efficiency against them"),
 }

@@ -18,6 +18,8 @@ import argparse
 import json
 import statistics
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,22 +32,60 @@ GB = 1e9
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def training_efficiency(*, trainable_params: float, frozen_params: float, tokens: float, step_s: float,
-                        peak_flops: float) -> float:
-    """Achieved / peak FLOPs of a train step: (6 x trainable + 4 x frozen params) x tokens / (step_s x peak).
+@dataclass(frozen=True)
+class FlopParams:
+    """The weights a token's matmuls read. The input embedding is a lookup (no FLOPs, one row read), so it is
+    left out; the LM head is counted apart, since the selective head runs only at the loss's target positions.
+    A tied model's head is its embedding matrix (`head` holds it once)."""
 
-    A trained weight costs 6 FLOPs per token (2 forward, 2 for the input gradient, 2 for its own gradient);
-    a frozen one (a LoRA run's base weights) 4 (no weight gradient). Full fine-tuning has frozen_params 0.
-    `tokens` are the tokens the step computed: a tree-packed microbatch's unique tokens, else row tokens."""
-    return (6 * trainable_params + 4 * frozen_params) * tokens / (step_s * peak_flops)
+    backbone_trainable: int  # every other weight a trained step multiplies (a LoRA run: its adapters)
+    backbone_frozen: int  # the rest of the backbone (a LoRA run's base weights)
+    head: int  # the LM head's weight
+    head_trainable: bool
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> FlopParams:
+        """From a built model (the meta device will do)."""
+        embedding = model.get_input_embeddings().weight
+        out = model.get_output_embeddings()
+        head = out.weight if out is not None else embedding
+        trainable = frozen = 0
+        for p in model.parameters():  # parameters() yields a tied tensor once
+            if p is embedding or p is head:
+                continue
+            if p.requires_grad:
+                trainable += p.numel()
+            else:
+                frozen += p.numel()
+        return cls(trainable, frozen, head.numel(), head.requires_grad)
+
+    def train_flops(self, tokens: float, head_tokens: float) -> float:
+        """FLOPs of a train step over `tokens` computed tokens whose head runs at `head_tokens` positions.
+
+        A trained weight costs 6 FLOPs per token (2 forward, 2 for the input gradient, 2 for its own
+        gradient), a frozen one 4 (no weight gradient). Attention's score/value products (O(L^2)) are not
+        counted: at the main job's ~450-token rows they are a few percent of the step."""
+        backbone = (6 * self.backbone_trainable + 4 * self.backbone_frozen) * tokens
+        return backbone + (6 if self.head_trainable else 4) * self.head * head_tokens
+
+    @property
+    def decode_params(self) -> int:
+        """Weights a decode step reads in full: the backbone and the head (the embedding: one row each)."""
+        return self.backbone_trainable + self.backbone_frozen + self.head
+
+
+def training_efficiency(*, flops: float, step_s: float, peak_flops: float) -> float:
+    """Achieved / peak FLOPs of a train step (`flops` from `FlopParams.train_flops`)."""
+    return flops / (step_s * peak_flops)
 
 
 def decoding_efficiency(*, weight_bytes: float, decode_steps: float, decode_s: float,
                         bandwidth_bytes_per_s: float) -> float:
     """Achieved / peak memory traffic of decoding: weight_bytes x decode_steps / (decode_s x bandwidth).
 
-    A decode step reads every weight once (the memory-bound part of sampling). Above 1 means steps were
-    batched (one read served several sequences); KV-cache reads are not counted."""
+    A decode step reads every weight once (the memory-bound part of sampling): `weight_bytes` are
+    `FlopParams.decode_params` at the weights' bytes each. Above 1 means steps were batched (one read served
+    several sequences); KV-cache reads are not counted."""
     return weight_bytes * decode_steps / (decode_s * bandwidth_bytes_per_s)
 
 
@@ -73,11 +113,46 @@ def bandwidth_gb_s(array_mb: int, repeats: int) -> dict[str, Any]:
             "gb_s": round(moved / timed["median_s"] / GB, 3)}
 
 
-def _param_counts(run_dir: Path) -> tuple[int, int, int]:
-    """(trainable params, frozen params, weight bytes read per decode step) of the run's model.
+def cpu_time_limits(sizes: list[int], array_mb: int, repeats: int, min_cpu_s: float = 0.2) -> dict[str, Any]:
+    """The matmul peak (GFLOPS per dtype) and bandwidth (GB/s) per second of this process's CPU time: on a
+    core other processes share, wall time also counts their turns, CPU time (with one torch thread) does not,
+    so these are the yardstick for figures timed in CPU seconds. Each sample repeats the call for `min_cpu_s`;
+    the median of `repeats` samples."""
+    def rate(fn, work: float) -> float:
+        fn()
+        samples = []
+        for _ in range(repeats):
+            calls, c0 = 0, time.process_time()
+            while (spent := time.process_time() - c0) < min_cpu_s:
+                fn()
+                calls += 1
+            samples.append(work * calls / spent / GB)
+        return round(statistics.median(samples), 3)
 
-    A LoRA run's weights are its adapter (trainable); its frozen base is counted from the base model's config
-    on the meta device (no weights loaded) at the adapter's bytes per parameter."""
+    out: dict[str, Any] = {}
+    for dname, dtype in DTYPES.items():
+        mats = {n: (torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)) for n in sizes}
+        per = {str(n): rate(lambda a=a, b=b: a @ b, 2 * n ** 3) for n, (a, b) in mats.items()}
+        out[dname] = {"gflops_per_size": per, "peak_gflops": max(per.values())}
+    n = array_mb * 2**20 // 4
+    x, y, z = torch.rand(n), torch.rand(n), torch.empty(n)
+    out["bandwidth_gb_s"] = rate(lambda: torch.add(x, y, out=z), 3 * n * 4)
+    return out
+
+
+def _meta_model(folder: str | Path) -> torch.nn.Module:
+    """The model of a folder's (or hub id's) config on the meta device: its shapes, no weights loaded."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
+
+
+def _run_params(run_dir: Path) -> tuple[FlopParams, float]:
+    """The run's model as `FlopParams`, and its weights' bytes per parameter.
+
+    A LoRA run's weights are its adapter (trainable); its frozen base and head are counted from the base
+    model's config on the meta device."""
     from quaero.tools.scaling import _model_size
 
     nbytes, params = _model_size(run_dir)
@@ -86,14 +161,10 @@ def _param_counts(run_dir: Path) -> tuple[int, int, int]:
                   if any(f.glob("*.safetensors")))
     adapter = folder / "adapter_config.json"
     if not adapter.exists():
-        return params, 0, nbytes
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    base = json.loads(adapter.read_text())["base_model_name_or_path"]
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base))
-    frozen = sum(p.numel() for p in model.parameters())
-    return params, frozen, round((params + frozen) * nbytes / params)
+        return FlopParams.of(_meta_model(folder)), nbytes / params
+    base = FlopParams.of(_meta_model(json.loads(adapter.read_text())["base_model_name_or_path"]))
+    return (FlopParams(params, base.backbone_trainable + base.backbone_frozen, base.head, False),
+            nbytes / params)
 
 
 def run_efficiency(run_dir: Path, peaks_gflops: dict[str, float], gb_s: float) -> dict[str, Any]:
@@ -101,37 +172,56 @@ def run_efficiency(run_dir: Path, peaks_gflops: dict[str, float], gb_s: float) -
     from quaero.telemetry.runlog import read_events
 
     events, _ = read_events(run_dir / names.EVENTS)
-    steps = [e for e in events if e.get("event") == names.TRAIN_STEP_EVENT and e.get(names.ROWS)
-             and e.get(names.STEP_TIME_S)]
+    steps = [e for e in events if e.get("event") == names.TRAIN_STEP_EVENT
+             and e.get(names.ROWS) and e.get(names.STEP_TIME_S)]
     if not steps:
         raise ValueError(f"{run_dir / names.EVENTS}: no train_step with trained rows and {names.STEP_TIME_S}")
-    trainable, frozen, weight_bytes = _param_counts(run_dir)
+    fp, bytes_per_param = _run_params(run_dir)
 
     def mean(key: str, among: list[dict[str, Any]]) -> float:
         return statistics.fmean(float(e.get(key) or 0.0) for e in among)
 
-    # the microbatches tree packing considered computed their unique tokens, the rest their row tokens
-    tokens = statistics.fmean(float(e.get(names.ROW_TOKENS) or 0) - float(e.get(names.TREE_ROW_TOKENS) or 0)
-                              + float(e.get(names.TREE_UNIQUE_TOKENS) or 0) for e in steps)
+    tokens = statistics.fmean(computed_tokens(e) for e in steps)
+    head_tokens = statistics.fmean(head_positions(e) for e in steps)
     step_s = mean(names.STEP_TIME_S, steps)
     # counts are all ranks', times the slowest rank's: R ranks had R devices' peak (as `bench scaling`)
     ranks = int(steps[-1].get(names.RANKS) or 1)
+    flops = fp.train_flops(tokens, head_tokens)
     out: dict[str, Any] = {
-        "run_dir": str(run_dir), "ranks": ranks, "train_steps": len(steps), "trainable_params": trainable,
-        "frozen_params": frozen, "row_tokens_per_step": mean(names.ROW_TOKENS, steps),
-        "tokens_per_step": tokens, "step_s": step_s,
-        "training_efficiency": {d: round(training_efficiency(
-            trainable_params=trainable, frozen_params=frozen, tokens=tokens, step_s=step_s * ranks,
-            peak_flops=g * GB), 4) for d, g in peaks_gflops.items()}}
+        "run_dir": str(run_dir), "ranks": ranks, "train_steps": len(steps), "flop_params": vars(fp),
+        "row_tokens_per_step": mean(names.ROW_TOKENS, steps), "tokens_per_step": tokens,
+        "head_tokens_per_step": head_tokens, "train_flops_per_step": flops, "step_s": step_s,
+        "training_efficiency": {d: round(training_efficiency(flops=flops, step_s=step_s * ranks,
+                                                             peak_flops=g * GB), 4)
+                                for d, g in peaks_gflops.items()}}
     rollouts = [e for e in steps if e.get(names.ROLLOUT_TIME_S) and e.get(names.ROLLOUT_ACTION_TOKENS)]
     if rollouts:
         decode_s = mean(names.ROLLOUT_TIME_S, rollouts) - mean(names.WEIGHT_SYNC_S, rollouts)
         decode_steps = mean(names.ROLLOUT_ACTION_TOKENS, rollouts)
+        weight_bytes = round(fp.decode_params * bytes_per_param)
         out.update(weight_bytes=weight_bytes, decode_steps_per_step=decode_steps, decode_s=decode_s,
                    decoding_efficiency=round(decoding_efficiency(
                        weight_bytes=weight_bytes, decode_steps=decode_steps, decode_s=decode_s * ranks,
                        bandwidth_bytes_per_s=gb_s * GB), 4))
     return out
+
+
+def computed_tokens(step: dict[str, Any]) -> float:
+    """Tokens a train step's backbone computed: a packed microbatch's unique tokens, the others' row tokens.
+    Exact when every microbatch a trie was built for was packed (`train_tree_packing` "on", or "auto" where it
+    packed them all); a step with none packed counts its row tokens."""
+    rows = float(step.get(names.ROW_TOKENS) or 0)
+    if not step.get(names.TREE_BATCHES):
+        return rows
+    return rows - float(step.get(names.TREE_ROW_TOKENS) or 0) + float(step.get(names.TREE_UNIQUE_TOKENS) or 0)
+
+
+def head_positions(step: dict[str, Any]) -> float:
+    """Positions a step's LM head ran at: the loss's targets (action + ECHO tokens) on the selective path,
+    every row token without it (the full [L, V] logits)."""
+    if step.get(names.SELECTIVE_SUFFIX_LOGITS) is False:
+        return float(step.get(names.ROW_TOKENS) or 0)
+    return float(step.get(names.ACTION_TOKENS) or 0) + float(step.get(names.ECHO_TOKENS) or 0)
 
 
 def _ints(text: str) -> list[int]:

@@ -54,10 +54,10 @@ def set_arm(sampler, arm: str, kv_bytes: int) -> None:
     sampler.draw_with = "inverse_cdf" if arm == "after" else "multinomial"
 
 
-def timed(fn) -> float:
-    t0 = time.perf_counter()
+def timed(fn, clock=time.perf_counter) -> float:
+    t0 = clock()
     fn()
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
 def alternate(repeats: int, run_arm) -> dict[str, list]:
@@ -85,6 +85,28 @@ def draw_ms(vocab: int, repeats: int) -> dict[str, Any]:
     return out
 
 
+def decode_rates(sampler, kv_bytes: int, repeats: int, tokens: int = 48, clock=time.perf_counter
+                 ) -> dict[str, dict[str, float]]:
+    """Generated tokens per second of `clock` per arm at batch 1 and 8: distinct 32-token prompts, `tokens`
+    each (the sampler must not stop early: built with `max_tokens=tokens` and no reachable stop token)."""
+    vocab = sampler.model.config.vocab_size
+    gen = torch.Generator().manual_seed(1)
+    out = {}
+    for b in (1, 8):
+        prompts = [torch.randint(100, vocab, (32,), generator=gen).tolist() for _ in range(b)]
+
+        def run(arm, prompts=prompts):
+            set_arm(sampler, arm, kv_bytes)
+            seconds = timed(lambda: sampler.generate(prompts, seed=0), clock)
+            return len(prompts) * tokens / seconds
+
+        rates = alternate(repeats, run)
+        out[f"decode_b{b}_tokens_per_s"] = {a: round(statistics.median(v), 1) for a, v in rates.items()}
+        out[f"decode_b{b}_tokens_per_s"]["ratio"] = round(statistics.median(rates["after"])
+                                                          / statistics.median(rates["before"]), 2)
+    return out
+
+
 def sampler_figures(name: str, repeats: int) -> dict[str, Any]:
     from quaero.config import SamplerConfig
     from quaero.models.load import load_causal_lm
@@ -96,19 +118,8 @@ def sampler_figures(name: str, repeats: int) -> dict[str, Any]:
     kv_bytes = s.prefix.max_bytes if s.prefix is not None else 0
     doc: dict[str, Any] = {"vocab": vocab, "layers": model.config.num_hidden_layers,
                            "kv_reusable": s.prefix is not None, "draw_ms": draw_ms(vocab, repeats)}
-    gen = torch.Generator().manual_seed(1)
-    for b in (1, 8):
-        prompts = [torch.randint(100, vocab, (32,), generator=gen).tolist() for _ in range(b)]
-
-        def run(arm, prompts=prompts):
-            set_arm(s, arm, kv_bytes)
-            seconds = timed(lambda: s.generate(prompts, seed=0))
-            return len(prompts) * 48 / seconds
-
-        rates = alternate(repeats, run)
-        doc[f"decode_b{b}_tokens_per_s"] = {a: round(statistics.median(v), 1) for a, v in rates.items()}
-        doc[f"decode_b{b}_tokens_per_s"]["ratio"] = round(statistics.median(rates["after"])
-                                                          / statistics.median(rates["before"]), 2)
+    doc.update(decode_rates(s, kv_bytes, repeats))
+    gen = torch.Generator().manual_seed(2)
     group = [torch.randint(100, vocab, (400,), generator=gen).tolist()] * 8
     one = HFSampler(model, SamplerConfig(max_tokens=1, temperature=1.0), stop_token_ids=[-1])
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from quaero.rows import EchoRow
 from quaero.telemetry import metrics, names
-from trainers.step import TrainerView, audit_logprobs, shared_forward_step, step_temperature
+from trainers.step import TrainerView, audit_logprobs, shared_forward_step, step_temperature, tree_blocker
 
 
 def mini_batches(rows: list[EchoRow], n: int) -> list[list[int]]:
@@ -65,7 +65,7 @@ def reference_logprobs(trainer: TrainerView, rows: list[EchoRow], *, sft: bool
         return None, None
     t0 = time.perf_counter()
     ref = trainer.reference.logprobs(trainer.spec, rows, step_temperature(trainer.spec, sft=False),
-                                     trainer.device)
+                                     trainer.device, blocker=tree_blocker(trainer))
     return ref, time.perf_counter() - t0
 
 

@@ -36,6 +36,7 @@ from quaero.rows import EchoRow
 from trainers.batch import build_microbatches
 from trainers.forward import CausalLMParts, causal_lm_of
 from trainers.spec import TrainerSpec
+from trainers.tree import choose_tree
 
 
 def kl_targets(row: EchoRow) -> list[float]:
@@ -96,6 +97,7 @@ class Reference:
     def __init__(self, parts: CausalLMParts, forward: Callable[..., Any],
                  adapter_off: Callable[[], contextlib.AbstractContextManager] | None = None) -> None:
         self.parts, self.forward, self.adapter_off = parts, forward, adapter_off
+        self.packed_batches = 0
 
     @property
     def is_base(self) -> bool:
@@ -117,22 +119,29 @@ class Reference:
                                           for k, v in self.parts.model.state_dict().items()}}
 
     @torch.no_grad()
-    def logprobs(self, spec: TrainerSpec, rows: list[EchoRow], temperature: float, device: torch.device
-                 ) -> list[list[float]]:
+    def logprobs(self, spec: TrainerSpec, rows: list[EchoRow], temperature: float, device: torch.device,
+                 *, blocker: str = "") -> list[list[float]]:
         """Per row, per token (EchoRow convention), the reference's log-prob at every KL target, 0.0
-        elsewhere: one no-grad forward per microbatch, on the selective path at those targets only."""
+        elsewhere: one no-grad forward per microbatch, on the selective path at those targets only, over the
+        microbatch's trie where `train_tree_packing` packs the policy's (trainers/tree.py; `blocker`: why this
+        trainer cannot pack at all). `packed_batches`: how many microbatches the last call packed."""
         model = self.parts.model
         was_training = model.training
         model.eval()
         out = [[0.0] * len(r) for r in rows]
+        self.packed_batches = 0
         try:
             mbs, _ = build_microbatches(rows, micro_batch_tokens=spec.micro_batch_tokens,
-                                        weights={"kl": [kl_targets(r) for r in rows]}, device=device)
+                                        weights={"kl": [kl_targets(r) for r in rows]}, device=device,
+                                        by_prefix=spec.tree_packing != "off")
             with self.adapter_off() if self.adapter_off else contextlib.nullcontext():
                 for mb in mbs:
                     if not mb.trains:
                         continue
-                    lp, _ = self.forward(mb.input_ids, mb.attention_mask, mb.target_mask, temperature)
+                    tree, _ = choose_tree(spec.tree_packing, self.parts, mb.input_ids, mb.attention_mask,
+                                          blocker=blocker)
+                    self.packed_batches += tree is not None
+                    lp, _ = self.forward(mb.input_ids, mb.attention_mask, mb.target_mask, temperature, tree)
                     for b, i in enumerate(mb.row_index):
                         out[i] = [0.0] + lp[b, :len(rows[i]) - 1].float().tolist()
         finally:

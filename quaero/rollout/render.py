@@ -40,6 +40,19 @@ class UnparsableAction(Exception):
         self.message = message
 
 
+def _call_shape_error(calls: list[dict]) -> str:
+    """Why a parsed call is no call ("" when all are): a name that is not a string, or arguments neither an
+    object nor a string (as the template path rules, quaero/chat/toolformats.py `call`; an empty name stays a
+    call, which the env rejects)."""
+    for c in calls:
+        fn = c["function"] if isinstance(c.get("function"), dict) else {}
+        name, arguments = fn.get("name"), fn.get("arguments", {})
+        if not isinstance(name, str) or not isinstance(arguments, (dict, str)):
+            return (f"a call needs a name and an object of arguments, got name {name!r} and arguments "
+                    f"{type(arguments).__name__}")
+    return ""
+
+
 def _unencodable(value, where: str = "reply") -> str | None:
     """Where in a parsed reply (`reply.tool_calls[0].function.arguments.x`) a string holds a code point UTF-8
     cannot encode (a lone surrogate), or None when every string encodes."""
@@ -301,6 +314,13 @@ class RenderAdapter:
         calls = [{"type": "function", "function": tc.get("function", tc)} for tc in parsed.tool_calls or []]
         message = {"role": "assistant", "content": parsed.content or "",
                    "reasoning_content": parsed.reasoning_content or None, "tool_calls": calls or None}
+        shape = _call_shape_error(calls)
+        if shape:
+            # renderers' parser passes any JSON value through as a call's name: rendered into the next prompt,
+            # a non-string name raises inside the renderer, so it is a malformed reply, as the template's are
+            text = self.tokenizer.decode([t for t in ids if t not in self.stop_token_ids])
+            raise UnparsableAction(shape, {"role": "assistant", "content": text, "reasoning_content": None,
+                                           "tool_calls": None})
         bad = _unencodable(message)
         if bad is not None:
             # valid JSON can spell a lone surrogate (`"\ud800"`): in the history it would make the next

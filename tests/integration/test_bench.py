@@ -323,3 +323,29 @@ def test_bench_sampler_reuse_fields(tmp_path, capsys):
     for key in ("decode_b1_tokens_per_s", "decode_b8_tokens_per_s", "group_prefill_s"):
         assert figs[key]["before"] > 0 and figs[key]["after"] > 0
     assert {"b1_multinomial", "b1_inverse_cdf", "b8_multinomial", "b8_inverse_cdf"} <= set(figs["draw_ms"])
+
+
+def test_bench_rl_step_fields(tmp_path, capsys):
+    """`quaero bench rl-step` on the main job, one group of 2 and 2 turns: both arms ran a whole RL step from
+    the same weights, the after arm through the trie and the sampler's reuse, each phase rated."""
+    argv = ["rl-step", "envs/toolbench.toml", "--threads", "1", "--decode-repeats", "1",
+            "--set", "training.tasks_per_step=1", "--set", "training.group_size=2",
+            "--set", "env.max_turns=2"]
+    doc = _run(argv, tmp_path, capsys)
+    before, after = doc["arms"]["before"], doc["arms"]["after"]
+    for a in (before, after):
+        assert a["rows"] >= 2 and a["generated_tokens"] > 0 and a["head_tokens"] > 0
+        assert a["rollout_cpu_s"] > 0 and a["train_cpu_s"] > 0 and 0 < a["training_efficiency"]
+        assert a["microbatches"] >= 1 and a["loss"] is not None
+    # before: the rows, every prompt prefilled whole; after: one trie, the shared prompt's KV reused
+    assert before["tree_batches"] == 0 and before["computed_tokens"] == before["row_tokens"]
+    assert before["reused_tokens"] == 0 and before["prefill_tokens"] == 0
+    assert after["tree_batches"] == after["microbatches"] and after["computed_tokens"] < after["row_tokens"]
+    assert after["reused_tokens"] > 0
+    assert doc["token_ratio"] == round(after["computed_tokens"] / after["row_tokens"], 4)
+    fp = doc["flop_params"]
+    assert fp["head_trainable"] and fp["backbone_frozen"] == 0 and fp["head"] == 151_936 * 128
+    for b in (1, 8):
+        rates, eff = doc["decode"][f"decode_b{b}_tokens_per_s"], doc["decode"][f"decode_b{b}_efficiency"]
+        assert rates["before"] > 0 and rates["after"] > 0 and eff["before"] > 0 and eff["after"] > 0
+    assert doc["machine"]["float32"]["peak_gflops"] > 0 and doc["machine"]["bandwidth_gb_s"] > 0

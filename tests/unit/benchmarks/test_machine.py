@@ -7,16 +7,44 @@ import torch
 from safetensors.torch import save_file
 
 import benchmarks
-from benchmarks.machine import decoding_efficiency, run_efficiency, training_efficiency
+from benchmarks.machine import (
+    FlopParams,
+    computed_tokens,
+    cpu_time_limits,
+    decoding_efficiency,
+    head_positions,
+    run_efficiency,
+    training_efficiency,
+)
 
 
-def test_training_efficiency_counts_six_flops_per_trained_and_four_per_frozen_weight():
-    # full fine-tuning: 6 x 10 params x 100 tokens = 6000 FLOPs in 2 s at 3000 FLOP/s -> all of it
-    assert training_efficiency(trainable_params=10, frozen_params=0, tokens=100, step_s=2,
-                               peak_flops=3000) == pytest.approx(1.0)
-    # LoRA: (6 x 1 + 4 x 10) x 100 = 4600 FLOPs in 1 s at 9200 FLOP/s -> half
-    assert training_efficiency(trainable_params=1, frozen_params=10, tokens=100, step_s=1,
-                               peak_flops=9200) == pytest.approx(0.5)
+def test_train_flops_count_six_per_trained_and_four_per_frozen_weight_and_the_head_at_its_positions():
+    # full fine-tuning: 6 x 10 backbone params x 100 tokens + 6 x 5 head params x 20 head positions
+    full = FlopParams(backbone_trainable=10, backbone_frozen=0, head=5, head_trainable=True)
+    assert full.train_flops(100, 20) == 6 * 10 * 100 + 6 * 5 * 20
+    # LoRA: (6 x 1 + 4 x 10) x 100 + a frozen head's 4 x 5 x 20
+    lora = FlopParams(backbone_trainable=1, backbone_frozen=10, head=5, head_trainable=False)
+    assert lora.train_flops(100, 20) == (6 + 40) * 100 + 4 * 5 * 20
+    assert training_efficiency(flops=4600, step_s=1, peak_flops=9200) == pytest.approx(0.5)
+
+
+def test_flop_params_leave_the_embedding_out_and_count_a_tied_head_once(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    embedding = model.get_input_embeddings().weight
+    total = sum(p.numel() for p in model.parameters())
+    fp = FlopParams.of(model)
+    assert model.get_output_embeddings().weight is embedding  # tiny-qwen3 ties them
+    assert (fp.head, fp.head_trainable, fp.backbone_frozen) == (embedding.numel(), True, 0)
+    assert fp.backbone_trainable == total - embedding.numel()  # the old 6N counted the embedding twice over
+    assert fp.decode_params == total
+    for p in model.parameters():
+        p.requires_grad_(False)
+    model.model.norm.weight.requires_grad_(True)
+    frozen = FlopParams.of(model)
+    assert (frozen.backbone_trainable, frozen.head_trainable) == (model.model.norm.weight.numel(), False)
+    assert frozen.backbone_frozen + frozen.backbone_trainable == fp.backbone_trainable
 
 
 def test_decoding_efficiency_is_weight_bytes_read_over_the_bandwidth():
@@ -25,31 +53,55 @@ def test_decoding_efficiency_is_weight_bytes_read_over_the_bandwidth():
                                bandwidth_bytes_per_s=100_000) == pytest.approx(0.25)
 
 
-def test_run_efficiency_reads_unique_tokens_and_the_rollout_from_events(tmp_path):
-    (tmp_path / "final").mkdir()
-    save_file({"w": torch.zeros(10, 10, dtype=torch.bfloat16)}, tmp_path / "final" / "model.safetensors")
-    nbytes = (tmp_path / "final" / "model.safetensors").stat().st_size
+def test_computed_tokens_are_the_packed_microbatches_unique_tokens_and_the_others_row_tokens():
+    step = {"row_tokens": 900, "local_train_tree_row_tokens": 700, "local_train_tree_unique_tokens": 100,
+            "local_train_tree_batches": 1}
+    assert computed_tokens(step) == 300
+    # a trie built but not packed ("auto" declined, or a fallback): the rows were computed
+    assert computed_tokens({**step, "local_train_tree_batches": 0}) == 900
+    assert head_positions({"action_tokens": 30, "echo_tokens": 12, "row_tokens": 900,
+                           "local_train_selective_suffix_logits": True}) == 42
+    full_logits = {"action_tokens": 30, "row_tokens": 900, "local_train_selective_suffix_logits": False}
+    assert head_positions(full_logits) == 900
+
+
+def _final(run_dir, model_dir):
+    """run_dir/final: the model folder's files (links), as a run's final weights."""
+    (run_dir / "final").mkdir()
+    for f in model_dir.iterdir():
+        if f.is_file():
+            (run_dir / "final" / f.name).symlink_to(f)
+
+
+def test_run_efficiency_reads_unique_tokens_and_the_rollout_from_events(tmp_path, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    _final(tmp_path, tiny_model_dir)
+    fp = FlopParams.of(AutoModelForCausalLM.from_pretrained(tiny_model_dir))
     steps = [{"event": "train_step", "rows": 4, "row_tokens": 900, "local_train_tree_row_tokens": 700,
-              "local_train_tree_unique_tokens": 100,
+              "local_train_tree_unique_tokens": 100, "local_train_tree_batches": 1, "action_tokens": 30,
+              "echo_tokens": 10, "local_train_selective_suffix_logits": True,
               "step_time_s": s, "rollout_time_s": 3.0, "weight_sync_s": 1.0, "rollout_action_tokens": 40}
              for s in (1.0, 3.0)]
     (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in steps))
-    r = run_efficiency(tmp_path, {"float32": 0.0009}, gb_s=1e-6)  # 9e5 FLOP/s, 1000 B/s
-    assert (r["trainable_params"], r["frozen_params"]) == (100, 0)
-    # 200 unpacked row tokens + 100 unique tokens of the packed 700: 300 computed
-    assert (r["row_tokens_per_step"], r["tokens_per_step"]) == (900, 300)
-    # 6 x 100 params x 300 tokens / (2 s mean x 9e5 FLOP/s)
-    assert r["training_efficiency"]["float32"] == pytest.approx(0.1)
-    # the file's bytes x 40 tokens / ((3 - 1) s x 1000 B/s)
-    assert r["decoding_efficiency"] == pytest.approx(nbytes * 40 / (2 * 1000), rel=1e-3)
+    r = run_efficiency(tmp_path, {"float32": 1.0}, gb_s=1e-6)  # 1e9 FLOP/s, 1000 B/s
+    assert r["flop_params"] == vars(fp)
+    # 200 unpacked row tokens + 100 unique tokens of the packed 700: 300 computed; the head at 40 targets
+    assert (r["row_tokens_per_step"], r["tokens_per_step"], r["head_tokens_per_step"]) == (900, 300, 40)
+    # (6 x backbone x 300 + 6 x head x 40) / (2 s mean x 1e9 FLOP/s)
+    want = (6 * fp.backbone_trainable * 300 + 6 * fp.head * 40) / 2e9
+    assert r["training_efficiency"]["float32"] == pytest.approx(want, abs=1e-4)
+    # float32 weights: 4 bytes x every weight a decode step reads x 40 tokens / ((3 - 1) s x 1000 B/s)
+    assert r["decoding_efficiency"] == pytest.approx(4 * fp.decode_params * 40 / (2 * 1000), rel=1e-3)
     # two ranks: the same counts over the same times on twice the devices
     (tmp_path / "events.jsonl").write_text("".join(json.dumps({**e, "ranks": 2}) + "\n" for e in steps))
-    two = run_efficiency(tmp_path, {"float32": 0.0009}, gb_s=1e-6)
-    assert two["training_efficiency"]["float32"] == pytest.approx(0.05)
+    two = run_efficiency(tmp_path, {"float32": 1.0}, gb_s=1e-6)
+    assert two["training_efficiency"]["float32"] == pytest.approx(r["training_efficiency"]["float32"] / 2,
+                                                                  abs=1e-4)
     assert two["decoding_efficiency"] == pytest.approx(r["decoding_efficiency"] / 2, rel=1e-3)
 
 
-def test_a_lora_run_counts_its_adapter_as_trained_and_its_base_as_frozen(tmp_path, tiny_model_dir):
+def test_a_lora_run_counts_its_adapter_as_trained_and_its_base_and_head_as_frozen(tmp_path, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     (tmp_path / "final").mkdir()
@@ -58,12 +110,20 @@ def test_a_lora_run_counts_its_adapter_as_trained_and_its_base_as_frozen(tmp_pat
     (tmp_path / "final" / "adapter_config.json").write_text(
         json.dumps({"base_model_name_or_path": str(tiny_model_dir)}))
     (tmp_path / "events.jsonl").write_text(json.dumps(
-        {"event": "train_step", "rows": 1, "row_tokens": 10, "step_time_s": 1.0}) + "\n")
-    base = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(tiny_model_dir).parameters())
+        {"event": "train_step", "rows": 1, "row_tokens": 10, "action_tokens": 2, "step_time_s": 1.0}) + "\n")
+    base = FlopParams.of(AutoModelForCausalLM.from_pretrained(tiny_model_dir))
     r = run_efficiency(tmp_path, {"float32": 1.0}, gb_s=1.0)
-    assert (r["trainable_params"], r["frozen_params"], r["tokens_per_step"]) == (64, base, 10)
-    assert r["training_efficiency"]["float32"] == pytest.approx((6 * 64 + 4 * base) * 10 / 1e9, abs=1e-4)
+    assert r["flop_params"] == {"backbone_trainable": 64, "backbone_frozen": base.backbone_trainable,
+                                "head": base.head, "head_trainable": False}
+    want = ((6 * 64 + 4 * base.backbone_trainable) * 10 + 4 * base.head * 2) / 1e9
+    assert r["training_efficiency"]["float32"] == pytest.approx(want, abs=1e-4)
     assert "decoding_efficiency" not in r  # no rollout in these steps
+
+
+def test_cpu_time_limits_are_positive():
+    out = cpu_time_limits([64], 4, 1, min_cpu_s=0.01)
+    assert out["float32"]["peak_gflops"] > 0 and out["bfloat16"]["peak_gflops"] > 0
+    assert out["bandwidth_gb_s"] > 0
 
 
 def test_bench_machine_measures_positive_peaks_and_bandwidth(capsys):

@@ -145,3 +145,28 @@ def test_a_lora_reference_is_the_base_with_the_adapter_disabled(small_model_dir)
     assert max(abs(a - b) for p, q in zip(_at_targets(policy, rs), _at_targets(ref, rs))
                for a, b in zip(p, q)) > 1e-4  # the adapter is back on for the policy
     assert trainer.state_dict()["reference"] == {"kind": "lora_base"}
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_reference_forward_through_the_trie_equals_the_per_row_one(small_model_dir, lora):
+    from dataclasses import replace
+
+    from fixtures.tree_rows import group_rows
+
+    rs = group_rows(members=4)
+    spec = make_spec(small_model_dir, beta=0.1, lr=2e-2, tree_packing="on",
+                     **({"lora": True, "lora_r": 4} if lora else {}))
+    trainer = LocalTrainer(spec, "cpu")
+    trainer.take_reference()
+    trainer.train_step(rs)  # the policy moves; the reference's log-probs are the frozen weights'
+    assert trainer.reference.packed_batches == 1  # the step's KL targets came through the trie
+    packed = trainer.reference.logprobs(trainer.spec, rs, 1.0, trainer.device)
+    assert trainer.reference.packed_batches == 1
+    rows_only = trainer.reference.logprobs(replace(trainer.spec, tree_packing="off"), rs, 1.0, trainer.device)
+    assert trainer.reference.packed_batches == 0
+    for got, want in zip(packed, rows_only):
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=1e-5, rtol=0)
+    assert sum(v != 0.0 for lp in packed for v in lp) == sum(sum(kl_targets(r)) for r in rs)
+    # a trainer that cannot pack (its kernels, its sharding) forwards the rows
+    trainer.reference.logprobs(trainer.spec, rs, 1.0, trainer.device, blocker="no trie here")
+    assert trainer.reference.packed_batches == 0

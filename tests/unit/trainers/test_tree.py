@@ -1,42 +1,18 @@
 """Exact tree training (trainers/tree.py): the trie, its ancestor mask, and a packed step equal to the per-row
 step on the same rows (log-probs, losses, every parameter's gradient), for both model families, LoRA and full
 fine-tuning, SDPA and eager attention; the fallback when the model cannot take the mask."""
-import random
 
 import pytest
 import torch
 from fixtures.small_model import make_spec
+from fixtures.tree_rows import group_rows
 
 from quaero.models.load import resolve_model
-from quaero.rows import EchoRow, Span
+from quaero.rows import EchoRow
 from quaero.telemetry import proofs
 from trainers import step
 from trainers.local import LocalTrainer
 from trainers.tree import TreePack, pack_rows
-
-
-def group_rows(members: int = 4, prompt: int = 40, vocab: int = 512, seed: int = 0) -> list[EchoRow]:
-    """A multi-turn group sharing its prompt: [prompt][action][env][action][env]; members 0-1 also share their
-    first action and env response (the trie branches inside a turn), the rest branch at the first action.
-    Advantages +/- per member, ECHO weight on env tokens."""
-    rng = random.Random(seed)
-    shared = [rng.randrange(vocab) for _ in range(prompt)]
-    first_turn = [rng.randrange(vocab) for _ in range(12)]
-    out = []
-    for m in range(members):
-        turn1 = first_turn if m < 2 else [rng.randrange(vocab) for _ in range(12)]
-        layout = [("prompt", shared), ("action", turn1[:5]), ("env", turn1[5:]),
-                  ("action", [rng.randrange(vocab) for _ in range(4 + m)]),
-                  ("env", [rng.randrange(vocab) for _ in range(6)])]
-        ids, spans, adv, echo, lp = [], [], [], [], []
-        for kind, toks in layout:
-            spans.append(Span(kind, len(ids), len(ids) + len(toks)))
-            ids += toks
-            adv += [(1.0 if m % 2 else -0.5) if kind == "action" else 0.0] * len(toks)
-            echo += [1.0 if kind == "env" else 0.0] * len(toks)
-            lp += [-rng.uniform(3.0, 8.0) if kind == "action" else 0.0 for _ in toks]
-        out.append(EchoRow(ids, spans, adv, echo, lp))
-    return out
 
 
 def test_the_trie_mask_is_the_ancestor_relation_and_unpacks_to_the_rows():

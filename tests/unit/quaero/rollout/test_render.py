@@ -221,3 +221,16 @@ def test_a_sampled_call_whose_json_spells_a_lone_surrogate_is_a_malformed_reply_
     # the corrective path gets the reply as plain text, and that text renders into the next prompt
     assert e.value.message["tool_calls"] is None and "\\ud800" in e.value.message["content"]
     render.prompt_ids([*CHAT, e.value.message, {"role": "user", "content": "again"}], TOOLS)
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("body", ['{"name": {"x": 1}, "arguments": {}}', '{"name": ["a"], "arguments": {}}',
+                                  '{"name": "get_weather", "arguments": [1, 2]}'])
+def test_a_sampled_call_whose_name_is_no_string_is_a_malformed_reply_not_the_end_of_a_run(render, body):
+    # renderers' Qwen3 parser passes any JSON value through as the name; rendered into the next prompt it
+    # raised TypeError inside the renderer (seen in the main job's RL steps, an untrained model's reply)
+    ids = render.tokenizer.encode(f"<tool_call>\n{body}\n</tool_call>", add_special_tokens=False) + [151645]
+    with pytest.raises(UnparsableAction, match="a call needs a name and an object of arguments") as e:
+        render.parse(ids)
+    assert e.value.message["tool_calls"] is None and body in e.value.message["content"]
+    render.prompt_ids([*CHAT, e.value.message, {"role": "user", "content": "again"}], TOOLS)
