@@ -113,13 +113,16 @@ class TemplateRenderer:
                                     **self.template_variables) for _ in range(3)}) > 1:
             raise TemplateProblem("the chat template renders the same conversation differently each time (it "
                                   "is not deterministic)")
+        self._parts = self._wants_parts()
         self._system_role = self._renders_system_role()
         self._tool_role = self._renders_tool_role()
         # how quaero fits the conversation to the template (`quaero check` says each)
         self.adaptations = [text for ok, text in (
             (self._system_role, ("system prompt folded into the first user turn (the template has no system "
                                 "role)")),
-            (self._tool_role, "tool results sent as user turns (the template has no `tool` role)")) if not ok]
+            (self._tool_role, "tool results sent as user turns (the template has no `tool` role)"),
+            (not self._parts, ("message text sent as a list of text parts (the template reads no plain "
+                              "string content)"))) if not ok]
         self.close_text, self.close_id = self._find_close()
         self._format, self.max_calls, self.tool_format_why = self._choose_tool_format(tool_format)
         self.tool_format_chosen = self._format.name
@@ -143,7 +146,8 @@ class TemplateRenderer:
             if not self._tool_role:
                 out = _tool_results_as_user(out)
             out = with_tool_prompt(out, tools) if tools else out
-        return out if self._system_role else _system_folded(out)
+        out = out if self._system_role else _system_folded(out)
+        return [_as_parts(m) for m in out] if self._parts else out
 
     def render_text(self, messages: list[dict], *, tools: list[dict] | None = None,
                     add_generation_prompt: bool = False) -> str:
@@ -283,12 +287,25 @@ class TemplateRenderer:
 
     # ── probes at construction ───────────────────────────────────────────────────────────────────
 
+    def _wants_parts(self) -> bool:
+        """True where the template renders a message's text only from a list of text parts (`[{"type":
+        "text", "text": ...}]`, the multimodal templates': SmolVLM's, Idefics3's, LLaVA-NeXT's)."""
+        def shows(content) -> bool:
+            chat = [{"role": "user", "content": content}]
+            try:
+                return "Qx7u" in self._runner.render(messages=chat, tools=None, documents=None,
+                                                     add_generation_prompt=True, **self.template_variables)
+            except TemplateProblem:
+                return False
+        return not shows("Qx7u") and shows([{"type": "text", "text": "Qx7u"}])
+
     def _renders_system_role(self) -> bool:
         """False where the template raises on a system message but renders the same chat without it (Gemma's
         first template: "System role not supported")."""
-        chat = [{"role": "user", "content": "u"}]
+        chat = [_as_parts(m) if self._parts else m for m in [{"role": "user", "content": "u"}]]
         try:
-            self._runner.render(messages=[{"role": "system", "content": "s"}, *chat], tools=None,
+            self._runner.render(messages=[_as_parts(m) if self._parts else m
+                                          for m in ({"role": "system", "content": "s"}, *chat)], tools=None,
                                 documents=None, add_generation_prompt=True, **self.template_variables)
             return True
         except TemplateProblem:
@@ -301,9 +318,9 @@ class TemplateRenderer:
 
     def _renders_tool_role(self) -> bool:
         try:
-            text = self._runner.render(messages=[{"role": "user", "content": "u"},
-                                                 {"role": "assistant", "content": "a"},
-                                                 {"role": "tool", "content": "Qx7tool"}],
+            chat = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"},
+                    {"role": "tool", "content": "Qx7tool"}]
+            text = self._runner.render(messages=[_as_parts(m) if self._parts else m for m in chat],
                                        tools=None, documents=None, add_generation_prompt=False,
                                        **self.template_variables)
         except TemplateProblem:
@@ -468,3 +485,11 @@ def _system_folded(messages: list[dict]) -> list[dict]:
                 pending = []
             out.append(m)
     return out + ([{"role": "user", "content": "\n\n".join(pending)}] if pending else [])
+
+
+def _as_parts(message: dict) -> dict:
+    """`message` with its string content as one text part."""
+    content = message.get("content")
+    if not isinstance(content, str):
+        return message
+    return {**message, "content": [{"type": "text", "text": content}]}
