@@ -46,7 +46,7 @@ EXPECTED = {
     "smollm2:SmolLM2-135M-Instruct": "prompt",
     "transformers:llama4": "prompt",  # its `<|python_start|>` calls parse nowhere: rescued as text
     "transformers:qwen2_audio": "prompt",
-    "transformers:smolvlm": "refused: round-trip",
+    "transformers:smolvlm": "prompt",
     "trl:cohere": "prompt",
     "trl:cohere2": "prompt",
     "trl:deepseek_r1_distill": "refused: does not extend the generation prompt",
@@ -61,7 +61,7 @@ EXPECTED = {
     "trl:gemma4_v5": "prompt",
     "trl:glm4moe": "refused: no close token",
     "trl:gptoss": "refused: template_no_close",
-    "trl:idefics3": "refused: round-trip",
+    "trl:idefics3": "prompt",
     "trl:lfm2": "prompt",
     "trl:lfm2_2_5": "prompt",
     "trl:lfm2_2_5_v2": "prompt",
@@ -70,7 +70,7 @@ EXPECTED = {
     "trl:llama3": "prompt",
     "trl:llama3_1": "llama3_json",
     "trl:llama3_2": "llama3_json",
-    "trl:llava_next": "refused: raised UndefinedError",
+    "trl:llava_next": "prompt",
     "trl:muse_glimmer": "prompt",
     "trl:nemotron_3_5_lightning": "refused: does not extend the generation prompt",
     "trl:nemotron_3_nano": "refused: does not extend the generation prompt",
@@ -87,7 +87,7 @@ EXPECTED = {
     "trl:qwen3_8": "qwen_xml",
     "trl:qwen3_instruct_2507": "hermes",
     "trl:qwen3_vl": "hermes",
-    "trl:smolvlm": "refused: round-trip",
+    "trl:smolvlm": "prompt",
 }
 FAST = {"transformers:llama4"}  # its warm-start step in the fast run; the others' are `slow` (`.ci/run`'s)
 
