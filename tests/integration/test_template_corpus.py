@@ -74,6 +74,7 @@ EXPECTED = {
     "trl:muse_glimmer": "prompt",
     "trl:nemotron_3_5_lightning": "refused: does not extend the generation prompt",
     "trl:nemotron_3_nano": "refused: does not extend the generation prompt",
+    "trl:nemotron_3_nano+nothink": "qwen_xml",  # the refusal's advice followed: enable_thinking = false
     "trl:nemotron_3_super": "refused: does not extend the generation prompt",
     "trl:nemotron_3_ultra": "refused: does not extend the generation prompt",
     "trl:phi3": "prompt",
@@ -92,8 +93,16 @@ EXPECTED = {
 FAST = {"transformers:llama4"}  # its warm-start step in the fast run; the others' are `slow` (`.ci/run`'s)
 
 
+# a template variable set ([model] renderer_options) where the name says so
+OPTIONS = {"nothink": {"enable_thinking": False}}
+
+
+def options_of(name: str) -> dict:
+    return OPTIONS[name.partition("+")[2]] if "+" in name else {}
+
+
 def source_of(name: str, request) -> str:
-    where, _, what = name.partition(":")
+    where, _, what = name.partition("+")[0].partition(":")
     if where == "smollm2":  # tiny-smollm2's folder holds the template read from the GGUF
         folder = request.getfixturevalue("tiny_smollm2_dir")
         return (folder / "chat_template.jinja").read_text(encoding="utf-8")
@@ -121,9 +130,10 @@ def model_folder(tmp_path: Path, tiny_model_dir: Path, tokenizer, source: str) -
     return folder
 
 
-def checked(folder: Path, tmp_path: Path, *more: str):
+def checked(folder: Path, tmp_path: Path, name: str, *more: str):
+    options = [f"model.renderer_options.{k}={str(v).lower()}" for k, v in options_of(name).items()]
     return load_checked(TOOLBENCH, [f"model.name='{folder}'", "model.renderer='template'",
-                                    f"run.output_dir='{tmp_path / 'runs'}'", *more])
+                                    f"run.output_dir='{tmp_path / 'runs'}'", *options, *more])
 
 
 @pytest.mark.parametrize("name", corpus())
@@ -134,13 +144,13 @@ def test_check_accepts_each_template_with_its_format_or_refuses_it_with_advice(
     expected = EXPECTED[name]
     if expected.startswith("refused: "):
         with pytest.raises(ConfigError) as e:
-            checked(folder, tmp_path)
+            checked(folder, tmp_path, name)
         line = str(e.value)
         assert "\n" not in line and expected.removeprefix("refused: ") in line, line
         assert "name the renderer of this model family ([model] renderer, e.g. 'qwen3'), or 'template'" \
             not in line, line  # the advice fits the reason
         return
-    cfg = checked(folder, tmp_path)
+    cfg = checked(folder, tmp_path, name)
     said = cfg.model._chosen
     assert said.startswith("'template' (named in [model] renderer), tool calls "), said
     assert said.removeprefix("'template' (named in [model] renderer), tool calls ").startswith(expected), said
@@ -151,7 +161,7 @@ def test_each_accepted_templates_bridges_equal_transformers_render_of_every_turn
                                                                                  request):
     source = source_of(name, request)
     tok = template_tokens(qwen3_tokenizer, source)
-    tally = template_parity(tok, source, n=8, single_call=EXPECTED[name] == "llama3_json")
+    tally = template_parity(tok, source, n=8, single_call=EXPECTED[name] == "llama3_json", **options_of(name))
     print("\n" + tally.line(name))
     assert tally.conversations == 8 and tally.bridges > 0 and tally.mismatches == 0, tally.line(name)
     assert tally.merged_text_mismatches == 0 and tally.rejected < tally.conversations, tally.line(name)
@@ -166,7 +176,7 @@ def test_a_warm_start_step_on_each_accepted_template_is_exact(tmp_path, tiny_mod
     from quaero.recipe.train import train
 
     folder = model_folder(tmp_path, tiny_model_dir, qwen3_tokenizer, source_of(name, request))
-    cfg = checked(folder, tmp_path, "training.steps=1", "training.warmup_sft_steps=1",
+    cfg = checked(folder, tmp_path, name, "training.steps=1", "training.warmup_sft_steps=1",
                   "training.eval_every=0", "training.tasks_per_step=2", "training.group_size=1",
                   "env.launcher='inprocess'", "logging.console='none'", "logging.progress=false",
                   "sampler.max_tokens=64")
