@@ -301,20 +301,16 @@ class TemplateRenderer:
 
     def _renders_system_role(self) -> bool:
         """False where the template raises on a system message but renders the same chat without it (Gemma's
-        first template: "System role not supported")."""
-        chat = [_as_parts(m) if self._parts else m for m in [{"role": "user", "content": "u"}]]
-        try:
-            self._runner.render(messages=[_as_parts(m) if self._parts else m
-                                          for m in ({"role": "system", "content": "s"}, *chat)], tools=None,
-                                documents=None, add_generation_prompt=True, **self.template_variables)
-            return True
-        except TemplateProblem:
+        first template: "System role not supported"); an error on any chat is not about the system role."""
+        def renders(chat: list[dict]) -> bool:
             try:
-                self._runner.render(messages=chat, tools=None, documents=None, add_generation_prompt=True,
-                                    **self.template_variables)
+                self._runner.render(messages=[_as_parts(m) if self._parts else m for m in chat], tools=None,
+                                    documents=None, add_generation_prompt=True, **self.template_variables)
             except TemplateProblem:
-                return True  # it raises on any chat: its error is not about the system role
-            return False
+                return False
+            return True
+        user = {"role": "user", "content": "u"}
+        return renders([{"role": "system", "content": "s"}, user]) or not renders([user])
 
     def _renders_tool_role(self) -> bool:
         try:

@@ -295,18 +295,19 @@ _TEMPLATE_ADVICE = (
 
 
 def renderer_advice(error: str, renderer: str) -> str:
-    """The advice that fits a renderer's error at check (the generic one where none does)."""
-    if renderer == "template":
-        for needle, advice in _TEMPLATE_ADVICE:
-            if needle in error:
-                return advice
+    """The advice that fits a renderer's error at check (a generic one where none does)."""
+    if renderer != "template":
+        return ("name the renderer of this model family ([model] renderer, e.g. 'qwen3'), or 'template' with "
+                "a tokenizer that has a chat template")
+    for needle, advice in _TEMPLATE_ADVICE:
+        if needle in error:
+            return advice
+    if "raised" in error:
         return ("the template raised on quaero's probe conversation (system, user, an assistant tool call, a "
                 "tool result): give it a template that renders them ([model] renderer_options chat_template) "
-                "or name the renderer of this model family ([model] renderer)") if "raised" in error else \
-            ("name the renderer of this model family ([model] renderer, e.g. 'qwen3'), or a template that "
-             "fits ([model] renderer_options chat_template)")
-    return ("name the renderer of this model family ([model] renderer, e.g. 'qwen3'), or 'template' with a "
-            "tokenizer that has a chat template")
+                "or name the renderer of this model family ([model] renderer)")
+    return ("name the renderer of this model family ([model] renderer, e.g. 'qwen3'), or a template that "
+            "fits ([model] renderer_options chat_template)")
 
 
 _PROBE = [{"role": "system", "content": "probe"}, {"role": "user", "content": "probe"}]
