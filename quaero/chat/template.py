@@ -113,7 +113,16 @@ class TemplateRenderer:
                                     **self.template_variables) for _ in range(3)}) > 1:
             raise TemplateProblem("the chat template renders the same conversation differently each time (it "
                                   "is not deterministic)")
+        self._parts = self._wants_parts()
+        self._system_role = self._renders_system_role()
         self._tool_role = self._renders_tool_role()
+        # how quaero fits the conversation to the template (`quaero check` says each)
+        self.adaptations = [text for ok, text in (
+            (self._system_role, ("system prompt folded into the first user turn (the template has no system "
+                                "role)")),
+            (self._tool_role, "tool results sent as user turns (the template has no `tool` role)"),
+            (not self._parts, ("message text sent as a list of text parts (the template reads no plain "
+                              "string content)"))) if not ok]
         self.close_text, self.close_id = self._find_close()
         self._format, self.max_calls, self.tool_format_why = self._choose_tool_format(tool_format)
         self.tool_format_chosen = self._format.name
@@ -132,12 +141,13 @@ class TemplateRenderer:
         tool prompt in the system message, calls as text, and tool results as `<tool_response>` user turns
         where the template cannot render a `tool` role."""
         out = [{k: v for k, v in m.items() if v is not None} for m in messages]
-        if self.tools_in_template:
-            return out
-        out = [with_calls_as_text(m) if m.get("role") == "assistant" else m for m in out]
-        if not self._tool_role:
-            out = _tool_results_as_user(out)
-        return with_tool_prompt(out, tools) if tools else out
+        if not self.tools_in_template:
+            out = [with_calls_as_text(m) if m.get("role") == "assistant" else m for m in out]
+            if not self._tool_role:
+                out = _tool_results_as_user(out)
+            out = with_tool_prompt(out, tools) if tools else out
+        out = out if self._system_role else _system_folded(out)
+        return [_as_parts(m) for m in out] if self._parts else out
 
     def render_text(self, messages: list[dict], *, tools: list[dict] | None = None,
                     add_generation_prompt: bool = False) -> str:
@@ -277,11 +287,36 @@ class TemplateRenderer:
 
     # ── probes at construction ───────────────────────────────────────────────────────────────────
 
+    def _wants_parts(self) -> bool:
+        """True where the template renders a message's text only from a list of text parts (`[{"type":
+        "text", "text": ...}]`, the multimodal templates': SmolVLM's, Idefics3's, LLaVA-NeXT's)."""
+        def shows(content) -> bool:
+            chat = [{"role": "user", "content": content}]
+            try:
+                return "Qx7u" in self._runner.render(messages=chat, tools=None, documents=None,
+                                                     add_generation_prompt=True, **self.template_variables)
+            except TemplateProblem:
+                return False
+        return not shows("Qx7u") and shows([{"type": "text", "text": "Qx7u"}])
+
+    def _renders_system_role(self) -> bool:
+        """False where the template raises on a system message but renders the same chat without it (Gemma's
+        first template: "System role not supported"); an error on any chat is not about the system role."""
+        def renders(chat: list[dict]) -> bool:
+            try:
+                self._runner.render(messages=[_as_parts(m) if self._parts else m for m in chat], tools=None,
+                                    documents=None, add_generation_prompt=True, **self.template_variables)
+            except TemplateProblem:
+                return False
+            return True
+        user = {"role": "user", "content": "u"}
+        return renders([{"role": "system", "content": "s"}, user]) or not renders([user])
+
     def _renders_tool_role(self) -> bool:
         try:
-            text = self._runner.render(messages=[{"role": "user", "content": "u"},
-                                                 {"role": "assistant", "content": "a"},
-                                                 {"role": "tool", "content": "Qx7tool"}],
+            chat = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"},
+                    {"role": "tool", "content": "Qx7tool"}]
+            text = self._runner.render(messages=[_as_parts(m) if self._parts else m for m in chat],
                                        tools=None, documents=None, add_generation_prompt=False,
                                        **self.template_variables)
         except TemplateProblem:
@@ -427,3 +462,30 @@ def _tool_results_as_user(messages: list[dict]) -> list[dict]:
             out.append({"role": "user", "content": text} if tool else m)
         after_tool = tool or (after_tool and m.get("role") == "user")
     return out
+
+
+def _system_folded(messages: list[dict]) -> list[dict]:
+    """System messages' text put at the head of the next user message (a user turn of its own where none
+    follows), for a template without a system role."""
+    out: list[dict] = []
+    pending: list[str] = []
+    for m in messages:
+        if m.get("role") == "system":
+            pending.append(str(m.get("content") or ""))
+        elif pending and m.get("role") == "user" and isinstance(m.get("content"), str):
+            out.append({**m, "content": "\n\n".join([*pending, m["content"]])})
+            pending = []
+        else:
+            if pending:
+                out.append({"role": "user", "content": "\n\n".join(pending)})
+                pending = []
+            out.append(m)
+    return out + ([{"role": "user", "content": "\n\n".join(pending)}] if pending else [])
+
+
+def _as_parts(message: dict) -> dict:
+    """`message` with its string content as one text part."""
+    content = message.get("content")
+    if not isinstance(content, str):
+        return message
+    return {**message, "content": [{"type": "text", "text": content}]}

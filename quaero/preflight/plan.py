@@ -236,27 +236,78 @@ def check_model_and_renderer(cfg: QuaeroConfig, source: str = "config") -> None:
         raise ConfigError(f"{source} [model] dtype={cfg.model.dtype!r}: {problem}; use dtype = 'float32'")
     choice = registry.choose(tokenizer, cfg.model.renderer, (config_fields(name) or {}).get("model_type"))
     said = f"{source} [model] name={name!r}, renderer {choice.name!r} ({choice.why})"
-    fix = ("name the renderer of this model family ([model] renderer, e.g. 'qwen3'), or 'template' with a "
-           "tokenizer that has a chat template")
     try:
         render = RenderAdapter(tokenizer, cfg.model)
         prompts = [render.prompt_ids(_PROBE, _PROBE_TOOLS) for _ in range(2)]
         action = render.encode_assistant(_PROBE, _PROBE_TOOLS, _PROBE_CALL)
     except (AssertionError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"{said} does not fit the tokenizer ({str(e)[:200]}); {fix}") from None
+        raise ConfigError(f"{said} does not fit the tokenizer ({str(e)[:200]}); "
+                          f"{renderer_advice(str(e), choice.name)}") from None
     if prompts[0] != prompts[1]:
         raise ConfigError(f"{said}: the chat template renders the same conversation differently twice (it is "
-                          f"not deterministic), so no prompt is reproducible; {fix}")
+                          "not deterministic), so no prompt is reproducible; "
+                          f"{renderer_advice('not deterministic', choice.name)}")
     cfg.model._chosen = f"{choice.name!r} ({choice.why})"
     if why := getattr(render.renderer, "tool_format_why", None):  # the template renderer's round trip
         cfg.model._chosen += f", tool calls {why}"
+    for line in getattr(render.renderer, "adaptations", []):
+        cfg.model._chosen += f", {line}"
     if cfg.rollout.packing and cfg.echo.enabled:
         try:
             render.bridge(prompts[0], action, [{"role": "tool", "content": "probe"}], _PROBE_TOOLS)
         except BridgeFailure as e:
             raise ConfigError(f"{said} cannot append an env response exactly ({e}), so no ECHO row could be "
-                              "built; name a renderer that bridges this model ([model] renderer, e.g. "
-                              "'qwen3' for Qwen3 models), or set [echo] enabled = false") from None
+                              f"built; {BRIDGE_ADVICE.get(e.reason, BRIDGE_ADVICE[''])}, or set [echo] "
+                              "enabled = false") from None
+
+
+# what to do about each bridge refusal at check (the reasons `TemplateRenderer` names)
+BRIDGE_ADVICE = {
+    "template_no_close": "give the tokenizer the token that ends an assistant turn as an added token (its "
+                         "model's own tokenizer holds it)",
+    "template_history_dependent": "use a template that renders a message the same after any history (or name "
+                                  "a hand-written renderer, [model] renderer, e.g. 'qwen3')",
+    "template_token_merge": "use a tokenizer that splits at the turn's close token (a SentencePiece prefix "
+                            "space merges into it), or name a hand-written renderer ([model] renderer)",
+    "template_raised": "the template raises on a tool result after a call: give it a template that renders "
+                       "`tool` messages (renderer_options chat_template) or set [model] renderer_options "
+                       "tool_format = 'prompt'",
+    "": "name a renderer that bridges this model ([model] renderer, e.g. 'qwen3' for Qwen3 models)",
+}
+# what to do about each way a tokenizer's chat template does not fit (read from the error's text)
+_TEMPLATE_ADVICE = (
+    ("has no chat template", ("give the tokenizer a chat template ([model] renderer_options chat_template) "
+                             "or name the renderer of this model family ([model] renderer, e.g. 'qwen3')")),
+    ("not deterministic", ("remove the randomness or the clock from the template ([model] renderer_options "
+                          "chat_template)")),
+    ("does not extend the generation prompt", ("set the template variable that makes its generation prompt "
+                                              "and its turns agree ([model] renderer_options, e.g. "
+                                              "enable_thinking = true or false)")),
+    ("no close token", ("give the tokenizer the token that ends an assistant turn as an added token (its "
+                       "model's own tokenizer holds it)")),
+    ("generation prompt is not an append", ("use a template whose generation prompt follows the conversation "
+                                           "as rendered ([model] renderer_options chat_template)")),
+    ("round-trip", "use a template that renders an assistant message's content and tool calls"),
+    ("is undefined", ("give the tokenizer the special token the template reads (its model's own tokenizer "
+                     "holds it), or set it as a template variable in [model] renderer_options")),
+    ("eos_token", "set eos_token to the model's end-of-text token"),
+)
+
+
+def renderer_advice(error: str, renderer: str) -> str:
+    """The advice that fits a renderer's error at check (a generic one where none does)."""
+    if renderer != "template":
+        return ("name the renderer of this model family ([model] renderer, e.g. 'qwen3'), or 'template' with "
+                "a tokenizer that has a chat template")
+    for needle, advice in _TEMPLATE_ADVICE:
+        if needle in error:
+            return advice
+    if "raised" in error:
+        return ("the template raised on quaero's probe conversation (system, user, an assistant tool call, a "
+                "tool result): give it a template that renders them ([model] renderer_options chat_template) "
+                "or name the renderer of this model family ([model] renderer)")
+    return ("name the renderer of this model family ([model] renderer, e.g. 'qwen3'), or a template that "
+            "fits ([model] renderer_options chat_template)")
 
 
 _PROBE = [{"role": "system", "content": "probe"}, {"role": "user", "content": "probe"}]

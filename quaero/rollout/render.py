@@ -19,6 +19,7 @@ quaero/chat/registry.py): sampling prompts, parsing, and the exact bridge.
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -214,8 +215,13 @@ class RenderAdapter:
         probe = [{"role": "user", "content": "x"}]
         bare = self.renderer.render_ids(probe)
         with_gen = self.renderer.render_ids(probe, add_generation_prompt=True)
-        assert with_gen[:len(bare)] == bare, "renderer's generation prompt is not an append"
-        self.generation_prompt: list[int] = with_gen[len(bare):]
+        # a template may end a conversation without a generation prompt with eos (Phi-3's): that text is
+        # never in a prompt, so the generation prompt is what follows the part the two renders share
+        at = _common_prefix(bare, with_gen)
+        assert all(t in self.stop_token_ids for t in bare[at:]), \
+            "renderer's generation prompt is not an append"
+        self.generation_prompt: list[int] = with_gen[at:]
+        self._conversation_end = bare[at:]  # what such a template writes after the last turn (Phi-3's eos)
         self._check_defusing()
 
     def _check_defusing(self) -> None:
@@ -339,14 +345,29 @@ class RenderAdapter:
         prompt = self.prompt_ids(messages, tools)
         full = list(self.renderer.render_ids(self._text(messages) + [self._defused(assistant)],
                                              tools=self._defused(tools) or None))
-        if full[:len(prompt)] != prompt:
-            raise ValueError("encode_assistant: the assistant turn does not extend the generation prompt "
-                             "(e.g. reasoning with enable_thinking=false)")
-        ids = full[len(prompt):]
+        if full[:len(prompt)] == prompt:
+            ids = full[len(prompt):]
+        else:  # the turn's first tokens merge with the prompt's last (`<think>\n` + `\n</think>`): the ids a
+            # model samples after the prompt are its text's own, where the text extends the prompt's
+            ids = self._reply_after(prompt, full)
+        end = self._conversation_end
+        ids = ids[:len(ids) - len(end)] if end and ids[len(ids) - len(end):] == end else ids
         closes = [i for i, t in enumerate(ids) if t in self.stop_token_ids]
         if not closes:
             raise ValueError("encode_assistant: rendered assistant turn has no close token")
         return ids[:closes[-1] + 1]
+
+    def _reply_after(self, prompt: list[int], full: list[int]) -> list[int]:
+        """The ids of `full`'s text after `prompt`'s, encoded on their own (ValueError: the text of `full`
+        does not start with `prompt`'s, so no reply sampled after that prompt renders as this turn)."""
+        text = self.tokenizer.decode(full, skip_special_tokens=False)
+        head = self.tokenizer.decode(prompt, skip_special_tokens=False)
+        if not text.startswith(head):
+            turn = text[len(os.path.commonprefix([text, head])):][:60]
+            raise ValueError("encode_assistant: the assistant turn does not extend the generation prompt: "
+                             f"the template renders the turn as {turn!r} where the generation prompt ends "
+                             f"{head[-30:]!r} (e.g. reasoning with enable_thinking=false)")
+        return self.tokenizer.encode(text[len(head):], add_special_tokens=False)
 
     def _bridge_ids(self, prompt_ids: list[int], action_ids: list[int], messages: list[dict],
                     tools: list[dict] | None) -> list[int]:

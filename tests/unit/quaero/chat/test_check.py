@@ -33,7 +33,8 @@ def check(folder: Path, tmp_path: Path, *more: str):
 
 @pytest.mark.hostile
 @pytest.mark.parametrize("template,needle", [
-    (None, "does not fit the tokenizer (the tokenizer has no chat template); name the renderer"),
+    (None, ("does not fit the tokenizer (the tokenizer has no chat template); give the tokenizer a chat "
+           "template ([model] renderer_options chat_template) or name the renderer")),
     ("{{ raise_exception('only user and assistant roles') }}",
      "does not fit the tokenizer (the chat template raised TemplateError: only user and assistant roles)"),
     (CHATML.replace("{{ m['content'] }}", "{{ m['content'] }}{{ range(100000) | random }}"),
