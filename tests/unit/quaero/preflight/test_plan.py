@@ -45,6 +45,19 @@ def test_compiled_ce_require_needs_cuda():
         load_checked(MAIN, ["backend.options.train_compile_selective_ce='require'"])
 
 
+@pytest.mark.hostile
+def test_device_cuda_without_cuda_is_one_line_at_check():
+    """It was torch's AssertionError traceback ('Torch not compiled with CUDA enabled') from the memory plan."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA, so device='cuda' is legal here")
+    with pytest.raises(ConfigError) as e:
+        load_checked(MAIN, ["run.device='cuda'"])
+    assert str(e.value).startswith(f"{MAIN} [run] device='cuda': this torch has no CUDA device")
+    assert "use device = 'auto'" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_component_rules_are_not_config_rules():
     """load_config reads the schema only; the recipe checks the components before any model loads."""
     cfg = load_config(MAIN, ["backend.backend='tinker'"])
