@@ -188,3 +188,18 @@ def test_an_arms_own_run_name_folder_and_seed_come_after_every_user_set(tmp_path
                        None)
     sets = [x for x in ran[0] if "=" in x]
     assert sets[-3:] == ["run.name=a-s0", f"run.output_dir={tmp_path}", "run.seed=0"]
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("arm", ["kl: training.nope=1", "kl: training.steps=[", "kl: =1"])
+def test_a_bad_arm_set_through_the_cli_is_one_line_not_a_traceback(tmp_path, warm_runs, monkeypatch, capsys,
+                                                                   arm):
+    """`quaero bench` ran outside the CLI's error handling: a set the config refuses printed a traceback."""
+    from quaero import cli
+
+    monkeypatch.setattr(samplers, "train_arm", lambda *a, **k: pytest.fail("an arm was trained"))
+    assert cli.main(["bench", "arms", "envs/toolbench.toml", "--from", str(warm_runs / "warm-s{seed}"),
+                     "--from-step", "500", "--seeds", "0", "--budget", "2000", "--out", str(tmp_path / "out"),
+                     "--arm", arm]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err
