@@ -48,10 +48,9 @@ def check_components(cfg: QuaeroConfig, source: str = "config") -> None:
                           f"{'without CUDA' if torch.version.cuda is None else 'with CUDA, none visible'}); "
                           "use device = 'auto' (CUDA where there is one, else the CPU) or 'cpu'")
     opts = cfg.backend.options
-    if opts.train_compile_selective_ce == "require" and cfg.run.device != "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"{source} [backend.options] train_compile_selective_ce='require': needs CUDA "
-                              "and none is available; use 'auto' (falls back with a reason) or 'off'")
+    if opts.train_compile_selective_ce == "require" and not torch.cuda.is_available():
+        raise ConfigError(f"{source} [backend.options] train_compile_selective_ce='require': needs CUDA "
+                          "and none is available; use 'auto' (falls back with a reason) or 'off'")
     backend = cfg.sampler.backend
     if backend != samplers.AUTO and not samplers.installed(backend):
         engine = samplers.SAMPLERS[backend]

@@ -203,3 +203,40 @@ def test_a_bad_arm_set_through_the_cli_is_one_line_not_a_traceback(tmp_path, war
                      "--arm", arm]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("warm_eval,arm_step,arm_eval", [
+    ({"eval_results": "crafted"}, {}, {}),  # the warm start's per-task results unreadable, its formats not
+    ({}, {}, {"eval_results": [[0, "x", "y"]]}),  # the arm's eval: no readable result
+    ({}, {"guided_members": "many", "groups_guided": [1], "clip_fraction": float("nan")}, {}),
+])
+def test_crafted_events_never_make_bench_arms_raise(tmp_path, monkeypatch, warm_eval, arm_step, arm_eval):
+    """Each raised TypeError in the report's join (format_and_task on None outcomes, sum over a string)."""
+    from quaero.recipe import checkpoint
+
+    def write(run_dir, events):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / names.EVENTS).write_text("".join(json.dumps(e) + "\n" for e in events))
+
+    def evaluation(step, **crafted):
+        return {"event": names.EVAL_EVENT, "step": step, "eval_results": [[i, i % 2, 1.0] for i in range(4)],
+                "eval_formats": [[i, 0, 2] for i in range(4)], **crafted}
+
+    source = tmp_path / "warm-s0"
+    checkpoint.save(source / "checkpoints", 500, {"step": 500}, keep=2)
+    write(source, [evaluation(500, **warm_eval)])
+
+    def train_arm(config, out, name, seed, arm, common, source, from_step):
+        write(out / name, [{"event": names.TRAIN_STEP_EVENT, "step": 501, "phase": "rl", "loss": 0.1,
+                            "generated_tokens": 10, **arm_step}, evaluation(502, **arm_eval),
+                           {"event": names.RUN_END_EVENT, "step": 502, "status": "finished"}])
+        return out / name
+
+    monkeypatch.setattr(samplers, "train_arm", train_arm)
+    assert arms.main(["envs/toolbench.toml", "--from", str(source), "--from-step", "500", "--seeds", "0",
+                      "--budget", "2000", "--arm", "base", "--arm", "b: training.beta=0", "--out",
+                      str(tmp_path / "out"), "--json", str(tmp_path / "arms.json")]) == 0
+    if arm_step:  # a field that is no finite number is no value
+        row = json.loads((tmp_path / "arms.json").read_text())["rows"][0]
+        assert (row["guided_members"], row["groups_guided"], row["clip_fraction"]) == (0, 0, None)

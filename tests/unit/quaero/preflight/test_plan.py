@@ -47,7 +47,7 @@ def test_compiled_ce_require_needs_cuda():
 
 @pytest.mark.hostile
 def test_device_cuda_without_cuda_is_one_line_at_check():
-    """It was torch's AssertionError traceback ('Torch not compiled with CUDA enabled') from the memory plan."""
+    """It was torch's AssertionError ('Torch not compiled with CUDA enabled') from the memory plan."""
     import torch
 
     if torch.cuda.is_available():
