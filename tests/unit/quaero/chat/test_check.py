@@ -46,6 +46,24 @@ def check(folder: Path, tmp_path: Path, *more: str):
                  "{% endfor %}{{ ns.x|tojson }}" + CHATML,
                  "(the chat template raised SecurityError: a list, tuple or dict literal would print as",
                  marks=pytest.mark.hostile),
+    # each passed check, refused later under another name, or raised a traceback (issue 55's degraded list)
+    pytest.param("{% if true %}" * 3000 + CHATML + "{% endif %}" * 3000,
+                 "(the chat template nests too deep to compile (RecursionError; a template compiles at most "
+                 "about 20 nested blocks); flatten it)", marks=pytest.mark.hostile),
+    pytest.param("  \n ", "(the tokenizer's chat template is empty (whitespace only))",
+                 marks=pytest.mark.hostile),
+    pytest.param("{# nothing #}", "(the chat template renders nothing for a conversation of 1 message(s))",
+                 marks=pytest.mark.hostile),
+    pytest.param(CHATML.replace("{{ m['content'] }}", "{{ m['content'] }}{% if messages|length > 7 %}"
+                                                      "{{ range(100000) | random }}{% endif %}"),
+                 "(the chat template renders the same conversation differently each time (it is not "
+                 "deterministic): 10 messages with tool calls and results)",
+                 marks=pytest.mark.hostile),
+    pytest.param(CHATML.replace("{{ m['content'] }}", "{{ m['content'] }}{% if m['role'] == 'tool' %}"
+                                                      "{{ range(100000) | random }}{% endif %}"),
+                 "(the chat template renders the same conversation differently each time (it is not "
+                 "deterministic): 10 messages with tool calls and results)",
+                 marks=pytest.mark.hostile),
 ])
 def test_bad_chat_templates_are_one_line_at_check(tmp_path, tiny_model_dir, template, needle):
     folder = model_with_template(tmp_path, tiny_model_dir, template)
@@ -106,3 +124,12 @@ def test_a_template_whose_tool_calls_round_trip_nowhere_is_refused_in_one_line(t
         check(model_with_template(tmp_path, tiny_model_dir, drops), tmp_path)
     line = str(e.value)
     assert "\n" not in line and "round-trip through this chat template neither in its own format nor" in line
+
+
+@pytest.mark.hostile
+def test_an_empty_chat_template_option_is_refused_not_replaced_by_the_tokenizers(tmp_path, tiny_model_dir):
+    """`renderer_options.chat_template = ""` passed check on the tokenizer's own template, without a word."""
+    with pytest.raises(ConfigError) as e:
+        load_checked(MAIN, [f"model.name='{tiny_model_dir}'", "model.renderer='template'",
+                            "model.renderer_options={chat_template=''}", f"run.output_dir='{tmp_path}'"])
+    assert "([model] renderer_options.chat_template is empty; give the template's text" in str(e.value)
