@@ -245,6 +245,8 @@ def check_model_and_renderer(cfg: QuaeroConfig, source: str = "config") -> None:
         render = RenderAdapter(tokenizer, cfg.model)
         prompts = [render.prompt_ids(_PROBE, _PROBE_TOOLS) for _ in range(2)]
         action = render.encode_assistant(_PROBE, _PROBE_TOOLS, _PROBE_CALL)
+    except registry.RendererUnavailable as e:
+        raise ConfigError(f"{said}: {e}") from None
     except (AssertionError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"{said} does not fit the tokenizer ({str(e)[:200]}); {fix}") from None
     if prompts[0] != prompts[1]:

@@ -133,3 +133,27 @@ def test_an_empty_chat_template_option_is_refused_not_replaced_by_the_tokenizers
         load_checked(MAIN, [f"model.name='{tiny_model_dir}'", "model.renderer='template'",
                             "model.renderer_options={chat_template=''}", f"run.output_dir='{tmp_path}'"])
     assert "([model] renderer_options.chat_template is empty; give the template's text" in str(e.value)
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("base,says", [
+    (None, ("downloads its vocab https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken, "
+            "and this machine is offline (HF_HUB_OFFLINE=1) with no copy in ")),
+    ("empty", "holds no o200k_base.tiktoken, the vocab gpt-oss's renderer (openai-harmony) loads"),
+])
+def test_gpt_oss_without_its_vocab_offline_is_one_line_before_any_download(tmp_path, monkeypatch, base, says):
+    """`renderer = "gpt-oss"` offline tried to download openai-harmony's vocab (55 s), then a traceback."""
+    from renderers import gpt_oss
+
+    monkeypatch.setattr(gpt_oss, "load_harmony_encoding", lambda *a: pytest.fail("a download was tried"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TIKTOKEN_RS_CACHE_DIR", str(tmp_path / "cache"))
+    if base:
+        (tmp_path / base).mkdir()
+        monkeypatch.setenv("TIKTOKEN_ENCODINGS_BASE", str(tmp_path / base))
+    else:
+        monkeypatch.delenv("TIKTOKEN_ENCODINGS_BASE", raising=False)
+    with pytest.raises(ConfigError) as e:
+        load_checked(MAIN, ["model.renderer='gpt-oss'", f"run.output_dir='{tmp_path / 'runs'}'"])
+    assert "renderer 'gpt-oss' (named in [model] renderer): " in str(e.value) and says in str(e.value)
+    assert "\n" not in str(e.value)
