@@ -41,6 +41,7 @@ from benchmarks.ablation import refuse_owned_sets
 from benchmarks.samplers import arm_figures, arm_name, eval_groups, read_run, seed_list, success_rate
 from quaero.telemetry import names
 from quaero.telemetry.summary import RunRecord
+from quaero.tools.display import finite_number
 from quaero.tools.outputs import bench_output, write_bench_output
 from quaero.tools.significance import format_and_task, paired_outcomes
 
@@ -91,11 +92,11 @@ def step_figures(run: RunRecord) -> dict[str, Any]:
     """Means (over the RL steps that report them) and sums of an arm's train_step figures."""
     steps = [e for e in run.steps if e.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL]
     out: dict[str, Any] = {}
-    for key in MEANS:
-        values = [e[key] for e in steps if isinstance(e.get(key), (int, float))]
+    for key in MEANS:  # a field that is no finite number (a crafted or damaged event) is not a value
+        values = [v for e in steps if (v := finite_number(e.get(key))) is not None]
         out[key] = statistics.fmean(values) if values else None
     for key in SUMS:
-        out[key] = sum(e.get(key) or 0 for e in steps)
+        out[key] = sum(finite_number(e.get(key)) or 0 for e in steps)
     return out
 
 

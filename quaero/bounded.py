@@ -36,6 +36,11 @@ class StoppedInCall(KeyboardInterrupt):
     """A stop request came while a user's call ran, and the call had not returned `grace_s` later."""
 
 
+class UserCallExited(RuntimeError):
+    """A user's call raised SystemExit, KeyboardInterrupt or another exception that is no `Exception`: user
+    code never ends a run without a word; its exit is the call's failure, handled as any error it raises."""
+
+
 class _Job:
     def __init__(self, call: Callable[[], Any]) -> None:
         self.call, self.done = call, threading.Event()
@@ -117,5 +122,9 @@ def bounded_call(call: Callable[[], Any], what: str, *, timeout_s: float | None,
             log.info(names.USER_CALL_WAITING_EVENT, call=what, elapsed_s=round(now - start, 1),
                      bound_s=timeout_s, **(progress() if progress is not None else {}))
     if job.error is not None:
+        if not isinstance(job.error, Exception):  # a Ctrl-C's signal comes to this thread, never to that one
+            said = f"{type(job.error).__name__}({str(job.error)[:100]})"
+            raise UserCallExited(f"{what} raised {said}: a user's call may not exit the run; raise an "
+                                 "exception instead") from job.error
         raise job.error
     return job.value

@@ -373,13 +373,13 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError:  # before torch imports: MKL aborts the process (exit 2) in a deleted folder
         say_error("the working directory was deleted; cd to an existing folder and run it again")
         return 1
-    if argv[:1] == ["bench"]:  # everything after `bench` belongs to the benchmark's own parser
-        return run_benchmark(argv[1:])
-    args = build_parser().parse_args(argv)
     from quaero.config import ConfigError
     from quaero.models.base import ModelNotFound
 
     try:
+        if argv[:1] == ["bench"]:  # everything after `bench` belongs to the benchmark's own parser
+            return int(run_benchmark(argv[1:]) or 0)
+        args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
     except (ConfigError, ModelNotFound) as e:
         say_error(str(e))

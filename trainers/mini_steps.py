@@ -84,5 +84,5 @@ def rollout_batch_step(trainer: TrainerView, rows: list[EchoRow], *, sft: bool, 
                                  old_logprobs=None if old is None else [old[i] for i in chunk],
                                  ref_logprobs=None if ref is None else [ref[i] for i in chunk],
                                  reference_seconds=ref_seconds if k == 0 else None)  # the batch's, once
-             for k, chunk in enumerate(chunks * spec.num_iterations)]
+             for k, chunk in enumerate(chunk for _ in range(spec.num_iterations) for chunk in chunks)]
     return merge_metrics(steps)

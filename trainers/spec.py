@@ -17,6 +17,10 @@ from typing import Any, Literal
 
 from trainers.policy_losses import Behaviour, PolicyLoss, PPOClip
 
+# passes over one rollout batch (PPO's epochs are 1-10): each a forward and backward of the whole batch, and
+# each mini-step's metrics are kept until the batch's event; a billion passes exhausted memory, not the run
+MAX_ITERATIONS = 64
+
 
 def option(default: Any, key: str, *, about: str, **bounds: Any) -> Any:
     """A trainer option: its default, the config key that sets it ("backend.lr" is `[backend] lr`), what it
@@ -238,8 +242,9 @@ class TrainerSpec:
         about="optimizer steps per rollout batch: its episodes in this many mini-batches, an optimizer step "
               "each (TRL's name)")
     num_iterations: int = option(
-        1, "training.num_iterations", ge=1,
-        about="passes over each rollout batch's mini-batches (TRL's name; PPO's epochs)")
+        1, "training.num_iterations", ge=1, le=MAX_ITERATIONS,
+        about="passes over each rollout batch's mini-batches (TRL's name; PPO's epochs), at most "
+              f"{MAX_ITERATIONS}")
     # how each term averages over the step (trainers/aggregation.py); loss_constant: Dr. GRPO's normaliser
     loss_aggregation: Literal["token_mean", "sequence_mean", "constant"] = option(
         "token_mean", "loss.aggregation",

@@ -16,7 +16,11 @@ A leaf: nothing of renderers, transformers or jinja2 is imported until a rendere
 """
 from __future__ import annotations
 
+import hashlib
+import os
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 # renderers 0.1.7's RENDERER_REGISTRY names (tests/unit/quaero/chat checks them against the package)
@@ -29,6 +33,15 @@ MODEL_TYPE_FAMILIES = {"qwen3": "qwen3", "qwen3_moe": "qwen3"}
 # the tokens a family's renderer asserts are in the vocabulary (renderers 0.1.7)
 FAMILY_TOKENS = {"qwen3": ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>", "</tool_call>",
                            "<tool_response>", "</tool_response>")}
+
+# gpt-oss's renderer loads openai-harmony's o200k vocab: from TIKTOKEN_ENCODINGS_BASE, else from its cache
+# (named by the URL's sha1, in TIKTOKEN_RS_CACHE_DIR or the temp folder's tiktoken-rs-cache), else downloaded
+HARMONY_VOCAB = "o200k_base.tiktoken"
+HARMONY_VOCAB_URL = f"https://openaipublic.blob.core.windows.net/encodings/{HARMONY_VOCAB}"
+
+
+class RendererUnavailable(ValueError):
+    """A renderer that cannot be built on this machine (one line: why, and the fix)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +81,8 @@ def build(tokenizer, choice: Choice, options: dict[str, Any]):
         from quaero.chat.template import TemplateRenderer
 
         return TemplateRenderer(tokenizer, **options)
+    if choice.name == "gpt-oss" and (problem := harmony_vocab_problem()):
+        raise RendererUnavailable(problem)
     from renderers.base import RENDERER_REGISTRY, _populate_registry
 
     _populate_registry()
@@ -76,4 +91,28 @@ def build(tokenizer, choice: Choice, options: dict[str, Any]):
         raise ValueError(f"unknown renderer {choice.name!r}; the names are {', '.join(NAMES)}")
     if choice.name == "qwen3":  # renderers' own default, kept explicit: thinking on
         options = {"enable_thinking": True, **options}
-    return cls(tokenizer, **options)
+    if choice.name != "gpt-oss":
+        return cls(tokenizer, **options)
+    try:
+        return cls(tokenizer, **options)
+    except RuntimeError as e:  # openai_harmony.HarmonyError: its vocab's download failed
+        raise RendererUnavailable(f"gpt-oss's renderer could not load its vocab ({str(e)[:160]}); set "
+                                  f"TIKTOKEN_ENCODINGS_BASE to a folder holding {HARMONY_VOCAB}") from None
+
+
+def harmony_vocab_problem() -> str | None:
+    """Why gpt-oss's renderer cannot load its vocab here without a download that cannot succeed (offline: it
+    retried for a minute, then raised a traceback); None where the vocab is there, or may be downloaded."""
+    if base := os.environ.get("TIKTOKEN_ENCODINGS_BASE"):
+        if (Path(base) / HARMONY_VOCAB).is_file():
+            return None
+        return (f"TIKTOKEN_ENCODINGS_BASE={base} holds no {HARMONY_VOCAB}, the vocab gpt-oss's renderer "
+                "(openai-harmony) loads; put the file there")
+    cache = Path(os.environ.get("TIKTOKEN_RS_CACHE_DIR") or Path(tempfile.gettempdir()) / "tiktoken-rs-cache")
+    if (cache / hashlib.sha1(HARMONY_VOCAB_URL.encode()).hexdigest()).is_file():  # harmony's own name
+        return None
+    if os.environ.get("HF_HUB_OFFLINE", "0") in ("0", "", "false"):
+        return None  # online: harmony downloads it (an error then is caught where the renderer is built)
+    return (f"gpt-oss's renderer (openai-harmony) downloads its vocab {HARMONY_VOCAB_URL}, and this machine "
+            f"is offline (HF_HUB_OFFLINE=1) with no copy in {cache}; download the file on a connected "
+            "machine into a folder and set TIKTOKEN_ENCODINGS_BASE to that folder")

@@ -286,6 +286,10 @@ class TemplateRunner:
             self._template = env.from_string(source)
         except jinja2.TemplateError as e:
             raise TemplateProblem(f"the chat template does not compile ({type(e).__name__}: {e})") from None
+        except (RecursionError, SyntaxError, MemoryError) as e:  # its parser recurses per nesting level and
+            # Python compiles at most 20 nested blocks, 100 indents: a 3,000-deep `{% if %}` nest
+            raise TemplateProblem(f"the chat template nests too deep to compile ({type(e).__name__}; a "
+                                  "template compiles at most about 20 nested blocks); flatten it") from None
 
     def render(self, **variables: Any) -> str:
         """The template's text; raises TemplateProblem on any error inside it, past `max_chars` or past

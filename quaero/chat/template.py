@@ -43,6 +43,15 @@ _PROBE_CALLS = [{"type": "function", "function": {"name": "get_weather", "argume
                 {"type": "function", "function": {"name": "search", "arguments": {
                     "query": "crème brûlée", "filters": {"max": 10, "vegan": False}}}}]
 
+# the determinism probes: one user message (no tools), then nine messages with tools, calls and results
+_DETERMINISM_CHATS = (
+    ([{"role": "user", "content": "u"}], None),
+    ([{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+      *[m for i in range(3)
+        for m in ({"role": "assistant", "content": f"a{i}", "tool_calls": _PROBE_CALLS[:1]},
+                  {"role": "tool", "content": f"t{i}"})],
+      {"role": "assistant", "content": "a"}, {"role": "user", "content": "u"}], _PROBE_TOOLS))
+
 
 @dataclass(frozen=True)
 class Refusal:
@@ -96,9 +105,14 @@ class TemplateRenderer:
 
     def __init__(self, tokenizer, *, chat_template: str | None = None, tool_format: str = "auto",
                  **template_variables: Any):
-        source = chat_template or chat_template_of(tokenizer)
+        if chat_template is not None and not chat_template.strip():  # never silently the tokenizer's own
+            raise TemplateProblem("[model] renderer_options.chat_template is empty; give the template's "
+                                  "text, or drop the option to use the tokenizer's own")
+        source = chat_template if chat_template is not None else chat_template_of(tokenizer)
         if not source:
             raise TemplateProblem("the tokenizer has no chat template")
+        if not source.strip():
+            raise TemplateProblem("the tokenizer's chat template is empty (whitespace only)")
         if tool_format not in ("auto", "template", "prompt"):
             raise ValueError(f"tool_format={tool_format!r} is not 'auto', 'template' or 'prompt'")
         self._tokenizer = tokenizer
@@ -108,11 +122,6 @@ class TemplateRenderer:
         self.tools_in_template = (tool_format == "template"
                                   or (tool_format == "auto" and "tools" in self._runner.variables))
         self._thinks = "</think>" in source
-        probe = [{"role": "user", "content": "u"}]
-        if len({self._runner.render(messages=probe, tools=None, documents=None, add_generation_prompt=True,
-                                    **self.template_variables) for _ in range(3)}) > 1:
-            raise TemplateProblem("the chat template renders the same conversation differently each time (it "
-                                  "is not deterministic)")
         self._parts = self._wants_parts()
         self._system_role = self._renders_system_role()
         self._tool_role = self._renders_tool_role()
@@ -123,6 +132,7 @@ class TemplateRenderer:
             (self._tool_role, "tool results sent as user turns (the template has no `tool` role)"),
             (not self._parts, ("message text sent as a list of text parts (the template reads no plain "
                               "string content)"))) if not ok]
+        self._check_deterministic()
         self.close_text, self.close_id = self._find_close()
         self._format, self.max_calls, self.tool_format_why = self._choose_tool_format(tool_format)
         self.tool_format_chosen = self._format.name
@@ -322,6 +332,26 @@ class TemplateRenderer:
         except TemplateProblem:
             return False
         return "Qx7tool" in text
+
+    def _check_deterministic(self) -> None:
+        """TemplateProblem where a conversation renders differently on each render, or renders as nothing.
+        Probed on one user message and on a longer one with tool calls and results (a template's randomness
+        can hide behind a message count or a role); the longer one is skipped where the template raises on
+        it (the tool-format round trip and the bridge judge that)."""
+        for chat, tools in _DETERMINISM_CHATS:
+            try:
+                texts = {self.render_text(chat, tools=tools, add_generation_prompt=True) for _ in range(3)}
+            except TemplateProblem:
+                if len(chat) == 1:
+                    raise
+                continue
+            if len(texts) > 1:
+                seen = "" if len(chat) == 1 else f": {len(chat)} messages with tool calls and results"
+                raise TemplateProblem("the chat template renders the same conversation differently each time "
+                                      f"(it is not deterministic){seen}")
+            if not next(iter(texts)).strip():
+                raise TemplateProblem(f"the chat template renders nothing for a conversation of {len(chat)} "
+                                      "message(s)")
 
     def _find_close(self) -> tuple[str | None, int | None]:
         """The added token right after an assistant's content in the template's render (None: none there)."""

@@ -2,8 +2,8 @@
 
 quaero/config/ judges what the config alone decides; this module judges what depends on the
 code and hardware at hand: a known trainer and its declared capabilities (trainers/registry.py),
-CUDA for compiled CE in `require` mode, vLLM for the vllm sampler, CUDA devices for server mode's
-weight transfer and server placement, the logging sinks' packages.
+CUDA for `[run] device = "cuda"` and for compiled CE in `require` mode, vLLM for the vllm sampler, CUDA
+devices for server mode's weight transfer and server placement, the logging sinks' packages.
 `quaero check` and `quaero train` call `load_checked`, and the recipe calls `check_components` again
 before it builds anything, so a config that cannot run fails before any model loads, with one line.
 """
@@ -41,13 +41,16 @@ def check_components(cfg: QuaeroConfig, source: str = "config") -> None:
     if launched > 1 and cfg.distributed.strategy == "none":
         raise ConfigError(f"{source} [distributed] strategy='none' under torchrun with {launched} ranks: "
                           "every rank would train on all rows alone; set strategy = 'ddp' or 'fsdp2'")
-    opts = cfg.backend.options
-    if opts.train_compile_selective_ce == "require" and cfg.run.device != "cuda":
-        import torch
+    import torch
 
-        if not torch.cuda.is_available():
-            raise ConfigError(f"{source} [backend.options] train_compile_selective_ce='require': needs CUDA "
-                              "and none is available; use 'auto' (falls back with a reason) or 'off'")
+    if cfg.run.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{source} [run] device='cuda': this torch has no CUDA device (built "
+                          f"{'without CUDA' if torch.version.cuda is None else 'with CUDA, none visible'}); "
+                          "use device = 'auto' (CUDA where there is one, else the CPU) or 'cpu'")
+    opts = cfg.backend.options
+    if opts.train_compile_selective_ce == "require" and not torch.cuda.is_available():
+        raise ConfigError(f"{source} [backend.options] train_compile_selective_ce='require': needs CUDA "
+                          "and none is available; use 'auto' (falls back with a reason) or 'off'")
     backend = cfg.sampler.backend
     if backend != samplers.AUTO and not samplers.installed(backend):
         engine = samplers.SAMPLERS[backend]
@@ -240,6 +243,8 @@ def check_model_and_renderer(cfg: QuaeroConfig, source: str = "config") -> None:
         render = RenderAdapter(tokenizer, cfg.model)
         prompts = [render.prompt_ids(_PROBE, _PROBE_TOOLS) for _ in range(2)]
         action = render.encode_assistant(_PROBE, _PROBE_TOOLS, _PROBE_CALL)
+    except registry.RendererUnavailable as e:
+        raise ConfigError(f"{said}: {e}") from None
     except (AssertionError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"{said} does not fit the tokenizer ({str(e)[:200]}); "
                           f"{renderer_advice(str(e), choice.name)}") from None

@@ -32,6 +32,9 @@ _SENTINELS = ("A", "Z")
 WORD_JOINER = "\u2060"
 
 
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"  # a reasoning block: no call inside it is an action
+
+
 class UnparsableAction(Exception):
     """The renderer's parser raised on a sampled reply; `.message` is the reply as plain assistant text
     (no tool calls), which the env session answers with its corrective message like any malformed action."""
@@ -310,16 +313,16 @@ class RenderAdapter:
         prompt holds no special id the model did not sample; the env receives it with the joiner."""
         ids = self._spelled_defused(list(completion_ids))
         try:
-            parsed = self.renderer.parse_response(ids)
+            content, reasoning, calls = self._parsed(ids)
         except Exception as e:
             # `<tool_call>5</tool_call>` (valid JSON, not an object); any parser error is a malformed reply
             text = self.tokenizer.decode([t for t in ids if t not in self.stop_token_ids])
             raise UnparsableAction(f"{type(e).__name__}: {e}", {"role": "assistant", "content": text,
                                                                  "reasoning_content": None,
                                                                 "tool_calls": None}) from e
-        calls = [{"type": "function", "function": tc.get("function", tc)} for tc in parsed.tool_calls or []]
-        message = {"role": "assistant", "content": parsed.content or "",
-                   "reasoning_content": parsed.reasoning_content or None, "tool_calls": calls or None}
+        calls = [{"type": "function", "function": tc.get("function", tc)} for tc in calls or []]
+        message = {"role": "assistant", "content": content or "", "reasoning_content": reasoning or None,
+                   "tool_calls": calls or None}
         shape = _call_shape_error(calls)
         if shape:
             # renderers' parser passes any JSON value through as a call's name: rendered into the next prompt,
@@ -336,6 +339,30 @@ class RenderAdapter:
                                    {"role": "assistant", "content": text, "reasoning_content": None,
                                     "tool_calls": None})
         return message
+
+    def _parsed(self, ids: list[int]) -> tuple[str | None, str | None, list | None]:
+        """(content, reasoning, calls) of a reply by the renderer's parser, where a call written inside the
+        reasoning (`<think>` .. `</think>`, or after a `<think>` never closed) is no action: the renderers'
+        parsers read calls anywhere in the reply. Where the reply's calls outside its reasoning differ from
+        the parser's, they are read from the text after the reasoning alone, the reasoning kept as text."""
+        stop = next((i for i, t in enumerate(ids) if t in self.stop_token_ids), len(ids))
+        text = self.tokenizer.decode(ids[:stop], skip_special_tokens=False)
+        if THINK_CLOSE in text:
+            reasoning, _, rest = text.partition(THINK_CLOSE)
+        elif THINK_OPEN in text:
+            rest, _, reasoning = text.partition(THINK_OPEN)
+        else:
+            parsed = self.renderer.parse_response(ids)
+            return parsed.content, parsed.reasoning_content, parsed.tool_calls
+        try:
+            parsed = self.renderer.parse_response(ids)
+        except Exception:  # noqa: BLE001 - a malformed call inside the reasoning: the rest alone decides
+            parsed = None
+        after = self.renderer.parse_response(self.tokenizer.encode(rest, add_special_tokens=False)
+                                             + ids[stop:])
+        if parsed is not None and len(parsed.tool_calls or []) == len(after.tool_calls or []):
+            return parsed.content, parsed.reasoning_content, parsed.tool_calls
+        return after.content, reasoning.replace(THINK_OPEN, "").strip() or None, after.tool_calls
 
     def encode_assistant(self, messages: list[dict], tools: list[dict] | None, assistant: dict) -> list[int]:
         """Token ids a model would have sampled to produce `assistant` after `messages` (scripted policies):

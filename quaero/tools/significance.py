@@ -89,12 +89,16 @@ def paired_outcomes(a: dict, b: dict, *, seed: int = 0) -> dict:
             "mcnemar_p": mcnemar_exact(a_only, b_only), "reward_diff": diff, "reward_diff_ci95": [low, high]}
 
 
-def format_and_task(a: dict, b: dict, a_formats: dict, b_formats: dict) -> dict | None:
+def format_and_task(a: dict | None, b: dict | None, a_formats: dict | None,
+                    b_formats: dict | None) -> dict | None:
     """A success comparison of A and B (outcomes {key: (success, reward)}) split in two, on the keys all four
     share, with each episode's format ({key: malformed actions}): **format**, the share of episodes with no
     malformed action (McNemar exact on the pairs where one side is well formed and the other not), and
     **task**, the success rate among each side's well-formed episodes. A gain that is only the action format
-    raises the first and leaves the second. None where no key has all four."""
+    raises the first and leaves the second. None where no key has all four (or one side has none: an eval
+    whose per-task lists were unreadable)."""
+    if not (a and b and a_formats and b_formats):
+        return None
     shared = [k for k in a if k in b and k in a_formats and k in b_formats]
     if not shared:
         return None

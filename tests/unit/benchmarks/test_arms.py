@@ -188,3 +188,55 @@ def test_an_arms_own_run_name_folder_and_seed_come_after_every_user_set(tmp_path
                        None)
     sets = [x for x in ran[0] if "=" in x]
     assert sets[-3:] == ["run.name=a-s0", f"run.output_dir={tmp_path}", "run.seed=0"]
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("arm", ["kl: training.nope=1", "kl: training.steps=[", "kl: =1"])
+def test_a_bad_arm_set_through_the_cli_is_one_line_not_a_traceback(tmp_path, warm_runs, monkeypatch, capsys,
+                                                                   arm):
+    """`quaero bench` ran outside the CLI's error handling: a set the config refuses printed a traceback."""
+    from quaero import cli
+
+    monkeypatch.setattr(samplers, "train_arm", lambda *a, **k: pytest.fail("an arm was trained"))
+    assert cli.main(["bench", "arms", "envs/toolbench.toml", "--from", str(warm_runs / "warm-s{seed}"),
+                     "--from-step", "500", "--seeds", "0", "--budget", "2000", "--out", str(tmp_path / "out"),
+                     "--arm", arm]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("warm_eval,arm_step,arm_eval", [
+    ({"eval_results": "crafted"}, {}, {}),  # the warm start's per-task results unreadable, its formats not
+    ({}, {}, {"eval_results": [[0, "x", "y"]]}),  # the arm's eval: no readable result
+    ({}, {"guided_members": "many", "groups_guided": [1], "clip_fraction": float("nan")}, {}),
+])
+def test_crafted_events_never_make_bench_arms_raise(tmp_path, monkeypatch, warm_eval, arm_step, arm_eval):
+    """Each raised TypeError in the report's join (format_and_task on None outcomes, sum over a string)."""
+    from quaero.recipe import checkpoint
+
+    def write(run_dir, events):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / names.EVENTS).write_text("".join(json.dumps(e) + "\n" for e in events))
+
+    def evaluation(step, **crafted):
+        return {"event": names.EVAL_EVENT, "step": step, "eval_results": [[i, i % 2, 1.0] for i in range(4)],
+                "eval_formats": [[i, 0, 2] for i in range(4)], **crafted}
+
+    source = tmp_path / "warm-s0"
+    checkpoint.save(source / "checkpoints", 500, {"step": 500}, keep=2)
+    write(source, [evaluation(500, **warm_eval)])
+
+    def train_arm(config, out, name, seed, arm, common, source, from_step):
+        write(out / name, [{"event": names.TRAIN_STEP_EVENT, "step": 501, "phase": "rl", "loss": 0.1,
+                            "generated_tokens": 10, **arm_step}, evaluation(502, **arm_eval),
+                           {"event": names.RUN_END_EVENT, "step": 502, "status": "finished"}])
+        return out / name
+
+    monkeypatch.setattr(samplers, "train_arm", train_arm)
+    assert arms.main(["envs/toolbench.toml", "--from", str(source), "--from-step", "500", "--seeds", "0",
+                      "--budget", "2000", "--arm", "base", "--arm", "b: training.beta=0", "--out",
+                      str(tmp_path / "out"), "--json", str(tmp_path / "arms.json")]) == 0
+    if arm_step:  # a field that is no finite number is no value
+        row = json.loads((tmp_path / "arms.json").read_text())["rows"][0]
+        assert (row["guided_members"], row["groups_guided"], row["clip_fraction"]) == (0, 0, None)

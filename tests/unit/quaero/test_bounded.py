@@ -34,6 +34,18 @@ def test_a_call_gives_its_value_or_its_own_error():
         bounded_call(lambda: 1 / 0, "f()", timeout_s=1, bound="b")
 
 
+@pytest.mark.parametrize("exits", [SystemExit(3), KeyboardInterrupt(), GeneratorExit()])
+def test_a_call_that_exits_is_the_calls_failure_not_the_runs_silent_end(exits):
+    """An oracle's sys.exit or KeyboardInterrupt while guiding ended the run with no line and no run_end."""
+    def call():
+        raise exits
+
+    with pytest.raises(bounded.UserCallExited, match=rf"^f\(\) raised {type(exits).__name__}\(.*\): a user's "
+                                                      "call may not exit the run"):
+        bounded_call(call, "f()", timeout_s=1, bound="b")
+    assert isinstance(bounded.UserCallExited("x"), Exception)  # every `except Exception` of a caller holds it
+
+
 def test_a_call_past_its_bound_is_named_with_the_setting_that_bounds_it():
     t0 = time.monotonic()
     with pytest.raises(CallTimeout, match=r"^S: sample\(4\) did not return within 0.3s \(\[env.tasks\] "

@@ -47,6 +47,24 @@ def check(folder: Path, tmp_path: Path, *more: str):
                  "{% endfor %}{{ ns.x|tojson }}" + CHATML,
                  "(the chat template raised SecurityError: a list, tuple or dict literal would print as",
                  marks=pytest.mark.hostile),
+    # each passed check, refused later under another name, or raised a traceback (issue 55's degraded list)
+    pytest.param("{% if true %}" * 3000 + CHATML + "{% endif %}" * 3000,
+                 "(the chat template nests too deep to compile (RecursionError; a template compiles at most "
+                 "about 20 nested blocks); flatten it)", marks=pytest.mark.hostile),
+    pytest.param("  \n ", "(the tokenizer's chat template is empty (whitespace only))",
+                 marks=pytest.mark.hostile),
+    pytest.param("{# nothing #}", "(the chat template renders nothing for a conversation of 1 message(s))",
+                 marks=pytest.mark.hostile),
+    pytest.param(CHATML.replace("{{ m['content'] }}", "{{ m['content'] }}{% if messages|length > 7 %}"
+                                                      "{{ range(100000) | random }}{% endif %}"),
+                 "(the chat template renders the same conversation differently each time (it is not "
+                 "deterministic): 10 messages with tool calls and results)",
+                 marks=pytest.mark.hostile),
+    pytest.param(CHATML.replace("{{ m['content'] }}", "{{ m['content'] }}{% if m['role'] == 'tool' %}"
+                                                      "{{ range(100000) | random }}{% endif %}"),
+                 "(the chat template renders the same conversation differently each time (it is not "
+                 "deterministic): 10 messages with tool calls and results)",
+                 marks=pytest.mark.hostile),
 ])
 def test_bad_chat_templates_are_one_line_at_check(tmp_path, tiny_model_dir, template, needle):
     folder = model_with_template(tmp_path, tiny_model_dir, template)
@@ -107,3 +125,36 @@ def test_a_template_whose_tool_calls_round_trip_nowhere_is_refused_in_one_line(t
         check(model_with_template(tmp_path, tiny_model_dir, drops), tmp_path)
     line = str(e.value)
     assert "\n" not in line and "round-trip through this chat template neither in its own format nor" in line
+
+
+@pytest.mark.hostile
+def test_an_empty_chat_template_option_is_refused_not_replaced_by_the_tokenizers(tmp_path, tiny_model_dir):
+    """`renderer_options.chat_template = ""` passed check on the tokenizer's own template, without a word."""
+    with pytest.raises(ConfigError) as e:
+        load_checked(MAIN, [f"model.name='{tiny_model_dir}'", "model.renderer='template'",
+                            "model.renderer_options={chat_template=''}", f"run.output_dir='{tmp_path}'"])
+    assert "([model] renderer_options.chat_template is empty; give the template's text" in str(e.value)
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("base,says", [
+    (None, ("downloads its vocab https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken, "
+            "and this machine is offline (HF_HUB_OFFLINE=1) with no copy in ")),
+    ("empty", "holds no o200k_base.tiktoken, the vocab gpt-oss's renderer (openai-harmony) loads"),
+])
+def test_gpt_oss_without_its_vocab_offline_is_one_line_before_any_download(tmp_path, monkeypatch, base, says):
+    """`renderer = "gpt-oss"` offline tried to download openai-harmony's vocab (55 s), then a traceback."""
+    from renderers import gpt_oss
+
+    monkeypatch.setattr(gpt_oss, "load_harmony_encoding", lambda *a: pytest.fail("a download was tried"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TIKTOKEN_RS_CACHE_DIR", str(tmp_path / "cache"))
+    if base:
+        (tmp_path / base).mkdir()
+        monkeypatch.setenv("TIKTOKEN_ENCODINGS_BASE", str(tmp_path / base))
+    else:
+        monkeypatch.delenv("TIKTOKEN_ENCODINGS_BASE", raising=False)
+    with pytest.raises(ConfigError) as e:
+        load_checked(MAIN, ["model.renderer='gpt-oss'", f"run.output_dir='{tmp_path / 'runs'}'"])
+    assert "renderer 'gpt-oss' (named in [model] renderer): " in str(e.value) and says in str(e.value)
+    assert "\n" not in str(e.value)

@@ -12,6 +12,10 @@ from quaero.chat.sandbox import TemplateProblem, TemplateRunner
     ("{% for i in range(100000) %}{{ 'x' * 100 }}{% endfor %}", "rendered more than 1,000 characters"),
     ("{% for m in messages %}", "does not compile"),
     ("{{ raise_exception('Roles must alternate') }}", "raised TemplateError: Roles must alternate"),
+    # a RecursionError traceback (jinja2's parser recurses per level), then Python's compile limits
+    ("{% if true %}" * 3000 + "x" + "{% endif %}" * 3000, r"nests too deep to compile \(RecursionError"),
+    ("{% for i in [1] %}" * 25 + "x" + "{% endfor %}" * 25, r"nests too deep to compile \(SyntaxError"),
+    ("{{ " + "(" * 3000 + "1" + ")" * 3000 + " }}", r"nests too deep to compile \(RecursionError"),
 ])
 def test_templates_are_sandboxed_and_bounded(source, needle):
     with pytest.raises(TemplateProblem, match=needle):

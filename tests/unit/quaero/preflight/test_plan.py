@@ -45,6 +45,31 @@ def test_compiled_ce_require_needs_cuda():
         load_checked(MAIN, ["backend.options.train_compile_selective_ce='require'"])
 
 
+@pytest.mark.hostile
+def test_device_cuda_without_cuda_is_one_line_at_check():
+    """It was torch's AssertionError ('Torch not compiled with CUDA enabled') from the memory plan."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA, so device='cuda' is legal here")
+    with pytest.raises(ConfigError) as e:
+        load_checked(MAIN, ["run.device='cuda'"])
+    assert str(e.value).startswith(f"{MAIN} [run] device='cuda': this torch has no CUDA device")
+    assert "use device = 'auto'" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.hostile
+def test_num_iterations_past_its_bound_is_refused_at_check_with_the_figure():
+    """A billion passes over a batch passed check; the RL step's mini-step list then exhausted memory."""
+    from trainers.spec import MAX_ITERATIONS
+
+    assert load_checked(MAIN, [f"training.num_iterations={MAX_ITERATIONS}"]).training.num_iterations == 64
+    with pytest.raises(ConfigError) as e:
+        load_checked(MAIN, ["training.num_iterations=1000000000"])
+    assert str(e.value) == (f"{MAIN} [training] num_iterations=1000000000: Input should be less than or "
+                            "equal to 64")
+
+
 def test_component_rules_are_not_config_rules():
     """load_config reads the schema only; the recipe checks the components before any model loads."""
     cfg = load_config(MAIN, ["backend.backend='tinker'"])

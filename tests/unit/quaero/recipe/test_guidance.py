@@ -284,7 +284,13 @@ def test_a_guide_past_its_bound_or_raising_mid_episode_drops_its_member_counted_
             return inner(messages)
         return act
 
-    for guide, counter in ((slow, names.GUIDES_TIMED_OUT), (raises_on_turn_two, names.GUIDES_FAILED)):
+    def exits(info):  # an oracle that ends the process (or raises Ctrl-C's exception) while guiding
+        def act(messages):
+            raise SystemExit(0) if len(messages) % 2 else KeyboardInterrupt
+        return act
+
+    for guide, counter in ((slow, names.GUIDES_TIMED_OUT), (raises_on_turn_two, names.GUIDES_FAILED),
+                           (exits, names.GUIDES_FAILED)):
         parts, counts = _parts(qwen3_render, guidance__timeout_s=0.2)
         parts = replace(parts, envs=[replace(parts.envs[0], oracle=guide)])
         started = time.monotonic()

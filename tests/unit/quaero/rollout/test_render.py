@@ -234,3 +234,23 @@ def test_a_sampled_call_whose_name_is_no_string_is_a_malformed_reply_not_the_end
         render.parse(ids)
     assert e.value.message["tool_calls"] is None and body in e.value.message["content"]
     render.prompt_ids([*CHAT, e.value.message, {"role": "user", "content": "again"}], TOOLS)
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("renderer", ["qwen3", "template"])
+@pytest.mark.parametrize("reply,calls,content", [
+    ("<think>\nI could {call}\n</think>\n\nIt is sunny.<|im_end|>", [], "It is sunny."),  # closed reasoning
+    ("<think>\nI could {call}\nthen<|im_end|>", [], ""),  # a reasoning block never closed
+    ("<think>\n{call}\n</think>\n\n{other}<|im_end|>", ["Rome"], ""),  # only the call after it
+    ("<think>\nok\n</think>\n\n{call}<|im_end|>", ["Paris"], None),  # a call after reasoning: an action
+])
+def test_a_call_written_inside_the_reasoning_is_no_action(qwen3_tokenizer, renderer, reply, calls, content):
+    """Both parsers read `<tool_call>` anywhere in the reply: a call the model only thought about ran."""
+    adapter = RenderAdapter(qwen3_tokenizer, ModelConfig(renderer=renderer))
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    text = reply.format(call=call, other=call.replace("Paris", "Rome"))
+    message = adapter.parse(qwen3_tokenizer.encode(text, add_special_tokens=False))
+    assert [c["function"]["arguments"]["city"] for c in message["tool_calls"] or []] == calls
+    assert content is None or message["content"] == content
+    if not calls or len(calls) == 1 and "Rome" in calls:  # the reasoning kept as text, its call in it
+        assert "Paris" in message["reasoning_content"] and "<|im_end|>" not in message["reasoning_content"]
