@@ -82,3 +82,19 @@ def test_threads_that_keep_multiplying_are_not_flat_whatever_the_rss():
     assert v["flat"] is False and v["why"] == "its threads grew 1451 -> 2838 (steps 100 -> 200)"
     after = [{"step": 100, "rss_gib": 1.274, "threads": 35}, {"step": 303, "rss_gib": 1.3, "threads": 60}]
     assert soak.verdict(after, reference_step=100, tolerance=0.1, ceiling_gib=1.94)["flat"] is True
+
+
+def test_a_stage_reading_splits_the_rss_and_reads_malloc_s_heap(capsys):
+    import json
+    import platform
+
+    from benchmarks import soak_stages
+
+    before = soak_stages.stage("before")
+    block = bytearray(64 * 2**20)  # 64 MiB, touched (zeroed): resident and anonymous
+    after = soak_stages.stage("after")
+    assert json.loads(capsys.readouterr().out.splitlines()[-1]) == after
+    assert after["anon_mib"] - before["anon_mib"] >= 60 and after["rss_mib"] >= after["anon_mib"]
+    if platform.libc_ver()[0] == "glibc":
+        assert after["heap_mib"] + after["mmapped_mib"] - before["heap_mib"] - before["mmapped_mib"] >= 60
+    del block
