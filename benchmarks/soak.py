@@ -3,17 +3,20 @@ steps against the memory plan: does the process's memory stay flat?
 
     quaero bench soak --sft-steps 500 --rl-steps 12 --every 25
     quaero bench soak --config envs/toolbench_smollm2.toml --sft-steps 500 --rl-steps 0 --every 50
+    quaero bench soak --stages   # where the memory goes before the first step (benchmarks/soak_stages.py)
 
 It runs `quaero train CONFIG` (the main job by default) with `[training] warmup_sft_steps = N`, `steps = M`,
-`eval_every = 0` and a run folder of its own in a temporary directory (`--set` adds to the config; the run's
-name and folder are the bench's), and reads the run's process from outside: each time the run's events reach
-a multiple of K steps, its RSS (/proc/PID/status VmRSS) and its thread count. Beside them: `quaero check`'s
-memory plan peak for the config (the trainer step's tensors, without the runtime or what malloc keeps).
+`eval_every` (`--eval-every`, 0: no eval) and a run folder of its own in a temporary directory (`--set`
+adds to the config; the run's name and folder are the bench's), and reads the run's process from outside:
+each time the run's events reach a multiple of K steps, its RSS (/proc/PID/status VmRSS, with its anonymous
+and file-backed parts) and its thread count. Beside them: `quaero check`'s memory plan for the config: the
+step's peak, the sampler's share (vLLM's engine; the hf sampler's KV reuse store) and the process baseline
+(the runtime: stated, measured by `--stages`), whose sum is the RSS the plan expects.
 
 Verdict: flat when every reading from `--reference-step` on (after warm-up: the allocator's caches filled,
 the sampler built) is within `--tolerance` (10%) of the reading at that step, and the largest reading is
-within the plan's peak plus `--margin-gib` (the process's runtime, torch, transformers, the env client, and
-malloc's cache: stated, not derived). The exit status is 1 when it is not flat.
+within the plan's expected RSS plus `--margin-gib` (fragments malloc's cache keeps, the sampler's transient
+batch). The exit status is 1 when it is not flat.
 """
 from __future__ import annotations
 
@@ -38,17 +41,23 @@ THREADS_SLACK = 32  # threads a phase may start past the reference reading (a sa
 # the bench's own: a user's --set may not point its run into a user's run folder
 OWN_KEYS = ("run.output_dir", "run.name", "training.warmup_sft_steps", "training.steps",
             "training.eval_every")
+STAGES_TIMEOUT_S = 1800
+
+
+STATUS_BYTES = {"VmRSS:": "rss", "RssAnon:": "anon", "RssFile:": "file"}  # kB fields of /proc/PID/status
 
 
 def proc_status(pid: int) -> dict[str, int] | None:
-    """VmRSS (bytes) and Threads of a live process; None once it has gone."""
+    """VmRSS and its anonymous (heap, tensors, malloc's cache) and file-backed (mapped libraries and model
+    files) parts, in bytes, and Threads, of a live process; None once it has gone."""
     out = {}
     try:
         with open(f"/proc/{pid}/status", encoding="utf-8") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
-                    out["rss"] = int(line.split()[1]) * 1024
-                elif line.startswith("Threads:"):
+                key = line.split(maxsplit=1)[0] if line.strip() else ""
+                if key in STATUS_BYTES:
+                    out[STATUS_BYTES[key]] = int(line.split()[1]) * 1024
+                elif key == "Threads:":
                     out["threads"] = int(line.split()[1])
     except (OSError, ValueError, IndexError):
         return None
@@ -79,18 +88,14 @@ def new_steps(events: Path, seen: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def plan_peak_gib(config: str, sets: list[str]) -> float | None:
-    """`quaero check`'s memory plan peak for the config on a CPU (None where the model's shape is unknown)."""
+def plan_gib(config: str, sets: list[str]) -> dict[str, float] | None:
+    """`quaero check`'s memory plan for the config on a CPU, in GiB: the step's `peak`, the `sampler`'s share,
+    the process `baseline` and the RSS they add up to (`process`); None where the model's shape is unknown."""
     from quaero.config.load import load_config
-    from quaero.models.load import config_fields
-    from quaero.preflight.memory_lines import step_shape
-    from quaero.preflight.memory_plan import ModelDims, plan
+    from quaero.preflight.memory_lines import expected_rss
 
-    cfg = load_config(config, sets)
-    fields = config_fields(cfg.model.name)
-    if fields is None:
-        return None
-    return round(plan(ModelDims.from_fields(fields), step_shape(cfg, "cpu")[0]).peak / GIB, 3)
+    parts = expected_rss(load_config(config, sets), "cpu")
+    return None if parts is None else {k: round(v / GIB, 3) for k, v in parts.items()}
 
 
 def verdict(readings: list[dict[str, Any]], *, reference_step: int, tolerance: float,
@@ -114,7 +119,8 @@ def verdict(readings: list[dict[str, Any]], *, reference_step: int, tolerance: f
     why = [] if within else [(f"RSS at step {worst['step']} is {drift:+.0%} from step {ref['step']}'s "
                               f"(tolerance {tolerance:.0%})")]
     if not under:
-        why.append(f"its peak {peak} GiB is above the plan's peak plus the margin ({ceiling_gib} GiB)")
+        why.append(f"its peak {peak} GiB is above the plan's expected RSS plus the margin "
+                   f"({ceiling_gib} GiB)")
     if not threads_ok:
         why.append(f"its threads grew {counts[0][1]} -> {counts[-1][1]} (steps {counts[0][0]} -> "
                    f"{counts[-1][0]})")
@@ -128,7 +134,8 @@ def verdict(readings: list[dict[str, Any]], *, reference_step: int, tolerance: f
 def reading(event: dict[str, Any], step: int, sft_steps: int, pid: int | None, seconds: float,
             plan: float | None) -> dict[str, Any]:
     """One step's reading, printed as it comes: the run's own RSS at the step's end (`process_rss_mb`; the
-    process's RSS now where the run logs none) and the process's threads now."""
+    process's RSS now where the run logs none), and the process's threads and RSS's anonymous and
+    file-backed parts now."""
     from quaero.telemetry import names
 
     st = proc_status(pid) if pid is not None else None
@@ -136,8 +143,10 @@ def reading(event: dict[str, Any], step: int, sft_steps: int, pid: int | None, s
     rss_gib = rss / 1024 if isinstance(rss, (int, float)) else (st or {}).get("rss", 0) / GIB
     r = {"step": step, "phase": "sft" if step <= sft_steps else "rl", "rss_gib": round(rss_gib, 3),
          "threads": (st or {}).get("threads"), "s": round(seconds, 1)}
-    print(f"step {step:>5} {r['phase']:<3} rss {r['rss_gib']:.3f} GiB  threads {r['threads']}  plan peak "
-          f"{plan} GiB", file=sys.stderr, flush=True)
+    if st:
+        r.update(anon_gib=round(st.get("anon", 0) / GIB, 3), file_gib=round(st.get("file", 0) / GIB, 3))
+    print(f"step {step:>5} {r['phase']:<3} rss {r['rss_gib']:.3f} GiB (anon {r.get('anon_gib')}, file "
+          f"{r.get('file_gib')})  threads {r['threads']}  plan {plan} GiB", file=sys.stderr, flush=True)
     return r
 
 
@@ -146,10 +155,11 @@ def soak(args) -> dict[str, Any]:
     if clash is not None:
         raise SystemExit(f"quaero bench soak: --set {clash!r}: the bench sets {', '.join(OWN_KEYS)} "
                          "itself (use --sft-steps and --rl-steps)")
-    plan = plan_peak_gib(args.config, args.set)
+    planned = plan_gib(args.config, args.set)
+    plan = None if planned is None else planned["process"]
     with tempfile.TemporaryDirectory(prefix="quaero-soak-") as tmp:
         own = [f"run.output_dir={tmp}", "run.name=soak", f"training.warmup_sft_steps={args.sft_steps}",
-               f"training.steps={args.rl_steps}", "training.eval_every=0"]
+               f"training.steps={args.rl_steps}", f"training.eval_every={args.eval_every}"]
         cmd = [sys.executable, "-m", "quaero.cli", "train", args.config,
                *[a for s in [*args.set, *own] for a in ("--set", s)]]
         log = open(Path(tmp) / "train.log", "w", encoding="utf-8")  # noqa: SIM115 - closed below
@@ -178,7 +188,8 @@ def soak(args) -> dict[str, Any]:
     ceiling = None if plan is None else round(plan + args.margin_gib, 3)
     return {"config": args.config, "set": args.set, "sft_steps": args.sft_steps, "rl_steps": args.rl_steps,
             "every": args.every, "returncode": proc.returncode, "seconds": round(time.monotonic() - t0, 1),
-            "plan_peak_gib": plan, "margin_gib": args.margin_gib, "tolerance": args.tolerance,
+            "plan_peak_gib": None if planned is None else planned["peak"], "plan_gib": planned,
+            "margin_gib": args.margin_gib, "tolerance": args.tolerance,
             "date": time.strftime("%Y-%m-%d"), "readings": readings,
             "verdict": verdict(readings, reference_step=args.reference_step, tolerance=args.tolerance,
                                ceiling_gib=ceiling),
@@ -238,6 +249,23 @@ def probe(args) -> dict[str, Any]:
                                ceiling_gib=None)}
 
 
+def stages(args) -> dict[str, Any]:
+    """`--stages`: benchmarks/soak_stages.py in a fresh process (this one has torch imported already), its
+    readings beside the plan's process baseline."""
+    from quaero.preflight.memory_lines import PROCESS_BASELINE_CPU
+
+    cmd = [sys.executable, "-m", "benchmarks.soak_stages", args.config, *args.set]
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=STAGES_TIMEOUT_S,
+                          env={**os.environ})
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    for row in rows:
+        print(json.dumps(row), file=sys.stderr)
+    return {"config": args.config, "set": args.set, "returncode": done.returncode, "stages": rows,
+            "plan_process_baseline_gib": round(PROCESS_BASELINE_CPU / GIB, 3),
+            "date": time.strftime("%Y-%m-%d"),
+            **({"stderr_tail": done.stderr.splitlines()[-5:]} if done.returncode else {})}
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="quaero bench soak", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="envs/toolbench.toml")
@@ -249,8 +277,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--reference-step", type=int, default=100,
                    help="the reading the later ones are compared with (after warm-up)")
     p.add_argument("--tolerance", type=float, default=0.10, help="largest drift from the reference reading")
-    p.add_argument("--margin-gib", type=float, default=1.0,
-                   help="what the process may hold above the plan's peak (runtime, malloc's cache)")
+    p.add_argument("--margin-gib", type=float, default=0.5,
+                   help="what the process may hold above the plan's expected RSS (malloc's fragments)")
+    p.add_argument("--eval-every", type=int, default=0, help="the run's [training] eval_every (0: no eval)")
+    p.add_argument("--stages", action="store_true",
+                   help="instead of a run: the process's RSS stage by stage up to the sampler's first calls")
     p.add_argument("--poll-s", type=float, default=0.2)
     p.add_argument("--json", metavar="PATH", help="also write the document here")
     p.add_argument("--probe", type=int, default=0, metavar="STEPS",
@@ -260,6 +291,10 @@ def main(argv: list[str]) -> int:
                    help="--probe: each call leaves its thread waiting forever (the leak that was)")
     p.add_argument("--no-cache", action="store_true", help="--probe: without train_cpu_malloc_cache")
     args = p.parse_args(argv)
+    if args.stages:
+        out = stages(args)
+        emit(out, args.json)
+        return 0 if out["returncode"] == 0 else 1
     if args.probe:
         out = probe(args)
         emit(out, args.json)

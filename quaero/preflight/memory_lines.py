@@ -26,6 +26,12 @@ from quaero.preflight.memory_plan import (
 # sampling 32 x 48 tokens): 1.0 GiB above weights and KV cache at tiny-qwen3, 1.6 at qwen3-0.6b-shape, the
 # larger taken (benchmarks/README.md, "Fourth pass")
 VLLM_CPU_RUNTIME = int(1.6 * GIB)
+# What a run's process holds on a CPU host before its first step, beside the step's tensors: Python, torch,
+# transformers, quaero and the env client imported, the model's files mapped, the trainer built (less its
+# weights, which the plan counts). Measured (VmRSS after the trainer is built, less its weights): 0.38 GiB
+# without vLLM, 0.47 GiB with vllm-cpu installed, the larger rounded up (`quaero bench soak --stages`).
+# Stated, not derived: it is the runtime's, not the model's, so it is one figure for every model.
+PROCESS_BASELINE_CPU = int(0.5 * GIB)
 
 
 @dataclass(frozen=True)
@@ -37,15 +43,19 @@ class SamplerShare:
 
 
 def sampler_share(cfg, device: str, dims: ModelDims, capacity: int | None) -> SamplerShare:
-    """The sampler's memory on `device` beside the train step: `hf` shares the trainer's module (nothing
-    more counted); vLLM in process, or `vllm serve` processes quaero starts on this host or device, holds per
+    """The sampler's memory on `device` beside the train step: `hf` shares the trainer's module and keeps
+    up to `hf_kv_cache_mib` of KV between calls (quaero/sampling/kv_reuse.py; freed at each weight change,
+    and malloc's cache keeps the freed memory for the next fill); vLLM in process, or `vllm serve`
+    processes quaero starts on this host or device, holds per
     engine `gpu_memory_utilization` of a CUDA device, or on a CPU its weights, KV cache and runtime."""
     from quaero.sampling import CPU_KV_CACHE_ENV, CPU_KV_CACHE_GIB, resolve_backend
 
     s = cfg.sampler
     backend = resolve_backend(s.backend, device)
     if backend != "vllm":
-        return SamplerShare(0, f"{backend} shares the trainer's weights")
+        kv = s.hf_kv_cache_mib * 2**20 if backend == "hf" else 0
+        return SamplerShare(kv, f"{backend} shares the trainer's weights"
+                            + (f"; its KV reuse store, hf_kv_cache_mib {s.hf_kv_cache_mib}" if kv else ""))
     if s.mode == "server" and s.urls:
         return SamplerShare(0, "vLLM servers at [sampler] urls, not counted")
     engines = 1 if s.mode == "colocated" else s.servers
@@ -151,11 +161,12 @@ def _head_words(s: StepShape) -> str:
 
 
 def plan_lines(p: MemoryPlan, *, capacity: int | None, capacity_source: str, row_note: str,
-               sampler: SamplerShare | None = None) -> list[str]:
+               sampler: SamplerShare | None = None, baseline: int = 0) -> list[str]:
     """The plan as `quaero check` prints it: the figures, then one line if it does not fit (the step's peak
-    against the device less the sampler's share)."""
+    against the device less the sampler's share and, on a CPU host, the process's `baseline`)."""
     sampler = sampler or SamplerShare(0, "")
-    beside = f" + sampler {gib(sampler.bytes)}" if sampler.bytes else ""
+    beside = (f" + sampler {gib(sampler.bytes)}" if sampler.bytes else "") + (
+        f" + process baseline {gib(baseline)}" if baseline else "")
     s, d = p.step, p.dims
     dtype = d.dtype if s.dtype == "auto" else s.dtype
     lines = [
@@ -190,7 +201,11 @@ def plan_lines(p: MemoryPlan, *, capacity: int | None, capacity_source: str, row
     ]
     if sampler.how:
         lines.insert(-1, f"  sampler {gib(sampler.bytes)} beside the step ({sampler.how})")
-    room = capacity - sampler.bytes if capacity else None
+    if baseline:  # what a CPU run's RSS should reach: malloc keeps the step's peak for the next step
+        lines.append(f"  process {gib(p.peak + sampler.bytes + baseline)} expected RSS: peak + sampler + "
+                     f"baseline {gib(baseline)} (Python, torch, transformers, quaero imported, the trainer "
+                     "built: measured, not derived)")
+    room = capacity - sampler.bytes - baseline if capacity else None
     if room is not None and p.peak > room:
         found = fitting_knob(d, s, room) if room > 0 else None
         fix = (
@@ -297,5 +312,26 @@ def memory_lines(cfg, device: str) -> list[str]:
     step, note, tree = step_shape(cfg, device, fields)
     capacity, source = device_capacity(device)
     lines = plan_lines(plan(dims, step), capacity=capacity, capacity_source=source, row_note=note,
-                       sampler=sampler_share(cfg, device, dims, capacity))
+                       sampler=sampler_share(cfg, device, dims, capacity), baseline=process_baseline(device))
     return lines[:1] + ([tree.line()] if tree else []) + lines[1:]
+
+
+def process_baseline(device: str) -> int:
+    """The process's own memory beside the step where the step's memory is the host's (a CPU device); on
+    an accelerator the plan is the device's memory, which the host process's runtime does not take."""
+    return PROCESS_BASELINE_CPU if device == "cpu" else 0
+
+
+def expected_rss(cfg, device: str = "cpu") -> dict[str, int] | None:
+    """The plan's parts of a CPU run's RSS, in bytes (`peak`, `sampler`, `baseline` and their sum `process`),
+    as `quaero check` prints them; None where the model's shape is unknown (`quaero bench soak` reads it)."""
+    from quaero.models.load import config_fields
+
+    fields = config_fields(cfg.model.name)
+    if fields is None or fields.get("model_type") not in SUPPORTED_MODEL_TYPES:
+        return None
+    dims = ModelDims.from_fields(fields)
+    peak = plan(dims, step_shape(cfg, device, fields)[0]).peak
+    sampler = sampler_share(cfg, device, dims, device_capacity(device)[0]).bytes
+    baseline = process_baseline(device)
+    return {"peak": peak, "sampler": sampler, "baseline": baseline, "process": peak + sampler + baseline}

@@ -16,13 +16,13 @@ def test_the_verdict_judges_the_drift_from_the_reference_step_and_the_ceiling():
                          reference_step=100, tolerance=0.1, ceiling_gib=1.94)
     assert grown["flat"] is False and grown["largest_drift_step"] == 476 and grown["largest_drift"] > 2.8
     assert "RSS at step 476 is +289% from step 100's" in grown["why"]
-    assert "above the plan's peak" in grown["why"]
+    assert "above the plan's expected RSS" in grown["why"]
     # a warm-up that rises, then flat within 10% (the readings before the reference step are not judged)
     flat = soak.verdict(_readings([0.9, 1.3, 1.37, 1.38, 1.37, 1.40]), reference_step=100, tolerance=0.1,
                         ceiling_gib=1.94)
     assert flat["flat"] is True and flat["reference_step"] == 100 and flat["reference_rss_gib"] == 1.38
     over = soak.verdict(_readings([1.3, 1.3, 1.37, 1.38]), reference_step=100, tolerance=0.1, ceiling_gib=1.0)
-    assert over["flat"] is False and "above the plan's peak plus the margin (1.0 GiB)" in over["why"]
+    assert over["flat"] is False and "above the plan's expected RSS plus the margin (1.0 GiB)" in over["why"]
     assert soak.verdict(_readings([1.0]), reference_step=100, tolerance=0.1, ceiling_gib=None)["flat"] is None
 
 
@@ -40,6 +40,17 @@ def test_the_run_s_steps_are_read_as_the_events_file_grows(tmp_path):
     assert r == {"step": 1, "phase": "sft", "rss_gib": 1.5, "threads": None, "s": 3.0}
 
 
+def test_a_live_process_s_rss_is_read_with_its_anonymous_and_file_backed_parts():
+    import os
+
+    st = soak.proc_status(os.getpid())
+    assert st["rss"] > 0 and st["anon"] > 0 and st["file"] > 0 and st["threads"] >= 1
+    # RssAnon + RssFile + RssShmem = VmRSS (the kernel's counters, read at slightly different instants)
+    assert abs(st["anon"] + st["file"] - st["rss"]) < 0.1 * st["rss"]
+    r = soak.reading({"step": 2}, 2, 1, os.getpid(), 1.0, 1.94)  # no process_rss_mb: the RSS read now
+    assert r["phase"] == "rl" and r["rss_gib"] > 0 and r["anon_gib"] > 0 and r["file_gib"] > 0
+
+
 @pytest.mark.parametrize("key", ["run.output_dir", "run.name", "training.steps"])
 def test_a_set_of_the_bench_s_own_keys_is_refused_before_anything_runs(key, capsys):
     with pytest.raises(SystemExit, match=f"--set '{key}=x': the bench sets run.output_dir"):
@@ -53,8 +64,14 @@ def test_a_table_holding_one_of_the_bench_s_own_keys_is_refused_too():
 
 
 def test_the_plan_beside_the_readings_is_quaero_check_s_for_the_config():
-    # the main job's: 0.94 GiB (tiny-qwen3, its longest row's microbatch)
-    assert soak.plan_peak_gib("envs/toolbench.toml", []) == pytest.approx(0.94, abs=0.05)
+    # the main job's step peak 0.94 GiB (tiny-qwen3, its longest row's microbatch); with the hf sampler its
+    # KV reuse store (hf_kv_cache_mib 512) and the process baseline (0.5 GiB) make the expected RSS
+    plan = soak.plan_gib("envs/toolbench.toml", ["sampler.backend='hf'"])
+    assert plan["peak"] == pytest.approx(0.94, abs=0.05)
+    assert plan["sampler"] == 0.5 and plan["baseline"] == 0.5
+    assert plan["process"] == pytest.approx(plan["peak"] + 1.0, abs=0.002)
+    off = soak.plan_gib("envs/toolbench.toml", ["sampler.backend='hf'", "sampler.hf_kv_cache_mib=0"])
+    assert off["sampler"] == 0 and off["process"] == pytest.approx(plan["process"] - 0.5, abs=0.002)
 
 
 def test_threads_that_keep_multiplying_are_not_flat_whatever_the_rss():
@@ -65,3 +82,19 @@ def test_threads_that_keep_multiplying_are_not_flat_whatever_the_rss():
     assert v["flat"] is False and v["why"] == "its threads grew 1451 -> 2838 (steps 100 -> 200)"
     after = [{"step": 100, "rss_gib": 1.274, "threads": 35}, {"step": 303, "rss_gib": 1.3, "threads": 60}]
     assert soak.verdict(after, reference_step=100, tolerance=0.1, ceiling_gib=1.94)["flat"] is True
+
+
+def test_a_stage_reading_splits_the_rss_and_reads_malloc_s_heap(capsys):
+    import json
+    import platform
+
+    from benchmarks import soak_stages
+
+    before = soak_stages.stage("before")
+    block = bytearray(64 * 2**20)  # 64 MiB, touched (zeroed): resident and anonymous
+    after = soak_stages.stage("after")
+    assert json.loads(capsys.readouterr().out.splitlines()[-1]) == after
+    assert after["anon_mib"] - before["anon_mib"] >= 60 and after["rss_mib"] >= after["anon_mib"]
+    if platform.libc_ver()[0] == "glibc":
+        assert after["heap_mib"] + after["mmapped_mib"] - before["heap_mib"] - before["mmapped_mib"] >= 60
+    del block

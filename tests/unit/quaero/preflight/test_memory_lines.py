@@ -57,7 +57,9 @@ def test_the_sampler_s_share_of_the_device_is_counted_beside_the_step(monkeypatc
     assert share("sampler.backend='vllm'", "sampler.mode='server'", "sampler.servers=2").bytes == 2 * engine
     remote = share("sampler.backend='vllm'", "sampler.mode='server'", "sampler.urls=['http://h:8000']")
     assert remote.bytes == 0
-    assert share("sampler.backend='hf'").bytes == 0
+    # hf shares the trainer's weights and keeps its KV reuse store (was: 0, the store not counted)
+    assert share("sampler.backend='hf'").bytes == 512 * 2**20
+    assert share("sampler.backend='hf'", "sampler.hf_kv_cache_mib=0").bytes == 0
     on_gpu = share("sampler.backend='vllm'", "sampler.gpu_memory_utilization=0.3", device="cuda:0",
                    capacity=100 * GIB)
     assert on_gpu.bytes == int(0.3 * 100 * GIB) and "gpu_memory_utilization 0.3" in on_gpu.how
@@ -145,3 +147,24 @@ def test_check_prints_the_expected_ratio_and_what_auto_decides():
         line = next(line for line in ml.memory_lines(cfg, "cpu") if line.startswith("  tree packing 'auto'"))
         assert ("auto packs at this shape" in line) is pays
         assert line.endswith("; activations planned on the rows") is not pays
+
+
+def test_a_cpu_plan_says_the_rss_a_run_should_reach_and_counts_the_baseline_against_the_host():
+    # was: "peak 0.94 GiB" for the main job whose process held 1.3 GiB in SFT with the hf sampler and 3.2-4.1
+    # GiB with vLLM in process; the runtime (Python, torch, transformers, quaero) was nowhere in the plan
+    cfg = load_config(TOOLBENCH, ["sampler.backend='hf'"])
+    lines = ml.memory_lines(cfg, "cpu")
+    parts = ml.expected_rss(cfg, "cpu")
+    assert parts["baseline"] == ml.PROCESS_BASELINE_CPU and parts["sampler"] == 512 * 2**20
+    assert parts["process"] == parts["peak"] + parts["sampler"] + parts["baseline"]
+    assert f"  process {ml.gib(parts['process'])} expected RSS: peak + sampler + baseline 0.50 GiB" in (
+        "\n".join(lines))
+    assert ml.process_baseline("cuda:0") == 0  # an accelerator's plan is its own memory, not the host's
+    d = dims("qwen3-0.6b-shape")
+    p = mp.plan(d, mp.StepShape(tokens=512, targets=512, target_span=512, rows=1))
+    room = p.peak + GIB // 4  # the step fits; with the process's baseline beside it on the host, it does not
+    assert not any("exceeds" in line for line in ml.plan_lines(p, capacity=room, capacity_source="RAM",
+                                                                  row_note=""))
+    over = ml.plan_lines(p, capacity=room, capacity_source="RAM", row_note="", baseline=GIB // 2)
+    assert over[-1].startswith(f"memory plan exceeds the device: peak {ml.gib(p.peak)} + process baseline "
+                               "0.50 GiB > ")
