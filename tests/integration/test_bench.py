@@ -329,7 +329,7 @@ def test_bench_rl_step_fields(tmp_path, capsys):
     """`quaero bench rl-step` on the main job, one group of 2 and 2 turns: both arms ran a whole RL step from
     the same weights, the after arm through the trie and the sampler's reuse, each phase rated."""
     argv = ["rl-step", "envs/toolbench.toml", "--threads", "1", "--decode-repeats", "1",
-            "--set", "training.tasks_per_step=1", "--set", "training.group_size=2",
+            "--set", "rollout.tasks_per_step=1", "--set", "rollout.group_size=2",
             "--set", "env.max_turns=2"]
     doc = _run(argv, tmp_path, capsys)
     before, after = doc["arms"]["before"], doc["arms"]["after"]

@@ -176,8 +176,8 @@ def test_a_warm_start_step_on_each_accepted_template_is_exact(tmp_path, tiny_mod
     from quaero.recipe.train import train
 
     folder = model_folder(tmp_path, tiny_model_dir, qwen3_tokenizer, source_of(name, request))
-    cfg = checked(folder, tmp_path, name, "training.steps=1", "training.warmup_sft_steps=1",
-                  "training.eval_every=0", "training.tasks_per_step=2", "training.group_size=1",
+    cfg = checked(folder, tmp_path, name, "training.steps=0", "training.warmup_sft_steps=1",
+                  "training.eval_every=0", "rollout.tasks_per_step=2", "rollout.group_size=1",
                   "env.launcher='inprocess'", "logging.console='none'", "logging.progress=false",
                   "sampler.max_tokens=64")
     [step] = events_of(train(cfg), "train_step")
