@@ -28,7 +28,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from quaero.chat.sandbox import TemplateProblem, TemplateRunner
-from quaero.chat.toolcalls import with_calls_as_text, with_tool_prompt
+from quaero.chat.toolcalls import (
+    as_parts,
+    system_folded,
+    tool_results_as_user,
+    with_calls_as_text,
+    with_tool_prompt,
+)
 from quaero.chat.toolformats import FORMATS, MalformedToolCall, ToolFormat, parser, same_calls
 
 # the variables every render sets itself: an option of the same name would collide with them
@@ -154,10 +160,10 @@ class TemplateRenderer:
         if not self.tools_in_template:
             out = [with_calls_as_text(m) if m.get("role") == "assistant" else m for m in out]
             if not self._tool_role:
-                out = _tool_results_as_user(out)
+                out = tool_results_as_user(out)
             out = with_tool_prompt(out, tools) if tools else out
-        out = out if self._system_role else _system_folded(out)
-        return [_as_parts(m) for m in out] if self._parts else out
+        out = out if self._system_role else system_folded(out)
+        return [as_parts(m) for m in out] if self._parts else out
 
     def render_text(self, messages: list[dict], *, tools: list[dict] | None = None,
                     add_generation_prompt: bool = False) -> str:
@@ -314,7 +320,7 @@ class TemplateRenderer:
         first template: "System role not supported"); an error on any chat is not about the system role."""
         def renders(chat: list[dict]) -> bool:
             try:
-                self._runner.render(messages=[_as_parts(m) if self._parts else m for m in chat], tools=None,
+                self._runner.render(messages=[as_parts(m) if self._parts else m for m in chat], tools=None,
                                     documents=None, add_generation_prompt=True, **self.template_variables)
             except TemplateProblem:
                 return False
@@ -326,7 +332,7 @@ class TemplateRenderer:
         try:
             chat = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"},
                     {"role": "tool", "content": "Qx7tool"}]
-            text = self._runner.render(messages=[_as_parts(m) if self._parts else m for m in chat],
+            text = self._runner.render(messages=[as_parts(m) if self._parts else m for m in chat],
                                        tools=None, documents=None, add_generation_prompt=False,
                                        **self.template_variables)
         except TemplateProblem:
@@ -476,46 +482,3 @@ class TemplateRenderer:
         return Refusal("template_mismatch", "the bridged ids differ from the template's render of the whole "
                                             "conversation")
 
-
-def _tool_results_as_user(messages: list[dict]) -> list[dict]:
-    """Tool results as `<tool_response>` blocks in user turns, for a template without a `tool` role: the
-    results of one reply (and a user message right after them) in one user turn, as templates that
-    alternate user/assistant (Gemma's) require."""
-    out: list[dict] = []
-    after_tool = False
-    for m in messages:
-        tool = m.get("role") == "tool"
-        text = f"<tool_response>\n{m.get('content', '')}\n</tool_response>" if tool else m.get("content")
-        if after_tool and (tool or (m.get("role") == "user" and isinstance(text, str))):
-            out[-1] = {**out[-1], "content": f"{out[-1]['content']}\n{text}"}
-        else:
-            out.append({"role": "user", "content": text} if tool else m)
-        after_tool = tool or (after_tool and m.get("role") == "user")
-    return out
-
-
-def _system_folded(messages: list[dict]) -> list[dict]:
-    """System messages' text put at the head of the next user message (a user turn of its own where none
-    follows), for a template without a system role."""
-    out: list[dict] = []
-    pending: list[str] = []
-    for m in messages:
-        if m.get("role") == "system":
-            pending.append(str(m.get("content") or ""))
-        elif pending and m.get("role") == "user" and isinstance(m.get("content"), str):
-            out.append({**m, "content": "\n\n".join([*pending, m["content"]])})
-            pending = []
-        else:
-            if pending:
-                out.append({"role": "user", "content": "\n\n".join(pending)})
-                pending = []
-            out.append(m)
-    return out + ([{"role": "user", "content": "\n\n".join(pending)}] if pending else [])
-
-
-def _as_parts(message: dict) -> dict:
-    """`message` with its string content as one text part."""
-    content = message.get("content")
-    if not isinstance(content, str):
-        return message
-    return {**message, "content": [{"type": "text", "text": content}]}

@@ -11,6 +11,9 @@ Hermes models write them):
 - `parse_tool_calls` reads those blocks back from sampled text (the `hermes` format of
   `quaero/chat/toolformats.py`). A template that takes `tools` renders specs and calls itself; its calls are
   read back in the format a round trip through it finds (`quaero/chat/toolformats.py`).
+- the messages fitted to a template that lacks a role or a content shape (`TemplateRenderer` finds which at
+  construction): `tool_results_as_user` (no `tool` role), `system_folded` (no system role), `as_parts`
+  (content read only as a list of text parts).
 """
 from __future__ import annotations
 
@@ -77,3 +80,47 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]] | None]:
             continue
         calls.append({"function": {"name": parsed.get("name", ""), "arguments": parsed.get("arguments", {})}})
     return (text[:start], calls) if calls else (text, None)
+
+
+def tool_results_as_user(messages: list[dict]) -> list[dict]:
+    """Tool results as `<tool_response>` blocks in user turns, for a template without a `tool` role: the
+    results of one reply (and a user message right after them) in one user turn, as templates that
+    alternate user/assistant (Gemma's) require."""
+    out: list[dict] = []
+    after_tool = False
+    for m in messages:
+        tool = m.get("role") == "tool"
+        text = f"<tool_response>\n{m.get('content', '')}\n</tool_response>" if tool else m.get("content")
+        if after_tool and (tool or (m.get("role") == "user" and isinstance(text, str))):
+            out[-1] = {**out[-1], "content": f"{out[-1]['content']}\n{text}"}
+        else:
+            out.append({"role": "user", "content": text} if tool else m)
+        after_tool = tool or (after_tool and m.get("role") == "user")
+    return out
+
+
+def system_folded(messages: list[dict]) -> list[dict]:
+    """System messages' text put at the head of the next user message (a user turn of its own where none
+    follows), for a template without a system role."""
+    out: list[dict] = []
+    pending: list[str] = []
+    for m in messages:
+        if m.get("role") == "system":
+            pending.append(str(m.get("content") or ""))
+        elif pending and m.get("role") == "user" and isinstance(m.get("content"), str):
+            out.append({**m, "content": "\n\n".join([*pending, m["content"]])})
+            pending = []
+        else:
+            if pending:
+                out.append({"role": "user", "content": "\n\n".join(pending)})
+                pending = []
+            out.append(m)
+    return out + ([{"role": "user", "content": "\n\n".join(pending)}] if pending else [])
+
+
+def as_parts(message: dict) -> dict:
+    """`message` with its string content as one text part."""
+    content = message.get("content")
+    if not isinstance(content, str):
+        return message
+    return {**message, "content": [{"type": "text", "text": content}]}
