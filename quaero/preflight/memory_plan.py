@@ -4,7 +4,7 @@ No model loads: the shape comes from the config fields (`quaero.models.load.conf
 own tables, a local folder's or the hub cache's config.json). For the configured dtype, device and
 longest row it adds up what one step of the `local` trainer holds at its peak:
 
-- weights: every parameter, in the configured dtype (`auto`: the folder's); with the KL penalty (`[training]
+- weights: every parameter, in the configured dtype (`auto`: the folder's); with the KL penalty (`[loss]
   beta` > 0) the frozen reference's copy of them too (trainers/reference.py), none with LoRA (its reference is
   the base with the adapter disabled); its no-grad forward runs before the step and holds no more than it;
 - gradients and AdamW state: the trainable parameters (LoRA: the adapters), torch's AdamW keeping m and v

@@ -252,7 +252,7 @@ def group_rows(parts: RunParts, e: EnvRun, step: int, index: int, slot: int, gro
                echo_factor: float, batch_std: float = 0.0, mixed: tuple[list[Episode], int] | None = None
                ) -> tuple[Collected, GroupOutcome]:
     """One played group (task `index` of env `e`, the step's group `slot`): its kept episodes' rows with their
-    group-relative advantages (the env's `[training]` advantage settings; `batch_std` for scale_rewards =
+    group-relative advantages (the env's `[rollout]` advantage settings; `batch_std` for scale_rewards =
     "batch"; ECHO weights scaled by `echo_factor`), and its outcome. A group whose rewards give no finite
     advantage is left out, counted. `spread` is the trained rewards' (an all-fail group that NSR pushes down
     has advantages but no spread). `mixed`: a guided group's trained members (its kept episodes, the last

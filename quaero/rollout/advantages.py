@@ -1,7 +1,7 @@
 """Group-relative advantages, the rollouts' one rule (the recipe's RL steps and `[data] traces_loss = "rl"`'s
 recorded groups both use it), and the overflow-safe mean it rests on.
 
-The estimators (`[training]`, quaero/config/advantages.py `AdvantageOptions`; names as TRL's GRPOConfig
+The estimators (`[rollout]`, quaero/config/advantages.py `AdvantageOptions`; names as TRL's GRPOConfig
 spells them where it has them):
 - `advantage = "grpo"` (today's): A_i = r_i - mean(r), the group's mean reward as the baseline;
   `"rloo"` (leave-one-out, Ahmadian et al. 2024, arXiv 2402.14740): A_i = r_i - mean_{j != i} r_j

@@ -427,7 +427,7 @@ class EpisodeDriver:
             except BridgeFailure as f:
                 self.counts.bridge_fallback(f.reason)  # falls back to an action-only transition
                 if self.strict:
-                    raise ExactnessError(f"strict exactness: bridge failed ({f}); set [training] "
+                    raise ExactnessError(f"strict exactness: bridge failed ({f}); set [rollout] "
                                          "strict=false to count it and train the action only") from f
         guided = ep.guide is not None and ep.scripted
         ep.transitions.append(Transition(turn, prompt, list(comp.token_ids), list(comp.logprobs), response,

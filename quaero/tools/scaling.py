@@ -105,7 +105,7 @@ def measure(run_dir: Path, env_s_per_step: float = 0.0) -> tuple[Costs, Workload
         raise ValueError(f"{run_dir / names.EVENTS}: no RL train_step with trained rows to measure "
                          "(a run with [training] steps >= 1 is needed)")
     if any(names.ROLLOUT_WAIT_S in e for e in rl):  # logged only when rollouts are sampled ahead
-        raise ValueError(f"{run_dir}: its rollouts were sampled while steps trained ([training] "
+        raise ValueError(f"{run_dir}: its rollouts were sampled while steps trained ([rollout] "
                          "max_off_policy_steps >= 1), so its sampling and training costs cannot be told "
                          "apart; measure a run with max_off_policy_steps = 0 and project k with "
                          "--off-policy-steps")

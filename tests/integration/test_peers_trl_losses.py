@@ -15,7 +15,7 @@ What is compared, TRL name -> quaero's:
   the cap) and compares the weighted loss; quaero computes its weight itself.
 The old log-probs TRL reads are quaero's sampler log-probs (no correction), or none (TRL then uses the
 detached current log-probs, as quaero does under a correction).
-- beta with the reference's log-probs (TRL's k3 KL, added per token before its aggregation) -> `[training]
+- beta with the reference's log-probs (TRL's k3 KL, added per token before its aggregation) -> `[loss]
   beta` with kl_estimator "k3": trainers/reference.py `kl_penalty` over the same targets with the RL term's
   scales."""
 from collections import defaultdict

@@ -67,7 +67,7 @@ def assert_the_main_job_was_written_once_with_every_ranks_totals(tmp_path, run_d
     evals = {0, last} | set(range(3, last + 1, 3))  # eval_every = 3, before the first step and after the last
     assert count["train_step"] == last and count["eval"] == len(evals)  # once each, by rank 0
     (start,) = events_of(run_dir, "run_start")
-    assert start["ranks"] == 2 and start["config"]["training"]["max_off_policy_steps"] == ahead
+    assert start["ranks"] == 2 and start["config"]["rollout"]["max_off_policy_steps"] == ahead
     steps = events_of(run_dir, "train_step")
     for s in steps:
         # every rank's episodes are counted: 2 tasks x group 1 (warm start) or 2 (RL), split 1 + 1 over the

@@ -54,7 +54,7 @@ def test_arms_from_each_seeds_warm_start_are_paired_split_and_judged(tmp_path, w
     def train_arm(config, out, name, seed, arm, common, source, from_step):
         assert source == warm_runs / f"warm-s{seed}" and from_step == 500
         variant = out.name
-        assert ("training.clip_eps_high=0.28" in common) == (variant == "dapo")
+        assert ("loss.policy.clip_eps_high=0.28" in common) == (variant == "dapo")
         wins, clip, group = ARMS[variant]
         _events(out / name, [(501, group, clip), (502, group, clip)], [(502, wins[seed], [0] * 8)])
         trained.append((variant, name))
@@ -64,7 +64,7 @@ def test_arms_from_each_seeds_warm_start_are_paired_split_and_judged(tmp_path, w
     out = tmp_path / "out"
     argv = ["envs/toolbench.toml", "--from", str(warm_runs / "warm-s{seed}"), "--from-step", "500",
             "--seeds", "0,1", "--budget", "2000", "--arm", "base",
-            "--arm", "dapo: training.clip_eps_high=0.28", "--out", str(out),
+            "--arm", "dapo: loss.policy.clip_eps_high=0.28", "--out", str(out),
             "--json", str(tmp_path / "arms.json")]
     assert arms.main(argv) == 0
     assert trained == [("base", "sequential-s0"), ("dapo", "sequential-s0"), ("base", "sequential-s1"),
@@ -106,7 +106,7 @@ def test_arms_from_each_seeds_warm_start_are_paired_split_and_judged(tmp_path, w
     # sets differ (here in order) instead of training it again
     trained.clear()
     assert arms.main(argv) == 0 and arms.main([*argv, "--no-train"]) == 0 and trained == []
-    reordered = [a.replace("training.clip_eps_high=0.28", "training.clip_eps_high=0.28 loss.beta=0")
+    reordered = [a.replace("loss.policy.clip_eps_high=0.28", "loss.policy.clip_eps_high=0.28 loss.beta=0")
                  for a in argv]
     with pytest.raises(SystemExit, match=r"--no-train: 2 arm\(s\) not finished with .*dapo seed 0"):
         arms.main([*reordered, "--no-train"])
@@ -235,7 +235,7 @@ def test_crafted_events_never_make_bench_arms_raise(tmp_path, monkeypatch, warm_
 
     monkeypatch.setattr(samplers, "train_arm", train_arm)
     assert arms.main(["envs/toolbench.toml", "--from", str(source), "--from-step", "500", "--seeds", "0",
-                      "--budget", "2000", "--arm", "base", "--arm", "b: training.beta=0", "--out",
+                      "--budget", "2000", "--arm", "base", "--arm", "b: loss.beta=0", "--out",
                       str(tmp_path / "out"), "--json", str(tmp_path / "arms.json")]) == 0
     if arm_step:  # a field that is no finite number is no value
         row = json.loads((tmp_path / "arms.json").read_text())["rows"][0]
