@@ -1,9 +1,9 @@
 """`quaero check`: what a config resolves to and what it will do, printed before anything trains.
 
 Each section of the config gets a line (run, model, env, sampler, backend, the trainer options, echo,
-training, the RL loss, the work), then the memory plan (quaero/preflight/memory_plan.py), each env's action
-and splits. Heavy imports (the model's config, the env) happen here, inside the command, never in the CLI's
-import.
+training, rollout, loss, guidance, the work), then the memory plan (quaero/preflight/memory_plan.py), each
+env's action and splits. Heavy imports (the model's config, the env) happen here, inside the command, never in
+the CLI's import.
 """
 from __future__ import annotations
 
@@ -54,16 +54,8 @@ def plan_lines(cfg, source: str) -> list[str]:
                                                 if cfg.echo.schedule_steps else "")
          + f", normalization={cfg.echo.normalization!r}, target={cfg.echo.world_loss_target!r} "
          f"(include_scaffold={cfg.echo.include_scaffold})"),
-        (f"training    steps={cfg.training.steps} x {cfg.rollout.tasks_per_step} tasks x group "
-         f"{cfg.rollout.group_size}, warmup_sft_steps={cfg.training.warmup_sft_steps} "
-         f"(lr {cfg.lr_for(sft=True)}), lr={cfg.lr_for(sft=False)}, "
-         f"loss_aggregation={cfg.loss.aggregation!r}, "
-         f"dynamic_sampling={cfg.rollout.dynamic_sampling}"
-         + (f" (<= {cfg.rollout.dynamic_sampling_max_groups:g}x groups)" if cfg.rollout.dynamic_sampling
-            else "")
-         + ", "
-         f"packing={cfg.rollout.packing}, "
-         f"checkpoint_every={cfg.training.checkpoint_every}, eval_every={cfg.training.eval_every}"),
+        loop_line(cfg),
+        rollout_line(cfg),
         policy_loss_line(cfg),
         *guidance_lines(cfg),
         work_line(cfg),
@@ -73,15 +65,17 @@ def plan_lines(cfg, source: str) -> list[str]:
     return lines + memory_lines(cfg, device)
 
 
-# The trainer options the lines of their sections print (run, model, sampler, backend, echo, training);
+# The trainer options the lines of their sections print (run, model, sampler, backend, echo, training, loss,
+# guidance);
 # trainer_option_lines prints every other one.
 SHOWN_WITH_THEIR_SECTION = ("run.seed", "model.name", "model.dtype", "sampler.temperature", "backend.lora",
                             "backend.lora_r", "backend.lora_alpha", "echo.enabled", "echo.weight",
                             "echo.normalization", "loss.aggregation",
                             # the loss line (policy_loss_line) prints these, and [loss.policy]
-                            "loss.sampler_correction", "loss.sampler_correction_cap",
-                            "training.steps_per_generation",
-                            "training.num_iterations", "loss.beta", "loss.kl_estimator",
+                            "loss.sampler_correction", "loss.sampler_correction_cap", "loss.beta",
+                            "loss.kl_estimator",
+                            # the training line (loop_line) prints them
+                            "training.steps_per_generation", "training.num_iterations",
                             # the guidance line prints it
                             "guidance.gamma")
 # what a value of an option means, where its value alone does not say it
@@ -120,19 +114,37 @@ def trainer_option_lines(cfg, width: int = 110) -> list[str]:
     return lines
 
 
-def policy_loss_line(cfg) -> str:
-    """`quaero check`'s RL loss line: the variant with its formula, and the advantage estimator."""
-    from quaero.preflight.plan import trainer_spec
+def loop_line(cfg) -> str:
+    """`quaero check`'s [training] line: the loop's steps, learning rates, optimizer steps, checkpoints and
+    evaluations."""
+    t = cfg.training
+    steps = t.steps_per_generation * t.num_iterations
+    per_batch = (f", {steps} optimizer steps per rollout batch ({t.steps_per_generation} mini-batches x "
+                 f"{t.num_iterations} passes)" if steps > 1 else "")
+    return (f"training    steps={t.steps} (lr {cfg.lr_for(sft=False)}), "
+            f"warmup_sft_steps={t.warmup_sft_steps} (lr {cfg.lr_for(sft=True)}){per_batch}, "
+            f"checkpoint_every={t.checkpoint_every}, eval_every={t.eval_every}")
 
-    t, a = cfg.training, cfg.rollout
+
+def rollout_line(cfg) -> str:
+    """`quaero check`'s [rollout] line: a step's tasks and groups, dynamic sampling, packing, and the
+    advantage estimator."""
+    a = cfg.rollout
+    dynamic = (f" (<= {a.dynamic_sampling_max_groups:g}x groups)" if a.dynamic_sampling else "")
     nsr = (f", positive_advantage_weight={a.positive_advantage_weight:g}"
            if a.positive_advantage_weight != 1.0 else "") + (
         f", all_fail_advantage={a.all_fail_advantage:g}" if a.all_fail_advantage else "")
-    steps = t.steps_per_generation * t.num_iterations
-    per_batch = (f"; {steps} optimizer steps per rollout batch ({t.steps_per_generation} mini-batches x "
-                 f"{t.num_iterations} passes)" if steps > 1 else "")
-    return (f"loss        {trainer_spec(cfg).describe_policy_loss()}; advantage={a.advantage!r}, "
-            f"scale_rewards={a.scale_rewards!r}{nsr}{per_batch}")
+    return (f"rollout     {a.tasks_per_step} tasks x group {a.group_size} a step, "
+            f"dynamic_sampling={a.dynamic_sampling}{dynamic}, packing={a.packing}, "
+            f"advantage={a.advantage!r}, scale_rewards={a.scale_rewards!r}{nsr}")
+
+
+def policy_loss_line(cfg) -> str:
+    """`quaero check`'s [loss] line: the policy loss with its formula, lp_old, the average and the KL
+    term."""
+    from quaero.preflight.plan import trainer_spec
+
+    return f"loss        {trainer_spec(cfg).describe_policy_loss()}"
 
 
 def env_lines(cfg) -> list[str]:

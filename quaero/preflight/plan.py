@@ -41,6 +41,10 @@ def check_components(cfg: QuaeroConfig, source: str = "config") -> None:
     if launched > 1 and cfg.distributed.strategy == "none":
         raise ConfigError(f"{source} [distributed] strategy='none' under torchrun with {launched} ranks: "
                           "every rank would train on all rows alone; set strategy = 'ddp' or 'fsdp2'")
+    if launched > 1 and cfg.rollout.dynamic_sampling:
+        raise ConfigError(f"{source} [rollout] dynamic_sampling=true under torchrun ({launched} ranks): each "
+                          "rank would sample a different number of further tasks; it is built for one "
+                          "process: set dynamic_sampling = false, or run one process")
     import torch
 
     if cfg.run.device == "cuda" and not torch.cuda.is_available():

@@ -74,10 +74,6 @@ def build(cfg: QuaeroConfig, pool: EnvPool | dict[str, EnvPool], counts: Rollout
     check_components(cfg)  # before any model loads, also when train() is called without the CLI
     pools = pool if isinstance(pool, dict) else {SINGLE: pool}
     counts = counts if counts is not None else next(iter(pools.values())).counts
-    if cfg.rollout.dynamic_sampling and ranks.world_size() > 1:
-        raise ConfigError(f"[rollout] dynamic_sampling=true under torchrun ({ranks.world_size()} ranks): "
-                          "each rank would sample a different number of further tasks; it is built for one "
-                          "process")
     t = cfg.training
     views = cfg.views()
     for name, view in views.items():

@@ -226,6 +226,9 @@ def test_strategy_none_under_a_launcher_is_refused_at_check(monkeypatch):
     with pytest.raises(ConfigError, match=r"\[distributed\] strategy='none' under torchrun with 2 ranks"):
         check_components(load_config(MAIN), MAIN)
     check_components(load_config(MAIN, ["distributed.strategy='ddp'"]), MAIN)
+    with pytest.raises(ConfigError, match=r"\[rollout\] dynamic_sampling=true under torchrun \(2 ranks\)"):
+        check_components(load_config(MAIN, ["distributed.strategy='ddp'", "rollout.dynamic_sampling=true"]),
+                         MAIN)
 
 
 def test_an_unknown_distributed_strategy_is_refused_with_the_choices():
@@ -409,17 +412,19 @@ def test_check_never_calls_an_env_factory(tmp_path, entry, capsys):
 
 
 def test_the_policy_loss_is_one_check_line_and_a_bad_one_one_error():
-    from quaero.preflight.check import policy_loss_line
+    from quaero.preflight.check import loop_line, policy_loss_line, rollout_line
 
-    line = policy_loss_line(load_config(MAIN, []))
-    assert line.startswith("loss        ppo_clip -min(r A, clip(r, 0.8, 1.2) A)")
-    assert "advantage='grpo'" in line
-    line = policy_loss_line(load_config(MAIN, ["loss.policy.type='cispo'", "loss.policy.clip_eps_high=4.0",
-                                               "loss.sampler_correction='token_truncate'",
-                                               "rollout.positive_advantage_weight=0.1",
-                                               "training.steps_per_generation=2"]))
+    cfg = load_config(MAIN, [])
+    assert policy_loss_line(cfg).startswith("loss        ppo_clip -min(r A, clip(r, 0.8, 1.2) A)")
+    assert "advantage='grpo'" in rollout_line(cfg) and "optimizer steps" not in loop_line(cfg)
+    cfg = load_config(MAIN, ["loss.policy.type='cispo'", "loss.policy.clip_eps_high=4.0",
+                             "loss.sampler_correction='token_truncate'",
+                             "rollout.positive_advantage_weight=0.1", "training.steps_per_generation=2"])
+    line = policy_loss_line(cfg)
     assert "cispo -sg(min(r, 5)) A log pi" in line and "token_truncate at cap 3" in line
-    assert "positive_advantage_weight=0.1" in line and "2 optimizer steps per rollout batch" in line
+    # each line names its own section's keys: the estimator is [rollout]'s, the optimizer steps [training]'s
+    assert "positive_advantage_weight=0.1" in rollout_line(cfg) and "advantage" not in line
+    assert "2 optimizer steps per rollout batch" in loop_line(cfg)
     with pytest.raises(ConfigError, match=r"\[loss.policy\]: clip_eps_low=1\.5: .* inverts"):
         load_config(MAIN, ["loss.policy.clip_eps_low=1.5"])
     with pytest.raises(ConfigError, match=r"\[loss.policy\] importance_sampling_level: unknown key"):
@@ -427,6 +432,22 @@ def test_the_policy_loss_is_one_check_line_and_a_bad_one_one_error():
     with pytest.raises(ConfigError, match="sampler_correction_cap=0.5: below 1"):
         load_config(MAIN, ["loss.sampler_correction='token_mask'", "loss.sampler_correction_cap=0.5"])
     assert trainer_spec(load_config(MAIN, ["loss.policy.type='gspo'"])).policy_loss == GSPO()
+
+
+def test_each_check_line_names_the_keys_of_its_own_section():
+    """`quaero check`'s training, rollout and loss lines spell each key as its TOML section does."""
+    import re
+
+    from quaero.config.loop import TrainingConfig
+    from quaero.config.rollout import RolloutConfig
+    from quaero.preflight.check import loop_line, rollout_line
+
+    cfg = load_config("envs/toolbench_smollm2_rl.toml", ["training.num_iterations=2"])
+    for line, section in ((loop_line(cfg), TrainingConfig), (rollout_line(cfg), RolloutConfig)):
+        keys = set(re.findall(r"(\w+)=", line))
+        assert keys and keys <= set(section.model_fields), (line, keys - set(section.model_fields))
+    assert rollout_line(cfg).startswith("rollout     2 tasks x group 8 a step, dynamic_sampling=True (<= 2x")
+    assert loop_line(cfg).startswith("training    steps=120 (lr 0.0003), warmup_sft_steps=10 (lr 0.001), 2 ")
 
 
 def test_the_kl_penalty_is_on_the_loss_line_and_a_kl_without_a_reference_is_refused():
