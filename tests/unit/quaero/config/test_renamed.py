@@ -67,6 +67,41 @@ def test_every_moved_training_key_loads_as_its_new_section_with_a_line_each(tmp_
                         f"{json.dumps(OLD_TRAINING[key])}")
 
 
+# the old policy-loss keys, every one, for a variant that reads three of them (the others: "no effect")
+OLD_POLICY = {"policy_loss": "sapo", "clip_eps": 0.2, "clip_eps_low": 0.2, "clip_eps_high": 0.28,
+              "importance_sampling_level": "sequence", "sapo_temperature_pos": 0.9,
+              "sapo_temperature_neg": 1.1}
+
+
+def test_quaero_check_passes_an_old_toml_with_every_renamed_key_printing_a_line_each(tmp_path, capsys):
+    """The real `quaero check` on envs/toolbench.toml written the old way, every key renamed since it was
+    spelled in [training] (renamed.py MOVED and POLICY_KEYS): one `deprecated` line per key after the config
+    line, then the plan, and "config OK"."""
+    from quaero import cli
+    from quaero.config.renamed import POLICY_KEYS
+
+    assert set(OLD_POLICY) == set(POLICY_KEYS)
+    recorded = tmp_path / "recorded.jsonl"  # one exact RFC 010 record: the guide's recording
+    recorded.write_text(json.dumps({"input_ids": [1, 2, 3, 4], "action_mask": [0, 1, 1, 0],
+                                    "obs_mask": [0, 0, 0, 1], "warning_mask": [0] * 4}) + "\n")
+    old = {**OLD_TRAINING, "max_off_policy_steps": 0, "guidance_traces": str(recorded), **OLD_POLICY}
+    text = Path(MAIN).read_text(encoding="utf-8")
+    for block in ("[rollout]\ntasks_per_step = 4\ngroup_size = 8\n",
+                  "[loss]\naggregation = \"sequence_mean\"\n"):
+        text = text.replace(block, "")
+    lines = "".join(f"{k} = {json.dumps(v)}\n" for k, v in old.items())
+    path = tmp_path / "old.toml"
+    path.write_text(text.replace("[training]\n", f"[training]\n{lines}", 1), encoding="utf-8")
+    assert cli.main(["check", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    deprecated = [line for line in out if line.startswith("deprecated  ")]
+    assert out[0] == f"config      {path}" and out[1:1 + len(old)] == deprecated and out[-1] == "config OK"
+    assert [line.split()[3] for line in deprecated] == list(old)  # each old key once, in the file's order
+    assert all(" is deprecated: write [" in line or "; remove it" in line for line in deprecated)
+    assert f"deprecated  {path} [training] guided_members is deprecated: write [guidance] members = 2" in out
+    assert any(line.startswith("loss        sapo ") for line in out)
+
+
 def test_a_moved_key_set_the_old_way_on_the_command_line_loads_with_its_line():
     cfg = load_config(MAIN, ["training.guided_members=3", "training.guidance='prefix'"])
     assert (cfg.guidance.members, cfg.guidance.mode) == (3, "prefix")
