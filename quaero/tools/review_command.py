@@ -78,7 +78,7 @@ def held_out_curves(run: RunRecord) -> dict[str, list[tuple[int, int | float, fl
     pooled success ("success"), a mixture's each env's ("success, env NAME"), each task group's and tier's
     where the evals name more than one ("success, group G", "success, tier D": `eval_task_groups`) and pass@k
     where the evals sampled it ("pass@K"); an eval without the figure is no point of that curve."""
-    rl = [s for s in run.steps if s.get(names.PHASE, "rl") == "rl"]
+    rl = [s for s in run.steps if s.get(names.PHASE, names.PHASE_RL) == names.PHASE_RL]
     curves: dict[str, list] = {}
     for e in run.evals:
         tokens = sum(v for s in rl if s["step"] <= e["step"]
