@@ -168,7 +168,7 @@ def run(args) -> dict[str, Any]:
 
     cfg = load_config(args.config, [*args.overrides, "sampler.backend=hf", "training.warmup_sft_steps=0",
                                     "training.max_off_policy_steps=0"])
-    t = cfg.training
+    t = cfg.rollout
     doc = environment(torch.device("cpu"), getattr(torch, cfg.model.dtype, torch.float32))
     doc["config"] = {"config": args.config, "overrides": args.overrides, "model": cfg.model.name,
                      "lora": cfg.backend.lora, "tasks_per_step": t.tasks_per_step, "group_size": t.group_size,

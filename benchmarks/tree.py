@@ -51,6 +51,7 @@ def rl_rows(groups: int, members: int, prompt: int, row_len: int, vocab: int, se
 
 def arm(args) -> dict:
     """One arm in this process: the first step's figures, then the timed steps'."""
+    import dataclasses
     import time
 
     import torch
@@ -59,10 +60,6 @@ def arm(args) -> dict:
     from quaero.models.load import resolve_model
 
     resolve_model(args.model)  # built before the seeded load (a build draws from the RNG)
-    if args.arm == "on-padded":  # packed, planned as before the trie planner: on the padded rows
-        import trainers.step
-
-        trainers.step.trie_planner = lambda trainer, rows: None
     options = {"train_tree_packing": args.arm.split("-")[0]}
     if args.mmap_threshold:
         options["train_cpu_mmap_threshold"] = args.mmap_threshold
@@ -71,6 +68,8 @@ def arm(args) -> dict:
                                     "options": options},
                         "echo": {"weight": 0.2}})
     trainer = make_trainer(spec, torch.device("cpu"))
+    if args.arm == "on-padded":  # packed, planned as before the trie planner: on the padded rows
+        trainer.spec = dataclasses.replace(trainer.spec, tree_plan="padded")
     vocab = trainer.parts.lm_head.weight.shape[0]
     rows = rl_rows(args.groups, args.members, args.prompt, args.row_len, vocab)
     walls, cpus, metrics = [], [], []

@@ -128,6 +128,8 @@ def tree_blocker(trainer: TrainerView) -> str:
 def trie_planner(trainer: TrainerView, rows: list[EchoRow]) -> TrieCost | None:
     """How this step's microbatches are costed where tree packing will forward them as tries (trainers/tree.py
     `planner_cost`: on the trie's unique tokens), or None (on their padded rows)."""
+    if trainer.spec.tree_plan == "padded":
+        return None
     longest = max((len(r) for r in rows), default=0)
     return planner_cost(trainer.spec.tree_packing, trainer.parts, longest, blocker=tree_blocker(trainer))
 
