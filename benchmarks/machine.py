@@ -7,6 +7,8 @@ how close each of its phases came to them.
   point operations; the peak is the best (highest) of the per-size medians (`measure_regions`).
 - Memory bandwidth, GB/s: `torch.add(x, y, out=z)` on float32 arrays of `--bandwidth-mb` each (well above
   the caches) reads two arrays and writes one: 3 x array bytes per call, over the median call time.
+- The same limits per second of this process's CPU time (`cpu_time`, `cpu_time_limits`): on a core other
+  processes share, wall time counts their turns too; CPU seconds (one torch thread) do not.
 - With `--run RUN_DIR`, efficiencies from the run's own `train_step` events (means over its steps) and its
   weights (`final/` or the newest checkpoint, as `quaero bench scaling` sizes them):
   `training_efficiency` and `decoding_efficiency` below, each against this machine's figures (so measure
@@ -249,6 +251,7 @@ def main(argv: list[str]) -> int:
         doc: dict[str, Any] = environment(torch.device("cpu"), torch.float32)
         doc["matmul"] = matmul_gflops(args.sizes, args.repeats)
         doc["bandwidth"] = bandwidth_gb_s(args.bandwidth_mb, args.repeats)
+        doc["cpu_time"] = cpu_time_limits(args.sizes, args.bandwidth_mb, args.repeats)
         doc["load_average_end"] = load_average()
     if args.run is not None:
         try:
@@ -262,6 +265,10 @@ def main(argv: list[str]) -> int:
         print(f"{d:>9} matmul peak {m['peak_gflops']:>9.2f} GFLOPS  per size {m['gflops_per_size']}",
               file=sys.stderr)
     print(f"{'memory':>9} bandwidth   {doc['bandwidth']['gb_s']:>9.2f} GB/s", file=sys.stderr)
+    c = doc["cpu_time"]
+    print(f"{'per CPU s':>9} matmul peak float32 {c['float32']['peak_gflops']:.2f}, bfloat16 "
+          f"{c['bfloat16']['peak_gflops']:.2f} GFLOPS, bandwidth {c['bandwidth_gb_s']:.2f} GB/s "
+          "(this process's CPU time: the yardstick on a shared core)", file=sys.stderr)
     if "run" in doc:
         r = doc["run"]
         print(f"{'run':>9} training efficiency {r['training_efficiency']}  decoding "

@@ -2,6 +2,7 @@
 
     quaero bench tree [--models tiny-qwen3,smollm2-135m-instruct] [--groups 1] [--members 8] [--prompt 370]
                       [--row-len 450] [--steps 3] [--lora] [--micro-batch-tokens 4096]
+                      [--arms off,on,on-padded] [--json PATH]
 
 The rows are the main job's RL shape: `groups` groups of `members` rows, each group's rows sharing a
 `prompt`-token prefix (system prompt, tool list, task; the groups share nothing), then per member an action
@@ -10,7 +11,10 @@ the same rows with `train_tree_packing` "off" (the rows) and "on" (their trie, t
 a fresh process from the same weights: the first step's loss and gradient norm must agree (the exactness
 check), then the median of `steps` timed steps after one warm-up, in wall seconds and in the process's CPU
 seconds (the fair figure on a machine other work shares), and the steps' peak RSS (the process's, the
-model included: `peak_mem_mb`, source `rss_since_reset`).
+model included: `peak_mem_mb`, source `rss_since_reset`). The arm "on-padded" packs too but plans its
+microbatches on the padded rows' tokens (how packing planned them before trainers/batch.py
+`plan_tree_microbatches`): where the padded rows of a group exceed `micro_batch_tokens`, its trie holds only
+the rows a padded microbatch does, and the group's prompt is forwarded once per microbatch.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-ARMS = ("off", "on")
+ARMS = ("off", "on", "on-padded")
 
 
 def rl_rows(groups: int, members: int, prompt: int, row_len: int, vocab: int, seed: int = 0):
@@ -47,6 +51,7 @@ def rl_rows(groups: int, members: int, prompt: int, row_len: int, vocab: int, se
 
 def arm(args) -> dict:
     """One arm in this process: the first step's figures, then the timed steps'."""
+    import dataclasses
     import time
 
     import torch
@@ -55,11 +60,16 @@ def arm(args) -> dict:
     from quaero.models.load import resolve_model
 
     resolve_model(args.model)  # built before the seeded load (a build draws from the RNG)
+    options = {"train_tree_packing": args.arm.split("-")[0]}
+    if args.mmap_threshold:
+        options["train_cpu_mmap_threshold"] = args.mmap_threshold
     spec = config_spec({"model": {"name": args.model, "max_seq_len": 4 * args.row_len},
                         "backend": {"micro_batch_tokens": args.micro_batch_tokens, "lora": args.lora,
-                                    "options": {"train_tree_packing": args.arm}},
+                                    "options": options},
                         "echo": {"weight": 0.2}})
     trainer = make_trainer(spec, torch.device("cpu"))
+    if args.arm == "on-padded":  # packed, planned as before the trie planner: on the padded rows
+        trainer.spec = dataclasses.replace(trainer.spec, tree_plan="padded")
     vocab = trainer.parts.lm_head.weight.shape[0]
     rows = rl_rows(args.groups, args.members, args.prompt, args.row_len, vocab)
     walls, cpus, metrics = [], [], []
@@ -83,7 +93,7 @@ def run_arm(args, model: str, which: str) -> dict:
     cmd = [sys.executable, "-m", "benchmarks.tree", "--arm", which, "--model", model, "--groups",
            str(args.groups), "--members", str(args.members), "--prompt", str(args.prompt), "--row-len",
            str(args.row_len), "--steps", str(args.steps), "--micro-batch-tokens",
-           str(args.micro_batch_tokens),
+           str(args.micro_batch_tokens), "--mmap-threshold", str(args.mmap_threshold),
            *(["--lora"] if args.lora else [])]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if out.returncode != 0:
@@ -92,21 +102,30 @@ def run_arm(args, model: str, which: str) -> dict:
 
 
 def compare(args, model: str) -> dict:
-    off, on = (run_arm(args, model, which) for which in ARMS)
-    return {"model": model, "rows": args.groups * args.members, "row_tokens": off["row_tokens"],
+    arms = {which: run_arm(args, model, which) for which in args.arms.split(",")}
+    off = arms["off"]
+    out = {"model": model, "rows": args.groups * args.members, "row_tokens": off["row_tokens"],
+           "microbatches": off["microbatches"], "step_s_rows": round(off["step_s"], 3),
+           "step_cpu_s_rows": round(off["step_cpu_s"], 3), "peak_mem_mb_rows": off["peak_mem_mb"],
+           "loss_rows": off["loss"]}
+    for which, on in arms.items():
+        if which == "off":
+            continue
+        def ratio(key: str, on: dict = on) -> float:
+            return round(on[key] / off[key], 3)
+
+        out[which] = {
             "unique_tokens": on["unique_tokens"],
             "token_ratio": round(on["unique_tokens"] / off["row_tokens"], 4),
-            "microbatches": off["microbatches"], "tree_batches": on["tree_batches"],
+            "microbatches": on["microbatches"], "tree_batches": on["tree_batches"],
             "fallback": on["fallback"],
-            "step_s_rows": round(off["step_s"], 3), "step_s_tree": round(on["step_s"], 3),
-            "speedup": round(off["step_s"] / on["step_s"], 2),
-            "step_cpu_s_rows": round(off["step_cpu_s"], 3), "step_cpu_s_tree": round(on["step_cpu_s"], 3),
-            "cpu_speedup": round(off["step_cpu_s"] / on["step_cpu_s"], 2),
-            "peak_mem_mb_rows": off["peak_mem_mb"], "peak_mem_mb_tree": on["peak_mem_mb"],
-            "peak_mem_ratio": round(on["peak_mem_mb"] / off["peak_mem_mb"], 3),
-            "loss_rows": off["loss"], "loss_tree": on["loss"], "loss_diff": abs(off["loss"] - on["loss"]),
+            "step_s": round(on["step_s"], 3), "speedup": round(1 / ratio("step_s"), 2),
+            "step_cpu_s": round(on["step_cpu_s"], 3), "cpu_speedup": round(1 / ratio("step_cpu_s"), 2),
+            "peak_mem_mb": on["peak_mem_mb"], "peak_mem_ratio": ratio("peak_mem_mb"),
+            "loss": on["loss"], "loss_diff": abs(off["loss"] - on["loss"]),
             "grad_norm_rel_diff": abs(off["grad_norm"] - on["grad_norm"]) / max(off["grad_norm"], 1e-12),
             "peak_mem_source": on["peak_mem_source"]}
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,6 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--micro-batch-tokens", type=int, default=4096,
                     help="`[backend] micro_batch_tokens` (the default 4096 holds a group of 8 x 450 in one)")
     ap.add_argument("--lora", action="store_true")
+    ap.add_argument("--arms", default="off,on",
+                    help="arms, 'off' first: off (the rows), on (the trie, planned on its unique tokens), "
+                         "on-padded (the trie, planned on the padded rows)")
+    ap.add_argument("--mmap-threshold", type=int, default=0,
+                    help="`train_cpu_mmap_threshold` (0: unset); the SmolLM2 recipes set 131072")
+    ap.add_argument("--json", metavar="PATH", help="also write the rows of the table here")
     ap.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)  # one arm, in its own process
     ap.add_argument("--model", help=argparse.SUPPRESS)
     return ap
@@ -136,18 +161,25 @@ def main(argv: list[str] | None = None) -> int:
               f"median of {args.steps} steps after a warm-up, each arm in a fresh process; "
               f"torch threads {os.environ.get('OMP_NUM_THREADS', 'default')}")
     print(header)
-    print(f"{'model':<24}{'row tok':>8}{'uniq tok':>9}{'ratio':>7}{'rows s':>8}{'tree s':>8}{'speedup':>8}"
-          f"{'rows cpu s':>11}{'tree cpu s':>11}{'cpu speedup':>12}{'rows MB':>9}{'tree MB':>9}"
+    print(f"{'model, arm':<34}{'row tok':>8}{'uniq tok':>9}{'ratio':>7}{'mbs':>5}{'rows s':>8}{'tree s':>8}"
+          f"{'speedup':>8}{'rows cpu s':>11}{'tree cpu s':>11}{'cpu speedup':>12}{'rows MB':>9}{'tree MB':>9}"
           f"{'loss diff':>11}")
-    failed = False
+    failed, results = False, []
     for model in args.models.split(","):
         r = compare(args, model)
-        print(f"{model:<24}{r['row_tokens']:>8}{r['unique_tokens']:>9}{r['token_ratio']:>7.3f}"
-              f"{r['step_s_rows']:>8.3f}{r['step_s_tree']:>8.3f}{r['speedup']:>7.2f}x"
-              f"{r['step_cpu_s_rows']:>11.3f}{r['step_cpu_s_tree']:>11.3f}{r['cpu_speedup']:>11.2f}x"
-              f"{r['peak_mem_mb_rows']:>9.0f}{r['peak_mem_mb_tree']:>9.0f}{r['loss_diff']:>11.2e}")
+        for which in args.arms.split(",")[1:]:
+            t = r[which]
+            print(f"{model + ', ' + which:<34}{r['row_tokens']:>8}{t['unique_tokens']:>9}"
+                  f"{t['token_ratio']:>7.3f}"
+                  f"{t['microbatches']:>5}{r['step_s_rows']:>8.3f}{t['step_s']:>8.3f}{t['speedup']:>7.2f}x"
+                  f"{r['step_cpu_s_rows']:>11.3f}{t['step_cpu_s']:>11.3f}{t['cpu_speedup']:>11.2f}x"
+                  f"{r['peak_mem_mb_rows']:>9.0f}{t['peak_mem_mb']:>9.0f}{t['loss_diff']:>11.2e}")
+            failed |= t["tree_batches"] != t["microbatches"] or t["grad_norm_rel_diff"] > 1e-4
         print(json.dumps(r))
-        failed |= r["tree_batches"] != r["microbatches"] or r["grad_norm_rel_diff"] > 1e-4
+        results.append(r)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"header": header, "results": results}, f, indent=1)
     return 1 if failed else 0
 
 

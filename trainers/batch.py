@@ -1,8 +1,12 @@
 """EchoRows -> padded microbatch tensors, with the step-wide loss denominators.
 
 Rows are packed greedily (longest first) into microbatches whose padded size `B x L_max` stays within
-`micro_batch_tokens` (a row longer than the budget gets a microbatch of its own). Padding is on the
-right with id 0 and never a target. The optional `train_supervised_context_tokens` crop happens here.
+`micro_batch_tokens` (a row longer than the budget gets a microbatch of its own). Where tree packing will
+forward a microbatch as its trie (trainers/tree.py), rows go in prefix order and the budget counts what the
+packed forward runs over: the trie's unique tokens plus the rows' gathered hidden states and the mask
+(`plan_tree_microbatches`), so a group's rows sharing a long prompt fill one microbatch where their padded
+tokens would fill several. Padding is on the right with id 0 and never a target. The optional
+`train_supervised_context_tokens` crop happens here.
 
 Which tokens are targets is the loss terms' (trainers/terms.py): each gives, per row and token, its target
 weight (0: not its target), and the tokens whose log-probs it reads without training them; this module
@@ -11,7 +15,9 @@ union over the terms.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 from torch import Tensor
@@ -113,27 +119,80 @@ def prefix_order(ids: list[list[int]]) -> list[int]:
     return sorted(range(len(ids)), key=lambda i: ids[i])
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Tokens `a` and `b` share from their start."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+# a microbatch's cost in backbone tokens from (unique tokens, row tokens, rows, longest row): trainers/tree.py
+# `planner_cost`
+TrieCost = Callable[[int, int, int, int], float]
+
+
+def plan_tree_microbatches(ids: list[list[int]], micro_batch_tokens: int, cost: TrieCost) -> list[list[int]]:
+    """Row indices per microbatch where tree packing forwards each as its trie: rows in prefix order
+    (`prefix_order`), cut into contiguous runs whose `cost` stays within `micro_batch_tokens` (a row that
+    alone exceeds it gets a microbatch of its own). In that order a run's unique tokens are its first row's
+    plus, per further row, its tokens past its common prefix with the row before it. Where the next row does
+    not fit, the run is cut where its rows share the fewest tokens (between groups rather than inside one)
+    if that shares less than cutting before the row, so a group's prompt is forwarded once, not per piece."""
+    order = prefix_order(ids)
+    shared = [0] + [common_prefix(ids[a], ids[b]) for a, b in pairwise(order)]
+
+    def fits(run: list[int]) -> bool:  # positions in `order`, contiguous
+        lengths = [len(ids[order[k]]) for k in run]
+        unique = lengths[0] + sum(n - shared[k] for n, k in zip(lengths[1:], run[1:]))
+        return cost(unique, sum(lengths), len(run), max(lengths)) <= micro_batch_tokens
+
+    runs: list[list[int]] = []
+    run: list[int] = []
+    for k in range(len(order)):
+        if not run or fits([*run, k]):
+            run.append(k)
+            continue
+        cut = min(range(1, len(run)), key=lambda j: (shared[run[j]], -j), default=None)
+        if cut is not None and shared[run[cut]] < shared[k] and fits([*run[cut:], k]):
+            runs.append(run[:cut])
+            run = [*run[cut:], k]
+        else:
+            runs.append(run)
+            run = [k]
+    if run:
+        runs.append(run)
+    return [[order[k] for k in r] for r in runs]
+
+
 def build_microbatches(rows: list[EchoRow], *, micro_batch_tokens: int,
                        weights: dict[str, list[list[float]]], reads: list[list[bool]] | None = None,
                        context_tokens: int = 0, device: str | torch.device = "cpu",
                        scales: dict[str, list[float]] | None = None,
                        old_logprobs: list[list[float]] | None = None,
-                       ref_logprobs: list[list[float]] | None = None, by_prefix: bool = False
-                       ) -> tuple[list[Microbatch], CropStats]:
+                       ref_logprobs: list[list[float]] | None = None, by_prefix: bool = False,
+                       trie_cost: TrieCost | None = None) -> tuple[list[Microbatch], CropStats]:
     """Pack rows into microbatches. `weights`: per loss term's name, per row, each token's weight as its
     target (trainers/terms.py `row_targets`); `reads`: per row, the tokens whose log-probs are read without
     training them (none given: none). `scales`: per term's name, per row, its token factors (none given:
     none). `old_logprobs`: per row, per token, the trainer's recorded log-probs; `ref_logprobs`: the
     reference's (none given: none). `by_prefix`: rows sharing a prefix packed together (`prefix_order`), else
-    longest first."""
+    longest first. `trie_cost`: where tree packing will forward microbatches as tries, their cost
+    (`plan_tree_microbatches`); none: every microbatch is planned on its padded rows."""
     scales = scales or {}
     starts = [crop_start(first_target([per_row[i] for per_row in weights.values()]), context_tokens)
               for i in range(len(rows))]
     crop = CropStats(sum(s > 0 for s in starts), sum(starts))
     lengths = [len(r) - s for r, s in zip(rows, starts)]
     out = []
-    order = prefix_order([r.input_ids[s:] for r, s in zip(rows, starts)]) if by_prefix else None
-    for group in plan_microbatches(lengths, micro_batch_tokens, order):
+    cropped = [r.input_ids[s:] for r, s in zip(rows, starts)]
+    if trie_cost is not None:
+        plan = plan_tree_microbatches(cropped, micro_batch_tokens, trie_cost)
+    else:
+        plan = plan_microbatches(lengths, micro_batch_tokens, prefix_order(cropped) if by_prefix else None)
+    for group in plan:
         B, L = len(group), max(lengths[i] for i in group)
         ids = torch.zeros(B, L, dtype=torch.long)
         attn = torch.zeros(B, L, dtype=torch.long)

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from quaero.process_group import Strategy, world_size
+from trainers.batch import common_prefix
 
 
 def _sum_allreduce_hook(group, bucket):  # unannotated: DDP checks the annotation objects, not their strings
@@ -99,7 +100,7 @@ def split_trees(ids: list[list[int]], ranks: int) -> list[list[int]]:
     its trie forwards the prefix once. A row's unique tokens in that order are those past its common prefix
     with the row before it (what it adds to the trie)."""
     order = sorted(range(len(ids)), key=lambda i: ids[i])
-    cost = [len(ids[i]) - _common_prefix(ids[order[k - 1]], ids[i]) if k else len(ids[i])
+    cost = [len(ids[i]) - common_prefix(ids[order[k - 1]], ids[i]) if k else len(ids[i])
             for k, i in enumerate(order)]
     total, shares, done = sum(cost), [[] for _ in range(ranks)], 0
     for i, c in zip(order, cost):
@@ -108,14 +109,3 @@ def split_trees(ids: list[list[int]], ranks: int) -> list[list[int]]:
         shares[r].append(i)
         done += c
     return [sorted(s) for s in shares]
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-

@@ -36,7 +36,7 @@ from quaero.rows import EchoRow
 from trainers.batch import build_microbatches
 from trainers.forward import CausalLMParts, causal_lm_of
 from trainers.spec import TrainerSpec
-from trainers.tree import choose_tree
+from trainers.tree import choose_tree, planner_cost
 
 
 def kl_targets(row: EchoRow) -> list[float]:
@@ -133,7 +133,10 @@ class Reference:
         try:
             mbs, _ = build_microbatches(rows, micro_batch_tokens=spec.micro_batch_tokens,
                                         weights={"kl": [kl_targets(r) for r in rows]}, device=device,
-                                        by_prefix=spec.tree_packing != "off")
+                                        by_prefix=spec.tree_packing != "off",
+                                        trie_cost=planner_cost(spec.tree_packing, self.parts,
+                                                               max((len(r) for r in rows), default=0),
+                                                               blocker=blocker))
             with self.adapter_off() if self.adapter_off else contextlib.nullcontext():
                 for mb in mbs:
                     if not mb.trains:

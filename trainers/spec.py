@@ -284,6 +284,10 @@ class TrainerSpec:
     # signature of trainers.selective.selected_logprobs, run on the backbone's hidden states in place of it
     # (resolved once, when the trainer is built; trainers/step.py). "": the selective path itself.
     logprob_fn: str = ""
+    # the hook `quaero bench tree` compares microbatch planning through, never set by a config: "trie" costs
+    # a microbatch that will run packed on its trie (trainers/batch.py `plan_tree_microbatches`), "padded" on
+    # its padded rows, as packing planned before the trie planner
+    tree_plan: Literal["trie", "padded"] = "trie"
 
     def describe_policy_loss(self) -> str:
         """The RL loss in one line (`quaero check`): the variant, its formula with this spec's numbers, and

@@ -38,13 +38,13 @@ from quaero.rows import EchoRow
 from quaero.telemetry import names
 from quaero.telemetry.proofs import BRANCH_COUNTERS
 from trainers import distributed
-from trainers.batch import CropStats, Microbatch, build_microbatches
+from trainers.batch import CropStats, Microbatch, TrieCost, build_microbatches
 from trainers.forward import CausalLMParts, SharedForwardError
 from trainers.memory import OffloadStats, peak_mem_mb, reset_peak, saved_tensors_offload
 from trainers.selective import SelectiveInfo, full_logprobs, selected_logprobs
 from trainers.spec import TrainerSpec
 from trainers.terms import TERMS, Stats, StepContext, TermTotal, row_targets
-from trainers.tree import TreeInfo, TreePack, choose_tree
+from trainers.tree import TreeInfo, TreePack, choose_tree, planner_cost
 
 
 class TrainerView(Protocol):
@@ -123,6 +123,15 @@ def tree_blocker(trainer: TrainerView) -> str:
     if trainer.spec.distributed == "fsdp2":
         return "fsdp2: the packing probe reads unsharded weights"
     return ""
+
+
+def trie_planner(trainer: TrainerView, rows: list[EchoRow]) -> TrieCost | None:
+    """How this step's microbatches are costed where tree packing will forward them as tries (trainers/tree.py
+    `planner_cost`: on the trie's unique tokens), or None (on their padded rows)."""
+    if trainer.spec.tree_plan == "padded":
+        return None
+    longest = max((len(r) for r in rows), default=0)
+    return planner_cost(trainer.spec.tree_packing, trainer.parts, longest, blocker=tree_blocker(trainer))
 
 
 def step_temperature(spec: TrainerSpec, *, sft: bool) -> float:
@@ -306,7 +315,8 @@ def shared_forward_step(trainer: TrainerView, rows: list[EchoRow], *, sft: bool,
                                                                                    for i in share],
                                    ref_logprobs=None if ref_logprobs is None else [ref_logprobs[i]
                                                                                    for i in share],
-                                   by_prefix=spec.tree_packing != "off")
+                                   by_prefix=spec.tree_packing != "off",
+                                   trie_cost=trie_planner(trainer, [rows[i] for i in share]))
     tokens = process_group.all_sum([sum(int(mb.targets(term.name).sum()) for mb in mbs) for term in TERMS])
     totals = StepTotals.empty({term.name: n for term, n in zip(TERMS, tokens)}, rows=len(share),
                               microbatches=len(mbs), row_tokens=sum(mb.tokens for mb in mbs),
@@ -388,7 +398,8 @@ def audit_logprobs(trainer: TrainerView, rows: list[EchoRow], temperature: float
         reads = [[a or w > 0.0 for a, w in zip(r.action_mask, r.echo_weights)] for r in rows]
         mbs, _ = build_microbatches(rows, micro_batch_tokens=trainer.spec.micro_batch_tokens, weights={},
                                     reads=reads, device=trainer.device,
-                                    by_prefix=trainer.spec.tree_packing != "off")
+                                    by_prefix=trainer.spec.tree_packing != "off",
+                                    trie_cost=trie_planner(trainer, rows))
         out: list[list[float]] = [[] for _ in rows]
         for mb in mbs:
             lp, _ = microbatch_logprobs(trainer, mb, temperature)

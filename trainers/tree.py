@@ -19,6 +19,7 @@ windows no row outgrows. Anything else falls back to the per-row forward with it
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -144,17 +145,57 @@ def should_pack(mode: str, pack: TreePack, config, rows_shape: tuple[int, int]) 
 def tree_pays(pack: TreePack, config, rows_shape: tuple[int, int]) -> bool:
     """Whether the trie's backbone FLOPs (N tokens through the layers' matmuls, N^2 attention pairs) are at
     most AUTO_MAX_COST of the padded rows' ([B, L]: B x L tokens, B x L^2 pairs), from the config's sizes."""
+    return trie_pays(pack.unique_tokens, pack.row_tokens, config, rows_shape)
+
+
+def trie_pays(unique: int, row_tokens: int, config, rows_shape: tuple[int, int]) -> bool:
+    """`tree_pays` from the figures alone: a trie of `unique` tokens over rows of `row_tokens` real tokens
+    padded to `rows_shape` (what the microbatch planner and the memory plan know before any trie is built)."""
     sizes = [getattr(config, k, None) for k in ("hidden_size", "num_attention_heads", "intermediate_size")]
     if not all(isinstance(v, int) for v in sizes):
-        return pack.ratio <= AUTO_MAX_RATIO
+        return unique / max(row_tokens, 1) <= AUTO_MAX_RATIO
     hidden, heads, inter = sizes
     head_dim = getattr(config, "head_dim", None) or hidden // heads
     kv = (getattr(config, "num_key_value_heads", None) or heads) * head_dim
     per_token = 2 * (2 * hidden * heads * head_dim + 2 * hidden * kv + 3 * hidden * inter)
     per_pair = 4 * heads * head_dim  # q.k and p.v, a multiply-add each
     B, L = rows_shape
-    n = pack.unique_tokens
+    n = unique
     return n * per_token + n * n * per_pair <= AUTO_MAX_COST * (B * L * per_token + B * L * L * per_pair)
+
+
+def packed_cost(unique: int, rows_shape: tuple[int, int], config) -> float:
+    """A packed microbatch's activation memory in backbone tokens (the unit `micro_batch_tokens` counts): the
+    trie's `unique` tokens, plus what the packed forward holds beside them, each against one trie token's
+    saved activations: the rows' `[B, L, H]` hidden states gathered back (H elements a padded row token) and
+    the `[N, N]` boolean ancestor mask (a byte an entry). A trie token saves at least layers x (4 hidden + 4
+    intermediate) elements of at least 2 bytes (quaero/preflight/memory_plan.py counts more), so the extras
+    are never undercounted; a config without those sizes counts a row token as 1/16 of a trie token."""
+    B, L = rows_shape
+    sizes = [getattr(config, k, None) for k in ("hidden_size", "num_hidden_layers", "intermediate_size")]
+    if not all(isinstance(v, int) and v > 0 for v in sizes):
+        return unique + B * L / 16 + unique * unique / 2**16
+    hidden, layers, inter = sizes
+    saved = layers * (4 * hidden + 4 * inter)  # elements a trie token saves, at least
+    return unique + B * L * hidden / saved + unique * unique / (2 * saved)
+
+
+def planner_cost(mode: str, parts, max_row_len: int, *, blocker: str = ""
+                 ) -> Callable[[int, int, int, int], float] | None:
+    """How trainers/batch.py's planner costs a microbatch where `train_tree_packing` = `mode` will pack it:
+    `cost(unique, row_tokens, rows, longest)` in backbone tokens, the trie's (`packed_cost`) where the
+    microbatch will run packed ("on", or "auto" where `trie_pays`), its padded rows' where it will not. None
+    where nothing will pack (mode "off", this trainer's `blocker`, a model that cannot take the mask): the
+    rows are planned on their padded tokens, as every forward will run them."""
+    if mode == "off" or blocker or tree_support(parts.config, max_row_len) or probe(parts):
+        return None
+    config = parts.config
+
+    def cost(unique: int, row_tokens: int, rows: int, longest: int) -> float:
+        if mode == "on" or trie_pays(unique, row_tokens, config, (rows, longest)):
+            return packed_cost(unique, (rows, longest), config)
+        return rows * longest
+    return cost
 
 
 @dataclass

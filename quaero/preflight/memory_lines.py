@@ -79,9 +79,11 @@ def sampler_share(cfg, device: str, dims: ModelDims, capacity: int | None) -> Sa
 class TreeEstimate:
     """`train_tree_packing`'s expected trie of the plan's microbatch, from the plan's own row figures: the
     rows come from ceil(rows / group) groups (packing orders rows by prefix, trainers/batch.py
-    `prefix_order`), each group's members share its prompt (the reset observation, the plan's first-turn
-    observation bound) and hold the rest of their row alone. `pays`: trainers/tree.py `tree_pays` at that
-    shape (what `auto` decides)."""
+    `plan_tree_microbatches`), each group's members share its prompt (the reset observation, the plan's
+    first-turn observation bound) and hold the rest of their row alone. Where it packs, the microbatch holds
+    as many rows as the trie's cost (trainers/tree.py `packed_cost`: its unique tokens, the rows' gathered
+    hidden states, the mask) keeps within `micro_batch_tokens`, as the planner cuts them; else as many as
+    the padded rows' tokens do. `pays`: trainers/tree.py `trie_pays` at that shape (what `auto` decides)."""
 
     mode: str
     rows: int
@@ -89,6 +91,7 @@ class TreeEstimate:
     prompt: int
     group: int
     pays: bool
+    padded_rows: int = 0  # rows a microbatch holds on its padded tokens (the plan without packing)
 
     @property
     def unique(self) -> int:
@@ -109,29 +112,39 @@ class TreeEstimate:
         groups = -(-self.rows // self.group)
         pays = "packs" if self.pays else "keeps the rows"
         ratio = f"{self.unique:,}/{self.row_tokens:,} = {self.unique / self.row_tokens:.2f}"
+        held = (f"; planned on the trie's tokens, {self.rows} row(s) to a microbatch where padded rows fit "
+                f"{self.padded_rows}" if self.packs and self.rows != self.padded_rows else "")
         return (f"  tree packing {self.mode!r}: expected unique/row tokens {ratio} ({self.rows} row(s) of "
                 f"{self.row} from {groups} group(s) of {self.group}, a group sharing its prompt of <= "
                 f"{self.prompt} tokens, the first observation's limit); auto {pays} at this shape "
                 f"(tree_pays: the trie's FLOPs {'<=' if self.pays else '>'} {AUTO_MAX_COST:g} of the rows')"
-                + ("" if self.packs else "; activations planned on the rows"))
+                + held + ("" if self.packs else "; activations planned on the rows"))
 
 
-def tree_estimate(cfg, rows: int, row: int, prompt: int, group: int, fields: dict | None
+def tree_estimate(cfg, rows: int, row: int, prompt: int, group: int, fields: dict | None, *, most: int = 0
                   ) -> TreeEstimate | None:
-    """The expected trie of `rows` rows of `row` tokens where `train_tree_packing` is on or auto (None: off);
-    `fields`: the model's config fields `tree_pays` reads (none known: its token-ratio fallback)."""
+    """The expected trie of a microbatch of rows of `row` tokens where `train_tree_packing` is on or auto
+    (None: off): `rows` of them padded; where the trie packs, up to `most` while its cost fits
+    `micro_batch_tokens` (trainers/batch.py's planner). `fields`: the model's config fields `trie_pays` and
+    `packed_cost` read (none known: their fallbacks)."""
     mode = cfg.backend.options.train_tree_packing
     if mode == "off":
         return None
-    import torch
+    from trainers.tree import packed_cost, trie_pays
 
-    from trainers.tree import TreePack, tree_pays
+    config = SimpleNamespace(**(fields or {}))
 
-    est = TreeEstimate(mode, rows, row, prompt, group, pays=False)
-    empty = torch.empty((1, est.unique), dtype=torch.long)  # tree_pays reads the trie's size alone
-    pack = TreePack(empty, empty, empty[0], empty, est.row_tokens)
-    pays = tree_pays(pack, SimpleNamespace(**(fields or {})), (rows, row))
-    return replace(est, pays=pays)
+    def at(n: int) -> TreeEstimate:
+        est = TreeEstimate(mode, n, row, prompt, group, pays=False, padded_rows=rows)
+        return replace(est, pays=trie_pays(est.unique, est.row_tokens, config, (n, row)))
+
+    best = at(rows)
+    for n in range(rows + 1, most + 1):
+        est = at(n)
+        if not est.packs or packed_cost(est.unique, (n, row), config) > cfg.backend.micro_batch_tokens:
+            break
+        best = est
+    return best
 
 
 def gib(n: int) -> str:
@@ -228,8 +241,9 @@ def step_shape(cfg, device: str, fields: dict | None = None
 
     Longest row: min([model] max_seq_len, max_turns x (max_tokens + the observation limit)); rows of it pack
     `micro_batch_tokens // row` to a microbatch (at least one, at most a step's rows); targets per row: the
-    sampled tokens, plus the env's when ECHO trains on them. Where packing packs, the backbone runs over the
-    trie's unique tokens (`StepShape.unique_tokens`)."""
+    sampled tokens, plus the env's when ECHO trains on them. Where packing packs, the microbatch holds the
+    rows whose trie fits `micro_batch_tokens` (`TreeEstimate`) and the backbone runs over the trie's unique
+    tokens (`StepShape.unique_tokens`)."""
     from trainers.selective import AUTO_CHUNK_ROWS
     from trainers.spec import SelectivePolicy
 
@@ -244,8 +258,11 @@ def step_shape(cfg, device: str, fields: dict | None = None
 
     # a mixture's longest row (one env's view for a one-env config)
     row, per_row, group, turns, obs = max(longest(view) for view in cfg.views().values())
-    rows = max(1, min(cfg.rollout.tasks_per_step * group, b.micro_batch_tokens // row))
-    tree = tree_estimate(cfg, rows, row, min(row, obs), group, fields)
+    most = cfg.rollout.tasks_per_step * group
+    rows = max(1, min(most, b.micro_batch_tokens // row))
+    tree = tree_estimate(cfg, rows, row, min(row, obs), group, fields, most=most)
+    if tree and tree.packs:  # the planner costs a packed microbatch on its trie (trainers/batch.py)
+        rows = tree.rows
     shape = StepShape(
         tokens=rows * row,
         targets=rows * per_row,

@@ -362,3 +362,37 @@ def test_rl_ends_at_the_step_that_spends_the_token_budget(tmp_path):
     assert [e["step"] for e in events_of(run_dir, "eval")] == [0, 2]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000002"]
     assert events_of(run_dir, "run_end")[-1]["steps"] == 2 and (run_dir / "final").is_dir()
+
+
+@pytest.mark.slow
+def test_a_run_with_tree_packing_auto_packs_where_it_pays_and_review_proves_it(tmp_path):
+    """`train_tree_packing = "auto"` end to end: each step that forwards decides per microbatch as
+    trainers/tree.py's `trie_pays` does at its logged figures (the trie's unique tokens against the padded
+    rows), the warm start's demos (two tasks sharing the system prompt and tool list) pay and are forwarded as
+    a trie, and `quaero review`'s tree training proof passes on the run, naming auto and the ratio."""
+    from quaero.models.load import config_fields
+    from quaero.recipe.train import train
+    from quaero.telemetry import proofs
+    from quaero.tools.review import load_run, summarize
+    from trainers.tree import trie_pays
+
+    _, cfg = make_config(tmp_path, name="auto", steps=1, eval_every=100,
+                         extra=["backend.options.train_tree_packing='auto'"])
+    run_dir = train(cfg)
+    steps = events_of(run_dir, "train_step")
+    assert [s["phase"] for s in steps] == ["sft", "rl"]
+    config = SimpleNamespace(**config_fields("tiny-qwen3"))
+    forwarded = [s for s in steps if s["microbatches"] > s["lm_head_skipped_microbatches"]]
+    assert forwarded and all(s["microbatches"] == 1 for s in forwarded)  # one microbatch: its shape is logged
+    for s in steps:
+        assert s["local_train_tree_packing"] == "auto" and s["local_train_tree_fallback_batches"] == 0
+    for s in forwarded:
+        pays = trie_pays(s["local_train_tree_unique_tokens"], s["row_tokens"], config,
+                         (s["rows"], s["padded_tokens"] // s["rows"]))
+        assert s["local_train_tree_batches"] == int(pays), s
+    assert steps[0]["local_train_tree_batches"] == 1 and steps[0]["local_train_tree_token_ratio"] < 0.8
+    check = next(c for c in proofs.run_checks(summarize(load_run(run_dir))) if c.name == proofs.TREE_TRAINING)
+    assert check.status == "pass" and "mode=auto" in check.detail, check
+    args = SimpleNamespace(run_dir=str(run_dir), require_proof=True, require=[proofs.TREE_TRAINING],
+                           plots=None, json=False, compare=None)
+    assert review_command.main(args) == 0

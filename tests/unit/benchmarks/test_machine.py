@@ -132,3 +132,4 @@ def test_bench_machine_measures_positive_peaks_and_bandwidth(capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["matmul"]["float32"]["peak_gflops"] > 0 and doc["matmul"]["bfloat16"]["peak_gflops"] > 0
     assert doc["bandwidth"]["gb_s"] > 0 and doc["bandwidth"]["bytes_per_call"] == 3 * 4 * 2**20
+    assert doc["cpu_time"]["float32"]["peak_gflops"] > 0 and doc["cpu_time"]["bandwidth_gb_s"] > 0

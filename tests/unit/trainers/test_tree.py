@@ -156,3 +156,93 @@ def test_auto_weighs_the_tries_attention_against_the_rows():
     shape = tuple(_padded(group_rows(8, prompt=370))[0].shape)
     assert tree_pays(shared, smol, shape) and not tree_pays(unshared, smol, shape)
     assert tree_pays(shared, None, shape) and not tree_pays(unshared, None, shape)
+
+
+SMOLLM2 = {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "head_dim": 64,
+           "num_key_value_heads": 3, "intermediate_size": 1536}
+
+
+def _smol_rows(prefixes: list[tuple[int, int]], members: int, tail: int, seed: int = 0) -> list[list[int]]:
+    """Per group, `members` rows: the group's prefix (the first `shared` tokens common to every group, then
+    the group's own, to `length` tokens), then `tail` tokens of each member's own (lengths differ by member).
+    """
+    import random
+
+    rng = random.Random(seed)
+    common = [rng.randrange(49152) for _ in range(max(s for s, _ in prefixes))]
+    out = []
+    for shared, length in prefixes:
+        prompt = common[:shared] + [rng.randrange(49152) for _ in range(length - shared)]
+        out += [prompt + [rng.randrange(49152) for _ in range(tail + m)] for m in range(members)]
+    return out
+
+
+def test_the_planner_puts_a_group_of_8_with_a_long_prompt_in_one_microbatch():
+    """SmolLM2-135M's sizes, the learning curve's shape: 8 rows sharing a 700-token prompt, ~1,100 tokens
+    each. Padded, a 4,096-token budget holds 3 of them (the prompt forwarded in 3 microbatches); costed as the
+    trie the packed forward runs (unique tokens, the gathered hidden states, the mask), the group is one."""
+    from types import SimpleNamespace
+
+    from trainers.batch import plan_microbatches, plan_tree_microbatches
+    from trainers.tree import packed_cost
+
+    smol = SimpleNamespace(**SMOLLM2)
+    ids = _smol_rows([(0, 700)], members=8, tail=390)
+    assert [len(g) for g in plan_microbatches([len(r) for r in ids], 4096)] == [3, 3, 2]
+    plan = plan_tree_microbatches(ids, 4096, lambda u, t, b, n: packed_cost(u, (b, n), smol))
+    assert [sorted(g) for g in plan] == [list(range(8))]
+    unique = pack_rows(*_padded_ids(ids)).unique_tokens
+    assert unique == 700 + sum(390 + m for m in range(8))
+    assert unique < packed_cost(unique, (8, max(map(len, ids))), smol) <= 4096 < 8 * max(map(len, ids))
+
+
+def test_the_planner_cuts_between_groups_not_inside_one():
+    """Two groups sharing a 300-token system prompt, each its own 400-token task, 8 members of 100 tokens: a
+    budget that holds a group and a half gets one microbatch per group (cutting inside the second group would
+    forward its task twice); greedy filling alone would have cut inside it."""
+    from trainers.batch import plan_tree_microbatches
+
+    ids = _smol_rows([(300, 700), (300, 700)], members=8, tail=100)
+    cost = []
+
+    def unique_only(unique, row_tokens, rows, longest):
+        cost.append(unique)
+        return unique
+
+    plan = plan_tree_microbatches(ids, 2300, unique_only)
+    assert sorted(sorted(g) for g in plan) == [list(range(8)), list(range(8, 16))]
+    assert max(cost) > 2000  # the first group and part of the second fitted the budget together
+
+
+def test_auto_plans_rows_that_do_not_pay_on_their_padded_tokens(small_model_dir):
+    """Four unrelated rows under "auto" with a budget of two padded rows: the trie would not pay, so the
+    planner keeps the padded budget (two microbatches of two rows), and nothing packs."""
+    unshared = [group_rows(1, seed=s)[0] for s in range(4)]
+    budget = 2 * max(len(r) for r in unshared)
+    got, _, _ = _step(small_model_dir, unshared, tree_packing="auto", micro_batch_tokens=budget)
+    assert got["microbatches"] == 2 and got["padded_tokens"] <= 2 * budget
+    assert got["local_train_tree_batches"] == got["local_train_tree_fallback_batches"] == 0
+
+
+@pytest.mark.parametrize("mode", ["on", "auto"])
+def test_a_group_that_padded_rows_split_is_one_packed_microbatch_and_exact(small_model_dir, mode):
+    """A group of 8 multi-turn rows (ECHO on) sharing a 120-token prompt, a budget of 4 padded rows: per row
+    the step takes 2 microbatches, packed (planned on the trie's unique tokens) 1; per-token log-probs, the
+    loss and every parameter's gradient equal within 1e-5 (float32)."""
+    rows = group_rows(8, prompt=120)
+    budget = 4 * max(len(r) for r in rows)
+    ref, ref_lp, ref_grads = _step(small_model_dir, rows, micro_batch_tokens=budget)
+    got, got_lp, got_grads = _step(small_model_dir, rows, micro_batch_tokens=budget, tree_packing=mode)
+    assert ref["microbatches"] == 2 and got["microbatches"] == got["local_train_tree_batches"] == 1
+    assert got["local_train_tree_unique_tokens"] == pack_rows(*_padded(rows)).unique_tokens
+    assert got["local_train_tree_token_ratio"] < 0.5
+    assert torch.allclose(got_lp, ref_lp, atol=1e-5, rtol=0) and bool((ref_lp != 0).any())
+    for key in ("loss", "rl_loss", "echo_loss", "grad_norm", "action_tokens", "echo_tokens"):
+        assert got[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-6), key
+    assert got_grads.keys() == ref_grads.keys() and len(ref_grads) > 0
+    for name, g in ref_grads.items():
+        assert torch.allclose(got_grads[name], g, atol=1e-5, rtol=1e-4), name
+
+
+def _padded_ids(ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    return _padded([EchoRow(r, [], [0.0] * len(r), [0.0] * len(r), [0.0] * len(r)) for r in ids])

@@ -129,6 +129,32 @@ def test_tree_packing_plans_the_backbone_over_the_tries_unique_tokens():
     assert (on.activations_exact, on.lm_head, on.weights) == (off.activations_exact, off.lm_head, off.weights)
 
 
+def test_a_packed_microbatch_holds_the_rows_whose_trie_fits_the_budget():
+    """At the 0.6B width, one-turn rows of a 1,000-token prompt and a 100-token reply at a 4,096-token budget:
+    padded, 3 rows to
+    a microbatch; packing's planner (trainers/batch.py) costs the trie, so the plan's microbatch holds the 16
+    rows of 2 groups (3,600 unique tokens, the gathered hidden states and the mask within the budget) and
+    says so; the backbone is planned over those unique tokens, the LM head over the 16 rows' tokens."""
+    from types import SimpleNamespace
+
+    from trainers.tree import packed_cost
+
+    shape = ["model.name='qwen3-0.6b-shape'", "env.max_turns=1", "env.max_observation_tokens=1000",
+             "sampler.max_tokens=100", "backend.micro_batch_tokens=4096"]
+    d, (off_step, _), (on_step, tree) = tree_plans(*shape)
+    assert (off_step.rows, tree.padded_rows, tree.rows, tree.group) == (3, 3, 16, 8)
+    assert on_step.rows == 16 and on_step.tokens == 16 * 1100 and on_step.unique_tokens == tree.unique == 3600
+    fields = SimpleNamespace(**config_fields("qwen3-0.6b-shape"))
+    assert packed_cost(3600, (16, 1100), fields) <= 4096 < packed_cost(3000 + 1700, (17, 1100), fields)
+    line = tree.line()
+    assert "3,600/17,600 = 0.20 (16 row(s) of 1100 from 2 group(s) of 8" in line
+    assert line.endswith("; planned on the trie's tokens, 16 row(s) to a microbatch where padded rows fit 3")
+    # the packed microbatch's activations stay within what the budget's tokens hold unpacked
+    off, on = mp.plan(d, off_step), mp.plan(d, on_step)
+    per_token = off.activations // off_step.tokens
+    assert per_token * 3600 < on.activations < per_token * 4096
+
+
 def test_check_prints_the_expected_ratio_and_what_auto_decides():
     cfg = load_config(TOOLBENCH, ["backend.options.train_tree_packing='on'"])
     lines = ml.memory_lines(cfg, "cpu")
