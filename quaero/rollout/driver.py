@@ -475,6 +475,8 @@ class EpisodeDriver:
                 raise ExactnessError(f"strict exactness: {bad[0]}")
         row_tokens, flat_tokens = sum(len(r) for r in rows), per_transition_tokens(ep.transitions)
         packed = sum(1 for r in rows if r.meta.get("layout") == "packed")
+        for row in rows[1:]:  # each new row's reason (quaero/rollout/rows.py split_reason)
+            self.counts.add(names.PACKING_BREAK_REASON + row.meta["split"])
         self.counts.rows_built(packed=packed, transition=len(rows) - packed, row_tokens=row_tokens,
                               per_transition_tokens=flat_tokens,
                               action_tokens=sum(r.num_action_tokens for r in rows),
