@@ -89,7 +89,11 @@ def one(name: str, work: Path, tiny: Path, base, *, check_only: bool, parity: bo
         out["parity"] = {"bridges": tally.bridges, "tokens": tally.tokens, "mismatches": tally.mismatches}
     render = RenderAdapter(tok, cfg.model)
     for calls in (1, 2):
-        eps, audit = drive(render, tasks=3, policy=lambda info, c=calls: oracle(info, parallel=c == 2))
+        try:
+            eps, audit = drive(render, tasks=3, policy=lambda info, c=calls: oracle(info, parallel=c == 2))
+        except Exception as e:  # noqa: BLE001 (a crash is a finding: said in its row, the corpus goes on)
+            out[f"episodes_{calls}_call"] = {"raised": f"{type(e).__name__}: {str(e)[:200]}"}
+            continue
         out[f"episodes_{calls}_call"] = {
             "played": sum(not ep.dropped for ep in eps), "of": len(eps),
             "fallbacks": {k.removeprefix("bridge_fallback_reason_"): v for k, v in audit.items()
