@@ -45,7 +45,7 @@ FAMILIES = (("llama", "Llama"), ("gemma", "Gemma"), ("qwen", "Qwen"), ("phi", "P
 def family(name: str) -> str:
     what = name.partition(":")[2]
     return next((label for key, label in FAMILIES if key in what.lower() or key in name),
-                "vision (Idefics, LLaVA, SmolVLM, ...)")
+                "other (Idefics, LLaVA, SmolVLM, Muse)")
 
 
 class _Request:
