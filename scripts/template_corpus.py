@@ -18,8 +18,9 @@ tiny-qwen3's weights with its vocabulary plus the template's own markers as adde
   (`fixtures.rollout.drive`): episodes played, bridge fallbacks and dropped episodes with their reasons.
 
 Classes: `exact` (accepted, calls in the template's own format), `rescued` (accepted with calls as text,
-tool_format 'prompt', or with the conversation fitted), `refused` (with its reason). The whole corpus takes
-~10 min on one loaded core (~1 h with `--parity`).
+tool_format 'prompt', or with the conversation fitted), `refused` (with its reason). The whole corpus took
+~40 min on one core shared with other jobs (about a minute a template, most of it `quaero check`);
+`--parity` adds more.
 """
 from __future__ import annotations
 
