@@ -28,7 +28,7 @@ from typing import Protocol
 from quaero.bounded import CallTimeout, bounded_call
 from quaero.chat.sandbox import TemplateProblem
 from quaero.openenv_client import ChatEnv, EpisodeDropped, EpisodeEndedAtReset
-from quaero.rollout.render import BridgeFailure, RenderAdapter, UnparsableAction
+from quaero.rollout.render import BridgeFailure, RenderAdapter, UnparsableAction, UnrenderableTurn
 from quaero.rollout.rows import Transition, build_rows, per_transition_tokens, token_identity_errors
 from quaero.rows import EchoRow
 from quaero.sampling import Completion, Sampler
@@ -328,6 +328,8 @@ class EpisodeDriver:
                 out[i] = self._scripted(ep, prompts[i], message)
             except TemplateProblem as err:  # a demo the template cannot render (two calls on Llama 3.x)
                 self._template_raised(ep, err)
+            except UnrenderableTurn as err:  # nor as sampled ids (reasoning on a template with thinking off)
+                self._template_raised(ep, err, "demo_unrenderable")
         sampled = [i for i, s in enumerate(scripted) if not s]
         if sampled:
             seed = self._seed * 100_003 + self._sample_calls
@@ -370,10 +372,11 @@ class EpisodeDriver:
             self._template_raised(ep, err)
             return None
 
-    def _template_raised(self, ep: _Live, err: TemplateProblem) -> None:
+    def _template_raised(self, ep: _Live, err: Exception, kind: str = "template_raised") -> None:
         """A chat template (quaero/chat/template.py) that raises on this episode's conversation: nothing of
-        it can be rendered exactly, so the episode is dropped (kind `template_raised`), never the run."""
-        ep.done, ep.drop_kind = True, "template_raised"
+        it can be rendered exactly, so the episode is dropped (kind `template_raised`; `demo_unrenderable`: a
+        scripted reply it cannot render as sampled ids), never the run."""
+        ep.done, ep.drop_kind = True, kind
         ep.dropped = f"step {len(ep.transitions)}: {err}"[:300]
 
     def _guide_failed(self, ep: _Live, err: Exception) -> None:
@@ -475,6 +478,8 @@ class EpisodeDriver:
                 raise ExactnessError(f"strict exactness: {bad[0]}")
         row_tokens, flat_tokens = sum(len(r) for r in rows), per_transition_tokens(ep.transitions)
         packed = sum(1 for r in rows if r.meta.get("layout") == "packed")
+        for row in rows[1:]:  # each new row's reason (quaero/rollout/rows.py split_reason)
+            self.counts.add(names.PACKING_BREAK_REASON + row.meta["split"])
         self.counts.rows_built(packed=packed, transition=len(rows) - packed, row_tokens=row_tokens,
                               per_transition_tokens=flat_tokens,
                               action_tokens=sum(r.num_action_tokens for r in rows),

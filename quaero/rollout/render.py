@@ -76,6 +76,12 @@ def _unencodable(value, where: str = "reply") -> str | None:
     return None
 
 
+class UnrenderableTurn(ValueError):
+    """A scripted assistant message (a demo) that the renderer cannot render as ids a sampler would return
+    after the prompt (no close token in its render, or a render that does not extend the generation prompt:
+    reasoning given to a template with thinking off)."""
+
+
 class BridgeFailure(Exception):
     """The renderer could not append the env response exactly; `.reason` is a short metric label."""
 
@@ -381,7 +387,7 @@ class RenderAdapter:
         ids = ids[:len(ids) - len(end)] if end and ids[len(ids) - len(end):] == end else ids
         closes = [i for i, t in enumerate(ids) if t in self.stop_token_ids]
         if not closes:
-            raise ValueError("encode_assistant: rendered assistant turn has no close token")
+            raise UnrenderableTurn("encode_assistant: rendered assistant turn has no close token")
         return ids[:closes[-1] + 1]
 
     def _reply_after(self, prompt: list[int], full: list[int]) -> list[int]:
@@ -391,9 +397,10 @@ class RenderAdapter:
         head = self.tokenizer.decode(prompt, skip_special_tokens=False)
         if not text.startswith(head):
             turn = text[len(os.path.commonprefix([text, head])):][:60]
-            raise ValueError("encode_assistant: the assistant turn does not extend the generation prompt: "
-                             f"the template renders the turn as {turn!r} where the generation prompt ends "
-                             f"{head[-30:]!r} (e.g. reasoning with enable_thinking=false)")
+            raise UnrenderableTurn(
+                "encode_assistant: the assistant turn does not extend the generation prompt: the template "
+                f"renders the turn as {turn!r} where the generation prompt ends {head[-30:]!r} (e.g. "
+                "reasoning with enable_thinking=false)")
         return self.tokenizer.encode(text[len(head):], add_special_tokens=False)
 
     def _bridge_ids(self, prompt_ids: list[int], action_ids: list[int], messages: list[dict],

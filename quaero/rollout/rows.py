@@ -66,13 +66,14 @@ class _RowBuilder:
             i = j
         self.turns.append(t.turn)
 
-    def row(self) -> EchoRow:
+    def row(self, split: str | None = None) -> EchoRow:
+        """The row; `split`: why it starts where the episode's previous row ends (`split_reason`)."""
         weights = list(self.weights)
         if weights:
             weights[0] = 0.0  # token 0 has no left context
         layout = "packed" if len(self.turns) > 1 else "transition"
-        return EchoRow(self.ids, self.spans, [0.0] * len(self.ids), weights, self.logprobs,
-                       meta={"turns": list(self.turns), "layout": layout},
+        meta = {"turns": list(self.turns), "layout": layout, **({"split": split} if split else {})}
+        return EchoRow(self.ids, self.spans, [0.0] * len(self.ids), weights, self.logprobs, meta=meta,
                        guided=list(self.guided) if any(self.guided) else [])
 
 
@@ -84,7 +85,8 @@ def build_rows(transitions: list[Transition], *, packing: bool = True, include_s
     Packed: when a turn's sampling prompt is an exact token extension of the current row, the turn is
     appended to it (only the prompt's new suffix is added), so a T-turn episode costs O(T) tokens instead
     of O(T^2). Every target keeps exactly the same tokens to its left, so its log-prob is unchanged;
-    otherwise a new row starts. Advantages are 0 here; `EchoRow.with_advantage` sets them.
+    otherwise a new row starts, exact as well (its meta's `split` says why: `split_reason`). Advantages are 0
+    here; `EchoRow.with_advantage` sets them.
 
     Lengths: a packed row is exactly as long as its last transition (that turn's prompt holds the whole
     row before it), so when every transition fits `max_seq_len` every row does; the episode driver cuts
@@ -92,18 +94,35 @@ def build_rows(transitions: list[Transition], *, packing: bool = True, include_s
     """
     rows: list[EchoRow] = []
     cur: _RowBuilder | None = None
-    for t in transitions:
+    split: str | None = None
+    for before, t in zip([None, *transitions], transitions):
         if max_seq_len is not None and len(t.ids) > max_seq_len:
             raise RowError(f"turn {t.turn} holds {len(t.ids)} tokens, more than max_seq_len={max_seq_len}")
         extends = cur is not None and packing and t.prompt_ids[:len(cur.ids)] == cur.ids
         if not extends:
             if cur is not None:
-                rows.append(cur.row())
+                rows.append(cur.row(split))
+                split = split_reason(cur.ids, before, t) if packing else "packing_off"
             cur = _RowBuilder(include_scaffold)
         cur.add(t)
     if cur is not None:
-        rows.append(cur.row())
+        rows.append(cur.row(split))
     return rows
+
+
+def split_reason(row: list[int], before: Transition, t: Transition) -> str:
+    """Why turn `t` starts a new row after the row `row` that ends with transition `before`: where its prompt
+    first differs from the row. `history_rerendered`: inside `before`'s own prompt (the template renders an
+    earlier turn otherwise once more messages follow); `reply_rerendered`: inside the sampled reply (the
+    template renders it otherwise than sampled: Qwen3 drops a reply's reasoning once a new user query
+    follows, and an empty `<think></think>` on any turn but the last); `response_rerendered`: inside the
+    bridged env response (or past the row's end: the next prompt is shorter)."""
+    at = next((i for i, (a, b) in enumerate(zip(row, t.prompt_ids)) if a != b),
+              min(len(row), len(t.prompt_ids)))
+    if at < len(before.prompt_ids):
+        return "history_rerendered"
+    replied = len(before.prompt_ids) + len(before.action_ids)
+    return "reply_rerendered" if at < replied else "response_rerendered"
 
 
 def per_transition_tokens(transitions: list[Transition]) -> int:

@@ -206,7 +206,8 @@ PREFIX_MISMATCHES = _rollout.count("prefix_mismatches",
                                    "turns whose prompt was not an exact extension of the previous row")
 ROWS_PACKED = _rollout.count("rows_packed", "rows holding a whole episode")
 ROWS_TRANSITION = _rollout.count("rows_transition", "rows holding one transition")
-PACKING_BREAKS = _rollout.count("packing_breaks", "places where an episode needed a new row")
+PACKING_BREAKS = _rollout.count("packing_breaks", "places where an episode needed a new row (exact: the next "
+                                "prompt starts it whole; also `packing_break_reason_<reason>`)")
 ROLLOUT_ROW_TOKENS = _rollout.count("rollout_row_tokens", "tokens the rows hold")
 ROLLOUT_ROW_TOKENS_PER_TRANSITION_LAYOUT = _rollout.count("rollout_row_tokens_per_transition_layout",
                                                           "tokens one row per transition would have held")
@@ -263,6 +264,9 @@ ROLLOUT_ROW_TOKENS_PER_EPISODE = _rollout.per_step("rollout_row_tokens_per_episo
 GROUPS_ZERO_ADVANTAGE_SHARE = _rollout.per_step("groups_zero_advantage_share", "their share of the groups")
 DROP_REASON = _rollout.count_family("drop_reason_", "kind",
                                     "dropped episodes by reason (e.g. `timeout`, `nonfinite_reward`)")
+PACKING_BREAK_REASON = _rollout.count_family(
+    "packing_break_reason_", "reason", "packing breaks by where the next prompt leaves the row: "
+    "`history_rerendered`, `reply_rerendered`, `response_rerendered`, `packing_off`")
 BRIDGE_FALLBACK_REASON = _rollout.count_family("bridge_fallback_reason_", "reason", "bridge fallbacks by "
                                                                                     "reason")
 

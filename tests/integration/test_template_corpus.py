@@ -90,6 +90,10 @@ EXPECTED = {
     "trl:qwen3_vl": "hermes",
     "trl:smolvlm": "prompt",
 }
+# the advice a refusal gives, where it depends on the template: DeepSeek's opens `<think>` with no variable to
+# change it; Nemotron's reads enable_thinking (the corpus' `+nothink` row follows that advice)
+ADVICE = {"trl:deepseek_r1_distill": "reads no variable that changes it",
+          "trl:deepseekv3": "reads no variable that changes it", "trl:nemotron_3_nano": "enable_thinking"}
 FAST = {"transformers:llama4"}  # its warm-start step in the fast run; the others' are `slow` (`.ci/run`'s)
 
 
@@ -149,6 +153,7 @@ def test_check_accepts_each_template_with_its_format_or_refuses_it_with_advice(
         assert "\n" not in line and expected.removeprefix("refused: ") in line, line
         assert "name the renderer of this model family ([model] renderer, e.g. 'qwen3'), or 'template'" \
             not in line, line  # the advice fits the reason
+        assert ADVICE.get(name, "") in line, line
         return
     cfg = checked(folder, tmp_path, name)
     said = cfg.model._chosen

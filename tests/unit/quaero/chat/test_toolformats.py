@@ -148,6 +148,20 @@ def test_two_calls_in_one_reply_never_raise_out_of_the_driver(qwen3_tokenizer, n
 
 
 @pytest.mark.peers  # TRL's copies of the templates (the [peers] extra; CI's peers tier)
+def test_a_demo_the_template_cannot_render_as_sampled_ids_drops_its_episode_never_the_run(qwen3_tokenizer):
+    """Qwen3.5's no-thinking template (generation prompt `<think>\n\n</think>\n\n`) and a scripted policy
+    that gives reasoning: its turn renders the reasoning where the prompt closed it, so no sampled ids
+    render as that demo. Before: ValueError out of `EpisodeDriver.run` (the warm start's first step); the
+    same policy without reasoning plays every episode."""
+    render = _render(qwen3_tokenizer, "qwen3_5_nothink")
+    eps, audit = drive(render, tasks=2)
+    assert all(ep.dropped for ep in eps) and audit["drop_reason_demo_unrenderable"] == 2
+    assert "does not extend the generation prompt" in eps[0].drop_reason
+    eps, audit = drive(render, tasks=2, policy=lambda info: oracle(info, reasoning=False))
+    assert all(ep.success for ep in eps) and audit["episodes_dropped"] == 0
+
+
+@pytest.mark.peers  # TRL's copies of the templates (the [peers] extra; CI's peers tier)
 def test_a_sampled_reply_with_more_calls_than_the_template_renders_goes_on_as_text(qwen3_tokenizer):
     render = _render(qwen3_tokenizer, "llama3_1")
     one = '{"name": "get_weather", "parameters": {"city": "Paris"}}'

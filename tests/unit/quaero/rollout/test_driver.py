@@ -42,6 +42,7 @@ def test_empty_thinking_is_dropped_by_qwen3_so_every_turn_starts_a_row(qwen3_ren
         assert len(ep.rows) == ep.turns and all(r.meta["layout"] == "transition" for r in ep.rows)
         assert_exact(qwen3_render, ep)
     assert audit["packing_breaks"] == sum(ep.turns - 1 for ep in eps) and audit["prefix_mismatches"] == 0
+    assert audit["packing_break_reason_reply_rerendered"] == audit["packing_breaks"]  # its `<think></think>`
 
 
 def test_new_user_turn_breaks_packing_and_is_counted(qwen3_render):
@@ -54,6 +55,8 @@ def test_new_user_turn_breaks_packing_and_is_counted(qwen3_render):
         # Qwen3 drops earlier reasoning after a new user query: turn 1's prompt is not an extension
         assert len(ep.rows) >= 2 and ep.rows[0].meta["turns"] == [0]
     assert audit["packing_breaks"] >= 2 and audit["prefix_mismatches"] == 0
+    # turn 0's reply, re-rendered without its reasoning once the user's query follows
+    assert audit["packing_break_reason_reply_rerendered"] == audit["packing_breaks"]
 
 
 def test_consecutive_tool_messages_are_two_env_spans_in_one_block(qwen3_render):

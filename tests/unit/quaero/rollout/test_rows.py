@@ -20,8 +20,8 @@ T2 = transition(2, [1, 2, 3, 99, 9], [13], [14], ["env"])  # history re-rendered
 
 def test_packed_layout_extends_only_on_exact_token_extension():
     rows = build_rows([T0, T1, T2], packing=True)
-    assert [r.meta for r in rows] == [{"turns": [0, 1], "layout": "packed"}, {"turns": [2],
-                                                                              "layout": "transition"}]
+    assert [r.meta for r in rows] == [{"turns": [0, 1], "layout": "packed"},
+                                      {"turns": [2], "layout": "transition", "split": "history_rerendered"}]
     a = rows[0]
     assert a.input_ids == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
     assert [(s.kind, s.start, s.end, s.turn) for s in a.spans] == [
@@ -52,3 +52,19 @@ def test_build_rows_refuses_a_transition_past_max_seq_len():
         build_rows([T0, T1, T2], max_seq_len=11)
     # a packed row is exactly as long as its last transition, so transitions that fit make rows that fit
     assert [len(r) for r in build_rows([T0, T1, T2], max_seq_len=12)] == [len(T1.ids), len(T2.ids)]
+
+
+def test_each_new_row_says_where_the_next_prompt_left_the_row():
+    """The next prompt differs inside the previous turn's prompt, its sampled reply or its bridged response;
+    every row is exact all the same (the next prompt starts it whole)."""
+    reply = transition(1, [1, 2, 3, 4, 5, 6, 7, 8, 9], [10, 11], [12], ["env"])
+    cases = {"history_rerendered": [1, 2, 3, 4, 99], "reply_rerendered": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 99],
+             "response_rerendered": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 99],
+             # shorter than the row: the response ends the turn otherwise (a response dropped on re-render)
+             "response_rerendered ": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]}
+    for reason, prompt in cases.items():
+        rows = build_rows([T0, reply, transition(2, prompt, [13], [], [])])
+        assert [r.meta.get("split") for r in rows] == [None, reason.strip()], reason
+        assert rows[1].input_ids == [*prompt, 13]
+    split = build_rows([T0, T1, T2], packing=False)
+    assert [r.meta.get("split") for r in split] == [None, "packing_off", "packing_off"]
