@@ -293,14 +293,14 @@ class RenderAdapter:
             return [self._plain(v) for v in value]
         return value
 
-    def _undone(self, ids: list[int], messages: list[dict], tools: list[dict] | None, render) -> str:
+    def _undone(self, ids: list[int], messages: list[dict], tools: list[dict] | None, shown: list[dict],
+                specs: list[dict] | None, render) -> str:
         """Which added tokens a render of defused text holds that the same render of plain text does not
         ("" when none): the construction probe (`_check_defusing`) cannot see every condition a template
         may strip the joiner under (past the probe's messages, on a word the env writes), so a render whose
         text was defused is held against `render` of the same messages with each added-token string a
         plain word. Costs a second render only where some text spells an added token."""
-        shown = [m for m in messages if m.get("role") != "assistant"]
-        if self._defused(shown) == shown and self._defused(tools) == tools:
+        if shown == messages and specs == tools:  # `shown`, `specs`: what was rendered (`_text`, `_defused`)
             return ""
         plain = render([m if m.get("role") == "assistant" else self._plain(m) for m in messages],
                        self._plain(tools) or None)
@@ -317,8 +317,9 @@ class RenderAdapter:
         def render(msgs: list[dict], specs: list[dict] | None) -> list[int]:
             return list(self.renderer.render_ids(msgs, tools=specs, add_generation_prompt=True))
 
-        ids = render(self._text(messages), self._defused(tools) or None)
-        undone = self._undone(ids, messages, tools, render)
+        shown, specs = self._text(messages), self._defused(tools)
+        ids = render(shown, specs or None)
+        undone = self._undone(ids, messages, tools, shown, specs, render)
         if undone:
             from quaero.chat.sandbox import TemplateProblem
 
@@ -462,13 +463,16 @@ class RenderAdapter:
 
         `content_kind` labels the messages' content tokens: "env" (ECHO target) or "corrective"."""
         start = len(prompt_ids) + len(action_ids)
-        full = self._bridge_ids(prompt_ids, action_ids, self._text(messages), self._defused(tools))
-        undone = self._undone(full[start:], messages, tools, lambda msgs, specs: self._bridge_ids(
-            prompt_ids, action_ids, msgs, specs)[start:])
+        shown, specs = self._text(messages), self._defused(tools)
+        full = self._bridge_ids(prompt_ids, action_ids, shown, specs)
+        def plain_render(msgs: list[dict], plain: list[dict] | None) -> list[int]:
+            return self._bridge_ids(prompt_ids, action_ids, msgs, plain)[start:]
+
+        undone = self._undone(full[start:], messages, tools, shown, specs, plain_render)
         if undone:
             raise BridgeFailure("defusing_undone", f"the chat template turned env text that spells {undone} "
                                 "into that token")
-        messages, tools = self._text(messages), self._defused(tools)
+        messages, tools = shown, specs
         kinds = ["scaffold"] * (len(full) - start)
         for i, msg in enumerate(messages):
             if not isinstance(msg.get("content"), str) or not msg["content"]:
