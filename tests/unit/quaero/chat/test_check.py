@@ -81,9 +81,9 @@ def test_a_template_without_an_exact_bridge_names_what_works_and_runs_without_ec
     folder = model_with_template(tmp_path, tiny_model_dir, numbered)
     with pytest.raises(ConfigError) as e:
         check(folder, tmp_path)
-    assert ("name a renderer that bridges this model ([model] renderer, e.g. 'qwen3' for Qwen3 models), "
-            "or set "
-            "[echo] enabled = false") in str(e.value)
+    # the advice fitting the reason (template_history_dependent: a template that numbers its turns)
+    assert ("use a template that renders a message the same after any history (or name a hand-written "
+            "renderer, [model] renderer, e.g. 'qwen3'), or set [echo] enabled = false") in str(e.value)
     assert check(folder, tmp_path, "echo.enabled=false").echo.enabled is False
 
 
