@@ -197,6 +197,9 @@ def run(args) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    from quaero.tools.outputs import bench_output
+
+    bench_output(args.json)  # a path it cannot write is refused before the work, not after
     with torch_threads(args.threads):
         doc = run(args)
     emit(doc, args.json)

@@ -291,6 +291,9 @@ def main(argv: list[str]) -> int:
                    help="--probe: each call leaves its thread waiting forever (the leak that was)")
     p.add_argument("--no-cache", action="store_true", help="--probe: without train_cpu_malloc_cache")
     args = p.parse_args(argv)
+    from quaero.tools.outputs import bench_output
+
+    bench_output(args.json)  # a path it cannot write is refused before the soak's run, not an hour after
     if args.stages:
         out = stages(args)
         emit(out, args.json)

@@ -117,17 +117,23 @@ class QuaeroConfig(_Section):
 # Keys that change when and what a run logs or keeps, not what any of its steps trains
 UNTRAINED_KEYS = ("training.steps", "training.checkpoint_every", "training.keep_checkpoints",
                   "training.eval_every", "training.eval_tasks", "training.eval_pass_k", "logging.",
-                  "run.output_dir")
+                  "run.output_dir", "run.name")  # a renamed or moved run trains the same
 
 
 def changed_keys(old: dict, new: dict, prefix: str = "") -> dict[str, list]:
     """The dotted keys whose values differ between two `model_dump(mode="json")` configs: {key: [old, new]}
-    (a key one of them lacks is None there)."""
+    (a key one of them lacks is None there). A list of tables (`[[envs]]`) is compared entry by entry
+    (`envs[1].weight`; an entry one side lacks is None there), a list of plain values as one key."""
     out: dict[str, list] = {}
     for key in sorted(old.keys() | new.keys()):
         a, b = old.get(key), new.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
             out |= changed_keys(a, b, f"{prefix}{key}.")
+        elif isinstance(a, list) and isinstance(b, list) and any(isinstance(v, dict) for v in a + b):
+            def entries(values: list) -> dict:
+                return {f"[{i}]": v for i, v in enumerate(values)}
+
+            out |= changed_keys(entries(a), entries(b), f"{prefix}{key}")
         elif a != b:
             out[f"{prefix}{key}"] = [a, b]
     return out

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from quaero.openenv_client.tasks import eval_indices
 from quaero.recipe import ranks
 from quaero.recipe.weight_sync import sync_sampler
-from quaero.rollout.tasks import task_reset
+from quaero.rollout.tasks import spec_label, task_reset
 from quaero.telemetry import names
 from quaero.telemetry.counts import drop_reasons
 from quaero.telemetry.heldout import held_out_figures, pass_figures
@@ -113,19 +113,13 @@ def _evaluate_env(cfg: QuaeroConfig, e: EnvRun
     results = [[index, success, reward, *tag] for index, success, reward, _, _ in kept]
     formats = [[index, malformed, turns, *tag] for index, _, _, malformed, turns in kept]
     specs = [(t["index"], e.pool.task_spec(t["split"], t["index"])) for t in tasks]
-    groups = ranks.gather_rows([[index, _key(spec.get("group")), _key(spec.get("difficulty")), *tag]
-                                for index, spec in specs if spec])
+    groups = ranks.gather_rows([[index, spec_label(spec.get("group")), spec_label(spec.get("difficulty")),
+                                 *tag] for index, spec in specs if spec])
     figures = {names.EVAL_SUCCESS_RATE: _mean([r[1] for r in results]),
                names.EVAL_REWARD: _mean([r[2] for r in results]),
                names.EVAL_EPISODES: len(results),
                names.EVAL_DROPPED: ranks.total(sum(ep.dropped for g in played for ep in g))}
     return [ep for g in played for ep in g if not ep.dropped], results, formats, groups, figures
-
-
-def _key(value: Any) -> Any:
-    """A spec's group or difficulty as a scalar: as it is, or its text as the task samplers key it (a nested
-    RFC 013 group; quaero/rollout/task_samplers.py `SplitView.key`)."""
-    return value if value is None or isinstance(value, (str, int, float, bool)) else str(value)
 
 
 def _pass_at_k(parts: RunParts) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from quaero.recipe import ranks
 from quaero.recipe.guidance import members_at, mix, needs_guide, play_guides, prefix_turns_at
 from quaero.rollout.advantages import group_advantages, sample_std
 from quaero.rollout.task_samplers import POOLS
-from quaero.rollout.tasks import reset_args
+from quaero.rollout.tasks import reset_args, spec_label
 from quaero.telemetry import names
 from quaero.telemetry.runlog import get_logger
 
@@ -94,7 +94,7 @@ def learn(parts: RunParts, step: int, groups: list[GroupOutcome]) -> None:
 
 def _spec_group(e: EnvRun, index: int) -> Any:
     spec = e.tasks.view.spec
-    return (spec(index) or {}).get("group") if spec is not None else None
+    return spec_label((spec(index) or {}).get("group")) if spec is not None else None
 
 
 def _signal_figures(groups: list[GroupOutcome], envs: list[EnvRun]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -287,10 +288,52 @@ class RenderAdapter:
         keeps the next prompt an extension of the sampled row."""
         return [m if m.get("role") == "assistant" else self._defused(m) for m in messages]
 
+    def _plain(self, value: Any) -> Any:
+        """`value` (a message, tool specs) with every added-token string a plain word (`x`): the text a
+        template that renders content as given turns into no added id, defused or not."""
+        if isinstance(value, str):
+            return self._added.sub("x", value)
+        if isinstance(value, dict):
+            return {self._plain(k): self._plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self._plain(v) for v in value]
+        return value
+
+    def _undone(self, ids: list[int], messages: list[dict], tools: list[dict] | None, shown: list[dict],
+                specs: list[dict] | None, render) -> str:
+        """Which added tokens a render of defused text holds that the same render of plain text does not
+        ("" when none): the construction probe (`_check_defusing`) cannot see every condition a template
+        may strip the joiner under (past the probe's messages, on a word the env writes), so a render whose
+        text was defused is held against `render` of the same messages with each added-token string a
+        plain word. Costs a second render only where some text spells an added token."""
+        if shown == messages and specs == tools:  # `shown`, `specs`: what was rendered (`_text`, `_defused`)
+            return ""
+        plain = render([m if m.get("role") == "assistant" else self._plain(m) for m in messages],
+                       self._plain(tools) or None)
+        got, want = [t for t in ids if t in self._added_ids], [t for t in plain if t in self._added_ids]
+        if got == want:
+            return ""
+        extra = set(Counter(got) - Counter(want)) or set(got)  # the same ids in another order: all named
+        return str(sorted(self.tokenizer.convert_ids_to_tokens(t) for t in extra))
+
     def prompt_ids(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
-        """The sampling prompt: the full chat render with the generation prompt."""
-        return list(self.renderer.render_ids(self._text(messages), tools=self._defused(tools) or None,
-                                             add_generation_prompt=True))
+        """The sampling prompt: the full chat render with the generation prompt. TemplateProblem where the
+        template turned text that spells an added token into that token (`_undone`): the episode is
+        dropped, nothing of it trains."""
+        def render(msgs: list[dict], specs: list[dict] | None) -> list[int]:
+            return list(self.renderer.render_ids(msgs, tools=specs, add_generation_prompt=True))
+
+        shown, specs = self._text(messages), self._defused(tools)
+        ids = render(shown, specs or None)
+        undone = self._undone(ids, messages, tools, shown, specs, render)
+        if undone:
+            from quaero.chat.sandbox import TemplateProblem
+
+            raise TemplateProblem(f"the chat template turned message text that spells an added token "
+                                  f"({undone}) into that token: it strips or rewrites quaero's U+2060 "
+                                  "defusing under some condition, so env text would become chat structure; "
+                                  "use a template that renders message content as given")
+        return ids
 
     def _spelled_defused(self, ids: list[int]) -> list[int]:
         """`ids` with each run of ordinary tokens whose text spells an added token (the model wrote
@@ -426,9 +469,17 @@ class RenderAdapter:
         """Append `messages` (the env response to this action) to the exact prompt + action ids.
 
         `content_kind` labels the messages' content tokens: "env" (ECHO target) or "corrective"."""
-        messages, tools = self._text(messages), self._defused(tools)
-        full = self._bridge_ids(prompt_ids, action_ids, messages, tools)
         start = len(prompt_ids) + len(action_ids)
+        shown, specs = self._text(messages), self._defused(tools)
+        full = self._bridge_ids(prompt_ids, action_ids, shown, specs)
+        def plain_render(msgs: list[dict], plain: list[dict] | None) -> list[int]:
+            return self._bridge_ids(prompt_ids, action_ids, msgs, plain)[start:]
+
+        undone = self._undone(full[start:], messages, tools, shown, specs, plain_render)
+        if undone:
+            raise BridgeFailure("defusing_undone", f"the chat template turned env text that spells {undone} "
+                                "into that token")
+        messages, tools = shown, specs
         kinds = ["scaffold"] * (len(full) - start)
         for i, msg in enumerate(messages):
             if not isinstance(msg.get("content"), str) or not msg["content"]:

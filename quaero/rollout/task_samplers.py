@@ -25,6 +25,7 @@ A success is an episode whose reward is > 0 (the driver's rule when the env says
 from __future__ import annotations
 
 import itertools
+import operator
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +34,17 @@ from typing import Any
 from quaero.bounded import STOP_GRACE_S, CallTimeout, bounded_call
 from quaero.openenv_client.tasks import task_index
 from quaero.task_sampler_registry import TASK_SAMPLERS
+
+
+def _as_index(value: Any) -> Any:
+    """A sampler's pick as a plain int where it is an integer of another type (numpy's, as `rng.choice`
+    gives them: a checkpoint holds the picks as JSON), else as it is (judged by the caller); bools stay."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return value
+    try:
+        return operator.index(value)
+    except TypeError:
+        return value
 
 
 class TaskSamplerError(RuntimeError):
@@ -297,11 +309,14 @@ class EnvTasks:
             raise TaskSamplerError(f"{self.name}: sample({n}) raised {type(e).__name__}: {e}; fix the sampler"
                                    ) from None
         size = self.view.size
+        picks = [_as_index(i) for i in picks]
         bad = [i for i in picks if not isinstance(i, int) or isinstance(i, bool) or i < 0
                or (size is not None and i >= size)]
         if len(picks) != n or bad:
+            kind = type(bad[0]) if bad else int
             what = (f"more than {n} tasks" if len(picks) > n else f"{len(picks)} tasks for {n}"
-                    if len(picks) != n else f"task {bad[0]!r}")
+                    if len(picks) != n else f"task {bad[0]!r}" + (
+                        "" if kind is int else f" (a {kind.__module__}.{kind.__qualname__}, not an integer)"))
             raise TaskSamplerError(f"{self.name}: sample({n}) returned {what}; it must return {n} indices in "
                                    f"0..{size - 1 if size else 'N'} of split {self.view.split!r}")
         weights = list(itertools.islice(getattr(self.sampler, "last_weights", []) or [], n))

@@ -7,7 +7,7 @@ run repeats its tasks.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from quaero.openenv_client.tasks import task_index
 
@@ -28,3 +28,17 @@ def reset_args(seed: int, split: str, index: int) -> dict:
     """The reset arguments of the env's task `index` of `split` (a task sampler's pick) under run seed
     `seed`."""
     return {"seed": seed * 1_000_003 + index, "split": split, "index": index}
+
+
+MAX_LABEL_CHARS = 200  # a task spec's group or difficulty as events carry it (toolbench's are a word)
+
+
+def spec_label(value: Any) -> Any:
+    """A task spec's `group` or `difficulty` as events and the eval's groups carry it: a scalar as it is, a
+    nested RFC 013 group as its text (as the task samplers key it), text cut at MAX_LABEL_CHARS with the
+    count of what was cut: a 10 MB group rode in every step's task_outcomes event."""
+    if value is None or isinstance(value, (int, float, bool)):
+        return value
+    text = value if isinstance(value, str) else str(value)
+    return text if len(text) <= MAX_LABEL_CHARS else (
+        f"{text[:MAX_LABEL_CHARS]}… [{len(text) - MAX_LABEL_CHARS} more characters]")

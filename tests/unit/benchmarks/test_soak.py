@@ -98,3 +98,22 @@ def test_a_stage_reading_splits_the_rss_and_reads_malloc_s_heap(capsys):
     if platform.libc_ver()[0] == "glibc":
         assert after["heap_mib"] + after["mmapped_mib"] - before["heap_mib"] - before["mmapped_mib"] >= 60
     del block
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("bench", ["soak", "sampler_reuse"])
+def test_a_json_path_a_bench_cannot_write_is_refused_before_its_work(tmp_path, monkeypatch, bench):
+    """bench soak and bench sampler-reuse checked --json only when they wrote it: a FIFO or a link was
+    refused after the whole run (an hour of soak), where every other bench refuses it first."""
+    import importlib
+    import os
+
+    module = importlib.import_module(f"benchmarks.{bench}")
+    monkeypatch.setattr(module, "soak" if bench == "soak" else "run",
+                        lambda *a, **k: pytest.fail("the bench ran"))
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "link.json").symlink_to(tmp_path / "elsewhere.json")
+    for path, says in ((tmp_path / "fifo.json", "a special file"), (tmp_path / "link.json", "a symlink")):
+        with pytest.raises(SystemExit, match=f"--json {path}: {says}"):
+            module.main(["--json", str(path)])
+    assert not (tmp_path / "elsewhere.json").exists()

@@ -140,3 +140,19 @@ def test_a_mixture_step_shares_groups_by_ratio_and_dynamic_sampling_resamples_th
     assert first == [("a", 0, True), ("a", 1, True), ("b", 0, False)]
     assert c.mixture.counts == {"a": 2, "b": 1} and c.envs[1].tasks.sampler.cursor == 7
     learn(c, 1, progress.step_groups)  # the samplers see every group (sequential ones learn nothing)
+
+
+@pytest.mark.hostile
+def test_a_huge_task_group_is_cut_in_the_events_that_carry_it():
+    """Round 4: a task spec whose `group` was 10 MB rode whole in every step's task_outcomes event (and the
+    eval's groups): cut at 200 characters with the count of what was cut; a scalar stays as it is."""
+    from types import SimpleNamespace
+
+    from quaero.recipe.groups import _spec_group
+    from quaero.rollout.tasks import spec_label
+
+    huge = "x" * 10_000_000
+    env = SimpleNamespace(tasks=SimpleNamespace(view=SimpleNamespace(spec=lambda i: {"group": huge})))
+    assert _spec_group(env, 3) == "x" * 200 + "… [9999800 more characters]"
+    assert [spec_label(v) for v in ("price", 2, 0.5, None, {"kind": "a"})] == ["price", 2, 0.5, None,
+                                                                             "{'kind': 'a'}"]

@@ -186,3 +186,27 @@ def test_a_kl_run_cannot_resume_an_rl_checkpoint_that_holds_no_reference():
     lora = load_config(main, ["loss.beta=0.1", "training.warmup_sft_steps=2", "backend.lora=true"])
     assert missing_reference(lora, 3, {"model": {}}) is None
     assert missing_reference(load_config(main, []), 3, {"model": {}}) is None
+
+
+@pytest.mark.hostile
+def test_a_resume_diff_names_each_env_field_and_a_renamed_run_is_no_trained_change(tmp_path):
+    """Round 4: a renamed run's resume warned that what its steps train had changed (run.name), and an
+    `[[envs]]` change was one key holding both whole lists of envs."""
+    from quaero.config import changed_keys
+    from quaero.recipe.run_state import note_changed_config
+
+    envs = [{"entry": "a:A", "weight": 1.0, "kwargs": {"difficulty": 1}}, {"entry": "b:B", "weight": 1.0}]
+    moved = [envs[0], {**envs[1], "weight": 3.0}]
+    assert changed_keys({"envs": envs}, {"envs": moved}) == {"envs[1].weight": [1.0, 3.0]}
+    assert changed_keys({"envs": envs}, {"envs": envs[:1]}) == {"envs[1]": [envs[1], None]}
+    assert changed_keys({"stop": [1, 2]}, {"stop": [1, 3]}) == {"stop": [[1, 2], [1, 3]]}  # plain values
+    before = make_cfg(run__output_dir=str(tmp_path), run__name="old")
+    before.run_dir.mkdir(parents=True)
+    (before.run_dir / "config.json").write_text(before.model_dump_json())
+    renamed = make_cfg(run__output_dir=str(tmp_path), run__name="new")
+    renamed.run_dir.mkdir(parents=True)
+    (renamed.run_dir / "config.json").write_text(before.model_dump_json())  # the folder renamed: its config
+    with structlog.testing.capture_logs() as logs:
+        note_changed_config(renamed, (renamed.run_dir / "checkpoints" / "step-000010", {"step": 10}))
+    assert [(e["log_level"], e["changes"], e["trained"]) for e in logs] == [
+        ("info", {"run.name": ["old", "new"]}, [])]

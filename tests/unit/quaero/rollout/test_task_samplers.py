@@ -274,3 +274,15 @@ def test_a_user_samplers_generator_is_consumed_under_the_bound_and_a_stop_reques
         assert time.monotonic() - t0 < 5
     finally:
         STOP_REQUESTED.clear()
+
+
+@pytest.mark.hostile
+def test_numpy_integer_indices_are_indices_and_other_numbers_are_named_with_their_type():
+    """Round 4: a sampler returning numpy's integers (`rng.choice`'s) was refused as 'returned task
+    np.int64(0); it must return 2 indices', naming a value that reads as an index."""
+    name = "fixtures.hostile_samplers"
+    picks = make_task_sampler(view(f"{name}:NumpySampler")).sample(2)
+    assert picks == [0, 1] and all(type(i) is int for i in picks)  # plain ints: checkpoints hold them as JSON
+    with pytest.raises(TaskSamplerError, match=r"sample\(2\) returned task np.float64\(0.0\) \(a "
+                                               r"numpy.float64, not an integer\); it must return 2 indices"):
+        make_task_sampler(view(f"{name}:NumpyFloatSampler")).sample(2)
