@@ -158,10 +158,13 @@ def build_size(name: str) -> dict:
             "memory_gb": round(params * (4 + (stored if stored != 4 else 0)) / 1e9, 1)}
 
 
-def build_note(name: str) -> str:
-    """One line on a named model's first build: its size, where it goes, what it holds while it builds."""
+def build_note(name: str, *, now: bool = False) -> str:
+    """One line on a named model's first build: its size, where it goes, what it holds while it builds.
+    `now`: said by the build itself (whichever command needs the folder: `quaero check` builds a model whose
+    tokenizer lives in its folder), else by `quaero check` of a shape it leaves to the first run."""
     s = build_size(name)
-    return (f"{name} is not built yet: the first run builds it once into {named_folder(name)} "
+    when = "building it once now" if now else "the first run builds it once"
+    return (f"{name} is not built yet: {when} into {named_folder(name)} "
             f"({s['params'] / 1e6:,.0f}M parameters, {s['disk_gb']:g} GB on disk in {s['dtype']}, about "
             f"{s['memory_gb']:g} GB of memory while it builds; a random init: "
             f"{'seconds' if s['params'] < 5e7 else 'a few minutes'} on a CPU)")
@@ -176,5 +179,5 @@ def materialize_named(name: str) -> Path:
         from quaero.telemetry.runlog import get_logger
 
         get_logger(__name__).warning(names.MODEL_BUILD_EVENT, model=name, folder=str(folder),
-                                     **build_size(name), note=build_note(name))
+                                     **build_size(name), note=build_note(name, now=True))
     return materialize_folder(folder, lambda out: shape.build(out, name))

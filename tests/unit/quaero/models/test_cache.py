@@ -83,3 +83,15 @@ def test_a_named_models_folder_changed_since_its_build_is_refused_in_one_line(bu
     assert str(e.value).startswith(f"{built}: {edit} changed since quaero built this named model; copy the "
                                    "folder elsewhere") and "\n" not in str(e.value)
     assert (built / edit).read_text() == "{{ messages }}"  # never replaced: it may be someone's edit
+
+
+def test_the_build_says_it_builds_now_whichever_command_builds(tmp_path, monkeypatch):
+    """`quaero check` of a SmolLM2 config builds the model (its tokenizer lives in the folder): the line it
+    logged said 'the first run builds it once' while check wrote the folder itself."""
+    monkeypatch.setenv("QUAERO_CACHE", str(tmp_path))
+    with structlog.testing.capture_logs() as logs:
+        cache.materialize_named("tiny-qwen3")
+    (said,) = [e for e in logs if e.get("note", "").startswith("tiny-qwen3 is not built yet")]
+    assert "building it once now into" in said["note"] and "first run" not in said["note"]
+    # check's line for a shape it leaves to the first run
+    assert "the first run builds it once" in cache.build_note("tiny-qwen3")
