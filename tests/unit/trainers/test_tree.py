@@ -70,12 +70,7 @@ def test_a_packed_step_equals_the_per_row_step(small_model_dir, family, lora, at
     assert got["local_train_tree_fallback_batches"] == 0 and got["local_train_tree_fallback_reason"] == ""
     assert got["local_train_tree_token_ratio"] < 0.7 and ref["local_train_tree_token_ratio"] is None
     assert got["forward_passes_per_microbatch"] == 1
-    assert torch.allclose(got_lp, ref_lp, atol=1e-5, rtol=0) and bool((ref_lp != 0).any())
-    for key in ("loss", "rl_loss", "echo_loss", "grad_norm", "action_tokens", "echo_tokens"):
-        assert got[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-6), key
-    assert got_grads.keys() == ref_grads.keys() and len(ref_grads) > 0
-    for name, g in ref_grads.items():
-        assert torch.allclose(got_grads[name], g, atol=1e-5, rtol=1e-4), name
+    _assert_same_step(got, ref, got_lp, ref_lp, got_grads, ref_grads)
 
 
 def test_a_model_that_ignores_the_mask_falls_back_with_its_reason(small_model_dir, monkeypatch):
@@ -236,13 +231,18 @@ def test_a_group_that_padded_rows_split_is_one_packed_microbatch_and_exact(small
     assert ref["microbatches"] == 2 and got["microbatches"] == got["local_train_tree_batches"] == 1
     assert got["local_train_tree_unique_tokens"] == pack_rows(*_padded(rows)).unique_tokens
     assert got["local_train_tree_token_ratio"] < 0.5
+    _assert_same_step(got, ref, got_lp, ref_lp, got_grads, ref_grads)
+
+
+def _padded_ids(ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    return _padded([EchoRow(r, [], [0.0] * len(r), [0.0] * len(r), [0.0] * len(r)) for r in ids])
+
+
+def _assert_same_step(got, ref, got_lp, ref_lp, got_grads, ref_grads):
+    """The tree step's per-token log-probs, loss terms and every gradient equal the rows' (float32, 1e-5)."""
     assert torch.allclose(got_lp, ref_lp, atol=1e-5, rtol=0) and bool((ref_lp != 0).any())
     for key in ("loss", "rl_loss", "echo_loss", "grad_norm", "action_tokens", "echo_tokens"):
         assert got[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-6), key
     assert got_grads.keys() == ref_grads.keys() and len(ref_grads) > 0
     for name, g in ref_grads.items():
         assert torch.allclose(got_grads[name], g, atol=1e-5, rtol=1e-4), name
-
-
-def _padded_ids(ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    return _padded([EchoRow(r, [], [0.0] * len(r), [0.0] * len(r), [0.0] * len(r)) for r in ids])
