@@ -204,8 +204,9 @@ def test_a_real_server_passes_the_urls_check_and_says_what_it_lacks(vllm_server)
     assert server_problem(vllm_server.url, SamplerConfig(mode="server"), max_seq_len=4096) is None
     assert server_problem(vllm_server.url, SamplerConfig(mode="server", weight_transfer="ipc"),
                           max_seq_len=4096) is None
-    nccl = server_problem(vllm_server.url, SamplerConfig(mode="server", weight_transfer="nccl"),
-                          max_seq_len=4096)
+    # (nccl names the servers' own GPUs: the config alone refuses it without them)
+    nccl = server_problem(vllm_server.url, SamplerConfig(mode="server", weight_transfer="nccl",
+                                                         server_devices=[1]), max_seq_len=4096)
     assert nccl.startswith("was started with weight transfer 'ipc' and [sampler] weight_transfer='nccl'")
     longer = server_problem(vllm_server.url, SamplerConfig(mode="server"), max_seq_len=8192)
     assert longer.startswith("holds 4096 tokens per sequence and [model] max_seq_len=8192")

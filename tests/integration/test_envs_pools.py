@@ -78,7 +78,7 @@ def test_one_inprocess_session_is_not_warned_about():
 
 def test_urls_spread_sessions_over_servers_started_with_quaero_env_serve(qwen3_render):
     with served(BOARD) as (url_a, _), served(BOARD) as (url_b, _):  # non-concurrent: one session each
-        cfg = make_cfg(env__urls=[url_a, url_b], env__max_turns=3)
+        cfg = make_cfg(env__entry=None, env__urls=[url_a, url_b], env__max_turns=3)
         assert cfg.env.launcher == "remote"
         with structlog.testing.capture_logs() as logs, open_envs(cfg.env, 2) as pool:
             episodes, counts = _drive(qwen3_render, cfg, pool)  # 2 x 2 episodes over the 2 sessions

@@ -16,6 +16,7 @@ the [peers] extra: CI's peers tier). Each row of `EXPECTED` is what the template
 of `quaero/chat/toolformats.py`, "prompt" (calls as text), or "refused: <the reason's words>"."""
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -113,11 +114,29 @@ def source_of(name: str, request) -> str:
     return _transformers(what) if where == "transformers" else trl_template(what)
 
 
+# Accepted templates whose toolbench warm start is not exact yet (a known defect of the template renderer,
+# found by this test, open in the tracker): toolbench's oracle demos carry reasoning ("I call ...") and
+# - with thinking off (the generation prompt closes an empty <think> block) no render holds the reasoning:
+#   both demos are dropped, counted as demo_unrenderable, and the step trains nothing (never a guess);
+# - Qwen3.5+'s templates (reasoning kept only after the last user turn) lose one demo's call when the demo is
+#   parsed back: reward_mean 0.5, not 1.0.
+# strict: the day a fix makes one pass, its entry must go.
+WARM_START_GAPS = {
+    "trl:nemotron_3_nano+nothink": "reasoning demos on a thinking-off template: demo_unrenderable",
+    "trl:qwen3_5_nothink": "reasoning demos on a thinking-off template: demo_unrenderable",
+    "trl:qwen3_5_think": "one demo's call lost when parsed back (reward 0.5)",
+    "trl:qwen3_6": "one demo's call lost when parsed back (reward 0.5)",
+    "trl:qwen3_8": "one demo's call lost when parsed back (reward 0.5)",
+}
+
+
 def corpus(*, train: bool = False):
     for name in EXPECTED:
         marks = {"trl": [pytest.mark.peers], "smollm2": [pytest.mark.smollm2]}.get(name.partition(":")[0], [])
         if train and name not in FAST:
             marks.append(pytest.mark.slow)
+        if train and name in WARM_START_GAPS:
+            marks.append(pytest.mark.xfail(strict=True, reason=WARM_START_GAPS[name]))
         yield pytest.param(name, marks=marks, id=name)
 
 
@@ -125,7 +144,9 @@ def model_folder(tmp_path: Path, tiny_model_dir: Path, tokenizer, source: str) -
     """tiny-qwen3's weights (linked) with `tokenizer` (the template's markers added) and `source` as its chat
     template: the markers' ids are past Qwen3's 151,669 tokens and inside its 151,936-row embedding."""
     folder = tmp_path / "model"
-    tokenizer = template_tokens(tokenizer, source)
+    # a copy: the session's tokenizer must keep its own template (setting this one's leaked the last corpus
+    # template into later tests on the same worker)
+    tokenizer = template_tokens(copy.deepcopy(tokenizer), source)
     assert len(tokenizer) <= json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
     tokenizer.chat_template = source
     tokenizer.save_pretrained(folder)
