@@ -93,7 +93,9 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     required = (("vllm", "unsloth", "smollm2") if os.environ.get("QUAERO_REQUIRE_ENGINES") == "1" else ()) + (
         ("peers",) if os.environ.get("QUAERO_REQUIRE_PEERS") == "1" else ())
-    if report.skipped and any(item.get_closest_marker(m) for m in required):
+    # (an expected failure, `xfail`, reports as skipped too: it is a tracked defect, not a missing engine)
+    tier = any(item.get_closest_marker(m) for m in required)
+    if report.skipped and not hasattr(report, "wasxfail") and tier:
         report.outcome = "failed"
         report.longrepr = f"engine tier skipped in CI: {report.longrepr}"
 
