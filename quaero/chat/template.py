@@ -208,7 +208,9 @@ class TemplateRenderer:
     def get_stop_token_ids(self) -> list[int]:
         return list(self._stop)
 
-    def parse_response(self, token_ids: list[int]):
+    def parse_response(self, token_ids: list[int], tools: list[dict] | None = None):
+        """The reply's content, reasoning and calls; `tools` (the conversation's specs) type a call's
+        arguments where the template writes a string and a number alike (Qwen3.5's XML: "178.1", 178.1)."""
         from renderers import ParsedResponse
 
         ids = list(token_ids)
@@ -219,13 +221,13 @@ class TemplateRenderer:
             before, _, text = text.partition("</think>")
             reasoning = before.replace("<think>", "").strip("\n").strip() or None
             text = text.strip("\n")
-        content, calls = self._read_calls(text)
+        content, calls = self._read_calls(text, tools)
         return ParsedResponse(content=content.strip(), reasoning_content=reasoning, tool_calls=calls)
 
-    def _read_calls(self, text: str) -> tuple[str, list[dict] | None]:
+    def _read_calls(self, text: str, tools: list[dict] | None = None) -> tuple[str, list[dict] | None]:
         """(content, calls) in the chosen format; raises MalformedToolCall on a call it cannot read, or on
         more calls than the template renders in one message (the reply then goes to the env as text)."""
-        found = self._format.parse(text)
+        found = self._format.parse(text, tools)
         if found is None:
             return text, None
         if self.max_calls is not None and len(found[1]) > self.max_calls:
@@ -464,7 +466,7 @@ class TemplateRenderer:
             return None
         history, tools, prompt_text = known
         try:
-            parsed = self.parse_response(reply)
+            parsed = self.parse_response(reply, tools)
             calls = [{"type": "function", "function": c["function"]} for c in parsed.tool_calls or []]
             message = {"role": "assistant", "content": parsed.content,
                        "reasoning_content": parsed.reasoning_content, "tool_calls": calls or None}

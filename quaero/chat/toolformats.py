@@ -75,8 +75,9 @@ def _json_list(body: str, what: str) -> Calls:
 class ToolFormat:
     name: ClassVar[str]
 
-    def parse(self, text: str) -> tuple[str, Calls] | None:
-        """(content, calls) of `text`; None where it holds no call of this format."""
+    def parse(self, text: str, tools: list[dict] | None = None) -> tuple[str, Calls] | None:
+        """(content, calls) of `text`; None where it holds no call of this format. `tools`: the tool specs,
+        whose parameter types the XML formats read a value by (they write a string and a number alike)."""
         raise NotImplementedError
 
 
@@ -85,7 +86,7 @@ class Hermes(ToolFormat):
     """Lenient as renderers' Qwen3 parser and vLLM's hermes parser: a block that is not JSON is skipped."""
     name = "hermes"
 
-    def parse(self, text: str) -> tuple[str, Calls] | None:
+    def parse(self, text: str, tools: list[dict] | None = None) -> tuple[str, Calls] | None:
         content, calls = parse_tool_calls(text)
         return (content, calls) if calls else None
 
@@ -95,7 +96,7 @@ class Llama3Json(ToolFormat):
     name = "llama3_json"
     _TAG = "<|python_tag|>"
 
-    def parse(self, text: str) -> tuple[str, Calls] | None:
+    def parse(self, text: str, tools: list[dict] | None = None) -> tuple[str, Calls] | None:
         body = text.strip()
         body = body[len(self._TAG):].lstrip() if body.startswith(self._TAG) else body
         if not body.startswith("{") or '"name"' not in body:
@@ -116,7 +117,7 @@ class Mistral(ToolFormat):
     name = "mistral"
     _MARK, _ARGS = "[TOOL_CALLS]", "[ARGS]"
 
-    def parse(self, text: str) -> tuple[str, Calls] | None:
+    def parse(self, text: str, tools: list[dict] | None = None) -> tuple[str, Calls] | None:
         start = text.find(self._MARK)
         if start < 0:
             return None
@@ -146,7 +147,7 @@ class Pythonic(ToolFormat):
     _START = re.compile(r"^\[\s*[A-Za-z_][\w.]*\s*\(")
     _WRAP = (("<|python_start|>", "<|python_end|>"), ("```tool_code", "```"), ("```python", "```"))
 
-    def parse(self, text: str) -> tuple[str, Calls] | None:
+    def parse(self, text: str, tools: list[dict] | None = None) -> tuple[str, Calls] | None:
         body = text.strip()
         for head, tail in self._WRAP:
             if body.startswith(head):
@@ -194,7 +195,7 @@ class Granite(ToolFormat):
     name = "granite"
     _MARK = "<|tool_call|>"
 
-    def parse(self, text: str) -> tuple[str, Calls] | None:
+    def parse(self, text: str, tools: list[dict] | None = None) -> tuple[str, Calls] | None:
         start = text.find(self._MARK)
         if start < 0:
             return None
@@ -206,7 +207,7 @@ class GenericJson(ToolFormat):
     name = "json"
     _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 
-    def parse(self, text: str) -> tuple[str, Calls] | None:
+    def parse(self, text: str, tools: list[dict] | None = None) -> tuple[str, Calls] | None:
         body = text.strip()
         fenced = self._FENCE.match(body)
         body = fenced.group(1) if fenced else body
@@ -228,13 +229,28 @@ def same_calls(parsed: Calls | None, calls: Calls) -> bool:
     return [(c["function"]["name"], c["function"]["arguments"]) for c in parsed or []] == want
 
 
-def _xml_value(text: str) -> Any:
-    """A parameter's value as XML-style templates write it: JSON where it reads as JSON (numbers, objects,
-    `tojson` output), else the text itself (a string is written raw)."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
+def _strings(tools: list[dict] | None, name: str) -> set[str]:
+    """The parameters of tool `name` whose JSON-schema type is "string" in `tools` (OpenAI-style specs)."""
+    for spec in tools or []:
+        fn = spec.get("function", spec) if isinstance(spec, dict) else {}
+        if isinstance(fn, dict) and fn.get("name") == name:
+            props = (fn.get("parameters") or {}).get("properties") or {}
+            return {k for k, v in props.items() if isinstance(v, dict) and v.get("type") == "string"}
+    return set()
+
+
+def _xml_values(pairs: list[tuple[str, str]], strings: set[str]) -> dict[str, Any]:
+    """Parameters as XML-style templates write them: a string raw, anything else as JSON (`tojson`), so
+    "178.1" and 178.1 are the same text. A parameter the tool's schema types "string" is that text (what
+    vLLM's qwen3_coder parser does); any other is JSON where it reads as JSON, else the text itself."""
+    out: dict[str, Any] = {}
+    for key, text in pairs:
+        key = key.strip()
+        try:
+            out[key] = text if key in strings else json.loads(text)
+        except json.JSONDecodeError:
+            out[key] = text
+    return out
 
 
 @register
@@ -245,11 +261,11 @@ class QwenXml(ToolFormat):
     _FN = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|$)", re.DOTALL)
     _PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
 
-    def parse(self, text: str) -> tuple[str, Calls] | None:
+    def parse(self, text: str, tools: list[dict] | None = None) -> tuple[str, Calls] | None:
         start = text.find("<tool_call>\n<function=")
         if start < 0:
             return None
-        calls = [call(name.strip(), {k.strip(): _xml_value(v) for k, v in self._PARAM.findall(body)})
+        calls = [call(name.strip(), _xml_values(self._PARAM.findall(body), _strings(tools, name.strip())))
                  for name, body in self._FN.findall(text, start)]
         if not calls:
             raise MalformedToolCall("a <tool_call> block holds no <function=...>")
@@ -263,10 +279,10 @@ class GlmXml(ToolFormat):
     _BLOCK = re.compile(r"<tool_call>([^\n<]+)\n?(.*?)(?:</tool_call>|$)", re.DOTALL)
     _ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 
-    def parse(self, text: str) -> tuple[str, Calls] | None:
+    def parse(self, text: str, tools: list[dict] | None = None) -> tuple[str, Calls] | None:
         found = self._BLOCK.search(text)
         if found is None or found.group(1).lstrip().startswith("{"):
             return None
-        calls = [call(name.strip(), {k.strip(): _xml_value(v) for k, v in self._ARG.findall(body)})
+        calls = [call(name.strip(), _xml_values(self._ARG.findall(body), _strings(tools, name.strip())))
                  for name, body in self._BLOCK.findall(text, found.start())]
         return text[:found.start()], calls

@@ -190,7 +190,7 @@ class EpisodeDriver:
                     kept = [i for i, c in enumerate(acted) if c is not None]
                     running, prompts = [running[i] for i in kept], [prompts[i] for i in kept]
                     actions = [acted[i] for i in kept]
-                    assistants = [self._parse(c.token_ids) for c in actions]
+                    assistants = [self._parse(c.token_ids, ep.tools) for ep, c in zip(running, actions)]
                     # env steps run concurrently (servers, tools); tokenizer work stays on this thread
                     steps = list(pool.map(self._env_step, running, assistants))
                     for args in zip(running, prompts, actions, assistants, steps):
@@ -328,7 +328,7 @@ class EpisodeDriver:
                 out[i] = self._scripted(ep, prompts[i], message)
             except TemplateProblem as err:  # a demo the template cannot render (two calls on Llama 3.x)
                 self._template_raised(ep, err)
-            except UnrenderableTurn as err:  # nor as sampled ids (reasoning on a template with thinking off)
+            except UnrenderableTurn as err:  # nor as sampled ids (no close token in its render)
                 self._template_raised(ep, err, "demo_unrenderable")
         sampled = [i for i, s in enumerate(scripted) if not s]
         if sampled:
@@ -343,8 +343,15 @@ class EpisodeDriver:
 
     def _scripted(self, ep: _Live, prompt: list[int], message: dict) -> Completion:
         """A scripted policy's action `message`: the ids a model would have sampled, log-prob 0, cut where a
-        sampler would have stopped."""
-        return self._unsampled(prompt, self.render.encode_assistant(ep.messages, ep.tools, message))
+        sampler would have stopped; reasoning a thinking-off template renders nowhere there is left out."""
+        try:
+            ids = self.render.encode_assistant(ep.messages, ep.tools, message)
+        except UnrenderableTurn:  # the generation prompt closes an empty think block: the demo's calls kept
+            if not message.get("reasoning_content"):
+                raise
+            ids = self.render.encode_assistant(ep.messages, ep.tools, {**message, "reasoning_content": None})
+            self.counts.add(names.DEMO_REASONING_DROPPED)
+        return self._unsampled(prompt, ids)
 
     def _unsampled(self, prompt: list[int], ids: list[int]) -> Completion:
         """Action ids no sampler chose (a scripted policy's, a recording's): log-prob 0, cut where a sampler
@@ -384,12 +391,12 @@ class EpisodeDriver:
         reason = f"step {len(ep.transitions)}: {type(err).__name__}: {err}"[:300]
         ep.done, ep.dropped, ep.drop_kind = True, reason, kind
 
-    def _parse(self, ids: list[int]) -> dict:
+    def _parse(self, ids: list[int], tools: list[dict] | None) -> dict:
         """The assistant message of sampled ids; a reply the renderer's parser raises on is counted
         (`unparsable_actions`) and goes to the env as text without a tool call: a malformed action with its
         corrective message, never the end of a run."""
         try:
-            return self.render.parse(ids)
+            return self.render.parse(ids, tools)
         except UnparsableAction as e:
             self.counts.add(names.UNPARSABLE_ACTIONS)
             log.warning(names.UNPARSABLE_ACTION_EVENT, error=str(e)[:200])

@@ -80,7 +80,7 @@ def _unencodable(value, where: str = "reply") -> str | None:
 class UnrenderableTurn(ValueError):
     """A scripted assistant message (a demo) that the renderer cannot render as ids a sampler would return
     after the prompt (no close token in its render, or a render that does not extend the generation prompt:
-    reasoning given to a template with thinking off)."""
+    reasoning given to a template with thinking off, which the driver then renders without it)."""
 
 
 class BridgeFailure(Exception):
@@ -355,20 +355,18 @@ class RenderAdapter:
                 out.append(t)
         return out
 
-    def parse(self, completion_ids: list[int]) -> dict:
+    def parse(self, completion_ids: list[int], tools: list[dict] | None = None) -> dict:
         """Sampled ids -> the assistant message that goes into the history and to the environment.
         Raises UnparsableAction (carrying the reply as plain text) when the renderer's parser fails.
         Text the model spelled like an added token is defused (`_spelled_defused`), so the next sampling
-        prompt holds no special id the model did not sample; the env receives it with the joiner."""
+        prompt holds no special id the model did not sample; the env receives it with the joiner. `tools`
+        (the episode's specs) type the arguments where the template writes a string and a number alike."""
         ids = self._spelled_defused(list(completion_ids))
         try:
-            content, reasoning, calls = self._parsed(ids)
+            content, reasoning, calls = self._parsed(ids, tools)
         except Exception as e:
             # `<tool_call>5</tool_call>` (valid JSON, not an object); any parser error is a malformed reply
-            text = self.tokenizer.decode([t for t in ids if t not in self.stop_token_ids])
-            raise UnparsableAction(f"{type(e).__name__}: {e}", {"role": "assistant", "content": text,
-                                                                 "reasoning_content": None,
-                                                                "tool_calls": None}) from e
+            raise self._unparsable(ids, f"{type(e).__name__}: {e}") from e
         calls = [{"type": "function", "function": tc.get("function", tc)} for tc in calls or []]
         message = {"role": "assistant", "content": content or "", "reasoning_content": reasoning or None,
                    "tool_calls": calls or None}
@@ -376,24 +374,26 @@ class RenderAdapter:
         if shape:
             # renderers' parser passes any JSON value through as a call's name: rendered into the next prompt,
             # a non-string name raises inside the renderer, so it is a malformed reply, as the template's are
-            text = self.tokenizer.decode([t for t in ids if t not in self.stop_token_ids])
-            raise UnparsableAction(shape, {"role": "assistant", "content": text, "reasoning_content": None,
-                                           "tool_calls": None})
+            raise self._unparsable(ids, shape)
         bad = _unencodable(message)
         if bad is not None:
             # valid JSON can spell a lone surrogate (`"\ud800"`): in the history it would make the next
             # prompt's tokenizer call raise, so it is a malformed reply, whichever format parsed it
-            text = self.tokenizer.decode([t for t in ids if t not in self.stop_token_ids])
-            raise UnparsableAction(f"UnicodeEncodeError: {bad} cannot be encoded as UTF-8",
-                                   {"role": "assistant", "content": text, "reasoning_content": None,
-                                    "tool_calls": None})
+            raise self._unparsable(ids, f"UnicodeEncodeError: {bad} cannot be encoded as UTF-8")
         return message
 
-    def _parsed(self, ids: list[int]) -> tuple[str | None, str | None, list | None]:
+    def _unparsable(self, ids: list[int], detail: str) -> UnparsableAction:
+        text = self.tokenizer.decode([t for t in ids if t not in self.stop_token_ids])
+        return UnparsableAction(detail, {"role": "assistant", "content": text, "reasoning_content": None,
+                                         "tool_calls": None})
+
+    def _parsed(self, ids: list[int], tools: list[dict] | None) -> tuple[str | None, str | None, list | None]:
         """(content, reasoning, calls) of a reply by the renderer's parser, where a call written inside the
         reasoning (`<think>` .. `</think>`, or after a `<think>` never closed) is no action: the renderers'
         parsers read calls anywhere in the reply. Where the reply's calls outside its reasoning differ from
         the parser's, they are read from the text after the reasoning alone, the reasoning kept as text."""
+        read = (self.renderer.parse_response if not tools or self.choice.name != "template"
+                else lambda x: self.renderer.parse_response(x, tools=tools))  # the template's: typed by tools
         stop = next((i for i, t in enumerate(ids) if t in self.stop_token_ids), len(ids))
         text = self.tokenizer.decode(ids[:stop], skip_special_tokens=False)
         if THINK_CLOSE in text:
@@ -401,14 +401,13 @@ class RenderAdapter:
         elif THINK_OPEN in text:
             rest, _, reasoning = text.partition(THINK_OPEN)
         else:
-            parsed = self.renderer.parse_response(ids)
+            parsed = read(ids)
             return parsed.content, parsed.reasoning_content, parsed.tool_calls
         try:
-            parsed = self.renderer.parse_response(ids)
+            parsed = read(ids)
         except Exception:  # noqa: BLE001 - a malformed call inside the reasoning: the rest alone decides
             parsed = None
-        after = self.renderer.parse_response(self.tokenizer.encode(rest, add_special_tokens=False)
-                                             + ids[stop:])
+        after = read(self.tokenizer.encode(rest, add_special_tokens=False) + ids[stop:])
         if parsed is not None and len(parsed.tool_calls or []) == len(after.tool_calls or []):
             return parsed.content, parsed.reasoning_content, parsed.tool_calls
         return after.content, reasoning.replace(THINK_OPEN, "").strip() or None, after.tool_calls

@@ -191,6 +191,9 @@ MALFORMED_ACTIONS = _rollout.count("malformed_actions",
                                    "replies that are no valid action (answered with a corrective message)")
 UNPARSABLE_ACTIONS = _rollout.count("unparsable_actions", "of those, replies the renderer's parser raised on")
 TRUNCATED_COMPLETIONS = _rollout.count("truncated_completions", "completions cut by `max_tokens`")
+DEMO_REASONING_DROPPED = _rollout.count("demo_reasoning_dropped", "scripted turns (demos) rendered without "
+                                        "their reasoning: the template renders none where a model samples "
+                                        "(thinking off)")
 OBSERVATIONS_TRUNCATED = _rollout.count("observations_truncated", "env messages cut to "
                                                                   "`max_observation_tokens`")
 ENV_RESPONSES_CLIPPED = _rollout.count("env_responses_clipped", "bridged responses cut at the context's end")

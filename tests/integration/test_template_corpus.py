@@ -114,29 +114,11 @@ def source_of(name: str, request) -> str:
     return _transformers(what) if where == "transformers" else trl_template(what)
 
 
-# Accepted templates whose toolbench warm start is not exact yet (a known defect of the template renderer,
-# found by this test, open in the tracker): toolbench's oracle demos carry reasoning ("I call ...") and
-# - with thinking off (the generation prompt closes an empty <think> block) no render holds the reasoning:
-#   both demos are dropped, counted as demo_unrenderable, and the step trains nothing (never a guess);
-# - Qwen3.5+'s templates (reasoning kept only after the last user turn) lose one demo's call when the demo is
-#   parsed back: reward_mean 0.5, not 1.0.
-# strict: the day a fix makes one pass, its entry must go.
-WARM_START_GAPS = {
-    "trl:nemotron_3_nano+nothink": "reasoning demos on a thinking-off template: demo_unrenderable",
-    "trl:qwen3_5_nothink": "reasoning demos on a thinking-off template: demo_unrenderable",
-    "trl:qwen3_5_think": "one demo's call lost when parsed back (reward 0.5)",
-    "trl:qwen3_6": "one demo's call lost when parsed back (reward 0.5)",
-    "trl:qwen3_8": "one demo's call lost when parsed back (reward 0.5)",
-}
-
-
 def corpus(*, train: bool = False):
     for name in EXPECTED:
         marks = {"trl": [pytest.mark.peers], "smollm2": [pytest.mark.smollm2]}.get(name.partition(":")[0], [])
         if train and name not in FAST:
             marks.append(pytest.mark.slow)
-        if train and name in WARM_START_GAPS:
-            marks.append(pytest.mark.xfail(strict=True, reason=WARM_START_GAPS[name]))
         yield pytest.param(name, marks=marks, id=name)
 
 

@@ -148,17 +148,61 @@ def test_two_calls_in_one_reply_never_raise_out_of_the_driver(qwen3_tokenizer, n
 
 
 @pytest.mark.peers  # TRL's copies of the templates (the [peers] extra; CI's peers tier)
-def test_a_demo_the_template_cannot_render_as_sampled_ids_drops_its_episode_never_the_run(qwen3_tokenizer):
+def test_a_demos_reasoning_a_thinking_off_template_cannot_render_is_left_out_its_calls_kept(qwen3_tokenizer):
     """Qwen3.5's no-thinking template (generation prompt `<think>\n\n</think>\n\n`) and a scripted policy
     that gives reasoning: its turn renders the reasoning where the prompt closed it, so no sampled ids
-    render as that demo. Before: ValueError out of `EpisodeDriver.run` (the warm start's first step); the
-    same policy without reasoning plays every episode."""
+    render as that demo. The demo is rendered as a model with thinking off samples its turn (no reasoning),
+    counted, and every episode plays exactly. Before: each episode dropped as `demo_unrenderable` (toolbench's
+    warm start trained nothing there)."""
     render = _render(qwen3_tokenizer, "qwen3_5_nothink")
     eps, audit = drive(render, tasks=2)
-    assert all(ep.dropped for ep in eps) and audit["drop_reason_demo_unrenderable"] == 2
-    assert "does not extend the generation prompt" in eps[0].drop_reason
+    assert audit["episodes_dropped"] == 0 and all(ep.success for ep in eps), audit
+    assert audit["demo_reasoning_dropped"] == audit["turns"] > 0, audit
+    for ep in eps:
+        assert_exact(render, ep)
+        for t in ep.transitions:
+            said = render.tokenizer.decode(t.action_ids)
+            assert "I need the price" not in said and "The total is" not in said, said
     eps, audit = drive(render, tasks=2, policy=lambda info: oracle(info, reasoning=False))
-    assert all(ep.success for ep in eps) and audit["episodes_dropped"] == 0
+    assert all(ep.success for ep in eps) and audit["demo_reasoning_dropped"] == 0
+
+
+TYPED_TOOLS = [{"type": "function", "function": {"name": "submit_answer", "description": "d", "parameters": {
+    "type": "object", "properties": {"answer": {"type": "string"}, "days": {"type": "integer"},
+                                     "tags": {"type": "array"}}}}}]
+TYPED_CALL = {"type": "function", "function": {"name": "submit_answer",
+                                               "arguments": {"answer": "178.10", "days": 23, "tags": ["a"]}}}
+
+
+@pytest.mark.parametrize("name,text", [
+    ("qwen_xml", ("<tool_call>\n<function=submit_answer>\n<parameter=answer>\n178.10\n</parameter>\n"
+                 "<parameter=days>\n23\n</parameter>\n<parameter=tags>\n[\"a\"]\n</parameter>\n</function>\n"
+                 "</tool_call>")),
+    ("glm_xml", ("<tool_call>submit_answer\n<arg_key>answer</arg_key>\n<arg_value>178.10</arg_value>\n"
+                "<arg_key>days</arg_key>\n<arg_value>23</arg_value>\n<arg_key>tags</arg_key>\n"
+                '<arg_value>["a"]</arg_value>\n</tool_call>'))])
+def test_an_xml_formats_string_argument_that_reads_as_json_stays_the_string_its_schema_types(name, text):
+    """XML-style templates write a string raw and anything else as JSON: "178.10" and 178.1 are the same
+    text. The tool's schema says which it is (vLLM's qwen3_coder parser reads it so); without one, JSON."""
+    _, [typed] = parser(name).parse(text, TYPED_TOOLS)
+    assert typed["function"]["arguments"] == TYPED_CALL["function"]["arguments"]
+    _, [untyped] = parser(name).parse(text)
+    assert untyped["function"]["arguments"] == {"answer": 178.1, "days": 23, "tags": ["a"]}
+
+
+@pytest.mark.peers  # TRL's copies of the templates (the [peers] extra; CI's peers tier)
+@pytest.mark.parametrize("template", ["qwen3_5_think", "qwen3_6", "qwen3_8"])
+def test_a_demos_string_argument_parses_back_as_the_string_through_a_real_xml_template(qwen3_tokenizer,
+                                                                                        template):
+    """A demo's `answer: "178.10"` (toolbench's oracle answers a price as a string) rendered by the model's
+    own template and parsed back with the episode's tools: the same call, so the env gets the string its
+    schema asks for. Before: `178.1`, a number (toolbench: "178.1 is not of type 'string'"), and one of the
+    two warm-start demos on each Qwen3.5+ template failed."""
+    render = _render(qwen3_tokenizer, template)
+    chat = [{"role": "user", "content": "What does it cost?"}]
+    ids = render.encode_assistant(chat, TYPED_TOOLS, {"role": "assistant", "content": "", "tool_calls": [
+        TYPED_CALL]})
+    assert render.parse(ids, TYPED_TOOLS)["tool_calls"] == [TYPED_CALL]
 
 
 @pytest.mark.peers  # TRL's copies of the templates (the [peers] extra; CI's peers tier)
