@@ -447,7 +447,7 @@ def test_each_check_line_names_the_keys_of_its_own_section():
         keys = set(re.findall(r"(\w+)=", line))
         assert keys and keys <= set(section.model_fields), (line, keys - set(section.model_fields))
     assert rollout_line(cfg).startswith("rollout     2 tasks x group 8 a step, dynamic_sampling=True (<= 2x")
-    assert loop_line(cfg).startswith("training    steps=120 (lr 0.0003), warmup_sft_steps=10 (lr 0.001), 2 ")
+    assert loop_line(cfg).startswith("training    steps=80 (lr 0.0003), warmup_sft_steps=10 (lr 0.001), 2 ")
 
 
 def test_the_kl_penalty_is_on_the_loss_line_and_a_kl_without_a_reference_is_refused():
