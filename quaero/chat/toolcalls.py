@@ -68,7 +68,8 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]] | None]:
     """(content, calls) of sampled text, as renderers' Qwen3 parser (vLLM's hermes parser) reads them: the
     content is the text before the first `<tool_call>`; each block's body is a JSON object with `name` and
     `arguments` (an unclosed last block is read to the end); a body that is not JSON is skipped, and when no
-    block parses the whole text is the content."""
+    block parses the whole text is the content. A body that is JSON but no object (`<tool_call>5</tool_call>`)
+    raises TypeError: no call can be read from it (renderers' Qwen3 parser raises AttributeError there)."""
     start = text.find("<tool_call>")
     if start < 0:
         return text, None
@@ -78,6 +79,8 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]] | None]:
             parsed = json.loads(body.strip())
         except json.JSONDecodeError:
             continue
+        if not isinstance(parsed, dict):
+            raise TypeError(f"a <tool_call> block holds a JSON {type(parsed).__name__}, not an object")
         calls.append({"function": {"name": parsed.get("name", ""), "arguments": parsed.get("arguments", {})}})
     return (text[:start], calls) if calls else (text, None)
 

@@ -83,11 +83,15 @@ class ToolFormat:
 
 @register
 class Hermes(ToolFormat):
-    """Lenient as renderers' Qwen3 parser and vLLM's hermes parser: a block that is not JSON is skipped."""
+    """Lenient as renderers' Qwen3 parser and vLLM's hermes parser: a block that is not JSON is skipped; one
+    whose JSON is no object is a malformed call."""
     name = "hermes"
 
     def parse(self, text: str, tools: list[dict] | None = None) -> tuple[str, Calls] | None:
-        content, calls = parse_tool_calls(text)
+        try:
+            content, calls = parse_tool_calls(text)
+        except TypeError as e:
+            raise MalformedToolCall(str(e)) from e
         return (content, calls) if calls else None
 
 

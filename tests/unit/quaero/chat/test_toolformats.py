@@ -43,6 +43,7 @@ WRITTEN = {
                     "</tool_call>")),
 }
 MALFORMED = {
+    "hermes": ['<tool_call>\n5\n</tool_call>', '<tool_call>\n"get_weather"\n</tool_call>'],
     "llama3_json": ['{"name": "get_weather", "parameters": {"city": ', '{"name": 5, "parameters": {}}'],
     "mistral": ["[TOOL_CALLS]", "[TOOL_CALLS][{'name': 'x'}]", '[TOOL_CALLS]f[ARGS]{"a": '],
     "pythonic": ["[get_weather(city=", "[get_weather('Paris')]", "[f(x=open('/etc/passwd').read())]",
