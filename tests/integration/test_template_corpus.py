@@ -127,8 +127,10 @@ def model_folder(tmp_path: Path, tiny_model_dir: Path, tokenizer, source: str) -
     template: the markers' ids are past Qwen3's 151,669 tokens and inside its 151,936-row embedding."""
     folder = tmp_path / "model"
     # a copy: the session's tokenizer must keep its own template (setting this one's leaked the last corpus
-    # template into later tests on the same worker)
-    tokenizer = template_tokens(copy.deepcopy(tokenizer), source)
+    # template into later tests on the same worker); template_tokens copies it where it adds markers (one
+    # copy, not two: a Qwen tokenizer's deepcopy takes ~1 s)
+    marked = template_tokens(tokenizer, source)
+    tokenizer = copy.deepcopy(tokenizer) if marked is tokenizer else marked
     assert len(tokenizer) <= json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
     tokenizer.chat_template = source
     tokenizer.save_pretrained(folder)
