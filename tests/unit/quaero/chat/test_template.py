@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from fixtures.chat_cases import trl_template
-from fixtures.rollout import assert_exact, drive, spans_of, text
+from fixtures.rollout import SameReplySampler, assert_exact, drive, spans_of, text
 from fixtures.toyenv import HostileToyEnv
 
 from quaero.chat import registry
@@ -55,18 +55,6 @@ def test_the_toy_env_drives_exact_packed_rows_on_smollm2(smol):
     assert audit["rows_packed"] == 3 and audit["packing_breaks"] == 0
 
 
-class _SameReply:
-    """A fault: a sampler whose every reply is the same token ids (what a weak policy wrote)."""
-
-    def __init__(self, ids: list[int]):
-        self.ids = ids
-
-    def generate(self, prompts, n=1, greedy=False, seed=None):
-        from quaero.sampling import Completion
-
-        return [[Completion(list(self.ids), [-0.5] * len(self.ids), "stop")] for _ in prompts]
-
-
 @pytest.mark.hostile
 @pytest.mark.parametrize("body", ["5", '"get_price"', "[1, 2]"])
 def test_a_tool_call_block_whose_json_is_no_object_bridges_exactly_as_text(smol, body):
@@ -74,7 +62,7 @@ def test_a_tool_call_block_whose_json_is_no_object_bridges_exactly_as_text(smol,
     sent it on as text (an unparsable action), but the bridge's whole-render check parsed it again and raised
     AttributeError, a bridge fallback (reason `exception`) on a reply that renders exactly as text."""
     ids = smol.tokenizer.encode(f"<tool_call>\n{body}\n</tool_call><|im_end|>", add_special_tokens=False)
-    eps, audit = drive(smol, tasks=2, group=2, policy=None, sampler=_SameReply(ids), env__max_turns=2)
+    eps, audit = drive(smol, tasks=2, group=2, policy=None, sampler=SameReplySampler(ids), env__max_turns=2)
     assert audit["unparsable_actions"] == audit["turns"] == 8, audit
     assert audit["bridge_fallbacks"] == 0 and audit["prefix_mismatches"] == 0, audit
     for ep in eps:

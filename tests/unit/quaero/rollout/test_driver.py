@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import pytest
 from fixtures.badreply import INJECTION
-from fixtures.rollout import IM_END, assert_exact, drive, make_cfg, spans_of, target_logprobs, text
+from fixtures.rollout import (
+    IM_END,
+    SameReplySampler,
+    assert_exact,
+    drive,
+    make_cfg,
+    spans_of,
+    target_logprobs,
+    text,
+)
 from fixtures.toyenv import ChatStep, HostileToyEnv, ToyChatEnv, oracle
 
 from quaero.config import settings_of
@@ -291,18 +300,6 @@ def test_an_episode_whose_rewards_overflow_when_summed_is_dropped_and_counted(qw
     assert stats["drop_reason_nonfinite_reward"] == stats["episodes_dropped"] == 2
 
 
-class _RepliesSampler:
-    """A fault: a sampler whose every reply is the same token ids (what a weak policy wrote)."""
-
-    def __init__(self, ids: list[int]):
-        self.ids = ids
-
-    def generate(self, prompts, n=1, greedy=False, seed=None):
-        from quaero.sampling import Completion
-
-        return [[Completion(list(self.ids), [-0.5] * len(self.ids), "stop")] for _ in prompts]
-
-
 @pytest.mark.hostile
 @pytest.mark.parametrize("body", ["5", "[1, 2]", '"get_price"', "null"])
 def test_a_reply_the_parser_raises_on_is_a_malformed_action_not_the_end_of_the_run(qwen3_render, body):
@@ -313,7 +310,7 @@ def test_a_reply_the_parser_raises_on_is_a_malformed_action_not_the_end_of_the_r
     with pytest.raises(Exception) as raised:  # the renderer's own behaviour, which the driver must survive
         qwen3_render.renderer.parse_response(ids)
     assert not isinstance(raised.value, SyntaxError)
-    eps, audit = drive(qwen3_render, tasks=2, group=2, policy=None, sampler=_RepliesSampler(ids),
+    eps, audit = drive(qwen3_render, tasks=2, group=2, policy=None, sampler=SameReplySampler(ids),
                        env__max_turns=2)
     assert audit["unparsable_actions"] == audit["malformed_actions"] == audit["turns"] == 8
     for ep in eps:
@@ -324,7 +321,7 @@ def test_a_reply_the_parser_raises_on_is_a_malformed_action_not_the_end_of_the_r
         assert corrective and all(set(r.echo_weights[s.start:s.end]) == {0.0} for r, s in corrective)
 
 
-class _LogprobSampler(_RepliesSampler):
+class _LogprobSampler(SameReplySampler):
     """A fault: a sampler whose log-probs are `lp` (positive, or not finite)."""
 
     def __init__(self, ids: list[int], lp: float):
