@@ -80,11 +80,14 @@ def _further(parts: RunParts, lacking: list[str], more: int) -> list[list]:
 def learn(parts: RunParts, step: int, groups: list[GroupOutcome]) -> None:
     """Hand every RL group's outcome to its env's task sampler (in the step's group order) and log them
     (`task_outcomes`). The outcomes are the policy's own episodes: a guided group's guides are no part of
-    them (a task the policy never solves stays hopeless to the sampler)."""
+    them (its success estimate stays the policy's); whether the guides gave the all-fail group a signal is
+    told apart, to the samplers that weigh it (the curriculum's s)."""
     by_name = {e.name: e for e in parts.envs}
     for g in groups:
         if g.rewards:
             by_name[g.env].tasks.update(g.task, g.rewards, g.costs)
+            if g.guided:
+                by_name[g.env].tasks.guided(g.task, g.spread)
     # per group: [env, task, its spec's group (e.g. toolbench's template), successes, episodes, spread,
     # tokens]
     log.info(names.TASK_OUTCOMES_EVENT, for_step=step, groups=[

@@ -9,10 +9,14 @@ the draw number being part of the state: no global random state is read or moved
 - `sequential`: the run seed's order of the split (quaero/openenv_client/tasks.py `task_index`), what quaero
   always played: its state is the cursor.
 - `uniform`: tasks drawn uniformly, with replacement.
-- `curriculum` (RFC 013): a task's weight is its chance of a group with both a success and a failure, per unit
-  of cost, w = (1 - p^G - (1 - p)^G + ε) / c, p the discounted success estimate of its key (γ), G the group
-  size, c its discounted mean cost (generated tokens or episodes); an unseen key takes p = 0.5 and the mean
-  cost of the keys seen.
+- `curriculum` (RFC 013): a task's weight is its chance of a group with a learning signal, per unit of cost,
+  w = (1 - p^G - (1 - p)^G (1 - s) + ε) / c, p the discounted success estimate of its key (γ), G the group
+  size, c its discounted mean cost (generated tokens or episodes), and s the discounted share of the key's
+  all-fail groups that still carried a signal because `[guidance]` put oracle members in them (0 without
+  guidance: RFC 013's weight, where an all-fail group has none). Without s, a template the warm start solves
+  greedily but not when sampled (p = 0) kept only ε and was starved while guidance could have taught it
+  (benchmarks/README.md, the SmolLM2 curve at seed 1). An unseen key takes p = 0.5, s = 0 and the mean cost of
+  the keys seen.
 - `difficulty_pools` (prime-rl): a key's latest group success rate puts it in a pool, hard (<= hard_max),
   normal, easy (>= easy_min), or unseen, each with its weight.
 A learning sampler weighs `candidates` tasks per draw (drawn uniformly; the whole split when smaller) and
@@ -126,13 +130,21 @@ class Outcome:
     episodes: float = 0.0
     groups: int = 0
     last_rate: float = 0.0  # the latest group's success rate
+    all_fail: float = 0.0  # discounted count of its groups with no success
+    guided_signal: float = 0.0  # of those, the ones guided members gave a signal (discounted alike)
 
     @property
     def p(self) -> float:
         return self.successes / self.episodes if self.episodes else 0.5
 
+    @property
+    def guided_share(self) -> float:
+        """s: the share of its all-fail groups that carried a signal through guided members."""
+        return min(1.0, self.guided_signal / self.all_fail) if self.all_fail else 0.0
+
     def to_list(self) -> list:
-        return [self.successes, self.cost, self.episodes, self.groups, self.last_rate]
+        return [self.successes, self.cost, self.episodes, self.groups, self.last_rate, self.all_fail,
+                self.guided_signal]
 
 
 class _Drawing:
@@ -191,7 +203,16 @@ class _Drawing:
         m.episodes = gamma * m.episodes + len(rewards)
         m.groups += 1
         m.last_rate = wins / len(rewards)
+        m.all_fail = gamma * m.all_fail + (wins == 0)
+        m.guided_signal = gamma * m.guided_signal
         self.played.add(task)
+
+    def guided(self, task: int, signal: bool) -> None:
+        """After `update`: the all-fail group of `task` had guided members, and `signal` says whether they
+        gave it rewards that differ (quaero's own samplers; RFC 013's protocol has no such call)."""
+        m = self.memory.get(self.key(task))
+        if m is not None and signal:
+            m.guided_signal += 1
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "draws": self.draws, "played": sorted(self.played),
@@ -204,13 +225,20 @@ class _Drawing:
 
 
 def _outcome(field: str, saved: list) -> Outcome:
-    """A saved outcome memory ([successes, cost, episodes, groups, last rate]), each value checked."""
-    successes, cost, episodes, groups, rate = saved
+    """A saved outcome memory ([successes, cost, episodes, groups, last rate, all-fail groups, guided
+    signal]; a checkpoint from before the last two holds five), each value checked."""
+    if not isinstance(saved, list) or len(saved) not in (5, 7):
+        raise SavedStateError(f"{field} = {saved!r} is not a list of 5 or 7 numbers; the checkpoint was "
+                              "edited or is corrupt: move it aside to resume from the one before, or pass "
+                              "--restart")
+    successes, cost, episodes, groups, rate, all_fail, guided = [*saved, 0.0, 0.0][:7]
     return Outcome(saved_number(successes, f"{field} successes", whole=False),
                    saved_number(cost, f"{field} cost", whole=False),
                    saved_number(episodes, f"{field} episodes", whole=False),
                    saved_number(groups, f"{field} groups"),
-                   saved_number(rate, f"{field} last rate", whole=False, below=1 + 1e-9))
+                   saved_number(rate, f"{field} last rate", whole=False, below=1 + 1e-9),
+                   saved_number(all_fail, f"{field} all-fail groups", whole=False),
+                   saved_number(guided, f"{field} guided signal", whole=False))
 
 
 class UniformSampler(_Drawing):
@@ -225,10 +253,11 @@ class UniformSampler(_Drawing):
         return [rng.randrange(self.view.size) for _ in range(n)]
 
 
-def curriculum_weight(p: float, group_size: int, cost: float, epsilon: float) -> float:
-    """RFC 013: (1 - p^G - (1 - p)^G + ε) / c, the chance that a group of G holds both a success and a failure
-    (plus ε), per unit of cost."""
-    return (1 - p ** group_size - (1 - p) ** group_size + epsilon) / max(cost, 1e-9)
+def curriculum_weight(p: float, group_size: int, cost: float, epsilon: float, guided: float = 0.0) -> float:
+    """(1 - p^G - (1 - p)^G (1 - s) + ε) / c: the chance that a group of G carries a learning signal (plus ε),
+    per unit of cost. RFC 013's, where only a group with both a success and a failure does, when `guided` (s,
+    the share of the key's all-fail groups that guided members gave a signal) is 0."""
+    return (1 - p ** group_size - (1 - p) ** group_size * (1 - guided) + epsilon) / max(cost, 1e-9)
 
 
 class CurriculumSampler(_Drawing):
@@ -246,7 +275,8 @@ class CurriculumSampler(_Drawing):
         s = self.view.settings
         m = self.memory.get(self.key(index))
         cost = 1.0 if s.cost == "episodes" else (m.cost / m.episodes if m and m.episodes else self._cost)
-        return curriculum_weight(m.p if m else 0.5, self.view.group_size, cost, s.epsilon)
+        return curriculum_weight(m.p if m else 0.5, self.view.group_size, cost, s.epsilon,
+                                 m.guided_share if m else 0.0)
 
 
 class DifficultyPoolSampler(_Drawing):
@@ -323,6 +353,11 @@ class EnvTasks:
         self.last = [{"task": i, "weight": weights[j] if j < len(weights) else None}
                      for j, i in enumerate(picks)]
         return picks
+
+    def guided(self, task: int, signal: bool) -> None:
+        """A guided all-fail group's signal, to the samplers that read it (`_Drawing.guided`)."""
+        if isinstance(self.sampler, _Drawing):
+            self.sampler.guided(task, signal)
 
     def update(self, task: int, rewards: list[float], costs: list[float]) -> None:
         try:

@@ -64,6 +64,7 @@ def test_an_all_fail_group_gets_k_oracle_members_encoded_as_the_warm_start_with_
     parts, counts = _parts(qwen3_render)
     learned = []
     monkeypatch.setattr(parts.envs[0].tasks, "update", lambda task, rewards, costs: learned.append(rewards))
+    monkeypatch.setattr(parts.envs[0].tasks, "guided", lambda task, sig: learned.append(("guided", sig)))
     rows, (outcome,) = play_groups(parts, 1, [["env", 2]], 0, seed=5, sft=False)
     members = _members(rows)
     assert sorted(members) == list(range(GROUP))
@@ -81,8 +82,8 @@ def test_an_all_fail_group_gets_k_oracle_members_encoded_as_the_warm_start_with_
         assert all(lp == 0.0 for r in members[g] for lp in r.sampler_logprobs)
     # the outcome and the task sampler see the policy's four failures; the trained group has spread
     assert outcome.rewards == [0.0] * GROUP and outcome.guided == K and outcome.spread and outcome.kept
-    learn(parts, 1, [outcome])
-    assert learned == [[0.0] * GROUP]
+    learn(parts, 1, [outcome])  # and that the guides gave it a signal (the curriculum's s)
+    assert learned == [[0.0] * GROUP, ("guided", True)]
     snap = counts.snapshot_and_reset()
     assert snap[names.GROUPS_GUIDED] == 1 and snap[names.GUIDED_MEMBERS] == K
     assert snap[names.GUIDED_MEMBERS_SUCCEEDED] == K and snap[names.GUIDED_MEMBERS_DROPPED] == 0

@@ -77,6 +77,43 @@ def test_the_curriculum_counts_cost_in_tokens_and_pools_by_the_tasks_group():
     assert c.weight(1) / c.weight(3) == pytest.approx(4.0)  # the same signal at a quarter of the tokens
 
 
+def test_the_curriculum_draws_a_template_its_guides_teach_while_guidance_gives_its_groups_a_signal():
+    """SmolLM2's curve at seed 1: the warm start solved `city` greedily but never when sampled (p = 0), so RFC
+    013's weight left it ε and the curriculum drew it in 4 of 45 groups while `[guidance]` would have given
+    each of those all-fail groups a signal. The weight now counts that signal (s, measured per key), and drops
+    it again once guides stop giving one (guidance annealed off)."""
+    assert curriculum_weight(0.0, 8, 1.0, 0.05, guided=1.0) == pytest.approx(1.05)  # all taught
+    assert curriculum_weight(0.0, 8, 1.0, 0.05, guided=0.5) == pytest.approx(0.55)
+    assert curriculum_weight(0.5, 4, 10.0, 0.05, guided=0.0) == pytest.approx(0.0925)  # RFC 013's, as before
+    groups = {0: "price", 1: "city"}
+    s = make_task_sampler(view("curriculum", size=2, group=8, key="group", cost="episodes",
+                               spec=lambda i: {"group": groups[i]}))
+    c = s.sampler
+    c.update(0, [1.0, 0.0] * 4, [5.0] * 8)  # price: p 0.5
+    for _ in range(3):  # city: all-fail, two guides gave it rewards that differ
+        c.update(1, [0.0] * 8, [5.0] * 8)
+        s.guided(1, True)
+    city = c.memory["group=city"]
+    assert city.p == 0.0 and city.guided_share == pytest.approx(1.0)
+    assert c.weight(1) == pytest.approx(1.05) and c.weight(1) > c.weight(0)
+    assert s.sample(100).count(1) > 40  # before: ε / (ε + 0.99), ~5 in 100
+    for _ in range(20):  # guidance annealed off: all-fail groups without a guide, no signal
+        c.update(1, [0.0] * 8, [5.0] * 8)
+    assert c.memory["group=city"].guided_share < 0.15 and c.weight(1) < 0.2
+    s.guided(0, True)  # a group that had a success never counts (guides go only to all-fail groups)
+    assert c.memory["group=price"].guided_share == 0.0
+    # a checkpoint holds it (and one from before it, five numbers a key, loads with s = 0)
+    saved = json.loads(json.dumps(c.state_dict()))
+    again = make_task_sampler(view("curriculum", size=2, group=8, key="group", cost="episodes",
+                                   spec=lambda i: {"group": groups[i]})).sampler
+    again.load_state_dict(saved)
+    assert again.memory["group=city"] == c.memory["group=city"]
+    again.load_state_dict({**saved, "memory": {k: v[:5] for k, v in saved["memory"].items()}})
+    assert again.memory["group=city"].guided_share == 0.0
+    with pytest.raises(TaskSamplerError, match=r"is not a list of 5 or 7 numbers.*or pass --restart"):
+        again.load_state_dict({**saved, "memory": {"group=city": [0.0, 1.0]}})
+
+
 def test_difficulty_pools_weigh_by_the_latest_group_success_rate():
     s = make_task_sampler(view("difficulty_pools", size=4, group=4))
     p = s.sampler
