@@ -208,10 +208,11 @@ class _Drawing:
         self.played.add(task)
 
     def guided(self, task: int, signal: bool) -> None:
-        """After `update`: the all-fail group of `task` had guided members, and `signal` says whether they
-        gave it rewards that differ (quaero's own samplers; RFC 013's protocol has no such call)."""
+        """After `update`: the group of `task` had guided members, and `signal` says whether they gave it
+        rewards that differ; counted only where that group was all-fail (quaero's own samplers; RFC 013's
+        protocol has no such call)."""
         m = self.memory.get(self.key(task))
-        if m is not None and signal:
+        if m is not None and signal and m.last_rate == 0:
             m.guided_signal += 1
 
     def state_dict(self) -> dict[str, Any]:

@@ -101,7 +101,7 @@ def test_the_curriculum_draws_a_template_its_guides_teach_while_guidance_gives_i
         c.update(1, [0.0] * 8, [5.0] * 8)
     assert c.memory["group=city"].guided_share < 0.15 and c.weight(1) < 0.2
     s.guided(0, True)  # a group that had a success never counts (guides go only to all-fail groups)
-    assert c.memory["group=price"].guided_share == 0.0
+    assert c.memory["group=price"].guided_share == 0.0 and c.memory["group=price"].guided_signal == 0.0
     # a checkpoint holds it (and one from before it, five numbers a key, loads with s = 0)
     saved = json.loads(json.dumps(c.state_dict()))
     again = make_task_sampler(view("curriculum", size=2, group=8, key="group", cost="episodes",
