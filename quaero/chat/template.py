@@ -40,7 +40,8 @@ from quaero.chat.toolformats import FORMATS, MalformedToolCall, ToolFormat, pars
 # the variables every render sets itself: an option of the same name would collide with them
 RENDER_VARIABLES = ("messages", "tools", "documents", "add_generation_prompt")
 _SENTINEL = "Qx7bridge"  # an assistant content no template changes and no tokenizer merges with a close token
-_MEMORY = 64  # generation-prompt renders remembered (prompt ids -> messages) for the whole-render check
+_MEMORY = 1024  # generation-prompt renders remembered (prompt ids -> messages): the bridge renders the whole
+# conversation from them (a step of 16 tasks x 8 samples renders 128 prompts before it bridges any)
 # the known calls of the tool-format round trip: one, then two in one message (unicode, nesting, a number)
 _PROBE_TOOLS = [{"type": "function", "function": {"name": n, "description": n, "parameters": {
     "type": "object", "properties": {k: {"type": "string"} for k in ks}}}}
@@ -127,7 +128,7 @@ class TemplateRenderer:
         self.template_variables = {**special, **template_variables}
         self.tools_in_template = (tool_format == "template"
                                   or (tool_format == "auto" and "tools" in self._runner.variables))
-        self._thinks = "</think>" in source
+        self._thinks = "</think>" in source or "<think>" in source  # (DeepSeek R1 opens one it never closes)
         self._parts = self._wants_parts()
         self._system_role = self._renders_system_role()
         self._tool_role = self._renders_tool_role()
@@ -440,47 +441,65 @@ class TemplateRenderer:
             return self._refuse("foreign_stop", "the completion ended on a stop token that is not the close")
         else:  # cut by max_tokens: the template closes every assistant turn with its close token
             head = prompt + completion + [self.close_id]
+        whole = self._whole_tail(prompt, head[len(prompt):], new_messages)
+        if isinstance(whole, Refusal):
+            return self._refuse(whole.reason, whole.detail)
+        if whole is not None:  # the template's render of this very conversation: the tail it adds
+            ids = self._encode(whole)
+            if self._encode(self.close_text + whole) != [self.close_id, *ids]:
+                return self._refuse("template_token_merge", "the new messages' tokens merge across the close")
+            return RenderedTokens(token_ids=head + ids)
         delta = self._delta(new_messages, tools)
         if isinstance(delta, Refusal):
             return self._refuse(delta.reason, delta.detail)
-        tail, ids = delta[0], head + delta[1]
-        key = (hash(tuple(prompt)), hash(tuple(completion)))
-        if self._checked != key:  # once per reply (the adapter re-bridges it to attribute content)
-            self._checked = key
-            why = self._whole_render_differs(prompt, head[len(prompt):], new_messages, tail)
-            if why is not None:
-                return self._refuse(why.reason, why.detail)
-        return RenderedTokens(token_ids=ids)
+        return RenderedTokens(token_ids=head + delta[1])
 
-    def _whole_render_differs(self, prompt: list[int], reply: list[int], new_messages: list[dict],
-                              tail: str) -> Refusal | None:
-        """Where this renderer rendered `prompt` and the template re-renders the parsed reply as sampled (it
-        is prefix-stable here: the whole render's text starts with the prompt's and the reply's, close
-        included), the whole render's text must go on with the bridged tail. None when it does, or when the
-        check does not apply (the prompt's history is unknown, or the template is not prefix-stable here).
-        A template that raises on the whole conversation is a refusal (`template_raised`): the bridged tail
-        would be a guess. Text, not ids: the reply's ids are the sampler's, the tail's its own."""
+    def _whole_tail(self, prompt: list[int], reply: list[int],
+                    new_messages: list[dict]) -> str | Refusal | None:
+        """The text the template's render of the whole conversation (the prompt's history, the parsed reply,
+        `new_messages`, the generation prompt) adds after the prompt and the reply as sampled, where this
+        renderer rendered `prompt` (its history is known): where that render is prefix-stable here (it starts
+        with the prompt's text and the reply's, close included), what follows them; where the template
+        re-renders the reply (a think block dropped: the next turn starts a new row), what follows the
+        reply's close as rendered there. None where neither applies: the tail is then the template's render
+        of `new_messages` after a closed turn (`_delta`), the same after any history. The
+        whole render is the truth where it applies: a template whose tool results render otherwise after
+        earlier ones (DeepSeek R1's `<｜tool▁outputs▁begin｜>` on the conversation's first only) bridges as
+        the next prompt renders. A template that raises on the whole conversation is a refusal
+        (`template_raised`): a tail from elsewhere would be a guess. Text, not ids: the reply's ids are the
+        sampler's, the tail's its own."""
         with self._lock:
             known = self._memory.get(tuple(prompt))
         if known is None:
             return None
         history, tools, prompt_text = known
-        try:
-            parsed = self.parse_response(reply, tools)
-            calls = [{"type": "function", "function": c["function"]} for c in parsed.tool_calls or []]
-            message = {"role": "assistant", "content": parsed.content,
-                       "reasoning_content": parsed.reasoning_content, "tool_calls": calls or None}
-        except MalformedToolCall:  # the adapter sends such a reply on as text, without calls
-            kept = [t for t in reply if t not in self._stop]
-            message = {"role": "assistant", "content": self._tokenizer.decode(kept)}
+        key = (hash(tuple(prompt)), hash(tuple(reply)))
+        checked = self._checked
+        if checked is None or checked[0] != key:  # parsed once per reply (the adapter re-bridges it with its
+            # contents swapped to attribute them)
+            try:
+                parsed = self.parse_response(reply, tools)
+                calls = [{"type": "function", "function": c["function"]} for c in parsed.tool_calls or []]
+                message = {"role": "assistant", "content": parsed.content,
+                           "reasoning_content": parsed.reasoning_content, "tool_calls": calls or None}
+            except MalformedToolCall:  # the adapter sends such a reply on as text, without calls
+                kept = [t for t in reply if t not in self._stop]
+                message = {"role": "assistant", "content": self._tokenizer.decode(kept)}
+            checked = self._checked = (key, message)
+        message = checked[1]
         try:
             whole = self.render_text([*history, message, *new_messages], tools=tools,
                                      add_generation_prompt=True)
         except TemplateProblem as e:
             return Refusal("template_raised", f"the template raises on the whole conversation: {e}")
         head = prompt_text + self._tokenizer.decode(reply, skip_special_tokens=False)
-        if not whole.startswith(head) or whole[len(head):] == tail:
+        if whole.startswith(head):
+            return whole[len(head):]
+        try:  # the next prompt renders the reply otherwise (its think block dropped): the tail after the
+            # reply's close as the whole conversation renders it, where it follows the reply so rendered
+            turn = self.render_text([*history, message], tools=tools)
+        except TemplateProblem:
             return None
-        return Refusal("template_mismatch", "the bridged ids differ from the template's render of the whole "
-                                            "conversation")
+        end = turn.rfind(self.close_text) + len(self.close_text) if self.close_text in turn else 0
+        return whole[end:] if end and whole[:end] == turn[:end] else None
 

@@ -251,8 +251,7 @@ def check_model_and_renderer(cfg: QuaeroConfig, source: str = "config") -> None:
     except registry.RendererUnavailable as e:
         raise ConfigError(f"{said}: {e}") from None
     except (AssertionError, ValueError, KeyError, TypeError) as e:
-        runner = getattr(getattr(render, "renderer", None), "_runner", None)  # the template's variables
-        advice = renderer_advice(str(e), choice.name, getattr(runner, "variables", None))
+        advice = renderer_advice(str(e), choice.name)
         raise ConfigError(f"{said} does not fit the tokenizer ({str(e)[:200]}); {advice}") from None
     if prompts[0] != prompts[1]:
         raise ConfigError(f"{said}: the chat template renders the same conversation differently twice (it is "
@@ -305,18 +304,11 @@ _TEMPLATE_ADVICE = (
 )
 
 
-def renderer_advice(error: str, renderer: str, variables: frozenset[str] | None = None) -> str:
-    """The advice that fits a renderer's error at check (a generic one where none does); `variables`: the
-    ones the chat template reads, where known."""
+def renderer_advice(error: str, renderer: str) -> str:
+    """The advice that fits a renderer's error at check (a generic one where none does)."""
     if renderer != "template":
         return ("name the renderer of this model family ([model] renderer, e.g. 'qwen3'), or 'template' with "
                 "a tokenizer that has a chat template")
-    if "does not extend the generation prompt" in error and variables is not None \
-            and not any("think" in v for v in variables):  # DeepSeek R1/V3's: `<think>` always opened
-        return ("the template opens its generation prompt otherwise than it renders a finished turn (e.g. "
-                "`<think>` always opened there and the reasoning dropped from turns) and reads no variable "
-                "that changes it: give it a template whose turns start as its generation prompt ends "
-                "([model] renderer_options chat_template)")
     for needle, advice in _TEMPLATE_ADVICE:
         if needle in error:
             return advice

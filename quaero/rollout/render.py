@@ -424,7 +424,7 @@ class RenderAdapter:
             ids = full[len(prompt):]
         else:  # the turn's first tokens merge with the prompt's last (`<think>\n` + `\n</think>`): the ids a
             # model samples after the prompt are its text's own, where the text extends the prompt's
-            ids = self._reply_after(prompt, full)
+            ids = self._reply_after(prompt, full, assistant.get("reasoning_content"))
         end = self._conversation_end
         ids = ids[:len(ids) - len(end)] if end and ids[len(ids) - len(end):] == end else ids
         closes = [i for i, t in enumerate(ids) if t in self.stop_token_ids]
@@ -432,11 +432,25 @@ class RenderAdapter:
             raise UnrenderableTurn("encode_assistant: rendered assistant turn has no close token")
         return ids[:closes[-1] + 1]
 
-    def _reply_after(self, prompt: list[int], full: list[int]) -> list[int]:
+    def _reply_after(self, prompt: list[int], full: list[int], reasoning: str | None = None) -> list[int]:
         """The ids of `full`'s text after `prompt`'s, encoded on their own (ValueError: the text of `full`
-        does not start with `prompt`'s, so no reply sampled after that prompt renders as this turn)."""
+        does not start with `prompt`'s, so no reply sampled after that prompt renders as this turn).
+
+        A generation prompt that opens a think block the finished turn does not render (DeepSeek R1/V3's
+        `<｜Assistant｜><think>\n` before a turn rendered without it; Nemotron 3's `<think>\n` before
+        `<think></think>`): the reply closes the block it was given, `reasoning\n</think>\n\n` (empty where
+        the demo has none: the canonical empty block), then the turn's text after its own think block. The
+        template re-renders such a reply otherwise in the next prompt, so that turn starts a new row
+        (`quaero/rollout/rows.py split_reason`): exact, never a guessed render."""
         text = self.tokenizer.decode(full, skip_special_tokens=False)
         head = self.tokenizer.decode(prompt, skip_special_tokens=False)
+        base, opened, given = head.rpartition(THINK_OPEN)
+        if opened and not given.strip() and text.startswith(base) and not text.startswith(head):
+            turn = text[len(base):]
+            if turn.startswith(THINK_OPEN):  # the turn's own (empty) block, dropped with its reasoning
+                turn = turn.partition(THINK_CLOSE)[2]
+            closed = f"{reasoning.strip()}\n" if reasoning and reasoning.strip() else "\n"
+            return self.tokenizer.encode(f"{closed}{THINK_CLOSE}\n\n{turn}", add_special_tokens=False)
         if not text.startswith(head):
             turn = text[len(os.path.commonprefix([text, head])):][:60]
             raise UnrenderableTurn(

@@ -50,8 +50,8 @@ EXPECTED = {
     "transformers:smolvlm": "prompt",
     "trl:cohere": "prompt",
     "trl:cohere2": "prompt",
-    "trl:deepseek_r1_distill": "refused: does not extend the generation prompt",
-    "trl:deepseekv3": "refused: does not extend the generation prompt",
+    "trl:deepseek_r1_distill": "prompt",
+    "trl:deepseekv3": "prompt",
     "trl:diffusion_gemma": "prompt",
     "trl:gemma": "prompt",
     "trl:gemma3": "prompt",
@@ -73,11 +73,11 @@ EXPECTED = {
     "trl:llama3_2": "llama3_json",
     "trl:llava_next": "prompt",
     "trl:muse_glimmer": "prompt",
-    "trl:nemotron_3_5_lightning": "refused: does not extend the generation prompt",
-    "trl:nemotron_3_nano": "refused: does not extend the generation prompt",
+    "trl:nemotron_3_5_lightning": "qwen_xml",
+    "trl:nemotron_3_nano": "qwen_xml",
     "trl:nemotron_3_nano+nothink": "qwen_xml",  # the refusal's advice followed: enable_thinking = false
-    "trl:nemotron_3_super": "refused: does not extend the generation prompt",
-    "trl:nemotron_3_ultra": "refused: does not extend the generation prompt",
+    "trl:nemotron_3_super": "qwen_xml",
+    "trl:nemotron_3_ultra": "qwen_xml",
     "trl:phi3": "prompt",
     "trl:phi3_5": "prompt",
     "trl:qwen2_5": "hermes",
@@ -91,10 +91,9 @@ EXPECTED = {
     "trl:qwen3_vl": "hermes",
     "trl:smolvlm": "prompt",
 }
-# the advice a refusal gives, where it depends on the template: DeepSeek's opens `<think>` with no variable to
-# change it; Nemotron's reads enable_thinking (the corpus' `+nothink` row follows that advice)
-ADVICE = {"trl:deepseek_r1_distill": "reads no variable that changes it",
-          "trl:deepseekv3": "reads no variable that changes it", "trl:nemotron_3_nano": "enable_thinking"}
+# the advice a refusal gives, where it depends on the template (none now: DeepSeek's and Nemotron's, refused
+# before for the `<think>` their generation prompts open, train with a row a turn)
+ADVICE: dict[str, str] = {}
 FAST = {"transformers:llama4"}  # its warm-start step in the fast run; the others' are `slow` (`.ci/run`'s)
 
 

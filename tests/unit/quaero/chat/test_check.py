@@ -39,9 +39,8 @@ def check(folder: Path, tmp_path: Path, *more: str):
      "does not fit the tokenizer (the chat template raised TemplateError: only user and assistant roles)"),
     (CHATML.replace("{{ m['content'] }}", "{{ m['content'] }}{{ range(100000) | random }}"),
      "(the chat template renders the same conversation differently each time (it is not deterministic))"),
-    (CHATML.replace("{{ m['content'] }}", "{{ m['content'] }}{% if m['role'] != 'assistant' %} "
-                                          "#{{ loop.index }}{% endif %}"),
-     "cannot append an env response exactly (template_history_dependent: "),
+    ("{% if messages | length > 3 %}{{ raise_exception('at most 3 messages') }}{% endif %}" + CHATML,
+     "cannot append an env response exactly (template_raised: the template raises on the whole conversation"),
     # hung `quaero check` in C code holding the GIL, growing to GBs, Ctrl-C ignored
     pytest.param("{% set ns = namespace(x=[1]) %}{% for i in range(40) %}{% set ns.x = [ns.x, ns.x] %}"
                  "{% endfor %}{{ ns.x|tojson }}" + CHATML,
@@ -76,14 +75,13 @@ def test_bad_chat_templates_are_one_line_at_check(tmp_path, tiny_model_dir, temp
 
 
 def test_a_template_without_an_exact_bridge_names_what_works_and_runs_without_echo(tmp_path, tiny_model_dir):
-    numbered = CHATML.replace("{{ m['content'] }}", "{{ m['content'] }}{% if m['role'] != 'assistant' %} "
-                                                    "#{{ loop.index }}{% endif %}")
-    folder = model_with_template(tmp_path, tiny_model_dir, numbered)
+    short = "{% if messages | length > 3 %}{{ raise_exception('at most 3 messages') }}{% endif %}" + CHATML
+    folder = model_with_template(tmp_path, tiny_model_dir, short)
     with pytest.raises(ConfigError) as e:
         check(folder, tmp_path)
-    # the advice fits the reason: the template renders a message differently after another history
-    assert ("use a template that renders a message the same after any history (or name a hand-written "
-            "renderer, [model] renderer, e.g. 'qwen3'), or set [echo] enabled = false") in str(e.value)
+    # the advice fits the reason: the template raises on the conversation with the env's response
+    assert ("give it a template that renders `tool` messages (renderer_options chat_template) or set [model] "
+            "renderer_options tool_format = 'prompt', or set [echo] enabled = false") in str(e.value)
     assert check(folder, tmp_path, "echo.enabled=false").echo.enabled is False
 
 

@@ -93,29 +93,45 @@ def test_special_token_strings_in_env_text_stay_text_on_smollm2(smol, payload):
     assert audit["prefix_mismatches"] == 0 and audit["bridge_fallbacks"] == 0
 
 
-def test_a_template_that_numbers_turns_is_refused_with_its_reason(qwen3_tokenizer):
+def test_a_template_that_numbers_turns_bridges_from_its_whole_render_and_is_refused_without_it(
+        qwen3_tokenizer):
+    """A template whose turns render otherwise after another history: the bridge renders the very
+    conversation (its prompt's history is known: this renderer rendered it), so the bridged ids are the next
+    prompt's; a prompt it never rendered leaves only the synthetic history, which is refused with its reason
+    (before, refused either way)."""
     numbered = CHATML.replace("{{ m['content'] }}", "{{ m['content'] }}{% if m['role'] == 'user' %} "
                                                     "#{{ loop.index }}{% endif %}")
-    render = RenderAdapter(qwen3_tokenizer, ModelConfig(renderer="template",
-                                                        renderer_options={"chat_template": numbered}))
+    options = ModelConfig(renderer="template", renderer_options={"chat_template": numbered})
+    render = RenderAdapter(qwen3_tokenizer, options)
     prompt = render.prompt_ids(CHAT, None)
+    reply = {"role": "assistant", "content": "hi"}
+    action = render.encode_assistant(CHAT, None, reply)
+    more = {"role": "user", "content": "more"}
+    b = render.bridge(prompt, action, [more], None)
+    whole = render.prompt_ids([*CHAT, reply, more], None)
+    assert prompt + action + b.response_ids + render.generation_prompt == whole
     with pytest.raises(BridgeFailure) as e:
-        render.bridge(prompt, render.encode_assistant(CHAT, None, {"role": "assistant", "content": "hi"}),
-                      [{"role": "user", "content": "more"}], None)
+        RenderAdapter(qwen3_tokenizer, options).bridge(prompt, action, [more], None)
     assert e.value.reason == "template_history_dependent"
 
 
-def test_a_bridge_that_differs_from_the_whole_render_is_refused(qwen3_tokenizer):
+def test_a_bridge_follows_the_whole_render_where_the_synthetic_history_renders_otherwise(qwen3_tokenizer):
     """A template that rewrites the tool turn after a reply that called no tool: the synthetic history (a
-    call) and the real one disagree, which only the whole-render check sees."""
+    call) and the real one disagree, which only the whole render sees. The bridge is the whole render's
+    tail, the next prompt exactly (before, a `template_mismatch` fallback: DeepSeek R1's template renders
+    its second tool result so, and every multi-step episode on it fell back)."""
     sneaky = CHATML.replace("{{ m['content'] }}", "{{ m['content'] }}{% if m['role'] == 'tool' and not "
                             "messages[loop.index0 - 1].get('tool_calls') %}!{% endif %}"
                             + CALLS_AS_HERMES)  # its calls round-trip: tool_format "template" is kept
     r = TemplateRenderer(qwen3_tokenizer, chat_template=sneaky, tool_format="template")
     prompt = r.render_ids(CHAT, add_generation_prompt=True)
     action = r.render_ids([*CHAT, {"role": "assistant", "content": "no call"}])[len(prompt):-1]
-    assert r.bridge_to_next_turn(prompt, action, [{"role": "tool", "content": "x"}]) is None
-    assert r.last_refusal().reason == "template_mismatch"
+    tool = {"role": "tool", "content": "x"}
+    out = r.bridge_to_next_turn(prompt, action, [tool])
+    assert r.last_refusal() is None
+    whole = r.render_ids([*CHAT, {"role": "assistant", "content": "no call"}, tool],
+                         add_generation_prompt=True)
+    assert list(out.token_ids) == whole and qwen3_tokenizer.decode(whole).count("x!") == 1
 
 
 def test_a_truncated_reply_gets_the_close_and_a_reply_past_it_is_refused(qwen3_tokenizer):
