@@ -456,17 +456,13 @@ class TemplateRenderer:
 
     def _whole_tail(self, prompt: list[int], reply: list[int],
                     new_messages: list[dict]) -> str | Refusal | None:
-        """The text the template's render of the whole conversation (the prompt's history, the parsed reply,
-        `new_messages`, the generation prompt) adds after the prompt and the reply as sampled, where this
-        renderer rendered `prompt` (its history is known): where that render is prefix-stable here (it starts
-        with the prompt's text and the reply's, close included), what follows them; where the template
-        re-renders the reply (a think block dropped: the next turn starts a new row), what follows the
-        reply's close as rendered there. None where neither applies: the tail is then the template's render
-        of `new_messages` after a closed turn (`_delta`), the same after any history. The
-        whole render is the truth where it applies: a template whose tool results render otherwise after
-        earlier ones (DeepSeek R1's `<｜tool▁outputs▁begin｜>` on the conversation's first only) bridges as
-        the next prompt renders. A template that raises on the whole conversation is a refusal
-        (`template_raised`): a tail from elsewhere would be a guess. Text, not ids: the reply's ids are the
+        """What the template's render of the whole conversation (the known history of `prompt`, which this
+        renderer rendered; the parsed reply; `new_messages`; the generation prompt) adds after the reply:
+        after the prompt's text and the reply's where it starts with them, else after the reply's close as
+        rendered there (a think block dropped: the next turn starts a new row). The truth where it applies
+        (DeepSeek R1 writes `<｜tool▁outputs▁begin｜>` before a conversation's first tool result only); None
+        where not (the tail is then `_delta`'s). A template that raises on the whole conversation is a
+        refusal (`template_raised`): a tail from elsewhere would be a guess. Text: the reply's ids are the
         sampler's, the tail's its own."""
         with self._lock:
             known = self._memory.get(tuple(prompt))
@@ -475,8 +471,7 @@ class TemplateRenderer:
         history, tools, prompt_text = known
         key = (hash(tuple(prompt)), hash(tuple(reply)))
         checked = self._checked
-        if checked is None or checked[0] != key:  # parsed once per reply (the adapter re-bridges it with its
-            # contents swapped to attribute them)
+        if checked is None or checked[0] != key:  # once a reply (the adapter re-bridges it to attribute)
             try:
                 parsed = self.parse_response(reply, tools)
                 calls = [{"type": "function", "function": c["function"]} for c in parsed.tool_calls or []]

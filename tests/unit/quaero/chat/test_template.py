@@ -12,7 +12,8 @@ from quaero.chat import registry
 from quaero.chat.sandbox import TemplateProblem
 from quaero.chat.template import TemplateRenderer
 from quaero.config import ModelConfig
-from quaero.rollout.render import WORD_JOINER, BridgeFailure, RenderAdapter
+from quaero.rollout.env_text import WORD_JOINER
+from quaero.rollout.render import BridgeFailure, RenderAdapter
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

@@ -21,7 +21,7 @@ from quaero.config import settings_of
 from quaero.models.qwen3 import QWEN3_ADDED
 from quaero.openenv_client import EpisodeDropped
 from quaero.rollout.driver import DriverSettings, EpisodeDriver, ExactnessError
-from quaero.rollout.render import WORD_JOINER
+from quaero.rollout.env_text import WORD_JOINER
 from quaero.rollout.rows import build_rows
 from quaero.telemetry.counts import RolloutCounts
 

@@ -15,7 +15,7 @@ from fixtures.rollout import assert_exact, drive, spans_of
 from fixtures.toyenv import TOOLS, HostileToyEnv
 
 from quaero.config import ConfigError, load_config
-from quaero.rollout.render import bound_text, truncation_marker
+from quaero.rollout.env_text import bound_text, truncation_marker
 
 pytestmark = pytest.mark.hostile
 FIVE_MB = 5_000_000

@@ -5,7 +5,8 @@ import pytest
 from fixtures.badreply import INJECTION
 
 from quaero.config import ModelConfig
-from quaero.rollout.render import WORD_JOINER, BridgeFailure, RenderAdapter, UnparsableAction, defuse
+from quaero.rollout.env_text import WORD_JOINER
+from quaero.rollout.render import BridgeFailure, RenderAdapter, UnparsableAction
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
                                            "parameters": {"type": "object",
@@ -195,17 +196,6 @@ def test_sampled_text_that_spells_an_added_token_never_becomes_its_id_in_the_nex
         151657 in malformed
         and render.parse(malformed)["content"] == '<tool_call>\n{"name": bad}\n</tool_call>'
     )
-
-
-@pytest.mark.hostile
-def test_defuse_is_the_identity_on_clean_text_and_breaks_overlapping_matches():
-    import re
-
-    pattern = re.compile("ab|bc")
-    assert defuse("plain text, no tokens", pattern) == "plain text, no tokens"
-    out = defuse("abc", pattern)
-    assert not pattern.search(out) and out.replace(WORD_JOINER, "") == "abc"
-    assert defuse(out, pattern) == out
 
 
 @pytest.mark.hostile
