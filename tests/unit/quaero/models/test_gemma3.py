@@ -107,8 +107,11 @@ def test_missing_truncated_or_corrupt_chunks_are_one_line_naming_the_reinstall(c
         gemma3.assemble_gguf(tmp_path / "out.gguf", "gemma3-270m")
 
 
-def test_a_missing_chunk_package_names_the_install(chunks, tmp_path):
-    (tmp_path / gemma3.PARTS[1] / "__init__.py").rename(tmp_path / "moved.py")
-    (tmp_path / gemma3.PARTS[1]).rename(tmp_path / "elsewhere")
+def test_a_missing_chunk_package_names_the_install(chunks, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec  # the others resolve to the fixture's packages, installed or not
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == gemma3.PARTS[1] else real(name, *a))
     with pytest.raises(ModelNotFound, match=r"q4_k_m_gguf_part2 is not installed.*quaero\[gemma3\]"):
         gemma3.chunk_paths("gemma3-270m")

