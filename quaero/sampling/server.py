@@ -132,7 +132,7 @@ class ServerError(RuntimeError):
     pass
 
 
-PROBE_TIMEOUT_S = 10.0
+PROBE_TIMEOUT_S = 30.0  # vLLM writes /server_info from its whole engine config: past 10 s on a loaded CPU
 
 
 def _get_json(url: str) -> tuple[int, object]:
@@ -160,7 +160,12 @@ def server_problem(url: str, cfg: SamplerConfig, *, max_seq_len: int) -> str | N
             isinstance(m, dict) and m.get("owned_by") == "vllm" for m in served):
         return (f"is not a vLLM OpenAI server (GET /v1/models answered {status} without a vLLM model); name "
                 "`vllm serve` servers")
-    status, info = _get_json(url + "/server_info?config_format=json")
+    try:
+        status, info = _get_json(url + "/server_info?config_format=json")
+    except OSError as e:
+        return (f"answers GET /v1/models but not GET /server_info ({getattr(e, 'reason', e)}, waited "
+                f"{PROBE_TIMEOUT_S:g} s); quaero reads the server's engine settings there: check that it is "
+                "not overloaded, then try again")
     vc = info.get("vllm_config") if isinstance(info, dict) else None
     if status != 200 or not isinstance(vc, dict):
         return (f"answers without vLLM's dev routes (GET /server_info: {status}); quaero pushes weights "

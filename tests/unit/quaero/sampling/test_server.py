@@ -237,6 +237,31 @@ def test_a_running_server_is_judged_by_what_it_says_of_itself(http_server, chang
         assert found is not None and re.search(problem, found), found
 
 
+def test_a_server_too_slow_to_describe_itself_is_refused_in_one_line(monkeypatch, http_server):
+    """A vLLM server that answers /v1/models but not /server_info within the probe's wait (a loaded CPU
+    machine: vLLM writes that reply from its whole engine config) is refused with what it did not answer and
+    the wait, never a raw timeout; given the time, the same server passes."""
+    import time
+
+    from quaero.sampling import server as server_mod
+
+    replies = _vllm_replies()
+    delay = {"s": 1.0}
+
+    def slow(method, path, body):
+        if path.startswith("/server_info"):
+            time.sleep(delay["s"])
+        return replies.get(path, (404, b""))
+
+    url = http_server(slow)
+    monkeypatch.setattr(server_mod, "PROBE_TIMEOUT_S", 0.2)
+    found = server_mod.server_problem(url, SamplerConfig(mode="server"), max_seq_len=4096)
+    assert found is not None and found.startswith("answers GET /v1/models but not GET /server_info ("), found
+    assert "waited 0.2 s" in found and "not overloaded" in found, found
+    delay["s"] = 0.0
+    assert server_mod.server_problem(url, SamplerConfig(mode="server"), max_seq_len=4096) is None
+
+
 def test_a_wrong_address_fails_the_config_before_any_model_loads(http_server):
     """Nothing listening, and a server that is not vLLM's: `quaero check` (and so `quaero train`) stops in one
     line naming the url, before a model or an env loads."""
