@@ -1,4 +1,4 @@
-"""Held-out learning curves of several runs, paired, in one table and one figure: the runs of a recipe at several
+"""Held-out learning curves of several runs, paired, in one table and one figure: a recipe's runs at several
 seeds and arms (benchmarks/README.md "The learning curve on SmolLM2"), where `quaero bench arms` cannot train
 them (a mixture, or runs made by hand from one warm start's copied checkpoint).
 
@@ -71,17 +71,18 @@ def main(argv: list[str] | None = None) -> int:
             other = baseline[seed][1].get(e["step"]) if baseline[seed][0] != arm else None
             versus_base = pair_text(out, eval_outcomes(other) or {}) if other else ""
             per_env = "  ".join(f"{held_out(e, env).get('success', float('nan')):6.3f}" for env in envs)
-            print(f"{e['step']:4d} {tokens.get(e['step'], 0):10,d}  {h['success']:.3f} ± {h['success_se']:.3f}  "
-                  f"{per_env}  {split.get('a_well_formed', float('nan')):11.3f}  "
+            print(f"{e['step']:4d} {tokens.get(e['step'], 0):10,d}  {h['success']:.3f} ± "
+                  f"{h['success_se']:.3f}  {per_env}  {split.get('a_well_formed', float('nan')):11.3f}  "
                   f"{float('nan') if task is None else task:9.3f}  {versus_warm:18s}  {versus_base}")
         last = run.evals[-1] if run.evals else None
         for label, e in (("warm start", w), (f"step {last['step'] if last else '-'}", last)):
             groups = held_out_by(e, "group") if e else {}
-            print(f"  by template, {label}: " + ", ".join(f"{g} {v:.2f}" for g, (v, _) in sorted(groups.items())))
+            print(f"  by template, {label}: "
+                  + ", ".join(f"{g} {v:.2f}" for g, (v, _) in sorted(groups.items())))
         start = held_out(w) if w else {}
         pts = [(0, start["success"], start["success_se"])] if start.get("success") is not None else []
-        curves[(arm, seed)] = pts + [(tok, v, se) for st, tok, v, se in held_out_curves(run).get("success", [])
-                                     if st > args.warm_step]
+        later = held_out_curves(run).get("success", [])
+        curves[(arm, seed)] = pts + [(tok, v, se) for st, tok, v, se in later if st > args.warm_step]
     if args.plot:
         print(f"figure {arms_plot.write_figure(curves, args.plot, force=args.force)}")
     return 0
