@@ -60,12 +60,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{'' if w else ' (none logged for this seed)'}")
         print("step  RL tokens  held-out ± s.e.  " + "  ".join(f"{e:>6}" for e in envs)
               + "  well-formed  task|well  vs warm start       vs " + baseline[seed][0])
-        tokens = {st: tok for st, tok, _, _ in held_out_curves(run).get("success", [])}
+        success = held_out_curves(run).get("success", [])  # (step, RL tokens, success, s.e.) per eval
+        tokens = {st: tok for st, tok, _, _ in success}
         for e in run.evals:
             if e["step"] < args.warm_step or (e["step"] == args.warm_step and e is not w):
                 continue
             h, out = held_out(e), eval_outcomes(e) or {}
-            split = format_and_task(out, out, eval_formats(e), eval_formats(e)) or {}
+            formats = eval_formats(e)
+            split = format_and_task(out, out, formats, formats) or {}  # one eval's own well-formed share
             task = split.get("a_task_success")
             versus_warm = pair_text(out, eval_outcomes(w) or {}) if w and e is not w else ""
             other = baseline[seed][1].get(e["step"]) if baseline[seed][0] != arm else None
@@ -81,8 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                   + ", ".join(f"{g} {v:.2f}" for g, (v, _) in sorted(groups.items())))
         start = held_out(w) if w else {}
         pts = [(0, start["success"], start["success_se"])] if start.get("success") is not None else []
-        later = held_out_curves(run).get("success", [])
-        curves[(arm, seed)] = pts + [(tok, v, se) for st, tok, v, se in later if st > args.warm_step]
+        curves[(arm, seed)] = pts + [(tok, v, se) for st, tok, v, se in success if st > args.warm_step]
     if args.plot:
         print(f"figure {arms_plot.write_figure(curves, args.plot, force=args.force)}")
     return 0
