@@ -146,7 +146,7 @@ class RunSummary(_Record):
     train_reward_first: float | None  # RL steps only: the warm start's reward is the oracle's
     train_reward_last: float | None
     train_success_last: float | None
-    eval_reward_baseline: float | None  # the first eval's (before any step)
+    eval_reward_baseline: float | None  # the untrained eval's (step 0, before any step); None where none was logged
     eval_reward_last: float | None
     eval_success_last: float | None
     rl_loss_first: float | None
@@ -215,6 +215,9 @@ class RunSummary(_Record):
     # per phase (sft, rl): the process's RSS after its warm-up against its largest later reading
     # (quaero/tools/memory_growth.py `rss_growth`); {} where no step logged `process_rss_mb`
     rss_growth: dict[str, dict[str, Any]] = field(default_factory=dict, metadata=OPTIONAL)
+    # the first eval's step where the run logged evals but none of the untrained model (step 0): a run started
+    # from a checkpoint copied into a fresh folder; None otherwise
+    evals_start_at: int | None = field(default=None, metadata=OPTIONAL)
 
     def table_rows(self) -> list[tuple[str, Any]]:
         """The table's (metric, value) rows: every figure but the heading's and the nested ones (the checks'

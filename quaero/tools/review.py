@@ -311,6 +311,7 @@ def summarize(run: RunRecord) -> RunSummary:
     rl_first, rl_last = _head_tail(_series(rl, names.RL_LOSS))
     rew_first, rew_last = _head_tail(_series(rl, names.REWARD_MEAN))
     eval_rewards = _series(evals, names.EVAL_REWARD)
+    untrained = [e for e in evals if e.get("step") == 0]
     times = _series(steps, names.STEP_TIME_S)
     transfers = sorted({str(r[names.WEIGHT_TRANSFER]) for r in steps + evals if r.get(names.WEIGHT_TRANSFER)})
     return RunSummary(
@@ -323,7 +324,7 @@ def summarize(run: RunRecord) -> RunSummary:
         train_reward_first=rew_first,
         train_reward_last=rew_last,
         train_success_last=_last(rl, names.SUCCESS_RATE),
-        eval_reward_baseline=eval_rewards[0] if eval_rewards else None,
+        eval_reward_baseline=_last(untrained, names.EVAL_REWARD),
         eval_reward_last=eval_rewards[-1] if eval_rewards else None,
         eval_success_last=evals[-1].get(names.EVAL_SUCCESS_RATE) if evals else None,
         rl_loss_first=rl_first,
@@ -356,6 +357,7 @@ def summarize(run: RunRecord) -> RunSummary:
         resumed_with_changed_config=resumes_changed(run),  # quaero/recipe/train.py _note_changed_config
         guidance=guidance_of(rl),
         rss_growth=rss_growth(steps),
+        evals_start_at=evals[0].get("step") if evals and not untrained else None,
         eval_last={f"eval_{k}_last" if k != "pass_k" else "eval_pass_k": v
                    for k, v in held_out(evals[-1]).items() if k != "success"} if evals else {},
     )

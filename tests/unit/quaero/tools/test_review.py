@@ -272,6 +272,22 @@ def test_require_named_checks(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("error: required check ECHO loss falling: FAIL (")
 
 
+def test_a_run_without_an_untrained_eval_is_never_judged_against_a_later_one(tmp_path, capsys):
+    # a run started from a checkpoint copied into a fresh folder: its first eval is a trained model's, and
+    # "above untrained" judged against it called a step-20 eval the untrained model
+    record(tmp_path, good_steps(), evals=[(2, 0.25), (4, 0.5)])
+    s = review.summarize(review.load_run(tmp_path))
+    assert s.eval_reward_baseline is None and s.eval_reward_last == 0.5 and s.evals_start_at == 2
+    assert review_cli(tmp_path, "--require", "eval reward above untrained") == 1
+    assert capsys.readouterr().err == (
+        "error: required check eval reward above untrained: N/A (no eval of the untrained model (step 0): "
+        "evals start at step 2 (a run started from a copied checkpoint))\n")
+    record(tmp_path / "b", good_steps(), evals=[(0, 0.25), (2, 0.25), (4, 0.5)])  # the untrained eval, kept
+    s = review.summarize(review.load_run(tmp_path / "b"))
+    assert s.eval_reward_baseline == 0.25 and s.evals_start_at is None
+    assert review_cli(tmp_path / "b", "--require", "eval reward above untrained") == 0
+
+
 def test_require_an_unknown_check_lists_the_valid_names(tmp_path, capsys):
     record(tmp_path, good_steps())
     assert review_cli(tmp_path, "--require", "ECHO loss fallin") == 1
