@@ -230,8 +230,8 @@ def run_checks(s: RunSummary) -> list[Check]:
         checks.append(Check(EVAL_ABOVE_UNTRAINED, False, NA, "no eval event"))
     elif base is None:  # never judged against a later eval that the name would call "untrained"
         checks.append(Check(EVAL_ABOVE_UNTRAINED, False, NA,
-                            f"no eval of the untrained model (step 0): evals start at step {s.evals_start_at} "
-                            "(a run started from a copied checkpoint)"))
+                            "no eval of the untrained model (step 0): evals start at step "
+                            f"{s.evals_start_at} (a run started from a copied checkpoint)"))
     else:
         checks.append(_judged(EVAL_ABOVE_UNTRAINED, False, trained and last > base,
                               f"{base:.3f} -> {last:.3f}" if trained else untrained))

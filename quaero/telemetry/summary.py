@@ -146,7 +146,7 @@ class RunSummary(_Record):
     train_reward_first: float | None  # RL steps only: the warm start's reward is the oracle's
     train_reward_last: float | None
     train_success_last: float | None
-    eval_reward_baseline: float | None  # the untrained eval's (step 0, before any step); None where none was logged
+    eval_reward_baseline: float | None  # the untrained eval's (step 0, before any step); None if none logged
     eval_reward_last: float | None
     eval_success_last: float | None
     rl_loss_first: float | None
