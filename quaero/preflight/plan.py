@@ -215,6 +215,7 @@ def check_model_and_renderer(cfg: QuaeroConfig, source: str = "config") -> None:
     encodes a tool call and, when packing with ECHO, bridges a tool result exactly. Loads the tokenizer, never
     the weights. Records the renderer chosen and why (`quaero check` prints it)."""
     from quaero.chat import registry
+    from quaero.chat.template import WHOLE_RAISED
     from quaero.models.base import ModelNotFound
     from quaero.models.cache import build_note
     from quaero.models.config import tokenizer_problem
@@ -266,8 +267,10 @@ def check_model_and_renderer(cfg: QuaeroConfig, source: str = "config") -> None:
         try:
             render.bridge(prompts[0], action, [{"role": "tool", "content": "probe"}], _PROBE_TOOLS)
         except BridgeFailure as e:
+            whole = e.reason == "template_raised" and WHOLE_RAISED in str(e)
+            key = f"{e.reason}_whole" if whole else e.reason
             raise ConfigError(f"{said} cannot append an env response exactly ({e}), so no ECHO row could be "
-                              f"built; {BRIDGE_ADVICE.get(e.reason, BRIDGE_ADVICE[''])}, or set [echo] "
+                              f"built; {BRIDGE_ADVICE.get(key, BRIDGE_ADVICE[''])}, or set [echo] "
                               "enabled = false") from None
 
 
@@ -282,6 +285,9 @@ BRIDGE_ADVICE = {
     "template_raised": "the template raises on a tool result after a call: give it a template that renders "
                        "`tool` messages (renderer_options chat_template) or set [model] renderer_options "
                        "tool_format = 'prompt'",
+    "template_raised_whole": "give it a template that renders the whole conversation, the model's reply as "
+                             "an assistant message included ([model] renderer_options chat_template), or "
+                             "name a renderer that parses the reply ([model] renderer)",
     "": "name a renderer that bridges this model ([model] renderer, e.g. 'qwen3' for Qwen3 models)",
 }
 # what to do about each way a tokenizer's chat template does not fit (read from the error's text)

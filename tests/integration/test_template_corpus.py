@@ -91,9 +91,10 @@ EXPECTED = {
     "trl:qwen3_vl": "hermes",
     "trl:smolvlm": "prompt",
 }
-# the advice a refusal gives, where it depends on the template (none now: DeepSeek's and Nemotron's, refused
-# before for the `<think>` their generation prompts open, train with a row a turn)
-ADVICE: dict[str, str] = {}
+# the advice a refusal gives, where it depends on the template (gpt-oss's: its render raises on the model's
+# own reply, not on a tool result)
+ADVICE = {"trl:gptoss": "give it a template that renders the whole conversation, the model's reply as an "
+                        "assistant message included"}
 FAST = {"transformers:llama4"}  # its warm-start step in the fast run; the others' are `slow` (`.ci/run`'s)
 
 

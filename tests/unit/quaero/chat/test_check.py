@@ -79,9 +79,11 @@ def test_a_template_without_an_exact_bridge_names_what_works_and_runs_without_ec
     folder = model_with_template(tmp_path, tiny_model_dir, short)
     with pytest.raises(ConfigError) as e:
         check(folder, tmp_path)
-    # the advice fits the reason: the template raises on the conversation with the env's response
-    assert ("give it a template that renders `tool` messages (renderer_options chat_template) or set [model] "
-            "renderer_options tool_format = 'prompt', or set [echo] enabled = false") in str(e.value)
+    # the advice fits the reason: the short probes rendered, the whole conversation (history, the model's
+    # reply, the env's response) raised; calls as text (tool_format = 'prompt') would still pass 3 messages
+    assert ("give it a template that renders the whole conversation, the model's reply as an assistant "
+            "message included ([model] renderer_options chat_template), or name a renderer that parses the "
+            "reply ([model] renderer), or set [echo] enabled = false") in str(e.value)
     assert check(folder, tmp_path, "echo.enabled=false").echo.enabled is False
 
 
