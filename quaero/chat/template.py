@@ -66,11 +66,6 @@ class Refusal:
     detail: str
 
 
-# a `template_raised` refusal's detail where the short probes rendered and the bridge's whole conversation
-# (the history, the model's own reply as a message, the new messages) raised: check's advice differs
-WHOLE_RAISED = "the template raises on the whole conversation"
-
-
 def chat_template_of(tokenizer) -> str | None:
     """The tokenizer's chat template text (the `default` one of a named set), or None."""
     src = getattr(tokenizer, "chat_template", None)
@@ -491,7 +486,7 @@ class TemplateRenderer:
             whole = self.render_text([*history, message, *new_messages], tools=tools,
                                      add_generation_prompt=True)
         except TemplateProblem as e:
-            return Refusal("template_raised", f"{WHOLE_RAISED}: {e}")
+            return Refusal("template_raised", f"the template raises on the whole conversation: {e}")
         head = prompt_text + self._tokenizer.decode(reply, skip_special_tokens=False)
         if whole.startswith(head):
             return whole[len(head):]

@@ -215,7 +215,6 @@ def check_model_and_renderer(cfg: QuaeroConfig, source: str = "config") -> None:
     encodes a tool call and, when packing with ECHO, bridges a tool result exactly. Loads the tokenizer, never
     the weights. Records the renderer chosen and why (`quaero check` prints it)."""
     from quaero.chat import registry
-    from quaero.chat.template import WHOLE_RAISED
     from quaero.models.base import ModelNotFound
     from quaero.models.cache import build_note
     from quaero.models.config import tokenizer_problem
@@ -274,6 +273,9 @@ def check_model_and_renderer(cfg: QuaeroConfig, source: str = "config") -> None:
                               "enabled = false") from None
 
 
+# a `template_raised` refusal's detail (quaero/chat/template.py) where the short probes rendered and the
+# bridge's whole conversation (the history, the model's own reply as a message, the new messages) raised
+WHOLE_RAISED = "the template raises on the whole conversation"
 # what to do about each bridge refusal at check (the reasons `TemplateRenderer` names)
 BRIDGE_ADVICE = {
     "template_no_close": "give the tokenizer the token that ends an assistant turn as an added token (its "
