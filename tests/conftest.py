@@ -9,11 +9,11 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("QUAERO_CACHE", os.path.join(tempfile.gettempdir(), "quaero-test-cache"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Each xdist worker takes its share of the cores for torch's threads, set before torch is imported so its OpenMP
-# pool and the runs the tests start as subprocesses have it. With torch's default (a thread per core in every
-# worker) a worker's waiting threads spin (OpenMP's active wait) on the cores the other worker computes on: three
-# runs of examples/custom_loss side by side on 2 cores took 82 s each with the default threads, 37 s with one
-# each (README "Tests"). A count set by the user is kept.
+# Each xdist worker takes its share of the cores for torch's threads, set before torch is imported so its
+# OpenMP pool and the runs the tests start as subprocesses have it. With torch's default (a thread per core in
+# every worker) a worker's waiting threads spin (OpenMP's active wait) on the cores the other worker computes
+# on: three runs of examples/custom_loss side by side on 2 cores took 82 s each with the default threads, 37 s
+# with one each (README "Tests"). A count set by the user is kept.
 if (workers := os.environ.get("PYTEST_XDIST_WORKER_COUNT")) and "OMP_NUM_THREADS" not in os.environ:
     os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // int(workers)))
     if "torch" in sys.modules:  # a plugin imported it first: its pool is sized already
