@@ -82,7 +82,9 @@ class RolloutsAhead:
         return not self._pending
 
     def launch(self, step: int, roll_out: Callable[[], Rollout]) -> None:
-        self._pending[step] = self._worker.submit(roll_out)
+        import torch
+
+        self._pending[step] = self._worker.submit(_with_threads, torch.get_num_threads(), roll_out)
 
     def take(self, step: int) -> tuple[Rollout | None, float]:
         """Step `step`'s rollout (None when none was launched for it) once it has ended, and the seconds
@@ -97,6 +99,19 @@ class RolloutsAhead:
     def wait(self) -> None:
         """Block until every pending rollout has ended (results and errors stay for `take`)."""
         wait_for(list(self._pending.values()))
+
+
+def _with_threads(threads: int, roll_out: Callable[[], Rollout]) -> Rollout:
+    """`roll_out` with the launching thread's torch thread count. OpenMP keeps the count per thread, and a new
+    thread starts from the environment's (OMP_NUM_THREADS, else one per core), not from the count the main
+    thread set, as vLLM's CPU worker does when it binds its threads to the cores: its attention kernels then
+    refused metadata sized on the other thread ("Check failed: input->metadata->thread_num == thread_num (1 vs.
+    2)", OMP_NUM_THREADS=1 on 2 cores)."""
+    import torch
+
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return roll_out()
 
 
 def sample_ahead(parts: RunParts, step: int, picks: list[list], version: int) -> Rollout:

@@ -1,6 +1,6 @@
 """RolloutsAhead (quaero/recipe/ahead.py): a rollout's error is the taking step's error, leaving waits for the
 one in flight and drops the queued ones, and no worker thread outlives it; RolloutCounts.take keeps a
-rollout's counts apart."""
+rollout's counts apart; a rollout samples with the launching thread's torch thread count."""
 import threading
 import time
 
@@ -62,3 +62,22 @@ def test_take_moves_every_count_out_and_the_source_starts_over():
     mine, theirs = taken.snapshot_and_reset(), counts.snapshot_and_reset()
     assert (mine["episodes"], mine["env_steps"], mine["reward_mean"]) == (1, 3, 1.0)
     assert (theirs["episodes"], theirs["env_steps"], theirs["episodes_dropped"]) == (1, 0, 1)
+
+
+
+def test_a_rollout_samples_with_the_torch_thread_count_of_the_thread_that_launched_it():
+    """A new thread starts from OpenMP's default count, not the count the main thread set (vLLM's CPU worker
+    sets it when it binds its threads): a rollout sees the launcher's count, whatever the worker's own."""
+    import torch
+
+    before = torch.get_num_threads()
+    with RolloutsAhead() as ahead:
+        try:
+            for step in (1, 2):  # the second launch asks for a count the worker thread did not start with
+                ahead.launch(step, lambda s=step: Rollout(s, torch.get_num_threads(), [], RolloutCounts(), 0.0))
+                ahead.wait()
+                got, _ = ahead.take(step)
+                assert got.version == torch.get_num_threads()
+                torch.set_num_threads(2 if got.version == 1 else 1)
+        finally:
+            torch.set_num_threads(before)
