@@ -105,8 +105,8 @@ def _with_threads(threads: int, roll_out: Callable[[], Rollout]) -> Rollout:
     """`roll_out` with the launching thread's torch thread count. OpenMP keeps the count per thread, and a new
     thread starts from the environment's (OMP_NUM_THREADS, else one per core), not from the count the main
     thread set, as vLLM's CPU worker does when it binds its threads to the cores: its attention kernels then
-    refused metadata sized on the other thread ("Check failed: input->metadata->thread_num == thread_num (1 vs.
-    2)", OMP_NUM_THREADS=1 on 2 cores)."""
+    refused metadata sized on the other thread ("Check failed: input->metadata->thread_num == thread_num
+    (1 vs. 2)": OMP_NUM_THREADS=1, the main thread at 2)."""
     import torch
 
     if torch.get_num_threads() != threads:

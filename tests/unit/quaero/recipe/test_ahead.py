@@ -74,7 +74,7 @@ def test_a_rollout_samples_with_the_torch_thread_count_of_the_thread_that_launch
     with RolloutsAhead() as ahead:
         try:
             for step in (1, 2):  # the second launch asks for a count the worker thread did not start with
-                ahead.launch(step, lambda s=step: Rollout(s, torch.get_num_threads(), [], RolloutCounts(), 0.0))
+                ahead.launch(step, lambda s=step: Rollout(s, torch.get_num_threads(), [], RolloutCounts(), 0))
                 ahead.wait()
                 got, _ = ahead.take(step)
                 assert got.version == torch.get_num_threads()
