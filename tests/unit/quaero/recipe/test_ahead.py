@@ -64,20 +64,24 @@ def test_take_moves_every_count_out_and_the_source_starts_over():
     assert (theirs["episodes"], theirs["env_steps"], theirs["episodes_dropped"]) == (1, 0, 1)
 
 
-
 def test_a_rollout_samples_with_the_torch_thread_count_of_the_thread_that_launched_it():
     """A new thread starts from OpenMP's default count, not the count the main thread set (vLLM's CPU worker
     sets it when it binds its threads): a rollout sees the launcher's count, whatever the worker's own."""
     import torch
 
+    def sampled(step, seen):
+        seen.append(torch.get_num_threads())  # on the worker thread
+        return rollout(step)
+
     before = torch.get_num_threads()
     with RolloutsAhead() as ahead:
         try:
             for step in (1, 2):  # the second launch asks for a count the worker thread did not start with
-                ahead.launch(step, lambda s=step: Rollout(s, torch.get_num_threads(), [], RolloutCounts(), 0))
+                seen = []
+                ahead.launch(step, lambda s=step, seen=seen: sampled(s, seen))
                 ahead.wait()
-                got, _ = ahead.take(step)
-                assert got.version == torch.get_num_threads()
-                torch.set_num_threads(2 if got.version == 1 else 1)
+                ahead.take(step)
+                assert seen == [torch.get_num_threads()]
+                torch.set_num_threads(2 if seen[0] == 1 else 1)
         finally:
             torch.set_num_threads(before)
