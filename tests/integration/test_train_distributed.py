@@ -15,7 +15,7 @@ from collections import Counter
 
 import pytest
 import torch
-from fixtures.runs import ROOT, events_of, make_config, mixture, steps_by_number
+from fixtures.runs import ROOT, events_of, make_config, mixture, steps_by_number, wait_for_first_step
 from safetensors.torch import load_file
 
 from quaero.config import load_config
@@ -136,8 +136,8 @@ def test_fsdp2_ctrl_c_checkpoints_shards_and_the_resumed_run_equals_the_main_job
     every time) and rollouts sampled ahead (`max_off_policy_steps = 1`: each rank samples on a worker thread
     of its own while the collectives stay on the main thread), written once and passing review. (DDP: the
     SLURM test below.)"""
+    import contextlib
     import signal
-    import time
 
     import psutil
 
@@ -148,13 +148,15 @@ def test_fsdp2_ctrl_c_checkpoints_shards_and_the_resumed_run_equals_the_main_job
                                                                                                    cwd=ROOT,
                             env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
-    events = cfg.run_dir / "events.jsonl"
-    deadline = time.time() + 600
-    while time.time() < deadline and not (events.exists() and '"train_step"' in events.read_text()):
-        time.sleep(0.2)
-    started = psutil.Process(proc.pid).children(recursive=True)
-    os.killpg(proc.pid, signal.SIGINT)  # what a terminal does: quaero, torchrun's agent, and not the ranks
-    out, _ = proc.communicate(timeout=600)
+    try:
+        wait_for_first_step(proc, cfg.run_dir, 600)
+        started = psutil.Process(proc.pid).children(recursive=True)
+        # what a terminal does: quaero, torchrun's agent, and not the ranks
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, out[-3000:]
     # torchrun's agent got the SIGINT too and exits quietly (its SignalException printed a traceback)
     assert "Traceback" not in out and "SignalException" not in out, out[-3000:]

@@ -15,7 +15,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from fixtures.runs import ROOT, alive, events_of, make_config, steps_by_number
+from fixtures.runs import ROOT, alive, events_of, make_config, steps_by_number, wait_for_first_step
 
 from quaero.telemetry.names import SELECTIVE_METRICS
 from quaero.telemetry.runlog import read_events
@@ -231,10 +231,7 @@ def test_terminal_ctrl_c_stops_a_vllm_sampled_run_at_a_checkpoint(tmp_path):
                             start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                                                                    text=True)
     try:
-        events = cfg.run_dir / "events.jsonl"
-        deadline = time.time() + 300
-        while time.time() < deadline and not (events.exists() and '"train_step"' in events.read_text()):
-            time.sleep(0.2)
+        wait_for_first_step(proc, cfg.run_dir, 300)
         os.killpg(proc.pid, signal.SIGINT)  # as a terminal sends it: step 2 is pushing weights or sampling
         out, _ = proc.communicate(timeout=300)
     finally:
@@ -281,15 +278,17 @@ def test_a_terminal_ctrl_c_stops_a_server_mode_run_after_its_step(tmp_path):
     path, cfg = make_config(tmp_path, "ctrlc", steps=50, warmup=0, eval_every=0, eval_tasks=0, sampler="vllm",
                             extra=["training.checkpoint_every=1000"])
     path.write_text(path.read_text().replace('max_tokens = 8', 'max_tokens = 8\nmode = "server"'))
-    events = cfg.run_dir / "events.jsonl"
     proc = subprocess.Popen([sys.executable, "-m", "quaero.cli", "train", str(path)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                                                                    start_new_session=True)
-    deadline = time.time() + 400  # the server starts first (a minute or two on a shared CPU)
-    while time.time() < deadline and not (events.exists() and '"train_step"' in events.read_text()):
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C: every process of the foreground group
-    _, err = proc.communicate(timeout=300)
+    try:
+        # the server starts first (a minute or two on a shared CPU)
+        wait_for_first_step(proc, cfg.run_dir, 400)
+        os.killpg(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C: every process of the foreground group
+        _, err = proc.communicate(timeout=300)
+    finally:  # a failed wait leaves neither quaero nor its vLLM server running
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted", err[-3000:]
     (end,) = events_of(cfg.run_dir, "run_end")
     assert end["status"] == "interrupted" and end["steps"] >= 1
