@@ -9,6 +9,12 @@ carried an advantage (the trainer's `action_tokens`; none on a step the optimize
 all zero (`groups`, `groups_zero_advantage`); it warns at the first RL step without signal (and every 10th
 after) and logs `rl_signal` at the end. `quaero review` judges the same totals (`quaero/telemetry/proofs.py`:
 "RL trained" and "ECHO trained" are reported apart).
+
+A run whose RL steps trained action tokens and then wrote no valid action at all has collapsed: every group
+fails alike from then on, no advantage and no env response to train on, so nothing brings the format back
+(the 20M main job at seed 1 from RL step 19 on: benchmarks/README.md). That step is warned at once, whatever
+the count of silent steps, with the fixes that apply after a warm start, and the run's end says so while it
+lasts.
 """
 from __future__ import annotations
 
@@ -23,6 +29,8 @@ from quaero.telemetry.runlog import get_logger
 log = get_logger(__name__)
 
 WARN_EVERY = 10  # RL steps without signal between two warnings
+COLLAPSE_FIX = ('[guidance] mode = "episode" (the env\'s oracle plays members of a group whose episodes all '
+                "fail, so the group has a success to learn from), or a lower [backend] lr")
 
 
 class SignalWatch:
@@ -31,6 +39,8 @@ class SignalWatch:
 
     def __init__(self) -> None:
         self.totals: Counter = Counter()
+        self.last_signal_step: int | None = None  # the last RL step that trained action tokens
+        self.collapsed_at: int | None = None  # the first step of a collapse that lasts
 
     def step(self, step: int, m: Mapping[str, Any]) -> None:
         """Count one train_step's metrics; warn when an RL step carried no signal."""
@@ -47,15 +57,41 @@ class SignalWatch:
         one.update({k: m[k] for k in summed if k in m})
         self.totals.update(one)
         silent = self.totals[names.RL_STEPS] - self.totals[names.RL_STEPS_WITH_SIGNAL]
-        if not one[names.RL_STEPS_WITH_SIGNAL] and silent % WARN_EVERY == 1:
+        if one[names.RL_STEPS_WITH_SIGNAL]:
+            self.last_signal_step = step
+        nothing_valid = (one[names.RL_ACTIONS] > 0 and one[names.RL_VALID_ACTIONS] == 0
+                         and not one[names.RL_STEPS_WITH_SIGNAL])
+        if not (nothing_valid and self.last_signal_step is not None):
+            self.collapsed_at = None
+        elif self.collapsed_at is None:
+            self.collapsed_at = step
             log.warning(names.RL_NO_SIGNAL_EVENT, step=step, rl_steps_without_signal=silent,
-                        note=describe_rl_signal(one))
+                        format_collapsed_at=step, note=self._collapse_note(one))
+            return
+        if not one[names.RL_STEPS_WITH_SIGNAL] and silent % WARN_EVERY == 1:
+            collapse = {} if self.collapsed_at is None else {"format_collapsed_at": self.collapsed_at,
+                                                              "note": self._collapse_note(one)}
+            log.warning(names.RL_NO_SIGNAL_EVENT, step=step, rl_steps_without_signal=silent,
+                        **{"note": describe_rl_signal(one), **collapse})
+
+    def _collapse_note(self, one: Mapping[str, Any]) -> str:
+        return (f"0 of {one[names.RL_ACTIONS]} actions were valid, at every step since step "
+                f"{self.collapsed_at}, after RL steps that trained action tokens (the last: step "
+                f"{self.last_signal_step}): the policy's format collapsed. Every group now fails alike, with "
+                "no advantage and no env response to train on, so nothing brings it back. "
+                f"Fix: {COLLAPSE_FIX}")
 
     def finish(self) -> dict[str, Any]:
         """Log `rl_signal` (a warning when no RL step carried signal) and return its totals."""
         t = dict(self.totals)
         if not t:
             return {}
+        if self.collapsed_at is not None:  # it trained once: the end says it stopped, not only the totals
+            log.warning(names.RL_SIGNAL_EVENT, **t, format_collapsed_at=self.collapsed_at,
+                        note=f"{describe_rl_signal(t)}; but no action was valid from step "
+                             f"{self.collapsed_at} to the end: the policy's format collapsed. "
+                             f"Fix: {COLLAPSE_FIX}")
+            return t
         (log.info if t[names.ACTION_TOKENS] else log.warning)(names.RL_SIGNAL_EVENT, **t,
                                                               note=describe_rl_signal(t))
         return t

@@ -29,6 +29,41 @@ def test_rl_steps_without_signal_are_said_so_during_the_run_and_at_its_end(tmp_p
     assert "only ECHO trained: RL learned nothing. Fix: warm-start from demonstrations" in end["note"]
 
 
+def test_a_format_that_collapses_after_rl_trained_is_warned_at_once_with_the_fixes_that_apply(tmp_path):
+    # the 20M main job at seed 1: RL trained, then from one step on every action was malformed and nothing
+    # trained again; the first such step fell between two warnings (said 4 steps late), and the note told a
+    # warm-started run to warm-start
+    runlog.configure(console="none")
+    watch = SignalWatch()
+    trained = {**SILENT, "action_tokens": 30, "malformed_actions": 1, "groups_zero_advantage": 1}
+    collapsed = {**SILENT, "echo_tokens": 0}
+    with runlog.RunLog(tmp_path, run_id="r1"):
+        watch.step(1, trained)
+        watch.step(2, {**SILENT, "malformed_actions": 2})  # no signal yet valid actions: not a collapse
+        watch.step(3, trained)
+        for step in range(4, 16):
+            watch.step(step, collapsed)
+        totals = watch.finish()
+    warned = events_of(tmp_path, "rl_no_signal")
+    assert [(w["step"], w.get("format_collapsed_at")) for w in warned] == [(2, None), (4, 4), (13, 4)]
+    for w in warned[1:]:
+        assert ("0 of 8 actions were valid, at every step since step 4, after RL steps that trained action "
+                "tokens (the last: step 3): the policy's format collapsed") in w["note"]
+        assert 'Fix: [guidance] mode = "episode"' in w["note"] and "warm-start" not in w["note"]
+    end = events_of(tmp_path, "rl_signal")[0]
+    assert end["level"] == "warning" and end["format_collapsed_at"] == 4
+    assert totals["rl_steps_with_signal"] == 2
+    assert "but no action was valid from step 4 to the end: the policy's format collapsed" in end["note"]
+
+    watch = SignalWatch()  # a format that comes back: the end says nothing of a collapse
+    with runlog.RunLog(tmp_path / "b", run_id="r2"):
+        for step, m in enumerate([trained, collapsed, trained], start=1):
+            watch.step(step, m)
+        watch.finish()
+    end = events_of(tmp_path / "b", "rl_signal")[0]
+    assert end["level"] == "info" and "collapsed" not in end["note"] and "format_collapsed_at" not in end
+
+
 def test_rl_steps_whose_episodes_were_all_dropped_are_not_told_to_warm_start(tmp_path):
     # the real dipg_safety_env (its step returns StepResult): every episode was dropped, and the note said
     # "only ECHO trained" (nothing had) with the warm-start fix, which cannot help
