@@ -61,18 +61,16 @@ class SignalWatch:
             self.last_signal_step = step
         nothing_valid = (one[names.RL_ACTIONS] > 0 and one[names.RL_VALID_ACTIONS] == 0
                          and not one[names.RL_STEPS_WITH_SIGNAL])
-        if not (nothing_valid and self.last_signal_step is not None):
+        collapsed = nothing_valid and self.last_signal_step is not None  # after RL trained
+        collapse_starts = collapsed and self.collapsed_at is None
+        if not collapsed:
             self.collapsed_at = None
-        elif self.collapsed_at is None:
+        elif collapse_starts:
             self.collapsed_at = step
-            log.warning(names.RL_NO_SIGNAL_EVENT, step=step, rl_steps_without_signal=silent,
-                        format_collapsed_at=step, note=self._collapse_note(one))
-            return
-        if not one[names.RL_STEPS_WITH_SIGNAL] and silent % WARN_EVERY == 1:
-            collapse = {} if self.collapsed_at is None else {"format_collapsed_at": self.collapsed_at,
-                                                              "note": self._collapse_note(one)}
-            log.warning(names.RL_NO_SIGNAL_EVENT, step=step, rl_steps_without_signal=silent,
-                        **{"note": describe_rl_signal(one), **collapse})
+        if collapse_starts or (not one[names.RL_STEPS_WITH_SIGNAL] and silent % WARN_EVERY == 1):
+            said = ({"note": describe_rl_signal(one)} if self.collapsed_at is None else
+                    {"format_collapsed_at": self.collapsed_at, "note": self._collapse_note(one)})
+            log.warning(names.RL_NO_SIGNAL_EVENT, step=step, rl_steps_without_signal=silent, **said)
 
     def _collapse_note(self, one: Mapping[str, Any]) -> str:
         return (f"0 of {one[names.RL_ACTIONS]} actions were valid, at every step since step "
@@ -86,12 +84,11 @@ class SignalWatch:
         t = dict(self.totals)
         if not t:
             return {}
+        said = {"note": describe_rl_signal(t)}
         if self.collapsed_at is not None:  # it trained once: the end says it stopped, not only the totals
-            log.warning(names.RL_SIGNAL_EVENT, **t, format_collapsed_at=self.collapsed_at,
-                        note=f"{describe_rl_signal(t)}; but no action was valid from step "
-                             f"{self.collapsed_at} to the end: the policy's format collapsed. "
-                             f"Fix: {COLLAPSE_FIX}")
-            return t
-        (log.info if t[names.ACTION_TOKENS] else log.warning)(names.RL_SIGNAL_EVENT, **t,
-                                                              note=describe_rl_signal(t))
+            said = {"format_collapsed_at": self.collapsed_at,
+                    "note": f"{said['note']}; but no action was valid from step {self.collapsed_at} to the "
+                            f"end: the policy's format collapsed. Fix: {COLLAPSE_FIX}"}
+        warn = self.collapsed_at is not None or not t[names.ACTION_TOKENS]
+        (log.warning if warn else log.info)(names.RL_SIGNAL_EVENT, **t, **said)
         return t

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fixtures.runs import ROOT, alive, events_of, make_config
+from fixtures.runs import ROOT, alive, events_of, make_config, wait_for_first_step
 
 from quaero.recipe import checkpoint
 from quaero.telemetry.runlog import read_events
@@ -186,8 +186,7 @@ def test_one_train_per_run_folder_stale_lock_taken_over_and_a_deleted_events_fil
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     events = cfg.run_dir / "events.jsonl"
     try:
-        wait_for(lambda: events.exists() and '"train_step"' in events.read_text(), what="the first run's "
-                                                                                        "step")
+        wait_for_first_step(first, cfg.run_dir, 240)
         run_id = read_events(events)[0][0]["run_id"]
         first_server = [e["pid"] for e in events_of(cfg.run_dir, "env_server_started")]
 
