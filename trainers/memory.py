@@ -183,6 +183,41 @@ def process_rss_mb() -> float | None:
     return None if rss is None else round(rss, 1)
 
 
+class _MallInfo2(ctypes.Structure):
+    """glibc's `struct mallinfo2` (2.33+): every field a size_t, summed over all of malloc's arenas."""
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                                      "usmblks", "fsmblks", "uordblks", "fordblks",
+                                                      "keepcost")]
+
+
+def _mallinfo2():
+    """glibc's mallinfo2 function, or None (another libc, or a glibc before 2.33)."""
+    if platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    return fn
+
+
+_MALLINFO2 = _mallinfo2()
+
+
+def malloc_in_use_mb() -> float | None:
+    """What malloc has handed out and not had back (MiB): its heaps' blocks in use (`uordblks`) and its
+    mmapped blocks (`hblkhd`), from glibc's mallinfo2; None without it. Beside `process_rss_mb`: RSS that
+    grows while this stays flat is memory the allocator keeps after it was freed (its cache, the fragments
+    between blocks still in use), not objects the process still holds. Native allocations only: torch's CPU
+    tensors and Python's large objects come from malloc; memory mapped from files (a model's weights read
+    by mmap) and Python's small-object arenas do not."""
+    if _MALLINFO2 is None:
+        return None
+    info = _MALLINFO2()
+    return round((info.uordblks + info.hblkhd) / 2**20, 1)
+
+
 def peak_mem_mb(device: torch.device | str) -> tuple[float, str]:
     """(peak MB, source) since `reset_peak`: the CUDA allocator's peak (`cuda_max_allocated`), else the
     process's peak RSS since the reset on Linux (`rss_since_reset`), else the process's peak RSS since it

@@ -297,6 +297,8 @@ PROCESS_PEAK_MEM_MB = _recipe.largest("process_peak_mem_mb", "the process's peak
 PROCESS_RSS_MB = _recipe.latest("process_rss_mb", "the process's resident memory (host RAM, MiB) at the "
                                 "step's end, on any device (Linux; absent elsewhere): `quaero review` flags "
                                 "a run whose RSS grows (\"process memory flat\")")
+PROCESS_MALLOC_IN_USE_MB = _recipe.latest("process_malloc_in_use_mb", "malloc's memory in use at the step's "
+                                          "end (MiB; glibc): RSS that grows while it is flat was freed")
 TOTAL_STEP_TIME_S = _recipe.per_step("total_step_time_s", "the whole step's seconds")
 TOKENS_PER_S = _recipe.per_step("tokens_per_s", "trained row tokens per second of the whole step")
 POLICY_STALENESS = _recipe.largest("policy_staleness", "how many policy versions older than the trained "

@@ -1,5 +1,6 @@
 """A real tiny warm start (toolbench in-process, tiny-qwen3, the local trainer) keeps no thread per oracle
-call and logs the process's RSS every step (what `quaero review`'s "process memory flat" reads).
+call and logs the process's RSS every step, and malloc's memory in use beside it (what `quaero review`'s
+"process memory flat" reads).
 
 Each call of the env's oracle runs bounded on a thread (quaero/bounded.py); one left idle per call was ~14
 threads a step of the main job, 1,968 at its step 137, whose thread states, allocated among the freed
@@ -28,3 +29,5 @@ def test_a_warm_start_leaves_no_thread_per_oracle_call_and_logs_its_rss(tmp_path
         t.join(5)  # a call's thread ends when it returns
     assert _oracle_threads() == before
     assert all(s["process_rss_mb"] > 100 for s in steps)
+    # malloc's share of it (glibc's mallinfo2): the model's tensors at least, never more than the process has
+    assert all(10 < s["process_malloc_in_use_mb"] < s["process_rss_mb"] for s in steps), steps

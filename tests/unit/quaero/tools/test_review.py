@@ -663,3 +663,24 @@ def test_a_resumed_process_s_rss_is_judged_apart_from_the_first_s(tmp_path):
     assert proofs.memory_flat(review.rss_growth(steps)).status == proofs.PASS
     grown = [dict(st, process_rss_mb=1000.0 + 20 * i) for i, st in enumerate(steps[:30])]
     assert proofs.memory_flat(review.rss_growth(grown + steps[30:])).status == proofs.FAIL
+
+
+def test_rss_growth_says_whether_malloc_still_holds_it_or_kept_it_after_it_was_freed():
+    # RSS +20 MiB a step over an RL phase; malloc's memory in use +2 a step (freed, kept) or +20 (still held)
+    def run(held_per_step: float) -> list[dict]:
+        return [dict(good_steps(1)[0], step=i, phase="rl", process_rss_mb=2000.0 + 20 * i,
+                     process_malloc_in_use_mb=1000.0 + held_per_step * i) for i in range(31)]
+
+    kept = review.rss_growth(run(2))["rl"]
+    assert (kept["reference_step"], kept["largest_step"]) == (6, 30)  # after the warm-up: a fifth of them
+    assert (kept["reference_malloc_mb"], kept["largest_malloc_mb"]) == (1012.0, 1060.0)
+    check = proofs.memory_flat(review.rss_growth(run(2)))
+    assert check.status == proofs.FAIL, check
+    assert "rl 2120 MiB at step 6 -> 2600 at 30 (+23%; malloc in use 1012 -> 1060)" in check.detail, check
+    assert "most of it is memory freed and kept by the allocator" in check.detail, check
+    held = proofs.memory_flat(review.rss_growth(run(20)))
+    assert held.status == proofs.FAIL, held
+    assert "the process keeps memory it does not give back" in held.detail, held
+    assert "freed and kept" not in held.detail, held
+    without = [{k: v for k, v in st.items() if k != "process_malloc_in_use_mb"} for st in run(2)]
+    assert "malloc" not in proofs.memory_flat(review.rss_growth(without)).detail
