@@ -209,9 +209,9 @@ def malloc_in_use_mb() -> float | None:
     """What malloc has handed out and not had back (MiB): its heaps' blocks in use (`uordblks`) and its
     mmapped blocks (`hblkhd`), from glibc's mallinfo2; None without it. Beside `process_rss_mb`: RSS that
     grows while this stays flat is memory the allocator keeps after it was freed (its cache, the fragments
-    between blocks still in use), not objects the process still holds. Native allocations only: torch's CPU
-    tensors and Python's large objects come from malloc; memory mapped from files (a model's weights read
-    by mmap) and Python's small-object arenas do not."""
+    between blocks still in use), not objects the process still holds. It counts what malloc serves: torch's
+    CPU tensors, C extensions' buffers, Python's objects over 512 bytes; not memory mapped from files (a
+    model's weights read by mmap) nor Python's small-object arenas."""
     if _MALLINFO2 is None:
         return None
     info = _MALLINFO2()
