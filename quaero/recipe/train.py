@@ -66,7 +66,7 @@ from quaero.rollout.traces import trace_batch
 from quaero.telemetry import names
 from quaero.telemetry.counts import drop_reasons
 from quaero.telemetry.runlog import RunLog, configure, error_line, get_logger, set_step
-from trainers.memory import malloc_in_use_mb, peak_window, process_peak_mb, process_rss_mb
+from trainers.memory import MALLINFO_READABLE, malloc_in_use_mb, peak_window, process_peak_mb, process_rss_mb
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -128,10 +128,15 @@ def run_step(parts: RunParts, progress: RunProgress, step: int, *, sft: bool,
               names.PROCESS_PEAK_MEM_MB: ranks.largest(round(process_peak_mb(parts.trainer.device), 1))}
     if (rss := process_rss_mb()) is not None:
         timing[names.PROCESS_RSS_MB] = ranks.largest(rss)
-    if (in_use := malloc_in_use_mb()) is not None:
-        timing[names.PROCESS_MALLOC_IN_USE_MB] = ranks.largest(in_use)
+    # MALLINFO_READABLE is the same on every rank, so all or none join the gather; -1: a skipped reading
+    if MALLINFO_READABLE and (in_use := ranks.largest(_or_skipped(malloc_in_use_mb(took)))) >= 0:
+        timing[names.PROCESS_MALLOC_IN_USE_MB] = in_use
     return _disjoint({names.PHASE: phase}, ranks.rollout_snapshot(counts), trained, synced,
                      saved, timing, lag, {} if sft else signal_metrics(parts, progress.step_groups, step))
+
+
+def _or_skipped(reading: float | None) -> float:
+    return -1.0 if reading is None else reading
 
 
 def _update(parts: RunParts, progress: RunProgress, step: int, rows: list, *, sft: bool, phase: str

@@ -29,5 +29,7 @@ def test_a_warm_start_leaves_no_thread_per_oracle_call_and_logs_its_rss(tmp_path
         t.join(5)  # a call's thread ends when it returns
     assert _oracle_threads() == before
     assert all(s["process_rss_mb"] > 100 for s in steps)
-    # malloc's share of it (glibc's mallinfo2): the model's tensors at least, never more than the process has
-    assert all(10 < s["process_malloc_in_use_mb"] < s["process_rss_mb"] for s in steps), steps
+    # malloc's share of it (glibc's mallinfo2): the model's tensors at least, never more than the process has;
+    # read where it costs at most 1% of the step (~20 ms here, against 2 s steps: some steps skip it)
+    read = [s for s in steps if "process_malloc_in_use_mb" in s]
+    assert read and all(10 < s["process_malloc_in_use_mb"] < s["process_rss_mb"] for s in read), steps

@@ -1,4 +1,5 @@
-"""trainers/memory.py's peak readings: a window's own peak, and the process's across windows."""
+"""trainers/memory.py's peak readings: a window's own peak, and the process's across windows; malloc's memory
+in use, read at a bounded cost."""
 import json
 import platform
 import subprocess
@@ -156,3 +157,20 @@ def test_the_malloc_cache_is_refused_beside_a_fixed_mmap_threshold(tmp_path):
                     "train_cpu_malloc_cache = true\ntrain_cpu_mmap_threshold = 131072\n")
     with pytest.raises(ConfigError, match="train_cpu_malloc_cache=true with train_cpu_mmap_threshold=131072"):
         load_config(toml)
+
+
+def test_malloc_in_use_is_read_unless_its_last_reading_cost_more_than_its_share_of_the_step(monkeypatch):
+    from trainers import memory
+
+    if not memory.MALLINFO_READABLE:
+        pytest.skip("glibc's mallinfo2 only")
+    big = torch.ones(2**22)  # 16 MiB from malloc, held while it is read
+    assert memory.malloc_in_use_mb() >= 16
+    monkeypatch.setattr(memory, "_mallinfo_cost_s", 0.05)  # a heap of ~50,000 free blocks
+    assert memory.malloc_in_use_mb(step_s=1.0) is None  # 0.05 s > 1% of a 1 s step: skipped
+    assert memory._mallinfo_cost_s == 0.025  # halved, so the next steps try again
+    assert memory.malloc_in_use_mb(step_s=1.0) is None and memory.malloc_in_use_mb(step_s=1.0) is None
+    assert memory.malloc_in_use_mb(step_s=1.0) >= 16  # 0.00625 s <= 0.01 s: read, its cost measured afresh
+    assert 0 < memory._mallinfo_cost_s != 0.00625
+    assert memory.malloc_in_use_mb(step_s=100.0) >= 16
+    del big
