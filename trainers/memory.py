@@ -73,14 +73,20 @@ _mmap_threshold: int | None = None  # what `fix_cpu_mmap_threshold` set in this 
 _malloc_cache = False  # whether `keep_cpu_malloc_cache` set it in this process
 
 
+def _glibc_function(name: str):
+    """glibc's function `name` in this process, or None (another libc, or a glibc without it)."""
+    if platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        return getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError):
+        return None
+
+
 def _mallopt(device: torch.device | str, *settings: tuple[int, int]) -> bool:
     """glibc's mallopt(param, value) for each setting, on a CPU device; False where it cannot run (another
     device, another libc) or glibc refused a setting."""
-    if torch.device(device).type != "cpu" or platform.libc_ver()[0] != "glibc":
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+    if torch.device(device).type != "cpu" or (mallopt := _glibc_function("mallopt")) is None:
         return False
     return all(mallopt(param, ctypes.c_int(value)) == 1 for param, value in settings)
 
@@ -193,13 +199,8 @@ class _MallInfo2(ctypes.Structure):
 
 def _mallinfo2():
     """glibc's mallinfo2 function, or None (another libc, or a glibc before 2.33)."""
-    if platform.libc_ver()[0] != "glibc":
-        return None
-    try:
-        fn = ctypes.CDLL(None).mallinfo2
-    except (OSError, AttributeError):
-        return None
-    fn.restype = _MallInfo2
+    if (fn := _glibc_function("mallinfo2")) is not None:
+        fn.restype = _MallInfo2
     return fn
 
 
